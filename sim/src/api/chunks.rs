@@ -1,0 +1,227 @@
+//! The JSON vLLM writes, field for field and in vLLM's field order.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::request::Api;
+use crate::engine::sequence::Finished;
+
+/// `usage`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Prompt plus completion.
+    pub total_tokens: u32,
+    /// Output tokens.
+    pub completion_tokens: u32,
+    /// Cached prompt tokens, only with `--enable-prompt-tokens-details` and a hit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u32,
+}
+
+impl Usage {
+    /// Usage so far.
+    pub fn new(prompt: u32, completion: u32) -> Self {
+        Self {
+            prompt_tokens: prompt,
+            total_tokens: prompt + completion,
+            completion_tokens: completion,
+            prompt_tokens_details: None,
+        }
+    }
+
+    /// Final usage of a finished request.
+    pub fn final_of(f: &Finished, details: bool) -> Self {
+        let mut u = Self::new(f.prompt_tokens, f.output_tokens);
+        if details && f.cached_tokens > 0 {
+            u.prompt_tokens_details = Some(PromptTokensDetails {
+                cached_tokens: f.cached_tokens,
+            });
+        }
+        u
+    }
+}
+
+#[derive(Serialize)]
+struct Chunk<'a, C> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: Vec<C>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metrics: Option<Value>,
+}
+
+#[derive(Serialize)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    content: &'a str,
+}
+
+#[derive(Serialize)]
+struct ChatStreamChoice<'a> {
+    index: u32,
+    delta: Delta<'a>,
+    logprobs: Option<()>,
+    finish_reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stop_reason: Option<Option<()>>,
+}
+
+#[derive(Serialize)]
+struct CompletionStreamChoice<'a> {
+    index: u32,
+    text: &'a str,
+    logprobs: Option<()>,
+    finish_reason: Option<&'static str>,
+    stop_reason: Option<()>,
+}
+
+/// Identity of one response: id, creation time and model, shared by all its chunks.
+#[derive(Debug, Clone)]
+pub struct ResponseId {
+    /// API shape.
+    pub api: Api,
+    /// `chatcmpl-<request id>` or `cmpl-<request id>`.
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// Served model name.
+    pub model: String,
+}
+
+impl ResponseId {
+    /// The identity of the response to `request_id`.
+    pub fn new(api: Api, request_id: &str, model: &str) -> Self {
+        let prefix = match api {
+            Api::Chat => "chatcmpl-",
+            Api::Completion => "cmpl-",
+        };
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        Self {
+            api,
+            id: format!("{prefix}{request_id}"),
+            created,
+            model: model.to_owned(),
+        }
+    }
+
+    fn object(&self, stream: bool) -> &'static str {
+        match (self.api, stream) {
+            (Api::Chat, true) => "chat.completion.chunk",
+            (Api::Chat, false) => "chat.completion",
+            (Api::Completion, _) => "text_completion",
+        }
+    }
+
+    fn chunk<C: Serialize>(&self, choices: Vec<C>, usage: Option<Usage>, metrics: Option<Value>) -> String {
+        let c = Chunk {
+            id: &self.id,
+            object: self.object(true),
+            created: self.created,
+            model: &self.model,
+            choices,
+            usage,
+            metrics,
+        };
+        serde_json::to_string(&c).expect("chunk serializes")
+    }
+
+    /// The chat role chunk vLLM sends with the first token.
+    pub fn role_chunk(&self, usage: Option<Usage>) -> String {
+        self.chunk(
+            vec![ChatStreamChoice {
+                index: 0,
+                delta: Delta {
+                    role: Some("assistant"),
+                    content: "",
+                },
+                logprobs: None,
+                finish_reason: None,
+                stop_reason: None,
+            }],
+            usage,
+            None,
+        )
+    }
+
+    /// A chunk of text, with the finish reason when it is the last.
+    pub fn text_chunk(&self, text: &str, finish: Option<&'static str>, usage: Option<Usage>) -> String {
+        match self.api {
+            Api::Chat => self.chunk(
+                vec![ChatStreamChoice {
+                    index: 0,
+                    delta: Delta { role: None, content: text },
+                    logprobs: None,
+                    finish_reason: finish,
+                    stop_reason: finish.map(|_| None),
+                }],
+                usage,
+                None,
+            ),
+            Api::Completion => self.chunk(
+                vec![CompletionStreamChoice {
+                    index: 0,
+                    text,
+                    logprobs: None,
+                    finish_reason: finish,
+                    stop_reason: None,
+                }],
+                usage,
+                None,
+            ),
+        }
+    }
+
+    /// The final usage chunk: no choices.
+    pub fn usage_chunk(&self, usage: Usage, metrics: Option<Value>) -> String {
+        self.chunk::<CompletionStreamChoice>(Vec::new(), Some(usage), metrics)
+    }
+
+    /// A non-streaming response.
+    pub fn full_response(&self, text: &str, finish: &'static str, usage: Usage, metrics: Option<Value>) -> Value {
+        let choice = match self.api {
+            Api::Chat => serde_json::json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "logprobs": null,
+                "finish_reason": finish,
+                "stop_reason": null,
+            }),
+            Api::Completion => serde_json::json!({
+                "index": 0,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": finish,
+                "stop_reason": null,
+                "prompt_logprobs": null,
+            }),
+        };
+        let mut v = serde_json::json!({
+            "id": self.id,
+            "object": self.object(false),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+        });
+        if let Some(m) = metrics {
+            v["metrics"] = m;
+        }
+        v
+    }
+}

@@ -1,0 +1,127 @@
+//! `POST /v1/chat/completions` and `POST /v1/completions`: validate, submit to the engine,
+//! answer streaming (SSE) or whole.
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+
+use super::chunks::{ResponseId, Usage};
+use super::error::ApiError;
+use super::request::{parse_json, ChatBody, CompletionBody, Generation};
+use super::stream::{next_batch, sse_body, AbortGuard, StreamSpec};
+use super::AppState;
+use crate::engine::NewRequest;
+use crate::text::{output_length, words, SplitMix};
+use crate::tokenizer::fnv1a;
+
+/// `POST /v1/chat/completions`.
+pub async fn chat(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let result = async {
+        let body: ChatBody = parse_json(&body)?;
+        let gen = Generation::chat(&state, &headers, body).await?;
+        Ok::<_, ApiError>(gen)
+    }
+    .await;
+    match result {
+        Ok(gen) => generate(state, gen).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    let result = async {
+        let body: CompletionBody = parse_json(&body)?;
+        Generation::completion(&state, &headers, body).await
+    }
+    .await;
+    match result {
+        Ok(gen) => generate(state, gen).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Runs a validated request through the engine.
+async fn generate(state: AppState, gen: Generation) -> Response {
+    // Seeded per request: server seed, request seed and prompt, so a replay is identical.
+    let prompt_hash = fnv1a(&gen.prompt.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>());
+    let mut rng = SplitMix::new(state.seed ^ gen.seed.unwrap_or(0).rotate_left(17) ^ prompt_hash);
+    let faults = state.faults.draw(&mut rng);
+    let rid = ResponseId::new(gen.api, &gen.request_id, &state.model);
+    let echo = state
+        .request_id_headers
+        .then(|| HeaderValue::from_str(&gen.request_id).ok())
+        .flatten();
+    if faults.fail {
+        let mut resp = ApiError::internal("injected engine failure").into_response();
+        if let Some(v) = echo {
+            resp.headers_mut().insert("x-request-id", v);
+        }
+        return resp;
+    }
+    let (target, finish) = output_length(&mut rng, gen.max_tokens, gen.ignore_eos, state.mean_output_tokens);
+    let prompt_tokens = gen.prompt.len() as u32;
+    let (seq_no, mut rx) = state.engine.submit(NewRequest {
+        request_id: gen.request_id.clone(),
+        prompt: gen.prompt,
+        target_output: target,
+        finish_at_target: finish,
+        priority: gen.priority,
+    });
+    let mut guard = AbortGuard::new(state.engine.clone(), seq_no);
+
+    let mut resp = if gen.stream {
+        let spec = StreamSpec {
+            rid,
+            prompt_tokens,
+            include_usage: gen.include_usage,
+            continuous_usage: gen.continuous_usage,
+            prompt_details: state.prompt_tokens_details,
+            per_request_metrics: state.per_request_metrics,
+            faults,
+        };
+        let mut resp = Response::new(Body::from_stream(sse_body(spec, rx, guard)));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream; charset=utf-8"),
+        );
+        resp
+    } else {
+        // Whole answer: wait for the end; a client that leaves drops this future and the guard.
+        let mut tokens = 0u32;
+        let finished = loop {
+            match next_batch(&mut rx).await {
+                None => break None,
+                Some((n, None)) => tokens += n,
+                Some((_, Some(f))) => break Some(f),
+            }
+            if faults.error_after.is_some_and(|e| tokens >= e) {
+                guard.abort();
+                return ApiError::internal("injected engine error").into_response();
+            }
+            if faults.stall_after.is_some_and(|s| tokens >= s) {
+                guard.abort();
+                futures::future::pending::<()>().await;
+            }
+        };
+        let Some(fin) = finished else {
+            return ApiError::internal("request ended unexpectedly").into_response();
+        };
+        guard.disarm();
+        let metrics = state
+            .per_request_metrics
+            .then(|| fin.timings.per_request_metrics(fin.output_tokens));
+        let body = rid.full_response(
+            &words(0, fin.output_tokens),
+            fin.reason.as_str(),
+            Usage::final_of(&fin, state.prompt_tokens_details),
+            metrics,
+        );
+        axum::Json(body).into_response()
+    };
+    if let Some(v) = echo {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}

@@ -1,0 +1,183 @@
+//! The HTTP surface: vLLM's OpenAI-compatible routes plus `/debug/*` for tests.
+
+pub mod chunks;
+pub mod error;
+pub mod generate;
+pub mod request;
+pub mod stream;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+
+use crate::engine::Engine;
+use crate::text::FaultRates;
+use crate::tokenizer::{render_chat, ChatMessage, PromptTokenizer};
+use error::ApiError;
+use request::{encode, parse_json};
+
+/// Shared state of the handlers.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    /// The engine.
+    pub engine: Engine,
+    /// Prompt tokenizer.
+    pub tokenizer: Arc<PromptTokenizer>,
+    /// Served model name.
+    pub model: String,
+    /// Longest prompt + output.
+    pub max_model_len: u32,
+    /// Mean seeded output length.
+    pub mean_output_tokens: u32,
+    /// Server seed.
+    pub seed: u64,
+    /// Fault injection.
+    pub faults: FaultRates,
+    /// `--enable-prompt-tokens-details`.
+    pub prompt_tokens_details: bool,
+    /// `--enable-per-request-metrics`.
+    pub per_request_metrics: bool,
+    /// `--enable-request-id-headers`.
+    pub request_id_headers: bool,
+    /// Unix seconds at start, for `/v1/models`.
+    pub started: u64,
+}
+
+/// All routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(generate::chat))
+        .route("/v1/completions", post(generate::completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/version", get(version))
+        .route("/tokenize", post(tokenize))
+        .route("/metrics", get(metrics))
+        .route("/abort_requests", post(abort_requests))
+        .route("/debug/engine", get(debug_engine))
+        .route("/debug/steps", get(debug_steps))
+        .with_state(state)
+}
+
+async fn models(State(s): State<AppState>) -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "object": "list",
+        "data": [{
+            "id": s.model,
+            "object": "model",
+            "created": s.started,
+            "owned_by": "vllm",
+            "root": s.model,
+            "parent": null,
+            "max_model_len": s.max_model_len,
+            "permission": [{
+                "id": format!("modelperm-{}", uuid::Uuid::new_v4().simple()),
+                "object": "model_permission",
+                "created": s.started,
+                "allow_create_engine": false,
+                "allow_sampling": true,
+                "allow_logprobs": true,
+                "allow_search_indices": false,
+                "allow_view": true,
+                "allow_fine_tuning": false,
+                "organization": "*",
+                "group": null,
+                "is_blocking": false
+            }]
+        }]
+    }))
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn version() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "version": crate::VLLM_VERSION }))
+}
+
+#[derive(Deserialize)]
+struct TokenizeBody {
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    messages: Option<Vec<ChatMessage>>,
+    #[serde(default = "yes")]
+    add_special_tokens: bool,
+    #[serde(default)]
+    model: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+async fn tokenize(State(s): State<AppState>, body: Bytes) -> Response {
+    let result = async {
+        let b: TokenizeBody = parse_json(&body)?;
+        if let Some(m) = b.model.as_deref() {
+            if m != s.model {
+                return Err(ApiError::model_not_found(m));
+            }
+        }
+        let text = match (b.prompt, b.messages) {
+            (Some(p), None) => p,
+            (None, Some(m)) => render_chat(&m),
+            _ => {
+                return Err(ApiError::bad_request(
+                    "send exactly one of `prompt` or `messages`",
+                    None,
+                ))
+            }
+        };
+        let tokens = encode(&s, text, b.add_special_tokens).await;
+        Ok(Json(serde_json::json!({
+            "count": tokens.len(),
+            "max_model_len": s.max_model_len,
+            "tokens": tokens,
+        })))
+    }
+    .await;
+    match result {
+        Ok(j) => j.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn metrics(State(s): State<AppState>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        s.engine.render_metrics(&s.model),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct AbortBody {
+    request_ids: Vec<String>,
+}
+
+async fn abort_requests(State(s): State<AppState>, _h: HeaderMap, body: Bytes) -> Response {
+    match parse_json::<AbortBody>(&body) {
+        Ok(b) => {
+            let n = s.engine.abort_request_ids(&b.request_ids);
+            tracing::debug!(found = n, "abort_requests");
+            StatusCode::OK.into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn debug_engine(State(s): State<AppState>) -> Json<crate::engine::EngineSnapshot> {
+    Json(s.engine.snapshot())
+}
+
+async fn debug_steps(State(s): State<AppState>) -> Json<Vec<crate::engine::stats::StepRecord>> {
+    Json(s.engine.recent_steps())
+}

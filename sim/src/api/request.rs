@@ -1,0 +1,242 @@
+//! Request bodies of `/v1/chat/completions` and `/v1/completions`, validated into a
+//! [`Generation`]: what the engine needs plus how to answer.
+
+use axum::http::HeaderMap;
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::tokenizer::{render_chat, ChatMessage};
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Final chunk with usage; true once the object is present (as in vLLM).
+    #[serde(default = "yes")]
+    pub include_usage: bool,
+    /// Running usage on every chunk.
+    #[serde(default)]
+    pub continuous_usage_stats: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Fields both endpoints share.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Common {
+    /// Model name; must be the served one when present.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Output limit.
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// Output limit, newer name (chat).
+    #[serde(default)]
+    pub max_completion_tokens: Option<u32>,
+    /// Stream the answer as SSE.
+    #[serde(default)]
+    pub stream: bool,
+    /// Streaming options.
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    /// Generate exactly `max_tokens`.
+    #[serde(default)]
+    pub ignore_eos: bool,
+    /// Seed for the output length.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Scheduling priority (lower first) under `--scheduling-policy priority`.
+    #[serde(default)]
+    pub priority: i64,
+    /// Request id when no `X-Request-Id` header is sent.
+    #[serde(default)]
+    pub request_id: Option<String>,
+    /// Number of choices; only 1 is simulated.
+    #[serde(default)]
+    pub n: Option<u32>,
+}
+
+/// `/v1/chat/completions` body.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatBody {
+    /// The conversation.
+    pub messages: Vec<ChatMessage>,
+    /// Shared fields.
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+/// A completions prompt: text or token ids.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptInput {
+    /// Text.
+    Text(String),
+    /// Token ids.
+    Tokens(Vec<u32>),
+}
+
+/// `/v1/completions` body.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionBody {
+    /// The prompt.
+    pub prompt: PromptInput,
+    /// Shared fields.
+    #[serde(flatten)]
+    pub common: Common,
+}
+
+/// Which API shape to answer in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `chat.completion(.chunk)`.
+    Chat,
+    /// `text_completion`.
+    Completion,
+}
+
+/// A validated request.
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// Answer shape.
+    pub api: Api,
+    /// External request id.
+    pub request_id: String,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Output limit after defaults.
+    pub max_tokens: u32,
+    /// Stream or not.
+    pub stream: bool,
+    /// Final usage chunk.
+    pub include_usage: bool,
+    /// Usage on every chunk.
+    pub continuous_usage: bool,
+    /// Generate exactly `max_tokens`.
+    pub ignore_eos: bool,
+    /// Request seed.
+    pub seed: Option<u64>,
+    /// Scheduling priority.
+    pub priority: i64,
+}
+
+/// Parses a JSON body the way vLLM answers bad ones: 400 with the reason.
+pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("Invalid request body: {e}"), None))
+}
+
+/// The request id: `X-Request-Id`, else the body's `request_id`, else a random uuid4 hex.
+pub fn request_id(headers: &HeaderMap, body_id: Option<&str>) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .or_else(|| body_id.filter(|s| !s.is_empty()).map(str::to_owned))
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string())
+}
+
+/// Tokenizes `text` off the async workers when a real tokenizer is in use.
+pub async fn encode(state: &AppState, text: String, add_special: bool) -> Vec<u32> {
+    let tok = state.tokenizer.clone();
+    if matches!(*tok, crate::tokenizer::PromptTokenizer::Heuristic) {
+        return tok.encode(&text, add_special);
+    }
+    tokio::task::spawn_blocking(move || tok.encode(&text, add_special))
+        .await
+        .unwrap_or_default()
+}
+
+impl Generation {
+    /// Validates a chat body.
+    pub async fn chat(state: &AppState, headers: &HeaderMap, body: ChatBody) -> Result<Self, ApiError> {
+        if body.messages.is_empty() {
+            return Err(ApiError::bad_request("messages must not be empty", Some("messages")));
+        }
+        let prompt = encode(state, render_chat(&body.messages), true).await;
+        let max = body.common.max_completion_tokens.or(body.common.max_tokens);
+        Self::build(state, headers, Api::Chat, prompt, max, body.common)
+    }
+
+    /// Validates a completions body (vLLM's completions default `max_tokens` is 16).
+    pub async fn completion(
+        state: &AppState,
+        headers: &HeaderMap,
+        body: CompletionBody,
+    ) -> Result<Self, ApiError> {
+        let prompt = match body.prompt {
+            PromptInput::Text(t) => encode(state, t, true).await,
+            PromptInput::Tokens(ids) => ids,
+        };
+        if prompt.is_empty() {
+            return Err(ApiError::bad_request("The prompt cannot be empty.", Some("prompt")));
+        }
+        let max = body.common.max_tokens.or(Some(16));
+        Self::build(state, headers, Api::Completion, prompt, max, body.common)
+    }
+
+    fn build(
+        state: &AppState,
+        headers: &HeaderMap,
+        api: Api,
+        prompt: Vec<u32>,
+        max_tokens: Option<u32>,
+        c: Common,
+    ) -> Result<Self, ApiError> {
+        if let Some(model) = c.model.as_deref() {
+            if model != state.model {
+                return Err(ApiError::model_not_found(model));
+            }
+        }
+        if c.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::bad_request("vllm-sim only simulates n = 1", Some("n")));
+        }
+        let limit = state.max_model_len;
+        let input = prompt.len() as u32;
+        if input >= limit {
+            return Err(ApiError::bad_request(
+                format!(
+                    "This model's maximum context length is {limit} tokens. However, your request \
+                     has {input} input tokens. Please reduce the length of the input messages."
+                ),
+                Some("input_tokens"),
+            ));
+        }
+        let max_tokens = match max_tokens {
+            Some(0) => {
+                return Err(ApiError::bad_request("max_tokens must be at least 1", Some("max_tokens")))
+            }
+            Some(m) if m > limit - input => {
+                return Err(ApiError::bad_request(
+                    format!(
+                        "'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's \
+                         maximum context length is {limit} tokens and your request has {input} \
+                         input tokens ({m} > {limit} - {input})."
+                    ),
+                    Some("max_tokens"),
+                ))
+            }
+            Some(m) => m,
+            None => limit - input,
+        };
+        let opts = c.stream_options.unwrap_or(StreamOptions {
+            include_usage: false,
+            continuous_usage_stats: false,
+        });
+        Ok(Self {
+            api,
+            request_id: request_id(headers, c.request_id.as_deref()),
+            prompt,
+            max_tokens,
+            stream: c.stream,
+            include_usage: c.stream && opts.include_usage,
+            continuous_usage: c.stream && opts.continuous_usage_stats,
+            ignore_eos: c.ignore_eos,
+            seed: c.seed,
+            priority: c.priority,
+        })
+    }
+}

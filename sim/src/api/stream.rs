@@ -1,0 +1,190 @@
+//! The SSE body: `data: <json>\n\n` per chunk, `data: [DONE]\n\n` at the end, no other lines.
+//!
+//! Tokens the engine produced since the last write go out as one chunk (several tokens per chunk
+//! when the client reads slower than the engine). Dropping the body (the client went away)
+//! aborts the request in the engine through [`AbortGuard`].
+
+use bytes::Bytes;
+use futures::Stream;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::chunks::{ResponseId, Usage};
+use super::error::ApiError;
+use super::request::Api;
+use crate::engine::sequence::{EngineEvent, Finished};
+use crate::engine::Engine;
+use crate::text::{words, FaultPlan};
+
+/// Aborts the engine's sequence when dropped before [`AbortGuard::disarm`].
+#[derive(Debug)]
+pub struct AbortGuard {
+    engine: Engine,
+    seq_no: u64,
+    armed: bool,
+}
+
+impl AbortGuard {
+    /// Guards sequence `seq_no`.
+    pub fn new(engine: Engine, seq_no: u64) -> Self {
+        Self {
+            engine,
+            seq_no,
+            armed: true,
+        }
+    }
+
+    /// The sequence finished on its own: nothing to abort.
+    pub fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// Aborts the sequence now.
+    pub fn abort(&mut self) {
+        if self.armed {
+            self.armed = false;
+            self.engine.abort_seq(self.seq_no);
+        }
+    }
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
+/// What the stream needs besides the engine's events.
+#[derive(Debug)]
+pub struct StreamSpec {
+    /// Chunk identity.
+    pub rid: ResponseId,
+    /// Prompt length, for running usage.
+    pub prompt_tokens: u32,
+    /// Final usage chunk.
+    pub include_usage: bool,
+    /// Usage on every chunk.
+    pub continuous_usage: bool,
+    /// `prompt_tokens_details` in usage.
+    pub prompt_details: bool,
+    /// Per-request `metrics` on the usage chunk.
+    pub per_request_metrics: bool,
+    /// Injected faults.
+    pub faults: FaultPlan,
+}
+
+/// Collects the events available now: (plain tokens, finish).
+pub async fn next_batch(rx: &mut UnboundedReceiver<EngineEvent>) -> Option<(u32, Option<Finished>)> {
+    let first = rx.recv().await?;
+    let mut tokens = 0;
+    let mut event = Some(first);
+    while let Some(ev) = event.take() {
+        match ev {
+            EngineEvent::Token => tokens += 1,
+            EngineEvent::Finished(f) => return Some((tokens, Some(f))),
+        }
+        event = rx.try_recv().ok();
+    }
+    Some((tokens, None))
+}
+
+struct State {
+    spec: StreamSpec,
+    rx: UnboundedReceiver<EngineEvent>,
+    guard: AbortGuard,
+    sent: u32,
+    done: bool,
+    stalled: bool,
+}
+
+fn frame(out: &mut String, json: &str) {
+    out.push_str("data: ");
+    out.push_str(json);
+    out.push_str("\n\n");
+}
+
+/// The SSE body of a streaming request.
+pub fn sse_body(
+    spec: StreamSpec,
+    rx: UnboundedReceiver<EngineEvent>,
+    guard: AbortGuard,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send {
+    let state = State {
+        spec,
+        rx,
+        guard,
+        sent: 0,
+        done: false,
+        stalled: false,
+    };
+    futures::stream::unfold(state, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        if st.stalled {
+            futures::future::pending::<()>().await;
+        }
+        let mut out = String::new();
+        let batch = next_batch(&mut st.rx).await;
+        let Some((plain, finished)) = batch else {
+            // The engine dropped the request without finishing it: report it as vLLM would.
+            frame(&mut out, &ApiError::internal("request ended unexpectedly").to_json());
+            out.push_str("data: [DONE]\n\n");
+            st.done = true;
+            return Some((Ok(Bytes::from(out)), st));
+        };
+        let with_last = finished.as_ref().is_some_and(|f| f.with_token);
+        let mut new = plain + u32::from(with_last);
+        let spec = &st.spec;
+        let f = spec.faults;
+
+        // Faults that cut the stream short.
+        let stall_at = f.stall_after.filter(|s| st.sent + new > *s);
+        let error_at = f.error_after.filter(|e| st.sent + new >= *e && finished.is_none());
+        if let Some(limit) = stall_at.or(error_at) {
+            new = limit.saturating_sub(st.sent);
+        }
+        let cut = stall_at.is_some() || error_at.is_some();
+
+        let usage_now = |n: u32| spec.continuous_usage.then(|| Usage::new(spec.prompt_tokens, n));
+        if st.sent == 0 && (new > 0 || finished.is_some()) && spec.rid.api == Api::Chat {
+            frame(&mut out, &spec.rid.role_chunk(usage_now(0)));
+        }
+        let finish = if cut { None } else { finished.as_ref().map(|f| f.reason.as_str()) };
+        if new > 0 || finish.is_some() {
+            let text = words(st.sent, st.sent + new);
+            st.sent += new;
+            frame(&mut out, &spec.rid.text_chunk(&text, finish, usage_now(st.sent)));
+        }
+        if f.garbage && st.sent > 0 && !cut && finished.is_none() {
+            out.push_str("data: {\"truncated\": tru\n\n");
+        }
+        if stall_at.is_some() {
+            // Keep the connection open and send nothing more, like a hung engine.
+            st.guard.abort();
+            st.stalled = true;
+            return Some((Ok(Bytes::from(out)), st));
+        }
+        if error_at.is_some() {
+            st.guard.abort();
+            frame(&mut out, &ApiError::internal("injected engine error").to_json());
+            out.push_str("data: [DONE]\n\n");
+            st.done = true;
+            return Some((Ok(Bytes::from(out)), st));
+        }
+        if let Some(fin) = finished {
+            st.guard.disarm();
+            if spec.include_usage {
+                let metrics = spec
+                    .per_request_metrics
+                    .then(|| fin.timings.per_request_metrics(fin.output_tokens));
+                let usage = Usage::final_of(&fin, spec.prompt_details);
+                frame(&mut out, &spec.rid.usage_chunk(usage, metrics));
+            }
+            if !f.omit_done {
+                out.push_str("data: [DONE]\n\n");
+            }
+            st.done = true;
+        }
+        Some((Ok(Bytes::from(out)), st))
+    })
+}

@@ -1,0 +1,112 @@
+//! Command-line flags, named like `vllm serve`'s where they mean the same thing.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// Flags of the `vllm-sim` binary. Also built in tests with [`SimArgs::for_test`].
+#[derive(Debug, Clone, Parser)]
+#[command(name = "vllm-sim", version, about = "A vLLM stand-in for machines without a GPU")]
+pub struct SimArgs {
+    /// Address to bind (as vLLM's `--host`).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind (as vLLM's `--port`); 0 picks a free one.
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Model name reported by `/v1/models` and accepted in requests.
+    #[arg(long, default_value = "meta-llama/Llama-3.1-8B-Instruct")]
+    pub served_model_name: String,
+    /// Longest prompt + output, in tokens; longer requests get vLLM's 400.
+    #[arg(long, default_value_t = 16384)]
+    pub max_model_len: u32,
+    /// Most sequences running in one scheduler step (vLLM `--max-num-seqs`).
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: u32,
+    /// Token budget of one scheduler step (vLLM `--max-num-batched-tokens`).
+    #[arg(long, default_value_t = 8192)]
+    pub max_num_batched_tokens: u32,
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u32,
+    /// KV-cache blocks on the simulated GPU; default: the profile's.
+    #[arg(long)]
+    pub num_gpu_blocks: Option<u32>,
+    /// Prefix caching is on by default, as in vLLM V1.
+    #[arg(long, default_value_t = true, overrides_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Turn prefix caching off.
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+    /// Report `usage.prompt_tokens_details.cached_tokens` (vLLM's flag of the same name).
+    #[arg(long)]
+    pub enable_prompt_tokens_details: bool,
+    /// Put vLLM's per-request `metrics` object on the final usage chunk.
+    #[arg(long)]
+    pub enable_per_request_metrics: bool,
+    /// Echo `X-Request-Id` on responses (vLLM's flag of the same name).
+    #[arg(long)]
+    pub enable_request_id_headers: bool,
+    /// `fcfs` (arrival order) or `priority` (lower `priority` field first, then arrival).
+    #[arg(long, default_value = "fcfs")]
+    pub scheduling_policy: String,
+    /// A HuggingFace `tokenizer.json`; without it a documented heuristic counts tokens.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Step-time model: `llama-3.1-8b-h100`, `fixed`, or `tiny-test`.
+    #[arg(long, default_value = "llama-3.1-8b-h100")]
+    pub profile: String,
+    /// Run this many times faster than real time (tests use 10-100).
+    #[arg(long, default_value_t = 1.0)]
+    pub speed: f64,
+    /// `fixed` profile: time to first token, milliseconds (before `--speed`).
+    #[arg(long, default_value_t = 50.0)]
+    pub fixed_ttft_ms: f64,
+    /// `fixed` profile: time between tokens, milliseconds (before `--speed`).
+    #[arg(long, default_value_t = 20.0)]
+    pub fixed_itl_ms: f64,
+    /// Mean output length when neither `max_tokens` nor `ignore_eos` decides it.
+    #[arg(long, default_value_t = 200)]
+    pub mean_output_tokens: u32,
+    /// Seed for output lengths and fault injection (with the request's own `seed`).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Fraction of requests answered with a 500 before streaming.
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_rate: f64,
+    /// Fraction of streams that send `data: {"error":...}` after `--error-after-tokens`.
+    #[arg(long, default_value_t = 0.0)]
+    pub midstream_error_rate: f64,
+    /// Tokens sent before an injected mid-stream error.
+    #[arg(long, default_value_t = 5)]
+    pub error_after_tokens: u32,
+    /// Streams stall (connection open, no more bytes) after this many tokens.
+    #[arg(long)]
+    pub stall_after_tokens: Option<u32>,
+    /// Fraction of streams that stall when `--stall-after-tokens` is set.
+    #[arg(long, default_value_t = 1.0)]
+    pub stall_rate: f64,
+    /// Fraction of streams that end without `data: [DONE]`.
+    #[arg(long, default_value_t = 0.0)]
+    pub omit_done_rate: f64,
+    /// Fraction of streams with a non-JSON `data:` line in the middle.
+    #[arg(long, default_value_t = 0.0)]
+    pub garbage_rate: f64,
+    /// Log filter (as `RUST_LOG`).
+    #[arg(long, default_value = "info")]
+    pub log: String,
+}
+
+impl SimArgs {
+    /// Flags for an in-process simulator on `127.0.0.1:0`, plus `extra` flags as on the command line.
+    pub fn for_test(extra: &[&str]) -> Self {
+        let mut argv = vec!["vllm-sim", "--port", "0"];
+        argv.extend_from_slice(extra);
+        Self::parse_from(argv)
+    }
+
+    /// Whether prefix caching is in effect after `--no-enable-prefix-caching`.
+    pub fn prefix_caching(&self) -> bool {
+        self.enable_prefix_caching && !self.no_enable_prefix_caching
+    }
+}

@@ -1,0 +1,393 @@
+//! The simulated engine: a scheduler loop on its own thread (batched profiles) or one timer task
+//! per request (`fixed` profile), behind one cloneable [`Engine`] handle.
+//!
+//! The loop plans a step, sleeps for the step's modelled duration (divided by `--speed`) against
+//! an absolute deadline, then applies the step: tokens are sent to each request's unbounded
+//! channel, so the engine never waits for a slow client, as vLLM's output queue.
+
+pub mod kv_cache;
+pub mod scheduler;
+pub mod sequence;
+pub mod stats;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::mpsc::{self, UnboundedReceiver};
+use tokio::sync::Notify;
+
+use crate::metrics::{self, CacheInfo, Gauges};
+use crate::profile::{BatchedCost, Profile};
+use kv_cache::block_hashes;
+use scheduler::{Scheduler, SchedulerConfig};
+use sequence::{EngineEvent, FinishReason, Sequence, Timings};
+use stats::{Lateness, StepRecord, StepStats};
+
+/// A step later than this against its deadline resets the schedule instead of bursting to
+/// catch up.
+const MAX_CATCH_UP: Duration = Duration::from_millis(20);
+
+/// A request as the engine takes it.
+#[derive(Debug, Clone)]
+pub struct NewRequest {
+    /// External request id.
+    pub request_id: String,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Output tokens to generate.
+    pub target_output: u32,
+    /// Reason reported when `target_output` is reached.
+    pub finish_at_target: FinishReason,
+    /// Priority under `--scheduling-policy priority` (lower first).
+    pub priority: i64,
+}
+
+/// The engine handle; clones share one engine.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+    profile: Profile,
+    speed: f64,
+    next_seq_no: AtomicU64,
+    shutdown: AtomicBool,
+}
+
+#[derive(Debug)]
+struct State {
+    sched: Scheduler,
+    /// Fixed profile: running requests and their cancel signals.
+    fixed: HashMap<u64, FixedSeq>,
+    stats: StepStats,
+}
+
+#[derive(Debug)]
+struct FixedSeq {
+    request_id: String,
+    cancel: Arc<Notify>,
+}
+
+/// Engine state for `/debug/engine` and tests.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineSnapshot {
+    /// `batched` or `fixed`.
+    pub mode: &'static str,
+    /// Sequences running now.
+    pub running: usize,
+    /// Sequences waiting now.
+    pub waiting: usize,
+    /// `--max-num-seqs`.
+    pub max_num_seqs: u32,
+    /// `--max-num-batched-tokens`.
+    pub max_num_batched_tokens: u32,
+    /// KV blocks in all.
+    pub num_gpu_blocks: u32,
+    /// KV blocks no sequence holds.
+    pub free_blocks: u32,
+    /// Steps run.
+    pub steps: u64,
+    /// Most sequences ever running in one step.
+    pub max_running_seen: u32,
+    /// Most tokens ever computed in one step.
+    pub max_step_tokens_seen: u32,
+    /// Steps that mixed prefill chunks and decodes.
+    pub mixed_steps: u64,
+    /// Preemptions so far.
+    pub preemptions: u64,
+    /// Finished with `abort`.
+    pub aborted: u64,
+    /// Step (or emission) lateness.
+    pub lateness: Lateness,
+}
+
+impl Engine {
+    /// Starts an engine; a batched profile gets its scheduler thread.
+    pub fn start(profile: Profile, speed: f64, cfg: SchedulerConfig) -> Self {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                sched: Scheduler::new(cfg),
+                fixed: HashMap::new(),
+                stats: StepStats::default(),
+            }),
+            wake: Condvar::new(),
+            profile,
+            speed: if speed > 0.0 { speed } else { 1.0 },
+            next_seq_no: AtomicU64::new(1),
+            shutdown: AtomicBool::new(false),
+        });
+        if let Profile::Batched(cost) = profile {
+            let weak = Arc::downgrade(&shared);
+            std::thread::Builder::new()
+                .name("vllm-sim-engine".into())
+                .spawn(move || run_loop(weak, cost))
+                .expect("spawn the engine thread");
+        }
+        Self { shared }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues a request; returns its internal number and the stream of its tokens.
+    pub fn submit(&self, req: NewRequest) -> (u64, UnboundedReceiver<EngineEvent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let seq_no = self.shared.next_seq_no.fetch_add(1, Ordering::Relaxed);
+        let now = Instant::now();
+        let timings = Timings {
+            arrival: now,
+            first_scheduled: None,
+            first_token: None,
+            last_token: None,
+            finished: None,
+        };
+        let mut st = self.lock();
+        let bs = st.sched.config().block_size as usize;
+        let seq = Sequence {
+            request_id: req.request_id,
+            seq_no,
+            prompt_len: req.prompt.len() as u32,
+            block_hashes: block_hashes(&req.prompt, bs),
+            target_output: req.target_output.max(1),
+            finish_at_target: req.finish_at_target,
+            priority: req.priority,
+            output_tokens: 0,
+            computed: 0,
+            blocks: Vec::new(),
+            registered_blocks: 0,
+            cached_tokens: 0,
+            started: false,
+            timings,
+            tx,
+        };
+        match self.shared.profile {
+            Profile::Batched(_) => {
+                st.sched.add(seq);
+                drop(st);
+                self.shared.wake.notify_one();
+            }
+            Profile::Fixed { ttft, itl } => {
+                let cancel = Arc::new(Notify::new());
+                st.fixed.insert(
+                    seq_no,
+                    FixedSeq {
+                        request_id: seq.request_id.clone(),
+                        cancel: cancel.clone(),
+                    },
+                );
+                let running = st.fixed.len() as u32;
+                st.stats.observe_running(running);
+                drop(st);
+                let speed = self.shared.speed;
+                tokio::spawn(run_fixed(
+                    self.clone(),
+                    seq,
+                    ttft.div_f64(speed),
+                    itl.div_f64(speed),
+                    cancel,
+                ));
+            }
+        }
+        (seq_no, rx)
+    }
+
+    /// Aborts one request by internal number (its client went away); no-op if it has finished.
+    pub fn abort_seq(&self, seq_no: u64) {
+        self.abort_where(|s_no, _| s_no == seq_no);
+    }
+
+    /// Aborts every request with one of these external ids; returns how many were found.
+    pub fn abort_request_ids(&self, ids: &[String]) -> usize {
+        self.abort_where(|_, id| ids.iter().any(|x| x == id))
+    }
+
+    fn abort_where(&self, pred: impl Fn(u64, &str) -> bool) -> usize {
+        let mut st = self.lock();
+        let mut n = st
+            .sched
+            .abort_where(Instant::now(), |s| pred(s.seq_no, &s.request_id));
+        let cancels: Vec<u64> = st
+            .fixed
+            .iter()
+            .filter(|(no, f)| pred(**no, &f.request_id))
+            .map(|(no, _)| *no)
+            .collect();
+        for no in cancels {
+            if let Some(f) = st.fixed.remove(&no) {
+                f.cancel.notify_one();
+                n += 1;
+            }
+        }
+        drop(st);
+        self.shared.wake.notify_one();
+        n
+    }
+
+    /// A consistent view of the engine.
+    pub fn snapshot(&self) -> EngineSnapshot {
+        let st = self.lock();
+        let cfg = *st.sched.config();
+        let fixed = matches!(self.shared.profile, Profile::Fixed { .. });
+        EngineSnapshot {
+            mode: if fixed { "fixed" } else { "batched" },
+            running: st.sched.num_running() + st.fixed.len(),
+            waiting: st.sched.num_waiting(),
+            max_num_seqs: cfg.max_num_seqs,
+            max_num_batched_tokens: cfg.max_num_batched_tokens,
+            num_gpu_blocks: cfg.num_gpu_blocks,
+            free_blocks: st.sched.pool.num_free(),
+            steps: st.stats.steps,
+            max_running_seen: st.stats.max_running_seen,
+            max_step_tokens_seen: st.stats.max_step_tokens_seen,
+            mixed_steps: st.stats.mixed_steps,
+            preemptions: st.sched.metrics.preemptions,
+            aborted: st.sched.metrics.finished_count(FinishReason::Abort),
+            lateness: st.stats.lateness_ms(),
+        }
+    }
+
+    /// The most recent steps, oldest first.
+    pub fn recent_steps(&self) -> Vec<StepRecord> {
+        self.lock().stats.recent()
+    }
+
+    /// vLLM's `/metrics` text.
+    pub fn render_metrics(&self, model: &str) -> String {
+        let st = self.lock();
+        let cfg = st.sched.config();
+        let gauges = Gauges {
+            running: st.sched.num_running() + st.fixed.len(),
+            waiting: st.sched.num_waiting(),
+            kv_usage: st.sched.pool.usage(),
+        };
+        let cache = CacheInfo {
+            block_size: cfg.block_size,
+            num_gpu_blocks: cfg.num_gpu_blocks,
+            prefix_caching: cfg.prefix_caching,
+        };
+        metrics::render(model, &st.sched.metrics, gauges, &cache)
+    }
+
+    /// Stops the scheduler thread (it also stops once every handle is dropped).
+    pub fn shutdown(&self) {
+        self.shared.shutdown.store(true, Ordering::Relaxed);
+        self.shared.wake.notify_all();
+    }
+}
+
+/// The scheduler loop of batched profiles; ends when the engine is dropped or shut down.
+fn run_loop(weak: Weak<Shared>, cost: BatchedCost) {
+    // Schedule origin: wall-clock start and the (speed-scaled) step time since then.
+    let mut origin: Option<(Instant, Duration)> = None;
+    loop {
+        let Some(shared) = weak.upgrade() else { return };
+        if shared.shutdown.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        let plan = st.sched.schedule(Instant::now());
+        if plan.is_empty() {
+            origin = None;
+            let _ = shared.wake.wait_timeout(st, Duration::from_millis(50));
+            continue;
+        }
+        let mut rec = StepRecord {
+            step: 0,
+            prefill_tokens: plan.shape.prefill_tokens,
+            prefill_seqs: 0,
+            max_chunk: 0,
+            decode_seqs: plan.shape.decode_seqs,
+            running: st.sched.num_running() as u32,
+            waiting: st.sched.num_waiting() as u32,
+            free_blocks: st.sched.pool.num_free(),
+            preempted: plan.preempted,
+            duration_us: 0,
+            late_us: 0,
+        };
+        drop(st);
+        let prefill_chunks = plan.scheduled.len() as u32 - plan.shape.decode_seqs;
+        rec.prefill_seqs = prefill_chunks;
+        rec.max_chunk = if prefill_chunks > 0 {
+            plan.scheduled.iter().map(|(_, n)| *n).max().unwrap_or(0)
+        } else {
+            0
+        };
+
+        let step = cost.step_time(plan.shape).div_f64(shared.speed);
+        rec.duration_us = step.as_micros() as u64;
+        let (start, elapsed) = origin.get_or_insert_with(|| (Instant::now(), Duration::ZERO));
+        *elapsed += step;
+        let deadline = *start + *elapsed;
+        let now = Instant::now();
+        if deadline > now {
+            std::thread::sleep(deadline - now);
+        }
+        let now = Instant::now();
+        let late = now.saturating_duration_since(deadline);
+        if late > MAX_CATCH_UP {
+            origin = None;
+        }
+        rec.late_us = late.as_micros() as u64;
+
+        let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.sched.complete(&plan, now);
+        let tokens = plan.num_tokens();
+        st.stats.record(rec, tokens);
+    }
+}
+
+/// One request of the `fixed` profile: first token after `ttft`, then one every `itl`.
+async fn run_fixed(
+    engine: Engine,
+    mut seq: Sequence,
+    ttft: Duration,
+    itl: Duration,
+    cancel: Arc<Notify>,
+) {
+    let start = tokio::time::Instant::now();
+    seq.timings.first_scheduled = Some(seq.timings.arrival);
+    let mut reason = None;
+    while reason.is_none() {
+        let deadline = start + ttft + itl * seq.output_tokens;
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = cancel.notified() => { reason = Some(FinishReason::Abort); break; }
+        }
+        let now = Instant::now();
+        let late = tokio::time::Instant::now().saturating_duration_since(deadline);
+        seq.output_tokens += 1;
+        let gap = seq.timings.last_token.map(|t| now - t);
+        seq.timings.last_token = Some(now);
+        let mut st = engine.lock();
+        st.stats.observe_lateness(late);
+        if seq.timings.first_token.is_none() {
+            seq.timings.first_token = Some(now);
+            st.sched
+                .metrics
+                .first_token(now - seq.timings.arrival, seq.prompt_len);
+        }
+        st.sched.metrics.token(gap);
+        if seq.output_tokens >= seq.target_output {
+            reason = Some(seq.finish_at_target);
+        } else if seq.tx.send(EngineEvent::Token).is_err() {
+            reason = Some(FinishReason::Abort);
+            seq.output_tokens -= 1;
+        }
+    }
+    let reason = reason.unwrap_or(FinishReason::Abort);
+    let mut st = engine.lock();
+    st.fixed.remove(&seq.seq_no);
+    seq.timings.finished = Some(Instant::now());
+    let done = seq.finished(reason, reason != FinishReason::Abort);
+    st.sched.metrics.finished(&done);
+    drop(st);
+    let _ = seq.tx.send(EngineEvent::Finished(done));
+}

@@ -1,0 +1,168 @@
+//! `vllm-sim`: a vLLM stand-in for machines without a GPU.
+//!
+//! It speaks vLLM's OpenAI-compatible wire format byte for byte and models vLLM V1's
+//! continuous-batching scheduler (token budget per step, max sequences, chunked prefill, KV blocks,
+//! prefix cache, preemption, abort) with step times from a calibrated profile. See `sim/README.md`.
+//!
+//! # Layout
+//! - [`args`]: command-line flags, named like `vllm serve`'s.
+//! - [`tokenizer`]: prompt tokens (a `tokenizer.json`, or a documented heuristic) and the chat template.
+//! - [`api`]: HTTP routes: request validation, SSE framing, chunk JSON, errors.
+//! - [`text`]: seeded output lengths, filler text and fault injection.
+//! - [`engine`]: the scheduler loop, KV cache and per-request state.
+//! - [`profile`]: step-time models (`llama-3.1-8b-h100`, `fixed`, `tiny-test`).
+//! - [`metrics`]: vLLM's Prometheus series.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod args;
+pub mod engine;
+pub mod metrics;
+pub mod profile;
+pub mod text;
+pub mod tokenizer;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub use args::SimArgs;
+use engine::scheduler::SchedulerConfig;
+use engine::Engine;
+use profile::Profile;
+
+/// The vLLM version the simulator reports at `/version`.
+pub const VLLM_VERSION: &str = "0.25.0+sim";
+
+/// A running simulator.
+#[derive(Debug)]
+pub struct SimServer {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its engine, for tests that look inside.
+    pub engine: Engine,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl SimServer {
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops serving and stops the engine.
+    pub async fn shutdown(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        self.engine.shutdown();
+        let _ = (&mut self.task).await;
+    }
+
+    /// Waits until the server ends.
+    pub async fn wait(self) {
+        let _ = self.task.await;
+    }
+}
+
+/// Validates the flags and builds the engine and handler state.
+pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
+    let Some(profile) = Profile::by_name(&args.profile, args.fixed_ttft_ms, args.fixed_itl_ms) else {
+        bail!("unknown --profile {:?}; known: {}", args.profile, Profile::NAMES.join(", "));
+    };
+    if !(args.speed > 0.0 && args.speed.is_finite()) {
+        bail!("--speed must be a positive number, got {}", args.speed);
+    }
+    let policy = match args.scheduling_policy.as_str() {
+        "fcfs" => false,
+        "priority" => true,
+        other => bail!("--scheduling-policy must be fcfs or priority, got {other:?}"),
+    };
+    if args.block_size == 0 || args.max_num_seqs == 0 || args.max_num_batched_tokens == 0 {
+        bail!("--block-size, --max-num-seqs and --max-num-batched-tokens must be > 0");
+    }
+    let default_blocks = match profile {
+        Profile::Batched(c) => c.default_gpu_blocks,
+        Profile::Fixed { .. } => 1,
+    };
+    let num_gpu_blocks = args.num_gpu_blocks.unwrap_or(default_blocks);
+    if matches!(profile, Profile::Batched(_))
+        && u64::from(num_gpu_blocks) * u64::from(args.block_size) < u64::from(args.max_model_len)
+    {
+        bail!(
+            "the KV cache ({num_gpu_blocks} blocks of {} tokens) cannot hold one sequence of \
+             --max-model-len {}; lower --max-model-len or raise --num-gpu-blocks",
+            args.block_size,
+            args.max_model_len
+        );
+    }
+    let cfg = SchedulerConfig {
+        max_num_seqs: args.max_num_seqs,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        block_size: args.block_size,
+        num_gpu_blocks,
+        prefix_caching: args.prefix_caching(),
+        priority_policy: policy,
+    };
+    let tokenizer = tokenizer::PromptTokenizer::load(args.tokenizer.as_deref())?;
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Ok(api::AppState {
+        engine: Engine::start(profile, args.speed, cfg),
+        tokenizer: Arc::new(tokenizer),
+        model: args.served_model_name.clone(),
+        max_model_len: args.max_model_len,
+        mean_output_tokens: args.mean_output_tokens,
+        seed: args.seed,
+        faults: text::FaultRates {
+            fail: args.fail_rate,
+            midstream_error: args.midstream_error_rate,
+            error_after_tokens: args.error_after_tokens,
+            stall_after_tokens: args.stall_after_tokens,
+            stall: args.stall_rate,
+            omit_done: args.omit_done_rate,
+            garbage: args.garbage_rate,
+        },
+        prompt_tokens_details: args.enable_prompt_tokens_details,
+        per_request_metrics: args.enable_per_request_metrics,
+        request_id_headers: args.enable_request_id_headers,
+        started,
+    })
+}
+
+/// Binds `--host:--port` and serves in the background.
+pub async fn start(args: &SimArgs) -> anyhow::Result<SimServer> {
+    let state = build(args)?;
+    let listener = TcpListener::bind((args.host.as_str(), args.port))
+        .await
+        .with_context(|| format!("bind {}:{}", args.host, args.port))?;
+    serve_on(listener, state)
+}
+
+/// Serves on a bound listener in the background.
+pub fn serve_on(listener: TcpListener, state: api::AppState) -> anyhow::Result<SimServer> {
+    let addr = listener.local_addr()?;
+    let engine = state.engine.clone();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let app = api::router(state);
+    let task = tokio::spawn(async move {
+        let serve = axum::serve(listener, app).with_graceful_shutdown(async {
+            let _ = stopped.await;
+        });
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "vllm-sim server failed");
+        }
+    });
+    Ok(SimServer {
+        addr,
+        engine,
+        stop: Some(stop),
+        task,
+    })
+}

@@ -1,0 +1,18 @@
+//! `vllm-sim`: serve the simulator until interrupted.
+
+use clap::Parser;
+use vllm_sim::SimArgs;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = SimArgs::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
+        .init();
+    let server = vllm_sim::start(&args).await?;
+    tracing::info!(addr = %server.addr, profile = %args.profile, speed = args.speed, "vllm-sim listening");
+    let _ = tokio::signal::ctrl_c().await;
+    tracing::info!("shutting down");
+    server.shutdown().await;
+    Ok(())
+}
