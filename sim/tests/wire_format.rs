@@ -1,0 +1,318 @@
+//! The simulator speaks vLLM's wire format: SSE framing, chunk shapes, usage, errors, ids.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+#[tokio::test]
+async fn chat_stream_has_vllm_framing_and_chunk_shapes() {
+    let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", s.url()))
+        .header("x-request-id", "req-42")
+        .json(&chat_body("why does this TypeScript error happen?", 12, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-type"],
+        "text/event-stream; charset=utf-8"
+    );
+    let events = sse_events(&resp.text().await.unwrap());
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    for c in &chunks {
+        assert_eq!(c["id"], "chatcmpl-req-42");
+        assert_eq!(c["object"], "chat.completion.chunk");
+        assert_eq!(c["model"], MODEL);
+        assert!(c["created"].as_u64().unwrap() > 1_600_000_000);
+    }
+    // Role chunk first, exactly as vLLM writes it.
+    let first = &chunks[0]["choices"][0];
+    assert_eq!(
+        first,
+        &serde_json::json!({"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null})
+    );
+    // Token chunks: text in delta.content, finish reason only on the last.
+    let token_chunks = &chunks[1..chunks.len() - 1];
+    let mut words = 0;
+    for (i, c) in token_chunks.iter().enumerate() {
+        let ch = &c["choices"][0];
+        words += ch["delta"]["content"].as_str().unwrap().split_whitespace().count();
+        let last = i == token_chunks.len() - 1;
+        assert_eq!(ch["finish_reason"] == "length", last, "{c}");
+        assert!(c.get("usage").is_none(), "no usage on token chunks: {c}");
+    }
+    // Final usage chunk: no choices, exact counts.
+    let usage_chunk = chunks.last().unwrap();
+    assert_eq!(usage_chunk["choices"], serde_json::json!([]));
+    let usage = &usage_chunk["usage"];
+    assert_eq!(usage["completion_tokens"], 12);
+    assert_eq!(words, 12, "one filler word per token");
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + 12
+    );
+    assert!(usage.get("prompt_tokens_details").is_none());
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn completions_stream_has_every_field_including_nulls() {
+    let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
+    let body = client()
+        .post(format!("{}/v1/completions", s.url()))
+        .json(&serde_json::json!({"model": MODEL, "prompt": "def f(x):", "max_tokens": 5, "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = sse_events(&body);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let mut text = String::new();
+    for c in &chunks {
+        assert!(c["id"].as_str().unwrap().starts_with("cmpl-"));
+        assert_eq!(c["object"], "text_completion");
+        let ch = c["choices"][0].as_object().unwrap();
+        let keys: Vec<&str> = ch.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["index", "text", "logprobs", "finish_reason", "stop_reason"]);
+        text.push_str(ch["text"].as_str().unwrap());
+    }
+    assert_eq!(text.split_whitespace().count(), 5);
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn non_streaming_responses_have_vllm_shapes() {
+    let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
+    let chat: Value = client()
+        .post(format!("{}/v1/chat/completions", s.url()))
+        .json(&chat_body("hello", 7, false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(chat["object"], "chat.completion");
+    assert_eq!(chat["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(
+        chat["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        7
+    );
+    assert_eq!(chat["choices"][0]["finish_reason"], "length");
+    assert_eq!(chat["usage"]["completion_tokens"], 7);
+    let keys: Vec<&str> = chat.as_object().unwrap().keys().map(String::as_str).collect();
+    assert_eq!(keys, ["id", "object", "created", "model", "choices", "usage"]);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn repeated_prefix_reports_cached_tokens() {
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--enable-prompt-tokens-details",
+    ])
+    .await;
+    let system = words(300, "You are a patient programming tutor.");
+    let ask = |question: &str| {
+        serde_json::json!({
+            "model": MODEL,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+            "max_tokens": 4,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        })
+    };
+    let usage = |body: String| -> Value {
+        let events = sse_events(&body);
+        let last: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+        last["usage"].clone()
+    };
+    let url = format!("{}/v1/chat/completions", s.url());
+    let first = usage(client().post(&url).json(&ask("what is a closure?")).send().await.unwrap().text().await.unwrap());
+    assert!(first.get("prompt_tokens_details").is_none(), "cold cache: {first}");
+    let second = usage(client().post(&url).json(&ask("what is a trait?")).send().await.unwrap().text().await.unwrap());
+    let cached = second["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached >= 288 && cached % 16 == 0, "the shared system prompt hits: {second}");
+    assert!(cached < second["prompt_tokens"].as_u64().unwrap());
+    assert!(metric(&s, &format!("vllm:prefix_cache_hits_total{}", labels())).await >= cached as f64);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn prompt_too_long_unknown_model_and_bad_json_get_vllm_errors() {
+    let s = sim(&["--max-model-len", "1024", "--profile", "tiny-test"]).await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    let resp = client()
+        .post(&url)
+        .json(&chat_body(&words(2000, "x"), 10, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["type"], "BadRequestError");
+    assert_eq!(err["error"]["param"], "input_tokens");
+    assert_eq!(err["error"]["code"], 400);
+    assert!(err["error"]["message"].as_str().unwrap().contains("maximum context length is 1024"));
+
+    let resp = client().post(&url).json(&chat_body("hi", 2000, false)).send().await.unwrap();
+    assert_eq!(resp.status(), 400, "prompt + max_tokens over the limit");
+
+    let mut body = chat_body("hi", 5, false);
+    body["model"] = "gpt-unknown".into();
+    let resp = client().post(&url).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+    assert_eq!(resp.json::<Value>().await.unwrap()["error"]["type"], "NotFoundError");
+
+    let resp = client().post(&url).body("{not json").send().await.unwrap();
+    assert_eq!(resp.status(), 400);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn request_ids_follow_vllm_rules() {
+    let s = sim(&["--speed", "50", "--profile", "tiny-test", "--enable-request-id-headers"]).await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    let resp = client()
+        .post(&url)
+        .header("x-request-id", "from-header")
+        .json(&chat_body("hi", 2, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["x-request-id"], "from-header");
+    assert_eq!(resp.json::<Value>().await.unwrap()["id"], "chatcmpl-from-header");
+
+    let mut body = chat_body("hi", 2, false);
+    body["request_id"] = "from-body".into();
+    let v: Value = client().post(&url).json(&body).send().await.unwrap().json().await.unwrap();
+    assert_eq!(v["id"], "chatcmpl-from-body");
+
+    let v: Value = client().post(&url).json(&chat_body("hi", 2, false)).send().await.unwrap().json().await.unwrap();
+    let id = v["id"].as_str().unwrap().strip_prefix("chatcmpl-").unwrap();
+    assert_eq!(id.len(), 32, "uuid4 hex: {id}");
+    assert!(id.chars().all(|c| c.is_ascii_hexdigit()));
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn side_endpoints_answer_like_vllm() {
+    let s = sim(&["--max-model-len", "4096"]).await;
+    let models = get_json(format!("{}/v1/models", s.url())).await;
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], MODEL);
+    assert_eq!(models["data"][0]["owned_by"], "vllm");
+    assert_eq!(models["data"][0]["max_model_len"], 4096);
+    let health = client().get(format!("{}/health", s.url())).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert!(health.text().await.unwrap().is_empty());
+    let version = get_json(format!("{}/version", s.url())).await;
+    assert!(version["version"].is_string());
+    let tok: Value = client()
+        .post(format!("{}/tokenize", s.url()))
+        .json(&serde_json::json!({"prompt": "why does this TypeScript error?\n"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    // BOS + 10 heuristic tokens (see the tokenizer module docs).
+    assert_eq!(tok["count"], 11);
+    assert_eq!(tok["tokens"].as_array().unwrap().len(), 11);
+    assert_eq!(tok["max_model_len"], 4096);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn metrics_expose_vllm_series_with_types() {
+    let s = sim(&["--speed", "50", "--profile", "tiny-test", "--num-gpu-blocks", "1500"]).await;
+    client()
+        .post(format!("{}/v1/chat/completions", s.url()))
+        .json(&chat_body("hi", 3, false))
+        .send()
+        .await
+        .unwrap();
+    let text = client().get(format!("{}/metrics", s.url())).send().await.unwrap().text().await.unwrap();
+    for (name, kind) in [
+        ("vllm:num_requests_running", "gauge"),
+        ("vllm:num_requests_waiting", "gauge"),
+        ("vllm:kv_cache_usage_perc", "gauge"),
+        ("vllm:cache_config_info", "gauge"),
+        ("vllm:prompt_tokens_total", "counter"),
+        ("vllm:generation_tokens_total", "counter"),
+        ("vllm:num_preemptions_total", "counter"),
+        ("vllm:request_success_total", "counter"),
+        ("vllm:prefix_cache_queries_total", "counter"),
+        ("vllm:prefix_cache_hits_total", "counter"),
+        ("vllm:time_to_first_token_seconds", "histogram"),
+        ("vllm:inter_token_latency_seconds", "histogram"),
+        ("vllm:e2e_request_latency_seconds", "histogram"),
+        ("vllm:request_queue_time_seconds", "histogram"),
+        ("vllm:request_prefill_time_seconds", "histogram"),
+        ("vllm:request_decode_time_seconds", "histogram"),
+    ] {
+        assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name} {kind}");
+    }
+    assert!(text.contains("num_gpu_blocks=\"1500\""));
+    assert!(text.contains("block_size=\"16\""));
+    assert_eq!(
+        metric(&s, &format!("vllm:generation_tokens_total{}", labels())).await,
+        3.0
+    );
+    assert_eq!(
+        metric(
+            &s,
+            &format!("vllm:request_success_total{{engine=\"0\",model_name=\"{MODEL}\",finished_reason=\"length\"}}")
+        )
+        .await,
+        1.0
+    );
+    assert!(text.contains(&format!("vllm:time_to_first_token_seconds_count{} 1\n", labels())));
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn per_request_metrics_split_queue_and_prefill() {
+    let s = sim(&["--speed", "20", "--profile", "tiny-test", "--enable-per-request-metrics"]).await;
+    let body = client()
+        .post(format!("{}/v1/chat/completions", s.url()))
+        .json(&chat_body(&words(500, "q"), 20, true))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = sse_events(&body);
+    let last: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    let m = &last["metrics"];
+    let ttft = m["time_to_first_token_ms"].as_f64().unwrap();
+    let queue = m["queue_time_ms"].as_f64().unwrap();
+    assert!(ttft > 0.0 && queue >= 0.0 && queue <= ttft, "{m}");
+    assert!(m["tokens_per_second"].as_f64().unwrap() > 0.0);
+    assert!(m["mean_itl_ms"].as_f64().unwrap() > 0.0);
+    assert!(m["generation_time_ms"].as_f64().unwrap() > 0.0);
+    s.shutdown().await;
+}
