@@ -1,0 +1,184 @@
+//! In-process admission (one gateway replica): a mutex-protected [`State`] and FIFO queues
+//! whose waiters are handed their [`LaneGuard`] through a oneshot channel.
+//!
+//! Cancellation safety: a queued waiter holds a [`QueueTicket`]; dropping the waiting future
+//! (client gone, timeout) drops the ticket, which takes the waiter out of its queue. A guard
+//! granted in the instant before is either returned by the failed send (and undone under the
+//! same lock) or dropped with the receiver, which gives it back like any other guard.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::error::AdmissionError;
+use super::guard::LaneGuard;
+use super::limits::Limits;
+use super::snapshot::AdmissionSnapshot;
+use super::state::State;
+use crate::classify::Lane;
+use crate::config::{Config, Policy};
+
+/// The state shared by [`LocalAdmission`] handles and their guards.
+pub(crate) struct Shared {
+    limits: Limits,
+    state: Mutex<State>,
+}
+
+/// In-process admission for one replica. Cheap to clone; clones share the same lanes.
+#[derive(Clone)]
+pub struct LocalAdmission {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for LocalAdmission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalAdmission")
+            .field("policy", &self.shared.limits.policy())
+            .field("snapshot", &self.snapshot())
+            .finish()
+    }
+}
+
+impl LocalAdmission {
+    /// Admission with the policy and limits of `config`.
+    pub fn from_config(config: &Config) -> Self {
+        let limits = Limits::from_config(config);
+        let state = Mutex::new(State::new(limits.queue_count()));
+        Self {
+            shared: Arc::new(Shared { limits, state }),
+        }
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Policy {
+        self.shared.limits.policy()
+    }
+
+    /// Consistent counters of every lane.
+    pub fn snapshot(&self) -> AdmissionSnapshot {
+        self.shared.lock().snapshot()
+    }
+
+    /// Waits for a slot in `lane` plus `tokens` of budget, both taken in one step.
+    ///
+    /// Admitted at once when the lane's queue is empty and both fit; otherwise waits in FIFO
+    /// order behind earlier requests of the same queue, up to the queue's timeout. Errors:
+    /// [`AdmissionError::QueueFull`] when the queue is at `queue_len`,
+    /// [`AdmissionError::Timeout`] after `queue_timeout`, [`AdmissionError::TooLarge`] when
+    /// `tokens` could never fit. Cancel-safe: dropping the future leaves the queue.
+    pub async fn acquire(&self, lane: Lane, tokens: u32) -> Result<LaneGuard, AdmissionError> {
+        let shared = &self.shared;
+        let limits = &shared.limits;
+        if let Some(limit) = limits.max_reservation(lane) {
+            if u64::from(tokens) > limit {
+                return Err(AdmissionError::TooLarge {
+                    lane,
+                    tokens,
+                    limit,
+                });
+            }
+        }
+        let queue = limits.queue_of(lane);
+        let queue_limit = limits.queue(queue);
+        let (mut receiver, ticket) = {
+            let mut state = shared.lock();
+            if state.queues[queue].is_empty() && limits.fits(&state.usage, lane, tokens) {
+                state.take(lane, tokens);
+                return Ok(LaneGuard::local(
+                    shared.clone(),
+                    lane,
+                    tokens,
+                    Duration::ZERO,
+                ));
+            }
+            if state.queues[queue].len() >= queue_limit.len {
+                return Err(AdmissionError::QueueFull {
+                    lane,
+                    retry_after: Duration::from_secs(queue_limit.timeout.as_secs().max(1)),
+                });
+            }
+            let (sender, receiver) = oneshot::channel();
+            let id = state.enqueue(queue, lane, tokens, sender);
+            let ticket = QueueTicket {
+                shared: shared.clone(),
+                queue,
+                id,
+            };
+            (receiver, ticket)
+        };
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(queue_limit.timeout, &mut receiver).await;
+        // Leave the queue (if still in it) before looking at the outcome; a guard granted in
+        // the meantime sits in `receiver` and is given back when `receiver` drops.
+        drop(ticket);
+        match outcome {
+            Ok(Ok(guard)) => Ok(guard),
+            // The sender was dropped without a grant: only on a removal, which is ours.
+            Ok(Err(_)) | Err(_) => Err(AdmissionError::Timeout {
+                lane,
+                waited: started.elapsed(),
+            }),
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Critical sections never panic half-way, so a poisoned lock still holds valid counts.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Gives back a guard's slot and tokens and admits the waiters that now fit.
+    pub(super) fn release(self: &Arc<Self>, lane: Lane, tokens: u32) {
+        let mut state = self.lock();
+        state.give_back(lane, tokens);
+        self.dispatch(&mut state);
+    }
+
+    /// Admits queue heads while they fit, in queue order (small's queue first under `lanes`).
+    /// A queue's head that does not fit blocks the rest of that queue (strict FIFO per queue).
+    fn dispatch(self: &Arc<Self>, state: &mut State) {
+        for queue in 0..state.queues.len() {
+            while let Some(head) = state.queues[queue].front() {
+                if !self.limits.fits(&state.usage, head.lane, head.tokens) {
+                    break;
+                }
+                let Some(waiter) = state.pop_front(queue) else {
+                    break;
+                };
+                state.take(waiter.lane, waiter.tokens);
+                let guard = LaneGuard::local(
+                    self.clone(),
+                    waiter.lane,
+                    waiter.tokens,
+                    waiter.enqueued_at.elapsed(),
+                );
+                if let Err(guard) = waiter.grant.send(guard) {
+                    // The waiter is gone: undo here, under the lock we hold.
+                    let (lane, tokens) = (guard.lane(), guard.tokens());
+                    guard.disarm();
+                    state.give_back(lane, tokens);
+                }
+            }
+        }
+    }
+}
+
+/// A queued waiter's place in line; dropping it leaves the queue.
+struct QueueTicket {
+    shared: Arc<Shared>,
+    queue: usize,
+    id: u64,
+}
+
+impl Drop for QueueTicket {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        if state.remove(self.queue, self.id) {
+            // The departed waiter may have been a head that blocked others.
+            self.shared.dispatch(&mut state);
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The mutable bookkeeping behind one lock: per-lane usage and the wait queues.
+//!
+//! Plain data, no async: every method runs inside one short critical section of
+//! [`super::local`], which is what makes "slot + tokens" one atomic step.
+
+use std::collections::VecDeque;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::guard::LaneGuard;
+use super::limits::Usage;
+use super::snapshot::{AdmissionSnapshot, LaneSnapshot};
+use crate::classify::Lane;
+
+/// A request waiting in a queue. Admission hands it a [`LaneGuard`] through `grant`.
+pub(super) struct Waiter {
+    pub id: u64,
+    pub lane: Lane,
+    pub tokens: u32,
+    pub enqueued_at: Instant,
+    pub grant: oneshot::Sender<LaneGuard>,
+}
+
+pub(super) struct State {
+    pub usage: [Usage; 3],
+    queued: [u32; 3],
+    pub queues: Vec<VecDeque<Waiter>>,
+    next_id: u64,
+}
+
+impl State {
+    pub fn new(queue_count: usize) -> Self {
+        Self {
+            usage: [Usage::default(); 3],
+            queued: [0; 3],
+            queues: (0..queue_count).map(|_| VecDeque::new()).collect(),
+            next_id: 0,
+        }
+    }
+
+    /// Takes a slot and `tokens` for `lane`.
+    pub fn take(&mut self, lane: Lane, tokens: u32) {
+        let u = &mut self.usage[lane.index()];
+        u.in_flight += 1;
+        u.tokens += u64::from(tokens);
+    }
+
+    /// Gives back what [`State::take`] took.
+    pub fn give_back(&mut self, lane: Lane, tokens: u32) {
+        let u = &mut self.usage[lane.index()];
+        debug_assert!(u.in_flight > 0 && u.tokens >= u64::from(tokens));
+        u.in_flight = u.in_flight.saturating_sub(1);
+        u.tokens = u.tokens.saturating_sub(u64::from(tokens));
+    }
+
+    /// Appends a waiter to queue `queue`; returns its id.
+    pub fn enqueue(
+        &mut self,
+        queue: usize,
+        lane: Lane,
+        tokens: u32,
+        grant: oneshot::Sender<LaneGuard>,
+    ) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.queued[lane.index()] += 1;
+        self.queues[queue].push_back(Waiter {
+            id,
+            lane,
+            tokens,
+            enqueued_at: Instant::now(),
+            grant,
+        });
+        id
+    }
+
+    /// Removes and returns the head of `queue`.
+    pub fn pop_front(&mut self, queue: usize) -> Option<Waiter> {
+        let waiter = self.queues[queue].pop_front()?;
+        self.queued[waiter.lane.index()] -= 1;
+        Some(waiter)
+    }
+
+    /// Removes waiter `id` from `queue` if it is still there; true when it was.
+    pub fn remove(&mut self, queue: usize, id: u64) -> bool {
+        let q = &mut self.queues[queue];
+        match q.iter().position(|w| w.id == id) {
+            Some(pos) => {
+                if let Some(w) = q.remove(pos) {
+                    self.queued[w.lane.index()] -= 1;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn snapshot(&self) -> AdmissionSnapshot {
+        AdmissionSnapshot {
+            lanes: Lane::ALL.map(|lane| LaneSnapshot {
+                lane,
+                in_flight: self.usage[lane.index()].in_flight,
+                reserved_tokens: self.usage[lane.index()].tokens,
+                queue_depth: self.queued[lane.index()],
+            }),
+        }
+    }
+}

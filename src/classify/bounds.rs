@@ -1,0 +1,52 @@
+//! Byte-length bounds on the token count, used to decide a lane without tokenizing.
+//!
+//! Let `B` be the UTF-8 bytes of the text pieces, `P` the number of pieces and `O` the template
+//! overhead in tokens. Then:
+//!
+//! - **Upper bound: `B + P + O` tokens.** Every tokenizer we serve with emits at most one token
+//!   per input byte: byte-level BPE (Llama 3, GPT-style) merges bytes, SentencePiece with byte
+//!   fallback (Llama 2, Mistral) falls back to one token per byte, and the heuristic of
+//!   `vllm_sim` never gives more than one token per byte. `P` allows one prefix marker per piece
+//!   (SentencePiece's leading `▁`). This bound is strict.
+//! - **Lower bound: `ceil(B / 6) + O` tokens.** Llama-3-class 128k vocabularies average about
+//!   3-4.5 bytes a token on English and source code (the heuristic at most 5, by its rules), so
+//!   6 bytes a token is a safe ceiling on average density for real tutoring content.
+//!   Adversarial text (say, 40 KB of one repeated word) can beat it; such a request is then
+//!   sorted as large and over-reserves, which only costs its sender.
+//! - **Estimate when tokenizing is skipped: `ceil(B / 3) + O` tokens.** Source code, the bulk
+//!   of large requests here, tokenizes at about 3-4 bytes a token; 3 errs toward reserving too
+//!   many tokens (protecting the KV cache) rather than too few.
+//!
+//! A request is `small` without tokenizing when even the upper bound fits the small lane, and
+//! `large` without tokenizing when even the lower bound exceeds the medium lane. A request
+//! that even the lower bound puts over `max_model_len` is rejected without tokenizing; one that
+//! only the estimate puts over it is tokenized, so no request that fits is rejected on a guess.
+
+/// Densest average bytes per token assumed for the lower bound.
+pub const MAX_BYTES_PER_TOKEN: u64 = 6;
+/// Bytes per token used for the reservation when tokenizing is skipped.
+pub const ESTIMATE_BYTES_PER_TOKEN: u64 = 3;
+
+/// Bounds on the input tokens of one request, from its byte length alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteBounds {
+    /// No tokenizer gives fewer tokens than this on real content.
+    pub lower: u32,
+    /// No tokenizer gives more tokens than this.
+    pub upper: u32,
+    /// The reservation used when tokenizing is skipped (lower <= estimate <= upper).
+    pub estimate: u32,
+}
+
+impl ByteBounds {
+    /// Bounds for `bytes` of text in `pieces` pieces with `overhead` template tokens.
+    pub fn new(bytes: u64, pieces: u32, overhead: u32) -> Self {
+        let overhead = u64::from(overhead);
+        let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+        Self {
+            lower: clamp(bytes.div_ceil(MAX_BYTES_PER_TOKEN) + overhead),
+            upper: clamp(bytes + u64::from(pieces) + overhead),
+            estimate: clamp(bytes.div_ceil(ESTIMATE_BYTES_PER_TOKEN) + overhead),
+        }
+    }
+}

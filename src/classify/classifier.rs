@@ -1,0 +1,176 @@
+//! The lane decision: estimated work = input tokens + output budget, compared to thresholds.
+
+use std::sync::Arc;
+
+use super::bounds::ByteBounds;
+use super::counter::TokenCounter;
+use super::error::ClassifyError;
+use super::input::PromptInput;
+use super::lane::Lane;
+use crate::config::Config;
+
+/// The outcome of classifying one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Classification {
+    /// The lane the request waits in.
+    pub lane: Lane,
+    /// Input tokens, template overhead included: counted when `exact`, otherwise the byte-length
+    /// bound or estimate documented in `bounds.rs`.
+    pub input_tokens_estimate: u32,
+    /// Output tokens budgeted: the client's max tokens, or `classify.default_output_tokens`
+    /// capped to fit `max_model_len`. When the client sent none, the gateway must send this as
+    /// `max_tokens` upstream so the reservation holds.
+    pub output_budget: u32,
+    /// `input_tokens_estimate + output_budget`: what the lane is chosen by and what admission
+    /// reserves from the token budgets.
+    pub work: u32,
+    /// True when the input was tokenized; false when byte length alone decided.
+    pub exact: bool,
+}
+
+/// Sorts requests into lanes. Cheap to clone (the tokenizer is shared).
+#[derive(Debug, Clone)]
+pub struct Classifier {
+    counter: TokenCounter,
+    small_max_work: u32,
+    medium_max_work: u32,
+    default_output_tokens: u32,
+    per_message_overhead: u32,
+    max_model_len: u32,
+}
+
+impl Classifier {
+    /// Builds the classifier from config, loading `classify.tokenizer` (blocking file I/O: call
+    /// at startup).
+    pub fn from_config(config: &Config) -> Result<Self, ClassifyError> {
+        let counter = TokenCounter::load(&config.classify.tokenizer)?;
+        Ok(Self::with_counter(config, counter))
+    }
+
+    /// Builds the classifier from config with an already loaded counter.
+    pub fn with_counter(config: &Config, counter: TokenCounter) -> Self {
+        let c = &config.classify;
+        Self {
+            counter,
+            small_max_work: c.small_max_work.get(),
+            medium_max_work: c.medium_max_work.get(),
+            default_output_tokens: c.default_output_tokens.get(),
+            per_message_overhead: c.per_message_overhead,
+            max_model_len: config.upstream.max_model_len.get(),
+        }
+    }
+
+    /// The lane for `work` estimated tokens: `<= small_max_work` small, `<= medium_max_work`
+    /// medium, else large.
+    pub fn lane_for(&self, work: u32) -> Lane {
+        if work <= self.small_max_work {
+            Lane::Small
+        } else if work <= self.medium_max_work {
+            Lane::Medium
+        } else {
+            Lane::Large
+        }
+    }
+
+    /// Classifies a request with `max_output_tokens` requested by the client (`None`: not sent).
+    ///
+    /// Decides from byte length when it settles the lane (see `bounds.rs`); otherwise tokenizes
+    /// on a blocking thread. Errors with [`ClassifyError::ExceedsModelLen`] when the request
+    /// cannot fit the model.
+    pub async fn classify(
+        &self,
+        input: Arc<PromptInput>,
+        max_output_tokens: Option<u32>,
+    ) -> Result<Classification, ClassifyError> {
+        if let Some(decided) = self.decide_by_bytes(&input, max_output_tokens)? {
+            return Ok(decided);
+        }
+        let counter = self.counter.clone();
+        let overhead = input.template_overhead(self.per_message_overhead);
+        let text_tokens = tokio::task::spawn_blocking(move || counter.count_input(&input))
+            .await
+            .map_err(|e| ClassifyError::Internal(e.to_string()))?;
+        self.settle(
+            text_tokens.saturating_add(overhead),
+            max_output_tokens,
+            true,
+        )
+    }
+
+    /// The same decision without the async runtime: tokenizes on the calling thread when needed.
+    /// For benchmarks and blocking callers.
+    pub fn classify_blocking(
+        &self,
+        input: &PromptInput,
+        max_output_tokens: Option<u32>,
+    ) -> Result<Classification, ClassifyError> {
+        if let Some(decided) = self.decide_by_bytes(input, max_output_tokens)? {
+            return Ok(decided);
+        }
+        let overhead = input.template_overhead(self.per_message_overhead);
+        let tokens = self.counter.count_input(input).saturating_add(overhead);
+        self.settle(tokens, max_output_tokens, true)
+    }
+
+    /// `Some` when byte length alone decides (or rejects) the request; `None` to tokenize.
+    fn decide_by_bytes(
+        &self,
+        input: &PromptInput,
+        requested: Option<u32>,
+    ) -> Result<Option<Classification>, ClassifyError> {
+        let (bytes, pieces) = input.text_bytes_and_pieces();
+        let bounds = ByteBounds::new(
+            bytes,
+            pieces,
+            input.template_overhead(self.per_message_overhead),
+        );
+        let output = requested.unwrap_or(self.default_output_tokens);
+        // Small for sure: even one token per byte fits the small lane (and the model).
+        let most = bounds.upper.saturating_add(output);
+        if most <= self.small_max_work && most <= self.max_model_len {
+            return self.settle(bounds.upper, requested, false).map(Some);
+        }
+        // Large for sure: even the densest plausible text exceeds the medium lane.
+        if bounds.lower.saturating_add(output) > self.medium_max_work {
+            // Too long even at the lower bound: certain, reject without tokenizing.
+            self.settle(bounds.lower, requested, false)?;
+            if let Ok(c) = self.settle(bounds.estimate, requested, false) {
+                if c.lane == Lane::Large {
+                    return Ok(Some(c));
+                }
+            }
+            // Only the estimate is over max_model_len: an exact count must decide.
+        }
+        Ok(None)
+    }
+
+    /// Applies the output budget and the model-length rule to `input_tokens`, picks the lane.
+    fn settle(
+        &self,
+        input_tokens: u32,
+        requested: Option<u32>,
+        exact: bool,
+    ) -> Result<Classification, ClassifyError> {
+        let room = self.max_model_len.saturating_sub(input_tokens);
+        let output_budget = match requested {
+            Some(n) => n,
+            // Not sent: the default, capped to the room left, but at least one token.
+            None => self.default_output_tokens.min(room).max(1),
+        };
+        if output_budget.max(1) > room {
+            return Err(ClassifyError::ExceedsModelLen {
+                input_tokens,
+                output_tokens: output_budget,
+                max_model_len: self.max_model_len,
+            });
+        }
+        let work = input_tokens + output_budget;
+        Ok(Classification {
+            lane: self.lane_for(work),
+            input_tokens_estimate: input_tokens,
+            output_budget,
+            work,
+            exact,
+        })
+    }
+}

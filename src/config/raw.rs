@@ -1,0 +1,135 @@
+//! Stage one: the config file exactly as written, in human units (`_ms`), every key optional.
+//!
+//! Defaults and checks are applied in one place, [`super::validate`], so that every problem in a
+//! file is reported at once. Unknown keys are rejected here (`deny_unknown_fields`): a typo must
+//! not silently fall back to a default.
+
+use serde::Deserialize;
+
+/// The whole file. Top-level sections are deserialized one by one (see `parse.rs`) so that a bad
+/// value in one section does not hide the problems in the others.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// `listen`: socket address the gateway binds, `IP:PORT`.
+    pub listen: Option<String>,
+    /// `[upstream]`: the vLLM server.
+    #[serde(default)]
+    pub upstream: RawUpstream,
+    /// `[classify]`: token estimate and lane thresholds.
+    #[serde(default)]
+    pub classify: RawClassify,
+    /// `[admission]`: policy and global budget.
+    #[serde(default)]
+    pub admission: RawAdmission,
+    /// `[lanes.small|medium|large]`: per-lane limits.
+    #[serde(default)]
+    pub lanes: RawLanes,
+}
+
+/// `[upstream]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    /// Base URL of the vLLM OpenAI-compatible server, without `/v1`.
+    pub base_url: Option<String>,
+    /// Model name sent upstream.
+    pub model: Option<String>,
+    /// The `--max-model-len` vLLM was started with, in tokens.
+    pub max_model_len: Option<u32>,
+    /// TCP connect timeout, ms.
+    pub connect_timeout_ms: Option<u64>,
+    /// Time from sending the request to the first token, ms.
+    pub first_token_timeout_ms: Option<u64>,
+    /// Longest gap between two tokens, ms.
+    pub idle_timeout_ms: Option<u64>,
+    /// Longest whole request, ms.
+    pub total_timeout_ms: Option<u64>,
+    /// `[upstream.abort]`.
+    #[serde(default)]
+    pub abort: RawAbort,
+}
+
+/// `[upstream.abort]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAbort {
+    /// Whether to call the engine's abort endpoint when a client goes away.
+    pub enabled: Option<bool>,
+    /// URL template; `{base_url}` and `{id}` are substituted.
+    pub url: Option<String>,
+    /// HTTP method, e.g. `POST`.
+    pub method: Option<String>,
+    /// JSON body template; `{id}` is substituted (JSON-escaped).
+    pub body: Option<String>,
+}
+
+/// `[classify]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClassify {
+    /// Path to `tokenizer.json`, or the literal `heuristic`. Required.
+    pub tokenizer: Option<String>,
+    /// Largest estimated work (tokens) that is still `small`.
+    pub small_max_work: Option<u32>,
+    /// Largest estimated work (tokens) that is still `medium`.
+    pub medium_max_work: Option<u32>,
+    /// Output budget (tokens) assumed when the client sends no max tokens.
+    pub default_output_tokens: Option<u32>,
+    /// Chat template tokens per message (role header, separators).
+    pub per_message_overhead: Option<u32>,
+}
+
+/// `[admission]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmission {
+    /// `lanes` or `fifo`.
+    pub policy: Option<String>,
+    /// Global token budget in flight across all lanes (policy `lanes`).
+    pub max_tokens_in_flight: Option<u64>,
+    /// `[admission.fifo]`.
+    #[serde(default)]
+    pub fifo: RawFifo,
+}
+
+/// `[admission.fifo]`: the baseline policy.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFifo {
+    /// Concurrent requests; 0 = unlimited.
+    pub max_concurrency: Option<u32>,
+    /// Waiters allowed in the one queue.
+    pub queue_len: Option<u32>,
+    /// Longest wait in the queue, ms.
+    pub queue_timeout_ms: Option<u64>,
+}
+
+/// `[lanes]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLanes {
+    /// `[lanes.small]`.
+    #[serde(default)]
+    pub small: RawLane,
+    /// `[lanes.medium]`.
+    #[serde(default)]
+    pub medium: RawLane,
+    /// `[lanes.large]`.
+    #[serde(default)]
+    pub large: RawLane,
+}
+
+/// `[lanes.<lane>]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLane {
+    /// Concurrent requests in this lane.
+    pub max_concurrency: Option<u32>,
+    /// Tokens (input + output budget) reserved by this lane's requests in flight.
+    pub max_tokens_in_flight: Option<u64>,
+    /// Waiters allowed in this lane's queue.
+    pub queue_len: Option<u32>,
+    /// Longest wait in this lane's queue, ms.
+    pub queue_timeout_ms: Option<u64>,
+}

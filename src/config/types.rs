@@ -1,0 +1,195 @@
+//! Stage two: the validated, typed configuration the rest of the gateway reads.
+
+use std::net::SocketAddr;
+use std::num::{NonZeroU32, NonZeroU64};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::classify::Lane;
+
+/// The validated configuration. Build it with [`Config::from_toml_str`], [`Config::load`] or
+/// [`Config::default`] (which equals the shipped `config/config.toml`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Address the HTTP server binds.
+    pub listen: SocketAddr,
+    /// The vLLM server behind the gateway.
+    pub upstream: UpstreamConfig,
+    /// How requests are sized and sorted into lanes.
+    pub classify: ClassifyConfig,
+    /// Which admission policy runs and its global limits.
+    pub admission: AdmissionConfig,
+    /// Per-lane limits (used by policy `lanes`).
+    pub lanes: LanesConfig,
+}
+
+/// `[upstream]`: where vLLM is and how long to wait for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// Base URL without a trailing slash and without `/v1`, e.g. `http://127.0.0.1:8000`.
+    pub base_url: String,
+    /// Model name sent in every upstream request.
+    pub model: String,
+    /// vLLM's `--max-model-len`, in tokens: requests estimated above it are rejected before
+    /// admission.
+    pub max_model_len: NonZeroU32,
+    /// TCP connect timeout.
+    pub connect_timeout: Duration,
+    /// Longest wait from sending the request to the first token (covers engine queue + prefill).
+    pub first_token_timeout: Duration,
+    /// Longest gap between two streamed tokens.
+    pub idle_timeout: Duration,
+    /// Longest whole upstream request.
+    pub total_timeout: Duration,
+    /// The engine-side abort call made when a client goes away.
+    pub abort: AbortConfig,
+}
+
+/// `[upstream.abort]`: how to stop generation in the engine (M21).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbortConfig {
+    /// When false the gateway only drops the upstream connection.
+    pub enabled: bool,
+    /// URL template with `{base_url}` and `{id}` placeholders.
+    pub url_template: String,
+    /// HTTP method of the abort call.
+    pub method: AbortMethod,
+    /// JSON body template with `{id}` placeholders; empty for no body.
+    pub body_template: String,
+}
+
+impl AbortConfig {
+    /// The abort URL for request `id` against `base_url`.
+    pub fn url(&self, base_url: &str, id: &str) -> String {
+        self.url_template
+            .replace("{base_url}", base_url)
+            .replace("{id}", id)
+    }
+
+    /// The abort body for request `id`; the id is JSON-escaped so the body stays valid JSON.
+    pub fn body(&self, id: &str) -> String {
+        let quoted = serde_json::Value::String(id.to_owned()).to_string();
+        self.body_template
+            .replace("{id}", &quoted[1..quoted.len() - 1])
+    }
+}
+
+/// HTTP method for the abort call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortMethod {
+    /// `POST` (vLLM's `/abort_requests`).
+    Post,
+    /// `PUT`.
+    Put,
+    /// `DELETE`.
+    Delete,
+    /// `GET`.
+    Get,
+}
+
+impl AbortMethod {
+    /// The method name as sent on the wire.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AbortMethod::Post => "POST",
+            AbortMethod::Put => "PUT",
+            AbortMethod::Delete => "DELETE",
+            AbortMethod::Get => "GET",
+        }
+    }
+}
+
+/// `[classify]`: token estimate and lane thresholds (M12).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassifyConfig {
+    /// Where token counts come from.
+    pub tokenizer: TokenizerSource,
+    /// Estimated work (input + output tokens) up to which a request is `small`.
+    pub small_max_work: NonZeroU32,
+    /// Estimated work up to which a request is `medium`; above it, `large`.
+    pub medium_max_work: NonZeroU32,
+    /// Output tokens assumed (and reserved) when the client sends no max tokens.
+    pub default_output_tokens: NonZeroU32,
+    /// Tokens the chat template adds per message (role header and separators).
+    pub per_message_overhead: u32,
+}
+
+/// Where token counts come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenizerSource {
+    /// The documented heuristic of `vllm_sim::tokenizer` (chosen explicitly with `"heuristic"`).
+    Heuristic,
+    /// A HuggingFace `tokenizer.json`, ideally the one vLLM serves with.
+    File(PathBuf),
+}
+
+/// Which admission policy runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Per-lane slots and token budgets plus a global token budget (the product).
+    Lanes,
+    /// One queue, one concurrency limit or none (the baseline experiments compare against).
+    Fifo,
+}
+
+/// `[admission]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmissionConfig {
+    /// The policy in force.
+    pub policy: Policy,
+    /// Tokens reserved across all lanes at once (policy `lanes`); size it from KV capacity (M10).
+    pub max_tokens_in_flight: NonZeroU64,
+    /// Settings of the `fifo` policy.
+    pub fifo: FifoConfig,
+}
+
+/// `[admission.fifo]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FifoConfig {
+    /// Concurrent requests; `None` = unlimited (the queue is then never used).
+    pub max_concurrency: Option<NonZeroU32>,
+    /// The one wait queue.
+    pub queue: QueueConfig,
+}
+
+/// A bounded wait queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// Waiters allowed; a request arriving at a full queue gets 429. 0 = never wait.
+    pub len: u32,
+    /// Longest wait before giving up with a timeout error.
+    pub timeout: Duration,
+}
+
+/// `[lanes]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LanesConfig {
+    /// `[lanes.small]`.
+    pub small: LaneConfig,
+    /// `[lanes.medium]`.
+    pub medium: LaneConfig,
+    /// `[lanes.large]`.
+    pub large: LaneConfig,
+}
+
+impl LanesConfig {
+    /// The settings of `lane`.
+    pub fn get(&self, lane: Lane) -> &LaneConfig {
+        match lane {
+            Lane::Small => &self.small,
+            Lane::Medium => &self.medium,
+            Lane::Large => &self.large,
+        }
+    }
+}
+
+/// `[lanes.<lane>]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneConfig {
+    /// Requests of this lane in flight at once; reserved to this lane, never lent.
+    pub max_concurrency: NonZeroU32,
+    /// Tokens (input + output budget) this lane's requests may hold in flight at once.
+    pub max_tokens_in_flight: NonZeroU64,
+    /// This lane's wait queue.
+    pub queue: QueueConfig,
+}
