@@ -1,1 +1,200 @@
+use std::time::Duration;
 
+use super::*;
+use crate::classify::Lane;
+
+const MINIMAL: &str = "[classify]\ntokenizer = \"heuristic\"\n";
+
+fn issues_of(src: &str) -> Vec<String> {
+    match Config::from_toml_str(src) {
+        Ok(_) => panic!("config unexpectedly valid:\n{src}"),
+        Err(err) => {
+            assert!(!err.issues().is_empty(), "expected key issues, got {err}");
+            err.issues().iter().map(ToString::to_string).collect()
+        }
+    }
+}
+
+#[test]
+fn shipped_file_states_exactly_the_builtin_defaults() {
+    // Leaving every key out (but the required tokenizer) must give the shipped file.
+    assert_eq!(Config::from_toml_str(MINIMAL).unwrap(), Config::default());
+}
+
+#[test]
+fn defaults_follow_the_seed() {
+    let c = Config::default();
+    assert_eq!(c.upstream.base_url, "http://127.0.0.1:8000");
+    assert_eq!(c.upstream.model, "meta-llama/Llama-3.1-8B-Instruct");
+    assert_eq!(c.upstream.max_model_len.get(), 16_384);
+    assert_eq!(c.classify.small_max_work.get(), 1200);
+    assert_eq!(c.classify.medium_max_work.get(), 5000);
+    assert_eq!(c.classify.tokenizer, TokenizerSource::Heuristic);
+    assert_eq!(c.admission.policy, Policy::Lanes);
+    let caps: Vec<u32> = Lane::ALL
+        .iter()
+        .map(|l| c.lanes.get(*l).max_concurrency.get())
+        .collect();
+    assert_eq!(caps, [32, 20, 4]);
+    assert_eq!(c.admission.fifo.max_concurrency, None, "fifo 0 = unlimited");
+    assert_eq!(c.lanes.small.queue.timeout, Duration::from_millis(5000));
+    let abort = &c.upstream.abort;
+    assert!(abort.enabled);
+    assert_eq!(abort.method, AbortMethod::Post);
+    assert_eq!(
+        abort.url(&c.upstream.base_url, "r1"),
+        "http://127.0.0.1:8000/abort_requests"
+    );
+    assert_eq!(abort.body("r1"), r#"{"request_ids":["r1"]}"#);
+}
+
+#[test]
+fn every_bad_key_is_reported_at_once_with_its_dotted_path() {
+    let issues = issues_of(
+        r#"
+listen = "not an address"
+[upstream]
+idle_timeout_ms = 0
+first_token_timeout_ms = 700000
+[classify]
+tokenizer = "heuristic"
+small_max_work = 6000
+[admission]
+policy = "round-robin"
+[lanes.small]
+max_concurrency = 0
+[lanes.large]
+max_tokens_in_flight = 1000
+queue_len = 5
+queue_timeout_ms = 0
+"#,
+    );
+    let expected = [
+        "listen must be a socket address",
+        "upstream.idle_timeout_ms must be > 0",
+        "upstream.first_token_timeout_ms must be <= upstream.total_timeout_ms",
+        "classify.small_max_work must be < classify.medium_max_work",
+        "admission.policy must be \"lanes\" or \"fifo\"",
+        "lanes.small.max_concurrency must be > 0",
+        "lanes.large.max_tokens_in_flight must be >= upstream.max_model_len",
+        "lanes.large.queue_timeout_ms must be > 0 when queue_len > 0",
+    ];
+    for want in expected {
+        assert!(
+            issues.iter().any(|i| i.starts_with(want)),
+            "missing {want:?} in {issues:#?}"
+        );
+    }
+    assert_eq!(issues.len(), expected.len(), "{issues:#?}");
+}
+
+#[test]
+fn unknown_keys_and_wrong_types_are_named_by_path_together_with_other_problems() {
+    let issues = issues_of(
+        r#"
+[upstream]
+max_model_len = "16k"
+[lanes.small]
+max_concurency = 8
+[classify]
+tokenizer = "heuristic"
+medium_max_work = 0
+[telemetry]
+"#,
+    );
+    let has = |prefix: &str| issues.iter().any(|i| i.starts_with(prefix));
+    assert!(has(
+        "upstream.max_model_len has an invalid type: expected u32"
+    ));
+    assert!(has("lanes.small.max_concurency is not a known key"));
+    assert!(has("telemetry is not a known key"));
+    assert!(has("classify.medium_max_work must be > 0"));
+}
+
+#[test]
+fn errors_never_echo_values_from_the_file() {
+    let secret = "hunter2-secret";
+    for src in [
+        format!("[upstream]\nbase_url = \"ftp://admin:{secret}@vllm\"\n{MINIMAL}"),
+        format!("[upstream]\nmax_model_len = \"{secret}\"\n{MINIMAL}"),
+        format!("[admission]\npolicy = \"{secret}\"\n{MINIMAL}"),
+        format!("[upstream.abort]\nmethod = \"{secret}\"\n{MINIMAL}"),
+        format!("[upstream]\nbase_url = \"http://u:{secret}@h\n"),
+        format!("[classify]\ntokenizer = \"/nonexistent/{secret}/tokenizer.json\"\n"),
+    ] {
+        let err = Config::from_toml_str(&src).unwrap_err();
+        let shown = format!("{err} {err:?}");
+        assert!(!shown.contains(secret), "echoed a value: {shown}");
+    }
+}
+
+#[test]
+fn syntax_errors_give_line_and_column() {
+    let err = Config::from_toml_str("listen = \"127.0.0.1:1\"\n[upstream\n").unwrap_err();
+    match err {
+        ConfigError::Syntax { line, .. } => assert_eq!(line, 2),
+        other => panic!("expected a syntax error, got {other}"),
+    }
+}
+
+#[test]
+fn tokenizer_must_be_chosen_explicitly_and_exist() {
+    assert_eq!(
+        issues_of(""),
+        ["classify.tokenizer is required: a path to tokenizer.json, or \"heuristic\""]
+    );
+    let issues = issues_of("[classify]\ntokenizer = \"/nonexistent/tokenizer.json\"\n");
+    assert_eq!(
+        issues,
+        ["classify.tokenizer names a file that does not exist"]
+    );
+}
+
+#[test]
+fn abort_templates_are_checked_and_substitute_safely() {
+    let issues = issues_of(&format!(
+        "[upstream.abort]\nurl = \"/abort\"\nbody = '{{\"ids\": [{{id}}'\n{MINIMAL}"
+    ));
+    assert!(issues
+        .iter()
+        .any(|i| i.starts_with("upstream.abort.url must start")));
+    assert!(issues
+        .iter()
+        .any(|i| i.starts_with("upstream.abort.body must be JSON")));
+
+    let no_id = format!("[upstream.abort]\nbody = '{{}}'\n{MINIMAL}");
+    assert!(issues_of(&no_id)
+        .iter()
+        .any(|i| i.starts_with("upstream.abort url or body must contain {id}")));
+
+    // Disabled abort needs no {id}; an id with quotes stays valid JSON in the body.
+    let c = Config::from_toml_str(&format!(
+        "[upstream.abort]\nenabled = false\nbody = '{{\"id\":\"{{id}}\"}}'\n{MINIMAL}"
+    ))
+    .unwrap();
+    let body = Config::default().upstream.abort.body("a\"b");
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&body).is_ok(),
+        "{body}"
+    );
+    assert!(!c.upstream.abort.enabled);
+}
+
+#[test]
+fn fifo_policy_and_limits_parse() {
+    let c = Config::from_toml_str(&format!(
+        "[admission]\npolicy = \"fifo\"\n[admission.fifo]\nmax_concurrency = 64\nqueue_len = 0\n{MINIMAL}"
+    ))
+    .unwrap();
+    assert_eq!(c.admission.policy, Policy::Fifo);
+    assert_eq!(c.admission.fifo.max_concurrency.map(|n| n.get()), Some(64));
+    assert_eq!(c.admission.fifo.queue.len, 0);
+}
+
+#[test]
+fn load_reads_the_shipped_file_and_reports_missing_files() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/config.toml");
+    assert_eq!(Config::load(path).unwrap(), Config::default());
+    let err = Config::load("/nonexistent/config.toml").unwrap_err();
+    assert!(matches!(err, ConfigError::Read { .. }), "{err}");
+}
