@@ -1,1 +1,286 @@
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
+use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::models::TrainerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::Tokenizer;
+
+use super::bounds::ByteBounds;
+use super::*;
+use crate::config::Config;
+
+/// Code and prose in the style of tutoring traffic, varied so no two lines repeat exactly.
+fn tutoring_text(lines: usize) -> String {
+    const LINES: &[&str] = &[
+        "fn total_{i}(items: &[Item]) -> u64 {{ items.iter().map(|it| it.price * {i}).sum() }}",
+        "    if let Err(e) = parse_config_{i}(&path) {{ eprintln!(\"bad config {i}: {{e}}\"); }}",
+        "Why does the TypeScript compiler say that type 'string' is not assignable to 'number' on line {i}?",
+        "Traceback (most recent call last): File \"main.py\", line {i}, in <module> KeyError: 'user_{i}'",
+        "The loop returns early because the index {i} is checked before the list is sorted.",
+        "    const result{i} = await fetch(`/api/items/${{id}}`).then(r => r.json());",
+    ];
+    (0..lines)
+        .map(|i| LINES[i % LINES.len()].replace("{i}", &i.to_string()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A tiny byte-level BPE trained here and saved to a temp dir (never committed), loaded once.
+fn trained_tokenizer_path() -> &'static PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let mut tokenizer = Tokenizer::new(BPE::default());
+        tokenizer.with_pre_tokenizer(Some(ByteLevel::default()));
+        tokenizer.with_decoder(Some(ByteLevel::default()));
+        let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+            .show_progress(false)
+            .vocab_size(1000)
+            .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+            .build()
+            .into();
+        let corpus = tutoring_text(600);
+        tokenizer
+            .train(&mut trainer, corpus.lines())
+            .expect("training a tiny BPE");
+        let dir = std::env::temp_dir().join(format!("tutor-gateway-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("tokenizer.json");
+        tokenizer.save(&path, false).unwrap();
+        path
+    })
+}
+
+fn real_counter() -> TokenCounter {
+    TokenCounter::from_file(trained_tokenizer_path()).unwrap()
+}
+
+fn classifier(counter: TokenCounter) -> Classifier {
+    Classifier::with_counter(&Config::default(), counter)
+}
+
+/// The shortest `tutoring_text` with at least `tokens` tokens under `counter`.
+fn text_with_tokens(counter: &TokenCounter, tokens: u32) -> String {
+    let enough = |lines: usize| counter.count_text(&tutoring_text(lines)) >= tokens;
+    let mut high = 1;
+    while !enough(high) {
+        high *= 2;
+    }
+    let mut low = high / 2; // not enough (or 0)
+    while high - low > 1 {
+        let mid = (low + high) / 2;
+        if enough(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
+    }
+    tutoring_text(high)
+}
+
+fn prompt(text: String) -> Arc<PromptInput> {
+    Arc::new(PromptInput::Prompt(text))
+}
+
+fn chat(system: &str, user: String) -> Arc<PromptInput> {
+    let messages = serde_json::json!([
+        {"role": "system", "content": system},
+        {"role": "user", "content": [{"type": "text", "text": user}]},
+    ]);
+    Arc::new(PromptInput::Chat(serde_json::from_value(messages).unwrap()))
+}
+
+#[tokio::test]
+async fn seed_request_kinds_land_in_small_medium_large_with_a_real_tokenizer() {
+    let counter = real_counter();
+    let c = classifier(counter.clone());
+    // 70%: code explanation, 300 input / 120 output tokens.
+    let small = c
+        .classify(prompt(text_with_tokens(&counter, 300)), Some(120))
+        .await
+        .unwrap();
+    assert_eq!(small.lane, Lane::Small, "{small:?}");
+    // 25%: debugging with ~2000 tokens of context.
+    let medium = c
+        .classify(
+            chat("You are a tutor.", text_with_tokens(&counter, 2000)),
+            Some(400),
+        )
+        .await
+        .unwrap();
+    assert_eq!(medium.lane, Lane::Medium, "{medium:?}");
+    // 5%: project review with ~8000 tokens.
+    let large = c
+        .classify(
+            chat("Review this project.", text_with_tokens(&counter, 8000)),
+            Some(1000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(large.lane, Lane::Large, "{large:?}");
+    for k in [small, medium, large] {
+        assert_eq!(k.work, k.input_tokens_estimate + k.output_budget);
+    }
+}
+
+#[tokio::test]
+async fn seed_request_kinds_land_in_their_lanes_with_the_heuristic() {
+    let c = classifier(TokenCounter::Heuristic);
+    // " abcd" is exactly one heuristic token.
+    let words = |n: usize| " abcd".repeat(n);
+    let small = c.classify(prompt(words(300)), Some(120)).await.unwrap();
+    assert_eq!(
+        (small.lane, small.input_tokens_estimate, small.exact),
+        (Lane::Small, 301, true)
+    );
+    assert_eq!(small.work, 421);
+    let medium = c.classify(prompt(words(2000)), Some(500)).await.unwrap();
+    assert_eq!(medium.lane, Lane::Medium);
+    let large = c.classify(prompt(words(8000)), Some(1000)).await.unwrap();
+    assert_eq!(large.lane, Lane::Large);
+}
+
+#[tokio::test]
+async fn exact_counts_are_the_tokenizer_count_plus_template_overhead() {
+    let counter = real_counter();
+    let c = classifier(counter.clone());
+    let user = text_with_tokens(&counter, 1500);
+    let content = counter.count_text("Be brief.") + counter.count_text(&user);
+    let got = c
+        .classify(chat("Be brief.", user), Some(100))
+        .await
+        .unwrap();
+    assert!(got.exact);
+    // Two messages + the assistant turn, 5 tokens each, + 1 BOS.
+    assert_eq!(got.input_tokens_estimate, content + 3 * 5 + 1);
+}
+
+#[tokio::test]
+async fn short_questions_skip_tokenizing_and_reserve_the_upper_bound() {
+    let c = classifier(real_counter());
+    let question = "why does this TypeScript error happen? Type 'string' is not assignable.";
+    let got = c
+        .classify(chat("You are a tutor.", question.to_owned()), Some(120))
+        .await
+        .unwrap();
+    assert_eq!(got.lane, Lane::Small);
+    assert!(!got.exact, "byte length alone decides a short question");
+    let bytes = (question.len() + "You are a tutor.".len()) as u32;
+    assert_eq!(got.input_tokens_estimate, bytes + 2 + 3 * 5 + 1);
+}
+
+#[tokio::test]
+async fn long_prompts_are_large_from_byte_length_with_the_documented_estimate() {
+    let c = classifier(real_counter());
+    let text = tutoring_text(400); // ~28 KB: even 6 bytes a token is over medium
+    let bytes = text.len() as u64;
+    let got = c.classify(prompt(text), Some(1000)).await.unwrap();
+    assert_eq!(got.lane, Lane::Large);
+    assert!(!got.exact);
+    assert_eq!(u64::from(got.input_tokens_estimate), bytes.div_ceil(3) + 1);
+}
+
+#[tokio::test]
+async fn byte_decisions_agree_with_exact_counts() {
+    let counter = real_counter();
+    let c = classifier(counter.clone());
+    for lines in [1, 2, 5, 20, 60, 200, 400] {
+        let text = tutoring_text(lines);
+        let fast = c.classify(prompt(text.clone()), Some(200)).await.unwrap();
+        let exact_tokens = counter.count_text(&text) + 1;
+        let exact = c.lane_for(exact_tokens + 200);
+        assert_eq!(
+            fast.lane, exact,
+            "{lines} lines: {fast:?} vs exact {exact_tokens}"
+        );
+        let b = ByteBounds::new(text.len() as u64, 1, 1);
+        assert!(
+            b.lower <= exact_tokens && exact_tokens <= b.upper,
+            "{b:?} {exact_tokens}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn requests_over_max_model_len_are_a_distinct_error() {
+    let c = classifier(TokenCounter::Heuristic);
+    let err = c
+        .classify(prompt(" abcd".repeat(1000)), Some(16_000))
+        .await
+        .unwrap_err();
+    // Decided from byte length: the reported input is the lower bound (5000 bytes / 6, + BOS).
+    assert_eq!(
+        err,
+        ClassifyError::ExceedsModelLen {
+            input_tokens: 835,
+            output_tokens: 16_000,
+            max_model_len: 16_384
+        }
+    );
+    // Decided by counting: 1001 exact tokens + 15_400 > 16_384.
+    let err = c
+        .classify(prompt(" abcd".repeat(1000)), Some(15_400))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ClassifyError::ExceedsModelLen {
+                input_tokens: 1001,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // 200 KB: over the limit even at 6 bytes a token, rejected without tokenizing.
+    let err = c
+        .classify(prompt("x".repeat(200_000)), None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ClassifyError::ExceedsModelLen { .. }),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_guess_over_max_model_len_is_checked_by_counting() {
+    let c = classifier(TokenCounter::Heuristic);
+    // 60 KB: bytes/3 = 20000 > 16384 but bytes/6 = 10000 is not, so it is counted: 12000 tokens.
+    let got = c
+        .classify(prompt(" abcd".repeat(12_000)), Some(1000))
+        .await
+        .unwrap();
+    assert!(got.exact);
+    assert_eq!((got.lane, got.input_tokens_estimate), (Lane::Large, 12_001));
+}
+
+#[tokio::test]
+async fn default_output_budget_applies_and_is_capped_to_fit_the_model() {
+    let c = classifier(TokenCounter::Heuristic);
+    let got = c.classify(prompt(" abcd".repeat(300)), None).await.unwrap();
+    assert_eq!(got.output_budget, 512);
+    let got = c
+        .classify(prompt(" abcd".repeat(16_000)), None)
+        .await
+        .unwrap();
+    assert_eq!(got.output_budget, 16_384 - 16_001);
+    assert_eq!(got.work, 16_384);
+}
+
+#[test]
+fn a_missing_tokenizer_file_is_a_load_error() {
+    let err =
+        TokenCounter::from_file(std::path::Path::new("/nonexistent/tokenizer.json")).unwrap_err();
+    assert!(matches!(err, ClassifyError::TokenizerLoad { .. }), "{err}");
+}
+
+#[test]
+fn thresholds_are_inclusive() {
+    let c = classifier(TokenCounter::Heuristic);
+    assert_eq!(c.lane_for(1200), Lane::Small);
+    assert_eq!(c.lane_for(1201), Lane::Medium);
+    assert_eq!(c.lane_for(5000), Lane::Medium);
+    assert_eq!(c.lane_for(5001), Lane::Large);
+    assert_eq!(Lane::ALL.map(Lane::as_str), ["small", "medium", "large"]);
+}
