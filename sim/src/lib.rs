@@ -61,7 +61,13 @@ impl SimServer {
             let _ = tx.send(());
         }
         self.engine.shutdown();
-        let _ = (&mut self.task).await;
+        // Open streams (a stalled one, say) must not hold shutdown forever.
+        if tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.task)
+            .await
+            .is_err()
+        {
+            self.task.abort();
+        }
     }
 
     /// Waits until the server ends.

@@ -12,7 +12,7 @@ const WORDS: &[&str] = &[
     " the", " loop", " returns", " value", " because", " function", " type", " error", " of",
     " variable", " is", " a", " call", " list", " index", " and", " string", " when", " it",
     " compiler", " checks", " each", " branch", " so", " you", " can", " see", " why", " test",
-    " fails", " here", ".",
+    " fails", " here", " now",
 ];
 
 /// A small, fast, seedable generator (SplitMix64).
