@@ -6,6 +6,7 @@
 //! channel, so the engine never waits for a slow client, as vLLM's output queue.
 
 pub mod kv_cache;
+pub mod offline;
 pub mod scheduler;
 pub mod sequence;
 pub mod stats;
