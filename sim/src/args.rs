@@ -6,7 +6,11 @@ use clap::Parser;
 
 /// Flags of the `vllm-sim` binary. Also built in tests with [`SimArgs::for_test`].
 #[derive(Debug, Clone, Parser)]
-#[command(name = "vllm-sim", version, about = "A vLLM stand-in for machines without a GPU")]
+#[command(
+    name = "vllm-sim",
+    version,
+    about = "A vLLM stand-in for machines without a GPU"
+)]
 pub struct SimArgs {
     /// Address to bind (as vLLM's `--host`).
     #[arg(long, default_value = "127.0.0.1")]
@@ -21,7 +25,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 16384)]
     pub max_model_len: u32,
     /// Most sequences running in one scheduler step (vLLM `--max-num-seqs`).
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 1024)]
     pub max_num_seqs: u32,
     /// Token budget of one scheduler step (vLLM `--max-num-batched-tokens`).
     #[arg(long, default_value_t = 8192)]
@@ -33,7 +37,11 @@ pub struct SimArgs {
     #[arg(long)]
     pub num_gpu_blocks: Option<u32>,
     /// Prefix caching is on by default, as in vLLM V1.
-    #[arg(long, default_value_t = true, overrides_with = "no_enable_prefix_caching")]
+    #[arg(
+        long,
+        default_value_t = true,
+        overrides_with = "no_enable_prefix_caching"
+    )]
     pub enable_prefix_caching: bool,
     /// Turn prefix caching off.
     #[arg(long)]

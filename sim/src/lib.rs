@@ -78,8 +78,13 @@ impl SimServer {
 
 /// Validates the flags and builds the engine and handler state.
 pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
-    let Some(profile) = Profile::by_name(&args.profile, args.fixed_ttft_ms, args.fixed_itl_ms) else {
-        bail!("unknown --profile {:?}; known: {}", args.profile, Profile::NAMES.join(", "));
+    let Some(profile) = Profile::by_name(&args.profile, args.fixed_ttft_ms, args.fixed_itl_ms)
+    else {
+        bail!(
+            "unknown --profile {:?}; known: {}",
+            args.profile,
+            Profile::NAMES.join(", ")
+        );
     };
     if !(args.speed > 0.0 && args.speed.is_finite()) {
         bail!("--speed must be a positive number, got {}", args.speed);

@@ -11,7 +11,11 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let server = vllm_sim::start(&args).await?;
     tracing::info!(addr = %server.addr, profile = %args.profile, speed = args.speed, "vllm-sim listening");
-    let _ = tokio::signal::ctrl_c().await;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
     tracing::info!("shutting down");
     server.shutdown().await;
     Ok(())

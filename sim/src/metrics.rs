@@ -187,11 +187,29 @@ pub fn render(model: &str, m: &EngineMetrics, g: Gauges, cache: &CacheInfo) -> S
     let mut out = String::with_capacity(16 * 1024);
     let l = format!("engine=\"0\",model_name=\"{model}\"");
     let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{l}}} {v:?}");
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{l}}} {v:?}"
+        );
     };
-    gauge(&mut out, "vllm:num_requests_running", "Number of requests in model execution batches.", g.running as f64);
-    gauge(&mut out, "vllm:num_requests_waiting", "Number of requests waiting to be processed.", g.waiting as f64);
-    gauge(&mut out, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", g.kv_usage);
+    gauge(
+        &mut out,
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        g.running as f64,
+    );
+    gauge(
+        &mut out,
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        g.waiting as f64,
+    );
+    gauge(
+        &mut out,
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage.",
+        g.kv_usage,
+    );
     let _ = writeln!(
         out,
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n\
@@ -201,22 +219,83 @@ pub fn render(model: &str, m: &EngineMetrics, g: Gauges, cache: &CacheInfo) -> S
         cache.num_gpu_blocks
     );
     let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-        let _ = writeln!(out, "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{l}}} {v}.0");
+        let _ = writeln!(
+            out,
+            "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{l}}} {v}.0"
+        );
     };
-    counter(&mut out, "vllm:num_preemptions", "Cumulative number of preemption from the engine.", m.preemptions);
-    counter(&mut out, "vllm:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens);
-    counter(&mut out, "vllm:generation_tokens", "Number of generation tokens processed.", m.generation_tokens);
-    counter(&mut out, "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", m.prefix_cache_queries);
-    counter(&mut out, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", m.prefix_cache_hits);
+    counter(
+        &mut out,
+        "vllm:num_preemptions",
+        "Cumulative number of preemption from the engine.",
+        m.preemptions,
+    );
+    counter(
+        &mut out,
+        "vllm:prompt_tokens",
+        "Number of prefill tokens processed.",
+        m.prompt_tokens,
+    );
+    counter(
+        &mut out,
+        "vllm:generation_tokens",
+        "Number of generation tokens processed.",
+        m.generation_tokens,
+    );
+    counter(
+        &mut out,
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        m.prefix_cache_queries,
+    );
+    counter(
+        &mut out,
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        m.prefix_cache_hits,
+    );
     let _ = writeln!(out, "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter");
     for (reason, v) in &m.success {
-        let _ = writeln!(out, "vllm:request_success_total{{{l},finished_reason=\"{reason}\"}} {v}.0");
+        let _ = writeln!(
+            out,
+            "vllm:request_success_total{{{l},finished_reason=\"{reason}\"}} {v}.0"
+        );
     }
-    m.ttft.render(&mut out, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", &l);
-    m.itl.render(&mut out, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", &l);
-    m.e2e.render(&mut out, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", &l);
-    m.queue.render(&mut out, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", &l);
-    m.prefill.render(&mut out, "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", &l);
-    m.decode.render(&mut out, "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", &l);
+    m.ttft.render(
+        &mut out,
+        "vllm:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        &l,
+    );
+    m.itl.render(
+        &mut out,
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        &l,
+    );
+    m.e2e.render(
+        &mut out,
+        "vllm:e2e_request_latency_seconds",
+        "Histogram of e2e request latency in seconds.",
+        &l,
+    );
+    m.queue.render(
+        &mut out,
+        "vllm:request_queue_time_seconds",
+        "Histogram of time spent in WAITING phase for request.",
+        &l,
+    );
+    m.prefill.render(
+        &mut out,
+        "vllm:request_prefill_time_seconds",
+        "Histogram of time spent in PREFILL phase for request.",
+        &l,
+    );
+    m.decode.render(
+        &mut out,
+        "vllm:request_decode_time_seconds",
+        "Histogram of time spent in DECODE phase for request.",
+        &l,
+    );
     out
 }

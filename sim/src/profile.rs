@@ -106,7 +106,10 @@ mod tests {
             decode_seqs: 1,
             context_tokens: 500,
         });
-        assert!(t > Duration::from_millis(5) && t < Duration::from_millis(8), "{t:?}");
+        assert!(
+            t > Duration::from_millis(5) && t < Duration::from_millis(8),
+            "{t:?}"
+        );
     }
 
     #[test]

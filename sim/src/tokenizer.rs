@@ -196,7 +196,10 @@ mod tests {
     #[test]
     fn heuristic_counts_follow_the_documented_rules() {
         // "why"=1, " does"=1, " this"=1, " TypeScript"=3 (10 letters), " error"=2, "?"=1, "\n"=1
-        assert_eq!(heuristic_ids("why does this TypeScript error?\n", false).len(), 10);
+        assert_eq!(
+            heuristic_ids("why does this TypeScript error?\n", false).len(),
+            10
+        );
         assert_eq!(heuristic_ids("", true), vec![BOS_ID]);
         // Indentation: 8 spaces = 2 tokens, then "x" = 1.
         assert_eq!(heuristic_ids("        x", false).len(), 3);

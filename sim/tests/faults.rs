@@ -22,7 +22,15 @@ async fn stream_text(s: &vllm_sim::SimServer, max_tokens: u32) -> String {
 
 #[tokio::test]
 async fn fail_rate_one_answers_500_in_vllm_shape() {
-    let s = sim(&["--speed", "50", "--profile", "tiny-test", "--fail-rate", "1"]).await;
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--fail-rate",
+        "1",
+    ])
+    .await;
     let resp = client()
         .post(format!("{}/v1/chat/completions", s.url()))
         .json(&chat_body("hi", 5, true))
@@ -39,7 +47,14 @@ async fn fail_rate_one_answers_500_in_vllm_shape() {
 #[tokio::test]
 async fn midstream_error_is_an_error_event_then_done_and_frees_the_engine() {
     let s = sim(&[
-        "--speed", "50", "--profile", "tiny-test", "--midstream-error-rate", "1", "--error-after-tokens", "3",
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--midstream-error-rate",
+        "1",
+        "--error-after-tokens",
+        "3",
     ])
     .await;
     let events = sse_events(&stream_text(&s, 50).await);
@@ -50,7 +65,11 @@ async fn midstream_error_is_an_error_event_then_done_and_frees_the_engine() {
         .iter()
         .map(|e| {
             let v: Value = serde_json::from_str(e).unwrap();
-            v["choices"][0]["delta"]["content"].as_str().unwrap_or("").split_whitespace().count()
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or("")
+                .split_whitespace()
+                .count()
         })
         .sum();
     assert_eq!(tokens, 3);
@@ -63,7 +82,15 @@ async fn midstream_error_is_an_error_event_then_done_and_frees_the_engine() {
 
 #[tokio::test]
 async fn stalled_stream_keeps_the_connection_open_without_bytes() {
-    let s = sim(&["--speed", "50", "--profile", "tiny-test", "--stall-after-tokens", "2"]).await;
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--stall-after-tokens",
+        "2",
+    ])
+    .await;
     let resp = client()
         .post(format!("{}/v1/chat/completions", s.url()))
         .json(&chat_body("hi", 50, true))
@@ -85,7 +112,11 @@ async fn stalled_stream_keeps_the_connection_open_without_bytes() {
         .iter()
         .map(|e| {
             let v: Value = serde_json::from_str(e).unwrap();
-            v["choices"][0]["delta"]["content"].as_str().unwrap_or("").split_whitespace().count()
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or("")
+                .split_whitespace()
+                .count()
         })
         .sum();
     assert_eq!(tokens, 2, "two tokens then silence: {text}");
@@ -94,12 +125,28 @@ async fn stalled_stream_keeps_the_connection_open_without_bytes() {
 
 #[tokio::test]
 async fn omitted_done_and_garbage_lines_are_injectable() {
-    let s = sim(&["--speed", "50", "--profile", "tiny-test", "--omit-done-rate", "1"]).await;
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--omit-done-rate",
+        "1",
+    ])
+    .await;
     let text = stream_text(&s, 5).await;
     assert!(!text.contains("[DONE]") && text.contains("\"finish_reason\":\"length\""));
     s.shutdown().await;
 
-    let s = sim(&["--speed", "50", "--profile", "tiny-test", "--garbage-rate", "1"]).await;
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--garbage-rate",
+        "1",
+    ])
+    .await;
     let text = stream_text(&s, 5).await;
     let bad = sse_events(&text)
         .iter()

@@ -5,8 +5,8 @@ mod common;
 use common::*;
 use serde_json::Value;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::normalizers::NormalizerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::processors::PostProcessorWrapper;
 use tokenizers::{AddedToken, TokenizerBuilder};
 
@@ -25,12 +25,18 @@ fn train(dir: &std::path::Path) -> std::path::PathBuf {
         .min_frequency(2)
         .special_tokens(vec![AddedToken::from("<|bos|>", true)])
         .build();
-    let mut tok = TokenizerBuilder::<BPE, NormalizerWrapper, ByteLevel, PostProcessorWrapper, ByteLevel>::new()
-        .with_model(BPE::default())
-        .with_pre_tokenizer(Some(ByteLevel::default()))
-        .with_decoder(Some(ByteLevel::default()))
-        .build()
-        .unwrap();
+    let mut tok = TokenizerBuilder::<
+        BPE,
+        NormalizerWrapper,
+        ByteLevel,
+        PostProcessorWrapper,
+        ByteLevel,
+    >::new()
+    .with_model(BPE::default())
+    .with_pre_tokenizer(Some(ByteLevel::default()))
+    .with_decoder(Some(ByteLevel::default()))
+    .build()
+    .unwrap();
     tok.train_from_files(&mut trainer, vec![corpus.to_string_lossy().into_owned()])
         .unwrap();
     let path = dir.join("tokenizer.json");
@@ -48,7 +54,15 @@ async fn tokenize_and_usage_count_with_the_real_tokenizer() {
         .encode("Why does this TypeScript error happen?", true)
         .unwrap()
         .len();
-    let s = sim(&["--tokenizer", path.to_str().unwrap(), "--speed", "50", "--profile", "tiny-test"]).await;
+    let s = sim(&[
+        "--tokenizer",
+        path.to_str().unwrap(),
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+    ])
+    .await;
     let v: Value = client()
         .post(format!("{}/tokenize", s.url()))
         .json(&serde_json::json!({"prompt": "Why does this TypeScript error happen?"}))

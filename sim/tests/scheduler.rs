@@ -10,7 +10,15 @@ use futures::StreamExt;
 use serde_json::Value;
 
 async fn stream_to_end(url: String, body: Value) -> Vec<String> {
-    let text = client().post(url).json(&body).send().await.unwrap().text().await.unwrap();
+    let text = client()
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     sse_events(&text)
 }
 
@@ -22,13 +30,24 @@ fn usage_of(events: &[String]) -> Value {
 #[tokio::test]
 async fn max_num_seqs_and_token_budget_are_never_exceeded() {
     let s = sim(&[
-        "--speed", "50", "--profile", "tiny-test", "--max-num-seqs", "4",
-        "--max-num-batched-tokens", "512",
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--max-num-seqs",
+        "4",
+        "--max-num-batched-tokens",
+        "512",
     ])
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
     let tasks: Vec<_> = (0..20)
-        .map(|i| tokio::spawn(stream_to_end(url.clone(), chat_body(&words(300, &i.to_string()), 30, true))))
+        .map(|i| {
+            tokio::spawn(stream_to_end(
+                url.clone(),
+                chat_body(&words(300, &i.to_string()), 30, true),
+            ))
+        })
         .collect();
     for t in tasks {
         let events = t.await.unwrap();
@@ -37,8 +56,12 @@ async fn max_num_seqs_and_token_budget_are_never_exceeded() {
     let e = engine(&s).await;
     assert_eq!(e["max_running_seen"], 4, "{e}");
     assert!(e["max_step_tokens_seen"].as_u64().unwrap() <= 512, "{e}");
-    let steps: Vec<Value> = serde_json::from_value(get_json(format!("{}/debug/steps", s.url())).await).unwrap();
-    assert!(steps.iter().any(|st| st["waiting"].as_u64().unwrap() > 0), "requests queued in the engine");
+    let steps: Vec<Value> =
+        serde_json::from_value(get_json(format!("{}/debug/steps", s.url())).await).unwrap();
+    assert!(
+        steps.iter().any(|st| st["waiting"].as_u64().unwrap() > 0),
+        "requests queued in the engine"
+    );
     assert!(steps.iter().all(|st| st["running"].as_u64().unwrap() <= 4));
     s.shutdown().await;
 }
@@ -46,12 +69,20 @@ async fn max_num_seqs_and_token_budget_are_never_exceeded() {
 #[tokio::test]
 async fn a_long_prompt_is_prefilled_in_chunks_while_decodes_continue() {
     let s = sim(&[
-        "--speed", "20", "--profile", "tiny-test", "--max-num-batched-tokens", "1024",
+        "--speed",
+        "20",
+        "--profile",
+        "tiny-test",
+        "--max-num-batched-tokens",
+        "1024",
     ])
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
     // A short request decoding a long answer...
-    let short = tokio::spawn(stream_to_end(url.clone(), chat_body("explain loops", 300, true)));
+    let short = tokio::spawn(stream_to_end(
+        url.clone(),
+        chat_body("explain loops", 300, true),
+    ));
     eventually("short request decoding", || async {
         metric(&s, &format!("vllm:generation_tokens_total{}", labels())).await >= 5.0
     })
@@ -60,12 +91,28 @@ async fn a_long_prompt_is_prefilled_in_chunks_while_decodes_continue() {
     let long = stream_to_end(url.clone(), chat_body(&words(8000, "review"), 5, true)).await;
     assert!(usage_of(&long)["prompt_tokens"].as_u64().unwrap() > 8000);
     short.await.unwrap();
-    let steps: Vec<Value> = serde_json::from_value(get_json(format!("{}/debug/steps", s.url())).await).unwrap();
-    let chunked: Vec<&Value> = steps.iter().filter(|st| st["max_chunk"].as_u64().unwrap() > 100).collect();
-    assert!(chunked.len() >= 8, "8,000 tokens in chunks of at most 1,024: {}", chunked.len());
-    assert!(chunked.iter().all(|st| st["prefill_tokens"].as_u64().unwrap() <= 1024));
-    let mixed = chunked.iter().filter(|st| st["decode_seqs"].as_u64().unwrap() >= 1).count();
-    assert!(mixed >= 7, "the short request kept decoding during the long prefill: {mixed}");
+    let steps: Vec<Value> =
+        serde_json::from_value(get_json(format!("{}/debug/steps", s.url())).await).unwrap();
+    let chunked: Vec<&Value> = steps
+        .iter()
+        .filter(|st| st["max_chunk"].as_u64().unwrap() > 100)
+        .collect();
+    assert!(
+        chunked.len() >= 8,
+        "8,000 tokens in chunks of at most 1,024: {}",
+        chunked.len()
+    );
+    assert!(chunked
+        .iter()
+        .all(|st| st["prefill_tokens"].as_u64().unwrap() <= 1024));
+    let mixed = chunked
+        .iter()
+        .filter(|st| st["decode_seqs"].as_u64().unwrap() >= 1)
+        .count();
+    assert!(
+        mixed >= 7,
+        "the short request kept decoding during the long prefill: {mixed}"
+    );
     s.shutdown().await;
 }
 
@@ -73,25 +120,47 @@ async fn a_long_prompt_is_prefilled_in_chunks_while_decodes_continue() {
 async fn blocks_running_out_preempts_and_everything_still_finishes() {
     // 64 blocks x 16 = 1,024 tokens of KV; 8 requests of ~100 + 150 tokens need ~2,000.
     let s = sim(&[
-        "--speed", "50", "--profile", "tiny-test", "--num-gpu-blocks", "64", "--max-model-len", "1024",
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--num-gpu-blocks",
+        "64",
+        "--max-model-len",
+        "1024",
     ])
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
     let tasks: Vec<_> = (0..8)
-        .map(|i| tokio::spawn(stream_to_end(url.clone(), chat_body(&words(100, &format!("p{i}")), 150, true))))
+        .map(|i| {
+            tokio::spawn(stream_to_end(
+                url.clone(),
+                chat_body(&words(100, &format!("p{i}")), 150, true),
+            ))
+        })
         .collect();
     for t in tasks {
         let events = t.await.unwrap();
         let usage = usage_of(&events);
-        assert_eq!(usage["completion_tokens"], 150, "every request finishes in full");
+        assert_eq!(
+            usage["completion_tokens"], 150,
+            "every request finishes in full"
+        );
         let words: usize = events[..events.len() - 2]
             .iter()
             .map(|e| {
                 let v: Value = serde_json::from_str(e).unwrap();
-                v["choices"][0]["delta"]["content"].as_str().unwrap_or("").split_whitespace().count()
+                v["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .unwrap_or("")
+                    .split_whitespace()
+                    .count()
             })
             .sum();
-        assert_eq!(words, 150, "no token lost or repeated across preemption: {events:#?}");
+        assert_eq!(
+            words, 150,
+            "no token lost or repeated across preemption: {events:#?}"
+        );
     }
     assert!(metric(&s, &format!("vllm:num_preemptions_total{}", labels())).await > 0.0);
     let e = engine(&s).await;
@@ -133,7 +202,10 @@ async fn closing_the_connection_mid_stream_aborts_and_frees_blocks() {
     while seen < 3 {
         seen += body.next().await.unwrap().unwrap().len().min(1);
     }
-    assert_eq!(metric(&s, &format!("vllm:num_requests_running{}", labels())).await, 1.0);
+    assert_eq!(
+        metric(&s, &format!("vllm:num_requests_running{}", labels())).await,
+        1.0
+    );
     drop(body);
     assert_aborted_and_freed(&s).await;
     s.shutdown().await;
@@ -156,7 +228,12 @@ async fn abort_requests_endpoint_stops_generation() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.text().await.unwrap().is_empty());
-    let events = sse_events(&tokio::time::timeout(Duration::from_secs(10), reader).await.unwrap().unwrap());
+    let events = sse_events(
+        &tokio::time::timeout(Duration::from_secs(10), reader)
+            .await
+            .unwrap()
+            .unwrap(),
+    );
     assert_eq!(events.last().unwrap(), "[DONE]");
     let last_choice: Value = serde_json::from_str(&events[events.len() - 3]).unwrap();
     assert_eq!(last_choice["choices"][0]["finish_reason"], "abort");
@@ -167,7 +244,14 @@ async fn abort_requests_endpoint_stops_generation() {
 #[tokio::test]
 async fn priority_policy_admits_lower_priority_values_first() {
     let s = sim(&[
-        "--speed", "20", "--profile", "tiny-test", "--max-num-seqs", "1", "--scheduling-policy", "priority",
+        "--speed",
+        "20",
+        "--profile",
+        "tiny-test",
+        "--max-num-seqs",
+        "1",
+        "--scheduling-policy",
+        "priority",
     ])
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
@@ -202,24 +286,50 @@ async fn priority_policy_admits_lower_priority_values_first() {
 
 #[tokio::test]
 async fn fixed_profile_has_constant_latency_and_no_batching_limit() {
-    let s = sim(&["--profile", "fixed", "--fixed-ttft-ms", "5", "--fixed-itl-ms", "1", "--max-num-seqs", "2"]).await;
+    let s = sim(&[
+        "--profile",
+        "fixed",
+        "--fixed-ttft-ms",
+        "5",
+        "--fixed-itl-ms",
+        "1",
+        "--max-num-seqs",
+        "2",
+    ])
+    .await;
     let url = format!("{}/v1/chat/completions", s.url());
     let tasks: Vec<_> = (0..10)
-        .map(|i| tokio::spawn(stream_to_end(url.clone(), chat_body(&format!("q{i}"), 20, true))))
+        .map(|i| {
+            tokio::spawn(stream_to_end(
+                url.clone(),
+                chat_body(&format!("q{i}"), 20, true),
+            ))
+        })
         .collect();
     for t in tasks {
         assert_eq!(usage_of(&t.await.unwrap())["completion_tokens"], 20);
     }
     let e = engine(&s).await;
     assert_eq!(e["mode"], "fixed");
-    assert!(e["max_running_seen"].as_u64().unwrap() > 2, "fixed mode ignores --max-num-seqs: {e}");
+    assert!(
+        e["max_running_seen"].as_u64().unwrap() > 2,
+        "fixed mode ignores --max-num-seqs: {e}"
+    );
     s.shutdown().await;
 }
 
 #[tokio::test]
 async fn closing_the_connection_during_prefill_aborts_before_the_first_token() {
     // 8,000 prompt tokens in chunks of 256 at real speed: about a third of a second of prefill.
-    let s = sim(&["--speed", "1", "--profile", "tiny-test", "--max-num-batched-tokens", "256"]).await;
+    let s = sim(&[
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+        "--max-num-batched-tokens",
+        "256",
+    ])
+    .await;
     let resp = client()
         .post(format!("{}/v1/chat/completions", s.url()))
         .json(&chat_body(&words(8000, "repo"), 50, true))

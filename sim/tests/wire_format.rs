@@ -11,7 +11,11 @@ async fn chat_stream_has_vllm_framing_and_chunk_shapes() {
     let resp = client()
         .post(format!("{}/v1/chat/completions", s.url()))
         .header("x-request-id", "req-42")
-        .json(&chat_body("why does this TypeScript error happen?", 12, true))
+        .json(&chat_body(
+            "why does this TypeScript error happen?",
+            12,
+            true,
+        ))
         .send()
         .await
         .unwrap();
@@ -43,7 +47,11 @@ async fn chat_stream_has_vllm_framing_and_chunk_shapes() {
     let mut words = 0;
     for (i, c) in token_chunks.iter().enumerate() {
         let ch = &c["choices"][0];
-        words += ch["delta"]["content"].as_str().unwrap().split_whitespace().count();
+        words += ch["delta"]["content"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count();
         let last = i == token_chunks.len() - 1;
         assert_eq!(ch["finish_reason"] == "length", last, "{c}");
         assert!(c.get("usage").is_none(), "no usage on token chunks: {c}");
@@ -86,11 +94,17 @@ async fn completions_stream_has_every_field_including_nulls() {
         assert_eq!(c["object"], "text_completion");
         let ch = c["choices"][0].as_object().unwrap();
         let keys: Vec<&str> = ch.keys().map(String::as_str).collect();
-        assert_eq!(keys, ["index", "text", "logprobs", "finish_reason", "stop_reason"]);
+        assert_eq!(
+            keys,
+            ["index", "text", "logprobs", "finish_reason", "stop_reason"]
+        );
         text.push_str(ch["text"].as_str().unwrap());
     }
     assert_eq!(text.split_whitespace().count(), 5);
-    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
     s.shutdown().await;
 }
 
@@ -118,8 +132,16 @@ async fn non_streaming_responses_have_vllm_shapes() {
     );
     assert_eq!(chat["choices"][0]["finish_reason"], "length");
     assert_eq!(chat["usage"]["completion_tokens"], 7);
-    let keys: Vec<&str> = chat.as_object().unwrap().keys().map(String::as_str).collect();
-    assert_eq!(keys, ["id", "object", "created", "model", "choices", "usage"]);
+    let keys: Vec<&str> = chat
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        keys,
+        ["id", "object", "created", "model", "choices", "usage"]
+    );
     s.shutdown().await;
 }
 
@@ -149,13 +171,43 @@ async fn repeated_prefix_reports_cached_tokens() {
         last["usage"].clone()
     };
     let url = format!("{}/v1/chat/completions", s.url());
-    let first = usage(client().post(&url).json(&ask("what is a closure?")).send().await.unwrap().text().await.unwrap());
-    assert!(first.get("prompt_tokens_details").is_none(), "cold cache: {first}");
-    let second = usage(client().post(&url).json(&ask("what is a trait?")).send().await.unwrap().text().await.unwrap());
-    let cached = second["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
-    assert!(cached >= 288 && cached % 16 == 0, "the shared system prompt hits: {second}");
+    let first = usage(
+        client()
+            .post(&url)
+            .json(&ask("what is a closure?"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    );
+    assert!(
+        first.get("prompt_tokens_details").is_none(),
+        "cold cache: {first}"
+    );
+    let second = usage(
+        client()
+            .post(&url)
+            .json(&ask("what is a trait?"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    );
+    let cached = second["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached >= 288 && cached % 16 == 0,
+        "the shared system prompt hits: {second}"
+    );
     assert!(cached < second["prompt_tokens"].as_u64().unwrap());
-    assert!(metric(&s, &format!("vllm:prefix_cache_hits_total{}", labels())).await >= cached as f64);
+    assert!(
+        metric(&s, &format!("vllm:prefix_cache_hits_total{}", labels())).await >= cached as f64
+    );
     s.shutdown().await;
 }
 
@@ -174,16 +226,27 @@ async fn prompt_too_long_unknown_model_and_bad_json_get_vllm_errors() {
     assert_eq!(err["error"]["type"], "BadRequestError");
     assert_eq!(err["error"]["param"], "input_tokens");
     assert_eq!(err["error"]["code"], 400);
-    assert!(err["error"]["message"].as_str().unwrap().contains("maximum context length is 1024"));
+    assert!(err["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("maximum context length is 1024"));
 
-    let resp = client().post(&url).json(&chat_body("hi", 2000, false)).send().await.unwrap();
+    let resp = client()
+        .post(&url)
+        .json(&chat_body("hi", 2000, false))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 400, "prompt + max_tokens over the limit");
 
     let mut body = chat_body("hi", 5, false);
     body["model"] = "gpt-unknown".into();
     let resp = client().post(&url).json(&body).send().await.unwrap();
     assert_eq!(resp.status(), 404);
-    assert_eq!(resp.json::<Value>().await.unwrap()["error"]["type"], "NotFoundError");
+    assert_eq!(
+        resp.json::<Value>().await.unwrap()["error"]["type"],
+        "NotFoundError"
+    );
 
     let resp = client().post(&url).body("{not json").send().await.unwrap();
     assert_eq!(resp.status(), 400);
@@ -192,7 +255,14 @@ async fn prompt_too_long_unknown_model_and_bad_json_get_vllm_errors() {
 
 #[tokio::test]
 async fn request_ids_follow_vllm_rules() {
-    let s = sim(&["--speed", "50", "--profile", "tiny-test", "--enable-request-id-headers"]).await;
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--enable-request-id-headers",
+    ])
+    .await;
     let url = format!("{}/v1/chat/completions", s.url());
     let resp = client()
         .post(&url)
@@ -202,14 +272,33 @@ async fn request_ids_follow_vllm_rules() {
         .await
         .unwrap();
     assert_eq!(resp.headers()["x-request-id"], "from-header");
-    assert_eq!(resp.json::<Value>().await.unwrap()["id"], "chatcmpl-from-header");
+    assert_eq!(
+        resp.json::<Value>().await.unwrap()["id"],
+        "chatcmpl-from-header"
+    );
 
     let mut body = chat_body("hi", 2, false);
     body["request_id"] = "from-body".into();
-    let v: Value = client().post(&url).json(&body).send().await.unwrap().json().await.unwrap();
+    let v: Value = client()
+        .post(&url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["id"], "chatcmpl-from-body");
 
-    let v: Value = client().post(&url).json(&chat_body("hi", 2, false)).send().await.unwrap().json().await.unwrap();
+    let v: Value = client()
+        .post(&url)
+        .json(&chat_body("hi", 2, false))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let id = v["id"].as_str().unwrap().strip_prefix("chatcmpl-").unwrap();
     assert_eq!(id.len(), 32, "uuid4 hex: {id}");
     assert!(id.chars().all(|c| c.is_ascii_hexdigit()));
@@ -224,7 +313,11 @@ async fn side_endpoints_answer_like_vllm() {
     assert_eq!(models["data"][0]["id"], MODEL);
     assert_eq!(models["data"][0]["owned_by"], "vllm");
     assert_eq!(models["data"][0]["max_model_len"], 4096);
-    let health = client().get(format!("{}/health", s.url())).send().await.unwrap();
+    let health = client()
+        .get(format!("{}/health", s.url()))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200);
     assert!(health.text().await.unwrap().is_empty());
     let version = get_json(format!("{}/version", s.url())).await;
@@ -247,14 +340,29 @@ async fn side_endpoints_answer_like_vllm() {
 
 #[tokio::test]
 async fn metrics_expose_vllm_series_with_types() {
-    let s = sim(&["--speed", "50", "--profile", "tiny-test", "--num-gpu-blocks", "1500"]).await;
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--num-gpu-blocks",
+        "1500",
+    ])
+    .await;
     client()
         .post(format!("{}/v1/chat/completions", s.url()))
         .json(&chat_body("hi", 3, false))
         .send()
         .await
         .unwrap();
-    let text = client().get(format!("{}/metrics", s.url())).send().await.unwrap().text().await.unwrap();
+    let text = client()
+        .get(format!("{}/metrics", s.url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for (name, kind) in [
         ("vllm:num_requests_running", "gauge"),
         ("vllm:num_requests_waiting", "gauge"),
@@ -273,7 +381,10 @@ async fn metrics_expose_vllm_series_with_types() {
         ("vllm:request_prefill_time_seconds", "histogram"),
         ("vllm:request_decode_time_seconds", "histogram"),
     ] {
-        assert!(text.contains(&format!("# TYPE {name} {kind}\n")), "{name} {kind}");
+        assert!(
+            text.contains(&format!("# TYPE {name} {kind}\n")),
+            "{name} {kind}"
+        );
     }
     assert!(text.contains("num_gpu_blocks=\"1500\""));
     assert!(text.contains("block_size=\"16\""));
@@ -289,13 +400,23 @@ async fn metrics_expose_vllm_series_with_types() {
         .await,
         1.0
     );
-    assert!(text.contains(&format!("vllm:time_to_first_token_seconds_count{} 1\n", labels())));
+    assert!(text.contains(&format!(
+        "vllm:time_to_first_token_seconds_count{} 1\n",
+        labels()
+    )));
     s.shutdown().await;
 }
 
 #[tokio::test]
 async fn per_request_metrics_split_queue_and_prefill() {
-    let s = sim(&["--speed", "20", "--profile", "tiny-test", "--enable-per-request-metrics"]).await;
+    let s = sim(&[
+        "--speed",
+        "20",
+        "--profile",
+        "tiny-test",
+        "--enable-per-request-metrics",
+    ])
+    .await;
     let body = client()
         .post(format!("{}/v1/chat/completions", s.url()))
         .json(&chat_body(&words(500, "q"), 20, true))

@@ -128,7 +128,12 @@ impl ResponseId {
         }
     }
 
-    fn chunk<C: Serialize>(&self, choices: Vec<C>, usage: Option<Usage>, metrics: Option<Value>) -> String {
+    fn chunk<C: Serialize>(
+        &self,
+        choices: Vec<C>,
+        usage: Option<Usage>,
+        metrics: Option<Value>,
+    ) -> String {
         let c = Chunk {
             id: &self.id,
             object: self.object(true),
@@ -160,12 +165,20 @@ impl ResponseId {
     }
 
     /// A chunk of text, with the finish reason when it is the last.
-    pub fn text_chunk(&self, text: &str, finish: Option<&'static str>, usage: Option<Usage>) -> String {
+    pub fn text_chunk(
+        &self,
+        text: &str,
+        finish: Option<&'static str>,
+        usage: Option<Usage>,
+    ) -> String {
         match self.api {
             Api::Chat => self.chunk(
                 vec![ChatStreamChoice {
                     index: 0,
-                    delta: Delta { role: None, content: text },
+                    delta: Delta {
+                        role: None,
+                        content: text,
+                    },
                     logprobs: None,
                     finish_reason: finish,
                     stop_reason: finish.map(|_| None),
@@ -193,7 +206,13 @@ impl ResponseId {
     }
 
     /// A non-streaming response.
-    pub fn full_response(&self, text: &str, finish: &'static str, usage: Usage, metrics: Option<Value>) -> Value {
+    pub fn full_response(
+        &self,
+        text: &str,
+        finish: &'static str,
+        usage: Usage,
+        metrics: Option<Value>,
+    ) -> Value {
         let choice = match self.api {
             Api::Chat => serde_json::json!({
                 "index": 0,

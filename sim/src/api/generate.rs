@@ -30,7 +30,11 @@ pub async fn chat(State(state): State<AppState>, headers: HeaderMap, body: Bytes
 }
 
 /// `POST /v1/completions`.
-pub async fn completions(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+pub async fn completions(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let result = async {
         let body: CompletionBody = parse_json(&body)?;
         Generation::completion(&state, &headers, body).await
@@ -45,7 +49,12 @@ pub async fn completions(State(state): State<AppState>, headers: HeaderMap, body
 /// Runs a validated request through the engine.
 async fn generate(state: AppState, gen: Generation) -> Response {
     // Seeded per request: server seed, request seed and prompt, so a replay is identical.
-    let prompt_hash = fnv1a(&gen.prompt.iter().flat_map(|t| t.to_le_bytes()).collect::<Vec<_>>());
+    let prompt_hash = fnv1a(
+        &gen.prompt
+            .iter()
+            .flat_map(|t| t.to_le_bytes())
+            .collect::<Vec<_>>(),
+    );
     let mut rng = SplitMix::new(state.seed ^ gen.seed.unwrap_or(0).rotate_left(17) ^ prompt_hash);
     let faults = state.faults.draw(&mut rng);
     let rid = ResponseId::new(gen.api, &gen.request_id, &state.model);
@@ -60,7 +69,12 @@ async fn generate(state: AppState, gen: Generation) -> Response {
         }
         return resp;
     }
-    let (target, finish) = output_length(&mut rng, gen.max_tokens, gen.ignore_eos, state.mean_output_tokens);
+    let (target, finish) = output_length(
+        &mut rng,
+        gen.max_tokens,
+        gen.ignore_eos,
+        state.mean_output_tokens,
+    );
     let prompt_tokens = gen.prompt.len() as u32;
     let (seq_no, mut rx) = state.engine.submit(NewRequest {
         request_id: gen.request_id.clone(),

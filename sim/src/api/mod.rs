@@ -152,7 +152,10 @@ async fn tokenize(State(s): State<AppState>, body: Bytes) -> Response {
 
 async fn metrics(State(s): State<AppState>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         s.engine.render_metrics(&s.model),
     )
         .into_response()

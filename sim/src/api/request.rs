@@ -152,9 +152,16 @@ pub async fn encode(state: &AppState, text: String, add_special: bool) -> Vec<u3
 
 impl Generation {
     /// Validates a chat body.
-    pub async fn chat(state: &AppState, headers: &HeaderMap, body: ChatBody) -> Result<Self, ApiError> {
+    pub async fn chat(
+        state: &AppState,
+        headers: &HeaderMap,
+        body: ChatBody,
+    ) -> Result<Self, ApiError> {
         if body.messages.is_empty() {
-            return Err(ApiError::bad_request("messages must not be empty", Some("messages")));
+            return Err(ApiError::bad_request(
+                "messages must not be empty",
+                Some("messages"),
+            ));
         }
         let prompt = encode(state, render_chat(&body.messages), true).await;
         let max = body.common.max_completion_tokens.or(body.common.max_tokens);
@@ -172,7 +179,10 @@ impl Generation {
             PromptInput::Tokens(ids) => ids,
         };
         if prompt.is_empty() {
-            return Err(ApiError::bad_request("The prompt cannot be empty.", Some("prompt")));
+            return Err(ApiError::bad_request(
+                "The prompt cannot be empty.",
+                Some("prompt"),
+            ));
         }
         let max = body.common.max_tokens.or(Some(16));
         Self::build(state, headers, Api::Completion, prompt, max, body.common)
@@ -192,7 +202,10 @@ impl Generation {
             }
         }
         if c.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::bad_request("vllm-sim only simulates n = 1", Some("n")));
+            return Err(ApiError::bad_request(
+                "vllm-sim only simulates n = 1",
+                Some("n"),
+            ));
         }
         let limit = state.max_model_len;
         let input = prompt.len() as u32;
@@ -207,7 +220,10 @@ impl Generation {
         }
         let max_tokens = match max_tokens {
             Some(0) => {
-                return Err(ApiError::bad_request("max_tokens must be at least 1", Some("max_tokens")))
+                return Err(ApiError::bad_request(
+                    "max_tokens must be at least 1",
+                    Some("max_tokens"),
+                ))
             }
             Some(m) if m > limit - input => {
                 return Err(ApiError::bad_request(

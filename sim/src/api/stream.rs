@@ -73,7 +73,9 @@ pub struct StreamSpec {
 }
 
 /// Collects the events available now: (plain tokens, finish).
-pub async fn next_batch(rx: &mut UnboundedReceiver<EngineEvent>) -> Option<(u32, Option<Finished>)> {
+pub async fn next_batch(
+    rx: &mut UnboundedReceiver<EngineEvent>,
+) -> Option<(u32, Option<Finished>)> {
     let first = rx.recv().await?;
     let mut tokens = 0;
     let mut event = Some(first);
@@ -127,7 +129,10 @@ pub fn sse_body(
         let batch = next_batch(&mut st.rx).await;
         let Some((plain, finished)) = batch else {
             // The engine dropped the request without finishing it: report it as vLLM would.
-            frame(&mut out, &ApiError::internal("request ended unexpectedly").to_json());
+            frame(
+                &mut out,
+                &ApiError::internal("request ended unexpectedly").to_json(),
+            );
             out.push_str("data: [DONE]\n\n");
             st.done = true;
             return Some((Ok(Bytes::from(out)), st));
@@ -139,21 +144,33 @@ pub fn sse_body(
 
         // Faults that cut the stream short.
         let stall_at = f.stall_after.filter(|s| st.sent + new > *s);
-        let error_at = f.error_after.filter(|e| st.sent + new >= *e && finished.is_none());
+        let error_at = f
+            .error_after
+            .filter(|e| st.sent + new >= *e && finished.is_none());
         if let Some(limit) = stall_at.or(error_at) {
             new = limit.saturating_sub(st.sent);
         }
         let cut = stall_at.is_some() || error_at.is_some();
 
-        let usage_now = |n: u32| spec.continuous_usage.then(|| Usage::new(spec.prompt_tokens, n));
+        let usage_now = |n: u32| {
+            spec.continuous_usage
+                .then(|| Usage::new(spec.prompt_tokens, n))
+        };
         if st.sent == 0 && (new > 0 || finished.is_some()) && spec.rid.api == Api::Chat {
             frame(&mut out, &spec.rid.role_chunk(usage_now(0)));
         }
-        let finish = if cut { None } else { finished.as_ref().map(|f| f.reason.as_str()) };
+        let finish = if cut {
+            None
+        } else {
+            finished.as_ref().map(|f| f.reason.as_str())
+        };
         if new > 0 || finish.is_some() {
             let text = words(st.sent, st.sent + new);
             st.sent += new;
-            frame(&mut out, &spec.rid.text_chunk(&text, finish, usage_now(st.sent)));
+            frame(
+                &mut out,
+                &spec.rid.text_chunk(&text, finish, usage_now(st.sent)),
+            );
         }
         if f.garbage && st.sent > 0 && !cut && finished.is_none() {
             out.push_str("data: {\"truncated\": tru\n\n");
@@ -166,7 +183,10 @@ pub fn sse_body(
         }
         if error_at.is_some() {
             st.guard.abort();
-            frame(&mut out, &ApiError::internal("injected engine error").to_json());
+            frame(
+                &mut out,
+                &ApiError::internal("injected engine error").to_json(),
+            );
             out.push_str("data: [DONE]\n\n");
             st.done = true;
             return Some((Ok(Bytes::from(out)), st));

@@ -212,7 +212,11 @@ mod tests {
         let (ha, hb) = (block_hashes(&a, 16), block_hashes(&b, 16));
         assert_eq!(ha.len(), 4);
         assert!(ha.iter().zip(&hb).all(|(x, y)| x != y));
-        assert_eq!(block_hashes(&a[..40], 16).len(), 2, "partial blocks are not hashed");
+        assert_eq!(
+            block_hashes(&a[..40], 16).len(),
+            2,
+            "partial blocks are not hashed"
+        );
     }
 
     #[test]

@@ -81,7 +81,8 @@ pub fn run_closed_loop(cost: BatchedCost, cfg: SchedulerConfig, load: ClosedLoop
     for _ in 0..load.concurrency {
         submit(&mut sched, origin, &mut receivers);
     }
-    let (mut ttft_sum, mut ttft_n, mut itl_sum, mut itl_n, mut finished) = (0.0, 0u64, 0.0, 0u64, 0u64);
+    let (mut ttft_sum, mut ttft_n, mut itl_sum, mut itl_n, mut finished) =
+        (0.0, 0u64, 0.0, 0u64, 0u64);
     let (mut tokens_at_warm, mut warm_clock) = (None, Duration::ZERO);
     while clock < load.duration {
         let now = origin + clock;
@@ -124,9 +125,21 @@ pub fn run_closed_loop(cost: BatchedCost, cfg: SchedulerConfig, load: ClosedLoop
     let measured_tokens = sched.metrics.generation_tokens - tokens_at_warm.unwrap_or(0);
     let measured_time = (clock - warm_clock).as_secs_f64();
     OfflineReport {
-        output_tokens_per_s: if measured_time > 0.0 { measured_tokens as f64 / measured_time } else { 0.0 },
-        mean_ttft_ms: if ttft_n > 0 { ttft_sum / ttft_n as f64 } else { 0.0 },
-        mean_itl_ms: if itl_n > 0 { itl_sum / itl_n as f64 } else { 0.0 },
+        output_tokens_per_s: if measured_time > 0.0 {
+            measured_tokens as f64 / measured_time
+        } else {
+            0.0
+        },
+        mean_ttft_ms: if ttft_n > 0 {
+            ttft_sum / ttft_n as f64
+        } else {
+            0.0
+        },
+        mean_itl_ms: if itl_n > 0 {
+            itl_sum / itl_n as f64
+        } else {
+            0.0
+        },
         finished,
         preemptions: sched.metrics.preemptions,
     }

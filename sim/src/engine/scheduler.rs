@@ -137,7 +137,9 @@ impl Scheduler {
         while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
             let new = (seq.num_tokens() - seq.computed).min(budget);
-            let need = (seq.computed + new).div_ceil(bs).saturating_sub(seq.blocks.len() as u32);
+            let need = (seq.computed + new)
+                .div_ceil(bs)
+                .saturating_sub(seq.blocks.len() as u32);
             let mut scheduled_self = true;
             loop {
                 if let Some(blocks) = self.pool.allocate(need) {
@@ -262,7 +264,8 @@ impl Scheduler {
             seq.timings.last_token = Some(now);
             if seq.timings.first_token.is_none() {
                 seq.timings.first_token = Some(now);
-                self.metrics.first_token(now - seq.timings.arrival, seq.prompt_len);
+                self.metrics
+                    .first_token(now - seq.timings.arrival, seq.prompt_len);
             }
             self.metrics.token(gap);
             if seq.output_tokens >= seq.target_output {

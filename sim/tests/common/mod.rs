@@ -9,7 +9,9 @@ use vllm_sim::{SimArgs, SimServer};
 pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
 pub async fn sim(extra: &[&str]) -> SimServer {
-    vllm_sim::start(&SimArgs::for_test(extra)).await.expect("simulator starts")
+    vllm_sim::start(&SimArgs::for_test(extra))
+        .await
+        .expect("simulator starts")
 }
 
 pub fn client() -> reqwest::Client {
@@ -42,7 +44,10 @@ pub fn chat_body(content: &str, max_tokens: u32, stream: bool) -> Value {
 /// Splits an SSE body into `data:` payloads, asserting vLLM's framing: only `data: ` lines,
 /// each event terminated by a blank line.
 pub fn sse_events(body: &str) -> Vec<String> {
-    assert!(body.ends_with("\n\n"), "stream must end with a blank line: {body:?}");
+    assert!(
+        body.ends_with("\n\n"),
+        "stream must end with a blank line: {body:?}"
+    );
     body.trim_end_matches("\n\n")
         .split("\n\n")
         .map(|ev| {
@@ -55,7 +60,14 @@ pub fn sse_events(body: &str) -> Vec<String> {
 }
 
 pub async fn get_json(url: String) -> Value {
-    client().get(url).send().await.unwrap().json().await.unwrap()
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 pub async fn engine(s: &SimServer) -> Value {
