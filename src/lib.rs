@@ -9,11 +9,14 @@
 //!   lane choice by estimated work.
 //! - [`admission`]: per-lane request slots + token budget (or the FIFO baseline), bounded wait
 //!   queues, and the [`admission::LaneGuard`] that gives both back on drop.
+//! - [`upstream`]: the vLLM client: streaming request with `X-Request-Id`, SSE parsing,
+//!   upstream timeouts, and the engine abort ([`upstream::AbortGuard`]) on every unclean end.
 //!
-//! Still to come (see `docs/architecture.md`): `api` (HTTP routes), `upstream` (vLLM client),
-//! `relay` (the stream pump), `prompt`, `telemetry`.
+//! Still to come (see `docs/architecture.md`): `api` (HTTP routes), `relay` (the stream pump),
+//! `prompt`, `telemetry`.
 #![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod classify;
 pub mod config;
+pub mod upstream;

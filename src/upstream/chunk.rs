@@ -1,0 +1,198 @@
+//! One `data:` payload of vLLM's stream, read into a typed view that keeps the raw bytes, so the
+//! relay can forward exactly what vLLM sent while the gateway counts tokens and spots the end.
+//!
+//! - `[DONE]` -> [`Payload::Done`].
+//! - `{"error":{...}}` or the flat pre-0.10.1 `{"object":"error",...}` -> [`Payload::Error`].
+//! - Any other JSON object -> [`Payload::Chunk`]: chat (`choices[0].delta.content`) and
+//!   completions (`choices[0].text`) alike.
+//! - Not JSON, or JSON of the wrong shape -> [`UpstreamError::Protocol`].
+//!
+//! The gateway sends `n = 1`, so only `choices[0]` carries text; a finish reason is read from
+//! any choice.
+
+use bytes::Bytes;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+use super::error::{EngineError, UpstreamError};
+
+/// What one `data:` payload says.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Payload {
+    /// `data: [DONE]`: vLLM has nothing more to send.
+    Done,
+    /// An error reported inside the stream; vLLM sends `[DONE]` after it.
+    Error(Box<EngineError>),
+    /// A completion chunk (chat or completions), including the final usage-only chunk.
+    Chunk(Chunk),
+}
+
+/// A parsed completion chunk plus the bytes it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chunk {
+    /// The payload exactly as received (without `data: ` and the blank line).
+    pub raw: Bytes,
+    /// Text added by this chunk: chat `choices[0].delta.content` or completions
+    /// `choices[0].text`; empty when there is none.
+    pub text: String,
+    /// `stop`, `length`, `abort`, `tool_calls`... on the chunk with the last token.
+    pub finish_reason: Option<String>,
+    /// Token usage: on the final chunk (`stream_options.include_usage`), or on every chunk with
+    /// `continuous_usage_stats` (running totals).
+    pub usage: Option<Usage>,
+    /// vLLM's per-request timings (`--enable-per-request-metrics`, vLLM 0.25+), on the usage
+    /// chunk.
+    pub metrics: Option<EngineMetrics>,
+    /// Whether this chunk carries generated output (text, reasoning text or tool-call deltas).
+    /// The role-only first chat chunk (`"content":""`) and the usage chunk do not: they are not
+    /// tokens.
+    pub has_content: bool,
+}
+
+/// Token usage as vLLM reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Generated tokens (exact).
+    pub completion_tokens: u32,
+    /// Prompt tokens served from the prefix cache (`prompt_tokens_details.cached_tokens`);
+    /// `None` when vLLM does not report it (it needs `--enable-prompt-tokens-details` and is
+    /// left out when zero).
+    pub cached_tokens: Option<u32>,
+}
+
+/// vLLM's per-request `metrics` object. Every field may be null or missing.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Deserialize)]
+pub struct EngineMetrics {
+    /// Engine arrival to first token, milliseconds.
+    #[serde(default)]
+    pub time_to_first_token_ms: Option<f64>,
+    /// First token to last token, milliseconds.
+    #[serde(default)]
+    pub generation_time_ms: Option<f64>,
+    /// Engine arrival to first scheduling (the engine's own queue), milliseconds.
+    #[serde(default)]
+    pub queue_time_ms: Option<f64>,
+    /// Mean inter-token latency, milliseconds.
+    #[serde(default)]
+    pub mean_itl_ms: Option<f64>,
+    /// Output tokens per second of generation.
+    #[serde(default)]
+    pub tokens_per_second: Option<f64>,
+}
+
+#[derive(Deserialize)]
+struct WireChunk {
+    #[serde(default)]
+    error: Option<IgnoredAny>,
+    #[serde(default)]
+    object: Option<String>,
+    #[serde(default)]
+    choices: Vec<WireChoice>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+    #[serde(default)]
+    metrics: Option<EngineMetrics>,
+}
+
+#[derive(Deserialize)]
+struct WireChoice {
+    #[serde(default)]
+    delta: Option<WireDelta>,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct WireDelta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<IgnoredAny>>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u32>,
+    #[serde(default)]
+    completion_tokens: Option<u32>,
+    #[serde(default)]
+    prompt_tokens_details: Option<WireDetails>,
+}
+
+#[derive(Deserialize)]
+struct WireDetails {
+    #[serde(default)]
+    cached_tokens: Option<u32>,
+}
+
+impl WireChoice {
+    fn has_content(&self) -> bool {
+        let text = self.text.as_deref().is_some_and(|t| !t.is_empty());
+        let delta = self.delta.as_ref().is_some_and(|d| {
+            d.content.as_deref().is_some_and(|t| !t.is_empty())
+                || d.reasoning_content
+                    .as_deref()
+                    .is_some_and(|t| !t.is_empty())
+                || d.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
+        });
+        text || delta
+    }
+}
+
+/// Reads one `data:` payload.
+pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
+    if raw.as_ref() == b"[DONE]" {
+        return Ok(Payload::Done);
+    }
+    let wire: WireChunk = serde_json::from_slice(&raw).map_err(|e| {
+        // Only the error class and position: serde's full message can quote the payload's text.
+        UpstreamError::Protocol(format!(
+            "a stream event is not a vLLM chunk ({:?} error at line {} column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        ))
+    })?;
+    if wire.error.is_some() || wire.object.as_deref() == Some("error") {
+        return EngineError::parse(&raw)
+            .map(|e| Payload::Error(Box::new(e)))
+            .ok_or_else(|| UpstreamError::Protocol("an error event without a message".into()));
+    }
+    let has_content = wire.choices.iter().any(WireChoice::has_content);
+    let finish_reason = wire.choices.iter().find_map(|c| c.finish_reason.clone());
+    let text = wire
+        .choices
+        .into_iter()
+        .next()
+        .and_then(|c| match c.delta {
+            Some(d) => d.content,
+            None => c.text,
+        })
+        .unwrap_or_default();
+    let usage = wire.usage.and_then(|u| {
+        Some(Usage {
+            prompt_tokens: u.prompt_tokens?,
+            completion_tokens: u.completion_tokens?,
+            cached_tokens: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
+        })
+    });
+    Ok(Payload::Chunk(Chunk {
+        raw,
+        text,
+        finish_reason,
+        usage,
+        metrics: wire.metrics,
+        has_content,
+    }))
+}
+
+#[cfg(test)]
+#[path = "chunk_tests.rs"]
+mod tests;

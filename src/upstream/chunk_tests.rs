@@ -1,0 +1,145 @@
+use super::*;
+
+fn chunk(json: &str) -> Chunk {
+    match parse_payload(Bytes::copy_from_slice(json.as_bytes())).unwrap() {
+        Payload::Chunk(c) => c,
+        other => panic!("not a chunk: {other:?}"),
+    }
+}
+
+fn engine_error(json: &str) -> EngineError {
+    match parse_payload(Bytes::copy_from_slice(json.as_bytes())).unwrap() {
+        Payload::Error(e) => *e,
+        other => panic!("not an error: {other:?}"),
+    }
+}
+
+#[test]
+fn done_marker() {
+    assert_eq!(
+        parse_payload(Bytes::from_static(b"[DONE]")).unwrap(),
+        Payload::Done
+    );
+}
+
+#[test]
+fn chat_role_chunk_is_not_content() {
+    let c = chunk(
+        r#"{"id":"chatcmpl-r1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#,
+    );
+    assert!(!c.has_content);
+    assert_eq!(c.text, "");
+    assert_eq!(c.finish_reason, None);
+}
+
+#[test]
+fn chat_content_chunk_keeps_raw_bytes() {
+    let json = r#"{"id":"chatcmpl-r1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" fn main"},"logprobs":null,"finish_reason":null}]}"#;
+    let c = chunk(json);
+    assert!(c.has_content);
+    assert_eq!(c.text, " fn main");
+    assert_eq!(c.raw.as_ref(), json.as_bytes());
+}
+
+#[test]
+fn chat_last_token_carries_finish_reason() {
+    let c = chunk(
+        r#"{"choices":[{"index":0,"delta":{"content":" end"},"logprobs":null,"finish_reason":"length"}]}"#,
+    );
+    assert!(c.has_content);
+    assert_eq!(c.finish_reason.as_deref(), Some("length"));
+}
+
+#[test]
+fn completions_chunk_reads_text() {
+    let c = chunk(
+        r#"{"id":"cmpl-r1","object":"text_completion","choices":[{"index":0,"text":" let x","logprobs":null,"finish_reason":null,"stop_reason":null}]}"#,
+    );
+    assert!(c.has_content);
+    assert_eq!(c.text, " let x");
+    let empty =
+        chunk(r#"{"choices":[{"index":0,"text":"","finish_reason":"stop","stop_reason":null}]}"#);
+    assert!(!empty.has_content);
+    assert_eq!(empty.finish_reason.as_deref(), Some("stop"));
+}
+
+#[test]
+fn tool_call_and_reasoning_deltas_are_content() {
+    assert!(chunk(r#"{"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}"#).has_content);
+    assert!(chunk(r#"{"choices":[{"delta":{"reasoning_content":"hmm"}}]}"#).has_content);
+    assert!(!chunk(r#"{"choices":[{"delta":{"tool_calls":[]}}]}"#).has_content);
+}
+
+#[test]
+fn usage_chunk_with_cached_tokens_and_metrics() {
+    let c = chunk(
+        r#"{"choices":[],"usage":{"prompt_tokens":120,"completion_tokens":37,"total_tokens":157,"prompt_tokens_details":{"cached_tokens":96}},"metrics":{"time_to_first_token_ms":41.5,"generation_time_ms":300.0,"queue_time_ms":null,"mean_itl_ms":8.1,"tokens_per_second":120.0}}"#,
+    );
+    assert!(!c.has_content);
+    assert_eq!(
+        c.usage,
+        Some(Usage {
+            prompt_tokens: 120,
+            completion_tokens: 37,
+            cached_tokens: Some(96)
+        })
+    );
+    let m = c.metrics.unwrap();
+    assert_eq!(m.time_to_first_token_ms, Some(41.5));
+    assert_eq!(m.queue_time_ms, None);
+    assert_eq!(m.tokens_per_second, Some(120.0));
+}
+
+#[test]
+fn usage_without_details_and_metrics_with_missing_fields() {
+    let c = chunk(
+        r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8},"metrics":{"mean_itl_ms":2}}"#,
+    );
+    assert_eq!(c.usage.unwrap().cached_tokens, None);
+    assert_eq!(c.usage.unwrap().completion_tokens, 3);
+    assert_eq!(c.metrics.unwrap().mean_itl_ms, Some(2.0));
+    assert_eq!(c.metrics.unwrap().generation_time_ms, None);
+}
+
+#[test]
+fn current_error_shape() {
+    let e = engine_error(
+        r#"{"error":{"message":"injected engine error","type":"InternalServerError","param":null,"code":500}}"#,
+    );
+    assert_eq!(e.message, "injected engine error");
+    assert_eq!(e.kind.as_deref(), Some("InternalServerError"));
+    assert_eq!(e.param, None);
+    assert_eq!(e.code.as_deref(), Some("500"));
+}
+
+#[test]
+fn flat_pre_0_10_1_error_shape() {
+    let e = engine_error(
+        r#"{"object":"error","message":"too long","type":"BadRequestError","param":"input_tokens","code":400}"#,
+    );
+    assert_eq!(e.message, "too long");
+    assert_eq!(e.param.as_deref(), Some("input_tokens"));
+    assert_eq!(e.code.as_deref(), Some("400"));
+}
+
+#[test]
+fn non_json_is_a_protocol_error_without_the_payload_text() {
+    let err = parse_payload(Bytes::from_static(b"{\"truncated\": tru")).unwrap_err();
+    assert!(matches!(err, UpstreamError::Protocol(_)), "{err:?}");
+    let err = parse_payload(Bytes::from_static(b"secret words here")).unwrap_err();
+    assert!(!err.to_string().contains("secret"), "{err}");
+}
+
+#[test]
+fn wrong_shape_is_a_protocol_error_without_the_payload_text() {
+    let err = parse_payload(Bytes::from_static(br#"{"choices":"private prompt"}"#)).unwrap_err();
+    assert!(matches!(err, UpstreamError::Protocol(_)));
+    assert!(!err.to_string().contains("private"), "{err}");
+}
+
+#[test]
+fn invalid_utf8_is_a_protocol_error() {
+    let err =
+        parse_payload(Bytes::from_static(b"{\"choices\":[{\"text\":\"\xff\"}]}")).unwrap_err();
+    assert!(matches!(err, UpstreamError::Protocol(_)));
+}

@@ -1,0 +1,234 @@
+//! [`UpstreamClient`]: one pooled reqwest client for vLLM; starts streams, passes `/v1/models`
+//! through and probes `/health`.
+
+use std::error::Error as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use reqwest::header::{HeaderValue, CONTENT_TYPE};
+use reqwest::StatusCode;
+use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
+
+use super::abort::AbortGuard;
+use super::error::{EngineError, UpstreamError};
+use super::request::{prepare_body, UpstreamRequest};
+use super::stream::{StreamLimits, UpstreamStream};
+use crate::config::UpstreamConfig;
+
+/// Longest a non-streaming call (`/v1/models`, `/health`) may take, connect included.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Most bytes kept from a non-streaming body (an error JSON, the model list); the rest is
+/// dropped, so a broken upstream cannot make the gateway buffer without bound.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// The vLLM client. Cheap to clone (the connection pool, config and task tracker are shared).
+#[derive(Debug, Clone)]
+pub struct UpstreamClient {
+    http: reqwest::Client,
+    config: Arc<UpstreamConfig>,
+    tasks: TaskTracker,
+}
+
+/// A non-streaming upstream answer relayed as is (`GET /v1/models`).
+#[derive(Debug, Clone)]
+pub struct RawResponse {
+    /// The upstream's status (always 2xx; other statuses are [`UpstreamError::Status`]).
+    pub status: StatusCode,
+    /// The upstream's `Content-Type`, if any.
+    pub content_type: Option<HeaderValue>,
+    /// The body, at most [`MAX_BODY_BYTES`].
+    pub body: Bytes,
+}
+
+impl UpstreamClient {
+    /// A client for `config`. Abort calls are spawned on `tasks`: close and wait on it at
+    /// shutdown so no abort is lost. Env proxies are ignored: the vLLM hop is internal.
+    pub fn new(config: UpstreamConfig, tasks: TaskTracker) -> Result<Self, UpstreamError> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(config.connect_timeout)
+            .tcp_nodelay(true)
+            .no_proxy()
+            .build()
+            .map_err(|e| {
+                UpstreamError::Unavailable(format!("cannot build the HTTP client: {e}"))
+            })?;
+        Ok(Self {
+            http,
+            config: Arc::new(config),
+            tasks,
+        })
+    }
+
+    /// The upstream settings in force.
+    pub fn config(&self) -> &UpstreamConfig {
+        &self.config
+    }
+
+    /// The tracker abort calls are spawned on.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    /// Sends a streaming generation request and returns once vLLM's response headers arrive.
+    ///
+    /// The body is changed by [`prepare_body`] (streaming with usage forced). The engine
+    /// abort is armed before sending, so dropping this future while it waits for headers also
+    /// aborts. Errors: [`UpstreamError::Unavailable`] when vLLM cannot be reached (within
+    /// `connect_timeout`), [`UpstreamError::Status`] for a non-2xx answer (vLLM's error parsed),
+    /// [`UpstreamError::FirstTokenTimeout`] / [`UpstreamError::TotalTimeout`] when headers take
+    /// too long, [`UpstreamError::Transport`] when the connection breaks after sending.
+    pub async fn stream(&self, req: UpstreamRequest) -> Result<UpstreamStream, UpstreamError> {
+        let id_header =
+            HeaderValue::from_str(&req.request_id).map_err(|_| UpstreamError::InvalidRequestId)?;
+        let mut body = req.body;
+        prepare_body(&mut body, &self.config.model);
+        let body = serde_json::to_vec(&body).expect("a JSON map always serializes");
+        let url = format!("{}{}", self.config.base_url, req.endpoint.path());
+        let mut builder = self
+            .http
+            .post(url)
+            .header(CONTENT_TYPE, "application/json")
+            .header("x-request-id", id_header)
+            .body(body);
+        if let Some(tp) = req.traceparent.as_deref() {
+            match HeaderValue::from_str(tp) {
+                Ok(v) => builder = builder.header("traceparent", v),
+                Err(_) => {
+                    tracing::debug!(request_id = %req.request_id, "invalid traceparent dropped")
+                }
+            }
+        }
+
+        let limits = StreamLimits::from_config(&self.config);
+        let sent_at = Instant::now();
+        let mut abort = AbortGuard::new(
+            self.http.clone(),
+            Arc::clone(&self.config),
+            req.request_id.clone(),
+            self.tasks.clone(),
+        );
+        let (deadline, timeout_error) = limits.first_token_deadline(sent_at);
+        let resp = match tokio::time::timeout_at(deadline, builder.send()).await {
+            Err(_) => return Err(timeout_error), // `abort` drops here and fires.
+            Ok(Err(e)) if e.is_connect() => {
+                // Nothing reached the engine.
+                abort.disarm();
+                return Err(UpstreamError::Unavailable(describe(e)));
+            }
+            Ok(Err(e)) => return Err(UpstreamError::Transport(describe(e))),
+            Ok(Ok(resp)) => resp,
+        };
+        let headers_at = Instant::now();
+        let status = resp.status();
+        if !status.is_success() {
+            // vLLM rejected the request before running it: nothing to abort.
+            abort.disarm();
+            let raw = read_capped(resp, deadline).await.unwrap_or_default();
+            let error =
+                EngineError::parse(&raw).unwrap_or_else(|| EngineError::unreadable(status, raw));
+            return Err(UpstreamError::Status {
+                status,
+                error: Box::new(error),
+            });
+        }
+        let headers = resp.headers().clone();
+        let body = resp.bytes_stream().map(|r| r.map_err(describe)).boxed();
+        Ok(UpstreamStream::new(
+            req.request_id,
+            headers,
+            body,
+            abort,
+            limits,
+            sent_at,
+            headers_at,
+        ))
+    }
+
+    /// `GET /v1/models`, relayed as is. Non-2xx -> [`UpstreamError::Status`].
+    pub async fn models(&self) -> Result<RawResponse, UpstreamError> {
+        let deadline = Instant::now() + PROBE_TIMEOUT;
+        let resp = self.get("/v1/models", deadline).await?;
+        let status = resp.status();
+        let content_type = resp.headers().get(CONTENT_TYPE).cloned();
+        let body = read_capped(resp, deadline).await?;
+        if !status.is_success() {
+            let error =
+                EngineError::parse(&body).unwrap_or_else(|| EngineError::unreadable(status, body));
+            return Err(UpstreamError::Status {
+                status,
+                error: Box::new(error),
+            });
+        }
+        Ok(RawResponse {
+            status,
+            content_type,
+            body,
+        })
+    }
+
+    /// Readiness probe: `GET /health` answers 2xx (vLLM: 200 when the engine is alive, 503 when
+    /// it is dead -> [`UpstreamError::Status`]).
+    pub async fn health(&self) -> Result<(), UpstreamError> {
+        let deadline = Instant::now() + PROBE_TIMEOUT;
+        let resp = self.get("/health", deadline).await?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = read_capped(resp, deadline).await.unwrap_or_default();
+        let error =
+            EngineError::parse(&body).unwrap_or_else(|| EngineError::unreadable(status, body));
+        Err(UpstreamError::Status {
+            status,
+            error: Box::new(error),
+        })
+    }
+
+    async fn get(&self, path: &str, deadline: Instant) -> Result<reqwest::Response, UpstreamError> {
+        let url = format!("{}{}", self.config.base_url, path);
+        match tokio::time::timeout_at(deadline, self.http.get(url).send()).await {
+            Err(_) => Err(UpstreamError::ResponseTimeout(PROBE_TIMEOUT)),
+            Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Unavailable(describe(e))),
+            Ok(Err(e)) => Err(UpstreamError::Transport(describe(e))),
+            Ok(Ok(resp)) => Ok(resp),
+        }
+    }
+}
+
+/// Reads a non-streaming body, keeping at most [`MAX_BODY_BYTES`], until `deadline`.
+async fn read_capped(resp: reqwest::Response, deadline: Instant) -> Result<Bytes, UpstreamError> {
+    let mut out = BytesMut::new();
+    let mut body = resp.bytes_stream();
+    loop {
+        match tokio::time::timeout_at(deadline, body.next()).await {
+            Err(_) => return Err(UpstreamError::ResponseTimeout(PROBE_TIMEOUT)),
+            Ok(None) => return Ok(out.freeze()),
+            Ok(Some(Err(e))) => return Err(UpstreamError::Transport(describe(e))),
+            Ok(Some(Ok(chunk))) => {
+                let room = MAX_BODY_BYTES - out.len();
+                out.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                if out.len() == MAX_BODY_BYTES {
+                    return Ok(out.freeze());
+                }
+            }
+        }
+    }
+}
+
+/// An error's message with its causes ("error sending request: ...: Connection refused"),
+/// without the URL.
+fn describe(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

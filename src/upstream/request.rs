@@ -1,0 +1,105 @@
+//! What the gateway asks vLLM for: [`UpstreamRequest`], and the body rules applied to it.
+
+use serde_json::{Map, Value};
+
+/// vLLM's two generation endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions` (messages).
+    ChatCompletions,
+    /// `POST /v1/completions` (a raw prompt).
+    Completions,
+}
+
+impl Endpoint {
+    /// The path under the upstream base URL.
+    pub const fn path(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+}
+
+/// One streaming generation request to send upstream.
+#[derive(Debug, Clone)]
+pub struct UpstreamRequest {
+    /// Which endpoint.
+    pub endpoint: Endpoint,
+    /// The gateway's request id: sent as `X-Request-Id`, so it is also vLLM's request id and
+    /// the id the abort call names. Must be a valid header value (the gateway generates it).
+    pub request_id: String,
+    /// W3C `traceparent` to propagate, so vLLM's span joins the gateway's trace; an invalid
+    /// value is dropped rather than sent.
+    pub traceparent: Option<String>,
+    /// The OpenAI-style JSON body. See [`prepare_body`] for what the client changes.
+    pub body: Map<String, Value>,
+}
+
+/// Applies the upstream body rules in place:
+/// - `"stream": true` always (the client streams; a non-streaming API answer is assembled by
+///   the caller from the stream);
+/// - `"stream_options"` gets `"include_usage": true`, other keys the client sent (e.g.
+///   `continuous_usage_stats`) are kept; a missing or non-object value is replaced;
+/// - `"model"` is set to `model` when the body has none.
+pub fn prepare_body(body: &mut Map<String, Value>, model: &str) {
+    body.insert("stream".into(), Value::Bool(true));
+    match body.get_mut("stream_options") {
+        Some(Value::Object(opts)) => {
+            opts.insert("include_usage".into(), Value::Bool(true));
+        }
+        _ => {
+            let mut opts = Map::new();
+            opts.insert("include_usage".into(), Value::Bool(true));
+            body.insert("stream_options".into(), Value::Object(opts));
+        }
+    }
+    if !body.contains_key("model") {
+        body.insert("model".into(), Value::String(model.to_owned()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn prepared(v: Value) -> Value {
+        let Value::Object(mut map) = v else { panic!() };
+        prepare_body(&mut map, "m");
+        Value::Object(map)
+    }
+
+    #[test]
+    fn forces_streaming_with_usage() {
+        let v = prepared(json!({"model": "x", "stream": false, "prompt": "p"}));
+        assert_eq!(v["stream"], true);
+        assert_eq!(v["stream_options"], json!({"include_usage": true}));
+        assert_eq!(v["model"], "x");
+        assert_eq!(v["prompt"], "p");
+    }
+
+    #[test]
+    fn keeps_other_stream_options_and_overrides_include_usage() {
+        let v = prepared(json!({
+            "stream_options": {"include_usage": false, "continuous_usage_stats": true}
+        }));
+        assert_eq!(
+            v["stream_options"],
+            json!({"include_usage": true, "continuous_usage_stats": true})
+        );
+    }
+
+    #[test]
+    fn replaces_non_object_stream_options_and_fills_model() {
+        let v = prepared(json!({"stream_options": null}));
+        assert_eq!(v["stream_options"], json!({"include_usage": true}));
+        assert_eq!(v["model"], "m");
+    }
+
+    #[test]
+    fn endpoint_paths() {
+        assert_eq!(Endpoint::ChatCompletions.path(), "/v1/chat/completions");
+        assert_eq!(Endpoint::Completions.path(), "/v1/completions");
+    }
+}

@@ -1,0 +1,354 @@
+//! [`UpstreamStream`]: vLLM's SSE body read as parsed chunks, with timeouts, end-of-stream
+//! rules, token counting, timings and the engine abort.
+//!
+//! # Timeouts (from `[upstream]`)
+//! - first token: from sending the request until the first chunk that carries content (a
+//!   role-only chunk does not count);
+//! - idle: between two events once content has started (bytes that do not complete an event do
+//!   not count, so a trickling upstream still times out);
+//! - total: the whole request.
+//!
+//! # How a stream ends
+//! - `[DONE]` after a finish reason: clean end.
+//! - EOF, a broken connection or an idle timeout *after* a finish reason but before `[DONE]`:
+//!   tolerated as a clean end (the answer is complete) and flagged by
+//!   [`UpstreamStream::missing_done`] so it can be logged and counted.
+//! - EOF before any finish reason: [`UpstreamError::ClosedEarly`].
+//! - `[DONE]` before any finish reason: [`UpstreamError::Protocol`] (vLLM never does this).
+//! - `data: {"error":...}`: [`UpstreamError::Engine`]; the stream is over.
+//! - Non-JSON or oversized event: [`UpstreamError::Protocol`].
+//!
+//! After an error or `None`, [`UpstreamStream::next_event`] keeps returning `None`. On every
+//! end other than a clean one the upstream connection is dropped at once and the engine abort
+//! fires ([`super::AbortGuard`]); the finish reason disarms it. Dropping the stream early does
+//! the same.
+
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
+use reqwest::header::HeaderMap;
+use tokio::time::{Duration, Instant};
+
+use super::abort::{AbortGuard, AbortState, AbortWatch};
+use super::chunk::{parse_payload, Chunk, EngineMetrics, Payload, Usage};
+use super::error::UpstreamError;
+use super::sse::SseParser;
+use crate::config::UpstreamConfig;
+
+/// The response body as a stream of reads; errors are already described as text.
+pub(crate) type Body = BoxStream<'static, Result<Bytes, String>>;
+
+/// The three stream timeouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// `upstream.first_token_timeout`.
+    pub first_token: Duration,
+    /// `upstream.idle_timeout`.
+    pub idle: Duration,
+    /// `upstream.total_timeout`.
+    pub total: Duration,
+}
+
+impl StreamLimits {
+    /// The limits configured in `[upstream]`.
+    pub fn from_config(c: &UpstreamConfig) -> Self {
+        Self {
+            first_token: c.first_token_timeout,
+            idle: c.idle_timeout,
+            total: c.total_timeout,
+        }
+    }
+
+    /// The deadline before the first token, and the error it means.
+    pub(crate) fn first_token_deadline(&self, sent_at: Instant) -> (Instant, UpstreamError) {
+        let first = sent_at + self.first_token;
+        let total = sent_at + self.total;
+        if total < first {
+            (total, UpstreamError::TotalTimeout(self.total))
+        } else {
+            (first, UpstreamError::FirstTokenTimeout(self.first_token))
+        }
+    }
+}
+
+/// When things happened, for telemetry (gateway-side TTFT, time in upstream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamTimings {
+    /// The request was handed to the connection pool.
+    pub sent_at: Instant,
+    /// vLLM's response headers arrived.
+    pub headers_at: Instant,
+    /// The first chunk carrying content arrived.
+    pub first_content_at: Option<Instant>,
+    /// The stream ended (cleanly, with an error, or by [`UpstreamStream::abort_now`]).
+    pub ended_at: Option<Instant>,
+}
+
+/// Output tokens seen so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputTokens {
+    /// The count.
+    pub count: u32,
+    /// True when it is vLLM's `usage.completion_tokens`. False when it counts content-carrying
+    /// chunks instead: a lower bound, since vLLM may put several tokens in one chunk when the
+    /// reader is slower than the engine.
+    pub exact: bool,
+}
+
+/// A streaming response from vLLM. Read it with [`UpstreamStream::next_event`].
+///
+/// Field order matters: the body (the connection) is dropped before the abort guard fires.
+#[derive(Debug)]
+pub struct UpstreamStream {
+    body: Option<BodyDebug>,
+    parser: SseParser,
+    /// An error found while parsing a read; yielded after the events completed before it.
+    pending_error: Option<UpstreamError>,
+    abort: AbortGuard,
+    request_id: String,
+    headers: HeaderMap,
+    limits: StreamLimits,
+    timings: StreamTimings,
+    last_event_at: Instant,
+    finish_reason: Option<String>,
+    usage: Option<Usage>,
+    metrics: Option<EngineMetrics>,
+    content_chunks: u32,
+    missing_done: bool,
+    ended: bool,
+}
+
+/// [`Body`] with a `Debug` impl.
+struct BodyDebug(Body);
+
+impl std::fmt::Debug for BodyDebug {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Body")
+    }
+}
+
+impl UpstreamStream {
+    pub(crate) fn new(
+        request_id: String,
+        headers: HeaderMap,
+        body: Body,
+        abort: AbortGuard,
+        limits: StreamLimits,
+        sent_at: Instant,
+        headers_at: Instant,
+    ) -> Self {
+        Self {
+            body: Some(BodyDebug(body)),
+            parser: SseParser::default(),
+            pending_error: None,
+            abort,
+            request_id,
+            headers,
+            limits,
+            timings: StreamTimings {
+                sent_at,
+                headers_at,
+                first_content_at: None,
+                ended_at: None,
+            },
+            last_event_at: headers_at,
+            finish_reason: None,
+            usage: None,
+            metrics: None,
+            content_chunks: 0,
+            missing_done: false,
+            ended: false,
+        }
+    }
+
+    /// The next chunk; `None` once the stream has ended (cleanly, or after an error was
+    /// returned). Role-only and usage chunks are yielded too (they are part of a faithful
+    /// relay); [`Chunk::has_content`] tells tokens apart.
+    ///
+    /// Cancel-safe: dropping the future loses nothing and keeps the deadlines, so it can sit in
+    /// a `select!` beside a client-disconnect signal.
+    pub async fn next_event(&mut self) -> Option<Result<Chunk, UpstreamError>> {
+        loop {
+            if self.ended {
+                return None;
+            }
+            if let Some(data) = self.parser.pop() {
+                return self.on_payload(data);
+            }
+            if let Some(err) = self.pending_error.take() {
+                return Some(Err(self.fail(err)));
+            }
+            let (deadline, timeout_error) = self.deadline();
+            let body = &mut self.body.as_mut()?.0;
+            match tokio::time::timeout_at(deadline, body.next()).await {
+                Ok(Some(Ok(bytes))) => {
+                    if let Err(e) = self.parser.feed(&bytes) {
+                        self.pending_error = Some(UpstreamError::Protocol(e.to_string()));
+                    }
+                }
+                Err(_) if self.finish_reason.is_none() => {
+                    return Some(Err(self.fail(timeout_error)))
+                }
+                Ok(None) if self.finish_reason.is_none() => {
+                    return Some(Err(self.fail(UpstreamError::ClosedEarly)))
+                }
+                Ok(Some(Err(e))) if self.finish_reason.is_none() => {
+                    return Some(Err(self.fail(UpstreamError::Transport(e))))
+                }
+                // After the finish reason, the answer is complete: tolerate a missing `[DONE]`.
+                Err(_) | Ok(None) | Ok(Some(Err(_))) => {
+                    self.missing_done = true;
+                    self.finish_clean();
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Ends the stream now: drops the connection and fires the engine abort (unless the
+    /// request already finished cleanly). Later [`UpstreamStream::next_event`] calls return
+    /// `None`.
+    pub fn abort_now(&mut self) {
+        self.body = None;
+        self.abort.abort_now();
+        self.end();
+    }
+
+    /// The gateway request id this stream was sent with.
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// vLLM's response headers (e.g. the echoed `x-request-id`).
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// Output tokens so far: exact once vLLM sent usage, else content chunks (a lower bound).
+    pub fn output_tokens(&self) -> OutputTokens {
+        match self.usage {
+            Some(u) => OutputTokens {
+                count: u.completion_tokens,
+                exact: true,
+            },
+            None => OutputTokens {
+                count: self.content_chunks,
+                exact: false,
+            },
+        }
+    }
+
+    /// The latest usage vLLM sent (final, or running with `continuous_usage_stats`).
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage
+    }
+
+    /// vLLM's per-request timings, when it sent them.
+    pub fn engine_metrics(&self) -> Option<EngineMetrics> {
+        self.metrics
+    }
+
+    /// The finish reason, once seen.
+    pub fn finish_reason(&self) -> Option<&str> {
+        self.finish_reason.as_deref()
+    }
+
+    /// Timings recorded so far.
+    pub fn timings(&self) -> StreamTimings {
+        self.timings
+    }
+
+    /// True when the stream ended cleanly without `[DONE]` (EOF, broken connection or idle
+    /// timeout after the finish reason): tolerated, worth a log line and a counter.
+    pub fn missing_done(&self) -> bool {
+        self.missing_done
+    }
+
+    /// Whether the stream is over.
+    pub fn is_ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Where the engine abort stands.
+    pub fn abort_state(&self) -> AbortState {
+        self.abort.state()
+    }
+
+    /// A view of the abort state that outlives the stream.
+    pub fn abort_watch(&self) -> AbortWatch {
+        self.abort.watch()
+    }
+
+    fn on_payload(&mut self, data: Bytes) -> Option<Result<Chunk, UpstreamError>> {
+        let now = Instant::now();
+        self.last_event_at = now;
+        match parse_payload(data) {
+            Err(e) => Some(Err(self.fail(e))),
+            Ok(Payload::Error(e)) => Some(Err(self.fail(UpstreamError::Engine(e)))),
+            Ok(Payload::Done) if self.finish_reason.is_some() => {
+                self.finish_clean();
+                None
+            }
+            Ok(Payload::Done) => Some(Err(self.fail(UpstreamError::Protocol(
+                "[DONE] before any finish reason".into(),
+            )))),
+            Ok(Payload::Chunk(chunk)) => {
+                if chunk.has_content {
+                    self.content_chunks += 1;
+                    self.timings.first_content_at.get_or_insert(now);
+                }
+                if chunk.usage.is_some() {
+                    self.usage = chunk.usage;
+                }
+                if chunk.metrics.is_some() {
+                    self.metrics = chunk.metrics;
+                }
+                if self.finish_reason.is_none() {
+                    if let Some(reason) = &chunk.finish_reason {
+                        self.finish_reason = Some(reason.clone());
+                        self.abort.disarm();
+                    }
+                }
+                Some(Ok(chunk))
+            }
+        }
+    }
+
+    /// The next deadline and the error it means.
+    fn deadline(&self) -> (Instant, UpstreamError) {
+        if self.timings.first_content_at.is_none() {
+            return self.limits.first_token_deadline(self.timings.sent_at);
+        }
+        let total = self.timings.sent_at + self.limits.total;
+        let idle = self.last_event_at + self.limits.idle;
+        if total <= idle {
+            (total, UpstreamError::TotalTimeout(self.limits.total))
+        } else {
+            (idle, UpstreamError::IdleTimeout(self.limits.idle))
+        }
+    }
+
+    /// Ends with an error: connection dropped, abort fired.
+    fn fail(&mut self, err: UpstreamError) -> UpstreamError {
+        self.abort_now();
+        err
+    }
+
+    /// Ends cleanly. Reads the end of the body if it is already there, so the connection can
+    /// go back to the pool; otherwise drops it.
+    fn finish_clean(&mut self) {
+        if let Some(mut body) = self.body.take() {
+            let _ = body.0.next().now_or_never();
+        }
+        self.end();
+    }
+
+    fn end(&mut self) {
+        self.ended = true;
+        self.timings.ended_at.get_or_insert_with(Instant::now);
+    }
+}
+
+#[cfg(test)]
+#[path = "stream_tests.rs"]
+mod tests;
