@@ -1,0 +1,500 @@
+//! The upstream client against `vllm-sim` on 127.0.0.1:0: full streams, vLLM's errors, faults,
+//! timeouts, and the engine abort (M21).
+
+#[path = "upstream/common.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio_util::task::TaskTracker;
+use tutor_gateway::upstream::{
+    AbortGuard, AbortState, Chunk, UpstreamClient, UpstreamError, UpstreamStream,
+};
+
+/// Reads to the end: every chunk, and the error that ended it, if any.
+async fn drain(s: &mut UpstreamStream) -> (Vec<Chunk>, Option<UpstreamError>) {
+    let mut chunks = Vec::new();
+    while let Some(item) = s.next_event().await {
+        match item {
+            Ok(c) => chunks.push(c),
+            Err(e) => return (chunks, Some(e)),
+        }
+    }
+    (chunks, None)
+}
+
+fn text(chunks: &[Chunk]) -> String {
+    chunks.iter().map(|c| c.text.as_str()).collect()
+}
+
+/// Reads until `n` content chunks arrived.
+async fn read_tokens(s: &mut UpstreamStream, n: usize) {
+    let mut seen = 0;
+    while seen < n {
+        let c = s.next_event().await.unwrap().unwrap();
+        seen += usize::from(c.has_content);
+    }
+}
+
+async fn wait_tasks(client: &UpstreamClient) {
+    client.tasks().close();
+    tokio::time::timeout(Duration::from_secs(5), client.tasks().wait())
+        .await
+        .expect("abort tasks finish");
+}
+
+#[tokio::test]
+async fn chat_stream_parses_completely_with_exact_usage() {
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--enable-request-id-headers",
+        "--enable-per-request-metrics",
+    ])
+    .await;
+    let client = client_for(upstream_config(&s.url()));
+    let mut stream = client
+        .stream(chat("chat-1", &words(30, "q"), 20))
+        .await
+        .unwrap();
+    assert_eq!(stream.headers()["x-request-id"], "chat-1");
+    let (chunks, err) = drain(&mut stream).await;
+    assert!(err.is_none(), "{err:?}");
+    for c in &chunks {
+        let v: Value = serde_json::from_slice(&c.raw).unwrap();
+        assert_eq!(v["id"], "chatcmpl-chat-1");
+    }
+    assert!(!chunks[0].has_content, "role chunk first");
+    assert_eq!(text(&chunks).split_whitespace().count(), 20);
+    let tokens = stream.output_tokens();
+    assert!(tokens.exact && tokens.count == 20, "{tokens:?}");
+    let content_chunks = chunks.iter().filter(|c| c.has_content).count() as u32;
+    assert!((1..=20).contains(&content_chunks));
+    assert_eq!(stream.finish_reason(), Some("length"));
+    assert!(stream.usage().unwrap().prompt_tokens >= 30);
+    assert!(stream
+        .engine_metrics()
+        .unwrap()
+        .time_to_first_token_ms
+        .is_some());
+    assert!(!stream.missing_done());
+    assert_eq!(stream.abort_state(), AbortState::Disarmed);
+    let t = stream.timings();
+    let first = t.first_content_at.unwrap();
+    assert!(t.sent_at <= t.headers_at && t.headers_at <= first && first <= t.ended_at.unwrap());
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn completions_stream_parses_completely_with_exact_usage() {
+    let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
+    let client = client_for(upstream_config(&s.url()));
+    let mut stream = client
+        .stream(completion("cmp-1", &words(10, "p"), 15))
+        .await
+        .unwrap();
+    let (chunks, err) = drain(&mut stream).await;
+    assert!(err.is_none(), "{err:?}");
+    let v: Value = serde_json::from_slice(&chunks[0].raw).unwrap();
+    assert_eq!(v["id"], "cmpl-cmp-1");
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(text(&chunks).split_whitespace().count(), 15);
+    assert_eq!(stream.output_tokens().count, 15);
+    assert!(stream.output_tokens().exact);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn callers_stream_options_are_kept_and_running_usage_is_exact() {
+    let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
+    let client = client_for(upstream_config(&s.url()));
+    let mut req = chat("cont-1", "hi", 12);
+    req.body.insert(
+        "stream_options".into(),
+        json!({"continuous_usage_stats": true}),
+    );
+    let mut stream = client.stream(req).await.unwrap();
+    let mut last = 0;
+    while let Some(c) = stream.next_event().await {
+        let c = c.unwrap();
+        let n = stream.output_tokens();
+        assert!(n.exact, "usage on every chunk");
+        assert!(n.count >= last);
+        last = n.count;
+        assert!(c.usage.is_some());
+    }
+    assert_eq!(last, 12);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn request_id_traceparent_and_forced_stream_body_reach_the_wire() {
+    let rec = Recorder::start(None).await;
+    let client = client_for(upstream_config(&rec.base_url));
+    let mut req = chat("trace-1", "hi", 5);
+    req.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
+    req.body.insert("stream".into(), json!(false));
+    req.body.insert(
+        "stream_options".into(),
+        json!({"continuous_usage_stats": true}),
+    );
+    let mut stream = client.stream(req).await.unwrap();
+    // The recorder answers 200 with an empty body: closed before any finish reason.
+    assert!(matches!(
+        drain(&mut stream).await.1,
+        Some(UpstreamError::ClosedEarly)
+    ));
+    drop(stream);
+    wait_tasks(&client).await;
+    let seen = rec.seen();
+    assert_eq!(seen.len(), 2, "the request, then one abort: {seen:?}");
+    let head = seen[0].head.to_ascii_lowercase();
+    assert!(head.starts_with("post /v1/chat/completions "), "{head}");
+    assert!(head.contains("\r\nx-request-id: trace-1"), "{head}");
+    assert!(head.contains("\r\ntraceparent: 00-0af7651916cd43dd8448eb211c80319c-"));
+    let body: Value = serde_json::from_str(&seen[0].body).unwrap();
+    assert_eq!(body["stream"], true);
+    assert_eq!(
+        body["stream_options"],
+        json!({"continuous_usage_stats": true, "include_usage": true})
+    );
+    assert_eq!(body["model"], MODEL);
+    assert!(seen[1].head.starts_with("POST /abort_requests "));
+    assert_eq!(seen[1].body, r#"{"request_ids":["trace-1"]}"#);
+}
+
+#[tokio::test]
+async fn prompt_too_long_comes_back_as_status_400_with_vllms_error() {
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--max-model-len",
+        "64",
+    ])
+    .await;
+    let client = client_for(upstream_config(&s.url()));
+    let err = client
+        .stream(chat("long-1", &words(200, "x"), 8))
+        .await
+        .unwrap_err();
+    let UpstreamError::Status { status, error } = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(status, 400);
+    assert_eq!(error.kind.as_deref(), Some("BadRequestError"));
+    assert_eq!(error.param.as_deref(), Some("input_tokens"));
+    assert_eq!(error.code.as_deref(), Some("400"));
+    assert!(
+        error
+            .message
+            .contains("maximum context length is 64 tokens"),
+        "{}",
+        error.message
+    );
+    let raw: Value = serde_json::from_slice(&error.raw).unwrap();
+    assert_eq!(raw["error"]["param"], "input_tokens");
+
+    let mut wrong_model = chat("model-1", "hi", 4);
+    wrong_model
+        .body
+        .insert("model".into(), json!("no-such-model"));
+    let err = client.stream(wrong_model).await.unwrap_err();
+    assert!(
+        matches!(&err, UpstreamError::Status { status, error }
+        if *status == 404 && error.kind.as_deref() == Some("NotFoundError")),
+        "{err:?}"
+    );
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn upstream_500_before_streaming_is_a_status_error() {
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--fail-rate",
+        "1",
+    ])
+    .await;
+    let client = client_for(upstream_config(&s.url()));
+    let err = client.stream(chat("fail-1", "hi", 4)).await.unwrap_err();
+    assert!(
+        matches!(&err, UpstreamError::Status { status, error }
+        if *status == 500 && error.kind.as_deref() == Some("InternalServerError")),
+        "{err:?}"
+    );
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn upstream_down_is_unavailable_fast() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let client = client_for(upstream_config(&format!("http://127.0.0.1:{port}")));
+    let started = Instant::now();
+    let err = client.stream(chat("down-1", "hi", 4)).await.unwrap_err();
+    assert!(matches!(err, UpstreamError::Unavailable(_)), "{err:?}");
+    assert!(client
+        .health()
+        .await
+        .is_err_and(|e| matches!(e, UpstreamError::Unavailable(_))));
+    assert!(client
+        .models()
+        .await
+        .is_err_and(|e| matches!(e, UpstreamError::Unavailable(_))));
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn models_and_health_pass_through() {
+    let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
+    let client = client_for(upstream_config(&s.url()));
+    client.health().await.unwrap();
+    let models = client.models().await.unwrap();
+    assert_eq!(models.status, 200);
+    assert!(models
+        .content_type
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("application/json"));
+    let v: Value = serde_json::from_slice(&models.body).unwrap();
+    assert_eq!(v["data"][0]["id"], MODEL);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn stalled_stream_hits_the_idle_timeout_and_the_engine_is_aborted() {
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--stall-after-tokens",
+        "3",
+    ])
+    .await;
+    let mut config = upstream_config(&s.url());
+    config.idle_timeout = Duration::from_millis(300);
+    let client = client_for(config);
+    let mut stream = client.stream(chat("stall-1", "hi", 50)).await.unwrap();
+    let started = Instant::now();
+    let (chunks, err) = drain(&mut stream).await;
+    assert!(
+        matches!(err, Some(UpstreamError::IdleTimeout(_))),
+        "{err:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(text(&chunks).split_whitespace().count(), 3);
+    assert!(stream.abort_state().call_sent());
+    assert!(!stream.output_tokens().exact);
+    wait_tasks(&client).await;
+    assert_eq!(stream.abort_state(), AbortState::Sent);
+    assert_one_abort_in_engine(&s).await;
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn queued_in_the_engine_past_the_first_token_timeout_is_aborted_there() {
+    let s = sim(&[
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+        "--max-num-seqs",
+        "1",
+    ])
+    .await;
+    let mut config = upstream_config(&s.url());
+    config.first_token_timeout = Duration::from_millis(300);
+    let client = client_for(config);
+    let mut busy = client.stream(chat("busy-1", "hi", 5000)).await.unwrap();
+    read_tokens(&mut busy, 1).await;
+    let mut queued = client.stream(chat("queued-1", "hi", 5)).await.unwrap();
+    let (_, err) = drain(&mut queued).await;
+    assert!(
+        matches!(err, Some(UpstreamError::FirstTokenTimeout(_))),
+        "{err:?}"
+    );
+    let waiting = format!("vllm:num_requests_waiting{{engine=\"0\",model_name=\"{MODEL}\"}}");
+    eventually("the queued request left the engine", || async {
+        metric(&s, &waiting).await == 0.0 && metric(&s, &aborted()).await == 1.0
+    })
+    .await;
+    assert_eq!(
+        metric(&s, &running()).await,
+        1.0,
+        "the busy request still runs"
+    );
+    drop(busy);
+    eventually("busy aborted too", || async {
+        metric(&s, &running()).await == 0.0
+    })
+    .await;
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn midstream_error_is_an_engine_error() {
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--midstream-error-rate",
+        "1",
+        "--error-after-tokens",
+        "3",
+    ])
+    .await;
+    let client = client_for(upstream_config(&s.url()));
+    let mut stream = client.stream(chat("err-1", "hi", 50)).await.unwrap();
+    let (chunks, err) = drain(&mut stream).await;
+    let Some(UpstreamError::Engine(e)) = err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(e.message, "injected engine error");
+    assert_eq!(e.code.as_deref(), Some("500"));
+    assert_eq!(text(&chunks).split_whitespace().count(), 3);
+    assert!(stream.next_event().await.is_none());
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn garbage_is_a_protocol_error_and_the_abort_is_sent() {
+    let s = sim(&[
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+        "--garbage-rate",
+        "1",
+    ])
+    .await;
+    let client = client_for(upstream_config(&s.url()));
+    let mut stream = client.stream(chat("junk-1", "hi", 5000)).await.unwrap();
+    let (_, err) = drain(&mut stream).await;
+    let Some(UpstreamError::Protocol(msg)) = err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        !msg.contains("truncated"),
+        "no payload text in errors: {msg}"
+    );
+    assert!(stream.abort_state().call_sent());
+    wait_tasks(&client).await;
+    assert_eq!(stream.abort_state(), AbortState::Sent);
+    assert_one_abort_in_engine(&s).await;
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn omitted_done_after_the_finish_ends_cleanly() {
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--omit-done-rate",
+        "1",
+    ])
+    .await;
+    let client = client_for(upstream_config(&s.url()));
+    let mut stream = client.stream(chat("nodone-1", "hi", 7)).await.unwrap();
+    let (_, err) = drain(&mut stream).await;
+    assert!(err.is_none(), "{err:?}");
+    assert!(stream.missing_done());
+    assert_eq!(stream.output_tokens().count, 7);
+    assert_eq!(stream.abort_state(), AbortState::Disarmed);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn dropping_the_stream_midway_sends_exactly_one_abort_that_reaches_the_engine() {
+    let s = sim(&["--speed", "1", "--profile", "tiny-test"]).await;
+    // The abort goes through a recorder that counts it and forwards it to the simulator.
+    let rec = Recorder::start(Some(s.url())).await;
+    let mut config = upstream_config(&s.url());
+    config.abort.url_template = format!("{}/abort_requests", rec.base_url);
+    let client = client_for(config);
+    let mut stream = client.stream(chat("walk-1", "hi", 5000)).await.unwrap();
+    read_tokens(&mut stream, 3).await;
+    assert_eq!(metric(&s, &running()).await, 1.0);
+    let watch = stream.abort_watch();
+    drop(stream);
+    wait_tasks(&client).await;
+    assert_eq!(watch.state(), AbortState::Sent);
+    let seen = rec.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].body, r#"{"request_ids":["walk-1"]}"#);
+    assert_one_abort_in_engine(&s).await;
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_abort_call_alone_stops_the_engine_while_the_connection_stays_open() {
+    let s = sim(&["--speed", "1", "--profile", "tiny-test"]).await;
+    let config = upstream_config(&s.url());
+    // Held open by a plain reqwest stream the guard knows nothing about.
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", s.url()))
+        .header("x-request-id", "open-1")
+        .json(
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000,
+            "ignore_eos": true, "stream": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    body.next().await.unwrap().unwrap();
+    let tasks = TaskTracker::new();
+    let mut guard = AbortGuard::new(
+        reqwest::Client::new(),
+        Arc::new(config),
+        "open-1".into(),
+        tasks.clone(),
+    );
+    assert!(guard.abort_now());
+    assert_one_abort_in_engine(&s).await;
+    tasks.close();
+    tasks.wait().await;
+    assert_eq!(guard.state(), AbortState::Sent);
+    drop(body);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_the_abort_call_disabled_the_dropped_connection_still_ends_the_request() {
+    let s = sim(&["--speed", "1", "--profile", "tiny-test"]).await;
+    let rec = Recorder::start(Some(s.url())).await;
+    let mut config = upstream_config(&s.url());
+    config.abort.enabled = false;
+    config.abort.url_template = format!("{}/abort_requests", rec.base_url);
+    let client = client_for(config);
+    let mut stream = client.stream(chat("quiet-1", "hi", 5000)).await.unwrap();
+    read_tokens(&mut stream, 3).await;
+    let watch = stream.abort_watch();
+    drop(stream);
+    assert_eq!(watch.state(), AbortState::ConnectionOnly);
+    assert_one_abort_in_engine(&s).await;
+    wait_tasks(&client).await;
+    assert!(rec.seen().is_empty(), "no abort call when disabled");
+    s.shutdown().await;
+}

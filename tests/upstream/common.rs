@@ -1,0 +1,216 @@
+//! Helpers for `tests/upstream.rs`: the simulator, a test config, metrics, and a recording HTTP
+//! endpoint (copied in spirit from `sim/tests/common`, not imported).
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_util::task::TaskTracker;
+use tutor_gateway::config::{Config, UpstreamConfig};
+use tutor_gateway::upstream::{Endpoint, UpstreamClient, UpstreamRequest};
+use vllm_sim::{SimArgs, SimServer};
+
+pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+pub async fn sim(extra: &[&str]) -> SimServer {
+    vllm_sim::start(&SimArgs::for_test(extra))
+        .await
+        .expect("simulator starts")
+}
+
+/// The shipped upstream config pointed at `base_url`, with test-sized timeouts.
+pub fn upstream_config(base_url: &str) -> UpstreamConfig {
+    let mut c = Config::default().upstream;
+    c.base_url = base_url.to_owned();
+    c.connect_timeout = Duration::from_millis(500);
+    c.first_token_timeout = Duration::from_secs(10);
+    c.idle_timeout = Duration::from_secs(5);
+    c.total_timeout = Duration::from_secs(30);
+    c
+}
+
+pub fn client_for(config: UpstreamConfig) -> UpstreamClient {
+    UpstreamClient::new(config, TaskTracker::new()).unwrap()
+}
+
+/// A user message of `n` heuristic tokens (each word is one token in the simulator).
+pub fn words(n: usize, salt: &str) -> String {
+    let mut s = String::from(salt);
+    for i in 0..n {
+        s.push_str([" cat", " dog", " map", " key", " fn", " let"][i % 6]);
+    }
+    s
+}
+
+fn object(v: Value) -> Map<String, Value> {
+    match v {
+        Value::Object(m) => m,
+        _ => unreachable!(),
+    }
+}
+
+/// A chat request; the client adds `stream` and `stream_options` itself.
+pub fn chat(id: &str, content: &str, max_tokens: u32) -> UpstreamRequest {
+    UpstreamRequest {
+        endpoint: Endpoint::ChatCompletions,
+        request_id: id.to_owned(),
+        traceparent: None,
+        body: object(json!({
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "ignore_eos": true,
+        })),
+    }
+}
+
+pub fn completion(id: &str, prompt: &str, max_tokens: u32) -> UpstreamRequest {
+    UpstreamRequest {
+        endpoint: Endpoint::Completions,
+        request_id: id.to_owned(),
+        traceparent: None,
+        body: object(json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true})),
+    }
+}
+
+pub async fn get_json(url: String) -> Value {
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+/// Value of one metric series, 0 when absent (a counter not yet incremented).
+pub async fn metric(s: &SimServer, series: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", s.url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+pub fn running() -> String {
+    format!("vllm:num_requests_running{{engine=\"0\",model_name=\"{MODEL}\"}}")
+}
+
+pub fn aborted() -> String {
+    format!(
+        "vllm:request_success_total{{engine=\"0\",model_name=\"{MODEL}\",finished_reason=\"abort\"}}"
+    )
+}
+
+/// Polls `cond` every 10 ms for up to 10 s.
+pub async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..1000 {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// The engine dropped exactly one request as aborted and runs nothing.
+pub async fn assert_one_abort_in_engine(s: &SimServer) {
+    eventually("engine aborted the request", || async {
+        metric(s, &running()).await == 0.0 && metric(s, &aborted()).await == 1.0
+    })
+    .await;
+    let e = get_json(format!("{}/debug/engine", s.url())).await;
+    assert_eq!(e["aborted"], 1, "{e}");
+    assert_eq!(e["running"], 0, "{e}");
+}
+
+/// One request as the recorder saw it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// Request line and headers.
+    pub head: String,
+    pub body: String,
+}
+
+/// A tiny HTTP endpoint that records every request, optionally forwards its body to
+/// `{forward}/abort_requests`, then answers `200` with an empty body.
+pub struct Recorder {
+    pub base_url: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Recorder {
+    pub async fn start(forward: Option<String>) -> Recorder {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base_url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let log = Arc::clone(&log);
+                let forward = forward.clone();
+                tokio::spawn(async move {
+                    let Some(req) = read_request(&mut sock).await else {
+                        return;
+                    };
+                    if let Some(to) = forward {
+                        reqwest::Client::new()
+                            .post(format!("{to}/abort_requests"))
+                            .header("content-type", "application/json")
+                            .body(req.body.clone())
+                            .send()
+                            .await
+                            .unwrap();
+                    }
+                    log.lock().unwrap().push(req);
+                    let _ = sock
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                });
+            }
+        });
+        Recorder { base_url, seen }
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<Seen> {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 4096];
+    loop {
+        let n = sock.read(&mut tmp).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&tmp[..n]);
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let Some(end) = text.find("\r\n\r\n") else {
+            continue;
+        };
+        let head = text[..end].to_owned();
+        let len = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse::<usize>().unwrap())
+            })
+            .unwrap_or(0);
+        while buf.len() < end + 4 + len {
+            let n = sock.read(&mut tmp).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            buf.extend_from_slice(&tmp[..n]);
+        }
+        let body = String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).into_owned();
+        return Some(Seen { head, body });
+    }
+}
