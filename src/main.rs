@@ -1,5 +1,6 @@
-//! The `tutor-gateway` binary: `check-config PATH` now; `serve` comes with the HTTP layer.
+//! The `tutor-gateway` binary: `serve` and `check-config`.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -16,11 +17,20 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the gateway (not implemented yet).
+    /// Run the gateway.
     Serve {
         /// Config file.
         #[arg(long, default_value = "config/config.toml")]
         config: PathBuf,
+        /// Listen here instead of the configured `listen`.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Also start the bundled vLLM simulator in-process and use it as the upstream.
+        #[arg(long)]
+        with_sim: bool,
+        /// More `vllm-sim` flags for `--with-sim`, e.g. `--sim-arg=--speed --sim-arg=10`.
+        #[arg(long = "sim-arg", allow_hyphen_values = true)]
+        sim_args: Vec<String>,
     },
     /// Validate a config file; prints every problem with its dotted key path.
     CheckConfig {
@@ -31,12 +41,79 @@ enum Command {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Serve { .. } => {
-            eprintln!("serve: not implemented yet");
-            ExitCode::from(2)
-        }
+        Command::Serve {
+            config,
+            listen,
+            with_sim,
+            sim_args,
+        } => serve(&config, listen, with_sim, &sim_args),
         Command::CheckConfig { path } => check_config(&path),
     }
+}
+
+fn serve(
+    path: &std::path::Path,
+    listen: Option<SocketAddr>,
+    with_sim: bool,
+    sim_args: &[String],
+) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let mut config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => return report(path, e),
+    };
+    if let Some(addr) = listen {
+        config.listen = addr;
+    }
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async move {
+        let sim = if with_sim {
+            let sim = tutor_gateway::server::start_sim(&mut config, sim_args).await?;
+            tracing::info!(upstream = %config.upstream.base_url, "bundled vllm-sim started (llama-3.1-8b-h100 profile unless --sim-arg says otherwise)");
+            Some(sim)
+        } else {
+            None
+        };
+        let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        let gateway = tutor_gateway::server::start(config, listener)?;
+        tracing::info!(addr = %gateway.addr, "tutor-gateway listening; try: curl -N 'http://{}/answer?prompt=why+does+my+loop+never+end'", gateway.addr);
+        gateway.run_until_signal().await?;
+        if let Some(sim) = sim {
+            sim.shutdown().await;
+        }
+        anyhow::Ok(())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tutor-gateway: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn report(path: &std::path::Path, err: ConfigError) -> ExitCode {
+    match err {
+        ConfigError::Invalid(issues) => {
+            for issue in &issues {
+                eprintln!("{}: {issue}", path.display());
+            }
+            eprintln!("{}: {} problem(s)", path.display(), issues.len());
+        }
+        other => eprintln!("{other}"),
+    }
+    ExitCode::FAILURE
 }
 
 fn check_config(path: &std::path::Path) -> ExitCode {
@@ -51,16 +128,6 @@ fn check_config(path: &std::path::Path) -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Err(ConfigError::Invalid(issues)) => {
-            for issue in &issues {
-                eprintln!("{}: {issue}", path.display());
-            }
-            eprintln!("{}: {} problem(s)", path.display(), issues.len());
-            ExitCode::FAILURE
-        }
-        Err(err) => {
-            eprintln!("{err}");
-            ExitCode::FAILURE
-        }
+        Err(e) => report(path, e),
     }
 }

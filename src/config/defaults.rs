@@ -5,6 +5,8 @@
 use crate::classify::Lane;
 
 pub(super) const LISTEN: &str = "127.0.0.1:8080";
+pub(super) const MAX_BODY_BYTES: u64 = 4 * 1024 * 1024;
+pub(super) const SHUTDOWN_GRACE_MS: u64 = 30_000;
 pub(super) const BASE_URL: &str = "http://127.0.0.1:8000";
 pub(super) const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 pub(super) const MAX_MODEL_LEN: u32 = 16_384;

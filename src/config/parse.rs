@@ -30,10 +30,11 @@ pub(super) fn parse_raw(src: &str) -> Result<Parsed, ConfigError> {
             "classify" => raw.classify = section(&key, value, &mut issues).unwrap_or_default(),
             "admission" => raw.admission = section(&key, value, &mut issues).unwrap_or_default(),
             "lanes" => raw.lanes = section(&key, value, &mut issues).unwrap_or_default(),
+            "server" => raw.server = section(&key, value, &mut issues).unwrap_or_default(),
             _ => issues.push(ConfigIssue::new(
                 key,
                 "is not a known key; expected one of `listen`, `upstream`, `classify`, \
-                 `admission`, `lanes`",
+                 `admission`, `lanes`, `server`",
             )),
         }
     }

@@ -25,6 +25,19 @@ pub struct RawConfig {
     /// `[lanes.small|medium|large]`: per-lane limits.
     #[serde(default)]
     pub lanes: RawLanes,
+    /// `[server]`: the gateway's own HTTP server.
+    #[serde(default)]
+    pub server: RawServer,
+}
+
+/// `[server]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    /// Largest request body accepted, bytes.
+    pub max_body_bytes: Option<u64>,
+    /// On SIGTERM, how long in-flight streams may finish before the process exits, ms.
+    pub shutdown_grace_ms: Option<u64>,
 }
 
 /// `[upstream]`.

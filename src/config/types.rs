@@ -21,6 +21,17 @@ pub struct Config {
     pub admission: AdmissionConfig,
     /// Per-lane limits (used by policy `lanes`).
     pub lanes: LanesConfig,
+    /// `[server]`.
+    pub server: ServerConfig,
+}
+
+/// The gateway's own HTTP server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Largest request body accepted (413 above it).
+    pub max_body_bytes: usize,
+    /// On SIGTERM, how long in-flight streams may finish.
+    pub shutdown_grace: Duration,
 }
 
 /// `[upstream]`: where vLLM is and how long to wait for it.

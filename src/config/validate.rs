@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::defaults as d;
 use super::error::{ConfigError, ConfigIssue};
-use super::raw::{RawAbort, RawAdmission, RawClassify, RawConfig, RawLane, RawUpstream};
+use super::raw::{RawAbort, RawAdmission, RawClassify, RawConfig, RawLane, RawServer, RawUpstream};
 use super::types::*;
 use crate::classify::Lane;
 
@@ -35,18 +35,36 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         medium: lane(&mut c, Lane::Medium, raw.lanes.medium),
         large: lane(&mut c, Lane::Large, raw.lanes.large),
     };
+    let server = server(&mut c, raw.server);
     let config = Config {
         listen,
         upstream,
         classify,
         admission,
         lanes,
+        server,
     };
     cross_checks(&mut c, &config);
     if c.issues.is_empty() {
         Ok(config)
     } else {
         Err(ConfigError::Invalid(c.issues))
+    }
+}
+
+fn server(c: &mut Checker, raw: RawServer) -> ServerConfig {
+    let max_body_bytes = raw.max_body_bytes.unwrap_or(d::MAX_BODY_BYTES);
+    if !(1024..=256 * 1024 * 1024).contains(&max_body_bytes) {
+        c.fail(
+            "server.max_body_bytes",
+            "must be between 1024 and 268435456",
+        );
+    }
+    ServerConfig {
+        max_body_bytes: max_body_bytes.clamp(1024, 256 * 1024 * 1024) as usize,
+        shutdown_grace: Duration::from_millis(
+            raw.shutdown_grace_ms.unwrap_or(d::SHUTDOWN_GRACE_MS),
+        ),
     }
 }
 

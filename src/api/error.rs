@@ -1,0 +1,210 @@
+//! The one place where an error becomes an HTTP answer.
+//!
+//! | error | status | `code` |
+//! |---|---|---|
+//! | malformed JSON, wrong field types, bad values | 400 | `bad_request` |
+//! | body over `limits.max_body_bytes` | 413 | `body_too_large` |
+//! | input + output over the model's maximum length | 400 | `too_long` |
+//! | lane queue full | 429 + `Retry-After` | `queue_full` |
+//! | waited the lane's queue timeout | 503 + `Retry-After` | `queue_timeout` |
+//! | vLLM unreachable | 503 | `upstream_unavailable` |
+//! | vLLM silent past first-token / idle / total timeout | 504 | `upstream_timeout` |
+//! | vLLM rejected the request (its 4xx) | vLLM's status | `upstream_rejected` |
+//! | vLLM error or garbage | 502 | `upstream_error` |
+//! | gateway bug | 500 | `internal` |
+//!
+//! On `/v1` the body is OpenAI's error shape `{"error":{"message","type","param","code"}}`; on
+//! `/answer` before streaming the same JSON, and once streaming began an SSE `error` event with
+//! `{"code","message"}`. Messages never contain prompt text.
+
+use std::time::Duration;
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::admission::AdmissionError;
+use crate::classify::ClassifyError;
+use crate::telemetry::Outcome;
+use crate::upstream::UpstreamError;
+
+/// Everything a request can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The request is malformed or invalid.
+    #[error("{message}")]
+    BadRequest {
+        /// What is wrong, naming the field.
+        message: String,
+        /// The offending field.
+        param: Option<&'static str>,
+    },
+    /// The body is larger than allowed.
+    #[error("request body larger than {limit} bytes")]
+    BodyTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// Classification failed (too long for the model, or a tokenizer failure).
+    #[error(transparent)]
+    Classify(#[from] ClassifyError),
+    /// Not admitted.
+    #[error(transparent)]
+    Admission(#[from] AdmissionError),
+    /// The engine failed.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+}
+
+impl GatewayError {
+    /// A 400 about `param`.
+    pub fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        Self::BadRequest {
+            message: message.into(),
+            param,
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Classify(e) => match e {
+                ClassifyError::ExceedsModelLen { .. } => StatusCode::BAD_REQUEST,
+                ClassifyError::TokenizerLoad { .. } | ClassifyError::Internal(_) => {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                }
+            },
+            Self::Admission(e) => match e {
+                AdmissionError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+                AdmissionError::Timeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                AdmissionError::TooLarge { .. } => StatusCode::BAD_REQUEST,
+            },
+            Self::Upstream(e) => match e {
+                UpstreamError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+                UpstreamError::Status { status, .. } if status.is_client_error() => {
+                    StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY)
+                }
+                UpstreamError::Status { .. }
+                | UpstreamError::Engine(_)
+                | UpstreamError::Protocol(_)
+                | UpstreamError::ClosedEarly
+                | UpstreamError::Transport(_) => StatusCode::BAD_GATEWAY,
+                UpstreamError::FirstTokenTimeout(_)
+                | UpstreamError::IdleTimeout(_)
+                | UpstreamError::TotalTimeout(_)
+                | UpstreamError::ResponseTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+                UpstreamError::InvalidRequestId => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+        }
+    }
+
+    /// The machine-readable code (SSE `error` events, OpenAI `code`).
+    pub fn code(&self) -> &'static str {
+        match self.outcome() {
+            Outcome::BadRequest if matches!(self, Self::BodyTooLarge { .. }) => "body_too_large",
+            Outcome::BadRequest => "bad_request",
+            Outcome::TooLong => "too_long",
+            Outcome::QueueFull => "queue_full",
+            Outcome::QueueTimeout => "queue_timeout",
+            Outcome::UpstreamUnavailable => "upstream_unavailable",
+            Outcome::UpstreamTimeout => "upstream_timeout",
+            Outcome::UpstreamError if self.status().is_client_error() => "upstream_rejected",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::Ok | Outcome::Cancelled | Outcome::Internal => "internal",
+        }
+    }
+
+    /// The `outcome` label of `tutor_gateway_requests_total`.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Self::BadRequest { .. } | Self::BodyTooLarge { .. } => Outcome::BadRequest,
+            Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Outcome::TooLong,
+            Self::Classify(_) => Outcome::Internal,
+            Self::Admission(AdmissionError::QueueFull { .. }) => Outcome::QueueFull,
+            Self::Admission(AdmissionError::Timeout { .. }) => Outcome::QueueTimeout,
+            Self::Admission(AdmissionError::TooLarge { .. }) => Outcome::TooLong,
+            Self::Upstream(UpstreamError::Unavailable(_)) => Outcome::UpstreamUnavailable,
+            Self::Upstream(
+                UpstreamError::FirstTokenTimeout(_)
+                | UpstreamError::IdleTimeout(_)
+                | UpstreamError::TotalTimeout(_)
+                | UpstreamError::ResponseTimeout(_),
+            ) => Outcome::UpstreamTimeout,
+            Self::Upstream(UpstreamError::InvalidRequestId) => Outcome::Internal,
+            Self::Upstream(_) => Outcome::UpstreamError,
+        }
+    }
+
+    /// OpenAI's `type`.
+    fn kind(&self) -> String {
+        if let Self::Upstream(UpstreamError::Status { error, .. }) = self {
+            if let Some(k) = &error.kind {
+                return k.clone();
+            }
+        }
+        let s = self.status();
+        match s {
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error".into(),
+            _ if s.is_client_error() => "invalid_request_error".into(),
+            _ => "server_error".into(),
+        }
+    }
+
+    fn param(&self) -> Option<String> {
+        match self {
+            Self::BadRequest { param, .. } => param.map(str::to_owned),
+            Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Some("max_tokens".into()),
+            Self::Upstream(UpstreamError::Status { error, .. }) => error.param.clone(),
+            _ => None,
+        }
+    }
+
+    /// The message the client sees; upstream 4xx keep vLLM's own wording.
+    pub fn message(&self) -> String {
+        match self {
+            Self::Upstream(UpstreamError::Status { error, status }) if status.is_client_error() => {
+                error.message.clone()
+            }
+            other => other.to_string(),
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Admission(AdmissionError::QueueFull { retry_after, .. }) => Some(*retry_after),
+            Self::Admission(AdmissionError::Timeout { .. }) => Some(Duration::from_secs(1)),
+            _ => None,
+        }
+    }
+
+    /// The OpenAI error body.
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {
+            "message": self.message(),
+            "type": self.kind(),
+            "param": self.param(),
+            "code": self.code(),
+        }})
+    }
+
+    /// The SSE `error` event for a stream that already began.
+    pub fn sse_event(&self) -> String {
+        let data = json!({"code": self.code(), "message": self.message()});
+        format!("event: error\ndata: {data}\n\n")
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status(), axum::Json(self.body())).into_response();
+        if let Some(after) = self.retry_after() {
+            let secs = after.as_secs().max(1).to_string();
+            if let Ok(v) = HeaderValue::from_str(&secs) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        resp
+    }
+}

@@ -1,0 +1,52 @@
+//! Operator endpoints: liveness, readiness, the upstream's model list, Prometheus.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::{AppState, GatewayError};
+
+/// `GET /healthz`: the process is up.
+pub async fn healthz() -> impl IntoResponse {
+    axum::Json(json!({"status": "ok"}))
+}
+
+/// `GET /readyz`: 200 when vLLM answers its health probe, else 503.
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    match state.upstream().health().await {
+        Ok(()) => axum::Json(json!({"status": "ready"})).into_response(),
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "not_ready", "reason": e.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /v1/models`: vLLM's list, relayed.
+pub async fn models(State(state): State<AppState>) -> Response {
+    match state.upstream().models().await {
+        Ok(raw) => {
+            let mut resp = (raw.status, raw.body).into_response();
+            if let Some(ct) = raw.content_type {
+                resp.headers_mut().insert(header::CONTENT_TYPE, ct);
+            }
+            resp
+        }
+        Err(e) => GatewayError::from(e).into_response(),
+    }
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let text = state.metrics().render(&state.admission().snapshot());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}

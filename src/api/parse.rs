@@ -1,0 +1,311 @@
+//! Request bodies: JSON shape and values checked before anything else, each problem named by
+//! its field path (`messages[0].content: invalid type: integer, expected …`).
+//!
+//! `/v1` bodies are forwarded to vLLM as they came (plus the gateway's stream settings), so only
+//! the fields the gateway reads are checked here; vLLM validates the rest and its 400 reaches
+//! the client unchanged.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::GatewayError;
+use crate::classify::{ChatMessage, PromptInput};
+
+/// The body bytes, or 413 / 400 for a body that could not be read.
+pub fn body_bytes(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Bytes, GatewayError> {
+    match body {
+        Ok(b) => Ok(b),
+        Err(BytesRejection::FailedToBufferBody(e))
+            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE =>
+        {
+            Err(GatewayError::BodyTooLarge { limit })
+        }
+        Err(e) => Err(GatewayError::bad_request(
+            format!("cannot read the request body: {e}"),
+            None,
+        )),
+    }
+}
+
+/// Deserializes `T` from `value`, naming the failing field by its path.
+pub fn typed<T: DeserializeOwned>(value: Value) -> Result<T, GatewayError> {
+    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
+        let path = e.path().to_string();
+        let message = if path == "." || path.is_empty() {
+            e.inner().to_string()
+        } else {
+            format!("{path}: {}", e.inner())
+        };
+        GatewayError::bad_request(message, None)
+    })
+}
+
+/// The body as a JSON object.
+pub fn json_object(bytes: &[u8]) -> Result<Map<String, Value>, GatewayError> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(GatewayError::bad_request(
+            "the request body must be a JSON object",
+            None,
+        )),
+        Err(e) => Err(GatewayError::bad_request(
+            format!("the request body is not valid JSON: {e}"),
+            None,
+        )),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+    #[serde(default)]
+    #[allow(dead_code)]
+    continuous_usage_stats: Option<bool>,
+}
+
+/// The fields of an OpenAI body the gateway reads.
+#[derive(Debug, Deserialize)]
+struct OpenAiFields {
+    #[serde(default)]
+    model: Option<String>,
+    #[serde(default)]
+    max_tokens: Option<u32>,
+    #[serde(default)]
+    max_completion_tokens: Option<u32>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    n: Option<u32>,
+}
+
+/// A validated `/v1` request.
+#[derive(Debug)]
+pub struct OpenAiRequest {
+    /// What classification counts.
+    pub input: PromptInput,
+    /// Declared output limit.
+    pub max_tokens: Option<u32>,
+    /// Stream back as SSE.
+    pub stream: bool,
+    /// The client asked for the final usage chunk.
+    pub include_usage: bool,
+    /// The body to forward.
+    pub body: Map<String, Value>,
+}
+
+fn common(body: &Map<String, Value>, chat: bool) -> Result<OpenAiFields, GatewayError> {
+    let f: OpenAiFields = typed(Value::Object(body.clone()))?;
+    if let Some(0) = f.max_tokens {
+        return Err(GatewayError::bad_request(
+            "max_tokens must be at least 1",
+            Some("max_tokens"),
+        ));
+    }
+    if let Some(0) = f.max_completion_tokens {
+        return Err(GatewayError::bad_request(
+            "max_completion_tokens must be at least 1",
+            Some("max_completion_tokens"),
+        ));
+    }
+    if f.n.is_some_and(|n| n != 1) {
+        return Err(GatewayError::bad_request(
+            "only n = 1 is supported: each choice would need its own lane reservation",
+            Some("n"),
+        ));
+    }
+    if !chat && f.max_completion_tokens.is_some() && f.max_tokens.is_none() {
+        return Err(GatewayError::bad_request(
+            "/v1/completions takes max_tokens, not max_completion_tokens",
+            Some("max_completion_tokens"),
+        ));
+    }
+    let _ = &f.model;
+    Ok(f)
+}
+
+/// `POST /v1/chat/completions`.
+pub fn chat(bytes: &[u8]) -> Result<OpenAiRequest, GatewayError> {
+    let body = json_object(bytes)?;
+    let f = common(&body, true)?;
+    let Some(messages) = body.get("messages").cloned() else {
+        return Err(GatewayError::bad_request(
+            "messages is required",
+            Some("messages"),
+        ));
+    };
+    let messages: Vec<ChatMessage> = typed(messages).map_err(|e| match e {
+        GatewayError::BadRequest { message, .. } => GatewayError::bad_request(
+            format!("messages{}", message.trim_start_matches('.')),
+            Some("messages"),
+        ),
+        other => other,
+    })?;
+    if messages.is_empty() {
+        return Err(GatewayError::bad_request(
+            "messages must not be empty",
+            Some("messages"),
+        ));
+    }
+    Ok(OpenAiRequest {
+        input: PromptInput::Chat(messages),
+        max_tokens: f.max_completion_tokens.or(f.max_tokens),
+        stream: f.stream.unwrap_or(false),
+        include_usage: f
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage.unwrap_or(true)),
+        body,
+    })
+}
+
+/// `POST /v1/completions`. vLLM's default `max_tokens` for completions is 16, so the gateway
+/// classifies with 16 when none is sent (and vLLM will stop there).
+pub fn completion(bytes: &[u8]) -> Result<OpenAiRequest, GatewayError> {
+    let body = json_object(bytes)?;
+    let f = common(&body, false)?;
+    let prompt = match body.get("prompt") {
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(Value::String(_)) => {
+            return Err(GatewayError::bad_request(
+                "prompt must not be empty",
+                Some("prompt"),
+            ))
+        }
+        None => {
+            return Err(GatewayError::bad_request(
+                "prompt is required",
+                Some("prompt"),
+            ))
+        }
+        Some(_) => {
+            return Err(GatewayError::bad_request(
+                "prompt must be a string (token-id and batched prompts are not supported)",
+                Some("prompt"),
+            ))
+        }
+    };
+    Ok(OpenAiRequest {
+        input: PromptInput::Prompt(prompt),
+        max_tokens: Some(f.max_tokens.unwrap_or(16)),
+        stream: f.stream.unwrap_or(false),
+        include_usage: f
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage.unwrap_or(true)),
+        body,
+    })
+}
+
+/// `POST /answer` body. Exactly one of `messages` and `prompt`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerBody {
+    /// The conversation so far (chat format).
+    #[serde(default)]
+    pub messages: Option<Vec<ChatMessage>>,
+    /// A single question, as a user message.
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// Most output tokens wanted; the classifier's default budget when absent.
+    #[serde(default)]
+    pub max_output_tokens: Option<u32>,
+    /// The student's session, for continuation tracking (accepted; used by a later issue).
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// The course whose canonical prompt applies (accepted; used by a later issue).
+    #[serde(default)]
+    pub course_id: Option<String>,
+}
+
+/// `GET /answer` query (browser `EventSource`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerQuery {
+    /// The question.
+    pub prompt: String,
+    /// Most output tokens wanted.
+    #[serde(default)]
+    pub max_output_tokens: Option<u32>,
+    /// The student's session.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// The course.
+    #[serde(default)]
+    pub course_id: Option<String>,
+}
+
+/// A validated `/answer` request: the messages to send and the declared output limit.
+#[derive(Debug)]
+pub struct AnswerRequest {
+    /// Chat messages.
+    pub messages: Vec<ChatMessage>,
+    /// The raw messages JSON to forward.
+    pub messages_json: Value,
+    /// Declared output limit.
+    pub max_output_tokens: Option<u32>,
+}
+
+fn user_message(prompt: &str) -> Value {
+    serde_json::json!([{ "role": "user", "content": prompt }])
+}
+
+impl AnswerRequest {
+    /// From a `POST /answer` body.
+    pub fn from_body(bytes: &[u8]) -> Result<Self, GatewayError> {
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| {
+            GatewayError::bad_request(format!("the request body is not valid JSON: {e}"), None)
+        })?;
+        let raw_messages = value.get("messages").cloned();
+        let body: AnswerBody = typed(value)?;
+        let (messages, messages_json) = match (body.messages, body.prompt) {
+            (Some(m), None) => (m, raw_messages.unwrap_or(Value::Null)),
+            (None, Some(p)) => (typed(user_message(&p))?, user_message(&p)),
+            _ => {
+                return Err(GatewayError::bad_request(
+                    "send exactly one of `messages` and `prompt`",
+                    None,
+                ))
+            }
+        };
+        Self::checked(messages, messages_json, body.max_output_tokens)
+    }
+
+    /// From a `GET /answer` query.
+    pub fn from_query(q: AnswerQuery) -> Result<Self, GatewayError> {
+        let json = user_message(&q.prompt);
+        Self::checked(typed(json.clone())?, json, q.max_output_tokens)
+    }
+
+    fn checked(
+        messages: Vec<ChatMessage>,
+        messages_json: Value,
+        max: Option<u32>,
+    ) -> Result<Self, GatewayError> {
+        if messages.is_empty() || messages.iter().all(|m| m.text().trim().is_empty()) {
+            return Err(GatewayError::bad_request(
+                "the question must not be empty",
+                Some("prompt"),
+            ));
+        }
+        if max == Some(0) {
+            return Err(GatewayError::bad_request(
+                "max_output_tokens must be at least 1",
+                Some("max_output_tokens"),
+            ));
+        }
+        Ok(Self {
+            messages,
+            messages_json,
+            max_output_tokens: max,
+        })
+    }
+}

@@ -1,0 +1,224 @@
+//! The stream pump: reads vLLM's chunks, forwards them to the client, counts tokens, and on every
+//! end gives the lane slot back.
+//!
+//! - `/v1` streams ([`Format::OpenAi`]) are relayed faithfully: the client sees vLLM's own
+//!   `data:` payloads; the final usage-only chunk is dropped when the client did not ask for
+//!   usage (the gateway always asks vLLM for it, to count tokens exactly).
+//! - `/answer` streams ([`Format::Answer`]) become typed SSE events (`meta`, `token`, `done`,
+//!   `error`; see the README).
+//!
+//! A [`Relay`] owns the [`LaneGuard`] and the [`UpstreamStream`]. When the client goes away the
+//! HTTP server drops the response body and with it the relay: the upstream connection closes,
+//! the engine abort fires once (the upstream stream's own guard), the slot and tokens come
+//! back, and `cancelled_after_tokens` is recorded.
+
+mod answer;
+mod collect;
+
+use std::convert::Infallible;
+
+use bytes::Bytes;
+use futures::Stream;
+use tokio::time::Instant;
+
+pub use answer::Timings;
+pub use collect::Collected;
+
+use crate::admission::LaneGuard;
+use crate::api::GatewayError;
+use crate::classify::Classification;
+use crate::telemetry::{Metrics, Outcome, Route};
+use crate::upstream::{Chunk, UpstreamStream};
+
+/// How the client wants the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// vLLM's chunks as they are.
+    OpenAi {
+        /// Whether the client asked for the final usage chunk.
+        include_usage: bool,
+    },
+    /// The `/answer` event stream.
+    Answer,
+}
+
+/// One admitted request on its way back to the client.
+#[derive(Debug)]
+pub struct Relay {
+    upstream: UpstreamStream,
+    guard: Option<LaneGuard>,
+    class: Classification,
+    route: Route,
+    format: Format,
+    metrics: Metrics,
+    clock: Clock,
+    done: bool,
+}
+
+/// When the request arrived and was admitted.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    /// The gateway received the request.
+    pub arrival: Instant,
+    /// Admission returned its guard.
+    pub admitted: Instant,
+    /// Time spent in the lane's queue.
+    pub queue_wait: std::time::Duration,
+}
+
+impl Relay {
+    /// A relay for `upstream`, holding `guard` until the stream ends.
+    pub fn new(
+        upstream: UpstreamStream,
+        guard: LaneGuard,
+        class: Classification,
+        route: Route,
+        format: Format,
+        metrics: Metrics,
+        clock: Clock,
+    ) -> Self {
+        Self {
+            upstream,
+            guard: Some(guard),
+            class,
+            route,
+            format,
+            metrics,
+            clock,
+            done: false,
+        }
+    }
+
+    /// The gateway's request id.
+    pub fn request_id(&self) -> &str {
+        self.upstream.request_id()
+    }
+
+    /// Output tokens relayed so far (exact once vLLM sent usage).
+    pub fn output_tokens(&self) -> u32 {
+        self.upstream.output_tokens().count
+    }
+
+    /// Marks the end: records the outcome and frees the slot.
+    fn finish(&mut self, outcome: Outcome) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        self.guard = None;
+        self.metrics
+            .request_done(Some(self.class.lane), self.route, outcome);
+    }
+
+    /// The next piece of the SSE body, or `None` at the end.
+    async fn next_bytes(&mut self) -> Option<Bytes> {
+        loop {
+            if self.done {
+                return None;
+            }
+            match self.upstream.next_event().await {
+                Some(Ok(chunk)) => {
+                    if let Some(bytes) = self.render_chunk(&chunk) {
+                        return Some(bytes);
+                    }
+                }
+                None => {
+                    let end = self.render_end();
+                    self.finish(Outcome::Ok);
+                    return Some(end);
+                }
+                Some(Err(e)) => {
+                    let err = GatewayError::from(e);
+                    tracing::warn!(request_id = %self.request_id(), code = err.code(), error = %err, "stream ended with an error");
+                    let bytes = match self.format {
+                        Format::OpenAi { .. } => {
+                            Bytes::from(format!("data: {}\n\ndata: [DONE]\n\n", err.body()))
+                        }
+                        Format::Answer => Bytes::from(err.sse_event()),
+                    };
+                    self.finish(err.outcome());
+                    return Some(bytes);
+                }
+            }
+        }
+    }
+
+    fn render_chunk(&self, chunk: &Chunk) -> Option<Bytes> {
+        match self.format {
+            Format::OpenAi { include_usage } => {
+                if !include_usage && chunk.usage.is_some() && collect::has_no_choices(chunk) {
+                    return None;
+                }
+                let mut out = Vec::with_capacity(chunk.raw.len() + 8);
+                out.extend_from_slice(b"data: ");
+                out.extend_from_slice(&chunk.raw);
+                out.extend_from_slice(b"\n\n");
+                Some(Bytes::from(out))
+            }
+            Format::Answer => answer::token_event(chunk),
+        }
+    }
+
+    fn render_end(&self) -> Bytes {
+        match self.format {
+            Format::OpenAi { .. } => Bytes::from_static(b"data: [DONE]\n\n"),
+            Format::Answer => answer::done_event(&self.upstream, &self.class, self.timings()),
+        }
+    }
+
+    /// Timings of this request so far.
+    pub fn timings(&self) -> Timings {
+        Timings::of(&self.upstream, self.clock)
+    }
+
+    /// The SSE body; the first event of an `/answer` stream is `meta`.
+    pub fn into_sse(self) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
+        let first = match self.format {
+            Format::Answer => Some(answer::meta_event(
+                self.request_id(),
+                &self.class,
+                self.timings(),
+            )),
+            Format::OpenAi { .. } => None,
+        };
+        futures::stream::unfold((self, first), |(mut relay, first)| async move {
+            if let Some(meta) = first {
+                return Some((Ok(meta), (relay, None)));
+            }
+            let bytes = relay.next_bytes().await?;
+            Some((Ok(bytes), (relay, None)))
+        })
+    }
+
+    /// Reads the whole answer (non-streaming `/v1`).
+    pub async fn collect(mut self) -> Result<Collected, GatewayError> {
+        let mut acc = Collected::default();
+        loop {
+            match self.upstream.next_event().await {
+                Some(Ok(chunk)) => acc.add(&chunk),
+                None => {
+                    acc.usage = self.upstream.usage();
+                    self.finish(Outcome::Ok);
+                    return Ok(acc);
+                }
+                Some(Err(e)) => {
+                    let err = GatewayError::from(e);
+                    self.finish(err.outcome());
+                    return Err(err);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        if !self.done {
+            // The client went away: the upstream stream's guard aborts the engine's work.
+            let tokens = self.output_tokens();
+            tracing::info!(request_id = %self.request_id(), lane = %self.class.lane, cancelled_after_tokens = tokens, "client disconnected");
+            self.metrics.cancelled_after(self.class.lane, tokens);
+            self.finish(Outcome::Cancelled);
+        }
+    }
+}

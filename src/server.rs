@@ -1,0 +1,132 @@
+//! Wiring and serving: build the state from a [`Config`], serve the routes, shut down cleanly.
+//!
+//! Shutdown (SIGTERM, Ctrl-C, or [`Gateway::shutdown`]): stop accepting, let in-flight streams
+//! finish for `server.shutdown_grace`, then drop the rest (their relays abort the engine work),
+//! and wait a bounded time for the spawned abort calls.
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::admission::Admission;
+use crate::api::{app, AppState};
+use crate::classify::Classifier;
+use crate::config::Config;
+use crate::telemetry::Metrics;
+use crate::upstream::{UpstreamClient, ABORT_TIMEOUT};
+
+/// A running gateway.
+#[derive(Debug)]
+pub struct Gateway {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its state (admission counters, metrics), for tests and the soak check.
+    pub state: AppState,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+    serve: JoinHandle<()>,
+}
+
+/// Builds the handlers' state from `config`; spawned abort calls go on `tasks`.
+pub fn build_state(config: Config, tasks: TaskTracker) -> anyhow::Result<AppState> {
+    let classifier = Classifier::from_config(&config).context("classifier")?;
+    let admission = Admission::from_config(&config);
+    let upstream =
+        UpstreamClient::new(config.upstream.clone(), tasks).context("upstream client")?;
+    Ok(AppState::new(
+        config,
+        classifier,
+        admission,
+        upstream,
+        Metrics::new(),
+    ))
+}
+
+/// Serves `config` on `listener` in the background.
+pub fn start(config: Config, listener: TcpListener) -> anyhow::Result<Gateway> {
+    let addr = listener.local_addr()?;
+    let tasks = TaskTracker::new();
+    let state = build_state(config, tasks.clone())?;
+    let stop = CancellationToken::new();
+    let router = app(state.clone());
+    let grace = state.config().server.shutdown_grace;
+    let stopping = stop.clone();
+    let serve = tokio::spawn(async move {
+        let server = axum::serve(listener, router)
+            .with_graceful_shutdown(stopping.clone().cancelled_owned());
+        let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
+        tokio::select! {
+            r = &mut server => if let Err(e) = r { tracing::error!(error = %e, "server failed") },
+            () = async { stopping.cancelled().await; tokio::time::sleep(grace).await } => {
+                tracing::warn!(grace_ms = grace.as_millis() as u64, "shutdown grace over; closing open streams");
+            }
+        }
+    });
+    Ok(Gateway {
+        addr,
+        state,
+        stop,
+        tasks,
+        serve,
+    })
+}
+
+impl Gateway {
+    /// `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, drains within the grace period, then waits for abort calls.
+    pub async fn shutdown(self) {
+        self.stop.cancel();
+        let _ = self.serve.await;
+        self.tasks.close();
+        let _ = tokio::time::timeout(ABORT_TIMEOUT * 2, self.tasks.wait()).await;
+    }
+
+    /// Serves until SIGTERM or Ctrl-C, then shuts down.
+    pub async fn run_until_signal(self) -> anyhow::Result<()> {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+        self.shutdown().await;
+        Ok(())
+    }
+}
+
+/// Starts the bundled simulator as the upstream of `config` (for `serve --with-sim`) and points
+/// `config.upstream.base_url` at it. `extra` are more `vllm-sim` flags.
+pub async fn start_sim(
+    config: &mut Config,
+    extra: &[String],
+) -> anyhow::Result<vllm_sim::SimServer> {
+    let max_len = config.upstream.max_model_len.to_string();
+    let mut argv: Vec<String> = [
+        "vllm-sim",
+        "--port",
+        "0",
+        "--served-model-name",
+        config.upstream.model.as_str(),
+        "--max-model-len",
+        max_len.as_str(),
+        "--enable-prompt-tokens-details",
+        "--enable-per-request-metrics",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    argv.extend(extra.iter().cloned());
+    let args =
+        <vllm_sim::SimArgs as clap::Parser>::try_parse_from(argv).context("vllm-sim flags")?;
+    let sim = vllm_sim::start(&args).await?;
+    config.upstream.base_url = sim.url();
+    Ok(sim)
+}
