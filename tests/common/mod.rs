@@ -1,0 +1,117 @@
+//! Gateway + simulator on 127.0.0.1:0 for integration tests.
+#![allow(dead_code, missing_docs)]
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use serde_json::Value;
+use tutor_gateway::classify::Lane;
+use tutor_gateway::config::Config;
+use tutor_gateway::server::Gateway;
+use vllm_sim::{SimArgs, SimServer};
+
+pub struct Harness {
+    pub sim: SimServer,
+    pub gw: Gateway,
+}
+
+/// A simulator with `sim_flags` and a gateway in front of it, `tweak`ed from the shipped config.
+pub async fn harness(sim_flags: &[&str], tweak: impl FnOnce(&mut Config)) -> Harness {
+    let sim = vllm_sim::start(&SimArgs::for_test(sim_flags)).await.expect("sim starts");
+    let mut config = Config::default();
+    config.upstream.base_url = sim.url();
+    tweak(&mut config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gw = tutor_gateway::server::start(config, listener).expect("gateway starts");
+    Harness { sim, gw }
+}
+
+impl Harness {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.gw.url())
+    }
+
+    pub async fn shutdown(self) {
+        self.gw.shutdown().await;
+        self.sim.shutdown().await;
+    }
+
+    pub fn in_flight(&self, lane: Lane) -> u32 {
+        self.gw.state.admission().snapshot().lane(lane).in_flight
+    }
+
+    pub fn queued(&self, lane: Lane) -> u32 {
+        self.gw.state.admission().snapshot().lane(lane).queue_depth
+    }
+
+    /// Every lane at zero in flight, zero reserved tokens, zero queued.
+    pub fn idle(&self) -> bool {
+        self.gw.state.admission().snapshot().is_idle()
+    }
+
+    pub fn sim_aborted(&self) -> u64 {
+        self.sim.engine.snapshot().aborted
+    }
+
+    pub fn sim_running(&self) -> usize {
+        self.sim.engine.snapshot().running
+    }
+}
+
+pub fn set_lane(config: &mut Config, lane: Lane, max_concurrency: u32) {
+    let l = match lane {
+        Lane::Small => &mut config.lanes.small,
+        Lane::Medium => &mut config.lanes.medium,
+        Lane::Large => &mut config.lanes.large,
+    };
+    l.max_concurrency = NonZeroU32::new(max_concurrency).unwrap();
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+}
+
+/// About `n` heuristic tokens of text (each word is one token).
+pub fn words(n: usize, salt: &str) -> String {
+    let mut s = String::from(salt);
+    for i in 0..n {
+        s.push_str([" cat", " dog", " map", " key", " fn", " let"][i % 6]);
+    }
+    s
+}
+
+/// An SSE body as (event name, data) pairs; `data:`-only events get the name "message".
+pub fn sse(body: &str) -> Vec<(String, String)> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|ev| {
+            let mut name = "message".to_owned();
+            let mut data = String::new();
+            for line in ev.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_owned();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data.push_str(d);
+                } else {
+                    panic!("unexpected SSE line {line:?}");
+                }
+            }
+            (name, data)
+        })
+        .collect()
+}
+
+pub fn json(s: &str) -> Value {
+    serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
+}
+
+/// Polls `cond` every 10 ms for up to 10 s.
+pub async fn eventually<F: FnMut() -> bool>(what: &str, mut cond: F) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}

@@ -1,0 +1,300 @@
+//! The gateway's endpoints against vllm-sim: streams, lanes by request kind, bad input, upstream
+//! failures.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+use tutor_gateway::classify::Lane;
+
+const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
+
+#[tokio::test]
+async fn answer_get_streams_meta_tokens_and_done() {
+    let h = harness(FAST, |_| {}).await;
+    let resp = client()
+        .get(h.url("/answer"))
+        .query(&[("prompt", "why does this TypeScript error happen?"), ("max_output_tokens", "12")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream; charset=utf-8");
+    let id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let events = sse(&resp.text().await.unwrap());
+    assert_eq!(events[0].0, "meta");
+    let meta = json(&events[0].1);
+    assert_eq!(meta["request_id"], id.as_str());
+    assert_eq!(meta["lane"], "small");
+    let tokens: Vec<_> = events.iter().filter(|(n, _)| n == "token").collect();
+    let text: String = tokens.iter().map(|(_, d)| json(d)["text"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(text.split_whitespace().count(), 12);
+    let (name, done) = events.last().unwrap();
+    assert_eq!(name, "done");
+    let done = json(done);
+    assert_eq!(done["usage"]["output_tokens"], 12);
+    assert_eq!(done["finish_reason"], "length");
+    let t = &done["timings"];
+    assert!(t["time_to_first_token_ms"].as_f64().unwrap() >= t["ttft_ms"].as_f64().unwrap());
+    assert!(t["decode_tps"].as_f64().unwrap() > 0.0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn answer_post_accepts_messages_and_rejects_bad_bodies() {
+    let h = harness(FAST, |_| {}).await;
+    let ok = client()
+        .post(h.url("/answer"))
+        .json(&json!({
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a closure?"}],
+            "max_output_tokens": 5, "session_id": "s-1", "course_id": "rust-101"
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let events = sse(&ok.text().await.unwrap());
+    assert_eq!(events.last().unwrap().0, "done");
+
+    for (body, needle) in [
+        (json!({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}), "exactly one"),
+        (json!({"prompt": "a", "max_output_tokens": "ten"}), "max_output_tokens"),
+        (json!({"prompt": "a", "temperature": 0.5}), "unknown field"),
+        (json!({"prompt": "   "}), "must not be empty"),
+    ] {
+        let r = client().post(h.url("/answer")).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 400, "{body}");
+        let err = r.json::<serde_json::Value>().await.unwrap();
+        assert_eq!(err["error"]["code"], "bad_request");
+        assert!(err["error"]["message"].as_str().unwrap().contains(needle), "{err}");
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn v1_chat_and_completions_relay_vllm_chunks_faithfully() {
+    let h = harness(FAST, |_| {}).await;
+    // Streaming chat without stream_options: vLLM's chunks, no usage chunk, then [DONE].
+    let body = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = sse(&body);
+    assert!(events.iter().all(|(n, _)| n == "message"), "plain data: events only");
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<_> = events[..events.len() - 1].iter().map(|(_, d)| json(d)).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c.get("usage").is_none()));
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+
+    // With include_usage the usage chunk is relayed too.
+    let body = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": true,
+                      "stream_options": {"include_usage": true}}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = sse(&body);
+    let usage = json(&events[events.len() - 2].1);
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 6);
+
+    // Non-streaming chat and completions come back whole, in vLLM's shapes.
+    let chat: serde_json::Value = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(chat["object"], "chat.completion");
+    assert_eq!(chat["choices"][0]["message"]["content"].as_str().unwrap().split_whitespace().count(), 4);
+    assert_eq!(chat["usage"]["completion_tokens"], 4);
+    let cmpl: serde_json::Value = client()
+        .post(h.url("/v1/completions"))
+        .json(&json!({"prompt": "def fib(n):", "max_tokens": 3}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(cmpl["object"], "text_completion");
+    assert!(cmpl["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(cmpl["usage"]["completion_tokens"], 3);
+    let stream = client()
+        .post(h.url("/v1/completions"))
+        .json(&json!({"prompt": "def fib(n):", "max_tokens": 3, "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(sse(&stream).last().unwrap().1, "[DONE]");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_seed_request_kinds_land_in_small_medium_and_large() {
+    let h = harness(FAST, |_| {}).await;
+    for (words_n, max, lane) in [(300, 120, "small"), (2000, 300, "medium"), (8000, 500, "large")] {
+        let resp = client()
+            .post(h.url("/answer"))
+            .json(&json!({"prompt": words(words_n, "context"), "max_output_tokens": max}))
+            .send()
+            .await
+            .unwrap();
+        let events = sse(&resp.text().await.unwrap());
+        assert_eq!(json(&events[0].1)["lane"], lane, "{words_n} words + {max}");
+        assert_eq!(events.last().unwrap().0, "done");
+    }
+    let metrics = client().get(h.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    for lane in ["small", "medium", "large"] {
+        assert!(
+            metrics.contains(&format!("tutor_gateway_requests_total{{lane=\"{lane}\",outcome=\"ok\",route=\"answer\"}} 1")),
+            "{metrics}"
+        );
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_the_documented_4xx_in_openai_shape() {
+    let h = harness(FAST, |c| c.server.max_body_bytes = 64 * 1024).await;
+    let url = h.url("/v1/chat/completions");
+    let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
+        (client().post(&url).body("{not json"), 400, "bad_request"),
+        (client().post(&url).body("[1,2]"), 400, "bad_request"),
+        (client().post(&url).json(&json!({"messages": "hi"})), 400, "bad_request"),
+        (client().post(&url).json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"})), 400, "bad_request"),
+        (client().post(&url).json(&json!({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"})), 400, "bad_request"),
+        (client().post(&url).json(&json!({"messages": []})), 400, "bad_request"),
+        (client().post(&url).json(&json!({"messages": [{"role": "user", "content": "hi"}], "n": 3})), 400, "bad_request"),
+        (client().post(&url).json(&json!({"messages": [{"role": "user", "content": words(20_000, "x")}]})), 413, "body_too_large"),
+        (client().post(&url).json(&json!({"messages": [{"role": "user", "content": words(15_000, "x")}], "max_tokens": 2000})), 400, "too_long"),
+        (client().post(h.url("/v1/completions")).json(&json!({"prompt": [1, 2, 3]})), 400, "bad_request"),
+    ];
+    for (req, status, code) in cases {
+        let r = req.header("content-type", "application/json").send().await.unwrap();
+        assert_eq!(r.status().as_u16(), status);
+        let err: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(err["error"]["code"], code, "{err}");
+        assert!(err["error"]["message"].as_str().unwrap().len() > 5);
+        assert!(err["error"]["type"].is_string());
+    }
+    assert_eq!(h.sim.engine.snapshot().steps, 0, "nothing reached the engine");
+    assert!(h.idle());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn vllm_rejections_pass_through_with_vllms_message() {
+    let h = harness(&["--speed", "50", "--profile", "tiny-test", "--max-model-len", "16384"], |c| {
+        c.upstream.model = "meta-llama/Llama-3.1-8B-Instruct".into();
+    })
+    .await;
+    let r = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&json!({"model": "other-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let err: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["type"], "NotFoundError");
+    assert_eq!(err["error"]["code"], "upstream_rejected");
+    assert!(h.idle(), "the slot came back");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn upstream_down_gives_503_fast_and_readyz_says_so() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let h = harness(FAST, |c| c.upstream.base_url = format!("http://127.0.0.1:{port}")).await;
+    let start = Instant::now();
+    let r = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(start.elapsed() < Duration::from_secs(2), "fast: {:?}", start.elapsed());
+    let err: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "upstream_unavailable");
+    assert_eq!(client().get(h.url("/readyz")).send().await.unwrap().status(), 503);
+    assert_eq!(client().get(h.url("/healthz")).send().await.unwrap().status(), 200);
+    assert!(h.idle());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_stalled_upstream_hits_the_idle_timeout_with_a_clean_error() {
+    let h = harness(&["--speed", "50", "--profile", "tiny-test", "--stall-after-tokens", "3"], |c| {
+        c.upstream.idle_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let body = client()
+        .get(h.url("/answer"))
+        .query(&[("prompt", "hello"), ("max_output_tokens", "50")])
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = sse(&body);
+    let (name, data) = events.last().unwrap();
+    assert_eq!(name, "error");
+    assert_eq!(json(data)["code"], "upstream_timeout");
+    let words: usize = events
+        .iter()
+        .filter(|(n, _)| n == "token")
+        .map(|(_, d)| json(d)["text"].as_str().unwrap().split_whitespace().count())
+        .sum();
+    assert_eq!(words, 3, "three tokens, then silence, then the timeout");
+
+    let body = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50, "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = sse(&body);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    assert_eq!(json(&events[events.len() - 2].1)["error"]["code"], "upstream_timeout");
+    assert!(h.idle());
+    let metrics = client().get(h.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("outcome=\"upstream_timeout\""));
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn models_are_relayed_from_the_upstream() {
+    let h = harness(FAST, |_| {}).await;
+    let v: serde_json::Value = client().get(h.url("/v1/models")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(v["data"][0]["id"], "meta-llama/Llama-3.1-8B-Instruct");
+    assert_eq!(client().get(h.url("/readyz")).send().await.unwrap().status(), 200);
+    let _ = Lane::Small;
+    h.shutdown().await;
+}
