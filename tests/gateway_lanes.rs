@@ -1,0 +1,149 @@
+//! Lanes over HTTP: large work is bounded, small work gets through, and a client that goes away
+//! (queued, during prefill, mid-stream) stops the engine's work and gives everything back.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+use serde_json::json;
+use tutor_gateway::classify::Lane;
+
+fn large_body(salt: &str, max_tokens: u32) -> serde_json::Value {
+    json!({"messages": [{"role": "user", "content": words(8000, salt)}], "max_tokens": max_tokens,
+           "ignore_eos": true, "stream": true})
+}
+
+async fn stream_to_end(url: String, body: serde_json::Value) -> String {
+    client().post(url).json(&body).send().await.unwrap().text().await.unwrap()
+}
+
+#[tokio::test]
+async fn the_engine_never_sees_more_than_four_large_requests() {
+    let h = harness(&["--speed", "20", "--profile", "tiny-test", "--num-gpu-blocks", "8192"], |_| {}).await;
+    let url = h.url("/v1/chat/completions");
+    let tasks: Vec<_> = (0..10)
+        .map(|i| tokio::spawn(stream_to_end(url.clone(), large_body(&format!("r{i}"), 40))))
+        .collect();
+    for t in tasks {
+        let body = t.await.unwrap();
+        assert!(body.ends_with("data: [DONE]\n\n"), "every large request finishes");
+    }
+    let seen = h.sim.engine.snapshot().max_running_seen;
+    assert_eq!(seen, 4, "lanes 32/20/4: the engine saw {seen} large requests at once");
+    assert!(h.idle());
+    h.shutdown().await;
+}
+
+/// Four large requests decoding for a long time, holding the whole large lane.
+async fn fill_large_lane(h: &Harness) -> Vec<reqwest::Response> {
+    let mut blockers = Vec::new();
+    for i in 0..4 {
+        let resp = client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&large_body(&format!("block{i}"), 5000))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        blockers.push(resp);
+    }
+    assert_eq!(h.in_flight(Lane::Large), 4);
+    blockers
+}
+
+#[tokio::test]
+async fn small_requests_are_admitted_while_large_ones_queue_and_queued_clients_can_leave() {
+    let h = harness(&["--speed", "5", "--profile", "tiny-test", "--num-gpu-blocks", "8192"], |_| {}).await;
+    let blockers = fill_large_lane(&h).await;
+    // Two more large requests wait in the gateway's queue.
+    let queued: Vec<_> = (0..2)
+        .map(|i| tokio::spawn(stream_to_end(h.url("/v1/chat/completions"), large_body(&format!("q{i}"), 10))))
+        .collect();
+    eventually("two large requests queued", || h.queued(Lane::Large) == 2).await;
+
+    // A student's short question goes straight through.
+    let small = client()
+        .get(h.url("/answer"))
+        .query(&[("prompt", "why does my loop never end?"), ("max_output_tokens", "20")])
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = sse(&small);
+    assert_eq!(json(&events[0].1)["lane"], "small");
+    assert_eq!(events.last().unwrap().0, "done");
+    assert_eq!(h.queued(Lane::Large), 2, "large requests are still waiting");
+    assert_eq!(h.sim_running(), 4, "the engine only ever saw the four admitted large requests");
+
+    // Queued clients give up: they leave the queue and never reach the engine.
+    for q in queued {
+        q.abort();
+    }
+    eventually("queue empties when queued clients leave", || h.queued(Lane::Large) == 0).await;
+    assert_eq!(h.sim_aborted(), 0);
+
+    // The blockers leave mid-stream: the engine aborts them and the lane empties.
+    drop(blockers);
+    eventually("blockers aborted in the engine", || h.sim_aborted() == 4 && h.sim_running() == 0).await;
+    eventually("every lane back to zero", || h.idle()).await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_leaving_during_prefill_aborts_the_engine_work() {
+    // 8,000 prompt tokens in chunks of 256 at real speed: about 30 steps of prefill.
+    let h = harness(&["--speed", "1", "--profile", "tiny-test", "--max-num-batched-tokens", "256"], |_| {}).await;
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": words(8000, "review this repository"), "max_output_tokens": 200}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    eventually("prefill running in the engine", || h.sim_running() == 1).await;
+    drop(resp);
+    eventually("engine aborted the request", || h.sim_aborted() == 1 && h.sim_running() == 0).await;
+    eventually("lane back to zero", || h.idle()).await;
+    let metrics = client().get(h.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("tutor_gateway_requests_total{lane=\"large\",outcome=\"cancelled\",route=\"answer\"} 1"), "{metrics}");
+    assert!(metrics.contains("tutor_gateway_cancelled_after_tokens_count{lane=\"large\"} 1"));
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_leaving_mid_stream_aborts_and_records_tokens_relayed() {
+    // A short prompt with 4,000 tokens of output budget is medium work.
+    let h = harness(&["--speed", "5", "--profile", "tiny-test"], |_| {}).await;
+    let resp = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "explain ownership"}], "max_tokens": 4000,
+                      "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let mut text = String::new();
+    while text.matches("\"content\":\" ").count() < 5 {
+        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+    }
+    drop(body);
+    eventually("engine aborted the request", || h.sim_aborted() == 1 && h.sim_running() == 0).await;
+    eventually("lane back to zero", || h.idle()).await;
+    let metrics = client().get(h.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let sum: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tutor_gateway_cancelled_after_tokens_sum{lane=\"medium\"} "))
+        .unwrap_or_else(|| panic!("{metrics}"))
+        .parse()
+        .unwrap();
+    assert!(sum >= 5.0, "cancelled after {sum} tokens");
+    // The engine stopped: no more tokens are generated after the abort.
+    let generated = h.sim.engine.snapshot().steps;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.sim.engine.snapshot().steps, generated);
+    h.shutdown().await;
+}
