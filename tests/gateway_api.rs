@@ -16,12 +16,18 @@ async fn answer_get_streams_meta_tokens_and_done() {
     let h = harness(FAST, |_| {}).await;
     let resp = client()
         .get(h.url("/answer"))
-        .query(&[("prompt", "why does this TypeScript error happen?"), ("max_output_tokens", "12")])
+        .query(&[
+            ("prompt", "why does this TypeScript error happen?"),
+            ("max_output_tokens", "12"),
+        ])
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers()["content-type"], "text/event-stream; charset=utf-8");
+    assert_eq!(
+        resp.headers()["content-type"],
+        "text/event-stream; charset=utf-8"
+    );
     let id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
     let events = sse(&resp.text().await.unwrap());
     assert_eq!(events[0].0, "meta");
@@ -29,7 +35,10 @@ async fn answer_get_streams_meta_tokens_and_done() {
     assert_eq!(meta["request_id"], id.as_str());
     assert_eq!(meta["lane"], "small");
     let tokens: Vec<_> = events.iter().filter(|(n, _)| n == "token").collect();
-    let text: String = tokens.iter().map(|(_, d)| json(d)["text"].as_str().unwrap().to_owned()).collect();
+    let text: String = tokens
+        .iter()
+        .map(|(_, d)| json(d)["text"].as_str().unwrap().to_owned())
+        .collect();
     assert_eq!(text.split_whitespace().count(), 12);
     let (name, done) = events.last().unwrap();
     assert_eq!(name, "done");
@@ -59,16 +68,30 @@ async fn answer_post_accepts_messages_and_rejects_bad_bodies() {
     assert_eq!(events.last().unwrap().0, "done");
 
     for (body, needle) in [
-        (json!({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}), "exactly one"),
-        (json!({"prompt": "a", "max_output_tokens": "ten"}), "max_output_tokens"),
+        (
+            json!({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}),
+            "exactly one",
+        ),
+        (
+            json!({"prompt": "a", "max_output_tokens": "ten"}),
+            "max_output_tokens",
+        ),
         (json!({"prompt": "a", "temperature": 0.5}), "unknown field"),
         (json!({"prompt": "   "}), "must not be empty"),
     ] {
-        let r = client().post(h.url("/answer")).json(&body).send().await.unwrap();
+        let r = client()
+            .post(h.url("/answer"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 400, "{body}");
         let err = r.json::<serde_json::Value>().await.unwrap();
         assert_eq!(err["error"]["code"], "bad_request");
-        assert!(err["error"]["message"].as_str().unwrap().contains(needle), "{err}");
+        assert!(
+            err["error"]["message"].as_str().unwrap().contains(needle),
+            "{err}"
+        );
     }
     h.shutdown().await;
 }
@@ -87,12 +110,26 @@ async fn v1_chat_and_completions_relay_vllm_chunks_faithfully() {
         .await
         .unwrap();
     let events = sse(&body);
-    assert!(events.iter().all(|(n, _)| n == "message"), "plain data: events only");
+    assert!(
+        events.iter().all(|(n, _)| n == "message"),
+        "plain data: events only"
+    );
     assert_eq!(events.last().unwrap().1, "[DONE]");
-    let chunks: Vec<_> = events[..events.len() - 1].iter().map(|(_, d)| json(d)).collect();
-    assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": ""}));
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c.get("usage").is_none()));
-    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+    let chunks: Vec<_> = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| json(d))
+        .collect();
+    assert_eq!(
+        chunks[0]["choices"][0]["delta"],
+        json!({"role": "assistant", "content": ""})
+    );
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk" && c.get("usage").is_none()));
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
 
     // With include_usage the usage chunk is relayed too.
     let body = client()
@@ -121,7 +158,14 @@ async fn v1_chat_and_completions_relay_vllm_chunks_faithfully() {
         .await
         .unwrap();
     assert_eq!(chat["object"], "chat.completion");
-    assert_eq!(chat["choices"][0]["message"]["content"].as_str().unwrap().split_whitespace().count(), 4);
+    assert_eq!(
+        chat["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        4
+    );
     assert_eq!(chat["usage"]["completion_tokens"], 4);
     let cmpl: serde_json::Value = client()
         .post(h.url("/v1/completions"))
@@ -151,7 +195,11 @@ async fn v1_chat_and_completions_relay_vllm_chunks_faithfully() {
 #[tokio::test]
 async fn the_seed_request_kinds_land_in_small_medium_and_large() {
     let h = harness(FAST, |_| {}).await;
-    for (words_n, max, lane) in [(300, 120, "small"), (2000, 300, "medium"), (8000, 500, "large")] {
+    for (words_n, max, lane) in [
+        (300, 120, "small"),
+        (2000, 300, "medium"),
+        (8000, 500, "large"),
+    ] {
         let resp = client()
             .post(h.url("/answer"))
             .json(&json!({"prompt": words(words_n, "context"), "max_output_tokens": max}))
@@ -162,10 +210,19 @@ async fn the_seed_request_kinds_land_in_small_medium_and_large() {
         assert_eq!(json(&events[0].1)["lane"], lane, "{words_n} words + {max}");
         assert_eq!(events.last().unwrap().0, "done");
     }
-    let metrics = client().get(h.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = client()
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for lane in ["small", "medium", "large"] {
         assert!(
-            metrics.contains(&format!("tutor_gateway_requests_total{{lane=\"{lane}\",outcome=\"ok\",route=\"answer\"}} 1")),
+            metrics.contains(&format!(
+                "tutor_gateway_requests_total{{lane=\"{lane}\",outcome=\"ok\",route=\"answer\"}} 1"
+            )),
             "{metrics}"
         );
     }
@@ -189,23 +246,41 @@ async fn bad_input_gets_the_documented_4xx_in_openai_shape() {
         (client().post(h.url("/v1/completions")).json(&json!({"prompt": [1, 2, 3]})), 400, "bad_request"),
     ];
     for (req, status, code) in cases {
-        let r = req.header("content-type", "application/json").send().await.unwrap();
+        let r = req
+            .header("content-type", "application/json")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status().as_u16(), status);
         let err: serde_json::Value = r.json().await.unwrap();
         assert_eq!(err["error"]["code"], code, "{err}");
         assert!(err["error"]["message"].as_str().unwrap().len() > 5);
         assert!(err["error"]["type"].is_string());
     }
-    assert_eq!(h.sim.engine.snapshot().steps, 0, "nothing reached the engine");
+    assert_eq!(
+        h.sim.engine.snapshot().steps,
+        0,
+        "nothing reached the engine"
+    );
     assert!(h.idle());
     h.shutdown().await;
 }
 
 #[tokio::test]
 async fn vllm_rejections_pass_through_with_vllms_message() {
-    let h = harness(&["--speed", "50", "--profile", "tiny-test", "--max-model-len", "16384"], |c| {
-        c.upstream.model = "meta-llama/Llama-3.1-8B-Instruct".into();
-    })
+    let h = harness(
+        &[
+            "--speed",
+            "50",
+            "--profile",
+            "tiny-test",
+            "--max-model-len",
+            "16384",
+        ],
+        |c| {
+            c.upstream.model = "meta-llama/Llama-3.1-8B-Instruct".into();
+        },
+    )
     .await;
     let r = client()
         .post(h.url("/v1/chat/completions"))
@@ -227,7 +302,10 @@ async fn upstream_down_gives_503_fast_and_readyz_says_so() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let h = harness(FAST, |c| c.upstream.base_url = format!("http://127.0.0.1:{port}")).await;
+    let h = harness(FAST, |c| {
+        c.upstream.base_url = format!("http://127.0.0.1:{port}")
+    })
+    .await;
     let start = Instant::now();
     let r = client()
         .post(h.url("/v1/chat/completions"))
@@ -236,20 +314,50 @@ async fn upstream_down_gives_503_fast_and_readyz_says_so() {
         .await
         .unwrap();
     assert_eq!(r.status(), 503);
-    assert!(start.elapsed() < Duration::from_secs(2), "fast: {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "fast: {:?}",
+        start.elapsed()
+    );
     let err: serde_json::Value = r.json().await.unwrap();
     assert_eq!(err["error"]["code"], "upstream_unavailable");
-    assert_eq!(client().get(h.url("/readyz")).send().await.unwrap().status(), 503);
-    assert_eq!(client().get(h.url("/healthz")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        client()
+            .get(h.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        503
+    );
+    assert_eq!(
+        client()
+            .get(h.url("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     assert!(h.idle());
     h.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_stalled_upstream_hits_the_idle_timeout_with_a_clean_error() {
-    let h = harness(&["--speed", "50", "--profile", "tiny-test", "--stall-after-tokens", "3"], |c| {
-        c.upstream.idle_timeout = Duration::from_millis(300);
-    })
+    let h = harness(
+        &[
+            "--speed",
+            "50",
+            "--profile",
+            "tiny-test",
+            "--stall-after-tokens",
+            "3",
+        ],
+        |c| {
+            c.upstream.idle_timeout = Duration::from_millis(300);
+        },
+    )
     .await;
     let body = client()
         .get(h.url("/answer"))
@@ -282,9 +390,19 @@ async fn a_stalled_upstream_hits_the_idle_timeout_with_a_clean_error() {
         .unwrap();
     let events = sse(&body);
     assert_eq!(events.last().unwrap().1, "[DONE]");
-    assert_eq!(json(&events[events.len() - 2].1)["error"]["code"], "upstream_timeout");
+    assert_eq!(
+        json(&events[events.len() - 2].1)["error"]["code"],
+        "upstream_timeout"
+    );
     assert!(h.idle());
-    let metrics = client().get(h.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = client()
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     assert!(metrics.contains("outcome=\"upstream_timeout\""));
     h.shutdown().await;
 }
@@ -292,9 +410,24 @@ async fn a_stalled_upstream_hits_the_idle_timeout_with_a_clean_error() {
 #[tokio::test]
 async fn models_are_relayed_from_the_upstream() {
     let h = harness(FAST, |_| {}).await;
-    let v: serde_json::Value = client().get(h.url("/v1/models")).send().await.unwrap().json().await.unwrap();
+    let v: serde_json::Value = client()
+        .get(h.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(v["data"][0]["id"], "meta-llama/Llama-3.1-8B-Instruct");
-    assert_eq!(client().get(h.url("/readyz")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        client()
+            .get(h.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     let _ = Lane::Small;
     h.shutdown().await;
 }

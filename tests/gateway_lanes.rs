@@ -16,22 +16,47 @@ fn large_body(salt: &str, max_tokens: u32) -> serde_json::Value {
 }
 
 async fn stream_to_end(url: String, body: serde_json::Value) -> String {
-    client().post(url).json(&body).send().await.unwrap().text().await.unwrap()
+    client()
+        .post(url)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
 async fn the_engine_never_sees_more_than_four_large_requests() {
-    let h = harness(&["--speed", "20", "--profile", "tiny-test", "--num-gpu-blocks", "8192"], |_| {}).await;
+    let h = harness(
+        &[
+            "--speed",
+            "20",
+            "--profile",
+            "tiny-test",
+            "--num-gpu-blocks",
+            "8192",
+        ],
+        |_| {},
+    )
+    .await;
     let url = h.url("/v1/chat/completions");
     let tasks: Vec<_> = (0..10)
         .map(|i| tokio::spawn(stream_to_end(url.clone(), large_body(&format!("r{i}"), 40))))
         .collect();
     for t in tasks {
         let body = t.await.unwrap();
-        assert!(body.ends_with("data: [DONE]\n\n"), "every large request finishes");
+        assert!(
+            body.ends_with("data: [DONE]\n\n"),
+            "every large request finishes"
+        );
     }
     let seen = h.sim.engine.snapshot().max_running_seen;
-    assert_eq!(seen, 4, "lanes 32/20/4: the engine saw {seen} large requests at once");
+    assert_eq!(
+        seen, 4,
+        "lanes 32/20/4: the engine saw {seen} large requests at once"
+    );
     assert!(h.idle());
     h.shutdown().await;
 }
@@ -55,18 +80,37 @@ async fn fill_large_lane(h: &Harness) -> Vec<reqwest::Response> {
 
 #[tokio::test]
 async fn small_requests_are_admitted_while_large_ones_queue_and_queued_clients_can_leave() {
-    let h = harness(&["--speed", "5", "--profile", "tiny-test", "--num-gpu-blocks", "8192"], |_| {}).await;
+    let h = harness(
+        &[
+            "--speed",
+            "5",
+            "--profile",
+            "tiny-test",
+            "--num-gpu-blocks",
+            "8192",
+        ],
+        |_| {},
+    )
+    .await;
     let blockers = fill_large_lane(&h).await;
     // Two more large requests wait in the gateway's queue.
     let queued: Vec<_> = (0..2)
-        .map(|i| tokio::spawn(stream_to_end(h.url("/v1/chat/completions"), large_body(&format!("q{i}"), 10))))
+        .map(|i| {
+            tokio::spawn(stream_to_end(
+                h.url("/v1/chat/completions"),
+                large_body(&format!("q{i}"), 10),
+            ))
+        })
         .collect();
     eventually("two large requests queued", || h.queued(Lane::Large) == 2).await;
 
     // A student's short question goes straight through.
     let small = client()
         .get(h.url("/answer"))
-        .query(&[("prompt", "why does my loop never end?"), ("max_output_tokens", "20")])
+        .query(&[
+            ("prompt", "why does my loop never end?"),
+            ("max_output_tokens", "20"),
+        ])
         .send()
         .await
         .unwrap()
@@ -77,18 +121,28 @@ async fn small_requests_are_admitted_while_large_ones_queue_and_queued_clients_c
     assert_eq!(json(&events[0].1)["lane"], "small");
     assert_eq!(events.last().unwrap().0, "done");
     assert_eq!(h.queued(Lane::Large), 2, "large requests are still waiting");
-    assert_eq!(h.sim_running(), 4, "the engine only ever saw the four admitted large requests");
+    assert_eq!(
+        h.sim_running(),
+        4,
+        "the engine only ever saw the four admitted large requests"
+    );
 
     // Queued clients give up: they leave the queue and never reach the engine.
     for q in queued {
         q.abort();
     }
-    eventually("queue empties when queued clients leave", || h.queued(Lane::Large) == 0).await;
+    eventually("queue empties when queued clients leave", || {
+        h.queued(Lane::Large) == 0
+    })
+    .await;
     assert_eq!(h.sim_aborted(), 0);
 
     // The blockers leave mid-stream: the engine aborts them and the lane empties.
     drop(blockers);
-    eventually("blockers aborted in the engine", || h.sim_aborted() == 4 && h.sim_running() == 0).await;
+    eventually("blockers aborted in the engine", || {
+        h.sim_aborted() == 4 && h.sim_running() == 0
+    })
+    .await;
     eventually("every lane back to zero", || h.idle()).await;
     h.shutdown().await;
 }
@@ -96,7 +150,18 @@ async fn small_requests_are_admitted_while_large_ones_queue_and_queued_clients_c
 #[tokio::test]
 async fn a_client_leaving_during_prefill_aborts_the_engine_work() {
     // 8,000 prompt tokens in chunks of 256 at real speed: about 30 steps of prefill.
-    let h = harness(&["--speed", "1", "--profile", "tiny-test", "--max-num-batched-tokens", "256"], |_| {}).await;
+    let h = harness(
+        &[
+            "--speed",
+            "1",
+            "--profile",
+            "tiny-test",
+            "--max-num-batched-tokens",
+            "256",
+        ],
+        |_| {},
+    )
+    .await;
     let resp = client()
         .post(h.url("/answer"))
         .json(&json!({"prompt": words(8000, "review this repository"), "max_output_tokens": 200}))
@@ -106,10 +171,25 @@ async fn a_client_leaving_during_prefill_aborts_the_engine_work() {
     assert_eq!(resp.status(), 200);
     eventually("prefill running in the engine", || h.sim_running() == 1).await;
     drop(resp);
-    eventually("engine aborted the request", || h.sim_aborted() == 1 && h.sim_running() == 0).await;
+    eventually("engine aborted the request", || {
+        h.sim_aborted() == 1 && h.sim_running() == 0
+    })
+    .await;
     eventually("lane back to zero", || h.idle()).await;
-    let metrics = client().get(h.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("tutor_gateway_requests_total{lane=\"large\",outcome=\"cancelled\",route=\"answer\"} 1"), "{metrics}");
+    let metrics = client()
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            "tutor_gateway_requests_total{lane=\"large\",outcome=\"cancelled\",route=\"answer\"} 1"
+        ),
+        "{metrics}"
+    );
     assert!(metrics.contains("tutor_gateway_cancelled_after_tokens_count{lane=\"large\"} 1"));
     h.shutdown().await;
 }
@@ -131,9 +211,19 @@ async fn a_client_leaving_mid_stream_aborts_and_records_tokens_relayed() {
         text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
     }
     drop(body);
-    eventually("engine aborted the request", || h.sim_aborted() == 1 && h.sim_running() == 0).await;
+    eventually("engine aborted the request", || {
+        h.sim_aborted() == 1 && h.sim_running() == 0
+    })
+    .await;
     eventually("lane back to zero", || h.idle()).await;
-    let metrics = client().get(h.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = client()
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let sum: f64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("tutor_gateway_cancelled_after_tokens_sum{lane=\"medium\"} "))

@@ -15,7 +15,10 @@ struct Lcg(u64);
 
 impl Lcg {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
         self.0 >> 33
     }
     fn below(&mut self, n: u64) -> u64 {
@@ -62,8 +65,18 @@ async fn one(url: String, body: serde_json::Value, leave: Leave) -> bool {
 async fn soak_with_disconnects_and_failures_leaves_nothing_behind() {
     let h = harness(
         &[
-            "--speed", "50", "--profile", "tiny-test", "--num-gpu-blocks", "8192", "--fail-rate", "0.03",
-            "--midstream-error-rate", "0.03", "--error-after-tokens", "3",
+            "--speed",
+            "50",
+            "--profile",
+            "tiny-test",
+            "--num-gpu-blocks",
+            "8192",
+            "--fail-rate",
+            "0.03",
+            "--midstream-error-rate",
+            "0.03",
+            "--error-after-tokens",
+            "3",
         ],
         |c| {
             c.upstream.first_token_timeout = Duration::from_secs(20);
@@ -89,7 +102,10 @@ async fn soak_with_disconnects_and_failures_leaves_nothing_behind() {
             };
             let prompt = words(words_n, &format!("soak {i}"));
             let (url, body) = if rng.below(4) == 0 {
-                (h.url("/answer"), json!({"prompt": prompt, "max_output_tokens": max}))
+                (
+                    h.url("/answer"),
+                    json!({"prompt": prompt, "max_output_tokens": max}),
+                )
             } else {
                 (
                     h.url("/v1/chat/completions"),
@@ -104,11 +120,20 @@ async fn soak_with_disconnects_and_failures_leaves_nothing_behind() {
         .map(|(url, body, leave)| one(url, body, leave))
         .buffer_unordered(64)
         .collect::<Vec<bool>>();
-    let results = tokio::time::timeout(Duration::from_secs(120), run).await.expect("soak finishes in time");
+    let results = tokio::time::timeout(Duration::from_secs(120), run)
+        .await
+        .expect("soak finishes in time");
     let completed = results.iter().filter(|ok| **ok).count();
-    assert!(completed > n / 2, "most requests complete: {completed} of {n}");
+    assert!(
+        completed > n / 2,
+        "most requests complete: {completed} of {n}"
+    );
 
-    eventually("every lane back to zero in flight, zero reserved, zero queued", || h.idle()).await;
+    eventually(
+        "every lane back to zero in flight, zero reserved, zero queued",
+        || h.idle(),
+    )
+    .await;
     eventually("the engine has nothing running or waiting", || {
         let s = h.sim.engine.snapshot();
         s.running == 0 && s.waiting == 0 && s.free_blocks == s.num_gpu_blocks
@@ -116,10 +141,24 @@ async fn soak_with_disconnects_and_failures_leaves_nothing_behind() {
     .await;
     let snap = h.sim.engine.snapshot();
     assert!(snap.aborted > 0, "disconnects reached the engine as aborts");
-    let metrics = client().get(h.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    for series in ["tutor_gateway_lane_in_flight", "tutor_gateway_lane_reserved_tokens", "tutor_gateway_lane_queue_depth"] {
+    let metrics = client()
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for series in [
+        "tutor_gateway_lane_in_flight",
+        "tutor_gateway_lane_reserved_tokens",
+        "tutor_gateway_lane_queue_depth",
+    ] {
         for lane in ["small", "medium", "large"] {
-            assert!(metrics.contains(&format!("{series}{{lane=\"{lane}\"}} 0\n")), "{series} {lane}");
+            assert!(
+                metrics.contains(&format!("{series}{{lane=\"{lane}\"}} 0\n")),
+                "{series} {lane}"
+            );
         }
     }
     let counted: u64 = metrics
@@ -127,7 +166,10 @@ async fn soak_with_disconnects_and_failures_leaves_nothing_behind() {
         .filter(|l| l.starts_with("tutor_gateway_requests_total{"))
         .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
         .sum();
-    assert!(counted <= n as u64 && counted >= completed as u64, "each request counted once: {counted}");
+    assert!(
+        counted <= n as u64 && counted >= completed as u64,
+        "each request counted once: {counted}"
+    );
     assert!(metrics.contains("outcome=\"cancelled\""));
     assert!(metrics.contains("outcome=\"upstream_error\""));
     h.shutdown().await;

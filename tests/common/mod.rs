@@ -17,7 +17,9 @@ pub struct Harness {
 
 /// A simulator with `sim_flags` and a gateway in front of it, `tweak`ed from the shipped config.
 pub async fn harness(sim_flags: &[&str], tweak: impl FnOnce(&mut Config)) -> Harness {
-    let sim = vllm_sim::start(&SimArgs::for_test(sim_flags)).await.expect("sim starts");
+    let sim = vllm_sim::start(&SimArgs::for_test(sim_flags))
+        .await
+        .expect("sim starts");
     let mut config = Config::default();
     config.upstream.base_url = sim.url();
     tweak(&mut config);
@@ -68,7 +70,10 @@ pub fn set_lane(config: &mut Config, lane: Lane, max_concurrency: u32) {
 }
 
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
 }
 
 /// About `n` heuristic tokens of text (each word is one token).
