@@ -1,0 +1,290 @@
+//! `cargo bench -p tutor-gateway --bench overhead`: what the gateway adds to time to first token
+//! and to inter-token latency, against the same simulator reached directly, on the same load, in
+//! one run. The gateway runs as its own process (the real binary) so its memory can be read from
+//! `/proc`; the simulator (`fixed` profile: TTFT 50 ms, one token every 20 ms, no batching) and
+//! the clients share the bench process.
+//!
+//! The gateway runs with `policy = "fifo"` and no concurrency limit here, so the figures are the
+//! proxy's own cost (parsing, classification, admission bookkeeping, relay), not queueing.
+//! Env: `OVERHEAD_TOKENS` (default 100), `OVERHEAD_ROUNDS` (default 3).
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use vllm_sim::SimArgs;
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// User + system CPU time of a process, seconds (Linux `/proc/PID/stat`, 100 ticks a second).
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_comm = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // Fields 14 and 15 of stat (utime, stime) are 12 and 13 after the command name.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+#[derive(Default)]
+struct Samples {
+    ttft_ms: Vec<f64>,
+    gap_ms: Vec<f64>,
+    failed: usize,
+}
+
+/// One streamed request: client-side TTFT (send to first token chunk) and gaps between chunks.
+async fn one(client: &reqwest::Client, url: &str, body: &serde_json::Value, out: &mut Samples) {
+    let start = Instant::now();
+    let Ok(resp) = client.post(url).json(body).send().await else {
+        out.failed += 1;
+        return;
+    };
+    let mut stream = resp.bytes_stream();
+    let mut last: Option<Instant> = None;
+    while let Some(Ok(chunk)) = stream.next().await {
+        if !chunk.windows(9).any(|w| w == b"\"content\"") {
+            continue;
+        }
+        let now = Instant::now();
+        match last {
+            None => out.ttft_ms.push((now - start).as_secs_f64() * 1000.0),
+            Some(t) => out.gap_ms.push((now - t).as_secs_f64() * 1000.0),
+        }
+        last = Some(now);
+    }
+}
+
+/// `concurrency` clients at once (arriving over `ramp`), one request each.
+async fn round(
+    client: &reqwest::Client,
+    url: &str,
+    concurrency: usize,
+    tokens: u64,
+    ramp: Duration,
+) -> Samples {
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|i| {
+            let (client, url) = (client.clone(), url.to_owned());
+            let delay = ramp.mul_f64(i as f64 / concurrency as f64);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let body = serde_json::json!({
+                    "messages": [{"role": "user", "content": format!("why does loop {i} never end?")}],
+                    "max_tokens": tokens, "ignore_eos": true, "stream": true,
+                });
+                let mut s = Samples::default();
+                one(&client, &url, &body, &mut s).await;
+                s
+            })
+        })
+        .collect();
+    let mut all = Samples::default();
+    for t in tasks {
+        let s = t.await.unwrap();
+        all.ttft_ms.extend(s.ttft_ms);
+        all.gap_ms.extend(s.gap_ms);
+        all.failed += s.failed;
+    }
+    all
+}
+
+fn start_gateway(upstream: &str) -> (Child, String, tempdir::Dir) {
+    let dir = tempdir::Dir::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = format!(
+        "listen = \"127.0.0.1:{port}\"\n[upstream]\nbase_url = \"{upstream}\"\n\
+         [classify]\ntokenizer = \"heuristic\"\n[admission]\npolicy = \"fifo\"\n"
+    );
+    let path = dir.0.join("config.toml");
+    std::fs::write(&path, config).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
+        .args(["serve", "--config", path.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the gateway binary");
+    (child, format!("http://127.0.0.1:{port}"), dir)
+}
+
+mod tempdir {
+    /// A temporary folder removed on drop.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Dir {
+        pub fn new() -> Self {
+            let p = std::env::temp_dir().join(format!("tutor-overhead-{}", std::process::id()));
+            std::fs::create_dir_all(&p).unwrap();
+            Self(p)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+async fn bench() {
+    let tokens = env_or("OVERHEAD_TOKENS", 100);
+    let rounds = env_or("OVERHEAD_ROUNDS", 3);
+    let sim = vllm_sim::start(&SimArgs::for_test(&[
+        "--profile",
+        "fixed",
+        "--fixed-ttft-ms",
+        "50",
+        "--fixed-itl-ms",
+        "20",
+    ]))
+    .await
+    .unwrap();
+    let (mut child, gw, _dir) = start_gateway(&sim.url());
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(2048)
+        .build()
+        .unwrap();
+    for _ in 0..100 {
+        if client.get(format!("{gw}/healthz")).send().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let direct = format!("{}/v1/chat/completions", sim.url());
+    let proxied = format!("{gw}/v1/chat/completions");
+    // Warm both paths (connections, allocator) before measuring.
+    round(&client, &direct, 500, 5, Duration::from_millis(500)).await;
+    round(&client, &proxied, 500, 5, Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rss_idle = rss_kib(child.id());
+
+    println!("## Proxy overhead: gateway vs direct to vllm-sim (fixed profile, TTFT 50 ms, ITL 20 ms, {tokens} tokens)\n");
+    println!(
+        "| concurrency | path | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | failed |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|");
+    let mut rss_peak = rss_idle;
+    let mut added = Vec::new();
+    let mut cpu_per_chunk: Vec<(usize, f64)> = Vec::new();
+    for concurrency in [1usize, 500] {
+        let ramp = if concurrency == 1 {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(500)
+        };
+        let (mut d, mut g) = (Samples::default(), Samples::default());
+        let (mut cpu_used, mut chunks_relayed) = (0.0, 0usize);
+        for _ in 0..rounds {
+            // Alternate direct and proxied rounds so both see the same machine state.
+            let s = round(&client, &direct, concurrency, tokens, ramp).await;
+            d.ttft_ms.extend(s.ttft_ms);
+            d.gap_ms.extend(s.gap_ms);
+            d.failed += s.failed;
+            let pid = child.id();
+            let sampler = tokio::spawn(async move {
+                let mut peak = 0;
+                for _ in 0..40 {
+                    peak = peak.max(rss_kib(pid));
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                peak
+            });
+            let cpu_before = cpu_secs(pid);
+            let s = round(&client, &proxied, concurrency, tokens, ramp).await;
+            cpu_used += cpu_secs(pid) - cpu_before;
+            chunks_relayed += s.gap_ms.len() + s.ttft_ms.len();
+            if concurrency == 500 {
+                rss_peak = rss_peak.max(sampler.await.unwrap());
+            } else {
+                sampler.abort();
+            }
+            g.ttft_ms.extend(s.ttft_ms);
+            g.gap_ms.extend(s.gap_ms);
+            g.failed += s.failed;
+        }
+        let row = |name: &str, s: &mut Samples| -> [f64; 4] {
+            let q = [
+                quantile(&mut s.ttft_ms, 0.5),
+                quantile(&mut s.ttft_ms, 0.99),
+                quantile(&mut s.gap_ms, 0.5),
+                quantile(&mut s.gap_ms, 0.99),
+            ];
+            println!(
+                "| {concurrency} | {name} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
+                q[0], q[1], q[2], q[3], s.failed
+            );
+            q
+        };
+        let qd = row("direct", &mut d);
+        let qg = row("gateway", &mut g);
+        added.push((
+            concurrency,
+            qg[0] - qd[0],
+            qg[1] - qd[1],
+            qg[2] - qd[2],
+            qg[3] - qd[3],
+        ));
+        cpu_per_chunk.push((concurrency, cpu_used * 1e6 / chunks_relayed.max(1) as f64));
+    }
+    println!("\n| concurrency | added TTFT p50 ms | added TTFT p99 ms | added ITL p50 us | added ITL p99 us |");
+    println!("|---:|---:|---:|---:|---:|");
+    for (c, t50, t99, i50, i99) in added {
+        println!(
+            "| {c} | {t50:.3} | {t99:.3} | {:.0} | {:.0} |",
+            i50 * 1000.0,
+            i99 * 1000.0
+        );
+    }
+    for (c, us) in cpu_per_chunk {
+        println!("\ngateway CPU at concurrency {c}: {us:.1} us per relayed chunk (user + system, whole process)");
+    }
+    println!(
+        "\ngateway RSS: {} KiB idle, {} KiB peak at 500 streams: {:.1} KiB per active stream\n",
+        rss_idle,
+        rss_peak,
+        (rss_peak.saturating_sub(rss_idle)) as f64 / 500.0
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    sim.shutdown().await;
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(bench());
+}
