@@ -15,8 +15,8 @@ use tokio_util::task::TaskTracker;
 use crate::admission::Admission;
 use crate::api::{app, AppState};
 use crate::classify::Classifier;
-use crate::config::Config;
-use crate::telemetry::Metrics;
+use crate::config::{Config, RequestLogSink};
+use crate::telemetry::{Metrics, RequestLog};
 use crate::upstream::{UpstreamClient, ABORT_TIMEOUT};
 
 /// A running gateway.
@@ -33,6 +33,19 @@ pub struct Gateway {
 
 /// Builds the handlers' state from `config`; spawned abort calls go on `tasks`.
 pub fn build_state(config: Config, tasks: TaskTracker) -> anyhow::Result<AppState> {
+    let request_log = match config.telemetry.request_log {
+        RequestLogSink::Stdout => RequestLog::Stdout,
+        RequestLogSink::Off => RequestLog::Off,
+    };
+    build_state_with_log(config, tasks, request_log)
+}
+
+/// [`build_state`] with the request log going to `request_log` instead of the configured sink.
+pub fn build_state_with_log(
+    config: Config,
+    tasks: TaskTracker,
+    request_log: RequestLog,
+) -> anyhow::Result<AppState> {
     let classifier = Classifier::from_config(&config).context("classifier")?;
     let admission = Admission::from_config(&config);
     let upstream =
@@ -43,14 +56,24 @@ pub fn build_state(config: Config, tasks: TaskTracker) -> anyhow::Result<AppStat
         admission,
         upstream,
         Metrics::new(),
+        request_log,
     ))
 }
 
 /// Serves `config` on `listener` in the background.
 pub fn start(config: Config, listener: TcpListener) -> anyhow::Result<Gateway> {
-    let addr = listener.local_addr()?;
     let tasks = TaskTracker::new();
     let state = build_state(config, tasks.clone())?;
+    serve_state(state, tasks, listener)
+}
+
+/// Serves an already built state (tests inject an in-memory request log this way).
+pub fn serve_state(
+    state: AppState,
+    tasks: TaskTracker,
+    listener: TcpListener,
+) -> anyhow::Result<Gateway> {
+    let addr = listener.local_addr()?;
     let stop = CancellationToken::new();
     let router = app(state.clone());
     let grace = state.config().server.shutdown_grace;

@@ -8,15 +8,14 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
-use tokio::time::Instant;
 
 use super::openai::{sse_response, traceparent, with_id};
 use super::parse::{self, AnswerQuery, AnswerRequest};
-use super::pipeline::{self, new_request_id, Job};
+use super::pipeline::{self, Job};
 use super::AppState;
 use crate::classify::PromptInput;
 use crate::relay::Format;
-use crate::telemetry::Route;
+use crate::telemetry::{RequestRecord, Route};
 use crate::upstream::Endpoint;
 
 /// `GET /answer?prompt=…&max_output_tokens=…`.
@@ -25,11 +24,11 @@ pub async fn get_answer(
     headers: HeaderMap,
     query: Result<Query<AnswerQuery>, QueryRejection>,
 ) -> Response {
-    let arrival = Instant::now();
+    let record = state.record(Route::Answer);
     let req = query
         .map_err(Into::into)
         .and_then(|Query(q)| AnswerRequest::from_query(q));
-    serve(state, headers, req, arrival).await
+    serve(state, headers, req, record).await
 }
 
 /// `POST /answer` with `{"messages"|"prompt", "max_output_tokens", "session_id", "course_id"}`.
@@ -38,25 +37,23 @@ pub async fn post_answer(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let arrival = Instant::now();
+    let record = state.record(Route::Answer);
     let req = parse::body_bytes(body, state.config().server.max_body_bytes)
         .and_then(|b| AnswerRequest::from_body(&b));
-    serve(state, headers, req, arrival).await
+    serve(state, headers, req, record).await
 }
 
 async fn serve(
     state: AppState,
     headers: HeaderMap,
     req: Result<AnswerRequest, super::GatewayError>,
-    arrival: Instant,
+    mut record: RequestRecord,
 ) -> Response {
-    let request_id = new_request_id();
+    let request_id = record.request_id().to_owned();
     let req = match req {
         Ok(r) => r,
         Err(e) => {
-            state
-                .metrics()
-                .request_done(None, Route::Answer, e.outcome());
+            record.finish(e.outcome(), Some(e.code()), None);
             return with_id(e.into_response(), &request_id);
         }
     };
@@ -66,14 +63,12 @@ async fn serve(
         body.insert("max_tokens".into(), Value::from(max));
     }
     let job = Job {
-        route: Route::Answer,
         endpoint: Endpoint::ChatCompletions,
         input: PromptInput::Chat(req.messages),
         max_tokens: req.max_output_tokens,
         body,
         traceparent: traceparent(&headers),
-        arrival,
-        request_id: request_id.clone(),
+        record,
     };
     match pipeline::start(&state, job, Format::Answer).await {
         Ok(relay) => with_id(

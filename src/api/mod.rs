@@ -23,7 +23,7 @@ pub use error::GatewayError;
 use crate::admission::Admission;
 use crate::classify::Classifier;
 use crate::config::Config;
-use crate::telemetry::Metrics;
+use crate::telemetry::{Metrics, RequestLog, RequestRecord, Route};
 use crate::upstream::UpstreamClient;
 
 /// Everything the handlers share. Cheap to clone.
@@ -37,6 +37,7 @@ struct Shared {
     admission: Admission,
     upstream: UpstreamClient,
     metrics: Metrics,
+    request_log: RequestLog,
 }
 
 impl AppState {
@@ -47,6 +48,7 @@ impl AppState {
         admission: Admission,
         upstream: UpstreamClient,
         metrics: Metrics,
+        request_log: RequestLog,
     ) -> Self {
         Self(Arc::new(Shared {
             config,
@@ -54,7 +56,19 @@ impl AppState {
             admission,
             upstream,
             metrics,
+            request_log,
         }))
+    }
+
+    /// A fresh record for a request that arrived now on `route`.
+    pub fn record(&self, route: Route) -> RequestRecord {
+        RequestRecord::new(
+            self.0.metrics.clone(),
+            self.0.request_log.clone(),
+            route,
+            pipeline::new_request_id(),
+            tokio::time::Instant::now(),
+        )
     }
 
     /// The validated configuration.

@@ -7,10 +7,9 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use tokio::time::Instant;
 
 use super::parse::{self, OpenAiRequest};
-use super::pipeline::{self, new_request_id, Job};
+use super::pipeline::{self, Job};
 use super::{AppState, GatewayError};
 use crate::relay::Format;
 use crate::telemetry::Route;
@@ -40,8 +39,8 @@ async fn serve(
     body: Result<Bytes, BytesRejection>,
     route: Route,
 ) -> Response {
-    let arrival = Instant::now();
-    let request_id = new_request_id();
+    let mut record = state.record(route);
+    let request_id = record.request_id().to_owned();
     let parsed =
         parse::body_bytes(body, state.config().server.max_body_bytes).and_then(|b| match route {
             Route::Completions => parse::completion(&b),
@@ -50,7 +49,7 @@ async fn serve(
     let req: OpenAiRequest = match parsed {
         Ok(r) => r,
         Err(e) => {
-            state.metrics().request_done(None, route, e.outcome());
+            record.finish(e.outcome(), Some(e.code()), None);
             return with_id(e.into_response(), &request_id);
         }
     };
@@ -59,14 +58,12 @@ async fn serve(
         Route::ChatCompletions | Route::Answer => Endpoint::ChatCompletions,
     };
     let job = Job {
-        route,
         endpoint,
         input: req.input,
         max_tokens: req.max_tokens,
         body: req.body,
         traceparent: traceparent(&headers),
-        arrival,
-        request_id: request_id.clone(),
+        record,
     };
     let format = Format::OpenAi {
         include_usage: req.include_usage,

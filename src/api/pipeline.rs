@@ -4,19 +4,16 @@
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
-use tokio::time::Instant;
 
 use super::{AppState, GatewayError};
-use crate::classify::{Lane, PromptInput};
-use crate::relay::{Clock, Format, Relay};
-use crate::telemetry::Route;
+use crate::classify::PromptInput;
+use crate::relay::{Format, Relay};
+use crate::telemetry::RequestRecord;
 use crate::upstream::{Endpoint, UpstreamRequest};
 
 /// A validated request, ready for the pipeline.
 #[derive(Debug)]
 pub struct Job {
-    /// Which API it came through.
-    pub route: Route,
     /// Which vLLM endpoint serves it.
     pub endpoint: Endpoint,
     /// What gets counted for classification.
@@ -27,10 +24,8 @@ pub struct Job {
     pub body: Map<String, Value>,
     /// The client's W3C `traceparent`, propagated to vLLM.
     pub traceparent: Option<String>,
-    /// When the gateway received it.
-    pub arrival: Instant,
-    /// The gateway's request id (also vLLM's, and the client's `x-request-id`).
-    pub request_id: String,
+    /// The request's measurements (id, route, arrival), written when it ends.
+    pub record: RequestRecord,
 }
 
 /// A new gateway request id: 32 hex characters, safe as a header value and in URLs.
@@ -38,59 +33,55 @@ pub fn new_request_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
-/// Runs `job` until the upstream stream starts. Failures are counted in
-/// `tutor_gateway_requests_total` here; the relay counts everything after.
+/// Runs `job` until the upstream stream starts. A failure is written to the request's record
+/// here; the relay writes it after that. A client that goes away meanwhile drops the record,
+/// which counts it as cancelled where it was.
 pub async fn start(state: &AppState, job: Job, format: Format) -> Result<Relay, GatewayError> {
-    let route = job.route;
-    let request_id = job.request_id.clone();
-    let mut lane = None;
-    let result = run(state, job, format, &mut lane).await;
-    if let Err(e) = &result {
-        tracing::info!(%request_id, route = route.as_str(), lane = lane.map_or("none", Lane::as_str), code = e.code(), error = %e, "request rejected");
-        state.metrics().request_done(lane, route, e.outcome());
+    let Job {
+        endpoint,
+        input,
+        max_tokens,
+        mut body,
+        traceparent,
+        mut record,
+    } = job;
+    let model = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or(&state.config().upstream.model)
+        .to_owned();
+    record.requested(&model, max_tokens);
+    let result = async {
+        let class = state
+            .classifier()
+            .classify(Arc::new(input), max_tokens)
+            .await?;
+        record.classified(class);
+        if max_tokens.is_none() {
+            // The reservation counts `output_budget` tokens of output: make vLLM keep to it.
+            body.insert("max_tokens".into(), Value::from(class.output_budget));
+        }
+        let guard = state.admission().acquire(class.lane, class.work).await?;
+        record.admitted(guard.queue_wait());
+        let request = UpstreamRequest {
+            endpoint,
+            request_id: record.request_id().to_owned(),
+            traceparent,
+            body,
+        };
+        let upstream = state.upstream().stream(request).await?;
+        Ok::<_, GatewayError>((class, guard, upstream))
     }
-    result
-}
-
-async fn run(
-    state: &AppState,
-    mut job: Job,
-    format: Format,
-    lane: &mut Option<Lane>,
-) -> Result<Relay, GatewayError> {
-    let class = state
-        .classifier()
-        .classify(Arc::new(job.input), job.max_tokens)
-        .await?;
-    *lane = Some(class.lane);
-    if job.max_tokens.is_none() {
-        // The reservation counts `output_budget` tokens of output: make vLLM keep to it.
-        job.body
-            .insert("max_tokens".into(), Value::from(class.output_budget));
+    .await;
+    match result {
+        Ok((class, guard, upstream)) => {
+            tracing::debug!(request_id = %record.request_id(), lane = %class.lane, work = class.work, exact = class.exact, "admitted");
+            Ok(Relay::new(upstream, guard, class, format, record))
+        }
+        Err(e) => {
+            tracing::info!(request_id = %record.request_id(), code = e.code(), error = %e, "request rejected");
+            record.finish(e.outcome(), Some(e.code()), None);
+            Err(e)
+        }
     }
-    let guard = state.admission().acquire(class.lane, class.work).await?;
-    let clock = Clock {
-        arrival: job.arrival,
-        admitted: Instant::now(),
-        queue_wait: guard.queue_wait(),
-    };
-    let upstream = state
-        .upstream()
-        .stream(UpstreamRequest {
-            endpoint: job.endpoint,
-            request_id: job.request_id.clone(),
-            traceparent: job.traceparent,
-            body: job.body,
-        })
-        .await?;
-    tracing::debug!(request_id = %job.request_id, lane = %class.lane, work = class.work, exact = class.exact, "admitted");
-    Ok(Relay::new(
-        upstream,
-        guard,
-        class,
-        job.route,
-        format,
-        state.metrics().clone(),
-        clock,
-    ))
 }

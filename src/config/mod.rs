@@ -24,7 +24,8 @@ use std::path::Path;
 pub use error::{ConfigError, ConfigIssue};
 pub use types::{
     AbortConfig, AbortMethod, AdmissionConfig, ClassifyConfig, Config, FifoConfig, LaneConfig,
-    LanesConfig, Policy, QueueConfig, TokenizerSource, UpstreamConfig,
+    LanesConfig, OtlpProtocol, Policy, QueueConfig, RequestLogSink, ServerConfig, TelemetryConfig,
+    TokenizerSource, UpstreamConfig,
 };
 pub use validate::validate;
 

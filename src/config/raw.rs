@@ -28,6 +28,25 @@ pub struct RawConfig {
     /// `[server]`: the gateway's own HTTP server.
     #[serde(default)]
     pub server: RawServer,
+    /// `[telemetry]`: request log and tracing.
+    #[serde(default)]
+    pub telemetry: RawTelemetry,
+}
+
+/// `[telemetry]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    /// `stdout` or `off`.
+    pub request_log: Option<String>,
+    /// Export `llm.generate` spans over OTLP.
+    pub tracing: Option<bool>,
+    /// OTLP endpoint; empty: `OTEL_EXPORTER_OTLP_ENDPOINT` or the protocol's default.
+    pub otlp_endpoint: Option<String>,
+    /// `grpc` or `http/protobuf`; empty: `OTEL_EXPORTER_OTLP_PROTOCOL` or `grpc`.
+    pub otlp_protocol: Option<String>,
+    /// `service.name`; empty: `OTEL_SERVICE_NAME` or `tutor-gateway`.
+    pub service_name: Option<String>,
 }
 
 /// `[server]`.

@@ -99,7 +99,7 @@ max_concurency = 8
 [classify]
 tokenizer = "heuristic"
 medium_max_work = 0
-[telemetry]
+[telemetri]
 "#,
     );
     let has = |prefix: &str| issues.iter().any(|i| i.starts_with(prefix));
@@ -107,7 +107,7 @@ medium_max_work = 0
         "upstream.max_model_len has an invalid type: expected u32"
     ));
     assert!(has("lanes.small.max_concurency is not a known key"));
-    assert!(has("telemetry is not a known key"));
+    assert!(has("telemetri is not a known key"));
     assert!(has("classify.medium_max_work must be > 0"));
 }
 

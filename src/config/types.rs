@@ -23,6 +23,41 @@ pub struct Config {
     pub lanes: LanesConfig,
     /// `[server]`.
     pub server: ServerConfig,
+    /// `[telemetry]`.
+    pub telemetry: TelemetryConfig,
+}
+
+/// Where the request log goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestLogSink {
+    /// One JSON line per finished request on stdout.
+    Stdout,
+    /// No request log.
+    Off,
+}
+
+/// OTLP transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OtlpProtocol {
+    /// OTLP over gRPC (port 4317).
+    Grpc,
+    /// OTLP over HTTP with protobuf bodies (port 4318).
+    HttpProtobuf,
+}
+
+/// Request log and tracing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TelemetryConfig {
+    /// Request log sink.
+    pub request_log: RequestLogSink,
+    /// Export spans over OTLP (also turned on by `OTEL_EXPORTER_OTLP_ENDPOINT`).
+    pub tracing: bool,
+    /// OTLP endpoint, if set in the file.
+    pub otlp_endpoint: Option<String>,
+    /// OTLP transport, if set in the file.
+    pub otlp_protocol: Option<OtlpProtocol>,
+    /// `service.name`, if set in the file.
+    pub service_name: Option<String>,
 }
 
 /// The gateway's own HTTP server.

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use super::defaults as d;
 use super::error::{ConfigError, ConfigIssue};
-use super::raw::{RawAbort, RawAdmission, RawClassify, RawConfig, RawLane, RawServer, RawUpstream};
+use super::raw::{
+    RawAbort, RawAdmission, RawClassify, RawConfig, RawLane, RawServer, RawTelemetry, RawUpstream,
+};
 use super::types::*;
 use crate::classify::Lane;
 
@@ -36,6 +38,7 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         large: lane(&mut c, Lane::Large, raw.lanes.large),
     };
     let server = server(&mut c, raw.server);
+    let telemetry = telemetry(&mut c, raw.telemetry);
     let config = Config {
         listen,
         upstream,
@@ -43,12 +46,52 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         admission,
         lanes,
         server,
+        telemetry,
     };
     cross_checks(&mut c, &config);
     if c.issues.is_empty() {
         Ok(config)
     } else {
         Err(ConfigError::Invalid(c.issues))
+    }
+}
+
+fn telemetry(c: &mut Checker, raw: RawTelemetry) -> TelemetryConfig {
+    let request_log = match raw.request_log.as_deref().unwrap_or("stdout") {
+        "stdout" => RequestLogSink::Stdout,
+        "off" => RequestLogSink::Off,
+        _ => {
+            c.fail("telemetry.request_log", "must be \"stdout\" or \"off\"");
+            RequestLogSink::Off
+        }
+    };
+    let otlp_protocol = match raw.otlp_protocol.as_deref().unwrap_or("") {
+        "" => None,
+        "grpc" => Some(OtlpProtocol::Grpc),
+        "http/protobuf" | "http" => Some(OtlpProtocol::HttpProtobuf),
+        _ => {
+            c.fail(
+                "telemetry.otlp_protocol",
+                "must be \"grpc\" or \"http/protobuf\"",
+            );
+            None
+        }
+    };
+    let endpoint = raw.otlp_endpoint.filter(|e| !e.is_empty());
+    if let Some(e) = &endpoint {
+        if !(e.starts_with("http://") || e.starts_with("https://")) {
+            c.fail(
+                "telemetry.otlp_endpoint",
+                "must start with http:// or https://",
+            );
+        }
+    }
+    TelemetryConfig {
+        request_log,
+        tracing: raw.tracing.unwrap_or(false),
+        otlp_endpoint: endpoint,
+        otlp_protocol,
+        service_name: raw.service_name.filter(|s| !s.is_empty()),
     }
 }
 

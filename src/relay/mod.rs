@@ -21,13 +21,12 @@ use bytes::Bytes;
 use futures::Stream;
 use tokio::time::Instant;
 
-pub use answer::Timings;
 pub use collect::Collected;
 
 use crate::admission::LaneGuard;
 use crate::api::GatewayError;
 use crate::classify::Classification;
-use crate::telemetry::{Metrics, Outcome, Route};
+use crate::telemetry::{LatencySplit, Outcome, RequestRecord, UpstreamView};
 use crate::upstream::{Chunk, UpstreamStream};
 
 /// How the client wants the stream.
@@ -48,43 +47,26 @@ pub struct Relay {
     upstream: UpstreamStream,
     guard: Option<LaneGuard>,
     class: Classification,
-    route: Route,
     format: Format,
-    metrics: Metrics,
-    clock: Clock,
+    record: RequestRecord,
     done: bool,
 }
 
-/// When the request arrived and was admitted.
-#[derive(Debug, Clone, Copy)]
-pub struct Clock {
-    /// The gateway received the request.
-    pub arrival: Instant,
-    /// Admission returned its guard.
-    pub admitted: Instant,
-    /// Time spent in the lane's queue.
-    pub queue_wait: std::time::Duration,
-}
-
 impl Relay {
-    /// A relay for `upstream`, holding `guard` until the stream ends.
+    /// A relay for `upstream`, holding `guard` until the stream ends; `record` is written then.
     pub fn new(
         upstream: UpstreamStream,
         guard: LaneGuard,
         class: Classification,
-        route: Route,
         format: Format,
-        metrics: Metrics,
-        clock: Clock,
+        record: RequestRecord,
     ) -> Self {
         Self {
             upstream,
             guard: Some(guard),
             class,
-            route,
             format,
-            metrics,
-            clock,
+            record,
             done: false,
         }
     }
@@ -94,20 +76,26 @@ impl Relay {
         self.upstream.request_id()
     }
 
-    /// Output tokens relayed so far (exact once vLLM sent usage).
-    pub fn output_tokens(&self) -> u32 {
-        self.upstream.output_tokens().count
-    }
-
-    /// Marks the end: records the outcome and frees the slot.
-    fn finish(&mut self, outcome: Outcome) {
+    /// Marks the end: writes the record and frees the slot.
+    fn finish(&mut self, outcome: Outcome, error_code: Option<&str>) {
         if self.done {
             return;
         }
         self.done = true;
         self.guard = None;
-        self.metrics
-            .request_done(Some(self.class.lane), self.route, outcome);
+        let view = UpstreamView::of(&self.upstream);
+        self.record.finish(outcome, error_code, Some(&view));
+    }
+
+    /// The next upstream event, noting the first token.
+    async fn next_event(&mut self) -> Option<Result<Chunk, crate::upstream::UpstreamError>> {
+        let ev = self.upstream.next_event().await;
+        if let Some(Ok(chunk)) = &ev {
+            if chunk.has_content {
+                self.record.first_token();
+            }
+        }
+        ev
     }
 
     /// The next piece of the SSE body, or `None` at the end.
@@ -116,7 +104,7 @@ impl Relay {
             if self.done {
                 return None;
             }
-            match self.upstream.next_event().await {
+            match self.next_event().await {
                 Some(Ok(chunk)) => {
                     if let Some(bytes) = self.render_chunk(&chunk) {
                         return Some(bytes);
@@ -124,7 +112,7 @@ impl Relay {
                 }
                 None => {
                     let end = self.render_end();
-                    self.finish(Outcome::Ok);
+                    self.finish(Outcome::Ok, None);
                     return Some(end);
                 }
                 Some(Err(e)) => {
@@ -136,7 +124,7 @@ impl Relay {
                         }
                         Format::Answer => Bytes::from(err.sse_event()),
                     };
-                    self.finish(err.outcome());
+                    self.finish(err.outcome(), Some(err.code()));
                     return Some(bytes);
                 }
             }
@@ -166,9 +154,15 @@ impl Relay {
         }
     }
 
-    /// Timings of this request so far.
-    pub fn timings(&self) -> Timings {
-        Timings::of(&self.upstream, self.clock)
+    /// The latency split so far.
+    pub fn timings(&self) -> LatencySplit {
+        let view = UpstreamView::of(&self.upstream);
+        LatencySplit::compute(
+            self.record.arrival(),
+            self.record.admitted_at(),
+            Some(&view),
+            Instant::now(),
+        )
     }
 
     /// The SSE body; the first event of an `/answer` stream is `meta`.
@@ -194,16 +188,16 @@ impl Relay {
     pub async fn collect(mut self) -> Result<Collected, GatewayError> {
         let mut acc = Collected::default();
         loop {
-            match self.upstream.next_event().await {
+            match self.next_event().await {
                 Some(Ok(chunk)) => acc.add(&chunk),
                 None => {
                     acc.usage = self.upstream.usage();
-                    self.finish(Outcome::Ok);
+                    self.finish(Outcome::Ok, None);
                     return Ok(acc);
                 }
                 Some(Err(e)) => {
                     let err = GatewayError::from(e);
-                    self.finish(err.outcome());
+                    self.finish(err.outcome(), Some(err.code()));
                     return Err(err);
                 }
             }
@@ -214,11 +208,9 @@ impl Relay {
 impl Drop for Relay {
     fn drop(&mut self) {
         if !self.done {
-            // The client went away: the upstream stream's guard aborts the engine's work.
-            let tokens = self.output_tokens();
-            tracing::info!(request_id = %self.request_id(), lane = %self.class.lane, cancelled_after_tokens = tokens, "client disconnected");
-            self.metrics.cancelled_after(self.class.lane, tokens);
-            self.finish(Outcome::Cancelled);
+            // The client went away: the upstream stream's guard aborts the engine's work when
+            // it drops right after this.
+            self.finish(Outcome::Cancelled, None);
         }
     }
 }

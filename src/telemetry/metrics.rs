@@ -6,7 +6,11 @@
 //! - `tutor_gateway_requests_total{lane,route,outcome}`: every request once, when it ends.
 //!   `lane="none"` for requests rejected before classification (bad input).
 //! - `tutor_gateway_cancelled_after_tokens{lane}`: output tokens relayed before the client went
-//!   away (M21).
+//!   away (M21); `tutor_gateway_cancellations_total{lane,stage}`: where it went away.
+//! - Latency histograms per lane (M1-M3): queue wait, time to first token (from arrival),
+//!   prefill, engine queue, time per output token, decode tokens/s, output tokens.
+//! - `tutor_gateway_prefix_cache_queries_total{lane}`, `tutor_gateway_prefix_cache_hits_total{lane}`:
+//!   prompt tokens, and those vLLM served from its prefix cache (`cached_tokens`), M18.
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -14,6 +18,47 @@ use prometheus::{
 
 use crate::admission::AdmissionSnapshot;
 use crate::classify::Lane;
+use crate::telemetry::latency::{LatencySplit, UpstreamView};
+
+/// Where a request was when its client went away (the `stage` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Before admission: parsing, classifying or waiting for a lane slot.
+    Queued,
+    /// Admitted, no token yet: engine queue and prefill.
+    Prefill,
+    /// Tokens were flowing.
+    Decode,
+}
+
+impl Stage {
+    /// The label value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Stage::Queued => "queued",
+            Stage::Prefill => "prefill",
+            Stage::Decode => "decode",
+        }
+    }
+}
+
+/// Buckets for interactive latency, seconds: fine below a second, coarse up to minutes.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0,
+    60.0, 120.0, 300.0,
+];
+/// Buckets for time per output token, seconds.
+const TPOT_BUCKETS: &[f64] = &[
+    0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+];
+/// Buckets for decode speed, tokens per second.
+const TPS_BUCKETS: &[f64] = &[
+    1.0, 5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 500.0, 1000.0,
+];
+/// Buckets for token counts.
+const TOKEN_BUCKETS: &[f64] = &[
+    0.0, 1.0, 8.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
 
 /// Which API a request came through (the `route` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +134,16 @@ pub struct Metrics {
     lane_queue_depth: IntGaugeVec,
     requests: IntCounterVec,
     cancelled_after_tokens: HistogramVec,
+    cancellations: IntCounterVec,
+    queue_wait: HistogramVec,
+    time_to_first_token: HistogramVec,
+    prefill: HistogramVec,
+    engine_queue: HistogramVec,
+    time_per_output_token: HistogramVec,
+    decode_tps: HistogramVec,
+    output_tokens: HistogramVec,
+    prefix_queries: IntCounterVec,
+    prefix_hits: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -131,20 +186,100 @@ impl Metrics {
         registry
             .register(Box::new(requests.clone()))
             .expect("registered once");
-        let cancelled_after_tokens = HistogramVec::new(
-            HistogramOpts::new(
-                "tutor_gateway_cancelled_after_tokens",
-                "Output tokens relayed before the client disconnected.",
+        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+            let h = HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                &["lane"],
             )
-            .buckets(vec![
-                0.0, 1.0, 8.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
-            ]),
+            .expect("valid histogram");
+            registry
+                .register(Box::new(h.clone()))
+                .expect("registered once");
+            h
+        };
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("registered once");
+            c
+        };
+        let cancelled_after_tokens = histogram(
+            "tutor_gateway_cancelled_after_tokens",
+            "Output tokens relayed before the client disconnected.",
+            TOKEN_BUCKETS,
+        );
+        let cancellations = counter(
+            "tutor_gateway_cancellations_total",
+            "Clients that went away before their answer ended, by stage (queued, prefill, decode).",
+            &["lane", "stage"],
+        );
+        let queue_wait = histogram(
+            "tutor_gateway_queue_wait_seconds",
+            "Time waiting in the gateway for a lane slot and token budget.",
+            LATENCY_BUCKETS,
+        );
+        let time_to_first_token = histogram(
+            "tutor_gateway_time_to_first_token_seconds",
+            "Arrival at the gateway to the first token: what the student felt.",
+            LATENCY_BUCKETS,
+        );
+        let prefill = histogram(
+            "tutor_gateway_prefill_seconds",
+            "Engine prefill (vLLM's TTFT minus its queue time when reported; else admission to first token).",
+            LATENCY_BUCKETS,
+        );
+        let engine_queue = histogram(
+            "tutor_gateway_engine_queue_seconds",
+            "Time in vLLM's own queue, from vLLM's per-request metrics (when enabled).",
+            LATENCY_BUCKETS,
+        );
+        let time_per_output_token = histogram(
+            "tutor_gateway_time_per_output_token_seconds",
+            "Mean time per output token after the first, per request.",
+            TPOT_BUCKETS,
+        );
+        let decode_tps = histogram(
+            "tutor_gateway_decode_tokens_per_second",
+            "Decode speed per request: tokens after the first per second from first token to end.",
+            TPS_BUCKETS,
+        );
+        let output_tokens = histogram(
+            "tutor_gateway_output_tokens",
+            "Output tokens per request that reached the engine.",
+            TOKEN_BUCKETS,
+        );
+        let prefix_queries = counter(
+            "tutor_gateway_prefix_cache_queries_total",
+            "Prompt tokens of requests whose usage vLLM reported.",
             &["lane"],
-        )
-        .expect("valid histogram");
-        registry
-            .register(Box::new(cancelled_after_tokens.clone()))
-            .expect("registered once");
+        );
+        let prefix_hits = counter(
+            "tutor_gateway_prefix_cache_hits_total",
+            "Prompt tokens vLLM served from its prefix cache (usage cached_tokens).",
+            &["lane"],
+        );
+        // Every lane's series exist from the start, so dashboards and rate() see zeros, not gaps.
+        for lane in Lane::ALL {
+            let l = [lane.as_str()];
+            for h in [
+                &cancelled_after_tokens,
+                &queue_wait,
+                &time_to_first_token,
+                &prefill,
+                &engine_queue,
+                &time_per_output_token,
+                &decode_tps,
+                &output_tokens,
+            ] {
+                h.with_label_values(&l);
+            }
+            prefix_queries.with_label_values(&l);
+            prefix_hits.with_label_values(&l);
+            for stage in [Stage::Queued, Stage::Prefill, Stage::Decode] {
+                cancellations.with_label_values(&[lane.as_str(), stage.as_str()]);
+            }
+        }
         Self {
             registry,
             lane_in_flight,
@@ -152,6 +287,70 @@ impl Metrics {
             lane_queue_depth,
             requests,
             cancelled_after_tokens,
+            cancellations,
+            queue_wait,
+            time_to_first_token,
+            prefill,
+            engine_queue,
+            time_per_output_token,
+            decode_tps,
+            output_tokens,
+            prefix_queries,
+            prefix_hits,
+        }
+    }
+
+    /// Records a client that went away at `stage` after `tokens` output tokens.
+    pub fn cancelled(&self, lane: Option<Lane>, stage: Stage, tokens: u32) {
+        let l = lane.map_or("none", Lane::as_str);
+        self.cancellations
+            .with_label_values(&[l, stage.as_str()])
+            .inc();
+        if stage != Stage::Queued {
+            self.cancelled_after_tokens
+                .with_label_values(&[l])
+                .observe(f64::from(tokens));
+        }
+    }
+
+    /// Records the latency split and token counts of a request that reached `lane`.
+    pub fn observe(&self, lane: Lane, split: &LatencySplit, up: Option<&UpstreamView>) {
+        let l = [lane.as_str()];
+        let secs = |ms: f64| ms / 1000.0;
+        if let Some(v) = split.queue_wait_ms {
+            self.queue_wait.with_label_values(&l).observe(secs(v));
+        }
+        if let Some(v) = split.time_to_first_token_ms {
+            self.time_to_first_token
+                .with_label_values(&l)
+                .observe(secs(v));
+        }
+        if let Some(v) = split.prefill_ms {
+            self.prefill.with_label_values(&l).observe(secs(v));
+        }
+        if let Some(v) = split.engine_queue_ms {
+            self.engine_queue.with_label_values(&l).observe(secs(v));
+        }
+        if let Some(v) = split.time_per_output_token_ms {
+            self.time_per_output_token
+                .with_label_values(&l)
+                .observe(secs(v));
+        }
+        if let Some(v) = split.decode_tps {
+            self.decode_tps.with_label_values(&l).observe(v);
+        }
+        if let Some(up) = up {
+            self.output_tokens
+                .with_label_values(&l)
+                .observe(f64::from(up.output_tokens));
+            if let Some(u) = up.usage {
+                self.prefix_queries
+                    .with_label_values(&l)
+                    .inc_by(u64::from(u.prompt_tokens));
+                self.prefix_hits
+                    .with_label_values(&l)
+                    .inc_by(u64::from(u.cached_tokens.unwrap_or(0)));
+            }
         }
     }
 
@@ -161,13 +360,6 @@ impl Metrics {
         self.requests
             .with_label_values(&[lane, route.as_str(), outcome.as_str()])
             .inc();
-    }
-
-    /// Records a client disconnect after `tokens` output tokens.
-    pub fn cancelled_after(&self, lane: Lane, tokens: u32) {
-        self.cancelled_after_tokens
-            .with_label_values(&[lane.as_str()])
-            .observe(f64::from(tokens));
     }
 
     /// Requests counted with these labels so far (for tests and the soak check).

@@ -1,7 +1,19 @@
-//! Telemetry: the gateway's Prometheus series (one [`Metrics`] struct, no globals).
+//! Telemetry: what is measured about each request and where it goes.
 //!
-//! The observability issue adds OpenTelemetry spans and the latency histograms here.
+//! - [`record`]: [`RequestRecord`], one per request, written once when it ends (or dropped:
+//!   the client went away) into the metrics, the span and the request log.
+//! - [`latency`]: the latency split (queue wait, TTFT, prefill, decode) computed from timestamps.
+//! - [`metrics`]: the Prometheus families ([`Metrics`], no globals).
+//! - [`span`]: the `llm.generate` span and its attribute names.
+//! - [`request_log`]: one JSON line per finished request.
 
+pub mod latency;
 mod metrics;
+pub mod record;
+pub mod request_log;
+pub mod span;
 
-pub use metrics::{Metrics, Outcome, Route};
+pub use latency::{LatencySplit, UpstreamView};
+pub use metrics::{Metrics, Outcome, Route, Stage};
+pub use record::RequestRecord;
+pub use request_log::RequestLog;

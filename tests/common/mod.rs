@@ -2,7 +2,11 @@
 #![allow(dead_code, missing_docs)]
 
 use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio_util::task::TaskTracker;
+use tutor_gateway::telemetry::RequestLog;
 
 use serde_json::Value;
 use tutor_gateway::classify::Lane;
@@ -13,6 +17,8 @@ use vllm_sim::{SimArgs, SimServer};
 pub struct Harness {
     pub sim: SimServer,
     pub gw: Gateway,
+    /// The request log lines, kept in memory.
+    pub log: Arc<Mutex<Vec<Value>>>,
 }
 
 /// A simulator with `sim_flags` and a gateway in front of it, `tweak`ed from the shipped config.
@@ -24,8 +30,12 @@ pub async fn harness(sim_flags: &[&str], tweak: impl FnOnce(&mut Config)) -> Har
     config.upstream.base_url = sim.url();
     tweak(&mut config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let gw = tutor_gateway::server::start(config, listener).expect("gateway starts");
-    Harness { sim, gw }
+    let tasks = TaskTracker::new();
+    let (request_log, log) = RequestLog::memory();
+    let state = tutor_gateway::server::build_state_with_log(config, tasks.clone(), request_log)
+        .expect("gateway state");
+    let gw = tutor_gateway::server::serve_state(state, tasks, listener).expect("gateway starts");
+    Harness { sim, gw, log }
 }
 
 impl Harness {

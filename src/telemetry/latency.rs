@@ -1,0 +1,172 @@
+//! The latency split of one request (M1, M2): never one merged "response time".
+
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::upstream::{EngineMetrics, UpstreamStream, Usage};
+
+/// What the upstream stream knew when the request ended.
+#[derive(Debug, Clone, Default)]
+pub struct UpstreamView {
+    /// Output tokens: exact from usage, else content chunks (a lower bound).
+    pub output_tokens: u32,
+    /// Whether `output_tokens` came from vLLM's usage.
+    pub exact_output: bool,
+    /// vLLM's usage, when it arrived.
+    pub usage: Option<Usage>,
+    /// vLLM's per-request timings (`--enable-per-request-metrics`), when sent.
+    pub engine: Option<EngineMetrics>,
+    /// First content chunk.
+    pub first_content_at: Option<Instant>,
+    /// End of the stream.
+    pub ended_at: Option<Instant>,
+    /// vLLM's finish reason.
+    pub finish_reason: Option<String>,
+}
+
+impl UpstreamView {
+    /// What `stream` knows now.
+    pub fn of(stream: &UpstreamStream) -> Self {
+        let t = stream.timings();
+        let out = stream.output_tokens();
+        Self {
+            output_tokens: out.count,
+            exact_output: out.exact,
+            usage: stream.usage(),
+            engine: stream.engine_metrics(),
+            first_content_at: t.first_content_at,
+            ended_at: t.ended_at,
+            finish_reason: stream.finish_reason().map(str::to_owned),
+        }
+    }
+}
+
+/// Per-request timings in milliseconds (`None`: not reached, or not measurable).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct LatencySplit {
+    /// Waiting for a lane slot and token budget in the gateway.
+    pub queue_wait_ms: Option<f64>,
+    /// Admission to first token: engine queue + prefill (+ the hop to vLLM).
+    pub ttft_ms: Option<f64>,
+    /// Arrival to first token: what the student felt.
+    pub time_to_first_token_ms: Option<f64>,
+    /// The engine's own queue (vLLM's per-request `queue_time_ms`), when vLLM reports it.
+    pub engine_queue_ms: Option<f64>,
+    /// Prefill: vLLM's `time_to_first_token_ms - queue_time_ms` when vLLM reports them;
+    /// otherwise admission to first token (engine queue and prefill together).
+    pub prefill_ms: Option<f64>,
+    /// Mean time per output token after the first (decode time / (tokens - 1)).
+    pub time_per_output_token_ms: Option<f64>,
+    /// Output tokens after the first per second of decode (first token to end); `None` with
+    /// fewer than two tokens or a zero-length decode: never a division by zero.
+    pub decode_tps: Option<f64>,
+    /// Arrival to end.
+    pub total_ms: f64,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+impl LatencySplit {
+    /// The split of a request that arrived at `arrival`, was admitted at `admitted` after
+    /// `queue_wait`, and streamed as `up` says; `now` closes a request still running.
+    pub fn compute(
+        arrival: Instant,
+        admitted: Option<(Instant, Duration)>,
+        up: Option<&UpstreamView>,
+        now: Instant,
+    ) -> Self {
+        let first = up.and_then(|u| u.first_content_at);
+        let end = up.and_then(|u| u.ended_at).unwrap_or(now);
+        let engine = up.and_then(|u| u.engine);
+        let engine_queue_ms = engine.and_then(|e| e.queue_time_ms);
+        let engine_prefill =
+            engine.and_then(|e| Some(e.time_to_first_token_ms? - e.queue_time_ms?));
+        let ttft_ms = match (first, admitted) {
+            (Some(f), Some((a, _))) => Some(ms(f.saturating_duration_since(a))),
+            _ => None,
+        };
+        let tokens = up.map_or(0, |u| u.output_tokens);
+        let decode = first.map(|f| end.saturating_duration_since(f));
+        let (tpot, tps) = match decode {
+            Some(d) if tokens > 1 && d > Duration::ZERO => {
+                let after_first = f64::from(tokens - 1);
+                (
+                    Some(ms(d) / after_first),
+                    Some(after_first / d.as_secs_f64()),
+                )
+            }
+            _ => (None, None),
+        };
+        Self {
+            queue_wait_ms: admitted.map(|(_, w)| ms(w)),
+            ttft_ms,
+            time_to_first_token_ms: first.map(|f| ms(f.saturating_duration_since(arrival))),
+            engine_queue_ms,
+            prefill_ms: engine_prefill.map(|p| p.max(0.0)).or(ttft_ms),
+            time_per_output_token_ms: tpot,
+            decode_tps: tps,
+            total_ms: ms(end.saturating_duration_since(arrival)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_token_or_an_instant_decode_never_divides_by_zero() {
+        let t0 = Instant::now();
+        let one = UpstreamView {
+            output_tokens: 1,
+            first_content_at: Some(t0 + Duration::from_millis(50)),
+            ended_at: Some(t0 + Duration::from_millis(50)),
+            ..UpstreamView::default()
+        };
+        let s = LatencySplit::compute(
+            t0,
+            Some((t0 + Duration::from_millis(10), Duration::from_millis(10))),
+            Some(&one),
+            t0,
+        );
+        assert_eq!(s.decode_tps, None);
+        assert_eq!(s.time_per_output_token_ms, None);
+        assert_eq!(s.time_to_first_token_ms, Some(50.0));
+        assert_eq!(s.ttft_ms, Some(40.0));
+        assert_eq!(
+            s.prefill_ms,
+            Some(40.0),
+            "without engine timings prefill is admission to first token"
+        );
+    }
+
+    #[test]
+    fn engine_timings_split_engine_queue_from_prefill() {
+        let t0 = Instant::now();
+        let up = UpstreamView {
+            output_tokens: 11,
+            first_content_at: Some(t0 + Duration::from_millis(100)),
+            ended_at: Some(t0 + Duration::from_millis(300)),
+            engine: Some(EngineMetrics {
+                time_to_first_token_ms: Some(90.0),
+                queue_time_ms: Some(30.0),
+                ..EngineMetrics::default()
+            }),
+            ..UpstreamView::default()
+        };
+        let s = LatencySplit::compute(t0, Some((t0, Duration::ZERO)), Some(&up), t0);
+        assert_eq!(s.engine_queue_ms, Some(30.0));
+        assert_eq!(s.prefill_ms, Some(60.0));
+        assert_eq!(
+            s.decode_tps,
+            Some(50.0),
+            "10 tokens after the first in 200 ms"
+        );
+        assert_eq!(s.time_per_output_token_ms, Some(20.0));
+        assert_eq!(s.total_ms, 300.0);
+    }
+}

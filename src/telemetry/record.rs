@@ -1,0 +1,227 @@
+//! [`RequestRecord`]: everything measured about one request, written once when it ends: the
+//! Prometheus series, the `llm.generate` span's attributes and the request log line.
+//!
+//! It is an RAII value: a record dropped before [`RequestRecord::finish`] is a client that went
+//! away, counted as cancelled at the stage it had reached (queued, prefill or decode).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+use super::latency::{LatencySplit, UpstreamView};
+use super::metrics::{Metrics, Outcome, Route, Stage};
+use super::request_log::{RequestLog, RequestLogLine};
+use super::span;
+use crate::classify::Classification;
+
+/// The measurements of one request in progress.
+#[derive(Debug)]
+pub struct RequestRecord {
+    metrics: Metrics,
+    log: RequestLog,
+    span: tracing::Span,
+    request_id: String,
+    route: Route,
+    arrival: Instant,
+    class: Option<Classification>,
+    admitted: Option<(Instant, Duration)>,
+    first_token: bool,
+    fingerprint: Option<String>,
+    done: bool,
+}
+
+impl RequestRecord {
+    /// Starts the record (and its span) of a request that arrived at `arrival`.
+    pub fn new(
+        metrics: Metrics,
+        log: RequestLog,
+        route: Route,
+        request_id: String,
+        arrival: Instant,
+    ) -> Self {
+        let span = span::llm_generate();
+        span.record(span::REQUEST_ID, request_id.as_str());
+        span.record(span::ROUTE, route.as_str());
+        span.record(
+            span::GEN_AI_OPERATION,
+            match route {
+                Route::Completions => "text_completion",
+                Route::ChatCompletions | Route::Answer => "chat",
+            },
+        );
+        Self {
+            metrics,
+            log,
+            span,
+            request_id,
+            route,
+            arrival,
+            class: None,
+            admitted: None,
+            first_token: false,
+            fingerprint: None,
+            done: false,
+        }
+    }
+
+    /// The `llm.generate` span.
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// The gateway's request id.
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// When the request arrived.
+    pub fn arrival(&self) -> Instant {
+        self.arrival
+    }
+
+    /// When it was admitted and how long it waited.
+    pub fn admitted_at(&self) -> Option<(Instant, Duration)> {
+        self.admitted
+    }
+
+    /// Records the model asked for and the declared output limit.
+    pub fn requested(&mut self, model: &str, max_tokens: Option<u32>) {
+        self.span.record(span::GEN_AI_REQUEST_MODEL, model);
+        if let Some(m) = max_tokens {
+            self.span.record(span::GEN_AI_REQUEST_MAX_TOKENS, m);
+        }
+    }
+
+    /// Records the prompt fingerprint.
+    pub fn fingerprint(&mut self, fp: String) {
+        self.span.record(span::PROMPT_FINGERPRINT, fp.as_str());
+        self.fingerprint = Some(fp);
+    }
+
+    /// Records the lane decision.
+    pub fn classified(&mut self, class: Classification) {
+        self.span.record(span::LANE, class.lane.as_str());
+        self.span
+            .record(span::INPUT_TOKENS_ESTIMATED, class.input_tokens_estimate);
+        self.class = Some(class);
+    }
+
+    /// Records admission after `queue_wait`.
+    pub fn admitted(&mut self, queue_wait: Duration) {
+        self.admitted = Some((Instant::now(), queue_wait));
+    }
+
+    /// Records that tokens started flowing.
+    pub fn first_token(&mut self) {
+        self.first_token = true;
+    }
+
+    fn stage(&self) -> Stage {
+        match (self.admitted, self.first_token) {
+            (None, _) => Stage::Queued,
+            (Some(_), false) => Stage::Prefill,
+            (Some(_), true) => Stage::Decode,
+        }
+    }
+
+    /// Ends the record: metrics, span attributes, request log line. Later calls do nothing.
+    /// `error_code` names the error of a failed request; `up` is what the upstream stream knew.
+    pub fn finish(
+        &mut self,
+        outcome: Outcome,
+        error_code: Option<&str>,
+        up: Option<&UpstreamView>,
+    ) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        let lane = self.class.map(|c| c.lane);
+        let split = LatencySplit::compute(self.arrival, self.admitted, up, Instant::now());
+        let stage = (outcome == Outcome::Cancelled).then(|| self.stage());
+        self.metrics.request_done(lane, self.route, outcome);
+        if let Some(stage) = stage {
+            self.metrics
+                .cancelled(lane, stage, up.map_or(0, |u| u.output_tokens));
+            self.span.record(
+                span::CANCELLED_AFTER_TOKENS,
+                up.map_or(0, |u| u.output_tokens),
+            );
+        }
+        if let Some(lane) = lane {
+            self.metrics.observe(lane, &split, up);
+        }
+        self.record_span(outcome, error_code, &split, up);
+        let usage = up.and_then(|u| u.usage);
+        self.log.write(&RequestLogLine {
+            ts_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            request_id: &self.request_id,
+            route: self.route.as_str(),
+            lane: lane.map(|l| l.as_str()),
+            outcome: outcome.as_str(),
+            cancelled_at: stage.map(Stage::as_str),
+            error_code,
+            input_tokens_estimated: self.class.map(|c| c.input_tokens_estimate),
+            input_tokens_exact: self.class.map(|c| c.exact),
+            input_tokens: usage.map(|u| u.prompt_tokens),
+            output_tokens: up.map(|u| u.output_tokens),
+            cached_tokens: usage.map(|u| u.cached_tokens.unwrap_or(0)),
+            fingerprint: self.fingerprint.as_deref(),
+            finish_reason: up.and_then(|u| u.finish_reason.as_deref()),
+            timings: split,
+        });
+    }
+
+    fn record_span(
+        &self,
+        outcome: Outcome,
+        error_code: Option<&str>,
+        split: &LatencySplit,
+        up: Option<&UpstreamView>,
+    ) {
+        let s = &self.span;
+        s.record(span::OUTCOME, outcome.as_str());
+        if let Some(code) = error_code {
+            s.record(span::ERROR_TYPE, code);
+        }
+        let ms = [
+            (span::QUEUE_WAIT_MS, split.queue_wait_ms),
+            (span::TTFT_MS, split.ttft_ms),
+            (span::TIME_TO_FIRST_TOKEN_MS, split.time_to_first_token_ms),
+            (span::PREFILL_MS, split.prefill_ms),
+            (span::ENGINE_QUEUE_MS, split.engine_queue_ms),
+            (span::DECODE_TPS, split.decode_tps),
+        ];
+        for (name, v) in ms {
+            if let Some(v) = v {
+                s.record(name, v);
+            }
+        }
+        if let Some(up) = up {
+            s.record(span::OUTPUT_TOKENS, up.output_tokens);
+            s.record(span::GEN_AI_USAGE_OUTPUT_TOKENS, up.output_tokens);
+            if let Some(u) = up.usage {
+                s.record(span::INPUT_TOKENS, u.prompt_tokens);
+                s.record(span::GEN_AI_USAGE_INPUT_TOKENS, u.prompt_tokens);
+                s.record(span::CACHED_TOKENS, u.cached_tokens.unwrap_or(0));
+            }
+            if let Some(f) = &up.finish_reason {
+                s.record(span::GEN_AI_FINISH_REASONS, f.as_str());
+            }
+        }
+        s.record(span::GEN_AI_RESPONSE_ID, self.request_id.as_str());
+    }
+}
+
+impl Drop for RequestRecord {
+    fn drop(&mut self) {
+        if !self.done {
+            // Dropped unfinished: the client went away (the HTTP server dropped the handler or
+            // the response body).
+            tracing::info!(request_id = %self.request_id, stage = self.stage().as_str(), "client disconnected");
+            self.finish(Outcome::Cancelled, None, None);
+        }
+    }
+}
