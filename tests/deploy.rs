@@ -73,11 +73,13 @@ fn promtool_test_rules() {
 // ---------------------------------------------------------------------------------------------
 // Metrics that exist
 
-/// The gateway's public contract (issue 4; `src/telemetry/metrics.rs`).
+/// The gateway's public contract (issue 4), plus `tutor_gateway_engine_queue_seconds`
+/// (`src/telemetry/metrics.rs`).
 const GATEWAY_HISTOGRAMS: &[&str] = &[
     "tutor_gateway_queue_wait_seconds",
     "tutor_gateway_time_to_first_token_seconds",
     "tutor_gateway_prefill_seconds",
+    "tutor_gateway_engine_queue_seconds",
     "tutor_gateway_time_per_output_token_seconds",
     "tutor_gateway_decode_tokens_per_second",
     "tutor_gateway_output_tokens",
