@@ -57,12 +57,6 @@ fn serve(
     with_sim: bool,
     sim_args: &[String],
 ) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
     let mut config = match Config::load(path) {
         Ok(c) => c,
         Err(e) => return report(path, e),
@@ -74,6 +68,15 @@ fn serve(
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // The OTLP exporter needs the runtime to exist; it is flushed (dropped) before the runtime.
+    let _enter = rt.enter();
+    let _tracing = match tutor_gateway::telemetry::otel::init(&config.telemetry) {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("tutor-gateway: cannot set up logging/tracing: {e:#}");
             return ExitCode::FAILURE;
         }
     };

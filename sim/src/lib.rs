@@ -144,6 +144,7 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
         per_request_metrics: args.enable_per_request_metrics,
         request_id_headers: args.enable_request_id_headers,
         started,
+        traceparents: Default::default(),
     })
 }
 

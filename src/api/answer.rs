@@ -9,7 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 
-use super::openai::{sse_response, traceparent, with_id};
+use super::openai::{link_trace, sse_response, with_id};
 use super::parse::{self, AnswerQuery, AnswerRequest};
 use super::pipeline::{self, Job};
 use super::AppState;
@@ -49,6 +49,7 @@ async fn serve(
     req: Result<AnswerRequest, super::GatewayError>,
     mut record: RequestRecord,
 ) -> Response {
+    link_trace(&mut record, &headers);
     let request_id = record.request_id().to_owned();
     let req = match req {
         Ok(r) => r,
@@ -67,7 +68,6 @@ async fn serve(
         input: PromptInput::Chat(req.messages),
         max_tokens: req.max_output_tokens,
         body,
-        traceparent: traceparent(&headers),
         record,
     };
     match pipeline::start(&state, job, Format::Answer).await {

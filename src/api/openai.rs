@@ -12,7 +12,7 @@ use super::parse::{self, OpenAiRequest};
 use super::pipeline::{self, Job};
 use super::{AppState, GatewayError};
 use crate::relay::Format;
-use crate::telemetry::Route;
+use crate::telemetry::{RequestRecord, Route};
 use crate::upstream::Endpoint;
 
 /// `POST /v1/chat/completions`.
@@ -40,6 +40,7 @@ async fn serve(
     route: Route,
 ) -> Response {
     let mut record = state.record(route);
+    link_trace(&mut record, &headers);
     let request_id = record.request_id().to_owned();
     let parsed =
         parse::body_bytes(body, state.config().server.max_body_bytes).and_then(|b| match route {
@@ -62,7 +63,6 @@ async fn serve(
         input: req.input,
         max_tokens: req.max_tokens,
         body: req.body,
-        traceparent: traceparent(&headers),
         record,
     };
     let format = Format::OpenAi {
@@ -83,12 +83,10 @@ async fn serve(
     with_id(resp, &request_id)
 }
 
-/// The client's `traceparent` header, if any.
-pub fn traceparent(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get("traceparent")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
+/// Joins the client's trace (`traceparent`, `tracestate` headers) when it sent one.
+pub fn link_trace(record: &mut RequestRecord, headers: &HeaderMap) {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    record.link(get("traceparent"), get("tracestate"));
 }
 
 /// A `text/event-stream` response that proxies do not buffer.

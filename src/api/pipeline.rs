@@ -22,8 +22,6 @@ pub struct Job {
     pub max_tokens: Option<u32>,
     /// The JSON body to send upstream.
     pub body: Map<String, Value>,
-    /// The client's W3C `traceparent`, propagated to vLLM.
-    pub traceparent: Option<String>,
     /// The request's measurements (id, route, arrival), written when it ends.
     pub record: RequestRecord,
 }
@@ -42,7 +40,6 @@ pub async fn start(state: &AppState, job: Job, format: Format) -> Result<Relay, 
         input,
         max_tokens,
         mut body,
-        traceparent,
         mut record,
     } = job;
     let model = body
@@ -66,7 +63,7 @@ pub async fn start(state: &AppState, job: Job, format: Format) -> Result<Relay, 
         let request = UpstreamRequest {
             endpoint,
             request_id: record.request_id().to_owned(),
-            traceparent,
+            traceparent: record.upstream_traceparent(),
             body,
         };
         let upstream = state.upstream().stream(request).await?;

@@ -6,9 +6,11 @@
 //! - [`metrics`]: the Prometheus families ([`Metrics`], no globals).
 //! - [`span`]: the `llm.generate` span and its attribute names.
 //! - [`request_log`]: one JSON line per finished request.
+//! - [`otel`]: logging and OpenTelemetry set-up, W3C trace-context propagation.
 
 pub mod latency;
 mod metrics;
+pub mod otel;
 pub mod record;
 pub mod request_log;
 pub mod span;

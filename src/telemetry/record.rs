@@ -27,6 +27,7 @@ pub struct RequestRecord {
     admitted: Option<(Instant, Duration)>,
     first_token: bool,
     fingerprint: Option<String>,
+    incoming_traceparent: Option<String>,
     done: bool,
 }
 
@@ -60,8 +61,20 @@ impl RequestRecord {
             admitted: None,
             first_token: false,
             fingerprint: None,
+            incoming_traceparent: None,
             done: false,
         }
+    }
+
+    /// Joins the client's trace: its `traceparent` becomes the parent of this request's span.
+    pub fn link(&mut self, traceparent: Option<&str>, tracestate: Option<&str>) {
+        super::otel::set_parent(&self.span, traceparent, tracestate);
+        self.incoming_traceparent = traceparent.map(str::to_owned);
+    }
+
+    /// The `traceparent` to send to vLLM, so its span joins this request's trace.
+    pub fn upstream_traceparent(&self) -> Option<String> {
+        super::otel::traceparent_for(&self.span, self.incoming_traceparent.as_deref())
     }
 
     /// The `llm.generate` span.
@@ -88,7 +101,8 @@ impl RequestRecord {
     pub fn requested(&mut self, model: &str, max_tokens: Option<u32>) {
         self.span.record(span::GEN_AI_REQUEST_MODEL, model);
         if let Some(m) = max_tokens {
-            self.span.record(span::GEN_AI_REQUEST_MAX_TOKENS, m);
+            self.span
+                .record(span::GEN_AI_REQUEST_MAX_TOKENS, i64::from(m));
         }
     }
 
@@ -101,8 +115,10 @@ impl RequestRecord {
     /// Records the lane decision.
     pub fn classified(&mut self, class: Classification) {
         self.span.record(span::LANE, class.lane.as_str());
-        self.span
-            .record(span::INPUT_TOKENS_ESTIMATED, class.input_tokens_estimate);
+        self.span.record(
+            span::INPUT_TOKENS_ESTIMATED,
+            i64::from(class.input_tokens_estimate),
+        );
         self.class = Some(class);
     }
 
@@ -145,7 +161,7 @@ impl RequestRecord {
                 .cancelled(lane, stage, up.map_or(0, |u| u.output_tokens));
             self.span.record(
                 span::CANCELLED_AFTER_TOKENS,
-                up.map_or(0, |u| u.output_tokens),
+                i64::from(up.map_or(0, |u| u.output_tokens)),
             );
         }
         if let Some(lane) = lane {
@@ -200,12 +216,15 @@ impl RequestRecord {
             }
         }
         if let Some(up) = up {
-            s.record(span::OUTPUT_TOKENS, up.output_tokens);
-            s.record(span::GEN_AI_USAGE_OUTPUT_TOKENS, up.output_tokens);
+            s.record(span::OUTPUT_TOKENS, i64::from(up.output_tokens));
+            s.record(
+                span::GEN_AI_USAGE_OUTPUT_TOKENS,
+                i64::from(up.output_tokens),
+            );
             if let Some(u) = up.usage {
-                s.record(span::INPUT_TOKENS, u.prompt_tokens);
-                s.record(span::GEN_AI_USAGE_INPUT_TOKENS, u.prompt_tokens);
-                s.record(span::CACHED_TOKENS, u.cached_tokens.unwrap_or(0));
+                s.record(span::INPUT_TOKENS, i64::from(u.prompt_tokens));
+                s.record(span::GEN_AI_USAGE_INPUT_TOKENS, i64::from(u.prompt_tokens));
+                s.record(span::CACHED_TOKENS, i64::from(u.cached_tokens.unwrap_or(0)));
             }
             if let Some(f) = &up.finish_reason {
                 s.record(span::GEN_AI_FINISH_REASONS, f.as_str());

@@ -17,6 +17,7 @@ use crate::tokenizer::fnv1a;
 
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    state.saw_traceparent(&headers);
     let result = async {
         let body: ChatBody = parse_json(&body)?;
         let gen = Generation::chat(&state, &headers, body).await?;
@@ -35,6 +36,7 @@ pub async fn completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    state.saw_traceparent(&headers);
     let result = async {
         let body: CompletionBody = parse_json(&body)?;
         Generation::completion(&state, &headers, body).await

@@ -47,6 +47,21 @@ pub struct AppState {
     pub request_id_headers: bool,
     /// Unix seconds at start, for `/v1/models`.
     pub started: u64,
+    /// The last `traceparent` headers received (`GET /debug/traceparents`), newest last.
+    pub traceparents: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+}
+
+impl AppState {
+    /// Remembers a request's `traceparent` (the last 1,000), as vLLM would parent its span on it.
+    pub fn saw_traceparent(&self, headers: &HeaderMap) {
+        if let Some(tp) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+            let mut q = self.traceparents.lock().unwrap_or_else(|e| e.into_inner());
+            if q.len() == 1000 {
+                q.pop_front();
+            }
+            q.push_back(tp.to_owned());
+        }
+    }
 }
 
 /// All routes.
@@ -62,6 +77,7 @@ pub fn router(state: AppState) -> Router {
         .route("/abort_requests", post(abort_requests))
         .route("/debug/engine", get(debug_engine))
         .route("/debug/steps", get(debug_steps))
+        .route("/debug/traceparents", get(debug_traceparents))
         .with_state(state)
 }
 
@@ -179,6 +195,17 @@ async fn abort_requests(State(s): State<AppState>, _h: HeaderMap, body: Bytes) -
 
 async fn debug_engine(State(s): State<AppState>) -> Json<crate::engine::EngineSnapshot> {
     Json(s.engine.snapshot())
+}
+
+async fn debug_traceparents(State(s): State<AppState>) -> Json<Vec<String>> {
+    Json(
+        s.traceparents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect(),
+    )
 }
 
 async fn debug_steps(State(s): State<AppState>) -> Json<Vec<crate::engine::stats::StepRecord>> {

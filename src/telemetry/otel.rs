@@ -1,0 +1,134 @@
+//! Logging and OpenTelemetry set-up for the binary, and W3C trace-context propagation.
+//!
+//! Tracing is off by default and then costs nothing beyond the `llm.generate` span that
+//! `tracing` already keeps. It is on when `telemetry.tracing = true` or the environment sets
+//! `OTEL_EXPORTER_OTLP_ENDPOINT`, unless `OTEL_SDK_DISABLED=true`. Endpoint, protocol and
+//! service name come from `[telemetry]`, else from the standard `OTEL_EXPORTER_OTLP_ENDPOINT`,
+//! `OTEL_EXPORTER_OTLP_PROTOCOL` and `OTEL_SERVICE_NAME`.
+//!
+//! Propagation: an incoming `traceparent` becomes the parent of the request's span, and the
+//! span's context goes to vLLM as `traceparent`, so vLLM's `llm_request` span joins the trace.
+//! With tracing off, the client's `traceparent` is forwarded unchanged.
+
+use std::collections::HashMap;
+
+use anyhow::Context as _;
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use opentelemetry_sdk::Resource;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::EnvFilter;
+
+use crate::config::{OtlpProtocol, TelemetryConfig};
+
+/// Keeps the span exporter alive; flushes it on drop.
+#[derive(Debug)]
+pub struct TracingGuard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Drop for TracingGuard {
+    fn drop(&mut self) {
+        if let Some(p) = self.provider.take() {
+            if let Err(e) = p.shutdown() {
+                eprintln!("tutor-gateway: flushing spans failed: {e}");
+            }
+        }
+    }
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// Whether spans are exported, given the config and the environment.
+pub fn tracing_enabled(config: &TelemetryConfig) -> bool {
+    if env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
+        return false;
+    }
+    config.tracing || env("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
+}
+
+/// Installs the global subscriber: logs on stderr (`RUST_LOG`, default `info`) and, when
+/// enabled, the OpenTelemetry layer exporting over OTLP.
+pub fn init(config: &TelemetryConfig) -> anyhow::Result<TracingGuard> {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    if !tracing_enabled(config) {
+        tracing_subscriber::registry()
+            .with(filter)
+            .with(fmt)
+            .try_init()?;
+        return Ok(TracingGuard { provider: None });
+    }
+    let protocol = config.otlp_protocol.unwrap_or_else(|| {
+        match env("OTEL_EXPORTER_OTLP_PROTOCOL").as_deref() {
+            Some("http/protobuf") | Some("http") => OtlpProtocol::HttpProtobuf,
+            _ => OtlpProtocol::Grpc,
+        }
+    });
+    let exporter = match protocol {
+        OtlpProtocol::Grpc => {
+            let mut b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+            if let Some(ep) = &config.otlp_endpoint {
+                b = b.with_endpoint(ep.clone());
+            }
+            b.build()
+        }
+        OtlpProtocol::HttpProtobuf => {
+            let mut b = opentelemetry_otlp::SpanExporter::builder().with_http();
+            if let Some(ep) = &config.otlp_endpoint {
+                b = b.with_endpoint(format!("{}/v1/traces", ep.trim_end_matches('/')));
+            }
+            b.build()
+        }
+    }
+    .context("OTLP span exporter")?;
+    let service = config
+        .service_name
+        .clone()
+        .or_else(|| env("OTEL_SERVICE_NAME"))
+        .unwrap_or_else(|| "tutor-gateway".to_owned());
+    let provider = SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(Resource::builder().with_service_name(service).build())
+        .build();
+    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
+    let tracer = provider.tracer("tutor-gateway");
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(tracing_opentelemetry::layer().with_tracer(tracer))
+        .try_init()?;
+    tracing::info!(?protocol, "exporting llm.generate spans over OTLP");
+    Ok(TracingGuard {
+        provider: Some(provider),
+    })
+}
+
+/// Makes the client's `traceparent` (and `tracestate`) the parent of `span`.
+pub fn set_parent(span: &tracing::Span, traceparent: Option<&str>, tracestate: Option<&str>) {
+    let Some(tp) = traceparent else { return };
+    let mut carrier = HashMap::new();
+    carrier.insert("traceparent".to_owned(), tp.to_owned());
+    if let Some(ts) = tracestate {
+        carrier.insert("tracestate".to_owned(), ts.to_owned());
+    }
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    let _ = span.set_parent(cx);
+}
+
+/// The `traceparent` to send upstream: `span`'s own context when spans are recorded, else the
+/// client's unchanged.
+pub fn traceparent_for(span: &tracing::Span, incoming: Option<&str>) -> Option<String> {
+    let mut carrier: HashMap<String, String> = HashMap::new();
+    TraceContextPropagator::new().inject_context(&span.context(), &mut carrier);
+    carrier
+        .remove("traceparent")
+        .or_else(|| incoming.map(str::to_owned))
+}

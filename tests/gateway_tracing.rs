@@ -1,0 +1,230 @@
+//! OpenTelemetry: one `llm.generate` span per request with the latency split and GenAI
+//! attributes, for a normal request, a cancelled one and an upstream error; the client's trace
+//! continues into vLLM through `traceparent`.
+//!
+//! Each test installs an in-memory exporter as the thread's subscriber; `#[tokio::test]` runs the
+//! gateway and the simulator on that same thread, so every span lands there.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::Value;
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use serde_json::json;
+use tracing_subscriber::layer::SubscriberExt;
+
+struct Traces {
+    exporter: InMemorySpanExporter,
+    provider: SdkTracerProvider,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+fn traces() -> Traces {
+    let exporter = InMemorySpanExporter::default();
+    let provider = SdkTracerProvider::builder()
+        .with_simple_exporter(exporter.clone())
+        .build();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    let guard = tracing::subscriber::set_default(subscriber);
+    Traces {
+        exporter,
+        provider,
+        _guard: guard,
+    }
+}
+
+impl Traces {
+    fn generate_spans(&self) -> Vec<SpanData> {
+        let _ = self.provider.force_flush();
+        self.exporter
+            .get_finished_spans()
+            .unwrap()
+            .into_iter()
+            .filter(|s| s.name == "llm.generate")
+            .collect()
+    }
+}
+
+fn attr(span: &SpanData, key: &str) -> Option<Value> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.clone())
+}
+
+fn num(span: &SpanData, key: &str) -> f64 {
+    match attr(span, key) {
+        Some(Value::F64(v)) => v,
+        Some(Value::I64(v)) => v as f64,
+        other => panic!("{key}: {other:?} in {:?}", span.attributes),
+    }
+}
+
+fn text(span: &SpanData, key: &str) -> String {
+    match attr(span, key) {
+        Some(v) => v.as_str().into_owned(),
+        None => panic!("{key} missing in {:?}", span.attributes),
+    }
+}
+
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
+#[tokio::test]
+async fn a_normal_request_has_the_full_span_and_its_trace_reaches_vllm() {
+    let t = traces();
+    let h = harness(
+        &[
+            "--speed",
+            "20",
+            "--profile",
+            "tiny-test",
+            "--enable-prompt-tokens-details",
+            "--enable-per-request-metrics",
+        ],
+        |_| {},
+    )
+    .await;
+    let resp = client()
+        .get(h.url("/answer"))
+        .query(&[
+            ("prompt", "why does my loop never end?"),
+            ("max_output_tokens", "12"),
+        ])
+        .header("traceparent", format!("00-{TRACE_ID}-00f067aa0ba902b7-01"))
+        .send()
+        .await
+        .unwrap();
+    let events = sse(&resp.text().await.unwrap());
+    assert_eq!(events.last().unwrap().0, "done");
+    let spans = t.generate_spans();
+    assert_eq!(spans.len(), 1);
+    let s = &spans[0];
+    assert_eq!(
+        s.span_context.trace_id().to_string(),
+        TRACE_ID,
+        "joined the frontend's trace"
+    );
+    assert_eq!(s.parent_span_id.to_string(), "00f067aa0ba902b7");
+    assert_eq!(text(s, "llm.lane"), "small");
+    assert_eq!(text(s, "llm.outcome"), "ok");
+    assert_eq!(num(s, "llm.output_tokens"), 12.0);
+    assert_eq!(num(s, "gen_ai.usage.output_tokens"), 12.0);
+    assert!(num(s, "gen_ai.usage.input_tokens") > 0.0);
+    assert_eq!(
+        num(s, "llm.input_tokens"),
+        num(s, "gen_ai.usage.input_tokens")
+    );
+    assert!(num(s, "llm.input_tokens.estimated") > 0.0);
+    assert_eq!(num(s, "llm.cached_tokens"), 0.0);
+    assert!(num(s, "llm.time_to_first_token_ms") >= num(s, "llm.ttft_ms"));
+    assert!(num(s, "llm.queue_wait_ms") >= 0.0);
+    assert!(num(s, "llm.prefill_ms") >= 0.0);
+    assert!(num(s, "llm.engine_queue_ms") >= 0.0);
+    assert!(num(s, "llm.decode_tps") > 0.0);
+    assert_eq!(text(s, "gen_ai.system"), "vllm");
+    assert_eq!(text(s, "gen_ai.operation.name"), "chat");
+    assert_eq!(
+        text(s, "gen_ai.request.model"),
+        "meta-llama/Llama-3.1-8B-Instruct"
+    );
+    assert_eq!(num(s, "gen_ai.request.max_tokens"), 12.0);
+    assert_eq!(text(s, "gen_ai.response.finish_reasons"), "length");
+    // vLLM got the gateway's span as parent: same trace, the gateway span's id.
+    let seen: Vec<String> = reqwest::get(format!("{}/debug/traceparents", h.sim.url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0],
+        format!("00-{TRACE_ID}-{}-01", s.span_context.span_id())
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_cancelled_request_records_where_it_stopped() {
+    let t = traces();
+    let h = harness(&["--speed", "5", "--profile", "tiny-test"], |_| {}).await;
+    let resp = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "explain ownership"}], "max_tokens": 900,
+                      "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let mut seen = String::new();
+    while seen.matches("\"content\":\" ").count() < 4 {
+        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+    }
+    drop(body);
+    eventually("idle", || h.idle()).await;
+    let spans = t.generate_spans();
+    assert_eq!(spans.len(), 1);
+    let s = &spans[0];
+    assert_eq!(text(s, "llm.outcome"), "cancelled");
+    assert!(num(s, "llm.cancelled_after_tokens") >= 4.0);
+    assert_eq!(text(s, "gen_ai.operation.name"), "chat");
+    assert!(attr(s, "llm.ttft_ms").is_some());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_upstream_error_is_on_the_span() {
+    let t = traces();
+    let h = harness(
+        &[
+            "--speed",
+            "20",
+            "--profile",
+            "tiny-test",
+            "--midstream-error-rate",
+            "1",
+            "--error-after-tokens",
+            "2",
+        ],
+        |_| {},
+    )
+    .await;
+    let body = client()
+        .post(h.url("/v1/completions"))
+        .json(&json!({"prompt": "def f():", "max_tokens": 10, "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(body.contains("upstream_error"));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let spans = t.generate_spans();
+    assert_eq!(spans.len(), 1);
+    let s = &spans[0];
+    assert_eq!(text(s, "llm.outcome"), "upstream_error");
+    assert_eq!(text(s, "error.type"), "upstream_error");
+    assert_eq!(text(s, "gen_ai.operation.name"), "text_completion");
+    // Without a client traceparent the gateway starts the trace and vLLM joins it.
+    let seen: Vec<String> = reqwest::get(format!("{}/debug/traceparents", h.sim.url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        seen,
+        vec![format!(
+            "00-{}-{}-01",
+            s.span_context.trace_id(),
+            s.span_context.span_id()
+        )]
+    );
+    h.shutdown().await;
+}
