@@ -5,6 +5,7 @@
 //! Modules in the order a request meets them:
 //!
 //! - [`config`]: raw TOML structs turned by one `validate()` into a typed [`config::Config`].
+//! - [`prompt`]: canonical JSON and the prompt fingerprint (M18).
 //! - [`classify`]: token estimate (tokenizer or heuristic, skipped when byte length decides) and
 //!   lane choice by estimated work.
 //! - [`admission`]: per-lane request slots + token budget (or the FIFO baseline), bounded wait
@@ -18,13 +19,14 @@
 //! - [`telemetry`]: the Prometheus families ([`telemetry::Metrics`]).
 //! - [`server`]: wiring and the serve loop with graceful shutdown (and `--with-sim`).
 //!
-//! Still to come (see `docs/architecture.md`): `prompt`, tracing.
+//! Still to come (see `docs/architecture.md`): course prompt assembly in `prompt`.
 #![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod api;
 pub mod classify;
 pub mod config;
+pub mod prompt;
 pub mod relay;
 pub mod server;
 pub mod telemetry;

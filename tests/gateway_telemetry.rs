@@ -196,6 +196,14 @@ async fn histograms_count_each_lane_and_the_log_has_one_line_per_request() {
         assert!(line["request_id"].as_str().unwrap().len() == 32);
         assert!(line["timings"]["total_ms"].as_f64().unwrap() > 0.0);
     }
+    // Every /answer request shares the tutor's system prompt, so one fingerprint (M18).
+    let fp = tutor_gateway::prompt::fingerprint(&words(200, "You are a patient tutor."), None);
+    let answers: Vec<_> = log.iter().filter(|l| l["route"] == "answer").collect();
+    assert_eq!(answers.len(), 8);
+    assert!(
+        answers.iter().all(|l| l["fingerprint"] == fp.as_str()),
+        "{answers:?}"
+    );
     let done: Vec<_> = log.iter().filter(|l| l["outcome"] == "ok").collect();
     assert_eq!(done.len(), 8);
     for l in &done {

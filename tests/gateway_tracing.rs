@@ -134,6 +134,10 @@ async fn a_normal_request_has_the_full_span_and_its_trace_reaches_vllm() {
     );
     assert_eq!(num(s, "gen_ai.request.max_tokens"), 12.0);
     assert_eq!(text(s, "gen_ai.response.finish_reasons"), "length");
+    assert_eq!(
+        text(s, "llm.prompt_fingerprint"),
+        tutor_gateway::prompt::fingerprint("", None)
+    );
     // vLLM got the gateway's span as parent: same trace, the gateway span's id.
     let seen: Vec<String> = reqwest::get(format!("{}/debug/traceparents", h.sim.url()))
         .await

@@ -7,6 +7,7 @@ use serde_json::{Map, Value};
 
 use super::{AppState, GatewayError};
 use crate::classify::PromptInput;
+use crate::prompt::fingerprint_of_chat;
 use crate::relay::{Format, Relay};
 use crate::telemetry::RequestRecord;
 use crate::upstream::{Endpoint, UpstreamRequest};
@@ -48,6 +49,9 @@ pub async fn start(state: &AppState, job: Job, format: Format) -> Result<Relay, 
         .unwrap_or(&state.config().upstream.model)
         .to_owned();
     record.requested(&model, max_tokens);
+    if let PromptInput::Chat(messages) = &input {
+        record.fingerprint(fingerprint_of_chat(messages, body.get("tools")));
+    }
     let result = async {
         let class = state
             .classifier()

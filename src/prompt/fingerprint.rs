@@ -1,0 +1,133 @@
+//! The prompt fingerprint (M18): the first 16 hex characters of
+//! `sha256(system_prompt + "\nTOOLS=" + canonical_tools)`.
+//!
+//! - `system_prompt`: the text of the leading `system` messages, joined by `\n` (empty if none).
+//! - `canonical_tools`: the request's `tools` as canonical JSON (object keys sorted, compact
+//!   separators, no ASCII escaping), `[]` when there are none.
+//!
+//! Requests with the same stable prefix share a fingerprint, whatever the student wrote after
+//! it; so "same fingerprint, different prefill time" points at eviction, a tokenizer mismatch or
+//! another replica (M19). Only the hash is logged, never the prompt (M20).
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::classify::ChatMessage;
+
+/// JSON with object keys sorted at every level, compact separators, non-ASCII kept as is.
+pub fn canonical_json(v: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(v, &mut out);
+    out
+}
+
+fn write_canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                write_canonical(&map[k], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// The fingerprint of a system prompt and its tools.
+pub fn fingerprint(system_prompt: &str, tools: Option<&Value>) -> String {
+    let tools = tools.map_or_else(|| "[]".to_owned(), canonical_json);
+    let digest = Sha256::new()
+        .chain_update(system_prompt.as_bytes())
+        .chain_update(b"\nTOOLS=")
+        .chain_update(tools.as_bytes())
+        .finalize();
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The fingerprint of a chat request: its leading system messages and its tools.
+pub fn fingerprint_of_chat(messages: &[ChatMessage], tools: Option<&Value>) -> String {
+    let system: Vec<String> = messages
+        .iter()
+        .take_while(|m| m.role == "system")
+        .map(ChatMessage::text)
+        .collect();
+    fingerprint(&system.join("\n"), tools)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn canonical_json_sorts_keys_and_keeps_unicode() {
+        let v = json!({"b": 1, "a": {"z": [1, {"y": "ü", "x": null}], "c": true}});
+        assert_eq!(
+            canonical_json(&v),
+            r#"{"a":{"c":true,"z":[1,{"x":null,"y":"ü"}]},"b":1}"#
+        );
+    }
+
+    #[test]
+    fn key_order_does_not_change_the_fingerprint_but_content_does() {
+        let t1 = json!([{"type": "function", "function": {"name": "run_tests", "parameters": {}}}]);
+        let t2 = json!([{"function": {"parameters": {}, "name": "run_tests"}, "type": "function"}]);
+        let a = fingerprint("You are a tutor.", Some(&t1));
+        assert_eq!(a.len(), 16);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(a, fingerprint("You are a tutor.", Some(&t2)));
+        assert_ne!(a, fingerprint("You are a tutor!", Some(&t1)));
+        assert_ne!(a, fingerprint("You are a tutor.", None));
+    }
+
+    #[test]
+    fn matches_the_definition() {
+        // sha256("S\nTOOLS=[]"), first 16 hex characters.
+        let expected: String = Sha256::digest(b"S\nTOOLS=[]")
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(fingerprint("S", None), expected);
+    }
+
+    #[test]
+    fn only_leading_system_messages_count() {
+        let msgs: Vec<ChatMessage> = serde_json::from_value(json!([
+            {"role": "system", "content": "Rubric"},
+            {"role": "user", "content": "my code A"}
+        ]))
+        .unwrap();
+        let other: Vec<ChatMessage> = serde_json::from_value(json!([
+            {"role": "system", "content": "Rubric"},
+            {"role": "user", "content": "completely different student code"}
+        ]))
+        .unwrap();
+        assert_eq!(
+            fingerprint_of_chat(&msgs, None),
+            fingerprint_of_chat(&other, None)
+        );
+        assert_eq!(
+            fingerprint_of_chat(&msgs, None),
+            fingerprint("Rubric", None)
+        );
+    }
+}
