@@ -100,19 +100,15 @@ impl GatewayError {
         }
     }
 
-    /// The machine-readable code (SSE `error` events, OpenAI `code`).
+    /// The machine-readable code (SSE `error` events, OpenAI `code`): the outcome label, made
+    /// finer for an oversized body and for vLLM's own rejections.
     pub fn code(&self) -> &'static str {
-        match self.outcome() {
-            Outcome::BadRequest if matches!(self, Self::BodyTooLarge { .. }) => "body_too_large",
-            Outcome::BadRequest => "bad_request",
-            Outcome::TooLong => "too_long",
-            Outcome::QueueFull => "queue_full",
-            Outcome::QueueTimeout => "queue_timeout",
-            Outcome::UpstreamUnavailable => "upstream_unavailable",
-            Outcome::UpstreamTimeout => "upstream_timeout",
-            Outcome::UpstreamError if self.status().is_client_error() => "upstream_rejected",
-            Outcome::UpstreamError => "upstream_error",
-            Outcome::Ok | Outcome::Cancelled | Outcome::Internal => "internal",
+        match self {
+            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::Upstream(UpstreamError::Status { status, .. }) if status.is_client_error() => {
+                "upstream_rejected"
+            }
+            _ => self.outcome().as_str(),
         }
     }
 

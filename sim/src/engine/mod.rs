@@ -22,9 +22,8 @@ use tokio::sync::Notify;
 
 use crate::metrics::{self, CacheInfo, Gauges};
 use crate::profile::{BatchedCost, Profile};
-use kv_cache::block_hashes;
 use scheduler::{Scheduler, SchedulerConfig};
-use sequence::{EngineEvent, FinishReason, Sequence, Timings};
+use sequence::{EngineEvent, FinishReason, Sequence};
 use stats::{Lateness, StepRecord, StepStats};
 
 /// A step later than this against its deadline resets the schedule instead of bursting to
@@ -142,33 +141,19 @@ impl Engine {
     pub fn submit(&self, req: NewRequest) -> (u64, UnboundedReceiver<EngineEvent>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let seq_no = self.shared.next_seq_no.fetch_add(1, Ordering::Relaxed);
-        let now = Instant::now();
-        let timings = Timings {
-            arrival: now,
-            first_scheduled: None,
-            first_token: None,
-            last_token: None,
-            finished: None,
-        };
         let mut st = self.lock();
         let bs = st.sched.config().block_size as usize;
-        let seq = Sequence {
-            request_id: req.request_id,
+        let seq = Sequence::new(
+            req.request_id,
             seq_no,
-            prompt_len: req.prompt.len() as u32,
-            block_hashes: block_hashes(&req.prompt, bs),
-            target_output: req.target_output.max(1),
-            finish_at_target: req.finish_at_target,
-            priority: req.priority,
-            output_tokens: 0,
-            computed: 0,
-            blocks: Vec::new(),
-            registered_blocks: 0,
-            cached_tokens: 0,
-            started: false,
-            timings,
+            &req.prompt,
+            bs,
+            req.target_output,
+            req.finish_at_target,
+            req.priority,
             tx,
-        };
+            Instant::now(),
+        );
         match self.shared.profile {
             Profile::Batched(_) => {
                 st.sched.add(seq);

@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 
-use super::kv_cache::block_hashes;
 use super::scheduler::{Scheduler, SchedulerConfig};
-use super::sequence::{EngineEvent, FinishReason, Sequence, Timings};
+use super::sequence::{EngineEvent, FinishReason, Sequence};
 use crate::profile::BatchedCost;
 
 /// A closed-loop load: `concurrency` clients, each sending the next request when one ends.
@@ -54,29 +53,17 @@ pub fn run_closed_loop(cost: BatchedCost, cfg: SchedulerConfig, load: ClosedLoop
             .collect();
         let (tx, rx) = mpsc::unbounded_channel();
         receivers.push(rx);
-        sched.add(Sequence {
-            request_id: next_no.to_string(),
-            seq_no: next_no,
-            prompt_len: load.prompt_tokens,
-            block_hashes: block_hashes(&prompt, cfg.block_size as usize),
-            target_output: load.output_tokens.max(1),
-            finish_at_target: FinishReason::Length,
-            priority: 0,
-            output_tokens: 0,
-            computed: 0,
-            blocks: Vec::new(),
-            registered_blocks: 0,
-            cached_tokens: 0,
-            started: false,
-            timings: Timings {
-                arrival: now,
-                first_scheduled: None,
-                first_token: None,
-                last_token: None,
-                finished: None,
-            },
+        sched.add(Sequence::new(
+            next_no.to_string(),
+            next_no,
+            &prompt,
+            cfg.block_size as usize,
+            load.output_tokens,
+            FinishReason::Length,
+            0,
             tx,
-        });
+            now,
+        ));
     };
     for _ in 0..load.concurrency {
         submit(&mut sched, origin, &mut receivers);

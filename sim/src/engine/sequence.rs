@@ -154,6 +154,44 @@ pub struct Sequence {
 }
 
 impl Sequence {
+    /// A sequence that arrived `now` and has not been scheduled yet.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        request_id: String,
+        seq_no: u64,
+        prompt: &[u32],
+        block_size: usize,
+        target_output: u32,
+        finish_at_target: FinishReason,
+        priority: i64,
+        tx: UnboundedSender<EngineEvent>,
+        now: Instant,
+    ) -> Self {
+        Self {
+            request_id,
+            seq_no,
+            prompt_len: prompt.len() as u32,
+            block_hashes: super::kv_cache::block_hashes(prompt, block_size),
+            target_output: target_output.max(1),
+            finish_at_target,
+            priority,
+            output_tokens: 0,
+            computed: 0,
+            blocks: Vec::new(),
+            registered_blocks: 0,
+            cached_tokens: 0,
+            started: false,
+            timings: Timings {
+                arrival: now,
+                first_scheduled: None,
+                first_token: None,
+                last_token: None,
+                finished: None,
+            },
+            tx,
+        }
+    }
+
     /// Tokens of the whole sequence so far: prompt plus output.
     pub fn num_tokens(&self) -> u32 {
         self.prompt_len + self.output_tokens
