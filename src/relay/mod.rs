@@ -18,7 +18,7 @@ mod collect;
 use std::convert::Infallible;
 
 use bytes::Bytes;
-use futures::Stream;
+use futures::{FutureExt, Stream};
 use tokio::time::Instant;
 
 pub use collect::Collected;
@@ -27,7 +27,7 @@ use crate::admission::LaneGuard;
 use crate::api::GatewayError;
 use crate::classify::Classification;
 use crate::telemetry::{LatencySplit, Outcome, RequestRecord, UpstreamView};
-use crate::upstream::{Chunk, UpstreamStream};
+use crate::upstream::{Chunk, UpstreamError, UpstreamStream};
 
 /// How the client wants the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,7 +88,7 @@ impl Relay {
     }
 
     /// The next upstream event, noting the first token.
-    async fn next_event(&mut self) -> Option<Result<Chunk, crate::upstream::UpstreamError>> {
+    async fn next_event(&mut self) -> Option<Result<Chunk, UpstreamError>> {
         let ev = self.upstream.next_event().await;
         if let Some(Ok(chunk)) = &ev {
             if chunk.has_content {
@@ -98,35 +98,49 @@ impl Relay {
         ev
     }
 
-    /// The next piece of the SSE body, or `None` at the end.
+    /// The next piece of the SSE body, or `None` at the end. Waits for one event that renders
+    /// to something, then takes every event already available without waiting, so a client (or
+    /// a gateway) that fell behind catches up in one write instead of one write per chunk.
     async fn next_bytes(&mut self) -> Option<Bytes> {
-        loop {
-            if self.done {
-                return None;
+        if self.done {
+            return None;
+        }
+        let mut out = Vec::new();
+        while out.is_empty() && !self.done {
+            let ev = self.next_event().await;
+            self.render(ev, &mut out);
+        }
+        while !self.done {
+            match self.next_event().now_or_never() {
+                Some(ev) => self.render(ev, &mut out),
+                None => break,
             }
-            match self.next_event().await {
-                Some(Ok(chunk)) => {
-                    if let Some(bytes) = self.render_chunk(&chunk) {
-                        return Some(bytes);
-                    }
+        }
+        Some(Bytes::from(out))
+    }
+
+    /// Renders one upstream event (or the end) into `out`, finishing the relay at the end.
+    fn render(&mut self, ev: Option<Result<Chunk, UpstreamError>>, out: &mut Vec<u8>) {
+        match ev {
+            Some(Ok(chunk)) => {
+                if let Some(bytes) = self.render_chunk(&chunk) {
+                    out.extend_from_slice(&bytes);
                 }
-                None => {
-                    let end = self.render_end();
-                    self.finish(Outcome::Ok, None);
-                    return Some(end);
+            }
+            None => {
+                out.extend_from_slice(&self.render_end());
+                self.finish(Outcome::Ok, None);
+            }
+            Some(Err(e)) => {
+                let err = GatewayError::from(e);
+                tracing::warn!(request_id = %self.request_id(), code = err.code(), error = %err, "stream ended with an error");
+                match self.format {
+                    Format::OpenAi { .. } => out.extend_from_slice(
+                        format!("data: {}\n\ndata: [DONE]\n\n", err.body()).as_bytes(),
+                    ),
+                    Format::Answer => out.extend_from_slice(err.sse_event().as_bytes()),
                 }
-                Some(Err(e)) => {
-                    let err = GatewayError::from(e);
-                    tracing::warn!(request_id = %self.request_id(), code = err.code(), error = %err, "stream ended with an error");
-                    let bytes = match self.format {
-                        Format::OpenAi { .. } => {
-                            Bytes::from(format!("data: {}\n\ndata: [DONE]\n\n", err.body()))
-                        }
-                        Format::Answer => Bytes::from(err.sse_event()),
-                    };
-                    self.finish(err.outcome(), Some(err.code()));
-                    return Some(bytes);
-                }
+                self.finish(err.outcome(), Some(err.code()));
             }
         }
     }
