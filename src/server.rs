@@ -47,7 +47,8 @@ pub fn build_state_with_log(
     request_log: RequestLog,
 ) -> anyhow::Result<AppState> {
     let classifier = Classifier::from_config(&config).context("classifier")?;
-    let admission = Admission::from_config(&config);
+    let metrics = Metrics::new();
+    let admission = Admission::build(&config, metrics.quota().clone()).context("quota backend")?;
     let upstream =
         UpstreamClient::new(config.upstream.clone(), tasks).context("upstream client")?;
     Ok(AppState::new(
@@ -55,7 +56,7 @@ pub fn build_state_with_log(
         classifier,
         admission,
         upstream,
-        Metrics::new(),
+        metrics,
         request_log,
     ))
 }

@@ -1,5 +1,5 @@
 //! Admission errors. The HTTP layer maps them: `QueueFull` -> 429 with `Retry-After`,
-//! `Timeout` -> 503, `TooLarge` -> 400.
+//! `Timeout` -> 503, `QuotaUnavailable` -> 503, `TooLarge` -> 400.
 
 use std::time::Duration;
 
@@ -24,6 +24,13 @@ pub enum AdmissionError {
         lane: Lane,
         /// How long it waited.
         waited: Duration,
+    },
+    /// The shared quota (Redis) cannot be reached and `quota.on_redis_down = "fail_closed"`.
+    /// HTTP 503.
+    #[error("the shared quota for the {lane} lane is unreachable")]
+    QuotaUnavailable {
+        /// The request's lane.
+        lane: Lane,
     },
     /// The reservation is larger than a budget it must fit in, so it could never be admitted.
     /// Config validation makes this unreachable for classified requests. HTTP 400.

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::local::Shared;
+use super::redis::LeaseRelease;
 use crate::classify::Lane;
 
 /// Proof of admission: holds one request slot and `tokens` of token budget in `lane`.
@@ -19,9 +20,11 @@ pub struct LaneGuard {
     release: Option<Release>,
 }
 
-/// Where the reservation goes back to. A Redis-backed quota (issue 5) adds a variant.
+/// Where the reservation goes back to.
 enum Release {
     Local(Arc<Shared>),
+    /// A lease in the shared quota; its release runs in the background.
+    Redis(LeaseRelease),
 }
 
 impl LaneGuard {
@@ -36,6 +39,20 @@ impl LaneGuard {
             tokens,
             queue_wait,
             release: Some(Release::Local(shared)),
+        }
+    }
+
+    pub(super) fn redis(
+        release: LeaseRelease,
+        lane: Lane,
+        tokens: u32,
+        queue_wait: Duration,
+    ) -> Self {
+        Self {
+            lane,
+            tokens,
+            queue_wait,
+            release: Some(Release::Redis(release)),
         }
     }
 
@@ -66,6 +83,7 @@ impl Drop for LaneGuard {
     fn drop(&mut self) {
         match self.release.take() {
             Some(Release::Local(shared)) => shared.release(self.lane, self.tokens),
+            Some(Release::Redis(lease)) => lease.shared.release(lease.id, self.lane),
             None => {}
         }
     }

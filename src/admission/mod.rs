@@ -28,16 +28,18 @@
 //! panic, cancellation). A waiter whose future is dropped leaves its queue at once.
 //!
 //! # Backends
-//! [`Admission`] is an enum over backends: [`LocalAdmission`] (in-process) now; a Redis-backed
-//! quota for several replicas (issue 5) becomes another variant.
+//! [`Admission`] is an enum over backends: [`LocalAdmission`] (in-process, one replica) and
+//! [`RedisAdmission`] (`quota.backend = "redis"`: the same limits shared by every replica
+//! through Redis, with a local fallback while Redis is down; see [`redis`]).
 //!
 //! Files: `limits.rs` (what fits), `state.rs` (counters and queues), `local.rs` (waiting and
-//! handing out guards), `guard.rs`, `snapshot.rs`, `error.rs`.
+//! handing out guards), `guard.rs`, `snapshot.rs`, `error.rs`, `redis/` (the shared quota).
 
 mod error;
 mod guard;
 mod limits;
 mod local;
+pub mod redis;
 mod snapshot;
 mod state;
 
@@ -47,16 +49,31 @@ mod tests;
 pub use error::AdmissionError;
 pub use guard::LaneGuard;
 pub use local::LocalAdmission;
+pub use redis::RedisAdmission;
 pub use snapshot::{AdmissionSnapshot, LaneSnapshot};
 
 use crate::classify::Lane;
-use crate::config::{Config, Policy};
+use crate::config::{Config, OnRedisDown, Policy, QuotaBackend};
+use crate::telemetry::QuotaMetrics;
 
 /// The admission backend in use.
 #[derive(Debug, Clone)]
 pub enum Admission {
     /// In-process lanes or FIFO, for one replica.
     Local(LocalAdmission),
+    /// The quota shared by all replicas, in Redis.
+    Redis(RedisAdmission),
+}
+
+/// Whether admission works as configured (for `/readyz`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmissionHealth {
+    /// As configured.
+    Ok,
+    /// Redis is down and `fail_open` admits under the local fallback limits.
+    Degraded,
+    /// Redis is down and `fail_closed` refuses new requests.
+    Unavailable,
 }
 
 impl Admission {
@@ -65,10 +82,32 @@ impl Admission {
         Admission::Local(LocalAdmission::from_config(config))
     }
 
+    /// The backend `config.quota.backend` names; the Redis backend reports to `metrics`.
+    /// Needs a Tokio runtime for the Redis backend's background tasks.
+    pub fn build(config: &Config, metrics: QuotaMetrics) -> Result<Self, ::redis::RedisError> {
+        Ok(match config.quota.backend {
+            QuotaBackend::Local => Admission::Local(LocalAdmission::from_config(config)),
+            QuotaBackend::Redis => Admission::Redis(RedisAdmission::from_config(config, metrics)?),
+        })
+    }
+
+    /// Whether admission works as configured.
+    pub fn health(&self) -> AdmissionHealth {
+        match self {
+            Admission::Local(_) => AdmissionHealth::Ok,
+            Admission::Redis(r) if !r.degraded() => AdmissionHealth::Ok,
+            Admission::Redis(r) => match r.on_redis_down() {
+                OnRedisDown::FailOpen => AdmissionHealth::Degraded,
+                OnRedisDown::FailClosed => AdmissionHealth::Unavailable,
+            },
+        }
+    }
+
     /// Waits for a slot in `lane` plus `tokens` of token budget; see [`LocalAdmission::acquire`].
     pub async fn acquire(&self, lane: Lane, tokens: u32) -> Result<LaneGuard, AdmissionError> {
         match self {
             Admission::Local(local) => local.acquire(lane, tokens).await,
+            Admission::Redis(redis) => redis.acquire(lane, tokens).await,
         }
     }
 
@@ -76,6 +115,7 @@ impl Admission {
     pub fn snapshot(&self) -> AdmissionSnapshot {
         match self {
             Admission::Local(local) => local.snapshot(),
+            Admission::Redis(redis) => redis.snapshot(),
         }
     }
 
@@ -83,6 +123,7 @@ impl Admission {
     pub fn policy(&self) -> Policy {
         match self {
             Admission::Local(local) => local.policy(),
+            Admission::Redis(redis) => redis.policy(),
         }
     }
 }

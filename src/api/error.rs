@@ -79,6 +79,7 @@ impl GatewayError {
             Self::Admission(e) => match e {
                 AdmissionError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
                 AdmissionError::Timeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                AdmissionError::QuotaUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 AdmissionError::TooLarge { .. } => StatusCode::BAD_REQUEST,
             },
             Self::Upstream(e) => match e {
@@ -120,6 +121,7 @@ impl GatewayError {
             Self::Classify(_) => Outcome::Internal,
             Self::Admission(AdmissionError::QueueFull { .. }) => Outcome::QueueFull,
             Self::Admission(AdmissionError::Timeout { .. }) => Outcome::QueueTimeout,
+            Self::Admission(AdmissionError::QuotaUnavailable { .. }) => Outcome::QuotaUnavailable,
             Self::Admission(AdmissionError::TooLarge { .. }) => Outcome::TooLong,
             Self::Upstream(UpstreamError::Unavailable(_)) => Outcome::UpstreamUnavailable,
             Self::Upstream(
@@ -171,6 +173,7 @@ impl GatewayError {
         match self {
             Self::Admission(AdmissionError::QueueFull { retry_after, .. }) => Some(*retry_after),
             Self::Admission(AdmissionError::Timeout { .. }) => Some(Duration::from_secs(1)),
+            Self::Admission(AdmissionError::QuotaUnavailable { .. }) => Some(Duration::from_secs(1)),
             _ => None,
         }
     }

@@ -6,14 +6,31 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::{AppState, GatewayError};
+use crate::admission::AdmissionHealth;
 
 /// `GET /healthz`: the process is up.
 pub async fn healthz() -> impl IntoResponse {
     axum::Json(json!({"status": "ok"}))
 }
 
-/// `GET /readyz`: 200 when vLLM answers its health probe, else 503.
+/// `GET /readyz`: 200 when vLLM answers its health probe, else 503. With the Redis quota down:
+/// 200 `{"status":"degraded"}` under `fail_open` (the replica still serves, on its local share
+/// of the limits), 503 under `fail_closed` (it refuses new requests).
 pub async fn readyz(State(state): State<AppState>) -> Response {
+    match state.admission().health() {
+        AdmissionHealth::Ok => {}
+        AdmissionHealth::Degraded => {
+            return axum::Json(json!({"status": "degraded", "reason": "shared quota unreachable; local fallback limits"}))
+                .into_response()
+        }
+        AdmissionHealth::Unavailable => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                axum::Json(json!({"status": "not_ready", "reason": "shared quota unreachable"})),
+            )
+                .into_response()
+        }
+    }
     match state.upstream().health().await {
         Ok(()) => axum::Json(json!({"status": "ready"})).into_response(),
         Err(e) => (

@@ -31,6 +31,14 @@ pub(super) const FIFO_MAX_CONCURRENCY: u32 = 0;
 pub(super) const FIFO_QUEUE_LEN: u32 = 1_024;
 pub(super) const FIFO_QUEUE_TIMEOUT_MS: u64 = 60_000;
 
+pub(super) const QUOTA_BACKEND: &str = "local";
+pub(super) const QUOTA_REDIS_URL: &str = "redis://127.0.0.1:6379/0";
+pub(super) const QUOTA_LEASE_TTL_MS: u64 = 10_000;
+pub(super) const QUOTA_HEARTBEAT_MS: u64 = 2_000;
+pub(super) const QUOTA_KEY_PREFIX: &str = "tg:v1";
+pub(super) const QUOTA_ON_REDIS_DOWN: &str = "fail_open";
+pub(super) const QUOTA_EXPECTED_REPLICAS: u32 = 2;
+
 /// Per-lane defaults.
 pub(super) struct LaneDefaults {
     pub max_concurrency: u32,

@@ -12,6 +12,7 @@
 mod defaults;
 mod error;
 mod parse;
+mod quota;
 pub mod raw;
 mod types;
 mod validate;
@@ -22,6 +23,7 @@ mod tests;
 use std::path::Path;
 
 pub use error::{ConfigError, ConfigIssue};
+pub use quota::{OnRedisDown, QuotaBackend, QuotaConfig, RedisUrl};
 pub use types::{
     AbortConfig, AbortMethod, AdmissionConfig, ClassifyConfig, Config, FifoConfig, LaneConfig,
     LanesConfig, OtlpProtocol, Policy, QueueConfig, RequestLogSink, ServerConfig, TelemetryConfig,

@@ -32,10 +32,11 @@ pub(super) fn parse_raw(src: &str) -> Result<Parsed, ConfigError> {
             "lanes" => raw.lanes = section(&key, value, &mut issues).unwrap_or_default(),
             "server" => raw.server = section(&key, value, &mut issues).unwrap_or_default(),
             "telemetry" => raw.telemetry = section(&key, value, &mut issues).unwrap_or_default(),
+            "quota" => raw.quota = section(&key, value, &mut issues).unwrap_or_default(),
             _ => issues.push(ConfigIssue::new(
                 key,
                 "is not a known key; expected one of `listen`, `upstream`, `classify`, \
-                 `admission`, `lanes`, `server`, `telemetry`",
+                 `admission`, `lanes`, `server`, `telemetry`, `quota`",
             )),
         }
     }

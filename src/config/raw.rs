@@ -31,6 +31,29 @@ pub struct RawConfig {
     /// `[telemetry]`: request log and tracing.
     #[serde(default)]
     pub telemetry: RawTelemetry,
+    /// `[quota]`: where the lane quota lives (this replica, or Redis shared by replicas).
+    #[serde(default)]
+    pub quota: RawQuota,
+}
+
+/// `[quota]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQuota {
+    /// `local` or `redis`.
+    pub backend: Option<String>,
+    /// `redis://[user:password@]host:port/db` or `unix:///path`.
+    pub redis_url: Option<String>,
+    /// Lease lifetime without a heartbeat, ms.
+    pub lease_ttl_ms: Option<u64>,
+    /// Heartbeat (lease renewal) period, ms.
+    pub heartbeat_ms: Option<u64>,
+    /// Prefix of every Redis key, without braces.
+    pub key_prefix: Option<String>,
+    /// `fail_open` or `fail_closed`.
+    pub on_redis_down: Option<String>,
+    /// Replicas the local fallback divides the global limits by.
+    pub expected_replicas: Option<u32>,
 }
 
 /// `[telemetry]`.

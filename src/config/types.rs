@@ -25,6 +25,8 @@ pub struct Config {
     pub server: ServerConfig,
     /// `[telemetry]`.
     pub telemetry: TelemetryConfig,
+    /// `[quota]`.
+    pub quota: super::quota::QuotaConfig,
 }
 
 /// Where the request log goes.

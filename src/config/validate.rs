@@ -11,6 +11,7 @@ use super::error::{ConfigError, ConfigIssue};
 use super::raw::{
     RawAbort, RawAdmission, RawClassify, RawConfig, RawLane, RawServer, RawTelemetry, RawUpstream,
 };
+use super::quota::QuotaBackend;
 use super::types::*;
 use crate::classify::Lane;
 
@@ -39,6 +40,7 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     };
     let server = server(&mut c, raw.server);
     let telemetry = telemetry(&mut c, raw.telemetry);
+    let quota = super::quota::validate(&mut c, raw.quota);
     let config = Config {
         listen,
         upstream,
@@ -47,6 +49,7 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         lanes,
         server,
         telemetry,
+        quota,
     };
     cross_checks(&mut c, &config);
     if c.issues.is_empty() {
@@ -344,6 +347,9 @@ fn cross_checks(c: &mut Checker, config: &Config) {
             );
         }
     }
+    if config.quota.backend == QuotaBackend::Redis && config.admission.policy != Policy::Lanes {
+        c.fail("quota.backend", "\"redis\" requires admission.policy = \"lanes\"");
+    }
     if config.admission.max_tokens_in_flight.get() < u64::from(max_len) {
         c.fail(
             "admission.max_tokens_in_flight",
@@ -356,12 +362,12 @@ fn cross_checks(c: &mut Checker, config: &Config) {
 
 /// Collects issues; each check returns a placeholder on failure so validation can go on.
 #[derive(Default)]
-struct Checker {
+pub(super) struct Checker {
     issues: Vec<ConfigIssue>,
 }
 
 impl Checker {
-    fn fail(&mut self, path: impl Into<String>, message: impl Into<String>) {
+    pub(super) fn fail(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.issues.push(ConfigIssue::new(path, message));
     }
 
@@ -379,7 +385,7 @@ impl Checker {
         })
     }
 
-    fn ms(&mut self, path: &str, value: Option<u64>, default: u64) -> Duration {
+    pub(super) fn ms(&mut self, path: &str, value: Option<u64>, default: u64) -> Duration {
         let ms = value.unwrap_or(default);
         if ms == 0 {
             self.fail(path, "must be > 0");

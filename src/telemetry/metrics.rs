@@ -19,6 +19,7 @@ use prometheus::{
 use crate::admission::AdmissionSnapshot;
 use crate::classify::Lane;
 use crate::telemetry::latency::{LatencySplit, UpstreamView};
+use crate::telemetry::quota_metrics::QuotaMetrics;
 
 /// Where a request was when its client went away (the `stage` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +98,8 @@ pub enum Outcome {
     QueueFull,
     /// Waited the lane's queue timeout without a slot (503).
     QueueTimeout,
+    /// The shared quota (Redis) was unreachable under `fail_closed` (503).
+    QuotaUnavailable,
     /// The engine could not be reached (503).
     UpstreamUnavailable,
     /// The engine stalled: first-token, idle or total timeout (504).
@@ -116,6 +119,7 @@ impl Outcome {
             Outcome::BadRequest => "bad_request",
             Outcome::TooLong => "too_long",
             Outcome::QueueFull => "queue_full",
+            Outcome::QuotaUnavailable => "quota_unavailable",
             Outcome::QueueTimeout => "queue_timeout",
             Outcome::UpstreamUnavailable => "upstream_unavailable",
             Outcome::UpstreamTimeout => "upstream_timeout",
@@ -144,6 +148,7 @@ pub struct Metrics {
     output_tokens: HistogramVec,
     prefix_queries: IntCounterVec,
     prefix_hits: IntCounterVec,
+    quota: QuotaMetrics,
 }
 
 impl Default for Metrics {
@@ -259,6 +264,7 @@ impl Metrics {
             "Prompt tokens vLLM served from its prefix cache (usage cached_tokens).",
             &["lane"],
         );
+        let quota = QuotaMetrics::register(&registry);
         // Every lane's series exist from the start, so dashboards and rate() see zeros, not gaps.
         for lane in Lane::ALL {
             let l = [lane.as_str()];
@@ -297,7 +303,13 @@ impl Metrics {
             output_tokens,
             prefix_queries,
             prefix_hits,
+            quota,
         }
+    }
+
+    /// The shared quota backend's families (`tutor_gateway_quota_*`).
+    pub fn quota(&self) -> &QuotaMetrics {
+        &self.quota
     }
 
     /// Records a client that went away at `stage` after `tokens` output tokens.

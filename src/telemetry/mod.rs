@@ -10,6 +10,7 @@
 
 pub mod latency;
 mod metrics;
+pub mod quota_metrics;
 pub mod otel;
 pub mod record;
 pub mod request_log;
@@ -17,5 +18,6 @@ pub mod span;
 
 pub use latency::{LatencySplit, UpstreamView};
 pub use metrics::{Metrics, Outcome, Route, Stage};
+pub use quota_metrics::QuotaMetrics;
 pub use record::RequestRecord;
 pub use request_log::RequestLog;

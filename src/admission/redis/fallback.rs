@@ -1,0 +1,57 @@
+//! The `fail_open` fallback: this replica's share of the limits, enforced in process while
+//! Redis is unreachable.
+
+use std::num::{NonZeroU32, NonZeroU64};
+
+use crate::classify::Lane;
+use crate::config::Config;
+
+/// `config` with every lane's `max_concurrency` and `max_tokens_in_flight` and the global token
+/// budget divided by `quota.expected_replicas` (rounded down), but never below one slot and the
+/// largest request the lane (or the global budget) must hold, so every request stays admittable.
+pub(super) fn local_share(config: &Config) -> Config {
+    let n = config.quota.expected_replicas.get();
+    let max_len = config.upstream.max_model_len.get();
+    let largest = |lane: Lane| -> u64 {
+        u64::from(match lane {
+            Lane::Small => config.classify.small_max_work.get().min(max_len),
+            Lane::Medium => config.classify.medium_max_work.get().min(max_len),
+            Lane::Large => max_len,
+        })
+    };
+    let mut out = config.clone();
+    for lane in Lane::ALL {
+        let l = match lane {
+            Lane::Small => &mut out.lanes.small,
+            Lane::Medium => &mut out.lanes.medium,
+            Lane::Large => &mut out.lanes.large,
+        };
+        l.max_concurrency = NonZeroU32::new(l.max_concurrency.get() / n).unwrap_or(NonZeroU32::MIN);
+        let tokens = (l.max_tokens_in_flight.get() / u64::from(n)).max(largest(lane));
+        l.max_tokens_in_flight = NonZeroU64::new(tokens).unwrap_or(NonZeroU64::MIN);
+    }
+    let global =
+        (config.admission.max_tokens_in_flight.get() / u64::from(n)).max(u64::from(max_len));
+    out.admission.max_tokens_in_flight = NonZeroU64::new(global).unwrap_or(NonZeroU64::MIN);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_share_divides_limits_but_keeps_the_largest_request_admittable() {
+        let mut config = Config::default();
+        config.quota.expected_replicas = NonZeroU32::new(8).unwrap();
+        let share = local_share(&config);
+        assert_eq!(share.lanes.small.max_concurrency.get(), 4);
+        assert_eq!(share.lanes.medium.max_concurrency.get(), 2);
+        // 4 / 8 rounds to zero: one slot stays.
+        assert_eq!(share.lanes.large.max_concurrency.get(), 1);
+        assert_eq!(share.lanes.small.max_tokens_in_flight.get(), 4_800);
+        // 65536 / 8 = 8192 < max_model_len: the largest request must still fit.
+        assert_eq!(share.lanes.large.max_tokens_in_flight.get(), 16_384);
+        assert_eq!(share.admission.max_tokens_in_flight.get(), 196_608 / 8);
+    }
+}

@@ -1,0 +1,41 @@
+//! Redis key names. All share the hash tag `{quota}`, so every script's keys live in one
+//! Cluster slot: `<prefix>:{quota}:expiry`, `:leases`, `:usage`, and the pub/sub channel
+//! `<prefix>:{quota}:released`.
+
+use redis::{Script, ScriptInvocation};
+
+/// The quota's keys under one prefix (default `tg:v1`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keys {
+    /// ZSET lease id -> expiry, Redis server time in ms.
+    pub expiry: String,
+    /// HASH lease id -> `"<lane> <tokens>"`.
+    pub leases: String,
+    /// HASH `<lane>:n`, `<lane>:tokens`, `global:tokens`.
+    pub usage: String,
+    /// Pub/sub channel: a lane name is published each time a lease of it is released.
+    pub released: String,
+}
+
+impl Keys {
+    /// The keys under `prefix` (no braces: config validation ensures it).
+    pub fn new(prefix: &str) -> Self {
+        let key = |name: &str| format!("{prefix}:{{quota}}:{name}");
+        Self {
+            expiry: key("expiry"),
+            leases: key("leases"),
+            usage: key("usage"),
+            released: key("released"),
+        }
+    }
+
+    /// An invocation of `script` with the keys every quota script takes, in order.
+    pub(super) fn with_keys<'a>(&self, script: &'a Script) -> ScriptInvocation<'a> {
+        let mut call = script.prepare_invoke();
+        call.key(&self.expiry)
+            .key(&self.leases)
+            .key(&self.usage)
+            .key(&self.released);
+        call
+    }
+}

@@ -1,0 +1,285 @@
+//! Redis-backed shared lane quota (M15): the lane limits hold across every replica together.
+//!
+//! # Data layout (prefix `quota.key_prefix`, default `tg:v1`; hash tag `{quota}`)
+//! - `tg:v1:{quota}:leases` HASH: lease id (`<replica>:<n>`) -> `"<lane> <tokens>"`.
+//! - `tg:v1:{quota}:expiry` ZSET: lease id -> expiry, Redis server time in ms (`TIME`, so
+//!   replicas' clocks do not matter).
+//! - `tg:v1:{quota}:usage` HASH: `<lane>:n` (leases), `<lane>:tokens`, `global:tokens`.
+//! - `tg:v1:{quota}:released` pub/sub channel: a lane name each time one of its leases goes.
+//!
+//! Every change goes through one Lua script (`lua/quota_*_v1.lua`, see [`scripts`]), so the
+//! counters always equal the sum of the live leases: acquire reaps expired leases, then takes
+//! a lease only if the lane's slots AND the lane's and global token budgets all fit; renew
+//! extends this replica's leases; release is idempotent; move shifts a lease to another lane
+//! if it has room. All keys share one hash tag, so the scripts run on Redis Cluster.
+//!
+//! # Leases and crashes
+//! A [`LaneGuard`] holds one lease. Dropping it removes the lease from this replica's books at
+//! once and sends it to a background task that runs the release script (Drop cannot await).
+//! A heartbeat renews this replica's leases every `quota.heartbeat_ms` (at most a third of
+//! `quota.lease_ttl_ms`). A replica that dies without releasing stops renewing; its leases
+//! expire after the TTL and the next script call of any replica reaps them
+//! (`tutor_gateway_quota_leases_reaped_total`).
+//!
+//! # Waiting and fairness
+//! Each replica keeps a FIFO line per lane (same `queue_len` / `queue_timeout_ms` as the local
+//! backend: 429 when full, 503 on timeout). Only the head calls Redis; it retries when a
+//! release is announced (pub/sub, or this replica's own releases) or after a jittered backoff
+//! of 5-250 ms. Fairness is FIFO within a replica only. Across replicas there is no global
+//! order: when a slot frees, the heads of all replicas are woken and the first script call to
+//! arrive wins, so each replica with waiters gets roughly an equal share of the freed slots,
+//! whatever its queue length. A request can be overtaken by a later one on another replica.
+//!
+//! # When Redis is down
+//! A failed call (connection refused, 500 ms timeout) marks the replica degraded
+//! (`tutor_gateway_quota_degraded` = 1; `/readyz` reports it). Under `fail_open` (the default)
+//! new requests are admitted by an in-process [`LocalAdmission`] with the limits divided by
+//! `quota.expected_replicas`; under `fail_closed` they get 503
+//! ([`AdmissionError::QuotaUnavailable`]). The heartbeat keeps probing and the replica returns
+//! to Redis on its own after the first successful call; no restart. Releases that failed are
+//! retried by the heartbeat until the lease's TTL has passed (then Redis has reaped it anyway),
+//! so nothing leaks. Known gaps: requests admitted by the fallback are not counted in Redis
+//! after the switch back (a transient overcommit of at most the fallback's share), and if Redis
+//! restarts empty, leases held across the restart are uncounted until their requests end
+//! (counted as `lease_lost` at the next renewal).
+//!
+//! [`snapshot`](RedisAdmission::snapshot) shows this replica's part only (its leases, its
+//! lines, its fallback); sum over replicas for the fleet, or read the `usage` hash.
+
+mod fallback;
+mod keys;
+mod queue;
+pub mod scripts;
+mod shared;
+mod tasks;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
+
+pub use keys::Keys;
+pub(crate) use shared::LeaseRelease;
+
+use super::limits::Limits;
+use super::{AdmissionError, AdmissionSnapshot, LaneGuard, LocalAdmission};
+use crate::classify::Lane;
+use crate::config::{Config, OnRedisDown, Policy};
+use crate::telemetry::QuotaMetrics;
+use scripts::LaneQuota;
+use shared::{QuotaLimits, Shared};
+
+/// How long a first request waits for the initial connection before counting Redis as down.
+const FIRST_CONNECT_WAIT: Duration = Duration::from_secs(2);
+
+/// Admission against the shared quota in Redis. Cheap to clone; clones share one connection,
+/// one set of leases and one set of background tasks, stopped when the last clone drops.
+#[derive(Clone)]
+pub struct RedisAdmission {
+    shared: Arc<Shared>,
+    limits: Arc<Limits>,
+    fallback: Option<LocalAdmission>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+    _stop_on_drop: Arc<DropGuard>,
+}
+
+impl std::fmt::Debug for RedisAdmission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisAdmission")
+            .field("replica", &self.shared.replica)
+            .field("keys", &self.shared.keys)
+            .field("degraded", &self.shared.degraded())
+            .finish()
+    }
+}
+
+impl RedisAdmission {
+    /// Admission for `config` (policy `lanes`) against `config.quota.redis_url`. Starts its
+    /// background tasks on the current Tokio runtime and connects in the background.
+    pub fn from_config(config: &Config, metrics: QuotaMetrics) -> Result<Self, redis::RedisError> {
+        let client = redis::Client::open(config.quota.redis_url.expose())?;
+        let limits = Limits::from_config(config);
+        let lanes = Lane::ALL.map(|lane| {
+            let c = config.lanes.get(lane);
+            LaneQuota {
+                max_requests: c.max_concurrency.get(),
+                max_tokens: c.max_tokens_in_flight.get(),
+            }
+        });
+        let quota = QuotaLimits {
+            lanes,
+            global_tokens: config.admission.max_tokens_in_flight.get(),
+        };
+        let (releases, release_rx) = mpsc::unbounded_channel();
+        let (retry, retry_rx) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared::new(
+            client,
+            Keys::new(&config.quota.key_prefix),
+            quota,
+            config.quota.lease_ttl,
+            config.quota.heartbeat,
+            releases,
+            metrics,
+        ));
+        let fallback = (config.quota.on_redis_down == OnRedisDown::FailOpen)
+            .then(|| LocalAdmission::from_config(&fallback::local_share(config)));
+        let stop = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        tasks.spawn(tasks::heartbeat(shared.clone(), retry_rx, stop.clone()));
+        tasks.spawn(tasks::releaser(
+            shared.clone(),
+            release_rx,
+            retry,
+            stop.clone(),
+        ));
+        tasks.spawn(tasks::listener(shared.clone(), stop.clone()));
+        tasks.close();
+        Ok(Self {
+            shared,
+            limits: Arc::new(limits),
+            fallback,
+            tasks,
+            _stop_on_drop: Arc::new(stop.clone().drop_guard()),
+            stop,
+        })
+    }
+
+    /// Always [`Policy::Lanes`] (config validation requires it for this backend).
+    pub fn policy(&self) -> Policy {
+        self.limits.policy()
+    }
+
+    /// True while Redis is unreachable and this replica runs on its fallback.
+    pub fn degraded(&self) -> bool {
+        self.shared.degraded()
+    }
+
+    /// What this replica does while Redis is down.
+    pub fn on_redis_down(&self) -> OnRedisDown {
+        if self.fallback.is_some() {
+            OnRedisDown::FailOpen
+        } else {
+            OnRedisDown::FailClosed
+        }
+    }
+
+    /// The Redis keys this replica uses.
+    pub fn keys(&self) -> &Keys {
+        &self.shared.keys
+    }
+
+    /// This replica's leases, waiters and fallback usage (not the fleet's; see module doc).
+    pub fn snapshot(&self) -> AdmissionSnapshot {
+        let mut snap = match &self.fallback {
+            Some(local) => local.snapshot(),
+            None => LocalAdmission::from_config(&Config::default()).snapshot(),
+        };
+        for held in self.shared.held().values() {
+            let lane = &mut snap.lanes[held.lane.index()];
+            lane.in_flight += 1;
+            lane.reserved_tokens += u64::from(held.tokens);
+        }
+        for lane in Lane::ALL {
+            snap.lanes[lane.index()].queue_depth += self.shared.queues[lane.index()].waiting();
+        }
+        snap
+    }
+
+    /// Waits for a lease in `lane` for `tokens`; the local-backend contract, fleet-wide.
+    ///
+    /// Errors: [`AdmissionError::QueueFull`], [`AdmissionError::Timeout`],
+    /// [`AdmissionError::TooLarge`], and [`AdmissionError::QuotaUnavailable`] when Redis is
+    /// down under `fail_closed`. Cancel-safe: dropping the future leaves the line; a lease
+    /// granted in that instant is released.
+    pub async fn acquire(&self, lane: Lane, tokens: u32) -> Result<LaneGuard, AdmissionError> {
+        if let Some(limit) = self.limits.max_reservation(lane) {
+            if u64::from(tokens) > limit {
+                return Err(AdmissionError::TooLarge {
+                    lane,
+                    tokens,
+                    limit,
+                });
+            }
+        }
+        if self.shared.connection().is_none() && !self.shared.degraded() {
+            let mut conn = self.shared.conn.subscribe();
+            let _ = tokio::time::timeout(FIRST_CONNECT_WAIT, conn.wait_for(Option::is_some)).await;
+        }
+        if self.shared.degraded() {
+            return self.fall_back(lane, tokens).await;
+        }
+        let line = &self.shared.queues[lane.index()];
+        let started = Instant::now();
+        if line.waiting() == 0 {
+            match self.shared.try_take(lane, tokens).await {
+                Ok(Some(id)) => return Ok(self.guard(id, lane, tokens, Duration::ZERO)),
+                Ok(None) => {}
+                Err(()) => return self.fall_back(lane, tokens).await,
+            }
+        }
+        let queue = self.limits.queue(self.limits.queue_of(lane));
+        let Some(_place) = line.join(queue.len) else {
+            return Err(AdmissionError::QueueFull {
+                lane,
+                retry_after: Duration::from_secs(queue.timeout.as_secs().max(1)),
+            });
+        };
+        let wait = async {
+            let _turn = line.head().await;
+            let mut backoff = queue::LaneQueue::first_backoff();
+            loop {
+                match self.shared.try_take(lane, tokens).await {
+                    Ok(Some(id)) => return Ok(self.guard(id, lane, tokens, started.elapsed())),
+                    Ok(None) => backoff = line.pause(backoff).await,
+                    Err(()) => return Err(()),
+                }
+            }
+        };
+        match tokio::time::timeout(queue.timeout, wait).await {
+            Ok(Ok(guard)) => Ok(guard),
+            Ok(Err(())) => self.fall_back(lane, tokens).await,
+            Err(_) => Err(AdmissionError::Timeout {
+                lane,
+                waited: started.elapsed(),
+            }),
+        }
+    }
+
+    /// Stops the background tasks after giving back what dropped guards already sent.
+    pub async fn shutdown(&self) {
+        self.stop.cancel();
+        self.tasks.wait().await;
+    }
+
+    /// Stops everything without releasing anything, as `kill -9` would: the heartbeat stops
+    /// and guards dropped from now on release nothing, so this replica's leases expire by TTL.
+    /// For tests and failure drills.
+    pub fn abandon(&self) {
+        self.shared
+            .abandoned
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.stop.cancel();
+    }
+
+    async fn fall_back(&self, lane: Lane, tokens: u32) -> Result<LaneGuard, AdmissionError> {
+        match &self.fallback {
+            Some(local) => local.acquire(lane, tokens).await,
+            None => Err(AdmissionError::QuotaUnavailable { lane }),
+        }
+    }
+
+    fn guard(&self, id: String, lane: Lane, tokens: u32, waited: Duration) -> LaneGuard {
+        let release = LeaseRelease {
+            shared: self.shared.clone(),
+            id,
+        };
+        LaneGuard::redis(release, lane, tokens, waited)
+    }
+}

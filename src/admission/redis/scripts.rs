@@ -1,0 +1,191 @@
+//! The quota's Lua scripts (`lua/quota_*_v1.lua`) and the Rust types that decode their replies.
+//!
+//! Every script is the shared prelude `quota_common_v1.lua` followed by its own body, loaded
+//! with `include_str!`. [`redis::Script`] runs them with `EVALSHA` and loads them with
+//! `SCRIPT LOAD` on `NOSCRIPT` (a new connection, a restarted Redis), so no call sends the
+//! source twice. The `v1` in the file names and in the default key prefix lets replicas with a
+//! different layout run side by side during a rolling deploy under another prefix.
+
+use redis::aio::ConnectionLike;
+use redis::{RedisResult, Script};
+
+use super::keys::Keys;
+use crate::classify::Lane;
+
+/// The four quota scripts, loaded once per [`Scripts`] value.
+#[derive(Debug, Clone)]
+pub struct Scripts {
+    acquire: Script,
+    renew: Script,
+    release: Script,
+    move_lease: Script,
+}
+
+macro_rules! quota_script {
+    ($name:literal) => {
+        Script::new(concat!(
+            include_str!("../../../lua/quota_common_v1.lua"),
+            "\n",
+            include_str!(concat!("../../../lua/", $name))
+        ))
+    };
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Self {
+            acquire: quota_script!("quota_acquire_v1.lua"),
+            renew: quota_script!("quota_renew_v1.lua"),
+            release: quota_script!("quota_release_v1.lua"),
+            move_lease: quota_script!("quota_move_v1.lua"),
+        }
+    }
+}
+
+/// One lane's limits as the scripts check them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneQuota {
+    /// Leases the lane may hold at once.
+    pub max_requests: u32,
+    /// Tokens the lane's leases may reserve at once.
+    pub max_tokens: u64,
+}
+
+/// What `quota_acquire_v1.lua` and `quota_move_v1.lua` answer (their `status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Granted (or moved, or already held by this id).
+    Granted,
+    /// The lane has no free request slot.
+    LaneFull,
+    /// The lane's token budget has no room.
+    LaneTokens,
+    /// The global token budget has no room.
+    GlobalTokens,
+    /// `move` only: the lease no longer exists.
+    NoLease,
+}
+
+/// Reply of `quota_acquire_v1.lua` / `quota_move_v1.lua`: `{ status, reaped }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TakeReply {
+    /// The decision.
+    pub verdict: Verdict,
+    /// Expired leases this call reaped.
+    pub reaped: u64,
+}
+
+impl TakeReply {
+    fn decode((status, reaped): (i64, u64)) -> Self {
+        let verdict = match status {
+            1 => Verdict::Granted,
+            0 => Verdict::LaneFull,
+            -1 => Verdict::LaneTokens,
+            -2 => Verdict::GlobalTokens,
+            _ => Verdict::NoLease,
+        };
+        Self { verdict, reaped }
+    }
+}
+
+/// Reply of `quota_renew_v1.lua`: `{ renewed, reaped, missing... }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenewReply {
+    /// Leases extended.
+    pub renewed: u64,
+    /// Expired leases this call reaped (anyone's).
+    pub reaped: u64,
+    /// Ids asked for that no longer exist: expired, or lost with Redis's data.
+    pub missing: Vec<String>,
+}
+
+impl Scripts {
+    /// `quota_acquire_v1.lua`: a lease `id` of `tokens` in `lane` for `ttl_ms`, if it fits.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn acquire<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &Keys,
+        id: &str,
+        lane: Lane,
+        tokens: u32,
+        ttl_ms: u64,
+        quota: LaneQuota,
+        global_max_tokens: u64,
+    ) -> RedisResult<TakeReply> {
+        let reply = keys
+            .with_keys(&self.acquire)
+            .arg(id)
+            .arg(lane.as_str())
+            .arg(tokens)
+            .arg(ttl_ms)
+            .arg(quota.max_requests)
+            .arg(quota.max_tokens)
+            .arg(global_max_tokens)
+            .invoke_async(conn)
+            .await?;
+        Ok(TakeReply::decode(reply))
+    }
+
+    /// `quota_renew_v1.lua`: extends leases `ids` to `ttl_ms` from now.
+    pub async fn renew<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &Keys,
+        ttl_ms: u64,
+        ids: &[String],
+    ) -> RedisResult<RenewReply> {
+        let mut call = keys.with_keys(&self.renew);
+        call.arg(ttl_ms);
+        for id in ids {
+            call.arg(id);
+        }
+        let mut reply: Vec<redis::Value> = call.invoke_async(conn).await?;
+        let rest = reply.split_off(2.min(reply.len()));
+        let head: (u64, u64) = redis::from_redis_value(&redis::Value::Array(reply))?;
+        let missing = rest
+            .iter()
+            .map(redis::from_redis_value::<String>)
+            .collect::<RedisResult<_>>()?;
+        Ok(RenewReply {
+            renewed: head.0,
+            reaped: head.1,
+            missing,
+        })
+    }
+
+    /// `quota_release_v1.lua`: gives lease `id` back; true when it was still held.
+    pub async fn release<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &Keys,
+        id: &str,
+    ) -> RedisResult<bool> {
+        let released: i64 = keys
+            .with_keys(&self.release)
+            .arg(id)
+            .invoke_async(conn)
+            .await?;
+        Ok(released == 1)
+    }
+
+    /// `quota_move_v1.lua`: moves lease `id` to lane `to` if `to` has room under `quota`.
+    pub async fn move_lease<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &Keys,
+        id: &str,
+        to: Lane,
+        quota: LaneQuota,
+    ) -> RedisResult<TakeReply> {
+        let reply = keys
+            .with_keys(&self.move_lease)
+            .arg(id)
+            .arg(to.as_str())
+            .arg(quota.max_requests)
+            .arg(quota.max_tokens)
+            .invoke_async(conn)
+            .await?;
+        Ok(TakeReply::decode(reply))
+    }
+}

@@ -1,0 +1,185 @@
+//! State shared by [`super::RedisAdmission`] handles, their guards and background tasks: the
+//! connection, the leases this replica holds, the wait lines and the degraded flag.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionManager;
+use redis::RedisError;
+use tokio::sync::{mpsc, watch};
+
+use super::keys::Keys;
+use super::queue::LaneQueue;
+use super::scripts::{LaneQuota, Scripts, TakeReply};
+use crate::classify::Lane;
+use crate::telemetry::QuotaMetrics;
+
+/// A lease this replica holds.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Held {
+    pub lane: Lane,
+    pub tokens: u32,
+}
+
+/// A lease to give back (sent by a dropped guard to the release task).
+#[derive(Debug, Clone)]
+pub(crate) struct Lease {
+    pub id: String,
+    pub lane: Lane,
+}
+
+/// Everything the scripts need to know about the limits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QuotaLimits {
+    pub lanes: [LaneQuota; 3],
+    pub global_tokens: u64,
+}
+
+pub(crate) struct Shared {
+    pub client: redis::Client,
+    /// `None` until the first connection; the manager reconnects by itself afterwards.
+    pub conn: watch::Sender<Option<ConnectionManager>>,
+    pub scripts: Scripts,
+    pub keys: Keys,
+    pub limits: QuotaLimits,
+    pub ttl_ms: u64,
+    pub heartbeat: Duration,
+    pub replica: String,
+    next_id: AtomicU64,
+    held: Mutex<HashMap<String, Held>>,
+    pub queues: [LaneQueue; 3],
+    degraded: AtomicBool,
+    /// Set by [`super::RedisAdmission::abandon`]: behave like a killed process.
+    pub abandoned: AtomicBool,
+    pub releases: mpsc::UnboundedSender<Lease>,
+    pub metrics: QuotaMetrics,
+}
+
+impl Shared {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: redis::Client,
+        keys: Keys,
+        limits: QuotaLimits,
+        ttl: Duration,
+        heartbeat: Duration,
+        releases: mpsc::UnboundedSender<Lease>,
+        metrics: QuotaMetrics,
+    ) -> Self {
+        let replica = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        Self {
+            client,
+            conn: watch::Sender::new(None),
+            scripts: Scripts::default(),
+            keys,
+            limits,
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            heartbeat,
+            replica,
+            next_id: AtomicU64::new(0),
+            held: Mutex::new(HashMap::new()),
+            queues: Default::default(),
+            degraded: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
+            releases,
+            metrics,
+        }
+    }
+
+    pub fn held(&self) -> MutexGuard<'_, HashMap<String, Held>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn connection(&self) -> Option<ConnectionManager> {
+        self.conn.borrow().clone()
+    }
+
+    pub fn degraded(&self) -> bool {
+        self.degraded.load(Ordering::Acquire)
+    }
+
+    /// Enters or leaves the fallback; logs and sets the gauge on a change.
+    pub fn set_degraded(&self, degraded: bool) {
+        if self.degraded.swap(degraded, Ordering::AcqRel) != degraded {
+            self.metrics.set_degraded(degraded);
+            if degraded {
+                tracing::error!("shared quota unreachable: running on the fallback");
+            } else {
+                tracing::info!("shared quota reachable again: back on Redis");
+            }
+        }
+    }
+
+    /// Counts a failed call and marks the quota degraded.
+    pub fn failed(&self, op: &str, err: &RedisError) {
+        let kind = if err.is_timeout() {
+            "timeout"
+        } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
+            "connection"
+        } else {
+            "other"
+        };
+        self.metrics.error(kind);
+        // The error text names the server but never the password.
+        tracing::warn!(op, kind, error = %err, "quota call failed");
+        self.set_degraded(true);
+    }
+
+    /// Runs the acquire script once. `Ok(Some(id))`: granted; `Ok(None)`: no room.
+    pub async fn try_take(&self, lane: Lane, tokens: u32) -> Result<Option<String>, ()> {
+        let Some(mut conn) = self.connection() else {
+            self.set_degraded(true);
+            return Err(());
+        };
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{}:{n}", self.replica);
+        let started = Instant::now();
+        let reply = self
+            .scripts
+            .acquire(
+                &mut conn,
+                &self.keys,
+                &id,
+                lane,
+                tokens,
+                self.ttl_ms,
+                self.limits.lanes[lane.index()],
+                self.limits.global_tokens,
+            )
+            .await;
+        self.metrics
+            .observe("acquire", started.elapsed().as_secs_f64());
+        match reply {
+            Ok(TakeReply { verdict, reaped }) => {
+                self.metrics.reaped(reaped);
+                if verdict == super::scripts::Verdict::Granted {
+                    self.held().insert(id.clone(), Held { lane, tokens });
+                    Ok(Some(id))
+                } else {
+                    Ok(None)
+                }
+            }
+            Err(err) => {
+                self.failed("acquire", &err);
+                Err(())
+            }
+        }
+    }
+
+    /// Gives lease `id` back (a guard's drop): forget it here, release it in the background.
+    pub fn release(&self, id: String, lane: Lane) {
+        self.held().remove(&id);
+        if !self.abandoned.load(Ordering::Acquire) {
+            // Fails only once the release task has stopped; the lease then expires by TTL.
+            let _ = self.releases.send(Lease { id, lane });
+        }
+    }
+}
+
+/// Hands a Redis lease back when its [`crate::admission::LaneGuard`] drops.
+pub(crate) struct LeaseRelease {
+    pub shared: std::sync::Arc<Shared>,
+    pub id: String,
+}

@@ -1,0 +1,191 @@
+//! Background tasks of a Redis-backed replica, tracked and stopped together:
+//!
+//! - `heartbeat`: connects (and keeps retrying while Redis is down), renews this replica's
+//!   leases every `heartbeat`, retries releases that failed, and leaves the fallback once a
+//!   call succeeds again. Its renew call also reaps other replicas' expired leases.
+//! - `releaser`: runs the release script for every dropped guard (Drop cannot await).
+//! - `listener`: subscribes to the `released` channel and wakes the lane's local head.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use redis::aio::ConnectionManagerConfig;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::shared::{Lease, Shared};
+use crate::classify::Lane;
+
+/// Each Redis call gives up after this long (then counts as Redis down).
+const CALL_TIMEOUT: Duration = Duration::from_millis(500);
+/// Leases renewed per script call.
+const RENEW_CHUNK: usize = 500;
+
+fn manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(CALL_TIMEOUT)
+        .set_response_timeout(CALL_TIMEOUT)
+        .set_number_of_retries(1)
+        .set_max_delay(200)
+}
+
+/// Connects, renews, retries failed releases, probes while degraded.
+pub(super) async fn heartbeat(
+    shared: Arc<Shared>,
+    mut retry: mpsc::UnboundedReceiver<Lease>,
+    stop: CancellationToken,
+) {
+    let mut pending: Vec<(Lease, Instant)> = Vec::new();
+    let mut tick = tokio::time::interval(shared.heartbeat);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if shared.connection().is_none() {
+            match shared
+                .client
+                .get_connection_manager_with_config(manager_config())
+                .await
+            {
+                Ok(conn) => {
+                    shared.conn.send_replace(Some(conn));
+                }
+                Err(err) => {
+                    shared.failed("connect", &err);
+                    continue;
+                }
+            }
+        }
+        while let Ok(lease) = retry.try_recv() {
+            pending.push((lease, Instant::now()));
+        }
+        if beat(&shared, &mut pending).await {
+            shared.set_degraded(false);
+        }
+    }
+}
+
+/// One heartbeat: renew every held lease, then retry pending releases. True when all calls
+/// succeeded.
+async fn beat(shared: &Shared, pending: &mut Vec<(Lease, Instant)>) -> bool {
+    let Some(mut conn) = shared.connection() else {
+        return false;
+    };
+    let ids: Vec<String> = shared.held().keys().cloned().collect();
+    let chunks: Vec<&[String]> = if ids.is_empty() {
+        vec![&[]]
+    } else {
+        ids.chunks(RENEW_CHUNK).collect()
+    };
+    for chunk in chunks {
+        let started = Instant::now();
+        let reply = shared
+            .scripts
+            .renew(&mut conn, &shared.keys, shared.ttl_ms, chunk)
+            .await;
+        shared
+            .metrics
+            .observe("renew", started.elapsed().as_secs_f64());
+        match reply {
+            Ok(r) => {
+                shared.metrics.reaped(r.reaped);
+                for _ in &r.missing {
+                    shared.metrics.error("lease_lost");
+                }
+            }
+            Err(err) => {
+                shared.failed("renew", &err);
+                return false;
+            }
+        }
+    }
+    // A release older than the TTL no longer matters: Redis has reaped the lease by now.
+    let ttl = Duration::from_millis(shared.ttl_ms);
+    pending.retain(|(_, since)| since.elapsed() < ttl);
+    while let Some((lease, since)) = pending.pop() {
+        if !release_one(shared, &mut conn, &lease).await {
+            pending.push((lease, since));
+            return false;
+        }
+    }
+    true
+}
+
+/// Runs the release script; true on success (also when the lease was already gone).
+async fn release_one(
+    shared: &Shared,
+    conn: &mut redis::aio::ConnectionManager,
+    lease: &Lease,
+) -> bool {
+    let started = Instant::now();
+    let reply = shared.scripts.release(conn, &shared.keys, &lease.id).await;
+    shared
+        .metrics
+        .observe("release", started.elapsed().as_secs_f64());
+    match reply {
+        Ok(_) => {
+            shared.queues[lease.lane.index()].notify();
+            true
+        }
+        Err(err) => {
+            shared.failed("release", &err);
+            false
+        }
+    }
+}
+
+/// Releases the leases of dropped guards; failures go to the heartbeat for retry. On stop,
+/// drains what was already sent (a graceful shutdown gives everything back).
+pub(super) async fn releaser(
+    shared: Arc<Shared>,
+    mut leases: mpsc::UnboundedReceiver<Lease>,
+    retry: mpsc::UnboundedSender<Lease>,
+    stop: CancellationToken,
+) {
+    loop {
+        let lease = tokio::select! {
+            lease = leases.recv() => lease,
+            () = stop.cancelled() => {
+                leases.close();
+                leases.recv().await
+            }
+        };
+        let Some(lease) = lease else { return };
+        let ok = match shared.connection() {
+            Some(mut conn) => release_one(&shared, &mut conn, &lease).await,
+            None => false,
+        };
+        if !ok && !stop.is_cancelled() {
+            let _ = retry.send(lease);
+        }
+    }
+}
+
+/// Wakes local heads when any replica releases; reconnects after errors.
+pub(super) async fn listener(shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        let listen = async {
+            let mut pubsub = shared.client.get_async_pubsub().await?;
+            pubsub.subscribe(&shared.keys.released).await?;
+            let mut messages = pubsub.on_message();
+            while let Some(msg) = messages.next().await {
+                let lane: String = msg.get_payload().unwrap_or_default();
+                if let Some(lane) = Lane::ALL.into_iter().find(|l| l.as_str() == lane) {
+                    shared.queues[lane.index()].notify();
+                }
+            }
+            Ok::<(), redis::RedisError>(())
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = listen => {}
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(shared.heartbeat) => {}
+        }
+    }
+}

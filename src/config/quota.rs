@@ -1,0 +1,222 @@
+//! `[quota]`: where the lane quota lives, and what happens when Redis is unreachable.
+
+use std::fmt;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use super::defaults as d;
+use super::raw::RawQuota;
+use super::validate::Checker;
+
+/// Where admission counts slots and tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaBackend {
+    /// In this process only: right for one replica.
+    Local,
+    /// In Redis, shared by every replica (M15).
+    Redis,
+}
+
+/// What a replica does while Redis cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnRedisDown {
+    /// Admit under local limits: the global limits divided by `expected_replicas`.
+    FailOpen,
+    /// Refuse new requests with 503 until Redis is back.
+    FailClosed,
+}
+
+/// A Redis URL that may carry a password: `Debug` and `Display` never show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl(String);
+
+impl RedisUrl {
+    /// Wraps `url` (not validated here; see `validate`).
+    pub fn new(url: impl Into<String>) -> Self {
+        Self(url.into())
+    }
+
+    /// The URL with its password, for the Redis client only. Never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with any `user:password@` part replaced by `***@`, safe for logs.
+    pub fn redacted(&self) -> String {
+        match (self.0.find("://"), self.0.rfind('@')) {
+            (Some(scheme), Some(at)) if at > scheme => {
+                format!("{}***{}", &self.0[..scheme + 3], &self.0[at..])
+            }
+            _ => self.0.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RedisUrl({:?})", self.redacted())
+    }
+}
+
+impl fmt::Display for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// `[quota]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaConfig {
+    /// Local or Redis.
+    pub backend: QuotaBackend,
+    /// The Redis server (backend `redis`). No TLS in this build (`rediss://` is refused).
+    pub redis_url: RedisUrl,
+    /// How long a lease lives without renewal: the longest a crashed replica's slots stay taken.
+    pub lease_ttl: Duration,
+    /// How often a replica renews its leases; at most a third of `lease_ttl`.
+    pub heartbeat: Duration,
+    /// Prefix of every key (a version in it lets old and new layouts run side by side).
+    pub key_prefix: String,
+    /// Behaviour while Redis is unreachable.
+    pub on_redis_down: OnRedisDown,
+    /// Replicas the global limits are divided by under `fail_open`.
+    pub expected_replicas: NonZeroU32,
+}
+
+/// Checks `[quota]`. Never echoes the URL: it may hold a password.
+pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
+    let backend = match raw.backend.as_deref().unwrap_or(d::QUOTA_BACKEND) {
+        "local" => QuotaBackend::Local,
+        "redis" => QuotaBackend::Redis,
+        _ => {
+            c.fail("quota.backend", "must be \"local\" or \"redis\"");
+            QuotaBackend::Local
+        }
+    };
+    let url = raw
+        .redis_url
+        .unwrap_or_else(|| d::QUOTA_REDIS_URL.to_owned());
+    if url.starts_with("rediss://") {
+        c.fail(
+            "quota.redis_url",
+            "uses TLS (rediss://), which this build does not support; use redis:// or unix://",
+        );
+    } else if redis::Client::open(url.as_str()).is_err() {
+        c.fail(
+            "quota.redis_url",
+            "must be a redis://host:port/db or unix:///path URL",
+        );
+    }
+    let lease_ttl = c.ms(
+        "quota.lease_ttl_ms",
+        raw.lease_ttl_ms,
+        d::QUOTA_LEASE_TTL_MS,
+    );
+    let heartbeat = c.ms(
+        "quota.heartbeat_ms",
+        raw.heartbeat_ms,
+        d::QUOTA_HEARTBEAT_MS,
+    );
+    if heartbeat * 3 > lease_ttl {
+        c.fail(
+            "quota.heartbeat_ms",
+            "must be <= a third of quota.lease_ttl_ms, so a lease survives two missed beats",
+        );
+    }
+    let key_prefix = raw
+        .key_prefix
+        .unwrap_or_else(|| d::QUOTA_KEY_PREFIX.to_owned());
+    if key_prefix.is_empty() || key_prefix.contains(['{', '}']) {
+        c.fail(
+            "quota.key_prefix",
+            "must be non-empty and without braces (the {quota} hash tag is added)",
+        );
+    }
+    let on_redis_down = match raw
+        .on_redis_down
+        .as_deref()
+        .unwrap_or(d::QUOTA_ON_REDIS_DOWN)
+    {
+        "fail_open" => OnRedisDown::FailOpen,
+        "fail_closed" => OnRedisDown::FailClosed,
+        _ => {
+            c.fail(
+                "quota.on_redis_down",
+                "must be \"fail_open\" or \"fail_closed\"",
+            );
+            OnRedisDown::FailOpen
+        }
+    };
+    let expected_replicas =
+        NonZeroU32::new(raw.expected_replicas.unwrap_or(d::QUOTA_EXPECTED_REPLICAS))
+            .unwrap_or_else(|| {
+                c.fail("quota.expected_replicas", "must be > 0");
+                NonZeroU32::MIN
+            });
+    QuotaConfig {
+        backend,
+        redis_url: RedisUrl::new(url),
+        lease_ttl,
+        heartbeat,
+        key_prefix,
+        on_redis_down,
+        expected_replicas,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn issues(quota: &str) -> Vec<String> {
+        let src = format!("[classify]\ntokenizer = \"heuristic\"\n[quota]\n{quota}");
+        match Config::from_toml_str(&src) {
+            Ok(_) => vec![],
+            Err(e) => e.issues().iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn heartbeat_must_be_well_inside_the_ttl() {
+        let found = issues("lease_ttl_ms = 3000\nheartbeat_ms = 1500\n");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("quota.heartbeat_ms must be"));
+        assert!(issues("lease_ttl_ms = 3000\nheartbeat_ms = 1000\n").is_empty());
+    }
+
+    #[test]
+    fn bad_urls_are_reported_without_echoing_the_password() {
+        let found = issues("backend = \"redis\"\nredis_url = \"rediss://u:hunter2@h:1\"\n");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("quota.redis_url"), "{found:?}");
+        let found = issues("redis_url = \"http://u:hunter2@h:1\"\n");
+        assert!(!found.iter().any(|i| i.contains("hunter2")), "{found:?}");
+        assert!(found[0].starts_with("quota.redis_url"), "{found:?}");
+    }
+
+    #[test]
+    fn the_url_never_prints_its_password() {
+        let url = RedisUrl::new("redis://user:hunter2@cache:6379/0");
+        assert_eq!(url.to_string(), "redis://***@cache:6379/0");
+        assert!(!format!("{url:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn other_bad_keys_are_all_reported() {
+        let found = issues(
+            "backend = \"x\"\nkey_prefix = \"a{b}\"\non_redis_down = \"x\"\nexpected_replicas = 0\n",
+        );
+        for key in [
+            "backend",
+            "key_prefix",
+            "on_redis_down",
+            "expected_replicas",
+        ] {
+            assert!(
+                found.iter().any(|i| i.starts_with(&format!("quota.{key}"))),
+                "{key}: {found:?}"
+            );
+        }
+    }
+}

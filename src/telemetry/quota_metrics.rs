@@ -1,0 +1,111 @@
+//! `tutor_gateway_quota_*`: the shared quota backend (Redis, M15), registered once by
+//! [`super::Metrics::new`] in the gateway's registry.
+//!
+//! - `tutor_gateway_quota_backend_seconds{op}`: one Redis script call (acquire, release,
+//!   renew), round trip.
+//! - `tutor_gateway_quota_errors_total{kind}`: failed calls (`connection`, `timeout`, `other`)
+//!   and leases found gone at renewal (`lease_lost`).
+//! - `tutor_gateway_quota_degraded`: 1 while the replica runs on its fallback (Redis down).
+//! - `tutor_gateway_quota_leases_reaped_total`: expired leases (a crashed or stalled replica's)
+//!   this replica's script calls removed.
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry};
+
+/// Buckets for one Redis round trip, seconds.
+const BACKEND_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// The quota backend's metric families.
+#[derive(Debug, Clone)]
+pub struct QuotaMetrics {
+    latency: HistogramVec,
+    errors: IntCounterVec,
+    degraded: IntGauge,
+    reaped: IntCounter,
+}
+
+impl QuotaMetrics {
+    /// Registers the families in `registry`.
+    pub fn register(registry: &Registry) -> Self {
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "tutor_gateway_quota_backend_seconds",
+                "Round trip of one quota script call to Redis, by operation.",
+            )
+            .buckets(BACKEND_BUCKETS.to_vec()),
+            &["op"],
+        )
+        .expect("valid histogram");
+        let errors = IntCounterVec::new(
+            prometheus::Opts::new(
+                "tutor_gateway_quota_errors_total",
+                "Quota backend failures by kind (connection, timeout, other, lease_lost).",
+            ),
+            &["kind"],
+        )
+        .expect("valid counter");
+        let degraded = IntGauge::new(
+            "tutor_gateway_quota_degraded",
+            "1 while the shared quota is unreachable and this replica runs on its fallback.",
+        )
+        .expect("valid gauge");
+        let reaped = IntCounter::new(
+            "tutor_gateway_quota_leases_reaped_total",
+            "Expired leases (of crashed or stalled replicas) removed by this replica's calls.",
+        )
+        .expect("valid counter");
+        for c in [
+            Box::new(latency.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(errors.clone()),
+            Box::new(degraded.clone()),
+            Box::new(reaped.clone()),
+        ] {
+            registry.register(c).expect("registered once");
+        }
+        for kind in ["connection", "timeout", "other", "lease_lost"] {
+            errors.with_label_values(&[kind]);
+        }
+        Self {
+            latency,
+            errors,
+            degraded,
+            reaped,
+        }
+    }
+
+    /// Records one call of `op` that took `seconds`.
+    pub fn observe(&self, op: &str, seconds: f64) {
+        self.latency.with_label_values(&[op]).observe(seconds);
+    }
+
+    /// Counts one error of `kind`.
+    pub fn error(&self, kind: &str) {
+        self.errors.with_label_values(&[kind]).inc();
+    }
+
+    /// Errors of `kind` so far.
+    pub fn errors(&self, kind: &str) -> u64 {
+        self.errors.with_label_values(&[kind]).get()
+    }
+
+    /// Sets the degraded gauge.
+    pub fn set_degraded(&self, degraded: bool) {
+        self.degraded.set(i64::from(degraded));
+    }
+
+    /// The degraded gauge.
+    pub fn degraded(&self) -> bool {
+        self.degraded.get() == 1
+    }
+
+    /// Counts `n` reaped leases.
+    pub fn reaped(&self, n: u64) {
+        self.reaped.inc_by(n);
+    }
+
+    /// Leases reaped so far.
+    pub fn reaped_total(&self) -> u64 {
+        self.reaped.get()
+    }
+}
