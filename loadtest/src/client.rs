@@ -1,0 +1,264 @@
+//! One streamed request against a target, timed on the client: first token, every token event,
+//! the end, and what went wrong.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::time::Instant;
+
+/// Which API the target speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    /// The gateway's `POST /answer` (`event: token` SSE).
+    Answer,
+    /// `POST /v1/chat/completions` streaming (the gateway, vLLM or the simulator).
+    Chat,
+}
+
+/// Where requests go.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// Base URL without a trailing slash, e.g. `http://127.0.0.1:8080`.
+    pub base_url: String,
+    /// The API used.
+    pub api: Api,
+    /// `model` sent on the chat API (omitted when `None`).
+    pub model: Option<String>,
+    http: reqwest::Client,
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// The stream ended normally.
+    Ok,
+    /// HTTP error, error event, broken stream.
+    Error,
+    /// Still running when the run's hard deadline came; dropped.
+    Cut,
+}
+
+/// What the client saw of one request. Times are seconds from the request's send.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// How it ended.
+    pub status: Status,
+    /// Error code (`http_429`, `queue_timeout`, `connect`, ...) when not ok.
+    pub error: Option<String>,
+    /// Time to the first non-empty token event.
+    pub ttft_s: Option<f64>,
+    /// Arrival time of every token event.
+    pub token_times: Vec<f32>,
+    /// Output tokens (the server's usage when it reports it, else token events).
+    pub output_tokens: u32,
+    /// Send to end of stream (ok requests).
+    pub e2e_s: Option<f64>,
+}
+
+impl Target {
+    /// A target at `base_url` speaking `api`.
+    pub fn new(base_url: &str, api: Api, model: Option<String>) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .pool_max_idle_per_host(1024)
+            .build()?;
+        Ok(Self {
+            base_url: base_url.trim_end_matches('/').to_string(),
+            api,
+            model,
+            http,
+        })
+    }
+
+    fn request(&self, prompt: &str, max_tokens: u32) -> reqwest::RequestBuilder {
+        let messages = json!([{"role": "user", "content": prompt}]);
+        match self.api {
+            Api::Answer => self
+                .http
+                .post(format!("{}/answer", self.base_url))
+                .json(&json!({"messages": messages, "max_output_tokens": max_tokens})),
+            Api::Chat => {
+                let mut body = json!({
+                    "messages": messages, "max_tokens": max_tokens, "ignore_eos": true,
+                    "stream": true, "stream_options": {"include_usage": true},
+                });
+                if let Some(m) = &self.model {
+                    body["model"] = json!(m);
+                }
+                self.http
+                    .post(format!("{}/v1/chat/completions", self.base_url))
+                    .json(&body)
+            }
+        }
+    }
+
+    /// Sends one request and reads its stream until it ends or `cut_at` passes.
+    pub async fn send(&self, prompt: &str, max_tokens: u32, cut_at: Instant) -> Outcome {
+        let start = Instant::now();
+        let mut out = Outcome {
+            status: Status::Error,
+            error: None,
+            ttft_s: None,
+            token_times: Vec::with_capacity(max_tokens as usize),
+            output_tokens: 0,
+            e2e_s: None,
+        };
+        let resp =
+            match tokio::time::timeout_at(cut_at, self.request(prompt, max_tokens).send()).await {
+                Err(_) => return cut(out),
+                Ok(Err(e)) => return fail(out, if e.is_connect() { "connect" } else { "http" }),
+                Ok(Ok(r)) => r,
+            };
+        if !resp.status().is_success() {
+            let code = format!("http_{}", resp.status().as_u16());
+            return fail(out, &code);
+        }
+        let mut stream = resp.bytes_stream();
+        let mut buf: Vec<u8> = Vec::new();
+        let mut usage_tokens = None;
+        loop {
+            let chunk = match tokio::time::timeout_at(cut_at, stream.next()).await {
+                Err(_) => return cut(out),
+                Ok(None) => return fail(out, "stream_ended_early"),
+                Ok(Some(Err(_))) => return fail(out, "stream_broken"),
+                Ok(Some(Ok(c))) => c,
+            };
+            buf.extend_from_slice(&chunk);
+            while let Some(pos) = find_event_end(&buf) {
+                let raw: Vec<u8> = buf.drain(..pos.0).collect();
+                buf.drain(..pos.1);
+                let t = start.elapsed().as_secs_f64();
+                match self.on_event(&String::from_utf8_lossy(&raw), &mut usage_tokens) {
+                    Event::Token => {
+                        out.ttft_s.get_or_insert(t);
+                        out.token_times.push(t as f32);
+                    }
+                    Event::Other => {}
+                    Event::Error(code) => return fail(out, &code),
+                    Event::End => {
+                        out.status = Status::Ok;
+                        out.e2e_s = Some(t);
+                        out.output_tokens = usage_tokens.unwrap_or(out.token_times.len() as u32);
+                        return out;
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_event(&self, raw: &str, usage: &mut Option<u32>) -> Event {
+        let mut name = "message";
+        let mut data = String::new();
+        for line in raw.lines() {
+            if let Some(v) = line.strip_prefix("event:") {
+                name = v.trim();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data.push_str(v.strip_prefix(' ').unwrap_or(v));
+            }
+        }
+        match self.api {
+            Api::Answer => match name {
+                "token" => Event::Token,
+                "done" => {
+                    let v: Value = serde_json::from_str(&data).unwrap_or_default();
+                    *usage = v["usage"]["output_tokens"].as_u64().map(|n| n as u32);
+                    Event::End
+                }
+                "error" => {
+                    let v: Value = serde_json::from_str(&data).unwrap_or_default();
+                    Event::Error(v["code"].as_str().unwrap_or("error_event").to_string())
+                }
+                _ => Event::Other,
+            },
+            Api::Chat => {
+                if data.trim() == "[DONE]" {
+                    return Event::End;
+                }
+                let v: Value = match serde_json::from_str(&data) {
+                    Ok(v) => v,
+                    Err(_) => return Event::Other,
+                };
+                if let Some(e) = v.get("error") {
+                    let code = e["code"].as_str().map(str::to_string);
+                    return Event::Error(code.unwrap_or_else(|| "error_event".into()));
+                }
+                if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                    *usage = Some(n as u32);
+                }
+                match v["choices"][0]["delta"]["content"].as_str() {
+                    Some(s) if !s.is_empty() => Event::Token,
+                    _ => Event::Other,
+                }
+            }
+        }
+    }
+}
+
+enum Event {
+    Token,
+    Other,
+    Error(String),
+    End,
+}
+
+/// End of the first SSE event in `buf`: (event length, separator length).
+fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| (p, 2));
+    let crlf = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map(|p| (p, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 < b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+fn fail(mut out: Outcome, code: &str) -> Outcome {
+    out.status = Status::Error;
+    out.error = Some(code.to_string());
+    out.output_tokens = out.token_times.len() as u32;
+    out
+}
+
+fn cut(mut out: Outcome) -> Outcome {
+    out.status = Status::Cut;
+    out.error = Some("cut_at_deadline".into());
+    out.output_tokens = out.token_times.len() as u32;
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_split_on_blank_lines() {
+        assert_eq!(find_event_end(b"data: x\n\ndata: y"), Some((7, 2)));
+        assert_eq!(find_event_end(b"data: x\r\n\r\n"), Some((7, 4)));
+        assert_eq!(find_event_end(b"data: x\n"), None);
+    }
+
+    #[test]
+    fn answer_and_chat_events_are_read() {
+        let t = Target::new("http://127.0.0.1:1", Api::Answer, None).unwrap();
+        let mut u = None;
+        assert!(matches!(
+            t.on_event("event: token\ndata: {\"text\":\"a\"}", &mut u),
+            Event::Token
+        ));
+        let done = "event: done\ndata: {\"usage\":{\"output_tokens\":12}}";
+        assert!(matches!(t.on_event(done, &mut u), Event::End));
+        assert_eq!(u, Some(12));
+        let c = Target::new("http://127.0.0.1:1", Api::Chat, None).unwrap();
+        let chunk = "data: {\"choices\":[{\"delta\":{\"content\":\" hi\"}}]}";
+        assert!(matches!(c.on_event(chunk, &mut u), Event::Token));
+        assert!(matches!(c.on_event("data: [DONE]", &mut u), Event::End));
+        let err = "data: {\"error\":{\"code\":\"upstream_timeout\"}}";
+        assert!(matches!(c.on_event(err, &mut u), Event::Error(ref s) if s == "upstream_timeout"));
+    }
+}

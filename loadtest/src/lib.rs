@@ -1,0 +1,21 @@
+//! tutor-load: the load generator and reports of tutor-gateway (issue 7; M5-M7, M9, M16).
+//!
+//! - [`scenario`]: scenario TOML (classes, shares or concurrency, open or closed loop, seed).
+//! - [`prompt`]: seeded prompt text of an exact token length.
+//! - [`client`]: one streamed request (`/answer` or `/v1/chat/completions`), timed client side.
+//! - [`runner`]: drives a scenario for a bounded time, with a progress line.
+//! - [`stats`]: quantiles and `results.json`; [`report`] and [`svg`]: summary and charts.
+//! - [`compare`]: the M7 verdict and SLO checks; [`matrix`]: the vLLM flag grid (M9);
+//!   [`experiment`]: FIFO vs lanes through the real gateway (M16).
+#![forbid(unsafe_code)]
+
+pub mod client;
+pub mod compare;
+pub mod experiment;
+pub mod matrix;
+pub mod prompt;
+pub mod report;
+pub mod runner;
+pub mod scenario;
+pub mod stats;
+pub mod svg;

@@ -1,0 +1,279 @@
+//! `tutor-load`: run a scenario, compare two runs, sweep engine flags, run the FIFO-vs-lanes
+//! experiment. See `loadtest/README.md`.
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use tutor_load::client::{Api, Target};
+use tutor_load::compare::{compare, Rules};
+use tutor_load::prompt::PromptBuilder;
+use tutor_load::runner::RunOptions;
+use tutor_load::scenario::Scenario;
+use tutor_load::stats::Results;
+use vllm_sim::tokenizer::PromptTokenizer;
+
+#[derive(Parser)]
+#[command(name = "tutor-load", about = "Load tests for tutor-gateway and vLLM")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args, Clone)]
+struct Common {
+    /// Scenario file.
+    #[arg(long)]
+    scenario: PathBuf,
+    /// Time during which requests are sent (e.g. 15m, 90s).
+    #[arg(long, default_value = "15m", value_parser = parse_duration)]
+    duration: Duration,
+    /// Extra time in-flight requests get after the window; then they are cut.
+    #[arg(long, default_value = "120s", value_parser = parse_duration)]
+    drain: Duration,
+    /// Seed (default: the scenario's).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Multiply every closed-loop class's concurrency (CI uses small values).
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Seconds between progress lines on stderr (0: none).
+    #[arg(long, default_value_t = 5)]
+    progress: u64,
+    /// A HuggingFace tokenizer.json to size prompts with (default: the simulator's heuristic).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Output folder.
+    #[arg(long, default_value = "loadtest-out")]
+    out: PathBuf,
+}
+
+impl Common {
+    fn load(&self) -> anyhow::Result<(Scenario, RunOptions, PromptBuilder)> {
+        let mut s = Scenario::load(&self.scenario)?;
+        s.scale_concurrency(self.scale);
+        let run = RunOptions {
+            duration: self.duration,
+            drain: self.drain,
+            seed: self.seed.unwrap_or(s.seed),
+            progress_every_s: self.progress,
+        };
+        let p = PromptBuilder::new(PromptTokenizer::load(self.tokenizer.as_deref())?);
+        Ok((s, run, p))
+    }
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a scenario against a target; writes results.json, summary.md and SVG charts.
+    Run {
+        #[command(flatten)]
+        common: Common,
+        /// Base URL of the gateway, vLLM or the simulator.
+        #[arg(long)]
+        target: String,
+        /// `answer` (gateway /answer) or `chat` (/v1/chat/completions).
+        #[arg(long, value_enum, default_value = "answer")]
+        api: Api,
+        /// `model` on the chat API.
+        #[arg(long)]
+        model: Option<String>,
+    },
+    /// Compare baseline A with candidate B; exit code 2 on an M7 regression.
+    Compare {
+        /// Baseline results.json.
+        a: PathBuf,
+        /// Candidate results.json.
+        b: PathBuf,
+        /// p95 TTFT SLO per class, CLASS=SECONDS (repeatable; default small=2).
+        #[arg(long = "slo")]
+        slo: Vec<String>,
+        /// Classes the M7 rule watches (repeatable; default small).
+        #[arg(long = "interactive")]
+        interactive: Vec<String>,
+        /// Also exit 3 when B misses an SLO.
+        #[arg(long)]
+        fail_on_slo: bool,
+    },
+    /// Sweep --max-num-seqs x --max-num-batched-tokens by restarting the engine per cell.
+    Matrix {
+        #[command(flatten)]
+        common: Common,
+        /// Engine command template with {seqs}, {batched}, {port}.
+        #[arg(long)]
+        engine_cmd: String,
+        /// Target URL template.
+        #[arg(long, default_value = "http://127.0.0.1:{port}")]
+        target: String,
+        /// API of the target.
+        #[arg(long, value_enum, default_value = "chat")]
+        api: Api,
+        /// `model` on the chat API.
+        #[arg(long)]
+        model: Option<String>,
+        /// Engine port.
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+        /// --max-num-seqs values.
+        #[arg(long, value_delimiter = ',', default_value = "64,96,128")]
+        seqs: Vec<u32>,
+        /// --max-num-batched-tokens values.
+        #[arg(long, value_delimiter = ',', default_value = "8192,12288,16384")]
+        batched: Vec<u32>,
+        /// Longest wait for the engine's /health.
+        #[arg(long, default_value = "15m", value_parser = parse_duration)]
+        ready_timeout: Duration,
+        /// DCGM exporter metrics URL.
+        #[arg(long)]
+        dcgm_url: Option<String>,
+    },
+    /// FIFO vs lanes through the in-process gateway and simulator (M16).
+    Experiment {
+        #[command(flatten)]
+        common: Common,
+        /// Gateway config (policy overridden per run).
+        #[arg(long, default_value = "config/config.toml")]
+        config: PathBuf,
+        /// Simulator profile.
+        #[arg(long, default_value = "llama-3.1-8b-h100")]
+        profile: String,
+        /// Simulator speed.
+        #[arg(long, default_value_t = 1.0)]
+        speed: f64,
+        /// FIFO concurrency limit (0 = unlimited).
+        #[arg(long, default_value_t = 0)]
+        fifo_max_concurrency: u32,
+    },
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(
+        s.find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(s.len()),
+    );
+    let v: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let mult = match unit {
+        "" | "s" => 1.0,
+        "ms" => 0.001,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("bad duration unit in {s:?} (ms, s, m, h)")),
+    };
+    Ok(Duration::from_secs_f64(v * mult))
+}
+
+fn rules(slo: &[String], interactive: &[String]) -> anyhow::Result<Rules> {
+    let mut r = Rules::default();
+    if !slo.is_empty() {
+        r.slo_p95_ttft_s = BTreeMap::new();
+        for s in slo {
+            let (k, v) = s.split_once('=').context("--slo CLASS=SECONDS")?;
+            r.slo_p95_ttft_s.insert(k.to_string(), v.parse()?);
+        }
+    }
+    if !interactive.is_empty() {
+        r.interactive = interactive.to_vec();
+    }
+    Ok(r)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().cmd {
+        Cmd::Run {
+            common,
+            target,
+            api,
+            model,
+        } => {
+            let (scenario, run, prompts) = common.load()?;
+            let target = Target::new(&target, api, model)?;
+            let data = tutor_load::runner::run(&scenario, &target, &prompts, &run).await;
+            let r = Results::build(
+                &scenario,
+                &target,
+                run.seed,
+                run.duration.as_secs_f64(),
+                &data,
+            );
+            tutor_load::report::write_all(&common.out, &r, 2.0)?;
+            print!("{}", tutor_load::report::summary_md(&r));
+            eprintln!("wrote {}", common.out.display());
+        }
+        Cmd::Compare {
+            a,
+            b,
+            slo,
+            interactive,
+            fail_on_slo,
+        } => {
+            let v = compare(
+                &Results::load(&a)?,
+                &Results::load(&b)?,
+                &rules(&slo, &interactive)?,
+            );
+            print!("{}", v.text);
+            if v.regression {
+                std::process::exit(2);
+            }
+            if fail_on_slo && v.slo_misses.iter().any(|m| m.0 == "B") {
+                std::process::exit(3);
+            }
+        }
+        Cmd::Matrix {
+            common,
+            engine_cmd,
+            target,
+            api,
+            model,
+            port,
+            seqs,
+            batched,
+            ready_timeout,
+            dcgm_url,
+        } => {
+            let (scenario, run, prompts) = common.load()?;
+            let opts = tutor_load::matrix::MatrixOptions {
+                engine_cmd,
+                target,
+                api,
+                model,
+                port,
+                seqs,
+                batched,
+                ready_timeout,
+                dcgm_url,
+                scenario,
+                run,
+                out: common.out.clone(),
+            };
+            std::fs::create_dir_all(&opts.out)?;
+            let (_, table) = tutor_load::matrix::run_matrix(&opts, &prompts).await?;
+            print!("{table}");
+        }
+        Cmd::Experiment {
+            common,
+            config,
+            profile,
+            speed,
+            fifo_max_concurrency,
+        } => {
+            let (scenario, run, _) = common.load()?;
+            let opts = tutor_load::experiment::ExperimentOptions {
+                config,
+                scenario,
+                run,
+                profile,
+                speed,
+                fifo_max_concurrency,
+                out: common.out.clone(),
+            };
+            std::fs::create_dir_all(&opts.out)?;
+            tutor_load::experiment::run_experiment(&opts).await?;
+        }
+    }
+    Ok(())
+}

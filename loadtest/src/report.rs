@@ -1,0 +1,155 @@
+//! Writing a run's outputs: `results.json`, `summary.md` and the three charts.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use anyhow::Context;
+
+use crate::stats::{ClassStats, Results};
+use crate::svg::{Chart, Series};
+
+/// Seconds, 2 decimals, or `-`.
+pub fn s(v: Option<f64>) -> String {
+    v.map_or("-".into(), |x| format!("{x:.2}"))
+}
+
+/// Classes in scenario order with their figures.
+pub fn ordered(r: &Results) -> Vec<(&str, &ClassStats)> {
+    r.scenario
+        .classes
+        .iter()
+        .filter_map(|c| r.classes.get(&c.name).map(|s| (c.name.as_str(), s)))
+        .collect()
+}
+
+/// The Markdown summary of one run.
+pub fn summary_md(r: &Results) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "# {} against {} (`{:?}` API)\n",
+        r.scenario.name, r.target, r.api
+    );
+    let _ = writeln!(
+        o,
+        "Seed {}, window {:.0} s (wall {:.0} s with drain), {} requests, {} errors, {} skipped; \
+         **{:.0} output tokens/s**.\n",
+        r.seed, r.duration_s, r.wall_s, r.requests, r.errors, r.skipped, r.output_tokens_per_s
+    );
+    o.push_str("| class | requests | ok | errors | cut | TTFT p50 s | p95 s | p99 s | e2e p50 s | e2e p95 s | TPOT p50 ms | ITL p95 ms | out tok/s |\n");
+    o.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (name, c) in ordered(r) {
+        let ms = |v: Option<f64>| v.map_or("-".into(), |x| format!("{:.1}", x * 1000.0));
+        let _ = writeln!(
+            o,
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} |",
+            c.requests,
+            c.ok,
+            c.errors,
+            c.cut,
+            s(c.ttft_p50_s),
+            s(c.ttft_p95_s),
+            s(c.ttft_p99_s),
+            s(c.e2e_p50_s),
+            s(c.e2e_p95_s),
+            ms(c.tpot_p50_s),
+            ms(c.itl_p95_s),
+            c.output_tokens_per_s
+        );
+    }
+    if !r.errors_by_code.is_empty() {
+        o.push_str("\nErrors by code: ");
+        let e: Vec<String> = r
+            .errors_by_code
+            .iter()
+            .map(|(k, v)| format!("`{k}` {v}"))
+            .collect();
+        o.push_str(&e.join(", "));
+        o.push('\n');
+    }
+    o.push_str("\nTTFT: send to first token event, client side (includes any gateway queue). \
+                e2e: send to end of stream. `cut`: still running at the hard deadline.\n\n\
+                ![TTFT CDF](ttft_cdf.svg)\n![TTFT over time](ttft_over_time.svg)\n![Throughput](throughput.svg)\n");
+    o
+}
+
+/// The three charts: (file name, SVG).
+pub fn charts(r: &Results, slo_s: f64) -> Vec<(&'static str, String)> {
+    let mut cdf = Chart {
+        title: format!("TTFT CDF per class ({})", r.scenario.name),
+        x_label: "time to first token (s)".into(),
+        y_label: "fraction of requests".into(),
+        x_marker: Some((slo_s, format!("SLO {slo_s} s"))),
+        ..Default::default()
+    };
+    let mut over = Chart {
+        title: "TTFT over time".into(),
+        x_label: "time of first token (s from start)".into(),
+        y_label: "TTFT (s)".into(),
+        y_marker: Some((slo_s, format!("SLO {slo_s} s"))),
+        ..Default::default()
+    };
+    for c in &r.scenario.classes {
+        let mut v: Vec<f64> = r
+            .records
+            .iter()
+            .filter(|x| x.class == c.name)
+            .filter_map(|x| x.ttft_s)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        let n = v.len() as f64;
+        let points = v
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| (t, (i + 1) as f64 / n))
+            .collect();
+        cdf.series.push(Series {
+            name: c.name.clone(),
+            points,
+            dots: false,
+        });
+        let points = r
+            .records
+            .iter()
+            .filter(|x| x.class == c.name)
+            .filter_map(|x| x.ttft_s.map(|t| (x.start_s + t, t)))
+            .collect();
+        over.series.push(Series {
+            name: c.name.clone(),
+            points,
+            dots: true,
+        });
+    }
+    let tp = Chart {
+        title: format!("Output tokens/s (avg {:.0})", r.output_tokens_per_s),
+        x_label: "time (s from start)".into(),
+        y_label: "output tokens/s".into(),
+        series: vec![Series {
+            name: "all classes".into(),
+            points: r
+                .throughput_timeline
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| (i as f64 + 0.5, v))
+                .collect(),
+            dots: false,
+        }],
+        ..Default::default()
+    };
+    vec![
+        ("ttft_cdf.svg", cdf.render()),
+        ("ttft_over_time.svg", over.render()),
+        ("throughput.svg", tp.render()),
+    ]
+}
+
+/// Writes results.json, summary.md and the charts into `dir`.
+pub fn write_all(dir: &Path, r: &Results, slo_s: f64) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(r)?)?;
+    std::fs::write(dir.join("summary.md"), summary_md(r))?;
+    for (name, svg) in charts(r, slo_s) {
+        std::fs::write(dir.join(name), svg)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,252 @@
+//! From raw records to `results.json`: per-class quantiles, throughput in the measured window,
+//! a per-second throughput timeline, and one compact line per request.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::client::Status;
+use crate::runner::RunData;
+use crate::scenario::Scenario;
+
+/// The `q` quantile (nearest rank on the sorted values); `None` when empty. Sorts `v`.
+pub fn quantile(v: &mut [f64], q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let idx = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
+    Some(v[idx])
+}
+
+/// Per-class figures. Times in seconds; `None` where there was nothing to measure.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClassStats {
+    /// Requests sent.
+    pub requests: u64,
+    /// Ended normally.
+    pub ok: u64,
+    /// Failed (HTTP error, error event, broken stream).
+    pub errors: u64,
+    /// Still running at the hard deadline.
+    pub cut: u64,
+    /// Cut before their first token (their TTFT is unknown, at least the time they waited).
+    pub cut_before_first_token: u64,
+    /// TTFT quantiles over requests that got a first token.
+    pub ttft_p50_s: Option<f64>,
+    /// 95th percentile TTFT.
+    pub ttft_p95_s: Option<f64>,
+    /// 99th percentile TTFT.
+    pub ttft_p99_s: Option<f64>,
+    /// Mean TTFT.
+    pub ttft_mean_s: Option<f64>,
+    /// End-to-end (send to end of stream) quantiles over ok requests.
+    pub e2e_p50_s: Option<f64>,
+    /// 95th percentile end-to-end.
+    pub e2e_p95_s: Option<f64>,
+    /// 99th percentile end-to-end.
+    pub e2e_p99_s: Option<f64>,
+    /// Time per output token, (e2e - ttft) / (tokens - 1), median over ok requests.
+    pub tpot_p50_s: Option<f64>,
+    /// 95th percentile time per output token.
+    pub tpot_p95_s: Option<f64>,
+    /// Inter-token latency (gap between token events) quantiles.
+    pub itl_p50_s: Option<f64>,
+    /// 95th percentile inter-token latency.
+    pub itl_p95_s: Option<f64>,
+    /// 99th percentile inter-token latency.
+    pub itl_p99_s: Option<f64>,
+    /// Output tokens received within the measured window.
+    pub output_tokens: u64,
+    /// `output_tokens` / window.
+    pub output_tokens_per_s: f64,
+}
+
+/// One request in `results.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestLine {
+    /// Class name.
+    pub class: String,
+    /// Send time from the run's start, seconds.
+    pub start_s: f64,
+    /// How it ended.
+    pub status: Status,
+    /// Error code when not ok.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub error: Option<String>,
+    /// Time to first token.
+    pub ttft_s: Option<f64>,
+    /// End to end.
+    pub e2e_s: Option<f64>,
+    /// Output tokens.
+    pub output_tokens: u32,
+}
+
+/// `results.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Results {
+    /// The scenario run (as loaded, with overrides).
+    pub scenario: Scenario,
+    /// Target base URL.
+    pub target: String,
+    /// `answer` or `chat`.
+    pub api: crate::client::Api,
+    /// Seed used.
+    pub seed: u64,
+    /// The measured window: seconds during which requests were sent.
+    pub duration_s: f64,
+    /// Seconds until the last request ended (window + drain).
+    pub wall_s: f64,
+    /// Requests sent.
+    pub requests: u64,
+    /// Failed requests.
+    pub errors: u64,
+    /// Errors by code.
+    pub errors_by_code: BTreeMap<String, u64>,
+    /// Open-loop arrivals not sent (too many in flight).
+    pub skipped: u64,
+    /// Output tokens received within the window, all classes.
+    pub output_tokens: u64,
+    /// Average output tokens/s over the window, all classes.
+    pub output_tokens_per_s: f64,
+    /// Per class, in scenario order (names as keys).
+    pub classes: BTreeMap<String, ClassStats>,
+    /// Output tokens received in each second of the window.
+    pub throughput_timeline: Vec<f64>,
+    /// Every request.
+    pub records: Vec<RequestLine>,
+}
+
+impl Results {
+    /// Summarises `data` over a window of `duration_s` seconds.
+    pub fn build(
+        scenario: &Scenario,
+        target: &crate::client::Target,
+        seed: u64,
+        duration_s: f64,
+        data: &RunData,
+    ) -> Self {
+        let secs = duration_s.ceil().max(1.0) as usize;
+        let mut timeline = vec![0.0; secs];
+        let mut classes = BTreeMap::new();
+        let mut errors_by_code = BTreeMap::new();
+        for (ci, c) in scenario.classes.iter().enumerate() {
+            let recs: Vec<_> = data.records.iter().filter(|r| r.class == ci).collect();
+            let mut s = ClassStats {
+                requests: recs.len() as u64,
+                ..Default::default()
+            };
+            let (mut ttft, mut e2e, mut tpot, mut itl) = (vec![], vec![], vec![], vec![]);
+            let mut tokens = 0.0;
+            for r in &recs {
+                let o = &r.outcome;
+                match o.status {
+                    Status::Ok => s.ok += 1,
+                    Status::Error => s.errors += 1,
+                    Status::Cut => s.cut += 1,
+                }
+                if o.status == Status::Cut && o.ttft_s.is_none() {
+                    s.cut_before_first_token += 1;
+                }
+                if o.status == Status::Error {
+                    let code = o.error.clone().unwrap_or_default();
+                    *errors_by_code.entry(code).or_insert(0) += 1;
+                }
+                ttft.extend(o.ttft_s);
+                if let (Status::Ok, Some(e), Some(f)) = (&o.status, o.e2e_s, o.ttft_s) {
+                    e2e.push(e);
+                    if o.output_tokens > 1 {
+                        tpot.push((e - f) / f64::from(o.output_tokens - 1));
+                    }
+                }
+                itl.extend(o.token_times.windows(2).map(|w| f64::from(w[1] - w[0])));
+                // Token events may carry several tokens: spread the reported count over them.
+                let per_event = if o.token_times.is_empty() {
+                    0.0
+                } else {
+                    f64::from(o.output_tokens) / o.token_times.len() as f64
+                };
+                for &t in &o.token_times {
+                    let at = r.start_s + f64::from(t);
+                    if at < duration_s {
+                        tokens += per_event;
+                        timeline[(at as usize).min(secs - 1)] += per_event;
+                    }
+                }
+            }
+            s.ttft_mean_s =
+                (!ttft.is_empty()).then(|| ttft.iter().sum::<f64>() / ttft.len() as f64);
+            s.ttft_p50_s = quantile(&mut ttft, 0.50);
+            s.ttft_p95_s = quantile(&mut ttft, 0.95);
+            s.ttft_p99_s = quantile(&mut ttft, 0.99);
+            s.e2e_p50_s = quantile(&mut e2e, 0.50);
+            s.e2e_p95_s = quantile(&mut e2e, 0.95);
+            s.e2e_p99_s = quantile(&mut e2e, 0.99);
+            s.tpot_p50_s = quantile(&mut tpot, 0.50);
+            s.tpot_p95_s = quantile(&mut tpot, 0.95);
+            s.itl_p50_s = quantile(&mut itl, 0.50);
+            s.itl_p95_s = quantile(&mut itl, 0.95);
+            s.itl_p99_s = quantile(&mut itl, 0.99);
+            s.output_tokens = tokens.round() as u64;
+            s.output_tokens_per_s = tokens / duration_s.max(1e-9);
+            classes.insert(c.name.clone(), s);
+        }
+        let output_tokens: u64 = classes.values().map(|c| c.output_tokens).sum();
+        let mut records: Vec<RequestLine> = data
+            .records
+            .iter()
+            .map(|r| RequestLine {
+                class: scenario.classes[r.class].name.clone(),
+                start_s: round3(r.start_s),
+                status: r.outcome.status.clone(),
+                error: r.outcome.error.clone(),
+                ttft_s: r.outcome.ttft_s.map(round3),
+                e2e_s: r.outcome.e2e_s.map(round3),
+                output_tokens: r.outcome.output_tokens,
+            })
+            .collect();
+        records.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
+        Results {
+            scenario: scenario.clone(),
+            target: target.base_url.clone(),
+            api: target.api,
+            seed,
+            duration_s,
+            wall_s: data.wall_s,
+            requests: data.records.len() as u64,
+            errors: errors_by_code.values().sum(),
+            errors_by_code,
+            skipped: data.skipped,
+            output_tokens,
+            output_tokens_per_s: output_tokens as f64 / duration_s.max(1e-9),
+            classes,
+            throughput_timeline: timeline,
+            records,
+        }
+    }
+
+    /// Reads `results.json`.
+    pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::quantile;
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        let mut v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&mut v, 0.95), Some(95.0));
+        assert_eq!(quantile(&mut v, 0.5), Some(50.0));
+        assert_eq!(quantile(&mut [3.0], 0.99), Some(3.0));
+        assert_eq!(quantile(&mut [], 0.5), None);
+    }
+}
