@@ -173,7 +173,9 @@ impl GatewayError {
         match self {
             Self::Admission(AdmissionError::QueueFull { retry_after, .. }) => Some(*retry_after),
             Self::Admission(AdmissionError::Timeout { .. }) => Some(Duration::from_secs(1)),
-            Self::Admission(AdmissionError::QuotaUnavailable { .. }) => Some(Duration::from_secs(1)),
+            Self::Admission(AdmissionError::QuotaUnavailable { .. }) => {
+                Some(Duration::from_secs(1))
+            }
             _ => None,
         }
     }

@@ -20,8 +20,8 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     match state.admission().health() {
         AdmissionHealth::Ok => {}
         AdmissionHealth::Degraded => {
-            return axum::Json(json!({"status": "degraded", "reason": "shared quota unreachable; local fallback limits"}))
-                .into_response()
+            let reason = "shared quota unreachable; local fallback limits";
+            return axum::Json(json!({"status": "degraded", "reason": reason})).into_response();
         }
         AdmissionHealth::Unavailable => {
             return (

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use super::defaults as d;
 use super::error::{ConfigError, ConfigIssue};
+use super::quota::QuotaBackend;
 use super::raw::{
     RawAbort, RawAdmission, RawClassify, RawConfig, RawLane, RawServer, RawTelemetry, RawUpstream,
 };
-use super::quota::QuotaBackend;
 use super::types::*;
 use crate::classify::Lane;
 
@@ -348,7 +348,10 @@ fn cross_checks(c: &mut Checker, config: &Config) {
         }
     }
     if config.quota.backend == QuotaBackend::Redis && config.admission.policy != Policy::Lanes {
-        c.fail("quota.backend", "\"redis\" requires admission.policy = \"lanes\"");
+        c.fail(
+            "quota.backend",
+            "\"redis\" requires admission.policy = \"lanes\"",
+        );
     }
     if config.admission.max_tokens_in_flight.get() < u64::from(max_len) {
         c.fail(

@@ -10,8 +10,8 @@
 
 pub mod latency;
 mod metrics;
-pub mod quota_metrics;
 pub mod otel;
+pub mod quota_metrics;
 pub mod record;
 pub mod request_log;
 pub mod span;
