@@ -72,6 +72,28 @@ impl LaneGuard {
         self.queue_wait
     }
 
+    /// Moves this reservation to lane `to`, growing it to `tokens` (never shrinking it), if `to`
+    /// has a free slot and token room; the old slot is free again at once. `false`: no room, and
+    /// nothing changed.
+    pub async fn promote(&mut self, to: Lane, tokens: u32) -> bool {
+        let tokens = tokens.max(self.tokens);
+        let moved = match &self.release {
+            Some(Release::Local(shared)) => shared.promote(self.lane, self.tokens, to, tokens),
+            Some(Release::Redis(lease)) => {
+                lease
+                    .shared
+                    .promote(&lease.id, self.lane, self.tokens, to, tokens)
+                    .await
+            }
+            None => false,
+        };
+        if moved {
+            self.lane = to;
+            self.tokens = tokens;
+        }
+        moved
+    }
+
     /// Forgets the reservation without giving it back, for a caller that already gave it back
     /// under its own lock (the grant that found its waiter gone).
     pub(super) fn disarm(mut self) {

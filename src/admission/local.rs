@@ -130,6 +130,29 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Moves a reservation from `from` to `to` (growing it to `to_tokens`) if `to` has room
+    /// once the old reservation is given back; all or nothing, under one lock. Promotion does
+    /// not queue behind `to`'s waiters: the request's work is already running on the GPU.
+    pub(super) fn promote(
+        self: &Arc<Self>,
+        from: Lane,
+        from_tokens: u32,
+        to: Lane,
+        to_tokens: u32,
+    ) -> bool {
+        let mut state = self.lock();
+        state.give_back(from, from_tokens);
+        if self.limits.fits(&state.usage, to, to_tokens) {
+            state.take(to, to_tokens);
+            // `from` lost a request: its waiters may fit now.
+            self.dispatch(&mut state);
+            true
+        } else {
+            state.take(from, from_tokens);
+            false
+        }
+    }
+
     /// Gives back a guard's slot and tokens and admits the waiters that now fit.
     pub(super) fn release(self: &Arc<Self>, lane: Lane, tokens: u32) {
         let mut state = self.lock();

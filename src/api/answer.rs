@@ -69,6 +69,7 @@ async fn serve(
         max_tokens: req.max_output_tokens,
         body,
         record,
+        session: req.session_id,
     };
     match pipeline::start(&state, job, Format::Answer).await {
         Ok(relay) => with_id(

@@ -23,6 +23,7 @@ pub use error::GatewayError;
 use crate::admission::Admission;
 use crate::classify::Classifier;
 use crate::config::Config;
+use crate::relay::{Promotion, SessionLedger};
 use crate::telemetry::{Metrics, RequestLog, RequestRecord, Route};
 use crate::upstream::UpstreamClient;
 
@@ -38,6 +39,8 @@ struct Shared {
     upstream: UpstreamClient,
     metrics: Metrics,
     request_log: RequestLog,
+    promotion: Promotion,
+    sessions: SessionLedger,
 }
 
 impl AppState {
@@ -50,7 +53,11 @@ impl AppState {
         metrics: Metrics,
         request_log: RequestLog,
     ) -> Self {
+        let promotion = Promotion::from_config(&config);
+        let sessions = SessionLedger::new(config.promotion.continuation_window);
         Self(Arc::new(Shared {
+            promotion,
+            sessions,
             config,
             classifier,
             admission,
@@ -86,6 +93,14 @@ impl AppState {
     /// The vLLM client.
     pub fn upstream(&self) -> &UpstreamClient {
         &self.0.upstream
+    }
+    /// Mid-stream lane limits.
+    pub fn promotion(&self) -> &Promotion {
+        &self.0.promotion
+    }
+    /// Output per session, for continuations.
+    pub fn sessions(&self) -> &SessionLedger {
+        &self.0.sessions
     }
     /// Prometheus families.
     pub fn metrics(&self) -> &Metrics {

@@ -64,6 +64,11 @@ async fn serve(
         max_tokens: req.max_tokens,
         body: req.body,
         record,
+        session: headers
+            .get("x-session-id")
+            .and_then(|v| v.to_str().ok())
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned),
     };
     let format = Format::OpenAi {
         include_usage: req.include_usage,

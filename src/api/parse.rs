@@ -252,6 +252,8 @@ pub struct AnswerRequest {
     pub messages_json: Value,
     /// Declared output limit.
     pub max_output_tokens: Option<u32>,
+    /// The student's session, for continuation tracking.
+    pub session_id: Option<String>,
 }
 
 fn user_message(prompt: &str) -> Value {
@@ -276,19 +278,30 @@ impl AnswerRequest {
                 ))
             }
         };
-        Self::checked(messages, messages_json, body.max_output_tokens)
+        Self::checked(
+            messages,
+            messages_json,
+            body.max_output_tokens,
+            body.session_id,
+        )
     }
 
     /// From a `GET /answer` query.
     pub fn from_query(q: AnswerQuery) -> Result<Self, GatewayError> {
         let json = user_message(&q.prompt);
-        Self::checked(typed(json.clone())?, json, q.max_output_tokens)
+        Self::checked(
+            typed(json.clone())?,
+            json,
+            q.max_output_tokens,
+            q.session_id,
+        )
     }
 
     fn checked(
         messages: Vec<ChatMessage>,
         messages_json: Value,
         max: Option<u32>,
+        session_id: Option<String>,
     ) -> Result<Self, GatewayError> {
         if messages.is_empty() || messages.iter().all(|m| m.text().trim().is_empty()) {
             return Err(GatewayError::bad_request(
@@ -306,6 +319,7 @@ impl AnswerRequest {
             messages,
             messages_json,
             max_output_tokens: max,
+            session_id: session_id.filter(|s| !s.is_empty()),
         })
     }
 }

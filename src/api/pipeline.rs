@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use super::{AppState, GatewayError};
 use crate::classify::PromptInput;
 use crate::prompt::fingerprint_of_chat;
-use crate::relay::{Format, Relay};
+use crate::relay::{Format, Relay, RelayContext};
 use crate::telemetry::RequestRecord;
 use crate::upstream::{Endpoint, UpstreamRequest};
 
@@ -25,6 +25,8 @@ pub struct Job {
     pub body: Map<String, Value>,
     /// The request's measurements (id, route, arrival), written when it ends.
     pub record: RequestRecord,
+    /// The session this request continues (`/answer` `session_id`, `/v1` `x-session-id`).
+    pub session: Option<String>,
 }
 
 /// A new gateway request id: 32 hex characters, safe as a header value and in URLs.
@@ -40,8 +42,9 @@ pub async fn start(state: &AppState, job: Job, format: Format) -> Result<Relay, 
         endpoint,
         input,
         max_tokens,
-        mut body,
+        body,
         mut record,
+        session,
     } = job;
     let model = body
         .get("model")
@@ -53,15 +56,22 @@ pub async fn start(state: &AppState, job: Job, format: Format) -> Result<Relay, 
         record.fingerprint(fingerprint_of_chat(messages, body.get("tools")));
     }
     let result = async {
-        let class = state
+        let mut class = state
             .classifier()
             .classify(Arc::new(input), max_tokens)
             .await?;
-        record.classified(class);
-        if max_tokens.is_none() {
-            // The reservation counts `output_budget` tokens of output: make vLLM keep to it.
-            body.insert("max_tokens".into(), Value::from(class.output_budget));
+        if let Some(session) = &session {
+            // A "continue" chain is one piece of work: its output so far picks the lane.
+            let before = state.sessions().output(session);
+            let lane = state.promotion().lane_for_session(class.lane, before);
+            if lane != class.lane {
+                state.metrics().promotion().reclassified(class.lane, lane);
+                class.lane = lane;
+            }
         }
+        record.classified(class);
+        // No max_tokens is added when the client sent none: the relay counts the output and
+        // moves the request to a bigger lane (or cuts it) when it outgrows its lane.
         let guard = state.admission().acquire(class.lane, class.work).await?;
         record.admitted(guard.queue_wait());
         let request = UpstreamRequest {
@@ -77,7 +87,12 @@ pub async fn start(state: &AppState, job: Job, format: Format) -> Result<Relay, 
     match result {
         Ok((class, guard, upstream)) => {
             tracing::debug!(request_id = %record.request_id(), lane = %class.lane, work = class.work, exact = class.exact, "admitted");
-            Ok(Relay::new(upstream, guard, class, format, record))
+            let ctx = RelayContext {
+                promotion: *state.promotion(),
+                metrics: state.metrics().clone(),
+                session: session.map(|s| (state.sessions().clone(), s)),
+            };
+            Ok(Relay::new(upstream, guard, class, format, record, ctx))
         }
         Err(e) => {
             tracing::info!(request_id = %record.request_id(), code = e.code(), error = %e, "request rejected");

@@ -45,7 +45,12 @@ pub(super) struct LaneDefaults {
     pub max_tokens_in_flight: u64,
     pub queue_len: u32,
     pub queue_timeout_ms: u64,
+    pub mid_stream_limit: u32,
 }
+
+pub(super) const PROMOTION_WHEN_FULL: &str = "cut";
+pub(super) const PROMOTION_WAIT_MS: u64 = 2_000;
+pub(super) const CONTINUATION_WINDOW_MS: u64 = 600_000;
 
 /// Seed limits 32/20/4; token budgets = concurrency x the lane's largest request.
 pub(super) const fn lane(lane: Lane) -> LaneDefaults {
@@ -55,18 +60,21 @@ pub(super) const fn lane(lane: Lane) -> LaneDefaults {
             max_tokens_in_flight: 38_400,
             queue_len: 256,
             queue_timeout_ms: 5_000,
+            mid_stream_limit: 256,
         },
         Lane::Medium => LaneDefaults {
             max_concurrency: 20,
             max_tokens_in_flight: 100_000,
             queue_len: 128,
             queue_timeout_ms: 15_000,
+            mid_stream_limit: 2_048,
         },
         Lane::Large => LaneDefaults {
             max_concurrency: 4,
             max_tokens_in_flight: 65_536,
             queue_len: 64,
             queue_timeout_ms: 60_000,
+            mid_stream_limit: 0,
         },
     }
 }

@@ -26,8 +26,8 @@ pub use error::{ConfigError, ConfigIssue};
 pub use quota::{OnRedisDown, QuotaBackend, QuotaConfig, RedisUrl};
 pub use types::{
     AbortConfig, AbortMethod, AdmissionConfig, ClassifyConfig, Config, FifoConfig, LaneConfig,
-    LanesConfig, OtlpProtocol, Policy, QueueConfig, RequestLogSink, ServerConfig, TelemetryConfig,
-    TokenizerSource, UpstreamConfig,
+    LanesConfig, OtlpProtocol, Policy, PromotionConfig, QueueConfig, RequestLogSink, ServerConfig,
+    TelemetryConfig, TokenizerSource, UpstreamConfig, WhenFull,
 };
 pub use validate::validate;
 

@@ -28,6 +28,9 @@ pub struct RawConfig {
     /// `[server]`: the gateway's own HTTP server.
     #[serde(default)]
     pub server: RawServer,
+    /// `[promotion]`: requests that outgrow their lane mid-stream, and continuations.
+    #[serde(default)]
+    pub promotion: RawPromotion,
     /// `[telemetry]`: request log and tracing.
     #[serde(default)]
     pub telemetry: RawTelemetry,
@@ -187,4 +190,18 @@ pub struct RawLane {
     pub queue_len: Option<u32>,
     /// Longest wait in this lane's queue, ms.
     pub queue_timeout_ms: Option<u64>,
+    /// Output tokens after which a request moves to the next lane (0: no limit).
+    pub mid_stream_limit: Option<u32>,
+}
+
+/// `[promotion]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPromotion {
+    /// `cut` or `wait`.
+    pub when_full: Option<String>,
+    /// With `wait`: how long a stream may pause for room, ms.
+    pub wait_ms: Option<u64>,
+    /// How long a session's output counts toward its next request's lane, ms.
+    pub continuation_window_ms: Option<u64>,
 }

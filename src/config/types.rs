@@ -23,10 +23,32 @@ pub struct Config {
     pub lanes: LanesConfig,
     /// `[server]`.
     pub server: ServerConfig,
+    /// `[promotion]`.
+    pub promotion: PromotionConfig,
     /// `[telemetry]`.
     pub telemetry: TelemetryConfig,
     /// `[quota]`.
     pub quota: super::quota::QuotaConfig,
+}
+
+/// What happens when a request must move to a fuller lane mid-stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// End the stream with the cut message and abort the engine's work.
+    Cut,
+    /// Pause the stream for up to `wait` for room, then cut.
+    Wait,
+}
+
+/// Mid-stream promotion and continuation tracking (M14).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromotionConfig {
+    /// Policy when the next lane has no room.
+    pub when_full: WhenFull,
+    /// With [`WhenFull::Wait`]: longest pause.
+    pub wait: Duration,
+    /// How long a session's output counts toward its next request's lane.
+    pub continuation_window: Duration,
 }
 
 /// Where the request log goes.
@@ -234,6 +256,8 @@ impl LanesConfig {
 /// `[lanes.<lane>]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaneConfig {
+    /// Output tokens after which a request moves to the next lane; `None`: no limit.
+    pub mid_stream_limit: Option<NonZeroU32>,
     /// Requests of this lane in flight at once; reserved to this lane, never lent.
     pub max_concurrency: NonZeroU32,
     /// Tokens (input + output budget) this lane's requests may hold in flight at once.

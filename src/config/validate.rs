@@ -10,7 +10,8 @@ use super::defaults as d;
 use super::error::{ConfigError, ConfigIssue};
 use super::quota::QuotaBackend;
 use super::raw::{
-    RawAbort, RawAdmission, RawClassify, RawConfig, RawLane, RawServer, RawTelemetry, RawUpstream,
+    RawAbort, RawAdmission, RawClassify, RawConfig, RawLane, RawPromotion, RawServer, RawTelemetry,
+    RawUpstream,
 };
 use super::types::*;
 use crate::classify::Lane;
@@ -40,6 +41,7 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     };
     let server = server(&mut c, raw.server);
     let telemetry = telemetry(&mut c, raw.telemetry);
+    let promotion = promotion(&mut c, raw.promotion);
     let quota = super::quota::validate(&mut c, raw.quota);
     let config = Config {
         listen,
@@ -48,6 +50,7 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         admission,
         lanes,
         server,
+        promotion,
         telemetry,
         quota,
     };
@@ -95,6 +98,25 @@ fn telemetry(c: &mut Checker, raw: RawTelemetry) -> TelemetryConfig {
         otlp_endpoint: endpoint,
         otlp_protocol,
         service_name: raw.service_name.filter(|s| !s.is_empty()),
+    }
+}
+
+fn promotion(c: &mut Checker, raw: RawPromotion) -> PromotionConfig {
+    let when_full = match raw.when_full.as_deref().unwrap_or(d::PROMOTION_WHEN_FULL) {
+        "cut" => WhenFull::Cut,
+        "wait" => WhenFull::Wait,
+        _ => {
+            c.fail("promotion.when_full", "must be \"cut\" or \"wait\"");
+            WhenFull::Cut
+        }
+    };
+    PromotionConfig {
+        when_full,
+        wait: Duration::from_millis(raw.wait_ms.unwrap_or(d::PROMOTION_WAIT_MS)),
+        continuation_window: Duration::from_millis(
+            raw.continuation_window_ms
+                .unwrap_or(d::CONTINUATION_WINDOW_MS),
+        ),
     }
 }
 
@@ -294,6 +316,7 @@ fn lane(c: &mut Checker, lane: Lane, raw: RawLane) -> LaneConfig {
     let def = d::lane(lane);
     let path = format!("lanes.{lane}");
     LaneConfig {
+        mid_stream_limit: NonZeroU32::new(raw.mid_stream_limit.unwrap_or(def.mid_stream_limit)),
         max_concurrency: c.u32(
             &format!("{path}.max_concurrency"),
             raw.max_concurrency,

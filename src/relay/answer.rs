@@ -43,11 +43,21 @@ pub fn token_event(chunk: &Chunk) -> Option<Bytes> {
 
 /// `done`: finish reason, usage and timings.
 pub fn done_event(upstream: &UpstreamStream, class: &Classification, t: LatencySplit) -> Bytes {
+    done_event_with(upstream, class, t, None)
+}
+
+/// `done` with the finish reason overridden (a cut stream ends with `length`).
+pub fn done_event_with(
+    upstream: &UpstreamStream,
+    class: &Classification,
+    t: LatencySplit,
+    finish_reason: Option<&str>,
+) -> Bytes {
     let usage = upstream.usage();
     event(
         "done",
         &json!({
-            "finish_reason": upstream.finish_reason(),
+            "finish_reason": finish_reason.or(upstream.finish_reason()),
             "usage": {
                 "input_tokens": usage.map_or(class.input_tokens_estimate, |u| u.prompt_tokens),
                 "output_tokens": upstream.output_tokens().count,

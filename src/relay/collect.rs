@@ -22,6 +22,8 @@ pub struct Collected {
     pub finish_reason: Option<String>,
     /// Final usage.
     pub usage: Option<Usage>,
+    /// Set when the answer was cut at its lane's limit.
+    pub cut: Option<super::cut::CutInfo>,
 }
 
 /// Whether a chunk is the usage-only final chunk (`"choices": []`).
@@ -89,13 +91,17 @@ impl Collected {
             Route::Completions => "text_completion",
             Route::ChatCompletions | Route::Answer => "chat.completion",
         };
-        json!({
+        let mut body = json!({
             "id": self.id,
             "object": object,
             "created": self.created,
             "model": self.model,
             "choices": [choice],
             "usage": usage,
-        })
+        });
+        if let Some(cut) = self.cut {
+            body["tutor_gateway"] = json!(cut);
+        }
+        body
     }
 }

@@ -11,9 +11,18 @@
 //! HTTP server drops the response body and with it the relay: the upstream connection closes,
 //! the engine abort fires once (the upstream stream's own guard), the slot and tokens come
 //! back, and `cancelled_after_tokens` is recorded.
+//!
+//! Mid-stream limits (M14, [`promotion`]): the relay counts output tokens itself (vLLM's chunks
+//! and usage); past its lane's limit a request's reservation moves to the next lane without a
+//! pause the client could notice, or the stream is cut with a clear message (`/answer`: a `cut`
+//! event before `done`; `/v1`: a last chunk with `finish_reason: "length"` and a
+//! `"tutor_gateway": {"cut": "lane_limit", ...}` object) and the engine's work is aborted.
 
 mod answer;
 mod collect;
+mod cut;
+pub mod promotion;
+pub mod session;
 
 use std::convert::Infallible;
 
@@ -22,11 +31,14 @@ use futures::{FutureExt, Stream};
 use tokio::time::Instant;
 
 pub use collect::Collected;
+pub use promotion::Promotion;
+pub use session::SessionLedger;
 
 use crate::admission::LaneGuard;
 use crate::api::GatewayError;
 use crate::classify::Classification;
-use crate::telemetry::{LatencySplit, Outcome, RequestRecord, UpstreamView};
+use crate::config::WhenFull;
+use crate::telemetry::{LatencySplit, Metrics, Outcome, RequestRecord, UpstreamView};
 use crate::upstream::{Chunk, UpstreamError, UpstreamStream};
 
 /// How the client wants the stream.
@@ -41,6 +53,17 @@ pub enum Format {
     Answer,
 }
 
+/// What the relay needs besides the stream: the rules and where to count.
+#[derive(Debug, Clone)]
+pub struct RelayContext {
+    /// Mid-stream lane limits.
+    pub promotion: Promotion,
+    /// Metrics (promotions, cuts).
+    pub metrics: Metrics,
+    /// The session this request continues, and the ledger its output is added to.
+    pub session: Option<(SessionLedger, String)>,
+}
+
 /// One admitted request on its way back to the client.
 #[derive(Debug)]
 pub struct Relay {
@@ -49,6 +72,9 @@ pub struct Relay {
     class: Classification,
     format: Format,
     record: RequestRecord,
+    ctx: RelayContext,
+    first_chunk: Option<cut::ChunkIdentity>,
+    cut: Option<cut::CutInfo>,
     done: bool,
 }
 
@@ -60,6 +86,7 @@ impl Relay {
         class: Classification,
         format: Format,
         record: RequestRecord,
+        ctx: RelayContext,
     ) -> Self {
         Self {
             upstream,
@@ -67,6 +94,9 @@ impl Relay {
             class,
             format,
             record,
+            ctx,
+            first_chunk: None,
+            cut: None,
             done: false,
         }
     }
@@ -76,26 +106,103 @@ impl Relay {
         self.upstream.request_id()
     }
 
-    /// Marks the end: writes the record and frees the slot.
+    /// Output tokens counted so far (exact once vLLM sent usage, else content chunks).
+    fn produced(&self) -> u32 {
+        self.upstream.output_tokens().count
+    }
+
+    /// Marks the end: writes the record, counts the session's output and frees the slot.
     fn finish(&mut self, outcome: Outcome, error_code: Option<&str>) {
         if self.done {
             return;
         }
         self.done = true;
         self.guard = None;
+        if let Some((ledger, session)) = &self.ctx.session {
+            ledger.add(session, self.produced());
+        }
         let view = UpstreamView::of(&self.upstream);
         self.record.finish(outcome, error_code, Some(&view));
     }
 
-    /// The next upstream event, noting the first token.
+    /// The next upstream event, noting the first token and its chunk identity.
     async fn next_event(&mut self) -> Option<Result<Chunk, UpstreamError>> {
         let ev = self.upstream.next_event().await;
         if let Some(Ok(chunk)) = &ev {
+            if self.first_chunk.is_none() {
+                self.first_chunk = cut::ChunkIdentity::of(chunk);
+            }
             if chunk.has_content {
                 self.record.first_token();
             }
         }
         ev
+    }
+
+    /// Moves the request to the next lane while its output has outgrown the current one;
+    /// `false` when it must be cut (the next lane stayed full).
+    async fn keep_in_bounds(&mut self) -> bool {
+        let rules = self.ctx.promotion;
+        while rules.outgrown(self.class.lane, self.produced()) {
+            let from = self.class.lane;
+            let Some(to) = Promotion::next(from) else {
+                return true;
+            };
+            let Some(guard) = self.guard.as_mut() else {
+                return true;
+            };
+            let deadline = Instant::now() + rules.wait;
+            loop {
+                if guard.promote(to, rules.reservation(to)).await {
+                    break;
+                }
+                if rules.when_full == WhenFull::Cut || Instant::now() >= deadline {
+                    return false;
+                }
+                // Paused: vLLM keeps generating into the connection's buffers meanwhile.
+                tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+            }
+            tracing::info!(request_id = %self.request_id(), %from, %to, tokens = self.produced(), "promoted mid-stream");
+            self.ctx.metrics.promotion().promoted(from, to);
+            self.class.lane = to;
+            self.record.promoted(from, to);
+        }
+        true
+    }
+
+    /// Cuts the stream at its lane's limit: aborts the engine's work and ends the record.
+    fn cut_here(&mut self) -> cut::CutInfo {
+        let info = cut::CutInfo::new(self.class.lane, self.produced());
+        tracing::info!(request_id = %self.request_id(), lane = %self.class.lane, after_tokens = info.after_tokens, "stream cut at the lane limit");
+        self.ctx.metrics.promotion().cut(self.class.lane);
+        self.upstream.abort_now();
+        self.cut = Some(info.clone());
+        info
+    }
+
+    /// Handles one event into `out`; with content, enforces the lane limit.
+    async fn step(&mut self, ev: Option<Result<Chunk, UpstreamError>>, out: &mut Vec<u8>) {
+        let content = matches!(&ev, Some(Ok(c)) if c.has_content);
+        self.render(ev, out);
+        if content && !self.done && !self.keep_in_bounds().await {
+            let info = self.cut_here();
+            match self.format {
+                Format::OpenAi { .. } => {
+                    out.extend_from_slice(&cut::final_chunk(self.first_chunk.as_ref(), &info));
+                    out.extend_from_slice(b"data: [DONE]\n\n");
+                }
+                Format::Answer => {
+                    out.extend_from_slice(&cut::cut_event(&info));
+                    out.extend_from_slice(&answer::done_event_with(
+                        &self.upstream,
+                        &self.class,
+                        self.timings(),
+                        Some("length"),
+                    ));
+                }
+            }
+            self.finish(Outcome::Cut, Some(cut::CODE));
+        }
     }
 
     /// The next piece of the SSE body, or `None` at the end. Waits for one event that renders
@@ -108,11 +215,11 @@ impl Relay {
         let mut out = Vec::new();
         while out.is_empty() && !self.done {
             let ev = self.next_event().await;
-            self.render(ev, &mut out);
+            self.step(ev, &mut out).await;
         }
         while !self.done {
             match self.next_event().now_or_never() {
-                Some(ev) => self.render(ev, &mut out),
+                Some(ev) => self.step(ev, &mut out).await,
                 None => break,
             }
         }
@@ -198,12 +305,22 @@ impl Relay {
         })
     }
 
-    /// Reads the whole answer (non-streaming `/v1`).
+    /// Reads the whole answer (non-streaming `/v1`), under the same lane limits.
     pub async fn collect(mut self) -> Result<Collected, GatewayError> {
         let mut acc = Collected::default();
         loop {
             match self.next_event().await {
-                Some(Ok(chunk)) => acc.add(&chunk),
+                Some(Ok(chunk)) => {
+                    acc.add(&chunk);
+                    if chunk.has_content && !self.keep_in_bounds().await {
+                        let info = self.cut_here();
+                        acc.finish_reason = Some("length".into());
+                        acc.cut = Some(info);
+                        acc.usage = self.upstream.usage();
+                        self.finish(Outcome::Cut, Some(cut::CODE));
+                        return Ok(acc);
+                    }
+                }
                 None => {
                     acc.usage = self.upstream.usage();
                     self.finish(Outcome::Ok, None);

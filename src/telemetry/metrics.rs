@@ -19,6 +19,7 @@ use prometheus::{
 use crate::admission::AdmissionSnapshot;
 use crate::classify::Lane;
 use crate::telemetry::latency::{LatencySplit, UpstreamView};
+use crate::telemetry::promotion_metrics::PromotionMetrics;
 use crate::telemetry::quota_metrics::QuotaMetrics;
 
 /// Where a request was when its client went away (the `stage` label).
@@ -108,6 +109,8 @@ pub enum Outcome {
     UpstreamError,
     /// A bug in the gateway (500).
     Internal,
+    /// Cut at its lane's output limit: the next lane had no room (M14).
+    Cut,
 }
 
 impl Outcome {
@@ -125,6 +128,7 @@ impl Outcome {
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::UpstreamError => "upstream_error",
             Outcome::Internal => "internal",
+            Outcome::Cut => "cut",
         }
     }
 }
@@ -149,6 +153,7 @@ pub struct Metrics {
     prefix_queries: IntCounterVec,
     prefix_hits: IntCounterVec,
     quota: QuotaMetrics,
+    promotion: PromotionMetrics,
 }
 
 impl Default for Metrics {
@@ -265,6 +270,7 @@ impl Metrics {
             &["lane"],
         );
         let quota = QuotaMetrics::register(&registry);
+        let promotion = PromotionMetrics::register(&registry);
         // Every lane's series exist from the start, so dashboards and rate() see zeros, not gaps.
         for lane in Lane::ALL {
             let l = [lane.as_str()];
@@ -304,12 +310,18 @@ impl Metrics {
             prefix_queries,
             prefix_hits,
             quota,
+            promotion,
         }
     }
 
     /// The shared quota backend's families (`tutor_gateway_quota_*`).
     pub fn quota(&self) -> &QuotaMetrics {
         &self.quota
+    }
+
+    /// The promotion families.
+    pub fn promotion(&self) -> &PromotionMetrics {
+        &self.promotion
     }
 
     /// Records a client that went away at `stage` after `tokens` output tokens.

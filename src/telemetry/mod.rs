@@ -11,6 +11,7 @@
 pub mod latency;
 mod metrics;
 pub mod otel;
+pub mod promotion_metrics;
 pub mod quota_metrics;
 pub mod record;
 pub mod request_log;
@@ -18,6 +19,7 @@ pub mod span;
 
 pub use latency::{LatencySplit, UpstreamView};
 pub use metrics::{Metrics, Outcome, Route, Stage};
+pub use promotion_metrics::PromotionMetrics;
 pub use quota_metrics::QuotaMetrics;
 pub use record::RequestRecord;
 pub use request_log::RequestLog;

@@ -122,6 +122,15 @@ impl RequestRecord {
         self.class = Some(class);
     }
 
+    /// Records a mid-stream move to a bigger lane: the request is counted in `to` from now on.
+    pub fn promoted(&mut self, from: crate::classify::Lane, to: crate::classify::Lane) {
+        if let Some(class) = &mut self.class {
+            class.lane = to;
+        }
+        self.span.record(span::LANE, to.as_str());
+        self.span.record(span::PROMOTED_FROM, from.as_str());
+    }
+
     /// Records admission after `queue_wait`.
     pub fn admitted(&mut self, queue_wait: Duration) {
         self.admitted = Some((Instant::now(), queue_wait));

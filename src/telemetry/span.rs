@@ -16,8 +16,10 @@ pub const ENGINE_QUEUE_MS: &str = "llm.engine_queue_ms";
 pub const OUTPUT_TOKENS: &str = "llm.output_tokens";
 /// Decode tokens per second.
 pub const DECODE_TPS: &str = "llm.decode_tps";
-/// Lane.
+/// Lane (the final one, after any mid-stream promotion).
 pub const LANE: &str = "llm.lane";
+/// The lane a promoted request started in.
+pub const PROMOTED_FROM: &str = "llm.promoted_from";
 /// Estimated input tokens (classification).
 pub const INPUT_TOKENS_ESTIMATED: &str = "llm.input_tokens.estimated";
 /// Input tokens vLLM reported.
@@ -66,6 +68,7 @@ pub fn llm_generate() -> tracing::Span {
         llm.output_tokens = tracing::field::Empty,
         llm.decode_tps = tracing::field::Empty,
         llm.lane = tracing::field::Empty,
+        llm.promoted_from = tracing::field::Empty,
         llm.input_tokens.estimated = tracing::field::Empty,
         llm.input_tokens = tracing::field::Empty,
         llm.cached_tokens = tracing::field::Empty,

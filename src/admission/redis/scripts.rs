@@ -169,7 +169,8 @@ impl Scripts {
         Ok(released == 1)
     }
 
-    /// `quota_move_v1.lua`: moves lease `id` to lane `to` if `to` has room under `quota`.
+    /// `quota_move_v1.lua`: moves lease `id` to lane `to` if `to` has room under `quota`,
+    /// keeping its tokens.
     pub async fn move_lease<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
@@ -184,6 +185,32 @@ impl Scripts {
             .arg(to.as_str())
             .arg(quota.max_requests)
             .arg(quota.max_tokens)
+            .invoke_async(conn)
+            .await?;
+        Ok(TakeReply::decode(reply))
+    }
+
+    /// `quota_move_v1.lua` with growth: moves lease `id` to lane `to` and grows it to
+    /// `new_tokens`, if `to` and the global budget (`global_max_tokens`) have room.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn move_and_grow<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &Keys,
+        id: &str,
+        to: Lane,
+        quota: LaneQuota,
+        new_tokens: u32,
+        global_max_tokens: u64,
+    ) -> RedisResult<TakeReply> {
+        let reply = keys
+            .with_keys(&self.move_lease)
+            .arg(id)
+            .arg(to.as_str())
+            .arg(quota.max_requests)
+            .arg(quota.max_tokens)
+            .arg(new_tokens)
+            .arg(global_max_tokens)
             .invoke_async(conn)
             .await?;
         Ok(TakeReply::decode(reply))

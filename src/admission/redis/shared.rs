@@ -168,6 +168,54 @@ impl Shared {
         }
     }
 
+    /// Moves lease `id` from `from` to `to`, growing it to `tokens` (mid-stream promotion);
+    /// `false` when `to` or the global budget has no room, or Redis cannot be reached.
+    pub async fn promote(
+        &self,
+        id: &str,
+        from: Lane,
+        from_tokens: u32,
+        to: Lane,
+        tokens: u32,
+    ) -> bool {
+        let Some(mut conn) = self.connection() else {
+            return false;
+        };
+        let started = Instant::now();
+        let reply = self
+            .scripts
+            .move_and_grow(
+                &mut conn,
+                &self.keys,
+                id,
+                to,
+                self.limits.lanes[to.index()],
+                tokens.max(from_tokens),
+                self.limits.global_tokens,
+            )
+            .await;
+        self.metrics
+            .observe("move", started.elapsed().as_secs_f64());
+        match reply {
+            Ok(TakeReply { verdict, reaped }) => {
+                self.metrics.reaped(reaped);
+                let moved = verdict == super::scripts::Verdict::Granted;
+                if moved {
+                    if let Some(h) = self.held().get_mut(id) {
+                        h.lane = to;
+                        h.tokens = tokens.max(from_tokens);
+                    }
+                }
+                moved
+            }
+            Err(err) => {
+                self.failed("move", &err);
+                let _ = from;
+                false
+            }
+        }
+    }
+
     /// Gives lease `id` back (a guard's drop): forget it here, release it in the background.
     pub fn release(&self, id: String, lane: Lane) {
         self.held().remove(&id);
