@@ -72,6 +72,7 @@ async fn serve(
     };
     let format = Format::OpenAi {
         include_usage: req.include_usage,
+        continuous_usage: req.continuous_usage,
     };
     let relay = match pipeline::start(&state, job, format).await {
         Ok(r) => r,

@@ -66,7 +66,6 @@ struct StreamOptions {
     #[serde(default)]
     include_usage: Option<bool>,
     #[serde(default)]
-    #[allow(dead_code)]
     continuous_usage_stats: Option<bool>,
 }
 
@@ -98,6 +97,8 @@ pub struct OpenAiRequest {
     pub stream: bool,
     /// The client asked for the final usage chunk.
     pub include_usage: bool,
+    /// The client asked for running usage on every chunk.
+    pub continuous_usage: bool,
     /// The body to forward.
     pub body: Map<String, Value>,
 }
@@ -163,6 +164,10 @@ pub fn chat(bytes: &[u8]) -> Result<OpenAiRequest, GatewayError> {
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage.unwrap_or(true)),
+        continuous_usage: f
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.continuous_usage_stats.unwrap_or(false)),
         body,
     })
 }
@@ -201,6 +206,10 @@ pub fn completion(bytes: &[u8]) -> Result<OpenAiRequest, GatewayError> {
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage.unwrap_or(true)),
+        continuous_usage: f
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.continuous_usage_stats.unwrap_or(false)),
         body,
     })
 }

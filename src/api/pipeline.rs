@@ -29,6 +29,21 @@ pub struct Job {
     pub session: Option<String>,
 }
 
+/// Asks vLLM for running usage on every chunk (`continuous_usage_stats`), so the relay counts
+/// output tokens exactly mid-stream, even when vLLM packs several tokens into one chunk. The
+/// relay strips it again for clients that did not ask for it.
+fn count_tokens_exactly(body: &mut Map<String, Value>) {
+    let opts = body
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !opts.is_object() {
+        *opts = Value::Object(Map::new());
+    }
+    if let Some(o) = opts.as_object_mut() {
+        o.insert("continuous_usage_stats".into(), Value::Bool(true));
+    }
+}
+
 /// A new gateway request id: 32 hex characters, safe as a header value and in URLs.
 pub fn new_request_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()
@@ -42,7 +57,7 @@ pub async fn start(state: &AppState, job: Job, format: Format) -> Result<Relay, 
         endpoint,
         input,
         max_tokens,
-        body,
+        mut body,
         mut record,
         session,
     } = job;
@@ -70,6 +85,7 @@ pub async fn start(state: &AppState, job: Job, format: Format) -> Result<Relay, 
             }
         }
         record.classified(class);
+        count_tokens_exactly(&mut body);
         // No max_tokens is added when the client sent none: the relay counts the output and
         // moves the request to a bigger lane (or cuts it) when it outgrows its lane.
         let guard = state.admission().acquire(class.lane, class.work).await?;

@@ -2,6 +2,7 @@
 //! The gateway always streams from vLLM (one code path for tokens, timeouts and aborts) and
 //! answers in the shape of vLLM's non-streaming response.
 
+use bytes::Bytes;
 use serde_json::{json, Value};
 
 use crate::telemetry::Route;
@@ -26,16 +27,32 @@ pub struct Collected {
     pub cut: Option<super::cut::CutInfo>,
 }
 
-/// Whether a chunk is the usage-only final chunk (`"choices": []`).
-pub fn has_no_choices(chunk: &Chunk) -> bool {
-    serde_json::from_slice::<Value>(&chunk.raw)
-        .ok()
-        .and_then(|v| {
-            v.get("choices")
-                .and_then(Value::as_array)
-                .map(Vec::is_empty)
-        })
-        .unwrap_or(false)
+/// What the client gets of a chunk that carries `usage`: the final usage-only chunk
+/// (`"choices": []`) only if it asked for usage; a token chunk with running usage (the gateway
+/// asks vLLM for `continuous_usage_stats` to count tokens) without the `usage` field unless it
+/// asked for running usage itself. `None`: drop the chunk.
+pub fn usage_for_client(
+    chunk: &Chunk,
+    include_usage: bool,
+    continuous_usage: bool,
+) -> Option<Bytes> {
+    let Ok(mut v) = serde_json::from_slice::<Value>(&chunk.raw) else {
+        return Some(chunk.raw.clone());
+    };
+    let final_usage = v
+        .get("choices")
+        .and_then(Value::as_array)
+        .is_some_and(Vec::is_empty);
+    if final_usage {
+        return include_usage.then(|| chunk.raw.clone());
+    }
+    if continuous_usage {
+        return Some(chunk.raw.clone());
+    }
+    if let Some(obj) = v.as_object_mut() {
+        obj.remove("usage");
+    }
+    Some(Bytes::from(v.to_string()))
 }
 
 impl Collected {

@@ -48,6 +48,9 @@ pub enum Format {
     OpenAi {
         /// Whether the client asked for the final usage chunk.
         include_usage: bool,
+        /// Whether the client asked for running usage on every chunk (the gateway always asks
+        /// vLLM for it, to count tokens exactly, and strips it otherwise).
+        continuous_usage: bool,
     },
     /// The `/answer` event stream.
     Answer,
@@ -254,13 +257,18 @@ impl Relay {
 
     fn render_chunk(&self, chunk: &Chunk) -> Option<Bytes> {
         match self.format {
-            Format::OpenAi { include_usage } => {
-                if !include_usage && chunk.usage.is_some() && collect::has_no_choices(chunk) {
-                    return None;
-                }
-                let mut out = Vec::with_capacity(chunk.raw.len() + 8);
+            Format::OpenAi {
+                include_usage,
+                continuous_usage,
+            } => {
+                let payload = if chunk.usage.is_some() {
+                    collect::usage_for_client(chunk, include_usage, continuous_usage)?
+                } else {
+                    chunk.raw.clone()
+                };
+                let mut out = Vec::with_capacity(payload.len() + 8);
                 out.extend_from_slice(b"data: ");
-                out.extend_from_slice(&chunk.raw);
+                out.extend_from_slice(&payload);
                 out.extend_from_slice(b"\n\n");
                 Some(Bytes::from(out))
             }

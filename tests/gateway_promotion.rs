@@ -1,0 +1,418 @@
+//! M14 end to end: a request that outgrows its lane moves to the next lane mid-stream (or is cut
+//! when that lane is full, and the engine aborts it); "continue" chains in one session are
+//! classified by their total output. Local quota and Redis quota (two replicas).
+
+mod common;
+mod redis_common;
+
+use std::time::Duration;
+
+use common::*;
+use futures::StreamExt;
+use redis_common::RedisServer;
+use serde_json::{json, Value};
+use tutor_gateway::classify::Lane;
+use tutor_gateway::config::{Config, QuotaBackend, RedisUrl, RequestLogSink};
+
+/// The engine stops a request without `max_tokens` at its context limit: 1,100 tokens.
+const SIM: &[&str] = &[
+    "--speed",
+    "2",
+    "--profile",
+    "tiny-test",
+    "--max-model-len",
+    "1100",
+];
+
+fn short_context(c: &mut Config) {
+    c.upstream.max_model_len = 1100.try_into().unwrap();
+}
+
+/// A short question with no `max_tokens` that the engine answers up to its context limit.
+fn endless() -> Value {
+    json!({"messages": [{"role": "user", "content": "explain every detail of ownership"}],
+           "ignore_eos": true, "stream": true})
+}
+
+fn metric(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("series {series} missing"))
+        .parse()
+        .unwrap()
+}
+
+fn words_in(events: &[(String, String)]) -> usize {
+    events
+        .iter()
+        .filter(|(_, d)| d.starts_with('{'))
+        .map(|(_, d)| {
+            let v = json(d);
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or("")
+                .split_whitespace()
+                .count()
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes() {
+    let h = harness(SIM, short_context).await;
+    let resp = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&endless())
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let mut text = String::new();
+    // Read until well past 256 tokens: by then the request holds a medium slot, not a small one.
+    while words_in(&sse(text.rsplit_once("\n\n").map_or("", |(a, _)| a))) < 300 {
+        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+    }
+    assert_eq!(h.in_flight(Lane::Small), 0, "the small slot is free again");
+    assert_eq!(
+        h.in_flight(Lane::Medium),
+        1,
+        "the request is counted in medium"
+    );
+    while let Some(chunk) = body.next().await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    let events = sse(&text);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let generated = words_in(&events);
+    assert!(
+        generated > 1000,
+        "the stream went on without a cut: {generated} tokens"
+    );
+    let last = json(&events[events.len() - 2].1);
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    assert!(last.get("tutor_gateway").is_none());
+    eventually("every counter back to zero", || h.idle()).await;
+    let m = client()
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}"
+        ),
+        1.0
+    );
+    assert_eq!(metric(&m, "tutor_gateway_requests_total{lane=\"medium\",outcome=\"ok\",route=\"chat_completions\"}"), 1.0);
+
+    // A request that stays within its size is not touched.
+    let small = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(words_in(&sse(&small)), 200);
+    let m = client()
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}"
+        ),
+        1.0
+    );
+    assert_eq!(metric(&m, "tutor_gateway_requests_total{lane=\"small\",outcome=\"ok\",route=\"chat_completions\"}"), 1.0);
+    h.shutdown().await;
+}
+
+/// A request promoted to medium that holds the only medium slot for a while (drained in the
+/// background so it keeps flowing).
+async fn fill_medium(h: &Harness) -> tokio::task::JoinHandle<String> {
+    let url = h.url("/v1/chat/completions");
+    let blocker = tokio::spawn(async move {
+        client()
+            .post(url)
+            .json(&endless())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    });
+    eventually("the blocker was promoted to medium", || {
+        h.in_flight(Lane::Medium) == 1
+    })
+    .await;
+    blocker
+}
+
+#[tokio::test]
+async fn with_medium_full_the_stream_is_cut_with_the_documented_message_and_aborted() {
+    let h = harness(SIM, |c| {
+        short_context(c);
+        set_lane(c, Lane::Medium, 1);
+    })
+    .await;
+    let blocker = fill_medium(&h).await;
+    let text = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&endless())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = sse(&text);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let last = json(&events[events.len() - 2].1);
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    assert_eq!(last["tutor_gateway"]["cut"], "lane_limit");
+    assert_eq!(last["tutor_gateway"]["lane"], "small");
+    assert!(last["tutor_gateway"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("follow-up"));
+    assert!(
+        last["id"].as_str().unwrap().starts_with("chatcmpl-"),
+        "shaped like vLLM's chunks"
+    );
+    let sent = words_in(&events);
+    assert!(
+        (257..=300).contains(&sent),
+        "cut right after the limit: {sent}"
+    );
+    assert_eq!(
+        last["tutor_gateway"]["after_tokens"].as_u64().unwrap() as usize,
+        sent
+    );
+    eventually("the engine aborted the cut request", || {
+        h.sim_aborted() == 1
+    })
+    .await;
+
+    // /answer gets a `cut` event the frontend can show, then `done`.
+    let answer = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": "explain every detail of borrowing"}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = sse(&answer);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(&names[names.len() - 2..], ["cut", "done"]);
+    let cut = json(&events[events.len() - 2].1);
+    assert_eq!(cut["code"], "lane_limit");
+    assert_eq!(json(&events.last().unwrap().1)["finish_reason"], "length");
+
+    let blocked = sse(&blocker.await.unwrap());
+    assert!(
+        words_in(&blocked) > 1000,
+        "the promoted blocker itself completed"
+    );
+    eventually("every counter back to zero", || h.idle()).await;
+    let m = client()
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(&m, "tutor_gateway_stream_cuts_total{lane=\"small\"}"),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_requests_total{lane=\"small\",outcome=\"cut\",route=\"answer\"}"
+        ),
+        1.0
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_chain_of_continue_requests_moves_to_medium_by_the_fourth() {
+    // The engine always answers up to max_tokens here (a huge mean output length).
+    let h = harness(
+        &[
+            "--speed",
+            "50",
+            "--profile",
+            "tiny-test",
+            "--mean-output-tokens",
+            "1000000",
+        ],
+        |_| {},
+    )
+    .await;
+    let mut lanes = Vec::new();
+    for i in 0..10 {
+        let text = client()
+            .post(h.url("/answer"))
+            .json(&json!({"prompt": format!("continue {i}"), "max_output_tokens": 100, "session_id": "student-7"}))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let events = sse(&text);
+        lanes.push(json(&events[0].1)["lane"].as_str().unwrap().to_owned());
+        assert_eq!(
+            json(&events.last().unwrap().1)["usage"]["output_tokens"],
+            100
+        );
+    }
+    // Rule: a session's earlier output picks the first lane whose mid_stream_limit (256 for
+    // small) is above it; after three answers (300 tokens) the chain is medium work.
+    assert_eq!(lanes[..3], ["small", "small", "small"]);
+    assert!(lanes[3..].iter().all(|l| l == "medium"), "{lanes:?}");
+    // Other sessions and requests without a session are unaffected.
+    let other = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": "continue", "max_output_tokens": 100, "session_id": "student-8"}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(json(&sse(&other)[0].1)["lane"], "small");
+    let m = client()
+        .get(h.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_continuations_reclassified_total{from=\"small\",to=\"medium\"}"
+        ),
+        7.0
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
+    let redis = RedisServer::start();
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(SIM))
+        .await
+        .unwrap();
+    let config = |medium: u32| {
+        let mut c = Config::default();
+        c.upstream.base_url = sim.url();
+        short_context(&mut c);
+        set_lane(&mut c, Lane::Medium, medium);
+        c.telemetry.request_log = RequestLogSink::Off;
+        c.quota.backend = QuotaBackend::Redis;
+        c.quota.redis_url = RedisUrl::new(redis.url());
+        c
+    };
+    let start = |c: Config| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        tutor_gateway::server::start(c, listener).unwrap()
+    };
+    let a = start(config(1)).await;
+    let b = start(config(1)).await;
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let usage = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let v: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
+                .arg("tg:v1:{quota}:usage")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            v
+        }
+    };
+    // Replica A: the request outgrows small and moves to medium in the shared quota.
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", a.url()))
+        .json(&endless())
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let mut text = String::new();
+    while words_in(&sse(text.rsplit_once("\n\n").map_or("", |(x, _)| x))) < 300 {
+        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+    }
+    let u = usage(&mut conn).await;
+    assert_eq!(u.get("small:n").copied().unwrap_or(0), 0, "{u:?}");
+    assert_eq!(u.get("medium:n").copied().unwrap_or(0), 1, "{u:?}");
+    assert_eq!(
+        u.get("medium:tokens").copied().unwrap_or(0),
+        1100,
+        "grown to the medium bound"
+    );
+
+    // Replica B: the only medium slot (fleet-wide) is taken, so B's request is cut at 256.
+    let cut = client()
+        .post(format!("{}/v1/chat/completions", b.url()))
+        .json(&endless())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let events = sse(&cut);
+    assert_eq!(
+        json(&events[events.len() - 2].1)["tutor_gateway"]["cut"],
+        "lane_limit"
+    );
+
+    while let Some(chunk) = body.next().await {
+        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    assert!(words_in(&sse(&text)) > 1000, "A's stream completed");
+    eventually("both replicas idle", || {
+        a.state.admission().snapshot().is_idle() && b.state.admission().snapshot().is_idle()
+    })
+    .await;
+    for _ in 0..100 {
+        let u = usage(&mut conn).await;
+        if u.values().all(|v| *v == 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let u = usage(&mut conn).await;
+    assert!(
+        u.values().all(|v| *v == 0),
+        "nothing leaked in Redis: {u:?}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+    sim.shutdown().await;
+}
