@@ -1,12 +1,14 @@
 //! `cargo bench -p tutor-gateway --bench overhead`: what the gateway adds to time to first token
 //! and to inter-token latency, against the same simulator reached directly, on the same load, in
 //! one run. The gateway runs as its own process (the real binary) so its memory can be read from
-//! `/proc`; the simulator (`fixed` profile: TTFT 50 ms, one token every 20 ms, no batching) and
+//! `/proc`; the simulator (`fixed` profile: TTFT 50 ms, one token every `OVERHEAD_ITL_MS`, no batching) and
 //! the clients share the bench process.
 //!
 //! The gateway runs with `policy = "fifo"` and no concurrency limit here, so the figures are the
 //! proxy's own cost (parsing, classification, admission bookkeeping, relay), not queueing.
-//! Env: `OVERHEAD_TOKENS` (default 100), `OVERHEAD_ROUNDS` (default 3).
+//! Env: `OVERHEAD_TOKENS` (default 100), `OVERHEAD_ROUNDS` (default 3), `OVERHEAD_ITL_MS`
+//! (default 40: what one H100 gives each of 500 streams, 12,500 tokens/s shared; at 20 ms the
+//! 500 streams would ask for 25,000 tokens/s, twice what the GPU makes).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -160,6 +162,7 @@ mod tempdir {
 
 async fn bench() {
     let tokens = env_or("OVERHEAD_TOKENS", 100);
+    let itl_ms = env_or("OVERHEAD_ITL_MS", 40).to_string();
     let rounds = env_or("OVERHEAD_ROUNDS", 3);
     let sim = vllm_sim::start(&SimArgs::for_test(&[
         "--profile",
@@ -167,7 +170,7 @@ async fn bench() {
         "--fixed-ttft-ms",
         "50",
         "--fixed-itl-ms",
-        "20",
+        &itl_ms,
     ]))
     .await
     .unwrap();
@@ -190,7 +193,7 @@ async fn bench() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let rss_idle = rss_kib(child.id());
 
-    println!("## Proxy overhead: gateway vs direct to vllm-sim (fixed profile, TTFT 50 ms, ITL 20 ms, {tokens} tokens)\n");
+    println!("## Proxy overhead: gateway vs direct to vllm-sim (fixed profile, TTFT 50 ms, ITL {itl_ms} ms, {tokens} tokens)\n");
     println!(
         "| concurrency | path | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | failed |"
     );

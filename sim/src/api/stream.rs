@@ -156,8 +156,13 @@ pub fn sse_body(
             spec.continuous_usage
                 .then(|| Usage::new(spec.prompt_tokens, n))
         };
-        if st.sent == 0 && (new > 0 || finished.is_some()) && spec.rid.api == Api::Chat {
+        let first_write = st.sent == 0 && (new > 0 || finished.is_some());
+        if first_write && spec.rid.api == Api::Chat {
             frame(&mut out, &spec.rid.role_chunk(usage_now(0)));
+        }
+        if first_write && f.garbage && !cut {
+            // A non-JSON line in the middle of the stream, before the first tokens.
+            out.push_str("data: {\"truncated\": tru\n\n");
         }
         let finish = if cut {
             None
@@ -171,9 +176,6 @@ pub fn sse_body(
                 &mut out,
                 &spec.rid.text_chunk(&text, finish, usage_now(st.sent)),
             );
-        }
-        if f.garbage && st.sent > 0 && !cut && finished.is_none() {
-            out.push_str("data: {\"truncated\": tru\n\n");
         }
         if stall_at.is_some() {
             // Keep the connection open and send nothing more, like a hung engine.
