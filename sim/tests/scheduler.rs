@@ -349,3 +349,65 @@ async fn closing_the_connection_during_prefill_aborts_before_the_first_token() {
     );
     s.shutdown().await;
 }
+
+/// Three low-priority requests fill the KV cache; a high-priority one arrives later. Returns
+/// the order in which they finished.
+async fn finish_order(policy: &str) -> Vec<&'static str> {
+    let s = sim(&[
+        "--speed",
+        "20",
+        "--profile",
+        "tiny-test",
+        "--num-gpu-blocks",
+        "64",
+        "--max-model-len",
+        "1024",
+        "--scheduling-policy",
+        policy,
+    ])
+    .await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (name, prio) in [("low-1", 10), ("low-2", 10), ("low-3", 10), ("high", -5)] {
+        let mut body = chat_body(&words(100, name), 300, true);
+        body["priority"] = prio.into();
+        let (url, done) = (url.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            let events = stream_to_end(url, body).await;
+            assert_eq!(
+                usage_of(&events)["completion_tokens"],
+                300,
+                "{name} finished in full"
+            );
+            done.lock().unwrap().push(name);
+        }));
+        if name == "low-3" {
+            // The high-priority request arrives once the low ones are decoding.
+            eventually("low requests decoding", || async {
+                metric(&s, &format!("vllm:generation_tokens_total{}", labels())).await >= 150.0
+            })
+            .await;
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(metric(&s, &format!("vllm:num_preemptions_total{}", labels())).await > 0.0);
+    s.shutdown().await;
+    let order = done.lock().unwrap().clone();
+    order
+}
+
+#[tokio::test]
+async fn priority_policy_preempts_the_lowest_priority_first() {
+    // First come, first served: the newest request (the high-priority one) is preempted first
+    // and finishes last.
+    let fcfs = finish_order("fcfs").await;
+    assert_eq!(fcfs.last(), Some(&"high"), "{fcfs:?}");
+    // Priority: low-priority requests are preempted instead; the high one is never pushed out
+    // and finishes before the low ones it overtook.
+    let prio = finish_order("priority").await;
+    let high = prio.iter().position(|n| *n == "high").unwrap();
+    assert!(high < 3, "{prio:?}");
+}

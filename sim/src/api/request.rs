@@ -63,6 +63,10 @@ pub struct Common {
 pub struct ChatBody {
     /// The conversation.
     pub messages: Vec<ChatMessage>,
+    /// Tool schemas; rendered into the prompt before the messages, as sent (key order kept),
+    /// the way a chat template puts them in front, so their bytes count for the prefix cache.
+    #[serde(default)]
+    pub tools: Option<serde_json::Value>,
     /// Shared fields.
     #[serde(flatten)]
     pub common: Common,
@@ -163,7 +167,12 @@ impl Generation {
                 Some("messages"),
             ));
         }
-        let prompt = encode(state, render_chat(&body.messages), true).await;
+        let mut text = String::new();
+        if let Some(tools) = body.tools.as_ref().filter(|t| !t.is_null()) {
+            text.push_str(&format!("<|im_start|>tools\n{tools}<|im_end|>\n"));
+        }
+        text.push_str(&render_chat(&body.messages));
+        let prompt = encode(state, text, true).await;
         let max = body.common.max_completion_tokens.or(body.common.max_tokens);
         Self::build(state, headers, Api::Chat, prompt, max, body.common)
     }

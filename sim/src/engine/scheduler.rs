@@ -146,26 +146,33 @@ impl Scheduler {
                     self.running[i].blocks.extend(blocks);
                     break;
                 }
-                // Out of blocks: preempt the most recently admitted running sequence.
-                let victim = self.running.pop().expect("running is not empty");
-                let victim_is_self = self.running.len() == i;
-                self.preempt(victim);
+                // Out of blocks: preempt the most recently admitted running sequence (under
+                // the priority policy: the lowest priority, then the latest arrival).
+                let v = self.victim_index();
+                let victim = self.running.remove(v);
                 plan.preempted += 1;
-                if victim_is_self {
+                if v == i {
+                    self.preempt(victim);
                     scheduled_self = false;
                     break;
                 }
+                if v < i {
+                    // Already scheduled in this step: give its tokens back to the budget.
+                    if let Some(pos) = plan
+                        .scheduled
+                        .iter()
+                        .position(|(no, _)| *no == victim.seq_no)
+                    {
+                        budget += plan.scheduled.remove(pos).1;
+                    }
+                    i -= 1;
+                }
+                self.preempt(victim);
             }
             if !scheduled_self {
                 break;
             }
             let seq = &self.running[i];
-            if seq.is_prefilling() {
-                plan.shape.prefill_tokens += new;
-            } else {
-                plan.shape.decode_seqs += 1;
-                plan.shape.context_tokens += u64::from(seq.num_tokens());
-            }
             plan.scheduled.push((seq.seq_no, new));
             budget -= new;
             i += 1;
@@ -208,12 +215,41 @@ impl Scheduler {
             seq.timings.first_scheduled.get_or_insert(now);
             seq.computed = hit_tokens;
             seq.blocks = blocks;
-            plan.shape.prefill_tokens += new;
             plan.scheduled.push((seq.seq_no, new));
             budget -= new;
             self.running.push(seq);
         }
+        plan.shape = self.shape_of(&plan.scheduled);
         plan
+    }
+
+    /// The step's shape for the cost model, from what was finally scheduled.
+    fn shape_of(&self, scheduled: &[(u64, u32)]) -> StepShape {
+        let new: HashMap<u64, u32> = scheduled.iter().copied().collect();
+        let mut shape = StepShape::default();
+        for seq in &self.running {
+            let Some(&n) = new.get(&seq.seq_no) else {
+                continue;
+            };
+            if seq.is_prefilling() {
+                shape.prefill_tokens += n;
+            } else {
+                shape.decode_seqs += 1;
+                shape.context_tokens += u64::from(seq.num_tokens());
+            }
+        }
+        shape
+    }
+
+    /// Index of the running sequence to preempt: the most recently admitted, or under the
+    /// priority policy the one with the largest `priority` value (then the latest arrival).
+    fn victim_index(&self) -> usize {
+        if !self.cfg.priority_policy {
+            return self.running.len() - 1;
+        }
+        (0..self.running.len())
+            .max_by_key(|&i| (self.running[i].priority, self.running[i].seq_no))
+            .unwrap_or(0)
     }
 
     /// Index of the waiting sequence to admit next.
