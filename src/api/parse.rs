@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 
 use super::GatewayError;
 use crate::classify::{ChatMessage, PromptInput};
+use crate::prompt::{student_messages, StudentMaterial};
 
 /// The body bytes, or 413 / 400 for a body that could not be read.
 pub fn body_bytes(
@@ -84,6 +85,23 @@ struct OpenAiFields {
     stream_options: Option<StreamOptions>,
     #[serde(default)]
     n: Option<u32>,
+}
+
+impl OpenAiFields {
+    /// The client asked for the final usage chunk (`include_usage` defaults to true once
+    /// `stream_options` is present, as in vLLM).
+    fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage.unwrap_or(true))
+    }
+
+    /// The client asked for running usage on every chunk.
+    fn continuous_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .is_some_and(|o| o.continuous_usage_stats.unwrap_or(false))
+    }
 }
 
 /// A validated `/v1` request.
@@ -160,14 +178,8 @@ pub fn chat(bytes: &[u8]) -> Result<OpenAiRequest, GatewayError> {
         input: PromptInput::Chat(messages),
         max_tokens: f.max_completion_tokens.or(f.max_tokens),
         stream: f.stream.unwrap_or(false),
-        include_usage: f
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.include_usage.unwrap_or(true)),
-        continuous_usage: f
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.continuous_usage_stats.unwrap_or(false)),
+        include_usage: f.include_usage(),
+        continuous_usage: f.continuous_usage(),
         body,
     })
 }
@@ -202,14 +214,8 @@ pub fn completion(bytes: &[u8]) -> Result<OpenAiRequest, GatewayError> {
         input: PromptInput::Prompt(prompt),
         max_tokens: Some(f.max_tokens.unwrap_or(16)),
         stream: f.stream.unwrap_or(false),
-        include_usage: f
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.include_usage.unwrap_or(true)),
-        continuous_usage: f
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.continuous_usage_stats.unwrap_or(false)),
+        include_usage: f.include_usage(),
+        continuous_usage: f.continuous_usage(),
         body,
     })
 }
@@ -230,9 +236,19 @@ pub struct AnswerBody {
     /// The student's session, for continuation tracking (accepted; used by a later issue).
     #[serde(default)]
     pub session_id: Option<String>,
-    /// The course whose canonical prompt applies (accepted; used by a later issue).
+    /// The course whose stable prefix (`[courses.<id>]`) goes first; unknown ids are a 400.
     #[serde(default)]
     pub course_id: Option<String>,
+    /// With `course_id`: the student's code.
+    #[serde(default)]
+    pub code: Option<String>,
+    /// With `course_id`: a stack trace.
+    #[serde(default)]
+    pub stack_trace: Option<String>,
+    /// With `course_id`: recent turns (user/assistant messages, oldest first); `messages` is
+    /// accepted for the same, but not both.
+    #[serde(default)]
+    pub turns: Option<Vec<ChatMessage>>,
 }
 
 /// `GET /answer` query (browser `EventSource`).
@@ -263,6 +279,9 @@ pub struct AnswerRequest {
     pub max_output_tokens: Option<u32>,
     /// The student's session, for continuation tracking.
     pub session_id: Option<String>,
+    /// The course whose stable prefix goes before `messages`; `messages` is then only the
+    /// student's material.
+    pub course_id: Option<String>,
 }
 
 fn user_message(prompt: &str) -> Value {
@@ -276,7 +295,17 @@ impl AnswerRequest {
             GatewayError::bad_request(format!("the request body is not valid JSON: {e}"), None)
         })?;
         let raw_messages = value.get("messages").cloned();
+        let raw_turns = value.get("turns").cloned();
         let body: AnswerBody = typed(value)?;
+        if let Some(course_id) = body.course_id.clone().filter(|c| !c.is_empty()) {
+            return Self::for_course(body, course_id, raw_messages.or(raw_turns));
+        }
+        if body.code.is_some() || body.stack_trace.is_some() || body.turns.is_some() {
+            return Err(GatewayError::bad_request(
+                "`code`, `stack_trace` and `turns` need a `course_id`",
+                Some("course_id"),
+            ));
+        }
         let (messages, messages_json) = match (body.messages, body.prompt) {
             (Some(m), None) => (m, raw_messages.unwrap_or(Value::Null)),
             (None, Some(p)) => (typed(user_message(&p))?, user_message(&p)),
@@ -295,15 +324,63 @@ impl AnswerRequest {
         )
     }
 
+    /// A course request: recent turns, then one user message with question, code and trace.
+    fn for_course(
+        body: AnswerBody,
+        course_id: String,
+        raw_turns: Option<Value>,
+    ) -> Result<Self, GatewayError> {
+        if body.messages.is_some() && body.turns.is_some() {
+            return Err(GatewayError::bad_request(
+                "send recent turns as `turns` or `messages`, not both",
+                Some("turns"),
+            ));
+        }
+        let turns = body.messages.or(body.turns).unwrap_or_default();
+        if turns.iter().any(|m| m.role == "system") {
+            return Err(GatewayError::bad_request(
+                "with `course_id` the system message is the course's; turns are user/assistant",
+                Some("turns"),
+            ));
+        }
+        let blank = |s: &Option<String>| s.as_deref().map_or(true, |s| s.trim().is_empty());
+        if blank(&body.prompt) && blank(&body.code) {
+            return Err(GatewayError::bad_request(
+                "a course request needs a `prompt` (the question) or `code`",
+                Some("prompt"),
+            ));
+        }
+        let material = StudentMaterial {
+            turns: match raw_turns {
+                Some(Value::Array(items)) => items,
+                _ => Vec::new(),
+            },
+            question: body.prompt,
+            code: body.code,
+            stack_trace: body.stack_trace,
+        };
+        let json = Value::Array(student_messages(&material));
+        let mut req = Self::checked(
+            typed(json.clone())?,
+            json,
+            body.max_output_tokens,
+            body.session_id,
+        )?;
+        req.course_id = Some(course_id);
+        Ok(req)
+    }
+
     /// From a `GET /answer` query.
     pub fn from_query(q: AnswerQuery) -> Result<Self, GatewayError> {
         let json = user_message(&q.prompt);
-        Self::checked(
+        let mut req = Self::checked(
             typed(json.clone())?,
             json,
             q.max_output_tokens,
             q.session_id,
-        )
+        )?;
+        req.course_id = q.course_id.filter(|c| !c.is_empty());
+        Ok(req)
     }
 
     fn checked(
@@ -329,6 +406,7 @@ impl AnswerRequest {
             messages_json,
             max_output_tokens: max,
             session_id: session_id.filter(|s| !s.is_empty()),
+            course_id: None,
         })
     }
 }

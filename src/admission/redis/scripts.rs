@@ -179,15 +179,8 @@ impl Scripts {
         to: Lane,
         quota: LaneQuota,
     ) -> RedisResult<TakeReply> {
-        let reply = keys
-            .with_keys(&self.move_lease)
-            .arg(id)
-            .arg(to.as_str())
-            .arg(quota.max_requests)
-            .arg(quota.max_tokens)
-            .invoke_async(conn)
-            .await?;
-        Ok(TakeReply::decode(reply))
+        // New tokens 0 keeps the lease's own; global budget 0 skips that check.
+        self.move_and_grow(conn, keys, id, to, quota, 0, 0).await
     }
 
     /// `quota_move_v1.lua` with growth: moves lease `id` to lane `to` and grows it to
