@@ -416,3 +416,55 @@ async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
     b.shutdown().await;
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_continue_chain_spread_over_two_replicas_counts_as_one_session_in_redis() {
+    let redis = RedisServer::start();
+    let flags = [
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--mean-output-tokens",
+        "1000000",
+    ];
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&flags))
+        .await
+        .unwrap();
+    let mut gateways = Vec::new();
+    for _ in 0..2 {
+        let mut c = Config::default();
+        c.upstream.base_url = sim.url();
+        c.telemetry.request_log = RequestLogSink::Off;
+        c.quota.backend = QuotaBackend::Redis;
+        c.quota.redis_url = RedisUrl::new(redis.url());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        gateways.push(tutor_gateway::server::start(c, listener).unwrap());
+    }
+    let mut lanes = Vec::new();
+    for i in 0..6 {
+        // Alternate replicas: only a shared count can see the whole chain.
+        let url = format!("{}/answer", gateways[i % 2].url());
+        let text = client()
+            .post(url)
+            .json(&json!({"prompt": format!("continue {i}"), "max_output_tokens": 100, "session_id": "shared-student"}))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let events = sse(&text);
+        lanes.push(json(&events[0].1)["lane"].as_str().unwrap().to_owned());
+        // The count is added in the background when a request ends.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    assert_eq!(
+        lanes,
+        ["small", "small", "small", "medium", "medium", "medium"]
+    );
+    for g in gateways {
+        g.shutdown().await;
+    }
+    sim.shutdown().await;
+}

@@ -54,7 +54,11 @@ impl AppState {
         request_log: RequestLog,
     ) -> Self {
         let promotion = Promotion::from_config(&config);
-        let sessions = SessionLedger::new(config.promotion.continuation_window);
+        let window = config.promotion.continuation_window;
+        let sessions = match &admission {
+            Admission::Redis(redis) => SessionLedger::shared(window, redis.clone()),
+            Admission::Local(_) => SessionLedger::new(window),
+        };
         Self(Arc::new(Shared {
             promotion,
             sessions,

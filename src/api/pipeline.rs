@@ -77,7 +77,7 @@ pub async fn start(state: &AppState, job: Job, format: Format) -> Result<Relay, 
             .await?;
         if let Some(session) = &session {
             // A "continue" chain is one piece of work: its output so far picks the lane.
-            let before = state.sessions().output(session);
+            let before = state.sessions().output(session).await;
             let lane = state.promotion().lane_for_session(class.lane, before);
             if lane != class.lane {
                 state.metrics().promotion().reclassified(class.lane, lane);

@@ -15,6 +15,9 @@ pub struct Keys {
     pub usage: String,
     /// Pub/sub channel: a lane name is published each time a lease of it is released.
     pub released: String,
+    /// Prefix of the per-session output counters (`<prefix>:{quota}:session:<hash>`, STRING
+    /// with a TTL of the continuation window); the hash is of the session id, never the id.
+    pub session: String,
 }
 
 impl Keys {
@@ -26,6 +29,7 @@ impl Keys {
             leases: key("leases"),
             usage: key("usage"),
             released: key("released"),
+            session: key("session"),
         }
     }
 

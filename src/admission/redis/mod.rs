@@ -170,6 +170,14 @@ impl RedisAdmission {
         }
     }
 
+    /// A connection to the quota's Redis, while it is reachable.
+    pub fn connection(&self) -> Option<redis::aio::ConnectionManager> {
+        if self.shared.degraded() {
+            return None;
+        }
+        self.shared.connection()
+    }
+
     /// The Redis keys this replica uses.
     pub fn keys(&self) -> &Keys {
         &self.shared.keys
