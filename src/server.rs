@@ -48,6 +48,7 @@ pub fn build_state_with_log(
 ) -> anyhow::Result<AppState> {
     let classifier = Classifier::from_config(&config).context("classifier")?;
     let metrics = Metrics::new();
+    metrics.prefix().configure(&config.prefix_cache);
     let admission = Admission::build(&config, metrics.quota().clone()).context("quota backend")?;
     let upstream =
         UpstreamClient::new(config.upstream.clone(), tasks).context("upstream client")?;

@@ -58,7 +58,7 @@ async fn answer_post_accepts_messages_and_rejects_bad_bodies() {
         .post(h.url("/answer"))
         .json(&json!({
             "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a closure?"}],
-            "max_output_tokens": 5, "session_id": "s-1", "course_id": "rust-101"
+            "max_output_tokens": 5, "session_id": "s-1"
         }))
         .send()
         .await

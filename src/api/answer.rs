@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 use super::openai::{link_trace, sse_response, with_id};
 use super::parse::{self, AnswerQuery, AnswerRequest};
 use super::pipeline::{self, Job};
-use super::AppState;
+use super::{AppState, GatewayError};
 use crate::classify::PromptInput;
 use crate::relay::Format;
 use crate::telemetry::{RequestRecord, Route};
@@ -43,6 +43,46 @@ pub async fn post_answer(
     serve(state, headers, req, record).await
 }
 
+/// A request ready to send: messages (course prefix first, if any) and the course's tools.
+struct Prepared {
+    messages: Vec<crate::classify::ChatMessage>,
+    messages_json: Value,
+    tools: Option<Value>,
+    max_output_tokens: Option<u32>,
+    session_id: Option<String>,
+}
+
+/// Puts the course's stable prefix before the student's material (M17); unknown course: 400.
+fn with_course(state: &AppState, req: AnswerRequest) -> Result<Prepared, GatewayError> {
+    let Some(id) = req.course_id.as_deref() else {
+        return Ok(Prepared {
+            messages: req.messages,
+            messages_json: req.messages_json,
+            tools: None,
+            max_output_tokens: req.max_output_tokens,
+            session_id: req.session_id,
+        });
+    };
+    let Some(course) = state.config().courses.get(id) else {
+        return Err(GatewayError::bad_request(
+            "unknown course_id: no [courses.<id>] with this id is configured",
+            Some("course_id"),
+        ));
+    };
+    let student = match req.messages_json {
+        Value::Array(items) => items,
+        _ => Vec::new(),
+    };
+    let json = Value::Array(course.messages(&student));
+    Ok(Prepared {
+        messages: parse::typed(json.clone())?,
+        messages_json: json,
+        tools: course.tools.clone(),
+        max_output_tokens: req.max_output_tokens,
+        session_id: req.session_id,
+    })
+}
+
 async fn serve(
     state: AppState,
     headers: HeaderMap,
@@ -51,7 +91,7 @@ async fn serve(
 ) -> Response {
     link_trace(&mut record, &headers);
     let request_id = record.request_id().to_owned();
-    let req = match req {
+    let req = match req.and_then(|r| with_course(&state, r)) {
         Ok(r) => r,
         Err(e) => {
             record.finish(e.outcome(), Some(e.code()), None);
@@ -60,6 +100,9 @@ async fn serve(
     };
     let mut body = Map::new();
     body.insert("messages".into(), req.messages_json);
+    if let Some(tools) = req.tools {
+        body.insert("tools".into(), tools);
+    }
     if let Some(max) = req.max_output_tokens {
         body.insert("max_tokens".into(), Value::from(max));
     }

@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use super::parse::{self, OpenAiRequest};
 use super::pipeline::{self, Job};
 use super::{AppState, GatewayError};
+use crate::prompt::canonical_value;
 use crate::relay::Format;
 use crate::telemetry::{RequestRecord, Route};
 use crate::upstream::Endpoint;
@@ -47,13 +48,19 @@ async fn serve(
             Route::Completions => parse::completion(&b),
             Route::ChatCompletions | Route::Answer => parse::chat(&b),
         });
-    let req: OpenAiRequest = match parsed {
+    let mut req: OpenAiRequest = match parsed {
         Ok(r) => r,
         Err(e) => {
             record.finish(e.outcome(), Some(e.code()), None);
             return with_id(e.into_response(), &request_id);
         }
     };
+    if route == Route::ChatCompletions && state.config().prefix_cache.canonicalize_tools {
+        // Same schemas, same tokens: key order must not break vLLM's prefix cache (M17).
+        if let Some(tools) = req.body.get_mut("tools") {
+            *tools = canonical_value(tools);
+        }
+    }
     let endpoint = match route {
         Route::Completions => Endpoint::Completions,
         Route::ChatCompletions | Route::Answer => Endpoint::ChatCompletions,

@@ -78,3 +78,10 @@ pub(super) const fn lane(lane: Lane) -> LaneDefaults {
         },
     }
 }
+
+pub(super) const CANONICALIZE_TOOLS: bool = true;
+pub(super) const FINGERPRINT_LABELS: u32 = 20;
+pub(super) const LABEL_AFTER_REQUESTS: u32 = 3;
+pub(super) const DRIFT_FACTOR_PERCENT: u32 = 300;
+pub(super) const DRIFT_MIN_SAMPLES: u32 = 5;
+pub(super) const DRIFT_LOG_WINDOW_MS: u64 = 300_000;

@@ -12,6 +12,7 @@
 mod defaults;
 mod error;
 mod parse;
+mod prefix;
 mod quota;
 pub mod raw;
 mod types;
@@ -23,6 +24,7 @@ mod tests;
 use std::path::Path;
 
 pub use error::{ConfigError, ConfigIssue};
+pub use prefix::PrefixCacheConfig;
 pub use quota::{OnRedisDown, QuotaBackend, QuotaConfig, RedisUrl};
 pub use types::{
     AbortConfig, AbortMethod, AdmissionConfig, ClassifyConfig, Config, FifoConfig, LaneConfig,

@@ -34,10 +34,15 @@ pub(super) fn parse_raw(src: &str) -> Result<Parsed, ConfigError> {
             "promotion" => raw.promotion = section(&key, value, &mut issues).unwrap_or_default(),
             "telemetry" => raw.telemetry = section(&key, value, &mut issues).unwrap_or_default(),
             "quota" => raw.quota = section(&key, value, &mut issues).unwrap_or_default(),
+            "prefix_cache" => {
+                raw.prefix_cache = section(&key, value, &mut issues).unwrap_or_default()
+            }
+            "courses" => raw.courses = section(&key, value, &mut issues).unwrap_or_default(),
             _ => issues.push(ConfigIssue::new(
                 key,
                 "is not a known key; expected one of `listen`, `upstream`, `classify`, \
-                 `admission`, `lanes`, `server`, `promotion`, `telemetry`, `quota`",
+                 `admission`, `lanes`, `server`, `promotion`, `telemetry`, `quota`, \
+                 `prefix_cache`, `courses`",
             )),
         }
     }

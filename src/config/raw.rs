@@ -37,6 +37,46 @@ pub struct RawConfig {
     /// `[quota]`: where the lane quota lives (this replica, or Redis shared by replicas).
     #[serde(default)]
     pub quota: RawQuota,
+    /// `[prefix_cache]`: tool canonicalization, per-fingerprint metrics, drift detection.
+    #[serde(default)]
+    pub prefix_cache: RawPrefixCache,
+    /// `[courses.<id>]`: course prompts for `/answer`.
+    #[serde(default)]
+    pub courses: std::collections::BTreeMap<String, RawCourse>,
+}
+
+/// `[prefix_cache]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrefixCache {
+    /// Rewrite `/v1` `tools` as canonical JSON before forwarding.
+    pub canonicalize_tools: Option<bool>,
+    /// Fingerprints with their own label in the per-fingerprint metrics (the rest: `other`).
+    pub fingerprint_labels: Option<u32>,
+    /// Requests a fingerprint needs before it may take a label.
+    pub label_after_requests: Option<u32>,
+    /// Drift: observed prefill per uncached token above this many times the profile, percent.
+    pub drift_factor_percent: Option<u32>,
+    /// Drift: samples a fingerprint's profile needs before it is compared.
+    pub drift_min_samples: Option<u32>,
+    /// Drift: at most one log line per fingerprint per this window, ms.
+    pub drift_log_window_ms: Option<u64>,
+}
+
+/// `[courses.<id>]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCourse {
+    /// Version of the course prompt, part of the stable prefix.
+    pub version: Option<String>,
+    /// Stable system instructions.
+    pub instructions: Option<String>,
+    /// Grading rubric.
+    pub rubric: Option<String>,
+    /// Safety rules.
+    pub safety: Option<String>,
+    /// Tool schemas: a JSON array, as text.
+    pub tools: Option<String>,
 }
 
 /// `[quota]`.

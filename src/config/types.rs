@@ -29,6 +29,10 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// `[quota]`.
     pub quota: super::quota::QuotaConfig,
+    /// `[prefix_cache]`.
+    pub prefix_cache: super::prefix::PrefixCacheConfig,
+    /// `[courses.<id>]`: each course's stable prefix, by id.
+    pub courses: std::collections::BTreeMap<String, crate::prompt::Course>,
 }
 
 /// What happens when a request must move to a fuller lane mid-stream.

@@ -43,6 +43,8 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let telemetry = telemetry(&mut c, raw.telemetry);
     let promotion = promotion(&mut c, raw.promotion);
     let quota = super::quota::validate(&mut c, raw.quota);
+    let prefix_cache = super::prefix::prefix_cache(&mut c, raw.prefix_cache);
+    let courses = super::prefix::courses(&mut c, raw.courses);
     let config = Config {
         listen,
         upstream,
@@ -53,6 +55,8 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         promotion,
         telemetry,
         quota,
+        prefix_cache,
+        courses,
     };
     cross_checks(&mut c, &config);
     if c.issues.is_empty() {

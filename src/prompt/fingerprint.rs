@@ -21,6 +21,24 @@ pub fn canonical_json(v: &Value) -> String {
     out
 }
 
+/// The same JSON with object keys sorted at every level: serialized (compact, as `serde_json`
+/// does with `preserve_order`), it is exactly [`canonical_json`].
+pub fn canonical_value(v: &Value) -> Value {
+    match v {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), canonical_value(&map[k])))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.iter().map(canonical_value).collect()),
+        other => other.clone(),
+    }
+}
+
 fn write_canonical(v: &Value, out: &mut String) {
     match v {
         Value::Object(map) => {
@@ -83,6 +101,15 @@ mod tests {
         assert_eq!(
             canonical_json(&v),
             r#"{"a":{"c":true,"z":[1,{"x":null,"y":"ü"}]},"b":1}"#
+        );
+    }
+
+    #[test]
+    fn canonical_value_serializes_as_canonical_json() {
+        let v = json!({"b": 1, "a": {"z": [1, {"y": "ü", "x": null}], "c": true}});
+        assert_eq!(
+            serde_json::to_string(&canonical_value(&v)).unwrap(),
+            canonical_json(&v)
         );
     }
 

@@ -1,6 +1,10 @@
-//! Prompts: canonical JSON and the prompt fingerprint (M17, M18). Course prompt assembly comes
-//! with the prefix-cache issue.
+//! Prompts: canonical JSON, the prompt fingerprint (M17, M18), course prompt assembly with its
+//! stable prefix, and the placeholder check that keeps per-request values out of it (M20).
 
+mod course;
 mod fingerprint;
+mod placeholders;
 
-pub use fingerprint::{canonical_json, fingerprint, fingerprint_of_chat};
+pub use course::{student_messages, Course, StudentMaterial};
+pub use fingerprint::{canonical_json, canonical_value, fingerprint, fingerprint_of_chat};
+pub use placeholders::find_placeholder;

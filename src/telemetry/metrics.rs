@@ -19,6 +19,7 @@ use prometheus::{
 use crate::admission::AdmissionSnapshot;
 use crate::classify::Lane;
 use crate::telemetry::latency::{LatencySplit, UpstreamView};
+use crate::telemetry::prefix_metrics::PrefixMetrics;
 use crate::telemetry::promotion_metrics::PromotionMetrics;
 use crate::telemetry::quota_metrics::QuotaMetrics;
 
@@ -154,6 +155,7 @@ pub struct Metrics {
     prefix_hits: IntCounterVec,
     quota: QuotaMetrics,
     promotion: PromotionMetrics,
+    prefix: PrefixMetrics,
 }
 
 impl Default for Metrics {
@@ -271,6 +273,7 @@ impl Metrics {
         );
         let quota = QuotaMetrics::register(&registry);
         let promotion = PromotionMetrics::register(&registry);
+        let prefix = PrefixMetrics::register(&registry);
         // Every lane's series exist from the start, so dashboards and rate() see zeros, not gaps.
         for lane in Lane::ALL {
             let l = [lane.as_str()];
@@ -311,7 +314,13 @@ impl Metrics {
             prefix_hits,
             quota,
             promotion,
+            prefix,
         }
+    }
+
+    /// The per-fingerprint prefix-cache families and drift detection.
+    pub fn prefix(&self) -> &PrefixMetrics {
+        &self.prefix
     }
 
     /// The shared quota backend's families (`tutor_gateway_quota_*`).

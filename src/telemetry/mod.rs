@@ -6,11 +6,14 @@
 //! - [`metrics`]: the Prometheus families ([`Metrics`], no globals).
 //! - [`span`]: the `llm.generate` span and its attribute names.
 //! - [`request_log`]: one JSON line per finished request.
+//! - [`prefix_metrics`], [`drift`]: per-fingerprint prefix-cache metrics and drift (M18, M19).
 //! - [`otel`]: logging and OpenTelemetry set-up, W3C trace-context propagation.
 
+pub mod drift;
 pub mod latency;
 mod metrics;
 pub mod otel;
+pub mod prefix_metrics;
 pub mod promotion_metrics;
 pub mod quota_metrics;
 pub mod record;
@@ -19,6 +22,7 @@ pub mod span;
 
 pub use latency::{LatencySplit, UpstreamView};
 pub use metrics::{Metrics, Outcome, Route, Stage};
+pub use prefix_metrics::PrefixMetrics;
 pub use promotion_metrics::PromotionMetrics;
 pub use quota_metrics::QuotaMetrics;
 pub use record::RequestRecord;

@@ -176,6 +176,7 @@ impl RequestRecord {
         if let Some(lane) = lane {
             self.metrics.observe(lane, &split, up);
         }
+        self.observe_prefix(&split, up);
         self.record_span(outcome, error_code, &split, up);
         let usage = up.and_then(|u| u.usage);
         self.log.write(&RequestLogLine {
@@ -197,6 +198,32 @@ impl RequestRecord {
             finish_reason: up.and_then(|u| u.finish_reason.as_deref()),
             timings: split,
         });
+    }
+
+    /// Per-fingerprint cache counters and drift (M18, M19). Logs the evidence of drift (hash,
+    /// timings, token counts), never prompt text (M20).
+    fn observe_prefix(&self, split: &LatencySplit, up: Option<&UpstreamView>) {
+        let (Some(fp), Some(u)) = (self.fingerprint.as_deref(), up.and_then(|u| u.usage)) else {
+            return;
+        };
+        let cached = u.cached_tokens.unwrap_or(0);
+        let verdict = self
+            .metrics
+            .prefix()
+            .observe(fp, u.prompt_tokens, cached, split.prefill_ms);
+        if let Some(v) = verdict.filter(|v| v.log) {
+            tracing::warn!(
+                request_id = %self.request_id,
+                fingerprint = fp,
+                expected_prefill_ms_per_uncached_token = v.expected_ms_per_token,
+                observed_prefill_ms_per_uncached_token = v.observed_ms_per_token,
+                prefill_ms = split.prefill_ms,
+                input_tokens = u.prompt_tokens,
+                cached_tokens = cached,
+                "prefix cache drift: this prompt's prefill costs much more than its profile \
+                 (eviction, another replica or a tokenizer mismatch?)"
+            );
+        }
     }
 
     fn record_span(

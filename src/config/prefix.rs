@@ -1,0 +1,125 @@
+//! `[prefix_cache]` and `[courses.<id>]`: canonical prompts and the prefix-cache view (M17-M20).
+//!
+//! A course's stable parts (`version`, `instructions`, `rubric`, `safety`, `tools`) are checked
+//! for placeholders ([`crate::prompt::find_placeholder`]): a course whose prefix would differ per
+//! student or per request is refused, with the dotted path of the offending key.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::defaults as d;
+use super::raw::{RawCourse, RawPrefixCache};
+use super::validate::Checker;
+use crate::prompt::{find_placeholder, Course};
+
+/// Prefix-cache discipline for `/v1`, the per-fingerprint metrics and drift detection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixCacheConfig {
+    /// Rewrite `/v1/chat/completions` `tools` as canonical JSON before forwarding.
+    pub canonicalize_tools: bool,
+    /// Fingerprints that get their own label; every other one is `other` (N + 1 series).
+    pub fingerprint_labels: u32,
+    /// Requests a fingerprint needs before it may take one of the labels.
+    pub label_after_requests: u32,
+    /// Drift when prefill per uncached token exceeds the profile times this, in percent.
+    pub drift_factor_percent: u32,
+    /// Samples before a fingerprint's profile is compared.
+    pub drift_min_samples: u32,
+    /// At most one drift log line per fingerprint per window.
+    pub drift_log_window: Duration,
+}
+
+/// Validates `[prefix_cache]`.
+pub(super) fn prefix_cache(c: &mut Checker, raw: RawPrefixCache) -> PrefixCacheConfig {
+    let drift_factor_percent = raw.drift_factor_percent.unwrap_or(d::DRIFT_FACTOR_PERCENT);
+    if drift_factor_percent <= 100 {
+        c.fail(
+            "prefix_cache.drift_factor_percent",
+            "must be > 100 (a factor above 1)",
+        );
+    }
+    let drift_min_samples = raw.drift_min_samples.unwrap_or(d::DRIFT_MIN_SAMPLES);
+    if drift_min_samples == 0 {
+        c.fail("prefix_cache.drift_min_samples", "must be > 0");
+    }
+    let label_after_requests = raw.label_after_requests.unwrap_or(d::LABEL_AFTER_REQUESTS);
+    if label_after_requests == 0 {
+        c.fail("prefix_cache.label_after_requests", "must be > 0");
+    }
+    PrefixCacheConfig {
+        canonicalize_tools: raw.canonicalize_tools.unwrap_or(d::CANONICALIZE_TOOLS),
+        fingerprint_labels: raw.fingerprint_labels.unwrap_or(d::FINGERPRINT_LABELS),
+        label_after_requests,
+        drift_factor_percent,
+        drift_min_samples,
+        drift_log_window: c.ms(
+            "prefix_cache.drift_log_window_ms",
+            raw.drift_log_window_ms,
+            d::DRIFT_LOG_WINDOW_MS,
+        ),
+    }
+}
+
+/// Validates `[courses.<id>]` and builds each course's stable prefix.
+pub(super) fn courses(
+    c: &mut Checker,
+    raw: BTreeMap<String, RawCourse>,
+) -> BTreeMap<String, Course> {
+    let mut out = BTreeMap::new();
+    for (id, course) in raw {
+        let path = format!("courses.{id}");
+        if id.is_empty()
+            || !id
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-')
+        {
+            c.fail(&path, "course ids are letters, digits, `_` and `-`");
+            continue;
+        }
+        let mut ok = true;
+        let mut text = |key: &str, value: &Option<String>, required: bool| {
+            let v = value.clone().unwrap_or_default();
+            if required && v.trim().is_empty() {
+                c.fail(format!("{path}.{key}"), "is required");
+                ok = false;
+            } else if let Some(kind) = find_placeholder(&v) {
+                c.fail(
+                    format!("{path}.{key}"),
+                    format!(
+                        "contains {kind}: the stable prefix must be the same for every student \
+                         and request (put per-request material in the request)"
+                    ),
+                );
+                ok = false;
+            }
+            v
+        };
+        let version = text("version", &course.version, true);
+        let instructions = text("instructions", &course.instructions, true);
+        let rubric = text("rubric", &course.rubric, false);
+        let safety = text("safety", &course.safety, false);
+        let tools_text = text("tools", &course.tools, false);
+        let tools = if tools_text.trim().is_empty() {
+            None
+        } else {
+            match serde_json::from_str::<Value>(&tools_text) {
+                Ok(v @ Value::Array(_)) => Some(v),
+                _ => {
+                    c.fail(
+                        format!("{path}.tools"),
+                        "must be a JSON array of tool schemas",
+                    );
+                    ok = false;
+                    None
+                }
+            }
+        };
+        if ok {
+            let built = Course::build(&id, &version, &instructions, &rubric, &safety, tools);
+            out.insert(id, built);
+        }
+    }
+    out
+}

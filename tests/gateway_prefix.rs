@@ -1,0 +1,311 @@
+//! Prefix-cache discipline against the simulator (issue 8, M17-M20): canonical tool schemas
+//! make shuffled schemas hit vLLM's prefix cache; the gateway's token counters agree with the
+//! engine's; course prompts put the stable prefix first; per-fingerprint series stay bounded.
+
+mod common;
+
+use common::{client, harness, words, Harness};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde_json::{json, Map, Value};
+use tutor_gateway::config::Config;
+use tutor_gateway::prompt::Course;
+
+const SIM: &[&str] = &[
+    "--speed",
+    "20",
+    "--profile",
+    "tiny-test",
+    "--enable-prompt-tokens-details",
+    "--enable-prefix-caching",
+];
+
+/// Sum of every sample of `name` (any labels) in a Prometheus exposition.
+fn total(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn scrape(url: String) -> String {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+fn tool_schemas() -> Value {
+    let param = |d: &str| json!({"type": "string", "description": d, "minLength": 1});
+    let tool = |name: &str, d: &str| {
+        json!({"type": "function", "function": {"name": name, "description": d, "strict": true,
+            "parameters": {"type": "object", "additionalProperties": false,
+                "required": ["path", "args"],
+                "properties": {"path": param("file to use"), "args": param("arguments"),
+                    "timeout": {"type": "integer", "minimum": 1, "maximum": 60}}}}})
+    };
+    json!([
+        tool("run_tests", "Run the student's unit tests."),
+        tool("lint", "Run the linter on a file."),
+        tool("explain_error", "Explain a Python error message.")
+    ])
+}
+
+/// The same JSON with every object's keys in a random order.
+fn shuffled(v: &Value, rng: &mut StdRng) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.shuffle(rng);
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), shuffled(&m[k], rng)))
+                    .collect::<Map<_, _>>(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(|x| shuffled(x, rng)).collect()),
+        other => other.clone(),
+    }
+}
+
+struct Run {
+    ratio_after_first: f64,
+    fingerprints: Vec<String>,
+    gateway: (f64, f64),
+    sim: (f64, f64),
+}
+
+/// 50 sequential requests for one course whose tool schemas arrive with keys in random order.
+async fn fifty_shuffled(canonicalize: bool) -> Run {
+    let h = harness(SIM, |c| c.prefix_cache.canonicalize_tools = canonicalize).await;
+    let before = scrape(format!("{}/metrics", h.sim.url())).await;
+    let mut rng = StdRng::seed_from_u64(8);
+    let system = words(
+        300,
+        "You are the py101 tutor. Give hints, never full solutions.",
+    );
+    for i in 0..50 {
+        let body = json!({
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": words(20, &format!("question {i}:"))}],
+            "tools": shuffled(&tool_schemas(), &mut rng),
+            "max_tokens": 4,
+        });
+        let r = client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    }
+    let gw = scrape(h.url("/metrics")).await;
+    let after = scrape(format!("{}/metrics", h.sim.url())).await;
+    let lines: Vec<Value> = h.log.lock().unwrap().clone();
+    assert_eq!(lines.len(), 50);
+    let (mut input, mut cached) = (0.0, 0.0);
+    for l in &lines[1..] {
+        input += l["input_tokens"].as_f64().unwrap();
+        cached += l["cached_tokens"].as_f64().unwrap();
+    }
+    let q = "vllm:prefix_cache_queries_total";
+    let hits = "vllm:prefix_cache_hits_total";
+    let run = Run {
+        ratio_after_first: cached / input,
+        fingerprints: lines
+            .iter()
+            .map(|l| l["fingerprint"].as_str().unwrap().to_owned())
+            .collect(),
+        gateway: (
+            total(&gw, "tutor_gateway_prefix_cache_queries_total"),
+            total(&gw, "tutor_gateway_prefix_cache_hits_total"),
+        ),
+        sim: (
+            total(&after, q) - total(&before, q),
+            total(&after, hits) - total(&before, hits),
+        ),
+    };
+    h.shutdown().await;
+    run
+}
+
+#[tokio::test]
+async fn canonical_tools_make_shuffled_schemas_hit_and_counters_agree_with_the_engine() {
+    let on = fifty_shuffled(true).await;
+    let off = fifty_shuffled(false).await;
+    eprintln!(
+        "cached-token ratio after the first request: canonical {:.3}, as sent {:.3}",
+        on.ratio_after_first, off.ratio_after_first
+    );
+    assert!(on.ratio_after_first > 0.9, "{}", on.ratio_after_first);
+    assert!(off.ratio_after_first < 0.15, "{}", off.ratio_after_first);
+    // One fingerprint for the course: it never depended on key order (M18), so with
+    // canonicalization off the same fingerprint shows the lost hits (M19).
+    for run in [&on, &off] {
+        assert!(run.fingerprints.iter().all(|f| *f == run.fingerprints[0]));
+    }
+    assert_eq!(on.fingerprints[0], off.fingerprints[0]);
+    // Sequential requests, no preemption: the engine counts each prompt once, at its first
+    // scheduling, and reports the same hit in usage, so the counters agree exactly.
+    for run in [&on, &off] {
+        assert_eq!(
+            run.gateway, run.sim,
+            "gateway (queries, hits) vs sim deltas"
+        );
+    }
+}
+
+fn py101(tools: Option<Value>) -> Course {
+    Course::build(
+        "py101",
+        "2026.1",
+        &words(200, "You are a patient Python tutor."),
+        "Correctness first, then readability.",
+        "Never write the whole solution.",
+        tools,
+    )
+}
+
+async fn answer(h: &Harness, body: Value) -> (u16, String) {
+    let r = client()
+        .post(h.url("/answer"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn answer_with_a_course_puts_the_stable_prefix_first_and_it_hits() {
+    let course = py101(Some(tool_schemas()));
+    let fp = course.fingerprint.clone();
+    let h = harness(SIM, |c| {
+        c.courses.insert("py101".into(), course);
+    })
+    .await;
+    for (i, student) in ["alice", "bob"].iter().enumerate() {
+        let (status, body) = answer(
+            &h,
+            json!({"course_id": "py101", "prompt": format!("Why does my loop fail, {student}?"),
+                   "code": format!("for i in range({i}): print(x)"),
+                   "stack_trace": "NameError: name 'x' is not defined",
+                   "turns": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+                   "max_output_tokens": 4}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let lines: Vec<Value> = h.log.lock().unwrap().clone();
+    assert_eq!(lines.len(), 2);
+    for l in &lines {
+        assert_eq!(l["fingerprint"], fp.as_str());
+    }
+    // The second student's request reuses the whole course prefix (system + tools).
+    let cached = lines[1]["cached_tokens"].as_u64().unwrap();
+    let input = lines[1]["input_tokens"].as_u64().unwrap();
+    assert!(
+        cached >= 1200 && input - cached < 150,
+        "{cached} of {input}"
+    );
+
+    let (status, body) = answer(&h, json!({"course_id": "nope", "prompt": "hi"})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("course_id"), "{body}");
+    let (status, body) = answer(&h, json!({"prompt": "hi", "code": "x = 1"})).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = answer(
+        &h,
+        json!({"course_id": "py101", "messages": [{"role": "system", "content": "override"}], "prompt": "hi"}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    h.shutdown().await;
+}
+
+#[test]
+fn a_course_with_template_variables_is_refused_with_its_dotted_path() {
+    let base = "[classify]\ntokenizer = \"heuristic\"\n";
+    let ok = format!(
+        "{base}[courses.py101]\nversion = \"1\"\ninstructions = \"Be a tutor.\"\n\
+         tools = '[{{\"type\": \"function\", \"function\": {{\"name\": \"t\"}}}}]'\n"
+    );
+    let c = Config::from_toml_str(&ok).unwrap();
+    assert_eq!(
+        c.courses["py101"].tools.as_ref().unwrap()[0]["type"],
+        "function"
+    );
+    for (key, value) in [
+        ("instructions", "Hello {{student_name}}"),
+        ("rubric", "Grade {student} fairly"),
+        ("safety", "Updated 2026-11-29"),
+        ("instructions", "You talk to <STUDENT_NAME>"),
+        ("rubric", "Due ${deadline}"),
+    ] {
+        let src = format!(
+            "{base}[courses.py101]\nversion = \"1\"\ninstructions = \"Be a tutor.\"\n{key} = \"{value}\"\n"
+        );
+        let src = src.replacen(
+            "instructions = \"Be a tutor.\"\ninstructions",
+            "instructions",
+            1,
+        );
+        let err = Config::from_toml_str(&src).unwrap_err().to_string();
+        assert!(err.contains(&format!("courses.py101.{key}")), "{err}");
+        assert!(!err.contains(value), "values are not echoed: {err}");
+    }
+    let err = Config::from_toml_str(&format!("{base}[courses.py101]\nversion = \"1\"\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("courses.py101.instructions"), "{err}");
+}
+
+#[tokio::test]
+async fn per_fingerprint_series_never_exceed_n_plus_one() {
+    let h = harness(SIM, |c| {
+        c.prefix_cache.fingerprint_labels = 2;
+        c.prefix_cache.label_after_requests = 1;
+    })
+    .await;
+    for i in 0..6 {
+        let body = json!({"messages": [{"role": "system", "content": format!("Course {i}.")},
+                                       {"role": "user", "content": "hi"}], "max_tokens": 2});
+        let r = client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let text = scrape(h.url("/metrics")).await;
+    for family in [
+        "tutor_gateway_prefix_cache_fingerprint_queries_total",
+        "tutor_gateway_prefix_cache_fingerprint_hits_total",
+        "tutor_gateway_prefix_cache_drift_total",
+    ] {
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{family}{{")))
+            .count();
+        assert!(series <= 3, "{family}: {series} series\n{text}");
+    }
+    let labelled: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("tutor_gateway_prefix_cache_fingerprint_queries_total{"))
+        .collect();
+    assert_eq!(labelled.len(), 3, "{labelled:?}");
+    assert!(labelled.iter().any(|l| l.contains("fingerprint=\"other\"")));
+    assert!(
+        total(
+            &text,
+            "tutor_gateway_prefix_cache_fingerprint_queries_total"
+        ) > 0.0
+    );
+    h.shutdown().await;
+}
