@@ -202,4 +202,20 @@ mod tests {
         c.fingerprint_labels = 0;
         m.configure(&c);
     }
+
+    #[test]
+    fn drift_is_counted_under_the_fingerprint_label_and_logged_once() {
+        let m = PrefixMetrics::register(&Registry::new());
+        // 5 samples of 0.1 ms per uncached token (1,000 tokens, 100 cached -> 900 uncached).
+        for _ in 0..5 {
+            assert_eq!(m.observe("abcd", 1000, 100, Some(90.0)), None);
+        }
+        // The same fingerprint now pays 1 ms per uncached token: 10x the profile.
+        let v = m.observe("abcd", 1000, 100, Some(900.0)).expect("drift");
+        assert!(v.log && (v.observed_ms_per_token - 1.0).abs() < 1e-9);
+        assert!(!m.observe("abcd", 1000, 100, Some(900.0)).unwrap().log);
+        assert_eq!(m.drift.with_label_values(&["abcd"]).get(), 2);
+        // No prefill measured: no sample.
+        assert_eq!(m.observe("abcd", 1000, 100, None), None);
+    }
 }
