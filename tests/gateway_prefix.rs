@@ -214,6 +214,18 @@ async fn answer_with_a_course_puts_the_stable_prefix_first_and_it_hits() {
         "{cached} of {input}"
     );
 
+    // GET /answer takes course_id too: same prefix, same fingerprint.
+    let r = client()
+        .get(h.url("/answer?prompt=why&max_output_tokens=2&course_id=py101"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let _ = r.text().await.unwrap();
+    let get = h.log.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(get["fingerprint"], fp.as_str());
+    assert!(get["cached_tokens"].as_u64().unwrap() >= 1200, "{get}");
+
     let (status, body) = answer(&h, json!({"course_id": "nope", "prompt": "hi"})).await;
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("course_id"), "{body}");

@@ -12,9 +12,9 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::GatewayError;
+use crate::classify::{ChatMessage, PromptInput};
 
 mod course;
-use crate::classify::{ChatMessage, PromptInput};
 
 /// The body bytes, or 413 / 400 for a body that could not be read.
 pub fn body_bytes(
