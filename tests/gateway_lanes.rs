@@ -237,3 +237,69 @@ async fn a_client_leaving_mid_stream_aborts_and_records_tokens_relayed() {
     assert_eq!(h.sim.engine.snapshot().steps, generated);
     h.shutdown().await;
 }
+
+/// One engine seat, held by a blocker; a large then a small request queue in the engine.
+/// Returns which finished first.
+async fn first_finished(engine_priority: bool) -> &'static str {
+    let h = harness(
+        &[
+            "--speed",
+            "20",
+            "--profile",
+            "tiny-test",
+            "--max-num-seqs",
+            "1",
+            "--scheduling-policy",
+            "priority",
+        ],
+        |c| c.admission.engine_priority = engine_priority,
+    )
+    .await;
+    let url = h.url("/v1/chat/completions");
+    let blocker = tokio::spawn(stream_to_end(
+        url.clone(),
+        json!({"messages": [{"role": "user", "content": "block"}], "max_tokens": 200, "ignore_eos": true, "stream": true}),
+    ));
+    eventually("blocker running", || h.sim_running() == 1).await;
+    let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (name, body) in [
+        ("large", large_body("review", 5)),
+        (
+            "small",
+            json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 5, "ignore_eos": true, "stream": true}),
+        ),
+    ] {
+        let (url, done) = (url.clone(), done.clone());
+        tasks.push(tokio::spawn(async move {
+            stream_to_end(url, body).await;
+            done.lock().unwrap().push(name);
+        }));
+        let waiting = if name == "large" { 1 } else { 2 };
+        eventually("queued in the engine", || {
+            h.sim.engine.snapshot().waiting == waiting
+        })
+        .await;
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    blocker.await.unwrap();
+    h.shutdown().await;
+    let first = done.lock().unwrap()[0];
+    first
+}
+
+#[tokio::test]
+async fn engine_priority_lets_a_short_question_overtake_queued_long_work() {
+    assert_eq!(
+        first_finished(false).await,
+        "large",
+        "without it the engine serves arrival order"
+    );
+    assert_eq!(
+        first_finished(true).await,
+        "small",
+        "with it small (priority 0) goes before large (2)"
+    );
+}

@@ -86,6 +86,10 @@ pub async fn start(state: &AppState, job: Job, format: Format) -> Result<Relay, 
         }
         record.classified(class);
         count_tokens_exactly(&mut body);
+        if state.config().admission.engine_priority {
+            // Short work first in the engine too (vLLM `--scheduling-policy priority`).
+            body.insert("priority".into(), Value::from(class.lane.index()));
+        }
         // No max_tokens is added when the client sent none: the relay counts the output and
         // moves the request to a bigger lane (or cuts it) when it outgrows its lane.
         let guard = state.admission().acquire(class.lane, class.work).await?;

@@ -186,6 +186,8 @@ pub struct RawAdmission {
     pub policy: Option<String>,
     /// Global token budget in flight across all lanes (policy `lanes`).
     pub max_tokens_in_flight: Option<u64>,
+    /// Send the lane as vLLM's `priority` (small 0, medium 1, large 2).
+    pub engine_priority: Option<bool>,
     /// `[admission.fifo]`.
     #[serde(default)]
     pub fifo: RawFifo,

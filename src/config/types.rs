@@ -213,6 +213,9 @@ pub struct AdmissionConfig {
     pub policy: Policy,
     /// Tokens reserved across all lanes at once (policy `lanes`); size it from KV capacity (M10).
     pub max_tokens_in_flight: NonZeroU64,
+    /// Send the lane as vLLM's `priority` (small 0, medium 1, large 2; vLLM needs
+    /// `--scheduling-policy priority`).
+    pub engine_priority: bool,
     /// Settings of the `fifo` policy.
     pub fifo: FifoConfig,
 }

@@ -300,6 +300,7 @@ fn admission(c: &mut Checker, raw: RawAdmission) -> AdmissionConfig {
     let max_concurrency = NonZeroU32::new(fifo.max_concurrency.unwrap_or(d::FIFO_MAX_CONCURRENCY));
     AdmissionConfig {
         policy,
+        engine_priority: raw.engine_priority.unwrap_or(false),
         max_tokens_in_flight: c.u64(
             "admission.max_tokens_in_flight",
             raw.max_tokens_in_flight,
