@@ -22,11 +22,16 @@ impl From<QueueConfig> for QueueLimit {
     }
 }
 
-/// One lane's limits under policy `lanes`.
+/// One lane's limits under policy `lanes` or `strict`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct LaneLimit {
+    /// Reserved seats (`lanes`) or the hard cap (`strict`).
     pub max_concurrency: u32,
     pub max_tokens: u64,
+    /// Most seats, borrowed ones included (`lanes`).
+    pub ceiling: u32,
+    pub lend: bool,
+    pub borrow: bool,
 }
 
 /// What a policy allows.
@@ -37,6 +42,8 @@ pub(super) enum Limits {
         lanes: [LaneLimit; 3],
         queues: [QueueLimit; 3],
         global_tokens: u64,
+        /// `Some(seats)`: work-conserving (policy `lanes`); `None`: strict caps.
+        seats: Option<u32>,
     },
     /// One concurrency limit (or none) over all lanes, one queue, no token budget.
     Fifo {
@@ -55,16 +62,21 @@ pub(super) struct Usage {
 impl Limits {
     pub fn from_config(config: &Config) -> Self {
         match config.admission.policy {
-            Policy::Lanes => Limits::Lanes {
+            Policy::Lanes | Policy::Strict => Limits::Lanes {
                 lanes: Lane::ALL.map(|lane| {
                     let c = config.lanes.get(lane);
                     LaneLimit {
                         max_concurrency: c.max_concurrency.get(),
                         max_tokens: c.max_tokens_in_flight.get(),
+                        ceiling: c.ceiling.get().max(c.max_concurrency.get()),
+                        lend: c.lend,
+                        borrow: c.borrow,
                     }
                 }),
                 queues: Lane::ALL.map(|lane| config.lanes.get(lane).queue.into()),
                 global_tokens: config.admission.max_tokens_in_flight.get(),
+                seats: (config.admission.policy == Policy::Lanes)
+                    .then(|| config.admission.seats.get()),
             },
             Policy::Fifo => Limits::Fifo {
                 max_concurrency: config.admission.fifo.max_concurrency.map(|n| n.get()),
@@ -76,7 +88,8 @@ impl Limits {
     /// The policy these limits implement.
     pub fn policy(&self) -> Policy {
         match self {
-            Limits::Lanes { .. } => Policy::Lanes,
+            Limits::Lanes { seats: Some(_), .. } => Policy::Lanes,
+            Limits::Lanes { seats: None, .. } => Policy::Strict,
             Limits::Fifo { .. } => Policy::Fifo,
         }
     }
@@ -117,21 +130,52 @@ impl Limits {
         }
     }
 
-    /// Whether one more request of `lane` with `tokens` fits, given per-lane usage `lanes`:
-    /// a slot AND the tokens, checked together.
+    /// Whether one more request of `lane` with `tokens` fits, given per-lane usage: a seat AND
+    /// the tokens (lane and global budgets), checked together.
+    ///
+    /// Seats under `lanes` (work-conserving, in the style of Kubernetes APF): a lane below its
+    /// reservation always gets a seat (a lent seat comes back to its owner at once; nothing is
+    /// pre-empted, so the total may briefly exceed `seats` by the seats still on loan). Above
+    /// its reservation a lane that may borrow gets a seat while it is under its ceiling and
+    /// fewer than `seats` are taken, not counting the idle reservations of lanes that do not
+    /// lend (the small lane's reservation is never used by other work). Under `strict`,
+    /// `max_concurrency` is a hard cap.
     pub fn fits(&self, usage: &[Usage; 3], lane: Lane, tokens: u32) -> bool {
         match self {
             Limits::Lanes {
                 lanes,
                 global_tokens,
+                seats,
                 ..
             } => {
                 let mine = usage[lane.index()];
                 let limit = lanes[lane.index()];
                 let global: u64 = usage.iter().map(|u| u.tokens).sum();
-                mine.in_flight < limit.max_concurrency
-                    && mine.tokens + u64::from(tokens) <= limit.max_tokens
-                    && global + u64::from(tokens) <= *global_tokens
+                let tokens_fit = mine.tokens + u64::from(tokens) <= limit.max_tokens
+                    && global + u64::from(tokens) <= *global_tokens;
+                if !tokens_fit {
+                    return false;
+                }
+                if mine.in_flight < limit.max_concurrency {
+                    return true;
+                }
+                let Some(seats) = seats else {
+                    return false;
+                };
+                if !limit.borrow || mine.in_flight >= limit.ceiling {
+                    return false;
+                }
+                let taken: u32 = usage.iter().map(|u| u.in_flight).sum();
+                let held_back: u32 = Lane::ALL
+                    .iter()
+                    .filter(|l| **l != lane && !lanes[l.index()].lend)
+                    .map(|l| {
+                        lanes[l.index()]
+                            .max_concurrency
+                            .saturating_sub(usage[l.index()].in_flight)
+                    })
+                    .sum();
+                taken + held_back < *seats
             }
             Limits::Fifo {
                 max_concurrency, ..

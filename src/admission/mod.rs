@@ -44,6 +44,8 @@ mod snapshot;
 mod state;
 
 #[cfg(test)]
+mod conserving_tests;
+#[cfg(test)]
 mod tests;
 
 pub use error::AdmissionError;

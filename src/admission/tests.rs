@@ -102,7 +102,9 @@ async fn zero_length_queue_rejects_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn waiting_past_the_queue_timeout_gives_timeout_and_leaves_the_queue() {
-    let a = admission("[lanes.small]\nmax_concurrency = 1\nqueue_timeout_ms = 5000\n");
+    let a = admission(
+        "[admission]\npolicy = \"strict\"\n[lanes.small]\nmax_concurrency = 1\nqueue_timeout_ms = 5000\n",
+    );
     let running = a.acquire(Small, 100).await.unwrap();
     let started = tokio::time::Instant::now();
     let err = a.acquire(Small, 100).await.unwrap_err();
@@ -256,13 +258,13 @@ async fn large_never_exceeds_its_max_concurrency() {
 #[tokio::test(start_paused = true)]
 async fn reservations_that_can_never_fit_are_refused_at_once() {
     let a = admission("");
-    let err = a.acquire(Small, 50_000).await.unwrap_err();
+    let err = a.acquire(Small, 150_000).await.unwrap_err();
     assert_eq!(
         err,
         AdmissionError::TooLarge {
             lane: Small,
-            tokens: 50_000,
-            limit: 38_400
+            tokens: 150_000,
+            limit: 115_200
         }
     );
 }

@@ -46,7 +46,12 @@ pub(super) struct LaneDefaults {
     pub queue_len: u32,
     pub queue_timeout_ms: u64,
     pub mid_stream_limit: u32,
+    pub ceiling: u32,
+    pub lend: bool,
+    pub borrow: bool,
 }
+
+pub(super) const SEATS: u32 = 96;
 
 pub(super) const PROMOTION_WHEN_FULL: &str = "cut";
 pub(super) const PROMOTION_WAIT_MS: u64 = 2_000;
@@ -57,10 +62,13 @@ pub(super) const fn lane(lane: Lane) -> LaneDefaults {
     match lane {
         Lane::Small => LaneDefaults {
             max_concurrency: 32,
-            max_tokens_in_flight: 38_400,
+            max_tokens_in_flight: 115_200,
             queue_len: 256,
             queue_timeout_ms: 5_000,
             mid_stream_limit: 256,
+            ceiling: 96,
+            lend: false,
+            borrow: true,
         },
         Lane::Medium => LaneDefaults {
             max_concurrency: 20,
@@ -68,6 +76,9 @@ pub(super) const fn lane(lane: Lane) -> LaneDefaults {
             queue_len: 128,
             queue_timeout_ms: 15_000,
             mid_stream_limit: 2_048,
+            ceiling: 40,
+            lend: true,
+            borrow: true,
         },
         Lane::Large => LaneDefaults {
             max_concurrency: 4,
@@ -75,6 +86,9 @@ pub(super) const fn lane(lane: Lane) -> LaneDefaults {
             queue_len: 64,
             queue_timeout_ms: 60_000,
             mid_stream_limit: 0,
+            ceiling: 4,
+            lend: true,
+            borrow: false,
         },
     }
 }

@@ -186,6 +186,8 @@ pub struct RawAdmission {
     pub policy: Option<String>,
     /// Global token budget in flight across all lanes (policy `lanes`).
     pub max_tokens_in_flight: Option<u64>,
+    /// Seats in all under policy `lanes`.
+    pub seats: Option<u32>,
     /// Send the lane as vLLM's `priority` (small 0, medium 1, large 2).
     pub engine_priority: Option<bool>,
     /// `[admission.fifo]`.
@@ -224,8 +226,14 @@ pub struct RawLanes {
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLane {
-    /// Concurrent requests in this lane.
+    /// Concurrent requests in this lane (reserved share under `lanes`, cap under `strict`).
     pub max_concurrency: Option<u32>,
+    /// Most concurrent requests including borrowed seats (`lanes`).
+    pub ceiling: Option<u32>,
+    /// Lend idle reserved seats to other lanes.
+    pub lend: Option<bool>,
+    /// Borrow idle seats beyond the reservation.
+    pub borrow: Option<bool>,
     /// Tokens (input + output budget) reserved by this lane's requests in flight.
     pub max_tokens_in_flight: Option<u64>,
     /// Waiters allowed in this lane's queue.

@@ -74,7 +74,7 @@ queue_timeout_ms = 0
         "upstream.idle_timeout_ms must be > 0",
         "upstream.first_token_timeout_ms must be <= upstream.total_timeout_ms",
         "classify.small_max_work must be < classify.medium_max_work",
-        "admission.policy must be \"lanes\" or \"fifo\"",
+        "admission.policy must be \"lanes\", \"strict\" or \"fifo\"",
         "lanes.small.max_concurrency must be > 0",
         "lanes.large.max_tokens_in_flight must be >= upstream.max_model_len",
         "lanes.large.queue_timeout_ms must be > 0 when queue_len > 0",

@@ -200,8 +200,12 @@ pub enum TokenizerSource {
 /// Which admission policy runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
-    /// Per-lane slots and token budgets plus a global token budget (the product).
+    /// Work-conserving lanes (the product): each lane's `max_concurrency` is a reserved share,
+    /// idle seats are lent and borrowed up to each lane's `ceiling` within `admission.seats`;
+    /// token budgets per lane and global.
     Lanes,
+    /// The seed's literal caps: `max_concurrency` is a hard cap, nothing is lent or borrowed.
+    Strict,
     /// One queue, one concurrency limit or none (the baseline experiments compare against).
     Fifo,
 }
@@ -213,6 +217,9 @@ pub struct AdmissionConfig {
     pub policy: Policy,
     /// Tokens reserved across all lanes at once (policy `lanes`); size it from KV capacity (M10).
     pub max_tokens_in_flight: NonZeroU64,
+    /// Seats in all (policy `lanes`): lanes borrow only while fewer are taken. Match the
+    /// engine's `--max-num-seqs`.
+    pub seats: NonZeroU32,
     /// Send the lane as vLLM's `priority` (small 0, medium 1, large 2; vLLM needs
     /// `--scheduling-policy priority`).
     pub engine_priority: bool,
@@ -265,8 +272,14 @@ impl LanesConfig {
 pub struct LaneConfig {
     /// Output tokens after which a request moves to the next lane; `None`: no limit.
     pub mid_stream_limit: Option<NonZeroU32>,
-    /// Requests of this lane in flight at once; reserved to this lane, never lent.
+    /// Seats reserved to this lane (policy `lanes`), or its hard cap (policy `strict`).
     pub max_concurrency: NonZeroU32,
+    /// Most seats this lane may hold, borrowed ones included (policy `lanes`).
+    pub ceiling: NonZeroU32,
+    /// Whether other lanes may borrow this lane's idle reserved seats.
+    pub lend: bool,
+    /// Whether this lane may borrow idle seats beyond its reservation.
+    pub borrow: bool,
     /// Tokens (input + output budget) this lane's requests may hold in flight at once.
     pub max_tokens_in_flight: NonZeroU64,
     /// This lane's wait queue.

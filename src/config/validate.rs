@@ -290,9 +290,13 @@ fn classify(c: &mut Checker, raw: RawClassify) -> ClassifyConfig {
 fn admission(c: &mut Checker, raw: RawAdmission) -> AdmissionConfig {
     let policy = match raw.policy.as_deref().unwrap_or(d::POLICY) {
         "lanes" => Policy::Lanes,
+        "strict" => Policy::Strict,
         "fifo" => Policy::Fifo,
         _ => {
-            c.fail("admission.policy", "must be \"lanes\" or \"fifo\"");
+            c.fail(
+                "admission.policy",
+                "must be \"lanes\", \"strict\" or \"fifo\"",
+            );
             Policy::Lanes
         }
     };
@@ -301,6 +305,7 @@ fn admission(c: &mut Checker, raw: RawAdmission) -> AdmissionConfig {
     AdmissionConfig {
         policy,
         engine_priority: raw.engine_priority.unwrap_or(false),
+        seats: c.u32("admission.seats", raw.seats, d::SEATS),
         max_tokens_in_flight: c.u64(
             "admission.max_tokens_in_flight",
             raw.max_tokens_in_flight,
@@ -322,6 +327,9 @@ fn lane(c: &mut Checker, lane: Lane, raw: RawLane) -> LaneConfig {
     let path = format!("lanes.{lane}");
     LaneConfig {
         mid_stream_limit: NonZeroU32::new(raw.mid_stream_limit.unwrap_or(def.mid_stream_limit)),
+        ceiling: c.u32(&format!("{path}.ceiling"), raw.ceiling, def.ceiling),
+        lend: raw.lend.unwrap_or(def.lend),
+        borrow: raw.borrow.unwrap_or(def.borrow),
         max_concurrency: c.u32(
             &format!("{path}.max_concurrency"),
             raw.max_concurrency,
@@ -375,11 +383,20 @@ fn cross_checks(c: &mut Checker, config: &Config) {
             );
         }
     }
-    if config.quota.backend == QuotaBackend::Redis && config.admission.policy != Policy::Lanes {
+    if config.quota.backend == QuotaBackend::Redis && config.admission.policy == Policy::Fifo {
         c.fail(
             "quota.backend",
-            "\"redis\" requires admission.policy = \"lanes\"",
+            "\"redis\" requires admission.policy = \"lanes\" or \"strict\"",
         );
+    }
+    for lane in Lane::ALL {
+        let l = config.lanes.get(lane);
+        if l.ceiling < l.max_concurrency {
+            c.fail(
+                format!("lanes.{lane}.ceiling"),
+                format!("must be >= lanes.{lane}.max_concurrency"),
+            );
+        }
     }
     if config.admission.max_tokens_in_flight.get() < u64::from(max_len) {
         c.fail(

@@ -76,7 +76,9 @@ pub fn set_lane(config: &mut Config, lane: Lane, max_concurrency: u32) {
         Lane::Medium => &mut config.lanes.medium,
         Lane::Large => &mut config.lanes.large,
     };
+    // A hard size: the reservation and the ceiling (no borrowing beyond it).
     l.max_concurrency = NonZeroU32::new(max_concurrency).unwrap();
+    l.ceiling = l.max_concurrency;
 }
 
 pub fn client() -> reqwest::Client {

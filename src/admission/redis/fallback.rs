@@ -49,7 +49,7 @@ mod tests {
         assert_eq!(share.lanes.medium.max_concurrency.get(), 2);
         // 4 / 8 rounds to zero: one slot stays.
         assert_eq!(share.lanes.large.max_concurrency.get(), 1);
-        assert_eq!(share.lanes.small.max_tokens_in_flight.get(), 4_800);
+        assert_eq!(share.lanes.small.max_tokens_in_flight.get(), 14_400);
         // 65536 / 8 = 8192 < max_model_len: the largest request must still fit.
         assert_eq!(share.lanes.large.max_tokens_in_flight.get(), 16_384);
         assert_eq!(share.admission.max_tokens_in_flight.get(), 196_608 / 8);

@@ -1,0 +1,129 @@
+//! Work-conserving lanes (policy `lanes`, issue 9): reservations, lending, borrowing, ceilings.
+
+use super::*;
+use crate::classify::Lane::{Large, Medium, Small};
+use crate::config::Config;
+
+/// 12 seats: small reserves 8 and never lends, medium reserves 4 and lends, large reserves 2,
+/// lends, never borrows; `extra` TOML is appended.
+fn admission(extra: &str) -> Admission {
+    let toml = format!(
+        "[classify]\ntokenizer = \"heuristic\"\n[admission]\npolicy = \"lanes\"\nseats = 12\n\
+         [lanes.small]\nmax_concurrency = 8\nceiling = 12\nlend = false\nborrow = true\n\
+         [lanes.medium]\nmax_concurrency = 4\nceiling = 12\nlend = true\nborrow = true\n\
+         [lanes.large]\nmax_concurrency = 2\nceiling = 2\nlend = true\nborrow = false\n{extra}"
+    );
+    Admission::from_config(&Config::from_toml_str(&toml).expect("test config is valid"))
+}
+
+/// Takes seats in `lane` until one does not fit at once.
+fn fill(a: &Admission, lane: crate::classify::Lane) -> Vec<LaneGuard> {
+    let mut held = Vec::new();
+    while let Some(g) = futures::FutureExt::now_or_never(a.acquire(lane, 100)) {
+        match g {
+            Ok(g) => held.push(g),
+            Err(_) => break,
+        }
+        if held.len() > 100 {
+            break;
+        }
+    }
+    held
+}
+
+#[tokio::test(start_paused = true)]
+async fn small_borrows_idle_seats_but_never_more_than_the_free_ones() {
+    let a = admission("");
+    // Medium and large idle and lending: small may use every seat (its ceiling is 12).
+    let small = fill(&a, Small);
+    assert_eq!(small.len(), 12);
+    assert_eq!(a.snapshot().lane(Small).in_flight, 12);
+}
+
+#[tokio::test(start_paused = true)]
+async fn borrowing_happens_only_while_the_lender_is_idle() {
+    let a = admission("");
+    let medium = fill(&a, Medium);
+    // Medium took its 4 and borrowed what small does not protect: 12 - 8 (small's idle
+    // reservation) = 4 seats in all... it only has its own 4 plus nothing more.
+    assert_eq!(medium.len(), 4, "small's reservation is never lent");
+    // Small still has all 8 of its reservation, and nothing to borrow: medium is busy.
+    let small = fill(&a, Small);
+    assert_eq!(small.len(), 8);
+    drop(medium);
+    // Medium idle again: small may borrow its seats.
+    let more = fill(&a, Small);
+    assert_eq!(more.len(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lender_gets_its_seat_back_for_its_next_request() {
+    let a = admission("");
+    let small = fill(&a, Small);
+    assert_eq!(
+        small.len(),
+        12,
+        "small borrowed medium's and large's idle seats"
+    );
+    // Medium's next request gets its reserved seat at once, though every seat is taken: the
+    // borrowed seats are not pre-empted, the total briefly exceeds 12.
+    let m = a
+        .acquire(Medium, 100)
+        .await
+        .expect("the owner's seat comes back");
+    let l = a
+        .acquire(Large, 100)
+        .await
+        .expect("the owner's seat comes back");
+    assert_eq!(a.snapshot().in_flight(), 14);
+    // While over, nobody borrows.
+    assert!(
+        futures::FutureExt::now_or_never(a.acquire(Small, 100)).is_none(),
+        "small waits"
+    );
+    drop((m, l, small));
+    assert!(a.snapshot().is_idle(), "nothing leaks");
+}
+
+#[tokio::test(start_paused = true)]
+async fn ceilings_and_token_budgets_always_hold() {
+    // Large never borrows: its ceiling is its reservation.
+    let a = admission("");
+    let large = fill(&a, Large);
+    assert_eq!(large.len(), 2);
+    // A token budget binds before the seats do.
+    let toml_budget = admission_with_small_tokens(1000);
+    let mut held = Vec::new();
+    while let Some(Ok(g)) = futures::FutureExt::now_or_never(toml_budget.acquire(Small, 300)) {
+        held.push(g);
+    }
+    assert_eq!(
+        held.len(),
+        3,
+        "3 x 300 <= 1000 < 4 x 300, although seats are free"
+    );
+    drop(held);
+    assert!(toml_budget.snapshot().is_idle());
+}
+
+fn admission_with_small_tokens(tokens: u64) -> Admission {
+    let mut config = Config::from_toml_str(
+        "[classify]\ntokenizer = \"heuristic\"\n[admission]\npolicy = \"lanes\"\nseats = 12\n",
+    )
+    .unwrap();
+    config.lanes.small.max_tokens_in_flight = std::num::NonZeroU64::new(tokens).unwrap();
+    Admission::from_config(&config)
+}
+
+#[tokio::test(start_paused = true)]
+async fn strict_keeps_the_seed_caps() {
+    let strict = Admission::from_config(
+        &Config::from_toml_str(
+            "[classify]\ntokenizer = \"heuristic\"\n[admission]\npolicy = \"strict\"\n",
+        )
+        .unwrap(),
+    );
+    assert_eq!(strict.policy(), crate::config::Policy::Strict);
+    let small = fill(&strict, Small);
+    assert_eq!(small.len(), 32, "the seed's literal cap");
+}
