@@ -1,21 +1,21 @@
 //! Admission (M8, M13): a request needs a request slot AND a token reservation, taken together.
 //!
 //! # Policies
-//! - `lanes` (the product): each [`Lane`] has its own `max_concurrency` slots,
-//!   `max_tokens_in_flight` token budget and bounded FIFO wait queue; all lanes also share the
-//!   global `admission.max_tokens_in_flight`. A request is admitted when its lane has a free
-//!   slot and its tokens fit both budgets. Reservation = input estimate + output budget
-//!   ([`crate::classify::Classification::work`]).
+//! - `lanes` (the product, work-conserving in the style of Kubernetes APF): each [`Lane`]'s
+//!   `max_concurrency` is a reserved share that is always there for it; above it a lane that may
+//!   `borrow` takes idle seats, up to its `ceiling`, while fewer than `admission.seats` are taken
+//!   (not counting the idle reservations of lanes that do not `lend`). Small does not lend, so
+//!   long work never sits in its reservation; large does not borrow, so long work stays bounded.
+//!   A lent seat returns to its owner's next request at once; nothing is pre-empted. Token
+//!   budgets per lane and global hold throughout (see `limits.rs`).
+//! - `strict`: the seed's literal caps: `max_concurrency` is a hard cap per lane.
 //! - `fifo` (the baseline): one queue, one concurrency limit or none; no token budget. Counters
-//!   are still kept per lane, so metrics compare the two policies lane by lane.
+//!   are still kept per lane, so metrics compare the policies lane by lane.
 //!
-//! # Reserved capacity, no borrowing
-//! Each lane's slots belong to that lane alone: medium and large work can never occupy a small
-//! slot, so short questions are never stuck behind long prefills in the gateway (M13). Small
-//! does not borrow idle medium/large slots either, for now: strict caps make the seed's 32/20/4
-//! experiment literal. Issue 9 revisits this (work-conserving lanes in the style of Kubernetes
-//! APF). Known trade-off of the shared global token budget: a steady stream of small requests
-//! can keep a large request that waits only on global tokens waiting until its timeout.
+//! Reservation = input estimate + output budget ([`crate::classify::Classification::work`]).
+//! Known trade-off of the shared global token budget: a steady stream of small requests can
+//! keep a large request that waits only on global tokens waiting until its timeout. The Redis
+//! backend enforces the reserved shares as caps (`strict` semantics) for now.
 //!
 //! # Queues
 //! A request waits only behind earlier requests of its own queue (strict FIFO per queue; a head
