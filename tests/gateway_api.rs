@@ -100,15 +100,11 @@ async fn answer_post_accepts_messages_and_rejects_bad_bodies() {
 async fn v1_chat_and_completions_relay_vllm_chunks_faithfully() {
     let h = harness(FAST, |_| {}).await;
     // Streaming chat without stream_options: vLLM's chunks, no usage chunk, then [DONE].
-    let body = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": true}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = post_text(
+        h.url("/v1/chat/completions"),
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": true}),
+    )
+    .await;
     let events = sse(&body);
     assert!(
         events.iter().all(|(n, _)| n == "message"),
@@ -132,16 +128,12 @@ async fn v1_chat_and_completions_relay_vllm_chunks_faithfully() {
     );
 
     // With include_usage the usage chunk is relayed too.
-    let body = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": true,
-                      "stream_options": {"include_usage": true}}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = post_text(
+        h.url("/v1/chat/completions"),
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "stream": true,
+                      "stream_options": {"include_usage": true}}),
+    )
+    .await;
     let events = sse(&body);
     let usage = json(&events[events.len() - 2].1);
     assert_eq!(usage["choices"], json!([]));
@@ -179,15 +171,11 @@ async fn v1_chat_and_completions_relay_vllm_chunks_faithfully() {
     assert_eq!(cmpl["object"], "text_completion");
     assert!(cmpl["id"].as_str().unwrap().starts_with("cmpl-"));
     assert_eq!(cmpl["usage"]["completion_tokens"], 3);
-    let stream = client()
-        .post(h.url("/v1/completions"))
-        .json(&json!({"prompt": "def fib(n):", "max_tokens": 3, "stream": true}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let stream = post_text(
+        h.url("/v1/completions"),
+        &json!({"prompt": "def fib(n):", "max_tokens": 3, "stream": true}),
+    )
+    .await;
     assert_eq!(sse(&stream).last().unwrap().1, "[DONE]");
     h.shutdown().await;
 }
@@ -210,14 +198,7 @@ async fn the_seed_request_kinds_land_in_small_medium_and_large() {
         assert_eq!(json(&events[0].1)["lane"], lane, "{words_n} words + {max}");
         assert_eq!(events.last().unwrap().0, "done");
     }
-    let metrics = client()
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = h.metrics_text().await;
     for lane in ["small", "medium", "large"] {
         assert!(
             metrics.contains(&format!(
@@ -379,15 +360,11 @@ async fn a_stalled_upstream_hits_the_idle_timeout_with_a_clean_error() {
         .sum();
     assert_eq!(words, 3, "three tokens, then silence, then the timeout");
 
-    let body = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50, "stream": true}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = post_text(
+        h.url("/v1/chat/completions"),
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50, "stream": true}),
+    )
+    .await;
     let events = sse(&body);
     assert_eq!(events.last().unwrap().1, "[DONE]");
     assert_eq!(
@@ -395,14 +372,7 @@ async fn a_stalled_upstream_hits_the_idle_timeout_with_a_clean_error() {
         "upstream_timeout"
     );
     assert!(h.idle());
-    let metrics = client()
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = h.metrics_text().await;
     assert!(metrics.contains("outcome=\"upstream_timeout\""));
     h.shutdown().await;
 }

@@ -16,15 +16,7 @@ fn large_body(salt: &str, max_tokens: u32) -> serde_json::Value {
 }
 
 async fn stream_to_end(url: String, body: serde_json::Value) -> String {
-    client()
-        .post(url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    post_text(url, &body).await
 }
 
 #[tokio::test]
@@ -176,14 +168,7 @@ async fn a_client_leaving_during_prefill_aborts_the_engine_work() {
     })
     .await;
     eventually("lane back to zero", || h.idle()).await;
-    let metrics = client()
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = h.metrics_text().await;
     assert!(
         metrics.contains(
             "tutor_gateway_requests_total{lane=\"large\",outcome=\"cancelled\",route=\"answer\"} 1"
@@ -216,14 +201,7 @@ async fn a_client_leaving_mid_stream_aborts_and_records_tokens_relayed() {
     })
     .await;
     eventually("lane back to zero", || h.idle()).await;
-    let metrics = client()
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = h.metrics_text().await;
     let sum: f64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("tutor_gateway_cancelled_after_tokens_sum{lane=\"medium\"} "))

@@ -92,14 +92,7 @@ async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes()
     assert_eq!(last["choices"][0]["finish_reason"], "length");
     assert!(last.get("tutor_gateway").is_none());
     eventually("every counter back to zero", || h.idle()).await;
-    let m = client()
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = h.metrics_text().await;
     assert_eq!(
         metric(
             &m,
@@ -110,24 +103,9 @@ async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes()
     assert_eq!(metric(&m, "tutor_gateway_requests_total{lane=\"medium\",outcome=\"ok\",route=\"chat_completions\"}"), 1.0);
 
     // A request that stays within its size is not touched.
-    let small = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "ignore_eos": true, "stream": true}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let small = post_text(h.url("/v1/chat/completions"), &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "ignore_eos": true, "stream": true})).await;
     assert_eq!(words_in(&sse(&small)), 200);
-    let m = client()
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = h.metrics_text().await;
     assert_eq!(
         metric(
             &m,
@@ -143,17 +121,7 @@ async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes()
 /// background so it keeps flowing).
 async fn fill_medium(h: &Harness) -> tokio::task::JoinHandle<String> {
     let url = h.url("/v1/chat/completions");
-    let blocker = tokio::spawn(async move {
-        client()
-            .post(url)
-            .json(&endless())
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    });
+    let blocker = tokio::spawn(async move { post_text(url, &endless()).await });
     eventually("the blocker was promoted to medium", || {
         h.in_flight(Lane::Medium) == 1
     })
@@ -169,15 +137,7 @@ async fn with_medium_full_the_stream_is_cut_with_the_documented_message_and_abor
     })
     .await;
     let blocker = fill_medium(&h).await;
-    let text = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&endless())
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = post_text(h.url("/v1/chat/completions"), &endless()).await;
     let events = sse(&text);
     assert_eq!(events.last().unwrap().1, "[DONE]");
     let last = json(&events[events.len() - 2].1);
@@ -207,15 +167,11 @@ async fn with_medium_full_the_stream_is_cut_with_the_documented_message_and_abor
     .await;
 
     // /answer gets a `cut` event the frontend can show, then `done`.
-    let answer = client()
-        .post(h.url("/answer"))
-        .json(&json!({"prompt": "explain every detail of borrowing"}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let answer = post_text(
+        h.url("/answer"),
+        &json!({"prompt": "explain every detail of borrowing"}),
+    )
+    .await;
     let events = sse(&answer);
     let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(&names[names.len() - 2..], ["cut", "done"]);
@@ -229,14 +185,7 @@ async fn with_medium_full_the_stream_is_cut_with_the_documented_message_and_abor
         "the promoted blocker itself completed"
     );
     eventually("every counter back to zero", || h.idle()).await;
-    let m = client()
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = h.metrics_text().await;
     assert_eq!(
         metric(&m, "tutor_gateway_stream_cuts_total{lane=\"small\"}"),
         2.0
@@ -268,15 +217,7 @@ async fn a_chain_of_continue_requests_moves_to_medium_by_the_fourth() {
     .await;
     let mut lanes = Vec::new();
     for i in 0..10 {
-        let text = client()
-            .post(h.url("/answer"))
-            .json(&json!({"prompt": format!("continue {i}"), "max_output_tokens": 100, "session_id": "student-7"}))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = post_text(h.url("/answer"), &json!({"prompt": format!("continue {i}"), "max_output_tokens": 100, "session_id": "student-7"})).await;
         let events = sse(&text);
         lanes.push(json(&events[0].1)["lane"].as_str().unwrap().to_owned());
         assert_eq!(
@@ -289,24 +230,13 @@ async fn a_chain_of_continue_requests_moves_to_medium_by_the_fourth() {
     assert_eq!(lanes[..3], ["small", "small", "small"]);
     assert!(lanes[3..].iter().all(|l| l == "medium"), "{lanes:?}");
     // Other sessions and requests without a session are unaffected.
-    let other = client()
-        .post(h.url("/answer"))
-        .json(&json!({"prompt": "continue", "max_output_tokens": 100, "session_id": "student-8"}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let other = post_text(
+        h.url("/answer"),
+        &json!({"prompt": "continue", "max_output_tokens": 100, "session_id": "student-8"}),
+    )
+    .await;
     assert_eq!(json(&sse(&other)[0].1)["lane"], "small");
-    let m = client()
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let m = h.metrics_text().await;
     assert_eq!(
         metric(
             &m,
@@ -377,15 +307,7 @@ async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
     );
 
     // Replica B: the only medium slot (fleet-wide) is taken, so B's request is cut at 256.
-    let cut = client()
-        .post(format!("{}/v1/chat/completions", b.url()))
-        .json(&endless())
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let cut = post_text(format!("{}/v1/chat/completions", b.url()), &endless()).await;
     let events = sse(&cut);
     assert_eq!(
         json(&events[events.len() - 2].1)["tutor_gateway"]["cut"],
@@ -445,15 +367,7 @@ async fn a_continue_chain_spread_over_two_replicas_counts_as_one_session_in_redi
     for i in 0..6 {
         // Alternate replicas: only a shared count can see the whole chain.
         let url = format!("{}/answer", gateways[i % 2].url());
-        let text = client()
-            .post(url)
-            .json(&json!({"prompt": format!("continue {i}"), "max_output_tokens": 100, "session_id": "shared-student"}))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = post_text(url, &json!({"prompt": format!("continue {i}"), "max_output_tokens": 100, "session_id": "shared-student"})).await;
         let events = sse(&text);
         lanes.push(json(&events[0].1)["lane"].as_str().unwrap().to_owned());
         // The count is added in the background when a request ends.

@@ -18,17 +18,13 @@ fn metric(text: &str, series: &str) -> f64 {
 }
 
 async fn answer(h: &Harness, prompt: &str, max: u32) -> Vec<(String, String)> {
-    let body = client()
-        .post(h.url("/answer"))
-        .json(&json!({"messages": [{"role": "system", "content": words(200, "You are a patient tutor.")},
+    let body = post_text(
+        h.url("/answer"),
+        &json!({"messages": [{"role": "system", "content": words(200, "You are a patient tutor.")},
                                    {"role": "user", "content": prompt}],
-                      "max_output_tokens": max}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+                      "max_output_tokens": max}),
+    )
+    .await;
     sse(&body)
 }
 
@@ -85,14 +81,7 @@ async fn histograms_count_each_lane_and_the_log_has_one_line_per_request() {
     )
     .await;
     scripted_mix(&h).await;
-    let text = client()
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = h.metrics_text().await;
     let m = |s: &str| metric(&text, s);
     // Time to first token: every request that got a token, per lane.
     assert_eq!(
@@ -243,14 +232,7 @@ async fn a_client_leaving_the_queue_is_counted_at_stage_queued() {
     drop(blocker);
     eventually("idle", || h.idle()).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let text = client()
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = h.metrics_text().await;
     assert_eq!(
         metric(
             &text,
@@ -282,14 +264,7 @@ async fn the_exposition_passes_promtool_check_metrics() {
     )
     .await;
     scripted_mix(&h).await;
-    let text = client()
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = h.metrics_text().await;
     let promtool = std::process::Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())

@@ -198,15 +198,11 @@ async fn an_upstream_error_is_on_the_span() {
         |_| {},
     )
     .await;
-    let body = client()
-        .post(h.url("/v1/completions"))
-        .json(&json!({"prompt": "def f():", "max_tokens": 10, "stream": true}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = post_text(
+        h.url("/v1/completions"),
+        &json!({"prompt": "def f():", "max_tokens": 10, "stream": true}),
+    )
+    .await;
     assert!(body.contains("upstream_error"));
     tokio::time::sleep(Duration::from_millis(20)).await;
     let spans = t.generate_spans();

@@ -65,6 +65,18 @@ impl Harness {
         self.sim.engine.snapshot().aborted
     }
 
+    /// The gateway's `/metrics` text.
+    pub async fn metrics_text(&self) -> String {
+        client()
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub fn sim_running(&self) -> usize {
         self.sim.engine.snapshot().running
     }
@@ -79,6 +91,19 @@ pub fn set_lane(config: &mut Config, lane: Lane, max_concurrency: u32) {
     // A hard size: the reservation and the ceiling (no borrowing beyond it).
     l.max_concurrency = NonZeroU32::new(max_concurrency).unwrap();
     l.ceiling = l.max_concurrency;
+}
+
+/// POSTs `body` as JSON and reads the whole answer as text.
+pub async fn post_text(url: impl reqwest::IntoUrl, body: &Value) -> String {
+    client()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
 
 pub fn client() -> reqwest::Client {
