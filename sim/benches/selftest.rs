@@ -50,6 +50,7 @@ fn calibration() {
             num_gpu_blocks: LLAMA_31_8B_H100.default_gpu_blocks,
             prefix_caching: true,
             priority_policy: false,
+            long_prefill_token_threshold: 0,
         };
         let r = run_closed_loop(
             LLAMA_31_8B_H100,

@@ -55,6 +55,9 @@ pub struct SimArgs {
     /// Echo `X-Request-Id` on responses (vLLM's flag of the same name).
     #[arg(long)]
     pub enable_request_id_headers: bool,
+    /// Most prompt tokens one long prefill may compute per step (vLLM's flag); 0: no cap.
+    #[arg(long, default_value_t = 0)]
+    pub long_prefill_token_threshold: u32,
     /// `fcfs` (arrival order) or `priority` (lower `priority` field first, then arrival).
     #[arg(long, default_value = "fcfs")]
     pub scheduling_policy: String,

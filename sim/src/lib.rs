@@ -119,6 +119,7 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
         num_gpu_blocks,
         prefix_caching: args.prefix_caching(),
         priority_policy: policy,
+        long_prefill_token_threshold: args.long_prefill_token_threshold,
     };
     let tokenizer = tokenizer::PromptTokenizer::load(args.tokenizer.as_deref())?;
     let started = std::time::SystemTime::now()

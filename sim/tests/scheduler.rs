@@ -411,3 +411,35 @@ async fn priority_policy_preempts_the_lowest_priority_first() {
     let high = prio.iter().position(|n| *n == "high").unwrap();
     assert!(high < 3, "{prio:?}");
 }
+
+#[tokio::test]
+async fn long_prefill_token_threshold_caps_each_long_prefill_chunk() {
+    let s = sim(&[
+        "--speed",
+        "20",
+        "--profile",
+        "tiny-test",
+        "--max-num-batched-tokens",
+        "2048",
+        "--long-prefill-token-threshold",
+        "256",
+    ])
+    .await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    let events = stream_to_end(url, chat_body(&words(3000, "review"), 5, true)).await;
+    assert_eq!(usage_of(&events)["completion_tokens"], 5);
+    let steps: Vec<Value> =
+        serde_json::from_value(get_json(format!("{}/debug/steps", s.url())).await).unwrap();
+    let chunks: Vec<u64> = steps
+        .iter()
+        .map(|st| st["max_chunk"].as_u64().unwrap())
+        .filter(|c| *c > 0)
+        .collect();
+    assert!(chunks.iter().all(|c| *c <= 256), "{chunks:?}");
+    assert!(
+        chunks.len() >= 12,
+        "3,000 tokens in chunks of at most 256: {}",
+        chunks.len()
+    );
+    s.shutdown().await;
+}

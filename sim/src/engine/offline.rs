@@ -145,6 +145,7 @@ mod tests {
             num_gpu_blocks: LLAMA_31_8B_H100.default_gpu_blocks,
             prefix_caching: true,
             priority_policy: false,
+            long_prefill_token_threshold: 0,
         }
     }
 

@@ -31,6 +31,21 @@ pub struct SchedulerConfig {
     pub prefix_caching: bool,
     /// Serve lower `priority` first instead of arrival order.
     pub priority_policy: bool,
+    /// Most prompt tokens one long prefill may compute in a step (vLLM's
+    /// `--long-prefill-token-threshold`); 0: no cap beyond the step budget.
+    pub long_prefill_token_threshold: u32,
+}
+
+impl SchedulerConfig {
+    /// A prefill chunk of `remaining` tokens under `budget`, capped by the long-prefill threshold.
+    fn chunk(&self, remaining: u32, budget: u32, prefilling: bool) -> u32 {
+        let n = remaining.min(budget);
+        if prefilling && self.long_prefill_token_threshold > 0 {
+            n.min(self.long_prefill_token_threshold)
+        } else {
+            n
+        }
+    }
 }
 
 /// What one step computes: tokens per sequence, and its shape for the cost model.
@@ -136,7 +151,9 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
-            let new = (seq.num_tokens() - seq.computed).min(budget);
+            let new = self
+                .cfg
+                .chunk(seq.num_tokens() - seq.computed, budget, seq.is_prefilling());
             let need = (seq.computed + new)
                 .div_ceil(bs)
                 .saturating_sub(seq.blocks.len() as u32);
@@ -193,7 +210,7 @@ impl Scheduler {
                 .cached_prefix_len(&seq.block_hashes)
                 .min(max_hit_blocks);
             let hit_tokens = hit_blocks as u32 * bs;
-            let new = (seq.num_tokens() - hit_tokens).min(budget);
+            let new = self.cfg.chunk(seq.num_tokens() - hit_tokens, budget, true);
             let need = (hit_tokens + new).div_ceil(bs) - hit_blocks as u32;
             let mut seq = self.waiting.remove(idx).expect("index is valid");
             // Cached blocks may come out of the free queue, so take them before allocating.
