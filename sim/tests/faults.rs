@@ -9,15 +9,11 @@ use futures::StreamExt;
 use serde_json::Value;
 
 async fn stream_text(s: &vllm_sim::SimServer, max_tokens: u32) -> String {
-    client()
-        .post(format!("{}/v1/chat/completions", s.url()))
-        .json(&chat_body("hi", max_tokens, true))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    post_text(
+        format!("{}/v1/chat/completions", s.url()),
+        &chat_body("hi", max_tokens, true),
+    )
+    .await
 }
 
 #[tokio::test]

@@ -10,15 +10,7 @@ use futures::StreamExt;
 use serde_json::Value;
 
 async fn stream_to_end(url: String, body: Value) -> Vec<String> {
-    let text = client()
-        .post(url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = post_text(url, &body).await;
     sse_events(&text)
 }
 

@@ -73,15 +73,7 @@ async fn chat_stream_has_vllm_framing_and_chunk_shapes() {
 #[tokio::test]
 async fn completions_stream_has_every_field_including_nulls() {
     let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
-    let body = client()
-        .post(format!("{}/v1/completions", s.url()))
-        .json(&serde_json::json!({"model": MODEL, "prompt": "def f(x):", "max_tokens": 5, "stream": true}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = post_text(format!("{}/v1/completions", s.url()), &serde_json::json!({"model": MODEL, "prompt": "def f(x):", "max_tokens": 5, "stream": true})).await;
     let events = sse_events(&body);
     assert_eq!(events.last().unwrap(), "[DONE]");
     let chunks: Vec<Value> = events[..events.len() - 1]
@@ -171,32 +163,12 @@ async fn repeated_prefix_reports_cached_tokens() {
         last["usage"].clone()
     };
     let url = format!("{}/v1/chat/completions", s.url());
-    let first = usage(
-        client()
-            .post(&url)
-            .json(&ask("what is a closure?"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap(),
-    );
+    let first = usage(post_text(&url, &ask("what is a closure?")).await);
     assert!(
         first.get("prompt_tokens_details").is_none(),
         "cold cache: {first}"
     );
-    let second = usage(
-        client()
-            .post(&url)
-            .json(&ask("what is a trait?"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap(),
-    );
+    let second = usage(post_text(&url, &ask("what is a trait?")).await);
     let cached = second["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .unwrap();
@@ -417,15 +389,11 @@ async fn per_request_metrics_split_queue_and_prefill() {
         "--enable-per-request-metrics",
     ])
     .await;
-    let body = client()
-        .post(format!("{}/v1/chat/completions", s.url()))
-        .json(&chat_body(&words(500, "q"), 20, true))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = post_text(
+        format!("{}/v1/chat/completions", s.url()),
+        &chat_body(&words(500, "q"), 20, true),
+    )
+    .await;
     let events = sse_events(&body);
     let last: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
     let m = &last["metrics"];

@@ -30,6 +30,19 @@ pub fn words(n: usize, salt: &str) -> String {
     s
 }
 
+/// POSTs `body` as JSON and reads the whole answer as text.
+pub async fn post_text(url: impl reqwest::IntoUrl, body: &Value) -> String {
+    client()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 pub fn chat_body(content: &str, max_tokens: u32, stream: bool) -> Value {
     serde_json::json!({
         "model": MODEL,
