@@ -1,8 +1,8 @@
 //! Work-conserving lanes (policy `lanes`, issue 9): reservations, lending, borrowing, ceilings.
 
 use super::*;
-use crate::classify::Lane::{Large, Medium, Small};
 use crate::config::Config;
+use crate::lane::Lane::{Large, Medium, Small};
 
 /// 12 seats: small reserves 8 and never lends, medium reserves 4 and lends, large reserves 2,
 /// lends, never borrows; `extra` TOML is appended.
@@ -17,7 +17,7 @@ fn admission(extra: &str) -> Admission {
 }
 
 /// Takes seats in `lane` until one does not fit at once.
-fn fill(a: &Admission, lane: crate::classify::Lane) -> Vec<LaneGuard> {
+fn fill(a: &Admission, lane: crate::lane::Lane) -> Vec<LaneGuard> {
     let mut held = Vec::new();
     while let Some(g) = futures::FutureExt::now_or_never(a.acquire(lane, 100)) {
         match g {

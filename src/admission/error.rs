@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::classify::Lane;
+use crate::lane::Lane;
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

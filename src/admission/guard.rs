@@ -1,11 +1,22 @@
 //! [`LaneGuard`]: the admitted request's slot and token reservation, given back on drop.
+//!
+//! The guard knows its backend only through [`Reservation`], which the local counters
+//! (`local.rs`) and a Redis lease (`redis/shared.rs`) implement; so this file imports neither.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use super::local::Shared;
-use super::redis::LeaseRelease;
-use crate::classify::Lane;
+use futures::future::BoxFuture;
+
+use crate::lane::Lane;
+
+/// Where a reservation lives and goes back to: the local counters or a lease in the shared
+/// quota.
+pub(crate) trait Reservation: Send + Sync {
+    /// Moves `tokens` in `from` to lane `to`, grown to `grown`, if `to` has room; all or nothing.
+    fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, bool>;
+    /// Gives one slot and `tokens` in `lane` back (a lease's release may run in the background).
+    fn release(self: Box<Self>, lane: Lane, tokens: u32);
+}
 
 /// Proof of admission: holds one request slot and `tokens` of token budget in `lane`.
 ///
@@ -17,19 +28,13 @@ pub struct LaneGuard {
     lane: Lane,
     tokens: u32,
     queue_wait: Duration,
-    release: Option<Release>,
-}
-
-/// Where the reservation goes back to.
-enum Release {
-    Local(Arc<Shared>),
-    /// A lease in the shared quota; its release runs in the background.
-    Redis(LeaseRelease),
+    release: Option<Box<dyn Reservation>>,
 }
 
 impl LaneGuard {
-    pub(super) fn local(
-        shared: Arc<Shared>,
+    /// A guard for a reservation already taken: one slot and `tokens` in `lane`.
+    pub(super) fn new(
+        reservation: Box<dyn Reservation>,
         lane: Lane,
         tokens: u32,
         queue_wait: Duration,
@@ -38,21 +43,7 @@ impl LaneGuard {
             lane,
             tokens,
             queue_wait,
-            release: Some(Release::Local(shared)),
-        }
-    }
-
-    pub(super) fn redis(
-        release: LeaseRelease,
-        lane: Lane,
-        tokens: u32,
-        queue_wait: Duration,
-    ) -> Self {
-        Self {
-            lane,
-            tokens,
-            queue_wait,
-            release: Some(Release::Redis(release)),
+            release: Some(reservation),
         }
     }
 
@@ -78,11 +69,9 @@ impl LaneGuard {
     pub async fn promote(&mut self, to: Lane, tokens: u32) -> bool {
         let tokens = tokens.max(self.tokens);
         let moved = match &self.release {
-            Some(Release::Local(shared)) => shared.promote(self.lane, self.tokens, to, tokens),
-            Some(Release::Redis(lease)) => {
-                lease
-                    .shared
-                    .promote(&lease.id, self.lane, self.tokens, to, tokens)
+            Some(reservation) => {
+                reservation
+                    .promote(self.lane, self.tokens, to, tokens)
                     .await
             }
             None => false,
@@ -103,10 +92,8 @@ impl LaneGuard {
 
 impl Drop for LaneGuard {
     fn drop(&mut self) {
-        match self.release.take() {
-            Some(Release::Local(shared)) => shared.release(self.lane, self.tokens),
-            Some(Release::Redis(lease)) => lease.shared.release(lease.id, self.lane),
-            None => {}
+        if let Some(reservation) = self.release.take() {
+            reservation.release(self.lane, self.tokens);
         }
     }
 }

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use crate::classify::Lane;
 use crate::config::{Config, Policy, QueueConfig};
+use crate::lane::Lane;
 
 /// A bounded wait queue's limits.
 #[derive(Debug, Clone, Copy)]

@@ -9,16 +9,17 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::error::AdmissionError;
-use super::guard::LaneGuard;
+use super::guard::{LaneGuard, Reservation};
 use super::limits::Limits;
-use super::snapshot::AdmissionSnapshot;
 use super::state::State;
-use crate::classify::Lane;
 use crate::config::{Config, Policy};
+use crate::lane::Lane;
+use crate::telemetry::AdmissionSnapshot;
 
 /// The state shared by [`LocalAdmission`] handles and their guards.
 pub(crate) struct Shared {
@@ -86,8 +87,8 @@ impl LocalAdmission {
             let mut state = shared.lock();
             if state.queues[queue].is_empty() && limits.fits(&state.usage, lane, tokens) {
                 state.take(lane, tokens);
-                return Ok(LaneGuard::local(
-                    shared.clone(),
+                return Ok(LaneGuard::new(
+                    Box::new(shared.clone()),
                     lane,
                     tokens,
                     Duration::ZERO,
@@ -172,8 +173,8 @@ impl Shared {
                     break;
                 };
                 state.take(waiter.lane, waiter.tokens);
-                let guard = LaneGuard::local(
-                    self.clone(),
+                let guard = LaneGuard::new(
+                    Box::new(self.clone()),
                     waiter.lane,
                     waiter.tokens,
                     waiter.enqueued_at.elapsed(),
@@ -203,5 +204,16 @@ impl Drop for QueueTicket {
             // The departed waiter may have been a head that blocked others.
             self.shared.dispatch(&mut state);
         }
+    }
+}
+
+impl Reservation for Arc<Shared> {
+    fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, bool> {
+        let moved = Shared::promote(self, from, tokens, to, grown);
+        Box::pin(futures::future::ready(moved))
+    }
+
+    fn release(self: Box<Self>, lane: Lane, tokens: u32) {
+        Shared::release(&self, lane, tokens);
     }
 }

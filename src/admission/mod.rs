@@ -40,7 +40,7 @@ mod guard;
 mod limits;
 mod local;
 pub mod redis;
-mod snapshot;
+pub mod session;
 mod state;
 
 #[cfg(test)]
@@ -48,14 +48,15 @@ mod conserving_tests;
 #[cfg(test)]
 mod tests;
 
+pub use crate::telemetry::{AdmissionSnapshot, LaneSnapshot};
 pub use error::AdmissionError;
 pub use guard::LaneGuard;
 pub use local::LocalAdmission;
 pub use redis::RedisAdmission;
-pub use snapshot::{AdmissionSnapshot, LaneSnapshot};
+pub use session::SessionLedger;
 
-use crate::classify::Lane;
 use crate::config::{Config, OnRedisDown, Policy, QuotaBackend};
+use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
 
 /// The admission backend in use.

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use super::guard::LaneGuard;
 use super::limits::Usage;
-use super::snapshot::{AdmissionSnapshot, LaneSnapshot};
-use crate::classify::Lane;
+use crate::lane::Lane;
+use crate::telemetry::{AdmissionSnapshot, LaneSnapshot};
 
 /// A request waiting in a queue. Admission hands it a [`LaneGuard`] through `grant`.
 pub(super) struct Waiter {

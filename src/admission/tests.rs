@@ -3,8 +3,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::classify::Lane::{Large, Medium, Small};
 use crate::config::Config;
+use crate::lane::Lane::{Large, Medium, Small};
 
 /// Admission built from the shipped defaults plus `extra` TOML sections.
 fn admission(extra: &str) -> Admission {

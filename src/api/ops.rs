@@ -5,8 +5,9 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::{AppState, GatewayError};
 use crate::admission::AdmissionHealth;
+use crate::error::GatewayError;
+use crate::pipeline::AppState;
 
 /// `GET /healthz`: the process is up.
 pub async fn healthz() -> impl IntoResponse {

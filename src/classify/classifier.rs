@@ -4,10 +4,11 @@ use std::sync::Arc;
 
 use super::bounds::ByteBounds;
 use super::counter::TokenCounter;
+use super::decision::LaneRules;
 use super::error::ClassifyError;
 use super::input::PromptInput;
-use super::lane::Lane;
 use crate::config::Config;
+use crate::lane::Lane;
 
 /// The outcome of classifying one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,8 +33,7 @@ pub struct Classification {
 #[derive(Debug, Clone)]
 pub struct Classifier {
     counter: TokenCounter,
-    small_max_work: u32,
-    medium_max_work: u32,
+    rules: LaneRules,
     default_output_tokens: u32,
     per_message_overhead: u32,
     max_model_len: u32,
@@ -52,24 +52,21 @@ impl Classifier {
         let c = &config.classify;
         Self {
             counter,
-            small_max_work: c.small_max_work.get(),
-            medium_max_work: c.medium_max_work.get(),
+            rules: LaneRules::from_config(config),
             default_output_tokens: c.default_output_tokens.get(),
             per_message_overhead: c.per_message_overhead,
             max_model_len: config.upstream.max_model_len.get(),
         }
     }
 
-    /// The lane for `work` estimated tokens: `<= small_max_work` small, `<= medium_max_work`
-    /// medium, else large.
+    /// The lane for `work` estimated tokens (the first choice of [`LaneRules`]).
     pub fn lane_for(&self, work: u32) -> Lane {
-        if work <= self.small_max_work {
-            Lane::Small
-        } else if work <= self.medium_max_work {
-            Lane::Medium
-        } else {
-            Lane::Large
-        }
+        self.rules.first(work)
+    }
+
+    /// The lane rules this classifier decides by.
+    pub fn rules(&self) -> &LaneRules {
+        &self.rules
     }
 
     /// Classifies a request with `max_output_tokens` requested by the client (`None`: not sent).
@@ -127,11 +124,11 @@ impl Classifier {
         let output = requested.unwrap_or(self.default_output_tokens);
         // Small for sure: even one token per byte fits the small lane (and the model).
         let most = bounds.upper.saturating_add(output);
-        if most <= self.small_max_work && most <= self.max_model_len {
+        if self.rules.first(most) == Lane::Small && most <= self.max_model_len {
             return self.settle(bounds.upper, requested, false).map(Some);
         }
         // Large for sure: even the densest plausible text exceeds the medium lane.
-        if bounds.lower.saturating_add(output) > self.medium_max_work {
+        if self.rules.first(bounds.lower.saturating_add(output)) == Lane::Large {
             // Too long even at the lower bound: certain, reject without tokenizing.
             self.settle(bounds.lower, requested, false)?;
             if let Ok(c) = self.settle(bounds.estimate, requested, false) {

@@ -2,8 +2,9 @@
 //!
 //! Estimated work = input tokens (the prompt, or the chat messages plus
 //! `classify.per_message_overhead` per message) + the requested max output tokens (or
-//! `classify.default_output_tokens`). Work `<= small_max_work` (1200) is [`Lane::Small`],
-//! `<= medium_max_work` (5000) [`Lane::Medium`], anything more [`Lane::Large`].
+//! `classify.default_output_tokens`). Work `<= small_max_work` (1200) is small, `<=
+//! medium_max_work` (5000) medium, anything more large; that rule, the continuation choice and
+//! the mid-stream promotion rules all live in [`decision`].
 //!
 //! Tokens are counted with the `tokenizer.json` vLLM serves with, or the simulator's heuristic
 //! when configured explicitly ([`TokenCounter`]). Counting runs on a blocking thread
@@ -11,21 +12,24 @@
 //! bounds and the estimate used then are documented in [`bounds`]. A request that cannot fit
 //! `upstream.max_model_len` is rejected with [`ClassifyError::ExceedsModelLen`] (HTTP 400).
 //!
-//! Files: `lane.rs` (the enum), `input.rs` (what is counted), `counter.rs` (tokenizer or
-//! heuristic), `bounds.rs` (byte-length bounds), `classifier.rs` (the decision).
+//! Files: `input.rs` (what is counted), `counter.rs` (tokenizer or heuristic), `bounds.rs`
+//! (byte-length bounds), `classifier.rs` (the estimate), `decision.rs` (every lane rule). The
+//! [`Lane`](crate::lane::Lane) enum itself is the leaf module `crate::lane`.
 
 pub mod bounds;
 mod classifier;
 mod counter;
+pub mod decision;
 mod error;
 mod input;
-mod lane;
 
 #[cfg(test)]
 mod tests;
 
 pub use classifier::{Classification, Classifier};
 pub use counter::TokenCounter;
+pub use decision::LaneRules;
 pub use error::ClassifyError;
 pub use input::{ChatMessage, ContentPart, MessageContent, PromptInput};
-pub use lane::Lane;
+// Transitional: config still names `crate::classify::Lane` until its sections move.
+pub use crate::lane::Lane;

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::classify::Lane;
+use crate::lane::Lane;
 use crate::upstream::Chunk;
 
 /// The `code` of a cut.

@@ -12,7 +12,7 @@
 //! the engine abort fires once (the upstream stream's own guard), the slot and tokens come
 //! back, and `cancelled_after_tokens` is recorded.
 //!
-//! Mid-stream limits (M14, [`promotion`]): the relay counts output tokens itself (vLLM's chunks
+//! Mid-stream limits (M14, [`LaneRules`]): the relay counts output tokens itself (vLLM's chunks
 //! and usage); past its lane's limit a request's reservation moves to the next lane without a
 //! pause the client could notice, or the stream is cut with a clear message (`/answer`: a `cut`
 //! event before `done`; `/v1`: a last chunk with `finish_reason: "length"` and a
@@ -21,8 +21,6 @@
 mod answer;
 mod collect;
 mod cut;
-pub mod promotion;
-pub mod session;
 
 use std::convert::Infallible;
 
@@ -31,14 +29,12 @@ use futures::{FutureExt, Stream};
 use tokio::time::Instant;
 
 pub use collect::Collected;
-pub use promotion::Promotion;
-pub use session::SessionLedger;
 
-use crate::admission::LaneGuard;
-use crate::api::GatewayError;
-use crate::classify::Classification;
+use crate::admission::{LaneGuard, SessionLedger};
+use crate::classify::{Classification, LaneRules};
 use crate::config::WhenFull;
-use crate::telemetry::{LatencySplit, Metrics, Outcome, RequestRecord, UpstreamView};
+use crate::error::GatewayError;
+use crate::telemetry::{LatencySplit, Metrics, Outcome, RequestRecord};
 use crate::upstream::{Chunk, UpstreamError, UpstreamStream};
 
 /// How the client wants the stream.
@@ -59,8 +55,8 @@ pub enum Format {
 /// What the relay needs besides the stream: the rules and where to count.
 #[derive(Debug, Clone)]
 pub struct RelayContext {
-    /// Mid-stream lane limits.
-    pub promotion: Promotion,
+    /// The lane rules (mid-stream limits, next lane, reservation).
+    pub rules: LaneRules,
     /// Metrics (promotions, cuts).
     pub metrics: Metrics,
     /// The session this request continues, and the ledger its output is added to.
@@ -124,7 +120,7 @@ impl Relay {
         if let Some((ledger, session)) = &self.ctx.session {
             ledger.add(session, self.produced());
         }
-        let view = UpstreamView::of(&self.upstream);
+        let view = self.upstream.view();
         self.record.finish(outcome, error_code, Some(&view));
     }
 
@@ -145,10 +141,10 @@ impl Relay {
     /// Moves the request to the next lane while its output has outgrown the current one;
     /// `false` when it must be cut (the next lane stayed full).
     async fn keep_in_bounds(&mut self) -> bool {
-        let rules = self.ctx.promotion;
+        let rules = self.ctx.rules;
         while rules.outgrown(self.class.lane, self.produced()) {
             let from = self.class.lane;
-            let Some(to) = Promotion::next(from) else {
+            let Some(to) = LaneRules::next(from) else {
                 return true;
             };
             let Some(guard) = self.guard.as_mut() else {
@@ -285,7 +281,7 @@ impl Relay {
 
     /// The latency split so far.
     pub fn timings(&self) -> LatencySplit {
-        let view = UpstreamView::of(&self.upstream);
+        let view = self.upstream.view();
         LatencySplit::compute(
             self.record.arrival(),
             self.record.admitted_at(),

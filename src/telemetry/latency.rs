@@ -5,19 +5,18 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::upstream::{EngineMetrics, UpstreamStream, Usage};
-
-/// What the upstream stream knew when the request ended.
+/// What the upstream stream knew when the request ended, as plain values (the upstream module
+/// builds it; telemetry never reads the stream itself).
 #[derive(Debug, Clone, Default)]
 pub struct UpstreamView {
     /// Output tokens: exact from usage, else content chunks (a lower bound).
     pub output_tokens: u32,
     /// Whether `output_tokens` came from vLLM's usage.
     pub exact_output: bool,
-    /// vLLM's usage, when it arrived.
-    pub usage: Option<Usage>,
+    /// vLLM's prompt usage, when it arrived.
+    pub usage: Option<PromptUsage>,
     /// vLLM's per-request timings (`--enable-per-request-metrics`), when sent.
-    pub engine: Option<EngineMetrics>,
+    pub engine: Option<EngineTimings>,
     /// First content chunk.
     pub first_content_at: Option<Instant>,
     /// End of the stream.
@@ -26,21 +25,22 @@ pub struct UpstreamView {
     pub finish_reason: Option<String>,
 }
 
-impl UpstreamView {
-    /// What `stream` knows now.
-    pub fn of(stream: &UpstreamStream) -> Self {
-        let t = stream.timings();
-        let out = stream.output_tokens();
-        Self {
-            output_tokens: out.count,
-            exact_output: out.exact,
-            usage: stream.usage(),
-            engine: stream.engine_metrics(),
-            first_content_at: t.first_content_at,
-            ended_at: t.ended_at,
-            finish_reason: stream.finish_reason().map(str::to_owned),
-        }
-    }
+/// The prompt side of vLLM's usage report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PromptUsage {
+    /// Prompt tokens as vLLM counted them.
+    pub prompt_tokens: u32,
+    /// Prompt tokens served from the prefix cache; `None` when vLLM does not report it.
+    pub cached_tokens: Option<u32>,
+}
+
+/// The engine's own timings for one request, milliseconds (`None`: not reported).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineTimings {
+    /// Engine arrival to first token.
+    pub time_to_first_token_ms: Option<f64>,
+    /// Engine arrival to first scheduling (the engine's own queue).
+    pub queue_time_ms: Option<f64>,
 }
 
 /// Per-request timings in milliseconds (`None`: not reached, or not measurable).
@@ -151,10 +151,9 @@ mod tests {
             output_tokens: 11,
             first_content_at: Some(t0 + Duration::from_millis(100)),
             ended_at: Some(t0 + Duration::from_millis(300)),
-            engine: Some(EngineMetrics {
+            engine: Some(EngineTimings {
                 time_to_first_token_ms: Some(90.0),
                 queue_time_ms: Some(30.0),
-                ..EngineMetrics::default()
             }),
             ..UpstreamView::default()
         };

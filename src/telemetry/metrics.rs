@@ -16,8 +16,8 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::admission::AdmissionSnapshot;
-use crate::classify::Lane;
+use super::snapshot::AdmissionSnapshot;
+use crate::lane::Lane;
 use crate::telemetry::latency::{LatencySplit, UpstreamView};
 use crate::telemetry::prefix_metrics::PrefixMetrics;
 use crate::telemetry::promotion_metrics::PromotionMetrics;

@@ -18,12 +18,14 @@ pub mod promotion_metrics;
 pub mod quota_metrics;
 pub mod record;
 pub mod request_log;
+mod snapshot;
 pub mod span;
 
-pub use latency::{LatencySplit, UpstreamView};
+pub use latency::{EngineTimings, LatencySplit, PromptUsage, UpstreamView};
 pub use metrics::{Metrics, Outcome, Route, Stage};
 pub use prefix_metrics::PrefixMetrics;
 pub use promotion_metrics::PromotionMetrics;
 pub use quota_metrics::QuotaMetrics;
 pub use record::RequestRecord;
 pub use request_log::RequestLog;
+pub use snapshot::{AdmissionSnapshot, LaneSnapshot};

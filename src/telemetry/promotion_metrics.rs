@@ -4,7 +4,7 @@
 
 use prometheus::{IntCounterVec, Opts, Registry};
 
-use crate::classify::Lane;
+use crate::lane::Lane;
 
 /// Promotion and continuation metric families.
 #[derive(Debug, Clone)]

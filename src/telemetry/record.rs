@@ -123,7 +123,7 @@ impl RequestRecord {
     }
 
     /// Records a mid-stream move to a bigger lane: the request is counted in `to` from now on.
-    pub fn promoted(&mut self, from: crate::classify::Lane, to: crate::classify::Lane) {
+    pub fn promoted(&mut self, from: crate::lane::Lane, to: crate::lane::Lane) {
         if let Some(class) = &mut self.class {
             class.lane = to;
         }

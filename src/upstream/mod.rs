@@ -24,6 +24,7 @@ mod error;
 pub mod request;
 pub mod sse;
 pub mod stream;
+mod view;
 
 pub use abort::{AbortGuard, AbortState, AbortWatch, ABORT_TIMEOUT};
 pub use chunk::{parse_payload, Chunk, EngineMetrics, Payload, Usage};

@@ -3,8 +3,8 @@
 
 use std::num::{NonZeroU32, NonZeroU64};
 
-use crate::classify::Lane;
 use crate::config::Config;
+use crate::lane::Lane;
 
 /// `config` with every lane's `max_concurrency` and `max_tokens_in_flight` and the global token
 /// budget divided by `quota.expected_replicas` (rounded down), but never below one slot and the

@@ -69,8 +69,8 @@ pub(crate) use shared::LeaseRelease;
 
 use super::limits::Limits;
 use super::{AdmissionError, AdmissionSnapshot, LaneGuard, LocalAdmission};
-use crate::classify::Lane;
 use crate::config::{Config, OnRedisDown, Policy};
+use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
 use scripts::LaneQuota;
 use shared::{QuotaLimits, Shared};
@@ -288,6 +288,6 @@ impl RedisAdmission {
             shared: self.shared.clone(),
             id,
         };
-        LaneGuard::redis(release, lane, tokens, waited)
+        LaneGuard::new(Box::new(release), lane, tokens, waited)
     }
 }

@@ -10,7 +10,7 @@ use redis::aio::ConnectionLike;
 use redis::{RedisResult, Script};
 
 use super::keys::Keys;
-use crate::classify::Lane;
+use crate::lane::Lane;
 
 /// The four quota scripts, loaded once per [`Scripts`] value.
 #[derive(Debug, Clone)]

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use redis::aio::ConnectionManager;
 use redis::RedisError;
 use tokio::sync::{mpsc, watch};
@@ -13,7 +14,8 @@ use tokio::sync::{mpsc, watch};
 use super::keys::Keys;
 use super::queue::LaneQueue;
 use super::scripts::{LaneQuota, Scripts, TakeReply};
-use crate::classify::Lane;
+use crate::admission::guard::Reservation;
+use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
 
 /// A lease this replica holds.
@@ -230,4 +232,15 @@ impl Shared {
 pub(crate) struct LeaseRelease {
     pub shared: std::sync::Arc<Shared>,
     pub id: String,
+}
+
+impl Reservation for LeaseRelease {
+    fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, bool> {
+        Box::pin(self.shared.promote(&self.id, from, tokens, to, grown))
+    }
+
+    fn release(self: Box<Self>, lane: Lane, _tokens: u32) {
+        let LeaseRelease { shared, id } = *self;
+        shared.release(id, lane);
+    }
 }

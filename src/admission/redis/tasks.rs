@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::shared::{Lease, Shared};
-use crate::classify::Lane;
+use crate::lane::Lane;
 
 /// Each Redis call gives up after this long (then counts as Redis down).
 const CALL_TIMEOUT: Duration = Duration::from_millis(500);

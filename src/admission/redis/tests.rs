@@ -6,7 +6,7 @@ use redis::aio::MultiplexedConnection;
 
 use super::keys::Keys;
 use super::scripts::{LaneQuota, Scripts, Verdict};
-use crate::classify::Lane;
+use crate::lane::Lane;
 
 #[path = "../../../tests/redis_common/mod.rs"]
 mod redis_common;

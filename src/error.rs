@@ -1,4 +1,6 @@
-//! The one place where an error becomes an HTTP answer.
+//! [`GatewayError`]: everything a request can fail with, and the one place where an error
+//! becomes an HTTP answer. It sits below `api` so the pipeline and the relay can name it without
+//! importing the routes.
 //!
 //! | error | status | `code` |
 //! |---|---|---|
@@ -207,5 +209,11 @@ impl IntoResponse for GatewayError {
             }
         }
         resp
+    }
+}
+
+impl From<axum::extract::rejection::QueryRejection> for GatewayError {
+    fn from(e: axum::extract::rejection::QueryRejection) -> Self {
+        GatewayError::bad_request(e.body_text(), None)
     }
 }

@@ -1,6 +1,6 @@
 //! Point-in-time counters, for metrics (`tutor_gateway_lane_*` gauges) and tests.
 
-use crate::classify::Lane;
+use crate::lane::Lane;
 
 /// One lane's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

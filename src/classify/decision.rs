@@ -1,16 +1,28 @@
-//! Mid-stream lane limits (M14): a request whose counted output passes its lane's
-//! `mid_stream_limit` moves to the next lane, growing its reservation to that lane's work bound;
-//! when the next lane has no room it is cut (or, with `when_full = "wait"`, paused up to
-//! `wait_ms` for room first).
+//! The lane decision, in one place (M12, M14):
+//!
+//! - the **first choice**: estimated work (input tokens + output budget) `<= small_max_work` is
+//!   small, `<= medium_max_work` medium, anything more large ([`LaneRules::first`]);
+//! - the **continuation choice**: a "continue" chain is one piece of work, so a session's
+//!   earlier output moves its next request to the first lane whose mid-stream limit is above it
+//!   ([`LaneRules::for_continuation`]);
+//! - the **mid-stream rules**: a request whose counted output passes its lane's
+//!   `mid_stream_limit` moves to the next lane, growing its reservation to that lane's work bound
+//!   ([`LaneRules::outgrown`], [`LaneRules::next`], [`LaneRules::reservation`]); when the next
+//!   lane has no room it is cut (or, with `when_full = "wait"`, paused up to `wait_ms` first).
+//!
+//! The classifier applies the first choice, the pipeline the continuation choice, the relay the
+//! mid-stream rules; all three read them from here.
 
 use std::time::Duration;
 
-use crate::classify::Lane;
 use crate::config::{Config, WhenFull};
+use crate::lane::Lane;
 
-/// The promotion rules, from config.
+/// Where a request belongs and when it must move on, from config.
 #[derive(Debug, Clone, Copy)]
-pub struct Promotion {
+pub struct LaneRules {
+    small_max_work: u32,
+    medium_max_work: u32,
     limits: [Option<u32>; 3],
     bounds: [u32; 3],
     /// Policy when the next lane is full.
@@ -19,12 +31,14 @@ pub struct Promotion {
     pub wait: Duration,
 }
 
-impl Promotion {
+impl LaneRules {
     /// The rules of `config`.
     pub fn from_config(config: &Config) -> Self {
         let max_len = config.upstream.max_model_len.get();
         let limit = |l: Lane| config.lanes.get(l).mid_stream_limit.map(|n| n.get());
         Self {
+            small_max_work: config.classify.small_max_work.get(),
+            medium_max_work: config.classify.medium_max_work.get(),
             limits: [limit(Lane::Small), limit(Lane::Medium), limit(Lane::Large)],
             bounds: [
                 config.classify.small_max_work.get().min(max_len),
@@ -33,6 +47,18 @@ impl Promotion {
             ],
             when_full: config.promotion.when_full,
             wait: config.promotion.wait,
+        }
+    }
+
+    /// The first choice for `work` estimated tokens: `<= small_max_work` small,
+    /// `<= medium_max_work` medium, else large.
+    pub fn first(&self, work: u32) -> Lane {
+        if work <= self.small_max_work {
+            Lane::Small
+        } else if work <= self.medium_max_work {
+            Lane::Medium
+        } else {
+            Lane::Large
         }
     }
 
@@ -62,7 +88,7 @@ impl Promotion {
 
     /// The first lane at or after `lane` whose limit is above `session_output` (continuations:
     /// a session's earlier output counts toward where its next request belongs).
-    pub fn lane_for_session(&self, lane: Lane, session_output: u64) -> Lane {
+    pub fn for_continuation(&self, lane: Lane, session_output: u64) -> Lane {
         let mut lane = lane;
         while let Some(limit) = self.limit(lane) {
             if session_output < u64::from(limit) {
@@ -82,8 +108,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn work_thresholds_pick_the_first_lane() {
+        let r = LaneRules::from_config(&Config::default());
+        assert_eq!(r.first(1200), Lane::Small);
+        assert_eq!(r.first(1201), Lane::Medium);
+        assert_eq!(r.first(5000), Lane::Medium);
+        assert_eq!(r.first(5001), Lane::Large);
+    }
+
+    #[test]
     fn shipped_limits_promote_small_at_256_and_medium_at_2048() {
-        let p = Promotion::from_config(&Config::default());
+        let p = LaneRules::from_config(&Config::default());
         assert!(!p.outgrown(Lane::Small, 256));
         assert!(p.outgrown(Lane::Small, 257));
         assert!(p.outgrown(Lane::Medium, 2049));
@@ -94,10 +129,10 @@ mod tests {
 
     #[test]
     fn a_continue_chain_moves_up_once_its_output_passes_the_limit() {
-        let p = Promotion::from_config(&Config::default());
+        let p = LaneRules::from_config(&Config::default());
         // Ten 100-token answers in one session: requests 1-3 see 0, 100, 200 tokens before them.
         let lanes: Vec<Lane> = (0..10)
-            .map(|i| p.lane_for_session(Lane::Small, i * 100))
+            .map(|i| p.for_continuation(Lane::Small, i * 100))
             .collect();
         assert_eq!(&lanes[..3], &[Lane::Small; 3]);
         assert_eq!(
@@ -105,7 +140,7 @@ mod tests {
             Lane::Medium,
             "the fourth request: 300 tokens already > 256"
         );
-        assert_eq!(p.lane_for_session(Lane::Small, 5000), Lane::Large);
-        assert_eq!(p.lane_for_session(Lane::Large, 0), Lane::Large);
+        assert_eq!(p.for_continuation(Lane::Small, 5000), Lane::Large);
+        assert_eq!(p.for_continuation(Lane::Large, 0), Lane::Large);
     }
 }

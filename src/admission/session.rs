@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
-use crate::admission::RedisAdmission;
+use super::redis::RedisAdmission;
 
 const PURGE_ABOVE: usize = 10_000;
 

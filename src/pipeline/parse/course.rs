@@ -4,7 +4,7 @@
 use serde_json::Value;
 
 use super::{typed, AnswerBody, AnswerRequest};
-use crate::api::GatewayError;
+use crate::error::GatewayError;
 use crate::prompt::{student_messages, StudentMaterial};
 
 impl AnswerRequest {

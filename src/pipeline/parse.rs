@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::GatewayError;
 use crate::classify::{ChatMessage, PromptInput};
+use crate::error::GatewayError;
 
 mod course;
 

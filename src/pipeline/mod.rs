@@ -1,0 +1,212 @@
+//! One request's journey, in order. Every route runs the same steps:
+//!
+//! 1. **parse** ([`parse`]): body or query checked, each problem named by its field;
+//! 2. **prompt** ([`prompt`]): the body vLLM will see (course prefix first, canonical tools);
+//! 3. **classify** ([`crate::classify`]): estimated work -> first lane, then the continuation
+//!    choice for a session ([`crate::classify::LaneRules`]);
+//! 4. **admit** ([`crate::admission`]): a seat and a token reservation, held by a
+//!    [`crate::admission::LaneGuard`];
+//! 5. **send** ([`crate::upstream`]): the streaming request to vLLM;
+//! 6. **relay** ([`crate::relay`]): the stream back to the client, counted and bounded, which
+//!    owns the guard until the end.
+//!
+//! The handlers in [`crate::api`] only extract what axum gives them and call [`answer`] or
+//! [`openai`]. A failure before the stream begins becomes its HTTP status here
+//! ([`respond::rejected`]); after that the relay renders it in the stream.
+
+pub mod parse;
+pub mod prompt;
+pub mod respond;
+mod state;
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::Query;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value};
+
+pub use state::{new_request_id, AppState};
+
+use crate::classify::PromptInput;
+use crate::error::GatewayError;
+use crate::prompt::fingerprint_of_chat;
+use crate::relay::{Format, Relay, RelayContext};
+use crate::telemetry::{RequestRecord, Route};
+use crate::upstream::{Endpoint, UpstreamRequest};
+use parse::{AnswerQuery, AnswerRequest, OpenAiRequest};
+use respond::{link_trace, rejected, sse_response, with_id};
+
+/// A validated request, ready for classification.
+#[derive(Debug)]
+pub struct Job {
+    /// Which vLLM endpoint serves it.
+    pub endpoint: Endpoint,
+    /// What gets counted for classification.
+    pub input: PromptInput,
+    /// The output limit the client declared, if any.
+    pub max_tokens: Option<u32>,
+    /// The JSON body to send upstream.
+    pub body: Map<String, Value>,
+    /// The request's measurements (id, route, arrival), written when it ends.
+    pub record: RequestRecord,
+    /// The session this request continues (`/answer` `session_id`, `/v1` `x-session-id`).
+    pub session: Option<String>,
+}
+
+/// How an `/answer` request arrived.
+#[derive(Debug)]
+pub enum AnswerInput {
+    /// `GET /answer?prompt=…` (browser `EventSource`).
+    Query(Result<Query<AnswerQuery>, QueryRejection>),
+    /// `POST /answer` with JSON.
+    Body(Result<Bytes, BytesRejection>),
+}
+
+/// `/answer`: the whole journey, ending in the typed SSE stream (or an HTTP error before it).
+pub async fn answer(state: AppState, headers: HeaderMap, input: AnswerInput) -> Response {
+    let mut record = state.record(Route::Answer);
+    link_trace(&mut record, &headers);
+    let request_id = record.request_id().to_owned();
+    let req = match input {
+        AnswerInput::Query(q) => q
+            .map_err(GatewayError::from)
+            .and_then(|Query(q)| AnswerRequest::from_query(q)),
+        AnswerInput::Body(body) => parse::body_bytes(body, state.config().server.max_body_bytes)
+            .and_then(|b| AnswerRequest::from_body(&b)),
+    };
+    let req = match req {
+        Ok(r) => r,
+        Err(e) => return rejected(record, e),
+    };
+    let job = match prompt::answer_job(&state, req, record) {
+        Ok(job) => job,
+        Err(prompt::Failed(e, record)) => return rejected(record, e),
+    };
+    match start(&state, job, Format::Answer).await {
+        Ok(relay) => with_id(
+            sse_response(Body::from_stream(relay.into_sse())),
+            &request_id,
+        ),
+        Err(e) => with_id(e.into_response(), &request_id),
+    }
+}
+
+/// `/v1/chat/completions` and `/v1/completions`: the whole journey. Streaming answers relay
+/// vLLM's chunks as they are; non-streaming answers are assembled from the stream in vLLM's
+/// response shape.
+pub async fn openai(
+    state: AppState,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    route: Route,
+) -> Response {
+    let mut record = state.record(route);
+    link_trace(&mut record, &headers);
+    let request_id = record.request_id().to_owned();
+    let parsed =
+        parse::body_bytes(body, state.config().server.max_body_bytes).and_then(|b| match route {
+            Route::Completions => parse::completion(&b),
+            Route::ChatCompletions | Route::Answer => parse::chat(&b),
+        });
+    let req: OpenAiRequest = match parsed {
+        Ok(r) => r,
+        Err(e) => return rejected(record, e),
+    };
+    let format = Format::OpenAi {
+        include_usage: req.include_usage,
+        continuous_usage: req.continuous_usage,
+    };
+    let stream = req.stream;
+    let job = prompt::openai_job(&state, route, &headers, req, record);
+    let relay = match start(&state, job, format).await {
+        Ok(r) => r,
+        Err(e) => return with_id(e.into_response(), &request_id),
+    };
+    let resp = if stream {
+        sse_response(Body::from_stream(relay.into_sse()))
+    } else {
+        match relay.collect().await {
+            Ok(all) => axum::Json(all.into_json(route)).into_response(),
+            Err(e) => e.into_response(),
+        }
+    };
+    with_id(resp, &request_id)
+}
+
+/// Classify, admit and send `job`, until the upstream stream starts. A failure is written to
+/// the request's record here; the relay writes it after that. A client that goes away meanwhile
+/// drops the record, which counts it as cancelled where it was.
+pub async fn start(state: &AppState, job: Job, format: Format) -> Result<Relay, GatewayError> {
+    let Job {
+        endpoint,
+        input,
+        max_tokens,
+        mut body,
+        mut record,
+        session,
+    } = job;
+    let model = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or(&state.config().upstream.model)
+        .to_owned();
+    record.requested(&model, max_tokens);
+    if let PromptInput::Chat(messages) = &input {
+        record.fingerprint(fingerprint_of_chat(messages, body.get("tools")));
+    }
+    let result = async {
+        // Classify: the first lane by estimated work...
+        let mut class = state
+            .classifier()
+            .classify(Arc::new(input), max_tokens)
+            .await?;
+        // ...then the continuation choice: a "continue" chain is one piece of work.
+        if let Some(session) = &session {
+            let before = state.sessions().output(session).await;
+            let lane = state.rules().for_continuation(class.lane, before);
+            if lane != class.lane {
+                state.metrics().promotion().reclassified(class.lane, lane);
+                class.lane = lane;
+            }
+        }
+        record.classified(class);
+        prompt::for_engine(
+            &mut body,
+            class.lane,
+            state.config().admission.engine_priority,
+        );
+        // Admit: a seat and the token reservation, given back when the guard drops.
+        let guard = state.admission().acquire(class.lane, class.work).await?;
+        record.admitted(guard.queue_wait());
+        // Send.
+        let request = UpstreamRequest {
+            endpoint,
+            request_id: record.request_id().to_owned(),
+            traceparent: record.upstream_traceparent(),
+            body,
+        };
+        let upstream = state.upstream().stream(request).await?;
+        Ok::<_, GatewayError>((class, guard, upstream))
+    }
+    .await;
+    match result {
+        Ok((class, guard, upstream)) => {
+            tracing::debug!(request_id = %record.request_id(), lane = %class.lane, work = class.work, exact = class.exact, "admitted");
+            // Relay: owns the guard and the stream from here to the end.
+            let ctx = RelayContext {
+                rules: *state.rules(),
+                metrics: state.metrics().clone(),
+                session: session.map(|s| (state.sessions().clone(), s)),
+            };
+            Ok(Relay::new(upstream, guard, class, format, record, ctx))
+        }
+        Err(e) => {
+            tracing::info!(request_id = %record.request_id(), code = e.code(), error = %e, "request rejected");
+            record.finish(e.outcome(), Some(e.code()), None);
+            Err(e)
+        }
+    }
+}

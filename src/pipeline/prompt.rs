@@ -1,0 +1,142 @@
+//! The prompt step: a parsed request becomes a [`Job`] with the body vLLM will see.
+//!
+//! - `/answer` with a `course_id`: the course's stable prefix first (instructions, rubric,
+//!   safety, tools as canonical JSON), then the student's material (M17); unknown course: 400.
+//! - `/v1/chat/completions`: the client's tools canonicalized (same schemas, same tokens), when
+//!   `prefix_cache.canonicalize_tools` is on.
+//! - Every request: vLLM asked for running usage, so the relay counts output exactly; with
+//!   `admission.engine_priority` the lane goes along as vLLM's `priority`.
+
+use axum::http::HeaderMap;
+use serde_json::{Map, Value};
+
+use super::parse::{self, AnswerRequest, OpenAiRequest};
+use super::state::AppState;
+use super::Job;
+use crate::classify::PromptInput;
+use crate::error::GatewayError;
+use crate::lane::Lane;
+use crate::prompt::canonical_value;
+use crate::telemetry::{RequestRecord, Route};
+use crate::upstream::Endpoint;
+
+/// The `/answer` job: course prefix (if any), then the student's messages.
+pub fn answer_job(
+    state: &AppState,
+    req: AnswerRequest,
+    record: RequestRecord,
+) -> Result<Job, Failed> {
+    let AnswerRequest {
+        messages,
+        messages_json,
+        max_output_tokens,
+        session_id,
+        course_id,
+    } = req;
+    let (messages, messages_json, tools) = match course_id.as_deref() {
+        None => (messages, messages_json, None),
+        Some(id) => match with_course(state, id, messages_json) {
+            Ok((json, tools)) => match parse::typed(json.clone()) {
+                Ok(typed) => (typed, json, tools),
+                Err(e) => return Err(Failed(e, record)),
+            },
+            Err(e) => return Err(Failed(e, record)),
+        },
+    };
+    let mut body = Map::new();
+    body.insert("messages".into(), messages_json);
+    if let Some(tools) = tools {
+        body.insert("tools".into(), tools);
+    }
+    if let Some(max) = max_output_tokens {
+        body.insert("max_tokens".into(), Value::from(max));
+    }
+    Ok(Job {
+        endpoint: Endpoint::ChatCompletions,
+        input: PromptInput::Chat(messages),
+        max_tokens: max_output_tokens,
+        body,
+        record,
+        session: session_id,
+    })
+}
+
+/// A request that failed in the prompt step, with its record still to be written.
+#[derive(Debug)]
+pub struct Failed(pub GatewayError, pub RequestRecord);
+
+/// Course `id`'s messages (stable prefix first, then `student`) and its tools.
+fn with_course(
+    state: &AppState,
+    id: &str,
+    student: Value,
+) -> Result<(Value, Option<Value>), GatewayError> {
+    let Some(course) = state.config().courses.get(id) else {
+        return Err(GatewayError::bad_request(
+            "unknown course_id: no [courses.<id>] with this id is configured",
+            Some("course_id"),
+        ));
+    };
+    let student = match student {
+        Value::Array(items) => items,
+        _ => Vec::new(),
+    };
+    Ok((
+        Value::Array(course.messages(&student)),
+        course.tools.clone(),
+    ))
+}
+
+/// The `/v1` job: the client's body as it came, tools canonicalized; the session from
+/// `x-session-id`.
+pub fn openai_job(
+    state: &AppState,
+    route: Route,
+    headers: &HeaderMap,
+    mut req: OpenAiRequest,
+    record: RequestRecord,
+) -> Job {
+    if route == Route::ChatCompletions && state.config().prefix_cache.canonicalize_tools {
+        // Same schemas, same tokens: key order must not break vLLM's prefix cache (M17).
+        if let Some(tools) = req.body.get_mut("tools") {
+            *tools = canonical_value(tools);
+        }
+    }
+    let endpoint = match route {
+        Route::Completions => Endpoint::Completions,
+        Route::ChatCompletions | Route::Answer => Endpoint::ChatCompletions,
+    };
+    Job {
+        endpoint,
+        input: req.input,
+        max_tokens: req.max_tokens,
+        body: req.body,
+        record,
+        session: headers
+            .get("x-session-id")
+            .and_then(|v| v.to_str().ok())
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned),
+    }
+}
+
+/// The last touches before the body goes to vLLM: running usage always (the relay counts
+/// output tokens exactly mid-stream, even when vLLM packs several tokens into one chunk, and
+/// strips it again for clients that did not ask), the lane as `priority` when configured.
+/// No `max_tokens` is added when the client sent none: the relay counts the output and moves
+/// the request to a bigger lane (or cuts it) when it outgrows its lane.
+pub fn for_engine(body: &mut Map<String, Value>, lane: Lane, engine_priority: bool) {
+    let opts = body
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !opts.is_object() {
+        *opts = Value::Object(Map::new());
+    }
+    if let Some(o) = opts.as_object_mut() {
+        o.insert("continuous_usage_stats".into(), Value::Bool(true));
+    }
+    if engine_priority {
+        // Short work first in the engine too (vLLM `--scheduling-policy priority`).
+        body.insert("priority".into(), Value::from(lane.index()));
+    }
+}
