@@ -2,24 +2,35 @@
 //!
 //! # Layout
 //!
-//! Modules in the order a request meets them:
+//! The folder tree is the request pipeline. In the order a request meets them:
 //!
-//! - [`config`]: raw TOML structs turned by one `validate()` into a typed [`config::Config`].
-//! - [`prompt`]: canonical JSON and the prompt fingerprint (M18).
-//! - [`classify`]: token estimate (tokenizer or heuristic, skipped when byte length decides) and
-//!   lane choice by estimated work.
-//! - [`admission`]: per-lane request slots + token budget (or the FIFO baseline), bounded wait
-//!   queues, and the [`admission::LaneGuard`] that gives both back on drop.
-//! - [`api`]: axum routes (`/answer`, `/v1/*`, `/metrics`, `/healthz`, `/readyz`); parsing,
-//!   the pipeline that runs classify -> admit -> upstream, and the one error -> HTTP mapping.
-//! - [`upstream`]: the vLLM client: streaming request with `X-Request-Id`, SSE parsing,
-//!   upstream timeouts, and the engine abort ([`upstream::AbortGuard`]) on every unclean end.
-//! - [`relay`]: the stream pump: forwards vLLM's chunks (or `/answer` events), counts tokens,
-//!   records the outcome, gives the lane slot back, notices a client that went away.
-//! - [`telemetry`]: the Prometheus families ([`telemetry::Metrics`]).
-//! - [`server`]: wiring and the serve loop with graceful shutdown (and `--with-sim`).
+//! - [`api`]: thin axum handlers (`/answer`, `/v1/*`, `/metrics`, `/healthz`, `/readyz`); each
+//!   calls one function of [`pipeline`]. Nothing below it imports from it.
+//! - [`pipeline`]: one request's journey, in order: `parse.rs` (body and query checks),
+//!   `prompt.rs` (course prefix first, canonical tools, the body vLLM sees), then classify ->
+//!   admit -> send -> relay in `mod.rs`; `respond.rs` (headers, errors before the stream).
+//! - [`prompt`]: canonical JSON, course prompt assembly, the prompt fingerprint (M17, M18).
+//! - [`classify`]: the token estimate (`counter.rs`, `bounds.rs`, `classifier.rs`) and every lane
+//!   rule in `decision.rs`: first choice by work, continuation choice, mid-stream promotion.
+//! - [`admission`]: seats and token budgets. `budget.rs` is where a request's seat and tokens
+//!   are checked against the limits; `local.rs` (one process) or `redis/` (shared by replicas,
+//!   Lua scripts in `lua/`); `guard.rs` is the [`admission::LaneGuard`] that gives both back on
+//!   drop; `session.rs` counts a session's output for continuations.
+//! - [`upstream`]: the vLLM client: streaming request with `X-Request-Id` (`client.rs`,
+//!   `request.rs`), SSE parsing (`sse.rs`, `chunk.rs`), timeouts (`stream.rs`), and
+//!   `abort.rs`: where a client's disconnect (the relay dropped with the response body) becomes
+//!   the engine abort call.
+//! - [`relay`]: the stream pump back to the client: forwards vLLM's chunks or `/answer` events,
+//!   counts tokens, promotes or cuts mid-stream (`cut.rs`), and on every end (its `Drop` when
+//!   the client went away) writes the record and frees the seat.
+//! - [`telemetry`]: every metric is defined in `metrics.rs` (plus `prefix_metrics.rs`,
+//!   `promotion_metrics.rs`, `quota_metrics.rs`); spans in `span.rs`/`otel.rs`; the per-request
+//!   record in `record.rs`. It takes plain values and imports neither admission nor upstream.
 //!
-//! Still to come (see `docs/architecture.md`): course prompt assembly in `prompt`.
+//! Beside the pipeline: [`config`] (one file per section: raw struct, typed struct,
+//! validation), [`lane`] (the `Lane` enum, a leaf), [`error`] ([`error::GatewayError`] and its
+//! one mapping to HTTP), [`server`] (wiring, the serve loop, graceful shutdown, `--with-sim`).
+//! `tests/layering.rs` keeps this shape: no import loops, nothing below `api` imports it.
 #![forbid(unsafe_code)]
 
 pub mod admission;

@@ -13,9 +13,9 @@ use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::budget::Limits;
 use super::error::AdmissionError;
 use super::guard::{LaneGuard, Reservation};
-use super::limits::Limits;
 use super::state::State;
 use crate::config::{Config, Policy};
 use crate::lane::Lane;

@@ -35,9 +35,9 @@
 //! Files: `limits.rs` (what fits), `state.rs` (counters and queues), `local.rs` (waiting and
 //! handing out guards), `guard.rs`, `snapshot.rs`, `error.rs`, `redis/` (the shared quota).
 
+mod budget;
 mod error;
 mod guard;
-mod limits;
 mod local;
 pub mod redis;
 pub mod session;

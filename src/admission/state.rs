@@ -8,8 +8,8 @@ use std::collections::VecDeque;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::budget::Usage;
 use super::guard::LaneGuard;
-use super::limits::Usage;
 use crate::lane::Lane;
 use crate::telemetry::{AdmissionSnapshot, LaneSnapshot};
 

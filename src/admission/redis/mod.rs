@@ -67,7 +67,7 @@ use tokio_util::task::TaskTracker;
 pub use keys::Keys;
 pub(crate) use shared::LeaseRelease;
 
-use super::limits::Limits;
+use super::budget::Limits;
 use super::{AdmissionError, AdmissionSnapshot, LaneGuard, LocalAdmission};
 use crate::config::{Config, OnRedisDown, Policy};
 use crate::lane::Lane;

@@ -1,5 +1,5 @@
-//! The limits a policy enforces, taken from config: what "fits" means and which queue a lane
-//! waits in.
+//! The token budget and seat check: the limits a policy enforces, taken from config, what "fits"
+//! means (a seat free and the tokens within the lane and global budgets) and which queue a lane waits in.
 
 use std::time::Duration;
 
