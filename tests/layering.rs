@@ -274,7 +274,7 @@ fn graph(files: &BTreeMap<String, String>) -> BTreeMap<String, BTreeSet<String>>
         for path in absolute_paths(src, &me) {
             let target = (0..=path.len())
                 .rev()
-                .find_map(|n| by_mod.get(&path[..n].to_vec()));
+                .find_map(|n| by_mod.get(&path[..n]));
             if let Some(target) = target {
                 if *target != file {
                     deps.insert((*target).clone());

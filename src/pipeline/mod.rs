@@ -50,8 +50,6 @@ pub struct Job {
     pub max_tokens: Option<u32>,
     /// The JSON body to send upstream.
     pub body: Map<String, Value>,
-    /// The request's measurements (id, route, arrival), written when it ends.
-    pub record: RequestRecord,
     /// The session this request continues (`/answer` `session_id`, `/v1` `x-session-id`).
     pub session: Option<String>,
 }
@@ -81,11 +79,11 @@ pub async fn answer(state: AppState, headers: HeaderMap, input: AnswerInput) -> 
         Ok(r) => r,
         Err(e) => return rejected(record, e),
     };
-    let job = match prompt::answer_job(&state, req, record) {
+    let job = match prompt::answer_job(&state, req) {
         Ok(job) => job,
-        Err(prompt::Failed(e, record)) => return rejected(record, e),
+        Err(e) => return rejected(record, e),
     };
-    match start(&state, job, Format::Answer).await {
+    match start(&state, job, record, Format::Answer).await {
         Ok(relay) => with_id(
             sse_response(Body::from_stream(relay.into_sse())),
             &request_id,
@@ -120,8 +118,8 @@ pub async fn openai(
         continuous_usage: req.continuous_usage,
     };
     let stream = req.stream;
-    let job = prompt::openai_job(&state, route, &headers, req, record);
-    let relay = match start(&state, job, format).await {
+    let job = prompt::openai_job(&state, route, &headers, req);
+    let relay = match start(&state, job, record, format).await {
         Ok(r) => r,
         Err(e) => return with_id(e.into_response(), &request_id),
     };
@@ -137,15 +135,19 @@ pub async fn openai(
 }
 
 /// Classify, admit and send `job`, until the upstream stream starts. A failure is written to
-/// the request's record here; the relay writes it after that. A client that goes away meanwhile
+/// the request's `record` (id, route, arrival; written when it ends) here; the relay writes it after that. A client that goes away meanwhile
 /// drops the record, which counts it as cancelled where it was.
-pub async fn start(state: &AppState, job: Job, format: Format) -> Result<Relay, GatewayError> {
+pub async fn start(
+    state: &AppState,
+    job: Job,
+    mut record: RequestRecord,
+    format: Format,
+) -> Result<Relay, GatewayError> {
     let Job {
         endpoint,
         input,
         max_tokens,
         mut body,
-        mut record,
         session,
     } = job;
     let model = body

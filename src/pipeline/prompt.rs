@@ -17,15 +17,11 @@ use crate::classify::PromptInput;
 use crate::error::GatewayError;
 use crate::lane::Lane;
 use crate::prompt::canonical_value;
-use crate::telemetry::{RequestRecord, Route};
+use crate::telemetry::Route;
 use crate::upstream::Endpoint;
 
 /// The `/answer` job: course prefix (if any), then the student's messages.
-pub fn answer_job(
-    state: &AppState,
-    req: AnswerRequest,
-    record: RequestRecord,
-) -> Result<Job, Failed> {
+pub fn answer_job(state: &AppState, req: AnswerRequest) -> Result<Job, GatewayError> {
     let AnswerRequest {
         messages,
         messages_json,
@@ -35,13 +31,10 @@ pub fn answer_job(
     } = req;
     let (messages, messages_json, tools) = match course_id.as_deref() {
         None => (messages, messages_json, None),
-        Some(id) => match with_course(state, id, messages_json) {
-            Ok((json, tools)) => match parse::typed(json.clone()) {
-                Ok(typed) => (typed, json, tools),
-                Err(e) => return Err(Failed(e, record)),
-            },
-            Err(e) => return Err(Failed(e, record)),
-        },
+        Some(id) => {
+            let (json, tools) = with_course(state, id, messages_json)?;
+            (parse::typed(json.clone())?, json, tools)
+        }
     };
     let mut body = Map::new();
     body.insert("messages".into(), messages_json);
@@ -56,14 +49,9 @@ pub fn answer_job(
         input: PromptInput::Chat(messages),
         max_tokens: max_output_tokens,
         body,
-        record,
         session: session_id,
     })
 }
-
-/// A request that failed in the prompt step, with its record still to be written.
-#[derive(Debug)]
-pub struct Failed(pub GatewayError, pub RequestRecord);
 
 /// Course `id`'s messages (stable prefix first, then `student`) and its tools.
 fn with_course(
@@ -94,7 +82,6 @@ pub fn openai_job(
     route: Route,
     headers: &HeaderMap,
     mut req: OpenAiRequest,
-    record: RequestRecord,
 ) -> Job {
     if route == Route::ChatCompletions && state.config().prefix_cache.canonicalize_tools {
         // Same schemas, same tokens: key order must not break vLLM's prefix cache (M17).
@@ -111,7 +98,6 @@ pub fn openai_job(
         input: req.input,
         max_tokens: req.max_tokens,
         body: req.body,
-        record,
         session: headers
             .get("x-session-id")
             .and_then(|v| v.to_str().ok())
