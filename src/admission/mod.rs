@@ -7,7 +7,7 @@
 //!   (not counting the idle reservations of lanes that do not `lend`). Small does not lend, so
 //!   long work never sits in its reservation; large does not borrow, so long work stays bounded.
 //!   A lent seat returns to its owner's next request at once; nothing is pre-empted. Token
-//!   budgets per lane and global hold throughout (see `limits.rs`).
+//!   budgets per lane and global hold throughout (see `budget.rs`).
 //! - `strict`: the seed's literal caps: `max_concurrency` is a hard cap per lane.
 //! - `fifo` (the baseline): one queue, one concurrency limit or none; no token budget. Counters
 //!   are still kept per lane, so metrics compare the policies lane by lane.
@@ -32,8 +32,11 @@
 //! [`RedisAdmission`] (`quota.backend = "redis"`: the same limits shared by every replica
 //! through Redis, with a local fallback while Redis is down; see [`redis`]).
 //!
-//! Files: `limits.rs` (what fits), `state.rs` (counters and queues), `local.rs` (waiting and
-//! handing out guards), `guard.rs`, `snapshot.rs`, `error.rs`, `redis/` (the shared quota).
+//! Files: `budget.rs` (the seat and token budget check: what fits), `state.rs` (counters and
+//! queues), `local.rs` (waiting and handing out guards), `guard.rs` (the RAII guard and the
+//! trait its backends implement), `session.rs` (output per session, for continuations),
+//! `error.rs`, `redis/` (the shared quota). Counters leave as a plain
+//! [`AdmissionSnapshot`] (defined in telemetry, which renders it).
 
 mod budget;
 mod error;

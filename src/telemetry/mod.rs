@@ -8,6 +8,9 @@
 //! - [`request_log`]: one JSON line per finished request.
 //! - [`prefix_metrics`], [`drift`]: per-fingerprint prefix-cache metrics and drift (M18, M19).
 //! - [`otel`]: logging and OpenTelemetry set-up, W3C trace-context propagation.
+//!
+//! Telemetry takes plain values ([`UpstreamView`], [`AdmissionSnapshot`]) and imports neither
+//! admission nor upstream (checked by `tests/layering.rs`).
 
 pub mod drift;
 pub mod latency;

@@ -1,4 +1,6 @@
-//! Point-in-time counters, for metrics (`tutor_gateway_lane_*` gauges) and tests.
+//! Point-in-time admission counters as plain values: admission fills them, the metrics render
+//! them (`tutor_gateway_lane_*` gauges), tests read them. Defined here so that telemetry needs
+//! nothing from admission.
 
 use crate::lane::Lane;
 
