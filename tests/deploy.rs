@@ -95,7 +95,7 @@ const GATEWAY_SERIES: &[&str] = &[
     "tutor_gateway_lane_queue_depth",
 ];
 
-/// vLLM's `/metrics` (`/work/shared/docs/vllm-interface.md`, V1 engine).
+/// vLLM's `/metrics` (`docs/vllm-interface.md`, "Prometheus metrics"; V1 engine).
 const VLLM_HISTOGRAMS: &[&str] = &[
     "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds",

@@ -44,12 +44,14 @@ async fn the_engine_never_sees_more_than_four_large_requests() {
             "every large request finishes"
         );
     }
+    // A limit, not a peak: how many overlap depends on timing. That the four are reached is
+    // `small_requests_are_admitted_while_large_ones_queue_and_queued_clients_can_leave`.
     let seen = h.sim.engine.snapshot().max_running_seen;
-    assert_eq!(
-        seen, 4,
+    assert!(
+        (1..=4).contains(&seen),
         "lanes 32/20/4: the engine saw {seen} large requests at once"
     );
-    assert!(h.idle());
+    eventually("every lane back to zero", || h.idle()).await;
     h.shutdown().await;
 }
 
@@ -72,10 +74,12 @@ async fn fill_large_lane(h: &Harness) -> Vec<reqwest::Response> {
 
 #[tokio::test]
 async fn small_requests_are_admitted_while_large_ones_queue_and_queued_clients_can_leave() {
+    // Real speed: each blocker's 5,000 tokens take about half a minute, so they hold the lane
+    // for the whole test however slow the machine (at speed 5 they had about five seconds).
     let h = harness(
         &[
             "--speed",
-            "5",
+            "1",
             "--profile",
             "tiny-test",
             "--num-gpu-blocks",
@@ -216,13 +220,17 @@ async fn a_client_leaving_mid_stream_aborts_and_records_tokens_relayed() {
     h.shutdown().await;
 }
 
-/// One engine seat, held by a blocker; a large then a small request queue in the engine.
-/// Returns which finished first.
-async fn first_finished(engine_priority: bool) -> &'static str {
+/// One engine seat, held by a blocker; a large then a small request queue in the engine, the
+/// blocker leaves. Returns which of the two got the seat.
+///
+/// Real speed and long answers, so whoever holds the seat keeps it for seconds: the other one
+/// cannot produce a token meanwhile, and the first token seen tells who was scheduled first,
+/// however slowly the machine runs.
+async fn first_served(engine_priority: bool) -> &'static str {
     let h = harness(
         &[
             "--speed",
-            "20",
+            "1",
             "--profile",
             "tiny-test",
             "--max-num-seqs",
@@ -234,24 +242,35 @@ async fn first_finished(engine_priority: bool) -> &'static str {
     )
     .await;
     let url = h.url("/v1/chat/completions");
+    // 4,000 tokens (medium work): about twenty seconds on the seat.
     let blocker = tokio::spawn(stream_to_end(
         url.clone(),
-        json!({"messages": [{"role": "user", "content": "block"}], "max_tokens": 200, "ignore_eos": true, "stream": true}),
+        json!({"messages": [{"role": "user", "content": "block"}], "max_tokens": 4000, "ignore_eos": true, "stream": true}),
     ));
     eventually("blocker running", || h.sim_running() == 1).await;
-    let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let served = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for (name, body) in [
-        ("large", large_body("review", 5)),
+        ("large", large_body("review", 1000)),
         (
             "small",
-            json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 5, "ignore_eos": true, "stream": true}),
+            // 1,000 tokens of output is still small work (at most 1,200).
+            json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 1000, "ignore_eos": true, "stream": true}),
         ),
     ] {
-        let (url, done) = (url.clone(), done.clone());
+        let (url, served) = (url.clone(), served.clone());
         tasks.push(tokio::spawn(async move {
-            stream_to_end(url, body).await;
-            done.lock().unwrap().push(name);
+            let resp = client().post(url).json(&body).send().await.unwrap();
+            let mut stream = resp.bytes_stream();
+            let mut text = String::new();
+            while !text.contains("\"content\":\" ") {
+                let Some(chunk) = stream.next().await else {
+                    return;
+                };
+                text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+            }
+            served.lock().unwrap().push(name);
+            while stream.next().await.is_some() {}
         }));
         let waiting = if name == "large" { 1 } else { 2 };
         eventually("queued in the engine", || {
@@ -259,24 +278,32 @@ async fn first_finished(engine_priority: bool) -> &'static str {
         })
         .await;
     }
+    blocker.abort();
+    eventually("one of the two got the seat", || {
+        !served.lock().unwrap().is_empty()
+    })
+    .await;
+    let engine = h.sim.engine.snapshot();
+    assert_eq!((engine.running, engine.waiting), (1, 1), "{engine:?}");
+    let first = served.lock().unwrap().clone();
+    assert_eq!(first.len(), 1, "the other one is still waiting: {first:?}");
     for t in tasks {
-        t.await.unwrap();
+        t.abort();
     }
-    blocker.await.unwrap();
+    eventually("every lane back to zero", || h.idle()).await;
     h.shutdown().await;
-    let first = done.lock().unwrap()[0];
-    first
+    first[0]
 }
 
 #[tokio::test]
 async fn engine_priority_lets_a_short_question_overtake_queued_long_work() {
     assert_eq!(
-        first_finished(false).await,
+        first_served(false).await,
         "large",
         "without it the engine serves arrival order"
     );
     assert_eq!(
-        first_finished(true).await,
+        first_served(true).await,
         "small",
         "with it small (priority 0) goes before large (2)"
     );

@@ -322,11 +322,10 @@ async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
         a.state.admission().snapshot().is_idle() && b.state.admission().snapshot().is_idle()
     })
     .await;
-    for _ in 0..100 {
-        let u = usage(&mut conn).await;
-        if u.values().all(|v| *v == 0) {
-            break;
-        }
+    // 30 s: only a guard against a leak.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !usage(&mut conn).await.values().all(|v| *v == 0) && std::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let u = usage(&mut conn).await;
@@ -363,15 +362,51 @@ async fn a_continue_chain_spread_over_two_replicas_counts_as_one_session_in_redi
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         gateways.push(tutor_gateway::server::start(c, listener).unwrap());
     }
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // The session's output counter in Redis (one session in this test: one key).
+    let counted = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("tg:v1:{quota}:session:*")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert!(keys.len() <= 1, "one session: {keys:?}");
+            let mut total = 0;
+            for k in keys {
+                let v: Option<i64> = redis::cmd("GET")
+                    .arg(&k)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                total += v.unwrap_or(0);
+            }
+            total
+        }
+    };
     let mut lanes = Vec::new();
     for i in 0..6 {
+        let before = counted(&mut conn).await;
         // Alternate replicas: only a shared count can see the whole chain.
         let url = format!("{}/answer", gateways[i % 2].url());
         let text = post_text(url, &json!({"prompt": format!("continue {i}"), "max_output_tokens": 100, "session_id": "shared-student"})).await;
         let events = sse(&text);
         lanes.push(json(&events[0].1)["lane"].as_str().unwrap().to_owned());
-        // The count is added in the background when a request ends.
-        tokio::time::sleep(Duration::from_millis(30)).await;
+        // The count is added in the background when a request ends: wait for it (30 s: only
+        // a guard), so the next request is classified with it whatever the timing.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while counted(&mut conn).await <= before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "request {i}'s output was never counted in Redis"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
     assert_eq!(
         lanes,

@@ -122,6 +122,19 @@ async fn quota_is_empty(conn: &mut redis::aio::MultiplexedConnection) -> bool {
     leases.is_empty() && usage.values().all(|v| *v == 0)
 }
 
+/// Waits until every counter is back to zero and no lease is left; the 30 s are only a guard
+/// against a leak, never a measurement.
+async fn quota_drains(conn: &mut redis::aio::MultiplexedConnection, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !quota_is_empty(conn).await {
+        if Instant::now() > deadline {
+            let (usage, leases) = read_quota(conn).await;
+            panic!("{what}: usage {usage:?}, leases {leases:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_burst_through_two_gateways_never_exceeds_a_shared_limit() {
     let redis = RedisServer::start();
@@ -137,23 +150,23 @@ async fn a_burst_through_two_gateways_never_exceeds_a_shared_limit() {
     let checker = {
         let (stop, mut conn) = (stop.clone(), conn.clone());
         tokio::spawn(async move {
-            let (mut readings, mut peak) = (0u64, [0i64; 3]);
-            while !stop.load(Ordering::Acquire) {
+            let mut readings = 0u64;
+            loop {
+                // Read before looking at `stop`: at least one reading, however the tasks run.
+                let done = stop.load(Ordering::Acquire);
                 let (usage, leases) = read_quota(&mut conn).await;
-                let n = check(&usage, &leases);
-                for i in 0..3 {
-                    peak[i] = peak[i].max(n[i]);
-                }
+                check(&usage, &leases);
                 readings += 1;
+                if done {
+                    break readings;
+                }
             }
-            (readings, peak)
         })
     };
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(1_100)
         .build()
         .unwrap();
-    let started = Instant::now();
     let requests: Vec<_> = (0..1_000)
         .map(|i| {
             let (words_n, max_tokens) = match i % 20 {
@@ -172,13 +185,12 @@ async fn a_burst_through_two_gateways_never_exceeds_a_shared_limit() {
         *statuses.entry(r.await.unwrap()).or_insert(0) += 1;
     }
     stop.store(true, Ordering::Release);
-    let (readings, peak) = checker.await.unwrap();
+    let readings = checker.await.unwrap();
     assert_eq!(statuses.get(&200), Some(&1_000), "statuses: {statuses:?}");
-    assert!(started.elapsed() < Duration::from_secs(60));
-    assert!(readings > 20, "the checker read Redis {readings} times");
-    // The lanes did fill up, so the limits were really tested.
-    assert_eq!(peak[0], 32, "small lane peak {peak:?}");
-    assert_eq!(peak[2], 4, "large lane peak {peak:?}");
+    // Every reading passed `check` (no lane above its limits, counters equal to live leases).
+    // How full the lanes got depends on scheduling; that a limit is reached is tested
+    // deterministically by `the_large_limit_is_reached_and_the_rest_wait`.
+    assert!(readings >= 1, "the checker read Redis");
     let seen = sim.engine.snapshot().max_running_seen;
     assert!(
         seen <= 56,
@@ -190,13 +202,7 @@ async fn a_burst_through_two_gateways_never_exceeds_a_shared_limit() {
         })
         .await;
     }
-    for _ in 0..100 {
-        if quota_is_empty(&mut conn).await {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(quota_is_empty(&mut conn).await, "every lease released");
+    quota_drains(&mut conn, "every lease released").await;
     for gw in gws {
         gw.shutdown().await;
     }
@@ -222,10 +228,94 @@ async fn the_engine_never_sees_more_large_requests_than_the_shared_limit() {
         assert_eq!(r.await.unwrap(), 200);
     }
     let seen = sim.engine.snapshot().max_running_seen;
-    assert_eq!(
-        seen, 4,
-        "two replicas, one large limit of 4: the engine saw {seen}"
+    assert!(
+        (1..=4).contains(&seen),
+        "two replicas, one large limit of 4: the engine saw {seen} at once"
     );
+    for gw in &gws {
+        eventually("each gateway idle", || {
+            gw.state.admission().snapshot().is_idle()
+        })
+        .await;
+    }
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    quota_drains(&mut conn, "every lease released").await;
+    eventually("the engine is empty", || sim.engine.snapshot().running == 0).await;
+    for gw in gws {
+        gw.shutdown().await;
+    }
+}
+
+/// Forty large requests through two replicas against an engine that answers the first token
+/// after ten minutes: none can finish while the test runs, so the shared limit is reached
+/// exactly, whatever the timing: four run in the engine and hold the four leases, the other
+/// thirty-six wait in the gateways' queues. When the clients leave, everything goes back to zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_large_limit_is_reached_and_the_rest_wait() {
+    let redis = RedisServer::start();
+    let held = [
+        "--profile",
+        "fixed",
+        "--fixed-ttft-ms",
+        "600000",
+        "--fixed-itl-ms",
+        "600000",
+    ];
+    let sim = vllm_sim::start(&SimArgs::for_test(&held)).await.unwrap();
+    let mut cfg = config(&sim, &redis);
+    // Nothing but the clients may end a held request.
+    cfg.upstream.first_token_timeout = Duration::from_secs(3_600);
+    cfg.upstream.idle_timeout = Duration::from_secs(3_600);
+    cfg.upstream.total_timeout = Duration::from_secs(3_600);
+    let gws = [gateway(cfg.clone()).await, gateway(cfg).await];
+    let http = reqwest::Client::new();
+    let clients: Vec<_> = (0..40)
+        .map(|i| {
+            let url = format!("{}/v1/chat/completions", gws[i % 2].url());
+            let (http, b) = (http.clone(), body(200, 64, &format!("h{i}")));
+            tokio::spawn(async move { post(&http, url, b).await })
+        })
+        .collect();
+    let lane = |gw: &Gateway| *gw.state.admission().snapshot().lane(Lane::Large);
+    eventually("4 large requests in the engine, 36 queued", || {
+        let queued: u32 = gws.iter().map(|gw| lane(gw).queue_depth).sum();
+        sim.engine.snapshot().running == 4 && queued == 36
+    })
+    .await;
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let (usage, leases) = read_quota(&mut conn).await;
+    assert_eq!(check(&usage, &leases), [0, 0, 4], "usage {usage:?}");
+    let in_flight: u32 = gws.iter().map(|gw| lane(gw).in_flight).sum();
+    assert_eq!(
+        in_flight, 4,
+        "the replicas hold the four leases between them"
+    );
+    let engine = sim.engine.snapshot();
+    assert_eq!(
+        (engine.running, engine.max_running_seen),
+        (4, 4),
+        "{engine:?}"
+    );
+    assert!(
+        clients.iter().all(|c| !c.is_finished()),
+        "no request was answered or turned away"
+    );
+
+    // The clients leave: queued ones leave the queues, running ones are aborted in the engine.
+    for c in &clients {
+        c.abort();
+    }
+    for gw in &gws {
+        eventually("each gateway idle", || {
+            gw.state.admission().snapshot().is_idle()
+        })
+        .await;
+    }
+    quota_drains(&mut conn, "every lease released").await;
+    eventually("the engine is empty", || sim.engine.snapshot().running == 0).await;
+    assert_eq!(sim.engine.snapshot().max_running_seen, 4);
     for gw in gws {
         gw.shutdown().await;
     }
@@ -241,30 +331,34 @@ async fn a_crashed_replicas_capacity_comes_back_within_the_lease_ttl() {
     let Admission::Redis(a) = Admission::build(&cfg, metrics.quota().clone()).unwrap() else {
         panic!("redis backend")
     };
+    // Every lease expires at least one TTL after this instant (Redis stamps it on acquire).
+    let before_acquire = Instant::now();
     let mut held = Vec::new();
     for _ in 0..4 {
         held.push(a.acquire(Lane::Large, 300).await.unwrap());
     }
     a.abandon();
     drop(held);
-    let killed_at = Instant::now();
-    // Replica B's large request waits for the expired leases, then gets in.
+    // Replica B's large request waits for the expired leases, then gets in. Without reaping
+    // it would wait out the 60 s queue timeout and fail; the guard below is far shorter.
     let b = gateway(cfg.clone()).await;
-    let status = post(
-        &reqwest::Client::new(),
-        format!("{}/v1/chat/completions", b.url()),
-        body(200, 4, "after-crash"),
+    let status = tokio::time::timeout(
+        Duration::from_secs(30),
+        post(
+            &reqwest::Client::new(),
+            format!("{}/v1/chat/completions", b.url()),
+            body(200, 4, "after-crash"),
+        ),
     )
-    .await;
-    let waited = killed_at.elapsed();
+    .await
+    .expect("B got in once A's leases expired");
+    let waited = before_acquire.elapsed();
     assert_eq!(status, 200);
+    // A lower bound is structural: no lease can be reaped before it expires. (50 ms of slack
+    // for Redis's millisecond clock against the monotonic one.)
     assert!(
-        waited >= Duration::from_millis(700),
-        "it had to wait for the TTL: {waited:?}"
-    );
-    assert!(
-        waited < cfg.quota.lease_ttl + Duration::from_millis(1_000),
-        "within the TTL: {waited:?}"
+        waited >= cfg.quota.lease_ttl - Duration::from_millis(50),
+        "B got in before A's leases expired: {waited:?}"
     );
     assert!(
         b.state.metrics().quota().reaped_total() >= 4,
@@ -272,8 +366,7 @@ async fn a_crashed_replicas_capacity_comes_back_within_the_lease_ttl() {
     );
     let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(quota_is_empty(&mut conn).await);
+    quota_drains(&mut conn, "B released its lease").await;
     b.shutdown().await;
 }
 
@@ -320,6 +413,11 @@ async fn redis_down_fails_open_and_the_gateway_returns_to_redis_when_it_is_back(
     let quota = gw.state.metrics().quota().clone();
     eventually("degraded", || quota.degraded()).await;
     assert_eq!(readyz(&http, &gw).await, (200, "degraded".to_owned()));
+    assert_eq!(
+        post(&http, url.clone(), body(10, 4, "during-outage")).await,
+        200,
+        "admitted while Redis is down"
+    );
     let metrics = http
         .get(format!("{}/metrics", gw.url()))
         .send()
@@ -339,33 +437,31 @@ async fn redis_down_fails_open_and_the_gateway_returns_to_redis_when_it_is_back(
     // Requests go through Redis again.
     let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let mut used_redis = false;
-    for _ in 0..200 {
+    // The workers keep sending; one of their leases shows up in Redis (30 s: only a guard).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
         let (usage, _) = read_quota(&mut conn).await;
         if usage.get("small:n").copied().unwrap_or(0) > 0 {
-            used_redis = true;
             break;
         }
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert!(
+            Instant::now() < deadline,
+            "admissions are counted in Redis again"
+        );
+        tokio::task::yield_now().await;
     }
-    assert!(used_redis, "admissions are counted in Redis again");
     stop.store(true, Ordering::Release);
     let mut statuses = Vec::new();
     for w in workers {
         statuses.extend(w.await.unwrap());
     }
-    assert!(
-        statuses.len() > 50,
-        "requests kept flowing: {}",
-        statuses.len()
-    );
+    assert!(!statuses.is_empty(), "the workers sent requests");
     assert!(
         statuses.iter().all(|s| *s == 200),
         "every request succeeded under fail_open"
     );
     eventually("gateway idle", || gw.state.admission().snapshot().is_idle()).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(quota_is_empty(&mut conn).await, "nothing leaked in Redis");
+    quota_drains(&mut conn, "nothing leaked in Redis").await;
     gw.shutdown().await;
 }
 

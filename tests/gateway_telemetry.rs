@@ -211,13 +211,15 @@ async fn histograms_count_each_lane_and_the_log_has_one_line_per_request() {
 
 #[tokio::test]
 async fn a_client_leaving_the_queue_is_counted_at_stage_queued() {
-    let h = harness(&["--speed", "5", "--profile", "tiny-test"], |c| {
+    // Real speed: the blocker's 1,000 tokens (still small work) hold the only small slot for
+    // about five seconds, far longer than queueing the second request takes.
+    let h = harness(&["--speed", "1", "--profile", "tiny-test"], |c| {
         set_lane(c, tutor_gateway::classify::Lane::Small, 1)
     })
     .await;
     let blocker = client()
         .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 500, "ignore_eos": true, "stream": true}))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "ignore_eos": true, "stream": true}))
         .send()
         .await
         .unwrap();
@@ -231,8 +233,22 @@ async fn a_client_leaving_the_queue_is_counted_at_stage_queued() {
     queued.abort();
     drop(blocker);
     eventually("idle", || h.idle()).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let text = h.metrics_text().await;
+    // The counters may be bumped just after the lane empties: wait for them (30 s: a guard).
+    let queued_series = "tutor_gateway_cancellations_total{lane=\"small\",stage=\"queued\"}";
+    let decode_series = "tutor_gateway_cancellations_total{lane=\"small\",stage=\"decode\"}";
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut text = h.metrics_text().await;
+    let value = |text: &str, series: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    while !(value(&text, queued_series) == Some(1.0) && value(&text, decode_series) == Some(1.0))
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        text = h.metrics_text().await;
+    }
     assert_eq!(
         metric(
             &text,

