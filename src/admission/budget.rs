@@ -181,7 +181,7 @@ impl Limits {
                 max_concurrency, ..
             } => {
                 let total: u32 = usage.iter().map(|u| u.in_flight).sum();
-                max_concurrency.map_or(true, |max| total < max)
+                max_concurrency.is_none_or(|max| total < max)
             }
         }
     }

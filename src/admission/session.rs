@@ -6,7 +6,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use sha2::{Digest, Sha256};
 
@@ -115,7 +117,7 @@ impl SessionLedger {
 mod tests {
     use super::*;
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn output_accumulates_per_session_and_expires() {
         let ledger = SessionLedger::new(Duration::from_millis(50));
         ledger.add("a", 100);
@@ -124,7 +126,7 @@ mod tests {
         assert_eq!(ledger.output("a").await, 220);
         assert_eq!(ledger.output("b").await, 7);
         assert_eq!(ledger.output("c").await, 0);
-        tokio::time::sleep(Duration::from_millis(60)).await;
+        tokio::time::advance(Duration::from_millis(60)).await;
         assert_eq!(ledger.output("a").await, 0);
         ledger.add("a", 5);
         assert_eq!(ledger.output("a").await, 5, "a new window starts from zero");

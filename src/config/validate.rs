@@ -145,7 +145,7 @@ fn upstream(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
     let host = base_url
         .strip_prefix("http://")
         .or_else(|| base_url.strip_prefix("https://"));
-    if host.map_or(true, |h| h.trim_end_matches('/').is_empty()) {
+    if host.is_none_or(|h| h.trim_end_matches('/').is_empty()) {
         c.fail(
             "upstream.base_url",
             "must be an http:// or https:// URL with a host",

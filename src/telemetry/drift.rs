@@ -94,7 +94,7 @@ impl DriftDetector {
         if p.samples >= self.rule.min_samples && value > self.rule.factor * p.ewma {
             let log = p
                 .last_logged
-                .map_or(true, |t| now.duration_since(t) >= self.rule.log_window);
+                .is_none_or(|t| now.duration_since(t) >= self.rule.log_window);
             if log {
                 p.last_logged = Some(now);
             }

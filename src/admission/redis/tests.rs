@@ -120,14 +120,16 @@ async fn acquire_checks_slots_lane_tokens_and_global_tokens() {
 #[tokio::test]
 async fn expired_leases_are_reaped_and_renewed_ones_are_not() {
     let mut f = fixture().await;
+    // "short" lives 100 ms; "kept" 10 s, renewed for 10 s each round, so no pause of this
+    // process can let it expire, while three 60 ms sleeps always outlast "short".
     f.acquire("short", Lane::Small, 100, 100, 10_000).await;
-    f.acquire("kept", Lane::Small, 100, 100, 10_000).await;
+    f.acquire("kept", Lane::Small, 100, 10_000, 10_000).await;
     let mut reaped = 0;
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(60)).await;
         let r = f
             .scripts
-            .renew(&mut f.conn, &f.keys, 100, &["kept".to_owned()])
+            .renew(&mut f.conn, &f.keys, 10_000, &["kept".to_owned()])
             .await
             .unwrap();
         assert_eq!(r.renewed, 1);

@@ -27,7 +27,7 @@ impl AnswerRequest {
                 Some("turns"),
             ));
         }
-        let blank = |s: &Option<String>| s.as_deref().map_or(true, |s| s.trim().is_empty());
+        let blank = |s: &Option<String>| s.as_deref().is_none_or(|s| s.trim().is_empty());
         if blank(&body.prompt) && blank(&body.code) {
             return Err(GatewayError::bad_request(
                 "a course request needs a `prompt` (the question) or `code`",
