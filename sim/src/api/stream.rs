@@ -144,9 +144,13 @@ pub fn sse_body(
 
         // Faults that cut the stream short.
         let stall_at = f.stall_after.filter(|s| st.sent + new > *s);
-        let error_at = f
-            .error_after
-            .filter(|e| st.sent + new >= *e && finished.is_none());
+        // The error comes once the answer passes the threshold, also when the same batch
+        // finishes it (a slow reader gets the threshold and the finish together); an answer of
+        // exactly the threshold's length that finishes there ends normally.
+        let error_at = f.error_after.filter(|e| {
+            let reached = st.sent + new;
+            reached > *e || (reached == *e && finished.is_none())
+        });
         if let Some(limit) = stall_at.or(error_at) {
             new = limit.saturating_sub(st.sent);
         }

@@ -161,7 +161,7 @@ mod tests {
                 duration: Duration::from_secs(120),
             },
         );
-        // Published: about 12,500 output tokens/s (vllm-interface.md); allow 15%.
+        // Published: about 12,500 output tokens/s (docs/vllm-interface.md); allow 15%.
         assert!(
             (10_600.0..14_400.0).contains(&r.output_tokens_per_s),
             "{r:?}"
