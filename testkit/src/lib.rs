@@ -19,29 +19,19 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// Sends `request` and reads the whole answer as text.
+pub async fn send_text(request: reqwest::RequestBuilder) -> String {
+    request.send().await.unwrap().text().await.unwrap()
+}
+
 /// POSTs `body` as JSON and reads the whole answer as text.
 pub async fn post_text(url: impl reqwest::IntoUrl, body: &Value) -> String {
-    client()
-        .post(url)
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    send_text(client().post(url).json(body)).await
 }
 
 /// GETs `url` and reads the whole answer as text.
 pub async fn get_text(url: impl reqwest::IntoUrl) -> String {
-    client()
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    send_text(client().get(url)).await
 }
 
 /// GETs `url` and parses the answer as JSON.
@@ -106,6 +96,17 @@ pub fn sse_events(body: &str) -> Vec<String> {
     let framed: String = data.iter().map(|d| format!("data: {d}\n\n")).collect();
     assert_eq!(framed, body, "vLLM framing: one `data: ` line per event");
     data
+}
+
+/// Words of generated text in one chat completion chunk (`choices[0].delta.content`), given as
+/// its SSE `data` payload.
+pub fn delta_words(data: &str) -> usize {
+    let v: Value = serde_json::from_str(data).unwrap();
+    v["choices"][0]["delta"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .split_whitespace()
+        .count()
 }
 
 /// The Prometheus text exposition at `{base_url}/metrics`.

@@ -14,7 +14,7 @@ use tutor_gateway::config::Config;
 use tutor_gateway::server::Gateway;
 use vllm_sim::{SimArgs, SimServer};
 
-pub use tutor_testkit::{client, family_total, get_text, metric, post_text, sse, words};
+pub use tutor_testkit::{client, family_total, get_text, metric, post_text, send_text, sse, words};
 
 pub struct Harness {
     pub sim: SimServer,
