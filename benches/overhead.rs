@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use tutor_wire::sse::SseParser;
 use vllm_sim::SimArgs;
 
 fn env_or(name: &str, default: u64) -> u64 {
@@ -73,8 +74,16 @@ async fn one(client: &reqwest::Client, url: &str, body: &serde_json::Value, out:
     };
     let mut stream = resp.bytes_stream();
     let mut last: Option<Instant> = None;
+    let mut parser = SseParser::default();
     while let Some(Ok(chunk)) = stream.next().await {
-        if !chunk.windows(9).any(|w| w == b"\"content\"") {
+        if parser.feed(&chunk).is_err() {
+            break;
+        }
+        let mut content = false;
+        while let Some(data) = parser.pop() {
+            content |= data.windows(9).any(|w| w == b"\"content\"");
+        }
+        if !content {
             continue;
         }
         let now = Instant::now();

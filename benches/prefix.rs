@@ -25,6 +25,8 @@ use tokio_util::task::TaskTracker;
 use tutor_gateway::config::Config;
 use tutor_gateway::prompt::Course;
 use tutor_gateway::telemetry::RequestLog;
+use tutor_testkit::words;
+use tutor_wire::sse::SseParser;
 use vllm_sim::SimArgs;
 
 fn env_or(name: &str, default: f64) -> f64 {
@@ -40,14 +42,6 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
     }
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[((v.len() - 1) as f64 * q).round() as usize]
-}
-
-fn words(n: usize, salt: &str) -> String {
-    let mut s = String::from(salt);
-    for i in 0..n {
-        s.push_str([" cat", " dog", " map", " key", " fn", " let"][i % 6]);
-    }
-    s
 }
 
 fn tools() -> Value {
@@ -103,15 +97,11 @@ async fn one(client: &reqwest::Client, url: &str, body: &Value) -> Option<Sample
     }
     let mut stream = resp.bytes_stream();
     let (mut ttft, mut prompt, mut cached) = (None, 0, 0);
-    let mut buf = String::new();
+    let mut parser = SseParser::default();
     while let Some(chunk) = stream.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk.ok()?));
-        while let Some(i) = buf.find('\n') {
-            let line: String = buf.drain(..=i).collect();
-            let Some(data) = line.trim().strip_prefix("data: ") else {
-                continue;
-            };
-            let Ok(v) = serde_json::from_str::<Value>(data) else {
+        parser.feed(&chunk.ok()?).ok()?;
+        while let Some(data) = parser.pop() {
+            let Ok(v) = serde_json::from_slice::<Value>(&data) else {
                 continue;
             };
             if ttft.is_none() && v["choices"].as_array().is_some_and(|c| !c.is_empty()) {

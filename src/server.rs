@@ -129,6 +129,7 @@ impl Gateway {
 
 /// Starts the bundled simulator as the upstream of `config` (for `serve --with-sim`) and points
 /// `config.upstream.base_url` at it. `extra` are more `vllm-sim` flags.
+#[cfg(feature = "sim")]
 pub async fn start_sim(
     config: &mut Config,
     extra: &[String],
@@ -154,4 +155,28 @@ pub async fn start_sim(
     let sim = vllm_sim::start(&args).await?;
     config.upstream.base_url = sim.url();
     Ok(sim)
+}
+
+/// Without the `sim` cargo feature there is no bundled simulator: `serve --with-sim` fails with
+/// an error that says so.
+#[cfg(not(feature = "sim"))]
+pub async fn start_sim(_config: &mut Config, _extra: &[String]) -> anyhow::Result<NoSim> {
+    anyhow::bail!(
+        "--with-sim: this tutor-gateway binary was built without the simulator \
+         (cargo feature `sim` off, e.g. --no-default-features); rebuild with `--features sim` \
+         or start vllm-sim separately and point upstream.base_url at it"
+    )
+}
+
+/// Stands in for the simulator in a build without the `sim` feature; never constructed.
+#[cfg(not(feature = "sim"))]
+#[derive(Debug)]
+pub enum NoSim {}
+
+#[cfg(not(feature = "sim"))]
+impl NoSim {
+    /// Never called: there is no value of this type.
+    pub async fn shutdown(self) {
+        match self {}
+    }
 }

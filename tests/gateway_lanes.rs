@@ -101,18 +101,11 @@ async fn small_requests_are_admitted_while_large_ones_queue_and_queued_clients_c
     eventually("two large requests queued", || h.queued(Lane::Large) == 2).await;
 
     // A student's short question goes straight through.
-    let small = client()
-        .get(h.url("/answer"))
-        .query(&[
-            ("prompt", "why does my loop never end?"),
-            ("max_output_tokens", "20"),
-        ])
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let small = send_text(client().get(h.url("/answer")).query(&[
+        ("prompt", "why does my loop never end?"),
+        ("max_output_tokens", "20"),
+    ]))
+    .await;
     let events = sse(&small);
     assert_eq!(json(&events[0].1)["lane"], "small");
     assert_eq!(events.last().unwrap().0, "done");

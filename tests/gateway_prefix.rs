@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{client, harness, words, Harness};
+use common::{client, family_total, get_text, harness, words, Harness};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -22,24 +22,6 @@ const SIM: &[&str] = &[
 ];
 
 /// Sum of every sample of `name` (any labels) in a Prometheus exposition.
-fn total(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-async fn scrape(url: String) -> String {
-    client()
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 fn tool_schemas() -> Value {
     let param = |d: &str| json!({"type": "string", "description": d, "minLength": 1});
     let tool = |name: &str, d: &str| {
@@ -83,7 +65,7 @@ struct Run {
 /// 50 sequential requests for one course whose tool schemas arrive with keys in random order.
 async fn fifty_shuffled(canonicalize: bool) -> Run {
     let h = harness(SIM, |c| c.prefix_cache.canonicalize_tools = canonicalize).await;
-    let before = scrape(format!("{}/metrics", h.sim.url())).await;
+    let before = get_text(format!("{}/metrics", h.sim.url())).await;
     let mut rng = StdRng::seed_from_u64(8);
     let system = words(
         300,
@@ -104,8 +86,8 @@ async fn fifty_shuffled(canonicalize: bool) -> Run {
             .unwrap();
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     }
-    let gw = scrape(h.url("/metrics")).await;
-    let after = scrape(format!("{}/metrics", h.sim.url())).await;
+    let gw = get_text(h.url("/metrics")).await;
+    let after = get_text(format!("{}/metrics", h.sim.url())).await;
     let lines: Vec<Value> = h.log.lock().unwrap().clone();
     assert_eq!(lines.len(), 50);
     let (mut input, mut cached) = (0.0, 0.0);
@@ -122,12 +104,12 @@ async fn fifty_shuffled(canonicalize: bool) -> Run {
             .map(|l| l["fingerprint"].as_str().unwrap().to_owned())
             .collect(),
         gateway: (
-            total(&gw, "tutor_gateway_prefix_cache_queries_total"),
-            total(&gw, "tutor_gateway_prefix_cache_hits_total"),
+            family_total(&gw, "tutor_gateway_prefix_cache_queries_total"),
+            family_total(&gw, "tutor_gateway_prefix_cache_hits_total"),
         ),
         sim: (
-            total(&after, q) - total(&before, q),
-            total(&after, hits) - total(&before, hits),
+            family_total(&after, q) - family_total(&before, q),
+            family_total(&after, hits) - family_total(&before, hits),
         ),
     };
     h.shutdown().await;
@@ -295,7 +277,7 @@ async fn per_fingerprint_series_never_exceed_n_plus_one() {
             .unwrap();
         assert_eq!(r.status(), 200);
     }
-    let text = scrape(h.url("/metrics")).await;
+    let text = get_text(h.url("/metrics")).await;
     for family in [
         "tutor_gateway_prefix_cache_fingerprint_queries_total",
         "tutor_gateway_prefix_cache_fingerprint_hits_total",
@@ -314,7 +296,7 @@ async fn per_fingerprint_series_never_exceed_n_plus_one() {
     assert_eq!(labelled.len(), 3, "{labelled:?}");
     assert!(labelled.iter().any(|l| l.contains("fingerprint=\"other\"")));
     assert!(
-        total(
+        family_total(
             &text,
             "tutor_gateway_prefix_cache_fingerprint_queries_total"
         ) > 0.0

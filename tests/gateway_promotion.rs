@@ -34,14 +34,6 @@ fn endless() -> Value {
            "ignore_eos": true, "stream": true})
 }
 
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("series {series} missing"))
-        .parse()
-        .unwrap()
-}
-
 fn words_in(events: &[(String, String)]) -> usize {
     events
         .iter()

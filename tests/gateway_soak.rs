@@ -141,14 +141,7 @@ async fn soak_with_disconnects_and_failures_leaves_nothing_behind() {
     .await;
     let snap = h.sim.engine.snapshot();
     assert!(snap.aborted > 0, "disconnects reached the engine as aborts");
-    let metrics = client()
-        .get(h.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = h.metrics_text().await;
     for series in [
         "tutor_gateway_lane_in_flight",
         "tutor_gateway_lane_reserved_tokens",

@@ -9,14 +9,6 @@ use common::*;
 use futures::StreamExt;
 use serde_json::json;
 
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("series {series} missing in\n{text}"))
-        .parse()
-        .unwrap()
-}
-
 async fn answer(h: &Harness, prompt: &str, max: u32) -> Vec<(String, String)> {
     let body = post_text(
         h.url("/answer"),

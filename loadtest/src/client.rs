@@ -7,6 +7,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::time::Instant;
+use tutor_wire::sse::SseParser;
 
 /// Which API the target speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -118,7 +119,7 @@ impl Target {
             return fail(out, &code);
         }
         let mut stream = resp.bytes_stream();
-        let mut buf: Vec<u8> = Vec::new();
+        let mut parser = SseParser::default();
         let mut usage_tokens = None;
         loop {
             let chunk = match tokio::time::timeout_at(cut_at, stream.next()).await {
@@ -127,12 +128,13 @@ impl Target {
                 Ok(Some(Err(_))) => return fail(out, "stream_broken"),
                 Ok(Some(Ok(c))) => c,
             };
-            buf.extend_from_slice(&chunk);
-            while let Some(pos) = find_event_end(&buf) {
-                let raw: Vec<u8> = buf.drain(..pos.0).collect();
-                buf.drain(..pos.1);
+            if parser.feed(&chunk).is_err() {
+                return fail(out, "stream_broken");
+            }
+            while let Some(event) = parser.pop_event() {
                 let t = start.elapsed().as_secs_f64();
-                match self.on_event(&String::from_utf8_lossy(&raw), &mut usage_tokens) {
+                let data = String::from_utf8_lossy(&event.data);
+                match self.on_event(event.name(), &data, &mut usage_tokens) {
                     Event::Token => {
                         out.ttft_s.get_or_insert(t);
                         out.token_times.push(t as f32);
@@ -150,26 +152,18 @@ impl Target {
         }
     }
 
-    fn on_event(&self, raw: &str, usage: &mut Option<u32>) -> Event {
-        let mut name = "message";
-        let mut data = String::new();
-        for line in raw.lines() {
-            if let Some(v) = line.strip_prefix("event:") {
-                name = v.trim();
-            } else if let Some(v) = line.strip_prefix("data:") {
-                data.push_str(v.strip_prefix(' ').unwrap_or(v));
-            }
-        }
+    /// What one SSE event (`name`, `data` payload) means for the request.
+    fn on_event(&self, name: &str, data: &str, usage: &mut Option<u32>) -> Event {
         match self.api {
             Api::Answer => match name {
                 "token" => Event::Token,
                 "done" => {
-                    let v: Value = serde_json::from_str(&data).unwrap_or_default();
+                    let v: Value = serde_json::from_str(data).unwrap_or_default();
                     *usage = v["usage"]["output_tokens"].as_u64().map(|n| n as u32);
                     Event::End
                 }
                 "error" => {
-                    let v: Value = serde_json::from_str(&data).unwrap_or_default();
+                    let v: Value = serde_json::from_str(data).unwrap_or_default();
                     Event::Error(v["code"].as_str().unwrap_or("error_event").to_string())
                 }
                 _ => Event::Other,
@@ -178,7 +172,7 @@ impl Target {
                 if data.trim() == "[DONE]" {
                     return Event::End;
                 }
-                let v: Value = match serde_json::from_str(&data) {
+                let v: Value = match serde_json::from_str(data) {
                     Ok(v) => v,
                     Err(_) => return Event::Other,
                 };
@@ -205,19 +199,6 @@ enum Event {
     End,
 }
 
-/// End of the first SSE event in `buf`: (event length, separator length).
-fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
-    let lf = buf.windows(2).position(|w| w == b"\n\n").map(|p| (p, 2));
-    let crlf = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|p| (p, 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 < b.0 { a } else { b }),
-        (a, b) => a.or(b),
-    }
-}
-
 fn fail(mut out: Outcome, code: &str) -> Outcome {
     out.status = Status::Error;
     out.error = Some(code.to_string());
@@ -236,11 +217,13 @@ fn cut(mut out: Outcome) -> Outcome {
 mod tests {
     use super::*;
 
-    #[test]
-    fn events_split_on_blank_lines() {
-        assert_eq!(find_event_end(b"data: x\n\ndata: y"), Some((7, 2)));
-        assert_eq!(find_event_end(b"data: x\r\n\r\n"), Some((7, 4)));
-        assert_eq!(find_event_end(b"data: x\n"), None);
+    /// Reads `raw` (one event, without its blank line) with the SSE parser and interprets it.
+    fn read(t: &Target, raw: &str, usage: &mut Option<u32>) -> Event {
+        let mut p = SseParser::default();
+        p.feed(raw.as_bytes()).unwrap();
+        p.feed(b"\n\n").unwrap();
+        let e = p.pop_event().unwrap();
+        t.on_event(e.name(), &String::from_utf8_lossy(&e.data), usage)
     }
 
     #[test]
@@ -248,17 +231,17 @@ mod tests {
         let t = Target::new("http://127.0.0.1:1", Api::Answer, None).unwrap();
         let mut u = None;
         assert!(matches!(
-            t.on_event("event: token\ndata: {\"text\":\"a\"}", &mut u),
+            read(&t, "event: token\ndata: {\"text\":\"a\"}", &mut u),
             Event::Token
         ));
         let done = "event: done\ndata: {\"usage\":{\"output_tokens\":12}}";
-        assert!(matches!(t.on_event(done, &mut u), Event::End));
+        assert!(matches!(read(&t, done, &mut u), Event::End));
         assert_eq!(u, Some(12));
         let c = Target::new("http://127.0.0.1:1", Api::Chat, None).unwrap();
         let chunk = "data: {\"choices\":[{\"delta\":{\"content\":\" hi\"}}]}";
-        assert!(matches!(c.on_event(chunk, &mut u), Event::Token));
-        assert!(matches!(c.on_event("data: [DONE]", &mut u), Event::End));
+        assert!(matches!(read(&c, chunk, &mut u), Event::Token));
+        assert!(matches!(read(&c, "data: [DONE]", &mut u), Event::End));
         let err = "data: {\"error\":{\"code\":\"upstream_timeout\"}}";
-        assert!(matches!(c.on_event(err, &mut u), Event::Error(ref s) if s == "upstream_timeout"));
+        assert!(matches!(read(&c, err, &mut u), Event::Error(ref s) if s == "upstream_timeout"));
     }
 }

@@ -3,7 +3,8 @@
 //! - [`scenario`]: scenario TOML (classes, shares or concurrency, open or closed loop, seed).
 //! - [`prompt`]: seeded prompt text of an exact token length.
 //! - [`client`]: one streamed request (`/answer` or `/v1/chat/completions`), timed client side.
-//! - [`runner`]: drives a scenario for a bounded time, with a progress line.
+//! - [`runner`]: drives a scenario for a bounded time, with a progress line; [`record`]: what a
+//!   run produced.
 //! - [`stats`]: quantiles and `results.json`; [`report`] and [`svg`]: summary and charts.
 //! - [`compare`]: the M7 verdict and SLO checks; [`matrix`]: the vLLM flag grid (M9);
 //!   [`experiment`]: FIFO vs lanes through the real gateway (M16).
@@ -14,6 +15,7 @@ pub mod compare;
 pub mod experiment;
 pub mod matrix;
 pub mod prompt;
+pub mod record;
 pub mod report;
 pub mod runner;
 pub mod scenario;

@@ -76,17 +76,7 @@ pub fn fill(template: &str, seqs: u32, batched: u32, port: u16) -> String {
 
 /// Sum over GPUs of the `metric` samples in a Prometheus text page.
 pub fn scrape_value(page: &str, metric: &str) -> Option<f64> {
-    let mut found = None;
-    for line in page.lines().filter(|l| !l.starts_with('#')) {
-        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
-        if &line[..name_end] != metric {
-            continue;
-        }
-        if let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
-            *found.get_or_insert(0.0) += v;
-        }
-    }
-    found
+    tutor_wire::prom::family_sum(page, metric)
 }
 
 async fn stop(mut child: Child) {

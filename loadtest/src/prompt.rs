@@ -1,8 +1,9 @@
 //! Prompts of an exact token length: seeded English-like programming text, measured with the
 //! same tokenizer the engine uses (the simulator's heuristic, or a `tokenizer.json`).
 
+use tutor_wire::chat::{render_chat, ChatMessage, MessageContent};
 use vllm_sim::text::SplitMix;
-use vllm_sim::tokenizer::{render_chat, ChatMessage, MessageContent, PromptTokenizer};
+use vllm_sim::tokenizer::PromptTokenizer;
 
 /// Short words: with the heuristic tokenizer " word" (space + up to 4 letters) is one token.
 const WORDS: &[&str] = &[

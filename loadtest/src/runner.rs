@@ -13,6 +13,8 @@ use crate::prompt::PromptBuilder;
 use crate::scenario::{Load, Scenario};
 use crate::stats::quantile;
 
+pub use crate::record::{Record, RunData};
+
 /// Most open-loop requests in flight at once; arrivals beyond it are counted as `skipped`.
 pub const MAX_OPEN_IN_FLIGHT: usize = 4096;
 /// Pause of a closed-loop client after an error, so a rejecting target is not hammered.
@@ -29,28 +31,6 @@ pub struct RunOptions {
     pub seed: u64,
     /// Seconds between progress lines on stderr; 0 = none.
     pub progress_every_s: u64,
-}
-
-/// One request as sent and seen.
-#[derive(Debug, Clone)]
-pub struct Record {
-    /// Index of its class in the scenario.
-    pub class: usize,
-    /// Send time, seconds from the run's start.
-    pub start_s: f64,
-    /// What the client saw.
-    pub outcome: Outcome,
-}
-
-/// Everything a run produced.
-#[derive(Debug, Clone)]
-pub struct RunData {
-    /// Every request, in completion order.
-    pub records: Vec<Record>,
-    /// Open-loop arrivals not sent because `MAX_OPEN_IN_FLIGHT` were in flight.
-    pub skipped: u64,
-    /// Seconds from start to the last request's end.
-    pub wall_s: f64,
 }
 
 /// Seed of the prompt of request `i` of client `client` in class `class`.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::client::Status;
-use crate::runner::RunData;
+use crate::record::RunData;
 use crate::scenario::Scenario;
 
 /// The `q` quantile (nearest rank on the sorted values); `None` when empty. Sorts `v`.

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use tutor_wire::sse::SseParser;
 use vllm_sim::engine::offline::{run_closed_loop, ClosedLoop};
 use vllm_sim::engine::scheduler::SchedulerConfig;
 use vllm_sim::profile::LLAMA_31_8B_H100;
@@ -95,13 +96,14 @@ async fn one_stream(
     let mut last: Option<Instant> = None;
     let mut ttft = 0.0;
     let mut gaps = Vec::new();
+    let mut parser = SseParser::default();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.ok()?;
         let now = Instant::now();
+        parser.feed(&chunk).ok()?;
         // Count gaps between token events (the role chunk comes with the first token).
-        let events = chunk
-            .split(|b| *b == b'\n')
-            .filter(|l| l.starts_with(b"data: {"))
+        let events = std::iter::from_fn(|| parser.pop())
+            .filter(|data| data.starts_with(b"{"))
             .count();
         if events == 0 {
             continue;

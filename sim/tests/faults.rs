@@ -61,14 +61,7 @@ async fn midstream_error_is_an_error_event_then_done_and_frees_the_engine() {
     assert_eq!(err["error"]["code"], 500);
     let tokens: usize = events[..events.len() - 2]
         .iter()
-        .map(|e| {
-            let v: Value = serde_json::from_str(e).unwrap();
-            v["choices"][0]["delta"]["content"]
-                .as_str()
-                .unwrap_or("")
-                .split_whitespace()
-                .count()
-        })
+        .map(|e| delta_words(e))
         .sum();
     assert_eq!(tokens, 3);
     eventually("engine idle", || async {
@@ -106,17 +99,7 @@ async fn stalled_stream_keeps_the_connection_open_without_bytes() {
     assert!(stalled.is_err(), "the stream neither ended nor errored");
     assert!(!text.contains("[DONE]"));
     drop(body);
-    let tokens: usize = sse_events(&text)
-        .iter()
-        .map(|e| {
-            let v: Value = serde_json::from_str(e).unwrap();
-            v["choices"][0]["delta"]["content"]
-                .as_str()
-                .unwrap_or("")
-                .split_whitespace()
-                .count()
-        })
-        .sum();
+    let tokens: usize = sse_events(&text).iter().map(|e| delta_words(e)).sum();
     assert_eq!(tokens, 2, "two tokens then silence: {text}");
     s.shutdown().await;
 }

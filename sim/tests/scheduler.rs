@@ -201,14 +201,7 @@ async fn blocks_running_out_preempts_and_everything_still_finishes() {
         );
         let words: usize = events[..events.len() - 2]
             .iter()
-            .map(|e| {
-                let v: Value = serde_json::from_str(e).unwrap();
-                v["choices"][0]["delta"]["content"]
-                    .as_str()
-                    .unwrap_or("")
-                    .split_whitespace()
-                    .count()
-            })
+            .map(|e| delta_words(e))
             .sum();
         assert_eq!(
             words, 150,

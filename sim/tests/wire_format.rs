@@ -327,14 +327,7 @@ async fn metrics_expose_vllm_series_with_types() {
         .send()
         .await
         .unwrap();
-    let text = client()
-        .get(format!("{}/metrics", s.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&s.url()).await;
     for (name, kind) in [
         ("vllm:num_requests_running", "gauge"),
         ("vllm:num_requests_waiting", "gauge"),

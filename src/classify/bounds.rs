@@ -6,7 +6,7 @@
 //! - **Upper bound: `B + P + O` tokens.** Every tokenizer we serve with emits at most one token
 //!   per input byte: byte-level BPE (Llama 3, GPT-style) merges bytes, SentencePiece with byte
 //!   fallback (Llama 2, Mistral) falls back to one token per byte, and the heuristic of
-//!   `vllm_sim` never gives more than one token per byte. `P` allows one prefix marker per piece
+//!   `tutor_wire` never gives more than one token per byte. `P` allows one prefix marker per piece
 //!   (SentencePiece's leading `▁`). This bound is strict.
 //! - **Lower bound: `ceil(B / 6) + O` tokens.** Llama-3-class 128k vocabularies average about
 //!   3-4.5 bytes a token on English and source code (the heuristic at most 5, by its rules), so

@@ -16,7 +16,7 @@ use crate::config::TokenizerSource;
 pub enum TokenCounter {
     /// A HuggingFace tokenizer loaded from `tokenizer.json`.
     HuggingFace(Arc<tokenizers::Tokenizer>),
-    /// `vllm_sim::tokenizer::heuristic_ids`: the same counts the simulator uses.
+    /// `tutor_wire::tokens::heuristic_ids`: the same counts the simulator uses.
     Heuristic,
 }
 
@@ -61,7 +61,7 @@ impl TokenCounter {
                     text.len()
                 }
             },
-            TokenCounter::Heuristic => vllm_sim::tokenizer::heuristic_ids(text, false).len(),
+            TokenCounter::Heuristic => tutor_wire::tokens::heuristic_ids(text, false).len(),
         };
         u32::try_from(n).unwrap_or(u32::MAX)
     }

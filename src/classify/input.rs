@@ -1,6 +1,6 @@
 //! What gets classified: a plain prompt or chat messages, and the text pieces in them.
 
-pub use vllm_sim::tokenizer::{ChatMessage, ContentPart, MessageContent};
+pub use tutor_wire::chat::{ChatMessage, ContentPart, MessageContent};
 
 /// The input of a request, as far as token counting is concerned.
 #[derive(Debug, Clone)]

@@ -191,7 +191,7 @@ pub struct ClassifyConfig {
 /// Where token counts come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TokenizerSource {
-    /// The documented heuristic of `vllm_sim::tokenizer` (chosen explicitly with `"heuristic"`).
+    /// The documented heuristic of `tutor_wire::tokens` (chosen explicitly with `"heuristic"`).
     Heuristic,
     /// A HuggingFace `tokenizer.json`, ideally the one vLLM serves with.
     File(PathBuf),

@@ -1,5 +1,5 @@
 //! Gateway + simulator on 127.0.0.1:0 for integration tests.
-#![allow(dead_code, missing_docs)]
+#![allow(dead_code, missing_docs, unused_imports)]
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
@@ -13,6 +13,8 @@ use tutor_gateway::classify::Lane;
 use tutor_gateway::config::Config;
 use tutor_gateway::server::Gateway;
 use vllm_sim::{SimArgs, SimServer};
+
+pub use tutor_testkit::{client, family_total, get_text, metric, post_text, send_text, sse, words};
 
 pub struct Harness {
     pub sim: SimServer,
@@ -67,14 +69,7 @@ impl Harness {
 
     /// The gateway's `/metrics` text.
     pub async fn metrics_text(&self) -> String {
-        client()
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        tutor_testkit::metrics_text(&self.gw.url()).await
     }
 
     pub fn sim_running(&self) -> usize {
@@ -93,67 +88,11 @@ pub fn set_lane(config: &mut Config, lane: Lane, max_concurrency: u32) {
     l.ceiling = l.max_concurrency;
 }
 
-/// POSTs `body` as JSON and reads the whole answer as text.
-pub async fn post_text(url: impl reqwest::IntoUrl, body: &Value) -> String {
-    client()
-        .post(url)
-        .json(body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
-pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
-
-/// About `n` heuristic tokens of text (each word is one token).
-pub fn words(n: usize, salt: &str) -> String {
-    let mut s = String::from(salt);
-    for i in 0..n {
-        s.push_str([" cat", " dog", " map", " key", " fn", " let"][i % 6]);
-    }
-    s
-}
-
-/// An SSE body as (event name, data) pairs; `data:`-only events get the name "message".
-pub fn sse(body: &str) -> Vec<(String, String)> {
-    body.split("\n\n")
-        .filter(|e| !e.trim().is_empty())
-        .map(|ev| {
-            let mut name = "message".to_owned();
-            let mut data = String::new();
-            for line in ev.lines() {
-                if let Some(n) = line.strip_prefix("event: ") {
-                    name = n.to_owned();
-                } else if let Some(d) = line.strip_prefix("data: ") {
-                    data.push_str(d);
-                } else {
-                    panic!("unexpected SSE line {line:?}");
-                }
-            }
-            (name, data)
-        })
-        .collect()
-}
-
 pub fn json(s: &str) -> Value {
     serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
 }
 
 /// Polls `cond` every 10 ms for up to 10 s.
 pub async fn eventually<F: FnMut() -> bool>(what: &str, mut cond: F) {
-    for _ in 0..1000 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for: {what}");
+    tutor_testkit::eventually(what, || std::future::ready(cond())).await;
 }

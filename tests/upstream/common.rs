@@ -1,5 +1,5 @@
 //! Helpers for `tests/upstream.rs`: the simulator, a test config, metrics, and a recording HTTP
-//! endpoint (copied in spirit from `sim/tests/common`, not imported).
+//! endpoint. HTTP, scraping and polling helpers come from `tutor-testkit`.
 #![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
@@ -12,6 +12,9 @@ use tokio_util::task::TaskTracker;
 use tutor_gateway::config::{Config, UpstreamConfig};
 use tutor_gateway::upstream::{Endpoint, UpstreamClient, UpstreamRequest};
 use vllm_sim::{SimArgs, SimServer};
+
+pub use tutor_testkit::{eventually, get_json, words};
+use tutor_testkit::{metric_or_zero, metrics_text};
 
 pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
@@ -34,15 +37,6 @@ pub fn upstream_config(base_url: &str) -> UpstreamConfig {
 
 pub fn client_for(config: UpstreamConfig) -> UpstreamClient {
     UpstreamClient::new(config, TaskTracker::new()).unwrap()
-}
-
-/// A user message of `n` heuristic tokens (each word is one token in the simulator).
-pub fn words(n: usize, salt: &str) -> String {
-    let mut s = String::from(salt);
-    for i in 0..n {
-        s.push_str([" cat", " dog", " map", " key", " fn", " let"][i % 6]);
-    }
-    s
 }
 
 fn object(v: Value) -> Map<String, Value> {
@@ -75,21 +69,9 @@ pub fn completion(id: &str, prompt: &str, max_tokens: u32) -> UpstreamRequest {
     }
 }
 
-pub async fn get_json(url: String) -> Value {
-    reqwest::get(url).await.unwrap().json().await.unwrap()
-}
-
 /// Value of one metric series, 0 when absent (a counter not yet incremented).
 pub async fn metric(s: &SimServer, series: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", s.url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
-        .map_or(0.0, |v| v.parse().unwrap())
+    metric_or_zero(&metrics_text(&s.url()).await, series)
 }
 
 pub fn running() -> String {
@@ -100,21 +82,6 @@ pub fn aborted() -> String {
     format!(
         "vllm:request_success_total{{engine=\"0\",model_name=\"{MODEL}\",finished_reason=\"abort\"}}"
     )
-}
-
-/// Polls `cond` every 10 ms for up to 10 s.
-pub async fn eventually<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..1000 {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting for: {what}");
 }
 
 /// The engine dropped exactly one request as aborted and runs nothing.

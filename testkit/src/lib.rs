@@ -1,0 +1,146 @@
+//! Test support shared by the gateway's tests and benches, the simulator's tests and the load
+//! tool's tests: HTTP round trips, SSE bodies read with the one parser of [`tutor_wire::sse`],
+//! Prometheus scrapes read with [`tutor_wire::prom`], and polling.
+//!
+//! It depends on neither the gateway nor the simulator, so any crate of the workspace can use it
+//! as a dev-dependency without a cycle. Helpers panic on failure: they are for tests.
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde_json::Value;
+use tutor_wire::sse::{SseEvent, SseParser};
+
+/// An HTTP client with a 60 s timeout.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+/// Sends `request` and reads the whole answer as text.
+pub async fn send_text(request: reqwest::RequestBuilder) -> String {
+    request.send().await.unwrap().text().await.unwrap()
+}
+
+/// POSTs `body` as JSON and reads the whole answer as text.
+pub async fn post_text(url: impl reqwest::IntoUrl, body: &Value) -> String {
+    send_text(client().post(url).json(body)).await
+}
+
+/// GETs `url` and reads the whole answer as text.
+pub async fn get_text(url: impl reqwest::IntoUrl) -> String {
+    send_text(client().get(url)).await
+}
+
+/// GETs `url` and parses the answer as JSON.
+pub async fn get_json(url: impl reqwest::IntoUrl) -> Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// About `n` heuristic tokens of text after `salt` (each word is one token).
+pub fn words(n: usize, salt: &str) -> String {
+    let mut s = String::from(salt);
+    for i in 0..n {
+        s.push_str([" cat", " dog", " map", " key", " fn", " let"][i % 6]);
+    }
+    s
+}
+
+/// Every complete event of a whole SSE body, as [`SseParser`] reads it; an event left
+/// unterminated at the end counts as ended.
+pub fn parse_sse(body: &str) -> Vec<SseEvent> {
+    let mut parser = SseParser::default();
+    parser
+        .feed(body.as_bytes())
+        .expect("SSE body within the event size cap");
+    parser.feed(b"\n\n").unwrap();
+    std::iter::from_fn(|| parser.pop_event()).collect()
+}
+
+fn data_text(event: &SseEvent) -> String {
+    String::from_utf8(event.data.to_vec()).expect("SSE data is UTF-8")
+}
+
+/// An SSE body as (event name, data) pairs; `data:`-only events get the name `message`. Asserts
+/// that the body holds only `event: ` and `data: ` lines.
+pub fn sse(body: &str) -> Vec<(String, String)> {
+    for line in body.lines() {
+        assert!(
+            line.is_empty() || line.starts_with("event: ") || line.starts_with("data: "),
+            "unexpected SSE line {line:?}"
+        );
+    }
+    parse_sse(body)
+        .iter()
+        .map(|e| (e.name().to_owned(), data_text(e)))
+        .collect()
+}
+
+/// The `data:` payloads of an SSE body, asserting vLLM's framing: only `data: ` lines, one per
+/// event, each event terminated by a blank line.
+pub fn sse_events(body: &str) -> Vec<String> {
+    assert!(
+        body.ends_with("\n\n"),
+        "stream must end with a blank line: {body:?}"
+    );
+    let data: Vec<String> = parse_sse(body).iter().map(data_text).collect();
+    let framed: String = data.iter().map(|d| format!("data: {d}\n\n")).collect();
+    assert_eq!(framed, body, "vLLM framing: one `data: ` line per event");
+    data
+}
+
+/// Words of generated text in one chat completion chunk (`choices[0].delta.content`), given as
+/// its SSE `data` payload.
+pub fn delta_words(data: &str) -> usize {
+    let v: Value = serde_json::from_str(data).unwrap();
+    v["choices"][0]["delta"]["content"]
+        .as_str()
+        .unwrap_or("")
+        .split_whitespace()
+        .count()
+}
+
+/// The Prometheus text exposition at `{base_url}/metrics`.
+pub async fn metrics_text(base_url: &str) -> String {
+    get_text(format!("{base_url}/metrics")).await
+}
+
+/// The value of one series (its exact text before the value) in a scrape; panics when absent.
+pub fn metric(text: &str, series: &str) -> f64 {
+    tutor_wire::prom::series_value(text, series)
+        .unwrap_or_else(|| panic!("series {series} missing in\n{text}"))
+}
+
+/// The value of one series in a scrape, 0 when absent (a counter not yet incremented).
+pub fn metric_or_zero(text: &str, series: &str) -> f64 {
+    tutor_wire::prom::series_value(text, series).unwrap_or(0.0)
+}
+
+/// The sum of all samples of the metric family `name` in a scrape, 0 when it has none.
+pub fn family_total(text: &str, name: &str) -> f64 {
+    tutor_wire::prom::family_sum(text, name).unwrap_or(0.0)
+}
+
+/// Polls `cond` every 10 ms for up to 10 s; panics naming `what` when it never holds.
+pub async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    for _ in 0..1000 {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}

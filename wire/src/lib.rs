@@ -1,0 +1,12 @@
+//! tutor-wire: what the gateway, the simulator (`vllm-sim`) and the load tool (`tutor-load`)
+//! share about the wire, so none of them imports it from another.
+//!
+//! - [`chat`]: OpenAI chat messages as requests carry them, and the ChatML-like rendering.
+//! - [`tokens`]: the documented, deterministic token-count heuristic.
+//! - [`sse`]: an incremental Server-Sent Events parser (bytes in, events out).
+//! - [`prom`]: reading values out of a Prometheus text exposition.
+
+pub mod chat;
+pub mod prom;
+pub mod sse;
+pub mod tokens;
