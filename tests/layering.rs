@@ -272,9 +272,7 @@ fn graph(files: &BTreeMap<String, String>) -> BTreeMap<String, BTreeSet<String>>
         let me = mod_path(file);
         let mut deps = BTreeSet::new();
         for path in absolute_paths(src, &me) {
-            let target = (0..=path.len())
-                .rev()
-                .find_map(|n| by_mod.get(&path[..n]));
+            let target = (0..=path.len()).rev().find_map(|n| by_mod.get(&path[..n]));
             if let Some(target) = target {
                 if *target != file {
                     deps.insert((*target).clone());

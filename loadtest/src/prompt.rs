@@ -52,7 +52,7 @@ impl PromptBuilder {
         let mut since_stop = 0;
         while words.len() < target * 5 / 4 + 16 {
             since_stop += 1;
-            if since_stop > 10 && rng.next_u64() % 6 == 0 {
+            if since_stop > 10 && rng.next_u64().is_multiple_of(6) {
                 words.push(".".into());
                 since_stop = 0;
             } else {
