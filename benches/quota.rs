@@ -9,8 +9,8 @@
 use std::time::{Duration, Instant};
 
 use tutor_gateway::admission::{Admission, RedisAdmission};
-use tutor_gateway::classify::Lane;
 use tutor_gateway::config::{Config, QuotaBackend, RedisUrl};
+use tutor_gateway::lane::Lane;
 use tutor_gateway::telemetry::Metrics;
 
 #[path = "../tests/redis_common/mod.rs"]

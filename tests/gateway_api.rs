@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::json;
-use tutor_gateway::classify::Lane;
+use tutor_gateway::lane::Lane;
 
 const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
 
@@ -344,15 +344,12 @@ async fn a_stalled_upstream_hits_the_idle_timeout_with_a_clean_error() {
         },
     )
     .await;
-    let body = client()
-        .get(h.url("/answer"))
-        .query(&[("prompt", "hello"), ("max_output_tokens", "50")])
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = send_text(
+        client()
+            .get(h.url("/answer"))
+            .query(&[("prompt", "hello"), ("max_output_tokens", "50")]),
+    )
+    .await;
     let events = sse(&body);
     let (name, data) = events.last().unwrap();
     assert_eq!(name, "error");

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::*;
 use futures::StreamExt;
 use serde_json::json;
-use tutor_gateway::classify::Lane;
+use tutor_gateway::lane::Lane;
 
 fn large_body(salt: &str, max_tokens: u32) -> serde_json::Value {
     json!({"messages": [{"role": "user", "content": words(8000, salt)}], "max_tokens": max_tokens,

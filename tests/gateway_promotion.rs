@@ -11,8 +11,8 @@ use common::*;
 use futures::StreamExt;
 use redis_common::RedisServer;
 use serde_json::{json, Value};
-use tutor_gateway::classify::Lane;
 use tutor_gateway::config::{Config, QuotaBackend, RedisUrl, RequestLogSink};
+use tutor_gateway::lane::Lane;
 
 /// The engine stops a request without `max_tokens` at its context limit: 1,100 tokens.
 const SIM: &[&str] = &[

@@ -13,8 +13,8 @@ use common::{eventually, words};
 use redis_common::RedisServer;
 use serde_json::json;
 use tutor_gateway::admission::Admission;
-use tutor_gateway::classify::Lane;
 use tutor_gateway::config::{Config, OnRedisDown, QuotaBackend, RedisUrl, RequestLogSink};
+use tutor_gateway::lane::Lane;
 use tutor_gateway::server::Gateway;
 use tutor_gateway::telemetry::Metrics;
 use vllm_sim::{SimArgs, SimServer};
@@ -418,14 +418,7 @@ async fn redis_down_fails_open_and_the_gateway_returns_to_redis_when_it_is_back(
         200,
         "admitted while Redis is down"
     );
-    let metrics = http
-        .get(format!("{}/metrics", gw.url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = tutor_testkit::metrics_text(&gw.url()).await;
     assert!(
         metrics.contains("tutor_gateway_quota_degraded 1"),
         "{metrics}"

@@ -206,7 +206,7 @@ async fn a_client_leaving_the_queue_is_counted_at_stage_queued() {
     // Real speed: the blocker's 1,000 tokens (still small work) hold the only small slot for
     // about five seconds, far longer than queueing the second request takes.
     let h = harness(&["--speed", "1", "--profile", "tiny-test"], |c| {
-        set_lane(c, tutor_gateway::classify::Lane::Small, 1)
+        set_lane(c, tutor_gateway::lane::Lane::Small, 1)
     })
     .await;
     let blocker = client()
@@ -218,10 +218,7 @@ async fn a_client_leaving_the_queue_is_counted_at_stage_queued() {
     let url = h.url("/answer");
     let queued =
         tokio::spawn(async move { client().get(url).query(&[("prompt", "hello")]).send().await });
-    eventually("queued", || {
-        h.queued(tutor_gateway::classify::Lane::Small) == 1
-    })
-    .await;
+    eventually("queued", || h.queued(tutor_gateway::lane::Lane::Small) == 1).await;
     queued.abort();
     drop(blocker);
     eventually("idle", || h.idle()).await;

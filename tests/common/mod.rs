@@ -9,8 +9,8 @@ use tokio_util::task::TaskTracker;
 use tutor_gateway::telemetry::RequestLog;
 
 use serde_json::Value;
-use tutor_gateway::classify::Lane;
 use tutor_gateway::config::Config;
+use tutor_gateway::lane::Lane;
 use tutor_gateway::server::Gateway;
 use vllm_sim::{SimArgs, SimServer};
 
