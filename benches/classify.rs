@@ -29,10 +29,9 @@ use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::models::TrainerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::Tokenizer;
-use tutor_gateway::classify::{
-    bounds, Classification, Classifier, Lane, PromptInput, TokenCounter,
-};
+use tutor_gateway::classify::{bounds, Classification, Classifier, PromptInput, TokenCounter};
 use tutor_gateway::config::Config;
+use tutor_gateway::lane::Lane;
 
 // ---------------------------------------------------------------------------------------------
 // Generated tutoring text

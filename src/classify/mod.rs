@@ -31,5 +31,3 @@ pub use counter::TokenCounter;
 pub use decision::LaneRules;
 pub use error::ClassifyError;
 pub use input::{ChatMessage, ContentPart, MessageContent, PromptInput};
-// Transitional: config still names `crate::classify::Lane` until its sections move.
-pub use crate::lane::Lane;

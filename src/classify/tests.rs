@@ -9,6 +9,7 @@ use tokenizers::Tokenizer;
 use super::bounds::ByteBounds;
 use super::*;
 use crate::config::Config;
+use crate::lane::Lane;
 
 /// Code and prose in the style of tutoring traffic, varied so no two lines repeat exactly.
 fn tutoring_text(lines: usize) -> String {

@@ -6,32 +6,45 @@
 //!   are reported at once, each with its dotted path (`lanes.small.max_concurrency must be > 0`).
 //!   Values from the file are never echoed in errors, in case they are secrets.
 //!
+//! One file per section keeps that section's raw struct, typed struct, defaults and checks
+//! together: `server`, `upstream` (with `[upstream.abort]`), `classify`, `admission` (with
+//! `[admission.fifo]` and `[lanes.*]`), `promotion`, `telemetry`, `quota`, `prefix`
+//! (`[prefix_cache]` and `[courses.*]`). `file` holds the top-level structs, the one
+//! [`validate`] and the cross-section checks; `check` (the problem collector) and `error` are
+//! leaves every section may use. No file imports one that imports it back.
+//!
 //! `config/config.toml` documents every key and states every default; [`Config::default`] is
 //! exactly that file.
 
-mod defaults;
+mod admission;
+mod check;
+mod classify;
 mod error;
+mod file;
 mod parse;
 mod prefix;
+mod promotion;
 mod quota;
 pub mod raw;
-mod types;
-mod validate;
+mod server;
+mod telemetry;
+mod upstream;
 
 #[cfg(test)]
 mod tests;
 
 use std::path::Path;
 
+pub use admission::{AdmissionConfig, FifoConfig, LaneConfig, LanesConfig, Policy, QueueConfig};
+pub use classify::{ClassifyConfig, TokenizerSource};
 pub use error::{ConfigError, ConfigIssue};
+pub use file::{validate, Config};
 pub use prefix::PrefixCacheConfig;
+pub use promotion::{PromotionConfig, WhenFull};
 pub use quota::{OnRedisDown, QuotaBackend, QuotaConfig, RedisUrl};
-pub use types::{
-    AbortConfig, AbortMethod, AdmissionConfig, ClassifyConfig, Config, FifoConfig, LaneConfig,
-    LanesConfig, OtlpProtocol, Policy, PromotionConfig, QueueConfig, RequestLogSink, ServerConfig,
-    TelemetryConfig, TokenizerSource, UpstreamConfig, WhenFull,
-};
-pub use validate::validate;
+pub use server::ServerConfig;
+pub use telemetry::{OtlpProtocol, RequestLogSink, TelemetryConfig};
+pub use upstream::{AbortConfig, AbortMethod, UpstreamConfig};
 
 /// The shipped, documented config file.
 pub const SHIPPED_CONFIG: &str = include_str!("../../config/config.toml");

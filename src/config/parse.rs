@@ -7,7 +7,7 @@
 use serde::de::DeserializeOwned;
 
 use super::error::{ConfigError, ConfigIssue};
-use super::raw::RawConfig;
+use super::file::RawConfig;
 
 /// The raw structs, plus the issues found while reading them. A section that failed to
 /// deserialize is left at its default and named in `failed_sections`, so that validation does not

@@ -3,16 +3,65 @@
 //! A course's stable parts (`version`, `instructions`, `rubric`, `safety`, `tools`) are checked
 //! for placeholders ([`crate::prompt::find_placeholder`]): a course whose prefix would differ per
 //! student or per request is refused, with the dotted path of the offending key.
+//!
+//! Owns [`RawPrefixCache`], [`RawCourse`] and [`PrefixCacheConfig`], their defaults and
+//! validation; the typed course is [`crate::prompt::Course`].
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use serde::Deserialize;
 use serde_json::Value;
 
-use super::defaults as d;
-use super::raw::{RawCourse, RawPrefixCache};
-use super::validate::Checker;
+use super::check::Checker;
 use crate::prompt::{find_placeholder, Course};
+
+/// Default `prefix_cache.canonicalize_tools`.
+const CANONICALIZE_TOOLS: bool = true;
+/// Default `prefix_cache.fingerprint_labels`.
+const FINGERPRINT_LABELS: u32 = 20;
+/// Default `prefix_cache.label_after_requests`.
+const LABEL_AFTER_REQUESTS: u32 = 3;
+/// Default `prefix_cache.drift_factor_percent`.
+const DRIFT_FACTOR_PERCENT: u32 = 300;
+/// Default `prefix_cache.drift_min_samples`.
+const DRIFT_MIN_SAMPLES: u32 = 5;
+/// Default `prefix_cache.drift_log_window_ms`.
+const DRIFT_LOG_WINDOW_MS: u64 = 300_000;
+
+/// `[prefix_cache]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrefixCache {
+    /// Rewrite `/v1` `tools` as canonical JSON before forwarding.
+    pub canonicalize_tools: Option<bool>,
+    /// Fingerprints with their own label in the per-fingerprint metrics (the rest: `other`).
+    pub fingerprint_labels: Option<u32>,
+    /// Requests a fingerprint needs before it may take a label.
+    pub label_after_requests: Option<u32>,
+    /// Drift: observed prefill per uncached token above this many times the profile, percent.
+    pub drift_factor_percent: Option<u32>,
+    /// Drift: samples a fingerprint's profile needs before it is compared.
+    pub drift_min_samples: Option<u32>,
+    /// Drift: at most one log line per fingerprint per this window, ms.
+    pub drift_log_window_ms: Option<u64>,
+}
+
+/// `[courses.<id>]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCourse {
+    /// Version of the course prompt, part of the stable prefix.
+    pub version: Option<String>,
+    /// Stable system instructions.
+    pub instructions: Option<String>,
+    /// Grading rubric.
+    pub rubric: Option<String>,
+    /// Safety rules.
+    pub safety: Option<String>,
+    /// Tool schemas: a JSON array, as text.
+    pub tools: Option<String>,
+}
 
 /// Prefix-cache discipline for `/v1`, the per-fingerprint metrics and drift detection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,31 +82,31 @@ pub struct PrefixCacheConfig {
 
 /// Validates `[prefix_cache]`.
 pub(super) fn prefix_cache(c: &mut Checker, raw: RawPrefixCache) -> PrefixCacheConfig {
-    let drift_factor_percent = raw.drift_factor_percent.unwrap_or(d::DRIFT_FACTOR_PERCENT);
+    let drift_factor_percent = raw.drift_factor_percent.unwrap_or(DRIFT_FACTOR_PERCENT);
     if drift_factor_percent <= 100 {
         c.fail(
             "prefix_cache.drift_factor_percent",
             "must be > 100 (a factor above 1)",
         );
     }
-    let drift_min_samples = raw.drift_min_samples.unwrap_or(d::DRIFT_MIN_SAMPLES);
+    let drift_min_samples = raw.drift_min_samples.unwrap_or(DRIFT_MIN_SAMPLES);
     if drift_min_samples == 0 {
         c.fail("prefix_cache.drift_min_samples", "must be > 0");
     }
-    let label_after_requests = raw.label_after_requests.unwrap_or(d::LABEL_AFTER_REQUESTS);
+    let label_after_requests = raw.label_after_requests.unwrap_or(LABEL_AFTER_REQUESTS);
     if label_after_requests == 0 {
         c.fail("prefix_cache.label_after_requests", "must be > 0");
     }
     PrefixCacheConfig {
-        canonicalize_tools: raw.canonicalize_tools.unwrap_or(d::CANONICALIZE_TOOLS),
-        fingerprint_labels: raw.fingerprint_labels.unwrap_or(d::FINGERPRINT_LABELS),
+        canonicalize_tools: raw.canonicalize_tools.unwrap_or(CANONICALIZE_TOOLS),
+        fingerprint_labels: raw.fingerprint_labels.unwrap_or(FINGERPRINT_LABELS),
         label_after_requests,
         drift_factor_percent,
         drift_min_samples,
         drift_log_window: c.ms(
             "prefix_cache.drift_log_window_ms",
             raw.drift_log_window_ms,
-            d::DRIFT_LOG_WINDOW_MS,
+            DRIFT_LOG_WINDOW_MS,
         ),
     }
 }

@@ -1,12 +1,51 @@
 //! `[quota]`: where the lane quota lives, and what happens when Redis is unreachable.
+//!
+//! Owns [`RawQuota`], [`QuotaConfig`], [`QuotaBackend`], [`OnRedisDown`] and [`RedisUrl`], their
+//! defaults and validation. The rule that ties the backend to `admission.policy` is a
+//! cross-section check, in `file.rs`.
 
 use std::fmt;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use super::defaults as d;
-use super::raw::RawQuota;
-use super::validate::Checker;
+use serde::Deserialize;
+
+use super::check::Checker;
+
+/// Default `quota.backend`.
+const BACKEND: &str = "local";
+/// Default `quota.redis_url`.
+const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
+/// Default `quota.lease_ttl_ms`.
+const LEASE_TTL_MS: u64 = 10_000;
+/// Default `quota.heartbeat_ms`.
+const HEARTBEAT_MS: u64 = 2_000;
+/// Default `quota.key_prefix`.
+const KEY_PREFIX: &str = "tg:v1";
+/// Default `quota.on_redis_down`.
+const ON_REDIS_DOWN: &str = "fail_open";
+/// Default `quota.expected_replicas`.
+const EXPECTED_REPLICAS: u32 = 2;
+
+/// `[quota]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawQuota {
+    /// `local` or `redis`.
+    pub backend: Option<String>,
+    /// `redis://[user:password@]host:port/db` or `unix:///path`.
+    pub redis_url: Option<String>,
+    /// Lease lifetime without a heartbeat, ms.
+    pub lease_ttl_ms: Option<u64>,
+    /// Heartbeat (lease renewal) period, ms.
+    pub heartbeat_ms: Option<u64>,
+    /// Prefix of every Redis key, without braces.
+    pub key_prefix: Option<String>,
+    /// `fail_open` or `fail_closed`.
+    pub on_redis_down: Option<String>,
+    /// Replicas the local fallback divides the global limits by.
+    pub expected_replicas: Option<u32>,
+}
 
 /// Where admission counts slots and tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,7 +124,7 @@ pub struct QuotaConfig {
 
 /// Checks `[quota]`. Never echoes the URL: it may hold a password.
 pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
-    let backend = match raw.backend.as_deref().unwrap_or(d::QUOTA_BACKEND) {
+    let backend = match raw.backend.as_deref().unwrap_or(BACKEND) {
         "local" => QuotaBackend::Local,
         "redis" => QuotaBackend::Redis,
         _ => {
@@ -93,9 +132,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
             QuotaBackend::Local
         }
     };
-    let url = raw
-        .redis_url
-        .unwrap_or_else(|| d::QUOTA_REDIS_URL.to_owned());
+    let url = raw.redis_url.unwrap_or_else(|| REDIS_URL.to_owned());
     if url.starts_with("rediss://") {
         c.fail(
             "quota.redis_url",
@@ -107,36 +144,22 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
             "must be a redis://host:port/db or unix:///path URL",
         );
     }
-    let lease_ttl = c.ms(
-        "quota.lease_ttl_ms",
-        raw.lease_ttl_ms,
-        d::QUOTA_LEASE_TTL_MS,
-    );
-    let heartbeat = c.ms(
-        "quota.heartbeat_ms",
-        raw.heartbeat_ms,
-        d::QUOTA_HEARTBEAT_MS,
-    );
+    let lease_ttl = c.ms("quota.lease_ttl_ms", raw.lease_ttl_ms, LEASE_TTL_MS);
+    let heartbeat = c.ms("quota.heartbeat_ms", raw.heartbeat_ms, HEARTBEAT_MS);
     if heartbeat * 3 > lease_ttl {
         c.fail(
             "quota.heartbeat_ms",
             "must be <= a third of quota.lease_ttl_ms, so a lease survives two missed beats",
         );
     }
-    let key_prefix = raw
-        .key_prefix
-        .unwrap_or_else(|| d::QUOTA_KEY_PREFIX.to_owned());
+    let key_prefix = raw.key_prefix.unwrap_or_else(|| KEY_PREFIX.to_owned());
     if key_prefix.is_empty() || key_prefix.contains(['{', '}']) {
         c.fail(
             "quota.key_prefix",
             "must be non-empty and without braces (the {quota} hash tag is added)",
         );
     }
-    let on_redis_down = match raw
-        .on_redis_down
-        .as_deref()
-        .unwrap_or(d::QUOTA_ON_REDIS_DOWN)
-    {
+    let on_redis_down = match raw.on_redis_down.as_deref().unwrap_or(ON_REDIS_DOWN) {
         "fail_open" => OnRedisDown::FailOpen,
         "fail_closed" => OnRedisDown::FailClosed,
         _ => {
@@ -147,12 +170,11 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
             OnRedisDown::FailOpen
         }
     };
-    let expected_replicas =
-        NonZeroU32::new(raw.expected_replicas.unwrap_or(d::QUOTA_EXPECTED_REPLICAS))
-            .unwrap_or_else(|| {
-                c.fail("quota.expected_replicas", "must be > 0");
-                NonZeroU32::MIN
-            });
+    let expected_replicas = NonZeroU32::new(raw.expected_replicas.unwrap_or(EXPECTED_REPLICAS))
+        .unwrap_or_else(|| {
+            c.fail("quota.expected_replicas", "must be > 0");
+            NonZeroU32::MIN
+        });
     QuotaConfig {
         backend,
         redis_url: RedisUrl::new(url),

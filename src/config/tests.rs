@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::classify::Lane;
+use crate::lane::Lane;
 
 const MINIMAL: &str = "[classify]\ntokenizer = \"heuristic\"\n";
 

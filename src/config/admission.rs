@@ -1,0 +1,319 @@
+//! `[admission]`, `[admission.fifo]` and `[lanes.<lane>]`: the admission policy, its global
+//! budget, the FIFO baseline and the per-lane limits.
+//!
+//! Owns [`RawAdmission`], [`RawFifo`], [`RawLanes`], [`RawLane`] and the typed
+//! [`AdmissionConfig`], [`Policy`], [`FifoConfig`], [`QueueConfig`], [`LanesConfig`],
+//! [`LaneConfig`], with their defaults and validation. The rules that tie lane budgets to
+//! `classify` and `upstream` are cross-section checks, in `file.rs`.
+
+use std::num::{NonZeroU32, NonZeroU64};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::Checker;
+use crate::lane::Lane;
+
+/// Default `admission.policy`.
+const POLICY: &str = "lanes";
+/// Default `admission.max_tokens_in_flight`.
+const GLOBAL_MAX_TOKENS_IN_FLIGHT: u64 = 196_608;
+/// Default `admission.seats`.
+const SEATS: u32 = 96;
+/// Default `admission.fifo.max_concurrency` (0: unlimited).
+const FIFO_MAX_CONCURRENCY: u32 = 0;
+/// Default `admission.fifo.queue_len`.
+const FIFO_QUEUE_LEN: u32 = 1_024;
+/// Default `admission.fifo.queue_timeout_ms`.
+const FIFO_QUEUE_TIMEOUT_MS: u64 = 60_000;
+
+/// `[admission]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmission {
+    /// `lanes` or `fifo`.
+    pub policy: Option<String>,
+    /// Global token budget in flight across all lanes (policy `lanes`).
+    pub max_tokens_in_flight: Option<u64>,
+    /// Seats in all under policy `lanes`.
+    pub seats: Option<u32>,
+    /// Send the lane as vLLM's `priority` (small 0, medium 1, large 2).
+    pub engine_priority: Option<bool>,
+    /// `[admission.fifo]`.
+    #[serde(default)]
+    pub fifo: RawFifo,
+}
+
+/// `[admission.fifo]` as written: the baseline policy.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFifo {
+    /// Concurrent requests; 0 = unlimited.
+    pub max_concurrency: Option<u32>,
+    /// Waiters allowed in the one queue.
+    pub queue_len: Option<u32>,
+    /// Longest wait in the queue, ms.
+    pub queue_timeout_ms: Option<u64>,
+}
+
+/// `[lanes]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLanes {
+    /// `[lanes.small]`.
+    #[serde(default)]
+    pub small: RawLane,
+    /// `[lanes.medium]`.
+    #[serde(default)]
+    pub medium: RawLane,
+    /// `[lanes.large]`.
+    #[serde(default)]
+    pub large: RawLane,
+}
+
+/// `[lanes.<lane>]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLane {
+    /// Concurrent requests in this lane (reserved share under `lanes`, cap under `strict`).
+    pub max_concurrency: Option<u32>,
+    /// Most concurrent requests including borrowed seats (`lanes`).
+    pub ceiling: Option<u32>,
+    /// Lend idle reserved seats to other lanes.
+    pub lend: Option<bool>,
+    /// Borrow idle seats beyond the reservation.
+    pub borrow: Option<bool>,
+    /// Tokens (input + output budget) reserved by this lane's requests in flight.
+    pub max_tokens_in_flight: Option<u64>,
+    /// Waiters allowed in this lane's queue.
+    pub queue_len: Option<u32>,
+    /// Longest wait in this lane's queue, ms.
+    pub queue_timeout_ms: Option<u64>,
+    /// Output tokens after which a request moves to the next lane (0: no limit).
+    pub mid_stream_limit: Option<u32>,
+}
+
+/// Which admission policy runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Work-conserving lanes (the product): each lane's `max_concurrency` is a reserved share,
+    /// idle seats are lent and borrowed up to each lane's `ceiling` within `admission.seats`;
+    /// token budgets per lane and global.
+    Lanes,
+    /// The seed's literal caps: `max_concurrency` is a hard cap, nothing is lent or borrowed.
+    Strict,
+    /// One queue, one concurrency limit or none (the baseline experiments compare against).
+    Fifo,
+}
+
+/// `[admission]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmissionConfig {
+    /// The policy in force.
+    pub policy: Policy,
+    /// Tokens reserved across all lanes at once (policy `lanes`); size it from KV capacity (M10).
+    pub max_tokens_in_flight: NonZeroU64,
+    /// Seats in all (policy `lanes`): lanes borrow only while fewer are taken. Match the
+    /// engine's `--max-num-seqs`.
+    pub seats: NonZeroU32,
+    /// Send the lane as vLLM's `priority` (small 0, medium 1, large 2; vLLM needs
+    /// `--scheduling-policy priority`).
+    pub engine_priority: bool,
+    /// Settings of the `fifo` policy.
+    pub fifo: FifoConfig,
+}
+
+/// `[admission.fifo]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FifoConfig {
+    /// Concurrent requests; `None` = unlimited (the queue is then never used).
+    pub max_concurrency: Option<NonZeroU32>,
+    /// The one wait queue.
+    pub queue: QueueConfig,
+}
+
+/// A bounded wait queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueConfig {
+    /// Waiters allowed; a request arriving at a full queue gets 429. 0 = never wait.
+    pub len: u32,
+    /// Longest wait before giving up with a timeout error.
+    pub timeout: Duration,
+}
+
+/// `[lanes]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LanesConfig {
+    /// `[lanes.small]`.
+    pub small: LaneConfig,
+    /// `[lanes.medium]`.
+    pub medium: LaneConfig,
+    /// `[lanes.large]`.
+    pub large: LaneConfig,
+}
+
+impl LanesConfig {
+    /// The settings of `lane`.
+    pub fn get(&self, lane: Lane) -> &LaneConfig {
+        match lane {
+            Lane::Small => &self.small,
+            Lane::Medium => &self.medium,
+            Lane::Large => &self.large,
+        }
+    }
+}
+
+/// `[lanes.<lane>]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaneConfig {
+    /// Output tokens after which a request moves to the next lane; `None`: no limit.
+    pub mid_stream_limit: Option<NonZeroU32>,
+    /// Seats reserved to this lane (policy `lanes`), or its hard cap (policy `strict`).
+    pub max_concurrency: NonZeroU32,
+    /// Most seats this lane may hold, borrowed ones included (policy `lanes`).
+    pub ceiling: NonZeroU32,
+    /// Whether other lanes may borrow this lane's idle reserved seats.
+    pub lend: bool,
+    /// Whether this lane may borrow idle seats beyond its reservation.
+    pub borrow: bool,
+    /// Tokens (input + output budget) this lane's requests may hold in flight at once.
+    pub max_tokens_in_flight: NonZeroU64,
+    /// This lane's wait queue.
+    pub queue: QueueConfig,
+}
+
+/// Per-lane defaults.
+struct LaneDefaults {
+    max_concurrency: u32,
+    max_tokens_in_flight: u64,
+    queue_len: u32,
+    queue_timeout_ms: u64,
+    mid_stream_limit: u32,
+    ceiling: u32,
+    lend: bool,
+    borrow: bool,
+}
+
+/// Seed limits 32/20/4; token budgets = concurrency x the lane's largest request.
+const fn lane_defaults(lane: Lane) -> LaneDefaults {
+    match lane {
+        Lane::Small => LaneDefaults {
+            max_concurrency: 32,
+            max_tokens_in_flight: 115_200,
+            queue_len: 256,
+            queue_timeout_ms: 5_000,
+            mid_stream_limit: 256,
+            ceiling: 96,
+            lend: false,
+            borrow: true,
+        },
+        Lane::Medium => LaneDefaults {
+            max_concurrency: 20,
+            max_tokens_in_flight: 100_000,
+            queue_len: 128,
+            queue_timeout_ms: 15_000,
+            mid_stream_limit: 2_048,
+            ceiling: 40,
+            lend: true,
+            borrow: true,
+        },
+        Lane::Large => LaneDefaults {
+            max_concurrency: 4,
+            max_tokens_in_flight: 65_536,
+            queue_len: 64,
+            queue_timeout_ms: 60_000,
+            mid_stream_limit: 0,
+            ceiling: 4,
+            lend: true,
+            borrow: false,
+        },
+    }
+}
+
+/// Checks `[admission]` and `[admission.fifo]`.
+pub(super) fn validate(c: &mut Checker, raw: RawAdmission) -> AdmissionConfig {
+    let policy = match raw.policy.as_deref().unwrap_or(POLICY) {
+        "lanes" => Policy::Lanes,
+        "strict" => Policy::Strict,
+        "fifo" => Policy::Fifo,
+        _ => {
+            c.fail(
+                "admission.policy",
+                "must be \"lanes\", \"strict\" or \"fifo\"",
+            );
+            Policy::Lanes
+        }
+    };
+    let fifo = &raw.fifo;
+    let max_concurrency = NonZeroU32::new(fifo.max_concurrency.unwrap_or(FIFO_MAX_CONCURRENCY));
+    AdmissionConfig {
+        policy,
+        engine_priority: raw.engine_priority.unwrap_or(false),
+        seats: c.u32("admission.seats", raw.seats, SEATS),
+        max_tokens_in_flight: c.u64(
+            "admission.max_tokens_in_flight",
+            raw.max_tokens_in_flight,
+            GLOBAL_MAX_TOKENS_IN_FLIGHT,
+        ),
+        fifo: FifoConfig {
+            max_concurrency,
+            queue: queue(
+                c,
+                "admission.fifo",
+                fifo.queue_len.unwrap_or(FIFO_QUEUE_LEN),
+                fifo.queue_timeout_ms.unwrap_or(FIFO_QUEUE_TIMEOUT_MS),
+            ),
+        },
+    }
+}
+
+/// Checks `[lanes.small]`, `[lanes.medium]` and `[lanes.large]`, in that order.
+pub(super) fn lanes(c: &mut Checker, raw: RawLanes) -> LanesConfig {
+    LanesConfig {
+        small: lane(c, Lane::Small, raw.small),
+        medium: lane(c, Lane::Medium, raw.medium),
+        large: lane(c, Lane::Large, raw.large),
+    }
+}
+
+/// Checks `[lanes.<lane>]`.
+fn lane(c: &mut Checker, lane: Lane, raw: RawLane) -> LaneConfig {
+    let def = lane_defaults(lane);
+    let path = format!("lanes.{lane}");
+    LaneConfig {
+        mid_stream_limit: NonZeroU32::new(raw.mid_stream_limit.unwrap_or(def.mid_stream_limit)),
+        ceiling: c.u32(&format!("{path}.ceiling"), raw.ceiling, def.ceiling),
+        lend: raw.lend.unwrap_or(def.lend),
+        borrow: raw.borrow.unwrap_or(def.borrow),
+        max_concurrency: c.u32(
+            &format!("{path}.max_concurrency"),
+            raw.max_concurrency,
+            def.max_concurrency,
+        ),
+        max_tokens_in_flight: c.u64(
+            &format!("{path}.max_tokens_in_flight"),
+            raw.max_tokens_in_flight,
+            def.max_tokens_in_flight,
+        ),
+        queue: queue(
+            c,
+            &path,
+            raw.queue_len.unwrap_or(def.queue_len),
+            raw.queue_timeout_ms.unwrap_or(def.queue_timeout_ms),
+        ),
+    }
+}
+
+/// A wait queue at `section`: a queue that may hold waiters needs a timeout.
+fn queue(c: &mut Checker, section: &str, len: u32, timeout_ms: u64) -> QueueConfig {
+    if len > 0 && timeout_ms == 0 {
+        c.fail(
+            format!("{section}.queue_timeout_ms"),
+            "must be > 0 when queue_len > 0",
+        );
+    }
+    QueueConfig {
+        len,
+        timeout: Duration::from_millis(timeout_ms),
+    }
+}

@@ -1,0 +1,101 @@
+//! `[classify]`: where token counts come from and the work thresholds of the lanes (M12).
+//!
+//! Owns [`RawClassify`], [`ClassifyConfig`] and [`TokenizerSource`], their defaults and
+//! validation. The rules that tie these thresholds to `upstream` and `lanes` are cross-section
+//! checks, in `file.rs`.
+
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::check::Checker;
+
+/// Default `classify.small_max_work`.
+const SMALL_MAX_WORK: u32 = 1_200;
+/// Default `classify.medium_max_work`.
+const MEDIUM_MAX_WORK: u32 = 5_000;
+/// Default `classify.default_output_tokens`.
+const DEFAULT_OUTPUT_TOKENS: u32 = 512;
+/// Default `classify.per_message_overhead`.
+const PER_MESSAGE_OVERHEAD: u32 = 5;
+
+/// `[classify]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawClassify {
+    /// Path to `tokenizer.json`, or the literal `heuristic`. Required.
+    pub tokenizer: Option<String>,
+    /// Largest estimated work (tokens) that is still `small`.
+    pub small_max_work: Option<u32>,
+    /// Largest estimated work (tokens) that is still `medium`.
+    pub medium_max_work: Option<u32>,
+    /// Output budget (tokens) assumed when the client sends no max tokens.
+    pub default_output_tokens: Option<u32>,
+    /// Chat template tokens per message (role header, separators).
+    pub per_message_overhead: Option<u32>,
+}
+
+/// `[classify]`: token estimate and lane thresholds (M12).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassifyConfig {
+    /// Where token counts come from.
+    pub tokenizer: TokenizerSource,
+    /// Estimated work (input + output tokens) up to which a request is `small`.
+    pub small_max_work: NonZeroU32,
+    /// Estimated work up to which a request is `medium`; above it, `large`.
+    pub medium_max_work: NonZeroU32,
+    /// Output tokens assumed (and reserved) when the client sends no max tokens.
+    pub default_output_tokens: NonZeroU32,
+    /// Tokens the chat template adds per message (role header and separators).
+    pub per_message_overhead: u32,
+}
+
+/// Where token counts come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenizerSource {
+    /// The documented heuristic of `tutor_wire::tokens` (chosen explicitly with `"heuristic"`).
+    Heuristic,
+    /// A HuggingFace `tokenizer.json`, ideally the one vLLM serves with.
+    File(PathBuf),
+}
+
+/// Checks `[classify]`. The tokenizer has no default: it must be chosen explicitly.
+pub(super) fn validate(c: &mut Checker, raw: RawClassify) -> ClassifyConfig {
+    let tokenizer = match raw.tokenizer.as_deref() {
+        None => {
+            c.fail(
+                "classify.tokenizer",
+                "is required: a path to tokenizer.json, or \"heuristic\"",
+            );
+            TokenizerSource::Heuristic
+        }
+        Some("heuristic") => TokenizerSource::Heuristic,
+        Some(path) => {
+            let path = PathBuf::from(path);
+            if !path.is_file() {
+                c.fail("classify.tokenizer", "names a file that does not exist");
+            }
+            TokenizerSource::File(path)
+        }
+    };
+    ClassifyConfig {
+        tokenizer,
+        small_max_work: c.u32(
+            "classify.small_max_work",
+            raw.small_max_work,
+            SMALL_MAX_WORK,
+        ),
+        medium_max_work: c.u32(
+            "classify.medium_max_work",
+            raw.medium_max_work,
+            MEDIUM_MAX_WORK,
+        ),
+        default_output_tokens: c.u32(
+            "classify.default_output_tokens",
+            raw.default_output_tokens,
+            DEFAULT_OUTPUT_TOKENS,
+        ),
+        per_message_overhead: raw.per_message_overhead.unwrap_or(PER_MESSAGE_OVERHEAD),
+    }
+}

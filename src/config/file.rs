@@ -1,0 +1,203 @@
+//! The whole file: the top-level [`RawConfig`] and [`Config`], the `listen` key, and the one
+//! [`validate`] that checks every section and then the rules that span sections.
+//!
+//! Each section's keys are checked by its own file (`server.rs`, `upstream.rs`, `classify.rs`,
+//! `admission.rs`, `promotion.rs`, `telemetry.rs`, `quota.rs`, `prefix.rs`); this file only
+//! calls them in order and owns the cross-section checks.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+
+use super::admission::{self, AdmissionConfig, LanesConfig, Policy, RawAdmission, RawLanes};
+use super::check::Checker;
+use super::classify::{self, ClassifyConfig, RawClassify};
+use super::error::ConfigError;
+use super::prefix::{self, PrefixCacheConfig, RawCourse, RawPrefixCache};
+use super::promotion::{self, PromotionConfig, RawPromotion};
+use super::quota::{self, QuotaBackend, QuotaConfig, RawQuota};
+use super::server::{self, RawServer, ServerConfig};
+use super::telemetry::{self, RawTelemetry, TelemetryConfig};
+use super::upstream::{self, RawUpstream, UpstreamConfig};
+use crate::lane::Lane;
+use crate::prompt::Course;
+
+/// Default `listen`.
+const LISTEN: &str = "127.0.0.1:8080";
+
+/// The whole file as written, every key optional. Top-level sections are deserialized one by
+/// one (see `parse.rs`) so that a bad value in one section does not hide the problems in the
+/// others. Unknown keys are rejected (`deny_unknown_fields`): a typo must not silently fall back
+/// to a default.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// `listen`: socket address the gateway binds, `IP:PORT`.
+    pub listen: Option<String>,
+    /// `[upstream]`: the vLLM server.
+    #[serde(default)]
+    pub upstream: RawUpstream,
+    /// `[classify]`: token estimate and lane thresholds.
+    #[serde(default)]
+    pub classify: RawClassify,
+    /// `[admission]`: policy and global budget.
+    #[serde(default)]
+    pub admission: RawAdmission,
+    /// `[lanes.small|medium|large]`: per-lane limits.
+    #[serde(default)]
+    pub lanes: RawLanes,
+    /// `[server]`: the gateway's own HTTP server.
+    #[serde(default)]
+    pub server: RawServer,
+    /// `[promotion]`: requests that outgrow their lane mid-stream, and continuations.
+    #[serde(default)]
+    pub promotion: RawPromotion,
+    /// `[telemetry]`: request log and tracing.
+    #[serde(default)]
+    pub telemetry: RawTelemetry,
+    /// `[quota]`: where the lane quota lives (this replica, or Redis shared by replicas).
+    #[serde(default)]
+    pub quota: RawQuota,
+    /// `[prefix_cache]`: tool canonicalization, per-fingerprint metrics, drift detection.
+    #[serde(default)]
+    pub prefix_cache: RawPrefixCache,
+    /// `[courses.<id>]`: course prompts for `/answer`.
+    #[serde(default)]
+    pub courses: BTreeMap<String, RawCourse>,
+}
+
+/// The validated configuration. Build it with [`Config::from_toml_str`], [`Config::load`] or
+/// [`Config::default`] (which equals the shipped `config/config.toml`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Address the HTTP server binds.
+    pub listen: SocketAddr,
+    /// The vLLM server behind the gateway.
+    pub upstream: UpstreamConfig,
+    /// How requests are sized and sorted into lanes.
+    pub classify: ClassifyConfig,
+    /// Which admission policy runs and its global limits.
+    pub admission: AdmissionConfig,
+    /// Per-lane limits (used by policy `lanes`).
+    pub lanes: LanesConfig,
+    /// `[server]`.
+    pub server: ServerConfig,
+    /// `[promotion]`.
+    pub promotion: PromotionConfig,
+    /// `[telemetry]`.
+    pub telemetry: TelemetryConfig,
+    /// `[quota]`.
+    pub quota: QuotaConfig,
+    /// `[prefix_cache]`.
+    pub prefix_cache: PrefixCacheConfig,
+    /// `[courses.<id>]`: each course's stable prefix, by id.
+    pub courses: BTreeMap<String, Course>,
+}
+
+/// Turns the raw file into a typed [`Config`], or lists every problem found.
+pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+    let mut c = Checker::default();
+    let listen = match raw
+        .listen
+        .as_deref()
+        .unwrap_or(LISTEN)
+        .parse::<SocketAddr>()
+    {
+        Ok(addr) => addr,
+        Err(_) => {
+            c.fail("listen", "must be a socket address like 127.0.0.1:8080");
+            SocketAddr::from(([127, 0, 0, 1], 8080))
+        }
+    };
+    let upstream = upstream::validate(&mut c, raw.upstream);
+    let classify = classify::validate(&mut c, raw.classify);
+    let admission = admission::validate(&mut c, raw.admission);
+    let lanes = admission::lanes(&mut c, raw.lanes);
+    let server = server::validate(&mut c, raw.server);
+    let telemetry = telemetry::validate(&mut c, raw.telemetry);
+    let promotion = promotion::validate(&mut c, raw.promotion);
+    let quota = quota::validate(&mut c, raw.quota);
+    let prefix_cache = prefix::prefix_cache(&mut c, raw.prefix_cache);
+    let courses = prefix::courses(&mut c, raw.courses);
+    let config = Config {
+        listen,
+        upstream,
+        classify,
+        admission,
+        lanes,
+        server,
+        promotion,
+        telemetry,
+        quota,
+        prefix_cache,
+        courses,
+    };
+    cross_checks(&mut c, &config);
+    let issues = c.into_issues();
+    if issues.is_empty() {
+        Ok(config)
+    } else {
+        Err(ConfigError::Invalid(issues))
+    }
+}
+
+/// Rules that involve more than one section. A request that passes classification must always
+/// be admittable, so every budget must hold the largest request that can reach it.
+fn cross_checks(c: &mut Checker, config: &Config) {
+    let small = config.classify.small_max_work.get();
+    let medium = config.classify.medium_max_work.get();
+    let max_len = config.upstream.max_model_len.get();
+    if small >= medium {
+        c.fail(
+            "classify.small_max_work",
+            "must be < classify.medium_max_work",
+        );
+    }
+    if config.classify.default_output_tokens.get() >= max_len {
+        c.fail(
+            "classify.default_output_tokens",
+            "must be < upstream.max_model_len",
+        );
+    }
+    let largest = [
+        (Lane::Small, small.min(max_len), "classify.small_max_work"),
+        (
+            Lane::Medium,
+            medium.min(max_len),
+            "classify.medium_max_work",
+        ),
+        (Lane::Large, max_len, "upstream.max_model_len"),
+    ];
+    for (lane, need, why) in largest {
+        if config.lanes.get(lane).max_tokens_in_flight.get() < u64::from(need) {
+            c.fail(
+                format!("lanes.{lane}.max_tokens_in_flight"),
+                format!("must be >= {why} ({need}), or the lane's largest request never fits"),
+            );
+        }
+    }
+    if config.quota.backend == QuotaBackend::Redis && config.admission.policy == Policy::Fifo {
+        c.fail(
+            "quota.backend",
+            "\"redis\" requires admission.policy = \"lanes\" or \"strict\"",
+        );
+    }
+    for lane in Lane::ALL {
+        let l = config.lanes.get(lane);
+        if l.ceiling < l.max_concurrency {
+            c.fail(
+                format!("lanes.{lane}.ceiling"),
+                format!("must be >= lanes.{lane}.max_concurrency"),
+            );
+        }
+    }
+    if config.admission.max_tokens_in_flight.get() < u64::from(max_len) {
+        c.fail(
+            "admission.max_tokens_in_flight",
+            format!(
+                "must be >= upstream.max_model_len ({max_len}), or the largest request never fits"
+            ),
+        );
+    }
+}

@@ -1,0 +1,67 @@
+//! `[promotion]`: requests that outgrow their lane mid-stream, and continuations (M14).
+//!
+//! Owns [`RawPromotion`], [`PromotionConfig`] and [`WhenFull`], their defaults and validation.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::Checker;
+
+/// Default `promotion.when_full`.
+const WHEN_FULL: &str = "cut";
+/// Default `promotion.wait_ms`.
+const WAIT_MS: u64 = 2_000;
+/// Default `promotion.continuation_window_ms`.
+const CONTINUATION_WINDOW_MS: u64 = 600_000;
+
+/// `[promotion]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPromotion {
+    /// `cut` or `wait`.
+    pub when_full: Option<String>,
+    /// With `wait`: how long a stream may pause for room, ms.
+    pub wait_ms: Option<u64>,
+    /// How long a session's output counts toward its next request's lane, ms.
+    pub continuation_window_ms: Option<u64>,
+}
+
+/// What happens when a request must move to a fuller lane mid-stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// End the stream with the cut message and abort the engine's work.
+    Cut,
+    /// Pause the stream for up to `wait` for room, then cut.
+    Wait,
+}
+
+/// Mid-stream promotion and continuation tracking (M14).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromotionConfig {
+    /// Policy when the next lane has no room.
+    pub when_full: WhenFull,
+    /// With [`WhenFull::Wait`]: longest pause.
+    pub wait: Duration,
+    /// How long a session's output counts toward its next request's lane.
+    pub continuation_window: Duration,
+}
+
+/// Checks `[promotion]`.
+pub(super) fn validate(c: &mut Checker, raw: RawPromotion) -> PromotionConfig {
+    let when_full = match raw.when_full.as_deref().unwrap_or(WHEN_FULL) {
+        "cut" => WhenFull::Cut,
+        "wait" => WhenFull::Wait,
+        _ => {
+            c.fail("promotion.when_full", "must be \"cut\" or \"wait\"");
+            WhenFull::Cut
+        }
+    };
+    PromotionConfig {
+        when_full,
+        wait: Duration::from_millis(raw.wait_ms.unwrap_or(WAIT_MS)),
+        continuation_window: Duration::from_millis(
+            raw.continuation_window_ms.unwrap_or(CONTINUATION_WINDOW_MS),
+        ),
+    }
+}

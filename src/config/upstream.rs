@@ -1,0 +1,255 @@
+//! `[upstream]` and `[upstream.abort]`: where vLLM is, how long to wait for it, and how to stop
+//! its work when a client goes away (M21).
+//!
+//! Owns [`RawUpstream`], [`RawAbort`], [`UpstreamConfig`], [`AbortConfig`] and [`AbortMethod`],
+//! their defaults and validation.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::Checker;
+
+/// Default `upstream.base_url`.
+const BASE_URL: &str = "http://127.0.0.1:8000";
+/// Default `upstream.model`.
+const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+/// Default `upstream.max_model_len`.
+const MAX_MODEL_LEN: u32 = 16_384;
+/// Default `upstream.connect_timeout_ms`.
+const CONNECT_TIMEOUT_MS: u64 = 2_000;
+/// Default `upstream.first_token_timeout_ms`.
+const FIRST_TOKEN_TIMEOUT_MS: u64 = 60_000;
+/// Default `upstream.idle_timeout_ms`.
+const IDLE_TIMEOUT_MS: u64 = 30_000;
+/// Default `upstream.total_timeout_ms`.
+const TOTAL_TIMEOUT_MS: u64 = 600_000;
+
+/// Default `upstream.abort.enabled`.
+const ABORT_ENABLED: bool = true;
+/// Default `upstream.abort.url`.
+const ABORT_URL: &str = "{base_url}/abort_requests";
+/// Default `upstream.abort.method`.
+const ABORT_METHOD: &str = "POST";
+/// Default `upstream.abort.body`.
+const ABORT_BODY: &str = r#"{"request_ids":["{id}"]}"#;
+
+/// `[upstream]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    /// Base URL of the vLLM OpenAI-compatible server, without `/v1`.
+    pub base_url: Option<String>,
+    /// Model name sent upstream.
+    pub model: Option<String>,
+    /// The `--max-model-len` vLLM was started with, in tokens.
+    pub max_model_len: Option<u32>,
+    /// TCP connect timeout, ms.
+    pub connect_timeout_ms: Option<u64>,
+    /// Time from sending the request to the first token, ms.
+    pub first_token_timeout_ms: Option<u64>,
+    /// Longest gap between two tokens, ms.
+    pub idle_timeout_ms: Option<u64>,
+    /// Longest whole request, ms.
+    pub total_timeout_ms: Option<u64>,
+    /// `[upstream.abort]`.
+    #[serde(default)]
+    pub abort: RawAbort,
+}
+
+/// `[upstream.abort]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAbort {
+    /// Whether to call the engine's abort endpoint when a client goes away.
+    pub enabled: Option<bool>,
+    /// URL template; `{base_url}` and `{id}` are substituted.
+    pub url: Option<String>,
+    /// HTTP method, e.g. `POST`.
+    pub method: Option<String>,
+    /// JSON body template; `{id}` is substituted (JSON-escaped).
+    pub body: Option<String>,
+}
+
+/// `[upstream]`: where vLLM is and how long to wait for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// Base URL without a trailing slash and without `/v1`, e.g. `http://127.0.0.1:8000`.
+    pub base_url: String,
+    /// Model name sent in every upstream request.
+    pub model: String,
+    /// vLLM's `--max-model-len`, in tokens: requests estimated above it are rejected before
+    /// admission.
+    pub max_model_len: NonZeroU32,
+    /// TCP connect timeout.
+    pub connect_timeout: Duration,
+    /// Longest wait from sending the request to the first token (covers engine queue + prefill).
+    pub first_token_timeout: Duration,
+    /// Longest gap between two streamed tokens.
+    pub idle_timeout: Duration,
+    /// Longest whole upstream request.
+    pub total_timeout: Duration,
+    /// The engine-side abort call made when a client goes away.
+    pub abort: AbortConfig,
+}
+
+/// `[upstream.abort]`: how to stop generation in the engine (M21).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbortConfig {
+    /// When false the gateway only drops the upstream connection.
+    pub enabled: bool,
+    /// URL template with `{base_url}` and `{id}` placeholders.
+    pub url_template: String,
+    /// HTTP method of the abort call.
+    pub method: AbortMethod,
+    /// JSON body template with `{id}` placeholders; empty for no body.
+    pub body_template: String,
+}
+
+impl AbortConfig {
+    /// The abort URL for request `id` against `base_url`.
+    pub fn url(&self, base_url: &str, id: &str) -> String {
+        self.url_template
+            .replace("{base_url}", base_url)
+            .replace("{id}", id)
+    }
+
+    /// The abort body for request `id`; the id is JSON-escaped so the body stays valid JSON.
+    pub fn body(&self, id: &str) -> String {
+        let quoted = serde_json::Value::String(id.to_owned()).to_string();
+        self.body_template
+            .replace("{id}", &quoted[1..quoted.len() - 1])
+    }
+}
+
+/// HTTP method for the abort call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortMethod {
+    /// `POST` (vLLM's `/abort_requests`).
+    Post,
+    /// `PUT`.
+    Put,
+    /// `DELETE`.
+    Delete,
+    /// `GET`.
+    Get,
+}
+
+impl AbortMethod {
+    /// The method name as sent on the wire.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AbortMethod::Post => "POST",
+            AbortMethod::Put => "PUT",
+            AbortMethod::Delete => "DELETE",
+            AbortMethod::Get => "GET",
+        }
+    }
+}
+
+/// Checks `[upstream]` and `[upstream.abort]`. Never echoes the URL: it may hold a password.
+pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
+    let base_url = raw.base_url.unwrap_or_else(|| BASE_URL.to_owned());
+    let host = base_url
+        .strip_prefix("http://")
+        .or_else(|| base_url.strip_prefix("https://"));
+    if host.is_none_or(|h| h.trim_end_matches('/').is_empty()) {
+        c.fail(
+            "upstream.base_url",
+            "must be an http:// or https:// URL with a host",
+        );
+    }
+    let model = raw.model.unwrap_or_else(|| MODEL.to_owned());
+    if model.trim().is_empty() {
+        c.fail("upstream.model", "must not be empty");
+    }
+    let connect = c.ms(
+        "upstream.connect_timeout_ms",
+        raw.connect_timeout_ms,
+        CONNECT_TIMEOUT_MS,
+    );
+    let first = c.ms(
+        "upstream.first_token_timeout_ms",
+        raw.first_token_timeout_ms,
+        FIRST_TOKEN_TIMEOUT_MS,
+    );
+    let idle = c.ms(
+        "upstream.idle_timeout_ms",
+        raw.idle_timeout_ms,
+        IDLE_TIMEOUT_MS,
+    );
+    let total = c.ms(
+        "upstream.total_timeout_ms",
+        raw.total_timeout_ms,
+        TOTAL_TIMEOUT_MS,
+    );
+    for (path, value) in [
+        ("upstream.first_token_timeout_ms", first),
+        ("upstream.idle_timeout_ms", idle),
+    ] {
+        if value > total {
+            c.fail(path, "must be <= upstream.total_timeout_ms");
+        }
+    }
+    UpstreamConfig {
+        base_url: base_url.trim_end_matches('/').to_owned(),
+        model,
+        max_model_len: c.u32("upstream.max_model_len", raw.max_model_len, MAX_MODEL_LEN),
+        connect_timeout: connect,
+        first_token_timeout: first,
+        idle_timeout: idle,
+        total_timeout: total,
+        abort: abort(c, raw.abort),
+    }
+}
+
+/// Checks `[upstream.abort]`: a known method, templates that give a URL and valid JSON.
+fn abort(c: &mut Checker, raw: RawAbort) -> AbortConfig {
+    let method = match raw.method.as_deref().unwrap_or(ABORT_METHOD) {
+        "POST" => AbortMethod::Post,
+        "PUT" => AbortMethod::Put,
+        "DELETE" => AbortMethod::Delete,
+        "GET" => AbortMethod::Get,
+        _ => {
+            c.fail(
+                "upstream.abort.method",
+                "must be one of POST, PUT, DELETE, GET",
+            );
+            AbortMethod::Post
+        }
+    };
+    let config = AbortConfig {
+        enabled: raw.enabled.unwrap_or(ABORT_ENABLED),
+        url_template: raw.url.unwrap_or_else(|| ABORT_URL.to_owned()),
+        method,
+        body_template: raw.body.unwrap_or_else(|| ABORT_BODY.to_owned()),
+    };
+    if !config.url_template.starts_with("{base_url}")
+        && !config.url_template.starts_with("http://")
+        && !config.url_template.starts_with("https://")
+    {
+        c.fail(
+            "upstream.abort.url",
+            "must start with {base_url}, http:// or https://",
+        );
+    }
+    if !config.body_template.is_empty()
+        && serde_json::from_str::<serde_json::Value>(&config.body("id")).is_err()
+    {
+        c.fail(
+            "upstream.abort.body",
+            "must be JSON once {id} is substituted (or empty for no body)",
+        );
+    }
+    if config.enabled
+        && !config.url_template.contains("{id}")
+        && !config.body_template.contains("{id}")
+    {
+        c.fail(
+            "upstream.abort",
+            "url or body must contain {id}, or the engine cannot tell which request to abort",
+        );
+    }
+    config
+}
