@@ -1,13 +1,14 @@
 //! The shape of `src/`, checked: the folder tree is the request pipeline, and dependencies only
 //! point down it.
 //!
-//! The test reads every `.rs` file under `src/`, finds each path that starts with `crate::` or
+//! The test reads every `.rs` file under `src/` (and, for the loop check, under each crate of
+//! the workspace: `sim/`, `loadtest/`, `wire/`, `testkit/`), finds each path that starts with `crate::` or
 //! `super::` (in `use` items and in expressions, outside comments and string literals; inline
 //! `mod name { … }` blocks, such as unit tests, resolve `super::` from where they sit), and
 //! resolves it to the file that defines the longest matching module path. A path into a folder
 //! resolves to its `mod.rs`, so a re-export counts as an import of the folder's `mod.rs`. Then:
 //!
-//! - no loop of files that import each other;
+//! - no loop of files that import each other, in any crate;
 //! - no module below `api` imports from `api`: only `api/`, `server.rs`, `main.rs`, `lib.rs`;
 //! - `telemetry` imports neither `admission` nor `upstream` (it takes plain values);
 //! - the gateway's code names `vllm_sim` only in the `--with-sim` wiring.
@@ -347,10 +348,12 @@ fn loops(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     walk.found
 }
 
-fn read_src() -> BTreeMap<String, String> {
+/// Every `.rs` file under `dir` (relative to the workspace root), keyed by its path relative to
+/// `dir`.
+fn read_crate(dir: &str) -> BTreeMap<String, String> {
     fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<String, String>) {
         let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-            .expect("read src/")
+            .expect("read a source folder")
             .map(|e| e.expect("dir entry").path())
             .collect();
         entries.sort();
@@ -358,17 +361,25 @@ fn read_src() -> BTreeMap<String, String> {
             if p.is_dir() {
                 walk(&p, root, out);
             } else if p.extension().is_some_and(|e| e == "rs") {
-                let rel = p.strip_prefix(root).expect("under src/");
+                let rel = p.strip_prefix(root).expect("under the source folder");
                 let rel = rel.to_string_lossy().replace('\\', "/");
                 out.insert(rel, std::fs::read_to_string(&p).expect("read source"));
             }
         }
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir);
     let mut out = BTreeMap::new();
     walk(&root, &root, &mut out);
     out
 }
+
+/// The gateway's own sources.
+fn read_src() -> BTreeMap<String, String> {
+    read_crate("src")
+}
+
+/// The source folders of every crate in the workspace.
+const CRATES: &[&str] = &["src", "sim/src", "loadtest/src", "wire/src", "testkit/src"];
 
 fn in_module(file: &str, module: &str) -> bool {
     file == format!("{module}.rs") || file.starts_with(&format!("{module}/"))
@@ -376,13 +387,17 @@ fn in_module(file: &str, module: &str) -> bool {
 
 #[test]
 fn no_files_import_each_other_in_a_loop() {
-    let files = read_src();
-    assert!(files.len() > 40, "read the gateway's src/");
-    let found = loops(&graph(&files));
-    assert!(
-        found.is_empty(),
-        "files that import each other (break each loop by moving the shared item to a leaf): {found:#?}"
-    );
+    let src = read_src();
+    assert!(src.len() > 40, "read the gateway's src/");
+    for dir in CRATES {
+        let files = read_crate(dir);
+        assert!(!files.is_empty(), "read {dir}");
+        let found = loops(&graph(&files));
+        assert!(
+            found.is_empty(),
+            "files of {dir} that import each other (break each loop by moving the shared item to a leaf): {found:#?}"
+        );
+    }
 }
 
 #[test]
