@@ -12,25 +12,11 @@
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use tutor_testkit::bench::{env_or, quantile};
 
 use futures::StreamExt;
 use tutor_wire::sse::SseParser;
 use vllm_sim::SimArgs;
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn quantile(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[((v.len() - 1) as f64 * q).round() as usize]
-}
 
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -170,9 +156,9 @@ mod tempdir {
 }
 
 async fn bench() {
-    let tokens = env_or("OVERHEAD_TOKENS", 100);
-    let itl_ms = env_or("OVERHEAD_ITL_MS", 40).to_string();
-    let rounds = env_or("OVERHEAD_ROUNDS", 3);
+    let tokens = env_or::<u64>("OVERHEAD_TOKENS", 100);
+    let itl_ms = env_or::<u64>("OVERHEAD_ITL_MS", 40).to_string();
+    let rounds = env_or::<u64>("OVERHEAD_ROUNDS", 3);
     let sim = vllm_sim::start(&SimArgs::for_test(&[
         "--profile",
         "fixed",

@@ -15,12 +15,12 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tutor_testkit::bench::{env_or, quantile, shuffled};
 
 use futures::StreamExt;
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use tokio_util::task::TaskTracker;
 use tutor_gateway::config::Config;
 use tutor_gateway::prompt::Course;
@@ -28,21 +28,6 @@ use tutor_gateway::telemetry::RequestLog;
 use tutor_testkit::words;
 use tutor_wire::sse::SseParser;
 use vllm_sim::SimArgs;
-
-fn env_or(name: &str, default: f64) -> f64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn quantile(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[((v.len() - 1) as f64 * q).round() as usize]
-}
 
 fn tools() -> Value {
     let tool = |name: &str| {
@@ -52,22 +37,6 @@ fn tools() -> Value {
                                "args": {"type": "string", "description": "arguments"}}}}})
     };
     json!([tool("run_tests"), tool("lint"), tool("explain_error")])
-}
-
-fn shuffled(v: &Value, rng: &mut StdRng) -> Value {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.shuffle(rng);
-            Value::Object(
-                keys.into_iter()
-                    .map(|k| (k.clone(), shuffled(&m[k], rng)))
-                    .collect::<Map<_, _>>(),
-            )
-        }
-        Value::Array(a) => Value::Array(a.iter().map(|x| shuffled(x, rng)).collect()),
-        other => other.clone(),
-    }
 }
 
 /// The course: about 1,500 heuristic tokens with its tools.

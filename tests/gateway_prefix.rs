@@ -6,11 +6,11 @@ mod common;
 
 use common::{client, family_total, get_text, harness, words, Harness};
 use rand::rngs::StdRng;
-use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 use tutor_gateway::config::Config;
 use tutor_gateway::prompt::Course;
+use tutor_testkit::bench::shuffled;
 
 const SIM: &[&str] = &[
     "--speed",
@@ -36,23 +36,6 @@ fn tool_schemas() -> Value {
         tool("lint", "Run the linter on a file."),
         tool("explain_error", "Explain a Python error message.")
     ])
-}
-
-/// The same JSON with every object's keys in a random order.
-fn shuffled(v: &Value, rng: &mut StdRng) -> Value {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.shuffle(rng);
-            Value::Object(
-                keys.into_iter()
-                    .map(|k| (k.clone(), shuffled(&m[k], rng)))
-                    .collect::<Map<_, _>>(),
-            )
-        }
-        Value::Array(a) => Value::Array(a.iter().map(|x| shuffled(x, rng)).collect()),
-        other => other.clone(),
-    }
 }
 
 struct Run {

@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tutor_testkit::bench::env_or;
 
 use futures::StreamExt;
 use tutor_wire::sse::SseParser;
@@ -18,19 +19,13 @@ use vllm_sim::engine::scheduler::SchedulerConfig;
 use vllm_sim::profile::LLAMA_31_8B_H100;
 use vllm_sim::SimArgs;
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
+/// The `q` quantile of `v`; 0 for an empty sample (printed as such).
 fn quantile(v: &mut [f64], q: f64) -> f64 {
     if v.is_empty() {
-        return 0.0;
+        0.0
+    } else {
+        tutor_testkit::bench::quantile(v, q)
     }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[((v.len() - 1) as f64 * q).round() as usize]
 }
 
 fn calibration() {
@@ -118,7 +113,7 @@ async fn one_stream(
 }
 
 async fn fixed_streams() {
-    let streams = env_or("SELFTEST_STREAMS", 2000) as usize;
+    let streams = env_or::<usize>("SELFTEST_STREAMS", 2000);
     let args = SimArgs::for_test(&[
         "--profile",
         "fixed",
@@ -189,7 +184,7 @@ async fn fixed_streams() {
 }
 
 async fn seed_mix() {
-    let secs = env_or("SELFTEST_MIX_SECS", 20);
+    let secs = env_or::<u64>("SELFTEST_MIX_SECS", 20);
     let args = SimArgs::for_test(&["--profile", "llama-3.1-8b-h100", "--max-num-seqs", "256"]);
     let sim = vllm_sim::start(&args).await.unwrap();
     let url = Arc::new(format!("{}/v1/chat/completions", sim.url()));

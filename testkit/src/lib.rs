@@ -4,6 +4,9 @@
 //!
 //! It depends on neither the gateway nor the simulator, so any crate of the workspace can use it
 //! as a dev-dependency without a cycle. Helpers panic on failure: they are for tests.
+//! [`bench`] holds what the benchmarks share.
+
+pub mod bench;
 
 use std::future::Future;
 use std::time::Duration;

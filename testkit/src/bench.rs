@@ -1,0 +1,63 @@
+//! Small helpers the benchmarks share: knobs from the environment, quantiles, and JSON with its
+//! keys shuffled (what a client that does not canonicalize its tools sends).
+
+use std::str::FromStr;
+
+use rand::seq::SliceRandom;
+use rand::Rng;
+use serde_json::{Map, Value};
+
+/// The environment variable `name` parsed as `T`, or `default` when unset or unparsable.
+pub fn env_or<T: FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The `q` quantile (0..=1, nearest rank) of `v`, sorting it in place; NaN when `v` is empty.
+pub fn quantile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * q).round() as usize]
+}
+
+/// The same JSON with every object's keys in a random order.
+pub fn shuffled(v: &Value, rng: &mut impl Rng) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.shuffle(rng);
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), shuffled(&m[k], rng)))
+                    .collect::<Map<_, _>>(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(|x| shuffled(x, rng)).collect()),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_nearest_rank_and_nan_when_empty() {
+        let mut v = vec![5.0, 1.0, 3.0, 2.0, 4.0];
+        assert_eq!(quantile(&mut v, 0.5), 3.0);
+        assert_eq!(quantile(&mut v, 1.0), 5.0);
+        assert!(quantile(&mut [], 0.5).is_nan());
+    }
+
+    #[test]
+    fn shuffling_keeps_the_value() {
+        use rand::SeedableRng;
+        let v = serde_json::json!({"a": 1, "b": {"c": [1, {"d": 2, "e": 3}]}, "f": "g"});
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        assert_eq!(shuffled(&v, &mut rng), v, "same keys and values, any order");
+    }
+}
