@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -81,6 +82,12 @@ pub fn serve_state(
     let grace = state.config().server.shutdown_grace;
     let stopping = stop.clone();
     let serve = tokio::spawn(async move {
+        // Small SSE writes go out at once: no Nagle delay on the first token.
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "TCP_NODELAY not set on an accepted connection");
+            }
+        });
         let server = axum::serve(listener, router)
             .with_graceful_shutdown(stopping.clone().cancelled_owned());
         let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));

@@ -402,3 +402,80 @@ async fn models_are_relayed_from_the_upstream() {
     let _ = Lane::Small;
     h.shutdown().await;
 }
+
+/// Clients written for vLLM probe its own routes first (guidellm refuses a server whose
+/// `GET /health` is a 404): the gateway answers them like vLLM does.
+#[tokio::test]
+async fn vllm_probe_routes_answer_like_vllm() {
+    let h = harness(FAST, |_| {}).await;
+    for (method, path) in [("GET", "/health"), ("GET", "/ping"), ("POST", "/ping")] {
+        let req = match method {
+            "GET" => client().get(h.url(path)),
+            _ => client().post(h.url(path)),
+        };
+        assert_eq!(req.send().await.unwrap().status(), 200, "{method} {path}");
+    }
+    let version = tutor_testkit::get_json(h.url("/version")).await;
+    assert_eq!(
+        version["version"],
+        vllm_sim::VLLM_VERSION,
+        "relayed from vLLM"
+    );
+    let resp = client()
+        .post(h.url("/tokenize"))
+        .json(&json!({"prompt": "one two three"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let tokens: serde_json::Value = resp.json().await.unwrap();
+    let count = tokens["count"].as_u64().unwrap();
+    assert!(count >= 3, "the engine's own count: {tokens}");
+    assert_eq!(tokens["tokens"].as_array().unwrap().len() as u64, count);
+    // vLLM's validation errors come back with vLLM's status and shape.
+    let bad = client()
+        .post(h.url("/tokenize"))
+        .json(&json!({"no_prompt": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let body: serde_json::Value = bad.json().await.unwrap();
+    assert!(body["error"]["message"].is_string(), "{body}");
+    h.shutdown().await;
+}
+
+/// With vLLM down, the relayed probe routes say so (503) instead of hanging or pretending.
+#[tokio::test]
+async fn relayed_probe_routes_report_an_unreachable_engine() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let h = harness(FAST, |c| {
+        c.upstream.base_url = format!("http://127.0.0.1:{port}");
+    })
+    .await;
+    let version = client().get(h.url("/version")).send().await.unwrap();
+    assert_eq!(version.status(), 503);
+    let tokenize = client()
+        .post(h.url("/tokenize"))
+        .json(&json!({"prompt": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(tokenize.status(), 503);
+    let body: serde_json::Value = tokenize.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "upstream_unavailable");
+    assert_eq!(
+        client()
+            .get(h.url("/health"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200,
+        "liveness is the gateway's own, as /healthz"
+    );
+    h.shutdown().await;
+}

@@ -4,7 +4,9 @@
 //!
 //! - `GET /answer?prompt=…`, `POST /answer`: the tutoring frontend's SSE stream ([`answer`]).
 //! - `POST /v1/chat/completions`, `POST /v1/completions`: OpenAI-compatible ([`openai`]).
-//! - `GET /healthz`, `GET /readyz`, `GET /v1/models`, `GET /metrics` ([`ops`]).
+//! - `GET /healthz`, `GET /readyz`, `GET /v1/models`, `GET /metrics` ([`ops`]); and vLLM's
+//!   own probe routes, so clients written for vLLM accept the gateway: `GET /health` and
+//!   `/ping` (liveness, as `/healthz`), `GET /version` and `POST /tokenize` (relayed).
 
 pub mod answer;
 pub mod openai;
@@ -25,6 +27,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/models", get(ops::models))
         .route("/healthz", get(ops::healthz))
+        // vLLM's own probe routes, for clients that expect vLLM here.
+        .route("/health", get(ops::healthz))
+        .route("/ping", get(ops::healthz).post(ops::healthz))
+        .route("/version", get(ops::version))
+        .route("/tokenize", post(ops::tokenize))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .layer(DefaultBodyLimit::max(limit))

@@ -1,5 +1,7 @@
 //! Operator endpoints: liveness, readiness, the upstream's model list, Prometheus.
 
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -7,7 +9,9 @@ use serde_json::json;
 
 use crate::admission::AdmissionHealth;
 use crate::error::GatewayError;
+use crate::pipeline::parse::body_bytes;
 use crate::pipeline::AppState;
+use crate::upstream::{RawResponse, UpstreamError};
 
 /// `GET /healthz`: the process is up.
 pub async fn healthz() -> impl IntoResponse {
@@ -44,7 +48,30 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
 
 /// `GET /v1/models`: vLLM's list, relayed.
 pub async fn models(State(state): State<AppState>) -> Response {
-    match state.upstream().models().await {
+    relayed(state.upstream().models().await)
+}
+
+/// `GET /version`: vLLM's version, relayed (benchmark clients read it).
+pub async fn version(State(state): State<AppState>) -> Response {
+    relayed(state.upstream().version().await)
+}
+
+/// `POST /tokenize`: vLLM's tokenizer, relayed (benchmark clients count tokens with it). Not
+/// admitted through the lanes: it costs the engine no GPU time.
+pub async fn tokenize(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let limit = state.config().server.max_body_bytes;
+    match body_bytes(body, limit) {
+        Ok(body) => relayed(state.upstream().tokenize(body).await),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// A small upstream answer as the client's response; failures in the OpenAI error shape.
+fn relayed(raw: Result<RawResponse, UpstreamError>) -> Response {
+    match raw {
         Ok(raw) => {
             let mut resp = (raw.status, raw.body).into_response();
             if let Some(ct) = raw.content_type {

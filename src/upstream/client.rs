@@ -152,6 +152,38 @@ impl UpstreamClient {
     pub async fn models(&self) -> Result<RawResponse, UpstreamError> {
         let deadline = Instant::now() + PROBE_TIMEOUT;
         let resp = self.get("/v1/models", deadline).await?;
+        Self::raw(resp, deadline).await
+    }
+
+    /// `GET /version` (vLLM's `{"version": "x.y.z"}`), relayed as is.
+    pub async fn version(&self) -> Result<RawResponse, UpstreamError> {
+        let deadline = Instant::now() + PROBE_TIMEOUT;
+        let resp = self.get("/version", deadline).await?;
+        Self::raw(resp, deadline).await
+    }
+
+    /// `POST /tokenize` with the client's JSON body, relayed as is (benchmark clients count
+    /// tokens with the engine's own tokenizer this way).
+    pub async fn tokenize(&self, body: bytes::Bytes) -> Result<RawResponse, UpstreamError> {
+        let deadline = Instant::now() + PROBE_TIMEOUT;
+        let url = format!("{}/tokenize", self.config.base_url);
+        let send = self
+            .http
+            .post(url)
+            .header(CONTENT_TYPE, "application/json")
+            .body(body)
+            .send();
+        let resp = match tokio::time::timeout_at(deadline, send).await {
+            Err(_) => return Err(UpstreamError::ResponseTimeout(PROBE_TIMEOUT)),
+            Ok(Err(e)) if e.is_connect() => return Err(UpstreamError::Unavailable(describe(e))),
+            Ok(Err(e)) => return Err(UpstreamError::Transport(describe(e))),
+            Ok(Ok(resp)) => resp,
+        };
+        Self::raw(resp, deadline).await
+    }
+
+    /// Reads a small answer whole; non-2xx -> [`UpstreamError::Status`] with vLLM's error.
+    async fn raw(resp: reqwest::Response, deadline: Instant) -> Result<RawResponse, UpstreamError> {
         let status = resp.status();
         let content_type = resp.headers().get(CONTENT_TYPE).cloned();
         let body = read_capped(resp, deadline).await?;
