@@ -155,6 +155,58 @@ mod tempdir {
     }
 }
 
+/// `tutor_gateway_relay_seconds` buckets from a scrape: (upper bound in seconds, cumulative
+/// count), in order.
+fn relay_buckets(text: &str) -> Vec<(f64, f64)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("tutor_gateway_relay_seconds_bucket{le=\""))
+        .filter_map(|rest| {
+            let (le, value) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The bucket bound at or under which a `q` share of the observations between two scrapes fall.
+fn relay_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option<f64> {
+    let counts: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(le, n)| {
+            let was = before
+                .iter()
+                .find(|(b, _)| b == le)
+                .map_or(0.0, |(_, n)| *n);
+            (*le, n - was)
+        })
+        .collect();
+    let total = counts.last()?.1;
+    (total > 0.0)
+        .then(|| {
+            counts
+                .iter()
+                .find(|(_, n)| *n >= q * total)
+                .map(|(le, _)| *le)
+        })
+        .flatten()
+}
+
+async fn scrape(client: &reqwest::Client, gw: &str) -> Vec<(f64, f64)> {
+    let text = client
+        .get(format!("{gw}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    relay_buckets(&text)
+}
+
 async fn bench() {
     let tokens = env_or::<u64>("OVERHEAD_TOKENS", 100);
     let itl_ms = env_or::<u64>("OVERHEAD_ITL_MS", 40).to_string();
@@ -196,7 +248,9 @@ async fn bench() {
     let mut rss_peak = rss_idle;
     let mut added = Vec::new();
     let mut cpu_per_chunk: Vec<(usize, f64)> = Vec::new();
+    let mut relay: Vec<(usize, Option<f64>, Option<f64>)> = Vec::new();
     for concurrency in [1usize, 500] {
+        let relay_before = scrape(&client, &gw).await;
         let ramp = if concurrency == 1 {
             Duration::ZERO
         } else {
@@ -255,6 +309,12 @@ async fn bench() {
             qg[3] - qd[3],
         ));
         cpu_per_chunk.push((concurrency, cpu_used * 1e6 / chunks_relayed.max(1) as f64));
+        let relay_after = scrape(&client, &gw).await;
+        relay.push((
+            concurrency,
+            relay_quantile(&relay_before, &relay_after, 0.5),
+            relay_quantile(&relay_before, &relay_after, 0.99),
+        ));
     }
     println!("\n| concurrency | added TTFT p50 ms | added TTFT p99 ms | added ITL p50 us | added ITL p99 us |");
     println!("|---:|---:|---:|---:|---:|");
@@ -264,6 +324,15 @@ async fn bench() {
             i50 * 1000.0,
             i99 * 1000.0
         );
+    }
+    println!(
+        "\nIn-gateway relay time per write (`tutor_gateway_relay_seconds`, bucket upper bounds):\n"
+    );
+    println!("| concurrency | p50 <= us | p99 <= us |");
+    println!("|---:|---:|---:|");
+    let us = |v: Option<f64>| v.map_or("-".to_owned(), |s| format!("{:.0}", s * 1e6));
+    for (c, p50, p99) in relay {
+        println!("| {c} | {} | {} |", us(p50), us(p99));
     }
     for (c, us) in cpu_per_chunk {
         println!("\ngateway CPU at concurrency {c}: {us:.1} us per relayed chunk (user + system, whole process)");

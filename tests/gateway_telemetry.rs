@@ -125,6 +125,13 @@ async fn histograms_count_each_lane_and_the_log_has_one_line_per_request() {
         m("tutor_gateway_time_per_output_token_seconds_count{lane=\"large\"}"),
         1.0
     );
+    // The relay's own time: at least one write per finished stream, each observed once.
+    let relayed = m("tutor_gateway_relay_seconds_count");
+    assert!(
+        relayed >= 9.0,
+        "8 answers and 1 cancelled stream wrote at least once each: {relayed}"
+    );
+    assert!(m("tutor_gateway_relay_seconds_sum") >= 0.0);
     // Cancellation: one, mid-stream, in the small lane.
     assert_eq!(
         m("tutor_gateway_cancellations_total{lane=\"small\",stage=\"decode\"}"),

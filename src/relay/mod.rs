@@ -216,11 +216,16 @@ impl Relay {
             let ev = self.next_event().await;
             self.step(ev, &mut out).await;
         }
+        // What is already here goes in the same write; its clock started at the read above.
+        let read_at = self.upstream.last_read_at();
         while !self.done {
             match self.next_event().now_or_never() {
                 Some(ev) => self.step(ev, &mut out).await,
                 None => break,
             }
+        }
+        if let Some(read_at) = read_at {
+            self.ctx.metrics.relay().observe(read_at.elapsed());
         }
         Some(Bytes::from(out))
     }

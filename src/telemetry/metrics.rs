@@ -16,6 +16,7 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use super::relay_metrics::RelayMetrics;
 use super::snapshot::AdmissionSnapshot;
 use crate::lane::Lane;
 use crate::telemetry::latency::{LatencySplit, UpstreamView};
@@ -156,6 +157,7 @@ pub struct Metrics {
     quota: QuotaMetrics,
     promotion: PromotionMetrics,
     prefix: PrefixMetrics,
+    relay: RelayMetrics,
 }
 
 impl Default for Metrics {
@@ -273,6 +275,7 @@ impl Metrics {
         );
         let quota = QuotaMetrics::register(&registry);
         let promotion = PromotionMetrics::register(&registry);
+        let relay = RelayMetrics::register(&registry);
         let prefix = PrefixMetrics::register(&registry);
         // Every lane's series exist from the start, so dashboards and rate() see zeros, not gaps.
         for lane in Lane::ALL {
@@ -314,6 +317,7 @@ impl Metrics {
             prefix_hits,
             quota,
             promotion,
+            relay,
             prefix,
         }
     }
@@ -331,6 +335,11 @@ impl Metrics {
     /// The promotion families.
     pub fn promotion(&self) -> &PromotionMetrics {
         &self.promotion
+    }
+
+    /// The relay latency family.
+    pub fn relay(&self) -> &RelayMetrics {
+        &self.relay
     }
 
     /// Records a client that went away at `stage` after `tokens` output tokens.

@@ -110,6 +110,8 @@ pub struct UpstreamStream {
     limits: StreamLimits,
     timings: StreamTimings,
     last_event_at: Instant,
+    /// When bytes last arrived from vLLM (for the relay's latency histogram).
+    last_read_at: Option<Instant>,
     finish_reason: Option<String>,
     usage: Option<Usage>,
     metrics: Option<EngineMetrics>,
@@ -152,6 +154,7 @@ impl UpstreamStream {
                 ended_at: None,
             },
             last_event_at: headers_at,
+            last_read_at: None,
             finish_reason: None,
             usage: None,
             metrics: None,
@@ -182,6 +185,7 @@ impl UpstreamStream {
             let body = &mut self.body.as_mut()?.0;
             match tokio::time::timeout_at(deadline, body.next()).await {
                 Ok(Some(Ok(bytes))) => {
+                    self.last_read_at = Some(Instant::now());
                     if let Err(e) = self.parser.feed(&bytes) {
                         self.pending_error = Some(UpstreamError::Protocol(e.to_string()));
                     }
@@ -212,6 +216,11 @@ impl UpstreamStream {
         self.body = None;
         self.abort.abort_now();
         self.end();
+    }
+
+    /// When bytes last arrived from vLLM (`None` before the first read).
+    pub fn last_read_at(&self) -> Option<Instant> {
+        self.last_read_at
     }
 
     /// The gateway request id this stream was sent with.
