@@ -1,7 +1,8 @@
 //! tutor-load: the load generator and reports of tutor-gateway (issue 7; M5-M7, M9, M16).
 //!
 //! - [`scenario`]: scenario TOML (classes, shares or concurrency, open or closed loop, seed).
-//! - [`prompt`]: seeded prompt text of an exact token length.
+//! - [`prompt`]: seeded prompt text of an exact token length; [`draw`]: seeded request sizes,
+//!   start offsets and think times.
 //! - [`client`]: one streamed request (`/answer` or `/v1/chat/completions`), timed client side.
 //! - [`runner`]: drives a scenario for a bounded time, with a progress line; [`record`]: what a
 //!   run produced.
@@ -12,6 +13,7 @@
 
 pub mod client;
 pub mod compare;
+pub mod draw;
 pub mod experiment;
 pub mod matrix;
 pub mod prompt;
