@@ -8,14 +8,20 @@
 //!   run produced.
 //! - [`stats`]: quantiles and `results.json`; [`report`] and [`svg`]: summary and charts.
 //! - [`compare`]: the M7 verdict and SLO checks; [`matrix`]: the vLLM flag grid (M9);
-//!   [`experiment`]: FIFO vs lanes through the real gateway (M16).
+//!   [`experiment`]: FIFO vs lanes through the real gateway (M16) per [`preset`] and
+//!   [`engine`] setting, read against the [`floor`] (small clients alone); [`exp_report`]: its
+//!   reports.
 #![forbid(unsafe_code)]
 
 pub mod client;
 pub mod compare;
 pub mod draw;
+pub mod engine;
+pub mod exp_report;
 pub mod experiment;
+pub mod floor;
 pub mod matrix;
+pub mod preset;
 pub mod prompt;
 pub mod record;
 pub mod report;
