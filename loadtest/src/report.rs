@@ -27,8 +27,8 @@ pub fn vs_floor_line(r: &Results) -> Option<String> {
     let v = r.vs_floor.as_ref()?;
     let c = r.classes.get(&v.class);
     Some(format!(
-        "{} TTFT vs the floor (the same {} clients alone): p50 {} s, p95 {} s, p99 {} s; \
-         floor p50 / p95 / p99 {} / {} / {} s.",
+        "{} TTFT vs the floor (the same {} clients alone), p50 / p95 / p99 s (x floor): \
+         {} / {} / {}; floor {} / {} / {} s.",
         v.class,
         v.class,
         with_ratio(c.and_then(|c| c.ttft_p50_s), v.ttft_p50_x),
