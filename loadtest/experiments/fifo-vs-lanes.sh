@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The defining experiment (M16): simulator `llama-3.1-8b-h100` at speed 1, the real gateway
-# in-process, 80 small (300/120) + 20 large (8,000/500) closed-loop clients, seed 42;
-# four presets in turn: `fifo` (unlimited: every request goes straight to the engine),
+# The defining experiment (M16, issue 13): simulator `llama-3.1-8b-h100` at speed 1, the real
+# gateway in-process, 80 small (~400/120) + 20 large (~11,000/400) closed-loop clients, sizes
+# uniform +-50%, starts spread over 5 s, seed 42; for each engine setting (`seed`: 96 seats /
+# 12,288 batched tokens; `h100`: vLLM's defaults 1,024 / 8,192), five presets in turn: `floor`
+# (the small clients alone), `fifo` (unlimited: every request goes straight to the engine),
 # `strict` (the seed's 32/20/4 as caps), `lanes` (work-conserving lanes from config/config.toml)
 # and `lanes-priority` (lanes + the lane as vLLM priority, simulator --scheduling-policy
 # priority). Writes docs/results/fifo-vs-lanes/.
@@ -18,5 +20,6 @@ exec target/release/tutor-load experiment \
   --config config/config.toml \
   --profile llama-3.1-8b-h100 --speed 1 \
   --fifo-max-concurrency 0 \
+  --engine seed,h100 --presets floor,fifo,strict,lanes,lanes-priority \
   --duration "$DURATION" --drain 60s --seed 42 \
   --out "$OUT"

@@ -80,6 +80,11 @@ pub fn compare(a: &Results, b: &Results, rules: &Rules) -> Verdict {
         "| **total** | {} | {} | {} | {} | | | | | | | | | | **{:.0}** | **{:.0}** |",
         a.requests, b.requests, a.errors, b.errors, a.output_tokens_per_s, b.output_tokens_per_s
     );
+    for (run, r) in [("A", a), ("B", b)] {
+        if let Some(line) = crate::report::vs_floor_line(r) {
+            let _ = writeln!(o, "\n{run}: {line}");
+        }
+    }
     let mut slo_misses = vec![];
     for (run, r) in [("A", a), ("B", b)] {
         for (class, &slo) in &rules.slo_p95_ttft_s {
@@ -163,6 +168,7 @@ mod tests {
             ]),
             throughput_timeline: vec![],
             records: vec![],
+            vs_floor: None,
         }
     }
 

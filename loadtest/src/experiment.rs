@@ -1,12 +1,12 @@
-//! The defining experiment (M16, issue 9): the same closed-loop load through the real gateway in
-//! front of the simulator under four presets: `fifo` (one queue, vLLM users' baseline),
-//! `strict` (the seed's 32/20/4 as caps), `lanes` (work-conserving lanes, the default) and
-//! `lanes-priority` (lanes + the lane sent as vLLM priority, simulator with
-//! `--scheduling-policy priority`); a fresh simulator for each, same seed, same requests.
-//! Writes one folder per preset, `summary.json`, `comparison.md`.
+//! The defining experiment (M16, issues 9 and 13): the same closed-loop load through the real
+//! gateway in front of the simulator under each admission preset (`floor`: the small clients
+//! alone; `fifo`, `strict`, `lanes`, `lanes-priority`), for each engine setting (`--engine seed`,
+//! `--engine h100`, per-flag overrides); a fresh simulator for each run, same seed, same requests.
+//! Writes `<engine>/<preset>/` folders, `summary.json`, `summary.md`, `comparison.md`
+//! (see [`crate::exp_report`]).
 
 use std::num::NonZeroU32;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -14,7 +14,10 @@ use serde_json::{json, Value};
 use tutor_gateway::config::{Config, Policy, RequestLogSink};
 
 use crate::client::{Api, Target};
-use crate::compare::{compare, Rules};
+use crate::engine::EngineSetting;
+use crate::exp_report::{write_reports, PresetRun};
+use crate::floor::{floor_scenario, vs_floor};
+pub use crate::preset::Preset;
 use crate::prompt::PromptBuilder;
 use crate::runner::{run, RunOptions};
 use crate::scenario::Scenario;
@@ -23,11 +26,11 @@ use crate::stats::Results;
 /// Settings of one experiment.
 #[derive(Debug, Clone)]
 pub struct ExperimentOptions {
-    /// Gateway config file; its policy is overridden per run.
+    /// Gateway config file; its policy (and `upstream.max_model_len`) is overridden per run.
     pub config: PathBuf,
     /// The load (closed loop, e.g. `defining-experiment.toml`).
     pub scenario: Scenario,
-    /// Window and drain per policy, seed, progress.
+    /// Window and drain per run, seed, progress.
     pub run: RunOptions,
     /// Simulator profile (`llama-3.1-8b-h100`).
     pub profile: String,
@@ -35,34 +38,13 @@ pub struct ExperimentOptions {
     pub speed: f64,
     /// `[admission.fifo] max_concurrency` for the FIFO run; 0 = unlimited.
     pub fifo_max_concurrency: u32,
+    /// Engine settings, each run with every preset.
+    pub engines: Vec<EngineSetting>,
+    /// Admission presets, run in [`Preset::ALL`] order (`floor` first, so the others' reports
+    /// can show ratios to it).
+    pub presets: Vec<Preset>,
     /// Output folder.
     pub out: PathBuf,
-}
-
-/// Runs one policy and returns its results.
-/// One admission setup the experiment compares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Preset {
-    /// `policy = "fifo"`.
-    Fifo,
-    /// `policy = "strict"`: the seed's caps.
-    Strict,
-    /// `policy = "lanes"`: work-conserving lanes.
-    Lanes,
-    /// `lanes` + `engine_priority` + the simulator's priority scheduling.
-    LanesPriority,
-}
-
-impl Preset {
-    /// The folder / summary key.
-    pub fn name(self) -> &'static str {
-        match self {
-            Preset::Fifo => "fifo",
-            Preset::Strict => "strict",
-            Preset::Lanes => "lanes",
-            Preset::LanesPriority => "lanes-priority",
-        }
-    }
 }
 
 /// Gateway-side p50/p95 of the small lane's queue wait, seconds, from `/metrics` (bucket
@@ -113,15 +95,21 @@ async fn small_queue_wait(gw_url: &str) -> Value {
 /// queue wait.
 pub async fn run_preset(
     opts: &ExperimentOptions,
+    engine: &EngineSetting,
     preset: Preset,
 ) -> anyhow::Result<(Results, Value)> {
     let policy = match preset {
         Preset::Fifo => Policy::Fifo,
         Preset::Strict => Policy::Strict,
-        Preset::Lanes | Preset::LanesPriority => Policy::Lanes,
+        Preset::Floor | Preset::Lanes | Preset::LanesPriority => Policy::Lanes,
     };
-    let mut cfg = Config::load(&opts.config)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", opts.config.display()))?;
+    let mut scenario = if preset == Preset::Floor {
+        floor_scenario(&opts.scenario)
+    } else {
+        opts.scenario.clone()
+    };
+    scenario.max_model_len = scenario.max_model_len.min(engine.max_model_len);
+    let mut cfg = load_config(&opts.config, engine.max_model_len)?;
     cfg.admission.policy = policy;
     cfg.admission.engine_priority = preset == Preset::LanesPriority;
     cfg.admission.fifo.max_concurrency = NonZeroU32::new(opts.fifo_max_concurrency);
@@ -146,6 +134,7 @@ pub async fn run_preset(
     if let Some(p) = &tokenizer {
         sim_args.extend(["--tokenizer".into(), p.display().to_string()]);
     }
+    sim_args.extend(engine.sim_flags());
     if preset == Preset::LanesPriority {
         sim_args.extend(["--scheduling-policy".into(), "priority".into()]);
     }
@@ -157,14 +146,15 @@ pub async fn run_preset(
         tokenizer.as_deref(),
     )?);
     eprintln!(
-        "== {}: gateway {} -> simulator {}",
+        "== {} / {}: gateway {} -> simulator {}",
+        engine.name,
         preset.name(),
         gw.url(),
         sim.url()
     );
-    let data = run(&opts.scenario, &target, &prompts, &opts.run).await;
+    let data = run(&scenario, &target, &prompts, &opts.run).await;
     let results = Results::build(
-        &opts.scenario,
+        &scenario,
         &target,
         opts.run.seed,
         opts.run.duration.as_secs_f64(),
@@ -176,93 +166,66 @@ pub async fn run_preset(
     Ok((results, wait))
 }
 
-/// The `summary.json` entry of one policy (the issue's shape, plus more fields).
-pub fn summary_entry(r: &Results) -> Value {
-    let mut classes = serde_json::Map::new();
-    for (name, c) in crate::report::ordered(r) {
-        classes.insert(
-            name.to_string(),
-            json!({
-                "ttft_p50_s": c.ttft_p50_s, "ttft_p95_s": c.ttft_p95_s, "ttft_p99_s": c.ttft_p99_s,
-                "e2e_p50_s": c.e2e_p50_s, "e2e_p95_s": c.e2e_p95_s, "e2e_p99_s": c.e2e_p99_s,
-                "requests": c.requests, "ok": c.ok, "errors": c.errors, "cut": c.cut,
-                "output_tokens_per_s": c.output_tokens_per_s,
-            }),
-        );
+/// The gateway config at `path` with `upstream.max_model_len` set to `max_model_len` (checked
+/// again as a whole: the lanes' token budgets must still hold the longest request).
+fn load_config(path: &Path, max_model_len: u32) -> anyhow::Result<Config> {
+    let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
+    let cfg = Config::load(path).map_err(|e| err(&e))?;
+    if cfg.upstream.max_model_len.get() == max_model_len {
+        return Ok(cfg);
     }
-    json!({
-        "classes": classes,
-        "output_tokens_per_s": r.output_tokens_per_s,
-        "duration_s": r.duration_s,
-        "requests": r.requests,
-        "errors": r.errors,
-        "errors_by_code": r.errors_by_code,
-    })
+    let text = std::fs::read_to_string(path)?;
+    let mut t: toml::Table = text.parse().map_err(|e| err(&e))?;
+    let up = t
+        .entry("upstream")
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    if let Some(up) = up.as_table_mut() {
+        up.insert("max_model_len".into(), i64::from(max_model_len).into());
+    }
+    Config::from_toml_str(&toml::to_string(&t)?)
+        .map_err(|e| err(&format!("with --max-model-len {max_model_len}: {e}")))
 }
 
-/// Runs FIFO then lanes and writes everything under `opts.out`.
-/// Runs every preset in turn and writes the reports.
+/// Runs every engine setting with every preset in turn and writes the reports.
 pub async fn run_experiment(opts: &ExperimentOptions) -> anyhow::Result<Value> {
-    let mut runs = Vec::new();
-    for preset in [
-        Preset::Fifo,
-        Preset::Strict,
-        Preset::Lanes,
-        Preset::LanesPriority,
-    ] {
-        let (r, wait) = run_preset(opts, preset)
-            .await
-            .with_context(|| format!("{} run", preset.name()))?;
-        crate::report::write_all(&opts.out.join(preset.name()), &r, 2.0)?;
-        runs.push((preset, r, wait));
-        // Let one run's sockets close before the next starts.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut presets = opts.presets.clone();
+    presets.sort();
+    presets.dedup();
+    let mut by_engine = vec![];
+    for engine in &opts.engines {
+        let mut runs: Vec<PresetRun> = vec![];
+        for &preset in &presets {
+            let (mut r, wait) = run_preset(opts, engine, preset)
+                .await
+                .with_context(|| format!("{} / {} run", engine.name, preset.name()))?;
+            let floor = runs.iter().find(|x| x.preset == Preset::Floor);
+            r.vs_floor = match floor {
+                Some(f) => Some(vs_floor(&f.results, &r)),
+                None if preset == Preset::Floor => Some(vs_floor(&r, &r)),
+                None => None,
+            };
+            let dir = opts.out.join(&engine.name).join(preset.name());
+            crate::report::write_all(&dir, &r, 2.0)?;
+            runs.push(PresetRun {
+                preset,
+                results: r,
+                queue_wait: wait,
+            });
+            // Let one run's sockets close before the next starts.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        by_engine.push((engine.clone(), runs));
     }
-    let fifo = &runs[0].1;
-    let lanes = &runs[2].1;
-    let verdict = compare(fifo, lanes, &Rules::default());
-    let ratio = |r: &Results| {
-        let f = fifo.classes.get("small").and_then(|x| x.ttft_p95_s)?;
-        let l = r.classes.get("small").and_then(|x| x.ttft_p95_s)?;
-        (l > 0.0).then_some(f / l)
-    };
-    let mut summary = serde_json::Map::new();
-    let mut vs_fifo = serde_json::Map::new();
-    for (preset, r, wait) in &runs {
-        let mut entry = summary_entry(r);
-        entry["small_gateway_queue_wait"] = wait.clone();
-        summary.insert(preset.name().to_string(), entry);
-        vs_fifo.insert(
-            preset.name().to_string(),
-            json!({
-                "small_p95_ttft_fifo_over_preset": ratio(r),
-                "output_tokens_per_s_preset_over_fifo": r.output_tokens_per_s / fifo.output_tokens_per_s.max(1e-9),
-            }),
-        );
-    }
-    summary.insert("vs_fifo".into(), Value::Object(vs_fifo));
-    summary.insert(
-        "setup".into(),
-        json!({
-            "scenario": opts.scenario.name, "seed": opts.run.seed, "profile": opts.profile,
-            "speed": opts.speed, "fifo_max_concurrency": opts.fifo_max_concurrency,
-            "duration_s": opts.run.duration.as_secs_f64(),
-            "drain_s": opts.run.drain.as_secs_f64(),
-            "classes": opts.scenario.classes,
-        }),
-    );
-    summary.insert(
-        "m7_regression_lanes_vs_fifo".into(),
-        json!(verdict.regression),
-    );
-    let summary = Value::Object(summary);
-    std::fs::write(
-        opts.out.join("summary.json"),
-        serde_json::to_string_pretty(&summary)?,
-    )?;
-    let md = format!("# FIFO (A) vs lanes (B)\n\n{}", verdict.text);
-    std::fs::write(opts.out.join("comparison.md"), &md)?;
-    println!("{md}");
-    println!("{}", serde_json::to_string_pretty(&summary["vs_fifo"])?);
-    Ok(summary)
+    let setup = json!({
+        "scenario": opts.scenario.name, "seed": opts.run.seed, "profile": opts.profile,
+        "speed": opts.speed, "fifo_max_concurrency": opts.fifo_max_concurrency,
+        "duration_s": opts.run.duration.as_secs_f64(),
+        "drain_s": opts.run.drain.as_secs_f64(),
+        "max_model_len": opts.scenario.max_model_len,
+        "load": opts.scenario.load,
+        "classes": opts.scenario.classes,
+        "engines": opts.engines,
+        "presets": presets.iter().map(|p| p.name()).collect::<Vec<_>>(),
+    });
+    write_reports(&opts.out, setup, &by_engine)
 }

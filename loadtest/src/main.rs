@@ -10,6 +10,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tutor_load::client::{Api, Target};
 use tutor_load::compare::{compare, Rules};
+use tutor_load::engine::Overrides;
+use tutor_load::experiment::Preset;
 use tutor_load::prompt::PromptBuilder;
 use tutor_load::runner::RunOptions;
 use tutor_load::scenario::Scenario;
@@ -146,6 +148,33 @@ enum Cmd {
         /// FIFO concurrency limit (0 = unlimited).
         #[arg(long, default_value_t = 0)]
         fifo_max_concurrency: u32,
+        /// Admission presets to run (comma-separated; `floor` runs first, the others are read
+        /// against it).
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "floor,fifo,strict,lanes,lanes-priority"
+        )]
+        presets: Vec<Preset>,
+        /// Named engine settings (comma-separated or repeated): `seed` (--max-num-seqs 96
+        /// --max-num-batched-tokens 12288), `h100` (vLLM's defaults: 1024 / 8192); both
+        /// --max-model-len 16384. Default: h100.
+        #[arg(long = "engine", value_delimiter = ',')]
+        engines: Vec<String>,
+        /// Replace the presets' --max-num-seqs (several values: one setting each).
+        #[arg(long, value_delimiter = ',')]
+        max_num_seqs: Vec<u32>,
+        /// Replace the presets' --max-num-batched-tokens.
+        #[arg(long, value_delimiter = ',')]
+        max_num_batched_tokens: Vec<u32>,
+        /// Replace the presets' --long-prefill-token-threshold (0: none).
+        #[arg(long, value_delimiter = ',')]
+        long_prefill_token_threshold: Vec<u32>,
+        /// Replace the presets' --max-model-len (also the gateway's upstream.max_model_len and
+        /// the cap on drawn sizes).
+        #[arg(long, value_delimiter = ',')]
+        max_model_len: Vec<u32>,
     },
 }
 
@@ -260,8 +289,20 @@ async fn main() -> anyhow::Result<()> {
             profile,
             speed,
             fifo_max_concurrency,
+            presets,
+            engines,
+            max_num_seqs,
+            max_num_batched_tokens,
+            long_prefill_token_threshold,
+            max_model_len,
         } => {
             let (scenario, run, _) = common.load()?;
+            let overrides = Overrides {
+                max_num_seqs,
+                max_num_batched_tokens,
+                long_prefill_token_threshold,
+                max_model_len,
+            };
             let opts = tutor_load::experiment::ExperimentOptions {
                 config,
                 scenario,
@@ -269,6 +310,8 @@ async fn main() -> anyhow::Result<()> {
                 profile,
                 speed,
                 fifo_max_concurrency,
+                engines: tutor_load::engine::expand(&engines, &overrides)?,
+                presets,
                 out: common.out.clone(),
             };
             std::fs::create_dir_all(&opts.out)?;

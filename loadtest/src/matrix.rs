@@ -168,7 +168,7 @@ pub async fn run_matrix(
             );
             stop(child).await;
             crate::report::write_all(
-                &opts.out.join(format!("seqs{seqs}-batched{batched}")),
+                &opts.out.join(crate::engine::cell_name(seqs, batched)),
                 &r,
                 2.0,
             )?;

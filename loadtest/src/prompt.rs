@@ -15,6 +15,12 @@ const WORDS: &[&str] = &[
     "load", "send", "get", "put", "add", "new", "old", "main", "help", "look", "see", "make",
 ];
 
+/// Seed of the prompt of request `i` of client `client` in class `class`.
+pub fn request_seed(seed: u64, class: usize, client: u64, i: u64) -> u64 {
+    let mut r = SplitMix::new(seed ^ ((class as u64) << 48) ^ (client << 24) ^ i);
+    r.next_u64()
+}
+
 /// Builds prompts whose chat rendering is exactly `n` tokens for the engine.
 #[derive(Debug, Clone)]
 pub struct PromptBuilder {

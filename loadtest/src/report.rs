@@ -13,6 +13,33 @@ pub fn s(v: Option<f64>) -> String {
     v.map_or("-".into(), |x| format!("{x:.2}"))
 }
 
+/// `0.41 (1.17x)`: seconds with a ratio (to the floor) beside them; `-` where unknown.
+pub fn with_ratio(value: Option<f64>, x: Option<f64>) -> String {
+    let v = s(value);
+    match x {
+        Some(x) => format!("{v} ({x:.2}x)"),
+        None => v,
+    }
+}
+
+/// The line of a run's small TTFT against the floor's, when the run has one.
+pub fn vs_floor_line(r: &Results) -> Option<String> {
+    let v = r.vs_floor.as_ref()?;
+    let c = r.classes.get(&v.class);
+    Some(format!(
+        "{} TTFT vs the floor (the same {} clients alone), p50 / p95 / p99 s (x floor): \
+         {} / {} / {}; floor {} / {} / {} s.",
+        v.class,
+        v.class,
+        with_ratio(c.and_then(|c| c.ttft_p50_s), v.ttft_p50_x),
+        with_ratio(c.and_then(|c| c.ttft_p95_s), v.ttft_p95_x),
+        with_ratio(c.and_then(|c| c.ttft_p99_s), v.ttft_p99_x),
+        s(v.floor_ttft_p50_s),
+        s(v.floor_ttft_p95_s),
+        s(v.floor_ttft_p99_s),
+    ))
+}
+
 /// Classes in scenario order with their figures.
 pub fn ordered(r: &Results) -> Vec<(&str, &ClassStats)> {
     r.scenario
@@ -56,6 +83,9 @@ pub fn summary_md(r: &Results) -> String {
             ms(c.itl_p95_s),
             c.output_tokens_per_s
         );
+    }
+    if let Some(line) = vs_floor_line(r) {
+        let _ = writeln!(o, "\n{line}");
     }
     if !r.errors_by_code.is_empty() {
         o.push_str("\nErrors by code: ");

@@ -1,6 +1,7 @@
 //! Drives a scenario against a target for a bounded time: closed-loop clients per class or
 //! open-loop Poisson arrivals, all from one seed, with a progress line on stderr.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -9,10 +10,12 @@ use tokio::time::Instant;
 use vllm_sim::text::SplitMix;
 
 use crate::client::{Outcome, Target};
+use crate::draw::{open_sizes, ClientPlan, Step};
 use crate::prompt::PromptBuilder;
 use crate::scenario::{Load, Scenario};
 use crate::stats::quantile;
 
+pub use crate::prompt::request_seed;
 pub use crate::record::{Record, RunData};
 
 /// Most open-loop requests in flight at once; arrivals beyond it are counted as `skipped`.
@@ -33,10 +36,24 @@ pub struct RunOptions {
     pub progress_every_s: u64,
 }
 
-/// Seed of the prompt of request `i` of client `client` in class `class`.
-pub fn request_seed(seed: u64, class: usize, client: u64, i: u64) -> u64 {
-    let mut r = SplitMix::new(seed ^ ((class as u64) << 48) ^ (client << 24) ^ i);
-    r.next_u64()
+/// A closed-loop client: waits for its start offset, then sends its plan's requests one after
+/// another until `end`, pausing after each for its think time (and [`ERROR_BACKOFF`] more after
+/// an error). `send` sends one request and says whether it failed.
+pub async fn closed_client<F, Fut>(mut plan: ClientPlan, start: Instant, end: Instant, mut send: F)
+where
+    F: FnMut(Step) -> Fut,
+    Fut: Future<Output = bool>,
+{
+    tokio::time::sleep_until(start + plan.offset).await;
+    while Instant::now() < end {
+        let step = plan.next_step();
+        if send(step).await {
+            tokio::time::sleep(ERROR_BACKOFF).await;
+        }
+        if !step.think.is_zero() {
+            tokio::time::sleep(step.think).await;
+        }
+    }
 }
 
 struct Shared {
@@ -62,25 +79,22 @@ pub async fn run(
     let mut tasks = JoinSet::new();
     let mut skipped = 0;
     match scenario.load {
-        Load::Closed => {
+        Load::Closed { .. } => {
             for (ci, class) in scenario.classes.iter().enumerate() {
                 for client in 0..u64::from(class.concurrency) {
                     let (sh, t, p) = (shared.clone(), target.clone(), prompts.clone());
-                    let (inp, outp, seed) = (class.input_tokens, class.output_tokens, opts.seed);
-                    tasks.spawn(async move {
-                        let mut i = 0;
-                        while Instant::now() < end {
-                            let prompt = p.build(inp, request_seed(seed, ci, client, i));
-                            i += 1;
+                    let plan = ClientPlan::new(scenario, ci, client, opts.seed);
+                    tasks.spawn(closed_client(plan, start, end, move |step: Step| {
+                        let (sh, t, p) = (sh.clone(), t.clone(), p.clone());
+                        async move {
+                            let prompt = p.build(step.input, step.prompt_seed);
                             let sent = Instant::now();
-                            let o = t.send(&prompt, outp, cut_at).await;
+                            let o = t.send(&prompt, step.output, cut_at).await;
                             let failed = o.status == crate::client::Status::Error;
                             push(&sh, ci, sent, o);
-                            if failed {
-                                tokio::time::sleep(ERROR_BACKOFF).await;
-                            }
+                            failed
                         }
-                    });
+                    }));
                 }
             }
         }
@@ -111,9 +125,9 @@ pub async fn run(
                     skipped += 1;
                     continue;
                 }
-                let class = &scenario.classes[ci];
                 let (sh, t, p) = (shared.clone(), target.clone(), prompts.clone());
-                let (inp, outp, seed) = (class.input_tokens, class.output_tokens, opts.seed);
+                let (inp, outp) = open_sizes(scenario, ci, i, opts.seed);
+                let seed = opts.seed;
                 tasks.spawn(async move {
                     let prompt = p.build(inp, request_seed(seed, ci, 0, i));
                     let sent = Instant::now();
@@ -188,4 +202,45 @@ fn progress_line(sh: &Shared, names: &[String]) -> String {
         }
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Think time and the start offset are applied by the client loop (tokio's paused clock:
+    /// virtual time, no wall-clock timing).
+    #[tokio::test(start_paused = true)]
+    async fn closed_clients_wait_for_their_offset_and_think_between_requests() {
+        let s = Scenario::parse(
+            "name='t'\n[load]\nmode='closed'\nramp_s=3\n[[class]]\nname='a'\n\
+             input_tokens=300\noutput_tokens=10\nconcurrency=4\nthink_ms=1000\n",
+        )
+        .unwrap();
+        let plan = ClientPlan::new(&s, 0, 1, 42);
+        let offset = plan.offset;
+        assert!(offset > Duration::ZERO && offset < Duration::from_secs(3));
+        let start = Instant::now();
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let log = sent.clone();
+        closed_client(plan, start, start + Duration::from_secs(10), move |_| {
+            let log = log.clone();
+            async move {
+                log.lock().unwrap().push(start.elapsed());
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                false
+            }
+        })
+        .await;
+        let sent = sent.lock().unwrap().clone();
+        // The paused clock advances in whole milliseconds.
+        let near = |a: Duration, b: Duration| a.abs_diff(b) <= Duration::from_millis(2);
+        assert!(near(sent[0], offset), "{sent:?} {offset:?}");
+        for w in sent.windows(2) {
+            // 500 ms of "request" + 1,000 ms of think time.
+            assert!(near(w[1] - w[0], Duration::from_millis(1500)), "{sent:?}");
+        }
+        assert!(*sent.last().unwrap() < Duration::from_secs(10));
+        assert!(*sent.last().unwrap() + Duration::from_millis(1500) >= Duration::from_secs(10));
+    }
 }

@@ -11,9 +11,15 @@ use serde::{Deserialize, Serialize};
 pub struct Scenario {
     /// Short name, copied into results.
     pub name: String,
-    /// Seed of every random choice (classes, arrivals, prompt text); `--seed` overrides it.
+    /// Seed of every random choice (classes, arrivals, prompt text, drawn sizes, start offsets,
+    /// think times); `--seed` overrides it.
     #[serde(default)]
     pub seed: u64,
+    /// Longest prompt + output the engine accepts (vLLM `--max-model-len`); drawn sizes are
+    /// clamped so that input + output never exceed it. Default 16384 (vLLM's and the gateway's
+    /// reference). `tutor-load experiment` lowers it to its engine setting's `--max-model-len`.
+    #[serde(default = "default_max_model_len")]
+    pub max_model_len: u32,
     /// How requests arrive.
     pub load: Load,
     /// Request classes, in report order.
@@ -30,9 +36,62 @@ pub enum Load {
         /// Mean requests per second.
         rate: f64,
     },
-    /// Each class keeps `concurrency` requests in flight; a client sends its next request as
-    /// soon as its previous one ends.
-    Closed,
+    /// Each class keeps `concurrency` clients; a client sends its next request when its
+    /// previous one ends (after the class's think time).
+    Closed {
+        /// Client starts are spread over the first `ramp_s` seconds (0: all start at once).
+        #[serde(default)]
+        ramp_s: f64,
+        /// How start offsets are placed within `ramp_s`.
+        #[serde(default)]
+        ramp: Ramp,
+    },
+}
+
+/// Where a closed-loop client's start offset falls within `ramp_s`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ramp {
+    /// Drawn uniformly in `[0, ramp_s)` from the client's own seeded stream.
+    #[default]
+    Uniform,
+    /// Evenly spaced per class: client k of n starts at `k * ramp_s / n`.
+    Even,
+}
+
+/// How a class's figure (tokens or think time) is turned into one request's value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dist {
+    /// Exactly the figure.
+    #[default]
+    Fixed,
+    /// Uniform in `[figure * (1 - spread), figure * (1 + spread)]` (mean = the figure).
+    Uniform,
+    /// `figure * exp(sigma * N(0, 1))`: median = the figure, a right-skewed tail.
+    Lognormal,
+    /// Exponential with mean = the figure (memoryless; for think times).
+    Exponential,
+}
+
+/// Default `max_model_len`.
+pub const DEFAULT_MAX_MODEL_LEN: u32 = 16_384;
+/// Default `spread` of the uniform distribution: +-50%.
+pub const DEFAULT_SPREAD: f64 = 0.5;
+/// Default `sigma` of the lognormal distribution (of ln(size)): about 68% of draws within
+/// x0.61 .. x1.65 of the median.
+pub const DEFAULT_SIGMA: f64 = 0.5;
+/// Fewest prompt tokens a request has (the chat template alone is a few tokens).
+pub const MIN_INPUT_TOKENS: u32 = 16;
+
+fn default_max_model_len() -> u32 {
+    DEFAULT_MAX_MODEL_LEN
+}
+fn default_spread() -> f64 {
+    DEFAULT_SPREAD
+}
+fn default_sigma() -> f64 {
+    DEFAULT_SIGMA
 }
 
 /// One request class.
@@ -51,6 +110,25 @@ pub struct Class {
     /// Closed-loop clients of this class.
     #[serde(default)]
     pub concurrency: u32,
+    /// How each request's input and output sizes are drawn around `input_tokens` /
+    /// `output_tokens` (default `fixed`: exactly those).
+    #[serde(default)]
+    pub distribution: Dist,
+    /// `uniform`: +- this fraction of the figure, in [0, 1] (default 0.5). Also used by
+    /// `think_distribution = "uniform"`.
+    #[serde(default = "default_spread")]
+    pub spread: f64,
+    /// `lognormal`: standard deviation of ln(value) (default 0.5). Also used by
+    /// `think_distribution = "lognormal"`.
+    #[serde(default = "default_sigma")]
+    pub sigma: f64,
+    /// Closed loop: a client's pause between the end of one request and its next, milliseconds
+    /// (default 0: none).
+    #[serde(default)]
+    pub think_ms: f64,
+    /// How each think time is drawn around `think_ms` (default `fixed`).
+    #[serde(default)]
+    pub think_distribution: Dist,
 }
 
 impl Scenario {
@@ -73,12 +151,37 @@ impl Scenario {
         if self.classes.is_empty() {
             bail!("no [[class]]");
         }
+        if self.max_model_len <= MIN_INPUT_TOKENS {
+            bail!("max_model_len must be > {MIN_INPUT_TOKENS}");
+        }
         for c in &self.classes {
-            if c.input_tokens < 16 || c.output_tokens == 0 {
+            if c.input_tokens < MIN_INPUT_TOKENS || c.output_tokens == 0 {
                 bail!(
-                    "class {}: input_tokens >= 16 and output_tokens >= 1",
+                    "class {}: input_tokens >= {MIN_INPUT_TOKENS} and output_tokens >= 1",
                     c.name
                 );
+            }
+            if c.distribution == Dist::Fixed
+                && u64::from(c.input_tokens) + u64::from(c.output_tokens)
+                    > u64::from(self.max_model_len)
+            {
+                bail!(
+                    "class {}: input_tokens + output_tokens > max_model_len {}",
+                    c.name,
+                    self.max_model_len
+                );
+            }
+            if !(0.0..=1.0).contains(&c.spread) {
+                bail!("class {}: spread must be in [0, 1]", c.name);
+            }
+            if !(c.sigma >= 0.0 && c.sigma.is_finite()) {
+                bail!("class {}: sigma must be >= 0", c.name);
+            }
+            if !(c.think_ms >= 0.0 && c.think_ms.is_finite()) {
+                bail!("class {}: think_ms must be >= 0", c.name);
+            }
+            if c.think_ms > 0.0 && matches!(self.load, Load::Open { .. }) {
+                bail!("class {}: think_ms is for closed loop only", c.name);
             }
         }
         match self.load {
@@ -90,9 +193,12 @@ impl Scenario {
                     bail!("open loop: shares must be >= 0 and sum to > 0");
                 }
             }
-            Load::Closed => {
+            Load::Closed { ramp_s, .. } => {
                 if self.classes.iter().all(|c| c.concurrency == 0) {
                     bail!("closed loop: some class needs concurrency > 0");
+                }
+                if !(ramp_s >= 0.0 && ramp_s.is_finite()) {
+                    bail!("load.ramp_s must be >= 0");
                 }
             }
         }
@@ -125,7 +231,8 @@ mod tests {
         assert_eq!(mix.classes.len(), 3);
         assert!((mix.total_share() - 1.0).abs() < 1e-9);
         let exp = Scenario::load(&dir.join("defining-experiment.toml")).unwrap();
-        assert_eq!(exp.load, Load::Closed);
+        assert!(matches!(exp.load, Load::Closed { ramp_s, .. } if ramp_s == 5.0));
+        assert_eq!(exp.classes[0].distribution, Dist::Uniform);
         assert_eq!(exp.classes[0].concurrency, 80);
         assert_eq!(exp.classes[1].concurrency, 20);
     }
@@ -135,5 +242,28 @@ mod tests {
         assert!(Scenario::parse("name='x'\n[load]\nmode='closed'\n").is_err());
         let no_clients = "name='x'\n[load]\nmode='closed'\n[[class]]\nname='a'\ninput_tokens=300\noutput_tokens=10\n";
         assert!(Scenario::parse(no_clients).is_err());
+        let base = "name='x'\n[load]\nmode='closed'\n[[class]]\nname='a'\ninput_tokens=300\noutput_tokens=10\nconcurrency=1\n";
+        assert!(Scenario::parse(base).is_ok());
+        assert!(Scenario::parse(&format!("{base}spread=1.5\n")).is_err());
+        assert!(Scenario::parse(&format!("{base}think_ms=-1\n")).is_err());
+        assert!(Scenario::parse(&format!("{base}distribution='normal'\n")).is_err());
+        assert!(Scenario::parse(&format!("max_model_len=200\n{base}")).is_err());
+        let ramp = base.replace("mode='closed'", "mode='closed'\nramp_s=-1");
+        assert!(Scenario::parse(&ramp).is_err());
+    }
+
+    #[test]
+    fn old_scenarios_keep_todays_behaviour() {
+        let s = Scenario::parse("name='x'\n[load]\nmode='closed'\n[[class]]\nname='a'\ninput_tokens=300\noutput_tokens=10\nconcurrency=1\n").unwrap();
+        assert_eq!(
+            s.load,
+            Load::Closed {
+                ramp_s: 0.0,
+                ramp: Ramp::Uniform
+            }
+        );
+        let c = &s.classes[0];
+        assert_eq!((c.distribution, c.think_ms), (Dist::Fixed, 0.0));
+        assert_eq!(s.max_model_len, DEFAULT_MAX_MODEL_LEN);
     }
 }

@@ -115,6 +115,29 @@ pub struct Results {
     pub throughput_timeline: Vec<f64>,
     /// Every request.
     pub records: Vec<RequestLine>,
+    /// `tutor-load experiment`: this run's small TTFT against the floor run's (the same small
+    /// clients with no large ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vs_floor: Option<VsFloor>,
+}
+
+/// A class's TTFT quantiles beside the floor run's and as ratios to them (this / floor).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VsFloor {
+    /// The class compared (`small`).
+    pub class: String,
+    /// The floor run's p50 TTFT.
+    pub floor_ttft_p50_s: Option<f64>,
+    /// The floor run's p95 TTFT.
+    pub floor_ttft_p95_s: Option<f64>,
+    /// The floor run's p99 TTFT.
+    pub floor_ttft_p99_s: Option<f64>,
+    /// This run's p50 TTFT / the floor's.
+    pub ttft_p50_x: Option<f64>,
+    /// This run's p95 TTFT / the floor's.
+    pub ttft_p95_x: Option<f64>,
+    /// This run's p99 TTFT / the floor's.
+    pub ttft_p99_x: Option<f64>,
 }
 
 impl Results {
@@ -222,6 +245,7 @@ impl Results {
             classes,
             throughput_timeline: timeline,
             records,
+            vs_floor: None,
         }
     }
 

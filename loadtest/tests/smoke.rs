@@ -1,11 +1,13 @@
 //! CI smoke test of the defining experiment (M16) at small scale: 8 small + 2 large clients,
-//! `llama-3.1-8b-h100` at speed 10, a few seconds per policy, through the real gateway, FIFO then
-//! lanes. Asserts only that both completed without errors and that the outputs parse.
+//! `llama-3.1-8b-h100` at speed 10, a few seconds per policy, through the real gateway, the floor,
+//! FIFO then lanes on the `seed` engine setting. Asserts only that they completed without errors,
+//! that the outputs parse and that the ratios to the floor are there.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tutor_load::experiment::{run_experiment, ExperimentOptions};
+use tutor_load::engine::{expand, Overrides};
+use tutor_load::experiment::{run_experiment, ExperimentOptions, Preset};
 use tutor_load::runner::RunOptions;
 use tutor_load::scenario::Scenario;
 use tutor_load::stats::Results;
@@ -36,11 +38,20 @@ async fn fifo_vs_lanes_smoke_completes_without_errors() {
         profile: "llama-3.1-8b-h100".into(),
         speed: 10.0,
         fifo_max_concurrency: 0,
+        engines: expand(&["seed".into()], &Overrides::default()).unwrap(),
+        presets: vec![Preset::Floor, Preset::Fifo, Preset::Lanes],
         out: out.clone(),
     };
     let summary = run_experiment(&opts).await.expect("experiment");
+    let seed = out.join("seed");
+    let floor = Results::load(&seed.join("floor/results.json")).expect("floor results.json");
+    assert_eq!(
+        floor.classes["large"].requests, 0,
+        "the floor has no large clients"
+    );
     for policy in ["fifo", "lanes"] {
-        let r = Results::load(&out.join(policy).join("results.json")).expect("results.json");
+        let r = Results::load(&seed.join(policy).join("results.json")).expect("results.json");
+        assert!(r.vs_floor.as_ref().unwrap().ttft_p95_x.is_some());
         assert!(r.requests > 10, "{policy}: only {} requests", r.requests);
         assert_eq!(r.errors, 0, "{policy}: errors {:?}", r.errors_by_code);
         for (name, c) in &r.classes {
@@ -53,14 +64,23 @@ async fn fifo_vs_lanes_smoke_completes_without_errors() {
             "ttft_over_time.svg",
             "throughput.svg",
         ] {
-            assert!(out.join(policy).join(f).is_file(), "{policy}/{f} missing");
+            assert!(seed.join(policy).join(f).is_file(), "{policy}/{f} missing");
         }
-        let s = &summary[policy];
+        let s = &summary["engines"]["seed"][policy];
         assert!(s["classes"]["small"]["ttft_p95_s"].is_f64(), "{summary}");
         assert!(s["output_tokens_per_s"].as_f64().unwrap() > 0.0);
+        assert!(s["small_vs_floor"]["ttft_p95_x"].is_f64(), "{summary}");
     }
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(
+        md.contains("## Engine `seed`") && md.contains("x floor"),
+        "{md}"
+    );
     let text = std::fs::read_to_string(out.join("summary.json")).unwrap();
     let parsed: serde_json::Value = serde_json::from_str(&text).expect("summary.json parses");
-    assert_eq!(parsed["lanes"]["classes"]["large"]["errors"], 0);
+    assert_eq!(
+        parsed["engines"]["seed"]["lanes"]["classes"]["large"]["errors"],
+        0
+    );
     let _ = std::fs::remove_dir_all(&out);
 }
