@@ -111,8 +111,20 @@ impl Admission {
 
     /// Waits for a slot in `lane` plus `tokens` of token budget; see [`LocalAdmission::acquire`].
     pub async fn acquire(&self, lane: Lane, tokens: u32) -> Result<LaneGuard, AdmissionError> {
+        self.acquire_prompt(lane, tokens, 0).await
+    }
+
+    /// [`Admission::acquire`] plus a prefill reservation of `prompt` (estimated input) tokens,
+    /// given back at the first token; see [`LocalAdmission::acquire_prompt`]. The Redis backend
+    /// keeps no prefill budget (config refuses one with it), so it ignores `prompt`.
+    pub async fn acquire_prompt(
+        &self,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+    ) -> Result<LaneGuard, AdmissionError> {
         match self {
-            Admission::Local(local) => local.acquire(lane, tokens).await,
+            Admission::Local(local) => local.acquire_prompt(lane, tokens, prompt).await,
             Admission::Redis(redis) => redis.acquire(lane, tokens).await,
         }
     }
