@@ -49,6 +49,8 @@ mod state;
 #[cfg(test)]
 mod conserving_tests;
 #[cfg(test)]
+mod prefill_tests;
+#[cfg(test)]
 mod tests;
 
 pub use crate::telemetry::{AdmissionSnapshot, LaneSnapshot};
