@@ -17,6 +17,15 @@
 //! keep a large request that waits only on global tokens waiting until its timeout. The Redis
 //! backend enforces the reserved shares as caps (`strict` semantics) for now.
 //!
+//! # Prefill budget
+//! `admission.prefill_budget_tokens` (policies `lanes` and `strict`, local backend): the
+//! estimated prompt tokens of requests between dispatch and first token. A prompt above
+//! `admission.long_prompt_tokens` waits for room *before* it takes a seat, in its own lane's
+//! queue (FIFO among long prompts), holding nothing; shorter prompts are counted and never wait.
+//! A prompt larger than the budget runs when nothing else prefills. The reservation is given
+//! back at the first token ([`LaneGuard::prefill_done`], called by the relay) or when the guard
+//! drops. See `local.rs` and `budget.rs` (`PrefillLimit`).
+//!
 //! # Queues
 //! A request waits only behind earlier requests of its own queue (strict FIFO per queue; a head
 //! that does not fit holds back the ones behind it). Full queue: [`AdmissionError::QueueFull`]
