@@ -73,8 +73,8 @@ fn promtool_test_rules() {
 // ---------------------------------------------------------------------------------------------
 // Metrics that exist
 
-/// The gateway's public contract (issue 4), plus `tutor_gateway_engine_queue_seconds`
-/// (`src/telemetry/metrics.rs`).
+/// The gateway's public contract (issue 4), plus `tutor_gateway_engine_queue_seconds` and the
+/// prefill budget's two series (`src/telemetry/metrics.rs`).
 const GATEWAY_HISTOGRAMS: &[&str] = &[
     "tutor_gateway_queue_wait_seconds",
     "tutor_gateway_time_to_first_token_seconds",
@@ -84,6 +84,7 @@ const GATEWAY_HISTOGRAMS: &[&str] = &[
     "tutor_gateway_decode_tokens_per_second",
     "tutor_gateway_output_tokens",
     "tutor_gateway_cancelled_after_tokens",
+    "tutor_gateway_prefill_wait_seconds",
 ];
 const GATEWAY_SERIES: &[&str] = &[
     "tutor_gateway_requests_total",
@@ -93,6 +94,7 @@ const GATEWAY_SERIES: &[&str] = &[
     "tutor_gateway_lane_in_flight",
     "tutor_gateway_lane_reserved_tokens",
     "tutor_gateway_lane_queue_depth",
+    "tutor_gateway_prefill_tokens_in_flight",
 ];
 
 /// vLLM's `/metrics` (`docs/vllm-interface.md`, "Prometheus metrics"; V1 engine).

@@ -186,3 +186,41 @@ impl Limits {
         }
     }
 }
+
+/// The prefill budget (policies `lanes` and `strict`): estimated prompt tokens of all requests
+/// between dispatch and their first token. Every admitted prompt is counted; only prompts above
+/// `long_prompt` wait for room.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PrefillLimit {
+    /// Tokens; 0 = off (counted, nobody waits).
+    pub budget: u64,
+    /// Prompts above this many estimated tokens wait for room.
+    pub long_prompt: u32,
+}
+
+impl PrefillLimit {
+    pub fn from_config(config: &Config) -> Self {
+        let budget = match config.admission.policy {
+            Policy::Lanes | Policy::Strict => config.admission.prefill_budget_tokens,
+            // The baseline stays what vLLM users run today.
+            Policy::Fifo => 0,
+        };
+        Self {
+            budget,
+            long_prompt: config.admission.long_prompt_tokens.get(),
+        }
+    }
+
+    /// Whether a prompt of `prompt` tokens must wait for prefill room (a long prompt under a
+    /// budget). Short prompts never wait for it.
+    pub fn waits(&self, prompt: u32) -> bool {
+        self.budget > 0 && prompt > self.long_prompt
+    }
+
+    /// Whether a prompt of `prompt` tokens may start its prefill with `in_flight` tokens already
+    /// prefilling: it is short, or it fits the budget, or nothing else is prefilling (a prompt
+    /// larger than the whole budget runs alone rather than never).
+    pub fn fits(&self, in_flight: u64, prompt: u32) -> bool {
+        !self.waits(prompt) || in_flight == 0 || in_flight + u64::from(prompt) <= self.budget
+    }
+}

@@ -1,4 +1,6 @@
-//! [`LaneGuard`]: the admitted request's slot and token reservation, given back on drop.
+//! [`LaneGuard`]: the admitted request's slot and token reservation, given back on drop, and
+//! its prefill reservation, given back at the first token ([`LaneGuard::prefill_done`]) or on
+//! drop, whichever comes first.
 //!
 //! The guard knows its backend only through [`Reservation`], which the local counters
 //! (`local.rs`) and a Redis lease (`redis/shared.rs`) implement; so this file imports neither.
@@ -16,6 +18,9 @@ pub(crate) trait Reservation: Send + Sync {
     fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, bool>;
     /// Gives one slot and `tokens` in `lane` back (a lease's release may run in the background).
     fn release(self: Box<Self>, lane: Lane, tokens: u32);
+    /// Gives back `tokens` of prefill reservation (the request's prefill ended). Backends that
+    /// keep no prefill budget never hand out one, so they keep this no-op.
+    fn prefill_done(&self, _tokens: u32) {}
 }
 
 /// Proof of admission: holds one request slot and `tokens` of token budget in `lane`.
@@ -28,6 +33,9 @@ pub struct LaneGuard {
     lane: Lane,
     tokens: u32,
     queue_wait: Duration,
+    /// Prefill reservation still held (estimated prompt tokens); 0 once given back.
+    prefill: u32,
+    prefill_wait: Option<Duration>,
     release: Option<Box<dyn Reservation>>,
 }
 
@@ -43,7 +51,41 @@ impl LaneGuard {
             lane,
             tokens,
             queue_wait,
+            prefill: 0,
+            prefill_wait: None,
             release: Some(reservation),
+        }
+    }
+
+    /// The same guard holding `prefill` tokens of prefill reservation (already taken), after
+    /// `prefill_wait` waiting for prefill room (`None`: the request did not have to wait for it,
+    /// being short or under no budget).
+    pub(super) fn with_prefill(mut self, prefill: u32, prefill_wait: Option<Duration>) -> Self {
+        self.prefill = prefill;
+        self.prefill_wait = prefill_wait;
+        self
+    }
+
+    /// Prefill tokens still reserved (0 after [`LaneGuard::prefill_done`]).
+    pub fn prefill(&self) -> u32 {
+        self.prefill
+    }
+
+    /// How long a long prompt waited for room in the prefill budget (part of
+    /// [`LaneGuard::queue_wait`]); `None` for prompts that never wait for it.
+    pub fn prefill_wait(&self) -> Option<Duration> {
+        self.prefill_wait
+    }
+
+    /// The request's prefill ended (its first token came): gives its prefill reservation back
+    /// and lets long prompts waiting for prefill room in. Idempotent; the seat and the token
+    /// reservation stay until the guard drops.
+    pub fn prefill_done(&mut self) {
+        let tokens = std::mem::take(&mut self.prefill);
+        if tokens > 0 {
+            if let Some(reservation) = &self.release {
+                reservation.prefill_done(tokens);
+            }
         }
     }
 
@@ -92,6 +134,8 @@ impl LaneGuard {
 
 impl Drop for LaneGuard {
     fn drop(&mut self) {
+        // Ended before its first token (error, disconnect during prefill, engine error).
+        self.prefill_done();
         if let Some(reservation) = self.release.take() {
             reservation.release(self.lane, self.tokens);
         }
@@ -104,6 +148,8 @@ impl std::fmt::Debug for LaneGuard {
             .field("lane", &self.lane)
             .field("tokens", &self.tokens)
             .field("queue_wait", &self.queue_wait)
+            .field("prefill", &self.prefill)
+            .field("prefill_wait", &self.prefill_wait)
             .field("armed", &self.release.is_some())
             .finish()
     }

@@ -5,6 +5,15 @@
 //! (client gone, timeout) drops the ticket, which takes the waiter out of its queue. A guard
 //! granted in the instant before is either returned by the failed send (and undone under the
 //! same lock) or dropped with the receiver, which gives it back like any other guard.
+//!
+//! Prefill budget ([`PrefillLimit`]): a long prompt waits for prefill room *before* it takes a
+//! seat, in its own lane's queue, so while it waits it holds nothing (no seat of its own lane
+//! or of another). Seat, tokens and prefill reservation are taken together under the lock. In a
+//! queue, long prompts waiting for prefill room keep their order among themselves (FIFO); a
+//! short prompt behind them is not held back by them (short prompts never wait for the prefill
+//! budget), but it does wait behind any waiter that lacks a seat or tokens (strict FIFO per
+//! queue, as before). The prefill reservation is given back at the first token
+//! ([`LaneGuard::prefill_done`]) or when the guard drops, whichever comes first.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -13,10 +22,10 @@ use futures::future::BoxFuture;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::budget::Limits;
+use super::budget::{Limits, PrefillLimit};
 use super::error::AdmissionError;
 use super::guard::{LaneGuard, Reservation};
-use super::state::State;
+use super::state::{State, Waiter};
 use crate::config::{Config, Policy};
 use crate::lane::Lane;
 use crate::telemetry::AdmissionSnapshot;
@@ -24,6 +33,7 @@ use crate::telemetry::AdmissionSnapshot;
 /// The state shared by [`LocalAdmission`] handles and their guards.
 pub(crate) struct Shared {
     limits: Limits,
+    prefill: PrefillLimit,
     state: Mutex<State>,
 }
 
@@ -46,9 +56,14 @@ impl LocalAdmission {
     /// Admission with the policy and limits of `config`.
     pub fn from_config(config: &Config) -> Self {
         let limits = Limits::from_config(config);
+        let prefill = PrefillLimit::from_config(config);
         let state = Mutex::new(State::new(limits.queue_count()));
         Self {
-            shared: Arc::new(Shared { limits, state }),
+            shared: Arc::new(Shared {
+                limits,
+                prefill,
+                state,
+            }),
         }
     }
 
@@ -70,6 +85,19 @@ impl LocalAdmission {
     /// [`AdmissionError::Timeout`] after `queue_timeout`, [`AdmissionError::TooLarge`] when
     /// `tokens` could never fit. Cancel-safe: dropping the future leaves the queue.
     pub async fn acquire(&self, lane: Lane, tokens: u32) -> Result<LaneGuard, AdmissionError> {
+        self.acquire_prompt(lane, tokens, 0).await
+    }
+
+    /// [`LocalAdmission::acquire`] for a request whose prompt is estimated at `prompt` tokens:
+    /// it also takes a prefill reservation of `prompt` tokens, and a long prompt (above
+    /// `admission.long_prompt_tokens`, under a prefill budget) waits for prefill room first
+    /// (see the module doc).
+    pub async fn acquire_prompt(
+        &self,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+    ) -> Result<LaneGuard, AdmissionError> {
         let shared = &self.shared;
         let limits = &shared.limits;
         if let Some(limit) = limits.max_reservation(lane) {
@@ -85,14 +113,14 @@ impl LocalAdmission {
         let queue_limit = limits.queue(queue);
         let (mut receiver, ticket) = {
             let mut state = shared.lock();
-            if state.queues[queue].is_empty() && limits.fits(&state.usage, lane, tokens) {
+            if shared.admits_now(&state, queue, lane, tokens, prompt) {
                 state.take(lane, tokens);
-                return Ok(LaneGuard::new(
-                    Box::new(shared.clone()),
-                    lane,
-                    tokens,
-                    Duration::ZERO,
-                ));
+                state.take_prefill(prompt);
+                let waited = shared.prefill.waits(prompt).then_some(Duration::ZERO);
+                return Ok(
+                    LaneGuard::new(Box::new(shared.clone()), lane, tokens, Duration::ZERO)
+                        .with_prefill(prompt, waited),
+                );
             }
             if state.queues[queue].len() >= queue_limit.len {
                 return Err(AdmissionError::QueueFull {
@@ -101,7 +129,10 @@ impl LocalAdmission {
                 });
             }
             let (sender, receiver) = oneshot::channel();
-            let id = state.enqueue(queue, lane, tokens, sender);
+            let id = state.enqueue(queue, lane, tokens, prompt, sender);
+            // Notes when a long prompt starts waiting for prefill room alone (it admits no one:
+            // whoever could go was admitted before this arrival).
+            shared.dispatch(&mut state);
             let ticket = QueueTicket {
                 shared: shared.clone(),
                 queue,
@@ -161,32 +192,92 @@ impl Shared {
         self.dispatch(&mut state);
     }
 
-    /// Admits queue heads while they fit, in queue order (small's queue first under `lanes`).
-    /// A queue's head that does not fit blocks the rest of that queue (strict FIFO per queue).
+    /// Whether an arrival can be admitted at once, ahead of nobody it must queue behind: it
+    /// fits (seat, tokens and, for a long prompt, prefill room) and every waiter of its queue
+    /// is a long prompt held back only by the prefill budget, which a short prompt passes (a
+    /// long arrival waits behind any waiter).
+    fn admits_now(
+        &self,
+        state: &State,
+        queue: usize,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+    ) -> bool {
+        if !self.limits.fits(&state.usage, lane, tokens)
+            || !self.prefill.fits(state.prefill, prompt)
+        {
+            return false;
+        }
+        if self.prefill.waits(prompt) {
+            return state.queues[queue].is_empty();
+        }
+        state.queues[queue].iter().all(|w| {
+            self.prefill.waits(w.prefill) && self.limits.fits(&state.usage, w.lane, w.tokens)
+        })
+    }
+
+    /// Admits waiters while they fit, in queue order (small's queue first under `lanes`). A
+    /// waiter that lacks a seat or tokens blocks the rest of its queue (strict FIFO per queue).
+    /// A long prompt that has its seat and tokens but no prefill room stays, and so do the long
+    /// prompts behind it (FIFO among long prompts); short prompts behind it go on.
     fn dispatch(self: &Arc<Self>, state: &mut State) {
+        let now = Instant::now();
         for queue in 0..state.queues.len() {
-            while let Some(head) = state.queues[queue].front() {
-                if !self.limits.fits(&state.usage, head.lane, head.tokens) {
+            let mut pos = 0;
+            let mut long_held = false;
+            while let Some(w) = state.queues[queue].get(pos) {
+                if !self.limits.fits(&state.usage, w.lane, w.tokens) {
                     break;
                 }
-                let Some(waiter) = state.pop_front(queue) else {
+                if self.prefill.waits(w.prefill)
+                    && (long_held || !self.prefill.fits(state.prefill, w.prefill))
+                {
+                    long_held = true;
+                    let w = &mut state.queues[queue][pos];
+                    w.prefill_blocked_at.get_or_insert(now);
+                    pos += 1;
+                    continue;
+                }
+                let Some(waiter) = state.take_at(queue, pos) else {
                     break;
                 };
-                state.take(waiter.lane, waiter.tokens);
-                let guard = LaneGuard::new(
-                    Box::new(self.clone()),
-                    waiter.lane,
-                    waiter.tokens,
-                    waiter.enqueued_at.elapsed(),
-                );
-                if let Err(guard) = waiter.grant.send(guard) {
-                    // The waiter is gone: undo here, under the lock we hold.
-                    let (lane, tokens) = (guard.lane(), guard.tokens());
-                    guard.disarm();
-                    state.give_back(lane, tokens);
-                }
+                self.grant(state, waiter);
             }
         }
+    }
+
+    /// Takes `waiter`'s seat, tokens and prefill reservation and hands it its guard; undoes it
+    /// when the waiter is gone.
+    fn grant(self: &Arc<Self>, state: &mut State, waiter: Waiter) {
+        state.take(waiter.lane, waiter.tokens);
+        state.take_prefill(waiter.prefill);
+        let prefill_wait = self.prefill.waits(waiter.prefill).then(|| {
+            waiter
+                .prefill_blocked_at
+                .map_or(Duration::ZERO, |t| t.elapsed())
+        });
+        let guard = LaneGuard::new(
+            Box::new(self.clone()),
+            waiter.lane,
+            waiter.tokens,
+            waiter.enqueued_at.elapsed(),
+        )
+        .with_prefill(waiter.prefill, prefill_wait);
+        if let Err(guard) = waiter.grant.send(guard) {
+            // The waiter is gone: undo here, under the lock we hold.
+            let (lane, tokens, prefill) = (guard.lane(), guard.tokens(), guard.prefill());
+            guard.disarm();
+            state.give_back(lane, tokens);
+            state.give_back_prefill(prefill);
+        }
+    }
+
+    /// Gives back `tokens` of prefill reservation and admits the waiters that now fit.
+    fn prefill_done(self: &Arc<Self>, tokens: u32) {
+        let mut state = self.lock();
+        state.give_back_prefill(tokens);
+        self.dispatch(&mut state);
     }
 }
 
@@ -215,5 +306,9 @@ impl Reservation for Arc<Shared> {
 
     fn release(self: Box<Self>, lane: Lane, tokens: u32) {
         Shared::release(&self, lane, tokens);
+    }
+
+    fn prefill_done(&self, tokens: u32) {
+        Shared::prefill_done(self, tokens);
     }
 }

@@ -17,6 +17,15 @@
 //! keep a large request that waits only on global tokens waiting until its timeout. The Redis
 //! backend enforces the reserved shares as caps (`strict` semantics) for now.
 //!
+//! # Prefill budget
+//! `admission.prefill_budget_tokens` (policies `lanes` and `strict`, local backend): the
+//! estimated prompt tokens of requests between dispatch and first token. A prompt above
+//! `admission.long_prompt_tokens` waits for room *before* it takes a seat, in its own lane's
+//! queue (FIFO among long prompts), holding nothing; shorter prompts are counted and never wait.
+//! A prompt larger than the budget runs when nothing else prefills. The reservation is given
+//! back at the first token ([`LaneGuard::prefill_done`], called by the relay) or when the guard
+//! drops. See `local.rs` and `budget.rs` (`PrefillLimit`).
+//!
 //! # Queues
 //! A request waits only behind earlier requests of its own queue (strict FIFO per queue; a head
 //! that does not fit holds back the ones behind it). Full queue: [`AdmissionError::QueueFull`]
@@ -48,6 +57,8 @@ mod state;
 
 #[cfg(test)]
 mod conserving_tests;
+#[cfg(test)]
+mod prefill_tests;
 #[cfg(test)]
 mod tests;
 
@@ -111,8 +122,20 @@ impl Admission {
 
     /// Waits for a slot in `lane` plus `tokens` of token budget; see [`LocalAdmission::acquire`].
     pub async fn acquire(&self, lane: Lane, tokens: u32) -> Result<LaneGuard, AdmissionError> {
+        self.acquire_prompt(lane, tokens, 0).await
+    }
+
+    /// [`Admission::acquire`] plus a prefill reservation of `prompt` (estimated input) tokens,
+    /// given back at the first token; see [`LocalAdmission::acquire_prompt`]. The Redis backend
+    /// keeps no prefill budget (config refuses one with it), so it ignores `prompt`.
+    pub async fn acquire_prompt(
+        &self,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+    ) -> Result<LaneGuard, AdmissionError> {
         match self {
-            Admission::Local(local) => local.acquire(lane, tokens).await,
+            Admission::Local(local) => local.acquire_prompt(lane, tokens, prompt).await,
             Admission::Redis(redis) => redis.acquire(lane, tokens).await,
         }
     }

@@ -18,12 +18,18 @@ pub(super) struct Waiter {
     pub id: u64,
     pub lane: Lane,
     pub tokens: u32,
+    /// Estimated prompt tokens: its prefill reservation once admitted.
+    pub prefill: u32,
     pub enqueued_at: Instant,
+    /// When admission first found its seat and tokens free but no prefill room (long prompts).
+    pub prefill_blocked_at: Option<Instant>,
     pub grant: oneshot::Sender<LaneGuard>,
 }
 
 pub(super) struct State {
     pub usage: [Usage; 3],
+    /// Estimated prompt tokens of admitted requests that have no first token yet.
+    pub prefill: u64,
     queued: [u32; 3],
     pub queues: Vec<VecDeque<Waiter>>,
     next_id: u64,
@@ -33,6 +39,7 @@ impl State {
     pub fn new(queue_count: usize) -> Self {
         Self {
             usage: [Usage::default(); 3],
+            prefill: 0,
             queued: [0; 3],
             queues: (0..queue_count).map(|_| VecDeque::new()).collect(),
             next_id: 0,
@@ -54,12 +61,24 @@ impl State {
         u.tokens = u.tokens.saturating_sub(u64::from(tokens));
     }
 
+    /// Counts `tokens` of prompt as prefilling.
+    pub fn take_prefill(&mut self, tokens: u32) {
+        self.prefill += u64::from(tokens);
+    }
+
+    /// Gives back what [`State::take_prefill`] took (at the first token or the end).
+    pub fn give_back_prefill(&mut self, tokens: u32) {
+        debug_assert!(self.prefill >= u64::from(tokens));
+        self.prefill = self.prefill.saturating_sub(u64::from(tokens));
+    }
+
     /// Appends a waiter to queue `queue`; returns its id.
     pub fn enqueue(
         &mut self,
         queue: usize,
         lane: Lane,
         tokens: u32,
+        prefill: u32,
         grant: oneshot::Sender<LaneGuard>,
     ) -> u64 {
         let id = self.next_id;
@@ -69,15 +88,17 @@ impl State {
             id,
             lane,
             tokens,
+            prefill,
             enqueued_at: Instant::now(),
+            prefill_blocked_at: None,
             grant,
         });
         id
     }
 
-    /// Removes and returns the head of `queue`.
-    pub fn pop_front(&mut self, queue: usize) -> Option<Waiter> {
-        let waiter = self.queues[queue].pop_front()?;
+    /// Removes and returns the waiter at `pos` of `queue` (0: the head).
+    pub fn take_at(&mut self, queue: usize, pos: usize) -> Option<Waiter> {
+        let waiter = self.queues[queue].remove(pos)?;
         self.queued[waiter.lane.index()] -= 1;
         Some(waiter)
     }
@@ -104,6 +125,7 @@ impl State {
                 reserved_tokens: self.usage[lane.index()].tokens,
                 queue_depth: self.queued[lane.index()],
             }),
+            prefill_tokens: self.prefill,
         }
     }
 }

@@ -20,6 +20,10 @@ const POLICY: &str = "lanes";
 const GLOBAL_MAX_TOKENS_IN_FLIGHT: u64 = 196_608;
 /// Default `admission.seats`.
 const SEATS: u32 = 96;
+/// Default `admission.prefill_budget_tokens` (0: off; see `config/config.toml` for why).
+const PREFILL_BUDGET_TOKENS: u64 = 0;
+/// Default `admission.long_prompt_tokens`.
+const LONG_PROMPT_TOKENS: u32 = 2_048;
 /// Default `admission.fifo.max_concurrency` (0: unlimited).
 const FIFO_MAX_CONCURRENCY: u32 = 0;
 /// Default `admission.fifo.queue_len`.
@@ -39,6 +43,10 @@ pub struct RawAdmission {
     pub seats: Option<u32>,
     /// Send the lane as vLLM's `priority` (small 0, medium 1, large 2).
     pub engine_priority: Option<bool>,
+    /// Estimated prompt tokens of all requests between dispatch and first token; 0 = off.
+    pub prefill_budget_tokens: Option<u64>,
+    /// Prompts above this many estimated tokens wait for prefill room.
+    pub long_prompt_tokens: Option<u32>,
     /// `[admission.fifo]`.
     #[serde(default)]
     pub fifo: RawFifo,
@@ -119,6 +127,12 @@ pub struct AdmissionConfig {
     /// Send the lane as vLLM's `priority` (small 0, medium 1, large 2; vLLM needs
     /// `--scheduling-policy priority`).
     pub engine_priority: bool,
+    /// Estimated prompt tokens that may be between dispatch and first token at once (policies
+    /// `lanes` and `strict`); 0 = off. Only prompts above `long_prompt_tokens` wait for it; every
+    /// prompt is counted in it.
+    pub prefill_budget_tokens: u64,
+    /// Prompts above this many estimated input tokens wait for room in the prefill budget.
+    pub long_prompt_tokens: NonZeroU32,
     /// Settings of the `fifo` policy.
     pub fifo: FifoConfig,
 }
@@ -244,11 +258,25 @@ pub(super) fn validate(c: &mut Checker, raw: RawAdmission) -> AdmissionConfig {
             Policy::Lanes
         }
     };
+    let prefill_budget_tokens = raw.prefill_budget_tokens.unwrap_or(PREFILL_BUDGET_TOKENS);
+    let long_prompt_tokens = c.u32(
+        "admission.long_prompt_tokens",
+        raw.long_prompt_tokens,
+        LONG_PROMPT_TOKENS,
+    );
+    if prefill_budget_tokens != 0 && prefill_budget_tokens < u64::from(long_prompt_tokens.get()) {
+        c.fail(
+            "admission.prefill_budget_tokens",
+            "must be 0 (off) or >= admission.long_prompt_tokens",
+        );
+    }
     let fifo = &raw.fifo;
     let max_concurrency = NonZeroU32::new(fifo.max_concurrency.unwrap_or(FIFO_MAX_CONCURRENCY));
     AdmissionConfig {
         policy,
         engine_priority: raw.engine_priority.unwrap_or(false),
+        prefill_budget_tokens,
+        long_prompt_tokens,
         seats: c.u32("admission.seats", raw.seats, SEATS),
         max_tokens_in_flight: c.u64(
             "admission.max_tokens_in_flight",

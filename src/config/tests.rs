@@ -198,3 +198,43 @@ fn load_reads_the_shipped_file_and_reports_missing_files() {
     let err = Config::load("/nonexistent/config.toml").unwrap_err();
     assert!(matches!(err, ConfigError::Read { .. }), "{err}");
 }
+
+#[test]
+fn prefill_budget_defaults_off_and_is_refused_with_the_redis_backend() {
+    let c = Config::from_toml_str(MINIMAL).unwrap();
+    assert_eq!(c.admission.prefill_budget_tokens, 0, "off by default");
+    assert_eq!(c.admission.long_prompt_tokens.get(), 2048);
+    let on = Config::from_toml_str(&format!(
+        "[admission]\nprefill_budget_tokens = 12288\n{MINIMAL}"
+    ))
+    .unwrap();
+    assert_eq!(on.admission.prefill_budget_tokens, 12288);
+    // The shared quota does not enforce it: refused, by name, rather than silently ignored.
+    let issues = issues_of(&format!(
+        "[admission]\nprefill_budget_tokens = 12288\n[quota]\nbackend = \"redis\"\n{MINIMAL}"
+    ));
+    assert_eq!(issues.len(), 1, "{issues:#?}");
+    assert!(
+        issues[0].starts_with(
+            "admission.prefill_budget_tokens must be 0 with quota.backend = \"redis\""
+        ),
+        "{issues:#?}"
+    );
+    // Off, Redis is fine.
+    Config::from_toml_str(&format!("[quota]\nbackend = \"redis\"\n{MINIMAL}")).unwrap();
+    let issues = issues_of(&format!(
+        "[admission]\nprefill_budget_tokens = 1000\n{MINIMAL}"
+    ));
+    assert_eq!(issues.len(), 1, "{issues:#?}");
+    assert!(
+        issues[0].starts_with(
+            "admission.prefill_budget_tokens must be 0 (off) or >= admission.long_prompt_tokens"
+        ),
+        "{issues:#?}"
+    );
+    let issues = issues_of(&format!("[admission]\nlong_prompt_tokens = 0\n{MINIMAL}"));
+    assert!(
+        issues[0].starts_with("admission.long_prompt_tokens must be > 0"),
+        "{issues:#?}"
+    );
+}

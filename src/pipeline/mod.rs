@@ -180,9 +180,16 @@ pub async fn start(
             class.lane,
             state.config().admission.engine_priority,
         );
-        // Admit: a seat and the token reservation, given back when the guard drops.
-        let guard = state.admission().acquire(class.lane, class.work).await?;
+        // Admit: a seat and the token reservation, given back when the guard drops, and the
+        // prefill reservation (the input estimate), given back at the first token (relay).
+        let guard = state
+            .admission()
+            .acquire_prompt(class.lane, class.work, class.input_tokens_estimate)
+            .await?;
         record.admitted(guard.queue_wait());
+        if let Some(waited) = guard.prefill_wait() {
+            record.prefill_waited(waited);
+        }
         // Send.
         let request = UpstreamRequest {
             endpoint,

@@ -10,7 +10,8 @@
 //! A [`Relay`] owns the [`LaneGuard`] and the [`UpstreamStream`]. When the client goes away the
 //! HTTP server drops the response body and with it the relay: the upstream connection closes,
 //! the engine abort fires once (the upstream stream's own guard), the slot and tokens come
-//! back, and `cancelled_after_tokens` is recorded.
+//! back, and `cancelled_after_tokens` is recorded. At the first token it gives the guard's
+//! prefill reservation back ([`LaneGuard::prefill_done`]); the seat stays until the end.
 //!
 //! Mid-stream limits (M14, [`LaneRules`]): the relay counts output tokens itself (vLLM's chunks
 //! and usage); past its lane's limit a request's reservation moves to the next lane without a
@@ -133,6 +134,10 @@ impl Relay {
             }
             if chunk.has_content {
                 self.record.first_token();
+                // Its prefill is over: long prompts waiting for prefill room may go.
+                if let Some(guard) = self.guard.as_mut() {
+                    guard.prefill_done();
+                }
             }
         }
         ev

@@ -3,6 +3,9 @@
 //!
 //! - `tutor_gateway_lane_in_flight{lane}`, `tutor_gateway_lane_reserved_tokens{lane}`,
 //!   `tutor_gateway_lane_queue_depth{lane}`: gauges read from admission at scrape time.
+//! - `tutor_gateway_prefill_tokens_in_flight`: estimated prompt tokens between dispatch and
+//!   first token (read from admission at scrape time); `tutor_gateway_prefill_wait_seconds{lane}`:
+//!   how long long prompts waited for room in the prefill budget.
 //! - `tutor_gateway_requests_total{lane,route,outcome}`: every request once, when it ends.
 //!   `lane="none"` for requests rejected before classification (bad input).
 //! - `tutor_gateway_cancelled_after_tokens{lane}`: output tokens relayed before the client went
@@ -12,8 +15,11 @@
 //! - `tutor_gateway_prefix_cache_queries_total{lane}`, `tutor_gateway_prefix_cache_hits_total{lane}`:
 //!   prompt tokens, and those vLLM served from its prefix cache (`cached_tokens`), M18.
 
+use std::time::Duration;
+
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 use super::relay_metrics::RelayMetrics;
@@ -142,6 +148,8 @@ pub struct Metrics {
     lane_in_flight: IntGaugeVec,
     lane_reserved_tokens: IntGaugeVec,
     lane_queue_depth: IntGaugeVec,
+    prefill_tokens_in_flight: IntGauge,
+    prefill_wait: HistogramVec,
     requests: IntCounterVec,
     cancelled_after_tokens: HistogramVec,
     cancellations: IntCounterVec,
@@ -189,6 +197,14 @@ impl Metrics {
             "tutor_gateway_lane_queue_depth",
             "Requests waiting for admission, per lane.",
         );
+        let prefill_tokens_in_flight = IntGauge::new(
+            "tutor_gateway_prefill_tokens_in_flight",
+            "Estimated prompt tokens of admitted requests without a first token yet (the prefill budget's usage).",
+        )
+        .expect("valid gauge");
+        registry
+            .register(Box::new(prefill_tokens_in_flight.clone()))
+            .expect("registered once");
         let requests = IntCounterVec::new(
             Opts::new(
                 "tutor_gateway_requests_total",
@@ -231,6 +247,11 @@ impl Metrics {
         let queue_wait = histogram(
             "tutor_gateway_queue_wait_seconds",
             "Time waiting in the gateway for a lane slot and token budget.",
+            LATENCY_BUCKETS,
+        );
+        let prefill_wait = histogram(
+            "tutor_gateway_prefill_wait_seconds",
+            "Time long prompts waited for room in the prefill budget (part of the queue wait).",
             LATENCY_BUCKETS,
         );
         let time_to_first_token = histogram(
@@ -283,6 +304,7 @@ impl Metrics {
             for h in [
                 &cancelled_after_tokens,
                 &queue_wait,
+                &prefill_wait,
                 &time_to_first_token,
                 &prefill,
                 &engine_queue,
@@ -303,6 +325,8 @@ impl Metrics {
             lane_in_flight,
             lane_reserved_tokens,
             lane_queue_depth,
+            prefill_tokens_in_flight,
+            prefill_wait,
             requests,
             cancelled_after_tokens,
             cancellations,
@@ -353,6 +377,13 @@ impl Metrics {
                 .with_label_values(&[l])
                 .observe(f64::from(tokens));
         }
+    }
+
+    /// Records how long a long prompt of `lane` waited for room in the prefill budget.
+    pub fn prefill_waited(&self, lane: Lane, wait: Duration) {
+        self.prefill_wait
+            .with_label_values(&[lane.as_str()])
+            .observe(wait.as_secs_f64());
     }
 
     /// Records the latency split and token counts of a request that reached `lane`.
@@ -427,6 +458,8 @@ impl Metrics {
                 .with_label_values(&l)
                 .set(i64::from(s.queue_depth));
         }
+        self.prefill_tokens_in_flight
+            .set(i64::try_from(admission.prefill_tokens).unwrap_or(i64::MAX));
         let mut out = Vec::with_capacity(8 * 1024);
         TextEncoder::new()
             .encode(&self.registry.gather(), &mut out)

@@ -136,6 +136,17 @@ impl RequestRecord {
         self.admitted = Some((Instant::now(), queue_wait));
     }
 
+    /// Records how long a long prompt waited for room in the prefill budget (before admission;
+    /// part of the queue wait): the `llm.prefill_wait_ms` attribute and
+    /// `tutor_gateway_prefill_wait_seconds`.
+    pub fn prefill_waited(&mut self, wait: Duration) {
+        self.span
+            .record(span::PREFILL_WAIT_MS, wait.as_secs_f64() * 1000.0);
+        if let Some(class) = &self.class {
+            self.metrics.prefill_waited(class.lane, wait);
+        }
+    }
+
     /// Records that tokens started flowing.
     pub fn first_token(&mut self) {
         self.first_token = true;

@@ -22,6 +22,9 @@ pub struct LaneSnapshot {
 pub struct AdmissionSnapshot {
     /// Per lane, indexed by [`Lane::index`].
     pub lanes: [LaneSnapshot; 3],
+    /// Estimated prompt tokens of admitted requests without a first token yet (the prefill
+    /// budget's usage; the local backend only).
+    pub prefill_tokens: u64,
 }
 
 impl AdmissionSnapshot {
@@ -45,8 +48,12 @@ impl AdmissionSnapshot {
         self.lanes.iter().map(|l| l.queue_depth).sum()
     }
 
-    /// True when nothing is in flight, reserved or queued: what every test ends by checking.
+    /// True when nothing is in flight, reserved, prefilling or queued: what every test ends by
+    /// checking.
     pub fn is_idle(&self) -> bool {
-        self.in_flight() == 0 && self.reserved_tokens() == 0 && self.queue_depth() == 0
+        self.in_flight() == 0
+            && self.reserved_tokens() == 0
+            && self.queue_depth() == 0
+            && self.prefill_tokens == 0
     }
 }

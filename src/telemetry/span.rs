@@ -4,6 +4,8 @@
 
 /// Gateway queue wait, ms.
 pub const QUEUE_WAIT_MS: &str = "llm.queue_wait_ms";
+/// Of the queue wait, the time a long prompt waited for room in the prefill budget, ms.
+pub const PREFILL_WAIT_MS: &str = "llm.prefill_wait_ms";
 /// Admission to first token, ms.
 pub const TTFT_MS: &str = "llm.ttft_ms";
 /// Arrival to first token (what the student felt), ms.
@@ -61,6 +63,7 @@ pub fn llm_generate() -> tracing::Span {
         "llm.generate",
         otel.kind = "server",
         llm.queue_wait_ms = tracing::field::Empty,
+        llm.prefill_wait_ms = tracing::field::Empty,
         llm.ttft_ms = tracing::field::Empty,
         llm.time_to_first_token_ms = tracing::field::Empty,
         llm.prefill_ms = tracing::field::Empty,
