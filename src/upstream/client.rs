@@ -167,18 +167,12 @@ impl UpstreamClient {
     pub async fn tokenize(&self, body: bytes::Bytes) -> Result<RawResponse, UpstreamError> {
         let deadline = Instant::now() + PROBE_TIMEOUT;
         let url = format!("{}/tokenize", self.config.base_url);
-        let send = self
+        let request = self
             .http
             .post(url)
             .header(CONTENT_TYPE, "application/json")
-            .body(body)
-            .send();
-        let resp = match tokio::time::timeout_at(deadline, send).await {
-            Err(_) => return Err(UpstreamError::ResponseTimeout(PROBE_TIMEOUT)),
-            Ok(Err(e)) if e.is_connect() => return Err(UpstreamError::Unavailable(describe(e))),
-            Ok(Err(e)) => return Err(UpstreamError::Transport(describe(e))),
-            Ok(Ok(resp)) => resp,
-        };
+            .body(body);
+        let resp = Self::send_by(request, deadline).await?;
         Self::raw(resp, deadline).await
     }
 
@@ -222,7 +216,15 @@ impl UpstreamClient {
 
     async fn get(&self, path: &str, deadline: Instant) -> Result<reqwest::Response, UpstreamError> {
         let url = format!("{}{}", self.config.base_url, path);
-        match tokio::time::timeout_at(deadline, self.http.get(url).send()).await {
+        Self::send_by(self.http.get(url), deadline).await
+    }
+
+    /// Sends a small probe-style request, answered by `deadline`.
+    async fn send_by(
+        request: reqwest::RequestBuilder,
+        deadline: Instant,
+    ) -> Result<reqwest::Response, UpstreamError> {
+        match tokio::time::timeout_at(deadline, request.send()).await {
             Err(_) => Err(UpstreamError::ResponseTimeout(PROBE_TIMEOUT)),
             Ok(Err(e)) if e.is_connect() => Err(UpstreamError::Unavailable(describe(e))),
             Ok(Err(e)) => Err(UpstreamError::Transport(describe(e))),
