@@ -105,7 +105,7 @@ async fn quota_in_use(url: &str) -> i64 {
         let conn =
             c.get_or_insert_with(|| redis::Client::open(url).unwrap().get_connection().unwrap());
         let n: Option<i64> = redis::cmd("HGET")
-            .arg("tg:v1:{quota}:usage")
+            .arg("tg:v2:{quota}:usage")
             .arg("small:n")
             .query(conn)
             .unwrap();

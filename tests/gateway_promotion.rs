@@ -270,7 +270,7 @@ async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
         let mut conn = conn.clone();
         async move {
             let v: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
-                .arg("tg:v1:{quota}:usage")
+                .arg("tg:v2:{quota}:usage")
                 .query_async(&mut conn)
                 .await
                 .unwrap();
@@ -364,7 +364,7 @@ async fn a_continue_chain_spread_over_two_replicas_counts_as_one_session_in_redi
         let mut conn = conn.clone();
         async move {
             let keys: Vec<String> = redis::cmd("KEYS")
-                .arg("tg:v1:{quota}:session:*")
+                .arg("tg:v2:{quota}:session:*")
                 .query_async(&mut conn)
                 .await
                 .unwrap();

@@ -85,8 +85,8 @@ async fn read_quota(
 ) -> (HashMap<String, i64>, HashMap<String, String>) {
     redis::pipe()
         .atomic()
-        .hgetall("tg:v1:{quota}:usage")
-        .hgetall("tg:v1:{quota}:leases")
+        .hgetall("tg:v2:{quota}:usage")
+        .hgetall("tg:v2:{quota}:leases")
         .query_async(conn)
         .await
         .unwrap()

@@ -18,13 +18,14 @@
 //! backend enforces the reserved shares as caps (`strict` semantics) for now.
 //!
 //! # Prefill budget
-//! `admission.prefill_budget_tokens` (policies `lanes` and `strict`, local backend): the
+//! `admission.prefill_budget_tokens` (policies `lanes` and `strict`, both backends): the
 //! estimated prompt tokens of requests between dispatch and first token. A prompt above
 //! `admission.long_prompt_tokens` waits for room *before* it takes a seat, in its own lane's
 //! queue (FIFO among long prompts), holding nothing; shorter prompts are counted and never wait.
 //! A prompt larger than the budget runs when nothing else prefills. The reservation is given
 //! back at the first token ([`LaneGuard::prefill_done`], called by the relay) or when the guard
-//! drops. See `local.rs` and `budget.rs` (`PrefillLimit`).
+//! drops. See `local.rs` and `budget.rs` (`PrefillLimit`); the Redis backend keeps one budget
+//! for every replica in front of the engine (`redis/`, the acquire and prefill-done scripts).
 //!
 //! # Queues
 //! A request waits only behind earlier requests of its own queue (strict FIFO per queue; a head
@@ -126,8 +127,8 @@ impl Admission {
     }
 
     /// [`Admission::acquire`] plus a prefill reservation of `prompt` (estimated input) tokens,
-    /// given back at the first token; see [`LocalAdmission::acquire_prompt`]. The Redis backend
-    /// keeps no prefill budget (config refuses one with it), so it ignores `prompt`.
+    /// given back at the first token; see [`LocalAdmission::acquire_prompt`] and
+    /// [`RedisAdmission::acquire_prompt`] (the same budget, shared by every replica).
     pub async fn acquire_prompt(
         &self,
         lane: Lane,
@@ -136,7 +137,7 @@ impl Admission {
     ) -> Result<LaneGuard, AdmissionError> {
         match self {
             Admission::Local(local) => local.acquire_prompt(lane, tokens, prompt).await,
-            Admission::Redis(redis) => redis.acquire(lane, tokens).await,
+            Admission::Redis(redis) => redis.acquire_prompt(lane, tokens, prompt).await,
         }
     }
 

@@ -183,13 +183,6 @@ fn cross_checks(c: &mut Checker, config: &Config) {
             "\"redis\" requires admission.policy = \"lanes\" or \"strict\"",
         );
     }
-    if config.quota.backend == QuotaBackend::Redis && config.admission.prefill_budget_tokens > 0 {
-        c.fail(
-            "admission.prefill_budget_tokens",
-            "must be 0 with quota.backend = \"redis\": the shared quota does not enforce a \
-             prefill budget yet (it would hold per replica only)",
-        );
-    }
     for lane in Lane::ALL {
         let l = config.lanes.get(lane);
         if l.ceiling < l.max_concurrency {

@@ -21,7 +21,7 @@ const LEASE_TTL_MS: u64 = 10_000;
 /// Default `quota.heartbeat_ms`.
 const HEARTBEAT_MS: u64 = 2_000;
 /// Default `quota.key_prefix`.
-const KEY_PREFIX: &str = "tg:v1";
+const KEY_PREFIX: &str = "tg:v2";
 /// Default `quota.on_redis_down`.
 const ON_REDIS_DOWN: &str = "fail_open";
 /// Default `quota.expected_replicas`.

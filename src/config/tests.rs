@@ -200,7 +200,7 @@ fn load_reads_the_shipped_file_and_reports_missing_files() {
 }
 
 #[test]
-fn prefill_budget_defaults_off_and_is_refused_with_the_redis_backend() {
+fn prefill_budget_defaults_off_and_holds_with_either_backend() {
     let c = Config::from_toml_str(MINIMAL).unwrap();
     assert_eq!(c.admission.prefill_budget_tokens, 0, "off by default");
     assert_eq!(c.admission.long_prompt_tokens.get(), 2048);
@@ -209,17 +209,12 @@ fn prefill_budget_defaults_off_and_is_refused_with_the_redis_backend() {
     ))
     .unwrap();
     assert_eq!(on.admission.prefill_budget_tokens, 12288);
-    // The shared quota does not enforce it: refused, by name, rather than silently ignored.
-    let issues = issues_of(&format!(
+    // The shared quota enforces it fleet-wide (one budget per engine).
+    let redis = Config::from_toml_str(&format!(
         "[admission]\nprefill_budget_tokens = 12288\n[quota]\nbackend = \"redis\"\n{MINIMAL}"
-    ));
-    assert_eq!(issues.len(), 1, "{issues:#?}");
-    assert!(
-        issues[0].starts_with(
-            "admission.prefill_budget_tokens must be 0 with quota.backend = \"redis\""
-        ),
-        "{issues:#?}"
-    );
+    ))
+    .unwrap();
+    assert_eq!(redis.admission.prefill_budget_tokens, 12288);
     // Off, Redis is fine.
     Config::from_toml_str(&format!("[quota]\nbackend = \"redis\"\n{MINIMAL}")).unwrap();
     let issues = issues_of(&format!(

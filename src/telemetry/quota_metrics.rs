@@ -2,7 +2,7 @@
 //! [`super::Metrics::new`] in the gateway's registry.
 //!
 //! - `tutor_gateway_quota_backend_seconds{op}`: one Redis script call (acquire, release,
-//!   renew), round trip.
+//!   renew, move, prefill_done), round trip.
 //! - `tutor_gateway_quota_errors_total{kind}`: failed calls (`connection`, `timeout`, `other`)
 //!   and leases found gone at renewal (`lease_lost`).
 //! - `tutor_gateway_quota_degraded`: 1 while the replica runs on its fallback (Redis down).

@@ -9,6 +9,7 @@ use crate::lane::Lane;
 /// `config` with every lane's `max_concurrency` and `max_tokens_in_flight` and the global token
 /// budget divided by `quota.expected_replicas` (rounded down), but never below one slot and the
 /// largest request the lane (or the global budget) must hold, so every request stays admittable.
+/// The prefill budget (when on) is divided the same way, never below `long_prompt_tokens`.
 pub(super) fn local_share(config: &Config) -> Config {
     let n = config.quota.expected_replicas.get();
     let max_len = config.upstream.max_model_len.get();
@@ -33,6 +34,11 @@ pub(super) fn local_share(config: &Config) -> Config {
     let global =
         (config.admission.max_tokens_in_flight.get() / u64::from(n)).max(u64::from(max_len));
     out.admission.max_tokens_in_flight = NonZeroU64::new(global).unwrap_or(NonZeroU64::MIN);
+    let prefill = config.admission.prefill_budget_tokens;
+    if prefill > 0 {
+        let long = u64::from(config.admission.long_prompt_tokens.get());
+        out.admission.prefill_budget_tokens = (prefill / u64::from(n)).max(long);
+    }
     out
 }
 
@@ -53,5 +59,13 @@ mod tests {
         // 65536 / 8 = 8192 < max_model_len: the largest request must still fit.
         assert_eq!(share.lanes.large.max_tokens_in_flight.get(), 16_384);
         assert_eq!(share.admission.max_tokens_in_flight.get(), 196_608 / 8);
+        // Off stays off.
+        assert_eq!(share.admission.prefill_budget_tokens, 0);
+        config.admission.prefill_budget_tokens = 24_576;
+        config.quota.expected_replicas = NonZeroU32::new(2).unwrap();
+        assert_eq!(local_share(&config).admission.prefill_budget_tokens, 12_288);
+        // 24576 / 16 = 1536 is under long_prompt_tokens: 2048.
+        config.quota.expected_replicas = NonZeroU32::new(16).unwrap();
+        assert_eq!(local_share(&config).admission.prefill_budget_tokens, 2_048);
     }
 }

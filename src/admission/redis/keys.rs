@@ -4,7 +4,7 @@
 
 use redis::{Script, ScriptInvocation};
 
-/// The quota's keys under one prefix (default `tg:v1`).
+/// The quota's keys under one prefix (default `tg:v2`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
     /// ZSET lease id -> expiry, Redis server time in ms.

@@ -1,17 +1,23 @@
 //! Redis-backed shared lane quota (M15): the lane limits hold across every replica together.
 //!
-//! # Data layout (prefix `quota.key_prefix`, default `tg:v1`; hash tag `{quota}`)
-//! - `tg:v1:{quota}:leases` HASH: lease id (`<replica>:<n>`) -> `"<lane> <tokens>"`.
-//! - `tg:v1:{quota}:expiry` ZSET: lease id -> expiry, Redis server time in ms (`TIME`, so
+//! # Data layout (prefix `quota.key_prefix`, default `tg:v2`; hash tag `{quota}`)
+//! - `tg:v2:{quota}:leases` HASH: lease id (`<replica>:<n>`) -> `"<lane> <tokens> <prefill>"`
+//!   (`<prefill>`: estimated prompt tokens until the first token, then 0).
+//! - `tg:v2:{quota}:expiry` ZSET: lease id -> expiry, Redis server time in ms (`TIME`, so
 //!   replicas' clocks do not matter).
-//! - `tg:v1:{quota}:usage` HASH: `<lane>:n` (leases), `<lane>:tokens`, `global:tokens`.
-//! - `tg:v1:{quota}:released` pub/sub channel: a lane name each time one of its leases goes.
+//! - `tg:v2:{quota}:usage` HASH: `<lane>:n` (leases), `<lane>:tokens`, `global:tokens`,
+//!   `prefill:tokens` (the prefill budget in use).
+//! - `tg:v2:{quota}:released` pub/sub channel: a lane name each time one of its leases goes,
+//!   and `prefill` each time prefill room comes back.
 //!
-//! Every change goes through one Lua script (`lua/quota_*_v1.lua`, see [`scripts`]), so the
+//! Every change goes through one Lua script (`lua/quota_*_v2.lua`, see [`scripts`]), so the
 //! counters always equal the sum of the live leases: acquire reaps expired leases, then takes
-//! a lease only if the lane's slots AND the lane's and global token budgets all fit; renew
-//! extends this replica's leases; release is idempotent; move shifts a lease to another lane
-//! if it has room. All keys share one hash tag, so the scripts run on Redis Cluster.
+//! a lease only if the lane's slots AND the lane's and global token budgets all fit (and, for a
+//! long prompt under `admission.prefill_budget_tokens`, the prefill budget: one engine, one
+//! budget, whatever the number of replicas); renew extends this replica's leases; release is
+//! idempotent; move shifts a lease to another lane if it has room; prefill-done gives a lease's
+//! prefill reservation back at its first token. All keys share one hash tag, so the scripts run
+//! on Redis Cluster.
 //!
 //! # Leases and crashes
 //! A [`LaneGuard`] holds one lease. Dropping it removes the lease from this replica's books at
@@ -23,9 +29,12 @@
 //!
 //! # Waiting and fairness
 //! Each replica keeps a FIFO line per lane (same `queue_len` / `queue_timeout_ms` as the local
-//! backend: 429 when full, 503 on timeout). Only the head calls Redis; it retries when a
-//! release is announced (pub/sub, or this replica's own releases) or after a jittered backoff
-//! of 5-250 ms. Fairness is FIFO within a replica only. Across replicas there is no global
+//! backend: 429 when full, 503 on timeout), and under a prefill budget a second line per lane
+//! for long prompts, so that a short prompt is never held back by a long one waiting for
+//! prefill room (each line holds up to `queue_len`). Only a line's head calls Redis; it retries
+//! when a release is announced (pub/sub, or this replica's own releases) or after a jittered
+//! backoff of 5-250 ms. A long prompt waiting holds nothing: the script takes seat, tokens and
+//! prefill room together or none of them. Fairness is FIFO within a replica only. Across replicas there is no global
 //! order: when a slot frees, the heads of all replicas are woken and the first script call to
 //! arrive wins, so each replica with waiters gets roughly an equal share of the freed slots,
 //! whatever its queue length. A request can be overtaken by a later one on another replica.
@@ -67,13 +76,13 @@ use tokio_util::task::TaskTracker;
 pub use keys::Keys;
 pub(crate) use shared::LeaseRelease;
 
-use super::budget::Limits;
+use super::budget::{Limits, PrefillLimit};
 use super::{AdmissionError, AdmissionSnapshot, LaneGuard, LocalAdmission};
 use crate::config::{Config, OnRedisDown, Policy};
 use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
-use scripts::LaneQuota;
-use shared::{QuotaLimits, Shared};
+use scripts::{LaneQuota, PrefillQuota, Verdict};
+use shared::{QuotaLimits, Shared, Take};
 
 /// How long a first request waits for the initial connection before counting Redis as down.
 const FIRST_CONNECT_WAIT: Duration = Duration::from_secs(2);
@@ -113,9 +122,14 @@ impl RedisAdmission {
                 max_tokens: c.max_tokens_in_flight.get(),
             }
         });
+        let prefill = PrefillLimit::from_config(config);
         let quota = QuotaLimits {
             lanes,
             global_tokens: config.admission.max_tokens_in_flight.get(),
+            prefill: PrefillQuota {
+                budget: prefill.budget,
+                long_prompt: prefill.long_prompt,
+            },
         };
         let (releases, release_rx) = mpsc::unbounded_channel();
         let (retry, retry_rx) = mpsc::unbounded_channel();
@@ -193,9 +207,12 @@ impl RedisAdmission {
             let lane = &mut snap.lanes[held.lane.index()];
             lane.in_flight += 1;
             lane.reserved_tokens += u64::from(held.tokens);
+            snap.prefill_tokens += u64::from(held.prefill);
         }
         for lane in Lane::ALL {
-            snap.lanes[lane.index()].queue_depth += self.shared.queues[lane.index()].waiting();
+            let i = lane.index();
+            snap.lanes[i].queue_depth +=
+                self.shared.queues[i].waiting() + self.shared.long_lines[i].waiting();
         }
         snap
     }
@@ -207,6 +224,19 @@ impl RedisAdmission {
     /// down under `fail_closed`. Cancel-safe: dropping the future leaves the line; a lease
     /// granted in that instant is released.
     pub async fn acquire(&self, lane: Lane, tokens: u32) -> Result<LaneGuard, AdmissionError> {
+        self.acquire_prompt(lane, tokens, 0).await
+    }
+
+    /// [`RedisAdmission::acquire`] with a prefill reservation of `prompt` (estimated input)
+    /// tokens in the fleet's prefill budget, given back at the first token
+    /// ([`LaneGuard::prefill_done`]) or with the lease. A long prompt under a budget waits for
+    /// room in its lane's long-prompt line, holding nothing.
+    pub async fn acquire_prompt(
+        &self,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+    ) -> Result<LaneGuard, AdmissionError> {
         if let Some(limit) = self.limits.max_reservation(lane) {
             if u64::from(tokens) > limit {
                 return Err(AdmissionError::TooLarge {
@@ -221,15 +251,26 @@ impl RedisAdmission {
             let _ = tokio::time::timeout(FIRST_CONNECT_WAIT, conn.wait_for(Option::is_some)).await;
         }
         if self.shared.degraded() {
-            return self.fall_back(lane, tokens).await;
+            return self.fall_back(lane, tokens, prompt).await;
         }
-        let line = &self.shared.queues[lane.index()];
-        let started = Instant::now();
+        let ask = Asked {
+            lane,
+            tokens,
+            prompt,
+            long: self.shared.waits_for_prefill(prompt),
+            started: Instant::now(),
+        };
+        let line = self.shared.line(lane, prompt);
+        let mut prefill_blocked = None;
         if line.waiting() == 0 {
-            match self.shared.try_take(lane, tokens).await {
-                Ok(Some(id)) => return Ok(self.guard(id, lane, tokens, Duration::ZERO)),
-                Ok(None) => {}
-                Err(()) => return self.fall_back(lane, tokens).await,
+            match self.shared.try_take(lane, tokens, prompt).await {
+                Take::Granted(id) => return Ok(self.guard(id, &ask, Duration::ZERO, None)),
+                Take::Refused(verdict) => {
+                    if verdict == Verdict::PrefillFull {
+                        prefill_blocked = Some(ask.started);
+                    }
+                }
+                Take::Down => return self.fall_back(lane, tokens, prompt).await,
             }
         }
         let queue = self.limits.queue(self.limits.queue_of(lane));
@@ -243,19 +284,27 @@ impl RedisAdmission {
             let _turn = line.head().await;
             let mut backoff = queue::LaneQueue::first_backoff();
             loop {
-                match self.shared.try_take(lane, tokens).await {
-                    Ok(Some(id)) => return Ok(self.guard(id, lane, tokens, started.elapsed())),
-                    Ok(None) => backoff = line.pause(backoff).await,
-                    Err(()) => return Err(()),
+                match self.shared.try_take(lane, tokens, prompt).await {
+                    Take::Granted(id) => {
+                        let waited = ask.started.elapsed();
+                        return Ok(self.guard(id, &ask, waited, prefill_blocked));
+                    }
+                    Take::Refused(verdict) => {
+                        if verdict == Verdict::PrefillFull {
+                            prefill_blocked.get_or_insert_with(Instant::now);
+                        }
+                        backoff = line.pause(backoff).await;
+                    }
+                    Take::Down => return Err(()),
                 }
             }
         };
         match tokio::time::timeout(queue.timeout, wait).await {
             Ok(Ok(guard)) => Ok(guard),
-            Ok(Err(())) => self.fall_back(lane, tokens).await,
+            Ok(Err(())) => self.fall_back(lane, tokens, prompt).await,
             Err(_) => Err(AdmissionError::Timeout {
                 lane,
-                waited: started.elapsed(),
+                waited: ask.started.elapsed(),
             }),
         }
     }
@@ -276,18 +325,45 @@ impl RedisAdmission {
         self.stop.cancel();
     }
 
-    async fn fall_back(&self, lane: Lane, tokens: u32) -> Result<LaneGuard, AdmissionError> {
+    async fn fall_back(
+        &self,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+    ) -> Result<LaneGuard, AdmissionError> {
         match &self.fallback {
-            Some(local) => local.acquire(lane, tokens).await,
+            Some(local) => local.acquire_prompt(lane, tokens, prompt).await,
             None => Err(AdmissionError::QuotaUnavailable { lane }),
         }
     }
 
-    fn guard(&self, id: String, lane: Lane, tokens: u32, waited: Duration) -> LaneGuard {
+    /// The guard for lease `id` after `waited` in line; `prefill_blocked`: when the acquire
+    /// script first answered "no prefill room" (the prefill wait runs from there).
+    fn guard(
+        &self,
+        id: String,
+        ask: &Asked,
+        waited: Duration,
+        prefill_blocked: Option<Instant>,
+    ) -> LaneGuard {
         let release = LeaseRelease {
             shared: self.shared.clone(),
             id,
         };
-        LaneGuard::new(Box::new(release), lane, tokens, waited)
+        let prefill_wait = ask
+            .long
+            .then(|| prefill_blocked.map_or(Duration::ZERO, |t| t.elapsed()));
+        LaneGuard::new(Box::new(release), ask.lane, ask.tokens, waited)
+            .with_prefill(ask.prompt, prefill_wait)
     }
+}
+
+/// One acquire's request, as its guard needs it.
+struct Asked {
+    lane: Lane,
+    tokens: u32,
+    prompt: u32,
+    /// A long prompt under a prefill budget (it may wait for prefill room).
+    long: bool,
+    started: Instant,
 }

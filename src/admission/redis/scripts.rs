@@ -1,9 +1,9 @@
-//! The quota's Lua scripts (`lua/quota_*_v1.lua`) and the Rust types that decode their replies.
+//! The quota's Lua scripts (`lua/quota_*_v2.lua`) and the Rust types that decode their replies.
 //!
-//! Every script is the shared prelude `quota_common_v1.lua` followed by its own body, loaded
+//! Every script is the shared prelude `quota_common_v2.lua` followed by its own body, loaded
 //! with `include_str!`. [`redis::Script`] runs them with `EVALSHA` and loads them with
 //! `SCRIPT LOAD` on `NOSCRIPT` (a new connection, a restarted Redis), so no call sends the
-//! source twice. The `v1` in the file names and in the default key prefix lets replicas with a
+//! source twice. The `v2` in the file names and in the default key prefix lets replicas with a
 //! different layout run side by side during a rolling deploy under another prefix.
 
 use redis::aio::ConnectionLike;
@@ -12,19 +12,20 @@ use redis::{RedisResult, Script};
 use super::keys::Keys;
 use crate::lane::Lane;
 
-/// The four quota scripts, loaded once per [`Scripts`] value.
+/// The five quota scripts, loaded once per [`Scripts`] value.
 #[derive(Debug, Clone)]
 pub struct Scripts {
     acquire: Script,
     renew: Script,
     release: Script,
     move_lease: Script,
+    prefill_done: Script,
 }
 
 macro_rules! quota_script {
     ($name:literal) => {
         Script::new(concat!(
-            include_str!("../../../lua/quota_common_v1.lua"),
+            include_str!("../../../lua/quota_common_v2.lua"),
             "\n",
             include_str!(concat!("../../../lua/", $name))
         ))
@@ -34,10 +35,11 @@ macro_rules! quota_script {
 impl Default for Scripts {
     fn default() -> Self {
         Self {
-            acquire: quota_script!("quota_acquire_v1.lua"),
-            renew: quota_script!("quota_renew_v1.lua"),
-            release: quota_script!("quota_release_v1.lua"),
-            move_lease: quota_script!("quota_move_v1.lua"),
+            acquire: quota_script!("quota_acquire_v2.lua"),
+            renew: quota_script!("quota_renew_v2.lua"),
+            release: quota_script!("quota_release_v2.lua"),
+            move_lease: quota_script!("quota_move_v2.lua"),
+            prefill_done: quota_script!("quota_prefill_done_v2.lua"),
         }
     }
 }
@@ -51,7 +53,42 @@ pub struct LaneQuota {
     pub max_tokens: u64,
 }
 
-/// What `quota_acquire_v1.lua` and `quota_move_v1.lua` answer (their `status`).
+/// The prefill budget as the acquire script checks it (see `PrefillLimit` in admission).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PrefillQuota {
+    /// Estimated prompt tokens of all leases still in prefill; 0 = off (counted, nobody waits).
+    pub budget: u64,
+    /// Prompts above this many tokens wait for room; shorter ones never do.
+    pub long_prompt: u32,
+}
+
+/// What one acquire call asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    /// The lease id (`<replica>:<n>`); a retried call with the same id is granted once.
+    pub id: &'a str,
+    /// The lane.
+    pub lane: Lane,
+    /// Token reservation (input estimate + output budget).
+    pub tokens: u32,
+    /// Estimated prompt tokens: the lease's prefill reservation until its first token.
+    pub prompt: u32,
+    /// Lease lifetime unless renewed, ms.
+    pub ttl_ms: u64,
+}
+
+/// The limits the acquire script checks for one call.
+#[derive(Debug, Clone, Copy)]
+pub struct AcquireLimits {
+    /// The lane's slots and token budget.
+    pub lane: LaneQuota,
+    /// The global token budget.
+    pub global_tokens: u64,
+    /// The prefill budget (shared by every replica in front of one engine).
+    pub prefill: PrefillQuota,
+}
+
+/// What `quota_acquire_v2.lua` and `quota_move_v2.lua` answer (their `status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     /// Granted (or moved, or already held by this id).
@@ -64,9 +101,11 @@ pub enum Verdict {
     GlobalTokens,
     /// `move` only: the lease no longer exists.
     NoLease,
+    /// `acquire` only: a long prompt and no room in the prefill budget.
+    PrefillFull,
 }
 
-/// Reply of `quota_acquire_v1.lua` / `quota_move_v1.lua`: `{ status, reaped }`.
+/// Reply of `quota_acquire_v2.lua` / `quota_move_v2.lua`: `{ status, reaped }`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TakeReply {
     /// The decision.
@@ -82,13 +121,14 @@ impl TakeReply {
             0 => Verdict::LaneFull,
             -1 => Verdict::LaneTokens,
             -2 => Verdict::GlobalTokens,
+            -4 => Verdict::PrefillFull,
             _ => Verdict::NoLease,
         };
         Self { verdict, reaped }
     }
 }
 
-/// Reply of `quota_renew_v1.lua`: `{ renewed, reaped, missing... }`.
+/// Reply of `quota_renew_v2.lua`: `{ renewed, reaped, missing... }`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenewReply {
     /// Leases extended.
@@ -100,34 +140,47 @@ pub struct RenewReply {
 }
 
 impl Scripts {
-    /// `quota_acquire_v1.lua`: a lease `id` of `tokens` in `lane` for `ttl_ms`, if it fits.
-    #[allow(clippy::too_many_arguments)]
+    /// `quota_acquire_v2.lua`: a lease for `ask`, if it fits `limits`.
     pub async fn acquire<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         keys: &Keys,
-        id: &str,
-        lane: Lane,
-        tokens: u32,
-        ttl_ms: u64,
-        quota: LaneQuota,
-        global_max_tokens: u64,
+        ask: &Ask<'_>,
+        limits: &AcquireLimits,
     ) -> RedisResult<TakeReply> {
         let reply = keys
             .with_keys(&self.acquire)
-            .arg(id)
-            .arg(lane.as_str())
-            .arg(tokens)
-            .arg(ttl_ms)
-            .arg(quota.max_requests)
-            .arg(quota.max_tokens)
-            .arg(global_max_tokens)
+            .arg(ask.id)
+            .arg(ask.lane.as_str())
+            .arg(ask.tokens)
+            .arg(ask.ttl_ms)
+            .arg(limits.lane.max_requests)
+            .arg(limits.lane.max_tokens)
+            .arg(limits.global_tokens)
+            .arg(ask.prompt)
+            .arg(limits.prefill.budget)
+            .arg(limits.prefill.long_prompt)
             .invoke_async(conn)
             .await?;
         Ok(TakeReply::decode(reply))
     }
 
-    /// `quota_renew_v1.lua`: extends leases `ids` to `ttl_ms` from now.
+    /// `quota_prefill_done_v2.lua`: lease `id`'s request has its first token; gives its prefill
+    /// reservation back (the slot and tokens stay). Returns the tokens given back (0 when none
+    /// were left, or the lease is gone).
+    pub async fn prefill_done<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &Keys,
+        id: &str,
+    ) -> RedisResult<u64> {
+        keys.with_keys(&self.prefill_done)
+            .arg(id)
+            .invoke_async(conn)
+            .await
+    }
+
+    /// `quota_renew_v2.lua`: extends leases `ids` to `ttl_ms` from now.
     pub async fn renew<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
@@ -154,7 +207,7 @@ impl Scripts {
         })
     }
 
-    /// `quota_release_v1.lua`: gives lease `id` back; true when it was still held.
+    /// `quota_release_v2.lua`: gives lease `id` back; true when it was still held.
     pub async fn release<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
@@ -169,7 +222,7 @@ impl Scripts {
         Ok(released == 1)
     }
 
-    /// `quota_move_v1.lua`: moves lease `id` to lane `to` if `to` has room under `quota`,
+    /// `quota_move_v2.lua`: moves lease `id` to lane `to` if `to` has room under `quota`,
     /// keeping its tokens.
     pub async fn move_lease<C: ConnectionLike + Send>(
         &self,
@@ -183,7 +236,7 @@ impl Scripts {
         self.move_and_grow(conn, keys, id, to, quota, 0, 0).await
     }
 
-    /// `quota_move_v1.lua` with growth: moves lease `id` to lane `to` and grows it to
+    /// `quota_move_v2.lua` with growth: moves lease `id` to lane `to` and grows it to
     /// `new_tokens`, if `to` and the global budget (`global_max_tokens`) have room.
     #[allow(clippy::too_many_arguments)]
     pub async fn move_and_grow<C: ConnectionLike + Send>(

@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::keys::Keys;
 use super::queue::LaneQueue;
-use super::scripts::{LaneQuota, Scripts, TakeReply};
+use super::scripts::{AcquireLimits, Ask, LaneQuota, PrefillQuota, Scripts, TakeReply, Verdict};
 use crate::admission::guard::Reservation;
 use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
@@ -23,13 +23,36 @@ use crate::telemetry::QuotaMetrics;
 pub(crate) struct Held {
     pub lane: Lane,
     pub tokens: u32,
+    /// Prefill reservation still held (0 after the first token).
+    pub prefill: u32,
 }
 
-/// A lease to give back (sent by a dropped guard to the release task).
+/// What a [`Lease`] message gives back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Give {
+    /// The whole lease (a dropped guard).
+    Lease,
+    /// Only its prefill reservation (the request's first token came).
+    Prefill,
+}
+
+/// A lease, or its prefill reservation, to give back (sent to the release task, in order).
 #[derive(Debug, Clone)]
 pub(crate) struct Lease {
     pub id: String,
     pub lane: Lane,
+    pub give: Give,
+}
+
+/// What one acquire call got.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Take {
+    /// A lease with this id.
+    Granted(String),
+    /// No room; why.
+    Refused(Verdict),
+    /// Redis could not be reached (now degraded).
+    Down,
 }
 
 /// Everything the scripts need to know about the limits.
@@ -37,6 +60,7 @@ pub(crate) struct Lease {
 pub(crate) struct QuotaLimits {
     pub lanes: [LaneQuota; 3],
     pub global_tokens: u64,
+    pub prefill: PrefillQuota,
 }
 
 pub(crate) struct Shared {
@@ -51,7 +75,11 @@ pub(crate) struct Shared {
     pub replica: String,
     next_id: AtomicU64,
     held: Mutex<HashMap<String, Held>>,
+    /// Per lane: the line of requests that never wait for prefill room.
     pub queues: [LaneQueue; 3],
+    /// Per lane: long prompts under a prefill budget (FIFO among themselves; a short prompt is
+    /// never held back by one).
+    pub long_lines: [LaneQueue; 3],
     degraded: AtomicBool,
     /// Set by [`super::RedisAdmission::abandon`]: behave like a killed process.
     pub abandoned: AtomicBool,
@@ -83,6 +111,7 @@ impl Shared {
             next_id: AtomicU64::new(0),
             held: Mutex::new(HashMap::new()),
             queues: Default::default(),
+            long_lines: Default::default(),
             degraded: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
             releases,
@@ -129,43 +158,82 @@ impl Shared {
         self.set_degraded(true);
     }
 
-    /// Runs the acquire script once. `Ok(Some(id))`: granted; `Ok(None)`: no room.
-    pub async fn try_take(&self, lane: Lane, tokens: u32) -> Result<Option<String>, ()> {
+    /// Whether a prompt of `prompt` tokens waits for prefill room (a long prompt under a
+    /// budget); such requests wait in [`Shared::long_lines`].
+    pub fn waits_for_prefill(&self, prompt: u32) -> bool {
+        let p = self.limits.prefill;
+        p.budget > 0 && prompt > p.long_prompt
+    }
+
+    /// The line a request of `lane` with a prompt of `prompt` tokens waits in.
+    pub fn line(&self, lane: Lane, prompt: u32) -> &LaneQueue {
+        if self.waits_for_prefill(prompt) {
+            &self.long_lines[lane.index()]
+        } else {
+            &self.queues[lane.index()]
+        }
+    }
+
+    /// Wakes the heads a release in `lane` may let in: both of its lines, and every long line
+    /// when prefill room came back.
+    pub fn notify(&self, lane: Option<Lane>, prefill: bool) {
+        if let Some(lane) = lane {
+            self.queues[lane.index()].notify();
+            self.long_lines[lane.index()].notify();
+        }
+        if prefill {
+            for line in &self.long_lines {
+                line.notify();
+            }
+        }
+    }
+
+    /// Runs the acquire script once for a slot and `tokens` in `lane` and a prefill
+    /// reservation of `prompt` tokens.
+    pub async fn try_take(&self, lane: Lane, tokens: u32, prompt: u32) -> Take {
         let Some(mut conn) = self.connection() else {
             self.set_degraded(true);
-            return Err(());
+            return Take::Down;
         };
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let id = format!("{}:{n}", self.replica);
+        let ask = Ask {
+            id: &id,
+            lane,
+            tokens,
+            prompt,
+            ttl_ms: self.ttl_ms,
+        };
+        let limits = AcquireLimits {
+            lane: self.limits.lanes[lane.index()],
+            global_tokens: self.limits.global_tokens,
+            prefill: self.limits.prefill,
+        };
         let started = Instant::now();
         let reply = self
             .scripts
-            .acquire(
-                &mut conn,
-                &self.keys,
-                &id,
-                lane,
-                tokens,
-                self.ttl_ms,
-                self.limits.lanes[lane.index()],
-                self.limits.global_tokens,
-            )
+            .acquire(&mut conn, &self.keys, &ask, &limits)
             .await;
         self.metrics
             .observe("acquire", started.elapsed().as_secs_f64());
         match reply {
             Ok(TakeReply { verdict, reaped }) => {
                 self.metrics.reaped(reaped);
-                if verdict == super::scripts::Verdict::Granted {
-                    self.held().insert(id.clone(), Held { lane, tokens });
-                    Ok(Some(id))
+                if verdict == Verdict::Granted {
+                    let held = Held {
+                        lane,
+                        tokens,
+                        prefill: prompt,
+                    };
+                    self.held().insert(id.clone(), held);
+                    Take::Granted(id)
                 } else {
-                    Ok(None)
+                    Take::Refused(verdict)
                 }
             }
             Err(err) => {
                 self.failed("acquire", &err);
-                Err(())
+                Take::Down
             }
         }
     }
@@ -201,7 +269,7 @@ impl Shared {
         match reply {
             Ok(TakeReply { verdict, reaped }) => {
                 self.metrics.reaped(reaped);
-                let moved = verdict == super::scripts::Verdict::Granted;
+                let moved = verdict == Verdict::Granted;
                 if moved {
                     if let Some(h) = self.held().get_mut(id) {
                         h.lane = to;
@@ -221,9 +289,34 @@ impl Shared {
     /// Gives lease `id` back (a guard's drop): forget it here, release it in the background.
     pub fn release(&self, id: String, lane: Lane) {
         self.held().remove(&id);
+        self.send(Lease {
+            id,
+            lane,
+            give: Give::Lease,
+        });
+    }
+
+    /// Gives lease `id`'s prefill reservation back (its first token came), in the background
+    /// and in order with its release.
+    pub fn prefill_done(&self, id: &str) {
+        let lane = match self.held().get_mut(id) {
+            Some(held) if held.prefill > 0 => {
+                held.prefill = 0;
+                held.lane
+            }
+            _ => return,
+        };
+        self.send(Lease {
+            id: id.to_owned(),
+            lane,
+            give: Give::Prefill,
+        });
+    }
+
+    fn send(&self, lease: Lease) {
         if !self.abandoned.load(Ordering::Acquire) {
             // Fails only once the release task has stopped; the lease then expires by TTL.
-            let _ = self.releases.send(Lease { id, lane });
+            let _ = self.releases.send(lease);
         }
     }
 }
@@ -242,5 +335,9 @@ impl Reservation for LeaseRelease {
     fn release(self: Box<Self>, lane: Lane, _tokens: u32) {
         let LeaseRelease { shared, id } = *self;
         shared.release(id, lane);
+    }
+
+    fn prefill_done(&self, _tokens: u32) {
+        self.shared.prefill_done(&self.id);
     }
 }

@@ -3,8 +3,10 @@
 //! - `heartbeat`: connects (and keeps retrying while Redis is down), renews this replica's
 //!   leases every `heartbeat`, retries releases that failed, and leaves the fallback once a
 //!   call succeeds again. Its renew call also reaps other replicas' expired leases.
-//! - `releaser`: runs the release script for every dropped guard (Drop cannot await).
-//! - `listener`: subscribes to the `released` channel and wakes the lane's local head.
+//! - `releaser`: runs the release script for every dropped guard (Drop cannot await), and the
+//!   prefill-done script for every first token, in the order they were sent.
+//! - `listener`: subscribes to the `released` channel and wakes the lane's local heads (and
+//!   every long-prompt line on `prefill`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +16,7 @@ use redis::aio::ConnectionManagerConfig;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::shared::{Lease, Shared};
+use super::shared::{Give, Lease, Shared};
 use crate::lane::Lane;
 
 /// Each Redis call gives up after this long (then counts as Redis down).
@@ -114,24 +116,42 @@ async fn beat(shared: &Shared, pending: &mut Vec<(Lease, Instant)>) -> bool {
     true
 }
 
-/// Runs the release script; true on success (also when the lease was already gone).
+/// Runs the release script (or the prefill-done script); true on success (also when the
+/// lease was already gone). A prefill give-back that fails is retried like a release: until
+/// then the fleet counts the request as still prefilling (long prompts wait longer, the budget
+/// is never exceeded), and its release gives the room back anyway.
 async fn release_one(
     shared: &Shared,
     conn: &mut redis::aio::ConnectionManager,
     lease: &Lease,
 ) -> bool {
     let started = Instant::now();
-    let reply = shared.scripts.release(conn, &shared.keys, &lease.id).await;
-    shared
-        .metrics
-        .observe("release", started.elapsed().as_secs_f64());
+    let (op, reply) = match lease.give {
+        Give::Lease => (
+            "release",
+            shared
+                .scripts
+                .release(conn, &shared.keys, &lease.id)
+                .await
+                .map(|_| ()),
+        ),
+        Give::Prefill => (
+            "prefill_done",
+            shared
+                .scripts
+                .prefill_done(conn, &shared.keys, &lease.id)
+                .await
+                .map(|_| ()),
+        ),
+    };
+    shared.metrics.observe(op, started.elapsed().as_secs_f64());
     match reply {
-        Ok(_) => {
-            shared.queues[lease.lane.index()].notify();
+        Ok(()) => {
+            shared.notify(Some(lease.lane), lease.give == Give::Prefill);
             true
         }
         Err(err) => {
-            shared.failed("release", &err);
+            shared.failed(op, &err);
             false
         }
     }
@@ -172,9 +192,11 @@ pub(super) async fn listener(shared: Arc<Shared>, stop: CancellationToken) {
             pubsub.subscribe(&shared.keys.released).await?;
             let mut messages = pubsub.on_message();
             while let Some(msg) = messages.next().await {
-                let lane: String = msg.get_payload().unwrap_or_default();
-                if let Some(lane) = Lane::ALL.into_iter().find(|l| l.as_str() == lane) {
-                    shared.queues[lane.index()].notify();
+                let what: String = msg.get_payload().unwrap_or_default();
+                if what == "prefill" {
+                    shared.notify(None, true);
+                } else if let Some(lane) = Lane::ALL.into_iter().find(|l| l.as_str() == what) {
+                    shared.notify(Some(lane), false);
                 }
             }
             Ok::<(), redis::RedisError>(())

@@ -5,7 +5,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 
 use super::keys::Keys;
-use super::scripts::{LaneQuota, Scripts, Verdict};
+use super::scripts::{AcquireLimits, Ask, LaneQuota, PrefillQuota, Scripts, Verdict};
 use crate::lane::Lane;
 
 #[path = "../../../tests/redis_common/mod.rs"]
@@ -36,6 +36,12 @@ async fn fixture() -> Fixture {
     }
 }
 
+/// The prefill budget the prefill tests use: 12288 tokens, long prompts above 2048.
+const PREFILL: PrefillQuota = PrefillQuota {
+    budget: 12_288,
+    long_prompt: 2_048,
+};
+
 impl Fixture {
     async fn acquire(
         &mut self,
@@ -45,29 +51,62 @@ impl Fixture {
         ttl: u64,
         global: u64,
     ) -> (Verdict, u64) {
+        self.acquire_prompt(id, lane, tokens, 0, ttl, global, PrefillQuota::default())
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn acquire_prompt(
+        &mut self,
+        id: &str,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+        ttl: u64,
+        global: u64,
+        prefill: PrefillQuota,
+    ) -> (Verdict, u64) {
         let quota = if lane == Lane::Small {
             SMALL
         } else {
             LaneQuota {
-                max_requests: 1,
-                max_tokens: 5_000,
+                max_requests: 3,
+                max_tokens: 50_000,
             }
+        };
+        let ask = Ask {
+            id,
+            lane,
+            tokens,
+            prompt,
+            ttl_ms: ttl,
+        };
+        let limits = AcquireLimits {
+            lane: quota,
+            global_tokens: global,
+            prefill,
         };
         let r = self
             .scripts
-            .acquire(
-                &mut self.conn,
-                &self.keys,
-                id,
-                lane,
-                tokens,
-                ttl,
-                quota,
-                global,
-            )
+            .acquire(&mut self.conn, &self.keys, &ask, &limits)
             .await
             .unwrap();
         (r.verdict, r.reaped)
+    }
+
+    /// A long (`prompt` > 2048) or short prompt in the large lane under [`PREFILL`].
+    async fn prompt(&mut self, id: &str, prompt: u32) -> Verdict {
+        let tokens = prompt + 100;
+        self.acquire_prompt(id, Lane::Large, tokens, prompt, 10_000, 100_000, PREFILL)
+            .await
+            .0
+    }
+
+    async fn prefill_done(&mut self, id: &str) -> u64 {
+        self.scripts
+            .prefill_done(&mut self.conn, &self.keys, id)
+            .await
+            .unwrap()
     }
 
     async fn usage(&mut self, field: &str) -> i64 {
@@ -231,4 +270,75 @@ async fn scripts_reload_after_a_script_flush() {
         .unwrap();
     // EVALSHA answers NOSCRIPT; the script is loaded again and the call succeeds.
     assert!(f.scripts.release(&mut f.conn, &f.keys, "a").await.unwrap());
+}
+
+#[tokio::test]
+async fn a_long_prompt_needs_prefill_room_and_a_short_one_is_only_counted() {
+    let mut f = fixture().await;
+    assert_eq!(f.prompt("a", 8_000).await, Verdict::Granted);
+    // 8000 + 6000 > 12288: no room, and nothing was taken.
+    assert_eq!(f.prompt("b", 6_000).await, Verdict::PrefillFull);
+    assert_eq!(f.usage("large:n").await, 1);
+    assert_eq!(f.usage("global:tokens").await, 8_100);
+    // A short prompt never waits for it, and is counted: 8000 + 2048.
+    assert_eq!(f.prompt("short", 2_048).await, Verdict::Granted);
+    assert_eq!(f.usage("prefill:tokens").await, 10_048);
+    // The first token of "a" gives its room back (once); its slot and tokens stay.
+    assert_eq!(f.prefill_done("a").await, 8_000);
+    assert_eq!(f.prefill_done("a").await, 0);
+    assert_eq!(f.usage("prefill:tokens").await, 2_048);
+    assert_eq!(f.usage("large:n").await, 2);
+    assert_eq!(f.prompt("b", 6_000).await, Verdict::Granted);
+    assert_eq!(f.usage("prefill:tokens").await, 8_048);
+    // Releasing after the first token does not give the room back twice; releasing a lease
+    // still in prefill gives its room back with it.
+    assert!(f.scripts.release(&mut f.conn, &f.keys, "a").await.unwrap());
+    assert!(f.scripts.release(&mut f.conn, &f.keys, "b").await.unwrap());
+    assert_eq!(f.usage("prefill:tokens").await, 2_048);
+    assert!(f
+        .scripts
+        .release(&mut f.conn, &f.keys, "short")
+        .await
+        .unwrap());
+    assert_eq!(f.usage("prefill:tokens").await, 0);
+    assert_eq!(f.usage("global:tokens").await, 0);
+    assert_eq!(f.prefill_done("short").await, 0, "a gone lease");
+}
+
+#[tokio::test]
+async fn a_prompt_larger_than_the_budget_runs_only_alone() {
+    let mut f = fixture().await;
+    assert_eq!(f.prompt("short", 500).await, Verdict::Granted);
+    assert_eq!(f.prompt("big", 14_000).await, Verdict::PrefillFull);
+    f.prefill_done("short").await;
+    assert_eq!(f.prompt("big", 14_000).await, Verdict::Granted);
+    assert_eq!(f.prompt("next", 3_000).await, Verdict::PrefillFull);
+    assert_eq!(f.usage("prefill:tokens").await, 14_000);
+}
+
+#[tokio::test]
+async fn an_expired_lease_in_prefill_gives_its_room_back_and_a_move_keeps_it() {
+    let mut f = fixture().await;
+    f.acquire_prompt("gone", Lane::Large, 9_000, 8_000, 50, 100_000, PREFILL)
+        .await;
+    f.acquire_prompt("kept", Lane::Small, 600, 500, 10_000, 100_000, PREFILL)
+        .await;
+    assert_eq!(f.usage("prefill:tokens").await, 8_500);
+    // A promotion moves the lease with its prefill reservation.
+    let medium = LaneQuota {
+        max_requests: 1,
+        max_tokens: 5_000,
+    };
+    let moved = f
+        .scripts
+        .move_lease(&mut f.conn, &f.keys, "kept", Lane::Medium, medium)
+        .await
+        .unwrap();
+    assert_eq!(moved.verdict, Verdict::Granted);
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    // The next call reaps "gone" (its room comes back); "kept" still holds its 500.
+    assert_eq!(f.prompt("long", 11_000).await, Verdict::Granted);
+    assert_eq!(f.usage("prefill:tokens").await, 11_500);
+    assert_eq!(f.prefill_done("kept").await, 500);
+    assert_eq!(f.usage("prefill:tokens").await, 11_000);
 }

@@ -1,4 +1,4 @@
--- tg quota v1: renew. Extends the leases a replica holds (its heartbeat), after reaping.
+-- tg quota v2: renew. Extends the leases a replica holds (its heartbeat), after reaping.
 -- ARGV: ttl_ms, id...
 -- Reply: { renewed, reaped, missing... }: the ids that no longer exist (expired or lost).
 local ttl = tonumber(ARGV[1])

@@ -1,5 +1,6 @@
--- tg quota v1: move. Moves a held lease to another lane if that lane has a slot and room for
--- its tokens, optionally growing the reservation (mid-stream promotion); all or nothing.
+-- tg quota v2: move. Moves a held lease to another lane if that lane has a slot and room for
+-- its tokens, optionally growing the reservation (mid-stream promotion); all or nothing. The
+-- lease's prefill reservation moves with it.
 -- KEYS[4] = released channel (the old lane is published: it gained room).
 -- ARGV: id, to_lane, to_max_n, to_max_tokens[, new_tokens, global_max_tokens]
 --   new_tokens: the reservation after the move (default: unchanged; never smaller);
@@ -13,7 +14,7 @@ local v = redis.call('HGET', KEYS[2], id)
 if not v then
   return { -3, reaped }
 end
-local from, tokens = parse_lease(v)
+local from, tokens, prefill = parse_lease(v)
 local new_tokens = math.max(tonumber(ARGV[5] or tokens), tokens)
 local global_max = tonumber(ARGV[6] or '0')
 if from == to and new_tokens == tokens then
@@ -37,6 +38,6 @@ redis.call('HINCRBY', KEYS[3], from .. ':tokens', -tokens)
 redis.call('HINCRBY', KEYS[3], to .. ':n', 1)
 redis.call('HINCRBY', KEYS[3], to .. ':tokens', new_tokens)
 redis.call('HINCRBY', KEYS[3], 'global:tokens', new_tokens - tokens)
-redis.call('HSET', KEYS[2], id, to .. ' ' .. new_tokens)
+redis.call('HSET', KEYS[2], id, lease_value(to, new_tokens, prefill))
 redis.call('PUBLISH', KEYS[4], from)
 return { 1, reaped }
