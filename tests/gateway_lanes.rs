@@ -19,6 +19,11 @@ async fn stream_to_end(url: String, body: serde_json::Value) -> String {
     post_text(url, &body).await
 }
 
+/// The seed's large lane: 4 seats (the shipped default is 16; these tests count to four).
+fn seed_large_lane(c: &mut tutor_gateway::config::Config) {
+    set_lane(c, Lane::Large, 4);
+}
+
 #[tokio::test]
 async fn the_engine_never_sees_more_than_four_large_requests() {
     let h = harness(
@@ -30,7 +35,7 @@ async fn the_engine_never_sees_more_than_four_large_requests() {
             "--num-gpu-blocks",
             "8192",
         ],
-        |_| {},
+        seed_large_lane,
     )
     .await;
     let url = h.url("/v1/chat/completions");
@@ -85,7 +90,7 @@ async fn small_requests_are_admitted_while_large_ones_queue_and_queued_clients_c
             "--num-gpu-blocks",
             "8192",
         ],
-        |_| {},
+        seed_large_lane,
     )
     .await;
     let blockers = fill_large_lane(&h).await;

@@ -1,27 +1,53 @@
 //! The prefill budget against the simulator: long prompts wait for prefill room (holding no
 //! seat), short prompts never do, and the prefill reservation comes back at the first token or
 //! when the request ends (here: the client leaving during prefill). Holds are structural (an
-//! engine whose first token or next token takes ten minutes), never wall-clock.
+//! engine whose first token or next token takes ten minutes), never wall-clock. Each test runs
+//! with the in-process quota and with the shared quota in a real `redis-server`.
 
 mod common;
+mod redis_common;
 
 use std::time::Duration;
 
 use common::*;
+use redis_common::RedisServer;
 use serde_json::json;
-use tutor_gateway::config::Config;
+use tutor_gateway::config::{Config, QuotaBackend, RedisUrl};
 
 fn body(words_n: usize, salt: &str) -> serde_json::Value {
     json!({"messages": [{"role": "user", "content": words(words_n, salt)}], "max_tokens": 64,
            "stream": true})
 }
 
-/// A 12288-token prefill budget, and timeouts that never end a held request.
-fn tweak(c: &mut Config) {
-    c.admission.prefill_budget_tokens = 12_288;
-    c.upstream.first_token_timeout = Duration::from_secs(3_600);
-    c.upstream.idle_timeout = Duration::from_secs(3_600);
-    c.upstream.total_timeout = Duration::from_secs(3_600);
+/// A 12288-token prefill budget, and timeouts that never end a held request; the quota in
+/// `redis` when given.
+fn tweak(redis: Option<&RedisServer>) -> impl FnOnce(&mut Config) + '_ {
+    move |c| {
+        c.admission.prefill_budget_tokens = 12_288;
+        c.upstream.first_token_timeout = Duration::from_secs(3_600);
+        c.upstream.idle_timeout = Duration::from_secs(3_600);
+        c.upstream.total_timeout = Duration::from_secs(3_600);
+        if let Some(r) = redis {
+            c.quota.backend = QuotaBackend::Redis;
+            c.quota.redis_url = RedisUrl::new(r.url());
+        }
+    }
+}
+
+/// Runs `case` with the local quota, then with the quota in a fresh `redis-server`.
+macro_rules! both_backends {
+    ($case:ident, $local:ident, $redis:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $local() {
+            $case(None).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $redis() {
+            let server = RedisServer::start();
+            $case(Some(&server)).await;
+        }
+    };
 }
 
 /// Starts a streaming request; the task ends when the response headers came (admitted).
@@ -34,11 +60,16 @@ fn snapshot(h: &Harness) -> tutor_gateway::telemetry::AdmissionSnapshot {
     h.gw.state.admission().snapshot()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_long_prompt_waits_for_prefill_room_without_a_seat_and_gets_it_on_a_disconnect() {
+both_backends!(
+    waits_without_a_seat_and_gets_room_on_a_disconnect,
+    a_long_prompt_waits_for_prefill_room_without_a_seat_and_gets_it_on_a_disconnect,
+    the_same_with_the_quota_in_redis
+);
+
+async fn waits_without_a_seat_and_gets_room_on_a_disconnect(redis: Option<&RedisServer>) {
     // The engine's first token takes ten minutes: every admitted request stays in prefill.
     let held = ["--profile", "fixed", "--fixed-ttft-ms", "600000"];
-    let h = harness(&held, tweak).await;
+    let h = harness(&held, tweak(redis)).await;
     let url = h.url("/v1/chat/completions");
     let first = send(&url, body(7_000, "first")).await.unwrap();
     let in_prefill = snapshot(&h).prefill_tokens;
@@ -78,8 +109,13 @@ async fn a_long_prompt_waits_for_prefill_room_without_a_seat_and_gets_it_on_a_di
     h.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prefill_room_comes_back_at_the_first_token_while_the_seat_stays() {
+both_backends!(
+    room_at_the_first_token,
+    prefill_room_comes_back_at_the_first_token_while_the_seat_stays,
+    the_room_comes_back_at_the_first_token_with_the_quota_in_redis_too
+);
+
+async fn room_at_the_first_token(redis: Option<&RedisServer>) {
     // The first token comes at once, the second in ten minutes: requests stay in decode.
     let decode_held = [
         "--profile",
@@ -89,7 +125,7 @@ async fn prefill_room_comes_back_at_the_first_token_while_the_seat_stays() {
         "--fixed-itl-ms",
         "600000",
     ];
-    let h = harness(&decode_held, tweak).await;
+    let h = harness(&decode_held, tweak(redis)).await;
     let url = h.url("/v1/chat/completions");
     let mut first = send(&url, body(7_000, "first")).await.unwrap();
     // Only the first token releases the room: read it.

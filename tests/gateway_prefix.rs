@@ -286,3 +286,59 @@ async fn per_fingerprint_series_never_exceed_n_plus_one() {
     );
     h.shutdown().await;
 }
+
+/// Eight sequential requests of one course (a 600-word system prompt, a short question each):
+/// per request, (estimated input, cached tokens vLLM reported, prefill reservation taken).
+async fn course_requests(discount: bool) -> Vec<(u64, u64, u64)> {
+    let h = harness(SIM, |c| c.admission.prefill_discount_cached = discount).await;
+    let system = words(600, "You are the algo201 tutor. Review the student's code.");
+    for i in 0..8 {
+        let body = json!({
+            "messages": [{"role": "system", "content": system},
+                         {"role": "user", "content": words(20, &format!("question {i}:"))}],
+            "max_tokens": 8
+        });
+        let r = client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    let lines: Vec<Value> = h.log.lock().unwrap().clone();
+    h.shutdown().await;
+    lines
+        .iter()
+        .map(|l| {
+            let n = |k: &str| l[k].as_u64().unwrap_or_else(|| panic!("{k} in {l}"));
+            (
+                n("input_tokens_estimated"),
+                n("cached_tokens"),
+                n("prefill_tokens_reserved"),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_cached_course_prefix_is_left_out_of_the_prefill_reservation() {
+    let on = course_requests(true).await;
+    assert_eq!(on.len(), 8);
+    // Nothing is discounted before three requests of the fingerprint were measured.
+    for &(estimate, _, reserved) in &on[..3] {
+        assert_eq!(reserved, estimate, "{on:?}");
+    }
+    // Then the prefix the engine reported cached is left out, never more than it reported.
+    let most_cached = on.iter().map(|r| r.1).max().unwrap();
+    assert!(most_cached > 300, "the course prefix hits: {on:?}");
+    let &(estimate, _, reserved) = on.last().unwrap();
+    assert!(
+        reserved < estimate && reserved + most_cached >= estimate,
+        "{on:?}"
+    );
+    // Off: the whole estimate, always.
+    let off = course_requests(false).await;
+    assert!(off.iter().all(|&(e, _, r)| r == e), "{off:?}");
+}

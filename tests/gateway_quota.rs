@@ -39,9 +39,14 @@ async fn sim() -> SimServer {
 }
 
 /// The shipped config on `redis`, lanes re-cut for short test prompts (small <= 60 tokens of
-/// work, medium <= 120, large above), long queues, a 1 s lease TTL.
+/// work, medium <= 120, large above), the seed's large lane (4 seats) and global budget
+/// ([`LIMITS`], [`GLOBAL_TOKENS`]), long queues, a 1 s lease TTL.
 fn config(sim: &SimServer, redis: &RedisServer) -> Config {
     let mut c = Config::default();
+    c.lanes.large.max_concurrency = 4.try_into().unwrap();
+    c.lanes.large.ceiling = 4.try_into().unwrap();
+    c.lanes.large.max_tokens_in_flight = 65_536.try_into().unwrap();
+    c.admission.max_tokens_in_flight = (GLOBAL_TOKENS as u64).try_into().unwrap();
     c.upstream.base_url = sim.url();
     c.telemetry.request_log = RequestLogSink::Off;
     c.classify.small_max_work = 60.try_into().unwrap();

@@ -24,6 +24,8 @@ pub struct PresetRun {
     pub results: Results,
     /// Gateway-side queue wait of the small lane (`p50_s`, `p95_s`, `requests`).
     pub queue_wait: Value,
+    /// The engine's steps during the window ([`crate::steps::summarize`]; null without them).
+    pub steps: Value,
 }
 
 /// The `summary.json` entry of one run (the issue's shape, plus more fields).
@@ -65,6 +67,7 @@ pub fn engine_summary(engine: &EngineSetting, runs: &[PresetRun]) -> Value {
     for run in runs {
         let mut entry = summary_entry(&run.results);
         entry["small_gateway_queue_wait"] = run.queue_wait.clone();
+        entry["engine_steps"] = run.steps.clone();
         m.insert(run.preset.name().to_string(), entry);
         if let Some(f) = fifo {
             let p95 = |r: &Results| r.classes.get(FLOOR_CLASS).and_then(|c| c.ttft_p95_s);
@@ -132,6 +135,18 @@ pub fn engine_table(engine: &EngineSetting, runs: &[PresetRun]) -> String {
             r.errors,
             r.output_tokens_per_s
         );
+    }
+    if runs.iter().any(|r| !r.steps.is_null()) {
+        let _ = writeln!(
+            o,
+            "\nWhere small TTFT goes: the engine's steps during the window (simulator \
+             `/debug/steps`). An arrival waits for the step in progress (mean residual) and \
+             then for its own step; requests waiting in the engine add whole steps.\n"
+        );
+        o.push_str(crate::steps::HEADER);
+        for run in runs.iter().filter(|r| !r.steps.is_null()) {
+            let _ = writeln!(o, "{}", crate::steps::row(run.preset.name(), &run.steps));
+        }
     }
     o
 }

@@ -22,6 +22,7 @@ use crate::prompt::PromptBuilder;
 use crate::runner::{run, RunOptions};
 use crate::scenario::Scenario;
 use crate::stats::Results;
+use crate::steps::StepSampler;
 
 /// Settings of one experiment.
 #[derive(Debug, Clone)]
@@ -91,13 +92,22 @@ async fn small_queue_wait(gw_url: &str) -> Value {
     json!({"p50_s": q(0.5), "p95_s": q(0.95), "requests": total})
 }
 
-/// Runs the load under `preset`; returns the client-side results and the gateway's small-lane
-/// queue wait.
+/// What one preset's run measured besides the client's results.
+#[derive(Debug, Clone)]
+pub struct Inside {
+    /// The gateway's small-lane queue wait (see [`small_queue_wait`]).
+    pub queue_wait: Value,
+    /// The engine's steps during the window (see [`crate::steps`]).
+    pub steps: Value,
+}
+
+/// Runs the load under `preset`; returns the client-side results and what the gateway and
+/// the engine saw.
 pub async fn run_preset(
     opts: &ExperimentOptions,
     engine: &EngineSetting,
     preset: Preset,
-) -> anyhow::Result<(Results, Value)> {
+) -> anyhow::Result<(Results, Inside)> {
     let policy = match preset {
         Preset::Fifo => Policy::Fifo,
         Preset::Strict => Policy::Strict,
@@ -152,7 +162,8 @@ pub async fn run_preset(
         gw.url(),
         sim.url()
     );
-    let data = run(&scenario, &target, &prompts, &opts.run).await;
+    let sampling = StepSampler::sample(&sim.engine, opts.run.duration, Duration::from_secs(5));
+    let (data, steps) = tokio::join!(run(&scenario, &target, &prompts, &opts.run), sampling);
     let results = Results::build(
         &scenario,
         &target,
@@ -160,10 +171,13 @@ pub async fn run_preset(
         opts.run.duration.as_secs_f64(),
         &data,
     );
-    let wait = small_queue_wait(&gw.url()).await;
+    let inside = Inside {
+        queue_wait: small_queue_wait(&gw.url()).await,
+        steps: steps.summary(),
+    };
     gw.shutdown().await;
     sim.shutdown().await;
-    Ok((results, wait))
+    Ok((results, inside))
 }
 
 /// The gateway config at `path` with `upstream.max_model_len` set to `max_model_len` (checked
@@ -195,7 +209,7 @@ pub async fn run_experiment(opts: &ExperimentOptions) -> anyhow::Result<Value> {
     for engine in &opts.engines {
         let mut runs: Vec<PresetRun> = vec![];
         for &preset in &presets {
-            let (mut r, wait) = run_preset(opts, engine, preset)
+            let (mut r, inside) = run_preset(opts, engine, preset)
                 .await
                 .with_context(|| format!("{} / {} run", engine.name, preset.name()))?;
             let floor = runs.iter().find(|x| x.preset == Preset::Floor);
@@ -209,7 +223,8 @@ pub async fn run_experiment(opts: &ExperimentOptions) -> anyhow::Result<Value> {
             runs.push(PresetRun {
                 preset,
                 results: r,
-                queue_wait: wait,
+                queue_wait: inside.queue_wait,
+                steps: inside.steps,
             });
             // Let one run's sockets close before the next starts.
             tokio::time::sleep(Duration::from_millis(500)).await;

@@ -28,4 +28,5 @@ pub mod report;
 pub mod runner;
 pub mod scenario;
 pub mod stats;
+pub mod steps;
 pub mod svg;

@@ -107,16 +107,18 @@ pub fn summary_md(r: &Results) -> String {
 pub fn charts(r: &Results, slo_s: f64) -> Vec<(&'static str, String)> {
     let mut cdf = Chart {
         title: format!("TTFT CDF per class ({})", r.scenario.name),
-        x_label: "time to first token (s)".into(),
+        x_label: "time to first token (s, log scale)".into(),
         y_label: "fraction of requests".into(),
         x_marker: Some((slo_s, format!("SLO {slo_s} s"))),
+        x_log: true,
         ..Default::default()
     };
     let mut over = Chart {
         title: "TTFT over time".into(),
         x_label: "time of first token (s from start)".into(),
-        y_label: "TTFT (s)".into(),
+        y_label: "TTFT (s, log scale)".into(),
         y_marker: Some((slo_s, format!("SLO {slo_s} s"))),
+        y_log: true,
         ..Default::default()
     };
     for c in &r.scenario.classes {

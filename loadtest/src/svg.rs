@@ -1,4 +1,6 @@
-//! Hand-written SVG charts (no plotting dependency): lines or dots on linear axes.
+//! Hand-written SVG charts (no plotting dependency): lines or dots on linear or logarithmic
+//! axes (TTFT spans three decades under load: 40 ms for a short question, seconds for a review,
+//! so TTFT axes are logarithmic).
 
 use std::fmt::Write;
 
@@ -33,6 +35,68 @@ pub struct Chart {
     pub x_marker: Option<(f64, String)>,
     /// Dashed horizontal line at this y with a label.
     pub y_marker: Option<(f64, String)>,
+    /// Logarithmic x axis (decades from the smallest positive x).
+    pub x_log: bool,
+    /// Logarithmic y axis.
+    pub y_log: bool,
+}
+
+/// One axis: linear from 0 to a nice maximum, or logarithmic over whole decades.
+#[derive(Debug, Clone, Copy)]
+struct Axis {
+    log: bool,
+    /// Linear: the maximum. Log: the lowest and highest decade exponents.
+    lo: f64,
+    hi: f64,
+}
+
+impl Axis {
+    fn new(log: bool, values: impl Iterator<Item = f64>) -> Self {
+        if !log {
+            let max = values.fold(0.0f64, f64::max);
+            return Self {
+                log,
+                lo: 0.0,
+                hi: nice_max(max),
+            };
+        }
+        let (mut min, mut max) = (f64::INFINITY, 0.0f64);
+        for v in values.filter(|v| *v > 0.0 && v.is_finite()) {
+            min = min.min(v);
+            max = max.max(v);
+        }
+        if !min.is_finite() {
+            (min, max) = (1.0, 10.0);
+        }
+        let lo = min.log10().floor();
+        let hi = max.log10().ceil().max(lo + 1.0);
+        Self { log, lo, hi }
+    }
+
+    /// Where `v` sits along the axis, 0 to 1 (log: values at or below 0 sit at the bottom).
+    fn frac(&self, v: f64) -> f64 {
+        if self.log {
+            if v <= 0.0 {
+                return 0.0;
+            }
+            (v.log10() - self.lo) / (self.hi - self.lo)
+        } else {
+            v / self.hi
+        }
+    }
+
+    /// Tick values: six even steps, or every decade.
+    fn ticks(&self) -> Vec<f64> {
+        if self.log {
+            let (lo, hi) = (self.lo as i32, self.hi as i32);
+            // Parsed rather than computed, so 0.01 is the double nearest 0.01 (clean labels).
+            (lo..=hi)
+                .map(|e| format!("1e{e}").parse().unwrap_or(1.0))
+                .collect()
+        } else {
+            (0..=5).map(|i| f64::from(i) / 5.0 * self.hi).collect()
+        }
+    }
 }
 
 const W: f64 = 720.0;
@@ -63,22 +127,13 @@ fn esc(s: &str) -> String {
 impl Chart {
     /// The chart as an SVG document.
     pub fn render(&self) -> String {
-        let pts = self.series.iter().flat_map(|s| s.points.iter());
-        let (mut xmax, mut ymax) = (0.0f64, 0.0f64);
-        for &(x, y) in pts {
-            xmax = xmax.max(x);
-            ymax = ymax.max(y);
-        }
-        if let Some((x, _)) = &self.x_marker {
-            xmax = xmax.max(*x);
-        }
-        if let Some((y, _)) = &self.y_marker {
-            ymax = ymax.max(*y);
-        }
-        let (xmax, ymax) = (nice_max(xmax), nice_max(ymax));
+        let pts = || self.series.iter().flat_map(|s| s.points.iter());
+        let xs = pts().map(|p| p.0).chain(self.x_marker.iter().map(|m| m.0));
+        let ys = pts().map(|p| p.1).chain(self.y_marker.iter().map(|m| m.0));
+        let (xa, ya) = (Axis::new(self.x_log, xs), Axis::new(self.y_log, ys));
         let (pw, ph) = (W - L - R, H - T - B);
-        let sx = |x: f64| L + x / xmax * pw;
-        let sy = |y: f64| T + ph - y / ymax * ph;
+        let sx = |x: f64| L + xa.frac(x) * pw;
+        let sy = |y: f64| T + ph - ya.frac(y) * ph;
         let mut o = String::new();
         let _ = writeln!(
             o,
@@ -91,23 +146,25 @@ impl Chart {
             W / 2.0,
             esc(&self.title)
         );
-        for i in 0..=5 {
-            let f = f64::from(i) / 5.0;
-            let (x, y) = (sx(f * xmax), sy(f * ymax));
+        for v in ya.ticks() {
+            let y = sy(v);
             let _ = writeln!(
                 o,
                 r##"<line x1="{L}" x2="{}" y1="{y:.1}" y2="{y:.1}" stroke="#ddd"/><text x="{}" y="{:.1}" text-anchor="end">{}</text>"##,
                 W - R,
                 L - 6.0,
                 y + 4.0,
-                fmt_tick(f * ymax)
+                fmt_tick(v)
             );
+        }
+        for v in xa.ticks() {
+            let x = sx(v);
             let _ = writeln!(
                 o,
                 r##"<line x1="{x:.1}" x2="{x:.1}" y1="{T}" y2="{}" stroke="#eee"/><text x="{x:.1}" y="{}" text-anchor="middle">{}</text>"##,
                 T + ph,
                 T + ph + 16.0,
-                fmt_tick(f * xmax)
+                fmt_tick(v)
             );
         }
         let _ = writeln!(
@@ -191,8 +248,10 @@ impl Chart {
 fn fmt_tick(v: f64) -> String {
     if v >= 100.0 || v == v.round() {
         format!("{v:.0}")
-    } else {
+    } else if v >= 0.01 {
         format!("{v:.2}")
+    } else {
+        format!("{v}")
     }
 }
 
@@ -216,5 +275,33 @@ mod tests {
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
         assert!(svg.contains("a &lt; b") && svg.contains("<polyline"));
         assert_eq!(nice_max(3.2), 5.0);
+    }
+
+    #[test]
+    fn a_log_axis_spans_whole_decades_and_places_values_by_their_logarithm() {
+        let a = Axis::new(true, [0.04, 0.3, 12.0, 0.0].into_iter());
+        assert_eq!((a.lo, a.hi), (-2.0, 2.0));
+        assert_eq!(a.ticks(), vec![0.01, 0.1, 1.0, 10.0, 100.0]);
+        assert!((a.frac(0.1) - 0.25).abs() < 1e-9 && (a.frac(10.0) - 0.75).abs() < 1e-9);
+        assert_eq!(
+            a.frac(0.0),
+            0.0,
+            "a zero sits at the bottom, not at minus infinity"
+        );
+        let c = Chart {
+            x_log: true,
+            series: vec![Series {
+                name: "small".into(),
+                points: vec![(0.04, 0.5), (0.3, 1.0)],
+                dots: false,
+            }],
+            ..Default::default()
+        };
+        let svg = c.render();
+        assert!(
+            svg.contains(">0.01<") && svg.contains(">1<"),
+            "decade ticks"
+        );
+        assert!(!svg.contains("NaN") && !svg.contains("inf"));
     }
 }

@@ -209,7 +209,10 @@ async fn panic_while_holding_a_guard_gives_everything_back() {
 
 #[tokio::test(start_paused = true)]
 async fn small_requests_are_admitted_while_large_ones_queue() {
-    let a = admission("");
+    // The seed's large lane: 4 seats.
+    let a = admission(
+        "[lanes.large]\nmax_concurrency = 4\nceiling = 4\nmax_tokens_in_flight = 65536\n",
+    );
     let mut large = Vec::new();
     for _ in 0..4 {
         large.push(a.acquire(Large, 8000).await.unwrap());
@@ -234,6 +237,7 @@ async fn small_requests_are_admitted_while_large_ones_queue() {
 #[tokio::test(start_paused = true)]
 async fn large_never_exceeds_its_max_concurrency() {
     let a = admission("[lanes.large]\nqueue_len = 100\n");
+    let cap = Config::default().lanes.large.max_concurrency.get();
     let now = Arc::new(AtomicU32::new(0));
     let peak = Arc::new(AtomicU32::new(0));
     let mut tasks = Vec::new();
@@ -243,7 +247,7 @@ async fn large_never_exceeds_its_max_concurrency() {
             let _guard = a.acquire(Large, 9000).await.unwrap();
             let n = now.fetch_add(1, Ordering::SeqCst) + 1;
             peak.fetch_max(n, Ordering::SeqCst);
-            assert!(a.snapshot().lane(Large).in_flight <= 4);
+            assert!(a.snapshot().lane(Large).in_flight <= cap);
             tokio::time::sleep(Duration::from_millis(100 + (i * 37) % 500)).await;
             now.fetch_sub(1, Ordering::SeqCst);
         }));
@@ -251,7 +255,7 @@ async fn large_never_exceeds_its_max_concurrency() {
     for t in tasks {
         t.await.unwrap();
     }
-    assert_eq!(peak.load(Ordering::SeqCst), 4);
+    assert_eq!(peak.load(Ordering::SeqCst), cap);
     assert!(a.snapshot().is_idle());
 }
 

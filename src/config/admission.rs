@@ -17,11 +17,12 @@ use crate::lane::Lane;
 /// Default `admission.policy`.
 const POLICY: &str = "lanes";
 /// Default `admission.max_tokens_in_flight`.
-const GLOBAL_MAX_TOKENS_IN_FLIGHT: u64 = 196_608;
+const GLOBAL_MAX_TOKENS_IN_FLIGHT: u64 = 393_216;
 /// Default `admission.seats`.
 const SEATS: u32 = 96;
-/// Default `admission.prefill_budget_tokens` (0: off; see `config/config.toml` for why).
-const PREFILL_BUDGET_TOKENS: u64 = 0;
+/// Default `admission.prefill_budget_tokens` (one scheduler step of the reference engine; see
+/// `config/config.toml` and `docs/results/fifo-vs-lanes`).
+const PREFILL_BUDGET_TOKENS: u64 = 12_288;
 /// Default `admission.long_prompt_tokens`.
 const LONG_PROMPT_TOKENS: u32 = 2_048;
 /// Default `admission.fifo.max_concurrency` (0: unlimited).
@@ -47,6 +48,8 @@ pub struct RawAdmission {
     pub prefill_budget_tokens: Option<u64>,
     /// Prompts above this many estimated tokens wait for prefill room.
     pub long_prompt_tokens: Option<u32>,
+    /// Count a prompt's prefill without the prefix tokens its fingerprint usually finds cached.
+    pub prefill_discount_cached: Option<bool>,
     /// `[admission.fifo]`.
     #[serde(default)]
     pub fifo: RawFifo,
@@ -133,6 +136,9 @@ pub struct AdmissionConfig {
     pub prefill_budget_tokens: u64,
     /// Prompts above this many estimated input tokens wait for room in the prefill budget.
     pub long_prompt_tokens: NonZeroU32,
+    /// The prefill reservation leaves out the prompt tokens the request's prefix fingerprint
+    /// found cached in vLLM lately (a running average; none until a few requests measured it).
+    pub prefill_discount_cached: bool,
     /// Settings of the `fifo` policy.
     pub fifo: FifoConfig,
 }
@@ -208,7 +214,8 @@ struct LaneDefaults {
     borrow: bool,
 }
 
-/// Seed limits 32/20/4; token budgets = concurrency x the lane's largest request.
+/// Reserved seats 32/20/16 (the seed's 32/20/4, large raised under the prefill budget, see
+/// `docs/results/fifo-vs-lanes`); token budgets = concurrency x the lane's largest request.
 const fn lane_defaults(lane: Lane) -> LaneDefaults {
     match lane {
         Lane::Small => LaneDefaults {
@@ -232,12 +239,12 @@ const fn lane_defaults(lane: Lane) -> LaneDefaults {
             borrow: true,
         },
         Lane::Large => LaneDefaults {
-            max_concurrency: 4,
-            max_tokens_in_flight: 65_536,
+            max_concurrency: 16,
+            max_tokens_in_flight: 262_144,
             queue_len: 64,
             queue_timeout_ms: 60_000,
             mid_stream_limit: 0,
-            ceiling: 4,
+            ceiling: 16,
             lend: true,
             borrow: false,
         },
@@ -277,6 +284,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawAdmission) -> AdmissionConfig {
         engine_priority: raw.engine_priority.unwrap_or(false),
         prefill_budget_tokens,
         long_prompt_tokens,
+        prefill_discount_cached: raw.prefill_discount_cached.unwrap_or(true),
         seats: c.u32("admission.seats", raw.seats, SEATS),
         max_tokens_in_flight: c.u64(
             "admission.max_tokens_in_flight",

@@ -35,7 +35,8 @@ fn defaults_follow_the_seed() {
         .iter()
         .map(|l| c.lanes.get(*l).max_concurrency.get())
         .collect();
-    assert_eq!(caps, [32, 20, 4]);
+    // The seed's 32/20/4, the large lane raised to 16 under the prefill budget (measured).
+    assert_eq!(caps, [32, 20, 16]);
     assert_eq!(c.admission.fifo.max_concurrency, None, "fifo 0 = unlimited");
     assert_eq!(c.lanes.small.queue.timeout, Duration::from_millis(5000));
     let abort = &c.upstream.abort;
@@ -200,15 +201,17 @@ fn load_reads_the_shipped_file_and_reports_missing_files() {
 }
 
 #[test]
-fn prefill_budget_defaults_off_and_holds_with_either_backend() {
+fn prefill_budget_defaults_to_one_reference_step_and_holds_with_either_backend() {
     let c = Config::from_toml_str(MINIMAL).unwrap();
-    assert_eq!(c.admission.prefill_budget_tokens, 0, "off by default");
+    assert_eq!(c.admission.prefill_budget_tokens, 12288, "on by default");
     assert_eq!(c.admission.long_prompt_tokens.get(), 2048);
-    let on = Config::from_toml_str(&format!(
-        "[admission]\nprefill_budget_tokens = 12288\n{MINIMAL}"
+    assert!(c.admission.prefill_discount_cached);
+    let off = Config::from_toml_str(&format!(
+        "[admission]\nprefill_budget_tokens = 0\nprefill_discount_cached = false\n{MINIMAL}"
     ))
     .unwrap();
-    assert_eq!(on.admission.prefill_budget_tokens, 12288);
+    assert_eq!(off.admission.prefill_budget_tokens, 0);
+    assert!(!off.admission.prefill_discount_cached);
     // The shared quota enforces it fleet-wide (one budget per engine).
     let redis = Config::from_toml_str(&format!(
         "[admission]\nprefill_budget_tokens = 12288\n[quota]\nbackend = \"redis\"\n{MINIMAL}"

@@ -156,8 +156,12 @@ pub async fn start(
         .unwrap_or(&state.config().upstream.model)
         .to_owned();
     record.requested(&model, max_tokens);
-    if let PromptInput::Chat(messages) = &input {
-        record.fingerprint(fingerprint_of_chat(messages, body.get("tools")));
+    let fingerprint = match &input {
+        PromptInput::Chat(messages) => Some(fingerprint_of_chat(messages, body.get("tools"))),
+        _ => None,
+    };
+    if let Some(fp) = &fingerprint {
+        record.fingerprint(fp.clone());
     }
     let result = async {
         // Classify: the first lane by estimated work...
@@ -181,12 +185,14 @@ pub async fn start(
             state.config().admission.engine_priority,
         );
         // Admit: a seat and the token reservation, given back when the guard drops, and the
-        // prefill reservation (the input estimate), given back at the first token (relay).
+        // prefill reservation (the input estimate less what its prefix usually finds cached),
+        // given back at the first token (relay).
+        let prefill = prefill_estimate(state, class.input_tokens_estimate, fingerprint.as_deref());
         let guard = state
             .admission()
-            .acquire_prompt(class.lane, class.work, class.input_tokens_estimate)
+            .acquire_prompt(class.lane, class.work, prefill)
             .await?;
-        record.admitted(guard.queue_wait());
+        record.admitted(guard.queue_wait(), guard.prefill());
         if let Some(waited) = guard.prefill_wait() {
             record.prefill_waited(waited);
         }
@@ -217,5 +223,17 @@ pub async fn start(
             record.finish(e.outcome(), Some(e.code()), None);
             Err(e)
         }
+    }
+}
+
+/// The prefill reservation of a prompt estimated at `input` tokens: the estimate, less the
+/// prompt tokens its prefix `fingerprint` lately found in vLLM's prefix cache when
+/// `admission.prefill_discount_cached` is on (a cached course prefix costs next to no prefill).
+fn prefill_estimate(state: &AppState, input: u32, fingerprint: Option<&str>) -> u32 {
+    match fingerprint {
+        Some(fp) if state.config().admission.prefill_discount_cached => {
+            input.saturating_sub(state.metrics().prefix().expected_cached(fp))
+        }
+        _ => input,
     }
 }

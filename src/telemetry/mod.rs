@@ -12,6 +12,7 @@
 //! Telemetry takes plain values ([`UpstreamView`], [`AdmissionSnapshot`]) and imports neither
 //! admission nor upstream (checked by `tests/layering.rs`).
 
+pub mod cached_prefix;
 pub mod drift;
 pub mod latency;
 mod metrics;

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use prometheus::{IntCounterVec, Opts, Registry};
 use tokio::time::Instant;
 
+use super::cached_prefix::CachedPrefixes;
 use super::drift::{DriftDetector, DriftRule, DriftVerdict};
 use crate::config::PrefixCacheConfig;
 
@@ -59,6 +60,7 @@ impl Labels {
 struct Inner {
     labels: Labels,
     drift: DriftDetector,
+    cached: CachedPrefixes,
 }
 
 /// The per-fingerprint families and the drift detector.
@@ -112,6 +114,7 @@ impl PrefixMetrics {
                 candidates: HashMap::new(),
             },
             drift: DriftDetector::new(rule_of(&defaults)),
+            cached: CachedPrefixes::default(),
         };
         Self {
             queries,
@@ -143,6 +146,7 @@ impl PrefixMetrics {
             let mut inner = self.inner.lock().expect("prefix metrics lock");
             let label = inner.labels.label_for(fingerprint).to_owned();
             let uncached = input_tokens.saturating_sub(cached_tokens);
+            inner.cached.observe(fingerprint, cached_tokens);
             let verdict = prefill_ms.and_then(|ms| {
                 inner
                     .drift
@@ -161,6 +165,13 @@ impl PrefixMetrics {
             self.drift.with_label_values(&l).inc();
         }
         verdict
+    }
+
+    /// The prompt tokens a request with `fingerprint` can expect to find in vLLM's prefix cache,
+    /// from the requests measured so far (see [`super::cached_prefix`]).
+    pub fn expected_cached(&self, fingerprint: &str) -> u32 {
+        let inner = self.inner.lock().expect("prefix metrics lock");
+        inner.cached.expected(fingerprint)
     }
 }
 

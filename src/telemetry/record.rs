@@ -28,6 +28,8 @@ pub struct RequestRecord {
     first_token: bool,
     fingerprint: Option<String>,
     incoming_traceparent: Option<String>,
+    /// The prefill reservation admission took (estimated uncached prompt tokens).
+    prefill_reserved: Option<u32>,
     done: bool,
 }
 
@@ -62,6 +64,7 @@ impl RequestRecord {
             first_token: false,
             fingerprint: None,
             incoming_traceparent: None,
+            prefill_reserved: None,
             done: false,
         }
     }
@@ -131,9 +134,11 @@ impl RequestRecord {
         self.span.record(span::PROMOTED_FROM, from.as_str());
     }
 
-    /// Records admission after `queue_wait`.
-    pub fn admitted(&mut self, queue_wait: Duration) {
+    /// Records admission after `queue_wait`, holding a prefill reservation of `prefill`
+    /// tokens (the request log's `prefill_tokens_reserved`).
+    pub fn admitted(&mut self, queue_wait: Duration, prefill: u32) {
         self.admitted = Some((Instant::now(), queue_wait));
+        self.prefill_reserved = Some(prefill);
     }
 
     /// Records how long a long prompt waited for room in the prefill budget (before admission;
@@ -205,6 +210,7 @@ impl RequestRecord {
             input_tokens: usage.map(|u| u.prompt_tokens),
             output_tokens: up.map(|u| u.output_tokens),
             cached_tokens: usage.map(|u| u.cached_tokens.unwrap_or(0)),
+            prefill_tokens_reserved: self.prefill_reserved,
             fingerprint: self.fingerprint.as_deref(),
             finish_reason: up.and_then(|u| u.finish_reason.as_deref()),
             timings: split,

@@ -48,6 +48,9 @@ pub struct RequestLogLine<'a> {
     pub output_tokens: Option<u32>,
     /// Prompt tokens served from vLLM's prefix cache.
     pub cached_tokens: Option<u32>,
+    /// The prefill reservation admission took: the input estimate less the tokens the prompt's
+    /// fingerprint was expected to find cached (`admission.prefill_discount_cached`).
+    pub prefill_tokens_reserved: Option<u32>,
     /// Prompt fingerprint (M18).
     pub fingerprint: Option<&'a str>,
     /// vLLM's finish reason.

@@ -49,18 +49,25 @@ mod tests {
     #[test]
     fn the_share_divides_limits_but_keeps_the_largest_request_admittable() {
         let mut config = Config::default();
-        config.quota.expected_replicas = NonZeroU32::new(8).unwrap();
+        config.quota.expected_replicas = NonZeroU32::new(32).unwrap();
         let share = local_share(&config);
-        assert_eq!(share.lanes.small.max_concurrency.get(), 4);
-        assert_eq!(share.lanes.medium.max_concurrency.get(), 2);
-        // 4 / 8 rounds to zero: one slot stays.
+        assert_eq!(share.lanes.small.max_concurrency.get(), 1);
+        // 20 / 32 and 16 / 32 round to zero: one slot stays.
+        assert_eq!(share.lanes.medium.max_concurrency.get(), 1);
         assert_eq!(share.lanes.large.max_concurrency.get(), 1);
-        assert_eq!(share.lanes.small.max_tokens_in_flight.get(), 14_400);
-        // 65536 / 8 = 8192 < max_model_len: the largest request must still fit.
+        // 262144 / 32 = 8192 < max_model_len: the largest request must still fit.
         assert_eq!(share.lanes.large.max_tokens_in_flight.get(), 16_384);
-        assert_eq!(share.admission.max_tokens_in_flight.get(), 196_608 / 8);
-        // Off stays off.
-        assert_eq!(share.admission.prefill_budget_tokens, 0);
+        assert_eq!(share.lanes.small.max_tokens_in_flight.get(), 115_200 / 32);
+        // 393216 / 32 = 12288 < max_model_len: raised to it.
+        assert_eq!(share.admission.max_tokens_in_flight.get(), 16_384);
+        // The prefill budget is divided too: 12288 / 32 = 384, raised to long_prompt_tokens.
+        assert_eq!(share.admission.prefill_budget_tokens, 2_048);
+        config.admission.prefill_budget_tokens = 0;
+        assert_eq!(
+            local_share(&config).admission.prefill_budget_tokens,
+            0,
+            "off stays off"
+        );
         config.admission.prefill_budget_tokens = 24_576;
         config.quota.expected_replicas = NonZeroU32::new(2).unwrap();
         assert_eq!(local_share(&config).admission.prefill_budget_tokens, 12_288);

@@ -1,0 +1,96 @@
+//! What a prompt fingerprint usually finds in vLLM's prefix cache: per fingerprint, a running
+//! average (EWMA, weight [`ALPHA`]) of the prompt tokens vLLM reported cached
+//! (`usage.prompt_tokens_details.cached_tokens`). Admission leaves these tokens out of a
+//! request's prefill reservation (`admission.prefill_discount_cached`): a course prefix the
+//! engine already holds costs next to no prefill.
+//!
+//! A fingerprint counts only after [`WARM_SAMPLES`] measurements, so one lucky hit discounts
+//! nothing. An eviction shows at once: a request that found less cached than the average pulls
+//! the average down to its own count (the discount errs towards reserving too much, never
+//! towards flooding the engine). At most [`MAX_FINGERPRINTS`] are tracked; when full, the
+//! averages start over.
+
+use std::collections::HashMap;
+
+/// EWMA weight of a new sample that is not below the average.
+pub const ALPHA: f64 = 0.2;
+/// Measurements a fingerprint needs before it discounts anything.
+pub const WARM_SAMPLES: u32 = 3;
+/// Most fingerprints tracked at once.
+pub const MAX_FINGERPRINTS: usize = 4096;
+
+#[derive(Debug, Clone, Copy)]
+struct Average {
+    cached: f64,
+    samples: u32,
+}
+
+/// Per-fingerprint cached prompt tokens.
+#[derive(Debug, Default)]
+pub struct CachedPrefixes {
+    by_fingerprint: HashMap<String, Average>,
+}
+
+impl CachedPrefixes {
+    /// Adds one request's measurement: `cached` of its prompt tokens came from the cache.
+    pub fn observe(&mut self, fingerprint: &str, cached: u32) {
+        if !self.by_fingerprint.contains_key(fingerprint)
+            && self.by_fingerprint.len() >= MAX_FINGERPRINTS
+        {
+            self.by_fingerprint.clear();
+        }
+        let cached = f64::from(cached);
+        let a = self
+            .by_fingerprint
+            .entry(fingerprint.to_owned())
+            .or_insert(Average { cached, samples: 0 });
+        a.cached = if a.samples == 0 || cached < a.cached {
+            cached
+        } else {
+            ALPHA * cached + (1.0 - ALPHA) * a.cached
+        };
+        a.samples = a.samples.saturating_add(1);
+    }
+
+    /// The prompt tokens a request with `fingerprint` can expect to find cached (0 until
+    /// [`WARM_SAMPLES`] measurements).
+    pub fn expected(&self, fingerprint: &str) -> u32 {
+        match self.by_fingerprint.get(fingerprint) {
+            Some(a) if a.samples >= WARM_SAMPLES => a.cached.floor() as u32,
+            _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discounts_only_once_warm_and_follows_an_eviction_down_at_once() {
+        let mut c = CachedPrefixes::default();
+        c.observe("fp", 0);
+        assert_eq!(c.expected("fp"), 0);
+        c.observe("fp", 2_000);
+        c.observe("fp", 2_000);
+        // Warm (3 samples): 0 -> 2000 -> 400 -> 720 by the EWMA upwards.
+        assert_eq!(c.expected("fp"), 720);
+        for _ in 0..30 {
+            c.observe("fp", 2_000);
+        }
+        assert!((1_990..=2_000).contains(&c.expected("fp")), "converges");
+        // Evicted: the next request found nothing cached; no discount from now on.
+        c.observe("fp", 0);
+        assert_eq!(c.expected("fp"), 0);
+        assert_eq!(c.expected("unknown"), 0);
+    }
+
+    #[test]
+    fn stays_bounded() {
+        let mut c = CachedPrefixes::default();
+        for i in 0..(MAX_FINGERPRINTS + 10) {
+            c.observe(&format!("fp{i}"), 100);
+        }
+        assert!(c.by_fingerprint.len() <= MAX_FINGERPRINTS);
+    }
+}
