@@ -6,6 +6,9 @@
 //!
 //! The gateway runs with `policy = "fifo"` and no concurrency limit here, so the figures are the
 //! proxy's own cost (parsing, classification, admission bookkeeping, relay), not queueing.
+//! Where the gateway's time to the first byte goes comes from its own request log (stdout, one
+//! JSON line a request, `stages_us`): parse, classify, admit, send (to vLLM's headers), first
+//! upstream byte, first client byte, p50 and p99 per stage.
 //! Env: `OVERHEAD_TOKENS` (default 100), `OVERHEAD_ROUNDS` (default 3), `OVERHEAD_ITL_MS`
 //! (default 40: what one H100 gives each of 500 streams, 12,500 tokens/s shared; at 20 ms the
 //! 500 streams would ask for 25,000 tokens/s, twice what the GPU makes).
@@ -115,6 +118,31 @@ async fn round(
     all
 }
 
+/// The gateway's request log: `log.jsonl` in the bench's temporary folder.
+fn request_log(dir: &tempdir::Dir) -> std::path::PathBuf {
+    dir.0.join("log.jsonl")
+}
+
+/// The `stages_us` objects of the request log lines after the first `skip`.
+fn stages(dir: &tempdir::Dir, skip: usize) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(request_log(dir))
+        .unwrap_or_default()
+        .lines()
+        .skip(skip)
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| v["stages_us"].clone())
+        .collect()
+}
+
+const STAGES: [&str; 6] = [
+    "parse_us",
+    "classify_us",
+    "admit_us",
+    "send_us",
+    "first_upstream_byte_us",
+    "first_client_byte_us",
+];
+
 fn start_gateway(upstream: &str) -> (Child, String, tempdir::Dir) {
     let dir = tempdir::Dir::new();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -128,10 +156,11 @@ fn start_gateway(upstream: &str) -> (Child, String, tempdir::Dir) {
     );
     let path = dir.0.join("config.toml");
     std::fs::write(&path, config).unwrap();
+    let log = std::fs::File::create(request_log(&dir)).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
         .args(["serve", "--config", path.to_str().unwrap()])
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
+        .stdout(Stdio::from(log))
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start the gateway binary");
@@ -221,7 +250,7 @@ async fn bench() {
     ]))
     .await
     .unwrap();
-    let (mut child, gw, _dir) = start_gateway(&sim.url());
+    let (mut child, gw, dir) = start_gateway(&sim.url());
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(2048)
         .build()
@@ -249,8 +278,10 @@ async fn bench() {
     let mut added = Vec::new();
     let mut cpu_per_chunk: Vec<(usize, f64)> = Vec::new();
     let mut relay: Vec<(usize, Option<f64>, Option<f64>)> = Vec::new();
+    let mut breakdown: Vec<(usize, Vec<serde_json::Value>)> = Vec::new();
     for concurrency in [1usize, 500] {
         let relay_before = scrape(&client, &gw).await;
+        let logged_before = stages(&dir, 0).len();
         let ramp = if concurrency == 1 {
             Duration::ZERO
         } else {
@@ -310,6 +341,7 @@ async fn bench() {
         ));
         cpu_per_chunk.push((concurrency, cpu_used * 1e6 / chunks_relayed.max(1) as f64));
         let relay_after = scrape(&client, &gw).await;
+        breakdown.push((concurrency, stages(&dir, logged_before)));
         relay.push((
             concurrency,
             relay_quantile(&relay_before, &relay_after, 0.5),
@@ -333,6 +365,29 @@ async fn bench() {
     let us = |v: Option<f64>| v.map_or("-".to_owned(), |s| format!("{:.0}", s * 1e6));
     for (c, p50, p99) in relay {
         println!("| {c} | {} | {} |", us(p50), us(p99));
+    }
+    println!("\nWhere the gateway's time to the first byte goes (its request log, `stages_us`; p50 / p99 us; `admit` is queueing, `first_upstream_byte` is the engine):\n");
+    println!(
+        "| concurrency | requests | {} |",
+        STAGES.map(|s| s.trim_end_matches("_us")).join(" | ")
+    );
+    println!("|---:|---:|{}", "---:|".repeat(STAGES.len()));
+    for (c, lines) in &breakdown {
+        let cells: Vec<String> = STAGES
+            .iter()
+            .map(|s| {
+                let mut v: Vec<f64> = lines.iter().filter_map(|l| l[*s].as_f64()).collect();
+                if v.is_empty() {
+                    return "-".to_owned();
+                }
+                format!(
+                    "{:.0} / {:.0}",
+                    quantile(&mut v, 0.5),
+                    quantile(&mut v, 0.99)
+                )
+            })
+            .collect();
+        println!("| {c} | {} | {} |", lines.len(), cells.join(" | "));
     }
     for (c, us) in cpu_per_chunk {
         println!("\ngateway CPU at concurrency {c}: {us:.1} us per relayed chunk (user + system, whole process)");

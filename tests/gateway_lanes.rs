@@ -19,7 +19,7 @@ async fn stream_to_end(url: String, body: serde_json::Value) -> String {
     post_text(url, &body).await
 }
 
-/// The seed's large lane: 4 seats (the shipped default is 16; these tests count to four).
+/// The seed's large lane: 4 seats (the shipped default is 10; these tests count to four).
 fn seed_large_lane(c: &mut tutor_gateway::config::Config) {
     set_lane(c, Lane::Large, 4);
 }

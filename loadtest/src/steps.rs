@@ -100,7 +100,8 @@ pub fn summarize<'a>(steps: impl Iterator<Item = &'a StepRecord>) -> Value {
 /// steps (time) | steps with waiting | late p99 ms |`.
 pub fn row(preset: &str, v: &Value) -> String {
     let f = |k: &str| v[k].as_f64();
-    let pct = |k: &str| f(k).map_or("-".into(), |x| format!("{:.0}%", x * 100.0));
+    // `+ 0.0` writes a negative zero as 0.
+    let pct = |k: &str| f(k).map_or("-".into(), |x| format!("{:.0}%", x * 100.0 + 0.0));
     format!(
         "| {preset} | {} | {} / {} / {} | {} | {} ({}) | {} | {} |",
         v["steps"].as_u64().unwrap_or(0),

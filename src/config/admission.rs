@@ -214,7 +214,7 @@ struct LaneDefaults {
     borrow: bool,
 }
 
-/// Reserved seats 32/20/16 (the seed's 32/20/4, large raised under the prefill budget, see
+/// Reserved seats 32/20/10 (the seed's 32/20/4, large raised under the prefill budget, see
 /// `docs/results/fifo-vs-lanes`); token budgets = concurrency x the lane's largest request.
 const fn lane_defaults(lane: Lane) -> LaneDefaults {
     match lane {
@@ -239,12 +239,12 @@ const fn lane_defaults(lane: Lane) -> LaneDefaults {
             borrow: true,
         },
         Lane::Large => LaneDefaults {
-            max_concurrency: 16,
-            max_tokens_in_flight: 262_144,
+            max_concurrency: 10,
+            max_tokens_in_flight: 163_840,
             queue_len: 64,
             queue_timeout_ms: 60_000,
             mid_stream_limit: 0,
-            ceiling: 16,
+            ceiling: 10,
             lend: true,
             borrow: false,
         },

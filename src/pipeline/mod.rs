@@ -34,7 +34,7 @@ use crate::classify::PromptInput;
 use crate::error::GatewayError;
 use crate::prompt::fingerprint_of_chat;
 use crate::relay::{Format, Relay, RelayContext};
-use crate::telemetry::{RequestRecord, Route};
+use crate::telemetry::{Mark, RequestRecord, Route};
 use crate::upstream::{Endpoint, UpstreamRequest};
 use parse::{AnswerQuery, AnswerRequest, OpenAiRequest};
 use respond::{link_trace, rejected, sse_response, with_id};
@@ -156,6 +156,7 @@ pub async fn start(
         .unwrap_or(&state.config().upstream.model)
         .to_owned();
     record.requested(&model, max_tokens);
+    record.mark(Mark::Parsed);
     let fingerprint = match &input {
         PromptInput::Chat(messages) => Some(fingerprint_of_chat(messages, body.get("tools"))),
         _ => None,
@@ -179,6 +180,7 @@ pub async fn start(
             }
         }
         record.classified(class);
+        record.mark(Mark::Classified);
         prompt::for_engine(
             &mut body,
             class.lane,
@@ -204,6 +206,7 @@ pub async fn start(
             body,
         };
         let upstream = state.upstream().stream(request).await?;
+        record.mark(Mark::Sent);
         Ok::<_, GatewayError>((class, guard, upstream))
     }
     .await;

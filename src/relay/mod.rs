@@ -35,7 +35,7 @@ use crate::admission::{LaneGuard, SessionLedger};
 use crate::classify::{Classification, LaneRules};
 use crate::config::WhenFull;
 use crate::error::GatewayError;
-use crate::telemetry::{LatencySplit, Metrics, Outcome, RequestRecord};
+use crate::telemetry::{LatencySplit, Mark, Metrics, Outcome, RequestRecord};
 use crate::upstream::{Chunk, UpstreamError, UpstreamStream};
 
 /// How the client wants the stream.
@@ -231,7 +231,9 @@ impl Relay {
         }
         if let Some(read_at) = read_at {
             self.ctx.metrics.relay().observe(read_at.elapsed());
+            self.record.mark_at(Mark::FirstUpstreamByte, read_at);
         }
+        self.record.mark(Mark::FirstClientByte);
         Some(Bytes::from(out))
     }
 

@@ -169,3 +169,104 @@ mod tests {
         assert_eq!(s.total_ms, 300.0);
     }
 }
+
+/// Points on a request's way through the gateway, in order: the stage breakdown of its first
+/// byte ([`StageSplit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// The request is validated and its upstream body built.
+    Parsed,
+    /// Its lane is decided (tokenized when byte length did not settle it).
+    Classified,
+    /// It holds its seat and reservations (the gateway's queue wait included).
+    Admitted,
+    /// vLLM answered with response headers (connect, write, the engine accepting it).
+    Sent,
+    /// The first body bytes arrived from vLLM.
+    FirstUpstreamByte,
+    /// The first relayed bytes were handed to the client's connection.
+    FirstClientByte,
+}
+
+impl Mark {
+    /// Every mark, in order.
+    pub const ALL: [Mark; 6] = [
+        Mark::Parsed,
+        Mark::Classified,
+        Mark::Admitted,
+        Mark::Sent,
+        Mark::FirstUpstreamByte,
+        Mark::FirstClientByte,
+    ];
+
+    /// Position in [`Mark::ALL`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Where a request's time went before its first byte reached the client: microseconds from the
+/// previous mark reached (from arrival for the first), `None` for a mark not reached. The
+/// gateway's own cost is everything but `admit_us` (its queue) and `first_upstream_byte_us`
+/// (vLLM's queue and prefill, up to its first chunk).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct StageSplit {
+    /// Arrival (body read) to a validated request with its upstream body.
+    pub parse_us: Option<f64>,
+    /// To the lane decision.
+    pub classify_us: Option<f64>,
+    /// To admission.
+    pub admit_us: Option<f64>,
+    /// To vLLM's response headers.
+    pub send_us: Option<f64>,
+    /// To vLLM's first body bytes.
+    pub first_upstream_byte_us: Option<f64>,
+    /// To the first bytes handed to the client (the relay's parse, count and render).
+    pub first_client_byte_us: Option<f64>,
+}
+
+impl StageSplit {
+    /// The split of a request that arrived at `arrival` and reached `marks` (by [`Mark::index`]).
+    pub fn from_marks(arrival: Instant, marks: &[Option<Instant>; 6]) -> Self {
+        let mut prev = arrival;
+        let mut us = [None; 6];
+        for (slot, mark) in us.iter_mut().zip(marks) {
+            if let Some(at) = mark {
+                *slot = Some(at.saturating_duration_since(prev).as_secs_f64() * 1e6);
+                prev = prev.max(*at);
+            }
+        }
+        let [parse_us, classify_us, admit_us, send_us, first_upstream_byte_us, first_client_byte_us] =
+            us;
+        Self {
+            parse_us,
+            classify_us,
+            admit_us,
+            send_us,
+            first_upstream_byte_us,
+            first_client_byte_us,
+        }
+    }
+}
+
+#[cfg(test)]
+mod stage_tests {
+    use super::*;
+
+    #[test]
+    fn each_stage_runs_from_the_previous_mark_reached() {
+        let t0 = Instant::now();
+        let at = |ms: u64| Some(t0 + Duration::from_millis(ms));
+        // Classified and sent, but no upstream byte (the engine failed after the headers).
+        let marks = [at(1), at(3), None, at(10), None, None];
+        let s = StageSplit::from_marks(t0, &marks);
+        assert_eq!(s.parse_us, Some(1_000.0));
+        assert_eq!(s.classify_us, Some(2_000.0));
+        assert_eq!(s.admit_us, None);
+        assert_eq!(s.send_us, Some(7_000.0));
+        assert_eq!(
+            (s.first_upstream_byte_us, s.first_client_byte_us),
+            (None, None)
+        );
+    }
+}

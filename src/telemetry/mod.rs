@@ -26,7 +26,7 @@ pub mod request_log;
 mod snapshot;
 pub mod span;
 
-pub use latency::{EngineTimings, LatencySplit, PromptUsage, UpstreamView};
+pub use latency::{EngineTimings, LatencySplit, Mark, PromptUsage, StageSplit, UpstreamView};
 pub use metrics::{Metrics, Outcome, Route, Stage};
 pub use prefix_metrics::PrefixMetrics;
 pub use promotion_metrics::PromotionMetrics;

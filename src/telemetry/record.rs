@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use super::latency::{LatencySplit, UpstreamView};
+use super::latency::{LatencySplit, Mark, StageSplit, UpstreamView};
 use super::metrics::{Metrics, Outcome, Route, Stage};
 use super::request_log::{RequestLog, RequestLogLine};
 use super::span;
@@ -30,6 +30,8 @@ pub struct RequestRecord {
     incoming_traceparent: Option<String>,
     /// The prefill reservation admission took (estimated uncached prompt tokens).
     prefill_reserved: Option<u32>,
+    /// When each [`Mark`] was reached (the stage breakdown).
+    marks: [Option<Instant>; 6],
     done: bool,
 }
 
@@ -65,6 +67,7 @@ impl RequestRecord {
             fingerprint: None,
             incoming_traceparent: None,
             prefill_reserved: None,
+            marks: [None; 6],
             done: false,
         }
     }
@@ -137,8 +140,20 @@ impl RequestRecord {
     /// Records admission after `queue_wait`, holding a prefill reservation of `prefill`
     /// tokens (the request log's `prefill_tokens_reserved`).
     pub fn admitted(&mut self, queue_wait: Duration, prefill: u32) {
-        self.admitted = Some((Instant::now(), queue_wait));
+        let now = Instant::now();
+        self.admitted = Some((now, queue_wait));
         self.prefill_reserved = Some(prefill);
+        self.mark_at(Mark::Admitted, now);
+    }
+
+    /// Notes that the request reached `mark` now (the first time only).
+    pub fn mark(&mut self, mark: Mark) {
+        self.marks[mark.index()].get_or_insert_with(Instant::now);
+    }
+
+    /// Notes that the request reached `mark` at `at` (the first time only).
+    pub fn mark_at(&mut self, mark: Mark, at: Instant) {
+        self.marks[mark.index()].get_or_insert(at);
     }
 
     /// Records how long a long prompt waited for room in the prefill budget (before admission;
@@ -214,6 +229,7 @@ impl RequestRecord {
             fingerprint: self.fingerprint.as_deref(),
             finish_reason: up.and_then(|u| u.finish_reason.as_deref()),
             timings: split,
+            stages_us: StageSplit::from_marks(self.arrival, &self.marks),
         });
     }
 

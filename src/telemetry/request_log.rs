@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use super::latency::LatencySplit;
+use super::latency::{LatencySplit, StageSplit};
 
 /// Where finished requests are logged.
 #[derive(Debug, Clone, Default)]
@@ -57,6 +57,8 @@ pub struct RequestLogLine<'a> {
     pub finish_reason: Option<&'a str>,
     /// The latency split.
     pub timings: LatencySplit,
+    /// Where the time to the first byte went inside the gateway.
+    pub stages_us: StageSplit,
 }
 
 impl RequestLog {

@@ -52,10 +52,10 @@ mod tests {
         config.quota.expected_replicas = NonZeroU32::new(32).unwrap();
         let share = local_share(&config);
         assert_eq!(share.lanes.small.max_concurrency.get(), 1);
-        // 20 / 32 and 16 / 32 round to zero: one slot stays.
+        // 20 / 32 and 10 / 32 round to zero: one slot stays.
         assert_eq!(share.lanes.medium.max_concurrency.get(), 1);
         assert_eq!(share.lanes.large.max_concurrency.get(), 1);
-        // 262144 / 32 = 8192 < max_model_len: the largest request must still fit.
+        // 163840 / 32 = 5120 < max_model_len: the largest request must still fit.
         assert_eq!(share.lanes.large.max_tokens_in_flight.get(), 16_384);
         assert_eq!(share.lanes.small.max_tokens_in_flight.get(), 115_200 / 32);
         // 393216 / 32 = 12288 < max_model_len: raised to it.
