@@ -135,7 +135,9 @@ impl Gateway {
 }
 
 /// Starts the bundled simulator as the upstream of `config` (for `serve --with-sim`) and points
-/// `config.upstream.base_url` at it. `extra` are more `vllm-sim` flags.
+/// `config.upstream.base_url` at it. `extra` are more `vllm-sim` flags. Like the deployed vLLM
+/// (`deploy/docker-compose.yml`), it runs with `--long-prefill-token-threshold 512` unless
+/// `extra` sets that flag.
 #[cfg(feature = "sim")]
 pub async fn start_sim(
     config: &mut Config,
@@ -156,6 +158,12 @@ pub async fn start_sim(
     .iter()
     .map(|s| s.to_string())
     .collect();
+    if !extra
+        .iter()
+        .any(|a| a.starts_with("--long-prefill-token-threshold"))
+    {
+        argv.extend(["--long-prefill-token-threshold".into(), "512".into()]);
+    }
     argv.extend(extra.iter().cloned());
     let args =
         <vllm_sim::SimArgs as clap::Parser>::try_parse_from(argv).context("vllm-sim flags")?;
