@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::error::AdmissionError;
 use crate::config::{Config, Policy, QueueConfig};
 use crate::lane::Lane;
 
@@ -130,6 +131,19 @@ impl Limits {
         }
     }
 
+    /// `Err(TooLarge)` when a reservation of `tokens` could never fit `lane` (more than its
+    /// budget or the global one), so waiting would be pointless.
+    pub fn admissible(&self, lane: Lane, tokens: u32) -> Result<(), AdmissionError> {
+        match self.max_reservation(lane) {
+            Some(limit) if u64::from(tokens) > limit => Err(AdmissionError::TooLarge {
+                lane,
+                tokens,
+                limit,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether one more request of `lane` with `tokens` fits, given per-lane usage: a seat AND
     /// the tokens (lane and global budgets), checked together.
     ///
@@ -189,9 +203,10 @@ impl Limits {
 
 /// The prefill budget (policies `lanes` and `strict`): estimated prompt tokens of all requests
 /// between dispatch and their first token. Every admitted prompt is counted; only prompts above
-/// `long_prompt` wait for room.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct PrefillLimit {
+/// `long_prompt` wait for room. Both backends check it: the local counters and the Redis acquire
+/// script.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PrefillLimit {
     /// Tokens; 0 = off (counted, nobody waits).
     pub budget: u64,
     /// Prompts above this many estimated tokens wait for room.

@@ -100,15 +100,7 @@ impl LocalAdmission {
     ) -> Result<LaneGuard, AdmissionError> {
         let shared = &self.shared;
         let limits = &shared.limits;
-        if let Some(limit) = limits.max_reservation(lane) {
-            if u64::from(tokens) > limit {
-                return Err(AdmissionError::TooLarge {
-                    lane,
-                    tokens,
-                    limit,
-                });
-            }
-        }
+        limits.admissible(lane, tokens)?;
         let queue = limits.queue_of(lane);
         let queue_limit = limits.queue(queue);
         let (mut receiver, ticket) = {

@@ -58,7 +58,7 @@
 mod fallback;
 mod keys;
 mod queue;
-pub mod scripts;
+pub(crate) mod scripts;
 mod shared;
 mod tasks;
 
@@ -81,7 +81,7 @@ use super::{AdmissionError, AdmissionSnapshot, LaneGuard, LocalAdmission};
 use crate::config::{Config, OnRedisDown, Policy};
 use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
-use scripts::{LaneQuota, PrefillQuota, Verdict};
+use scripts::{LaneQuota, Verdict};
 use shared::{QuotaLimits, Shared, Take};
 
 /// How long a first request waits for the initial connection before counting Redis as down.
@@ -122,14 +122,10 @@ impl RedisAdmission {
                 max_tokens: c.max_tokens_in_flight.get(),
             }
         });
-        let prefill = PrefillLimit::from_config(config);
         let quota = QuotaLimits {
             lanes,
             global_tokens: config.admission.max_tokens_in_flight.get(),
-            prefill: PrefillQuota {
-                budget: prefill.budget,
-                long_prompt: prefill.long_prompt,
-            },
+            prefill: PrefillLimit::from_config(config),
         };
         let (releases, release_rx) = mpsc::unbounded_channel();
         let (retry, retry_rx) = mpsc::unbounded_channel();
@@ -237,15 +233,7 @@ impl RedisAdmission {
         tokens: u32,
         prompt: u32,
     ) -> Result<LaneGuard, AdmissionError> {
-        if let Some(limit) = self.limits.max_reservation(lane) {
-            if u64::from(tokens) > limit {
-                return Err(AdmissionError::TooLarge {
-                    lane,
-                    tokens,
-                    limit,
-                });
-            }
-        }
+        self.limits.admissible(lane, tokens)?;
         if self.shared.connection().is_none() && !self.shared.degraded() {
             let mut conn = self.shared.conn.subscribe();
             let _ = tokio::time::timeout(FIRST_CONNECT_WAIT, conn.wait_for(Option::is_some)).await;

@@ -13,7 +13,8 @@ use tokio::sync::{mpsc, watch};
 
 use super::keys::Keys;
 use super::queue::LaneQueue;
-use super::scripts::{AcquireLimits, Ask, LaneQuota, PrefillQuota, Scripts, TakeReply, Verdict};
+use super::scripts::{AcquireLimits, Ask, LaneQuota, Scripts, TakeReply, Verdict};
+use crate::admission::budget::PrefillLimit;
 use crate::admission::guard::Reservation;
 use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
@@ -60,7 +61,7 @@ pub(crate) enum Take {
 pub(crate) struct QuotaLimits {
     pub lanes: [LaneQuota; 3],
     pub global_tokens: u64,
-    pub prefill: PrefillQuota,
+    pub prefill: PrefillLimit,
 }
 
 pub(crate) struct Shared {
@@ -161,8 +162,7 @@ impl Shared {
     /// Whether a prompt of `prompt` tokens waits for prefill room (a long prompt under a
     /// budget); such requests wait in [`Shared::long_lines`].
     pub fn waits_for_prefill(&self, prompt: u32) -> bool {
-        let p = self.limits.prefill;
-        p.budget > 0 && prompt > p.long_prompt
+        self.limits.prefill.waits(prompt)
     }
 
     /// The line a request of `lane` with a prompt of `prompt` tokens waits in.

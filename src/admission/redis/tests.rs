@@ -5,7 +5,8 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 
 use super::keys::Keys;
-use super::scripts::{AcquireLimits, Ask, LaneQuota, PrefillQuota, Scripts, Verdict};
+use super::scripts::{AcquireLimits, Ask, LaneQuota, Scripts, Verdict};
+use crate::admission::budget::PrefillLimit;
 use crate::lane::Lane;
 
 #[path = "../../../tests/redis_common/mod.rs"]
@@ -37,8 +38,14 @@ async fn fixture() -> Fixture {
 }
 
 /// The prefill budget the prefill tests use: 12288 tokens, long prompts above 2048.
-const PREFILL: PrefillQuota = PrefillQuota {
+const PREFILL: PrefillLimit = PrefillLimit {
     budget: 12_288,
+    long_prompt: 2_048,
+};
+
+/// No prefill budget (prompts are counted, nobody waits).
+const NO_PREFILL_BUDGET: PrefillLimit = PrefillLimit {
+    budget: 0,
     long_prompt: 2_048,
 };
 
@@ -51,7 +58,7 @@ impl Fixture {
         ttl: u64,
         global: u64,
     ) -> (Verdict, u64) {
-        self.acquire_prompt(id, lane, tokens, 0, ttl, global, PrefillQuota::default())
+        self.acquire_prompt(id, lane, tokens, 0, ttl, global, NO_PREFILL_BUDGET)
             .await
     }
 
@@ -64,7 +71,7 @@ impl Fixture {
         prompt: u32,
         ttl: u64,
         global: u64,
-        prefill: PrefillQuota,
+        prefill: PrefillLimit,
     ) -> (Verdict, u64) {
         let quota = if lane == Lane::Small {
             SMALL
