@@ -17,7 +17,8 @@
 //! loop prints p50/p99 in a Markdown table, with the lane, whether it was decided by tokenizing
 //! (`exact`) or from byte length, and the reservation (`work`) against the exact token count.
 //!
-//! Run: `cargo bench -p tutor-gateway --bench classify`. Under `cargo test --benches` (no
+//! Run: `cargo bench -p tutor-gateway --bench classify`; `TOKENIZER=path/tokenizer.json` uses a
+//! real vocabulary instead of the trained one. Under `cargo test --benches` (no
 //! `--bench` flag) it trains a smaller tokenizer and runs a few iterations only.
 
 use std::path::{Path, PathBuf};
@@ -548,10 +549,15 @@ fn main() {
         (60_000, 2_000, 2, 20)
     };
 
+    // TOKENIZER=/path/to/tokenizer.json: a real vocabulary instead of the trained one.
+    let given = std::env::var_os("TOKENIZER").map(PathBuf::from);
     let dir = std::env::temp_dir().join(format!("tutor-gateway-bench-{}", std::process::id()));
     let started = Instant::now();
-    let path = train_tokenizer(&dir, corpus_bytes, vocab);
-    let counter = TokenCounter::from_file(&path).expect("loading the trained tokenizer");
+    let path = match &given {
+        Some(path) => path.clone(),
+        None => train_tokenizer(&dir, corpus_bytes, vocab),
+    };
+    let counter = TokenCounter::from_file(&path).expect("loading the tokenizer");
     let trained_in = started.elapsed();
     let _ = std::fs::remove_dir_all(&dir);
 
@@ -560,11 +566,20 @@ fn main() {
     let classifier = Classifier::with_counter(&config, counter.clone());
     let kinds = kinds(&counter, overhead);
 
+    let source = match &given {
+        Some(path) => format!(
+            "{} (loaded in {:.1} s)",
+            path.display(),
+            trained_in.as_secs_f64()
+        ),
+        None => format!(
+            "byte-level BPE, vocab {vocab}, trained on {} KB of generated code+English in {:.1} s",
+            corpus_bytes / 1000,
+            trained_in.as_secs_f64()
+        ),
+    };
     println!(
-        "tokenizer: byte-level BPE, vocab {vocab}, trained on {} KB of generated code+English \
-         in {:.1} s; thresholds small <= {}, medium <= {} work tokens; max_model_len {}",
-        corpus_bytes / 1000,
-        trained_in.as_secs_f64(),
+        "tokenizer: {source}; thresholds small <= {}, medium <= {} work tokens; max_model_len {}",
         config.classify.small_max_work,
         config.classify.medium_max_work,
         config.upstream.max_model_len,
@@ -614,6 +629,38 @@ fn main() {
         "the large kind should be decided from byte length"
     );
 
+    // The merges' bound never undercounts: on each kind and on 2,000 slices of generated text.
+    let overhead_of = |k: &Kind| k.input.template_overhead(overhead);
+    for k in &kinds {
+        if let Some(bound) = counter.pair_bound(&k.input) {
+            let text_tokens = u64::from(k.exact_input_tokens - overhead_of(k));
+            assert!(
+                bound >= text_tokens,
+                "{}: bound {bound} < {text_tokens}",
+                k.name
+            );
+            println!(
+                "{}: pair bound {bound} tokens for {text_tokens} real ({:.2} a byte)",
+                k.name,
+                bound as f64 / k.bytes as f64
+            );
+        }
+    }
+    let text = generated_text(21, 200_000, false);
+    let mut rng = Rng(22);
+    for _ in 0..2_000 {
+        let start = rng.below(text.len() - 4_000);
+        let end = start + 1 + rng.below(4_000);
+        let Some(slice) = text.get(start..end) else {
+            continue;
+        };
+        let input = PromptInput::Prompt(slice.to_string());
+        if let Some(bound) = counter.pair_bound(&input) {
+            let real = u64::from(counter.count_input(&input));
+            assert!(bound >= real, "bound {bound} < {real} for {slice:?}");
+        }
+    }
+
     println!();
     println!(
         "| kind | input tokens (exact) | max output | bytes | lane | decided by | reservation (`work`) | exact work | reservation error |"
@@ -624,7 +671,14 @@ fn main() {
         let by = match (got.exact, got.lane) {
             (true, _) => "tokenizing (exact)".to_string(),
             // decide_by_bytes settles small with the upper bound, large with the estimate.
-            (false, Lane::Small) => "byte length (upper bound: 1 token/byte)".to_string(),
+            (false, Lane::Small)
+                if got.input_tokens_estimate
+                    == bounds::ByteBounds::new(k.bytes, k.messages as u32, overhead_of(k))
+                        .upper =>
+            {
+                "byte length (upper bound: 1 token/byte)".to_string()
+            }
+            (false, Lane::Small) => "byte length (upper bound from the merges)".to_string(),
             (false, _) => format!(
                 "byte length (estimate: {} bytes/token)",
                 bounds::ESTIMATE_BYTES_PER_TOKEN

@@ -17,6 +17,12 @@
 //!   of large requests here, tokenizes at about 3-4 bytes a token; 3 errs toward reserving too
 //!   many tokens (protecting the KV cache) rather than too few.
 //!
+//! - **A tighter upper bound for byte-level BPE tokenizers** of a known kind (GPT-2, Llama 3,
+//!   Qwen 2 patterns): read off the tokenizer's merges in one pass over the bytes, about two
+//!   tokens for three bytes of English instead of one a byte (`pair_bound.rs`). It is tried
+//!   when the generic one does not settle the small lane, so a 300-token question with 120
+//!   output tokens is small without tokenizing.
+//!
 //! A request is `small` without tokenizing when even the upper bound fits the small lane, and
 //! `large` without tokenizing when even the lower bound exceeds the medium lane. A request
 //! that even the lower bound puts over `max_model_len` is rejected without tokenizing; one that

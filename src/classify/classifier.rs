@@ -116,16 +116,26 @@ impl Classifier {
         requested: Option<u32>,
     ) -> Result<Option<Classification>, ClassifyError> {
         let (bytes, pieces) = input.text_bytes_and_pieces();
-        let bounds = ByteBounds::new(
-            bytes,
-            pieces,
-            input.template_overhead(self.per_message_overhead),
-        );
+        let overhead = input.template_overhead(self.per_message_overhead);
+        let bounds = ByteBounds::new(bytes, pieces, overhead);
         let output = requested.unwrap_or(self.default_output_tokens);
         // Small for sure: even one token per byte fits the small lane (and the model).
         let most = bounds.upper.saturating_add(output);
         if self.rules.first(most) == Lane::Small && most <= self.max_model_len {
             return self.settle(bounds.upper, requested, false).map(Some);
+        }
+        // Small for sure by the tighter bound this tokenizer's merges give (a pass over the
+        // bytes, no tokenizing); worth it only when the densest plausible count is small.
+        if self.rules.first(bounds.lower.saturating_add(output)) == Lane::Small {
+            if let Some(upper) = self.counter.pair_bound(input) {
+                let upper = u32::try_from(upper)
+                    .unwrap_or(u32::MAX)
+                    .saturating_add(overhead);
+                let most = upper.saturating_add(output);
+                if self.rules.first(most) == Lane::Small && most <= self.max_model_len {
+                    return self.settle(upper, requested, false).map(Some);
+                }
+            }
         }
         // Large for sure: even the densest plausible text exceeds the medium lane.
         if self.rules.first(bounds.lower.saturating_add(output)) == Lane::Large {

@@ -9,13 +9,20 @@ use std::sync::Arc;
 
 use super::error::ClassifyError;
 use super::input::PromptInput;
+use super::pair_bound::PairBound;
 use crate::config::TokenizerSource;
 
 /// Counts tokens of text pieces (no special tokens; the template overhead is added separately).
 #[derive(Clone)]
 pub enum TokenCounter {
-    /// A HuggingFace tokenizer loaded from `tokenizer.json`.
-    HuggingFace(Arc<tokenizers::Tokenizer>),
+    /// A HuggingFace tokenizer loaded from `tokenizer.json`, with the tighter byte-length bound
+    /// its merges allow when it is a byte-level BPE of a known kind (`pair_bound.rs`).
+    HuggingFace {
+        /// The tokenizer.
+        tokenizer: Arc<tokenizers::Tokenizer>,
+        /// `None`: only the generic bound of `bounds.rs` applies.
+        bound: Option<Arc<PairBound>>,
+    },
     /// `tutor_wire::tokens::heuristic_ids`: the same counts the simulator uses.
     Heuristic,
 }
@@ -23,7 +30,10 @@ pub enum TokenCounter {
 impl std::fmt::Debug for TokenCounter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TokenCounter::HuggingFace(_) => f.write_str("TokenCounter::HuggingFace"),
+            TokenCounter::HuggingFace { bound, .. } => f
+                .debug_struct("TokenCounter::HuggingFace")
+                .field("bound", bound)
+                .finish(),
             TokenCounter::Heuristic => f.write_str("TokenCounter::Heuristic"),
         }
     }
@@ -38,14 +48,49 @@ impl TokenCounter {
         }
     }
 
-    /// Loads a HuggingFace `tokenizer.json`.
+    /// Loads a HuggingFace `tokenizer.json`, and the tighter bound its merges allow if any.
     pub fn from_file(path: &Path) -> Result<Self, ClassifyError> {
-        tokenizers::Tokenizer::from_file(path)
-            .map(|t| TokenCounter::HuggingFace(Arc::new(t)))
-            .map_err(|e| ClassifyError::TokenizerLoad {
-                path: path.to_owned(),
-                reason: e.to_string(),
-            })
+        let failed = |reason: String| ClassifyError::TokenizerLoad {
+            path: path.to_owned(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| failed(e.to_string()))?;
+        let tokenizer: tokenizers::Tokenizer = text.parse().map_err(|e| failed(format!("{e}")))?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| failed(e.to_string()))?;
+        let bound = match PairBound::from_tokenizer_json(&json) {
+            Ok(bound) => {
+                tracing::info!(
+                    ?bound,
+                    "tokenizer: using its merges for a tighter byte-length bound"
+                );
+                Some(Arc::new(bound))
+            }
+            Err(why) => {
+                tracing::info!(%why, "tokenizer: byte-length bound of one token per byte");
+                None
+            }
+        };
+        Ok(TokenCounter::HuggingFace {
+            tokenizer: Arc::new(tokenizer),
+            bound,
+        })
+    }
+
+    /// At most this many tokens in all text pieces of `input`, read from the tokenizer's merges
+    /// in one pass over the bytes (`pair_bound.rs`); `None` when only the generic bound
+    /// (`bounds.rs`) holds for this tokenizer.
+    pub fn pair_bound(&self, input: &PromptInput) -> Option<u64> {
+        match self {
+            TokenCounter::HuggingFace {
+                bound: Some(bound), ..
+            } => {
+                let mut total = 0u64;
+                input.for_each_text(|t| total += bound.upper(t));
+                Some(total)
+            }
+            _ => None,
+        }
     }
 
     /// Tokens in `text`, without special tokens. Blocking CPU work.
@@ -54,7 +99,8 @@ impl TokenCounter {
     /// bound (see `bounds.rs`), so the reservation errs on the safe side.
     pub fn count_text(&self, text: &str) -> u32 {
         let n = match self {
-            TokenCounter::HuggingFace(tok) => match tok.encode_fast(text, false) {
+            TokenCounter::HuggingFace { tokenizer, .. } => match tokenizer.encode_fast(text, false)
+            {
                 Ok(encoding) => encoding.len(),
                 Err(err) => {
                     tracing::warn!(error = %err, "tokenizer failed; counting one token per byte");

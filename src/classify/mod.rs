@@ -13,7 +13,8 @@
 //! `upstream.max_model_len` is rejected with [`ClassifyError::ExceedsModelLen`] (HTTP 400).
 //!
 //! Files: `input.rs` (what is counted), `counter.rs` (tokenizer or heuristic), `bounds.rs`
-//! (byte-length bounds), `classifier.rs` (the estimate), `decision.rs` (every lane rule). The
+//! (byte-length bounds), `pair_bound.rs` (the tighter bound a byte-level BPE's merges give),
+//! `classifier.rs` (the estimate), `decision.rs` (every lane rule). The
 //! [`Lane`](crate::lane::Lane) enum itself is the leaf module `crate::lane`.
 
 pub mod bounds;
@@ -22,7 +23,10 @@ mod counter;
 pub mod decision;
 mod error;
 mod input;
+mod pair_bound;
 
+#[cfg(test)]
+mod pair_bound_tests;
 #[cfg(test)]
 mod tests;
 

@@ -1,0 +1,309 @@
+//! The pair bound never undercounts, for tokenizers trained here with each accepted
+//! pre-tokenizer, and it decides a 300-token question without tokenizing.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+use tokenizers::models::TrainerWrapper;
+use tokenizers::normalizers::NFC;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::Split;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
+
+use super::pair_bound::{PairBound, PATTERNS};
+use super::*;
+use crate::config::Config;
+use crate::lane::Lane;
+
+/// SplitMix64, so every run draws the same texts.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Words of a few common letters (so the vocabulary merges nearly every pair of them) and
+/// tutoring prose and code.
+fn corpus(rng: &mut Rng) -> Vec<String> {
+    const LETTERS: &[u8] = b"etaoinsrhdluTSA";
+    const PROSE: &[&str] = &[
+        "Why doesn't the loop stop when the list is empty? I've checked it twice.",
+        "fn main() { let total: u32 = items.iter().map(|x| x.price).sum(); println!(\"{total}\"); }",
+        "    if value is None:\n        raise ValueError(\"they're missing\")\n",
+        "The borrow checker says you'll need a reference here; we'd rather clone it.",
+    ];
+    (0..3000)
+        .map(|i| {
+            if i % 3 == 0 {
+                PROSE[i % PROSE.len()].to_string()
+            } else {
+                (0..12)
+                    .map(|_| {
+                        let n = 2 + rng.below(7);
+                        (0..n)
+                            .map(|_| LETTERS[rng.below(LETTERS.len())] as char)
+                            .collect::<String>()
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            }
+        })
+        .collect()
+}
+
+/// A byte-level BPE (vocabulary 1,500) trained with `pre_tokenizer` (and NFC when `nfc`), with
+/// the special tokens Qwen-style chat templates use; saved to a temp file, returned with its
+/// JSON.
+fn trained(name: &str, pre_tokenizer: PreTokenizerWrapper, nfc: bool) -> (PathBuf, Value) {
+    let mut tokenizer = Tokenizer::new(BPE::default());
+    tokenizer.with_pre_tokenizer(Some(pre_tokenizer));
+    if nfc {
+        tokenizer.with_normalizer(Some(NFC));
+    }
+    tokenizer.with_decoder(Some(ByteLevel::default()));
+    let mut trainer: TrainerWrapper = BpeTrainerBuilder::new()
+        .show_progress(false)
+        .vocab_size(1500)
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .build()
+        .into();
+    let lines = corpus(&mut Rng(7));
+    tokenizer
+        .train(&mut trainer, lines.iter())
+        .expect("training a BPE");
+    tokenizer.add_special_tokens(&[
+        AddedToken::from("<|im_start|>", true),
+        AddedToken::from("<|im_end|>", true),
+    ]);
+    let dir = std::env::temp_dir().join(format!("tutor-gateway-pairs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.json"));
+    tokenizer.save(&path, false).unwrap();
+    let json = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    (path, json)
+}
+
+fn split_then_bytes(pattern: &str) -> PreTokenizerWrapper {
+    let split = Split::new(
+        tokenizers::pre_tokenizers::split::SplitPattern::Regex(pattern.into()),
+        SplitDelimiterBehavior::Isolated,
+        false,
+    )
+    .unwrap();
+    Sequence::new(vec![
+        split.into(),
+        ByteLevel::new(false, true, false).into(),
+    ])
+    .into()
+}
+
+/// GPT-2 style (`ByteLevel` with its regex), then Llama 3's and Qwen 2's `Split` + NFC.
+fn accepted_tokenizers() -> Vec<(PathBuf, Value)> {
+    vec![
+        trained("gpt2", ByteLevel::new(false, true, true).into(), false),
+        trained("llama3", split_then_bytes(PATTERNS[1]), true),
+        trained("qwen2", split_then_bytes(PATTERNS[2]), true),
+    ]
+}
+
+/// Text aimed at the bound's edges: runs of merged letters, contractions, spaces before
+/// letters and runs of spaces, digits, punctuation, newlines and tabs, non-ASCII letters,
+/// combining marks that NFC composes with the letter before, emoji, and special tokens.
+fn adversarial(rng: &mut Rng) -> String {
+    const PIECES: &[&str] = &[
+        "e",
+        "t",
+        "a",
+        "o",
+        "i",
+        "n",
+        "s",
+        "r",
+        "h",
+        "th",
+        "the",
+        "an",
+        "T",
+        "S",
+        "A",
+        " ",
+        "  ",
+        "    ",
+        "'",
+        "'s",
+        "'t",
+        "'re",
+        "'ll",
+        "'ve",
+        "'d",
+        "'m",
+        "'S",
+        "0",
+        "7",
+        "42",
+        ".",
+        ",",
+        "(",
+        ")",
+        "{",
+        "_",
+        "\n",
+        "\n\n",
+        "\t",
+        "\r\n",
+        "é",
+        "ß",
+        "\u{301}",
+        "\u{308}",
+        "🦀",
+        "<|im_start|>",
+        "<|im_end|>",
+        "ñ",
+        "e\u{301}",
+        "Å",
+    ];
+    let n = 1 + rng.below(120);
+    (0..n).map(|_| PIECES[rng.below(PIECES.len())]).collect()
+}
+
+#[test]
+fn the_bound_is_never_below_the_real_count() {
+    let mut rng = Rng(42);
+    for (path, json) in accepted_tokenizers() {
+        let bound = PairBound::from_tokenizer_json(&json)
+            .unwrap_or_else(|why| panic!("{}: {why}", path.display()));
+        let tokenizer = Tokenizer::from_file(&path).unwrap();
+        let mut texts: Vec<String> = corpus(&mut Rng(9)).into_iter().take(300).collect();
+        texts.extend((0..4000).map(|_| adversarial(&mut rng)));
+        let (mut tight, mut bytes) = (0u64, 0u64);
+        for (i, text) in texts.iter().enumerate() {
+            let real = tokenizer.encode_fast(text.as_str(), false).unwrap().len() as u64;
+            let upper = bound.upper(text);
+            assert!(
+                upper >= real,
+                "{}: bound {upper} < {real} tokens for {text:?}",
+                path.display()
+            );
+            if i < 300 {
+                tight += upper;
+                bytes += text.len() as u64;
+            }
+        }
+        // On words and prose the constraint bites: well under one token a byte.
+        assert!(
+            tight * 10 < bytes * 8,
+            "{}: bound {tight} for {bytes} bytes",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn a_three_hundred_token_question_is_small_without_tokenizing() {
+    let (path, _) = &accepted_tokenizers()[2];
+    let counter = TokenCounter::from_file(path).unwrap();
+    // About 1.1 KB: too long for one token a byte to settle the small lane with 120 out.
+    let mut question = String::new();
+    for line in corpus(&mut Rng(11)) {
+        if question.len() > 1100 {
+            break;
+        }
+        question.push_str(&line);
+        question.push(' ');
+    }
+    let input = PromptInput::Chat(vec![ChatMessage {
+        role: "user".into(),
+        content: Some(MessageContent::Text(question.clone())),
+    }]);
+    let exact = counter.count_input(&input);
+    assert!(
+        question.len() > 1200 - 120,
+        "one token a byte would not settle it: {} bytes",
+        question.len()
+    );
+    let classifier = Classifier::with_counter(&Config::default(), counter);
+    let c = classifier.classify_blocking(&input, Some(120)).unwrap();
+    assert_eq!(c.lane, Lane::Small);
+    assert!(!c.exact, "decided from the bytes: {c:?}");
+    assert!(
+        c.input_tokens_estimate >= exact,
+        "the reservation {} covers the {exact} tokens",
+        c.input_tokens_estimate
+    );
+    // The async path decides the same way.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let again = rt
+        .block_on(classifier.classify(Arc::new(input), Some(120)))
+        .unwrap();
+    assert_eq!(again, c);
+}
+
+/// One change to a tokenizer's JSON.
+type Change = fn(&mut Value);
+
+#[test]
+fn other_tokenizers_keep_the_generic_bound() {
+    let (_, qwen) = &accepted_tokenizers()[2];
+    let variants: [(&str, Change); 5] = [
+        (
+            "another pattern",
+            (|j: &mut Value| {
+                j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\w+|\W".into()
+            }),
+        ),
+        (
+            "dropout",
+            (|j: &mut Value| j["model"]["dropout"] = 0.1.into()),
+        ),
+        (
+            "NFKC",
+            (|j: &mut Value| j["normalizer"] = serde_json::json!({"type": "NFKC"})),
+        ),
+        (
+            "a letter-edged added token",
+            (|j: &mut Value| {
+                j["added_tokens"][0]["content"] = "INST".into();
+            }),
+        ),
+        (
+            "WordPiece",
+            (|j: &mut Value| j["model"]["type"] = "WordPiece".into()),
+        ),
+    ];
+    for (what, change) in variants {
+        let mut json = qwen.clone();
+        change(&mut json);
+        assert!(
+            PairBound::from_tokenizer_json(&json).is_err(),
+            "{what}: must not use the pair bound"
+        );
+    }
+    // Through the counter: the heuristic has no pair bound, a rejected tokenizer neither.
+    assert_eq!(
+        TokenCounter::Heuristic.pair_bound(&PromptInput::Prompt("x".into())),
+        None
+    );
+    let mut json = qwen.clone();
+    json["model"]["dropout"] = 0.1.into();
+    let path =
+        std::env::temp_dir().join(format!("tutor-gateway-dropout-{}.json", std::process::id()));
+    std::fs::write(&path, json.to_string()).unwrap();
+    let counter = TokenCounter::from_file(&path).unwrap();
+    assert_eq!(counter.pair_bound(&PromptInput::Prompt("the".into())), None);
+}
