@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use tokio::sync::Semaphore;
+
 use super::bounds::ByteBounds;
 use super::counter::TokenCounter;
 use super::decision::LaneRules;
@@ -33,6 +35,9 @@ pub struct Classification {
 #[derive(Debug, Clone)]
 pub struct Classifier {
     counter: TokenCounter,
+    /// Prompts being tokenized at once: at most one per CPU, so a burst of long prompts
+    /// queues here instead of crowding out the threads that relay tokens.
+    tokenizing: Arc<Semaphore>,
     rules: LaneRules,
     default_output_tokens: u32,
     per_message_overhead: u32,
@@ -50,8 +55,10 @@ impl Classifier {
     /// Builds the classifier from config with an already loaded counter.
     pub fn with_counter(config: &Config, counter: TokenCounter) -> Self {
         let c = &config.classify;
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self {
             counter,
+            tokenizing: Arc::new(Semaphore::new(cpus)),
             rules: LaneRules::from_config(config),
             default_output_tokens: c.default_output_tokens.get(),
             per_message_overhead: c.per_message_overhead,
@@ -64,6 +71,12 @@ impl Classifier {
         self.rules.first(work)
     }
 
+    /// Prompts being tokenized right now (at most one per CPU).
+    pub fn tokenizing(&self) -> usize {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        cpus.saturating_sub(self.tokenizing.available_permits())
+    }
+
     /// The lane rules this classifier decides by.
     pub fn rules(&self) -> &LaneRules {
         &self.rules
@@ -72,7 +85,8 @@ impl Classifier {
     /// Classifies a request with `max_output_tokens` requested by the client (`None`: not sent).
     ///
     /// Decides from byte length when it settles the lane (see `bounds.rs`); otherwise tokenizes
-    /// on a blocking thread. Errors with [`ClassifyError::ExceedsModelLen`] when the request
+    /// on a blocking thread, at most one prompt per CPU at a time (the others wait their turn).
+    /// The tokenizer's own thread pool is never used: it only serves batches. Errors with [`ClassifyError::ExceedsModelLen`] when the request
     /// cannot fit the model.
     pub async fn classify(
         &self,
@@ -84,9 +98,18 @@ impl Classifier {
         }
         let counter = self.counter.clone();
         let overhead = input.template_overhead(self.per_message_overhead);
-        let text_tokens = tokio::task::spawn_blocking(move || counter.count_input(&input))
+        // The permit goes with the work: a caller that leaves does not stop a count under way.
+        let permit = Arc::clone(&self.tokenizing)
+            .acquire_owned()
             .await
             .map_err(|e| ClassifyError::Internal(e.to_string()))?;
+        let text_tokens = tokio::task::spawn_blocking(move || {
+            let n = counter.count_input(&input);
+            drop(permit);
+            n
+        })
+        .await
+        .map_err(|e| ClassifyError::Internal(e.to_string()))?;
         self.settle(
             text_tokens.saturating_add(overhead),
             max_output_tokens,

@@ -285,3 +285,39 @@ fn thresholds_are_inclusive() {
     assert_eq!(c.lane_for(5001), Lane::Large);
     assert_eq!(Lane::ALL.map(Lane::as_str), ["small", "medium", "large"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_one_prompt_per_cpu_is_tokenized_at_once() {
+    let counter = real_counter();
+    let classifier = classifier(counter.clone());
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // Medium prompts: tokenized, never decided from bytes.
+    let text = text_with_tokens(&counter, 2_000);
+    let input = Arc::new(PromptInput::Prompt(text));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (c, stop) = (classifier.clone(), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut most = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                most = most.max(c.tokenizing());
+                tokio::task::yield_now().await;
+            }
+            most
+        })
+    };
+    let calls: Vec<_> = (0..8 * cpus)
+        .map(|_| {
+            let (c, input) = (classifier.clone(), Arc::clone(&input));
+            tokio::spawn(async move { c.classify(input, Some(300)).await.unwrap() })
+        })
+        .collect();
+    for call in calls {
+        let class = call.await.unwrap();
+        assert!(class.exact, "medium prompts are tokenized: {class:?}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let most = watcher.await.unwrap();
+    assert!(most <= cpus, "{most} tokenizing at once on {cpus} CPUs");
+    assert_eq!(classifier.tokenizing(), 0, "every permit came back");
+}
