@@ -10,6 +10,7 @@ use std::sync::Arc;
 use super::error::ClassifyError;
 use super::input::PromptInput;
 use super::pair_bound::PairBound;
+use super::pieces::FastCount;
 use crate::config::TokenizerSource;
 
 /// Counts tokens of text pieces (no special tokens; the template overhead is added separately).
@@ -22,6 +23,9 @@ pub enum TokenCounter {
         tokenizer: Arc<tokenizers::Tokenizer>,
         /// `None`: only the generic bound of `bounds.rs` applies.
         bound: Option<Arc<PairBound>>,
+        /// The hand-written pre-tokenizer for its pattern (`pieces.rs`); `None`: every count
+        /// goes through `encode`.
+        fast: Option<Arc<FastCount>>,
     },
     /// `tutor_wire::tokens::heuristic_ids`: the same counts the simulator uses.
     Heuristic,
@@ -30,9 +34,10 @@ pub enum TokenCounter {
 impl std::fmt::Debug for TokenCounter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TokenCounter::HuggingFace { bound, .. } => f
+            TokenCounter::HuggingFace { bound, fast, .. } => f
                 .debug_struct("TokenCounter::HuggingFace")
                 .field("bound", bound)
+                .field("fast", fast)
                 .finish(),
             TokenCounter::Heuristic => f.write_str("TokenCounter::Heuristic"),
         }
@@ -71,9 +76,16 @@ impl TokenCounter {
                 None
             }
         };
+        let tokenizer = Arc::new(tokenizer);
+        let fast = FastCount::new(Arc::clone(&tokenizer), &json).map(Arc::new);
+        tracing::info!(
+            fast = fast.is_some(),
+            "tokenizer: hand-written pre-tokenizer for ASCII text"
+        );
         Ok(TokenCounter::HuggingFace {
-            tokenizer: Arc::new(tokenizer),
+            tokenizer,
             bound,
+            fast,
         })
     }
 
@@ -99,17 +111,47 @@ impl TokenCounter {
     /// bound (see `bounds.rs`), so the reservation errs on the safe side.
     pub fn count_text(&self, text: &str) -> u32 {
         let n = match self {
-            TokenCounter::HuggingFace { tokenizer, .. } => match tokenizer.encode_fast(text, false)
-            {
-                Ok(encoding) => encoding.len(),
-                Err(err) => {
-                    tracing::warn!(error = %err, "tokenizer failed; counting one token per byte");
-                    text.len()
-                }
-            },
+            TokenCounter::HuggingFace {
+                fast: Some(fast), ..
+            } if fast.applies(text) => fast.count(text).unwrap_or_else(|| self.encode(text)),
+            TokenCounter::HuggingFace { .. } => self.encode(text),
             TokenCounter::Heuristic => tutor_wire::tokens::heuristic_ids(text, false).len(),
         };
         u32::try_from(n).unwrap_or(u32::MAX)
+    }
+
+    /// Tokens in all text pieces of `input` when every piece can be counted the fast way
+    /// (`pieces.rs`: tens of microseconds for a short prompt); `None` otherwise.
+    pub fn count_quick(&self, input: &PromptInput) -> Option<u32> {
+        let TokenCounter::HuggingFace {
+            fast: Some(fast), ..
+        } = self
+        else {
+            return None;
+        };
+        let mut all = true;
+        input.for_each_text(|t| all &= fast.applies(t));
+        all.then(|| self.count_input(input))
+    }
+
+    /// The full `encode` (no special tokens); one token per byte if the tokenizer fails.
+    fn encode(&self, text: &str) -> usize {
+        let TokenCounter::HuggingFace { tokenizer, .. } = self else {
+            return tutor_wire::tokens::heuristic_ids(text, false).len();
+        };
+        match tokenizer.encode_fast(text, false) {
+            Ok(encoding) => encoding.len(),
+            Err(err) => {
+                tracing::warn!(error = %err, "tokenizer failed; counting one token per byte");
+                text.len()
+            }
+        }
+    }
+
+    /// Tokens in `text` by the full `encode`, never the fast way (to check it).
+    #[cfg(test)]
+    pub fn count_text_encoded(&self, text: &str) -> usize {
+        self.encode(text)
     }
 
     /// Tokens in all text pieces of `input` (template overhead not included). Blocking CPU work.

@@ -14,6 +14,7 @@
 //!
 //! Files: `input.rs` (what is counted), `counter.rs` (tokenizer or heuristic), `bounds.rs`
 //! (byte-length bounds), `pair_bound.rs` (the tighter bound a byte-level BPE's merges give),
+//! `pieces.rs` (exact counts without the pre-tokenizer's regular expression, for ASCII text),
 //! `classifier.rs` (the estimate), `decision.rs` (every lane rule). The
 //! [`Lane`](crate::lane::Lane) enum itself is the leaf module `crate::lane`.
 
@@ -24,9 +25,10 @@ pub mod decision;
 mod error;
 mod input;
 mod pair_bound;
+mod pieces;
 
 #[cfg(test)]
-mod pair_bound_tests;
+mod byte_level_tests;
 #[cfg(test)]
 mod tests;
 

@@ -46,7 +46,45 @@ const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{
 /// Qwen 2 and 2.5's: Llama 3's with single digits.
 const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Split patterns for which the piece rules above were checked.
+#[cfg(test)]
 pub const PATTERNS: [&str; 3] = [GPT2, LLAMA3, QWEN2];
+
+/// Which of [`PATTERNS`] a byte-level pre-tokenizer splits by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// GPT-2's: case-sensitive contractions, runs of digits, no newline handling.
+    Gpt2,
+    /// Llama 3's: case-insensitive contractions, digits in threes, newlines apart.
+    Llama3,
+    /// Qwen 2's: Llama 3's with single digits.
+    Qwen2,
+}
+
+/// The pattern a `tokenizer.json` pre-tokenizer splits by and whether it adds a prefix space,
+/// when it is byte-level with one of [`PATTERNS`].
+pub fn byte_level_pattern(pre: &Value) -> Option<(Pattern, bool)> {
+    let byte_level = |p: &Value, regex: bool| {
+        p["type"] == "ByteLevel" && p["use_regex"].as_bool().unwrap_or(true) == regex
+    };
+    if byte_level(pre, true) {
+        return Some((Pattern::Gpt2, pre["add_prefix_space"] == true));
+    }
+    let [split, level] = pre["pretokenizers"].as_array().map(Vec::as_slice)? else {
+        return None;
+    };
+    let pattern = match split["pattern"]["Regex"].as_str()? {
+        p if p == GPT2 => Pattern::Gpt2,
+        p if p == LLAMA3 => Pattern::Llama3,
+        p if p == QWEN2 => Pattern::Qwen2,
+        _ => return None,
+    };
+    (pre["type"] == "Sequence"
+        && split["type"] == "Split"
+        && split["behavior"] == "Isolated"
+        && split["invert"] != true
+        && byte_level(level, false))
+    .then(|| (pattern, level["add_prefix_space"] == true))
+}
 
 /// GPT-2's byte-to-character map keeps printable ASCII and maps the space to `Ġ`.
 const SPACE: &str = "\u{120}";
@@ -119,7 +157,10 @@ impl PairBound {
             }
             _ => return Err(format!("normalizer {} is not NFC", json["normalizer"])),
         };
-        let prefix_space = Self::check_pre_tokenizer(&json["pre_tokenizer"])?;
+        let (_, prefix_space) = byte_level_pattern(&json["pre_tokenizer"]).ok_or_else(|| {
+            "the pre-tokenizer is not byte-level with GPT-2's, Llama 3's or Qwen 2's pattern"
+                .to_string()
+        })?;
         for added in json["added_tokens"].as_array().into_iter().flatten() {
             let content = added["content"].as_str().unwrap_or("");
             let edge = |c: Option<char>| c.is_none_or(|c| c.is_ascii_alphabetic() || c == ' ');
@@ -167,34 +208,6 @@ impl PairBound {
             non_ascii_factor,
             prefix_space,
         })
-    }
-
-    /// Whether the pre-tokenizer is one whose pieces follow the rules in the module docs;
-    /// returns whether it adds a prefix space.
-    fn check_pre_tokenizer(pre: &Value) -> Result<bool, String> {
-        let byte_level = |p: &Value, regex: bool| {
-            p["type"] == "ByteLevel" && p["use_regex"].as_bool().unwrap_or(true) == regex
-        };
-        if byte_level(pre, true) {
-            return Ok(pre["add_prefix_space"] == true);
-        }
-        if pre["type"] == "Sequence" {
-            if let Some([split, level]) = pre["pretokenizers"].as_array().map(Vec::as_slice) {
-                let pattern = split["pattern"]["Regex"].as_str().unwrap_or("");
-                if split["type"] == "Split"
-                    && PATTERNS.contains(&pattern)
-                    && split["behavior"] == "Isolated"
-                    && split["invert"] != true
-                    && byte_level(level, false)
-                {
-                    return Ok(level["add_prefix_space"] == true);
-                }
-            }
-        }
-        Err(
-            "the pre-tokenizer is not byte-level with GPT-2's, Llama 3's or Qwen 2's pattern"
-                .into(),
-        )
     }
 
     fn merges(&self, a: u8, b: u8) -> bool {

@@ -1,5 +1,6 @@
-//! The pair bound never undercounts, for tokenizers trained here with each accepted
-//! pre-tokenizer, and it decides a 300-token question without tokenizing.
+//! Byte-level BPE tokenizers trained here with each accepted pre-tokenizer: the pair bound
+//! never undercounts and decides a 300-token question without tokenizing; the hand-written
+//! pre-tokenizer counts exactly what `encode` counts.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,6 +46,7 @@ fn corpus(rng: &mut Rng) -> Vec<String> {
         "fn main() { let total: u32 = items.iter().map(|x| x.price).sum(); println!(\"{total}\"); }",
         "    if value is None:\n        raise ValueError(\"they're missing\")\n",
         "The borrow checker says you'll need a reference here; we'd rather clone it.",
+        "Line 1234: expected 2026 items, got 42 at offset 123456; retried 100 times in 2026.",
     ];
     (0..3000)
         .map(|i| {
@@ -306,4 +308,57 @@ fn other_tokenizers_keep_the_generic_bound() {
     std::fs::write(&path, json.to_string()).unwrap();
     let counter = TokenCounter::from_file(&path).unwrap();
     assert_eq!(counter.pair_bound(&PromptInput::Prompt("the".into())), None);
+}
+
+/// ASCII text aimed at the hand-written pre-tokenizer: every character class, contractions in
+/// every case, runs of digits and of every kind of whitespace, control characters.
+fn ascii_adversarial(rng: &mut Rng) -> String {
+    const PIECES: &[&str] = &[
+        "e", "th", "the", "The", "SAT", "x", " ", "  ", "   ", "\t", "\n", "\r", "\r\n", "\n\n",
+        " \n", "\x0b", "\x0c", "\x1c", "\x00", "\x7f", "'", "'s", "'S", "'t", "'re", "'RE", "'Ve",
+        "'ll", "'lL", "'d", "'m", "'x", "0", "12", "2026", "1234567", ".", ",", "(", ")", "{}",
+        "::", "->", "_", "\"", "#", "<", "|", "!=", " (", " .", " 'x",
+    ];
+    let n = 1 + rng.below(150);
+    (0..n).map(|_| PIECES[rng.below(PIECES.len())]).collect()
+}
+
+#[test]
+fn the_hand_written_pre_tokenizer_counts_what_encode_counts() {
+    let mut rng = Rng(5);
+    let mut tokenizers = accepted_tokenizers();
+    // Llama 3 sets ignore_merges: a piece in the vocabulary is one token without merging.
+    let (path, mut json) = tokenizers[1].clone();
+    json["model"]["ignore_merges"] = true.into();
+    let ignoring = path.with_file_name("llama3-ignore-merges.json");
+    std::fs::write(&ignoring, json.to_string()).unwrap();
+    tokenizers.push((ignoring, json.clone()));
+    // Qwen 2's single digits over a vocabulary that merges digits (Llama 3's pieces trained it).
+    json["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = PATTERNS[2].into();
+    let single_digits = path.with_file_name("qwen2-over-digit-merges.json");
+    std::fs::write(&single_digits, json.to_string()).unwrap();
+    tokenizers.push((single_digits, json));
+    for (path, _) in tokenizers {
+        let counter = TokenCounter::from_file(&path).unwrap();
+        let mut texts: Vec<String> = (0..3000).map(|_| ascii_adversarial(&mut rng)).collect();
+        texts.extend((0..500).map(|_| adversarial(&mut rng)));
+        texts.extend(corpus(&mut Rng(3)).into_iter().take(300));
+        let mut quick = 0;
+        for text in &texts {
+            let input = PromptInput::Prompt(text.clone());
+            let want = counter.count_text_encoded(text) as u32;
+            assert_eq!(
+                counter.count_text(text),
+                want,
+                "{}: {text:?}",
+                path.display()
+            );
+            if let Some(n) = counter.count_quick(&input) {
+                assert_eq!(n, want, "{}: {text:?}", path.display());
+                quick += 1;
+            }
+        }
+        // Every ASCII text without a chat-template marker went the fast way.
+        assert!(quick >= 3300, "{}: {quick} fast counts", path.display());
+    }
 }
