@@ -39,6 +39,8 @@ pub struct Classifier {
     /// Prompts being tokenized at once: at most one per CPU, so a burst of long prompts
     /// queues here instead of crowding out the threads that relay tokens.
     tokenizing: Arc<Semaphore>,
+    /// The semaphore's size: the CPUs.
+    cpus: usize,
     rules: LaneRules,
     default_output_tokens: u32,
     per_message_overhead: u32,
@@ -60,6 +62,7 @@ impl Classifier {
         Self {
             counter,
             tokenizing: Arc::new(Semaphore::new(cpus)),
+            cpus,
             rules: LaneRules::from_config(config),
             default_output_tokens: c.default_output_tokens.get(),
             per_message_overhead: c.per_message_overhead,
@@ -74,8 +77,8 @@ impl Classifier {
 
     /// Prompts being tokenized right now (at most one per CPU).
     pub fn tokenizing(&self) -> usize {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        cpus.saturating_sub(self.tokenizing.available_permits())
+        self.cpus
+            .saturating_sub(self.tokenizing.available_permits())
     }
 
     /// The lane rules this classifier decides by.
@@ -87,8 +90,8 @@ impl Classifier {
     ///
     /// Decides from byte length when it settles the lane (see `bounds.rs`); otherwise tokenizes
     /// on a blocking thread, at most one prompt per CPU at a time (the others wait their turn).
-    /// The tokenizer's own thread pool is never used: it only serves batches. Errors with [`ClassifyError::ExceedsModelLen`] when the request
-    /// cannot fit the model.
+    /// The tokenizer's own thread pool is never used: it only serves batches. Errors with
+    /// [`ClassifyError::ExceedsModelLen`] when the request cannot fit the model.
     pub async fn classify(
         &self,
         input: Arc<PromptInput>,

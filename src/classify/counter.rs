@@ -129,9 +129,13 @@ impl TokenCounter {
         else {
             return None;
         };
-        let mut all = true;
-        input.for_each_text(|t| all &= fast.applies(t));
-        all.then(|| self.count_input(input))
+        let mut total = Some(0u32);
+        input.for_each_text(|t| {
+            total = total
+                .filter(|_| fast.applies(t))
+                .and_then(|sum| Some(sum.saturating_add(u32::try_from(fast.count(t)?).ok()?)));
+        });
+        total
     }
 
     /// The full `encode` (no special tokens); one token per byte if the tokenizer fails.

@@ -60,6 +60,21 @@ pub enum Pattern {
     Qwen2,
 }
 
+/// `Some(true)` for an NFC normalizer (alone or in a sequence of them), `Some(false)` for none,
+/// `None` for any other: NFC leaves ASCII alone and grows other text at most three times.
+pub fn nfc_or_none(normalizer: &Value) -> Option<bool> {
+    let nfc = |n: &Value| n["type"] == "NFC";
+    if normalizer.is_null() {
+        Some(false)
+    } else {
+        let sequence = normalizer["type"] == "Sequence"
+            && normalizer["normalizers"]
+                .as_array()
+                .is_some_and(|n| n.iter().all(nfc));
+        (nfc(normalizer) || sequence).then_some(true)
+    }
+}
+
 /// The pattern a `tokenizer.json` pre-tokenizer splits by and whether it adds a prefix space,
 /// when it is byte-level with one of [`PATTERNS`].
 pub fn byte_level_pattern(pre: &Value) -> Option<(Pattern, bool)> {
@@ -145,17 +160,10 @@ impl PairBound {
                 return Err(format!("BPE sets {key}"));
             }
         }
-        let non_ascii_factor = match json["normalizer"].get("type").and_then(Value::as_str) {
-            None if json["normalizer"].is_null() => 1,
-            Some("NFC") => 3,
-            Some("Sequence")
-                if json["normalizer"]["normalizers"]
-                    .as_array()
-                    .is_some_and(|n| n.iter().all(|n| n["type"] == "NFC")) =>
-            {
-                3
-            }
-            _ => return Err(format!("normalizer {} is not NFC", json["normalizer"])),
+        let non_ascii_factor = match nfc_or_none(&json["normalizer"]) {
+            Some(false) => 1,
+            Some(true) => 3,
+            None => return Err(format!("normalizer {} is not NFC", json["normalizer"])),
         };
         let (_, prefix_space) = byte_level_pattern(&json["pre_tokenizer"]).ok_or_else(|| {
             "the pre-tokenizer is not byte-level with GPT-2's, Llama 3's or Qwen 2's pattern"

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokenizers::{Model, Tokenizer};
 
-use super::pair_bound::{byte_level_pattern, Pattern};
+use super::pair_bound::{byte_level_pattern, nfc_or_none, Pattern};
 
 /// A prompt this long or shorter is counted on the calling thread when [`FastCount`] applies:
 /// tens of microseconds, shorter than a hand-off to a blocking thread and back.
@@ -173,14 +173,7 @@ impl FastCount {
     /// The fast counter for `tokenizer`, serialized as `json`, or `None` where it does not apply.
     pub fn new(tokenizer: Arc<Tokenizer>, json: &Value) -> Option<Self> {
         let (pattern, prefix_space) = byte_level_pattern(&json["pre_tokenizer"])?;
-        let normalizer = &json["normalizer"];
-        let nfc = |n: &Value| n["type"] == "NFC";
-        let ascii_unchanged = normalizer.is_null()
-            || nfc(normalizer)
-            || (normalizer["type"] == "Sequence"
-                && normalizer["normalizers"]
-                    .as_array()
-                    .is_some_and(|n| n.iter().all(nfc)));
+        let ascii_unchanged = nfc_or_none(&json["normalizer"]).is_some();
         if prefix_space || !ascii_unchanged || json["model"]["type"] != "BPE" {
             return None;
         }
