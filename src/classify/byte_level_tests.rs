@@ -3,7 +3,7 @@
 //! pre-tokenizer counts exactly what `encode` counts.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
@@ -113,13 +113,19 @@ fn split_then_bytes(pattern: &str) -> PreTokenizerWrapper {
     .into()
 }
 
-/// GPT-2 style (`ByteLevel` with its regex), then Llama 3's and Qwen 2's `Split` + NFC.
+/// GPT-2 style (`ByteLevel` with its regex), then Llama 3's and Qwen 2's `Split` + NFC. Trained
+/// and saved once per test binary: tests running in parallel never write the same file.
 fn accepted_tokenizers() -> Vec<(PathBuf, Value)> {
-    vec![
-        trained("gpt2", ByteLevel::new(false, true, true).into(), false),
-        trained("llama3", split_then_bytes(PATTERNS[1]), true),
-        trained("qwen2", split_then_bytes(PATTERNS[2]), true),
-    ]
+    static TRAINED: OnceLock<Vec<(PathBuf, Value)>> = OnceLock::new();
+    TRAINED
+        .get_or_init(|| {
+            vec![
+                trained("gpt2", ByteLevel::new(false, true, true).into(), false),
+                trained("llama3", split_then_bytes(PATTERNS[1]), true),
+                trained("qwen2", split_then_bytes(PATTERNS[2]), true),
+            ]
+        })
+        .clone()
 }
 
 /// Text aimed at the bound's edges: runs of merged letters, contractions, spaces before
