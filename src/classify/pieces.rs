@@ -13,7 +13,8 @@
 //! one of the known patterns, adds a prefix space, or normalizes with anything but NFC (which
 //! leaves ASCII alone).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
 use serde_json::Value;
 use tokenizers::{Model, Tokenizer};
@@ -23,6 +24,12 @@ use super::pair_bound::{byte_level_pattern, nfc_or_none, Pattern};
 /// A prompt this long or shorter is counted on the calling thread when [`FastCount`] applies:
 /// tens of microseconds, shorter than a hand-off to a blocking thread and back.
 pub const INLINE_BYTES: u64 = 4096;
+
+/// Pieces this long or shorter have their counts remembered (words, numbers, punctuation runs).
+const CACHED_PIECE_BYTES: usize = 24;
+
+/// At most this many pieces are remembered; once full, new pieces are counted each time.
+const CACHED_PIECES: usize = 65_536;
 
 /// The hand-written pre-tokenizer and the tokenizer whose model merges its pieces.
 pub struct FastCount {
@@ -34,6 +41,9 @@ pub struct FastCount {
     added_first: [bool; 256],
     /// GPT-2's byte-to-character map (the alphabet of byte-level vocabularies).
     chars: [char; 256],
+    /// Token counts of short pieces already merged: prompts repeat their words, and a lookup
+    /// is several times cheaper than the model's own cache (which builds the tokens' strings).
+    known: RwLock<HashMap<Box<[u8]>, u32, ahash::RandomState>>,
 }
 
 impl std::fmt::Debug for FastCount {
@@ -195,6 +205,7 @@ impl FastCount {
             added,
             added_first,
             chars: byte_chars(),
+            known: RwLock::default(),
         })
     }
 
@@ -211,16 +222,39 @@ impl FastCount {
         let model = self.tokenizer.get_model();
         let mut piece = String::with_capacity(64);
         let (mut p, mut total) = (0, 0);
-        while p < t.len() {
-            let end = match self.pattern {
-                Pattern::Gpt2 => gpt2_piece(t, p),
-                Pattern::Llama3 => llama3_piece(t, p, 3),
-                Pattern::Qwen2 => llama3_piece(t, p, 1),
-            };
-            piece.clear();
-            piece.extend(t[p..end].iter().map(|&b| self.chars[usize::from(b)]));
-            total += model.tokenize(&piece).ok()?.len();
-            p = end;
+        let mut learned: Vec<(&[u8], u32)> = Vec::new();
+        {
+            let known = self.known.read().unwrap_or_else(|e| e.into_inner());
+            while p < t.len() {
+                let end = match self.pattern {
+                    Pattern::Gpt2 => gpt2_piece(t, p),
+                    Pattern::Llama3 => llama3_piece(t, p, 3),
+                    Pattern::Qwen2 => llama3_piece(t, p, 1),
+                };
+                let bytes = &t[p..end];
+                p = end;
+                let short = bytes.len() <= CACHED_PIECE_BYTES;
+                if let Some(&n) = short.then(|| known.get(bytes)).flatten() {
+                    total += n as usize;
+                    continue;
+                }
+                piece.clear();
+                piece.extend(bytes.iter().map(|&b| self.chars[usize::from(b)]));
+                let n = model.tokenize(&piece).ok()?.len();
+                total += n;
+                if short && known.len() + learned.len() < CACHED_PIECES {
+                    learned.push((bytes, n as u32));
+                }
+            }
+        }
+        if !learned.is_empty() {
+            let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+            for (bytes, n) in learned {
+                if known.len() >= CACHED_PIECES {
+                    break;
+                }
+                known.insert(bytes.into(), n);
+            }
         }
         Some(total)
     }

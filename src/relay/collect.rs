@@ -36,23 +36,105 @@ pub fn usage_for_client(
     include_usage: bool,
     continuous_usage: bool,
 ) -> Option<Bytes> {
-    let Ok(mut v) = serde_json::from_slice::<Value>(&chunk.raw) else {
-        return Some(chunk.raw.clone());
-    };
-    let final_usage = v
-        .get("choices")
-        .and_then(Value::as_array)
-        .is_some_and(Vec::is_empty);
-    if final_usage {
+    if chunk.usage_only {
         return include_usage.then(|| chunk.raw.clone());
     }
     if continuous_usage {
         return Some(chunk.raw.clone());
     }
-    if let Some(obj) = v.as_object_mut() {
-        obj.remove("usage");
+    // Cut the field out of the bytes vLLM sent (no parse and re-serialise per token).
+    Some(match top_level_field(&chunk.raw, b"usage") {
+        Some(span) => {
+            let mut out = Vec::with_capacity(chunk.raw.len());
+            out.extend_from_slice(&chunk.raw[..span.start]);
+            out.extend_from_slice(&chunk.raw[span.end..]);
+            Bytes::from(out)
+        }
+        None => chunk.raw.clone(),
+    })
+}
+
+/// The bytes to cut to remove member `key` from the JSON object `raw`: the member with the comma
+/// that separates it from its neighbour. `None` when `raw` is not an object, lacks the key at
+/// its top level, or is malformed. The key must need no escaping.
+fn top_level_field(raw: &[u8], key: &[u8]) -> Option<std::ops::Range<usize>> {
+    let mut i = skip_ws(raw, 0);
+    if raw.get(i) != Some(&b'{') {
+        return None;
     }
-    Some(Bytes::from(v.to_string()))
+    i += 1;
+    // End of the previous member's value (just before its comma), if any.
+    let mut prev_end: Option<usize> = None;
+    loop {
+        i = skip_ws(raw, i);
+        let key_start = i;
+        if raw.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = skip_string(raw, i)?;
+        let colon = skip_ws(raw, key_end);
+        if raw.get(colon) != Some(&b':') {
+            return None;
+        }
+        let value_start = skip_ws(raw, colon + 1);
+        let value_end = skip_value(raw, value_start)?;
+        let after = skip_ws(raw, value_end);
+        let found = &raw[key_start + 1..key_end - 1] == key;
+        match raw.get(after) {
+            Some(b',') if found => return Some(key_start..skip_ws(raw, after + 1)),
+            Some(b'}') if found => return Some(prev_end.unwrap_or(key_start)..value_end),
+            Some(b',') => {
+                prev_end = Some(value_end);
+                i = after + 1;
+            }
+            _ => return None,
+        }
+    }
+}
+
+fn skip_ws(raw: &[u8], mut i: usize) -> usize {
+    while raw.get(i).is_some_and(u8::is_ascii_whitespace) {
+        i += 1;
+    }
+    i
+}
+
+/// `raw[i]` is `"`: the index just past the closing quote.
+fn skip_string(raw: &[u8], mut i: usize) -> Option<usize> {
+    i += 1;
+    loop {
+        match raw.get(i)? {
+            b'"' => return Some(i + 1),
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
+}
+
+/// The index just past the JSON value starting at `raw[i]` (strings and brackets matched; the
+/// scalars inside are not validated: vLLM's chunk was already parsed as JSON).
+fn skip_value(raw: &[u8], mut i: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    loop {
+        match raw.get(i)? {
+            b'"' => i = skip_string(raw, i)?,
+            b'{' | b'[' => {
+                depth += 1;
+                i += 1;
+            }
+            b'}' | b']' if depth == 0 => return Some(i),
+            b'}' | b']' => {
+                depth -= 1;
+                i += 1;
+            }
+            b',' if depth == 0 => return Some(i),
+            c if depth == 0 && c.is_ascii_whitespace() => return Some(i),
+            _ => i += 1,
+        }
+        if depth == 0 && matches!(raw.get(i - 1), Some(b'}' | b']' | b'"')) {
+            return Some(i);
+        }
+    }
 }
 
 impl Collected {
@@ -120,5 +202,87 @@ impl Collected {
             body["tutor_gateway"] = json!(cut);
         }
         body
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// What the client must get: vLLM's object without its top-level `usage`.
+    fn expected(raw: &str) -> Value {
+        let mut v: Value = serde_json::from_str(raw).unwrap();
+        v.as_object_mut().unwrap().remove("usage");
+        v
+    }
+
+    fn cut(raw: &str) -> Value {
+        let span = top_level_field(raw.as_bytes(), b"usage");
+        let mut out = raw.as_bytes().to_vec();
+        if let Some(span) = span {
+            out.drain(span);
+        }
+        serde_json::from_slice(&out).expect("still JSON after the cut")
+    }
+
+    #[test]
+    fn the_usage_member_is_cut_wherever_it_stands() {
+        for raw in [
+            r#"{"usage":{"prompt_tokens":3},"id":"x"}"#,
+            r#"{"id":"x","usage":{"prompt_tokens":3}}"#,
+            r#"{"id":"x","usage":{"prompt_tokens":3},"choices":[]}"#,
+            r#"{"usage":null}"#,
+            r#"{ "id" : "a\"usage\":1}" , "usage" : { "a" : [1, {"usage": 2}] } , "z" : true }"#,
+            "{\n  \"choices\": [{\"delta\": {\"usage\": \"}{][\\\\\"}}],\n  \"usage\": 7\n}",
+            r#"{"choices":[{"text":"usage"}],"model":"m"}"#,
+        ] {
+            assert_eq!(cut(raw), expected(raw), "{raw}");
+        }
+        assert_eq!(top_level_field(br#"{"id":1}"#, b"usage"), None);
+        assert_eq!(top_level_field(b"[1]", b"usage"), None);
+        assert_eq!(top_level_field(br#"{"usage":"#, b"usage"), None);
+    }
+
+    fn random_value(rng: &mut StdRng, depth: u32) -> Value {
+        const STRINGS: [&str; 6] = ["usage", "\"usage\":", "}]{[", "a\\\"b", ",", "ü \n"];
+        match rng.random_range(0..if depth > 2 { 4 } else { 6 }) {
+            0 => Value::Null,
+            1 => json!(rng.random_range(-5.0..5.0)),
+            2 => json!(rng.random_bool(0.5)),
+            3 => json!(STRINGS[rng.random_range(0..STRINGS.len())]),
+            4 => Value::Array(
+                (0..rng.random_range(0..4))
+                    .map(|_| random_value(rng, depth + 1))
+                    .collect(),
+            ),
+            _ => random_object(rng, depth + 1),
+        }
+    }
+
+    fn random_object(rng: &mut StdRng, depth: u32) -> Value {
+        const KEYS: [&str; 5] = ["usage", "id", "choices", "us\"age", "usage "];
+        let mut o = serde_json::Map::new();
+        for _ in 0..rng.random_range(0..5) {
+            o.insert(
+                KEYS[rng.random_range(0..KEYS.len())].into(),
+                random_value(rng, depth),
+            );
+        }
+        Value::Object(o)
+    }
+
+    #[test]
+    fn cutting_the_bytes_equals_removing_the_member_from_the_parsed_object() {
+        let mut rng = StdRng::seed_from_u64(14);
+        for _ in 0..3000 {
+            let v = random_object(&mut rng, 0);
+            for raw in [v.to_string(), serde_json::to_string_pretty(&v).unwrap()] {
+                assert_eq!(cut(&raw), expected(&raw), "{raw}");
+                let present = v.get("usage").is_some();
+                assert_eq!(top_level_field(raw.as_bytes(), b"usage").is_some(), present);
+            }
+        }
     }
 }

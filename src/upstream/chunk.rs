@@ -47,6 +47,8 @@ pub struct Chunk {
     /// The role-only first chat chunk (`"content":""`) and the usage chunk do not: they are not
     /// tokens.
     pub has_content: bool,
+    /// The final usage-only chunk: `usage` and no choices (`"choices": []`).
+    pub usage_only: bool,
 }
 
 /// Token usage as vLLM reports it.
@@ -166,6 +168,7 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
             .ok_or_else(|| UpstreamError::Protocol("an error event without a message".into()));
     }
     let has_content = wire.choices.iter().any(WireChoice::has_content);
+    let no_choices = wire.choices.is_empty();
     let finish_reason = wire.choices.iter().find_map(|c| c.finish_reason.clone());
     let text = wire
         .choices
@@ -190,6 +193,7 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
         usage,
         metrics: wire.metrics,
         has_content,
+        usage_only: no_choices && usage.is_some(),
     }))
 }
 
