@@ -192,6 +192,34 @@ impl GatewayError {
         }})
     }
 
+    /// What the gateway's own log says about this error: its class, status and vLLM's error
+    /// type, never a message that could quote the request (vLLM's wording, or serde's about a
+    /// field's value).
+    pub fn log_summary(&self) -> String {
+        let short = |s: &str| -> String {
+            s.chars()
+                .take(64)
+                .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+                .collect()
+        };
+        let kind = |e: &crate::upstream::EngineError| {
+            e.kind
+                .as_deref()
+                .map_or_else(|| "no type".to_owned(), short)
+        };
+        match self {
+            Self::BadRequest { param: Some(p), .. } => format!("invalid request (field {p})"),
+            Self::BadRequest { param: None, .. } => "invalid request".to_owned(),
+            Self::Upstream(UpstreamError::Status { status, error }) => {
+                format!("upstream answered {status} ({})", kind(error))
+            }
+            Self::Upstream(UpstreamError::Engine(error)) => {
+                format!("engine error ({})", kind(error))
+            }
+            other => other.to_string(),
+        }
+    }
+
     /// The SSE `error` event for a stream that already began.
     pub fn sse_event(&self) -> String {
         let data = json!({"code": self.code(), "message": self.message()});

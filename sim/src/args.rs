@@ -100,6 +100,10 @@ pub struct SimArgs {
     /// Fraction of streams that end without `data: [DONE]`.
     #[arg(long, default_value_t = 0.0)]
     pub omit_done_rate: f64,
+    /// Streams that end without `[DONE]` keep the connection open, sending nothing more,
+    /// instead of closing it (like a proxy in between that never forwards the end).
+    #[arg(long)]
+    pub omit_done_hang: bool,
     /// Fraction of streams with a non-JSON `data:` line in the middle.
     #[arg(long, default_value_t = 0.0)]
     pub garbage_rate: f64,

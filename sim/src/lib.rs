@@ -139,6 +139,7 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
             stall_after_tokens: args.stall_after_tokens,
             stall: args.stall_rate,
             omit_done: args.omit_done_rate,
+            omit_done_hang: args.omit_done_hang,
             garbage: args.garbage_rate,
         },
         prompt_tokens_details: args.enable_prompt_tokens_details,
@@ -146,6 +147,8 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
         request_id_headers: args.enable_request_id_headers,
         started,
         traceparents: Default::default(),
+        priority_policy: policy,
+        recent: Default::default(),
     })
 }
 

@@ -106,6 +106,8 @@ pub struct FaultPlan {
     pub stall_after: Option<u32>,
     /// End without `data: [DONE]`.
     pub omit_done: bool,
+    /// With `omit_done`: keep the connection open afterwards instead of closing it.
+    pub hang_after_finish: bool,
     /// Send a non-JSON `data:` line after the first token.
     pub garbage: bool,
 }
@@ -125,8 +127,17 @@ pub struct FaultRates {
     pub stall: f64,
     /// `--omit-done-rate`.
     pub omit_done: f64,
+    /// `--omit-done-hang`.
+    pub omit_done_hang: bool,
     /// `--garbage-rate`.
     pub garbage: f64,
+}
+
+impl FaultPlan {
+    fn hanging(mut self, hang: bool) -> Self {
+        self.hang_after_finish = self.omit_done && hang;
+        self
+    }
 }
 
 impl FaultRates {
@@ -139,7 +150,9 @@ impl FaultRates {
             stall_after: self.stall_after_tokens.filter(|_| hit(self.stall)),
             omit_done: hit(self.omit_done),
             garbage: hit(self.garbage),
+            hang_after_finish: false,
         }
+        .hanging(self.omit_done_hang)
     }
 }
 

@@ -470,7 +470,10 @@ async fn finish_order(policy: &str) -> Vec<&'static str> {
     let mut tasks = Vec::new();
     for (name, prio) in [("low-1", 10), ("low-2", 10), ("low-3", 10), ("high", -5)] {
         let mut body = chat_body(&words(100, name), 300, true);
-        body["priority"] = prio.into();
+        if policy == "priority" {
+            // vLLM refuses a non-zero priority without priority scheduling.
+            body["priority"] = prio.into();
+        }
         let (url, done) = (url.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
             let events = stream_to_end(url, body).await;
@@ -509,6 +512,22 @@ async fn priority_policy_preempts_the_lowest_priority_first() {
     let prio = finish_order("priority").await;
     let high = prio.iter().position(|n| *n == "high").unwrap();
     assert!(high < 3, "{prio:?}");
+}
+
+#[tokio::test]
+async fn a_priority_without_priority_scheduling_is_refused_as_vllm_does() {
+    let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    let mut body = chat_body("hi", 3, false);
+    body["priority"] = (-5).into();
+    let resp = client().post(&url).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["param"], "priority", "{err}");
+    body["priority"] = 0.into();
+    let resp = client().post(&url).json(&body).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    s.shutdown().await;
 }
 
 #[tokio::test]

@@ -86,6 +86,31 @@ impl LaneRules {
         self.limit(lane).is_some_and(|l| produced > l) && Self::next(lane).is_some()
     }
 
+    /// The output limit to send vLLM for a request the client gave none, placed in `lane` with
+    /// `input` tokens and `output_budget` reserved, so that its reservation always covers what
+    /// the engine may generate:
+    /// - a lane it cannot outgrow (no mid-stream limit, or the last lane) keeps the reservation
+    ///   it was admitted with: the cap is `output_budget`;
+    /// - otherwise it is promoted as it grows, and the reservation becomes each next lane's work
+    ///   bound; the cap is the bound of the lane where promotions stop, less the input (`None`
+    ///   for the large lane, whose bound is `max_model_len`: vLLM's own limit).
+    pub fn output_cap(&self, lane: Lane, input: u32, output_budget: u32) -> Option<u32> {
+        let mut last = lane;
+        while self.limit(last).is_some() {
+            match Self::next(last) {
+                Some(next) => last = next,
+                None => break,
+            }
+        }
+        if last == lane {
+            Some(output_budget)
+        } else if last == Lane::Large {
+            None
+        } else {
+            Some(self.bounds[last.index()].saturating_sub(input).max(1))
+        }
+    }
+
     /// The first lane at or after `lane` whose limit is above `session_output` (continuations:
     /// a session's earlier output counts toward where its next request belongs).
     pub fn for_continuation(&self, lane: Lane, session_output: u64) -> Lane {
@@ -125,6 +150,23 @@ mod tests {
         assert!(!p.outgrown(Lane::Large, 100_000));
         assert_eq!(p.reservation(Lane::Medium), 5000);
         assert_eq!(p.reservation(Lane::Large), 16384);
+    }
+
+    #[test]
+    fn every_lane_has_an_output_bound_its_reservation_covers() {
+        let mut config = Config::default();
+        let p = LaneRules::from_config(&config);
+        // Small and medium are promoted up to large, whose reservation is max_model_len.
+        assert_eq!(p.output_cap(Lane::Small, 300, 512), None);
+        assert_eq!(p.output_cap(Lane::Medium, 3000, 512), None);
+        // Large cannot grow: what it reserved is what it may generate.
+        assert_eq!(p.output_cap(Lane::Large, 9000, 512), Some(512));
+        // Medium without a mid-stream limit keeps its reservation; small is promoted into it
+        // and may use medium's whole work bound.
+        config.lanes.medium.mid_stream_limit = None;
+        let p = LaneRules::from_config(&config);
+        assert_eq!(p.output_cap(Lane::Medium, 3000, 512), Some(512));
+        assert_eq!(p.output_cap(Lane::Small, 300, 512), Some(5000 - 300));
     }
 
     #[test]

@@ -42,7 +42,7 @@ pub use file::{validate, Config};
 pub use prefix::PrefixCacheConfig;
 pub use promotion::{PromotionConfig, WhenFull};
 pub use quota::{OnRedisDown, QuotaBackend, QuotaConfig, RedisUrl};
-pub use server::ServerConfig;
+pub use server::{ServerConfig, UnknownFields};
 pub use telemetry::{OtlpProtocol, RequestLogSink, TelemetryConfig};
 pub use upstream::{AbortConfig, AbortMethod, UpstreamConfig};
 

@@ -14,6 +14,8 @@ const WHEN_FULL: &str = "cut";
 const WAIT_MS: u64 = 2_000;
 /// Default `promotion.continuation_window_ms`.
 const CONTINUATION_WINDOW_MS: u64 = 600_000;
+/// Default `promotion.max_sessions`.
+const MAX_SESSIONS: u64 = 100_000;
 
 /// `[promotion]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -25,6 +27,8 @@ pub struct RawPromotion {
     pub wait_ms: Option<u64>,
     /// How long a session's output counts toward its next request's lane, ms.
     pub continuation_window_ms: Option<u64>,
+    /// Sessions one replica keeps a count for.
+    pub max_sessions: Option<u64>,
 }
 
 /// What happens when a request must move to a fuller lane mid-stream.
@@ -45,6 +49,8 @@ pub struct PromotionConfig {
     pub wait: Duration,
     /// How long a session's output counts toward its next request's lane.
     pub continuation_window: Duration,
+    /// Sessions one replica keeps a count for; the least recently used goes beyond it.
+    pub max_sessions: usize,
 }
 
 /// Checks `[promotion]`.
@@ -57,8 +63,13 @@ pub(super) fn validate(c: &mut Checker, raw: RawPromotion) -> PromotionConfig {
             WhenFull::Cut
         }
     };
+    let max_sessions = raw.max_sessions.unwrap_or(MAX_SESSIONS);
+    if !(1..=100_000_000).contains(&max_sessions) {
+        c.fail("promotion.max_sessions", "must be between 1 and 100000000");
+    }
     PromotionConfig {
         when_full,
+        max_sessions: usize::try_from(max_sessions.clamp(1, 100_000_000)).unwrap_or(1),
         wait: Duration::from_millis(raw.wait_ms.unwrap_or(WAIT_MS)),
         continuation_window: Duration::from_millis(
             raw.continuation_window_ms.unwrap_or(CONTINUATION_WINDOW_MS),

@@ -30,6 +30,7 @@ use serde_json::{Map, Value};
 
 pub use state::{new_request_id, AppState};
 
+use crate::admission::session::{SessionHold, SessionId};
 use crate::classify::PromptInput;
 use crate::error::GatewayError;
 use crate::prompt::fingerprint_of_chat;
@@ -51,7 +52,7 @@ pub struct Job {
     /// The JSON body to send upstream.
     pub body: Map<String, Value>,
     /// The session this request continues (`/answer` `session_id`, `/v1` `x-session-id`).
-    pub session: Option<String>,
+    pub session: Option<SessionId>,
 }
 
 /// How an `/answer` request arrived.
@@ -104,11 +105,15 @@ pub async fn openai(
     let mut record = state.record(route);
     link_trace(&mut record, &headers);
     let request_id = record.request_id().to_owned();
-    let parsed =
-        parse::body_bytes(body, state.config().server.max_body_bytes).and_then(|b| match route {
-            Route::Completions => parse::completion(&b),
-            Route::ChatCompletions | Route::Answer => parse::chat(&b),
-        });
+    let server = &state.config().server;
+    let rules = parse::FieldRules {
+        unknown: server.unknown_fields,
+        max_logprobs: server.max_logprobs,
+    };
+    let parsed = parse::body_bytes(body, server.max_body_bytes).and_then(|b| match route {
+        Route::Completions => parse::completion(&b, rules),
+        Route::ChatCompletions | Route::Answer => parse::chat(&b, rules),
+    });
     let req: OpenAiRequest = match parsed {
         Ok(r) => r,
         Err(e) => return rejected(record, e),
@@ -118,7 +123,10 @@ pub async fn openai(
         continuous_usage: req.continuous_usage,
     };
     let stream = req.stream;
-    let job = prompt::openai_job(&state, route, &headers, req);
+    let job = match prompt::openai_job(&state, route, &headers, req) {
+        Ok(job) => job,
+        Err(e) => return rejected(record, e),
+    };
     let relay = match start(&state, job, record, format).await {
         Ok(r) => r,
         Err(e) => return with_id(e.into_response(), &request_id),
@@ -164,15 +172,19 @@ pub async fn start(
     if let Some(fp) = &fingerprint {
         record.fingerprint(fp.clone());
     }
+    // The session's reservation: settled by the relay, or given back here on any failure.
+    let mut hold: Option<SessionHold> = None;
     let result = async {
         // Classify: the first lane by estimated work...
         let mut class = state
             .classifier()
             .classify(Arc::new(input), max_tokens)
             .await?;
-        // ...then the continuation choice: a "continue" chain is one piece of work.
-        if let Some(session) = &session {
-            let before = state.sessions().output(session).await;
+        // ...then the continuation choice: a "continue" chain is one piece of work. The
+        // declared output counts toward the session from now on (parallel continues see it).
+        if let Some(session) = session {
+            let (before, h) = state.sessions().reserve(session, class.output_budget).await;
+            hold = Some(h);
             let lane = state.rules().for_continuation(class.lane, before);
             if lane != class.lane {
                 state.metrics().promotion().reclassified(class.lane, lane);
@@ -181,10 +193,19 @@ pub async fn start(
         }
         record.classified(class);
         record.mark(Mark::Classified);
+        let output_cap = match max_tokens {
+            Some(_) => None,
+            None => state.rules().output_cap(
+                class.lane,
+                class.input_tokens_estimate,
+                class.output_budget,
+            ),
+        };
         prompt::for_engine(
             &mut body,
             class.lane,
             state.config().admission.engine_priority,
+            output_cap,
         );
         // Admit: a seat and the token reservation, given back when the guard drops, and the
         // prefill reservation (the input estimate less what its prefix usually finds cached),
@@ -217,12 +238,12 @@ pub async fn start(
             let ctx = RelayContext {
                 rules: *state.rules(),
                 metrics: state.metrics().clone(),
-                session: session.map(|s| (state.sessions().clone(), s)),
+                session: hold,
             };
             Ok(Relay::new(upstream, guard, class, format, record, ctx))
         }
         Err(e) => {
-            tracing::info!(request_id = %record.request_id(), code = e.code(), error = %e, "request rejected");
+            tracing::info!(request_id = %record.request_id(), code = e.code(), error = %e.log_summary(), "request rejected");
             record.finish(e.outcome(), Some(e.code()), None);
             Err(e)
         }

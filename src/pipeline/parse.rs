@@ -11,10 +11,14 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::admission::session::SessionId;
 use crate::classify::{ChatMessage, PromptInput};
 use crate::error::GatewayError;
 
 mod course;
+pub mod fields;
+
+pub use fields::FieldRules;
 
 /// The body bytes, or 413 / 400 for a body that could not be read.
 pub fn body_bytes(
@@ -37,6 +41,11 @@ pub fn body_bytes(
 
 /// Deserializes `T` from `value`, naming the failing field by its path.
 pub fn typed<T: DeserializeOwned>(value: Value) -> Result<T, GatewayError> {
+    typed_ref(&value)
+}
+
+/// [`typed`] without taking (or copying) the value.
+pub fn typed_ref<T: DeserializeOwned>(value: &Value) -> Result<T, GatewayError> {
     serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
         let path = e.path().to_string();
         let message = if path == "." || path.is_empty() {
@@ -49,9 +58,9 @@ pub fn typed<T: DeserializeOwned>(value: Value) -> Result<T, GatewayError> {
 }
 
 /// The body as a JSON object.
-pub fn json_object(bytes: &[u8]) -> Result<Map<String, Value>, GatewayError> {
+pub fn json_object(bytes: &[u8]) -> Result<Value, GatewayError> {
     match serde_json::from_slice::<Value>(bytes) {
-        Ok(Value::Object(map)) => Ok(map),
+        Ok(v @ Value::Object(_)) => Ok(v),
         Ok(_) => Err(GatewayError::bad_request(
             "the request body must be a JSON object",
             None,
@@ -122,8 +131,8 @@ pub struct OpenAiRequest {
     pub body: Map<String, Value>,
 }
 
-fn common(body: &Map<String, Value>, chat: bool) -> Result<OpenAiFields, GatewayError> {
-    let f: OpenAiFields = typed(Value::Object(body.clone()))?;
+fn common(body: &Value, chat: bool) -> Result<OpenAiFields, GatewayError> {
+    let f: OpenAiFields = typed_ref(body)?;
     if let Some(0) = f.max_tokens {
         return Err(GatewayError::bad_request(
             "max_tokens must be at least 1",
@@ -152,17 +161,28 @@ fn common(body: &Map<String, Value>, chat: bool) -> Result<OpenAiFields, Gateway
     Ok(f)
 }
 
+/// The object inside a value [`json_object`] returned.
+fn into_map(value: Value) -> Map<String, Value> {
+    match value {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    }
+}
+
 /// `POST /v1/chat/completions`.
-pub fn chat(bytes: &[u8]) -> Result<OpenAiRequest, GatewayError> {
-    let body = json_object(bytes)?;
-    let f = common(&body, true)?;
-    let Some(messages) = body.get("messages").cloned() else {
+pub fn chat(bytes: &[u8], rules: FieldRules) -> Result<OpenAiRequest, GatewayError> {
+    let value = json_object(bytes)?;
+    let f = common(&value, true)?;
+    let mut body = into_map(value);
+    let max_tokens = f.max_completion_tokens.or(f.max_tokens);
+    fields::check(&mut body, true, max_tokens, rules)?;
+    let Some(messages) = body.get("messages") else {
         return Err(GatewayError::bad_request(
             "messages is required",
             Some("messages"),
         ));
     };
-    let messages: Vec<ChatMessage> = typed(messages).map_err(|e| match e {
+    let messages: Vec<ChatMessage> = typed_ref(messages).map_err(|e| match e {
         GatewayError::BadRequest { message, .. } => GatewayError::bad_request(
             format!("messages{}", message.trim_start_matches('.')),
             Some("messages"),
@@ -177,7 +197,7 @@ pub fn chat(bytes: &[u8]) -> Result<OpenAiRequest, GatewayError> {
     }
     Ok(OpenAiRequest {
         input: PromptInput::Chat(messages),
-        max_tokens: f.max_completion_tokens.or(f.max_tokens),
+        max_tokens,
         stream: f.stream.unwrap_or(false),
         include_usage: f.include_usage(),
         continuous_usage: f.continuous_usage(),
@@ -187,9 +207,12 @@ pub fn chat(bytes: &[u8]) -> Result<OpenAiRequest, GatewayError> {
 
 /// `POST /v1/completions`. vLLM's default `max_tokens` for completions is 16, so the gateway
 /// classifies with 16 when none is sent (and vLLM will stop there).
-pub fn completion(bytes: &[u8]) -> Result<OpenAiRequest, GatewayError> {
-    let body = json_object(bytes)?;
-    let f = common(&body, false)?;
+pub fn completion(bytes: &[u8], rules: FieldRules) -> Result<OpenAiRequest, GatewayError> {
+    let value = json_object(bytes)?;
+    let f = common(&value, false)?;
+    let mut body = into_map(value);
+    let max_tokens = f.max_tokens.unwrap_or(16);
+    fields::check(&mut body, false, Some(max_tokens), rules)?;
     let prompt = match body.get("prompt") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         Some(Value::String(_)) => {
@@ -213,7 +236,7 @@ pub fn completion(bytes: &[u8]) -> Result<OpenAiRequest, GatewayError> {
     };
     Ok(OpenAiRequest {
         input: PromptInput::Prompt(prompt),
-        max_tokens: Some(f.max_tokens.unwrap_or(16)),
+        max_tokens: Some(max_tokens),
         stream: f.stream.unwrap_or(false),
         include_usage: f.include_usage(),
         continuous_usage: f.continuous_usage(),
@@ -234,7 +257,8 @@ pub struct AnswerBody {
     /// Most output tokens wanted; the classifier's default budget when absent.
     #[serde(default)]
     pub max_output_tokens: Option<u32>,
-    /// The student's session, for continuation tracking (accepted; used by a later issue).
+    /// The student's session, for continuation tracking (checked and hashed by
+    /// [`AnswerRequest::checked`]).
     #[serde(default)]
     pub session_id: Option<String>,
     /// The course whose stable prefix (`[courses.<id>]`) goes first; unknown ids are a 400.
@@ -278,11 +302,21 @@ pub struct AnswerRequest {
     pub messages_json: Value,
     /// Declared output limit.
     pub max_output_tokens: Option<u32>,
-    /// The student's session, for continuation tracking.
-    pub session_id: Option<String>,
+    /// The student's session, for continuation tracking (checked, hashed).
+    pub session_id: Option<SessionId>,
     /// The course whose stable prefix goes before `messages`; `messages` is then only the
     /// student's material.
     pub course_id: Option<String>,
+}
+
+/// A session id from field or header `name`, checked and hashed; `None` when empty.
+pub fn session_id_from(raw: &str, name: &'static str) -> Result<Option<SessionId>, GatewayError> {
+    SessionId::parse(raw)
+        .map_err(|why| GatewayError::bad_request(format!("{name} {why}"), Some(name)))
+}
+
+fn session(raw: &str) -> Result<Option<SessionId>, GatewayError> {
+    session_id_from(raw, "session_id")
 }
 
 fn user_message(prompt: &str) -> Value {
@@ -360,7 +394,7 @@ impl AnswerRequest {
             messages,
             messages_json,
             max_output_tokens: max,
-            session_id: session_id.filter(|s| !s.is_empty()),
+            session_id: session_id.as_deref().map(session).transpose()?.flatten(),
             course_id: None,
         })
     }

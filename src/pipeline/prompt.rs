@@ -82,7 +82,7 @@ pub fn openai_job(
     route: Route,
     headers: &HeaderMap,
     mut req: OpenAiRequest,
-) -> Job {
+) -> Result<Job, GatewayError> {
     if route == Route::ChatCompletions && state.config().prefix_cache.canonicalize_tools {
         // Same schemas, same tokens: key order must not break vLLM's prefix cache (M17).
         if let Some(tools) = req.body.get_mut("tools") {
@@ -93,25 +93,43 @@ pub fn openai_job(
         Route::Completions => Endpoint::Completions,
         Route::ChatCompletions | Route::Answer => Endpoint::ChatCompletions,
     };
-    Job {
+    let session = match headers.get("x-session-id") {
+        None => None,
+        Some(v) => {
+            let raw = v.to_str().map_err(|_| {
+                GatewayError::bad_request(
+                    "x-session-id must be visible ASCII",
+                    Some("x-session-id"),
+                )
+            })?;
+            parse::session_id_from(raw, "x-session-id")?
+        }
+    };
+    Ok(Job {
         endpoint,
         input: req.input,
         max_tokens: req.max_tokens,
         body: req.body,
-        session: headers
-            .get("x-session-id")
-            .and_then(|v| v.to_str().ok())
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned),
-    }
+        session,
+    })
 }
 
 /// The last touches before the body goes to vLLM: running usage always (the relay counts
 /// output tokens exactly mid-stream, even when vLLM packs several tokens into one chunk, and
-/// strips it again for clients that did not ask), the lane as `priority` when configured.
-/// No `max_tokens` is added when the client sent none: the relay counts the output and moves
-/// the request to a bigger lane (or cuts it) when it outgrows its lane.
-pub fn for_engine(body: &mut Map<String, Value>, lane: Lane, engine_priority: bool) {
+/// strips it again for clients that did not ask), the lane as `priority` when configured, and
+/// `max_tokens` = `output_cap` when the client sent no limit
+/// ([`crate::classify::LaneRules::output_cap`]: the reservation must cover what the engine may
+/// generate; requests that can still be promoted get the bound of the lane where promotions
+/// stop, or none when that is large, whose reservation is `max_model_len`).
+pub fn for_engine(
+    body: &mut Map<String, Value>,
+    lane: Lane,
+    engine_priority: bool,
+    output_cap: Option<u32>,
+) {
+    if let Some(cap) = output_cap {
+        body.insert("max_tokens".into(), Value::from(cap));
+    }
     let opts = body
         .entry("stream_options")
         .or_insert_with(|| Value::Object(Map::new()));

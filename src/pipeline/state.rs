@@ -34,9 +34,12 @@ impl AppState {
         request_log: RequestLog,
     ) -> Self {
         let window = config.promotion.continuation_window;
+        let (capacity, counted) = (config.promotion.max_sessions, metrics.promotion().clone());
         let sessions = match &admission {
-            Admission::Redis(redis) => SessionLedger::shared(window, redis.clone()),
-            Admission::Local(_) => SessionLedger::new(window),
+            Admission::Redis(redis) => {
+                SessionLedger::shared(window, capacity, counted, redis.clone())
+            }
+            Admission::Local(_) => SessionLedger::new(window, capacity, counted),
         };
         Self(Arc::new(Shared {
             sessions,

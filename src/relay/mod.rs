@@ -31,7 +31,8 @@ use tokio::time::Instant;
 
 pub use collect::Collected;
 
-use crate::admission::{LaneGuard, SessionLedger};
+use crate::admission::session::SessionHold;
+use crate::admission::LaneGuard;
 use crate::classify::{Classification, LaneRules};
 use crate::config::WhenFull;
 use crate::error::GatewayError;
@@ -54,14 +55,14 @@ pub enum Format {
 }
 
 /// What the relay needs besides the stream: the rules and where to count.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RelayContext {
     /// The lane rules (mid-stream limits, next lane, reservation).
     pub rules: LaneRules,
     /// Metrics (promotions, cuts).
     pub metrics: Metrics,
-    /// The session this request continues, and the ledger its output is added to.
-    pub session: Option<(SessionLedger, String)>,
+    /// The reservation in the session this request continues, settled with its output.
+    pub session: Option<SessionHold>,
 }
 
 /// One admitted request on its way back to the client.
@@ -118,8 +119,8 @@ impl Relay {
         }
         self.done = true;
         self.guard = None;
-        if let Some((ledger, session)) = &self.ctx.session {
-            ledger.add(session, self.produced());
+        if let Some(hold) = self.ctx.session.take() {
+            hold.settle(self.produced());
         }
         let view = self.upstream.view();
         self.record.finish(outcome, error_code, Some(&view));
@@ -138,6 +139,11 @@ impl Relay {
                 if let Some(guard) = self.guard.as_mut() {
                     guard.prefill_done();
                 }
+            }
+            if chunk.finish_reason.is_some() {
+                // The engine is done with it: the seat and tokens are free now, whatever
+                // follows (the usage chunk, `[DONE]`, or nothing).
+                self.guard = None;
             }
         }
         ev
@@ -251,7 +257,7 @@ impl Relay {
             }
             Some(Err(e)) => {
                 let err = GatewayError::from(e);
-                tracing::warn!(request_id = %self.request_id(), code = err.code(), error = %err, "stream ended with an error");
+                tracing::warn!(request_id = %self.request_id(), code = err.code(), error = %err.log_summary(), "stream ended with an error");
                 match self.format {
                     Format::OpenAi { .. } => out.extend_from_slice(
                         format!("data: {}\n\ndata: [DONE]\n\n", err.body()).as_bytes(),

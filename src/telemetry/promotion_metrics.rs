@@ -1,8 +1,9 @@
 //! `tutor_gateway_lane_promotions_total`, `tutor_gateway_stream_cuts_total`,
-//! `tutor_gateway_continuations_reclassified_total`: requests that outgrew their lane (M14),
-//! registered once by [`super::Metrics::new`].
+//! `tutor_gateway_continuations_reclassified_total`: requests that outgrew their lane (M14);
+//! `tutor_gateway_sessions_tracked`, `tutor_gateway_sessions_evicted_total`: the continuation
+//! ledger's bounded map. Registered once by [`super::Metrics::new`].
 
-use prometheus::{IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 
 use crate::lane::Lane;
 
@@ -12,6 +13,8 @@ pub struct PromotionMetrics {
     promotions: IntCounterVec,
     cuts: IntCounterVec,
     reclassified: IntCounterVec,
+    sessions_tracked: IntGauge,
+    sessions_evicted: IntCounter,
 }
 
 impl PromotionMetrics {
@@ -39,6 +42,22 @@ impl PromotionMetrics {
             "Requests put in a bigger lane because their session's earlier output counts.",
             &["from", "to"],
         );
+        let sessions_tracked = IntGauge::new(
+            "tutor_gateway_sessions_tracked",
+            "Session ids this replica keeps a continuation count for (at most promotion.max_sessions).",
+        )
+        .expect("valid gauge");
+        let sessions_evicted = IntCounter::new(
+            "tutor_gateway_sessions_evicted_total",
+            "Sessions forgotten before their window ended because promotion.max_sessions was reached.",
+        )
+        .expect("valid counter");
+        for c in [
+            Box::new(sessions_tracked.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(sessions_evicted.clone()),
+        ] {
+            registry.register(c).expect("registered once");
+        }
         for (from, to) in [
             (Lane::Small, Lane::Medium),
             (Lane::Medium, Lane::Large),
@@ -54,7 +73,20 @@ impl PromotionMetrics {
             promotions,
             cuts,
             reclassified,
+            sessions_tracked,
+            sessions_evicted,
         }
+    }
+
+    /// Sets the number of sessions tracked.
+    pub fn sessions_tracked(&self, n: usize) {
+        self.sessions_tracked
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Counts sessions evicted to make room.
+    pub fn sessions_evicted(&self, n: u64) {
+        self.sessions_evicted.inc_by(n);
     }
 
     /// Counts a promotion.

@@ -104,8 +104,15 @@ impl RequestRecord {
     }
 
     /// Records the model asked for and the declared output limit.
+    /// The model name is the client's: on the span it is cut to 128 visible ASCII characters
+    /// (others become `?`).
     pub fn requested(&mut self, model: &str, max_tokens: Option<u32>) {
-        self.span.record(span::GEN_AI_REQUEST_MODEL, model);
+        let shown: String = model
+            .chars()
+            .take(128)
+            .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+            .collect();
+        self.span.record(span::GEN_AI_REQUEST_MODEL, shown.as_str());
         if let Some(m) = max_tokens {
             self.span
                 .record(span::GEN_AI_REQUEST_MAX_TOKENS, i64::from(m));
@@ -222,6 +229,7 @@ impl RequestRecord {
             error_code,
             input_tokens_estimated: self.class.map(|c| c.input_tokens_estimate),
             input_tokens_exact: self.class.map(|c| c.exact),
+            tokens_reserved: self.class.map(|c| c.work),
             input_tokens: usage.map(|u| u.prompt_tokens),
             output_tokens: up.map(|u| u.output_tokens),
             cached_tokens: usage.map(|u| u.cached_tokens.unwrap_or(0)),

@@ -42,6 +42,10 @@ pub struct RequestLogLine<'a> {
     pub input_tokens_estimated: Option<u32>,
     /// Whether the estimate was an exact tokenizer count.
     pub input_tokens_exact: Option<bool>,
+    /// Tokens reserved at admission: the input estimate plus the output budget (the
+    /// client's limit, or `classify.default_output_tokens`). A later promotion raises the
+    /// reservation to the new lane's work bound; this field keeps the first.
+    pub tokens_reserved: Option<u32>,
     /// Input tokens vLLM reported.
     pub input_tokens: Option<u32>,
     /// Output tokens (exact when vLLM reported usage).

@@ -97,6 +97,9 @@ pub struct OutputTokens {
 
 /// A streaming response from vLLM. Read it with [`UpstreamStream::next_event`].
 ///
+/// How long a stream may stay silent after its finish reason before it is taken as ended.
+pub const AFTER_FINISH: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Field order matters: the body (the connection) is dropped before the abort guard fires.
 #[derive(Debug)]
 pub struct UpstreamStream {
@@ -323,8 +326,14 @@ impl UpstreamStream {
         }
     }
 
-    /// The next deadline and the error it means.
+    /// The next deadline and the error it means. After the finish reason only `[DONE]` (and
+    /// the usage chunk) may follow, which vLLM sends at once: a stream that stays silent
+    /// [`AFTER_FINISH`] longer ends cleanly, without waiting out the idle timeout.
     fn deadline(&self) -> (Instant, UpstreamError) {
+        if self.finish_reason.is_some() {
+            let wait = self.limits.idle.min(AFTER_FINISH);
+            return (self.last_event_at + wait, UpstreamError::IdleTimeout(wait));
+        }
         if self.timings.first_content_at.is_none() {
             return self.limits.first_token_deadline(self.timings.sent_at);
         }

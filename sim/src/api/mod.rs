@@ -49,9 +49,24 @@ pub struct AppState {
     pub started: u64,
     /// The last `traceparent` headers received (`GET /debug/traceparents`), newest last.
     pub traceparents: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
+    /// `--scheduling-policy priority`: a non-zero `priority` is accepted (vLLM refuses one
+    /// otherwise).
+    pub priority_policy: bool,
+    /// The last requests accepted (`GET /debug/requests`), newest last: prompt tokens,
+    /// `max_tokens` as sent (null when none) and `priority`. Never the prompt itself.
+    pub recent: Arc<std::sync::Mutex<std::collections::VecDeque<serde_json::Value>>>,
 }
 
 impl AppState {
+    /// Remembers an accepted request's limits (the last 1,000).
+    pub fn saw_request(&self, summary: serde_json::Value) {
+        let mut q = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() == 1000 {
+            q.pop_front();
+        }
+        q.push_back(summary);
+    }
+
     /// Remembers a request's `traceparent` (the last 1,000), as vLLM would parent its span on it.
     pub fn saw_traceparent(&self, headers: &HeaderMap) {
         if let Some(tp) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
@@ -78,6 +93,7 @@ pub fn router(state: AppState) -> Router {
         .route("/debug/engine", get(debug_engine))
         .route("/debug/steps", get(debug_steps))
         .route("/debug/traceparents", get(debug_traceparents))
+        .route("/debug/requests", get(debug_requests))
         .with_state(state)
 }
 
@@ -195,6 +211,17 @@ async fn abort_requests(State(s): State<AppState>, _h: HeaderMap, body: Bytes) -
 
 async fn debug_engine(State(s): State<AppState>) -> Json<crate::engine::EngineSnapshot> {
     Json(s.engine.snapshot())
+}
+
+async fn debug_requests(State(s): State<AppState>) -> Json<Vec<serde_json::Value>> {
+    Json(
+        s.recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect(),
+    )
 }
 
 async fn debug_traceparents(State(s): State<AppState>) -> Json<Vec<String>> {

@@ -216,6 +216,16 @@ impl Generation {
                 Some("n"),
             ));
         }
+        if c.priority != 0 && !state.priority_policy {
+            // vLLM's own check.
+            return Err(ApiError::bad_request(
+                format!(
+                    "Got priority {} but Priority scheduling is not enabled.",
+                    c.priority
+                ),
+                Some("priority"),
+            ));
+        }
         let limit = state.max_model_len;
         let input = prompt.len() as u32;
         if input >= limit {
@@ -227,6 +237,11 @@ impl Generation {
                 Some("input_tokens"),
             ));
         }
+        state.saw_request(serde_json::json!({
+            "prompt_tokens": input,
+            "max_tokens": max_tokens,
+            "priority": c.priority,
+        }));
         let max_tokens = match max_tokens {
             Some(0) => {
                 return Err(ApiError::bad_request(

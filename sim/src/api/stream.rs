@@ -209,7 +209,11 @@ pub fn sse_body(
             if !f.omit_done {
                 out.push_str("data: [DONE]\n\n");
             }
-            st.done = true;
+            if f.hang_after_finish {
+                st.stalled = true;
+            } else {
+                st.done = true;
+            }
         }
         Some((Ok(Bytes::from(out)), st))
     })

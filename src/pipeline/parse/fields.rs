@@ -1,0 +1,316 @@
+//! Which `/v1` body fields reach vLLM (docs/operations.md, "Fields forwarded to vLLM").
+//!
+//! - **Forwarded**: the OpenAI fields of each endpoint and vLLM's own sampling, structured
+//!   output and tokenizer fields ([`SHARED`], [`CHAT`], [`COMPLETIONS`]).
+//! - **Refused** with a 400 naming the field ([`refusal`]): what multiplies the engine's work
+//!   per request (`best_of`, beam search, `prompt_logprobs`, `logprobs` above
+//!   `server.max_logprobs`), or changes the prompt after the gateway counted it
+//!   (`chat_template`, `documents`, `prompt_embeds`), and `min_tokens` above the declared
+//!   output limit (the reservation could not hold).
+//! - **The gateway's own**: `priority` is removed; the gateway sets it from the lane when
+//!   `admission.engine_priority` is on, so no client jumps vLLM's queue.
+//! - **Anything else**: forwarded or refused by `server.unknown_fields`.
+
+use serde_json::{Map, Value};
+
+use crate::config::UnknownFields;
+use crate::error::GatewayError;
+
+/// Fields of both endpoints.
+pub const SHARED: &[&str] = &[
+    "model",
+    "max_tokens",
+    "stream",
+    "stream_options",
+    "n",
+    "temperature",
+    "top_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "stop",
+    "seed",
+    "logit_bias",
+    "logprobs",
+    "user",
+    "response_format",
+    "echo",
+    "metadata",
+    "store",
+    "service_tier",
+    // vLLM's sampling parameters.
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "length_penalty",
+    "stop_token_ids",
+    "include_stop_str_in_output",
+    "ignore_eos",
+    "min_tokens",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "truncate_prompt_tokens",
+    "bad_words",
+    "allowed_token_ids",
+    "return_tokens_as_token_ids",
+    "return_token_ids",
+    // Structured output.
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_decoding_backend",
+    "guided_whitespace_pattern",
+    "structured_outputs",
+    // Tokenizer and request handling.
+    "add_special_tokens",
+    "request_id",
+    "cache_salt",
+];
+
+/// Fields of `/v1/chat/completions` only.
+pub const CHAT: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "reasoning_effort",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
+];
+
+/// Fields of `/v1/completions` only.
+pub const COMPLETIONS: &[&str] = &["prompt", "suffix"];
+
+/// Removed from every body: the gateway's to set.
+pub const GATEWAY_OWNED: &[&str] = &["priority"];
+
+/// How the gateway treats a `/v1` body's fields.
+#[derive(Debug, Clone, Copy)]
+pub struct FieldRules {
+    /// Fields on no list.
+    pub unknown: UnknownFields,
+    /// Most log-probabilities per token a client may ask for.
+    pub max_logprobs: u32,
+}
+
+/// Checks `body`'s fields for the chat (`chat`) or completions endpoint, removes the gateway's
+/// own, and answers the first refusal.
+pub fn check(
+    body: &mut Map<String, Value>,
+    chat: bool,
+    declared_max: Option<u32>,
+    rules: FieldRules,
+) -> Result<(), GatewayError> {
+    for name in GATEWAY_OWNED {
+        body.remove(*name);
+    }
+    for (name, value) in body.iter() {
+        if let Some((field, why)) = refusal(name, value, chat, declared_max, rules) {
+            return Err(GatewayError::bad_request(why, Some(field)));
+        }
+        let known = SHARED.contains(&name.as_str())
+            || if chat { CHAT } else { COMPLETIONS }.contains(&name.as_str());
+        if !known && rules.unknown == UnknownFields::Reject {
+            let endpoint = if chat {
+                "chat/completions"
+            } else {
+                "completions"
+            };
+            return Err(GatewayError::bad_request(
+                format!(
+                    "unknown field `{}` for /v1/{endpoint} (this gateway forwards only the documented fields)",
+                    printable(name)
+                ),
+                None,
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The field and why `name: value` is refused, if it is.
+fn refusal(
+    name: &str,
+    value: &Value,
+    chat: bool,
+    declared_max: Option<u32>,
+    rules: FieldRules,
+) -> Option<(&'static str, String)> {
+    let field = REFUSABLE.iter().find(|f| **f == name)?;
+    why_refused(field, value, chat, declared_max, rules).map(|why| (*field, why))
+}
+
+/// The fields [`why_refused`] may refuse.
+const REFUSABLE: &[&str] = &[
+    "best_of",
+    "use_beam_search",
+    "prompt_logprobs",
+    "chat_template",
+    "documents",
+    "prompt_embeds",
+    "top_logprobs",
+    "logprobs",
+    "min_tokens",
+];
+
+fn why_refused(
+    name: &str,
+    value: &Value,
+    chat: bool,
+    declared_max: Option<u32>,
+    rules: FieldRules,
+) -> Option<String> {
+    let set = !value.is_null();
+    match name {
+        "best_of" if set && value.as_u64() != Some(1) => {
+            Some("best_of is not supported: each candidate would be engine work no lane reserved".into())
+        }
+        "use_beam_search" if value.as_bool() == Some(true) => {
+            Some("use_beam_search is not supported: each beam would be engine work no lane reserved".into())
+        }
+        "prompt_logprobs" if set => Some(
+            "prompt_logprobs is not supported: it makes the engine compute a distribution for every prompt token".into(),
+        ),
+        "chat_template" if set => Some(
+            "chat_template is not accepted: the gateway counts the prompt the model's own template renders".into(),
+        ),
+        "documents" if set => Some(
+            "documents is not accepted: put the material in the messages, where it is counted".into(),
+        ),
+        "prompt_embeds" if set => {
+            Some("prompt_embeds is not supported: only text prompts can be counted".into())
+        }
+        "top_logprobs" if chat => over_cap(name, value, rules.max_logprobs),
+        "logprobs" if !chat => over_cap(name, value, rules.max_logprobs),
+        "min_tokens" if set => {
+            let min = value.as_u64()?;
+            match declared_max {
+                Some(max) if min <= u64::from(max) => None,
+                Some(max) => Some(format!(
+                    "min_tokens ({min}) must not exceed the output limit ({max})"
+                )),
+                None if min <= 1 => None,
+                None => Some("min_tokens needs max_tokens (or max_completion_tokens): the reservation must cover the output".into()),
+            }
+        }
+        _ => None,
+    }
+}
+
+fn over_cap(name: &str, value: &Value, cap: u32) -> Option<String> {
+    let n = value.as_u64()?;
+    (n > u64::from(cap)).then(|| format!("{name} must be at most {cap} on this gateway"))
+}
+
+/// A field name as it may appear in an error message: at most 64 visible characters.
+fn printable(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .take(64)
+        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+        .collect();
+    if name.chars().count() > 64 {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rules(unknown: UnknownFields) -> FieldRules {
+        FieldRules {
+            unknown,
+            max_logprobs: 5,
+        }
+    }
+
+    fn checked(body: Value, chat: bool, unknown: UnknownFields) -> Result<Value, String> {
+        let mut map = body.as_object().unwrap().clone();
+        let max = map
+            .get("max_completion_tokens")
+            .or(map.get("max_tokens"))
+            .and_then(Value::as_u64)
+            .map(|n| n as u32);
+        check(&mut map, chat, max, rules(unknown))
+            .map(|()| Value::Object(map))
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_clients_priority_never_reaches_the_engine() {
+        let out = checked(
+            json!({"messages": [], "priority": -100}),
+            true,
+            UnknownFields::Forward,
+        )
+        .unwrap();
+        assert_eq!(out, json!({"messages": []}));
+    }
+
+    #[test]
+    fn work_multipliers_are_refused_with_their_field() {
+        for (body, chat, field) in [
+            (json!({"best_of": 4}), false, "best_of"),
+            (json!({"use_beam_search": true}), true, "use_beam_search"),
+            (json!({"prompt_logprobs": 1}), true, "prompt_logprobs"),
+            (
+                json!({"top_logprobs": 6, "logprobs": true}),
+                true,
+                "top_logprobs",
+            ),
+            (json!({"logprobs": 20}), false, "logprobs"),
+            (
+                json!({"chat_template": "{{ messages }}"}),
+                true,
+                "chat_template",
+            ),
+            (json!({"documents": [{"text": "x"}]}), true, "documents"),
+            (
+                json!({"min_tokens": 50, "max_tokens": 10}),
+                true,
+                "min_tokens",
+            ),
+            (json!({"min_tokens": 50}), true, "min_tokens"),
+        ] {
+            let err = checked(body.clone(), chat, UnknownFields::Forward).unwrap_err();
+            assert!(err.contains(field), "{body}: {err}");
+        }
+        for (body, chat) in [
+            (
+                json!({"best_of": 1, "use_beam_search": false, "prompt_logprobs": null}),
+                false,
+            ),
+            (json!({"top_logprobs": 5, "logprobs": true}), true),
+            (json!({"logprobs": 5}), false),
+            (json!({"min_tokens": 10, "max_completion_tokens": 10}), true),
+        ] {
+            assert!(
+                checked(body.clone(), chat, UnknownFields::Forward).is_ok(),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_fields_follow_the_configured_behaviour() {
+        let body = json!({"messages": [], "temperature": 0.2, "x_custom": 1});
+        assert_eq!(
+            checked(body.clone(), true, UnknownFields::Forward).unwrap(),
+            body
+        );
+        let err = checked(body, true, UnknownFields::Reject).unwrap_err();
+        assert!(err.contains("x_custom"), "{err}");
+        // A field of the other endpoint is unknown here.
+        assert!(checked(json!({"suffix": "x"}), true, UnknownFields::Reject).is_err());
+        assert!(checked(json!({"suffix": "x"}), false, UnknownFields::Reject).is_ok());
+        let long = "k".repeat(10_000);
+        let err = checked(json!({ long: 1 }), true, UnknownFields::Reject).unwrap_err();
+        assert!(err.len() < 300, "the name is shortened: {err}");
+    }
+}

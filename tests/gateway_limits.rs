@@ -1,0 +1,349 @@
+//! Nothing gets past the lanes (issue 15): what the client may set, how sessions are bounded
+//! and accounted, that every lane has an output bound its reservation covers, that a stream
+//! without `[DONE]` frees its slot at the finish reason, and that no prompt text reaches the
+//! logs, the request log or the metrics.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+use tutor_gateway::lane::Lane;
+
+const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
+
+async fn sim_requests(h: &Harness) -> Vec<Value> {
+    tutor_testkit::get_json(format!("{}/debug/requests", h.sim.url()))
+        .await
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_clients_priority_never_reaches_the_engine() {
+    // The simulator refuses a non-zero priority without priority scheduling, as vLLM does: the
+    // request succeeds only because the gateway removed it.
+    let h = harness(FAST, |_| {}).await;
+    let resp = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "priority": -100}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let seen = sim_requests(&h).await;
+    assert_eq!(seen.last().unwrap()["priority"], 0, "{seen:?}");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn work_multipliers_are_refused_and_unknown_fields_follow_the_config() {
+    let h = harness(FAST, |c| {
+        c.server.unknown_fields = tutor_gateway::config::UnknownFields::Reject;
+    })
+    .await;
+    let chat = |extra: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    for (extra, param) in [
+        (json!({"use_beam_search": true}), Some("use_beam_search")),
+        (json!({"prompt_logprobs": 5}), Some("prompt_logprobs")),
+        (
+            json!({"logprobs": true, "top_logprobs": 20}),
+            Some("top_logprobs"),
+        ),
+        (
+            json!({"chat_template": "{% for m in messages %}{{m}}{{m}}{% endfor %}"}),
+            Some("chat_template"),
+        ),
+        (json!({"not_a_field": 1}), None),
+    ] {
+        let resp = client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&chat(extra.clone()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400, "{extra}");
+        let body: Value = resp.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "bad_request", "{body}");
+        assert_eq!(body["error"]["param"], json!(param), "{body}");
+    }
+    let resp = client()
+        .post(h.url("/v1/completions"))
+        .json(&json!({"prompt": "hi", "max_tokens": 3, "best_of": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    assert!(h.idle());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn large_requests_without_max_tokens_never_exceed_their_reservation() {
+    // Without a limit the engine would generate up to max_model_len (16,384) less the prompt.
+    let h = harness(&["--speed", "200", "--profile", "tiny-test"], |_| {}).await;
+    let review = words(7000, "review");
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let body = json!({"messages": [{"role": "user", "content": format!("{i} {review}")}], "ignore_eos": true});
+        let url = h.url("/v1/chat/completions");
+        tasks.push(tokio::spawn(async move {
+            let resp: Value = client()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            resp
+        }));
+    }
+    for t in tasks {
+        let resp = t.await.unwrap();
+        // The shipped default output budget: what the large lane reserved for it.
+        assert_eq!(resp["usage"]["completion_tokens"], 512, "{resp}");
+    }
+    let log = h.log.lock().unwrap().clone();
+    let seen = sim_requests(&h).await;
+    assert_eq!(log.len(), 4);
+    for (entry, sent) in log.iter().zip(&seen) {
+        assert_eq!(entry["lane"], "large", "{entry}");
+        // The output the engine may generate is what the reservation holds beyond the input.
+        let reserved = entry["tokens_reserved"].as_u64().unwrap();
+        let input = entry["input_tokens_estimated"].as_u64().unwrap();
+        assert_eq!(
+            sent["max_tokens"].as_u64().unwrap(),
+            reserved - input,
+            "{entry} {sent}"
+        );
+        assert_eq!(entry["output_tokens"], 512);
+    }
+    assert!(h.idle());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn parallel_continues_see_each_other() {
+    // Every stream stalls after its first token with the connection open: all three requests
+    // hold their session reservation (200 declared tokens each) at once.
+    let h = harness(
+        &[
+            "--speed",
+            "50",
+            "--profile",
+            "tiny-test",
+            "--stall-after-tokens",
+            "1",
+        ],
+        |c| c.upstream.idle_timeout = Duration::from_secs(60),
+    )
+    .await;
+    let mut streams = Vec::new();
+    for i in 0..3 {
+        let resp = client()
+            .post(h.url("/answer"))
+            .json(&json!({"prompt": format!("continue {i}"), "max_output_tokens": 200, "session_id": "student-9"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        streams.push(resp);
+    }
+    // The three see 0, 200 and 400 tokens before them in some order: exactly one has passed
+    // the small lane's 256-token limit and goes to medium.
+    let metrics = h.metrics_text().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            r#"tutor_gateway_continuations_reclassified_total{from="small",to="medium"}"#
+        ),
+        1.0
+    );
+    assert_eq!(h.in_flight(Lane::Medium), 1);
+    drop(streams);
+    eventually("every lane back to zero", || h.idle()).await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn session_ids_are_checked_and_their_map_is_bounded() {
+    let h = harness(FAST, |c| c.promotion.max_sessions = 20).await;
+    let huge = "a".repeat(1 << 20);
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": "hi", "session_id": huge}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "session_id", "{body}");
+    assert!(body.to_string().len() < 1000, "the id is not echoed back");
+    let resp = client()
+        .post(h.url("/v1/chat/completions"))
+        .header("x-session-id", "a b")
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+
+    let mut peak = 0.0f64;
+    for i in 0..60 {
+        let text = post_text(
+            h.url("/answer"),
+            &json!({"prompt": "hi", "max_output_tokens": 2, "session_id": format!("flood-{i}")}),
+        )
+        .await;
+        assert!(text.contains("event: done"), "{text}");
+        let tracked = metric(&h.metrics_text().await, "tutor_gateway_sessions_tracked");
+        peak = peak.max(tracked);
+    }
+    let metrics = h.metrics_text().await;
+    assert_eq!(peak, 20.0);
+    assert_eq!(
+        metric(&metrics, "tutor_gateway_sessions_evicted_total"),
+        40.0
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_slot_is_freed_at_the_finish_reason_without_done() {
+    // The engine (or a proxy in between) never sends `[DONE]` and keeps the connection open.
+    let h = harness(
+        &[
+            "--speed",
+            "50",
+            "--profile",
+            "tiny-test",
+            "--omit-done-rate",
+            "1",
+            "--omit-done-hang",
+        ],
+        |c| {
+            c.upstream.idle_timeout = Duration::from_secs(120);
+            set_lane(c, Lane::Small, 1);
+        },
+    )
+    .await;
+    let body =
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": true});
+    for _ in 0..3 {
+        // One seat: each request gets it only once the one before let it go. Far below the
+        // idle timeout, or the test's own limit fails it.
+        let resp = tokio::time::timeout(Duration::from_secs(60), async {
+            let resp = client()
+                .post(h.url("/v1/chat/completions"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            resp.text().await.unwrap()
+        })
+        .await
+        .expect("the stream ends without waiting out the idle timeout");
+        assert!(resp.contains("\"finish_reason\":\"length\""), "{resp}");
+        assert!(
+            resp.ends_with("data: [DONE]\n\n"),
+            "the client still gets its end: {resp}"
+        );
+    }
+    eventually("every lane back to zero", || h.idle()).await;
+    h.shutdown().await;
+}
+
+/// A writer that keeps everything the gateway logs.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn no_prompt_text_reaches_the_logs() {
+    const SECRET: &str = "sk-live-4242-DO-NOT-LOG";
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    // This test's runtime has one thread: everything the gateway logs is on it.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let h = harness(
+        &[
+            "--speed",
+            "50",
+            "--profile",
+            "tiny-test",
+            "--max-model-len",
+            "2000",
+        ],
+        |c| c.upstream.max_model_len = 2000.try_into().unwrap(),
+    )
+    .await;
+    let url = h.url("/v1/chat/completions");
+    let question = format!("my key is {SECRET}, why does it fail?");
+    for body in [
+        // vLLM's 400 quotes the value of a field it cannot read.
+        json!({"messages": [{"role": "user", "content": question}], "max_tokens": 3, "seed": SECRET}),
+        // serde quotes the value of a field of the wrong type.
+        json!({"messages": [{"role": "user", "content": question}], "max_tokens": SECRET}),
+        // Too long for the model.
+        json!({"messages": [{"role": "user", "content": format!("{question} {}", words(3000, "x"))}], "max_tokens": 3}),
+        // A normal answer.
+        json!({"messages": [{"role": "user", "content": question}], "max_tokens": 3, "stop": [SECRET]}),
+    ] {
+        let _ = client()
+            .post(&url)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await;
+    }
+    let _ = client()
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(format!(
+            "{{\"messages\": [{{\"role\": \"user\", \"content\": \"{SECRET}"
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await;
+    let metrics = h.metrics_text().await;
+    let log = h.log.lock().unwrap().clone();
+    h.shutdown().await;
+    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        logged.contains("request rejected"),
+        "the errors were logged: {logged}"
+    );
+    assert!(!logged.contains(SECRET), "{logged}");
+    assert!(!metrics.contains(SECRET));
+    for line in &log {
+        assert!(!line.to_string().contains(SECRET), "{line}");
+    }
+}
