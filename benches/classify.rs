@@ -30,7 +30,9 @@ use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
 use tokenizers::models::TrainerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::Tokenizer;
-use tutor_gateway::classify::{bounds, Classification, Classifier, PromptInput, TokenCounter};
+use tutor_gateway::classify::{
+    bounds, Classification, Classifier, PromptInput, TemplateCosts, TokenCounter,
+};
 use tutor_gateway::config::Config;
 use tutor_gateway::lane::Lane;
 
@@ -314,10 +316,13 @@ fn chat(system: &str, user: &str) -> PromptInput {
         {"role": "system", "content": system},
         {"role": "user", "content": user},
     ]);
-    PromptInput::Chat(serde_json::from_value(messages).expect("chat messages"))
+    PromptInput::chat(
+        serde_json::from_value(messages).expect("chat messages"),
+        None,
+    )
 }
 
-fn exact_tokens(counter: &TokenCounter, overhead: u32, input: &PromptInput) -> u32 {
+fn exact_tokens(counter: &TokenCounter, overhead: TemplateCosts, input: &PromptInput) -> u32 {
     counter.count_input(input) + input.template_overhead(overhead)
 }
 
@@ -336,7 +341,7 @@ enum Target {
 fn sized_kind(
     name: &'static str,
     counter: &TokenCounter,
-    overhead: u32,
+    overhead: TemplateCosts,
     system: &str,
     head: &str,
     body: &str,
@@ -374,7 +379,7 @@ fn sized_kind(
     }
 }
 
-fn kinds(counter: &TokenCounter, overhead: u32) -> Vec<Kind> {
+fn kinds(counter: &TokenCounter, overhead: TemplateCosts) -> Vec<Kind> {
     let tutor = "You are a patient programming tutor. Explain what the student's code does in \
                  plain language, step by step, and keep the answer short.";
     // Mostly code (short, indented lines: ~2.8 bytes a token).
@@ -583,7 +588,10 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 
     let config = Config::default();
-    let overhead = config.classify.per_message_overhead;
+    let overhead = TemplateCosts {
+        per_message: config.classify.per_message_overhead,
+        media_part: config.classify.media_part_tokens,
+    };
     let classifier = Classifier::with_counter(&config, counter.clone());
     let kinds = kinds(&counter, overhead);
 

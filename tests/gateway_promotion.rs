@@ -123,7 +123,14 @@ async fn fill_medium(h: &Harness) -> tokio::task::JoinHandle<String> {
 
 #[tokio::test]
 async fn with_medium_full_the_stream_is_cut_with_the_documented_message_and_aborted() {
-    let h = harness(SIM, |c| {
+    // Answers without a limit run to the context's end (the /answer request cannot ask for
+    // `ignore_eos`): the engine's drawn lengths average 100,000 tokens.
+    let sim: Vec<&str> = SIM
+        .iter()
+        .copied()
+        .chain(["--mean-output-tokens", "100000"])
+        .collect();
+    let h = harness(&sim, |c| {
         short_context(c);
         set_lane(c, Lane::Medium, 1);
     })

@@ -68,6 +68,9 @@ async fn histograms_count_each_lane_and_the_log_has_one_line_per_request() {
             "tiny-test",
             "--enable-prompt-tokens-details",
             "--enable-per-request-metrics",
+            // Answers run to their max_output_tokens (drawn lengths average 100,000).
+            "--mean-output-tokens",
+            "100000",
         ],
         |_| {},
     )

@@ -44,6 +44,9 @@ impl PromptBuilder {
         let msg = ChatMessage {
             role: "user".into(),
             content: Some(MessageContent::Text(content.to_string())),
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
         };
         self.tokenizer.encode(&render_chat(&[msg]), true).len()
     }

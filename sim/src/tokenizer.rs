@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-pub use tutor_wire::chat::{render_chat, ChatMessage, ContentPart, MessageContent};
+pub use tutor_wire::chat::{render_chat, render_tools, ChatMessage, ContentPart, MessageContent};
 pub use tutor_wire::tokens::{fnv1a, heuristic_ids, BOS_ID};
 
 /// Counts and ids prompt tokens.
@@ -89,6 +89,11 @@ mod tests {
         assert!(rendered.ends_with("<|im_start|>assistant\n"));
         let tok = PromptTokenizer::Heuristic;
         let content_only = tok.encode("Be brief. Hi", false).len();
-        assert!(tok.encode(&rendered, true).len() > content_only + 6);
+        // BOS; per message the two markers, the role (system: 2 tokens) and two newlines; the
+        // assistant turn's marker, role (3 tokens) and newline.
+        assert_eq!(
+            tok.encode(&rendered, true).len(),
+            content_only + 1 + (4 + 2) + (4 + 1) + 5
+        );
     }
 }

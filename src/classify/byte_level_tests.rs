@@ -233,10 +233,16 @@ fn a_three_hundred_token_question_is_small_without_tokenizing() {
         question.push_str(&line);
         question.push(' ');
     }
-    let input = PromptInput::Chat(vec![ChatMessage {
-        role: "user".into(),
-        content: Some(MessageContent::Text(question.clone())),
-    }]);
+    let input = PromptInput::chat(
+        vec![ChatMessage {
+            role: "user".into(),
+            content: Some(MessageContent::Text(question.clone())),
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
+        }],
+        None,
+    );
     let exact = counter.count_input(&input);
     assert!(
         question.len() > 1200 - 120,

@@ -8,7 +8,7 @@ use super::bounds::ByteBounds;
 use super::counter::TokenCounter;
 use super::decision::LaneRules;
 use super::error::ClassifyError;
-use super::input::PromptInput;
+use super::input::{PromptInput, TemplateCosts};
 use super::pieces::INLINE_BYTES;
 use crate::config::Config;
 use crate::lane::Lane;
@@ -43,7 +43,7 @@ pub struct Classifier {
     cpus: usize,
     rules: LaneRules,
     default_output_tokens: u32,
-    per_message_overhead: u32,
+    costs: TemplateCosts,
     max_model_len: u32,
 }
 
@@ -65,7 +65,10 @@ impl Classifier {
             cpus,
             rules: LaneRules::from_config(config),
             default_output_tokens: c.default_output_tokens.get(),
-            per_message_overhead: c.per_message_overhead,
+            costs: TemplateCosts {
+                per_message: c.per_message_overhead,
+                media_part: c.media_part_tokens,
+            },
             max_model_len: config.upstream.max_model_len.get(),
         }
     }
@@ -100,7 +103,7 @@ impl Classifier {
         if let Some(decided) = self.decide_by_bytes(&input, max_output_tokens)? {
             return Ok(decided);
         }
-        let overhead = input.template_overhead(self.per_message_overhead);
+        let overhead = input.template_overhead(self.costs);
         // A short prompt the fast way: here, faster than a hand-off to another thread.
         if input.text_bytes_and_pieces().0 <= INLINE_BYTES {
             if let Some(text_tokens) = self.counter.count_quick(&input) {
@@ -141,7 +144,7 @@ impl Classifier {
         if let Some(decided) = self.decide_by_bytes(input, max_output_tokens)? {
             return Ok(decided);
         }
-        let overhead = input.template_overhead(self.per_message_overhead);
+        let overhead = input.template_overhead(self.costs);
         let tokens = self.counter.count_input(input).saturating_add(overhead);
         self.settle(tokens, max_output_tokens, true)
     }
@@ -153,7 +156,7 @@ impl Classifier {
         requested: Option<u32>,
     ) -> Result<Option<Classification>, ClassifyError> {
         let (bytes, pieces) = input.text_bytes_and_pieces();
-        let overhead = input.template_overhead(self.per_message_overhead);
+        let overhead = input.template_overhead(self.costs);
         let bounds = ByteBounds::new(bytes, pieces, overhead);
         let output = requested.unwrap_or(self.default_output_tokens);
         // Small for sure: even one token per byte fits the small lane (and the model).

@@ -36,4 +36,4 @@ pub use classifier::{Classification, Classifier};
 pub use counter::TokenCounter;
 pub use decision::LaneRules;
 pub use error::ClassifyError;
-pub use input::{ChatMessage, ContentPart, MessageContent, PromptInput};
+pub use input::{ChatMessage, ContentPart, MessageContent, PieceKind, PromptInput, TemplateCosts};

@@ -88,7 +88,10 @@ fn chat(system: &str, user: String) -> Arc<PromptInput> {
         {"role": "system", "content": system},
         {"role": "user", "content": [{"type": "text", "text": user}]},
     ]);
-    Arc::new(PromptInput::Chat(serde_json::from_value(messages).unwrap()))
+    Arc::new(PromptInput::chat(
+        serde_json::from_value(messages).unwrap(),
+        None,
+    ))
 }
 
 #[tokio::test]

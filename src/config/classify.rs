@@ -19,6 +19,8 @@ const MEDIUM_MAX_WORK: u32 = 5_000;
 const DEFAULT_OUTPUT_TOKENS: u32 = 512;
 /// Default `classify.per_message_overhead`.
 const PER_MESSAGE_OVERHEAD: u32 = 5;
+/// Default `classify.media_part_tokens`.
+const MEDIA_PART_TOKENS: u32 = 1024;
 
 /// `[classify]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -34,6 +36,8 @@ pub struct RawClassify {
     pub default_output_tokens: Option<u32>,
     /// Chat template tokens per message (role header, separators).
     pub per_message_overhead: Option<u32>,
+    /// Tokens counted per non-text content part, on top of its JSON.
+    pub media_part_tokens: Option<u32>,
 }
 
 /// `[classify]`: token estimate and lane thresholds (M12).
@@ -49,6 +53,8 @@ pub struct ClassifyConfig {
     pub default_output_tokens: NonZeroU32,
     /// Tokens the chat template adds per message (role header and separators).
     pub per_message_overhead: u32,
+    /// Tokens counted per non-text content part (image, audio, file), on top of its JSON.
+    pub media_part_tokens: u32,
 }
 
 /// Where token counts come from.
@@ -97,5 +103,6 @@ pub(super) fn validate(c: &mut Checker, raw: RawClassify) -> ClassifyConfig {
             DEFAULT_OUTPUT_TOKENS,
         ),
         per_message_overhead: raw.per_message_overhead.unwrap_or(PER_MESSAGE_OVERHEAD),
+        media_part_tokens: raw.media_part_tokens.unwrap_or(MEDIA_PART_TOKENS),
     }
 }

@@ -166,7 +166,9 @@ pub async fn start(
     record.requested(&model, max_tokens);
     record.mark(Mark::Parsed);
     let fingerprint = match &input {
-        PromptInput::Chat(messages) => Some(fingerprint_of_chat(messages, body.get("tools"))),
+        PromptInput::Chat { messages, .. } => {
+            Some(fingerprint_of_chat(messages, body.get("tools")))
+        }
         _ => None,
     };
     if let Some(fp) = &fingerprint {

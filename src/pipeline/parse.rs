@@ -196,7 +196,7 @@ pub fn chat(bytes: &[u8], rules: FieldRules) -> Result<OpenAiRequest, GatewayErr
         ));
     }
     Ok(OpenAiRequest {
-        input: PromptInput::Chat(messages),
+        input: PromptInput::chat(messages, body.get("tools")),
         max_tokens,
         stream: f.stream.unwrap_or(false),
         include_usage: f.include_usage(),

@@ -46,7 +46,7 @@ pub fn answer_job(state: &AppState, req: AnswerRequest) -> Result<Job, GatewayEr
     }
     Ok(Job {
         endpoint: Endpoint::ChatCompletions,
-        input: PromptInput::Chat(messages),
+        input: PromptInput::chat(messages, body.get("tools")),
         max_tokens: max_output_tokens,
         body,
         session: session_id,

@@ -4,6 +4,8 @@
 //! - a run of letters and digits of length n, with at most one space before it, is ceil(n / 4)
 //!   tokens;
 //! - a newline is one token; a run of other whitespace of length n is ceil(n / 4) tokens;
+//! - a chat template marker `<|name|>` (lowercase letters, digits and `_`, at most 32 of them:
+//!   `<|im_start|>`, `<|eot_id|>`) is one token, as special tokens are in real tokenizers;
 //! - every other character (punctuation, symbols, non-ASCII) is one token.
 
 /// Id of the beginning-of-sequence token the heuristic puts first.
@@ -21,6 +23,11 @@ pub fn heuristic_ids(text: &str, add_bos: bool) -> Vec<u32> {
     while i < bytes.len() {
         let b = bytes[i];
         let start = i;
+        if let Some(len) = marker_len(&bytes[i..]) {
+            i += len;
+            ids.push(piece_id(&text[start..i]));
+            continue;
+        }
         if b == b' ' && i + 1 < bytes.len() && bytes[i + 1].is_ascii_alphanumeric() {
             i += 1;
         }
@@ -45,6 +52,19 @@ pub fn heuristic_ids(text: &str, add_bos: bool) -> Vec<u32> {
         }
     }
     ids
+}
+
+/// The length of the `<|name|>` marker `bytes` starts with, if it does.
+fn marker_len(bytes: &[u8]) -> Option<usize> {
+    if !bytes.starts_with(b"<|") {
+        return None;
+    }
+    let name = bytes[2..]
+        .iter()
+        .take(33)
+        .take_while(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || **b == b'_')
+        .count();
+    (name > 0 && name <= 32 && bytes[2 + name..].starts_with(b"|>")).then_some(name + 4)
 }
 
 /// Pushes ceil(len / 4) ids for one piece; chunk k of the piece hashes the piece and k.

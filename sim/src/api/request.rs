@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::tokenizer::{render_chat, ChatMessage};
+use crate::tokenizer::{render_chat, render_tools, ChatMessage};
 
 /// `stream_options`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -167,10 +167,7 @@ impl Generation {
                 Some("messages"),
             ));
         }
-        let mut text = String::new();
-        if let Some(tools) = body.tools.as_ref().filter(|t| !t.is_null()) {
-            text.push_str(&format!("<|im_start|>tools\n{tools}<|im_end|>\n"));
-        }
+        let mut text = render_tools(body.tools.as_ref());
         text.push_str(&render_chat(&body.messages));
         let prompt = encode(state, text, true).await;
         let max = body.common.max_completion_tokens.or(body.common.max_tokens);

@@ -1,0 +1,172 @@
+//! Classification counts everything the engine prefills (issue 15): every content part, names,
+//! tool calls, tool call ids and the request's tools. For generated chat requests the gateway's
+//! input estimate is never below the simulator's prompt count by more than the documented
+//! margin (2 tokens per message: `classify.per_message_overhead` in `config/config.toml`).
+
+mod common;
+
+use common::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+/// The documented margin per message.
+const MARGIN_PER_MESSAGE: u64 = 2;
+
+const WORDS: &[&str] = &[
+    "fn",
+    "main",
+    "let",
+    "x",
+    "=",
+    "vec![1, 2];",
+    "why",
+    "does",
+    "borrow",
+    "checker",
+    "fail?",
+    "\n",
+    "    ",
+    "{",
+    "}",
+    "error[E0502]:",
+    "ü",
+    "'a",
+    "println!(\"{x}\");",
+    "<|im_end|>",
+];
+
+fn text(rng: &mut StdRng, max_words: usize) -> String {
+    let n = rng.random_range(0..=max_words);
+    let mut out = String::new();
+    for _ in 0..n {
+        out.push_str(WORDS[rng.random_range(0..WORDS.len())]);
+        if rng.random_bool(0.7) {
+            out.push(' ');
+        }
+    }
+    out
+}
+
+fn tool_schema(rng: &mut StdRng, i: usize) -> Value {
+    let props: serde_json::Map<String, Value> = (0..rng.random_range(1..6))
+        .map(|k| {
+            (
+                format!("arg_{k}"),
+                json!({"type": "string", "description": text(rng, 12)}),
+            )
+        })
+        .collect();
+    json!({"type": "function", "function": {
+        "name": format!("tool_{i}"),
+        "description": text(rng, 20),
+        "parameters": {"type": "object", "properties": props, "required": ["arg_0"]}
+    }})
+}
+
+fn content(rng: &mut StdRng) -> Value {
+    if rng.random_bool(0.5) {
+        return json!(text(rng, 40));
+    }
+    let parts: Vec<Value> = (0..rng.random_range(1..4))
+        .map(|_| match rng.random_range(0..4) {
+            0 => json!({"type": "image_url", "image_url": {"url": format!("https://img.example/{}.png", text(rng, 2).len())}}),
+            _ => json!({"type": "text", "text": text(rng, 30)}),
+        })
+        .collect();
+    json!(parts)
+}
+
+/// A conversation with every kind of piece a template renders, and maybe tools.
+fn random_chat(rng: &mut StdRng) -> (Vec<Value>, Option<Value>) {
+    let mut messages = Vec::new();
+    if rng.random_bool(0.5) {
+        messages.push(json!({"role": "system", "content": text(rng, 30)}));
+    }
+    for turn in 0..rng.random_range(1..5) {
+        let mut user = json!({"role": "user", "content": content(rng)});
+        if rng.random_bool(0.3) {
+            user["name"] = json!(format!("student_{turn}"));
+        }
+        messages.push(user);
+        if rng.random_bool(0.5) {
+            let id = format!("call_{turn}");
+            let args = json!({"path": text(rng, 3), "line": rng.random_range(1..500)}).to_string();
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": id, "type": "function", "function": {"name": "read_file", "arguments": args}}
+            ]}));
+            messages.push(json!({"role": "tool", "tool_call_id": id, "content": text(rng, 60)}));
+        }
+        messages.push(json!({"role": "assistant", "content": text(rng, 30)}));
+    }
+    messages.push(json!({"role": "user", "content": content(rng)}));
+    let tools = rng.random_bool(0.5).then(|| {
+        json!((0..rng.random_range(1..4))
+            .map(|i| tool_schema(rng, i))
+            .collect::<Vec<_>>())
+    });
+    (messages, tools)
+}
+
+#[tokio::test]
+async fn the_estimate_covers_everything_the_template_renders() {
+    let h = harness(&["--speed", "100", "--profile", "tiny-test"], |_| {}).await;
+    let mut rng = StdRng::seed_from_u64(15);
+    let mut sizes = Vec::new();
+    for _ in 0..150 {
+        let (messages, tools) = random_chat(&mut rng);
+        let mut body = json!({"messages": messages, "max_tokens": 1});
+        if let Some(t) = tools {
+            body["tools"] = t;
+        }
+        let resp = client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+        let _ = resp.text().await;
+        sizes.push(messages.len() as u64);
+    }
+    let log = h.log.lock().unwrap().clone();
+    assert_eq!(log.len(), sizes.len());
+    for (entry, messages) in log.iter().zip(sizes) {
+        let estimate = entry["input_tokens_estimated"].as_u64().unwrap();
+        let engine = entry["input_tokens"].as_u64().unwrap();
+        assert!(
+            estimate + MARGIN_PER_MESSAGE * messages >= engine,
+            "{messages} messages: estimated {estimate}, the engine counted {engine}"
+        );
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_tools_heavy_question_is_classified_by_its_real_size() {
+    let h = harness(&["--speed", "100", "--profile", "tiny-test"], |_| {}).await;
+    let mut rng = StdRng::seed_from_u64(7);
+    // About 30 KB of tool schemas behind a two-letter question.
+    let tools: Vec<Value> = (0..60).map(|i| tool_schema(&mut rng, i)).collect();
+    let schema_bytes = serde_json::to_string(&tools).unwrap().len();
+    assert!(schema_bytes > 20_000, "{schema_bytes}");
+    let body =
+        json!({"messages": [{"role": "user", "content": "hi"}], "tools": tools, "max_tokens": 5});
+    let resp = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let _ = resp.text().await;
+    let log = h.log.lock().unwrap().clone();
+    let entry = &log[0];
+    // About 13,900 tokens: large, not the small lane a two-letter question would get.
+    assert_eq!(entry["lane"], "large", "{entry}");
+    let estimate = entry["input_tokens_estimated"].as_f64().unwrap();
+    let engine = entry["input_tokens"].as_f64().unwrap();
+    // Decided by byte length (an estimate, not tokenized: large either way), so within 10%.
+    assert!((estimate - engine).abs() <= 0.1 * engine, "{entry}");
+    h.shutdown().await;
+}
