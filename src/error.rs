@@ -5,7 +5,10 @@
 //! | error | status | `code` |
 //! |---|---|---|
 //! | malformed JSON, wrong field types, bad values | 400 | `bad_request` |
-//! | body over `limits.max_body_bytes` | 413 | `body_too_large` |
+//! | body over `server.max_body_bytes` | 413 | `body_too_large` |
+//! | body not sent within `server.body_read_timeout_ms` | 408 | `body_timeout` |
+//! | `server.max_requests_in_flight` reached | 503 + `Retry-After` | `overloaded` |
+//! | queued bodies would pass `server.max_queued_bytes` | 429 + `Retry-After` | `queue_full` |
 //! | input + output over the model's maximum length | 400 | `too_long` |
 //! | lane queue full | 429 + `Retry-After` | `queue_full` |
 //! | waited the lane's queue timeout | 503 + `Retry-After` | `queue_timeout` |
@@ -30,6 +33,12 @@ use crate::classify::ClassifyError;
 use crate::telemetry::Outcome;
 use crate::upstream::UpstreamError;
 
+/// The body read error the request limits put in the body stream when the client was too slow
+/// (`server.body_read_timeout`); the body extractor's error carries it to [`GatewayError`].
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive within {0:?}")]
+pub struct BodyTimedOut(pub Duration);
+
 /// Everything a request can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -47,6 +56,18 @@ pub enum GatewayError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The body did not arrive within `server.body_read_timeout`.
+    #[error("the request body did not arrive within {} ms", after.as_millis())]
+    BodyTimeout {
+        /// The timeout.
+        after: Duration,
+    },
+    /// `server.max_requests_in_flight` requests are being handled already.
+    #[error("the gateway is handling as many requests as it may at once; retry shortly")]
+    Overloaded,
+    /// Admitting this body to a queue would pass `server.max_queued_bytes`.
+    #[error("too many request bytes are waiting for admission; retry shortly")]
+    QueuedBytes,
     /// Classification failed (too long for the model, or a tokenizer failure).
     #[error(transparent)]
     Classify(#[from] ClassifyError),
@@ -72,6 +93,9 @@ impl GatewayError {
         match self {
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::QueuedBytes => StatusCode::TOO_MANY_REQUESTS,
             Self::Classify(e) => match e {
                 ClassifyError::ExceedsModelLen { .. } => StatusCode::BAD_REQUEST,
                 ClassifyError::TokenizerLoad { .. } | ClassifyError::Internal(_) => {
@@ -108,6 +132,8 @@ impl GatewayError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::BodyTooLarge { .. } => "body_too_large",
+            Self::BodyTimeout { .. } => "body_timeout",
+            Self::Overloaded => "overloaded",
             Self::Upstream(UpstreamError::Status { status, .. }) if status.is_client_error() => {
                 "upstream_rejected"
             }
@@ -118,7 +144,10 @@ impl GatewayError {
     /// The `outcome` label of `tutor_gateway_requests_total`.
     pub fn outcome(&self) -> Outcome {
         match self {
-            Self::BadRequest { .. } | Self::BodyTooLarge { .. } => Outcome::BadRequest,
+            Self::BadRequest { .. } | Self::BodyTooLarge { .. } | Self::BodyTimeout { .. } => {
+                Outcome::BadRequest
+            }
+            Self::Overloaded | Self::QueuedBytes => Outcome::QueueFull,
             Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Outcome::TooLong,
             Self::Classify(_) => Outcome::Internal,
             Self::Admission(AdmissionError::QueueFull { .. }) => Outcome::QueueFull,
@@ -175,6 +204,7 @@ impl GatewayError {
         match self {
             Self::Admission(AdmissionError::QueueFull { retry_after, .. }) => Some(*retry_after),
             Self::Admission(AdmissionError::Timeout { .. }) => Some(Duration::from_secs(1)),
+            Self::Overloaded | Self::QueuedBytes => Some(Duration::from_secs(1)),
             Self::Admission(AdmissionError::QuotaUnavailable { .. }) => {
                 Some(Duration::from_secs(1))
             }

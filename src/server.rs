@@ -1,13 +1,13 @@
 //! Wiring and serving: build the state from a [`Config`], serve the routes, shut down cleanly.
 //!
-//! Shutdown (SIGTERM, Ctrl-C, or [`Gateway::shutdown`]): stop accepting, let in-flight streams
+//! Connections are accepted by [`accept`] (connection limit, header timeout). Shutdown
+//! (SIGTERM, Ctrl-C, or [`Gateway::shutdown`]): stop accepting, let in-flight streams
 //! finish for `server.shutdown_grace`, then drop the rest (their relays abort the engine work),
 //! and wait a bounded time for the spawned abort calls.
 
 use std::net::SocketAddr;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -19,6 +19,10 @@ use crate::classify::Classifier;
 use crate::config::{Config, RequestLogSink};
 use crate::telemetry::{Metrics, RequestLog};
 use crate::upstream::{UpstreamClient, ABORT_TIMEOUT};
+
+mod accept;
+
+pub use accept::H2_MAX_STREAMS;
 
 /// A running gateway.
 #[derive(Debug)]
@@ -81,22 +85,10 @@ pub fn serve_state(
     let router = app(state.clone());
     let grace = state.config().server.shutdown_grace;
     let stopping = stop.clone();
+    let server = state.config().server.clone();
+    let metrics = state.metrics().clone();
     let serve = tokio::spawn(async move {
-        // Small SSE writes go out at once: no Nagle delay on the first token.
-        let listener = listener.tap_io(|tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "TCP_NODELAY not set on an accepted connection");
-            }
-        });
-        let server = axum::serve(listener, router)
-            .with_graceful_shutdown(stopping.clone().cancelled_owned());
-        let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
-        tokio::select! {
-            r = &mut server => if let Err(e) = r { tracing::error!(error = %e, "server failed") },
-            () = async { stopping.cancelled().await; tokio::time::sleep(grace).await } => {
-                tracing::warn!(grace_ms = grace.as_millis() as u64, "shutdown grace over; closing open streams");
-            }
-        }
+        accept::serve(listener, router, &server, metrics, stopping, grace).await;
     });
     Ok(Gateway {
         addr,

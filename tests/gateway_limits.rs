@@ -347,3 +347,200 @@ async fn no_prompt_text_reaches_the_logs() {
         assert!(!line.to_string().contains(SECRET), "{line}");
     }
 }
+
+/// Everything the gateway sends until it closes the connection; fails if it leaves it open.
+async fn read_all(mut tcp: tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), tcp.read_to_end(&mut out)).await;
+    assert!(read.is_ok(), "the gateway left the connection open");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn addr(h: &Harness) -> std::net::SocketAddr {
+    h.gw.addr
+}
+
+/// The gateway's metrics without a connection (for when every seat is taken).
+fn metrics_now(h: &Harness) -> String {
+    let state = &h.gw.state;
+    state.metrics().render(&state.admission().snapshot())
+}
+
+#[tokio::test]
+async fn a_connection_beyond_the_limit_gets_503_not_a_hang() {
+    let h = harness(FAST, |c| c.server.max_connections = 2).await;
+    // Two idle connections take both seats (accepted in order, before the third).
+    let a = tokio::net::TcpStream::connect(addr(&h)).await.unwrap();
+    let b = tokio::net::TcpStream::connect(addr(&h)).await.unwrap();
+    let third = tokio::net::TcpStream::connect(addr(&h)).await.unwrap();
+    let answer = read_all(third).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    assert!(answer.contains("\"code\":\"overloaded\""), "{answer}");
+    assert_eq!(
+        metric(
+            &metrics_now(&h),
+            r#"tutor_gateway_refused_total{limit="connections"}"#
+        ),
+        1.0
+    );
+    // A seat freed is a seat taken again.
+    drop((a, b));
+    tutor_testkit::eventually("a new connection is served", || async {
+        client()
+            .get(h.url("/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_slow_loris_is_cut_at_the_header_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let h = harness(FAST, |c| {
+        c.server.header_read_timeout = Duration::from_millis(300);
+        c.server.max_connections = 1;
+    })
+    .await;
+    let mut tcp = tokio::net::TcpStream::connect(addr(&h)).await.unwrap();
+    // Half a request head, and then nothing: the only seat is held until the timeout.
+    tcp.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .unwrap();
+    let answer = read_all(tcp).await;
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "closed (or 408), not served: {answer}"
+    );
+    // The seat came back.
+    tutor_testkit::eventually("the seat is free again", || async {
+        client()
+            .get(h.url("/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_body_that_never_finishes_gets_408() {
+    use tokio::io::AsyncWriteExt;
+    let h = harness(FAST, |c| {
+        c.server.body_read_timeout = Duration::from_millis(300)
+    })
+    .await;
+    let mut tcp = tokio::net::TcpStream::connect(addr(&h)).await.unwrap();
+    tcp.write_all(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"messages\":",
+    )
+    .await
+    .unwrap();
+    let answer = read_all(tcp).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"code\":\"body_timeout\""), "{answer}");
+    assert!(h.idle());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn requests_beyond_the_in_flight_limit_get_503() {
+    let h = harness(
+        &[
+            "--speed",
+            "50",
+            "--profile",
+            "tiny-test",
+            "--stall-after-tokens",
+            "1",
+        ],
+        |c| {
+            c.server.max_requests_in_flight = 1;
+            c.upstream.idle_timeout = Duration::from_secs(60);
+        },
+    )
+    .await;
+    // One stream holds the only place (stalled after its first token).
+    let held = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.status(), 200);
+    let resp = client().get(h.url("/healthz")).send().await.unwrap();
+    assert_eq!(resp.status(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "overloaded");
+    drop(held);
+    tutor_testkit::eventually("the place is free once the stream ended", || async {
+        client()
+            .get(h.url("/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    eventually("every lane back to zero", || h.idle()).await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn queued_bodies_are_bounded_in_bytes() {
+    let h = harness(
+        &[
+            "--speed",
+            "50",
+            "--profile",
+            "tiny-test",
+            "--stall-after-tokens",
+            "1",
+        ],
+        |c| {
+            set_lane(c, Lane::Small, 1);
+            c.server.max_queued_bytes = 3000;
+            c.upstream.idle_timeout = Duration::from_secs(60);
+        },
+    )
+    .await;
+    let body = |salt: &str| json!({"messages": [{"role": "user", "content": format!("{salt} {}", "x".repeat(1800))}], "max_tokens": 5, "stream": true});
+    // The only small seat is held by a stalled stream; the next request waits in the queue.
+    let seat = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&body("a"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(seat.status(), 200);
+    let url = h.url("/v1/chat/completions");
+    let waiting = tokio::spawn(client().post(url).json(&body("b")).send());
+    eventually("one request queued", || h.queued(Lane::Small) == 1).await;
+    assert!(h.gw.state.queued_bytes().held() > 1800);
+    // A second 1.8 KB body would pass the 3,000 bytes queued bodies may hold.
+    let resp = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&body("c"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 429);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "queue_full");
+    drop(seat);
+    let admitted = waiting.await.unwrap().unwrap();
+    assert_eq!(admitted.status(), 200);
+    drop(admitted);
+    eventually("every lane back to zero", || h.idle()).await;
+    assert_eq!(h.gw.state.queued_bytes().held(), 0);
+    h.shutdown().await;
+}

@@ -9,6 +9,7 @@
 //!   `/ping` (liveness, as `/healthz`), `GET /version` and `POST /tokenize` (relayed).
 
 pub mod answer;
+pub mod limits;
 pub mod openai;
 pub mod ops;
 
@@ -20,7 +21,8 @@ pub use crate::pipeline::AppState;
 
 /// The gateway's routes over `state`.
 pub fn app(state: AppState) -> Router {
-    let limit = state.config().server.max_body_bytes;
+    let server = state.config().server.clone();
+    let limit = server.max_body_bytes;
     Router::new()
         .route("/answer", get(answer::get_answer).post(answer::post_answer))
         .route("/v1/chat/completions", post(openai::chat_completions))
@@ -35,5 +37,13 @@ pub fn app(state: AppState) -> Router {
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(
+            limits::RequestLimits::new(
+                server.max_requests_in_flight,
+                server.body_read_timeout,
+                state.metrics().clone(),
+            ),
+            limits::limit,
+        ))
         .with_state(state)
 }

@@ -14,6 +14,16 @@ const MAX_BODY_BYTES: u64 = 4 * 1024 * 1024;
 const SHUTDOWN_GRACE_MS: u64 = 30_000;
 /// Default `server.max_logprobs`.
 const MAX_LOGPROBS: u32 = 5;
+/// Default `server.max_connections`.
+const MAX_CONNECTIONS: u64 = 10_000;
+/// Default `server.max_requests_in_flight`.
+const MAX_REQUESTS_IN_FLIGHT: u64 = 4_096;
+/// Default `server.header_read_timeout_ms`.
+const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// Default `server.body_read_timeout_ms`.
+const BODY_READ_TIMEOUT_MS: u64 = 30_000;
+/// Default `server.max_queued_bytes`.
+const MAX_QUEUED_BYTES: u64 = 256 * 1024 * 1024;
 
 /// `[server]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -27,6 +37,16 @@ pub struct RawServer {
     pub unknown_fields: Option<String>,
     /// Most log-probabilities per token a client may ask for.
     pub max_logprobs: Option<u32>,
+    /// Open client connections at once; more get 503.
+    pub max_connections: Option<u64>,
+    /// Requests being handled at once (streams included); more get 503.
+    pub max_requests_in_flight: Option<u64>,
+    /// Longest a client may take to send a request's headers, ms.
+    pub header_read_timeout_ms: Option<u64>,
+    /// Longest a client may take to send a request's body, ms.
+    pub body_read_timeout_ms: Option<u64>,
+    /// Request bodies held by requests waiting for admission, bytes; more get 429.
+    pub max_queued_bytes: Option<u64>,
 }
 
 /// What happens to a `/v1` body field the gateway does not know.
@@ -49,6 +69,16 @@ pub struct ServerConfig {
     pub unknown_fields: UnknownFields,
     /// Most log-probabilities per token (`top_logprobs` on chat, `logprobs` on completions).
     pub max_logprobs: u32,
+    /// Open client connections at once (503 beyond).
+    pub max_connections: usize,
+    /// Requests handled at once, streams included (503 beyond).
+    pub max_requests_in_flight: usize,
+    /// Longest a client may take to send a request's headers (the connection is closed).
+    pub header_read_timeout: Duration,
+    /// Longest a client may take to send a request's body (408).
+    pub body_read_timeout: Duration,
+    /// Request bodies held by requests waiting for admission (429 beyond).
+    pub max_queued_bytes: u64,
 }
 
 /// Checks `[server]`.
@@ -75,7 +105,49 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
             "must be at most 20 (vLLM's own default cap)",
         );
     }
+    let mut count = |key: &str, v: Option<u64>, default: u64, max: u64| -> u64 {
+        let v = v.unwrap_or(default);
+        if !(1..=max).contains(&v) {
+            c.fail(key, format!("must be between 1 and {max}"));
+        }
+        v.clamp(1, max)
+    };
+    let max_connections = count(
+        "server.max_connections",
+        raw.max_connections,
+        MAX_CONNECTIONS,
+        1_000_000,
+    );
+    let max_requests_in_flight = count(
+        "server.max_requests_in_flight",
+        raw.max_requests_in_flight,
+        MAX_REQUESTS_IN_FLIGHT,
+        1_000_000,
+    );
+    let header_ms = count(
+        "server.header_read_timeout_ms",
+        raw.header_read_timeout_ms,
+        HEADER_READ_TIMEOUT_MS,
+        3_600_000,
+    );
+    let body_ms = count(
+        "server.body_read_timeout_ms",
+        raw.body_read_timeout_ms,
+        BODY_READ_TIMEOUT_MS,
+        3_600_000,
+    );
+    let max_queued_bytes = count(
+        "server.max_queued_bytes",
+        raw.max_queued_bytes,
+        MAX_QUEUED_BYTES,
+        1 << 40,
+    );
     ServerConfig {
+        max_connections: max_connections as usize,
+        max_requests_in_flight: max_requests_in_flight as usize,
+        header_read_timeout: Duration::from_millis(header_ms),
+        body_read_timeout: Duration::from_millis(body_ms),
+        max_queued_bytes,
         unknown_fields,
         max_logprobs: max_logprobs.min(20),
         max_body_bytes: max_body_bytes.clamp(1024, 256 * 1024 * 1024) as usize,

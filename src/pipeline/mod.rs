@@ -53,6 +53,8 @@ pub struct Job {
     pub body: Map<String, Value>,
     /// The session this request continues (`/answer` `session_id`, `/v1` `x-session-id`).
     pub session: Option<SessionId>,
+    /// Bytes of the request as received (body or query): what it holds while queued.
+    pub size: usize,
 }
 
 /// How an `/answer` request arrived.
@@ -69,19 +71,24 @@ pub async fn answer(state: AppState, headers: HeaderMap, input: AnswerInput) -> 
     let mut record = state.record(Route::Answer);
     link_trace(&mut record, &headers);
     let request_id = record.request_id().to_owned();
+    let mut size = 0;
     let req = match input {
-        AnswerInput::Query(q) => q
-            .map_err(GatewayError::from)
-            .and_then(|Query(q)| AnswerRequest::from_query(q)),
+        AnswerInput::Query(q) => q.map_err(GatewayError::from).and_then(|Query(q)| {
+            size = q.prompt.len();
+            AnswerRequest::from_query(q)
+        }),
         AnswerInput::Body(body) => parse::body_bytes(body, state.config().server.max_body_bytes)
-            .and_then(|b| AnswerRequest::from_body(&b)),
+            .and_then(|b| {
+                size = b.len();
+                AnswerRequest::from_body(&b)
+            }),
     };
     let req = match req {
         Ok(r) => r,
         Err(e) => return rejected(record, e),
     };
     let job = match prompt::answer_job(&state, req) {
-        Ok(job) => job,
+        Ok(job) => Job { size, ..job },
         Err(e) => return rejected(record, e),
     };
     match start(&state, job, record, Format::Answer).await {
@@ -110,9 +117,13 @@ pub async fn openai(
         unknown: server.unknown_fields,
         max_logprobs: server.max_logprobs,
     };
-    let parsed = parse::body_bytes(body, server.max_body_bytes).and_then(|b| match route {
-        Route::Completions => parse::completion(&b, rules),
-        Route::ChatCompletions | Route::Answer => parse::chat(&b, rules),
+    let mut size = 0;
+    let parsed = parse::body_bytes(body, server.max_body_bytes).and_then(|b| {
+        size = b.len();
+        match route {
+            Route::Completions => parse::completion(&b, rules),
+            Route::ChatCompletions | Route::Answer => parse::chat(&b, rules),
+        }
     });
     let req: OpenAiRequest = match parsed {
         Ok(r) => r,
@@ -124,7 +135,7 @@ pub async fn openai(
     };
     let stream = req.stream;
     let job = match prompt::openai_job(&state, route, &headers, req) {
-        Ok(job) => job,
+        Ok(job) => Job { size, ..job },
         Err(e) => return rejected(record, e),
     };
     let relay = match start(&state, job, record, format).await {
@@ -157,6 +168,7 @@ pub async fn start(
         max_tokens,
         mut body,
         session,
+        size,
     } = job;
     let model = body
         .get("model")
@@ -213,10 +225,13 @@ pub async fn start(
         // prefill reservation (the input estimate less what its prefix usually finds cached),
         // given back at the first token (relay).
         let prefill = prefill_estimate(state, class.input_tokens_estimate, fingerprint.as_deref());
+        // While it waits for a seat its body is held: all queued bodies together are bounded.
+        let held = state.queued_bytes().hold(size)?;
         let guard = state
             .admission()
             .acquire_prompt(class.lane, class.work, prefill)
             .await?;
+        drop(held);
         record.admitted(guard.queue_wait(), guard.prefill());
         if let Some(waited) = guard.prefill_wait() {
             record.prefill_waited(waited);

@@ -32,11 +32,28 @@ pub fn body_bytes(
         {
             Err(GatewayError::BodyTooLarge { limit })
         }
+        Err(BytesRejection::FailedToBufferBody(e)) if body_deadline(&e).is_some() => {
+            Err(GatewayError::BodyTimeout {
+                after: body_deadline(&e).unwrap_or_default(),
+            })
+        }
         Err(e) => Err(GatewayError::bad_request(
             format!("cannot read the request body: {e}"),
             None,
         )),
     }
+}
+
+/// The timeout of the body deadline error in `e`'s sources, if it is there.
+fn body_deadline(e: &(dyn std::error::Error + 'static)) -> Option<std::time::Duration> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(t) = err.downcast_ref::<crate::error::BodyTimedOut>() {
+            return Some(t.0);
+        }
+        cur = err.source();
+    }
+    None
 }
 
 /// Deserializes `T` from `value`, naming the failing field by its path.

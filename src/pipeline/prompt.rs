@@ -50,6 +50,7 @@ pub fn answer_job(state: &AppState, req: AnswerRequest) -> Result<Job, GatewayEr
         max_tokens: max_output_tokens,
         body,
         session: session_id,
+        size: 0,
     })
 }
 
@@ -111,6 +112,7 @@ pub fn openai_job(
         max_tokens: req.max_tokens,
         body: req.body,
         session,
+        size: 0,
     })
 }
 

@@ -1,10 +1,12 @@
 //! [`AppState`]: the services one request's journey uses, built once at start-up.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::admission::{Admission, SessionLedger};
 use crate::classify::{Classifier, LaneRules};
 use crate::config::Config;
+use crate::error::GatewayError;
 use crate::telemetry::{Metrics, RequestLog, RequestRecord, Route};
 use crate::upstream::UpstreamClient;
 
@@ -21,6 +23,54 @@ struct Shared {
     metrics: Metrics,
     request_log: RequestLog,
     sessions: SessionLedger,
+    queued_bytes: QueuedBytes,
+}
+
+/// Bytes of request bodies held by requests waiting for admission, bounded by
+/// `server.max_queued_bytes`.
+#[derive(Debug)]
+pub struct QueuedBytes {
+    held: AtomicU64,
+    max: u64,
+}
+
+/// `bytes` counted in [`QueuedBytes`] until dropped.
+#[derive(Debug)]
+pub struct BytesHold<'a> {
+    queue: &'a QueuedBytes,
+    bytes: u64,
+}
+
+impl QueuedBytes {
+    fn new(max: u64) -> Self {
+        Self {
+            held: AtomicU64::new(0),
+            max,
+        }
+    }
+
+    /// Holds `bytes` while a request waits; 429 ([`GatewayError::QueuedBytes`]) when that
+    /// would pass the limit.
+    pub fn hold(&self, bytes: usize) -> Result<BytesHold<'_>, GatewayError> {
+        let bytes = bytes as u64;
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held.saturating_add(bytes) <= self.max).then_some(held + bytes)
+            })
+            .map_err(|_| GatewayError::QueuedBytes)?;
+        Ok(BytesHold { queue: self, bytes })
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for BytesHold<'_> {
+    fn drop(&mut self) {
+        self.queue.held.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
 }
 
 impl AppState {
@@ -43,6 +93,7 @@ impl AppState {
         };
         Self(Arc::new(Shared {
             sessions,
+            queued_bytes: QueuedBytes::new(config.server.max_queued_bytes),
             config,
             classifier,
             admission,
@@ -83,6 +134,11 @@ impl AppState {
     pub fn rules(&self) -> &LaneRules {
         self.0.classifier.rules()
     }
+    /// Request bytes held by requests waiting for admission.
+    pub fn queued_bytes(&self) -> &QueuedBytes {
+        &self.0.queued_bytes
+    }
+
     /// Output per session, for continuations.
     pub fn sessions(&self) -> &SessionLedger {
         &self.0.sessions

@@ -162,6 +162,7 @@ pub struct Metrics {
     output_tokens: HistogramVec,
     prefix_queries: IntCounterVec,
     prefix_hits: IntCounterVec,
+    refused: IntCounterVec,
     quota: QuotaMetrics,
     promotion: PromotionMetrics,
     prefix: PrefixMetrics,
@@ -294,6 +295,14 @@ impl Metrics {
             "Prompt tokens vLLM served from its prefix cache (usage cached_tokens).",
             &["lane"],
         );
+        let refused = counter(
+            "tutor_gateway_refused_total",
+            "Connections and requests refused before reaching a lane: limit is connections (server.max_connections) or requests_in_flight (server.max_requests_in_flight).",
+            &["limit"],
+        );
+        for limit in ["connections", "requests_in_flight"] {
+            refused.with_label_values(&[limit]);
+        }
         let quota = QuotaMetrics::register(&registry);
         let promotion = PromotionMetrics::register(&registry);
         let relay = RelayMetrics::register(&registry);
@@ -343,6 +352,7 @@ impl Metrics {
             promotion,
             relay,
             prefix,
+            refused,
         }
     }
 
@@ -354,6 +364,11 @@ impl Metrics {
     /// The shared quota backend's families (`tutor_gateway_quota_*`).
     pub fn quota(&self) -> &QuotaMetrics {
         &self.quota
+    }
+
+    /// Counts a connection or request refused at `limit` (`connections`, `requests_in_flight`).
+    pub fn refused(&self, limit: &str) {
+        self.refused.with_label_values(&[limit]).inc();
     }
 
     /// The promotion families.

@@ -1,0 +1,80 @@
+//! Bounds every request meets before its route: at most `server.max_requests_in_flight` handled
+//! at once (503 + `Retry-After` beyond, the permit held until the response body ends, streams
+//! included), and a body that must arrive within `server.body_read_timeout` (408 after).
+
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use axum::body::{Body, HttpBody};
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use futures::{FutureExt, StreamExt};
+use tokio::sync::Semaphore;
+
+use crate::error::{BodyTimedOut, GatewayError};
+use crate::telemetry::Metrics;
+
+/// What the middleware needs.
+#[derive(Debug, Clone)]
+pub struct RequestLimits {
+    in_flight: Arc<Semaphore>,
+    body_timeout: Duration,
+    metrics: Metrics,
+}
+
+impl RequestLimits {
+    /// Limits of `max_in_flight` requests and `body_timeout`.
+    pub fn new(max_in_flight: usize, body_timeout: Duration, metrics: Metrics) -> Self {
+        Self {
+            in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            body_timeout,
+            metrics,
+        }
+    }
+}
+
+/// The middleware: takes a permit (or answers 503), puts a deadline on the body, and keeps the
+/// permit until the response body is done.
+pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next) -> Response {
+    let Ok(permit) = Arc::clone(&limits.in_flight).try_acquire_owned() else {
+        limits.metrics.refused("requests_in_flight");
+        return GatewayError::Overloaded.into_response();
+    };
+    let timeout = limits.body_timeout;
+    let req = req.map(|body| {
+        let mut stream = body.into_data_stream();
+        let mut deadline = Box::pin(tokio::time::sleep(timeout));
+        let mut timed_out = false;
+        Body::from_stream(futures::stream::poll_fn(move |cx| {
+            if timed_out {
+                return Poll::Ready(None);
+            }
+            match stream.poll_next_unpin(cx) {
+                Poll::Pending if deadline.poll_unpin(cx).is_ready() => {
+                    timed_out = true;
+                    Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut(timeout)))))
+                }
+                other => other,
+            }
+        }))
+    });
+    let resp = next.run(req).await;
+    if resp.body().size_hint().exact().is_some() {
+        // A whole body: the request is done.
+        return resp;
+    }
+    // A stream: the request is in flight until its last byte.
+    resp.map(|body| {
+        let mut stream = body.into_data_stream();
+        let mut permit = Some(permit);
+        Body::from_stream(futures::stream::poll_fn(move |cx| {
+            let item = stream.poll_next_unpin(cx);
+            if matches!(item, Poll::Ready(None)) {
+                permit.take();
+            }
+            item
+        }))
+    })
+}
