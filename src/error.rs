@@ -33,6 +33,9 @@ use crate::classify::ClassifyError;
 use crate::telemetry::Outcome;
 use crate::upstream::UpstreamError;
 
+/// Longest error message sent to a client, bytes.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
 /// The body read error the request limits put in the body stream when the client was too slow
 /// (`server.body_read_timeout`); the body extractor's error carries it to [`GatewayError`].
 #[derive(Debug, thiserror::Error)]
@@ -190,14 +193,23 @@ impl GatewayError {
         }
     }
 
-    /// The message the client sees; upstream 4xx keep vLLM's own wording.
+    /// The message the client sees; upstream 4xx keep vLLM's own wording. At most
+    /// [`MAX_MESSAGE_BYTES`] (a message quoting a huge field name or value is cut).
     pub fn message(&self) -> String {
-        match self {
+        let full = match self {
             Self::Upstream(UpstreamError::Status { error, status }) if status.is_client_error() => {
                 error.message.clone()
             }
             other => other.to_string(),
+        };
+        if full.len() <= MAX_MESSAGE_BYTES {
+            return full;
         }
+        let mut end = MAX_MESSAGE_BYTES;
+        while !full.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &full[..end])
     }
 
     fn retry_after(&self) -> Option<Duration> {

@@ -38,6 +38,8 @@ pub mod api;
 pub mod classify;
 pub mod config;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod lane;
 pub mod pipeline;
 pub mod prompt;

@@ -22,8 +22,9 @@ pub struct Classification {
     /// bound or estimate documented in `bounds.rs`.
     pub input_tokens_estimate: u32,
     /// Output tokens budgeted: the client's max tokens, or `classify.default_output_tokens`
-    /// capped to fit `max_model_len`. When the client sent none, the gateway must send this as
-    /// `max_tokens` upstream so the reservation holds.
+    /// capped to fit `max_model_len`. When the client sent none and the request cannot be
+    /// promoted out of its lane, the pipeline sends this as `max_tokens` upstream so the
+    /// reservation holds ([`super::LaneRules::output_cap`]).
     pub output_budget: u32,
     /// `input_tokens_estimate + output_budget`: what the lane is chosen by and what admission
     /// reserves from the token budgets.
@@ -39,7 +40,7 @@ pub struct Classifier {
     /// Prompts being tokenized at once: at most one per CPU, so a burst of long prompts
     /// queues here instead of crowding out the threads that relay tokens.
     tokenizing: Arc<Semaphore>,
-    /// The semaphore's size: the CPUs.
+    /// The semaphore's size: `classify.max_concurrent_tokenizations`, 0 meaning the CPUs.
     cpus: usize,
     rules: LaneRules,
     default_output_tokens: u32,
@@ -58,7 +59,10 @@ impl Classifier {
     /// Builds the classifier from config with an already loaded counter.
     pub fn with_counter(config: &Config, counter: TokenCounter) -> Self {
         let c = &config.classify;
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cpus = match c.max_concurrent_tokenizations {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n as usize,
+        };
         Self {
             counter,
             tokenizing: Arc::new(Semaphore::new(cpus)),
@@ -78,7 +82,8 @@ impl Classifier {
         self.rules.first(work)
     }
 
-    /// Prompts being tokenized right now (at most one per CPU).
+    /// Prompts being tokenized right now (at most `classify.max_concurrent_tokenizations`, by
+    /// default one per CPU).
     pub fn tokenizing(&self) -> usize {
         self.cpus
             .saturating_sub(self.tokenizing.available_permits())

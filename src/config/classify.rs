@@ -38,6 +38,8 @@ pub struct RawClassify {
     pub per_message_overhead: Option<u32>,
     /// Tokens counted per non-text content part, on top of its JSON.
     pub media_part_tokens: Option<u32>,
+    /// Prompts tokenized at once; 0: one per CPU.
+    pub max_concurrent_tokenizations: Option<u32>,
 }
 
 /// `[classify]`: token estimate and lane thresholds (M12).
@@ -55,6 +57,8 @@ pub struct ClassifyConfig {
     pub per_message_overhead: u32,
     /// Tokens counted per non-text content part (image, audio, file), on top of its JSON.
     pub media_part_tokens: u32,
+    /// Prompts tokenized at once (the rest wait); 0: one per CPU.
+    pub max_concurrent_tokenizations: u32,
 }
 
 /// Where token counts come from.
@@ -104,5 +108,6 @@ pub(super) fn validate(c: &mut Checker, raw: RawClassify) -> ClassifyConfig {
         ),
         per_message_overhead: raw.per_message_overhead.unwrap_or(PER_MESSAGE_OVERHEAD),
         media_part_tokens: raw.media_part_tokens.unwrap_or(MEDIA_PART_TOKENS),
+        max_concurrent_tokenizations: raw.max_concurrent_tokenizations.unwrap_or(0).min(1024),
     }
 }

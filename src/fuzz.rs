@@ -1,0 +1,106 @@
+//! Entry points for the fuzz targets (`fuzz/`, cargo-fuzz) and for the replay of their corpus
+//! on the stable toolchain (`tests/fuzz_corpus.rs`). Each runs one parser the gateway exposes to
+//! the outside on arbitrary bytes and panics when the outcome is not one the operations guide
+//! documents: no panic inside, and every bad input a 400 with a message.
+
+use axum::extract::Query;
+use axum::http::{StatusCode, Uri};
+
+use crate::config::UnknownFields;
+use crate::error::GatewayError;
+use crate::pipeline::parse::{self, AnswerQuery, AnswerRequest, FieldRules};
+use crate::upstream::{parse_payload, UpstreamError};
+use tutor_wire::sse::SseParser;
+
+/// A bad request must be a 400 with a message of bounded size (no input echoed in full).
+fn documented(e: &GatewayError) {
+    assert_eq!(e.status(), StatusCode::BAD_REQUEST, "{e}");
+    let message = e.message();
+    assert!(!message.is_empty());
+    assert!(
+        message.len() <= 4096,
+        "an error message of {} bytes",
+        message.len()
+    );
+}
+
+/// `GET /answer?{data}`.
+pub fn answer_query(data: &[u8]) {
+    let Ok(query) = std::str::from_utf8(data) else {
+        return;
+    };
+    // What the HTTP server would never hand over is not the parser's concern.
+    let Ok(uri) = format!("/answer?{query}").parse::<Uri>() else {
+        return;
+    };
+    match Query::<AnswerQuery>::try_from_uri(&uri) {
+        Err(e) => documented(&GatewayError::from(e)),
+        Ok(Query(q)) => {
+            if let Err(e) = AnswerRequest::from_query(q) {
+                documented(&e);
+            }
+        }
+    }
+}
+
+/// `POST /answer` with `data` as the body.
+pub fn answer_body(data: &[u8]) {
+    if let Err(e) = AnswerRequest::from_body(data) {
+        documented(&e);
+    }
+}
+
+/// `POST /v1/chat/completions` and `POST /v1/completions` with `data` as the body, under both
+/// settings of `server.unknown_fields`.
+pub fn openai_body(data: &[u8]) {
+    for unknown in [UnknownFields::Forward, UnknownFields::Reject] {
+        let rules = FieldRules {
+            unknown,
+            max_logprobs: 5,
+        };
+        for parsed in [parse::chat(data, rules), parse::completion(data, rules)] {
+            match parsed {
+                Ok(req) => assert!(!req.body.contains_key("priority")),
+                Err(e) => documented(&e),
+            }
+        }
+    }
+}
+
+/// vLLM's stream: `data` fed whole and fed in pieces (cut where the first byte says) gives the
+/// same events; every payload is a chunk, `[DONE]`, an engine error or a protocol error.
+pub fn upstream_sse(data: &[u8]) {
+    let whole = events(data, &[data.len()]);
+    let step = usize::from(data.first().copied().unwrap_or(1)).max(1);
+    let cuts: Vec<usize> = (step..data.len()).step_by(step).collect();
+    assert_eq!(whole, events(data, &cuts), "split reads change the events");
+    for payload in whole.into_iter().flatten() {
+        match parse_payload(payload.into()) {
+            Ok(_) | Err(UpstreamError::Protocol(_)) => {}
+            Err(other) => panic!("an SSE payload gave {other:?}"),
+        }
+    }
+}
+
+/// The payloads of `data` fed in reads ending at `cuts`; `None` once the parser failed.
+fn events(data: &[u8], cuts: &[usize]) -> Vec<Option<Vec<u8>>> {
+    let mut parser = SseParser::default();
+    let mut out = Vec::new();
+    let mut start = 0;
+    for &end in cuts.iter().chain(std::iter::once(&data.len())) {
+        let end = end.min(data.len());
+        if end < start {
+            continue;
+        }
+        let fed = parser.feed(&data[start..end]);
+        while let Some(p) = parser.pop() {
+            out.push(Some(p.to_vec()));
+        }
+        if fed.is_err() {
+            out.push(None);
+            return out;
+        }
+        start = end;
+    }
+    out
+}
