@@ -11,7 +11,8 @@
 //! HTTP server drops the response body and with it the relay: the upstream connection closes,
 //! the engine abort fires once (the upstream stream's own guard), the slot and tokens come
 //! back, and `cancelled_after_tokens` is recorded. At the first token it gives the guard's
-//! prefill reservation back ([`LaneGuard::prefill_done`]); the seat stays until the end.
+//! prefill reservation back ([`LaneGuard::prefill_done`]); the seat and tokens stay until the
+//! chunk with the finish reason (the engine is done then), whether or not `[DONE]` follows.
 //!
 //! Mid-stream limits (M14, [`LaneRules`]): the relay counts output tokens itself (vLLM's chunks
 //! and usage); past its lane's limit a request's reservation moves to the next lane without a
