@@ -108,6 +108,7 @@ impl SessionLedger {
     pub async fn reserve(&self, session: SessionId, declared: u32) -> (u64, SessionHold) {
         let local_before = self.local_change(session, i64::from(declared));
         let mut before = local_before;
+        let mut in_redis = false;
         if let Some(redis) = &self.redis {
             if let Some(mut conn) = redis.connection() {
                 let got: redis::RedisResult<(u64,)> = redis::pipe()
@@ -123,6 +124,7 @@ impl SessionLedger {
                     .await;
                 if let Ok((after,)) = got {
                     before = after.saturating_sub(u64::from(declared));
+                    in_redis = true;
                 }
             }
         }
@@ -130,6 +132,7 @@ impl SessionLedger {
             ledger: self.clone(),
             session,
             reserved: declared,
+            in_redis,
             settled: false,
         };
         (before, hold)
@@ -173,12 +176,17 @@ impl SessionLedger {
         before
     }
 
-    /// Settles a reservation: adds `delta` (produced less reserved) to the session.
-    fn settle(&self, session: SessionId, delta: i64) {
+    /// Settles a reservation: adds `local` to the session's own count and `shared` to Redis's
+    /// (produced less reserved where the reservation was taken; all of the output where
+    /// Redis did not get it).
+    fn settle(&self, session: SessionId, local: i64, shared: i64) {
+        if local != 0 {
+            self.local_change(session, local);
+        }
+        let delta = shared;
         if delta == 0 {
             return;
         }
-        self.local_change(session, delta);
         let Some(redis) = &self.redis else { return };
         let Some(mut conn) = redis.connection() else {
             return;
@@ -214,6 +222,8 @@ pub struct SessionHold {
     ledger: SessionLedger,
     session: SessionId,
     reserved: u32,
+    /// Whether Redis counted the reservation (it was reachable at admission).
+    in_redis: bool,
     settled: bool,
 }
 
@@ -226,8 +236,13 @@ impl SessionHold {
     fn settle_with(&mut self, produced: u32) {
         if !self.settled {
             self.settled = true;
-            self.ledger
-                .settle(self.session, i64::from(produced) - i64::from(self.reserved));
+            let delta = i64::from(produced) - i64::from(self.reserved);
+            let shared = if self.in_redis {
+                delta
+            } else {
+                i64::from(produced)
+            };
+            self.ledger.settle(self.session, delta, shared);
         }
     }
 }
