@@ -30,7 +30,7 @@ use serde_json::json;
 
 use crate::admission::AdmissionError;
 use crate::classify::ClassifyError;
-use crate::telemetry::Outcome;
+use crate::telemetry::{printable, Outcome};
 use crate::upstream::UpstreamError;
 
 /// Longest error message sent to a client, bytes.
@@ -238,16 +238,10 @@ impl GatewayError {
     /// type, never a message that could quote the request (vLLM's wording, or serde's about a
     /// field's value).
     pub fn log_summary(&self) -> String {
-        let short = |s: &str| -> String {
-            s.chars()
-                .take(64)
-                .map(|c| if c.is_ascii_graphic() { c } else { '?' })
-                .collect()
-        };
         let kind = |e: &crate::upstream::EngineError| {
             e.kind
                 .as_deref()
-                .map_or_else(|| "no type".to_owned(), short)
+                .map_or_else(|| "no type".to_owned(), |k| printable(k, 64))
         };
         match self {
             Self::BadRequest { param: Some(p), .. } => format!("invalid request (field {p})"),

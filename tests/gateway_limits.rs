@@ -14,6 +14,29 @@ use tutor_gateway::lane::Lane;
 
 const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
 
+/// Every stream stalls after its first token with the connection open (a request that holds
+/// its seat, place or reservation for as long as the test needs).
+const STALLING: &[&str] = &[
+    "--speed",
+    "50",
+    "--profile",
+    "tiny-test",
+    "--stall-after-tokens",
+    "1",
+];
+
+/// Waits until the gateway serves a new request again (a seat or place came back).
+async fn served_again(h: &Harness, what: &str) {
+    tutor_testkit::eventually(what, || async {
+        client()
+            .get(h.url("/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+}
+
 async fn sim_requests(h: &Harness) -> Vec<Value> {
     tutor_testkit::get_json(format!("{}/debug/requests", h.sim.url()))
         .await
@@ -137,17 +160,9 @@ async fn large_requests_without_max_tokens_never_exceed_their_reservation() {
 async fn parallel_continues_see_each_other() {
     // Every stream stalls after its first token with the connection open: all three requests
     // hold their session reservation (200 declared tokens each) at once.
-    let h = harness(
-        &[
-            "--speed",
-            "50",
-            "--profile",
-            "tiny-test",
-            "--stall-after-tokens",
-            "1",
-        ],
-        |c| c.upstream.idle_timeout = Duration::from_secs(60),
-    )
+    let h = harness(STALLING, |c| {
+        c.upstream.idle_timeout = Duration::from_secs(60)
+    })
     .await;
     let mut streams = Vec::new();
     for i in 0..3 {
@@ -390,14 +405,7 @@ async fn a_connection_beyond_the_limit_gets_503_not_a_hang() {
     );
     // A seat freed is a seat taken again.
     drop((a, b));
-    tutor_testkit::eventually("a new connection is served", || async {
-        client()
-            .get(h.url("/healthz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
-    })
-    .await;
+    served_again(&h, "a new connection is served").await;
     h.shutdown().await;
 }
 
@@ -420,14 +428,7 @@ async fn a_slow_loris_is_cut_at_the_header_timeout() {
         "closed (or 408), not served: {answer}"
     );
     // The seat came back.
-    tutor_testkit::eventually("the seat is free again", || async {
-        client()
-            .get(h.url("/healthz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
-    })
-    .await;
+    served_again(&h, "the seat is free again").await;
     h.shutdown().await;
 }
 
@@ -453,20 +454,10 @@ async fn a_body_that_never_finishes_gets_408() {
 
 #[tokio::test]
 async fn requests_beyond_the_in_flight_limit_get_503() {
-    let h = harness(
-        &[
-            "--speed",
-            "50",
-            "--profile",
-            "tiny-test",
-            "--stall-after-tokens",
-            "1",
-        ],
-        |c| {
-            c.server.max_requests_in_flight = 1;
-            c.upstream.idle_timeout = Duration::from_secs(60);
-        },
-    )
+    let h = harness(STALLING, |c| {
+        c.server.max_requests_in_flight = 1;
+        c.upstream.idle_timeout = Duration::from_secs(60);
+    })
     .await;
     // One stream holds the only place (stalled after its first token).
     let held = client()
@@ -482,35 +473,18 @@ async fn requests_beyond_the_in_flight_limit_get_503() {
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "overloaded");
     drop(held);
-    tutor_testkit::eventually("the place is free once the stream ended", || async {
-        client()
-            .get(h.url("/healthz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
-    })
-    .await;
+    served_again(&h, "the place is free once the stream ended").await;
     eventually("every lane back to zero", || h.idle()).await;
     h.shutdown().await;
 }
 
 #[tokio::test]
 async fn queued_bodies_are_bounded_in_bytes() {
-    let h = harness(
-        &[
-            "--speed",
-            "50",
-            "--profile",
-            "tiny-test",
-            "--stall-after-tokens",
-            "1",
-        ],
-        |c| {
-            set_lane(c, Lane::Small, 1);
-            c.server.max_queued_bytes = 3000;
-            c.upstream.idle_timeout = Duration::from_secs(60);
-        },
-    )
+    let h = harness(STALLING, |c| {
+        set_lane(c, Lane::Small, 1);
+        c.server.max_queued_bytes = 3000;
+        c.upstream.idle_timeout = Duration::from_secs(60);
+    })
     .await;
     let body = |salt: &str| json!({"messages": [{"role": "user", "content": format!("{salt} {}", "x".repeat(1800))}], "max_tokens": 5, "stream": true});
     // The only small seat is held by a stalled stream; the next request waits in the queue.

@@ -33,6 +33,17 @@ pub struct Classification {
     pub exact: bool,
 }
 
+/// A request's text size and template overhead.
+#[derive(Debug, Clone, Copy)]
+struct InputSize {
+    /// UTF-8 bytes of the text pieces.
+    bytes: u64,
+    /// Text pieces.
+    pieces: u32,
+    /// Template tokens around them.
+    overhead: u32,
+}
+
 /// Sorts requests into lanes. Cheap to clone (the tokenizer is shared).
 #[derive(Debug, Clone)]
 pub struct Classifier {
@@ -105,12 +116,13 @@ impl Classifier {
         input: Arc<PromptInput>,
         max_output_tokens: Option<u32>,
     ) -> Result<Classification, ClassifyError> {
-        if let Some(decided) = self.decide_by_bytes(&input, max_output_tokens)? {
+        let size = self.size_of(&input);
+        if let Some(decided) = self.decide_by_bytes(&input, size, max_output_tokens)? {
             return Ok(decided);
         }
-        let overhead = input.template_overhead(self.costs);
+        let overhead = size.overhead;
         // A short prompt the fast way: here, faster than a hand-off to another thread.
-        if input.text_bytes_and_pieces().0 <= INLINE_BYTES {
+        if size.bytes <= INLINE_BYTES {
             if let Some(text_tokens) = self.counter.count_quick(&input) {
                 return self.settle(
                     text_tokens.saturating_add(overhead),
@@ -146,23 +158,36 @@ impl Classifier {
         input: &PromptInput,
         max_output_tokens: Option<u32>,
     ) -> Result<Classification, ClassifyError> {
-        if let Some(decided) = self.decide_by_bytes(input, max_output_tokens)? {
+        let size = self.size_of(input);
+        if let Some(decided) = self.decide_by_bytes(input, size, max_output_tokens)? {
             return Ok(decided);
         }
-        let overhead = input.template_overhead(self.costs);
-        let tokens = self.counter.count_input(input).saturating_add(overhead);
+        let tokens = self
+            .counter
+            .count_input(input)
+            .saturating_add(size.overhead);
         self.settle(tokens, max_output_tokens, true)
+    }
+
+    /// What classification reads off `input` before counting, measured once per request.
+    fn size_of(&self, input: &PromptInput) -> InputSize {
+        let (bytes, pieces) = input.text_bytes_and_pieces();
+        InputSize {
+            bytes,
+            pieces,
+            overhead: input.template_overhead(self.costs),
+        }
     }
 
     /// `Some` when byte length alone decides (or rejects) the request; `None` to tokenize.
     fn decide_by_bytes(
         &self,
         input: &PromptInput,
+        size: InputSize,
         requested: Option<u32>,
     ) -> Result<Option<Classification>, ClassifyError> {
-        let (bytes, pieces) = input.text_bytes_and_pieces();
-        let overhead = input.template_overhead(self.costs);
-        let bounds = ByteBounds::new(bytes, pieces, overhead);
+        let overhead = size.overhead;
+        let bounds = ByteBounds::new(size.bytes, size.pieces, overhead);
         let output = requested.unwrap_or(self.default_output_tokens);
         // Small for sure: even one token per byte fits the small lane (and the model).
         let most = bounds.upper.saturating_add(output);

@@ -35,3 +35,12 @@ pub use record::RequestRecord;
 pub use relay_metrics::RelayMetrics;
 pub use request_log::RequestLog;
 pub use snapshot::{AdmissionSnapshot, LaneSnapshot};
+
+/// Client- or engine-supplied text as it may appear in a log, a span or an error message: its
+/// first `max_chars` characters, each not a visible ASCII character shown as `?`.
+pub fn printable(text: &str, max_chars: usize) -> String {
+    text.chars()
+        .take(max_chars)
+        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+        .collect()
+}

@@ -207,11 +207,7 @@ fn over_cap(name: &str, value: &Value, cap: u32) -> Option<String> {
 
 /// A field name as it may appear in an error message: at most 64 visible characters.
 fn printable(name: &str) -> String {
-    let mut out: String = name
-        .chars()
-        .take(64)
-        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
-        .collect();
+    let mut out = crate::telemetry::printable(name, 64);
     if name.chars().count() > 64 {
         out.push('…');
     }
