@@ -16,6 +16,10 @@
 //! | vLLM silent past first-token / idle / total timeout | 504 | `upstream_timeout` |
 //! | vLLM rejected the request (its 4xx) | vLLM's status | `upstream_rejected` |
 //! | vLLM error or garbage | 502 | `upstream_error` |
+//! | no job with that id (or forgotten after expiry) | 404 | `job_not_found` |
+//! | cancelling a job that already ended | 409 | `job_finished` |
+//! | `jobs.max_jobs` or `jobs.max_bytes` reached | 429 + `Retry-After` | `jobs_full` |
+//! | jobs switched off, or not run by this quota backend | 501 | `jobs_unavailable` |
 //! | gateway bug | 500 | `internal` |
 //!
 //! On `/v1` the body is OpenAI's error shape `{"error":{"message","type","param","code"}}`; on
@@ -71,6 +75,18 @@ pub enum GatewayError {
     /// Admitting this body to a queue would pass `server.max_queued_bytes`.
     #[error("too many request bytes are waiting for admission; retry shortly")]
     QueuedBytes,
+    /// No job has this id (never, or forgotten after it expired).
+    #[error("no job with this id (results are forgotten some time after they expire)")]
+    JobNotFound,
+    /// The job already ended, so it cannot be cancelled.
+    #[error("the job already ended ({0}); nothing to cancel")]
+    JobFinished(&'static str),
+    /// `jobs.max_jobs` or `jobs.max_bytes` is reached.
+    #[error("the gateway holds as many jobs as it may; retry later")]
+    JobsFull,
+    /// Jobs are switched off or not run by this deployment.
+    #[error("{0}")]
+    JobsUnavailable(&'static str),
     /// Classification failed (too long for the model, or a tokenizer failure).
     #[error(transparent)]
     Classify(#[from] ClassifyError),
@@ -98,7 +114,10 @@ impl GatewayError {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
-            Self::QueuedBytes => StatusCode::TOO_MANY_REQUESTS,
+            Self::QueuedBytes | Self::JobsFull => StatusCode::TOO_MANY_REQUESTS,
+            Self::JobNotFound => StatusCode::NOT_FOUND,
+            Self::JobFinished(_) => StatusCode::CONFLICT,
+            Self::JobsUnavailable(_) => StatusCode::NOT_IMPLEMENTED,
             Self::Classify(e) => match e {
                 ClassifyError::ExceedsModelLen { .. } => StatusCode::BAD_REQUEST,
                 ClassifyError::TokenizerLoad { .. } | ClassifyError::Internal(_) => {
@@ -137,6 +156,10 @@ impl GatewayError {
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::BodyTimeout { .. } => "body_timeout",
             Self::Overloaded => "overloaded",
+            Self::JobNotFound => "job_not_found",
+            Self::JobFinished(_) => "job_finished",
+            Self::JobsFull => "jobs_full",
+            Self::JobsUnavailable(_) => "jobs_unavailable",
             Self::Upstream(UpstreamError::Status { status, .. }) if status.is_client_error() => {
                 "upstream_rejected"
             }
@@ -147,10 +170,14 @@ impl GatewayError {
     /// The `outcome` label of `tutor_gateway_requests_total`.
     pub fn outcome(&self) -> Outcome {
         match self {
-            Self::BadRequest { .. } | Self::BodyTooLarge { .. } | Self::BodyTimeout { .. } => {
-                Outcome::BadRequest
-            }
+            Self::BadRequest { .. }
+            | Self::BodyTooLarge { .. }
+            | Self::BodyTimeout { .. }
+            | Self::JobNotFound
+            | Self::JobFinished(_)
+            | Self::JobsUnavailable(_) => Outcome::BadRequest,
             Self::Overloaded | Self::QueuedBytes => Outcome::QueueFull,
+            Self::JobsFull => Outcome::QueueFull,
             Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Outcome::TooLong,
             Self::Classify(_) => Outcome::Internal,
             Self::Admission(AdmissionError::QueueFull { .. }) => Outcome::QueueFull,
@@ -217,6 +244,7 @@ impl GatewayError {
             Self::Admission(AdmissionError::QueueFull { retry_after, .. }) => Some(*retry_after),
             Self::Admission(AdmissionError::Timeout { .. }) => Some(Duration::from_secs(1)),
             Self::Overloaded | Self::QueuedBytes => Some(Duration::from_secs(1)),
+            Self::JobsFull => Some(Duration::from_secs(10)),
             Self::Admission(AdmissionError::QuotaUnavailable { .. }) => {
                 Some(Duration::from_secs(1))
             }

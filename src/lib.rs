@@ -27,6 +27,9 @@
 //!   `promotion_metrics.rs`, `quota_metrics.rs`); spans in `span.rs`/`otel.rs`; the per-request
 //!   record in `record.rs`. It takes plain values and imports neither admission nor upstream.
 //!
+//! - [`jobs`]: background jobs (`/jobs`): a store, a scheduler that starts them out of idle
+//!   large-lane capacity, their event streams and webhooks; it runs the pipeline's steps.
+//!
 //! Beside the pipeline: [`config`] (one file per section: raw struct, typed struct,
 //! validation), [`lane`] (the `Lane` enum, a leaf), [`error`] ([`error::GatewayError`] and its
 //! one mapping to HTTP), [`server`] (wiring, the serve loop, graceful shutdown, `--with-sim`).
@@ -40,6 +43,7 @@ pub mod config;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzz;
+pub mod jobs;
 pub mod lane;
 pub mod pipeline;
 pub mod prompt;

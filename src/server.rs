@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
-use crate::api::{app, AppState};
+use crate::api::{app, AppState, Jobs};
 use crate::classify::Classifier;
 use crate::config::{Config, RequestLogSink};
 use crate::telemetry::{Metrics, RequestLog};
@@ -82,7 +82,8 @@ pub fn serve_state(
 ) -> anyhow::Result<Gateway> {
     let addr = listener.local_addr()?;
     let stop = CancellationToken::new();
-    let router = app(state.clone());
+    let jobs = Jobs::start(state.clone(), stop.clone());
+    let router = app(state.clone(), jobs);
     let grace = state.config().server.shutdown_grace;
     let stopping = stop.clone();
     let server = state.config().server.clone();

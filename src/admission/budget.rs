@@ -144,6 +144,20 @@ impl Limits {
         }
     }
 
+    /// Whether one more request of `lane` with `tokens` fits in `lane`'s own seats: the tokens
+    /// fit (lane and global budgets) and the lane is below its reserved `max_concurrency`, so
+    /// nothing is borrowed. Background work (jobs) takes only such seats. Under `fifo` it is
+    /// [`Limits::fits`] (there are no lanes' own seats).
+    pub fn fits_own(&self, usage: &[Usage; 3], lane: Lane, tokens: u32) -> bool {
+        match self {
+            Limits::Lanes { lanes, .. } => {
+                usage[lane.index()].in_flight < lanes[lane.index()].max_concurrency
+                    && self.fits(usage, lane, tokens)
+            }
+            Limits::Fifo { .. } => self.fits(usage, lane, tokens),
+        }
+    }
+
     /// Whether one more request of `lane` with `tokens` fits, given per-lane usage: a seat AND
     /// the tokens (lane and global budgets), checked together.
     ///

@@ -127,3 +127,60 @@ async fn strict_keeps_the_seed_caps() {
     let small = fill(&strict, Small);
     assert_eq!(small.len(), 32, "the seed's literal cap");
 }
+
+/// Background work (jobs) takes only the large lane's own idle seats, never while an
+/// interactive large request waits, and hears about every seat that comes back.
+#[tokio::test(start_paused = true)]
+async fn background_work_takes_only_idle_seats_of_its_own_lane() {
+    let a = admission("");
+    let Admission::Local(local) = &a else {
+        unreachable!("in-process admission")
+    };
+    let mut freed = a.freed().expect("the local backend runs background work");
+    freed.borrow_and_update();
+    let one = a.try_acquire_idle(Large, 100, 0).expect("an idle own seat");
+    let two = a
+        .try_acquire_idle(Large, 100, 0)
+        .expect("the second own seat");
+    // Medium lends and seats are free, but background work never borrows.
+    assert!(a.try_acquire_idle(Large, 100, 0).is_none());
+    assert_eq!(a.snapshot().lane(Large).in_flight, 2);
+    drop(one);
+    assert!(
+        freed.has_changed().unwrap(),
+        "a seat came back: the scheduler wakes"
+    );
+    // An interactive large request waits for tokens (`big` holds nearly all of the lane's
+    // budget): background work may not pass it, though a seat is free.
+    let budget = local_large_budget();
+    let big = a
+        .try_acquire_idle(Large, (budget - 200) as u32, 0)
+        .expect("fits");
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(Large, 300).await })
+    };
+    while a.snapshot().lane(Large).queue_depth == 0 {
+        tokio::task::yield_now().await;
+    }
+    drop(two);
+    assert_eq!(
+        a.snapshot().lane(Large).queue_depth,
+        1,
+        "still short of tokens"
+    );
+    assert!(
+        local.try_acquire_idle(Large, 1, 0).is_none(),
+        "an interactive request is waiting in the large lane"
+    );
+    drop(big);
+    let interactive = waiter.await.unwrap().expect("the waiter goes first");
+    assert!(a.try_acquire_idle(Large, 100, 0).is_some());
+    drop(interactive);
+    assert!(a.snapshot().is_idle());
+}
+
+/// The large lane's token budget in [`admission`]'s config.
+fn local_large_budget() -> u64 {
+    Config::default().lanes.large.max_tokens_in_flight.get()
+}

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::budget::{Limits, PrefillLimit};
@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     limits: Limits,
     prefill: PrefillLimit,
     state: Mutex<State>,
+    /// Bumped whenever a seat, tokens or prefill room come back, or a waiter leaves.
+    freed: watch::Sender<u64>,
 }
 
 /// In-process admission for one replica. Cheap to clone; clones share the same lanes.
@@ -63,6 +65,7 @@ impl LocalAdmission {
                 limits,
                 prefill,
                 state,
+                freed: watch::Sender::new(0),
             }),
         }
     }
@@ -148,6 +151,38 @@ impl LocalAdmission {
     }
 }
 
+impl LocalAdmission {
+    /// A seat in `lane` for background work, only if it is idle capacity: `lane` has one of its
+    /// own seats free (nothing borrowed), nobody waits in its queue, and `tokens` and the
+    /// `prompt`'s prefill fit their budgets. Never waits; `None` when any of that fails.
+    pub fn try_acquire_idle(&self, lane: Lane, tokens: u32, prompt: u32) -> Option<LaneGuard> {
+        let shared = &self.shared;
+        let mut state = shared.lock();
+        let queue = shared.limits.queue_of(lane);
+        let idle = state.queues[queue].is_empty()
+            && shared.limits.fits_own(&state.usage, lane, tokens)
+            && shared.prefill.fits(state.prefill, prompt);
+        if !idle {
+            return None;
+        }
+        state.take(lane, tokens);
+        state.take_prefill(prompt);
+        let waited = shared.prefill.waits(prompt).then_some(Duration::ZERO);
+        Some(
+            LaneGuard::new(Box::new(shared.clone()), lane, tokens, Duration::ZERO)
+                .with_prefill(prompt, waited),
+        )
+    }
+
+    /// A receiver that wakes whenever capacity may have come back (a guard dropped, a first
+    /// token, a waiter left), for background work waiting for
+    /// [`LocalAdmission::try_acquire_idle`]. A change is never missed: it stays marked until
+    /// seen.
+    pub fn freed(&self) -> watch::Receiver<u64> {
+        self.shared.freed.subscribe()
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         // Critical sections never panic half-way, so a poisoned lock still holds valid counts.
@@ -214,6 +249,7 @@ impl Shared {
     /// A long prompt that has its seat and tokens but no prefill room stays, and so do the long
     /// prompts behind it (FIFO among long prompts); short prompts behind it go on.
     fn dispatch(self: &Arc<Self>, state: &mut State) {
+        self.freed.send_modify(|v| *v = v.wrapping_add(1));
         let now = Instant::now();
         for queue in 0..state.queues.len() {
             let mut pos = 0;

@@ -141,6 +141,31 @@ impl Admission {
         }
     }
 
+    /// Whether this backend runs background work (jobs): the in-process one does; the Redis
+    /// backend does not yet.
+    pub fn runs_background(&self) -> bool {
+        matches!(self, Admission::Local(_))
+    }
+
+    /// A seat in `lane` for background work (jobs), only out of idle capacity; see
+    /// [`LocalAdmission::try_acquire_idle`]. Always `None` where [`Admission::runs_background`]
+    /// is false.
+    pub fn try_acquire_idle(&self, lane: Lane, tokens: u32, prompt: u32) -> Option<LaneGuard> {
+        match self {
+            Admission::Local(local) => local.try_acquire_idle(lane, tokens, prompt),
+            Admission::Redis(_) => None,
+        }
+    }
+
+    /// A receiver that wakes when capacity may have come back (see [`LocalAdmission::freed`]);
+    /// `None` where [`Admission::runs_background`] is false.
+    pub fn freed(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        match self {
+            Admission::Local(local) => Some(local.freed()),
+            Admission::Redis(_) => None,
+        }
+    }
+
     /// Consistent counters of every lane, for metrics.
     pub fn snapshot(&self) -> AdmissionSnapshot {
         match self {

@@ -7,8 +7,11 @@
 //! - `GET /healthz`, `GET /readyz`, `GET /v1/models`, `GET /metrics` ([`ops`]); and vLLM's
 //!   own probe routes, so clients written for vLLM accept the gateway: `GET /health` and
 //!   `/ping` (liveness, as `/healthz`), `GET /version` and `POST /tokenize` (relayed).
+//! - `POST /jobs`, `GET|DELETE /jobs/{id}`, `GET /jobs/{id}/events`: background jobs
+//!   ([`jobs`], served by [`crate::jobs`]).
 
 pub mod answer;
+pub mod jobs;
 pub mod limits;
 pub mod openai;
 pub mod ops;
@@ -17,12 +20,18 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
+pub use crate::jobs::Jobs;
 pub use crate::pipeline::AppState;
 
-/// The gateway's routes over `state`.
-pub fn app(state: AppState) -> Router {
+/// The gateway's routes over `state`, with background jobs served by `jobs`.
+pub fn app(state: AppState, jobs: Jobs) -> Router {
     let server = state.config().server.clone();
     let limit = server.max_body_bytes;
+    let job_routes = Router::new()
+        .route("/jobs", post(jobs::submit))
+        .route("/jobs/{id}", get(jobs::status).delete(jobs::cancel))
+        .route("/jobs/{id}/events", get(jobs::events))
+        .with_state(jobs);
     Router::new()
         .route("/answer", get(answer::get_answer).post(answer::post_answer))
         .route("/v1/chat/completions", post(openai::chat_completions))
@@ -36,6 +45,8 @@ pub fn app(state: AppState) -> Router {
         .route("/tokenize", post(ops::tokenize))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
+        .with_state(state.clone())
+        .merge(job_routes)
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
             limits::RequestLimits::new(
@@ -45,5 +56,4 @@ pub fn app(state: AppState) -> Router {
             ),
             limits::limit,
         ))
-        .with_state(state)
 }

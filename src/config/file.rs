@@ -2,7 +2,7 @@
 //! [`validate`] that checks every section and then the rules that span sections.
 //!
 //! Each section's keys are checked by its own file (`server.rs`, `upstream.rs`, `classify.rs`,
-//! `admission.rs`, `promotion.rs`, `telemetry.rs`, `quota.rs`, `prefix.rs`); this file only
+//! `admission.rs`, `promotion.rs`, `telemetry.rs`, `quota.rs`, `jobs.rs`, `prefix.rs`); this file only
 //! calls them in order and owns the cross-section checks.
 
 use std::collections::BTreeMap;
@@ -14,6 +14,7 @@ use super::admission::{self, AdmissionConfig, LanesConfig, Policy, RawAdmission,
 use super::check::Checker;
 use super::classify::{self, ClassifyConfig, RawClassify};
 use super::error::ConfigError;
+use super::jobs::{self, JobsConfig, RawJobs};
 use super::prefix::{self, PrefixCacheConfig, RawCourse, RawPrefixCache};
 use super::promotion::{self, PromotionConfig, RawPromotion};
 use super::quota::{self, QuotaBackend, QuotaConfig, RawQuota};
@@ -59,6 +60,9 @@ pub struct RawConfig {
     /// `[quota]`: where the lane quota lives (this replica, or Redis shared by replicas).
     #[serde(default)]
     pub quota: RawQuota,
+    /// `[jobs]`: background jobs and their webhooks.
+    #[serde(default)]
+    pub jobs: RawJobs,
     /// `[prefix_cache]`: tool canonicalization, per-fingerprint metrics, drift detection.
     #[serde(default)]
     pub prefix_cache: RawPrefixCache,
@@ -89,6 +93,8 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// `[quota]`.
     pub quota: QuotaConfig,
+    /// `[jobs]`.
+    pub jobs: JobsConfig,
     /// `[prefix_cache]`.
     pub prefix_cache: PrefixCacheConfig,
     /// `[courses.<id>]`: each course's stable prefix, by id.
@@ -118,6 +124,7 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let telemetry = telemetry::validate(&mut c, raw.telemetry);
     let promotion = promotion::validate(&mut c, raw.promotion);
     let quota = quota::validate(&mut c, raw.quota);
+    let jobs = jobs::validate(&mut c, raw.jobs);
     let prefix_cache = prefix::prefix_cache(&mut c, raw.prefix_cache);
     let courses = prefix::courses(&mut c, raw.courses);
     let config = Config {
@@ -130,6 +137,7 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         promotion,
         telemetry,
         quota,
+        jobs,
         prefix_cache,
         courses,
     };

@@ -8,7 +8,7 @@
 //!
 //! One file per section keeps that section's raw struct, typed struct, defaults and checks
 //! together: `server`, `upstream` (with `[upstream.abort]`), `classify`, `admission` (with
-//! `[admission.fifo]` and `[lanes.*]`), `promotion`, `telemetry`, `quota`, `prefix`
+//! `[admission.fifo]` and `[lanes.*]`), `promotion`, `telemetry`, `quota`, `jobs`, `prefix`
 //! (`[prefix_cache]` and `[courses.*]`). `file` holds the top-level structs, the one
 //! [`validate`] and the cross-section checks; `check` (the problem collector) and `error` are
 //! leaves every section may use. No file imports one that imports it back.
@@ -21,6 +21,7 @@ mod check;
 mod classify;
 mod error;
 mod file;
+mod jobs;
 mod parse;
 mod prefix;
 mod promotion;
@@ -39,6 +40,7 @@ pub use admission::{AdmissionConfig, FifoConfig, LaneConfig, LanesConfig, Policy
 pub use classify::{ClassifyConfig, TokenizerSource};
 pub use error::{ConfigError, ConfigIssue};
 pub use file::{validate, Config};
+pub use jobs::{JobsConfig, WebhookPattern, WEBHOOK_SECRET_ENV};
 pub use prefix::PrefixCacheConfig;
 pub use promotion::{PromotionConfig, WhenFull};
 pub use quota::{OnRedisDown, QuotaBackend, QuotaConfig, RedisUrl};

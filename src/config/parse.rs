@@ -34,6 +34,7 @@ pub(super) fn parse_raw(src: &str) -> Result<Parsed, ConfigError> {
             "promotion" => raw.promotion = section(&key, value, &mut issues).unwrap_or_default(),
             "telemetry" => raw.telemetry = section(&key, value, &mut issues).unwrap_or_default(),
             "quota" => raw.quota = section(&key, value, &mut issues).unwrap_or_default(),
+            "jobs" => raw.jobs = section(&key, value, &mut issues).unwrap_or_default(),
             "prefix_cache" => {
                 raw.prefix_cache = section(&key, value, &mut issues).unwrap_or_default()
             }
@@ -41,7 +42,7 @@ pub(super) fn parse_raw(src: &str) -> Result<Parsed, ConfigError> {
             _ => issues.push(ConfigIssue::new(
                 key,
                 "is not a known key; expected one of `listen`, `upstream`, `classify`, \
-                 `admission`, `lanes`, `server`, `promotion`, `telemetry`, `quota`, \
+                 `admission`, `lanes`, `server`, `promotion`, `telemetry`, `quota`, `jobs`, \
                  `prefix_cache`, `courses`",
             )),
         }

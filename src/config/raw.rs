@@ -8,6 +8,7 @@
 pub use super::admission::{RawAdmission, RawFifo, RawLane, RawLanes};
 pub use super::classify::RawClassify;
 pub use super::file::RawConfig;
+pub use super::jobs::RawJobs;
 pub use super::prefix::{RawCourse, RawPrefixCache};
 pub use super::promotion::RawPromotion;
 pub use super::quota::RawQuota;

@@ -31,8 +31,11 @@ use serde_json::{Map, Value};
 pub use state::{new_request_id, AppState};
 
 use crate::admission::session::{SessionHold, SessionId};
+use crate::admission::LaneGuard;
+use crate::classify::Classification;
 use crate::classify::PromptInput;
 use crate::error::GatewayError;
+use crate::lane::Lane;
 use crate::prompt::fingerprint_of_chat;
 use crate::relay::{Format, Relay, RelayContext};
 use crate::telemetry::{Mark, RequestRecord, Route};
@@ -42,7 +45,7 @@ use respond::{link_trace, rejected, sse_response, with_id};
 
 /// A validated request, ready for classification.
 #[derive(Debug)]
-pub struct Job {
+pub struct Prepared {
     /// Which vLLM endpoint serves it.
     pub endpoint: Endpoint,
     /// What gets counted for classification.
@@ -55,6 +58,8 @@ pub struct Job {
     pub session: Option<SessionId>,
     /// Bytes of the request as received (body or query): what it holds while queued.
     pub size: usize,
+    /// Background work (a job): runs in the large lane, out of idle capacity.
+    pub background: bool,
 }
 
 /// How an `/answer` request arrived.
@@ -87,11 +92,11 @@ pub async fn answer(state: AppState, headers: HeaderMap, input: AnswerInput) -> 
         Ok(r) => r,
         Err(e) => return rejected(record, e),
     };
-    let job = match prompt::answer_job(&state, req) {
-        Ok(job) => Job { size, ..job },
+    let prepared = match prompt::answer_request(&state, req) {
+        Ok(p) => Prepared { size, ..p },
         Err(e) => return rejected(record, e),
     };
-    match start(&state, job, record, Format::Answer).await {
+    match start(&state, prepared, record, Format::Answer).await {
         Ok(relay) => with_id(
             sse_response(Body::from_stream(relay.into_sse())),
             &request_id,
@@ -122,7 +127,7 @@ pub async fn openai(
         size = b.len();
         match route {
             Route::Completions => parse::completion(&b, rules),
-            Route::ChatCompletions | Route::Answer => parse::chat(&b, rules),
+            Route::ChatCompletions | Route::Answer | Route::Job => parse::chat(&b, rules),
         }
     });
     let req: OpenAiRequest = match parsed {
@@ -134,11 +139,11 @@ pub async fn openai(
         continuous_usage: req.continuous_usage,
     };
     let stream = req.stream;
-    let job = match prompt::openai_job(&state, route, &headers, req) {
-        Ok(job) => Job { size, ..job },
+    let prepared = match prompt::openai_request(&state, route, &headers, req) {
+        Ok(p) => Prepared { size, ..p },
         Err(e) => return rejected(record, e),
     };
-    let relay = match start(&state, job, record, format).await {
+    let relay = match start(&state, prepared, record, format).await {
         Ok(r) => r,
         Err(e) => return with_id(e.into_response(), &request_id),
     };
@@ -153,23 +158,67 @@ pub async fn openai(
     with_id(resp, &request_id)
 }
 
-/// Classify, admit and send `job`, until the upstream stream starts. A failure is written to
-/// the request's `record` (id, route, arrival; written when it ends) here; the relay writes it after that. A client that goes away meanwhile
-/// drops the record, which counts it as cancelled where it was.
+/// Classify, admit and send `prepared`, until the upstream stream starts. A failure is written
+/// to the request's `record` (id, route, arrival; written when it ends) here; the relay writes
+/// it after that. A client that goes away meanwhile drops the record, which counts it as
+/// cancelled where it was.
 pub async fn start(
     state: &AppState,
-    job: Job,
+    prepared: Prepared,
     mut record: RequestRecord,
     format: Format,
 ) -> Result<Relay, GatewayError> {
-    let Job {
+    let result = async {
+        let ready = ready(state, prepared, &mut record).await?;
+        // While it waits for a seat its body is held: all queued bodies together are bounded.
+        let held = state.queued_bytes().hold(ready.size)?;
+        let guard = state
+            .admission()
+            .acquire_prompt(ready.class.lane, ready.class.work, ready.prefill)
+            .await?;
+        drop(held);
+        Ok::<_, GatewayError>((ready, guard))
+    }
+    .await;
+    match result {
+        Ok((ready, guard)) => send(state, ready, guard, record, format).await,
+        Err(e) => Err(refused(record, e)),
+    }
+}
+
+/// A request classified and shaped for the engine, not yet admitted: what admission needs
+/// (`class.lane`, `class.work`, `prefill`) and what [`send`] sends.
+#[derive(Debug)]
+pub struct Ready {
+    endpoint: Endpoint,
+    body: Map<String, Value>,
+    /// Lane, work (the token reservation) and estimates.
+    pub class: Classification,
+    /// The prefill reservation: the input estimate, less what its prefix usually finds cached.
+    pub prefill: u32,
+    /// Bytes of the request as received.
+    pub size: usize,
+    /// The session's reservation: settled by the relay, given back on any failure (drop).
+    hold: Option<SessionHold>,
+}
+
+/// Classifies `prepared` (estimated work, then the continuation choice for a session) and
+/// shapes its body for the engine. `background` work (jobs) runs in the large lane whatever its
+/// size, and at the engine priority of that lane.
+pub async fn ready(
+    state: &AppState,
+    prepared: Prepared,
+    record: &mut RequestRecord,
+) -> Result<Ready, GatewayError> {
+    let Prepared {
         endpoint,
         input,
         max_tokens,
         mut body,
         session,
         size,
-    } = job;
+        background,
+    } = prepared;
     let model = body
         .get("model")
         .and_then(Value::as_str)
@@ -186,85 +235,99 @@ pub async fn start(
     if let Some(fp) = &fingerprint {
         record.fingerprint(fp.clone());
     }
-    // The session's reservation: settled by the relay, or given back here on any failure.
+    // Classify: the first lane by estimated work...
+    let mut class = state
+        .classifier()
+        .classify(Arc::new(input), max_tokens)
+        .await?;
+    // ...then the continuation choice: a "continue" chain is one piece of work. The declared
+    // output counts toward the session from now on (parallel continues see it).
     let mut hold: Option<SessionHold> = None;
-    let result = async {
-        // Classify: the first lane by estimated work...
-        let mut class = state
-            .classifier()
-            .classify(Arc::new(input), max_tokens)
-            .await?;
-        // ...then the continuation choice: a "continue" chain is one piece of work. The
-        // declared output counts toward the session from now on (parallel continues see it).
-        if let Some(session) = session {
-            let (before, h) = state.sessions().reserve(session, class.output_budget).await;
-            hold = Some(h);
-            let lane = state.rules().for_continuation(class.lane, before);
-            if lane != class.lane {
-                state.metrics().promotion().reclassified(class.lane, lane);
-                class.lane = lane;
-            }
-        }
-        record.classified(class);
-        record.mark(Mark::Classified);
-        let output_cap = match max_tokens {
-            Some(_) => None,
-            None => state.rules().output_cap(
-                class.lane,
-                class.input_tokens_estimate,
-                class.output_budget,
-            ),
-        };
-        prompt::for_engine(
-            &mut body,
-            class.lane,
-            state.config().admission.engine_priority,
-            output_cap,
-        );
-        // Admit: a seat and the token reservation, given back when the guard drops, and the
-        // prefill reservation (the input estimate less what its prefix usually finds cached),
-        // given back at the first token (relay).
-        let prefill = prefill_estimate(state, class.input_tokens_estimate, fingerprint.as_deref());
-        // While it waits for a seat its body is held: all queued bodies together are bounded.
-        let held = state.queued_bytes().hold(size)?;
-        let guard = state
-            .admission()
-            .acquire_prompt(class.lane, class.work, prefill)
-            .await?;
-        drop(held);
-        record.admitted(guard.queue_wait(), guard.prefill());
-        if let Some(waited) = guard.prefill_wait() {
-            record.prefill_waited(waited);
-        }
-        // Send.
-        let request = UpstreamRequest {
-            endpoint,
-            request_id: record.request_id().to_owned(),
-            traceparent: record.upstream_traceparent(),
-            body,
-        };
-        let upstream = state.upstream().stream(request).await?;
-        record.mark(Mark::Sent);
-        Ok::<_, GatewayError>((class, guard, upstream))
-    }
-    .await;
-    match result {
-        Ok((class, guard, upstream)) => {
-            tracing::debug!(request_id = %record.request_id(), lane = %class.lane, work = class.work, exact = class.exact, "admitted");
-            // Relay: owns the guard and the stream from here to the end.
-            let ctx = RelayContext {
-                rules: *state.rules(),
-                metrics: state.metrics().clone(),
-                session: hold,
-            };
-            Ok(Relay::new(upstream, guard, class, format, record, ctx))
-        }
-        Err(e) => {
-            tracing::info!(request_id = %record.request_id(), code = e.code(), error = %e.log_summary(), "request rejected");
-            record.finish(e.outcome(), Some(e.code()), None);
-            Err(e)
+    if let Some(session) = session {
+        let (before, h) = state.sessions().reserve(session, class.output_budget).await;
+        hold = Some(h);
+        let lane = state.rules().for_continuation(class.lane, before);
+        if lane != class.lane {
+            state.metrics().promotion().reclassified(class.lane, lane);
+            class.lane = lane;
         }
     }
+    if background {
+        class.lane = Lane::Large;
+    }
+    record.classified(class);
+    record.mark(Mark::Classified);
+    let output_cap = match max_tokens {
+        Some(_) => None,
+        None => {
+            state
+                .rules()
+                .output_cap(class.lane, class.input_tokens_estimate, class.output_budget)
+        }
+    };
+    prompt::for_engine(
+        &mut body,
+        class.lane,
+        state.config().admission.engine_priority,
+        output_cap,
+    );
+    let prefill = prefill_estimate(state, class.input_tokens_estimate, fingerprint.as_deref());
+    Ok(Ready {
+        endpoint,
+        body,
+        class,
+        prefill,
+        size,
+        hold,
+    })
+}
+
+/// Sends `ready`, admitted under `guard` (a seat and the token reservation, given back when
+/// the guard drops, and the prefill reservation, given back at the first token), and hands
+/// the stream to a [`Relay`], which owns the guard from here to the end.
+pub async fn send(
+    state: &AppState,
+    ready: Ready,
+    guard: LaneGuard,
+    mut record: RequestRecord,
+    format: Format,
+) -> Result<Relay, GatewayError> {
+    let Ready {
+        endpoint,
+        body,
+        class,
+        hold,
+        ..
+    } = ready;
+    record.admitted(guard.queue_wait(), guard.prefill());
+    if let Some(waited) = guard.prefill_wait() {
+        record.prefill_waited(waited);
+    }
+    let request = UpstreamRequest {
+        endpoint,
+        request_id: record.request_id().to_owned(),
+        traceparent: record.upstream_traceparent(),
+        body,
+    };
+    let upstream = match state.upstream().stream(request).await {
+        Ok(upstream) => upstream,
+        Err(e) => return Err(refused(record, e.into())),
+    };
+    record.mark(Mark::Sent);
+    tracing::debug!(request_id = %record.request_id(), lane = %class.lane, work = class.work, exact = class.exact, "admitted");
+    let ctx = RelayContext {
+        rules: *state.rules(),
+        metrics: state.metrics().clone(),
+        session: hold,
+    };
+    Ok(Relay::new(upstream, guard, class, format, record, ctx))
+}
+
+/// Writes a failure before the stream began to `record`, and passes it on.
+pub fn refused(mut record: RequestRecord, e: GatewayError) -> GatewayError {
+    tracing::info!(request_id = %record.request_id(), code = e.code(), error = %e.log_summary(), "request rejected");
+    record.finish(e.outcome(), Some(e.code()), None);
+    e
 }
 
 /// The prefill reservation of a prompt estimated at `input` tokens: the estimate, less the

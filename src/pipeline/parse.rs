@@ -332,6 +332,13 @@ pub fn session_id_from(raw: &str, name: &'static str) -> Result<Option<SessionId
         .map_err(|why| GatewayError::bad_request(format!("{name} {why}"), Some(name)))
 }
 
+/// A request body read as JSON; 400 naming the syntax error's place when it is not.
+pub fn json_body(bytes: &[u8]) -> Result<Value, GatewayError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        GatewayError::bad_request(format!("the request body is not valid JSON: {e}"), None)
+    })
+}
+
 fn session(raw: &str) -> Result<Option<SessionId>, GatewayError> {
     session_id_from(raw, "session_id")
 }
@@ -343,9 +350,11 @@ fn user_message(prompt: &str) -> Value {
 impl AnswerRequest {
     /// From a `POST /answer` body.
     pub fn from_body(bytes: &[u8]) -> Result<Self, GatewayError> {
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| {
-            GatewayError::bad_request(format!("the request body is not valid JSON: {e}"), None)
-        })?;
+        Self::from_value(json_body(bytes)?)
+    }
+
+    /// From a `POST /answer` body already read as JSON (a job's body, less its own fields).
+    pub fn from_value(value: Value) -> Result<Self, GatewayError> {
         let raw_messages = value.get("messages").cloned();
         let raw_turns = value.get("turns").cloned();
         let body: AnswerBody = typed(value)?;

@@ -1,4 +1,4 @@
-//! The prompt step: a parsed request becomes a [`Job`] with the body vLLM will see.
+//! The prompt step: a parsed request becomes a [`Prepared`] with the body vLLM will see.
 //!
 //! - `/answer` with a `course_id`: the course's stable prefix first (instructions, rubric,
 //!   safety, tools as canonical JSON), then the student's material (M17); unknown course: 400.
@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use super::parse::{self, AnswerRequest, OpenAiRequest};
 use super::state::AppState;
-use super::Job;
+use super::Prepared;
 use crate::classify::PromptInput;
 use crate::error::GatewayError;
 use crate::lane::Lane;
@@ -21,7 +21,7 @@ use crate::telemetry::Route;
 use crate::upstream::Endpoint;
 
 /// The `/answer` job: course prefix (if any), then the student's messages.
-pub fn answer_job(state: &AppState, req: AnswerRequest) -> Result<Job, GatewayError> {
+pub fn answer_request(state: &AppState, req: AnswerRequest) -> Result<Prepared, GatewayError> {
     let AnswerRequest {
         messages,
         messages_json,
@@ -44,13 +44,14 @@ pub fn answer_job(state: &AppState, req: AnswerRequest) -> Result<Job, GatewayEr
     if let Some(max) = max_output_tokens {
         body.insert("max_tokens".into(), Value::from(max));
     }
-    Ok(Job {
+    Ok(Prepared {
         endpoint: Endpoint::ChatCompletions,
         input: PromptInput::chat(messages, body.get("tools")),
         max_tokens: max_output_tokens,
         body,
         session: session_id,
         size: 0,
+        background: false,
     })
 }
 
@@ -78,12 +79,12 @@ fn with_course(
 
 /// The `/v1` job: the client's body as it came, tools canonicalized; the session from
 /// `x-session-id`.
-pub fn openai_job(
+pub fn openai_request(
     state: &AppState,
     route: Route,
     headers: &HeaderMap,
     mut req: OpenAiRequest,
-) -> Result<Job, GatewayError> {
+) -> Result<Prepared, GatewayError> {
     if route == Route::ChatCompletions && state.config().prefix_cache.canonicalize_tools {
         // Same schemas, same tokens: key order must not break vLLM's prefix cache (M17).
         if let Some(tools) = req.body.get_mut("tools") {
@@ -92,7 +93,7 @@ pub fn openai_job(
     }
     let endpoint = match route {
         Route::Completions => Endpoint::Completions,
-        Route::ChatCompletions | Route::Answer => Endpoint::ChatCompletions,
+        Route::ChatCompletions | Route::Answer | Route::Job => Endpoint::ChatCompletions,
     };
     let session = match headers.get("x-session-id") {
         None => None,
@@ -106,13 +107,14 @@ pub fn openai_job(
             parse::session_id_from(raw, "x-session-id")?
         }
     };
-    Ok(Job {
+    Ok(Prepared {
         endpoint,
         input: req.input,
         max_tokens: req.max_tokens,
         body: req.body,
         session,
         size: 0,
+        background: false,
     })
 }
 

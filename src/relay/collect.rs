@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use crate::telemetry::Route;
+use crate::telemetry::{LatencySplit, Route};
 use crate::upstream::{Chunk, Usage};
 
 /// What the stream said, accumulated.
@@ -25,6 +25,8 @@ pub struct Collected {
     pub usage: Option<Usage>,
     /// Set when the answer was cut at its lane's limit.
     pub cut: Option<super::cut::CutInfo>,
+    /// The latency split at the end.
+    pub timings: LatencySplit,
 }
 
 /// What the client gets of a chunk that carries `usage`: the final usage-only chunk
@@ -178,7 +180,7 @@ impl Collected {
                 "stop_reason": null,
                 "prompt_logprobs": null,
             }),
-            Route::ChatCompletions | Route::Answer => json!({
+            Route::ChatCompletions | Route::Answer | Route::Job => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": self.text, "tool_calls": []},
                 "logprobs": null,
@@ -188,7 +190,7 @@ impl Collected {
         };
         let object = match route {
             Route::Completions => "text_completion",
-            Route::ChatCompletions | Route::Answer => "chat.completion",
+            Route::ChatCompletions | Route::Answer | Route::Job => "chat.completion",
         };
         let mut body = json!({
             "id": self.id,

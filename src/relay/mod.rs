@@ -329,23 +329,36 @@ impl Relay {
     }
 
     /// Reads the whole answer (non-streaming `/v1`), under the same lane limits.
-    pub async fn collect(mut self) -> Result<Collected, GatewayError> {
+    pub async fn collect(self) -> Result<Collected, GatewayError> {
+        self.collect_with(|_| {}).await
+    }
+
+    /// [`Relay::collect`], showing each chunk to `on_chunk` as it arrives (a job keeps its
+    /// text so far readable). Dropping the future mid-way ends the request as a client
+    /// disconnect does: the engine's work is aborted and everything is given back.
+    pub async fn collect_with(
+        mut self,
+        mut on_chunk: impl FnMut(&Chunk) + Send,
+    ) -> Result<Collected, GatewayError> {
         let mut acc = Collected::default();
         loop {
             match self.next_event().await {
                 Some(Ok(chunk)) => {
+                    on_chunk(&chunk);
                     acc.add(&chunk);
                     if chunk.has_content && !self.keep_in_bounds().await {
                         let info = self.cut_here();
                         acc.finish_reason = Some("length".into());
                         acc.cut = Some(info);
                         acc.usage = self.upstream.usage();
+                        acc.timings = self.timings();
                         self.finish(Outcome::Cut, Some(cut::CODE));
                         return Ok(acc);
                     }
                 }
                 None => {
                     acc.usage = self.upstream.usage();
+                    acc.timings = self.timings();
                     self.finish(Outcome::Ok, None);
                     return Ok(acc);
                 }

@@ -22,6 +22,7 @@ use prometheus::{
     TextEncoder,
 };
 
+use super::job_metrics::JobMetrics;
 use super::relay_metrics::RelayMetrics;
 use super::snapshot::AdmissionSnapshot;
 use crate::lane::Lane;
@@ -79,6 +80,8 @@ pub enum Route {
     ChatCompletions,
     /// `/v1/completions`.
     Completions,
+    /// A background job (`POST /jobs`).
+    Job,
 }
 
 impl Route {
@@ -88,6 +91,7 @@ impl Route {
             Route::Answer => "answer",
             Route::ChatCompletions => "chat_completions",
             Route::Completions => "completions",
+            Route::Job => "job",
         }
     }
 }
@@ -167,6 +171,7 @@ pub struct Metrics {
     promotion: PromotionMetrics,
     prefix: PrefixMetrics,
     relay: RelayMetrics,
+    jobs: JobMetrics,
 }
 
 impl Default for Metrics {
@@ -306,6 +311,7 @@ impl Metrics {
         let quota = QuotaMetrics::register(&registry);
         let promotion = PromotionMetrics::register(&registry);
         let relay = RelayMetrics::register(&registry);
+        let jobs = JobMetrics::register(&registry);
         let prefix = PrefixMetrics::register(&registry);
         // Every lane's series exist from the start, so dashboards and rate() see zeros, not gaps.
         for lane in Lane::ALL {
@@ -351,6 +357,7 @@ impl Metrics {
             quota,
             promotion,
             relay,
+            jobs,
             prefix,
             refused,
         }
@@ -379,6 +386,11 @@ impl Metrics {
     /// The relay latency family.
     pub fn relay(&self) -> &RelayMetrics {
         &self.relay
+    }
+
+    /// The background jobs' families.
+    pub fn jobs(&self) -> &JobMetrics {
+        &self.jobs
     }
 
     /// Records a client that went away at `stage` after `tokens` output tokens.

@@ -6,6 +6,7 @@
 //! - [`metrics`]: the Prometheus families ([`Metrics`], no globals).
 //! - [`span`]: the `llm.generate` span and its attribute names.
 //! - [`request_log`]: one JSON line per finished request.
+//! - [`job_metrics`]: background jobs (`tutor_gateway_jobs{status}`, wait, run, webhooks).
 //! - [`prefix_metrics`], [`drift`]: per-fingerprint prefix-cache metrics and drift (M18, M19).
 //! - [`otel`]: logging and OpenTelemetry set-up, W3C trace-context propagation.
 //!
@@ -14,6 +15,7 @@
 
 pub mod cached_prefix;
 pub mod drift;
+pub mod job_metrics;
 pub mod latency;
 mod metrics;
 pub mod otel;
@@ -26,6 +28,7 @@ pub mod request_log;
 mod snapshot;
 pub mod span;
 
+pub use job_metrics::JobMetrics;
 pub use latency::{EngineTimings, LatencySplit, Mark, PromptUsage, StageSplit, UpstreamView};
 pub use metrics::{Metrics, Outcome, Route, Stage};
 pub use prefix_metrics::PrefixMetrics;

@@ -51,7 +51,7 @@ impl RequestRecord {
             span::GEN_AI_OPERATION,
             match route {
                 Route::Completions => "text_completion",
-                Route::ChatCompletions | Route::Answer => "chat",
+                Route::ChatCompletions | Route::Answer | Route::Job => "chat",
             },
         );
         Self {

@@ -1,0 +1,57 @@
+//! `/jobs`: background jobs (see [`crate::jobs`] for the API and the scheduling). Errors are the
+//! gateway's JSON error body with their status; `GET /jobs/{id}/events` is SSE.
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use crate::jobs::Jobs;
+use crate::pipeline::parse::body_bytes;
+use crate::pipeline::respond::sse_response;
+
+/// `POST /jobs`: 202 with `{"id","status","status_url","events_url"}`.
+pub async fn submit(
+    State(jobs): State<Jobs>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let body = match body_bytes(body, jobs.max_body_bytes()) {
+        Ok(b) => b,
+        Err(e) => return e.into_response(),
+    };
+    match jobs.submit(&headers, body).await {
+        Ok(v) => (StatusCode::ACCEPTED, axum::Json(v)).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /jobs/{id}`.
+pub async fn status(State(jobs): State<Jobs>, Path(id): Path<String>) -> Response {
+    match jobs.status(&id) {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `DELETE /jobs/{id}`.
+pub async fn cancel(State(jobs): State<Jobs>, Path(id): Path<String>) -> Response {
+    match jobs.cancel(&id).await {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /jobs/{id}/events`, honouring `Last-Event-ID`.
+pub async fn events(
+    State(jobs): State<Jobs>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let last = headers.get("last-event-id").and_then(|v| v.to_str().ok());
+    match jobs.events(&id, last) {
+        Ok(stream) => sse_response(Body::from_stream(stream)),
+        Err(e) => e.into_response(),
+    }
+}

@@ -1,0 +1,264 @@
+//! `[jobs]`: repository reviews as background jobs (`POST /jobs`), their bounds, result
+//! lifetime and webhooks.
+//!
+//! Owns [`RawJobs`], [`JobsConfig`] and [`WebhookPattern`], their defaults and validation.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::Checker;
+
+/// Default `jobs.max_jobs`.
+const MAX_JOBS: u64 = 1_000;
+/// Default `jobs.max_bytes` (64 MiB).
+const MAX_BYTES: u64 = 64 * 1024 * 1024;
+/// Default `jobs.result_ttl_ms` (one hour).
+const RESULT_TTL_MS: u64 = 3_600_000;
+/// Default `jobs.webhook_attempts`.
+const WEBHOOK_ATTEMPTS: u32 = 5;
+/// Default `jobs.webhook_backoff_ms`.
+const WEBHOOK_BACKOFF_MS: u64 = 1_000;
+/// Default `jobs.webhook_timeout_ms`.
+const WEBHOOK_TIMEOUT_MS: u64 = 10_000;
+/// The environment variable that may hold the webhook secret instead of the file.
+pub const WEBHOOK_SECRET_ENV: &str = "TUTOR_GATEWAY_WEBHOOK_SECRET";
+/// The shortest webhook secret accepted, bytes.
+const MIN_SECRET: usize = 16;
+
+/// `[jobs]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJobs {
+    /// Accept `POST /jobs`.
+    pub enabled: Option<bool>,
+    /// Jobs kept at once (queued, running, finished until expiry).
+    pub max_jobs: Option<u64>,
+    /// Bytes of job bodies and answers kept at once.
+    pub max_bytes: Option<u64>,
+    /// How long a finished job's result stays readable, ms.
+    pub result_ttl_ms: Option<u64>,
+    /// URL patterns a job's `notify` must match.
+    pub webhook_allow: Option<Vec<String>>,
+    /// The HMAC-SHA256 key webhooks are signed with.
+    pub webhook_secret: Option<String>,
+    /// Delivery attempts per webhook.
+    pub webhook_attempts: Option<u32>,
+    /// Delay before the first retry, ms (doubled each retry, with jitter).
+    pub webhook_backoff_ms: Option<u64>,
+    /// Each attempt's timeout, ms.
+    pub webhook_timeout_ms: Option<u64>,
+}
+
+/// One `jobs.webhook_allow` entry: `scheme://host[:port]/path`, where the host may start with
+/// `*.` (any subdomain, not the domain itself) and the path may end with `*` (any rest).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookPattern {
+    /// `http` or `https`.
+    pub scheme: String,
+    /// Lower-case host; `*.example.edu` matches subdomains of `example.edu`.
+    pub host: String,
+    /// The port, explicit or the scheme's default.
+    pub port: u16,
+    /// The path, or its prefix when `prefix` is set.
+    pub path: String,
+    /// The path ended with `*`.
+    pub prefix: bool,
+}
+
+/// Background jobs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobsConfig {
+    /// Whether `POST /jobs` is served.
+    pub enabled: bool,
+    /// Jobs kept at once; a submission beyond it gets 429.
+    pub max_jobs: usize,
+    /// Bytes of bodies and answers kept at once; a submission beyond it gets 429.
+    pub max_bytes: u64,
+    /// How long a finished job's result stays readable.
+    pub result_ttl: Duration,
+    /// Where webhooks may go; empty: `notify` is refused.
+    pub webhook_allow: Vec<WebhookPattern>,
+    /// The signing key (never logged or echoed).
+    pub webhook_secret: Option<String>,
+    /// Delivery attempts per webhook.
+    pub webhook_attempts: u32,
+    /// Delay before the first retry.
+    pub webhook_backoff: Duration,
+    /// Each attempt's timeout.
+    pub webhook_timeout: Duration,
+}
+
+impl WebhookPattern {
+    /// Reads one pattern; `None` when it is not `http(s)://host[:port]/path[*]`.
+    pub fn parse(pattern: &str) -> Option<Self> {
+        let (scheme, rest) = pattern.split_once("://")?;
+        let default_port = match scheme {
+            "http" => 80,
+            "https" => 443,
+            _ => return None,
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => rest.split_at(i),
+            None => (rest, "/"),
+        };
+        if authority.contains('@') || authority.is_empty() {
+            return None;
+        }
+        // IPv6 literals are not supported (a host never contains `:`).
+        let (host, port) = match authority.split_once(':') {
+            Some((h, p)) => (h, p.parse::<u16>().ok()?),
+            None => (authority, default_port),
+        };
+        let bare = host.strip_prefix("*.").unwrap_or(host);
+        if bare.is_empty() || bare.contains('*') {
+            return None;
+        }
+        let (path, prefix) = match path.strip_suffix('*') {
+            Some(p) => (p, true),
+            None => (path, false),
+        };
+        if path.contains('*') {
+            return None;
+        }
+        Some(Self {
+            scheme: scheme.to_owned(),
+            host: host.to_ascii_lowercase(),
+            port,
+            path: path.to_owned(),
+            prefix,
+        })
+    }
+
+    /// Whether a URL with these (already normalised) parts matches.
+    pub fn matches(&self, scheme: &str, host: &str, port: u16, path: &str) -> bool {
+        let host_ok = match self.host.strip_prefix("*.") {
+            Some(domain) => host
+                .strip_suffix(domain)
+                .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.')),
+            None => host == self.host,
+        };
+        let path_ok = if self.prefix {
+            path.starts_with(&self.path)
+        } else {
+            path == self.path
+        };
+        scheme == self.scheme && host_ok && port == self.port && path_ok
+    }
+}
+
+/// Checks `[jobs]`. The webhook secret may come from [`WEBHOOK_SECRET_ENV`] instead of the file.
+pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
+    let max_jobs = c.u64("jobs.max_jobs", raw.max_jobs, MAX_JOBS).get();
+    let mut webhook_allow = Vec::new();
+    for (i, p) in raw.webhook_allow.unwrap_or_default().iter().enumerate() {
+        match WebhookPattern::parse(p) {
+            Some(pattern) => webhook_allow.push(pattern),
+            None => c.fail(
+                format!("jobs.webhook_allow[{i}]"),
+                "must look like https://host[:port]/path, the host may start with `*.` and the \
+                 path may end with `*`",
+            ),
+        }
+    }
+    let webhook_secret = raw.webhook_secret.filter(|s| !s.is_empty()).or_else(|| {
+        std::env::var(WEBHOOK_SECRET_ENV)
+            .ok()
+            .filter(|s| !s.is_empty())
+    });
+    match &webhook_secret {
+        Some(s) if s.len() < MIN_SECRET => c.fail(
+            "jobs.webhook_secret",
+            format!("must be at least {MIN_SECRET} bytes"),
+        ),
+        None if !webhook_allow.is_empty() => c.fail(
+            "jobs.webhook_secret",
+            format!("must be set (or {WEBHOOK_SECRET_ENV}) when jobs.webhook_allow is"),
+        ),
+        _ => {}
+    }
+    let webhook_attempts = c
+        .u32(
+            "jobs.webhook_attempts",
+            raw.webhook_attempts,
+            WEBHOOK_ATTEMPTS,
+        )
+        .get();
+    if webhook_attempts > 20 {
+        c.fail("jobs.webhook_attempts", "must be at most 20");
+    }
+    JobsConfig {
+        enabled: raw.enabled.unwrap_or(true),
+        max_jobs: usize::try_from(max_jobs).unwrap_or(usize::MAX),
+        max_bytes: c.u64("jobs.max_bytes", raw.max_bytes, MAX_BYTES).get(),
+        result_ttl: c.ms("jobs.result_ttl_ms", raw.result_ttl_ms, RESULT_TTL_MS),
+        webhook_allow,
+        webhook_secret,
+        webhook_attempts: webhook_attempts.min(20),
+        webhook_backoff: c.ms(
+            "jobs.webhook_backoff_ms",
+            raw.webhook_backoff_ms,
+            WEBHOOK_BACKOFF_MS,
+        ),
+        webhook_timeout: c.ms(
+            "jobs.webhook_timeout_ms",
+            raw.webhook_timeout_ms,
+            WEBHOOK_TIMEOUT_MS,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WebhookPattern;
+
+    fn matches(pattern: &str, url: (&str, &str, u16, &str)) -> bool {
+        WebhookPattern::parse(pattern)
+            .unwrap()
+            .matches(url.0, url.1, url.2, url.3)
+    }
+
+    #[test]
+    fn patterns_match_scheme_host_port_and_path() {
+        let p = "https://hooks.example.edu/tutor/*";
+        assert!(matches(
+            p,
+            ("https", "hooks.example.edu", 443, "/tutor/done")
+        ));
+        assert!(!matches(
+            p,
+            ("http", "hooks.example.edu", 443, "/tutor/done")
+        ));
+        assert!(!matches(
+            p,
+            ("https", "hooks.example.edu", 8443, "/tutor/done")
+        ));
+        assert!(!matches(p, ("https", "evil.edu", 443, "/tutor/done")));
+        assert!(!matches(p, ("https", "hooks.example.edu", 443, "/other")));
+        let sub = "https://*.example.edu/hook";
+        assert!(matches(sub, ("https", "a.example.edu", 443, "/hook")));
+        assert!(!matches(sub, ("https", "example.edu", 443, "/hook")));
+        assert!(!matches(sub, ("https", "badexample.edu", 443, "/hook")));
+        assert!(!matches(sub, ("https", "a.example.edu", 443, "/hook/x")));
+        assert!(matches(
+            "http://127.0.0.1:9000/*",
+            ("http", "127.0.0.1", 9000, "/")
+        ));
+    }
+
+    #[test]
+    fn malformed_patterns_are_refused() {
+        for p in [
+            "ftp://x/",
+            "https://",
+            "https://user@host/",
+            "https://*/",
+            "https://a*b.edu/",
+            "https://host/a*b",
+            "https://host:99999/",
+            "hooks.example.edu/",
+        ] {
+            assert!(WebhookPattern::parse(p).is_none(), "{p}");
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! One job: its status, its text as it streams, its answer or error, its webhook attempts, and
+//! the channel that tells its event streams something changed.
+//!
+//! Everything mutable sits behind one short mutex; every change bumps a `watch` version, so an
+//! event stream that wakes up reads all that happened since it last looked and misses nothing.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
+
+use serde_json::{json, Value};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::classify::Classification;
+use crate::pipeline::Ready;
+use crate::telemetry::{LatencySplit, RequestRecord};
+
+/// Where a job stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Waiting for idle large-lane capacity.
+    Queued,
+    /// Streaming from the engine.
+    Running,
+    /// Finished; the answer is readable until it expires.
+    Done,
+    /// The engine or the gateway failed it; the error is readable until it expires.
+    Failed,
+    /// Cancelled by `DELETE /jobs/{id}` (or the gateway shut down).
+    Cancelled,
+    /// Ended longer than `jobs.result_ttl` ago: the result is gone.
+    Expired,
+}
+
+impl Status {
+    /// The API's and the metric label's name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Status::Queued => "queued",
+            Status::Running => "running",
+            Status::Done => "done",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+            Status::Expired => "expired",
+        }
+    }
+
+    /// Whether the job has ended (nothing more will stream).
+    pub const fn is_final(self) -> bool {
+        !matches!(self, Status::Queued | Status::Running)
+    }
+}
+
+/// A finished job's answer (what `/answer`'s `done` event says).
+#[derive(Debug, Clone)]
+pub struct Answer {
+    /// Why generation stopped (`length` when cut at the lane's limit).
+    pub finish_reason: Option<String>,
+    /// `{"input_tokens","output_tokens","cached_tokens"}`.
+    pub usage: Value,
+    /// The latency split (from submission: its queue time included).
+    pub timings: LatencySplit,
+}
+
+/// One webhook delivery attempt.
+#[derive(Debug, Clone)]
+pub struct Attempt {
+    /// When it was made, Unix seconds.
+    pub at: f64,
+    /// The receiver's HTTP status, when it answered.
+    pub status: Option<u16>,
+    /// `timeout` or `connect` when it did not.
+    pub error: Option<&'static str>,
+}
+
+/// What happened to a job's webhook.
+#[derive(Debug, Clone, Default)]
+pub struct Webhook {
+    /// Attempts so far, oldest first.
+    pub attempts: Vec<Attempt>,
+    /// `Some(true)`: delivered; `Some(false)`: given up; `None`: in progress or not yet due.
+    pub delivered: Option<bool>,
+}
+
+/// The mutable part of a job.
+#[derive(Debug)]
+pub struct State {
+    /// Where it stands.
+    pub status: Status,
+    /// The classified request and its record, until the runner takes them.
+    pub work: Option<(Ready, RequestRecord)>,
+    /// The text so far.
+    pub text: String,
+    /// Where each streamed piece of `text` ends: piece `i` (event id `i + 1`) is
+    /// `text[ends[i-1]..ends[i]]`.
+    pub ends: Vec<usize>,
+    /// The answer, once done.
+    pub answer: Option<Answer>,
+    /// `(code, message)`, once failed.
+    pub error: Option<(&'static str, String)>,
+    /// When it started.
+    pub started: Option<(SystemTime, Instant)>,
+    /// When it ended.
+    pub finished: Option<(SystemTime, Instant)>,
+    /// Where to POST the result.
+    pub notify: Option<reqwest::Url>,
+    /// The webhook's attempts.
+    pub webhook: Webhook,
+    /// Bytes counted against `jobs.max_bytes` (request body and text).
+    pub bytes: u64,
+}
+
+/// One job.
+#[derive(Debug)]
+pub struct Entry {
+    /// Its id (32 hex characters, the request id of its run).
+    pub id: String,
+    /// When it was submitted.
+    pub submitted: (SystemTime, Instant),
+    /// Its classification at submission (lane `large`, estimates, reservation).
+    pub class: Classification,
+    state: Mutex<State>,
+    version: watch::Sender<u64>,
+    /// Cancelled by `DELETE` (or shutdown): a running job drops its stream, aborting the
+    /// engine's work.
+    pub cancel: CancellationToken,
+}
+
+impl Entry {
+    /// A queued job.
+    pub fn new(
+        id: String,
+        class: Classification,
+        work: (Ready, RequestRecord),
+        notify: Option<reqwest::Url>,
+        bytes: u64,
+    ) -> Self {
+        Self {
+            id,
+            submitted: (SystemTime::now(), Instant::now()),
+            class,
+            state: Mutex::new(State {
+                status: Status::Queued,
+                work: Some(work),
+                text: String::new(),
+                ends: Vec::new(),
+                answer: None,
+                error: None,
+                started: None,
+                finished: None,
+                notify,
+                webhook: Webhook::default(),
+                bytes,
+            }),
+            version: watch::Sender::new(0),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// Reads the state (short critical sections only; nothing awaits under it).
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Changes the state under the lock, then wakes the job's event streams.
+    pub fn update<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        let out = f(&mut self.lock());
+        self.version.send_modify(|v| *v += 1);
+        out
+    }
+
+    /// A receiver that wakes on every [`Entry::update`].
+    pub fn watch(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// The JSON of `GET /jobs/{id}` (and of the webhook), `position` jobs ahead when queued.
+    pub fn view(&self, position: Option<usize>) -> Value {
+        let s = self.lock();
+        let mut v = json!({
+            "id": self.id,
+            "status": s.status.as_str(),
+            "submitted_at": unix(self.submitted.0),
+            "started_at": s.started.map(|t| unix(t.0)),
+            "finished_at": s.finished.map(|t| unix(t.0)),
+            "lane": self.class.lane.as_str(),
+            "estimated_input_tokens": self.class.input_tokens_estimate,
+            "output_budget": self.class.output_budget,
+        });
+        if let Some(p) = position.filter(|_| s.status == Status::Queued) {
+            v["position"] = json!(p);
+        }
+        if s.status == Status::Running {
+            v["output_pieces"] = json!(s.ends.len());
+        }
+        if let Some(a) = &s.answer {
+            v["answer"] = json!({
+                "text": s.text,
+                "finish_reason": a.finish_reason,
+                "usage": a.usage,
+                "timings": a.timings,
+            });
+        }
+        if let Some((code, message)) = &s.error {
+            v["error"] = json!({ "code": code, "message": message });
+        }
+        if s.notify.is_some() {
+            v["webhook"] = json!({
+                "delivered": s.webhook.delivered,
+                "attempts": s.webhook.attempts.iter().map(|a| json!({
+                    "at": a.at,
+                    "status": a.status,
+                    "error": a.error,
+                })).collect::<Vec<_>>(),
+            });
+        }
+        v
+    }
+}
+
+/// `t` as Unix seconds (milliseconds precision).
+pub fn unix(t: SystemTime) -> f64 {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    (d.as_millis() as f64) / 1000.0
+}

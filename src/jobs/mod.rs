@@ -1,0 +1,271 @@
+//! Background jobs (M16, M23): a repository review submitted with `POST /jobs` runs out of the
+//! capacity interactive traffic leaves idle, and its client polls, attaches to its events, or
+//! gets a webhook, instead of holding a connection and a queue place.
+//!
+//! - `POST /jobs`: the `/answer` body plus an optional `notify` webhook URL (allowed only when
+//!   it matches `jobs.webhook_allow`). Checked and classified at once (the same 400s as
+//!   `/answer`); 202 with `{"id","status","status_url","events_url"}`.
+//! - `GET /jobs/{id}`: status, queue position, and when done the answer with usage and timings.
+//! - `GET /jobs/{id}/events`: SSE (`status`, `token` with ids, then `done` or `error`); a late
+//!   client gets the text so far first; `Last-Event-ID` resumes after that piece ([`events`]).
+//! - `DELETE /jobs/{id}`: cancels; a running job's stream is dropped, which aborts the engine's
+//!   work and gives its seat and tokens back.
+//!
+//! Scheduling ([`runner`]): oldest first, in the large lane only, and only when that lane has
+//! one of its own seats free, nobody waits in its queue, and the tokens and prefill fit
+//! ([`crate::admission::Admission::try_acquire_idle`]); it wakes whenever capacity comes back.
+//! A job never borrows a seat and never queues ahead of an interactive request.
+//!
+//! Storage ([`store`]): in this process, bounded by `jobs.max_jobs` and `jobs.max_bytes`, lost
+//! on restart. A finished job's result expires after `jobs.result_ttl` (status `expired`); the id
+//! is forgotten as long again after that. Webhooks ([`webhook`]): HMAC-SHA256 signed, retried
+//! with backoff and jitter, every attempt listed in the status.
+
+mod entry;
+mod events;
+mod runner;
+mod store;
+mod webhook;
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
+
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use futures::Stream;
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use entry::Status;
+
+use crate::config::JobsConfig;
+use crate::error::GatewayError;
+use crate::pipeline::parse::{self, AnswerRequest};
+use crate::pipeline::respond::link_trace;
+use crate::pipeline::{self, prompt, AppState, Prepared};
+use crate::telemetry::Route;
+use entry::{Answer, Entry};
+use store::Store;
+
+/// The job service: the store, the scheduler and the sweeper. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Jobs(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    state: AppState,
+    config: JobsConfig,
+    store: Mutex<Store>,
+    /// A job was queued.
+    submitted: Notify,
+    /// The gateway is shutting down: the scheduler stops, running jobs are cancelled.
+    stop: CancellationToken,
+    /// Webhook deliveries (no redirects: an allowed host cannot send the gateway elsewhere).
+    http: reqwest::Client,
+}
+
+impl Jobs {
+    /// The service over `state`, with its scheduler and sweeper running until `stop`.
+    pub fn start(state: AppState, stop: CancellationToken) -> Self {
+        let config = state.config().jobs.clone();
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .timeout(config.webhook_timeout)
+            .build()
+            .unwrap_or_default();
+        let jobs = Jobs(Arc::new(Inner {
+            state,
+            config,
+            store: Mutex::new(Store::default()),
+            submitted: Notify::new(),
+            stop,
+            http,
+        }));
+        if jobs.0.config.enabled && jobs.0.state.admission().runs_background() {
+            tokio::spawn(runner::schedule(jobs.clone()));
+            tokio::spawn(runner::sweep(jobs.clone()));
+        }
+        jobs
+    }
+
+    /// `server.max_body_bytes`, for the error that names it.
+    pub fn max_body_bytes(&self) -> usize {
+        self.0.state.config().server.max_body_bytes
+    }
+
+    fn store(&self) -> MutexGuard<'_, Store> {
+        self.0.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn entry(&self, id: &str) -> Result<Arc<Entry>, GatewayError> {
+        self.store().get(id).ok_or(GatewayError::JobNotFound)
+    }
+
+    /// `POST /jobs`: checks, classifies and queues the job; its id and URLs.
+    pub async fn submit(&self, headers: &HeaderMap, body: Bytes) -> Result<Value, GatewayError> {
+        let inner = &self.0;
+        if !inner.config.enabled {
+            return Err(GatewayError::JobsUnavailable(
+                "jobs are switched off here (jobs.enabled = false)",
+            ));
+        }
+        if !inner.state.admission().runs_background() {
+            return Err(GatewayError::JobsUnavailable(
+                "jobs are not run with quota.backend = \"redis\" yet; use /answer",
+            ));
+        }
+        let mut record = inner.state.record(Route::Job);
+        link_trace(&mut record, headers);
+        let checked = async {
+            let mut value = parse::json_body(&body)?;
+            let notify = match value.as_object_mut().and_then(|o| o.remove("notify")) {
+                Some(raw) => Some(webhook::check_notify(&raw, &inner.config.webhook_allow)?),
+                None => None,
+            };
+            let req = AnswerRequest::from_value(value)?;
+            let prepared = Prepared {
+                size: body.len(),
+                background: true,
+                ..prompt::answer_request(&inner.state, req)?
+            };
+            Ok::<_, GatewayError>((prepared, notify))
+        }
+        .await;
+        let (prepared, notify) = match checked {
+            Ok(c) => c,
+            Err(e) => return Err(pipeline::refused(record, e)),
+        };
+        let ready = match pipeline::ready(&inner.state, prepared, &mut record).await {
+            Ok(r) => r,
+            Err(e) => return Err(pipeline::refused(record, e)),
+        };
+        let id = record.request_id().to_owned();
+        let bytes = body.len() as u64;
+        {
+            let mut store = self.store();
+            if store.len() >= inner.config.max_jobs || store.bytes + bytes > inner.config.max_bytes
+            {
+                drop(store);
+                return Err(pipeline::refused(record, GatewayError::JobsFull));
+            }
+            let class = ready.class;
+            let entry = Entry::new(id.clone(), class, (ready, record), notify, bytes);
+            store.push(Arc::new(entry), bytes);
+        }
+        inner.state.metrics().jobs().moved(None, Some("queued"));
+        inner.submitted.notify_one();
+        tracing::info!(job = %id, "job queued");
+        Ok(json!({
+            "id": id,
+            "status": Status::Queued.as_str(),
+            "status_url": format!("/jobs/{id}"),
+            "events_url": format!("/jobs/{id}/events"),
+        }))
+    }
+
+    /// `GET /jobs/{id}`.
+    pub fn status(&self, id: &str) -> Result<Value, GatewayError> {
+        let (entry, position) = {
+            let store = self.store();
+            let entry = store.get(id).ok_or(GatewayError::JobNotFound)?;
+            (entry, store.position(id))
+        };
+        Ok(entry.view(position))
+    }
+
+    /// `DELETE /jobs/{id}`: a queued job ends at once; a running one when its stream has been
+    /// dropped and the engine abort sent (waited for, briefly). Cancelling twice is fine; a job
+    /// that already ended otherwise is a 409.
+    pub async fn cancel(&self, id: &str) -> Result<Value, GatewayError> {
+        let entry = self.entry(id)?;
+        let queued = {
+            let mut store = self.store();
+            let queued = store.unqueue(id);
+            if queued {
+                // Its classified request goes (the session reservation with it) outside the lock.
+                entry.lock().work.take()
+            } else {
+                None
+            }
+        };
+        if let Some(work) = queued {
+            drop(work);
+            self.end(&entry, Ended::Cancelled);
+        }
+        let mut rx = entry.watch();
+        entry.cancel.cancel();
+        let wait = async {
+            while !entry.lock().status.is_final() {
+                if rx.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), wait).await;
+        match entry.lock().status {
+            Status::Cancelled | Status::Running | Status::Queued => {}
+            other => return Err(GatewayError::JobFinished(other.as_str())),
+        }
+        Ok(entry.view(None))
+    }
+
+    /// `GET /jobs/{id}/events`, resuming after piece `last_event_id` when given.
+    pub fn events(
+        &self,
+        id: &str,
+        last_event_id: Option<&str>,
+    ) -> Result<impl Stream<Item = Result<Bytes, std::convert::Infallible>> + Send, GatewayError>
+    {
+        let from = match last_event_id.map(str::trim) {
+            None | Some("") => 0,
+            Some(v) => v.parse::<usize>().map_err(|_| {
+                GatewayError::bad_request(
+                    "Last-Event-ID must be the id of a token event of this job (a number)",
+                    None,
+                )
+            })?,
+        };
+        Ok(events::stream(self.entry(id)?, from))
+    }
+
+    /// Ends `entry` (from queued or running) and sends its webhook.
+    fn end(&self, entry: &Arc<Entry>, how: Ended) {
+        let now = (SystemTime::now(), Instant::now());
+        let (from, to, ran, text_bytes) = entry.update(|s| {
+            let from = s.status;
+            s.status = match &how {
+                Ended::Done(_) => Status::Done,
+                Ended::Failed(..) => Status::Failed,
+                Ended::Cancelled => Status::Cancelled,
+            };
+            match how {
+                Ended::Done(answer) => s.answer = Some(answer),
+                Ended::Failed(code, message) => s.error = Some((code, message)),
+                Ended::Cancelled => {}
+            }
+            s.finished = Some(now);
+            let text_bytes = s.text.len() as u64;
+            s.bytes += text_bytes;
+            (from, s.status, s.started.map(|t| now.1 - t.1), text_bytes)
+        });
+        self.store().bytes += text_bytes;
+        let metrics = self.0.state.metrics().jobs();
+        metrics.moved(Some(from.as_str()), Some(to.as_str()));
+        if let Some(ran) = ran {
+            metrics.ran(ran);
+        }
+        tracing::info!(job = %entry.id, status = to.as_str(), "job ended");
+        if entry.lock().notify.is_some() {
+            tokio::spawn(webhook::deliver(self.clone(), entry.clone()));
+        }
+    }
+}
+
+/// How a job ended.
+enum Ended {
+    Done(Answer),
+    Failed(&'static str, String),
+    Cancelled,
+}
