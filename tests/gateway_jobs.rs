@@ -16,9 +16,25 @@ use sha2::Sha256;
 use tutor_gateway::config::{Config, WebhookPattern};
 use tutor_gateway::lane::Lane;
 
-const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
-/// Slow enough that a long answer is still streaming when the test acts on it.
-const SLOW: &[&str] = &["--speed", "1", "--profile", "tiny-test"];
+/// Every answer runs to its `max_output_tokens` (the simulator's drawn lengths never stop it
+/// earlier), so counts are exact.
+const FAST: &[&str] = &[
+    "--speed",
+    "50",
+    "--profile",
+    "tiny-test",
+    "--mean-output-tokens",
+    "1000000",
+];
+/// Real time (about 5 ms a token): a long answer is still streaming when the test acts on it.
+const SLOW: &[&str] = &[
+    "--speed",
+    "1",
+    "--profile",
+    "tiny-test",
+    "--mean-output-tokens",
+    "1000000",
+];
 const SECRET: &str = "a-test-secret-of-32-bytes-length";
 
 async fn submit(h: &Harness, body: &Value) -> (StatusCode, Value) {
@@ -64,7 +80,7 @@ fn question(words_out: u32) -> Value {
 
 /// One event of a job's stream.
 struct Ev {
-    id: Option<u64>,
+    id: Option<String>,
     event: String,
     data: String,
 }
@@ -81,7 +97,7 @@ fn parse(body: &str) -> Vec<Ev> {
             };
             for line in block.lines() {
                 if let Some(v) = line.strip_prefix("id: ") {
-                    ev.id = Some(v.parse().unwrap());
+                    ev.id = Some(v.to_owned());
                 } else if let Some(v) = line.strip_prefix("event: ") {
                     ev.event = v.to_owned();
                 } else if let Some(v) = line.strip_prefix("data: ") {
@@ -101,7 +117,12 @@ fn tokens(events: &[Ev]) -> (String, Vec<u64>) {
     let mut ids = Vec::new();
     for e in events.iter().filter(|e| e.event == "token") {
         text.push_str(json(&e.data)["text"].as_str().unwrap());
-        ids.push(e.id.expect("token events carry ids"));
+        ids.push(
+            e.id.as_deref()
+                .expect("token events carry ids")
+                .parse()
+                .unwrap(),
+        );
     }
     (text, ids)
 }
@@ -533,4 +554,75 @@ async fn the_job_store_is_bounded() {
     );
     h.shutdown().await;
     // Shutting down cancelled the running job and gave everything back.
+}
+
+#[tokio::test]
+async fn a_large_answer_that_waits_too_long_becomes_a_job() {
+    let h = harness(SLOW, |c| {
+        set_lane(c, Lane::Large, 1);
+        c.jobs.divert_large_after = Some(Duration::from_millis(150));
+    })
+    .await;
+    let big = |salt: &str| json!({"prompt": words(5500, salt), "max_output_tokens": 300});
+    // The first large request takes the only seat (it never waits, so it is not diverted).
+    let first = tokio::spawn({
+        let (url, body) = (h.url("/answer"), big("first"));
+        async move {
+            client()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    });
+    eventually("the first holds the seat", || h.in_flight(Lane::Large) == 1).await;
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&big("second"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.text().await.unwrap();
+    let events = parse(&body);
+    assert_eq!(
+        events.len(),
+        1,
+        "one `job` event, then the stream ends: {body}"
+    );
+    assert_eq!(events[0].event, "job");
+    let job_event = json(&events[0].data);
+    let id = job_event["id"].as_str().unwrap().to_owned();
+    assert!(body.starts_with(&format!("id: job:{id}\n")), "{body}");
+    assert_eq!(job_event["status_url"], format!("/jobs/{id}"));
+    assert_eq!(h.queued(Lane::Large), 0, "it left the interactive queue");
+    // A browser EventSource reconnects with Last-Event-ID: it is told to stop (204), and no
+    // new generation starts.
+    let again = client()
+        .get(h.url("/answer"))
+        .query(&[("prompt", "again")])
+        .header("last-event-id", format!("job:{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 204);
+    // The job runs once the interactive request is done, and ends with the whole answer.
+    assert_eq!(sse(&first.await.unwrap()).last().unwrap().0, "done");
+    let v = done(&h, &id).await;
+    assert_eq!(v["answer"]["usage"]["output_tokens"], 300);
+    eventually("every seat and token back", || h.idle()).await;
+    let m = h.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_requests_total{lane=\"large\",outcome=\"ok\",route=\"answer\"}"
+        ),
+        2.0,
+        "the diverted request is counted once, when its job ended"
+    );
+    h.shutdown().await;
 }

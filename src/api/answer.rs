@@ -8,23 +8,26 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 
+use crate::jobs::Jobs;
 use crate::pipeline::parse::AnswerQuery;
-use crate::pipeline::{self, AnswerInput, AppState};
+use crate::pipeline::{self, AnswerInput};
 
 /// `GET /answer?prompt=…&max_output_tokens=…`.
 pub async fn get_answer(
-    State(state): State<AppState>,
+    State(jobs): State<Jobs>,
     headers: HeaderMap,
     query: Result<Query<AnswerQuery>, QueryRejection>,
 ) -> Response {
-    pipeline::answer(state, headers, AnswerInput::Query(query)).await
+    let state = jobs.state().clone();
+    pipeline::answer(state, headers, AnswerInput::Query(query), Some(&jobs)).await
 }
 
 /// `POST /answer` with `{"messages"|"prompt", "max_output_tokens", "session_id", "course_id"}`.
 pub async fn post_answer(
-    State(state): State<AppState>,
+    State(jobs): State<Jobs>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    pipeline::answer(state, headers, AnswerInput::Body(body)).await
+    let state = jobs.state().clone();
+    pipeline::answer(state, headers, AnswerInput::Body(body), Some(&jobs)).await
 }

@@ -27,13 +27,14 @@ pub use crate::pipeline::AppState;
 pub fn app(state: AppState, jobs: Jobs) -> Router {
     let server = state.config().server.clone();
     let limit = server.max_body_bytes;
+    // The routes that use the job service: jobs, and /answer (which may divert to one).
     let job_routes = Router::new()
+        .route("/answer", get(answer::get_answer).post(answer::post_answer))
         .route("/jobs", post(jobs::submit))
         .route("/jobs/{id}", get(jobs::status).delete(jobs::cancel))
         .route("/jobs/{id}/events", get(jobs::events))
         .with_state(jobs);
     Router::new()
-        .route("/answer", get(answer::get_answer).post(answer::post_answer))
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/models", get(ops::models))

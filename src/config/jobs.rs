@@ -48,6 +48,8 @@ pub struct RawJobs {
     pub webhook_backoff_ms: Option<u64>,
     /// Each attempt's timeout, ms.
     pub webhook_timeout_ms: Option<u64>,
+    /// A large `/answer` that waited this long for its seat becomes a job, ms; 0: never.
+    pub divert_large_after_ms: Option<u64>,
 }
 
 /// One `jobs.webhook_allow` entry: `scheme://host[:port]/path`, where the host may start with
@@ -87,6 +89,8 @@ pub struct JobsConfig {
     pub webhook_backoff: Duration,
     /// Each attempt's timeout.
     pub webhook_timeout: Duration,
+    /// A large `/answer` that waited this long for its seat becomes a job; `None`: never.
+    pub divert_large_after: Option<Duration>,
 }
 
 impl WebhookPattern {
@@ -205,6 +209,10 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
             raw.webhook_timeout_ms,
             WEBHOOK_TIMEOUT_MS,
         ),
+        divert_large_after: raw
+            .divert_large_after_ms
+            .filter(|ms| *ms > 0)
+            .map(Duration::from_millis),
     }
 }
 

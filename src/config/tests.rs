@@ -236,3 +236,40 @@ fn prefill_budget_defaults_to_one_reference_step_and_holds_with_either_backend()
         "{issues:#?}"
     );
 }
+
+#[test]
+fn jobs_keys_are_checked_together() {
+    let issues = issues_of(&format!(
+        "{MINIMAL}[jobs]\nmax_jobs = 0\nwebhook_allow = [\"https://hooks.example.edu/*\", \"ftp://x/\"]\n\
+         webhook_attempts = 21\ndivert_large_after_ms = 500\nenabled = false\n"
+    ));
+    for expected in [
+        "jobs.max_jobs",
+        "jobs.webhook_allow[1]",
+        "jobs.webhook_attempts",
+        "jobs.divert_large_after_ms",
+    ] {
+        assert!(
+            issues.iter().any(|i| i.starts_with(expected)),
+            "{expected} not in {issues:?}"
+        );
+    }
+    if std::env::var(WEBHOOK_SECRET_ENV).is_err() {
+        assert!(
+            issues.iter().any(|i| i.starts_with("jobs.webhook_secret")),
+            "an allow-list needs a secret: {issues:?}"
+        );
+    }
+    let short = issues_of(&format!("{MINIMAL}[jobs]\nwebhook_secret = \"short\"\n"));
+    assert!(short.iter().any(|i| i.starts_with("jobs.webhook_secret")));
+    assert!(
+        short.iter().all(|i| !i.contains("short")),
+        "the secret is never echoed: {short:?}"
+    );
+    let redis = issues_of(&format!(
+        "{MINIMAL}[quota]\nbackend = \"redis\"\n[jobs]\ndivert_large_after_ms = 500\n"
+    ));
+    assert!(redis
+        .iter()
+        .any(|i| i.starts_with("jobs.divert_large_after_ms")));
+}

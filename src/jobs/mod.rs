@@ -44,7 +44,8 @@ use crate::config::JobsConfig;
 use crate::error::GatewayError;
 use crate::pipeline::parse::{self, AnswerRequest};
 use crate::pipeline::respond::link_trace;
-use crate::pipeline::{self, prompt, AppState, Prepared};
+use crate::pipeline::{self, prompt, AppState, Divert, Prepared, Ready};
+use crate::telemetry::RequestRecord;
 use crate::telemetry::Route;
 use entry::{Answer, Entry};
 use store::Store;
@@ -88,6 +89,11 @@ impl Jobs {
             tokio::spawn(runner::sweep(jobs.clone()));
         }
         jobs
+    }
+
+    /// The gateway's state (for the routes served beside the jobs).
+    pub fn state(&self) -> &AppState {
+        &self.0.state
     }
 
     /// `server.max_body_bytes`, for the error that names it.
@@ -141,8 +147,20 @@ impl Jobs {
             Ok(r) => r,
             Err(e) => return Err(pipeline::refused(record, e)),
         };
+        self.adopt(ready, record, notify)
+    }
+
+    /// Queues an already classified request (a submission, or a diverted `/answer`): its id and
+    /// URLs, or 429 `jobs_full` (written to `record`) when the store is at its bounds.
+    fn adopt(
+        &self,
+        ready: Ready,
+        record: RequestRecord,
+        notify: Option<reqwest::Url>,
+    ) -> Result<Value, GatewayError> {
+        let inner = &self.0;
         let id = record.request_id().to_owned();
-        let bytes = body.len() as u64;
+        let bytes = ready.size as u64;
         {
             let mut store = self.store();
             if store.len() >= inner.config.max_jobs || store.bytes + bytes > inner.config.max_bytes
@@ -260,6 +278,12 @@ impl Jobs {
         if entry.lock().notify.is_some() {
             tokio::spawn(webhook::deliver(self.clone(), entry.clone()));
         }
+    }
+}
+
+impl Divert for Jobs {
+    fn divert(&self, ready: Ready, record: RequestRecord) -> Result<Value, GatewayError> {
+        self.adopt(ready, record, None)
     }
 }
 

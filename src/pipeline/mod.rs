@@ -25,6 +25,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::Query;
 use axum::http::HeaderMap;
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 
@@ -71,8 +72,40 @@ pub enum AnswerInput {
     Body(Result<Bytes, BytesRejection>),
 }
 
+/// Where a large `/answer` that waited `jobs.divert_large_after_ms` for its seat goes instead:
+/// the job service, which takes the classified request and answers with its id and URLs. On
+/// failure (the job store is full) it has written the request's record.
+pub trait Divert: Send + Sync {
+    /// Takes `ready` and its `record` as a job.
+    fn divert(&self, ready: Ready, record: RequestRecord) -> Result<Value, GatewayError>;
+}
+
+/// What [`start`] made of a request: its stream, or the job it became.
+#[derive(Debug)]
+// Made and taken apart once per request, as the `Result<Relay, _>` before it.
+#[allow(clippy::large_enum_variant)]
+pub enum Started {
+    /// Admitted and sent: the stream to relay.
+    Relay(Relay),
+    /// Waited `jobs.divert_large_after_ms` and became a job: its id and URLs.
+    Job(Value),
+}
+
 /// `/answer`: the whole journey, ending in the typed SSE stream (or an HTTP error before it).
-pub async fn answer(state: AppState, headers: HeaderMap, input: AnswerInput) -> Response {
+/// With `divert`, a large request that waits too long becomes a job (a `job` event).
+///
+/// A request carrying `Last-Event-ID` is an `EventSource` reconnecting after its stream ended:
+/// `/answer` streams are never resumed or started again, so it gets 204, which tells the
+/// browser to stop reconnecting.
+pub async fn answer(
+    state: AppState,
+    headers: HeaderMap,
+    input: AnswerInput,
+    divert: Option<&dyn Divert>,
+) -> Response {
+    if headers.contains_key("last-event-id") {
+        return StatusCode::NO_CONTENT.into_response();
+    }
     let mut record = state.record(Route::Answer);
     link_trace(&mut record, &headers);
     let request_id = record.request_id().to_owned();
@@ -96,11 +129,16 @@ pub async fn answer(state: AppState, headers: HeaderMap, input: AnswerInput) -> 
         Ok(p) => Prepared { size, ..p },
         Err(e) => return rejected(record, e),
     };
-    match start(&state, prepared, record, Format::Answer).await {
-        Ok(relay) => with_id(
+    match start(&state, prepared, record, Format::Answer, divert).await {
+        Ok(Started::Relay(relay)) => with_id(
             sse_response(Body::from_stream(relay.into_sse())),
             &request_id,
         ),
+        Ok(Started::Job(job)) => {
+            let id = job["id"].as_str().unwrap_or_default();
+            let event = format!("id: job:{id}\nevent: job\ndata: {job}\n\n");
+            with_id(sse_response(Body::from(event)), &request_id)
+        }
         Err(e) => with_id(e.into_response(), &request_id),
     }
 }
@@ -143,8 +181,15 @@ pub async fn openai(
         Ok(p) => Prepared { size, ..p },
         Err(e) => return rejected(record, e),
     };
-    let relay = match start(&state, prepared, record, format).await {
-        Ok(r) => r,
+    let relay = match start(&state, prepared, record, format, None).await {
+        Ok(Started::Relay(r)) => r,
+        // Not asked for: `/v1` requests are never diverted.
+        Ok(Started::Job(job)) => {
+            return with_id(
+                (StatusCode::ACCEPTED, axum::Json(job)).into_response(),
+                &request_id,
+            )
+        }
         Err(e) => return with_id(e.into_response(), &request_id),
     };
     let resp = if stream {
@@ -158,30 +203,54 @@ pub async fn openai(
     with_id(resp, &request_id)
 }
 
-/// Classify, admit and send `prepared`, until the upstream stream starts. A failure is written
-/// to the request's `record` (id, route, arrival; written when it ends) here; the relay writes
-/// it after that. A client that goes away meanwhile drops the record, which counts it as
-/// cancelled where it was.
+/// Classify, admit and send `prepared`, until the upstream stream starts. With `divert`, a
+/// large request still waiting for its seat after `jobs.divert_large_after_ms` leaves the queue
+/// and becomes a job instead. A failure is written to the request's `record` (id, route,
+/// arrival; written when it ends) here; the relay writes it after that. A client that goes away
+/// meanwhile drops the record, which counts it as cancelled where it was.
 pub async fn start(
     state: &AppState,
     prepared: Prepared,
     mut record: RequestRecord,
     format: Format,
-) -> Result<Relay, GatewayError> {
+    divert: Option<&dyn Divert>,
+) -> Result<Started, GatewayError> {
     let result = async {
         let ready = ready(state, prepared, &mut record).await?;
         // While it waits for a seat its body is held: all queued bodies together are bounded.
         let held = state.queued_bytes().hold(ready.size)?;
-        let guard = state
-            .admission()
-            .acquire_prompt(ready.class.lane, ready.class.work, ready.prefill)
-            .await?;
+        let acquire =
+            state
+                .admission()
+                .acquire_prompt(ready.class.lane, ready.class.work, ready.prefill);
+        let deadline = match divert {
+            Some(d) if ready.class.lane == Lane::Large => state
+                .config()
+                .jobs
+                .divert_large_after
+                .map(|after| (after, d)),
+            _ => None,
+        };
+        let guard = match deadline {
+            // Leaving the queue on the deadline is cancel-safe: the waiter is taken out.
+            Some((after, d)) => match tokio::time::timeout(after, acquire).await {
+                Ok(guard) => Ok(guard?),
+                Err(_) => Err(d),
+            },
+            None => Ok(acquire.await?),
+        };
         drop(held);
         Ok::<_, GatewayError>((ready, guard))
     }
     .await;
     match result {
-        Ok((ready, guard)) => send(state, ready, guard, record, format).await,
+        Ok((ready, Ok(guard))) => send(state, ready, guard, record, format)
+            .await
+            .map(Started::Relay),
+        Ok((ready, Err(divert))) => {
+            tracing::info!(request_id = %record.request_id(), "diverted to a job after waiting");
+            divert.divert(ready, record).map(Started::Job)
+        }
         Err(e) => Err(refused(record, e)),
     }
 }
