@@ -626,3 +626,47 @@ async fn a_large_answer_that_waits_too_long_becomes_a_job() {
     );
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_unreachable_webhook_is_given_up_after_its_attempts() {
+    // Nothing listens there (the port was just free); https, as real receivers are.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let h = harness(FAST, |c| {
+        c.jobs.webhook_allow =
+            vec![WebhookPattern::parse(&format!("https://127.0.0.1:{port}/*")).unwrap()];
+        c.jobs.webhook_secret = Some(SECRET.into());
+        c.jobs.webhook_backoff = Duration::from_millis(10);
+        c.jobs.webhook_attempts = 2;
+    })
+    .await;
+    let mut body = question(3);
+    body["notify"] = json!(format!("https://127.0.0.1:{port}/done"));
+    let (status, sub) = submit(&h, &body).await;
+    assert_eq!(status, 202, "{sub}");
+    let id = sub["id"].as_str().unwrap().to_owned();
+    let v = job_until(&h, &id, "given up", |v| v["webhook"]["delivered"] == false).await;
+    let attempts = v["webhook"]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2);
+    assert!(attempts
+        .iter()
+        .all(|a| a["status"].is_null() && a["error"] == "connect"));
+    let m = h.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_webhook_deliveries_total{outcome=\"retried\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_webhook_deliveries_total{outcome=\"failed\"}"
+        ),
+        1.0
+    );
+    h.shutdown().await;
+}

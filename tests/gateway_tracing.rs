@@ -231,3 +231,59 @@ async fn an_upstream_error_is_on_the_span() {
     );
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_job_has_one_span_in_the_submitting_clients_trace() {
+    let t = traces();
+    let h = harness(&["--speed", "20", "--profile", "tiny-test"], |_| {}).await;
+    let resp = client()
+        .post(h.url("/jobs"))
+        .header("traceparent", format!("00-{TRACE_ID}-00f067aa0ba902b7-01"))
+        .json(&json!({"prompt": "review my repository", "max_output_tokens": 6}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    let id = json(&resp.text().await.unwrap())["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let status_url = h.url(&format!("/jobs/{id}"));
+    let mut status = String::new();
+    for _ in 0..1000 {
+        let v = json(
+            &reqwest::get(&status_url)
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        );
+        status = v["status"].as_str().unwrap().to_owned();
+        if status == "done" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(status, "done");
+    eventually("the job's span ended", || !t.generate_spans().is_empty()).await;
+    let spans = t.generate_spans();
+    assert_eq!(spans.len(), 1, "one span per job");
+    let s = &spans[0];
+    assert_eq!(s.span_context.trace_id().to_string(), TRACE_ID);
+    assert_eq!(s.parent_span_id.to_string(), "00f067aa0ba902b7");
+    assert_eq!(text(s, "llm.lane"), "large");
+    assert_eq!(text(s, "llm.outcome"), "ok");
+    // The job's request to vLLM continues the same trace.
+    let seen: Vec<String> = reqwest::get(format!("{}/debug/traceparents", h.sim.url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        seen,
+        [format!("00-{TRACE_ID}-{}-01", s.span_context.span_id())]
+    );
+    h.shutdown().await;
+}

@@ -17,6 +17,9 @@ pub enum Api {
     Answer,
     /// `POST /v1/chat/completions` streaming (the gateway, vLLM or the simulator).
     Chat,
+    /// The gateway's `POST /jobs` (the `/answer` body), then its `events_url` (SSE) until `done`:
+    /// times run from the submission.
+    Jobs,
 }
 
 /// Where requests go.
@@ -75,13 +78,26 @@ impl Target {
         })
     }
 
+    /// The same target speaking `api`.
+    pub fn with_api(&self, api: Api) -> Self {
+        Self {
+            api,
+            ..self.clone()
+        }
+    }
+
     fn request(&self, prompt: &str, max_tokens: u32) -> reqwest::RequestBuilder {
         let messages = json!([{"role": "user", "content": prompt}]);
+        let answer = json!({"messages": messages, "max_output_tokens": max_tokens});
         match self.api {
             Api::Answer => self
                 .http
                 .post(format!("{}/answer", self.base_url))
-                .json(&json!({"messages": messages, "max_output_tokens": max_tokens})),
+                .json(&answer),
+            Api::Jobs => self
+                .http
+                .post(format!("{}/jobs", self.base_url))
+                .json(&answer),
             Api::Chat => {
                 let mut body = json!({
                     "messages": messages, "max_tokens": max_tokens, "ignore_eos": true,
@@ -118,6 +134,14 @@ impl Target {
             let code = format!("http_{}", resp.status().as_u16());
             return fail(out, &code);
         }
+        let resp = match self.api {
+            Api::Jobs => match tokio::time::timeout_at(cut_at, self.job_events(resp)).await {
+                Err(_) => return cut(out),
+                Ok(Err(code)) => return fail(out, code),
+                Ok(Ok(r)) => r,
+            },
+            Api::Answer | Api::Chat => resp,
+        };
         let mut stream = resp.bytes_stream();
         let mut parser = SseParser::default();
         let mut usage_tokens = None;
@@ -152,10 +176,37 @@ impl Target {
         }
     }
 
+    /// The event stream of the job a `POST /jobs` answer (`submitted`) names.
+    async fn job_events(
+        &self,
+        submitted: reqwest::Response,
+    ) -> Result<reqwest::Response, &'static str> {
+        let v: Value = submitted.json().await.map_err(|_| "job_submit_body")?;
+        let url = v["events_url"].as_str().ok_or("job_submit_body")?;
+        let resp = self
+            .http
+            .get(format!("{}{url}", self.base_url))
+            .send()
+            .await
+            .map_err(|_| "http")?;
+        if resp.status().is_success() {
+            Ok(resp)
+        } else {
+            Err("job_events_status")
+        }
+    }
+
     /// What one SSE event (`name`, `data` payload) means for the request.
     fn on_event(&self, name: &str, data: &str, usage: &mut Option<u32>) -> Event {
         match self.api {
-            Api::Answer => match name {
+            Api::Jobs if name == "status" => {
+                let v: Value = serde_json::from_str(data).unwrap_or_default();
+                match v["status"].as_str() {
+                    Some(s @ ("cancelled" | "expired")) => Event::Error(format!("job_{s}")),
+                    _ => Event::Other,
+                }
+            }
+            Api::Answer | Api::Jobs => match name {
                 "token" => Event::Token,
                 "done" => {
                     let v: Value = serde_json::from_str(data).unwrap_or_default();
@@ -237,6 +288,17 @@ mod tests {
         let done = "event: done\ndata: {\"usage\":{\"output_tokens\":12}}";
         assert!(matches!(read(&t, done, &mut u), Event::End));
         assert_eq!(u, Some(12));
+        let j = t.with_api(Api::Jobs);
+        assert!(matches!(
+            read(&j, "id: 3\nevent: token\ndata: {\"text\":\"a\"}", &mut u),
+            Event::Token
+        ));
+        assert!(matches!(
+            read(&j, "event: status\ndata: {\"status\":\"running\"}", &mut u),
+            Event::Other
+        ));
+        let gone = "event: status\ndata: {\"status\":\"cancelled\"}";
+        assert!(matches!(read(&j, gone, &mut u), Event::Error(ref s) if s == "job_cancelled"));
         let c = Target::new("http://127.0.0.1:1", Api::Chat, None).unwrap();
         let chunk = "data: {\"choices\":[{\"delta\":{\"content\":\" hi\"}}]}";
         assert!(matches!(read(&c, chunk, &mut u), Event::Token));

@@ -81,6 +81,9 @@ pub async fn run(
     match scenario.load {
         Load::Closed { .. } => {
             for (ci, class) in scenario.classes.iter().enumerate() {
+                let target = class
+                    .api
+                    .map_or_else(|| target.clone(), |a| target.with_api(a));
                 for client in 0..u64::from(class.concurrency) {
                     let (sh, t, p) = (shared.clone(), target.clone(), prompts.clone());
                     let plan = ClientPlan::new(scenario, ci, client, opts.seed);
@@ -125,7 +128,10 @@ pub async fn run(
                     skipped += 1;
                     continue;
                 }
-                let (sh, t, p) = (shared.clone(), target.clone(), prompts.clone());
+                let t = scenario.classes[ci]
+                    .api
+                    .map_or_else(|| target.clone(), |a| target.with_api(a));
+                let (sh, p) = (shared.clone(), prompts.clone());
                 let (inp, outp) = open_sizes(scenario, ci, i, opts.seed);
                 let seed = opts.seed;
                 tasks.spawn(async move {

@@ -110,6 +110,9 @@ pub struct Class {
     /// Closed-loop clients of this class.
     #[serde(default)]
     pub concurrency: u32,
+    /// The API this class's requests use (`answer`, `chat`, `jobs`); default: the target's.
+    #[serde(default)]
+    pub api: Option<crate::client::Api>,
     /// How each request's input and output sizes are drawn around `input_tokens` /
     /// `output_tokens` (default `fixed`: exactly those).
     #[serde(default)]
