@@ -4,6 +4,7 @@
 //! retries, the webhook allow-list, and result expiry.
 
 mod common;
+mod redis_common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,7 +14,7 @@ use common::*;
 use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
-use tutor_gateway::config::{Config, WebhookPattern};
+use tutor_gateway::config::{Config, QuotaBackend, RedisUrl, WebhookPattern};
 use tutor_gateway::lane::Lane;
 
 /// Every answer runs to its `max_output_tokens` (the simulator's drawn lengths never stop it
@@ -46,6 +47,31 @@ async fn submit(h: &Harness, body: &Value) -> (StatusCode, Value) {
         .unwrap();
     let status = resp.status();
     (status, json(&resp.text().await.unwrap()))
+}
+
+/// Submits `body`, expecting 202; the job's id.
+async fn submit_ok(h: &Harness, body: &Value) -> String {
+    let (status, v) = submit(h, body).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
+    v["id"].as_str().unwrap().to_owned()
+}
+
+/// `tutor_gateway_webhook_deliveries_total{outcome}` in the scrape `m`.
+fn deliveries(m: &str, outcome: &str) -> f64 {
+    metric(
+        m,
+        &format!("tutor_gateway_webhook_deliveries_total{{outcome=\"{outcome}\"}}"),
+    )
+}
+
+/// An error answer's status and `error.code`.
+async fn error_code(resp: reqwest::Response) -> (u16, String) {
+    let status = resp.status().as_u16();
+    let v = json(&resp.text().await.unwrap());
+    (
+        status,
+        v["error"]["code"].as_str().unwrap_or_default().to_owned(),
+    )
 }
 
 async fn job(h: &Harness, id: &str) -> Value {
@@ -175,11 +201,9 @@ async fn a_job_is_submitted_runs_and_its_answer_is_readable() {
         1.0
     );
     // An unknown id is a 404 in the gateway's error shape.
-    let resp = client().get(h.url("/jobs/nope")).send().await.unwrap();
-    assert_eq!(resp.status(), 404);
     assert_eq!(
-        json(&resp.text().await.unwrap())["error"]["code"],
-        "job_not_found"
+        error_code(client().get(h.url("/jobs/nope")).send().await.unwrap()).await,
+        (404, "job_not_found".into())
     );
     h.shutdown().await;
 }
@@ -215,8 +239,7 @@ async fn bad_jobs_get_the_same_errors_as_answer_and_nothing_is_queued() {
 #[tokio::test]
 async fn events_attached_late_get_all_the_text_and_last_event_id_resumes() {
     let h = harness(SLOW, |_| {}).await;
-    let (_, sub) = submit(&h, &question(60)).await;
-    let id = sub["id"].as_str().unwrap().to_owned();
+    let id = submit_ok(&h, &question(60)).await;
     // Attach while it runs, after some text was produced: the pieces so far come first.
     job_until(&h, &id, "running with text", |v| {
         v["output_pieces"].as_u64().unwrap_or(0) >= 3
@@ -257,12 +280,10 @@ async fn events_attached_late_get_all_the_text_and_last_event_id_resumes() {
 #[tokio::test]
 async fn cancel_while_queued_and_while_running_aborts_and_gives_everything_back() {
     let h = harness(SLOW, |c| set_lane(c, Lane::Large, 1)).await;
-    let (_, first) = submit(&h, &question(2000)).await;
-    let first = first["id"].as_str().unwrap().to_owned();
+    let first = submit_ok(&h, &question(2000)).await;
     job_until(&h, &first, "running", |v| v["status"] == "running").await;
     // The large lane's only seat is taken: the second job waits, first in line.
-    let (_, second) = submit(&h, &question(20)).await;
-    let second = second["id"].as_str().unwrap().to_owned();
+    let second = submit_ok(&h, &question(20)).await;
     let v = job(&h, &second).await;
     assert_eq!(v["status"], "queued");
     assert_eq!(v["position"], 0);
@@ -302,14 +323,11 @@ async fn cancel_while_queued_and_while_running_aborts_and_gives_everything_back(
     assert_eq!(metric(&m, "tutor_gateway_jobs{status=\"cancelled\"}"), 2.0);
     assert_eq!(metric(&m, "tutor_gateway_jobs{status=\"running\"}"), 0.0);
     // A job that finished cannot be cancelled.
-    let (_, third) = submit(&h, &question(3)).await;
-    let third = third["id"].as_str().unwrap().to_owned();
+    let third = submit_ok(&h, &question(3)).await;
     done(&h, &third).await;
-    let resp = client().delete(url(&third)).send().await.unwrap();
-    assert_eq!(resp.status(), 409);
     assert_eq!(
-        json(&resp.text().await.unwrap())["error"]["code"],
-        "job_finished"
+        error_code(client().delete(url(&third)).send().await.unwrap()).await,
+        (409, "job_finished".into())
     );
     h.shutdown().await;
 }
@@ -337,8 +355,7 @@ async fn jobs_wait_for_interactive_large_requests_and_never_borrow() {
         h.in_flight(Lane::Large) == 1
     })
     .await;
-    let (_, sub) = submit(&h, &question(5)).await;
-    let id = sub["id"].as_str().unwrap().to_owned();
+    let id = submit_ok(&h, &question(5)).await;
     // Small and medium seats are idle, but a job never takes them.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(job(&h, &id).await["status"], "queued");
@@ -414,9 +431,7 @@ async fn a_finished_job_is_posted_to_its_webhook_signed() {
     let h = harness(FAST, |c| allow(c, &r)).await;
     let mut body = question(8);
     body["notify"] = json!(r.url);
-    let (status, sub) = submit(&h, &body).await;
-    assert_eq!(status, 202, "{sub}");
-    let id = sub["id"].as_str().unwrap().to_owned();
+    let id = submit_ok(&h, &body).await;
     let v = job_until(&h, &id, "delivered", |v| v["webhook"]["delivered"] == true).await;
     assert_eq!(v["webhook"]["attempts"][0]["status"], 200);
     let got = r.got.lock().unwrap().clone();
@@ -429,13 +444,7 @@ async fn a_finished_job_is_posted_to_its_webhook_signed() {
     assert_eq!(posted["status"], "done");
     assert_eq!(posted["answer"]["usage"]["output_tokens"], 8);
     let m = h.metrics_text().await;
-    assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_webhook_deliveries_total{outcome=\"delivered\"}"
-        ),
-        1.0
-    );
+    assert_eq!(deliveries(&m, "delivered"), 1.0);
     h.shutdown().await;
 }
 
@@ -445,8 +454,7 @@ async fn a_webhook_is_retried_until_the_receiver_takes_it() {
     let h = harness(FAST, |c| allow(c, &r)).await;
     let mut body = question(4);
     body["notify"] = json!(r.url);
-    let (_, sub) = submit(&h, &body).await;
-    let id = sub["id"].as_str().unwrap().to_owned();
+    let id = submit_ok(&h, &body).await;
     let v = job_until(&h, &id, "delivered", |v| v["webhook"]["delivered"] == true).await;
     let statuses: Vec<_> = v["webhook"]["attempts"]
         .as_array()
@@ -461,20 +469,8 @@ async fn a_webhook_is_retried_until_the_receiver_takes_it() {
         verify(headers, posted);
     }
     let m = h.metrics_text().await;
-    assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_webhook_deliveries_total{outcome=\"retried\"}"
-        ),
-        2.0
-    );
-    assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_webhook_deliveries_total{outcome=\"delivered\"}"
-        ),
-        1.0
-    );
+    assert_eq!(deliveries(&m, "retried"), 2.0);
+    assert_eq!(deliveries(&m, "delivered"), 1.0);
     h.shutdown().await;
 }
 
@@ -507,8 +503,7 @@ async fn a_webhook_outside_the_allow_list_is_refused() {
 #[tokio::test]
 async fn results_expire_after_their_ttl_and_are_then_forgotten() {
     let h = harness(FAST, |c| c.jobs.result_ttl = Duration::from_millis(300)).await;
-    let (_, sub) = submit(&h, &question(3)).await;
-    let id = sub["id"].as_str().unwrap().to_owned();
+    let id = submit_ok(&h, &question(3)).await;
     done(&h, &id).await;
     let v = job_until(&h, &id, "expired", |v| v["status"] == "expired").await;
     assert!(v.get("answer").is_none(), "the result is gone: {v}");
@@ -644,9 +639,7 @@ async fn an_unreachable_webhook_is_given_up_after_its_attempts() {
     .await;
     let mut body = question(3);
     body["notify"] = json!(format!("https://127.0.0.1:{port}/done"));
-    let (status, sub) = submit(&h, &body).await;
-    assert_eq!(status, 202, "{sub}");
-    let id = sub["id"].as_str().unwrap().to_owned();
+    let id = submit_ok(&h, &body).await;
     let v = job_until(&h, &id, "given up", |v| v["webhook"]["delivered"] == false).await;
     let attempts = v["webhook"]["attempts"].as_array().unwrap();
     assert_eq!(attempts.len(), 2);
@@ -654,19 +647,74 @@ async fn an_unreachable_webhook_is_given_up_after_its_attempts() {
         .iter()
         .all(|a| a["status"].is_null() && a["error"] == "connect"));
     let m = h.metrics_text().await;
+    assert_eq!(deliveries(&m, "retried"), 1.0);
+    assert_eq!(deliveries(&m, "failed"), 1.0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_job_whose_engine_is_unreachable_fails_with_the_reason_and_gives_everything_back() {
+    let h = harness(FAST, |c| {
+        // Nothing listens there: the job is accepted (its size needs no engine), then fails.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        c.upstream.base_url = format!("http://127.0.0.1:{port}");
+    })
+    .await;
+    let id = submit_ok(&h, &question(5)).await;
+    let v = job_until(&h, &id, "failed", |v| v["status"] == "failed").await;
+    assert_eq!(v["error"]["code"], "upstream_unavailable", "{v}");
+    let events = events(&h, &id, None).await;
+    assert_eq!(events.last().unwrap().event, "error");
+    eventually("every seat and token back", || h.idle()).await;
+    let m = h.metrics_text().await;
+    assert_eq!(metric(&m, "tutor_gateway_jobs{status=\"failed\"}"), 1.0);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn jobs_are_refused_clearly_where_they_do_not_run() {
+    let h = harness(FAST, |c| c.jobs.enabled = false).await;
+    let resp = client()
+        .post(h.url("/jobs"))
+        .json(&question(3))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 501);
     assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_webhook_deliveries_total{outcome=\"retried\"}"
-        ),
-        1.0
+        json(&resp.text().await.unwrap())["error"]["code"],
+        "jobs_unavailable"
     );
-    assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_webhook_deliveries_total{outcome=\"failed\"}"
-        ),
-        1.0
+    h.shutdown().await;
+    let redis = redis_common::RedisServer::start();
+    let h = harness(FAST, |c| {
+        c.quota.backend = QuotaBackend::Redis;
+        c.quota.redis_url = RedisUrl::new(redis.url());
+    })
+    .await;
+    let resp = client()
+        .post(h.url("/jobs"))
+        .json(&question(3))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 501);
+    let v = json(&resp.text().await.unwrap());
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("redis"),
+        "{v}"
     );
+    // Interactive answers still work there.
+    let answer = client()
+        .post(h.url("/answer"))
+        .json(&question(3))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse(&answer.text().await.unwrap()).last().unwrap().0, "done");
     h.shutdown().await;
 }

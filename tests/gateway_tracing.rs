@@ -70,6 +70,16 @@ fn text(span: &SpanData, key: &str) -> String {
     }
 }
 
+/// The `traceparent` headers the simulator received, in order.
+async fn traceparents(h: &Harness) -> Vec<String> {
+    reqwest::get(format!("{}/debug/traceparents", h.sim.url()))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 
 #[tokio::test]
@@ -139,12 +149,7 @@ async fn a_normal_request_has_the_full_span_and_its_trace_reaches_vllm() {
         tutor_gateway::prompt::fingerprint("", None)
     );
     // vLLM got the gateway's span as parent: same trace, the gateway span's id.
-    let seen: Vec<String> = reqwest::get(format!("{}/debug/traceparents", h.sim.url()))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let seen = traceparents(&h).await;
     assert_eq!(seen.len(), 1);
     assert_eq!(
         seen[0],
@@ -215,12 +220,7 @@ async fn an_upstream_error_is_on_the_span() {
     assert_eq!(text(s, "error.type"), "upstream_error");
     assert_eq!(text(s, "gen_ai.operation.name"), "text_completion");
     // Without a client traceparent the gateway starts the trace and vLLM joins it.
-    let seen: Vec<String> = reqwest::get(format!("{}/debug/traceparents", h.sim.url()))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let seen = traceparents(&h).await;
     assert_eq!(
         seen,
         vec![format!(
@@ -275,12 +275,7 @@ async fn a_job_has_one_span_in_the_submitting_clients_trace() {
     assert_eq!(text(s, "llm.lane"), "large");
     assert_eq!(text(s, "llm.outcome"), "ok");
     // The job's request to vLLM continues the same trace.
-    let seen: Vec<String> = reqwest::get(format!("{}/debug/traceparents", h.sim.url()))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let seen = traceparents(&h).await;
     assert_eq!(
         seen,
         [format!("00-{TRACE_ID}-{}-01", s.span_context.span_id())]
