@@ -82,7 +82,7 @@ pub fn serve_state(
 ) -> anyhow::Result<Gateway> {
     let addr = listener.local_addr()?;
     let stop = CancellationToken::new();
-    let jobs = Jobs::start(state.clone(), stop.clone());
+    let jobs = Jobs::start(state.clone(), stop.clone(), tasks.clone());
     let router = app(state.clone(), jobs);
     let grace = state.config().server.shutdown_grace;
     let stopping = stop.clone();

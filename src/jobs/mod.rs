@@ -37,6 +37,7 @@ use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use entry::Status;
 
@@ -63,13 +64,17 @@ struct Inner {
     submitted: Notify,
     /// The gateway is shutting down: the scheduler stops, running jobs are cancelled.
     stop: CancellationToken,
+    /// Running jobs and webhook deliveries, which shutdown waits for (a cancelled job's
+    /// engine abort goes out before the process ends).
+    tasks: TaskTracker,
     /// Webhook deliveries (no redirects: an allowed host cannot send the gateway elsewhere).
     http: reqwest::Client,
 }
 
 impl Jobs {
-    /// The service over `state`, with its scheduler and sweeper running until `stop`.
-    pub fn start(state: AppState, stop: CancellationToken) -> Self {
+    /// The service over `state`, with its scheduler and sweeper running until `stop`; running
+    /// jobs and webhook deliveries go on `tasks`.
+    pub fn start(state: AppState, stop: CancellationToken, tasks: TaskTracker) -> Self {
         let config = state.config().jobs.clone();
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -82,6 +87,7 @@ impl Jobs {
             store: Mutex::new(Store::default()),
             submitted: Notify::new(),
             stop,
+            tasks,
             http,
         }));
         if jobs.0.config.enabled && jobs.0.state.admission().runs_background() {
@@ -276,7 +282,9 @@ impl Jobs {
         }
         tracing::info!(job = %entry.id, status = to.as_str(), "job ended");
         if entry.lock().notify.is_some() {
-            tokio::spawn(webhook::deliver(self.clone(), entry.clone()));
+            self.0
+                .tasks
+                .spawn(webhook::deliver(self.clone(), entry.clone()));
         }
     }
 }

@@ -26,7 +26,7 @@ pub(super) async fn schedule(jobs: Jobs) {
     loop {
         freed.borrow_and_update();
         while let Some((entry, work, guard)) = next_startable(&jobs) {
-            tokio::spawn(run(jobs.clone(), entry, work, guard));
+            inner.tasks.spawn(run(jobs.clone(), entry, work, guard));
         }
         tokio::select! {
             _ = inner.stop.cancelled() => return,
