@@ -267,6 +267,15 @@ async fn events_attached_late_get_all_the_text_and_last_event_id_resumes() {
         all[..all.len() - rest.len()].to_owned()
     };
     assert_eq!(format!("{first_five}{rest}"), text);
+    // The last event's id is `end`; a reconnect carrying it is told to stop.
+    assert_eq!(live.last().unwrap().id.as_deref(), Some("end"));
+    let resp = client()
+        .get(h.url(&format!("/jobs/{id}/events")))
+        .header("last-event-id", "end")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
     let resp = client()
         .get(h.url(&format!("/jobs/{id}/events")))
         .header("last-event-id", "yesterday")
@@ -484,6 +493,7 @@ async fn a_webhook_outside_the_allow_list_is_refused() {
         format!("{origin}/admin"),
         r.url.replace("http://", "http://user:pw@"),
         r.url.replace("http://", "https://"),
+        format!("{origin}/hooks/..%2Fadmin"),
         "not a url".to_owned(),
     ] {
         let mut body = question(4);
@@ -502,7 +512,11 @@ async fn a_webhook_outside_the_allow_list_is_refused() {
 
 #[tokio::test]
 async fn results_expire_after_their_ttl_and_are_then_forgotten() {
-    let h = harness(FAST, |c| c.jobs.result_ttl = Duration::from_millis(300)).await;
+    let h = harness(FAST, |c| {
+        c.jobs.result_ttl = Duration::from_millis(300);
+        c.jobs.max_jobs = 1;
+    })
+    .await;
     let id = submit_ok(&h, &question(3)).await;
     done(&h, &id).await;
     let v = job_until(&h, &id, "expired", |v| v["status"] == "expired").await;
@@ -512,11 +526,12 @@ async fn results_expire_after_their_ttl_and_are_then_forgotten() {
     assert_eq!(json(&events[0].data)["status"], "expired");
     let m = h.metrics_text().await;
     assert_eq!(metric(&m, "tutor_gateway_jobs{status=\"expired\"}"), 1.0);
+    // An expired job no longer counts against jobs.max_jobs (1 here).
+    let next = submit_ok(&h, &question(3)).await;
+    done(&h, &next).await;
     let url = h.url(&format!("/jobs/{id}"));
     for _ in 0..500 {
         if client().get(&url).send().await.unwrap().status() == 404 {
-            let m = h.metrics_text().await;
-            assert_eq!(family_total(&m, "tutor_gateway_jobs"), 0.0);
             h.shutdown().await;
             return;
         }
@@ -716,5 +731,85 @@ async fn jobs_are_refused_clearly_where_they_do_not_run() {
         .await
         .unwrap();
     assert_eq!(sse(&answer.text().await.unwrap()).last().unwrap().0, "done");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn jobs_max_running_keeps_large_seats_for_interactive_reviews() {
+    let h = harness(SLOW, |c| {
+        set_lane(c, Lane::Large, 3);
+        c.jobs.max_running = 1;
+    })
+    .await;
+    let first = submit_ok(&h, &question(2000)).await;
+    job_until(&h, &first, "running", |v| v["status"] == "running").await;
+    let second = submit_ok(&h, &question(5)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        job(&h, &second).await["status"],
+        "queued",
+        "one job at a time"
+    );
+    assert_eq!(h.in_flight(Lane::Large), 1, "two large seats stay free");
+    // An interactive review takes one of them at once.
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": words(5500, "review"), "max_output_tokens": 5}))
+        .send()
+        .await
+        .unwrap();
+    let events = sse(&resp.text().await.unwrap());
+    assert_eq!(json(&events[0].1)["queue_wait_ms"], 0.0);
+    assert_eq!(events.last().unwrap().0, "done");
+    client()
+        .delete(h.url(&format!("/jobs/{first}")))
+        .send()
+        .await
+        .unwrap();
+    done(&h, &second).await;
+    eventually("every seat and token back", || h.idle()).await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_large_answer_keeps_its_place_when_no_job_can_be_taken() {
+    let h = harness(SLOW, |c| {
+        set_lane(c, Lane::Large, 1);
+        c.jobs.divert_large_after = Some(Duration::from_millis(100));
+        c.jobs.max_jobs = 1;
+    })
+    .await;
+    let big = |salt: &str| json!({"prompt": words(5500, salt), "max_output_tokens": 300});
+    let first = tokio::spawn({
+        let (url, body) = (h.url("/answer"), big("first"));
+        async move {
+            client()
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    });
+    eventually("the first holds the seat", || h.in_flight(Lane::Large) == 1).await;
+    // The job store is full (one queued job), so the next large answer cannot become a job:
+    // it keeps waiting in the queue and is answered there.
+    let queued = submit_ok(&h, &question(5)).await;
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&big("second"))
+        .send()
+        .await
+        .unwrap();
+    let events = sse(&resp.text().await.unwrap());
+    assert_eq!(events[0].0, "meta", "answered, not diverted");
+    assert!(json(&events[0].1)["queue_wait_ms"].as_f64().unwrap() > 100.0);
+    assert_eq!(events.last().unwrap().0, "done");
+    assert_eq!(sse(&first.await.unwrap()).last().unwrap().0, "done");
+    done(&h, &queued).await;
+    eventually("every seat and token back", || h.idle()).await;
     h.shutdown().await;
 }

@@ -43,7 +43,7 @@ pub async fn cancel(State(jobs): State<Jobs>, Path(id): Path<String>) -> Respons
     }
 }
 
-/// `GET /jobs/{id}/events`, honouring `Last-Event-ID`.
+/// `GET /jobs/{id}/events`, honouring `Last-Event-ID` (204 after the last event).
 pub async fn events(
     State(jobs): State<Jobs>,
     Path(id): Path<String>,
@@ -51,7 +51,8 @@ pub async fn events(
 ) -> Response {
     let last = headers.get("last-event-id").and_then(|v| v.to_str().ok());
     match jobs.events(&id, last) {
-        Ok(stream) => sse_response(Body::from_stream(stream)),
+        Ok(Some(stream)) => sse_response(Body::from_stream(stream)),
+        Ok(None) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => e.into_response(),
     }
 }

@@ -26,6 +26,31 @@ pub const WEBHOOK_SECRET_ENV: &str = "TUTOR_GATEWAY_WEBHOOK_SECRET";
 /// The shortest webhook secret accepted, bytes.
 const MIN_SECRET: usize = 16;
 
+/// A secret from the config: usable by the code, never shown by `Debug` (so a logged config
+/// cannot leak it).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself, for the one place that uses it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Secret {
+    fn from(s: &str) -> Self {
+        Secret(s.to_owned())
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
 /// `[jobs]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -36,12 +61,14 @@ pub struct RawJobs {
     pub max_jobs: Option<u64>,
     /// Bytes of job bodies and answers kept at once.
     pub max_bytes: Option<u64>,
+    /// Jobs running at once; 0: only the large lane's own seats bound them.
+    pub max_running: Option<u32>,
     /// How long a finished job's result stays readable, ms.
     pub result_ttl_ms: Option<u64>,
     /// URL patterns a job's `notify` must match.
     pub webhook_allow: Option<Vec<String>>,
     /// The HMAC-SHA256 key webhooks are signed with.
-    pub webhook_secret: Option<String>,
+    pub webhook_secret: Option<Secret>,
     /// Delivery attempts per webhook.
     pub webhook_attempts: Option<u32>,
     /// Delay before the first retry, ms (doubled each retry, with jitter).
@@ -53,7 +80,7 @@ pub struct RawJobs {
 }
 
 /// One `jobs.webhook_allow` entry: `scheme://host[:port]/path`, where the host may start with
-/// `*.` (any subdomain, not the domain itself) and the path may end with `*` (any rest).
+/// `*.` (any subdomain, not the domain itself) and the path may end with `/*` (any rest).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookPattern {
     /// `http` or `https`.
@@ -77,12 +104,14 @@ pub struct JobsConfig {
     pub max_jobs: usize,
     /// Bytes of bodies and answers kept at once; a submission beyond it gets 429.
     pub max_bytes: u64,
+    /// Jobs running at once; 0: only the large lane's own seats bound them.
+    pub max_running: usize,
     /// How long a finished job's result stays readable.
     pub result_ttl: Duration,
     /// Where webhooks may go; empty: `notify` is refused.
     pub webhook_allow: Vec<WebhookPattern>,
     /// The signing key (never logged or echoed).
-    pub webhook_secret: Option<String>,
+    pub webhook_secret: Option<Secret>,
     /// Delivery attempts per webhook.
     pub webhook_attempts: u32,
     /// Delay before the first retry.
@@ -122,7 +151,9 @@ impl WebhookPattern {
             Some(p) => (p, true),
             None => (path, false),
         };
-        if path.contains('*') {
+        // A prefix ends at a path segment (`/hooks/*`, not `/hook*`, which would also match
+        // `/hookshot`).
+        if path.contains('*') || (prefix && !path.ends_with('/')) {
             return None;
         }
         Some(Self {
@@ -161,17 +192,18 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
             None => c.fail(
                 format!("jobs.webhook_allow[{i}]"),
                 "must look like https://host[:port]/path, the host may start with `*.` and the \
-                 path may end with `*`",
+                 path may end with `/*`",
             ),
         }
     }
-    let webhook_secret = raw.webhook_secret.filter(|s| !s.is_empty()).or_else(|| {
+    let webhook_secret = raw.webhook_secret.filter(|s| !s.0.is_empty()).or_else(|| {
         std::env::var(WEBHOOK_SECRET_ENV)
             .ok()
             .filter(|s| !s.is_empty())
+            .map(Secret)
     });
     match &webhook_secret {
-        Some(s) if s.len() < MIN_SECRET => c.fail(
+        Some(s) if s.0.len() < MIN_SECRET => c.fail(
             "jobs.webhook_secret",
             format!("must be at least {MIN_SECRET} bytes"),
         ),
@@ -195,6 +227,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
         enabled: raw.enabled.unwrap_or(true),
         max_jobs: usize::try_from(max_jobs).unwrap_or(usize::MAX),
         max_bytes: c.u64("jobs.max_bytes", raw.max_bytes, MAX_BYTES).get(),
+        max_running: raw.max_running.unwrap_or(0) as usize,
         result_ttl: c.ms("jobs.result_ttl_ms", raw.result_ttl_ms, RESULT_TTL_MS),
         webhook_allow,
         webhook_secret,
@@ -263,6 +296,7 @@ mod tests {
             "https://*/",
             "https://a*b.edu/",
             "https://host/a*b",
+            "https://host/hook*",
             "https://host:99999/",
             "hooks.example.edu/",
         ] {

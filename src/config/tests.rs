@@ -273,3 +273,16 @@ fn jobs_keys_are_checked_together() {
         .iter()
         .any(|i| i.starts_with("jobs.divert_large_after_ms")));
 }
+
+#[test]
+fn the_webhook_secret_never_shows_in_debug_output() {
+    let c = Config::from_toml_str(&format!(
+        "{MINIMAL}[jobs]\nwebhook_secret = \"do-not-print-this-secret\"\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        c.jobs.webhook_secret.as_ref().map(|s| s.expose()),
+        Some("do-not-print-this-secret")
+    );
+    assert!(!format!("{c:?}").contains("do-not-print"), "{c:?}");
+}

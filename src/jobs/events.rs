@@ -12,13 +12,13 @@
 //! data: {"finish_reason":"stop","usage":{…},"timings":{…}}
 //! ```
 //!
-//! A `status` event whenever the status changes (`queued`, `running`; `cancelled` and `expired`
-//! end the stream); a `token` event per streamed piece, numbered from 1 in `id:`; then `done` (as
-//! `/answer`'s) or `error` (`{"code","message"}`). A client that attaches late gets every piece
-//! so far first; with `Last-Event-ID: n` it gets the pieces after `n`. Once the job has ended the
-//! stream ends too: a browser `EventSource` should close on `done`, `error` or a final status
-//! (reconnecting only replays the end, it never starts new work). A comment line every 15 s
-//! keeps idle connections open through proxies.
+//! A `status` event whenever the status changes (`queued`, `running`; a `cancelled` or `expired`
+//! status ends the stream); a `token` event per streamed piece, numbered from 1 in `id:`; then
+//! `done` (as `/answer`'s) or `error` (`{"code","message"}`). The last event has the id `end`. A
+//! client that attaches late gets every piece so far first; with `Last-Event-ID: n` it gets the
+//! pieces after `n`; with `Last-Event-ID: end` (a browser `EventSource` reconnecting after the
+//! end) it gets 204, which stops the `EventSource`. A comment line every 15 s keeps idle
+//! connections open through proxies.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -30,6 +30,9 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::entry::{Entry, Status};
+
+/// The id of a job stream's last event; a request that resumes after it gets 204.
+pub const END_ID: &str = "end";
 
 /// How long an idle stream waits before a keep-alive comment.
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -85,6 +88,17 @@ impl Cursor {
         let event = |out: &mut String, name: &str, data: &serde_json::Value| {
             out.push_str(&format!("event: {name}\ndata: {data}\n\n"));
         };
+        if self.status != Some(s.status) {
+            self.status = Some(s.status);
+            // `running` before its first token; a final status after the last one (below).
+            if !s.status.is_final() {
+                event(
+                    &mut out,
+                    "status",
+                    &json!({ "id": self.entry.id, "status": s.status.as_str() }),
+                );
+            }
+        }
         while self.sent < s.ends.len() {
             let start = match self.sent {
                 0 => 0,
@@ -95,31 +109,35 @@ impl Cursor {
             out.push_str(&format!("id: {}\n", self.sent));
             event(&mut out, "token", &json!({ "text": text }));
         }
-        if self.status != Some(s.status) {
-            self.status = Some(s.status);
-            if !matches!(s.status, Status::Done | Status::Failed) {
+        // The last event carries the id `end`: an `EventSource` reconnecting with it gets 204.
+        let end = |out: &mut String| out.push_str(&format!("id: {END_ID}\n"));
+        match (s.status, &s.answer, &s.error) {
+            (Status::Done, Some(a), _) => {
+                end(&mut out);
                 event(
                     &mut out,
-                    "status",
-                    &json!({ "id": self.entry.id, "status": s.status.as_str() }),
+                    "done",
+                    &json!({
+                        "finish_reason": a.finish_reason,
+                        "usage": a.usage,
+                        "timings": a.timings,
+                    }),
                 );
             }
-        }
-        match (s.status, &s.answer, &s.error) {
-            (Status::Done, Some(a), _) => event(
-                &mut out,
-                "done",
-                &json!({
-                    "finish_reason": a.finish_reason,
-                    "usage": a.usage,
-                    "timings": a.timings,
-                }),
-            ),
             (Status::Failed, _, Some((code, message))) => {
+                end(&mut out);
                 event(
                     &mut out,
                     "error",
                     &json!({ "code": code, "message": message }),
+                );
+            }
+            (status, _, _) if status.is_final() => {
+                end(&mut out);
+                event(
+                    &mut out,
+                    "status",
+                    &json!({ "id": self.entry.id, "status": status.as_str() }),
                 );
             }
             _ => {}

@@ -169,16 +169,16 @@ impl Jobs {
         let bytes = ready.size as u64;
         {
             let mut store = self.store();
-            if store.len() >= inner.config.max_jobs || store.bytes + bytes > inner.config.max_bytes
-            {
+            if !self.has_room(&store, bytes) {
                 drop(store);
                 return Err(pipeline::refused(record, GatewayError::JobsFull));
             }
             let class = ready.class;
             let entry = Entry::new(id.clone(), class, (ready, record), notify, bytes);
             store.push(Arc::new(entry), bytes);
+            // Under the lock: the scheduler cannot move it to `running` before it is counted.
+            inner.state.metrics().jobs().moved(None, Some("queued"));
         }
-        inner.state.metrics().jobs().moved(None, Some("queued"));
         inner.submitted.notify_one();
         tracing::info!(job = %id, "job queued");
         Ok(json!({
@@ -187,6 +187,11 @@ impl Jobs {
             "status_url": format!("/jobs/{id}"),
             "events_url": format!("/jobs/{id}/events"),
         }))
+    }
+
+    /// Whether `store` takes one more job of `bytes` (`jobs.max_jobs`, `jobs.max_bytes`).
+    fn has_room(&self, store: &Store, bytes: u64) -> bool {
+        store.live() < self.0.config.max_jobs && store.bytes + bytes <= self.0.config.max_bytes
     }
 
     /// `GET /jobs/{id}`.
@@ -235,28 +240,37 @@ impl Jobs {
         Ok(entry.view(None))
     }
 
-    /// `GET /jobs/{id}/events`, resuming after piece `last_event_id` when given.
+    /// `GET /jobs/{id}/events`, resuming after piece `last_event_id` when given; `None` when
+    /// that was the last event (the route answers 204).
+    #[allow(clippy::type_complexity)]
     pub fn events(
         &self,
         id: &str,
         last_event_id: Option<&str>,
-    ) -> Result<impl Stream<Item = Result<Bytes, std::convert::Infallible>> + Send, GatewayError>
-    {
+    ) -> Result<
+        Option<impl Stream<Item = Result<Bytes, std::convert::Infallible>> + Send>,
+        GatewayError,
+    > {
         let from = match last_event_id.map(str::trim) {
             None | Some("") => 0,
+            // Reconnecting after the last event: nothing more will come.
+            Some(events::END_ID) => return Ok(None),
             Some(v) => v.parse::<usize>().map_err(|_| {
                 GatewayError::bad_request(
-                    "Last-Event-ID must be the id of a token event of this job (a number)",
+                    "Last-Event-ID must be the id of an event of this job (a number, or `end`)",
                     None,
                 )
             })?,
         };
-        Ok(events::stream(self.entry(id)?, from))
+        Ok(Some(events::stream(self.entry(id)?, from)))
     }
 
     /// Ends `entry` (from queued or running) and sends its webhook.
     fn end(&self, entry: &Arc<Entry>, how: Ended) {
         let now = (SystemTime::now(), Instant::now());
+        // The store's lock first (as everywhere), so its byte count and the job's agree for
+        // the sweeper.
+        let mut store = self.store();
         let (from, to, ran, text_bytes) = entry.update(|s| {
             let from = s.status;
             s.status = match &how {
@@ -274,9 +288,13 @@ impl Jobs {
             s.bytes += text_bytes;
             (from, s.status, s.started.map(|t| now.1 - t.1), text_bytes)
         });
-        self.store().bytes += text_bytes;
+        store.bytes += text_bytes;
+        if from == Status::Running {
+            store.running -= 1;
+        }
         let metrics = self.0.state.metrics().jobs();
         metrics.moved(Some(from.as_str()), Some(to.as_str()));
+        drop(store);
         if let Some(ran) = ran {
             metrics.ran(ran);
         }
@@ -290,6 +308,10 @@ impl Jobs {
 }
 
 impl Divert for Jobs {
+    fn has_room(&self, bytes: usize) -> bool {
+        self.has_room(&self.store(), bytes as u64)
+    }
+
     fn divert(&self, ready: Ready, record: RequestRecord) -> Result<Value, GatewayError> {
         self.adopt(ready, record, None)
     }

@@ -51,6 +51,10 @@ fn next_startable(jobs: &Jobs) -> Option<(Arc<Entry>, (Ready, RequestRecord), La
             store.unqueue(&entry.id);
             continue;
         };
+        let max_running = jobs.0.config.max_running;
+        if max_running > 0 && store.running >= max_running {
+            return None;
+        }
         let guard = jobs
             .0
             .state
@@ -59,7 +63,10 @@ fn next_startable(jobs: &Jobs) -> Option<(Arc<Entry>, (Ready, RequestRecord), La
         store.unqueue(&entry.id);
         let taken = entry.lock().work.take();
         match taken {
-            Some(work) => return Some((entry, work, guard)),
+            Some(work) => {
+                store.running += 1;
+                return Some((entry, work, guard));
+            }
             None => drop(guard),
         }
     }
@@ -94,6 +101,8 @@ async fn run(jobs: Jobs, entry: Arc<Entry>, work: (Ready, RequestRecord), guard:
             .await
     };
     let ended = tokio::select! {
+        // A stream that completes as a cancel arrives keeps its answer.
+        biased;
         r = streamed => match r {
             Ok(all) => {
                 let usage = all.usage;
@@ -139,9 +148,12 @@ pub(super) async fn sweep(jobs: Jobs) {
             };
             let status = entry.lock().status;
             if status == Status::Expired && now >= finished + ttl * 2 {
-                jobs.store().forget(&entry.id);
+                let mut store = jobs.store();
+                store.forget(&entry.id);
+                store.expired -= 1;
                 jobs.0.state.metrics().jobs().moved(Some("expired"), None);
             } else if status != Status::Expired && now >= finished + ttl {
+                let mut store = jobs.store();
                 let freed = entry.update(|s| {
                     s.status = Status::Expired;
                     s.text = String::new();
@@ -150,8 +162,8 @@ pub(super) async fn sweep(jobs: Jobs) {
                     s.error = None;
                     std::mem::take(&mut s.bytes)
                 });
-                let mut store = jobs.store();
                 store.bytes = store.bytes.saturating_sub(freed);
+                store.expired += 1;
                 drop(store);
                 let metrics = jobs.0.state.metrics().jobs();
                 metrics.moved(Some(status.as_str()), Some("expired"));

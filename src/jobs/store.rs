@@ -13,12 +13,17 @@ pub struct Store {
     queue: VecDeque<Arc<Entry>>,
     /// Bytes counted against `jobs.max_bytes`.
     pub bytes: u64,
+    /// Jobs kept only as an `expired` status (no text, no answer): not counted against
+    /// `jobs.max_jobs`.
+    pub expired: usize,
+    /// Jobs running now (for `jobs.max_running`).
+    pub running: usize,
 }
 
 impl Store {
-    /// Jobs kept (any status).
-    pub fn len(&self) -> usize {
-        self.jobs.len()
+    /// Jobs counted against `jobs.max_jobs`: every kept job but the expired ones.
+    pub fn live(&self) -> usize {
+        self.jobs.len() - self.expired
     }
 
     /// Adds a queued job at the back of the queue.

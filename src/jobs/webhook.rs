@@ -42,6 +42,11 @@ pub fn check_notify(raw: &Value, allow: &[WebhookPattern]) -> Result<reqwest::Ur
     let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
         return Err(bad("must have a host"));
     };
+    // An encoded `/`, `\` or `.` could take a decoding receiver out of the allowed path.
+    let path = url.path().to_ascii_lowercase();
+    if ["%2f", "%5c", "%2e"].iter().any(|e| path.contains(e)) {
+        return Err(bad("must not carry encoded `/`, `\\` or `.` in its path"));
+    }
     let host = host.to_ascii_lowercase();
     if allow
         .iter()
@@ -78,7 +83,7 @@ pub async fn deliver(jobs: Jobs, entry: Arc<Entry>) {
     let Some(url) = entry.lock().notify.clone() else {
         return;
     };
-    let Some(secret) = config.webhook_secret.as_deref() else {
+    let Some(secret) = config.webhook_secret.as_ref().map(|s| s.expose()) else {
         return;
     };
     let body = entry.view(None).to_string();

@@ -76,6 +76,9 @@ pub enum AnswerInput {
 /// the job service, which takes the classified request and answers with its id and URLs. On
 /// failure (the job store is full) it has written the request's record.
 pub trait Divert: Send + Sync {
+    /// Whether a job of `bytes` would be taken now (when not, the request keeps its place).
+    fn has_room(&self, bytes: usize) -> bool;
+
     /// Takes `ready` and its `record` as a job.
     fn divert(&self, ready: Ready, record: RequestRecord) -> Result<Value, GatewayError>;
 }
@@ -223,6 +226,7 @@ pub async fn start(
             state
                 .admission()
                 .acquire_prompt(ready.class.lane, ready.class.work, ready.prefill);
+        tokio::pin!(acquire);
         let deadline = match divert {
             Some(d) if ready.class.lane == Lane::Large => state
                 .config()
@@ -233,9 +237,11 @@ pub async fn start(
         };
         let guard = match deadline {
             // Leaving the queue on the deadline is cancel-safe: the waiter is taken out.
-            Some((after, d)) => match tokio::time::timeout(after, acquire).await {
+            Some((after, d)) => match tokio::time::timeout(after, &mut acquire).await {
                 Ok(guard) => Ok(guard?),
-                Err(_) => Err(d),
+                Err(_) if d.has_room(ready.size) => Err(d),
+                // No room for a job: keep the place in the queue.
+                Err(_) => Ok(acquire.await?),
             },
             None => Ok(acquire.await?),
         };
