@@ -283,12 +283,6 @@ impl GatewayError {
             other => other.to_string(),
         }
     }
-
-    /// The SSE `error` event for a stream that already began.
-    pub fn sse_event(&self) -> String {
-        let data = json!({"code": self.code(), "message": self.message()});
-        format!("event: error\ndata: {data}\n\n")
-    }
 }
 
 impl IntoResponse for GatewayError {

@@ -479,3 +479,44 @@ async fn relayed_probe_routes_report_an_unreachable_engine() {
     );
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn answer_events_carry_ids_and_a_reconnect_is_told_to_stop() {
+    let h = harness(FAST, |_| {}).await;
+    let url = h.url("/answer");
+    let body = client()
+        .get(&url)
+        .query(&[("prompt", "what is a closure?"), ("max_output_tokens", "5")])
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(body.starts_with("retry: 3000\nevent: meta\n"), "{body}");
+    let ids: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: "))
+        .collect();
+    let tokens = sse(&body).iter().filter(|(n, _)| n == "token").count();
+    let expected: Vec<String> = (1..=tokens).map(|i| i.to_string()).collect();
+    assert_eq!(
+        &ids[..tokens],
+        expected.as_slice(),
+        "token events numbered from 1"
+    );
+    assert_eq!(ids[tokens..], ["end"], "the last event is `end`");
+    assert!(body.contains("id: end\nevent: done\n"), "{body}");
+    // A browser EventSource reconnects with the last id: 204 stops it, nothing is generated.
+    let again = client()
+        .get(&url)
+        .query(&[("prompt", "what is a closure?")])
+        .header("last-event-id", "end")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 204);
+    let m = h.metrics_text().await;
+    assert_eq!(family_total(&m, "tutor_gateway_requests_total"), 1.0);
+    h.shutdown().await;
+}

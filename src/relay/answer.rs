@@ -1,15 +1,23 @@
 //! The `/answer` event stream: `meta` first, `token` per chunk of text, then `done` (or `error`).
 //!
 //! ```text
+//! retry: 3000
 //! event: meta
 //! data: {"request_id":"…","lane":"small","estimated_input_tokens":312,"output_budget":120,"queue_wait_ms":0.4}
 //!
+//! id: 1
 //! event: token
 //! data: {"text":" The"}
 //!
+//! id: end
 //! event: done
 //! data: {"finish_reason":"stop","usage":{"input_tokens":312,"output_tokens":118,"cached_tokens":0},"timings":{…}}
 //! ```
+//!
+//! Token events are numbered from 1; the last event (`done` or `error`) has the id `end`. A
+//! browser `EventSource` that reconnects sends the last id it saw as `Last-Event-ID`; `/answer`
+//! answers any such request with 204 (it never restarts or resumes a generation), which stops
+//! the browser's retry loop. `retry:` asks browsers to wait 3 s before that reconnect.
 
 use bytes::Bytes;
 use serde_json::json;
@@ -18,13 +26,23 @@ use crate::classify::Classification;
 use crate::telemetry::LatencySplit;
 use crate::upstream::{Chunk, UpstreamStream};
 
+/// The id of a stream's last event (`done` or `error`).
+pub const END_ID: &str = "end";
+
+/// The reconnection delay suggested to browsers, ms.
+const RETRY_MS: u32 = 3000;
+
 fn event(name: &str, data: &serde_json::Value) -> Bytes {
     Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
 }
 
+fn event_with_id(id: impl std::fmt::Display, name: &str, data: &serde_json::Value) -> Bytes {
+    Bytes::from(format!("id: {id}\nevent: {name}\ndata: {data}\n\n"))
+}
+
 /// `meta`: who we are and which lane we got.
 pub fn meta_event(request_id: &str, class: &Classification, t: LatencySplit) -> Bytes {
-    event(
+    let meta = event(
         "meta",
         &json!({
             "request_id": request_id,
@@ -33,12 +51,24 @@ pub fn meta_event(request_id: &str, class: &Classification, t: LatencySplit) -> 
             "output_budget": class.output_budget,
             "queue_wait_ms": t.queue_wait_ms,
         }),
-    )
+    );
+    let mut out = format!("retry: {RETRY_MS}\n").into_bytes();
+    out.extend_from_slice(&meta);
+    Bytes::from(out)
 }
 
-/// `token`: the text of one chunk; nothing for chunks without text.
-pub fn token_event(chunk: &Chunk) -> Option<Bytes> {
-    (!chunk.text.is_empty()).then(|| event("token", &json!({ "text": chunk.text })))
+/// `token` number `seq` (from 1): the text of one chunk; nothing for chunks without text.
+pub fn token_event(chunk: &Chunk, seq: u32) -> Option<Bytes> {
+    (!chunk.text.is_empty()).then(|| event_with_id(seq, "token", &json!({ "text": chunk.text })))
+}
+
+/// `error`, the last event of a failed stream: `{"code","message"}`.
+pub fn error_event(code: &str, message: &str) -> Bytes {
+    event_with_id(
+        END_ID,
+        "error",
+        &json!({ "code": code, "message": message }),
+    )
 }
 
 /// `done`: finish reason, usage and timings.
@@ -54,7 +84,8 @@ pub fn done_event_with(
     finish_reason: Option<&str>,
 ) -> Bytes {
     let usage = upstream.usage();
-    event(
+    event_with_id(
+        END_ID,
         "done",
         &json!({
             "finish_reason": finish_reason.or(upstream.finish_reason()),

@@ -77,6 +77,8 @@ pub struct Relay {
     ctx: RelayContext,
     first_chunk: Option<cut::ChunkIdentity>,
     cut: Option<cut::CutInfo>,
+    /// `/answer` token events sent (their ids).
+    pieces: u32,
     done: bool,
 }
 
@@ -99,6 +101,7 @@ impl Relay {
             ctx,
             first_chunk: None,
             cut: None,
+            pieces: 0,
             done: false,
         }
     }
@@ -263,14 +266,16 @@ impl Relay {
                     Format::OpenAi { .. } => out.extend_from_slice(
                         format!("data: {}\n\ndata: [DONE]\n\n", err.body()).as_bytes(),
                     ),
-                    Format::Answer => out.extend_from_slice(err.sse_event().as_bytes()),
+                    Format::Answer => {
+                        out.extend_from_slice(&answer::error_event(err.code(), &err.message()))
+                    }
                 }
                 self.finish(err.outcome(), Some(err.code()));
             }
         }
     }
 
-    fn render_chunk(&self, chunk: &Chunk) -> Option<Bytes> {
+    fn render_chunk(&mut self, chunk: &Chunk) -> Option<Bytes> {
         match self.format {
             Format::OpenAi {
                 include_usage,
@@ -287,7 +292,11 @@ impl Relay {
                 out.extend_from_slice(b"\n\n");
                 Some(Bytes::from(out))
             }
-            Format::Answer => answer::token_event(chunk),
+            Format::Answer => {
+                let event = answer::token_event(chunk, self.pieces + 1);
+                self.pieces += u32::from(event.is_some());
+                event
+            }
         }
     }
 

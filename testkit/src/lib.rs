@@ -74,11 +74,14 @@ fn data_text(event: &SseEvent) -> String {
 }
 
 /// An SSE body as (event name, data) pairs; `data:`-only events get the name `message`. Asserts
-/// that the body holds only `event: ` and `data: ` lines.
+/// that the body holds only `event: `, `data: `, `id: ` and `retry: ` lines.
 pub fn sse(body: &str) -> Vec<(String, String)> {
     for line in body.lines() {
         assert!(
-            line.is_empty() || line.starts_with("event: ") || line.starts_with("data: "),
+            line.is_empty()
+                || ["event: ", "data: ", "id: ", "retry: "]
+                    .iter()
+                    .any(|f| line.starts_with(f)),
             "unexpected SSE line {line:?}"
         );
     }
