@@ -16,6 +16,8 @@
 //! | vLLM silent past first-token / idle / total timeout | 504 | `upstream_timeout` |
 //! | vLLM rejected the request (its 4xx) | vLLM's status | `upstream_rejected` |
 //! | vLLM error or garbage | 502 | `upstream_error` |
+//! | a browser request from an origin not in `server.cors_allow_origins` | 403 | `origin_not_allowed` |
+//! | a cross-origin POST that is not `application/json` | 415 | `unsupported_media_type` |
 //! | no job with that id (or forgotten after expiry) | 404 | `job_not_found` |
 //! | cancelling a job that already ended | 409 | `job_finished` |
 //! | `jobs.max_jobs` or `jobs.max_bytes` reached | 429 + `Retry-After` | `jobs_full` |
@@ -75,6 +77,12 @@ pub enum GatewayError {
     /// Admitting this body to a queue would pass `server.max_queued_bytes`.
     #[error("too many request bytes are waiting for admission; retry shortly")]
     QueuedBytes,
+    /// A browser request from an origin that is not allowed.
+    #[error("requests from this web origin are not allowed here (server.cors_allow_origins)")]
+    OriginNotAllowed,
+    /// A cross-origin POST whose body is not declared as JSON.
+    #[error("a cross-origin request body must be sent as application/json")]
+    UnsupportedMediaType,
     /// No job has this id (never, or forgotten after it expired).
     #[error("no job with this id (results are forgotten some time after they expire)")]
     JobNotFound,
@@ -116,6 +124,8 @@ impl GatewayError {
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueuedBytes | Self::JobsFull => StatusCode::TOO_MANY_REQUESTS,
             Self::JobNotFound => StatusCode::NOT_FOUND,
+            Self::OriginNotAllowed => StatusCode::FORBIDDEN,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::JobFinished(_) => StatusCode::CONFLICT,
             Self::JobsUnavailable(_) => StatusCode::NOT_IMPLEMENTED,
             Self::Classify(e) => match e {
@@ -157,6 +167,8 @@ impl GatewayError {
             Self::BodyTimeout { .. } => "body_timeout",
             Self::Overloaded => "overloaded",
             Self::JobNotFound => "job_not_found",
+            Self::OriginNotAllowed => "origin_not_allowed",
+            Self::UnsupportedMediaType => "unsupported_media_type",
             Self::JobFinished(_) => "job_finished",
             Self::JobsFull => "jobs_full",
             Self::JobsUnavailable(_) => "jobs_unavailable",
@@ -174,6 +186,8 @@ impl GatewayError {
             | Self::BodyTooLarge { .. }
             | Self::BodyTimeout { .. }
             | Self::JobNotFound
+            | Self::OriginNotAllowed
+            | Self::UnsupportedMediaType
             | Self::JobFinished(_)
             | Self::JobsUnavailable(_) => Outcome::BadRequest,
             Self::Overloaded | Self::QueuedBytes => Outcome::QueueFull,

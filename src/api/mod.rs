@@ -11,6 +11,7 @@
 //!   ([`jobs`], served by [`crate::jobs`]).
 
 pub mod answer;
+pub mod cors;
 pub mod jobs;
 pub mod limits;
 pub mod openai;
@@ -56,5 +57,10 @@ pub fn app(state: AppState, jobs: Jobs) -> Router {
                 state.metrics().clone(),
             ),
             limits::limit,
+        ))
+        // Outermost: a browser request from a foreign origin is refused before anything else.
+        .layer(axum::middleware::from_fn_with_state(
+            cors::Cors::new(server.cors_allow_origins.clone(), server.cors_max_age),
+            cors::cors,
         ))
 }

@@ -24,6 +24,8 @@ const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 const BODY_READ_TIMEOUT_MS: u64 = 30_000;
 /// Default `server.max_queued_bytes`.
 const MAX_QUEUED_BYTES: u64 = 256 * 1024 * 1024;
+/// Default `server.cors_max_age_s`.
+const CORS_MAX_AGE_S: u64 = 600;
 
 /// `[server]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -47,6 +49,10 @@ pub struct RawServer {
     pub body_read_timeout_ms: Option<u64>,
     /// Request bodies held by requests waiting for admission, bytes; more get 429.
     pub max_queued_bytes: Option<u64>,
+    /// Browser origins allowed to call the gateway cross-origin (CORS).
+    pub cors_allow_origins: Option<Vec<String>>,
+    /// How long a browser may cache a CORS preflight answer, seconds.
+    pub cors_max_age_s: Option<u64>,
 }
 
 /// What happens to a `/v1` body field the gateway does not know.
@@ -79,6 +85,10 @@ pub struct ServerConfig {
     pub body_read_timeout: Duration,
     /// Request bodies held by requests waiting for admission (429 beyond).
     pub max_queued_bytes: u64,
+    /// Origins (`scheme://host[:port]`, lower case) allowed cross-origin; `*` allows any.
+    pub cors_allow_origins: Vec<String>,
+    /// `Access-Control-Max-Age` of preflight answers.
+    pub cors_max_age: Duration,
 }
 
 /// Checks `[server]`.
@@ -142,7 +152,29 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         MAX_QUEUED_BYTES,
         1 << 40,
     );
+    let mut cors_allow_origins = Vec::new();
+    for (i, origin) in raw
+        .cors_allow_origins
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+    {
+        match cors_origin(origin) {
+            Some(o) => cors_allow_origins.push(o),
+            None => c.fail(
+                format!("server.cors_allow_origins[{i}]"),
+                "must be an origin like https://tutor.example.edu (scheme, host, optional \
+                 port; no path), or \"*\"",
+            ),
+        }
+    }
+    let cors_max_age_s = raw.cors_max_age_s.unwrap_or(CORS_MAX_AGE_S);
+    if cors_max_age_s > 86_400 {
+        c.fail("server.cors_max_age_s", "must be at most 86400");
+    }
     ServerConfig {
+        cors_allow_origins,
+        cors_max_age: Duration::from_secs(cors_max_age_s.min(86_400)),
         max_connections: max_connections as usize,
         max_requests_in_flight: max_requests_in_flight as usize,
         header_read_timeout: Duration::from_millis(header_ms),
@@ -153,4 +185,16 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         max_body_bytes: max_body_bytes.clamp(1024, 256 * 1024 * 1024) as usize,
         shutdown_grace: Duration::from_millis(raw.shutdown_grace_ms.unwrap_or(SHUTDOWN_GRACE_MS)),
     }
+}
+
+/// An allowed origin as browsers send it (`scheme://host[:port]`, lower case), or `*`.
+fn cors_origin(origin: &str) -> Option<String> {
+    if origin == "*" {
+        return Some(origin.to_owned());
+    }
+    let (scheme, rest) = origin.split_once("://")?;
+    let ok = matches!(scheme, "http" | "https")
+        && !rest.is_empty()
+        && !rest.contains(['/', '@', '?', '#', '*', ' ']);
+    ok.then(|| origin.to_ascii_lowercase())
 }

@@ -286,3 +286,29 @@ fn the_webhook_secret_never_shows_in_debug_output() {
     );
     assert!(!format!("{c:?}").contains("do-not-print"), "{c:?}");
 }
+
+#[test]
+fn cors_origins_are_checked() {
+    let c = Config::from_toml_str(&format!(
+        "{MINIMAL}[server]\ncors_allow_origins = [\"https://Tutor.Example.edu\", \"http://localhost:3000\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        c.server.cors_allow_origins,
+        ["https://tutor.example.edu", "http://localhost:3000"]
+    );
+    let issues = issues_of(&format!(
+        "{MINIMAL}[server]\ncors_allow_origins = [\"https://a.edu/app\", \"ftp://a.edu\", \"a.edu\"]\ncors_max_age_s = 999999\n"
+    ));
+    for expected in [
+        "server.cors_allow_origins[0]",
+        "server.cors_allow_origins[1]",
+        "server.cors_allow_origins[2]",
+        "server.cors_max_age_s",
+    ] {
+        assert!(
+            issues.iter().any(|i| i.starts_with(expected)),
+            "{expected} not in {issues:?}"
+        );
+    }
+}

@@ -1,0 +1,109 @@
+//! Browsers (`server.cors_allow_origins`): which web origins may call the gateway, and CORS.
+//!
+//! - No `Origin` header (SDKs, curl, servers), or an `Origin` naming the gateway's own host: the
+//!   request goes on untouched.
+//! - An allowed origin: preflights (`OPTIONS` with `Access-Control-Request-Method`) are answered
+//!   here (204, methods, headers, max age); other requests go on, and their answers carry
+//!   `Access-Control-Allow-Origin`, `Access-Control-Expose-Headers` and `Vary: Origin`. A POST
+//!   must be `application/json` (415 otherwise): a page cannot slip a body past as `text/plain`.
+//! - Any other origin: 403 `origin_not_allowed` before the request reaches a lane, so no web
+//!   page can spend GPU time through its visitors' browsers.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::GatewayError;
+
+/// Methods allowed cross-origin.
+const METHODS: &str = "GET, POST, DELETE";
+/// Request headers allowed cross-origin.
+const HEADERS: &str =
+    "content-type, authorization, last-event-id, x-session-id, traceparent, tracestate";
+/// Response headers a page may read.
+const EXPOSE: &str = "x-request-id, retry-after";
+
+/// The allowed origins.
+#[derive(Debug, Clone)]
+pub struct Cors {
+    origins: Arc<Vec<String>>,
+    max_age: HeaderValue,
+}
+
+impl Cors {
+    /// `origins` as validated (lower case, or `*`), preflights cached `max_age`.
+    pub fn new(origins: Vec<String>, max_age: std::time::Duration) -> Self {
+        Self {
+            origins: Arc::new(origins),
+            max_age: HeaderValue::from(max_age.as_secs()),
+        }
+    }
+
+    fn allows(&self, origin: &str) -> bool {
+        let origin = origin.to_ascii_lowercase();
+        self.origins.iter().any(|o| o == "*" || *o == origin)
+    }
+}
+
+/// Whether `origin` (`scheme://host[:port]`) names the `Host` the request was sent to.
+fn same_origin(origin: &str, headers: &HeaderMap) -> bool {
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let authority = origin.split_once("://").map(|(_, a)| a);
+    matches!((host, authority), (Some(h), Some(a)) if h.eq_ignore_ascii_case(a))
+}
+
+/// The middleware.
+pub async fn cors(State(cors): State<Cors>, req: Request, next: Next) -> Response {
+    let Some(origin) = req.headers().get(header::ORIGIN).cloned() else {
+        return next.run(req).await;
+    };
+    let text = origin.to_str().unwrap_or_default();
+    if same_origin(text, req.headers()) {
+        return next.run(req).await;
+    }
+    if !cors.allows(text) {
+        return GatewayError::OriginNotAllowed.into_response();
+    }
+    let preflight = req.method() == Method::OPTIONS
+        && req
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let mut resp = if preflight {
+        let mut resp = StatusCode::NO_CONTENT.into_response();
+        let h = resp.headers_mut();
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static(METHODS),
+        );
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            HeaderValue::from_static(HEADERS),
+        );
+        h.insert(header::ACCESS_CONTROL_MAX_AGE, cors.max_age.clone());
+        resp
+    } else if req.method() == Method::POST && !is_json(req.headers()) {
+        GatewayError::UnsupportedMediaType.into_response()
+    } else {
+        next.run(req).await
+    };
+    let h = resp.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    h.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static(EXPOSE),
+    );
+    h.append(header::VARY, HeaderValue::from_static("origin"));
+    resp
+}
+
+/// Whether the body is declared as JSON (`application/json`, parameters allowed).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+}

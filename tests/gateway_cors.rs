@@ -1,0 +1,170 @@
+//! Browsers (issue 17, CORS): an allowed origin's preflight and requests get the CORS headers;
+//! any other origin is refused before it reaches a lane; a cross-origin POST must be JSON;
+//! requests without an Origin (SDKs, curl) and same-origin requests are untouched.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
+const FRONTEND: &str = "https://tutor.example.edu";
+const ELSEWHERE: &str = "https://evil.example.com";
+
+async fn gateway() -> Harness {
+    harness(FAST, |c| {
+        c.server.cors_allow_origins = vec![FRONTEND.to_owned()];
+    })
+    .await
+}
+
+fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
+    resp.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+#[tokio::test]
+async fn an_allowed_origin_gets_its_preflight_and_reads_the_stream() {
+    let h = gateway().await;
+    let pre = client()
+        .request(reqwest::Method::OPTIONS, h.url("/answer"))
+        .header("origin", FRONTEND)
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "content-type, last-event-id",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(pre.status(), 204);
+    assert_eq!(
+        header(&pre, "access-control-allow-origin").as_deref(),
+        Some(FRONTEND)
+    );
+    assert!(header(&pre, "access-control-allow-methods")
+        .unwrap()
+        .contains("POST"));
+    let allowed = header(&pre, "access-control-allow-headers").unwrap();
+    assert!(allowed.contains("content-type") && allowed.contains("last-event-id"));
+    assert_eq!(
+        header(&pre, "access-control-max-age").as_deref(),
+        Some("600")
+    );
+    // An EventSource on the frontend's page: a cross-origin GET with its Origin.
+    let resp = client()
+        .get(h.url("/answer"))
+        .query(&[("prompt", "what is a closure?"), ("max_output_tokens", "4")])
+        .header("origin", FRONTEND)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        header(&resp, "access-control-allow-origin").as_deref(),
+        Some(FRONTEND)
+    );
+    assert!(header(&resp, "access-control-expose-headers")
+        .unwrap()
+        .contains("x-request-id"));
+    assert_eq!(header(&resp, "vary").as_deref(), Some("origin"));
+    let events = sse(&resp.text().await.unwrap());
+    assert_eq!(events.last().unwrap().0, "done");
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn another_origin_is_refused_before_it_spends_anything() {
+    let h = gateway().await;
+    let pre = client()
+        .request(reqwest::Method::OPTIONS, h.url("/answer"))
+        .header("origin", ELSEWHERE)
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(pre.status(), 403);
+    assert!(header(&pre, "access-control-allow-origin").is_none());
+    // A drive-by GET and a "simple" text/plain POST from a foreign page.
+    let get = client()
+        .get(h.url("/answer"))
+        .query(&[("prompt", "spend your GPU")])
+        .header("origin", ELSEWHERE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 403);
+    assert_eq!(
+        json(&get.text().await.unwrap())["error"]["code"],
+        "origin_not_allowed"
+    );
+    let post = client()
+        .post(h.url("/answer"))
+        .header("origin", ELSEWHERE)
+        .header("content-type", "text/plain")
+        .body(r#"{"prompt": "spend your GPU"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(post.status(), 403);
+    let m = h.metrics_text().await;
+    assert_eq!(
+        family_total(&m, "tutor_gateway_requests_total"),
+        0.0,
+        "nothing reached a lane"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_cross_origin_post_must_be_json_and_other_callers_are_untouched() {
+    let h = gateway().await;
+    let body = r#"{"prompt": "what is a closure?", "max_output_tokens": 3}"#;
+    let plain = client()
+        .post(h.url("/answer"))
+        .header("origin", FRONTEND)
+        .header("content-type", "text/plain;charset=UTF-8")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), 415);
+    assert_eq!(
+        header(&plain, "access-control-allow-origin").as_deref(),
+        Some(FRONTEND),
+        "the page can read why"
+    );
+    assert_eq!(
+        json(&plain.text().await.unwrap())["error"]["code"],
+        "unsupported_media_type"
+    );
+    let as_json = client()
+        .post(h.url("/answer"))
+        .header("origin", FRONTEND)
+        .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(as_json.status(), 200);
+    // No Origin (an SDK, curl): as before, whatever the content type.
+    let sdk = client()
+        .post(h.url("/answer"))
+        .header("content-type", "text/plain")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sdk.status(), 200);
+    assert!(header(&sdk, "access-control-allow-origin").is_none());
+    // Same origin: a page served from the gateway's own host.
+    let own = format!("http://{}", h.gw.addr);
+    let same = client()
+        .get(h.url("/healthz"))
+        .header("origin", own)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(same.status(), 200);
+    h.shutdown().await;
+}
