@@ -91,6 +91,9 @@ fn serve(
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
         let gateway = tutor_gateway::server::start(config, listener)?;
         tracing::info!(addr = %gateway.addr, "tutor-gateway listening; try: curl -N 'http://{}/answer?prompt=why+does+my+loop+never+end'", gateway.addr);
+        if let Some(admin) = gateway.admin_addr {
+            tracing::info!(addr = %admin, "admin listener (/metrics, /readyz)");
+        }
         gateway.run_until_signal().await?;
         if let Some(sim) = sim {
             sim.shutdown().await;

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admission::Admission;
-use crate::api::{app, AppState, Jobs};
+use crate::api::{admin, app, AppState, Jobs};
 use crate::classify::Classifier;
 use crate::config::{Config, RequestLogSink};
 use crate::telemetry::{Metrics, RequestLog};
@@ -29,11 +29,14 @@ pub use accept::H2_MAX_STREAMS;
 pub struct Gateway {
     /// Where it listens.
     pub addr: SocketAddr,
+    /// Where the admin listener (`server.admin_listen`) listens, when set.
+    pub admin_addr: Option<SocketAddr>,
     /// Its state (admission counters, metrics), for tests and the soak check.
     pub state: AppState,
     stop: CancellationToken,
     tasks: TaskTracker,
     serve: JoinHandle<()>,
+    admin: Option<JoinHandle<()>>,
 }
 
 /// Builds the handlers' state from `config`; spawned abort calls go on `tasks`.
@@ -88,15 +91,33 @@ pub fn serve_state(
     let stopping = stop.clone();
     let server = state.config().server.clone();
     let metrics = state.metrics().clone();
+    let (admin_addr, admin) = match server.admin_listen {
+        Some(at) => {
+            let std_listener = std::net::TcpListener::bind(at)
+                .with_context(|| format!("admin listener (server.admin_listen) on {at}"))?;
+            std_listener.set_nonblocking(true)?;
+            let listener = TcpListener::from_std(std_listener)?;
+            let admin_addr = listener.local_addr()?;
+            let (router, server, metrics) = (admin(state.clone()), server.clone(), metrics.clone());
+            let stopping = stop.clone();
+            let task = tokio::spawn(async move {
+                accept::serve(listener, router, &server, metrics, stopping, grace).await;
+            });
+            (Some(admin_addr), Some(task))
+        }
+        None => (None, None),
+    };
     let serve = tokio::spawn(async move {
         accept::serve(listener, router, &server, metrics, stopping, grace).await;
     });
     Ok(Gateway {
         addr,
+        admin_addr,
         state,
         stop,
         tasks,
         serve,
+        admin,
     })
 }
 
@@ -110,6 +131,9 @@ impl Gateway {
     pub async fn shutdown(self) {
         self.stop.cancel();
         let _ = self.serve.await;
+        if let Some(admin) = self.admin {
+            let _ = admin.await;
+        }
         self.tasks.close();
         let _ = tokio::time::timeout(ABORT_TIMEOUT * 2, self.tasks.wait()).await;
     }

@@ -4,7 +4,8 @@
 //!
 //! - `GET /answer?prompt=…`, `POST /answer`: the tutoring frontend's SSE stream ([`answer`]).
 //! - `POST /v1/chat/completions`, `POST /v1/completions`: OpenAI-compatible ([`openai`]).
-//! - `GET /healthz`, `GET /readyz`, `GET /v1/models`, `GET /metrics` ([`ops`]); and vLLM's
+//! - `GET /healthz`, `GET /readyz`, `GET /v1/models`, `GET /metrics` ([`ops`]; `/readyz` and
+//!   `/metrics` move to `server.admin_listen` when it is set, see [`admin`]); and vLLM's
 //!   own probe routes, so clients written for vLLM accept the gateway: `GET /health` and
 //!   `/ping` (liveness, as `/healthz`), `GET /version` and `POST /tokenize` (relayed).
 //! - `POST /jobs`, `GET|DELETE /jobs/{id}`, `GET /jobs/{id}/events`: background jobs
@@ -45,8 +46,11 @@ pub fn app(state: AppState, jobs: Jobs) -> Router {
         .route("/ping", get(ops::healthz).post(ops::healthz))
         .route("/version", get(ops::version))
         .route("/tokenize", post(ops::tokenize))
-        .route("/readyz", get(ops::readyz))
-        .route("/metrics", get(ops::metrics))
+        .merge(match server.admin_listen {
+            // Operators' routes live on the admin listener then ([`admin`]).
+            Some(_) => Router::new(),
+            None => operator_routes(),
+        })
         .with_state(state.clone())
         .merge(job_routes)
         .layer(DefaultBodyLimit::max(limit))
@@ -63,4 +67,18 @@ pub fn app(state: AppState, jobs: Jobs) -> Router {
             cors::Cors::new(server.cors_allow_origins.clone(), server.cors_max_age),
             cors::cors,
         ))
+}
+
+/// `/readyz` and `/metrics`: on the public listener, or on `server.admin_listen` when set.
+fn operator_routes() -> Router<AppState> {
+    Router::new()
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+}
+
+/// The admin listener's routes (`server.admin_listen`): `/metrics`, `/readyz`, `/healthz`.
+pub fn admin(state: AppState) -> Router {
+    operator_routes()
+        .route("/healthz", get(ops::healthz))
+        .with_state(state)
 }

@@ -36,11 +36,11 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
                 .into_response()
         }
     }
-    match state.upstream().health().await {
+    match state.upstream().readiness().await {
         Ok(()) => axum::Json(json!({"status": "ready"})).into_response(),
-        Err(e) => (
+        Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"status": "not_ready", "reason": e.to_string()})),
+            axum::Json(json!({"status": "not_ready", "reason": reason})),
         )
             .into_response(),
     }

@@ -51,6 +51,8 @@ pub struct RawServer {
     pub max_queued_bytes: Option<u64>,
     /// Browser origins allowed to call the gateway cross-origin (CORS).
     pub cors_allow_origins: Option<Vec<String>>,
+    /// A second listener for operators (`/metrics`, `/readyz`), `IP:PORT`; empty: none.
+    pub admin_listen: Option<String>,
     /// How long a browser may cache a CORS preflight answer, seconds.
     pub cors_max_age_s: Option<u64>,
 }
@@ -87,6 +89,8 @@ pub struct ServerConfig {
     pub max_queued_bytes: u64,
     /// Origins (`scheme://host[:port]`, lower case) allowed cross-origin; `*` allows any.
     pub cors_allow_origins: Vec<String>,
+    /// Where `/metrics` and `/readyz` are served instead of the public listener, if set.
+    pub admin_listen: Option<std::net::SocketAddr>,
     /// `Access-Control-Max-Age` of preflight answers.
     pub cors_max_age: Duration,
 }
@@ -172,8 +176,22 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
     if cors_max_age_s > 86_400 {
         c.fail("server.cors_max_age_s", "must be at most 86400");
     }
+    let admin_listen = match raw.admin_listen.as_deref().filter(|a| !a.is_empty()) {
+        None => None,
+        Some(addr) => match addr.parse() {
+            Ok(addr) => Some(addr),
+            Err(_) => {
+                c.fail(
+                    "server.admin_listen",
+                    "must be a socket address like 127.0.0.1:9090, or empty",
+                );
+                None
+            }
+        },
+    };
     ServerConfig {
         cors_allow_origins,
+        admin_listen,
         cors_max_age: Duration::from_secs(cors_max_age_s.min(86_400)),
         max_connections: max_connections as usize,
         max_requests_in_flight: max_requests_in_flight as usize,

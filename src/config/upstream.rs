@@ -19,6 +19,8 @@ const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 const MAX_MODEL_LEN: u32 = 16_384;
 /// Default `upstream.connect_timeout_ms`.
 const CONNECT_TIMEOUT_MS: u64 = 2_000;
+/// Default `upstream.health_cache_ms`.
+const HEALTH_CACHE_MS: u64 = 1_000;
 /// Default `upstream.first_token_timeout_ms`.
 const FIRST_TOKEN_TIMEOUT_MS: u64 = 60_000;
 /// Default `upstream.idle_timeout_ms`.
@@ -53,6 +55,8 @@ pub struct RawUpstream {
     pub idle_timeout_ms: Option<u64>,
     /// Longest whole request, ms.
     pub total_timeout_ms: Option<u64>,
+    /// How long one `/health` probe of vLLM answers `/readyz`, ms.
+    pub health_cache_ms: Option<u64>,
     /// `[upstream.abort]`.
     #[serde(default)]
     pub abort: RawAbort,
@@ -90,6 +94,8 @@ pub struct UpstreamConfig {
     pub idle_timeout: Duration,
     /// Longest whole upstream request.
     pub total_timeout: Duration,
+    /// How long one `/health` probe of vLLM answers `/readyz` (0: every call probes).
+    pub health_cache: Duration,
     /// The engine-side abort call made when a client goes away.
     pub abort: AbortConfig,
 }
@@ -200,6 +206,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
         first_token_timeout: first,
         idle_timeout: idle,
         total_timeout: total,
+        health_cache: Duration::from_millis(raw.health_cache_ms.unwrap_or(HEALTH_CACHE_MS)),
         abort: abort(c, raw.abort),
     }
 }

@@ -31,6 +31,8 @@ pub struct UpstreamClient {
     http: reqwest::Client,
     config: Arc<UpstreamConfig>,
     tasks: TaskTracker,
+    /// The last `/health` probe for `/readyz`: when it was made and what it said.
+    readiness: Arc<tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>>,
 }
 
 /// A non-streaming upstream answer relayed as is (`GET /v1/models`).
@@ -60,6 +62,7 @@ impl UpstreamClient {
             http,
             config: Arc::new(config),
             tasks,
+            readiness: Arc::default(),
         })
     }
 
@@ -194,6 +197,20 @@ impl UpstreamClient {
             content_type,
             body,
         })
+    }
+
+    /// [`UpstreamClient::health`] for `/readyz`: at most one probe per `upstream.health_cache`;
+    /// calls in between, and calls while a probe runs, get that probe's answer (as text).
+    pub async fn readiness(&self) -> Result<(), String> {
+        let mut last = self.readiness.lock().await;
+        if let Some((at, answer)) = last.as_ref() {
+            if at.elapsed() < self.config.health_cache {
+                return answer.clone();
+            }
+        }
+        let answer = self.health().await.map_err(|e| e.to_string());
+        *last = Some((Instant::now(), answer.clone()));
+        answer
     }
 
     /// Readiness probe: `GET /health` answers 2xx (vLLM: 200 when the engine is alive, 503 when
