@@ -31,9 +31,12 @@ pub struct UpstreamClient {
     http: reqwest::Client,
     config: Arc<UpstreamConfig>,
     tasks: TaskTracker,
-    /// The last `/health` probe for `/readyz`: when it was made and what it said.
-    readiness: Arc<tokio::sync::Mutex<Option<(Instant, Result<(), String>)>>>,
+    /// The last `/health` probe for `/readyz`.
+    readiness: Arc<tokio::sync::Mutex<Option<Probe>>>,
 }
+
+/// When a `/health` probe was made and what it said.
+type Probe = (Instant, Result<(), String>);
 
 /// A non-streaming upstream answer relayed as is (`GET /v1/models`).
 #[derive(Debug, Clone)]
