@@ -520,3 +520,55 @@ async fn answer_events_carry_ids_and_a_reconnect_is_told_to_stop() {
     assert_eq!(family_total(&m, "tutor_gateway_requests_total"), 1.0);
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_vllm_with_an_api_key_is_called_with_it() {
+    const KEY: &str = "sk-vllm-test-key-123";
+    let flags = ["--speed", "50", "--profile", "tiny-test", "--api-key", KEY];
+    let file = std::env::temp_dir().join(format!("tutor-gateway-key-{}", std::process::id()));
+    std::fs::write(&file, format!("{KEY}\n")).unwrap();
+    let path = file.to_str().unwrap().to_owned();
+    let toml =
+        format!("[classify]\ntokenizer = \"heuristic\"\n[upstream]\napi_key_file = \"{path}\"\n");
+    let keyed = tutor_gateway::config::Config::from_toml_str(&toml).unwrap();
+    assert!(
+        !format!("{keyed:?}").contains(KEY),
+        "the key never shows in the config's Debug"
+    );
+    let h = harness(&flags, |c| {
+        c.upstream.api_key = keyed.upstream.api_key.clone()
+    })
+    .await;
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse(&resp.text().await.unwrap()).last().unwrap().0, "done");
+    assert_eq!(
+        client()
+            .get(h.url("/v1/models"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    h.shutdown().await;
+    // Without the key, vLLM's 401 reaches the client as what it is.
+    let h = harness(&flags, |_| {}).await;
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(
+        json(&resp.text().await.unwrap())["error"]["code"],
+        "upstream_rejected"
+    );
+    h.shutdown().await;
+    std::fs::remove_file(file).unwrap();
+}

@@ -55,6 +55,10 @@ pub struct SimArgs {
     /// Echo `X-Request-Id` on responses (vLLM's flag of the same name).
     #[arg(long)]
     pub enable_request_id_headers: bool,
+    /// Require `Authorization: Bearer <key>` on `/v1/*` routes (vLLM's `--api-key`): 401
+    /// `{"error":"Unauthorized"}` otherwise.
+    #[arg(long)]
+    pub api_key: Option<String>,
     /// Most prompt tokens one long prefill may compute per step (vLLM's flag); 0: no cap.
     #[arg(long, default_value_t = 0)]
     pub long_prefill_token_threshold: u32,

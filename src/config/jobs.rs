@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::check::Checker;
+use super::secret::Secret;
 
 /// Default `jobs.max_jobs`.
 const MAX_JOBS: u64 = 1_000;
@@ -25,31 +26,6 @@ const WEBHOOK_TIMEOUT_MS: u64 = 10_000;
 pub const WEBHOOK_SECRET_ENV: &str = "TUTOR_GATEWAY_WEBHOOK_SECRET";
 /// The shortest webhook secret accepted, bytes.
 const MIN_SECRET: usize = 16;
-
-/// A secret from the config: usable by the code, never shown by `Debug` (so a logged config
-/// cannot leak it).
-#[derive(Clone, PartialEq, Eq, Deserialize)]
-#[serde(transparent)]
-pub struct Secret(String);
-
-impl Secret {
-    /// The secret itself, for the one place that uses it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl From<&str> for Secret {
-    fn from(s: &str) -> Self {
-        Secret(s.to_owned())
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
 
 /// `[jobs]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -196,14 +172,17 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
             ),
         }
     }
-    let webhook_secret = raw.webhook_secret.filter(|s| !s.0.is_empty()).or_else(|| {
-        std::env::var(WEBHOOK_SECRET_ENV)
-            .ok()
-            .filter(|s| !s.is_empty())
-            .map(Secret)
-    });
+    let webhook_secret = raw
+        .webhook_secret
+        .filter(|s| !s.expose().is_empty())
+        .or_else(|| {
+            std::env::var(WEBHOOK_SECRET_ENV)
+                .ok()
+                .filter(|s| !s.is_empty())
+                .map(Secret::from)
+        });
     match &webhook_secret {
-        Some(s) if s.0.len() < MIN_SECRET => c.fail(
+        Some(s) if s.expose().len() < MIN_SECRET => c.fail(
             "jobs.webhook_secret",
             format!("must be at least {MIN_SECRET} bytes"),
         ),

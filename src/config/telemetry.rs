@@ -80,11 +80,14 @@ pub(super) fn validate(c: &mut Checker, raw: RawTelemetry) -> TelemetryConfig {
     };
     let endpoint = raw.otlp_endpoint.filter(|e| !e.is_empty());
     if let Some(e) = &endpoint {
-        if !(e.starts_with("http://") || e.starts_with("https://")) {
+        if e.starts_with("https://") {
             c.fail(
                 "telemetry.otlp_endpoint",
-                "must start with http:// or https://",
+                "uses TLS (https://), which this build's OTLP exporter does not support; send to \
+                 a collector nearby over http://",
             );
+        } else if !e.starts_with("http://") {
+            c.fail("telemetry.otlp_endpoint", "must start with http://");
         }
     }
     TelemetryConfig {

@@ -312,3 +312,48 @@ fn cors_origins_are_checked() {
         );
     }
 }
+
+#[test]
+fn the_upstream_api_key_comes_from_a_file_or_the_environment_never_the_file_itself() {
+    let missing = issues_of(&format!(
+        "{MINIMAL}[upstream]\napi_key_env = \"TUTOR_GATEWAY_TEST_UNSET_VARIABLE\"\n"
+    ));
+    assert!(missing
+        .iter()
+        .any(|i| i.starts_with("upstream.api_key_env")));
+    let unreadable = issues_of(&format!(
+        "{MINIMAL}[upstream]\napi_key_file = \"/nonexistent/tutor-gateway/key\"\n"
+    ));
+    assert!(unreadable
+        .iter()
+        .any(|i| i.starts_with("upstream.api_key_file")));
+    let both = issues_of(&format!(
+        "{MINIMAL}[upstream]\napi_key_env = \"A\"\napi_key_file = \"/b\"\n"
+    ));
+    assert!(both.iter().any(|i| i.contains("not both")));
+    let raw = issues_of(&format!(
+        "{MINIMAL}[upstream]\napi_key = \"sk-in-the-file\"\n"
+    ));
+    assert!(
+        raw.iter().any(|i| i.starts_with("upstream.api_key")),
+        "no key in the file itself: {raw:?}"
+    );
+    assert!(raw.iter().all(|i| !i.contains("sk-in-the-file")));
+}
+
+#[test]
+fn what_the_build_cannot_do_is_refused_by_the_check() {
+    let issues = issues_of(&format!(
+        "{MINIMAL}[telemetry]\notlp_endpoint = \"https://collector:4317\"\n\
+         [quota]\nredis_url = \"rediss://redis:6380/0\"\n"
+    ));
+    assert!(issues
+        .iter()
+        .any(|i| i.starts_with("telemetry.otlp_endpoint")));
+    assert!(issues.iter().any(|i| i.starts_with("quota.redis_url")));
+    // TLS to vLLM is built in (rustls): an https upstream passes.
+    Config::from_toml_str(&format!(
+        "{MINIMAL}[upstream]\nbase_url = \"https://vllm.internal:8000\"\n"
+    ))
+    .unwrap();
+}

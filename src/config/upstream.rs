@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::check::Checker;
+use super::secret::Secret;
 
 /// Default `upstream.base_url`.
 const BASE_URL: &str = "http://127.0.0.1:8000";
@@ -57,6 +58,10 @@ pub struct RawUpstream {
     pub total_timeout_ms: Option<u64>,
     /// How long one `/health` probe of vLLM answers `/readyz`, ms.
     pub health_cache_ms: Option<u64>,
+    /// The environment variable holding vLLM's `--api-key`.
+    pub api_key_env: Option<String>,
+    /// A file holding vLLM's `--api-key`.
+    pub api_key_file: Option<String>,
     /// `[upstream.abort]`.
     #[serde(default)]
     pub abort: RawAbort,
@@ -96,6 +101,8 @@ pub struct UpstreamConfig {
     pub total_timeout: Duration,
     /// How long one `/health` probe of vLLM answers `/readyz` (0: every call probes).
     pub health_cache: Duration,
+    /// vLLM's `--api-key`, sent as `Authorization: Bearer` on every upstream request.
+    pub api_key: Option<Secret>,
     /// The engine-side abort call made when a client goes away.
     pub abort: AbortConfig,
 }
@@ -207,6 +214,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
         idle_timeout: idle,
         total_timeout: total,
         health_cache: Duration::from_millis(raw.health_cache_ms.unwrap_or(HEALTH_CACHE_MS)),
+        api_key: api_key(c, raw.api_key_env, raw.api_key_file),
         abort: abort(c, raw.abort),
     }
 }
@@ -259,4 +267,50 @@ fn abort(c: &mut Checker, raw: RawAbort) -> AbortConfig {
         );
     }
     config
+}
+
+/// vLLM's API key, from the environment variable `env` or the file `file` (one of them; its
+/// surrounding whitespace trimmed). Problems name the key, never its value.
+fn api_key(c: &mut Checker, env: Option<String>, file: Option<String>) -> Option<Secret> {
+    let env = env.filter(|e| !e.is_empty());
+    let file = file.filter(|f| !f.is_empty());
+    let key = match (env, file) {
+        (None, None) => return None,
+        (Some(_), Some(_)) => {
+            c.fail(
+                "upstream.api_key_env",
+                "set api_key_env or api_key_file, not both",
+            );
+            return None;
+        }
+        (Some(var), None) => match std::env::var(&var) {
+            Ok(v) => v,
+            Err(_) => {
+                c.fail(
+                    "upstream.api_key_env",
+                    format!("names the environment variable {var}, which is not set"),
+                );
+                return None;
+            }
+        },
+        (None, Some(path)) => match std::fs::read_to_string(&path) {
+            Ok(v) => v,
+            Err(e) => {
+                c.fail(
+                    "upstream.api_key_file",
+                    format!("cannot be read ({})", e.kind()),
+                );
+                return None;
+            }
+        },
+    };
+    let key = key.trim();
+    if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        c.fail(
+            "upstream.api_key_env",
+            "the API key must be non-empty visible ASCII",
+        );
+        return None;
+    }
+    Some(Secret::from(key))
 }

@@ -53,10 +53,22 @@ impl UpstreamClient {
     /// A client for `config`. Abort calls are spawned on `tasks`: close and wait on it at
     /// shutdown so no abort is lost. Env proxies are ignored: the vLLM hop is internal.
     pub fn new(config: UpstreamConfig, tasks: TaskTracker) -> Result<Self, UpstreamError> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(key) = &config.api_key {
+            let mut auth =
+                HeaderValue::from_str(&format!("Bearer {}", key.expose())).map_err(|_| {
+                    UpstreamError::Unavailable(
+                        "the upstream API key is not a valid header value".into(),
+                    )
+                })?;
+            auth.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, auth);
+        }
         let http = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .tcp_nodelay(true)
             .no_proxy()
+            .default_headers(headers)
             .build()
             .map_err(|e| {
                 UpstreamError::Unavailable(format!("cannot build the HTTP client: {e}"))

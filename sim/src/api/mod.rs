@@ -45,6 +45,8 @@ pub struct AppState {
     pub per_request_metrics: bool,
     /// `--enable-request-id-headers`.
     pub request_id_headers: bool,
+    /// `--api-key`: required as a bearer token on `/v1/*`.
+    pub api_key: Option<Arc<str>>,
     /// Unix seconds at start, for `/v1/models`.
     pub started: u64,
     /// The last `traceparent` headers received (`GET /debug/traceparents`), newest last.
@@ -94,7 +96,37 @@ pub fn router(state: AppState) -> Router {
         .route("/debug/steps", get(debug_steps))
         .route("/debug/traceparents", get(debug_traceparents))
         .route("/debug/requests", get(debug_requests))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ))
         .with_state(state)
+}
+
+/// vLLM's `--api-key`: `/v1/*` needs `Authorization: Bearer <key>` (401 otherwise); other
+/// routes (`/health`, `/metrics`, ...) are open, as in vLLM.
+async fn require_api_key(
+    State(s): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let Some(key) = s.api_key.as_deref() else {
+        return next.run(req).await;
+    };
+    let given = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if !req.uri().path().starts_with("/v1") || given == Some(key) {
+        return next.run(req).await;
+    }
+    (
+        axum::http::StatusCode::UNAUTHORIZED,
+        Json(serde_json::json!({"error": "Unauthorized"})),
+    )
+        .into_response()
 }
 
 async fn models(State(s): State<AppState>) -> Json<serde_json::Value> {
