@@ -706,3 +706,81 @@ fn compose_mounts_files_that_exist() {
     assert!(mounts >= 5, "only {mounts} bind mounts found");
     assert!(repo().join("deploy/Dockerfile").exists());
 }
+
+/// Host ports each compose service publishes (`ports:` entries), by service name.
+fn compose_ports(compose: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let (mut service, mut in_ports) = (String::new(), false);
+    for line in compose.lines() {
+        let indent = line.len() - line.trim_start().len();
+        let text = line.trim();
+        if text.is_empty() || text.starts_with('#') {
+            continue;
+        }
+        if indent == 2 && text.ends_with(':') {
+            service = text.trim_end_matches(':').to_owned();
+            in_ports = false;
+        } else if indent == 4 {
+            in_ports = text == "ports:";
+        } else if in_ports && indent == 6 {
+            let port = text.trim_start_matches("- ").trim_matches('"').to_owned();
+            out.push((service.clone(), port));
+        }
+    }
+    out
+}
+
+#[test]
+fn compose_publishes_only_the_gateway_and_grafana_and_requires_passwords() {
+    let compose = read("deploy/docker-compose.yml");
+    let ports = compose_ports(&compose);
+    assert!(
+        ports.contains(&("gateway".into(), "8080:8080".into())),
+        "{ports:?}"
+    );
+    assert!(
+        ports.contains(&("grafana".into(), "3000:3000".into())),
+        "{ports:?}"
+    );
+    for (service, port) in &ports {
+        if service != "gateway" && service != "grafana" {
+            assert!(
+                port.starts_with("127.0.0.1:"),
+                "{service} publishes {port} beyond the host's loopback"
+            );
+        }
+    }
+    for (service, _) in &ports {
+        assert!(
+            !["vllm", "redis", "dcgm-exporter", "otel-collector"].contains(&service.as_str()),
+            "{service} must not be published"
+        );
+    }
+    assert!(compose.contains("--requirepass"), "Redis has a password");
+    assert!(
+        compose.contains("${REDIS_PASSWORD:?"),
+        "no default Redis password"
+    );
+    assert!(
+        compose.contains("GF_SECURITY_ADMIN_PASSWORD: ${GRAFANA_ADMIN_PASSWORD:?"),
+        "Grafana's admin password is required, never admin/admin"
+    );
+}
+
+#[test]
+fn the_containers_gateway_listens_on_every_interface_and_scrapes_its_admin_port() {
+    let config = tutor_gateway::config::Config::load(repo().join("deploy/gateway/config.toml"))
+        .expect("valid");
+    assert!(config.listen.ip().is_unspecified(), "{}", config.listen);
+    assert_eq!(config.listen.port(), 8080);
+    let admin = config
+        .server
+        .admin_listen
+        .expect("an admin listener in the container");
+    assert!(admin.ip().is_unspecified());
+    let prometheus = read("deploy/prometheus/prometheus.yml");
+    assert!(
+        prometheus.contains(&format!("\"gateway:{}\"", admin.port())),
+        "Prometheus scrapes the admin port"
+    );
+}
