@@ -16,6 +16,7 @@
 //! | vLLM silent past first-token / idle / total timeout | 504 | `upstream_timeout` |
 //! | vLLM rejected the request (its 4xx) | vLLM's status | `upstream_rejected` |
 //! | vLLM error or garbage | 502 | `upstream_error` |
+//! | no, an unknown or a revoked API key; a bad or expired token (`[auth]`) | 401 | `invalid_api_key` |
 //! | a browser request from an origin not in `server.cors_allow_origins` | 403 | `origin_not_allowed` |
 //! | a cross-origin POST that is not `application/json` | 415 | `unsupported_media_type` |
 //! | no job with that id (or forgotten after expiry) | 404 | `job_not_found` |
@@ -77,6 +78,9 @@ pub enum GatewayError {
     /// Admitting this body to a queue would pass `server.max_queued_bytes`.
     #[error("too many request bytes are waiting for admission; retry shortly")]
     QueuedBytes,
+    /// No valid API key or token (`[auth]`).
+    #[error("{0}")]
+    Unauthorized(&'static str),
     /// A browser request from an origin that is not allowed.
     #[error("requests from this web origin are not allowed here (server.cors_allow_origins)")]
     OriginNotAllowed,
@@ -125,6 +129,7 @@ impl GatewayError {
             Self::QueuedBytes | Self::JobsFull => StatusCode::TOO_MANY_REQUESTS,
             Self::JobNotFound => StatusCode::NOT_FOUND,
             Self::OriginNotAllowed => StatusCode::FORBIDDEN,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::JobFinished(_) => StatusCode::CONFLICT,
             Self::JobsUnavailable(_) => StatusCode::NOT_IMPLEMENTED,
@@ -168,6 +173,7 @@ impl GatewayError {
             Self::Overloaded => "overloaded",
             Self::JobNotFound => "job_not_found",
             Self::OriginNotAllowed => "origin_not_allowed",
+            Self::Unauthorized(_) => "invalid_api_key",
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::JobFinished(_) => "job_finished",
             Self::JobsFull => "jobs_full",
@@ -187,6 +193,7 @@ impl GatewayError {
             | Self::BodyTimeout { .. }
             | Self::JobNotFound
             | Self::OriginNotAllowed
+            | Self::Unauthorized(_)
             | Self::UnsupportedMediaType
             | Self::JobFinished(_)
             | Self::JobsUnavailable(_) => Outcome::BadRequest,

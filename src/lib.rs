@@ -49,5 +49,6 @@ pub mod pipeline;
 pub mod prompt;
 pub mod relay;
 pub mod server;
+pub mod sign;
 pub mod telemetry;
 pub mod upstream;

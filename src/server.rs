@@ -86,7 +86,8 @@ pub fn serve_state(
     let addr = listener.local_addr()?;
     let stop = CancellationToken::new();
     let jobs = Jobs::start(state.clone(), stop.clone(), tasks.clone());
-    let router = app(state.clone(), jobs);
+    let auth = crate::api::auth::Auth::start(&state.config().auth, stop.clone());
+    let router = app(state.clone(), jobs, auth);
     let grace = state.config().server.shutdown_grace;
     let stopping = stop.clone();
     let server = state.config().server.clone();

@@ -8,10 +8,13 @@
 //!   `/metrics` move to `server.admin_listen` when it is set, see [`admin`]); and vLLM's
 //!   own probe routes, so clients written for vLLM accept the gateway: `GET /health` and
 //!   `/ping` (liveness, as `/healthz`), `GET /version` and `POST /tokenize` (relayed).
+//! - `POST /auth/token`: a short-lived token for a browser `EventSource` ([`auth`], which also
+//!   holds the key check every request route goes through when `[auth]` is on).
 //! - `POST /jobs`, `GET|DELETE /jobs/{id}`, `GET /jobs/{id}/events`: background jobs
 //!   ([`jobs`], served by [`crate::jobs`]).
 
 pub mod answer;
+pub mod auth;
 pub mod cors;
 pub mod jobs;
 pub mod limits;
@@ -25,8 +28,9 @@ use axum::Router;
 pub use crate::jobs::Jobs;
 pub use crate::pipeline::AppState;
 
-/// The gateway's routes over `state`, with background jobs served by `jobs`.
-pub fn app(state: AppState, jobs: Jobs) -> Router {
+/// The gateway's routes over `state`, with background jobs served by `jobs` and API keys
+/// checked by `auth`.
+pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth) -> Router {
     let server = state.config().server.clone();
     let limit = server.max_body_bytes;
     // The routes that use the job service: jobs, and /answer (which may divert to one).
@@ -36,6 +40,9 @@ pub fn app(state: AppState, jobs: Jobs) -> Router {
         .route("/jobs/{id}", get(jobs::status).delete(jobs::cancel))
         .route("/jobs/{id}/events", get(jobs::events))
         .with_state(jobs);
+    let token_route = Router::new()
+        .route("/auth/token", post(auth::token))
+        .with_state(auth.clone());
     Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
@@ -53,6 +60,7 @@ pub fn app(state: AppState, jobs: Jobs) -> Router {
         })
         .with_state(state.clone())
         .merge(job_routes)
+        .merge(token_route)
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
             limits::RequestLimits::new(
@@ -62,6 +70,7 @@ pub fn app(state: AppState, jobs: Jobs) -> Router {
             ),
             limits::limit,
         ))
+        .layer(axum::middleware::from_fn_with_state(auth, auth::require))
         // Outermost: a browser request from a foreign origin is refused before anything else.
         .layer(axum::middleware::from_fn_with_state(
             cors::Cors::new(server.cors_allow_origins.clone(), server.cors_max_age),

@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use serde::Deserialize;
 
 use super::admission::{self, AdmissionConfig, LanesConfig, Policy, RawAdmission, RawLanes};
+use super::auth::{self, AuthConfig, RawAuth};
 use super::check::Checker;
 use super::classify::{self, ClassifyConfig, RawClassify};
 use super::error::ConfigError;
@@ -63,6 +64,9 @@ pub struct RawConfig {
     /// `[jobs]`: background jobs and their webhooks.
     #[serde(default)]
     pub jobs: RawJobs,
+    /// `[auth]`: API keys and tenants.
+    #[serde(default)]
+    pub auth: RawAuth,
     /// `[prefix_cache]`: tool canonicalization, per-fingerprint metrics, drift detection.
     #[serde(default)]
     pub prefix_cache: RawPrefixCache,
@@ -95,6 +99,8 @@ pub struct Config {
     pub quota: QuotaConfig,
     /// `[jobs]`.
     pub jobs: JobsConfig,
+    /// `[auth]`.
+    pub auth: AuthConfig,
     /// `[prefix_cache]`.
     pub prefix_cache: PrefixCacheConfig,
     /// `[courses.<id>]`: each course's stable prefix, by id.
@@ -125,6 +131,7 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let promotion = promotion::validate(&mut c, raw.promotion);
     let quota = quota::validate(&mut c, raw.quota);
     let jobs = jobs::validate(&mut c, raw.jobs);
+    let auth = auth::validate(&mut c, raw.auth);
     let prefix_cache = prefix::prefix_cache(&mut c, raw.prefix_cache);
     let courses = prefix::courses(&mut c, raw.courses);
     let config = Config {
@@ -138,6 +145,7 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         telemetry,
         quota,
         jobs,
+        auth,
         prefix_cache,
         courses,
     };

@@ -8,7 +8,7 @@
 //!
 //! One file per section keeps that section's raw struct, typed struct, defaults and checks
 //! together: `server`, `upstream` (with `[upstream.abort]`), `classify`, `admission` (with
-//! `[admission.fifo]` and `[lanes.*]`), `promotion`, `telemetry`, `quota`, `jobs`, `prefix`
+//! `[admission.fifo]` and `[lanes.*]`), `promotion`, `telemetry`, `quota`, `jobs`, `auth`, `prefix`
 //! (`[prefix_cache]` and `[courses.*]`). `file` holds the top-level structs, the one
 //! [`validate`] and the cross-section checks; `check` (the problem collector) and `error` are
 //! leaves every section may use. No file imports one that imports it back.
@@ -17,6 +17,7 @@
 //! exactly that file.
 
 mod admission;
+mod auth;
 mod check;
 mod classify;
 mod error;
@@ -38,6 +39,7 @@ mod tests;
 use std::path::Path;
 
 pub use admission::{AdmissionConfig, FifoConfig, LaneConfig, LanesConfig, Policy, QueueConfig};
+pub use auth::{parse_keys, AuthConfig, KeyEntry, TOKEN_SECRET_ENV};
 pub use classify::{ClassifyConfig, TokenizerSource};
 pub use error::{ConfigError, ConfigIssue};
 pub use file::{validate, Config};

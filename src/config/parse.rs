@@ -35,6 +35,7 @@ pub(super) fn parse_raw(src: &str) -> Result<Parsed, ConfigError> {
             "telemetry" => raw.telemetry = section(&key, value, &mut issues).unwrap_or_default(),
             "quota" => raw.quota = section(&key, value, &mut issues).unwrap_or_default(),
             "jobs" => raw.jobs = section(&key, value, &mut issues).unwrap_or_default(),
+            "auth" => raw.auth = section(&key, value, &mut issues).unwrap_or_default(),
             "prefix_cache" => {
                 raw.prefix_cache = section(&key, value, &mut issues).unwrap_or_default()
             }
@@ -42,7 +43,7 @@ pub(super) fn parse_raw(src: &str) -> Result<Parsed, ConfigError> {
             _ => issues.push(ConfigIssue::new(
                 key,
                 "is not a known key; expected one of `listen`, `upstream`, `classify`, \
-                 `admission`, `lanes`, `server`, `promotion`, `telemetry`, `quota`, `jobs`, \
+                 `admission`, `lanes`, `server`, `promotion`, `telemetry`, `quota`, `jobs`, `auth`, \
                  `prefix_cache`, `courses`",
             )),
         }

@@ -6,6 +6,7 @@
 //! keys are rejected (`deny_unknown_fields`): a typo must not silently fall back to a default.
 
 pub use super::admission::{RawAdmission, RawFifo, RawLane, RawLanes};
+pub use super::auth::{RawAuth, RawKey};
 pub use super::classify::RawClassify;
 pub use super::file::RawConfig;
 pub use super::jobs::RawJobs;

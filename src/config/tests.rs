@@ -357,3 +357,27 @@ fn what_the_build_cannot_do_is_refused_by_the_check() {
     ))
     .unwrap();
 }
+
+#[test]
+fn auth_keys_are_hashes_with_tenants() {
+    let issues = issues_of(&format!(
+        "{MINIMAL}[auth]\nenabled = true\nkeys = [{{sha256 = \"sk-raw-key\", tenant = \"cs101\"}}, {{sha256 = \"{}\", tenant = \"bad tenant\"}}]\nkeys_file = \"/nonexistent/keys\"\n",
+        "ab".repeat(32)
+    ));
+    for expected in [
+        "auth.keys[0].sha256",
+        "auth.keys[1].tenant",
+        "auth.keys_file",
+    ] {
+        assert!(
+            issues.iter().any(|i| i.starts_with(expected)),
+            "{expected} not in {issues:?}"
+        );
+    }
+    assert!(
+        issues.iter().all(|i| !i.contains("sk-raw-key")),
+        "{issues:?}"
+    );
+    let none = issues_of(&format!("{MINIMAL}[auth]\nenabled = true\n"));
+    assert!(none.iter().any(|i| i.starts_with("auth.enabled")));
+}

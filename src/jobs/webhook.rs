@@ -12,15 +12,14 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use hmac::{Hmac, Mac};
 use rand::Rng;
 use serde_json::Value;
-use sha2::Sha256;
 
 use super::entry::{unix, Attempt, Entry};
 use super::Jobs;
 use crate::config::WebhookPattern;
 use crate::error::GatewayError;
+use crate::sign::hmac_hex;
 
 /// The signature header.
 pub const SIGNATURE_HEADER: &str = "x-tutor-signature";
@@ -62,17 +61,8 @@ pub fn check_notify(raw: &Value, allow: &[WebhookPattern]) -> Result<reqwest::Ur
 
 /// `t=<t>,v1=<hex HMAC-SHA256 of "<t>.<body>">`.
 pub fn signature(secret: &[u8], t: u64, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
-    mac.update(t.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    let hex: String = mac
-        .finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("t={t},v1={hex}")
+    let mac = hmac_hex(secret, &[t.to_string().as_bytes(), b".", body]);
+    format!("t={t},v1={mac}")
 }
 
 /// Delivers `entry`'s result to its `notify` URL, retrying as configured; each attempt is

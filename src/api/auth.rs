@@ -1,0 +1,254 @@
+//! API keys and tenants (`[auth]`): the middleware that lets a request through only with a valid
+//! key or EventSource token, and `POST /auth/token`.
+//!
+//! - `Authorization: Bearer <key>`: the key's SHA-256 is looked up among the configured hashes
+//!   (`auth.keys` and `auth.keys_file`, the file re-read when it changes); the raw key is never
+//!   kept.
+//! - `?token=<tenant>.<expiry ms>.<hmac>` (a browser `EventSource` cannot set headers): an
+//!   HMAC-SHA256 under the token secret, checked in constant time, refused after its expiry.
+//!   The middleware takes `token` out of the URL before anything else sees it (logs, the
+//!   `/answer` query parser).
+//! - The tenant goes into the request's extensions as [`Tenant`].
+//!
+//! Open routes (no key): `/healthz`, `/health`, `/ping`, `/version`, `/v1/models`, `/metrics`,
+//! `/readyz`, and CORS preflights (answered before this layer).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{parse_keys, AuthConfig, KeyEntry};
+use crate::error::GatewayError;
+use crate::sign::{hmac_hex, same, sha256_hex};
+
+/// The tenant a request authenticated as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant(pub String);
+
+/// Routes that never need a key.
+const OPEN: &[&str] = &[
+    "/healthz",
+    "/health",
+    "/ping",
+    "/version",
+    "/v1/models",
+    "/metrics",
+    "/readyz",
+];
+
+/// The keys in force and the token signer. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Auth(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    enabled: bool,
+    /// SHA-256 hex -> tenant: the config's keys and the key file's.
+    keys: RwLock<HashMap<String, String>>,
+    config_keys: Vec<KeyEntry>,
+    file: Option<PathBuf>,
+    secret: Vec<u8>,
+    ttl: Duration,
+}
+
+impl Auth {
+    /// Keys from `config` (and its key file, re-read every `config.reload` until `stop`).
+    pub fn start(config: &AuthConfig, stop: CancellationToken) -> Self {
+        let secret = match &config.token_secret {
+            Some(s) => s.expose().as_bytes().to_vec(),
+            None => {
+                let mut random = [0u8; 32];
+                rand::fill(&mut random);
+                random.to_vec()
+            }
+        };
+        let auth = Auth(Arc::new(Inner {
+            enabled: config.enabled,
+            keys: RwLock::default(),
+            config_keys: config.keys.clone(),
+            file: config.keys_file.clone(),
+            secret,
+            ttl: config.token_ttl,
+        }));
+        let mut modified = auth.reload(None);
+        if config.enabled && auth.0.file.is_some() {
+            let (auth, every) = (auth.clone(), config.reload);
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(every) => {}
+                    }
+                    modified = auth.reload(modified);
+                }
+            });
+        }
+        auth
+    }
+
+    /// Re-reads the key file when its modification time or length is not `seen`; returns what
+    /// it saw. A file that cannot be read or parsed keeps the keys in force (logged, never its
+    /// text).
+    fn reload(&self, seen: Option<(SystemTime, u64)>) -> Option<(SystemTime, u64)> {
+        let Some(path) = &self.0.file else {
+            self.install(Vec::new());
+            return None;
+        };
+        let modified = std::fs::metadata(path)
+            .and_then(|m| Ok((m.modified()?, m.len())))
+            .ok();
+        if modified.is_some() && modified == seen {
+            return seen;
+        }
+        match std::fs::read_to_string(path).map_err(|e| e.kind().to_string()) {
+            Ok(text) => match parse_keys(&text) {
+                Ok(keys) => {
+                    let n = keys.len();
+                    self.install(keys);
+                    tracing::info!(keys = n, "API keys loaded");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "the key file is invalid; keeping the keys in force")
+                }
+            },
+            Err(e) => {
+                tracing::warn!(error = %e, "the key file cannot be read; keeping the keys in force")
+            }
+        }
+        modified
+    }
+
+    fn install(&self, file_keys: Vec<KeyEntry>) {
+        let keys = self
+            .0
+            .config_keys
+            .iter()
+            .chain(&file_keys)
+            .map(|k| (k.sha256.clone(), k.tenant.clone()))
+            .collect();
+        *self.0.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
+    }
+
+    fn tenant_of_key(&self, key: &str) -> Option<String> {
+        let keys = self.0.keys.read().unwrap_or_else(|e| e.into_inner());
+        keys.get(&sha256_hex(key.as_bytes())).cloned()
+    }
+
+    fn now_ms() -> u64 {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis() as u64
+    }
+
+    /// A token for `tenant`, valid for the configured time.
+    fn issue(&self, tenant: &str) -> (String, u64) {
+        let expiry = Self::now_ms() + self.0.ttl.as_millis() as u64;
+        let payload = format!("{tenant}.{expiry}");
+        let mac = hmac_hex(&self.0.secret, &[payload.as_bytes()]);
+        (format!("{payload}.{mac}"), expiry)
+    }
+
+    /// The tenant of a valid, unexpired token.
+    fn tenant_of_token(&self, token: &str) -> Result<String, &'static str> {
+        let (payload, mac) = token.rsplit_once('.').ok_or("the token is malformed")?;
+        let (tenant, expiry) = payload.split_once('.').ok_or("the token is malformed")?;
+        if !same(&hmac_hex(&self.0.secret, &[payload.as_bytes()]), mac) {
+            return Err("the token is not valid here");
+        }
+        let expiry: u64 = expiry.parse().map_err(|_| "the token is malformed")?;
+        if Self::now_ms() > expiry {
+            return Err("the token has expired; ask POST /auth/token for a new one");
+        }
+        Ok(tenant.to_owned())
+    }
+}
+
+/// The bearer key of `headers`, if any.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+}
+
+/// `uri` without its `token` query parameter, and that parameter.
+fn take_token(uri: &Uri) -> (Uri, Option<String>) {
+    let Some(query) = uri.query() else {
+        return (uri.clone(), None);
+    };
+    let mut token = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|kv| match kv.strip_prefix("token=") {
+            Some(t) => {
+                token = Some(t.to_owned());
+                false
+            }
+            None => true,
+        })
+        .collect();
+    let path_and_query = if rest.is_empty() {
+        uri.path().to_owned()
+    } else {
+        format!("{}?{}", uri.path(), rest.join("&"))
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = path_and_query.parse().ok();
+    (
+        Uri::from_parts(parts).unwrap_or_else(|_| uri.clone()),
+        token,
+    )
+}
+
+/// The middleware: a valid key or token, or 401.
+pub async fn require(State(auth): State<Auth>, mut req: Request, next: Next) -> Response {
+    if !auth.0.enabled || OPEN.contains(&req.uri().path()) {
+        return next.run(req).await;
+    }
+    let (uri, token) = take_token(req.uri());
+    *req.uri_mut() = uri;
+    let tenant = match (bearer(req.headers()), token) {
+        (Some(key), _) => auth
+            .tenant_of_key(key)
+            .ok_or("the API key is not valid (unknown or revoked)"),
+        (None, Some(token)) => auth.tenant_of_token(&token),
+        (None, None) => Err(
+            "an API key is required: Authorization: Bearer <key>, or ?token= from POST /auth/token",
+        ),
+    };
+    match tenant {
+        Ok(tenant) => {
+            req.extensions_mut().insert(Tenant(tenant));
+            next.run(req).await
+        }
+        Err(why) => GatewayError::Unauthorized(why).into_response(),
+    }
+}
+
+/// `POST /auth/token` (with a key): `{"token","tenant","expires_at_ms"}` for an `EventSource`.
+pub async fn token(State(auth): State<Auth>, tenant: Option<Extension<Tenant>>) -> Response {
+    match tenant {
+        Some(Extension(Tenant(tenant))) => {
+            let (token, expiry) = auth.issue(&tenant);
+            axum::Json(json!({"token": token, "tenant": tenant, "expires_at_ms": expiry}))
+                .into_response()
+        }
+        None => GatewayError::bad_request(
+            "auth is switched off here (auth.enabled = false): no token is needed",
+            None,
+        )
+        .into_response(),
+    }
+}

@@ -1,0 +1,208 @@
+//! `[auth]`: API keys (stored as SHA-256 hashes), the tenant each one belongs to, and the signed
+//! tokens an `EventSource` uses instead of a header.
+//!
+//! Owns [`RawAuth`], [`AuthConfig`] and [`KeyEntry`], their defaults and validation, and the
+//! key-file format ([`parse_keys`]), which the gateway also uses when it reloads the file.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::Checker;
+use super::secret::Secret;
+
+/// Default `auth.token_ttl_ms` (5 minutes).
+const TOKEN_TTL_MS: u64 = 300_000;
+/// Default `auth.reload_ms`.
+const RELOAD_MS: u64 = 1_000;
+/// The environment variable that may hold the token signing secret.
+pub const TOKEN_SECRET_ENV: &str = "TUTOR_GATEWAY_TOKEN_SECRET";
+
+/// One `[[auth.keys]]` entry as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKey {
+    /// Hex SHA-256 of the key.
+    pub sha256: String,
+    /// The tenant the key belongs to.
+    pub tenant: String,
+}
+
+/// `[auth]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuth {
+    /// Require a key on the request routes.
+    pub enabled: Option<bool>,
+    /// Keys in the config.
+    pub keys: Option<Vec<RawKey>>,
+    /// A file of `<sha256> <tenant>` lines, reloaded when it changes.
+    pub keys_file: Option<String>,
+    /// How long an EventSource token lives, ms.
+    pub token_ttl_ms: Option<u64>,
+    /// How often the key file is checked for changes, ms.
+    pub reload_ms: Option<u64>,
+    /// The token signing secret (better: [`TOKEN_SECRET_ENV`]).
+    pub token_secret: Option<Secret>,
+}
+
+/// A key's hash and its tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyEntry {
+    /// Lower-case hex SHA-256 of the key.
+    pub sha256: String,
+    /// Letters, digits, `_`, `-`; at most 64.
+    pub tenant: String,
+}
+
+/// Who may call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthConfig {
+    /// Whether the request routes need a key.
+    pub enabled: bool,
+    /// Keys given in the config.
+    pub keys: Vec<KeyEntry>,
+    /// The key file, if any (its keys are added to `keys`, reloaded on change).
+    pub keys_file: Option<PathBuf>,
+    /// How long an EventSource token lives.
+    pub token_ttl: Duration,
+    /// How often the key file is checked.
+    pub reload: Duration,
+    /// The token signing secret; `None`: a random one per process (tokens then work only on
+    /// the replica that issued them).
+    pub token_secret: Option<Secret>,
+}
+
+/// Whether `tenant` is a valid tenant name.
+fn tenant_ok(tenant: &str) -> bool {
+    (1..=64).contains(&tenant.len())
+        && tenant
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Whether `hash` is 64 hex digits.
+fn hash_ok(hash: &str) -> bool {
+    hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A key file: one `<hex sha256> <tenant>` per line; blank lines and `#` comments skipped.
+/// `Err` names the first bad line (by number, never its content).
+pub fn parse_keys(text: &str) -> Result<Vec<KeyEntry>, String> {
+    let mut keys = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut parts = line.split_whitespace();
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(hash), Some(tenant), None) if hash_ok(hash) && tenant_ok(tenant) => {
+                keys.push(KeyEntry {
+                    sha256: hash.to_ascii_lowercase(),
+                    tenant: tenant.to_owned(),
+                })
+            }
+            _ => {
+                return Err(format!(
+                    "line {} is not `<64 hex digits> <tenant>` (tenant: letters, digits, _ -)",
+                    n + 1
+                ))
+            }
+        }
+    }
+    Ok(keys)
+}
+
+/// Checks `[auth]`.
+pub(super) fn validate(c: &mut Checker, raw: RawAuth) -> AuthConfig {
+    let mut keys = Vec::new();
+    for (i, k) in raw.keys.unwrap_or_default().into_iter().enumerate() {
+        if !hash_ok(&k.sha256) {
+            c.fail(
+                format!("auth.keys[{i}].sha256"),
+                "must be 64 hex digits (the SHA-256 of the key, never the key)",
+            );
+        } else if !tenant_ok(&k.tenant) {
+            c.fail(
+                format!("auth.keys[{i}].tenant"),
+                "must be 1 to 64 letters, digits, `_` or `-`",
+            );
+        } else {
+            keys.push(KeyEntry {
+                sha256: k.sha256.to_ascii_lowercase(),
+                tenant: k.tenant,
+            });
+        }
+    }
+    let keys_file = raw.keys_file.filter(|f| !f.is_empty()).map(PathBuf::from);
+    if let Some(path) = &keys_file {
+        match std::fs::read_to_string(path) {
+            Ok(text) => {
+                if let Err(e) = parse_keys(&text) {
+                    c.fail("auth.keys_file", e);
+                }
+            }
+            Err(e) => c.fail("auth.keys_file", format!("cannot be read ({})", e.kind())),
+        }
+    }
+    let enabled = raw.enabled.unwrap_or(false);
+    if enabled && keys.is_empty() && keys_file.is_none() {
+        c.fail(
+            "auth.enabled",
+            "needs auth.keys or auth.keys_file (no key could ever pass)",
+        );
+    }
+    let token_secret = raw
+        .token_secret
+        .filter(|s| !s.expose().is_empty())
+        .or_else(|| {
+            std::env::var(TOKEN_SECRET_ENV)
+                .ok()
+                .filter(|s| !s.is_empty())
+                .map(Secret::from)
+        });
+    if token_secret.as_ref().is_some_and(|s| s.expose().len() < 16) {
+        c.fail("auth.token_secret", "must be at least 16 bytes");
+    }
+    AuthConfig {
+        enabled,
+        keys,
+        keys_file,
+        token_ttl: c.ms("auth.token_ttl_ms", raw.token_ttl_ms, TOKEN_TTL_MS),
+        reload: c.ms("auth.reload_ms", raw.reload_ms, RELOAD_MS),
+        token_secret,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_keys;
+
+    #[test]
+    fn key_files_are_read_strictly() {
+        let hash = "ab".repeat(32);
+        let keys = parse_keys(&format!(
+            "# comment\n\n{hash} cs101\n{} school-2\n",
+            "CD".repeat(32)
+        ))
+        .unwrap();
+        assert_eq!(keys.len(), 2);
+        assert_eq!(keys[1].sha256, "cd".repeat(32), "hashes are lower-cased");
+        for bad in [
+            hash.clone(),
+            format!("{hash} cs101 extra"),
+            format!("{} cs101", "ab".repeat(31)),
+            format!("{hash} cs.101"),
+            "sk-a-raw-key cs101".to_owned(),
+        ] {
+            let err = parse_keys(&bad).unwrap_err();
+            assert!(err.contains("line 1"), "{err}");
+            assert!(
+                !err.contains("sk-a-raw-key"),
+                "never echoes the line: {err}"
+            );
+        }
+    }
+}

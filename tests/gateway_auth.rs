@@ -1,0 +1,207 @@
+//! API keys and tenants (issue 17, item 1): no key, a bad key, a revoked key (removed from the
+//! key file, then reloaded), a good key; EventSource tokens (issued, used, tampered, expired);
+//! open routes stay open; the errors in the OpenAI shape.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+use tutor_gateway::config::KeyEntry;
+
+const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
+const KEY: &str = "sk-tutor-cs101-0123456789";
+const OTHER: &str = "sk-tutor-school-2-abcdef";
+
+fn sha256(key: &str) -> String {
+    tutor_gateway::sign::sha256_hex(key.as_bytes())
+}
+
+struct KeyFile(std::path::PathBuf);
+
+impl KeyFile {
+    fn new(lines: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "tutor-gateway-keys-{}-{}",
+            std::process::id(),
+            rand_suffix()
+        ));
+        std::fs::write(&path, lines).unwrap();
+        KeyFile(path)
+    }
+}
+
+impl Drop for KeyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+async fn answer(h: &Harness, key: Option<&str>) -> (u16, String) {
+    let mut req = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3}));
+    if let Some(key) = key {
+        req = req.bearer_auth(key);
+    }
+    let resp = req.send().await.unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+fn code(body: &str) -> Value {
+    json(body)["error"]["code"].clone()
+}
+
+#[tokio::test]
+async fn only_a_listed_key_gets_in_and_a_revoked_one_is_refused_after_reload() {
+    let file = KeyFile::new(&format!(
+        "# cs101\n{} cs101\n{} school-2\n",
+        sha256(KEY),
+        sha256(OTHER)
+    ));
+    let path = file.0.clone();
+    let h = harness(FAST, |c| {
+        c.auth.enabled = true;
+        c.auth.keys_file = Some(path);
+        c.auth.reload = Duration::from_millis(20);
+    })
+    .await;
+    let (status, body) = answer(&h, None).await;
+    assert_eq!(
+        (status, code(&body)),
+        (401, json!("invalid_api_key")),
+        "{body}"
+    );
+    let (status, body) = answer(&h, Some("sk-not-a-key")).await;
+    assert_eq!((status, code(&body)), (401, json!("invalid_api_key")));
+    let (status, body) = answer(&h, Some(KEY)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(sse(&body).last().unwrap().0, "done");
+    // The OpenAI shape on /v1, with a key an SDK sends the same way.
+    let v1 = client()
+        .post(h.url("/v1/chat/completions"))
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(v1.status(), 401);
+    let err = json(&v1.text().await.unwrap());
+    assert_eq!(err["error"]["code"], "invalid_api_key");
+    assert!(err["error"]["message"].as_str().unwrap().contains("Bearer"));
+    // Revoke OTHER: rewrite the file without it; the gateway re-reads it by itself.
+    assert_eq!(answer(&h, Some(OTHER)).await.0, 200);
+    std::thread::sleep(Duration::from_millis(20)); // a new modification time
+    std::fs::write(&file.0, format!("{} cs101\n", sha256(KEY))).unwrap();
+    for _ in 0..500 {
+        if answer(&h, Some(OTHER)).await.0 == 401 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(answer(&h, Some(OTHER)).await.0, 401, "revoked");
+    assert_eq!(answer(&h, Some(KEY)).await.0, 200, "still valid");
+    // Open routes need no key.
+    for path in ["/healthz", "/health", "/v1/models", "/metrics", "/readyz"] {
+        let status = client().get(h.url(path)).send().await.unwrap().status();
+        assert_eq!(status, 200, "{path}");
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_eventsource_token_opens_the_stream_until_it_expires() {
+    let h = harness(FAST, |c| {
+        c.auth.enabled = true;
+        c.auth.keys = vec![KeyEntry {
+            sha256: sha256(KEY),
+            tenant: "cs101".into(),
+        }];
+        c.auth.token_ttl = Duration::from_secs(3_600);
+    })
+    .await;
+    let issued = client()
+        .post(h.url("/auth/token"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(issued.status(), 200);
+    let issued = json(&issued.text().await.unwrap());
+    assert_eq!(issued["tenant"], "cs101");
+    let token = issued["token"].as_str().unwrap().to_owned();
+    let get = |token: String| {
+        client()
+            .get(h.url("/answer"))
+            .query(&[
+                ("prompt", "what is a closure?"),
+                ("max_output_tokens", "3"),
+                ("token", token.as_str()),
+            ])
+            .send()
+    };
+    let ok = get(token.clone()).await.unwrap();
+    assert_eq!(
+        ok.status(),
+        200,
+        "the token is taken out before /answer reads its query"
+    );
+    assert_eq!(sse(&ok.text().await.unwrap()).last().unwrap().0, "done");
+    // Tampered (another tenant, same signature) and garbage tokens.
+    let forged = token.replacen("cs101", "school-2", 1);
+    assert_eq!(get(forged).await.unwrap().status(), 401);
+    assert_eq!(get("garbage".into()).await.unwrap().status(), 401);
+    // A token without a key cannot be asked for.
+    let no_key = client().post(h.url("/auth/token")).send().await.unwrap();
+    assert_eq!(no_key.status(), 401);
+    h.shutdown().await;
+    // A token past its expiry (1 ms of life) is refused.
+    let h = harness(FAST, |c| {
+        c.auth.enabled = true;
+        c.auth.keys = vec![KeyEntry {
+            sha256: sha256(KEY),
+            tenant: "cs101".into(),
+        }];
+        c.auth.token_ttl = Duration::from_millis(1);
+    })
+    .await;
+    let issued = client()
+        .post(h.url("/auth/token"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    let token = json(&issued.text().await.unwrap())["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let late = client()
+        .get(h.url("/answer"))
+        .query(&[("prompt", "hi"), ("token", token.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(late.status(), 401);
+    assert!(json(&late.text().await.unwrap())["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("expired"));
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_auth_off_nothing_changes() {
+    let h = harness(FAST, |_| {}).await;
+    assert_eq!(answer(&h, None).await.0, 200);
+    let token = client().post(h.url("/auth/token")).send().await.unwrap();
+    assert_eq!(token.status(), 400);
+    h.shutdown().await;
+}
