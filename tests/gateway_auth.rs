@@ -85,6 +85,11 @@ async fn only_a_listed_key_gets_in_and_a_revoked_one_is_refused_after_reload() {
     let (status, body) = answer(&h, Some(KEY)).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(sse(&body).last().unwrap().0, "done");
+    // The request is its tenant's: the request log says whose (never the key).
+    eventually("the request log line", || !h.log.lock().unwrap().is_empty()).await;
+    let line = h.log.lock().unwrap().last().unwrap().clone();
+    assert_eq!(line["tenant"], "cs101", "{line}");
+    assert!(!line.to_string().contains(KEY));
     // The OpenAI shape on /v1, with a key an SDK sends the same way.
     let v1 = client()
         .post(h.url("/v1/chat/completions"))

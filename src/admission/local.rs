@@ -34,6 +34,8 @@ use crate::telemetry::AdmissionSnapshot;
 pub(crate) struct Shared {
     limits: Limits,
     prefill: PrefillLimit,
+    /// Each tenant's share of a queue's turns (`auth.tenant_shares`; 1 when not listed).
+    shares: std::collections::HashMap<String, f64>,
     state: Mutex<State>,
     /// Bumped whenever a seat, tokens or prefill room come back, or a waiter leaves.
     freed: watch::Sender<u64>,
@@ -64,6 +66,12 @@ impl LocalAdmission {
             shared: Arc::new(Shared {
                 limits,
                 prefill,
+                shares: config
+                    .auth
+                    .tenant_shares
+                    .iter()
+                    .map(|(t, s)| (t.clone(), f64::from(*s)))
+                    .collect(),
                 state,
                 freed: watch::Sender::new(0),
             }),
@@ -101,6 +109,19 @@ impl LocalAdmission {
         tokens: u32,
         prompt: u32,
     ) -> Result<LaneGuard, AdmissionError> {
+        self.acquire_for(lane, tokens, prompt, None).await
+    }
+
+    /// [`LocalAdmission::acquire_prompt`] for `tenant`: while it waits, its queue gives the
+    /// tenants present turns in proportion to their shares (see `state.rs`, `Fair`), FIFO within
+    /// a tenant.
+    pub async fn acquire_for(
+        &self,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+        tenant: Option<&str>,
+    ) -> Result<LaneGuard, AdmissionError> {
         let shared = &self.shared;
         let limits = &shared.limits;
         limits.admissible(lane, tokens)?;
@@ -124,7 +145,19 @@ impl LocalAdmission {
                 });
             }
             let (sender, receiver) = oneshot::channel();
-            let id = state.enqueue(queue, lane, tokens, prompt, sender);
+            let share = tenant
+                .and_then(|t| shared.shares.get(t))
+                .copied()
+                .unwrap_or(1.0);
+            let id = state.enqueue(
+                queue,
+                lane,
+                tokens,
+                prompt,
+                tenant.map(Arc::from),
+                share,
+                sender,
+            );
             // Notes when a long prompt starts waiting for prefill room alone (it admits no one:
             // whoever could go was admitted before this arrival).
             shared.dispatch(&mut state);

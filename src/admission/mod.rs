@@ -59,6 +59,8 @@ mod state;
 #[cfg(test)]
 mod conserving_tests;
 #[cfg(test)]
+mod fair_tests;
+#[cfg(test)]
 mod prefill_tests;
 #[cfg(test)]
 mod tests;
@@ -135,8 +137,21 @@ impl Admission {
         tokens: u32,
         prompt: u32,
     ) -> Result<LaneGuard, AdmissionError> {
+        self.acquire_for(lane, tokens, prompt, None).await
+    }
+
+    /// [`Admission::acquire_prompt`] for `tenant`: in-process, a queue gives waiting tenants
+    /// turns by their shares ([`LocalAdmission::acquire_for`]); the Redis backend's lines stay
+    /// FIFO per replica.
+    pub async fn acquire_for(
+        &self,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+        tenant: Option<&str>,
+    ) -> Result<LaneGuard, AdmissionError> {
         match self {
-            Admission::Local(local) => local.acquire_prompt(lane, tokens, prompt).await,
+            Admission::Local(local) => local.acquire_for(lane, tokens, prompt, tenant).await,
             Admission::Redis(redis) => redis.acquire_prompt(lane, tokens, prompt).await,
         }
     }

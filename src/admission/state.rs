@@ -3,7 +3,8 @@
 //! Plain data, no async: every method runs inside one short critical section of
 //! [`super::local`], which is what makes "slot + tokens" one atomic step.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -23,7 +24,37 @@ pub(super) struct Waiter {
     pub enqueued_at: Instant,
     /// When admission first found its seat and tokens free but no prefill room (long prompts).
     pub prefill_blocked_at: Option<Instant>,
+    /// Its start tag in the queue's fair order (see [`Fair`]).
+    pub tag: f64,
     pub grant: oneshot::Sender<LaneGuard>,
+}
+
+/// Fair order between tenants inside one queue: start-time fair queuing. An arrival of tenant
+/// `t` with share `w` gets the start tag `max(V, F[t])` and moves `F[t]` to that plus `1 / w`,
+/// where `V` is the tag of the last waiter admitted; the queue is kept sorted by tag (ties in
+/// arrival order). One tenant alone (or requests without a tenant) keeps plain FIFO order; a
+/// tenant with 200 waiting cannot push another tenant's next request behind all of them.
+#[derive(Debug, Default)]
+pub(super) struct Fair {
+    /// The tag of the last waiter admitted.
+    virtual_time: f64,
+    /// Each tenant's last finish tag (`None`: requests without a tenant).
+    finish: HashMap<Option<Arc<str>>, f64>,
+}
+
+impl Fair {
+    /// The start tag of an arrival of `tenant` with `share`.
+    fn tag(&mut self, tenant: Option<Arc<str>>, share: f64) -> f64 {
+        if self.finish.len() > 1024 {
+            // Tenants whose last request is already behind the virtual time are idle.
+            let v = self.virtual_time;
+            self.finish.retain(|_, f| *f > v);
+        }
+        let finish = self.finish.entry(tenant).or_insert(0.0);
+        let start = finish.max(self.virtual_time);
+        *finish = start + 1.0 / share.max(0.001);
+        start
+    }
 }
 
 pub(super) struct State {
@@ -32,6 +63,7 @@ pub(super) struct State {
     pub prefill: u64,
     queued: [u32; 3],
     pub queues: Vec<VecDeque<Waiter>>,
+    fair: Vec<Fair>,
     next_id: u64,
 }
 
@@ -42,6 +74,7 @@ impl State {
             prefill: 0,
             queued: [0; 3],
             queues: (0..queue_count).map(|_| VecDeque::new()).collect(),
+            fair: (0..queue_count).map(|_| Fair::default()).collect(),
             next_id: 0,
         }
     }
@@ -72,27 +105,38 @@ impl State {
         self.prefill = self.prefill.saturating_sub(u64::from(tokens));
     }
 
-    /// Appends a waiter to queue `queue`; returns its id.
+    /// Puts a waiter of `tenant` (with `share`) into queue `queue` at its fair place (see
+    /// [`Fair`]); returns its id.
+    #[allow(clippy::too_many_arguments)]
     pub fn enqueue(
         &mut self,
         queue: usize,
         lane: Lane,
         tokens: u32,
         prefill: u32,
+        tenant: Option<Arc<str>>,
+        share: f64,
         grant: oneshot::Sender<LaneGuard>,
     ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         self.queued[lane.index()] += 1;
-        self.queues[queue].push_back(Waiter {
-            id,
-            lane,
-            tokens,
-            prefill,
-            enqueued_at: Instant::now(),
-            prefill_blocked_at: None,
-            grant,
-        });
+        let tag = self.fair[queue].tag(tenant, share);
+        let q = &mut self.queues[queue];
+        let pos = q.partition_point(|w| w.tag <= tag);
+        q.insert(
+            pos,
+            Waiter {
+                id,
+                lane,
+                tokens,
+                prefill,
+                enqueued_at: Instant::now(),
+                prefill_blocked_at: None,
+                tag,
+                grant,
+            },
+        );
         id
     }
 
@@ -100,6 +144,8 @@ impl State {
     pub fn take_at(&mut self, queue: usize, pos: usize) -> Option<Waiter> {
         let waiter = self.queues[queue].remove(pos)?;
         self.queued[waiter.lane.index()] -= 1;
+        let fair = &mut self.fair[queue];
+        fair.virtual_time = fair.virtual_time.max(waiter.tag);
         Some(waiter)
     }
 

@@ -7,27 +7,32 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
+use axum::Extension;
 
 use crate::jobs::Jobs;
 use crate::pipeline::parse::AnswerQuery;
-use crate::pipeline::{self, AnswerInput};
+use crate::pipeline::{self, AnswerInput, Tenant};
 
 /// `GET /answer?prompt=…&max_output_tokens=…`.
 pub async fn get_answer(
     State(jobs): State<Jobs>,
+    tenant: Option<Extension<Tenant>>,
     headers: HeaderMap,
     query: Result<Query<AnswerQuery>, QueryRejection>,
 ) -> Response {
     let state = jobs.state().clone();
-    pipeline::answer(state, headers, AnswerInput::Query(query), Some(&jobs)).await
+    let (input, tenant) = (AnswerInput::Query(query), tenant.map(|t| t.0));
+    pipeline::answer(state, headers, input, Some(&jobs), tenant).await
 }
 
 /// `POST /answer` with `{"messages"|"prompt", "max_output_tokens", "session_id", "course_id"}`.
 pub async fn post_answer(
     State(jobs): State<Jobs>,
+    tenant: Option<Extension<Tenant>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let state = jobs.state().clone();
-    pipeline::answer(state, headers, AnswerInput::Body(body), Some(&jobs)).await
+    let (input, tenant) = (AnswerInput::Body(body), tenant.map(|t| t.0));
+    pipeline::answer(state, headers, input, Some(&jobs), tenant).await
 }

@@ -30,9 +30,7 @@ use crate::config::{parse_keys, AuthConfig, KeyEntry};
 use crate::error::GatewayError;
 use crate::sign::{hmac_hex, same, sha256_hex};
 
-/// The tenant a request authenticated as.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tenant(pub String);
+pub use crate::pipeline::Tenant;
 
 /// Routes that never need a key.
 const OPEN: &[&str] = &[

@@ -6,14 +6,17 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 
 use crate::jobs::Jobs;
 use crate::pipeline::parse::body_bytes;
 use crate::pipeline::respond::sse_response;
+use crate::pipeline::Tenant;
 
 /// `POST /jobs`: 202 with `{"id","status","status_url","events_url"}`.
 pub async fn submit(
     State(jobs): State<Jobs>,
+    tenant: Option<Extension<Tenant>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -21,7 +24,7 @@ pub async fn submit(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    match jobs.submit(&headers, body).await {
+    match jobs.submit(&headers, body, tenant.map(|t| t.0)).await {
         Ok(v) => (StatusCode::ACCEPTED, axum::Json(v)).into_response(),
         Err(e) => e.into_response(),
     }

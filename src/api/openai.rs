@@ -6,24 +6,29 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::Response;
+use axum::Extension;
 
-use crate::pipeline::{self, AppState};
+use crate::pipeline::{self, AppState, Tenant};
 use crate::telemetry::Route;
 
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    pipeline::openai(state, headers, body, Route::ChatCompletions).await
+    let tenant = tenant.map(|t| t.0);
+    pipeline::openai(state, headers, body, Route::ChatCompletions, tenant).await
 }
 
 /// `POST /v1/completions`.
 pub async fn completions(
     State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    pipeline::openai(state, headers, body, Route::Completions).await
+    let tenant = tenant.map(|t| t.0);
+    pipeline::openai(state, headers, body, Route::Completions, tenant).await
 }

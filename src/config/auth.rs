@@ -45,6 +45,8 @@ pub struct RawAuth {
     pub reload_ms: Option<u64>,
     /// The token signing secret (better: [`TOKEN_SECRET_ENV`]).
     pub token_secret: Option<Secret>,
+    /// Each tenant's share of a lane queue's turns (default 1).
+    pub tenant_shares: Option<std::collections::BTreeMap<String, u32>>,
 }
 
 /// A key's hash and its tenant.
@@ -72,6 +74,8 @@ pub struct AuthConfig {
     /// The token signing secret; `None`: a random one per process (tokens then work only on
     /// the replica that issued them).
     pub token_secret: Option<Secret>,
+    /// Each tenant's share of a lane queue's turns, when not 1.
+    pub tenant_shares: std::collections::BTreeMap<String, u32>,
 }
 
 /// Whether `tenant` is a valid tenant name.
@@ -166,7 +170,24 @@ pub(super) fn validate(c: &mut Checker, raw: RawAuth) -> AuthConfig {
     if token_secret.as_ref().is_some_and(|s| s.expose().len() < 16) {
         c.fail("auth.token_secret", "must be at least 16 bytes");
     }
+    let mut tenant_shares = std::collections::BTreeMap::new();
+    for (tenant, share) in raw.tenant_shares.unwrap_or_default() {
+        if !tenant_ok(&tenant) {
+            c.fail(
+                "auth.tenant_shares",
+                "tenant names are 1 to 64 letters, digits, `_` or `-`",
+            );
+        } else if !(1..=1000).contains(&share) {
+            c.fail(
+                format!("auth.tenant_shares.{tenant}"),
+                "must be between 1 and 1000",
+            );
+        } else {
+            tenant_shares.insert(tenant, share);
+        }
+    }
     AuthConfig {
+        tenant_shares,
         enabled,
         keys,
         keys_file,

@@ -45,7 +45,7 @@ use crate::config::JobsConfig;
 use crate::error::GatewayError;
 use crate::pipeline::parse::{self, AnswerRequest};
 use crate::pipeline::respond::link_trace;
-use crate::pipeline::{self, prompt, AppState, Divert, Prepared, Ready};
+use crate::pipeline::{self, prompt, AppState, Divert, Prepared, Ready, Tenant};
 use crate::telemetry::RequestRecord;
 use crate::telemetry::Route;
 use entry::{Answer, Entry};
@@ -116,7 +116,12 @@ impl Jobs {
     }
 
     /// `POST /jobs`: checks, classifies and queues the job; its id and URLs.
-    pub async fn submit(&self, headers: &HeaderMap, body: Bytes) -> Result<Value, GatewayError> {
+    pub async fn submit(
+        &self,
+        headers: &HeaderMap,
+        body: Bytes,
+        tenant: Option<Tenant>,
+    ) -> Result<Value, GatewayError> {
         let inner = &self.0;
         if !inner.config.enabled {
             return Err(GatewayError::JobsUnavailable(
@@ -140,6 +145,7 @@ impl Jobs {
             let prepared = Prepared {
                 size: body.len(),
                 background: true,
+                tenant,
                 ..prompt::answer_request(&inner.state, req)?
             };
             Ok::<_, GatewayError>((prepared, notify))

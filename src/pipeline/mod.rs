@@ -44,6 +44,10 @@ use crate::upstream::{Endpoint, UpstreamRequest};
 use parse::{AnswerQuery, AnswerRequest, OpenAiRequest};
 use respond::{link_trace, rejected, sse_response, with_id};
 
+/// The tenant a request's API key belongs to (`[auth]`); set by the auth layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant(pub String);
+
 /// A validated request, ready for classification.
 #[derive(Debug)]
 pub struct Prepared {
@@ -61,6 +65,8 @@ pub struct Prepared {
     pub size: usize,
     /// Background work (a job): runs in the large lane, out of idle capacity.
     pub background: bool,
+    /// Whose request it is: its turn in a lane's queue is fair between tenants.
+    pub tenant: Option<Tenant>,
 }
 
 /// How an `/answer` request arrived.
@@ -105,6 +111,7 @@ pub async fn answer(
     headers: HeaderMap,
     input: AnswerInput,
     divert: Option<&dyn Divert>,
+    tenant: Option<Tenant>,
 ) -> Response {
     if headers.contains_key("last-event-id") {
         return StatusCode::NO_CONTENT.into_response();
@@ -129,7 +136,7 @@ pub async fn answer(
         Err(e) => return rejected(record, e),
     };
     let prepared = match prompt::answer_request(&state, req) {
-        Ok(p) => Prepared { size, ..p },
+        Ok(p) => Prepared { size, tenant, ..p },
         Err(e) => return rejected(record, e),
     };
     match start(&state, prepared, record, Format::Answer, divert).await {
@@ -154,6 +161,7 @@ pub async fn openai(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
     route: Route,
+    tenant: Option<Tenant>,
 ) -> Response {
     let mut record = state.record(route);
     link_trace(&mut record, &headers);
@@ -181,7 +189,7 @@ pub async fn openai(
     };
     let stream = req.stream;
     let prepared = match prompt::openai_request(&state, route, &headers, req) {
-        Ok(p) => Prepared { size, ..p },
+        Ok(p) => Prepared { size, tenant, ..p },
         Err(e) => return rejected(record, e),
     };
     let relay = match start(&state, prepared, record, format, None).await {
@@ -222,10 +230,13 @@ pub async fn start(
         let ready = ready(state, prepared, &mut record).await?;
         // While it waits for a seat its body is held: all queued bodies together are bounded.
         let held = state.queued_bytes().hold(ready.size)?;
-        let acquire =
-            state
-                .admission()
-                .acquire_prompt(ready.class.lane, ready.class.work, ready.prefill);
+        let tenant = ready.tenant.clone();
+        let acquire = state.admission().acquire_for(
+            ready.class.lane,
+            ready.class.work,
+            ready.prefill,
+            tenant.as_ref().map(|t| t.0.as_str()),
+        );
         tokio::pin!(acquire);
         let deadline = match divert {
             Some(d) if ready.class.lane == Lane::Large => state
@@ -275,6 +286,8 @@ pub struct Ready {
     pub size: usize,
     /// The session's reservation: settled by the relay, given back on any failure (drop).
     hold: Option<SessionHold>,
+    /// Whose request it is.
+    tenant: Option<Tenant>,
 }
 
 /// Classifies `prepared` (estimated work, then the continuation choice for a session) and
@@ -293,7 +306,11 @@ pub async fn ready(
         session,
         size,
         background,
+        tenant,
     } = prepared;
+    if let Some(t) = &tenant {
+        record.tenant(&t.0);
+    }
     let model = body
         .get("model")
         .and_then(Value::as_str)
@@ -354,6 +371,7 @@ pub async fn ready(
         prefill,
         size,
         hold,
+        tenant,
     })
 }
 

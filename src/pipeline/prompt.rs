@@ -52,6 +52,7 @@ pub fn answer_request(state: &AppState, req: AnswerRequest) -> Result<Prepared, 
         session: session_id,
         size: 0,
         background: false,
+        tenant: None,
     })
 }
 
@@ -115,6 +116,7 @@ pub fn openai_request(
         session,
         size: 0,
         background: false,
+        tenant: None,
     })
 }
 

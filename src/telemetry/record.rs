@@ -27,6 +27,7 @@ pub struct RequestRecord {
     admitted: Option<(Instant, Duration)>,
     first_token: bool,
     fingerprint: Option<String>,
+    tenant: Option<String>,
     incoming_traceparent: Option<String>,
     /// The prefill reservation admission took (estimated uncached prompt tokens).
     prefill_reserved: Option<u32>,
@@ -65,6 +66,7 @@ impl RequestRecord {
             admitted: None,
             first_token: false,
             fingerprint: None,
+            tenant: None,
             incoming_traceparent: None,
             prefill_reserved: None,
             marks: [None; 6],
@@ -119,6 +121,11 @@ impl RequestRecord {
     pub fn fingerprint(&mut self, fp: String) {
         self.span.record(span::PROMPT_FINGERPRINT, fp.as_str());
         self.fingerprint = Some(fp);
+    }
+
+    /// Records the tenant the request's API key belongs to.
+    pub fn tenant(&mut self, tenant: &str) {
+        self.tenant = Some(tenant.to_owned());
     }
 
     /// Records the lane decision.
@@ -231,6 +238,7 @@ impl RequestRecord {
             cached_tokens: usage.map(|u| u.cached_tokens.unwrap_or(0)),
             prefill_tokens_reserved: self.prefill_reserved,
             fingerprint: self.fingerprint.as_deref(),
+            tenant: self.tenant.as_deref(),
             finish_reason: up.and_then(|u| u.finish_reason.as_deref()),
             timings: split,
             stages_us: StageSplit::from_marks(self.arrival, &self.marks),

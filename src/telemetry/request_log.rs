@@ -57,6 +57,8 @@ pub struct RequestLogLine<'a> {
     pub prefill_tokens_reserved: Option<u32>,
     /// Prompt fingerprint (M18).
     pub fingerprint: Option<&'a str>,
+    /// The tenant its API key belongs to (`[auth]`), if any.
+    pub tenant: Option<&'a str>,
     /// vLLM's finish reason.
     pub finish_reason: Option<&'a str>,
     /// The latency split.
