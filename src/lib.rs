@@ -4,8 +4,10 @@
 //!
 //! The folder tree is the request pipeline. In the order a request meets them:
 //!
-//! - [`api`]: thin axum handlers (`/answer`, `/v1/*`, `/metrics`, `/healthz`, `/readyz`); each
-//!   calls one function of [`pipeline`]. Nothing below it imports from it.
+//! - [`api`]: thin axum handlers (`/answer`, `/v1/*`, `/jobs`, `/metrics`, `/healthz`,
+//!   `/readyz`), each calling one function of [`pipeline`] or [`jobs`], behind the layers every
+//!   request meets first: browser origins (`cors.rs`), API keys (`auth.rs`), request limits
+//!   (`limits.rs`). Nothing below it imports from it.
 //! - [`pipeline`]: one request's journey, in order: `parse.rs` (body and query checks),
 //!   `prompt.rs` (course prefix first, canonical tools, the body vLLM sees), then classify ->
 //!   admit -> send -> relay in `mod.rs`; `respond.rs` (headers, errors before the stream).
@@ -31,7 +33,7 @@
 //!   large-lane capacity, their event streams and webhooks; it runs the pipeline's steps.
 //!
 //! Beside the pipeline: [`config`] (one file per section: raw struct, typed struct,
-//! validation), [`lane`] (the `Lane` enum, a leaf), [`error`] ([`error::GatewayError`] and its
+//! validation), [`sign`] (HMAC and SHA-256 as hex, a leaf), [`lane`] (the `Lane` enum, a leaf), [`error`] ([`error::GatewayError`] and its
 //! one mapping to HTTP), [`server`] (wiring, the serve loop, graceful shutdown, `--with-sim`).
 //! `tests/layering.rs` keeps this shape: no import loops, nothing below `api` imports it.
 #![forbid(unsafe_code)]
