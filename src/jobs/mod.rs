@@ -7,18 +7,18 @@
 //!   `/answer`); 202 with `{"id","status","status_url","events_url"}`.
 //! - `GET /jobs/{id}`: status, queue position, and when done the answer with usage and timings.
 //! - `GET /jobs/{id}/events`: SSE (`status`, `token` with ids, then `done` or `error`); a late
-//!   client gets the text so far first; `Last-Event-ID` resumes after that piece ([`events`]).
+//!   client gets the text so far first; `Last-Event-ID` resumes after that piece (`events.rs`).
 //! - `DELETE /jobs/{id}`: cancels; a running job's stream is dropped, which aborts the engine's
 //!   work and gives its seat and tokens back.
 //!
-//! Scheduling ([`runner`]): oldest first, in the large lane only, and only when that lane has
+//! Scheduling (`runner.rs`): oldest first, in the large lane only, and only when that lane has
 //! one of its own seats free, nobody waits in its queue, and the tokens and prefill fit
 //! ([`crate::admission::Admission::try_acquire_idle`]); it wakes whenever capacity comes back.
 //! A job never borrows a seat and never queues ahead of an interactive request.
 //!
-//! Storage ([`store`]): in this process, bounded by `jobs.max_jobs` and `jobs.max_bytes`, lost
+//! Storage (`store.rs`): in this process, bounded by `jobs.max_jobs` and `jobs.max_bytes`, lost
 //! on restart. A finished job's result expires after `jobs.result_ttl` (status `expired`); the id
-//! is forgotten as long again after that. Webhooks ([`webhook`]): HMAC-SHA256 signed, retried
+//! is forgotten as long again after that. Webhooks (`webhook.rs`): HMAC-SHA256 signed, retried
 //! with backoff and jitter, every attempt listed in the status.
 
 mod entry;
