@@ -210,3 +210,48 @@ async fn with_auth_off_nothing_changes() {
     assert_eq!(token.status(), 400);
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_job_is_visible_only_to_its_tenant() {
+    let h = harness(FAST, |c| {
+        c.auth.enabled = true;
+        c.auth.keys = vec![
+            KeyEntry {
+                sha256: sha256(KEY),
+                tenant: "cs101".into(),
+            },
+            KeyEntry {
+                sha256: sha256(OTHER),
+                tenant: "school-2".into(),
+            },
+        ];
+    })
+    .await;
+    let submitted = client()
+        .post(h.url("/jobs"))
+        .bearer_auth(KEY)
+        .json(&json!({"prompt": "review my repository", "max_output_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(submitted.status(), 202);
+    let id = json(&submitted.text().await.unwrap())["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let url = h.url(&format!("/jobs/{id}"));
+    let mine = client().get(&url).bearer_auth(KEY).send().await.unwrap();
+    assert_eq!(mine.status(), 200);
+    // Another tenant: as if the job did not exist, for reading, following and cancelling.
+    for req in [
+        client().get(&url),
+        client().get(format!("{url}/events")),
+        client().delete(&url),
+    ] {
+        let resp = req.bearer_auth(OTHER).send().await.unwrap();
+        assert_eq!(resp.status(), 404);
+        assert_eq!(code(&resp.text().await.unwrap()), json!("job_not_found"));
+    }
+    assert_eq!(client().get(&url).send().await.unwrap().status(), 401);
+    h.shutdown().await;
+}

@@ -31,16 +31,24 @@ pub async fn submit(
 }
 
 /// `GET /jobs/{id}`.
-pub async fn status(State(jobs): State<Jobs>, Path(id): Path<String>) -> Response {
-    match jobs.status(&id) {
+pub async fn status(
+    State(jobs): State<Jobs>,
+    tenant: Option<Extension<Tenant>>,
+    Path(id): Path<String>,
+) -> Response {
+    match jobs.status(&id, tenant.as_ref().map(|t| &t.0)) {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => e.into_response(),
     }
 }
 
 /// `DELETE /jobs/{id}`.
-pub async fn cancel(State(jobs): State<Jobs>, Path(id): Path<String>) -> Response {
-    match jobs.cancel(&id).await {
+pub async fn cancel(
+    State(jobs): State<Jobs>,
+    tenant: Option<Extension<Tenant>>,
+    Path(id): Path<String>,
+) -> Response {
+    match jobs.cancel(&id, tenant.as_ref().map(|t| &t.0)).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => e.into_response(),
     }
@@ -49,11 +57,12 @@ pub async fn cancel(State(jobs): State<Jobs>, Path(id): Path<String>) -> Respons
 /// `GET /jobs/{id}/events`, honouring `Last-Event-ID` (204 after the last event).
 pub async fn events(
     State(jobs): State<Jobs>,
+    tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
     let last = headers.get("last-event-id").and_then(|v| v.to_str().ok());
-    match jobs.events(&id, last) {
+    match jobs.events(&id, tenant.as_ref().map(|t| &t.0), last) {
         Ok(Some(stream)) => sse_response(Body::from_stream(stream)),
         Ok(None) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => e.into_response(),

@@ -120,6 +120,8 @@ pub struct Entry {
     pub submitted: (SystemTime, Instant),
     /// Its classification at submission (lane `large`, estimates, reservation).
     pub class: Classification,
+    /// The tenant that submitted it (`[auth]`): only that tenant may read or cancel it.
+    pub tenant: Option<String>,
     state: Mutex<State>,
     version: watch::Sender<u64>,
     /// Cancelled by `DELETE` (or shutdown): a running job drops its stream, aborting the
@@ -136,10 +138,12 @@ impl Entry {
         notify: Option<reqwest::Url>,
         bytes: u64,
     ) -> Self {
+        let tenant = work.0.tenant().map(|t| t.0.clone());
         Self {
             id,
             submitted: (SystemTime::now(), Instant::now()),
             class,
+            tenant,
             state: Mutex::new(State {
                 status: Status::Queued,
                 work: Some(work),

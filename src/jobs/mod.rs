@@ -111,8 +111,15 @@ impl Jobs {
         self.0.store.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn entry(&self, id: &str) -> Result<Arc<Entry>, GatewayError> {
-        self.store().get(id).ok_or(GatewayError::JobNotFound)
+    /// The job `id`, if `tenant` may see it: its own tenant's, or any job when neither has
+    /// one (`[auth]` off). Another tenant's job is "not found", as if it did not exist.
+    fn entry(&self, id: &str, tenant: Option<&Tenant>) -> Result<Arc<Entry>, GatewayError> {
+        let entry = self.store().get(id).ok_or(GatewayError::JobNotFound)?;
+        if entry.tenant.as_deref() == tenant.map(|t| t.0.as_str()) {
+            Ok(entry)
+        } else {
+            Err(GatewayError::JobNotFound)
+        }
     }
 
     /// `POST /jobs`: checks, classifies and queues the job; its id and URLs.
@@ -201,20 +208,17 @@ impl Jobs {
     }
 
     /// `GET /jobs/{id}`.
-    pub fn status(&self, id: &str) -> Result<Value, GatewayError> {
-        let (entry, position) = {
-            let store = self.store();
-            let entry = store.get(id).ok_or(GatewayError::JobNotFound)?;
-            (entry, store.position(id))
-        };
+    pub fn status(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
+        let entry = self.entry(id, tenant)?;
+        let position = self.store().position(id);
         Ok(entry.view(position))
     }
 
     /// `DELETE /jobs/{id}`: a queued job ends at once; a running one when its stream has been
     /// dropped and the engine abort sent (waited for, briefly). Cancelling twice is fine; a job
     /// that already ended otherwise is a 409.
-    pub async fn cancel(&self, id: &str) -> Result<Value, GatewayError> {
-        let entry = self.entry(id)?;
+    pub async fn cancel(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
+        let entry = self.entry(id, tenant)?;
         let queued = {
             let mut store = self.store();
             let queued = store.unqueue(id);
@@ -252,6 +256,7 @@ impl Jobs {
     pub fn events(
         &self,
         id: &str,
+        tenant: Option<&Tenant>,
         last_event_id: Option<&str>,
     ) -> Result<
         Option<impl Stream<Item = Result<Bytes, std::convert::Infallible>> + Send>,
@@ -260,7 +265,10 @@ impl Jobs {
         let from = match last_event_id.map(str::trim) {
             None | Some("") => 0,
             // Reconnecting after the last event: nothing more will come.
-            Some(events::END_ID) => return Ok(None),
+            Some(events::END_ID) => {
+                self.entry(id, tenant)?;
+                return Ok(None);
+            }
             Some(v) => v.parse::<usize>().map_err(|_| {
                 GatewayError::bad_request(
                     "Last-Event-ID must be the id of an event of this job (a number, or `end`)",
@@ -268,7 +276,7 @@ impl Jobs {
                 )
             })?,
         };
-        Ok(Some(events::stream(self.entry(id)?, from)))
+        Ok(Some(events::stream(self.entry(id, tenant)?, from)))
     }
 
     /// Ends `entry` (from queued or running) and sends its webhook.

@@ -290,6 +290,13 @@ pub struct Ready {
     tenant: Option<Tenant>,
 }
 
+impl Ready {
+    /// Whose request it is.
+    pub fn tenant(&self) -> Option<&Tenant> {
+        self.tenant.as_ref()
+    }
+}
+
 /// Classifies `prepared` (estimated work, then the continuation choice for a session) and
 /// shapes its body for the engine. `background` work (jobs) runs in the large lane whatever its
 /// size, and at the engine priority of that lane.
