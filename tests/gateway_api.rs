@@ -572,3 +572,79 @@ async fn a_vllm_with_an_api_key_is_called_with_it() {
     h.shutdown().await;
     std::fs::remove_file(file).unwrap();
 }
+
+/// A TLS front for `backend` (`127.0.0.1:port`), with the test certificate for 127.0.0.1 that
+/// `tests/fixtures/tls/ca.pem` signed; its `https://` URL.
+async fn tls_front(backend: std::net::SocketAddr) -> String {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio_rustls::rustls;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
+    let certs: Vec<CertificateDer> = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(dir.join("server.key")).unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "https://127.0.0.1:{}",
+        listener.local_addr().unwrap().port()
+    );
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(backend).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    url
+}
+
+#[tokio::test]
+async fn tls_to_a_vllm_whose_certificate_a_private_ca_signed() {
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(FAST))
+        .await
+        .unwrap();
+    let front = tls_front(sim.addr).await;
+    let ca = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls/ca.pem");
+    let toml = format!(
+        "[classify]\ntokenizer = \"heuristic\"\n[upstream]\nbase_url = \"{front}\"\nca_file = \"{}\"\n",
+        ca.display()
+    );
+    let trusting = tutor_gateway::config::Config::from_toml_str(&toml).unwrap();
+    let h = harness(FAST, |c| c.upstream = trusting.upstream.clone()).await;
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sse(&resp.text().await.unwrap()).last().unwrap().0, "done");
+    h.shutdown().await;
+    // Without the CA the certificate is not trusted: vLLM is unreachable, not silently used.
+    let h = harness(FAST, |c| c.upstream.base_url = front.clone()).await;
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    h.shutdown().await;
+    sim.shutdown().await;
+}

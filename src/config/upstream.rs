@@ -62,6 +62,8 @@ pub struct RawUpstream {
     pub api_key_env: Option<String>,
     /// A file holding vLLM's `--api-key`.
     pub api_key_file: Option<String>,
+    /// PEM certificates of the CAs that sign vLLM's TLS certificate (besides the public roots).
+    pub ca_file: Option<String>,
     /// `[upstream.abort]`.
     #[serde(default)]
     pub abort: RawAbort,
@@ -103,6 +105,8 @@ pub struct UpstreamConfig {
     pub health_cache: Duration,
     /// vLLM's `--api-key`, sent as `Authorization: Bearer` on every upstream request.
     pub api_key: Option<Secret>,
+    /// PEM certificates of extra CAs trusted for `https://` upstreams (read at start-up).
+    pub ca_pem: Option<Vec<u8>>,
     /// The engine-side abort call made when a client goes away.
     pub abort: AbortConfig,
 }
@@ -215,6 +219,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
         total_timeout: total,
         health_cache: Duration::from_millis(raw.health_cache_ms.unwrap_or(HEALTH_CACHE_MS)),
         api_key: api_key(c, raw.api_key_env, raw.api_key_file),
+        ca_pem: ca_pem(c, raw.ca_file),
         abort: abort(c, raw.abort),
     }
 }
@@ -313,4 +318,22 @@ fn api_key(c: &mut Checker, env: Option<String>, file: Option<String>) -> Option
         return None;
     }
     Some(Secret::from(key))
+}
+
+/// The PEM certificates in `file`, checked to hold at least one certificate.
+fn ca_pem(c: &mut Checker, file: Option<String>) -> Option<Vec<u8>> {
+    let path = file.filter(|f| !f.is_empty())?;
+    match std::fs::read(&path) {
+        Ok(pem) if reqwest::Certificate::from_pem_bundle(&pem).is_ok_and(|v| !v.is_empty()) => {
+            Some(pem)
+        }
+        Ok(_) => {
+            c.fail("upstream.ca_file", "holds no PEM certificate");
+            None
+        }
+        Err(e) => {
+            c.fail("upstream.ca_file", format!("cannot be read ({})", e.kind()));
+            None
+        }
+    }
 }

@@ -64,15 +64,24 @@ impl UpstreamClient {
             auth.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, auth);
         }
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
             .tcp_nodelay(true)
             .no_proxy()
-            .default_headers(headers)
-            .build()
-            .map_err(|e| {
-                UpstreamError::Unavailable(format!("cannot build the HTTP client: {e}"))
-            })?;
+            .default_headers(headers);
+        for cert in config
+            .ca_pem
+            .as_deref()
+            .map(reqwest::Certificate::from_pem_bundle)
+            .transpose()
+            .map_err(|e| UpstreamError::Unavailable(format!("upstream.ca_file: {e}")))?
+            .unwrap_or_default()
+        {
+            builder = builder.add_root_certificate(cert);
+        }
+        let http = builder.build().map_err(|e| {
+            UpstreamError::Unavailable(format!("cannot build the HTTP client: {e}"))
+        })?;
         Ok(Self {
             http,
             config: Arc::new(config),
