@@ -21,6 +21,7 @@ use crate::telemetry::{Metrics, RequestLog};
 use crate::upstream::{UpstreamClient, ABORT_TIMEOUT};
 
 mod accept;
+pub mod tls;
 
 pub use accept::H2_MAX_STREAMS;
 
@@ -102,14 +103,22 @@ pub fn serve_state(
             let (router, server, metrics) = (admin(state.clone()), server.clone(), metrics.clone());
             let stopping = stop.clone();
             let task = tokio::spawn(async move {
-                accept::serve(listener, router, &server, metrics, stopping, grace).await;
+                accept::serve(listener, router, &server, metrics, None, stopping, grace).await;
             });
             (Some(admin_addr), Some(task))
         }
         None => (None, None),
     };
+    let tls = match &server.tls {
+        Some((cert, key)) => Some(tls::TlsFront::start(
+            cert.clone(),
+            key.clone(),
+            stop.clone(),
+        )?),
+        None => None,
+    };
     let serve = tokio::spawn(async move {
-        accept::serve(listener, router, &server, metrics, stopping, grace).await;
+        accept::serve(listener, router, &server, metrics, tls, stopping, grace).await;
     });
     Ok(Gateway {
         addr,

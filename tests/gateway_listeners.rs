@@ -91,3 +91,65 @@ async fn readyz_answers_from_one_probe_per_interval() {
     assert_eq!(status(h.url("/readyz")).await, 503);
     h.shutdown().await;
 }
+
+fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tls")
+        .join(name)
+}
+
+/// A client that trusts the test CA (and nothing else).
+fn trusting_client() -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(fixture("ca.pem")).unwrap()).unwrap();
+    reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(ca)
+        .no_proxy()
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn tls_on_the_public_listener_and_a_renewed_certificate_is_served_without_a_restart() {
+    // Start with a certificate for another name: a client checking 127.0.0.1 refuses it.
+    let dir = std::env::temp_dir().join(format!("tutor-gateway-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    std::fs::copy(fixture("other-name.pem"), &cert).unwrap();
+    std::fs::copy(fixture("other-name.key"), &key).unwrap();
+    let h = harness(FAST, |c| c.server.tls = Some((cert.clone(), key.clone()))).await;
+    let https = format!("https://127.0.0.1:{}", h.gw.addr.port());
+    let http = trusting_client();
+    assert!(
+        http.get(format!("{https}/healthz")).send().await.is_err(),
+        "the certificate does not name 127.0.0.1"
+    );
+    // Plain HTTP to a TLS listener gets nowhere.
+    let plain = client().get(h.url("/healthz")).send().await;
+    assert!(plain.is_err() || !plain.unwrap().status().is_success());
+    // Renew: the right certificate replaces the files; the gateway picks it up by itself.
+    std::fs::copy(fixture("server.pem"), &cert).unwrap();
+    std::fs::copy(fixture("server.key"), &key).unwrap();
+    let mut ok = false;
+    for _ in 0..150 {
+        if http.get(format!("{https}/healthz")).send().await.is_ok() {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok, "the renewed certificate was never served");
+    // A whole answer over TLS.
+    let body = http
+        .post(format!("{https}/answer"))
+        .json(&serde_json::json!({"prompt": "what is a closure?", "max_output_tokens": 3}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(sse(&body).last().unwrap().0, "done");
+    h.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

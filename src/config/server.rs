@@ -53,6 +53,10 @@ pub struct RawServer {
     pub cors_allow_origins: Option<Vec<String>>,
     /// A second listener for operators (`/metrics`, `/readyz`), `IP:PORT`; empty: none.
     pub admin_listen: Option<String>,
+    /// PEM certificate chain for TLS on the public listener.
+    pub tls_cert: Option<String>,
+    /// PEM private key for TLS on the public listener.
+    pub tls_key: Option<String>,
     /// How long a browser may cache a CORS preflight answer, seconds.
     pub cors_max_age_s: Option<u64>,
 }
@@ -91,6 +95,8 @@ pub struct ServerConfig {
     pub cors_allow_origins: Vec<String>,
     /// Where `/metrics` and `/readyz` are served instead of the public listener, if set.
     pub admin_listen: Option<std::net::SocketAddr>,
+    /// TLS on the public listener: certificate chain and key files (re-read when they change).
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// `Access-Control-Max-Age` of preflight answers.
     pub cors_max_age: Duration,
 }
@@ -189,9 +195,31 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
             }
         },
     };
+    let tls = match (
+        raw.tls_cert.filter(|p| !p.is_empty()),
+        raw.tls_key.filter(|p| !p.is_empty()),
+    ) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => {
+            for (path, file) in [("server.tls_cert", &cert), ("server.tls_key", &key)] {
+                if let Err(e) = std::fs::metadata(file) {
+                    c.fail(path, format!("cannot be read ({})", e.kind()));
+                }
+            }
+            Some((cert.into(), key.into()))
+        }
+        _ => {
+            c.fail(
+                "server.tls_cert",
+                "set both server.tls_cert and server.tls_key, or neither",
+            );
+            None
+        }
+    };
     ServerConfig {
         cors_allow_origins,
         admin_listen,
+        tls,
         cors_max_age: Duration::from_secs(cors_max_age_s.min(86_400)),
         max_connections: max_connections as usize,
         max_requests_in_flight: max_requests_in_flight as usize,

@@ -6,7 +6,9 @@
 //! - request headers within `server.header_read_timeout`, or the connection is closed (a
 //!   slow-loris client holds its seat no longer than that);
 //! - at most [`H2_MAX_STREAMS`] concurrent HTTP/2 streams per connection;
-//! - `TCP_NODELAY`, so small SSE writes go out at once.
+//! - `TCP_NODELAY`, so small SSE writes go out at once;
+//! - with TLS ([`super::tls`]), the handshake in the connection's own task, within
+//!   `server.header_read_timeout` (a client that never finishes it holds its seat no longer).
 //!
 //! On shutdown it stops accepting, asks every connection to finish its requests and close,
 //! waits up to the grace period, then closes what is left (their relays abort the engine work).
@@ -24,6 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::tls::TlsFront;
 use crate::config::ServerConfig;
 use crate::telemetry::Metrics;
 
@@ -34,11 +37,13 @@ pub const H2_MAX_STREAMS: u32 = 64;
 const REFUSAL_BODY: &str = r#"{"error":{"message":"the gateway has as many open connections as it may; retry shortly","type":"server_error","param":null,"code":"overloaded"}}"#;
 
 /// Serves `router` on `listener` until `stop`, then drains for up to `grace`.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     server: &ServerConfig,
     metrics: Metrics,
+    tls: Option<TlsFront>,
     stop: CancellationToken,
     grace: Duration,
 ) {
@@ -75,17 +80,33 @@ pub async fn serve(
             tokio::spawn(refuse(tcp));
             continue;
         };
-        let conn = builder
-            .serve_connection_with_upgrades(
-                TokioIo::new(tcp),
-                TowerToHyperService::new(router.clone()),
-            )
-            .into_owned();
-        let conn = graceful.watch(conn);
+        let (builder, router, watcher) = (builder.clone(), router.clone(), graceful.watcher());
         let close_now = close_now.clone();
+        let acceptor = tls.as_ref().map(TlsFront::acceptor);
+        let handshake_within = server.header_read_timeout;
         tokio::spawn(async move {
+            let service = TowerToHyperService::new(router);
+            let served = async {
+                match acceptor {
+                    None => {
+                        let conn =
+                            builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
+                        let _ = watcher.watch(conn.into_owned()).await;
+                    }
+                    Some(acceptor) => {
+                        let Ok(Ok(tls)) =
+                            tokio::time::timeout(handshake_within, acceptor.accept(tcp)).await
+                        else {
+                            return;
+                        };
+                        let conn =
+                            builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+                        let _ = watcher.watch(conn.into_owned()).await;
+                    }
+                }
+            };
             tokio::select! {
-                _ = conn => {}
+                () = served => {}
                 () = close_now.cancelled() => {}
             }
             drop(seat);
