@@ -255,3 +255,91 @@ async fn a_job_is_visible_only_to_its_tenant() {
     assert_eq!(client().get(&url).send().await.unwrap().status(), 401);
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn tenants_take_turns_in_the_job_queue() {
+    let slow = [
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+        "--mean-output-tokens",
+        "1000000",
+    ];
+    let h = harness(&slow, |c| {
+        set_lane(c, tutor_gateway::lane::Lane::Large, 1);
+        c.auth.enabled = true;
+        c.auth.keys = vec![
+            KeyEntry {
+                sha256: sha256(KEY),
+                tenant: "cs101".into(),
+            },
+            KeyEntry {
+                sha256: sha256(OTHER),
+                tenant: "school-2".into(),
+            },
+        ];
+    })
+    .await;
+    let submit = |key: &'static str, out: u32| {
+        client()
+            .post(h.url("/jobs"))
+            .bearer_auth(key)
+            .json(&json!({"prompt": "review my repository", "max_output_tokens": out}))
+            .send()
+    };
+    let mut ids = Vec::new();
+    for out in [2000, 5, 5, 5, 5] {
+        let resp = submit(KEY, out).await.unwrap();
+        assert_eq!(resp.status(), 202);
+        ids.push(
+            json(&resp.text().await.unwrap())["id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+        if ids.len() == 1 {
+            // The first takes the large lane's only seat before the others arrive.
+            eventually("the first job runs", || {
+                h.in_flight(tutor_gateway::lane::Lane::Large) == 1
+            })
+            .await;
+        }
+    }
+    let resp = submit(OTHER, 5).await.unwrap();
+    let theirs = json(&resp.text().await.unwrap())["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let status = |id: &str, key: &'static str| {
+        let url = h.url(&format!("/jobs/{id}"));
+        async move {
+            json(
+                &client()
+                    .get(url)
+                    .bearer_auth(key)
+                    .send()
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap(),
+            )
+        }
+    };
+    // cs101's first job holds the large lane's only seat; its four others wait. school-2's
+    // one job goes ahead of them: tenants take turns, each oldest first.
+    let first = status(&ids[0], KEY).await;
+    assert_eq!(first["status"], "running", "{first}");
+    let v = status(&theirs, OTHER).await;
+    assert_eq!(v["position"], 0, "{v}");
+    let last = status(&ids[4], KEY).await;
+    assert_eq!(last["position"], 4, "{last}");
+    client()
+        .delete(h.url(&format!("/jobs/{}", ids[0])))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    h.shutdown().await;
+}

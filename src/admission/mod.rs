@@ -50,6 +50,7 @@
 
 mod budget;
 mod error;
+pub mod fair;
 mod guard;
 mod local;
 pub mod redis;

@@ -3,13 +3,14 @@
 //! Plain data, no async: every method runs inside one short critical section of
 //! [`super::local`], which is what makes "slot + tokens" one atomic step.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::budget::Usage;
+use super::fair::Fair;
 use super::guard::LaneGuard;
 use crate::lane::Lane;
 use crate::telemetry::{AdmissionSnapshot, LaneSnapshot};
@@ -27,34 +28,6 @@ pub(super) struct Waiter {
     /// Its start tag in the queue's fair order (see [`Fair`]).
     pub tag: f64,
     pub grant: oneshot::Sender<LaneGuard>,
-}
-
-/// Fair order between tenants inside one queue: start-time fair queuing. An arrival of tenant
-/// `t` with share `w` gets the start tag `max(V, F[t])` and moves `F[t]` to that plus `1 / w`,
-/// where `V` is the tag of the last waiter admitted; the queue is kept sorted by tag (ties in
-/// arrival order). One tenant alone (or requests without a tenant) keeps plain FIFO order; a
-/// tenant with 200 waiting cannot push another tenant's next request behind all of them.
-#[derive(Debug, Default)]
-pub(super) struct Fair {
-    /// The tag of the last waiter admitted.
-    virtual_time: f64,
-    /// Each tenant's last finish tag (`None`: requests without a tenant).
-    finish: HashMap<Option<Arc<str>>, f64>,
-}
-
-impl Fair {
-    /// The start tag of an arrival of `tenant` with `share`.
-    fn tag(&mut self, tenant: Option<Arc<str>>, share: f64) -> f64 {
-        if self.finish.len() > 1024 {
-            // Tenants whose last request is already behind the virtual time are idle.
-            let v = self.virtual_time;
-            self.finish.retain(|_, f| *f > v);
-        }
-        let finish = self.finish.entry(tenant).or_insert(0.0);
-        let start = finish.max(self.virtual_time);
-        *finish = start + 1.0 / share.max(0.001);
-        start
-    }
 }
 
 pub(super) struct State {
@@ -144,8 +117,7 @@ impl State {
     pub fn take_at(&mut self, queue: usize, pos: usize) -> Option<Waiter> {
         let waiter = self.queues[queue].remove(pos)?;
         self.queued[waiter.lane.index()] -= 1;
-        let fair = &mut self.fair[queue];
-        fair.virtual_time = fair.virtual_time.max(waiter.tag);
+        self.fair[queue].admitted(waiter.tag);
         Some(waiter)
     }
 

@@ -187,8 +187,12 @@ impl Jobs {
                 return Err(pipeline::refused(record, GatewayError::JobsFull));
             }
             let class = ready.class;
+            let share = ready
+                .tenant()
+                .and_then(|t| inner.state.config().auth.tenant_shares.get(&t.0))
+                .map_or(1.0, |s| f64::from(*s));
             let entry = Entry::new(id.clone(), class, (ready, record), notify, bytes);
-            store.push(Arc::new(entry), bytes);
+            store.push(Arc::new(entry), bytes, share);
             // Under the lock: the scheduler cannot move it to `running` before it is counted.
             inner.state.metrics().jobs().moved(None, Some("queued"));
         }

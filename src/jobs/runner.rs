@@ -60,7 +60,7 @@ fn next_startable(jobs: &Jobs) -> Option<(Arc<Entry>, (Ready, RequestRecord), La
             .state
             .admission()
             .try_acquire_idle(Lane::Large, work, prefill)?;
-        store.unqueue(&entry.id);
+        store.start(&entry.id);
         let taken = entry.lock().work.take();
         match taken {
             Some(work) => {

@@ -5,12 +5,15 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use super::entry::Entry;
+use crate::admission::fair::Fair;
 
 /// Jobs by id and the queue, behind the service's mutex.
 #[derive(Debug, Default)]
 pub struct Store {
     jobs: HashMap<String, Arc<Entry>>,
-    queue: VecDeque<Arc<Entry>>,
+    /// Queued jobs in start-tag order: oldest first within a tenant, tenants in turns.
+    queue: VecDeque<(f64, Arc<Entry>)>,
+    fair: Fair,
     /// Bytes counted against `jobs.max_bytes`.
     pub bytes: u64,
     /// Jobs kept only as an `expired` status (no text, no answer): not counted against
@@ -26,11 +29,14 @@ impl Store {
         self.jobs.len() - self.expired
     }
 
-    /// Adds a queued job at the back of the queue.
-    pub fn push(&mut self, entry: Arc<Entry>, bytes: u64) {
+    /// Adds a queued job at its fair place: oldest first within its tenant, tenants in turns
+    /// weighted by `share` (see [`Fair`]).
+    pub fn push(&mut self, entry: Arc<Entry>, bytes: u64, share: f64) {
         self.bytes += bytes;
         self.jobs.insert(entry.id.clone(), entry.clone());
-        self.queue.push_back(entry);
+        let tag = self.fair.tag(entry.tenant.as_deref().map(Arc::from), share);
+        let pos = self.queue.partition_point(|(t, _)| *t <= tag);
+        self.queue.insert(pos, (tag, entry));
     }
 
     /// The job `id`.
@@ -40,12 +46,12 @@ impl Store {
 
     /// How many jobs are ahead of `id` in the queue (`None`: not queued).
     pub fn position(&self, id: &str) -> Option<usize> {
-        self.queue.iter().position(|e| e.id == id)
+        self.queue.iter().position(|(_, e)| e.id == id)
     }
 
     /// The oldest queued job.
     pub fn head(&self) -> Option<Arc<Entry>> {
-        self.queue.front().cloned()
+        self.queue.front().map(|(_, e)| e.clone())
     }
 
     /// Takes `id` out of the queue; true when it was there.
@@ -56,6 +62,15 @@ impl Store {
                 true
             }
             None => false,
+        }
+    }
+
+    /// Takes the head out of the queue to run it: the fair order's virtual time moves on.
+    pub fn start(&mut self, id: &str) {
+        if let Some(p) = self.position(id) {
+            if let Some((tag, _)) = self.queue.remove(p) {
+                self.fair.admitted(tag);
+            }
         }
     }
 

@@ -1,0 +1,39 @@
+//! [`Fair`]: the order of a queue shared by several tenants (lane queues, the job queue).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Fair order between tenants inside one queue: start-time fair queuing. An arrival of tenant
+/// `t` with share `w` gets the start tag `max(V, F[t])` and moves `F[t]` to that plus `1 / w`,
+/// where `V` is the tag of the last waiter admitted; the queue is kept sorted by tag (ties in
+/// arrival order). One tenant alone (or requests without a tenant) keeps plain FIFO order; a
+/// tenant with 200 waiting cannot push another tenant's next request behind all of them.
+#[derive(Debug, Default)]
+pub struct Fair {
+    /// The tag of the last waiter admitted.
+    virtual_time: f64,
+    /// Each tenant's last finish tag (`None`: requests without a tenant).
+    finish: HashMap<Option<Arc<str>>, f64>,
+}
+
+impl Fair {
+    /// The start tag of an arrival of `tenant` with `share`.
+    pub fn tag(&mut self, tenant: Option<Arc<str>>, share: f64) -> f64 {
+        if self.finish.len() > 1024 {
+            // Tenants whose last request is already behind the virtual time are idle.
+            let v = self.virtual_time;
+            self.finish.retain(|_, f| *f > v);
+        }
+        let finish = self.finish.entry(tenant).or_insert(0.0);
+        let start = finish.max(self.virtual_time);
+        *finish = start + 1.0 / share.max(0.001);
+        start
+    }
+}
+
+impl Fair {
+    /// A waiter with start tag `tag` was admitted: the virtual time moves up to it.
+    pub fn admitted(&mut self, tag: f64) {
+        self.virtual_time = self.virtual_time.max(tag);
+    }
+}
