@@ -49,3 +49,50 @@ end
 local function usage(field)
   return tonumber(redis.call('HGET', KEYS[3], field) or '0')
 end
+
+-- KEYS[5] = <prefix>:{quota}:waiting:large  ZSET  replica -> until when (server ms) it has an
+--   interactive large request waiting in line. Background work (jobs) starts only while no
+--   replica has one (see quota_acquire_v2.lua, which keeps the marks).
+
+-- Whether a lease for ARGV[1..10] (the acquire script's layout, below) fits; if so, takes it.
+-- Returns the status: 1 granted, 0 lane slots full, -1 lane tokens, -2 global tokens,
+-- -4 no prefill room.
+local function take_lease(now)
+  local id, lane = ARGV[1], ARGV[2]
+  local tokens, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local max_n, max_tokens, global_max = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+  local prompt, budget, long = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+  if redis.call('HEXISTS', KEYS[2], id) == 1 then
+    return 1
+  end
+  if usage(lane .. ':n') + 1 > max_n then
+    return 0
+  end
+  if usage(lane .. ':tokens') + tokens > max_tokens then
+    return -1
+  end
+  if usage('global:tokens') + tokens > global_max then
+    return -2
+  end
+  if budget > 0 and prompt > long then
+    local prefilling = usage('prefill:tokens')
+    if prefilling > 0 and prefilling + prompt > budget then
+      return -4
+    end
+  end
+  redis.call('HSET', KEYS[2], id, lease_value(lane, tokens, prompt))
+  redis.call('ZADD', KEYS[1], now + ttl, id)
+  redis.call('HINCRBY', KEYS[3], lane .. ':n', 1)
+  redis.call('HINCRBY', KEYS[3], lane .. ':tokens', tokens)
+  redis.call('HINCRBY', KEYS[3], 'global:tokens', tokens)
+  if prompt > 0 then
+    redis.call('HINCRBY', KEYS[3], 'prefill:tokens', prompt)
+  end
+  return 1
+end
+
+-- True when no replica has an interactive large request waiting (marks past their time drop).
+local function large_idle(now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+  return redis.call('ZCARD', KEYS[5]) == 0
+end

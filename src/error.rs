@@ -99,6 +99,9 @@ pub enum GatewayError {
     /// Jobs are switched off or not run by this deployment.
     #[error("{0}")]
     JobsUnavailable(&'static str),
+    /// The shared job store (Redis) cannot be reached.
+    #[error("the shared job store (Redis) cannot be reached; retry shortly")]
+    JobStoreDown,
     /// Classification failed (too long for the model, or a tokenizer failure).
     #[error(transparent)]
     Classify(#[from] ClassifyError),
@@ -133,6 +136,7 @@ impl GatewayError {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::JobFinished(_) => StatusCode::CONFLICT,
             Self::JobsUnavailable(_) => StatusCode::NOT_IMPLEMENTED,
+            Self::JobStoreDown => StatusCode::SERVICE_UNAVAILABLE,
             Self::Classify(e) => match e {
                 ClassifyError::ExceedsModelLen { .. } => StatusCode::BAD_REQUEST,
                 ClassifyError::TokenizerLoad { .. } | ClassifyError::Internal(_) => {
@@ -178,6 +182,7 @@ impl GatewayError {
             Self::JobFinished(_) => "job_finished",
             Self::JobsFull => "jobs_full",
             Self::JobsUnavailable(_) => "jobs_unavailable",
+            Self::JobStoreDown => "job_store_unavailable",
             Self::Upstream(UpstreamError::Status { status, .. }) if status.is_client_error() => {
                 "upstream_rejected"
             }
@@ -199,6 +204,7 @@ impl GatewayError {
             | Self::JobsUnavailable(_) => Outcome::BadRequest,
             Self::Overloaded | Self::QueuedBytes => Outcome::QueueFull,
             Self::JobsFull => Outcome::QueueFull,
+            Self::JobStoreDown => Outcome::QuotaUnavailable,
             Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Outcome::TooLong,
             Self::Classify(_) => Outcome::Internal,
             Self::Admission(AdmissionError::QueueFull { .. }) => Outcome::QueueFull,
@@ -266,6 +272,7 @@ impl GatewayError {
             Self::Admission(AdmissionError::Timeout { .. }) => Some(Duration::from_secs(1)),
             Self::Overloaded | Self::QueuedBytes => Some(Duration::from_secs(1)),
             Self::JobsFull => Some(Duration::from_secs(10)),
+            Self::JobStoreDown => Some(Duration::from_secs(1)),
             Self::Admission(AdmissionError::QuotaUnavailable { .. }) => {
                 Some(Duration::from_secs(1))
             }

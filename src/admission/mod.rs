@@ -157,15 +157,18 @@ impl Admission {
         }
     }
 
-    /// Whether this backend runs background work (jobs): the in-process one does; the Redis
-    /// backend does not yet.
-    pub fn runs_background(&self) -> bool {
-        matches!(self, Admission::Local(_))
+    /// The shared quota, when Redis is the backend (background jobs then take their seats
+    /// with [`RedisAdmission::take_with`], in the same script that starts them).
+    pub fn shared(&self) -> Option<&RedisAdmission> {
+        match self {
+            Admission::Local(_) => None,
+            Admission::Redis(redis) => Some(redis),
+        }
     }
 
     /// A seat in `lane` for background work (jobs), only out of idle capacity; see
-    /// [`LocalAdmission::try_acquire_idle`]. Always `None` where [`Admission::runs_background`]
-    /// is false.
+    /// [`LocalAdmission::try_acquire_idle`]. Always `None` with the Redis backend (see
+    /// [`Admission::shared`]).
     pub fn try_acquire_idle(&self, lane: Lane, tokens: u32, prompt: u32) -> Option<LaneGuard> {
         match self {
             Admission::Local(local) => local.try_acquire_idle(lane, tokens, prompt),
@@ -174,7 +177,7 @@ impl Admission {
     }
 
     /// A receiver that wakes when capacity may have come back (see [`LocalAdmission::freed`]);
-    /// `None` where [`Admission::runs_background`] is false.
+    /// `None` with the Redis backend.
     pub fn freed(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         match self {
             Admission::Local(local) => Some(local.freed()),

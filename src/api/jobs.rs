@@ -36,7 +36,7 @@ pub async fn status(
     tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
 ) -> Response {
-    match jobs.status(&id, tenant.as_ref().map(|t| &t.0)) {
+    match jobs.status(&id, tenant.as_ref().map(|t| &t.0)).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => e.into_response(),
     }
@@ -62,7 +62,7 @@ pub async fn events(
     headers: HeaderMap,
 ) -> Response {
     let last = headers.get("last-event-id").and_then(|v| v.to_str().ok());
-    match jobs.events(&id, tenant.as_ref().map(|t| &t.0), last) {
+    match jobs.events(&id, tenant.as_ref().map(|t| &t.0), last).await {
         Ok(Some(stream)) => sse_response(Body::from_stream(stream)),
         Ok(None) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => e.into_response(),

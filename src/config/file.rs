@@ -193,16 +193,8 @@ fn cross_checks(c: &mut Checker, config: &Config) {
             );
         }
     }
-    if config.jobs.divert_large_after.is_some() {
-        if !config.jobs.enabled {
-            c.fail("jobs.divert_large_after_ms", "needs jobs.enabled = true");
-        }
-        if config.quota.backend == QuotaBackend::Redis {
-            c.fail(
-                "jobs.divert_large_after_ms",
-                "needs quota.backend = \"local\" (jobs do not run with the Redis quota yet)",
-            );
-        }
+    if config.jobs.divert_large_after.is_some() && !config.jobs.enabled {
+        c.fail("jobs.divert_large_after_ms", "needs jobs.enabled = true");
     }
     if config.quota.backend == QuotaBackend::Redis && config.admission.policy == Policy::Fifo {
         c.fail(

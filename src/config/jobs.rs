@@ -16,6 +16,8 @@ const MAX_JOBS: u64 = 1_000;
 const MAX_BYTES: u64 = 64 * 1024 * 1024;
 /// Default `jobs.result_ttl_ms` (one hour).
 const RESULT_TTL_MS: u64 = 3_600_000;
+/// Default `jobs.max_attempts`.
+const MAX_ATTEMPTS: u32 = 3;
 /// Default `jobs.webhook_attempts`.
 const WEBHOOK_ATTEMPTS: u32 = 5;
 /// Default `jobs.webhook_backoff_ms`.
@@ -41,6 +43,8 @@ pub struct RawJobs {
     pub max_running: Option<u32>,
     /// How long a finished job's result stays readable, ms.
     pub result_ttl_ms: Option<u64>,
+    /// Runs a job gets in all when its runner dies (Redis backend).
+    pub max_attempts: Option<u32>,
     /// URL patterns a job's `notify` must match.
     pub webhook_allow: Option<Vec<String>>,
     /// The HMAC-SHA256 key webhooks are signed with.
@@ -84,6 +88,9 @@ pub struct JobsConfig {
     pub max_running: usize,
     /// How long a finished job's result stays readable.
     pub result_ttl: Duration,
+    /// With the Redis backend: how many runs a job gets in all when the gateway running it
+    /// dies (its runner lease expires); then it fails with `runner_lost`.
+    pub max_attempts: u32,
     /// Where webhooks may go; empty: `notify` is refused.
     pub webhook_allow: Vec<WebhookPattern>,
     /// The signing key (never logged or echoed).
@@ -202,8 +209,15 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
     if webhook_attempts > 20 {
         c.fail("jobs.webhook_attempts", "must be at most 20");
     }
+    let max_attempts = c
+        .u32("jobs.max_attempts", raw.max_attempts, MAX_ATTEMPTS)
+        .get();
+    if max_attempts > 100 {
+        c.fail("jobs.max_attempts", "must be at most 100");
+    }
     JobsConfig {
         enabled: raw.enabled.unwrap_or(true),
+        max_attempts: max_attempts.min(100),
         max_jobs: usize::try_from(max_jobs).unwrap_or(usize::MAX),
         max_bytes: c.u64("jobs.max_bytes", raw.max_bytes, MAX_BYTES).get(),
         max_running: raw.max_running.unwrap_or(0) as usize,

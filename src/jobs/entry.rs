@@ -46,6 +46,20 @@ impl Status {
         }
     }
 
+    /// The status named `name` (as [`Status::as_str`] writes it).
+    pub fn parse(name: &str) -> Option<Self> {
+        [
+            Status::Queued,
+            Status::Running,
+            Status::Done,
+            Status::Failed,
+            Status::Cancelled,
+            Status::Expired,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == name)
+    }
+
     /// Whether the job has ended (nothing more will stream).
     pub const fn is_final(self) -> bool {
         !matches!(self, Status::Queued | Status::Running)
@@ -61,6 +75,17 @@ pub struct Answer {
     pub usage: Value,
     /// The latency split (from submission: its queue time included).
     pub timings: LatencySplit,
+}
+
+impl Answer {
+    /// What the `done` event says (and a shared store keeps): finish reason, usage, timings.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "finish_reason": self.finish_reason,
+            "usage": self.usage,
+            "timings": self.timings,
+        })
+    }
 }
 
 /// One webhook delivery attempt.
@@ -81,6 +106,20 @@ pub struct Webhook {
     pub attempts: Vec<Attempt>,
     /// `Some(true)`: delivered; `Some(false)`: given up; `None`: in progress or not yet due.
     pub delivered: Option<bool>,
+}
+
+impl Webhook {
+    /// The `webhook` part of a job's status.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "delivered": self.delivered,
+            "attempts": self.attempts.iter().map(|a| json!({
+                "at": a.at,
+                "status": a.status,
+                "error": a.error,
+            })).collect::<Vec<_>>(),
+        })
+    }
 }
 
 /// The mutable part of a job.
@@ -210,14 +249,7 @@ impl Entry {
             v["error"] = json!({ "code": code, "message": message });
         }
         if s.notify.is_some() {
-            v["webhook"] = json!({
-                "delivered": s.webhook.delivered,
-                "attempts": s.webhook.attempts.iter().map(|a| json!({
-                    "at": a.at,
-                    "status": a.status,
-                    "error": a.error,
-                })).collect::<Vec<_>>(),
-            });
+            v["webhook"] = s.webhook.to_json();
         }
         v
     }

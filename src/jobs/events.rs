@@ -29,22 +29,18 @@ use futures::Stream;
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::entry::{Entry, Status};
+use super::entry::{Answer, Entry, Status};
 
 /// The id of a job stream's last event; a request that resumes after it gets 204.
 pub const END_ID: &str = "end";
 
 /// How long an idle stream waits before a keep-alive comment.
-const KEEPALIVE: Duration = Duration::from_secs(15);
+pub const KEEPALIVE: Duration = Duration::from_secs(15);
 
 struct Cursor {
     entry: Arc<Entry>,
     rx: watch::Receiver<u64>,
-    /// Pieces already sent.
-    sent: usize,
-    /// The last status sent.
-    status: Option<Status>,
-    ended: bool,
+    out: Render,
 }
 
 /// The event stream of `entry`, starting after piece `from`.
@@ -54,15 +50,13 @@ pub fn stream(
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
     let rx = entry.watch();
     let cursor = Cursor {
+        out: Render::new(entry.id.clone(), from),
         entry,
         rx,
-        sent: from,
-        status: None,
-        ended: false,
     };
     futures::stream::unfold(cursor, |mut c| async move {
         loop {
-            if c.ended {
+            if c.out.ended {
                 return None;
             }
             c.rx.borrow_and_update();
@@ -74,55 +68,101 @@ pub fn stream(
                 Ok(Ok(())) => {}
                 // The job is gone (forgotten): nothing more will come.
                 Ok(Err(_)) => return None,
-                Err(_) => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), c)),
+                Err(_) => return Some((Ok(Bytes::from_static(KEEPALIVE_COMMENT)), c)),
             }
         }
     })
 }
 
 impl Cursor {
-    /// Everything new since the last call, as SSE text; marks the end when the job ended.
     fn render(&mut self) -> String {
         let s = self.entry.lock();
+        let pieces = (self.out.sent..s.ends.len()).map(|i| {
+            let start = match i {
+                0 => 0,
+                i => s.ends[i - 1],
+            };
+            &s.text[start..s.ends[i]]
+        });
+        let done = s.answer.as_ref().map(Answer::to_json);
+        let error = s.error.as_ref().map(|(c, m)| (*c, m.as_str()));
+        self.out.render(s.status, pieces, done.as_ref(), error)
+    }
+}
+
+/// The keep-alive comment an idle stream sends.
+pub const KEEPALIVE_COMMENT: &[u8] = b": keep-alive\n\n";
+
+/// Renders a job's events from what changed since the last call: the one renderer of both
+/// stores (in process, and shared in Redis).
+#[derive(Debug)]
+pub struct Render {
+    id: String,
+    /// Pieces already sent.
+    pub sent: usize,
+    /// The last status sent.
+    status: Option<Status>,
+    /// The last event went out.
+    pub ended: bool,
+}
+
+impl Render {
+    /// A renderer for job `id` whose client has the pieces up to `from`.
+    pub fn new(id: String, from: usize) -> Self {
+        Self {
+            id,
+            sent: from,
+            status: None,
+            ended: false,
+        }
+    }
+
+    /// The job restarted (its runner was lost and it runs again): its text starts over, so
+    /// the client is told, and the pieces are numbered from 1 again.
+    pub fn restarted(&mut self, attempt: u64) -> String {
+        self.sent = 0;
+        self.status = None;
+        format!(
+            "event: status\ndata: {}\n\n",
+            json!({ "id": self.id, "status": "queued", "attempt": attempt, "restarted": true })
+        )
+    }
+
+    /// Everything new as SSE text: a status change, the `pieces` after the ones sent, and the
+    /// end (`done` with `done`'s data, `error`, or the final status); marks the end.
+    pub fn render<'a>(
+        &mut self,
+        status: Status,
+        pieces: impl Iterator<Item = &'a str>,
+        done: Option<&serde_json::Value>,
+        error: Option<(&str, &str)>,
+    ) -> String {
         let mut out = String::new();
         let event = |out: &mut String, name: &str, data: &serde_json::Value| {
             out.push_str(&format!("event: {name}\ndata: {data}\n\n"));
         };
-        if self.status != Some(s.status) {
-            self.status = Some(s.status);
+        if self.status != Some(status) {
+            self.status = Some(status);
             // `running` before its first token; a final status after the last one (below).
-            if !s.status.is_final() {
+            if !status.is_final() {
                 event(
                     &mut out,
                     "status",
-                    &json!({ "id": self.entry.id, "status": s.status.as_str() }),
+                    &json!({ "id": self.id, "status": status.as_str() }),
                 );
             }
         }
-        while self.sent < s.ends.len() {
-            let start = match self.sent {
-                0 => 0,
-                i => s.ends[i - 1],
-            };
-            let text = &s.text[start..s.ends[self.sent]];
+        for text in pieces {
             self.sent += 1;
             out.push_str(&format!("id: {}\n", self.sent));
             event(&mut out, "token", &json!({ "text": text }));
         }
         // The last event carries the id `end`: an `EventSource` reconnecting with it gets 204.
         let end = |out: &mut String| out.push_str(&format!("id: {END_ID}\n"));
-        match (s.status, &s.answer, &s.error) {
-            (Status::Done, Some(a), _) => {
+        match (status, done, error) {
+            (Status::Done, Some(done), _) => {
                 end(&mut out);
-                event(
-                    &mut out,
-                    "done",
-                    &json!({
-                        "finish_reason": a.finish_reason,
-                        "usage": a.usage,
-                        "timings": a.timings,
-                    }),
-                );
+                event(&mut out, "done", done);
             }
             (Status::Failed, _, Some((code, message))) => {
                 end(&mut out);
@@ -137,12 +177,12 @@ impl Cursor {
                 event(
                     &mut out,
                     "status",
-                    &json!({ "id": self.entry.id, "status": status.as_str() }),
+                    &json!({ "id": self.id, "status": status.as_str() }),
                 );
             }
             _ => {}
         }
-        self.ended = s.status.is_final();
+        self.ended = status.is_final();
         out
     }
 }

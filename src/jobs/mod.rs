@@ -16,14 +16,18 @@
 //! ([`crate::admission::Admission::try_acquire_idle`]); it wakes whenever capacity comes back.
 //! A job never borrows a seat and never queues ahead of an interactive request.
 //!
-//! Storage (`store.rs`): in this process, bounded by `jobs.max_jobs` and `jobs.max_bytes`, lost
-//! on restart. A finished job's result expires after `jobs.result_ttl` (status `expired`); the id
-//! is forgotten as long again after that. Webhooks (`webhook.rs`): HMAC-SHA256 signed, retried
-//! with backoff and jitter, every attempt listed in the status.
+//! Storage: with `quota.backend = "local"`, in this process (`store.rs`), bounded by
+//! `jobs.max_jobs` and `jobs.max_bytes`, lost on restart; with `"redis"`, in the quota's Redis
+//! (`shared/`): any replica answers for any job, the fleet's large lane is the idle capacity,
+//! and a job whose gateway dies runs again on another one (up to `jobs.max_attempts` runs). A
+//! finished job's result expires after `jobs.result_ttl` (status `expired`); the id is forgotten
+//! as long again after that. Webhooks (`webhook.rs`): HMAC-SHA256 signed, retried with backoff
+//! and jitter, every attempt listed in the status.
 
 mod entry;
 mod events;
 mod runner;
+mod shared;
 mod store;
 mod webhook;
 
@@ -32,7 +36,9 @@ use std::time::SystemTime;
 
 use axum::body::Bytes;
 use axum::http::HeaderMap;
-use futures::Stream;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -69,6 +75,8 @@ struct Inner {
     tasks: TaskTracker,
     /// Webhook deliveries (no redirects: an allowed host cannot send the gateway elsewhere).
     http: reqwest::Client,
+    /// The shared store, when Redis is the quota's backend (then `store` stays empty).
+    shared: Option<Arc<shared::SharedJobs>>,
 }
 
 impl Jobs {
@@ -81,6 +89,10 @@ impl Jobs {
             .timeout(config.webhook_timeout)
             .build()
             .unwrap_or_default();
+        let shared = state
+            .admission()
+            .shared()
+            .map(|redis| Arc::new(shared::SharedJobs::new(redis.clone(), &config)));
         let jobs = Jobs(Arc::new(Inner {
             state,
             config,
@@ -89,10 +101,20 @@ impl Jobs {
             stop,
             tasks,
             http,
+            shared,
         }));
-        if jobs.0.config.enabled && jobs.0.state.admission().runs_background() {
-            tokio::spawn(runner::schedule(jobs.clone()));
-            tokio::spawn(runner::sweep(jobs.clone()));
+        if jobs.0.config.enabled {
+            match &jobs.0.shared {
+                Some(shared) => {
+                    tokio::spawn(shared::runner::schedule(jobs.clone(), shared.clone()));
+                    tokio::spawn(shared::runner::beat(jobs.clone(), shared.clone()));
+                    tokio::spawn(shared::runner::listen(jobs.clone(), shared.clone()));
+                }
+                None => {
+                    tokio::spawn(runner::schedule(jobs.clone()));
+                    tokio::spawn(runner::sweep(jobs.clone()));
+                }
+            }
         }
         jobs
     }
@@ -135,11 +157,6 @@ impl Jobs {
                 "jobs are switched off here (jobs.enabled = false)",
             ));
         }
-        if !inner.state.admission().runs_background() {
-            return Err(GatewayError::JobsUnavailable(
-                "jobs are not run with quota.backend = \"redis\" yet; use /answer",
-            ));
-        }
         let mut record = inner.state.record(Route::Job);
         link_trace(&mut record, headers);
         let checked = async {
@@ -166,7 +183,48 @@ impl Jobs {
             Ok(r) => r,
             Err(e) => return Err(pipeline::refused(record, e)),
         };
-        self.adopt(ready, record, notify)
+        match &inner.shared {
+            Some(shared) => self.adopt_shared(shared, ready, record, notify).await,
+            None => self.adopt(ready, record, notify),
+        }
+    }
+
+    /// [`Jobs::adopt`] into the shared store: the classified request is kept in Redis (any
+    /// replica may run it) and the submission's record is handed over to the run's.
+    async fn adopt_shared(
+        &self,
+        shared: &shared::SharedJobs,
+        ready: Ready,
+        record: RequestRecord,
+        notify: Option<reqwest::Url>,
+    ) -> Result<Value, GatewayError> {
+        let id = record.request_id().to_owned();
+        let share = self.share_of(&ready);
+        let traceparent = record.upstream_traceparent();
+        let submitted = shared
+            .submit(
+                &self.0.config,
+                &id,
+                &ready,
+                notify.as_ref(),
+                traceparent,
+                share,
+            )
+            .await;
+        if let Err(e) = submitted {
+            return Err(pipeline::refused(record, e));
+        }
+        record.hand_over();
+        tracing::info!(job = %id, "job queued (shared store)");
+        Ok(accepted(&id))
+    }
+
+    /// `ready`'s tenant's share (`auth.tenant_shares`; 1 by default).
+    fn share_of(&self, ready: &Ready) -> f64 {
+        ready
+            .tenant()
+            .and_then(|t| self.0.state.config().auth.tenant_shares.get(&t.0))
+            .map_or(1.0, |s| f64::from(*s))
     }
 
     /// Queues an already classified request (a submission, or a diverted `/answer`): its id and
@@ -187,10 +245,7 @@ impl Jobs {
                 return Err(pipeline::refused(record, GatewayError::JobsFull));
             }
             let class = ready.class;
-            let share = ready
-                .tenant()
-                .and_then(|t| inner.state.config().auth.tenant_shares.get(&t.0))
-                .map_or(1.0, |s| f64::from(*s));
+            let share = self.share_of(&ready);
             let entry = Entry::new(id.clone(), class, (ready, record), notify, bytes);
             store.push(Arc::new(entry), bytes, share);
             // Under the lock: the scheduler cannot move it to `running` before it is counted.
@@ -198,12 +253,7 @@ impl Jobs {
         }
         inner.submitted.notify_one();
         tracing::info!(job = %id, "job queued");
-        Ok(json!({
-            "id": id,
-            "status": Status::Queued.as_str(),
-            "status_url": format!("/jobs/{id}"),
-            "events_url": format!("/jobs/{id}/events"),
-        }))
+        Ok(accepted(&id))
     }
 
     /// Whether `store` takes one more job of `bytes` (`jobs.max_jobs`, `jobs.max_bytes`).
@@ -212,7 +262,10 @@ impl Jobs {
     }
 
     /// `GET /jobs/{id}`.
-    pub fn status(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
+    pub async fn status(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
+        if let Some(shared) = &self.0.shared {
+            return shared.status(id, tenant).await;
+        }
         let entry = self.entry(id, tenant)?;
         let position = self.store().position(id);
         Ok(entry.view(position))
@@ -222,6 +275,9 @@ impl Jobs {
     /// dropped and the engine abort sent (waited for, briefly). Cancelling twice is fine; a job
     /// that already ended otherwise is a 409.
     pub async fn cancel(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
+        if let Some(shared) = &self.0.shared {
+            return shared.cancel(id, tenant).await;
+        }
         let entry = self.entry(id, tenant)?;
         let queued = {
             let mut store = self.store();
@@ -256,21 +312,18 @@ impl Jobs {
 
     /// `GET /jobs/{id}/events`, resuming after piece `last_event_id` when given; `None` when
     /// that was the last event (the route answers 204).
-    #[allow(clippy::type_complexity)]
-    pub fn events(
+    pub async fn events(
         &self,
         id: &str,
         tenant: Option<&Tenant>,
         last_event_id: Option<&str>,
-    ) -> Result<
-        Option<impl Stream<Item = Result<Bytes, std::convert::Infallible>> + Send>,
-        GatewayError,
-    > {
+    ) -> Result<Option<BoxStream<'static, Result<Bytes, std::convert::Infallible>>>, GatewayError>
+    {
         let from = match last_event_id.map(str::trim) {
             None | Some("") => 0,
             // Reconnecting after the last event: nothing more will come.
             Some(events::END_ID) => {
-                self.entry(id, tenant)?;
+                self.exists(id, tenant).await?;
                 return Ok(None);
             }
             Some(v) => v.parse::<usize>().map_err(|_| {
@@ -280,7 +333,20 @@ impl Jobs {
                 )
             })?,
         };
-        Ok(Some(events::stream(self.entry(id, tenant)?, from)))
+        if let Some(shared) = &self.0.shared {
+            shared.check(id, tenant).await?;
+            let stream = shared::stream(shared.clone(), id.to_owned(), from);
+            return Ok(Some(stream.boxed()));
+        }
+        Ok(Some(events::stream(self.entry(id, tenant)?, from).boxed()))
+    }
+
+    /// Whether job `id` exists for `tenant` (404 otherwise).
+    async fn exists(&self, id: &str, tenant: Option<&Tenant>) -> Result<(), GatewayError> {
+        match &self.0.shared {
+            Some(shared) => shared.check(id, tenant).await,
+            None => self.entry(id, tenant).map(drop),
+        }
     }
 
     /// Ends `entry` (from queued or running) and sends its webhook.
@@ -294,12 +360,13 @@ impl Jobs {
             s.status = match &how {
                 Ended::Done(_) => Status::Done,
                 Ended::Failed(..) => Status::Failed,
-                Ended::Cancelled => Status::Cancelled,
+                // In process, a job handed back at shutdown has nowhere to go.
+                Ended::Cancelled | Ended::HandedBack => Status::Cancelled,
             };
             match how {
                 Ended::Done(answer) => s.answer = Some(answer),
                 Ended::Failed(code, message) => s.error = Some((code, message)),
-                Ended::Cancelled => {}
+                Ended::Cancelled | Ended::HandedBack => {}
             }
             s.finished = Some(now);
             let text_bytes = s.text.len() as u64;
@@ -327,12 +394,34 @@ impl Jobs {
 
 impl Divert for Jobs {
     fn has_room(&self, bytes: usize) -> bool {
-        self.has_room(&self.store(), bytes as u64)
+        match &self.0.shared {
+            Some(shared) => shared.has_room(&self.0.config, bytes as u64),
+            None => self.has_room(&self.store(), bytes as u64),
+        }
     }
 
-    fn divert(&self, ready: Ready, record: RequestRecord) -> Result<Value, GatewayError> {
-        self.adopt(ready, record, None)
+    fn divert(
+        &self,
+        ready: Ready,
+        record: RequestRecord,
+    ) -> BoxFuture<'_, Result<Value, GatewayError>> {
+        Box::pin(async move {
+            match &self.0.shared {
+                Some(shared) => self.adopt_shared(shared, ready, record, None).await,
+                None => self.adopt(ready, record, None),
+            }
+        })
     }
+}
+
+/// The answer to an accepted job: its id and URLs.
+fn accepted(id: &str) -> Value {
+    json!({
+        "id": id,
+        "status": Status::Queued.as_str(),
+        "status_url": format!("/jobs/{id}"),
+        "events_url": format!("/jobs/{id}/events"),
+    })
 }
 
 /// How a job ended.
@@ -340,4 +429,7 @@ enum Ended {
     Done(Answer),
     Failed(&'static str, String),
     Cancelled,
+    /// Shared store only: the gateway is shutting down; the job goes back to the queue for
+    /// another replica.
+    HandedBack,
 }

@@ -10,10 +10,11 @@ use tokio::time::Instant;
 use super::entry::{Answer, Entry, Status};
 use super::{Ended, Jobs};
 use crate::admission::LaneGuard;
+use crate::classify::Classification;
 use crate::error::GatewayError;
 use crate::lane::Lane;
 use crate::pipeline::{self, Ready};
-use crate::relay::Format;
+use crate::relay::{Collected, Format};
 use crate::telemetry::RequestRecord;
 
 /// Starts queued jobs while the head of the queue finds idle capacity; sleeps until a job is
@@ -105,17 +106,8 @@ async fn run(jobs: Jobs, entry: Arc<Entry>, work: (Ready, RequestRecord), guard:
         biased;
         r = streamed => match r {
             Ok(all) => {
-                let usage = all.usage;
                 let pieces = entry.lock().ends.len();
-                Ended::Done(Answer {
-                    finish_reason: all.finish_reason,
-                    usage: json!({
-                        "input_tokens": usage.map_or(class.input_tokens_estimate, |u| u.prompt_tokens),
-                        "output_tokens": usage.map_or(pieces as u32, |u| u.completion_tokens),
-                        "cached_tokens": usage.and_then(|u| u.cached_tokens).unwrap_or(0),
-                    }),
-                    timings: all.timings,
-                })
+                Ended::Done(answer(all, &class, pieces))
             }
             Err(e) => failed(&e),
         },
@@ -125,7 +117,22 @@ async fn run(jobs: Jobs, entry: Arc<Entry>, work: (Ready, RequestRecord), guard:
     jobs.end(&entry, ended);
 }
 
-fn failed(e: &GatewayError) -> Ended {
+/// A finished stream's answer: its finish reason, usage (the engine's, or the estimate and the
+/// `pieces` streamed when it sent none) and timings.
+pub(super) fn answer(all: Collected, class: &Classification, pieces: usize) -> Answer {
+    let usage = all.usage;
+    Answer {
+        finish_reason: all.finish_reason,
+        usage: json!({
+            "input_tokens": usage.map_or(class.input_tokens_estimate, |u| u.prompt_tokens),
+            "output_tokens": usage.map_or(pieces as u32, |u| u.completion_tokens),
+            "cached_tokens": usage.and_then(|u| u.cached_tokens).unwrap_or(0),
+        }),
+        timings: all.timings,
+    }
+}
+
+pub(super) fn failed(e: &GatewayError) -> Ended {
     tracing::warn!(code = e.code(), error = %e.log_summary(), "job failed");
     Ended::Failed(e.code(), e.message())
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 use rand::Rng;
 use serde_json::Value;
 
-use super::entry::{unix, Attempt, Entry};
+use super::entry::{unix, Attempt, Entry, Webhook};
 use super::Jobs;
 use crate::config::WebhookPattern;
 use crate::error::GatewayError;
@@ -68,16 +68,32 @@ pub fn signature(secret: &[u8], t: u64, body: &[u8]) -> String {
 /// Delivers `entry`'s result to its `notify` URL, retrying as configured; each attempt is
 /// recorded in the job and counted.
 pub async fn deliver(jobs: Jobs, entry: Arc<Entry>) {
-    let inner = &jobs.0;
-    let config = &inner.config;
     let Some(url) = entry.lock().notify.clone() else {
         return;
     };
+    let body = entry.view(None).to_string();
+    send(&jobs, &entry.id, url, body, |webhook| {
+        entry.update(|s| s.webhook = webhook);
+        async {}
+    })
+    .await;
+}
+
+/// POSTs `body`, job `id`'s result, to `url`, signed and retried as configured; after each
+/// attempt `record` gets the webhook's state so far (kept with the job) and the attempt is
+/// counted.
+pub async fn send<F, Fut>(jobs: &Jobs, id: &str, url: reqwest::Url, body: String, mut record: F)
+where
+    F: FnMut(Webhook) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let inner = &jobs.0;
+    let config = &inner.config;
     let Some(secret) = config.webhook_secret.as_ref().map(|s| s.expose()) else {
         return;
     };
-    let body = entry.view(None).to_string();
     let metrics = inner.state.metrics().jobs();
+    let mut webhook = Webhook::default();
     let mut backoff = config.webhook_backoff;
     for attempt in 1..=config.webhook_attempts {
         let at = SystemTime::now();
@@ -89,7 +105,7 @@ pub async fn deliver(jobs: Jobs, entry: Arc<Entry>) {
             .http
             .post(url.clone())
             .header("content-type", "application/json")
-            .header("x-tutor-job-id", &entry.id)
+            .header("x-tutor-job-id", id)
             .header(
                 SIGNATURE_HEADER,
                 signature(secret.as_bytes(), t, body.as_bytes()),
@@ -104,23 +120,22 @@ pub async fn deliver(jobs: Jobs, entry: Arc<Entry>) {
         };
         let delivered = status.is_some_and(|s| (200..300).contains(&s));
         let last = attempt == config.webhook_attempts;
-        entry.update(|s| {
-            s.webhook.attempts.push(Attempt {
-                at: unix(at),
-                status,
-                error,
-            });
-            if delivered || last {
-                s.webhook.delivered = Some(delivered);
-            }
+        webhook.attempts.push(Attempt {
+            at: unix(at),
+            status,
+            error,
         });
+        if delivered || last {
+            webhook.delivered = Some(delivered);
+        }
+        record(webhook.clone()).await;
         let outcome = match (delivered, last) {
             (true, _) => "delivered",
             (false, false) => "retried",
             (false, true) => "failed",
         };
         metrics.webhook(outcome);
-        tracing::info!(job = %entry.id, attempt, status, error, outcome, "webhook attempt");
+        tracing::info!(job = %id, attempt, status, error, outcome, "webhook attempt");
         if delivered || last {
             return;
         }

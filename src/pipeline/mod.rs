@@ -86,7 +86,11 @@ pub trait Divert: Send + Sync {
     fn has_room(&self, bytes: usize) -> bool;
 
     /// Takes `ready` and its `record` as a job.
-    fn divert(&self, ready: Ready, record: RequestRecord) -> Result<Value, GatewayError>;
+    fn divert(
+        &self,
+        ready: Ready,
+        record: RequestRecord,
+    ) -> futures::future::BoxFuture<'_, Result<Value, GatewayError>>;
 }
 
 /// What [`start`] made of a request: its stream, or the job it became.
@@ -266,7 +270,7 @@ pub async fn start(
             .map(Started::Relay),
         Ok((ready, Err(divert))) => {
             tracing::info!(request_id = %record.request_id(), "diverted to a job after waiting");
-            divert.divert(ready, record).map(Started::Job)
+            divert.divert(ready, record).await.map(Started::Job)
         }
         Err(e) => Err(refused(record, e)),
     }
@@ -294,6 +298,52 @@ impl Ready {
     /// Whose request it is.
     pub fn tenant(&self) -> Option<&Tenant> {
         self.tenant.as_ref()
+    }
+
+    /// What a job in a shared store keeps of it, so that any replica can send it: the engine's
+    /// endpoint and body, the classification, the prefill reservation, the size and the
+    /// tenant. Not the session's reservation: it is given back at submission (the stored job
+    /// is settled without it wherever it runs).
+    pub fn stored(&self) -> Value {
+        let c = &self.class;
+        serde_json::json!({
+            "endpoint": self.endpoint.path(),
+            "body": self.body,
+            "lane": c.lane.as_str(),
+            "input_tokens_estimate": c.input_tokens_estimate,
+            "output_budget": c.output_budget,
+            "work": c.work,
+            "exact": c.exact,
+            "prefill": self.prefill,
+            "size": self.size,
+            "tenant": self.tenant.as_ref().map(|t| &t.0),
+        })
+    }
+
+    /// A request [`Ready::stored`] kept; `None` when `v` is not one.
+    pub fn from_stored(v: &Value) -> Option<Ready> {
+        let endpoint = [Endpoint::ChatCompletions, Endpoint::Completions]
+            .into_iter()
+            .find(|e| v["endpoint"].as_str() == Some(e.path()))?;
+        let lane = Lane::ALL
+            .into_iter()
+            .find(|l| v["lane"].as_str() == Some(l.as_str()))?;
+        let n = |k: &str| v[k].as_u64().and_then(|n| u32::try_from(n).ok());
+        Some(Ready {
+            endpoint,
+            body: v["body"].as_object()?.clone(),
+            class: Classification {
+                lane,
+                input_tokens_estimate: n("input_tokens_estimate")?,
+                output_budget: n("output_budget")?,
+                work: n("work")?,
+                exact: v["exact"].as_bool()?,
+            },
+            prefill: n("prefill")?,
+            size: v["size"].as_u64()? as usize,
+            hold: None,
+            tenant: v["tenant"].as_str().map(|t| Tenant(t.to_owned())),
+        })
     }
 }
 

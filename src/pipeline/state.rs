@@ -114,6 +114,18 @@ impl AppState {
         )
     }
 
+    /// [`AppState::record`] under a given request id (a job run by another replica than the
+    /// one that took it keeps the job's id as its request id).
+    pub fn record_as(&self, route: Route, request_id: String) -> RequestRecord {
+        RequestRecord::new(
+            self.0.metrics.clone(),
+            self.0.request_log.clone(),
+            route,
+            request_id,
+            tokio::time::Instant::now(),
+        )
+    }
+
     /// The validated configuration.
     pub fn config(&self) -> &Config {
         &self.0.config

@@ -99,6 +99,11 @@ impl JobMetrics {
         }
     }
 
+    /// Sets the jobs with `status` to `n` (the shared store's fleet-wide counts).
+    pub fn set(&self, status: &str, n: i64) {
+        self.jobs.with_label_values(&[status]).set(n);
+    }
+
     /// Jobs kept now with `status`.
     pub fn count(&self, status: &str) -> i64 {
         self.jobs.with_label_values(&[status]).get()

@@ -190,6 +190,13 @@ impl RequestRecord {
         }
     }
 
+    /// Lets the record go without counting it: the request lives on under another record (a
+    /// job kept in the shared store is sent, and counted, by the run that takes it, whose span
+    /// continues this one's trace). Its span ends here.
+    pub fn hand_over(mut self) {
+        self.done = true;
+    }
+
     /// Ends the record: metrics, span attributes, request log line. Later calls do nothing.
     /// `error_code` names the error of a failed request; `up` is what the upstream stream knew.
     pub fn finish(

@@ -1,6 +1,7 @@
 //! Redis key names. All share the hash tag `{quota}`, so every script's keys live in one
-//! Cluster slot: `<prefix>:{quota}:expiry`, `:leases`, `:usage`, and the pub/sub channel
-//! `<prefix>:{quota}:released`.
+//! Cluster slot: `<prefix>:{quota}:expiry`, `:leases`, `:usage`, `:waiting:large`, the pub/sub
+//! channel `<prefix>:{quota}:released`, and the background jobs' keys (`:jobs:*`, `:job:<id>`,
+//! see `crate::jobs`), which some scripts change together with the quota's.
 
 use redis::{Script, ScriptInvocation};
 
@@ -15,6 +16,11 @@ pub struct Keys {
     pub usage: String,
     /// Pub/sub channel: a lane name is published each time a lease of it is released.
     pub released: String,
+    /// ZSET replica -> until when (Redis server ms) it has an interactive large request
+    /// waiting: background work starts only while it is empty.
+    pub waiting_large: String,
+    /// The prefix every key shares (`<prefix>:{quota}`), for the keys of other modules.
+    pub base: String,
     /// Prefix of the per-session output counters (`<prefix>:{quota}:session:<hash>`, STRING
     /// with a TTL of the continuation window); the hash is of the session id, never the id.
     pub session: String,
@@ -29,17 +35,20 @@ impl Keys {
             leases: key("leases"),
             usage: key("usage"),
             released: key("released"),
+            waiting_large: key("waiting:large"),
+            base: format!("{prefix}:{{quota}}"),
             session: key("session"),
         }
     }
 
     /// An invocation of `script` with the keys every quota script takes, in order.
-    pub(super) fn with_keys<'a>(&self, script: &'a Script) -> ScriptInvocation<'a> {
+    pub(crate) fn with_keys<'a>(&self, script: &'a Script) -> ScriptInvocation<'a> {
         let mut call = script.prepare_invoke();
         call.key(&self.expiry)
             .key(&self.leases)
             .key(&self.usage)
-            .key(&self.released);
+            .key(&self.released)
+            .key(&self.waiting_large);
         call
     }
 }

@@ -188,6 +188,30 @@ impl RedisAdmission {
         self.shared.connection()
     }
 
+    /// [`RedisAdmission::connection`], waiting up to 2 s for the first connection of a
+    /// replica that just started (as a first acquire does).
+    pub async fn connection_ready(&self) -> Option<redis::aio::ConnectionManager> {
+        if self.shared.connection().is_none() && !self.shared.degraded() {
+            let mut conn = self.shared.conn.subscribe();
+            let _ = tokio::time::timeout(FIRST_CONNECT_WAIT, conn.wait_for(Option::is_some)).await;
+        }
+        self.connection()
+    }
+
+    /// The Redis client (for a module's own pub/sub subscription).
+    pub fn client(&self) -> &redis::Client {
+        &self.shared.client
+    }
+
+    /// The lease lifetime unless renewed and the heartbeat interval (other modules' leases in
+    /// Redis, such as a job's runner, follow the same rhythm).
+    pub fn lease_timing(&self) -> (Duration, Duration) {
+        (
+            Duration::from_millis(self.shared.ttl_ms),
+            self.shared.heartbeat,
+        )
+    }
+
     /// The Redis keys this replica uses.
     pub fn keys(&self) -> &Keys {
         &self.shared.keys
@@ -251,7 +275,7 @@ impl RedisAdmission {
         let line = self.shared.line(lane, prompt);
         let mut prefill_blocked = None;
         if line.waiting() == 0 {
-            match self.shared.try_take(lane, tokens, prompt).await {
+            match self.shared.try_take(lane, tokens, prompt, false).await {
                 Take::Granted(id) => return Ok(self.guard(id, &ask, Duration::ZERO, None)),
                 Take::Refused(verdict) => {
                     if verdict == Verdict::PrefillFull {
@@ -272,7 +296,7 @@ impl RedisAdmission {
             let _turn = line.head().await;
             let mut backoff = queue::LaneQueue::first_backoff();
             loop {
-                match self.shared.try_take(lane, tokens, prompt).await {
+                match self.shared.try_take(lane, tokens, prompt, true).await {
                     Take::Granted(id) => {
                         let waited = ask.started.elapsed();
                         return Ok(self.guard(id, &ask, waited, prefill_blocked));
@@ -295,6 +319,80 @@ impl RedisAdmission {
                 waited: ask.started.elapsed(),
             }),
         }
+    }
+
+    /// Runs `script`, a script of another module built on the quota prelude that may take a
+    /// lease with its `take_lease` (background jobs start this way: the job and its seat in
+    /// one atomic step). Its KEYS are the quota's five, then `keys`; its ARGV are the acquire
+    /// script's first ten (a lease in `lane` of `tokens` with a prefill reservation of
+    /// `prompt`, under this replica's limits), then `args`. It answers `{status, reaped,
+    /// rest...}`; status 1 means the lease was taken: it is this replica's from then on,
+    /// renewed by its heartbeat, and comes back as a guard with `rest`. Any other status comes
+    /// back as `Err(status)`. `None` while Redis is unreachable (the caller tries again later).
+    /// The lease id (ARGV[1]) comes back too: a script may use it as a token of the work it
+    /// started.
+    pub async fn take_with(
+        &self,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[String],
+        (lane, tokens, prompt): (Lane, u32, u32),
+    ) -> Option<Result<Taken, i64>> {
+        if self.shared.degraded() {
+            return None;
+        }
+        let mut conn = self.shared.connection()?;
+        let id = self.shared.next_lease_id();
+        let limits = &self.shared.limits;
+        let lane_quota = limits.lanes[lane.index()];
+        let mut call = self.shared.keys.with_keys(script);
+        for key in keys {
+            call.key(*key);
+        }
+        call.arg(&id)
+            .arg(lane.as_str())
+            .arg(tokens)
+            .arg(self.shared.ttl_ms)
+            .arg(lane_quota.max_requests)
+            .arg(lane_quota.max_tokens)
+            .arg(limits.global_tokens)
+            .arg(prompt)
+            .arg(limits.prefill.budget)
+            .arg(limits.prefill.long_prompt);
+        for arg in args {
+            call.arg(arg);
+        }
+        let started = Instant::now();
+        let reply: Result<Vec<i64>, _> = call.invoke_async(&mut conn).await;
+        self.shared
+            .metrics
+            .observe("job_take", started.elapsed().as_secs_f64());
+        let mut reply = match reply {
+            Ok(r) if r.len() >= 2 => r,
+            Ok(_) => return Some(Err(0)),
+            Err(err) => {
+                self.shared.failed("job_take", &err);
+                return None;
+            }
+        };
+        self.shared.metrics.reaped(reply[1].max(0) as u64);
+        if reply[0] != 1 {
+            return Some(Err(reply[0]));
+        }
+        self.shared.hold(&id, lane, tokens, prompt);
+        let rest = reply.split_off(2);
+        let ask = Asked {
+            lane,
+            tokens,
+            prompt,
+            long: self.shared.waits_for_prefill(prompt),
+            started: Instant::now(),
+        };
+        Some(Ok(Taken {
+            guard: self.guard(id.clone(), &ask, Duration::ZERO, None),
+            lease: id,
+            rest,
+        }))
     }
 
     /// Stops the background tasks after giving back what dropped guards already sent.
@@ -344,6 +442,17 @@ impl RedisAdmission {
         LaneGuard::new(Box::new(release), ask.lane, ask.tokens, waited)
             .with_prefill(ask.prompt, prefill_wait)
     }
+}
+
+/// What [`RedisAdmission::take_with`] took.
+#[derive(Debug)]
+pub struct Taken {
+    /// The lease, as a guard.
+    pub guard: LaneGuard,
+    /// The lease's id.
+    pub lease: String,
+    /// The rest of the script's reply.
+    pub rest: Vec<i64>,
 }
 
 /// One acquire's request, as its guard needs it.

@@ -67,6 +67,13 @@ pub struct Ask<'a> {
     pub prompt: u32,
     /// Lease lifetime unless renewed, ms.
     pub ttl_ms: u64,
+    /// Large lane only (0 elsewhere): how long a refused call marks `replica` as having a large
+    /// request waiting, ms (background work waits while any replica is marked).
+    pub wait_mark_ms: u64,
+    /// The replica's id, the mark's member.
+    pub replica: &'a str,
+    /// More of this replica's requests of the lane wait behind this one (a grant keeps the mark).
+    pub others_waiting: bool,
 }
 
 /// The limits the acquire script checks for one call.
@@ -152,6 +159,9 @@ impl Scripts {
             .arg(ask.prompt)
             .arg(limits.prefill.budget)
             .arg(limits.prefill.long_prompt)
+            .arg(ask.wait_mark_ms)
+            .arg(ask.replica)
+            .arg(u8::from(ask.others_waiting))
             .invoke_async(conn)
             .await?;
         Ok(TakeReply::decode(reply))

@@ -19,6 +19,11 @@ use crate::admission::guard::Reservation;
 use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
 
+/// How long a refused large-lane acquire marks this replica as having a large request waiting,
+/// ms: longer than a line head's longest backoff (250 ms) between two tries, so the mark holds
+/// while anyone waits, and short enough that a crashed replica's mark holds jobs back briefly.
+const WAIT_MARK_MS: u64 = 1_000;
+
 /// A lease this replica holds.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Held {
@@ -174,6 +179,27 @@ impl Shared {
         }
     }
 
+    /// A new lease id (`<replica>:<n>`).
+    pub fn next_lease_id(&self) -> String {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        format!("{}:{n}", self.replica)
+    }
+
+    /// Books lease `id` as this replica's (renewed by the heartbeat from now on).
+    pub fn hold(&self, id: &str, lane: Lane, tokens: u32, prompt: u32) {
+        let held = Held {
+            lane,
+            tokens,
+            prefill: prompt,
+        };
+        self.held().insert(id.to_owned(), held);
+    }
+
+    /// Requests of `lane` waiting in this replica's lines.
+    pub fn waiting_in(&self, lane: Lane) -> u32 {
+        self.queues[lane.index()].waiting() + self.long_lines[lane.index()].waiting()
+    }
+
     /// Wakes the heads a release in `lane` may let in: both of its lines, and every long line
     /// when prefill room came back.
     pub fn notify(&self, lane: Option<Lane>, prefill: bool) {
@@ -189,20 +215,24 @@ impl Shared {
     }
 
     /// Runs the acquire script once for a slot and `tokens` in `lane` and a prefill
-    /// reservation of `prompt` tokens.
-    pub async fn try_take(&self, lane: Lane, tokens: u32, prompt: u32) -> Take {
+    /// reservation of `prompt` tokens; `in_line`: the caller holds a place in one of the lane's
+    /// lines (a large request refused, or granted with others behind it, keeps this replica's
+    /// "large request waiting" mark, which holds background jobs back).
+    pub async fn try_take(&self, lane: Lane, tokens: u32, prompt: u32, in_line: bool) -> Take {
         let Some(mut conn) = self.connection() else {
             self.set_degraded(true);
             return Take::Down;
         };
-        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let id = format!("{}:{n}", self.replica);
+        let id = self.next_lease_id();
         let ask = Ask {
             id: &id,
             lane,
             tokens,
             prompt,
             ttl_ms: self.ttl_ms,
+            wait_mark_ms: if lane == Lane::Large { WAIT_MARK_MS } else { 0 },
+            replica: &self.replica,
+            others_waiting: self.waiting_in(lane) > u32::from(in_line),
         };
         let limits = AcquireLimits {
             lane: self.limits.lanes[lane.index()],
@@ -220,12 +250,7 @@ impl Shared {
             Ok(TakeReply { verdict, reaped }) => {
                 self.metrics.reaped(reaped);
                 if verdict == Verdict::Granted {
-                    let held = Held {
-                        lane,
-                        tokens,
-                        prefill: prompt,
-                    };
-                    self.held().insert(id.clone(), held);
+                    self.hold(&id, lane, tokens, prompt);
                     Take::Granted(id)
                 } else {
                     Take::Refused(verdict)

@@ -87,6 +87,9 @@ impl Fixture {
             tokens,
             prompt,
             ttl_ms: ttl,
+            wait_mark_ms: 0,
+            replica: "test",
+            others_waiting: false,
         };
         let limits = AcquireLimits {
             lane: quota,

@@ -1,0 +1,32 @@
+-- tg jobs v2: submit. Queues a job when the store has room.
+-- ARGV: base, id, tenant ("" = none), share, max_jobs, max_bytes, bytes, field, value, ...
+--   bytes: what the job keeps (its request), counted against max_bytes; field/value: the
+--   job's record (request, classification, notify URL, traceparent...).
+-- Reply: 1 queued, 0 the store is full (max_jobs live jobs, or max_bytes), -1 the id exists.
+local base, id, tenant = ARGV[1], ARGV[2], ARGV[3]
+local share, max_jobs = tonumber(ARGV[4]), tonumber(ARGV[5])
+local max_bytes, bytes = tonumber(ARGV[6]), tonumber(ARGV[7])
+local live = 0
+for _, s in ipairs({ 'queued', 'running', 'done', 'failed', 'cancelled' }) do
+  live = live + meta_number('n:' .. s)
+end
+if live + 1 > max_jobs or meta_number('bytes') + bytes > max_bytes then
+  return 0
+end
+if redis.call('EXISTS', KEYS[10]) == 1 then
+  return -1
+end
+local last = meta_number('t:' .. tenant)
+local tag = tostring(math.max(meta_number('vtime'), last) + 1 / share)
+redis.call('HSET', KEYS[9], 't:' .. tenant, tag)
+redis.call('ZADD', KEYS[6], tag, id)
+local now = now_ms()
+redis.call('HSET', KEYS[10], 'status', 'queued', 'submitted_ms', now, 'attempt', 0,
+  'tag', tag, 'tenant', tenant, 'bytes', bytes)
+for i = 8, #ARGV - 1, 2 do
+  redis.call('HSET', KEYS[10], ARGV[i], ARGV[i + 1])
+end
+redis.call('HINCRBY', KEYS[9], 'bytes', bytes)
+recount(nil, 'queued')
+announce(base, id)
+return 1

@@ -1,0 +1,447 @@
+//! Jobs in Redis (`quota.backend = "redis"`): every replica reads, follows and cancels any job,
+//! and any replica runs one; a job whose gateway dies runs again elsewhere.
+//!
+//! # Data layout (under the quota's `<prefix>:{quota}`, so one hash slot)
+//! - `:jobs:queue` ZSET job id -> start tag (the same start-time fair queuing as in process:
+//!   oldest first within a tenant, tenants in turns by `auth.tenant_shares`).
+//! - `:jobs:running` ZSET job id -> until when its runner's lease holds (Redis server ms).
+//! - `:jobs:ended` ZSET job id -> when it ended (then when it expired).
+//! - `:jobs:meta` HASH the queue's virtual time, each tenant's last tag, the bytes kept, and
+//!   the jobs per status (`n:<status>`).
+//! - `:job:<id>` HASH one job: `status`, `tenant`, `request` (the classified request as
+//!   [`crate::pipeline::Ready::stored`] keeps it), `work`, `prefill`, `lane`, `input`,
+//!   `output_budget`, `notify`, `traceparent`, `submitted_ms`, `started_ms`, `finished_ms`,
+//!   `attempt` (runs so far), `runner` (the running lease's id), `cancel`, `answer`, `error`,
+//!   `webhook`, `bytes`, `tag`. `:job:<id>:text` LIST its streamed pieces.
+//! - `:jobs:changed` pub/sub channel: a job id whenever that job changed, `cancel <id>` when a
+//!   running job's cancel is asked.
+//!
+//! Every change is one Lua script (`lua/jobs_*_v2.lua`, after the quota prelude): submit (with
+//! the store's bounds), take (the queue's head starts and takes its large-lane seat in the same
+//! step, only out of idle capacity: see [`runner`]), push (pieces, only from the run that owns
+//! the job), end, cancel, and beat.
+//!
+//! # Runners and crashes
+//! The run that takes a job owns it through its token (the lease id of its seat); it renews a
+//! runner lease (`:jobs:running`) every `quota.heartbeat_ms`. When that stops, the next beat of
+//! any replica puts the job back at the front of the queue (its text starts over; an event
+//! stream says `restarted`), up to `jobs.max_attempts` runs in all, then fails it with
+//! `runner_lost`. A run that lost its job (it was slow, its lease expired and the job runs
+//! elsewhere) can no longer write it: pushes and the end are refused, so a job ends once. A
+//! gateway shutting down hands its running jobs back to the queue instead of cancelling them.
+//!
+//! # Known limits
+//! A webhook is delivered by the gateway that ended the job; if that gateway dies during the
+//! retries, the remaining attempts are not made. The session reservation of a job with a
+//! `session_id` is given back at submission (the run is not counted in the session).
+
+mod events;
+pub(super) mod runner;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{Script, ScriptInvocation};
+use serde_json::{json, Value};
+use tokio::sync::{broadcast, Notify};
+use tokio_util::sync::CancellationToken;
+
+pub(super) use events::stream;
+
+use super::entry::{Status, Webhook};
+use crate::admission::RedisAdmission;
+use crate::config::JobsConfig;
+use crate::error::GatewayError;
+use crate::pipeline::{Ready, Tenant};
+
+macro_rules! jobs_script {
+    ($name:literal) => {
+        Script::new(concat!(
+            include_str!("../../../lua/quota_common_v2.lua"),
+            "\n",
+            include_str!("../../../lua/jobs_common_v2.lua"),
+            "\n",
+            include_str!(concat!("../../../lua/", $name))
+        ))
+    };
+}
+
+/// The jobs scripts, loaded once.
+#[derive(Debug)]
+pub(super) struct Scripts {
+    submit: Script,
+    pub take: Script,
+    push: Script,
+    end: Script,
+    cancel: Script,
+    beat: Script,
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Self {
+            submit: jobs_script!("jobs_submit_v2.lua"),
+            take: jobs_script!("jobs_take_v2.lua"),
+            push: jobs_script!("jobs_push_v2.lua"),
+            end: jobs_script!("jobs_end_v2.lua"),
+            cancel: jobs_script!("jobs_cancel_v2.lua"),
+            beat: jobs_script!("jobs_beat_v2.lua"),
+        }
+    }
+}
+
+/// A job this replica runs.
+#[derive(Debug, Clone)]
+pub(super) struct Run {
+    /// Its token (the seat's lease id): what the scripts check before it writes the job.
+    pub token: String,
+    /// Cancelled by `DELETE` (from any replica) or when the job was lost to another run.
+    pub cancel: CancellationToken,
+}
+
+/// The shared job store of one replica: its keys, scripts, the announcements it receives and
+/// the jobs it runs.
+#[derive(Debug)]
+pub(super) struct SharedJobs {
+    pub admission: RedisAdmission,
+    /// `<prefix>:{quota}`.
+    pub base: String,
+    queue: String,
+    running_key: String,
+    ended: String,
+    meta: String,
+    /// `:jobs:changed`.
+    pub channel: String,
+    pub scripts: Scripts,
+    /// Every announcement on `:jobs:changed` (job ids; `cancel <id>`), for event streams,
+    /// cancels and runs waiting on a job.
+    pub changes: broadcast::Sender<Arc<str>>,
+    /// The jobs this replica runs, by id.
+    running: Mutex<HashMap<String, Run>>,
+    /// The fleet's live jobs and bytes as of the last beat (a diverted `/answer` asks whether
+    /// a job would be taken without a round trip).
+    pub last: Mutex<(usize, u64)>,
+    /// Wakes the scheduler: a seat came back somewhere, or a job was queued.
+    pub wake: Notify,
+    /// `jobs.result_ttl`, ms.
+    pub result_ttl_ms: u64,
+}
+
+/// One job's record as read from Redis.
+pub(super) type Fields = HashMap<String, String>;
+
+impl SharedJobs {
+    pub fn new(admission: RedisAdmission, config: &JobsConfig) -> Self {
+        let base = admission.keys().base.clone();
+        let key = |name: &str| format!("{base}:{name}");
+        Self {
+            queue: key("jobs:queue"),
+            running_key: key("jobs:running"),
+            ended: key("jobs:ended"),
+            meta: key("jobs:meta"),
+            channel: key("jobs:changed"),
+            base,
+            admission,
+            scripts: Scripts::default(),
+            changes: broadcast::channel(1024).0,
+            running: Mutex::new(HashMap::new()),
+            last: Mutex::new((0, 0)),
+            wake: Notify::new(),
+            result_ttl_ms: u64::try_from(config.result_ttl.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
+    pub fn running(&self) -> MutexGuard<'_, HashMap<String, Run>> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A connection, or 503 `job_store_unavailable` while Redis is unreachable.
+    pub async fn conn(&self) -> Result<ConnectionManager, GatewayError> {
+        self.admission
+            .connection_ready()
+            .await
+            .ok_or(GatewayError::JobStoreDown)
+    }
+
+    pub fn job_key(&self, id: &str) -> String {
+        format!("{}:job:{id}", self.base)
+    }
+
+    pub fn text_key(&self, id: &str) -> String {
+        format!("{}:job:{id}:text", self.base)
+    }
+
+    /// The keys every jobs script takes after the quota's five, for job `id` (a placeholder
+    /// for scripts about many jobs).
+    pub fn keys(&self, id: Option<&str>) -> [String; 6] {
+        let id = id.unwrap_or("-");
+        [
+            self.queue.clone(),
+            self.running_key.clone(),
+            self.ended.clone(),
+            self.meta.clone(),
+            self.job_key(id),
+            self.text_key(id),
+        ]
+    }
+
+    /// The queue's key.
+    pub fn queue_key(&self) -> &str {
+        &self.queue
+    }
+
+    fn call<'a>(&self, script: &'a Script, id: Option<&str>) -> ScriptInvocation<'a> {
+        let mut call = self.admission.keys().with_keys(script);
+        for key in self.keys(id) {
+            call.key(key);
+        }
+        call.arg(&self.base);
+        call
+    }
+
+    /// Queues `ready` as job `id`: 429 `jobs_full` at the store's bounds.
+    pub async fn submit(
+        &self,
+        config: &JobsConfig,
+        id: &str,
+        ready: &Ready,
+        notify: Option<&reqwest::Url>,
+        traceparent: Option<String>,
+        share: f64,
+    ) -> Result<(), GatewayError> {
+        let mut conn = self.conn().await?;
+        let stored = ready.stored().to_string();
+        let class = &ready.class;
+        let mut call = self.call(&self.scripts.submit, Some(id));
+        call.arg(id)
+            .arg(ready.tenant().map_or("", |t| t.0.as_str()))
+            .arg(share)
+            .arg(config.max_jobs)
+            .arg(config.max_bytes)
+            .arg(stored.len())
+            .arg("request")
+            .arg(&stored)
+            .arg("work")
+            .arg(class.work)
+            .arg("prefill")
+            .arg(ready.prefill)
+            .arg("lane")
+            .arg(class.lane.as_str())
+            .arg("input")
+            .arg(class.input_tokens_estimate)
+            .arg("output_budget")
+            .arg(class.output_budget);
+        if let Some(url) = notify {
+            call.arg("notify").arg(url.as_str());
+        }
+        if let Some(tp) = traceparent {
+            call.arg("traceparent").arg(tp);
+        }
+        let queued: i64 = call
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| store_down("submit", &e))?;
+        match queued {
+            1 => {
+                self.wake.notify_one();
+                Ok(())
+            }
+            0 => Err(GatewayError::JobsFull),
+            _ => {
+                tracing::error!(job = %id, "a job with this id already exists");
+                Err(GatewayError::JobStoreDown)
+            }
+        }
+    }
+
+    /// Job `id`'s record, its queue position and its pieces, if `tenant` may see it.
+    async fn read(
+        &self,
+        id: &str,
+        tenant: Option<&Tenant>,
+    ) -> Result<(Fields, Option<usize>, Vec<String>), GatewayError> {
+        let mut conn = self.conn().await?;
+        let (fields, rank, pieces): (Fields, Option<usize>, Vec<String>) = redis::pipe()
+            .atomic()
+            .hgetall(self.job_key(id))
+            .zrank(&self.queue, id)
+            .lrange(self.text_key(id), 0, -1)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| store_down("read", &e))?;
+        if fields.is_empty() || !visible(&fields, tenant) {
+            return Err(GatewayError::JobNotFound);
+        }
+        Ok((fields, rank, pieces))
+    }
+
+    /// `GET /jobs/{id}`.
+    pub async fn status(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
+        let (fields, rank, pieces) = self.read(id, tenant).await?;
+        Ok(view(id, &fields, rank, &pieces))
+    }
+
+    /// Job `id`'s status now (`None`: no such job, or Redis is unreachable).
+    pub async fn status_of(&self, id: &str) -> Option<Status> {
+        let mut conn = self.conn().await.ok()?;
+        let status: Option<String> = redis::cmd("HGET")
+            .arg(self.job_key(id))
+            .arg("status")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        Status::parse(&status?)
+    }
+
+    /// `DELETE /jobs/{id}`: a queued job ends at once; a running one (on any replica) when its
+    /// runner has dropped its stream (waited for, briefly). A job that ended otherwise: 409.
+    pub async fn cancel(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
+        self.read(id, tenant).await?;
+        let mut changes = self.changes.subscribe();
+        let mut conn = self.conn().await?;
+        let mut call = self.call(&self.scripts.cancel, Some(id));
+        call.arg(id).arg(self.result_ttl_ms);
+        let after: String = call
+            .invoke_async(&mut conn)
+            .await
+            .map_err(|e| store_down("cancel", &e))?;
+        let mut status = Status::parse(&after).ok_or(GatewayError::JobNotFound)?;
+        if status == Status::Running {
+            // Its runner, here or elsewhere, is told through the channel.
+            if let Some(run) = self.running().get(id) {
+                run.cancel.cancel();
+            }
+            let wait = async {
+                loop {
+                    match self.status_of(id).await {
+                        Some(s) if s.is_final() => return s,
+                        _ => {}
+                    }
+                    let _ =
+                        tokio::time::timeout(Duration::from_millis(200), changed(&mut changes, id))
+                            .await;
+                }
+            };
+            if let Ok(s) = tokio::time::timeout(Duration::from_secs(5), wait).await {
+                status = s;
+            }
+        }
+        match status {
+            Status::Cancelled | Status::Running | Status::Queued => {}
+            other => return Err(GatewayError::JobFinished(other.as_str())),
+        }
+        self.status(id, tenant).await
+    }
+
+    /// Checks that job `id` exists for `tenant` (before its event stream starts).
+    pub async fn check(&self, id: &str, tenant: Option<&Tenant>) -> Result<(), GatewayError> {
+        let mut conn = self.conn().await?;
+        let owner: Option<String> = redis::cmd("HGET")
+            .arg(self.job_key(id))
+            .arg("tenant")
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| store_down("read", &e))?;
+        match owner {
+            Some(owner) if owner == tenant.map_or("", |t| t.0.as_str()) => Ok(()),
+            _ => Err(GatewayError::JobNotFound),
+        }
+    }
+
+    /// Whether a job of `bytes` would be taken, as of the last beat.
+    pub fn has_room(&self, config: &JobsConfig, bytes: u64) -> bool {
+        let (live, kept) = *self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        live < config.max_jobs && kept + bytes <= config.max_bytes
+    }
+
+    /// Keeps job `id`'s webhook state.
+    pub async fn set_webhook(&self, id: &str, webhook: &Webhook) {
+        let Ok(mut conn) = self.conn().await else {
+            return;
+        };
+        let _: Result<(), _> = redis::cmd("HSET")
+            .arg(self.job_key(id))
+            .arg("webhook")
+            .arg(webhook.to_json().to_string())
+            .query_async(&mut conn)
+            .await;
+    }
+}
+
+/// Whether `tenant` may see the job: its own tenant's, or any job when neither has one.
+fn visible(fields: &Fields, tenant: Option<&Tenant>) -> bool {
+    fields.get("tenant").map_or("", String::as_str) == tenant.map_or("", |t| t.0.as_str())
+}
+
+/// Waits until `id` is announced (or the channel lagged: something may have changed).
+pub(super) async fn changed(changes: &mut broadcast::Receiver<Arc<str>>, id: &str) {
+    loop {
+        match changes.recv().await {
+            Ok(what) if &*what == id => return,
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(_)) => return,
+            Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+        }
+    }
+}
+
+/// Logs a failed call to the job store; 503.
+pub(super) fn store_down(op: &str, err: &redis::RedisError) -> GatewayError {
+    tracing::warn!(op, error = %err, "job store call failed");
+    GatewayError::JobStoreDown
+}
+
+/// Milliseconds since the Unix epoch as seconds, from a record field.
+fn at(fields: &Fields, name: &str) -> Option<f64> {
+    fields
+        .get(name)
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|ms| ms / 1000.0)
+}
+
+fn number(fields: &Fields, name: &str) -> Option<u64> {
+    fields.get(name).and_then(|v| v.parse().ok())
+}
+
+fn parsed(fields: &Fields, name: &str) -> Option<Value> {
+    fields.get(name).and_then(|v| serde_json::from_str(v).ok())
+}
+
+/// The JSON of `GET /jobs/{id}` (and of the webhook) from a job's record: the same shape as
+/// in process, plus `runs` (how many times it started).
+pub(super) fn view(id: &str, f: &Fields, rank: Option<usize>, pieces: &[String]) -> Value {
+    let status = f
+        .get("status")
+        .and_then(|s| Status::parse(s))
+        .unwrap_or(Status::Queued);
+    let mut v = json!({
+        "id": id,
+        "status": status.as_str(),
+        "submitted_at": at(f, "submitted_ms"),
+        "started_at": at(f, "started_ms").filter(|_| status != Status::Queued),
+        "finished_at": at(f, "finished_ms"),
+        "lane": f.get("lane"),
+        "estimated_input_tokens": number(f, "input"),
+        "output_budget": number(f, "output_budget"),
+        "runs": number(f, "attempt").unwrap_or(0),
+    });
+    if let Some(p) = rank.filter(|_| status == Status::Queued) {
+        v["position"] = json!(p);
+    }
+    if status == Status::Running {
+        v["output_pieces"] = json!(pieces.len());
+    }
+    if let Some(mut answer) = parsed(f, "answer").filter(|_| status == Status::Done) {
+        answer["text"] = json!(pieces.concat());
+        v["answer"] = answer;
+    }
+    if let Some(error) = parsed(f, "error").filter(|_| status == Status::Failed) {
+        v["error"] = error;
+    }
+    if f.contains_key("notify") {
+        v["webhook"] = parsed(f, "webhook").unwrap_or_else(|| Webhook::default().to_json());
+    }
+    v
+}
