@@ -4,8 +4,9 @@
 --                                       tenants in turns by their shares)
 -- KEYS[7]  = <base>:jobs:running  ZSET  job id -> until when its runner's lease holds (server ms)
 -- KEYS[8]  = <base>:jobs:ended    ZSET  job id -> when it ended (and, once expired, when that was)
--- KEYS[9]  = <base>:jobs:meta     HASH  "vtime" (the fair queue's virtual time), "t:<tenant>"
---                                       (its last start tag), "bytes" (kept bodies and answers),
+-- KEYS[9]  = <base>:jobs:meta     HASH  "vtime" (the fair queue's virtual time: the start tag of
+--                                       the job started last), "t:<tenant>" (its last finish
+--                                       tag), "bytes" (kept bodies and answers),
 --                                       "n:<status>" (jobs per status)
 -- KEYS[10] = <base>:job:<id>      HASH  one job (scripts about many jobs pass a placeholder)
 -- KEYS[11] = <base>:job:<id>:text LIST  its streamed pieces, in order

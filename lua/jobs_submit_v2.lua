@@ -16,9 +16,11 @@ end
 if redis.call('EXISTS', KEYS[10]) == 1 then
   return -1
 end
-local last = meta_number('t:' .. tenant)
-local tag = tostring(math.max(meta_number('vtime'), last) + 1 / share)
-redis.call('HSET', KEYS[9], 't:' .. tenant, tag)
+-- Start-time fair queuing: the job's start tag is its tenant's last finish tag or the virtual
+-- time, whichever is later; its finish tag is that plus 1 / share.
+local start = math.max(meta_number('vtime'), meta_number('t:' .. tenant))
+local tag = tostring(start)
+redis.call('HSET', KEYS[9], 't:' .. tenant, tostring(start + 1 / math.max(share, 0.001)))
 redis.call('ZADD', KEYS[6], tag, id)
 local now = now_ms()
 redis.call('HSET', KEYS[10], 'status', 'queued', 'submitted_ms', now, 'attempt', 0,

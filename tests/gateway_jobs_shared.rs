@@ -560,3 +560,117 @@ async fn a_large_answer_that_waits_too_long_becomes_a_shared_job() {
     b.shutdown().await;
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_replica_that_shuts_down_hands_its_running_job_to_the_other() {
+    let redis = RedisServer::start();
+    let sim = sim(SLOW).await;
+    let a = gateway(config(&sim, &redis)).await;
+    let id = submit(&a.url(), &review(600)).await;
+    job_until(&a.url(), &id, "streaming on A", |v| {
+        v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) >= 3
+    })
+    .await;
+    let b = gateway(config(&sim, &redis)).await;
+    // A graceful shutdown does not cancel the job: it goes back to the queue, and B runs it.
+    a.shutdown().await;
+    let v = job_until(&b.url(), &id, "done on B", |v| v["status"] == "done").await;
+    assert_eq!(v["runs"], 2, "{v}");
+    assert_eq!(v["answer"]["usage"]["output_tokens"], 600);
+    quota_drains(&redis).await;
+    b.shutdown().await;
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn tenants_take_turns_in_the_shared_job_queue() {
+    const KEY: &str = "sk-tutor-cs101-0123456789";
+    const OTHER: &str = "sk-tutor-school-2-abcdef";
+    let redis = RedisServer::start();
+    let sim = sim(SLOW).await;
+    let mut c = config(&sim, &redis);
+    c.lanes.large.max_concurrency = 1.try_into().unwrap();
+    c.lanes.large.ceiling = 1.try_into().unwrap();
+    c.auth.enabled = true;
+    c.auth.keys = [(KEY, "cs101"), (OTHER, "school-2")]
+        .into_iter()
+        .map(|(key, tenant)| tutor_gateway::config::KeyEntry {
+            sha256: tutor_gateway::sign::sha256_hex(key.as_bytes()),
+            tenant: tenant.into(),
+        })
+        .collect();
+    let a = gateway(c.clone()).await;
+    let b = gateway(c).await;
+    let submit_as = |base: String, key: &'static str, out: u32| async move {
+        let resp = client()
+            .post(format!("{base}/jobs"))
+            .bearer_auth(key)
+            .json(&json!({"prompt": "review my repository", "max_output_tokens": out}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 202);
+        json(&resp.text().await.unwrap())["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let status = |base: String, id: String, key: &'static str| async move {
+        json(
+            &client()
+                .get(format!("{base}/jobs/{id}"))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        )
+    };
+    // cs101's first job takes the fleet's only large seat; four more of its jobs queue, on
+    // both replicas.
+    let first = submit_as(a.url(), KEY, 2_000).await;
+    let mut running = false;
+    for _ in 0..1000 {
+        if status(a.url(), first.clone(), KEY).await["status"] == "running" {
+            running = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(running, "cs101's first job starts");
+    let mut theirs = Vec::new();
+    for i in 0..4 {
+        let base = if i % 2 == 0 { a.url() } else { b.url() };
+        theirs.push(submit_as(base, KEY, 5).await);
+    }
+    // school-2's one job, submitted last, is next in line: position 0.
+    let other = submit_as(b.url(), OTHER, 5).await;
+    let v = status(a.url(), other.clone(), OTHER).await;
+    assert_eq!(v["status"], "queued", "{v}");
+    assert_eq!(
+        v["position"], 0,
+        "school-2 is not behind cs101's burst: {v}"
+    );
+    let last = status(b.url(), theirs[3].clone(), KEY).await;
+    assert_eq!(last["position"], 4, "{last}");
+    // Another tenant's job is not found for cs101.
+    let hidden = client()
+        .get(format!("{}/jobs/{other}", a.url()))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(hidden.status(), 404);
+    let cancel = client()
+        .delete(format!("{}/jobs/{first}", b.url()))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status(), 200);
+    a.shutdown().await;
+    b.shutdown().await;
+    sim.shutdown().await;
+}
