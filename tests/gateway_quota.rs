@@ -483,3 +483,39 @@ async fn redis_down_fails_closed_with_503() {
     assert_eq!(post(&http, url, body(10, 4, "after")).await, 200);
     gw.shutdown().await;
 }
+
+/// `rediss://` with a private CA (`quota.redis_ca_file`): the quota works over TLS; without the
+/// CA the server's certificate is not trusted, and under `fail_closed` requests get 503.
+#[tokio::test]
+async fn the_shared_quota_speaks_tls_to_redis() {
+    let redis = RedisServer::start_tls();
+    let sim = sim().await;
+    let mut c = config(&sim, &redis);
+    c.quota.redis_ca_pem = Some(redis_common::test_ca());
+    c.quota.on_redis_down = OnRedisDown::FailClosed;
+    let gw = gateway(c.clone()).await;
+    let client = reqwest::Client::new();
+    let url = format!("{}/v1/chat/completions", gw.url());
+    assert_eq!(post(&client, url.clone(), body(20, 8, "tls")).await, 200);
+    // The lease went through Redis, over TLS: the usage hash exists and is back to zero.
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    quota_drains(&mut conn, "after a request over TLS").await;
+    let fields: HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg("tg:v2:{quota}:usage")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(fields.contains_key("small:n"), "{fields:?}");
+    gw.shutdown().await;
+    // The same server, without its CA: not trusted, so no quota, so 503 (fail_closed).
+    c.quota.redis_ca_pem = None;
+    let untrusted = gateway(c).await;
+    let url = format!("{}/v1/chat/completions", untrusted.url());
+    assert_eq!(post(&client, url, body(20, 8, "tls-2")).await, 503);
+    untrusted.shutdown().await;
+    sim.shutdown().await;
+}

@@ -45,6 +45,8 @@ pub struct RawQuota {
     pub on_redis_down: Option<String>,
     /// Replicas the local fallback divides the global limits by.
     pub expected_replicas: Option<u32>,
+    /// PEM CA certificate(s) a `rediss://` server's certificate is checked against.
+    pub redis_ca_file: Option<String>,
 }
 
 /// Where admission counts slots and tokens.
@@ -108,8 +110,10 @@ impl fmt::Display for RedisUrl {
 pub struct QuotaConfig {
     /// Local or Redis.
     pub backend: QuotaBackend,
-    /// The Redis server (backend `redis`). No TLS in this build (`rediss://` is refused).
+    /// The Redis server (backend `redis`); `rediss://` is TLS (rustls).
     pub redis_url: RedisUrl,
+    /// With `rediss://`: PEM CA certificates to trust instead of the system's roots.
+    pub redis_ca_pem: Option<Vec<u8>>,
     /// How long a lease lives without renewal: the longest a crashed replica's slots stay taken.
     pub lease_ttl: Duration,
     /// How often a replica renews its leases; at most a third of `lease_ttl`.
@@ -133,15 +137,17 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
         }
     };
     let url = raw.redis_url.unwrap_or_else(|| REDIS_URL.to_owned());
-    if url.starts_with("rediss://") {
-        c.fail(
-            "quota.redis_url",
-            "uses TLS (rediss://), which this build does not support; use redis:// or unix://",
-        );
-    } else if redis::Client::open(url.as_str()).is_err() {
+    if redis::Client::open(url.as_str()).is_err() {
         c.fail(
             "quota.redis_url",
             "must be a redis://host:port/db or unix:///path URL",
+        );
+    }
+    let redis_ca_pem = super::upstream::ca_pem(c, "quota.redis_ca_file", raw.redis_ca_file);
+    if redis_ca_pem.is_some() && !url.starts_with("rediss://") {
+        c.fail(
+            "quota.redis_ca_file",
+            "needs a TLS quota.redis_url (rediss://host:port/db)",
         );
     }
     let lease_ttl = c.ms("quota.lease_ttl_ms", raw.lease_ttl_ms, LEASE_TTL_MS);
@@ -178,6 +184,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
     QuotaConfig {
         backend,
         redis_url: RedisUrl::new(url),
+        redis_ca_pem,
         lease_ttl,
         heartbeat,
         key_prefix,
@@ -209,9 +216,18 @@ mod tests {
 
     #[test]
     fn bad_urls_are_reported_without_echoing_the_password() {
-        let found = issues("backend = \"redis\"\nredis_url = \"rediss://u:hunter2@h:1\"\n");
-        assert_eq!(found.len(), 1, "{found:?}");
-        assert!(found[0].starts_with("quota.redis_url"), "{found:?}");
+        // TLS is built in: a rediss:// URL is fine, a CA file needs one.
+        assert!(issues("backend = \"redis\"\nredis_url = \"rediss://u:hunter2@h:1\"\n").is_empty());
+        let ca = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tls/ca.pem");
+        let found = issues(&format!(
+            "redis_url = \"redis://h:1\"\nredis_ca_file = \"{ca}\"\n"
+        ));
+        assert!(found[0].starts_with("quota.redis_ca_file"), "{found:?}");
+        let found = issues("redis_url = \"rediss://h:1\"\nredis_ca_file = \"/nonexistent.pem\"\n");
+        assert!(
+            found[0].starts_with("quota.redis_ca_file cannot be read"),
+            "{found:?}"
+        );
         let found = issues("redis_url = \"http://u:hunter2@h:1\"\n");
         assert!(!found.iter().any(|i| i.contains("hunter2")), "{found:?}");
         assert!(found[0].starts_with("quota.redis_url"), "{found:?}");

@@ -21,6 +21,8 @@ pub struct RawTelemetry {
     pub otlp_protocol: Option<String>,
     /// `service.name`; empty: `OTEL_SERVICE_NAME` or `tutor-gateway`.
     pub service_name: Option<String>,
+    /// PEM CA certificate(s) an `https://` collector's certificate is checked against.
+    pub otlp_ca_file: Option<String>,
 }
 
 /// Where the request log goes.
@@ -54,6 +56,9 @@ pub struct TelemetryConfig {
     pub otlp_protocol: Option<OtlpProtocol>,
     /// `service.name`, if set in the file.
     pub service_name: Option<String>,
+    /// With an `https://` endpoint: PEM CA certificates to trust instead of the public web
+    /// roots.
+    pub otlp_ca_pem: Option<Vec<u8>>,
 }
 
 /// Checks `[telemetry]`. Never echoes the endpoint: it may carry credentials.
@@ -80,15 +85,23 @@ pub(super) fn validate(c: &mut Checker, raw: RawTelemetry) -> TelemetryConfig {
     };
     let endpoint = raw.otlp_endpoint.filter(|e| !e.is_empty());
     if let Some(e) = &endpoint {
-        if e.starts_with("https://") {
+        if !e.starts_with("http://") && !e.starts_with("https://") {
             c.fail(
                 "telemetry.otlp_endpoint",
-                "uses TLS (https://), which this build's OTLP exporter does not support; send to \
-                 a collector nearby over http://",
+                "must start with http:// or https://",
             );
-        } else if !e.starts_with("http://") {
-            c.fail("telemetry.otlp_endpoint", "must start with http://");
         }
+    }
+    let otlp_ca_pem = super::upstream::ca_pem(c, "telemetry.otlp_ca_file", raw.otlp_ca_file);
+    if otlp_ca_pem.is_some()
+        && endpoint
+            .as_deref()
+            .is_some_and(|e| !e.starts_with("https://"))
+    {
+        c.fail(
+            "telemetry.otlp_ca_file",
+            "needs an https:// telemetry.otlp_endpoint",
+        );
     }
     TelemetryConfig {
         request_log,
@@ -96,5 +109,6 @@ pub(super) fn validate(c: &mut Checker, raw: RawTelemetry) -> TelemetryConfig {
         otlp_endpoint: endpoint,
         otlp_protocol,
         service_name: raw.service_name.filter(|s| !s.is_empty()),
+        otlp_ca_pem,
     }
 }

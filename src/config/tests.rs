@@ -342,20 +342,27 @@ fn the_upstream_api_key_comes_from_a_file_or_the_environment_never_the_file_itse
 }
 
 #[test]
-fn what_the_build_cannot_do_is_refused_by_the_check() {
-    let issues = issues_of(&format!(
-        "{MINIMAL}[telemetry]\notlp_endpoint = \"https://collector:4317\"\n\
+fn tls_everywhere_is_built_in_and_ca_files_are_checked() {
+    // TLS to vLLM, the OTLP collector and Redis is built in (rustls): these pass.
+    Config::from_toml_str(&format!(
+        "{MINIMAL}[upstream]\nbase_url = \"https://vllm.internal:8000\"\n\
+         [telemetry]\notlp_endpoint = \"https://collector:4317\"\n\
          [quota]\nredis_url = \"rediss://redis:6380/0\"\n"
+    ))
+    .unwrap();
+    // A CA file must hold a certificate, and goes with a TLS endpoint.
+    let ca = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tls/ca.pem");
+    let issues = issues_of(&format!(
+        "{MINIMAL}[telemetry]\notlp_endpoint = \"http://collector:4318\"\notlp_ca_file = \"{ca}\"\n\
+         [upstream]\nca_file = \"{}\"\n",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")
     ));
     assert!(issues
         .iter()
-        .any(|i| i.starts_with("telemetry.otlp_endpoint")));
-    assert!(issues.iter().any(|i| i.starts_with("quota.redis_url")));
-    // TLS to vLLM is built in (rustls): an https upstream passes.
-    Config::from_toml_str(&format!(
-        "{MINIMAL}[upstream]\nbase_url = \"https://vllm.internal:8000\"\n"
-    ))
-    .unwrap();
+        .any(|i| i.starts_with("telemetry.otlp_ca_file needs an https://")));
+    assert!(issues
+        .iter()
+        .any(|i| i.starts_with("upstream.ca_file holds no PEM certificate")));
 }
 
 #[test]

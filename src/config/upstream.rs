@@ -219,7 +219,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
         total_timeout: total,
         health_cache: Duration::from_millis(raw.health_cache_ms.unwrap_or(HEALTH_CACHE_MS)),
         api_key: api_key(c, raw.api_key_env, raw.api_key_file),
-        ca_pem: ca_pem(c, raw.ca_file),
+        ca_pem: ca_pem(c, "upstream.ca_file", raw.ca_file),
         abort: abort(c, raw.abort),
     }
 }
@@ -320,19 +320,20 @@ fn api_key(c: &mut Checker, env: Option<String>, file: Option<String>) -> Option
     Some(Secret::from(key))
 }
 
-/// The PEM certificates in `file`, checked to hold at least one certificate.
-fn ca_pem(c: &mut Checker, file: Option<String>) -> Option<Vec<u8>> {
+/// The PEM certificates in `file` (the config key `key`), checked to hold at least one
+/// certificate.
+pub(super) fn ca_pem(c: &mut Checker, key: &str, file: Option<String>) -> Option<Vec<u8>> {
     let path = file.filter(|f| !f.is_empty())?;
     match std::fs::read(&path) {
         Ok(pem) if reqwest::Certificate::from_pem_bundle(&pem).is_ok_and(|v| !v.is_empty()) => {
             Some(pem)
         }
         Ok(_) => {
-            c.fail("upstream.ca_file", "holds no PEM certificate");
+            c.fail(key, "holds no PEM certificate");
             None
         }
         Err(e) => {
-            c.fail("upstream.ca_file", format!("cannot be read ({})", e.kind()));
+            c.fail(key, format!("cannot be read ({})", e.kind()));
             None
         }
     }

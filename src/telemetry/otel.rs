@@ -72,23 +72,7 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<TracingGuard> {
             _ => OtlpProtocol::Grpc,
         }
     });
-    let exporter = match protocol {
-        OtlpProtocol::Grpc => {
-            let mut b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-            if let Some(ep) = &config.otlp_endpoint {
-                b = b.with_endpoint(ep.clone());
-            }
-            b.build()
-        }
-        OtlpProtocol::HttpProtobuf => {
-            let mut b = opentelemetry_otlp::SpanExporter::builder().with_http();
-            if let Some(ep) = &config.otlp_endpoint {
-                b = b.with_endpoint(format!("{}/v1/traces", ep.trim_end_matches('/')));
-            }
-            b.build()
-        }
-    }
-    .context("OTLP span exporter")?;
+    let exporter = exporter(config, protocol)?;
     let service = config
         .service_name
         .clone()
@@ -109,6 +93,79 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<TracingGuard> {
     Ok(TracingGuard {
         provider: Some(provider),
     })
+}
+
+/// The span exporter for `protocol`. An `https://` endpoint (in the file, or
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`) is TLS through rustls, checked against
+/// `telemetry.otlp_ca_file` when given, else the public web roots.
+pub fn exporter(
+    config: &TelemetryConfig,
+    protocol: OtlpProtocol,
+) -> anyhow::Result<opentelemetry_otlp::SpanExporter> {
+    use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
+    use opentelemetry_otlp::{WithHttpConfig, WithTonicConfig};
+    let endpoint = config
+        .otlp_endpoint
+        .clone()
+        .or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"));
+    let tls = endpoint
+        .as_deref()
+        .is_some_and(|e| e.starts_with("https://"));
+    let exporter = match protocol {
+        OtlpProtocol::Grpc => {
+            let mut b = opentelemetry_otlp::SpanExporter::builder().with_tonic();
+            if let Some(ep) = &config.otlp_endpoint {
+                b = b.with_endpoint(ep.clone());
+            }
+            if tls {
+                let c = ClientTlsConfig::new();
+                b = b.with_tls_config(match &config.otlp_ca_pem {
+                    Some(pem) => c.ca_certificate(Certificate::from_pem(pem)),
+                    None => c.with_webpki_roots(),
+                });
+            }
+            b.build()
+        }
+        OtlpProtocol::HttpProtobuf => {
+            let mut b = opentelemetry_otlp::SpanExporter::builder().with_http();
+            if let Some(ep) = &config.otlp_endpoint {
+                b = b.with_endpoint(format!("{}/v1/traces", ep.trim_end_matches('/')));
+            }
+            if tls {
+                let client = reqwest_otlp::blocking::Client::builder()
+                    .use_preconfigured_tls(rustls_client(config.otlp_ca_pem.as_deref())?)
+                    .build()
+                    .context("OTLP HTTP client")?;
+                b = b.with_http_client(client);
+            }
+            b.build()
+        }
+    };
+    exporter.context("OTLP span exporter")
+}
+
+/// A rustls client configuration (ring) trusting the certificates in `ca` (PEM), or the
+/// public web roots without it.
+fn rustls_client(ca: Option<&[u8]>) -> anyhow::Result<rustls::ClientConfig> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca {
+        Some(pem) => {
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                roots
+                    .add(cert.context("telemetry.otlp_ca_file")?)
+                    .context("telemetry.otlp_ca_file")?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS versions")?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
 }
 
 /// Makes the client's `traceparent` (and `tracestate`) the parent of `span`.

@@ -113,7 +113,7 @@ impl RedisAdmission {
     /// Admission for `config` (policy `lanes`) against `config.quota.redis_url`. Starts its
     /// background tasks on the current Tokio runtime and connects in the background.
     pub fn from_config(config: &Config, metrics: QuotaMetrics) -> Result<Self, redis::RedisError> {
-        let client = redis::Client::open(config.quota.redis_url.expose())?;
+        let client = client(config)?;
         let limits = Limits::from_config(config);
         let lanes = Lane::ALL.map(|lane| {
             let c = config.lanes.get(lane);
@@ -441,6 +441,22 @@ impl RedisAdmission {
             .then(|| prefill_blocked.map_or(Duration::ZERO, |t| t.elapsed()));
         LaneGuard::new(Box::new(release), ask.lane, ask.tokens, waited)
             .with_prefill(ask.prompt, prefill_wait)
+    }
+}
+
+/// The Redis client for `config.quota`: `rediss://` is TLS (rustls), checked against
+/// `quota.redis_ca_file` when given, else the system's roots.
+pub fn client(config: &Config) -> Result<redis::Client, redis::RedisError> {
+    let url = config.quota.redis_url.expose();
+    match &config.quota.redis_ca_pem {
+        Some(ca) => redis::Client::build_with_tls(
+            url,
+            redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(ca.clone()),
+            },
+        ),
+        None => redis::Client::open(url),
     }
 }
 
