@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use super::*;
 use crate::config::Config;
+use crate::admission::redis::tests::redis_common;
 use crate::lane::Lane::Small;
 
 /// One small seat, a deep queue; `extra` TOML appended.
@@ -81,4 +82,36 @@ async fn shares_weight_the_turns_and_one_tenant_alone_is_fifo() {
     let first_40 = &order[..40];
     let a_turns = first_40.iter().filter(|t| **t == "A").count();
     assert_eq!(a_turns, 30, "{first_40:?}");
+}
+
+/// The same burst through the Redis backend: one replica's line gives tenants turns too.
+#[tokio::test]
+async fn with_redis_a_replicas_line_gives_tenants_turns() {
+    let redis = redis_common::RedisServer::start();
+    let toml = format!(
+        "[classify]\ntokenizer = \"heuristic\"\n[admission]\npolicy = \"lanes\"\nseats = 3\n\
+         [lanes.small]\nmax_concurrency = 1\nceiling = 1\nqueue_len = 1000\n\
+         [lanes.medium]\nmax_concurrency = 1\nceiling = 1\n\
+         [lanes.large]\nmax_concurrency = 1\nceiling = 1\n\
+         [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
+        redis.url()
+    );
+    let config = Config::from_toml_str(&toml).expect("test config is valid");
+    let metrics = crate::telemetry::Metrics::new();
+    let a = Admission::build(&config, metrics.quota().clone()).unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let seat = a.acquire(Small, 10).await.unwrap();
+    let mut tasks = queue(&a, "A", 200, &order).await;
+    tasks.extend(queue(&a, "B", 10, &order).await);
+    drop(seat);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap();
+    assert_eq!(order.len(), 210);
+    let b_positions: Vec<usize> = (0..order.len()).filter(|&i| order[i] == "B").collect();
+    assert!(
+        b_positions.iter().all(|&i| i < 20),
+        "B's 10 are all admitted within the next 20: {b_positions:?}"
+    );
 }

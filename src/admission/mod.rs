@@ -141,9 +141,9 @@ impl Admission {
         self.acquire_for(lane, tokens, prompt, None).await
     }
 
-    /// [`Admission::acquire_prompt`] for `tenant`: in-process, a queue gives waiting tenants
-    /// turns by their shares ([`LocalAdmission::acquire_for`]); the Redis backend's lines stay
-    /// FIFO per replica.
+    /// [`Admission::acquire_prompt`] for `tenant`: a queue gives waiting tenants turns by their
+    /// shares ([`LocalAdmission::acquire_for`]; with Redis, each replica's lines,
+    /// [`RedisAdmission::acquire_for`]).
     pub async fn acquire_for(
         &self,
         lane: Lane,
@@ -153,7 +153,7 @@ impl Admission {
     ) -> Result<LaneGuard, AdmissionError> {
         match self {
             Admission::Local(local) => local.acquire_for(lane, tokens, prompt, tenant).await,
-            Admission::Redis(redis) => redis.acquire_prompt(lane, tokens, prompt).await,
+            Admission::Redis(redis) => redis.acquire_for(lane, tokens, prompt, tenant).await,
         }
     }
 

@@ -28,14 +28,15 @@
 //! (`tutor_gateway_quota_leases_reaped_total`).
 //!
 //! # Waiting and fairness
-//! Each replica keeps a FIFO line per lane (same `queue_len` / `queue_timeout_ms` as the local
+//! Each replica keeps a line per lane (same `queue_len` / `queue_timeout_ms` as the local
 //! backend: 429 when full, 503 on timeout), and under a prefill budget a second line per lane
 //! for long prompts, so that a short prompt is never held back by a long one waiting for
 //! prefill room (each line holds up to `queue_len`). Only a line's head calls Redis; it retries
 //! when a release is announced (pub/sub, or this replica's own releases) or after a jittered
 //! backoff of 5-250 ms. A long prompt waiting holds nothing: the script takes seat, tokens and
-//! prefill room together or none of them. Fairness is FIFO within a replica only. Across replicas there is no global
-//! order: when a slot frees, the heads of all replicas are woken and the first script call to
+//! prefill room together or none of them. A line's order is the local backend's: FIFO within a
+//! tenant, tenants in turns by `auth.tenant_shares` (`queue.rs`). Across replicas there is no
+//! global order: when a slot frees, the heads of all replicas are woken and the first script call to
 //! arrive wins, so each replica with waiters gets roughly an equal share of the freed slots,
 //! whatever its queue length. A request can be overtaken by a later one on another replica.
 //!
@@ -63,7 +64,7 @@ mod shared;
 mod tasks;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,6 +94,8 @@ const FIRST_CONNECT_WAIT: Duration = Duration::from_secs(2);
 pub struct RedisAdmission {
     shared: Arc<Shared>,
     limits: Arc<Limits>,
+    /// Each tenant's share of a line's turns (`auth.tenant_shares`; 1 when not listed).
+    shares: Arc<std::collections::HashMap<String, f64>>,
     fallback: Option<LocalAdmission>,
     tasks: TaskTracker,
     stop: CancellationToken,
@@ -154,6 +157,14 @@ impl RedisAdmission {
         Ok(Self {
             shared,
             limits: Arc::new(limits),
+            shares: Arc::new(
+                config
+                    .auth
+                    .tenant_shares
+                    .iter()
+                    .map(|(t, s)| (t.clone(), f64::from(*s)))
+                    .collect(),
+            ),
             fallback,
             tasks,
             _stop_on_drop: Arc::new(stop.clone().drop_guard()),
@@ -257,13 +268,26 @@ impl RedisAdmission {
         tokens: u32,
         prompt: u32,
     ) -> Result<LaneGuard, AdmissionError> {
+        self.acquire_for(lane, tokens, prompt, None).await
+    }
+
+    /// [`RedisAdmission::acquire_prompt`] for `tenant`: while it waits in this replica's line,
+    /// the tenants there take turns in proportion to their shares (`auth.tenant_shares`), FIFO
+    /// within a tenant, as in the local backend's queues.
+    pub async fn acquire_for(
+        &self,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+        tenant: Option<&str>,
+    ) -> Result<LaneGuard, AdmissionError> {
         self.limits.admissible(lane, tokens)?;
         if self.shared.connection().is_none() && !self.shared.degraded() {
             let mut conn = self.shared.conn.subscribe();
             let _ = tokio::time::timeout(FIRST_CONNECT_WAIT, conn.wait_for(Option::is_some)).await;
         }
         if self.shared.degraded() {
-            return self.fall_back(lane, tokens, prompt).await;
+            return self.fall_back(lane, tokens, prompt, tenant).await;
         }
         let ask = Asked {
             lane,
@@ -282,22 +306,27 @@ impl RedisAdmission {
                         prefill_blocked = Some(ask.started);
                     }
                 }
-                Take::Down => return self.fall_back(lane, tokens, prompt).await,
+                Take::Down => return self.fall_back(lane, tokens, prompt, tenant).await,
             }
         }
         let queue = self.limits.queue(self.limits.queue_of(lane));
-        let Some(_place) = line.join(queue.len) else {
+        let share = tenant
+            .and_then(|t| self.shares.get(t))
+            .copied()
+            .unwrap_or(1.0);
+        let Some(place) = line.join(queue.len, tenant, share) else {
             return Err(AdmissionError::QueueFull {
                 lane,
                 retry_after: Duration::from_secs(queue.timeout.as_secs().max(1)),
             });
         };
         let wait = async {
-            let _turn = line.head().await;
+            let mut turn = place.turn().await;
             let mut backoff = queue::LaneQueue::first_backoff();
             loop {
                 match self.shared.try_take(lane, tokens, prompt, true).await {
                     Take::Granted(id) => {
+                        place.admitted();
                         let waited = ask.started.elapsed();
                         return Ok(self.guard(id, &ask, waited, prefill_blocked));
                     }
@@ -306,6 +335,12 @@ impl RedisAdmission {
                             prefill_blocked.get_or_insert_with(Instant::now);
                         }
                         backoff = line.pause(backoff).await;
+                        if !turn.still_first() {
+                            // A waiter with an earlier fair tag joined: its turn first.
+                            drop(turn);
+                            turn = place.turn().await;
+                            backoff = queue::LaneQueue::first_backoff();
+                        }
                     }
                     Take::Down => return Err(()),
                 }
@@ -313,7 +348,7 @@ impl RedisAdmission {
         };
         match tokio::time::timeout(queue.timeout, wait).await {
             Ok(Ok(guard)) => Ok(guard),
-            Ok(Err(())) => self.fall_back(lane, tokens, prompt).await,
+            Ok(Err(())) => self.fall_back(lane, tokens, prompt, tenant).await,
             Err(_) => Err(AdmissionError::Timeout {
                 lane,
                 waited: ask.started.elapsed(),
@@ -416,9 +451,10 @@ impl RedisAdmission {
         lane: Lane,
         tokens: u32,
         prompt: u32,
+        tenant: Option<&str>,
     ) -> Result<LaneGuard, AdmissionError> {
         match &self.fallback {
-            Some(local) => local.acquire_prompt(lane, tokens, prompt).await,
+            Some(local) => local.acquire_for(lane, tokens, prompt, tenant).await,
             None => Err(AdmissionError::QuotaUnavailable { lane }),
         }
     }

@@ -10,7 +10,7 @@ use crate::admission::budget::PrefillLimit;
 use crate::lane::Lane;
 
 #[path = "../../../tests/redis_common/mod.rs"]
-mod redis_common;
+pub(crate) mod redis_common;
 use redis_common::RedisServer;
 
 const SMALL: LaneQuota = LaneQuota {
