@@ -1,43 +1,54 @@
 -- tg jobs v2: beat (every replica, every quota heartbeat). Renews the runner leases of this
--- replica's running jobs, puts back in the queue (at most max_attempts runs in all) the jobs
--- whose runner stopped renewing (a crashed replica), and expires results.
--- ARGV: base, run_ttl_ms, max_attempts, result_ttl_ms, id... (this replica's running jobs)
+-- replica's running jobs, puts back in the queue the jobs whose runner stopped renewing (a
+-- crashed replica), at most max_attempts lost runs in all (runs handed back at a clean
+-- shutdown do not count), and expires results: result_ttl_ms after a job ended its result is
+-- dropped (status expired), as long again later the job is forgotten.
+-- ARGV: base, run_ttl_ms, max_attempts, result_ttl_ms, then id, token pairs (this replica's
+--   running jobs and their runs' tokens)
 -- Reply: { requeued, lost, expired, forgotten, bytes, n:queued, n:running, n:done, n:failed,
---   n:cancelled, n:expired, cancelled... }: lost = given up after max_attempts runs;
---   cancelled = the ids among this replica's whose cancel is asked.
+--   n:cancelled, n:expired, {cancel...}, {gone...}, {ended...} }:
+--   lost = failed with runner_lost; cancel = this replica's runs whose cancel is asked;
+--   gone = this replica's runs that no longer own their job (stop them, write nothing);
+--   ended = jobs this call ended (cancelled or runner_lost): their webhooks are the caller's.
 local base, run_ttl = ARGV[1], tonumber(ARGV[2])
 local max_attempts, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
-local cancelled = {}
-for i = 5, #ARGV do
-  local id = ARGV[i]
-  if redis.call('ZSCORE', KEYS[7], id) then
+local cancel, gone, ended_ids = {}, {}, {}
+for i = 5, #ARGV - 1, 2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  local key = job_key(base, id)
+  if redis.call('HGET', key, 'runner') == token and redis.call('ZSCORE', KEYS[7], id) then
     redis.call('ZADD', KEYS[7], 'XX', now + run_ttl, id)
-    if redis.call('HGET', job_key(base, id), 'cancel') == '1' then
-      table.insert(cancelled, id)
+    if redis.call('HGET', key, 'cancel') == '1' then
+      table.insert(cancel, id)
     end
+  else
+    table.insert(gone, id)
   end
 end
 local requeued, lost = 0, 0
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now, 'LIMIT', 0, 100)) do
   redis.call('ZREM', KEYS[7], id)
   local key = job_key(base, id)
-  local attempt = tonumber(redis.call('HGET', key, 'attempt') or '0')
   if redis.call('HGET', key, 'status') == 'running' then
+    local runs = tonumber(redis.call('HGET', key, 'attempt') or '0')
+      - tonumber(redis.call('HGET', key, 'handed') or '0')
     if redis.call('HGET', key, 'cancel') == '1' then
       ended(key, id, 'cancelled', now)
       recount('running', 'cancelled')
-    elseif attempt < max_attempts then
+      table.insert(ended_ids, id)
+    elseif runs < max_attempts then
       requeue(base, key, id)
       recount('running', 'queued')
       requeued = requeued + 1
     else
       ended(key, id, 'failed', now)
       redis.call('HSET', key, 'error', cjson.encode({ code = 'runner_lost',
-        message = 'the gateway running this job stopped ' .. attempt ..
+        message = 'the gateway running this job stopped ' .. runs ..
           ' times (jobs.max_attempts); it is not tried again' }))
       recount('running', 'failed')
       lost = lost + 1
+      table.insert(ended_ids, id)
     end
     announce(base, id)
   end
@@ -47,6 +58,7 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now - ttl, 'LIM
   local key = job_key(base, id)
   local status = redis.call('HGET', key, 'status')
   if not status then
+    -- Deleted from outside: nothing of it is left to count.
     redis.call('ZREM', KEYS[8], id)
   elseif status == 'expired' then
     redis.call('DEL', key, text_key(base, id))
@@ -69,7 +81,7 @@ local reply = { requeued, lost, expired, forgotten, meta_number('bytes') }
 for _, s in ipairs({ 'queued', 'running', 'done', 'failed', 'cancelled', 'expired' }) do
   table.insert(reply, meta_number('n:' .. s))
 end
-for _, id in ipairs(cancelled) do
-  table.insert(reply, id)
-end
+table.insert(reply, cancel)
+table.insert(reply, gone)
+table.insert(reply, ended_ids)
 return reply

@@ -1,9 +1,9 @@
 -- tg jobs v2: cancel. A queued job ends at once; a running one is flagged and its runner told
 -- (it drops its stream, which aborts the engine's work, and ends the job cancelled).
--- ARGV: base, id, result_ttl_ms
+-- ARGV: base, id
 -- Reply: the job's status after the call ("cancelled", "running", or how it had already
 --   ended), or "" when there is no such job.
-local base, id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local base, id = ARGV[1], ARGV[2]
 local status = redis.call('HGET', KEYS[10], 'status')
 if not status then
   return ''
@@ -11,8 +11,6 @@ end
 if status == 'queued' then
   redis.call('ZREM', KEYS[6], id)
   ended(KEYS[10], id, 'cancelled', now_ms())
-  local keep = math.floor(ttl * 3 / 1000) + 60
-  redis.call('EXPIRE', KEYS[10], keep)
   recount('queued', 'cancelled')
   announce(base, id)
   return 'cancelled'

@@ -126,6 +126,27 @@ async fn events(base: &str, id: &str) -> (Vec<(String, String)>, String) {
     (evs, text)
 }
 
+/// `(id, event, data)` of each event in an SSE text (comments skipped).
+fn parse_with_ids(body: &str) -> Vec<(Option<String>, String, String)> {
+    body.split("\n\n")
+        .filter(|block| block.lines().any(|l| !l.starts_with(':') && !l.is_empty()))
+        .filter(|block| block.contains("event: "))
+        .map(|block| {
+            let (mut id, mut event, mut data) = (None, String::new(), String::new());
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    id = Some(v.to_owned());
+                } else if let Some(v) = line.strip_prefix("event: ") {
+                    event = v.to_owned();
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data = v.to_owned();
+                }
+            }
+            (id, event, data)
+        })
+        .collect()
+}
+
 async fn redis_conn(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
     redis::Client::open(redis.url())
         .unwrap()
@@ -349,6 +370,35 @@ async fn a_job_whose_gateway_is_killed_runs_again_on_the_other_and_completes_onc
         v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) >= 5
     })
     .await;
+    // A client follows the job on the process and has a few pieces when it dies.
+    let mut following = client()
+        .get(format!("{}/jobs/{id}/events", p.url))
+        .send()
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    while parse_with_ids(&seen)
+        .iter()
+        .filter(|e| e.1 == "token")
+        .count()
+        < 3
+    {
+        let chunk = following
+            .chunk()
+            .await
+            .unwrap()
+            .expect("the stream goes on");
+        seen.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    let last_id = parse_with_ids(&seen)
+        .iter()
+        .rev()
+        .find_map(|e| e.0.clone())
+        .unwrap();
+    assert!(
+        !last_id.contains('.'),
+        "the first run's ids are plain: {last_id}"
+    );
     p.kill();
     // The other replica comes up, finds the runner lease expired, and runs the job again.
     let mut c = config(&sim, &redis);
@@ -366,6 +416,32 @@ async fn a_job_whose_gateway_is_killed_runs_again_on_the_other_and_completes_onc
     assert_eq!(text, answer["text"].as_str().unwrap());
     assert!(!evs.iter().any(|(_, d)| d.contains("restarted")));
     assert_eq!(evs.iter().filter(|(e, _)| e == "done").count(), 1);
+    // The client that followed the dead process resumes on B with its last id (of the first
+    // run): it is told the job restarted, then gets the second run's text whole, ids 2.n.
+    let resumed = client()
+        .get(format!("{}/jobs/{id}/events", b.url()))
+        .header("last-event-id", &last_id)
+        .send()
+        .await
+        .unwrap();
+    let resumed = parse_with_ids(&resumed.text().await.unwrap());
+    let restart = resumed
+        .iter()
+        .position(|e| e.1 == "status" && json(&e.2)["restarted"] == true)
+        .expect("a restarted status event");
+    assert!(
+        !resumed[..restart].iter().any(|e| e.1 == "token"),
+        "no piece of the lost run after the restart is announced"
+    );
+    let mut again = String::new();
+    for (eid, event, data) in &resumed[restart..] {
+        if event == "token" {
+            assert!(eid.as_deref().unwrap().starts_with("2."), "{eid:?}");
+            again.push_str(json(data)["text"].as_str().unwrap());
+        }
+    }
+    assert_eq!(again, answer["text"].as_str().unwrap());
+    assert_eq!(resumed.last().unwrap().1, "done");
     // Completed once: one webhook, carrying the done status.
     let v = job_until(&b.url(), &id, "delivered", |v| {
         v["webhook"]["delivered"] == true
@@ -672,5 +748,46 @@ async fn tenants_take_turns_in_the_shared_job_queue() {
     assert_eq!(cancel.status(), 200);
     a.shutdown().await;
     b.shutdown().await;
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_shared_job_cancelled_while_queued_still_gets_its_webhook() {
+    let redis = RedisServer::start();
+    let sim = sim(SLOW).await;
+    let (hook, got) = receiver().await;
+    let origin = hook.trim_end_matches("/hooks/tutor").to_owned();
+    let mut c = config(&sim, &redis);
+    c.lanes.large.max_concurrency = 1.try_into().unwrap();
+    c.lanes.large.ceiling = 1.try_into().unwrap();
+    c.jobs.webhook_allow = vec![WebhookPattern::parse(&format!("{origin}/hooks/*")).unwrap()];
+    c.jobs.webhook_secret = Some(SECRET.into());
+    let a = gateway(c).await;
+    // The first job holds the only large seat; the second waits.
+    let first = submit(&a.url(), &review(2_000)).await;
+    job_until(&a.url(), &first, "running", |v| v["status"] == "running").await;
+    let body = json!({"prompt": "review this repository's error handling",
+                      "max_output_tokens": 5, "notify": hook});
+    let second = submit(&a.url(), &body).await;
+    let resp = client()
+        .delete(format!("{}/jobs/{second}", a.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let v = job_until(&a.url(), &second, "notified", |v| {
+        v["webhook"]["delivered"] == true
+    })
+    .await;
+    assert_eq!(v["status"], "cancelled");
+    assert_eq!(json(&got.lock().unwrap()[0])["status"], "cancelled");
+    let resp = client()
+        .delete(format!("{}/jobs/{first}", a.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    quota_drains(&redis).await;
+    a.shutdown().await;
     sim.shutdown().await;
 }

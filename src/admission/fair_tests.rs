@@ -4,8 +4,8 @@
 use std::sync::{Arc, Mutex};
 
 use super::*;
-use crate::config::Config;
 use crate::admission::redis::tests::redis_common;
+use crate::config::Config;
 use crate::lane::Lane::Small;
 
 /// One small seat, a deep queue; `extra` TOML appended.

@@ -43,7 +43,7 @@ pub struct RawJobs {
     pub max_running: Option<u32>,
     /// How long a finished job's result stays readable, ms.
     pub result_ttl_ms: Option<u64>,
-    /// Runs a job gets in all when its runner dies (Redis backend).
+    /// Runs a job may lose with their gateway (Redis backend).
     pub max_attempts: Option<u32>,
     /// URL patterns a job's `notify` must match.
     pub webhook_allow: Option<Vec<String>>,
@@ -88,8 +88,9 @@ pub struct JobsConfig {
     pub max_running: usize,
     /// How long a finished job's result stays readable.
     pub result_ttl: Duration,
-    /// With the Redis backend: how many runs a job gets in all when the gateway running it
-    /// dies (its runner lease expires); then it fails with `runner_lost`.
+    /// With the Redis backend: how many runs a job may lose with the gateway running it
+    /// (its runner lease expires; clean hand-backs do not count); then it fails with
+    /// `runner_lost`.
     pub max_attempts: u32,
     /// Where webhooks may go; empty: `notify` is refused.
     pub webhook_allow: Vec<WebhookPattern>,

@@ -34,6 +34,15 @@ use super::entry::{Answer, Entry, Status};
 /// The id of a job stream's last event; a request that resumes after it gets 204.
 pub const END_ID: &str = "end";
 
+/// A piece id from `Last-Event-ID`: `n` (the first run) or `<run>.<n>`; `None` when it is
+/// neither.
+pub fn parse_piece_id(id: &str) -> Option<(u64, usize)> {
+    match id.split_once('.') {
+        None => Some((1, id.parse().ok()?)),
+        Some((run, n)) => Some((run.parse().ok().filter(|r| *r >= 1)?, n.parse().ok()?)),
+    }
+}
+
 /// How long an idle stream waits before a keep-alive comment.
 pub const KEEPALIVE: Duration = Duration::from_secs(15);
 
@@ -98,6 +107,9 @@ pub const KEEPALIVE_COMMENT: &[u8] = b": keep-alive\n\n";
 #[derive(Debug)]
 pub struct Render {
     id: String,
+    /// The run whose pieces are sent (shared store; 1 in process): from the second run on,
+    /// piece ids are `<run>.<n>`, so a client resuming across a restart is noticed.
+    pub attempt: u64,
     /// Pieces already sent.
     pub sent: usize,
     /// The last status sent.
@@ -111,9 +123,19 @@ impl Render {
     pub fn new(id: String, from: usize) -> Self {
         Self {
             id,
+            attempt: 1,
             sent: from,
             status: None,
             ended: false,
+        }
+    }
+
+    /// The `id:` of piece `n` of this run.
+    fn piece_id(&self, n: usize) -> String {
+        if self.attempt <= 1 {
+            n.to_string()
+        } else {
+            format!("{}.{n}", self.attempt)
         }
     }
 
@@ -122,6 +144,7 @@ impl Render {
     pub fn restarted(&mut self, attempt: u64) -> String {
         self.sent = 0;
         self.status = None;
+        self.attempt = attempt;
         format!(
             "event: status\ndata: {}\n\n",
             json!({ "id": self.id, "status": "queued", "attempt": attempt, "restarted": true })
@@ -154,7 +177,7 @@ impl Render {
         }
         for text in pieces {
             self.sent += 1;
-            out.push_str(&format!("id: {}\n", self.sent));
+            out.push_str(&format!("id: {}\n", self.piece_id(self.sent)));
             event(&mut out, "token", &json!({ "text": text }));
         }
         // The last event carries the id `end`: an `EventSource` reconnecting with it gets 204.

@@ -51,7 +51,7 @@ use crate::config::JobsConfig;
 use crate::error::GatewayError;
 use crate::pipeline::parse::{self, AnswerRequest};
 use crate::pipeline::respond::link_trace;
-use crate::pipeline::{self, prompt, AppState, Divert, Prepared, Ready, Tenant};
+use crate::pipeline::{self, prompt, AppState, Divert, NotTaken, Prepared, Ready, Tenant};
 use crate::telemetry::RequestRecord;
 use crate::telemetry::Route;
 use entry::{Answer, Entry};
@@ -183,10 +183,11 @@ impl Jobs {
             Ok(r) => r,
             Err(e) => return Err(pipeline::refused(record, e)),
         };
-        match &inner.shared {
+        let taken = match &inner.shared {
             Some(shared) => self.adopt_shared(shared, ready, record, notify).await,
             None => self.adopt(ready, record, notify),
-        }
+        };
+        taken.map_err(|back| pipeline::refused(back.record, back.error))
     }
 
     /// [`Jobs::adopt`] into the shared store: the classified request is kept in Redis (any
@@ -197,7 +198,7 @@ impl Jobs {
         ready: Ready,
         record: RequestRecord,
         notify: Option<reqwest::Url>,
-    ) -> Result<Value, GatewayError> {
+    ) -> Result<Value, Box<NotTaken>> {
         let id = record.request_id().to_owned();
         let share = self.share_of(&ready);
         let traceparent = record.upstream_traceparent();
@@ -211,9 +212,14 @@ impl Jobs {
                 share,
             )
             .await;
-        if let Err(e) = submitted {
-            return Err(pipeline::refused(record, e));
+        if let Err(error) = submitted {
+            return Err(Box::new(NotTaken {
+                ready,
+                record,
+                error,
+            }));
         }
+        drop(ready);
         record.hand_over();
         tracing::info!(job = %id, "job queued (shared store)");
         Ok(accepted(&id))
@@ -228,13 +234,13 @@ impl Jobs {
     }
 
     /// Queues an already classified request (a submission, or a diverted `/answer`): its id and
-    /// URLs, or 429 `jobs_full` (written to `record`) when the store is at its bounds.
+    /// URLs, or the request back with 429 `jobs_full` when the store is at its bounds.
     fn adopt(
         &self,
         ready: Ready,
         record: RequestRecord,
         notify: Option<reqwest::Url>,
-    ) -> Result<Value, GatewayError> {
+    ) -> Result<Value, Box<NotTaken>> {
         let inner = &self.0;
         let id = record.request_id().to_owned();
         let bytes = ready.size as u64;
@@ -242,7 +248,11 @@ impl Jobs {
             let mut store = self.store();
             if !self.has_room(&store, bytes) {
                 drop(store);
-                return Err(pipeline::refused(record, GatewayError::JobsFull));
+                return Err(Box::new(NotTaken {
+                    ready,
+                    record,
+                    error: GatewayError::JobsFull,
+                }));
             }
             let class = ready.class;
             let share = self.share_of(&ready);
@@ -276,7 +286,11 @@ impl Jobs {
     /// that already ended otherwise is a 409.
     pub async fn cancel(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
         if let Some(shared) = &self.0.shared {
-            return shared.cancel(id, tenant).await;
+            let (view, ended_here) = shared.cancel(id, tenant).await?;
+            if ended_here {
+                shared::runner::notify_ended(self, shared, id).await;
+            }
+            return Ok(view);
         }
         let entry = self.entry(id, tenant)?;
         let queued = {
@@ -319,25 +333,28 @@ impl Jobs {
         last_event_id: Option<&str>,
     ) -> Result<Option<BoxStream<'static, Result<Bytes, std::convert::Infallible>>>, GatewayError>
     {
-        let from = match last_event_id.map(str::trim) {
-            None | Some("") => 0,
+        let (run, from) = match last_event_id.map(str::trim) {
+            None | Some("") => (1, 0),
             // Reconnecting after the last event: nothing more will come.
             Some(events::END_ID) => {
                 self.exists(id, tenant).await?;
                 return Ok(None);
             }
-            Some(v) => v.parse::<usize>().map_err(|_| {
+            Some(v) => events::parse_piece_id(v).ok_or_else(|| {
                 GatewayError::bad_request(
-                    "Last-Event-ID must be the id of an event of this job (a number, or `end`)",
+                    "Last-Event-ID must be the id of an event of this job (`n`, `<run>.<n>`, or \
+                     `end`)",
                     None,
                 )
             })?,
         };
         if let Some(shared) = &self.0.shared {
             shared.check(id, tenant).await?;
-            let stream = shared::stream(shared.clone(), id.to_owned(), from);
+            let stream = shared::stream(shared.clone(), id.to_owned(), (run, from));
             return Ok(Some(stream.boxed()));
         }
+        // In process a job runs once: ids are plain numbers.
+        let _ = run;
         Ok(Some(events::stream(self.entry(id, tenant)?, from).boxed()))
     }
 
@@ -404,7 +421,7 @@ impl Divert for Jobs {
         &self,
         ready: Ready,
         record: RequestRecord,
-    ) -> BoxFuture<'_, Result<Value, GatewayError>> {
+    ) -> BoxFuture<'_, Result<Value, Box<NotTaken>>> {
         Box::pin(async move {
             match &self.0.shared {
                 Some(shared) => self.adopt_shared(shared, ready, record, None).await,

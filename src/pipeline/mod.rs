@@ -85,12 +85,24 @@ pub trait Divert: Send + Sync {
     /// Whether a job of `bytes` would be taken now (when not, the request keeps its place).
     fn has_room(&self, bytes: usize) -> bool;
 
-    /// Takes `ready` and its `record` as a job.
+    /// Takes `ready` and its `record` as a job: its id and URLs, or the request back (the job
+    /// store was full, or could not be reached), which then keeps its place in the queue.
     fn divert(
         &self,
         ready: Ready,
         record: RequestRecord,
-    ) -> futures::future::BoxFuture<'_, Result<Value, GatewayError>>;
+    ) -> futures::future::BoxFuture<'_, Result<Value, Box<NotTaken>>>;
+}
+
+/// A request a [`Divert`] did not take, given back with the reason.
+#[derive(Debug)]
+pub struct NotTaken {
+    /// The request.
+    pub ready: Ready,
+    /// Its record.
+    pub record: RequestRecord,
+    /// Why it was not taken.
+    pub error: GatewayError,
 }
 
 /// What [`start`] made of a request: its stream, or the job it became.
@@ -230,49 +242,63 @@ pub async fn start(
     format: Format,
     divert: Option<&dyn Divert>,
 ) -> Result<Started, GatewayError> {
-    let result = async {
-        let ready = ready(state, prepared, &mut record).await?;
-        // While it waits for a seat its body is held: all queued bodies together are bounded.
-        let held = state.queued_bytes().hold(ready.size)?;
-        let tenant = ready.tenant.clone();
-        let acquire = state.admission().acquire_for(
-            ready.class.lane,
-            ready.class.work,
-            ready.prefill,
-            tenant.as_ref().map(|t| t.0.as_str()),
-        );
-        tokio::pin!(acquire);
-        let deadline = match divert {
-            Some(d) if ready.class.lane == Lane::Large => state
-                .config()
-                .jobs
-                .divert_large_after
-                .map(|after| (after, d)),
-            _ => None,
-        };
-        let guard = match deadline {
-            // Leaving the queue on the deadline is cancel-safe: the waiter is taken out.
-            Some((after, d)) => match tokio::time::timeout(after, &mut acquire).await {
-                Ok(guard) => Ok(guard?),
-                Err(_) if d.has_room(ready.size) => Err(d),
-                // No room for a job: keep the place in the queue.
-                Err(_) => Ok(acquire.await?),
-            },
-            None => Ok(acquire.await?),
-        };
-        drop(held);
-        Ok::<_, GatewayError>((ready, guard))
-    }
-    .await;
-    match result {
-        Ok((ready, Ok(guard))) => send(state, ready, guard, record, format)
+    let ready = match ready(state, prepared, &mut record).await {
+        Ok(r) => r,
+        Err(e) => return Err(refused(record, e)),
+    };
+    // While it waits for a seat its body is held: all queued bodies together are bounded.
+    let held = match state.queued_bytes().hold(ready.size) {
+        Ok(h) => h,
+        Err(e) => return Err(refused(record, e)),
+    };
+    let tenant = ready.tenant.clone();
+    let acquire = state.admission().acquire_for(
+        ready.class.lane,
+        ready.class.work,
+        ready.prefill,
+        tenant.as_ref().map(|t| t.0.as_str()),
+    );
+    tokio::pin!(acquire);
+    let deadline = match divert {
+        Some(d) if ready.class.lane == Lane::Large => state
+            .config()
+            .jobs
+            .divert_large_after
+            .map(|after| (after, d)),
+        _ => None,
+    };
+    let (ready, record, guard) = match deadline {
+        // Leaving the queue on the deadline is cancel-safe: the waiter is taken out.
+        Some((after, d)) => match tokio::time::timeout(after, &mut acquire).await {
+            Ok(guard) => (ready, record, guard),
+            Err(_) if d.has_room(ready.size) => {
+                tracing::info!(request_id = %record.request_id(), "diverting to a job after waiting");
+                // The place in the queue is kept (the acquire is not dropped) until the job
+                // store has taken the request.
+                match d.divert(ready, record).await {
+                    Ok(job) => return Ok(Started::Job(job)),
+                    Err(back) => {
+                        let NotTaken {
+                            ready,
+                            record,
+                            error,
+                        } = *back;
+                        tracing::info!(request_id = %record.request_id(), code = error.code(), "not diverted; it keeps its place");
+                        (ready, record, acquire.await)
+                    }
+                }
+            }
+            // No room for a job: keep the place in the queue.
+            Err(_) => (ready, record, acquire.await),
+        },
+        None => (ready, record, acquire.await),
+    };
+    drop(held);
+    match guard {
+        Ok(guard) => send(state, ready, guard, record, format)
             .await
             .map(Started::Relay),
-        Ok((ready, Err(divert))) => {
-            tracing::info!(request_id = %record.request_id(), "diverted to a job after waiting");
-            divert.divert(ready, record).await.map(Started::Job)
-        }
-        Err(e) => Err(refused(record, e)),
+        Err(e) => Err(refused(record, e.into())),
     }
 }
 

@@ -42,18 +42,21 @@ struct Read {
     pieces: Vec<String>,
 }
 
-/// The event stream of job `id`, starting after piece `from`.
+/// The event stream of job `id`, starting after piece `from` of run `run`.
 pub fn stream(
     shared: Arc<SharedJobs>,
     id: String,
-    from: usize,
+    (run, from): (u64, usize),
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
+    let mut out = Render::new(id.clone(), from);
+    out.attempt = run;
     let cursor = Cursor {
         changes: shared.changes.subscribe(),
-        out: Render::new(id.clone(), from),
+        out,
         shared,
         id,
-        attempt: None,
+        // A client resuming knows its run; a new one takes whichever is current.
+        attempt: (from > 0).then_some(run),
         last_sent: Instant::now(),
     };
     futures::stream::unfold(cursor, |mut c| async move {
@@ -89,12 +92,16 @@ impl Cursor {
             return Ok(None);
         };
         match self.attempt {
-            Some(seen) if r.attempt > seen && seen > 0 => {
+            Some(seen) if r.attempt > seen.max(1) => {
                 // A new run: its pieces start over (read again from the first).
                 self.attempt = Some(r.attempt);
                 return Ok(Some(self.out.restarted(r.attempt)));
             }
-            _ => self.attempt = Some(r.attempt),
+            Some(_) => {}
+            None => {
+                self.attempt = Some(r.attempt);
+                self.out.attempt = r.attempt.max(1);
+            }
         }
         let error = r.error.as_ref().map(|e| {
             (

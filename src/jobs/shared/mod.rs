@@ -25,18 +25,23 @@
 //! The run that takes a job owns it through its token (the lease id of its seat); it renews a
 //! runner lease (`:jobs:running`) every `quota.heartbeat_ms`. When that stops, the next beat of
 //! any replica puts the job back at the front of the queue (its text starts over; an event
-//! stream says `restarted`), up to `jobs.max_attempts` runs in all, then fails it with
-//! `runner_lost`. A run that lost its job (it was slow, its lease expired and the job runs
-//! elsewhere) can no longer write it: pushes and the end are refused, so a job ends once. A
-//! gateway shutting down hands its running jobs back to the queue instead of cancelling them.
+//! stream says `restarted`, and the new run's piece ids are `<run>.<n>`), up to
+//! `jobs.max_attempts` lost runs, then fails it with `runner_lost`. A run that lost its job (it
+//! was slow, its lease expired and the job runs elsewhere, or the store stayed away) can no
+//! longer write it: pushes and the end are refused, so a job ends once; each run is its own
+//! engine request (`<id>`, `<id>-2`, ...), so a lost run's abort never reaches the next. A
+//! gateway shutting down hands its running jobs back to the queue instead of cancelling them
+//! (not counted as lost). Job keys carry no Redis TTL: the beat's sweep keeps the counters in
+//! `:jobs:meta` equal to the jobs kept.
 //!
 //! # Known limits
-//! A webhook is delivered by the gateway that ended the job; if that gateway dies during the
+//! A webhook is delivered by the gateway that ended the job (its run's, the one whose `DELETE`
+//! ended it while queued, or the one whose beat ended it); if that gateway dies during the
 //! retries, the remaining attempts are not made. The session reservation of a job with a
 //! `session_id` is given back at submission (the run is not counted in the session).
 
 mod events;
-pub(super) mod runner;
+pub(crate) mod runner;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -77,6 +82,8 @@ pub(super) struct Scripts {
     end: Script,
     cancel: Script,
     beat: Script,
+    /// `HSET` of one field of a hash that exists.
+    set_if_exists: Script,
 }
 
 impl Default for Scripts {
@@ -88,6 +95,10 @@ impl Default for Scripts {
             end: jobs_script!("jobs_end_v2.lua"),
             cancel: jobs_script!("jobs_cancel_v2.lua"),
             beat: jobs_script!("jobs_beat_v2.lua"),
+            set_if_exists: Script::new(
+                "if redis.call('EXISTS', KEYS[1]) == 1 then \
+                 return redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end return -1",
+            ),
         }
     }
 }
@@ -97,14 +108,17 @@ impl Default for Scripts {
 pub(super) struct Run {
     /// Its token (the seat's lease id): what the scripts check before it writes the job.
     pub token: String,
-    /// Cancelled by `DELETE` (from any replica) or when the job was lost to another run.
+    /// Cancelled by `DELETE` (from any replica): the job ends cancelled.
     pub cancel: CancellationToken,
+    /// The run no longer owns the job (another run does), or the store stayed unreachable:
+    /// it stops and writes nothing more.
+    pub lost: CancellationToken,
 }
 
 /// The shared job store of one replica: its keys, scripts, the announcements it receives and
 /// the jobs it runs.
 #[derive(Debug)]
-pub(super) struct SharedJobs {
+pub(crate) struct SharedJobs {
     pub admission: RedisAdmission,
     /// `<prefix>:{quota}`.
     pub base: String,
@@ -297,17 +311,24 @@ impl SharedJobs {
 
     /// `DELETE /jobs/{id}`: a queued job ends at once; a running one (on any replica) when its
     /// runner has dropped its stream (waited for, briefly). A job that ended otherwise: 409.
-    pub async fn cancel(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
+    /// Also says whether this call ended the job (a queued one: its webhook is the caller's;
+    /// a running one's runner sends it).
+    pub async fn cancel(
+        &self,
+        id: &str,
+        tenant: Option<&Tenant>,
+    ) -> Result<(Value, bool), GatewayError> {
         self.read(id, tenant).await?;
         let mut changes = self.changes.subscribe();
         let mut conn = self.conn().await?;
         let mut call = self.call(&self.scripts.cancel, Some(id));
-        call.arg(id).arg(self.result_ttl_ms);
+        call.arg(id);
         let after: String = call
             .invoke_async(&mut conn)
             .await
             .map_err(|e| store_down("cancel", &e))?;
         let mut status = Status::parse(&after).ok_or(GatewayError::JobNotFound)?;
+        let ended_here = status == Status::Cancelled;
         if status == Status::Running {
             // Its runner, here or elsewhere, is told through the channel.
             if let Some(run) = self.running().get(id) {
@@ -332,7 +353,7 @@ impl SharedJobs {
             Status::Cancelled | Status::Running | Status::Queued => {}
             other => return Err(GatewayError::JobFinished(other.as_str())),
         }
-        self.status(id, tenant).await
+        Ok((self.status(id, tenant).await?, ended_here))
     }
 
     /// Checks that job `id` exists for `tenant` (before its event stream starts).
@@ -356,16 +377,18 @@ impl SharedJobs {
         live < config.max_jobs && kept + bytes <= config.max_bytes
     }
 
-    /// Keeps job `id`'s webhook state.
+    /// Keeps job `id`'s webhook state (unless the job is gone: nothing is created).
     pub async fn set_webhook(&self, id: &str, webhook: &Webhook) {
         let Ok(mut conn) = self.conn().await else {
             return;
         };
-        let _: Result<(), _> = redis::cmd("HSET")
-            .arg(self.job_key(id))
+        let _: Result<i64, _> = self
+            .scripts
+            .set_if_exists
+            .key(self.job_key(id))
             .arg("webhook")
             .arg(webhook.to_json().to_string())
-            .query_async(&mut conn)
+            .invoke_async(&mut conn)
             .await;
     }
 }

@@ -60,6 +60,10 @@ enum Start {
 }
 
 async fn start_head(jobs: &Jobs, shared: &Arc<SharedJobs>) -> Start {
+    // A gateway shutting down starts nothing more (it would only hand it back).
+    if jobs.0.stop.is_cancelled() {
+        return Start::Not;
+    }
     let Ok(mut conn) = shared.conn().await else {
         return Start::Not;
     };
@@ -101,18 +105,22 @@ async fn start_head(jobs: &Jobs, shared: &Arc<SharedJobs>) -> Start {
         .await;
     match taken {
         Some(Ok(t)) => {
-            let attempt = t.rest.first().copied().unwrap_or(1);
+            let attempt = t.rest.first().copied().unwrap_or(1).max(1) as u64;
             let waited = Duration::from_millis(t.rest.get(1).copied().unwrap_or(0).max(0) as u64);
             let run = Run {
                 token: t.lease,
                 cancel: CancellationToken::new(),
+                lost: CancellationToken::new(),
             };
-            shared.running().insert(id.clone(), run.clone());
+            // A run of this job still here (it lost the job while slow) stops now.
+            if let Some(old) = shared.running().insert(id.clone(), run.clone()) {
+                old.lost.cancel();
+            }
             tracing::info!(job = %id, attempt, "job started");
             jobs.0.tasks.spawn(self::run(
                 jobs.clone(),
                 shared.clone(),
-                id,
+                (id, attempt),
                 run,
                 waited,
                 t.guard,
@@ -124,11 +132,12 @@ async fn start_head(jobs: &Jobs, shared: &Arc<SharedJobs>) -> Start {
     }
 }
 
-/// Runs job `id` under `guard` to its end, or hands it back to the queue at shutdown.
+/// Runs job `id` (its run `attempt`) under `guard` to its end, or hands it back to the queue
+/// at shutdown.
 async fn run(
     jobs: Jobs,
     shared: Arc<SharedJobs>,
-    id: String,
+    (id, attempt): (String, u64),
     run: Run,
     waited: Duration,
     guard: LaneGuard,
@@ -145,13 +154,21 @@ async fn run(
         .and_then(|v| Ready::from_stored(&v));
     let (tx, rx) = mpsc::unbounded_channel::<String>();
     let writer = tokio::spawn(write_pieces(shared.clone(), id.clone(), run.clone(), rx));
-    let ended = match ready {
-        None => Ended::Failed(
+    // `None`: the run no longer owns the job, or the store stayed unreachable: nothing is
+    // written; the runner lease lapses and a beat puts the job back.
+    let outcome: Option<Ended> = match ready {
+        None => Some(Ended::Failed(
             "internal",
             "the job's stored request could not be read".to_owned(),
-        ),
+        )),
         Some(ready) => {
-            let mut record = inner.state.record_as(Route::Job, id.clone());
+            // Each run is its own engine request (an abort of a lost run never reaches the
+            // next one); the first keeps the job's id.
+            let request_id = match attempt {
+                1 => id.clone(),
+                n => format!("{id}-{n}"),
+            };
+            let mut record = inner.state.record_as(Route::Job, request_id);
             let traceparent = fields.as_ref().and_then(|f| f.get("traceparent"));
             record.link(traceparent.map(String::as_str), None);
             let class = ready.class;
@@ -168,82 +185,106 @@ async fn run(
                     })
                     .await
             };
-            let ended = tokio::select! {
+            tokio::select! {
                 biased;
-                r = streamed => match r {
+                r = streamed => Some(match r {
+                    Ok(all) if all.finish_reason.as_deref() == Some("abort") => Ended::Failed(
+                        "engine_aborted",
+                        "the engine aborted the generation".to_owned(),
+                    ),
                     Ok(all) => Ended::Done(answer(all, &class, pieces)),
                     Err(e) => failed(&e),
-                },
-                _ = run.cancel.cancelled() => Ended::Cancelled,
-                _ = inner.stop.cancelled() => Ended::HandedBack,
-            };
-            ended
+                }),
+                _ = run.lost.cancelled() => None,
+                _ = run.cancel.cancelled() => Some(Ended::Cancelled),
+                _ = inner.stop.cancelled() => Some(Ended::HandedBack),
+            }
         }
     };
     drop(tx);
     let text_bytes = writer.await.unwrap_or(0);
-    let (to, result) = match &ended {
-        Ended::Done(a) => ("done", a.to_json().to_string()),
-        Ended::Failed(code, message) => (
-            "failed",
-            json!({ "code": code, "message": message }).to_string(),
-        ),
-        Ended::Cancelled => ("cancelled", String::new()),
-        Ended::HandedBack => ("queued", String::new()),
+    // The writer may have found the job lost while the stream was ending.
+    let ended = outcome.filter(|_| !run.lost.is_cancelled());
+    let applied = match &ended {
+        Some(e) => {
+            let (to, result) = match e {
+                Ended::Done(a) => ("done", a.to_json().to_string()),
+                Ended::Failed(code, message) => (
+                    "failed",
+                    json!({ "code": code, "message": message }).to_string(),
+                ),
+                Ended::Cancelled => ("cancelled", String::new()),
+                Ended::HandedBack => ("queued", String::new()),
+            };
+            end(&shared, &id, &run.token, to, &result, text_bytes).await
+        }
+        None => None,
     };
-    let kept = end(&shared, &id, &run.token, to, &result, text_bytes).await;
-    shared.running().remove(&id);
-    if !kept {
-        // Lost to another run (its lease expired), or Redis unreachable: then the runner
-        // lease expires and the beat puts the job back.
-        tracing::warn!(job = %id, outcome = to, "job outcome not kept: this run no longer owns it");
-        return;
+    {
+        let mut running = shared.running();
+        if running.get(&id).is_some_and(|r| r.token == run.token) {
+            running.remove(&id);
+        }
     }
-    tracing::info!(job = %id, status = to, "job ended");
-    if to == "queued" {
+    let Some(status) = applied else {
+        // Lost to another run, or the store stayed away: the runner lease lapses and a beat
+        // puts the job back (or a newer run's outcome stands).
+        tracing::warn!(job = %id, "job run stopped without an outcome: this run no longer owns the job");
+        return;
+    };
+    tracing::info!(job = %id, status = status.as_str(), "job ended");
+    if status == "queued" {
         return;
     }
     metrics.ran(started.elapsed());
-    let notify = fields
-        .as_ref()
-        .and_then(|f| f.get("notify"))
-        .and_then(|u| reqwest::Url::parse(u).ok());
-    if let Some(url) = notify {
-        // The job's status as its own tenant reads it.
-        let tenant = fields
-            .as_ref()
-            .and_then(|f| f.get("tenant"))
-            .filter(|t| !t.is_empty())
-            .map(|t| Tenant(t.clone()));
-        let Ok(status) = shared.status(&id, tenant.as_ref()).await else {
-            return;
-        };
-        let body = status.to_string();
-        let shared = shared.clone();
-        let tasks = inner.tasks.clone();
-        tasks.spawn(async move {
-            webhook::send(&jobs, &id, url, body, |w| {
-                let shared = shared.clone();
-                let id = id.clone();
-                async move { shared.set_webhook(&id, &w).await }
-            })
-            .await;
-        });
-    }
+    notify_ended(&jobs, &shared, &id).await;
+}
+
+/// Sends job `id`'s webhook, if it has one (it just ended: done, failed or cancelled).
+pub(crate) async fn notify_ended(jobs: &Jobs, shared: &Arc<SharedJobs>, id: &str) {
+    let Some(fields) = read_fields(shared, id).await else {
+        return;
+    };
+    let Some(url) = fields
+        .get("notify")
+        .and_then(|u| reqwest::Url::parse(u).ok())
+    else {
+        return;
+    };
+    // The job's status as its own tenant reads it.
+    let tenant = fields
+        .get("tenant")
+        .filter(|t| !t.is_empty())
+        .map(|t| Tenant(t.clone()));
+    let Ok(status) = shared.status(id, tenant.as_ref()).await else {
+        return;
+    };
+    let body = status.to_string();
+    let (jobs, shared, id) = (jobs.clone(), shared.clone(), id.to_owned());
+    let tasks = jobs.0.tasks.clone();
+    tasks.spawn(async move {
+        webhook::send(&jobs, &id, url, body, |w| {
+            let shared = shared.clone();
+            let id = id.clone();
+            async move { shared.set_webhook(&id, &w).await }
+        })
+        .await;
+    });
 }
 
 async fn read_fields(shared: &SharedJobs, id: &str) -> Option<Fields> {
     let mut conn = shared.conn().await.ok()?;
-    redis::cmd("HGETALL")
+    let fields: Fields = redis::cmd("HGETALL")
         .arg(shared.job_key(id))
         .query_async(&mut conn)
         .await
-        .ok()
+        .ok()?;
+    (!fields.is_empty()).then_some(fields)
 }
 
 /// Pushes the run's pieces to the job's text in batches (whatever arrived while the last call
-/// was out), in order; returns the bytes pushed. A refusal (the job is no longer this run's)
-/// cancels the run.
+/// was out), in order; returns the bytes pushed. A refusal (the job is no longer this run's),
+/// or a store unreachable for 2 s, marks the run lost: it stops and writes nothing more.
 async fn write_pieces(
     shared: Arc<SharedJobs>,
     id: String,
@@ -263,7 +304,7 @@ async fn write_pieces(
             match pushed {
                 Ok(n) if n >= 0 => break,
                 Ok(_) => {
-                    run.cancel.cancel();
+                    run.lost.cancel();
                     return bytes;
                 }
                 Err(()) if tries < 20 => {
@@ -271,8 +312,8 @@ async fn write_pieces(
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 Err(()) => {
-                    // Redis stayed away: the runner lease expires and the job runs again.
-                    run.cancel.cancel();
+                    // Redis stayed away: the runner lease lapses and the job runs again.
+                    run.lost.cancel();
                     return bytes;
                 }
             }
@@ -293,7 +334,8 @@ async fn push(shared: &SharedJobs, id: &str, token: &str, pieces: &[String]) -> 
         .map_err(|e| drop(store_down("push", &e)))
 }
 
-/// Runs the end script (retried briefly while Redis is unreachable); true when it was kept.
+/// Runs the end script (retried briefly while Redis is unreachable): the status the job now
+/// has, or `None` when this run no longer owns it (or the store stayed away).
 async fn end(
     shared: &SharedJobs,
     id: &str,
@@ -301,24 +343,19 @@ async fn end(
     to: &str,
     result: &str,
     text_bytes: u64,
-) -> bool {
+) -> Option<String> {
     for _ in 0..20 {
         if let Ok(mut conn) = shared.conn().await {
             let mut call = shared.call(&shared.scripts.end, Some(id));
-            call.arg(id)
-                .arg(token)
-                .arg(to)
-                .arg(result)
-                .arg(text_bytes)
-                .arg(shared.result_ttl_ms);
-            match call.invoke_async::<i64>(&mut conn).await {
-                Ok(kept) => return kept == 1,
+            call.arg(id).arg(token).arg(to).arg(result).arg(text_bytes);
+            match call.invoke_async::<String>(&mut conn).await {
+                Ok(status) => return Some(status).filter(|s| !s.is_empty()),
                 Err(e) => drop(store_down("end", &e)),
             }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    false
+    None
 }
 
 /// Every heartbeat: renews this replica's runner leases, lets the beat script put lost jobs
@@ -336,13 +373,17 @@ pub async fn beat(jobs: Jobs, shared: Arc<SharedJobs>) {
         let Ok(mut conn) = shared.conn().await else {
             continue;
         };
-        let mine: Vec<String> = shared.running().keys().cloned().collect();
+        let mine: Vec<(String, String)> = shared
+            .running()
+            .iter()
+            .map(|(id, run)| (id.clone(), run.token.clone()))
+            .collect();
         let mut call = shared.call(&shared.scripts.beat, None);
         call.arg(ttl.as_millis().to_string())
             .arg(jobs.0.config.max_attempts)
             .arg(shared.result_ttl_ms);
-        for id in &mine {
-            call.arg(id);
+        for (id, token) in &mine {
+            call.arg(id).arg(token);
         }
         let reply: Vec<redis::Value> = match call.invoke_async(&mut conn).await {
             Ok(r) => r,
@@ -387,12 +428,26 @@ pub async fn beat(jobs: Jobs, shared: Arc<SharedJobs>) {
             .last
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = (live, n(4).max(0) as u64);
-        for v in reply.iter().skip(11) {
-            if let Ok(id) = redis::from_redis_value::<String>(v) {
-                if let Some(run) = shared.running().get(&id) {
-                    run.cancel.cancel();
-                }
+        let ids = |i: usize| -> Vec<String> {
+            reply
+                .get(i)
+                .and_then(|v| redis::from_redis_value(v).ok())
+                .unwrap_or_default()
+        };
+        // Cancels asked (should the announcement have been missed); runs that lost their job.
+        for id in ids(11) {
+            if let Some(run) = shared.running().get(&id) {
+                run.cancel.cancel();
             }
+        }
+        for id in ids(12) {
+            if let Some(run) = shared.running().get(&id) {
+                run.lost.cancel();
+            }
+        }
+        // Jobs this beat ended (cancelled after their gateway died, or runner_lost).
+        for id in ids(13) {
+            notify_ended(&jobs, &shared, &id).await;
         }
     }
 }
