@@ -17,8 +17,8 @@ local cancel, gone, ended_ids = {}, {}, {}
 for i = 5, #ARGV - 1, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local key = job_key(base, id)
-  if redis.call('HGET', key, 'runner') == token and redis.call('ZSCORE', KEYS[7], id) then
-    redis.call('ZADD', KEYS[7], 'XX', now + run_ttl, id)
+  if redis.call('HGET', key, 'runner') == token and redis.call('ZSCORE', KEYS[8], id) then
+    redis.call('ZADD', KEYS[8], 'XX', now + run_ttl, id)
     if redis.call('HGET', key, 'cancel') == '1' then
       table.insert(cancel, id)
     end
@@ -27,8 +27,8 @@ for i = 5, #ARGV - 1, 2 do
   end
 end
 local requeued, lost = 0, 0
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now, 'LIMIT', 0, 100)) do
-  redis.call('ZREM', KEYS[7], id)
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now, 'LIMIT', 0, 100)) do
+  redis.call('ZREM', KEYS[8], id)
   local key = job_key(base, id)
   if redis.call('HGET', key, 'status') == 'running' then
     local runs = tonumber(redis.call('HGET', key, 'attempt') or '0')
@@ -54,24 +54,24 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now, 'LIMIT', 0
   end
 end
 local expired, forgotten = 0, 0
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now - ttl, 'LIMIT', 0, 100)) do
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[9], '-inf', now - ttl, 'LIMIT', 0, 100)) do
   local key = job_key(base, id)
   local status = redis.call('HGET', key, 'status')
   if not status then
     -- Deleted from outside: nothing of it is left to count.
-    redis.call('ZREM', KEYS[8], id)
+    redis.call('ZREM', KEYS[9], id)
   elseif status == 'expired' then
     redis.call('DEL', key, text_key(base, id))
-    redis.call('ZREM', KEYS[8], id)
+    redis.call('ZREM', KEYS[9], id)
     recount('expired', nil)
     forgotten = forgotten + 1
   else
     local bytes = tonumber(redis.call('HGET', key, 'bytes') or '0')
-    redis.call('HINCRBY', KEYS[9], 'bytes', -bytes)
+    redis.call('HINCRBY', KEYS[10], 'bytes', -bytes)
     redis.call('HDEL', key, 'answer', 'error', 'request')
     redis.call('HSET', key, 'status', 'expired', 'bytes', 0)
     redis.call('DEL', text_key(base, id))
-    redis.call('ZADD', KEYS[8], now, id)
+    redis.call('ZADD', KEYS[9], now, id)
     recount(status, 'expired')
     expired = expired + 1
     announce(base, id)

@@ -1,15 +1,15 @@
 -- tg jobs v2, shared part (after the quota prelude, before each jobs script's body).
--- KEYS[1..5] are the quota's (see quota_common_v2.lua); then:
--- KEYS[6]  = <base>:jobs:queue    ZSET  job id -> fair start tag (oldest first within a tenant,
+-- KEYS[1..6] are the quota's (see quota_common_v2.lua); then:
+-- KEYS[7]  = <base>:jobs:queue    ZSET  job id -> fair start tag (oldest first within a tenant,
 --                                       tenants in turns by their shares)
--- KEYS[7]  = <base>:jobs:running  ZSET  job id -> until when its runner's lease holds (server ms)
--- KEYS[8]  = <base>:jobs:ended    ZSET  job id -> when it ended (and, once expired, when that was)
--- KEYS[9]  = <base>:jobs:meta     HASH  "vtime" (the fair queue's virtual time: the start tag of
+-- KEYS[8]  = <base>:jobs:running  ZSET  job id -> until when its runner's lease holds (server ms)
+-- KEYS[9]  = <base>:jobs:ended    ZSET  job id -> when it ended (and, once expired, when that was)
+-- KEYS[10] = <base>:jobs:meta     HASH  "vtime" (the fair queue's virtual time: the start tag of
 --                                       the job started last), "t:<tenant>" (its last finish
 --                                       tag), "bytes" (kept bodies and answers),
 --                                       "n:<status>" (jobs per status)
--- KEYS[10] = <base>:job:<id>      HASH  one job (scripts about many jobs pass a placeholder)
--- KEYS[11] = <base>:job:<id>:text LIST  its streamed pieces, in order
+-- KEYS[11] = <base>:job:<id>      HASH  one job (scripts about many jobs pass a placeholder)
+-- KEYS[12] = <base>:job:<id>:text LIST  its streamed pieces, in order
 -- <base> = <prefix>:{quota}: every key shares the quota's hash tag, so the jobs scripts run on
 -- Redis Cluster, and one script can start a job and take its seat. Scripts about many jobs
 -- (jobs_beat) reach their job keys by name under <base>, in the same slot.
@@ -31,21 +31,21 @@ end
 -- Moves one job between status counters (nil: none).
 local function recount(from, to)
   if from then
-    redis.call('HINCRBY', KEYS[9], 'n:' .. from, -1)
+    redis.call('HINCRBY', KEYS[10], 'n:' .. from, -1)
   end
   if to then
-    redis.call('HINCRBY', KEYS[9], 'n:' .. to, 1)
+    redis.call('HINCRBY', KEYS[10], 'n:' .. to, 1)
   end
 end
 
 local function meta_number(field)
-  return tonumber(redis.call('HGET', KEYS[9], field) or '0')
+  return tonumber(redis.call('HGET', KEYS[10], field) or '0')
 end
 
 -- Ends job `id` (its key `key`) as `status` at `now`, for the result's lifetime.
 local function ended(key, id, status, now)
   redis.call('HSET', key, 'status', status, 'finished_ms', now)
-  redis.call('ZADD', KEYS[8], now, id)
+  redis.call('ZADD', KEYS[9], now, id)
 end
 
 -- Puts a running job back at its place in the queue (its start tag is older than any job that
@@ -53,5 +53,5 @@ end
 local function requeue(base, key, id)
   redis.call('HSET', key, 'status', 'queued', 'runner', '')
   redis.call('DEL', text_key(base, id))
-  redis.call('ZADD', KEYS[6], redis.call('HGET', key, 'tag'), id)
+  redis.call('ZADD', KEYS[7], redis.call('HGET', key, 'tag'), id)
 end

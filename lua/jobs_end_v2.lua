@@ -9,26 +9,26 @@
 --   once).
 local base, id, token, to = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local result, text_bytes = ARGV[5], tonumber(ARGV[6])
-if redis.call('HGET', KEYS[10], 'runner') ~= token
-  or redis.call('HGET', KEYS[10], 'status') ~= 'running' then
+if redis.call('HGET', KEYS[11], 'runner') ~= token
+  or redis.call('HGET', KEYS[11], 'status') ~= 'running' then
   return ''
 end
-redis.call('ZREM', KEYS[7], id)
-if to == 'queued' and redis.call('HGET', KEYS[10], 'cancel') == '1' then
+redis.call('ZREM', KEYS[8], id)
+if to == 'queued' and redis.call('HGET', KEYS[11], 'cancel') == '1' then
   to = 'cancelled'
 end
 if to == 'queued' then
-  requeue(base, KEYS[10], id)
-  redis.call('HINCRBY', KEYS[10], 'handed', 1)
+  requeue(base, KEYS[11], id)
+  redis.call('HINCRBY', KEYS[11], 'handed', 1)
 else
-  ended(KEYS[10], id, to, now_ms())
+  ended(KEYS[11], id, to, now_ms())
   if to == 'done' then
-    redis.call('HSET', KEYS[10], 'answer', result)
+    redis.call('HSET', KEYS[11], 'answer', result)
   elseif to == 'failed' then
-    redis.call('HSET', KEYS[10], 'error', result)
+    redis.call('HSET', KEYS[11], 'error', result)
   end
+  redis.call('HINCRBY', KEYS[11], 'bytes', text_bytes)
   redis.call('HINCRBY', KEYS[10], 'bytes', text_bytes)
-  redis.call('HINCRBY', KEYS[9], 'bytes', text_bytes)
 end
 recount('running', to)
 announce(base, id)

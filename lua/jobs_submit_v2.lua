@@ -13,22 +13,22 @@ end
 if live + 1 > max_jobs or meta_number('bytes') + bytes > max_bytes then
   return 0
 end
-if redis.call('EXISTS', KEYS[10]) == 1 then
+if redis.call('EXISTS', KEYS[11]) == 1 then
   return -1
 end
 -- Start-time fair queuing: the job's start tag is its tenant's last finish tag or the virtual
 -- time, whichever is later; its finish tag is that plus 1 / share.
 local start = math.max(meta_number('vtime'), meta_number('t:' .. tenant))
 local tag = tostring(start)
-redis.call('HSET', KEYS[9], 't:' .. tenant, tostring(start + 1 / math.max(share, 0.001)))
-redis.call('ZADD', KEYS[6], tag, id)
+redis.call('HSET', KEYS[10], 't:' .. tenant, tostring(start + 1 / math.max(share, 0.001)))
+redis.call('ZADD', KEYS[7], tag, id)
 local now = now_ms()
-redis.call('HSET', KEYS[10], 'status', 'queued', 'submitted_ms', now, 'attempt', 0,
+redis.call('HSET', KEYS[11], 'status', 'queued', 'submitted_ms', now, 'attempt', 0,
   'tag', tag, 'tenant', tenant, 'bytes', bytes)
 for i = 8, #ARGV - 1, 2 do
-  redis.call('HSET', KEYS[10], ARGV[i], ARGV[i + 1])
+  redis.call('HSET', KEYS[11], ARGV[i], ARGV[i + 1])
 end
-redis.call('HINCRBY', KEYS[9], 'bytes', bytes)
+redis.call('HINCRBY', KEYS[10], 'bytes', bytes)
 recount(nil, 'queued')
 announce(base, id)
 return 1

@@ -3,6 +3,7 @@
 -- KEYS[2] = <prefix>:{quota}:leases  HASH   lease id -> "<lane> <tokens> <prefill>"
 -- KEYS[3] = <prefix>:{quota}:usage   HASH   "<lane>:n", "<lane>:tokens", "global:tokens",
 --                                            "prefill:tokens"
+-- KEYS[4] = <prefix>:{quota}:released (a pub/sub channel, passed as a key)
 -- <prefill>: the lease's prefill reservation (estimated prompt tokens until its first token;
 -- 0 afterwards). v2 added it; v1 leases had two fields, which is why the layout is versioned.
 -- All keys share the hash tag {quota}, so the scripts run on Redis Cluster too.
@@ -54,26 +55,81 @@ end
 --   interactive large request waiting in line. Background work (jobs) starts only while no
 --   replica has one (see quota_acquire_v2.lua, which keeps the marks).
 
--- Whether a lease for ARGV[1..10] (the acquire script's layout, below) fits; if so, takes it.
--- Returns the status: 1 granted, 0 lane slots full, -1 lane tokens, -2 global tokens,
--- -4 no prefill room.
-local function take_lease(now)
+-- KEYS[6] = <prefix>:{quota}:limits  HASH  the limits every replica enforces, one versioned
+--   record (written by quota_limits_v2.lua): "version", "policy" (lanes | strict), "seats",
+--   "global_tokens", "prefill_budget", "long_prompt", and per lane "<lane>:max" (its reserved
+--   share; strict: its cap), "<lane>:ceiling", "<lane>:tokens", "<lane>:lend", "<lane>:borrow".
+
+local LANES = { 'small', 'medium', 'large' }
+
+-- The limits record, numbers; nil when there is none (Redis lost it: the caller writes it).
+local function limits()
+  local raw = redis.call('HGETALL', KEYS[6])
+  if #raw == 0 then
+    return nil
+  end
+  local r = {}
+  for i = 1, #raw, 2 do
+    r[raw[i]] = tonumber(raw[i + 1]) or raw[i + 1]
+  end
+  return r
+end
+
+-- Whether one more lease of `lane` with `tokens` fits under the record `r`: the tokens within
+-- the lane's and the global budgets, and a seat: below the lane's reserved share always; above
+-- it (policy lanes, a lane that borrows, below its ceiling) while fewer than `seats` are taken,
+-- not counting the idle shares of the lanes that do not lend (the in-process rule, see
+-- src/admission/budget.rs). `own`: background work takes only the lane's own seats.
+-- Returns 1, or 0 (no seat), -1 (lane tokens), -2 (global tokens).
+local function fits(r, lane, tokens, own)
+  if usage(lane .. ':tokens') + tokens > r[lane .. ':tokens'] then
+    return -1
+  end
+  if usage('global:tokens') + tokens > r['global_tokens'] then
+    return -2
+  end
+  local mine = usage(lane .. ':n')
+  if mine < r[lane .. ':max'] then
+    return 1
+  end
+  if own or r['policy'] ~= 'lanes' or r[lane .. ':borrow'] ~= 1 or mine >= r[lane .. ':ceiling'] then
+    return 0
+  end
+  local taken, held_back = 0, 0
+  for _, l in ipairs(LANES) do
+    local n = usage(l .. ':n')
+    taken = taken + n
+    if l ~= lane and r[l .. ':lend'] ~= 1 then
+      held_back = held_back + math.max(0, r[l .. ':max'] - n)
+    end
+  end
+  if taken + held_back < r['seats'] then
+    return 1
+  end
+  return 0
+end
+
+-- Takes a lease for ARGV[1..5] (the acquire script's layout: id, lane, tokens, ttl_ms, prompt,
+-- the prompt being the lease's prefill reservation) if it fits the limits record and, for a
+-- long prompt, the record's prefill budget. `own`: only the lane's own seats (background work).
+-- Returns the status: 1 granted, 0 no seat, -1 lane tokens, -2 global tokens, -4 no prefill
+-- room, -5 no limits record (the caller writes it and tries again).
+local function take_lease(now, own)
   local id, lane = ARGV[1], ARGV[2]
   local tokens, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
-  local max_n, max_tokens, global_max = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-  local prompt, budget, long = tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10])
+  local prompt = tonumber(ARGV[5])
   if redis.call('HEXISTS', KEYS[2], id) == 1 then
     return 1
   end
-  if usage(lane .. ':n') + 1 > max_n then
-    return 0
+  local r = limits()
+  if not r then
+    return -5
   end
-  if usage(lane .. ':tokens') + tokens > max_tokens then
-    return -1
+  local status = fits(r, lane, tokens, own)
+  if status ~= 1 then
+    return status
   end
-  if usage('global:tokens') + tokens > global_max then
-    return -2
-  end
+  local budget, long = r['prefill_budget'], r['long_prompt']
   if budget > 0 and prompt > long then
     local prefilling = usage('prefill:tokens')
     if prefilling > 0 and prefilling + prompt > budget then

@@ -23,6 +23,7 @@
 //! | cancelling a job that already ended | 409 | `job_finished` |
 //! | `jobs.max_jobs` or `jobs.max_bytes` reached | 429 + `Retry-After` | `jobs_full` |
 //! | jobs switched off, or not run by this quota backend | 501 | `jobs_unavailable` |
+//! | still open when the shutdown grace period is over | 503 + `Retry-After` | `shutdown` |
 //! | gateway bug | 500 | `internal` |
 //!
 //! On `/v1` the body is OpenAI's error shape `{"error":{"message","type","param","code"}}`; on
@@ -102,6 +103,10 @@ pub enum GatewayError {
     /// The shared job store (Redis) cannot be reached.
     #[error("the shared job store (Redis) cannot be reached; retry shortly")]
     JobStoreDown,
+    /// The gateway is shutting down and its grace period is over: the request was ended (its
+    /// engine work aborted). Recorded with the outcome `cancelled`.
+    #[error("the gateway is shutting down; retry (another replica will answer)")]
+    Shutdown,
     /// Classification failed (too long for the model, or a tokenizer failure).
     #[error(transparent)]
     Classify(#[from] ClassifyError),
@@ -136,7 +141,7 @@ impl GatewayError {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::JobFinished(_) => StatusCode::CONFLICT,
             Self::JobsUnavailable(_) => StatusCode::NOT_IMPLEMENTED,
-            Self::JobStoreDown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::JobStoreDown | Self::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
             Self::Classify(e) => match e {
                 ClassifyError::ExceedsModelLen { .. } => StatusCode::BAD_REQUEST,
                 ClassifyError::TokenizerLoad { .. } | ClassifyError::Internal(_) => {
@@ -183,6 +188,7 @@ impl GatewayError {
             Self::JobsFull => "jobs_full",
             Self::JobsUnavailable(_) => "jobs_unavailable",
             Self::JobStoreDown => "job_store_unavailable",
+            Self::Shutdown => "shutdown",
             Self::Upstream(UpstreamError::Status { status, .. }) if status.is_client_error() => {
                 "upstream_rejected"
             }
@@ -205,6 +211,7 @@ impl GatewayError {
             Self::Overloaded | Self::QueuedBytes => Outcome::QueueFull,
             Self::JobsFull => Outcome::QueueFull,
             Self::JobStoreDown => Outcome::QuotaUnavailable,
+            Self::Shutdown => Outcome::Cancelled,
             Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Outcome::TooLong,
             Self::Classify(_) => Outcome::Internal,
             Self::Admission(AdmissionError::QueueFull { .. }) => Outcome::QueueFull,
@@ -272,7 +279,7 @@ impl GatewayError {
             Self::Admission(AdmissionError::Timeout { .. }) => Some(Duration::from_secs(1)),
             Self::Overloaded | Self::QueuedBytes => Some(Duration::from_secs(1)),
             Self::JobsFull => Some(Duration::from_secs(10)),
-            Self::JobStoreDown => Some(Duration::from_secs(1)),
+            Self::JobStoreDown | Self::Shutdown => Some(Duration::from_secs(1)),
             Self::Admission(AdmissionError::QuotaUnavailable { .. }) => {
                 Some(Duration::from_secs(1))
             }

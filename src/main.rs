@@ -37,6 +37,23 @@ enum Command {
         /// Config file to check.
         path: PathBuf,
     },
+    /// Write a config file's lane limits as the shared quota's limits record in Redis
+    /// (`quota.backend = "redis"`): a new version, which every replica enforces from its next
+    /// admission on.
+    Limits {
+        #[command(subcommand)]
+        action: LimitsAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum LimitsAction {
+    /// Push the file's limits (checked whole first).
+    Push {
+        /// Config file whose `[lanes.*]`, `[admission]` and `[quota]` are used.
+        #[arg(long, default_value = "config/config.toml")]
+        config: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -48,6 +65,37 @@ fn main() -> ExitCode {
             sim_args,
         } => serve(&config, listen, with_sim, &sim_args),
         Command::CheckConfig { path } => check_config(&path),
+        Command::Limits {
+            action: LimitsAction::Push { config },
+        } => limits_push(&config),
+    }
+}
+
+fn limits_push(path: &std::path::Path) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => return report(path, e),
+    };
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(tutor_gateway::admission::redis::push_limits(&config)) {
+        Ok(version) => {
+            println!(
+                "{}: limits pushed to {} as version {version}",
+                path.display(),
+                config.quota.redis_url
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("tutor-gateway: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -71,9 +119,13 @@ fn serve(
             return ExitCode::FAILURE;
         }
     };
+    // rustls clients built without a crypto provider of their own (the OTLP/HTTP exporter's
+    // default client, for an http:// collector) use the process default: ring, the provider
+    // every other TLS client of the gateway names. Without it that exporter panics at start-up.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     // The OTLP exporter needs the runtime to exist; it is flushed (dropped) before the runtime.
-    let _enter = rt.enter();
-    let _tracing = match tutor_gateway::telemetry::otel::init(&config.telemetry) {
+    let enter = rt.enter();
+    let tracing_guard = match tutor_gateway::telemetry::otel::init(&config.telemetry) {
         Ok(guard) => guard,
         Err(e) => {
             eprintln!("tutor-gateway: cannot set up logging/tracing: {e:#}");
@@ -89,7 +141,20 @@ fn serve(
             None
         };
         let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        // A reload re-reads the file, with this command line's overrides applied again.
+        let sim_url = sim.as_ref().map(|_| config.upstream.base_url.clone());
         let gateway = tutor_gateway::server::start(config, listener)?;
+        gateway.state.set_config_source(
+            path.to_path_buf(),
+            std::sync::Arc::new(move |c: &mut Config| {
+                if let Some(addr) = listen {
+                    c.listen = addr;
+                }
+                if let Some(url) = &sim_url {
+                    c.upstream.base_url = url.clone();
+                }
+            }),
+        );
         tracing::info!(addr = %gateway.addr, "tutor-gateway listening; try: curl -N 'http://{}/answer?prompt=why+does+my+loop+never+end'", gateway.addr);
         if let Some(admin) = gateway.admin_addr {
             tracing::info!(addr = %admin, "admin listener (/metrics, /readyz)");
@@ -100,6 +165,12 @@ fn serve(
         }
         anyhow::Ok(())
     });
+    // The gateway's shutdown returned only after every connection's task ended, so every
+    // request's span is closed, the ones of streams ended by the shutdown included. Flush them
+    // now, while the runtime still runs (the gRPC exporter does its I/O on it); then stop it.
+    drop(tracing_guard);
+    drop(enter);
+    drop(rt);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

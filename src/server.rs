@@ -1,13 +1,35 @@
 //! Wiring and serving: build the state from a [`Config`], serve the routes, shut down cleanly.
 //!
 //! Connections are accepted by [`accept`] (connection limit, header timeout). Shutdown
-//! (SIGTERM, Ctrl-C, or [`Gateway::shutdown`]): stop accepting, let in-flight streams
-//! finish for `server.shutdown_grace`, then drop the rest (their relays abort the engine work),
-//! and wait a bounded time for the spawned abort calls.
+//! (SIGTERM, Ctrl-C, or [`Gateway::shutdown`]), in this order:
+//!
+//! 1. `/readyz` answers 503 `draining` ([`Drain::begin`]), so the load balancer stops sending.
+//! 2. The public listener stops accepting; open connections are asked to close after their
+//!    request. Background jobs stop at once (the stop token: in process they are cancelled,
+//!    with Redis handed back to the queue).
+//! 3. Open streams get up to `server.shutdown_grace` to finish.
+//! 4. Then every stream still open ends ([`Drain::end_streams`]): the client gets an error
+//!    with the code `shutdown` (an `/answer` `error` event, a `/v1` `data: {"error": …}` then
+//!    `data: [DONE]`, 503 for a request whose answer had not begun), its engine work is
+//!    aborted and its seat given back. A connection that has not taken its last event within
+//!    [`accept::END_WAIT`] is closed. The listener returns when every connection's task ended.
+//! 5. The admin listener (`server.admin_listen`), which kept answering `/readyz` and
+//!    `/metrics` until now, stops.
+//! 6. The engine abort calls and the jobs' last writes complete (bounded by twice
+//!    [`ABORT_TIMEOUT`]).
+//! 7. With the Redis quota, the released leases reach Redis ([`RedisAdmission::shutdown`],
+//!    bounded by [`RELEASE_WAIT`]) before the call returns; the binary then flushes its spans.
+//!
+//! [`RedisAdmission::shutdown`]: crate::admission::RedisAdmission::shutdown
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::Context;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -17,13 +39,18 @@ use crate::admission::Admission;
 use crate::api::{admin, app, AppState, Jobs};
 use crate::classify::Classifier;
 use crate::config::{Config, RequestLogSink};
+use crate::error::GatewayError;
+use crate::relay::Drain;
 use crate::telemetry::{Metrics, RequestLog};
 use crate::upstream::{UpstreamClient, ABORT_TIMEOUT};
 
 mod accept;
 pub mod tls;
 
-pub use accept::H2_MAX_STREAMS;
+pub use accept::{END_WAIT, H2_MAX_STREAMS};
+
+/// Longest the shutdown waits for released leases to reach Redis.
+pub const RELEASE_WAIT: Duration = Duration::from_secs(2);
 
 /// A running gateway.
 #[derive(Debug)]
@@ -34,7 +61,12 @@ pub struct Gateway {
     pub admin_addr: Option<SocketAddr>,
     /// Its state (admission counters, metrics), for tests and the soak check.
     pub state: AppState,
+    /// `/readyz` and the streams' view of the shutdown.
+    drain: Drain,
+    /// Stops the public listener, the jobs and the background reloads.
     stop: CancellationToken,
+    /// Stops the admin listener, after the public one is done.
+    admin_stop: CancellationToken,
     tasks: TaskTracker,
     serve: JoinHandle<()>,
     admin: Option<JoinHandle<()>>,
@@ -86,11 +118,16 @@ pub fn serve_state(
 ) -> anyhow::Result<Gateway> {
     let addr = listener.local_addr()?;
     let stop = CancellationToken::new();
+    let admin_stop = CancellationToken::new();
+    let drain = Drain::new();
     let jobs = Jobs::start(state.clone(), stop.clone(), tasks.clone());
     let auth = crate::api::auth::Auth::start(&state.config().auth, stop.clone());
-    let router = app(state.clone(), jobs, auth);
-    let grace = state.config().server.shutdown_grace;
-    let stopping = stop.clone();
+    let router = drained(app(state.clone(), jobs, auth), &drain);
+    let public = accept::Shutdown {
+        stop: stop.clone(),
+        grace: state.config().server.shutdown_grace,
+        drain: Some(drain.clone()),
+    };
     let server = state.config().server.clone();
     let metrics = state.metrics().clone();
     let (admin_addr, admin) = match server.admin_listen {
@@ -100,10 +137,16 @@ pub fn serve_state(
             std_listener.set_nonblocking(true)?;
             let listener = TcpListener::from_std(std_listener)?;
             let admin_addr = listener.local_addr()?;
-            let (router, server, metrics) = (admin(state.clone()), server.clone(), metrics.clone());
-            let stopping = stop.clone();
+            let router = drained(admin(state.clone()), &drain);
+            let (server, metrics) = (server.clone(), metrics.clone());
+            // Stopped after the public listener; its requests are short.
+            let shutdown = accept::Shutdown {
+                stop: admin_stop.clone(),
+                grace: END_WAIT,
+                drain: None,
+            };
             let task = tokio::spawn(async move {
-                accept::serve(listener, router, &server, metrics, None, stopping, grace).await;
+                accept::serve(listener, router, &server, metrics, None, shutdown).await;
             });
             (Some(admin_addr), Some(task))
         }
@@ -118,17 +161,41 @@ pub fn serve_state(
         None => None,
     };
     let serve = tokio::spawn(async move {
-        accept::serve(listener, router, &server, metrics, tls, stopping, grace).await;
+        accept::serve(listener, router, &server, metrics, tls, public).await;
     });
     Ok(Gateway {
         addr,
         admin_addr,
         state,
+        drain,
         stop,
+        admin_stop,
         tasks,
         serve,
         admin,
     })
+}
+
+/// `router` with every request handled under `drain` (see [`in_drain`]).
+fn drained(router: Router, drain: &Drain) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(
+        drain.clone(),
+        in_drain,
+    ))
+}
+
+/// Runs a request's handler under the gateway's [`Drain`]: the relay it starts ends when the
+/// grace period is over ([`Drain::current`]), `/readyz` finds the drain in the request's
+/// extensions, and a request whose answer has not begun by then (waiting for a seat or for
+/// vLLM) gets 503 `shutdown` (its handler is dropped, as when a client goes away).
+async fn in_drain(State(drain): State<Drain>, mut req: Request, next: Next) -> Response {
+    req.extensions_mut().insert(drain.clone());
+    let handler = drain.scope(next.run(req));
+    tokio::select! {
+        biased;
+        resp = handler => resp,
+        () = drain.ending() => GatewayError::Shutdown.into_response(),
+    }
 }
 
 impl Gateway {
@@ -137,25 +204,71 @@ impl Gateway {
         format!("http://{}", self.addr)
     }
 
-    /// Stops accepting, drains within the grace period, then waits for abort calls.
+    /// Shuts down in the order of the module doc: `/readyz` says `draining`, the listener
+    /// stops accepting, streams get the grace period, then the rest end with `shutdown`; then
+    /// abort calls complete and leases are given back. Returns when all of that is done.
     pub async fn shutdown(self) {
+        let grace_ms = self.state.config().server.shutdown_grace.as_millis() as u64;
+        tracing::info!(
+            grace_ms,
+            "draining: /readyz answers 503, no new connections"
+        );
+        self.drain.begin();
         self.stop.cancel();
         let _ = self.serve.await;
+        self.admin_stop.cancel();
         if let Some(admin) = self.admin {
             let _ = admin.await;
         }
         self.tasks.close();
-        let _ = tokio::time::timeout(ABORT_TIMEOUT * 2, self.tasks.wait()).await;
+        if tokio::time::timeout(ABORT_TIMEOUT * 2, self.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = self.tasks.len(),
+                "engine abort calls or jobs still running at shutdown"
+            );
+        }
+        if let Some(redis) = self.state.admission().shared() {
+            if tokio::time::timeout(RELEASE_WAIT, redis.shutdown())
+                .await
+                .is_err()
+            {
+                tracing::warn!("released leases not all written to Redis; they expire by TTL");
+            }
+        }
+        tracing::info!("shut down");
     }
 
-    /// Serves until SIGTERM or Ctrl-C, then shuts down.
+    /// Serves until a signal says stop (SIGTERM, or Ctrl-C / SIGINT), then shuts down; SIGHUP
+    /// reloads the configuration file ([`crate::pipeline::reload`]) and serves on.
     pub async fn run_until_signal(self) -> anyhow::Result<()> {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut hup = signal(SignalKind::hangup())?;
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {
+                    tracing::info!("interrupted: shutting down");
+                    break;
+                }
+                _ = term.recv() => {
+                    tracing::info!("SIGTERM: shutting down");
+                    break;
+                }
+                _ = hup.recv() => {
+                    tracing::info!("SIGHUP: reloading the configuration");
+                    let state = self.state.clone();
+                    // Reading the file and loading a tokenizer block: off the async workers.
+                    // The outcome is logged and counted by the reload itself.
+                    let _ = tokio::task::spawn_blocking(move || {
+                        crate::pipeline::reload::reload(&state)
+                    })
+                    .await;
+                }
+            }
         }
-        tracing::info!("shutting down");
         self.shutdown().await;
         Ok(())
     }

@@ -19,9 +19,11 @@ use tutor_gateway::server::Gateway;
 use tutor_gateway::telemetry::Metrics;
 use vllm_sim::{SimArgs, SimServer};
 
+/// Each lane's ceiling (the most leases it may hold, borrowed seats included: the shared quota
+/// is work-conserving) and token budget.
 const LIMITS: [(&str, i64, i64); 3] = [
-    ("small", 32, 38_400),
-    ("medium", 20, 100_000),
+    ("small", 96, 38_400),
+    ("medium", 40, 100_000),
     ("large", 4, 65_536),
 ];
 const GLOBAL_TOKENS: i64 = 196_608;
@@ -517,5 +519,412 @@ async fn the_shared_quota_speaks_tls_to_redis() {
     let url = format!("{}/v1/chat/completions", untrusted.url());
     assert_eq!(post(&client, url, body(20, 8, "tls-2")).await, 503);
     untrusted.shutdown().await;
+    sim.shutdown().await;
+}
+
+/// One slow call is not an outage (issue 18, item 3): Redis stops answering for 700 ms (longer
+/// than a call's 500 ms timeout) while a request asks for a seat; the call fails, the request
+/// waits and tries again, gets its lease from Redis, and the replica never falls back.
+#[tokio::test]
+async fn one_slow_quota_call_does_not_make_the_replica_fall_back() {
+    let redis = RedisServer::start();
+    let sim = sim().await;
+    let mut cfg = config(&sim, &redis);
+    // No heartbeat during the pause (a failed heartbeat does count as an outage at once).
+    cfg.quota.lease_ttl = Duration::from_secs(30);
+    cfg.quota.heartbeat = Duration::from_secs(10);
+    let metrics = Metrics::new();
+    let Admission::Redis(a) = Admission::build(&cfg, metrics.quota().clone()).unwrap() else {
+        panic!("redis backend")
+    };
+    // Connected and working.
+    drop(a.acquire(Lane::Small, 10).await.unwrap());
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    quota_drains(&mut conn, "the first lease came back").await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(700)
+        .arg("ALL")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let guard = a.acquire(Lane::Small, 10).await.unwrap();
+    assert!(!a.degraded(), "one failed call did not mark Redis down");
+    assert!(!metrics.quota().degraded());
+    assert!(
+        metrics.quota().errors("timeout") >= 1,
+        "the slow call was counted as a failed call"
+    );
+    // The lease is in Redis (not the fallback's); a lease the timed-out call may have taken is
+    // given back (here or by the heartbeat's retry).
+    let leases: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg("tg:v2:{quota}:leases")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!leases.is_empty(), "the request holds a lease in Redis");
+    drop(guard);
+    quota_drains(&mut conn, "the lease came back").await;
+    sim.shutdown().await;
+}
+
+/// Replicas agree on one versioned limits record (issue 18, item 2): a reload on replica A
+/// lowers the large lane to one seat; once both replicas report the new version, neither
+/// admits a second large request, whoever sends it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_limit_pushed_by_one_replica_is_enforced_by_both() {
+    let redis = RedisServer::start();
+    let sim = slow_sim().await;
+    let cfg = config(&sim, &redis);
+    let a = gateway(cfg.clone()).await;
+    let b = gateway(cfg.clone()).await;
+    let versions = || {
+        (
+            a.state.metrics().quota().limits_version(),
+            b.state.metrics().quota().limits_version(),
+        )
+    };
+    common::eventually("both replicas see the first record", || {
+        let (va, vb) = versions();
+        va >= 1 && va == vb
+    })
+    .await;
+    let first = versions().0;
+    let mut lowered = cfg.clone();
+    lowered.lanes.large.max_concurrency = 1.try_into().unwrap();
+    lowered.lanes.large.ceiling = 1.try_into().unwrap();
+    tutor_gateway::pipeline::reload::apply(&a.state, lowered).unwrap();
+    common::eventually("both replicas report the pushed version", || {
+        let (va, vb) = versions();
+        va > first && va == vb
+    })
+    .await;
+    // Six large requests, three through each replica: one at a time in the engine.
+    let client = reqwest::Client::new();
+    let mut sent = Vec::new();
+    for i in 0..6 {
+        let url = format!("{}/v1/chat/completions", [&a, &b][i % 2].url());
+        let client = client.clone();
+        sent.push(tokio::spawn(async move {
+            post(&client, url, body(200, 40, &format!("pushed-{i}"))).await
+        }));
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let done = done.clone();
+        let redis_url = redis.url();
+        tokio::spawn(async move {
+            let client = redis::Client::open(redis_url).unwrap();
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let mut most = 0;
+            while !done.load(Ordering::Acquire) {
+                let (usage, leases) = read_quota(&mut conn).await;
+                let n = usage.get("large:n").copied().unwrap_or(0);
+                let held = leases.values().filter(|v| v.starts_with("large ")).count() as i64;
+                assert_eq!(n, held, "the counter equals the live leases");
+                most = most.max(n);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            most
+        })
+    };
+    for s in sent {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+    done.store(true, Ordering::Release);
+    let most = watcher.await.unwrap();
+    assert_eq!(most, 1, "the pushed limit held on both replicas");
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    quota_drains(&mut conn, "after the pushed limit").await;
+    a.shutdown().await;
+    b.shutdown().await;
+    sim.shutdown().await;
+}
+
+/// Work-conserving lanes across replicas (issue 18, item 2): small (2 seats of its own, ceiling
+/// 4) borrows the seats medium leaves idle, through both replicas; medium's own requests then
+/// get their seats at once (a lent seat comes back to its owner's next request), and the small
+/// lane never holds more than its ceiling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn small_borrows_idle_seats_across_replicas_and_medium_gets_its_own_back() {
+    let redis = RedisServer::start();
+    let sim = slow_sim().await;
+    let mut cfg = config(&sim, &redis);
+    cfg.admission.seats = 6.try_into().unwrap();
+    cfg.lanes.small.max_concurrency = 2.try_into().unwrap();
+    cfg.lanes.small.ceiling = 4.try_into().unwrap();
+    cfg.lanes.small.borrow = true;
+    cfg.lanes.medium.max_concurrency = 2.try_into().unwrap();
+    cfg.lanes.medium.ceiling = 2.try_into().unwrap();
+    cfg.lanes.medium.lend = true;
+    cfg.lanes.large.max_concurrency = 1.try_into().unwrap();
+    cfg.lanes.large.ceiling = 1.try_into().unwrap();
+    // Small up to 400 tokens of work (about a second of output here), medium up to 1000.
+    cfg.classify.small_max_work = 400.try_into().unwrap();
+    cfg.classify.medium_max_work = 1_000.try_into().unwrap();
+    let a = gateway(cfg.clone()).await;
+    let b = gateway(cfg.clone()).await;
+    let client = reqwest::Client::new();
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let lane_n = |usage: &HashMap<String, i64>, lane: &str| {
+        usage.get(&format!("{lane}:n")).copied().unwrap_or(0)
+    };
+    // Eight long small requests, four through each replica.
+    let mut small = Vec::new();
+    for i in 0..8 {
+        let url = format!("{}/v1/chat/completions", [&a, &b][i % 2].url());
+        let client = client.clone();
+        small.push(tokio::spawn(async move {
+            post(&client, url, body(10, 200, &format!("small-{i}"))).await
+        }));
+    }
+    // Small borrows medium's idle seats: four in flight, above its own two, never above four.
+    let mut borrowed = false;
+    for _ in 0..2000 {
+        let (usage, _) = read_quota(&mut conn).await;
+        let n = lane_n(&usage, "small");
+        assert!(n <= 4, "small holds {n} > its ceiling");
+        if n == 4 {
+            borrowed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(borrowed, "small borrowed the idle seats");
+    // Medium asks for its own seats while small still holds borrowed ones: both get in.
+    let mut medium = Vec::new();
+    for i in 0..2 {
+        let url = format!("{}/v1/chat/completions", [&a, &b][i % 2].url());
+        let client = client.clone();
+        medium.push(tokio::spawn(async move {
+            post(&client, url, body(30, 500, &format!("medium-{i}"))).await
+        }));
+    }
+    let mut both = false;
+    for _ in 0..2000 {
+        let (usage, _) = read_quota(&mut conn).await;
+        assert!(lane_n(&usage, "small") <= 4);
+        if lane_n(&usage, "medium") == 2 {
+            both = true;
+            assert!(
+                lane_n(&usage, "small") >= 2,
+                "medium got its seats back without waiting for small to drain"
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(both, "medium got its two seats");
+    for s in small.into_iter().chain(medium) {
+        assert_eq!(s.await.unwrap(), 200);
+    }
+    quota_drains(&mut conn, "after borrowing").await;
+    a.shutdown().await;
+    b.shutdown().await;
+    sim.shutdown().await;
+}
+
+/// The simulator at real speed (about 5 ms a token), so requests overlap.
+async fn slow_sim() -> SimServer {
+    let flags = [
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+        "--num-gpu-blocks",
+        "8192",
+        "--mean-output-tokens",
+        "1000000",
+    ];
+    vllm_sim::start(&SimArgs::for_test(&flags)).await.unwrap()
+}
+
+/// A TCP forwarder in front of Redis that can cut every connection and refuse new ones (a
+/// network outage; Redis itself keeps its data).
+struct Outage {
+    port: u16,
+    up: Arc<AtomicBool>,
+    conns: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
+}
+
+impl Outage {
+    async fn new(redis_port: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = Arc::new(AtomicBool::new(true));
+        let conns: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let (on, held) = (up.clone(), conns.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !on.load(Ordering::Acquire) {
+                    continue;
+                }
+                let task = tokio::spawn(async move {
+                    if let Ok(mut out) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", redis_port)).await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    }
+                });
+                held.lock().unwrap().push(task.abort_handle());
+            }
+        });
+        Self { port, up, conns }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn cut(&self) {
+        self.up.store(false, Ordering::Release);
+        for c in self.conns.lock().unwrap().drain(..) {
+            c.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.up.store(true, Ordering::Release);
+    }
+}
+
+/// Fail-open without overcommit (issue 18, item 3): two replicas, the large lane's 4 seats, a
+/// 10 s Redis outage under load. Each replica's fallback counts the requests it still runs
+/// from before the outage, so the engine never sees more large requests than the limit plus
+/// one fallback share (the check is the simulator's own count); when Redis is back the
+/// requests admitted meanwhile are registered there, and every lease is given back at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redis_outage_under_load_never_overcommits_the_engine() {
+    let redis = RedisServer::start();
+    let outage = Outage::new(redis.port).await;
+    let sim = slow_sim().await;
+    let mut cfg = config(&sim, &redis);
+    cfg.quota.redis_url = RedisUrl::new(outage.url());
+    cfg.quota.on_redis_down = OnRedisDown::FailOpen;
+    cfg.quota.expected_replicas = 2.try_into().unwrap();
+    let a = gateway(cfg.clone()).await;
+    let b = gateway(cfg.clone()).await;
+    let client = reqwest::Client::new();
+    let mut sent = Vec::new();
+    for i in 0..20 {
+        let url = format!("{}/v1/chat/completions", [&a, &b][i % 2].url());
+        let client = client.clone();
+        sent.push(tokio::spawn(async move {
+            post(&client, url, body(200, 240, &format!("outage-{i}"))).await
+        }));
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let watcher = {
+        let done = done.clone();
+        let engine = sim.engine.clone();
+        tokio::spawn(async move {
+            let mut most = 0;
+            while !done.load(Ordering::Acquire) {
+                most = most.max(engine.snapshot().running);
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            most
+        })
+    };
+    common::eventually("the large lane is full", || {
+        sim.engine.snapshot().running == 4
+    })
+    .await;
+    outage.cut();
+    common::eventually("both replicas run on their fallback", || {
+        a.state.metrics().quota().degraded() && b.state.metrics().quota().degraded()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    outage.restore();
+    for s in sent {
+        assert_eq!(s.await.unwrap(), 200, "fail_open served every request");
+    }
+    done.store(true, Ordering::Release);
+    let most = watcher.await.unwrap();
+    eprintln!("MOST {most}");
+    // Limit 4, fallback share 4 / 2 = 2.
+    assert!(
+        most <= 6,
+        "the engine saw {most} large requests at once (limit 4 + fallback share 2)"
+    );
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    quota_drains(&mut conn, "after the outage").await;
+    a.shutdown().await;
+    b.shutdown().await;
+    sim.shutdown().await;
+}
+
+/// The fallback counts what its replica still runs, and Redis counts what the fallback let in
+/// (issue 18, item 3), step by step on one replica: it holds its large share (2 of 4, two
+/// replicas expected) when Redis goes away; its fallback admits no third large request until
+/// one of the two ends; when Redis is back, the request the fallback admitted is registered as
+/// a lease there; at the end every lease is given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_fallback_counts_running_leases_and_redis_counts_the_fallbacks() {
+    let redis = RedisServer::start();
+    let outage = Outage::new(redis.port).await;
+    let sim = sim().await;
+    let mut cfg = config(&sim, &redis);
+    cfg.quota.redis_url = RedisUrl::new(outage.url());
+    cfg.quota.on_redis_down = OnRedisDown::FailOpen;
+    cfg.quota.expected_replicas = 2.try_into().unwrap();
+    let metrics = Metrics::new();
+    let Admission::Redis(a) = Admission::build(&cfg, metrics.quota().clone()).unwrap() else {
+        panic!("redis backend")
+    };
+    let first = a.acquire(Lane::Large, 300).await.unwrap();
+    let second = a.acquire(Lane::Large, 300).await.unwrap();
+    outage.cut();
+    common::eventually("the replica runs on its fallback", || a.degraded()).await;
+    // Its share (2) is taken by the two requests still running: a third waits.
+    let third = tokio::time::timeout(Duration::from_millis(300), a.acquire(Lane::Large, 300)).await;
+    assert!(
+        third.is_err(),
+        "the fallback admitted a third large request on top of the two still running"
+    );
+    drop(first);
+    let third = tokio::time::timeout(Duration::from_secs(5), a.acquire(Lane::Large, 300))
+        .await
+        .expect("one ended: the fallback has room")
+        .unwrap();
+    // Redis is back: the fallback's admission is counted there, beside the old lease.
+    outage.restore();
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mut counted = false;
+    for _ in 0..1000 {
+        let (usage, leases) = read_quota(&mut conn).await;
+        if !a.degraded() && usage.get("large:n").copied() == Some(2) {
+            assert_eq!(leases.len(), 2, "{leases:?}");
+            counted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(counted, "the running requests are counted in Redis again");
+    drop(second);
+    drop(third);
+    quota_drains(&mut conn, "after the outage").await;
+    a.shutdown().await;
     sim.shutdown().await;
 }

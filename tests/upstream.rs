@@ -1,5 +1,7 @@
 //! The upstream client against `vllm-sim` on 127.0.0.1:0: full streams, vLLM's errors, faults,
-//! timeouts, and the engine abort (M21).
+//! timeouts, and the engine abort (M21): closing the connection, plus the abort call in each
+//! `upstream.abort.mode`, against the simulator as a default `vllm serve` (no abort endpoint)
+//! and with `--enable-scale-out` (vLLM's `/inference/v1/abort_requests`).
 
 #[path = "upstream/common.rs"]
 mod common;
@@ -11,8 +13,10 @@ use common::*;
 use futures::StreamExt;
 use serde_json::{json, Value};
 use tokio_util::task::TaskTracker;
+use tutor_gateway::config::{AbortIdFormat, AbortMode, Config, RequestLogSink};
 use tutor_gateway::upstream::{
-    AbortGuard, AbortState, Chunk, UpstreamClient, UpstreamError, UpstreamStream,
+    AbortCaller, AbortEndpoint, AbortGuard, AbortState, Chunk, Endpoint, UpstreamClient,
+    UpstreamError, UpstreamStream,
 };
 
 /// Reads to the end: every chunk, and the error that ended it, if any.
@@ -136,7 +140,9 @@ async fn callers_stream_options_are_kept_and_running_usage_is_exact() {
 #[tokio::test]
 async fn request_id_traceparent_and_forced_stream_body_reach_the_wire() {
     let rec = Recorder::start(None).await;
-    let client = client_for(upstream_config(&rec.base_url));
+    let mut config = upstream_config(&rec.base_url);
+    config.abort.mode = AbortMode::On; // no probe: the recorder sees the request first
+    let client = client_for(config);
     let mut req = chat("trace-1", "hi", 5);
     req.traceparent = Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".into());
     req.body.insert("stream".into(), json!(false));
@@ -165,8 +171,10 @@ async fn request_id_traceparent_and_forced_stream_body_reach_the_wire() {
         json!({"continuous_usage_stats": true, "include_usage": true})
     );
     assert_eq!(body["model"], MODEL);
-    assert!(seen[1].head.starts_with("POST /abort_requests "));
-    assert_eq!(seen[1].body, r#"{"request_ids":["trace-1"]}"#);
+    assert!(seen[1]
+        .head
+        .starts_with("POST /inference/v1/abort_requests "));
+    assert_eq!(seen[1].body, r#"{"request_ids":["chatcmpl-trace-1"]}"#);
 }
 
 #[tokio::test]
@@ -293,11 +301,13 @@ async fn stalled_stream_hits_the_idle_timeout_and_the_engine_is_aborted() {
         "tiny-test",
         "--stall-after-tokens",
         "3",
+        "--enable-scale-out",
     ])
     .await;
     let mut config = upstream_config(&s.url());
     config.idle_timeout = Duration::from_millis(300);
     let client = client_for(config);
+    assert_eq!(probed(&client).await, AbortEndpoint::Offered);
     let mut stream = client.stream(chat("stall-1", "hi", 50)).await.unwrap();
     let started = Instant::now();
     let (chunks, err) = drain(&mut stream).await;
@@ -399,9 +409,11 @@ async fn garbage_is_a_protocol_error_and_the_abort_is_sent() {
         "tiny-test",
         "--garbage-rate",
         "1",
+        "--enable-scale-out",
     ])
     .await;
     let client = client_for(upstream_config(&s.url()));
+    assert_eq!(probed(&client).await, AbortEndpoint::Offered);
     let mut stream = client.stream(chat("junk-1", "hi", 5000)).await.unwrap();
     let (_, err) = drain(&mut stream).await;
     let Some(UpstreamError::Protocol(msg)) = err else {
@@ -440,13 +452,102 @@ async fn omitted_done_after_the_finish_ends_cleanly() {
 }
 
 #[tokio::test]
-async fn dropping_the_stream_midway_sends_exactly_one_abort_that_reaches_the_engine() {
+async fn stock_vllm_a_dropped_stream_stops_generation_with_no_abort_call_and_no_refusal_logged() {
+    let (logs, _guard) = capture_logs();
+    // A default `vllm serve`: no abort endpoint.
     let s = sim(&["--speed", "1", "--profile", "tiny-test"]).await;
-    // The abort goes through a recorder that counts it and forwards it to the simulator.
-    let rec = Recorder::start(Some(s.url())).await;
+    let client = client_for(upstream_config(&s.url()));
+    assert_eq!(probed(&client).await, AbortEndpoint::Absent);
+    let mut stream = client.stream(chat("stock-1", "hi", 5000)).await.unwrap();
+    read_tokens(&mut stream, 3).await;
+    let watch = stream.abort_watch();
+    drop(stream);
+    assert_eq!(watch.state(), AbortState::ConnectionOnly);
+    assert_one_abort_in_engine(&s).await;
+    let steps = s.engine.snapshot().steps;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(s.engine.snapshot().steps, steps, "generation stopped");
+    wait_tasks(&client).await;
+    assert_eq!(abort_calls(&s).await.len(), 1, "the probe only");
+    assert!(abort_calls_after_probe(&s).await.is_empty());
+    let text = logs.text();
+    assert!(!text.contains("refused"), "{text}");
+    assert!(!text.contains("WARN"), "{text}");
+    assert!(text.contains("engine has no abort endpoint"), "{text}");
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn auto_against_the_scale_out_endpoint_probes_then_calls_it() {
+    let s = sim(&[
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+        "--enable-scale-out",
+    ])
+    .await;
+    let client = client_for(upstream_config(&s.url()));
+    assert_eq!(probed(&client).await, AbortEndpoint::Offered);
+    let probe = abort_calls(&s).await;
+    assert_eq!(probe.len(), 1);
+    assert_eq!(
+        (probe[0]["status"].as_u64(), probe[0]["aborted"].as_u64()),
+        (Some(200), Some(0)),
+        "the probe names no request: {probe:?}"
+    );
+    let mut stream = client.stream(chat("auto-1", "hi", 5000)).await.unwrap();
+    read_tokens(&mut stream, 3).await;
+    let watch = stream.abort_watch();
+    drop(stream);
+    wait_tasks(&client).await;
+    assert_eq!(watch.state(), AbortState::Sent);
+    let calls = abort_calls_after_probe(&s).await;
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0]["request_ids"], json!(["chatcmpl-auto-1"]));
+    assert_one_abort_in_engine(&s).await;
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn mode_on_calls_even_a_stock_vllm_and_logs_the_refusal() {
+    let (logs, _guard) = capture_logs();
+    let s = sim(&["--speed", "1", "--profile", "tiny-test"]).await;
     let mut config = upstream_config(&s.url());
-    config.abort.url_template = format!("{}/abort_requests", rec.base_url);
+    config.abort.mode = AbortMode::On;
     let client = client_for(config);
+    let mut stream = client.stream(chat("on-1", "hi", 5000)).await.unwrap();
+    read_tokens(&mut stream, 3).await;
+    let watch = stream.abort_watch();
+    drop(stream);
+    wait_tasks(&client).await;
+    assert_eq!(
+        client.abort_endpoint(),
+        AbortEndpoint::Unknown,
+        "on never probes"
+    );
+    assert_eq!(watch.state(), AbortState::Failed);
+    let calls = abort_calls(&s).await;
+    assert_eq!(calls.len(), 1, "no probe, one call: {calls:?}");
+    assert_eq!(calls[0]["status"], 403);
+    assert!(logs.text().contains("engine abort refused"));
+    // The closed connection stopped it all the same.
+    assert_one_abort_in_engine(&s).await;
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn dropping_the_stream_midway_sends_exactly_one_abort_that_reaches_the_engine() {
+    let s = sim(&[
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+        "--enable-scale-out",
+    ])
+    .await;
+    let client = client_for(upstream_config(&s.url()));
+    assert_eq!(probed(&client).await, AbortEndpoint::Offered);
     let mut stream = client.stream(chat("walk-1", "hi", 5000)).await.unwrap();
     read_tokens(&mut stream, 3).await;
     assert_eq!(metric(&s, &running()).await, 1.0);
@@ -454,53 +555,131 @@ async fn dropping_the_stream_midway_sends_exactly_one_abort_that_reaches_the_eng
     drop(stream);
     wait_tasks(&client).await;
     assert_eq!(watch.state(), AbortState::Sent);
-    let seen = rec.seen();
-    assert_eq!(seen.len(), 1, "{seen:?}");
-    assert_eq!(seen[0].body, r#"{"request_ids":["walk-1"]}"#);
+    let calls = abort_calls_after_probe(&s).await;
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0]["request_ids"], json!(["chatcmpl-walk-1"]));
     assert_one_abort_in_engine(&s).await;
     s.shutdown().await;
 }
 
-#[tokio::test]
-async fn the_abort_call_alone_stops_the_engine_while_the_connection_stays_open() {
-    let s = sim(&["--speed", "1", "--profile", "tiny-test"]).await;
-    let config = upstream_config(&s.url());
-    // Held open by a plain reqwest stream the guard knows nothing about.
+/// Starts a stream straight at the simulator, held open by a plain reqwest body the abort
+/// guard knows nothing about; returns the body once a token arrived.
+async fn held_open(s: &vllm_sim::SimServer, endpoint: Endpoint, id: &str) -> impl Sized {
+    let body = match endpoint {
+        Endpoint::ChatCompletions => json!({"messages": [{"role": "user", "content": "hi"}]}),
+        Endpoint::Completions => json!({"prompt": "hi"}),
+    };
+    let mut body = body.as_object().unwrap().clone();
+    body.extend(
+        json!({"max_tokens": 5000, "ignore_eos": true, "stream": true})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
     let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", s.url()))
-        .header("x-request-id", "open-1")
-        .json(
-            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5000,
-            "ignore_eos": true, "stream": true}),
-        )
+        .post(format!("{}{}", s.url(), endpoint.path()))
+        .header("x-request-id", id)
+        .json(&body)
         .send()
         .await
         .unwrap();
     let mut body = resp.bytes_stream();
     body.next().await.unwrap().unwrap();
+    body
+}
+
+#[tokio::test]
+async fn the_abort_call_alone_stops_the_engine_while_the_connection_stays_open() {
+    let s = sim(&[
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+        "--enable-scale-out",
+    ])
+    .await;
+    let mut config = upstream_config(&s.url());
+    config.abort.mode = AbortMode::On;
     let tasks = TaskTracker::new();
-    let mut guard = AbortGuard::new(
-        reqwest::Client::new(),
-        Arc::new(config),
-        "open-1".into(),
-        tasks.clone(),
-    );
-    assert!(guard.abort_now());
-    assert_one_abort_in_engine(&s).await;
+    let caller = AbortCaller::new(reqwest::Client::new(), Arc::new(config), tasks.clone());
+    // A chat completion is chatcmpl-<id>, a completion cmpl-<id>-0: the simulator's endpoint,
+    // like vLLM's, takes only these, so a wrong id leaves the request running.
+    for (endpoint, id, engine_id) in [
+        (Endpoint::ChatCompletions, "open-1", "chatcmpl-open-1"),
+        (Endpoint::Completions, "open-2", "cmpl-open-2-0"),
+    ] {
+        let body = held_open(&s, endpoint, id).await;
+        let mut guard = caller.arm(id.into(), endpoint);
+        assert!(guard.abort_now());
+        eventually("the engine aborted it", || async {
+            metric(&s, &running()).await == 0.0
+        })
+        .await;
+        let calls = abort_calls(&s).await;
+        let last = calls.last().unwrap();
+        assert_eq!(last["request_ids"], json!([engine_id]));
+        assert_eq!(last["aborted"], 1, "{calls:?}");
+        drop(guard);
+        drop(body);
+    }
     tasks.close();
     tasks.wait().await;
-    assert_eq!(guard.state(), AbortState::Sent);
-    drop(body);
+    assert_eq!(s.engine.snapshot().aborted, 2);
     s.shutdown().await;
 }
 
 #[tokio::test]
-async fn with_the_abort_call_disabled_the_dropped_connection_still_ends_the_request() {
-    let s = sim(&["--speed", "1", "--profile", "tiny-test"]).await;
-    let rec = Recorder::start(Some(s.url())).await;
+async fn an_abort_naming_the_wrong_id_is_noticed() {
+    // The X-Request-Id as sent is not the id vLLM's endpoint takes: 200, yet nothing stops.
+    let s = sim(&[
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+        "--enable-scale-out",
+    ])
+    .await;
     let mut config = upstream_config(&s.url());
-    config.abort.enabled = false;
-    config.abort.url_template = format!("{}/abort_requests", rec.base_url);
+    config.abort.mode = AbortMode::On;
+    config.abort.id_format = AbortIdFormat::AsSent;
+    let body = held_open(&s, Endpoint::ChatCompletions, "open-3").await;
+    let tasks = TaskTracker::new();
+    let mut guard = AbortGuard::new(
+        reqwest::Client::new(),
+        Arc::new(config),
+        "open-3".into(),
+        tasks.clone(),
+    );
+    assert!(guard.abort_now());
+    tasks.close();
+    tasks.wait().await;
+    assert_eq!(
+        guard.state(),
+        AbortState::Sent,
+        "vLLM answers 200 to any id"
+    );
+    let calls = abort_calls(&s).await;
+    assert_eq!(calls[0]["request_ids"], json!(["open-3"]));
+    assert_eq!(calls[0]["aborted"], 0);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(metric(&s, &running()).await, 1.0, "still generating");
+    drop(body);
+    assert_one_abort_in_engine(&s).await;
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn mode_off_makes_no_call_and_the_dropped_connection_still_ends_the_request() {
+    let s = sim(&[
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+        "--enable-scale-out",
+    ])
+    .await;
+    let mut config = upstream_config(&s.url());
+    config.abort.mode = AbortMode::Off;
     let client = client_for(config);
     let mut stream = client.stream(chat("quiet-1", "hi", 5000)).await.unwrap();
     read_tokens(&mut stream, 3).await;
@@ -509,6 +688,73 @@ async fn with_the_abort_call_disabled_the_dropped_connection_still_ends_the_requ
     assert_eq!(watch.state(), AbortState::ConnectionOnly);
     assert_one_abort_in_engine(&s).await;
     wait_tasks(&client).await;
-    assert!(rec.seen().is_empty(), "no abort call when disabled");
+    assert!(abort_calls(&s).await.is_empty(), "no probe, no call");
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_gateway_before_a_stock_vllm_client_disconnect_stops_generation_without_a_call() {
+    // The acceptance test (issue 18, item 5): a client of the gateway goes away mid-stream.
+    let (logs, _guard) = capture_logs();
+    let s = sim(&["--speed", "5", "--profile", "tiny-test"]).await;
+    let mut config = Config::default();
+    config.upstream.base_url = s.url();
+    config.telemetry.request_log = RequestLogSink::Off;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gw = tutor_gateway::server::start(config, listener).unwrap();
+    assert_eq!(probed(&gw.state.upstream()).await, AbortEndpoint::Absent);
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gw.url()))
+        .json(
+            &json!({"messages": [{"role": "user", "content": "explain ownership"}],
+                      "max_tokens": 4000, "ignore_eos": true, "stream": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let mut body = resp.bytes_stream();
+    let mut text = String::new();
+    while text.matches("\"content\":\" ").count() < 3 {
+        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+    }
+    drop(body);
+    assert_one_abort_in_engine(&s).await;
+    let steps = s.engine.snapshot().steps;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(s.engine.snapshot().steps, steps, "generation stopped");
+    gw.shutdown().await;
+    assert!(
+        abort_calls_after_probe(&s).await.is_empty(),
+        "no abort call"
+    );
+    let text = logs.text();
+    assert!(!text.contains("refused"), "{text}");
+    assert!(!text.contains("engine abort failed"), "{text}");
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_healthy_health_check_probes_what_start_up_could_not() {
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--enable-scale-out",
+    ])
+    .await;
+    let config = upstream_config(&s.url());
+    // Built outside any runtime (as before the engine could be asked): nothing probed yet.
+    let client = std::thread::spawn(move || client_for(config))
+        .join()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(client.abort_endpoint(), AbortEndpoint::Unknown);
+    assert!(abort_calls(&s).await.is_empty());
+    client.health().await.unwrap();
+    assert_eq!(probed(&client).await, AbortEndpoint::Offered);
+    client.health().await.unwrap();
+    wait_tasks(&client).await;
+    assert_eq!(abort_calls(&s).await.len(), 1, "one probe");
     s.shutdown().await;
 }

@@ -55,8 +55,14 @@ pub struct SimArgs {
     /// Echo `X-Request-Id` on responses (vLLM's flag of the same name).
     #[arg(long)]
     pub enable_request_id_headers: bool,
-    /// Require `Authorization: Bearer <key>` on `/v1/*` routes (vLLM's `--api-key`): 401
-    /// `{"error":"Unauthorized"}` otherwise.
+    /// Serve vLLM's abort endpoint, `POST /inference/v1/abort_requests`, as `vllm serve
+    /// --enable-scale-out` does (the simulator has no other scale-out routes). Without it the
+    /// simulator is a default `vllm serve`: that path answers 403 and `/abort_requests` 404,
+    /// and only a closed connection aborts a request.
+    #[arg(long)]
+    pub enable_scale_out: bool,
+    /// Require `Authorization: Bearer <key>` on `/v1/*` and `/inference/*` routes (vLLM's
+    /// `--api-key`): 401 `{"error":"Unauthorized"}` otherwise.
     #[arg(long)]
     pub api_key: Option<String>,
     /// Most prompt tokens one long prefill may compute per step (vLLM's flag); 0: no cap.

@@ -146,6 +146,8 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
         per_request_metrics: args.enable_per_request_metrics,
         request_id_headers: args.enable_request_id_headers,
         api_key: args.api_key.clone().map(Arc::from),
+        scale_out: args.enable_scale_out,
+        aborts: Default::default(),
         started,
         traceparents: Default::default(),
         priority_policy: policy,
@@ -168,6 +170,11 @@ pub fn serve_on(listener: TcpListener, state: api::AppState) -> anyhow::Result<S
     let engine = state.engine.clone();
     let (stop, stopped) = oneshot::channel::<()>();
     let app = api::router(state);
+    // TCP_NODELAY, as vLLM's server (uvicorn) sets it: small SSE writes go out at once instead
+    // of waiting on the peer's delayed ACK (a 40 ms stall per token on a warm connection).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     let task = tokio::spawn(async move {
         let serve = axum::serve(listener, app).with_graceful_shutdown(async {
             let _ = stopped.await;

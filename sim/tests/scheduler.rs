@@ -258,22 +258,78 @@ async fn closing_the_connection_mid_stream_aborts_and_frees_blocks() {
 }
 
 #[tokio::test]
-async fn abort_requests_endpoint_stops_generation() {
+async fn closing_the_connection_of_a_non_streaming_request_aborts_it() {
+    // vLLM aborts a request whose client disconnects whether it streams or not.
     let s = sim(&["--speed", "5", "--profile", "tiny-test"]).await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    let waiting = tokio::spawn(async move {
+        client()
+            .post(url)
+            .json(&chat_body(&words(50, "whole"), 5000, false))
+            .send()
+            .await
+    });
+    eventually("tokens flowing", || async {
+        metric(&s, &format!("vllm:generation_tokens_total{}", labels())).await >= 3.0
+    })
+    .await;
+    waiting.abort();
+    assert_aborted_and_freed(&s).await;
+    s.shutdown().await;
+}
+
+async fn post_abort(s: &vllm_sim::SimServer, path: &str, body: Value) -> (u16, String) {
+    let r = client()
+        .post(format!("{}{path}", s.url()))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+async fn aborts(s: &vllm_sim::SimServer) -> Vec<Value> {
+    serde_json::from_value(get_json(format!("{}/debug/aborts", s.url())).await).unwrap()
+}
+
+#[tokio::test]
+async fn scale_out_abort_endpoint_takes_vllms_ids_only_and_stops_generation() {
+    let s = sim(&[
+        "--speed",
+        "5",
+        "--profile",
+        "tiny-test",
+        "--enable-scale-out",
+    ])
+    .await;
     let resp = start_long_stream(&s, "to-abort").await;
     let reader = tokio::spawn(async move { resp.text().await.unwrap() });
     eventually("tokens flowing", || async {
         metric(&s, &format!("vllm:generation_tokens_total{}", labels())).await >= 3.0
     })
     .await;
-    let r = client()
-        .post(format!("{}/abort_requests", s.url()))
-        .json(&serde_json::json!({"request_ids": ["to-abort"]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    assert!(r.text().await.unwrap().is_empty());
+    const PATH: &str = "/inference/v1/abort_requests";
+    // The X-Request-Id as sent, and an internal id (random suffix): vLLM's endpoint matches
+    // neither, answers 200 all the same, and the request goes on.
+    for wrong in ["to-abort", "chatcmpl-to-abort-1a2b3c4d", "cmpl-to-abort-0"] {
+        assert_eq!(
+            post_abort(&s, PATH, serde_json::json!({"request_ids": [wrong]})).await,
+            (200, String::new())
+        );
+    }
+    assert_eq!(engine(&s).await["running"], 1, "a wrong id aborts nothing");
+    // Bodies vLLM refuses.
+    assert_eq!(post_abort(&s, PATH, serde_json::json!({})).await.0, 400);
+    // The id vLLM gives a chat completion: chatcmpl-<X-Request-Id>.
+    assert_eq!(
+        post_abort(
+            &s,
+            PATH,
+            serde_json::json!({"request_ids": ["chatcmpl-to-abort"]})
+        )
+        .await,
+        (200, String::new())
+    );
     let events = sse_events(
         &tokio::time::timeout(Duration::from_secs(10), reader)
             .await
@@ -284,6 +340,107 @@ async fn abort_requests_endpoint_stops_generation() {
     let last_choice: Value = serde_json::from_str(&events[events.len() - 3]).unwrap();
     assert_eq!(last_choice["choices"][0]["finish_reason"], "abort");
     assert_aborted_and_freed(&s).await;
+    let seen = aborts(&s).await;
+    let matched: Vec<u64> = seen
+        .iter()
+        .map(|a| a["aborted"].as_u64().unwrap())
+        .collect();
+    assert_eq!(matched, [0, 0, 0, 0, 1], "{seen:?}");
+    assert_eq!(
+        seen[4]["request_ids"],
+        serde_json::json!(["chatcmpl-to-abort"])
+    );
+
+    // A completion is cmpl-<X-Request-Id>-0 (its first and only prompt).
+    let resp = client()
+        .post(format!("{}/v1/completions", s.url()))
+        .header("x-request-id", "cmp-1")
+        .json(
+            &serde_json::json!({"prompt": "hi", "max_tokens": 5000, "ignore_eos": true,
+                                  "stream": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let reader = tokio::spawn(async move { resp.text().await.unwrap() });
+    eventually("completion running", || async {
+        engine(&s).await["running"] == 1
+    })
+    .await;
+    for id in ["cmp-1", "cmpl-cmp-1", "cmpl-cmp-1-0"] {
+        post_abort(&s, PATH, serde_json::json!({"request_ids": id})).await;
+    }
+    tokio::time::timeout(Duration::from_secs(10), reader)
+        .await
+        .unwrap()
+        .unwrap();
+    let seen = aborts(&s).await;
+    let matched: Vec<u64> = seen[5..]
+        .iter()
+        .map(|a| a["aborted"].as_u64().unwrap())
+        .collect();
+    assert_eq!(matched, [0, 0, 1], "{seen:?}");
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_default_vllm_serve_has_no_abort_endpoint() {
+    let s = sim(&["--speed", "5", "--profile", "tiny-test"]).await;
+    let resp = start_long_stream(&s, "stays").await;
+    let mut body = resp.bytes_stream();
+    body.next().await.unwrap().unwrap();
+    let ids = serde_json::json!({"request_ids": ["chatcmpl-stays"]});
+    // vLLM's stand-in for its scale-out routes while --enable-scale-out is off.
+    let (status, text) = post_abort(&s, "/inference/v1/abort_requests", ids.clone()).await;
+    assert_eq!(status, 403);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["error"]["type"], "PermissionDeniedError");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--enable-scale-out"));
+    // Only the tokens-only and development servers have this one.
+    assert_eq!(
+        post_abort(&s, "/abort_requests", ids).await,
+        (404, r#"{"detail":"Not Found"}"#.to_owned())
+    );
+    assert_eq!(engine(&s).await["running"], 1, "nothing was aborted");
+    let statuses: Vec<u64> = aborts(&s)
+        .await
+        .iter()
+        .map(|a| a["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [403, 404]);
+    // Closing the connection is what stops it.
+    drop(body);
+    assert_aborted_and_freed(&s).await;
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_api_key_guards_the_abort_endpoint_as_it_guards_v1() {
+    let s = sim(&[
+        "--speed",
+        "5",
+        "--profile",
+        "tiny-test",
+        "--enable-scale-out",
+        "--api-key",
+        "k",
+    ])
+    .await;
+    let url = format!("{}/inference/v1/abort_requests", s.url());
+    let body = serde_json::json!({"request_ids": ["chatcmpl-none"]});
+    let r = client().post(&url).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = client()
+        .post(&url)
+        .bearer_auth("k")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
     s.shutdown().await;
 }
 

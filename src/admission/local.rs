@@ -15,7 +15,7 @@
 //! queue, as before). The prefill reservation is given back at the first token
 //! ([`LaneGuard::prefill_done`]) or when the guard drops, whichever comes first.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -30,12 +30,34 @@ use crate::config::{Config, Policy};
 use crate::lane::Lane;
 use crate::telemetry::AdmissionSnapshot;
 
-/// The state shared by [`LocalAdmission`] handles and their guards.
-pub(crate) struct Shared {
+/// The limits in force: replaced whole by a reload ([`LocalAdmission::set_limits`]).
+struct Rules {
     limits: Limits,
     prefill: PrefillLimit,
     /// Each tenant's share of a queue's turns (`auth.tenant_shares`; 1 when not listed).
     shares: std::collections::HashMap<String, f64>,
+}
+
+impl Rules {
+    fn from_config(config: &Config) -> Self {
+        Self {
+            limits: Limits::from_config(config),
+            prefill: PrefillLimit::from_config(config),
+            shares: config
+                .auth
+                .tenant_shares
+                .iter()
+                .map(|(t, s)| (t.clone(), f64::from(*s)))
+                .collect(),
+        }
+    }
+}
+
+/// The state shared by [`LocalAdmission`] handles and their guards.
+pub(crate) struct Shared {
+    /// Read under `state`'s lock or alone; written only under `state`'s lock (so a reload and
+    /// an admission never interleave).
+    rules: RwLock<Arc<Rules>>,
     state: Mutex<State>,
     /// Bumped whenever a seat, tokens or prefill room come back, or a waiter leaves.
     freed: watch::Sender<u64>,
@@ -50,7 +72,7 @@ pub struct LocalAdmission {
 impl std::fmt::Debug for LocalAdmission {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalAdmission")
-            .field("policy", &self.shared.limits.policy())
+            .field("policy", &self.shared.rules().limits.policy())
             .field("snapshot", &self.snapshot())
             .finish()
     }
@@ -59,28 +81,38 @@ impl std::fmt::Debug for LocalAdmission {
 impl LocalAdmission {
     /// Admission with the policy and limits of `config`.
     pub fn from_config(config: &Config) -> Self {
-        let limits = Limits::from_config(config);
-        let prefill = PrefillLimit::from_config(config);
-        let state = Mutex::new(State::new(limits.queue_count()));
+        let rules = Rules::from_config(config);
+        let state = Mutex::new(State::new(rules.limits.queue_count()));
         Self {
             shared: Arc::new(Shared {
-                limits,
-                prefill,
-                shares: config
-                    .auth
-                    .tenant_shares
-                    .iter()
-                    .map(|(t, s)| (t.clone(), f64::from(*s)))
-                    .collect(),
+                rules: RwLock::new(Arc::new(rules)),
                 state,
                 freed: watch::Sender::new(0),
             }),
         }
     }
 
+    /// Puts the lane limits, budgets, seats, ceilings, lending, queues and tenant shares of
+    /// `config` in force (a reload; the policy stays, see `crate::config::reload`). Nothing
+    /// running is cut: a lane above a lowered limit admits no one until it is under it. Waiters
+    /// that now fit are admitted at once.
+    pub fn set_limits(&self, config: &Config) {
+        let rules = Rules::from_config(config);
+        let shared = &self.shared;
+        let mut state = shared.lock();
+        if rules.limits.queue_count() != state.queues.len() {
+            // A different policy's queue layout: left to a restart (the reload reports it).
+            return;
+        }
+        *shared.rules.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
+        shared.dispatch(&mut state);
+        drop(state);
+        shared.freed.send_modify(|n| *n += 1);
+    }
+
     /// The policy in force.
     pub fn policy(&self) -> Policy {
-        self.shared.limits.policy()
+        self.shared.rules().limits.policy()
     }
 
     /// Consistent counters of every lane.
@@ -123,7 +155,8 @@ impl LocalAdmission {
         tenant: Option<&str>,
     ) -> Result<LaneGuard, AdmissionError> {
         let shared = &self.shared;
-        let limits = &shared.limits;
+        let rules = shared.rules();
+        let limits = &rules.limits;
         limits.admissible(lane, tokens)?;
         let queue = limits.queue_of(lane);
         let queue_limit = limits.queue(queue);
@@ -132,7 +165,11 @@ impl LocalAdmission {
             if shared.admits_now(&state, queue, lane, tokens, prompt) {
                 state.take(lane, tokens);
                 state.take_prefill(prompt);
-                let waited = shared.prefill.waits(prompt).then_some(Duration::ZERO);
+                let waited = shared
+                    .rules()
+                    .prefill
+                    .waits(prompt)
+                    .then_some(Duration::ZERO);
                 return Ok(
                     LaneGuard::new(Box::new(shared.clone()), lane, tokens, Duration::ZERO)
                         .with_prefill(prompt, waited),
@@ -146,7 +183,7 @@ impl LocalAdmission {
             }
             let (sender, receiver) = oneshot::channel();
             let share = tenant
-                .and_then(|t| shared.shares.get(t))
+                .and_then(|t| rules.shares.get(t))
                 .copied()
                 .unwrap_or(1.0);
             let id = state.enqueue(
@@ -185,22 +222,34 @@ impl LocalAdmission {
 }
 
 impl LocalAdmission {
+    /// A seat and `tokens` in `lane` taken whatever the limits say: the Redis backend's
+    /// fallback counts, this way, the leases its replica still holds in Redis when Redis goes
+    /// away (those requests run on; the fallback's share must include them).
+    pub fn force_take(&self, lane: Lane, tokens: u32) -> LaneGuard {
+        self.shared.lock().take(lane, tokens);
+        LaneGuard::new(Box::new(self.shared.clone()), lane, tokens, Duration::ZERO)
+    }
+
     /// A seat in `lane` for background work, only if it is idle capacity: `lane` has one of its
     /// own seats free (nothing borrowed), nobody waits in its queue, and `tokens` and the
     /// `prompt`'s prefill fit their budgets. Never waits; `None` when any of that fails.
     pub fn try_acquire_idle(&self, lane: Lane, tokens: u32, prompt: u32) -> Option<LaneGuard> {
         let shared = &self.shared;
         let mut state = shared.lock();
-        let queue = shared.limits.queue_of(lane);
+        let queue = shared.rules().limits.queue_of(lane);
         let idle = state.queues[queue].is_empty()
-            && shared.limits.fits_own(&state.usage, lane, tokens)
-            && shared.prefill.fits(state.prefill, prompt);
+            && shared.rules().limits.fits_own(&state.usage, lane, tokens)
+            && shared.rules().prefill.fits(state.prefill, prompt);
         if !idle {
             return None;
         }
         state.take(lane, tokens);
         state.take_prefill(prompt);
-        let waited = shared.prefill.waits(prompt).then_some(Duration::ZERO);
+        let waited = shared
+            .rules()
+            .prefill
+            .waits(prompt)
+            .then_some(Duration::ZERO);
         Some(
             LaneGuard::new(Box::new(shared.clone()), lane, tokens, Duration::ZERO)
                 .with_prefill(prompt, waited),
@@ -217,6 +266,14 @@ impl LocalAdmission {
 }
 
 impl Shared {
+    /// The limits in force.
+    fn rules(&self) -> Arc<Rules> {
+        self.rules
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // Critical sections never panic half-way, so a poisoned lock still holds valid counts.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -234,7 +291,7 @@ impl Shared {
     ) -> bool {
         let mut state = self.lock();
         state.give_back(from, from_tokens);
-        if self.limits.fits(&state.usage, to, to_tokens) {
+        if self.rules().limits.fits(&state.usage, to, to_tokens) {
             state.take(to, to_tokens);
             // `from` lost a request: its waiters may fit now.
             self.dispatch(&mut state);
@@ -264,16 +321,17 @@ impl Shared {
         tokens: u32,
         prompt: u32,
     ) -> bool {
-        if !self.limits.fits(&state.usage, lane, tokens)
-            || !self.prefill.fits(state.prefill, prompt)
+        if !self.rules().limits.fits(&state.usage, lane, tokens)
+            || !self.rules().prefill.fits(state.prefill, prompt)
         {
             return false;
         }
-        if self.prefill.waits(prompt) {
+        if self.rules().prefill.waits(prompt) {
             return state.queues[queue].is_empty();
         }
         state.queues[queue].iter().all(|w| {
-            self.prefill.waits(w.prefill) && self.limits.fits(&state.usage, w.lane, w.tokens)
+            self.rules().prefill.waits(w.prefill)
+                && self.rules().limits.fits(&state.usage, w.lane, w.tokens)
         })
     }
 
@@ -288,11 +346,11 @@ impl Shared {
             let mut pos = 0;
             let mut long_held = false;
             while let Some(w) = state.queues[queue].get(pos) {
-                if !self.limits.fits(&state.usage, w.lane, w.tokens) {
+                if !self.rules().limits.fits(&state.usage, w.lane, w.tokens) {
                     break;
                 }
-                if self.prefill.waits(w.prefill)
-                    && (long_held || !self.prefill.fits(state.prefill, w.prefill))
+                if self.rules().prefill.waits(w.prefill)
+                    && (long_held || !self.rules().prefill.fits(state.prefill, w.prefill))
                 {
                     long_held = true;
                     let w = &mut state.queues[queue][pos];
@@ -313,7 +371,7 @@ impl Shared {
     fn grant(self: &Arc<Self>, state: &mut State, waiter: Waiter) {
         state.take(waiter.lane, waiter.tokens);
         state.take_prefill(waiter.prefill);
-        let prefill_wait = self.prefill.waits(waiter.prefill).then(|| {
+        let prefill_wait = self.rules().prefill.waits(waiter.prefill).then(|| {
             waiter
                 .prefill_blocked_at
                 .map_or(Duration::ZERO, |t| t.elapsed())

@@ -15,7 +15,8 @@
 //! Reservation = input estimate + output budget ([`crate::classify::Classification::work`]).
 //! Known trade-off of the shared global token budget: a steady stream of small requests can
 //! keep a large request that waits only on global tokens waiting until its timeout. The Redis
-//! backend enforces the reserved shares as caps (`strict` semantics) for now.
+//! backend applies the same rules fleet-wide, from one versioned limits record in Redis (see
+//! [`redis`]); `decision_tests.rs` checks both backends against one table of decisions.
 //!
 //! # Prefill budget
 //! `admission.prefill_budget_tokens` (policies `lanes` and `strict`, both backends): the
@@ -59,6 +60,8 @@ mod state;
 
 #[cfg(test)]
 mod conserving_tests;
+#[cfg(test)]
+mod decision_tests;
 #[cfg(test)]
 mod fair_tests;
 #[cfg(test)]
@@ -182,6 +185,16 @@ impl Admission {
         match self {
             Admission::Local(local) => Some(local.freed()),
             Admission::Redis(_) => None,
+        }
+    }
+
+    /// Puts the limits of `config` in force (a reload): lane limits, budgets, seats, ceilings,
+    /// lending, queues, tenant shares. Running requests keep their seats; a lane above a
+    /// lowered limit admits no one until it is under it. The policy and backend stay.
+    pub fn set_limits(&self, config: &Config) {
+        match self {
+            Admission::Local(local) => local.set_limits(config),
+            Admission::Redis(redis) => redis.set_limits(config),
         }
     }
 

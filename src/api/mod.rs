@@ -13,6 +13,7 @@
 //! - `POST /jobs`, `GET|DELETE /jobs/{id}`, `GET /jobs/{id}/events`: background jobs
 //!   ([`jobs`], served by [`crate::jobs`]).
 
+pub mod admin;
 pub mod answer;
 pub mod auth;
 pub mod cors;
@@ -85,9 +86,11 @@ fn operator_routes() -> Router<AppState> {
         .route("/metrics", get(ops::metrics))
 }
 
-/// The admin listener's routes (`server.admin_listen`): `/metrics`, `/readyz`, `/healthz`.
+/// The admin listener's routes (`server.admin_listen`): `/metrics`, `/readyz`, `/healthz`,
+/// and `POST /admin/reload` ([`admin::reload`]).
 pub fn admin(state: AppState) -> Router {
     operator_routes()
         .route("/healthz", get(ops::healthz))
+        .route("/admin/reload", post(admin::reload))
         .with_state(state)
 }

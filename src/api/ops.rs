@@ -5,12 +5,14 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use serde_json::json;
 
 use crate::admission::AdmissionHealth;
 use crate::error::GatewayError;
 use crate::pipeline::parse::body_bytes;
 use crate::pipeline::AppState;
+use crate::relay::Drain;
 use crate::upstream::{RawResponse, UpstreamError};
 
 /// `GET /healthz`: the process is up.
@@ -18,32 +20,69 @@ pub async fn healthz() -> impl IntoResponse {
     axum::Json(json!({"status": "ok"}))
 }
 
-/// `GET /readyz`: 200 when vLLM answers its health probe, else 503. With the Redis quota down:
-/// 200 `{"status":"degraded"}` under `fail_open` (the replica still serves, on its local share
-/// of the limits), 503 under `fail_closed` (it refuses new requests).
-pub async fn readyz(State(state): State<AppState>) -> Response {
-    match state.admission().health() {
-        AdmissionHealth::Ok => {}
-        AdmissionHealth::Degraded => {
-            let reason = "shared quota unreachable; local fallback limits";
-            return axum::Json(json!({"status": "degraded", "reason": reason})).into_response();
+/// What `/readyz` weighs, each as its source reports it.
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    /// The gateway is shutting down ([`Drain::begin`]).
+    pub draining: bool,
+    /// Whether admission works as configured (the Redis quota reachable).
+    pub admission: AdmissionHealth,
+    /// vLLM's health probe (cached per `upstream.health_cache_ms`): `Err` with the reason.
+    pub upstream: Result<(), String>,
+}
+
+impl Readiness {
+    /// The one verdict over every input: 503 `draining` while shutting down (so the load
+    /// balancer stops sending first); 503 `not_ready` when the Redis quota is down under
+    /// `fail_closed` or vLLM does not answer; 200 `degraded` when the Redis quota is down
+    /// under `fail_open` (the replica still serves, on its local share of the limits); else
+    /// 200 `ready`.
+    pub fn verdict(&self) -> (StatusCode, serde_json::Value) {
+        let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+        if self.draining {
+            let reason = "shutting down: finishing open streams";
+            return (unavailable, json!({"status": "draining", "reason": reason}));
         }
-        AdmissionHealth::Unavailable => {
+        if self.admission == AdmissionHealth::Unavailable {
+            let reason = "shared quota unreachable";
             return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                axum::Json(json!({"status": "not_ready", "reason": "shared quota unreachable"})),
-            )
-                .into_response()
+                unavailable,
+                json!({"status": "not_ready", "reason": reason}),
+            );
         }
+        if let Err(reason) = &self.upstream {
+            return (
+                unavailable,
+                json!({"status": "not_ready", "reason": reason}),
+            );
+        }
+        if self.admission == AdmissionHealth::Degraded {
+            let reason = "shared quota unreachable; local fallback limits";
+            return (
+                StatusCode::OK,
+                json!({"status": "degraded", "reason": reason}),
+            );
+        }
+        (StatusCode::OK, json!({"status": "ready"}))
     }
-    match state.upstream().readiness().await {
-        Ok(()) => axum::Json(json!({"status": "ready"})).into_response(),
-        Err(reason) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"status": "not_ready", "reason": reason})),
-        )
-            .into_response(),
-    }
+}
+
+/// `GET /readyz`: [`Readiness::verdict`] over the gateway's drain (the server puts it in the
+/// request's extensions), admission's health and vLLM's probe.
+pub async fn readyz(State(state): State<AppState>, drain: Option<Extension<Drain>>) -> Response {
+    let draining = drain.is_some_and(|Extension(d)| d.is_draining());
+    let readiness = Readiness {
+        draining,
+        admission: state.admission().health(),
+        // Not asked while draining: the answer is 503 whatever vLLM says.
+        upstream: if draining {
+            Ok(())
+        } else {
+            state.upstream().readiness().await
+        },
+    };
+    let (status, body) = readiness.verdict();
+    (status, axum::Json(body)).into_response()
 }
 
 /// `GET /v1/models`: vLLM's list, relayed.

@@ -50,7 +50,7 @@ pub use quota::{OnRedisDown, QuotaBackend, QuotaConfig, RedisUrl};
 pub use secret::Secret;
 pub use server::{ServerConfig, UnknownFields};
 pub use telemetry::{OtlpProtocol, RequestLogSink, TelemetryConfig};
-pub use upstream::{AbortConfig, AbortMethod, UpstreamConfig};
+pub use upstream::{AbortConfig, AbortIdFormat, AbortMethod, AbortMode, UpstreamConfig};
 
 /// The shipped, documented config file.
 pub const SHIPPED_CONFIG: &str = include_str!("../../config/config.toml");
@@ -91,6 +91,14 @@ impl Config {
             source,
         })?;
         Self::from_toml_str(&src)
+    }
+}
+
+impl Config {
+    /// A short SHA-256 of this configuration (its `Debug` form, where secrets are redacted):
+    /// the same file gives the same value on every replica.
+    pub fn fingerprint(&self) -> String {
+        crate::sign::sha256_hex(format!("{self:?}").as_bytes())[..16].to_owned()
     }
 }
 

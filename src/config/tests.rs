@@ -41,10 +41,11 @@ fn defaults_follow_the_seed() {
     assert_eq!(c.lanes.small.queue.timeout, Duration::from_millis(5000));
     let abort = &c.upstream.abort;
     assert!(abort.enabled);
+    assert_eq!(abort.mode, AbortMode::Auto);
     assert_eq!(abort.method, AbortMethod::Post);
     assert_eq!(
         abort.url(&c.upstream.base_url, "r1"),
-        "http://127.0.0.1:8000/abort_requests"
+        "http://127.0.0.1:8000/inference/v1/abort_requests"
     );
     assert_eq!(abort.body("r1"), r#"{"request_ids":["r1"]}"#);
 }

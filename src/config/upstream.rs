@@ -1,8 +1,9 @@
 //! `[upstream]` and `[upstream.abort]`: where vLLM is, how long to wait for it, and how to stop
 //! its work when a client goes away (M21).
 //!
-//! Owns [`RawUpstream`], [`RawAbort`], [`UpstreamConfig`], [`AbortConfig`] and [`AbortMethod`],
-//! their defaults and validation.
+//! Owns [`RawUpstream`], [`RawAbort`], [`UpstreamConfig`], [`AbortConfig`], [`AbortMode`],
+//! [`AbortIdFormat`] and [`AbortMethod`], their defaults and validation. Closing the upstream
+//! connection is always done; `[upstream.abort]` only decides about the extra abort call.
 
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -29,10 +30,12 @@ const IDLE_TIMEOUT_MS: u64 = 30_000;
 /// Default `upstream.total_timeout_ms`.
 const TOTAL_TIMEOUT_MS: u64 = 600_000;
 
-/// Default `upstream.abort.enabled`.
-const ABORT_ENABLED: bool = true;
-/// Default `upstream.abort.url`.
-const ABORT_URL: &str = "{base_url}/abort_requests";
+/// Default `upstream.abort.mode`.
+const ABORT_MODE: AbortMode = AbortMode::Auto;
+/// Default `upstream.abort.url`: vLLM's abort endpoint under `vllm serve --enable-scale-out`.
+const ABORT_URL: &str = "{base_url}/inference/v1/abort_requests";
+/// Default `upstream.abort.id_format`.
+const ABORT_ID_FORMAT: AbortIdFormat = AbortIdFormat::Vllm;
 /// Default `upstream.abort.method`.
 const ABORT_METHOD: &str = "POST";
 /// Default `upstream.abort.body`.
@@ -73,9 +76,13 @@ pub struct RawUpstream {
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAbort {
-    /// Whether to call the engine's abort endpoint when a client goes away.
+    /// When to call the engine's abort endpoint: `auto`, `on` or `off`.
+    pub mode: Option<String>,
+    /// Older files' switch: `false` is `mode = "off"`.
     pub enabled: Option<bool>,
-    /// URL template; `{base_url}` and `{id}` are substituted.
+    /// Which id `{id}` stands for: `vllm` or `as_sent`.
+    pub id_format: Option<String>,
+    /// URL template; `{base_url}` and `{id}` (the engine's id) are substituted.
     pub url: Option<String>,
     /// HTTP method, e.g. `POST`.
     pub method: Option<String>,
@@ -111,11 +118,17 @@ pub struct UpstreamConfig {
     pub abort: AbortConfig,
 }
 
-/// `[upstream.abort]`: how to stop generation in the engine (M21).
+/// `[upstream.abort]`: the engine's abort call, made besides closing the upstream connection
+/// (which is what stops a request in stock vLLM) when a client goes away (M21).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AbortConfig {
-    /// When false the gateway only drops the upstream connection.
+    /// When the abort call is made: always, never, or when a probe found the endpoint.
+    pub mode: AbortMode,
+    /// When false no abort call is made whatever `mode` says (the older `enabled = false`;
+    /// validation sets it to `mode != Off`). [`AbortConfig::call_mode`] combines the two.
     pub enabled: bool,
+    /// Which id `{id}` is replaced by.
+    pub id_format: AbortIdFormat,
     /// URL template with `{base_url}` and `{id}` placeholders.
     pub url_template: String,
     /// HTTP method of the abort call.
@@ -125,7 +138,17 @@ pub struct AbortConfig {
 }
 
 impl AbortConfig {
-    /// The abort URL for request `id` against `base_url`.
+    /// The mode in force: [`AbortMode::Off`] when `enabled` is false, else `mode`.
+    pub fn call_mode(&self) -> AbortMode {
+        if self.enabled {
+            self.mode
+        } else {
+            AbortMode::Off
+        }
+    }
+
+    /// The abort URL for request `id` (the engine's id, see [`AbortIdFormat`]) against
+    /// `base_url`.
     pub fn url(&self, base_url: &str, id: &str) -> String {
         self.url_template
             .replace("{base_url}", base_url)
@@ -138,6 +161,40 @@ impl AbortConfig {
         self.body_template
             .replace("{id}", &quoted[1..quoted.len() - 1])
     }
+}
+
+/// `upstream.abort.mode`: when the engine's abort endpoint is called.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortMode {
+    /// Probe the endpoint once at start-up and call it only if it answered 2xx (stock vLLM has
+    /// none: then closing the connection is the only abort).
+    Auto,
+    /// Always call it; a refusal is logged at `warn`.
+    On,
+    /// Never call it.
+    Off,
+}
+
+impl AbortMode {
+    /// The name as written in the config file.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AbortMode::Auto => "auto",
+            AbortMode::On => "on",
+            AbortMode::Off => "off",
+        }
+    }
+}
+
+/// `upstream.abort.id_format`: the id `{id}` stands for in the abort URL and body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AbortIdFormat {
+    /// The id vLLM's OpenAI server gives the request and its abort endpoint expects:
+    /// `chatcmpl-<X-Request-Id>` for chat completions, `cmpl-<X-Request-Id>-0` for completions
+    /// (one prompt per request).
+    Vllm,
+    /// The `X-Request-Id` the gateway sent, unchanged (engines that key requests by it).
+    AsSent,
 }
 
 /// HTTP method for the abort call.
@@ -224,8 +281,39 @@ pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
     }
 }
 
-/// Checks `[upstream.abort]`: a known method, templates that give a URL and valid JSON.
+/// Checks `[upstream.abort]`: a known mode (not contradicted by the older `enabled`), id format
+/// and method, templates that give a URL and valid JSON.
 fn abort(c: &mut Checker, raw: RawAbort) -> AbortConfig {
+    let named = match raw.mode.as_deref() {
+        None => None,
+        Some("auto") => Some(AbortMode::Auto),
+        Some("on") => Some(AbortMode::On),
+        Some("off") => Some(AbortMode::Off),
+        Some(_) => {
+            c.fail("upstream.abort.mode", "must be one of auto, on, off");
+            None
+        }
+    };
+    let mode = match (named, raw.enabled) {
+        (None, Some(false)) => AbortMode::Off,
+        (Some(m), Some(enabled)) if enabled != (m != AbortMode::Off) => {
+            c.fail(
+                "upstream.abort.enabled",
+                "contradicts upstream.abort.mode; set mode alone (enabled = false is mode = \"off\")",
+            );
+            m
+        }
+        (named, _) => named.unwrap_or(ABORT_MODE),
+    };
+    let id_format = match raw.id_format.as_deref() {
+        None => ABORT_ID_FORMAT,
+        Some("vllm") => AbortIdFormat::Vllm,
+        Some("as_sent") => AbortIdFormat::AsSent,
+        Some(_) => {
+            c.fail("upstream.abort.id_format", "must be vllm or as_sent");
+            ABORT_ID_FORMAT
+        }
+    };
     let method = match raw.method.as_deref().unwrap_or(ABORT_METHOD) {
         "POST" => AbortMethod::Post,
         "PUT" => AbortMethod::Put,
@@ -240,7 +328,9 @@ fn abort(c: &mut Checker, raw: RawAbort) -> AbortConfig {
         }
     };
     let config = AbortConfig {
-        enabled: raw.enabled.unwrap_or(ABORT_ENABLED),
+        mode,
+        enabled: mode != AbortMode::Off,
+        id_format,
         url_template: raw.url.unwrap_or_else(|| ABORT_URL.to_owned()),
         method,
         body_template: raw.body.unwrap_or_else(|| ABORT_BODY.to_owned()),
@@ -336,5 +426,84 @@ pub(super) fn ca_pem(c: &mut Checker, key: &str, file: Option<String>) -> Option
             c.fail(key, format!("cannot be read ({})", e.kind()));
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod abort_tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn parsed(abort: &str) -> Result<AbortConfig, Vec<String>> {
+        let src = format!("[classify]\ntokenizer = \"heuristic\"\n[upstream.abort]\n{abort}\n");
+        Config::from_toml_str(&src)
+            .map(|c| c.upstream.abort)
+            .map_err(|e| e.issues().iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn mode_defaults_to_auto_with_vllms_ids() {
+        let a = parsed("").unwrap();
+        assert_eq!((a.mode, a.call_mode()), (AbortMode::Auto, AbortMode::Auto));
+        assert_eq!(a.id_format, AbortIdFormat::Vllm);
+        for (text, mode) in [
+            ("on", AbortMode::On),
+            ("off", AbortMode::Off),
+            ("auto", AbortMode::Auto),
+        ] {
+            let a = parsed(&format!("mode = \"{text}\"")).unwrap();
+            assert_eq!(a.call_mode(), mode);
+            assert_eq!(a.enabled, mode != AbortMode::Off);
+            assert_eq!(mode.as_str(), text);
+        }
+        let a = parsed("id_format = \"as_sent\"").unwrap();
+        assert_eq!(a.id_format, AbortIdFormat::AsSent);
+    }
+
+    #[test]
+    fn the_older_enabled_key_still_reads_and_never_contradicts_mode() {
+        assert_eq!(
+            parsed("enabled = false").unwrap().call_mode(),
+            AbortMode::Off
+        );
+        assert_eq!(
+            parsed("enabled = true").unwrap().call_mode(),
+            AbortMode::Auto
+        );
+        assert_eq!(
+            parsed("enabled = true\nmode = \"on\"").unwrap().call_mode(),
+            AbortMode::On
+        );
+        assert!(parsed("enabled = false\nmode = \"off\"").is_ok());
+        for contradiction in [
+            "enabled = false\nmode = \"on\"",
+            "enabled = true\nmode = \"off\"",
+        ] {
+            let issues = parsed(contradiction).unwrap_err();
+            assert!(
+                issues
+                    .iter()
+                    .any(|i| i.starts_with("upstream.abort.enabled contradicts")),
+                "{issues:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_modes_and_id_formats_are_named_without_their_value() {
+        let issues = parsed("mode = \"sometimes-secret\"\nid_format = \"x-secret\"").unwrap_err();
+        assert!(issues
+            .iter()
+            .any(|i| i == "upstream.abort.mode must be one of auto, on, off"));
+        assert!(issues
+            .iter()
+            .any(|i| i == "upstream.abort.id_format must be vllm or as_sent"));
+        assert!(issues.iter().all(|i| !i.contains("secret")), "{issues:?}");
+    }
+
+    #[test]
+    fn mode_off_needs_no_id_placeholder() {
+        assert!(parsed("mode = \"off\"\nbody = '{}'").is_ok());
+        assert!(parsed("mode = \"auto\"\nbody = '{}'").is_err());
     }
 }

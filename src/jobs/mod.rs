@@ -229,8 +229,8 @@ impl Jobs {
     fn share_of(&self, ready: &Ready) -> f64 {
         ready
             .tenant()
-            .and_then(|t| self.0.state.config().auth.tenant_shares.get(&t.0))
-            .map_or(1.0, |s| f64::from(*s))
+            .and_then(|t| self.0.state.config().auth.tenant_shares.get(&t.0).copied())
+            .map_or(1.0, f64::from)
     }
 
     /// Queues an already classified request (a submission, or a diverted `/answer`): its id and

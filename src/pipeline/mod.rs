@@ -16,6 +16,7 @@
 
 pub mod parse;
 pub mod prompt;
+pub mod reload;
 pub mod respond;
 mod state;
 
@@ -29,7 +30,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 
-pub use state::{new_request_id, AppState};
+pub use state::{new_request_id, AppState, Overrides};
 
 use crate::admission::session::{SessionHold, SessionId};
 use crate::admission::LaneGuard;
@@ -492,7 +493,7 @@ pub async fn send(
     record.mark(Mark::Sent);
     tracing::debug!(request_id = %record.request_id(), lane = %class.lane, work = class.work, exact = class.exact, "admitted");
     let ctx = RelayContext {
-        rules: *state.rules(),
+        rules: state.rules(),
         metrics: state.metrics().clone(),
         session: hold,
     };

@@ -62,7 +62,8 @@ fn with_course(
     id: &str,
     student: Value,
 ) -> Result<(Value, Option<Value>), GatewayError> {
-    let Some(course) = state.config().courses.get(id) else {
+    let config = state.config();
+    let Some(course) = config.courses.get(id) else {
         return Err(GatewayError::bad_request(
             "unknown course_id: no [courses.<id>] with this id is configured",
             Some("course_id"),

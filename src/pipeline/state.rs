@@ -1,7 +1,9 @@
-//! [`AppState`]: the services one request's journey uses, built once at start-up.
+//! [`AppState`]: the services one request's journey uses, built at start-up; the configuration
+//! and what is built from it (classifier, upstream client, admission limits) change together on
+//! a reload ([`AppState::reload`], see `crate::config::reload`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::admission::{Admission, SessionLedger};
 use crate::classify::{Classifier, LaneRules};
@@ -16,14 +18,44 @@ pub struct AppState(Arc<Shared>);
 
 #[derive(Debug)]
 struct Shared {
-    config: Config,
-    classifier: Classifier,
+    /// The configuration in force and what is built from it, swapped whole by a reload.
+    live: RwLock<Arc<Live>>,
     admission: Admission,
-    upstream: UpstreamClient,
     metrics: Metrics,
     request_log: RequestLog,
     sessions: SessionLedger,
     queued_bytes: QueuedBytes,
+    /// The file the configuration was read from, re-read by a reload, and what the command
+    /// line changed after reading it (applied again to each reloaded file).
+    config_source: RwLock<Option<ConfigSource>>,
+}
+
+/// What the command line changed in a configuration after reading its file.
+pub type Overrides = Arc<dyn Fn(&mut Config) + Send + Sync>;
+
+/// Where a reload reads the configuration: the file, and the command line's overrides.
+#[derive(Clone)]
+pub struct ConfigSource {
+    /// The file (`serve --config`).
+    pub path: std::path::PathBuf,
+    /// Applied to each configuration read from it.
+    pub overrides: Overrides,
+}
+
+impl std::fmt::Debug for ConfigSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfigSource")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a reload replaces together: a request sees one consistent set.
+#[derive(Debug)]
+struct Live {
+    config: Arc<Config>,
+    classifier: Classifier,
+    upstream: UpstreamClient,
 }
 
 /// Bytes of request bodies held by requests waiting for admission, bounded by
@@ -31,7 +63,7 @@ struct Shared {
 #[derive(Debug)]
 pub struct QueuedBytes {
     held: AtomicU64,
-    max: u64,
+    max: AtomicU64,
 }
 
 /// `bytes` counted in [`QueuedBytes`] until dropped.
@@ -45,17 +77,23 @@ impl QueuedBytes {
     fn new(max: u64) -> Self {
         Self {
             held: AtomicU64::new(0),
-            max,
+            max: AtomicU64::new(max),
         }
+    }
+
+    /// A new bound (a reload); what is held stays held.
+    fn set_max(&self, max: u64) {
+        self.max.store(max, Ordering::Release);
     }
 
     /// Holds `bytes` while a request waits; 429 ([`GatewayError::QueuedBytes`]) when that
     /// would pass the limit.
     pub fn hold(&self, bytes: usize) -> Result<BytesHold<'_>, GatewayError> {
         let bytes = bytes as u64;
+        let max = self.max.load(Ordering::Acquire);
         self.held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                (held.saturating_add(bytes) <= self.max).then_some(held + bytes)
+                (held.saturating_add(bytes) <= max).then_some(held + bytes)
             })
             .map_err(|_| GatewayError::QueuedBytes)?;
         Ok(BytesHold { queue: self, bytes })
@@ -91,16 +129,69 @@ impl AppState {
             }
             Admission::Local(_) => SessionLedger::new(window, capacity, counted),
         };
+        metrics.config().in_force(&config.fingerprint());
         Self(Arc::new(Shared {
             sessions,
             queued_bytes: QueuedBytes::new(config.server.max_queued_bytes),
-            config,
-            classifier,
+            live: RwLock::new(Arc::new(Live {
+                config: Arc::new(config),
+                classifier,
+                upstream,
+            })),
             admission,
-            upstream,
             metrics,
             request_log,
+            config_source: RwLock::new(None),
         }))
+    }
+
+    /// Names the file the configuration came from (`serve --config`), which a reload re-reads.
+    pub fn set_config_path(&self, path: std::path::PathBuf) {
+        self.set_config_source(path, Arc::new(|_: &mut Config| {}));
+    }
+
+    /// [`AppState::set_config_path`] with the command line's `overrides` (`--listen`,
+    /// `--with-sim`'s upstream), applied again to every reloaded file.
+    pub fn set_config_source(&self, path: std::path::PathBuf, overrides: Overrides) {
+        *self
+            .0
+            .config_source
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(ConfigSource { path, overrides });
+    }
+
+    /// The file a reload re-reads and the overrides to apply, if the gateway was started from
+    /// one.
+    pub fn config_source(&self) -> Option<ConfigSource> {
+        self.0
+            .config_source
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn live(&self) -> Arc<Live> {
+        self.0
+            .live
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Puts `config` and what was built from it in force, and the limits it sets (admission,
+    /// queued bytes, the prefix-cache watch): requests that arrive from now on see them all;
+    /// running ones keep what they had. Called by [`crate::config::reload`] once the new
+    /// config is checked and built.
+    pub(crate) fn swap(&self, config: Config, classifier: Classifier, upstream: UpstreamClient) {
+        self.0.admission.set_limits(&config);
+        self.0.queued_bytes.set_max(config.server.max_queued_bytes);
+        self.0.metrics.prefix().configure(&config.prefix_cache);
+        let live = Arc::new(Live {
+            config: Arc::new(config),
+            classifier,
+            upstream,
+        });
+        *self.0.live.write().unwrap_or_else(PoisonError::into_inner) = live;
     }
 
     /// A fresh record for a request that arrived now on `route`.
@@ -126,25 +217,26 @@ impl AppState {
         )
     }
 
-    /// The validated configuration.
-    pub fn config(&self) -> &Config {
-        &self.0.config
+    /// The validated configuration in force (a reload replaces it; hold the `Arc` for one
+    /// consistent view).
+    pub fn config(&self) -> Arc<Config> {
+        self.live().config.clone()
     }
     /// The lane classifier.
-    pub fn classifier(&self) -> &Classifier {
-        &self.0.classifier
+    pub fn classifier(&self) -> Classifier {
+        self.live().classifier.clone()
     }
     /// Admission (lanes or FIFO).
     pub fn admission(&self) -> &Admission {
         &self.0.admission
     }
     /// The vLLM client.
-    pub fn upstream(&self) -> &UpstreamClient {
-        &self.0.upstream
+    pub fn upstream(&self) -> UpstreamClient {
+        self.live().upstream.clone()
     }
     /// The lane rules: first choice, continuations, mid-stream limits.
-    pub fn rules(&self) -> &LaneRules {
-        self.0.classifier.rules()
+    pub fn rules(&self) -> LaneRules {
+        *self.live().classifier.rules()
     }
     /// Request bytes held by requests waiting for admission.
     pub fn queued_bytes(&self) -> &QueuedBytes {

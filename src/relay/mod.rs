@@ -19,10 +19,17 @@
 //! pause the client could notice, or the stream is cut with a clear message (`/answer`: a `cut`
 //! event before `done`; `/v1`: a last chunk with `finish_reason: "length"` and a
 //! `"tutor_gateway": {"cut": "lane_limit", ...}` object) and the engine's work is aborted.
+//!
+//! Shutdown ([`Drain`]): a relay started by a request handler ends when its gateway's grace
+//! period is over. It aborts the engine's work, gives its seat and tokens back, records the
+//! request with the error code `shutdown`, and tells the client as any mid-stream error:
+//! `/answer` gets an `error` event `{"code":"shutdown","message":…}`, a `/v1` stream a
+//! `data: {"error": …}` event then `data: [DONE]`, a non-streaming `/v1` request a 503.
 
 mod answer;
 mod collect;
 mod cut;
+mod drain;
 
 use std::convert::Infallible;
 
@@ -31,6 +38,7 @@ use futures::{FutureExt, Stream};
 use tokio::time::Instant;
 
 pub use collect::Collected;
+pub use drain::Drain;
 
 use crate::admission::session::SessionHold;
 use crate::admission::LaneGuard;
@@ -80,10 +88,22 @@ pub struct Relay {
     /// `/answer` token events sent (their ids).
     pieces: u32,
     done: bool,
+    /// The shutdown of the gateway whose handler started this relay (none for a job's).
+    drain: Option<Drain>,
+}
+
+/// What ended a wait for the next upstream event.
+enum Next {
+    /// The event (or the end of the stream).
+    Event(Option<Result<Chunk, UpstreamError>>),
+    /// The gateway's grace period is over: the stream ends now.
+    Shutdown,
 }
 
 impl Relay {
     /// A relay for `upstream`, holding `guard` until the stream ends; `record` is written then.
+    /// Started inside a request handler, it ends when that gateway's grace period is over
+    /// ([`Drain::current`]).
     pub fn new(
         upstream: UpstreamStream,
         guard: LaneGuard,
@@ -103,6 +123,7 @@ impl Relay {
             cut: None,
             pieces: 0,
             done: false,
+            drain: Drain::current(),
         }
     }
 
@@ -151,6 +172,33 @@ impl Relay {
             }
         }
         ev
+    }
+
+    /// [`Relay::next_event`], unless the gateway's grace period is over first.
+    async fn next_or_shutdown(&mut self) -> Next {
+        let Some(drain) = self.drain.clone() else {
+            return Next::Event(self.next_event().await);
+        };
+        tokio::select! {
+            biased;
+            () = drain.ending() => Next::Shutdown,
+            ev = self.next_event() => Next::Event(ev),
+        }
+    }
+
+    /// Whether the gateway's grace period is over.
+    fn shutting_down(&self) -> bool {
+        self.drain.as_ref().is_some_and(Drain::streams_ending)
+    }
+
+    /// Ends the request because the gateway is shutting down: aborts the engine's work, frees
+    /// the seat and ends the record. The caller tells the client with the error returned.
+    fn end_for_shutdown(&mut self) -> GatewayError {
+        let err = GatewayError::Shutdown;
+        tracing::info!(request_id = %self.request_id(), lane = %self.class.lane, tokens = self.produced(), "stream ended: the gateway is shutting down");
+        self.upstream.abort_now();
+        self.finish(err.outcome(), Some(err.code()));
+        err
     }
 
     /// Moves the request to the next lane while its output has outgrown the current one;
@@ -228,12 +276,17 @@ impl Relay {
         }
         let mut out = Vec::new();
         while out.is_empty() && !self.done {
-            let ev = self.next_event().await;
-            self.step(ev, &mut out).await;
+            match self.next_or_shutdown().await {
+                Next::Event(ev) => self.step(ev, &mut out).await,
+                Next::Shutdown => {
+                    let err = self.end_for_shutdown();
+                    self.render_error(&err, &mut out);
+                }
+            }
         }
         // What is already here goes in the same write; its clock started at the read above.
         let read_at = self.upstream.last_read_at();
-        while !self.done {
+        while !self.done && !self.shutting_down() {
             match self.next_event().now_or_never() {
                 Some(ev) => self.step(ev, &mut out).await,
                 None => break,
@@ -262,15 +315,20 @@ impl Relay {
             Some(Err(e)) => {
                 let err = GatewayError::from(e);
                 tracing::warn!(request_id = %self.request_id(), code = err.code(), error = %err.log_summary(), "stream ended with an error");
-                match self.format {
-                    Format::OpenAi { .. } => out.extend_from_slice(
-                        format!("data: {}\n\ndata: [DONE]\n\n", err.body()).as_bytes(),
-                    ),
-                    Format::Answer => {
-                        out.extend_from_slice(&answer::error_event(err.code(), &err.message()))
-                    }
-                }
+                self.render_error(&err, out);
                 self.finish(err.outcome(), Some(err.code()));
+            }
+        }
+    }
+
+    /// A mid-stream error as the client's format shows it: on `/v1` a `data: {"error": …}`
+    /// event then `data: [DONE]` (as vLLM does), on `/answer` an `error` event.
+    fn render_error(&self, err: &GatewayError, out: &mut Vec<u8>) {
+        match self.format {
+            Format::OpenAi { .. } => out
+                .extend_from_slice(format!("data: {}\n\ndata: [DONE]\n\n", err.body()).as_bytes()),
+            Format::Answer => {
+                out.extend_from_slice(&answer::error_event(err.code(), &err.message()))
             }
         }
     }
@@ -344,14 +402,20 @@ impl Relay {
 
     /// [`Relay::collect`], showing each chunk to `on_chunk` as it arrives (a job keeps its
     /// text so far readable). Dropping the future mid-way ends the request as a client
-    /// disconnect does: the engine's work is aborted and everything is given back.
+    /// disconnect does: the engine's work is aborted and everything is given back. When the
+    /// gateway's grace period is over first, the same happens and it fails with
+    /// [`GatewayError::Shutdown`].
     pub async fn collect_with(
         mut self,
         mut on_chunk: impl FnMut(&Chunk) + Send,
     ) -> Result<Collected, GatewayError> {
         let mut acc = Collected::default();
         loop {
-            match self.next_event().await {
+            let ev = match self.next_or_shutdown().await {
+                Next::Event(ev) => ev,
+                Next::Shutdown => return Err(self.end_for_shutdown()),
+            };
+            match ev {
                 Some(Ok(chunk)) => {
                     on_chunk(&chunk);
                     acc.add(&chunk);

@@ -10,8 +10,12 @@
 //! - with TLS ([`super::tls`]), the handshake in the connection's own task, within
 //!   `server.header_read_timeout` (a client that never finishes it holds its seat no longer).
 //!
-//! On shutdown it stops accepting, asks every connection to finish its requests and close,
-//! waits up to the grace period, then closes what is left (their relays abort the engine work).
+//! On shutdown ([`Shutdown`]) it stops accepting and asks every connection to finish its
+//! requests and close, then waits up to the grace period. On the public listener the streams
+//! still open then are ended through the gateway's [`Drain`] (each gets its `shutdown` error
+//! event, aborts its engine work and gives its seat back) and get [`END_WAIT`] to write that
+//! event; a connection still open after that is closed. It returns only when every
+//! connection's task has ended, so nothing of a request outlives it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,9 +29,11 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::tls::TlsFront;
 use crate::config::ServerConfig;
+use crate::relay::Drain;
 use crate::telemetry::Metrics;
 
 /// Concurrent HTTP/2 streams one connection may open.
@@ -36,16 +42,30 @@ pub const H2_MAX_STREAMS: u32 = 64;
 /// What a connection beyond `server.max_connections` gets before it is closed.
 const REFUSAL_BODY: &str = r#"{"error":{"message":"the gateway has as many open connections as it may; retry shortly","type":"server_error","param":null,"code":"overloaded"}}"#;
 
-/// Serves `router` on `listener` until `stop`, then drains for up to `grace`.
-#[allow(clippy::too_many_arguments)]
+/// How long connections get, once their streams were ended (or, on the admin listener, once
+/// it stopped), to write their last bytes before they are closed.
+pub const END_WAIT: Duration = Duration::from_secs(1);
+
+/// How a listener shuts down.
+#[derive(Debug, Clone)]
+pub struct Shutdown {
+    /// Stops accepting when cancelled.
+    pub stop: CancellationToken,
+    /// How long open connections get to finish their requests.
+    pub grace: Duration,
+    /// Set on the public listener: the streams still open when the grace is over are ended
+    /// through it. Without it the connections are closed then.
+    pub drain: Option<Drain>,
+}
+
+/// Serves `router` on `listener` until `shutdown.stop`, then drains (see the module doc).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     server: &ServerConfig,
     metrics: Metrics,
     tls: Option<TlsFront>,
-    stop: CancellationToken,
-    grace: Duration,
+    shutdown: Shutdown,
 ) {
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -58,6 +78,8 @@ pub async fn serve(
         .max_concurrent_streams(H2_MAX_STREAMS);
     let graceful = GracefulShutdown::new();
     let close_now = CancellationToken::new();
+    // Every connection's task, so shutdown can wait for them (none is left detached).
+    let conns = TaskTracker::new();
     let open = Arc::new(Semaphore::new(server.max_connections));
     loop {
         let tcp = tokio::select! {
@@ -70,21 +92,21 @@ pub async fn serve(
                     continue;
                 }
             },
-            () = stop.cancelled() => break,
+            () = shutdown.stop.cancelled() => break,
         };
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set on an accepted connection");
         }
         let Ok(seat) = Arc::clone(&open).try_acquire_owned() else {
             metrics.refused("connections");
-            tokio::spawn(refuse(tcp));
+            conns.spawn(refuse(tcp));
             continue;
         };
         let (builder, router, watcher) = (builder.clone(), router.clone(), graceful.watcher());
         let close_now = close_now.clone();
         let acceptor = tls.as_ref().map(TlsFront::acceptor);
         let handshake_within = server.header_read_timeout;
-        tokio::spawn(async move {
+        conns.spawn(async move {
             let service = TowerToHyperService::new(router);
             let served = async {
                 match acceptor {
@@ -113,12 +135,37 @@ pub async fn serve(
         });
     }
     drop(listener);
-    tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(grace) => {
-            tracing::warn!(grace_ms = grace.as_millis() as u64, "shutdown grace over; closing open streams");
-            close_now.cancel();
+    let all_closed = graceful.shutdown();
+    tokio::pin!(all_closed);
+    if tokio::time::timeout(shutdown.grace, &mut all_closed)
+        .await
+        .is_err()
+    {
+        let grace_ms = shutdown.grace.as_millis() as u64;
+        match &shutdown.drain {
+            Some(drain) => {
+                tracing::warn!(grace_ms, "shutdown grace over; ending open streams");
+                drain.end_streams();
+                if tokio::time::timeout(END_WAIT, &mut all_closed)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(
+                        "connections still open after their streams ended; closing them"
+                    );
+                    close_now.cancel();
+                }
+            }
+            None => close_now.cancel(),
         }
+    }
+    conns.close();
+    // Closed connections end at their next poll; this bounds a task stuck elsewhere.
+    if tokio::time::timeout(END_WAIT, conns.wait()).await.is_err() {
+        tracing::warn!(
+            open = conns.len(),
+            "connection tasks still running at shutdown"
+        );
     }
 }
 

@@ -26,6 +26,7 @@ use super::job_metrics::JobMetrics;
 use super::relay_metrics::RelayMetrics;
 use super::snapshot::AdmissionSnapshot;
 use crate::lane::Lane;
+use crate::telemetry::config_metrics::ConfigMetrics;
 use crate::telemetry::latency::{LatencySplit, UpstreamView};
 use crate::telemetry::prefix_metrics::PrefixMetrics;
 use crate::telemetry::promotion_metrics::PromotionMetrics;
@@ -172,6 +173,7 @@ pub struct Metrics {
     prefix: PrefixMetrics,
     relay: RelayMetrics,
     jobs: JobMetrics,
+    config: ConfigMetrics,
 }
 
 impl Default for Metrics {
@@ -313,6 +315,7 @@ impl Metrics {
         let relay = RelayMetrics::register(&registry);
         let jobs = JobMetrics::register(&registry);
         let prefix = PrefixMetrics::register(&registry);
+        let config = ConfigMetrics::register(&registry);
         // Every lane's series exist from the start, so dashboards and rate() see zeros, not gaps.
         for lane in Lane::ALL {
             let l = [lane.as_str()];
@@ -360,7 +363,18 @@ impl Metrics {
             jobs,
             prefix,
             refused,
+            config,
         }
+    }
+
+    /// The configuration reload families.
+    pub fn config(&self) -> &ConfigMetrics {
+        &self.config
+    }
+
+    /// A reload ended with `outcome` (`applied`: `sha256` is in force).
+    pub fn config_reloaded(&self, outcome: &str, sha256: &str) {
+        self.config.reloaded(outcome, sha256);
     }
 
     /// The per-fingerprint prefix-cache families and drift detection.

@@ -14,6 +14,7 @@
 //! admission nor upstream (checked by `tests/layering.rs`).
 
 pub mod cached_prefix;
+pub mod config_metrics;
 pub mod drift;
 pub mod job_metrics;
 pub mod latency;
@@ -28,6 +29,7 @@ pub mod request_log;
 mod snapshot;
 pub mod span;
 
+pub use config_metrics::ConfigMetrics;
 pub use job_metrics::JobMetrics;
 pub use latency::{EngineTimings, LatencySplit, Mark, PromptUsage, StageSplit, UpstreamView};
 pub use metrics::{Metrics, Outcome, Route, Stage};

@@ -131,13 +131,14 @@ pub fn exporter(
             if let Some(ep) = &config.otlp_endpoint {
                 b = b.with_endpoint(format!("{}/v1/traces", ep.trim_end_matches('/')));
             }
-            if tls {
-                let client = reqwest_otlp::blocking::Client::builder()
-                    .use_preconfigured_tls(rustls_client(config.otlp_ca_pem.as_deref())?)
-                    .build()
-                    .context("OTLP HTTP client")?;
-                b = b.with_http_client(client);
-            }
+            // Always our client: its TLS names its crypto provider (ring), so an http://
+            // collector works whatever the process default is; an https:// one is checked
+            // against telemetry.otlp_ca_file or the web roots.
+            let client = reqwest_otlp::blocking::Client::builder()
+                .use_preconfigured_tls(rustls_client(config.otlp_ca_pem.as_deref())?)
+                .build()
+                .context("OTLP HTTP client")?;
+            b = b.with_http_client(client);
             b.build()
         }
     };

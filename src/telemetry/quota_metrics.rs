@@ -8,6 +8,8 @@
 //! - `tutor_gateway_quota_degraded`: 1 while the replica runs on its fallback (Redis down).
 //! - `tutor_gateway_quota_leases_reaped_total`: expired leases (a crashed or stalled replica's)
 //!   this replica's script calls removed.
+//! - `tutor_gateway_quota_limits_version`: the version of the shared limits record this
+//!   replica last saw (replicas that agree show the same number).
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry};
 
@@ -23,6 +25,7 @@ pub struct QuotaMetrics {
     errors: IntCounterVec,
     degraded: IntGauge,
     reaped: IntCounter,
+    limits_version: IntGauge,
 }
 
 impl QuotaMetrics {
@@ -55,11 +58,17 @@ impl QuotaMetrics {
             "Expired leases (of crashed or stalled replicas) removed by this replica's calls.",
         )
         .expect("valid counter");
+        let limits_version = IntGauge::new(
+            "tutor_gateway_quota_limits_version",
+            "Version of the shared limits record (Redis) this replica last saw; 0 before any.",
+        )
+        .expect("valid gauge");
         for c in [
             Box::new(latency.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(errors.clone()),
             Box::new(degraded.clone()),
             Box::new(reaped.clone()),
+            Box::new(limits_version.clone()),
         ] {
             registry.register(c).expect("registered once");
         }
@@ -71,7 +80,19 @@ impl QuotaMetrics {
             errors,
             degraded,
             reaped,
+            limits_version,
         }
+    }
+
+    /// The shared limits record's version this replica saw last.
+    pub fn set_limits_version(&self, version: u64) {
+        self.limits_version
+            .set(i64::try_from(version).unwrap_or(i64::MAX));
+    }
+
+    /// The version [`QuotaMetrics::set_limits_version`] set.
+    pub fn limits_version(&self) -> u64 {
+        u64::try_from(self.limits_version.get()).unwrap_or(0)
     }
 
     /// Records one call of `op` that took `seconds`.

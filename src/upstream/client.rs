@@ -1,5 +1,7 @@
 //! [`UpstreamClient`]: one pooled reqwest client for vLLM; starts streams, passes `/v1/models`
-//! through and probes `/health`.
+//! through and probes `/health`. In `upstream.abort.mode = "auto"` it also asks once whether
+//! the engine has an abort endpoint ([`AbortCaller::probe`]): when built inside a Tokio
+//! runtime, and again after a healthy `/health` while that is still unknown.
 
 use std::error::Error as _;
 use std::sync::Arc;
@@ -12,7 +14,7 @@ use reqwest::StatusCode;
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use super::abort::AbortGuard;
+use super::abort::{AbortCaller, AbortEndpoint};
 use super::error::{EngineError, UpstreamError};
 use super::request::{prepare_body, UpstreamRequest};
 use super::stream::{StreamLimits, UpstreamStream};
@@ -31,6 +33,8 @@ pub struct UpstreamClient {
     http: reqwest::Client,
     config: Arc<UpstreamConfig>,
     tasks: TaskTracker,
+    /// Arms each stream's abort guard; knows whether the engine has an abort endpoint.
+    abort: AbortCaller,
     /// The last `/health` probe for `/readyz`.
     readiness: Arc<tokio::sync::Mutex<Option<Probe>>>,
 }
@@ -50,6 +54,12 @@ pub struct RawResponse {
 }
 
 impl UpstreamClient {
+    /// A new client for `config` whose abort calls go on this one's task tracker (a config
+    /// reload that changed `[upstream]`).
+    pub fn with_config(&self, config: UpstreamConfig) -> Result<Self, UpstreamError> {
+        Self::new(config, self.tasks.clone())
+    }
+
     /// A client for `config`. Abort calls are spawned on `tasks`: close and wait on it at
     /// shutdown so no abort is lost. Env proxies are ignored: the vLLM hop is internal.
     pub fn new(config: UpstreamConfig, tasks: TaskTracker) -> Result<Self, UpstreamError> {
@@ -82,10 +92,14 @@ impl UpstreamClient {
         let http = builder.build().map_err(|e| {
             UpstreamError::Unavailable(format!("cannot build the HTTP client: {e}"))
         })?;
+        let config = Arc::new(config);
+        let abort = AbortCaller::new(http.clone(), Arc::clone(&config), tasks.clone());
+        abort.probe();
         Ok(Self {
             http,
-            config: Arc::new(config),
+            config,
             tasks,
+            abort,
             readiness: Arc::default(),
         })
     }
@@ -98,6 +112,11 @@ impl UpstreamClient {
     /// The tracker abort calls are spawned on.
     pub fn tasks(&self) -> &TaskTracker {
         &self.tasks
+    }
+
+    /// What is known of the engine's abort endpoint (`upstream.abort.mode = "auto"`).
+    pub fn abort_endpoint(&self) -> AbortEndpoint {
+        self.abort.endpoint()
     }
 
     /// Sends a streaming generation request and returns once vLLM's response headers arrive.
@@ -132,12 +151,7 @@ impl UpstreamClient {
 
         let limits = StreamLimits::from_config(&self.config);
         let sent_at = Instant::now();
-        let mut abort = AbortGuard::new(
-            self.http.clone(),
-            Arc::clone(&self.config),
-            req.request_id.clone(),
-            self.tasks.clone(),
-        );
+        let mut abort = self.abort.arm(req.request_id.clone(), req.endpoint);
         let (deadline, timeout_error) = limits.first_token_deadline(sent_at);
         let resp = match tokio::time::timeout_at(deadline, builder.send()).await {
             Err(_) => return Err(timeout_error), // `abort` drops here and fires.
@@ -238,12 +252,14 @@ impl UpstreamClient {
     }
 
     /// Readiness probe: `GET /health` answers 2xx (vLLM: 200 when the engine is alive, 503 when
-    /// it is dead -> [`UpstreamError::Status`]).
+    /// it is dead -> [`UpstreamError::Status`]). A healthy answer while the abort endpoint is
+    /// still unknown (vLLM was not up when the client was built) starts its probe.
     pub async fn health(&self) -> Result<(), UpstreamError> {
         let deadline = Instant::now() + PROBE_TIMEOUT;
         let resp = self.get("/health", deadline).await?;
         let status = resp.status();
         if status.is_success() {
+            self.abort.probe();
             return Ok(());
         }
         let body = read_capped(resp, deadline).await.unwrap_or_default();

@@ -7,8 +7,9 @@
 //! an [`UpstreamStream`] once headers arrive (or an [`UpstreamError`]). The stream feeds the
 //! body's reads to the [`sse::SseParser`], turns each `data:` payload into a [`Chunk`] (raw
 //! bytes kept, for a faithful relay), counts tokens, records [`StreamTimings`] and applies the
-//! end-of-stream rules documented in [`stream`]. It owns an [`AbortGuard`] that calls the
-//! configured abort exactly once when the stream ends in any way but a finish reason.
+//! end-of-stream rules documented in [`stream`]. It owns an [`AbortGuard`]: when the stream
+//! ends in any way but a finish reason, the connection is closed (what stops a default vLLM),
+//! and the engine's abort endpoint is called once where it exists (`abort.rs`).
 //!
 //! # Errors
 //! One enum, [`UpstreamError`]; the api layer maps it to HTTP (each variant's doc names the
@@ -26,7 +27,10 @@ pub mod sse;
 pub mod stream;
 mod view;
 
-pub use abort::{AbortGuard, AbortState, AbortWatch, ABORT_TIMEOUT};
+pub use abort::{
+    engine_request_id, AbortCaller, AbortEndpoint, AbortGuard, AbortState, AbortWatch,
+    ABORT_TIMEOUT, PROBE_ID_PREFIX, PROBE_RETRY,
+};
 pub use chunk::{parse_payload, Chunk, EngineMetrics, Payload, Usage};
 pub use client::{RawResponse, UpstreamClient, MAX_BODY_BYTES, PROBE_TIMEOUT};
 pub use error::{EngineError, UpstreamError};

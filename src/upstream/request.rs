@@ -26,8 +26,9 @@ impl Endpoint {
 pub struct UpstreamRequest {
     /// Which endpoint.
     pub endpoint: Endpoint,
-    /// The gateway's request id: sent as `X-Request-Id`, so it is also vLLM's request id and
-    /// the id the abort call names. Must be a valid header value (the gateway generates it).
+    /// The gateway's request id: sent as `X-Request-Id`, from which vLLM derives its own
+    /// (`chatcmpl-<id>`, `cmpl-<id>-0`), the one the abort call names. Must be a valid header
+    /// value (the gateway generates it).
     pub request_id: String,
     /// W3C `traceparent` to propagate, so vLLM's span joins the gateway's trace; an invalid
     /// value is dropped rather than sent.

@@ -1,5 +1,6 @@
-//! Helpers for `tests/upstream.rs`: the simulator, a test config, metrics, and a recording HTTP
-//! endpoint. HTTP, scraping and polling helpers come from `tutor-testkit`.
+//! Helpers for `tests/upstream.rs`: the simulator, a test config, metrics, the abort calls the
+//! simulator saw, captured logs, and a recording HTTP endpoint. HTTP, scraping and polling
+//! helpers come from `tutor-testkit`.
 #![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
@@ -10,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 use tutor_gateway::config::{Config, UpstreamConfig};
-use tutor_gateway::upstream::{Endpoint, UpstreamClient, UpstreamRequest};
+use tutor_gateway::upstream::{AbortEndpoint, Endpoint, UpstreamClient, UpstreamRequest};
 use vllm_sim::{SimArgs, SimServer};
 
 pub use tutor_testkit::{eventually, get_json, words};
@@ -18,6 +19,8 @@ use tutor_testkit::{metric_or_zero, metrics_text};
 
 pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
 
+/// The simulator with `extra` flags: a default `vllm serve` (no abort endpoint; a closed
+/// connection aborts) unless `extra` has `--enable-scale-out`.
 pub async fn sim(extra: &[&str]) -> SimServer {
     vllm_sim::start(&SimArgs::for_test(extra))
         .await
@@ -84,6 +87,71 @@ pub fn aborted() -> String {
     )
 }
 
+/// Waits until the client's start-up probe of the abort endpoint has an answer; returns it.
+pub async fn probed(client: &UpstreamClient) -> AbortEndpoint {
+    eventually("the abort endpoint probe answered", || async {
+        !matches!(
+            client.abort_endpoint(),
+            AbortEndpoint::Unknown | AbortEndpoint::Probing
+        )
+    })
+    .await;
+    client.abort_endpoint()
+}
+
+/// Every call the simulator saw to an abort path (`/debug/aborts`): `path`, `status`,
+/// `request_ids`, `aborted` (how many requests the ids matched).
+pub async fn abort_calls(s: &SimServer) -> Vec<Value> {
+    serde_json::from_value(get_json(format!("{}/debug/aborts", s.url())).await).unwrap()
+}
+
+/// The abort calls the simulator saw besides the client's probe (whose id starts with
+/// [`tutor_gateway::upstream::PROBE_ID_PREFIX`]).
+pub async fn abort_calls_after_probe(s: &SimServer) -> Vec<Value> {
+    abort_calls(s)
+        .await
+        .into_iter()
+        .filter(|c| {
+            !c["request_ids"][0]
+                .as_str()
+                .is_some_and(|id| id.contains(tutor_gateway::upstream::PROBE_ID_PREFIX))
+        })
+        .collect()
+}
+
+/// Everything logged while the guard of [`capture_logs`] lives (at every level, as text).
+#[derive(Clone, Default)]
+pub struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Captures this thread's logs: a `#[tokio::test]` runtime has one thread, so everything the
+/// gateway and the simulator log in the test lands here.
+pub fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    (captured, tracing::subscriber::set_default(subscriber))
+}
+
 /// The engine dropped exactly one request as aborted and runs nothing.
 pub async fn assert_one_abort_in_engine(s: &SimServer) {
     eventually("engine aborted the request", || async {
@@ -104,7 +172,7 @@ pub struct Seen {
 }
 
 /// A tiny HTTP endpoint that records every request, optionally forwards its body to
-/// `{forward}/abort_requests`, then answers `200` with an empty body.
+/// `{forward}/inference/v1/abort_requests`, then answers `200` with an empty body.
 pub struct Recorder {
     pub base_url: String,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -126,7 +194,7 @@ impl Recorder {
                     };
                     if let Some(to) = forward {
                         reqwest::Client::new()
-                            .post(format!("{to}/abort_requests"))
+                            .post(format!("{to}/inference/v1/abort_requests"))
                             .header("content-type", "application/json")
                             .body(req.body.clone())
                             .send()

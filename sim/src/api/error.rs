@@ -9,7 +9,7 @@ use serde::Serialize;
 pub struct ApiError {
     /// HTTP status (also the `code` field).
     pub status: StatusCode,
-    /// `BadRequestError`, `NotFoundError`, `InternalServerError`.
+    /// `BadRequestError`, `NotFoundError`, `PermissionDeniedError`, `InternalServerError`.
     pub kind: &'static str,
     /// Human-readable message.
     pub message: String,
@@ -49,6 +49,16 @@ impl ApiError {
             kind: "NotFoundError",
             message: format!("The model `{model}` does not exist."),
             param: Some("model"),
+        }
+    }
+
+    /// 403 `PermissionDeniedError` (vLLM's answer on a route that a flag turns on).
+    pub fn permission_denied(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            kind: "PermissionDeniedError",
+            message: message.into(),
+            param: None,
         }
     }
 

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::chunks::{ResponseId, Usage};
 use super::error::ApiError;
-use super::request::{parse_json, ChatBody, CompletionBody, Generation};
+use super::request::{engine_request_id, parse_json, ChatBody, CompletionBody, Generation};
 use super::stream::{next_batch, sse_body, AbortGuard, StreamSpec};
 use super::AppState;
 use crate::engine::NewRequest;
@@ -79,7 +79,7 @@ async fn generate(state: AppState, gen: Generation) -> Response {
     );
     let prompt_tokens = gen.prompt.len() as u32;
     let (seq_no, mut rx) = state.engine.submit(NewRequest {
-        request_id: gen.request_id.clone(),
+        request_id: engine_request_id(gen.api, &gen.request_id),
         prompt: gen.prompt,
         target_output: target,
         finish_at_target: finish,

@@ -1,4 +1,11 @@
 //! The HTTP surface: vLLM's OpenAI-compatible routes plus `/debug/*` for tests.
+//!
+//! Aborts are as in vLLM 0.33's server: a request whose client disconnects is aborted (the
+//! body or handler future is dropped: [`stream::AbortGuard`]); `POST
+//! /inference/v1/abort_requests` exists only with `--enable-scale-out` (403 otherwise, as vLLM's
+//! stand-in route) and takes the ids vLLM gives requests (`chatcmpl-<X-Request-Id>`,
+//! `cmpl-<X-Request-Id>-0`, see [`request::engine_request_id`]); `/abort_requests` is 404, as
+//! on a default `vllm serve`. Every call to either path is recorded for `GET /debug/aborts`.
 
 pub mod chunks;
 pub mod error;
@@ -45,8 +52,13 @@ pub struct AppState {
     pub per_request_metrics: bool,
     /// `--enable-request-id-headers`.
     pub request_id_headers: bool,
-    /// `--api-key`: required as a bearer token on `/v1/*`.
+    /// `--api-key`: required as a bearer token on `/v1/*` and `/inference/*`.
     pub api_key: Option<Arc<str>>,
+    /// `--enable-scale-out`: `POST /inference/v1/abort_requests` is served.
+    pub scale_out: bool,
+    /// Every call to an abort path (`GET /debug/aborts`), oldest first, the last 1,000: path,
+    /// status answered, the ids named, how many requests they aborted.
+    pub aborts: Arc<std::sync::Mutex<std::collections::VecDeque<serde_json::Value>>>,
     /// Unix seconds at start, for `/v1/models`.
     pub started: u64,
     /// The last `traceparent` headers received (`GET /debug/traceparents`), newest last.
@@ -60,6 +72,20 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// Remembers a call to an abort path (the last 1,000).
+    fn saw_abort(&self, path: &str, status: StatusCode, ids: &[String], aborted: usize) {
+        let mut q = self.aborts.lock().unwrap_or_else(|e| e.into_inner());
+        if q.len() == 1000 {
+            q.pop_front();
+        }
+        q.push_back(serde_json::json!({
+            "path": path,
+            "status": status.as_u16(),
+            "request_ids": ids,
+            "aborted": aborted,
+        }));
+    }
+
     /// Remembers an accepted request's limits (the last 1,000).
     pub fn saw_request(&self, summary: serde_json::Value) {
         let mut q = self.recent.lock().unwrap_or_else(|e| e.into_inner());
@@ -91,11 +117,14 @@ pub fn router(state: AppState) -> Router {
         .route("/version", get(version))
         .route("/tokenize", post(tokenize))
         .route("/metrics", get(metrics))
-        .route("/abort_requests", post(abort_requests))
+        .route("/inference/v1/abort_requests", post(abort_requests))
+        .route("/abort_requests", post(no_abort_requests))
         .route("/debug/engine", get(debug_engine))
+        .route("/debug/aborts", get(debug_aborts))
         .route("/debug/steps", get(debug_steps))
         .route("/debug/traceparents", get(debug_traceparents))
         .route("/debug/requests", get(debug_requests))
+        .fallback(not_found)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
@@ -103,8 +132,17 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// vLLM's `--api-key`: `/v1/*` needs `Authorization: Bearer <key>` (401 otherwise); other
-/// routes (`/health`, `/metrics`, ...) are open, as in vLLM.
+/// FastAPI's answer for a path no route serves.
+async fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(serde_json::json!({"detail": "Not Found"})),
+    )
+        .into_response()
+}
+
+/// vLLM's `--api-key`: `/v1/*` and `/inference/*` need `Authorization: Bearer <key>` (401
+/// otherwise); other routes (`/health`, `/metrics`, `/abort_requests`, ...) are open, as in vLLM.
 async fn require_api_key(
     State(s): State<AppState>,
     req: axum::extract::Request,
@@ -119,7 +157,9 @@ async fn require_api_key(
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if !req.uri().path().starts_with("/v1") || given == Some(key) {
+    let path = req.uri().path();
+    let guarded = path.starts_with("/v1") || path.starts_with("/inference");
+    if !guarded || given == Some(key) {
         return next.run(req).await;
     }
     (
@@ -225,20 +265,82 @@ async fn metrics(State(s): State<AppState>) -> Response {
         .into_response()
 }
 
+/// The message of vLLM's stand-in for its scale-out routes while they are off.
+const SCALE_OUT_DISABLED: &str =
+    "Scale-out endpoints are disabled. Restart vllm serve with --enable-scale-out to enable them.";
+
+/// `request_ids` as vLLM reads it: a list of ids, or one id as a string.
 #[derive(Deserialize)]
-struct AbortBody {
-    request_ids: Vec<String>,
+#[serde(untagged)]
+enum AbortIds {
+    One(String),
+    Many(Vec<String>),
 }
 
-async fn abort_requests(State(s): State<AppState>, _h: HeaderMap, body: Bytes) -> Response {
-    match parse_json::<AbortBody>(&body) {
-        Ok(b) => {
-            let n = s.engine.abort_request_ids(&b.request_ids);
+/// FastAPI's answer to an `HTTPException`: `{"detail": "..."}`.
+fn detail(status: StatusCode, message: String) -> Response {
+    (status, Json(serde_json::json!({ "detail": message }))).into_response()
+}
+
+/// The ids in an abort body's `request_ids`, as vLLM reads them: `Err` with the `detail` of
+/// the 400 vLLM answers for a body that is not JSON or has no `request_ids`.
+fn abort_ids(body: &[u8]) -> Result<Vec<String>, String> {
+    let value: serde_json::Value =
+        serde_json::from_slice(body).map_err(|e| format!("JSON decode error: {e}"))?;
+    match value.get("request_ids").filter(|v| !v.is_null()).cloned() {
+        Some(v) => match serde_json::from_value::<AbortIds>(v) {
+            Ok(AbortIds::One(id)) => Ok(vec![id]),
+            Ok(AbortIds::Many(ids)) => Ok(ids),
+            Err(_) => Err("'request_ids' must be a string or a list of strings".into()),
+        },
+        None => Err("Missing 'request_ids' in request body".into()),
+    }
+}
+
+/// `POST /inference/v1/abort_requests {"request_ids": [...]}`: with `--enable-scale-out`,
+/// aborts the requests with those ids (vLLM's external ids: `chatcmpl-<X-Request-Id>`,
+/// `cmpl-<X-Request-Id>-0`; any other id matches nothing and is ignored, as in vLLM) and
+/// answers 200 with an empty body; a body that is not JSON, or has no `request_ids`, is a 400.
+/// Without the flag, 403 as vLLM's stand-in route.
+async fn abort_requests(State(s): State<AppState>, body: Bytes) -> Response {
+    const PATH: &str = "/inference/v1/abort_requests";
+    let ids = abort_ids(&body);
+    if !s.scale_out {
+        let named = ids.unwrap_or_default();
+        s.saw_abort(PATH, StatusCode::FORBIDDEN, &named, 0);
+        return ApiError::permission_denied(SCALE_OUT_DISABLED).into_response();
+    }
+    match ids {
+        Ok(ids) => {
+            let n = s.engine.abort_request_ids(&ids);
             tracing::debug!(found = n, "abort_requests");
+            s.saw_abort(PATH, StatusCode::OK, &ids, n);
             StatusCode::OK.into_response()
         }
-        Err(e) => e.into_response(),
+        Err(message) => {
+            s.saw_abort(PATH, StatusCode::BAD_REQUEST, &[], 0);
+            detail(StatusCode::BAD_REQUEST, message)
+        }
     }
+}
+
+/// `POST /abort_requests`: not a route of a default `vllm serve` (only of its tokens-only and
+/// development modes, which the simulator does not model): FastAPI's 404, recorded.
+async fn no_abort_requests(State(s): State<AppState>, body: Bytes) -> Response {
+    let named = abort_ids(&body).unwrap_or_default();
+    s.saw_abort("/abort_requests", StatusCode::NOT_FOUND, &named, 0);
+    not_found().await
+}
+
+async fn debug_aborts(State(s): State<AppState>) -> Json<Vec<serde_json::Value>> {
+    Json(
+        s.aborts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect(),
+    )
 }
 
 async fn debug_engine(State(s): State<AppState>) -> Json<crate::engine::EngineSnapshot> {

@@ -143,6 +143,17 @@ pub fn request_id(headers: &HeaderMap, body_id: Option<&str>) -> String {
         .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string())
 }
 
+/// The id vLLM's OpenAI server gives a request with id `request_id` (above), the one its engine
+/// and its abort endpoint know it by: `chatcmpl-<id>` for a chat completion, `cmpl-<id>-0` for a
+/// completion (`-<n>` for its n-th prompt; the simulator takes one). vLLM's engine adds a
+/// random suffix of its own to make an internal id, which its abort endpoint does not take.
+pub fn engine_request_id(api: Api, request_id: &str) -> String {
+    match api {
+        Api::Chat => format!("chatcmpl-{request_id}"),
+        Api::Completion => format!("cmpl-{request_id}-0"),
+    }
+}
+
 /// Tokenizes `text` off the async workers when a real tokenizer is in use.
 pub async fn encode(state: &AppState, text: String, add_special: bool) -> Vec<u32> {
     let tok = state.tokenizer.clone();

@@ -33,7 +33,8 @@ const MAX_CATCH_UP: Duration = Duration::from_millis(20);
 /// A request as the engine takes it.
 #[derive(Debug, Clone)]
 pub struct NewRequest {
-    /// External request id.
+    /// The id vLLM's server gives the request (`chatcmpl-<X-Request-Id>`,
+    /// `cmpl-<X-Request-Id>-0`): what `/inference/v1/abort_requests` names.
     pub request_id: String,
     /// Prompt token ids.
     pub prompt: Vec<u32>,
@@ -190,7 +191,8 @@ impl Engine {
         self.abort_where(|s_no, _| s_no == seq_no);
     }
 
-    /// Aborts every request with one of these external ids; returns how many were found.
+    /// Aborts every request with one of these ids (exactly as submitted); returns how many were
+    /// found.
     pub fn abort_request_ids(&self, ids: &[String]) -> usize {
         self.abort_where(|_, id| ids.iter().any(|x| x == id))
     }

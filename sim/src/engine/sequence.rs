@@ -121,7 +121,8 @@ pub enum EngineEvent {
 /// A request in the scheduler.
 #[derive(Debug)]
 pub struct Sequence {
-    /// External request id (`X-Request-Id`, body `request_id` or a random one).
+    /// The id vLLM's server gives the request: `chatcmpl-` or `cmpl-` and the `X-Request-Id`
+    /// (or body `request_id`, or a random one), `-0` after a completion's.
     pub request_id: String,
     /// Unique internal number, in arrival order.
     pub seq_no: u64,

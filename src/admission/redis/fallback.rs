@@ -6,10 +6,13 @@ use std::num::{NonZeroU32, NonZeroU64};
 use crate::config::Config;
 use crate::lane::Lane;
 
-/// `config` with every lane's `max_concurrency` and `max_tokens_in_flight` and the global token
-/// budget divided by `quota.expected_replicas` (rounded down), but never below one slot and the
-/// largest request the lane (or the global budget) must hold, so every request stays admittable.
-/// The prefill budget (when on) is divided the same way, never below `long_prompt_tokens`.
+/// `config` with every lane's `max_concurrency`, `ceiling` and `max_tokens_in_flight`, the
+/// global `admission.seats` and the global token budget divided by `quota.expected_replicas`
+/// (rounded down), but never below one slot (a ceiling never below its lane's share, the seats
+/// never below the reserved shares together) and the largest request the lane (or the global
+/// budget) must hold, so every request stays admittable and the replicas together never hold
+/// more than the shared limits would allow. The prefill budget (when on) is divided the same
+/// way, never below `long_prompt_tokens`.
 pub(super) fn local_share(config: &Config) -> Config {
     let n = config.quota.expected_replicas.get();
     let max_len = config.upstream.max_model_len.get();
@@ -28,9 +31,18 @@ pub(super) fn local_share(config: &Config) -> Config {
             Lane::Large => &mut out.lanes.large,
         };
         l.max_concurrency = NonZeroU32::new(l.max_concurrency.get() / n).unwrap_or(NonZeroU32::MIN);
+        l.ceiling = NonZeroU32::new(l.ceiling.get() / n)
+            .unwrap_or(NonZeroU32::MIN)
+            .max(l.max_concurrency);
         let tokens = (l.max_tokens_in_flight.get() / u64::from(n)).max(largest(lane));
         l.max_tokens_in_flight = NonZeroU64::new(tokens).unwrap_or(NonZeroU64::MIN);
     }
+    let reserved: u32 = [&out.lanes.small, &out.lanes.medium, &out.lanes.large]
+        .iter()
+        .map(|l| l.max_concurrency.get())
+        .sum();
+    out.admission.seats = NonZeroU32::new((config.admission.seats.get() / n).max(reserved))
+        .unwrap_or(NonZeroU32::MIN);
     let global =
         (config.admission.max_tokens_in_flight.get() / u64::from(n)).max(u64::from(max_len));
     out.admission.max_tokens_in_flight = NonZeroU64::new(global).unwrap_or(NonZeroU64::MIN);
@@ -55,6 +67,21 @@ mod tests {
         // 20 / 32 and 10 / 32 round to zero: one slot stays.
         assert_eq!(share.lanes.medium.max_concurrency.get(), 1);
         assert_eq!(share.lanes.large.max_concurrency.get(), 1);
+        // Ceilings and seats are divided too (never below the shares they cover).
+        assert!(share.lanes.small.ceiling >= share.lanes.small.max_concurrency);
+        assert!(share.lanes.small.ceiling.get() <= config.lanes.small.ceiling.get() / 32 + 1);
+        assert_eq!(share.admission.seats.get(), 3, "the three shares, no more");
+        let two = {
+            let mut c = Config::default();
+            c.quota.expected_replicas = NonZeroU32::new(2).unwrap();
+            local_share(&c)
+        };
+        let full = Config::default();
+        assert_eq!(
+            two.lanes.medium.ceiling.get(),
+            full.lanes.medium.ceiling.get() / 2
+        );
+        assert_eq!(two.admission.seats.get(), full.admission.seats.get() / 2);
         // 163840 / 32 = 5120 < max_model_len: the largest request must still fit.
         assert_eq!(share.lanes.large.max_tokens_in_flight.get(), 16_384);
         assert_eq!(share.lanes.small.max_tokens_in_flight.get(), 115_200 / 32);

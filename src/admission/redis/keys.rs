@@ -1,5 +1,5 @@
 //! Redis key names. All share the hash tag `{quota}`, so every script's keys live in one
-//! Cluster slot: `<prefix>:{quota}:expiry`, `:leases`, `:usage`, `:waiting:large`, the pub/sub
+//! Cluster slot: `<prefix>:{quota}:expiry`, `:leases`, `:usage`, `:waiting:large`, `:limits`, the pub/sub
 //! channel `<prefix>:{quota}:released`, and the background jobs' keys (`:jobs:*`, `:job:<id>`,
 //! see `crate::jobs`), which some scripts change together with the quota's.
 
@@ -19,6 +19,8 @@ pub struct Keys {
     /// ZSET replica -> until when (Redis server ms) it has an interactive large request
     /// waiting: background work starts only while it is empty.
     pub waiting_large: String,
+    /// HASH the limits record every replica's scripts enforce (versioned).
+    pub limits: String,
     /// The prefix every key shares (`<prefix>:{quota}`), for the keys of other modules.
     pub base: String,
     /// Prefix of the per-session output counters (`<prefix>:{quota}:session:<hash>`, STRING
@@ -36,6 +38,7 @@ impl Keys {
             usage: key("usage"),
             released: key("released"),
             waiting_large: key("waiting:large"),
+            limits: key("limits"),
             base: format!("{prefix}:{{quota}}"),
             session: key("session"),
         }
@@ -48,7 +51,8 @@ impl Keys {
             .key(&self.leases)
             .key(&self.usage)
             .key(&self.released)
-            .key(&self.waiting_large);
+            .key(&self.waiting_large)
+            .key(&self.limits);
         call
     }
 }

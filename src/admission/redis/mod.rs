@@ -8,11 +8,18 @@
 //! - `tg:v2:{quota}:usage` HASH: `<lane>:n` (leases), `<lane>:tokens`, `global:tokens`,
 //!   `prefill:tokens` (the prefill budget in use).
 //! - `tg:v2:{quota}:released` pub/sub channel: a lane name each time one of its leases goes,
-//!   and `prefill` each time prefill room comes back.
+//!   `prefill` each time prefill room comes back, `limits` when the limits record changed.
+//! - `tg:v2:{quota}:limits` HASH: the limits every replica's scripts enforce, one versioned
+//!   record (`quota_limits_v2.lua`): written by a replica only where there is none, and pushed
+//!   as a new version by a reload. The seat rule is the local backend's (reserved shares,
+//!   ceilings, lending, borrowing; strict caps under policy `strict`).
+//! - `tg:v2:{quota}:waiting:large` ZSET: replicas with an interactive large request waiting
+//!   (background jobs start only while it is empty).
 //!
 //! Every change goes through one Lua script (`lua/quota_*_v2.lua`, see [`scripts`]), so the
 //! counters always equal the sum of the live leases: acquire reaps expired leases, then takes
-//! a lease only if the lane's slots AND the lane's and global token budgets all fit (and, for a
+//! a lease only if a seat (by the record's rules) AND the lane's and global token budgets all
+//! fit (and, for a
 //! long prompt under `admission.prefill_budget_tokens`, the prefill budget: one engine, one
 //! budget, whatever the number of replicas); renew extends this replica's leases; release is
 //! idempotent; move shifts a lease to another lane if it has room; prefill-done gives a lease's
@@ -41,17 +48,21 @@
 //! whatever its queue length. A request can be overtaken by a later one on another replica.
 //!
 //! # When Redis is down
-//! A failed call (connection refused, 500 ms timeout) marks the replica degraded
-//! (`tutor_gateway_quota_degraded` = 1; `/readyz` reports it). Under `fail_open` (the default)
+//! Three failed calls in a row (connection refused, 500 ms timeout), or one failed heartbeat,
+//! mark the replica degraded (`tutor_gateway_quota_degraded` = 1; `/readyz` reports it); a
+//! single slow call is retried like a refusal, not taken for an outage. Under `fail_open` (the default)
 //! new requests are admitted by an in-process [`LocalAdmission`] with the limits divided by
 //! `quota.expected_replicas`; under `fail_closed` they get 503
 //! ([`AdmissionError::QuotaUnavailable`]). The heartbeat keeps probing and the replica returns
 //! to Redis on its own after the first successful call; no restart. Releases that failed are
 //! retried by the heartbeat until the lease's TTL has passed (then Redis has reaped it anyway),
-//! so nothing leaks. Known gaps: requests admitted by the fallback are not counted in Redis
-//! after the switch back (a transient overcommit of at most the fallback's share), and if Redis
-//! restarts empty, leases held across the restart are uncounted until their requests end
-//! (counted as `lease_lost` at the next renewal).
+//! so nothing leaks. No overcommit across the switches: when the replica falls back, its
+//! fallback first counts the leases it still holds in Redis (their requests run on), so the
+//! replica stays within its share; when Redis is back, the requests the fallback admitted are
+//! registered there as leases (`quota_adopt_v2.lua`, whatever the limits: they already run),
+//! renewed and released like any other, so Redis counts what really runs and new admissions
+//! wait until the lanes are under their limits. Leases Redis lost (it restarted empty) are
+//! registered again the same way at the next renewal (`lease_lost`).
 //!
 //! [`snapshot`](RedisAdmission::snapshot) shows this replica's part only (its leases, its
 //! lines, its fallback); sum over replicas for the fleet, or read the `usage` hash.
@@ -77,13 +88,13 @@ use tokio_util::task::TaskTracker;
 pub use keys::Keys;
 pub(crate) use shared::LeaseRelease;
 
-use super::budget::{Limits, PrefillLimit};
+use super::budget::Limits;
 use super::{AdmissionError, AdmissionSnapshot, LaneGuard, LocalAdmission};
 use crate::config::{Config, OnRedisDown, Policy};
 use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
-use scripts::{LaneQuota, Verdict};
-use shared::{QuotaLimits, Shared, Take};
+use scripts::{LimitsRecord, Verdict};
+use shared::{Shared, Take};
 
 /// How long a first request waits for the initial connection before counting Redis as down.
 const FIRST_CONNECT_WAIT: Duration = Duration::from_secs(2);
@@ -93,10 +104,9 @@ const FIRST_CONNECT_WAIT: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub struct RedisAdmission {
     shared: Arc<Shared>,
-    limits: Arc<Limits>,
-    /// Each tenant's share of a line's turns (`auth.tenant_shares`; 1 when not listed).
-    shares: Arc<std::collections::HashMap<String, f64>>,
-    fallback: Option<LocalAdmission>,
+    /// This replica's lines' limits and each tenant's share of a line's turns
+    /// (`auth.tenant_shares`; 1 when not listed); a reload replaces them.
+    rules: Arc<std::sync::RwLock<Arc<LineRules>>>,
     tasks: TaskTracker,
     stop: CancellationToken,
     _stop_on_drop: Arc<DropGuard>,
@@ -117,21 +127,11 @@ impl RedisAdmission {
     /// background tasks on the current Tokio runtime and connects in the background.
     pub fn from_config(config: &Config, metrics: QuotaMetrics) -> Result<Self, redis::RedisError> {
         let client = client(config)?;
-        let limits = Limits::from_config(config);
-        let lanes = Lane::ALL.map(|lane| {
-            let c = config.lanes.get(lane);
-            LaneQuota {
-                max_requests: c.max_concurrency.get(),
-                max_tokens: c.max_tokens_in_flight.get(),
-            }
-        });
-        let quota = QuotaLimits {
-            lanes,
-            global_tokens: config.admission.max_tokens_in_flight.get(),
-            prefill: PrefillLimit::from_config(config),
-        };
+        let quota = LimitsRecord::from_config(config);
         let (releases, release_rx) = mpsc::unbounded_channel();
         let (retry, retry_rx) = mpsc::unbounded_channel();
+        let fallback = (config.quota.on_redis_down == OnRedisDown::FailOpen)
+            .then(|| LocalAdmission::from_config(&fallback::local_share(config)));
         let shared = Arc::new(Shared::new(
             client,
             Keys::new(&config.quota.key_prefix),
@@ -140,9 +140,8 @@ impl RedisAdmission {
             config.quota.heartbeat,
             releases,
             metrics,
+            fallback,
         ));
-        let fallback = (config.quota.on_redis_down == OnRedisDown::FailOpen)
-            .then(|| LocalAdmission::from_config(&fallback::local_share(config)));
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
         tasks.spawn(tasks::heartbeat(shared.clone(), retry_rx, stop.clone()));
@@ -156,16 +155,9 @@ impl RedisAdmission {
         tasks.close();
         Ok(Self {
             shared,
-            limits: Arc::new(limits),
-            shares: Arc::new(
-                config
-                    .auth
-                    .tenant_shares
-                    .iter()
-                    .map(|(t, s)| (t.clone(), f64::from(*s)))
-                    .collect(),
-            ),
-            fallback,
+            rules: Arc::new(std::sync::RwLock::new(Arc::new(LineRules::from_config(
+                config,
+            )))),
             tasks,
             _stop_on_drop: Arc::new(stop.clone().drop_guard()),
             stop,
@@ -174,7 +166,7 @@ impl RedisAdmission {
 
     /// Always [`Policy::Lanes`] (config validation requires it for this backend).
     pub fn policy(&self) -> Policy {
-        self.limits.policy()
+        self.rules().limits.policy()
     }
 
     /// True while Redis is unreachable and this replica runs on its fallback.
@@ -184,7 +176,7 @@ impl RedisAdmission {
 
     /// What this replica does while Redis is down.
     pub fn on_redis_down(&self) -> OnRedisDown {
-        if self.fallback.is_some() {
+        if self.shared.fallback.is_some() {
             OnRedisDown::FailOpen
         } else {
             OnRedisDown::FailClosed
@@ -209,6 +201,49 @@ impl RedisAdmission {
         self.connection()
     }
 
+    fn rules(&self) -> Arc<LineRules> {
+        self.rules
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Puts the limits of `config` in force (a reload): they are pushed as the shared limits
+    /// record (a new version, which every replica's scripts enforce from their next call on and
+    /// which the others learn through the `released` channel); this replica's lines use the new
+    /// queue bounds and tenant shares, and its fallback the new divided limits. Leases held are
+    /// not touched.
+    pub fn set_limits(&self, config: &Config) {
+        self.shared.set_limits(LimitsRecord::from_config(config));
+        // Pushed now when a runtime is at hand, else by the next heartbeat.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let shared = self.shared.clone();
+            rt.spawn(async move {
+                if shared
+                    .push_limits
+                    .swap(false, std::sync::atomic::Ordering::AcqRel)
+                    && shared.write_limits(true).await.is_none()
+                {
+                    shared
+                        .push_limits
+                        .store(true, std::sync::atomic::Ordering::Release);
+                }
+            });
+        }
+        *self
+            .rules
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Arc::new(LineRules::from_config(config));
+        if let Some(local) = &self.shared.fallback {
+            local.set_limits(&fallback::local_share(config));
+        }
+        self.shared.notify(None, true);
+        for lane in Lane::ALL {
+            self.shared.notify(Some(lane), false);
+        }
+    }
+
     /// The Redis client (for a module's own pub/sub subscription).
     pub fn client(&self) -> &redis::Client {
         &self.shared.client
@@ -230,11 +265,20 @@ impl RedisAdmission {
 
     /// This replica's leases, waiters and fallback usage (not the fleet's; see module doc).
     pub fn snapshot(&self) -> AdmissionSnapshot {
-        let mut snap = match &self.fallback {
+        let mut snap = match &self.shared.fallback {
             Some(local) => local.snapshot(),
             None => LocalAdmission::from_config(&Config::default()).snapshot(),
         };
-        for held in self.shared.held().values() {
+        let held: Vec<(String, shared::Held)> = self
+            .shared
+            .held()
+            .iter()
+            .map(|(id, h)| (id.clone(), *h))
+            .collect();
+        for (id, held) in &held {
+            if self.shared.counted_by_fallback(id) {
+                continue;
+            }
             let lane = &mut snap.lanes[held.lane.index()];
             lane.in_flight += 1;
             lane.reserved_tokens += u64::from(held.tokens);
@@ -281,7 +325,8 @@ impl RedisAdmission {
         prompt: u32,
         tenant: Option<&str>,
     ) -> Result<LaneGuard, AdmissionError> {
-        self.limits.admissible(lane, tokens)?;
+        let rules = self.rules();
+        rules.limits.admissible(lane, tokens)?;
         if self.shared.connection().is_none() && !self.shared.degraded() {
             let mut conn = self.shared.conn.subscribe();
             let _ = tokio::time::timeout(FIRST_CONNECT_WAIT, conn.wait_for(Option::is_some)).await;
@@ -306,12 +351,14 @@ impl RedisAdmission {
                         prefill_blocked = Some(ask.started);
                     }
                 }
+                // One failed call is not an outage: wait in line and try again.
+                Take::Failed => {}
                 Take::Down => return self.fall_back(lane, tokens, prompt, tenant).await,
             }
         }
-        let queue = self.limits.queue(self.limits.queue_of(lane));
+        let queue = rules.limits.queue(rules.limits.queue_of(lane));
         let share = tenant
-            .and_then(|t| self.shares.get(t))
+            .and_then(|t| rules.shares.get(t))
             .copied()
             .unwrap_or(1.0);
         let Some(place) = line.join(queue.len, tenant, share) else {
@@ -330,19 +377,19 @@ impl RedisAdmission {
                         let waited = ask.started.elapsed();
                         return Ok(self.guard(id, &ask, waited, prefill_blocked));
                     }
-                    Take::Refused(verdict) => {
-                        if verdict == Verdict::PrefillFull {
-                            prefill_blocked.get_or_insert_with(Instant::now);
-                        }
-                        backoff = line.pause(backoff).await;
-                        if !turn.still_first() {
-                            // A waiter with an earlier fair tag joined: its turn first.
-                            drop(turn);
-                            turn = place.turn().await;
-                            backoff = queue::LaneQueue::first_backoff();
-                        }
-                    }
                     Take::Down => return Err(()),
+                    Take::Refused(Verdict::PrefillFull) => {
+                        prefill_blocked.get_or_insert_with(Instant::now);
+                    }
+                    // No room, or one failed call (not yet an outage): try again.
+                    Take::Refused(_) | Take::Failed => {}
+                }
+                backoff = line.pause(backoff).await;
+                if !turn.still_first() {
+                    // A waiter with an earlier fair tag joined: its turn first.
+                    drop(turn);
+                    turn = place.turn().await;
+                    backoff = queue::LaneQueue::first_backoff();
                 }
             }
         };
@@ -358,9 +405,9 @@ impl RedisAdmission {
 
     /// Runs `script`, a script of another module built on the quota prelude that may take a
     /// lease with its `take_lease` (background jobs start this way: the job and its seat in
-    /// one atomic step). Its KEYS are the quota's five, then `keys`; its ARGV are the acquire
-    /// script's first ten (a lease in `lane` of `tokens` with a prefill reservation of
-    /// `prompt`, under this replica's limits), then `args`. It answers `{status, reaped,
+    /// one atomic step). Its KEYS are the quota's six, then `keys`; its ARGV are the acquire
+    /// script's first five (a lease in `lane` of `tokens` with a prefill reservation of
+    /// `prompt`; the limits are the shared record's), then `args`. It answers `{status, reaped,
     /// rest...}`; status 1 means the lease was taken: it is this replica's from then on,
     /// renewed by its heartbeat, and comes back as a guard with `rest`. Any other status comes
     /// back as `Err(status)`. `None` while Redis is unreachable (the caller tries again later).
@@ -378,8 +425,6 @@ impl RedisAdmission {
         }
         let mut conn = self.shared.connection()?;
         let id = self.shared.next_lease_id();
-        let limits = &self.shared.limits;
-        let lane_quota = limits.lanes[lane.index()];
         let mut call = self.shared.keys.with_keys(script);
         for key in keys {
             call.key(*key);
@@ -388,12 +433,7 @@ impl RedisAdmission {
             .arg(lane.as_str())
             .arg(tokens)
             .arg(self.shared.ttl_ms)
-            .arg(lane_quota.max_requests)
-            .arg(lane_quota.max_tokens)
-            .arg(limits.global_tokens)
-            .arg(prompt)
-            .arg(limits.prefill.budget)
-            .arg(limits.prefill.long_prompt);
+            .arg(prompt);
         for arg in args {
             call.arg(arg);
         }
@@ -410,6 +450,7 @@ impl RedisAdmission {
                 return None;
             }
         };
+        self.shared.succeeded();
         self.shared.metrics.reaped(reply[1].max(0) as u64);
         if reply[0] != 1 {
             return Some(Err(reply[0]));
@@ -453,8 +494,11 @@ impl RedisAdmission {
         prompt: u32,
         tenant: Option<&str>,
     ) -> Result<LaneGuard, AdmissionError> {
-        match &self.fallback {
-            Some(local) => local.acquire_for(lane, tokens, prompt, tenant).await,
+        match &self.shared.fallback {
+            Some(local) => {
+                let guard = local.acquire_for(lane, tokens, prompt, tenant).await?;
+                Ok(self.shared.fallback_guard(guard))
+            }
             None => Err(AdmissionError::QuotaUnavailable { lane }),
         }
     }
@@ -494,6 +538,50 @@ pub fn client(config: &Config) -> Result<redis::Client, redis::RedisError> {
         ),
         None => redis::Client::open(url),
     }
+}
+
+/// A replica's line limits and tenant shares.
+#[derive(Debug)]
+struct LineRules {
+    limits: Limits,
+    shares: std::collections::HashMap<String, f64>,
+}
+
+impl LineRules {
+    fn from_config(config: &Config) -> Self {
+        Self {
+            limits: Limits::from_config(config),
+            shares: config
+                .auth
+                .tenant_shares
+                .iter()
+                .map(|(t, s)| (t.clone(), f64::from(*s)))
+                .collect(),
+        }
+    }
+}
+
+/// Writes the limits of `config` as the shared limits record (a new version) in
+/// `config.quota`'s Redis, for `tutor-gateway limits push`: every replica enforces it from its
+/// next admission on, and learns the version through the `released` channel. The version.
+pub async fn push_limits(config: &Config) -> Result<u64, String> {
+    if config.quota.backend != crate::config::QuotaBackend::Redis {
+        return Err("quota.backend is \"local\": there is no shared limits record".into());
+    }
+    let client = client(config).map_err(|e| format!("quota.redis_url: {e}"))?;
+    let mut conn = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_multiplexed_async_connection(),
+    )
+    .await
+    .map_err(|_| format!("{}: no answer within 5 s", config.quota.redis_url))?
+    .map_err(|e| format!("{}: {e}", config.quota.redis_url))?;
+    let keys = Keys::new(&config.quota.key_prefix);
+    let (version, _) = scripts::Scripts::default()
+        .limits(&mut conn, &keys, true, &LimitsRecord::from_config(config))
+        .await
+        .map_err(|e| format!("writing the limits record: {e}"))?;
+    Ok(version)
 }
 
 /// What [`RedisAdmission::take_with`] took.

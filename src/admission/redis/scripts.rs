@@ -11,9 +11,10 @@ use redis::{RedisResult, Script};
 
 use super::keys::Keys;
 use crate::admission::budget::PrefillLimit;
+use crate::config::{Config, Policy};
 use crate::lane::Lane;
 
-/// The five quota scripts, loaded once per [`Scripts`] value.
+/// The seven quota scripts, loaded once per [`Scripts`] value.
 #[derive(Debug, Clone)]
 pub struct Scripts {
     acquire: Script,
@@ -21,6 +22,8 @@ pub struct Scripts {
     release: Script,
     move_lease: Script,
     prefill_done: Script,
+    limits: Script,
+    adopt: Script,
 }
 
 macro_rules! quota_script {
@@ -41,17 +44,63 @@ impl Default for Scripts {
             release: quota_script!("quota_release_v2.lua"),
             move_lease: quota_script!("quota_move_v2.lua"),
             prefill_done: quota_script!("quota_prefill_done_v2.lua"),
+            limits: quota_script!("quota_limits_v2.lua"),
+            adopt: quota_script!("quota_adopt_v2.lua"),
         }
     }
 }
 
-/// One lane's limits as the scripts check them.
+/// One lane's limits in the shared record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaneQuota {
-    /// Leases the lane may hold at once.
-    pub max_requests: u32,
-    /// Tokens the lane's leases may reserve at once.
-    pub max_tokens: u64,
+pub struct LaneRecord {
+    /// Its reserved share of seats (policy `strict`: its cap).
+    pub max: u32,
+    /// Most seats it may hold, borrowed ones included.
+    pub ceiling: u32,
+    /// Tokens its leases may reserve at once.
+    pub tokens: u64,
+    /// Its idle share may be borrowed.
+    pub lend: bool,
+    /// It may borrow idle seats above its share.
+    pub borrow: bool,
+}
+
+/// The limits every replica's scripts enforce: one record in Redis (`<prefix>:{quota}:limits`,
+/// with a version), so replicas agree even while their files differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitsRecord {
+    /// Work-conserving (`lanes`) or hard caps (`strict`).
+    pub work_conserving: bool,
+    /// Seats in all (`admission.seats`; the borrowing bound).
+    pub seats: u32,
+    /// The global token budget.
+    pub global_tokens: u64,
+    /// The prefill budget (shared by every replica in front of one engine).
+    pub prefill: PrefillLimit,
+    /// Per lane, in [`Lane::ALL`] order.
+    pub lanes: [LaneRecord; 3],
+}
+
+impl LimitsRecord {
+    /// The record `config` asks for.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            work_conserving: config.admission.policy == Policy::Lanes,
+            seats: config.admission.seats.get(),
+            global_tokens: config.admission.max_tokens_in_flight.get(),
+            prefill: PrefillLimit::from_config(config),
+            lanes: Lane::ALL.map(|lane| {
+                let c = config.lanes.get(lane);
+                LaneRecord {
+                    max: c.max_concurrency.get(),
+                    ceiling: c.ceiling.get().max(c.max_concurrency.get()),
+                    tokens: c.max_tokens_in_flight.get(),
+                    lend: c.lend,
+                    borrow: c.borrow,
+                }
+            }),
+        }
+    }
 }
 
 /// What one acquire call asks for.
@@ -76,17 +125,6 @@ pub struct Ask<'a> {
     pub others_waiting: bool,
 }
 
-/// The limits the acquire script checks for one call.
-#[derive(Debug, Clone, Copy)]
-pub struct AcquireLimits {
-    /// The lane's slots and token budget.
-    pub lane: LaneQuota,
-    /// The global token budget.
-    pub global_tokens: u64,
-    /// The prefill budget (shared by every replica in front of one engine).
-    pub prefill: PrefillLimit,
-}
-
 /// What `quota_acquire_v2.lua` and `quota_move_v2.lua` answer (their `status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
@@ -102,6 +140,8 @@ pub enum Verdict {
     NoLease,
     /// `acquire` only: a long prompt and no room in the prefill budget.
     PrefillFull,
+    /// There is no limits record (Redis lost it): write it, then try again.
+    NoLimits,
 }
 
 /// Reply of `quota_acquire_v2.lua` / `quota_move_v2.lua`: `{ status, reaped }`.
@@ -121,6 +161,7 @@ impl TakeReply {
             -1 => Verdict::LaneTokens,
             -2 => Verdict::GlobalTokens,
             -4 => Verdict::PrefillFull,
+            -5 => Verdict::NoLimits,
             _ => Verdict::NoLease,
         };
         Self { verdict, reaped }
@@ -139,13 +180,12 @@ pub struct RenewReply {
 }
 
 impl Scripts {
-    /// `quota_acquire_v2.lua`: a lease for `ask`, if it fits `limits`.
+    /// `quota_acquire_v2.lua`: a lease for `ask`, if it fits the limits record.
     pub async fn acquire<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         keys: &Keys,
         ask: &Ask<'_>,
-        limits: &AcquireLimits,
     ) -> RedisResult<TakeReply> {
         let reply = keys
             .with_keys(&self.acquire)
@@ -153,18 +193,62 @@ impl Scripts {
             .arg(ask.lane.as_str())
             .arg(ask.tokens)
             .arg(ask.ttl_ms)
-            .arg(limits.lane.max_requests)
-            .arg(limits.lane.max_tokens)
-            .arg(limits.global_tokens)
             .arg(ask.prompt)
-            .arg(limits.prefill.budget)
-            .arg(limits.prefill.long_prompt)
             .arg(ask.wait_mark_ms)
             .arg(ask.replica)
             .arg(u8::from(ask.others_waiting))
             .invoke_async(conn)
             .await?;
         Ok(TakeReply::decode(reply))
+    }
+
+    /// `quota_limits_v2.lua`: writes `record` as the shared limits (`push`: always, a new
+    /// version; else only where there is none). Returns the record's version and whether it
+    /// was written.
+    pub async fn limits<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &Keys,
+        push: bool,
+        record: &LimitsRecord,
+    ) -> RedisResult<(u64, bool)> {
+        let mut call = keys.with_keys(&self.limits);
+        call.arg(if push { "push" } else { "ensure" })
+            .arg(if record.work_conserving {
+                "lanes"
+            } else {
+                "strict"
+            })
+            .arg(record.seats)
+            .arg(record.global_tokens)
+            .arg(record.prefill.budget)
+            .arg(record.prefill.long_prompt);
+        for lane in &record.lanes {
+            call.arg(lane.max)
+                .arg(lane.ceiling)
+                .arg(lane.tokens)
+                .arg(u8::from(lane.lend))
+                .arg(u8::from(lane.borrow));
+        }
+        let (version, written): (u64, u8) = call.invoke_async(conn).await?;
+        Ok((version, written == 1))
+    }
+
+    /// `quota_adopt_v2.lua`: registers `leases` (`(id, lane, tokens, prefill)`, requests
+    /// already running) whatever the limits say; how many were new.
+    pub async fn adopt<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &Keys,
+        ttl_ms: u64,
+        leases: &[(String, Lane, u32, u32)],
+    ) -> RedisResult<u64> {
+        let mut call = keys.with_keys(&self.adopt);
+        call.arg(ttl_ms);
+        for (id, lane, tokens, prefill) in leases {
+            call.arg(id).arg(lane.as_str()).arg(*tokens).arg(*prefill);
+        }
+        call.invoke_async(conn).await
     }
 
     /// `quota_prefill_done_v2.lua`: lease `id`'s request has its first token; gives its prefill
@@ -224,8 +308,8 @@ impl Scripts {
         Ok(released == 1)
     }
 
-    /// `quota_move_v2.lua`: moves lease `id` to lane `to` if `to` has room under `quota`,
-    /// keeping its tokens (the script tests; the gateway grows a lease as it moves it).
+    /// `quota_move_v2.lua`: moves lease `id` to lane `to` if it fits there under the limits
+    /// record, keeping its tokens.
     #[cfg(test)]
     pub async fn move_lease<C: ConnectionLike + Send>(
         &self,
@@ -233,33 +317,26 @@ impl Scripts {
         keys: &Keys,
         id: &str,
         to: Lane,
-        quota: LaneQuota,
     ) -> RedisResult<TakeReply> {
-        // New tokens 0 keeps the lease's own; global budget 0 skips that check.
-        self.move_and_grow(conn, keys, id, to, quota, 0, 0).await
+        // New tokens 0 keeps the lease's own.
+        self.move_and_grow(conn, keys, id, to, 0).await
     }
 
     /// `quota_move_v2.lua` with growth: moves lease `id` to lane `to` and grows it to
-    /// `new_tokens`, if `to` and the global budget (`global_max_tokens`) have room.
-    #[allow(clippy::too_many_arguments)]
+    /// `new_tokens`, if it fits there under the limits record.
     pub async fn move_and_grow<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         keys: &Keys,
         id: &str,
         to: Lane,
-        quota: LaneQuota,
         new_tokens: u32,
-        global_max_tokens: u64,
     ) -> RedisResult<TakeReply> {
         let reply = keys
             .with_keys(&self.move_lease)
             .arg(id)
             .arg(to.as_str())
-            .arg(quota.max_requests)
-            .arg(quota.max_tokens)
             .arg(new_tokens)
-            .arg(global_max_tokens)
             .invoke_async(conn)
             .await?;
         Ok(TakeReply::decode(reply))

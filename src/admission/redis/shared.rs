@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -13,11 +13,15 @@ use tokio::sync::{mpsc, watch};
 
 use super::keys::Keys;
 use super::queue::LaneQueue;
-use super::scripts::{AcquireLimits, Ask, LaneQuota, Scripts, TakeReply, Verdict};
-use crate::admission::budget::PrefillLimit;
+use super::scripts::{Ask, LimitsRecord, Scripts, TakeReply, Verdict};
 use crate::admission::guard::Reservation;
+use crate::admission::{LaneGuard, LocalAdmission};
 use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
+
+/// Calls that must fail in a row (or one heartbeat) before a replica counts Redis as down and
+/// falls back: one slow call is not an outage.
+pub(crate) const DEGRADE_AFTER: u32 = 3;
 
 /// How long a refused large-lane acquire marks this replica as having a large request waiting,
 /// ms: longer than a line head's longest backoff (250 ms) between two tries, so the mark holds
@@ -57,16 +61,11 @@ pub(crate) enum Take {
     Granted(String),
     /// No room; why.
     Refused(Verdict),
+    /// The call failed, but Redis is not counted as down yet (fewer than
+    /// [`DEGRADE_AFTER`] failures in a row): wait and try again.
+    Failed,
     /// Redis could not be reached (now degraded).
     Down,
-}
-
-/// Everything the scripts need to know about the limits.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct QuotaLimits {
-    pub lanes: [LaneQuota; 3],
-    pub global_tokens: u64,
-    pub prefill: PrefillLimit,
 }
 
 pub(crate) struct Shared {
@@ -75,7 +74,13 @@ pub(crate) struct Shared {
     pub conn: watch::Sender<Option<ConnectionManager>>,
     pub scripts: Scripts,
     pub keys: Keys,
-    pub limits: QuotaLimits,
+    /// This replica's limits: what it writes as the shared record (at start when there is
+    /// none, and on a reload), and its local view of the prefill budget.
+    limits: std::sync::RwLock<LimitsRecord>,
+    /// The shared record's version as last seen (0: not yet).
+    pub limits_version: AtomicU64,
+    /// A reload changed the limits: the heartbeat pushes them.
+    pub push_limits: AtomicBool,
     pub ttl_ms: u64,
     pub heartbeat: Duration,
     pub replica: String,
@@ -87,10 +92,20 @@ pub(crate) struct Shared {
     /// never held back by one).
     pub long_lines: [LaneQueue; 3],
     degraded: AtomicBool,
+    /// Calls failed in a row (reset by any success).
+    failures: std::sync::atomic::AtomicU32,
     /// Set by [`super::RedisAdmission::abandon`]: behave like a killed process.
     pub abandoned: AtomicBool,
     pub releases: mpsc::UnboundedSender<Lease>,
     pub metrics: QuotaMetrics,
+    /// The `fail_open` fallback (`None` under `fail_closed`).
+    pub fallback: Option<LocalAdmission>,
+    /// While degraded: the fallback's copies of the leases this replica holds in Redis (their
+    /// requests run on, so the fallback's share counts them), by lease id.
+    shadows: Mutex<HashMap<String, LaneGuard>>,
+    /// Requests the fallback admitted, by id (`<replica>:f<n>`); `true` once registered in
+    /// Redis (then they are also in `held`, renewed and released like any lease).
+    fallback_leases: Mutex<HashMap<String, (Held, bool)>>,
 }
 
 impl Shared {
@@ -98,11 +113,12 @@ impl Shared {
     pub fn new(
         client: redis::Client,
         keys: Keys,
-        limits: QuotaLimits,
+        limits: LimitsRecord,
         ttl: Duration,
         heartbeat: Duration,
         releases: mpsc::UnboundedSender<Lease>,
         metrics: QuotaMetrics,
+        fallback: Option<LocalAdmission>,
     ) -> Self {
         let replica = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
         Self {
@@ -110,7 +126,9 @@ impl Shared {
             conn: watch::Sender::new(None),
             scripts: Scripts::default(),
             keys,
-            limits,
+            limits: std::sync::RwLock::new(limits),
+            limits_version: AtomicU64::new(0),
+            push_limits: AtomicBool::new(false),
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             heartbeat,
             replica,
@@ -119,9 +137,154 @@ impl Shared {
             queues: Default::default(),
             long_lines: Default::default(),
             degraded: AtomicBool::new(false),
+            failures: std::sync::atomic::AtomicU32::new(0),
             abandoned: AtomicBool::new(false),
             releases,
             metrics,
+            fallback,
+            shadows: Mutex::new(HashMap::new()),
+            fallback_leases: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn shadows(&self) -> MutexGuard<'_, HashMap<String, LaneGuard>> {
+        self.shadows.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn fallback_leases(&self) -> MutexGuard<'_, HashMap<String, (Held, bool)>> {
+        self.fallback_leases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether lease `id` is also counted in the fallback's own usage (a shadow, or a fallback
+    /// admission registered in Redis): a snapshot counts it once.
+    pub fn counted_by_fallback(&self, id: &str) -> bool {
+        self.shadows().contains_key(id) || self.fallback_leases().contains_key(id)
+    }
+
+    /// Wraps a guard the fallback handed out: the request is known by an id, so that when Redis
+    /// is back it is registered there as a lease ([`Shared::adopt_fallback`]).
+    pub fn fallback_guard(self: &Arc<Self>, inner: LaneGuard) -> LaneGuard {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = format!("{}:f{n}", self.replica);
+        let held = Held {
+            lane: inner.lane(),
+            tokens: inner.tokens(),
+            prefill: inner.prefill(),
+        };
+        self.fallback_leases().insert(id.clone(), (held, false));
+        let (lane, tokens, waited) = (inner.lane(), inner.tokens(), inner.queue_wait());
+        let (prefill, prefill_wait) = (inner.prefill(), inner.prefill_wait());
+        let lease = FallbackLease {
+            shared: self.clone(),
+            id,
+            guard: Mutex::new(Some(inner)),
+        };
+        LaneGuard::new(Box::new(lease), lane, tokens, waited).with_prefill(prefill, prefill_wait)
+    }
+
+    /// Registers the fallback's admissions (and `lost`: leases this replica holds that Redis
+    /// no longer has) as leases in Redis, so its counters show what really runs once it is
+    /// back. Admissions that ended meanwhile are released again.
+    pub async fn adopt_fallback(&self, lost: &[String]) {
+        let mut pending: Vec<(String, Lane, u32, u32)> = self
+            .fallback_leases()
+            .iter()
+            .filter(|(_, (_, adopted))| !adopted)
+            .map(|(id, (h, _))| (id.clone(), h.lane, h.tokens, h.prefill))
+            .collect();
+        {
+            let held = self.held();
+            for id in lost {
+                if let Some(h) = held.get(id) {
+                    pending.push((id.clone(), h.lane, h.tokens, h.prefill));
+                }
+            }
+        }
+        if pending.is_empty() {
+            return;
+        }
+        let Some(mut conn) = self.connection() else {
+            return;
+        };
+        match self
+            .scripts
+            .adopt(&mut conn, &self.keys, self.ttl_ms, &pending)
+            .await
+        {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::info!(
+                        registered = n,
+                        "requests admitted while Redis was away are now counted there"
+                    );
+                }
+                for (id, lane, tokens, prefill) in pending {
+                    let mut fallback = self.fallback_leases();
+                    match fallback.get_mut(&id) {
+                        Some((_, adopted)) => {
+                            *adopted = true;
+                            drop(fallback);
+                            self.hold(&id, lane, tokens, prefill);
+                        }
+                        None if id.contains(":f") => {
+                            // It ended while the call was out: give its new lease back.
+                            drop(fallback);
+                            self.send(Lease {
+                                id,
+                                lane,
+                                give: Give::Lease,
+                            });
+                        }
+                        None => {}
+                    }
+                }
+            }
+            Err(err) => self.failed("adopt", &err),
+        }
+    }
+
+    /// This replica's limits.
+    pub fn limits(&self) -> LimitsRecord {
+        *self.limits.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// New limits for this replica (a reload): pushed as the shared record by the heartbeat.
+    pub fn set_limits(&self, limits: LimitsRecord) {
+        *self.limits.write().unwrap_or_else(PoisonError::into_inner) = limits;
+        self.push_limits.store(true, Ordering::Release);
+    }
+
+    /// Writes this replica's limits as the shared record: always (`push`, a new version), or
+    /// only where there is none. Returns the record's version.
+    pub async fn write_limits(&self, push: bool) -> Option<u64> {
+        let mut conn = self.connection()?;
+        let record = self.limits();
+        match self
+            .scripts
+            .limits(&mut conn, &self.keys, push, &record)
+            .await
+        {
+            Ok((version, written)) => {
+                self.succeeded();
+                self.saw_limits(version);
+                if written {
+                    tracing::info!(version, push, "shared quota limits written");
+                }
+                Some(version)
+            }
+            Err(err) => {
+                self.failed("limits", &err);
+                None
+            }
+        }
+    }
+
+    /// The shared record's version is `version` (seen in a reply or after an announcement).
+    pub fn saw_limits(&self, version: u64) {
+        if self.limits_version.swap(version, Ordering::AcqRel) != version {
+            self.metrics.set_limits_version(version);
         }
     }
 
@@ -142,6 +305,24 @@ impl Shared {
         if self.degraded.swap(degraded, Ordering::AcqRel) != degraded {
             self.metrics.set_degraded(degraded);
             if degraded {
+                // The requests this replica admitted through Redis run on: its fallback counts
+                // them, so the replica stays within its share.
+                if let Some(fallback) = &self.fallback {
+                    let held: Vec<(String, Held)> =
+                        self.held().iter().map(|(id, h)| (id.clone(), *h)).collect();
+                    let mut shadows = self.shadows();
+                    for (id, h) in held {
+                        shadows
+                            .entry(id)
+                            .or_insert_with(|| fallback.force_take(h.lane, h.tokens));
+                    }
+                }
+            } else {
+                // Back on Redis: its counters cover those requests again.
+                let shadows = std::mem::take(&mut *self.shadows());
+                drop(shadows);
+            }
+            if degraded {
                 tracing::error!("shared quota unreachable: running on the fallback");
             } else {
                 tracing::info!("shared quota reachable again: back on Redis");
@@ -149,7 +330,15 @@ impl Shared {
         }
     }
 
-    /// Counts a failed call and marks the quota degraded.
+    /// A call succeeded: the failures in a row start again from zero.
+    pub fn succeeded(&self) {
+        self.failures.store(0, Ordering::Release);
+    }
+
+    /// Counts a failed call; marks the quota degraded after [`DEGRADE_AFTER`] calls a request
+    /// waits on (`acquire`, `job_take`, `move`, `limits`) failed in a row, or at once when the
+    /// heartbeat (`connect`, `renew`) failed. Background calls (`release`, `prefill_done`) are
+    /// retried by the heartbeat and decide nothing on their own.
     pub fn failed(&self, op: &str, err: &RedisError) {
         let kind = if err.is_timeout() {
             "timeout"
@@ -161,13 +350,20 @@ impl Shared {
         self.metrics.error(kind);
         // The error text names the server but never the password.
         tracing::warn!(op, kind, error = %err, "quota call failed");
-        self.set_degraded(true);
+        if matches!(op, "connect" | "renew") {
+            self.set_degraded(true);
+        } else if !matches!(op, "release" | "prefill_done") {
+            let in_a_row = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
+            if in_a_row >= DEGRADE_AFTER {
+                self.set_degraded(true);
+            }
+        }
     }
 
     /// Whether a prompt of `prompt` tokens waits for prefill room (a long prompt under a
     /// budget); such requests wait in [`Shared::long_lines`].
     pub fn waits_for_prefill(&self, prompt: u32) -> bool {
-        self.limits.prefill.waits(prompt)
+        self.limits().prefill.waits(prompt)
     }
 
     /// The line a request of `lane` with a prompt of `prompt` tokens waits in.
@@ -219,6 +415,11 @@ impl Shared {
     /// lines (a large request refused, or granted with others behind it, keeps this replica's
     /// "large request waiting" mark, which holds background jobs back).
     pub async fn try_take(&self, lane: Lane, tokens: u32, prompt: u32, in_line: bool) -> Take {
+        // While degraded, the heartbeat alone probes Redis: waiters go to the fallback at once
+        // instead of each waiting out a failing call.
+        if self.degraded() {
+            return Take::Down;
+        }
         let Some(mut conn) = self.connection() else {
             self.set_degraded(true);
             return Take::Down;
@@ -234,20 +435,18 @@ impl Shared {
             replica: &self.replica,
             others_waiting: self.waiting_in(lane) > u32::from(in_line),
         };
-        let limits = AcquireLimits {
-            lane: self.limits.lanes[lane.index()],
-            global_tokens: self.limits.global_tokens,
-            prefill: self.limits.prefill,
-        };
         let started = Instant::now();
-        let reply = self
-            .scripts
-            .acquire(&mut conn, &self.keys, &ask, &limits)
-            .await;
+        let mut reply = self.scripts.acquire(&mut conn, &self.keys, &ask).await;
+        if matches!(&reply, Ok(r) if r.verdict == Verdict::NoLimits) {
+            // Redis lost the record (a restart): this replica's limits until someone pushes.
+            self.write_limits(false).await;
+            reply = self.scripts.acquire(&mut conn, &self.keys, &ask).await;
+        }
         self.metrics
             .observe("acquire", started.elapsed().as_secs_f64());
         match reply {
             Ok(TakeReply { verdict, reaped }) => {
+                self.succeeded();
                 self.metrics.reaped(reaped);
                 if verdict == Verdict::Granted {
                     self.hold(&id, lane, tokens, prompt);
@@ -258,7 +457,14 @@ impl Shared {
             }
             Err(err) => {
                 self.failed("acquire", &err);
-                Take::Down
+                // A call that timed out may still have run: give its lease back (the release
+                // is idempotent and runs after it on the same connection).
+                self.release(id, lane);
+                if self.degraded() {
+                    Take::Down
+                } else {
+                    Take::Failed
+                }
             }
         }
     }
@@ -279,15 +485,7 @@ impl Shared {
         let started = Instant::now();
         let reply = self
             .scripts
-            .move_and_grow(
-                &mut conn,
-                &self.keys,
-                id,
-                to,
-                self.limits.lanes[to.index()],
-                tokens.max(from_tokens),
-                self.limits.global_tokens,
-            )
+            .move_and_grow(&mut conn, &self.keys, id, to, tokens.max(from_tokens))
             .await;
         self.metrics
             .observe("move", started.elapsed().as_secs_f64());
@@ -314,6 +512,8 @@ impl Shared {
     /// Gives lease `id` back (a guard's drop): forget it here, release it in the background.
     pub fn release(&self, id: String, lane: Lane) {
         self.held().remove(&id);
+        let shadow = self.shadows().remove(&id);
+        drop(shadow);
         self.send(Lease {
             id,
             lane,
@@ -342,6 +542,84 @@ impl Shared {
         if !self.abandoned.load(Ordering::Acquire) {
             // Fails only once the release task has stopped; the lease then expires by TTL.
             let _ = self.releases.send(lease);
+        }
+    }
+}
+
+/// A request the fallback admitted: its local seat, and once Redis is back its lease there.
+pub(crate) struct FallbackLease {
+    shared: Arc<Shared>,
+    id: String,
+    guard: Mutex<Option<LaneGuard>>,
+}
+
+impl FallbackLease {
+    fn adopted(&self) -> bool {
+        self.shared
+            .fallback_leases()
+            .get(&self.id)
+            .is_some_and(|(_, a)| *a)
+    }
+}
+
+impl Reservation for FallbackLease {
+    fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, bool> {
+        Box::pin(async move {
+            let taken = self
+                .guard
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            let Some(mut guard) = taken else {
+                return false;
+            };
+            let moved = guard.promote(to, grown).await;
+            let (lane, now) = (guard.lane(), guard.tokens());
+            *self.guard.lock().unwrap_or_else(PoisonError::into_inner) = Some(guard);
+            if moved {
+                if let Some((h, _)) = self.shared.fallback_leases().get_mut(&self.id) {
+                    h.lane = lane;
+                    h.tokens = now;
+                }
+                if self.adopted() {
+                    self.shared.promote(&self.id, from, tokens, lane, now).await;
+                }
+            }
+            moved
+        })
+    }
+
+    fn release(self: Box<Self>, lane: Lane, _tokens: u32) {
+        drop(
+            self.guard
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let adopted = self
+            .shared
+            .fallback_leases()
+            .remove(&self.id)
+            .is_some_and(|(_, a)| a);
+        if adopted {
+            self.shared.release(self.id.clone(), lane);
+        }
+    }
+
+    fn prefill_done(&self, _tokens: u32) {
+        if let Some(g) = self
+            .guard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+        {
+            g.prefill_done();
+        }
+        if let Some((h, _)) = self.shared.fallback_leases().get_mut(&self.id) {
+            h.prefill = 0;
+        }
+        if self.adopted() {
+            self.shared.prefill_done(&self.id);
         }
     }
 }

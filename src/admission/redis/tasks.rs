@@ -54,6 +54,8 @@ pub(super) async fn heartbeat(
             {
                 Ok(conn) => {
                     shared.conn.send_replace(Some(conn));
+                    // The shared limits record: this replica's limits where there is none yet.
+                    shared.write_limits(false).await;
                 }
                 Err(err) => {
                     shared.failed("connect", &err);
@@ -64,15 +66,61 @@ pub(super) async fn heartbeat(
         while let Ok(lease) = retry.try_recv() {
             pending.push((lease, Instant::now()));
         }
-        if beat(&shared, &mut pending).await {
+        let mut lost = Vec::new();
+        if beat(&shared, &mut pending, &mut lost).await {
+            shared.succeeded();
             shared.set_degraded(false);
+            // What ran while Redis was away (and leases it lost) is counted there again.
+            shared.adopt_fallback(&lost).await;
+            sync_limits(&shared).await;
         }
     }
 }
 
-/// One heartbeat: renew every held lease, then retry pending releases. True when all calls
-/// succeeded.
-async fn beat(shared: &Shared, pending: &mut Vec<(Lease, Instant)>) -> bool {
+/// Pushes this replica's limits when a reload changed them, else reads the shared record's
+/// version (should an announcement have been missed).
+async fn sync_limits(shared: &Shared) {
+    if shared
+        .push_limits
+        .swap(false, std::sync::atomic::Ordering::AcqRel)
+    {
+        if shared.write_limits(true).await.is_none() {
+            shared
+                .push_limits
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    } else {
+        read_limits_version(shared).await;
+    }
+}
+
+/// Reads the shared limits record's version.
+pub(super) async fn read_limits_version(shared: &Shared) {
+    let Some(mut conn) = shared.connection() else {
+        return;
+    };
+    let version: Result<Option<u64>, _> = redis::cmd("HGET")
+        .arg(&shared.keys.limits)
+        .arg("version")
+        .query_async(&mut conn)
+        .await;
+    match version {
+        Ok(Some(v)) => shared.saw_limits(v),
+        // Redis lost the record: this replica's limits, until someone pushes.
+        Ok(None) => {
+            shared.write_limits(false).await;
+        }
+        Err(_) => {}
+    }
+}
+
+/// One heartbeat: renew every held lease (the ones Redis no longer has go to `lost`, to be
+/// registered again), then retry pending releases. True when all calls succeeded.
+async fn beat(
+    shared: &Shared,
+    pending: &mut Vec<(Lease, Instant)>,
+    lost: &mut Vec<String>,
+) -> bool {
     let Some(mut conn) = shared.connection() else {
         return false;
     };
@@ -94,8 +142,9 @@ async fn beat(shared: &Shared, pending: &mut Vec<(Lease, Instant)>) -> bool {
         match reply {
             Ok(r) => {
                 shared.metrics.reaped(r.reaped);
-                for _ in &r.missing {
+                for id in r.missing {
                     shared.metrics.error("lease_lost");
+                    lost.push(id);
                 }
             }
             Err(err) => {
@@ -147,6 +196,7 @@ async fn release_one(
     shared.metrics.observe(op, started.elapsed().as_secs_f64());
     match reply {
         Ok(()) => {
+            shared.succeeded();
             shared.notify(Some(lease.lane), lease.give == Give::Prefill);
             true
         }
@@ -195,6 +245,13 @@ pub(super) async fn listener(shared: Arc<Shared>, stop: CancellationToken) {
                 let what: String = msg.get_payload().unwrap_or_default();
                 if what == "prefill" {
                     shared.notify(None, true);
+                } else if what == "limits" {
+                    read_limits_version(&shared).await;
+                    // New limits may let waiters in.
+                    shared.notify(None, true);
+                    for lane in Lane::ALL {
+                        shared.notify(Some(lane), false);
+                    }
                 } else if let Some(lane) = Lane::ALL.into_iter().find(|l| l.as_str() == what) {
                     shared.notify(Some(lane), false);
                 }

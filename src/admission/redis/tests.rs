@@ -5,13 +5,26 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 
 use super::keys::Keys;
-use super::scripts::{AcquireLimits, Ask, LaneQuota, Scripts, Verdict};
+use super::scripts::{Ask, LaneRecord, LimitsRecord, Scripts, Verdict};
 use crate::admission::budget::PrefillLimit;
 use crate::lane::Lane;
 
 #[path = "../../../tests/redis_common/mod.rs"]
 pub(crate) mod redis_common;
 use redis_common::RedisServer;
+
+/// One lane's slots and token budget, for a strict limits record.
+#[derive(Debug, Clone, Copy)]
+struct LaneQuota {
+    max_requests: u32,
+    max_tokens: u64,
+}
+
+/// Medium's and large's limits unless a test says otherwise.
+const OTHER: LaneQuota = LaneQuota {
+    max_requests: 3,
+    max_tokens: 50_000,
+};
 
 const SMALL: LaneQuota = LaneQuota {
     max_requests: 2,
@@ -73,14 +86,7 @@ impl Fixture {
         global: u64,
         prefill: PrefillLimit,
     ) -> (Verdict, u64) {
-        let quota = if lane == Lane::Small {
-            SMALL
-        } else {
-            LaneQuota {
-                max_requests: 3,
-                max_tokens: 50_000,
-            }
-        };
+        self.limits([SMALL, OTHER, OTHER], global, prefill).await;
         let ask = Ask {
             id,
             lane,
@@ -91,17 +97,34 @@ impl Fixture {
             replica: "test",
             others_waiting: false,
         };
-        let limits = AcquireLimits {
-            lane: quota,
-            global_tokens: global,
-            prefill,
-        };
         let r = self
             .scripts
-            .acquire(&mut self.conn, &self.keys, &ask, &limits)
+            .acquire(&mut self.conn, &self.keys, &ask)
             .await
             .unwrap();
         (r.verdict, r.reaped)
+    }
+
+    /// Writes a strict limits record (each lane's slots are its cap) with `lanes` in
+    /// [`Lane::ALL`] order.
+    async fn limits(&mut self, lanes: [LaneQuota; 3], global: u64, prefill: PrefillLimit) {
+        let record = LimitsRecord {
+            work_conserving: false,
+            seats: 100,
+            global_tokens: global,
+            prefill,
+            lanes: lanes.map(|q| LaneRecord {
+                max: q.max_requests,
+                ceiling: q.max_requests,
+                tokens: q.max_tokens,
+                lend: true,
+                borrow: false,
+            }),
+        };
+        self.scripts
+            .limits(&mut self.conn, &self.keys, true, &record)
+            .await
+            .unwrap();
     }
 
     /// A long (`prompt` > 2048) or short prompt in the large lane under [`PREFILL`].
@@ -227,9 +250,11 @@ async fn move_succeeds_only_when_the_target_lane_has_room() {
     };
     f.acquire("a", Lane::Small, 300, 10_000, 10_000).await;
     f.acquire("b", Lane::Small, 300, 10_000, 10_000).await;
+    f.limits([SMALL, medium, OTHER], 10_000, NO_PREFILL_BUDGET)
+        .await;
     let moved = f
         .scripts
-        .move_lease(&mut f.conn, &f.keys, "a", Lane::Medium, medium)
+        .move_lease(&mut f.conn, &f.keys, "a", Lane::Medium)
         .await
         .unwrap();
     assert_eq!(moved.verdict, Verdict::Granted);
@@ -240,7 +265,7 @@ async fn move_succeeds_only_when_the_target_lane_has_room() {
     // Medium is full (one slot): b stays where it is.
     let full = f
         .scripts
-        .move_lease(&mut f.conn, &f.keys, "b", Lane::Medium, medium)
+        .move_lease(&mut f.conn, &f.keys, "b", Lane::Medium)
         .await
         .unwrap();
     assert_eq!(full.verdict, Verdict::LaneFull);
@@ -250,9 +275,11 @@ async fn move_succeeds_only_when_the_target_lane_has_room() {
         max_requests: 5,
         max_tokens: 200,
     };
+    f.limits([SMALL, medium, tight], 10_000, NO_PREFILL_BUDGET)
+        .await;
     let r = f
         .scripts
-        .move_lease(&mut f.conn, &f.keys, "b", Lane::Large, tight)
+        .move_lease(&mut f.conn, &f.keys, "b", Lane::Large)
         .await
         .unwrap();
     assert_eq!(r.verdict, Verdict::LaneTokens);
@@ -260,7 +287,7 @@ async fn move_succeeds_only_when_the_target_lane_has_room() {
     assert!(f.scripts.release(&mut f.conn, &f.keys, "a").await.unwrap());
     let gone = f
         .scripts
-        .move_lease(&mut f.conn, &f.keys, "a", Lane::Small, SMALL)
+        .move_lease(&mut f.conn, &f.keys, "a", Lane::Small)
         .await
         .unwrap();
     assert_eq!(gone.verdict, Verdict::NoLease);
@@ -339,9 +366,10 @@ async fn an_expired_lease_in_prefill_gives_its_room_back_and_a_move_keeps_it() {
         max_requests: 1,
         max_tokens: 5_000,
     };
+    f.limits([SMALL, medium, OTHER], 100_000, PREFILL).await;
     let moved = f
         .scripts
-        .move_lease(&mut f.conn, &f.keys, "kept", Lane::Medium, medium)
+        .move_lease(&mut f.conn, &f.keys, "kept", Lane::Medium)
         .await
         .unwrap();
     assert_eq!(moved.verdict, Verdict::Granted);

@@ -1,0 +1,225 @@
+//! Changing the configuration without a restart (issue 18): `SIGHUP`, or `POST /admin/reload`
+//! on the admin listener, re-reads the file the gateway started from.
+//!
+//! 1. The whole new file is checked first (parse, then every key; every problem is reported)
+//!    and what is built from it (the classifier with its tokenizer, the upstream client) is
+//!    built; any failure refuses the reload and the old configuration stays in force.
+//! 2. Settings that cannot change in a running process ([`FIXED`]: listeners, TLS files, the
+//!    quota backend and its Redis, the admission policy, telemetry exporters, the jobs service,
+//!    auth and CORS, which are wired into the listeners) keep their running values; the reload
+//!    names them ("left alone: restart to change").
+//! 3. The rest is swapped in at once, as one set ([`AppState::swap`]): lane limits, budgets,
+//!    seats, ceilings, lending, queue bounds and timeouts, classification thresholds,
+//!    promotion, upstream timeouts and client, courses, prefix-cache settings, body and
+//!    queued-bytes limits. Requests that arrive afterwards see the new set; running streams
+//!    keep what they had, and a lane whose limit was lowered admits nobody until it is under
+//!    the new limit (nothing is cut).
+//!
+//! Every reload is logged and counted (`tutor_gateway_config_reloads_total{outcome}`); the
+//! config in force is named by `tutor_gateway_config_info{sha256}`.
+
+use std::path::Path;
+
+use super::AppState;
+use crate::classify::Classifier;
+use crate::config::{Config, ConfigError};
+
+/// Settings a running gateway cannot change, by their config path.
+pub const FIXED: &[&str] = &[
+    "listen",
+    "server.admin_listen",
+    "server.tls_cert / tls_key",
+    "server.max_connections",
+    "server.max_requests_in_flight",
+    "server.header_read_timeout_ms",
+    "server.body_read_timeout_ms",
+    "server.cors_allow_origins",
+    "server.cors_max_age_s",
+    "server.shutdown_grace_ms",
+    "admission.policy",
+    "quota",
+    "telemetry",
+    "jobs",
+    "auth (but auth.tenant_shares)",
+    "promotion.continuation_window_ms / max_sessions",
+];
+
+/// What a reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reloaded {
+    /// The sections whose settings changed and are now in force.
+    pub changed: Vec<&'static str>,
+    /// Settings that differ in the file but keep their running values (restart to change).
+    pub left_alone: Vec<&'static str>,
+    /// Short SHA-256 of the configuration now in force.
+    pub sha256: String,
+}
+
+/// Why a reload was refused (the old configuration stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The file could not be read, or has problems (each one listed).
+    #[error(transparent)]
+    Invalid(#[from] ConfigError),
+    /// The gateway started without a file to re-read.
+    #[error("this gateway was not started from a config file; nothing to reload")]
+    NoFile,
+    /// Something the new configuration names could not be built.
+    #[error("{0}")]
+    Build(String),
+}
+
+impl ReloadError {
+    /// The metric label.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            ReloadError::Invalid(_) | ReloadError::NoFile => "invalid",
+            ReloadError::Build(_) => "failed",
+        }
+    }
+}
+
+/// Re-reads `path` and puts it in force (see the module doc).
+pub fn reload_file(state: &AppState, path: &Path) -> Result<Reloaded, ReloadError> {
+    let result = Config::load(path)
+        .map_err(ReloadError::from)
+        .and_then(|config| apply(state, config));
+    counted(state, result)
+}
+
+/// Re-reads the file the gateway started from ([`AppState::config_source`]), with the command
+/// line's overrides applied again.
+pub fn reload(state: &AppState) -> Result<Reloaded, ReloadError> {
+    let result = match state.config_source() {
+        Some(source) => Config::load(&source.path)
+            .map_err(ReloadError::from)
+            .and_then(|mut config| {
+                (source.overrides)(&mut config);
+                apply(state, config)
+            }),
+        None => Err(ReloadError::NoFile),
+    };
+    counted(state, result)
+}
+
+/// Logs and counts a reload's outcome.
+fn counted(
+    state: &AppState,
+    result: Result<Reloaded, ReloadError>,
+) -> Result<Reloaded, ReloadError> {
+    let metrics = state.metrics();
+    match &result {
+        Ok(r) => {
+            metrics.config_reloaded("applied", &r.sha256);
+            tracing::info!(
+                changed = ?r.changed,
+                left_alone = ?r.left_alone,
+                sha256 = %r.sha256,
+                "configuration reloaded"
+            );
+            if !r.left_alone.is_empty() {
+                tracing::warn!(left_alone = ?r.left_alone, "these settings changed in the file but need a restart; their running values stay");
+            }
+        }
+        Err(e) => {
+            metrics.config_reloaded(e.outcome(), "");
+            tracing::error!(error = %e, "configuration reload refused; the running configuration stays");
+        }
+    }
+    result
+}
+
+/// Puts `new` in force over the running configuration (see the module doc).
+pub fn apply(state: &AppState, mut new: Config) -> Result<Reloaded, ReloadError> {
+    let old = state.config();
+    let left_alone = keep_fixed(&old, &mut new);
+    let changed = changed_sections(&old, &new);
+    let classifier = Classifier::from_config(&new)
+        .map_err(|e| ReloadError::Build(format!("classifier: {e}")))?;
+    let upstream = if new.upstream == old.upstream {
+        state.upstream()
+    } else {
+        state
+            .upstream()
+            .with_config(new.upstream.clone())
+            .map_err(|e| ReloadError::Build(format!("upstream client: {e}")))?
+    };
+    let sha256 = new.fingerprint();
+    state.swap(new, classifier, upstream);
+    Ok(Reloaded {
+        changed,
+        left_alone,
+        sha256,
+    })
+}
+
+/// Puts the running values of the [`FIXED`] settings back into `new`; the ones that differed.
+fn keep_fixed(old: &Config, new: &mut Config) -> Vec<&'static str> {
+    let mut kept = Vec::new();
+    macro_rules! keep {
+        ($name:literal, $($field:tt)+) => {
+            if new.$($field)+ != old.$($field)+ {
+                new.$($field)+ = old.$($field)+.clone();
+                kept.push($name);
+            }
+        };
+    }
+    keep!("listen", listen);
+    keep!("server.admin_listen", server.admin_listen);
+    keep!("server.tls_cert / tls_key", server.tls);
+    keep!("server.max_connections", server.max_connections);
+    keep!(
+        "server.max_requests_in_flight",
+        server.max_requests_in_flight
+    );
+    keep!("server.header_read_timeout_ms", server.header_read_timeout);
+    keep!("server.body_read_timeout_ms", server.body_read_timeout);
+    keep!("server.cors_allow_origins", server.cors_allow_origins);
+    keep!("server.cors_max_age_s", server.cors_max_age);
+    keep!("server.shutdown_grace_ms", server.shutdown_grace);
+    keep!("admission.policy", admission.policy);
+    keep!("quota", quota);
+    keep!("telemetry", telemetry);
+    keep!("jobs", jobs);
+    keep!(
+        "promotion.continuation_window_ms",
+        promotion.continuation_window
+    );
+    keep!("promotion.max_sessions", promotion.max_sessions);
+    // The auth layer is wired into the listeners; tenant shares also steer admission, which
+    // takes them live.
+    let without_shares = |auth: &crate::config::AuthConfig| {
+        let mut a = auth.clone();
+        a.tenant_shares = Default::default();
+        a
+    };
+    if without_shares(&new.auth) != without_shares(&old.auth) {
+        kept.push("auth (but auth.tenant_shares)");
+    }
+    let shares = std::mem::take(&mut new.auth.tenant_shares);
+    new.auth = old.auth.clone();
+    new.auth.tenant_shares = shares;
+    kept
+}
+
+/// The top-level sections that differ between `old` and `new`.
+fn changed_sections(old: &Config, new: &Config) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    macro_rules! section {
+        ($name:literal, $field:ident) => {
+            if old.$field != new.$field {
+                changed.push($name);
+            }
+        };
+    }
+    section!("upstream", upstream);
+    section!("classify", classify);
+    section!("admission", admission);
+    section!("lanes", lanes);
+    section!("server", server);
+    section!("promotion", promotion);
+    section!("auth", auth);
+    section!("prefix_cache", prefix_cache);
+    section!("courses", courses);
+    changed
+}

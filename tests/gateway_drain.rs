@@ -1,0 +1,431 @@
+//! Shutdown drain (issue 18, item 4), with a real SIGTERM to a gateway process started from the
+//! built binary, in front of the simulator run by the test:
+//!
+//! - a stream still open when the grace period is over gets the `shutdown` error (`/answer`:
+//!   an `error` event; `/v1`: `data: {"error": …}` then `data: [DONE]`), its engine work stops
+//!   (the abort call arrives, the simulator's sequence ends aborted), its lease is given back in
+//!   Redis before the process exits (the usage hash at zeros, no lease left, with a lease TTL
+//!   far longer than the test), and its span reaches the OTLP collector at exit (with a batch
+//!   delay of 60 s, only the shutdown flush can deliver it);
+//! - during the grace period `/readyz` (on the admin listener) answers 503 `draining`, the public
+//!   listener accepts no new connection, and the open stream keeps streaming.
+
+mod common;
+mod redis_common;
+
+use std::collections::HashMap;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use common::{client, json, sse};
+use redis_common::RedisServer;
+use serde_json::{json, Value};
+use vllm_sim::{SimArgs, SimServer};
+
+/// Real time (about 5 ms a token) and every answer runs to its `max_output_tokens`: a stream
+/// of 4000 tokens lasts far longer than any grace period here.
+const SLOW: &[&str] = &[
+    "--speed",
+    "1",
+    "--profile",
+    "tiny-test",
+    "--mean-output-tokens",
+    "1000000",
+];
+const USAGE: &str = "tg:v2:{quota}:usage";
+const LEASES: &str = "tg:v2:{quota}:leases";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A small HTTP server on 127.0.0.1 keeping the `(x-request-id header, body)` of every POST
+/// to `path`, answering 200.
+async fn recorder(path: &'static str) -> (String, Arc<Mutex<Vec<(String, Bytes)>>>) {
+    let got: Arc<Mutex<Vec<(String, Bytes)>>> = Arc::default();
+    let seen = got.clone();
+    let app = axum::Router::new().route(
+        path,
+        axum::routing::post(move |headers: HeaderMap, body: Bytes| {
+            let seen = seen.clone();
+            async move {
+                let id = headers
+                    .get("x-request-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                seen.lock().unwrap().push((id, body));
+                ([("content-type", "application/x-protobuf")], "")
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, got)
+}
+
+/// A gateway process started from the built binary, killed on drop (also when a test fails).
+struct Process {
+    child: Child,
+    url: String,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Process {
+    /// Starts `tutor-gateway serve` with `listen` and the config text `rest`, and waits until
+    /// it answers `/healthz`. Spans, when `rest` turns tracing on, are batched for 60 s.
+    async fn start(rest: &str) -> Process {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("tg-drain-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.toml");
+        std::fs::write(&path, format!("listen = \"127.0.0.1:{port}\"\n{rest}")).unwrap();
+        let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            // Only the flush at exit can export a span in a test this short.
+            .env("OTEL_BSP_SCHEDULE_DELAY", "60000")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+            .env_remove("OTEL_SDK_DISABLED")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("the gateway binary starts");
+        let p = Process {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            dir,
+        };
+        for _ in 0..500 {
+            if let Ok(r) = client().get(format!("{}/healthz", p.url)).send().await {
+                if r.status().is_success() {
+                    return p;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the gateway did not come up:\n{}", p.log());
+    }
+
+    /// What the process wrote to stderr so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
+    }
+
+    /// A real SIGTERM.
+    fn sigterm(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// Waits (30 s at most) for the process to exit.
+    async fn exited(&mut self) -> ExitStatus {
+        for _ in 0..1500 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the gateway did not exit after SIGTERM:\n{}", self.log());
+    }
+}
+
+/// An open streaming response, read piece by piece.
+struct Stream {
+    resp: reqwest::Response,
+    request_id: String,
+    body: String,
+}
+
+impl Stream {
+    /// Sends `req` and reads until the body holds `marker` (a first token).
+    async fn open(req: reqwest::RequestBuilder, marker: &str) -> Stream {
+        let resp = req.send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let request_id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+        let mut s = Stream {
+            resp,
+            request_id,
+            body: String::new(),
+        };
+        s.read_until(marker).await;
+        s
+    }
+
+    /// Reads more until what arrived from now on holds `marker` (30 s at most).
+    async fn read_until(&mut self, marker: &str) {
+        let from = self.body.len();
+        let read = async {
+            while !self.body[from..].contains(marker) {
+                match self.resp.chunk().await.unwrap() {
+                    Some(bytes) => self.body.push_str(std::str::from_utf8(&bytes).unwrap()),
+                    None => panic!("the stream ended before {marker:?}: {}", self.body),
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), read)
+            .await
+            .unwrap_or_else(|_| panic!("no {marker:?} within 30 s"));
+    }
+
+    /// Reads to the end of the body (30 s at most).
+    async fn rest(mut self) -> String {
+        let read = async {
+            while let Some(bytes) = self.resp.chunk().await.unwrap() {
+                self.body.push_str(std::str::from_utf8(&bytes).unwrap());
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), read)
+            .await
+            .expect("the stream ends within 30 s");
+        self.body
+    }
+}
+
+fn answer(base: &str) -> reqwest::RequestBuilder {
+    client().get(format!(
+        "{base}/answer?prompt=review+my+whole+repository&max_output_tokens=4000"
+    ))
+}
+
+fn chat(base: &str) -> reqwest::RequestBuilder {
+    client().post(format!("{base}/v1/chat/completions")).json(
+        &json!({"messages": [{"role": "user", "content": "review my whole repository"}],
+                      "max_tokens": 4000, "stream": true}),
+    )
+}
+
+async fn redis_state(redis: &RedisServer) -> (HashMap<String, i64>, HashMap<String, String>) {
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let usage: HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg(USAGE)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let leases: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(LEASES)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    (usage, leases)
+}
+
+async fn sim() -> SimServer {
+    vllm_sim::start(&SimArgs::for_test(SLOW)).await.unwrap()
+}
+
+/// Polls `cond` every 20 ms for up to 10 s.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{what} did not happen within 10 s");
+}
+
+#[tokio::test]
+async fn sigterm_mid_stream_ends_it_with_shutdown_aborts_it_releases_its_lease_and_exports_its_span(
+) {
+    let redis = RedisServer::start();
+    let sim = sim().await;
+    let (collector, spans) = recorder("/v1/traces").await;
+    let (aborts_url, aborts) = recorder("/abort_requests").await;
+    let mut gw = Process::start(&format!(
+        "[server]\nshutdown_grace_ms = 300\n\
+         [telemetry]\nrequest_log = \"off\"\ntracing = true\notlp_protocol = \"http/protobuf\"\n\
+         otlp_endpoint = \"{collector}\"\n\
+         [classify]\ntokenizer = \"heuristic\"\n\
+         [upstream]\nbase_url = \"{}\"\n\
+         [upstream.abort]\nenabled = true\nurl = \"{aborts_url}/abort_requests\"\n\
+         [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n\
+         # Far longer than the test: only a release, never an expiry, empties the books.\n\
+         lease_ttl_ms = 600000\nheartbeat_ms = 1000\n",
+        sim.url(),
+        redis.url()
+    ))
+    .await;
+
+    let streams = [
+        Stream::open(answer(&gw.url), "event: token").await,
+        Stream::open(chat(&gw.url), "\"content\"").await,
+    ];
+    let ids: Vec<String> = streams.iter().map(|s| s.request_id.clone()).collect();
+    let (usage, leases) = redis_state(&redis).await;
+    assert_eq!(leases.len(), 2, "one lease per stream: {leases:?}");
+    assert!(usage.values().any(|v| *v > 0), "{usage:?}");
+    assert_eq!(sim.engine.snapshot().running, 2);
+    let aborted_before = sim.engine.snapshot().aborted;
+    assert!(
+        spans.lock().unwrap().is_empty(),
+        "no span is exported before the flush at exit"
+    );
+
+    gw.sigterm();
+    let [answer_stream, chat_stream] = streams;
+    let answer_body = answer_stream.rest().await;
+    let chat_body = chat_stream.rest().await;
+
+    // The client of each stream is told why it ended, in its own format.
+    let events = sse(&answer_body);
+    let (last, data) = events.last().unwrap();
+    assert_eq!(last, "error", "{answer_body}");
+    let error = json(data);
+    assert_eq!(error["code"], "shutdown", "{error}");
+    assert!(error["message"].as_str().unwrap().contains("shutting down"));
+    assert!(answer_body.ends_with(&format!("id: end\nevent: error\ndata: {data}\n\n")));
+    let chunks = tutor_testkit::sse_events(&chat_body);
+    assert_eq!(chunks.last().unwrap(), "[DONE]", "{chat_body}");
+    let error = json(&chunks[chunks.len() - 2]);
+    assert_eq!(error["error"]["code"], "shutdown", "{error}");
+    assert_eq!(error["error"]["type"], "server_error");
+
+    let status = gw.exited().await;
+    assert!(status.success(), "exit {status:?}:\n{}", gw.log());
+
+    // No lease is left: the releases reached Redis before the process exited.
+    let (usage, leases) = redis_state(&redis).await;
+    assert!(leases.is_empty(), "leases left: {leases:?}\n{}", gw.log());
+    assert!(
+        usage.values().all(|v| *v == 0),
+        "usage left: {usage:?}\n{}",
+        gw.log()
+    );
+
+    // The engine's work stopped: the abort call of each stream arrived, and both sequences
+    // ended aborted.
+    let called: Vec<String> = aborts
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, body)| String::from_utf8_lossy(body).into_owned())
+        .collect();
+    for id in &ids {
+        assert!(
+            called.iter().any(|body| body.contains(id.as_str())),
+            "no abort call for {id}: {called:?}\n{}",
+            gw.log()
+        );
+    }
+    eventually("the engine has nothing running", || {
+        sim.engine.snapshot().running == 0
+    })
+    .await;
+    assert!(sim.engine.snapshot().aborted >= aborted_before + 2);
+
+    // The spans of both streams were flushed at exit, each with the error code.
+    let exported: Vec<Bytes> = spans
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, b)| b.clone())
+        .collect();
+    let holds = |needle: &str| {
+        exported
+            .iter()
+            .any(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+    };
+    for id in &ids {
+        assert!(
+            holds(id),
+            "no span for {id} reached the collector\n{}",
+            gw.log()
+        );
+    }
+    assert!(holds("shutdown"), "the spans carry error.type shutdown");
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn readyz_says_draining_during_the_grace_while_a_stream_still_runs() {
+    let sim = sim().await;
+    let admin = free_port();
+    let mut gw = Process::start(&format!(
+        "[server]\nshutdown_grace_ms = 5000\nadmin_listen = \"127.0.0.1:{admin}\"\n\
+         [telemetry]\nrequest_log = \"off\"\n\
+         [classify]\ntokenizer = \"heuristic\"\n\
+         [upstream]\nbase_url = \"{}\"\n",
+        sim.url()
+    ))
+    .await;
+    let readyz = format!("http://127.0.0.1:{admin}/readyz");
+    let get = |url: String| async move {
+        let resp = client().get(url).send().await.unwrap();
+        (resp.status().as_u16(), json(&resp.text().await.unwrap()))
+    };
+    let (status, body) = get(readyz.clone()).await;
+    assert_eq!((status, body["status"].clone()), (200, json!("ready")));
+    let mut stream = Stream::open(answer(&gw.url), "event: token").await;
+
+    gw.sigterm();
+    let mut seen: Option<Value> = None;
+    for _ in 0..500 {
+        let (status, body) = get(readyz.clone()).await;
+        if status == 503 {
+            seen = Some(body);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let body = seen.expect("/readyz turns 503 within 10 s of SIGTERM");
+    assert_eq!(body["status"], "draining", "{body}");
+
+    // The public listener takes no new connection...
+    let public = gw.url.trim_start_matches("http://").to_owned();
+    let mut refused = false;
+    for _ in 0..500 {
+        if tokio::net::TcpStream::connect(&public).await.is_err() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(refused, "the public listener still accepts after SIGTERM");
+    // ...while the open stream goes on within the grace period, and /readyz still says so.
+    stream.read_until("event: token").await;
+    assert_eq!(sim.engine.snapshot().running, 1);
+    assert_eq!(get(readyz.clone()).await.0, 503);
+
+    // Past the grace period it ends with `shutdown`, and the process exits.
+    let body = stream.rest().await;
+    let events = sse(&body);
+    let (last, data) = events.last().unwrap();
+    assert_eq!(
+        (last.as_str(), json(data)["code"].clone()),
+        ("error", json!("shutdown"))
+    );
+    let status = gw.exited().await;
+    assert!(status.success(), "exit {status:?}:\n{}", gw.log());
+    eventually("the engine has nothing running", || {
+        sim.engine.snapshot().running == 0
+    })
+    .await;
+    sim.shutdown().await;
+}
