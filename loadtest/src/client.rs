@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -25,8 +26,13 @@ pub enum Api {
 /// Where requests go.
 #[derive(Debug, Clone)]
 pub struct Target {
-    /// Base URL without a trailing slash, e.g. `http://127.0.0.1:8080`.
+    /// Base URL without a trailing slash, e.g. `http://127.0.0.1:8080` (the first one when
+    /// requests alternate between several, see [`Target::alternating`]).
     pub base_url: String,
+    /// Every base URL requests go to, in turn (one gateway replica each).
+    bases: std::sync::Arc<Vec<String>>,
+    /// The next one.
+    turn: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     /// The API used.
     pub api: Api,
     /// `model` sent on the chat API (omitted when `None`).
@@ -70,12 +76,39 @@ impl Target {
             .connect_timeout(Duration::from_secs(5))
             .pool_max_idle_per_host(1024)
             .build()?;
+        let base_url = base_url.trim_end_matches('/').to_string();
         Ok(Self {
-            base_url: base_url.trim_end_matches('/').to_string(),
+            bases: std::sync::Arc::new(vec![base_url.clone()]),
+            turn: std::sync::Arc::default(),
+            base_url,
             api,
             model,
             http,
         })
+    }
+
+    /// A target whose requests go to each of `base_urls` in turn (replicas behind a
+    /// round-robin balancer).
+    pub fn alternating(
+        base_urls: &[String],
+        api: Api,
+        model: Option<String>,
+    ) -> anyhow::Result<Self> {
+        let first = base_urls.first().context("no base URL")?;
+        let mut t = Self::new(first, api, model)?;
+        t.bases = std::sync::Arc::new(
+            base_urls
+                .iter()
+                .map(|u| u.trim_end_matches('/').to_string())
+                .collect(),
+        );
+        Ok(t)
+    }
+
+    /// The base URL of the next request.
+    fn base(&self) -> &str {
+        let i = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        &self.bases[i % self.bases.len()]
     }
 
     /// The same target speaking `api`.
@@ -92,11 +125,11 @@ impl Target {
         match self.api {
             Api::Answer => self
                 .http
-                .post(format!("{}/answer", self.base_url))
+                .post(format!("{}/answer", self.base()))
                 .json(&answer),
             Api::Jobs => self
                 .http
-                .post(format!("{}/jobs", self.base_url))
+                .post(format!("{}/jobs", self.base()))
                 .json(&answer),
             Api::Chat => {
                 let mut body = json!({
@@ -107,7 +140,7 @@ impl Target {
                     body["model"] = json!(m);
                 }
                 self.http
-                    .post(format!("{}/v1/chat/completions", self.base_url))
+                    .post(format!("{}/v1/chat/completions", self.base()))
                     .json(&body)
             }
         }

@@ -111,7 +111,7 @@ pub async fn run_preset(
     let policy = match preset {
         Preset::Fifo => Policy::Fifo,
         Preset::Strict => Policy::Strict,
-        Preset::Floor | Preset::Lanes | Preset::LanesPriority => Policy::Lanes,
+        Preset::Floor | Preset::Lanes | Preset::LanesPriority | Preset::LanesRedis => Policy::Lanes,
     };
     let mut scenario = if preset == Preset::Floor {
         floor_scenario(&opts.scenario)
@@ -149,9 +149,27 @@ pub async fn run_preset(
         sim_args.extend(["--scheduling-policy".into(), "priority".into()]);
     }
     let sim = tutor_gateway::server::start_sim(&mut cfg, &sim_args).await?;
+    // Two replicas on one Redis for `lanes-redis` (the server is this run's own).
+    let redis = if preset == Preset::LanesRedis {
+        let server = RedisChild::start()?;
+        cfg.quota.backend = tutor_gateway::config::QuotaBackend::Redis;
+        cfg.quota.redis_url = tutor_gateway::config::RedisUrl::new(server.url());
+        Some(server)
+    } else {
+        None
+    };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let second = match &redis {
+        Some(_) => {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            Some(tutor_gateway::server::start(cfg.clone(), listener)?)
+        }
+        None => None,
+    };
     let gw = tutor_gateway::server::start(cfg, listener)?;
-    let target = Target::new(&gw.url(), Api::Answer, None)?;
+    let mut urls = vec![gw.url()];
+    urls.extend(second.as_ref().map(|g| g.url()));
+    let target = Target::alternating(&urls, Api::Answer, None)?;
     let prompts = PromptBuilder::new(vllm_sim::tokenizer::PromptTokenizer::load(
         tokenizer.as_deref(),
     )?);
@@ -176,8 +194,52 @@ pub async fn run_preset(
         steps: steps.summary(),
     };
     gw.shutdown().await;
+    if let Some(g) = second {
+        g.shutdown().await;
+    }
+    drop(redis);
     sim.shutdown().await;
     Ok((results, inside))
+}
+
+/// A `redis-server` on a free loopback port, without persistence, killed on drop.
+struct RedisChild {
+    port: u16,
+    child: std::process::Child,
+}
+
+impl RedisChild {
+    fn start() -> anyhow::Result<Self> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("redis-server (the lanes-redis preset needs it; scripts/test installs it)")?;
+        let server = Self { port, child };
+        for _ in 0..500 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(server);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        anyhow::bail!("redis-server did not start on port {port}")
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+}
+
+impl Drop for RedisChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// The gateway config at `path` with `upstream.max_model_len` set to `max_model_len` (checked

@@ -14,16 +14,21 @@ pub enum Preset {
     Lanes,
     /// `lanes` + `engine_priority` + the simulator's priority scheduling.
     LanesPriority,
+    /// `lanes` through two gateway replicas sharing one quota in Redis (`quota.backend =
+    /// "redis"`, a `redis-server` the run starts); the clients' requests alternate between
+    /// them.
+    LanesRedis,
 }
 
 impl Preset {
     /// Every preset, in run order.
-    pub const ALL: [Preset; 5] = [
+    pub const ALL: [Preset; 6] = [
         Preset::Floor,
         Preset::Fifo,
         Preset::Strict,
         Preset::Lanes,
         Preset::LanesPriority,
+        Preset::LanesRedis,
     ];
 
     /// The folder / summary key.
@@ -34,6 +39,7 @@ impl Preset {
             Preset::Strict => "strict",
             Preset::Lanes => "lanes",
             Preset::LanesPriority => "lanes-priority",
+            Preset::LanesRedis => "lanes-redis",
         }
     }
 }

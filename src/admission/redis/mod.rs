@@ -61,8 +61,9 @@
 //! replica stays within its share; when Redis is back, the requests the fallback admitted are
 //! registered there as leases (`quota_adopt_v2.lua`, whatever the limits: they already run),
 //! renewed and released like any other, so Redis counts what really runs and new admissions
-//! wait until the lanes are under their limits. Leases Redis lost (it restarted empty) are
-//! registered again the same way at the next renewal (`lease_lost`).
+//! wait until the lanes are under their limits. Leases that expired during the outage are
+//! registered again the same way; one found gone in normal running (the replica was too slow
+//! to renew it, or Redis lost its data) is only counted as `lease_lost`.
 //!
 //! [`snapshot`](RedisAdmission::snapshot) shows this replica's part only (its leases, its
 //! lines, its fallback); sum over replicas for the fleet, or read the `usage` hash.

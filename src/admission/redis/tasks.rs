@@ -67,9 +67,16 @@ pub(super) async fn heartbeat(
             pending.push((lease, Instant::now()));
         }
         let mut lost = Vec::new();
+        let was_degraded = shared.degraded();
         if beat(&shared, &mut pending, &mut lost).await {
             shared.succeeded();
             shared.set_degraded(false);
+            // Leases that expired during an outage are registered again (their requests ran
+            // on, counted by the fallback); one found gone in normal running (this replica was
+            // too slow to renew it) is only counted: its seat may have gone to another request.
+            if !was_degraded {
+                lost.clear();
+            }
             // What ran while Redis was away (and leases it lost) is counted there again.
             shared.adopt_fallback(&lost).await;
             sync_limits(&shared).await;
