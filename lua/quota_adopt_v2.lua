@@ -10,14 +10,7 @@ local adopted = 0
 for i = 2, #ARGV - 3, 4 do
   local id, lane, tokens, prefill = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
   if redis.call('HEXISTS', KEYS[2], id) == 0 then
-    redis.call('HSET', KEYS[2], id, lease_value(lane, tokens, prefill))
-    redis.call('ZADD', KEYS[1], now + ttl, id)
-    redis.call('HINCRBY', KEYS[3], lane .. ':n', 1)
-    redis.call('HINCRBY', KEYS[3], lane .. ':tokens', tokens)
-    redis.call('HINCRBY', KEYS[3], 'global:tokens', tokens)
-    if prefill > 0 then
-      redis.call('HINCRBY', KEYS[3], 'prefill:tokens', prefill)
-    end
+    put_lease(now, ttl, id, lane, tokens, prefill)
     adopted = adopted + 1
   end
 end

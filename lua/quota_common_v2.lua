@@ -109,6 +109,18 @@ local function fits(r, lane, tokens, own)
   return 0
 end
 
+-- Writes lease `id` (its slot, tokens and prefill reservation) and counts it, for `ttl` ms.
+local function put_lease(now, ttl, id, lane, tokens, prefill)
+  redis.call('HSET', KEYS[2], id, lease_value(lane, tokens, prefill))
+  redis.call('ZADD', KEYS[1], now + ttl, id)
+  redis.call('HINCRBY', KEYS[3], lane .. ':n', 1)
+  redis.call('HINCRBY', KEYS[3], lane .. ':tokens', tokens)
+  redis.call('HINCRBY', KEYS[3], 'global:tokens', tokens)
+  if prefill > 0 then
+    redis.call('HINCRBY', KEYS[3], 'prefill:tokens', prefill)
+  end
+end
+
 -- Takes a lease for ARGV[1..5] (the acquire script's layout: id, lane, tokens, ttl_ms, prompt,
 -- the prompt being the lease's prefill reservation) if it fits the limits record and, for a
 -- long prompt, the record's prefill budget. `own`: only the lane's own seats (background work).
@@ -136,14 +148,7 @@ local function take_lease(now, own)
       return -4
     end
   end
-  redis.call('HSET', KEYS[2], id, lease_value(lane, tokens, prompt))
-  redis.call('ZADD', KEYS[1], now + ttl, id)
-  redis.call('HINCRBY', KEYS[3], lane .. ':n', 1)
-  redis.call('HINCRBY', KEYS[3], lane .. ':tokens', tokens)
-  redis.call('HINCRBY', KEYS[3], 'global:tokens', tokens)
-  if prompt > 0 then
-    redis.call('HINCRBY', KEYS[3], 'prefill:tokens', prompt)
-  end
+  put_lease(now, ttl, id, lane, tokens, prompt)
   return 1
 end
 

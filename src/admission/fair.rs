@@ -37,3 +37,14 @@ impl Fair {
         self.virtual_time = self.virtual_time.max(tag);
     }
 }
+
+/// Each tenant's share of a queue's turns, from `auth.tenant_shares` (1 for a tenant not
+/// listed): what both backends' queues weigh their tags by.
+pub fn shares(config: &crate::config::Config) -> std::collections::HashMap<String, f64> {
+    config
+        .auth
+        .tenant_shares
+        .iter()
+        .map(|(t, s)| (t.clone(), f64::from(*s)))
+        .collect()
+}

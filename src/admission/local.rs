@@ -43,12 +43,7 @@ impl Rules {
         Self {
             limits: Limits::from_config(config),
             prefill: PrefillLimit::from_config(config),
-            shares: config
-                .auth
-                .tenant_shares
-                .iter()
-                .map(|(t, s)| (t.clone(), f64::from(*s)))
-                .collect(),
+            shares: crate::admission::fair::shares(config),
         }
     }
 }

@@ -552,12 +552,7 @@ impl LineRules {
     fn from_config(config: &Config) -> Self {
         Self {
             limits: Limits::from_config(config),
-            shares: config
-                .auth
-                .tenant_shares
-                .iter()
-                .map(|(t, s)| (t.clone(), f64::from(*s)))
-                .collect(),
+            shares: crate::admission::fair::shares(config),
         }
     }
 }
