@@ -33,13 +33,15 @@
 //!   large-lane capacity, their event streams and webhooks; it runs the pipeline's steps.
 //!
 //! Beside the pipeline: [`config`] (one file per section: raw struct, typed struct,
-//! validation), [`sign`] (HMAC and SHA-256 as hex, a leaf), [`lane`] (the `Lane` enum, a leaf), [`error`] ([`error::GatewayError`] and its
+//! validation), [`capacity`] (the engine's KV cache against the budgets, the `capacity`
+//! planner), [`sign`] (HMAC and SHA-256 as hex, a leaf), [`lane`] (the `Lane` enum, a leaf), [`error`] ([`error::GatewayError`] and its
 //! one mapping to HTTP), [`server`] (wiring, the serve loop, graceful shutdown, `--with-sim`).
 //! `tests/layering.rs` keeps this shape: no import loops, nothing below `api` imports it.
 #![forbid(unsafe_code)]
 
 pub mod admission;
 pub mod api;
+pub mod capacity;
 pub mod classify;
 pub mod config;
 pub mod error;

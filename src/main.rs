@@ -1,4 +1,4 @@
-//! The `tutor-gateway` binary: `serve` and `check-config`.
+//! The `tutor-gateway` binary: `serve`, `check-config`, `limits push` and `capacity`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,7 +36,17 @@ enum Command {
     CheckConfig {
         /// Config file to check.
         path: PathBuf,
+        /// Also read the configured upstream's capacity (`vllm:cache_config_info`, `/v1/models`)
+        /// and report every budget that overcommits it (warnings: exit 0 unless `--strict`).
+        #[arg(long)]
+        probe: bool,
+        /// With `--probe`: exit 1 when a budget overcommits the engine.
+        #[arg(long, requires = "probe")]
+        strict: bool,
     },
+    /// Plan the engine's flags and the lane budgets from a model's config.json and a GPU's
+    /// memory (KV bytes per token, KV tokens, sequences per lane).
+    Capacity(tutor_gateway::capacity::cli::PlanArgs),
     /// Write a config file's lane limits as the shared quota's limits record in Redis
     /// (`quota.backend = "redis"`): a new version, which every replica enforces from its next
     /// admission on.
@@ -64,7 +74,12 @@ fn main() -> ExitCode {
             with_sim,
             sim_args,
         } => serve(&config, listen, with_sim, &sim_args),
-        Command::CheckConfig { path } => check_config(&path),
+        Command::CheckConfig {
+            path,
+            probe,
+            strict,
+        } => check_config(&path, probe, strict),
+        Command::Capacity(args) => tutor_gateway::capacity::cli::run(&args),
         Command::Limits {
             action: LimitsAction::Push { config },
         } => limits_push(&config),
@@ -193,7 +208,7 @@ fn report(path: &std::path::Path, err: ConfigError) -> ExitCode {
     ExitCode::FAILURE
 }
 
-fn check_config(path: &std::path::Path) -> ExitCode {
+fn check_config(path: &std::path::Path, probe: bool, strict: bool) -> ExitCode {
     match Config::load(path) {
         Ok(config) => {
             println!(
@@ -203,6 +218,9 @@ fn check_config(path: &std::path::Path) -> ExitCode {
                 config.upstream.base_url,
                 config.upstream.model
             );
+            if probe {
+                return tutor_gateway::capacity::cli::check_probe(path, &config, strict);
+            }
             ExitCode::SUCCESS
         }
         Err(e) => report(path, e),

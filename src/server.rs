@@ -4,6 +4,8 @@
 //! (SIGTERM, Ctrl-C, or [`Gateway::shutdown`]), in this order:
 //!
 //! 1. `/readyz` answers 503 `draining` ([`Drain::begin`]), so the load balancer stops sending.
+//!    For `server.drain_announce` (0 by default) requests are still accepted and served, so
+//!    that a balancer polling `/readyz` has moved away before the port closes.
 //! 2. The public listener stops accepting; open connections are asked to close after their
 //!    request. Background jobs stop at once (the stop token: in process they are cancelled,
 //!    with Redis handed back to the queue).
@@ -92,7 +94,8 @@ pub fn build_state_with_log(
     metrics.prefix().configure(&config.prefix_cache);
     let admission = Admission::build(&config, metrics.quota().clone()).context("quota backend")?;
     let upstream =
-        UpstreamClient::new(config.upstream.clone(), tasks).context("upstream client")?;
+        UpstreamClient::with_metrics(config.upstream.clone(), tasks, metrics.replicas().clone())
+            .context("upstream client")?;
     Ok(AppState::new(
         config,
         classifier,
@@ -208,12 +211,21 @@ impl Gateway {
     /// stops accepting, streams get the grace period, then the rest end with `shutdown`; then
     /// abort calls complete and leases are given back. Returns when all of that is done.
     pub async fn shutdown(self) {
-        let grace_ms = self.state.config().server.shutdown_grace.as_millis() as u64;
+        let config = self.state.config();
+        let grace_ms = config.server.shutdown_grace.as_millis() as u64;
+        let announce = config.server.drain_announce;
+        drop(config);
         tracing::info!(
             grace_ms,
-            "draining: /readyz answers 503, no new connections"
+            announce_ms = announce.as_millis() as u64,
+            "draining: /readyz answers 503"
         );
         self.drain.begin();
+        if !announce.is_zero() {
+            // The load balancer learns from /readyz; until it has, new requests are served.
+            tokio::time::sleep(announce).await;
+        }
+        tracing::info!("no new connections");
         self.stop.cancel();
         let _ = self.serve.await;
         self.admin_stop.cancel();

@@ -429,3 +429,51 @@ async fn readyz_says_draining_during_the_grace_while_a_stream_still_runs() {
     .await;
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn during_the_drain_announce_readyz_says_draining_and_new_requests_are_still_served() {
+    let sim = sim().await;
+    let mut gw = Process::start(&format!(
+        "[server]\nshutdown_grace_ms = 0\ndrain_announce_ms = 10000\n\
+         [telemetry]\nrequest_log = \"off\"\n\
+         [classify]\ntokenizer = \"heuristic\"\n\
+         [upstream]\nbase_url = \"{}\"\n",
+        sim.url()
+    ))
+    .await;
+    gw.sigterm();
+    // A load balancer polling /readyz (here on the public listener) sees `draining`...
+    let readyz = format!("{}/readyz", gw.url);
+    let mut seen = None;
+    for _ in 0..500 {
+        let resp = client().get(&readyz).send().await.unwrap();
+        if resp.status() == 503 {
+            seen = Some(json(&resp.text().await.unwrap()));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let body = seen.expect("/readyz turns 503 within 10 s of SIGTERM");
+    assert_eq!(body["status"], "draining", "{body}");
+    // ...while a request it sent before noticing, on a new connection, is answered whole.
+    let fresh = reqwest::Client::new();
+    let resp = fresh
+        .get(format!(
+            "{}/answer?prompt=what+is+a+closure&max_output_tokens=5",
+            gw.url
+        ))
+        .send()
+        .await
+        .expect("the listener still accepts during the announce");
+    assert_eq!(resp.status(), 200);
+    let events = sse(&resp.text().await.unwrap());
+    assert_eq!(
+        events.last().map(|(name, _)| name.as_str()),
+        Some("done"),
+        "{events:?}"
+    );
+    // Then the listener closes and the process exits cleanly.
+    let status = gw.exited().await;
+    assert!(status.success(), "exit {status:?}:\n{}", gw.log());
+    sim.shutdown().await;
+}

@@ -33,6 +33,9 @@ pub struct Target {
     bases: std::sync::Arc<Vec<String>>,
     /// The next one.
     turn: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Whether each of `bases` answered its last `/readyz` poll with 200 (all true unless
+    /// [`Target::watch_ready`] runs).
+    ready: std::sync::Arc<Vec<std::sync::atomic::AtomicBool>>,
     /// The API used.
     pub api: Api,
     /// `model` sent on the chat API (omitted when `None`).
@@ -80,6 +83,7 @@ impl Target {
         Ok(Self {
             bases: std::sync::Arc::new(vec![base_url.clone()]),
             turn: std::sync::Arc::default(),
+            ready: std::sync::Arc::new(vec![std::sync::atomic::AtomicBool::new(true)]),
             base_url,
             api,
             model,
@@ -102,13 +106,47 @@ impl Target {
                 .map(|u| u.trim_end_matches('/').to_string())
                 .collect(),
         );
+        t.ready = std::sync::Arc::new(
+            base_urls
+                .iter()
+                .map(|_| std::sync::atomic::AtomicBool::new(true))
+                .collect(),
+        );
         Ok(t)
     }
 
-    /// The base URL of the next request.
+    /// Acts as a load balancer's health check: polls every base URL's `/readyz` each `every`
+    /// (timeout `every`), and from then on requests go only to those whose last poll answered
+    /// 200 (in turn; to all in turn while none is ready). Runs until the returned task is
+    /// aborted.
+    pub fn watch_ready(&self, every: Duration) -> tokio::task::JoinHandle<()> {
+        let t = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let polls = t.bases.iter().map(|b| {
+                    let req = t.http.get(format!("{b}/readyz")).timeout(every).send();
+                    async move { matches!(req.await, Ok(r) if r.status().is_success()) }
+                });
+                let up = futures::future::join_all(polls).await;
+                for (flag, up) in t.ready.iter().zip(up) {
+                    flag.store(up, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        })
+    }
+
+    /// The base URL of the next request: the next ready one in turn.
     fn base(&self) -> &str {
-        let i = self.turn.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        &self.bases[i % self.bases.len()]
+        use std::sync::atomic::Ordering::Relaxed;
+        let i = self.turn.fetch_add(1, Relaxed);
+        let n = self.bases.len();
+        (0..n)
+            .map(|k| (i + k) % n)
+            .find(|&j| self.ready[j].load(Relaxed))
+            .map_or(&self.bases[i % n], |j| &self.bases[j])
     }
 
     /// The same target speaking `api`.

@@ -74,9 +74,14 @@ enum Cmd {
     Run {
         #[command(flatten)]
         common: Common,
-        /// Base URL of the gateway, vLLM or the simulator.
-        #[arg(long)]
-        target: String,
+        /// Base URL of the gateway, vLLM or the simulator. Repeat it for several gateway
+        /// replicas: requests go to each in turn.
+        #[arg(long, required = true)]
+        target: Vec<String>,
+        /// Poll every target's `/readyz` this often, milliseconds, and send only to those that
+        /// answered 200 (a load balancer's health check; 0: send to all).
+        #[arg(long, default_value_t = 0)]
+        ready_poll_ms: u64,
         /// `answer` (gateway /answer) or `chat` (/v1/chat/completions).
         #[arg(long, value_enum, default_value = "answer")]
         api: Api,
@@ -215,12 +220,18 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Run {
             common,
             target,
+            ready_poll_ms,
             api,
             model,
         } => {
             let (scenario, run, prompts) = common.load()?;
-            let target = Target::new(&target, api, model)?;
+            let target = Target::alternating(&target, api, model)?;
+            let watch = (ready_poll_ms > 0)
+                .then(|| target.watch_ready(Duration::from_millis(ready_poll_ms)));
             let data = tutor_load::runner::run(&scenario, &target, &prompts, &run).await;
+            if let Some(w) = watch {
+                w.abort();
+            }
             let r = Results::build(
                 &scenario,
                 &target,

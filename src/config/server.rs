@@ -12,6 +12,8 @@ use super::check::Checker;
 const MAX_BODY_BYTES: u64 = 4 * 1024 * 1024;
 /// Default `server.shutdown_grace_ms`.
 const SHUTDOWN_GRACE_MS: u64 = 30_000;
+/// Default `server.drain_announce_ms`.
+const DRAIN_ANNOUNCE_MS: u64 = 0;
 /// Default `server.max_logprobs`.
 const MAX_LOGPROBS: u32 = 5;
 /// Default `server.max_connections`.
@@ -35,6 +37,8 @@ pub struct RawServer {
     pub max_body_bytes: Option<u64>,
     /// On SIGTERM, how long in-flight streams may finish before the process exits, ms.
     pub shutdown_grace_ms: Option<u64>,
+    /// On SIGTERM, how long `/readyz` answers `draining` before the listener stops accepting, ms.
+    pub drain_announce_ms: Option<u64>,
     /// `/v1` body fields on no list: `forward` or `reject`.
     pub unknown_fields: Option<String>,
     /// Most log-probabilities per token a client may ask for.
@@ -77,6 +81,9 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// On SIGTERM, how long in-flight streams may finish.
     pub shutdown_grace: Duration,
+    /// On SIGTERM, how long `/readyz` says `draining` while new requests are still served, so
+    /// that a load balancer polling it stops sending before the listener closes.
+    pub drain_announce: Duration,
     /// `/v1` body fields on no list.
     pub unknown_fields: UnknownFields,
     /// Most log-probabilities per token (`top_logprobs` on chat, `logprobs` on completions).
@@ -230,6 +237,11 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         max_logprobs: max_logprobs.min(20),
         max_body_bytes: max_body_bytes.clamp(1024, 256 * 1024 * 1024) as usize,
         shutdown_grace: Duration::from_millis(raw.shutdown_grace_ms.unwrap_or(SHUTDOWN_GRACE_MS)),
+        drain_announce: Duration::from_millis(
+            raw.drain_announce_ms
+                .unwrap_or(DRAIN_ANNOUNCE_MS)
+                .min(600_000),
+        ),
     }
 }
 

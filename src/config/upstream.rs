@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::check::Checker;
+use super::replicas::{self, RawReplica, RawRouting, ReplicaConfig, RoutingConfig};
 use super::secret::Secret;
 
 /// Default `upstream.base_url`.
@@ -70,6 +71,12 @@ pub struct RawUpstream {
     /// `[upstream.abort]`.
     #[serde(default)]
     pub abort: RawAbort,
+    /// `[[upstream.replicas]]`: several vLLM replicas instead of `base_url`.
+    #[serde(default)]
+    pub replicas: Vec<RawReplica>,
+    /// `[upstream.routing]`.
+    #[serde(default)]
+    pub routing: RawRouting,
 }
 
 /// `[upstream.abort]` as written.
@@ -116,6 +123,22 @@ pub struct UpstreamConfig {
     pub ca_pem: Option<Vec<u8>>,
     /// The engine-side abort call made when a client goes away.
     pub abort: AbortConfig,
+    /// `[[upstream.replicas]]` as checked; empty when the file names only `base_url` (see
+    /// [`UpstreamConfig::replica_set`]).
+    pub replicas: Vec<ReplicaConfig>,
+    /// How requests pick a replica and how replicas' health is watched.
+    pub routing: RoutingConfig,
+}
+
+impl UpstreamConfig {
+    /// The replicas requests go to: `[[upstream.replicas]]`, or the one at `base_url`.
+    pub fn replica_set(&self) -> Vec<ReplicaConfig> {
+        if self.replicas.is_empty() {
+            vec![ReplicaConfig::single(&self.base_url)]
+        } else {
+            self.replicas.clone()
+        }
+    }
 }
 
 /// `[upstream.abort]`: the engine's abort call, made besides closing the upstream connection
@@ -224,11 +247,18 @@ impl AbortMethod {
 
 /// Checks `[upstream]` and `[upstream.abort]`. Never echoes the URL: it may hold a password.
 pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
-    let base_url = raw.base_url.unwrap_or_else(|| BASE_URL.to_owned());
-    let host = base_url
-        .strip_prefix("http://")
-        .or_else(|| base_url.strip_prefix("https://"));
-    if host.is_none_or(|h| h.trim_end_matches('/').is_empty()) {
+    if raw.base_url.is_some() && !raw.replicas.is_empty() {
+        c.fail(
+            "upstream.base_url",
+            "set upstream.base_url (one replica) or [[upstream.replicas]], not both",
+        );
+    }
+    let replicas = replicas::replicas(c, raw.replicas);
+    let base_url = match replicas.first() {
+        Some(first) => first.url.clone(),
+        None => raw.base_url.unwrap_or_else(|| BASE_URL.to_owned()),
+    };
+    if replicas.is_empty() && !replicas::is_http_url(&base_url) {
         c.fail(
             "upstream.base_url",
             "must be an http:// or https:// URL with a host",
@@ -278,6 +308,8 @@ pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
         api_key: api_key(c, raw.api_key_env, raw.api_key_file),
         ca_pem: ca_pem(c, "upstream.ca_file", raw.ca_file),
         abort: abort(c, raw.abort),
+        replicas,
+        routing: replicas::routing(c, raw.routing),
     }
 }
 

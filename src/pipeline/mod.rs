@@ -319,6 +319,8 @@ pub struct Ready {
     hold: Option<SessionHold>,
     /// Whose request it is.
     tenant: Option<Tenant>,
+    /// The replica routing key: the prefix fingerprint of a prompt with a stable prefix.
+    affinity: Option<String>,
 }
 
 impl Ready {
@@ -344,6 +346,7 @@ impl Ready {
             "prefill": self.prefill,
             "size": self.size,
             "tenant": self.tenant.as_ref().map(|t| &t.0),
+            "affinity": self.affinity,
         })
     }
 
@@ -370,6 +373,7 @@ impl Ready {
             size: v["size"].as_u64()? as usize,
             hold: None,
             tenant: v["tenant"].as_str().map(|t| Tenant(t.to_owned())),
+            affinity: v["affinity"].as_str().map(str::to_owned),
         })
     }
 }
@@ -405,6 +409,16 @@ pub async fn ready(
     let fingerprint = match &input {
         PromptInput::Chat { messages, .. } => {
             Some(fingerprint_of_chat(messages, body.get("tools")))
+        }
+        _ => None,
+    };
+    // Only a stable prefix (a system prompt or tools) is worth keeping on one replica.
+    let affinity = match &input {
+        PromptInput::Chat { messages, .. }
+            if messages.first().is_some_and(|m| m.role == "system")
+                || body.get("tools").is_some_and(|t| !t.is_null()) =>
+        {
+            fingerprint.clone()
         }
         _ => None,
     };
@@ -456,6 +470,7 @@ pub async fn ready(
         size,
         hold,
         tenant,
+        affinity,
     })
 }
 
@@ -474,6 +489,7 @@ pub async fn send(
         body,
         class,
         hold,
+        affinity,
         ..
     } = ready;
     record.admitted(guard.queue_wait(), guard.prefill());
@@ -485,6 +501,7 @@ pub async fn send(
         request_id: record.request_id().to_owned(),
         traceparent: record.upstream_traceparent(),
         body,
+        affinity,
     };
     let upstream = match state.upstream().stream(request).await {
         Ok(upstream) => upstream,

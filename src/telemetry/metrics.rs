@@ -31,6 +31,7 @@ use crate::telemetry::latency::{LatencySplit, UpstreamView};
 use crate::telemetry::prefix_metrics::PrefixMetrics;
 use crate::telemetry::promotion_metrics::PromotionMetrics;
 use crate::telemetry::quota_metrics::QuotaMetrics;
+use crate::telemetry::replica_metrics::ReplicaMetrics;
 
 /// Where a request was when its client went away (the `stage` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,6 +175,7 @@ pub struct Metrics {
     relay: RelayMetrics,
     jobs: JobMetrics,
     config: ConfigMetrics,
+    replicas: ReplicaMetrics,
 }
 
 impl Default for Metrics {
@@ -316,6 +318,7 @@ impl Metrics {
         let jobs = JobMetrics::register(&registry);
         let prefix = PrefixMetrics::register(&registry);
         let config = ConfigMetrics::register(&registry);
+        let replicas = ReplicaMetrics::register(&registry);
         // Every lane's series exist from the start, so dashboards and rate() see zeros, not gaps.
         for lane in Lane::ALL {
             let l = [lane.as_str()];
@@ -364,12 +367,18 @@ impl Metrics {
             prefix,
             refused,
             config,
+            replicas,
         }
     }
 
     /// The configuration reload families.
     pub fn config(&self) -> &ConfigMetrics {
         &self.config
+    }
+
+    /// The `tutor_gateway_replica_*` families.
+    pub fn replicas(&self) -> &ReplicaMetrics {
+        &self.replicas
     }
 
     /// A reload ended with `outcome` (`applied`: `sha256` is in force).

@@ -8,6 +8,7 @@
 //! - [`request_log`]: one JSON line per finished request.
 //! - [`job_metrics`]: background jobs (`tutor_gateway_jobs{status}`, wait, run, webhooks).
 //! - [`prefix_metrics`], [`drift`]: per-fingerprint prefix-cache metrics and drift (M18, M19).
+//! - [`replica_metrics`]: each vLLM replica's traffic, health and prefix hits.
 //! - [`otel`]: logging and OpenTelemetry set-up, W3C trace-context propagation.
 //!
 //! Telemetry takes plain values ([`UpstreamView`], [`AdmissionSnapshot`]) and imports neither
@@ -25,6 +26,7 @@ pub mod promotion_metrics;
 pub mod quota_metrics;
 pub mod record;
 pub mod relay_metrics;
+pub mod replica_metrics;
 pub mod request_log;
 mod snapshot;
 pub mod span;
@@ -38,6 +40,7 @@ pub use promotion_metrics::PromotionMetrics;
 pub use quota_metrics::QuotaMetrics;
 pub use record::RequestRecord;
 pub use relay_metrics::RelayMetrics;
+pub use replica_metrics::ReplicaMetrics;
 pub use request_log::RequestLog;
 pub use snapshot::{AdmissionSnapshot, LaneSnapshot};
 

@@ -16,9 +16,12 @@ use tokio_util::task::TaskTracker;
 
 use super::abort::{AbortCaller, AbortEndpoint};
 use super::error::{EngineError, UpstreamError};
+use super::replica::{self, Replica, Replicas, Ticket};
 use super::request::{prepare_body, UpstreamRequest};
+use super::route;
 use super::stream::{StreamLimits, UpstreamStream};
 use crate::config::UpstreamConfig;
+use crate::telemetry::ReplicaMetrics;
 
 /// Longest a non-streaming call (`/v1/models`, `/health`) may take, connect included.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -27,15 +30,16 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// dropped, so a broken upstream cannot make the gateway buffer without bound.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
-/// The vLLM client. Cheap to clone (the connection pool, config and task tracker are shared).
+/// The vLLM client. Cheap to clone (the connection pool, config, replicas and task tracker
+/// are shared).
 #[derive(Debug, Clone)]
 pub struct UpstreamClient {
     http: reqwest::Client,
     config: Arc<UpstreamConfig>,
     tasks: TaskTracker,
-    /// Arms each stream's abort guard; knows whether the engine has an abort endpoint.
-    abort: AbortCaller,
-    /// The last `/health` probe for `/readyz`.
+    /// The replicas, each with its abort caller, health and requests in flight.
+    replicas: Arc<Replicas>,
+    /// The last `/health` probe for `/readyz` (one replica).
     readiness: Arc<tokio::sync::Mutex<Option<Probe>>>,
 }
 
@@ -57,12 +61,23 @@ impl UpstreamClient {
     /// A new client for `config` whose abort calls go on this one's task tracker (a config
     /// reload that changed `[upstream]`).
     pub fn with_config(&self, config: UpstreamConfig) -> Result<Self, UpstreamError> {
-        Self::new(config, self.tasks.clone())
+        Self::with_metrics(config, self.tasks.clone(), self.replicas.metrics().clone())
     }
 
     /// A client for `config`. Abort calls are spawned on `tasks`: close and wait on it at
     /// shutdown so no abort is lost. Env proxies are ignored: the vLLM hop is internal.
     pub fn new(config: UpstreamConfig, tasks: TaskTracker) -> Result<Self, UpstreamError> {
+        Self::with_metrics(config, tasks, ReplicaMetrics::default())
+    }
+
+    /// [`UpstreamClient::new`], reporting each replica's traffic into `metrics`. With several
+    /// replicas and `upstream.routing.health_interval_ms > 0`, built inside a Tokio runtime, it
+    /// checks their `/health` in the background while it lives.
+    pub fn with_metrics(
+        config: UpstreamConfig,
+        tasks: TaskTracker,
+        metrics: ReplicaMetrics,
+    ) -> Result<Self, UpstreamError> {
         let mut headers = reqwest::header::HeaderMap::new();
         if let Some(key) = &config.api_key {
             let mut auth =
@@ -93,15 +108,45 @@ impl UpstreamClient {
             UpstreamError::Unavailable(format!("cannot build the HTTP client: {e}"))
         })?;
         let config = Arc::new(config);
-        let abort = AbortCaller::new(http.clone(), Arc::clone(&config), tasks.clone());
-        abort.probe();
+        let replicas = Arc::new(Replicas::new(
+            config.replica_set(),
+            config.routing.clone(),
+            metrics,
+            |replica| {
+                let mut own = (*config).clone();
+                own.base_url.clone_from(&replica.url);
+                let abort = AbortCaller::new(http.clone(), Arc::new(own), tasks.clone());
+                abort.probe();
+                abort
+            },
+        ));
+        if replicas.checks_run() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let http = http.clone();
+                runtime.spawn(replica::health_loop(Arc::downgrade(&replicas), move |r| {
+                    let http = http.clone();
+                    async move {
+                        let answer = probe_health(&http, &r.config.url).await;
+                        if answer.is_ok() {
+                            r.abort.probe();
+                        }
+                        answer.map_err(|e| e.to_string())
+                    }
+                }));
+            }
+        }
         Ok(Self {
             http,
             config,
             tasks,
-            abort,
+            replicas,
             readiness: Arc::default(),
         })
+    }
+
+    /// The replicas and their state.
+    pub fn replicas(&self) -> &Replicas {
+        &self.replicas
     }
 
     /// The upstream settings in force.
@@ -114,53 +159,102 @@ impl UpstreamClient {
         &self.tasks
     }
 
-    /// What is known of the engine's abort endpoint (`upstream.abort.mode = "auto"`).
+    /// What is known of the (first) engine's abort endpoint (`upstream.abort.mode = "auto"`).
     pub fn abort_endpoint(&self) -> AbortEndpoint {
-        self.abort.endpoint()
+        self.replicas.all()[0].abort.endpoint()
     }
 
     /// Sends a streaming generation request and returns once vLLM's response headers arrive.
     ///
-    /// The body is changed by [`prepare_body`] (streaming with usage forced). The engine
-    /// abort is armed before sending, so dropping this future while it waits for headers also
-    /// aborts. Errors: [`UpstreamError::Unavailable`] when vLLM cannot be reached (within
-    /// `connect_timeout`), [`UpstreamError::Status`] for a non-2xx answer (vLLM's error parsed),
-    /// [`UpstreamError::FirstTokenTimeout`] / [`UpstreamError::TotalTimeout`] when headers take
-    /// too long, [`UpstreamError::Transport`] when the connection breaks after sending.
+    /// The replica is chosen by [`Replicas::pick`] from the request's routing key. The body is
+    /// changed by [`prepare_body`] (streaming with usage forced). The engine abort is armed
+    /// (against that replica) before sending, so dropping this future while it waits for
+    /// headers also aborts. A connection error or a 5xx answer, which vLLM gives before it runs
+    /// anything, is tried once more on another replica. Errors: [`UpstreamError::Unavailable`]
+    /// when vLLM cannot be reached (within `connect_timeout`), [`UpstreamError::Status`] for a
+    /// non-2xx answer (vLLM's error parsed), [`UpstreamError::FirstTokenTimeout`] /
+    /// [`UpstreamError::TotalTimeout`] when headers take too long,
+    /// [`UpstreamError::Transport`] when the connection breaks after sending.
     pub async fn stream(&self, req: UpstreamRequest) -> Result<UpstreamStream, UpstreamError> {
         let id_header =
             HeaderValue::from_str(&req.request_id).map_err(|_| UpstreamError::InvalidRequestId)?;
+        let traceparent = req.traceparent.as_deref().and_then(|tp| {
+            match HeaderValue::from_str(tp) {
+                Ok(v) => Some(v),
+                Err(_) => {
+                    tracing::debug!(request_id = %req.request_id, "invalid traceparent dropped");
+                    None
+                }
+            }
+        });
         let mut body = req.body;
         prepare_body(&mut body, &self.config.model);
-        let body = serde_json::to_vec(&body).expect("a JSON map always serializes");
-        let url = format!("{}{}", self.config.base_url, req.endpoint.path());
+        let body = Bytes::from(serde_json::to_vec(&body).expect("a JSON map always serializes"));
+        let key = req.affinity.as_deref().map(route::hash_str);
+        let sending = Sending {
+            request_id: req.request_id,
+            endpoint: req.endpoint,
+            id_header,
+            traceparent,
+            body,
+        };
+        let ticket = self
+            .replicas
+            .pick(key, None, None)
+            .ok_or_else(|| UpstreamError::Unavailable("no vLLM replica configured".into()))?;
+        match self.send_on(ticket, &sending).await {
+            Err((e, failed)) if e.retryable() && self.replicas.len() > 1 => {
+                let Some(next) = self.replicas.pick(key, Some(&failed), Some("retry")) else {
+                    return Err(e);
+                };
+                tracing::info!(
+                    request_id = %sending.request_id,
+                    from = failed.name(),
+                    to = next.replica().name(),
+                    error = e.code(),
+                    "sent again on another replica"
+                );
+                self.send_on(next, &sending).await.map_err(|(e, _)| e)
+            }
+            answer => answer.map_err(|(e, _)| e),
+        }
+    }
+
+    /// One try of [`UpstreamClient::stream`] on the ticket's replica; on failure, the error and
+    /// that replica (for a retry elsewhere).
+    async fn send_on(
+        &self,
+        ticket: Ticket,
+        s: &Sending,
+    ) -> Result<UpstreamStream, (UpstreamError, Arc<Replica>)> {
+        let replica = Arc::clone(ticket.replica());
+        let fail = |e: UpstreamError| (e, Arc::clone(&replica));
+        let url = format!("{}{}", replica.config.url, s.endpoint.path());
         let mut builder = self
             .http
             .post(url)
             .header(CONTENT_TYPE, "application/json")
-            .header("x-request-id", id_header)
-            .body(body);
-        if let Some(tp) = req.traceparent.as_deref() {
-            match HeaderValue::from_str(tp) {
-                Ok(v) => builder = builder.header("traceparent", v),
-                Err(_) => {
-                    tracing::debug!(request_id = %req.request_id, "invalid traceparent dropped")
-                }
-            }
+            .header("x-request-id", s.id_header.clone())
+            .body(s.body.clone());
+        if let Some(tp) = &s.traceparent {
+            builder = builder.header("traceparent", tp.clone());
         }
 
         let limits = StreamLimits::from_config(&self.config);
         let sent_at = Instant::now();
-        let mut abort = self.abort.arm(req.request_id.clone(), req.endpoint);
+        let mut abort = replica.abort.arm(s.request_id.clone(), s.endpoint);
         let (deadline, timeout_error) = limits.first_token_deadline(sent_at);
         let resp = match tokio::time::timeout_at(deadline, builder.send()).await {
-            Err(_) => return Err(timeout_error), // `abort` drops here and fires.
+            Err(_) => return Err(fail(timeout_error)), // `abort` drops here and fires.
             Ok(Err(e)) if e.is_connect() => {
                 // Nothing reached the engine.
                 abort.disarm();
-                return Err(UpstreamError::Unavailable(describe(e)));
+                let e = UpstreamError::Unavailable(describe(e));
+                self.replicas
+                    .failed(&replica, "connection refused or unreachable");
+                return Err(fail(e));
             }
-            Ok(Err(e)) => return Err(UpstreamError::Transport(describe(e))),
+            Ok(Err(e)) => return Err(fail(UpstreamError::Transport(describe(e)))),
             Ok(Ok(resp)) => resp,
         };
         let headers_at = Instant::now();
@@ -168,25 +262,30 @@ impl UpstreamClient {
         if !status.is_success() {
             // vLLM rejected the request before running it: nothing to abort.
             abort.disarm();
+            if status.is_server_error() {
+                self.replicas.failed(&replica, "5xx answer");
+            }
             let raw = read_capped(resp, deadline).await.unwrap_or_default();
             let error =
                 EngineError::parse(&raw).unwrap_or_else(|| EngineError::unreadable(status, raw));
-            return Err(UpstreamError::Status {
+            return Err(fail(UpstreamError::Status {
                 status,
                 error: Box::new(error),
-            });
+            }));
         }
+        self.replicas.succeeded(&replica, false);
         let headers = resp.headers().clone();
         let body = resp.bytes_stream().map(|r| r.map_err(describe)).boxed();
         Ok(UpstreamStream::new(
-            req.request_id,
+            s.request_id.clone(),
             headers,
             body,
             abort,
             limits,
             sent_at,
             headers_at,
-        ))
+        )
+        .with_ticket(ticket))
     }
 
     /// `GET /v1/models`, relayed as is. Non-2xx -> [`UpstreamError::Status`].
@@ -207,7 +306,7 @@ impl UpstreamClient {
     /// tokens with the engine's own tokenizer this way).
     pub async fn tokenize(&self, body: bytes::Bytes) -> Result<RawResponse, UpstreamError> {
         let deadline = Instant::now() + PROBE_TIMEOUT;
-        let url = format!("{}/tokenize", self.config.base_url);
+        let url = format!("{}/tokenize", self.replicas.any().config.url);
         let request = self
             .http
             .post(url)
@@ -238,8 +337,20 @@ impl UpstreamClient {
     }
 
     /// [`UpstreamClient::health`] for `/readyz`: at most one probe per `upstream.health_cache`;
-    /// calls in between, and calls while a probe runs, get that probe's answer (as text).
+    /// calls in between, and calls while a probe runs, get that probe's answer (as text). With
+    /// several replicas: ready while at least one takes traffic (the background checks decide).
     pub async fn readiness(&self) -> Result<(), String> {
+        if self.replicas.checks_run() {
+            let status = self.replicas.status();
+            if status.iter().any(|r| r.healthy) {
+                return Ok(());
+            }
+            let why: Vec<String> = status
+                .iter()
+                .map(|r| format!("{}: {}", r.name, r.error.as_deref().unwrap_or("ejected")))
+                .collect();
+            return Err(format!("no healthy vLLM replica ({})", why.join("; ")));
+        }
         let mut last = self.readiness.lock().await;
         if let Some((at, answer)) = last.as_ref() {
             if at.elapsed() < self.config.health_cache {
@@ -255,24 +366,14 @@ impl UpstreamClient {
     /// it is dead -> [`UpstreamError::Status`]). A healthy answer while the abort endpoint is
     /// still unknown (vLLM was not up when the client was built) starts its probe.
     pub async fn health(&self) -> Result<(), UpstreamError> {
-        let deadline = Instant::now() + PROBE_TIMEOUT;
-        let resp = self.get("/health", deadline).await?;
-        let status = resp.status();
-        if status.is_success() {
-            self.abort.probe();
-            return Ok(());
-        }
-        let body = read_capped(resp, deadline).await.unwrap_or_default();
-        let error =
-            EngineError::parse(&body).unwrap_or_else(|| EngineError::unreadable(status, body));
-        Err(UpstreamError::Status {
-            status,
-            error: Box::new(error),
-        })
+        let replica = self.replicas.any();
+        probe_health(&self.http, &replica.config.url).await?;
+        replica.abort.probe();
+        Ok(())
     }
 
     async fn get(&self, path: &str, deadline: Instant) -> Result<reqwest::Response, UpstreamError> {
-        let url = format!("{}{}", self.config.base_url, path);
+        let url = format!("{}{}", self.replicas.any().config.url, path);
         Self::send_by(self.http.get(url), deadline).await
     }
 
@@ -288,6 +389,33 @@ impl UpstreamClient {
             Ok(Ok(resp)) => Ok(resp),
         }
     }
+}
+
+/// A request as sent, kept for a second try on another replica.
+struct Sending {
+    request_id: String,
+    endpoint: super::request::Endpoint,
+    id_header: HeaderValue,
+    traceparent: Option<HeaderValue>,
+    body: Bytes,
+}
+
+/// `GET {base_url}/health` answers 2xx (vLLM: 200 when the engine is alive, 503 when it is
+/// dead -> [`UpstreamError::Status`]).
+async fn probe_health(http: &reqwest::Client, base_url: &str) -> Result<(), UpstreamError> {
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    let request = http.get(format!("{base_url}/health"));
+    let resp = UpstreamClient::send_by(request, deadline).await?;
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(());
+    }
+    let body = read_capped(resp, deadline).await.unwrap_or_default();
+    let error = EngineError::parse(&body).unwrap_or_else(|| EngineError::unreadable(status, body));
+    Err(UpstreamError::Status {
+        status,
+        error: Box::new(error),
+    })
 }
 
 /// Reads a non-streaming body, keeping at most [`MAX_BODY_BYTES`], until `deadline`.

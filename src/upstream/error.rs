@@ -76,6 +76,35 @@ pub enum UpstreamError {
     InvalidRequestId,
 }
 
+impl UpstreamError {
+    /// Whether the request may be sent again on another replica: vLLM never started it (the
+    /// connection was refused, or it answered 5xx before streaming).
+    pub fn retryable(&self) -> bool {
+        match self {
+            UpstreamError::Unavailable(_) => true,
+            UpstreamError::Status { status, .. } => status.is_server_error(),
+            _ => false,
+        }
+    }
+
+    /// A short name of the variant, for logs.
+    pub fn code(&self) -> &'static str {
+        match self {
+            UpstreamError::Unavailable(_) => "unavailable",
+            UpstreamError::Status { .. } => "status",
+            UpstreamError::Engine(_) => "engine",
+            UpstreamError::Protocol(_) => "protocol",
+            UpstreamError::ClosedEarly => "closed_early",
+            UpstreamError::Transport(_) => "transport",
+            UpstreamError::FirstTokenTimeout(_) => "first_token_timeout",
+            UpstreamError::IdleTimeout(_) => "idle_timeout",
+            UpstreamError::TotalTimeout(_) => "total_timeout",
+            UpstreamError::ResponseTimeout(_) => "response_timeout",
+            UpstreamError::InvalidRequestId => "invalid_request_id",
+        }
+    }
+}
+
 /// vLLM's error object: current `{"error":{"message","type","param","code"}}` or the flat
 /// pre-0.10.1 `{"object":"error","message","type","param","code"}`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -15,14 +15,21 @@
 //! One enum, [`UpstreamError`]; the api layer maps it to HTTP (each variant's doc names the
 //! status). Error texts never contain prompt or output text.
 //!
-//! Files: `request.rs` (endpoint, body rules), `client.rs`, `sse.rs` (framing), `chunk.rs`
+//! # Replicas
+//! Several vLLM replicas (`[[upstream.replicas]]`) are one client: [`replica`] keeps each
+//! one's health and load, [`route`] picks one per request (prefix affinity bounded by load),
+//! and the stream's abort goes to the replica that served it.
+//!
+//! Files: `request.rs` (endpoint, body rules), `client.rs`, `replica.rs`, `route.rs`, `sse.rs` (framing), `chunk.rs`
 //! (one payload), `stream.rs` (timeouts, end rules, counting), `abort.rs`, `error.rs`.
 
 mod abort;
 mod chunk;
 mod client;
 mod error;
+pub mod replica;
 pub mod request;
+pub mod route;
 pub mod sse;
 pub mod stream;
 mod view;
@@ -34,5 +41,6 @@ pub use abort::{
 pub use chunk::{parse_payload, Chunk, EngineMetrics, Payload, Usage};
 pub use client::{RawResponse, UpstreamClient, MAX_BODY_BYTES, PROBE_TIMEOUT};
 pub use error::{EngineError, UpstreamError};
+pub use replica::{Replica, ReplicaStatus, Replicas, Ticket};
 pub use request::{prepare_body, Endpoint, UpstreamRequest};
 pub use stream::{OutputTokens, StreamLimits, StreamTimings, UpstreamStream};

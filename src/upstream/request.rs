@@ -35,6 +35,9 @@ pub struct UpstreamRequest {
     pub traceparent: Option<String>,
     /// The OpenAI-style JSON body. See [`prepare_body`] for what the client changes.
     pub body: Map<String, Value>,
+    /// The routing key: the prompt's prefix fingerprint when it has a stable prefix (a system
+    /// prompt or tools), so requests sharing it go to the replica that has it cached.
+    pub affinity: Option<String>,
 }
 
 /// Applies the upstream body rules in place:

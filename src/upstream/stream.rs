@@ -32,6 +32,7 @@ use tokio::time::{Duration, Instant};
 use super::abort::{AbortGuard, AbortState, AbortWatch};
 use super::chunk::{parse_payload, Chunk, EngineMetrics, Payload, Usage};
 use super::error::UpstreamError;
+use super::replica::Ticket;
 use super::sse::SseParser;
 use crate::config::UpstreamConfig;
 
@@ -121,6 +122,8 @@ pub struct UpstreamStream {
     content_chunks: u32,
     missing_done: bool,
     ended: bool,
+    /// The replica it runs on, counted in flight until the stream drops.
+    ticket: Option<Ticket>,
 }
 
 /// [`Body`] with a `Debug` impl.
@@ -164,7 +167,19 @@ impl UpstreamStream {
             content_chunks: 0,
             missing_done: false,
             ended: false,
+            ticket: None,
         }
+    }
+
+    /// The same stream, counted on `ticket`'s replica until it drops.
+    pub(crate) fn with_ticket(mut self, ticket: Ticket) -> Self {
+        self.ticket = Some(ticket);
+        self
+    }
+
+    /// The name of the replica serving it (`None` for a stream built without one).
+    pub fn replica(&self) -> Option<&str> {
+        self.ticket.as_ref().map(|t| t.replica().name())
     }
 
     /// The next chunk; `None` once the stream has ended (cleanly, or after an error was
@@ -311,6 +326,9 @@ impl UpstreamStream {
                 }
                 if chunk.usage.is_some() {
                     self.usage = chunk.usage;
+                    if let (Some(t), Some(u)) = (&mut self.ticket, chunk.usage) {
+                        t.set_usage(u);
+                    }
                 }
                 if chunk.metrics.is_some() {
                     self.metrics = chunk.metrics;

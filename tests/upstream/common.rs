@@ -55,6 +55,7 @@ pub fn chat(id: &str, content: &str, max_tokens: u32) -> UpstreamRequest {
         endpoint: Endpoint::ChatCompletions,
         request_id: id.to_owned(),
         traceparent: None,
+        affinity: None,
         body: object(json!({
             "messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens,
@@ -68,6 +69,7 @@ pub fn completion(id: &str, prompt: &str, max_tokens: u32) -> UpstreamRequest {
         endpoint: Endpoint::Completions,
         request_id: id.to_owned(),
         traceparent: None,
+        affinity: None,
         body: object(json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true})),
     }
 }

@@ -1,0 +1,311 @@
+//! The vLLM replicas one [`super::UpstreamClient`] sends to: each one's health (active
+//! `/health` checks, passive ejection on connection errors and 5xx) and its requests in flight.
+//!
+//! - [`Replicas::pick`] routes a request ([`super::route`]) and hands back a [`Ticket`]: the
+//!   request counts as in flight on that replica until the ticket drops (it rides in the
+//!   [`super::UpstreamStream`]), and the ticket records the replica's prefix hits from vLLM's
+//!   usage.
+//! - A replica is ejected after `upstream.routing.unhealthy_after` failures in a row (a
+//!   failed check, a connection error, a 5xx answer) and comes back after `healthy_after`
+//!   healthy checks in a row. A 2xx answer to a request clears its failure count. With
+//!   `health_interval_ms = 0` there are no checks and nothing is ever ejected.
+//! - [`health_loop`] runs the checks while the client lives (it holds a weak reference).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::abort::AbortCaller;
+use super::chunk::Usage;
+use super::route::{self, Candidate, Route};
+use crate::config::{ReplicaConfig, RoutingConfig};
+use crate::telemetry::ReplicaMetrics;
+
+/// One vLLM replica.
+#[derive(Debug)]
+pub struct Replica {
+    /// Its configuration (name, URL, weight, cap).
+    pub config: ReplicaConfig,
+    /// Arms each stream's abort guard against this replica.
+    pub(super) abort: AbortCaller,
+    seed: u64,
+    in_flight: AtomicU32,
+    healthy: AtomicBool,
+    /// Failures in a row (while healthy) or healthy checks in a row (while ejected).
+    streak: AtomicU32,
+    /// Why it was ejected, for `/readyz`.
+    last_error: std::sync::Mutex<Option<String>>,
+}
+
+/// Every replica of one client, with the routing settings and metrics.
+#[derive(Debug)]
+pub struct Replicas {
+    list: Vec<Arc<Replica>>,
+    routing: RoutingConfig,
+    turn: AtomicU64,
+    metrics: ReplicaMetrics,
+}
+
+/// A request in flight on a replica: counted until dropped.
+#[derive(Debug)]
+pub struct Ticket {
+    replica: Arc<Replica>,
+    metrics: ReplicaMetrics,
+    usage: Option<Usage>,
+}
+
+/// What `/readyz` and tests see of one replica.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaStatus {
+    /// Its name.
+    pub name: String,
+    /// Whether it takes traffic.
+    pub healthy: bool,
+    /// Requests in flight.
+    pub in_flight: u32,
+    /// Why it was ejected, if it is.
+    pub error: Option<String>,
+}
+
+impl Replicas {
+    /// The replicas of `configs`, each with its own abort caller from `abort_for`.
+    pub fn new(
+        configs: Vec<ReplicaConfig>,
+        routing: RoutingConfig,
+        metrics: ReplicaMetrics,
+        abort_for: impl Fn(&ReplicaConfig) -> AbortCaller,
+    ) -> Self {
+        let list = configs
+            .into_iter()
+            .map(|config| {
+                metrics.set_healthy(&config.name, true);
+                metrics.set_in_flight(&config.name, 0);
+                Arc::new(Replica {
+                    abort: abort_for(&config),
+                    seed: route::hash_str(&config.name),
+                    config,
+                    in_flight: AtomicU32::new(0),
+                    healthy: AtomicBool::new(true),
+                    streak: AtomicU32::new(0),
+                    last_error: std::sync::Mutex::new(None),
+                })
+            })
+            .collect();
+        Self {
+            list,
+            routing,
+            turn: AtomicU64::new(0),
+            metrics,
+        }
+    }
+
+    /// Every replica, in configuration order.
+    pub fn all(&self) -> &[Arc<Replica>] {
+        &self.list
+    }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    /// Whether there are none (never, once validated).
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// The routing settings.
+    pub fn routing(&self) -> &RoutingConfig {
+        &self.routing
+    }
+
+    /// The metrics it reports into.
+    pub fn metrics(&self) -> &ReplicaMetrics {
+        &self.metrics
+    }
+
+    /// Whether replicas are checked and ejected: more than one, and a non-zero
+    /// `health_interval`. (One replica is always routed to; `/readyz` probes it itself.)
+    pub fn checks_run(&self) -> bool {
+        self.list.len() > 1 && !self.routing.health_interval.is_zero()
+    }
+
+    /// Routes a request with routing `key` (see [`super::route`]), leaving out `exclude`;
+    /// `reason` overrides the route's reason in the metrics (a retry). `None` when no replica
+    /// is left.
+    pub fn pick(
+        &self,
+        key: Option<u64>,
+        exclude: Option<&Arc<Replica>>,
+        reason: Option<&'static str>,
+    ) -> Option<Ticket> {
+        let candidates: Vec<Candidate> = self
+            .list
+            .iter()
+            .map(|r| Candidate {
+                in_flight: r.in_flight.load(Ordering::Relaxed),
+                weight: r.config.weight,
+                cap: r.config.max_num_seqs,
+                healthy: r.is_healthy(),
+                seed: r.seed,
+                excluded: exclude.is_some_and(|e| Arc::ptr_eq(e, r)),
+            })
+            .collect();
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        let Route { index, reason: why } = route::pick(
+            self.routing.policy,
+            self.routing.balance_factor,
+            key,
+            turn,
+            &candidates,
+        )?;
+        let replica = Arc::clone(&self.list[index]);
+        let n = replica.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.metrics.set_in_flight(&replica.config.name, n);
+        self.metrics
+            .routed(&replica.config.name, reason.unwrap_or(why));
+        Some(Ticket {
+            replica,
+            metrics: self.metrics.clone(),
+            usage: None,
+        })
+    }
+
+    /// The replica non-streaming calls go to: the first healthy one, else the first.
+    pub fn any(&self) -> &Arc<Replica> {
+        self.list
+            .iter()
+            .find(|r| r.is_healthy())
+            .unwrap_or(&self.list[0])
+    }
+
+    /// Each replica's state now.
+    pub fn status(&self) -> Vec<ReplicaStatus> {
+        self.list
+            .iter()
+            .map(|r| ReplicaStatus {
+                name: r.config.name.clone(),
+                healthy: r.is_healthy(),
+                in_flight: r.in_flight.load(Ordering::Relaxed),
+                error: r
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone(),
+            })
+            .collect()
+    }
+
+    /// `replica` failed (a check, a connection error, a 5xx): ejected after
+    /// `unhealthy_after` in a row, when health checks run.
+    pub fn failed(&self, replica: &Replica, why: &str) {
+        if !self.checks_run() {
+            return;
+        }
+        if replica.healthy.load(Ordering::Acquire) {
+            let n = replica.streak.fetch_add(1, Ordering::AcqRel) + 1;
+            if n >= self.routing.unhealthy_after && replica.healthy.swap(false, Ordering::AcqRel) {
+                replica.streak.store(0, Ordering::Release);
+                *replica.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(why.to_owned());
+                self.metrics.set_healthy(&replica.config.name, false);
+                self.metrics.ejected(&replica.config.name);
+                tracing::warn!(replica = %replica.config.name, failures = n, error = why, "replica ejected");
+            }
+        } else {
+            replica.streak.store(0, Ordering::Release);
+        }
+    }
+
+    /// `replica` answered well: a request's 2xx clears a healthy replica's failures; a health
+    /// check brings an ejected one back after `healthy_after` in a row.
+    pub fn succeeded(&self, replica: &Replica, by_check: bool) {
+        if replica.healthy.load(Ordering::Acquire) {
+            replica.streak.store(0, Ordering::Release);
+        } else if by_check {
+            let n = replica.streak.fetch_add(1, Ordering::AcqRel) + 1;
+            if n >= self.routing.healthy_after && !replica.healthy.swap(true, Ordering::AcqRel) {
+                replica.streak.store(0, Ordering::Release);
+                *replica.last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                self.metrics.set_healthy(&replica.config.name, true);
+                tracing::info!(replica = %replica.config.name, "replica back in routing");
+            }
+        }
+    }
+}
+
+impl Replica {
+    /// Whether it takes traffic.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+}
+
+impl Ticket {
+    /// The replica the request went to.
+    pub fn replica(&self) -> &Arc<Replica> {
+        &self.replica
+    }
+
+    /// vLLM's usage for the request (its prefix hits are counted when the ticket drops).
+    pub fn set_usage(&mut self, usage: Usage) {
+        self.usage = Some(usage);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let n = self
+            .replica
+            .in_flight
+            .fetch_sub(1, Ordering::Relaxed)
+            .saturating_sub(1);
+        let name = &self.replica.config.name;
+        self.metrics.set_in_flight(name, n);
+        if let Some(u) = self.usage {
+            self.metrics
+                .prompt_tokens(name, u.prompt_tokens, u.cached_tokens.unwrap_or(0));
+        }
+    }
+}
+
+/// Checks every replica's `/health` each `upstream.routing.health_interval` while `replicas`
+/// lives, with `check` doing one probe.
+pub async fn health_loop<F, Fut>(replicas: Weak<Replicas>, check: F)
+where
+    F: Fn(Arc<Replica>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let Some(interval) = replicas
+        .upgrade()
+        .map(|r| r.routing.health_interval)
+        .filter(|i| !i.is_zero())
+    else {
+        return;
+    };
+    let mut tick = tokio::time::interval(interval.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(set) = replicas.upgrade() else {
+            return;
+        };
+        let checks = set.list.iter().map(|r| {
+            let r = Arc::clone(r);
+            let probe = check(Arc::clone(&r));
+            async move { (r, probe.await) }
+        });
+        let results = futures::future::join_all(checks).await;
+        for (r, result) in results {
+            match result {
+                Ok(()) => set.succeeded(&r, true),
+                Err(why) => set.failed(&r, &why),
+            }
+        }
+    }
+}

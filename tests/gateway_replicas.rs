@@ -1,0 +1,362 @@
+//! Several vLLM replicas behind one gateway (issue 19), each a simulator of its own:
+//!
+//! - a replica killed mid-run: the stream on it ends with a clear error event, the next
+//!   requests are all answered by the others (connection refused before the first byte is
+//!   retried elsewhere; then the replica is ejected), and once it is back on the same port the
+//!   health checks bring it back into routing;
+//! - the engine abort goes to the replica that served the request;
+//! - prefix affinity: 30 courses whose prefixes do not all fit one simulator's KV, sent in the
+//!   same order once with round robin and once with affinity; the cached-token ratio, read
+//!   from the simulators' own counters, is at least twice round robin's with affinity.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{client, family_total, json, sse};
+use serde_json::{json, Value};
+use tokio_util::task::TaskTracker;
+use tutor_gateway::config::{Config, ReplicaConfig, RoutingPolicy};
+use tutor_gateway::server::Gateway;
+use tutor_gateway::telemetry::RequestLog;
+use vllm_sim::{SimArgs, SimServer};
+
+async fn sim(flags: &[&str]) -> SimServer {
+    vllm_sim::start(&SimArgs::for_test(flags)).await.unwrap()
+}
+
+/// A gateway in front of `sims`, health-checked every 50 ms (ejected after 2 failures, back
+/// after 1 healthy check), `tweak`ed.
+async fn gateway(sims: &[&SimServer], tweak: impl FnOnce(&mut Config)) -> Gateway {
+    let mut config = Config::default();
+    config.upstream.replicas = sims
+        .iter()
+        .enumerate()
+        .map(|(i, s)| ReplicaConfig {
+            name: format!("sim-{i}"),
+            ..ReplicaConfig::single(&s.url())
+        })
+        .collect();
+    config.upstream.base_url = sims[0].url();
+    config.upstream.routing.health_interval = Duration::from_millis(50);
+    config.upstream.routing.unhealthy_after = 2;
+    config.upstream.routing.healthy_after = 1;
+    tweak(&mut config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tasks = TaskTracker::new();
+    let (log, _) = RequestLog::memory();
+    let state = tutor_gateway::server::build_state_with_log(config, tasks.clone(), log).unwrap();
+    tutor_gateway::server::serve_state(state, tasks, listener).unwrap()
+}
+
+/// Polls `cond` every 20 ms for up to 10 s.
+async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..500 {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{what} did not happen within 10 s");
+}
+
+async fn text(url: String) -> String {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// A short `/answer` to its end: its last event's name and data.
+async fn short_answer(gw: &Gateway) -> (String, Value) {
+    let body = client()
+        .get(format!(
+            "{}/answer?prompt=what+is+a+loop&max_output_tokens=3",
+            gw.url()
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let (name, data) = sse(&body).pop().expect("an event");
+    (name, json(&data))
+}
+
+/// Requests each simulator has finished, by any reason.
+async fn finished(s: &SimServer) -> f64 {
+    family_total(
+        &text(format!("{}/metrics", s.url())).await,
+        "vllm:request_success_total",
+    )
+}
+
+#[tokio::test]
+async fn a_replica_killed_mid_stream_cuts_that_stream_clearly_others_serve_and_it_rejoins() {
+    // Real time for the long stream (about 5 ms a token), every answer to its max.
+    let flags = [
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+        "--mean-output-tokens",
+        "1000000",
+    ];
+    let mut sims = vec![sim(&flags).await, sim(&flags).await, sim(&flags).await];
+    let gw = {
+        let refs: Vec<&SimServer> = sims.iter().collect();
+        gateway(&refs, |c| {
+            c.upstream.routing.policy = RoutingPolicy::RoundRobin
+        })
+        .await
+    };
+    let mut stream = client()
+        .get(format!(
+            "{}/answer?prompt=review+my+repository&max_output_tokens=4000",
+            gw.url()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut body = String::new();
+    while !body.contains("event: token") {
+        let chunk = stream.chunk().await.unwrap().expect("a first token");
+        body.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    let victim = sims
+        .iter()
+        .position(|s| s.engine.snapshot().running == 1)
+        .expect("one simulator runs the stream");
+    let port = sims[victim].addr.port();
+    let dead = sims.remove(victim);
+    dead.shutdown().await;
+
+    // The stream on it ends with an error event, not a silent cut.
+    let rest = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(chunk) = stream.chunk().await.unwrap_or(None) {
+            body.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        body
+    })
+    .await
+    .expect("the cut stream ends");
+    let (last, data) = sse(&rest).pop().unwrap();
+    assert_eq!(last, "error", "{rest}");
+    assert!(json(&data)["code"].is_string(), "{data}");
+
+    // Every new request is answered, by the two left.
+    let before: f64 = finished(&sims[0]).await + finished(&sims[1]).await;
+    for _ in 0..12 {
+        let (name, data) = short_answer(&gw).await;
+        assert_eq!(name, "done", "{data}");
+    }
+    let after: f64 = finished(&sims[0]).await + finished(&sims[1]).await;
+    assert_eq!(after - before, 12.0);
+    let name = format!("sim-{victim}");
+    let healthy = format!("tutor_gateway_replica_healthy{{replica=\"{name}\"}}");
+    eventually("the dead replica is ejected", || async {
+        text(format!("{}/metrics", gw.url()))
+            .await
+            .contains(&format!("{healthy} 0"))
+    })
+    .await;
+    let readyz = client()
+        .get(format!("{}/readyz", gw.url()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(readyz.status(), 200, "two replicas are still healthy");
+
+    // Back on the same port: the checks bring it back, and round robin sends to it again.
+    let mut args = SimArgs::for_test(&flags);
+    args.port = port;
+    let back = vllm_sim::start(&args).await.unwrap();
+    eventually("the replica is back in routing", || async {
+        text(format!("{}/metrics", gw.url()))
+            .await
+            .contains(&format!("{healthy} 1"))
+    })
+    .await;
+    for _ in 0..6 {
+        let (name, data) = short_answer(&gw).await;
+        assert_eq!(name, "done", "{data}");
+    }
+    assert!(
+        finished(&back).await >= 1.0,
+        "the rejoined replica serves again"
+    );
+    gw.shutdown().await;
+    back.shutdown().await;
+    for s in sims {
+        s.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn the_engine_abort_goes_to_the_replica_that_served_the_request() {
+    let flags = [
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+        "--mean-output-tokens",
+        "1000000",
+        "--enable-scale-out",
+    ];
+    let sims = vec![sim(&flags).await, sim(&flags).await, sim(&flags).await];
+    let gw = gateway(&sims.iter().collect::<Vec<_>>(), |c| {
+        c.upstream.abort.mode = tutor_gateway::config::AbortMode::On;
+    })
+    .await;
+    for round in 0..3 {
+        let mut stream = client()
+            .get(format!(
+                "{}/answer?prompt=review+my+repository+{round}&max_output_tokens=4000",
+                gw.url()
+            ))
+            .send()
+            .await
+            .unwrap();
+        let id = stream.headers()["x-request-id"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let mut body = String::new();
+        while !body.contains("event: token") {
+            let chunk = stream.chunk().await.unwrap().expect("a first token");
+            body.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        let serving = sims
+            .iter()
+            .position(|s| s.engine.snapshot().running == 1)
+            .expect("one simulator runs it");
+        drop(stream);
+        let named = |calls: Vec<Value>| {
+            calls
+                .iter()
+                .filter(|c| {
+                    c["request_ids"].as_array().is_some_and(|ids| {
+                        ids.iter().any(|i| i.as_str().unwrap_or("").contains(&id))
+                    })
+                })
+                .count()
+        };
+        let serving_sim = &sims[serving];
+        eventually("the serving replica gets the abort call", || async {
+            named(abort_calls(serving_sim).await) == 1
+        })
+        .await;
+        for (i, s) in sims.iter().enumerate() {
+            if i != serving {
+                assert_eq!(named(abort_calls(s).await), 0, "abort sent to sim-{i}");
+            }
+        }
+        eventually("nothing runs", || async {
+            sims.iter().all(|s| s.engine.snapshot().running == 0)
+        })
+        .await;
+    }
+    gw.shutdown().await;
+    for s in sims {
+        s.shutdown().await;
+    }
+}
+
+async fn abort_calls(s: &SimServer) -> Vec<Value> {
+    serde_json::from_str(&text(format!("{}/debug/aborts", s.url())).await).unwrap()
+}
+
+/// The system prompt of course `c`: about 640 tokens (40 blocks of 16), distinct from its
+/// first block on.
+fn course_prefix(c: usize) -> String {
+    let words = [
+        "loop", "index", "closure", "borrow", "list", "tuple", "trait", "async",
+    ];
+    let mut s = format!("You tutor course number {c}. ");
+    let mut k = c as u64;
+    while s.len() < 2560 {
+        k = k
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        s.push_str(words[(k >> 33) as usize % words.len()]);
+        s.push_str(&format!(" {} ", (k >> 40) % 1000));
+    }
+    s
+}
+
+/// Sends 4 rounds of one request per course (30 courses, a fixed shuffled order per round)
+/// through a gateway with `policy` in front of 3 fresh simulators that each hold about 10
+/// course prefixes; returns the simulators' cached share of prompt tokens.
+async fn cached_ratio(policy: RoutingPolicy) -> f64 {
+    // 40 blocks a prefix: 10 prefixes + room for the running request ~ 440 blocks.
+    let flags = [
+        "--speed",
+        "1000",
+        "--num-gpu-blocks",
+        "440",
+        "--max-model-len",
+        "2048",
+    ];
+    let sims = vec![sim(&flags).await, sim(&flags).await, sim(&flags).await];
+    let gw = gateway(&sims.iter().collect::<Vec<_>>(), |c| {
+        c.upstream.routing.policy = policy;
+    })
+    .await;
+    let mut order: Vec<usize> = (0..30).collect();
+    let mut k: u64 = 7;
+    for round in 0..4 {
+        // Fisher-Yates with a fixed LCG: the same order for both policies.
+        for i in (1..order.len()).rev() {
+            k = k.wrapping_mul(6364136223846793005).wrapping_add(1);
+            order.swap(i, (k >> 33) as usize % (i + 1));
+        }
+        for &c in &order {
+            let resp = client()
+                .post(format!("{}/v1/chat/completions", gw.url()))
+                .json(&json!({
+                    "messages": [
+                        {"role": "system", "content": course_prefix(c)},
+                        {"role": "user", "content": format!("student question {round}")},
+                    ],
+                    "max_tokens": 2,
+                }))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+        }
+    }
+    let (mut hits, mut queries) = (0.0, 0.0);
+    for s in &sims {
+        let m = text(format!("{}/metrics", s.url())).await;
+        hits += family_total(&m, "vllm:prefix_cache_hits_total");
+        queries += family_total(&m, "vllm:prefix_cache_queries_total");
+    }
+    gw.shutdown().await;
+    for s in sims {
+        s.shutdown().await;
+    }
+    assert!(queries > 0.0);
+    hits / queries
+}
+
+#[tokio::test]
+async fn prefix_affinity_at_least_doubles_the_cached_token_ratio_of_round_robin() {
+    let round_robin = cached_ratio(RoutingPolicy::RoundRobin).await;
+    let affinity = cached_ratio(RoutingPolicy::Affinity).await;
+    eprintln!("cached-token ratio: round robin {round_robin:.3}, affinity {affinity:.3}");
+    assert!(
+        affinity >= 2.0 * round_robin && affinity > 0.3,
+        "affinity {affinity:.3} vs round robin {round_robin:.3}"
+    );
+}
