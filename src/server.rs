@@ -124,6 +124,7 @@ pub fn serve_state(
     let admin_stop = CancellationToken::new();
     let drain = Drain::new();
     let jobs = Jobs::start(state.clone(), stop.clone(), tasks.clone());
+    watch_capacity(&state, stop.clone());
     let auth = crate::api::auth::Auth::start(&state.config().auth, stop.clone());
     let router = drained(app(state.clone(), jobs, auth), &drain);
     let public = accept::Shutdown {
@@ -178,6 +179,32 @@ pub fn serve_state(
         admin,
     })
 }
+
+/// Reads every replica's KV cache at start and each [`CAPACITY_EVERY`] until `stop`: logs
+/// overcommitted budgets ([`crate::capacity::watch`]) and spreads seats over the replicas by
+/// their KV share ([`crate::upstream::Replicas::set_capacity`]).
+fn watch_capacity(state: &AppState, stop: CancellationToken) {
+    let (config_of, upstream_of) = (state.clone(), state.clone());
+    let watch = crate::capacity::watch(
+        CAPACITY_EVERY,
+        move || config_of.config(),
+        move |replica, cap| {
+            let replicas = upstream_of.upstream();
+            let replicas = replicas.replicas();
+            replicas.set_fleet_seats(upstream_of.config().admission.seats.get());
+            replicas.set_capacity(&replica.url, cap.kv_tokens());
+        },
+    );
+    tokio::spawn(async move {
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = watch => {}
+        }
+    });
+}
+
+/// How often the engines' capacity is read again (a replica restarted with other flags).
+pub const CAPACITY_EVERY: Duration = Duration::from_secs(30);
 
 /// `router` with every request handled under `drain` (see [`in_drain`]).
 fn drained(router: Router, drain: &Drain) -> Router {

@@ -63,12 +63,11 @@ async fn reads_the_simulators_kv_cache_and_names_the_overcommitted_budget() {
             && problems[0].contains("at most 32768"),
         "{problems:?}"
     );
-    // The start-up check returns what it read (and logged).
-    let config = Config::default();
-    assert_eq!(
-        capacity::warn_on_overcommit(&config, &sim.url()).await,
-        Some(cap)
-    );
+    // `probe` reads the same and finds the same problems.
+    let (read_again, found) = capacity::probe(&Config::default(), &sim.url())
+        .await
+        .unwrap();
+    assert_eq!((read_again, found), (cap, problems));
     sim.shutdown().await;
 }
 
@@ -143,8 +142,8 @@ async fn check_config_probe_reports_the_overcommit() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("warning: replica-0 at ")
-            && stdout.contains("KV OVERCOMMIT: the gateway may reserve 379040 tokens"),
+        stdout.contains("replica replica-0: KV cache")
+            && stdout.contains("warning: KV OVERCOMMIT: the gateway may reserve 379040 tokens"),
         "{stdout}"
     );
     // --strict makes it fail.
@@ -180,7 +179,7 @@ async fn check_config_probe_fails_when_the_engine_is_not_there() {
         .unwrap();
     assert!(!out.status.success());
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("--probe: replica-0"),
+        String::from_utf8_lossy(&out.stderr).contains("--probe: replica replica-0"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -260,18 +259,19 @@ async fn the_watch_reports_every_read_against_the_current_config() {
         .await
         .unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let config = std::sync::Arc::new(Config::default());
+    let mut config = Config::default();
+    config.upstream.base_url = sim.url();
+    let config = std::sync::Arc::new(config);
     let watch = tokio::spawn(capacity::watch(
-        sim.url(),
         std::time::Duration::from_millis(20),
         move || config.clone(),
-        move |cap: &EngineCapacity| {
-            let _ = tx.send(*cap);
+        move |replica: &tutor_gateway::config::ReplicaConfig, cap: &EngineCapacity| {
+            let _ = tx.send((replica.name.clone(), *cap));
         },
     ));
     for _ in 0..2 {
-        let cap = rx.recv().await.expect("a read");
-        assert_eq!(cap.kv_tokens(), 32768);
+        let (name, cap) = rx.recv().await.expect("a read");
+        assert_eq!((name.as_str(), cap.kv_tokens()), ("replica-0", 32768));
     }
     watch.abort();
     sim.shutdown().await;

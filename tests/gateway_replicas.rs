@@ -360,3 +360,90 @@ async fn prefix_affinity_at_least_doubles_the_cached_token_ratio_of_round_robin(
         "affinity {affinity:.3} vs round robin {round_robin:.3}"
     );
 }
+
+#[tokio::test]
+async fn seats_are_spread_by_each_replicas_kv_share() {
+    // KV blocks 2000 / 2000 / 1000: shares 0.4 / 0.4 / 0.2 of the fleet's 10 seats.
+    let blocks = ["2000", "2000", "1000"];
+    let mut sims = Vec::new();
+    for b in blocks {
+        let flags = [
+            "--speed",
+            "1",
+            "--profile",
+            "tiny-test",
+            "--mean-output-tokens",
+            "1000000",
+            "--num-gpu-blocks",
+            b,
+            "--max-model-len",
+            "4096",
+        ];
+        sims.push(sim(&flags).await);
+    }
+    let gw = gateway(&sims.iter().collect::<Vec<_>>(), |c| {
+        c.upstream.max_model_len = std::num::NonZeroU32::new(4096).unwrap();
+        c.admission.seats = std::num::NonZeroU32::new(10).unwrap();
+        common::set_lane(c, tutor_gateway::lane::Lane::Small, 10);
+    })
+    .await;
+    eventually("the gateway read every replica's KV cache", || async {
+        let status = gw.state.upstream().replicas().status();
+        status.iter().map(|r| r.kv_tokens).collect::<Vec<_>>() == [32000, 32000, 16000]
+    })
+    .await;
+    let mut streams = Vec::new();
+    for i in 0..10 {
+        let mut s = client()
+            .get(format!(
+                "{}/answer?prompt=explain+closures+{i}&max_output_tokens=3000",
+                gw.url()
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(s.status(), 200);
+        let mut body = String::new();
+        while !body.contains("event: token") {
+            let chunk = s.chunk().await.unwrap().expect("a first token");
+            body.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        streams.push(s);
+    }
+    let running: Vec<usize> = sims.iter().map(|s| s.engine.snapshot().running).collect();
+    assert_eq!(running.iter().sum::<usize>(), 10, "{running:?}");
+    for (n, share) in running.iter().zip([4.0, 4.0, 2.0]) {
+        assert!(
+            (*n as f64 - share).abs() <= 1.0,
+            "seats {running:?} against KV shares 4 / 4 / 2"
+        );
+    }
+    let in_flight: Vec<u32> = gw
+        .state
+        .upstream()
+        .replicas()
+        .status()
+        .iter()
+        .map(|r| r.in_flight)
+        .collect();
+    assert_eq!(
+        in_flight,
+        running.iter().map(|&n| n as u32).collect::<Vec<_>>(),
+        "the gateway's count per replica is the engines' own"
+    );
+    drop(streams);
+    eventually("every replica is back to zero in flight", || async {
+        gw.state
+            .upstream()
+            .replicas()
+            .status()
+            .iter()
+            .all(|r| r.in_flight == 0)
+            && sims.iter().all(|s| s.engine.snapshot().running == 0)
+    })
+    .await;
+    gw.shutdown().await;
+    for s in sims {
+        s.shutdown().await;
+    }
+}

@@ -157,8 +157,18 @@ impl Target {
         }
     }
 
-    fn request(&self, prompt: &str, max_tokens: u32) -> reqwest::RequestBuilder {
-        let messages = json!([{"role": "user", "content": prompt}]);
+    fn request(
+        &self,
+        system: Option<&str>,
+        prompt: &str,
+        max_tokens: u32,
+    ) -> reqwest::RequestBuilder {
+        let mut messages = vec![];
+        if let Some(system) = system {
+            messages.push(json!({"role": "system", "content": system}));
+        }
+        messages.push(json!({"role": "user", "content": prompt}));
+        let messages = Value::Array(messages);
         let answer = json!({"messages": messages, "max_output_tokens": max_tokens});
         match self.api {
             Api::Answer => self
@@ -186,6 +196,18 @@ impl Target {
 
     /// Sends one request and reads its stream until it ends or `cut_at` passes.
     pub async fn send(&self, prompt: &str, max_tokens: u32, cut_at: Instant) -> Outcome {
+        self.send_with_system(None, prompt, max_tokens, cut_at)
+            .await
+    }
+
+    /// [`Target::send`] with a system message first (a shared prefix) when `system` is given.
+    pub async fn send_with_system(
+        &self,
+        system: Option<&str>,
+        prompt: &str,
+        max_tokens: u32,
+        cut_at: Instant,
+    ) -> Outcome {
         let start = Instant::now();
         let mut out = Outcome {
             status: Status::Error,
@@ -196,7 +218,9 @@ impl Target {
             e2e_s: None,
         };
         let resp =
-            match tokio::time::timeout_at(cut_at, self.request(prompt, max_tokens).send()).await {
+            match tokio::time::timeout_at(cut_at, self.request(system, prompt, max_tokens).send())
+                .await
+            {
                 Err(_) => return cut(out),
                 Ok(Err(e)) => return fail(out, if e.is_connect() { "connect" } else { "http" }),
                 Ok(Ok(r)) => r,

@@ -61,6 +61,29 @@ struct Shared {
     start: Instant,
 }
 
+/// A request's prompt of `input` tokens: with the class's shared prefixes, a system message
+/// (the prefix its seed draws, `prefix_tokens` long) and the rest as the user message; else
+/// all of it as the user message.
+fn with_prefix(
+    p: &PromptBuilder,
+    class: &crate::scenario::Class,
+    input: u32,
+    seed: u64,
+) -> (Option<String>, String) {
+    if class.prefixes == 0 {
+        return (None, p.build(input, seed));
+    }
+    let k = SplitMix::new(seed ^ 0x70f1_c0de).next_u64() % u64::from(class.prefixes);
+    let system = format!(
+        "Course {k}. {}",
+        p.build(class.prefix_tokens, 0x5eed_0000 + k)
+    );
+    let rest = input
+        .saturating_sub(class.prefix_tokens)
+        .max(crate::scenario::MIN_INPUT_TOKENS);
+    (Some(system), p.build(rest, seed))
+}
+
 /// Runs `scenario` against `target`.
 pub async fn run(
     scenario: &Scenario,
@@ -86,13 +109,17 @@ pub async fn run(
                     .map_or_else(|| target.clone(), |a| target.with_api(a));
                 for client in 0..u64::from(class.concurrency) {
                     let (sh, t, p) = (shared.clone(), target.clone(), prompts.clone());
+                    let class = class.clone();
                     let plan = ClientPlan::new(scenario, ci, client, opts.seed);
                     tasks.spawn(closed_client(plan, start, end, move |step: Step| {
-                        let (sh, t, p) = (sh.clone(), t.clone(), p.clone());
+                        let (sh, t, p, class) = (sh.clone(), t.clone(), p.clone(), class.clone());
                         async move {
-                            let prompt = p.build(step.input, step.prompt_seed);
+                            let (system, prompt) =
+                                with_prefix(&p, &class, step.input, step.prompt_seed);
                             let sent = Instant::now();
-                            let o = t.send(&prompt, step.output, cut_at).await;
+                            let o = t
+                                .send_with_system(system.as_deref(), &prompt, step.output, cut_at)
+                                .await;
                             let failed = o.status == crate::client::Status::Error;
                             push(&sh, ci, sent, o);
                             failed
@@ -134,10 +161,14 @@ pub async fn run(
                 let (sh, p) = (shared.clone(), prompts.clone());
                 let (inp, outp) = open_sizes(scenario, ci, i, opts.seed);
                 let seed = opts.seed;
+                let class = scenario.classes[ci].clone();
                 tasks.spawn(async move {
-                    let prompt = p.build(inp, request_seed(seed, ci, 0, i));
+                    let (system, prompt) =
+                        with_prefix(&p, &class, inp, request_seed(seed, ci, 0, i));
                     let sent = Instant::now();
-                    let o = t.send(&prompt, outp, cut_at).await;
+                    let o = t
+                        .send_with_system(system.as_deref(), &prompt, outp, cut_at)
+                        .await;
                     push(&sh, ci, sent, o);
                 });
             }
@@ -213,6 +244,35 @@ fn progress_line(sh: &Shared, names: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_class_with_prefixes_starts_each_prompt_with_one_of_them() {
+        let s = Scenario::parse(
+            "name='t'\n[load]\nmode='open'\nrate=1\n[[class]]\nname='a'\n\
+             input_tokens=600\noutput_tokens=10\nshare=1\nprefixes=3\nprefix_tokens=400\n",
+        )
+        .unwrap();
+        let p = PromptBuilder::new(vllm_sim::tokenizer::PromptTokenizer::load(None).unwrap());
+        let mut systems = std::collections::BTreeSet::new();
+        for seed in 0..60 {
+            let (system, user) = with_prefix(&p, &s.classes[0], 600, seed);
+            let system = system.expect("a system message");
+            assert!(system.starts_with("Course "), "{system}");
+            assert!(!user.is_empty());
+            systems.insert(system);
+        }
+        assert_eq!(
+            systems.len(),
+            3,
+            "three distinct prefixes, each the same text every time"
+        );
+        let bad = "name='t'\n[load]\nmode='open'\nrate=1\n[[class]]\nname='a'\n\
+                   input_tokens=600\noutput_tokens=10\nshare=1\nprefixes=3\nprefix_tokens=600\n";
+        assert!(
+            Scenario::parse(bad).is_err(),
+            "a prefix as long as the prompt"
+        );
+    }
 
     /// Think time and the start offset are applied by the client loop (tokio's paused clock:
     /// virtual time, no wall-clock timing).

@@ -132,6 +132,14 @@ pub struct Class {
     /// How each think time is drawn around `think_ms` (default `fixed`).
     #[serde(default)]
     pub think_distribution: Dist,
+    /// Distinct shared prompt prefixes (courses) this class's requests start with, each sent
+    /// as a system message of `prefix_tokens` (0: no shared prefix). A request's prefix is
+    /// drawn uniformly from its seed.
+    #[serde(default)]
+    pub prefixes: u32,
+    /// Tokens of each shared prefix (part of `input_tokens`).
+    #[serde(default)]
+    pub prefix_tokens: u32,
 }
 
 impl Scenario {
@@ -182,6 +190,14 @@ impl Scenario {
             }
             if !(c.think_ms >= 0.0 && c.think_ms.is_finite()) {
                 bail!("class {}: think_ms must be >= 0", c.name);
+            }
+            if c.prefixes > 0
+                && (c.prefix_tokens == 0 || c.prefix_tokens + MIN_INPUT_TOKENS > c.input_tokens)
+            {
+                bail!(
+                    "class {}: with prefixes, 0 < prefix_tokens <= input_tokens - {MIN_INPUT_TOKENS}",
+                    c.name
+                );
             }
             if c.think_ms > 0.0 && matches!(self.load, Load::Open { .. }) {
                 bail!("class {}: think_ms is for closed loop only", c.name);

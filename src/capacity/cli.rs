@@ -127,19 +127,21 @@ pub fn check_probe(path: &std::path::Path, config: &Config, strict: bool) -> Exi
     };
     let path = path.display();
     let mut unreadable = 0;
-    let mut problems = 0;
+    let http = match super::client_for(&config.upstream) {
+        Ok(http) => http,
+        Err(e) => {
+            eprintln!("{path}: --probe: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut caps = Vec::new();
     for replica in config.upstream.replica_set() {
-        let who = format!("{} at {}", replica.name, replica.url);
-        match rt.block_on(super::probe(config, &replica.url)) {
-            Ok((cap, found)) => {
+        // The name only: a URL may hold a password.
+        let who = format!("replica {}", replica.name);
+        match rt.block_on(super::read_engine_capacity(&http, &replica.url)) {
+            Ok(cap) => {
                 println!("{path}: {who}: {cap}");
-                for p in &found {
-                    println!("{path}: warning: {who}: KV OVERCOMMIT: {p}");
-                }
-                if found.is_empty() {
-                    println!("{path}: {who}: the budgets fit its capacity");
-                }
-                problems += found.len();
+                caps.push(cap);
             }
             Err(e) => {
                 eprintln!("{path}: --probe: {who}: {e:#}");
@@ -147,6 +149,16 @@ pub fn check_probe(path: &std::path::Path, config: &Config, strict: bool) -> Exi
             }
         }
     }
+    let found = super::fleet(&caps)
+        .map(|all| super::overcommit(config, &all))
+        .unwrap_or_default();
+    for p in &found {
+        println!("{path}: warning: KV OVERCOMMIT: {p}");
+    }
+    if found.is_empty() && unreadable == 0 {
+        println!("{path}: the budgets fit the engines' capacity");
+    }
+    let problems = found.len();
     if unreadable > 0 {
         return ExitCode::FAILURE;
     }

@@ -8,10 +8,12 @@
 //!   `block_size`) on `/metrics` and `max_model_len` on `/v1/models`.
 //! - [`cli`]: the `capacity` command and `check-config --probe`.
 //!
-//! [`overcommit`] compares a config with one engine's capacity. Lane limits are per replica:
-//! every seat and token budget in the config is what one engine (one vLLM server) can run, and
-//! it is checked against that engine's own KV cache. With several replicas the gateway keeps
-//! seats and budgets per replica, each sized from that replica's KV cache.
+//! [`overcommit`] compares a config with an engine's capacity. Lane limits are global: every
+//! seat and token budget in the config is what the whole fleet of vLLM replicas runs at once,
+//! and it is checked against the replicas' KV caches together ([`fleet`]). The upstream client
+//! spreads the requests over the replicas by their KV share: each replica's weight is its KV
+//! tokens, and its seats are capped at its share of the fleet's seats (see
+//! `crate::upstream::Replicas::set_capacity`). With one replica that is the engine itself.
 
 pub mod cli;
 pub mod engine;
@@ -103,80 +105,102 @@ pub async fn probe(
     Ok((cap, problems))
 }
 
-/// At start-up: reads the capacity of the engine at `base_url` and logs it; every overcommit
-/// problem is a `warn` ("KV OVERCOMMIT: ..."); an engine that cannot be read is one `warn`
-/// too (the budgets then go unchecked). Never fails: the gateway serves either way.
-pub async fn warn_on_overcommit(config: &Config, base_url: &str) -> Option<EngineCapacity> {
-    match probe(config, base_url).await {
-        Ok((cap, problems)) => {
-            log(base_url, &cap, &problems);
-            Some(cap)
-        }
-        Err(e) => {
-            tracing::warn!(
-                upstream = base_url,
-                error = format!("{e:#}"),
-                "cannot read the engine's capacity: the lane budgets are not checked against its KV cache"
-            );
-            None
-        }
-    }
+/// The replicas' capacity together, for a config whose limits are the whole fleet's (lane
+/// limits are global, spread over the replicas by their KV share): the KV tokens summed (in
+/// blocks of the common block size, or of 1 token when sizes differ), the engine cores summed,
+/// the smallest `max_model_len`. `None` for no replica.
+pub fn fleet(caps: &[EngineCapacity]) -> Option<EngineCapacity> {
+    let first = caps.first()?;
+    let same_block = caps.iter().all(|c| c.block_size == first.block_size);
+    let block_size = if same_block {
+        first.block_size.max(1)
+    } else {
+        1
+    };
+    let kv: u64 = caps.iter().map(EngineCapacity::kv_tokens).sum();
+    Some(EngineCapacity {
+        num_gpu_blocks: kv / u64::from(block_size),
+        block_size,
+        engines: caps.iter().map(|c| c.engines.max(1)).sum(),
+        max_model_len: caps.iter().map(|c| c.max_model_len).min()?,
+    })
 }
 
-fn log(base_url: &str, cap: &EngineCapacity, problems: &[String]) {
-    if problems.is_empty() {
-        tracing::info!(
-            upstream = base_url,
-            kv_tokens = cap.kv_tokens(),
-            num_gpu_blocks = cap.num_gpu_blocks,
-            block_size = cap.block_size,
-            max_model_len = cap.max_model_len,
-            "engine capacity: {cap}; the configured budgets fit"
-        );
-    }
-    for p in problems {
-        tracing::warn!(
-            upstream = base_url,
-            kv_tokens = cap.kv_tokens(),
-            "KV OVERCOMMIT: {p}"
-        );
-    }
-}
-
-/// Reads the engine's capacity every `every`, against the config `current()` returns at that
-/// moment (so a reload is seen), and logs as [`warn_on_overcommit`] whenever the capacity or
-/// the problems differ from the last read (an engine restarted with other flags), or it cannot
-/// be read where it could. Runs until dropped: spawn it, abort it at shutdown. `on_read` gets
-/// every successful read (to keep a replica's capacity).
+/// Reads the capacity of every replica of the config `current()` returns, each `every` (so a
+/// reload is seen: its replicas and its budgets). `on_read(replica, cap)` gets each successful
+/// read (the upstream client spreads seats by them). Logs each replica's capacity, and every
+/// problem of the config against the fleet ([`fleet`], [`overcommit`]) as a `warn` ("KV
+/// OVERCOMMIT: ..."), whenever that differs from the last round (an engine restarted with
+/// other flags); a replica that cannot be read is one `warn` (the budgets then go unchecked
+/// against it). Logs name replicas, never their URLs. Runs until dropped: spawn it, abort it
+/// at shutdown.
 pub async fn watch(
-    base_url: String,
     every: Duration,
     current: impl Fn() -> Arc<Config> + Send,
-    mut on_read: impl FnMut(&EngineCapacity) + Send,
+    mut on_read: impl FnMut(&crate::config::ReplicaConfig, &EngineCapacity) + Send,
 ) {
-    let mut last: Option<Result<(EngineCapacity, Vec<String>), String>> = None;
+    type Round = (Vec<Result<EngineCapacity, String>>, Vec<String>);
+    let mut last: Option<Round> = None;
     loop {
-        let result = {
-            let config = current();
-            probe(&config, &base_url)
-                .await
-                .map_err(|e| format!("{e:#}"))
+        let config = current();
+        let replicas = config.upstream.replica_set();
+        let reads = match client_for(&config.upstream) {
+            Ok(http) => {
+                let reads = replicas.iter().map(|r| read_engine_capacity(&http, &r.url));
+                futures::future::join_all(reads)
+                    .await
+                    .into_iter()
+                    .map(|r| r.map_err(|e| format!("{e:#}")))
+                    .collect::<Vec<_>>()
+            }
+            Err(e) => vec![Err(format!("{e:#}")); replicas.len()],
         };
-        if last.as_ref() != Some(&result) {
-            match &result {
-                Ok((cap, problems)) => log(&base_url, cap, problems),
-                Err(e) => tracing::warn!(
-                    upstream = base_url,
-                    error = e,
-                    "cannot read the engine's capacity: the lane budgets are not checked against its KV cache"
-                ),
+        for (replica, read) in replicas.iter().zip(&reads) {
+            if let Ok(cap) = read {
+                on_read(replica, cap);
             }
         }
-        if let Ok((cap, _)) = &result {
-            on_read(cap);
+        let caps: Vec<EngineCapacity> = reads.iter().filter_map(|r| r.clone().ok()).collect();
+        let problems = match fleet(&caps) {
+            Some(all) if caps.len() == replicas.len() => overcommit(&config, &all),
+            _ => Vec::new(),
+        };
+        let round = (reads, problems);
+        if last.as_ref() != Some(&round) {
+            log(&replicas, &round.0, &round.1);
         }
-        last = Some(result);
+        last = Some(round);
         tokio::time::sleep(every).await;
+    }
+}
+
+fn log(
+    replicas: &[crate::config::ReplicaConfig],
+    reads: &[Result<EngineCapacity, String>],
+    problems: &[String],
+) {
+    for (r, read) in replicas.iter().zip(reads) {
+        match read {
+            Ok(cap) => tracing::info!(
+                replica = %r.name,
+                kv_tokens = cap.kv_tokens(),
+                num_gpu_blocks = cap.num_gpu_blocks,
+                block_size = cap.block_size,
+                max_model_len = cap.max_model_len,
+                "engine capacity: {cap}"
+            ),
+            Err(e) => tracing::warn!(
+                replica = %r.name,
+                error = %e,
+                "cannot read the engine's capacity: the lane budgets are not checked against its KV cache"
+            ),
+        }
+    }
+    if reads.iter().all(Result::is_ok) && problems.is_empty() {
+        tracing::info!("the configured budgets fit the engines' KV caches");
+    }
+    for p in problems {
+        tracing::warn!("KV OVERCOMMIT: {p}");
     }
 }
 

@@ -61,7 +61,9 @@ impl UpstreamClient {
     /// A new client for `config` whose abort calls go on this one's task tracker (a config
     /// reload that changed `[upstream]`).
     pub fn with_config(&self, config: UpstreamConfig) -> Result<Self, UpstreamError> {
-        Self::with_metrics(config, self.tasks.clone(), self.replicas.metrics().clone())
+        let new = Self::with_metrics(config, self.tasks.clone(), self.replicas.metrics().clone())?;
+        new.replicas.inherit(&self.replicas);
+        Ok(new)
     }
 
     /// A client for `config`. Abort calls are spawned on `tasks`: close and wait on it at

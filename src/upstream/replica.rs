@@ -35,6 +35,8 @@ pub struct Replica {
     streak: AtomicU32,
     /// Why it was ejected, for `/readyz`.
     last_error: std::sync::Mutex<Option<String>>,
+    /// Its KV cache in tokens, as last read from the engine (0: not read yet).
+    kv_tokens: AtomicU64,
 }
 
 /// Every replica of one client, with the routing settings and metrics.
@@ -44,6 +46,8 @@ pub struct Replicas {
     routing: RoutingConfig,
     turn: AtomicU64,
     metrics: ReplicaMetrics,
+    /// The fleet's seats (`admission.seats`), spread by KV share (0: not spread).
+    fleet_seats: AtomicU32,
 }
 
 /// A request in flight on a replica: counted until dropped.
@@ -63,6 +67,8 @@ pub struct ReplicaStatus {
     pub healthy: bool,
     /// Requests in flight.
     pub in_flight: u32,
+    /// Its KV cache in tokens as last read (0: not read).
+    pub kv_tokens: u64,
     /// Why it was ejected, if it is.
     pub error: Option<String>,
 }
@@ -88,6 +94,7 @@ impl Replicas {
                     healthy: AtomicBool::new(true),
                     streak: AtomicU32::new(0),
                     last_error: std::sync::Mutex::new(None),
+                    kv_tokens: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -96,7 +103,67 @@ impl Replicas {
             routing,
             turn: AtomicU64::new(0),
             metrics,
+            fleet_seats: AtomicU32::new(0),
         }
+    }
+
+    /// The replica at `url`'s KV cache holds `kv_tokens` (read from its `vllm:cache_config_info`).
+    /// Once every replica's is known, requests are spread by KV share: each replica's weight
+    /// is its configured weight times its KV tokens, and its seats are capped at its share of
+    /// [`Replicas::set_fleet_seats`] (rounded up; a configured `max_num_seqs` still holds).
+    pub fn set_capacity(&self, url: &str, kv_tokens: u64) {
+        for r in self.list.iter().filter(|r| r.config.url == url) {
+            r.kv_tokens.store(kv_tokens, Ordering::Relaxed);
+        }
+    }
+
+    /// Takes over what `old` (the client a reload replaced) knew of the same replicas' KV
+    /// caches, and its fleet seats.
+    pub fn inherit(&self, old: &Replicas) {
+        for r in &old.list {
+            let kv = r.kv_tokens.load(Ordering::Relaxed);
+            if kv > 0 {
+                self.set_capacity(&r.config.url, kv);
+            }
+        }
+        self.set_fleet_seats(old.fleet_seats.load(Ordering::Relaxed));
+    }
+
+    /// The seats the whole fleet runs at once (`admission.seats`; 0: no cap by KV share).
+    pub fn set_fleet_seats(&self, seats: u32) {
+        self.fleet_seats.store(seats, Ordering::Relaxed);
+    }
+
+    /// Each replica's (weight, seat cap) for routing: by KV share once every replica's KV is
+    /// known and there are several, else as configured.
+    fn shares(&self) -> Vec<(u32, Option<u32>)> {
+        let kv: Vec<u64> = self
+            .list
+            .iter()
+            .map(|r| r.kv_tokens.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = kv.iter().sum();
+        let known = self.list.len() > 1 && kv.iter().all(|&k| k > 0);
+        let largest = kv.iter().copied().max().unwrap_or(0);
+        let seats = u64::from(self.fleet_seats.load(Ordering::Relaxed));
+        self.list
+            .iter()
+            .zip(&kv)
+            .map(|(r, &k)| {
+                let configured = (r.config.weight, r.config.max_num_seqs);
+                if !known || self.routing.policy == crate::config::RoutingPolicy::RoundRobin {
+                    return configured;
+                }
+                // Weights up to 1000 per configured unit keep the arithmetic in u32/u64.
+                let weight = (k * 1000).div_ceil(largest).max(1) as u32 * r.config.weight;
+                let share = (seats > 0).then(|| (seats * k).div_ceil(total).max(1) as u32);
+                let cap = match (r.config.max_num_seqs, share) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                (weight, cap)
+            })
+            .collect()
     }
 
     /// Every replica, in configuration order.
@@ -139,13 +206,15 @@ impl Replicas {
         exclude: Option<&Arc<Replica>>,
         reason: Option<&'static str>,
     ) -> Option<Ticket> {
+        let shares = self.shares();
         let candidates: Vec<Candidate> = self
             .list
             .iter()
-            .map(|r| Candidate {
+            .zip(shares)
+            .map(|(r, (weight, cap))| Candidate {
                 in_flight: r.in_flight.load(Ordering::Relaxed),
-                weight: r.config.weight,
-                cap: r.config.max_num_seqs,
+                weight,
+                cap,
                 healthy: r.is_healthy(),
                 seed: r.seed,
                 excluded: exclude.is_some_and(|e| Arc::ptr_eq(e, r)),
@@ -187,6 +256,7 @@ impl Replicas {
                 name: r.config.name.clone(),
                 healthy: r.is_healthy(),
                 in_flight: r.in_flight.load(Ordering::Relaxed),
+                kv_tokens: r.kv_tokens.load(Ordering::Relaxed),
                 error: r
                     .last_error
                     .lock()
