@@ -151,6 +151,27 @@ impl Classifier {
         )
     }
 
+    /// Runs `work` with this classifier's token counter on a blocking thread, under the same
+    /// bound as tokenizing (`classify.max_concurrent_tokenizations`): CPU work on a request's
+    /// text, such as focusing its code (M11), never runs on an async worker.
+    pub async fn run_blocking<R: Send + 'static>(
+        &self,
+        work: impl FnOnce(&TokenCounter) -> R + Send + 'static,
+    ) -> Result<R, ClassifyError> {
+        let counter = self.counter.clone();
+        let permit = Arc::clone(&self.tokenizing)
+            .acquire_owned()
+            .await
+            .map_err(|e| ClassifyError::Internal(e.to_string()))?;
+        tokio::task::spawn_blocking(move || {
+            let out = work(&counter);
+            drop(permit);
+            out
+        })
+        .await
+        .map_err(|e| ClassifyError::Internal(e.to_string()))
+    }
+
     /// The same decision without the async runtime: tokenizes on the calling thread when needed.
     /// For benchmarks and blocking callers.
     pub fn classify_blocking(

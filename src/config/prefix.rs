@@ -5,7 +5,8 @@
 //! student or per request is refused, with the dotted path of the offending key.
 //!
 //! Owns [`RawPrefixCache`], [`RawCourse`] and [`PrefixCacheConfig`], their defaults and
-//! validation; the typed course is [`crate::prompt::Course`].
+//! validation; the typed course is [`crate::prompt::Course`]. A course's `focus*` keys (M11)
+//! are not part of its prefix: they become its [`FocusSettings`].
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -14,6 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::check::Checker;
+use crate::prompt::focus::{self, FocusMode, FocusSettings};
 use crate::prompt::{find_placeholder, Course};
 
 /// Default `prefix_cache.canonicalize_tools`.
@@ -39,11 +41,12 @@ pub struct RawPrefixCache {
     pub fingerprint_labels: Option<u32>,
     /// Requests a fingerprint needs before it may take a label.
     pub label_after_requests: Option<u32>,
-    /// Drift: observed prefill per uncached token above this many times the profile, percent.
+    /// Drift: cached tokens below the profile divided by this, or prefill per uncached token
+    /// above the profile times this, percent.
     pub drift_factor_percent: Option<u32>,
-    /// Drift: samples a fingerprint's profile needs before it is compared.
+    /// Drift: samples a (replica, fingerprint) profile needs before it is compared.
     pub drift_min_samples: Option<u32>,
-    /// Drift: at most one log line per fingerprint per this window, ms.
+    /// Drift: at most one log line per replica and fingerprint per this window, ms.
     pub drift_log_window_ms: Option<u64>,
 }
 
@@ -61,6 +64,16 @@ pub struct RawCourse {
     pub safety: Option<String>,
     /// Tool schemas: a JSON array, as text.
     pub tools: Option<String>,
+    /// `"auto"` or `"off"`: focus the student's code on its stack trace (M11).
+    pub focus: Option<String>,
+    /// Called definitions are added while the focused code stays within this many tokens.
+    pub focus_token_target: Option<u32>,
+    /// Levels of calls followed from the frame's function.
+    pub focus_depth: Option<u32>,
+    /// Code larger than this many bytes is sent whole, not parsed.
+    pub focus_max_bytes: Option<u64>,
+    /// Parsing that takes longer than this many ms is given up (the code is sent whole).
+    pub focus_timeout_ms: Option<u64>,
 }
 
 /// Prefix-cache discipline for `/v1`, the per-fingerprint metrics and drift detection.
@@ -72,11 +85,13 @@ pub struct PrefixCacheConfig {
     pub fingerprint_labels: u32,
     /// Requests a fingerprint needs before it may take one of the labels.
     pub label_after_requests: u32,
-    /// Drift when prefill per uncached token exceeds the profile times this, in percent.
+    /// Drift when a request's cached tokens fall below its (replica, fingerprint) profile
+    /// divided by this, or its engine prefill per uncached token rises above the profile times
+    /// this (a run of requests), in percent (see [`crate::telemetry::drift`]).
     pub drift_factor_percent: u32,
-    /// Samples before a fingerprint's profile is compared.
+    /// Samples before a (replica, fingerprint) profile is compared.
     pub drift_min_samples: u32,
-    /// At most one drift log line per fingerprint per window.
+    /// At most one drift log line per replica and fingerprint per window.
     pub drift_log_window: Duration,
 }
 
@@ -165,10 +180,70 @@ pub(super) fn courses(
                 }
             }
         };
+        let focus = course_focus(c, &path, &course);
         if ok {
-            let built = Course::build(&id, &version, &instructions, &rubric, &safety, tools);
+            let built = Course::build(&id, &version, &instructions, &rubric, &safety, tools)
+                .with_focus(focus);
             out.insert(id, built);
         }
     }
     out
+}
+
+/// Most `focus_depth`.
+const MAX_FOCUS_DEPTH: u32 = 5;
+/// Longest `focus_timeout_ms`.
+const MAX_FOCUS_TIMEOUT_MS: u64 = 10_000;
+
+/// `focus`, `focus_token_target`, `focus_depth`, `focus_max_bytes`, `focus_timeout_ms` of
+/// `[courses.<id>]` (at `path`).
+fn course_focus(c: &mut Checker, path: &str, raw: &RawCourse) -> FocusSettings {
+    let d = FocusSettings::default();
+    let mode = match raw.focus.as_deref() {
+        None | Some("auto") => FocusMode::Auto,
+        Some("off") => FocusMode::Off,
+        Some(_) => {
+            c.fail(format!("{path}.focus"), "must be \"auto\" or \"off\"");
+            FocusMode::Auto
+        }
+    };
+    let depth = raw.focus_depth.unwrap_or(d.depth);
+    if depth > MAX_FOCUS_DEPTH {
+        c.fail(
+            format!("{path}.focus_depth"),
+            format!("must be at most {MAX_FOCUS_DEPTH}"),
+        );
+    }
+    let timeout_ms = raw.focus_timeout_ms.unwrap_or(focus::TIMEOUT_MS);
+    if timeout_ms > MAX_FOCUS_TIMEOUT_MS {
+        c.fail(
+            format!("{path}.focus_timeout_ms"),
+            format!("must be at most {MAX_FOCUS_TIMEOUT_MS}"),
+        );
+    }
+    FocusSettings {
+        mode,
+        token_target: c
+            .u32(
+                &format!("{path}.focus_token_target"),
+                raw.focus_token_target,
+                d.token_target,
+            )
+            .get(),
+        depth,
+        max_bytes: usize::try_from(
+            c.u64(
+                &format!("{path}.focus_max_bytes"),
+                raw.focus_max_bytes,
+                d.max_bytes as u64,
+            )
+            .get(),
+        )
+        .unwrap_or(usize::MAX),
+        timeout: c.ms(
+            &format!("{path}.focus_timeout_ms"),
+            Some(timeout_ms),
+            focus::TIMEOUT_MS,
+        ),
+    }
 }

@@ -170,7 +170,7 @@ impl Jobs {
                 size: body.len(),
                 background: true,
                 tenant,
-                ..prompt::answer_request(&inner.state, req)?
+                ..prompt::answer_request(&inner.state, req).await?
             };
             Ok::<_, GatewayError>((prepared, notify))
         }

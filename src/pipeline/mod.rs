@@ -39,6 +39,7 @@ use crate::classify::PromptInput;
 use crate::error::GatewayError;
 use crate::lane::Lane;
 use crate::prompt::fingerprint_of_chat;
+use crate::prompt::focus::Focus;
 use crate::relay::{Format, Relay, RelayContext};
 use crate::telemetry::{Mark, RequestRecord, Route};
 use crate::upstream::{Endpoint, UpstreamRequest};
@@ -68,6 +69,8 @@ pub struct Prepared {
     pub background: bool,
     /// Whose request it is: its turn in a lane's queue is fair between tenants.
     pub tenant: Option<Tenant>,
+    /// What focusing did to a course request's code (M11); `None` without code.
+    pub focus: Option<Focus>,
 }
 
 /// How an `/answer` request arrived.
@@ -152,7 +155,7 @@ pub async fn answer(
         Ok(r) => r,
         Err(e) => return rejected(record, e),
     };
-    let prepared = match prompt::answer_request(&state, req) {
+    let prepared = match prompt::answer_request(&state, req).await {
         Ok(p) => Prepared { size, tenant, ..p },
         Err(e) => return rejected(record, e),
     };
@@ -321,6 +324,8 @@ pub struct Ready {
     tenant: Option<Tenant>,
     /// The replica routing key: the prefix fingerprint of a prompt with a stable prefix.
     affinity: Option<String>,
+    /// The `focus` object of the `/answer` `meta` event (M11).
+    focus: Option<Value>,
 }
 
 impl Ready {
@@ -374,6 +379,7 @@ impl Ready {
             hold: None,
             tenant: v["tenant"].as_str().map(|t| Tenant(t.to_owned())),
             affinity: v["affinity"].as_str().map(str::to_owned),
+            focus: None,
         })
     }
 }
@@ -395,9 +401,14 @@ pub async fn ready(
         size,
         background,
         tenant,
+        focus,
     } = prepared;
     if let Some(t) = &tenant {
         record.tenant(&t.0);
+    }
+    if let Some(f) = &focus {
+        state.metrics().focus().observe(f);
+        record.focused(f.outcome.as_str(), f.saved());
     }
     let model = body
         .get("model")
@@ -471,6 +482,7 @@ pub async fn ready(
         hold,
         tenant,
         affinity,
+        focus: focus.map(|f| f.meta()),
     })
 }
 
@@ -490,6 +502,7 @@ pub async fn send(
         class,
         hold,
         affinity,
+        focus,
         ..
     } = ready;
     record.admitted(guard.queue_wait(), guard.prefill());
@@ -513,6 +526,7 @@ pub async fn send(
         rules: state.rules(),
         metrics: state.metrics().clone(),
         session: hold,
+        focus,
     };
     Ok(Relay::new(upstream, guard, class, format, record, ctx))
 }

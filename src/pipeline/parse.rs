@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 use crate::admission::session::SessionId;
 use crate::classify::{ChatMessage, PromptInput};
 use crate::error::GatewayError;
+use crate::prompt::StudentMaterial;
 
 mod course;
 pub mod fields;
@@ -291,6 +292,25 @@ pub struct AnswerBody {
     /// accepted for the same, but not both.
     #[serde(default)]
     pub turns: Option<Vec<ChatMessage>>,
+    /// With `course_id` and `code` or `files`: the code's language (else from the paths).
+    #[serde(default)]
+    pub language: Option<String>,
+    /// With `course_id` and `code`: the file's path, as the stack trace names it.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// With `course_id`: several files instead of `code`.
+    #[serde(default)]
+    pub files: Option<Vec<CodeFile>>,
+}
+
+/// One of `files`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CodeFile {
+    /// Its path, as the stack trace names it.
+    pub path: String,
+    /// Its text.
+    pub code: String,
 }
 
 /// `GET /answer` query (browser `EventSource`).
@@ -324,6 +344,9 @@ pub struct AnswerRequest {
     /// The course whose stable prefix goes before `messages`; `messages` is then only the
     /// student's material.
     pub course_id: Option<String>,
+    /// With a course: the student's material `messages` was built from, for the prompt step
+    /// to focus the code on the stack trace (M11) and build them again.
+    pub material: Option<StudentMaterial>,
 }
 
 /// A session id from field or header `name`, checked and hashed; `None` when empty.
@@ -361,9 +384,15 @@ impl AnswerRequest {
         if let Some(course_id) = body.course_id.clone().filter(|c| !c.is_empty()) {
             return Self::for_course(body, course_id, raw_messages.or(raw_turns));
         }
-        if body.code.is_some() || body.stack_trace.is_some() || body.turns.is_some() {
+        if body.code.is_some()
+            || body.stack_trace.is_some()
+            || body.turns.is_some()
+            || body.files.is_some()
+            || body.language.is_some()
+            || body.path.is_some()
+        {
             return Err(GatewayError::bad_request(
-                "`code`, `stack_trace` and `turns` need a `course_id`",
+                "`code`, `files`, `language`, `path`, `stack_trace` and `turns` need a `course_id`",
                 Some("course_id"),
             ));
         }
@@ -422,6 +451,7 @@ impl AnswerRequest {
             max_output_tokens: max,
             session_id: session_id.as_deref().map(session).transpose()?.flatten(),
             course_id: None,
+            material: None,
         })
     }
 }

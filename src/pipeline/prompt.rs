@@ -2,6 +2,8 @@
 //!
 //! - `/answer` with a `course_id`: the course's stable prefix first (instructions, rubric,
 //!   safety, tools as canonical JSON), then the student's material (M17); unknown course: 400.
+//!   The code is focused on the stack trace first (M11, [`crate::prompt::focus`]), on the
+//!   classifier's blocking pool, so classification counts what is sent.
 //! - `/v1/chat/completions`: the client's tools canonicalized (same schemas, same tokens), when
 //!   `prefix_cache.canonicalize_tools` is on.
 //! - Every request: vLLM asked for running usage, so the relay counts output exactly; with
@@ -13,25 +15,42 @@ use serde_json::{Map, Value};
 use super::parse::{self, AnswerRequest, OpenAiRequest};
 use super::state::AppState;
 use super::Prepared;
-use crate::classify::PromptInput;
+use crate::classify::{PromptInput, TokenCounter};
 use crate::error::GatewayError;
 use crate::lane::Lane;
-use crate::prompt::canonical_value;
+use crate::prompt::focus::{self, Focus, FocusMode, FocusSettings};
+use crate::prompt::{canonical_value, student_messages, StudentMaterial};
 use crate::telemetry::Route;
 use crate::upstream::Endpoint;
 
-/// The `/answer` job: course prefix (if any), then the student's messages.
-pub fn answer_request(state: &AppState, req: AnswerRequest) -> Result<Prepared, GatewayError> {
+/// The `/answer` job: course prefix (if any), then the student's messages, the code in them
+/// focused on the stack trace when the course says so (M11).
+pub async fn answer_request(
+    state: &AppState,
+    req: AnswerRequest,
+) -> Result<Prepared, GatewayError> {
     let AnswerRequest {
         messages,
-        messages_json,
+        mut messages_json,
         max_output_tokens,
         session_id,
         course_id,
+        material,
     } = req;
+    let mut focused = None;
     let (messages, messages_json, tools) = match course_id.as_deref() {
         None => (messages, messages_json, None),
         Some(id) => {
+            let settings = state.config().courses.get(id).map(|c| c.focus.clone());
+            let with_code = material.filter(|m| !m.sources().is_empty());
+            if let (Some(settings), Some(mut material)) = (settings, with_code) {
+                let f = focus_code(state, settings, &material).await;
+                if let Some(text) = &f.text {
+                    material.focused = Some(text.clone());
+                    messages_json = Value::Array(student_messages(&material));
+                }
+                focused = Some(f);
+            }
             let (json, tools) = with_course(state, id, messages_json)?;
             (parse::typed(json.clone())?, json, tools)
         }
@@ -53,7 +72,44 @@ pub fn answer_request(state: &AppState, req: AnswerRequest) -> Result<Prepared, 
         size: 0,
         background: false,
         tenant: None,
+        focus: focused,
     })
+}
+
+/// Focuses the student's code on its stack trace with the gateway's token counter, on the
+/// classifier's blocking pool (parsing is CPU work). A failure there sends the whole code.
+async fn focus_code(state: &AppState, settings: FocusSettings, m: &StudentMaterial) -> Focus {
+    let files = m.sources();
+    let language = m.language;
+    let trace = m.stack_trace.clone();
+    let question = m.question.clone();
+    if settings.mode == FocusMode::Off {
+        return focus::focus(&files, language, None, None, &settings, &|_| 0);
+    }
+    let run = move |counter: &TokenCounter| {
+        focus::focus(
+            &files,
+            language,
+            trace.as_deref(),
+            question.as_deref(),
+            &settings,
+            &|t| counter.count_text(t),
+        )
+    };
+    match state.classifier().run_blocking(run).await {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(error = %e, "focusing failed; the whole code is sent");
+            Focus {
+                outcome: focus::Outcome::FallbackParse,
+                original_tokens: None,
+                sent_tokens: None,
+                functions: Vec::new(),
+                text: None,
+                elapsed: std::time::Duration::ZERO,
+            }
+        }
+    }
 }
 
 /// Course `id`'s messages (stable prefix first, then `student`) and its tools.
@@ -118,6 +174,7 @@ pub fn openai_request(
         size: 0,
         background: false,
         tenant: None,
+        focus: None,
     })
 }
 

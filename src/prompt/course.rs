@@ -20,11 +20,13 @@
 //!
 //! (sections left empty in the course are left out). The tools also go upstream as `tools`, in
 //! canonical JSON. Everything per request (recent turns, code, stack trace, question) comes after
-//! the prefix, so vLLM's prefix cache can reuse the prefix's KV blocks for every student.
+//! the prefix, so vLLM's prefix cache can reuse the prefix's KV blocks for every student. The
+//! code is the whole code, or the part of it [`super::focus`] chose for the stack trace.
 
 use serde_json::{json, Value};
 
 use super::fingerprint::{canonical_json, canonical_value, fingerprint};
+use super::focus::{self, FocusSettings, Lang, SourceFile};
 
 /// A course's stable prefix, built once from the config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +41,8 @@ pub struct Course {
     pub tools: Option<Value>,
     /// The prompt fingerprint of this prefix (M18).
     pub fingerprint: String,
+    /// How the student's code is focused on its stack trace (M11); not part of the prefix.
+    pub focus: FocusSettings,
 }
 
 impl Course {
@@ -71,7 +75,13 @@ impl Course {
             system_prompt: system,
             tools,
             fingerprint,
+            focus: FocusSettings::default(),
         }
+    }
+
+    /// The same course with these focusing settings.
+    pub fn with_focus(self, focus: FocusSettings) -> Self {
+        Self { focus, ..self }
     }
 
     /// The messages to send: the stable system message, then `student` as is.
@@ -90,21 +100,51 @@ pub struct StudentMaterial {
     pub turns: Vec<Value>,
     /// The question.
     pub question: Option<String>,
-    /// The student's code.
+    /// The student's code (one file).
     pub code: Option<String>,
-    /// The stack trace, if any.
+    /// The stack trace (or compiler error), if any.
     pub stack_trace: Option<String>,
+    /// `code`'s path, if given.
+    pub path: Option<String>,
+    /// Several files instead of `code` (`files: [{path, code}]`).
+    pub files: Vec<SourceFile>,
+    /// The code's language, if given (otherwise from the paths, or the trace).
+    pub language: Option<Lang>,
+    /// The focused code section that replaces the whole code, once focusing chose one.
+    pub focused: Option<String>,
+}
+
+impl StudentMaterial {
+    /// The code as files: `files`, or `code` (with its `path`) when not blank.
+    pub fn sources(&self) -> Vec<SourceFile> {
+        if !self.files.is_empty() {
+            return self.files.clone();
+        }
+        match self.code.as_deref().filter(|c| !c.trim().is_empty()) {
+            Some(code) => vec![SourceFile {
+                path: self.path.clone(),
+                code: code.to_owned(),
+            }],
+            None => Vec::new(),
+        }
+    }
 }
 
 /// The student's part of the messages: the recent turns, then one user message with the
-/// question, the code and the stack trace.
+/// question, the code (focused, or whole) and the stack trace.
 pub fn student_messages(s: &StudentMaterial) -> Vec<Value> {
     let mut parts = Vec::new();
     if let Some(q) = s.question.as_deref().filter(|q| !q.trim().is_empty()) {
         parts.push(q.to_owned());
     }
-    if let Some(code) = s.code.as_deref().filter(|c| !c.trim().is_empty()) {
-        parts.push(format!("My code:\n```\n{code}\n```"));
+    match &s.focused {
+        Some(focused) => parts.push(focused.clone()),
+        None => {
+            let sources = s.sources();
+            if !sources.is_empty() {
+                parts.push(focus::whole(&sources));
+            }
+        }
     }
     if let Some(trace) = s.stack_trace.as_deref().filter(|t| !t.trim().is_empty()) {
         parts.push(format!("Stack trace:\n```\n{trace}\n```"));
@@ -157,6 +197,7 @@ mod tests {
             question: Some("Why?".into()),
             code: Some("print(x)".into()),
             stack_trace: Some("NameError".into()),
+            ..StudentMaterial::default()
         };
         let m = c.messages(&student_messages(&s));
         assert_eq!(m.len(), 3);

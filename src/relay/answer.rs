@@ -40,18 +40,25 @@ fn event_with_id(id: impl std::fmt::Display, name: &str, data: &serde_json::Valu
     Bytes::from(format!("id: {id}\nevent: {name}\ndata: {data}\n\n"))
 }
 
-/// `meta`: who we are and which lane we got.
-pub fn meta_event(request_id: &str, class: &Classification, t: LatencySplit) -> Bytes {
-    let meta = event(
-        "meta",
-        &json!({
-            "request_id": request_id,
-            "lane": class.lane.as_str(),
-            "estimated_input_tokens": class.input_tokens_estimate,
-            "output_budget": class.output_budget,
-            "queue_wait_ms": t.queue_wait_ms,
-        }),
-    );
+/// `meta`: who we are and which lane we got; for a course request with code, what focusing
+/// did (`focus`: outcome, original and sent tokens of the code, functions sent).
+pub fn meta_event(
+    request_id: &str,
+    class: &Classification,
+    t: LatencySplit,
+    focus: Option<&serde_json::Value>,
+) -> Bytes {
+    let mut data = json!({
+        "request_id": request_id,
+        "lane": class.lane.as_str(),
+        "estimated_input_tokens": class.input_tokens_estimate,
+        "output_budget": class.output_budget,
+        "queue_wait_ms": t.queue_wait_ms,
+    });
+    if let (Some(f), Some(obj)) = (focus, data.as_object_mut()) {
+        obj.insert("focus".into(), f.clone());
+    }
+    let meta = event("meta", &data);
     let mut out = format!("retry: {RETRY_MS}\n").into_bytes();
     out.extend_from_slice(&meta);
     Bytes::from(out)

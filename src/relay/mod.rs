@@ -72,6 +72,8 @@ pub struct RelayContext {
     pub metrics: Metrics,
     /// The reservation in the session this request continues, settled with its output.
     pub session: Option<SessionHold>,
+    /// The `focus` object of the `/answer` `meta` event, for course requests with code (M11).
+    pub focus: Option<serde_json::Value>,
 }
 
 /// One admitted request on its way back to the client.
@@ -146,6 +148,9 @@ impl Relay {
         self.guard = None;
         if let Some(hold) = self.ctx.session.take() {
             hold.settle(self.produced());
+        }
+        if let Some(replica) = self.upstream.replica() {
+            self.record.served_by(replica);
         }
         let view = self.upstream.view();
         self.record.finish(outcome, error_code, Some(&view));
@@ -383,6 +388,7 @@ impl Relay {
                 self.request_id(),
                 &self.class,
                 self.timings(),
+                self.ctx.focus.as_ref(),
             )),
             Format::OpenAi { .. } => None,
         };

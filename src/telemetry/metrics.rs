@@ -22,6 +22,7 @@ use prometheus::{
     TextEncoder,
 };
 
+use super::focus_metrics::FocusMetrics;
 use super::job_metrics::JobMetrics;
 use super::relay_metrics::RelayMetrics;
 use super::snapshot::AdmissionSnapshot;
@@ -173,6 +174,7 @@ pub struct Metrics {
     promotion: PromotionMetrics,
     prefix: PrefixMetrics,
     relay: RelayMetrics,
+    focus: FocusMetrics,
     jobs: JobMetrics,
     config: ConfigMetrics,
     replicas: ReplicaMetrics,
@@ -315,6 +317,7 @@ impl Metrics {
         let quota = QuotaMetrics::register(&registry);
         let promotion = PromotionMetrics::register(&registry);
         let relay = RelayMetrics::register(&registry);
+        let focus = FocusMetrics::register(&registry);
         let jobs = JobMetrics::register(&registry);
         let prefix = PrefixMetrics::register(&registry);
         let config = ConfigMetrics::register(&registry);
@@ -363,6 +366,7 @@ impl Metrics {
             quota,
             promotion,
             relay,
+            focus,
             jobs,
             prefix,
             refused,
@@ -404,6 +408,11 @@ impl Metrics {
     /// The promotion families.
     pub fn promotion(&self) -> &PromotionMetrics {
         &self.promotion
+    }
+
+    /// The focusing families (M11).
+    pub fn focus(&self) -> &FocusMetrics {
+        &self.focus
     }
 
     /// The relay latency family.

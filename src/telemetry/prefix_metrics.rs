@@ -2,9 +2,13 @@
 //!
 //! - `tutor_gateway_prefix_cache_fingerprint_queries_total{fingerprint}`: prompt tokens;
 //! - `tutor_gateway_prefix_cache_fingerprint_hits_total{fingerprint}`: of those, cached tokens;
-//! - `tutor_gateway_prefix_cache_drift_total{fingerprint}`: requests flagged by
-//!   [`super::drift`].
+//! - `tutor_gateway_prefix_cache_drift_total{replica,fingerprint,signal}`: requests flagged by
+//!   [`super::drift`], by the replica that served them and the signal (`cached_tokens`,
+//!   `prefill`).
 //!
+//! `replica` is the name of the `[[upstream.replicas]]` entry that served the request (at most
+//! [`MAX_REPLICAS`] names; beyond that, `other`; `none` for a request without one). Each
+//! replica's two `fingerprint="other"` drift series exist from its first request on.
 //! `fingerprint` is the 16-hex prompt fingerprint or `other`. At most `labels` fingerprints get
 //! their own label, first come first served among those seen in `label_after` requests, and keep
 //! it for the life of the process (a counter cannot move to another label); everything else is
@@ -18,11 +22,13 @@ use prometheus::{IntCounterVec, Opts, Registry};
 use tokio::time::Instant;
 
 use super::cached_prefix::CachedPrefixes;
-use super::drift::{DriftDetector, DriftRule, DriftVerdict};
-use crate::config::PrefixCacheConfig;
+use super::drift::{DriftDetector, DriftRule, DriftSample, DriftVerdict, Signal};
+use crate::config::{PrefixCacheConfig, MAX_REPLICAS};
 
-/// The label of every fingerprint without its own.
+/// The label of every fingerprint (or replica) without its own.
 pub const OTHER: &str = "other";
+/// The replica label of a request that was not served by a named replica.
+pub const NO_REPLICA: &str = "none";
 /// Most fingerprints waiting for a label that are counted at once (cleared when full).
 const MAX_CANDIDATES: usize = 4096;
 
@@ -59,6 +65,8 @@ impl Labels {
 #[derive(Debug)]
 struct Inner {
     labels: Labels,
+    /// Replica names with their own label (at most [`MAX_REPLICAS`]).
+    replicas: HashSet<String>,
     drift: DriftDetector,
     cached: CachedPrefixes,
 }
@@ -84,12 +92,15 @@ impl PrefixMetrics {
     /// Registers the families in `registry`, with the built-in `[prefix_cache]` defaults until
     /// [`Self::configure`] is called.
     pub fn register(registry: &Registry) -> Self {
-        let counter = |name: &str, help: &str| {
-            let c =
-                IntCounterVec::new(Opts::new(name, help), &["fingerprint"]).expect("valid counter");
+        let family = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
             registry
                 .register(Box::new(c.clone()))
                 .expect("registered once");
+            c
+        };
+        let counter = |name: &str, help: &str| {
+            let c = family(name, help, &["fingerprint"]);
             c.with_label_values(&[OTHER]);
             c
         };
@@ -101,9 +112,10 @@ impl PrefixMetrics {
             "tutor_gateway_prefix_cache_fingerprint_hits_total",
             "Prompt tokens served from vLLM's prefix cache, by prompt fingerprint.",
         );
-        let drift = counter(
+        let drift = family(
             "tutor_gateway_prefix_cache_drift_total",
-            "Requests whose prefill per uncached token jumped above their fingerprint's profile.",
+            "Requests that lost their fingerprint's prefix-cache benefit on the replica that served them: far fewer cached tokens (signal cached_tokens) or a run of far costlier prefills per uncached token (signal prefill) than that replica's profile.",
+            &["replica", "fingerprint", "signal"],
         );
         let defaults = crate::config::Config::default().prefix_cache;
         let inner = Inner {
@@ -113,6 +125,7 @@ impl PrefixMetrics {
                 labelled: HashSet::new(),
                 candidates: HashMap::new(),
             },
+            replicas: HashSet::new(),
             drift: DriftDetector::new(rule_of(&defaults)),
             cached: CachedPrefixes::default(),
         };
@@ -132,39 +145,62 @@ impl PrefixMetrics {
         inner.drift.set_rule(rule_of(c));
     }
 
-    /// Records one request with usage: its prompt and cached tokens under its fingerprint's
-    /// label, and its prefill (when measured) against the fingerprint's profile. Returns the
-    /// drift verdict, when it is drift.
+    /// Records one request with usage, served by `replica`: its prompt and cached tokens
+    /// under its fingerprint's label, and the sample against the (replica, fingerprint)
+    /// profile (see [`super::drift`]). Returns the drift verdict, when it is drift.
     pub fn observe(
         &self,
+        replica: &str,
         fingerprint: &str,
-        input_tokens: u32,
-        cached_tokens: u32,
-        prefill_ms: Option<f64>,
+        sample: DriftSample,
     ) -> Option<DriftVerdict> {
-        let (label, verdict) = {
+        let (label, replica_label, first_of_replica, verdict) = {
             let mut inner = self.inner.lock().expect("prefix metrics lock");
             let label = inner.labels.label_for(fingerprint).to_owned();
-            let uncached = input_tokens.saturating_sub(cached_tokens);
-            inner.cached.observe(fingerprint, cached_tokens);
-            let verdict = prefill_ms.and_then(|ms| {
-                inner
-                    .drift
-                    .observe(fingerprint, ms, uncached, Instant::now())
-            });
-            (label, verdict)
+            let (replica_label, first) = if inner.replicas.contains(replica) {
+                (replica.to_owned(), false)
+            } else if inner.replicas.len() < MAX_REPLICAS {
+                inner.replicas.insert(replica.to_owned());
+                (replica.to_owned(), true)
+            } else {
+                (OTHER.to_owned(), false)
+            };
+            inner.cached.observe(fingerprint, sample.cached_tokens);
+            let verdict = inner
+                .drift
+                .observe(replica, fingerprint, sample, Instant::now());
+            (label, replica_label, first, verdict)
         };
+        if first_of_replica {
+            for signal in Signal::ALL {
+                self.drift
+                    .with_label_values(&[replica_label.as_str(), OTHER, signal.as_str()]);
+            }
+        }
         let l = [label.as_str()];
         self.queries
             .with_label_values(&l)
-            .inc_by(u64::from(input_tokens));
+            .inc_by(u64::from(sample.prompt_tokens));
         self.hits
             .with_label_values(&l)
-            .inc_by(u64::from(cached_tokens));
-        if verdict.is_some() {
-            self.drift.with_label_values(&l).inc();
+            .inc_by(u64::from(sample.cached_tokens));
+        if let Some(v) = &verdict {
+            self.drift
+                .with_label_values(&[replica_label.as_str(), label.as_str(), v.signal.as_str()])
+                .inc();
         }
         verdict
+    }
+
+    /// Drift requests counted so far, all replicas, fingerprints and signals together.
+    pub fn drift_total(&self) -> u64 {
+        use prometheus::core::Collector;
+        self.drift
+            .collect()
+            .iter()
+            .flat_map(|f| f.get_metric())
+            .map(|m| m.get_counter().get_value() as u64)
+            .sum()
     }
 
     /// The prompt tokens a request with `fingerprint` can expect to find in vLLM's prefix cache,
@@ -179,6 +215,14 @@ impl PrefixMetrics {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    fn sample(prompt: u32, cached: u32) -> DriftSample {
+        DriftSample {
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            engine_prefill_ms: None,
+        }
+    }
 
     #[test]
     fn never_more_than_n_plus_one_series() {
@@ -195,7 +239,7 @@ mod tests {
         m.configure(&c);
         for i in 0..50 {
             for _ in 0..3 {
-                m.observe(&format!("{i:016x}"), 100, 50, None);
+                m.observe("replica-0", &format!("{i:016x}"), sample(100, 50));
             }
         }
         for family in registry.gather() {
@@ -215,18 +259,45 @@ mod tests {
     }
 
     #[test]
-    fn drift_is_counted_under_the_fingerprint_label_and_logged_once() {
+    fn drift_is_counted_under_the_replica_and_fingerprint_labels_and_logged_once() {
         let m = PrefixMetrics::register(&Registry::new());
-        // 5 samples of 0.1 ms per uncached token (1,000 tokens, 100 cached -> 900 uncached).
+        let c = PrefixCacheConfig {
+            label_after_requests: 1,
+            ..crate::config::Config::default().prefix_cache
+        };
+        m.configure(&c);
+        // A course: 900 of 1,000 tokens cached, five times on replica-0.
         for _ in 0..5 {
-            assert_eq!(m.observe("abcd", 1000, 100, Some(90.0)), None);
+            assert_eq!(m.observe("replica-0", "abcd", sample(1000, 900)), None);
         }
-        // The same fingerprint now pays 1 ms per uncached token: 10x the profile.
-        let v = m.observe("abcd", 1000, 100, Some(900.0)).expect("drift");
-        assert!(v.log && (v.observed_ms_per_token - 1.0).abs() < 1e-9);
-        assert!(!m.observe("abcd", 1000, 100, Some(900.0)).unwrap().log);
-        assert_eq!(m.drift.with_label_values(&["abcd"]).get(), 2);
-        // No prefill measured: no sample.
-        assert_eq!(m.observe("abcd", 1000, 100, None), None);
+        // Evicted on replica-0: nothing cached.
+        let v = m
+            .observe("replica-0", "abcd", sample(1000, 0))
+            .expect("drift");
+        assert!(v.log && v.signal == Signal::CachedTokens && v.expected == 900.0);
+        assert!(!m.observe("replica-0", "abcd", sample(1000, 0)).unwrap().log);
+        let count =
+            |r: &str, fp: &str, s: Signal| m.drift.with_label_values(&[r, fp, s.as_str()]).get();
+        assert_eq!(count("replica-0", "abcd", Signal::CachedTokens), 2);
+        assert_eq!(count("replica-0", "abcd", Signal::Prefill), 0);
+        // The same miss on a replica that never held the prefix is no drift.
+        assert_eq!(m.observe("replica-1", "abcd", sample(1000, 0)), None);
+        assert_eq!(count("replica-1", "abcd", Signal::CachedTokens), 0);
+    }
+
+    #[test]
+    fn replica_labels_are_bounded() {
+        let registry = Registry::new();
+        let m = PrefixMetrics::register(&registry);
+        for i in 0..(MAX_REPLICAS + 20) {
+            m.observe(&format!("r{i}"), "abcd", sample(100, 0));
+        }
+        let drift = registry
+            .gather()
+            .into_iter()
+            .find(|f| f.name() == "tutor_gateway_prefix_cache_drift_total")
+            .expect("drift family");
+        // Two signals per labelled replica, zeros from each replica's first request.
+        assert_eq!(drift.get_metric().len(), 2 * MAX_REPLICAS);
     }
 }

@@ -8,8 +8,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
+use super::drift::{DriftSample, Signal};
 use super::latency::{LatencySplit, Mark, StageSplit, UpstreamView};
 use super::metrics::{Metrics, Outcome, Route, Stage};
+use super::prefix_metrics::NO_REPLICA;
 use super::request_log::{RequestLog, RequestLogLine};
 use super::span;
 use crate::classify::Classification;
@@ -27,6 +29,8 @@ pub struct RequestRecord {
     admitted: Option<(Instant, Duration)>,
     first_token: bool,
     fingerprint: Option<String>,
+    /// The replica that served the request (its `[[upstream.replicas]]` name).
+    replica: Option<String>,
     tenant: Option<String>,
     incoming_traceparent: Option<String>,
     /// The prefill reservation admission took (estimated uncached prompt tokens).
@@ -66,6 +70,7 @@ impl RequestRecord {
             admitted: None,
             first_token: false,
             fingerprint: None,
+            replica: None,
             tenant: None,
             incoming_traceparent: None,
             prefill_reserved: None,
@@ -123,9 +128,22 @@ impl RequestRecord {
         self.fingerprint = Some(fp);
     }
 
+    /// Records the replica that served the request (a name from `[[upstream.replicas]]`): the
+    /// drift profile it is compared with, and the `replica` label of its drift.
+    pub fn served_by(&mut self, replica: &str) {
+        self.replica = Some(replica.to_owned());
+    }
+
     /// Records the tenant the request's API key belongs to.
     pub fn tenant(&mut self, tenant: &str) {
         self.tenant = Some(tenant.to_owned());
+    }
+
+    /// Records what focusing did to the code (M11): its outcome and the tokens it saved.
+    pub fn focused(&mut self, outcome: &str, tokens_saved: u32) {
+        self.span.record(span::FOCUS_OUTCOME, outcome);
+        self.span
+            .record(span::FOCUS_TOKENS_SAVED, i64::from(tokens_saved));
     }
 
     /// Records the lane decision.
@@ -224,7 +242,7 @@ impl RequestRecord {
         if let Some(lane) = lane {
             self.metrics.observe(lane, &split, up);
         }
-        self.observe_prefix(&split, up);
+        self.observe_prefix(up);
         self.record_span(outcome, error_code, &split, up);
         let usage = up.and_then(|u| u.usage);
         self.log.write(&RequestLogLine {
@@ -252,29 +270,66 @@ impl RequestRecord {
         });
     }
 
-    /// Per-fingerprint cache counters and drift (M18, M19). Logs the evidence of drift (hash,
-    /// timings, token counts), never prompt text (M20).
-    fn observe_prefix(&self, split: &LatencySplit, up: Option<&UpstreamView>) {
-        let (Some(fp), Some(u)) = (self.fingerprint.as_deref(), up.and_then(|u| u.usage)) else {
+    /// Per-fingerprint cache counters and drift per replica (M18, M19). Drift is judged on
+    /// what vLLM reported: cached tokens, and its own prefill (`time_to_first_token_ms -
+    /// queue_time_ms`), never the gateway's admission-to-first-token time, which includes the
+    /// engine's queue. Logs the evidence (replica, hash, token counts, engine timings), never
+    /// prompt text (M20).
+    fn observe_prefix(&self, up: Option<&UpstreamView>) {
+        let (Some(fp), Some(up)) = (self.fingerprint.as_deref(), up) else {
             return;
         };
+        let Some(u) = up.usage else { return };
+        let engine_queue_ms = up.engine.and_then(|e| e.queue_time_ms);
+        let engine_prefill_ms = up
+            .engine
+            .and_then(|e| Some((e.time_to_first_token_ms? - e.queue_time_ms?).max(0.0)));
+        let replica = self.replica.as_deref().unwrap_or(NO_REPLICA);
+        // vLLM leaves the cached count out when it is 0 (and without
+        // --enable-prompt-tokens-details): absent reads as nothing cached.
         let cached = u.cached_tokens.unwrap_or(0);
-        let verdict = self
+        let sample = DriftSample {
+            prompt_tokens: u.prompt_tokens,
+            cached_tokens: cached,
+            engine_prefill_ms,
+        };
+        let Some(v) = self
             .metrics
             .prefix()
-            .observe(fp, u.prompt_tokens, cached, split.prefill_ms);
-        if let Some(v) = verdict.filter(|v| v.log) {
-            tracing::warn!(
+            .observe(replica, fp, sample)
+            .filter(|v| v.log)
+        else {
+            return;
+        };
+        match v.signal {
+            Signal::CachedTokens => tracing::warn!(
                 request_id = %self.request_id,
+                replica,
                 fingerprint = fp,
-                expected_prefill_ms_per_uncached_token = v.expected_ms_per_token,
-                observed_prefill_ms_per_uncached_token = v.observed_ms_per_token,
-                prefill_ms = split.prefill_ms,
+                signal = v.signal.as_str(),
+                expected_cached_tokens = v.expected,
+                cached_tokens = cached,
+                input_tokens = u.prompt_tokens,
+                engine_prefill_ms,
+                engine_queue_ms,
+                "prefix cache drift: this prompt found far fewer cached tokens on its replica \
+                 than its profile there (evicted, or the prefix bytes changed?)"
+            ),
+            Signal::Prefill => tracing::warn!(
+                request_id = %self.request_id,
+                replica,
+                fingerprint = fp,
+                signal = v.signal.as_str(),
+                expected_prefill_ms_per_uncached_token = v.expected,
+                observed_prefill_ms_per_uncached_token = v.observed,
+                engine_prefill_ms,
+                engine_queue_ms,
                 input_tokens = u.prompt_tokens,
                 cached_tokens = cached,
-                "prefix cache drift: this prompt's prefill costs much more than its profile \
-                 (eviction, another replica or a tokenizer mismatch?)"
-            );
+                "prefix cache drift: this prompt's prefill per uncached token costs far more on \
+                 its replica than its profile there, several requests in a row, with its usual \
+                 cached tokens (cached blocks from a slower tier, or a saturated engine?)"
+            ),
         }
     }
 
@@ -330,5 +385,71 @@ impl Drop for RequestRecord {
             tracing::info!(request_id = %self.request_id, stage = self.stage().as_str(), "client disconnected");
             self.finish(Outcome::Cancelled, None, None);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::latency::{EngineTimings, PromptUsage};
+
+    /// One finished `/answer` request on `replica-0`: `fp`, `prompt` tokens of which `cached`
+    /// were cached, `queue_ms` in the engine's queue, then `prefill_ms` of engine prefill.
+    fn request(
+        metrics: &Metrics,
+        fp: &str,
+        prompt: u32,
+        cached: u32,
+        queue_ms: f64,
+        prefill_ms: f64,
+    ) {
+        let (log, _) = RequestLog::memory();
+        let mut r = RequestRecord::new(
+            metrics.clone(),
+            log,
+            Route::Answer,
+            "r".into(),
+            Instant::now(),
+        );
+        r.fingerprint(fp.to_owned());
+        r.admitted(Duration::ZERO, prompt);
+        r.served_by("replica-0");
+        let admitted = r.admitted_at().unwrap().0;
+        // What the gateway sees: admission to first token, the engine's queue included.
+        let first = admitted + Duration::from_secs_f64((queue_ms + prefill_ms + 2.0) / 1000.0);
+        let up = UpstreamView {
+            output_tokens: 5,
+            exact_output: true,
+            usage: Some(PromptUsage {
+                prompt_tokens: prompt,
+                cached_tokens: Some(cached),
+            }),
+            engine: Some(EngineTimings {
+                time_to_first_token_ms: Some(queue_ms + prefill_ms),
+                queue_time_ms: Some(queue_ms),
+            }),
+            first_content_at: Some(first),
+            ended_at: Some(first + Duration::from_millis(10)),
+            finish_reason: Some("stop".into()),
+        };
+        r.finish(Outcome::Ok, None, Some(&up));
+    }
+
+    #[test]
+    fn a_growing_engine_queue_is_not_drift_and_an_eviction_is_counted_on_its_replica() {
+        let metrics = Metrics::new();
+        // No shared prefix, nothing cached; the engine's queue grows from 0 to 4 s while its
+        // own prefill stays ~20 ms: admission to first token grows 200x.
+        for i in 0..40 {
+            request(&metrics, "noprefix", 400, 0, 100.0 * f64::from(i), 20.0);
+        }
+        // A course under the same load: 1,800 of 2,000 tokens cached throughout.
+        for i in 0..20 {
+            request(&metrics, "course", 2000, 1800, 200.0 * f64::from(i), 20.0);
+        }
+        assert_eq!(metrics.prefix().drift_total(), 0);
+        // The course's prefix is evicted: the next request finds nothing cached.
+        request(&metrics, "course", 2000, 0, 0.0, 200.0);
+        assert_eq!(metrics.prefix().drift_total(), 1);
     }
 }

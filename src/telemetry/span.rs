@@ -30,6 +30,11 @@ pub const INPUT_TOKENS: &str = "llm.input_tokens";
 pub const CACHED_TOKENS: &str = "llm.cached_tokens";
 /// Prompt fingerprint (M18).
 pub const PROMPT_FINGERPRINT: &str = "llm.prompt_fingerprint";
+/// What focusing did to a course request's code (`tutor_gateway_focus_outcome_total`'s
+/// outcome).
+pub const FOCUS_OUTCOME: &str = "llm.focus.outcome";
+/// Tokens of the code focusing left out.
+pub const FOCUS_TOKENS_SAVED: &str = "llm.focus.tokens_saved";
 /// Output tokens relayed before the client went away.
 pub const CANCELLED_AFTER_TOKENS: &str = "llm.cancelled_after_tokens";
 /// How the request ended (`tutor_gateway_requests_total`'s outcome).
@@ -76,6 +81,8 @@ pub fn llm_generate() -> tracing::Span {
         llm.input_tokens = tracing::field::Empty,
         llm.cached_tokens = tracing::field::Empty,
         llm.prompt_fingerprint = tracing::field::Empty,
+        llm.focus.outcome = tracing::field::Empty,
+        llm.focus.tokens_saved = tracing::field::Empty,
         llm.cancelled_after_tokens = tracing::field::Empty,
         llm.outcome = tracing::field::Empty,
         llm.request_id = tracing::field::Empty,

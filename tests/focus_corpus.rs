@@ -1,0 +1,261 @@
+//! The focusing corpus (issue 20, M11): `tests/fixtures/focus/<case>/case.toml`, each a
+//! student's code (one file, or several as `files`), a stack trace or compiler error, and what
+//! focusing must select: the outcome and the functions sent, in file and source order, plus
+//! lines that must (or must not) be in the focused code.
+//!
+//! Counts use the shipped configuration's counter (the heuristic); the figures with a real
+//! tokenizer come from `cargo bench --bench focus`. `FOCUS_SHOW=<case>` prints what a case
+//! sends.
+
+mod focus_cases;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use focus_cases::{load, Case};
+use tutor_gateway::classify::TokenCounter;
+use tutor_gateway::prompt::focus::{self, Focus, FocusMode, FocusSettings, Lang};
+
+fn heuristic(text: &str) -> u32 {
+    TokenCounter::Heuristic.count_text(text)
+}
+
+/// The defaults, but a parse time limit no test machine reaches: a debug build parsing on a
+/// busy machine must not turn a case into `fallback_parse`.
+fn settings(case: &Case) -> FocusSettings {
+    let d = FocusSettings::default();
+    FocusSettings {
+        depth: case.spec.depth.unwrap_or(d.depth),
+        token_target: case.spec.token_target.unwrap_or(d.token_target),
+        timeout: Duration::from_secs(60),
+        ..d
+    }
+}
+
+fn run(case: &Case, settings: &FocusSettings) -> Focus {
+    focus::focus(
+        &case.files,
+        case.lang,
+        case.spec.trace.as_deref(),
+        case.spec.question.as_deref(),
+        settings,
+        &heuristic,
+    )
+}
+
+/// The language a case is in: its `language`, else its first file's extension.
+fn language_of(case: &Case) -> &'static str {
+    let lang = case
+        .lang
+        .or_else(|| {
+            case.files
+                .iter()
+                .find_map(|f| f.path.as_deref().and_then(Lang::from_path))
+        })
+        .or_else(|| case.spec.source.as_deref().and_then(Lang::from_path))
+        .unwrap_or_else(|| panic!("{}: no language", case.name));
+    match lang {
+        Lang::Tsx => "typescript",
+        l => l.as_str(),
+    }
+}
+
+#[test]
+fn every_case_selects_the_expected_functions_or_falls_back() {
+    let cases = load();
+    let show = std::env::var("FOCUS_SHOW").ok();
+    let mut wrong = Vec::new();
+    for case in &cases {
+        let f = run(case, &settings(case));
+        if show.as_deref() == Some(case.name.as_str()) || show.as_deref() == Some("all") {
+            eprintln!(
+                "== {} {:?} {:?}/{:?} {:?}\n{}",
+                case.name,
+                f.outcome,
+                f.sent_tokens,
+                f.original_tokens,
+                f.functions,
+                f.text.as_deref().unwrap_or("(whole)")
+            );
+        }
+        let mut problems = Vec::new();
+        if f.outcome.as_str() != case.spec.expected_outcome {
+            problems.push(format!(
+                "outcome {} (expected {})",
+                f.outcome.as_str(),
+                case.spec.expected_outcome
+            ));
+        }
+        if f.functions != case.spec.expected_functions {
+            problems.push(format!(
+                "functions {:?} (expected {:?})",
+                f.functions, case.spec.expected_functions
+            ));
+        }
+        let text = f.text.as_deref().unwrap_or_default();
+        for line in &case.spec.must_include {
+            if !text.lines().any(|l| l.contains(line.as_str())) {
+                problems.push(format!("missing line {line:?}"));
+            }
+        }
+        for part in &case.spec.must_exclude {
+            if text.contains(part.as_str()) {
+                problems.push(format!("sends {part:?}"));
+            }
+        }
+        if !problems.is_empty() {
+            wrong.push(format!("{}: {}", case.name, problems.join("; ")));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} cases wrong:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_corpus_covers_every_language_outcome_and_long_files() {
+    let cases = load();
+    assert!(cases.len() >= 40, "{} cases", cases.len());
+    let mut per_language: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in &cases {
+        *per_language.entry(language_of(c)).or_default() += 1;
+    }
+    for lang in [
+        "python",
+        "javascript",
+        "typescript",
+        "java",
+        "rust",
+        "go",
+        "c",
+        "cpp",
+    ] {
+        let n = per_language.get(lang).copied().unwrap_or(0);
+        assert!(n >= 4, "{lang}: {n} cases ({per_language:?})");
+    }
+    let long = cases
+        .iter()
+        .flat_map(|c| &c.files)
+        .filter(|f| f.code.lines().count() > 300)
+        .count();
+    assert!(long >= 10, "{long} files over 300 lines");
+    for outcome in [
+        "focused",
+        "fallback_parse",
+        "fallback_nomatch",
+        "fallback_whole",
+    ] {
+        assert!(
+            cases.iter().any(|c| c.spec.expected_outcome == outcome),
+            "no case expects {outcome}"
+        );
+    }
+}
+
+/// What a tutor needs to cite lines: every frame line in the given code is sent with its own
+/// number, and the focused code is smaller than the whole.
+#[test]
+fn focused_code_keeps_each_frame_line_with_its_number() {
+    for case in load() {
+        let f = run(&case, &settings(&case));
+        let original = f.original_tokens.expect("counted");
+        let sent = f.sent_tokens.expect("counted");
+        let Some(text) = f.text.as_deref() else {
+            assert_eq!(sent, original, "{}: a fallback sends the whole", case.name);
+            continue;
+        };
+        assert!(sent < original, "{}: {sent} >= {original}", case.name);
+        let frames = focus::frames(case.spec.trace.as_deref().unwrap_or_default());
+        let mut found = 0;
+        for fr in frames.iter().filter(|f| !f.library) {
+            let file = case.files.iter().find(|sf| match &sf.path {
+                Some(p) => fr.file.ends_with(p.as_str()) || p.ends_with(fr.file.as_str()),
+                None => true,
+            });
+            let Some(line) = file.and_then(|sf| sf.code.lines().nth(fr.line - 1)) else {
+                continue;
+            };
+            if line.trim().is_empty() {
+                continue;
+            }
+            let numbered = format!("{} | {}", fr.line, line.trim_end());
+            assert!(
+                text.lines().any(|l| l.trim_start() == numbered),
+                "{}: frame line {} not sent as {numbered:?}",
+                case.name,
+                fr.line
+            );
+            found += 1;
+        }
+        assert!(found > 0, "{}: focused without a frame line", case.name);
+    }
+}
+
+/// A long file whose innermost frame calls two helpers.
+fn long_case() -> Case {
+    load()
+        .into_iter()
+        .find(|c| c.name == "py_long_pipeline_keyerror")
+        .expect("the case is in the corpus")
+}
+
+#[test]
+fn over_the_size_cap_past_the_time_limit_or_off_the_code_goes_whole() {
+    let case = long_case();
+    let base = settings(&case);
+    assert_eq!(run(&case, &base).outcome.as_str(), "focused");
+    let capped = FocusSettings {
+        max_bytes: 100,
+        ..base.clone()
+    };
+    let f = run(&case, &capped);
+    assert_eq!(f.outcome.as_str(), "fallback_parse");
+    assert_eq!(f.original_tokens, None, "not counted over the cap");
+    let timed_out = FocusSettings {
+        timeout: Duration::ZERO,
+        ..base.clone()
+    };
+    let f = run(&case, &timed_out);
+    assert_eq!(f.outcome.as_str(), "fallback_parse");
+    assert!(f.text.is_none());
+    let off = FocusSettings {
+        mode: FocusMode::Off,
+        ..base
+    };
+    assert_eq!(run(&case, &off).outcome.as_str(), "off");
+}
+
+#[test]
+fn a_lower_depth_or_token_target_sends_less() {
+    let case = long_case();
+    let base = settings(&case);
+    let full = run(&case, &base);
+    let none = run(
+        &case,
+        &FocusSettings {
+            depth: 0,
+            ..base.clone()
+        },
+    );
+    assert!(
+        none.functions.len() < full.functions.len(),
+        "{:?} vs {:?}",
+        none.functions,
+        full.functions
+    );
+    assert!(none.sent_tokens < full.sent_tokens);
+    let tight = run(
+        &case,
+        &FocusSettings {
+            token_target: 1,
+            ..base
+        },
+    );
+    assert_eq!(
+        tight.functions, none.functions,
+        "the frames' functions are always sent"
+    );
+}
