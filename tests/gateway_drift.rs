@@ -16,37 +16,9 @@ use tutor_testkit::metric_or_zero;
 
 const DRIFT: &str = "tutor_gateway_prefix_cache_drift_total";
 
-/// Everything logged at WARN and above while the guard of [`capture_logs`] lives, as text.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Captures this thread's logs: a `#[tokio::test]` runtime has one thread, so the gateway's
-/// request records are written here.
-fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    (captured, tracing::subscriber::set_default(subscriber))
+/// Everything logged at WARN and above while the guard lives.
+fn capture_logs() -> (tutor_testkit::Captured, tracing::subscriber::DefaultGuard) {
+    tutor_testkit::capture_logs(tracing::Level::WARN)
 }
 
 async fn chat(h: &Harness, messages: Value) {

@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
@@ -279,31 +278,11 @@ async fn the_slot_is_freed_at_the_finish_reason_without_done() {
     h.shutdown().await;
 }
 
-/// A writer that keeps everything the gateway logs.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn no_prompt_text_reaches_the_logs() {
     const SECRET: &str = "sk-live-4242-DO-NOT-LOG";
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .finish();
     // This test's runtime has one thread: everything the gateway logs is on it.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = tutor_testkit::capture_logs(tracing::Level::TRACE);
     let h = harness(
         &[
             "--speed",
@@ -351,7 +330,7 @@ async fn no_prompt_text_reaches_the_logs() {
     let metrics = h.metrics_text().await;
     let log = h.log.lock().unwrap().clone();
     h.shutdown().await;
-    let logged = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logged = captured.text();
     assert!(
         logged.contains("request rejected"),
         "the errors were logged: {logged}"

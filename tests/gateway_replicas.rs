@@ -75,6 +75,26 @@ async fn text(url: String) -> String {
         .unwrap()
 }
 
+/// Opens a streaming `/answer` for `prompt` (URL-encoded) and reads it up to its first token:
+/// the open response and the body read so far.
+async fn first_token(gw: &Gateway, prompt: &str, max_tokens: u32) -> (reqwest::Response, String) {
+    let mut stream = client()
+        .get(format!(
+            "{}/answer?prompt={prompt}&max_output_tokens={max_tokens}",
+            gw.url()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let mut body = String::new();
+    while !body.contains("event: token") {
+        let chunk = stream.chunk().await.unwrap().expect("a first token");
+        body.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    (stream, body)
+}
+
 /// A short `/answer` to its end: its last event's name and data.
 async fn short_answer(gw: &Gateway) -> (String, Value) {
     let body = client()
@@ -119,20 +139,7 @@ async fn a_replica_killed_mid_stream_cuts_that_stream_clearly_others_serve_and_i
         })
         .await
     };
-    let mut stream = client()
-        .get(format!(
-            "{}/answer?prompt=review+my+repository&max_output_tokens=4000",
-            gw.url()
-        ))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(stream.status(), 200);
-    let mut body = String::new();
-    while !body.contains("event: token") {
-        let chunk = stream.chunk().await.unwrap().expect("a first token");
-        body.push_str(std::str::from_utf8(&chunk).unwrap());
-    }
+    let (mut stream, mut body) = first_token(&gw, "review+my+repository", 4000).await;
     let victim = sims
         .iter()
         .position(|s| s.engine.snapshot().running == 1)
@@ -219,23 +226,12 @@ async fn the_engine_abort_goes_to_the_replica_that_served_the_request() {
     })
     .await;
     for round in 0..3 {
-        let mut stream = client()
-            .get(format!(
-                "{}/answer?prompt=review+my+repository+{round}&max_output_tokens=4000",
-                gw.url()
-            ))
-            .send()
-            .await
-            .unwrap();
+        let prompt = format!("review+my+repository+{round}");
+        let (stream, _) = first_token(&gw, &prompt, 4000).await;
         let id = stream.headers()["x-request-id"]
             .to_str()
             .unwrap()
             .to_owned();
-        let mut body = String::new();
-        while !body.contains("event: token") {
-            let chunk = stream.chunk().await.unwrap().expect("a first token");
-            body.push_str(std::str::from_utf8(&chunk).unwrap());
-        }
         let serving = sims
             .iter()
             .position(|s| s.engine.snapshot().running == 1)
@@ -394,20 +390,7 @@ async fn seats_are_spread_by_each_replicas_kv_share() {
     .await;
     let mut streams = Vec::new();
     for i in 0..10 {
-        let mut s = client()
-            .get(format!(
-                "{}/answer?prompt=explain+closures+{i}&max_output_tokens=3000",
-                gw.url()
-            ))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(s.status(), 200);
-        let mut body = String::new();
-        while !body.contains("event: token") {
-            let chunk = s.chunk().await.unwrap().expect("a first token");
-            body.push_str(std::str::from_utf8(&chunk).unwrap());
-        }
+        let (s, _) = first_token(&gw, &format!("explain+closures+{i}"), 3000).await;
         streams.push(s);
     }
     let running: Vec<usize> = sims.iter().map(|s| s.engine.snapshot().running).collect();

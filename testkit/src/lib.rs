@@ -7,6 +7,9 @@
 //! [`bench`] holds what the benchmarks share.
 
 pub mod bench;
+pub mod logs;
+
+pub use logs::{capture_logs, Captured};
 
 use std::future::Future;
 use std::time::Duration;

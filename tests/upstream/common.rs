@@ -121,38 +121,13 @@ pub async fn abort_calls_after_probe(s: &SimServer) -> Vec<Value> {
         .collect()
 }
 
-/// Everything logged while the guard of [`capture_logs`] lives (at every level, as text).
-#[derive(Clone, Default)]
-pub struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Captures this thread's logs: a `#[tokio::test]` runtime has one thread, so everything the
-/// gateway and the simulator log in the test lands here.
+/// Everything logged at DEBUG and above while the guard lives (see
+/// [`tutor_testkit::capture_logs`]).
 pub fn capture_logs() -> (Captured, tracing::subscriber::DefaultGuard) {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    (captured, tracing::subscriber::set_default(subscriber))
+    tutor_testkit::capture_logs(tracing::Level::DEBUG)
 }
+
+pub use tutor_testkit::Captured;
 
 /// The engine dropped exactly one request as aborted and runs nothing.
 pub async fn assert_one_abort_in_engine(s: &SimServer) {
