@@ -280,16 +280,20 @@ async fn sighup_reloads_the_file_of_a_running_gateway() {
         .status()
         .unwrap();
     assert!(hup.success());
-    let mut reloaded = None;
+    // A scrape gathers the metric families one by one, so one taken during the reload may
+    // show the new name before the count: wait for both, then check the count once more.
+    let applied = |m: &str| metric(m, "tutor_gateway_config_reloads_total{outcome=\"applied\"}");
+    let mut reloaded = false;
     for _ in 0..500 {
         let m = get_text(&metrics_url).await;
-        if info(&m).is_some_and(|i| i != before) {
-            reloaded = Some(m);
+        if info(&m).is_some_and(|i| i != before) && applied(&m) >= 1.0 {
+            reloaded = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let m = reloaded.expect("the reloaded configuration is named in /metrics");
+    assert!(reloaded, "the reloaded configuration is named in /metrics");
+    let m = get_text(&metrics_url).await;
     assert_eq!(
         metric(
             &m,
