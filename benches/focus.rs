@@ -6,7 +6,8 @@
 //!    the total and median tokens saved, and how many cases move to a cheaper lane.
 //! 2. **Focus time**: p50 / p99 of one request's focusing (parse, select, render, count) for
 //!    generated Python, TypeScript and C++ files of 200, 2,000 and 10,000 lines, each with a
-//!    three-frame stack trace; also without the token counts, to show the parse's share.
+//!    three-frame stack trace: as shipped (only the definitions the trace can reach are
+//!    parsed; the share of the file parsed is shown) and, side by side, parsing the whole file.
 //!
 //! Run: `cargo bench -p tutor-gateway --bench focus`. Counts come from `TOKENIZER=path/to/
 //! tokenizer.json` (a real vocabulary, e.g. Qwen 2.5's that `scripts/bench-overhead` fetches
@@ -204,8 +205,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn timing(counter: &TokenCounter, bench_mode: bool) {
     println!("## Focus time\n");
-    println!("| language | lines | bytes | outcome | code tokens | sent | p50 | p99 | p50 without counting | p99 without counting |");
-    println!("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|");
+    println!("| language | lines | bytes | outcome | code tokens | sent | parsed | p50 | p99 | p50 whole parse | p99 whole parse |");
+    println!("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     let settings = FocusSettings {
         timeout: Duration::from_secs(5),
         ..FocusSettings::default()
@@ -219,33 +220,41 @@ fn timing(counter: &TokenCounter, bench_mode: bool) {
                 (true, 10_000) => 60,
                 (true, _) => 300,
             };
-            let run = |count: &dyn Fn(&str) -> u32| {
+            let run = |settings: &FocusSettings| {
                 let mut times: Vec<Duration> = Vec::with_capacity(iters);
                 let mut last = None;
                 for _ in 0..iters {
                     let started = Instant::now();
-                    let f = focus::focus(&files, None, Some(&trace), None, &settings, count);
+                    let f = focus::focus(&files, None, Some(&trace), None, settings, &|t| {
+                        counter.count_text(t)
+                    });
                     times.push(started.elapsed());
                     last = Some(f);
                 }
                 times.sort_unstable();
                 (times, last.unwrap())
             };
-            let (times, f) = run(&|t| counter.count_text(t));
-            let (bare, _) = run(&|t| u32::try_from(t.len() / 4).unwrap_or(u32::MAX));
+            let (times, f) = run(&settings);
+            let (whole, w) = run(&FocusSettings {
+                whole_parse: true,
+                ..settings.clone()
+            });
+            assert_eq!(f.text, w.text, "the same selection either way");
             let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
+            let bytes = files[0].code.len();
             println!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {:.0}% | {} | {} | {} | {} |",
                 lang.as_str(),
                 files[0].code.lines().count(),
-                files[0].code.len(),
+                bytes,
                 f.outcome.as_str(),
                 f.original_tokens.unwrap_or(0),
                 f.sent_tokens.unwrap_or(0),
+                100.0 * f.parsed_bytes as f64 / bytes as f64,
                 ms(percentile(&times, 0.5)),
                 ms(percentile(&times, 0.99)),
-                ms(percentile(&bare, 0.5)),
-                ms(percentile(&bare, 0.99)),
+                ms(percentile(&whole, 0.5)),
+                ms(percentile(&whole, 0.99)),
             );
         }
     }

@@ -259,3 +259,46 @@ fn a_lower_depth_or_token_target_sends_less() {
         "the frames' functions are always sent"
     );
 }
+
+/// Parsing only the definitions the trace can reach selects exactly what parsing the whole
+/// code does, at every depth; and in the long files it leaves most of the code unparsed.
+#[test]
+fn parsing_only_what_the_trace_reaches_selects_the_same() {
+    let mut long_saved = 0;
+    for case in load() {
+        for depth in [0, 1, 2] {
+            let part = FocusSettings {
+                depth,
+                ..settings(&case)
+            };
+            let whole = FocusSettings {
+                whole_parse: true,
+                ..part.clone()
+            };
+            let (p, w) = (run(&case, &part), run(&case, &whole));
+            assert_eq!(
+                (p.outcome, &p.functions, &p.text),
+                (w.outcome, &w.functions, &w.text),
+                "{} at depth {depth}",
+                case.name
+            );
+            let bytes: usize = case.files.iter().map(|f| f.code.len()).sum();
+            assert!(p.parsed_bytes <= bytes && w.parsed_bytes <= bytes);
+            if w.outcome == focus::Outcome::Focused {
+                assert_eq!(
+                    w.parsed_bytes, bytes,
+                    "{}: whole_parse parses all",
+                    case.name
+                );
+            }
+            let lines: usize = case.files.iter().map(|f| f.code.lines().count()).sum();
+            if depth == 1 && lines > 300 && p.outcome == focus::Outcome::Focused {
+                long_saved += usize::from(p.parsed_bytes * 2 < bytes);
+            }
+        }
+    }
+    assert!(
+        long_saved >= 5,
+        "only {long_saved} long focused cases parsed less than half their code"
+    );
+}

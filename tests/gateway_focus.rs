@@ -493,6 +493,7 @@ fn a_course_sets_its_focusing_and_bad_values_name_their_key() {
             depth: 2,
             max_bytes: 4096,
             timeout: Duration::from_millis(20),
+            whole_parse: false,
         }
     );
     for (key, value) in [

@@ -222,6 +222,7 @@ fn course_focus(c: &mut Checker, path: &str, raw: &RawCourse) -> FocusSettings {
         );
     }
     FocusSettings {
+        whole_parse: false,
         mode,
         token_target: c
             .u32(

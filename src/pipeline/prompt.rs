@@ -107,6 +107,7 @@ async fn focus_code(state: &AppState, settings: FocusSettings, m: &StudentMateri
                 functions: Vec::new(),
                 text: None,
                 elapsed: std::time::Duration::ZERO,
+                parsed_bytes: 0,
             }
         }
     }

@@ -306,7 +306,10 @@ impl<'t> Index<'t> {
                 if self.text(b).starts_with('{') || row <= n.start_position().row {
                     row.max(start)
                 } else {
-                    (row - 1).max(n.start_position().row).max(start)
+                    // A Python block: the header ends with its `:` (the first statement may
+                    // be further down, past comments or members the parse left out).
+                    let colon = b.prev_sibling().map_or(row - 1, |c| c.end_position().row);
+                    colon.min(row - 1).max(n.start_position().row).max(start)
                 }
             }
         }

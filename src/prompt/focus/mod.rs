@@ -22,6 +22,7 @@
 mod calls;
 mod index;
 mod lang;
+mod outline;
 mod render;
 mod resolve;
 mod select;
@@ -59,6 +60,9 @@ pub struct FocusSettings {
     pub max_bytes: usize,
     /// `focus_timeout_ms`: parsing that takes longer is given up (the code is sent whole).
     pub timeout: Duration,
+    /// Parse every definition instead of only those the trace can reach (see [`outline`]):
+    /// slower, the same selection; for comparison in tests and benchmarks, not configurable.
+    pub whole_parse: bool,
 }
 
 /// Default `focus_token_target`.
@@ -78,6 +82,7 @@ impl Default for FocusSettings {
             depth: DEPTH,
             max_bytes: MAX_BYTES,
             timeout: Duration::from_millis(TIMEOUT_MS),
+            whole_parse: false,
         }
     }
 }
@@ -145,6 +150,9 @@ pub struct Focus {
     pub text: Option<String>,
     /// Time spent (parse, select, render, count).
     pub elapsed: Duration,
+    /// Bytes of code handed to the parser (less than the whole when definitions the trace
+    /// cannot reach were left out); 0 when nothing was parsed.
+    pub parsed_bytes: usize,
 }
 
 impl Focus {
@@ -156,6 +164,7 @@ impl Focus {
             functions: Vec::new(),
             text: None,
             elapsed: started.elapsed(),
+            parsed_bytes: 0,
         }
     }
 
@@ -221,10 +230,50 @@ pub fn focus(
         }
     }
     let deadline = Instant::now() + settings.timeout;
+    let outlines: Vec<Option<outline::Outline>> = files
+        .iter()
+        .zip(&langs)
+        .map(|(f, lang)| {
+            (!settings.whole_parse)
+                .then(|| outline::Outline::scan(*lang, &f.code))
+                .flatten()
+        })
+        .collect();
+    let plan_files: Vec<outline::PlanFile<'_>> = files
+        .iter()
+        .zip(&outlines)
+        .map(|(f, o)| outline::PlanFile {
+            outline: o.as_ref(),
+            src: &f.code,
+            rows: frames
+                .iter()
+                .filter(|fr| !fr.library && select::may_hold(f.path.as_deref(), fr))
+                .filter_map(|fr| fr.line.checked_sub(1))
+                .collect(),
+        })
+        .collect();
+    let frame_names: Vec<&str> = frames
+        .iter()
+        .filter(|f| !f.library)
+        .filter_map(|f| f.function.as_deref())
+        .collect();
+    let plans = outline::plan(&plan_files, &frame_names, settings.depth);
     let mut trees: Vec<Tree> = Vec::with_capacity(files.len());
-    for (f, lang) in files.iter().zip(&langs) {
-        match parse(*lang, &f.code, deadline) {
-            Some(t) if !t.root_node().has_error() => trees.push(t),
+    let mut parsed_bytes = 0;
+    for (((f, lang), o), plan) in files.iter().zip(&langs).zip(&outlines).zip(&plans) {
+        // Only what the trace can reach; the whole file when that does not parse cleanly.
+        let part = match (o, plan) {
+            (Some(o), Some(ranges)) => parse(*lang, &f.code, &o.ts_ranges(ranges), deadline)
+                .filter(|t| !t.root_node().has_error())
+                .map(|t| (t, ranges.iter().map(|r| r.len()).sum::<usize>())),
+            _ => None,
+        };
+        let tree = part.or_else(|| parse(*lang, &f.code, &[], deadline).map(|t| (t, f.code.len())));
+        match tree {
+            Some((t, bytes)) if !t.root_node().has_error() => {
+                trees.push(t);
+                parsed_bytes += bytes;
+            }
             _ => return fallback(Outcome::FallbackParse),
         }
     }
@@ -271,6 +320,7 @@ pub fn focus(
         functions,
         text: Some(text),
         elapsed: started.elapsed(),
+        parsed_bytes,
     }
 }
 
@@ -282,10 +332,13 @@ fn guess(frames: &[Frame]) -> Option<Lang> {
         .find_map(|f| Lang::from_path(&f.file))
 }
 
-/// Parses `code`, giving up at `deadline`.
-fn parse(lang: Lang, code: &str, deadline: Instant) -> Option<Tree> {
+/// Parses `code` (only `ranges` of it, when given), giving up at `deadline`.
+fn parse(lang: Lang, code: &str, ranges: &[tree_sitter::Range], deadline: Instant) -> Option<Tree> {
     let mut parser = Parser::new();
     parser.set_language(&lang.grammar()).ok()?;
+    if !ranges.is_empty() {
+        parser.set_included_ranges(ranges).ok()?;
+    }
     let bytes = code.as_bytes();
     let mut past_deadline = |_: &ParseState| Instant::now() >= deadline;
     let options = ParseOptions::new().progress_callback(&mut past_deadline);

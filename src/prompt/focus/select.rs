@@ -197,6 +197,11 @@ fn file_for(files: &[Parsed<'_>], frame: &Frame, pathless: Option<&str>) -> Opti
     best.map(|(_, i)| i)
 }
 
+/// Whether `frame` may point into a file at `path` (any file without one).
+pub fn may_hold(path: Option<&str>, frame: &Frame) -> bool {
+    path.is_none_or(|p| shared_tail(&normalize(p), &frame.file) > 0)
+}
+
 fn shared_tail(a: &str, b: &str) -> usize {
     a.rsplit('/')
         .zip(b.rsplit('/'))
