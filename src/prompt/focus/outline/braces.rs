@@ -225,6 +225,11 @@ impl Scan<'_> {
                     self.containers.push(Container {
                         names,
                         only_defs: false,
+                        toks: start..end + 1,
+                        rows: (self.l.toks[start].line, self.l.toks[end].end_line),
+                        bytes: 0..0,
+                        parent: container,
+                        whole_lines: self.clean(start, end),
                     });
                     self.members(open + 1, close, Some(ci));
                 }

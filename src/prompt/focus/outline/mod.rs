@@ -49,6 +49,16 @@ pub struct Container {
     pub names: Vec<String>,
     /// Python: every member is a definition (one must stay for the body to parse).
     pub only_defs: bool,
+    /// Its tokens, header to closing brace.
+    pub toks: Range<usize>,
+    /// Its first and last lines.
+    pub rows: (usize, usize),
+    /// Its bytes (whole lines).
+    pub bytes: Range<usize>,
+    /// The container it is nested in.
+    pub parent: Option<usize>,
+    /// It spans whole lines (it may be left out as a whole).
+    pub whole_lines: bool,
 }
 
 /// One file's outline.
@@ -123,6 +133,10 @@ impl Outline {
         for i in 0..out.defs.len() {
             let (first, last) = out.defs[i].rows;
             out.defs[i].bytes = out.line_bytes(first, last);
+        }
+        for i in 0..out.containers.len() {
+            let (first, last) = out.containers[i].rows;
+            out.containers[i].bytes = out.line_bytes(first, last);
         }
         Some(out)
     }
@@ -237,14 +251,33 @@ pub fn plan(
         }
         level = next;
     }
+    // What the kept definitions mention: a class none of them names, holding no kept
+    // definition and no frame, is left out whole (its header and fields too).
+    // The classes holding them count as named (a method's receiver type is looked up by its
+    // impl's name).
+    let mut mentioned: HashSet<&str> = frame_names.iter().copied().collect();
+    for (fi, f) in files.iter().enumerate() {
+        let Some(o) = f.outline else { continue };
+        for (di, d) in o.defs.iter().enumerate() {
+            if keep[fi][di] {
+                mentioned.extend(o.words(f.src, d));
+                let mut c = d.container;
+                while let Some(ci) = c {
+                    mentioned.extend(o.containers[ci].names.iter().map(String::as_str));
+                    c = o.containers[ci].parent;
+                }
+            }
+        }
+    }
     files
         .iter()
         .zip(&mut keep)
         .map(|(f, keep)| {
             let o = f.outline?;
+            let kept_classes = o.kept_containers(f, keep, &mentioned);
             // A Python class body must keep one statement: its smallest definition.
             for (ci, c) in o.containers.iter().enumerate() {
-                if !c.only_defs {
+                if !c.only_defs || !kept_classes[ci] {
                     continue;
                 }
                 let members = || {
@@ -259,18 +292,33 @@ pub fn plan(
                     }
                 }
             }
+            let mut left: Vec<Range<usize>> = o
+                .defs
+                .iter()
+                .zip(keep.iter())
+                .filter(|(_, k)| !**k)
+                .map(|(d, _)| d.bytes.clone())
+                .chain(
+                    o.containers
+                        .iter()
+                        .zip(&kept_classes)
+                        .filter(|(_, k)| !**k)
+                        .map(|(c, _)| c.bytes.clone()),
+                )
+                .collect();
+            left.sort_by_key(|r| (r.start, std::cmp::Reverse(r.end)));
             let mut ranges: Vec<Range<usize>> = Vec::new();
             let mut at = 0;
             let mut left_out = 0;
-            for (d, kept) in o.defs.iter().zip(keep.iter()) {
-                if *kept || d.bytes.start < at {
+            for r in left {
+                if r.start < at {
                     continue;
                 }
-                if d.bytes.start > at {
-                    ranges.push(at..d.bytes.start);
+                if r.start > at {
+                    ranges.push(at..r.start);
                 }
-                left_out += d.bytes.len();
-                at = d.bytes.end;
+                left_out += r.len();
+                at = r.end;
             }
             if at < f.src.len() {
                 ranges.push(at..f.src.len());
@@ -278,6 +326,85 @@ pub fn plan(
             (left_out > 0).then_some(ranges)
         })
         .collect()
+}
+
+impl Outline {
+    /// Which containers stay: those holding a kept definition, a kept container or a frame,
+    /// those a kept definition names (by any word of their own, outside their members'
+    /// definitions), and those that cannot be left out as a whole.
+    fn kept_containers(
+        &self,
+        f: &PlanFile<'_>,
+        keep: &[bool],
+        mentioned: &HashSet<&str>,
+    ) -> Vec<bool> {
+        let n = self.containers.len();
+        let mut kept = vec![false; n];
+        // Each container's direct members' token spans.
+        let mut inner: Vec<Vec<Range<usize>>> = vec![Vec::new(); n];
+        for (d, k) in self.defs.iter().zip(keep) {
+            if let Some(c) = d.container {
+                kept[c] |= *k;
+                inner[c].push(d.toks.clone());
+            }
+        }
+        for c in &self.containers {
+            if let Some(p) = c.parent {
+                inner[p].push(c.toks.clone());
+            }
+        }
+        for ci in (0..n).rev() {
+            let c = &self.containers[ci];
+            if !kept[ci] {
+                let holds_frame = f.rows.iter().any(|&r| c.rows.0 <= r && r <= c.rows.1);
+                kept[ci] = !c.whole_lines
+                    || holds_frame
+                    || c.names.iter().any(|n| mentioned.contains(n.as_str()))
+                    || {
+                        // The types declared in its body (`type X = ..`, `typedef .. X;`).
+                        inner[ci].sort_by_key(|r| r.start);
+                        let mut spans = inner[ci].iter().peekable();
+                        let mut t = c.toks.start;
+                        let mut named = false;
+                        while t < c.toks.end && !named {
+                            if let Some(s) = spans.peek() {
+                                if t >= s.start {
+                                    t = t.max(s.end);
+                                    spans.next();
+                                    continue;
+                                }
+                            }
+                            named = self.declares_type(f.src, t)
+                                && mentioned.contains(self.lexed.text(f.src, t));
+                            t += 1;
+                        }
+                        named
+                    };
+            }
+            if kept[ci] {
+                if let Some(p) = c.parent {
+                    kept[p] = true;
+                }
+            }
+        }
+        kept
+    }
+
+    /// Token `t` names a type where it is declared: after `type`, `struct`, `enum`, `union`,
+    /// `interface`, `class`, `trait` or `using`, or last before the `;` of a `typedef`.
+    fn declares_type(&self, src: &str, t: usize) -> bool {
+        let l = &self.lexed;
+        if l.toks[t].kind != lex::Kind::Ident || t == 0 {
+            return false;
+        }
+        let before = l.text(src, t - 1);
+        let declared = matches!(
+            before,
+            "type" | "struct" | "enum" | "union" | "interface" | "class" | "trait" | "using"
+        );
+        declared
+            || l.is(t + 1, b';') && (t.saturating_sub(12)..t).any(|u| l.text(src, u) == "typedef")
+    }
 }
 
 #[cfg(test)]

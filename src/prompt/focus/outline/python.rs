@@ -139,6 +139,11 @@ impl Scan<'_> {
                 self.containers.push(Container {
                     names,
                     only_defs: false,
+                    toks: self.stmts[first]..self.tok_of(end),
+                    rows: (first_line, last_line),
+                    bytes: 0..0,
+                    parent: container,
+                    whole_lines: true,
                 });
                 if body_from < end {
                     let all = self.members(body_from, end, Some(ci), self.cols[body_from])?;

@@ -56,9 +56,13 @@ fn a_frame_keeps_its_function_what_it_calls_and_its_constructor() {
 }
 
 #[test]
-fn a_python_class_keeps_one_member() {
+fn a_class_nothing_reaches_is_left_out_and_a_python_class_keeps_one_member() {
     let src = "class A:\n    def f(self):\n        return 1\n\n    def g(self):\n        return 2\n\n\ndef main():\n    return 3\n";
     let text = kept(Lang::Python, src, &[9], 1);
+    assert_eq!(text, "def main():\n    return 3\n");
+    // Named (not called), the class stays, with one member for its body to parse.
+    let src = src.replace("return 3", "return A");
+    let text = kept(Lang::Python, &src, &[9], 1);
     assert!(text.contains("class A:") && text.contains("def main"));
     assert_eq!(text.matches("def ").count(), 2, "{text}");
 }
@@ -95,6 +99,9 @@ fn brace_languages_find_methods_functions_and_bound_arrows() {
     let text = kept(Lang::Cpp, cpp, &[6], 1);
     assert!(text.contains("int take") && !text.contains("max_of"));
     assert!(text.contains("int n_;"), "fields stay: {text}");
+    // A frame in `take`, which names no class: `Stack` is left out whole.
+    let text = kept(Lang::Cpp, cpp, &[13], 1);
+    assert!(text.contains("int take") && !text.contains("class Stack") && !text.contains("n_;"));
 
     let go = "package main\n\ntype Cart struct {\n\titems []int\n}\n\nfunc (c *Cart) Total() int {\n\treturn sum(c.items)\n}\n\nfunc sum(xs []int) int {\n\treturn 0\n}\n\nfunc main() {\n}\n";
     let o = outline(Lang::Go, go);
@@ -110,6 +117,8 @@ fn brace_languages_find_methods_functions_and_bound_arrows() {
     );
     let text = kept(Lang::Rust, rust, &[8], 1);
     assert!(text.contains("fn new") && text.contains("fn price") && !text.contains("fn unused"));
+    // The receiver's type stays with its impl's method, though the method never names it.
+    assert!(text.contains("struct Cart") && !text.contains("mod tests"));
 }
 
 #[test]
