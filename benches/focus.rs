@@ -8,6 +8,7 @@
 //!    generated Python, TypeScript and C++ files of 200, 2,000 and 10,000 lines, each with a
 //!    three-frame stack trace: as shipped (only the definitions the trace can reach are
 //!    parsed; the share of the file parsed is shown) and, side by side, parsing the whole file.
+//! 3. **The corpus's long files**: the same two timings for each case over 300 lines.
 //!
 //! Run: `cargo bench -p tutor-gateway --bench focus`. Counts come from `TOKENIZER=path/to/
 //! tokenizer.json` (a real vocabulary, e.g. Qwen 2.5's that `scripts/bench-overhead` fetches
@@ -38,6 +39,69 @@ fn main() {
     println!("# Focusing benchmark\n\nToken counts: {source}.\n");
     corpus(&counter);
     timing(&counter, bench_mode);
+    long_cases(&counter, bench_mode);
+}
+
+/// Focus time for the corpus's files over 300 lines (student-style code), as shipped and
+/// parsing the whole file.
+fn long_cases(counter: &TokenCounter, bench_mode: bool) {
+    println!("\n## Focus time, the corpus's long files\n");
+    println!("| case | lines | outcome | parsed | p50 | p99 | p50 whole parse | p99 whole parse |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    let iters = if bench_mode { 300 } else { 3 };
+    for case in focus_cases::load() {
+        let lines: usize = case.files.iter().map(|f| f.code.lines().count()).sum();
+        if lines <= 300 {
+            continue;
+        }
+        let settings = FocusSettings {
+            depth: case.spec.depth.unwrap_or(focus::DEPTH),
+            token_target: case.spec.token_target.unwrap_or(focus::TOKEN_TARGET),
+            timeout: Duration::from_secs(5),
+            ..FocusSettings::default()
+        };
+        let run = |settings: &FocusSettings| {
+            let mut times: Vec<Duration> = Vec::with_capacity(iters);
+            let mut last = None;
+            for _ in 0..iters {
+                let started = Instant::now();
+                let f = focus::focus(
+                    &case.files,
+                    case.lang,
+                    case.spec.trace.as_deref(),
+                    case.spec.question.as_deref(),
+                    settings,
+                    &|t| counter.count_text(t),
+                );
+                times.push(started.elapsed());
+                last = Some(f);
+            }
+            times.sort_unstable();
+            (times, last.unwrap())
+        };
+        let (times, f) = run(&settings);
+        let (whole, w) = run(&FocusSettings {
+            whole_parse: true,
+            ..settings.clone()
+        });
+        assert_eq!(
+            f.text, w.text,
+            "{}: the same selection either way",
+            case.name
+        );
+        let bytes: usize = case.files.iter().map(|f| f.code.len()).sum();
+        let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
+        println!(
+            "| {} | {lines} | {} | {:.0}% | {} | {} | {} | {} |",
+            case.name,
+            f.outcome.as_str(),
+            100.0 * f.parsed_bytes as f64 / bytes as f64,
+            ms(percentile(&times, 0.5)),
+            ms(percentile(&times, 0.99)),
+            ms(percentile(&whole, 0.5)),
+            ms(percentile(&whole, 0.99)),
+        );
+    }
 }
 
 fn corpus(counter: &TokenCounter) {
