@@ -302,3 +302,51 @@ fn parsing_only_what_the_trace_reaches_selects_the_same() {
         "only {long_saved} long focused cases parsed less than half their code"
     );
 }
+
+/// The same over many more traces: a compiler error at every seventh line of code of every file
+/// of the corpus (in a function, between functions, in a class body, on an import), at depths
+/// 1 and 2, selects the same whether only what the error can reach is parsed or everything is.
+/// (Blank and comment lines are skipped: what a frame there falls in depends on where the
+/// parser ends the block around it. So is code that does not parse: a syntax error the
+/// error's line cannot reach is not seen, by design.)
+#[test]
+fn an_error_at_any_line_selects_the_same_either_way() {
+    let mut compared = 0;
+    for case in load() {
+        if case.spec.expected_outcome == "fallback_parse" {
+            continue;
+        }
+        for file in &case.files {
+            let Some(path) = &file.path else { continue };
+            let code_lines = file.code.lines().enumerate().filter(|(_, l)| {
+                let t = l.trim();
+                !(t.is_empty() || ["#", "//", "/*", "*"].iter().any(|c| t.starts_with(c)))
+            });
+            for line in code_lines.step_by(7).map(|(i, _)| i + 1) {
+                let trace = format!("{path}:{line}:1: error: something is wrong here");
+                for depth in [1, 2] {
+                    let part = FocusSettings {
+                        depth,
+                        ..settings(&case)
+                    };
+                    let whole = FocusSettings {
+                        whole_parse: true,
+                        ..part.clone()
+                    };
+                    let go = |s: &FocusSettings| {
+                        focus::focus(&case.files, case.lang, Some(&trace), None, s, &heuristic)
+                    };
+                    let (p, w) = (go(&part), go(&whole));
+                    assert_eq!(
+                        (p.outcome, &p.functions, &p.text),
+                        (w.outcome, &w.functions, &w.text),
+                        "{} {path}:{line} at depth {depth}",
+                        case.name
+                    );
+                    compared += 1;
+                }
+            }
+        }
+    }
+    assert!(compared > 1000, "{compared} traces compared");
+}

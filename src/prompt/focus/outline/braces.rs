@@ -171,6 +171,7 @@ impl Scan<'_> {
 
     fn members(&mut self, from: usize, to: usize, container: Option<usize>) {
         let asi = self.js() || self.lang == Lang::Go;
+        let typed_js = matches!(self.lang, Lang::TypeScript | Lang::Tsx);
         let mut i = from;
         while i < to {
             // C++ access labels (`public:`) stand alone.
@@ -189,11 +190,23 @@ impl Scan<'_> {
             let mut j = i;
             let mut body = None;
             while j < to {
-                if j > start && asi && self.l.toks[j].first_on_line && self.starts_item(j) {
+                // (Decorators go with what follows them, on whatever line.)
+                let decorated = self.is(start, b'@');
+                if j > start
+                    && asi
+                    && !decorated
+                    && self.l.toks[j].first_on_line
+                    && self.starts_item(j)
+                {
                     break;
                 }
                 match self.l.toks[j].kind {
                     Kind::Punct(b'(' | b'[') => {
+                        j = self.past(j);
+                        continue;
+                    }
+                    // A TypeScript object type (`f(): { a: T } {`) is part of the header.
+                    Kind::Punct(b'{') if typed_js && j > start && self.is(j - 1, b':') => {
                         j = self.past(j);
                         continue;
                     }
@@ -206,11 +219,18 @@ impl Scan<'_> {
                 }
             }
             let Some(open) = body else {
-                i = if self.is(j, b';') {
+                let next = if self.is(j, b';') {
                     j + 1
                 } else {
                     j.max(start + 1)
                 };
+                // A statement with a function inside (`app.get("/", (req, res) => {..});`)
+                // stays, but what it defines and mentions counts.
+                let last = (next - 1).min(to - 1);
+                if (start..=last).any(|t| self.is(t, b'{')) {
+                    self.push_def(start, last, container, true);
+                }
+                i = next;
                 continue;
             };
             let close = self.l.toks[open].mate;
@@ -233,8 +253,12 @@ impl Scan<'_> {
                     });
                     self.members(open + 1, close, Some(ci));
                 }
-                Member::Def if self.clean(start, end) => self.push_def(start, end, container),
-                _ => {}
+                Member::Def if self.clean(start, end) => {
+                    self.push_def(start, end, container, false);
+                }
+                // What the scan cannot leave out stays, but what it defines and mentions
+                // counts (an `operator<<`, a definition sharing its line).
+                _ => self.push_def(start, end, container, true),
             }
             i = end + 1;
         }
@@ -459,7 +483,7 @@ impl Scan<'_> {
         }
         let mut u = self.past(t);
         while u < open {
-            if self.is(u, b'(') || self.is(u, b'[') {
+            if self.is(u, b'(') || self.is(u, b'[') || self.is(u, b'{') {
                 u = self.past(u);
                 continue;
             }
@@ -489,7 +513,7 @@ impl Scan<'_> {
                 if self.arrow(u) {
                     return u + 2 == open;
                 }
-                if self.is(u, b'(') || self.is(u, b'[') {
+                if self.is(u, b'(') || self.is(u, b'[') || self.is(u, b'{') {
                     u = self.past(u);
                     continue;
                 }
@@ -500,24 +524,33 @@ impl Scan<'_> {
         self.ident(v) && self.arrow(v + 1) && v + 3 == open
     }
 
-    fn push_def(&mut self, start: usize, end: usize, container: Option<usize>) {
+    fn push_def(&mut self, start: usize, end: usize, container: Option<usize>, pinned: bool) {
         let mut names: Vec<String> = Vec::new();
         let js = self.js();
         for t in start..=end {
             if !self.ident(t) {
                 continue;
             }
+            // A nested type's name where it is defined (`struct Point {`), not where a
+            // parameter's type names one (`struct Point *p`).
+            let defines_type = || {
+                self.is(t + 1, b'{')
+                    || self.is(t + 1, b':')
+                    || self.is(t + 1, b'<')
+                    || matches!(self.text(t + 1), "extends" | "implements")
+            };
             let after_keyword = t > 0
-                && matches!(
-                    self.text(t - 1),
-                    "fn" | "function" | "class" | "struct" | "interface" | "trait" | "enum"
-                );
+                && match self.text(t - 1) {
+                    "fn" | "function" => true,
+                    "class" | "struct" | "interface" | "trait" | "enum" => defines_type(),
+                    _ => false,
+                };
             if after_keyword
                 || self.is(t + 1, b'(') && self.opens_body(t + 1, end)
                 || js && self.binds_function(t, end)
             {
                 let w = self.text(t);
-                if !names.iter().any(|n| n == w) {
+                if !self.reserved(w) && !names.iter().any(|n| n == w) {
                     names.push(w.to_owned());
                 }
             }
@@ -527,9 +560,11 @@ impl Scan<'_> {
             Lang::Rust => Some("new"),
             _ => None,
         };
+        // Named by the language (`new`, `constructor`), or else after the class (Java, C++).
         let ctor = container.is_some_and(|c| {
-            names.iter().any(|n| {
-                Some(n.as_str()) == ctor_word || self.containers[c].names.iter().any(|k| k == n)
+            names.iter().any(|n| match ctor_word {
+                Some(w) => n == w,
+                None => self.containers[c].names.iter().any(|k| k == n),
             })
         });
         let (first, last) = (self.l.toks[start].line, self.l.toks[end].end_line);
@@ -540,13 +575,34 @@ impl Scan<'_> {
             names,
             container,
             ctor,
+            pinned,
         });
+    }
+
+    /// A word the language reserves, so never a definition's name (`if (..) {`, Go's `func
+    /// (r T) M(..) {`).
+    fn reserved(&self, w: &str) -> bool {
+        let everywhere = matches!(w, "if" | "for" | "while" | "switch" | "return" | "else");
+        let c_family = !matches!(self.lang, Lang::Go | Lang::Rust)
+            && matches!(w, "catch" | "try" | "throw" | "do" | "sizeof" | "typeof");
+        everywhere
+            || c_family
+            || match self.lang {
+                Lang::Go => w == "func",
+                Lang::Rust => w == "fn",
+                Lang::JavaScript | Lang::TypeScript | Lang::Tsx => w == "function",
+                _ => false,
+            }
     }
 
     /// The `(` at `p` closes into `) ... {`: a definition's parameters (or a block's
     /// condition), not a call's arguments.
     fn opens_body(&self, p: usize, limit: usize) -> bool {
         let mut u = self.past(p);
+        // `lines().enumerate() {`: a call's result used, not parameters.
+        if self.is(u, b'.') {
+            return false;
+        }
         let stop = (u + 64).min(limit + 1);
         while u < stop {
             match self.l.toks[u].kind {
@@ -562,22 +618,41 @@ impl Scan<'_> {
         false
     }
 
-    /// JS / TS: `name = <function>` or `name: <function>`, the function's body opening
-    /// before `limit`.
+    /// JS / TS: `name = <function>` or `name: <function>`: `[async] function`, `[async]
+    /// (...) [: T] =>` or `[async] x =>`, with a block body or an expression.
     fn binds_function(&self, t: usize, limit: usize) -> bool {
         let binder = self.is(t + 1, b':') || self.is(t + 1, b'=') && !self.arrow(t + 1);
         if !binder || self.is(t + 2, b'=') {
             return false;
         }
-        let (mut u, stop) = (t + 2, limit.min(t + 80));
-        while u <= stop {
-            match self.l.toks[u].kind {
-                Kind::Punct(b'{') => return self.function_value(t + 2, u),
-                Kind::Punct(b'(' | b'[') => u = self.past(u),
-                Kind::Punct(b';' | b',' | b')' | b']' | b'}') => return false,
-                _ => u += 1,
-            }
+        let mut v = t + 2;
+        if self.text(v) == "async" {
+            v += 1;
         }
-        false
+        if self.text(v) == "function" {
+            return true;
+        }
+        if self.is(v, b'<') {
+            v = self.past_angles(v, limit);
+        }
+        if self.is(v, b'(') {
+            let mut u = self.past(v);
+            let stop = (u + 40).min(limit + 1);
+            while u < stop {
+                if self.arrow(u) {
+                    return true;
+                }
+                match self.l.toks[u].kind {
+                    Kind::Punct(b'(' | b'[') => {
+                        u = self.past(u);
+                        continue;
+                    }
+                    Kind::Punct(b'{' | b';' | b',' | b')' | b']' | b'}' | b'=') => return false,
+                    _ => u += 1,
+                }
+            }
+            return false;
+        }
+        self.ident(v) && self.arrow(v + 1)
     }
 }

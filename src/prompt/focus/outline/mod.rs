@@ -40,6 +40,9 @@ pub struct Def {
     pub container: Option<usize>,
     /// Whether it is its class's constructor (or may be).
     pub ctor: bool,
+    /// Never left out (a statement or definition the scan cannot cut out): only read for
+    /// what it defines and mentions.
+    pub pinned: bool,
 }
 
 /// A class, impl or namespace body whose members were outlined.
@@ -141,13 +144,34 @@ impl Outline {
         Some(out)
     }
 
-    /// The identifiers of definition `d`.
-    fn words<'a>(&'a self, src: &'a str, d: &Def) -> impl Iterator<Item = &'a str> + 'a {
+    /// The identifiers of definition `d`, those in Python f-strings' fields included.
+    fn words<'a>(&'a self, src: &'a str, d: &Def) -> Vec<&'a str> {
         let lexed = &self.lexed;
-        d.toks
-            .clone()
-            .filter(move |&i| lexed.toks[i].kind == lex::Kind::Ident)
-            .map(move |i| lexed.text(src, i))
+        let mut out = Vec::new();
+        for i in d.toks.clone() {
+            let t = &lexed.toks[i];
+            match t.kind {
+                lex::Kind::Ident => out.push(lexed.text(src, i)),
+                lex::Kind::Str if i > 0 && self.f_string(src, i) => {
+                    let text = lexed.text(src, i);
+                    out.extend(
+                        text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                            .filter(|w| w.chars().next().is_some_and(|c| !c.is_ascii_digit())),
+                    );
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// String token `i` is a Python f-string (its prefix, an identifier touching it, has an `f`).
+    fn f_string(&self, src: &str, i: usize) -> bool {
+        let (l, p) = (&self.lexed, &self.lexed.toks[i - 1]);
+        p.kind == lex::Kind::Ident
+            && p.end == l.toks[i].start
+            && p.end - p.start <= 3
+            && l.text(src, i - 1).contains(['f', 'F'])
     }
 
     /// `ranges` (whole lines) as the parser's included ranges.
@@ -214,6 +238,31 @@ pub fn plan(
                 level.push((fi, di));
                 if let Some(c) = d.container {
                     touched.extend(o.containers[c].names.iter().map(String::as_str));
+                }
+            }
+        }
+    }
+    // A frame in a class but in none of its definitions (its header, a decorator, a field)
+    // sends the statement around it, the whole class: keep all of it.
+    for (fi, f) in files.iter().enumerate() {
+        let Some(o) = f.outline else { continue };
+        for &r in &f.rows {
+            let holds = |rows: (usize, usize)| rows.0 <= r && r <= rows.1;
+            if o.defs.iter().any(|d| holds(d.rows)) {
+                continue;
+            }
+            let Some(c) = o
+                .containers
+                .iter()
+                .filter(|c| holds(c.rows))
+                .min_by_key(|c| c.rows.1 - c.rows.0)
+            else {
+                continue;
+            };
+            for (di, d) in o.defs.iter().enumerate() {
+                if !keep[fi][di] && c.rows.0 <= d.rows.0 && d.rows.1 <= c.rows.1 {
+                    keep[fi][di] = true;
+                    level.push((fi, di));
                 }
             }
         }
@@ -286,7 +335,7 @@ pub fn plan(
                         .enumerate()
                         .filter(|(_, d)| d.container == Some(ci))
                 };
-                if !members().any(|(di, _)| keep[di]) {
+                if !members().any(|(di, d)| keep[di] || d.pinned) {
                     if let Some((di, _)) = members().min_by_key(|(_, d)| d.bytes.len()) {
                         keep[di] = true;
                     }
@@ -296,7 +345,7 @@ pub fn plan(
                 .defs
                 .iter()
                 .zip(keep.iter())
-                .filter(|(_, k)| !**k)
+                .filter(|(d, k)| !**k && !d.pinned)
                 .map(|(d, _)| d.bytes.clone())
                 .chain(
                     o.containers

@@ -43,6 +43,41 @@ pub fn outline(out: &mut Outline, src: &str, _lang: Lang) -> Option<()> {
 }
 
 impl Scan<'_> {
+    /// Records the definition (or, `pinned`, the compound statement) of statements
+    /// `first..end` whose head token is `head`.
+    fn push(
+        &mut self,
+        first: usize,
+        head: usize,
+        end: usize,
+        container: Option<usize>,
+        pinned: bool,
+        first_line: usize,
+    ) {
+        let last_line = self.last_line_before(end).max(first_line);
+        let toks = self.stmts[first]..self.tok_of(end);
+        let own = if self.text(head) == "async" {
+            head + 2
+        } else {
+            head + 1
+        };
+        let mut names = Vec::new();
+        for t in toks.clone() {
+            if t > 0 && matches!(self.text(t - 1), "def" | "class") {
+                names.push(self.text(t).to_owned());
+            }
+        }
+        self.defs.push(Def {
+            bytes: 0..0,
+            rows: (first_line, last_line),
+            toks,
+            names,
+            container,
+            ctor: !pinned && container.is_some() && self.text(own) == "__init__",
+            pinned,
+        });
+    }
+
     fn text(&self, tok: usize) -> &str {
         if tok < self.l.toks.len() {
             self.l.text(self.src, tok)
@@ -95,32 +130,19 @@ impl Scan<'_> {
             let is_class = self.text(head) == "class";
             if !is_def && !is_class {
                 only_defs = false;
+                if end > k + 1 {
+                    // A compound statement (`if __name__ == "__main__":`, `try:`) stays, but
+                    // what it defines and mentions counts.
+                    let first_line = self.l.toks[self.stmts[first]].line;
+                    self.push(first, self.stmts[k], end, container, true, first_line);
+                }
                 k = end;
                 continue;
             }
             let first_line = self.l.toks[self.stmts[first]].line;
             let last_line = self.last_line_before(end).max(first_line);
             if is_def {
-                let toks = self.stmts[first]..self.tok_of(end);
-                let own = if self.text(head) == "async" {
-                    head + 2
-                } else {
-                    head + 1
-                };
-                let mut names = Vec::new();
-                for t in toks.clone() {
-                    if t > 0 && matches!(self.text(t - 1), "def" | "class") {
-                        names.push(self.text(t).to_owned());
-                    }
-                }
-                self.defs.push(Def {
-                    bytes: 0..0,
-                    rows: (first_line, last_line),
-                    toks,
-                    names,
-                    container,
-                    ctor: container.is_some() && self.text(own) == "__init__",
-                });
+                self.push(first, head, end, container, false, first_line);
             } else {
                 only_defs = false;
                 let body_from = k + 1;

@@ -4,8 +4,13 @@ fn outline(lang: Lang, src: &str) -> Outline {
     Outline::scan(lang, src).expect("outlined")
 }
 
+/// The names of the definitions that may be left out.
 fn def_names(o: &Outline) -> Vec<Vec<String>> {
-    o.defs.iter().map(|d| d.names.clone()).collect()
+    o.defs
+        .iter()
+        .filter(|d| !d.pinned)
+        .map(|d| d.names.clone())
+        .collect()
 }
 
 fn kept(lang: Lang, src: &str, rows: &[usize], depth: u32) -> String {
@@ -80,7 +85,7 @@ fn brace_languages_find_methods_functions_and_bound_arrows() {
             vec!["unused"]
         ]
     );
-    assert!(o.defs[0].ctor);
+    assert!(o.defs.iter().any(|d| d.ctor && d.names == ["constructor"]));
     let text = kept(Lang::TypeScript, ts, &[7], 1);
     assert!(text.contains("total()") && text.contains("const price"));
     assert!(text.contains("constructor") && !text.contains("unused"));
@@ -128,6 +133,19 @@ fn what_the_scan_cannot_read_is_parsed() {
         "int a(void) { return 1; } int b(void) { return 2; }\nint main(void) {\n    return 0;\n}\n";
     let o = outline(Lang::C, src);
     assert_eq!(def_names(&o), [vec!["main"]]);
+    // Still read for what they define and mention.
+    let pinned: Vec<_> = o
+        .defs
+        .iter()
+        .filter(|d| d.pinned)
+        .map(|d| d.names.clone())
+        .collect();
+    assert_eq!(pinned, [vec!["a"], vec!["b"]]);
+    let text = kept(Lang::C, "int a(void) { return b(); } int z;\nint b(void) {\n    return 2;\n}\nint c(void) {\n    return 3;\n}\n", &[0], 1);
+    assert!(
+        text.contains("int b(void)") && !text.contains("int c(void)"),
+        "{text}"
+    );
     // Unbalanced code is not outlined at all.
     assert!(Outline::scan(Lang::C, "int f(void) {\n  return 1;\n").is_none());
     assert!(Outline::scan(Lang::Python, "def f(:\n    return (1\n").is_none());
