@@ -232,10 +232,10 @@ async fn the_engine_gets_prefix_turns_question_focused_code_then_trace() {
     );
     // The model can cite the failing line by its number in the file.
     assert!(
-        user.contains("318 |     return (end - start).days\n"),
+        user.contains("167 |     return (end - start).days\n"),
         "{user}"
     );
-    assert!(!user.contains("class ShelfRepository"));
+    assert!(!user.contains("class ReservationQueue"));
 
     // The same request with focusing off: the whole file, a bigger lane.
     let (status, body) = answer(&h, &request("py101-off", &f)).await;
@@ -248,9 +248,13 @@ async fn the_engine_gets_prefix_turns_question_focused_code_then_trace() {
         user_off.contains(&format!("My code (`library.py`):\n```\n{}\n```", f.code)),
         "the whole file as sent before focusing existed"
     );
-    // Classification sees what is sent: the focused request is small, the whole file large.
+    // Classification sees what is sent: the focused request is small, the whole file goes to
+    // a bigger lane.
     assert_eq!(m["lane"], "small", "{m}");
-    assert_eq!(off["lane"], "large", "{off}");
+    assert!(
+        matches!(off["lane"].as_str(), Some("medium" | "large")),
+        "{off}"
+    );
     let saved = want.saved();
 
     let text = h.metrics_text().await;

@@ -200,6 +200,24 @@ pub fn lex(lang: Lang, src: &str) -> Option<Lexed> {
                     lx.push(Kind::Str, start, i)?;
                 }
             }
+            b'/' if js && lx.regex_may_start(src) => {
+                // A regular expression literal: to its closing `/` (not in a `[...]` class).
+                let mut j = i + 1;
+                let mut class = false;
+                loop {
+                    match b.get(j)? {
+                        b'\\' => j += 1,
+                        b'\n' => return None,
+                        b'[' => class = true,
+                        b']' => class = false,
+                        b'/' if !class => break,
+                        _ => {}
+                    }
+                    j += 1;
+                }
+                i = j + 1;
+                lx.push(Kind::Str, start, i)?;
+            }
             b'`' if js => {
                 i = lx.template(i + 1)?;
             }
@@ -294,6 +312,22 @@ impl Lexer<'_> {
         });
         self.prev_end_line = Some(end_line);
         Some(())
+    }
+
+    /// A `/` here begins a regular expression, not a division: after an operator, an opening
+    /// bracket, a `,` / `;`, `return` or `typeof`, or first in the file.
+    fn regex_may_start(&self, src: &str) -> bool {
+        let Some(prev) = self.toks.last() else {
+            return true;
+        };
+        match prev.kind {
+            Kind::Punct(c) => !matches!(c, b')' | b']' | b'}'),
+            Kind::Ident => matches!(
+                src.get(prev.start..prev.end),
+                Some("return" | "typeof" | "case" | "in" | "of" | "yield")
+            ),
+            _ => false,
+        }
     }
 
     /// Scans a template literal's text from `i` to its closing backtick (pushing it as a
@@ -394,6 +428,13 @@ mod tests {
         let t = texts(Lang::JavaScript, "const s = `a ${ {x: 1}.x } b`; f(s)");
         assert_eq!(t.iter().filter(|s| *s == "{").count(), 1);
         assert!(t.contains(&"f".to_owned()));
+        // A regular expression with a quote and a bracket; a division is not one.
+        let t = texts(
+            Lang::JavaScript,
+            "const re = /[\"{]/g; const h = w / 2 / 3; g(re)",
+        );
+        assert_eq!(t.iter().filter(|s| *s == "{").count(), 0);
+        assert!(t.contains(&"g".to_owned()) && t.contains(&"h".to_owned()));
     }
 
     #[test]
