@@ -60,37 +60,17 @@ fn long_cases(counter: &TokenCounter, bench_mode: bool) {
             timeout: Duration::from_secs(5),
             ..FocusSettings::default()
         };
-        let run = |settings: &FocusSettings| {
-            let mut times: Vec<Duration> = Vec::with_capacity(iters);
-            let mut last = None;
-            for _ in 0..iters {
-                let started = Instant::now();
-                let f = focus::focus(
-                    &case.files,
-                    case.lang,
-                    case.spec.trace.as_deref(),
-                    case.spec.question.as_deref(),
-                    settings,
-                    &|t| counter.count_text(t),
-                );
-                times.push(started.elapsed());
-                last = Some(f);
-            }
-            times.sort_unstable();
-            (times, last.unwrap())
-        };
-        let (times, f) = run(&settings);
-        let (whole, w) = run(&FocusSettings {
-            whole_parse: true,
-            ..settings.clone()
+        let ((times, f), (whole, _)) = both_ways(iters, &settings, &case.name, &|s| {
+            focus::focus(
+                &case.files,
+                case.lang,
+                case.spec.trace.as_deref(),
+                case.spec.question.as_deref(),
+                s,
+                &|t| counter.count_text(t),
+            )
         });
-        assert_eq!(
-            f.text, w.text,
-            "{}: the same selection either way",
-            case.name
-        );
         let bytes: usize = case.files.iter().map(|f| f.code.len()).sum();
-        let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
         println!(
             "| {} | {lines} | {} | {:.0}% | {} | {} | {} | {} |",
             case.name,
@@ -262,6 +242,42 @@ fn generated(lang: Lang, lines: usize) -> (SourceFile, String) {
     )
 }
 
+/// `iters` sorted timings of `run` as shipped and, after them, with the whole file parsed,
+/// each with its last result; the two must select the same.
+fn both_ways(
+    iters: usize,
+    settings: &FocusSettings,
+    what: &str,
+    run: &dyn Fn(&FocusSettings) -> focus::Focus,
+) -> ((Vec<Duration>, focus::Focus), (Vec<Duration>, focus::Focus)) {
+    let timed = |settings: &FocusSettings| {
+        let mut times: Vec<Duration> = Vec::with_capacity(iters);
+        let mut last = None;
+        for _ in 0..iters {
+            let started = Instant::now();
+            let f = run(settings);
+            times.push(started.elapsed());
+            last = Some(f);
+        }
+        times.sort_unstable();
+        (times, last.expect("at least one iteration"))
+    };
+    let shipped = timed(settings);
+    let whole = timed(&FocusSettings {
+        whole_parse: true,
+        ..settings.clone()
+    });
+    assert_eq!(
+        shipped.1.text, whole.1.text,
+        "{what}: the same selection either way"
+    );
+    (shipped, whole)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -284,27 +300,12 @@ fn timing(counter: &TokenCounter, bench_mode: bool) {
                 (true, 10_000) => 60,
                 (true, _) => 300,
             };
-            let run = |settings: &FocusSettings| {
-                let mut times: Vec<Duration> = Vec::with_capacity(iters);
-                let mut last = None;
-                for _ in 0..iters {
-                    let started = Instant::now();
-                    let f = focus::focus(&files, None, Some(&trace), None, settings, &|t| {
-                        counter.count_text(t)
-                    });
-                    times.push(started.elapsed());
-                    last = Some(f);
-                }
-                times.sort_unstable();
-                (times, last.unwrap())
-            };
-            let (times, f) = run(&settings);
-            let (whole, w) = run(&FocusSettings {
-                whole_parse: true,
-                ..settings.clone()
+            let what = format!("{} {lines}", lang.as_str());
+            let ((times, f), (whole, _)) = both_ways(iters, &settings, &what, &|s| {
+                focus::focus(&files, None, Some(&trace), None, s, &|t| {
+                    counter.count_text(t)
+                })
             });
-            assert_eq!(f.text, w.text, "the same selection either way");
-            let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1000.0);
             let bytes = files[0].code.len();
             println!(
                 "| {} | {} | {} | {} | {} | {} | {:.0}% | {} | {} | {} | {} |",

@@ -260,6 +260,31 @@ fn a_lower_depth_or_token_target_sends_less() {
     );
 }
 
+/// `go` with the case's settings at `depth`, parsing only what the trace can reach and then
+/// the whole code: the two must select the same (outcome, functions, text).
+fn both_ways(
+    case: &Case,
+    depth: u32,
+    what: &str,
+    go: &dyn Fn(&FocusSettings) -> Focus,
+) -> (Focus, Focus) {
+    let part = FocusSettings {
+        depth,
+        ..settings(case)
+    };
+    let whole = FocusSettings {
+        whole_parse: true,
+        ..part.clone()
+    };
+    let (p, w) = (go(&part), go(&whole));
+    assert_eq!(
+        (p.outcome, &p.functions, &p.text),
+        (w.outcome, &w.functions, &w.text),
+        "{what}"
+    );
+    (p, w)
+}
+
 /// Parsing only the definitions the trace can reach selects exactly what parsing the whole
 /// code does, at every depth; and in the long files it leaves most of the code unparsed.
 #[test]
@@ -267,20 +292,11 @@ fn parsing_only_what_the_trace_reaches_selects_the_same() {
     let mut long_saved = 0;
     for case in load() {
         for depth in [0, 1, 2] {
-            let part = FocusSettings {
+            let (p, w) = both_ways(
+                &case,
                 depth,
-                ..settings(&case)
-            };
-            let whole = FocusSettings {
-                whole_parse: true,
-                ..part.clone()
-            };
-            let (p, w) = (run(&case, &part), run(&case, &whole));
-            assert_eq!(
-                (p.outcome, &p.functions, &p.text),
-                (w.outcome, &w.functions, &w.text),
-                "{} at depth {depth}",
-                case.name
+                &format!("{} at depth {depth}", case.name),
+                &|s| run(&case, s),
             );
             let bytes: usize = case.files.iter().map(|f| f.code.len()).sum();
             assert!(p.parsed_bytes <= bytes && w.parsed_bytes <= bytes);
@@ -325,24 +341,10 @@ fn an_error_at_any_line_selects_the_same_either_way() {
             for line in code_lines.step_by(7).map(|(i, _)| i + 1) {
                 let trace = format!("{path}:{line}:1: error: something is wrong here");
                 for depth in [1, 2] {
-                    let part = FocusSettings {
-                        depth,
-                        ..settings(&case)
-                    };
-                    let whole = FocusSettings {
-                        whole_parse: true,
-                        ..part.clone()
-                    };
-                    let go = |s: &FocusSettings| {
+                    let what = format!("{} {path}:{line} at depth {depth}", case.name);
+                    both_ways(&case, depth, &what, &|s| {
                         focus::focus(&case.files, case.lang, Some(&trace), None, s, &heuristic)
-                    };
-                    let (p, w) = (go(&part), go(&whole));
-                    assert_eq!(
-                        (p.outcome, &p.functions, &p.text),
-                        (w.outcome, &w.functions, &w.text),
-                        "{} {path}:{line} at depth {depth}",
-                        case.name
-                    );
+                    });
                     compared += 1;
                 }
             }
