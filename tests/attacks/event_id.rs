@@ -1,0 +1,1 @@
+//! (filled in by the issue 29 work)
