@@ -36,7 +36,13 @@ pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> R
         return GatewayError::UnsupportedMediaType.into_response();
     }
     let action = req.uri().path().starts_with("/admin/");
-    if let Some(token) = state.config().server.admin_token.as_ref().filter(|_| action) {
+    if let Some(token) = state
+        .config()
+        .server
+        .admin_token
+        .as_ref()
+        .filter(|_| action)
+    {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)

@@ -55,7 +55,11 @@ impl StreamSlots {
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        let mut open = self.slots.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut open = self
+            .slots
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(held) = open.get_mut(&self.tenant) {
             *held = held.saturating_sub(1);
             if *held == 0 {

@@ -45,7 +45,10 @@ pub fn check_notify(raw: &Value, allow: &[WebhookPattern]) -> Result<reqwest::Ur
     // An encoded `/`, `\` or `.` could take a decoding receiver out of the allowed path; so
     // could an encoded `%` (`%252e%252e`: `..` to a receiver that decodes twice).
     let path = url.path().to_ascii_lowercase();
-    if ["%2f", "%5c", "%2e", "%25"].iter().any(|e| path.contains(e)) {
+    if ["%2f", "%5c", "%2e", "%25"]
+        .iter()
+        .any(|e| path.contains(e))
+    {
         return Err(bad(
             "must not carry encoded `/`, `\\`, `.` or `%` in its path",
         ));

@@ -49,8 +49,10 @@ async fn a_rebound_host_with_its_own_origin_is_refused() {
         .post(h.url("/v1/chat/completions"))
         .header("host", "evil.example:8080")
         .header("origin", "http://evil.example:8080")
-        .json(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                      "max_tokens": 2}))
+        .json(
+            &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 2}),
+        )
         .send()
         .await
         .unwrap();
@@ -144,7 +146,10 @@ async fn a_foreign_text_plain_post_to_admin_reload_is_refused_and_not_applied() 
     assert_eq!(plain.status(), 415);
     let metrics = get_text(&format!("{admin}/metrics")).await;
     assert_eq!(reloads(&metrics, "applied"), 0.0, "nothing was reloaded");
-    assert_eq!(h.gw.state.config().lanes.small.max_concurrency.get(), before);
+    assert_eq!(
+        h.gw.state.config().lanes.small.max_concurrency.get(),
+        before
+    );
     // The operator's own request still works.
     let ok = client().post(&url).json(&json!({})).send().await.unwrap();
     assert_eq!(ok.status(), 200);
@@ -212,8 +217,10 @@ async fn receiver() -> (u16, Arc<Mutex<usize>>) {
 async fn job_webhook(h: &Harness, notify: &str) -> Value {
     let resp = client()
         .post(h.url("/jobs"))
-        .json(&json!({"prompt": "review my repository", "max_output_tokens": 3,
-                      "notify": notify}))
+        .json(
+            &json!({"prompt": "review my repository", "max_output_tokens": 3,
+                      "notify": notify}),
+        )
         .send()
         .await
         .unwrap();
@@ -259,7 +266,11 @@ async fn a_listed_name_resolving_to_loopback_gets_no_webhook_unless_allowed() {
     let h = harness(FAST, |c| c.jobs = localhost_hooks(port, "")).await;
     let webhook = job_webhook(&h, &notify).await;
     assert_eq!(webhook["delivered"], false, "{webhook}");
-    assert_eq!(*got.lock().unwrap(), 0, "nothing reached the loopback receiver");
+    assert_eq!(
+        *got.lock().unwrap(),
+        0,
+        "nothing reached the loopback receiver"
+    );
     h.shutdown().await;
     // The documented opt-in delivers to it.
     let h = harness(FAST, |c| {
@@ -287,8 +298,10 @@ async fn a_double_encoded_webhook_path_is_refused() {
     ] {
         let resp = client()
             .post(h.url("/jobs"))
-            .json(&json!({"prompt": "review my repository", "max_output_tokens": 3,
-                          "notify": notify}))
+            .json(
+                &json!({"prompt": "review my repository", "max_output_tokens": 3,
+                          "notify": notify}),
+            )
             .send()
             .await
             .unwrap();

@@ -139,7 +139,10 @@ async fn bad_ids_are_refused_and_the_largest_valid_one_is_cheap(h: &Harness) {
         bytes <= RESUMED_BYTES,
         "a stream resumed after piece {MAX_VALID_ID} sent {bytes} bytes: {head:.300}"
     );
-    assert!(head.contains("event: done"), "it ends with the job: {head:.300}");
+    assert!(
+        head.contains("event: done"),
+        "it ends with the job: {head:.300}"
+    );
     assert!(!head.contains("event: token"), "{head:.300}");
 }
 
@@ -170,7 +173,8 @@ async fn a_huge_last_event_id_is_refused_with_redis_jobs() {
         job(&h, &id).await["status"] == "done"
     })
     .await;
-    let (status, bytes, head) = resume(&h, &id, &format!("1000.{MAX_VALID_ID}"), RESUMED_BYTES).await;
+    let (status, bytes, head) =
+        resume(&h, &id, &format!("1000.{MAX_VALID_ID}"), RESUMED_BYTES).await;
     assert_eq!(status, 200, "{head:.300}");
     assert!(bytes <= RESUMED_BYTES, "{bytes} bytes: {head:.300}");
     assert_eq!(resume(&h, &id, "1001.1", 1 << 20).await.0, 400);
@@ -269,7 +273,10 @@ async fn one_tenants_event_streams_cannot_fill_the_gateway() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(reopened.is_some(), "the closed stream's slot never came back");
+    assert!(
+        reopened.is_some(),
+        "the closed stream's slot never came back"
+    );
     drop((held, reopened, other));
     for (id, key) in [(&mine, KEY), (&theirs, OTHER)] {
         let _ = client()

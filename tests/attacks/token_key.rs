@@ -23,10 +23,8 @@ struct KeyFile(std::path::PathBuf);
 
 impl KeyFile {
     fn new(name: &str, lines: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "tg-attack-keys-{name}-{}",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("tg-attack-keys-{name}-{}", std::process::id()));
         std::fs::write(&path, lines).unwrap();
         KeyFile(path)
     }
