@@ -49,10 +49,8 @@ async fn a_rebound_host_with_its_own_origin_is_refused() {
         .post(h.url("/v1/chat/completions"))
         .header("host", "evil.example:8080")
         .header("origin", "http://evil.example:8080")
-        .json(
-            &json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                      "max_tokens": 2}),
-        )
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 2}))
         .send()
         .await
         .unwrap();

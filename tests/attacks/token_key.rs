@@ -196,9 +196,9 @@ async fn a_token_is_refused_on_v1_with_a_clear_message() {
     let token = token.unwrap();
     for path in ["/v1/chat/completions", "/v1/completions"] {
         let body = if path.ends_with("chat/completions") {
-            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
         } else {
-            json!({"model": "m", "prompt": "hi", "max_tokens": 2})
+            json!({"prompt": "hi", "max_tokens": 2})
         };
         let resp = client()
             .post(h.url(path))
