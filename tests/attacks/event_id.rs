@@ -78,6 +78,22 @@ async fn job(h: &Harness, id: &str) -> Value {
     json(&resp.text().await.unwrap())
 }
 
+/// Polls job `id` until `pred` holds (60 s at most: generous on a loaded machine).
+async fn until(h: &Harness, id: &str, what: &str, pred: impl Fn(&Value) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = job(h, id).await;
+        if pred(&v) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "job {id} never became {what}: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The status of `GET /jobs/{id}/events` with `last_event_id`, and the bytes of its body: read
 /// to its end, or stopped once past `cap` (or after 60 s).
 async fn resume(h: &Harness, id: &str, last_event_id: &str, cap: usize) -> (u16, usize, String) {
@@ -110,8 +126,7 @@ async fn resume(h: &Harness, id: &str, last_event_id: &str, cap: usize) -> (u16,
 async fn bad_ids_are_refused_and_the_largest_valid_one_is_cheap(h: &Harness) {
     // Long enough (about 5 ms a token) to still be streaming while the ids are tried.
     let id = submit(h, 2_000).await;
-    tutor_testkit::eventually("the job streams its first pieces", || async {
-        let v = job(h, &id).await;
+    until(h, &id, "streaming", |v| {
         v["status"] == "running" && v["output_pieces"].as_u64().is_some_and(|n| n >= 5)
     })
     .await;
@@ -169,10 +184,7 @@ async fn a_huge_last_event_id_is_refused_with_redis_jobs() {
     bad_ids_are_refused_and_the_largest_valid_one_is_cheap(&h).await;
     // A resume across runs is bounded the same way.
     let id = submit(&h, 3).await;
-    tutor_testkit::eventually("the job is done", || async {
-        job(&h, &id).await["status"] == "done"
-    })
-    .await;
+    until(&h, &id, "done", |v| v["status"] == "done").await;
     let (status, bytes, head) =
         resume(&h, &id, &format!("1000.{MAX_VALID_ID}"), RESUMED_BYTES).await;
     assert_eq!(status, 200, "{head:.300}");
