@@ -22,6 +22,7 @@
 //! | no job with that id (or forgotten after expiry) | 404 | `job_not_found` |
 //! | cancelling a job that already ended | 409 | `job_finished` |
 //! | `jobs.max_jobs` or `jobs.max_bytes` reached | 429 + `Retry-After` | `jobs_full` |
+//! | `jobs.max_event_streams_per_tenant` event streams open | 429 + `Retry-After` | `too_many_streams` |
 //! | jobs switched off, or not run by this quota backend | 501 | `jobs_unavailable` |
 //! | still open when the shutdown grace period is over | 503 + `Retry-After` | `shutdown` |
 //! | gateway bug | 500 | `internal` |
@@ -97,6 +98,12 @@ pub enum GatewayError {
     /// `jobs.max_jobs` or `jobs.max_bytes` is reached.
     #[error("the gateway holds as many jobs as it may; retry later")]
     JobsFull,
+    /// The tenant holds `jobs.max_event_streams_per_tenant` event streams already.
+    #[error(
+        "this tenant holds as many job event streams open as it may \
+         (jobs.max_event_streams_per_tenant); close one or retry shortly"
+    )]
+    TooManyStreams,
     /// Jobs are switched off or not run by this deployment.
     #[error("{0}")]
     JobsUnavailable(&'static str),
@@ -134,7 +141,9 @@ impl GatewayError {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
-            Self::QueuedBytes | Self::JobsFull => StatusCode::TOO_MANY_REQUESTS,
+            Self::QueuedBytes | Self::JobsFull | Self::TooManyStreams => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Self::JobNotFound => StatusCode::NOT_FOUND,
             Self::OriginNotAllowed => StatusCode::FORBIDDEN,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
@@ -186,6 +195,7 @@ impl GatewayError {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::JobFinished(_) => "job_finished",
             Self::JobsFull => "jobs_full",
+            Self::TooManyStreams => "too_many_streams",
             Self::JobsUnavailable(_) => "jobs_unavailable",
             Self::JobStoreDown => "job_store_unavailable",
             Self::Shutdown => "shutdown",
@@ -209,7 +219,7 @@ impl GatewayError {
             | Self::JobFinished(_)
             | Self::JobsUnavailable(_) => Outcome::BadRequest,
             Self::Overloaded | Self::QueuedBytes => Outcome::QueueFull,
-            Self::JobsFull => Outcome::QueueFull,
+            Self::JobsFull | Self::TooManyStreams => Outcome::QueueFull,
             Self::JobStoreDown => Outcome::QuotaUnavailable,
             Self::Shutdown => Outcome::Cancelled,
             Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Outcome::TooLong,
@@ -277,7 +287,9 @@ impl GatewayError {
         match self {
             Self::Admission(AdmissionError::QueueFull { retry_after, .. }) => Some(*retry_after),
             Self::Admission(AdmissionError::Timeout { .. }) => Some(Duration::from_secs(1)),
-            Self::Overloaded | Self::QueuedBytes => Some(Duration::from_secs(1)),
+            Self::Overloaded | Self::QueuedBytes | Self::TooManyStreams => {
+                Some(Duration::from_secs(1))
+            }
             Self::JobsFull => Some(Duration::from_secs(10)),
             Self::JobStoreDown | Self::Shutdown => Some(Duration::from_secs(1)),
             Self::Admission(AdmissionError::QuotaUnavailable { .. }) => {

@@ -104,7 +104,7 @@ async fn an_invalid_file_is_refused_and_restart_only_settings_are_left_alone() {
     let reload_now = || {
         let url = format!("{admin}/admin/reload");
         async move {
-            let resp = client().post(url).send().await.unwrap();
+            let resp = client().post(url).json(&json!({})).send().await.unwrap();
             let status = resp.status().as_u16();
             (status, json(&resp.text().await.unwrap()))
         }

@@ -3,14 +3,68 @@
 //! [`crate::pipeline::reload`]) and answers what it did: 200 with `{"status":"applied",
 //! "changed":[…],"left_alone":[…],"sha256":…}`, or 400 (`invalid`: every problem of the file
 //! listed) / 500 (`failed`) with the reason, the old configuration staying in force.
+//!
+//! Every request to the admin listener passes [`guard`] first: no browser can drive it (a
+//! request with an `Origin` header gets 403 `origin_not_allowed`, a POST that is not
+//! `application/json` 415 `unsupported_media_type`, so a page cannot send a "simple" request
+//! to it), and with `server.admin_token` set every `/admin/*` action needs `Authorization:
+//! Bearer <token>` (401 `invalid_api_key` without it; `/metrics`, `/readyz` and `/healthz`
+//! stay open to scrapers and probes).
 
-use axum::extract::State;
-use axum::http::StatusCode;
+// The request path: a client's number never wraps (checked or saturating arithmetic only).
+#![deny(clippy::arithmetic_side_effects)]
+
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use super::cors::is_json;
+use crate::error::GatewayError;
 use crate::pipeline::reload::{self, ReloadError};
 use crate::pipeline::AppState;
+use crate::sign::{same, sha256_hex};
+
+/// The admin listener's gate: no `Origin`, JSON POSTs only, and on `/admin/*` the admin
+/// token when one is set.
+pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    if req.headers().contains_key(header::ORIGIN) {
+        return GatewayError::OriginNotAllowed.into_response();
+    }
+    if req.method() == Method::POST && !is_json(req.headers()) {
+        return GatewayError::UnsupportedMediaType.into_response();
+    }
+    let action = req.uri().path().starts_with("/admin/");
+    if let Some(token) = state
+        .config()
+        .server
+        .admin_token
+        .as_ref()
+        .filter(|_| action)
+    {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        // Compared as hashes, in constant time: the lengths compared say nothing of the token.
+        let ok = given.is_some_and(|g| {
+            same(
+                &sha256_hex(g.as_bytes()),
+                &sha256_hex(token.expose().as_bytes()),
+            )
+        });
+        if !ok {
+            return GatewayError::Unauthorized(
+                "the admin listener needs Authorization: Bearer <server.admin_token>",
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
 
 /// `POST /admin/reload`.
 pub async fn reload(State(state): State<AppState>) -> Response {

@@ -4,14 +4,22 @@
 //! - `Authorization: Bearer <key>`: the key's SHA-256 is looked up among the configured hashes
 //!   (`auth.keys` and `auth.keys_file`, the file re-read when it changes); the raw key is never
 //!   kept.
-//! - `?token=<tenant>.<expiry ms>.<hmac>` (a browser `EventSource` cannot set headers): an
-//!   HMAC-SHA256 under the token secret, checked in constant time, refused after its expiry.
-//!   The middleware takes `token` out of the URL before anything else sees it (logs, the
-//!   `/answer` query parser).
+//! - `?token=<tenant>.<key id>.<expiry ms>.<hmac>` (a browser `EventSource` cannot set
+//!   headers): an HMAC-SHA256 under the token secret, checked in constant time, refused after
+//!   its expiry. The key id names the key that minted it (the first 16 hex digits of the
+//!   SHA-256 of the key's SHA-256, never the key): a token is valid only while that key is in
+//!   force, so revoking a key revokes its tokens at the next reload of the key file. A token is
+//!   accepted only where a browser cannot send a header ([`token_route`]: `GET /answer`,
+//!   `GET /jobs/{id}/events`), never on `/v1` nor on `POST /auth/token` (a token cannot mint
+//!   tokens). The middleware takes `token` out of the URL before anything else sees it (logs,
+//!   the `/answer` query parser).
 //! - The tenant goes into the request's extensions as [`Tenant`].
 //!
 //! Open routes (no key): `/healthz`, `/health`, `/ping`, `/version`, `/v1/models`, `/metrics`,
 //! `/readyz`, and CORS preflights (answered before this layer).
+
+// The request path: a client's number never wraps (checked or saturating arithmetic only).
+#![deny(clippy::arithmetic_side_effects)]
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -43,6 +51,31 @@ const OPEN: &[&str] = &[
     "/readyz",
 ];
 
+/// Hex digits of a key id (see [`key_id`]).
+const KEY_ID_LEN: usize = 16;
+
+/// Whether a `?token=` may stand in for a key on `method` `path`: only the `GET` routes a
+/// browser `EventSource` opens (`/answer`, `/jobs/{id}/events`).
+pub fn token_route(method: &axum::http::Method, path: &str) -> bool {
+    if method != axum::http::Method::GET {
+        return false;
+    }
+    if path == "/answer" {
+        return true;
+    }
+    path.strip_prefix("/jobs/")
+        .and_then(|rest| rest.strip_suffix("/events"))
+        .is_some_and(|id| !id.is_empty() && !id.contains('/'))
+}
+
+/// The id a token carries for the key whose SHA-256 is `key_sha256`: not secret (derived from
+/// the hash the config already holds), short, and never the key.
+pub fn key_id(key_sha256: &str) -> String {
+    let mut id = sha256_hex(format!("tutor-gateway key id:{key_sha256}").as_bytes());
+    id.truncate(KEY_ID_LEN);
+    id
+}
+
 /// The keys in force and the token signer. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Auth(Arc<Inner>);
@@ -52,6 +85,8 @@ struct Inner {
     enabled: bool,
     /// SHA-256 hex -> tenant: the config's keys and the key file's.
     keys: RwLock<HashMap<String, String>>,
+    /// Key id ([`key_id`]) -> tenant, of the same keys: the tokens that may still be used.
+    key_ids: RwLock<HashMap<String, String>>,
     config_keys: Vec<KeyEntry>,
     file: Option<PathBuf>,
     secret: Vec<u8>,
@@ -72,6 +107,7 @@ impl Auth {
         let auth = Auth(Arc::new(Inner {
             enabled: config.enabled,
             keys: RwLock::default(),
+            key_ids: RwLock::default(),
             config_keys: config.keys.clone(),
             file: config.keys_file.clone(),
             secret,
@@ -126,49 +162,74 @@ impl Auth {
     }
 
     fn install(&self, file_keys: Vec<KeyEntry>) {
-        let keys = self
-            .0
-            .config_keys
-            .iter()
-            .chain(&file_keys)
+        let all = || self.0.config_keys.iter().chain(&file_keys);
+        let keys = all()
             .map(|k| (k.sha256.clone(), k.tenant.clone()))
             .collect();
+        let key_ids = all()
+            .map(|k| (key_id(&k.sha256), k.tenant.clone()))
+            .collect();
         *self.0.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
+        *self.0.key_ids.write().unwrap_or_else(|e| e.into_inner()) = key_ids;
     }
 
-    fn tenant_of_key(&self, key: &str) -> Option<String> {
+    /// The tenant and key id of `key`, when it is in force.
+    fn key(&self, key: &str) -> Option<(String, String)> {
         let keys = self.0.keys.read().unwrap_or_else(|e| e.into_inner());
-        keys.get(&sha256_hex(key.as_bytes())).cloned()
+        let hash = sha256_hex(key.as_bytes());
+        let tenant = keys.get(&hash)?.clone();
+        Some((tenant, key_id(&hash)))
     }
 
     fn now_ms() -> u64 {
-        SystemTime::now()
+        let ms = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default()
-            .as_millis() as u64
+            .as_millis();
+        u64::try_from(ms).unwrap_or(u64::MAX)
     }
 
-    /// A token for `tenant`, valid for the configured time.
-    fn issue(&self, tenant: &str) -> (String, u64) {
-        let expiry = Self::now_ms() + self.0.ttl.as_millis() as u64;
-        let payload = format!("{tenant}.{expiry}");
+    /// A token for `tenant`, minted by the key with id `key_id`, valid for the configured time.
+    fn issue(&self, tenant: &str, key_id: &str) -> (String, u64) {
+        let ttl = u64::try_from(self.0.ttl.as_millis()).unwrap_or(u64::MAX);
+        let expiry = Self::now_ms().saturating_add(ttl);
+        let payload = format!("{tenant}.{key_id}.{expiry}");
         let mac = hmac_hex(&self.0.secret, &[payload.as_bytes()]);
         (format!("{payload}.{mac}"), expiry)
     }
 
-    /// The tenant of a valid, unexpired token.
+    /// The tenant of a valid, unexpired token whose key is still in force.
     fn tenant_of_token(&self, token: &str) -> Result<String, &'static str> {
-        let (payload, mac) = token.rsplit_once('.').ok_or("the token is malformed")?;
-        let (tenant, expiry) = payload.split_once('.').ok_or("the token is malformed")?;
+        const MALFORMED: &str = "the token is malformed";
+        let (payload, mac) = token.rsplit_once('.').ok_or(MALFORMED)?;
+        let mut parts = payload.split('.');
+        let (Some(tenant), Some(id), Some(expiry), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(MALFORMED);
+        };
         if !same(&hmac_hex(&self.0.secret, &[payload.as_bytes()]), mac) {
             return Err("the token is not valid here");
         }
-        let expiry: u64 = expiry.parse().map_err(|_| "the token is malformed")?;
+        let expiry: u64 = expiry.parse().map_err(|_| MALFORMED)?;
         if Self::now_ms() > expiry {
             return Err("the token has expired; ask POST /auth/token for a new one");
         }
-        Ok(tenant.to_owned())
+        let key_ids = self.0.key_ids.read().unwrap_or_else(|e| e.into_inner());
+        match key_ids.get(id) {
+            Some(owner) if owner == tenant => Ok(tenant.to_owned()),
+            _ => Err("the key that issued this token was revoked"),
+        }
     }
+}
+
+/// How a request proved who it is; in the request's extensions next to [`Tenant`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// An API key in force, with its key id ([`key_id`]).
+    Key(String),
+    /// A `?token=` (which cannot mint tokens).
+    Token,
 }
 
 /// The bearer key of `headers`, if any.
@@ -219,31 +280,48 @@ pub async fn require(State(auth): State<Auth>, mut req: Request, next: Next) -> 
     *req.uri_mut() = uri;
     let tenant = match (bearer(req.headers()), token) {
         (Some(key), _) => auth
-            .tenant_of_key(key)
+            .key(key)
+            .map(|(tenant, id)| (tenant, Credential::Key(id)))
             .ok_or("the API key is not valid (unknown or revoked)"),
-        (None, Some(token)) => auth.tenant_of_token(&token),
+        (None, Some(_)) if !token_route(req.method(), req.uri().path()) => Err(
+            "a ?token= is accepted only on GET /answer and GET /jobs/{id}/events (it cannot \
+             mint tokens); send Authorization: Bearer <key> here",
+        ),
+        (None, Some(token)) => auth
+            .tenant_of_token(&token)
+            .map(|tenant| (tenant, Credential::Token)),
         (None, None) => Err(
             "an API key is required: Authorization: Bearer <key>, or ?token= from POST /auth/token",
         ),
     };
     match tenant {
-        Ok(tenant) => {
+        Ok((tenant, credential)) => {
             req.extensions_mut().insert(Tenant(tenant));
+            req.extensions_mut().insert(credential);
             next.run(req).await
         }
         Err(why) => GatewayError::Unauthorized(why).into_response(),
     }
 }
 
-/// `POST /auth/token` (with a key): `{"token","tenant","expires_at_ms"}` for an `EventSource`.
-pub async fn token(State(auth): State<Auth>, tenant: Option<Extension<Tenant>>) -> Response {
-    match tenant {
-        Some(Extension(Tenant(tenant))) => {
-            let (token, expiry) = auth.issue(&tenant);
+/// `POST /auth/token` (with a key, never a token): `{"token","tenant","expires_at_ms"}` for an
+/// `EventSource`; the token names the key and dies with it.
+pub async fn token(
+    State(auth): State<Auth>,
+    tenant: Option<Extension<Tenant>>,
+    credential: Option<Extension<Credential>>,
+) -> Response {
+    match (tenant, credential) {
+        (Some(Extension(Tenant(tenant))), Some(Extension(Credential::Key(id)))) => {
+            let (token, expiry) = auth.issue(&tenant, &id);
             axum::Json(json!({"token": token, "tenant": tenant, "expires_at_ms": expiry}))
                 .into_response()
         }
-        None => GatewayError::bad_request(
+        (Some(_), _) => GatewayError::Unauthorized(
+            "a token cannot mint tokens: POST /auth/token needs Authorization: Bearer <key>",
+        )
+        .into_response(),
+        (None, _) => GatewayError::bad_request(
             "auth is switched off here (auth.enabled = false): no token is needed",
             None,
         )

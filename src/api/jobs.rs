@@ -1,6 +1,9 @@
 //! `/jobs`: background jobs (see [`crate::jobs`] for the API and the scheduling). Errors are the
 //! gateway's JSON error body with their status; `GET /jobs/{id}/events` is SSE.
 
+// The request path: a client's number never wraps (checked or saturating arithmetic only).
+#![deny(clippy::arithmetic_side_effects)]
+
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
@@ -8,6 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 
+use crate::error::GatewayError;
 use crate::jobs::Jobs;
 use crate::pipeline::parse::body_bytes;
 use crate::pipeline::respond::sse_response;
@@ -61,7 +65,17 @@ pub async fn events(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let last = headers.get("last-event-id").and_then(|v| v.to_str().ok());
+    let last = match headers.get("last-event-id").map(|v| v.to_str()) {
+        None => None,
+        Some(Ok(v)) => Some(v),
+        Some(Err(_)) => {
+            return GatewayError::bad_request(
+                "Last-Event-ID must be plain ASCII: the id of an event of this job",
+                Some("last-event-id"),
+            )
+            .into_response()
+        }
+    };
     match jobs.events(&id, tenant.as_ref().map(|t| &t.0), last).await {
         Ok(Some(stream)) => sse_response(Body::from_stream(stream)),
         Ok(None) => StatusCode::NO_CONTENT.into_response(),

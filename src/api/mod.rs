@@ -13,6 +13,10 @@
 //! - `POST /jobs`, `GET|DELETE /jobs/{id}`, `GET /jobs/{id}/events`: background jobs
 //!   ([`jobs`], served by [`crate::jobs`]).
 
+// Numbers from clients reach these modules (ids, offsets, lengths): no cast may wrap or drop a
+// sign; checked or saturating arithmetic instead.
+#![deny(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+
 pub mod admin;
 pub mod answer;
 pub mod auth;
@@ -87,10 +91,14 @@ fn operator_routes() -> Router<AppState> {
 }
 
 /// The admin listener's routes (`server.admin_listen`): `/metrics`, `/readyz`, `/healthz`,
-/// and `POST /admin/reload` ([`admin::reload`]).
+/// and `POST /admin/reload` ([`admin::reload`]), behind [`admin::guard`].
 pub fn admin(state: AppState) -> Router {
     operator_routes()
         .route("/healthz", get(ops::healthz))
         .route("/admin/reload", post(admin::reload))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            admin::guard,
+        ))
         .with_state(state)
 }

@@ -24,6 +24,8 @@ const WEBHOOK_ATTEMPTS: u32 = 5;
 const WEBHOOK_BACKOFF_MS: u64 = 1_000;
 /// Default `jobs.webhook_timeout_ms`.
 const WEBHOOK_TIMEOUT_MS: u64 = 10_000;
+/// Default `jobs.max_event_streams_per_tenant`.
+const MAX_EVENT_STREAMS_PER_TENANT: u64 = 256;
 /// The environment variable that may hold the webhook secret instead of the file.
 pub const WEBHOOK_SECRET_ENV: &str = "TUTOR_GATEWAY_WEBHOOK_SECRET";
 /// The shortest webhook secret accepted, bytes.
@@ -55,6 +57,10 @@ pub struct RawJobs {
     pub webhook_backoff_ms: Option<u64>,
     /// Each attempt's timeout, ms.
     pub webhook_timeout_ms: Option<u64>,
+    /// Deliver webhooks to names that resolve to loopback, link-local or private addresses.
+    pub webhook_allow_private: Option<bool>,
+    /// `GET /jobs/{id}/events` streams one tenant may hold open at once on a replica.
+    pub max_event_streams_per_tenant: Option<u64>,
     /// A large `/answer` that waited this long for its seat becomes a job, ms; 0: never.
     pub divert_large_after_ms: Option<u64>,
 }
@@ -102,6 +108,13 @@ pub struct JobsConfig {
     pub webhook_backoff: Duration,
     /// Each attempt's timeout.
     pub webhook_timeout: Duration,
+    /// Whether a webhook host name may resolve to a loopback, link-local, private or
+    /// unspecified address (off: such addresses are never connected to; an IP literal on
+    /// `webhook_allow` is an explicit allowance and always reachable).
+    pub webhook_allow_private: bool,
+    /// `GET /jobs/{id}/events` streams one tenant (or, with `[auth]` off, all clients
+    /// together) may hold open at once on this replica; 429 beyond.
+    pub max_event_streams_per_tenant: usize,
     /// A large `/answer` that waited this long for its seat becomes a job; `None`: never.
     pub divert_large_after: Option<Duration>,
 }
@@ -236,6 +249,16 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
             raw.webhook_timeout_ms,
             WEBHOOK_TIMEOUT_MS,
         ),
+        webhook_allow_private: raw.webhook_allow_private.unwrap_or(false),
+        max_event_streams_per_tenant: usize::try_from(
+            c.u64(
+                "jobs.max_event_streams_per_tenant",
+                raw.max_event_streams_per_tenant,
+                MAX_EVENT_STREAMS_PER_TENANT,
+            )
+            .get(),
+        )
+        .unwrap_or(usize::MAX),
         divert_large_after: raw
             .divert_large_after_ms
             .filter(|ms| *ms > 0)

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::check::Checker;
+use super::secret::Secret;
 
 /// Default `server.max_body_bytes`.
 const MAX_BODY_BYTES: u64 = 4 * 1024 * 1024;
@@ -28,6 +29,8 @@ const BODY_READ_TIMEOUT_MS: u64 = 30_000;
 const MAX_QUEUED_BYTES: u64 = 256 * 1024 * 1024;
 /// Default `server.cors_max_age_s`.
 const CORS_MAX_AGE_S: u64 = 600;
+/// The environment variable that may hold the admin listener's token.
+pub const ADMIN_TOKEN_ENV: &str = "TUTOR_GATEWAY_ADMIN_TOKEN";
 
 /// `[server]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -57,6 +60,9 @@ pub struct RawServer {
     pub cors_allow_origins: Option<Vec<String>>,
     /// A second listener for operators (`/metrics`, `/readyz`), `IP:PORT`; empty: none.
     pub admin_listen: Option<String>,
+    /// The token the admin listener asks for (`Authorization: Bearer`); empty: none (better:
+    /// [`ADMIN_TOKEN_ENV`]).
+    pub admin_token: Option<Secret>,
     /// PEM certificate chain for TLS on the public listener.
     pub tls_cert: Option<String>,
     /// PEM private key for TLS on the public listener.
@@ -102,6 +108,9 @@ pub struct ServerConfig {
     pub cors_allow_origins: Vec<String>,
     /// Where `/metrics` and `/readyz` are served instead of the public listener, if set.
     pub admin_listen: Option<std::net::SocketAddr>,
+    /// The admin listener's token (`Authorization: Bearer <token>` on every admin request);
+    /// `None`: none asked.
+    pub admin_token: Option<Secret>,
     /// TLS on the public listener: certificate chain and key files (re-read when they change).
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// `Access-Control-Max-Age` of preflight answers.
@@ -202,6 +211,18 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
             }
         },
     };
+    let admin_token = raw
+        .admin_token
+        .filter(|s| !s.expose().is_empty())
+        .or_else(|| {
+            std::env::var(ADMIN_TOKEN_ENV)
+                .ok()
+                .filter(|s| !s.is_empty())
+                .map(Secret::from)
+        });
+    if admin_token.as_ref().is_some_and(|s| s.expose().len() < 16) {
+        c.fail("server.admin_token", "must be at least 16 bytes");
+    }
     let tls = match (
         raw.tls_cert.filter(|p| !p.is_empty()),
         raw.tls_key.filter(|p| !p.is_empty()),
@@ -226,6 +247,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
     ServerConfig {
         cors_allow_origins,
         admin_listen,
+        admin_token,
         tls,
         cors_max_age: Duration::from_secs(cors_max_age_s.min(86_400)),
         max_connections: max_connections as usize,

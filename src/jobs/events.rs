@@ -20,6 +20,9 @@
 //! end) it gets 204, which stops the `EventSource`. A comment line every 15 s keeps idle
 //! connections open through proxies.
 
+// The request path: a client's number never wraps (checked or saturating arithmetic only).
+#![deny(clippy::arithmetic_side_effects)]
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,12 +37,31 @@ use super::entry::{Answer, Entry, Status};
 /// The id of a job stream's last event; a request that resumes after it gets 204.
 pub const END_ID: &str = "end";
 
-/// A piece id from `Last-Event-ID`: `n` (the first run) or `<run>.<n>`; `None` when it is
-/// neither.
+/// The highest piece number a `Last-Event-ID` may name: more pieces than any answer streams
+/// (one per engine chunk, within the model's length), and small enough that every use (a
+/// Redis list index, `+ 1`) stays in range on every platform.
+pub const MAX_PIECE_ID: usize = 1_000_000;
+
+/// The highest run a `Last-Event-ID` may name (`jobs.max_attempts` is at most 100).
+pub const MAX_RUN: u64 = 1_000;
+
+/// A piece id from `Last-Event-ID`: `n` (the first run) or `<run>.<n>`, with `n` in
+/// `0..=`[`MAX_PIECE_ID`] and `run` in `1..=`[`MAX_RUN`] (plain ASCII digits); `None`
+/// otherwise.
 pub fn parse_piece_id(id: &str) -> Option<(u64, usize)> {
+    /// A bounded decimal: digits only (no sign, no spaces), at most `max`.
+    fn bounded<T: std::str::FromStr + PartialOrd>(text: &str, max: T) -> Option<T> {
+        if text.is_empty() || text.len() > 7 || !text.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        text.parse().ok().filter(|n| *n <= max)
+    }
     match id.split_once('.') {
-        None => Some((1, id.parse().ok()?)),
-        Some((run, n)) => Some((run.parse().ok().filter(|r| *r >= 1)?, n.parse().ok()?)),
+        None => Some((1, bounded(id, MAX_PIECE_ID)?)),
+        Some((run, n)) => Some((
+            bounded(run, MAX_RUN).filter(|r| *r >= 1)?,
+            bounded(n, MAX_PIECE_ID)?,
+        )),
     }
 }
 
@@ -87,10 +109,7 @@ impl Cursor {
     fn render(&mut self) -> String {
         let s = self.entry.lock();
         let pieces = (self.out.sent..s.ends.len()).map(|i| {
-            let start = match i {
-                0 => 0,
-                i => s.ends[i - 1],
-            };
+            let start = i.checked_sub(1).map_or(0, |p| s.ends[p]);
             &s.text[start..s.ends[i]]
         });
         let done = s.answer.as_ref().map(Answer::to_json);
@@ -176,7 +195,9 @@ impl Render {
             }
         }
         for text in pieces {
-            self.sent += 1;
+            // At most MAX_PIECE_ID from a client plus the pieces that exist: never near the
+            // top of usize; saturating all the same.
+            self.sent = self.sent.saturating_add(1);
             out.push_str(&format!("id: {}\n", self.piece_id(self.sent)));
             event(&mut out, "token", &json!({ "text": text }));
         }

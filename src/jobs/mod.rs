@@ -24,11 +24,16 @@
 //! as long again after that. Webhooks (`webhook.rs`): HMAC-SHA256 signed, retried with backoff
 //! and jitter, every attempt listed in the status.
 
+// Numbers from clients reach these modules (ids, offsets, lengths): no cast may wrap or drop a
+// sign; checked or saturating arithmetic instead.
+#![deny(clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+
 mod entry;
 mod events;
 mod runner;
 mod shared;
 mod store;
+mod streams;
 mod webhook;
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -77,6 +82,8 @@ struct Inner {
     http: reqwest::Client,
     /// The shared store, when Redis is the quota's backend (then `store` stays empty).
     shared: Option<Arc<shared::SharedJobs>>,
+    /// Event streams open per tenant (`jobs.max_event_streams_per_tenant`).
+    streams: Arc<streams::StreamSlots>,
 }
 
 impl Jobs {
@@ -84,11 +91,7 @@ impl Jobs {
     /// jobs and webhook deliveries go on `tasks`.
     pub fn start(state: AppState, stop: CancellationToken, tasks: TaskTracker) -> Self {
         let config = state.config().jobs.clone();
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .timeout(config.webhook_timeout)
-            .build()
-            .unwrap_or_default();
+        let http = webhook::client(&config);
         let shared = state
             .admission()
             .shared()
@@ -102,6 +105,7 @@ impl Jobs {
             tasks,
             http,
             shared,
+            streams: Arc::default(),
         }));
         if jobs.0.config.enabled {
             match &jobs.0.shared {
@@ -342,20 +346,33 @@ impl Jobs {
             }
             Some(v) => events::parse_piece_id(v).ok_or_else(|| {
                 GatewayError::bad_request(
-                    "Last-Event-ID must be the id of an event of this job (`n`, `<run>.<n>`, or \
-                     `end`)",
-                    None,
+                    format!(
+                        "Last-Event-ID must be the id of an event of this job: `n` or \
+                         `<run>.<n>` (n from 0 to {}, run from 1 to {}), or `end`",
+                        events::MAX_PIECE_ID,
+                        events::MAX_RUN
+                    ),
+                    Some("last-event-id"),
                 )
             })?,
         };
+        let max = self.0.config.max_event_streams_per_tenant;
         if let Some(shared) = &self.0.shared {
             shared.check(id, tenant).await?;
+            let slot = self.0.streams.take(tenant, max)?;
             let stream = shared::stream(shared.clone(), id.to_owned(), (run, from));
-            return Ok(Some(stream.boxed()));
+            return Ok(Some(held(stream, slot)));
         }
         // In process a job runs once: ids are plain numbers.
         let _ = run;
-        Ok(Some(events::stream(self.entry(id, tenant)?, from).boxed()))
+        let entry = self.entry(id, tenant)?;
+        let slot = self.0.streams.take(tenant, max)?;
+        Ok(Some(held(events::stream(entry, from), slot)))
+    }
+
+    /// Event streams `tenant` holds open on this replica (`None`: without a tenant).
+    pub fn event_streams(&self, tenant: Option<&str>) -> usize {
+        self.0.streams.held(tenant)
     }
 
     /// Whether job `id` exists for `tenant` (404 otherwise).
@@ -429,6 +446,19 @@ impl Divert for Jobs {
             }
         })
     }
+}
+
+/// `stream`, holding `slot` until it is dropped.
+fn held<S>(stream: S, slot: streams::StreamSlot) -> BoxStream<'static, S::Item>
+where
+    S: futures::Stream + Send + 'static,
+{
+    stream
+        .map(move |item| {
+            let _slot = &slot;
+            item
+        })
+        .boxed()
 }
 
 /// The answer to an accepted job: its id and URLs.

@@ -9,6 +9,7 @@
 //! is retried after `jobs.webhook_backoff`, doubled each time and drawn between half and all of
 //! it (jitter), up to `jobs.webhook_attempts` attempts. Redirects are not followed.
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -17,7 +18,7 @@ use serde_json::Value;
 
 use super::entry::{unix, Attempt, Entry, Webhook};
 use super::Jobs;
-use crate::config::WebhookPattern;
+use crate::config::{JobsConfig, WebhookPattern};
 use crate::error::GatewayError;
 use crate::sign::hmac_hex;
 
@@ -41,10 +42,16 @@ pub fn check_notify(raw: &Value, allow: &[WebhookPattern]) -> Result<reqwest::Ur
     let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
         return Err(bad("must have a host"));
     };
-    // An encoded `/`, `\` or `.` could take a decoding receiver out of the allowed path.
+    // An encoded `/`, `\` or `.` could take a decoding receiver out of the allowed path; so
+    // could an encoded `%` (`%252e%252e`: `..` to a receiver that decodes twice).
     let path = url.path().to_ascii_lowercase();
-    if ["%2f", "%5c", "%2e"].iter().any(|e| path.contains(e)) {
-        return Err(bad("must not carry encoded `/`, `\\` or `.` in its path"));
+    if ["%2f", "%5c", "%2e", "%25"]
+        .iter()
+        .any(|e| path.contains(e))
+    {
+        return Err(bad(
+            "must not carry encoded `/`, `\\`, `.` or `%` in its path",
+        ));
     }
     let host = host.to_ascii_lowercase();
     if allow
@@ -57,6 +64,76 @@ pub fn check_notify(raw: &Value, allow: &[WebhookPattern]) -> Result<reqwest::Ur
             "does not match any allowed webhook destination (jobs.webhook_allow)",
         ))
     }
+}
+
+/// The webhook client: no redirects (an allowed host cannot send the gateway elsewhere), each
+/// attempt bounded by `jobs.webhook_timeout`, and (unless `jobs.webhook_allow_private`) host
+/// names resolved to public addresses only ([`PublicOnly`]).
+pub fn client(config: &JobsConfig) -> reqwest::Client {
+    let builder = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(config.webhook_timeout);
+    let builder = if config.webhook_allow_private {
+        builder
+    } else {
+        builder.dns_resolver(Arc::new(PublicOnly))
+    };
+    builder.build().unwrap_or_default()
+}
+
+/// Resolves a webhook's host name and keeps only public addresses: the allow-list names
+/// hosts, and whoever controls a listed name's DNS could point it at the gateway's own host,
+/// the cloud metadata service (169.254.169.254) or the private network. An IP literal on the
+/// allow-list is not resolved (an explicit choice of the operator).
+#[derive(Debug)]
+struct PublicOnly;
+
+impl reqwest::dns::Resolve for PublicOnly {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_owned();
+        Box::pin(async move {
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+                .await?
+                .filter(|a| public(a.ip()))
+                .collect();
+            if addrs.is_empty() {
+                return Err(
+                    "the webhook host resolves to no public address (jobs.webhook_allow_private)"
+                        .into(),
+                );
+            }
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// Whether `ip` is a public unicast address: not loopback, unspecified, link-local, private
+/// (RFC 1918, shared 100.64/10, unique-local fc00::/7), broadcast, documentation or multicast.
+fn public(ip: IpAddr) -> bool {
+    let v4 = match ip {
+        IpAddr::V4(v4) => v4,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4,
+            None => {
+                let first = v6.segments()[0];
+                return !(v6.is_loopback()
+                    || v6.is_unspecified()
+                    || v6.is_multicast()
+                    || (first & 0xfe00) == 0xfc00
+                    || (first & 0xffc0) == 0xfe80);
+            }
+        },
+    };
+    let [a, b, ..] = v4.octets();
+    !(v4.is_loopback()
+        || v4.is_unspecified()
+        || v4.is_private()
+        || v4.is_link_local()
+        || v4.is_broadcast()
+        || v4.is_documentation()
+        || v4.is_multicast()
+        || a == 0
+        || (a == 100 && (64..128).contains(&b)))
 }
 
 /// `t=<t>,v1=<hex HMAC-SHA256 of "<t>.<body>">`.
@@ -156,7 +233,29 @@ fn jittered(d: Duration) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    use super::signature;
+    use super::{public, signature};
+
+    #[test]
+    fn only_public_addresses_are_public() {
+        for private in [
+            "127.0.0.1",
+            "169.254.169.254",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "100.64.0.1",
+            "0.0.0.0",
+            "::1",
+            "fe80::1",
+            "fd00::1",
+            "::ffff:127.0.0.1",
+        ] {
+            assert!(!public(private.parse().unwrap()), "{private}");
+        }
+        for open in ["93.184.216.34", "2606:2800:220:1::1", "8.8.8.8"] {
+            assert!(public(open.parse().unwrap()), "{open}");
+        }
+    }
 
     #[test]
     fn signature_is_the_hmac_of_timestamp_dot_body() {

@@ -1,1 +1,312 @@
-//! (filled in by the issue 29 work)
+//! Attack 8: browsers cannot be borrowed. A DNS-rebound page (`Host: evil.example` and a
+//! matching `Origin`) was served because CORS trusted the Host header; a foreign page's
+//! `text/plain` POST to `/admin/reload` was applied. CORS now decides on the Origin and the
+//! configured list only; the admin listener refuses any request with an Origin and any
+//! non-JSON POST, and asks for `server.admin_token` when one is set.
+//!
+//! Also (the gateway calling out): a webhook name on the allow-list that resolves to a loopback
+//! or link-local address gets nothing unless `jobs.webhook_allow_private`; a double-encoded
+//! path (`%252e%252e`) in a `notify` URL is refused.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tutor_gateway::config::{Config, WebhookPattern};
+
+use crate::common::*;
+
+const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
+const FRONTEND: &str = "https://tutor.example.edu";
+const ADMIN_TOKEN: &str = "an-admin-token-of-32-bytes-long!";
+
+/// The shipped config with the TOML `text` on top (keys this module sets by name).
+fn parsed(text: &str) -> Config {
+    Config::from_toml_str(&format!("[classify]\ntokenizer = \"heuristic\"\n{text}"))
+        .expect("the keys are known")
+}
+
+#[tokio::test]
+async fn a_rebound_host_with_its_own_origin_is_refused() {
+    let h = harness(FAST, |c| {
+        c.server.cors_allow_origins = vec![FRONTEND.to_owned()];
+    })
+    .await;
+    let get = client()
+        .get(h.url("/answer"))
+        .query(&[("prompt", "what is a closure?"), ("max_output_tokens", "2")])
+        .header("host", "evil.example")
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(get.status(), 403);
+    assert_eq!(
+        json(&get.text().await.unwrap())["error"]["code"],
+        "origin_not_allowed"
+    );
+    let post = client()
+        .post(h.url("/v1/chat/completions"))
+        .header("host", "evil.example:8080")
+        .header("origin", "http://evil.example:8080")
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(post.status(), 403);
+    assert_eq!(
+        json(&post.text().await.unwrap())["error"]["code"],
+        "origin_not_allowed"
+    );
+    // The listed origin is still served, whatever the Host.
+    let ok = client()
+        .get(h.url("/healthz"))
+        .header("origin", FRONTEND)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    h.shutdown().await;
+}
+
+/// A gateway with an admin listener whose config file (`path`) holds a valid change: small lane
+/// to 7 seats. With `token`, `server.admin_token` is set.
+async fn admin_gateway(path: &std::path::Path, token: Option<&str>) -> (Harness, String) {
+    let server = parsed(&format!(
+        "[server]\nadmin_listen = \"127.0.0.1:0\"\n{}",
+        token.map_or(String::new(), |t| format!("admin_token = \"{t}\"\n"))
+    ))
+    .server;
+    let h = harness(FAST, |c| c.server = server).await;
+    h.gw.state.set_config_path(path.to_owned());
+    let upstream = h.gw.state.config().upstream.base_url.clone();
+    std::fs::write(
+        path,
+        format!(
+            "[classify]\ntokenizer = \"heuristic\"\n[upstream]\nbase_url = \"{upstream}\"\n\
+             [server]\nadmin_listen = \"127.0.0.1:0\"\n\
+             [lanes.small]\nmax_concurrency = 7\nceiling = 7\n"
+        ),
+    )
+    .unwrap();
+    let admin = format!("http://{}", h.gw.admin_addr.unwrap());
+    (h, admin)
+}
+
+fn reloads(metrics: &str, outcome: &str) -> f64 {
+    metric(
+        metrics,
+        &format!("tutor_gateway_config_reloads_total{{outcome=\"{outcome}\"}}"),
+    )
+}
+
+fn temp_config(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tg-attack-admin-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join("config.toml")
+}
+
+#[tokio::test]
+async fn a_foreign_text_plain_post_to_admin_reload_is_refused_and_not_applied() {
+    let path = temp_config("origin");
+    let (h, admin) = admin_gateway(&path, None).await;
+    let before = h.gw.state.config().lanes.small.max_concurrency.get();
+    assert_ne!(before, 7);
+    let url = format!("{admin}/admin/reload");
+    // A page's "simple" request: no preflight, applied before the browser reads the answer.
+    let foreign = client()
+        .post(&url)
+        .header("origin", "http://evil.example")
+        .header("content-type", "text/plain")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(foreign.status(), 403);
+    // Any Origin at all, even with a JSON body.
+    let with_origin = client()
+        .post(&url)
+        .header("origin", "http://127.0.0.1")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(with_origin.status(), 403);
+    // No Origin, but not JSON.
+    let plain = client()
+        .post(&url)
+        .header("content-type", "text/plain")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), 415);
+    let metrics = get_text(&format!("{admin}/metrics")).await;
+    assert_eq!(reloads(&metrics, "applied"), 0.0, "nothing was reloaded");
+    assert_eq!(
+        h.gw.state.config().lanes.small.max_concurrency.get(),
+        before
+    );
+    // The operator's own request still works.
+    let ok = client().post(&url).json(&json!({})).send().await.unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(h.gw.state.config().lanes.small.max_concurrency.get(), 7);
+    h.shutdown().await;
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[tokio::test]
+async fn with_an_admin_token_an_admin_request_without_it_gets_401() {
+    let path = temp_config("token");
+    let (h, admin) = admin_gateway(&path, Some(ADMIN_TOKEN)).await;
+    let url = format!("{admin}/admin/reload");
+    let none = client().post(&url).json(&json!({})).send().await.unwrap();
+    assert_eq!(none.status(), 401);
+    assert_eq!(
+        json(&none.text().await.unwrap())["error"]["code"],
+        "invalid_api_key"
+    );
+    let wrong = client()
+        .post(&url)
+        .bearer_auth("an-admin-token-of-32-bytes-long?")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let metrics = get_text(&format!("{admin}/metrics")).await;
+    assert_eq!(reloads(&metrics, "applied"), 0.0);
+    let right = client()
+        .post(&url)
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(right.status(), 200);
+    let metrics = get_text(&format!("{admin}/metrics")).await;
+    assert_eq!(reloads(&metrics, "applied"), 1.0);
+    h.shutdown().await;
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// A webhook receiver on 127.0.0.1 counting what it is sent; its port.
+async fn receiver() -> (u16, Arc<Mutex<usize>>) {
+    let got = Arc::new(Mutex::new(0usize));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = got.clone();
+    let app = axum::Router::new().route(
+        "/hooks/tutor",
+        axum::routing::post(move || {
+            let seen = seen.clone();
+            async move {
+                *seen.lock().unwrap() += 1;
+                "ok"
+            }
+        }),
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (port, got)
+}
+
+/// A FAST job notifying `notify`; its final webhook state.
+async fn job_webhook(h: &Harness, notify: &str) -> Value {
+    let resp = client()
+        .post(h.url("/jobs"))
+        .json(
+            &json!({"prompt": "review my repository", "max_output_tokens": 3,
+                      "notify": notify}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status();
+    let v = json(&resp.text().await.unwrap());
+    assert_eq!(status, 202, "{v}");
+    let id = v["id"].as_str().unwrap().to_owned();
+    for _ in 0..3000 {
+        let v = json(
+            &client()
+                .get(h.url(&format!("/jobs/{id}")))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        );
+        if v["webhook"]["delivered"].is_boolean() {
+            return v["webhook"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the webhook of job {id} never settled");
+}
+
+/// `[jobs]` allowing `localhost:port` (a name that resolves to 127.0.0.1), with `extra`.
+fn localhost_hooks(port: u16, extra: &str) -> tutor_gateway::config::JobsConfig {
+    let mut jobs = parsed(&format!(
+        "[jobs]\nwebhook_attempts = 2\nwebhook_backoff_ms = 20\n{extra}"
+    ))
+    .jobs;
+    jobs.webhook_allow =
+        vec![WebhookPattern::parse(&format!("http://localhost:{port}/hooks/*")).unwrap()];
+    jobs.webhook_secret = Some("a-test-secret-of-32-bytes-length".into());
+    jobs
+}
+
+#[tokio::test]
+async fn a_listed_name_resolving_to_loopback_gets_no_webhook_unless_allowed() {
+    let (port, got) = receiver().await;
+    let notify = format!("http://localhost:{port}/hooks/tutor");
+    let h = harness(FAST, |c| c.jobs = localhost_hooks(port, "")).await;
+    let webhook = job_webhook(&h, &notify).await;
+    assert_eq!(webhook["delivered"], false, "{webhook}");
+    assert_eq!(
+        *got.lock().unwrap(),
+        0,
+        "nothing reached the loopback receiver"
+    );
+    h.shutdown().await;
+    // The documented opt-in delivers to it.
+    let h = harness(FAST, |c| {
+        c.jobs = localhost_hooks(port, "webhook_allow_private = true\n")
+    })
+    .await;
+    let webhook = job_webhook(&h, &notify).await;
+    assert_eq!(webhook["delivered"], true, "{webhook}");
+    assert_eq!(*got.lock().unwrap(), 1);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_double_encoded_webhook_path_is_refused() {
+    let h = harness(FAST, |c| {
+        c.jobs.webhook_allow =
+            vec![WebhookPattern::parse("https://hooks.example.edu/hooks/*").unwrap()];
+        c.jobs.webhook_secret = Some("a-test-secret-of-32-bytes-length".into());
+    })
+    .await;
+    for notify in [
+        "https://hooks.example.edu/hooks/%252e%252e/admin",
+        "https://hooks.example.edu/hooks/%252E%252E%252Fadmin",
+        "https://hooks.example.edu/hooks/%25252e%25252e/admin",
+    ] {
+        let resp = client()
+            .post(h.url("/jobs"))
+            .json(
+                &json!({"prompt": "review my repository", "max_output_tokens": 3,
+                          "notify": notify}),
+            )
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        let v = json(&resp.text().await.unwrap());
+        assert_eq!(status, 400, "{notify}: {v}");
+        assert_eq!(v["error"]["param"], "notify", "{v}");
+    }
+    h.shutdown().await;
+}

@@ -1,1 +1,224 @@
-//! (filled in by the issue 29 work)
+//! Attack 5: a `?token=` mints a new token, its key is revoked, and the tokens live on (on every
+//! route, `/v1` included). A token names the key that minted it and dies with it within the key
+//! file's reload interval; a token cannot mint tokens; a token works only on `GET /answer` and
+//! `GET /jobs/{id}/events`.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tutor_gateway::config::KeyEntry;
+
+use crate::common::*;
+
+const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
+const KEY: &str = "sk-attack-cs101-0123456789";
+const OTHER: &str = "sk-attack-school-2-abcdef";
+
+fn sha256(key: &str) -> String {
+    tutor_gateway::sign::sha256_hex(key.as_bytes())
+}
+
+/// A key file in the temp directory, removed on drop.
+struct KeyFile(std::path::PathBuf);
+
+impl KeyFile {
+    fn new(name: &str, lines: &str) -> Self {
+        let path =
+            std::env::temp_dir().join(format!("tg-attack-keys-{name}-{}", std::process::id()));
+        std::fs::write(&path, lines).unwrap();
+        KeyFile(path)
+    }
+
+    fn rewrite(&self, lines: &str) {
+        // Write aside and rename, as an operator's tooling would: never a half-written file.
+        let aside = self.0.with_extension("new");
+        std::fs::write(&aside, lines).unwrap();
+        std::fs::rename(&aside, &self.0).unwrap();
+    }
+}
+
+impl Drop for KeyFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// `POST /auth/token` with `key` as a bearer key or, with `as_token`, as `?token=`: the status
+/// and the token when one was issued.
+async fn mint(h: &Harness, credential: &str, as_token: bool) -> (u16, Option<String>) {
+    let req = client().post(h.url("/auth/token"));
+    let req = if as_token {
+        req.query(&[("token", credential)])
+    } else {
+        req.bearer_auth(credential)
+    };
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.text().await.unwrap();
+    let token = (status == 200)
+        .then(|| json(&body)["token"].as_str().map(str::to_owned))
+        .flatten();
+    (status, token)
+}
+
+/// `GET /answer?prompt=…&token=…`: the status (the stream is read to its end).
+async fn answer_with(h: &Harness, token: &str) -> u16 {
+    let resp = client()
+        .get(h.url("/answer"))
+        .query(&[
+            ("prompt", "what is a closure?"),
+            ("max_output_tokens", "2"),
+            ("token", token),
+        ])
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let _ = resp.text().await;
+    status
+}
+
+fn two_keys() -> Vec<KeyEntry> {
+    vec![
+        KeyEntry {
+            sha256: sha256(KEY),
+            tenant: "cs101".into(),
+        },
+        KeyEntry {
+            sha256: sha256(OTHER),
+            tenant: "school-2".into(),
+        },
+    ]
+}
+
+#[tokio::test]
+async fn revoking_a_key_revokes_every_token_it_minted_within_the_reload_interval() {
+    let file = KeyFile::new(
+        "revoke",
+        &format!("{} cs101\n{} school-2\n", sha256(KEY), sha256(OTHER)),
+    );
+    let path = file.0.clone();
+    let h = harness(FAST, |c| {
+        c.auth.enabled = true;
+        c.auth.keys_file = Some(path);
+        c.auth.reload = Duration::from_millis(50);
+        c.auth.token_ttl = Duration::from_secs(3_600);
+    })
+    .await;
+    // The attacker's chain: tokens from the key, and whatever a token can mint in turn.
+    let mut tokens = Vec::new();
+    for _ in 0..2 {
+        let (status, token) = mint(&h, KEY, false).await;
+        assert_eq!(status, 200);
+        tokens.push(token.unwrap());
+    }
+    let mut last = tokens[0].clone();
+    for _ in 0..2 {
+        if let (_, Some(next)) = mint(&h, &last, true).await {
+            tokens.push(next.clone());
+            last = next;
+        }
+    }
+    let (_, other) = mint(&h, OTHER, false).await;
+    let other = other.unwrap();
+    for token in &tokens {
+        assert_eq!(answer_with(&h, token).await, 200, "valid before revocation");
+    }
+    // The key is revoked: its line leaves the file.
+    file.rewrite(&format!("{} school-2\n", sha256(OTHER)));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut alive = 0;
+        for token in &tokens {
+            if answer_with(&h, token).await != 401 {
+                alive += 1;
+            }
+        }
+        if alive == 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{alive} of {} tokens of a revoked key still answer 30 s after it left the key file",
+            tokens.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The refusal says why; the other key's token is not affected.
+    let resp = client()
+        .get(h.url("/answer"))
+        .query(&[("prompt", "hi"), ("token", tokens[0].as_str())])
+        .send()
+        .await
+        .unwrap();
+    let body = json(&resp.text().await.unwrap());
+    assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("revoked"),
+        "{body}"
+    );
+    assert_eq!(answer_with(&h, &other).await, 200);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_token_cannot_mint_tokens() {
+    let h = harness(FAST, |c| {
+        c.auth.enabled = true;
+        c.auth.keys = two_keys();
+        c.auth.token_ttl = Duration::from_secs(3_600);
+    })
+    .await;
+    let (_, token) = mint(&h, KEY, false).await;
+    let token = token.unwrap();
+    let (status, minted) = mint(&h, &token, true).await;
+    assert!(
+        matches!(status, 401 | 403) && minted.is_none(),
+        "a token minted a token ({status})"
+    );
+    // A key still can.
+    assert_eq!(mint(&h, KEY, false).await.0, 200);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_token_is_refused_on_v1_with_a_clear_message() {
+    let h = harness(FAST, |c| {
+        c.auth.enabled = true;
+        c.auth.keys = two_keys();
+        c.auth.token_ttl = Duration::from_secs(3_600);
+    })
+    .await;
+    let (_, token) = mint(&h, KEY, false).await;
+    let token = token.unwrap();
+    for path in ["/v1/chat/completions", "/v1/completions"] {
+        let body = if path.ends_with("chat/completions") {
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        } else {
+            json!({"prompt": "hi", "max_tokens": 2})
+        };
+        let resp = client()
+            .post(h.url(path))
+            .query(&[("token", token.as_str())])
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 401, "{path}");
+        let body = json(&resp.text().await.unwrap());
+        assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("GET /answer"),
+            "the message names where a token works: {body}"
+        );
+    }
+    // The same token still opens the browser's stream.
+    assert_eq!(answer_with(&h, &token).await, 200);
+    h.shutdown().await;
+}

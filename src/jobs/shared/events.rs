@@ -6,6 +6,9 @@
 //! `event: status` `{"status":"queued","attempt":n,"restarted":true}`: the text so far is void,
 //! and the new run's pieces are numbered from 1 again.
 
+// The request path: a client's number never wraps (checked or saturating arithmetic only).
+#![deny(clippy::arithmetic_side_effects)]
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,7 +128,13 @@ impl Cursor {
             .cmd("HMGET")
             .arg(self.shared.job_key(&self.id))
             .arg(&["status", "attempt", "answer", "error"])
-            .lrange(self.shared.text_key(&self.id), self.out.sent as isize, -1)
+            // `sent` is at most MAX_PIECE_ID plus the pieces that exist; never a negative
+            // (from the end) index, which would send the whole list again.
+            .lrange(
+                self.shared.text_key(&self.id),
+                isize::try_from(self.out.sent).unwrap_or(isize::MAX),
+                -1,
+            )
             .query_async(&mut conn)
             .await
             .map_err(|_| ())?;

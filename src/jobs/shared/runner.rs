@@ -105,8 +105,12 @@ async fn start_head(jobs: &Jobs, shared: &Arc<SharedJobs>) -> Start {
         .await;
     match taken {
         Some(Ok(t)) => {
-            let attempt = t.rest.first().copied().unwrap_or(1).max(1) as u64;
-            let waited = Duration::from_millis(t.rest.get(1).copied().unwrap_or(0).max(0) as u64);
+            let attempt = u64::try_from(t.rest.first().copied().unwrap_or(1))
+                .unwrap_or(1)
+                .max(1);
+            let waited = Duration::from_millis(
+                u64::try_from(t.rest.get(1).copied().unwrap_or(0)).unwrap_or(0),
+            );
             let run = Run {
                 token: t.lease,
                 cancel: CancellationToken::new(),
@@ -416,18 +420,19 @@ pub async fn beat(jobs: Jobs, shared: Arc<SharedJobs>) {
             "cancelled",
             "expired",
         ];
-        let mut live = 0;
+        let mut live: usize = 0;
         for (i, status) in statuses.iter().enumerate() {
             let count = n(5 + i).max(0);
             metrics.set(status, count);
             if *status != "expired" {
-                live += count as usize;
+                live = usize::try_from(count).map_or(live, |c| live.saturating_add(c));
             }
         }
         *shared
             .last
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = (live, n(4).max(0) as u64);
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            (live, u64::try_from(n(4)).unwrap_or(0));
         let ids = |i: usize| -> Vec<String> {
             reply
                 .get(i)
