@@ -51,12 +51,14 @@ pub fn answer_body(data: &[u8]) {
 }
 
 /// `POST /v1/chat/completions` and `POST /v1/completions` with `data` as the body, under both
-/// settings of `server.unknown_fields`.
+/// settings of `server.unknown_fields` (one role configured besides vLLM's).
 pub fn openai_body(data: &[u8]) {
+    let extra_roles = ["tutor".to_owned()];
     for unknown in [UnknownFields::Forward, UnknownFields::Reject] {
         let rules = FieldRules {
             unknown,
             max_logprobs: 5,
+            extra_roles: &extra_roles,
         };
         for parsed in [parse::chat(data, rules), parse::completion(data, rules)] {
             match parsed {
