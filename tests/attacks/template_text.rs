@@ -121,11 +121,11 @@ async fn text_in_template_kwargs_and_in_reasoning_history_is_classified_by_its_s
 
         // 3 MB (within server.max_body_bytes): more than the model takes, refused by the
         // gateway itself before any lane, not relayed from the engine.
-        let body = hidden_text(where_, 750_000);
+        let body = hidden_text(where_, 850_000);
         assert!(body.to_string().len() > 3_000_000);
         let (status, answer) = post(&h, "/v1/chat/completions", &body).await;
         assert_eq!(status, 400, "{where_}: {answer}");
-        assert_eq!(answer["error"]["code"], "bad_request", "{where_}: {answer}");
+        assert_eq!(answer["error"]["code"], "too_long", "{where_}: {answer}");
         assert!(
             answer["error"]["message"]
                 .as_str()
