@@ -53,7 +53,9 @@ pub fn answer_body(data: &[u8]) {
     match AnswerRequest::from_body(data) {
         Err(e) => documented(&e),
         Ok(req) => {
-            if let Err(e) = parse::template::chat_messages(&req.messages_json, &[EXTRA_ROLE.to_owned()]) {
+            if let Err(e) =
+                parse::template::chat_messages(&req.messages_json, &[EXTRA_ROLE.to_owned()])
+            {
                 documented(&e);
             }
         }

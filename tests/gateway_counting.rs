@@ -184,7 +184,14 @@ fn extra_roles() -> Vec<String> {
 /// A conversation with random roles (vLLM's and the configured ones), long names, reasoning in
 /// the history, text and media parts, tool calls, and maybe tools and template values.
 fn random_conversation(rng: &mut StdRng) -> Value {
-    const VLLM_ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool", "function"];
+    const VLLM_ROLES: &[&str] = &[
+        "system",
+        "developer",
+        "user",
+        "assistant",
+        "tool",
+        "function",
+    ];
     let mut roles: Vec<String> = VLLM_ROLES.iter().map(|r| (*r).to_owned()).collect();
     roles.extend(extra_roles());
     let mut messages = Vec::new();
@@ -204,7 +211,10 @@ fn random_conversation(rng: &mut StdRng) -> Value {
                 .collect::<Vec<_>>()),
         };
         if rng.random_bool(0.3) {
-            m["name"] = json!(format!("student_{turn}_{}", text(rng, 80).replace(' ', "_")));
+            m["name"] = json!(format!(
+                "student_{turn}_{}",
+                text(rng, 80).replace(' ', "_")
+            ));
         }
         if rng.random_bool(0.4) {
             m["reasoning"] = json!(text(rng, 120));

@@ -346,7 +346,14 @@ fn every_rendered_string_is_counted_and_media_by_its_kind() {
     let mut texts = Vec::new();
     input.for_each_text(|t| texts.push(t.to_owned()));
     assert_eq!(texts[0], "{\n  \"custom_tools\": \"described here\"\n}");
-    for expected in ["teacher", "assistant", "think", "more", "ok", "{\"video_url\":{\"url\":\"c\"}}"] {
+    for expected in [
+        "teacher",
+        "assistant",
+        "think",
+        "more",
+        "ok",
+        "{\"video_url\":{\"url\":\"c\"}}",
+    ] {
         assert!(texts.iter().any(|t| t == expected), "{expected}: {texts:?}");
     }
     let costs = TemplateCosts {

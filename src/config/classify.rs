@@ -138,7 +138,10 @@ pub(super) fn validate(c: &mut Checker, raw: RawClassify) -> ClassifyConfig {
 
 /// Checks `classify.extra_roles`: each a non-empty role of at most 1 MiB.
 fn extra_roles(c: &mut Checker, roles: Vec<String>) -> Vec<String> {
-    if roles.iter().any(|r| r.is_empty() || r.len() > MAX_ROLE_BYTES) {
+    if roles
+        .iter()
+        .any(|r| r.is_empty() || r.len() > MAX_ROLE_BYTES)
+    {
         c.fail(
             "classify.extra_roles",
             "roles must be non-empty and at most 1 MiB",

@@ -48,7 +48,10 @@ async fn a_12k_token_role_is_refused_as_no_role_vllm_knows() {
     assert_eq!(answer["error"]["type"], "invalid_request_error");
     let message = answer["error"]["message"].as_str().unwrap();
     assert!(message.contains("not an accepted role"), "{message}");
-    assert!(message.len() < 400, "the role is not echoed whole: {message}");
+    assert!(
+        message.len() < 400,
+        "the role is not echoed whole: {message}"
+    );
     assert_eq!(only_entry(&h)["outcome"], "bad_request");
     // Nothing reached the engine; nothing is held.
     assert!(h.idle());
@@ -79,7 +82,10 @@ async fn a_12k_token_role_configured_as_allowed_is_classified_large() {
     let estimate = entry["input_tokens_estimated"].as_u64().unwrap();
     let engine = entry["input_tokens"].as_u64().unwrap();
     assert!(engine > 12_000, "the engine prefilled the role: {entry}");
-    assert!(estimate >= engine, "estimated {estimate}, the engine counted {engine}");
+    assert!(
+        estimate >= engine,
+        "estimated {estimate}, the engine counted {engine}"
+    );
     eventually("the lanes are idle", || h.idle()).await;
     h.shutdown().await;
 }
@@ -111,7 +117,10 @@ async fn text_in_template_kwargs_and_in_reasoning_history_is_classified_by_its_s
         // 8,000 tokens: large, and counted at least as the engine counts it.
         let (status, answer) = post(&h, "/v1/chat/completions", &hidden_text(where_, 8_000)).await;
         assert_eq!(status, 200, "{where_}: {answer}");
-        eventually("the request is logged", || h.log.lock().unwrap().len() > 2 * i).await;
+        eventually("the request is logged", || {
+            h.log.lock().unwrap().len() > 2 * i
+        })
+        .await;
         let entry = h.log.lock().unwrap()[2 * i].clone();
         assert_eq!(entry["lane"], "large", "{where_}: {entry}");
         let estimate = entry["input_tokens_estimated"].as_u64().unwrap();
@@ -133,9 +142,15 @@ async fn text_in_template_kwargs_and_in_reasoning_history_is_classified_by_its_s
                 .contains("maximum length"),
             "{where_}: {answer}"
         );
-        eventually("the request is logged", || h.log.lock().unwrap().len() > 2 * i + 1).await;
+        eventually("the request is logged", || {
+            h.log.lock().unwrap().len() > 2 * i + 1
+        })
+        .await;
         let entry = h.log.lock().unwrap()[2 * i + 1].clone();
-        assert!(entry["lane"].is_null(), "{where_}: no lane held it: {entry}");
+        assert!(
+            entry["lane"].is_null(),
+            "{where_}: no lane held it: {entry}"
+        );
     }
     eventually("the lanes are idle", || h.idle()).await;
     h.shutdown().await;

@@ -14,7 +14,14 @@ use crate::classify::{ChatMessage, MediaKind};
 use crate::error::GatewayError;
 
 /// The roles vLLM's OpenAI server and chat templates know.
-pub const VLLM_ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool", "function"];
+pub const VLLM_ROLES: &[&str] = &[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
 
 /// Message keys counted as text: a string, or null.
 const TEXT_KEYS: &[&str] = &["name", "tool_call_id", "reasoning", "reasoning_content"];
@@ -63,7 +70,10 @@ fn type_name(v: &Value) -> &'static str {
 
 /// The chat messages in `value`, checked so that everything the template renders from them is
 /// counted; `extra_roles` are accepted besides [`VLLM_ROLES`].
-pub fn chat_messages(value: &Value, extra_roles: &[String]) -> Result<Vec<ChatMessage>, GatewayError> {
+pub fn chat_messages(
+    value: &Value,
+    extra_roles: &[String],
+) -> Result<Vec<ChatMessage>, GatewayError> {
     let Value::Array(items) = value else {
         return Err(GatewayError::bad_request(
             format!("messages must be an array, not {}", type_name(value)),
@@ -103,7 +113,8 @@ fn check_message(
             ))
         }
         Some(Value::String(role)) => {
-            let known = VLLM_ROLES.contains(&role.as_str()) || extra_roles.iter().any(|r| r == role);
+            let known =
+                VLLM_ROLES.contains(&role.as_str()) || extra_roles.iter().any(|r| r == role);
             if !known {
                 return Err(GatewayError::bad_field(
                     format!(
@@ -170,7 +181,10 @@ fn check_content(at: &str, content: &Value) -> Result<(), GatewayError> {
         Value::Array(parts) => parts,
         other => {
             return Err(GatewayError::bad_field(
-                format!("{at}.content must be a string, an array of parts or null, not {}", type_name(other)),
+                format!(
+                    "{at}.content must be a string, an array of parts or null, not {}",
+                    type_name(other)
+                ),
                 format!("{at}.content"),
             ))
         }
@@ -268,7 +282,10 @@ pub fn template_kwargs(value: Option<&Value>) -> Result<(), GatewayError> {
             Ok(())
         }
         Some(other) => Err(GatewayError::bad_request(
-            format!("chat_template_kwargs must be an object, not {}", type_name(other)),
+            format!(
+                "chat_template_kwargs must be an object, not {}",
+                type_name(other)
+            ),
             Some("chat_template_kwargs"),
         )),
     }

@@ -16,10 +16,13 @@ fn every_vllm_role_is_accepted_and_no_other_unless_configured() {
     }
     let long = "word ".repeat(2000);
     let body = json!([{"role": "user"}, {"role": long, "content": "hi"}]);
-    assert_eq!(refused(body.clone(), &[]).as_deref(), Some("messages[1].role"));
+    assert_eq!(
+        refused(body.clone(), &[]).as_deref(),
+        Some("messages[1].role")
+    );
     let err = chat_messages(&body, &[]).unwrap_err().message();
     assert!(err.len() < 400, "the role is shortened: {err}");
-    assert_eq!(refused(body, &[long.clone()]), None);
+    assert_eq!(refused(body, std::slice::from_ref(&long)), None);
     assert_eq!(
         refused(json!([{"content": "hi"}]), &[]).as_deref(),
         Some("messages[0].role")
@@ -48,20 +51,56 @@ fn keys_the_estimate_does_not_count_are_refused_by_their_message() {
     ]);
     assert_eq!(refused(ok, &[]), None);
     for (message, param) in [
-        (json!({"role": "user", "content": "hi", "extra": "x"}), "messages[0]"),
+        (
+            json!({"role": "user", "content": "hi", "extra": "x"}),
+            "messages[0]",
+        ),
         (json!({"role": "user", "content": 5}), "messages[0].content"),
         (json!({"role": "user", "name": ["x"]}), "messages[0].name"),
-        (json!({"role": "assistant", "reasoning": {"a": 1}}), "messages[0].reasoning"),
-        (json!({"role": "assistant", "reasoning_content": 1}), "messages[0].reasoning_content"),
-        (json!({"role": "assistant", "tool_calls": "call"}), "messages[0].tool_calls"),
-        (json!({"role": "tool", "tool_call_id": 3}), "messages[0].tool_call_id"),
-        (json!({"role": "assistant", "refusal": "no"}), "messages[0].refusal"),
-        (json!({"role": "user", "content": ["hi"]}), "messages[0].content[0]"),
-        (json!({"role": "user", "content": [{"text": "hi"}]}), "messages[0].content[0].type"),
-        (json!({"role": "user", "content": [{"type": "file", "file": {}}]}), "messages[0].content[0].type"),
-        (json!({"role": "user", "content": [{"type": "text"}]}), "messages[0].content[0].text"),
-        (json!({"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}), "messages[0].content[0]"),
-        (json!({"role": "user", "content": [{"type": "image_url", "text": 1}]}), "messages[0].content[0].text"),
+        (
+            json!({"role": "assistant", "reasoning": {"a": 1}}),
+            "messages[0].reasoning",
+        ),
+        (
+            json!({"role": "assistant", "reasoning_content": 1}),
+            "messages[0].reasoning_content",
+        ),
+        (
+            json!({"role": "assistant", "tool_calls": "call"}),
+            "messages[0].tool_calls",
+        ),
+        (
+            json!({"role": "tool", "tool_call_id": 3}),
+            "messages[0].tool_call_id",
+        ),
+        (
+            json!({"role": "assistant", "refusal": "no"}),
+            "messages[0].refusal",
+        ),
+        (
+            json!({"role": "user", "content": ["hi"]}),
+            "messages[0].content[0]",
+        ),
+        (
+            json!({"role": "user", "content": [{"text": "hi"}]}),
+            "messages[0].content[0].type",
+        ),
+        (
+            json!({"role": "user", "content": [{"type": "file", "file": {}}]}),
+            "messages[0].content[0].type",
+        ),
+        (
+            json!({"role": "user", "content": [{"type": "text"}]}),
+            "messages[0].content[0].text",
+        ),
+        (
+            json!({"role": "user", "content": [{"type": "text", "text": "a", "x": 1}]}),
+            "messages[0].content[0]",
+        ),
+        (
+            json!({"role": "user", "content": [{"type": "image_url", "text": 1}]}),
+            "messages[0].content[0].text",
+        ),
     ] {
         assert_eq!(
             refused(json!([message]), &[]).as_deref(),
@@ -84,14 +123,24 @@ fn an_unknown_key_is_named_in_the_message_but_never_in_the_param() {
 
 #[test]
 fn template_kwargs_are_an_object_without_a_template_tools_or_documents() {
-    for ok in [None, Some(json!(null)), Some(json!({"enable_thinking": false, "custom_tools": [1]}))] {
+    for ok in [
+        None,
+        Some(json!(null)),
+        Some(json!({"enable_thinking": false, "custom_tools": [1]})),
+    ] {
         assert!(template_kwargs(ok.as_ref()).is_ok(), "{ok:?}");
     }
     for (value, param) in [
         (json!("x"), "chat_template_kwargs"),
-        (json!({"chat_template": "{{ 1 }}"}), "chat_template_kwargs.chat_template"),
+        (
+            json!({"chat_template": "{{ 1 }}"}),
+            "chat_template_kwargs.chat_template",
+        ),
         (json!({"tools": []}), "chat_template_kwargs.tools"),
-        (json!({"documents": [{"text": "x"}]}), "chat_template_kwargs.documents"),
+        (
+            json!({"documents": [{"text": "x"}]}),
+            "chat_template_kwargs.documents",
+        ),
     ] {
         let err = template_kwargs(Some(&value)).unwrap_err();
         assert_eq!(err.body()["error"]["param"], param, "{value}");
