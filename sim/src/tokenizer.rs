@@ -98,4 +98,26 @@ mod tests {
             content_only + 1 + (4 + 2) + (4 + 1) + 5
         );
     }
+
+    #[test]
+    fn the_template_renders_roles_reasoning_and_template_values() {
+        let msgs: Vec<ChatMessage> = serde_json::from_str(
+            r#"[{"role":"reviewer of code","content":"hi","reasoning":"first think","reasoning_content":"then more"}]"#,
+        )
+        .unwrap();
+        let rendered = render_chat(&msgs);
+        assert!(
+            rendered.starts_with(
+                "<|im_start|>reviewer of code\nfirst think\nthen more\nhi<|im_end|>\n"
+            ),
+            "{rendered}"
+        );
+        let kwargs = serde_json::json!({"custom_tools": "a tool", "enable_thinking": false});
+        assert_eq!(
+            render_template_kwargs(Some(&kwargs)),
+            "<|im_start|>kwargs\na tool\nfalse<|im_end|>\n"
+        );
+        assert_eq!(render_template_kwargs(Some(&serde_json::json!({}))), "");
+        assert_eq!(render_template_kwargs(None), "");
+    }
 }
