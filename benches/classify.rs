@@ -590,7 +590,9 @@ fn main() {
     let config = Config::default();
     let overhead = TemplateCosts {
         per_message: config.classify.per_message_overhead,
-        media_part: config.classify.media_part_tokens,
+        image_part: config.classify.image_part_tokens,
+        audio_part: config.classify.audio_part_tokens,
+        video_part: config.classify.video_part_tokens,
     };
     let classifier = Classifier::with_counter(&config, counter.clone());
     let kinds = kinds(&counter, overhead);

@@ -31,6 +31,7 @@
 //! `/answer` before streaming the same JSON, and once streaming began an SSE `error` event with
 //! `{"code","message"}`. Messages never contain prompt text.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use axum::http::{header, HeaderValue, StatusCode};
@@ -59,8 +60,8 @@ pub enum GatewayError {
     BadRequest {
         /// What is wrong, naming the field.
         message: String,
-        /// The offending field.
-        param: Option<&'static str>,
+        /// The offending field (a path such as `messages[2].role` where it has an index).
+        param: Option<Cow<'static, str>>,
     },
     /// The body is larger than allowed.
     #[error("request body larger than {limit} bytes")]
@@ -130,7 +131,16 @@ impl GatewayError {
     pub fn bad_request(message: impl Into<String>, param: Option<&'static str>) -> Self {
         Self::BadRequest {
             message: message.into(),
-            param,
+            param: param.map(Cow::Borrowed),
+        }
+    }
+
+    /// A 400 about the field at `path`, built by the gateway from field names it knows and
+    /// indexes (never a name the client chose: the path is logged).
+    pub fn bad_field(message: impl Into<String>, path: String) -> Self {
+        Self::BadRequest {
+            message: message.into(),
+            param: Some(Cow::Owned(path)),
         }
     }
 
@@ -257,7 +267,7 @@ impl GatewayError {
 
     fn param(&self) -> Option<String> {
         match self {
-            Self::BadRequest { param, .. } => param.map(str::to_owned),
+            Self::BadRequest { param, .. } => param.as_deref().map(str::to_owned),
             Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Some("max_tokens".into()),
             Self::Upstream(UpstreamError::Status { error, .. }) => error.param.clone(),
             _ => None,

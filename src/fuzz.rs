@@ -6,6 +6,7 @@
 use axum::extract::Query;
 use axum::http::{StatusCode, Uri};
 
+use crate::classify::PromptInput;
 use crate::config::UnknownFields;
 use crate::error::GatewayError;
 use crate::pipeline::parse::{self, AnswerQuery, AnswerRequest, FieldRules};
@@ -43,24 +44,52 @@ pub fn answer_query(data: &[u8]) {
     }
 }
 
-/// `POST /answer` with `data` as the body.
+/// The role configured besides vLLM's in the fuzz targets (`classify.extra_roles`).
+const EXTRA_ROLE: &str = "tutor";
+
+/// `POST /answer` with `data` as the body, its messages then checked as the template renders
+/// them (what the prompt step does before counting).
 pub fn answer_body(data: &[u8]) {
-    if let Err(e) = AnswerRequest::from_body(data) {
-        documented(&e);
+    match AnswerRequest::from_body(data) {
+        Err(e) => documented(&e),
+        Ok(req) => {
+            if let Err(e) =
+                parse::template::chat_messages(&req.messages_json, &[EXTRA_ROLE.to_owned()])
+            {
+                documented(&e);
+            }
+        }
+    }
+}
+
+/// Every role of an accepted chat request is vLLM's or the configured one.
+fn roles_accepted(input: &PromptInput) {
+    if let PromptInput::Chat { messages, .. } = input {
+        for m in messages {
+            assert!(
+                parse::template::VLLM_ROLES.contains(&m.role.as_str()) || m.role == EXTRA_ROLE,
+                "a role no rule accepts went through"
+            );
+        }
     }
 }
 
 /// `POST /v1/chat/completions` and `POST /v1/completions` with `data` as the body, under both
-/// settings of `server.unknown_fields`.
+/// settings of `server.unknown_fields` (one role configured besides vLLM's).
 pub fn openai_body(data: &[u8]) {
+    let extra_roles = [EXTRA_ROLE.to_owned()];
     for unknown in [UnknownFields::Forward, UnknownFields::Reject] {
         let rules = FieldRules {
             unknown,
             max_logprobs: 5,
+            extra_roles: &extra_roles,
         };
         for parsed in [parse::chat(data, rules), parse::completion(data, rules)] {
             match parsed {
-                Ok(req) => assert!(!req.body.contains_key("priority")),
+                Ok(req) => {
+                    assert!(!req.body.contains_key("priority"));
+                    roles_accepted(&req.input);
+                }
                 Err(e) => documented(&e),
             }
         }

@@ -47,6 +47,8 @@ impl PromptBuilder {
             name: None,
             tool_calls: None,
             tool_call_id: None,
+            reasoning: None,
+            reasoning_content: None,
         };
         self.tokenizer.encode(&render_chat(&[msg]), true).len()
     }

@@ -7,7 +7,9 @@
 
 use std::path::Path;
 
-pub use tutor_wire::chat::{render_chat, render_tools, ChatMessage, ContentPart, MessageContent};
+pub use tutor_wire::chat::{
+    render_chat, render_template_kwargs, render_tools, ChatMessage, ContentPart, MessageContent,
+};
 pub use tutor_wire::tokens::{fnv1a, heuristic_ids, BOS_ID};
 
 /// Counts and ids prompt tokens.
@@ -95,5 +97,27 @@ mod tests {
             tok.encode(&rendered, true).len(),
             content_only + 1 + (4 + 2) + (4 + 1) + 5
         );
+    }
+
+    #[test]
+    fn the_template_renders_roles_reasoning_and_template_values() {
+        let msgs: Vec<ChatMessage> = serde_json::from_str(
+            r#"[{"role":"reviewer of code","content":"hi","reasoning":"first think","reasoning_content":"then more"}]"#,
+        )
+        .unwrap();
+        let rendered = render_chat(&msgs);
+        assert!(
+            rendered.starts_with(
+                "<|im_start|>reviewer of code\nfirst think\nthen more\nhi<|im_end|>\n"
+            ),
+            "{rendered}"
+        );
+        let kwargs = serde_json::json!({"custom_tools": "a tool", "enable_thinking": false});
+        assert_eq!(
+            render_template_kwargs(Some(&kwargs)),
+            "<|im_start|>kwargs\na tool\nfalse<|im_end|>\n"
+        );
+        assert_eq!(render_template_kwargs(Some(&serde_json::json!({}))), "");
+        assert_eq!(render_template_kwargs(None), "");
     }
 }

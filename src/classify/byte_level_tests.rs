@@ -240,6 +240,8 @@ fn a_three_hundred_token_question_is_small_without_tokenizing() {
             name: None,
             tool_calls: None,
             tool_call_id: None,
+            reasoning: None,
+            reasoning_content: None,
         }],
         None,
     );

@@ -82,7 +82,9 @@ impl Classifier {
             default_output_tokens: c.default_output_tokens.get(),
             costs: TemplateCosts {
                 per_message: c.per_message_overhead,
-                media_part: c.media_part_tokens,
+                image_part: c.image_part_tokens,
+                audio_part: c.audio_part_tokens,
+                video_part: c.video_part_tokens,
             },
             max_model_len: config.upstream.max_model_len.get(),
         }

@@ -1,8 +1,14 @@
-//! What gets classified: a plain prompt or chat messages (with the request's tools), and every
-//! piece of text the chat template renders from them.
+//! What gets classified: a plain prompt or chat messages (with the request's tools and
+//! template values), and every piece of text the chat template renders from them.
+//!
+//! The rule, stated once in docs/operations.md ("What the estimate counts"): a message's role,
+//! `reasoning`, `reasoning_content`, every content part, `name`, `tool_calls` and
+//! `tool_call_id` ([`ChatMessage::for_each_piece`]); the request's `tools` and
+//! `chat_template_kwargs` as pretty-printed JSON; per message and for the assistant turn the
+//! template's markers (`classify.per_message_overhead`); per media part its kind's charge.
 
 use serde_json::Value;
-pub use tutor_wire::chat::{ChatMessage, ContentPart, MessageContent, PieceKind};
+pub use tutor_wire::chat::{ChatMessage, ContentPart, MediaKind, MessageContent, PieceKind};
 
 /// Tokens counted for the tools block beyond the tools' JSON: the preamble templates put around
 /// it (Qwen 2.5's is about 120 tokens, Llama 3.1's about 100).
@@ -13,7 +19,8 @@ pub const TOOLS_OVERHEAD: u32 = 150;
 pub enum PromptInput {
     /// A completion-style prompt (`/v1/completions`, `GET /answer?prompt=`).
     Prompt(String),
-    /// Chat messages (`/v1/chat/completions`, `POST /answer`) and the request's tools.
+    /// Chat messages (`/v1/chat/completions`, `POST /answer`), the request's tools and the
+    /// values it hands the template.
     Chat {
         /// The messages; every piece the template renders counts
         /// ([`ChatMessage::for_each_piece`]).
@@ -21,34 +28,81 @@ pub enum PromptInput {
         /// The `tools` array as the template renders it: pretty-printed JSON, which costs at
         /// least what the compact or indented JSON of real templates does.
         tools: Option<String>,
+        /// `chat_template_kwargs` as pretty-printed JSON: its keys, quotes and indentation cost
+        /// at least what a template rendering its values does.
+        template_kwargs: Option<String>,
     },
 }
 
 /// What the template adds around the pieces, beyond their text.
 #[derive(Debug, Clone, Copy)]
 pub struct TemplateCosts {
-    /// Tokens per message (role header, separators, end of turn).
+    /// Tokens per message (role header markers, separators, end of turn); the role's own text
+    /// is counted as text.
     pub per_message: u32,
-    /// Tokens per non-text content part (an image's or audio clip's tokens), on top of its JSON.
-    pub media_part: u32,
+    /// Tokens per image part, on top of its JSON.
+    pub image_part: u32,
+    /// Tokens per audio part, on top of its JSON.
+    pub audio_part: u32,
+    /// Tokens per video part, on top of its JSON.
+    pub video_part: u32,
+}
+
+impl TemplateCosts {
+    /// The charge of one non-text part of `kind` (none for a part that is not media).
+    pub fn media_part(&self, kind: MediaKind) -> u32 {
+        match kind {
+            MediaKind::Image => self.image_part,
+            MediaKind::Audio => self.audio_part,
+            MediaKind::Video => self.video_part,
+            MediaKind::Other => 0,
+        }
+    }
+}
+
+/// `value` as the template-facing pretty JSON; `None` for null or absent.
+fn pretty(value: Option<&Value>) -> Option<String> {
+    value
+        .filter(|v| !v.is_null())
+        .map(|v| serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string()))
 }
 
 impl PromptInput {
     /// Chat input from messages and the request's `tools` value (`None` or null: no tools).
     pub fn chat(messages: Vec<ChatMessage>, tools: Option<&Value>) -> Self {
-        let tools = tools
-            .filter(|t| !t.is_null())
-            .map(|t| serde_json::to_string_pretty(t).unwrap_or_else(|_| t.to_string()));
-        Self::Chat { messages, tools }
+        Self::Chat {
+            messages,
+            tools: pretty(tools),
+            template_kwargs: None,
+        }
+    }
+
+    /// The same input, with the request's `chat_template_kwargs` counted too (`None` or null:
+    /// none). A prompt is left as it is.
+    pub fn with_template_kwargs(self, kwargs: Option<&Value>) -> Self {
+        match self {
+            PromptInput::Chat {
+                messages, tools, ..
+            } => PromptInput::Chat {
+                messages,
+                tools,
+                template_kwargs: pretty(kwargs),
+            },
+            prompt => prompt,
+        }
     }
 
     /// Calls `f` on every text piece that will be tokenized.
     pub fn for_each_text(&self, mut f: impl FnMut(&str)) {
         match self {
             PromptInput::Prompt(text) => f(text),
-            PromptInput::Chat { messages, tools } => {
-                if let Some(t) = tools {
-                    f(t);
+            PromptInput::Chat {
+                messages,
+                tools,
+                template_kwargs,
+            } => {
+                for block in [tools, template_kwargs].into_iter().flatten() {
+                    f(block);
                 }
                 for message in messages {
                     message.for_each_piece(|_, piece| f(piece));
@@ -61,7 +115,7 @@ impl PromptInput {
     pub fn text_bytes_and_pieces(&self) -> (u64, u32) {
         let (mut bytes, mut pieces) = (0u64, 0u32);
         self.for_each_text(|t| {
-            bytes += t.len() as u64;
+            bytes = bytes.saturating_add(u64::try_from(t.len()).unwrap_or(u64::MAX));
             pieces = pieces.saturating_add(1);
         });
         (bytes, pieces)
@@ -69,22 +123,28 @@ impl PromptInput {
 
     /// Tokens the template adds around the text: one beginning-of-sequence token, plus for chat
     /// `per_message` per message and once more for the assistant turn it ends with, a newline
-    /// between two pieces of one message, [`TOOLS_OVERHEAD`] with tools, and `media_part` per
-    /// non-text part.
+    /// between two pieces of one message after its role, [`TOOLS_OVERHEAD`] with tools, and
+    /// each media part's charge by kind.
     pub fn template_overhead(&self, costs: TemplateCosts) -> u32 {
         match self {
             PromptInput::Prompt(_) => 1,
-            PromptInput::Chat { messages, tools } => {
+            PromptInput::Chat {
+                messages, tools, ..
+            } => {
                 let turns = u32::try_from(messages.len())
                     .unwrap_or(u32::MAX)
                     .saturating_add(1);
                 let mut extra = if tools.is_some() { TOOLS_OVERHEAD } else { 0 };
                 for m in messages {
                     let mut pieces = 0u32;
-                    m.for_each_piece(|kind, _| {
-                        pieces += 1;
-                        if kind == PieceKind::Media {
-                            extra = extra.saturating_add(costs.media_part);
+                    m.for_each_piece(|kind, _| match kind {
+                        PieceKind::Role => {}
+                        PieceKind::Media(media) => {
+                            pieces = pieces.saturating_add(1);
+                            extra = extra.saturating_add(costs.media_part(media));
+                        }
+                        PieceKind::Text | PieceKind::ToolCalls => {
+                            pieces = pieces.saturating_add(1);
                         }
                     });
                     extra = extra.saturating_add(pieces.saturating_sub(1));

@@ -36,4 +36,6 @@ pub use classifier::{Classification, Classifier};
 pub use counter::TokenCounter;
 pub use decision::LaneRules;
 pub use error::ClassifyError;
-pub use input::{ChatMessage, ContentPart, MessageContent, PieceKind, PromptInput, TemplateCosts};
+pub use input::{
+    ChatMessage, ContentPart, MediaKind, MessageContent, PieceKind, PromptInput, TemplateCosts,
+};

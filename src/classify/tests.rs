@@ -149,7 +149,11 @@ async fn exact_counts_are_the_tokenizer_count_plus_template_overhead() {
     let counter = real_counter();
     let c = classifier(counter.clone());
     let user = text_with_tokens(&counter, 1500);
-    let content = counter.count_text("Be brief.") + counter.count_text(&user);
+    // The roles are text the template renders too.
+    let content = counter.count_text("system")
+        + counter.count_text("Be brief.")
+        + counter.count_text("user")
+        + counter.count_text(&user);
     let got = c
         .classify(chat("Be brief.", user), Some(100))
         .await
@@ -169,8 +173,9 @@ async fn short_questions_skip_tokenizing_and_reserve_the_upper_bound() {
         .unwrap();
     assert_eq!(got.lane, Lane::Small);
     assert!(!got.exact, "byte length alone decides a short question");
-    let bytes = (question.len() + "You are a tutor.".len()) as u32;
-    assert_eq!(got.input_tokens_estimate, bytes + 2 + 3 * 5 + 1);
+    // Four pieces: each role and its text; one token a byte, one more per piece.
+    let bytes = ("system".len() + "You are a tutor.".len() + "user".len() + question.len()) as u32;
+    assert_eq!(got.input_tokens_estimate, bytes + 4 + 3 * 5 + 1);
 }
 
 #[tokio::test]
@@ -323,4 +328,44 @@ async fn at_most_one_prompt_per_cpu_is_tokenized_at_once() {
     let most = watcher.await.unwrap();
     assert!(most <= cpus, "{most} tokenizing at once on {cpus} CPUs");
     assert_eq!(classifier.tokenizing(), 0, "every permit came back");
+}
+
+#[test]
+fn every_rendered_string_is_counted_and_media_by_its_kind() {
+    let messages: Vec<ChatMessage> = serde_json::from_value(serde_json::json!([
+        {"role": "teacher", "content": [
+            {"type": "image_url", "image_url": {"url": "a"}},
+            {"type": "input_audio", "input_audio": {"data": "b"}},
+            {"type": "video_url", "video_url": {"url": "c"}},
+        ]},
+        {"role": "assistant", "content": "ok", "reasoning": "think", "reasoning_content": "more"},
+    ]))
+    .unwrap();
+    let kwargs = serde_json::json!({"custom_tools": "described here"});
+    let input = PromptInput::chat(messages, None).with_template_kwargs(Some(&kwargs));
+    let mut texts = Vec::new();
+    input.for_each_text(|t| texts.push(t.to_owned()));
+    assert_eq!(texts[0], "{\n  \"custom_tools\": \"described here\"\n}");
+    for expected in [
+        "teacher",
+        "assistant",
+        "think",
+        "more",
+        "ok",
+        "{\"video_url\":{\"url\":\"c\"}}",
+    ] {
+        assert!(texts.iter().any(|t| t == expected), "{expected}: {texts:?}");
+    }
+    let costs = TemplateCosts {
+        per_message: 5,
+        image_part: 1000,
+        audio_part: 200,
+        video_part: 30_000,
+    };
+    // Three turns of 5, BOS, one charge per kind, and a newline between two pieces after the
+    // role: two in the first message, two in the second.
+    assert_eq!(
+        input.template_overhead(costs),
+        3 * 5 + 1 + 1000 + 200 + 30_000 + 2 + 2
+    );
 }

@@ -19,8 +19,14 @@ const MEDIUM_MAX_WORK: u32 = 5_000;
 const DEFAULT_OUTPUT_TOKENS: u32 = 512;
 /// Default `classify.per_message_overhead`.
 const PER_MESSAGE_OVERHEAD: u32 = 5;
-/// Default `classify.media_part_tokens`.
-const MEDIA_PART_TOKENS: u32 = 1024;
+/// Default `classify.image_part_tokens`.
+const IMAGE_PART_TOKENS: u32 = 1_024;
+/// Default `classify.audio_part_tokens`.
+const AUDIO_PART_TOKENS: u32 = 1_024;
+/// Default `classify.video_part_tokens`.
+const VIDEO_PART_TOKENS: u32 = 8_192;
+/// Longest role name `classify.extra_roles` may add, bytes.
+const MAX_ROLE_BYTES: usize = 1 << 20;
 
 /// `[classify]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -36,8 +42,14 @@ pub struct RawClassify {
     pub default_output_tokens: Option<u32>,
     /// Chat template tokens per message (role header, separators).
     pub per_message_overhead: Option<u32>,
-    /// Tokens counted per non-text content part, on top of its JSON.
-    pub media_part_tokens: Option<u32>,
+    /// Tokens counted per image part, on top of its JSON.
+    pub image_part_tokens: Option<u32>,
+    /// Tokens counted per audio part, on top of its JSON.
+    pub audio_part_tokens: Option<u32>,
+    /// Tokens counted per video part, on top of its JSON.
+    pub video_part_tokens: Option<u32>,
+    /// Message roles accepted beyond vLLM's own.
+    pub extra_roles: Option<Vec<String>>,
     /// Prompts tokenized at once; 0: one per CPU.
     pub max_concurrent_tokenizations: Option<u32>,
 }
@@ -55,8 +67,17 @@ pub struct ClassifyConfig {
     pub default_output_tokens: NonZeroU32,
     /// Tokens the chat template adds per message (role header and separators).
     pub per_message_overhead: u32,
-    /// Tokens counted per non-text content part (image, audio, file), on top of its JSON.
-    pub media_part_tokens: u32,
+    /// Tokens counted per image part (`image_url`, `input_image`, `image_embeds`), on top of
+    /// its JSON.
+    pub image_part_tokens: u32,
+    /// Tokens counted per audio part (`audio_url`, `input_audio`, `audio_embeds`), on top of
+    /// its JSON.
+    pub audio_part_tokens: u32,
+    /// Tokens counted per video part (`video_url`), on top of its JSON.
+    pub video_part_tokens: u32,
+    /// Message roles accepted beyond vLLM's (`system`, `developer`, `user`, `assistant`,
+    /// `tool`, `function`); their text is counted like any role's.
+    pub extra_roles: Vec<String>,
     /// Prompts tokenized at once (the rest wait); 0: one per CPU.
     pub max_concurrent_tokenizations: u32,
 }
@@ -107,7 +128,24 @@ pub(super) fn validate(c: &mut Checker, raw: RawClassify) -> ClassifyConfig {
             DEFAULT_OUTPUT_TOKENS,
         ),
         per_message_overhead: raw.per_message_overhead.unwrap_or(PER_MESSAGE_OVERHEAD),
-        media_part_tokens: raw.media_part_tokens.unwrap_or(MEDIA_PART_TOKENS),
+        image_part_tokens: raw.image_part_tokens.unwrap_or(IMAGE_PART_TOKENS),
+        audio_part_tokens: raw.audio_part_tokens.unwrap_or(AUDIO_PART_TOKENS),
+        video_part_tokens: raw.video_part_tokens.unwrap_or(VIDEO_PART_TOKENS),
+        extra_roles: extra_roles(c, raw.extra_roles.unwrap_or_default()),
         max_concurrent_tokenizations: raw.max_concurrent_tokenizations.unwrap_or(0).min(1024),
     }
+}
+
+/// Checks `classify.extra_roles`: each a non-empty role of at most 1 MiB.
+fn extra_roles(c: &mut Checker, roles: Vec<String>) -> Vec<String> {
+    if roles
+        .iter()
+        .any(|r| r.is_empty() || r.len() > MAX_ROLE_BYTES)
+    {
+        c.fail(
+            "classify.extra_roles",
+            "roles must be non-empty and at most 1 MiB",
+        );
+    }
+    roles
 }

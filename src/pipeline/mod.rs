@@ -186,10 +186,12 @@ pub async fn openai(
     let mut record = state.record(route);
     link_trace(&mut record, &headers);
     let request_id = record.request_id().to_owned();
-    let server = &state.config().server;
+    let config = state.config();
+    let server = &config.server;
     let rules = parse::FieldRules {
         unknown: server.unknown_fields,
         max_logprobs: server.max_logprobs,
+        extra_roles: &config.classify.extra_roles,
     };
     let mut size = 0;
     let parsed = parse::body_bytes(body, server.max_body_bytes).and_then(|b| {

@@ -18,6 +18,7 @@ use crate::prompt::StudentMaterial;
 
 mod course;
 pub mod fields;
+pub mod template;
 
 pub use fields::FieldRules;
 
@@ -200,13 +201,9 @@ pub fn chat(bytes: &[u8], rules: FieldRules) -> Result<OpenAiRequest, GatewayErr
             Some("messages"),
         ));
     };
-    let messages: Vec<ChatMessage> = typed_ref(messages).map_err(|e| match e {
-        GatewayError::BadRequest { message, .. } => GatewayError::bad_request(
-            format!("messages{}", message.trim_start_matches('.')),
-            Some("messages"),
-        ),
-        other => other,
-    })?;
+    let messages = template::chat_messages(messages, rules.extra_roles)?;
+    let kwargs = body.get("chat_template_kwargs");
+    template::template_kwargs(kwargs)?;
     if messages.is_empty() {
         return Err(GatewayError::bad_request(
             "messages must not be empty",
@@ -214,7 +211,7 @@ pub fn chat(bytes: &[u8], rules: FieldRules) -> Result<OpenAiRequest, GatewayErr
         ));
     }
     Ok(OpenAiRequest {
-        input: PromptInput::chat(messages, body.get("tools")),
+        input: PromptInput::chat(messages, body.get("tools")).with_template_kwargs(kwargs),
         max_tokens,
         stream: f.stream.unwrap_or(false),
         include_usage: f.include_usage(),

@@ -30,7 +30,7 @@ pub async fn answer_request(
     req: AnswerRequest,
 ) -> Result<Prepared, GatewayError> {
     let AnswerRequest {
-        messages,
+        messages: _,
         mut messages_json,
         max_output_tokens,
         session_id,
@@ -38,8 +38,8 @@ pub async fn answer_request(
         material,
     } = req;
     let mut focused = None;
-    let (messages, messages_json, tools) = match course_id.as_deref() {
-        None => (messages, messages_json, None),
+    let (messages_json, tools) = match course_id.as_deref() {
+        None => (messages_json, None),
         Some(id) => {
             let settings = state.config().courses.get(id).map(|c| c.focus.clone());
             let with_code = material.filter(|m| !m.sources().is_empty());
@@ -51,10 +51,12 @@ pub async fn answer_request(
                 }
                 focused = Some(f);
             }
-            let (json, tools) = with_course(state, id, messages_json)?;
-            (parse::typed(json.clone())?, json, tools)
+            with_course(state, id, messages_json)?
         }
     };
+    // What is sent is what is counted: every message checked as the template will render it.
+    let messages =
+        parse::template::chat_messages(&messages_json, &state.config().classify.extra_roles)?;
     let mut body = Map::new();
     body.insert("messages".into(), messages_json);
     if let Some(tools) = tools {

@@ -1,1 +1,157 @@
-//! (filled in by the issue 29 work)
+//! Text the chat template renders outside `content`: a message's `role`, an assistant's
+//! `reasoning` in the history, the values of `chat_template_kwargs`. Each once rode the small
+//! lane with a tiny estimate while the engine prefilled all of it (a 12k-token role: estimate
+//! 14, the engine counted 12,012). Now a role vLLM does not know is refused, a configured one is
+//! counted, and the other two are classified by their size.
+
+use serde_json::{json, Value};
+
+use crate::common::*;
+
+/// About `n` heuristic tokens of plain words.
+fn text_of(n: usize) -> String {
+    words(n, "w")
+}
+
+/// Posts a chat body; the status and the JSON answer.
+async fn post(h: &Harness, path: &str, body: &Value) -> (u16, Value) {
+    let resp = client().post(h.url(path)).json(body).send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// The request log's entry for the one request sent so far.
+fn only_entry(h: &Harness) -> Value {
+    let log = h.log.lock().unwrap().clone();
+    assert_eq!(log.len(), 1, "{log:?}");
+    log[0].clone()
+}
+
+/// The requests the simulator accepted.
+async fn sim_requests(h: &Harness) -> Value {
+    tutor_testkit::get_json(format!("{}/debug/requests", h.sim.url())).await
+}
+
+async fn sim() -> Harness {
+    harness(&["--speed", "100", "--profile", "tiny-test"], |_| {}).await
+}
+
+#[tokio::test]
+async fn a_12k_token_role_is_refused_as_no_role_vllm_knows() {
+    let h = sim().await;
+    let role = text_of(12_000);
+    let body = json!({"messages": [{"role": role, "content": "hi"}], "max_tokens": 5});
+    let (status, answer) = post(&h, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["param"], "messages[0].role", "{answer}");
+    assert_eq!(answer["error"]["type"], "invalid_request_error");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(message.contains("not an accepted role"), "{message}");
+    assert!(
+        message.len() < 400,
+        "the role is not echoed whole: {message}"
+    );
+    assert_eq!(only_entry(&h)["outcome"], "bad_request");
+    // Nothing reached the engine; nothing is held.
+    assert!(h.idle());
+    assert_eq!(sim_requests(&h).await, json!([]));
+
+    // The same through `POST /answer`.
+    let body = json!({"messages": [{"role": text_of(12_000), "content": "hi"}]});
+    let (status, answer) = post(&h, "/answer", &body).await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["param"], "messages[0].role", "{answer}");
+    assert!(h.idle());
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_12k_token_role_configured_as_allowed_is_classified_large() {
+    let role = text_of(12_000);
+    let allowed = role.clone();
+    let h = harness(&["--speed", "100", "--profile", "tiny-test"], move |c| {
+        c.classify.extra_roles = vec![allowed];
+    })
+    .await;
+    let body = json!({"messages": [{"role": role, "content": "hi"}], "max_tokens": 5});
+    let (status, answer) = post(&h, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let entry = only_entry(&h);
+    assert_eq!(entry["lane"], "large", "{entry}");
+    let estimate = entry["input_tokens_estimated"].as_u64().unwrap();
+    let engine = entry["input_tokens"].as_u64().unwrap();
+    assert!(engine > 12_000, "the engine prefilled the role: {entry}");
+    assert!(
+        estimate >= engine,
+        "estimated {estimate}, the engine counted {engine}"
+    );
+    eventually("the lanes are idle", || h.idle()).await;
+    h.shutdown().await;
+}
+
+/// A chat body carrying `n` tokens of text in the history of `where_`.
+fn hidden_text(where_: &str, n: usize) -> Value {
+    let text = text_of(n);
+    match where_ {
+        "kwargs" => json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "chat_template_kwargs": {"custom_tools": text, "enable_thinking": false},
+            "max_tokens": 5,
+        }),
+        _ => json!({
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "ok", "reasoning": text},
+                {"role": "user", "content": "and?"},
+            ],
+            "max_tokens": 5,
+        }),
+    }
+}
+
+#[tokio::test]
+async fn text_in_template_kwargs_and_in_reasoning_history_is_classified_by_its_size() {
+    let h = sim().await;
+    for (i, where_) in ["kwargs", "reasoning"].into_iter().enumerate() {
+        // 8,000 tokens: large, and counted at least as the engine counts it.
+        let (status, answer) = post(&h, "/v1/chat/completions", &hidden_text(where_, 8_000)).await;
+        assert_eq!(status, 200, "{where_}: {answer}");
+        eventually("the request is logged", || {
+            h.log.lock().unwrap().len() > 2 * i
+        })
+        .await;
+        let entry = h.log.lock().unwrap()[2 * i].clone();
+        assert_eq!(entry["lane"], "large", "{where_}: {entry}");
+        let estimate = entry["input_tokens_estimated"].as_u64().unwrap();
+        let engine = entry["input_tokens"].as_u64().unwrap();
+        assert!(engine > 8_000, "{where_}: the engine prefilled it: {entry}");
+        assert!(estimate >= engine, "{where_}: {entry}");
+
+        // 3 MB (within server.max_body_bytes): more than the model takes, refused by the
+        // gateway itself before any lane, not relayed from the engine.
+        let body = hidden_text(where_, 850_000);
+        assert!(body.to_string().len() > 3_000_000);
+        let (status, answer) = post(&h, "/v1/chat/completions", &body).await;
+        assert_eq!(status, 400, "{where_}: {answer}");
+        assert_eq!(answer["error"]["code"], "too_long", "{where_}: {answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("maximum length"),
+            "{where_}: {answer}"
+        );
+        eventually("the request is logged", || {
+            h.log.lock().unwrap().len() > 2 * i + 1
+        })
+        .await;
+        let entry = h.log.lock().unwrap()[2 * i + 1].clone();
+        assert!(
+            entry["lane"].is_null(),
+            "{where_}: no lane held it: {entry}"
+        );
+    }
+    eventually("the lanes are idle", || h.idle()).await;
+    h.shutdown().await;
+}

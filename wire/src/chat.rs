@@ -1,10 +1,11 @@
 //! OpenAI chat messages and the simulator's chat template.
 //!
-//! Everything a chat template renders counts toward the prompt: the text and non-text content
-//! parts, a message's `name`, an assistant's `tool_calls` and a tool result's `tool_call_id`
-//! ([`ChatMessage::for_each_piece`]), and the request's `tools` ([`render_tools`]). The
-//! gateway counts the same pieces the simulator renders, so its estimate can be checked against
-//! the simulator's count.
+//! Everything a chat template renders counts toward the prompt: a message's `role`, its
+//! `reasoning` and `reasoning_content` (history of a reasoning model), the text and non-text
+//! content parts, `name`, an assistant's `tool_calls` and a tool result's `tool_call_id`
+//! ([`ChatMessage::for_each_piece`]), the request's `tools` ([`render_tools`]) and the values of
+//! its `chat_template_kwargs` ([`render_template_kwargs`]). The gateway counts the same pieces
+//! the simulator renders, so its estimate can be checked against the simulator's count.
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -26,6 +27,13 @@ pub struct ChatMessage {
     /// The call a `tool` message answers.
     #[serde(default)]
     pub tool_call_id: Option<String>,
+    /// An assistant's reasoning in the history (vLLM's current name); templates of reasoning
+    /// models render it.
+    #[serde(default)]
+    pub reasoning: Option<String>,
+    /// The same under its older name; vLLM hands the template whichever is set.
+    #[serde(default)]
+    pub reasoning_content: Option<String>,
 }
 
 /// A message's content.
@@ -57,15 +65,66 @@ impl ContentPart {
     pub fn is_text(&self) -> bool {
         self.kind == "text"
     }
+
+    /// What kind of media a non-text part carries.
+    pub fn media_kind(&self) -> MediaKind {
+        MediaKind::of(&self.kind)
+    }
+
+    /// The JSON a template renders for a non-text part: its fields but the type, `text`
+    /// included when the part has one.
+    pub fn rendered_json(&self) -> String {
+        let mut fields = self.other.clone();
+        if let Some(text) = &self.text {
+            fields.insert("text".to_owned(), Value::String(text.clone()));
+        }
+        Value::Object(fields).to_string()
+    }
+}
+
+/// The kind of a non-text content part, for its token charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MediaKind {
+    /// `image_url`, `input_image`, `image_embeds`.
+    Image,
+    /// `audio_url`, `input_audio`, `audio_embeds`.
+    Audio,
+    /// `video_url`.
+    Video,
+    /// Any other non-text part type (rendered as its JSON, no media charge).
+    Other,
+}
+
+impl MediaKind {
+    /// Part types of each media kind, as vLLM's OpenAI server names them.
+    pub const TYPES: &'static [(&'static str, MediaKind)] = &[
+        ("image_url", MediaKind::Image),
+        ("input_image", MediaKind::Image),
+        ("image_embeds", MediaKind::Image),
+        ("audio_url", MediaKind::Audio),
+        ("input_audio", MediaKind::Audio),
+        ("audio_embeds", MediaKind::Audio),
+        ("video_url", MediaKind::Video),
+    ];
+
+    /// The kind of a part of type `kind`.
+    pub fn of(kind: &str) -> Self {
+        Self::TYPES
+            .iter()
+            .find(|(name, _)| *name == kind)
+            .map_or(MediaKind::Other, |(_, k)| *k)
+    }
 }
 
 /// One piece of a message as the template renders it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PieceKind {
-    /// Text the client wrote (content, name, tool call id).
+    /// The message's role, rendered in its header.
+    Role,
+    /// Text the client wrote (content, reasoning, name, tool call id).
     Text,
     /// A non-text content part, rendered as its JSON.
-    Media,
+    Media(MediaKind),
     /// Tool calls, rendered as their JSON.
     ToolCalls,
 }
@@ -85,10 +144,18 @@ impl ChatMessage {
         }
     }
 
-    /// Calls `f` on every piece the template renders for this message, in order: the content
-    /// (text parts as they are, other parts as the JSON of their fields), then `name`,
-    /// `tool_calls` (JSON) and `tool_call_id`. The template puts a newline between pieces.
+    /// Calls `f` on every piece the template renders for this message, in order: the role (in
+    /// the message's header), `reasoning` and `reasoning_content`, the content (text parts as
+    /// they are, other parts as the JSON of their fields), then `name`, `tool_calls` (JSON) and
+    /// `tool_call_id`. The template puts a newline between the pieces after the role.
     pub fn for_each_piece(&self, mut f: impl FnMut(PieceKind, &str)) {
+        f(PieceKind::Role, &self.role);
+        for reasoning in [&self.reasoning, &self.reasoning_content]
+            .into_iter()
+            .flatten()
+        {
+            f(PieceKind::Text, reasoning);
+        }
         match &self.content {
             None => {}
             Some(MessageContent::Text(s)) => f(PieceKind::Text, s),
@@ -97,10 +164,7 @@ impl ChatMessage {
                     if p.is_text() {
                         f(PieceKind::Text, p.text.as_deref().unwrap_or(""));
                     } else {
-                        f(
-                            PieceKind::Media,
-                            &Value::Object(p.other.clone()).to_string(),
-                        );
+                        f(PieceKind::Media(p.media_kind()), &p.rendered_json());
                     }
                 }
             }
@@ -118,18 +182,23 @@ impl ChatMessage {
 }
 
 /// Renders chat messages into one prompt string with a ChatML template, ending with the
-/// assistant's turn: `<|im_start|>{role}\n{pieces joined by newlines}<|im_end|>\n` per message.
-/// Under the token heuristic the markers are one token each, so a message costs its pieces,
-/// the newlines between them, and 4 tokens plus its role (one token for `user`, `tool`; two
-/// for `system`; three for `assistant`).
+/// assistant's turn: `<|im_start|>{role}\n{pieces joined by newlines}<|im_end|>\n` per message
+/// (any role string, as vLLM takes it). Under the token heuristic the markers are one token
+/// each, so a message costs its role's text, its pieces, the newlines between them, and 4
+/// tokens.
 pub fn render_chat(messages: &[ChatMessage]) -> String {
     let mut out = String::new();
     for m in messages {
         out.push_str("<|im_start|>");
+        // The header takes the role itself, not its piece: the gateway's count of the role
+        // (the piece) is checked against this.
         out.push_str(&m.role);
         out.push('\n');
         let mut first = true;
-        m.for_each_piece(|_, piece| {
+        m.for_each_piece(|kind, piece| {
+            if kind == PieceKind::Role {
+                return;
+            }
             if !first {
                 out.push('\n');
             }
@@ -140,6 +209,27 @@ pub fn render_chat(messages: &[ChatMessage]) -> String {
     }
     out.push_str("<|im_start|>assistant\n");
     out
+}
+
+/// The block of `chat_template_kwargs` values the simulator's template puts before the
+/// messages (real templates render such values where they use them: `custom_tools`, extra
+/// instructions): `<|im_start|>kwargs\n{values joined by newlines}<|im_end|>\n`, a string
+/// value as it is, any other as its compact JSON. Empty without an object of values.
+pub fn render_template_kwargs(kwargs: Option<&Value>) -> String {
+    let Some(Value::Object(map)) = kwargs else {
+        return String::new();
+    };
+    if map.is_empty() {
+        return String::new();
+    }
+    let values: Vec<String> = map
+        .values()
+        .map(|v| match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .collect();
+    format!("<|im_start|>kwargs\n{}<|im_end|>\n", values.join("\n"))
 }
 
 /// The tools block the simulator's template puts before the messages:

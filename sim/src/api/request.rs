@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::error::ApiError;
 use super::AppState;
-use crate::tokenizer::{render_chat, render_tools, ChatMessage};
+use crate::tokenizer::{render_chat, render_template_kwargs, render_tools, ChatMessage};
 
 /// `stream_options`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -67,6 +67,10 @@ pub struct ChatBody {
     /// the way a chat template puts them in front, so their bytes count for the prefix cache.
     #[serde(default)]
     pub tools: Option<serde_json::Value>,
+    /// Values handed to the chat template; rendered into the prompt after the tools, as real
+    /// templates render the ones they use (`custom_tools`, extra instructions).
+    #[serde(default)]
+    pub chat_template_kwargs: Option<serde_json::Value>,
     /// Shared fields.
     #[serde(flatten)]
     pub common: Common,
@@ -179,6 +183,7 @@ impl Generation {
             ));
         }
         let mut text = render_tools(body.tools.as_ref());
+        text.push_str(&render_template_kwargs(body.chat_template_kwargs.as_ref()));
         text.push_str(&render_chat(&body.messages));
         let prompt = encode(state, text, true).await;
         let max = body.common.max_completion_tokens.or(body.common.max_tokens);

@@ -89,11 +89,13 @@ pub const GATEWAY_OWNED: &[&str] = &["priority"];
 
 /// How the gateway treats a `/v1` body's fields.
 #[derive(Debug, Clone, Copy)]
-pub struct FieldRules {
+pub struct FieldRules<'a> {
     /// Fields on no list.
     pub unknown: UnknownFields,
     /// Most log-probabilities per token a client may ask for.
     pub max_logprobs: u32,
+    /// Message roles accepted besides vLLM's (`classify.extra_roles`).
+    pub extra_roles: &'a [String],
 }
 
 /// Checks `body`'s fields for the chat (`chat`) or completions endpoint, removes the gateway's
@@ -219,10 +221,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn rules(unknown: UnknownFields) -> FieldRules {
+    fn rules(unknown: UnknownFields) -> FieldRules<'static> {
         FieldRules {
             unknown,
             max_logprobs: 5,
+            extra_roles: &[],
         }
     }
 

@@ -1,0 +1,295 @@
+//! What the chat template renders, checked so that all of it can be counted (docs/operations.md,
+//! "What the estimate counts"): a message carries only the keys the estimate counts, each of the
+//! type it counts, its role is one vLLM's templates know (or one of `classify.extra_roles`),
+//! and every content part is text or a media part of a known type. `chat_template_kwargs` is an
+//! object whose values are counted, less the keys that would change the template or carry
+//! uncounted material. Anything else is a 400 whose `param` is the field's path
+//! (`messages[2].role`; `messages[2]` for a key the gateway does not know, named in the
+//! message only, so the request log never carries a name the client chose).
+
+use serde_json::{Map, Value};
+
+use super::typed_ref;
+use crate::classify::{ChatMessage, MediaKind};
+use crate::error::GatewayError;
+
+/// The roles vLLM's OpenAI server and chat templates know.
+pub const VLLM_ROLES: &[&str] = &[
+    "system",
+    "developer",
+    "user",
+    "assistant",
+    "tool",
+    "function",
+];
+
+/// Message keys counted as text: a string, or null.
+const TEXT_KEYS: &[&str] = &["name", "tool_call_id", "reasoning", "reasoning_content"];
+
+/// Fields of a message from an OpenAI response that clients send back with their history;
+/// vLLM drops them before the template, so they are accepted when null (and only then).
+const NULL_ONLY_KEYS: &[&str] = &["refusal", "annotations", "audio", "function_call"];
+
+/// `chat_template_kwargs` keys refused: a template of the client's own (the counted prompt
+/// would not be the one rendered), and material that has its own field or none.
+const RESERVED_KWARGS: &[(&str, &str)] = &[
+    (
+        "chat_template",
+        "chat_template_kwargs.chat_template is not accepted: the gateway counts the prompt the model's own template renders",
+    ),
+    (
+        "tools",
+        "chat_template_kwargs.tools is not accepted: send tools as the request's `tools`",
+    ),
+    (
+        "documents",
+        "chat_template_kwargs.documents is not accepted: put the material in the messages, where it is counted",
+    ),
+];
+
+/// A client's string as it may appear in an error message: at most 64 visible characters.
+fn shown(s: &str) -> String {
+    let mut out = crate::telemetry::printable(s, 64);
+    if s.chars().count() > 64 {
+        out.push('…');
+    }
+    out
+}
+
+/// The JSON type of `v`, for messages.
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The chat messages in `value`, checked so that everything the template renders from them is
+/// counted; `extra_roles` are accepted besides [`VLLM_ROLES`].
+pub fn chat_messages(
+    value: &Value,
+    extra_roles: &[String],
+) -> Result<Vec<ChatMessage>, GatewayError> {
+    let Value::Array(items) = value else {
+        return Err(GatewayError::bad_request(
+            format!("messages must be an array, not {}", type_name(value)),
+            Some("messages"),
+        ));
+    };
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let Value::Object(message) = item else {
+            return Err(GatewayError::bad_field(
+                format!("{at} must be an object, not {}", type_name(item)),
+                at,
+            ));
+        };
+        check_message(&at, message, extra_roles)?;
+    }
+    typed_ref(value).map_err(|e| match e {
+        GatewayError::BadRequest { message, .. } => GatewayError::bad_request(
+            format!("messages{}", message.trim_start_matches('.')),
+            Some("messages"),
+        ),
+        other => other,
+    })
+}
+
+fn check_message(
+    at: &str,
+    message: &Map<String, Value>,
+    extra_roles: &[String],
+) -> Result<(), GatewayError> {
+    let field = |key: &str| format!("{at}.{key}");
+    match message.get("role") {
+        None => {
+            return Err(GatewayError::bad_field(
+                format!("{at}.role is required"),
+                field("role"),
+            ))
+        }
+        Some(Value::String(role)) => {
+            let known =
+                VLLM_ROLES.contains(&role.as_str()) || extra_roles.iter().any(|r| r == role);
+            if !known {
+                return Err(GatewayError::bad_field(
+                    format!(
+                        "{at}.role `{}` is not an accepted role: use one of {} (classify.extra_roles adds others)",
+                        shown(role),
+                        VLLM_ROLES.join(", ")
+                    ),
+                    field("role"),
+                ));
+            }
+        }
+        Some(other) => {
+            return Err(GatewayError::bad_field(
+                format!("{at}.role must be a string, not {}", type_name(other)),
+                field("role"),
+            ))
+        }
+    }
+    for (key, value) in message {
+        match key.as_str() {
+            "role" => {}
+            "content" => check_content(at, value)?,
+            "tool_calls" if matches!(value, Value::Array(_) | Value::Null) => {}
+            "tool_calls" => {
+                return Err(GatewayError::bad_field(
+                    format!("{at}.tool_calls must be an array or null, not {}", type_name(value)),
+                    field("tool_calls"),
+                ))
+            }
+            k if TEXT_KEYS.contains(&k) => {
+                if !matches!(value, Value::String(_) | Value::Null) {
+                    return Err(GatewayError::bad_field(
+                        format!("{at}.{k} must be a string or null, not {}", type_name(value)),
+                        field(k),
+                    ));
+                }
+            }
+            k if NULL_ONLY_KEYS.contains(&k) => {
+                if !value.is_null() {
+                    return Err(GatewayError::bad_field(
+                        format!("{at}.{k} is accepted only as null: the gateway would not count it"),
+                        field(k),
+                    ));
+                }
+            }
+            k => {
+                return Err(GatewayError::bad_field(
+                    format!(
+                        "{at} has the field `{}`, which the gateway does not count: a message takes role, content, name, tool_calls, tool_call_id, reasoning and reasoning_content",
+                        shown(k)
+                    ),
+                    at.to_owned(),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `content`: a string, null, or an array of text and media parts.
+fn check_content(at: &str, content: &Value) -> Result<(), GatewayError> {
+    let parts = match content {
+        Value::String(_) | Value::Null => return Ok(()),
+        Value::Array(parts) => parts,
+        other => {
+            return Err(GatewayError::bad_field(
+                format!(
+                    "{at}.content must be a string, an array of parts or null, not {}",
+                    type_name(other)
+                ),
+                format!("{at}.content"),
+            ))
+        }
+    };
+    for (j, part) in parts.iter().enumerate() {
+        let at = format!("{at}.content[{j}]");
+        let Value::Object(part) = part else {
+            return Err(GatewayError::bad_field(
+                format!("{at} must be an object, not {}", type_name(part)),
+                at,
+            ));
+        };
+        let kind = match part.get("type") {
+            Some(Value::String(kind)) => kind.as_str(),
+            Some(other) => {
+                return Err(GatewayError::bad_field(
+                    format!("{at}.type must be a string, not {}", type_name(other)),
+                    format!("{at}.type"),
+                ))
+            }
+            None => {
+                return Err(GatewayError::bad_field(
+                    format!("{at}.type is required"),
+                    format!("{at}.type"),
+                ))
+            }
+        };
+        if kind == "text" {
+            check_text_part(&at, part)?;
+        } else if MediaKind::of(kind) == MediaKind::Other {
+            let types: Vec<&str> = MediaKind::TYPES.iter().map(|(name, _)| *name).collect();
+            return Err(GatewayError::bad_field(
+                format!(
+                    "{at}.type `{}` is not a part type the gateway counts: use text, {}",
+                    shown(kind),
+                    types.join(", ")
+                ),
+                format!("{at}.type"),
+            ));
+        } else if let Some(text) = part.get("text").filter(|t| !t.is_string()) {
+            // Counted as part of the part's JSON, but the typed message takes it as text.
+            return Err(GatewayError::bad_field(
+                format!("{at}.text must be a string, not {}", type_name(text)),
+                format!("{at}.text"),
+            ));
+        }
+        // A media part is counted as the JSON of all its fields, whatever they are.
+    }
+    Ok(())
+}
+
+/// A text part: `type` and a string `text`, nothing else (nothing else would be counted).
+fn check_text_part(at: &str, part: &Map<String, Value>) -> Result<(), GatewayError> {
+    match part.get("text") {
+        Some(Value::String(_)) => {}
+        Some(other) => {
+            return Err(GatewayError::bad_field(
+                format!("{at}.text must be a string, not {}", type_name(other)),
+                format!("{at}.text"),
+            ))
+        }
+        None => {
+            return Err(GatewayError::bad_field(
+                format!("{at}.text is required in a text part"),
+                format!("{at}.text"),
+            ))
+        }
+    }
+    if let Some(key) = part.keys().find(|k| *k != "type" && *k != "text") {
+        return Err(GatewayError::bad_field(
+            format!(
+                "{at} has the field `{}`, which the gateway does not count: a text part takes type and text",
+                shown(key)
+            ),
+            at.to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// `chat_template_kwargs`: absent, null, or an object without the keys of [`RESERVED_KWARGS`];
+/// its values are counted ([`crate::classify::PromptInput::with_template_kwargs`]).
+pub fn template_kwargs(value: Option<&Value>) -> Result<(), GatewayError> {
+    match value {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Object(map)) => {
+            for (key, why) in RESERVED_KWARGS {
+                if map.get(*key).is_some_and(|v| !v.is_null()) {
+                    return Err(GatewayError::bad_field(
+                        *why,
+                        format!("chat_template_kwargs.{key}"),
+                    ));
+                }
+            }
+            Ok(())
+        }
+        Some(other) => Err(GatewayError::bad_request(
+            format!(
+                "chat_template_kwargs must be an object, not {}",
+                type_name(other)
+            ),
+            Some("chat_template_kwargs"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests;
