@@ -23,7 +23,7 @@ const MAX_REQUESTS_IN_FLIGHT: u64 = 4_096;
 /// Default `server.header_read_timeout_ms`.
 const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
 /// Default `server.keep_alive_idle_ms`.
-const KEEP_ALIVE_IDLE_MS: u64 = 60_000;
+const KEEP_ALIVE_IDLE_MS: u64 = 10_000;
 /// Default `server.body_read_timeout_ms`.
 const BODY_READ_TIMEOUT_MS: u64 = 30_000;
 /// Default `server.max_queued_bytes`.

@@ -109,7 +109,11 @@ async fn an_idle_keep_alive_connection_is_closed_but_a_longer_stream_is_not_cut(
     )
     .await;
     let events = sse(&stream);
-    assert_eq!(events.last().unwrap().1, "[DONE]", "the stream ran to its end");
+    assert_eq!(
+        events.last().unwrap().1,
+        "[DONE]",
+        "the stream ran to its end"
+    );
     let words: usize = events
         .iter()
         .filter(|(_, d)| d.starts_with('{'))

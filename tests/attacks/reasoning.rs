@@ -87,7 +87,10 @@ async fn a_small_request_that_reasons_3000_tokens_is_cut_at_the_small_limit_whil
         "cut past the small limit, in the reasoning phase: {after}"
     );
     assert_eq!(after, reasoning, "every reasoning token relayed is counted");
-    eventually("the engine aborted the cut request", || h.sim_aborted() == 1).await;
+    eventually("the engine aborted the cut request", || {
+        h.sim_aborted() == 1
+    })
+    .await;
     eventually("every counter back to zero", || h.idle()).await;
     let m = h.metrics_text().await;
     assert_eq!(
