@@ -47,9 +47,10 @@ use crate::telemetry::{Metrics, RequestLog};
 use crate::upstream::{UpstreamClient, ABORT_TIMEOUT};
 
 mod accept;
+mod idle;
 pub mod tls;
 
-pub use accept::{END_WAIT, H2_MAX_STREAMS};
+pub use accept::{END_WAIT, H2_MAX_STREAMS, H2_PING_INTERVAL, H2_PING_TIMEOUT};
 
 /// Longest the shutdown waits for released leases to reach Redis.
 pub const RELEASE_WAIT: Duration = Duration::from_secs(2);

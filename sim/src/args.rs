@@ -86,6 +86,12 @@ pub struct SimArgs {
     /// `fixed` profile: time between tokens, milliseconds (before `--speed`).
     #[arg(long, default_value_t = 20.0)]
     pub fixed_itl_ms: f64,
+    /// A reasoning model: the first N output tokens of every chat answer are reasoning,
+    /// streamed as `delta.reasoning` before the content (non-streaming: `message.reasoning`)
+    /// and counted in `usage.completion_tokens`, as vLLM with a reasoning parser does. They
+    /// come out of the answer's length (`max_tokens` included). 0: no reasoning.
+    #[arg(long, default_value_t = 0)]
+    pub reasoning_tokens: u32,
     /// Mean output length when neither `max_tokens` nor `ignore_eos` decides it.
     #[arg(long, default_value_t = 200)]
     pub mean_output_tokens: u32,

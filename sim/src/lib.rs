@@ -131,6 +131,7 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
         model: args.served_model_name.clone(),
         max_model_len: args.max_model_len,
         mean_output_tokens: args.mean_output_tokens,
+        reasoning_tokens: args.reasoning_tokens,
         seed: args.seed,
         faults: text::FaultRates {
             fail: args.fail_rate,

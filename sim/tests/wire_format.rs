@@ -398,3 +398,69 @@ async fn per_request_metrics_split_queue_and_prefill() {
     assert!(m["generation_time_ms"].as_f64().unwrap() > 0.0);
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn reasoning_streams_as_delta_reasoning_before_the_content_and_counts_as_output() {
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--reasoning-tokens",
+        "7",
+    ])
+    .await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    let text = post_text(url.clone(), &chat_body("why?", 10, true)).await;
+    let events = sse_events(&text);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let (mut reasoning, mut content, mut answering) = (0, 0, false);
+    for c in &chunks[1..chunks.len() - 1] {
+        let delta = &c["choices"][0]["delta"];
+        if let Some(r) = delta.get("reasoning") {
+            assert!(!answering, "reasoning comes before the answer: {c}");
+            assert!(delta.get("content").is_none(), "only the field set: {c}");
+            reasoning += r.as_str().unwrap().split_whitespace().count();
+        } else {
+            answering = true;
+            content += delta["content"]
+                .as_str()
+                .unwrap()
+                .split_whitespace()
+                .count();
+        }
+    }
+    assert_eq!((reasoning, content), (7, 3));
+    assert_eq!(
+        chunks.last().unwrap()["usage"]["completion_tokens"],
+        10,
+        "reasoning counted in the output"
+    );
+
+    // Not streaming: the reasoning in `message.reasoning`.
+    let whole: Value =
+        serde_json::from_str(&post_text(url, &chat_body("why?", 10, false)).await).unwrap();
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(
+        message["reasoning"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        7
+    );
+    assert_eq!(
+        message["content"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        3
+    );
+    assert_eq!(whole["usage"]["completion_tokens"], 10);
+    s.shutdown().await;
+}

@@ -23,6 +23,8 @@ const MAX_CONNECTIONS: u64 = 10_000;
 const MAX_REQUESTS_IN_FLIGHT: u64 = 4_096;
 /// Default `server.header_read_timeout_ms`.
 const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+/// Default `server.keep_alive_idle_ms`.
+const KEEP_ALIVE_IDLE_MS: u64 = 10_000;
 /// Default `server.body_read_timeout_ms`.
 const BODY_READ_TIMEOUT_MS: u64 = 30_000;
 /// Default `server.max_queued_bytes`.
@@ -50,8 +52,10 @@ pub struct RawServer {
     pub max_connections: Option<u64>,
     /// Requests being handled at once (streams included); more get 503.
     pub max_requests_in_flight: Option<u64>,
-    /// Longest a client may take to send a request's headers, ms.
+    /// Longest a new connection may take to send its first request's headers, ms.
     pub header_read_timeout_ms: Option<u64>,
+    /// Longest a connection may stay open with no request in progress after one, ms.
+    pub keep_alive_idle_ms: Option<u64>,
     /// Longest a client may take to send a request's body, ms.
     pub body_read_timeout_ms: Option<u64>,
     /// Request bodies held by requests waiting for admission, bytes; more get 429.
@@ -98,8 +102,13 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Requests handled at once, streams included (503 beyond).
     pub max_requests_in_flight: usize,
-    /// Longest a client may take to send a request's headers (the connection is closed).
+    /// Longest a new connection may take, from accepting, to complete its first request's
+    /// head (the TLS handshake included); the connection is closed then.
     pub header_read_timeout: Duration,
+    /// Longest a connection may stay idle after a request ended (no request in progress: an
+    /// HTTP/1 keep-alive connection between requests, an HTTP/2 connection with no open
+    /// stream) before it is closed. The next request's head must be complete within it.
+    pub keep_alive_idle: Duration,
     /// Longest a client may take to send a request's body (408).
     pub body_read_timeout: Duration,
     /// Request bodies held by requests waiting for admission (429 beyond).
@@ -164,6 +173,12 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         "server.header_read_timeout_ms",
         raw.header_read_timeout_ms,
         HEADER_READ_TIMEOUT_MS,
+        3_600_000,
+    );
+    let keep_alive_ms = count(
+        "server.keep_alive_idle_ms",
+        raw.keep_alive_idle_ms,
+        KEEP_ALIVE_IDLE_MS,
         3_600_000,
     );
     let body_ms = count(
@@ -253,6 +268,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         max_connections: max_connections as usize,
         max_requests_in_flight: max_requests_in_flight as usize,
         header_read_timeout: Duration::from_millis(header_ms),
+        keep_alive_idle: Duration::from_millis(keep_alive_ms),
         body_read_timeout: Duration::from_millis(body_ms),
         max_queued_bytes,
         unknown_fields,

@@ -32,6 +32,7 @@ pub const FIXED: &[&str] = &[
     "server.max_connections",
     "server.max_requests_in_flight",
     "server.header_read_timeout_ms",
+    "server.keep_alive_idle_ms",
     "server.body_read_timeout_ms",
     "server.cors_allow_origins",
     "server.cors_max_age_s",
@@ -173,6 +174,7 @@ fn keep_fixed(old: &Config, new: &mut Config) -> Vec<&'static str> {
         server.max_requests_in_flight
     );
     keep!("server.header_read_timeout_ms", server.header_read_timeout);
+    keep!("server.keep_alive_idle_ms", server.keep_alive_idle);
     keep!("server.body_read_timeout_ms", server.body_read_timeout);
     keep!("server.cors_allow_origins", server.cors_allow_origins);
     keep!("server.cors_max_age_s", server.cors_max_age);

@@ -1,14 +1,25 @@
-//! The accept loop, with the bounds a connection meets before any request is read:
+//! The accept loop, with the bounds a connection meets before and between its requests:
 //!
 //! - at most `server.max_connections` open at once: one more is answered `503` with
 //!   `Retry-After: 1` and closed (`tutor_gateway_refused_total{limit="connections"}`), never
 //!   left hanging;
-//! - request headers within `server.header_read_timeout`, or the connection is closed (a
-//!   slow-loris client holds its seat no longer than that);
+//! - its first request head complete within `server.header_read_timeout` of being accepted,
+//!   or the connection is closed. The clock starts at the accept, not at the first byte: a
+//!   client that connects and says nothing, sends half a head (slow loris), or sends only the
+//!   HTTP/2 preface holds its seat no longer than that. With TLS ([`super::tls`]) the
+//!   handshake, in the connection's own task, is inside the same bound;
+//! - after a request, idle (no request in progress: an HTTP/1 keep-alive connection between
+//!   requests, an HTTP/2 connection with no open stream) for `server.keep_alive_idle`, or the
+//!   connection is closed (HTTP/2: `GOAWAY`); the next head must be complete within it. A
+//!   request in progress (an SSE stream included, however long) is never cut by it
+//!   ([`super::idle`] says what counts);
+//! - on HTTP/2, a `PING` every [`H2_PING_INTERVAL`]; a connection that does not answer one
+//!   within [`H2_PING_TIMEOUT`] is closed (a peer that vanished mid-stream);
 //! - at most [`H2_MAX_STREAMS`] concurrent HTTP/2 streams per connection;
-//! - `TCP_NODELAY`, so small SSE writes go out at once;
-//! - with TLS ([`super::tls`]), the handshake in the connection's own task, within
-//!   `server.header_read_timeout` (a client that never finishes it holds its seat no longer).
+//! - `TCP_NODELAY`, so small SSE writes go out at once.
+//!
+//! A connection asked to close (idle, or at shutdown) that has not closed within [`END_WAIT`]
+//! (an HTTP/2 peer that never acknowledges the `GOAWAY`, say) is dropped.
 //!
 //! On shutdown ([`Shutdown`]) it stops accepting and asks every connection to finish its
 //! requests and close, then waits up to the grace period. On the public listener the streams
@@ -23,14 +34,15 @@ use std::time::Duration;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
+use hyper_util::server::graceful::GracefulConnection;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::idle::Activity;
 use super::tls::TlsFront;
 use crate::config::ServerConfig;
 use crate::relay::Drain;
@@ -39,11 +51,18 @@ use crate::telemetry::Metrics;
 /// Concurrent HTTP/2 streams one connection may open.
 pub const H2_MAX_STREAMS: u32 = 64;
 
+/// How often an HTTP/2 connection is pinged.
+pub const H2_PING_INTERVAL: Duration = Duration::from_secs(20);
+
+/// How long an HTTP/2 ping may go unanswered before the connection is closed.
+pub const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// What a connection beyond `server.max_connections` gets before it is closed.
 const REFUSAL_BODY: &str = r#"{"error":{"message":"the gateway has as many open connections as it may; retry shortly","type":"server_error","param":null,"code":"overloaded"}}"#;
 
 /// How long connections get, once their streams were ended (or, on the admin listener, once
-/// it stopped), to write their last bytes before they are closed.
+/// it stopped), to write their last bytes before they are closed; and how long a connection
+/// asked to close gets to do so.
 pub const END_WAIT: Duration = Duration::from_secs(1);
 
 /// How a listener shuts down.
@@ -58,6 +77,15 @@ pub struct Shutdown {
     pub drain: Option<Drain>,
 }
 
+/// When a connection is asked to close, besides shutdown.
+#[derive(Debug, Clone, Copy)]
+struct Idle {
+    /// Its first request head must be complete by then (accept + header timeout).
+    first_head_by: Instant,
+    /// Idle this long after a request: closed.
+    keep_alive: Duration,
+}
+
 /// Serves `router` on `listener` until `shutdown.stop`, then drains (see the module doc).
 pub async fn serve(
     listener: TcpListener,
@@ -68,15 +96,20 @@ pub async fn serve(
     shutdown: Shutdown,
 ) {
     let mut builder = Builder::new(TokioExecutor::new());
+    // Heads are bounded by the connection's own timers (from the accept, and between
+    // requests), not by hyper's header timer, which starts at a head's first byte.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(server.header_read_timeout);
+        .header_read_timeout(None);
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(H2_MAX_STREAMS);
-    let graceful = GracefulShutdown::new();
+        .max_concurrent_streams(H2_MAX_STREAMS)
+        .keep_alive_interval(H2_PING_INTERVAL)
+        .keep_alive_timeout(H2_PING_TIMEOUT);
+    // Asks every connection to finish its requests and close (shutdown).
+    let finish = CancellationToken::new();
     let close_now = CancellationToken::new();
     // Every connection's task, so shutdown can wait for them (none is left detached).
     let conns = TaskTracker::new();
@@ -94,6 +127,10 @@ pub async fn serve(
             },
             () = shutdown.stop.cancelled() => break,
         };
+        let idle = Idle {
+            first_head_by: Instant::now() + server.header_read_timeout,
+            keep_alive: server.keep_alive_idle,
+        };
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set on an accepted connection");
         }
@@ -102,28 +139,29 @@ pub async fn serve(
             conns.spawn(refuse(tcp));
             continue;
         };
-        let (builder, router, watcher) = (builder.clone(), router.clone(), graceful.watcher());
-        let close_now = close_now.clone();
+        let (builder, router) = (builder.clone(), router.clone());
+        let (finish, close_now) = (finish.clone(), close_now.clone());
         let acceptor = tls.as_ref().map(TlsFront::acceptor);
-        let handshake_within = server.header_read_timeout;
         conns.spawn(async move {
-            let service = TowerToHyperService::new(router);
+            let activity = Activity::new();
+            let service = activity.track(router);
             let served = async {
                 match acceptor {
                     None => {
                         let conn =
                             builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
-                        let _ = watcher.watch(conn.into_owned()).await;
+                        drive(conn, &activity, idle, &finish).await;
                     }
                     Some(acceptor) => {
+                        let handshake = acceptor.accept(tcp);
                         let Ok(Ok(tls)) =
-                            tokio::time::timeout(handshake_within, acceptor.accept(tcp)).await
+                            tokio::time::timeout_at(idle.first_head_by, handshake).await
                         else {
                             return;
                         };
                         let conn =
                             builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
-                        let _ = watcher.watch(conn.into_owned()).await;
+                        drive(conn, &activity, idle, &finish).await;
                     }
                 }
             };
@@ -135,9 +173,9 @@ pub async fn serve(
         });
     }
     drop(listener);
-    let all_closed = graceful.shutdown();
-    tokio::pin!(all_closed);
-    if tokio::time::timeout(shutdown.grace, &mut all_closed)
+    finish.cancel();
+    conns.close();
+    if tokio::time::timeout(shutdown.grace, conns.wait())
         .await
         .is_err()
     {
@@ -146,10 +184,7 @@ pub async fn serve(
             Some(drain) => {
                 tracing::warn!(grace_ms, "shutdown grace over; ending open streams");
                 drain.end_streams();
-                if tokio::time::timeout(END_WAIT, &mut all_closed)
-                    .await
-                    .is_err()
-                {
+                if tokio::time::timeout(END_WAIT, conns.wait()).await.is_err() {
                     tracing::warn!(
                         "connections still open after their streams ended; closing them"
                     );
@@ -159,13 +194,45 @@ pub async fn serve(
             None => close_now.cancel(),
         }
     }
-    conns.close();
     // Closed connections end at their next poll; this bounds a task stuck elsewhere.
     if tokio::time::timeout(END_WAIT, conns.wait()).await.is_err() {
         tracing::warn!(
             open = conns.len(),
             "connection tasks still running at shutdown"
         );
+    }
+}
+
+/// Serves one connection until it ends. It is asked to close (finish its requests, then close;
+/// HTTP/2: `GOAWAY`) when it stays idle past its bounds ([`Idle`]) or at shutdown (`finish`),
+/// and dropped if it has not closed [`END_WAIT`] after an idle close was asked.
+async fn drive<C: GracefulConnection>(
+    conn: C,
+    activity: &Activity,
+    idle: Idle,
+    finish: &CancellationToken,
+) {
+    tokio::pin!(conn);
+    let idle_close = activity.until_idle(idle.first_head_by, idle.keep_alive);
+    tokio::pin!(idle_close);
+    let mut finishing = false;
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            () = &mut idle_close => {
+                if !finishing {
+                    conn.as_mut().graceful_shutdown();
+                }
+                let _ = tokio::time::timeout(END_WAIT, conn.as_mut()).await;
+                return;
+            }
+            // Shutdown: the requests in progress may take the grace period (the accept loop
+            // ends them through `close_now` after it).
+            () = finish.cancelled(), if !finishing => {
+                conn.as_mut().graceful_shutdown();
+                finishing = true;
+            }
+        }
     }
 }
 

@@ -17,8 +17,10 @@ pub struct UpstreamView {
     pub usage: Option<PromptUsage>,
     /// vLLM's per-request timings (`--enable-per-request-metrics`), when sent.
     pub engine: Option<EngineTimings>,
-    /// First content chunk.
+    /// First chunk of generated output of any kind (reasoning included): the first token.
     pub first_content_at: Option<Instant>,
+    /// First chunk of answer output (content or tool calls), after any reasoning.
+    pub first_answer_at: Option<Instant>,
     /// End of the stream.
     pub ended_at: Option<Instant>,
     /// vLLM's finish reason.
@@ -50,8 +52,12 @@ pub struct LatencySplit {
     pub queue_wait_ms: Option<f64>,
     /// Admission to first token: engine queue + prefill (+ the hop to vLLM).
     pub ttft_ms: Option<f64>,
-    /// Arrival to first token: what the student felt.
+    /// Arrival to first token: what the student felt. The first generated token of any kind:
+    /// a reasoning model's first reasoning token counts (the engine's prefill is over then).
     pub time_to_first_token_ms: Option<f64>,
+    /// Arrival to the first token of the answer proper (content or tool calls), after any
+    /// reasoning; equal to `time_to_first_token_ms` for a model that does not reason.
+    pub time_to_first_answer_ms: Option<f64>,
     /// The engine's own queue (vLLM's per-request `queue_time_ms`), when vLLM reports it.
     pub engine_queue_ms: Option<f64>,
     /// Prefill: vLLM's `time_to_first_token_ms - queue_time_ms` when vLLM reports them;
@@ -105,6 +111,9 @@ impl LatencySplit {
             queue_wait_ms: admitted.map(|(_, w)| ms(w)),
             ttft_ms,
             time_to_first_token_ms: first.map(|f| ms(f.saturating_duration_since(arrival))),
+            time_to_first_answer_ms: up
+                .and_then(|u| u.first_answer_at)
+                .map(|f| ms(f.saturating_duration_since(arrival))),
             engine_queue_ms,
             prefill_ms: engine_prefill.map(|p| p.max(0.0)).or(ttft_ms),
             time_per_output_token_ms: tpot,
@@ -136,6 +145,7 @@ mod tests {
         assert_eq!(s.decode_tps, None);
         assert_eq!(s.time_per_output_token_ms, None);
         assert_eq!(s.time_to_first_token_ms, Some(50.0));
+        assert_eq!(s.time_to_first_answer_ms, None, "no answer chunk seen");
         assert_eq!(s.ttft_ms, Some(40.0));
         assert_eq!(
             s.prefill_ms,

@@ -349,6 +349,7 @@ impl RequestRecord {
             (span::QUEUE_WAIT_MS, split.queue_wait_ms),
             (span::TTFT_MS, split.ttft_ms),
             (span::TIME_TO_FIRST_TOKEN_MS, split.time_to_first_token_ms),
+            (span::TIME_TO_FIRST_ANSWER_MS, split.time_to_first_answer_ms),
             (span::PREFILL_MS, split.prefill_ms),
             (span::ENGINE_QUEUE_MS, split.engine_queue_ms),
             (span::DECODE_TPS, split.decode_tps),
@@ -429,6 +430,7 @@ mod tests {
                 queue_time_ms: Some(queue_ms),
             }),
             first_content_at: Some(first),
+            first_answer_at: Some(first),
             ended_at: Some(first + Duration::from_millis(10)),
             finish_reason: Some("stop".into()),
         };

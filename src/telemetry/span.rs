@@ -10,6 +10,8 @@ pub const PREFILL_WAIT_MS: &str = "llm.prefill_wait_ms";
 pub const TTFT_MS: &str = "llm.ttft_ms";
 /// Arrival to first token (what the student felt), ms.
 pub const TIME_TO_FIRST_TOKEN_MS: &str = "llm.time_to_first_token_ms";
+/// Arrival to the first answer token (content or tool calls, after any reasoning), ms.
+pub const TIME_TO_FIRST_ANSWER_MS: &str = "llm.time_to_first_answer_ms";
 /// Prefill, ms (see `LatencySplit::prefill_ms`).
 pub const PREFILL_MS: &str = "llm.prefill_ms";
 /// vLLM's own queue, ms (only when vLLM reports per-request metrics).
@@ -71,6 +73,7 @@ pub fn llm_generate() -> tracing::Span {
         llm.prefill_wait_ms = tracing::field::Empty,
         llm.ttft_ms = tracing::field::Empty,
         llm.time_to_first_token_ms = tracing::field::Empty,
+        llm.time_to_first_answer_ms = tracing::field::Empty,
         llm.prefill_ms = tracing::field::Empty,
         llm.engine_queue_ms = tracing::field::Empty,
         llm.output_tokens = tracing::field::Empty,

@@ -7,6 +7,16 @@
 //!   completions (`choices[0].text`) alike.
 //! - Not JSON, or JSON of the wrong shape -> [`UpstreamError::Protocol`].
 //!
+//! Reasoning is output. A reasoning model's thinking arrives as `delta.reasoning` (current
+//! vLLM: `DeltaMessage.reasoning: str | None` in `vllm/entrypoints/openai/engine/protocol.py`,
+//! serialized only when set) or `delta.reasoning_content` (its name before, still sent by older
+//! vLLM and other engines). vLLM counts those tokens in `usage.completion_tokens` like any
+//! other output, and so does the gateway: a chunk carrying reasoning [`Chunk::has_content`],
+//! so it is the first token (TTFT, the prefill hold's end), counts toward the lane's mid-stream
+//! limit, promotion and cuts, and toward the output in usage and the request log.
+//! [`Chunk::has_answer`] tells the answer proper (content, tool calls) apart, for the
+//! time to the first answer token.
+//!
 //! The gateway sends `n = 1`, so only `choices[0]` carries text; a finish reason is read from
 //! any choice.
 
@@ -47,6 +57,9 @@ pub struct Chunk {
     /// The role-only first chat chunk (`"content":""`) and the usage chunk do not: they are not
     /// tokens.
     pub has_content: bool,
+    /// Whether it carries answer output: text or tool-call deltas, not only reasoning
+    /// (`delta.reasoning` / `delta.reasoning_content`).
+    pub has_answer: bool,
     /// The final usage-only chunk: `usage` and no choices (`"choices": []`).
     pub usage_only: bool,
 }
@@ -112,6 +125,10 @@ struct WireChoice {
 struct WireDelta {
     #[serde(default)]
     content: Option<String>,
+    /// Current vLLM's name for reasoning text.
+    #[serde(default)]
+    reasoning: Option<String>,
+    /// The older name (vLLM before the rename, other engines).
     #[serde(default)]
     reasoning_content: Option<String>,
     #[serde(default)]
@@ -134,17 +151,26 @@ struct WireDetails {
     cached_tokens: Option<u32>,
 }
 
+fn non_empty(s: Option<&str>) -> bool {
+    s.is_some_and(|t| !t.is_empty())
+}
+
 impl WireChoice {
+    /// Any generated output: answer or reasoning.
     fn has_content(&self) -> bool {
-        let text = self.text.as_deref().is_some_and(|t| !t.is_empty());
-        let delta = self.delta.as_ref().is_some_and(|d| {
-            d.content.as_deref().is_some_and(|t| !t.is_empty())
-                || d.reasoning_content
-                    .as_deref()
-                    .is_some_and(|t| !t.is_empty())
-                || d.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
-        });
-        text || delta
+        self.has_answer()
+            || self.delta.as_ref().is_some_and(|d| {
+                non_empty(d.reasoning.as_deref()) || non_empty(d.reasoning_content.as_deref())
+            })
+    }
+
+    /// Answer output: completions text, chat content or tool-call deltas.
+    fn has_answer(&self) -> bool {
+        non_empty(self.text.as_deref())
+            || self.delta.as_ref().is_some_and(|d| {
+                non_empty(d.content.as_deref())
+                    || d.tool_calls.as_ref().is_some_and(|t| !t.is_empty())
+            })
     }
 }
 
@@ -168,6 +194,7 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
             .ok_or_else(|| UpstreamError::Protocol("an error event without a message".into()));
     }
     let has_content = wire.choices.iter().any(WireChoice::has_content);
+    let has_answer = wire.choices.iter().any(WireChoice::has_answer);
     let no_choices = wire.choices.is_empty();
     let finish_reason = wire.choices.iter().find_map(|c| c.finish_reason.clone());
     let text = wire
@@ -193,6 +220,7 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
         usage,
         metrics: wire.metrics,
         has_content,
+        has_answer,
         usage_only: no_choices && usage.is_some(),
     }))
 }

@@ -71,6 +71,25 @@ fn tool_call_and_reasoning_deltas_are_content() {
 }
 
 #[test]
+fn reasoning_under_either_name_is_output_but_not_answer() {
+    // Current vLLM sends `reasoning`; older versions `reasoning_content`.
+    for json in [
+        r#"{"choices":[{"index":0,"delta":{"reasoning":" let me think"},"logprobs":null,"finish_reason":null}]}"#,
+        r#"{"choices":[{"index":0,"delta":{"reasoning_content":" let me think"},"logprobs":null,"finish_reason":null}]}"#,
+    ] {
+        let c = chunk(json);
+        assert!(c.has_content, "reasoning is generated output: {json}");
+        assert!(!c.has_answer, "reasoning is not the answer: {json}");
+        assert_eq!(c.text, "", "reasoning is not the answer's text: {json}");
+    }
+    assert!(!chunk(r#"{"choices":[{"delta":{"reasoning":""}}]}"#).has_content);
+    let answer = chunk(r#"{"choices":[{"delta":{"content":" so"}}]}"#);
+    assert!(answer.has_content && answer.has_answer);
+    assert!(chunk(r#"{"choices":[{"delta":{"tool_calls":[{"index":0}]}}]}"#).has_answer);
+    assert!(chunk(r#"{"choices":[{"text":" x"}]}"#).has_answer);
+}
+
+#[test]
 fn usage_chunk_with_cached_tokens_and_metrics() {
     let c = chunk(
         r#"{"choices":[],"usage":{"prompt_tokens":120,"completion_tokens":37,"total_tokens":157,"prompt_tokens_details":{"cached_tokens":96}},"metrics":{"time_to_first_token_ms":41.5,"generation_time_ms":300.0,"queue_time_ms":null,"mean_itl_ms":8.1,"tokens_per_second":120.0}}"#,

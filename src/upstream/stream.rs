@@ -79,8 +79,14 @@ pub struct StreamTimings {
     pub sent_at: Instant,
     /// vLLM's response headers arrived.
     pub headers_at: Instant,
-    /// The first chunk carrying content arrived.
+    /// The first chunk carrying generated output arrived: the first token of any kind,
+    /// reasoning included ([`Chunk::has_content`]). TTFT, the first-token timeout and the end
+    /// of the prefill hold are measured to it.
     pub first_content_at: Option<Instant>,
+    /// The first chunk carrying answer output (content or tool calls, [`Chunk::has_answer`])
+    /// arrived: after a reasoning model's thinking; the same chunk as `first_content_at`
+    /// otherwise.
+    pub first_answer_at: Option<Instant>,
     /// The stream ended (cleanly, with an error, or by [`UpstreamStream::abort_now`]).
     pub ended_at: Option<Instant>,
 }
@@ -157,6 +163,7 @@ impl UpstreamStream {
                 sent_at,
                 headers_at,
                 first_content_at: None,
+                first_answer_at: None,
                 ended_at: None,
             },
             last_event_at: headers_at,
@@ -323,6 +330,9 @@ impl UpstreamStream {
                 if chunk.has_content {
                     self.content_chunks += 1;
                     self.timings.first_content_at.get_or_insert(now);
+                }
+                if chunk.has_answer {
+                    self.timings.first_answer_at.get_or_insert(now);
                 }
                 if chunk.usage.is_some() {
                     self.usage = chunk.usage;

@@ -21,6 +21,7 @@ impl UpstreamStream {
                 queue_time_ms: e.queue_time_ms,
             }),
             first_content_at: t.first_content_at,
+            first_answer_at: t.first_answer_at,
             ended_at: t.ended_at,
             finish_reason: self.finish_reason().map(str::to_owned),
         }

@@ -70,10 +70,17 @@ struct Delta<'a> {
     content: &'a str,
 }
 
+/// A reasoning delta as vLLM writes it: `DeltaMessage(reasoning=...)` serialized with only the
+/// fields set, so no `content`.
 #[derive(Serialize)]
-struct ChatStreamChoice<'a> {
+struct ReasoningDelta<'a> {
+    reasoning: &'a str,
+}
+
+#[derive(Serialize)]
+struct ChatStreamChoice<D> {
     index: u32,
-    delta: Delta<'a>,
+    delta: D,
     logprobs: Option<()>,
     finish_reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -200,14 +207,36 @@ impl ResponseId {
         }
     }
 
+    /// A chat chunk of reasoning text (`delta.reasoning`), with the finish reason when it is
+    /// the last.
+    pub fn reasoning_chunk(
+        &self,
+        text: &str,
+        finish: Option<&'static str>,
+        usage: Option<Usage>,
+    ) -> String {
+        self.chunk(
+            vec![ChatStreamChoice {
+                index: 0,
+                delta: ReasoningDelta { reasoning: text },
+                logprobs: None,
+                finish_reason: finish,
+                stop_reason: finish.map(|_| None),
+            }],
+            usage,
+            None,
+        )
+    }
+
     /// The final usage chunk: no choices.
     pub fn usage_chunk(&self, usage: Usage, metrics: Option<Value>) -> String {
         self.chunk::<CompletionStreamChoice>(Vec::new(), Some(usage), metrics)
     }
 
-    /// A non-streaming response.
+    /// A non-streaming response; `reasoning` (chat only) goes in `message.reasoning`.
     pub fn full_response(
         &self,
+        reasoning: Option<&str>,
         text: &str,
         finish: &'static str,
         usage: Usage,
@@ -238,6 +267,9 @@ impl ResponseId {
             "choices": [choice],
             "usage": usage,
         });
+        if let (Some(r), Api::Chat) = (reasoning, self.api) {
+            v["choices"][0]["message"]["reasoning"] = r.into();
+        }
         if let Some(m) = metrics {
             v["metrics"] = m;
         }

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::chunks::{ResponseId, Usage};
 use super::error::ApiError;
-use super::request::{engine_request_id, parse_json, ChatBody, CompletionBody, Generation};
+use super::request::{engine_request_id, parse_json, Api, ChatBody, CompletionBody, Generation};
 use super::stream::{next_batch, sse_body, AbortGuard, StreamSpec};
 use super::AppState;
 use crate::engine::NewRequest;
@@ -96,6 +96,10 @@ async fn generate(state: AppState, gen: Generation) -> Response {
             prompt_details: state.prompt_tokens_details,
             per_request_metrics: state.per_request_metrics,
             faults,
+            reasoning_tokens: match gen.api {
+                Api::Chat => state.reasoning_tokens,
+                Api::Completion => 0,
+            },
         };
         let mut resp = Response::new(Body::from_stream(sse_body(spec, rx, guard)));
         resp.headers_mut().insert(
@@ -128,8 +132,13 @@ async fn generate(state: AppState, gen: Generation) -> Response {
         let metrics = state
             .per_request_metrics
             .then(|| fin.timings.per_request_metrics(fin.output_tokens));
+        let thinking = match gen.api {
+            Api::Chat => state.reasoning_tokens.min(fin.output_tokens),
+            Api::Completion => 0,
+        };
         let body = rid.full_response(
-            &words(0, fin.output_tokens),
+            (thinking > 0).then(|| words(0, thinking)).as_deref(),
+            &words(thinking, fin.output_tokens),
             fin.reason.as_str(),
             Usage::final_of(&fin, state.prompt_tokens_details),
             metrics,

@@ -42,6 +42,8 @@ pub struct AppState {
     pub max_model_len: u32,
     /// Mean seeded output length.
     pub mean_output_tokens: u32,
+    /// `--reasoning-tokens`: the first output tokens of a chat answer that are reasoning.
+    pub reasoning_tokens: u32,
     /// Server seed.
     pub seed: u64,
     /// Fault injection.

@@ -70,6 +70,8 @@ pub struct StreamSpec {
     pub per_request_metrics: bool,
     /// Injected faults.
     pub faults: FaultPlan,
+    /// The first output tokens that are reasoning (`delta.reasoning`); 0 for completions.
+    pub reasoning_tokens: u32,
 }
 
 /// Collects the events available now: (plain tokens, finish).
@@ -173,9 +175,29 @@ pub fn sse_body(
         } else {
             finished.as_ref().map(|f| f.reason.as_str())
         };
-        if new > 0 || finish.is_some() {
-            let text = words(st.sent, st.sent + new);
-            st.sent += new;
+        // Reasoning first (`delta.reasoning`), then the answer; a batch that crosses from one
+        // to the other is two chunks. The finish reason rides on the last chunk written.
+        let end = st.sent + new;
+        let thinking_end = end.min(spec.reasoning_tokens).max(st.sent);
+        let answer_follows = end > thinking_end;
+        if thinking_end > st.sent {
+            let text = words(st.sent, thinking_end);
+            st.sent = thinking_end;
+            let finish = if answer_follows { None } else { finish };
+            frame(
+                &mut out,
+                &spec.rid.reasoning_chunk(&text, finish, usage_now(st.sent)),
+            );
+        } else if !answer_follows && finish.is_some() {
+            // A finish with no new token: an empty answer chunk carries it.
+            frame(
+                &mut out,
+                &spec.rid.text_chunk("", finish, usage_now(st.sent)),
+            );
+        }
+        if answer_follows {
+            let text = words(st.sent, end);
+            st.sent = end;
             frame(
                 &mut out,
                 &spec.rid.text_chunk(&text, finish, usage_now(st.sent)),
