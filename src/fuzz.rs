@@ -6,7 +6,7 @@
 use axum::extract::Query;
 use axum::http::{StatusCode, Uri};
 
-use crate::config::UnknownFields;
+use crate::config::{FieldsConfig, UnknownFields};
 use crate::error::GatewayError;
 use crate::pipeline::parse::{self, AnswerQuery, AnswerRequest, FieldRules};
 use crate::upstream::{parse_payload, UpstreamError};
@@ -50,17 +50,37 @@ pub fn answer_body(data: &[u8]) {
     }
 }
 
-/// `POST /v1/chat/completions` and `POST /v1/completions` with `data` as the body, under both
-/// settings of `server.unknown_fields`.
+/// The shipped `[fields]` bounds (media only as `data:` URLs).
+static BOUNDS: FieldsConfig = FieldsConfig::DEFAULT;
+
+/// `POST /v1/chat/completions`, `POST /v1/completions` and `POST /tokenize` with `data` as the
+/// body, under both settings of `server.unknown_fields`. Whatever is accepted is forwarded with
+/// the numbers and booleans the gateway judged as vLLM reads them (a plain integer or boolean).
 pub fn openai_body(data: &[u8]) {
     for unknown in [UnknownFields::Forward, UnknownFields::Reject] {
         let rules = FieldRules {
             unknown,
             max_logprobs: 5,
+            bounds: &BOUNDS,
         };
-        for parsed in [parse::chat(data, rules), parse::completion(data, rules)] {
+        let tokenized = parse::tokenize(data, rules);
+        for parsed in [
+            parse::chat(data, rules).map(|r| r.body),
+            parse::completion(data, rules).map(|r| r.body),
+            tokenized,
+        ] {
             match parsed {
-                Ok(req) => assert!(!req.body.contains_key("priority")),
+                Ok(body) => {
+                    assert!(!body.contains_key("priority"));
+                    for field in ["best_of", "min_tokens", "top_logprobs", "prompt_logprobs"] {
+                        let v = body.get(field).unwrap_or(&serde_json::Value::Null);
+                        assert!(v.is_null() || v.is_i64(), "{field} forwarded as {v}");
+                    }
+                    for field in ["use_beam_search", "echo", "stream"] {
+                        let v = body.get(field).unwrap_or(&serde_json::Value::Null);
+                        assert!(v.is_null() || v.is_boolean(), "{field} forwarded as {v}");
+                    }
+                }
                 Err(e) => documented(&e),
             }
         }
