@@ -105,12 +105,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawFields) -> FieldsConfig {
         MAX_LOGIT_BIAS,
         1_000_000,
     );
-    let max_token_ids = bounded(
-        "max_token_ids",
-        raw.max_token_ids,
-        MAX_TOKEN_IDS,
-        1_000_000,
-    );
+    let max_token_ids = bounded("max_token_ids", raw.max_token_ids, MAX_TOKEN_IDS, 1_000_000);
     let max_guide_bytes = bounded(
         "max_guide_bytes",
         raw.max_guide_bytes,
@@ -141,8 +136,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawFields) -> FieldsConfig {
 /// An allowed media host as a URL's host reads after parsing (lower case, punycode, IPv6 in
 /// brackets), or `None` when `host` is not one.
 fn media_host(host: &str) -> Option<String> {
-    if host.is_empty() || host.contains([':', '/', '@', '?', '#', ' ', '\\', '*']) && !ipv6(host)
-    {
+    if host.is_empty() || host.contains([':', '/', '@', '?', '#', ' ', '\\', '*']) && !ipv6(host) {
         return None;
     }
     url::Url::parse(&format!("http://{host}/"))
@@ -167,7 +161,13 @@ mod tests {
         );
         assert_eq!(media_host("[::1]").as_deref(), Some("[::1]"));
         assert_eq!(media_host("10.0.0.1").as_deref(), Some("10.0.0.1"));
-        for bad in ["", "https://x.example", "x.example:8080", "x.example/a", "*.x"] {
+        for bad in [
+            "",
+            "https://x.example",
+            "x.example:8080",
+            "x.example/a",
+            "*.x",
+        ] {
             assert_eq!(media_host(bad), None, "{bad}");
         }
     }

@@ -59,7 +59,10 @@ async fn post(h: &Harness, path: &str, body: &Value) -> (u16, Value) {
     let resp = client().post(h.url(path)).json(body).send().await.unwrap();
     let status = resp.status().as_u16();
     let text = resp.text().await.unwrap();
-    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
 }
 
 /// `body` on `path` is a 400 in the OpenAI shape naming `param`.
@@ -68,7 +71,10 @@ async fn refused(h: &Harness, path: &str, body: &Value, param: &str) {
     let shown = body.to_string();
     let shown = &shown[..shown.len().min(300)];
     assert_eq!(status, 400, "{shown} -> {answer}");
-    assert_eq!(answer["error"]["code"], "bad_request", "{shown} -> {answer}");
+    assert_eq!(
+        answer["error"]["code"], "bad_request",
+        "{shown} -> {answer}"
+    );
     assert_eq!(answer["error"]["param"], param, "{shown} -> {answer}");
 }
 
@@ -87,8 +93,16 @@ async fn coerced_numbers_and_booleans_are_judged_by_the_value_vllm_reads() {
             chat(json!({"logprobs": "true", "top_logprobs": "20"})),
             "top_logprobs",
         ),
-        ("/v1/completions", completion(json!({"logprobs": "20"})), "logprobs"),
-        ("/v1/completions", completion(json!({"logprobs": 20.0})), "logprobs"),
+        (
+            "/v1/completions",
+            completion(json!({"logprobs": "20"})),
+            "logprobs",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"logprobs": 20.0})),
+            "logprobs",
+        ),
         // Work multipliers spelled as strings or numbers.
         (
             "/v1/chat/completions",
@@ -100,10 +114,22 @@ async fn coerced_numbers_and_booleans_are_judged_by_the_value_vllm_reads() {
             completion(json!({"use_beam_search": "yes"})),
             "use_beam_search",
         ),
-        ("/v1/completions", completion(json!({"best_of": "4"})), "best_of"),
+        (
+            "/v1/completions",
+            completion(json!({"best_of": "4"})),
+            "best_of",
+        ),
         // min_tokens above the declared output (3) once read.
-        ("/v1/chat/completions", chat(json!({"min_tokens": "500"})), "min_tokens"),
-        ("/v1/completions", completion(json!({"min_tokens": 500.0})), "min_tokens"),
+        (
+            "/v1/chat/completions",
+            chat(json!({"min_tokens": "500"})),
+            "min_tokens",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"min_tokens": 500.0})),
+            "min_tokens",
+        ),
         // What vLLM could not read either is named, never passed on unjudged.
         (
             "/v1/chat/completions",
@@ -115,7 +141,11 @@ async fn coerced_numbers_and_booleans_are_judged_by_the_value_vllm_reads() {
             chat(json!({"logprobs": true, "top_logprobs": 2.5})),
             "top_logprobs",
         ),
-        ("/v1/completions", completion(json!({"min_tokens": "lots"})), "min_tokens"),
+        (
+            "/v1/completions",
+            completion(json!({"min_tokens": "lots"})),
+            "min_tokens",
+        ),
     ] {
         refused(&h, path, &body, param).await;
     }
@@ -140,8 +170,14 @@ async fn coerced_numbers_and_booleans_are_judged_by_the_value_vllm_reads() {
 async fn echo_with_logprobs_is_refused_like_prompt_logprobs() {
     let h = harness(FAST, |_| {}).await;
     for (path, body) in [
-        ("/v1/completions", completion(json!({"echo": true, "logprobs": 1}))),
-        ("/v1/completions", completion(json!({"echo": "true", "logprobs": "0"}))),
+        (
+            "/v1/completions",
+            completion(json!({"echo": true, "logprobs": 1})),
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"echo": "true", "logprobs": "0"})),
+        ),
         (
             "/v1/chat/completions",
             chat(json!({"echo": true, "logprobs": true, "top_logprobs": 2})),
@@ -243,7 +279,13 @@ async fn media_urls_reach_the_engine_only_as_data_or_from_listed_hosts() {
         ("video_url", "http://10.0.0.1/v.mp4"),
         ("audio_url", "http://localhost/a.wav"),
     ] {
-        refused(&h, "/v1/chat/completions", &with_media(key, url), "messages").await;
+        refused(
+            &h,
+            "/v1/chat/completions",
+            &with_media(key, url),
+            "messages",
+        )
+        .await;
     }
     // The same through /answer (and so through jobs).
     let (status, answer) = post(
@@ -274,13 +316,19 @@ async fn tokenize_gets_the_same_field_checks_as_v1() {
             json!({"messages": messages, "chat_template": "{% for m in messages %}{{ m }}{% endfor %}"}),
             "chat_template",
         ),
-        (json!({"messages": messages, "documents": [{"text": "x"}]}), "documents"),
+        (
+            json!({"messages": messages, "documents": [{"text": "x"}]}),
+            "documents",
+        ),
         (
             json!({"messages": with_media("image_url", "http://169.254.169.254/")["messages"]}),
             "messages",
         ),
         (json!({"messages": "not a list"}), "messages"),
-        (json!({"prompt": "hi", "add_special_tokens": true, "best_of": "3"}), "best_of"),
+        (
+            json!({"prompt": "hi", "add_special_tokens": true, "best_of": "3"}),
+            "best_of",
+        ),
     ] {
         refused(&h, "/tokenize", &body, param).await;
     }
@@ -307,8 +355,10 @@ async fn tokenize_waits_for_a_small_lane_seat() {
     // The small lane's one seat, held by a stream stalled after its first token.
     let blocker = client()
         .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50,
-                      "stream": true}))
+        .json(
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50,
+                      "stream": true}),
+        )
         .send()
         .await
         .unwrap();

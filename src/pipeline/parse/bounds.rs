@@ -74,11 +74,7 @@ pub fn check(body: &Map<String, Value>, bounds: &FieldsConfig) -> Result<(), Gat
 }
 
 /// `stop` / `bad_words`: a string counts as one.
-fn strings(
-    field: &'static str,
-    v: &Value,
-    bounds: &FieldsConfig,
-) -> Result<(), GatewayError> {
+fn strings(field: &'static str, v: &Value, bounds: &FieldsConfig) -> Result<(), GatewayError> {
     let (count, bytes) = match v {
         Value::String(s) => (1, s.len()),
         Value::Array(items) => (
@@ -194,16 +190,26 @@ mod tests {
         assert_eq!(param(json!({"stop": many(16)}), &b), None);
         assert_eq!(param(json!({"stop": many(17)}), &b), Some("stop"));
         assert_eq!(param(json!({"stop": "x".repeat(5000)}), &b), Some("stop"));
-        assert_eq!(param(json!({"bad_words": many(100)}), &b), Some("bad_words"));
+        assert_eq!(
+            param(json!({"bad_words": many(100)}), &b),
+            Some("bad_words")
+        );
         let bias: Map<String, Value> = (0..301).map(|i| (i.to_string(), json!(1))).collect();
         assert_eq!(param(json!({"logit_bias": bias}), &b), Some("logit_bias"));
         let ids = Value::from(vec![1; 1025]);
-        assert_eq!(param(json!({"allowed_token_ids": ids}), &b), Some("allowed_token_ids"));
+        assert_eq!(
+            param(json!({"allowed_token_ids": ids}), &b),
+            Some("allowed_token_ids")
+        );
         assert_eq!(param(json!({"stop_token_ids": [1, 2]}), &b), None);
         let big = "a".repeat(20_000);
         for field in GUIDES {
             assert_eq!(param(json!({ *field: big }), &b), Some(*field), "{field}");
-            assert_eq!(param(json!({ *field: {"d": big} }), &b), Some(*field), "{field}");
+            assert_eq!(
+                param(json!({ *field: {"d": big} }), &b),
+                Some(*field),
+                "{field}"
+            );
         }
         assert_eq!(param(json!({"guided_regex": "[a-z]+"}), &b), None);
         let schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}});
@@ -212,7 +218,13 @@ mod tests {
             max_guide_bytes: 0,
             ..FieldsConfig::default()
         };
-        assert_eq!(param(json!({"guided_regex": "a"}), &off), Some("guided_regex"));
-        assert_eq!(param(json!({"response_format": {"type": "text"}}), &off), None);
+        assert_eq!(
+            param(json!({"guided_regex": "a"}), &off),
+            Some("guided_regex")
+        );
+        assert_eq!(
+            param(json!({"response_format": {"type": "text"}}), &off),
+            None
+        );
     }
 }

@@ -471,24 +471,52 @@ mod tests {
     #[test]
     fn numbers_and_booleans_are_judged_as_vllm_reads_them() {
         for (body, chat, field) in [
-            (json!({"top_logprobs": 20.0, "logprobs": true}), true, "top_logprobs"),
-            (json!({"top_logprobs": "20", "logprobs": "true"}), true, "top_logprobs"),
+            (
+                json!({"top_logprobs": 20.0, "logprobs": true}),
+                true,
+                "top_logprobs",
+            ),
+            (
+                json!({"top_logprobs": "20", "logprobs": "true"}),
+                true,
+                "top_logprobs",
+            ),
             (json!({"logprobs": "20"}), false, "logprobs"),
             (json!({"logprobs": 20.0}), false, "logprobs"),
             (json!({"use_beam_search": "true"}), true, "use_beam_search"),
             (json!({"use_beam_search": "yes"}), false, "use_beam_search"),
             (json!({"use_beam_search": 1}), true, "use_beam_search"),
             (json!({"best_of": "4"}), false, "best_of"),
-            (json!({"min_tokens": "500", "max_tokens": 10}), true, "min_tokens"),
-            (json!({"min_tokens": 500.0, "max_tokens": 10}), false, "min_tokens"),
-            (json!({"min_tokens": -1, "max_tokens": 10}), false, "min_tokens"),
+            (
+                json!({"min_tokens": "500", "max_tokens": 10}),
+                true,
+                "min_tokens",
+            ),
+            (
+                json!({"min_tokens": 500.0, "max_tokens": 10}),
+                false,
+                "min_tokens",
+            ),
+            (
+                json!({"min_tokens": -1, "max_tokens": 10}),
+                false,
+                "min_tokens",
+            ),
             // What vLLM could not read either: named, never passed on unjudged.
             (json!({"logprobs": "abc"}), false, "logprobs"),
-            (json!({"top_logprobs": 2.5, "logprobs": true}), true, "top_logprobs"),
+            (
+                json!({"top_logprobs": 2.5, "logprobs": true}),
+                true,
+                "top_logprobs",
+            ),
             (json!({"use_beam_search": "maybe"}), true, "use_beam_search"),
             (json!({"max_tokens": "many"}), true, "max_tokens"),
             (json!({"echo": [true]}), false, "echo"),
-            (json!({"stream_options": {"include_usage": "perhaps"}}), true, "stream_options"),
+            (
+                json!({"stream_options": {"include_usage": "perhaps"}}),
+                true,
+                "stream_options",
+            ),
         ] {
             assert_eq!(
                 refused_param(body.clone(), chat).as_deref(),
@@ -514,18 +542,28 @@ mod tests {
         for (body, chat) in [
             (json!({"echo": true, "logprobs": 5}), false),
             (json!({"echo": "true", "logprobs": "0"}), false),
-            (json!({"echo": 1, "logprobs": true, "top_logprobs": 5}), true),
+            (
+                json!({"echo": 1, "logprobs": true, "top_logprobs": 5}),
+                true,
+            ),
             // Chat's top_logprobs defaults to 0: echo alone asks for prompt logprobs.
             (json!({"echo": true}), true),
         ] {
-            assert_eq!(refused_param(body.clone(), chat).as_deref(), Some("echo"), "{body}");
+            assert_eq!(
+                refused_param(body.clone(), chat).as_deref(),
+                Some("echo"),
+                "{body}"
+            );
         }
         for (body, chat) in [
             (json!({"echo": true}), false),
             (json!({"echo": true, "logprobs": null}), false),
             (json!({"echo": "false", "logprobs": 5}), false),
             (json!({"echo": true, "top_logprobs": null}), true),
-            (json!({"echo": false, "logprobs": true, "top_logprobs": 5}), true),
+            (
+                json!({"echo": false, "logprobs": true, "top_logprobs": 5}),
+                true,
+            ),
         ] {
             assert_eq!(refused_param(body.clone(), chat), None, "{body}");
         }

@@ -63,7 +63,10 @@ fn int_text(s: &str) -> Result<i64, &'static str> {
     if !well_formed {
         return Err(NOT);
     }
-    let plain: String = sign.chars().chain(digits.chars().filter(|c| *c != '_')).collect();
+    let plain: String = sign
+        .chars()
+        .chain(digits.chars().filter(|c| *c != '_'))
+        .collect();
     plain.parse::<i64>().map_err(|_| "is out of range")
 }
 
@@ -73,8 +76,8 @@ pub fn boolean(value: &Value) -> Result<bool, &'static str> {
     match value {
         Value::Bool(b) => Ok(*b),
         Value::Number(n) => match n.as_f64() {
-            Some(f) if f == 0.0 => Ok(false),
-            Some(f) if f == 1.0 => Ok(true),
+            Some(0.0) => Ok(false),
+            Some(1.0) => Ok(true),
             _ => Err(NOT),
         },
         Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
@@ -127,10 +130,24 @@ mod tests {
 
     #[test]
     fn booleans_are_read_as_pydantic_reads_them() {
-        for v in [json!(true), json!(1), json!(1.0), json!("true"), json!("Yes"), json!("on"), json!("1")] {
+        for v in [
+            json!(true),
+            json!(1),
+            json!(1.0),
+            json!("true"),
+            json!("Yes"),
+            json!("on"),
+            json!("1"),
+        ] {
             assert_eq!(boolean(&v), Ok(true), "{v}");
         }
-        for v in [json!(false), json!(0), json!("false"), json!("off"), json!("N")] {
+        for v in [
+            json!(false),
+            json!(0),
+            json!("false"),
+            json!("off"),
+            json!("N"),
+        ] {
             assert_eq!(boolean(&v), Ok(false), "{v}");
         }
         for v in [json!(2), json!(0.5), json!("maybe"), json!([]), json!({})] {

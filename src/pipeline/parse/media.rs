@@ -87,7 +87,10 @@ pub fn allowed(url: &str, hosts: &[String]) -> Result<(), String> {
         return Err(format!("not a URL; {LIST}"));
     };
     if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(format!("the {} scheme is not fetched; {LIST}", parsed.scheme()));
+        return Err(format!(
+            "the {} scheme is not fetched; {LIST}",
+            parsed.scheme()
+        ));
     }
     if !parsed.username().is_empty() || parsed.password().is_some() {
         return Err(format!("URLs with user information are refused; {LIST}"));
@@ -144,19 +147,25 @@ mod tests {
     #[test]
     fn every_media_part_of_every_message_is_checked() {
         let no = |messages: Value| check(Some(&messages), &hosts()).is_err();
-        let image = |url: &str| json!([{"role": "user", "content": [
+        let image = |url: &str| {
+            json!([{"role": "user", "content": [
             {"type": "text", "text": "what is this?"},
-            {"type": "image_url", "image_url": {"url": url}}]}]);
+            {"type": "image_url", "image_url": {"url": url}}]}])
+        };
         assert!(no(image("http://169.254.169.254/")));
         assert!(!no(image("data:image/png;base64,AAAA")));
         assert!(no(json!([{"role": "user", "content": [
             {"type": "video_url", "video_url": "http://127.0.0.1/v.mp4"}]}])));
-        assert!(no(json!([{"role": "system", "content": "hi"}, {"role": "user", "content": [
-            {"type": "audio_url", "audio_url": {"url": "http://127.0.0.1/a.wav"}}]}])));
+        assert!(no(
+            json!([{"role": "system", "content": "hi"}, {"role": "user", "content": [
+            {"type": "audio_url", "audio_url": {"url": "http://127.0.0.1/a.wav"}}]}])
+        ));
         assert!(no(json!([{"role": "user", "content": [
             {"type": "file", "file": {"file_url": "http://127.0.0.1/a.pdf"}}]}])));
         assert!(!no(json!([{"role": "user", "content": [
             {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}])));
-        assert!(!no(json!([{"role": "user", "content": "http://127.0.0.1/ in text is text"}])));
+        assert!(!no(
+            json!([{"role": "user", "content": "http://127.0.0.1/ in text is text"}])
+        ));
     }
 }
