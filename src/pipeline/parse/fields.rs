@@ -20,7 +20,8 @@
 
 use serde_json::{Map, Value};
 
-use super::{bounds, lax, media};
+pub use super::lax::read_as_vllm;
+use super::{bounds, media};
 use crate::config::{Config, FieldsConfig, UnknownFields};
 use crate::error::GatewayError;
 
@@ -115,84 +116,6 @@ impl<'a> FieldRules<'a> {
             bounds: &config.fields,
         }
     }
-}
-
-/// vLLM's type for a field the gateway judges by value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// `int` (pydantic lax: `"20"`, `20.0` are 20).
-    Int,
-    /// `bool` (pydantic lax: `"true"`, `"yes"`, `1` are true).
-    Bool,
-}
-
-/// The fields read as numbers or booleans, with vLLM's type (chat's `logprobs` is a boolean,
-/// completions' an integer: [`kind`]).
-const TYPED: &[(&str, Kind)] = &[
-    ("max_tokens", Kind::Int),
-    ("max_completion_tokens", Kind::Int),
-    ("n", Kind::Int),
-    ("best_of", Kind::Int),
-    ("top_logprobs", Kind::Int),
-    ("prompt_logprobs", Kind::Int),
-    ("min_tokens", Kind::Int),
-    ("logprobs", Kind::Int),
-    ("stream", Kind::Bool),
-    ("use_beam_search", Kind::Bool),
-    ("echo", Kind::Bool),
-];
-
-/// `name`'s entry in [`TYPED`] for the chat (`chat`) or completions endpoint.
-fn kind(name: &str, chat: bool) -> Option<(&'static str, Kind)> {
-    let (field, kind) = TYPED.iter().find(|(f, _)| *f == name)?;
-    match *field {
-        "logprobs" if chat => Some((field, Kind::Bool)),
-        _ => Some((field, *kind)),
-    }
-}
-
-/// Replaces each field of [`TYPED`] in `value` (a body object), and `stream_options`'
-/// booleans, with the value vLLM will read from it (`"20"` becomes `20`), or answers a 400
-/// naming the first field vLLM could not read. Null stays null (vLLM's default).
-pub fn read_as_vllm(value: &mut Value, chat: bool) -> Result<(), GatewayError> {
-    let Value::Object(body) = value else {
-        return Ok(());
-    };
-    for (name, v) in body.iter_mut() {
-        if v.is_null() {
-            continue;
-        }
-        let Some((field, kind)) = kind(name, chat) else {
-            continue;
-        };
-        *v = coerced(field, kind, v)?;
-    }
-    if let Some(Value::Object(options)) = body.get_mut("stream_options") {
-        for (name, v) in options.iter_mut() {
-            if matches!(name.as_str(), "include_usage" | "continuous_usage_stats") && !v.is_null() {
-                *v = coerced("stream_options", Kind::Bool, v)?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// `v` as the JSON vLLM reads it for a `kind` field, or a 400 naming `field`.
-fn coerced(field: &'static str, kind: Kind, v: &Value) -> Result<Value, GatewayError> {
-    let read = match kind {
-        Kind::Int => lax::int(v).map(Value::from),
-        Kind::Bool => lax::boolean(v).map(Value::Bool),
-    };
-    read.map_err(|why| {
-        let kind = match kind {
-            Kind::Int => "an integer",
-            Kind::Bool => "a boolean",
-        };
-        GatewayError::bad_request(
-            format!("{field} {why} (vLLM reads it as {kind})"),
-            Some(field),
-        )
-    })
 }
 
 /// Checks `body`'s fields for the chat (`chat`) or completions endpoint, removes the gateway's
