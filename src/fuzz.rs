@@ -7,7 +7,7 @@ use axum::extract::Query;
 use axum::http::{StatusCode, Uri};
 
 use crate::classify::PromptInput;
-use crate::config::UnknownFields;
+use crate::config::{FieldsConfig, UnknownFields};
 use crate::error::GatewayError;
 use crate::pipeline::parse::{self, AnswerQuery, AnswerRequest, FieldRules};
 use crate::upstream::{parse_payload, UpstreamError};
@@ -74,8 +74,13 @@ fn roles_accepted(input: &PromptInput) {
     }
 }
 
-/// `POST /v1/chat/completions` and `POST /v1/completions` with `data` as the body, under both
-/// settings of `server.unknown_fields` (one role configured besides vLLM's).
+/// The shipped `[fields]` bounds (media only as `data:` URLs).
+static BOUNDS: FieldsConfig = FieldsConfig::DEFAULT;
+
+/// `POST /v1/chat/completions`, `POST /v1/completions` and `POST /tokenize` with `data` as the
+/// body, under both settings of `server.unknown_fields` (one role configured besides vLLM's).
+/// Whatever is accepted has only accepted roles and is forwarded with the numbers and booleans
+/// the gateway judged as vLLM reads them (a plain integer or boolean).
 pub fn openai_body(data: &[u8]) {
     let extra_roles = [EXTRA_ROLE.to_owned()];
     for unknown in [UnknownFields::Forward, UnknownFields::Reject] {
@@ -83,16 +88,34 @@ pub fn openai_body(data: &[u8]) {
             unknown,
             max_logprobs: 5,
             extra_roles: &extra_roles,
+            bounds: &BOUNDS,
         };
         for parsed in [parse::chat(data, rules), parse::completion(data, rules)] {
             match parsed {
                 Ok(req) => {
-                    assert!(!req.body.contains_key("priority"));
                     roles_accepted(&req.input);
+                    forwarded_as_judged(&req.body);
                 }
                 Err(e) => documented(&e),
             }
         }
+        match parse::tokenize(data, rules) {
+            Ok(body) => forwarded_as_judged(&body),
+            Err(e) => documented(&e),
+        }
+    }
+}
+
+/// No `priority`, and the judged numbers and booleans go out plain.
+fn forwarded_as_judged(body: &serde_json::Map<String, serde_json::Value>) {
+    assert!(!body.contains_key("priority"));
+    for field in ["best_of", "min_tokens", "top_logprobs", "prompt_logprobs"] {
+        let v = body.get(field).unwrap_or(&serde_json::Value::Null);
+        assert!(v.is_null() || v.is_i64(), "{field} forwarded as {v}");
+    }
+    for field in ["use_beam_search", "echo", "stream"] {
+        let v = body.get(field).unwrap_or(&serde_json::Value::Null);
+        assert!(v.is_null() || v.is_boolean(), "{field} forwarded as {v}");
     }
 }
 

@@ -112,7 +112,11 @@ fn random_chat(rng: &mut StdRng) -> (Vec<Value>, Option<Value>) {
 
 #[tokio::test]
 async fn the_estimate_covers_everything_the_template_renders() {
-    let h = harness(&["--speed", "100", "--profile", "tiny-test"], |_| {}).await;
+    // The random image parts name img.example: a media host the gateway lets vLLM fetch from.
+    let h = harness(&["--speed", "100", "--profile", "tiny-test"], |c| {
+        c.fields.media_hosts = vec!["img.example".into()]
+    })
+    .await;
     let mut rng = StdRng::seed_from_u64(15);
     let mut sizes = Vec::new();
     for _ in 0..150 {

@@ -10,8 +10,7 @@ use serde_json::json;
 
 use crate::admission::AdmissionHealth;
 use crate::error::GatewayError;
-use crate::pipeline::parse::body_bytes;
-use crate::pipeline::AppState;
+use crate::pipeline::{self, AppState, Tenant};
 use crate::relay::Drain;
 use crate::upstream::{RawResponse, UpstreamError};
 
@@ -95,15 +94,17 @@ pub async fn version(State(state): State<AppState>) -> Response {
     relayed(state.upstream().version().await)
 }
 
-/// `POST /tokenize`: vLLM's tokenizer, relayed (benchmark clients count tokens with it). Not
-/// admitted through the lanes: it costs the engine no GPU time.
+/// `POST /tokenize`: vLLM's tokenizer, relayed (benchmark clients count tokens with it), the
+/// body checked as `/v1` bodies are and the call holding a small-lane seat
+/// ([`pipeline::tokenize`]).
 pub async fn tokenize(
     State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let limit = state.config().server.max_body_bytes;
-    match body_bytes(body, limit) {
-        Ok(body) => relayed(state.upstream().tokenize(body).await),
+    let tenant = tenant.map(|t| t.0);
+    match pipeline::tokenize::tokenize(state, body, tenant).await {
+        Ok(raw) => relayed(Ok(raw)),
         Err(e) => e.into_response(),
     }
 }

@@ -1,7 +1,7 @@
 //! The whole file: the top-level [`RawConfig`] and [`Config`], the `listen` key, and the one
 //! [`validate`] that checks every section and then the rules that span sections.
 //!
-//! Each section's keys are checked by its own file (`server.rs`, `upstream.rs`, `classify.rs`,
+//! Each section's keys are checked by its own file (`server.rs`, `fields.rs`, `upstream.rs`, `classify.rs`,
 //! `admission.rs`, `promotion.rs`, `telemetry.rs`, `quota.rs`, `jobs.rs`, `prefix.rs`); this file only
 //! calls them in order and owns the cross-section checks.
 
@@ -15,6 +15,7 @@ use super::auth::{self, AuthConfig, RawAuth};
 use super::check::Checker;
 use super::classify::{self, ClassifyConfig, RawClassify};
 use super::error::ConfigError;
+use super::fields::{self, FieldsConfig, RawFields};
 use super::jobs::{self, JobsConfig, RawJobs};
 use super::prefix::{self, PrefixCacheConfig, RawCourse, RawPrefixCache};
 use super::promotion::{self, PromotionConfig, RawPromotion};
@@ -52,6 +53,9 @@ pub struct RawConfig {
     /// `[server]`: the gateway's own HTTP server.
     #[serde(default)]
     pub server: RawServer,
+    /// `[fields]`: what a body may ask of the engine besides its prompt.
+    #[serde(default)]
+    pub fields: RawFields,
     /// `[promotion]`: requests that outgrow their lane mid-stream, and continuations.
     #[serde(default)]
     pub promotion: RawPromotion,
@@ -91,6 +95,8 @@ pub struct Config {
     pub lanes: LanesConfig,
     /// `[server]`.
     pub server: ServerConfig,
+    /// `[fields]`.
+    pub fields: FieldsConfig,
     /// `[promotion]`.
     pub promotion: PromotionConfig,
     /// `[telemetry]`.
@@ -127,6 +133,7 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let admission = admission::validate(&mut c, raw.admission);
     let lanes = admission::lanes(&mut c, raw.lanes);
     let server = server::validate(&mut c, raw.server);
+    let fields = fields::validate(&mut c, raw.fields);
     let telemetry = telemetry::validate(&mut c, raw.telemetry);
     let promotion = promotion::validate(&mut c, raw.promotion);
     let quota = quota::validate(&mut c, raw.quota);
@@ -141,6 +148,7 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         admission,
         lanes,
         server,
+        fields,
         promotion,
         telemetry,
         quota,

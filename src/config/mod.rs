@@ -7,7 +7,7 @@
 //!   Values from the file are never echoed in errors, in case they are secrets.
 //!
 //! One file per section keeps that section's raw struct, typed struct, defaults and checks
-//! together: `server`, `upstream` (with `[upstream.abort]`), `classify`, `admission` (with
+//! together: `server`, `fields`, `upstream` (with `[upstream.abort]`), `classify`, `admission` (with
 //! `[admission.fifo]` and `[lanes.*]`), `promotion`, `telemetry`, `quota`, `jobs`, `auth`, `prefix`
 //! (`[prefix_cache]` and `[courses.*]`). `file` holds the top-level structs, the one
 //! [`validate`] and the cross-section checks; `check` (the problem collector) and `error` are
@@ -21,6 +21,7 @@ mod auth;
 mod check;
 mod classify;
 mod error;
+mod fields;
 mod file;
 mod jobs;
 mod parse;
@@ -43,6 +44,7 @@ pub use admission::{AdmissionConfig, FifoConfig, LaneConfig, LanesConfig, Policy
 pub use auth::{parse_keys, AuthConfig, KeyEntry, TOKEN_SECRET_ENV};
 pub use classify::{ClassifyConfig, TokenizerSource};
 pub use error::{ConfigError, ConfigIssue};
+pub use fields::FieldsConfig;
 pub use file::{validate, Config};
 pub use jobs::{JobsConfig, WebhookPattern, WEBHOOK_SECRET_ENV};
 pub use prefix::PrefixCacheConfig;

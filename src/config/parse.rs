@@ -31,6 +31,7 @@ pub(super) fn parse_raw(src: &str) -> Result<Parsed, ConfigError> {
             "admission" => raw.admission = section(&key, value, &mut issues).unwrap_or_default(),
             "lanes" => raw.lanes = section(&key, value, &mut issues).unwrap_or_default(),
             "server" => raw.server = section(&key, value, &mut issues).unwrap_or_default(),
+            "fields" => raw.fields = section(&key, value, &mut issues).unwrap_or_default(),
             "promotion" => raw.promotion = section(&key, value, &mut issues).unwrap_or_default(),
             "telemetry" => raw.telemetry = section(&key, value, &mut issues).unwrap_or_default(),
             "quota" => raw.quota = section(&key, value, &mut issues).unwrap_or_default(),
@@ -43,7 +44,7 @@ pub(super) fn parse_raw(src: &str) -> Result<Parsed, ConfigError> {
             _ => issues.push(ConfigIssue::new(
                 key,
                 "is not a known key; expected one of `listen`, `upstream`, `classify`, \
-                 `admission`, `lanes`, `server`, `promotion`, `telemetry`, `quota`, `jobs`, `auth`, \
+                 `admission`, `lanes`, `server`, `fields`, `promotion`, `telemetry`, `quota`, `jobs`, `auth`, \
                  `prefix_cache`, `courses`",
             )),
         }

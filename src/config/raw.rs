@@ -8,6 +8,7 @@
 pub use super::admission::{RawAdmission, RawFifo, RawLane, RawLanes};
 pub use super::auth::{RawAuth, RawKey};
 pub use super::classify::RawClassify;
+pub use super::fields::RawFields;
 pub use super::file::RawConfig;
 pub use super::jobs::RawJobs;
 pub use super::prefix::{RawCourse, RawPrefixCache};

@@ -19,6 +19,7 @@ pub mod prompt;
 pub mod reload;
 pub mod respond;
 mod state;
+pub mod tokenize;
 
 use std::sync::Arc;
 
@@ -187,14 +188,9 @@ pub async fn openai(
     link_trace(&mut record, &headers);
     let request_id = record.request_id().to_owned();
     let config = state.config();
-    let server = &config.server;
-    let rules = parse::FieldRules {
-        unknown: server.unknown_fields,
-        max_logprobs: server.max_logprobs,
-        extra_roles: &config.classify.extra_roles,
-    };
+    let rules = parse::FieldRules::of(&config);
     let mut size = 0;
-    let parsed = parse::body_bytes(body, server.max_body_bytes).and_then(|b| {
+    let parsed = parse::body_bytes(body, config.server.max_body_bytes).and_then(|b| {
         size = b.len();
         match route {
             Route::Completions => parse::completion(&b, rules),

@@ -16,8 +16,11 @@ use crate::classify::{ChatMessage, PromptInput};
 use crate::error::GatewayError;
 use crate::prompt::StudentMaterial;
 
+pub mod bounds;
 mod course;
 pub mod fields;
+pub mod lax;
+pub mod media;
 pub mod template;
 
 pub use fields::FieldRules;
@@ -189,8 +192,13 @@ fn into_map(value: Value) -> Map<String, Value> {
 }
 
 /// `POST /v1/chat/completions`.
-pub fn chat(bytes: &[u8], rules: FieldRules) -> Result<OpenAiRequest, GatewayError> {
-    let value = json_object(bytes)?;
+pub fn chat(bytes: &[u8], rules: FieldRules<'_>) -> Result<OpenAiRequest, GatewayError> {
+    chat_body(json_object(bytes)?, rules)
+}
+
+/// [`chat`] on a body already read as a JSON object.
+fn chat_body(mut value: Value, rules: FieldRules<'_>) -> Result<OpenAiRequest, GatewayError> {
+    fields::read_as_vllm(&mut value, true)?;
     let f = common(&value, true)?;
     let mut body = into_map(value);
     let max_tokens = f.max_completion_tokens.or(f.max_tokens);
@@ -222,8 +230,13 @@ pub fn chat(bytes: &[u8], rules: FieldRules) -> Result<OpenAiRequest, GatewayErr
 
 /// `POST /v1/completions`. vLLM's default `max_tokens` for completions is 16, so the gateway
 /// classifies with 16 when none is sent (and vLLM will stop there).
-pub fn completion(bytes: &[u8], rules: FieldRules) -> Result<OpenAiRequest, GatewayError> {
-    let value = json_object(bytes)?;
+pub fn completion(bytes: &[u8], rules: FieldRules<'_>) -> Result<OpenAiRequest, GatewayError> {
+    completion_body(json_object(bytes)?, rules)
+}
+
+/// [`completion`] on a body already read as a JSON object.
+fn completion_body(mut value: Value, rules: FieldRules<'_>) -> Result<OpenAiRequest, GatewayError> {
+    fields::read_as_vllm(&mut value, false)?;
     let f = common(&value, false)?;
     let mut body = into_map(value);
     let max_tokens = f.max_tokens.unwrap_or(16);
@@ -257,6 +270,31 @@ pub fn completion(bytes: &[u8], rules: FieldRules) -> Result<OpenAiRequest, Gate
         continuous_usage: f.continuous_usage(),
         body,
     })
+}
+
+/// Fields of vLLM's `/tokenize` that no `/v1` endpoint has.
+const TOKENIZE_ONLY: &[&str] = &["return_token_strs"];
+
+/// `POST /tokenize`: vLLM's tokenizer request, a chat's `messages` or a `prompt`, checked as
+/// [`chat`] or [`completion`] check the same body (`chat_template` refused, messages and media
+/// URLs checked, fields read as vLLM reads them). The body to forward.
+pub fn tokenize(bytes: &[u8], rules: FieldRules<'_>) -> Result<Map<String, Value>, GatewayError> {
+    let mut value = json_object(bytes)?;
+    let own: Vec<(String, Value)> = match &mut value {
+        Value::Object(map) => TOKENIZE_ONLY
+            .iter()
+            .filter_map(|f| map.remove_entry(*f))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let chat = value.get("messages").is_some();
+    let mut req = if chat {
+        chat_body(value, rules)?
+    } else {
+        completion_body(value, rules)?
+    };
+    req.body.extend(own);
+    Ok(req.body)
 }
 
 /// `POST /answer` body. Exactly one of `messages` and `prompt`.

@@ -6,6 +6,8 @@
 //!   classifier's blocking pool, so classification counts what is sent.
 //! - `/v1/chat/completions`: the client's tools canonicalized (same schemas, same tokens), when
 //!   `prefix_cache.canonicalize_tools` is on.
+//! - `/answer` and jobs: media URLs in the messages only as `data:` or from
+//!   `fields.media_hosts` ([`parse::media`]), as on `/v1`.
 //! - Every request: vLLM asked for running usage, so the relay counts output exactly; with
 //!   `admission.engine_priority` the lane goes along as vLLM's `priority`.
 
@@ -37,6 +39,8 @@ pub async fn answer_request(
         course_id,
         material,
     } = req;
+    // vLLM fetches media URLs itself: only data: or listed hosts, as on /v1.
+    parse::media::check(Some(&messages_json), &state.config().fields.media_hosts)?;
     let mut focused = None;
     let (messages_json, tools) = match course_id.as_deref() {
         None => (messages_json, None),

@@ -1,19 +1,28 @@
 //! Which `/v1` body fields reach vLLM (docs/operations.md, "Fields forwarded to vLLM").
 //!
+//! - **Read as vLLM reads them** ([`read_as_vllm`]): the numbers and booleans the gateway judges
+//!   are first coerced as vLLM's pydantic models coerce them (`"20"` and `20.0` are 20, `"yes"`
+//!   is true, [`super::lax`]) and forwarded as that value; one vLLM could not read is a 400
+//!   naming the field.
 //! - **Forwarded**: the OpenAI fields of each endpoint and vLLM's own sampling, structured
-//!   output and tokenizer fields ([`SHARED`], [`CHAT`], [`COMPLETIONS`]).
+//!   output and tokenizer fields ([`SHARED`], [`CHAT`], [`COMPLETIONS`]), within the bounds of
+//!   `[fields]` (stop strings, token lists, guides: [`super::bounds`]; media URLs:
+//!   [`super::media`]).
 //! - **Refused** with a 400 naming the field ([`refusal`]): what multiplies the engine's work
-//!   per request (`best_of`, beam search, `prompt_logprobs`, `logprobs` above
-//!   `server.max_logprobs`), or changes the prompt after the gateway counted it
-//!   (`chat_template`, `documents`, `prompt_embeds`), and `min_tokens` above the declared
-//!   output limit (the reservation could not hold).
+//!   per request (`best_of`, beam search, `prompt_logprobs` and `echo` with log-probabilities,
+//!   which vLLM turns into `prompt_logprobs`, `logprobs` above `server.max_logprobs`), or
+//!   changes the prompt after the gateway counted it (`chat_template`, `documents`,
+//!   `prompt_embeds`), and `min_tokens` above the declared output limit (the reservation could
+//!   not hold).
 //! - **The gateway's own**: `priority` is removed; the gateway sets it from the lane when
 //!   `admission.engine_priority` is on, so no client jumps vLLM's queue.
 //! - **Anything else**: forwarded or refused by `server.unknown_fields`.
 
 use serde_json::{Map, Value};
 
-use crate::config::UnknownFields;
+pub use super::lax::read_as_vllm;
+use super::{bounds, media};
+use crate::config::{Config, FieldsConfig, UnknownFields};
 use crate::error::GatewayError;
 
 /// Fields of both endpoints.
@@ -96,6 +105,21 @@ pub struct FieldRules<'a> {
     pub max_logprobs: u32,
     /// Message roles accepted besides vLLM's (`classify.extra_roles`).
     pub extra_roles: &'a [String],
+    /// Stop strings, token lists, guides and media hosts (`[fields]`).
+    pub bounds: &'a FieldsConfig,
+}
+
+impl<'a> FieldRules<'a> {
+    /// The rules `config` sets (`server.unknown_fields`, `server.max_logprobs`,
+    /// `classify.extra_roles`, `[fields]`).
+    pub fn of(config: &'a Config) -> Self {
+        Self {
+            unknown: config.server.unknown_fields,
+            max_logprobs: config.server.max_logprobs,
+            extra_roles: &config.classify.extra_roles,
+            bounds: &config.fields,
+        }
+    }
 }
 
 /// Checks `body`'s fields for the chat (`chat`) or completions endpoint, removes the gateway's
@@ -104,7 +128,7 @@ pub fn check(
     body: &mut Map<String, Value>,
     chat: bool,
     declared_max: Option<u32>,
-    rules: FieldRules,
+    rules: FieldRules<'_>,
 ) -> Result<(), GatewayError> {
     for name in GATEWAY_OWNED {
         body.remove(*name);
@@ -130,7 +154,37 @@ pub fn check(
             ));
         }
     }
+    if let Some(why) = echo_refusal(body, chat) {
+        return Err(GatewayError::bad_request(why, Some("echo")));
+    }
+    bounds::check(body, rules.bounds)?;
+    if chat {
+        media::check(body.get("messages"), &rules.bounds.media_hosts)?;
+    }
     Ok(())
+}
+
+/// Why `echo` is refused, if it is: with it vLLM computes log-probabilities for every prompt
+/// token (it sets `prompt_logprobs` to completions' `logprobs`, or to chat's `top_logprobs`,
+/// which defaults to 0, so on chat any `echo` not paired with `top_logprobs: null`). Read after
+/// [`read_as_vllm`].
+fn echo_refusal(body: &Map<String, Value>, chat: bool) -> Option<String> {
+    if body.get("echo").and_then(Value::as_bool) != Some(true) {
+        return None;
+    }
+    let source = if chat { "top_logprobs" } else { "logprobs" };
+    let prompt_logprobs = match body.get(source) {
+        Some(Value::Null) => false,
+        Some(_) => true,
+        // Chat's `top_logprobs` defaults to 0 in vLLM; completions' `logprobs` to null.
+        None => chat,
+    };
+    prompt_logprobs.then(|| {
+        format!(
+            "echo is not supported with {source}: vLLM then computes prompt_logprobs, a \
+             distribution for every prompt token"
+        )
+    })
 }
 
 /// The field and why `name: value` is refused, if it is.
@@ -139,7 +193,7 @@ fn refusal(
     value: &Value,
     chat: bool,
     declared_max: Option<u32>,
-    rules: FieldRules,
+    rules: FieldRules<'_>,
 ) -> Option<(&'static str, String)> {
     let field = REFUSABLE.iter().find(|f| **f == name)?;
     why_refused(field, value, chat, declared_max, rules).map(|why| (*field, why))
@@ -163,7 +217,7 @@ fn why_refused(
     value: &Value,
     chat: bool,
     declared_max: Option<u32>,
-    rules: FieldRules,
+    rules: FieldRules<'_>,
 ) -> Option<String> {
     let set = !value.is_null();
     match name {
@@ -188,9 +242,12 @@ fn why_refused(
         "top_logprobs" if chat => over_cap(name, value, rules.max_logprobs),
         "logprobs" if !chat => over_cap(name, value, rules.max_logprobs),
         "min_tokens" if set => {
-            let min = value.as_u64()?;
+            let min = value.as_i64()?;
+            if min < 0 {
+                return Some("min_tokens must be at least 0".into());
+            }
             match declared_max {
-                Some(max) if min <= u64::from(max) => None,
+                Some(max) if min <= i64::from(max) => None,
                 Some(max) => Some(format!(
                     "min_tokens ({min}) must not exceed the output limit ({max})"
                 )),
@@ -221,21 +278,25 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    static BOUNDS: FieldsConfig = FieldsConfig::DEFAULT;
+
     fn rules(unknown: UnknownFields) -> FieldRules<'static> {
         FieldRules {
             unknown,
             max_logprobs: 5,
             extra_roles: &[],
+            bounds: &BOUNDS,
         }
     }
 
-    fn checked(body: Value, chat: bool, unknown: UnknownFields) -> Result<Value, String> {
+    fn checked(mut body: Value, chat: bool, unknown: UnknownFields) -> Result<Value, String> {
+        read_as_vllm(&mut body, chat).map_err(|e| e.to_string())?;
         let mut map = body.as_object().unwrap().clone();
         let max = map
             .get("max_completion_tokens")
             .or(map.get("max_tokens"))
             .and_then(Value::as_u64)
-            .map(|n| n as u32);
+            .and_then(|n| u32::try_from(n).ok());
         check(&mut map, chat, max, rules(unknown))
             .map(|()| Value::Object(map))
             .map_err(|e| e.to_string())
@@ -311,5 +372,128 @@ mod tests {
         let long = "k".repeat(10_000);
         let err = checked(json!({ long: 1 }), true, UnknownFields::Reject).unwrap_err();
         assert!(err.len() < 300, "the name is shortened: {err}");
+    }
+
+    /// The param the 400 for `body` names, or `None` when it is accepted.
+    fn refused_param(body: Value, chat: bool) -> Option<String> {
+        let mut body = body;
+        let rules = rules(UnknownFields::Forward);
+        let err = match read_as_vllm(&mut body, chat) {
+            Err(e) => e,
+            Ok(()) => {
+                let mut map = body.as_object().unwrap().clone();
+                let max = map
+                    .get("max_completion_tokens")
+                    .or(map.get("max_tokens"))
+                    .and_then(Value::as_u64)
+                    .and_then(|n| u32::try_from(n).ok());
+                check(&mut map, chat, max, rules).err()?
+            }
+        };
+        match err {
+            GatewayError::BadRequest { param, .. } => param.map(|p| p.into_owned()),
+            other => panic!("not a 400: {other}"),
+        }
+    }
+
+    #[test]
+    fn numbers_and_booleans_are_judged_as_vllm_reads_them() {
+        for (body, chat, field) in [
+            (
+                json!({"top_logprobs": 20.0, "logprobs": true}),
+                true,
+                "top_logprobs",
+            ),
+            (
+                json!({"top_logprobs": "20", "logprobs": "true"}),
+                true,
+                "top_logprobs",
+            ),
+            (json!({"logprobs": "20"}), false, "logprobs"),
+            (json!({"logprobs": 20.0}), false, "logprobs"),
+            (json!({"use_beam_search": "true"}), true, "use_beam_search"),
+            (json!({"use_beam_search": "yes"}), false, "use_beam_search"),
+            (json!({"use_beam_search": 1}), true, "use_beam_search"),
+            (json!({"best_of": "4"}), false, "best_of"),
+            (
+                json!({"min_tokens": "500", "max_tokens": 10}),
+                true,
+                "min_tokens",
+            ),
+            (
+                json!({"min_tokens": 500.0, "max_tokens": 10}),
+                false,
+                "min_tokens",
+            ),
+            (
+                json!({"min_tokens": -1, "max_tokens": 10}),
+                false,
+                "min_tokens",
+            ),
+            // What vLLM could not read either: named, never passed on unjudged.
+            (json!({"logprobs": "abc"}), false, "logprobs"),
+            (
+                json!({"top_logprobs": 2.5, "logprobs": true}),
+                true,
+                "top_logprobs",
+            ),
+            (json!({"use_beam_search": "maybe"}), true, "use_beam_search"),
+            (json!({"max_tokens": "many"}), true, "max_tokens"),
+            (json!({"echo": [true]}), false, "echo"),
+            (
+                json!({"stream_options": {"include_usage": "perhaps"}}),
+                true,
+                "stream_options",
+            ),
+        ] {
+            assert_eq!(
+                refused_param(body.clone(), chat).as_deref(),
+                Some(field),
+                "{body}"
+            );
+        }
+        // Within bounds once read: forwarded as the value vLLM reads.
+        let out = checked(
+            json!({"top_logprobs": "3", "logprobs": "yes", "min_tokens": 5.0, "max_tokens": "10"}),
+            true,
+            UnknownFields::Forward,
+        )
+        .unwrap();
+        assert_eq!(
+            out,
+            json!({"top_logprobs": 3, "logprobs": true, "min_tokens": 5, "max_tokens": 10})
+        );
+    }
+
+    #[test]
+    fn echo_with_log_probabilities_is_refused_like_prompt_logprobs() {
+        for (body, chat) in [
+            (json!({"echo": true, "logprobs": 5}), false),
+            (json!({"echo": "true", "logprobs": "0"}), false),
+            (
+                json!({"echo": 1, "logprobs": true, "top_logprobs": 5}),
+                true,
+            ),
+            // Chat's top_logprobs defaults to 0: echo alone asks for prompt logprobs.
+            (json!({"echo": true}), true),
+        ] {
+            assert_eq!(
+                refused_param(body.clone(), chat).as_deref(),
+                Some("echo"),
+                "{body}"
+            );
+        }
+        for (body, chat) in [
+            (json!({"echo": true}), false),
+            (json!({"echo": true, "logprobs": null}), false),
+            (json!({"echo": "false", "logprobs": 5}), false),
+            (json!({"echo": true, "top_logprobs": null}), true),
+            (
+                json!({"echo": false, "logprobs": true, "top_logprobs": 5}),
+                true,
+            ),
+        ] {
+            assert_eq!(refused_param(body.clone(), chat), None, "{body}");
+        }
     }
 }

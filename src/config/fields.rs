@@ -1,0 +1,174 @@
+//! `[fields]`: how much a `/v1` body (and `/tokenize`) may ask of the engine besides its prompt:
+//! stop strings, token lists, structured-output guides, and where media may come from.
+//!
+//! Owns [`RawFields`] and [`FieldsConfig`], their defaults and validation. Each bound is a
+//! count or a size the engine spends CPU on outside any lane (matching stop strings, building a
+//! grammar, fetching a URL); beyond it the request is a 400 naming the field
+//! (`src/pipeline/parse/bounds.rs`, `media.rs`).
+
+use serde::Deserialize;
+
+use super::check::Checker;
+
+/// Default `fields.max_stop_strings`.
+const MAX_STOP_STRINGS: u32 = 16;
+/// Default `fields.max_stop_bytes`.
+const MAX_STOP_BYTES: u32 = 4096;
+/// Default `fields.max_logit_bias`.
+const MAX_LOGIT_BIAS: u32 = 300;
+/// Default `fields.max_token_ids`.
+const MAX_TOKEN_IDS: u32 = 1024;
+/// Default `fields.max_guide_bytes`.
+const MAX_GUIDE_BYTES: u32 = 16 * 1024;
+
+/// `[fields]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFields {
+    /// Strings in `stop` (and in `bad_words`), each list.
+    pub max_stop_strings: Option<u32>,
+    /// Bytes of all strings in `stop` (and in `bad_words`) together, each list.
+    pub max_stop_bytes: Option<u32>,
+    /// Entries in `logit_bias`.
+    pub max_logit_bias: Option<u32>,
+    /// Entries in `stop_token_ids` and in `allowed_token_ids`, each list.
+    pub max_token_ids: Option<u32>,
+    /// Bytes of each structured-output guide (its JSON); 0 refuses structured output.
+    pub max_guide_bytes: Option<u32>,
+    /// Hosts media URLs in messages may name; `data:` URLs are always allowed.
+    pub media_hosts: Option<Vec<String>>,
+}
+
+/// Bounds on what a body may ask of the engine besides its prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldsConfig {
+    /// Most strings in `stop`, and in `bad_words` (each list; 0 refuses them).
+    pub max_stop_strings: u32,
+    /// Most bytes of a list's strings together (`stop`, `bad_words`).
+    pub max_stop_bytes: u32,
+    /// Most `logit_bias` entries (0 refuses it).
+    pub max_logit_bias: u32,
+    /// Most entries of `stop_token_ids`, and of `allowed_token_ids` (each list).
+    pub max_token_ids: u32,
+    /// Most bytes of each structured-output guide as JSON (`guided_json`, `guided_regex`,
+    /// `guided_choice`, `guided_grammar`, `guided_whitespace_pattern`, `structural_tag`,
+    /// `structured_outputs`, `response_format`); 0 refuses them all.
+    pub max_guide_bytes: u32,
+    /// Hosts (lower case, as the `url` crate normalizes them) that `image_url`, `video_url`,
+    /// `audio_url` and `file` parts may fetch from; `data:` URLs need no entry.
+    pub media_hosts: Vec<String>,
+}
+
+impl FieldsConfig {
+    /// The shipped defaults (no media host: only `data:` URLs), as a constant for statics.
+    pub const DEFAULT: FieldsConfig = FieldsConfig {
+        max_stop_strings: MAX_STOP_STRINGS,
+        max_stop_bytes: MAX_STOP_BYTES,
+        max_logit_bias: MAX_LOGIT_BIAS,
+        max_token_ids: MAX_TOKEN_IDS,
+        max_guide_bytes: MAX_GUIDE_BYTES,
+        media_hosts: Vec::new(),
+    };
+}
+
+impl Default for FieldsConfig {
+    /// [`FieldsConfig::DEFAULT`].
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// Checks `[fields]`.
+pub(super) fn validate(c: &mut Checker, raw: RawFields) -> FieldsConfig {
+    let mut bounded = |key: &str, v: Option<u32>, default: u32, max: u32| -> u32 {
+        let v = v.unwrap_or(default);
+        if v > max {
+            c.fail(format!("fields.{key}"), format!("must be at most {max}"));
+        }
+        v.min(max)
+    };
+    let max_stop_strings = bounded(
+        "max_stop_strings",
+        raw.max_stop_strings,
+        MAX_STOP_STRINGS,
+        10_000,
+    );
+    let max_stop_bytes = bounded(
+        "max_stop_bytes",
+        raw.max_stop_bytes,
+        MAX_STOP_BYTES,
+        1 << 20,
+    );
+    let max_logit_bias = bounded(
+        "max_logit_bias",
+        raw.max_logit_bias,
+        MAX_LOGIT_BIAS,
+        1_000_000,
+    );
+    let max_token_ids = bounded("max_token_ids", raw.max_token_ids, MAX_TOKEN_IDS, 1_000_000);
+    let max_guide_bytes = bounded(
+        "max_guide_bytes",
+        raw.max_guide_bytes,
+        MAX_GUIDE_BYTES,
+        16 << 20,
+    );
+    let mut media_hosts = Vec::new();
+    for (i, host) in raw.media_hosts.unwrap_or_default().iter().enumerate() {
+        match media_host(host) {
+            Some(h) => media_hosts.push(h),
+            None => c.fail(
+                format!("fields.media_hosts[{i}]"),
+                "must be a host name or IP address like media.example.edu (no scheme, port or \
+                 path)",
+            ),
+        }
+    }
+    FieldsConfig {
+        max_stop_strings,
+        max_stop_bytes,
+        max_logit_bias,
+        max_token_ids,
+        max_guide_bytes,
+        media_hosts,
+    }
+}
+
+/// An allowed media host as a URL's host reads after parsing (lower case, punycode, IPv6 in
+/// brackets), or `None` when `host` is not one.
+fn media_host(host: &str) -> Option<String> {
+    if host.is_empty() || host.contains([':', '/', '@', '?', '#', ' ', '\\', '*']) && !ipv6(host) {
+        return None;
+    }
+    url::Url::parse(&format!("http://{host}/"))
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_owned))
+}
+
+/// `[::1]`-style IPv6 literals are written with brackets, as URLs write them.
+fn ipv6(host: &str) -> bool {
+    host.starts_with('[') && host.ends_with(']') && !host.contains(['/', '@', '?', '#', ' '])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn media_hosts_are_normalized_as_urls_read_them() {
+        assert_eq!(
+            media_host("Media.Example.EDU").as_deref(),
+            Some("media.example.edu")
+        );
+        assert_eq!(media_host("[::1]").as_deref(), Some("[::1]"));
+        assert_eq!(media_host("10.0.0.1").as_deref(), Some("10.0.0.1"));
+        for bad in [
+            "",
+            "https://x.example",
+            "x.example:8080",
+            "x.example/a",
+            "*.x",
+        ] {
+            assert_eq!(media_host(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Bounds on what a body asks of the engine besides its prompt (`[fields]`): work vLLM does
+//! outside any lane, paid per request whatever its lane.
+//!
+//! - `stop` and `bad_words`: matched against the output at every step; at most
+//!   `fields.max_stop_strings` strings and `fields.max_stop_bytes` bytes, each list.
+//! - `logit_bias`: at most `fields.max_logit_bias` entries; `stop_token_ids` and
+//!   `allowed_token_ids`: at most `fields.max_token_ids` each.
+//! - Structured-output guides ([`GUIDES`]): compiled into a grammar before the first token; at
+//!   most `fields.max_guide_bytes` of JSON each (0 refuses them).
+//!
+//! Beyond a bound: 400 naming the field. Sizes are counted without copying and stop at the
+//! bound, so a huge field costs no more to refuse than a small one to accept.
+
+use std::io::Write;
+
+use serde_json::{Map, Value};
+
+use crate::config::FieldsConfig;
+use crate::error::GatewayError;
+
+/// Lists of strings matched against the output.
+const STRING_LISTS: &[&str] = &["stop", "bad_words"];
+
+/// Lists of token ids.
+const TOKEN_LISTS: &[&str] = &["stop_token_ids", "allowed_token_ids"];
+
+/// The structured-output guides vLLM compiles into a grammar.
+pub const GUIDES: &[&str] = &[
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_whitespace_pattern",
+    "structural_tag",
+    "structured_outputs",
+    "response_format",
+];
+
+/// The first field of `body` beyond `bounds`, as a 400 naming it.
+pub fn check(body: &Map<String, Value>, bounds: &FieldsConfig) -> Result<(), GatewayError> {
+    for field in STRING_LISTS {
+        if let Some(v) = body.get(*field) {
+            strings(field, v, bounds)?;
+        }
+    }
+    if let Some(Value::Object(bias)) = body.get("logit_bias") {
+        at_most(
+            "logit_bias",
+            "entries",
+            bias.len(),
+            bounds.max_logit_bias,
+            "fields.max_logit_bias",
+        )?;
+    }
+    for field in TOKEN_LISTS {
+        if let Some(Value::Array(ids)) = body.get(*field) {
+            at_most(
+                field,
+                "entries",
+                ids.len(),
+                bounds.max_token_ids,
+                "fields.max_token_ids",
+            )?;
+        }
+    }
+    for field in GUIDES {
+        match body.get(*field) {
+            None | Some(Value::Null) => {}
+            Some(v) if *field == "response_format" && plain_text(v) => {}
+            Some(v) => guide(field, v, bounds.max_guide_bytes)?,
+        }
+    }
+    Ok(())
+}
+
+/// `stop` / `bad_words`: a string counts as one.
+fn strings(field: &'static str, v: &Value, bounds: &FieldsConfig) -> Result<(), GatewayError> {
+    let (count, bytes) = match v {
+        Value::String(s) => (1, s.len()),
+        Value::Array(items) => (
+            items.len(),
+            items
+                .iter()
+                .filter_map(Value::as_str)
+                .fold(0usize, |sum, s| sum.saturating_add(s.len())),
+        ),
+        // Not a string or a list: vLLM refuses it itself.
+        _ => return Ok(()),
+    };
+    let max = bounds.max_stop_strings;
+    at_most(field, "strings", count, max, "fields.max_stop_strings")?;
+    at_most(
+        field,
+        "bytes",
+        bytes,
+        bounds.max_stop_bytes,
+        "fields.max_stop_bytes",
+    )
+}
+
+/// A 400 naming `field` when `n` is above `max`.
+fn at_most(
+    field: &'static str,
+    unit: &str,
+    n: usize,
+    max: u32,
+    key: &str,
+) -> Result<(), GatewayError> {
+    let within = u32::try_from(n).is_ok_and(|n| n <= max);
+    if within {
+        return Ok(());
+    }
+    let message = if max == 0 {
+        format!("{field} is not accepted on this gateway ({key} = 0)")
+    } else {
+        format!("{field} has {n} {unit}; this gateway takes at most {max} ({key})")
+    };
+    Err(GatewayError::bad_request(message, Some(field)))
+}
+
+/// `{"type": "text"}`: no guide at all.
+fn plain_text(v: &Value) -> bool {
+    v.get("type").and_then(Value::as_str) == Some("text")
+        && v.as_object().is_some_and(|o| o.len() == 1)
+}
+
+/// A guide of at most `max` bytes as JSON.
+fn guide(field: &'static str, v: &Value, max: u32) -> Result<(), GatewayError> {
+    if max == 0 {
+        return Err(GatewayError::bad_request(
+            format!(
+                "{field} is not accepted: structured output is off on this gateway \
+                 (fields.max_guide_bytes = 0)"
+            ),
+            Some(field),
+        ));
+    }
+    let limit = usize::try_from(max).unwrap_or(usize::MAX);
+    // A guide given as a string (a regex, a grammar, a schema's text) counts as its text.
+    let within = match v {
+        Value::String(s) => s.len() <= limit,
+        other => serde_json::to_writer(&mut Counter { n: 0, limit }, other).is_ok(),
+    };
+    if within {
+        return Ok(());
+    }
+    Err(GatewayError::bad_request(
+        format!("{field} is larger than {max} bytes, the most this gateway takes (fields.max_guide_bytes)"),
+        Some(field),
+    ))
+}
+
+/// Counts bytes written, failing once past `limit`.
+struct Counter {
+    n: usize,
+    limit: usize,
+}
+
+impl Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.n = self.n.saturating_add(buf.len());
+        if self.n > self.limit {
+            return Err(std::io::Error::other("over the bound"));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn param(body: Value, bounds: &FieldsConfig) -> Option<&'static str> {
+        match check(body.as_object().unwrap(), bounds) {
+            Ok(()) => None,
+            // Test-only: the named field, leaked to compare with literals.
+            Err(GatewayError::BadRequest { param, .. }) => {
+                param.map(|p| &*Box::leak(p.into_owned().into_boxed_str()))
+            }
+            Err(other) => panic!("{other}"),
+        }
+    }
+
+    #[test]
+    fn each_list_and_guide_is_bounded_by_its_key() {
+        let b = FieldsConfig::default();
+        let many = |n: usize| Value::from(vec!["x"; n]);
+        assert_eq!(param(json!({"stop": many(16)}), &b), None);
+        assert_eq!(param(json!({"stop": many(17)}), &b), Some("stop"));
+        assert_eq!(param(json!({"stop": "x".repeat(5000)}), &b), Some("stop"));
+        assert_eq!(
+            param(json!({"bad_words": many(100)}), &b),
+            Some("bad_words")
+        );
+        let bias: Map<String, Value> = (0..301).map(|i| (i.to_string(), json!(1))).collect();
+        assert_eq!(param(json!({"logit_bias": bias}), &b), Some("logit_bias"));
+        let ids = Value::from(vec![1; 1025]);
+        assert_eq!(
+            param(json!({"allowed_token_ids": ids}), &b),
+            Some("allowed_token_ids")
+        );
+        assert_eq!(param(json!({"stop_token_ids": [1, 2]}), &b), None);
+        let big = "a".repeat(20_000);
+        for field in GUIDES {
+            assert_eq!(param(json!({ *field: big }), &b), Some(*field), "{field}");
+            assert_eq!(
+                param(json!({ *field: {"d": big} }), &b),
+                Some(*field),
+                "{field}"
+            );
+        }
+        assert_eq!(param(json!({"guided_regex": "[a-z]+"}), &b), None);
+        let schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}});
+        assert_eq!(param(json!({ "response_format": schema }), &b), None);
+        let off = FieldsConfig {
+            max_guide_bytes: 0,
+            ..FieldsConfig::default()
+        };
+        assert_eq!(
+            param(json!({"guided_regex": "a"}), &off),
+            Some("guided_regex")
+        );
+        assert_eq!(
+            param(json!({"response_format": {"type": "text"}}), &off),
+            None
+        );
+    }
+}
