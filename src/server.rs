@@ -48,6 +48,7 @@ use crate::upstream::{UpstreamClient, ABORT_TIMEOUT};
 
 mod accept;
 pub mod tls;
+mod write_timeout;
 
 pub use accept::{END_WAIT, H2_MAX_STREAMS};
 

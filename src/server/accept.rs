@@ -7,6 +7,8 @@
 //!   slow-loris client holds its seat no longer than that);
 //! - at most [`H2_MAX_STREAMS`] concurrent HTTP/2 streams per connection;
 //! - `TCP_NODELAY`, so small SSE writes go out at once;
+//! - writes that fail once the client has taken nothing for `server.client_write_timeout`
+//!   ([`WriteTimeout`]): a client that stops reading loses its connection;
 //! - with TLS ([`super::tls`]), the handshake in the connection's own task, within
 //!   `server.header_read_timeout` (a client that never finishes it holds its seat no longer).
 //!
@@ -32,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::tls::TlsFront;
+use super::write_timeout::WriteTimeout;
 use crate::config::ServerConfig;
 use crate::relay::Drain;
 use crate::telemetry::Metrics;
@@ -106,6 +109,7 @@ pub async fn serve(
         let close_now = close_now.clone();
         let acceptor = tls.as_ref().map(TlsFront::acceptor);
         let handshake_within = server.header_read_timeout;
+        let tcp = WriteTimeout::new(tcp, server.client_write_timeout);
         conns.spawn(async move {
             let service = TowerToHyperService::new(router);
             let served = async {

@@ -97,9 +97,11 @@ fn logged(h: &Harness, code: &str) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_silent_readers_cannot_keep_a_review_out_once_the_engine_is_done() {
-    // The shipped client buffer; a short write timeout.
+    // The shipped client buffer; a short write timeout; as many requests at once as there are
+    // silent clients, so the review gets in only once their connections are closed.
     let h = large_chunks("2", |c| {
         set_lane(c, Lane::Large, 10);
+        c.server.max_requests_in_flight = 10;
         c.lanes.large.queue.timeout = Duration::from_secs(20);
         c.server.client_write_timeout = Duration::from_secs(2);
     })
@@ -115,8 +117,24 @@ async fn ten_silent_readers_cannot_keep_a_review_out_once_the_engine_is_done() {
     within(60, "every lane gauge is back to zero", || no_lane_in_flight(&h)).await;
     within(60, "every reservation is back", || h.idle()).await;
     assert_eq!(logged(&h, "client_too_slow"), 10, "each one is logged");
-    // A real review is admitted and answered in full.
-    let text = post_text(h.url("/v1/chat/completions"), &review(6_000)).await;
+    // Their connections are closed after the write timeout: a real review is admitted and
+    // answered in full.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let resp = loop {
+        let resp = client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&review(6_000))
+            .send()
+            .await
+            .unwrap();
+        if resp.status() == 200 {
+            break resp;
+        }
+        assert_eq!(resp.status(), 503, "only overloaded while the silent clients hold on");
+        assert!(tokio::time::Instant::now() < deadline, "the silent connections stay open");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let text = resp.text().await.unwrap();
     let events = sse(&text);
     assert_eq!(
         events.last().map(|e| e.1.as_str()),
