@@ -161,7 +161,10 @@ pub async fn answer(
     };
     match start(&state, prepared, record, Format::Answer, divert).await {
         Ok(Started::Relay(relay)) => with_id(
-            sse_response(Body::from_stream(relay.into_sse(state.upstream().tasks(), ClientLimits::from_config(&state.config().server)))),
+            sse_response(Body::from_stream(relay.into_sse(
+                state.upstream().tasks(),
+                ClientLimits::from_config(&state.config().server),
+            ))),
             &request_id,
         ),
         Ok(Started::Job(job)) => {
@@ -224,7 +227,10 @@ pub async fn openai(
         Err(e) => return with_id(e.into_response(), &request_id),
     };
     let resp = if stream {
-        sse_response(Body::from_stream(relay.into_sse(state.upstream().tasks(), ClientLimits::from_config(&state.config().server))))
+        sse_response(Body::from_stream(relay.into_sse(
+            state.upstream().tasks(),
+            ClientLimits::from_config(&state.config().server),
+        )))
     } else {
         match relay.collect().await {
             Ok(all) => axum::Json(all.into_json(route)).into_response(),

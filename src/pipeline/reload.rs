@@ -33,6 +33,7 @@ pub const FIXED: &[&str] = &[
     "server.max_requests_in_flight",
     "server.header_read_timeout_ms",
     "server.body_read_timeout_ms",
+    "server.client_write_timeout_ms",
     "server.cors_allow_origins",
     "server.cors_max_age_s",
     "server.shutdown_grace_ms",
@@ -174,6 +175,11 @@ fn keep_fixed(old: &Config, new: &mut Config) -> Vec<&'static str> {
     );
     keep!("server.header_read_timeout_ms", server.header_read_timeout);
     keep!("server.body_read_timeout_ms", server.body_read_timeout);
+    // The listener's connections time their writes out with it too.
+    keep!(
+        "server.client_write_timeout_ms",
+        server.client_write_timeout
+    );
     keep!("server.cors_allow_origins", server.cors_allow_origins);
     keep!("server.cors_max_age_s", server.cors_max_age);
     keep!("server.shutdown_grace_ms", server.shutdown_grace);

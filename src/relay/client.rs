@@ -233,7 +233,10 @@ mod tests {
         tx.stalled(&mut watch).await;
         assert!(started.elapsed() >= Duration::from_millis(999));
         tx.cut();
-        assert!(body.next().await.unwrap().is_err(), "the body ends in error");
+        assert!(
+            body.next().await.unwrap().is_err(),
+            "the body ends in error"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -34,7 +34,11 @@ impl<T> WriteTimeout<T> {
     }
 
     /// What a write that returned `poll` becomes: pending until the timeout, then `TimedOut`.
-    fn bounded<R>(&mut self, cx: &mut Context<'_>, poll: Poll<io::Result<R>>) -> Poll<io::Result<R>> {
+    fn bounded<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<io::Result<R>>,
+    ) -> Poll<io::Result<R>> {
         if poll.is_ready() {
             self.blocked = None;
             return poll;
@@ -123,7 +127,9 @@ mod tests {
             while total < 64 * 10 {
                 // Slower than the timeout in all, each piece within it.
                 tokio::time::sleep(Duration::from_secs(20)).await;
-                total += tokio::io::AsyncReadExt::read(&mut theirs, &mut buf).await.unwrap();
+                total += tokio::io::AsyncReadExt::read(&mut theirs, &mut buf)
+                    .await
+                    .unwrap();
             }
         });
         for _ in 0..10 {

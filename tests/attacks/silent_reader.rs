@@ -111,10 +111,16 @@ async fn ten_silent_readers_cannot_keep_a_review_out_once_the_engine_is_done() {
         silent.push(silent_client(h.gw.addr, "/v1/chat/completions", &review(15_000)).await);
     }
     // All ten are over (each client was cut as too slow) and the engine is done with them.
-    within(120, "the ten streams are over", || h.log.lock().unwrap().len() == 10).await;
+    within(120, "the ten streams are over", || {
+        h.log.lock().unwrap().len() == 10
+    })
+    .await;
     within(60, "the engine is done with them", || h.sim_running() == 0).await;
     // Every seat and token is back, while the ten clients still hold their connections open.
-    within(60, "every lane gauge is back to zero", || no_lane_in_flight(&h)).await;
+    within(60, "every lane gauge is back to zero", || {
+        no_lane_in_flight(&h)
+    })
+    .await;
     within(60, "every reservation is back", || h.idle()).await;
     assert_eq!(logged(&h, "client_too_slow"), 10, "each one is logged");
     // Their connections are closed after the write timeout: a real review is admitted and
@@ -130,8 +136,15 @@ async fn ten_silent_readers_cannot_keep_a_review_out_once_the_engine_is_done() {
         if resp.status() == 200 {
             break resp;
         }
-        assert_eq!(resp.status(), 503, "only overloaded while the silent clients hold on");
-        assert!(tokio::time::Instant::now() < deadline, "the silent connections stay open");
+        assert_eq!(
+            resp.status(),
+            503,
+            "only overloaded while the silent clients hold on"
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the silent connections stay open"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let text = resp.text().await.unwrap();
@@ -144,8 +157,13 @@ async fn ten_silent_readers_cannot_keep_a_review_out_once_the_engine_is_done() {
     );
     within(60, "the review's seat is back too", || h.idle()).await;
     let m = h.metrics_text().await;
-    let cut = metric(&m, "tutor_gateway_client_too_slow_total{reason=\"buffer_full\"}")
-        + metric(&m, "tutor_gateway_client_too_slow_total{reason=\"write_timeout\"}");
+    let cut = metric(
+        &m,
+        "tutor_gateway_client_too_slow_total{reason=\"buffer_full\"}",
+    ) + metric(
+        &m,
+        "tutor_gateway_client_too_slow_total{reason=\"write_timeout\"}",
+    );
     assert_eq!(cut, 10.0);
     drop(silent);
     h.shutdown().await;
@@ -160,14 +178,18 @@ async fn when_the_engine_finishes_the_seat_is_back_whatever_the_client_has_read(
     })
     .await;
     let client = silent_client(h.gw.addr, "/v1/chat/completions", &review(6_000)).await;
-    within(60, "the stream was admitted", || h.in_flight(Lane::Large) == 1).await;
+    within(60, "the stream was admitted", || {
+        h.in_flight(Lane::Large) == 1
+    })
+    .await;
     within(120, "the engine finished it and its seat is back", || {
         h.sim_running() == 0 && h.idle()
     })
     .await;
     within(30, "it is logged as served", || {
         let log = h.log.lock().unwrap();
-        log.iter().any(|l| l["outcome"] == "ok" && l["output_tokens"] == 6_000)
+        log.iter()
+            .any(|l| l["outcome"] == "ok" && l["output_tokens"] == 6_000)
     })
     .await;
     assert_eq!(h.sim_aborted(), 0);
@@ -190,10 +212,15 @@ async fn the_total_timeout_fires_for_a_client_that_never_reads() {
     })
     .await;
     let client = silent_client(h.gw.addr, "/v1/chat/completions", &review(900_000)).await;
-    within(60, "the stream was admitted", || h.in_flight(Lane::Large) == 1).await;
-    within(60, "the total timeout ended the stream and freed its seat", || {
-        h.idle()
+    within(60, "the stream was admitted", || {
+        h.in_flight(Lane::Large) == 1
     })
+    .await;
+    within(
+        60,
+        "the total timeout ended the stream and freed its seat",
+        || h.idle(),
+    )
     .await;
     within(30, "the engine's work was aborted", || h.sim_aborted() == 1).await;
     // Not the first-token timeout (tokens came at once), not the idle one (they never stopped).
