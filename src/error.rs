@@ -25,6 +25,7 @@
 //! | `jobs.max_event_streams_per_tenant` event streams open | 429 + `Retry-After` | `too_many_streams` |
 //! | jobs switched off, or not run by this quota backend | 501 | `jobs_unavailable` |
 //! | still open when the shutdown grace period is over | 503 + `Retry-After` | `shutdown` |
+//! | a stream's client fell `server.client_buffer_bytes` behind, or took nothing for `server.client_write_timeout_ms` | (mid-stream only) | `client_too_slow` |
 //! | gateway bug | 500 | `internal` |
 //!
 //! On `/v1` the body is OpenAI's error shape `{"error":{"message","type","param","code"}}`; on
@@ -115,6 +116,11 @@ pub enum GatewayError {
     /// engine work aborted). Recorded with the outcome `cancelled`.
     #[error("the gateway is shutting down; retry (another replica will answer)")]
     Shutdown,
+    /// A stream's client fell more than `server.client_buffer_bytes` behind the engine, or took
+    /// nothing for `server.client_write_timeout` while bytes waited: it was cut and the
+    /// engine's work aborted. Only ever mid-stream; recorded with the outcome `cancelled`.
+    #[error("the client did not take the stream's bytes in time; the stream was ended")]
+    ClientTooSlow,
     /// Classification failed (too long for the model, or a tokenizer failure).
     #[error(transparent)]
     Classify(#[from] ClassifyError),
@@ -161,6 +167,7 @@ impl GatewayError {
             Self::JobFinished(_) => StatusCode::CONFLICT,
             Self::JobsUnavailable(_) => StatusCode::NOT_IMPLEMENTED,
             Self::JobStoreDown | Self::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ClientTooSlow => StatusCode::REQUEST_TIMEOUT,
             Self::Classify(e) => match e {
                 ClassifyError::ExceedsModelLen { .. } => StatusCode::BAD_REQUEST,
                 ClassifyError::TokenizerLoad { .. } | ClassifyError::Internal(_) => {
@@ -209,6 +216,7 @@ impl GatewayError {
             Self::JobsUnavailable(_) => "jobs_unavailable",
             Self::JobStoreDown => "job_store_unavailable",
             Self::Shutdown => "shutdown",
+            Self::ClientTooSlow => "client_too_slow",
             Self::Upstream(UpstreamError::Status { status, .. }) if status.is_client_error() => {
                 "upstream_rejected"
             }
@@ -231,7 +239,7 @@ impl GatewayError {
             Self::Overloaded | Self::QueuedBytes => Outcome::QueueFull,
             Self::JobsFull | Self::TooManyStreams => Outcome::QueueFull,
             Self::JobStoreDown => Outcome::QuotaUnavailable,
-            Self::Shutdown => Outcome::Cancelled,
+            Self::Shutdown | Self::ClientTooSlow => Outcome::Cancelled,
             Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Outcome::TooLong,
             Self::Classify(_) => Outcome::Internal,
             Self::Admission(AdmissionError::QueueFull { .. }) => Outcome::QueueFull,

@@ -49,6 +49,7 @@ use crate::upstream::{UpstreamClient, ABORT_TIMEOUT};
 mod accept;
 mod idle;
 pub mod tls;
+mod write_timeout;
 
 pub use accept::{END_WAIT, H2_MAX_STREAMS, H2_PING_INTERVAL, H2_PING_TIMEOUT};
 

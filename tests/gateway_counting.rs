@@ -269,6 +269,8 @@ async fn the_estimate_covers_every_string_the_template_renders() {
         c.classify.image_part_tokens = 64;
         c.classify.audio_part_tokens = 96;
         c.classify.video_part_tokens = 128;
+        // The random media parts name these hosts: ones the gateway lets vLLM fetch from.
+        c.fields.media_hosts = vec!["img.example".into(), "v.example".into()];
     })
     .await;
     let mut rng = StdRng::seed_from_u64(29);

@@ -33,6 +33,12 @@ const MAX_QUEUED_BYTES: u64 = 256 * 1024 * 1024;
 const CORS_MAX_AGE_S: u64 = 600;
 /// The environment variable that may hold the admin listener's token.
 pub const ADMIN_TOKEN_ENV: &str = "TUTOR_GATEWAY_ADMIN_TOKEN";
+/// Default `server.client_buffer_bytes`.
+const CLIENT_BUFFER_BYTES: u64 = 1024 * 1024;
+/// Largest `server.client_buffer_bytes`.
+const MAX_CLIENT_BUFFER_BYTES: u64 = 256 * 1024 * 1024;
+/// Default `server.client_write_timeout_ms`.
+const CLIENT_WRITE_TIMEOUT_MS: u64 = 30_000;
 
 /// `[server]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -73,6 +79,10 @@ pub struct RawServer {
     pub tls_key: Option<String>,
     /// How long a browser may cache a CORS preflight answer, seconds.
     pub cors_max_age_s: Option<u64>,
+    /// Stream bytes read from vLLM and not yet taken by the client, per stream, bytes.
+    pub client_buffer_bytes: Option<u64>,
+    /// Longest a stream's client may take nothing while bytes wait for it, ms.
+    pub client_write_timeout_ms: Option<u64>,
 }
 
 /// What happens to a `/v1` body field the gateway does not know.
@@ -124,6 +134,12 @@ pub struct ServerConfig {
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
     /// `Access-Control-Max-Age` of preflight answers.
     pub cors_max_age: Duration,
+    /// Per stream, the most bytes read from vLLM that wait for the client to take them; a
+    /// client further behind is cut (`client_too_slow`) and the engine's work aborted.
+    pub client_buffer_bytes: usize,
+    /// Longest a stream's client may take nothing while bytes wait for it; then it is cut
+    /// (`client_too_slow`) and the engine's work aborted.
+    pub client_write_timeout: Duration,
 }
 
 /// Checks `[server]`.
@@ -192,6 +208,18 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         raw.max_queued_bytes,
         MAX_QUEUED_BYTES,
         1 << 40,
+    );
+    let client_buffer_bytes = count(
+        "server.client_buffer_bytes",
+        raw.client_buffer_bytes,
+        CLIENT_BUFFER_BYTES,
+        MAX_CLIENT_BUFFER_BYTES,
+    );
+    let client_write_ms = count(
+        "server.client_write_timeout_ms",
+        raw.client_write_timeout_ms,
+        CLIENT_WRITE_TIMEOUT_MS,
+        3_600_000,
     );
     let mut cors_allow_origins = Vec::new();
     for (i, origin) in raw
@@ -271,6 +299,8 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         keep_alive_idle: Duration::from_millis(keep_alive_ms),
         body_read_timeout: Duration::from_millis(body_ms),
         max_queued_bytes,
+        client_buffer_bytes: usize::try_from(client_buffer_bytes).unwrap_or(usize::MAX),
+        client_write_timeout: Duration::from_millis(client_write_ms),
         unknown_fields,
         max_logprobs: max_logprobs.min(20),
         max_body_bytes: max_body_bytes.clamp(1024, 256 * 1024 * 1024) as usize,

@@ -41,7 +41,7 @@ use crate::error::GatewayError;
 use crate::lane::Lane;
 use crate::prompt::fingerprint_of_chat;
 use crate::prompt::focus::Focus;
-use crate::relay::{Format, Relay, RelayContext};
+use crate::relay::{ClientLimits, Format, Relay, RelayContext};
 use crate::telemetry::{Mark, RequestRecord, Route};
 use crate::upstream::{Endpoint, UpstreamRequest};
 use parse::{AnswerQuery, AnswerRequest, OpenAiRequest};
@@ -162,7 +162,10 @@ pub async fn answer(
     };
     match start(&state, prepared, record, Format::Answer, divert).await {
         Ok(Started::Relay(relay)) => with_id(
-            sse_response(Body::from_stream(relay.into_sse())),
+            sse_response(Body::from_stream(relay.into_sse(
+                state.upstream().tasks(),
+                ClientLimits::from_config(&state.config().server),
+            ))),
             &request_id,
         ),
         Ok(Started::Job(job)) => {
@@ -222,7 +225,10 @@ pub async fn openai(
         Err(e) => return with_id(e.into_response(), &request_id),
     };
     let resp = if stream {
-        sse_response(Body::from_stream(relay.into_sse()))
+        sse_response(Body::from_stream(relay.into_sse(
+            state.upstream().tasks(),
+            ClientLimits::from_config(&state.config().server),
+        )))
     } else {
         match relay.collect().await {
             Ok(all) => axum::Json(all.into_json(route)).into_response(),

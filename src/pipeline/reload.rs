@@ -34,6 +34,7 @@ pub const FIXED: &[&str] = &[
     "server.header_read_timeout_ms",
     "server.keep_alive_idle_ms",
     "server.body_read_timeout_ms",
+    "server.client_write_timeout_ms",
     "server.cors_allow_origins",
     "server.cors_max_age_s",
     "server.shutdown_grace_ms",
@@ -176,6 +177,11 @@ fn keep_fixed(old: &Config, new: &mut Config) -> Vec<&'static str> {
     keep!("server.header_read_timeout_ms", server.header_read_timeout);
     keep!("server.keep_alive_idle_ms", server.keep_alive_idle);
     keep!("server.body_read_timeout_ms", server.body_read_timeout);
+    // The listener's connections time their writes out with it too.
+    keep!(
+        "server.client_write_timeout_ms",
+        server.client_write_timeout
+    );
     keep!("server.cors_allow_origins", server.cors_allow_origins);
     keep!("server.cors_max_age_s", server.cors_max_age);
     keep!("server.shutdown_grace_ms", server.shutdown_grace);

@@ -7,12 +7,22 @@
 //! - `/answer` streams ([`Format::Answer`]) become typed SSE events (`meta`, `token`, `done`,
 //!   `error`; see the README).
 //!
-//! A [`Relay`] owns the [`LaneGuard`] and the [`UpstreamStream`]. When the client goes away the
-//! HTTP server drops the response body and with it the relay: the upstream connection closes,
-//! the engine abort fires once (the upstream stream's own guard), the slot and tokens come
-//! back, and `cancelled_after_tokens` is recorded. At the first token it gives the guard's
-//! prefill reservation back ([`LaneGuard::prefill_done`]); the seat and tokens stay until the
-//! chunk with the finish reason (the engine is done then), whether or not `[DONE]` follows.
+//! A [`Relay`] owns the [`LaneGuard`] and the [`UpstreamStream`]. A streamed response runs it in
+//! a task of its own on the gateway's task tracker ([`Relay::into_sse`], the `pump` module)
+//! that reads vLLM at the engine's pace into a bounded per-stream buffer
+//! (`server.client_buffer_bytes`, the `client` module) which the response body drains as the
+//! client reads: counting, promotion, cuts, the upstream timeouts (their timers run whether or
+//! not the client reads) and the seat's release follow the engine, never the client. A client
+//! that falls more than the buffer behind, or takes nothing for
+//! `server.client_write_timeout_ms` while bytes wait, is cut with the code `client_too_slow`
+//! and the engine's work aborted. When the client goes away the response body drops and the
+//! pump sees it at once: it drops the relay, the upstream connection closes, the engine abort
+//! fires once (the upstream stream's own guard), the slot and tokens come back, and
+//! `cancelled_after_tokens` is recorded. At the first token it gives the guard's prefill
+//! reservation back ([`LaneGuard::prefill_done`]); the seat and tokens stay until the chunk
+//! with the finish reason (the engine is done then), whether or not `[DONE]` follows, and
+//! whatever the client has read by then. A non-streaming answer ([`Relay::collect`]) is read
+//! whole in its handler, at the engine's pace too.
 //!
 //! Mid-stream limits (M14, [`LaneRules`]): the relay counts output tokens itself (vLLM's chunks
 //! and usage); past its lane's limit a request's reservation moves to the next lane without a
@@ -27,16 +37,17 @@
 //! `data: {"error": …}` event then `data: [DONE]`, a non-streaming `/v1` request a 503.
 
 mod answer;
+mod client;
 mod collect;
 mod cut;
 mod drain;
-
-use std::convert::Infallible;
+mod pump;
 
 use bytes::Bytes;
-use futures::{FutureExt, Stream};
+use futures::FutureExt;
 use tokio::time::Instant;
 
+pub use client::{ClientBody, ClientLimits};
 pub use collect::Collected;
 pub use drain::Drain;
 
@@ -379,26 +390,6 @@ impl Relay {
             Some(&view),
             Instant::now(),
         )
-    }
-
-    /// The SSE body; the first event of an `/answer` stream is `meta`.
-    pub fn into_sse(self) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
-        let first = match self.format {
-            Format::Answer => Some(answer::meta_event(
-                self.request_id(),
-                &self.class,
-                self.timings(),
-                self.ctx.focus.as_ref(),
-            )),
-            Format::OpenAi { .. } => None,
-        };
-        futures::stream::unfold((self, first), |(mut relay, first)| async move {
-            if let Some(meta) = first {
-                return Some((Ok(meta), (relay, None)));
-            }
-            let bytes = relay.next_bytes().await?;
-            Some((Ok(bytes), (relay, None)))
-        })
     }
 
     /// Reads the whole answer (non-streaming `/v1`), under the same lane limits.

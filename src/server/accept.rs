@@ -16,7 +16,9 @@
 //! - on HTTP/2, a `PING` every [`H2_PING_INTERVAL`]; a connection that does not answer one
 //!   within [`H2_PING_TIMEOUT`] is closed (a peer that vanished mid-stream);
 //! - at most [`H2_MAX_STREAMS`] concurrent HTTP/2 streams per connection;
-//! - `TCP_NODELAY`, so small SSE writes go out at once.
+//! - `TCP_NODELAY`, so small SSE writes go out at once;
+//! - writes that fail once the client has taken nothing for `server.client_write_timeout`
+//!   ([`WriteTimeout`]): a client that stops reading loses its connection.
 //!
 //! A connection asked to close (idle, or at shutdown) that has not closed within [`END_WAIT`]
 //! (an HTTP/2 peer that never acknowledges the `GOAWAY`, say) is dropped.
@@ -44,6 +46,7 @@ use tokio_util::task::TaskTracker;
 
 use super::idle::Activity;
 use super::tls::TlsFront;
+use super::write_timeout::WriteTimeout;
 use crate::config::ServerConfig;
 use crate::relay::Drain;
 use crate::telemetry::Metrics;
@@ -142,6 +145,7 @@ pub async fn serve(
         let (builder, router) = (builder.clone(), router.clone());
         let (finish, close_now) = (finish.clone(), close_now.clone());
         let acceptor = tls.as_ref().map(TlsFront::acceptor);
+        let tcp = WriteTimeout::new(tcp, server.client_write_timeout);
         conns.spawn(async move {
             let activity = Activity::new();
             let service = activity.track(router);

@@ -1,1 +1,275 @@
-//! (filled in by the issue 29 work)
+//! A client that opens streams and never reads them: the engine's work, the seats and the
+//! token reservations follow the engine, never the client's reading. The clients here are raw
+//! TCP connections with a 2 KB receive buffer that send their request and never read a byte.
+//!
+//! The simulator serves a model with a 4,000-character name, so every chunk is some 4 KB (as
+//! with logprobs, which the simulator does not produce): the sockets between the gateway and a
+//! silent client (a few MB on loopback) are full within a second or two.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpSocket, TcpStream};
+use tutor_gateway::config::Config;
+use tutor_gateway::lane::Lane;
+
+use crate::common::*;
+
+/// Sends `body` to `path` on a connection with a 2 KB receive buffer and never reads; the
+/// connection stays open as long as the returned stream lives.
+async fn silent_client(addr: SocketAddr, path: &str, body: &Value) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(2048).unwrap();
+    let mut tcp = socket.connect(addr).await.unwrap();
+    let body = body.to_string();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(body.as_bytes()).await.unwrap();
+    tcp
+}
+
+/// Polls `cond` every 50 ms for up to `secs` seconds (generous: the suite runs with every core
+/// busy).
+async fn within(secs: u64, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {secs} s: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn no_lane_in_flight(h: &Harness) -> bool {
+    [Lane::Small, Lane::Medium, Lane::Large]
+        .iter()
+        .all(|&l| h.in_flight(l) == 0)
+}
+
+/// A stream of `max_tokens` tokens, classified large (its declared output alone passes the
+/// medium lane's work bound).
+fn review(max_tokens: u32) -> Value {
+    json!({"messages": [{"role": "user", "content": "review this repository"}],
+           "max_tokens": max_tokens, "ignore_eos": true, "stream": true})
+}
+
+/// The served model's name, repeated in every chunk.
+fn model() -> String {
+    "m".repeat(4000)
+}
+
+/// A simulator answering a token every `itl_ms` with about 4 KB chunks, and a gateway in front
+/// of it with `tweak` applied.
+async fn large_chunks(itl_ms: &str, tweak: impl FnOnce(&mut Config)) -> Harness {
+    let model = model();
+    let sim = [
+        "--profile",
+        "fixed",
+        "--fixed-ttft-ms",
+        "5",
+        "--fixed-itl-ms",
+        itl_ms,
+        "--max-model-len",
+        "1000000",
+        "--served-model-name",
+        model.as_str(),
+    ];
+    harness(&sim, |c: &mut Config| {
+        c.upstream.model = model.clone();
+        c.upstream.max_model_len = 1_000_000.try_into().unwrap();
+        tweak(c);
+    })
+    .await
+}
+
+/// Request log lines with this error code.
+fn logged(h: &Harness, code: &str) -> usize {
+    let log = h.log.lock().unwrap();
+    log.iter().filter(|l| l["error_code"] == code).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_silent_readers_cannot_keep_a_review_out_once_the_engine_is_done() {
+    // The shipped client buffer; a short write timeout; as many requests at once as there are
+    // silent clients, so the review gets in only once their connections are closed.
+    let h = large_chunks("2", |c| {
+        set_lane(c, Lane::Large, 10);
+        c.server.max_requests_in_flight = 10;
+        c.lanes.large.queue.timeout = Duration::from_secs(20);
+        c.server.client_write_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let mut silent = Vec::new();
+    for _ in 0..10 {
+        silent.push(silent_client(h.gw.addr, "/v1/chat/completions", &review(15_000)).await);
+    }
+    // All ten are over (each client was cut as too slow) and the engine is done with them.
+    within(120, "the ten streams are over", || {
+        h.log.lock().unwrap().len() == 10
+    })
+    .await;
+    within(60, "the engine is done with them", || h.sim_running() == 0).await;
+    // Every seat and token is back, while the ten clients still hold their connections open.
+    within(60, "every lane gauge is back to zero", || {
+        no_lane_in_flight(&h)
+    })
+    .await;
+    within(60, "every reservation is back", || h.idle()).await;
+    assert_eq!(logged(&h, "client_too_slow"), 10, "each one is logged");
+    // Their connections are closed after the write timeout: a real review is admitted and
+    // answered in full.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let resp = loop {
+        let resp = client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&review(6_000))
+            .send()
+            .await
+            .unwrap();
+        if resp.status() == 200 {
+            break resp;
+        }
+        assert_eq!(
+            resp.status(),
+            503,
+            "only overloaded while the silent clients hold on"
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the silent connections stay open"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let text = resp.text().await.unwrap();
+    let events = sse(&text);
+    assert_eq!(
+        events.last().map(|e| e.1.as_str()),
+        Some("[DONE]"),
+        "{:?}",
+        events.last()
+    );
+    within(60, "the review's seat is back too", || h.idle()).await;
+    let m = h.metrics_text().await;
+    let cut = metric(
+        &m,
+        "tutor_gateway_client_too_slow_total{reason=\"buffer_full\"}",
+    ) + metric(
+        &m,
+        "tutor_gateway_client_too_slow_total{reason=\"write_timeout\"}",
+    );
+    assert_eq!(cut, 10.0);
+    drop(silent);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_engine_finishes_the_seat_is_back_whatever_the_client_has_read() {
+    // A buffer and a write timeout that never cut: only the engine's end frees the seat.
+    let h = large_chunks("1", |c| {
+        c.server.client_buffer_bytes = 256 * 1024 * 1024;
+        c.server.client_write_timeout = Duration::from_secs(3600);
+    })
+    .await;
+    let client = silent_client(h.gw.addr, "/v1/chat/completions", &review(6_000)).await;
+    within(60, "the stream was admitted", || {
+        h.in_flight(Lane::Large) == 1
+    })
+    .await;
+    within(120, "the engine finished it and its seat is back", || {
+        h.sim_running() == 0 && h.idle()
+    })
+    .await;
+    within(30, "it is logged as served", || {
+        let log = h.log.lock().unwrap();
+        log.iter()
+            .any(|l| l["outcome"] == "ok" && l["output_tokens"] == 6_000)
+    })
+    .await;
+    assert_eq!(h.sim_aborted(), 0);
+    drop(client);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_total_timeout_fires_for_a_client_that_never_reads() {
+    // Only the total timeout can end this stream: the client's buffer and write timeout are
+    // far beyond it, and the engine would go on for many minutes.
+    let h = large_chunks("1", |c| {
+        c.upstream.first_token_timeout = Duration::from_secs(5);
+        c.upstream.idle_timeout = Duration::from_secs(5);
+        c.upstream.total_timeout = Duration::from_secs(5);
+        c.admission.max_tokens_in_flight = 10_000_000.try_into().unwrap();
+        c.lanes.large.max_tokens_in_flight = 10_000_000.try_into().unwrap();
+        c.server.client_buffer_bytes = 256 * 1024 * 1024;
+        c.server.client_write_timeout = Duration::from_secs(3600);
+    })
+    .await;
+    let client = silent_client(h.gw.addr, "/v1/chat/completions", &review(900_000)).await;
+    within(60, "the stream was admitted", || {
+        h.in_flight(Lane::Large) == 1
+    })
+    .await;
+    within(
+        60,
+        "the total timeout ended the stream and freed its seat",
+        || h.idle(),
+    )
+    .await;
+    within(30, "the engine's work was aborted", || h.sim_aborted() == 1).await;
+    // Not the first-token timeout (tokens came at once), not the idle one (they never stopped).
+    within(30, "the request is logged as timed out upstream", || {
+        let log = h.log.lock().unwrap();
+        log.iter()
+            .any(|l| l["error_code"] == "upstream_timeout" && l["outcome"] == "upstream_timeout")
+    })
+    .await;
+    drop(client);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_stream_with_large_chunks_and_a_silent_client_is_counted_and_moved_on_while_the_engine_generates(
+) {
+    // A short question the engine answers at length: its output passes the small lane's limit
+    // long after the sockets to the silent client are full.
+    let h = large_chunks("1", |c| {
+        c.lanes.small.mid_stream_limit = 10_000.try_into().ok();
+        c.lanes.medium.mid_stream_limit = 500_000.try_into().ok();
+        c.server.client_buffer_bytes = 256 * 1024 * 1024;
+        c.server.client_write_timeout = Duration::from_secs(3600);
+    })
+    .await;
+    let question = json!({"messages": [{"role": "user", "content": "explain ownership"}],
+                          "ignore_eos": true, "stream": true});
+    let client = silent_client(h.gw.addr, "/v1/chat/completions", &question).await;
+    within(60, "the question was admitted to the small lane", || {
+        h.in_flight(Lane::Small) == 1
+    })
+    .await;
+    // Counted at the engine's pace: past 10,000 tokens it leaves the small lane while the
+    // engine still generates.
+    within(120, "the stream moved to medium", || {
+        h.in_flight(Lane::Small) == 0 && h.in_flight(Lane::Medium) == 1
+    })
+    .await;
+    assert_eq!(h.sim_running(), 1, "the engine is still generating");
+    let m = h.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}"
+        ),
+        1.0
+    );
+    drop(client);
+    within(60, "the client's going away ends it", || h.idle()).await;
+    within(30, "and aborts the engine's work", || h.sim_aborted() == 1).await;
+    h.shutdown().await;
+}

@@ -1,0 +1,251 @@
+//! The client's side of a stream: a bounded buffer between the relay's pump, which reads vLLM
+//! at the engine's pace, and the HTTP response body, which takes from it as the client reads.
+//!
+//! - The pump never waits for the client. A frame goes in at once, unless more than
+//!   `server.client_buffer_bytes` would then wait in the buffer ([`Full`]; a frame always goes
+//!   into an empty buffer, whatever its size): the client is that far behind the engine.
+//! - [`ClientTx::stalled`] resolves once bytes have waited `server.client_write_timeout` with
+//!   the client taking none of them.
+//! - The response body ([`ClientBody`]) yields the frames in order and ends when the pump is
+//!   done with them; after [`ClientTx::cut`] it ends with an error instead, so the server
+//!   closes the connection (HTTP/1) or resets the stream (HTTP/2) when it next writes.
+//! - Dropping the body (the client went away) resolves [`ClientTx::closed`] at once.
+//!
+//! One per stream; memory is bounded by the buffer size plus the frame being sent.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, Sleep};
+
+use crate::config::ServerConfig;
+
+/// How far a stream's client may fall behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientLimits {
+    /// `server.client_buffer_bytes`: bytes read from vLLM waiting for the client, at most.
+    pub buffer_bytes: usize,
+    /// `server.client_write_timeout`: longest the client may take nothing while bytes wait.
+    pub write_timeout: Duration,
+}
+
+impl ClientLimits {
+    /// The limits configured in `[server]`.
+    pub fn from_config(server: &ServerConfig) -> Self {
+        Self {
+            buffer_bytes: server.client_buffer_bytes,
+            write_timeout: server.client_write_timeout,
+        }
+    }
+}
+
+/// The frame did not fit: the client is more than the buffer behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Full;
+
+/// What the pump and the body share.
+#[derive(Debug)]
+struct Shared {
+    /// Bytes put in and not yet taken.
+    buffered: AtomicUsize,
+    /// When the body last took a frame: milliseconds after `base`, plus one (0: never).
+    taken_at_ms: AtomicU64,
+    base: Instant,
+    /// The pump cut the client: the body ends with an error.
+    cut: AtomicBool,
+}
+
+impl Shared {
+    fn taken_at(&self) -> Option<Instant> {
+        match self.taken_at_ms.load(Ordering::Acquire) {
+            0 => None,
+            ms => Some(self.base + Duration::from_millis(ms.saturating_sub(1))),
+        }
+    }
+}
+
+/// A new buffer for one stream: the pump's end and the response body.
+pub(super) fn buffer(limits: ClientLimits) -> (ClientTx, ClientBody) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        buffered: AtomicUsize::new(0),
+        taken_at_ms: AtomicU64::new(0),
+        base: Instant::now(),
+        cut: AtomicBool::new(false),
+    });
+    let pump = ClientTx {
+        tx,
+        shared: Arc::clone(&shared),
+        limits,
+        waiting_since: Instant::now(),
+    };
+    (pump, ClientBody { rx, shared })
+}
+
+/// The pump's end of the buffer.
+#[derive(Debug)]
+pub(super) struct ClientTx {
+    tx: mpsc::UnboundedSender<Bytes>,
+    shared: Arc<Shared>,
+    limits: ClientLimits,
+    /// When the buffer last went from empty to holding bytes.
+    waiting_since: Instant,
+}
+
+/// The write timeout's timer of one stream, reset as its client takes bytes.
+#[derive(Debug)]
+pub(super) struct Watch(Pin<Box<Sleep>>);
+
+impl ClientTx {
+    /// Puts `frame` in the buffer, unless the client is more than the buffer behind. A client
+    /// that already went away is not an error here ([`ClientTx::closed`] tells).
+    pub(super) fn send(&mut self, frame: Bytes) -> Result<(), Full> {
+        let len = frame.len();
+        let before = self.shared.buffered.load(Ordering::Acquire);
+        if before > 0 && before.saturating_add(len) > self.limits.buffer_bytes {
+            return Err(Full);
+        }
+        if before == 0 {
+            self.waiting_since = Instant::now();
+        }
+        self.shared.buffered.fetch_add(len, Ordering::AcqRel);
+        let _ = self.tx.send(frame);
+        Ok(())
+    }
+
+    /// Resolves when the client has gone away (the response body was dropped).
+    pub(super) async fn closed(&self) {
+        self.tx.closed().await;
+    }
+
+    /// A timer for [`ClientTx::stalled`].
+    pub(super) fn watch(&self) -> Watch {
+        Watch(Box::pin(tokio::time::sleep(self.limits.write_timeout)))
+    }
+
+    /// Resolves once bytes have waited the write timeout without the client taking any. Never
+    /// resolves while the buffer is empty (only [`ClientTx::send`] fills it). Cancel-safe.
+    pub(super) async fn stalled(&self, watch: &mut Watch) {
+        let watch = &mut watch.0;
+        loop {
+            if self.shared.buffered.load(Ordering::Acquire) == 0 {
+                return std::future::pending().await;
+            }
+            let since = match self.shared.taken_at() {
+                Some(taken) => taken.max(self.waiting_since),
+                None => self.waiting_since,
+            };
+            let deadline = since + self.limits.write_timeout;
+            if Instant::now() >= deadline {
+                return;
+            }
+            if watch.deadline() != deadline {
+                watch.as_mut().reset(deadline);
+            }
+            watch.as_mut().await;
+        }
+    }
+
+    /// Ends the client's stream with an error: what is still buffered is not sent.
+    pub(super) fn cut(self) {
+        self.shared.cut.store(true, Ordering::Release);
+    }
+}
+
+/// The response body: the buffer's frames as the client takes them.
+#[derive(Debug)]
+pub struct ClientBody {
+    rx: mpsc::UnboundedReceiver<Bytes>,
+    shared: Arc<Shared>,
+}
+
+impl Stream for ClientBody {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.shared.cut.swap(false, Ordering::AcqRel) {
+            self.rx.close();
+            return Poll::Ready(Some(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client did not take the stream's bytes in time",
+            ))));
+        }
+        let frame = match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(frame)) => frame,
+            other => return other.map(|f| f.map(Ok)),
+        };
+        let shared = &self.shared;
+        shared.buffered.fetch_sub(frame.len(), Ordering::AcqRel);
+        let ms = u64::try_from(shared.base.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        shared
+            .taken_at_ms
+            .store(ms.saturating_add(1), Ordering::Release);
+        Poll::Ready(Some(Ok(frame)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+
+    fn limits(buffer_bytes: usize, write_timeout_ms: u64) -> ClientLimits {
+        ClientLimits {
+            buffer_bytes,
+            write_timeout: Duration::from_millis(write_timeout_ms),
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_arrive_in_order_and_room_comes_back_as_the_client_takes_them() {
+        let (mut tx, mut body) = buffer(limits(10, 60_000));
+        tx.send(Bytes::from_static(b"abcdef")).unwrap();
+        assert_eq!(tx.send(Bytes::from_static(b"ghijkl")), Err(Full));
+        tx.send(Bytes::from_static(b"ghij")).unwrap();
+        assert_eq!(body.next().await.unwrap().unwrap(), "abcdef");
+        tx.send(Bytes::from_static(b"klmnop")).unwrap();
+        assert_eq!(body.next().await.unwrap().unwrap(), "ghij");
+        assert_eq!(body.next().await.unwrap().unwrap(), "klmnop");
+        // Into an empty buffer a frame goes whatever its size.
+        tx.send(Bytes::from(vec![b'x'; 100])).unwrap();
+        drop(tx);
+        assert_eq!(body.next().await.unwrap().unwrap().len(), 100);
+        assert!(body.next().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_takes_nothing_stalls_after_the_write_timeout_and_no_sooner() {
+        let (mut tx, mut body) = buffer(limits(1000, 1000));
+        let mut watch = tx.watch();
+        tx.send(Bytes::from_static(b"one")).unwrap();
+        tx.send(Bytes::from_static(b"two")).unwrap();
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        // Taking a frame restarts the clock.
+        assert_eq!(body.next().await.unwrap().unwrap(), "one");
+        let started = Instant::now();
+        tx.stalled(&mut watch).await;
+        assert!(started.elapsed() >= Duration::from_millis(999));
+        tx.cut();
+        assert!(
+            body.next().await.unwrap().is_err(),
+            "the body ends in error"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_empty_buffer_never_stalls_and_a_dropped_body_closes() {
+        let (tx, body) = buffer(limits(1000, 10));
+        let mut watch = tx.watch();
+        let stalled = tokio::time::timeout(Duration::from_secs(60), tx.stalled(&mut watch)).await;
+        assert!(stalled.is_err());
+        drop(body);
+        tx.closed().await;
+    }
+}
