@@ -142,6 +142,8 @@ mod tests {
             preempted: 0,
             duration_us: ms * 1_000,
             late_us: 0,
+            start_us: 0,
+            end_us: 0,
         }
     }
 

@@ -11,6 +11,12 @@ use std::time::Duration;
 pub struct StepShape {
     /// Prompt tokens computed in this step (all prefill chunks together).
     pub prefill_tokens: u32,
+    /// Sequences that computed a prompt chunk in this step.
+    pub prefill_seqs: u32,
+    /// Query-key pairs of the step's prompt chunks: a chunk of `n` tokens starting at position
+    /// `p` attends to `p + 1 ..= p + n` tokens, `n * p + n * (n + 1) / 2` pairs, so a late chunk
+    /// of a long prompt costs more than an early one.
+    pub prefill_attention_pairs: u64,
     /// Sequences that decoded one token in this step.
     pub decode_seqs: u32,
     /// Tokens of context attended by the decoding sequences.
@@ -105,6 +111,7 @@ mod tests {
             prefill_tokens: 0,
             decode_seqs: 1,
             context_tokens: 500,
+            ..StepShape::default()
         });
         assert!(
             t > Duration::from_millis(5) && t < Duration::from_millis(8),

@@ -60,6 +60,8 @@ struct Shared {
     speed: f64,
     next_seq_no: AtomicU64,
     shutdown: AtomicBool,
+    /// When the engine started: step records' `start_us`/`end_us` count from here.
+    epoch: Instant,
 }
 
 #[derive(Debug)]
@@ -123,6 +125,7 @@ impl Engine {
             speed: if speed > 0.0 { speed } else { 1.0 },
             next_seq_no: AtomicU64::new(1),
             shutdown: AtomicBool::new(false),
+            epoch: Instant::now(),
         });
         if let Profile::Batched(cost) = profile {
             let weak = Arc::downgrade(&shared);
@@ -242,6 +245,11 @@ impl Engine {
         }
     }
 
+    /// When the engine started: the origin of step records' `start_us` and `end_us`.
+    pub fn epoch(&self) -> Instant {
+        self.shared.epoch
+    }
+
     /// The most recent steps, oldest first.
     pub fn recent_steps(&self) -> Vec<StepRecord> {
         self.lock().stats.recent()
@@ -281,7 +289,8 @@ fn run_loop(weak: Weak<Shared>, cost: BatchedCost) {
             return;
         }
         let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-        let plan = st.sched.schedule(Instant::now());
+        let planned = Instant::now();
+        let plan = st.sched.schedule(planned);
         if plan.is_empty() {
             origin = None;
             let _ = shared.wake.wait_timeout(st, Duration::from_millis(50));
@@ -299,6 +308,8 @@ fn run_loop(weak: Weak<Shared>, cost: BatchedCost) {
             preempted: plan.preempted,
             duration_us: 0,
             late_us: 0,
+            start_us: planned.saturating_duration_since(shared.epoch).as_micros() as u64,
+            end_us: 0,
         };
         drop(st);
         let prefill_chunks = plan.scheduled.len() as u32 - plan.shape.decode_seqs;
@@ -324,6 +335,7 @@ fn run_loop(weak: Weak<Shared>, cost: BatchedCost) {
             origin = None;
         }
         rec.late_us = late.as_micros() as u64;
+        rec.end_us = now.saturating_duration_since(shared.epoch).as_micros() as u64;
 
         let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
         st.sched.complete(&plan, now);

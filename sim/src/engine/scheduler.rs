@@ -250,6 +250,9 @@ impl Scheduler {
             };
             if seq.is_prefilling() {
                 shape.prefill_tokens += n;
+                shape.prefill_seqs += 1;
+                let (n, p) = (u64::from(n), u64::from(seq.computed));
+                shape.prefill_attention_pairs += n * p + n * (n + 1) / 2;
             } else {
                 shape.decode_seqs += 1;
                 shape.context_tokens += u64::from(seq.num_tokens());

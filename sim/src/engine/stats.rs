@@ -34,6 +34,11 @@ pub struct StepRecord {
     pub duration_us: u64,
     /// How late the step ended against its deadline, microseconds.
     pub late_us: u64,
+    /// When the step began (was planned), microseconds of wall clock since the engine started
+    /// ([`crate::engine::Engine::epoch`]).
+    pub start_us: u64,
+    /// When the step's tokens were sent, microseconds since the engine started.
+    pub end_us: u64,
 }
 
 /// Running totals and a window of recent steps.
