@@ -450,3 +450,70 @@ async fn run_fixed(
     drop(st);
     let _ = seq.tx.send(EngineEvent::Finished(done));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{StepShape, TINY_TEST};
+
+    fn request(id: &str, target_output: u32) -> NewRequest {
+        NewRequest {
+            request_id: id.into(),
+            prompt: id.bytes().map(u32::from).cycle().take(40).collect(),
+            target_output,
+            finish_at_target: FinishReason::Length,
+            priority: 0,
+        }
+    }
+
+    /// A decodes in ~50 ms steps; B arrives half a step into one of them (step X). Returns A's
+    /// tokens that came out from then up to B's first token, that step included.
+    fn a_tokens_until_b_starts(async_scheduling: bool) -> u32 {
+        let cfg = SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 2048,
+            block_size: 16,
+            num_gpu_blocks: 1000,
+            prefix_caching: false,
+            priority_policy: false,
+            long_prefill_token_threshold: 0,
+            reserve_full_isl: true,
+            async_scheduling,
+        };
+        let engine = Engine::start(Profile::Batched(TINY_TEST), 0.1, cfg);
+        let (_, mut ra) = engine.submit(request("a", 100));
+        assert!(matches!(ra.blocking_recv(), Some(EngineEvent::Token)));
+        // A's prefill step has ended and step X has begun: B arrives in the middle of X.
+        let step = TINY_TEST.step_time(StepShape::default()).div_f64(0.1);
+        std::thread::sleep(step / 2);
+        let (_, mut rb) = engine.submit(request("b", 100));
+        let mut a_tokens = 0;
+        let mut drain_a = |ra: &mut UnboundedReceiver<EngineEvent>| {
+            while let Ok(ev) = ra.try_recv() {
+                assert!(matches!(ev, EngineEvent::Token));
+                a_tokens += 1;
+            }
+        };
+        loop {
+            std::thread::sleep(Duration::from_millis(1));
+            // A's token of a step is sent before B's (A runs first), so draining A once B's
+            // first token is seen counts that step's too.
+            if let Ok(ev) = rb.try_recv() {
+                assert!(matches!(ev, EngineEvent::Token));
+                drain_a(&mut ra);
+                break;
+            }
+            drain_a(&mut ra);
+        }
+        engine.shutdown();
+        a_tokens
+    }
+
+    #[test]
+    fn the_engine_loop_plans_one_step_ahead_with_async_scheduling_only() {
+        // Asynchronous: step X+1 was planned when X began, so B runs first in X+2 and A gets
+        // three tokens (X, X+1, X+2) by then. Synchronous: B runs in X+1, two tokens.
+        assert_eq!(a_tokens_until_b_starts(true), 3);
+        assert_eq!(a_tokens_until_b_starts(false), 2);
+    }
+}
