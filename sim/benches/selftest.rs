@@ -47,6 +47,8 @@ fn calibration() {
             prefix_caching: true,
             priority_policy: false,
             long_prefill_token_threshold: 0,
+            reserve_full_isl: true,
+            async_scheduling: true,
         };
         let r = run_closed_loop(
             LLAMA_31_8B_H100,

@@ -65,6 +65,14 @@ pub struct SimArgs {
     /// `--api-key`): 401 `{"error":"Unauthorized"}` otherwise.
     #[arg(long)]
     pub api_key: Option<String>,
+    /// Plan the next step while the current one runs, as vLLM V1 does by default
+    /// (`--async-scheduling`): a request arriving during step N is first scheduled in step
+    /// N+2. `--no-async-scheduling`: plan each step after the previous one completed.
+    #[arg(long, default_value_t = true, overrides_with = "no_async_scheduling")]
+    pub async_scheduling: bool,
+    /// Turn asynchronous scheduling off.
+    #[arg(long)]
+    pub no_async_scheduling: bool,
     /// Most prompt tokens one long prefill may compute per step (vLLM's flag); 0: no cap.
     #[arg(long, default_value_t = 0)]
     pub long_prefill_token_threshold: u32,
@@ -134,6 +142,11 @@ impl SimArgs {
         let mut argv = vec!["vllm-sim", "--port", "0"];
         argv.extend_from_slice(extra);
         Self::parse_from(argv)
+    }
+
+    /// Whether asynchronous scheduling is in effect after `--no-async-scheduling`.
+    pub fn async_scheduling(&self) -> bool {
+        self.async_scheduling && !self.no_async_scheduling
     }
 
     /// Whether prefix caching is in effect after `--no-enable-prefix-caching`.

@@ -120,6 +120,8 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
         prefix_caching: args.prefix_caching(),
         priority_policy: policy,
         long_prefill_token_threshold: args.long_prefill_token_threshold,
+        reserve_full_isl: true,
+        async_scheduling: args.async_scheduling(),
     };
     let tokenizer = tokenizer::PromptTokenizer::load(args.tokenizer.as_deref())?;
     let started = std::time::SystemTime::now()

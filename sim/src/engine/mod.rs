@@ -3,7 +3,9 @@
 //!
 //! The loop plans a step, sleeps for the step's modelled duration (divided by `--speed`) against
 //! an absolute deadline, then applies the step: tokens are sent to each request's unbounded
-//! channel, so the engine never waits for a slow client, as vLLM's output queue.
+//! channel, so the engine never waits for a slow client, as vLLM's output queue. With
+//! asynchronous scheduling (the default, as vLLM's) the next step is planned while the current
+//! one runs.
 
 pub mod kv_cache;
 pub mod offline;
@@ -22,7 +24,7 @@ use tokio::sync::Notify;
 
 use crate::metrics::{self, CacheInfo, Gauges};
 use crate::profile::{BatchedCost, Profile};
-use scheduler::{Scheduler, SchedulerConfig};
+use scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use sequence::{EngineEvent, FinishReason, Sequence};
 use stats::{Lateness, StepRecord, StepStats};
 
@@ -279,69 +281,126 @@ impl Engine {
     }
 }
 
+/// A planned step on the simulated GPU: its plan, its record, when it is due to end.
+struct Running {
+    plan: StepPlan,
+    rec: StepRecord,
+    /// Modelled (speed-scaled) GPU time.
+    duration: Duration,
+    /// Its start on the absolute schedule plus `duration`.
+    deadline: Instant,
+}
+
 /// The scheduler loop of batched profiles; ends when the engine is dropped or shut down.
+///
+/// With asynchronous scheduling (vLLM's `EngineCore.step_with_batch_queue`, a batch queue of
+/// two) the loop plans step N+1 as soon as step N begins, then waits for N to end and delivers
+/// its tokens; N+1 begins the moment N ends. A request that arrives while N runs is therefore
+/// first scheduled in N+2. Without it (`EngineCore.step`) a step is planned only once the
+/// previous one completed, so such a request is scheduled in N+1.
 fn run_loop(weak: Weak<Shared>, cost: BatchedCost) {
-    // Schedule origin: wall-clock start and the (speed-scaled) step time since then.
-    let mut origin: Option<(Instant, Duration)> = None;
+    // Where the last begun step ends on the absolute schedule (`None` when idle or reset): the
+    // next step begins there, so the speed holds on average even for sub-millisecond steps.
+    let mut chain: Option<Instant> = None;
+    let mut in_flight: Option<Running> = None;
     loop {
         let Some(shared) = weak.upgrade() else { return };
         if shared.shutdown.load(Ordering::Relaxed) {
             return;
         }
+        let mut next = None;
         let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-        let planned = Instant::now();
-        let plan = st.sched.schedule(planned);
-        if plan.is_empty() {
-            origin = None;
-            let _ = shared.wake.wait_timeout(st, Duration::from_millis(50));
-            continue;
+        // Plan while a step runs only with asynchronous scheduling.
+        if in_flight.is_none() || st.sched.config().async_scheduling {
+            let planned = Instant::now();
+            let plan = st.sched.schedule(planned);
+            if plan.is_empty() && in_flight.is_none() {
+                chain = None;
+                let _ = shared.wake.wait_timeout(st, Duration::from_millis(50));
+                continue;
+            }
+            if !plan.is_empty() {
+                let duration = cost.step_time(plan.shape).div_f64(shared.speed);
+                let mut rec = begin_record(&plan, &st, duration);
+                // Begins now, unless a step is in flight: then when that one ends.
+                rec.start_us = micros_since(shared.epoch, planned);
+                let start = chain.unwrap_or(planned);
+                chain = Some(start + duration);
+                next = Some(Running {
+                    plan,
+                    rec,
+                    duration,
+                    deadline: start + duration,
+                });
+            }
         }
-        let mut rec = StepRecord {
-            step: 0,
-            prefill_tokens: plan.shape.prefill_tokens,
-            prefill_seqs: 0,
-            max_chunk: 0,
-            decode_seqs: plan.shape.decode_seqs,
-            running: st.sched.num_running() as u32,
-            waiting: st.sched.num_waiting() as u32,
-            free_blocks: st.sched.pool.num_free(),
-            preempted: plan.preempted,
-            duration_us: 0,
-            late_us: 0,
-            start_us: planned.saturating_duration_since(shared.epoch).as_micros() as u64,
-            end_us: 0,
-        };
         drop(st);
-        let prefill_chunks = plan.scheduled.len() as u32 - plan.shape.decode_seqs;
-        rec.prefill_seqs = prefill_chunks;
-        rec.max_chunk = if prefill_chunks > 0 {
+        if let Some(cur) = in_flight.take() {
+            let late = cur.deadline;
+            let now = end_step(&shared, cur);
+            let behind = now.saturating_duration_since(late) > MAX_CATCH_UP;
+            match next.as_mut() {
+                Some(n) => {
+                    // The next step begins on the GPU now that this one has ended.
+                    n.rec.start_us = micros_since(shared.epoch, now);
+                    if behind {
+                        // Too far behind: restart the schedule instead of bursting to catch up.
+                        n.deadline = now + n.duration;
+                        chain = Some(n.deadline);
+                    }
+                }
+                None if behind => chain = None,
+                None => {}
+            }
+        }
+        in_flight = next;
+    }
+}
+
+/// The record of a step just planned (its times are filled in as it runs).
+fn begin_record(plan: &StepPlan, st: &State, duration: Duration) -> StepRecord {
+    let prefill_seqs = plan.scheduled.len() as u32 - plan.shape.decode_seqs;
+    StepRecord {
+        step: 0,
+        prefill_tokens: plan.shape.prefill_tokens,
+        prefill_seqs,
+        max_chunk: if prefill_seqs > 0 {
             plan.scheduled.iter().map(|(_, n)| *n).max().unwrap_or(0)
         } else {
             0
-        };
-
-        let step = cost.step_time(plan.shape).div_f64(shared.speed);
-        rec.duration_us = step.as_micros() as u64;
-        let (start, elapsed) = origin.get_or_insert_with(|| (Instant::now(), Duration::ZERO));
-        *elapsed += step;
-        let deadline = *start + *elapsed;
-        let now = Instant::now();
-        if deadline > now {
-            std::thread::sleep(deadline - now);
-        }
-        let now = Instant::now();
-        let late = now.saturating_duration_since(deadline);
-        if late > MAX_CATCH_UP {
-            origin = None;
-        }
-        rec.late_us = late.as_micros() as u64;
-        rec.end_us = now.saturating_duration_since(shared.epoch).as_micros() as u64;
-
-        let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.sched.complete(&plan, now);
-        let tokens = plan.num_tokens();
-        st.stats.record(rec, tokens);
+        },
+        decode_seqs: plan.shape.decode_seqs,
+        running: st.sched.num_running() as u32,
+        waiting: st.sched.num_waiting() as u32,
+        free_blocks: st.sched.pool.num_free(),
+        preempted: plan.preempted,
+        duration_us: duration.as_micros() as u64,
+        late_us: 0,
+        start_us: 0,
+        end_us: 0,
     }
+}
+
+/// Waits until the step's deadline, then delivers its tokens and records it; returns when it
+/// ended.
+fn end_step(shared: &Shared, cur: Running) -> Instant {
+    let now = Instant::now();
+    if cur.deadline > now {
+        std::thread::sleep(cur.deadline - now);
+    }
+    let now = Instant::now();
+    let mut rec = cur.rec;
+    rec.late_us = now.saturating_duration_since(cur.deadline).as_micros() as u64;
+    rec.end_us = micros_since(shared.epoch, now);
+    let mut st = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+    st.sched.complete(&cur.plan, now);
+    let tokens = cur.plan.num_tokens();
+    st.stats.record(rec, tokens);
+    now
+}
+
+fn micros_since(epoch: Instant, t: Instant) -> u64 {
+    t.saturating_duration_since(epoch).as_micros() as u64
 }
 
 /// One request of the `fixed` profile: first token after `ttft`, then one every `itl`.
@@ -390,4 +449,71 @@ async fn run_fixed(
     st.sched.metrics.finished(&done);
     drop(st);
     let _ = seq.tx.send(EngineEvent::Finished(done));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{StepShape, TINY_TEST};
+
+    fn request(id: &str, target_output: u32) -> NewRequest {
+        NewRequest {
+            request_id: id.into(),
+            prompt: id.bytes().map(u32::from).cycle().take(40).collect(),
+            target_output,
+            finish_at_target: FinishReason::Length,
+            priority: 0,
+        }
+    }
+
+    /// A decodes in ~50 ms steps; B arrives half a step into one of them (step X). Returns A's
+    /// tokens that came out from then up to B's first token, that step included.
+    fn a_tokens_until_b_starts(async_scheduling: bool) -> u32 {
+        let cfg = SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 2048,
+            block_size: 16,
+            num_gpu_blocks: 1000,
+            prefix_caching: false,
+            priority_policy: false,
+            long_prefill_token_threshold: 0,
+            reserve_full_isl: true,
+            async_scheduling,
+        };
+        let engine = Engine::start(Profile::Batched(TINY_TEST), 0.1, cfg);
+        let (_, mut ra) = engine.submit(request("a", 100));
+        assert!(matches!(ra.blocking_recv(), Some(EngineEvent::Token)));
+        // A's prefill step has ended and step X has begun: B arrives in the middle of X.
+        let step = TINY_TEST.step_time(StepShape::default()).div_f64(0.1);
+        std::thread::sleep(step / 2);
+        let (_, mut rb) = engine.submit(request("b", 100));
+        let mut a_tokens = 0;
+        let mut drain_a = |ra: &mut UnboundedReceiver<EngineEvent>| {
+            while let Ok(ev) = ra.try_recv() {
+                assert!(matches!(ev, EngineEvent::Token));
+                a_tokens += 1;
+            }
+        };
+        loop {
+            std::thread::sleep(Duration::from_millis(1));
+            // A's token of a step is sent before B's (A runs first), so draining A once B's
+            // first token is seen counts that step's too.
+            if let Ok(ev) = rb.try_recv() {
+                assert!(matches!(ev, EngineEvent::Token));
+                drain_a(&mut ra);
+                break;
+            }
+            drain_a(&mut ra);
+        }
+        engine.shutdown();
+        a_tokens
+    }
+
+    #[test]
+    fn the_engine_loop_plans_one_step_ahead_with_async_scheduling_only() {
+        // Asynchronous: step X+1 was planned when X began, so B runs first in X+2 and A gets
+        // three tokens (X, X+1, X+2) by then. Synchronous: B runs in X+1, two tokens.
+        assert_eq!(a_tokens_until_b_starts(true), 3);
+        assert_eq!(a_tokens_until_b_starts(false), 2);
+    }
 }

@@ -6,9 +6,16 @@
 //! sequence needs a KV block and none is free, the most recently admitted running sequence is
 //! preempted (its blocks freed, its tokens recomputed later). Then, if nothing was preempted,
 //! waiting sequences are admitted in arrival order (or by `priority`) while seats, budget and
-//! blocks last, each first taking the prefix-cache hit of its prompt.
+//! blocks last, each first taking the prefix-cache hit of its prompt, and each only if blocks
+//! for its whole sequence fit (vLLM's `scheduler_reserve_full_isl`).
+//!
+//! As vLLM (`Scheduler._update_after_schedule`), planning a step advances the scheduled
+//! sequences' computed tokens at once, and a step that will sample a token leaves a placeholder
+//! for it (`AsyncScheduler`'s `num_output_placeholders`): so the next step can be planned
+//! while this one runs (asynchronous scheduling), decoding from the token still being sampled.
+//! [`Scheduler::complete`] then delivers the sampled tokens.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use super::kv_cache::BlockPool;
@@ -31,20 +38,25 @@ pub struct SchedulerConfig {
     pub prefix_caching: bool,
     /// Serve lower `priority` first instead of arrival order.
     pub priority_policy: bool,
-    /// Most prompt tokens one long prefill may compute in a step (vLLM's
-    /// `--long-prefill-token-threshold`); 0: no cap beyond the step budget.
+    /// Most tokens one sequence may compute in a step (vLLM's `--long-prefill-token-threshold`),
+    /// whatever else is scheduled; 0: no cap beyond the step budget.
     pub long_prefill_token_threshold: u32,
+    /// Admit a waiting sequence only if blocks for its whole sequence fit, not only for its
+    /// first chunk (vLLM's `SchedulerConfig.scheduler_reserve_full_isl`, on by default).
+    pub reserve_full_isl: bool,
+    /// Plan step N+1 while step N runs (vLLM's `--async-scheduling`, on by default). The
+    /// scheduler behaves the same either way; the engine loop and the offline runner read this.
+    pub async_scheduling: bool,
 }
 
 impl SchedulerConfig {
-    /// A prefill chunk of `remaining` tokens under `budget`, capped by the long-prefill threshold.
-    fn chunk(&self, remaining: u32, budget: u32, prefilling: bool) -> u32 {
-        let n = remaining.min(budget);
-        if prefilling && self.long_prefill_token_threshold > 0 {
-            n.min(self.long_prefill_token_threshold)
-        } else {
-            n
-        }
+    /// The tokens of one sequence in this step: `remaining` capped by the long-prefill threshold
+    /// (as vLLM's `schedule()`: `if 0 < threshold < num_new_tokens`, for running and waiting
+    /// requests alike, however many are scheduled), then by the `budget` left.
+    fn chunk(&self, remaining: u32, budget: u32) -> u32 {
+        let t = self.long_prefill_token_threshold;
+        let n = if 0 < t && t < remaining { t } else { remaining };
+        n.min(budget)
     }
 }
 
@@ -55,6 +67,8 @@ pub struct StepPlan {
     pub scheduled: Vec<(u64, u32)>,
     /// Totals for the cost model.
     pub shape: StepShape,
+    /// Sequences whose whole sequence is computed by this step: it samples a token for each.
+    pub sampling: Vec<u64>,
     /// Sequences preempted while planning this step.
     pub preempted: u32,
 }
@@ -141,7 +155,8 @@ impl Scheduler {
         n
     }
 
-    /// Plans the next step (and preempts if blocks run out).
+    /// Plans the next step (and preempts if blocks run out). The scheduled sequences' computed
+    /// tokens advance now, as in vLLM, so the next step can be planned before this one completes.
     pub fn schedule(&mut self, now: Instant) -> StepPlan {
         let mut plan = StepPlan::default();
         let mut budget = self.cfg.max_num_batched_tokens;
@@ -151,9 +166,20 @@ impl Scheduler {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
-            let new = self
-                .cfg
-                .chunk(seq.num_tokens() - seq.computed, budget, seq.is_prefilling());
+            if seq.placeholders > 0
+                && seq.finish_at_target == FinishReason::Length
+                && seq.output_tokens + seq.placeholders >= seq.target_output
+            {
+                // Asynchronous scheduling: the step in flight samples its last token (vLLM
+                // knows `max_tokens`, so it plans no extra step; a stop it cannot foresee).
+                i += 1;
+                continue;
+            }
+            let new = self.cfg.chunk(seq.total_tokens() - seq.computed, budget);
+            if new == 0 {
+                i += 1;
+                continue;
+            }
             let need = (seq.computed + new)
                 .div_ceil(bs)
                 .saturating_sub(seq.blocks.len() as u32);
@@ -203,19 +229,25 @@ impl Scheduler {
         {
             let idx = self.next_waiting();
             let seq = &self.waiting[idx];
+            let total = seq.total_tokens();
             // A hit never covers the last token: it must be computed to sample from it.
-            let max_hit_blocks = ((seq.num_tokens() - 1) / bs) as usize;
+            let max_hit_blocks = ((total - 1) / bs) as usize;
             let hit_blocks = self
                 .pool
                 .cached_prefix_len(&seq.block_hashes)
                 .min(max_hit_blocks);
             let hit_tokens = hit_blocks as u32 * bs;
-            let new = self.cfg.chunk(seq.num_tokens() - hit_tokens, budget, true);
+            let new = self.cfg.chunk(total - hit_tokens, budget);
             let need = (hit_tokens + new).div_ceil(bs) - hit_blocks as u32;
+            // Blocks for the whole sequence beyond the hit (vLLM's `allocate_slots(...,
+            // full_sequence_must_fit=True)`).
+            let need_full = total.div_ceil(bs) - hit_blocks as u32;
             let mut seq = self.waiting.remove(idx).expect("index is valid");
             // Cached blocks may come out of the free queue, so take them before allocating.
             let mut blocks = self.pool.take_cached(&seq.block_hashes, hit_blocks);
-            match self.pool.allocate(need) {
+            let fits = !self.cfg.reserve_full_isl || need_full <= self.pool.num_free();
+            let fresh = if fits { self.pool.allocate(need) } else { None };
+            match fresh {
                 Some(fresh) => blocks.extend(fresh),
                 None => {
                     self.pool.release(&blocks);
@@ -237,10 +269,36 @@ impl Scheduler {
             self.running.push(seq);
         }
         plan.shape = self.shape_of(&plan.scheduled);
+        self.update_after_schedule(&mut plan);
         plan
     }
 
-    /// The step's shape for the cost model, from what was finally scheduled.
+    /// vLLM's `_update_after_schedule` (and `AsyncScheduler`'s): the scheduled tokens count as
+    /// computed from now on, full prompt blocks enter the prefix cache (vLLM caches them when it
+    /// allocates them), and a sequence whose whole sequence is now computed gets a placeholder
+    /// for the token the step samples.
+    fn update_after_schedule(&mut self, plan: &mut StepPlan) {
+        let new: HashMap<u64, u32> = plan.scheduled.iter().copied().collect();
+        let bs = self.cfg.block_size as usize;
+        for seq in &mut self.running {
+            let Some(&n) = new.get(&seq.seq_no) else {
+                continue;
+            };
+            seq.computed += n;
+            let full = (seq.computed.min(seq.prompt_len) as usize / bs).min(seq.block_hashes.len());
+            for b in seq.registered_blocks..full {
+                self.pool.register(seq.blocks[b], seq.block_hashes[b]);
+            }
+            seq.registered_blocks = seq.registered_blocks.max(full);
+            if seq.computed == seq.total_tokens() {
+                seq.placeholders += 1;
+                plan.sampling.push(seq.seq_no);
+            }
+        }
+    }
+
+    /// The step's shape for the cost model, from what was finally scheduled (before computed
+    /// tokens advance).
     fn shape_of(&self, scheduled: &[(u64, u32)]) -> StepShape {
         let new: HashMap<u64, u32> = scheduled.iter().copied().collect();
         let mut shape = StepShape::default();
@@ -255,7 +313,7 @@ impl Scheduler {
                 shape.prefill_attention_pairs += n * p + n * (n + 1) / 2;
             } else {
                 shape.decode_seqs += 1;
-                shape.context_tokens += u64::from(seq.num_tokens());
+                shape.context_tokens += u64::from(seq.total_tokens());
             }
         }
         shape
@@ -287,57 +345,89 @@ impl Scheduler {
         seq.blocks.clear();
         seq.registered_blocks = 0;
         seq.computed = 0;
+        // A token still being sampled for it by a step in flight is delivered all the same
+        // (vLLM's stale output), but is no longer counted ahead.
+        seq.placeholders = 0;
         self.metrics.preemptions += 1;
         self.waiting.push_front(seq);
     }
 
-    /// Applies a planned step at time `now`: advances computed tokens, samples tokens, sends
-    /// them, finishes sequences. Sequences aborted since planning are skipped.
+    /// Completes a planned step at time `now`: delivers the token each sampling sequence got,
+    /// finishes those that reached their length. Sequences finished or aborted since planning
+    /// are skipped (vLLM's `update_from_output`: "the request is already finished"); one
+    /// preempted since planning still gets its token.
     pub fn complete(&mut self, plan: &StepPlan, now: Instant) {
-        let scheduled: HashMap<u64, u32> = plan.scheduled.iter().copied().collect();
-        let bs = self.cfg.block_size as usize;
+        if plan.sampling.is_empty() {
+            return;
+        }
+        let sampling: HashSet<u64> = plan.sampling.iter().copied().collect();
+        let mut found = 0;
         let mut i = 0;
         while i < self.running.len() {
-            let Some(&new) = scheduled.get(&self.running[i].seq_no) else {
+            if !sampling.contains(&self.running[i].seq_no) {
                 i += 1;
                 continue;
-            };
+            }
+            found += 1;
             let seq = &mut self.running[i];
-            seq.computed += new;
-            // Register prompt blocks that became full.
-            let full = (seq.computed.min(seq.prompt_len) as usize / bs).min(seq.block_hashes.len());
-            for b in seq.registered_blocks..full {
-                self.pool.register(seq.blocks[b], seq.block_hashes[b]);
+            seq.placeholders = seq.placeholders.saturating_sub(1);
+            match self.deliver(i, true, now) {
+                Delivery::Kept => i += 1,
+                Delivery::Gone => {}
             }
-            seq.registered_blocks = seq.registered_blocks.max(full);
-            if seq.computed < seq.num_tokens() {
-                i += 1;
-                continue;
-            }
-            // The whole sequence is computed: sample one token.
-            seq.output_tokens += 1;
-            let gap = seq.timings.last_token.map(|t| now - t);
-            seq.timings.last_token = Some(now);
-            if seq.timings.first_token.is_none() {
-                seq.timings.first_token = Some(now);
-                self.metrics
-                    .first_token(now - seq.timings.arrival, seq.prompt_len);
-            }
-            self.metrics.token(gap);
-            if seq.output_tokens >= seq.target_output {
-                let seq = self.running.remove(i);
-                let reason = seq.finish_at_target;
-                self.finish(seq, reason, true, now);
-                continue;
-            }
-            if seq.tx.send(EngineEvent::Token).is_err() {
-                // Nobody reads the stream any more: the client went away.
-                let seq = self.running.remove(i);
-                self.finish(seq, FinishReason::Abort, false, now);
-                continue;
-            }
-            i += 1;
         }
+        if found == sampling.len() {
+            return;
+        }
+        // Preempted while the step ran (asynchronous scheduling only).
+        let mut i = 0;
+        while i < self.waiting.len() {
+            if sampling.contains(&self.waiting[i].seq_no) {
+                match self.deliver(i, false, now) {
+                    Delivery::Kept => i += 1,
+                    Delivery::Gone => {}
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Gives one sampled token to the sequence at `idx` of `running` (or of `waiting`), and
+    /// finishes it if that was its last token or nobody reads it any more.
+    fn deliver(&mut self, idx: usize, running: bool, now: Instant) -> Delivery {
+        let seq = if running {
+            &mut self.running[idx]
+        } else {
+            &mut self.waiting[idx]
+        };
+        seq.output_tokens += 1;
+        let gap = seq.timings.last_token.map(|t| now - t);
+        seq.timings.last_token = Some(now);
+        if seq.timings.first_token.is_none() {
+            seq.timings.first_token = Some(now);
+            self.metrics
+                .first_token(now - seq.timings.arrival, seq.prompt_len);
+        }
+        self.metrics.token(gap);
+        let last = seq.output_tokens >= seq.target_output;
+        // Nobody reads the stream any more: the client went away.
+        let gone = !last && seq.tx.send(EngineEvent::Token).is_err();
+        if !last && !gone {
+            return Delivery::Kept;
+        }
+        let seq = if running {
+            self.running.remove(idx)
+        } else {
+            self.waiting.remove(idx).expect("index is valid")
+        };
+        if last {
+            let reason = seq.finish_at_target;
+            self.finish(seq, reason, true, now);
+        } else {
+            self.finish(seq, FinishReason::Abort, false, now);
+        }
+        Delivery::Gone
     }
 
     fn finish(&mut self, mut seq: Sequence, reason: FinishReason, with_token: bool, now: Instant) {
@@ -347,5 +437,167 @@ impl Scheduler {
         let done = seq.finished(reason, with_token);
         self.metrics.finished(&done);
         let _ = seq.tx.send(EngineEvent::Finished(done));
+    }
+}
+
+/// What became of a sequence given a token.
+enum Delivery {
+    /// It goes on.
+    Kept,
+    /// It finished (or was aborted) and left its queue.
+    Gone,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::mpsc::{self, UnboundedReceiver};
+
+    fn cfg(threshold: u32, reserve_full_isl: bool) -> SchedulerConfig {
+        SchedulerConfig {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 2048,
+            block_size: 16,
+            num_gpu_blocks: 1000,
+            prefix_caching: false,
+            priority_policy: false,
+            long_prefill_token_threshold: threshold,
+            reserve_full_isl,
+            async_scheduling: false,
+        }
+    }
+
+    /// A sequence of `prompt_len` distinct tokens that generates `out` tokens.
+    fn seq(no: u64, prompt_len: u32, out: u32) -> (Sequence, UnboundedReceiver<EngineEvent>) {
+        let prompt: Vec<u32> = (0..prompt_len).map(|i| (no as u32) * 100_000 + i).collect();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let s = Sequence::new(
+            no.to_string(),
+            no,
+            &prompt,
+            16,
+            out,
+            FinishReason::Length,
+            0,
+            tx,
+            Instant::now(),
+        );
+        (s, rx)
+    }
+
+    #[test]
+    fn the_long_prefill_threshold_caps_a_lone_prefill_too() {
+        // vLLM's schedule() caps `num_new_tokens` at the threshold for every running and waiting
+        // request (`if 0 < threshold < num_new_tokens`), however many are scheduled: not only
+        // when more than one is (the audit's reading, which the source does not bear out).
+        let mut s = Scheduler::new(cfg(256, true));
+        let (a, _ra) = seq(1, 1000, 4);
+        s.add(a);
+        let plan = s.schedule(Instant::now());
+        assert_eq!(
+            plan.scheduled,
+            vec![(1, 256)],
+            "a lone long prefill is capped"
+        );
+        s.complete(&plan, Instant::now());
+        let (b, _rb) = seq(2, 1000, 4);
+        s.add(b);
+        let plan = s.schedule(Instant::now());
+        assert_eq!(
+            plan.scheduled,
+            vec![(1, 256), (2, 256)],
+            "two are capped alike"
+        );
+        // A decode is never capped, and the cap never lets a step exceed its budget.
+        let mut s = Scheduler::new(SchedulerConfig {
+            max_num_batched_tokens: 300,
+            ..cfg(256, true)
+        });
+        let (a, _ra) = seq(1, 1000, 4);
+        let (b, _rb) = seq(2, 1000, 4);
+        s.add(a);
+        s.add(b);
+        let plan = s.schedule(Instant::now());
+        assert_eq!(plan.scheduled, vec![(1, 256), (2, 44)]);
+    }
+
+    /// A (96 prompt tokens) runs to its first decode on a 10-block cache, leaving 3 blocks free;
+    /// then B arrives with a 64-token prompt (4 blocks) whose first 16-token chunk needs 1.
+    fn admit_after_a_decoding(
+        reserve_full_isl: bool,
+    ) -> (StepPlan, Scheduler, Vec<UnboundedReceiver<EngineEvent>>) {
+        let mut s = Scheduler::new(SchedulerConfig {
+            num_gpu_blocks: 10,
+            ..cfg(16, reserve_full_isl)
+        });
+        let (a, mut ra) = seq(1, 96, 100);
+        s.add(a);
+        while ra.try_recv().is_err() {
+            let plan = s.schedule(Instant::now());
+            assert!(!plan.is_empty());
+            s.complete(&plan, Instant::now());
+        }
+        let plan = s.schedule(Instant::now());
+        s.complete(&plan, Instant::now());
+        assert_eq!(s.pool.num_free(), 3, "A holds 7 blocks (97 tokens)");
+        let (b, rb) = seq(2, 64, 4);
+        s.add(b);
+        (s.schedule(Instant::now()), s, vec![ra, rb])
+    }
+
+    #[test]
+    fn a_prompt_whose_whole_sequence_does_not_fit_waits_though_its_first_chunk_would() {
+        let (plan, s, _rx) = admit_after_a_decoding(true);
+        assert_eq!(plan.scheduled, vec![(1, 1)], "only A decodes");
+        assert_eq!((s.num_running(), s.num_waiting()), (1, 1));
+        assert_eq!(
+            s.pool.num_free(),
+            3,
+            "B took nothing, not even its first chunk"
+        );
+        // Without the reservation (vLLM's scheduler_reserve_full_isl=False; the simulator's
+        // old behaviour) the first chunk is enough to be admitted.
+        let (plan, s, _rx) = admit_after_a_decoding(false);
+        assert_eq!(plan.scheduled, vec![(1, 1), (2, 16)]);
+        assert_eq!((s.num_running(), s.num_waiting()), (2, 0));
+    }
+
+    #[test]
+    fn a_planned_step_advances_computed_tokens_so_the_next_can_be_planned_before_it_ends() {
+        let mut s = Scheduler::new(cfg(0, true));
+        let (a, mut ra) = seq(1, 100, 3);
+        s.add(a);
+        let first = s.schedule(Instant::now());
+        assert_eq!(first.scheduled, vec![(1, 100)]);
+        assert_eq!(
+            first.sampling,
+            vec![1],
+            "the whole prompt is computed: it samples"
+        );
+        // Planned before `first` completes: A decodes from the token being sampled.
+        let second = s.schedule(Instant::now());
+        assert_eq!(second.scheduled, vec![(1, 1)]);
+        assert_eq!(
+            (second.shape.decode_seqs, second.shape.prefill_tokens),
+            (1, 0)
+        );
+        s.complete(&first, Instant::now());
+        assert!(matches!(ra.try_recv(), Ok(EngineEvent::Token)));
+        // max_tokens (3) is reached by the tokens of `second` and the step planned now: no
+        // fourth step is planned for A while they are in flight.
+        let third = s.schedule(Instant::now());
+        assert_eq!(third.scheduled, vec![(1, 1)]);
+        s.complete(&second, Instant::now());
+        assert!(
+            s.schedule(Instant::now()).is_empty(),
+            "A's last token is in flight"
+        );
+        s.complete(&third, Instant::now());
+        assert!(matches!(ra.try_recv(), Ok(EngineEvent::Token)));
+        match ra.try_recv() {
+            Ok(EngineEvent::Finished(f)) => assert_eq!(f.output_tokens, 3),
+            other => panic!("{other:?}"),
+        }
+        assert!(!s.has_work());
     }
 }

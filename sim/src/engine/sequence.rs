@@ -136,9 +136,13 @@ pub struct Sequence {
     pub finish_at_target: FinishReason,
     /// Scheduling priority (lower first) under `--scheduling-policy priority`.
     pub priority: i64,
-    /// Output tokens so far.
+    /// Output tokens so far (delivered).
     pub output_tokens: u32,
-    /// Tokens whose KV is computed.
+    /// Output tokens that planned steps will sample but have not delivered yet (vLLM's
+    /// `num_output_placeholders`): at most one with asynchronous scheduling, while a step runs.
+    pub placeholders: u32,
+    /// Tokens whose KV is computed, or scheduled to be by a planned step (vLLM advances
+    /// `num_computed_tokens` when it schedules).
     pub computed: u32,
     /// KV blocks held, in order.
     pub blocks: Vec<BlockId>,
@@ -177,6 +181,7 @@ impl Sequence {
             finish_at_target,
             priority,
             output_tokens: 0,
+            placeholders: 0,
             computed: 0,
             blocks: Vec::new(),
             registered_blocks: 0,
@@ -198,9 +203,15 @@ impl Sequence {
         self.prompt_len + self.output_tokens
     }
 
+    /// Tokens of the whole sequence counting the placeholders of tokens still being sampled
+    /// (vLLM's `num_tokens + num_output_placeholders`): what the scheduler catches up with.
+    pub fn total_tokens(&self) -> u32 {
+        self.num_tokens() + self.placeholders
+    }
+
     /// Whether it still has prompt (or, after preemption, earlier output) to compute.
     pub fn is_prefilling(&self) -> bool {
-        self.computed + 1 < self.num_tokens() || self.output_tokens == 0
+        self.computed + 1 < self.total_tokens() || self.output_tokens + self.placeholders == 0
     }
 
     /// The end-of-sequence report.

@@ -34,8 +34,9 @@ pub struct StepRecord {
     pub duration_us: u64,
     /// How late the step ended against its deadline, microseconds.
     pub late_us: u64,
-    /// When the step began (was planned), microseconds of wall clock since the engine started
-    /// ([`crate::engine::Engine::epoch`]).
+    /// When the step began on the simulated GPU (with asynchronous scheduling, when the previous
+    /// step ended; otherwise when it was planned), microseconds of wall clock since the engine
+    /// started ([`crate::engine::Engine::epoch`]).
     pub start_us: u64,
     /// When the step's tokens were sent, microseconds since the engine started.
     pub end_us: u64,
