@@ -70,6 +70,9 @@ pub struct Capacity {
     pub tokens_per_s: f64,
     /// Output tokens of the window's completions per simulated second.
     pub output_tokens_per_s: f64,
+    /// p99 of how late the simulator's steps ended, wall-clock ms (the last 4,096 steps): more
+    /// than a few ms means the machine did not keep up with `--speed` and the capacity is low.
+    pub engine_late_ms_p99: Option<f64>,
 }
 
 impl Capacity {
@@ -86,6 +89,7 @@ impl Capacity {
             errors: 0,
             tokens_per_s: 0.0,
             output_tokens_per_s: 0.0,
+            engine_late_ms_p99: None,
         }
     }
 }
@@ -158,8 +162,13 @@ pub async fn measure(
         });
     }
     while tasks.join_next().await.is_some() {}
+    // The window's last steps (the clients were cut at its end).
+    let late = super::figures::late_ms_p99(&stack.sim.engine.recent_steps());
     let done = std::mem::take(&mut *done.lock().expect("done"));
-    tally(scenario, &done, clients, opts)
+    Capacity {
+        engine_late_ms_p99: late,
+        ..tally(scenario, &done, clients, opts)
+    }
 }
 
 /// The capacity from the closed loop's finished requests.
@@ -199,5 +208,6 @@ fn tally(scenario: &Scenario, done: &[Done], clients: u32, opts: &CapacityOption
         errors,
         tokens_per_s: tokens as f64 / w,
         output_tokens_per_s: out_tokens as f64 / w,
+        engine_late_ms_p99: None,
     }
 }

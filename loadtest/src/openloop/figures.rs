@@ -133,6 +133,15 @@ pub struct RunFigures {
     pub steps: u64,
     /// Engine steps lost (not read in time; should be 0).
     pub lost_steps: u64,
+    /// p99 of how late the simulator's steps ended against their deadlines, wall-clock ms:
+    /// more than a few ms means this machine did not keep up with `--speed`.
+    pub engine_late_ms_p99: Option<f64>,
+}
+
+/// p99 of the steps' lateness, wall-clock milliseconds.
+pub fn late_ms_p99(steps: &[vllm_sim::engine::stats::StepRecord]) -> Option<f64> {
+    let mut v: Vec<f64> = steps.iter().map(|s| s.late_us as f64 / 1e3).collect();
+    quantile(&mut v, 0.99)
 }
 
 /// A run's figures and the per-request times the group-relative figures need.
@@ -162,6 +171,7 @@ pub fn measure(
         rate_per_s,
         steps: driven.steps.len() as u64,
         lost_steps: driven.lost_steps,
+        engine_late_ms_p99: late_ms_p99(&driven.steps),
         ..Default::default()
     };
     let mut times = vec![];

@@ -88,7 +88,7 @@ pub fn row(load: f64, preset: &str, t: &Value) -> String {
 /// The engine-bound row of a load, from `preset`'s run steps.
 pub fn bound_row(load: f64, preset: &str, t: &Value) -> String {
     let mut s = format!(
-        "| {load} | engine bound ({preset}'s steps) | {} | {} | {} |",
+        "| {load} | engine bound (steps of the {preset} run) | {} | {} | {} |",
         secs(t, "engine_bound.p50_s"),
         secs(t, "engine_bound.p95_s"),
         secs(t, "engine_bound.p99_s"),
@@ -118,7 +118,7 @@ pub fn headline(load: f64, rate: f64, presets: &Value) -> String {
     let _ = write!(
         s,
         " question TTFT p95 lanes {} s ({}x floor) vs FIFO {} s ({}x floor), floor {} s; \
-         engine bound p95 {} s (lanes' steps).",
+         engine bound p95 {} s (the lanes run's steps).",
         opt(med(lanes, p95), 3),
         opt(med(lanes, "small_vs_floor.ttft_p95_x"), 2),
         opt(med(fifo, p95), 3),
