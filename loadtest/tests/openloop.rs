@@ -152,5 +152,11 @@ async fn a_tiny_open_loop_experiment_accounts_for_every_request() {
     ] {
         assert!(md.contains(needle), "{needle:?} missing in\n{md}");
     }
+    // Every table row has the header's columns.
+    let columns = |l: &str| l.matches('|').count();
+    let header = md.lines().find(|l| l.starts_with("| load |")).unwrap();
+    for l in md.lines().filter(|l| l.starts_with("| 0.5 |")) {
+        assert_eq!(columns(l), columns(header), "{l}");
+    }
     let _ = std::fs::remove_dir_all(&out);
 }

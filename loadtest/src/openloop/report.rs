@@ -93,7 +93,7 @@ pub fn bound_row(load: f64, preset: &str, t: &Value) -> String {
         secs(t, "engine_bound.p95_s"),
         secs(t, "engine_bound.p99_s"),
     );
-    s.push_str(&" - |".repeat(15));
+    s.push_str(&" - |".repeat(13));
     s.push('\n');
     s
 }
