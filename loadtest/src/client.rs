@@ -70,6 +70,11 @@ pub struct Outcome {
     pub output_tokens: u32,
     /// Send to end of stream (ok requests).
     pub e2e_s: Option<f64>,
+    /// Set when the gateway sent the request elsewhere instead of answering it in full:
+    /// `"job"` (an `/answer` that became a background job: a `job` event, then the stream
+    /// ends; the status is an error `diverted_to_job`) or `"lane_limit"` (a `cut` event: the
+    /// answer outgrew its lane and was cut, then `done`).
+    pub diverted: Option<String>,
 }
 
 impl Target {
@@ -216,6 +221,7 @@ impl Target {
             token_times: Vec::with_capacity(max_tokens as usize),
             output_tokens: 0,
             e2e_s: None,
+            diverted: None,
         };
         let resp =
             match tokio::time::timeout_at(cut_at, self.request(system, prompt, max_tokens).send())
@@ -259,6 +265,11 @@ impl Target {
                         out.token_times.push(t as f32);
                     }
                     Event::Other => {}
+                    Event::Cut(code) => out.diverted = Some(code),
+                    Event::Job => {
+                        out.diverted = Some("job".into());
+                        return fail(out, "diverted_to_job");
+                    }
                     Event::Error(code) => return fail(out, &code),
                     Event::End => {
                         out.status = Status::Ok;
@@ -303,6 +314,11 @@ impl Target {
             }
             Api::Answer | Api::Jobs => match name {
                 "token" => Event::Token,
+                "job" => Event::Job,
+                "cut" => {
+                    let v: Value = serde_json::from_str(data).unwrap_or_default();
+                    Event::Cut(v["code"].as_str().unwrap_or("lane_limit").to_string())
+                }
                 "done" => {
                     let v: Value = serde_json::from_str(data).unwrap_or_default();
                     *usage = v["usage"]["output_tokens"].as_u64().map(|n| n as u32);
@@ -341,6 +357,10 @@ impl Target {
 enum Event {
     Token,
     Other,
+    /// The answer was cut at a lane limit (`done` follows).
+    Cut(String),
+    /// The `/answer` became a background job (the stream ends next).
+    Job,
     Error(String),
     End,
 }
@@ -398,6 +418,10 @@ mod tests {
         let chunk = "data: {\"choices\":[{\"delta\":{\"content\":\" hi\"}}]}";
         assert!(matches!(read(&c, chunk, &mut u), Event::Token));
         assert!(matches!(read(&c, "data: [DONE]", &mut u), Event::End));
+        let cut = "event: cut\ndata: {\"code\":\"lane_limit\",\"lane\":\"small\"}";
+        assert!(matches!(read(&t, cut, &mut u), Event::Cut(ref s) if s == "lane_limit"));
+        let job = "id: job:7\nevent: job\ndata: {\"id\":\"7\"}";
+        assert!(matches!(read(&t, job, &mut u), Event::Job));
         let err = "data: {\"error\":{\"code\":\"upstream_timeout\"}}";
         assert!(matches!(read(&c, err, &mut u), Event::Error(ref s) if s == "upstream_timeout"));
     }

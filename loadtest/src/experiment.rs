@@ -108,46 +108,22 @@ pub async fn run_preset(
     engine: &EngineSetting,
     preset: Preset,
 ) -> anyhow::Result<(Results, Inside)> {
-    let policy = match preset {
-        Preset::Fifo => Policy::Fifo,
-        Preset::Strict => Policy::Strict,
-        Preset::Floor | Preset::Lanes | Preset::LanesPriority | Preset::LanesRedis => Policy::Lanes,
-    };
     let mut scenario = if preset == Preset::Floor {
         floor_scenario(&opts.scenario)
     } else {
         opts.scenario.clone()
     };
     scenario.max_model_len = scenario.max_model_len.min(engine.max_model_len);
-    let mut cfg = load_config(&opts.config, engine.max_model_len)?;
-    cfg.admission.policy = policy;
-    cfg.admission.engine_priority = preset == Preset::LanesPriority;
-    cfg.admission.fifo.max_concurrency = NonZeroU32::new(opts.fifo_max_concurrency);
-    cfg.telemetry.request_log = RequestLogSink::Off;
-    cfg.telemetry.tracing = false;
-    let tokenizer = match &cfg.classify.tokenizer {
-        tutor_gateway::config::TokenizerSource::File(p) => Some(p.clone()),
-        _ => None,
-    };
-    let mut sim_args: Vec<String> = vec![
-        "--profile".into(),
-        opts.profile.clone(),
-        "--speed".into(),
-        opts.speed.to_string(),
-        // The gateway's /answer sends no ignore_eos: a huge mean makes every answer run to its
-        // max_output_tokens, so output lengths are exact (as with ignore_eos on the chat API).
-        "--mean-output-tokens".into(),
-        "1000000".into(),
-        "--seed".into(),
-        opts.run.seed.to_string(),
-    ];
-    if let Some(p) = &tokenizer {
-        sim_args.extend(["--tokenizer".into(), p.display().to_string()]);
-    }
-    sim_args.extend(engine.sim_flags());
-    if preset == Preset::LanesPriority {
-        sim_args.extend(["--scheduling-policy".into(), "priority".into()]);
-    }
+    let mut cfg = gateway_config(&opts.config, engine, preset, opts.fifo_max_concurrency)?;
+    let tokenizer = config_tokenizer(&cfg);
+    let sim_args = sim_args(
+        &opts.profile,
+        opts.speed,
+        opts.run.seed,
+        tokenizer.as_deref(),
+        engine,
+        preset,
+    );
     let sim = tutor_gateway::server::start_sim(&mut cfg, &sim_args).await?;
     // Two replicas on one Redis for `lanes-redis` (the server is this run's own).
     let redis = if preset == Preset::LanesRedis {
@@ -200,6 +176,67 @@ pub async fn run_preset(
     drop(redis);
     sim.shutdown().await;
     Ok((results, inside))
+}
+
+/// The gateway config of one run: the file at `path` (with `upstream.max_model_len` set to the
+/// engine's) under `preset`'s admission policy, request log and tracing off.
+pub(crate) fn gateway_config(
+    path: &Path,
+    engine: &EngineSetting,
+    preset: Preset,
+    fifo_max_concurrency: u32,
+) -> anyhow::Result<Config> {
+    let policy = match preset {
+        Preset::Fifo => Policy::Fifo,
+        Preset::Strict => Policy::Strict,
+        Preset::Floor | Preset::Lanes | Preset::LanesPriority | Preset::LanesRedis => Policy::Lanes,
+    };
+    let mut cfg = load_config(path, engine.max_model_len)?;
+    cfg.admission.policy = policy;
+    cfg.admission.engine_priority = preset == Preset::LanesPriority;
+    cfg.admission.fifo.max_concurrency = NonZeroU32::new(fifo_max_concurrency);
+    cfg.telemetry.request_log = RequestLogSink::Off;
+    cfg.telemetry.tracing = false;
+    Ok(cfg)
+}
+
+/// The tokenizer file the gateway config names, if any (the simulator and the prompts use it too).
+pub(crate) fn config_tokenizer(cfg: &Config) -> Option<PathBuf> {
+    match &cfg.classify.tokenizer {
+        tutor_gateway::config::TokenizerSource::File(p) => Some(p.clone()),
+        _ => None,
+    }
+}
+
+/// The simulator's flags for one run (besides those `start_sim` adds from the gateway config).
+pub(crate) fn sim_args(
+    profile: &str,
+    speed: f64,
+    seed: u64,
+    tokenizer: Option<&Path>,
+    engine: &EngineSetting,
+    preset: Preset,
+) -> Vec<String> {
+    let mut sim_args: Vec<String> = vec![
+        "--profile".into(),
+        profile.to_string(),
+        "--speed".into(),
+        speed.to_string(),
+        // The gateway's /answer sends no ignore_eos: a huge mean makes every answer run to its
+        // max_output_tokens, so output lengths are exact (as with ignore_eos on the chat API).
+        "--mean-output-tokens".into(),
+        "1000000".into(),
+        "--seed".into(),
+        seed.to_string(),
+    ];
+    if let Some(p) = tokenizer {
+        sim_args.extend(["--tokenizer".into(), p.display().to_string()]);
+    }
+    sim_args.extend(engine.sim_flags());
+    if preset == Preset::LanesPriority {
+        sim_args.extend(["--scheduling-policy".into(), "priority".into()]);
+    }
+    sim_args
 }
 
 /// A `redis-server` on a free loopback port, without persistence, killed on drop.

@@ -11,6 +11,8 @@
 //!   [`experiment`]: FIFO vs lanes through the real gateway (M16) per [`preset`] and
 //!   [`engine`] setting, read against the [`floor`] (small clients alone); [`exp_report`]: its
 //!   reports.
+//! - [`openloop`]: the open-loop experiment (`experiment --arrivals poisson`): Poisson
+//!   arrivals at fractions of FIFO's measured capacity, against the floor and the engine bound.
 #![forbid(unsafe_code)]
 
 pub mod client;
@@ -21,6 +23,7 @@ pub mod exp_report;
 pub mod experiment;
 pub mod floor;
 pub mod matrix;
+pub mod openloop;
 pub mod preset;
 pub mod prompt;
 pub mod record;

@@ -154,14 +154,43 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         fifo_max_concurrency: u32,
         /// Admission presets to run (comma-separated; `floor` runs first, the others are read
-        /// against it).
-        #[arg(
-            long,
-            value_enum,
-            value_delimiter = ',',
-            default_value = "floor,fifo,strict,lanes,lanes-priority"
-        )]
+        /// against it). Default: floor,fifo,strict,lanes,lanes-priority (closed loop);
+        /// floor,fifo,lanes (--arrivals poisson).
+        #[arg(long, value_enum, value_delimiter = ',')]
         presets: Vec<Preset>,
+        /// `closed`: the scenario's closed loop for --duration. `poisson`: open loop, the
+        /// scenario's mix arriving at --load fractions of FIFO's measured capacity.
+        #[arg(long, value_enum, default_value = "closed")]
+        arrivals: Arrivals,
+        /// Poisson: offered loads, fractions of the capacity (comma-separated).
+        #[arg(
+            long = "load",
+            value_delimiter = ',',
+            default_value = "0.5,0.7,0.9,1.1"
+        )]
+        loads: Vec<f64>,
+        /// Poisson: seeds, one run per preset each (default: --seed, else the scenario's).
+        #[arg(long, value_delimiter = ',')]
+        seeds: Vec<u64>,
+        /// Poisson: simulated seconds of arrivals before the window (not counted).
+        #[arg(long, default_value_t = 60.0)]
+        warmup_s: f64,
+        /// Poisson: simulated seconds of counted arrivals after the warm-up.
+        #[arg(long, default_value_t = 120.0)]
+        window_s: f64,
+        /// Poisson: requests per simulated second at load 1.0 (skips measuring the capacity).
+        #[arg(long)]
+        capacity: Option<f64>,
+        /// Poisson: closed-loop clients of the capacity measurement (0: 1.5 x --max-num-seqs,
+        /// in 8..=512).
+        #[arg(long, default_value_t = 0)]
+        capacity_clients: u32,
+        /// Poisson: simulated seconds before the capacity measurement's window.
+        #[arg(long, default_value_t = 30.0)]
+        capacity_warmup_s: f64,
+        /// Poisson: simulated seconds of the capacity measurement's window.
+        #[arg(long, default_value_t = 60.0)]
+        capacity_window_s: f64,
         /// Named engine settings (comma-separated or repeated): `seed` (--max-num-seqs 96
         /// --max-num-batched-tokens 12288), `h100` (vLLM's defaults: 1024 / 8192); both
         /// --max-model-len 16384. Default: h100.
@@ -181,6 +210,15 @@ enum Cmd {
         #[arg(long, value_delimiter = ',')]
         max_model_len: Vec<u32>,
     },
+}
+
+/// How the experiment's requests arrive.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Arrivals {
+    /// The scenario's closed loop.
+    Closed,
+    /// Poisson arrivals at fractions of the capacity.
+    Poisson,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -306,6 +344,15 @@ async fn main() -> anyhow::Result<()> {
             max_num_batched_tokens,
             long_prefill_token_threshold,
             max_model_len,
+            arrivals,
+            loads,
+            seeds,
+            warmup_s,
+            window_s,
+            capacity,
+            capacity_clients,
+            capacity_warmup_s,
+            capacity_window_s,
         } => {
             let (scenario, run, _) = common.load()?;
             let overrides = Overrides {
@@ -313,6 +360,60 @@ async fn main() -> anyhow::Result<()> {
                 max_num_batched_tokens,
                 long_prefill_token_threshold,
                 max_model_len,
+            };
+            if arrivals == Arrivals::Poisson {
+                let presets = if presets.is_empty() {
+                    vec![Preset::Floor, Preset::Fifo, Preset::Lanes]
+                } else {
+                    presets
+                };
+                let opts = tutor_load::openloop::OpenLoopOptions {
+                    stack: tutor_load::openloop::stack::StackSpec {
+                        config,
+                        profile,
+                        speed,
+                        fifo_max_concurrency,
+                    },
+                    scenario,
+                    engines: tutor_load::engine::expand(&engines, &overrides)?,
+                    presets,
+                    loads,
+                    seeds: if seeds.is_empty() {
+                        vec![run.seed]
+                    } else {
+                        seeds
+                    },
+                    window: tutor_load::openloop::drive::Window {
+                        speed,
+                        warmup_s,
+                        window_s,
+                        drain_s: common.drain.as_secs_f64(),
+                    },
+                    capacity,
+                    capacity_run: tutor_load::openloop::capacity::CapacityOptions {
+                        clients: capacity_clients,
+                        warmup_s: capacity_warmup_s,
+                        window_s: capacity_window_s,
+                    },
+                    out: common.out.clone(),
+                };
+                tutor_load::openloop::run_open_loop(&opts).await?;
+                print!(
+                    "{}",
+                    std::fs::read_to_string(opts.out.join("summary.md")).unwrap_or_default()
+                );
+                return Ok(());
+            }
+            let presets = if presets.is_empty() {
+                vec![
+                    Preset::Floor,
+                    Preset::Fifo,
+                    Preset::Strict,
+                    Preset::Lanes,
+                    Preset::LanesPriority,
+                ]
+            } else {
+                presets
             };
             let opts = tutor_load::experiment::ExperimentOptions {
                 config,

@@ -64,7 +64,7 @@ struct Shared {
 /// A request's prompt of `input` tokens: with the class's shared prefixes, a system message
 /// (the prefix its seed draws, `prefix_tokens` long) and the rest as the user message; else
 /// all of it as the user message.
-fn with_prefix(
+pub(crate) fn with_prefix(
     p: &PromptBuilder,
     class: &crate::scenario::Class,
     input: u32,

@@ -1,0 +1,116 @@
+//! The arrival sequence of an open-loop run: Poisson arrivals of the scenario's mix at a given
+//! rate, from a seed. The floor's arrivals are the mixed sequence with every other class
+//! dropped, so its questions arrive at exactly the instants they have in the mixed runs.
+
+use serde::Serialize;
+use vllm_sim::text::SplitMix;
+
+use crate::scenario::Scenario;
+
+/// One request of the sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Arrival {
+    /// When it arrives, simulated seconds from the run's start.
+    pub at_s: f64,
+    /// Index of its class in the scenario.
+    pub class: usize,
+    /// Its number in the mixed sequence, from 1: seeds its sizes
+    /// ([`crate::draw::open_sizes`]) and its prompt text, so the floor's questions are the
+    /// mixed runs' questions, byte for byte.
+    pub index: u64,
+}
+
+/// Poisson arrivals in `[0, until_s)` at `rate` requests per simulated second, each request's
+/// class drawn by the classes' `share`. The same draws as `tutor-load run`'s open loop
+/// ([`crate::runner::run`]): one generator seeded with `seed`, an exponential gap then a class
+/// per request. The gaps are the same exponential draws divided by `rate`, so every load of
+/// one seed has the same classes and sizes in the same order, only closer together.
+pub fn mixed(scenario: &Scenario, rate: f64, seed: u64, until_s: f64) -> Vec<Arrival> {
+    let mut rng = SplitMix::new(seed);
+    let total = scenario.total_share();
+    let last = scenario.classes.len().saturating_sub(1);
+    let mut out = vec![];
+    let mut at = 0.0;
+    let mut index = 0u64;
+    if !(rate > 0.0 && rate.is_finite()) || total <= 0.0 {
+        return out;
+    }
+    loop {
+        at += -(1.0 - rng.next_f64()).ln() / rate;
+        let mut pick = rng.next_f64() * total;
+        let class = scenario
+            .classes
+            .iter()
+            .position(|c| {
+                pick -= c.share;
+                pick < 0.0
+            })
+            .unwrap_or(last);
+        index += 1;
+        if at >= until_s {
+            return out;
+        }
+        out.push(Arrival {
+            at_s: at,
+            class,
+            index,
+        });
+    }
+}
+
+/// The arrivals of class `class` alone (the floor's: the same instants, indices and sizes).
+pub fn only(arrivals: &[Arrival], class: usize) -> Vec<Arrival> {
+    arrivals
+        .iter()
+        .filter(|a| a.class == class)
+        .copied()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mix() -> Scenario {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        Scenario::load(&dir.join("seed-mix-open.toml")).unwrap()
+    }
+
+    #[test]
+    fn the_floor_gets_the_mixed_runs_questions_at_the_same_instants() {
+        let s = mix();
+        let small = s.classes.iter().position(|c| c.name == "small").unwrap();
+        let a = mixed(&s, 12.0, 1, 200.0);
+        let floor = only(&a, small);
+        // A Poisson mix: 70% small, the rest medium or large.
+        let share = floor.len() as f64 / a.len() as f64;
+        assert!((0.65..0.75).contains(&share), "{share}");
+        assert!(a.iter().any(|x| x.class != small));
+        // The floor is exactly the mixed sequence's small requests: instants, indices, sizes.
+        let from_mixed: Vec<_> = a.iter().filter(|x| x.class == small).collect();
+        assert_eq!(floor.len(), from_mixed.len());
+        for (f, m) in floor.iter().zip(from_mixed) {
+            assert_eq!(f, m);
+            assert_eq!(
+                crate::draw::open_sizes(&s, f.class, f.index, 1),
+                crate::draw::open_sizes(&s, m.class, m.index, 1)
+            );
+        }
+        // The same seed replays; another seed does not.
+        assert_eq!(mixed(&s, 12.0, 1, 200.0), a);
+        assert_ne!(mixed(&s, 12.0, 2, 200.0), a);
+        // Another load of the same seed: the same classes in the same order, times scaled.
+        let b = mixed(&s, 6.0, 1, 400.0);
+        assert_eq!(b.len(), a.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!((x.class, x.index), (y.class, y.index));
+            assert!((y.at_s - 2.0 * x.at_s).abs() < 1e-9);
+        }
+        // Sizes are drawn (uniform +-50%), not fixed.
+        let sizes: std::collections::BTreeSet<u32> = floor
+            .iter()
+            .map(|f| crate::draw::open_sizes(&s, f.class, f.index, 1).0)
+            .collect();
+        assert!(sizes.len() > 50, "{}", sizes.len());
+    }
+}

@@ -1,0 +1,193 @@
+//! Sends an arrival sequence through a stack on the simulated clock: the warm-up, the measured
+//! window, then a bounded drain, with the engine's steps read throughout.
+//!
+//! Arrivals keep coming after the window (so the window's last requests see the same load as
+//! its first) until every request of the window has ended or the drain bound passes; then the
+//! requests still in flight that do not count are dropped, and those that count are cut (and
+//! counted as such).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use vllm_sim::engine::stats::StepRecord;
+
+use super::arrivals::Arrival;
+use super::bound::StepLog;
+use super::stack::Stack;
+use crate::client::Outcome;
+use crate::draw::open_sizes;
+use crate::prompt::request_seed;
+use crate::runner::with_prefix;
+use crate::scenario::Scenario;
+
+/// How often the engine's recent steps are read, wall clock. The simulator keeps 4,096: at
+/// this pace none is lost unless steps are shorter than 50 us of wall clock.
+pub const STEP_READ_EVERY: Duration = Duration::from_millis(200);
+
+/// The run's phases, simulated seconds, and the speed factor that maps them onto the wall clock.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Window {
+    /// The simulator's speed factor F: a simulated second lasts 1/F s of wall clock.
+    pub speed: f64,
+    /// Arrivals before this are not counted.
+    pub warmup_s: f64,
+    /// Arrivals in `[warmup_s, warmup_s + window_s)` are counted.
+    pub window_s: f64,
+    /// After the window, how long counted requests still in flight get before they are cut.
+    pub drain_s: f64,
+}
+
+impl Window {
+    /// Whether an arrival at `at_s` counts.
+    pub fn counts(&self, at_s: f64) -> bool {
+        at_s >= self.warmup_s && at_s < self.warmup_s + self.window_s
+    }
+
+    /// Wall-clock length of `sim_s` simulated seconds.
+    pub fn wall(&self, sim_s: f64) -> Duration {
+        Duration::from_secs_f64((sim_s / self.speed).max(0.0))
+    }
+
+    /// Where arrivals stop being generated: the window's end plus the drain.
+    pub fn horizon_s(&self) -> f64 {
+        self.warmup_s + self.window_s + self.drain_s
+    }
+}
+
+/// One counted request.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    /// Its arrival.
+    pub arrival: Arrival,
+    /// Prompt tokens.
+    pub input_tokens: u32,
+    /// Output tokens asked for.
+    pub output_tokens_asked: u32,
+    /// When it was sent, wall-clock microseconds on the engine's clock (since
+    /// `Engine::epoch()`).
+    pub sent_us: u64,
+    /// What the client saw (wall-clock times).
+    pub outcome: Outcome,
+}
+
+/// What a run produced.
+#[derive(Debug)]
+pub struct Driven {
+    /// Every counted request (those arriving inside the window), in completion order.
+    pub sent: Vec<Sent>,
+    /// Every engine step of the run.
+    pub steps: Vec<StepRecord>,
+    /// Steps that fell out of the simulator's window before they were read.
+    pub lost_steps: u64,
+}
+
+/// Sends `arrivals` (sorted by time) to `stack` under `window`; sizes and prompt text come from
+/// (`seed`, class, index), as in [`crate::runner::run`]'s open loop.
+pub async fn drive(
+    arrivals: &[Arrival],
+    scenario: &Scenario,
+    seed: u64,
+    stack: &Stack,
+    window: &Window,
+) -> Driven {
+    let engine = stack.sim.engine.clone();
+    let epoch = engine.epoch();
+    let log = Arc::new(Mutex::new(StepLog::default()));
+    let reader = {
+        let (log, engine) = (log.clone(), engine.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(STEP_READ_EVERY);
+            loop {
+                tick.tick().await;
+                log.lock().expect("step log").collect(&engine);
+            }
+        })
+    };
+    let start = Instant::now();
+    let window_end = start + window.wall(window.warmup_s + window.window_s);
+    let cut_at = window_end + window.wall(window.drain_s);
+    let mut remaining = arrivals.iter().filter(|a| window.counts(a.at_s)).count();
+    let mut counted: JoinSet<Sent> = JoinSet::new();
+    let mut uncounted: JoinSet<()> = JoinSet::new();
+    let mut sent = Vec::with_capacity(remaining);
+    let mut next = 0;
+    while remaining > 0 {
+        let due = arrivals
+            .get(next)
+            .map(|a| start + window.wall(a.at_s))
+            .filter(|t| *t < cut_at);
+        tokio::select! {
+            Some(done) = counted.join_next(), if !counted.is_empty() => {
+                if let Ok(s) = done {
+                    sent.push(s);
+                }
+                remaining -= 1;
+            }
+            () = tokio::time::sleep_until(due.unwrap_or(cut_at)), if due.is_some() => {
+                let a = arrivals[next];
+                next += 1;
+                let job = one_request(a, scenario, seed, stack, epoch, cut_at);
+                if window.counts(a.at_s) {
+                    counted.spawn(job);
+                } else {
+                    uncounted.spawn(async move {
+                        job.await;
+                    });
+                }
+            }
+            else => break,
+        }
+        while uncounted.try_join_next().is_some() {}
+    }
+    uncounted.abort_all();
+    while uncounted.join_next().await.is_some() {}
+    reader.abort();
+    let mut log = Arc::try_unwrap(log)
+        .map(|m| m.into_inner().expect("step log"))
+        .unwrap_or_else(|arc| std::mem::take(&mut *arc.lock().expect("step log")));
+    log.collect(&engine);
+    Driven {
+        sent,
+        steps: log.steps(),
+        lost_steps: log.lost,
+    }
+}
+
+/// One request: its sizes and prompt from the seed, sent at once, read until it ends or
+/// `cut_at`.
+fn one_request(
+    a: Arrival,
+    scenario: &Scenario,
+    seed: u64,
+    stack: &Stack,
+    epoch: std::time::Instant,
+    cut_at: Instant,
+) -> impl std::future::Future<Output = Sent> + Send + 'static {
+    let class = scenario.classes[a.class].clone();
+    let (input, output) = open_sizes(scenario, a.class, a.index, seed);
+    let target = class
+        .api
+        .map_or_else(|| stack.target.clone(), |api| stack.target.with_api(api));
+    let prompts = stack.prompts.clone();
+    async move {
+        let (system, prompt) = with_prefix(
+            &prompts,
+            &class,
+            input,
+            request_seed(seed, a.class, 0, a.index),
+        );
+        let at = Instant::now().into_std();
+        let outcome = target
+            .send_with_system(system.as_deref(), &prompt, output, cut_at)
+            .await;
+        Sent {
+            arrival: a,
+            input_tokens: input,
+            output_tokens_asked: output,
+            sent_us: at.saturating_duration_since(epoch).as_micros() as u64,
+            outcome,
+        }
+    }
+}

@@ -1,0 +1,508 @@
+//! One run's figures, in simulated seconds: per class what was offered and how it ended, TTFT
+//! and end-to-end quantiles, throughput, the engine bound; then, within a (load, seed) group,
+//! ratios to the floor and SLO attainment; and the median with min-max spread across seeds.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::bound::{self, BoundSummary};
+use super::drive::{Driven, Window};
+use crate::client::{Outcome, Status};
+use crate::floor::{ratio, FLOOR_CLASS};
+use crate::scenario::Scenario;
+use crate::stats::quantile;
+
+/// The review classes whose end-to-end SLO is read against FIFO's (large first).
+pub const REVIEW_CLASSES: [&str; 2] = ["large", "medium"];
+/// SLO limits are this multiple of the reference p95 (the floor's TTFT, FIFO's e2e).
+pub const SLO_FACTOR: f64 = 2.0;
+
+/// How a counted request ended; every offered request has exactly one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fate {
+    /// The answer ran to its end.
+    Completed,
+    /// The gateway answered 4xx/5xx before streaming (queue full, queue timeout, too long,
+    /// overloaded, ...).
+    Refused,
+    /// The gateway sent it elsewhere: made it a background job, or cut it at a lane limit.
+    Diverted,
+    /// Anything else: an error mid-stream, a connection failure, or still running when the
+    /// drain bound passed (`cut`).
+    Failed,
+}
+
+/// `o`'s fate.
+pub fn fate(o: &Outcome) -> Fate {
+    if o.diverted.is_some() {
+        return Fate::Diverted;
+    }
+    match o.status {
+        Status::Ok => Fate::Completed,
+        Status::Cut => Fate::Failed,
+        Status::Error => match o.error.as_deref() {
+            Some(c) if c.starts_with("http_4") || c.starts_with("http_5") => Fate::Refused,
+            _ => Fate::Failed,
+        },
+    }
+}
+
+/// One class's figures in one run.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClassFigures {
+    /// Requests that arrived in the window.
+    pub offered: u64,
+    /// Ran to their end.
+    pub completed: u64,
+    /// Refused (4xx/5xx before streaming).
+    pub refused: u64,
+    /// Diverted (to a job, or cut at a lane limit).
+    pub diverted: u64,
+    /// Failed otherwise, `cut` included.
+    pub failed: u64,
+    /// Of `failed`: still running when the drain bound passed.
+    pub cut: u64,
+    /// TTFT quantiles over the requests that got a first token, simulated seconds.
+    pub ttft_p50_s: Option<f64>,
+    /// 95th percentile TTFT.
+    pub ttft_p95_s: Option<f64>,
+    /// 99th percentile TTFT.
+    pub ttft_p99_s: Option<f64>,
+    /// End-to-end quantiles over completed requests, simulated seconds.
+    pub e2e_p50_s: Option<f64>,
+    /// 95th percentile end to end.
+    pub e2e_p95_s: Option<f64>,
+    /// 99th percentile end to end.
+    pub e2e_p99_s: Option<f64>,
+    /// The SLO limit this class is read against, simulated seconds (questions: TTFT <=
+    /// 2 x the floor's p95; reviews: e2e <= 2 x FIFO's p95; same load and seed).
+    pub slo_limit_s: Option<f64>,
+    /// Share of the offered requests that met it (a request that never got there misses).
+    pub slo_met: Option<f64>,
+}
+
+/// Small TTFT against the floor's (same load, same seed): this / floor.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct VsFloor {
+    /// p50 ratio.
+    pub ttft_p50_x: Option<f64>,
+    /// p95 ratio.
+    pub ttft_p95_x: Option<f64>,
+    /// p99 ratio.
+    pub ttft_p99_x: Option<f64>,
+}
+
+/// One run's figures (`summary.json`'s `per_seed` entries).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunFigures {
+    /// Admission preset.
+    pub preset: String,
+    /// Offered load, a fraction of the capacity.
+    pub load: f64,
+    /// Seed of the arrival sequence, sizes and prompts.
+    pub seed: u64,
+    /// Arrivals per simulated second (of the whole mix; the floor's questions are their share).
+    pub rate_per_s: f64,
+    /// Per class.
+    pub classes: BTreeMap<String, ClassFigures>,
+    /// All classes: offered.
+    pub offered: u64,
+    /// All classes: completed.
+    pub completed: u64,
+    /// All classes: refused.
+    pub refused: u64,
+    /// All classes: diverted.
+    pub diverted: u64,
+    /// All classes: failed.
+    pub failed: u64,
+    /// Refusals by code (`http_429`, `http_503`, ...).
+    pub refused_by_code: BTreeMap<String, u64>,
+    /// Failures by code (`cut_at_deadline`, ...).
+    pub failed_by_code: BTreeMap<String, u64>,
+    /// Prompt + output tokens of the window's completed requests per simulated second of window.
+    pub tokens_per_s: f64,
+    /// Output tokens of the window's completed requests per simulated second of window.
+    pub output_tokens_per_s: f64,
+    /// Small TTFT against the floor's.
+    pub small_vs_floor: VsFloor,
+    /// The engine bound of this run's questions, from this run's own steps.
+    pub engine_bound: BoundSummary,
+    /// Engine steps recorded.
+    pub steps: u64,
+    /// Engine steps lost (not read in time; should be 0).
+    pub lost_steps: u64,
+    /// p99 of how late the simulator's steps ended against their deadlines, wall-clock ms:
+    /// more than a few ms means this machine did not keep up with `--speed`.
+    pub engine_late_ms_p99: Option<f64>,
+}
+
+/// p99 of the steps' lateness, wall-clock milliseconds.
+pub fn late_ms_p99(steps: &[vllm_sim::engine::stats::StepRecord]) -> Option<f64> {
+    let mut v: Vec<f64> = steps.iter().map(|s| s.late_us as f64 / 1e3).collect();
+    quantile(&mut v, 0.99)
+}
+
+/// A run's figures and the per-request times the group-relative figures need.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    /// The figures.
+    pub figures: RunFigures,
+    /// Per counted request: class name, TTFT (simulated s, if any), e2e (if completed).
+    pub times: Vec<(String, Option<f64>, Option<f64>)>,
+}
+
+/// The figures of one run (`driven`) in simulated seconds.
+pub fn measure(
+    driven: &Driven,
+    scenario: &Scenario,
+    window: &Window,
+    preset: &str,
+    load: f64,
+    seed: u64,
+    rate_per_s: f64,
+) -> Measured {
+    let f = window.speed;
+    let mut r = RunFigures {
+        preset: preset.to_string(),
+        load,
+        seed,
+        rate_per_s,
+        steps: driven.steps.len() as u64,
+        lost_steps: driven.lost_steps,
+        engine_late_ms_p99: late_ms_p99(&driven.steps),
+        ..Default::default()
+    };
+    let mut times = vec![];
+    let mut small_sent = vec![];
+    let (mut tokens, mut out_tokens) = (0u64, 0u64);
+    for (ci, c) in scenario.classes.iter().enumerate() {
+        let mut cf = ClassFigures::default();
+        let (mut ttft, mut e2e) = (vec![], vec![]);
+        for s in driven.sent.iter().filter(|s| s.arrival.class == ci) {
+            let o = &s.outcome;
+            cf.offered += 1;
+            let t = o.ttft_s.map(|x| x * f);
+            let fate = fate(o);
+            let done = (fate == Fate::Completed)
+                .then(|| o.e2e_s.map(|x| x * f))
+                .flatten();
+            match fate {
+                Fate::Completed => {
+                    cf.completed += 1;
+                    tokens += u64::from(s.input_tokens) + u64::from(o.output_tokens);
+                    out_tokens += u64::from(o.output_tokens);
+                }
+                Fate::Refused => {
+                    cf.refused += 1;
+                    *r.refused_by_code
+                        .entry(o.error.clone().unwrap_or_default())
+                        .or_default() += 1;
+                }
+                Fate::Diverted => cf.diverted += 1,
+                Fate::Failed => {
+                    cf.failed += 1;
+                    cf.cut += u64::from(o.status == Status::Cut);
+                    *r.failed_by_code
+                        .entry(o.error.clone().unwrap_or_default())
+                        .or_default() += 1;
+                }
+            }
+            ttft.extend(t);
+            e2e.extend(done);
+            times.push((c.name.clone(), t, done));
+            if c.name == FLOOR_CLASS {
+                small_sent.push(s.sent_us);
+            }
+        }
+        cf.ttft_p50_s = quantile(&mut ttft, 0.50);
+        cf.ttft_p95_s = quantile(&mut ttft, 0.95);
+        cf.ttft_p99_s = quantile(&mut ttft, 0.99);
+        cf.e2e_p50_s = quantile(&mut e2e, 0.50);
+        cf.e2e_p95_s = quantile(&mut e2e, 0.95);
+        cf.e2e_p99_s = quantile(&mut e2e, 0.99);
+        r.offered += cf.offered;
+        r.completed += cf.completed;
+        r.refused += cf.refused;
+        r.diverted += cf.diverted;
+        r.failed += cf.failed;
+        r.classes.insert(c.name.clone(), cf);
+    }
+    let w = window.window_s.max(1e-9);
+    r.tokens_per_s = tokens as f64 / w;
+    r.output_tokens_per_s = out_tokens as f64 / w;
+    r.engine_bound = bound::summarize(&driven.steps, &small_sent, f);
+    Measured { figures: r, times }
+}
+
+/// Share of `class`'s requests in `times` whose value (`pick`) is at most `limit`; requests
+/// without a value miss. `None` when the class had no requests.
+pub fn share_within(
+    times: &[(String, Option<f64>, Option<f64>)],
+    class: &str,
+    limit: f64,
+    pick: impl Fn(&(String, Option<f64>, Option<f64>)) -> Option<f64>,
+) -> Option<f64> {
+    let of: Vec<_> = times.iter().filter(|t| t.0 == class).collect();
+    if of.is_empty() {
+        return None;
+    }
+    let met = of
+        .iter()
+        .filter(|t| pick(t).is_some_and(|v| v <= limit))
+        .count();
+    Some(met as f64 / of.len() as f64)
+}
+
+/// Fills the figures that need the rest of a (load, seed) group: small TTFT ratios to the
+/// floor's, the questions' SLO (TTFT <= 2 x the floor's p95) and the reviews' (e2e <= 2 x
+/// FIFO's p95 of the same class).
+pub fn relate(group: &mut [Measured]) {
+    let small_p = |m: &Measured, p: fn(&ClassFigures) -> Option<f64>| {
+        m.figures.classes.get(FLOOR_CLASS).and_then(p)
+    };
+    let floor = group.iter().find(|m| m.figures.preset == "floor").map(|m| {
+        (
+            small_p(m, |c| c.ttft_p50_s),
+            small_p(m, |c| c.ttft_p95_s),
+            small_p(m, |c| c.ttft_p99_s),
+        )
+    });
+    let fifo_e2e: BTreeMap<String, Option<f64>> = group
+        .iter()
+        .find(|m| m.figures.preset == "fifo")
+        .map(|m| {
+            REVIEW_CLASSES
+                .iter()
+                .map(|c| {
+                    (
+                        c.to_string(),
+                        m.figures.classes.get(*c).and_then(|x| x.e2e_p95_s),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for m in group.iter_mut() {
+        let times = m.times.clone();
+        if let Some((f50, f95, f99)) = floor {
+            if let Some(c) = m.figures.classes.get_mut(FLOOR_CLASS) {
+                m.figures.small_vs_floor = VsFloor {
+                    ttft_p50_x: ratio(c.ttft_p50_s, f50),
+                    ttft_p95_x: ratio(c.ttft_p95_s, f95),
+                    ttft_p99_x: ratio(c.ttft_p99_s, f99),
+                };
+                if let Some(p95) = f95 {
+                    let limit = SLO_FACTOR * p95;
+                    c.slo_limit_s = Some(limit);
+                    c.slo_met = share_within(&times, FLOOR_CLASS, limit, |t| t.1);
+                }
+            }
+        }
+        for (class, p95) in &fifo_e2e {
+            if let (Some(p95), Some(c)) = (p95, m.figures.classes.get_mut(class)) {
+                let limit = SLO_FACTOR * p95;
+                c.slo_limit_s = Some(limit);
+                c.slo_met = share_within(&times, class, limit, |t| t.2);
+            }
+        }
+    }
+}
+
+/// Median (the mean of the middle two for an even count), min and max of `v`.
+pub fn spread(v: &[f64]) -> Option<Value> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    let median = if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    };
+    Some(json!({"median": median, "min": s[0], "max": s[n - 1], "n": n}))
+}
+
+/// The spread of every numeric field across `runs` (the same shape, one per seed): objects are
+/// walked key by key; a leaf becomes `{median, min, max, n}` over the runs where it is a number
+/// (null where none is). `seed` and `load` are left out.
+pub fn spread_tree(runs: &[Value]) -> Value {
+    let Some(first) = runs.iter().find(|r| !r.is_null()) else {
+        return Value::Null;
+    };
+    match first {
+        Value::Object(o) => {
+            let mut m = serde_json::Map::new();
+            for k in o.keys() {
+                if k == "seed" || k == "load" || k == "preset" {
+                    continue;
+                }
+                let sub: Vec<Value> = runs.iter().map(|r| r[k].clone()).collect();
+                m.insert(k.clone(), spread_tree(&sub));
+            }
+            Value::Object(m)
+        }
+        _ => {
+            let v: Vec<f64> = runs.iter().filter_map(Value::as_f64).collect();
+            spread(&v).unwrap_or(Value::Null)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn times(v: &[(&str, Option<f64>, Option<f64>)]) -> Vec<(String, Option<f64>, Option<f64>)> {
+        v.iter().map(|(c, t, e)| (c.to_string(), *t, *e)).collect()
+    }
+
+    fn run(preset: &str, t: Vec<(String, Option<f64>, Option<f64>)>) -> Measured {
+        let mut classes = BTreeMap::new();
+        for name in ["small", "large"] {
+            let mut ttft: Vec<f64> = t
+                .iter()
+                .filter(|x| x.0 == name)
+                .filter_map(|x| x.1)
+                .collect();
+            let mut e2e: Vec<f64> = t
+                .iter()
+                .filter(|x| x.0 == name)
+                .filter_map(|x| x.2)
+                .collect();
+            let c = ClassFigures {
+                offered: t.iter().filter(|x| x.0 == name).count() as u64,
+                ttft_p50_s: quantile(&mut ttft, 0.5),
+                ttft_p95_s: quantile(&mut ttft, 0.95),
+                ttft_p99_s: quantile(&mut ttft, 0.99),
+                e2e_p95_s: quantile(&mut e2e, 0.95),
+                ..Default::default()
+            };
+            classes.insert(name.to_string(), c);
+        }
+        Measured {
+            figures: RunFigures {
+                preset: preset.into(),
+                classes,
+                ..Default::default()
+            },
+            times: t,
+        }
+    }
+
+    #[test]
+    fn slo_attainment_against_the_floor_and_fifo() {
+        // Floor: small TTFTs 0.1 .. 0.2 s (p95 0.2): the question limit is 0.4 s.
+        let floor = run(
+            "floor",
+            times(&[
+                ("small", Some(0.1), Some(1.0)),
+                ("small", Some(0.2), Some(1.0)),
+            ]),
+        );
+        // FIFO: large e2e p95 10 s: the review limit is 20 s.
+        let fifo = run(
+            "fifo",
+            times(&[
+                ("small", Some(0.3), Some(2.0)),
+                ("small", Some(0.5), Some(2.0)),
+                ("large", Some(1.0), Some(8.0)),
+                ("large", Some(2.0), Some(10.0)),
+            ]),
+        );
+        // Lanes: 3 of 4 questions within 0.4 s (one refused: no TTFT, a miss); reviews 15 s
+        // (met), 25 s (missed), one never completed (missed).
+        let lanes = run(
+            "lanes",
+            times(&[
+                ("small", Some(0.1), Some(1.0)),
+                ("small", Some(0.4), Some(1.0)),
+                ("small", Some(0.5), Some(1.0)),
+                ("small", None, None),
+                ("large", Some(3.0), Some(15.0)),
+                ("large", Some(3.0), Some(25.0)),
+                ("large", Some(3.0), None),
+            ]),
+        );
+        let mut g = vec![floor, fifo, lanes];
+        relate(&mut g);
+        let small = |i: usize| g[i].figures.classes["small"].clone();
+        let large = |i: usize| g[i].figures.classes["large"].clone();
+        assert_eq!(small(2).slo_limit_s, Some(0.4));
+        assert_eq!(small(2).slo_met, Some(0.5), "0.1 and 0.4 of four");
+        assert_eq!(small(0).slo_met, Some(1.0), "the floor meets its own limit");
+        assert_eq!(small(1).slo_met, Some(0.5));
+        assert_eq!(large(2).slo_limit_s, Some(20.0));
+        assert!((large(2).slo_met.unwrap() - 1.0 / 3.0).abs() < 1e-12);
+        assert_eq!(large(1).slo_met, Some(1.0));
+        // The floor has no reviews: nothing to attain.
+        assert_eq!(large(0).slo_met, None);
+        // Ratios to the floor: lanes p95 0.5 / 0.2.
+        assert!((g[2].figures.small_vs_floor.ttft_p95_x.unwrap() - 2.5).abs() < 1e-12);
+        assert_eq!(g[0].figures.small_vs_floor.ttft_p95_x, Some(1.0));
+    }
+
+    #[test]
+    fn spreads_across_seeds() {
+        let s = spread(&[3.0, 1.0, 2.0]).unwrap();
+        assert_eq!(
+            (s["median"].as_f64(), s["min"].as_f64(), s["max"].as_f64()),
+            (Some(2.0), Some(1.0), Some(3.0))
+        );
+        assert_eq!(spread(&[1.0, 4.0]).unwrap()["median"], 2.5);
+        assert_eq!(spread(&[]), None);
+        let runs = vec![
+            json!({"seed": 1, "preset": "fifo", "x": 1.0, "c": {"small": {"p": 0.2, "q": null}}}),
+            json!({"seed": 2, "preset": "fifo", "x": 3.0, "c": {"small": {"p": 0.4, "q": null}}}),
+            json!({"seed": 3, "preset": "fifo", "x": 2.0, "c": {"small": {"p": 0.3, "q": 5}}}),
+        ];
+        let t = spread_tree(&runs);
+        assert_eq!(t["x"]["median"], 2.0);
+        assert_eq!(t["c"]["small"]["p"]["max"], 0.4);
+        assert_eq!(t["c"]["small"]["p"]["n"], 3);
+        // Only where it is a number.
+        assert_eq!(t["c"]["small"]["q"]["n"], 1);
+        assert!(t.get("seed").is_none() && t.get("preset").is_none());
+    }
+
+    #[test]
+    fn every_outcome_has_one_fate() {
+        let o = |status: Status, error: Option<&str>, diverted: Option<&str>| Outcome {
+            status,
+            error: error.map(str::to_string),
+            ttft_s: None,
+            token_times: vec![],
+            output_tokens: 0,
+            e2e_s: None,
+            diverted: diverted.map(str::to_string),
+        };
+        assert_eq!(fate(&o(Status::Ok, None, None)), Fate::Completed);
+        assert_eq!(
+            fate(&o(Status::Ok, None, Some("lane_limit"))),
+            Fate::Diverted
+        );
+        assert_eq!(
+            fate(&o(Status::Error, Some("diverted_to_job"), Some("job"))),
+            Fate::Diverted
+        );
+        assert_eq!(
+            fate(&o(Status::Error, Some("http_429"), None)),
+            Fate::Refused
+        );
+        assert_eq!(
+            fate(&o(Status::Error, Some("http_503"), None)),
+            Fate::Refused
+        );
+        assert_eq!(
+            fate(&o(Status::Error, Some("stream_broken"), None)),
+            Fate::Failed
+        );
+        assert_eq!(
+            fate(&o(Status::Cut, Some("cut_at_deadline"), None)),
+            Fate::Failed
+        );
+    }
+}

@@ -1,0 +1,266 @@
+//! The open-loop experiment (issue 30, item 3): `tutor-load experiment --arrivals poisson`.
+//!
+//! Questions and reviews arrive (Poisson) at rates set as fractions (`--load`) of FIFO's
+//! measured capacity for the mix ([`capacity`]); for each load, seed and preset (`floor`: the
+//! same question arrivals alone, [`arrivals::only`]; `fifo`; `lanes`) a fresh simulator and
+//! gateway ([`stack`]) get the same arrival sequence ([`arrivals::mixed`]) on the simulated
+//! clock ([`drive`]); only requests arriving in the window after the warm-up count. Each run's
+//! figures ([`figures`]) include the engine bound ([`bound`]) of its questions; reports in
+//! [`report`].
+
+pub mod arrivals;
+pub mod bound;
+pub mod capacity;
+pub mod drive;
+pub mod figures;
+pub mod report;
+pub mod stack;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+
+use crate::engine::EngineSetting;
+use crate::floor::FLOOR_CLASS;
+use crate::preset::Preset;
+use crate::scenario::Scenario;
+use capacity::{Capacity, CapacityOptions};
+use drive::Window;
+use figures::Measured;
+use stack::{Stack, StackSpec};
+
+/// Settings of one open-loop experiment.
+#[derive(Debug, Clone)]
+pub struct OpenLoopOptions {
+    /// Simulator and gateway settings shared by every run.
+    pub stack: StackSpec,
+    /// The mix: classes with `share`s (`[load]` is ignored: rates come from `loads`).
+    pub scenario: Scenario,
+    /// Engine settings, each with its own capacity.
+    pub engines: Vec<EngineSetting>,
+    /// Presets (run floor first, then fifo, then the rest).
+    pub presets: Vec<Preset>,
+    /// Offered loads, fractions of the capacity.
+    pub loads: Vec<f64>,
+    /// Seeds of the arrival sequence, sizes and prompts (one run per preset each).
+    pub seeds: Vec<u64>,
+    /// Warm-up, window, drain (simulated seconds) and the speed factor.
+    pub window: Window,
+    /// Requests per simulated second at load 1.0; `None`: measured per engine setting.
+    pub capacity: Option<f64>,
+    /// How the capacity is measured.
+    pub capacity_run: CapacityOptions,
+    /// Output folder.
+    pub out: PathBuf,
+}
+
+impl OpenLoopOptions {
+    fn check(&self) -> anyhow::Result<()> {
+        if !self.scenario.classes.iter().any(|c| c.name == FLOOR_CLASS) {
+            bail!("the open-loop experiment needs a class named {FLOOR_CLASS:?} (the questions)");
+        }
+        if self.scenario.total_share() <= 0.0 {
+            bail!("the scenario's classes need shares (the mix) for Poisson arrivals");
+        }
+        if self.loads.is_empty() || self.loads.iter().any(|l| !(*l > 0.0 && l.is_finite())) {
+            bail!("--load: one or more fractions of the capacity, each > 0");
+        }
+        if self.seeds.is_empty() {
+            bail!("--seeds: at least one seed");
+        }
+        let w = &self.window;
+        if !(w.speed > 0.0 && w.window_s > 0.0 && w.warmup_s >= 0.0 && w.drain_s >= 0.0) {
+            bail!("--speed and --window-s must be > 0, --warmup-s and --drain >= 0");
+        }
+        if let Some(c) = self.capacity {
+            if !(c > 0.0 && c.is_finite()) {
+                bail!("--capacity must be > 0 requests/s");
+            }
+        }
+        if self.presets.contains(&Preset::LanesRedis) {
+            bail!("--arrivals poisson runs floor, fifo, strict, lanes, lanes-priority (not lanes-redis)");
+        }
+        Ok(())
+    }
+}
+
+/// Runs one preset on one arrival sequence.
+async fn one_run(
+    opts: &OpenLoopOptions,
+    engine: &EngineSetting,
+    scenario: &Scenario,
+    preset: Preset,
+    arrivals: &[arrivals::Arrival],
+    (load, seed, rate): (f64, u64, f64),
+) -> anyhow::Result<Measured> {
+    let stack = Stack::start(&opts.stack, engine, preset, seed).await?;
+    let driven = drive::drive(arrivals, scenario, seed, &stack, &opts.window).await;
+    stack.stop().await;
+    let m = figures::measure(
+        &driven,
+        scenario,
+        &opts.window,
+        preset.name(),
+        load,
+        seed,
+        rate,
+    );
+    let f = &m.figures;
+    eprintln!(
+        "   {} load {load} seed {seed}: offered {} completed {} refused {} diverted {} failed {}; \
+         small TTFT p95 {:?} s; steps {} (lost {})",
+        preset.name(),
+        f.offered,
+        f.completed,
+        f.refused,
+        f.diverted,
+        f.failed,
+        f.classes.get(FLOOR_CLASS).and_then(|c| c.ttft_p95_s),
+        f.steps,
+        f.lost_steps
+    );
+    // Let one run's sockets close before the next starts.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(m)
+}
+
+/// The capacity for `engine`: given, or measured through the FIFO preset.
+async fn capacity_of(
+    opts: &OpenLoopOptions,
+    engine: &EngineSetting,
+    scenario: &Scenario,
+) -> anyhow::Result<Capacity> {
+    if let Some(r) = opts.capacity {
+        return Ok(Capacity::given(r));
+    }
+    eprintln!("== {}: measuring FIFO's capacity for the mix", engine.name);
+    let stack = Stack::start(&opts.stack, engine, Preset::Fifo, opts.seeds[0]).await?;
+    let c = capacity::measure(
+        &stack,
+        scenario,
+        opts.seeds[0],
+        opts.window.speed,
+        &opts.capacity_run,
+        engine,
+    )
+    .await;
+    stack.stop().await;
+    if c.requests_per_s <= 0.0 {
+        bail!(
+            "{}: no request completed while measuring the capacity",
+            engine.name
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Ok(c)
+}
+
+/// Runs every engine setting, load, seed and preset; writes `summary.json` and `summary.md`
+/// into `out` and returns the summary.
+pub async fn run_open_loop(opts: &OpenLoopOptions) -> anyhow::Result<Value> {
+    opts.check()?;
+    let mut presets = opts.presets.clone();
+    presets.sort();
+    presets.dedup();
+    let small = opts
+        .scenario
+        .classes
+        .iter()
+        .position(|c| c.name == FLOOR_CLASS)
+        .context("small class")?;
+    let mut engines = serde_json::Map::new();
+    for engine in &opts.engines {
+        let mut scenario = opts.scenario.clone();
+        scenario.max_model_len = scenario.max_model_len.min(engine.max_model_len);
+        let cap = capacity_of(opts, engine, &scenario).await?;
+        eprintln!(
+            "== {}: capacity {:.2} requests/s ({})",
+            engine.name, cap.requests_per_s, cap.source
+        );
+        let mut loads = vec![];
+        for &load in &opts.loads {
+            let rate = load * cap.requests_per_s;
+            let mut by_preset: Vec<(Preset, Vec<Value>)> =
+                presets.iter().map(|p| (*p, vec![])).collect();
+            for &seed in &opts.seeds {
+                let mixed = arrivals::mixed(&scenario, rate, seed, opts.window.horizon_s());
+                let floor = arrivals::only(&mixed, small);
+                let mut group = vec![];
+                for &preset in &presets {
+                    let arr = if preset == Preset::Floor {
+                        &floor
+                    } else {
+                        &mixed
+                    };
+                    let m = one_run(opts, engine, &scenario, preset, arr, (load, seed, rate))
+                        .await
+                        .with_context(|| {
+                            format!(
+                                "{} / load {load} / seed {seed} / {}",
+                                engine.name,
+                                preset.name()
+                            )
+                        })?;
+                    group.push(m);
+                }
+                figures::relate(&mut group);
+                for (m, (_, runs)) in group.iter().zip(by_preset.iter_mut()) {
+                    runs.push(serde_json::to_value(&m.figures)?);
+                }
+            }
+            let mut p = serde_json::Map::new();
+            for (preset, runs) in by_preset {
+                let spread = figures::spread_tree(&runs);
+                p.insert(
+                    preset.name().into(),
+                    json!({"spread": spread, "per_seed": runs}),
+                );
+            }
+            loads.push(json!({"load": load, "rate_per_s": rate, "presets": p}));
+        }
+        engines.insert(
+            engine.name.clone(),
+            json!({
+                "engine": engine,
+                "engine_flags": engine.all_flags().join(" "),
+                "capacity": cap,
+                "loads": loads,
+            }),
+        );
+    }
+    let w = &opts.window;
+    let summary = json!({
+        "setup": {
+            "arrivals": "poisson",
+            "scenario": opts.scenario.name,
+            "classes": opts.scenario.classes,
+            "profile": opts.stack.profile,
+            "speed": w.speed,
+            "units": report::UNITS,
+            "fifo_max_concurrency": opts.stack.fifo_max_concurrency,
+            "loads": opts.loads,
+            "seeds": opts.seeds,
+            "presets": presets.iter().map(|p| p.name()).collect::<Vec<_>>(),
+            "warmup_s": w.warmup_s,
+            "window_s": w.window_s,
+            "drain_s": w.drain_s,
+            "capacity_given": opts.capacity,
+            "capacity_run": {
+                "clients": opts.capacity_run.clients,
+                "warmup_s": opts.capacity_run.warmup_s,
+                "window_s": opts.capacity_run.window_s,
+            },
+            "slo": "questions: TTFT <= 2x the floor's small TTFT p95; reviews: e2e <= 2x FIFO's \
+                    e2e p95 of the class; same load and seed; share of offered requests",
+            "engine_bound": "per question: (end - arrival) + duration of the step running at \
+                    its arrival; between steps or idle: the next step's duration; after the \
+                    last step: the median step",
+            "tokens_per_s": "prompt + output tokens of the window's completed requests / window",
+        },
+        "engines": engines,
+    });
+    report::write(&opts.out, &summary)?;
+    Ok(summary)
+}

@@ -1,0 +1,162 @@
+//! Smoke test of the open-loop experiment (`experiment --arrivals poisson`): a tiny run (a
+//! capacity measurement of a few simulated seconds, one load, one seed, floor + FIFO + lanes on
+//! the `seed` engine at speed 10) writes both reports with every field, and every offered
+//! request is accounted for exactly once.
+
+use std::path::Path;
+
+use serde_json::Value;
+use tutor_load::engine::{expand, Overrides};
+use tutor_load::openloop::capacity::CapacityOptions;
+use tutor_load::openloop::drive::Window;
+use tutor_load::openloop::stack::StackSpec;
+use tutor_load::openloop::{run_open_loop, OpenLoopOptions};
+use tutor_load::preset::Preset;
+use tutor_load::scenario::Scenario;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiny_open_loop_experiment_accounts_for_every_request() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::env::temp_dir().join(format!("tutor-load-openloop-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let opts = OpenLoopOptions {
+        stack: StackSpec {
+            config: root.join("../config/config.toml"),
+            profile: "llama-3.1-8b-h100".into(),
+            speed: 10.0,
+            fifo_max_concurrency: 0,
+        },
+        scenario: Scenario::load(&root.join("scenarios/seed-mix-open.toml")).unwrap(),
+        engines: expand(&["seed".into()], &Overrides::default()).unwrap(),
+        presets: vec![Preset::Lanes, Preset::Floor, Preset::Fifo],
+        loads: vec![0.5],
+        seeds: vec![3],
+        window: Window {
+            speed: 10.0,
+            warmup_s: 2.0,
+            window_s: 8.0,
+            drain_s: 60.0,
+        },
+        capacity: None,
+        capacity_run: CapacityOptions {
+            clients: 24,
+            warmup_s: 3.0,
+            window_s: 6.0,
+        },
+        out: out.clone(),
+    };
+    let summary = run_open_loop(&opts).await.expect("experiment");
+    let text = std::fs::read_to_string(out.join("summary.json")).expect("summary.json");
+    let parsed: Value = serde_json::from_str(&text).expect("summary.json parses");
+    assert_eq!(parsed["setup"], summary["setup"]);
+    let e = &parsed["engines"]["seed"];
+    let cap = &e["capacity"];
+    assert_eq!(cap["source"], "measured");
+    assert!(cap["requests_per_s"].as_f64().unwrap() > 0.0, "{cap}");
+    assert!(cap["method"].as_str().unwrap().contains("FIFO"));
+    let l = &e["loads"][0];
+    let rate = l["rate_per_s"].as_f64().unwrap();
+    assert!((rate - 0.5 * cap["requests_per_s"].as_f64().unwrap()).abs() < 1e-9);
+    let presets: Vec<&String> = l["presets"].as_object().unwrap().keys().collect();
+    assert_eq!(
+        presets,
+        ["floor", "fifo", "lanes"],
+        "floor first, then fifo"
+    );
+    let run = |p: &str| l["presets"][p]["per_seed"][0].clone();
+    for p in ["floor", "fifo", "lanes"] {
+        let r = run(p);
+        assert_eq!(r["seed"], 3);
+        let offered = r["offered"].as_u64().unwrap();
+        assert!(offered > 0, "{p}: nothing offered");
+        let sum = |v: &Value| {
+            ["completed", "refused", "diverted", "failed"]
+                .iter()
+                .map(|k| {
+                    v[k].as_u64()
+                        .unwrap_or_else(|| panic!("{p}: {k} missing in {v}"))
+                })
+                .sum::<u64>()
+        };
+        assert_eq!(sum(&r), offered, "{p}: every offered request has one fate");
+        for (name, c) in r["classes"].as_object().unwrap() {
+            assert_eq!(sum(c), c["offered"].as_u64().unwrap(), "{p}/{name}");
+            for k in [
+                "ttft_p50_s",
+                "ttft_p95_s",
+                "ttft_p99_s",
+                "e2e_p50_s",
+                "e2e_p95_s",
+                "e2e_p99_s",
+                "slo_limit_s",
+                "slo_met",
+                "cut",
+            ] {
+                assert!(c.get(k).is_some(), "{p}/{name}: {k} missing");
+            }
+        }
+        for k in [
+            "tokens_per_s",
+            "output_tokens_per_s",
+            "refused_by_code",
+            "failed_by_code",
+            "small_vs_floor",
+            "engine_bound",
+            "steps",
+            "lost_steps",
+            "rate_per_s",
+        ] {
+            assert!(r.get(k).is_some(), "{p}: {k} missing");
+        }
+        assert!(r["tokens_per_s"].as_f64().unwrap() > r["output_tokens_per_s"].as_f64().unwrap());
+        assert_eq!(r["lost_steps"], 0, "{p}: engine steps lost");
+        let small = &r["classes"]["small"];
+        assert!(small["ttft_p95_s"].is_f64(), "{p}: {small}");
+        assert!(small["slo_met"].is_f64(), "{p}: {small}");
+        assert!(r["small_vs_floor"]["ttft_p95_x"].is_f64(), "{p}");
+        // The engine bound covers every question and is below what any run measured.
+        let b = &r["engine_bound"];
+        assert_eq!(b["questions"], small["offered"], "{p}: {b}");
+        assert!(
+            b["p50_s"].as_f64().unwrap() <= small["ttft_p50_s"].as_f64().unwrap(),
+            "{p}: {b} {small}"
+        );
+        // Spread across seeds: present for every figure.
+        let s = &l["presets"][p]["spread"];
+        assert_eq!(s["classes"]["small"]["ttft_p95_s"]["n"], 1, "{s}");
+        assert_eq!(s["offered"]["median"].as_f64(), Some(offered as f64));
+    }
+    // The floor gets the mixed runs' questions, and nothing else; FIFO and lanes the same mix.
+    let (floor, fifo, lanes) = (run("floor"), run("fifo"), run("lanes"));
+    assert_eq!(
+        floor["classes"]["small"]["offered"],
+        fifo["classes"]["small"]["offered"]
+    );
+    assert_eq!(floor["offered"], floor["classes"]["small"]["offered"]);
+    assert_eq!(fifo["offered"], lanes["offered"]);
+    assert!(
+        fifo["offered"].as_u64() > floor["offered"].as_u64(),
+        "the mix has reviews too"
+    );
+    assert!(
+        fifo["classes"]["large"]["slo_met"].is_f64() || fifo["classes"]["large"]["offered"] == 0
+    );
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    for needle in [
+        "## Engine `seed`",
+        "Capacity (measured)",
+        "engine bound (steps of the lanes run)",
+        "simulated seconds",
+        "| 0.5 | lanes |",
+        "**load 0.5**",
+    ] {
+        assert!(md.contains(needle), "{needle:?} missing in\n{md}");
+    }
+    // Every table row has the header's columns.
+    let columns = |l: &str| l.matches('|').count();
+    let header = md.lines().find(|l| l.starts_with("| load |")).unwrap();
+    for l in md.lines().filter(|l| l.starts_with("| 0.5 |")) {
+        assert_eq!(columns(l), columns(header), "{l}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
