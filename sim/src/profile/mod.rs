@@ -139,12 +139,13 @@ pub const LLAMA_31_8B_H100: BatchedCost = BatchedCost {
 
 /// A small, slow engine that makes queueing, chunking and preemption easy to provoke in tests.
 /// Before the two-overhead model it cost `5 + 0.01 * prefill_tokens + 0.05 * decode_seqs` ms;
-/// prompt chunks cost the same now, and a decode step of up to 100 sequences costs 6 ms.
+/// decode steps cost the same now (tests rely on how long streams last), and prompt tokens cost
+/// what a decode does (0.05 ms), so no step is shorter than before.
 pub const TINY_TEST: BatchedCost = BatchedCost {
     decode_overhead_ms: 5.0,
     mixed_overhead_ms: 5.0,
-    weight_read_ms: 1.0,
-    per_token_ms: 0.01,
+    weight_read_ms: 0.0,
+    per_token_ms: 0.05,
     per_attention_pair_ms: 0.0,
     per_context_token_ms: 0.0,
     default_gpu_blocks: 2_048,
@@ -237,6 +238,29 @@ mod tests {
         let short = LLAMA_31_8B_H100.step_time(StepShape::chunk(300, 0));
         let long = LLAMA_31_8B_H100.step_time(StepShape::chunk(8192, 0));
         assert!(long > short * 10, "{short:?} vs {long:?}");
+    }
+
+    #[test]
+    fn tiny_test_steps_are_never_shorter_than_before_the_two_overheads() {
+        let old = |s: StepShape| {
+            5.0 + 0.01 * f64::from(s.prefill_tokens) + 0.05 * f64::from(s.decode_seqs)
+        };
+        for (p, d) in [(0, 1), (0, 100), (0, 1000), (300, 0), (2048, 40), (8192, 0)] {
+            let s = StepShape {
+                prefill_tokens: p,
+                prefill_seqs: u32::from(p > 0),
+                decode_seqs: d,
+                ..StepShape::default()
+            };
+            let new = TINY_TEST.step_ms(s);
+            assert!(new >= old(s) - 1e-9, "{s:?}: {new} < {}", old(s));
+            if p == 0 {
+                assert!(
+                    (new - old(s)).abs() < 1e-9,
+                    "{s:?}: decode steps keep their cost"
+                );
+            }
+        }
     }
 
     #[test]
