@@ -82,9 +82,13 @@ pub struct SimArgs {
     /// A HuggingFace `tokenizer.json`; without it a documented heuristic counts tokens.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// Step-time model: `llama-3.1-8b-h100`, `fixed`, or `tiny-test`.
+    /// Step-time model: `llama-3.1-8b-h100`, `llama-3.1-8b-h200`, `fixed`, or `tiny-test`.
     #[arg(long, default_value = "llama-3.1-8b-h100")]
     pub profile: String,
+    /// A profile file (TOML, the format of `sim/profiles/*.toml`) instead of a built-in
+    /// `--profile`; the two flags are mutually exclusive.
+    #[arg(long, conflicts_with = "profile")]
+    pub profile_file: Option<PathBuf>,
     /// Run this many times faster than real time (tests use 10-100).
     #[arg(long, default_value_t = 1.0)]
     pub speed: f64,

@@ -10,7 +10,8 @@
 //! - [`api`]: HTTP routes: request validation, SSE framing, chunk JSON, errors.
 //! - [`text`]: seeded output lengths, filler text and fault injection.
 //! - [`engine`]: the scheduler loop, KV cache and per-request state.
-//! - [`profile`]: step-time models (`llama-3.1-8b-h100`, `fixed`, `tiny-test`).
+//! - [`profile`]: step-time models (`llama-3.1-8b-h100`, `llama-3.1-8b-h200`, `fixed`,
+//!   `tiny-test`) and profile files (`--profile-file`).
 //! - [`metrics`]: vLLM's Prometheus series.
 #![forbid(unsafe_code)]
 
@@ -78,13 +79,20 @@ impl SimServer {
 
 /// Validates the flags and builds the engine and handler state.
 pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
-    let Some(profile) = Profile::by_name(&args.profile, args.fixed_ttft_ms, args.fixed_itl_ms)
-    else {
-        bail!(
-            "unknown --profile {:?}; known: {}",
-            args.profile,
-            Profile::NAMES.join(", ")
-        );
+    let profile = match &args.profile_file {
+        Some(path) => Profile::Batched(profile::ProfileFile::load(path)?.cost()),
+        None => {
+            let Some(profile) =
+                Profile::by_name(&args.profile, args.fixed_ttft_ms, args.fixed_itl_ms)
+            else {
+                bail!(
+                    "unknown --profile {:?}; known: {}",
+                    args.profile,
+                    Profile::NAMES.join(", ")
+                );
+            };
+            profile
+        }
     };
     if !(args.speed > 0.0 && args.speed.is_finite()) {
         bail!("--speed must be a positive number, got {}", args.speed);
