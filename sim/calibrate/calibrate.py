@@ -396,21 +396,26 @@ def _fit_partition(points: Sequence[Point], ms: Sequence[float], weight_bound: S
     return cost
 
 
-def fit_constants(points: Sequence[Point], ms: Sequence[float]) -> Fit:
+def fit_constants(points: Sequence[Point], ms: Sequence[float], start: Optional[Dict[str, float]] = None) -> Fit:
     """Fits the six constants to measured step times.
 
     The max() of the model makes it piecewise linear in the token count; every split of the
     steps into weight-bound (fewer tokens than a threshold) and compute-bound is fitted by NNLS,
     each fit is scored with the model's own max(), and the best is then re-split by its own
-    crossover (weight_read_ms / per_token_ms) until that no longer improves it."""
+    crossover (weight_read_ms / per_token_ms) until that no longer improves it. With `start`
+    (constants of a fit to nearly the same points) only its split is tried, then re-split."""
     if len(points) != len(ms) or not points:
         raise ValueError("one measured time a point, at least one point")
     if any(not (y > 0 and math.isfinite(y)) for y in ms):
         raise ValueError("measured times must be positive and finite")
-    thresholds = [-1] + sorted({p.tokens for p in points})
+    if start is not None:
+        splits = [[start["weight_read_ms"] >= p.tokens * start["per_token_ms"] for p in points]]
+    else:
+        thresholds = [-1] + sorted({p.tokens for p in points})
+        splits = [[p.tokens <= t for p in points] for t in thresholds]
     best: Optional[Fit] = None
-    for t in thresholds:
-        cost = _fit_partition(points, ms, [p.tokens <= t for p in points])
+    for split in splits:
+        cost = _fit_partition(points, ms, split)
         f = _evaluate(cost, points, ms)
         if best is None or f.rms_rel < best.rms_rel:
             best = f
@@ -432,13 +437,14 @@ def jackknife_stderr(points: Sequence[Point], ms: Sequence[float]) -> Dict[str, 
     n = len(points)
     if n < 8:
         return {k: float("nan") for k in COST_KEYS}
+    whole = fit_constants(points, ms).cost
     fits = []
     for i in range(n):
         pts = [p for j, p in enumerate(points) if j != i]
         ys = [y for j, y in enumerate(ms) if j != i]
         if coverage_gaps(pts):
             continue
-        fits.append(fit_constants(pts, ys).cost)
+        fits.append(fit_constants(pts, ys, start=whole).cost)
     m = len(fits)
     out = {}
     for k in COST_KEYS:
