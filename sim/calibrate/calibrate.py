@@ -657,6 +657,8 @@ class TorchRunner:
         self.cuda = self.dev.type == "cuda"
         if self.cuda and not torch.cuda.is_available():
             raise SystemExit("calibrate: CUDA is not available; use --device cpu (slow) or --dry-run")
+        if self.cuda and self.dev.index is None:
+            self.dev = torch.device("cuda", torch.cuda.current_device())
         self.warmup, self.reps = args.warmup, args.reps
         self.dtype = torch.bfloat16
         self.hid = cfg["hidden_size"]
@@ -693,7 +695,8 @@ class TorchRunner:
     # -- model ---------------------------------------------------------------------------
 
     def _rand(self, *shape: int, scale: float = 0.02):
-        return self.torch.randn(*shape, device=self.dev, dtype=self.dtype) * scale
+        t = self.torch.randn(*shape, device=self.dev, dtype=self.dtype)
+        return t if scale == 1.0 else t.mul_(scale)
 
     def _build_weights(self, max_position: int) -> None:
         torch = self.torch
