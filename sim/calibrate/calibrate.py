@@ -499,7 +499,7 @@ def choose_anchors(points: Sequence[Point], ms: Sequence[float], cost: Dict[str,
         if i is not None:
             picked.append(i)
     # Fill up to four with the other tier-0 points (and then anything), kinds varied.
-    for i, p in sorted(enumerate(points), key=lambda ip: ip[1].tier):
+    for i, _ in sorted(enumerate(points), key=lambda ip: ip[1].tier):
         if len(picked) >= 4:
             break
         if i not in picked:
@@ -621,6 +621,8 @@ class SyntheticRunner:
         self.warmup = args.warmup
         self.clock_s = 0.0
         self.device_name = "synthetic (dry run)"
+        self.model_layers = cfg.get("num_hidden_layers", 32)
+        self.timed_layers = args.layers
         self.free_bytes = DRY_RUN_FREE_BYTES
         self.info = {
             "torch": "none (dry run)",
@@ -717,7 +719,9 @@ class TorchRunner:
         self.lm_head = self._rand(self.vocab, self.hid)
         self.final_norm = torch.ones(self.hid, device=self.dev, dtype=self.dtype)
         half = self.head_dim // 2
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, half, device=self.dev, dtype=torch.float32) * 2.0 / self.head_dim))
+        inv_freq = 1.0 / (
+            self.theta ** (torch.arange(0, half, device=self.dev, dtype=torch.float32) * 2.0 / self.head_dim)
+        )
         pos = torch.arange(max_position, device=self.dev, dtype=torch.float32)
         ang = pos[:, None] * inv_freq[None, :]
         self.cos = ang.cos().to(self.dtype)
@@ -939,7 +943,9 @@ class TorchRunner:
         times = []
         if self.cuda:
             torch.cuda.synchronize()
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(self.reps)]
+            events = [
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(self.reps)
+            ]
             for start, end in events:
                 start.record()
                 run()
@@ -1023,16 +1029,35 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--config", default=os.path.join(here, "llama-3.1-8b.json"), help="model shapes (JSON)")
     ap.add_argument("--out", required=True, help="profile TOML to write")
     ap.add_argument("--device", default="cuda", help="torch device (default cuda)")
-    ap.add_argument("--layers", type=int, default=8, help="decoder layers to build and time; the time is scaled to the model's depth (default 8)")
-    ap.add_argument("--budget-s", type=float, default=300.0, help="stop adding grid points after this many seconds (tier-0 points are always timed; default 300)")
+    ap.add_argument(
+        "--layers",
+        type=int,
+        default=8,
+        help="decoder layers to build and time; the time is scaled to the model's depth (default 8)",
+    )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=300.0,
+        help="stop adding grid points after this many seconds (tier-0 points are always timed; default 300)",
+    )
     ap.add_argument("--gpu-blocks", type=int, default=None, help="KV blocks for [kv] (default: from free GPU memory)")
-    ap.add_argument("--grid", default="full", choices=("full", "small"), help="full (default) or small (a CPU smoke test)")
+    ap.add_argument(
+        "--grid", default="full", choices=("full", "small"), help="full (default) or small (a CPU smoke test)"
+    )
     ap.add_argument("--reps", type=int, default=10, help="timed runs a point; the median is kept (default 10)")
     ap.add_argument("--warmup", type=int, default=3, help="untimed runs before them (default 3)")
     ap.add_argument("--name", default=None, help="profile name (default <short_name>-<gpu>, e.g. llama-3.1-8b-h100)")
     ap.add_argument("--seed", type=int, default=1, help="seed for weights and the dry run's noise (default 1)")
-    ap.add_argument("--dry-run", action="store_true", help="no torch: a synthetic timer from known constants plus noise")
-    ap.add_argument("--noise", type=float, default=DRY_RUN_NOISE, help="dry run: relative noise of the synthetic timer (default 0.01)")
+    ap.add_argument(
+        "--dry-run", action="store_true", help="no torch: a synthetic timer from known constants plus noise"
+    )
+    ap.add_argument(
+        "--noise",
+        type=float,
+        default=DRY_RUN_NOISE,
+        help="dry run: relative noise of the synthetic timer (default 0.01)",
+    )
     args = ap.parse_args(argv)
     if args.layers < 1:
         ap.error("--layers must be at least 1")
@@ -1059,7 +1084,8 @@ def measure_grid(runner, grid: Grid, budget_s: float) -> Tuple[List[Point], List
         results.append(m)
         extra = ""
         if m.detail:
-            extra = f"  (layers {m.detail['layers_ms']:.3f} ms x{runner.model_layers}/{runner.timed_layers} + head {m.detail['head_ms']:.3f} ms)"
+            scale = f"x{runner.model_layers}/{runner.timed_layers}"
+            extra = f"  (layers {m.detail['layers_ms']:.3f} ms {scale} + head {m.detail['head_ms']:.3f} ms)"
         log(f"[{runner.elapsed():7.1f} s] {i + 1:3d}/{total} {pt.kind:7s} {pt.label:40s} {m.ms:9.3f} ms{extra}")
     return points, results
 
@@ -1077,9 +1103,8 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
     log(f"calibrate: {'dry run, ' if args.dry_run else ''}{len(grid.points)} points, budget {args.budget_s:.0f} s")
     runner = SyntheticRunner(args, cfg) if args.dry_run else TorchRunner(args, cfg)
     if not args.dry_run:
-        log(f"  device {runner.device_name}, torch {runner.info['torch']}, {runner.timed_layers} of {runner.model_layers} layers timed")
-    runner.model_layers = cfg["num_hidden_layers"]
-    runner.timed_layers = args.layers
+        layers = f"{runner.timed_layers} of {runner.model_layers} layers timed"
+        log(f"  device {runner.device_name}, torch {runner.info['torch']}, {layers}")
 
     points, results = measure_grid(runner, grid, args.budget_s)
     gaps = coverage_gaps(points)
@@ -1144,11 +1169,13 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         calibration["cuda"] = runner.info["cuda"]
     tables: Dict[str, Dict[str, object]] = {
         "fit": {
-            "method": "non-negative least squares of relative error, every weight-/compute-bound split by token count tried",
+            "method": "non-negative least squares of relative error; every weight-/compute-bound split by tokens tried",
             "points": len(points),
             "rms_rel_residual": round(fit.rms_rel, 5),
             "max_rel_residual": round(fit.max_rel, 5),
-            "crossover_tokens": round(cost["weight_read_ms"] / cost["per_token_ms"], 1) if cost["per_token_ms"] > 0 else -1.0,
+            "crossover_tokens": round(cost["weight_read_ms"] / cost["per_token_ms"], 1)
+            if cost["per_token_ms"] > 0
+            else -1.0,
         },
         "stderr": {k: float(f"{v:.3g}") for k, v in stderr.items() if math.isfinite(v)},
         "grid": {
@@ -1163,7 +1190,11 @@ def run(argv: Optional[Sequence[str]] = None) -> int:
         },
     }
     if args.dry_run:
-        tables["dry_run_truth"] = {**{k: float(v) for k, v in DRY_RUN_TRUTH.items()}, "noise": float(args.noise), "seed": args.seed}
+        tables["dry_run_truth"] = {
+            **{k: float(v) for k, v in DRY_RUN_TRUTH.items()},
+            "noise": float(args.noise),
+            "seed": args.seed,
+        }
     rows = []
     for pt, m, pred, rel in zip(points, results, fit.predicted, fit.rel_residuals):
         row: Dict[str, object] = {

@@ -138,7 +138,12 @@ class FitTest(unittest.TestCase):
                 self.assertLess(se[k], 0.1 * v, f"seed {seed}: {k}: standard error {se[k]}")
             # What a decode step costs at small batch (overhead + weight read) within 2%.
             self.assertLess(
-                abs(fit.cost["decode_overhead_ms"] + fit.cost["weight_read_ms"] - t["decode_overhead_ms"] - t["weight_read_ms"]),
+                abs(
+                    fit.cost["decode_overhead_ms"]
+                    + fit.cost["weight_read_ms"]
+                    - t["decode_overhead_ms"]
+                    - t["weight_read_ms"]
+                ),
                 0.02 * (t["decode_overhead_ms"] + t["weight_read_ms"]),
             )
             self.assertLess(fit.rms_rel, 0.02)
@@ -199,7 +204,9 @@ class OutputTest(unittest.TestCase):
             )
             self.assertLessEqual(abs(got - a["expect_ms"]) / a["expect_ms"], a["tolerance"], a["what"])
         self.assertEqual(kinds, {"decode", "prefill", "mixed"})
-        late = [a for a in d["anchor"] if a["prefill_tokens"] and a["prefill_attention_pairs"] > a["prefill_tokens"] ** 2]
+        late = [
+            a for a in d["anchor"] if a["prefill_tokens"] and a["prefill_attention_pairs"] > a["prefill_tokens"] ** 2
+        ]
         self.assertTrue(late, "an anchor with a chunk late in its prompt")
 
     def test_calibration_records_the_grid_and_residuals(self):
@@ -209,7 +216,9 @@ class OutputTest(unittest.TestCase):
         self.assertEqual(cb["grid"]["points_planned"], len(cal.build_grid("full").points))
         self.assertLess(cb["fit"]["rms_rel_residual"], 0.02)
         for row in cb["point"]:
-            self.assertAlmostEqual(row["rel_residual"], (row["fit_ms"] - row["measured_ms"]) / row["measured_ms"], places=3)
+            self.assertAlmostEqual(
+                row["rel_residual"], (row["fit_ms"] - row["measured_ms"]) / row["measured_ms"], places=3
+            )
         truth = cb["dry_run_truth"]
         for k in cal.COST_KEYS:
             err = abs(self.doc["cost"][k] - truth[k])
