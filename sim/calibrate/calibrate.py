@@ -491,26 +491,36 @@ class Anchor:
 
 def choose_anchors(points: Sequence[Point], ms: Sequence[float], cost: Dict[str, float], source: str) -> List[Anchor]:
     """4-6 measured points, with the measured time as `expect_ms` and the fit's residual there
-    (rounded up) as tolerance: the profile reproduces each of them by construction."""
-    index = {(p.decode_seqs, p.decode_context, p.chunks): i for i, p in enumerate(points)}
-    picked: List[int] = []
-    for (b, ctx), chunks in ANCHOR_PREFERENCE:
-        i = index.get((b, ctx, chunks))
-        if i is not None:
-            picked.append(i)
-    # Fill up to four with the other tier-0 points (and then anything), kinds varied.
-    for i, _ in sorted(enumerate(points), key=lambda ip: ip[1].tier):
-        if len(picked) >= 4:
-            break
-        if i not in picked:
-            picked.append(i)
-    anchors = []
-    for i in picked[:6]:
+    (rounded up) as tolerance: the profile reproduces each of them by construction. A point the
+    model misses by more than 100% cannot be an anchor (tolerance is at most 1); it is left out
+    with a warning, and another point takes its place."""
+
+    def anchor(i: int) -> Optional[Anchor]:
         p = points[i]
         expect = float(f"{ms[i]:.6g}")
         rel = (model_ms(cost, p) - expect) / expect
-        anchors.append(Anchor(p, expect, tolerance_for(rel), p.describe(), source))
-    return anchors
+        tol = tolerance_for(rel)
+        if abs(rel) > tol:
+            log(f"warning: {p.label}: the fit misses it by {rel * 100:.0f}%; not an anchor")
+            return None
+        return Anchor(p, expect, tol, p.describe(), source)
+
+    index = {(p.decode_seqs, p.decode_context, p.chunks): i for i, p in enumerate(points)}
+    preferred = [index[(b, ctx, chunks)] for (b, ctx), chunks in ANCHOR_PREFERENCE if (b, ctx, chunks) in index]
+    # Then the other points, tier 0 first, to reach four.
+    others = [i for i, _ in sorted(enumerate(points), key=lambda ip: ip[1].tier) if i not in preferred]
+    anchors: List[Anchor] = []
+    for i in preferred:
+        a = anchor(i)
+        if a is not None:
+            anchors.append(a)
+    for i in others:
+        if len(anchors) >= 4:
+            break
+        a = anchor(i)
+        if a is not None:
+            anchors.append(a)
+    return anchors[:6]
 
 
 def toml_str(s: str) -> str:
@@ -757,7 +767,8 @@ class TorchRunner:
     def _pick_prefill_attention(self):
         """The fastest correct way this torch offers for a prompt chunk attending to its
         earlier context (causal, aligned bottom-right) with grouped KV heads: each candidate is
-        checked against a float32 reference on the device; the first that matches is used."""
+        checked against a float32 reference on the device, and of those that match, the fastest
+        on a GPU (the first on CPU) is used."""
         torch, F = self.torch, self.F
         try:
             from torch.nn.attention.bias import causal_lower_right  # noqa: PLC0415
@@ -793,6 +804,7 @@ class TorchRunner:
             candidates.append(("sdpa causal_lower_right, KV heads repeated", bias_repeat))
         candidates.append(("sdpa boolean mask, KV heads repeated", mask_repeat))
         failures = []
+        correct = []
         for name, fn in candidates:
             ok = True
             for n, s in ((5, 12), (7, 7), (1, 9)):
@@ -811,11 +823,29 @@ class TorchRunner:
                     ok = False
                     break
             if ok:
-                for f in failures:
-                    log(f"  prefill attention: not used: {f}")
-                log(f"  prefill attention: {name}")
-                return fn, name
-        raise SystemExit("calibrate: no prefill attention path works: " + "; ".join(failures))
+                correct.append((name, fn))
+        for f in failures:
+            log(f"  prefill attention: not used: {f}")
+        if not correct:
+            raise SystemExit("calibrate: no prefill attention path works: " + "; ".join(failures))
+        if not self.cuda or len(correct) == 1:
+            name, fn = correct[0]
+            log(f"  prefill attention: {name}")
+            return fn, name
+        # Several work: keep the fastest on a realistic chunk (512 tokens after 4096), so that a
+        # path the dispatcher sends to a slow kernel is not the one timed.
+        n, s = 512, 4608
+        q = torch.randn(1, self.heads, n, self.head_dim, device=self.dev, dtype=self.dtype)
+        k = torch.randn(1, self.kv_heads, s, self.head_dim, device=self.dev, dtype=self.dtype)
+        v = torch.randn(1, self.kv_heads, s, self.head_dim, device=self.dev, dtype=self.dtype)
+        timed = []
+        for name, fn in correct:
+            ms = self._time(lambda fn=fn: fn(q, k, v), graph=False)
+            log(f"  prefill attention: {name}: {ms:.3f} ms for {n} queries x {s} keys")
+            timed.append((ms, name, fn))
+        ms, name, fn = min(timed, key=lambda t: t[0])
+        log(f"  prefill attention: {name}")
+        return fn, name
 
     def _decode_attention(self, q, k, v):
         """Decode: each sequence's one query per head against its own KV. The `group` query

@@ -11,6 +11,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.dont_write_bytecode = True  # no __pycache__ left in the source tree
 
 import calibrate as cal  # noqa: E402
 
@@ -147,6 +148,19 @@ class FitTest(unittest.TestCase):
                 0.02 * (t["decode_overhead_ms"] + t["weight_read_ms"]),
             )
             self.assertLess(fit.rms_rel, 0.02)
+
+    def test_a_point_the_model_cannot_reach_is_not_an_anchor(self):
+        pts = list(cal.build_grid("full").points)
+        ms = [cal.model_ms(cal.DRY_RUN_TRUTH, p) for p in pts]
+        bad = next(i for i, p in enumerate(pts) if (p.decode_seqs, p.decode_context, p.chunks) == (1, 1024, ()))
+        ms[bad] /= 3.0  # the model then overshoots it by 200%
+        anchors = cal.choose_anchors(pts, ms, cal.DRY_RUN_TRUTH, "test")
+        self.assertTrue(4 <= len(anchors) <= 6, len(anchors))
+        self.assertNotIn(pts[bad], [a.point for a in anchors])
+        for a in anchors:
+            rel = abs(cal.model_ms(cal.DRY_RUN_TRUTH, a.point) - a.expect_ms) / a.expect_ms
+            self.assertLessEqual(rel, a.tolerance)
+            self.assertLessEqual(a.tolerance, 1.0)
 
     def test_tolerance_is_rounded_up_and_bounded(self):
         self.assertEqual(cal.tolerance_for(0.0), 0.05)

@@ -36,6 +36,8 @@ fn run_python(python: &str, args: &[&std::ffi::OsStr]) -> String {
     let out = Command::new(python)
         .args(args)
         .current_dir(repo_root())
+        // No __pycache__ left in the source tree.
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .expect("python3 runs");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
