@@ -10,7 +10,11 @@ async fn main() -> anyhow::Result<()> {
         .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
         .init();
     let server = vllm_sim::start(&args).await?;
-    tracing::info!(addr = %server.addr, profile = %args.profile, speed = args.speed, "vllm-sim listening");
+    let profile = match &args.profile_file {
+        Some(path) => path.display().to_string(),
+        None => args.profile.clone(),
+    };
+    tracing::info!(addr = %server.addr, %profile, speed = args.speed, "vllm-sim listening");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
