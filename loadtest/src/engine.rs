@@ -18,6 +18,9 @@ pub struct EngineSetting {
     pub long_prefill_token_threshold: u32,
     /// `--max-model-len`.
     pub max_model_len: u32,
+    /// vLLM's `--async-scheduling` (on by default, as in vLLM 0.33): the next step is planned
+    /// while the current one runs. Off: `--no-async-scheduling`.
+    pub async_scheduling: bool,
 }
 
 /// Names of the presets, in `--engine` help order.
@@ -39,20 +42,25 @@ impl EngineSetting {
             max_num_batched_tokens: batched,
             long_prefill_token_threshold: 0,
             max_model_len: 16_384,
+            async_scheduling: true,
         })
     }
 
     /// Scheduler flags for `vllm-sim` or `vllm serve` (without `--max-model-len`, which the
     /// gateway's `start_sim` passes from `upstream.max_model_len`; see [`Self::all_flags`]).
     pub fn sim_flags(&self) -> Vec<String> {
-        vec![
+        let mut flags = vec![
             "--max-num-seqs".into(),
             self.max_num_seqs.to_string(),
             "--max-num-batched-tokens".into(),
             self.max_num_batched_tokens.to_string(),
             "--long-prefill-token-threshold".into(),
             self.long_prefill_token_threshold.to_string(),
-        ]
+        ];
+        if !self.async_scheduling {
+            flags.push("--no-async-scheduling".into());
+        }
+        flags
     }
 
     /// Every flag, `--max-model-len` included (for reports and a `vllm serve` command line).
@@ -74,6 +82,8 @@ pub struct Overrides {
     pub long_prefill_token_threshold: Vec<u32>,
     /// `--max-model-len` values.
     pub max_model_len: Vec<u32>,
+    /// Every setting with `--no-async-scheduling` (name suffix `-sync`).
+    pub no_async_scheduling: bool,
 }
 
 /// Folder name of a matrix cell (shared with [`expand`]'s suffixes).
@@ -125,6 +135,12 @@ pub fn expand(presets: &[String], o: &Overrides) -> anyhow::Result<Vec<EngineSet
                     })
                 })
                 .collect();
+        }
+        if o.no_async_scheduling {
+            for s in &mut settings {
+                s.async_scheduling = false;
+                s.name.push_str("-sync");
+            }
         }
         out.extend(settings);
     }
@@ -201,5 +217,18 @@ mod tests {
             (128, 12_288, 512)
         );
         assert_eq!(cell_name(96, 8192), "seqs96-batched8192");
+    }
+
+    #[test]
+    fn synchronous_scheduling_reaches_the_simulator() {
+        let o = Overrides {
+            no_async_scheduling: true,
+            ..Default::default()
+        };
+        let v = expand(&["seed".into()], &o).unwrap();
+        assert_eq!(v[0].name, "seed-sync");
+        assert!(!parsed(&v[0]).async_scheduling());
+        let d = expand(&["seed".into()], &Overrides::default()).unwrap();
+        assert!(parsed(&d[0]).async_scheduling());
     }
 }

@@ -209,6 +209,10 @@ enum Cmd {
         /// the cap on drawn sizes).
         #[arg(long, value_delimiter = ',')]
         max_model_len: Vec<u32>,
+        /// Run the simulator with --no-async-scheduling (every step planned after the previous
+        /// one ended; vLLM 0.33 plans one step ahead by default). Setting names get `-sync`.
+        #[arg(long)]
+        no_async_scheduling: bool,
     },
 }
 
@@ -344,6 +348,7 @@ async fn main() -> anyhow::Result<()> {
             max_num_batched_tokens,
             long_prefill_token_threshold,
             max_model_len,
+            no_async_scheduling,
             arrivals,
             loads,
             seeds,
@@ -360,6 +365,7 @@ async fn main() -> anyhow::Result<()> {
                 max_num_batched_tokens,
                 long_prefill_token_threshold,
                 max_model_len,
+                no_async_scheduling,
             };
             if arrivals == Arrivals::Poisson {
                 let presets = if presets.is_empty() {
