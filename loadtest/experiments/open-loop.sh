@@ -9,8 +9,8 @@
 # batched tokens) with --long-prefill-token-threshold 512. Warm-up 60 s, window 120 s, drain
 # at most 120 s, all simulated. Writes docs/results/open-loop/summary.{json,md}.
 #
-# About 36 runs of ~4 simulated minutes plus the capacity measurement: ~2.5 h at SPEED=1,
-# half that at SPEED=2 (the figures are in simulated seconds either way; check
+# About 36 runs of ~3-4 simulated minutes plus the capacity measurement: 60 min measured at
+# SPEED=2 on a 2-core machine, ~2 h at SPEED=1 (the figures are in simulated seconds either way; check
 # `engine_late_ms_p99` in summary.json stays at a few ms, or the machine did not keep up).
 #
 #   loadtest/experiments/open-loop.sh
