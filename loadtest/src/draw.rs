@@ -43,6 +43,20 @@ fn standard_normal(rng: &mut SplitMix) -> f64 {
     (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
 }
 
+/// A class index drawn by the classes' shares (`total`: their sum, [`Scenario::total_share`]):
+/// one draw from `rng`; the last class when rounding leaves the pick past every share.
+pub fn pick_class(scenario: &Scenario, total: f64, rng: &mut SplitMix) -> usize {
+    let mut pick = rng.next_f64() * total;
+    scenario
+        .classes
+        .iter()
+        .position(|c| {
+            pick -= c.share;
+            pick < 0.0
+        })
+        .unwrap_or(scenario.classes.len().saturating_sub(1))
+}
+
 /// One request's (input, output) tokens for `class`: drawn, rounded, then clamped so that
 /// output >= 1, input >= [`MIN_INPUT_TOKENS`] and input + output <= `max_model_len`.
 pub fn sizes(class: &Class, max_model_len: u32, rng: &mut SplitMix) -> (u32, u32) {

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use vllm_sim::text::SplitMix;
 
 use crate::client::{Outcome, Target};
-use crate::draw::{open_sizes, ClientPlan, Step};
+use crate::draw::{open_sizes, pick_class, ClientPlan, Step};
 use crate::prompt::PromptBuilder;
 use crate::scenario::{Load, Scenario};
 use crate::stats::quantile;
@@ -136,15 +136,7 @@ pub async fn run(
             loop {
                 let gap = -(1.0 - rng.next_f64()).ln() / rate;
                 at += Duration::from_secs_f64(gap);
-                let mut pick = rng.next_f64() * total;
-                let ci = scenario
-                    .classes
-                    .iter()
-                    .position(|c| {
-                        pick -= c.share;
-                        pick < 0.0
-                    })
-                    .unwrap_or(scenario.classes.len() - 1);
+                let ci = pick_class(scenario, total, &mut rng);
                 i += 1;
                 if at >= end {
                     break;

@@ -5,6 +5,7 @@
 use serde::Serialize;
 use vllm_sim::text::SplitMix;
 
+use crate::draw::pick_class;
 use crate::scenario::Scenario;
 
 /// One request of the sequence.
@@ -28,7 +29,6 @@ pub struct Arrival {
 pub fn mixed(scenario: &Scenario, rate: f64, seed: u64, until_s: f64) -> Vec<Arrival> {
     let mut rng = SplitMix::new(seed);
     let total = scenario.total_share();
-    let last = scenario.classes.len().saturating_sub(1);
     let mut out = vec![];
     let mut at = 0.0;
     let mut index = 0u64;
@@ -37,15 +37,7 @@ pub fn mixed(scenario: &Scenario, rate: f64, seed: u64, until_s: f64) -> Vec<Arr
     }
     loop {
         at += -(1.0 - rng.next_f64()).ln() / rate;
-        let mut pick = rng.next_f64() * total;
-        let class = scenario
-            .classes
-            .iter()
-            .position(|c| {
-                pick -= c.share;
-                pick < 0.0
-            })
-            .unwrap_or(last);
+        let class = pick_class(scenario, total, &mut rng);
         index += 1;
         if at >= until_s {
             return out;

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::stack::Stack;
 use crate::client::Status;
-use crate::draw::{sizes, stream};
+use crate::draw::{pick_class, sizes, stream};
 use crate::engine::EngineSetting;
 use crate::prompt::request_seed;
 use crate::runner::{with_prefix, ERROR_BACKOFF};
@@ -127,15 +127,7 @@ pub async fn measure(
             tokio::time::sleep_until(start + offset).await;
             let mut n = 0u64;
             while Instant::now() < end {
-                let mut pick = rng.next_f64() * total;
-                let ci = scenario
-                    .classes
-                    .iter()
-                    .position(|c| {
-                        pick -= c.share;
-                        pick < 0.0
-                    })
-                    .unwrap_or(scenario.classes.len() - 1);
+                let ci = pick_class(&scenario, total, &mut rng);
                 let class = &scenario.classes[ci];
                 let (input, output) = sizes(class, scenario.max_model_len, &mut rng);
                 let prompt_seed = request_seed(seed, ci, u64::from(k) + 1, n);
