@@ -6,6 +6,8 @@
 //! - `tutor_gateway_quota_errors_total{kind}`: failed calls (`connection`, `timeout`, `other`)
 //!   and leases found gone at renewal (`lease_lost`).
 //! - `tutor_gateway_quota_degraded`: 1 while the replica runs on its fallback (Redis down).
+//! - `tutor_gateway_quota_fallbacks_total`: times the replica entered its fallback (a gauge
+//!   sampled by a scrape misses a short outage; this counter does not).
 //! - `tutor_gateway_quota_leases_reaped_total`: expired leases (a crashed or stalled replica's)
 //!   this replica's script calls removed.
 //! - `tutor_gateway_quota_limits_version`: the version of the shared limits record this
@@ -24,6 +26,7 @@ pub struct QuotaMetrics {
     latency: HistogramVec,
     errors: IntCounterVec,
     degraded: IntGauge,
+    fallbacks: IntCounter,
     reaped: IntCounter,
     limits_version: IntGauge,
 }
@@ -53,6 +56,11 @@ impl QuotaMetrics {
             "1 while the shared quota is unreachable and this replica runs on its fallback.",
         )
         .expect("valid gauge");
+        let fallbacks = IntCounter::new(
+            "tutor_gateway_quota_fallbacks_total",
+            "Times this replica found the shared quota unreachable and entered its fallback.",
+        )
+        .expect("valid counter");
         let reaped = IntCounter::new(
             "tutor_gateway_quota_leases_reaped_total",
             "Expired leases (of crashed or stalled replicas) removed by this replica's calls.",
@@ -67,6 +75,7 @@ impl QuotaMetrics {
             Box::new(latency.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(errors.clone()),
             Box::new(degraded.clone()),
+            Box::new(fallbacks.clone()),
             Box::new(reaped.clone()),
             Box::new(limits_version.clone()),
         ] {
@@ -79,6 +88,7 @@ impl QuotaMetrics {
             latency,
             errors,
             degraded,
+            fallbacks,
             reaped,
             limits_version,
         }
@@ -118,6 +128,16 @@ impl QuotaMetrics {
     /// The degraded gauge.
     pub fn degraded(&self) -> bool {
         self.degraded.get() == 1
+    }
+
+    /// Counts one entry into the fallback.
+    pub fn fell_back(&self) {
+        self.fallbacks.inc();
+    }
+
+    /// Entries into the fallback so far.
+    pub fn fallbacks_total(&self) -> u64 {
+        self.fallbacks.get()
     }
 
     /// Counts `n` reaped leases.

@@ -48,8 +48,8 @@
 //! whatever its queue length. A request can be overtaken by a later one on another replica.
 //!
 //! # When Redis is down
-//! Three failed calls in a row (connection refused, 500 ms timeout), or one failed heartbeat,
-//! mark the replica degraded (`tutor_gateway_quota_degraded` = 1; `/readyz` reports it); a
+//! Three failed calls in a row (connection refused, 500 ms timeout), or one heartbeat that
+//! cannot connect at all, mark the replica degraded (`tutor_gateway_quota_degraded` = 1; `/readyz` reports it); a
 //! single slow call is retried like a refusal, not taken for an outage. Under `fail_open` (the default)
 //! new requests are admitted by an in-process [`LocalAdmission`] with the limits divided by
 //! `quota.expected_replicas`; under `fail_closed` they get 503

@@ -103,8 +103,10 @@ pub(crate) struct Shared {
     /// While degraded: the fallback's copies of the leases this replica holds in Redis (their
     /// requests run on, so the fallback's share counts them), by lease id.
     shadows: Mutex<HashMap<String, LaneGuard>>,
-    /// Requests the fallback admitted, by id (`<replica>:f<n>`); `true` once registered in
-    /// Redis (then they are also in `held`, renewed and released like any lease).
+    /// Requests the fallback admitted, by id (`<replica>:f<n>`); `true` once their
+    /// registration was sent to Redis (from then on a request that ends sends a release, which
+    /// Redis applies after the registration; once registered they are also in `held`, renewed
+    /// and released like any lease).
     fallback_leases: Mutex<HashMap<String, (Held, bool)>>,
 }
 
@@ -186,62 +188,80 @@ impl Shared {
 
     /// Registers the fallback's admissions (and `lost`: leases this replica holds that Redis
     /// no longer has) as leases in Redis, so its counters show what really runs once it is
-    /// back. Admissions that ended meanwhile are released again.
+    /// back.
+    ///
+    /// No lease outlives its request, whatever the interleaving. An admission is marked sent
+    /// before the first call that may register it and stays so (a call that timed out may still
+    /// run later): from then on its request's end sends a release. It is sent again on every
+    /// beat until a call is known to have registered it (registering is idempotent); then it
+    /// is booked in `held` under the fallback's lock, so a request ending at that moment either
+    /// finds it booked or is already gone. Those that ended while the call was out get a second
+    /// release after the reply, in case theirs reached Redis before the registration (a script
+    /// reloaded after `NOSCRIPT` is sent again behind it).
     pub async fn adopt_fallback(&self, lost: &[String]) {
-        let mut pending: Vec<(String, Lane, u32, u32)> = self
-            .fallback_leases()
-            .iter()
-            .filter(|(_, (_, adopted))| !adopted)
-            .map(|(id, (h, _))| (id.clone(), h.lane, h.tokens, h.prefill))
-            .collect();
-        {
+        let mut pending: Vec<(String, Lane, u32, u32)> = {
+            // Lock order: the fallback's, then `held`.
+            let mut fallback = self.fallback_leases();
             let held = self.held();
+            let mut pending = Vec::new();
+            for (id, (h, sent)) in fallback.iter_mut() {
+                if !held.contains_key(id) {
+                    *sent = true;
+                    pending.push((id.clone(), h.lane, h.tokens, h.prefill));
+                }
+            }
             for id in lost {
                 if let Some(h) = held.get(id) {
                     pending.push((id.clone(), h.lane, h.tokens, h.prefill));
                 }
             }
-        }
+            pending
+        };
+        pending.dedup_by(|a, b| a.0 == b.0);
         if pending.is_empty() {
             return;
         }
         let Some(mut conn) = self.connection() else {
             return;
         };
-        match self
+        let reply = self
             .scripts
             .adopt(&mut conn, &self.keys, self.ttl_ms, &pending)
-            .await
+            .await;
+        let n = match reply {
+            Ok(n) => n,
+            Err(err) => {
+                self.failed("adopt", &err);
+                return;
+            }
+        };
+        if n > 0 {
+            tracing::info!(
+                registered = n,
+                "requests admitted while Redis was away are now counted there"
+            );
+        }
+        let mut gives = Vec::new();
         {
-            Ok(n) => {
-                if n > 0 {
-                    tracing::info!(
-                        registered = n,
-                        "requests admitted while Redis was away are now counted there"
-                    );
+            let fallback = self.fallback_leases();
+            for (id, lane, _, registered_prefill) in &pending {
+                if !is_fallback(id) {
+                    continue;
                 }
-                for (id, lane, tokens, prefill) in pending {
-                    let mut fallback = self.fallback_leases();
-                    match fallback.get_mut(&id) {
-                        Some((_, adopted)) => {
-                            *adopted = true;
-                            drop(fallback);
-                            self.hold(&id, lane, tokens, prefill);
+                match fallback.get(id) {
+                    Some((h, _)) => {
+                        self.hold(id, h.lane, h.tokens, h.prefill);
+                        // Its first token came while the call was out.
+                        if *registered_prefill > 0 && h.prefill == 0 {
+                            gives.push((id.clone(), h.lane, Give::Prefill));
                         }
-                        None if id.contains(":f") => {
-                            // It ended while the call was out: give its new lease back.
-                            drop(fallback);
-                            self.send(Lease {
-                                id,
-                                lane,
-                                give: Give::Lease,
-                            });
-                        }
-                        None => {}
                     }
+                    None => gives.push((id.clone(), *lane, Give::Lease)),
                 }
             }
-            Err(err) => self.failed("adopt", &err),
+        }
+        for (id, lane, give) in gives {
+            self.send(Lease { id, lane, give });
         }
     }
 
@@ -300,34 +320,40 @@ impl Shared {
         self.degraded.load(Ordering::Acquire)
     }
 
-    /// Enters or leaves the fallback; logs and sets the gauge on a change.
+    /// Enters or leaves the fallback; logs and sets the gauge on a change. Entering counts
+    /// the entry and shadows the leases this replica holds in Redis before the flag is set, so
+    /// no request is admitted by a fallback that does not yet count them.
     pub fn set_degraded(&self, degraded: bool) {
-        if self.degraded.swap(degraded, Ordering::AcqRel) != degraded {
-            self.metrics.set_degraded(degraded);
-            if degraded {
-                // The requests this replica admitted through Redis run on: its fallback counts
-                // them, so the replica stays within its share.
-                if let Some(fallback) = &self.fallback {
-                    let held: Vec<(String, Held)> =
-                        self.held().iter().map(|(id, h)| (id.clone(), *h)).collect();
-                    let mut shadows = self.shadows();
-                    for (id, h) in held {
-                        shadows
-                            .entry(id)
-                            .or_insert_with(|| fallback.force_take(h.lane, h.tokens));
-                    }
-                }
-            } else {
-                // Back on Redis: its counters cover those requests again.
-                let shadows = std::mem::take(&mut *self.shadows());
-                drop(shadows);
-            }
-            if degraded {
-                tracing::error!("shared quota unreachable: running on the fallback");
-            } else {
-                tracing::info!("shared quota reachable again: back on Redis");
-            }
+        // The shadows' lock orders the transitions.
+        let mut shadows = self.shadows();
+        if self.degraded.load(Ordering::Acquire) == degraded {
+            return;
         }
+        if degraded {
+            self.metrics.fell_back();
+            // The requests this replica admitted through Redis run on: its fallback counts
+            // them, so the replica stays within its share.
+            if let Some(fallback) = &self.fallback {
+                let held: Vec<(String, Held)> =
+                    self.held().iter().map(|(id, h)| (id.clone(), *h)).collect();
+                for (id, h) in held {
+                    shadows
+                        .entry(id)
+                        .or_insert_with(|| fallback.force_take(h.lane, h.tokens));
+                }
+            }
+            self.degraded.store(true, Ordering::Release);
+            drop(shadows);
+            tracing::error!("shared quota unreachable: running on the fallback");
+        } else {
+            self.degraded.store(false, Ordering::Release);
+            // Back on Redis: its counters cover those requests again.
+            let gone = std::mem::take(&mut *shadows);
+            drop(shadows);
+            drop(gone);
+            tracing::info!("shared quota reachable again: back on Redis");
+        }
+        self.metrics.set_degraded(degraded);
     }
 
     /// A call succeeded: the failures in a row start again from zero.
@@ -336,9 +362,12 @@ impl Shared {
     }
 
     /// Counts a failed call; marks the quota degraded after [`DEGRADE_AFTER`] calls a request
-    /// waits on (`acquire`, `job_take`, `move`, `limits`) failed in a row, or at once when the
-    /// heartbeat (`connect`, `renew`) failed. Background calls (`release`, `prefill_done`) are
-    /// retried by the heartbeat and decide nothing on their own.
+    /// waits on (`acquire`, `job_take`, `move`, `limits`) or the heartbeat (`connect`,
+    /// `renew`) failed in a row, or at once when the heartbeat could not reach Redis at all
+    /// (connection refused or dropped). A heartbeat call that only timed out counts like any
+    /// other: a busy replica (its answer read late) is not an outage, and its leases live on
+    /// for `lease_ttl_ms` (at least three beats). Background calls (`release`, `prefill_done`)
+    /// are retried by the heartbeat and decide nothing on their own.
     pub fn failed(&self, op: &str, err: &RedisError) {
         let kind = if err.is_timeout() {
             "timeout"
@@ -350,7 +379,7 @@ impl Shared {
         self.metrics.error(kind);
         // The error text names the server but never the password.
         tracing::warn!(op, kind, error = %err, "quota call failed");
-        if matches!(op, "connect" | "renew") {
+        if matches!(op, "connect" | "renew") && kind == "connection" {
             self.set_degraded(true);
         } else if !matches!(op, "release" | "prefill_done") {
             let in_a_row = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
@@ -546,6 +575,11 @@ impl Shared {
     }
 }
 
+/// Whether lease `id` is a fallback admission's (`<replica>:f<n>`).
+fn is_fallback(id: &str) -> bool {
+    id.rsplit(':').next().is_some_and(|n| n.starts_with('f'))
+}
+
 /// A request the fallback admitted: its local seat, and once Redis is back its lease there.
 pub(crate) struct FallbackLease {
     shared: Arc<Shared>,
@@ -554,11 +588,10 @@ pub(crate) struct FallbackLease {
 }
 
 impl FallbackLease {
+    /// Registered in Redis and booked as this replica's lease (moves and prefill give-backs
+    /// then go to Redis too).
     fn adopted(&self) -> bool {
-        self.shared
-            .fallback_leases()
-            .get(&self.id)
-            .is_some_and(|(_, a)| *a)
+        self.shared.held().contains_key(&self.id)
     }
 }
 
@@ -596,12 +629,13 @@ impl Reservation for FallbackLease {
                 .unwrap_or_else(PoisonError::into_inner)
                 .take(),
         );
-        let adopted = self
+        let sent = self
             .shared
             .fallback_leases()
             .remove(&self.id)
-            .is_some_and(|(_, a)| a);
-        if adopted {
+            .is_some_and(|(_, sent)| sent);
+        if sent {
+            // Registered, or its registration on the way: release it (after it, in order).
             self.shared.release(self.id.clone(), lane);
         }
     }
