@@ -11,8 +11,12 @@
 //! Each path resolves to the file that *defines* what it names: through re-exports (a
 //! `pub use c::Y` in `b/mod.rs` makes `crate::b::Y` an import of `b/c.rs`, not of `b/mod.rs`)
 //! and globs. A path that names a module only (`use crate::b;`) is no import by itself; a glob
-//! (`use super::*`) imports the module's file. The analysis, with its self-tests on small
-//! in-memory fixtures, is in `tests/layering/`. Then:
+//! (`use super::*`) imports the module's file. Method calls are not paths, so a split impl is
+//! read from the other side: an inherent `impl Type { .. }` in another file than `Type`'s makes
+//! the type's file import the impl's file when it names one of those methods. Not seen: trait
+//! dispatch, and items a macro defines. The analysis, with its self-tests on small in-memory
+//! fixtures (one per kind of import, each failing if that kind is ignored), is in
+//! `tests/layering/`. Then:
 //!
 //! - no loop of files that import each other, in any crate (except the `PENDING_LOOPS` below,
 //!   which other branches are taking apart);
@@ -47,7 +51,19 @@ const CRATES: &[&str] = &["src", "sim/src", "loadtest/src", "wire/src", "testkit
 /// two files of one pending loop are left out of the folder check too. Empty this list once
 /// those branches are merged; an entry whose loop is gone fails the test, so it cannot go
 /// stale.
-const PENDING_LOOPS: &[(&str, &[&str])] = &[];
+const PENDING_LOOPS: &[(&str, &[&str])] = &[
+    (
+        "src",
+        &[
+            "jobs/mod.rs",
+            "jobs/runner.rs",
+            "jobs/shared/runner.rs",
+            "jobs/webhook.rs",
+        ],
+    ),
+    ("src", &["jobs/shared/events.rs", "jobs/shared/mod.rs"]),
+    ("src", &["pipeline/mod.rs", "pipeline/prompt.rs"]),
+];
 
 /// Every `.rs` file under `dir` (relative to the workspace root), keyed by its path relative to
 /// `dir`.
@@ -112,9 +128,9 @@ fn no_files_import_each_other_in_a_loop() {
         let edges = graph(&read_crate(dir));
         let found = loops(&edges);
         for group in &found {
-            let pending = PENDING_LOOPS
-                .iter()
-                .any(|(d, files)| d == dir && files.iter().copied().eq(group.iter().map(String::as_str)));
+            let pending = PENDING_LOOPS.iter().any(|(d, files)| {
+                d == dir && files.iter().copied().eq(group.iter().map(String::as_str))
+            });
             if !pending {
                 report.push(describe_file_loop(dir, group, &edges));
             }
@@ -227,13 +243,4 @@ fn the_simulator_is_named_only_by_the_with_sim_wiring() {
         offenders.is_empty(),
         "non-wiring files naming vllm_sim: {offenders:?}"
     );
-}
-
-#[test]
-#[ignore]
-fn dump_edges() {
-    let dir = std::env::var("DUMP").unwrap_or("src".into());
-    for (f, d) in graph(&read_crate(&dir)) {
-        println!("{f} -> {d:?}");
-    }
 }

@@ -95,7 +95,8 @@ pub fn lex(src: &str) -> Vec<Tok> {
                 .map_or(b.len(), |p| body + p);
             out.push(Tok::Str(src[body..end].to_owned()));
             i = (end + close.len()).min(b.len());
-        } else if c == b'"' || (!prev_ident && matches!(c, b'b' | b'c') && b.get(i + 1) == Some(&b'"'))
+        } else if c == b'"'
+            || (!prev_ident && matches!(c, b'b' | b'c') && b.get(i + 1) == Some(&b'"'))
         {
             let start = if c == b'"' { i + 1 } else { i + 2 };
             let mut j = start;
@@ -110,11 +111,8 @@ pub fn lex(src: &str) -> Vec<Tok> {
             let q = if c == b'\'' { i } else { i + 1 };
             let end = if b.get(q + 1) == Some(&b'\\') {
                 // Skip the escaped character itself: `'\''` ends at the second quote.
-                b.get(q + 3..).and_then(|rest| {
-                    rest.iter()
-                        .position(|&c| c == b'\'')
-                        .map(|p| q + 3 + p + 1)
-                })
+                b.get(q + 3..)
+                    .and_then(|rest| rest.iter().position(|&c| c == b'\'').map(|p| q + 3 + p + 1))
             } else {
                 let ch_len = src[q + 1..].chars().next().map_or(1, char::len_utf8);
                 (b.get(q + 1 + ch_len) == Some(&b'\'')).then_some(q + 2 + ch_len)
@@ -130,7 +128,10 @@ pub fn lex(src: &str) -> Vec<Tok> {
                 }
             }
             out.push(Tok::P('0'));
-        } else if c == b'r' && b.get(i + 1) == Some(&b'#') && b.get(i + 2).is_some_and(|&c| is_ident_start(c)) {
+        } else if c == b'r'
+            && b.get(i + 1) == Some(&b'#')
+            && b.get(i + 2).is_some_and(|&c| is_ident_start(c))
+        {
             let start = i + 2;
             i = start;
             while i < b.len() && is_ident_char(b[i]) {
@@ -210,10 +211,10 @@ const ITEM_KEYWORDS: &[&str] = &[
     "fn", "struct", "enum", "union", "trait", "type", "const", "static",
 ];
 const KEYWORDS: &[&str] = &[
-    "as", "async", "await", "break", "const", "continue", "crate", "dyn", "else", "enum",
-    "extern", "false", "fn", "for", "if", "impl", "in", "let", "loop", "match", "mod", "move",
-    "mut", "pub", "ref", "return", "self", "Self", "static", "struct", "super", "trait", "true",
-    "type", "union", "unsafe", "use", "where", "while",
+    "as", "async", "await", "break", "const", "continue", "crate", "dyn", "else", "enum", "extern",
+    "false", "fn", "for", "if", "impl", "in", "let", "loop", "match", "mod", "move", "mut", "pub",
+    "ref", "return", "self", "Self", "static", "struct", "super", "trait", "true", "type", "union",
+    "unsafe", "use", "where", "while",
 ];
 
 /// The attributes right before the item that starts at `at` (after `pub`, `pub(..)`): their
@@ -406,14 +407,14 @@ pub fn parse_file(src: &str) -> Vec<Scope> {
                 let name = toks[i + 1].ident().expect("checked").to_owned();
                 match toks.get(i + 2) {
                     Some(Tok::P(';')) => {
-                        let path = attributes_before(&toks, i).into_iter().find_map(|a| {
-                            match a {
+                        let path = attributes_before(&toks, i)
+                            .into_iter()
+                            .find_map(|a| match a {
                                 [Tok::Ident(p), Tok::P('='), Tok::Str(s)] if p == "path" => {
                                     Some(s.clone())
                                 }
                                 _ => None,
-                            }
-                        });
+                            });
                         scopes[cur].outlined.push((name, path));
                         i += 3;
                     }
@@ -461,7 +462,11 @@ pub fn parse_file(src: &str) -> Vec<Scope> {
                 let body_next = toks
                     .get(after)
                     .is_some_and(|t| *t == Tok::P('{') || t.is("where"));
-                if body_next && path.first().is_some_and(|p| !KEYWORDS.contains(&p.as_str())) {
+                if body_next
+                    && path
+                        .first()
+                        .is_some_and(|p| !KEYWORDS.contains(&p.as_str()))
+                {
                     scopes[cur].inherent_impls.push((path, BTreeSet::new()));
                     pending_impl = Some((cur, scopes[cur].inherent_impls.len() - 1));
                 }
@@ -595,7 +600,11 @@ impl<'a> Tree<'a> {
         let child_dir = if owns_dir {
             dir.to_owned()
         } else {
-            let stem = file.rsplit('/').next().expect("a name").trim_end_matches(".rs");
+            let stem = file
+                .rsplit('/')
+                .next()
+                .expect("a name")
+                .trim_end_matches(".rs");
             join(dir, stem)
         };
         for (s, scope) in scopes.iter().enumerate() {
@@ -973,11 +982,7 @@ pub fn folder_loops(sources: &Sources, skip: &dyn Fn(&str, &str) -> bool) -> Vec
                 let Some(dpath) = tree.files.get(&dep) else {
                     continue;
                 };
-                let common = fpath
-                    .iter()
-                    .zip(dpath)
-                    .take_while(|(a, b)| a == b)
-                    .count();
+                let common = fpath.iter().zip(dpath).take_while(|(a, b)| a == b).count();
                 let part = |p: &ModPath| p.get(common).cloned().unwrap_or(SELF_PART.into());
                 let (from, to) = (part(fpath), part(dpath));
                 if from == to {

@@ -99,7 +99,10 @@ fn a_re_export_resolves_to_the_defining_file() {
     // the mod.rs defines nothing. Resolved to the mod.rs, `d` and the mod.rs would be one.
     let files = crate_of(&[
         ("lib.rs", "mod b;"),
-        ("b/mod.rs", "mod c;\nmod d;\npub use self::c::{Y as Renamed};\npub use d::*;"),
+        (
+            "b/mod.rs",
+            "mod c;\nmod d;\npub use self::c::{Y as Renamed};\npub use d::*;",
+        ),
         ("b/c.rs", "pub struct Y;"),
         ("b/d.rs", "use super::Renamed;\npub struct Z(Renamed);"),
     ]);
@@ -172,7 +175,10 @@ fn folders_that_import_each_other_are_a_loop() {
     // that folder.
     let files = crate_of(&[
         ("lib.rs", "mod p;"),
-        ("p/mod.rs", "mod q;\npub struct T;\npub fn g() { q::r::h(); }"),
+        (
+            "p/mod.rs",
+            "mod q;\npub struct T;\npub fn g() { q::r::h(); }",
+        ),
         ("p/q/mod.rs", "pub mod r;\npub mod s;"),
         ("p/q/r.rs", "pub fn h() {}"),
         ("p/q/s.rs", "use crate::p::T;"),
@@ -203,7 +209,10 @@ fn groups_supers_inline_modules_and_literals() {
     ]);
     let edges = graph(&files);
     assert_eq!(edges["x/a.rs"], set(&["lane.rs", "x/b.rs"]));
-    assert!(edges["lane.rs"].is_empty(), "comments and strings are not imports");
+    assert!(
+        edges["lane.rs"].is_empty(),
+        "comments and strings are not imports"
+    );
     assert_eq!(edges["c.rs"], set(&["lane.rs", "x/a.rs"]));
     assert_eq!(loops(&edges), vec![group(&["x/a.rs", "x/b.rs"])]);
 }
@@ -212,7 +221,10 @@ fn groups_supers_inline_modules_and_literals() {
 fn path_attributes_and_unreached_files() {
     let files = crate_of(&[
         ("lib.rs", "mod up;"),
-        ("up.rs", "pub fn f() {}\n#[cfg(test)]\n#[path = \"up_tests.rs\"]\nmod tests;"),
+        (
+            "up.rs",
+            "pub fn f() {}\n#[cfg(test)]\n#[path = \"up_tests.rs\"]\nmod tests;",
+        ),
         ("up_tests.rs", "use super::*;"),
         ("stray.rs", "use crate::up::f;"),
     ]);
@@ -223,7 +235,9 @@ fn path_attributes_and_unreached_files() {
 
 #[test]
 fn the_lexer_keeps_literals_whole() {
-    let toks = lex("let s = \"a::b { }\"; let c = '}'; fn f<'a>() {} // x::y\n/* p::q /* n */ */ r#type::z");
+    let toks = lex(
+        "let s = \"a::b { }\"; let c = '}'; fn f<'a>() {} // x::y\n/* p::q /* n */ */ r#type::z",
+    );
     assert!(toks.contains(&Tok::Str("a::b { }".into())));
     let idents: Vec<&Tok> = toks.iter().filter(|t| matches!(t, Tok::Ident(_))).collect();
     assert_eq!(
@@ -257,8 +271,14 @@ fn a_split_inherent_impl_ties_the_type_to_its_methods() {
             "p/course.rs",
             "use super::Req;\nimpl Req {\n pub fn course(&self) {}\n}",
         ),
-        ("t.rs", "impl<T: Fn() -> u8> std::fmt::Debug for crate::p::Req {}"),
-        ("q.rs", "impl crate::p::Req {\n fn unused(&self) { self.course() }\n}"),
+        (
+            "t.rs",
+            "impl<T: Fn() -> u8> std::fmt::Debug for crate::p::Req {}",
+        ),
+        (
+            "q.rs",
+            "impl crate::p::Req {\n fn unused(&self) { self.course() }\n}",
+        ),
     ]);
     let edges = graph(&files);
     assert_eq!(edges["p.rs"], set(&["p/course.rs"]));
