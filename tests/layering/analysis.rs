@@ -742,13 +742,12 @@ impl<'a> Tree<'a> {
             let Some(mut target) = self.absolute(&m, &glob.segs, depth + 1) else {
                 continue;
             };
-            if target.starts_with(&m) && target.len() == m.len() {
+            if target == m {
                 continue;
             }
             target.extend(abs[k..].iter().cloned());
-            match self.resolve(&target, depth + 1) {
-                found @ (Res::Item(_) | Res::Module(_)) => return found,
-                _ => {}
+            if let found @ (Res::Item(_) | Res::Module(_)) = self.resolve(&target, depth + 1) {
+                return found;
             }
         }
         if k == 0 {
