@@ -36,7 +36,9 @@
 //! validation), [`capacity`] (the engine's KV cache against the budgets, the `capacity`
 //! planner), [`sign`] (HMAC and SHA-256 as hex, a leaf), [`lane`] (the `Lane` enum, a leaf), [`error`] ([`error::GatewayError`] and its
 //! one mapping to HTTP), [`server`] (wiring, the serve loop, graceful shutdown, `--with-sim`).
-//! `tests/layering.rs` keeps this shape: no import loops, nothing below `api` imports it.
+//! `tests/layering.rs` keeps this shape: no loop of files or of folders that import each other
+//! (except those its `PENDING_LOOPS` lists, in `jobs` and `pipeline`, being taken apart),
+//! nothing below `api` imports it.
 #![forbid(unsafe_code)]
 
 pub mod admission;

@@ -9,16 +9,15 @@
 //! - [`tokenizer`]: prompt tokens (a `tokenizer.json`, or a documented heuristic) and the chat template.
 //! - [`api`]: HTTP routes: request validation, SSE framing, chunk JSON, errors.
 //! - [`text`]: seeded output lengths, filler text and fault injection.
-//! - [`engine`]: the scheduler loop, KV cache and per-request state.
+//! - [`engine`]: the scheduler loop, KV cache and per-request state; `engine::metrics`, vLLM's
+//!   Prometheus series.
 //! - [`profile`]: step-time models (`llama-3.1-8b-h100`, `llama-3.1-8b-h200`, `fixed`,
 //!   `tiny-test`) and profile files (`--profile-file`).
-//! - [`metrics`]: vLLM's Prometheus series.
 #![forbid(unsafe_code)]
 
 pub mod api;
 pub mod args;
 pub mod engine;
-pub mod metrics;
 pub mod profile;
 pub mod text;
 pub mod tokenizer;
@@ -31,13 +30,11 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use api::VLLM_VERSION;
 pub use args::SimArgs;
 use engine::scheduler::SchedulerConfig;
 use engine::Engine;
 use profile::Profile;
-
-/// The vLLM version the simulator reports at `/version`.
-pub const VLLM_VERSION: &str = "0.25.0+sim";
 
 /// A running simulator.
 #[derive(Debug)]

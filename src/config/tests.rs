@@ -389,3 +389,142 @@ fn auth_keys_are_hashes_with_tenants() {
     let none = issues_of(&format!("{MINIMAL}[auth]\nenabled = true\n"));
     assert!(none.iter().any(|i| i.starts_with("auth.enabled")));
 }
+
+// Section checks that need the whole file (`Config`) live here, not in the section's file,
+// which `file.rs` imports (no file imports one that imports it back).
+
+/// `[upstream.abort]`, read through the whole file.
+mod upstream_abort {
+    use super::*;
+
+    fn parsed(abort: &str) -> Result<AbortConfig, Vec<String>> {
+        let src = format!("[classify]\ntokenizer = \"heuristic\"\n[upstream.abort]\n{abort}\n");
+        Config::from_toml_str(&src)
+            .map(|c| c.upstream.abort)
+            .map_err(|e| e.issues().iter().map(ToString::to_string).collect())
+    }
+
+    #[test]
+    fn mode_defaults_to_auto_with_vllms_ids() {
+        let a = parsed("").unwrap();
+        assert_eq!((a.mode, a.call_mode()), (AbortMode::Auto, AbortMode::Auto));
+        assert_eq!(a.id_format, AbortIdFormat::Vllm);
+        for (text, mode) in [
+            ("on", AbortMode::On),
+            ("off", AbortMode::Off),
+            ("auto", AbortMode::Auto),
+        ] {
+            let a = parsed(&format!("mode = \"{text}\"")).unwrap();
+            assert_eq!(a.call_mode(), mode);
+            assert_eq!(a.enabled, mode != AbortMode::Off);
+            assert_eq!(mode.as_str(), text);
+        }
+        let a = parsed("id_format = \"as_sent\"").unwrap();
+        assert_eq!(a.id_format, AbortIdFormat::AsSent);
+    }
+
+    #[test]
+    fn the_older_enabled_key_still_reads_and_never_contradicts_mode() {
+        assert_eq!(
+            parsed("enabled = false").unwrap().call_mode(),
+            AbortMode::Off
+        );
+        assert_eq!(
+            parsed("enabled = true").unwrap().call_mode(),
+            AbortMode::Auto
+        );
+        assert_eq!(
+            parsed("enabled = true\nmode = \"on\"").unwrap().call_mode(),
+            AbortMode::On
+        );
+        assert!(parsed("enabled = false\nmode = \"off\"").is_ok());
+        for contradiction in [
+            "enabled = false\nmode = \"on\"",
+            "enabled = true\nmode = \"off\"",
+        ] {
+            let issues = parsed(contradiction).unwrap_err();
+            assert!(
+                issues
+                    .iter()
+                    .any(|i| i.starts_with("upstream.abort.enabled contradicts")),
+                "{issues:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_modes_and_id_formats_are_named_without_their_value() {
+        let issues = parsed("mode = \"sometimes-secret\"\nid_format = \"x-secret\"").unwrap_err();
+        assert!(issues
+            .iter()
+            .any(|i| i == "upstream.abort.mode must be one of auto, on, off"));
+        assert!(issues
+            .iter()
+            .any(|i| i == "upstream.abort.id_format must be vllm or as_sent"));
+        assert!(issues.iter().all(|i| !i.contains("secret")), "{issues:?}");
+    }
+
+    #[test]
+    fn mode_off_needs_no_id_placeholder() {
+        assert!(parsed("mode = \"off\"\nbody = '{}'").is_ok());
+        assert!(parsed("mode = \"auto\"\nbody = '{}'").is_err());
+    }
+}
+
+/// `[quota]`, read through the whole file.
+mod quota_section {
+    use super::*;
+
+    fn issues(quota: &str) -> Vec<String> {
+        let src = format!("[classify]\ntokenizer = \"heuristic\"\n[quota]\n{quota}");
+        match Config::from_toml_str(&src) {
+            Ok(_) => vec![],
+            Err(e) => e.issues().iter().map(ToString::to_string).collect(),
+        }
+    }
+
+    #[test]
+    fn heartbeat_must_be_well_inside_the_ttl() {
+        let found = issues("lease_ttl_ms = 3000\nheartbeat_ms = 1500\n");
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].starts_with("quota.heartbeat_ms must be"));
+        assert!(issues("lease_ttl_ms = 3000\nheartbeat_ms = 1000\n").is_empty());
+    }
+
+    #[test]
+    fn bad_urls_are_reported_without_echoing_the_password() {
+        // TLS is built in: a rediss:// URL is fine, a CA file needs one.
+        assert!(issues("backend = \"redis\"\nredis_url = \"rediss://u:hunter2@h:1\"\n").is_empty());
+        let ca = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tls/ca.pem");
+        let found = issues(&format!(
+            "redis_url = \"redis://h:1\"\nredis_ca_file = \"{ca}\"\n"
+        ));
+        assert!(found[0].starts_with("quota.redis_ca_file"), "{found:?}");
+        let found = issues("redis_url = \"rediss://h:1\"\nredis_ca_file = \"/nonexistent.pem\"\n");
+        assert!(
+            found[0].starts_with("quota.redis_ca_file cannot be read"),
+            "{found:?}"
+        );
+        let found = issues("redis_url = \"http://u:hunter2@h:1\"\n");
+        assert!(!found.iter().any(|i| i.contains("hunter2")), "{found:?}");
+        assert!(found[0].starts_with("quota.redis_url"), "{found:?}");
+    }
+
+    #[test]
+    fn other_bad_keys_are_all_reported() {
+        let found = issues(
+            "backend = \"x\"\nkey_prefix = \"a{b}\"\non_redis_down = \"x\"\nexpected_replicas = 0\n",
+        );
+        for key in [
+            "backend",
+            "key_prefix",
+            "on_redis_down",
+            "expected_replicas",
+        ] {
+            assert!(
+                found.iter().any(|i| i.starts_with(&format!("quota.{key}"))),
+                "{key}: {found:?}"
+            );
+        }
+    }
+}

@@ -7,23 +7,23 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use crate::admission::session::SessionId;
-use crate::classify::{ChatMessage, PromptInput};
+use crate::classify::PromptInput;
 use crate::error::GatewayError;
-use crate::prompt::StudentMaterial;
 
+mod answer;
 pub mod bounds;
-mod course;
 pub mod fields;
+mod json;
 pub mod lax;
 pub mod media;
 pub mod template;
 
+pub use answer::{session_id_from, AnswerBody, AnswerQuery, AnswerRequest, CodeFile};
 pub use fields::FieldRules;
+pub use json::{json_body, json_object, typed, typed_ref};
 
 /// The body bytes, or 413 / 400 for a body that could not be read.
 pub fn body_bytes(
@@ -59,39 +59,6 @@ fn body_deadline(e: &(dyn std::error::Error + 'static)) -> Option<std::time::Dur
         cur = err.source();
     }
     None
-}
-
-/// Deserializes `T` from `value`, naming the failing field by its path.
-pub fn typed<T: DeserializeOwned>(value: Value) -> Result<T, GatewayError> {
-    typed_ref(&value)
-}
-
-/// [`typed`] without taking (or copying) the value.
-pub fn typed_ref<T: DeserializeOwned>(value: &Value) -> Result<T, GatewayError> {
-    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
-        let path = e.path().to_string();
-        let message = if path == "." || path.is_empty() {
-            e.inner().to_string()
-        } else {
-            format!("{path}: {}", e.inner())
-        };
-        GatewayError::bad_request(message, None)
-    })
-}
-
-/// The body as a JSON object.
-pub fn json_object(bytes: &[u8]) -> Result<Value, GatewayError> {
-    match serde_json::from_slice::<Value>(bytes) {
-        Ok(v @ Value::Object(_)) => Ok(v),
-        Ok(_) => Err(GatewayError::bad_request(
-            "the request body must be a JSON object",
-            None,
-        )),
-        Err(e) => Err(GatewayError::bad_request(
-            format!("the request body is not valid JSON: {e}"),
-            None,
-        )),
-    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -295,198 +262,4 @@ pub fn tokenize(bytes: &[u8], rules: FieldRules<'_>) -> Result<Map<String, Value
     };
     req.body.extend(own);
     Ok(req.body)
-}
-
-/// `POST /answer` body. Exactly one of `messages` and `prompt`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AnswerBody {
-    /// The conversation so far (chat format).
-    #[serde(default)]
-    pub messages: Option<Vec<ChatMessage>>,
-    /// A single question, as a user message.
-    #[serde(default)]
-    pub prompt: Option<String>,
-    /// Most output tokens wanted; the classifier's default budget when absent.
-    #[serde(default)]
-    pub max_output_tokens: Option<u32>,
-    /// The student's session, for continuation tracking (checked and hashed by
-    /// [`AnswerRequest::checked`]).
-    #[serde(default)]
-    pub session_id: Option<String>,
-    /// The course whose stable prefix (`[courses.<id>]`) goes first; unknown ids are a 400.
-    #[serde(default)]
-    pub course_id: Option<String>,
-    /// With `course_id`: the student's code.
-    #[serde(default)]
-    pub code: Option<String>,
-    /// With `course_id`: a stack trace.
-    #[serde(default)]
-    pub stack_trace: Option<String>,
-    /// With `course_id`: recent turns (user/assistant messages, oldest first); `messages` is
-    /// accepted for the same, but not both.
-    #[serde(default)]
-    pub turns: Option<Vec<ChatMessage>>,
-    /// With `course_id` and `code` or `files`: the code's language (else from the paths).
-    #[serde(default)]
-    pub language: Option<String>,
-    /// With `course_id` and `code`: the file's path, as the stack trace names it.
-    #[serde(default)]
-    pub path: Option<String>,
-    /// With `course_id`: several files instead of `code`.
-    #[serde(default)]
-    pub files: Option<Vec<CodeFile>>,
-}
-
-/// One of `files`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CodeFile {
-    /// Its path, as the stack trace names it.
-    pub path: String,
-    /// Its text.
-    pub code: String,
-}
-
-/// `GET /answer` query (browser `EventSource`).
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AnswerQuery {
-    /// The question.
-    pub prompt: String,
-    /// Most output tokens wanted.
-    #[serde(default)]
-    pub max_output_tokens: Option<u32>,
-    /// The student's session.
-    #[serde(default)]
-    pub session_id: Option<String>,
-    /// The course.
-    #[serde(default)]
-    pub course_id: Option<String>,
-}
-
-/// A validated `/answer` request: the messages to send and the declared output limit.
-#[derive(Debug)]
-pub struct AnswerRequest {
-    /// Chat messages.
-    pub messages: Vec<ChatMessage>,
-    /// The raw messages JSON to forward.
-    pub messages_json: Value,
-    /// Declared output limit.
-    pub max_output_tokens: Option<u32>,
-    /// The student's session, for continuation tracking (checked, hashed).
-    pub session_id: Option<SessionId>,
-    /// The course whose stable prefix goes before `messages`; `messages` is then only the
-    /// student's material.
-    pub course_id: Option<String>,
-    /// With a course: the student's material `messages` was built from, for the prompt step
-    /// to focus the code on the stack trace (M11) and build them again.
-    pub material: Option<StudentMaterial>,
-}
-
-/// A session id from field or header `name`, checked and hashed; `None` when empty.
-pub fn session_id_from(raw: &str, name: &'static str) -> Result<Option<SessionId>, GatewayError> {
-    SessionId::parse(raw)
-        .map_err(|why| GatewayError::bad_request(format!("{name} {why}"), Some(name)))
-}
-
-/// A request body read as JSON; 400 naming the syntax error's place when it is not.
-pub fn json_body(bytes: &[u8]) -> Result<Value, GatewayError> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        GatewayError::bad_request(format!("the request body is not valid JSON: {e}"), None)
-    })
-}
-
-fn session(raw: &str) -> Result<Option<SessionId>, GatewayError> {
-    session_id_from(raw, "session_id")
-}
-
-fn user_message(prompt: &str) -> Value {
-    serde_json::json!([{ "role": "user", "content": prompt }])
-}
-
-impl AnswerRequest {
-    /// From a `POST /answer` body.
-    pub fn from_body(bytes: &[u8]) -> Result<Self, GatewayError> {
-        Self::from_value(json_body(bytes)?)
-    }
-
-    /// From a `POST /answer` body already read as JSON (a job's body, less its own fields).
-    pub fn from_value(value: Value) -> Result<Self, GatewayError> {
-        let raw_messages = value.get("messages").cloned();
-        let raw_turns = value.get("turns").cloned();
-        let body: AnswerBody = typed(value)?;
-        if let Some(course_id) = body.course_id.clone().filter(|c| !c.is_empty()) {
-            return Self::for_course(body, course_id, raw_messages.or(raw_turns));
-        }
-        if body.code.is_some()
-            || body.stack_trace.is_some()
-            || body.turns.is_some()
-            || body.files.is_some()
-            || body.language.is_some()
-            || body.path.is_some()
-        {
-            return Err(GatewayError::bad_request(
-                "`code`, `files`, `language`, `path`, `stack_trace` and `turns` need a `course_id`",
-                Some("course_id"),
-            ));
-        }
-        let (messages, messages_json) = match (body.messages, body.prompt) {
-            (Some(m), None) => (m, raw_messages.unwrap_or(Value::Null)),
-            (None, Some(p)) => (typed(user_message(&p))?, user_message(&p)),
-            _ => {
-                return Err(GatewayError::bad_request(
-                    "send exactly one of `messages` and `prompt`",
-                    None,
-                ))
-            }
-        };
-        Self::checked(
-            messages,
-            messages_json,
-            body.max_output_tokens,
-            body.session_id,
-        )
-    }
-
-    /// From a `GET /answer` query.
-    pub fn from_query(q: AnswerQuery) -> Result<Self, GatewayError> {
-        let json = user_message(&q.prompt);
-        let mut req = Self::checked(
-            typed(json.clone())?,
-            json,
-            q.max_output_tokens,
-            q.session_id,
-        )?;
-        req.course_id = q.course_id.filter(|c| !c.is_empty());
-        Ok(req)
-    }
-
-    pub(super) fn checked(
-        messages: Vec<ChatMessage>,
-        messages_json: Value,
-        max: Option<u32>,
-        session_id: Option<String>,
-    ) -> Result<Self, GatewayError> {
-        if messages.is_empty() || messages.iter().all(|m| m.text().trim().is_empty()) {
-            return Err(GatewayError::bad_request(
-                "the question must not be empty",
-                Some("prompt"),
-            ));
-        }
-        if max == Some(0) {
-            return Err(GatewayError::bad_request(
-                "max_output_tokens must be at least 1",
-                Some("max_output_tokens"),
-            ));
-        }
-        Ok(Self {
-            messages,
-            messages_json,
-            max_output_tokens: max,
-            session_id: session_id.as_deref().map(session).transpose()?.flatten(),
-            course_id: None,
-            material: None,
-        })
-    }
 }

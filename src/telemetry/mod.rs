@@ -11,6 +11,7 @@
 //! - [`focus_metrics`]: focusing course code on its stack trace (M11).
 //! - [`replica_metrics`]: each vLLM replica's traffic, health and prefix hits.
 //! - [`otel`]: logging and OpenTelemetry set-up, W3C trace-context propagation.
+//! - `text`: [`printable`], client- or engine-supplied text made safe to log (a leaf).
 //!
 //! Telemetry takes plain values ([`UpstreamView`], [`AdmissionSnapshot`]) and imports neither
 //! admission nor upstream (checked by `tests/layering.rs`).
@@ -32,6 +33,7 @@ pub mod replica_metrics;
 pub mod request_log;
 mod snapshot;
 pub mod span;
+mod text;
 
 pub use config_metrics::ConfigMetrics;
 pub use job_metrics::JobMetrics;
@@ -45,12 +47,4 @@ pub use relay_metrics::RelayMetrics;
 pub use replica_metrics::ReplicaMetrics;
 pub use request_log::RequestLog;
 pub use snapshot::{AdmissionSnapshot, LaneSnapshot};
-
-/// Client- or engine-supplied text as it may appear in a log, a span or an error message: its
-/// first `max_chars` characters, each not a visible ASCII character shown as `?`.
-pub fn printable(text: &str, max_chars: usize) -> String {
-    text.chars()
-        .take(max_chars)
-        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
-        .collect()
-}
+pub use text::printable;

@@ -114,7 +114,7 @@ impl RequestRecord {
     /// The model name is the client's: on the span it is cut to 128 visible ASCII characters
     /// (others become `?`).
     pub fn requested(&mut self, model: &str, max_tokens: Option<u32>) {
-        let shown = super::printable(model, 128);
+        let shown = super::text::printable(model, 128);
         self.span.record(span::GEN_AI_REQUEST_MODEL, shown.as_str());
         if let Some(m) = max_tokens {
             self.span

@@ -11,103 +11,24 @@ pub mod chunks;
 pub mod error;
 pub mod generate;
 pub mod request;
+mod state;
 pub mod stream;
-
-use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 
-use crate::engine::Engine;
-use crate::text::FaultRates;
-use crate::tokenizer::{render_chat, ChatMessage, PromptTokenizer};
+use crate::tokenizer::{render_chat, ChatMessage};
 use error::ApiError;
 use request::{encode, parse_json};
+pub use state::AppState;
 
-/// Shared state of the handlers.
-#[derive(Debug, Clone)]
-pub struct AppState {
-    /// The engine.
-    pub engine: Engine,
-    /// Prompt tokenizer.
-    pub tokenizer: Arc<PromptTokenizer>,
-    /// Served model name.
-    pub model: String,
-    /// Longest prompt + output.
-    pub max_model_len: u32,
-    /// Mean seeded output length.
-    pub mean_output_tokens: u32,
-    /// `--reasoning-tokens`: the first output tokens of a chat answer that are reasoning.
-    pub reasoning_tokens: u32,
-    /// Server seed.
-    pub seed: u64,
-    /// Fault injection.
-    pub faults: FaultRates,
-    /// `--enable-prompt-tokens-details`.
-    pub prompt_tokens_details: bool,
-    /// `--enable-per-request-metrics`.
-    pub per_request_metrics: bool,
-    /// `--enable-request-id-headers`.
-    pub request_id_headers: bool,
-    /// `--api-key`: required as a bearer token on `/v1/*` and `/inference/*`.
-    pub api_key: Option<Arc<str>>,
-    /// `--enable-scale-out`: `POST /inference/v1/abort_requests` is served.
-    pub scale_out: bool,
-    /// Every call to an abort path (`GET /debug/aborts`), oldest first, the last 1,000: path,
-    /// status answered, the ids named, how many requests they aborted.
-    pub aborts: Arc<std::sync::Mutex<std::collections::VecDeque<serde_json::Value>>>,
-    /// Unix seconds at start, for `/v1/models`.
-    pub started: u64,
-    /// The last `traceparent` headers received (`GET /debug/traceparents`), newest last.
-    pub traceparents: Arc<std::sync::Mutex<std::collections::VecDeque<String>>>,
-    /// `--scheduling-policy priority`: a non-zero `priority` is accepted (vLLM refuses one
-    /// otherwise).
-    pub priority_policy: bool,
-    /// The last requests accepted (`GET /debug/requests`), newest last: prompt tokens,
-    /// `max_tokens` as sent (null when none) and `priority`. Never the prompt itself.
-    pub recent: Arc<std::sync::Mutex<std::collections::VecDeque<serde_json::Value>>>,
-}
-
-impl AppState {
-    /// Remembers a call to an abort path (the last 1,000).
-    fn saw_abort(&self, path: &str, status: StatusCode, ids: &[String], aborted: usize) {
-        let mut q = self.aborts.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() == 1000 {
-            q.pop_front();
-        }
-        q.push_back(serde_json::json!({
-            "path": path,
-            "status": status.as_u16(),
-            "request_ids": ids,
-            "aborted": aborted,
-        }));
-    }
-
-    /// Remembers an accepted request's limits (the last 1,000).
-    pub fn saw_request(&self, summary: serde_json::Value) {
-        let mut q = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        if q.len() == 1000 {
-            q.pop_front();
-        }
-        q.push_back(summary);
-    }
-
-    /// Remembers a request's `traceparent` (the last 1,000), as vLLM would parent its span on it.
-    pub fn saw_traceparent(&self, headers: &HeaderMap) {
-        if let Some(tp) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
-            let mut q = self.traceparents.lock().unwrap_or_else(|e| e.into_inner());
-            if q.len() == 1000 {
-                q.pop_front();
-            }
-            q.push_back(tp.to_owned());
-        }
-    }
-}
+/// The vLLM version the simulator reports at `/version`.
+pub const VLLM_VERSION: &str = "0.25.0+sim";
 
 /// All routes.
 pub fn router(state: AppState) -> Router {
@@ -205,7 +126,7 @@ async fn health() -> StatusCode {
 }
 
 async fn version() -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "version": crate::VLLM_VERSION }))
+    Json(serde_json::json!({ "version": VLLM_VERSION }))
 }
 
 #[derive(Deserialize)]

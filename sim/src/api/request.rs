@@ -5,7 +5,7 @@ use axum::http::HeaderMap;
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::AppState;
+use super::state::AppState;
 use crate::tokenizer::{render_chat, render_template_kwargs, render_tools, ChatMessage};
 
 /// `stream_options`.

@@ -8,6 +8,7 @@
 //! one runs.
 
 pub mod kv_cache;
+pub mod metrics;
 pub mod offline;
 pub mod scheduler;
 pub mod sequence;
@@ -22,8 +23,8 @@ use serde::Serialize;
 use tokio::sync::mpsc::{self, UnboundedReceiver};
 use tokio::sync::Notify;
 
-use crate::metrics::{self, CacheInfo, Gauges};
 use crate::profile::{BatchedCost, Profile};
+use metrics::{CacheInfo, Gauges};
 use scheduler::{Scheduler, SchedulerConfig, StepPlan};
 use sequence::{EngineEvent, FinishReason, Sequence};
 use stats::{Lateness, StepRecord, StepStats};

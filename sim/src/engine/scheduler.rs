@@ -19,8 +19,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 
 use super::kv_cache::BlockPool;
+use super::metrics::EngineMetrics;
 use super::sequence::{EngineEvent, FinishReason, Sequence};
-use crate::metrics::EngineMetrics;
 use crate::profile::StepShape;
 
 /// Limits of the scheduler, from the command line.

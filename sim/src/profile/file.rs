@@ -35,7 +35,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context};
 use serde::Deserialize;
 
-use super::{BatchedCost, StepShape};
+use super::cost::{BatchedCost, StepShape};
 
 /// Where a profile's constants come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

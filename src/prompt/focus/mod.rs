@@ -17,7 +17,8 @@
 //!
 //! Files: `lang.rs` (languages, grammars, node kinds), `trace.rs` (frames), `index.rs` (a
 //! file's definitions), `calls.rs` (what a function calls and names), `select.rs` (the
-//! choice), `resolve.rs` (which definitions a call reaches), `render.rs` (the text).
+//! choice; its state in `selector.rs`), `resolve.rs` (which definitions a call reaches), `render.rs` (the text),
+//! `source.rs` ([`SourceFile`], a leaf).
 
 mod calls;
 mod index;
@@ -26,6 +27,8 @@ mod outline;
 mod render;
 mod resolve;
 mod select;
+mod selector;
+mod source;
 mod trace;
 
 use std::time::{Duration, Instant};
@@ -35,6 +38,7 @@ use tree_sitter::{ParseOptions, ParseState, Parser, Tree};
 
 pub use lang::{Lang, LANGUAGE_NAMES};
 pub use render::{whole, FOCUSED_HEADING};
+pub use source::SourceFile;
 pub use trace::{frames, Frame};
 
 /// `focus` in `[courses.<id>]`.
@@ -85,15 +89,6 @@ impl Default for FocusSettings {
             whole_parse: false,
         }
     }
-}
-
-/// One file of the student's code.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SourceFile {
-    /// Its path (`path`, or `files[].path`), when given.
-    pub path: Option<String>,
-    /// Its text.
-    pub code: String,
 }
 
 /// What focusing did.
@@ -277,11 +272,11 @@ pub fn focus(
             _ => return fallback(Outcome::FallbackParse),
         }
     }
-    let parsed: Vec<select::Parsed<'_>> = files
+    let parsed: Vec<selector::Parsed<'_>> = files
         .iter()
         .zip(&langs)
         .zip(&trees)
-        .map(|((f, lang), tree)| select::Parsed {
+        .map(|((f, lang), tree)| selector::Parsed {
             path: f.path.clone(),
             index: index::Index::build(*lang, &f.code, tree),
         })

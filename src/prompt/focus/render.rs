@@ -2,8 +2,8 @@
 //! selection in source order with `...` where lines are left out and each line's number.
 
 use super::lang::Lang;
-use super::select::FileSelection;
-use super::SourceFile;
+use super::selector::FileSelection;
+use super::source::SourceFile;
 
 /// The heading of a focused code section.
 pub const FOCUSED_HEADING: &str = "My code, cut down to what the stack trace or error points \

@@ -3,7 +3,7 @@
 
 use super::calls::{Call, Receiver};
 use super::index::UnitKind;
-use super::select::Selector;
+use super::selector::Selector;
 
 /// Method names of the standard libraries: a call of one on a value of unknown type is not
 /// taken for the student's method of that name.

@@ -7,7 +7,8 @@
 
 use std::collections::HashSet;
 
-use super::index::{named_children, Index, UnitKind};
+use super::index::{named_children, UnitKind};
+use super::selector::{FileSelection, Parsed, Selector};
 use super::trace::{normalize, Frame};
 
 /// Most lines of class fields (or a receiver's type definition) sent with a method.
@@ -18,39 +19,6 @@ const VALUE_LINES: usize = 10;
 const TYPE_LINES: usize = 25;
 /// Most lines of an enclosing function sent before the nested function a frame is in.
 const PREAMBLE_LINES: usize = 15;
-
-/// A parsed file to select from.
-pub struct Parsed<'t> {
-    /// Its path, when the request gave one.
-    pub path: Option<String>,
-    /// Its definitions.
-    pub index: Index<'t>,
-}
-
-/// The rows chosen in one file and the functions among them.
-#[derive(Debug, Default, Clone)]
-pub struct FileSelection {
-    /// Rows to send (0-based).
-    pub rows: Vec<bool>,
-    /// Functions sent: (first row, qualified name).
-    pub functions: Vec<(usize, String)>,
-}
-
-impl FileSelection {
-    /// Whether anything of the file is sent.
-    pub fn is_empty(&self) -> bool {
-        !self.rows.iter().any(|r| *r)
-    }
-}
-
-pub(super) struct Selector<'a, 't> {
-    pub(super) files: &'a [Parsed<'t>],
-    pub(super) lines: Vec<Vec<&'t str>>,
-    pub(super) out: Vec<FileSelection>,
-    pub(super) chosen: HashSet<(usize, usize)>,
-    pub(super) count: &'a dyn Fn(&str) -> u32,
-    pub(super) used: u32,
-}
 
 /// The selection for `frames`; `None` when no frame falls in the given code.
 pub fn select(

@@ -4,7 +4,7 @@
 //! else (always parsed).
 
 use super::lex::{Kind, Lexed};
-use super::{Container, Def, Outline, KEYWORDS};
+use super::model::{Container, Def, Outline, KEYWORDS};
 use crate::prompt::focus::lang::Lang;
 
 /// Words that begin a statement, never a definition.

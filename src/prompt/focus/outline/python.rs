@@ -2,7 +2,7 @@
 //! included) and `class` blocks, class bodies outlined in turn.
 
 use super::lex::Lexed;
-use super::{Container, Def, Outline, KEYWORDS};
+use super::model::{Container, Def, Outline, KEYWORDS};
 use crate::prompt::focus::lang::Lang;
 
 struct Scan<'a> {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::Duration;
 
-use crate::engine::sequence::{FinishReason, Finished};
+use super::sequence::{FinishReason, Finished};
 
 /// vLLM's buckets for request-level latency histograms (seconds).
 const REQUEST_BUCKETS: &[f64] = &[

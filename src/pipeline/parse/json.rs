@@ -1,0 +1,47 @@
+//! Reading JSON: a body as JSON (an object), and a value deserialized with the failing field
+//! named by its path. A leaf every body check uses.
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::GatewayError;
+
+/// Deserializes `T` from `value`, naming the failing field by its path.
+pub fn typed<T: DeserializeOwned>(value: Value) -> Result<T, GatewayError> {
+    typed_ref(&value)
+}
+
+/// [`typed`] without taking (or copying) the value.
+pub fn typed_ref<T: DeserializeOwned>(value: &Value) -> Result<T, GatewayError> {
+    serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
+        let path = e.path().to_string();
+        let message = if path == "." || path.is_empty() {
+            e.inner().to_string()
+        } else {
+            format!("{path}: {}", e.inner())
+        };
+        GatewayError::bad_request(message, None)
+    })
+}
+
+/// The body as a JSON object.
+pub fn json_object(bytes: &[u8]) -> Result<Value, GatewayError> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err(GatewayError::bad_request(
+            "the request body must be a JSON object",
+            None,
+        )),
+        Err(e) => Err(GatewayError::bad_request(
+            format!("the request body is not valid JSON: {e}"),
+            None,
+        )),
+    }
+}
+
+/// A request body read as JSON; 400 naming the syntax error's place when it is not.
+pub fn json_body(bytes: &[u8]) -> Result<Value, GatewayError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        GatewayError::bad_request(format!("the request body is not valid JSON: {e}"), None)
+    })
+}
