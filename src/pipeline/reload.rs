@@ -20,7 +20,7 @@
 
 use std::path::Path;
 
-use super::AppState;
+use super::state::AppState;
 use crate::classify::Classifier;
 use crate::config::{Config, ConfigError};
 
