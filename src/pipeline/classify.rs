@@ -1,6 +1,6 @@
 //! The classify step: a [`Prepared`] request becomes a [`Ready`] one: its lane (estimated work,
 //! then the continuation choice for a session), its reservations, and its body shaped for the
-//! engine, here and nowhere else ([`for_engine`]).
+//! engine, here and nowhere else (`for_engine`).
 
 use std::sync::Arc;
 

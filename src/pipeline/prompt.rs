@@ -11,7 +11,7 @@
 //!   `fields.media_hosts` ([`parse::media`]), as on `/v1`.
 //!
 //! What only the engine needs (running usage, `priority`, the output cap) is added after
-//! classification, in one place ([`super::classify`]).
+//! classification, in one place ([`super::classify()`]).
 
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
