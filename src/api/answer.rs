@@ -1,6 +1,7 @@
 //! `/answer`: the tutoring frontend's stream. `GET /answer?prompt=…` for a browser
 //! `EventSource`, `POST /answer` with JSON for `fetch`. The event format is in the README and in
-//! [`crate::relay`]; the work is [`pipeline::answer`].
+//! [`crate::relay`]; the work is [`pipeline::answer`], under the snapshot of the configuration
+//! taken here, at the request's arrival ([`RequestCtx::snapshot`]).
 
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
@@ -11,7 +12,7 @@ use axum::Extension;
 
 use crate::jobs::Jobs;
 use crate::pipeline::parse::AnswerQuery;
-use crate::pipeline::{self, AnswerInput, Tenant};
+use crate::pipeline::{self, AnswerInput, RequestCtx, Tenant};
 
 /// `GET /answer?prompt=…&max_output_tokens=…`.
 pub async fn get_answer(
@@ -20,9 +21,9 @@ pub async fn get_answer(
     headers: HeaderMap,
     query: Result<Query<AnswerQuery>, QueryRejection>,
 ) -> Response {
-    let state = jobs.state().clone();
+    let ctx = RequestCtx::snapshot(jobs.state());
     let (input, tenant) = (AnswerInput::Query(query), tenant.map(|t| t.0));
-    pipeline::answer(state, headers, input, Some(&jobs), tenant).await
+    pipeline::answer(ctx, headers, input, Some(&jobs), tenant).await
 }
 
 /// `POST /answer` with `{"messages"|"prompt", "max_output_tokens", "session_id", "course_id"}`.
@@ -32,7 +33,7 @@ pub async fn post_answer(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let state = jobs.state().clone();
+    let ctx = RequestCtx::snapshot(jobs.state());
     let (input, tenant) = (AnswerInput::Body(body), tenant.map(|t| t.0));
-    pipeline::answer(state, headers, input, Some(&jobs), tenant).await
+    pipeline::answer(ctx, headers, input, Some(&jobs), tenant).await
 }

@@ -1,5 +1,6 @@
 //! `POST /v1/chat/completions` and `POST /v1/completions`: OpenAI-compatible, through the same
-//! lanes as `/answer`; the work is [`pipeline::openai`].
+//! lanes as `/answer`; the work is [`pipeline::openai`], under the snapshot of the configuration
+//! taken here, at the request's arrival ([`RequestCtx::snapshot`]).
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -8,7 +9,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::Extension;
 
-use crate::pipeline::{self, AppState, Tenant};
+use crate::pipeline::{self, AppState, RequestCtx, Tenant};
 use crate::telemetry::Route;
 
 /// `POST /v1/chat/completions`.
@@ -19,7 +20,14 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let tenant = tenant.map(|t| t.0);
-    pipeline::openai(state, headers, body, Route::ChatCompletions, tenant).await
+    pipeline::openai(
+        RequestCtx::snapshot(&state),
+        headers,
+        body,
+        Route::ChatCompletions,
+        tenant,
+    )
+    .await
 }
 
 /// `POST /v1/completions`.
@@ -30,5 +38,12 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let tenant = tenant.map(|t| t.0);
-    pipeline::openai(state, headers, body, Route::Completions, tenant).await
+    pipeline::openai(
+        RequestCtx::snapshot(&state),
+        headers,
+        body,
+        Route::Completions,
+        tenant,
+    )
+    .await
 }

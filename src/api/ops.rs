@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::admission::AdmissionHealth;
 use crate::error::GatewayError;
-use crate::pipeline::{self, AppState, Tenant};
+use crate::pipeline::{self, AppState, RequestCtx, Tenant};
 use crate::relay::Drain;
 use crate::upstream::{RawResponse, UpstreamError};
 
@@ -96,14 +96,14 @@ pub async fn version(State(state): State<AppState>) -> Response {
 
 /// `POST /tokenize`: vLLM's tokenizer, relayed (benchmark clients count tokens with it), the
 /// body checked as `/v1` bodies are and the call holding a small-lane seat
-/// ([`pipeline::tokenize`]).
+/// ([`pipeline::tokenize`]), under the snapshot of the configuration taken here.
 pub async fn tokenize(
     State(state): State<AppState>,
     tenant: Option<Extension<Tenant>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let tenant = tenant.map(|t| t.0);
-    match pipeline::tokenize::tokenize(state, body, tenant).await {
+    match pipeline::tokenize::tokenize(RequestCtx::snapshot(&state), body, tenant).await {
         Ok(raw) => relayed(Ok(raw)),
         Err(e) => e.into_response(),
     }

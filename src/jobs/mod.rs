@@ -56,7 +56,9 @@ use crate::config::JobsConfig;
 use crate::error::GatewayError;
 use crate::pipeline::parse::{self, AnswerRequest};
 use crate::pipeline::respond::link_trace;
-use crate::pipeline::{self, prompt, AppState, Divert, NotTaken, Prepared, Ready, Tenant};
+use crate::pipeline::{
+    self, prompt, AppState, Divert, NotTaken, Prepared, Ready, RequestCtx, Tenant,
+};
 use crate::telemetry::RequestRecord;
 use crate::telemetry::Route;
 use entry::{Answer, Entry};
@@ -161,7 +163,8 @@ impl Jobs {
                 "jobs are switched off here (jobs.enabled = false)",
             ));
         }
-        let mut record = inner.state.record(Route::Job);
+        let ctx = RequestCtx::snapshot(&inner.state);
+        let mut record = ctx.record(Route::Job);
         link_trace(&mut record, headers);
         let checked = async {
             let mut value = parse::json_body(&body)?;
@@ -174,7 +177,7 @@ impl Jobs {
                 size: body.len(),
                 background: true,
                 tenant,
-                ..prompt::answer_request(&inner.state, req).await?
+                ..prompt::answer_request(&ctx, req).await?
             };
             Ok::<_, GatewayError>((prepared, notify))
         }
@@ -183,7 +186,7 @@ impl Jobs {
             Ok(c) => c,
             Err(e) => return Err(pipeline::refused(record, e)),
         };
-        let ready = match pipeline::ready(&inner.state, prepared, &mut record).await {
+        let ready = match pipeline::classify(&ctx, prepared, &mut record).await {
             Ok(r) => r,
             Err(e) => return Err(pipeline::refused(record, e)),
         };

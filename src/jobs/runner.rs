@@ -13,7 +13,7 @@ use crate::admission::LaneGuard;
 use crate::classify::Classification;
 use crate::error::GatewayError;
 use crate::lane::Lane;
-use crate::pipeline::{self, Ready};
+use crate::pipeline::{self, Admitted, Ready, RequestCtx};
 use crate::relay::{Collected, Format};
 use crate::telemetry::RequestRecord;
 
@@ -89,7 +89,12 @@ async fn run(jobs: Jobs, entry: Arc<Entry>, work: (Ready, RequestRecord), guard:
     metrics.waited(started.1 - entry.submitted.1);
     let class = ready.class;
     let streamed = async {
-        let relay = pipeline::send(&inner.state, ready, guard, record, Format::Answer).await?;
+        let relay = pipeline::send(
+            &RequestCtx::snapshot(&inner.state),
+            Admitted::new(ready, guard, record),
+            Format::Answer,
+        )
+        .await?;
         relay
             .collect_with(|chunk| {
                 if !chunk.text.is_empty() {

@@ -11,16 +11,18 @@
 //! 3. The rest is swapped in at once, as one set ([`AppState::swap`]): lane limits, budgets,
 //!    seats, ceilings, lending, queue bounds and timeouts, classification thresholds,
 //!    promotion, upstream timeouts and client, courses, prefix-cache settings, body and
-//!    queued-bytes limits. Requests that arrive afterwards see the new set; running streams
-//!    keep what they had, and a lane whose limit was lowered admits nobody until it is under
-//!    the new limit (nothing is cut).
+//!    queued-bytes limits. Requests that arrive afterwards see the new set; requests already
+//!    in (waiting for a seat or streaming) keep the set of their entry (their `RequestCtx`:
+//!    lane rules, classification, upstream client, client limits), while admission's limits
+//!    apply to every waiter at once: a lane whose limit was lowered admits nobody until it is
+//!    under the new limit (nothing is cut).
 //!
 //! Every reload is logged and counted (`tutor_gateway_config_reloads_total{outcome}`); the
 //! config in force is named by `tutor_gateway_config_info{sha256}`.
 
 use std::path::Path;
 
-use super::AppState;
+use super::state::AppState;
 use crate::classify::Classifier;
 use crate::config::{Config, ConfigError};
 

@@ -42,3 +42,10 @@ pub fn rejected(mut record: RequestRecord, e: GatewayError) -> Response {
     record.finish(e.outcome(), Some(e.code()), None);
     with_id(e.into_response(), &request_id)
 }
+
+/// Writes a failure before the stream began to `record`, and passes it on.
+pub fn refused(mut record: RequestRecord, e: GatewayError) -> GatewayError {
+    tracing::info!(request_id = %record.request_id(), code = e.code(), error = %e.log_summary(), "request rejected");
+    record.finish(e.outcome(), Some(e.code()), None);
+    e
+}

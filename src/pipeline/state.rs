@@ -1,12 +1,14 @@
 //! [`AppState`]: the services one request's journey uses, built at start-up; the configuration
 //! and what is built from it (classifier, upstream client, admission limits) change together on
-//! a reload ([`AppState::reload`], see `crate::config::reload`).
+//! a reload ([`AppState::swap`], see `crate::pipeline::reload`). A request does not read them
+//! here: its entry takes one snapshot of them (`RequestCtx::snapshot`, in `ctx.rs`) and every
+//! stage reads that.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::admission::{Admission, SessionLedger};
-use crate::classify::{Classifier, LaneRules};
+use crate::classify::Classifier;
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::telemetry::{Metrics, RequestLog, RequestRecord, Route};
@@ -50,12 +52,13 @@ impl std::fmt::Debug for ConfigSource {
     }
 }
 
-/// What a reload replaces together: a request sees one consistent set.
+/// What a reload replaces together: a request sees one consistent set (the one in force at its
+/// entry, held by its `RequestCtx`).
 #[derive(Debug)]
-struct Live {
-    config: Arc<Config>,
-    classifier: Classifier,
-    upstream: UpstreamClient,
+pub(super) struct Live {
+    pub(super) config: Arc<Config>,
+    pub(super) classifier: Classifier,
+    pub(super) upstream: UpstreamClient,
 }
 
 /// Bytes of request bodies held by requests waiting for admission, bounded by
@@ -170,7 +173,8 @@ impl AppState {
             .clone()
     }
 
-    fn live(&self) -> Arc<Live> {
+    /// The set in force now: a request's snapshot of it is taken once, at its entry.
+    pub(super) fn live(&self) -> Arc<Live> {
         self.0
             .live
             .read()
@@ -218,25 +222,18 @@ impl AppState {
     }
 
     /// The validated configuration in force (a reload replaces it; hold the `Arc` for one
-    /// consistent view).
+    /// consistent view). For what is not a request (start-up, reloads, operators' routes, the
+    /// job service's bounds): a request reads the snapshot its entry took.
     pub fn config(&self) -> Arc<Config> {
         self.live().config.clone()
-    }
-    /// The lane classifier.
-    pub fn classifier(&self) -> Classifier {
-        self.live().classifier.clone()
     }
     /// Admission (lanes or FIFO).
     pub fn admission(&self) -> &Admission {
         &self.0.admission
     }
-    /// The vLLM client.
+    /// The vLLM client in force (outside a request, as [`AppState::config`]).
     pub fn upstream(&self) -> UpstreamClient {
         self.live().upstream.clone()
-    }
-    /// The lane rules: first choice, continuations, mid-stream limits.
-    pub fn rules(&self) -> LaneRules {
-        *self.live().classifier.rules()
     }
     /// Request bytes held by requests waiting for admission.
     pub fn queued_bytes(&self) -> &QueuedBytes {

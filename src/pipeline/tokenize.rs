@@ -13,7 +13,9 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 
-use super::{parse, AppState, Tenant};
+use super::ctx::RequestCtx;
+use super::parse;
+use super::tenant::Tenant;
 use crate::error::GatewayError;
 use crate::lane::Lane;
 use crate::upstream::RawResponse;
@@ -23,21 +25,21 @@ use crate::upstream::RawResponse;
 const RESERVED_TOKENS: u32 = 1;
 
 /// Checks `body`, waits for a small-lane seat for `tenant`, and answers vLLM's tokenizer
-/// response (relayed as it is), or the error to send.
+/// response (relayed as it is), or the error to send; all under the request's `ctx`.
 pub async fn tokenize(
-    state: AppState,
+    ctx: RequestCtx,
     body: Result<Bytes, BytesRejection>,
     tenant: Option<Tenant>,
 ) -> Result<RawResponse, GatewayError> {
-    let config = state.config();
+    let config = ctx.config();
     let bytes = parse::body_bytes(body, config.server.max_body_bytes)?;
-    let checked = parse::tokenize(&bytes, parse::FieldRules::of(&config))?;
+    let checked = parse::tokenize(&bytes, parse::FieldRules::of(config))?;
     let forwarded = serde_json::to_vec(&checked)
         .map_err(|e| GatewayError::bad_request(format!("cannot encode the body: {e}"), None))?;
     // While it waits for its seat its body is held, as any queued request's.
-    let held = state.queued_bytes().hold(bytes.len())?;
+    let held = ctx.queued_bytes().hold(bytes.len())?;
     drop(bytes);
-    let guard = state
+    let guard = ctx
         .admission()
         .acquire_for(
             Lane::Small,
@@ -47,7 +49,7 @@ pub async fn tokenize(
         )
         .await?;
     drop(held);
-    let answer = state.upstream().tokenize(forwarded.into()).await;
+    let answer = ctx.upstream().tokenize(forwarded.into()).await;
     drop(guard);
     Ok(answer?)
 }

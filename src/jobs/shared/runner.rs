@@ -23,7 +23,7 @@ use crate::admission::LaneGuard;
 use crate::jobs::runner::{answer, failed};
 use crate::jobs::{webhook, Ended, Jobs};
 use crate::lane::Lane;
-use crate::pipeline::{self, Ready, Tenant};
+use crate::pipeline::{self, Admitted, Ready, RequestCtx, Tenant};
 use crate::relay::Format;
 use crate::telemetry::Route;
 
@@ -178,8 +178,12 @@ async fn run(
             let class = ready.class;
             let mut pieces = 0usize;
             let streamed = async {
-                let relay =
-                    pipeline::send(&inner.state, ready, guard, record, Format::Answer).await?;
+                let relay = pipeline::send(
+                    &RequestCtx::snapshot(&inner.state),
+                    Admitted::new(ready, guard, record),
+                    Format::Answer,
+                )
+                .await?;
                 relay
                     .collect_with(|chunk| {
                         if !chunk.text.is_empty() {

@@ -1,0 +1,134 @@
+//! The admit step: a [`Ready`] request waits for its seat and token reservation in its lane
+//! ([`crate::admission`]) and becomes [`Admitted`], holding them in a [`LaneGuard`]. With a
+//! [`Divert`], a large `/answer` that waited too long leaves the queue and becomes a job.
+
+use serde_json::Value;
+
+use super::classify::Ready;
+use super::ctx::RequestCtx;
+use super::respond::refused;
+use crate::admission::LaneGuard;
+use crate::error::GatewayError;
+use crate::lane::Lane;
+use crate::telemetry::RequestRecord;
+
+/// Where a large `/answer` that waited `jobs.divert_large_after_ms` for its seat goes instead:
+/// the job service, which takes the classified request and answers with its id and URLs. On
+/// failure (the job store is full) it has written the request's record.
+pub trait Divert: Send + Sync {
+    /// Whether a job of `bytes` would be taken now (when not, the request keeps its place).
+    fn has_room(&self, bytes: usize) -> bool;
+
+    /// Takes `ready` and its `record` as a job: its id and URLs, or the request back (the job
+    /// store was full, or could not be reached), which then keeps its place in the queue.
+    fn divert(
+        &self,
+        ready: Ready,
+        record: RequestRecord,
+    ) -> futures::future::BoxFuture<'_, Result<Value, Box<NotTaken>>>;
+}
+
+/// A request a [`Divert`] did not take, given back with the reason.
+#[derive(Debug)]
+pub struct NotTaken {
+    /// The request.
+    pub ready: Ready,
+    /// Its record.
+    pub record: RequestRecord,
+    /// Why it was not taken.
+    pub error: GatewayError,
+}
+
+/// A request that holds its seat, its token reservation and its prefill reservation (the
+/// guard gives them back when it drops), with its record: what [`super::send()`] sends.
+#[derive(Debug)]
+pub struct Admitted {
+    pub(super) ready: Ready,
+    pub(super) guard: LaneGuard,
+    pub(super) record: RequestRecord,
+}
+
+impl Admitted {
+    /// `ready`, admitted under `guard` by another way than [`admit`] (the job scheduler takes
+    /// idle seats itself).
+    pub fn new(ready: Ready, guard: LaneGuard, record: RequestRecord) -> Self {
+        Self {
+            ready,
+            guard,
+            record,
+        }
+    }
+}
+
+/// What [`admit`] made of a request: admitted, or the job it became.
+#[derive(Debug)]
+// Made and taken apart once per request.
+#[allow(clippy::large_enum_variant)]
+pub enum Admit {
+    /// Holds its seat: to send.
+    Admitted(Admitted),
+    /// Waited `jobs.divert_large_after_ms` and became a job: its id and URLs.
+    Diverted(Value),
+}
+
+/// Waits for `ready`'s seat. With `divert`, a large request still waiting for its seat after
+/// `jobs.divert_large_after_ms` leaves the queue and becomes a job instead. A failure is
+/// written to the request's `record` here. A client that goes away meanwhile drops the record,
+/// which counts it as cancelled where it was.
+pub async fn admit(
+    ctx: &RequestCtx,
+    ready: Ready,
+    record: RequestRecord,
+    divert: Option<&dyn Divert>,
+) -> Result<Admit, GatewayError> {
+    // While it waits for a seat its body is held: all queued bodies together are bounded.
+    let held = match ctx.queued_bytes().hold(ready.size) {
+        Ok(h) => h,
+        Err(e) => return Err(refused(record, e)),
+    };
+    let tenant = ready.tenant.clone();
+    let acquire = ctx.admission().acquire_for(
+        ready.class.lane,
+        ready.class.work,
+        ready.prefill,
+        tenant.as_ref().map(|t| t.0.as_str()),
+    );
+    tokio::pin!(acquire);
+    let deadline = match divert {
+        Some(d) if ready.class.lane == Lane::Large => {
+            ctx.config().jobs.divert_large_after.map(|after| (after, d))
+        }
+        _ => None,
+    };
+    let (ready, record, guard) = match deadline {
+        // Leaving the queue on the deadline is cancel-safe: the waiter is taken out.
+        Some((after, d)) => match tokio::time::timeout(after, &mut acquire).await {
+            Ok(guard) => (ready, record, guard),
+            Err(_) if d.has_room(ready.size) => {
+                tracing::info!(request_id = %record.request_id(), "diverting to a job after waiting");
+                // The place in the queue is kept (the acquire is not dropped) until the job
+                // store has taken the request.
+                match d.divert(ready, record).await {
+                    Ok(job) => return Ok(Admit::Diverted(job)),
+                    Err(back) => {
+                        let NotTaken {
+                            ready,
+                            record,
+                            error,
+                        } = *back;
+                        tracing::info!(request_id = %record.request_id(), code = error.code(), "not diverted; it keeps its place");
+                        (ready, record, acquire.await)
+                    }
+                }
+            }
+            // No room for a job: keep the place in the queue.
+            Err(_) => (ready, record, acquire.await),
+        },
+        None => (ready, record, acquire.await),
+    };
+    drop(held);
+    match guard {
+        Ok(guard) => Ok(Admit::Admitted(Admitted::new(ready, guard, record))),
+        Err(e) => Err(refused(record, e.into())),
+    }
+}

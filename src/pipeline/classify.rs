@@ -1,0 +1,235 @@
+//! The classify step: a [`Prepared`] request becomes a [`Ready`] one: its lane (estimated work,
+//! then the continuation choice for a session), its reservations, and its body shaped for the
+//! engine, here and nowhere else (`for_engine`).
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use super::ctx::RequestCtx;
+use super::prompt::Prepared;
+use super::tenant::Tenant;
+use crate::admission::session::SessionHold;
+use crate::classify::{Classification, PromptInput};
+use crate::error::GatewayError;
+use crate::lane::Lane;
+use crate::prompt::fingerprint_of_chat;
+use crate::telemetry::{Mark, RequestRecord};
+use crate::upstream::Endpoint;
+
+/// A request classified and shaped for the engine, not yet admitted: what admission needs
+/// (`class.lane`, `class.work`, `prefill`) and what is sent.
+#[derive(Debug)]
+pub struct Ready {
+    pub(super) endpoint: Endpoint,
+    pub(super) body: Map<String, Value>,
+    /// Lane, work (the token reservation) and estimates.
+    pub class: Classification,
+    /// The prefill reservation: the input estimate, less what its prefix usually finds cached.
+    pub prefill: u32,
+    /// Bytes of the request as received.
+    pub size: usize,
+    /// The session's reservation: settled by the relay, given back on any failure (drop).
+    pub(super) hold: Option<SessionHold>,
+    /// Whose request it is.
+    pub(super) tenant: Option<Tenant>,
+    /// The replica routing key: the prefix fingerprint of a prompt with a stable prefix.
+    pub(super) affinity: Option<String>,
+    /// The `focus` object of the `/answer` `meta` event (M11).
+    pub(super) focus: Option<Value>,
+}
+
+impl Ready {
+    /// Whose request it is.
+    pub fn tenant(&self) -> Option<&Tenant> {
+        self.tenant.as_ref()
+    }
+
+    /// What a job in a shared store keeps of it, so that any replica can send it: the engine's
+    /// endpoint and body, the classification, the prefill reservation, the size and the
+    /// tenant. Not the session's reservation: it is given back at submission (the stored job
+    /// is settled without it wherever it runs).
+    pub fn stored(&self) -> Value {
+        let c = &self.class;
+        serde_json::json!({
+            "endpoint": self.endpoint.path(),
+            "body": self.body,
+            "lane": c.lane.as_str(),
+            "input_tokens_estimate": c.input_tokens_estimate,
+            "output_budget": c.output_budget,
+            "work": c.work,
+            "exact": c.exact,
+            "prefill": self.prefill,
+            "size": self.size,
+            "tenant": self.tenant.as_ref().map(|t| &t.0),
+            "affinity": self.affinity,
+        })
+    }
+
+    /// A request [`Ready::stored`] kept; `None` when `v` is not one.
+    pub fn from_stored(v: &Value) -> Option<Ready> {
+        let endpoint = [Endpoint::ChatCompletions, Endpoint::Completions]
+            .into_iter()
+            .find(|e| v["endpoint"].as_str() == Some(e.path()))?;
+        let lane = Lane::ALL
+            .into_iter()
+            .find(|l| v["lane"].as_str() == Some(l.as_str()))?;
+        let n = |k: &str| v[k].as_u64().and_then(|n| u32::try_from(n).ok());
+        Some(Ready {
+            endpoint,
+            body: v["body"].as_object()?.clone(),
+            class: Classification {
+                lane,
+                input_tokens_estimate: n("input_tokens_estimate")?,
+                output_budget: n("output_budget")?,
+                work: n("work")?,
+                exact: v["exact"].as_bool()?,
+            },
+            prefill: n("prefill")?,
+            size: v["size"].as_u64()? as usize,
+            hold: None,
+            tenant: v["tenant"].as_str().map(|t| Tenant(t.to_owned())),
+            affinity: v["affinity"].as_str().map(str::to_owned),
+            focus: None,
+        })
+    }
+}
+
+/// Classifies `prepared` under the request's `ctx` (estimated work, then the continuation
+/// choice for a session) and shapes its body for the engine. `background` work (jobs) runs in
+/// the large lane whatever its size, and at the engine priority of that lane.
+pub async fn classify(
+    ctx: &RequestCtx,
+    prepared: Prepared,
+    record: &mut RequestRecord,
+) -> Result<Ready, GatewayError> {
+    let Prepared {
+        endpoint,
+        input,
+        max_tokens,
+        mut body,
+        session,
+        size,
+        background,
+        tenant,
+        focus,
+    } = prepared;
+    let config = ctx.config();
+    if let Some(t) = &tenant {
+        record.tenant(&t.0);
+    }
+    if let Some(f) = &focus {
+        ctx.metrics().focus().observe(f);
+        record.focused(f.outcome.as_str(), f.saved());
+    }
+    let model = body
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or(&config.upstream.model)
+        .to_owned();
+    record.requested(&model, max_tokens);
+    record.mark(Mark::Parsed);
+    let fingerprint = match &input {
+        PromptInput::Chat { messages, .. } => {
+            Some(fingerprint_of_chat(messages, body.get("tools")))
+        }
+        _ => None,
+    };
+    // Only a stable prefix (a system prompt or tools) is worth keeping on one replica.
+    let affinity = match &input {
+        PromptInput::Chat { messages, .. }
+            if messages.first().is_some_and(|m| m.role == "system")
+                || body.get("tools").is_some_and(|t| !t.is_null()) =>
+        {
+            fingerprint.clone()
+        }
+        _ => None,
+    };
+    if let Some(fp) = &fingerprint {
+        record.fingerprint(fp.clone());
+    }
+    // Classify: the first lane by estimated work...
+    let mut class = ctx
+        .classifier()
+        .classify(Arc::new(input), max_tokens)
+        .await?;
+    // ...then the continuation choice: a "continue" chain is one piece of work. The declared
+    // output counts toward the session from now on (parallel continues see it).
+    let rules = ctx.rules();
+    let mut hold: Option<SessionHold> = None;
+    if let Some(session) = session {
+        let (before, h) = ctx.sessions().reserve(session, class.output_budget).await;
+        hold = Some(h);
+        let lane = rules.for_continuation(class.lane, before);
+        if lane != class.lane {
+            ctx.metrics().promotion().reclassified(class.lane, lane);
+            class.lane = lane;
+        }
+    }
+    if background {
+        class.lane = Lane::Large;
+    }
+    record.classified(class);
+    record.mark(Mark::Classified);
+    let output_cap = match max_tokens {
+        Some(_) => None,
+        None => rules.output_cap(class.lane, class.input_tokens_estimate, class.output_budget),
+    };
+    for_engine(
+        &mut body,
+        class.lane,
+        config.admission.engine_priority,
+        output_cap,
+    );
+    // The prefill reservation: the estimate, less the prompt tokens its prefix lately found in
+    // vLLM's prefix cache when `admission.prefill_discount_cached` is on (a cached course
+    // prefix costs next to no prefill).
+    let prefill = match fingerprint.as_deref() {
+        Some(fp) if config.admission.prefill_discount_cached => class
+            .input_tokens_estimate
+            .saturating_sub(ctx.metrics().prefix().expected_cached(fp)),
+        _ => class.input_tokens_estimate,
+    };
+    Ok(Ready {
+        endpoint,
+        body,
+        class,
+        prefill,
+        size,
+        hold,
+        tenant,
+        affinity,
+        focus: focus.map(|f| f.meta()),
+    })
+}
+
+/// The last touches before the body goes to vLLM: running usage always (the relay counts
+/// output tokens exactly mid-stream, even when vLLM packs several tokens into one chunk, and
+/// strips it again for clients that did not ask), the lane as `priority` when configured, and
+/// `max_tokens` = `output_cap` when the client sent no limit
+/// ([`crate::classify::LaneRules::output_cap`]: the reservation must cover what the engine may
+/// generate; requests that can still be promoted get the bound of the lane where promotions
+/// stop, or none when that is large, whose reservation is `max_model_len`).
+fn for_engine(
+    body: &mut Map<String, Value>,
+    lane: Lane,
+    engine_priority: bool,
+    output_cap: Option<u32>,
+) {
+    if let Some(cap) = output_cap {
+        body.insert("max_tokens".into(), Value::from(cap));
+    }
+    let opts = body
+        .entry("stream_options")
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !opts.is_object() {
+        *opts = Value::Object(Map::new());
+    }
+    if let Some(o) = opts.as_object_mut() {
+        o.insert("continuous_usage_stats".into(), Value::Bool(true));
+    }
+    if engine_priority {
+        // Short work first in the engine too (vLLM `--scheduling-policy priority`).
+        body.insert("priority".into(), Value::from(lane.index()));
+    }
+}

@@ -1,0 +1,87 @@
+//! [`RequestCtx`]: one request's view of the gateway, taken once at its entry
+//! ([`RequestCtx::snapshot`]) and passed down every stage.
+//!
+//! A reload ([`super::reload`]) swaps the configuration and what is built from it (classifier
+//! and lane rules, upstream client) as one set. A request holds the set that was in force when
+//! it arrived: it is parsed, prepared, classified, shaped, admitted, sent and relayed under that
+//! one set, whatever a reload does meanwhile; a request that arrives after the reload sees the
+//! new set. Admission's own limits are the exception: they belong to the seats, shared by every
+//! request, and a reload changes them for whoever waits (see [`super::reload`]).
+//!
+//! Who takes it: the route handlers of `/answer`, `/v1/chat/completions`, `/v1/completions`
+//! and `/tokenize` (in `crate::api`), a job's submission (`POST /jobs`, classified under it)
+//! and each run of a job (sent and relayed under the set in force when the run starts: a job
+//! may wait long after its submission, on another replica).
+
+use std::sync::Arc;
+
+use super::state::{AppState, Live, QueuedBytes};
+use crate::admission::{Admission, SessionLedger};
+use crate::classify::{Classifier, LaneRules};
+use crate::config::Config;
+use crate::telemetry::{Metrics, RequestRecord, Route};
+use crate::upstream::UpstreamClient;
+
+/// The set in force at a request's entry, with the services every request shares. Cheap to
+/// clone (two `Arc`s).
+#[derive(Debug, Clone)]
+pub struct RequestCtx {
+    live: Arc<Live>,
+    shared: AppState,
+}
+
+impl RequestCtx {
+    /// The snapshot a request's entry takes: the only read of the live set in a request's
+    /// journey.
+    pub fn snapshot(state: &AppState) -> Self {
+        Self {
+            live: state.live(),
+            shared: state.clone(),
+        }
+    }
+
+    /// The configuration in force at the request's entry.
+    pub fn config(&self) -> &Config {
+        &self.live.config
+    }
+
+    /// The lane classifier of that configuration (its token counter and blocking pool too).
+    pub fn classifier(&self) -> &Classifier {
+        &self.live.classifier
+    }
+
+    /// Its lane rules: first choice, continuations, mid-stream limits.
+    pub fn rules(&self) -> LaneRules {
+        *self.live.classifier.rules()
+    }
+
+    /// Its vLLM client.
+    pub fn upstream(&self) -> &UpstreamClient {
+        &self.live.upstream
+    }
+
+    /// Admission (lanes or FIFO), shared by every request.
+    pub fn admission(&self) -> &Admission {
+        self.shared.admission()
+    }
+
+    /// Output per session, for continuations.
+    pub fn sessions(&self) -> &SessionLedger {
+        self.shared.sessions()
+    }
+
+    /// Prometheus families.
+    pub fn metrics(&self) -> &Metrics {
+        self.shared.metrics()
+    }
+
+    /// Request bytes held by requests waiting for admission.
+    pub fn queued_bytes(&self) -> &QueuedBytes {
+        self.shared.queued_bytes()
+    }
+
+    /// A fresh record for a request that arrived now on `route`.
+    pub fn record(&self, route: Route) -> RequestRecord {
+        self.shared.record(route)
+    }
+}

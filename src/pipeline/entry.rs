@@ -1,0 +1,182 @@
+//! The entries of a request's journey: [`answer`] (`/answer`) and [`openai`] (`/v1`). Each
+//! takes the request's [`RequestCtx`] (the snapshot its route handler took at its arrival) and
+//! passes it down the typed chain, each step consuming the value the one before made:
+//!
+//! parse (`AnswerRequest`, `OpenAiRequest`) -> [`prompt`] ([`Prepared`]) -> [`classify()`]
+//! ([`Ready`]) -> [`admit()`] ([`Admitted`]) -> [`send()`] ([`crate::relay::Relay`], streaming).
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::Query;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+
+use super::admit::{admit, Admit, Admitted, Divert};
+use super::classify::{classify, Ready};
+use super::ctx::RequestCtx;
+use super::parse::{self, AnswerQuery, AnswerRequest, OpenAiRequest};
+use super::prompt::{self, Prepared};
+use super::respond::{link_trace, refused, rejected, sse_response, with_id};
+use super::send::send;
+use super::tenant::Tenant;
+use crate::error::GatewayError;
+use crate::relay::{ClientLimits, Format, Relay};
+use crate::telemetry::{RequestRecord, Route};
+
+/// How an `/answer` request arrived.
+#[derive(Debug)]
+pub enum AnswerInput {
+    /// `GET /answer?prompt=…` (browser `EventSource`).
+    Query(Result<Query<AnswerQuery>, QueryRejection>),
+    /// `POST /answer` with JSON.
+    Body(Result<Bytes, BytesRejection>),
+}
+
+/// `/answer`: the whole journey under `ctx`, ending in the typed SSE stream (or an HTTP error
+/// before it). With `divert`, a large request that waits too long becomes a job (a `job`
+/// event).
+///
+/// A request carrying `Last-Event-ID` is an `EventSource` reconnecting after its stream ended:
+/// `/answer` streams are never resumed or started again, so it gets 204, which tells the
+/// browser to stop reconnecting.
+pub async fn answer(
+    ctx: RequestCtx,
+    headers: HeaderMap,
+    input: AnswerInput,
+    divert: Option<&dyn Divert>,
+    tenant: Option<Tenant>,
+) -> Response {
+    if headers.contains_key("last-event-id") {
+        return StatusCode::NO_CONTENT.into_response();
+    }
+    let mut record = ctx.record(Route::Answer);
+    link_trace(&mut record, &headers);
+    let request_id = record.request_id().to_owned();
+    let mut size = 0;
+    let req = match input {
+        AnswerInput::Query(q) => q.map_err(GatewayError::from).and_then(|Query(q)| {
+            size = q.prompt.len();
+            AnswerRequest::from_query(q)
+        }),
+        AnswerInput::Body(body) => parse::body_bytes(body, ctx.config().server.max_body_bytes)
+            .and_then(|b| {
+                size = b.len();
+                AnswerRequest::from_body(&b)
+            }),
+    };
+    let req = match req {
+        Ok(r) => r,
+        Err(e) => return rejected(record, e),
+    };
+    let prepared = match prompt::answer_request(&ctx, req).await {
+        Ok(p) => Prepared { size, tenant, ..p },
+        Err(e) => return rejected(record, e),
+    };
+    let started = match start(&ctx, prepared, record, Format::Answer, divert).await {
+        Ok(s) => s,
+        Err(e) => return with_id(e.into_response(), &request_id),
+    };
+    match started {
+        Started::Relay(relay) => with_id(sse_response(streamed(&ctx, relay)), &request_id),
+        Started::Job(job) => {
+            let id = job["id"].as_str().unwrap_or_default();
+            let event = format!("id: job:{id}\nevent: job\ndata: {job}\n\n");
+            with_id(sse_response(Body::from(event)), &request_id)
+        }
+    }
+}
+
+/// `/v1/chat/completions` and `/v1/completions`: the whole journey under `ctx`. Streaming
+/// answers relay vLLM's chunks as they are; non-streaming answers are assembled from the stream
+/// in vLLM's response shape.
+pub async fn openai(
+    ctx: RequestCtx,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    route: Route,
+    tenant: Option<Tenant>,
+) -> Response {
+    let mut record = ctx.record(route);
+    link_trace(&mut record, &headers);
+    let request_id = record.request_id().to_owned();
+    let rules = parse::FieldRules::of(ctx.config());
+    let mut size = 0;
+    let parsed = parse::body_bytes(body, ctx.config().server.max_body_bytes).and_then(|b| {
+        size = b.len();
+        match route {
+            Route::Completions => parse::completion(&b, rules),
+            Route::ChatCompletions | Route::Answer | Route::Job => parse::chat(&b, rules),
+        }
+    });
+    let req: OpenAiRequest = match parsed {
+        Ok(r) => r,
+        Err(e) => return rejected(record, e),
+    };
+    let format = Format::OpenAi {
+        include_usage: req.include_usage,
+        continuous_usage: req.continuous_usage,
+    };
+    let stream = req.stream;
+    let prepared = match prompt::openai_request(&ctx, route, &headers, req) {
+        Ok(p) => Prepared { size, tenant, ..p },
+        Err(e) => return rejected(record, e),
+    };
+    let relay = match start(&ctx, prepared, record, format, None).await {
+        Ok(Started::Relay(r)) => r,
+        // Not asked for: `/v1` requests are never diverted.
+        Ok(Started::Job(job)) => {
+            return with_id(
+                (StatusCode::ACCEPTED, axum::Json(job)).into_response(),
+                &request_id,
+            )
+        }
+        Err(e) => return with_id(e.into_response(), &request_id),
+    };
+    let resp = if stream {
+        sse_response(streamed(&ctx, relay))
+    } else {
+        match relay.collect().await {
+            Ok(all) => axum::Json(all.into_json(route)).into_response(),
+            Err(e) => e.into_response(),
+        }
+    };
+    with_id(resp, &request_id)
+}
+
+/// What [`start`] made of a request: its stream, or the job it became.
+// Made and taken apart once per request.
+#[allow(clippy::large_enum_variant)]
+enum Started {
+    Relay(Relay),
+    Job(Value),
+}
+
+/// Classifies, admits and sends `prepared` under `ctx`, until the upstream stream starts. A
+/// failure is written to the request's `record` (id, route, arrival; written when it ends) on
+/// the way; the relay writes it after that.
+async fn start(
+    ctx: &RequestCtx,
+    prepared: Prepared,
+    mut record: RequestRecord,
+    format: Format,
+    divert: Option<&dyn Divert>,
+) -> Result<Started, GatewayError> {
+    let ready: Ready = match classify(ctx, prepared, &mut record).await {
+        Ok(r) => r,
+        Err(e) => return Err(refused(record, e)),
+    };
+    let admitted: Admitted = match admit(ctx, ready, record, divert).await? {
+        Admit::Admitted(a) => a,
+        Admit::Diverted(job) => return Ok(Started::Job(job)),
+    };
+    send(ctx, admitted, format).await.map(Started::Relay)
+}
+
+/// The relay as an SSE body, with the client limits of the request's configuration.
+fn streamed(ctx: &RequestCtx, relay: Relay) -> Body {
+    Body::from_stream(relay.into_sse(
+        ctx.upstream().tasks(),
+        ClientLimits::from_config(&ctx.config().server),
+    ))
+}

@@ -1,0 +1,59 @@
+//! The send step: an [`Admitted`] request goes to vLLM ([`crate::upstream`]) and its stream
+//! to a [`Relay`], which owns the guard from here to the end.
+
+use super::admit::Admitted;
+use super::classify::Ready;
+use super::ctx::RequestCtx;
+use super::respond::refused;
+use crate::error::GatewayError;
+use crate::relay::{Format, Relay, RelayContext};
+use crate::telemetry::Mark;
+use crate::upstream::UpstreamRequest;
+
+/// Sends `admitted` with the request's upstream client (its seat and token reservation given
+/// back when the guard drops, the prefill reservation at the first token), and hands the
+/// stream to a [`Relay`] under the request's lane rules.
+pub async fn send(
+    ctx: &RequestCtx,
+    admitted: Admitted,
+    format: Format,
+) -> Result<Relay, GatewayError> {
+    let Admitted {
+        ready:
+            Ready {
+                endpoint,
+                body,
+                class,
+                hold,
+                affinity,
+                focus,
+                ..
+            },
+        guard,
+        mut record,
+    } = admitted;
+    record.admitted(guard.queue_wait(), guard.prefill());
+    if let Some(waited) = guard.prefill_wait() {
+        record.prefill_waited(waited);
+    }
+    let request = UpstreamRequest {
+        endpoint,
+        request_id: record.request_id().to_owned(),
+        traceparent: record.upstream_traceparent(),
+        body,
+        affinity,
+    };
+    let upstream = match ctx.upstream().stream(request).await {
+        Ok(upstream) => upstream,
+        Err(e) => return Err(refused(record, e.into())),
+    };
+    record.mark(Mark::Sent);
+    tracing::debug!(request_id = %record.request_id(), lane = %class.lane, work = class.work, exact = class.exact, "admitted");
+    let relay = RelayContext {
+        rules: ctx.rules(),
+        metrics: ctx.metrics().clone(),
+        session: hold,
+        focus,
+    };
+    Ok(Relay::new(upstream, guard, class, format, record, relay))
+}
