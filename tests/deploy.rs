@@ -19,6 +19,56 @@ fn read(rel: &str) -> String {
 }
 
 // ---------------------------------------------------------------------------------------------
+// the production image
+
+/// The image's build line leaves the simulator out, and so does the build it names: without
+/// default features no `vllm-sim` is in the gateway's normal dependency tree.
+#[test]
+fn the_production_image_is_built_without_the_simulator() {
+    let dockerfile = read("deploy/Dockerfile");
+    let build: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| l.contains("cargo build"))
+        .collect();
+    assert_eq!(build.len(), 1, "one build line: {build:?}");
+    assert!(
+        build[0].contains("--no-default-features"),
+        "the image must build without the `sim` feature: {}",
+        build[0]
+    );
+    assert!(
+        !build[0].contains("--features") && !build[0].contains("--all-features"),
+        "no feature may bring the simulator back: {}",
+        build[0]
+    );
+    let out = Command::new(env!("CARGO"))
+        .args(["tree", "--offline", "-e", "normal", "-p", "tutor-gateway"])
+        .args(["--no-default-features", "--prefix", "none"])
+        .current_dir(repo())
+        .output()
+        .expect("cargo tree runs");
+    let tree = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "cargo tree: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(tree.contains("tutor-gateway"), "{tree}");
+    assert!(
+        !tree.contains("vllm-sim"),
+        "the simulator is linked:\n{tree}"
+    );
+    // And with defaults it is there (the check can tell the two apart).
+    let out = Command::new(env!("CARGO"))
+        .args(["tree", "--offline", "-e", "normal", "-p", "tutor-gateway"])
+        .args(["--prefix", "none"])
+        .current_dir(repo())
+        .output()
+        .expect("cargo tree runs");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("vllm-sim"));
+}
+
+// ---------------------------------------------------------------------------------------------
 // promtool
 
 /// Runs `promtool ARGS` in `dir` and fails with its output unless it succeeds. A missing
