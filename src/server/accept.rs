@@ -17,7 +17,7 @@
 //!   within [`H2_PING_TIMEOUT`] is closed (a peer that vanished mid-stream);
 //! - at most [`H2_MAX_STREAMS`] concurrent HTTP/2 streams per connection;
 //! - `TCP_NODELAY`, so small SSE writes go out at once;
-//! - writes that fail once the client has taken nothing for `server.client_write_timeout`
+//! - writes that fail once the client has taken nothing for twice `server.client_write_timeout`
 //!   ([`WriteTimeout`]): a client that stops reading loses its connection.
 //!
 //! A connection asked to close (idle, or at shutdown) that has not closed within [`END_WAIT`]
@@ -145,7 +145,10 @@ pub async fn serve(
         let (builder, router) = (builder.clone(), router.clone());
         let (finish, close_now) = (finish.clone(), close_now.clone());
         let acceptor = tls.as_ref().map(TlsFront::acceptor);
-        let tcp = WriteTimeout::new(tcp, server.client_write_timeout);
+        // Twice the stream's own limit: a stream's pump cuts a client that takes nothing for
+        // client_write_timeout first (recording client_too_slow and aborting the engine's
+        // work); the connection's guard is the backstop for everything else.
+        let tcp = WriteTimeout::new(tcp, server.client_write_timeout.saturating_mul(2));
         conns.spawn(async move {
             let activity = Activity::new();
             let service = activity.track(router);

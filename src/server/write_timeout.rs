@@ -1,5 +1,5 @@
-//! A client connection whose writes fail once the client has taken nothing for
-//! `server.client_write_timeout`: a write that stays pending that long (the client's receive
+//! A client connection whose writes fail once the client has taken nothing for twice
+//! `server.client_write_timeout` (a stream's own cut comes first, at once): a write that stays pending that long (the client's receive
 //! window closed, the socket's send buffer full) ends with `TimedOut`, and the server closes the
 //! connection. Without it a client that stops reading holds its connection (and its request's
 //! `server.max_requests_in_flight` permit) for as long as it keeps answering TCP's window
