@@ -199,7 +199,7 @@ impl Shared {
     /// release after the reply, in case theirs reached Redis before the registration (a script
     /// reloaded after `NOSCRIPT` is sent again behind it).
     pub async fn adopt_fallback(&self, lost: &[String]) {
-        let mut pending: Vec<(String, Lane, u32, u32)> = {
+        let pending: Vec<(String, Lane, u32, u32)> = {
             // Lock order: the fallback's, then `held`.
             let mut fallback = self.fallback_leases();
             let held = self.held();
@@ -217,7 +217,6 @@ impl Shared {
             }
             pending
         };
-        pending.dedup_by(|a, b| a.0 == b.0);
         if pending.is_empty() {
             return;
         }
