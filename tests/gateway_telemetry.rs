@@ -213,23 +213,36 @@ async fn histograms_count_each_lane_and_the_log_has_one_line_per_request() {
 
 #[tokio::test]
 async fn a_client_leaving_the_queue_is_counted_at_stage_queued() {
-    // Real speed: the blocker's 1,000 tokens (still small work) hold the only small slot for
-    // about five seconds, far longer than queueing the second request takes.
-    let h = harness(&["--speed", "1", "--profile", "tiny-test"], |c| {
+    // A tenth of real speed: the blocker's 1,000 tokens (still small work) hold the only small
+    // slot for about fifty seconds; it is let go as soon as the second request has left the
+    // queue, so the test does not wait for it (a loaded machine once took longer than the
+    // five seconds of real speed to queue and abort the second one: it was admitted instead).
+    let h = harness(&["--speed", "0.1", "--profile", "tiny-test"], |c| {
         set_lane(c, tutor_gateway::lane::Lane::Small, 1)
     })
     .await;
-    let blocker = client()
+    let mut blocker = client()
         .post(h.url("/v1/chat/completions"))
         .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "ignore_eos": true, "stream": true}))
         .send()
         .await
         .unwrap();
+    // Decoding: its client leaving later is a cancellation at stage decode.
+    let mut seen = String::new();
+    while !seen.contains("\"content\"") {
+        let chunk = blocker.chunk().await.unwrap().expect("the blocker streams");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
     let url = h.url("/answer");
     let queued =
         tokio::spawn(async move { client().get(url).query(&[("prompt", "hello")]).send().await });
     eventually("queued", || h.queued(tutor_gateway::lane::Lane::Small) == 1).await;
     queued.abort();
+    // It leaves the queue while the blocker still holds the slot: cancelled while queued.
+    eventually("the queue empties", || {
+        h.queued(tutor_gateway::lane::Lane::Small) == 0
+    })
+    .await;
     drop(blocker);
     eventually("idle", || h.idle()).await;
     // The counters may be bumped just after the lane empties: wait for them (30 s: a guard).
