@@ -7,7 +7,7 @@
 use std::num::{NonZeroU32, NonZeroU64};
 
 use super::budget::{Limits, Usage};
-use super::redis::scripts::{Ask, LimitsRecord, Scripts, Verdict};
+use super::redis::scripts::{AcquireArgs, LimitsRecord, Scripts, Verdict};
 use super::redis::tests::redis_common::RedisServer;
 use super::redis::Keys;
 use crate::config::{Config, Policy};
@@ -90,7 +90,7 @@ async fn both_backends_decide_alike() {
             .await
             .unwrap();
         let id = format!("case-{case}");
-        let ask = Ask {
+        let ask = AcquireArgs {
             id: &id,
             lane,
             tokens,

@@ -105,7 +105,7 @@ impl LimitsRecord {
 
 /// What one acquire call asks for.
 #[derive(Debug, Clone, Copy)]
-pub struct Ask<'a> {
+pub struct AcquireArgs<'a> {
     /// The lease id (`<replica>:<n>`); a retried call with the same id is granted once.
     pub id: &'a str,
     /// The lane.
@@ -185,7 +185,7 @@ impl Scripts {
         &self,
         conn: &mut C,
         keys: &Keys,
-        ask: &Ask<'_>,
+        ask: &AcquireArgs<'_>,
     ) -> RedisResult<TakeReply> {
         let reply = keys
             .with_keys(&self.acquire)

@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::keys::Keys;
 use super::queue::LaneQueue;
-use super::scripts::{Ask, LimitsRecord, Scripts, TakeReply, Verdict};
+use super::scripts::{AcquireArgs, LimitsRecord, Scripts, TakeReply, Verdict};
 use crate::admission::guard::Reservation;
 use crate::admission::{LaneGuard, LocalAdmission};
 use crate::lane::Lane;
@@ -453,7 +453,7 @@ impl Shared {
             return Take::Down;
         };
         let id = self.next_lease_id();
-        let ask = Ask {
+        let ask = AcquireArgs {
             id: &id,
             lane,
             tokens,
