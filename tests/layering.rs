@@ -25,6 +25,8 @@
 //! - every file is reached by a root's module tree (else its imports would go unseen);
 //! - no module below `api` imports from `api`: only `api/`, `server.rs`, `main.rs`, `lib.rs`;
 //! - `telemetry` imports neither `admission` nor `upstream` (it takes plain values);
+//! - `config` imports nothing but itself, `lane.rs` and `sign.rs` (the prompt layer builds a
+//!   course's prompt from its checked config, not the other way round);
 //! - the gateway's code names `vllm_sim` only in the `--with-sim` wiring.
 
 use std::collections::BTreeMap;
@@ -226,6 +228,27 @@ fn telemetry_takes_plain_values() {
     assert!(
         offenders.is_empty(),
         "telemetry reaching into admission/upstream: {offenders:#?}"
+    );
+}
+
+/// Files the config may import besides its own: the lane names and the hash it fingerprints with.
+const CONFIG_VOCABULARY: &[&str] = &["lane.rs", "sign.rs"];
+
+#[test]
+fn the_config_names_no_type_of_the_layers_above_it() {
+    let edges = graph(&read_src());
+    let offenders: Vec<String> = edges
+        .iter()
+        .filter(|(file, _)| in_module(file, "config"))
+        .flat_map(|(file, deps)| {
+            deps.iter()
+                .filter(|d| !in_module(d, "config") && !CONFIG_VOCABULARY.contains(&d.as_str()))
+                .map(move |d| format!("{file} -> {d}"))
+        })
+        .collect();
+    assert!(
+        offenders.is_empty(),
+        "the config importing from the layers it configures: {offenders:#?}"
     );
 }
 
