@@ -63,6 +63,42 @@ pub enum AdmissionHealth {
     Unavailable,
 }
 
+/// What a reload did to the admission limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitsChange {
+    /// In force in this process (the in-process backend).
+    InForce,
+    /// The shared record is left as it is: the file's limits did not change.
+    Unchanged,
+    /// Written as a new version of the shared record (at once when Redis answers, else by the
+    /// next heartbeat).
+    Pushing,
+    /// Not written: the shared record in force came from `tutor-gateway limits push`; a reload
+    /// replaces it only with force (`POST /admin/reload?force=true`).
+    KeptPushed {
+        /// The record's version.
+        version: u64,
+        /// Who wrote it.
+        origin: String,
+    },
+}
+
+impl LimitsChange {
+    /// One line for the reload's answer and log.
+    pub fn describe(&self) -> String {
+        match self {
+            LimitsChange::InForce => "in force in this process".into(),
+            LimitsChange::Unchanged => "unchanged: the shared limits record was not written".into(),
+            LimitsChange::Pushing => "written as a new version of the shared limits record".into(),
+            LimitsChange::KeptPushed { version, origin } => format!(
+                "not written: the shared limits record (version {version}) came from `{origin}`; \
+                 reload with force (POST /admin/reload?force=true) or run `tutor-gateway limits \
+                 push` with this file to replace it"
+            ),
+        }
+    }
+}
+
 /// An admission backend: the contract both quota backends keep (the same errors, the same
 /// decisions; `decision_tests.rs` checks their rule against one table).
 pub trait Backend: Send + Sync {
@@ -77,8 +113,9 @@ pub trait Backend: Send + Sync {
 
     /// Puts the limits of `config` in force (a reload): lane limits, budgets, seats, ceilings,
     /// lending, queues, tenant shares. Running requests keep their seats; a lane above a
-    /// lowered limit admits no one until it is under it. The policy and backend stay.
-    fn set_limits(&self, config: &Config);
+    /// lowered limit admits no one until it is under it. The policy and backend stay. `force`:
+    /// a shared record written by `tutor-gateway limits push` is replaced too.
+    fn set_limits(&self, config: &Config, force: bool) -> LimitsChange;
 
     /// Consistent counters of every lane (this replica's part, for a shared quota).
     fn snapshot(&self) -> AdmissionSnapshot;

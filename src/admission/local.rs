@@ -22,7 +22,7 @@ use futures::future::BoxFuture;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use super::backend::{AdmissionHealth, Ask, Backend};
+use super::backend::{AdmissionHealth, Ask, Backend, LimitsChange};
 use super::budget::{Limits, PrefillLimit};
 use super::error::AdmissionError;
 use super::guard::{LaneGuard, Reservation};
@@ -206,8 +206,9 @@ impl Backend for LocalAdmission {
         Box::pin(LocalAdmission::acquire(self, ask))
     }
 
-    fn set_limits(&self, config: &Config) {
+    fn set_limits(&self, config: &Config, _force: bool) -> LimitsChange {
         LocalAdmission::set_limits(self, config);
+        LimitsChange::InForce
     }
 
     fn snapshot(&self) -> AdmissionSnapshot {

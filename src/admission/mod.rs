@@ -75,7 +75,7 @@ mod prefill_tests;
 mod tests;
 
 pub use crate::telemetry::{AdmissionSnapshot, LaneSnapshot};
-pub use backend::{AdmissionHealth, Ask, Backend};
+pub use backend::{AdmissionHealth, Ask, Backend, LimitsChange};
 pub use error::AdmissionError;
 pub use guard::LaneGuard;
 pub use local::LocalAdmission;
@@ -158,8 +158,8 @@ impl Admission {
     }
 
     /// Puts the limits of `config` in force (a reload); see [`Backend::set_limits`].
-    pub fn set_limits(&self, config: &Config) {
-        self.backend().set_limits(config);
+    pub fn set_limits(&self, config: &Config, force: bool) -> LimitsChange {
+        self.backend().set_limits(config, force)
     }
 
     /// Consistent counters of every lane, for metrics.

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
-use crate::admission::{Admission, SessionLedger};
+use crate::admission::{Admission, LimitsChange, SessionLedger};
 use crate::classify::Classifier;
 use crate::config::Config;
 use crate::error::GatewayError;
@@ -191,8 +191,15 @@ impl AppState {
     /// queued bytes, the prefix-cache watch): requests that arrive from now on see them all;
     /// running ones keep what they had. Called by [`crate::config::reload`] once the new
     /// config is checked and built.
-    pub(crate) fn swap(&self, config: Config, classifier: Classifier, upstream: UpstreamClient) {
-        self.0.admission.set_limits(&config);
+    /// `force`: the admission limits replace a shared record written by `limits push` too.
+    pub(crate) fn swap(
+        &self,
+        config: Config,
+        classifier: Classifier,
+        upstream: UpstreamClient,
+        force: bool,
+    ) -> LimitsChange {
+        let limits = self.0.admission.set_limits(&config, force);
         self.0.queued_bytes.set_max(config.server.max_queued_bytes);
         self.0.metrics.prefix().configure(&config.prefix_cache);
         let live = Arc::new(Live {
@@ -202,6 +209,7 @@ impl AppState {
             upstream,
         });
         *self.0.live.write().unwrap_or_else(PoisonError::into_inner) = live;
+        limits
     }
 
     /// A fresh record for a request that arrived now on `route`.

@@ -76,6 +76,8 @@ mod shared;
 mod tasks;
 
 #[cfg(test)]
+mod limits_tests;
+#[cfg(test)]
 pub(crate) mod tests;
 
 use std::sync::Arc;
@@ -90,13 +92,13 @@ use tokio_util::task::TaskTracker;
 pub use keys::Keys;
 pub(crate) use shared::LeaseRelease;
 
-use super::backend::{AdmissionHealth, Ask, Backend};
+use super::backend::{AdmissionHealth, Ask, Backend, LimitsChange};
 use super::budget::Limits;
 use super::{AdmissionError, AdmissionSnapshot, LaneGuard, LocalAdmission};
 use crate::config::{Config, OnRedisDown, Policy};
 use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
-use scripts::{LimitsRecord, Verdict};
+use scripts::{LimitsRecord, LimitsWrite, Verdict, PUSH_ORIGIN};
 use shared::{Shared, Take};
 
 /// How long a first request waits for the initial connection before counting Redis as down.
@@ -211,27 +213,23 @@ impl RedisAdmission {
             .clone()
     }
 
-    /// Puts the limits of `config` in force (a reload): they are pushed as the shared limits
-    /// record (a new version, which every replica's scripts enforce from their next call on and
-    /// which the others learn through the `released` channel); this replica's lines use the new
-    /// queue bounds and tenant shares, and its fallback the new divided limits. Leases held are
-    /// not touched.
-    pub fn set_limits(&self, config: &Config) {
-        self.shared.set_limits(LimitsRecord::from_config(config));
-        // Pushed now when a runtime is at hand, else by the next heartbeat.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let shared = self.shared.clone();
-            rt.spawn(async move {
-                if shared
-                    .push_limits
-                    .swap(false, std::sync::atomic::Ordering::AcqRel)
-                    && shared.write_limits(true).await.is_none()
-                {
-                    shared
-                        .push_limits
-                        .store(true, std::sync::atomic::Ordering::Release);
-                }
-            });
+    /// Puts the limits of `config` in force (a reload): this replica's lines use the new
+    /// queue bounds and tenant shares, and its fallback the new divided limits, at once. The
+    /// shared limits record (which every replica's scripts enforce from their next call on, and
+    /// the others learn through the `released` channel) is written as a new version only when
+    /// the limits differ from this replica's previous ones, and not over a record written by
+    /// `tutor-gateway limits push` unless `force`; the answer says which ([`LimitsChange`]).
+    /// Leases held are not touched.
+    pub fn set_limits(&self, config: &Config, force: bool) -> LimitsChange {
+        let change = self
+            .shared
+            .set_limits(LimitsRecord::from_config(config), force);
+        // Written now when a runtime is at hand, else by the next heartbeat.
+        if change == LimitsChange::Pushing {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let shared = self.shared.clone();
+                rt.spawn(async move { shared.write_pending_limits().await });
+            }
         }
         *self
             .rules
@@ -245,6 +243,7 @@ impl RedisAdmission {
         for lane in Lane::ALL {
             self.shared.notify(Some(lane), false);
         }
+        change
     }
 
     /// The Redis client (for a module's own pub/sub subscription).
@@ -511,8 +510,8 @@ impl Backend for RedisAdmission {
         Box::pin(RedisAdmission::acquire(self, ask))
     }
 
-    fn set_limits(&self, config: &Config) {
-        RedisAdmission::set_limits(self, config);
+    fn set_limits(&self, config: &Config, force: bool) -> LimitsChange {
+        RedisAdmission::set_limits(self, config, force)
     }
 
     fn snapshot(&self) -> AdmissionSnapshot {
@@ -582,11 +581,21 @@ pub async fn push_limits(config: &Config) -> Result<u64, String> {
     .map_err(|_| format!("{}: no answer within 5 s", config.quota.redis_url))?
     .map_err(|e| format!("{}: {e}", config.quota.redis_url))?;
     let keys = Keys::new(&config.quota.key_prefix);
-    let (version, _) = scripts::Scripts::default()
-        .limits(&mut conn, &keys, true, &LimitsRecord::from_config(config))
+    let origin = match std::env::var("USER").or_else(|_| std::env::var("HOSTNAME")) {
+        Ok(who) if !who.is_empty() => format!("{PUSH_ORIGIN} by {who}"),
+        _ => PUSH_ORIGIN.to_owned(),
+    };
+    let reply = scripts::Scripts::default()
+        .limits(
+            &mut conn,
+            &keys,
+            LimitsWrite::Force,
+            &LimitsRecord::from_config(config),
+            &origin,
+        )
         .await
         .map_err(|e| format!("writing the limits record: {e}"))?;
-    Ok(version)
+    Ok(reply.version)
 }
 
 /// What [`RedisAdmission::take_with`] took.
