@@ -1,5 +1,5 @@
-//! `GET /jobs/{id}/events` from the shared store: the same events as in process (see
-//! `jobs/events.rs`), read from Redis whenever the job is announced on `:jobs:changed` (and at
+//! `GET /jobs/{id}/events` from the shared store: the same events as in process, from the same
+//! renderer (`jobs/events.rs`), read from Redis whenever the job is announced on `:jobs:changed` (and at
 //! least once a second, should an announcement be missed while the subscription reconnects).
 //!
 //! When the job's runner was lost and it runs again, the stream sends
@@ -18,7 +18,7 @@ use futures::Stream;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use super::{changed, SharedJobs};
+use super::store::{changed, RedisStore};
 use crate::jobs::entry::Status;
 use crate::jobs::events::{Render, KEEPALIVE, KEEPALIVE_COMMENT};
 
@@ -26,7 +26,7 @@ use crate::jobs::events::{Render, KEEPALIVE, KEEPALIVE_COMMENT};
 const POLL: Duration = Duration::from_secs(1);
 
 struct Cursor {
-    shared: Arc<SharedJobs>,
+    shared: Arc<RedisStore>,
     id: String,
     changes: broadcast::Receiver<Arc<str>>,
     out: Render,
@@ -47,7 +47,7 @@ struct Read {
 
 /// The event stream of job `id`, starting after piece `from` of run `run`.
 pub fn stream(
-    shared: Arc<SharedJobs>,
+    shared: Arc<RedisStore>,
     id: String,
     (run, from): (u64, usize),
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
