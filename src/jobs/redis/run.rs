@@ -144,6 +144,12 @@ impl JobRun for RedisRun {
             let mut record = self.store.ctx.state.record_as(Route::Job, request_id);
             let traceparent = fields.as_ref().and_then(|f| f.get("traceparent"));
             record.link(traceparent.map(String::as_str), None);
+            // The run's record is new: it carries the submission's tenant and classification
+            // (its lane label), as the in-process job's own record does.
+            if let Some(tenant) = ready.tenant() {
+                record.tenant(&tenant.0);
+            }
+            record.classified(ready.class);
             Ok((ready, record))
         }
         .boxed()
