@@ -13,7 +13,7 @@ mod redis_common;
 use common::*;
 use std::time::Duration;
 
-use jobs::{done, question, start, submit_ok, Backend, SLOW};
+use jobs::{done, question, spawn_post, start, submit_ok, Backend, SLOW};
 use serde_json::json;
 use tutor_gateway::lane::Lane;
 
@@ -30,20 +30,7 @@ async fn a_large_answer_keeps_its_place_when_no_job_can_be_taken() {
     })
     .await;
     let big = |salt: &str| json!({"prompt": words(5500, salt), "max_output_tokens": 300});
-    let first = tokio::spawn({
-        let (url, body) = (h.url("/answer"), big("first"));
-        async move {
-            client()
-                .post(url)
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-        }
-    });
+    let first = spawn_post(h.url("/answer"), big("first"));
     eventually("the first holds the seat", || h.in_flight(Lane::Large) == 1).await;
     // The job store is full (one queued job), so the next large answer cannot become a job:
     // it keeps waiting in the queue and is answered there.

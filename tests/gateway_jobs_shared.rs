@@ -18,7 +18,8 @@ use std::time::Duration;
 use common::{client, eventually, json, sse, words};
 use jobs::{
     done, events, forgotten, job, job_until, on_redis, parse, parse_complete, question,
-    quota_drains, receiver, redis_conn, start, submit_ok, text, Backend, FAST, SECRET, SLOW,
+    quota_drains, receiver, redis_conn, spawn_post, start, submit_ok, text, Backend, FAST, SECRET,
+    SLOW,
 };
 use redis_common::RedisServer;
 use serde_json::json;
@@ -368,13 +369,7 @@ async fn a_job_never_passes_an_interactive_large_request_waiting_on_another_repl
     let (a, b, sim) = (&f.a, &f.b, &f.sim);
     // A long interactive review: large by its output budget.
     let review_body = json!({"prompt": words(8000, "repo"), "max_output_tokens": 300});
-    let first = client()
-        .post(format!("{}/answer", a.url()))
-        .json(&review_body)
-        .send()
-        .await
-        .unwrap();
-    let first = tokio::spawn(async move { first.text().await.unwrap() });
+    let first = spawn_post(format!("{}/answer", a.url()), review_body.clone());
     eventually("A's review holds the seat", || running(sim) == 1).await;
     let (admitted_tx, admitted) = tokio::sync::oneshot::channel::<()>();
     let second = tokio::spawn({
@@ -427,13 +422,7 @@ async fn a_large_answer_that_waits_too_long_becomes_a_shared_job() {
     .await;
     let (a, b, sim) = (&f.a, &f.b, &f.sim);
     let body = json!({"prompt": words(8000, "repo"), "max_output_tokens": 200});
-    let first = client()
-        .post(format!("{}/answer", a.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let first = tokio::spawn(async move { first.text().await.unwrap() });
+    let first = spawn_post(format!("{}/answer", a.url()), body.clone());
     eventually("the first review holds the seat", || running(sim) == 1).await;
     // The second waits past the divert deadline and becomes a job, on the other replica.
     let second = client()

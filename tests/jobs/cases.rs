@@ -10,7 +10,8 @@ use tutor_gateway::lane::Lane;
 
 use super::{
     allow, cancel, deliveries, done, error_code, events, forgotten, job, job_until, parse,
-    question, receiver, start, submit, submit_ok, tokens, verify, Backend, FAST, SECRET, SLOW,
+    question, receiver, spawn_post, start, submit, submit_ok, tokens, verify, Backend, FAST,
+    SECRET, SLOW,
 };
 use crate::common::{client, eventually, family_total, json, metric, set_lane, sse, words};
 
@@ -189,20 +190,7 @@ pub async fn jobs_wait_for_interactive_large_requests_and_never_borrow(backend: 
     let base = h.base();
     // An interactive large request holds the lane's only seat.
     let big = json!({"prompt": words(8000, "repo"), "max_output_tokens": 400});
-    let interactive = tokio::spawn({
-        let url = h.url("/answer");
-        async move {
-            client()
-                .post(url)
-                .json(&big)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-        }
-    });
+    let interactive = spawn_post(h.url("/answer"), big);
     eventually("the interactive request holds the seat", || {
         h.in_flight(Lane::Large) == 1
     })
@@ -391,20 +379,7 @@ pub async fn a_large_answer_that_waits_too_long_becomes_a_job(backend: Backend) 
     let base = h.base();
     let big = |salt: &str| json!({"prompt": words(5500, salt), "max_output_tokens": 300});
     // The first large request takes the only seat (it never waits, so it is not diverted).
-    let first = tokio::spawn({
-        let (url, body) = (h.url("/answer"), big("first"));
-        async move {
-            client()
-                .post(url)
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-        }
-    });
+    let first = spawn_post(h.url("/answer"), big("first"));
     eventually("the first holds the seat", || h.in_flight(Lane::Large) == 1).await;
     let resp = client()
         .post(h.url("/answer"))
@@ -520,17 +495,9 @@ pub async fn a_job_whose_engine_is_unreachable_fails_with_the_reason_and_gives_e
 
 pub async fn jobs_are_refused_clearly_where_they_are_switched_off(backend: Backend) {
     let h = start(backend, FAST, |c| c.jobs.enabled = false).await;
-    let resp = client()
-        .post(h.url("/jobs"))
-        .json(&question(3))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 501);
-    assert_eq!(
-        json(&resp.text().await.unwrap())["error"]["code"],
-        "jobs_unavailable"
-    );
+    let (status, v) = submit(&h.base(), &question(3)).await;
+    assert_eq!(status, 501);
+    assert_eq!(v["error"]["code"], "jobs_unavailable");
     h.shutdown().await;
 }
 

@@ -152,6 +152,11 @@ pub async fn submit_ok(base: &str, body: &Value) -> String {
     v["id"].as_str().unwrap().to_owned()
 }
 
+/// POSTs `body` to `url` in a task of its own: the whole answer, when awaited.
+pub fn spawn_post(url: String, body: Value) -> tokio::task::JoinHandle<String> {
+    tokio::spawn(async move { super::common::post_text(url, &body).await })
+}
+
 /// `GET {base}/jobs/{id}`, expecting 200.
 pub async fn job(base: &str, id: &str) -> Value {
     let resp = client()

@@ -67,27 +67,22 @@ impl LocalJobs {
 
     /// Queues `job` (429 `jobs_full` when the store is at its bounds).
     fn push(&self, job: NewJob) -> Result<(), Box<NotTaken>> {
-        let NewJob {
-            ready,
-            record,
-            notify,
-            share,
-        } = job;
-        let id = record.request_id().to_owned();
-        let bytes = ready.size as u64;
+        let id = job.record.request_id().to_owned();
+        let bytes = job.ready.size as u64;
         {
             let mut store = self.store();
             if !self.fits(&store, bytes) {
                 drop(store);
                 return Err(Box::new(NotTaken {
-                    ready,
-                    record,
+                    ready: job.ready,
+                    record: job.record,
                     error: GatewayError::JobsFull,
                 }));
             }
-            let class = ready.class;
-            let entry = Entry::new(id.clone(), class, (ready, record), notify, bytes);
-            store.push(Arc::new(entry), bytes, share);
+            let class = job.ready.class;
+            let work = (job.ready, job.record);
+            let entry = Entry::new(id.clone(), class, work, job.notify, bytes);
+            store.push(Arc::new(entry), bytes, job.share);
             // Under the lock: the scheduler cannot move it to `running` before it is counted.
             self.ctx.metrics().moved(None, Some("queued"));
         }
