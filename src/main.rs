@@ -1,11 +1,15 @@
 //! The `tutor-gateway` binary: `serve`, `check-config`, `limits push` and `capacity`.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tutor_gateway::config::{Config, ConfigError};
+
+/// Where `--config` points when it is not given.
+const DEFAULT_CONFIG: &str = "config/config.toml";
 
 /// A reverse proxy in front of vLLM that keeps short tutoring questions fast.
 #[derive(Debug, Parser)]
@@ -20,7 +24,7 @@ enum Command {
     /// Run the gateway.
     Serve {
         /// Config file.
-        #[arg(long, default_value = "config/config.toml")]
+        #[arg(long, default_value = DEFAULT_CONFIG)]
         config: PathBuf,
         /// Listen here instead of the configured `listen`.
         #[arg(long)]
@@ -61,7 +65,7 @@ enum LimitsAction {
     /// Push the file's limits (checked whole first).
     Push {
         /// Config file whose `[lanes.*]`, `[admission]` and `[quota]` are used.
-        #[arg(long, default_value = "config/config.toml")]
+        #[arg(long, default_value = DEFAULT_CONFIG)]
         config: PathBuf,
     },
 }
@@ -155,7 +159,9 @@ fn serve(
         } else {
             None
         };
-        let listener = tokio::net::TcpListener::bind(config.listen).await?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {} (`listen`, or --listen)", config.listen))?;
         // A reload re-reads the file, with this command line's overrides applied again.
         let sim_url = sim.as_ref().map(|_| config.upstream.base_url.clone());
         let gateway = tutor_gateway::server::start(config, listener)?;
@@ -202,6 +208,19 @@ fn report(path: &std::path::Path, err: ConfigError) -> ExitCode {
                 eprintln!("{}: {issue}", path.display());
             }
             eprintln!("{}: {} problem(s)", path.display(), issues.len());
+        }
+        ConfigError::Read { path: read, source }
+            if source.kind() == std::io::ErrorKind::NotFound
+                && read == Path::new(DEFAULT_CONFIG) =>
+        {
+            let here = std::env::current_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_else(|_| "the current directory".into());
+            eprintln!(
+                "tutor-gateway: no config file at {DEFAULT_CONFIG} (the default, read relative to \
+                 {here}): pass --config PATH, or run from the repository's root (the shipped, \
+                 documented file is config/config.toml there)"
+            );
         }
         other => eprintln!("{other}"),
     }

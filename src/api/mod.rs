@@ -25,6 +25,7 @@ pub mod jobs;
 pub mod limits;
 pub mod openai;
 pub mod ops;
+pub mod request_id;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
@@ -81,6 +82,8 @@ pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth) -> Router {
             cors::Cors::new(server.cors_allow_origins.clone(), server.cors_max_age),
             cors::cors,
         ))
+        // Around everything: every answer carries an `x-request-id`.
+        .layer(axum::middleware::from_fn(request_id::ensure))
 }
 
 /// `/readyz` and `/metrics`: on the public listener, or on `server.admin_listen` when set.
@@ -100,5 +103,6 @@ pub fn admin(state: AppState) -> Router {
             state.clone(),
             admin::guard,
         ))
+        .layer(axum::middleware::from_fn(request_id::ensure))
         .with_state(state)
 }

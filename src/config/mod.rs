@@ -66,9 +66,9 @@ pub const SHIPPED_CONFIG: &str = include_str!("../../config/config.toml");
 impl Config {
     /// Parses and validates TOML text.
     ///
-    /// Problems from reading the file (unknown keys, wrong types) and from validation are
-    /// reported together; validation problems inside a section that could not be read are left
-    /// out, since they would only repeat the first problem.
+    /// Problems from reading the file (unknown keys, wrong types: every one, not only the first
+    /// of a section) and from validation are reported together; validation problems inside a
+    /// table with a key of the wrong type are left out, since they would only repeat it.
     pub fn from_toml_str(src: &str) -> Result<Config, ConfigError> {
         let parsed = parse::parse_raw(src)?;
         match validate(parsed.raw) {
@@ -76,13 +76,14 @@ impl Config {
             Ok(_) => Err(ConfigError::Invalid(parsed.issues)),
             Err(err) => {
                 let mut issues = parsed.issues;
-                let failed = &parsed.failed_sections;
+                let failed = &parsed.failed;
                 issues.extend(
                     err.issues()
                         .iter()
                         .filter(|issue| {
-                            let section = issue.path.split('.').next().unwrap_or_default();
-                            !failed.iter().any(|f| f == section)
+                            !failed.iter().any(|f| {
+                                issue.path == *f || issue.path.starts_with(&format!("{f}."))
+                            })
                         })
                         .cloned(),
                 );

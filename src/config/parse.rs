@@ -9,38 +9,40 @@ use serde::de::DeserializeOwned;
 use super::error::{ConfigError, ConfigIssue};
 use super::file::RawConfig;
 
-/// The raw structs, plus the issues found while reading them. A section that failed to
-/// deserialize is left at its default and named in `failed_sections`, so that validation does not
-/// report follow-on problems for it.
+/// The raw structs, plus the issues found while reading them. A key with a bad value is left
+/// out (its default stands) and its table named in `failed` (dotted paths), so that validation
+/// does not report follow-on problems for it; a section that could not be read at all is left
+/// at its default and named there too.
 pub(super) struct Parsed {
     pub raw: RawConfig,
     pub issues: Vec<ConfigIssue>,
-    pub failed_sections: Vec<String>,
+    pub failed: Vec<String>,
 }
 
 /// Parses `src` into the raw structs; only a TOML syntax error stops it early.
 pub(super) fn parse_raw(src: &str) -> Result<Parsed, ConfigError> {
     let table: toml::Table = toml::from_str(src).map_err(|e| syntax_error(src, &e))?;
     let mut issues = Vec::new();
+    let mut failed = Vec::new();
     let mut raw = RawConfig::default();
     for (key, value) in table {
         match key.as_str() {
-            "listen" => raw.listen = section(&key, value, &mut issues),
-            "upstream" => raw.upstream = section(&key, value, &mut issues).unwrap_or_default(),
-            "classify" => raw.classify = section(&key, value, &mut issues).unwrap_or_default(),
-            "admission" => raw.admission = section(&key, value, &mut issues).unwrap_or_default(),
-            "lanes" => raw.lanes = section(&key, value, &mut issues).unwrap_or_default(),
-            "server" => raw.server = section(&key, value, &mut issues).unwrap_or_default(),
-            "fields" => raw.fields = section(&key, value, &mut issues).unwrap_or_default(),
-            "promotion" => raw.promotion = section(&key, value, &mut issues).unwrap_or_default(),
-            "telemetry" => raw.telemetry = section(&key, value, &mut issues).unwrap_or_default(),
-            "quota" => raw.quota = section(&key, value, &mut issues).unwrap_or_default(),
-            "jobs" => raw.jobs = section(&key, value, &mut issues).unwrap_or_default(),
-            "auth" => raw.auth = section(&key, value, &mut issues).unwrap_or_default(),
+            "listen" => raw.listen = section(&key, value, &mut issues, &mut failed),
+            "upstream" => raw.upstream = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
+            "classify" => raw.classify = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
+            "admission" => raw.admission = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
+            "lanes" => raw.lanes = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
+            "server" => raw.server = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
+            "fields" => raw.fields = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
+            "promotion" => raw.promotion = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
+            "telemetry" => raw.telemetry = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
+            "quota" => raw.quota = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
+            "jobs" => raw.jobs = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
+            "auth" => raw.auth = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
             "prefix_cache" => {
-                raw.prefix_cache = section(&key, value, &mut issues).unwrap_or_default()
+                raw.prefix_cache = section(&key, value, &mut issues, &mut failed).unwrap_or_default()
             }
-            "courses" => raw.courses = section(&key, value, &mut issues).unwrap_or_default(),
+            "courses" => raw.courses = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
             _ => issues.push(ConfigIssue::new(
                 key,
                 "is not a known key; expected one of `listen`, `upstream`, `classify`, \
@@ -49,49 +51,109 @@ pub(super) fn parse_raw(src: &str) -> Result<Parsed, ConfigError> {
             )),
         }
     }
-    let failed_sections = issues
-        .iter()
-        .map(|i: &ConfigIssue| i.path.split('.').next().unwrap_or_default().to_owned())
-        .collect();
     Ok(Parsed {
         raw,
         issues,
-        failed_sections,
+        failed,
     })
 }
 
+/// Deserializes section `key`, collecting every problem in it: after each one the offending
+/// key is taken out and the rest read again, so one mistyped key hides nothing else. A key
+/// with a bad value leaves its table in `failed` (its validation would only repeat it); an
+/// unknown key does not. `None` only when the section itself is not a table of the right shape.
 fn section<T: DeserializeOwned>(
     key: &str,
-    value: toml::Value,
+    mut value: toml::Value,
     issues: &mut Vec<ConfigIssue>,
+    failed: &mut Vec<String>,
 ) -> Option<T> {
-    match serde_path_to_error::deserialize::<_, T>(value) {
-        Ok(v) => Some(v),
-        Err(err) => {
-            let inner = err.path().to_string();
-            let mut path = if inner == "." || inner.is_empty() {
-                key.to_owned()
-            } else {
-                format!("{key}.{inner}")
-            };
-            let message = err.inner().message().to_owned();
-            // `unknown field `x`, expected ...`: make sure the key is in the path.
-            if let Some(rest) = message.strip_prefix("unknown field `") {
-                if let Some((name, expected)) = rest.split_once('`') {
-                    if !path.ends_with(&format!(".{name}")) {
-                        path = format!("{path}.{name}");
-                    }
-                    let expected = expected.trim_start_matches(", ");
-                    issues.push(ConfigIssue::new(
-                        path,
-                        format!("is not a known key; {expected}"),
-                    ));
-                    return None;
+    // Each round takes one key out: a section has far fewer keys than this.
+    for _ in 0..256 {
+        let err = match serde_path_to_error::deserialize::<_, T>(value.clone()) {
+            Ok(v) => return Some(v),
+            Err(err) => err,
+        };
+        let mut at: Vec<String> = err
+            .path()
+            .iter()
+            .filter_map(|segment| match segment {
+                serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+                _ => None,
+            })
+            .collect();
+        let inner = err.path().to_string();
+        let mut path = if inner == "." || inner.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{key}.{inner}")
+        };
+        let message = err.inner().message().to_owned();
+        // `unknown field `x`, expected ...`: make sure the key is in the path.
+        let unknown = message
+            .strip_prefix("unknown field `")
+            .and_then(|rest| rest.split_once('`'));
+        match unknown {
+            Some((name, expected)) => {
+                if !path.ends_with(&format!(".{name}")) {
+                    path = format!("{path}.{name}");
                 }
+                if at.last().map(String::as_str) != Some(name) {
+                    at.push(name.to_owned());
+                }
+                let expected = expected.trim_start_matches(", ");
+                issues.push(ConfigIssue::new(
+                    path,
+                    format!("is not a known key; {expected}"),
+                ));
             }
-            issues.push(ConfigIssue::new(path, sanitize(&message)));
-            None
+            None => {
+                issues.push(ConfigIssue::new(path.clone(), sanitize(&message)));
+                // Validation of this key's table would only repeat the problem.
+                failed.push(match path.rsplit_once('.') {
+                    Some((table, _)) => table.to_owned(),
+                    None => path,
+                });
+            }
         }
+        if at.is_empty() || !remove(&mut value, &at) {
+            failed.push(key.to_owned());
+            return None;
+        }
+    }
+    failed.push(key.to_owned());
+    None
+}
+
+/// Takes the key at `path` (table keys and array indices) out of `value`; false when there is
+/// none.
+fn remove(value: &mut toml::Value, path: &[String]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut at = value;
+    for step in parents {
+        let next = match at {
+            toml::Value::Table(t) => t.get_mut(step),
+            toml::Value::Array(a) => step.parse::<usize>().ok().and_then(|i| a.get_mut(i)),
+            _ => None,
+        };
+        match next {
+            Some(v) => at = v,
+            None => return false,
+        }
+    }
+    match at {
+        toml::Value::Table(t) => t.remove(last).is_some(),
+        toml::Value::Array(a) => match last.parse::<usize>() {
+            Ok(i) if i < a.len() => {
+                a.remove(i);
+                true
+            }
+            _ => false,
+        },
+        _ => false,
     }
 }
 

@@ -114,6 +114,51 @@ medium_max_work = 0
 }
 
 #[test]
+fn every_problem_of_a_section_is_listed_not_only_its_first() {
+    // Two unknown keys and a wrong type in one table, an unknown key beside a validation
+    // problem in another: all of them, in one report (it used to stop at a section's first).
+    let issues = issues_of(
+        r#"
+[classify]
+tokenizer = "heuristic"
+[lanes.small]
+max_concurency = 8
+ceilng = 9
+queue_len = "ten"
+[lanes.large]
+lend_it = true
+max_concurrency = 0
+[server]
+max_body_bytez = 1
+"#,
+    );
+    let has = |prefix: &str| issues.iter().any(|i| i.starts_with(prefix));
+    for expected in [
+        "lanes.small.max_concurency is not a known key",
+        "lanes.small.ceilng is not a known key",
+        "lanes.small.queue_len has an invalid type",
+        "lanes.large.lend_it is not a known key",
+        "lanes.large.max_concurrency",
+        "server.max_body_bytez is not a known key",
+    ] {
+        assert!(has(expected), "missing {expected:?} in {issues:#?}");
+    }
+    // Nothing is said twice, and the table with the wrong type gets no follow-on problem.
+    let mut unique = issues.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), issues.len(), "{issues:#?}");
+    assert_eq!(
+        issues
+            .iter()
+            .filter(|i| i.starts_with("lanes.small."))
+            .count(),
+        3,
+        "{issues:#?}"
+    );
+}
+
+#[test]
 fn errors_never_echo_values_from_the_file() {
     let secret = "hunter2-secret";
     for src in [

@@ -54,11 +54,20 @@ pub fn tracing_enabled(config: &TelemetryConfig) -> bool {
     config.tracing || env("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
 }
 
+/// Colour in the logs only on a terminal (never in a file, a pipe or a journal), and never
+/// with `NO_COLOR` set.
+fn colour() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal() && env("NO_COLOR").is_none()
+}
+
 /// Installs the global subscriber: logs on stderr (`RUST_LOG`, default `info`) and, when
 /// enabled, the OpenTelemetry layer exporting over OTLP.
 pub fn init(config: &TelemetryConfig) -> anyhow::Result<TracingGuard> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colour());
     if !tracing_enabled(config) {
         tracing_subscriber::registry()
             .with(filter)
