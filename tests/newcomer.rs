@@ -162,3 +162,117 @@ fn check_config_lists_every_problem_at_once() {
     }
     assert!(stderr.contains("4 problem(s)"), "{stderr}");
 }
+
+/// The repository's own files that name other files: the shipped config, the README, the guides.
+fn documents() -> Vec<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs = vec![root.join("config/config.toml"), root.join("README.md")];
+    let mut dirs = vec![root.join("docs")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                docs.push(path);
+            }
+        }
+    }
+    docs
+}
+
+/// Repository paths named in `text` (`docs/…`, `config/…`, `src/…`, …), without a trailing
+/// `:line`, `#anchor` or punctuation. A path in another project is named with its owner
+/// (`vLLM's docs/…`) and skipped.
+fn named_paths(text: &str) -> Vec<String> {
+    const ROOTS: &[&str] = &[
+        "docs/",
+        "config/",
+        "scripts/",
+        "src/",
+        "tests/",
+        "deploy/",
+        "sim/",
+        "loadtest/",
+        "testkit/",
+        "benches/",
+        "lua/",
+        "web/",
+        ".ci/",
+    ];
+    let mut found = Vec::new();
+    let mut previous = "";
+    for word in text.split(|c: char| c.is_whitespace() || "`'\"()[]<>,;|".contains(c)) {
+        let word = word.trim_start_matches("./");
+        // `vLLM's docs/…` splits at the apostrophe: the word before is `s`.
+        let foreign = previous == "s" || previous.ends_with("'s");
+        if !word.is_empty() {
+            previous = word;
+        }
+        if foreign || !ROOTS.iter().any(|r| word.starts_with(r)) {
+            continue;
+        }
+        let word = word.split(['#', ':']).next().unwrap_or(word);
+        let word = word.trim_end_matches(['.', ',', ')', '!', '?']);
+        // Globs and placeholders name no one file.
+        if word.contains(['{', '$', '…', '<', '*']) {
+            continue;
+        }
+        found.push(word.to_owned());
+    }
+    found
+}
+
+#[test]
+fn every_file_the_docs_and_the_config_name_exists() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for doc in documents() {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        for path in named_paths(&text) {
+            checked += 1;
+            if !root.join(&path).exists() {
+                missing.push(format!(
+                    "{} names {path}",
+                    doc.strip_prefix(root).unwrap().display()
+                ));
+            }
+        }
+    }
+    assert!(
+        checked > 50,
+        "only {checked} paths found: the scan is broken"
+    );
+    assert!(missing.is_empty(), "named but missing: {missing:#?}");
+}
+
+#[test]
+fn every_section_the_config_points_at_exists() {
+    // `"Section title" in docs/operations.md`: that guide has a heading with that title.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = std::fs::read_to_string(root.join("config/config.toml")).unwrap();
+    let guide = std::fs::read_to_string(root.join("docs/operations.md")).unwrap();
+    let headings: Vec<&str> = guide.lines().filter(|l| l.starts_with('#')).collect();
+    let flat = config.replace("\n# ", " ");
+    let mut pointed = 0;
+    let mut missing = Vec::new();
+    for (i, _) in flat.match_indices("\" in docs/operations.md") {
+        let Some(open) = flat[..i].rfind('"') else {
+            continue;
+        };
+        let title = &flat[open + 1..i];
+        pointed += 1;
+        if !headings.iter().any(|h| h.contains(title)) {
+            missing.push(title.to_owned());
+        }
+    }
+    assert!(
+        pointed > 3,
+        "only {pointed} pointers found: the scan is broken"
+    );
+    assert!(
+        missing.is_empty(),
+        "sections named but not in the guide: {missing:#?}"
+    );
+}
