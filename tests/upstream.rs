@@ -452,7 +452,8 @@ async fn omitted_done_after_the_finish_ends_cleanly() {
 }
 
 #[tokio::test]
-async fn stock_vllm_a_dropped_stream_stops_generation_with_no_abort_call_and_no_refusal_logged() {
+async fn stock_vllm_a_dropped_stream_stops_generation_with_no_abort_call_and_the_probe_says_what_to_set(
+) {
     let (logs, _guard) = capture_logs();
     // A default `vllm serve`: no abort endpoint.
     let s = sim(&["--speed", "1", "--profile", "tiny-test"]).await;
@@ -472,8 +473,15 @@ async fn stock_vllm_a_dropped_stream_stops_generation_with_no_abort_call_and_no_
     assert!(abort_calls_after_probe(&s).await.is_empty());
     let text = logs.text();
     assert!(!text.contains("refused"), "{text}");
-    assert!(!text.contains("WARN"), "{text}");
-    assert!(text.contains("engine has no abort endpoint"), "{text}");
+    // Said once, at warn level, with the URL it tried and what to set instead.
+    let said: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("engine has no abort endpoint"))
+        .collect();
+    assert_eq!(said.len(), 1, "{text}");
+    assert!(said[0].contains("WARN"), "{text}");
+    assert!(said[0].contains("/inference/v1/abort_requests"), "{text}");
+    assert!(said[0].contains("VLLM_SERVER_DEV_MODE"), "{text}");
     s.shutdown().await;
 }
 

@@ -285,16 +285,24 @@ impl AbortCaller {
         if self.set_endpoint(verdict) == verdict {
             return;
         }
+        let url = &self.config.abort.url_template;
         if status.is_success() {
-            tracing::info!(
+            tracing::warn!(
                 %status,
+                %url,
                 "engine abort endpoint found: abort calls on (upstream.abort.mode = auto)"
             );
         } else if not_offered(status) {
-            tracing::info!(
+            tracing::warn!(
                 %status,
-                "engine has no abort endpoint: a client's disconnect closes the upstream \
-                 connection, which aborts the request in vLLM (upstream.abort.mode = auto)"
+                %url,
+                "engine has no abort endpoint at upstream.abort.url: a client's disconnect \
+                 still closes the upstream connection, which aborts the request in vLLM. For \
+                 explicit aborts too: against `vllm serve` with VLLM_SERVER_DEV_MODE=1 set \
+                 upstream.abort.url = \"{{base_url}}/abort_requests\"; against the scale-out \
+                 API (--enable-scale-out) keep \"{{base_url}}/inference/v1/abort_requests\"; or \
+                 set upstream.abort.mode = \"off\" to stop probing (see \"Engine aborts\" in \
+                 docs/operations.md)"
             );
         } else {
             tracing::warn!(
