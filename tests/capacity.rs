@@ -276,3 +276,61 @@ async fn the_watch_reports_every_read_against_the_current_config() {
     watch.abort();
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn bundled_models_plan_without_a_file_and_match_their_published_shapes() {
+    // (name, KV bytes per token in bf16: layers x kv_heads x head_dim x 2 x 2)
+    for (name, kv_bytes) in [
+        ("llama-3.1-8b", 32 * 8 * 128 * 4),
+        ("llama-3.1-70b", 80 * 8 * 128 * 4),
+        ("qwen2.5-7b", 28 * 4 * 128 * 4),
+        ("qwen2.5-32b", 64 * 8 * 128 * 4),
+        ("mistral-7b", 32 * 8 * 128 * 4),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
+            .args([
+                "capacity",
+                "--model",
+                name,
+                "--gpu-memory-gib",
+                "320",
+                "--json",
+            ])
+            .output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {stderr}");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["kv_bytes_per_token"], kv_bytes, "{name}");
+    }
+    // The same plan as from the file itself.
+    let dir = Scratch::new("bundled");
+    let model = dir.write("config.json", LLAMA_31_8B);
+    let run = |how: Vec<String>| async move {
+        Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
+            .arg("capacity")
+            .args(how)
+            .args(["--gpu-memory-gib", "80", "--json"])
+            .output()
+            .await
+            .unwrap()
+            .stdout
+    };
+    assert_eq!(
+        run(vec!["--model".into(), "llama-3.1-8b".into()]).await,
+        run(vec!["--model-config".into(), model.display().to_string()]).await
+    );
+    // An unknown name lists the bundled ones.
+    let out = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
+        .args(["capacity", "--model", "gpt-5", "--gpu-memory-gib", "80"])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("qwen2.5-32b") && stderr.contains("--model-config"),
+        "{stderr}"
+    );
+}

@@ -13,8 +13,12 @@ use crate::config::Config;
 #[derive(Debug, Clone, Args)]
 pub struct PlanArgs {
     /// The model's HuggingFace `config.json` (layers, KV heads, head dim, dtype).
+    #[arg(long, conflicts_with = "model", required_unless_present = "model")]
+    pub model_config: Option<PathBuf>,
+    /// A bundled model's shape instead of a file: llama-3.1-8b, llama-3.1-70b, qwen2.5-7b,
+    /// qwen2.5-32b, mistral-7b.
     #[arg(long)]
-    pub model_config: PathBuf,
+    pub model: Option<String>,
     /// Memory of the GPU, GiB (nvidia-smi's MiB / 1024; an 80 GB H100 shows 79.6).
     #[arg(long)]
     pub gpu_memory_gib: f64,
@@ -73,10 +77,16 @@ pub fn run(args: &PlanArgs) -> ExitCode {
 /// The command's output for `args`.
 pub fn plan_for(args: &PlanArgs) -> anyhow::Result<String> {
     use anyhow::Context;
-    let path = &args.model_config;
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let model = ModelShape::from_json(&text).with_context(|| path.display().to_string())?;
+    let model = match (&args.model_config, &args.model) {
+        (Some(path), _) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            ModelShape::from_json(&text).with_context(|| path.display().to_string())?
+        }
+        (None, Some(name)) => ModelShape::from_json(super::models::bundled(name)?)
+            .with_context(|| format!("bundled model {name}"))?,
+        (None, None) => anyhow::bail!("give --model NAME or --model-config PATH"),
+    };
     let config = match &args.config {
         Some(p) => Config::load(p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?,
         None => Config::default(),

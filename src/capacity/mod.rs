@@ -18,6 +18,7 @@
 pub mod cli;
 pub mod engine;
 pub mod model;
+pub mod models;
 pub mod plan;
 mod prom;
 
