@@ -35,6 +35,7 @@ use tutor_gateway::classify::{
 };
 use tutor_gateway::config::Config;
 use tutor_gateway::lane::Lane;
+use tutor_wire::stats::nearest_rank;
 
 // ---------------------------------------------------------------------------------------------
 // Generated tutoring text
@@ -445,10 +446,7 @@ fn kinds(counter: &TokenCounter, overhead: TemplateCosts) -> Vec<Kind> {
 /// p50 and p99 of `samples` in microseconds.
 fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
     samples.sort_unstable();
-    let at = |q: f64| {
-        let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
-        samples[i].as_secs_f64() * 1e6
-    };
+    let at = |q: f64| nearest_rank(&samples, q).expect("samples").as_secs_f64() * 1e6;
     (at(0.50), at(0.99))
 }
 

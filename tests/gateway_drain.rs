@@ -20,31 +20,16 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::HeaderMap;
-use common::{client, json, sse};
+use common::{client, flags, free_port, json, send, sse};
 use redis_common::RedisServer;
 use serde_json::{json, Value};
 use vllm_sim::{SimArgs, SimServer};
 
 /// Real time (about 5 ms a token) and every answer runs to its `max_output_tokens`: a stream
 /// of 4000 tokens lasts far longer than any grace period here.
-const SLOW: &[&str] = &[
-    "--speed",
-    "1",
-    "--profile",
-    "tiny-test",
-    "--mean-output-tokens",
-    "1000000",
-];
+const SLOW: &str = "--speed 1 --profile tiny-test --mean-output-tokens 1000000";
 const USAGE: &str = "tg:v2:{quota}:usage";
 const LEASES: &str = "tg:v2:{quota}:leases";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A small HTTP server on 127.0.0.1 keeping the `(x-request-id header, body)` of every POST
 /// to `path`, answering 200.
@@ -162,7 +147,7 @@ struct Stream {
 impl Stream {
     /// Sends `req` and reads until the body holds `marker` (a first token).
     async fn open(req: reqwest::RequestBuilder, marker: &str) -> Stream {
-        let resp = req.send().await.unwrap();
+        let resp = send(req).await;
         assert_eq!(resp.status(), 200);
         let request_id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
         let mut s = Stream {
@@ -237,7 +222,9 @@ async fn redis_state(redis: &RedisServer) -> (HashMap<String, i64>, HashMap<Stri
 }
 
 async fn sim() -> SimServer {
-    vllm_sim::start(&SimArgs::for_test(SLOW)).await.unwrap()
+    vllm_sim::start(&SimArgs::for_test(&flags(SLOW)))
+        .await
+        .unwrap()
 }
 
 /// Polls `cond` every 20 ms for up to 10 s.
@@ -377,7 +364,7 @@ async fn readyz_says_draining_during_the_grace_while_a_stream_still_runs() {
     .await;
     let readyz = format!("http://127.0.0.1:{admin}/readyz");
     let get = |url: String| async move {
-        let resp = client().get(url).send().await.unwrap();
+        let resp = send(client().get(url)).await;
         (resp.status().as_u16(), json(&resp.text().await.unwrap()))
     };
     let (status, body) = get(readyz.clone()).await;
@@ -446,7 +433,7 @@ async fn during_the_drain_announce_readyz_says_draining_and_new_requests_are_sti
     let readyz = format!("{}/readyz", gw.url);
     let mut seen = None;
     for _ in 0..500 {
-        let resp = client().get(&readyz).send().await.unwrap();
+        let resp = send(client().get(&readyz)).await;
         if resp.status() == 503 {
             seen = Some(json(&resp.text().await.unwrap()));
             break;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
-use common::{client, metric, sse, Harness};
+use common::{client, metric, send, sse, Harness};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use serde_json::{json, Value};
@@ -61,7 +61,7 @@ async fn forward(req: Request, upstream: &str, kept: &Mutex<Vec<Value>>) -> Resp
             out = out.header(k, v);
         }
     }
-    let resp = out.send().await.unwrap();
+    let resp = send(out).await;
     let mut back = Response::builder().status(resp.status());
     for (k, v) in resp.headers() {
         if k != "content-length" && k != "transfer-encoding" {
@@ -125,12 +125,7 @@ async fn gateway() -> (Harness, Tap) {
     config
         .courses
         .insert("py101-off".into(), course("py101-off", FocusMode::Off));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let tasks = tokio_util::task::TaskTracker::new();
-    let (request_log, log) = tutor_gateway::telemetry::RequestLog::memory();
-    let state = tutor_gateway::server::build_state_with_log(config, tasks.clone(), request_log)
-        .expect("gateway state");
-    let gw = tutor_gateway::server::serve_state(state, tasks, listener).expect("gateway starts");
+    let (gw, log) = common::gateway(config).await;
     (Harness { sim, gw, log }, tap)
 }
 
@@ -142,12 +137,7 @@ fn subscriber() -> tracing::subscriber::DefaultGuard {
 }
 
 async fn answer(h: &Harness, body: &Value) -> (u16, String) {
-    let r = client()
-        .post(h.url("/answer"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
+    let r = send(client().post(h.url("/answer")).json(body)).await;
     (r.status().as_u16(), r.text().await.unwrap())
 }
 

@@ -15,14 +15,7 @@ use tutor_gateway::config::{Config, QuotaBackend, RedisUrl, RequestLogSink};
 use tutor_gateway::lane::Lane;
 
 /// The engine stops a request without `max_tokens` at its context limit: 1,100 tokens.
-const SIM: &[&str] = &[
-    "--speed",
-    "2",
-    "--profile",
-    "tiny-test",
-    "--max-model-len",
-    "1100",
-];
+const SIM: &str = "--speed 2 --profile tiny-test --max-model-len 1100";
 
 fn short_context(c: &mut Config) {
     c.upstream.max_model_len = 1100.try_into().unwrap();
@@ -51,13 +44,13 @@ fn words_in(events: &[(String, String)]) -> usize {
 
 #[tokio::test]
 async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes() {
-    let h = harness(SIM, short_context).await;
-    let resp = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&endless())
-        .send()
-        .await
-        .unwrap();
+    let h = harness(&flags(SIM), short_context).await;
+    let resp = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&endless()),
+    )
+    .await;
     let mut body = resp.bytes_stream();
     let mut text = String::new();
     // Read until well past 256 tokens: by then the request holds a medium slot, not a small one.
@@ -125,12 +118,7 @@ async fn fill_medium(h: &Harness) -> tokio::task::JoinHandle<String> {
 async fn with_medium_full_the_stream_is_cut_with_the_documented_message_and_aborted() {
     // Answers without a limit run to the context's end (the /answer request cannot ask for
     // `ignore_eos`): the engine's drawn lengths average 100,000 tokens.
-    let sim: Vec<&str> = SIM
-        .iter()
-        .copied()
-        .chain(["--mean-output-tokens", "100000"])
-        .collect();
-    let h = harness(&sim, |c| {
+    let h = harness(&flags(&format!("{SIM} --mean-output-tokens 100000")), |c| {
         short_context(c);
         set_lane(c, Lane::Medium, 1);
     })
@@ -203,14 +191,7 @@ async fn with_medium_full_the_stream_is_cut_with_the_documented_message_and_abor
 async fn a_chain_of_continue_requests_moves_to_medium_by_the_fourth() {
     // The engine always answers up to max_tokens here (a huge mean output length).
     let h = harness(
-        &[
-            "--speed",
-            "50",
-            "--profile",
-            "tiny-test",
-            "--mean-output-tokens",
-            "1000000",
-        ],
+        &flags("--speed 50 --profile tiny-test --mean-output-tokens 1000000"),
         |_| {},
     )
     .await;
@@ -249,7 +230,7 @@ async fn a_chain_of_continue_requests_moves_to_medium_by_the_fourth() {
 #[tokio::test]
 async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
     let redis = RedisServer::start();
-    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(SIM))
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&flags(SIM)))
         .await
         .unwrap();
     let config = |medium: u32| {
@@ -285,12 +266,12 @@ async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
         }
     };
     // Replica A: the request outgrows small and moves to medium in the shared quota.
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", a.url()))
-        .json(&endless())
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(format!("{}/v1/chat/completions", a.url()))
+            .json(&endless()),
+    )
+    .await;
     let mut body = resp.bytes_stream();
     let mut text = String::new();
     while words_in(&sse(text.rsplit_once("\n\n").map_or("", |(x, _)| x))) < 300 {
@@ -340,14 +321,7 @@ async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
 #[tokio::test]
 async fn a_continue_chain_spread_over_two_replicas_counts_as_one_session_in_redis() {
     let redis = RedisServer::start();
-    let flags = [
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--mean-output-tokens",
-        "1000000",
-    ];
+    let flags = flags("--speed 50 --profile tiny-test --mean-output-tokens 1000000");
     let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&flags))
         .await
         .unwrap();

@@ -86,27 +86,20 @@ const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 async fn a_normal_request_has_the_full_span_and_its_trace_reaches_vllm() {
     let t = traces();
     let h = harness(
-        &[
-            "--speed",
-            "20",
-            "--profile",
-            "tiny-test",
-            "--enable-prompt-tokens-details",
-            "--enable-per-request-metrics",
-        ],
+        &flags("--speed 20 --profile tiny-test --enable-prompt-tokens-details --enable-per-request-metrics"),
         |_| {},
     )
     .await;
-    let resp = client()
-        .get(h.url("/answer"))
-        .query(&[
-            ("prompt", "why does my loop never end?"),
-            ("max_output_tokens", "12"),
-        ])
-        .header("traceparent", format!("00-{TRACE_ID}-00f067aa0ba902b7-01"))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .get(h.url("/answer"))
+            .query(&[
+                ("prompt", "why does my loop never end?"),
+                ("max_output_tokens", "12"),
+            ])
+            .header("traceparent", format!("00-{TRACE_ID}-00f067aa0ba902b7-01")),
+    )
+    .await;
     let events = sse(&resp.text().await.unwrap());
     assert_eq!(events.last().unwrap().0, "done");
     // The span closes when the handler is done, which may be just after the last byte.
@@ -162,13 +155,11 @@ async fn a_normal_request_has_the_full_span_and_its_trace_reaches_vllm() {
 async fn a_cancelled_request_records_where_it_stopped() {
     let t = traces();
     let h = harness(&["--speed", "5", "--profile", "tiny-test"], |_| {}).await;
-    let resp = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "explain ownership"}], "max_tokens": 900,
-                      "ignore_eos": true, "stream": true}))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(
+        &json!({"messages": [{"role": "user", "content": "explain ownership"}], "max_tokens": 900,
+                      "ignore_eos": true, "stream": true}),
+    ))
+    .await;
     let mut body = resp.bytes_stream();
     let mut seen = String::new();
     while seen.matches("\"content\":\" ").count() < 4 {
@@ -193,16 +184,7 @@ async fn an_upstream_error_is_on_the_span() {
     // Real speed and a long answer: the injected error (after 2 tokens) cannot share a batch
     // with the finish, however late the gateway reads (such a batch skips the error).
     let h = harness(
-        &[
-            "--speed",
-            "1",
-            "--profile",
-            "tiny-test",
-            "--midstream-error-rate",
-            "1",
-            "--error-after-tokens",
-            "2",
-        ],
+        &flags("--speed 1 --profile tiny-test --midstream-error-rate 1 --error-after-tokens 2"),
         |_| {},
     )
     .await;
@@ -236,13 +218,13 @@ async fn an_upstream_error_is_on_the_span() {
 async fn a_job_has_one_span_in_the_submitting_clients_trace() {
     let t = traces();
     let h = harness(&["--speed", "20", "--profile", "tiny-test"], |_| {}).await;
-    let resp = client()
-        .post(h.url("/jobs"))
-        .header("traceparent", format!("00-{TRACE_ID}-00f067aa0ba902b7-01"))
-        .json(&json!({"prompt": "review my repository", "max_output_tokens": 6}))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(h.url("/jobs"))
+            .header("traceparent", format!("00-{TRACE_ID}-00f067aa0ba902b7-01"))
+            .json(&json!({"prompt": "review my repository", "max_output_tokens": 6})),
+    )
+    .await;
     assert_eq!(resp.status(), 202);
     let id = json(&resp.text().await.unwrap())["id"]
         .as_str()

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::IntoResponse;
-use common::client;
+use common::{client, free_port, send};
 use vllm_sim::{SimArgs, SimServer};
 
 const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
@@ -119,14 +119,6 @@ impl Drop for Process {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn gateway(sim: &SimServer, endpoint: &str, protocol: &str, ca: bool) -> Process {
     let port = free_port();
     let dir = std::env::temp_dir().join(format!("tg-otlp-tls-{}-{port}", std::process::id()));
@@ -179,15 +171,15 @@ async fn gateway(sim: &SimServer, endpoint: &str, protocol: &str, ca: bool) -> P
 
 /// Sends one chat request through `gw`; it must succeed whatever happens to its span.
 async fn one_request(gw: &Process) {
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", gw.url))
-        .json(
-            &serde_json::json!({"messages": [{"role": "user", "content": "what is a closure?"}],
+    let resp = send(
+        client()
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .json(
+                &serde_json::json!({"messages": [{"role": "user", "content": "what is a closure?"}],
                                   "max_tokens": 4}),
-        )
-        .send()
-        .await
-        .unwrap();
+            ),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     let _ = resp.text().await;
 }

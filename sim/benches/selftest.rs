@@ -21,11 +21,7 @@ use vllm_sim::SimArgs;
 
 /// The `q` quantile of `v`; 0 for an empty sample (printed as such).
 fn quantile(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        0.0
-    } else {
-        tutor_testkit::bench::quantile(v, q)
-    }
+    tutor_wire::stats::quantile(v, q).unwrap_or(0.0)
 }
 
 fn calibration() {

@@ -15,13 +15,10 @@ pub fn env_or<T: FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-/// The `q` quantile (0..=1, nearest rank) of `v`, sorting it in place; NaN when `v` is empty.
+/// The `q` quantile (0..=1) of `v` by [`tutor_wire::stats::quantile`] (nearest rank), sorting
+/// it in place; NaN when `v` is empty (printed as such).
 pub fn quantile(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * q).round() as usize]
+    tutor_wire::stats::quantile(v, q).unwrap_or(f64::NAN)
 }
 
 /// The same JSON with every object's keys in a random order.

@@ -25,9 +25,19 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// Sends `request`; panics when it cannot be sent (the answer's status is not checked).
+pub async fn send(request: reqwest::RequestBuilder) -> reqwest::Response {
+    request.send().await.unwrap()
+}
+
 /// Sends `request` and reads the whole answer as text.
 pub async fn send_text(request: reqwest::RequestBuilder) -> String {
-    request.send().await.unwrap().text().await.unwrap()
+    send(request).await.text().await.unwrap()
+}
+
+/// Sends `request` and parses the whole answer as JSON.
+pub async fn send_json(request: reqwest::RequestBuilder) -> Value {
+    send(request).await.json().await.unwrap()
 }
 
 /// POSTs `body` as JSON and reads the whole answer as text.
@@ -42,14 +52,19 @@ pub async fn get_text(url: impl reqwest::IntoUrl) -> String {
 
 /// GETs `url` and parses the answer as JSON.
 pub async fn get_json(url: impl reqwest::IntoUrl) -> Value {
-    client()
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    send_json(client().get(url)).await
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound, read and released).
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// Command-line flags written as one line (`"--speed 1 --profile tiny-test"`), split at white
+/// space: how tests give the simulator its arguments.
+pub fn flags(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
 }
 
 /// About `n` heuristic tokens of text after `salt` (each word is one token).

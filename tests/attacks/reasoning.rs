@@ -15,29 +15,13 @@ use tutor_gateway::lane::Lane;
 use crate::common::*;
 
 /// The engine reasons 3,000 tokens before it answers, and stops at its 3,400-token context.
-const REASONING_SIM: &[&str] = &[
-    "--speed",
-    "10",
-    "--profile",
-    "tiny-test",
-    "--max-model-len",
-    "3400",
-    "--reasoning-tokens",
-    "3000",
-];
+const REASONING_SIM: &str =
+    "--speed 10 --profile tiny-test --max-model-len 3400 --reasoning-tokens 3000";
 
 /// The same engine, slower: 3,000 reasoning tokens take several seconds, the small lane's
 /// limit a fraction of that.
-const SLOW_REASONING_SIM: &[&str] = &[
-    "--speed",
-    "2",
-    "--profile",
-    "tiny-test",
-    "--max-model-len",
-    "3400",
-    "--reasoning-tokens",
-    "3000",
-];
+const SLOW_REASONING_SIM: &str =
+    "--speed 2 --profile tiny-test --max-model-len 3400 --reasoning-tokens 3000";
 
 fn reasoning_context(c: &mut Config) {
     c.upstream.max_model_len = 3400.try_into().unwrap();
@@ -67,7 +51,7 @@ fn thinking() -> Value {
 async fn a_small_request_that_reasons_3000_tokens_is_cut_at_the_small_limit_while_reasoning() {
     // The medium lane has no token room for a promotion: past the small lane's limit the
     // request is cut.
-    let h = harness(SLOW_REASONING_SIM, |c| {
+    let h = harness(&flags(SLOW_REASONING_SIM), |c| {
         reasoning_context(c);
         c.lanes.medium.max_tokens_in_flight = NonZeroU64::new(1_000).unwrap();
     })
@@ -124,13 +108,13 @@ async fn a_small_request_that_reasons_3000_tokens_is_cut_at_the_small_limit_whil
 
 #[tokio::test]
 async fn a_small_request_that_reasons_3000_tokens_leaves_the_small_lane_while_reasoning() {
-    let h = harness(REASONING_SIM, reasoning_context).await;
-    let resp = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&thinking())
-        .send()
-        .await
-        .unwrap();
+    let h = harness(&flags(REASONING_SIM), reasoning_context).await;
+    let resp = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&thinking()),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     let mut body = resp.bytes_stream();
     let mut text = String::new();

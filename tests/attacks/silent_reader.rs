@@ -135,12 +135,12 @@ async fn ten_silent_readers_cannot_keep_a_review_out_once_the_engine_is_done() {
     // answered in full.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let resp = loop {
-        let resp = client()
-            .post(h.url("/v1/chat/completions"))
-            .json(&review(6_000))
-            .send()
-            .await
-            .unwrap();
+        let resp = send(
+            client()
+                .post(h.url("/v1/chat/completions"))
+                .json(&review(6_000)),
+        )
+        .await;
         if resp.status() == 200 {
             break resp;
         }

@@ -9,12 +9,15 @@ use tokio_util::task::TaskTracker;
 use tutor_gateway::telemetry::RequestLog;
 
 use serde_json::Value;
-use tutor_gateway::config::Config;
+use tutor_gateway::config::{Config, KeyEntry};
 use tutor_gateway::lane::Lane;
 use tutor_gateway::server::Gateway;
 use vllm_sim::{SimArgs, SimServer};
 
-pub use tutor_testkit::{client, family_total, get_text, metric, post_text, send_text, sse, words};
+pub use tutor_testkit::{
+    client, family_total, flags, free_port, get_text, metric, post_text, send, send_json,
+    send_text, sse, words,
+};
 
 pub struct Harness {
     pub sim: SimServer,
@@ -31,13 +34,19 @@ pub async fn harness(sim_flags: &[&str], tweak: impl FnOnce(&mut Config)) -> Har
     let mut config = Config::default();
     config.upstream.base_url = sim.url();
     tweak(&mut config);
+    let (gw, log) = gateway(config).await;
+    Harness { sim, gw, log }
+}
+
+/// A gateway with `config` on 127.0.0.1:0, and its request log kept in memory.
+pub async fn gateway(config: Config) -> (Gateway, Arc<Mutex<Vec<Value>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let tasks = TaskTracker::new();
     let (request_log, log) = RequestLog::memory();
     let state = tutor_gateway::server::build_state_with_log(config, tasks.clone(), request_log)
         .expect("gateway state");
     let gw = tutor_gateway::server::serve_state(state, tasks, listener).expect("gateway starts");
-    Harness { sim, gw, log }
+    (gw, log)
 }
 
 impl Harness {
@@ -86,6 +95,23 @@ pub fn set_lane(config: &mut Config, lane: Lane, max_concurrency: u32) {
     // A hard size: the reservation and the ceiling (no borrowing beyond it).
     l.max_concurrency = NonZeroU32::new(max_concurrency).unwrap();
     l.ceiling = l.max_concurrency;
+}
+
+/// Turns auth on with these `(key, tenant)` pairs as the only keys.
+pub fn with_keys(config: &mut Config, keys: &[(&str, &str)]) {
+    config.auth.enabled = true;
+    config.auth.keys = keys
+        .iter()
+        .map(|(key, tenant)| KeyEntry {
+            sha256: sha256(key),
+            tenant: (*tenant).into(),
+        })
+        .collect();
+}
+
+/// A key's SHA-256 as the key file and `auth.keys` write it.
+pub fn sha256(key: &str) -> String {
+    tutor_gateway::sign::sha256_hex(key.as_bytes())
 }
 
 pub fn json(s: &str) -> Value {

@@ -14,7 +14,7 @@ use tutor_gateway::config::{Config, UpstreamConfig};
 use tutor_gateway::upstream::{AbortEndpoint, Endpoint, UpstreamClient, UpstreamRequest};
 use vllm_sim::{SimArgs, SimServer};
 
-pub use tutor_testkit::{eventually, get_json, words};
+pub use tutor_testkit::{eventually, flags, get_json, send, words};
 use tutor_testkit::{metric_or_zero, metrics_text};
 
 pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
@@ -170,13 +170,13 @@ impl Recorder {
                         return;
                     };
                     if let Some(to) = forward {
-                        reqwest::Client::new()
-                            .post(format!("{to}/inference/v1/abort_requests"))
-                            .header("content-type", "application/json")
-                            .body(req.body.clone())
-                            .send()
-                            .await
-                            .unwrap();
+                        send(
+                            reqwest::Client::new()
+                                .post(format!("{to}/inference/v1/abort_requests"))
+                                .header("content-type", "application/json")
+                                .body(req.body.clone()),
+                        )
+                        .await;
                     }
                     log.lock().unwrap().push(req);
                     let _ = sock
