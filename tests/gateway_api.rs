@@ -268,9 +268,7 @@ async fn upstream_down_gives_503_fast_and_readyz_says_so() {
     .await
     .expect("a refused connection is a 503 at once, not after a timeout")
     .unwrap();
-    assert_eq!(r.status(), 503);
-    let err: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(err["error"]["code"], "upstream_unavailable");
+    assert_error(r, 503, "upstream_unavailable").await;
     assert_eq!(send(client().get(h.url("/readyz"))).await.status(), 503);
     assert_eq!(send(client().get(h.url("/healthz"))).await.status(), 200);
     assert!(h.idle());
@@ -391,9 +389,7 @@ async fn relayed_probe_routes_report_an_unreachable_engine() {
             .json(&json!({"prompt": "hi"})),
     )
     .await;
-    assert_eq!(tokenize.status(), 503);
-    let body: serde_json::Value = tokenize.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "upstream_unavailable");
+    assert_error(tokenize, 503, "upstream_unavailable").await;
     assert_eq!(
         send(client().get(h.url("/health"))).await.status(),
         200,
@@ -475,11 +471,7 @@ async fn a_vllm_with_an_api_key_is_called_with_it() {
             .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3})),
     )
     .await;
-    assert_eq!(resp.status(), 401);
-    assert_eq!(
-        json(&resp.text().await.unwrap())["error"]["code"],
-        "upstream_rejected"
-    );
+    assert_error(resp, 401, "upstream_rejected").await;
     h.shutdown().await;
     std::fs::remove_file(file).unwrap();
 }

@@ -92,9 +92,7 @@ async fn only_a_listed_key_gets_in_and_a_revoked_one_is_refused_after_reload() {
             .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})),
     )
     .await;
-    assert_eq!(v1.status(), 401);
-    let err = json(&v1.text().await.unwrap());
-    assert_eq!(err["error"]["code"], "invalid_api_key");
+    let err = assert_error(v1, 401, "invalid_api_key").await;
     assert!(err["error"]["message"].as_str().unwrap().contains("Bearer"));
     // Revoke OTHER: rewrite the file without it; the gateway re-reads it by itself.
     assert_eq!(answer(&h, Some(OTHER)).await.0, 200);

@@ -95,11 +95,7 @@ async fn another_origin_is_refused_before_it_spends_anything() {
             .header("origin", ELSEWHERE),
     )
     .await;
-    assert_eq!(get.status(), 403);
-    assert_eq!(
-        json(&get.text().await.unwrap())["error"]["code"],
-        "origin_not_allowed"
-    );
+    assert_error(get, 403, "origin_not_allowed").await;
     let post = send(
         client()
             .post(h.url("/answer"))

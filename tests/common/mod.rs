@@ -1,6 +1,8 @@
 //! Gateway + simulator on 127.0.0.1:0 for integration tests.
 #![allow(dead_code, missing_docs, unused_imports)]
 
+pub mod process;
+
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -112,6 +114,17 @@ pub fn with_keys(config: &mut Config, keys: &[(&str, &str)]) {
 /// A key's SHA-256 as the key file and `auth.keys` write it.
 pub fn sha256(key: &str) -> String {
     tutor_gateway::sign::sha256_hex(key.as_bytes())
+}
+
+/// Asserts that `resp` is an error answer with `status` and the OpenAI-shaped `error.code`
+/// `code`; returns its body for further checks.
+pub async fn assert_error(resp: reqwest::Response, status: u16, code: &str) -> Value {
+    let got = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    assert_eq!(got, status, "{text}");
+    let body = json(&text);
+    assert_eq!(body["error"]["code"], code, "{body}");
+    body
 }
 
 pub fn json(s: &str) -> Value {
