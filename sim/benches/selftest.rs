@@ -35,17 +35,7 @@ fn calibration() {
         (512, 300, 300),
         (1024, 200, 200),
     ] {
-        let cfg = SchedulerConfig {
-            max_num_seqs: 1024,
-            max_num_batched_tokens: 8192,
-            block_size: 16,
-            num_gpu_blocks: LLAMA_31_8B_H100.default_gpu_blocks,
-            prefix_caching: true,
-            priority_policy: false,
-            long_prefill_token_threshold: 0,
-            reserve_full_isl: true,
-            async_scheduling: true,
-        };
+        let cfg = SchedulerConfig::closed_loop(1024, LLAMA_31_8B_H100.default_gpu_blocks);
         let r = run_closed_loop(
             LLAMA_31_8B_H100,
             cfg,
