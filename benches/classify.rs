@@ -35,32 +35,12 @@ use tutor_gateway::classify::{
 };
 use tutor_gateway::config::Config;
 use tutor_gateway::lane::Lane;
+use tutor_testkit::bench::SplitMix64 as Rng;
 use tutor_wire::stats::nearest_rank;
 
 // ---------------------------------------------------------------------------------------------
 // Generated tutoring text
 // ---------------------------------------------------------------------------------------------
-
-/// SplitMix64: a tiny deterministic generator, so every run builds the same texts.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
-}
 
 const WORDS: &[&str] = &[
     "user", "item", "order", "count", "total", "price", "config", "path", "file", "index", "list",

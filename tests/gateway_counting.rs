@@ -178,14 +178,7 @@ fn extra_roles() -> Vec<String> {
 /// A conversation with random roles (vLLM's and the configured ones), long names, reasoning in
 /// the history, text and media parts, tool calls, and maybe tools and template values.
 fn random_conversation(rng: &mut StdRng) -> Value {
-    const VLLM_ROLES: &[&str] = &[
-        "system",
-        "developer",
-        "user",
-        "assistant",
-        "tool",
-        "function",
-    ];
+    use tutor_gateway::pipeline::parse::template::VLLM_ROLES;
     let mut roles: Vec<String> = VLLM_ROLES.iter().map(|r| (*r).to_owned()).collect();
     roles.extend(extra_roles());
     let mut messages = Vec::new();

@@ -58,8 +58,7 @@ fn config(sim: &SimServer, redis: &RedisServer) -> Config {
 }
 
 async fn gateway(config: Config) -> Gateway {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    tutor_gateway::server::start(config, listener).unwrap()
+    common::gateway(config).await.0
 }
 
 /// A chat request of about `words_n` prompt tokens and `max_tokens` output.

@@ -302,19 +302,11 @@ async fn seats_are_spread_by_each_replicas_kv_share() {
     let blocks = ["2000", "2000", "1000"];
     let mut sims = Vec::new();
     for b in blocks {
-        let flags = [
-            "--speed",
-            "1",
-            "--profile",
-            "tiny-test",
-            "--mean-output-tokens",
-            "1000000",
-            "--num-gpu-blocks",
-            b,
-            "--max-model-len",
-            "4096",
-        ];
-        sims.push(sim(&flags).await);
+        let line = format!(
+            "--speed 1 --profile tiny-test --mean-output-tokens 1000000 \
+             --num-gpu-blocks {b} --max-model-len 4096"
+        );
+        sims.push(sim(&flags(&line)).await);
     }
     let gw = gateway(&sims.iter().collect::<Vec<_>>(), |c| {
         c.upstream.max_model_len = std::num::NonZeroU32::new(4096).unwrap();

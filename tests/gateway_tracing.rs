@@ -7,53 +7,12 @@
 
 mod common;
 
+use common::traces::{attr, traces};
 use common::*;
 use futures::StreamExt;
-use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::Value;
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use opentelemetry_sdk::trace::SpanData;
 use serde_json::json;
-use tracing_subscriber::layer::SubscriberExt;
-
-struct Traces {
-    exporter: InMemorySpanExporter,
-    provider: SdkTracerProvider,
-    _guard: tracing::subscriber::DefaultGuard,
-}
-
-fn traces() -> Traces {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-    let guard = tracing::subscriber::set_default(subscriber);
-    Traces {
-        exporter,
-        provider,
-        _guard: guard,
-    }
-}
-
-impl Traces {
-    fn generate_spans(&self) -> Vec<SpanData> {
-        let _ = self.provider.force_flush();
-        self.exporter
-            .get_finished_spans()
-            .unwrap()
-            .into_iter()
-            .filter(|s| s.name == "llm.generate")
-            .collect()
-    }
-}
-
-fn attr(span: &SpanData, key: &str) -> Option<Value> {
-    span.attributes
-        .iter()
-        .find(|kv| kv.key.as_str() == key)
-        .map(|kv| kv.value.clone())
-}
 
 fn num(span: &SpanData, key: &str) -> f64 {
     match attr(span, key) {

@@ -19,23 +19,7 @@ use super::pair_bound::{PairBound, PATTERNS};
 use super::*;
 use crate::config::Config;
 use crate::lane::Lane;
-
-/// SplitMix64, so every run draws the same texts.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use tutor_testkit::bench::SplitMix64 as Rng;
 
 /// Words of a few common letters (so the vocabulary merges nearly every pair of them) and
 /// tutoring prose and code.

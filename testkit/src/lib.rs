@@ -61,6 +61,17 @@ pub fn free_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
+/// The `Content-Length` of an HTTP head (the text before the blank line), 0 when it has none.
+pub fn content_length(head: &str) -> usize {
+    head.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().unwrap())
+        })
+        .unwrap_or(0)
+}
+
 /// Command-line flags written as one line (`"--speed 1 --profile tiny-test"`), split at white
 /// space: how tests give the simulator its arguments.
 pub fn flags(line: &str) -> Vec<&str> {

@@ -2,6 +2,7 @@
 #![allow(dead_code, missing_docs, unused_imports)]
 
 pub mod process;
+pub mod traces;
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};

@@ -207,14 +207,7 @@ async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<Seen> {
             continue;
         };
         let head = text[..end].to_owned();
-        let len = head
-            .lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case("content-length")
-                    .then(|| v.trim().parse::<usize>().unwrap())
-            })
-            .unwrap_or(0);
+        let len = tutor_testkit::content_length(&head);
         while buf.len() < end + 4 + len {
             let n = sock.read(&mut tmp).await.ok()?;
             if n == 0 {
