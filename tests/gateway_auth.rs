@@ -123,7 +123,7 @@ async fn an_eventsource_token_opens_the_stream_until_it_expires() {
     .await;
     let issued = send(client().post(h.url("/auth/token")).bearer_auth(KEY)).await;
     assert_eq!(issued.status(), 200);
-    let issued = json(&issued.text().await.unwrap());
+    let issued = read_json(issued).await;
     assert_eq!(issued["tenant"], "cs101");
     let token = issued["token"].as_str().unwrap().to_owned();
     let get = |token: String| {
@@ -158,7 +158,7 @@ async fn an_eventsource_token_opens_the_stream_until_it_expires() {
     })
     .await;
     let issued = send(client().post(h.url("/auth/token")).bearer_auth(KEY)).await;
-    let token = json(&issued.text().await.unwrap())["token"]
+    let token = read_json(issued).await["token"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -170,7 +170,7 @@ async fn an_eventsource_token_opens_the_stream_until_it_expires() {
     )
     .await;
     assert_eq!(late.status(), 401);
-    assert!(json(&late.text().await.unwrap())["error"]["message"]
+    assert!(read_json(late).await["error"]["message"]
         .as_str()
         .unwrap()
         .contains("expired"));
@@ -200,7 +200,7 @@ async fn a_job_is_visible_only_to_its_tenant() {
     )
     .await;
     assert_eq!(submitted.status(), 202);
-    let id = json(&submitted.text().await.unwrap())["id"]
+    let id = read_json(submitted).await["id"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -240,12 +240,7 @@ async fn tenants_take_turns_in_the_job_queue() {
     for out in [2000, 5, 5, 5, 5] {
         let resp = submit(KEY, out).await.unwrap();
         assert_eq!(resp.status(), 202);
-        ids.push(
-            json(&resp.text().await.unwrap())["id"]
-                .as_str()
-                .unwrap()
-                .to_owned(),
-        );
+        ids.push(read_json(resp).await["id"].as_str().unwrap().to_owned());
         if ids.len() == 1 {
             // The first takes the large lane's only seat before the others arrive.
             eventually("the first job runs", || {
@@ -255,10 +250,7 @@ async fn tenants_take_turns_in_the_job_queue() {
         }
     }
     let resp = submit(OTHER, 5).await.unwrap();
-    let theirs = json(&resp.text().await.unwrap())["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let theirs = read_json(resp).await["id"].as_str().unwrap().to_owned();
     let status = |id: &str, key: &'static str| {
         let url = h.url(&format!("/jobs/{id}"));
         async move { json(&send_text(client().get(url).bearer_auth(key)).await) }

@@ -96,7 +96,7 @@ async fn gateway(page_origin: &str) -> Harness {
 async fn token(h: &Harness) -> String {
     let resp = send(client().post(h.url("/auth/token")).bearer_auth(KEY)).await;
     assert_eq!(resp.status(), 200);
-    let issued = json(&resp.text().await.unwrap());
+    let issued = read_json(resp).await;
     assert_eq!(issued["tenant"], "cs101");
     issued["token"].as_str().unwrap().to_owned()
 }

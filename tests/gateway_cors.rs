@@ -133,7 +133,7 @@ async fn a_cross_origin_post_must_be_json_and_other_callers_are_untouched() {
         "the page can read why"
     );
     assert_eq!(
-        json(&plain.text().await.unwrap())["error"]["code"],
+        read_json(plain).await["error"]["code"],
         "unsupported_media_type"
     );
     let as_json = send(

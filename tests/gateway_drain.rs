@@ -20,7 +20,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::http::HeaderMap;
 use common::process::GatewayProcess;
-use common::{client, flags, free_port, json, send, sse};
+use common::{client, flags, free_port, json, read_json, send, sse};
 use redis_common::RedisServer;
 use serde_json::{json, Value};
 use vllm_sim::{SimArgs, SimServer};
@@ -292,7 +292,7 @@ async fn readyz_says_draining_during_the_grace_while_a_stream_still_runs() {
     let readyz = format!("http://127.0.0.1:{admin}/readyz");
     let get = |url: String| async move {
         let resp = send(client().get(url)).await;
-        (resp.status().as_u16(), json(&resp.text().await.unwrap()))
+        (resp.status().as_u16(), read_json(resp).await)
     };
     let (status, body) = get(readyz.clone()).await;
     assert_eq!((status, body["status"].clone()), (200, json!("ready")));
@@ -362,7 +362,7 @@ async fn during_the_drain_announce_readyz_says_draining_and_new_requests_are_sti
     for _ in 0..500 {
         let resp = send(client().get(&readyz)).await;
         if resp.status() == 503 {
-            seen = Some(json(&resp.text().await.unwrap()));
+            seen = Some(read_json(resp).await);
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -168,11 +168,9 @@ async fn a_client_leaving_mid_stream_aborts_and_records_tokens_relayed() {
                       "ignore_eos": true, "stream": true}),
     ))
     .await;
-    let mut body = resp.bytes_stream();
-    let mut text = String::new();
-    while text.matches("\"content\":\" ").count() < 5 {
-        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
+    let mut body = Streamed::new(resp);
+    body.until(|text| text.matches("\"content\":\" ").count() >= 5)
+        .await;
     drop(body);
     eventually("engine aborted the request", || {
         h.sim_aborted() == 1 && h.sim_running() == 0

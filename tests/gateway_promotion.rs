@@ -8,7 +8,6 @@ mod redis_common;
 use std::time::Duration;
 
 use common::*;
-use futures::StreamExt;
 use redis_common::RedisServer;
 use serde_json::{json, Value};
 use tutor_gateway::config::{Config, QuotaBackend, RedisUrl, RequestLogSink};
@@ -51,21 +50,17 @@ async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes()
             .json(&endless()),
     )
     .await;
-    let mut body = resp.bytes_stream();
-    let mut text = String::new();
+    let mut body = Streamed::new(resp);
     // Read until well past 256 tokens: by then the request holds a medium slot, not a small one.
-    while words_in(&sse(text.rsplit_once("\n\n").map_or("", |(a, _)| a))) < 300 {
-        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
+    body.until(|text| words_in(&sse(text.rsplit_once("\n\n").map_or("", |(a, _)| a))) >= 300)
+        .await;
     assert_eq!(h.in_flight(Lane::Small), 0, "the small slot is free again");
     assert_eq!(
         h.in_flight(Lane::Medium),
         1,
         "the request is counted in medium"
     );
-    while let Some(chunk) = body.next().await {
-        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
-    }
+    let text = body.rest().await;
     let events = sse(&text);
     assert_eq!(events.last().unwrap().1, "[DONE]");
     let generated = words_in(&events);
@@ -272,11 +267,9 @@ async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
             .json(&endless()),
     )
     .await;
-    let mut body = resp.bytes_stream();
-    let mut text = String::new();
-    while words_in(&sse(text.rsplit_once("\n\n").map_or("", |(x, _)| x))) < 300 {
-        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
+    let mut body = Streamed::new(resp);
+    body.until(|text| words_in(&sse(text.rsplit_once("\n\n").map_or("", |(x, _)| x))) >= 300)
+        .await;
     let u = usage(&mut conn).await;
     assert_eq!(u.get("small:n").copied().unwrap_or(0), 0, "{u:?}");
     assert_eq!(u.get("medium:n").copied().unwrap_or(0), 1, "{u:?}");
@@ -294,9 +287,7 @@ async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
         "lane_limit"
     );
 
-    while let Some(chunk) = body.next().await {
-        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
-    }
+    let text = body.rest().await;
     assert!(words_in(&sse(&text)) > 1000, "A's stream completed");
     eventually("both replicas idle", || {
         a.state.admission().snapshot().is_idle() && b.state.admission().snapshot().is_idle()

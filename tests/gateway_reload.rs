@@ -99,7 +99,7 @@ async fn an_invalid_file_is_refused_and_restart_only_settings_are_left_alone() {
         async move {
             let resp = send(client().post(url).json(&json!({}))).await;
             let status = resp.status().as_u16();
-            (status, json(&resp.text().await.unwrap()))
+            (status, read_json(resp).await)
         }
     };
     let info = |m: &str| -> Vec<String> {

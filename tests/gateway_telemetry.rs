@@ -6,7 +6,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use futures::StreamExt;
 use serde_json::json;
 
 async fn answer(h: &Harness, prompt: &str, max: u32) -> Vec<(String, String)> {
@@ -42,11 +41,9 @@ async fn scripted_mix(h: &Harness) {
                       "max_tokens": 500, "ignore_eos": true, "stream": true}),
     ))
     .await;
-    let mut body = resp.bytes_stream();
-    let mut seen = String::new();
-    while seen.matches("\"content\":\" ").count() < 3 {
-        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
+    let mut body = Streamed::new(resp);
+    body.until(|seen| seen.matches("\"content\":\" ").count() >= 3)
+        .await;
     drop(body);
     eventually("cancellation recorded", || {
         h.idle() && h.log.lock().unwrap().len() == 9

@@ -9,7 +9,6 @@ mod common;
 
 use common::traces::{attr, traces};
 use common::*;
-use futures::StreamExt;
 use opentelemetry::Value;
 use opentelemetry_sdk::trace::SpanData;
 use serde_json::json;
@@ -119,11 +118,9 @@ async fn a_cancelled_request_records_where_it_stopped() {
                       "ignore_eos": true, "stream": true}),
     ))
     .await;
-    let mut body = resp.bytes_stream();
-    let mut seen = String::new();
-    while seen.matches("\"content\":\" ").count() < 4 {
-        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
+    let mut body = Streamed::new(resp);
+    body.until(|seen| seen.matches("\"content\":\" ").count() >= 4)
+        .await;
     drop(body);
     eventually("idle", || h.idle()).await;
     eventually("the span ended", || !t.generate_spans().is_empty()).await;
@@ -185,10 +182,7 @@ async fn a_job_has_one_span_in_the_submitting_clients_trace() {
     )
     .await;
     assert_eq!(resp.status(), 202);
-    let id = json(&resp.text().await.unwrap())["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = read_json(resp).await["id"].as_str().unwrap().to_owned();
     let status_url = h.url(&format!("/jobs/{id}"));
     let mut status = String::new();
     for _ in 0..1000 {

@@ -621,11 +621,9 @@ async fn the_gateway_before_a_stock_vllm_client_disconnect_stops_generation_with
             ),
     )
     .await;
-    let mut body = resp.bytes_stream();
-    let mut text = String::new();
-    while text.matches("\"content\":\" ").count() < 3 {
-        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
+    let mut body = Streamed::new(resp);
+    body.until(|text| text.matches("\"content\":\" ").count() >= 3)
+        .await;
     drop(body);
     // Generation stopped: the engine aborted it and nothing runs there any more.
     assert_one_abort_in_engine(&s).await;

@@ -55,6 +55,42 @@ pub async fn get_json(url: impl reqwest::IntoUrl) -> Value {
     send_json(client().get(url)).await
 }
 
+/// A streaming answer read piece by piece, with the text read so far.
+pub struct Streamed {
+    resp: reqwest::Response,
+    /// Everything read so far.
+    pub text: String,
+}
+
+impl Streamed {
+    /// Starts reading `resp`'s body.
+    pub fn new(resp: reqwest::Response) -> Self {
+        Self {
+            resp,
+            text: String::new(),
+        }
+    }
+
+    /// Reads until `done` holds for the text so far (checked before each read); panics when the
+    /// body ends first.
+    pub async fn until(&mut self, mut done: impl FnMut(&str) -> bool) -> &str {
+        while !done(&self.text) {
+            let chunk = self.resp.chunk().await.unwrap();
+            let chunk = chunk.unwrap_or_else(|| panic!("the body ended first:\n{}", self.text));
+            self.text.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        &self.text
+    }
+
+    /// Reads the body to its end; the whole text.
+    pub async fn rest(mut self) -> String {
+        while let Some(chunk) = self.resp.chunk().await.unwrap() {
+            self.text.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        self.text
+    }
+}
+
 /// A TCP port on 127.0.0.1 that was free a moment ago (bound, read and released).
 pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -201,8 +201,7 @@ async fn job_webhook(h: &Harness, notify: &str) -> Value {
                       "notify": notify}),
     ))
     .await;
-    let status = resp.status();
-    let v = json(&resp.text().await.unwrap());
+    let (status, v) = status_json(resp).await;
     assert_eq!(status, 202, "{v}");
     let id = v["id"].as_str().unwrap().to_owned();
     for _ in 0..3000 {
@@ -269,8 +268,7 @@ async fn a_double_encoded_webhook_path_is_refused() {
                           "notify": notify}),
         ))
         .await;
-        let status = resp.status();
-        let v = json(&resp.text().await.unwrap());
+        let (status, v) = status_json(resp).await;
         assert_eq!(status, 400, "{notify}: {v}");
         assert_eq!(v["error"]["param"], "notify", "{v}");
     }

@@ -56,15 +56,12 @@ async fn submit(h: &Harness, tokens: u32) -> String {
     )
     .await;
     assert_eq!(resp.status(), 202);
-    json(&resp.text().await.unwrap())["id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
+    read_json(resp).await["id"].as_str().unwrap().to_owned()
 }
 
 async fn job(h: &Harness, id: &str) -> Value {
     let resp = send(client().get(h.url(&format!("/jobs/{id}")))).await;
-    json(&resp.text().await.unwrap())
+    read_json(resp).await
 }
 
 /// Polls job `id` until `pred` holds (60 s at most: generous on a loaded machine).
@@ -211,10 +208,7 @@ async fn one_tenants_event_streams_cannot_fill_the_gateway() {
                     ))
                     .await;
                 assert_eq!(resp.status(), 202);
-                json(&resp.text().await.unwrap())["id"]
-                    .as_str()
-                    .unwrap()
-                    .to_owned()
+                read_json(resp).await["id"].as_str().unwrap().to_owned()
             }
         };
     let open = |key: &'static str, id: String| {

@@ -5,7 +5,6 @@
 //! reasoning token, the request log counts the reasoning in its output, and the time to first
 //! token is the first reasoning token's (the first answer token's time is logged beside it).
 
-use futures::StreamExt;
 use std::num::NonZeroU64;
 
 use serde_json::{json, Value};
@@ -116,13 +115,14 @@ async fn a_small_request_that_reasons_3000_tokens_leaves_the_small_lane_while_re
     )
     .await;
     assert_eq!(resp.status(), 200);
-    let mut body = resp.bytes_stream();
-    let mut text = String::new();
+    let mut body = Streamed::new(resp);
     // Read well past the small lane's limit (256), but still inside the reasoning phase.
-    while counted(&text).0 < 300 {
-        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
-    assert_eq!(counted(&text).1, 0, "no answer token yet: still reasoning");
+    body.until(|text| counted(text).0 >= 300).await;
+    assert_eq!(
+        counted(&body.text).1,
+        0,
+        "no answer token yet: still reasoning"
+    );
     eventually(
         "the reasoning request left the small lane and its prefill room",
         || {
@@ -132,9 +132,7 @@ async fn a_small_request_that_reasons_3000_tokens_leaves_the_small_lane_while_re
     )
     .await;
 
-    while let Some(chunk) = body.next().await {
-        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
-    }
+    let text = body.rest().await;
     let events = sse(&text);
     assert_eq!(events.last().unwrap().1, "[DONE]");
     let (reasoning, answer) = counted(&text);

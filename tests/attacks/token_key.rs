@@ -136,7 +136,7 @@ async fn revoking_a_key_revokes_every_token_it_minted_within_the_reload_interval
             .query(&[("prompt", "hi"), ("token", tokens[0].as_str())]),
     )
     .await;
-    let body = json(&resp.text().await.unwrap());
+    let body = read_json(resp).await;
     assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
     assert!(
         body["error"]["message"]
@@ -183,7 +183,7 @@ async fn a_token_is_refused_on_v1_with_a_clear_message() {
         )
         .await;
         assert_eq!(resp.status(), 401, "{path}");
-        let body = json(&resp.text().await.unwrap());
+        let body = read_json(resp).await;
         assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
         assert!(
             body["error"]["message"]

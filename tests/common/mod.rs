@@ -19,7 +19,7 @@ use vllm_sim::{SimArgs, SimServer};
 
 pub use tutor_testkit::{
     client, family_total, flags, free_port, get_text, metric, post_text, send, send_json,
-    send_text, sse, words,
+    send_text, sse, words, Streamed,
 };
 
 pub struct Harness {
@@ -126,6 +126,16 @@ pub async fn assert_error(resp: reqwest::Response, status: u16, code: &str) -> V
     let body = json(&text);
     assert_eq!(body["error"]["code"], code, "{body}");
     body
+}
+
+/// The whole body of `resp` as JSON.
+pub async fn read_json(resp: reqwest::Response) -> Value {
+    json(&resp.text().await.unwrap())
+}
+
+/// The status of `resp` and its whole body as JSON.
+pub async fn status_json(resp: reqwest::Response) -> (reqwest::StatusCode, Value) {
+    (resp.status(), read_json(resp).await)
 }
 
 pub fn json(s: &str) -> Value {

@@ -14,7 +14,7 @@ use tutor_gateway::config::{Config, UpstreamConfig};
 use tutor_gateway::upstream::{AbortEndpoint, Endpoint, UpstreamClient, UpstreamRequest};
 use vllm_sim::{SimArgs, SimServer};
 
-pub use tutor_testkit::{eventually, flags, get_json, send, words};
+pub use tutor_testkit::{eventually, flags, get_json, send, words, Streamed};
 use tutor_testkit::{metric_or_zero, metrics_text};
 
 pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
