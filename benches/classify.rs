@@ -35,8 +35,9 @@ use tutor_gateway::classify::{
 };
 use tutor_gateway::config::Config;
 use tutor_gateway::lane::Lane;
-use tutor_testkit::bench::SplitMix64 as Rng;
+use tutor_testkit::bench::smallest_enough;
 use tutor_wire::stats::nearest_rank;
+use vllm_sim::text::SplitMix as Rng;
 
 // ---------------------------------------------------------------------------------------------
 // Generated tutoring text
@@ -231,7 +232,7 @@ fn block(rng: &mut Rng, code_only: bool) -> String {
 
 /// At least `bytes` bytes of generated blocks separated by blank lines.
 fn generated_text(seed: u64, bytes: usize, code_only: bool) -> String {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut out = String::with_capacity(bytes + 1024);
     while out.len() < bytes {
         out.push_str(&block(&mut rng, code_only));
@@ -242,7 +243,7 @@ fn generated_text(seed: u64, bytes: usize, code_only: bool) -> String {
 
 /// `n` prose sentences, one per line.
 fn prose_lines(seed: u64, n: usize) -> String {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     (0..n)
         .map(|_| {
             let t = rng.pick(PROSE);
@@ -340,15 +341,7 @@ fn sized_kind(
         }
     };
     assert!(enough(lines.len()), "{name}: body too short");
-    let (mut low, mut high) = (0, lines.len()); // low: not enough (or 0), high: enough
-    while high - low > 1 {
-        let mid = (low + high) / 2;
-        if enough(mid) {
-            high = mid;
-        } else {
-            low = mid;
-        }
-    }
+    let high = smallest_enough(0, lines.len(), enough);
     let input = build(high);
     Kind {
         name,
@@ -659,7 +652,7 @@ fn main() {
     // ...and the hand-written pre-tokenizer counts exactly what `encode` counts.
     let encode = |text: &str| direct.encode_fast(text, false).expect("encode").len() as u64;
     let text = generated_text(21, 200_000, false);
-    let mut rng = Rng(22);
+    let mut rng = Rng::new(22);
     for _ in 0..2_000 {
         let start = rng.below(text.len() - 4_000);
         let end = start + 1 + rng.below(4_000);

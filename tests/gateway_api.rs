@@ -135,14 +135,7 @@ async fn v1_chat_and_completions_relay_vllm_chunks_faithfully() {
     )
     .await;
     assert_eq!(chat["object"], "chat.completion");
-    assert_eq!(
-        chat["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .split_whitespace()
-            .count(),
-        4
-    );
+    assert_eq!(message_words(&chat), 4);
     assert_eq!(chat["usage"]["completion_tokens"], 4);
     let cmpl: serde_json::Value = send_json(
         client()

@@ -73,26 +73,14 @@ async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes()
     assert!(last.get("tutor_gateway").is_none());
     eventually("every counter back to zero", || h.idle()).await;
     let m = h.metrics_text().await;
-    assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}"
-        ),
-        1.0
-    );
+    assert_eq!(metric(&m, SMALL_TO_MEDIUM), 1.0);
     assert_eq!(metric(&m, "tutor_gateway_requests_total{lane=\"medium\",outcome=\"ok\",route=\"chat_completions\"}"), 1.0);
 
     // A request that stays within its size is not touched.
     let small = post_text(h.url("/v1/chat/completions"), &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "ignore_eos": true, "stream": true})).await;
     assert_eq!(words_in(&sse(&small)), 200);
     let m = h.metrics_text().await;
-    assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}"
-        ),
-        1.0
-    );
+    assert_eq!(metric(&m, SMALL_TO_MEDIUM), 1.0);
     assert_eq!(metric(&m, "tutor_gateway_requests_total{lane=\"small\",outcome=\"ok\",route=\"chat_completions\"}"), 1.0);
     h.shutdown().await;
 }

@@ -64,6 +64,14 @@ impl SplitMix {
     pub fn next_f64(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
+    /// A number in `0..n` (`n` > 0; the plain remainder, slightly uneven for huge `n`).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+    /// One of `items` (not empty), drawn by [`SplitMix::below`].
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len())]
+    }
 }
 
 /// How many tokens a request generates and why it stops.
@@ -159,6 +167,15 @@ impl FaultRates {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn splitmix_is_the_reference_sequence_and_draws_in_range() {
+        // SplitMix64 from seed 0: the first output of the reference implementation.
+        assert_eq!(SplitMix::new(0).next_u64(), 0xE220_A839_7B1D_CDAF);
+        let mut rng = SplitMix::new(7);
+        assert!((0..100).all(|_| rng.below(3) < 3));
+        assert_eq!(rng.pick(&["only"]), "only");
+    }
 
     #[test]
     fn ignore_eos_generates_exactly_max_tokens() {

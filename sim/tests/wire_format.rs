@@ -111,14 +111,7 @@ async fn non_streaming_responses_have_vllm_shapes() {
     .await;
     assert_eq!(chat["object"], "chat.completion");
     assert_eq!(chat["choices"][0]["message"]["role"], "assistant");
-    assert_eq!(
-        chat["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .split_whitespace()
-            .count(),
-        7
-    );
+    assert_eq!(message_words(&chat), 7);
     assert_eq!(chat["choices"][0]["finish_reason"], "length");
     assert_eq!(chat["usage"]["completion_tokens"], 7);
     let keys: Vec<&str> = chat

@@ -21,28 +21,22 @@ pub fn quantile(v: &mut [f64], q: f64) -> f64 {
     tutor_wire::stats::quantile(v, q).unwrap_or(f64::NAN)
 }
 
-/// SplitMix64: a tiny deterministic generator, so every run builds the same texts from a seed.
-pub struct SplitMix64(pub u64);
-
-impl SplitMix64 {
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+/// The smallest `n` in `low + 1..=high` for which `enough(n)` holds, by bisection: `enough`
+/// must be monotone, hold at `high` and not at `low` (unless `low` is 0).
+pub fn smallest_enough(
+    mut low: usize,
+    mut high: usize,
+    mut enough: impl FnMut(usize) -> bool,
+) -> usize {
+    while high - low > 1 {
+        let mid = low + (high - low) / 2;
+        if enough(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
     }
-
-    /// A number in `0..n` (`n` > 0).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    /// One of `items`, drawn evenly.
-    pub fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
+    high
 }
 
 /// The same JSON with every object's keys in a random order.
@@ -75,12 +69,10 @@ mod tests {
     }
 
     #[test]
-    fn splitmix_is_the_reference_sequence() {
-        // SplitMix64 from seed 0: the first output of the reference implementation.
-        assert_eq!(SplitMix64(0).next_u64(), 0xE220_A839_7B1D_CDAF);
-        let mut rng = SplitMix64(7);
-        assert!((0..100).all(|_| rng.below(3) < 3));
-        assert_eq!(SplitMix64(5).pick(&["only"]), "only");
+    fn bisection_finds_the_first_enough() {
+        assert_eq!(smallest_enough(0, 100, |n| n * n >= 50), 8);
+        assert_eq!(smallest_enough(0, 1, |_| true), 1);
+        assert_eq!(smallest_enough(4, 9, |n| n >= 9), 9);
     }
 
     #[test]

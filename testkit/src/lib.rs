@@ -180,6 +180,16 @@ pub fn delta_words(data: &str) -> usize {
         .count()
 }
 
+/// Words of generated text in a whole (non-streamed) chat completion
+/// (`choices[0].message.content`, which must be a string).
+pub fn message_words(chat: &Value) -> usize {
+    chat["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("choices[0].message.content is a string")
+        .split_whitespace()
+        .count()
+}
+
 /// The Prometheus text exposition at `{base_url}/metrics`.
 pub async fn metrics_text(base_url: &str) -> String {
     get_text(format!("{base_url}/metrics")).await

@@ -141,10 +141,7 @@ async fn a_small_request_that_reasons_3000_tokens_leaves_the_small_lane_while_re
     eventually("every counter back to zero", || h.idle()).await;
     let m = h.metrics_text().await;
     assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}"
-        ),
+        metric(&m, SMALL_TO_MEDIUM),
         1.0,
         "it started in the small lane and was promoted"
     );

@@ -269,13 +269,7 @@ async fn a_small_stream_with_large_chunks_and_a_silent_client_is_counted_and_mov
     .await;
     assert_eq!(h.sim_running(), 1, "the engine is still generating");
     let m = h.metrics_text().await;
-    assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}"
-        ),
-        1.0
-    );
+    assert_eq!(metric(&m, SMALL_TO_MEDIUM), 1.0);
     drop(client);
     within(60, "the client's going away ends it", || h.idle()).await;
     within(30, "and aborts the engine's work", || h.sim_aborted() == 1).await;

@@ -18,8 +18,8 @@ use tutor_gateway::server::Gateway;
 use vllm_sim::{SimArgs, SimServer};
 
 pub use tutor_testkit::{
-    client, family_total, flags, free_port, get_text, metric, post_text, send, send_json,
-    send_text, sse, words, Streamed,
+    client, family_total, flags, free_port, get_text, message_words, metric, post_text, send,
+    send_json, send_text, sse, words, Streamed,
 };
 
 pub struct Harness {
@@ -99,6 +99,10 @@ pub fn set_lane(config: &mut Config, lane: Lane, max_concurrency: u32) {
     l.max_concurrency = NonZeroU32::new(max_concurrency).unwrap();
     l.ceiling = l.max_concurrency;
 }
+
+/// The counter of requests moved from the small lane to medium.
+pub const SMALL_TO_MEDIUM: &str =
+    "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}";
 
 /// Turns auth on with these `(key, tenant)` pairs as the only keys.
 pub fn with_keys(config: &mut Config, keys: &[(&str, &str)]) {
