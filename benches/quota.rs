@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use tutor_gateway::admission::{Admission, RedisAdmission};
+use tutor_gateway::admission::{Admission, Ask, RedisAdmission};
 use tutor_gateway::config::{Config, QuotaBackend, RedisUrl};
 use tutor_gateway::lane::Lane;
 use tutor_gateway::telemetry::Metrics;
@@ -23,7 +23,10 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 async fn round_trip(admission: &RedisAdmission) -> Duration {
     let started = Instant::now();
-    let guard = admission.acquire(Lane::Small, 100).await.expect("admitted");
+    let guard = admission
+        .acquire(Ask::new(Lane::Small, 100))
+        .await
+        .expect("admitted");
     drop(guard);
     started.elapsed()
 }
@@ -53,7 +56,7 @@ fn main() {
         let started = Instant::now();
         for _ in 0..n {
             let t = Instant::now();
-            let guard = admission.acquire(Lane::Small, 100).await.expect("admitted");
+            let guard = admission.acquire(Ask::new(Lane::Small, 100)).await.expect("admitted");
             drop(guard);
             while quota_in_use(&server.url()).await != 0 {}
             samples.push(t.elapsed());

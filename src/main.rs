@@ -49,7 +49,7 @@ enum Command {
     Capacity(tutor_gateway::capacity::cli::PlanArgs),
     /// Write a config file's lane limits as the shared quota's limits record in Redis
     /// (`quota.backend = "redis"`): a new version, which every replica enforces from its next
-    /// admission on.
+    /// admission on; replicas' reloads keep it unless forced (`POST /admin/reload?force=true`).
     Limits {
         #[command(subcommand)]
         action: LimitsAction,

@@ -304,7 +304,7 @@ impl Gateway {
                     // Reading the file and loading a tokenizer block: off the async workers.
                     // The outcome is logged and counted by the reload itself.
                     let _ = tokio::task::spawn_blocking(move || {
-                        crate::pipeline::reload::reload(&state)
+                        crate::pipeline::reload::reload(&state, false)
                     })
                     .await;
                 }

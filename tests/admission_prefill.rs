@@ -13,7 +13,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use redis::aio::MultiplexedConnection;
 use redis_common::RedisServer;
-use tutor_gateway::admission::{Admission, LaneGuard};
+use tutor_gateway::admission::{Admission, Ask, LaneGuard};
 use tutor_gateway::config::{Config, QuotaBackend, RedisUrl};
 use tutor_gateway::lane::Lane::{self, Large, Medium, Small};
 use tutor_gateway::telemetry::Metrics;
@@ -157,7 +157,11 @@ impl Fleet {
 }
 
 fn spawn(a: Admission, lane: Lane, work: u32, prompt: u32) -> tokio::task::JoinHandle<LaneGuard> {
-    tokio::spawn(async move { a.acquire_prompt(lane, work, prompt).await.unwrap() })
+    tokio::spawn(async move {
+        a.acquire(Ask::new(lane, work).with_prefill(prompt))
+            .await
+            .unwrap()
+    })
 }
 
 /// A multi-threaded runtime for one test.
@@ -193,7 +197,11 @@ both_backends!(
     12_288,
     |_: &mut Config| {},
     |f: Fleet| async move {
-        let mut g = f.at(0).acquire_prompt(Large, 10_000, 8_000).await.unwrap();
+        let mut g = f
+            .at(0)
+            .acquire(Ask::new(Large, 10_000).with_prefill(8_000))
+            .await
+            .unwrap();
         assert_eq!(g.prefill(), 8_000);
         f.until_prefill(8_000).await;
         g.prefill_done();
@@ -215,7 +223,11 @@ both_backends!(
     |_: &mut Config| {},
     |f: Fleet| async move {
         // Error, engine error, disconnect during prefill: the guard drops in prefill.
-        let g = f.at(0).acquire_prompt(Large, 12_000, 10_000).await.unwrap();
+        let g = f
+            .at(0)
+            .acquire(Ask::new(Large, 12_000).with_prefill(10_000))
+            .await
+            .unwrap();
         let waiter = spawn(f.at(1), Medium, 6_000, 5_000);
         eventually("the long prompt waits", || async { f.waiting(1) == 1 }).await;
         drop(g);
@@ -231,7 +243,11 @@ both_backends!(
     12_288,
     |_: &mut Config| {},
     |f: Fleet| async move {
-        let mut first = f.at(0).acquire_prompt(Large, 10_000, 8_000).await.unwrap();
+        let mut first = f
+            .at(0)
+            .acquire(Ask::new(Large, 10_000).with_prefill(8_000))
+            .await
+            .unwrap();
         // 8000 + 6000 > 12288: a long medium prompt on the other replica waits...
         let long = spawn(f.at(1), Medium, 7_000, 6_000);
         eventually("the long prompt waits", || async { f.waiting(1) == 1 }).await;
@@ -239,8 +255,16 @@ both_backends!(
         assert_eq!(f.seats().await, 1);
         assert_eq!(f.get("global:tokens").await, 10_000);
         // Short prompts of its lane and of small go at once, counted.
-        let medium = f.at(1).acquire_prompt(Medium, 4_000, 2_048).await.unwrap();
-        let small = f.at(1).acquire_prompt(Small, 600, 500).await.unwrap();
+        let medium = f
+            .at(1)
+            .acquire(Ask::new(Medium, 4_000).with_prefill(2_048))
+            .await
+            .unwrap();
+        let small = f
+            .at(1)
+            .acquire(Ask::new(Small, 600).with_prefill(500))
+            .await
+            .unwrap();
         assert_eq!((medium.prefill_wait(), small.prefill_wait()), (None, None));
         f.until_prefill(8_000 + 2_048 + 500).await;
         assert_eq!(f.waiting(1), 1, "the long prompt still waits");
@@ -258,7 +282,11 @@ both_backends!(
     4_096,
     |_: &mut Config| {},
     |f: Fleet| async move {
-        let mut short = f.at(0).acquire_prompt(Small, 600, 500).await.unwrap();
+        let mut short = f
+            .at(0)
+            .acquire(Ask::new(Small, 600).with_prefill(500))
+            .await
+            .unwrap();
         let big = spawn(f.at(1), Large, 12_000, 10_000);
         eventually("the big prompt waits", || async { f.waiting(1) == 1 }).await;
         // Nothing else prefilling: the oversized prompt goes (never a deadlock).
@@ -320,7 +348,7 @@ both_backends!(
                     let mut rng = rand::rngs::StdRng::seed_from_u64(i as u64);
                     for _ in 0..4 {
                         let mut g = a
-                            .acquire_prompt(Medium, prompt + 100, prompt)
+                            .acquire(Ask::new(Medium, prompt + 100).with_prefill(prompt))
                             .await
                             .unwrap();
                         let ms = rng.random_range(1..8);

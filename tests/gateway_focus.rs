@@ -16,7 +16,7 @@ use axum::response::Response;
 use common::{client, metric, send, sse, Harness};
 use serde_json::{json, Value};
 use tutor_gateway::classify::TokenCounter;
-use tutor_gateway::config::Config;
+use tutor_gateway::config::{Config, CourseConfig};
 use tutor_gateway::prompt::focus::{self, Focus, FocusMode, FocusSettings, SourceFile};
 use tutor_gateway::prompt::Course;
 
@@ -95,8 +95,8 @@ fn settings(mode: FocusMode) -> FocusSettings {
     }
 }
 
-fn course(id: &str, mode: FocusMode) -> Course {
-    Course::build(
+fn course(id: &str, mode: FocusMode) -> CourseConfig {
+    CourseConfig::new(
         id,
         "2026.1",
         "You are a patient Python tutor. Give hints before answers.",
@@ -205,7 +205,9 @@ async fn the_engine_gets_prefix_turns_question_focused_code_then_trace() {
     assert_eq!(messages[0]["role"], "system");
     assert_eq!(
         messages[0]["content"],
-        h.gw.state.config().courses["py101"].system_prompt.as_str()
+        Course::from_config(&h.gw.state.config().courses["py101"])
+            .system_prompt
+            .as_str()
     );
     assert_eq!(messages[1]["content"], "hi");
     assert_eq!(messages[2]["role"], "assistant");

@@ -1,47 +1,34 @@
 //! Background jobs in the shared store (issue 16, `quota.backend = "redis"`), end to end with a
-//! real `redis-server` started by the test and the simulator: two replicas answer for each
-//! other's jobs (status, events, cancel), a gateway process killed with SIGKILL mid-job loses
-//! the job to the other replica, which runs it again and completes it once, results expire,
-//! a job never passes an interactive large request waiting on another replica, and a large
-//! `/answer` that waits too long becomes a shared job.
+//! real `redis-server` started by the test and the simulator. The behaviours both stores share
+//! are written once in `tests/jobs/cases.rs` and run here on Redis (and in `gateway_jobs.rs`
+//! in process); below, what only a shared store does: two replicas answer for each other's
+//! jobs (status, events, cancel), a gateway process killed with SIGKILL mid-job loses the job
+//! to the other replica, which runs it again and completes it once, expired results leave
+//! nothing in Redis, a job never passes an interactive large request waiting on another
+//! replica, a large `/answer` that waits too long becomes a job any replica reads, and tenants
+//! take turns in the fleet's queue.
 
 mod common;
+mod jobs;
 mod redis_common;
 
-use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use common::{client, eventually, json, sse, words};
+use jobs::{
+    done, events, forgotten, job, job_until, on_redis, parse, parse_complete, question,
+    quota_drains, receiver, redis_conn, spawn_post, start, submit_ok, text, Backend, FAST, SECRET,
+    SLOW,
+};
 use redis_common::RedisServer;
-use serde_json::{json, Value};
-use tutor_gateway::config::{Config, QuotaBackend, RedisUrl, RequestLogSink, WebhookPattern};
+use serde_json::json;
+use tutor_gateway::config::{Config, RequestLogSink, WebhookPattern};
 use tutor_gateway::lane::Lane;
 use tutor_gateway::server::Gateway;
 use vllm_sim::{SimArgs, SimServer};
 
-/// Every answer runs to its `max_output_tokens`, so counts are exact.
-const FAST: &[&str] = &[
-    "--speed",
-    "50",
-    "--profile",
-    "tiny-test",
-    "--mean-output-tokens",
-    "1000000",
-];
-/// Real time (about 5 ms a token): a long answer is still streaming when the test acts on it.
-const SLOW: &[&str] = &[
-    "--speed",
-    "1",
-    "--profile",
-    "tiny-test",
-    "--mean-output-tokens",
-    "1000000",
-];
-const SECRET: &str = "a-test-secret-of-32-bytes-length";
-const USAGE: &str = "tg:v2:{quota}:usage";
+jobs::backend_cases!(Backend::Redis);
 
 /// Requests the simulator's engine works on now.
 fn running(sim: &SimServer) -> usize {
@@ -57,10 +44,7 @@ fn config(sim: &SimServer, redis: &RedisServer) -> Config {
     let mut c = Config::default();
     c.upstream.base_url = sim.url();
     c.telemetry.request_log = RequestLogSink::Off;
-    c.quota.backend = QuotaBackend::Redis;
-    c.quota.redis_url = RedisUrl::new(redis.url());
-    c.quota.lease_ttl = Duration::from_millis(1_000);
-    c.quota.heartbeat = Duration::from_millis(100);
+    on_redis(&mut c, redis);
     c
 }
 
@@ -69,136 +53,44 @@ async fn gateway(config: Config) -> Gateway {
     tutor_gateway::server::start(config, listener).unwrap()
 }
 
-fn review(max_output_tokens: u32) -> Value {
-    json!({"prompt": "review this repository's error handling",
-           "max_output_tokens": max_output_tokens})
+/// Two replicas on one Redis in front of one simulator.
+struct Fleet {
+    redis: RedisServer,
+    sim: SimServer,
+    a: Gateway,
+    b: Gateway,
 }
 
-async fn submit(base: &str, body: &Value) -> String {
-    let resp = client()
-        .post(format!("{base}/jobs"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status();
-    let v = json(&resp.text().await.unwrap());
-    assert_eq!(status, StatusCode::ACCEPTED, "{v}");
-    v["id"].as_str().unwrap().to_owned()
+/// A [`Fleet`] of `config`s `tweak`ed, the simulator with `flags`.
+async fn fleet(flags: &[&str], tweak: impl Fn(&mut Config)) -> Fleet {
+    let redis = RedisServer::start();
+    let sim = sim(flags).await;
+    let mut c = config(&sim, &redis);
+    tweak(&mut c);
+    let a = gateway(c.clone()).await;
+    let b = gateway(c).await;
+    Fleet { redis, sim, a, b }
 }
 
-async fn job(base: &str, id: &str) -> Value {
-    let resp = client()
-        .get(format!("{base}/jobs/{id}"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    json(&resp.text().await.unwrap())
-}
-
-/// Polls the job on `base` until `pred` holds (30 s at most).
-async fn job_until(base: &str, id: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
-    for _ in 0..3000 {
-        let v = job(base, id).await;
-        if pred(&v) {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+impl Fleet {
+    async fn shutdown(self) {
+        self.a.shutdown().await;
+        self.b.shutdown().await;
+        self.sim.shutdown().await;
     }
-    panic!("job {id} never became {what}: {}", job(base, id).await);
 }
 
-/// The `(event, data)` pairs and the token text of a job's whole event stream on `base`.
-async fn events(base: &str, id: &str) -> (Vec<(String, String)>, String) {
-    let resp = client()
-        .get(format!("{base}/jobs/{id}/events"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let evs = sse(&resp.text().await.unwrap());
-    let text = evs
-        .iter()
-        .filter(|(e, _)| e == "token")
-        .map(|(_, d)| json(d)["text"].as_str().unwrap().to_owned())
-        .collect();
-    (evs, text)
-}
-
-/// `(id, event, data)` of each event in an SSE text (comments skipped).
-fn parse_with_ids(body: &str) -> Vec<(Option<String>, String, String)> {
-    body.split("\n\n")
-        .filter(|block| block.lines().any(|l| !l.starts_with(':') && !l.is_empty()))
-        .filter(|block| block.contains("event: "))
-        .map(|block| {
-            let (mut id, mut event, mut data) = (None, String::new(), String::new());
-            for line in block.lines() {
-                if let Some(v) = line.strip_prefix("id: ") {
-                    id = Some(v.to_owned());
-                } else if let Some(v) = line.strip_prefix("event: ") {
-                    event = v.to_owned();
-                } else if let Some(v) = line.strip_prefix("data: ") {
-                    data = v.to_owned();
-                }
-            }
-            (id, event, data)
-        })
-        .collect()
-}
-
-async fn redis_conn(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
-/// Waits until the shared quota holds no seat and no token (every lease given back or reaped).
-async fn quota_drains(redis: &RedisServer) {
-    let mut conn = redis_conn(redis).await;
-    for _ in 0..1000 {
-        let usage: HashMap<String, i64> = redis::cmd("HGETALL")
-            .arg(USAGE)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if usage.values().all(|v| *v == 0) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the shared quota never drained");
-}
-
-/// A webhook receiver on 127.0.0.1 (always 200), keeping every body.
-async fn receiver() -> (String, Arc<Mutex<Vec<String>>>) {
-    let got: Arc<Mutex<Vec<String>>> = Arc::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hooks/tutor", listener.local_addr().unwrap());
-    let seen = got.clone();
-    let app = axum::Router::new().route(
-        "/hooks/tutor",
-        axum::routing::post(move |body: String| {
-            let seen = seen.clone();
-            async move {
-                seen.lock().unwrap().push(body);
-                StatusCode::OK
-            }
-        }),
-    );
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, got)
+/// Large lane: one seat, fleet-wide.
+fn one_seat(c: &mut Config) {
+    c.lanes.large.max_concurrency = 1.try_into().unwrap();
+    c.lanes.large.ceiling = 1.try_into().unwrap();
 }
 
 #[tokio::test]
 async fn two_replicas_answer_for_each_others_jobs() {
-    let redis = RedisServer::start();
-    let sim = sim(FAST).await;
-    let a = gateway(config(&sim, &redis)).await;
-    let b = gateway(config(&sim, &redis)).await;
-    let id = submit(&a.url(), &review(24)).await;
+    let f = fleet(FAST, |_| {}).await;
+    let (a, b) = (&f.a, &f.b);
+    let id = submit_ok(&a.url(), &question(24)).await;
     // Read on the other replica: the same job, to the end.
     let on_b = job_until(&b.url(), &id, "done", |v| v["status"] == "done").await;
     let on_a = job(&a.url(), &id).await;
@@ -210,10 +102,10 @@ async fn two_replicas_answer_for_each_others_jobs() {
     assert_eq!(answer["finish_reason"], "length");
     // The events, attached late on either replica, carry the whole text once.
     for base in [a.url(), b.url()] {
-        let (evs, text) = events(&base, &id).await;
-        assert_eq!(text, answer["text"].as_str().unwrap());
-        assert_eq!(evs.last().unwrap().0, "done");
-        assert_eq!(evs.iter().filter(|(e, _)| e == "done").count(), 1);
+        let evs = events(&base, &id, None).await;
+        assert_eq!(text(&evs), answer["text"].as_str().unwrap());
+        assert_eq!(evs.last().unwrap().event, "done");
+        assert_eq!(evs.iter().filter(|e| e.event == "done").count(), 1);
     }
     // A job id nobody submitted is 404 on both.
     for base in [a.url(), b.url()] {
@@ -224,24 +116,20 @@ async fn two_replicas_answer_for_each_others_jobs() {
             .unwrap();
         assert_eq!(resp.status(), 404);
     }
-    quota_drains(&redis).await;
-    a.shutdown().await;
-    b.shutdown().await;
-    sim.shutdown().await;
+    quota_drains(&f.redis).await;
+    f.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_job_running_on_one_replica_is_cancelled_from_the_other() {
-    let redis = RedisServer::start();
-    let sim = sim(SLOW).await;
-    let a = gateway(config(&sim, &redis)).await;
-    let b = gateway(config(&sim, &redis)).await;
-    let id = submit(&a.url(), &review(2_000)).await;
+    let f = fleet(SLOW, |_| {}).await;
+    let (a, b, sim) = (&f.a, &f.b, &f.sim);
+    let id = submit_ok(&a.url(), &question(2_000)).await;
     job_until(&b.url(), &id, "streaming", |v| {
         v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) >= 2
     })
     .await;
-    assert!(running(&sim) >= 1, "the engine works on the job");
+    assert!(running(sim) >= 1, "the engine works on the job");
     let resp = client()
         .delete(format!("{}/jobs/{id}", b.url()))
         .send()
@@ -250,8 +138,8 @@ async fn a_job_running_on_one_replica_is_cancelled_from_the_other() {
     assert_eq!(resp.status(), 200);
     let v = json(&resp.text().await.unwrap());
     assert_eq!(v["status"], "cancelled", "{v}");
-    eventually("the engine stops the cancelled job", || running(&sim) == 0).await;
-    quota_drains(&redis).await;
+    eventually("the engine stops the cancelled job", || running(sim) == 0).await;
+    quota_drains(&f.redis).await;
     // Cancelling a job that ended otherwise is a 409; a cancelled one stays cancelled.
     assert_eq!(job(&a.url(), &id).await["status"], "cancelled");
     let again = client()
@@ -260,17 +148,15 @@ async fn a_job_running_on_one_replica_is_cancelled_from_the_other() {
         .await
         .unwrap();
     assert_eq!(again.status(), 200);
-    let done = submit(&a.url(), &review(3)).await;
-    job_until(&a.url(), &done, "done", |v| v["status"] == "done").await;
+    let finished = submit_ok(&a.url(), &question(3)).await;
+    done(&a.url(), &finished).await;
     let late = client()
-        .delete(format!("{}/jobs/{done}", b.url()))
+        .delete(format!("{}/jobs/{finished}", b.url()))
         .send()
         .await
         .unwrap();
     assert_eq!(late.status(), 409);
-    a.shutdown().await;
-    b.shutdown().await;
-    sim.shutdown().await;
+    f.shutdown().await;
 }
 
 /// A gateway process on `redis` in front of `sim`, started from the built binary.
@@ -359,13 +245,13 @@ impl Drop for Process {
 async fn a_job_whose_gateway_is_killed_runs_again_on_the_other_and_completes_once() {
     let redis = RedisServer::start();
     let sim = sim(SLOW).await;
-    let (hook, got) = receiver().await;
-    let origin = hook.trim_end_matches("/hooks/tutor").to_owned();
+    let r = receiver(vec![]).await;
+    let origin = r.origin().to_owned();
     let mut p = process(&sim, &redis, &origin).await;
     // Only the process runs at first: the job starts there.
-    let body = json!({"prompt": "review this repository's error handling",
-                      "max_output_tokens": 400, "notify": hook});
-    let id = submit(&p.url, &body).await;
+    let mut body = question(400);
+    body["notify"] = json!(r.url);
+    let id = submit_ok(&p.url, &body).await;
     job_until(&p.url, &id, "streaming", |v| {
         v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) >= 5
     })
@@ -377,9 +263,9 @@ async fn a_job_whose_gateway_is_killed_runs_again_on_the_other_and_completes_onc
         .await
         .unwrap();
     let mut seen = String::new();
-    while parse_with_ids(&seen)
+    while parse_complete(&seen)
         .iter()
-        .filter(|e| e.1 == "token")
+        .filter(|e| e.event == "token")
         .count()
         < 3
     {
@@ -390,10 +276,10 @@ async fn a_job_whose_gateway_is_killed_runs_again_on_the_other_and_completes_onc
             .expect("the stream goes on");
         seen.push_str(std::str::from_utf8(&chunk).unwrap());
     }
-    let last_id = parse_with_ids(&seen)
+    let last_id = parse_complete(&seen)
         .iter()
         .rev()
-        .find_map(|e| e.0.clone())
+        .find_map(|e| e.id.clone())
         .unwrap();
     assert!(
         !last_id.contains('.'),
@@ -412,10 +298,10 @@ async fn a_job_whose_gateway_is_killed_runs_again_on_the_other_and_completes_onc
         answer["usage"]["output_tokens"], 400,
         "the text is the second run's alone"
     );
-    let (evs, text) = events(&b.url(), &id).await;
-    assert_eq!(text, answer["text"].as_str().unwrap());
-    assert!(!evs.iter().any(|(_, d)| d.contains("restarted")));
-    assert_eq!(evs.iter().filter(|(e, _)| e == "done").count(), 1);
+    let evs = events(&b.url(), &id, None).await;
+    assert_eq!(text(&evs), answer["text"].as_str().unwrap());
+    assert!(!evs.iter().any(|e| e.data.contains("restarted")));
+    assert_eq!(evs.iter().filter(|e| e.event == "done").count(), 1);
     // The client that followed the dead process resumes on B with its last id (of the first
     // run): it is told the job restarted, then gets the second run's text whole, ids 2.n.
     let resumed = client()
@@ -424,31 +310,27 @@ async fn a_job_whose_gateway_is_killed_runs_again_on_the_other_and_completes_onc
         .send()
         .await
         .unwrap();
-    let resumed = parse_with_ids(&resumed.text().await.unwrap());
+    let resumed = parse(&resumed.text().await.unwrap());
     let restart = resumed
         .iter()
-        .position(|e| e.1 == "status" && json(&e.2)["restarted"] == true)
+        .position(|e| e.event == "status" && json(&e.data)["restarted"] == true)
         .expect("a restarted status event");
     assert!(
-        !resumed[..restart].iter().any(|e| e.1 == "token"),
+        !resumed[..restart].iter().any(|e| e.event == "token"),
         "no piece of the lost run after the restart is announced"
     );
-    let mut again = String::new();
-    for (eid, event, data) in &resumed[restart..] {
-        if event == "token" {
-            assert!(eid.as_deref().unwrap().starts_with("2."), "{eid:?}");
-            again.push_str(json(data)["text"].as_str().unwrap());
-        }
+    for e in resumed[restart..].iter().filter(|e| e.event == "token") {
+        assert!(e.id.as_deref().unwrap().starts_with("2."), "{:?}", e.id);
     }
-    assert_eq!(again, answer["text"].as_str().unwrap());
-    assert_eq!(resumed.last().unwrap().1, "done");
+    assert_eq!(text(&resumed[restart..]), answer["text"].as_str().unwrap());
+    assert_eq!(resumed.last().unwrap().event, "done");
     // Completed once: one webhook, carrying the done status.
     let v = job_until(&b.url(), &id, "delivered", |v| {
         v["webhook"]["delivered"] == true
     })
     .await;
     assert_eq!(v["webhook"]["attempts"].as_array().unwrap().len(), 1);
-    let bodies = got.lock().unwrap().clone();
+    let bodies = r.bodies();
     assert_eq!(bodies.len(), 1, "one delivery");
     assert_eq!(json(&bodies[0])["status"], "done");
     // The killed process's seat was reaped; nothing is left held.
@@ -463,7 +345,7 @@ async fn a_job_that_keeps_losing_its_gateway_fails_after_max_attempts() {
     let redis = RedisServer::start();
     let sim = sim(SLOW).await;
     let mut p = process(&sim, &redis, "http://127.0.0.1:9").await;
-    let id = submit(&p.url, &review(2_000)).await;
+    let id = submit_ok(&p.url, &question(2_000)).await;
     job_until(&p.url, &id, "running", |v| v["status"] == "running").await;
     p.kill();
     // A replica that allows a single run: the lost run was the last one.
@@ -478,80 +360,17 @@ async fn a_job_that_keeps_losing_its_gateway_fails_after_max_attempts() {
     sim.shutdown().await;
 }
 
-#[tokio::test]
-async fn shared_results_expire_and_are_then_forgotten() {
-    let redis = RedisServer::start();
-    let sim = sim(FAST).await;
-    let mut c = config(&sim, &redis);
-    c.jobs.result_ttl = Duration::from_millis(400);
-    let a = gateway(c).await;
-    let id = submit(&a.url(), &review(4)).await;
-    let done = job_until(&a.url(), &id, "done", |v| v["status"] == "done").await;
-    assert!(!done["answer"]["text"].as_str().unwrap().is_empty());
-    let expired = job_until(&a.url(), &id, "expired", |v| v["status"] == "expired").await;
-    assert!(
-        expired.get("answer").is_none(),
-        "the result is gone: {expired}"
-    );
-    let mut forgotten = false;
-    for _ in 0..500 {
-        let resp = client()
-            .get(format!("{}/jobs/{id}", a.url()))
-            .send()
-            .await
-            .unwrap();
-        if resp.status() == 404 {
-            forgotten = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(forgotten, "the id is forgotten after another TTL");
-    // Nothing of it is left in Redis, and the byte count is back to zero.
-    let mut conn = redis_conn(&redis).await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("tg:v2:{{quota}}:job:{id}*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(keys.is_empty(), "{keys:?}");
-    let bytes: Option<i64> = redis::cmd("HGET")
-        .arg("tg:v2:{quota}:jobs:meta")
-        .arg("bytes")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(bytes.unwrap_or(0), 0);
-    a.shutdown().await;
-    sim.shutdown().await;
-}
-
 /// The large lane has one seat fleet-wide. Replica A runs an interactive review; replica B's
 /// interactive review waits for the seat; a job submitted meanwhile must not take the seat
 /// when A's review ends: B's review gets it, and the job runs after.
 #[tokio::test]
 async fn a_job_never_passes_an_interactive_large_request_waiting_on_another_replica() {
-    let redis = RedisServer::start();
-    let sim = sim(SLOW).await;
-    let one_seat = |c: &mut Config| {
-        c.lanes.large.max_concurrency = 1.try_into().unwrap();
-        c.lanes.large.ceiling = 1.try_into().unwrap();
-    };
-    let mut ca = config(&sim, &redis);
-    one_seat(&mut ca);
-    let cb = ca.clone();
-    let a = gateway(ca).await;
-    let b = gateway(cb).await;
+    let f = fleet(SLOW, one_seat).await;
+    let (a, b, sim) = (&f.a, &f.b, &f.sim);
     // A long interactive review: large by its output budget.
     let review_body = json!({"prompt": words(8000, "repo"), "max_output_tokens": 300});
-    let first = client()
-        .post(format!("{}/answer", a.url()))
-        .json(&review_body)
-        .send()
-        .await
-        .unwrap();
-    let first = tokio::spawn(async move { first.text().await.unwrap() });
-    eventually("A's review holds the seat", || running(&sim) == 1).await;
+    let first = spawn_post(format!("{}/answer", a.url()), review_body.clone());
+    eventually("A's review holds the seat", || running(sim) == 1).await;
     let (admitted_tx, admitted) = tokio::sync::oneshot::channel::<()>();
     let second = tokio::spawn({
         let url = format!("{}/answer", b.url());
@@ -578,7 +397,7 @@ async fn a_job_never_passes_an_interactive_large_request_waiting_on_another_repl
         b.state.admission().snapshot().lane(Lane::Large).queue_depth == 1
     })
     .await;
-    let id = submit(&a.url(), &review(5)).await;
+    let id = submit_ok(&a.url(), &question(5)).await;
     assert_eq!(job(&a.url(), &id).await["status"], "queued");
     admitted.await.expect("B's review streams");
     // B's review holds the seat now; the job is still queued behind it.
@@ -589,32 +408,22 @@ async fn a_job_never_passes_an_interactive_large_request_waiting_on_another_repl
     );
     assert_eq!(sse(&second.await.unwrap()).last().unwrap().0, "done");
     assert_eq!(sse(&first.await.unwrap()).last().unwrap().0, "done");
-    job_until(&a.url(), &id, "done", |v| v["status"] == "done").await;
-    quota_drains(&redis).await;
-    a.shutdown().await;
-    b.shutdown().await;
-    sim.shutdown().await;
+    done(&a.url(), &id).await;
+    quota_drains(&f.redis).await;
+    f.shutdown().await;
 }
 
 #[tokio::test]
 async fn a_large_answer_that_waits_too_long_becomes_a_shared_job() {
-    let redis = RedisServer::start();
-    let sim = sim(SLOW).await;
-    let mut c = config(&sim, &redis);
-    c.lanes.large.max_concurrency = 1.try_into().unwrap();
-    c.lanes.large.ceiling = 1.try_into().unwrap();
-    c.jobs.divert_large_after = Some(Duration::from_millis(200));
-    let a = gateway(c.clone()).await;
-    let b = gateway(c).await;
+    let f = fleet(SLOW, |c| {
+        one_seat(c);
+        c.jobs.divert_large_after = Some(Duration::from_millis(200));
+    })
+    .await;
+    let (a, b, sim) = (&f.a, &f.b, &f.sim);
     let body = json!({"prompt": words(8000, "repo"), "max_output_tokens": 200});
-    let first = client()
-        .post(format!("{}/answer", a.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let first = tokio::spawn(async move { first.text().await.unwrap() });
-    eventually("the first review holds the seat", || running(&sim) == 1).await;
+    let first = spawn_post(format!("{}/answer", a.url()), body.clone());
+    eventually("the first review holds the seat", || running(sim) == 1).await;
     // The second waits past the divert deadline and becomes a job, on the other replica.
     let second = client()
         .post(format!("{}/answer", b.url()))
@@ -628,13 +437,11 @@ async fn a_large_answer_that_waits_too_long_becomes_a_shared_job() {
     assert_eq!(evs[0].0, "job");
     let id = json(&evs[0].1)["id"].as_str().unwrap().to_owned();
     // Readable from the replica it was not diverted on, and it completes.
-    let v = job_until(&a.url(), &id, "done", |v| v["status"] == "done").await;
+    let v = done(&a.url(), &id).await;
     assert_eq!(v["answer"]["usage"]["output_tokens"], 200);
     assert_eq!(sse(&first.await.unwrap()).last().unwrap().0, "done");
-    quota_drains(&redis).await;
-    a.shutdown().await;
-    b.shutdown().await;
-    sim.shutdown().await;
+    quota_drains(&f.redis).await;
+    f.shutdown().await;
 }
 
 #[tokio::test]
@@ -642,7 +449,7 @@ async fn a_replica_that_shuts_down_hands_its_running_job_to_the_other() {
     let redis = RedisServer::start();
     let sim = sim(SLOW).await;
     let a = gateway(config(&sim, &redis)).await;
-    let id = submit(&a.url(), &review(600)).await;
+    let id = submit_ok(&a.url(), &question(600)).await;
     job_until(&a.url(), &id, "streaming on A", |v| {
         v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) >= 3
     })
@@ -662,21 +469,19 @@ async fn a_replica_that_shuts_down_hands_its_running_job_to_the_other() {
 async fn tenants_take_turns_in_the_shared_job_queue() {
     const KEY: &str = "sk-tutor-cs101-0123456789";
     const OTHER: &str = "sk-tutor-school-2-abcdef";
-    let redis = RedisServer::start();
-    let sim = sim(SLOW).await;
-    let mut c = config(&sim, &redis);
-    c.lanes.large.max_concurrency = 1.try_into().unwrap();
-    c.lanes.large.ceiling = 1.try_into().unwrap();
-    c.auth.enabled = true;
-    c.auth.keys = [(KEY, "cs101"), (OTHER, "school-2")]
-        .into_iter()
-        .map(|(key, tenant)| tutor_gateway::config::KeyEntry {
-            sha256: tutor_gateway::sign::sha256_hex(key.as_bytes()),
-            tenant: tenant.into(),
-        })
-        .collect();
-    let a = gateway(c.clone()).await;
-    let b = gateway(c).await;
+    let f = fleet(SLOW, |c| {
+        one_seat(c);
+        c.auth.enabled = true;
+        c.auth.keys = [(KEY, "cs101"), (OTHER, "school-2")]
+            .into_iter()
+            .map(|(key, tenant)| tutor_gateway::config::KeyEntry {
+                sha256: tutor_gateway::sign::sha256_hex(key.as_bytes()),
+                tenant: tenant.into(),
+            })
+            .collect();
+    })
+    .await;
+    let (a, b) = (&f.a, &f.b);
     let submit_as = |base: String, key: &'static str, out: u32| async move {
         let resp = client()
             .post(format!("{base}/jobs"))
@@ -746,48 +551,36 @@ async fn tenants_take_turns_in_the_shared_job_queue() {
         .await
         .unwrap();
     assert_eq!(cancel.status(), 200);
-    a.shutdown().await;
-    b.shutdown().await;
-    sim.shutdown().await;
+    f.shutdown().await;
 }
 
+/// (The expiry itself is a shared behaviour, in `cases.rs`.)
 #[tokio::test]
-async fn a_shared_job_cancelled_while_queued_still_gets_its_webhook() {
-    let redis = RedisServer::start();
-    let sim = sim(SLOW).await;
-    let (hook, got) = receiver().await;
-    let origin = hook.trim_end_matches("/hooks/tutor").to_owned();
-    let mut c = config(&sim, &redis);
-    c.lanes.large.max_concurrency = 1.try_into().unwrap();
-    c.lanes.large.ceiling = 1.try_into().unwrap();
-    c.jobs.webhook_allow = vec![WebhookPattern::parse(&format!("{origin}/hooks/*")).unwrap()];
-    c.jobs.webhook_secret = Some(SECRET.into());
-    let a = gateway(c).await;
-    // The first job holds the only large seat; the second waits.
-    let first = submit(&a.url(), &review(2_000)).await;
-    job_until(&a.url(), &first, "running", |v| v["status"] == "running").await;
-    let body = json!({"prompt": "review this repository's error handling",
-                      "max_output_tokens": 5, "notify": hook});
-    let second = submit(&a.url(), &body).await;
-    let resp = client()
-        .delete(format!("{}/jobs/{second}", a.url()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let v = job_until(&a.url(), &second, "notified", |v| {
-        v["webhook"]["delivered"] == true
+async fn an_expired_and_forgotten_job_leaves_nothing_in_redis() {
+    let h = start(Backend::Redis, FAST, |c| {
+        c.jobs.result_ttl = Duration::from_millis(400);
     })
     .await;
-    assert_eq!(v["status"], "cancelled");
-    assert_eq!(json(&got.lock().unwrap()[0])["status"], "cancelled");
-    let resp = client()
-        .delete(format!("{}/jobs/{first}", a.url()))
-        .send()
+    let id = submit_ok(&h.base(), &question(4)).await;
+    done(&h.base(), &id).await;
+    assert!(
+        forgotten(&h.base(), &id).await,
+        "the id is forgotten after another TTL"
+    );
+    // Nothing of it is left in Redis, and the byte count is back to zero.
+    let mut conn = redis_conn(h.redis.as_ref().unwrap()).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("tg:v2:{{quota}}:job:{id}*"))
+        .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(resp.status(), 200);
-    quota_drains(&redis).await;
-    a.shutdown().await;
-    sim.shutdown().await;
+    assert!(keys.is_empty(), "{keys:?}");
+    let bytes: Option<i64> = redis::cmd("HGET")
+        .arg("tg:v2:{quota}:jobs:meta")
+        .arg("bytes")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(bytes.unwrap_or(0), 0);
+    h.shutdown().await;
 }

@@ -8,7 +8,7 @@ use common::{client, family_total, flags, get_text, harness, send, words, Harnes
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Value};
-use tutor_gateway::config::Config;
+use tutor_gateway::config::{Config, CourseConfig};
 use tutor_gateway::prompt::Course;
 use tutor_testkit::bench::shuffled;
 
@@ -117,8 +117,8 @@ async fn canonical_tools_make_shuffled_schemas_hit_and_counters_agree_with_the_e
     }
 }
 
-fn py101(tools: Option<Value>) -> Course {
-    Course::build(
+fn py101(tools: Option<Value>) -> CourseConfig {
+    CourseConfig::new(
         "py101",
         "2026.1",
         &words(200, "You are a patient Python tutor."),
@@ -136,7 +136,7 @@ async fn answer(h: &Harness, body: Value) -> (u16, String) {
 #[tokio::test]
 async fn answer_with_a_course_puts_the_stable_prefix_first_and_it_hits() {
     let course = py101(Some(tool_schemas()));
-    let fp = course.fingerprint.clone();
+    let fp = Course::from_config(&course).fingerprint;
     let h = harness(&flags(SIM), |c| {
         c.courses.insert("py101".into(), course);
     })

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::{eventually, flags, send, words};
 use redis_common::RedisServer;
 use serde_json::json;
-use tutor_gateway::admission::Admission;
+use tutor_gateway::admission::{Admission, Ask};
 use tutor_gateway::config::{Config, OnRedisDown, QuotaBackend, RedisUrl, RequestLogSink};
 use tutor_gateway::lane::Lane;
 use tutor_gateway::server::Gateway;
@@ -398,7 +398,7 @@ async fn a_crashed_replicas_capacity_comes_back_within_the_lease_ttl() {
     let before_acquire = Instant::now();
     let mut held = Vec::new();
     for _ in 0..4 {
-        held.push(a.acquire(Lane::Large, 300).await.unwrap());
+        held.push(a.acquire(Ask::new(Lane::Large, 300)).await.unwrap());
     }
     a.abandon();
     drop(held);
@@ -590,7 +590,7 @@ async fn one_slow_quota_call_does_not_make_the_replica_fall_back() {
         panic!("redis backend")
     };
     // Connected and working.
-    drop(a.acquire(Lane::Small, 10).await.unwrap());
+    drop(a.acquire(Ask::new(Lane::Small, 10)).await.unwrap());
     let mut conn = redis::Client::open(redis.url())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -604,7 +604,7 @@ async fn one_slow_quota_call_does_not_make_the_replica_fall_back() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let guard = a.acquire(Lane::Small, 10).await.unwrap();
+    let guard = a.acquire(Ask::new(Lane::Small, 10)).await.unwrap();
     assert!(!a.degraded(), "one failed call did not mark Redis down");
     assert!(!metrics.quota().degraded());
     assert!(
@@ -933,21 +933,28 @@ async fn the_fallback_counts_running_leases_and_redis_counts_the_fallbacks() {
     let Admission::Redis(a) = Admission::build(&cfg, metrics.quota().clone()).unwrap() else {
         panic!("redis backend")
     };
-    let first = a.acquire(Lane::Large, 300).await.unwrap();
-    let second = a.acquire(Lane::Large, 300).await.unwrap();
+    let first = a.acquire(Ask::new(Lane::Large, 300)).await.unwrap();
+    let second = a.acquire(Ask::new(Lane::Large, 300)).await.unwrap();
     outage.cut();
     common::eventually("the replica runs on its fallback", || a.degraded()).await;
     // Its share (2) is taken by the two requests still running: a third waits.
-    let third = tokio::time::timeout(Duration::from_millis(300), a.acquire(Lane::Large, 300)).await;
+    let third = tokio::time::timeout(
+        Duration::from_millis(300),
+        a.acquire(Ask::new(Lane::Large, 300)),
+    )
+    .await;
     assert!(
         third.is_err(),
         "the fallback admitted a third large request on top of the two still running"
     );
     drop(first);
-    let third = tokio::time::timeout(Duration::from_secs(5), a.acquire(Lane::Large, 300))
-        .await
-        .expect("one ended: the fallback has room")
-        .unwrap();
+    let third = tokio::time::timeout(
+        Duration::from_secs(5),
+        a.acquire(Ask::new(Lane::Large, 300)),
+    )
+    .await
+    .expect("one ended: the fallback has room")
+    .unwrap();
     // Redis is back: the fallback's admission is counted there, beside the old lease.
     outage.restore();
     let mut conn = redis::Client::open(redis.url())

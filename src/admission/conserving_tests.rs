@@ -19,7 +19,7 @@ fn admission(extra: &str) -> Admission {
 /// Takes seats in `lane` until one does not fit at once.
 fn fill(a: &Admission, lane: crate::lane::Lane) -> Vec<LaneGuard> {
     let mut held = Vec::new();
-    while let Some(g) = futures::FutureExt::now_or_never(a.acquire(lane, 100)) {
+    while let Some(g) = futures::FutureExt::now_or_never(a.acquire(Ask::new(lane, 100))) {
         match g {
             Ok(g) => held.push(g),
             Err(_) => break,
@@ -68,17 +68,17 @@ async fn a_lender_gets_its_seat_back_for_its_next_request() {
     // Medium's next request gets its reserved seat at once, though every seat is taken: the
     // borrowed seats are not pre-empted, the total briefly exceeds 12.
     let m = a
-        .acquire(Medium, 100)
+        .acquire(Ask::new(Medium, 100))
         .await
         .expect("the owner's seat comes back");
     let l = a
-        .acquire(Large, 100)
+        .acquire(Ask::new(Large, 100))
         .await
         .expect("the owner's seat comes back");
     assert_eq!(a.snapshot().in_flight(), 14);
     // While over, nobody borrows.
     assert!(
-        futures::FutureExt::now_or_never(a.acquire(Small, 100)).is_none(),
+        futures::FutureExt::now_or_never(a.acquire(Ask::new(Small, 100))).is_none(),
         "small waits"
     );
     drop((m, l, small));
@@ -94,7 +94,9 @@ async fn ceilings_and_token_budgets_always_hold() {
     // A token budget binds before the seats do.
     let toml_budget = admission_with_small_tokens(1000);
     let mut held = Vec::new();
-    while let Some(Ok(g)) = futures::FutureExt::now_or_never(toml_budget.acquire(Small, 300)) {
+    while let Some(Ok(g)) =
+        futures::FutureExt::now_or_never(toml_budget.acquire(Ask::new(Small, 300)))
+    {
         held.push(g);
     }
     assert_eq!(
@@ -158,7 +160,7 @@ async fn background_work_takes_only_idle_seats_of_its_own_lane() {
         .expect("fits");
     let waiter = {
         let a = a.clone();
-        tokio::spawn(async move { a.acquire(Large, 300).await })
+        tokio::spawn(async move { a.acquire(Ask::new(Large, 300)).await })
     };
     while a.snapshot().lane(Large).queue_depth == 0 {
         tokio::task::yield_now().await;

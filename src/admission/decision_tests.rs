@@ -7,7 +7,7 @@
 use std::num::{NonZeroU32, NonZeroU64};
 
 use super::budget::{Limits, Usage};
-use super::redis::scripts::{Ask, LimitsRecord, Scripts, Verdict};
+use super::redis::scripts::{AcquireArgs, LimitsRecord, LimitsWrite, Scripts, Verdict};
 use super::redis::tests::redis_common::RedisServer;
 use super::redis::Keys;
 use crate::config::{Config, Policy};
@@ -86,11 +86,17 @@ async fn both_backends_decide_alike() {
         reset.hset(&keys.usage, "global:tokens", global);
         let () = reset.query_async(&mut conn).await.unwrap();
         scripts
-            .limits(&mut conn, &keys, true, &LimitsRecord::from_config(&config))
+            .limits(
+                &mut conn,
+                &keys,
+                LimitsWrite::Force,
+                &LimitsRecord::from_config(&config),
+                "test",
+            )
             .await
             .unwrap();
         let id = format!("case-{case}");
-        let ask = Ask {
+        let ask = AcquireArgs {
             id: &id,
             lane,
             tokens,

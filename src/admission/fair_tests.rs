@@ -32,7 +32,10 @@ async fn queue(
         let (mine, order) = (a.clone(), order.clone());
         let before = a.snapshot().lane(Small).queue_depth;
         tasks.push(tokio::spawn(async move {
-            let guard = mine.acquire_for(Small, 10, 0, Some(tenant)).await.unwrap();
+            let guard = mine
+                .acquire(Ask::new(Small, 10).for_tenant(Some(tenant)))
+                .await
+                .unwrap();
             order.lock().unwrap().push(tenant);
             drop(guard);
         }));
@@ -48,7 +51,7 @@ async fn queue(
 async fn a_burst_of_one_tenant_does_not_push_another_to_the_back() {
     let a = one_seat("");
     let order = Arc::new(Mutex::new(Vec::new()));
-    let seat = a.acquire(Small, 10).await.unwrap();
+    let seat = a.acquire(Ask::new(Small, 10)).await.unwrap();
     let mut tasks = queue(&a, "A", 200, &order).await;
     tasks.extend(queue(&a, "B", 10, &order).await);
     drop(seat);
@@ -69,7 +72,7 @@ async fn a_burst_of_one_tenant_does_not_push_another_to_the_back() {
 async fn shares_weight_the_turns_and_one_tenant_alone_is_fifo() {
     let a = one_seat("[auth]\ntenant_shares = { A = 3 }\n");
     let order = Arc::new(Mutex::new(Vec::new()));
-    let seat = a.acquire(Small, 10).await.unwrap();
+    let seat = a.acquire(Ask::new(Small, 10)).await.unwrap();
     // B's 30 arrive first: in FIFO order they would all go before A's.
     let mut tasks = queue(&a, "B", 30, &order).await;
     tasks.extend(queue(&a, "A", 30, &order).await);
@@ -100,7 +103,7 @@ async fn with_redis_a_replicas_line_gives_tenants_turns() {
     let metrics = crate::telemetry::Metrics::new();
     let a = Admission::build(&config, metrics.quota().clone()).unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
-    let seat = a.acquire(Small, 10).await.unwrap();
+    let seat = a.acquire(Ask::new(Small, 10)).await.unwrap();
     let mut tasks = queue(&a, "A", 200, &order).await;
     tasks.extend(queue(&a, "B", 10, &order).await);
     drop(seat);

@@ -22,6 +22,7 @@ use futures::future::BoxFuture;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
+use super::backend::{AdmissionHealth, Ask, Backend, LimitsChange};
 use super::budget::{Limits, PrefillLimit};
 use super::error::AdmissionError;
 use super::guard::{LaneGuard, Reservation};
@@ -115,40 +116,24 @@ impl LocalAdmission {
         self.shared.lock().snapshot()
     }
 
-    /// Waits for a slot in `lane` plus `tokens` of budget, both taken in one step.
+    /// Waits for `ask`'s seat, `ask.work` tokens of budget and its prefill room, taken in
+    /// one step.
     ///
-    /// Admitted at once when the lane's queue is empty and both fit; otherwise waits in FIFO
-    /// order behind earlier requests of the same queue, up to the queue's timeout. Errors:
+    /// Admitted at once when the lane's queue is empty and all fit; otherwise waits behind
+    /// earlier requests of the same queue, up to the queue's timeout: FIFO within a tenant, the
+    /// tenants present taking turns in proportion to their shares (see `state.rs`, `Fair`). A
+    /// prompt of `ask.prefill` tokens above `admission.long_prompt_tokens`, under a prefill
+    /// budget, waits for prefill room first (see the module doc). Errors:
     /// [`AdmissionError::QueueFull`] when the queue is at `queue_len`,
     /// [`AdmissionError::Timeout`] after `queue_timeout`, [`AdmissionError::TooLarge`] when
-    /// `tokens` could never fit. Cancel-safe: dropping the future leaves the queue.
-    pub async fn acquire(&self, lane: Lane, tokens: u32) -> Result<LaneGuard, AdmissionError> {
-        self.acquire_prompt(lane, tokens, 0).await
-    }
-
-    /// [`LocalAdmission::acquire`] for a request whose prompt is estimated at `prompt` tokens:
-    /// it also takes a prefill reservation of `prompt` tokens, and a long prompt (above
-    /// `admission.long_prompt_tokens`, under a prefill budget) waits for prefill room first
-    /// (see the module doc).
-    pub async fn acquire_prompt(
-        &self,
-        lane: Lane,
-        tokens: u32,
-        prompt: u32,
-    ) -> Result<LaneGuard, AdmissionError> {
-        self.acquire_for(lane, tokens, prompt, None).await
-    }
-
-    /// [`LocalAdmission::acquire_prompt`] for `tenant`: while it waits, its queue gives the
-    /// tenants present turns in proportion to their shares (see `state.rs`, `Fair`), FIFO within
-    /// a tenant.
-    pub async fn acquire_for(
-        &self,
-        lane: Lane,
-        tokens: u32,
-        prompt: u32,
-        tenant: Option<&str>,
-    ) -> Result<LaneGuard, AdmissionError> {
+    /// `ask.work` could never fit. Cancel-safe: dropping the future leaves the queue.
+    pub async fn acquire(&self, ask: Ask<'_>) -> Result<LaneGuard, AdmissionError> {
+        let Ask {
+            lane,
+            work: tokens,
+            prefill: prompt,
+            tenant,
+        } = ask;
         let shared = &self.shared;
         let rules = shared.rules();
         let limits = &rules.limits;
@@ -213,6 +198,29 @@ impl LocalAdmission {
                 waited: started.elapsed(),
             }),
         }
+    }
+}
+
+impl Backend for LocalAdmission {
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> BoxFuture<'a, Result<LaneGuard, AdmissionError>> {
+        Box::pin(LocalAdmission::acquire(self, ask))
+    }
+
+    fn set_limits(&self, config: &Config, _force: bool) -> LimitsChange {
+        LocalAdmission::set_limits(self, config);
+        LimitsChange::InForce
+    }
+
+    fn snapshot(&self) -> AdmissionSnapshot {
+        LocalAdmission::snapshot(self)
+    }
+
+    fn policy(&self) -> Policy {
+        LocalAdmission::policy(self)
+    }
+
+    fn health(&self) -> AdmissionHealth {
+        AdmissionHealth::Ok
     }
 }
 

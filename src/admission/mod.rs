@@ -39,16 +39,19 @@
 //! panic, cancellation). A waiter whose future is dropped leaves its queue at once.
 //!
 //! # Backends
-//! [`Admission`] is an enum over backends: [`LocalAdmission`] (in-process, one replica) and
-//! [`RedisAdmission`] (`quota.backend = "redis"`: the same limits shared by every replica
-//! through Redis, with a local fallback while Redis is down; see [`redis`]).
+//! Both backends implement one trait, [`Backend`] (`backend.rs`): a request states what it
+//! needs as one [`Ask`] (`lane`, `work`, `prefill`, `tenant`) and gets a [`LaneGuard`].
+//! [`Admission`] picks the backend the config names: [`LocalAdmission`] (in-process, one
+//! replica) or [`RedisAdmission`] (`quota.backend = "redis"`: the same limits shared by every
+//! replica through Redis, with a local fallback while Redis is down; see [`redis`]).
 //!
-//! Files: `budget.rs` (the seat and token budget check: what fits), `state.rs` (counters and
+//! Files: `backend.rs` (the contract: [`Ask`], [`Backend`]), `budget.rs` (the seat and token budget check: what fits), `state.rs` (counters and
 //! queues), `local.rs` (waiting and handing out guards), `guard.rs` (the RAII guard and the
 //! trait its backends implement), `session.rs` (output per session, for continuations),
 //! `error.rs`, `redis/` (the shared quota). Counters leave as a plain
 //! [`AdmissionSnapshot`] (defined in telemetry, which renders it).
 
+mod backend;
 mod budget;
 mod error;
 pub mod fair;
@@ -58,6 +61,8 @@ pub mod redis;
 pub mod session;
 mod state;
 
+#[cfg(test)]
+mod backend_tests;
 #[cfg(test)]
 mod conserving_tests;
 #[cfg(test)]
@@ -70,13 +75,14 @@ mod prefill_tests;
 mod tests;
 
 pub use crate::telemetry::{AdmissionSnapshot, LaneSnapshot};
+pub use backend::{AdmissionHealth, Ask, Backend, LimitsChange};
 pub use error::AdmissionError;
 pub use guard::LaneGuard;
 pub use local::LocalAdmission;
 pub use redis::RedisAdmission;
 pub use session::SessionLedger;
 
-use crate::config::{Config, OnRedisDown, Policy, QuotaBackend};
+use crate::config::{Config, Policy, QuotaBackend};
 use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
 
@@ -87,17 +93,6 @@ pub enum Admission {
     Local(LocalAdmission),
     /// The quota shared by all replicas, in Redis.
     Redis(RedisAdmission),
-}
-
-/// Whether admission works as configured (for `/readyz`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AdmissionHealth {
-    /// As configured.
-    Ok,
-    /// Redis is down and `fail_open` admits under the local fallback limits.
-    Degraded,
-    /// Redis is down and `fail_closed` refuses new requests.
-    Unavailable,
 }
 
 impl Admission {
@@ -115,49 +110,23 @@ impl Admission {
         })
     }
 
+    /// The backend in use, behind the contract both keep.
+    pub fn backend(&self) -> &dyn Backend {
+        match self {
+            Admission::Local(local) => local,
+            Admission::Redis(redis) => redis,
+        }
+    }
+
     /// Whether admission works as configured.
     pub fn health(&self) -> AdmissionHealth {
-        match self {
-            Admission::Local(_) => AdmissionHealth::Ok,
-            Admission::Redis(r) if !r.degraded() => AdmissionHealth::Ok,
-            Admission::Redis(r) => match r.on_redis_down() {
-                OnRedisDown::FailOpen => AdmissionHealth::Degraded,
-                OnRedisDown::FailClosed => AdmissionHealth::Unavailable,
-            },
-        }
+        self.backend().health()
     }
 
-    /// Waits for a slot in `lane` plus `tokens` of token budget; see [`LocalAdmission::acquire`].
-    pub async fn acquire(&self, lane: Lane, tokens: u32) -> Result<LaneGuard, AdmissionError> {
-        self.acquire_prompt(lane, tokens, 0).await
-    }
-
-    /// [`Admission::acquire`] plus a prefill reservation of `prompt` (estimated input) tokens,
-    /// given back at the first token; see [`LocalAdmission::acquire_prompt`] and
-    /// [`RedisAdmission::acquire_prompt`] (the same budget, shared by every replica).
-    pub async fn acquire_prompt(
-        &self,
-        lane: Lane,
-        tokens: u32,
-        prompt: u32,
-    ) -> Result<LaneGuard, AdmissionError> {
-        self.acquire_for(lane, tokens, prompt, None).await
-    }
-
-    /// [`Admission::acquire_prompt`] for `tenant`: a queue gives waiting tenants turns by their
-    /// shares ([`LocalAdmission::acquire_for`]; with Redis, each replica's lines,
-    /// [`RedisAdmission::acquire_for`]).
-    pub async fn acquire_for(
-        &self,
-        lane: Lane,
-        tokens: u32,
-        prompt: u32,
-        tenant: Option<&str>,
-    ) -> Result<LaneGuard, AdmissionError> {
-        match self {
-            Admission::Local(local) => local.acquire_for(lane, tokens, prompt, tenant).await,
-            Admission::Redis(redis) => redis.acquire_for(lane, tokens, prompt, tenant).await,
-        }
+    /// Waits for `ask`'s seat, tokens and prefill room; see [`Backend::acquire`] (and
+    /// [`LocalAdmission::acquire`], [`RedisAdmission::acquire`]: the same contract, fleet-wide).
+    pub async fn acquire(&self, ask: Ask<'_>) -> Result<LaneGuard, AdmissionError> {
+        self.backend().acquire(ask).await
     }
 
     /// The shared quota, when Redis is the backend (background jobs then take their seats
@@ -188,29 +157,18 @@ impl Admission {
         }
     }
 
-    /// Puts the limits of `config` in force (a reload): lane limits, budgets, seats, ceilings,
-    /// lending, queues, tenant shares. Running requests keep their seats; a lane above a
-    /// lowered limit admits no one until it is under it. The policy and backend stay.
-    pub fn set_limits(&self, config: &Config) {
-        match self {
-            Admission::Local(local) => local.set_limits(config),
-            Admission::Redis(redis) => redis.set_limits(config),
-        }
+    /// Puts the limits of `config` in force (a reload); see [`Backend::set_limits`].
+    pub fn set_limits(&self, config: &Config, force: bool) -> LimitsChange {
+        self.backend().set_limits(config, force)
     }
 
     /// Consistent counters of every lane, for metrics.
     pub fn snapshot(&self) -> AdmissionSnapshot {
-        match self {
-            Admission::Local(local) => local.snapshot(),
-            Admission::Redis(redis) => redis.snapshot(),
-        }
+        self.backend().snapshot()
     }
 
     /// The policy in force.
     pub fn policy(&self) -> Policy {
-        match self {
-            Admission::Local(local) => local.policy(),
-            Admission::Redis(redis) => redis.policy(),
-        }
+        self.backend().policy()
     }
 }

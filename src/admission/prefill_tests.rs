@@ -38,13 +38,16 @@ fn spawn(
     prompt: u32,
 ) -> tokio::task::JoinHandle<Result<LaneGuard, AdmissionError>> {
     let a = a.clone();
-    tokio::spawn(async move { a.acquire_prompt(lane, work, prompt).await })
+    tokio::spawn(async move { a.acquire(Ask::new(lane, work).with_prefill(prompt)).await })
 }
 
 #[tokio::test(start_paused = true)]
 async fn prefill_comes_back_at_the_first_token_and_the_seat_stays() {
     let a = admission("");
-    let mut g = a.acquire_prompt(Large, 10_000, 8_000).await.unwrap();
+    let mut g = a
+        .acquire(Ask::new(Large, 10_000).with_prefill(8_000))
+        .await
+        .unwrap();
     assert_eq!(g.prefill(), 8_000);
     assert_eq!(prefill(&a), 8_000);
     g.prefill_done();
@@ -65,7 +68,10 @@ async fn prefill_comes_back_at_the_first_token_and_the_seat_stays() {
 async fn prefill_comes_back_when_the_request_ends_before_its_first_token() {
     // Error, engine error, disconnect during prefill: the guard drops without a first token.
     let a = admission("");
-    let g = a.acquire_prompt(Large, 12_000, 10_000).await.unwrap();
+    let g = a
+        .acquire(Ask::new(Large, 12_000).with_prefill(10_000))
+        .await
+        .unwrap();
     let waiter = spawn(&a, Medium, 6_000, 5_000);
     settle().await;
     assert_eq!(a.snapshot().lane(Medium).queue_depth, 1);
@@ -79,7 +85,10 @@ async fn prefill_comes_back_when_the_request_ends_before_its_first_token() {
 #[tokio::test(start_paused = true)]
 async fn long_prompts_wait_for_prefill_room_in_fifo_order_holding_no_seat() {
     let a = admission("");
-    let mut first = a.acquire_prompt(Large, 10_000, 8_000).await.unwrap();
+    let mut first = a
+        .acquire(Ask::new(Large, 10_000).with_prefill(8_000))
+        .await
+        .unwrap();
     let before = a.snapshot();
     // 8000 + 6000 > 12288: waits. 8000 + 3000 would fit, but it is behind the first long one.
     let b = spawn(&a, Medium, 7_000, 6_000);
@@ -108,15 +117,24 @@ async fn long_prompts_wait_for_prefill_room_in_fifo_order_holding_no_seat() {
 #[tokio::test(start_paused = true)]
 async fn short_prompts_never_wait_for_the_prefill_budget() {
     let a = admission("");
-    let _long = a.acquire_prompt(Large, 13_000, 12_000).await.unwrap();
+    let _long = a
+        .acquire(Ask::new(Large, 13_000).with_prefill(12_000))
+        .await
+        .unwrap();
     // A long medium prompt waits for prefill room...
     let held = spawn(&a, Medium, 8_000, 6_000);
     settle().await;
     assert_eq!(a.snapshot().lane(Medium).queue_depth, 1);
     // ...a short one of the same lane goes past it, and a short small one goes at once; both
     // are counted (the budget is exceeded by short prompts only).
-    let short_medium = a.acquire_prompt(Medium, 4_000, 2_048).await.unwrap();
-    let short_small = a.acquire_prompt(Small, 600, 500).await.unwrap();
+    let short_medium = a
+        .acquire(Ask::new(Medium, 4_000).with_prefill(2_048))
+        .await
+        .unwrap();
+    let short_small = a
+        .acquire(Ask::new(Small, 600).with_prefill(500))
+        .await
+        .unwrap();
     assert_eq!(short_medium.queue_wait(), Duration::ZERO);
     assert_eq!(short_medium.prefill_wait(), None);
     assert_eq!(short_small.prefill_wait(), None);
@@ -132,7 +150,10 @@ async fn short_prompts_never_wait_for_the_prefill_budget() {
 async fn a_waiter_short_of_seats_still_holds_back_short_prompts_behind_it() {
     // Strict FIFO per queue is unchanged for seats: only a wait for prefill room is passed.
     let a = admission("[admission]\nprefill_budget_tokens = 12288\n[lanes.large]\nmax_concurrency = 1\nceiling = 1\n");
-    let _running = a.acquire_prompt(Large, 9_000, 1_000).await.unwrap();
+    let _running = a
+        .acquire(Ask::new(Large, 9_000).with_prefill(1_000))
+        .await
+        .unwrap();
     let long = spawn(&a, Large, 9_000, 8_000);
     settle().await;
     let short = spawn(&a, Large, 9_000, 500);
@@ -145,7 +166,10 @@ async fn a_waiter_short_of_seats_still_holds_back_short_prompts_behind_it() {
 #[tokio::test(start_paused = true)]
 async fn a_prompt_larger_than_the_budget_runs_alone() {
     let a = admission("[admission]\nprefill_budget_tokens = 4096\n");
-    let mut short = a.acquire_prompt(Small, 600, 500).await.unwrap();
+    let mut short = a
+        .acquire(Ask::new(Small, 600).with_prefill(500))
+        .await
+        .unwrap();
     let big = spawn(&a, Large, 12_000, 10_000);
     settle().await;
     assert_eq!(a.snapshot().lane(Large).queue_depth, 1);
@@ -167,7 +191,10 @@ async fn a_prompt_larger_than_the_budget_runs_alone() {
 #[tokio::test(start_paused = true)]
 async fn the_prefill_wait_is_measured_from_when_only_prefill_room_was_missing() {
     let a = admission("");
-    let mut first = a.acquire_prompt(Large, 10_000, 8_000).await.unwrap();
+    let mut first = a
+        .acquire(Ask::new(Large, 10_000).with_prefill(8_000))
+        .await
+        .unwrap();
     assert_eq!(
         first.prefill_wait(),
         Some(Duration::ZERO),
@@ -187,8 +214,14 @@ async fn a_long_prompt_that_times_out_waiting_for_prefill_leaves_nothing_behind(
     let a = admission(
         "[admission]\nprefill_budget_tokens = 12288\n[lanes.medium]\nqueue_timeout_ms = 1000\n",
     );
-    let first = a.acquire_prompt(Large, 12_000, 10_000).await.unwrap();
-    let err = a.acquire_prompt(Medium, 7_000, 6_000).await.unwrap_err();
+    let first = a
+        .acquire(Ask::new(Large, 12_000).with_prefill(10_000))
+        .await
+        .unwrap();
+    let err = a
+        .acquire(Ask::new(Medium, 7_000).with_prefill(6_000))
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, AdmissionError::Timeout { lane: Medium, .. }),
         "{err}"
@@ -257,8 +290,14 @@ async fn long_prefill_in_flight_never_exceeds_the_budget_or_goes_negative() {
 #[tokio::test(start_paused = true)]
 async fn fifo_ignores_the_prefill_budget_but_counts_it() {
     let a = admission("[admission]\npolicy = \"fifo\"\nprefill_budget_tokens = 12288\n");
-    let g1 = a.acquire_prompt(Large, 12_000, 10_000).await.unwrap();
-    let g2 = a.acquire_prompt(Large, 12_000, 10_000).await.unwrap();
+    let g1 = a
+        .acquire(Ask::new(Large, 12_000).with_prefill(10_000))
+        .await
+        .unwrap();
+    let g2 = a
+        .acquire(Ask::new(Large, 12_000).with_prefill(10_000))
+        .await
+        .unwrap();
     assert_eq!(prefill(&a), 20_000);
     assert_eq!(g2.prefill_wait(), None);
     drop((g1, g2));
@@ -268,8 +307,14 @@ async fn fifo_ignores_the_prefill_budget_but_counts_it() {
 #[tokio::test(start_paused = true)]
 async fn budget_off_counts_prefill_and_nobody_waits() {
     let a = admission("[admission]\nprefill_budget_tokens = 0\n");
-    let g1 = a.acquire_prompt(Large, 12_000, 10_000).await.unwrap();
-    let g2 = a.acquire_prompt(Medium, 12_000, 10_000).await.unwrap();
+    let g1 = a
+        .acquire(Ask::new(Large, 12_000).with_prefill(10_000))
+        .await
+        .unwrap();
+    let g2 = a
+        .acquire(Ask::new(Medium, 12_000).with_prefill(10_000))
+        .await
+        .unwrap();
     assert_eq!(prefill(&a), 20_000);
     assert_eq!((g1.prefill_wait(), g2.prefill_wait()), (None, None));
 }

@@ -23,7 +23,7 @@ async fn settle() {
 #[tokio::test(start_paused = true)]
 async fn slot_and_tokens_come_back_on_drop() {
     let a = admission("");
-    let guard = a.acquire(Medium, 3000).await.unwrap();
+    let guard = a.acquire(Ask::new(Medium, 3000)).await.unwrap();
     let s = a.snapshot();
     assert_eq!(
         (s.lane(Medium).in_flight, s.lane(Medium).reserved_tokens),
@@ -37,14 +37,14 @@ async fn slot_and_tokens_come_back_on_drop() {
 #[tokio::test(start_paused = true)]
 async fn token_budget_blocks_a_request_even_when_slots_are_free() {
     let a = admission("[lanes.small]\nmax_tokens_in_flight = 2000\nqueue_timeout_ms = 1000\n");
-    let first = a.acquire(Small, 1200).await.unwrap();
+    let first = a.acquire(Ask::new(Small, 1200)).await.unwrap();
     // 31 small slots are free, but 1200 + 1000 > 2000 tokens.
-    let err = a.acquire(Small, 1000).await.unwrap_err();
+    let err = a.acquire(Ask::new(Small, 1000)).await.unwrap_err();
     assert!(
         matches!(err, AdmissionError::Timeout { lane: Small, .. }),
         "{err}"
     );
-    let fits = a.acquire(Small, 800).await.unwrap();
+    let fits = a.acquire(Ask::new(Small, 800)).await.unwrap();
     assert_eq!(a.snapshot().lane(Small).reserved_tokens, 2000);
     drop((first, fits));
     assert!(a.snapshot().is_idle());
@@ -56,28 +56,28 @@ async fn global_token_budget_spans_lanes() {
         "[upstream]\nmax_model_len = 8000\n[admission]\nmax_tokens_in_flight = 10000\n\
          [lanes.medium]\nqueue_timeout_ms = 1000\n",
     );
-    let _large = a.acquire(Large, 8000).await.unwrap();
+    let _large = a.acquire(Ask::new(Large, 8000)).await.unwrap();
     // The medium lane is empty and has budget, but the global budget has only 2000 left.
-    let err = a.acquire(Medium, 4000).await.unwrap_err();
+    let err = a.acquire(Ask::new(Medium, 4000)).await.unwrap_err();
     assert!(
         matches!(err, AdmissionError::Timeout { lane: Medium, .. }),
         "{err}"
     );
-    assert!(a.acquire(Medium, 2000).await.is_ok());
+    assert!(a.acquire(Ask::new(Medium, 2000)).await.is_ok());
 }
 
 #[tokio::test(start_paused = true)]
 async fn queue_full_answers_queue_full_with_retry_after() {
     let a =
         admission("[lanes.large]\nmax_concurrency = 1\nqueue_len = 1\nqueue_timeout_ms = 2500\n");
-    let _running = a.acquire(Large, 8000).await.unwrap();
+    let _running = a.acquire(Ask::new(Large, 8000)).await.unwrap();
     let waiter = tokio::spawn({
         let a = a.clone();
-        async move { a.acquire(Large, 8000).await.map(|g| g.lane()) }
+        async move { a.acquire(Ask::new(Large, 8000)).await.map(|g| g.lane()) }
     });
     settle().await;
     assert_eq!(a.snapshot().lane(Large).queue_depth, 1);
-    let err = a.acquire(Large, 8000).await.unwrap_err();
+    let err = a.acquire(Ask::new(Large, 8000)).await.unwrap_err();
     assert_eq!(
         err,
         AdmissionError::QueueFull {
@@ -86,15 +86,15 @@ async fn queue_full_answers_queue_full_with_retry_after() {
         }
     );
     // Other lanes' queues are separate.
-    assert!(a.acquire(Medium, 100).await.is_ok());
+    assert!(a.acquire(Ask::new(Medium, 100)).await.is_ok());
     waiter.abort();
 }
 
 #[tokio::test(start_paused = true)]
 async fn zero_length_queue_rejects_at_once() {
     let a = admission("[lanes.large]\nmax_concurrency = 1\nqueue_len = 0\n");
-    let _running = a.acquire(Large, 100).await.unwrap();
-    let err = a.acquire(Large, 100).await.unwrap_err();
+    let _running = a.acquire(Ask::new(Large, 100)).await.unwrap();
+    let err = a.acquire(Ask::new(Large, 100)).await.unwrap_err();
     assert!(
         matches!(err, AdmissionError::QueueFull { retry_after, .. } if retry_after >= Duration::from_secs(1))
     );
@@ -105,9 +105,9 @@ async fn waiting_past_the_queue_timeout_gives_timeout_and_leaves_the_queue() {
     let a = admission(
         "[admission]\npolicy = \"strict\"\n[lanes.small]\nmax_concurrency = 1\nqueue_timeout_ms = 5000\n",
     );
-    let running = a.acquire(Small, 100).await.unwrap();
+    let running = a.acquire(Ask::new(Small, 100)).await.unwrap();
     let started = tokio::time::Instant::now();
-    let err = a.acquire(Small, 100).await.unwrap_err();
+    let err = a.acquire(Ask::new(Small, 100)).await.unwrap_err();
     assert_eq!(
         err,
         AdmissionError::Timeout {
@@ -124,10 +124,10 @@ async fn waiting_past_the_queue_timeout_gives_timeout_and_leaves_the_queue() {
 #[tokio::test(start_paused = true)]
 async fn a_queued_request_is_admitted_when_a_slot_frees_and_records_its_wait() {
     let a = admission("[lanes.large]\nmax_concurrency = 1\n");
-    let running = a.acquire(Large, 100).await.unwrap();
+    let running = a.acquire(Ask::new(Large, 100)).await.unwrap();
     let waiter = tokio::spawn({
         let a = a.clone();
-        async move { a.acquire(Large, 200).await }
+        async move { a.acquire(Ask::new(Large, 200)).await }
     });
     settle().await;
     tokio::time::advance(Duration::from_secs(3)).await;
@@ -140,10 +140,10 @@ async fn a_queued_request_is_admitted_when_a_slot_frees_and_records_its_wait() {
 #[tokio::test(start_paused = true)]
 async fn cancelled_waiter_leaves_the_queue_and_leaks_nothing() {
     let a = admission("[lanes.large]\nmax_concurrency = 1\n");
-    let running = a.acquire(Large, 100).await.unwrap();
+    let running = a.acquire(Ask::new(Large, 100)).await.unwrap();
     let waiter = tokio::spawn({
         let a = a.clone();
-        async move { a.acquire(Large, 100).await }
+        async move { a.acquire(Ask::new(Large, 100)).await }
     });
     settle().await;
     assert_eq!(a.snapshot().lane(Large).queue_depth, 1);
@@ -153,16 +153,16 @@ async fn cancelled_waiter_leaves_the_queue_and_leaks_nothing() {
     drop(running);
     assert!(a.snapshot().is_idle());
     // The freed slot is usable: nobody phantom holds it.
-    assert!(a.acquire(Large, 100).await.is_ok());
+    assert!(a.acquire(Ask::new(Large, 100)).await.is_ok());
 }
 
 #[tokio::test(start_paused = true)]
 async fn waiter_cancelled_right_after_its_grant_gives_the_grant_back() {
     let a = admission("[lanes.large]\nmax_concurrency = 1\n");
-    let running = a.acquire(Large, 100).await.unwrap();
+    let running = a.acquire(Ask::new(Large, 100)).await.unwrap();
     let waiter = tokio::spawn({
         let a = a.clone();
-        async move { a.acquire(Large, 100).await }
+        async move { a.acquire(Ask::new(Large, 100)).await }
     });
     settle().await;
     drop(running); // grants the slot to the waiter, whose task has not run since
@@ -175,15 +175,15 @@ async fn waiter_cancelled_right_after_its_grant_gives_the_grant_back() {
 #[tokio::test(start_paused = true)]
 async fn cancelling_a_blocking_head_lets_the_next_waiter_in() {
     let a = admission("[lanes.medium]\nmax_tokens_in_flight = 10000\n");
-    let _held = a.acquire(Medium, 6000).await.unwrap();
+    let _held = a.acquire(Ask::new(Medium, 6000)).await.unwrap();
     let big = tokio::spawn({
         let a = a.clone();
-        async move { a.acquire(Medium, 5000).await }
+        async move { a.acquire(Ask::new(Medium, 5000)).await }
     });
     settle().await;
     let small = tokio::spawn({
         let a = a.clone();
-        async move { a.acquire(Medium, 1000).await }
+        async move { a.acquire(Ask::new(Medium, 1000)).await }
     });
     settle().await;
     // Strict FIFO: 1000 would fit, but waits behind the head that does not.
@@ -199,7 +199,7 @@ async fn panic_while_holding_a_guard_gives_everything_back() {
     let task = tokio::spawn({
         let a = a.clone();
         async move {
-            let _guard = a.acquire(Large, 9000).await.unwrap();
+            let _guard = a.acquire(Ask::new(Large, 9000)).await.unwrap();
             panic!("handler bug while streaming");
         }
     });
@@ -215,18 +215,20 @@ async fn small_requests_are_admitted_while_large_ones_queue() {
     );
     let mut large = Vec::new();
     for _ in 0..4 {
-        large.push(a.acquire(Large, 8000).await.unwrap());
+        large.push(a.acquire(Ask::new(Large, 8000)).await.unwrap());
     }
     let mut queued = Vec::new();
     for _ in 0..6 {
         let a = a.clone();
-        queued.push(tokio::spawn(async move { a.acquire(Large, 8000).await }));
+        queued.push(tokio::spawn(async move {
+            a.acquire(Ask::new(Large, 8000)).await
+        }));
     }
     settle().await;
     assert_eq!(a.snapshot().lane(Large).queue_depth, 6);
     let mut small = Vec::new();
     for _ in 0..32 {
-        let guard = a.acquire(Small, 420).await.unwrap();
+        let guard = a.acquire(Ask::new(Small, 420)).await.unwrap();
         assert_eq!(guard.queue_wait(), Duration::ZERO);
         small.push(guard);
     }
@@ -244,7 +246,7 @@ async fn large_never_exceeds_its_max_concurrency() {
     for i in 0..40u64 {
         let (a, now, peak) = (a.clone(), now.clone(), peak.clone());
         tasks.push(tokio::spawn(async move {
-            let _guard = a.acquire(Large, 9000).await.unwrap();
+            let _guard = a.acquire(Ask::new(Large, 9000)).await.unwrap();
             let n = now.fetch_add(1, Ordering::SeqCst) + 1;
             peak.fetch_max(n, Ordering::SeqCst);
             assert!(a.snapshot().lane(Large).in_flight <= cap);
@@ -262,7 +264,7 @@ async fn large_never_exceeds_its_max_concurrency() {
 #[tokio::test(start_paused = true)]
 async fn reservations_that_can_never_fit_are_refused_at_once() {
     let a = admission("");
-    let err = a.acquire(Small, 150_000).await.unwrap_err();
+    let err = a.acquire(Ask::new(Small, 150_000)).await.unwrap_err();
     assert_eq!(
         err,
         AdmissionError::TooLarge {
@@ -277,13 +279,13 @@ async fn reservations_that_can_never_fit_are_refused_at_once() {
 async fn fifo_is_one_queue_in_arrival_order_across_lanes() {
     let a = admission("[admission]\npolicy = \"fifo\"\n[admission.fifo]\nmax_concurrency = 1\n");
     assert_eq!(a.policy(), crate::config::Policy::Fifo);
-    let running = a.acquire(Large, 16_000).await.unwrap();
+    let running = a.acquire(Ask::new(Large, 16_000)).await.unwrap();
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for lane in [Large, Small, Medium] {
         let (a, order) = (a.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
-            let guard = a.acquire(lane, 10).await.unwrap();
+            let guard = a.acquire(Ask::new(lane, 10)).await.unwrap();
             order.lock().unwrap().push(lane);
             drop(guard);
         }));
@@ -306,7 +308,7 @@ async fn unlimited_fifo_admits_everything_at_once_and_counts_per_lane() {
     let mut guards = Vec::new();
     for i in 0..300 {
         let lane = Lane::ALL[i % 3];
-        guards.push(a.acquire(lane, 16_000).await.unwrap());
+        guards.push(a.acquire(Ask::new(lane, 16_000)).await.unwrap());
     }
     let s = a.snapshot();
     assert_eq!(s.lane(Large).in_flight, 100);

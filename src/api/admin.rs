@@ -1,7 +1,7 @@
 //! `/admin/*` on the admin listener (`server.admin_listen`, never the public one): operators'
 //! actions. `POST /admin/reload` re-reads the config file (as `SIGHUP` does; see
 //! [`crate::pipeline::reload`]) and answers what it did: 200 with `{"status":"applied",
-//! "changed":[…],"left_alone":[…],"sha256":…}`, or 400 (`invalid`: every problem of the file
+//! "changed":[…],"left_alone":[…],"sha256":…,"limits":…,"limits_written":…}`, or 400 (`invalid`: every problem of the file
 //! listed) / 500 (`failed`) with the reason, the old configuration staying in force.
 //!
 //! Every request to the admin listener passes [`guard`] first: no browser can drive it (a
@@ -14,13 +14,14 @@
 // The request path: a client's number never wraps (checked or saturating arithmetic only).
 #![deny(clippy::arithmetic_side_effects)]
 
-use axum::extract::{Request, State};
+use axum::extract::{RawQuery, Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::cors::is_json;
+use crate::admission::LimitsChange;
 use crate::error::GatewayError;
 use crate::pipeline::reload::{self, ReloadError};
 use crate::pipeline::AppState;
@@ -66,16 +67,24 @@ pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> R
     next.run(req).await
 }
 
-/// `POST /admin/reload`.
-pub async fn reload(State(state): State<AppState>) -> Response {
+/// `POST /admin/reload` (`?force=true`: the file's limits replace a shared record that
+/// `tutor-gateway limits push` wrote).
+pub async fn reload(State(state): State<AppState>, RawQuery(query): RawQuery) -> Response {
+    let force = match query.as_deref().map(force_param) {
+        None => false,
+        Some(Ok(force)) => force,
+        Some(Err(e)) => return e.into_response(),
+    };
     // Reading and checking the file, and loading a tokenizer, block: off the async workers.
-    let done = tokio::task::spawn_blocking(move || reload::reload(&state)).await;
+    let done = tokio::task::spawn_blocking(move || reload::reload(&state, force)).await;
     match done {
         Ok(Ok(r)) => axum::Json(json!({
             "status": "applied",
             "changed": r.changed,
             "left_alone": r.left_alone,
             "sha256": r.sha256,
+            "limits": r.limits.describe(),
+            "limits_written": matches!(r.limits, LimitsChange::Pushing | LimitsChange::InForce),
         }))
         .into_response(),
         Ok(Err(e)) => {
@@ -99,4 +108,22 @@ pub async fn reload(State(state): State<AppState>) -> Response {
         }
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
+}
+
+/// `force=true|false` (`1`/`0`), the reload's only parameter.
+fn force_param(query: &str) -> Result<bool, GatewayError> {
+    let mut force = false;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        force = match pair {
+            "force=true" | "force=1" | "force" => true,
+            "force=false" | "force=0" => false,
+            _ => {
+                return Err(GatewayError::bad_request(
+                    "POST /admin/reload takes one parameter: force=true or force=false",
+                    Some("force"),
+                ))
+            }
+        };
+    }
+    Ok(force)
 }

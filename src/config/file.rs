@@ -14,6 +14,7 @@ use super::admission::{self, AdmissionConfig, LanesConfig, Policy, RawAdmission,
 use super::auth::{self, AuthConfig, RawAuth};
 use super::check::Checker;
 use super::classify::{self, ClassifyConfig, RawClassify};
+use super::course::CourseConfig;
 use super::error::ConfigError;
 use super::fields::{self, FieldsConfig, RawFields};
 use super::jobs::{self, JobsConfig, RawJobs};
@@ -24,7 +25,6 @@ use super::server::{self, RawServer, ServerConfig};
 use super::telemetry::{self, RawTelemetry, TelemetryConfig};
 use super::upstream::{self, RawUpstream, UpstreamConfig};
 use crate::lane::Lane;
-use crate::prompt::Course;
 
 /// Default `listen`.
 const LISTEN: &str = "127.0.0.1:8080";
@@ -109,8 +109,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// `[prefix_cache]`.
     pub prefix_cache: PrefixCacheConfig,
-    /// `[courses.<id>]`: each course's stable prefix, by id.
-    pub courses: BTreeMap<String, Course>,
+    /// `[courses.<id>]`: each course, checked, by id (its prompt: `crate::prompt::Course`).
+    pub courses: BTreeMap<String, CourseConfig>,
 }
 
 /// Turns the raw file into a typed [`Config`], or lists every problem found.

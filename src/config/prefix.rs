@@ -1,11 +1,12 @@
 //! `[prefix_cache]` and `[courses.<id>]`: canonical prompts and the prefix-cache view (M17-M20).
 //!
 //! A course's stable parts (`version`, `instructions`, `rubric`, `safety`, `tools`) are checked
-//! for placeholders ([`crate::prompt::find_placeholder`]): a course whose prefix would differ per
+//! for placeholders ([`find_placeholder`]): a course whose prefix would differ per
 //! student or per request is refused, with the dotted path of the offending key.
 //!
 //! Owns [`RawPrefixCache`], [`RawCourse`] and [`PrefixCacheConfig`], their defaults and
-//! validation; the typed course is [`crate::prompt::Course`]. A course's `focus*` keys (M11)
+//! validation; the checked course is [`CourseConfig`] (its prompt, `crate::prompt::Course`, is
+//! built from it by the prompt layer). A course's `focus*` keys (M11)
 //! are not part of its prefix: they become its [`FocusSettings`].
 
 use std::collections::BTreeMap;
@@ -15,8 +16,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::check::Checker;
-use crate::prompt::focus::{self, FocusMode, FocusSettings};
-use crate::prompt::{find_placeholder, Course};
+use super::course::{self as focus, CourseConfig, FocusMode, FocusSettings};
+use super::placeholders::find_placeholder;
 
 /// Default `prefix_cache.canonicalize_tools`.
 const CANONICALIZE_TOOLS: bool = true;
@@ -126,11 +127,11 @@ pub(super) fn prefix_cache(c: &mut Checker, raw: RawPrefixCache) -> PrefixCacheC
     }
 }
 
-/// Validates `[courses.<id>]` and builds each course's stable prefix.
+/// Validates `[courses.<id>]` (the prompt layer builds each one's stable prefix from it).
 pub(super) fn courses(
     c: &mut Checker,
     raw: BTreeMap<String, RawCourse>,
-) -> BTreeMap<String, Course> {
+) -> BTreeMap<String, CourseConfig> {
     let mut out = BTreeMap::new();
     for (id, course) in raw {
         let path = format!("courses.{id}");
@@ -182,9 +183,9 @@ pub(super) fn courses(
         };
         let focus = course_focus(c, &path, &course);
         if ok {
-            let built = Course::build(&id, &version, &instructions, &rubric, &safety, tools)
+            let checked = CourseConfig::new(&id, &version, &instructions, &rubric, &safety, tools)
                 .with_focus(focus);
-            out.insert(id, built);
+            out.insert(id, checked);
         }
     }
     out

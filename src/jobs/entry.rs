@@ -1,5 +1,6 @@
 //! One job: its status, its text as it streams, its answer or error, its webhook attempts, and
-//! the channel that tells its event streams something changed.
+//! the channel that tells its event streams something changed (the in-process store's record;
+//! [`Status`], [`Answer`], [`Webhook`] and [`Ended`] are both backends' words).
 //!
 //! Everything mutable sits behind one short mutex; every change bumps a `watch` version, so an
 //! event stream that wakes up reads all that happened since it last looked and misses nothing.
@@ -259,4 +260,18 @@ impl Entry {
 pub fn unix(t: SystemTime) -> f64 {
     let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     (d.as_millis() as f64) / 1000.0
+}
+
+/// How a run of a job ended (what the runner hands its backend).
+#[derive(Debug)]
+pub enum Ended {
+    /// The stream completed: the answer.
+    Done(Answer),
+    /// The engine or the gateway failed it: `(code, message)`.
+    Failed(&'static str, String),
+    /// `DELETE /jobs/{id}`.
+    Cancelled,
+    /// The gateway is shutting down: in Redis the job goes back to the queue for another
+    /// replica; in process it has nowhere to go and ends cancelled.
+    HandedBack,
 }

@@ -23,16 +23,11 @@
 // The request path: a client's number never wraps (checked or saturating arithmetic only).
 #![deny(clippy::arithmetic_side_effects)]
 
-use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
-use futures::Stream;
 use serde_json::json;
-use tokio::sync::watch;
 
-use super::entry::{Answer, Entry, Status};
+use super::entry::Status;
 
 /// The id of a job stream's last event; a request that resumes after it gets 204.
 pub const END_ID: &str = "end";
@@ -68,61 +63,11 @@ pub fn parse_piece_id(id: &str) -> Option<(u64, usize)> {
 /// How long an idle stream waits before a keep-alive comment.
 pub const KEEPALIVE: Duration = Duration::from_secs(15);
 
-struct Cursor {
-    entry: Arc<Entry>,
-    rx: watch::Receiver<u64>,
-    out: Render,
-}
-
-/// The event stream of `entry`, starting after piece `from`.
-pub fn stream(
-    entry: Arc<Entry>,
-    from: usize,
-) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
-    let rx = entry.watch();
-    let cursor = Cursor {
-        out: Render::new(entry.id.clone(), from),
-        entry,
-        rx,
-    };
-    futures::stream::unfold(cursor, |mut c| async move {
-        loop {
-            if c.out.ended {
-                return None;
-            }
-            c.rx.borrow_and_update();
-            let out = c.render();
-            if !out.is_empty() {
-                return Some((Ok(Bytes::from(out)), c));
-            }
-            match tokio::time::timeout(KEEPALIVE, c.rx.changed()).await {
-                Ok(Ok(())) => {}
-                // The job is gone (forgotten): nothing more will come.
-                Ok(Err(_)) => return None,
-                Err(_) => return Some((Ok(Bytes::from_static(KEEPALIVE_COMMENT)), c)),
-            }
-        }
-    })
-}
-
-impl Cursor {
-    fn render(&mut self) -> String {
-        let s = self.entry.lock();
-        let pieces = (self.out.sent..s.ends.len()).map(|i| {
-            let start = i.checked_sub(1).map_or(0, |p| s.ends[p]);
-            &s.text[start..s.ends[i]]
-        });
-        let done = s.answer.as_ref().map(Answer::to_json);
-        let error = s.error.as_ref().map(|(c, m)| (*c, m.as_str()));
-        self.out.render(s.status, pieces, done.as_ref(), error)
-    }
-}
-
 /// The keep-alive comment an idle stream sends.
 pub const KEEPALIVE_COMMENT: &[u8] = b": keep-alive\n\n";
 
 /// Renders a job's events from what changed since the last call: the one renderer of both
-/// stores (in process, and shared in Redis).
+/// backends (each reads its store: `local/events.rs`, `redis/events.rs`).
 #[derive(Debug)]
 pub struct Render {
     id: String,

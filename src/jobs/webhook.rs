@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime};
 use rand::Rng;
 use serde_json::Value;
 
-use super::entry::{unix, Attempt, Entry, Webhook};
-use super::Jobs;
+use super::context::Context;
+use super::entry::{unix, Attempt, Webhook};
 use crate::config::{JobsConfig, WebhookPattern};
 use crate::error::GatewayError;
 use crate::sign::hmac_hex;
@@ -142,34 +142,19 @@ pub fn signature(secret: &[u8], t: u64, body: &[u8]) -> String {
     format!("t={t},v1={mac}")
 }
 
-/// Delivers `entry`'s result to its `notify` URL, retrying as configured; each attempt is
-/// recorded in the job and counted.
-pub async fn deliver(jobs: Jobs, entry: Arc<Entry>) {
-    let Some(url) = entry.lock().notify.clone() else {
-        return;
-    };
-    let body = entry.view(None).to_string();
-    send(&jobs, &entry.id, url, body, |webhook| {
-        entry.update(|s| s.webhook = webhook);
-        async {}
-    })
-    .await;
-}
-
 /// POSTs `body`, job `id`'s result, to `url`, signed and retried as configured; after each
 /// attempt `record` gets the webhook's state so far (kept with the job) and the attempt is
 /// counted.
-pub async fn send<F, Fut>(jobs: &Jobs, id: &str, url: reqwest::Url, body: String, mut record: F)
+pub async fn send<F, Fut>(ctx: &Context, id: &str, url: reqwest::Url, body: String, mut record: F)
 where
     F: FnMut(Webhook) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let inner = &jobs.0;
-    let config = &inner.config;
+    let config = &ctx.config;
     let Some(secret) = config.webhook_secret.as_ref().map(|s| s.expose()) else {
         return;
     };
-    let metrics = inner.state.metrics().jobs();
+    let metrics = ctx.metrics();
     let mut webhook = Webhook::default();
     let mut backoff = config.webhook_backoff;
     for attempt in 1..=config.webhook_attempts {
@@ -178,7 +163,7 @@ where
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs();
-        let sent = inner
+        let sent = ctx
             .http
             .post(url.clone())
             .header("content-type", "application/json")
@@ -219,7 +204,7 @@ where
         let wait = jittered(backoff);
         backoff = backoff.saturating_mul(2);
         tokio::select! {
-            _ = inner.stop.cancelled() => return,
+            _ = ctx.stop.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }
     }

@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::classify::Ready;
 use super::ctx::RequestCtx;
 use super::respond::refused;
-use crate::admission::LaneGuard;
+use crate::admission::{Ask, LaneGuard};
 use crate::error::GatewayError;
 use crate::lane::Lane;
 use crate::telemetry::RequestRecord;
@@ -87,11 +87,10 @@ pub async fn admit(
         Err(e) => return Err(refused(record, e)),
     };
     let tenant = ready.tenant.clone();
-    let acquire = ctx.admission().acquire_for(
-        ready.class.lane,
-        ready.class.work,
-        ready.prefill,
-        tenant.as_ref().map(|t| t.0.as_str()),
+    let acquire = ctx.admission().acquire(
+        Ask::new(ready.class.lane, ready.class.work)
+            .with_prefill(ready.prefill)
+            .for_tenant(tenant.as_ref().map(|t| t.0.as_str())),
     );
     tokio::pin!(acquire);
     let deadline = match divert {

@@ -19,6 +19,7 @@ use super::state::{AppState, Live, QueuedBytes};
 use crate::admission::{Admission, SessionLedger};
 use crate::classify::{Classifier, LaneRules};
 use crate::config::Config;
+use crate::prompt::Course;
 use crate::telemetry::{Metrics, RequestRecord, Route};
 use crate::upstream::UpstreamClient;
 
@@ -43,6 +44,11 @@ impl RequestCtx {
     /// The configuration in force at the request's entry.
     pub fn config(&self) -> &Config {
         &self.live.config
+    }
+
+    /// Course `id`'s prompt under that configuration, if there is such a course.
+    pub fn course(&self, id: &str) -> Option<&Course> {
+        self.live.courses.get(id)
     }
 
     /// The lane classifier of that configuration (its token counter and blocking pool too).

@@ -21,7 +21,6 @@ use super::parse::{self, AnswerRequest, OpenAiRequest};
 use super::tenant::Tenant;
 use crate::admission::session::SessionId;
 use crate::classify::{PromptInput, TokenCounter};
-use crate::config::Config;
 use crate::error::GatewayError;
 use crate::prompt::focus::{self, Focus, FocusMode, FocusSettings};
 use crate::prompt::{canonical_value, student_messages, StudentMaterial};
@@ -72,7 +71,7 @@ pub async fn answer_request(
     let (messages_json, tools) = match course_id.as_deref() {
         None => (messages_json, None),
         Some(id) => {
-            let settings = config.courses.get(id).map(|c| c.focus.clone());
+            let settings = ctx.course(id).map(|c| c.focus.clone());
             let with_code = material.filter(|m| !m.sources().is_empty());
             if let (Some(settings), Some(mut material)) = (settings, with_code) {
                 let f = focus_code(ctx, settings, &material).await;
@@ -82,7 +81,7 @@ pub async fn answer_request(
                 }
                 focused = Some(f);
             }
-            with_course(config, id, messages_json)?
+            with_course(ctx, id, messages_json)?
         }
     };
     // What is sent is what is counted: every message checked as the template will render it.
@@ -147,11 +146,11 @@ async fn focus_code(ctx: &RequestCtx, settings: FocusSettings, m: &StudentMateri
 
 /// Course `id`'s messages (stable prefix first, then `student`) and its tools.
 fn with_course(
-    config: &Config,
+    ctx: &RequestCtx,
     id: &str,
     student: Value,
 ) -> Result<(Value, Option<Value>), GatewayError> {
-    let Some(course) = config.courses.get(id) else {
+    let Some(course) = ctx.course(id) else {
         return Err(GatewayError::bad_request(
             "unknown course_id: no [courses.<id>] with this id is configured",
             Some("course_id"),

@@ -23,6 +23,7 @@
 use std::path::Path;
 
 use super::state::AppState;
+use crate::admission::LimitsChange;
 use crate::classify::Classifier;
 use crate::config::{Config, ConfigError};
 
@@ -57,6 +58,9 @@ pub struct Reloaded {
     pub left_alone: Vec<&'static str>,
     /// Short SHA-256 of the configuration now in force.
     pub sha256: String,
+    /// What became of the admission limits (with Redis: whether the shared record was
+    /// written; a record from `limits push` is replaced only with force).
+    pub limits: LimitsChange,
 }
 
 /// Why a reload was refused (the old configuration stays).
@@ -92,14 +96,14 @@ pub fn reload_file(state: &AppState, path: &Path) -> Result<Reloaded, ReloadErro
 }
 
 /// Re-reads the file the gateway started from ([`AppState::config_source`]), with the command
-/// line's overrides applied again.
-pub fn reload(state: &AppState) -> Result<Reloaded, ReloadError> {
+/// line's overrides applied again. `force`: see [`apply`].
+pub fn reload(state: &AppState, force: bool) -> Result<Reloaded, ReloadError> {
     let result = match state.config_source() {
         Some(source) => Config::load(&source.path)
             .map_err(ReloadError::from)
             .and_then(|mut config| {
                 (source.overrides)(&mut config);
-                apply(state, config)
+                apply_with(state, config, force)
             }),
         None => Err(ReloadError::NoFile),
     };
@@ -119,8 +123,12 @@ fn counted(
                 changed = ?r.changed,
                 left_alone = ?r.left_alone,
                 sha256 = %r.sha256,
+                limits = %r.limits.describe(),
                 "configuration reloaded"
             );
+            if let LimitsChange::KeptPushed { .. } = r.limits {
+                tracing::warn!(limits = %r.limits.describe(), "the reloaded limits are not shared");
+            }
             if !r.left_alone.is_empty() {
                 tracing::warn!(left_alone = ?r.left_alone, "these settings changed in the file but need a restart; their running values stay");
             }
@@ -133,8 +141,15 @@ fn counted(
     result
 }
 
-/// Puts `new` in force over the running configuration (see the module doc).
-pub fn apply(state: &AppState, mut new: Config) -> Result<Reloaded, ReloadError> {
+/// Puts `new` in force over the running configuration (see the module doc); not forced (see
+/// [`apply_with`]).
+pub fn apply(state: &AppState, new: Config) -> Result<Reloaded, ReloadError> {
+    apply_with(state, new, false)
+}
+
+/// [`apply`]. With the Redis quota, the shared limits record is written only when the limits
+/// changed, and a record written by `tutor-gateway limits push` is replaced only with `force`.
+pub fn apply_with(state: &AppState, mut new: Config, force: bool) -> Result<Reloaded, ReloadError> {
     let old = state.config();
     let left_alone = keep_fixed(&old, &mut new);
     let changed = changed_sections(&old, &new);
@@ -149,11 +164,12 @@ pub fn apply(state: &AppState, mut new: Config) -> Result<Reloaded, ReloadError>
             .map_err(|e| ReloadError::Build(format!("upstream client: {e}")))?
     };
     let sha256 = new.fingerprint();
-    state.swap(new, classifier, upstream);
+    let limits = state.swap(new, classifier, upstream, force);
     Ok(Reloaded {
         changed,
         left_alone,
         sha256,
+        limits,
     })
 }
 

@@ -1,16 +1,18 @@
 //! [`AppState`]: the services one request's journey uses, built at start-up; the configuration
-//! and what is built from it (classifier, upstream client, admission limits) change together on
+//! and what is built from it (courses' prompts, classifier, upstream client, admission limits) change together on
 //! a reload ([`AppState::swap`], see `crate::pipeline::reload`). A request does not read them
 //! here: its entry takes one snapshot of them (`RequestCtx::snapshot`, in `ctx.rs`) and every
 //! stage reads that.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
-use crate::admission::{Admission, SessionLedger};
+use crate::admission::{Admission, LimitsChange, SessionLedger};
 use crate::classify::Classifier;
 use crate::config::Config;
 use crate::error::GatewayError;
+use crate::prompt::Course;
 use crate::telemetry::{Metrics, RequestLog, RequestRecord, Route};
 use crate::upstream::UpstreamClient;
 
@@ -57,6 +59,8 @@ impl std::fmt::Debug for ConfigSource {
 #[derive(Debug)]
 pub(super) struct Live {
     pub(super) config: Arc<Config>,
+    /// Each course's prompt (stable prefix and focusing), built from `config` once.
+    pub(super) courses: BTreeMap<String, Course>,
     pub(super) classifier: Classifier,
     pub(super) upstream: UpstreamClient,
 }
@@ -137,6 +141,7 @@ impl AppState {
             sessions,
             queued_bytes: QueuedBytes::new(config.server.max_queued_bytes),
             live: RwLock::new(Arc::new(Live {
+                courses: Course::all(&config),
                 config: Arc::new(config),
                 classifier,
                 upstream,
@@ -186,16 +191,25 @@ impl AppState {
     /// queued bytes, the prefix-cache watch): requests that arrive from now on see them all;
     /// running ones keep what they had. Called by [`crate::config::reload`] once the new
     /// config is checked and built.
-    pub(crate) fn swap(&self, config: Config, classifier: Classifier, upstream: UpstreamClient) {
-        self.0.admission.set_limits(&config);
+    /// `force`: the admission limits replace a shared record written by `limits push` too.
+    pub(crate) fn swap(
+        &self,
+        config: Config,
+        classifier: Classifier,
+        upstream: UpstreamClient,
+        force: bool,
+    ) -> LimitsChange {
+        let limits = self.0.admission.set_limits(&config, force);
         self.0.queued_bytes.set_max(config.server.max_queued_bytes);
         self.0.metrics.prefix().configure(&config.prefix_cache);
         let live = Arc::new(Live {
+            courses: Course::all(&config),
             config: Arc::new(config),
             classifier,
             upstream,
         });
         *self.0.live.write().unwrap_or_else(PoisonError::into_inner) = live;
+        limits
     }
 
     /// A fresh record for a request that arrived now on `route`.

@@ -16,6 +16,7 @@ use axum::extract::rejection::BytesRejection;
 use super::ctx::RequestCtx;
 use super::parse;
 use super::tenant::Tenant;
+use crate::admission::Ask;
 use crate::error::GatewayError;
 use crate::lane::Lane;
 use crate::upstream::RawResponse;
@@ -41,11 +42,9 @@ pub async fn tokenize(
     drop(bytes);
     let guard = ctx
         .admission()
-        .acquire_for(
-            Lane::Small,
-            RESERVED_TOKENS,
-            0,
-            tenant.as_ref().map(|t| t.0.as_str()),
+        .acquire(
+            Ask::new(Lane::Small, RESERVED_TOKENS)
+                .for_tenant(tenant.as_ref().map(|t| t.0.as_str())),
         )
         .await?;
     drop(held);

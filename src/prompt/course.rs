@@ -23,10 +23,13 @@
 //! the prefix, so vLLM's prefix cache can reuse the prefix's KV blocks for every student. The
 //! code is the whole code, or the part of it [`super::focus`] chose for the stack trace.
 
+use std::collections::BTreeMap;
+
 use serde_json::{json, Value};
 
 use super::fingerprint::{canonical_json, canonical_value, fingerprint};
 use super::focus::{self, FocusSettings, Lang, SourceFile};
+use crate::config::{Config, CourseConfig};
 
 /// A course's stable prefix, built once from the config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,6 +80,28 @@ impl Course {
             fingerprint,
             focus: FocusSettings::default(),
         }
+    }
+
+    /// The stable prefix of a checked `[courses.<id>]`, with its focusing settings.
+    pub fn from_config(c: &CourseConfig) -> Self {
+        Self::build(
+            &c.id,
+            &c.version,
+            &c.instructions,
+            &c.rubric,
+            &c.safety,
+            c.tools.clone(),
+        )
+        .with_focus(c.focus.clone())
+    }
+
+    /// Every course of `config`, by id, built once per config (load and reload).
+    pub fn all(config: &Config) -> BTreeMap<String, Course> {
+        config
+            .courses
+            .iter()
+            .map(|(id, c)| (id.clone(), Self::from_config(c)))
+            .collect()
     }
 
     /// The same course with these focusing settings.

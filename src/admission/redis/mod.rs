@@ -76,11 +76,14 @@ mod shared;
 mod tasks;
 
 #[cfg(test)]
+mod limits_tests;
+#[cfg(test)]
 pub(crate) mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -89,12 +92,13 @@ use tokio_util::task::TaskTracker;
 pub use keys::Keys;
 pub(crate) use shared::LeaseRelease;
 
+use super::backend::{AdmissionHealth, Ask, Backend, LimitsChange};
 use super::budget::Limits;
 use super::{AdmissionError, AdmissionSnapshot, LaneGuard, LocalAdmission};
 use crate::config::{Config, OnRedisDown, Policy};
 use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
-use scripts::{LimitsRecord, Verdict};
+use scripts::{LimitsRecord, LimitsWrite, Verdict, PUSH_ORIGIN};
 use shared::{Shared, Take};
 
 /// How long a first request waits for the initial connection before counting Redis as down.
@@ -209,27 +213,23 @@ impl RedisAdmission {
             .clone()
     }
 
-    /// Puts the limits of `config` in force (a reload): they are pushed as the shared limits
-    /// record (a new version, which every replica's scripts enforce from their next call on and
-    /// which the others learn through the `released` channel); this replica's lines use the new
-    /// queue bounds and tenant shares, and its fallback the new divided limits. Leases held are
-    /// not touched.
-    pub fn set_limits(&self, config: &Config) {
-        self.shared.set_limits(LimitsRecord::from_config(config));
-        // Pushed now when a runtime is at hand, else by the next heartbeat.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let shared = self.shared.clone();
-            rt.spawn(async move {
-                if shared
-                    .push_limits
-                    .swap(false, std::sync::atomic::Ordering::AcqRel)
-                    && shared.write_limits(true).await.is_none()
-                {
-                    shared
-                        .push_limits
-                        .store(true, std::sync::atomic::Ordering::Release);
-                }
-            });
+    /// Puts the limits of `config` in force (a reload): this replica's lines use the new
+    /// queue bounds and tenant shares, and its fallback the new divided limits, at once. The
+    /// shared limits record (which every replica's scripts enforce from their next call on, and
+    /// the others learn through the `released` channel) is written as a new version only when
+    /// the limits differ from this replica's previous ones, and not over a record written by
+    /// `tutor-gateway limits push` unless `force`; the answer says which ([`LimitsChange`]).
+    /// Leases held are not touched.
+    pub fn set_limits(&self, config: &Config, force: bool) -> LimitsChange {
+        let change = self
+            .shared
+            .set_limits(LimitsRecord::from_config(config), force);
+        // Written now when a runtime is at hand, else by the next heartbeat.
+        if change == LimitsChange::Pushing {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                let shared = self.shared.clone();
+                rt.spawn(async move { shared.write_pending_limits().await });
+            }
         }
         *self
             .rules
@@ -243,6 +243,7 @@ impl RedisAdmission {
         for lane in Lane::ALL {
             self.shared.notify(Some(lane), false);
         }
+        change
     }
 
     /// The Redis client (for a module's own pub/sub subscription).
@@ -293,39 +294,24 @@ impl RedisAdmission {
         snap
     }
 
-    /// Waits for a lease in `lane` for `tokens`; the local-backend contract, fleet-wide.
+    /// Waits for a lease for `ask`; the local backend's contract ([`LocalAdmission::acquire`]),
+    /// fleet-wide. The prefill reservation of `ask.prefill` tokens is in the fleet's prefill
+    /// budget, given back at the first token ([`LaneGuard::prefill_done`]) or with the lease; a
+    /// long prompt under a budget waits for room in its lane's long-prompt line, holding
+    /// nothing. While it waits in this replica's line, the tenants there take turns in
+    /// proportion to their shares (`auth.tenant_shares`), FIFO within a tenant.
     ///
     /// Errors: [`AdmissionError::QueueFull`], [`AdmissionError::Timeout`],
     /// [`AdmissionError::TooLarge`], and [`AdmissionError::QuotaUnavailable`] when Redis is
     /// down under `fail_closed`. Cancel-safe: dropping the future leaves the line; a lease
     /// granted in that instant is released.
-    pub async fn acquire(&self, lane: Lane, tokens: u32) -> Result<LaneGuard, AdmissionError> {
-        self.acquire_prompt(lane, tokens, 0).await
-    }
-
-    /// [`RedisAdmission::acquire`] with a prefill reservation of `prompt` (estimated input)
-    /// tokens in the fleet's prefill budget, given back at the first token
-    /// ([`LaneGuard::prefill_done`]) or with the lease. A long prompt under a budget waits for
-    /// room in its lane's long-prompt line, holding nothing.
-    pub async fn acquire_prompt(
-        &self,
-        lane: Lane,
-        tokens: u32,
-        prompt: u32,
-    ) -> Result<LaneGuard, AdmissionError> {
-        self.acquire_for(lane, tokens, prompt, None).await
-    }
-
-    /// [`RedisAdmission::acquire_prompt`] for `tenant`: while it waits in this replica's line,
-    /// the tenants there take turns in proportion to their shares (`auth.tenant_shares`), FIFO
-    /// within a tenant, as in the local backend's queues.
-    pub async fn acquire_for(
-        &self,
-        lane: Lane,
-        tokens: u32,
-        prompt: u32,
-        tenant: Option<&str>,
-    ) -> Result<LaneGuard, AdmissionError> {
+    pub async fn acquire(&self, ask: Ask<'_>) -> Result<LaneGuard, AdmissionError> {
+        let Ask {
+            lane,
+            work: tokens,
+            prefill: prompt,
+            tenant,
+        } = ask;
         let rules = self.rules();
         rules.limits.admissible(lane, tokens)?;
         if self.shared.connection().is_none() && !self.shared.degraded() {
@@ -333,9 +319,9 @@ impl RedisAdmission {
             let _ = tokio::time::timeout(FIRST_CONNECT_WAIT, conn.wait_for(Option::is_some)).await;
         }
         if self.shared.degraded() {
-            return self.fall_back(lane, tokens, prompt, tenant).await;
+            return self.fall_back(ask).await;
         }
-        let ask = Asked {
+        let asked = Asked {
             lane,
             tokens,
             prompt,
@@ -346,15 +332,15 @@ impl RedisAdmission {
         let mut prefill_blocked = None;
         if line.waiting() == 0 {
             match self.shared.try_take(lane, tokens, prompt, false).await {
-                Take::Granted(id) => return Ok(self.guard(id, &ask, Duration::ZERO, None)),
+                Take::Granted(id) => return Ok(self.guard(id, &asked, Duration::ZERO, None)),
                 Take::Refused(verdict) => {
                     if verdict == Verdict::PrefillFull {
-                        prefill_blocked = Some(ask.started);
+                        prefill_blocked = Some(asked.started);
                     }
                 }
                 // One failed call is not an outage: wait in line and try again.
                 Take::Failed => {}
-                Take::Down => return self.fall_back(lane, tokens, prompt, tenant).await,
+                Take::Down => return self.fall_back(ask).await,
             }
         }
         let queue = rules.limits.queue(rules.limits.queue_of(lane));
@@ -375,8 +361,8 @@ impl RedisAdmission {
                 match self.shared.try_take(lane, tokens, prompt, true).await {
                     Take::Granted(id) => {
                         place.admitted();
-                        let waited = ask.started.elapsed();
-                        return Ok(self.guard(id, &ask, waited, prefill_blocked));
+                        let waited = asked.started.elapsed();
+                        return Ok(self.guard(id, &asked, waited, prefill_blocked));
                     }
                     Take::Down => return Err(()),
                     Take::Refused(Verdict::PrefillFull) => {
@@ -396,10 +382,10 @@ impl RedisAdmission {
         };
         match tokio::time::timeout(queue.timeout, wait).await {
             Ok(Ok(guard)) => Ok(guard),
-            Ok(Err(())) => self.fall_back(lane, tokens, prompt, tenant).await,
+            Ok(Err(())) => self.fall_back(ask).await,
             Err(_) => Err(AdmissionError::Timeout {
                 lane,
-                waited: ask.started.elapsed(),
+                waited: asked.started.elapsed(),
             }),
         }
     }
@@ -488,19 +474,13 @@ impl RedisAdmission {
         self.stop.cancel();
     }
 
-    async fn fall_back(
-        &self,
-        lane: Lane,
-        tokens: u32,
-        prompt: u32,
-        tenant: Option<&str>,
-    ) -> Result<LaneGuard, AdmissionError> {
+    async fn fall_back(&self, ask: Ask<'_>) -> Result<LaneGuard, AdmissionError> {
         match &self.shared.fallback {
             Some(local) => {
-                let guard = local.acquire_for(lane, tokens, prompt, tenant).await?;
+                let guard = local.acquire(ask).await?;
                 Ok(self.shared.fallback_guard(guard))
             }
-            None => Err(AdmissionError::QuotaUnavailable { lane }),
+            None => Err(AdmissionError::QuotaUnavailable { lane: ask.lane }),
         }
     }
 
@@ -522,6 +502,34 @@ impl RedisAdmission {
             .then(|| prefill_blocked.map_or(Duration::ZERO, |t| t.elapsed()));
         LaneGuard::new(Box::new(release), ask.lane, ask.tokens, waited)
             .with_prefill(ask.prompt, prefill_wait)
+    }
+}
+
+impl Backend for RedisAdmission {
+    fn acquire<'a>(&'a self, ask: Ask<'a>) -> BoxFuture<'a, Result<LaneGuard, AdmissionError>> {
+        Box::pin(RedisAdmission::acquire(self, ask))
+    }
+
+    fn set_limits(&self, config: &Config, force: bool) -> LimitsChange {
+        RedisAdmission::set_limits(self, config, force)
+    }
+
+    fn snapshot(&self) -> AdmissionSnapshot {
+        RedisAdmission::snapshot(self)
+    }
+
+    fn policy(&self) -> Policy {
+        RedisAdmission::policy(self)
+    }
+
+    fn health(&self) -> AdmissionHealth {
+        if !self.degraded() {
+            return AdmissionHealth::Ok;
+        }
+        match self.on_redis_down() {
+            OnRedisDown::FailOpen => AdmissionHealth::Degraded,
+            OnRedisDown::FailClosed => AdmissionHealth::Unavailable,
+        }
     }
 }
 
@@ -573,11 +581,21 @@ pub async fn push_limits(config: &Config) -> Result<u64, String> {
     .map_err(|_| format!("{}: no answer within 5 s", config.quota.redis_url))?
     .map_err(|e| format!("{}: {e}", config.quota.redis_url))?;
     let keys = Keys::new(&config.quota.key_prefix);
-    let (version, _) = scripts::Scripts::default()
-        .limits(&mut conn, &keys, true, &LimitsRecord::from_config(config))
+    let origin = match std::env::var("USER").or_else(|_| std::env::var("HOSTNAME")) {
+        Ok(who) if !who.is_empty() => format!("{PUSH_ORIGIN} by {who}"),
+        _ => PUSH_ORIGIN.to_owned(),
+    };
+    let reply = scripts::Scripts::default()
+        .limits(
+            &mut conn,
+            &keys,
+            LimitsWrite::Force,
+            &LimitsRecord::from_config(config),
+            &origin,
+        )
         .await
         .map_err(|e| format!("writing the limits record: {e}"))?;
-    Ok(version)
+    Ok(reply.version)
 }
 
 /// What [`RedisAdmission::take_with`] took.

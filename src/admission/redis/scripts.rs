@@ -103,9 +103,45 @@ impl LimitsRecord {
     }
 }
 
+/// How a limits record is written (`quota_limits_v2.lua`'s mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LimitsWrite {
+    /// Only where there is no record (a replica starting, or Redis lost it).
+    Ensure,
+    /// A replica's reloaded file: not over a record that `limits push` wrote.
+    Reload,
+    /// A reload with `force`, or `tutor-gateway limits push`: always.
+    Force,
+}
+
+impl LimitsWrite {
+    fn as_str(self) -> &'static str {
+        match self {
+            LimitsWrite::Ensure => "ensure",
+            LimitsWrite::Reload => "reload",
+            LimitsWrite::Force => "force",
+        }
+    }
+}
+
+/// The limits record after a write: its version and origin, and whether this call wrote it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitsReply {
+    /// The record's version.
+    pub version: u64,
+    /// Whether this call wrote it.
+    pub written: bool,
+    /// Who wrote the record in force (`start <replica>`, `reload <replica>`, `limits push ...`).
+    pub origin: String,
+}
+
+/// The origin `tutor-gateway limits push` writes: a record with it is reverted by a replica's
+/// reload only with `force`.
+pub const PUSH_ORIGIN: &str = "limits push";
+
 /// What one acquire call asks for.
 #[derive(Debug, Clone, Copy)]
-pub struct Ask<'a> {
+pub struct AcquireArgs<'a> {
     /// The lease id (`<replica>:<n>`); a retried call with the same id is granted once.
     pub id: &'a str,
     /// The lane.
@@ -185,7 +221,7 @@ impl Scripts {
         &self,
         conn: &mut C,
         keys: &Keys,
-        ask: &Ask<'_>,
+        ask: &AcquireArgs<'_>,
     ) -> RedisResult<TakeReply> {
         let reply = keys
             .with_keys(&self.acquire)
@@ -202,18 +238,19 @@ impl Scripts {
         Ok(TakeReply::decode(reply))
     }
 
-    /// `quota_limits_v2.lua`: writes `record` as the shared limits (`push`: always, a new
-    /// version; else only where there is none). Returns the record's version and whether it
-    /// was written.
+    /// `quota_limits_v2.lua`: writes `record` as the shared limits, by `origin`, as `mode`
+    /// says (see [`LimitsWrite`]). Returns the record's version and origin after the call, and
+    /// whether it was written.
     pub async fn limits<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         keys: &Keys,
-        push: bool,
+        mode: LimitsWrite,
         record: &LimitsRecord,
-    ) -> RedisResult<(u64, bool)> {
+        origin: &str,
+    ) -> RedisResult<LimitsReply> {
         let mut call = keys.with_keys(&self.limits);
-        call.arg(if push { "push" } else { "ensure" })
+        call.arg(mode.as_str())
             .arg(if record.work_conserving {
                 "lanes"
             } else {
@@ -230,8 +267,13 @@ impl Scripts {
                 .arg(u8::from(lane.lend))
                 .arg(u8::from(lane.borrow));
         }
-        let (version, written): (u64, u8) = call.invoke_async(conn).await?;
-        Ok((version, written == 1))
+        call.arg(origin);
+        let (version, written, origin): (u64, u8, String) = call.invoke_async(conn).await?;
+        Ok(LimitsReply {
+            version,
+            written: written == 1,
+            origin,
+        })
     }
 
     /// `quota_adopt_v2.lua`: registers `leases` (`(id, lane, tokens, prefill)`, requests

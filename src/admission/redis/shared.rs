@@ -13,7 +13,10 @@ use tokio::sync::{mpsc, watch};
 
 use super::keys::Keys;
 use super::queue::LaneQueue;
-use super::scripts::{Ask, LimitsRecord, Scripts, TakeReply, Verdict};
+use super::scripts::{
+    AcquireArgs, LimitsRecord, LimitsWrite, Scripts, TakeReply, Verdict, PUSH_ORIGIN,
+};
+use crate::admission::backend::LimitsChange;
 use crate::admission::guard::Reservation;
 use crate::admission::{LaneGuard, LocalAdmission};
 use crate::lane::Lane;
@@ -79,8 +82,10 @@ pub(crate) struct Shared {
     limits: std::sync::RwLock<LimitsRecord>,
     /// The shared record's version as last seen (0: not yet).
     pub limits_version: AtomicU64,
-    /// A reload changed the limits: the heartbeat pushes them.
-    pub push_limits: AtomicBool,
+    /// A reload changed the limits (or forces them): written now, or by the next heartbeat.
+    pending_limits: Mutex<Option<LimitsWrite>>,
+    /// Who wrote the shared record as last seen (`limits push ...`, `reload <replica>`...).
+    limits_origin: Mutex<String>,
     pub ttl_ms: u64,
     pub heartbeat: Duration,
     pub replica: String,
@@ -130,7 +135,8 @@ impl Shared {
             keys,
             limits: std::sync::RwLock::new(limits),
             limits_version: AtomicU64::new(0),
-            push_limits: AtomicBool::new(false),
+            pending_limits: Mutex::new(None),
+            limits_origin: Mutex::new(String::new()),
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             heartbeat,
             replica,
@@ -269,29 +275,96 @@ impl Shared {
         *self.limits.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// New limits for this replica (a reload): pushed as the shared record by the heartbeat.
-    pub fn set_limits(&self, limits: LimitsRecord) {
-        *self.limits.write().unwrap_or_else(PoisonError::into_inner) = limits;
-        self.push_limits.store(true, Ordering::Release);
+    /// New limits for this replica (a reload). The shared record is written only when they
+    /// differ from this replica's previous ones (or with `force`), and never over a record
+    /// that `tutor-gateway limits push` wrote unless forced; see [`LimitsChange`].
+    pub fn set_limits(&self, limits: LimitsRecord, force: bool) -> LimitsChange {
+        let changed = {
+            let mut mine = self.limits.write().unwrap_or_else(PoisonError::into_inner);
+            let changed = *mine != limits;
+            *mine = limits;
+            changed
+        };
+        if !changed && !force {
+            return LimitsChange::Unchanged;
+        }
+        let origin = self.limits_origin();
+        if !force && origin.starts_with(PUSH_ORIGIN) {
+            return LimitsChange::KeptPushed {
+                version: self.limits_version.load(Ordering::Acquire),
+                origin,
+            };
+        }
+        *self
+            .pending_limits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(if force {
+            LimitsWrite::Force
+        } else {
+            LimitsWrite::Reload
+        });
+        LimitsChange::Pushing
     }
 
-    /// Writes this replica's limits as the shared record: always (`push`, a new version), or
-    /// only where there is none. Returns the record's version.
-    pub async fn write_limits(&self, push: bool) -> Option<u64> {
+    /// Writes the limits a reload left pending, if any (else nothing). False when the call
+    /// failed (they stay pending for the next heartbeat).
+    pub async fn write_pending_limits(&self) -> bool {
+        let pending = self
+            .pending_limits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(mode) = pending else {
+            return true;
+        };
+        if self.write_limits(mode).await.is_some() {
+            return true;
+        }
+        self.pending_limits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert(mode);
+        false
+    }
+
+    /// Who wrote the shared record, as last seen.
+    pub fn limits_origin(&self) -> String {
+        self.limits_origin
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Writes this replica's limits as the shared record, as `mode` says. Returns the record's
+    /// version (`None`: the call failed).
+    pub async fn write_limits(&self, mode: LimitsWrite) -> Option<u64> {
         let mut conn = self.connection()?;
         let record = self.limits();
+        let origin = match mode {
+            LimitsWrite::Ensure => format!("start {}", self.replica),
+            LimitsWrite::Reload => format!("reload {}", self.replica),
+            LimitsWrite::Force => format!("reload {} (forced)", self.replica),
+        };
         match self
             .scripts
-            .limits(&mut conn, &self.keys, push, &record)
+            .limits(&mut conn, &self.keys, mode, &record, &origin)
             .await
         {
-            Ok((version, written)) => {
+            Ok(reply) => {
                 self.succeeded();
-                self.saw_limits(version);
-                if written {
-                    tracing::info!(version, push, "shared quota limits written");
+                self.saw_limits(reply.version, &reply.origin);
+                if reply.written {
+                    tracing::info!(version = reply.version, origin = %reply.origin, "shared quota limits written");
+                } else if mode == LimitsWrite::Reload {
+                    tracing::warn!(
+                        version = reply.version,
+                        origin = %reply.origin,
+                        "the reloaded file's limits were not written: the shared record came from \
+                         `tutor-gateway limits push`; reload with force (POST /admin/reload?force=true) \
+                         or push the file to replace it"
+                    );
                 }
-                Some(version)
+                Some(reply.version)
             }
             Err(err) => {
                 self.failed("limits", &err);
@@ -300,8 +373,17 @@ impl Shared {
         }
     }
 
-    /// The shared record's version is `version` (seen in a reply or after an announcement).
-    pub fn saw_limits(&self, version: u64) {
+    /// The shared record is `version`, written by `origin` (seen in a reply or a read).
+    pub fn saw_limits(&self, version: u64, origin: &str) {
+        {
+            let mut seen = self
+                .limits_origin
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if *seen != origin {
+                origin.clone_into(&mut seen);
+            }
+        }
         if self.limits_version.swap(version, Ordering::AcqRel) != version {
             self.metrics.set_limits_version(version);
         }
@@ -453,7 +535,7 @@ impl Shared {
             return Take::Down;
         };
         let id = self.next_lease_id();
-        let ask = Ask {
+        let ask = AcquireArgs {
             id: &id,
             lane,
             tokens,
@@ -467,7 +549,7 @@ impl Shared {
         let mut reply = self.scripts.acquire(&mut conn, &self.keys, &ask).await;
         if matches!(&reply, Ok(r) if r.verdict == Verdict::NoLimits) {
             // Redis lost the record (a restart): this replica's limits until someone pushes.
-            self.write_limits(false).await;
+            self.write_limits(LimitsWrite::Ensure).await;
             reply = self.scripts.acquire(&mut conn, &self.keys, &ask).await;
         }
         self.metrics

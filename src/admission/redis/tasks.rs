@@ -16,6 +16,7 @@ use redis::aio::ConnectionManagerConfig;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::scripts::LimitsWrite;
 use super::shared::{Give, Lease, Shared};
 use crate::lane::Lane;
 
@@ -55,7 +56,7 @@ pub(super) async fn heartbeat(
                 Ok(conn) => {
                     shared.conn.send_replace(Some(conn));
                     // The shared limits record: this replica's limits where there is none yet.
-                    shared.write_limits(false).await;
+                    shared.write_limits(LimitsWrite::Ensure).await;
                 }
                 Err(err) => {
                     shared.failed("connect", &err);
@@ -84,38 +85,30 @@ pub(super) async fn heartbeat(
     }
 }
 
-/// Pushes this replica's limits when a reload changed them, else reads the shared record's
-/// version (should an announcement have been missed).
+/// Writes this replica's limits when a reload left them pending, else reads the shared
+/// record's version and origin (should an announcement have been missed).
 async fn sync_limits(shared: &Shared) {
-    if shared
-        .push_limits
-        .swap(false, std::sync::atomic::Ordering::AcqRel)
-    {
-        if shared.write_limits(true).await.is_none() {
-            shared
-                .push_limits
-                .store(true, std::sync::atomic::Ordering::Release);
-        }
-    } else {
+    if shared.write_pending_limits().await {
         read_limits_version(shared).await;
     }
 }
 
-/// Reads the shared limits record's version.
+/// Reads the shared limits record's version and origin.
 pub(super) async fn read_limits_version(shared: &Shared) {
     let Some(mut conn) = shared.connection() else {
         return;
     };
-    let version: Result<Option<u64>, _> = redis::cmd("HGET")
+    let seen: Result<(Option<u64>, Option<String>), _> = redis::cmd("HMGET")
         .arg(&shared.keys.limits)
         .arg("version")
+        .arg("origin")
         .query_async(&mut conn)
         .await;
-    match version {
-        Ok(Some(v)) => shared.saw_limits(v),
+    match seen {
+        Ok((Some(v), origin)) => shared.saw_limits(v, origin.as_deref().unwrap_or("")),
         // Redis lost the record: this replica's limits, until someone pushes.
-        Ok(None) => {
-            shared.write_limits(false).await;
+        Ok((None, _)) => {
+            shared.write_limits(LimitsWrite::Ensure).await;
         }
         Err(_) => {}
     }

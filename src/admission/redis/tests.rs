@@ -5,7 +5,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 
 use super::keys::Keys;
-use super::scripts::{Ask, LaneRecord, LimitsRecord, Scripts, Verdict};
+use super::scripts::{AcquireArgs, LaneRecord, LimitsRecord, LimitsWrite, Scripts, Verdict};
 use crate::admission::budget::PrefillLimit;
 use crate::lane::Lane;
 
@@ -87,7 +87,7 @@ impl Fixture {
         prefill: PrefillLimit,
     ) -> (Verdict, u64) {
         self.limits([SMALL, OTHER, OTHER], global, prefill).await;
-        let ask = Ask {
+        let ask = AcquireArgs {
             id,
             lane,
             tokens,
@@ -122,7 +122,13 @@ impl Fixture {
             }),
         };
         self.scripts
-            .limits(&mut self.conn, &self.keys, true, &record)
+            .limits(
+                &mut self.conn,
+                &self.keys,
+                LimitsWrite::Force,
+                &record,
+                "test",
+            )
             .await
             .unwrap();
     }

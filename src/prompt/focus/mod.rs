@@ -41,55 +41,9 @@ pub use render::{whole, FOCUSED_HEADING};
 pub use source::SourceFile;
 pub use trace::{frames, Frame};
 
-/// `focus` in `[courses.<id>]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FocusMode {
-    /// Focus when it parses, a frame matches and the selection is smaller.
-    Auto,
-    /// Always the whole code.
-    Off,
-}
-
-/// A course's focusing settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FocusSettings {
-    /// `focus`.
-    pub mode: FocusMode,
-    /// `focus_token_target`: called definitions are added while the focused code stays within
-    /// this many tokens (the frames' own functions are always sent).
-    pub token_target: u32,
-    /// `focus_depth`: levels of calls followed (0: none).
-    pub depth: u32,
-    /// `focus_max_bytes`: larger code is sent whole without parsing.
-    pub max_bytes: usize,
-    /// `focus_timeout_ms`: parsing that takes longer is given up (the code is sent whole).
-    pub timeout: Duration,
-    /// Parse every definition instead of only those the trace can reach (see [`outline`]):
-    /// slower, the same selection; for comparison in tests and benchmarks, not configurable.
-    pub whole_parse: bool,
-}
-
-/// Default `focus_token_target`.
-pub const TOKEN_TARGET: u32 = 2000;
-/// Default `focus_depth`.
-pub const DEPTH: u32 = 1;
-/// Default `focus_max_bytes`.
-pub const MAX_BYTES: usize = 1 << 20;
-/// Default `focus_timeout_ms`.
-pub const TIMEOUT_MS: u64 = 250;
-
-impl Default for FocusSettings {
-    fn default() -> Self {
-        Self {
-            mode: FocusMode::Auto,
-            token_target: TOKEN_TARGET,
-            depth: DEPTH,
-            max_bytes: MAX_BYTES,
-            timeout: Duration::from_millis(TIMEOUT_MS),
-            whole_parse: false,
-        }
-    }
-}
+pub use crate::config::course::{
+    FocusMode, FocusSettings, DEPTH, MAX_BYTES, TIMEOUT_MS, TOKEN_TARGET,
+};
 
 /// What focusing did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

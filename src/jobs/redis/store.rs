@@ -1,47 +1,5 @@
-//! Jobs in Redis (`quota.backend = "redis"`): every replica reads, follows and cancels any job,
-//! and any replica runs one; a job whose gateway dies runs again elsewhere.
-//!
-//! # Data layout (under the quota's `<prefix>:{quota}`, so one hash slot)
-//! - `:jobs:queue` ZSET job id -> start tag (the same start-time fair queuing as in process:
-//!   oldest first within a tenant, tenants in turns by `auth.tenant_shares`).
-//! - `:jobs:running` ZSET job id -> until when its runner's lease holds (Redis server ms).
-//! - `:jobs:ended` ZSET job id -> when it ended (then when it expired).
-//! - `:jobs:meta` HASH the queue's virtual time, each tenant's last tag, the bytes kept, and
-//!   the jobs per status (`n:<status>`).
-//! - `:job:<id>` HASH one job: `status`, `tenant`, `request` (the classified request as
-//!   [`crate::pipeline::Ready::stored`] keeps it), `work`, `prefill`, `lane`, `input`,
-//!   `output_budget`, `notify`, `traceparent`, `submitted_ms`, `started_ms`, `finished_ms`,
-//!   `attempt` (runs so far), `runner` (the running lease's id), `cancel`, `answer`, `error`,
-//!   `webhook`, `bytes`, `tag`. `:job:<id>:text` LIST its streamed pieces.
-//! - `:jobs:changed` pub/sub channel: a job id whenever that job changed, `cancel <id>` when a
-//!   running job's cancel is asked.
-//!
-//! Every change is one Lua script (`lua/jobs_*_v2.lua`, after the quota prelude): submit (with
-//! the store's bounds), take (the queue's head starts and takes its large-lane seat in the same
-//! step, only out of idle capacity: see [`runner`]), push (pieces, only from the run that owns
-//! the job), end, cancel, and beat.
-//!
-//! # Runners and crashes
-//! The run that takes a job owns it through its token (the lease id of its seat); it renews a
-//! runner lease (`:jobs:running`) every `quota.heartbeat_ms`. When that stops, the next beat of
-//! any replica puts the job back at the front of the queue (its text starts over; an event
-//! stream says `restarted`, and the new run's piece ids are `<run>.<n>`), up to
-//! `jobs.max_attempts` lost runs, then fails it with `runner_lost`. A run that lost its job (it
-//! was slow, its lease expired and the job runs elsewhere, or the store stayed away) can no
-//! longer write it: pushes and the end are refused, so a job ends once; each run is its own
-//! engine request (`<id>`, `<id>-2`, ...), so a lost run's abort never reaches the next. A
-//! gateway shutting down hands its running jobs back to the queue instead of cancelling them
-//! (not counted as lost). Job keys carry no Redis TTL: the beat's sweep keeps the counters in
-//! `:jobs:meta` equal to the jobs kept.
-//!
-//! # Known limits
-//! A webhook is delivered by the gateway that ended the job (its run's, the one whose `DELETE`
-//! ended it while queued, or the one whose beat ended it); if that gateway dies during the
-//! retries, the remaining attempts are not made. The session reservation of a job with a
-//! `session_id` is given back at submission (the run is not counted in the session).
-
-mod events;
-pub(crate) mod runner;
+//! [`RedisStore`]: the jobs' keys and scripts in Redis, and the calls that read, submit and
+//! cancel a job (the data layout is in `redis/mod.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -50,15 +8,14 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::{Script, ScriptInvocation};
 use serde_json::{json, Value};
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-pub(super) use events::stream;
-
-use super::entry::{Status, Webhook};
 use crate::admission::RedisAdmission;
-use crate::config::JobsConfig;
 use crate::error::GatewayError;
+use crate::jobs::context::Context;
+use crate::jobs::entry::{Status, Webhook};
+use crate::jobs::webhook;
 use crate::pipeline::{Ready, Tenant};
 
 macro_rules! jobs_script {
@@ -75,13 +32,13 @@ macro_rules! jobs_script {
 
 /// The jobs scripts, loaded once.
 #[derive(Debug)]
-pub(super) struct Scripts {
+pub struct Scripts {
     submit: Script,
     pub take: Script,
-    push: Script,
-    end: Script,
+    pub push: Script,
+    pub end: Script,
     cancel: Script,
-    beat: Script,
+    pub beat: Script,
     /// `HSET` of one field of a hash that exists.
     set_if_exists: Script,
 }
@@ -105,7 +62,7 @@ impl Default for Scripts {
 
 /// A job this replica runs.
 #[derive(Debug, Clone)]
-pub(super) struct Run {
+pub struct Run {
     /// Its token (the seat's lease id): what the scripts check before it writes the job.
     pub token: String,
     /// Cancelled by `DELETE` (from any replica): the job ends cancelled.
@@ -115,10 +72,13 @@ pub(super) struct Run {
     pub lost: CancellationToken,
 }
 
-/// The shared job store of one replica: its keys, scripts, the announcements it receives and
-/// the jobs it runs.
+/// The shared job store as one replica sees it: its keys, scripts, the announcements it
+/// receives and the jobs it runs.
 #[derive(Debug)]
-pub(crate) struct SharedJobs {
+pub struct RedisStore {
+    /// The service's context.
+    pub ctx: Arc<Context>,
+    /// The quota's Redis: connections, leases, the take script's prelude.
     pub admission: RedisAdmission,
     /// `<prefix>:{quota}`.
     pub base: String,
@@ -137,17 +97,16 @@ pub(crate) struct SharedJobs {
     /// The fleet's live jobs and bytes as of the last beat (a diverted `/answer` asks whether
     /// a job would be taken without a round trip).
     pub last: Mutex<(usize, u64)>,
-    /// Wakes the scheduler: a seat came back somewhere, or a job was queued.
-    pub wake: Notify,
     /// `jobs.result_ttl`, ms.
     pub result_ttl_ms: u64,
 }
 
 /// One job's record as read from Redis.
-pub(super) type Fields = HashMap<String, String>;
+pub type Fields = HashMap<String, String>;
 
-impl SharedJobs {
-    pub fn new(admission: RedisAdmission, config: &JobsConfig) -> Self {
+impl RedisStore {
+    /// The store on the quota's Redis (`admission`).
+    pub fn new(ctx: Arc<Context>, admission: RedisAdmission) -> Self {
         let base = admission.keys().base.clone();
         let key = |name: &str| format!("{base}:{name}");
         Self {
@@ -162,8 +121,8 @@ impl SharedJobs {
             changes: broadcast::channel(1024).0,
             running: Mutex::new(HashMap::new()),
             last: Mutex::new((0, 0)),
-            wake: Notify::new(),
-            result_ttl_ms: u64::try_from(config.result_ttl.as_millis()).unwrap_or(u64::MAX),
+            result_ttl_ms: u64::try_from(ctx.config.result_ttl.as_millis()).unwrap_or(u64::MAX),
+            ctx,
         }
     }
 
@@ -206,7 +165,7 @@ impl SharedJobs {
         &self.queue
     }
 
-    fn call<'a>(&self, script: &'a Script, id: Option<&str>) -> ScriptInvocation<'a> {
+    pub fn call<'a>(&self, script: &'a Script, id: Option<&str>) -> ScriptInvocation<'a> {
         let mut call = self.admission.keys().with_keys(script);
         for key in self.keys(id) {
             call.key(key);
@@ -218,13 +177,13 @@ impl SharedJobs {
     /// Queues `ready` as job `id`: 429 `jobs_full` at the store's bounds.
     pub async fn submit(
         &self,
-        config: &JobsConfig,
         id: &str,
         ready: &Ready,
         notify: Option<&reqwest::Url>,
         traceparent: Option<String>,
         share: f64,
     ) -> Result<(), GatewayError> {
+        let config = &self.ctx.config;
         let mut conn = self.conn().await?;
         let stored = ready.stored().to_string();
         let class = &ready.class;
@@ -259,7 +218,7 @@ impl SharedJobs {
             .map_err(|e| store_down("submit", &e))?;
         match queued {
             1 => {
-                self.wake.notify_one();
+                self.ctx.wake.notify_one();
                 Ok(())
             }
             0 => Err(GatewayError::JobsFull),
@@ -372,7 +331,8 @@ impl SharedJobs {
     }
 
     /// Whether a job of `bytes` would be taken, as of the last beat.
-    pub fn has_room(&self, config: &JobsConfig, bytes: u64) -> bool {
+    pub fn has_room(&self, bytes: u64) -> bool {
+        let config = &self.ctx.config;
         let (live, kept) = *self.last.lock().unwrap_or_else(PoisonError::into_inner);
         live < config.max_jobs && kept + bytes <= config.max_bytes
     }
@@ -391,6 +351,48 @@ impl SharedJobs {
             .invoke_async(&mut conn)
             .await;
     }
+
+    /// Job `id`'s record (`None`: no such job, or Redis is unreachable).
+    pub async fn read_fields(&self, id: &str) -> Option<Fields> {
+        let mut conn = self.conn().await.ok()?;
+        let fields: Fields = redis::cmd("HGETALL")
+            .arg(self.job_key(id))
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        (!fields.is_empty()).then_some(fields)
+    }
+
+    /// Sends job `id`'s webhook, if it has one (it just ended: done, failed or cancelled).
+    pub async fn notify_ended(self: &Arc<Self>, id: &str) {
+        let Some(fields) = self.read_fields(id).await else {
+            return;
+        };
+        let Some(url) = fields
+            .get("notify")
+            .and_then(|u| reqwest::Url::parse(u).ok())
+        else {
+            return;
+        };
+        // The job's status as its own tenant reads it.
+        let tenant = fields
+            .get("tenant")
+            .filter(|t| !t.is_empty())
+            .map(|t| Tenant(t.clone()));
+        let Ok(status) = self.status(id, tenant.as_ref()).await else {
+            return;
+        };
+        let body = status.to_string();
+        let (store, id) = (self.clone(), id.to_owned());
+        self.ctx.tasks.spawn(async move {
+            webhook::send(&store.ctx, &id, url, body, |w| {
+                let store = store.clone();
+                let id = id.clone();
+                async move { store.set_webhook(&id, &w).await }
+            })
+            .await;
+        });
+    }
 }
 
 /// Whether `tenant` may see the job: its own tenant's, or any job when neither has one.
@@ -399,7 +401,7 @@ fn visible(fields: &Fields, tenant: Option<&Tenant>) -> bool {
 }
 
 /// Waits until `id` is announced (or the channel lagged: something may have changed).
-pub(super) async fn changed(changes: &mut broadcast::Receiver<Arc<str>>, id: &str) {
+pub async fn changed(changes: &mut broadcast::Receiver<Arc<str>>, id: &str) {
     loop {
         match changes.recv().await {
             Ok(what) if &*what == id => return,
@@ -411,7 +413,7 @@ pub(super) async fn changed(changes: &mut broadcast::Receiver<Arc<str>>, id: &st
 }
 
 /// Logs a failed call to the job store; 503.
-pub(super) fn store_down(op: &str, err: &redis::RedisError) -> GatewayError {
+pub fn store_down(op: &str, err: &redis::RedisError) -> GatewayError {
     tracing::warn!(op, error = %err, "job store call failed");
     GatewayError::JobStoreDown
 }
@@ -434,7 +436,7 @@ fn parsed(fields: &Fields, name: &str) -> Option<Value> {
 
 /// The JSON of `GET /jobs/{id}` (and of the webhook) from a job's record: the same shape as
 /// in process, plus `runs` (how many times it started).
-pub(super) fn view(id: &str, f: &Fields, rank: Option<usize>, pieces: &[String]) -> Value {
+fn view(id: &str, f: &Fields, rank: Option<usize>, pieces: &[String]) -> Value {
     let status = f
         .get("status")
         .and_then(|s| Status::parse(s))

@@ -4,10 +4,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use super::entry::Entry;
 use crate::admission::fair::Fair;
+use crate::jobs::entry::Entry;
 
-/// Jobs by id and the queue, behind the service's mutex.
+/// Jobs by id and the queue, behind the backend's mutex.
 #[derive(Debug, Default)]
 pub struct Store {
     jobs: HashMap<String, Arc<Entry>>,

@@ -1,5 +1,5 @@
-//! `GET /jobs/{id}/events` from the shared store: the same events as in process (see
-//! `jobs/events.rs`), read from Redis whenever the job is announced on `:jobs:changed` (and at
+//! `GET /jobs/{id}/events` from the shared store: the same events as in process, from the same
+//! renderer (`jobs/events.rs`), read from Redis whenever the job is announced on `:jobs:changed` (and at
 //! least once a second, should an announcement be missed while the subscription reconnects).
 //!
 //! When the job's runner was lost and it runs again, the stream sends
@@ -18,7 +18,7 @@ use futures::Stream;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use super::{changed, SharedJobs};
+use super::store::{changed, RedisStore};
 use crate::jobs::entry::Status;
 use crate::jobs::events::{Render, KEEPALIVE, KEEPALIVE_COMMENT};
 
@@ -26,7 +26,7 @@ use crate::jobs::events::{Render, KEEPALIVE, KEEPALIVE_COMMENT};
 const POLL: Duration = Duration::from_secs(1);
 
 struct Cursor {
-    shared: Arc<SharedJobs>,
+    store: Arc<RedisStore>,
     id: String,
     changes: broadcast::Receiver<Arc<str>>,
     out: Render,
@@ -47,16 +47,16 @@ struct Read {
 
 /// The event stream of job `id`, starting after piece `from` of run `run`.
 pub fn stream(
-    shared: Arc<SharedJobs>,
+    store: Arc<RedisStore>,
     id: String,
     (run, from): (u64, usize),
 ) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
     let mut out = Render::new(id.clone(), from);
     out.attempt = run;
     let cursor = Cursor {
-        changes: shared.changes.subscribe(),
+        changes: store.changes.subscribe(),
         out,
-        shared,
+        store,
         id,
         // A client resuming knows its run; a new one takes whichever is current.
         attempt: (from > 0).then_some(run),
@@ -122,16 +122,16 @@ impl Cursor {
 
     /// The job's status, run, result and the pieces after those sent, in one atomic read.
     async fn fetch(&self) -> Result<Read, ()> {
-        let mut conn = self.shared.conn().await.map_err(|_| ())?;
+        let mut conn = self.store.conn().await.map_err(|_| ())?;
         let (fields, pieces): (Vec<Option<String>>, Vec<String>) = redis::pipe()
             .atomic()
             .cmd("HMGET")
-            .arg(self.shared.job_key(&self.id))
+            .arg(self.store.job_key(&self.id))
             .arg(&["status", "attempt", "answer", "error"])
             // `sent` is at most MAX_PIECE_ID plus the pieces that exist; never a negative
             // (from the end) index, which would send the whole list again.
             .lrange(
-                self.shared.text_key(&self.id),
+                self.store.text_key(&self.id),
                 isize::try_from(self.out.sent).unwrap_or(isize::MAX),
                 -1,
             )

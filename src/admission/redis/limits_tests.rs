@@ -1,0 +1,123 @@
+//! The shared limits record across reloads and `tutor-gateway limits push` (issue 32, item 2),
+//! against a real `redis-server`: a reload that changes no limit writes nothing, a pushed
+//! record is not reverted by a reload unless forced, and the record says who wrote it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::tests::redis_common::RedisServer;
+use super::{push_limits, RedisAdmission};
+use crate::admission::LimitsChange;
+use crate::config::Config;
+
+fn config(redis: &RedisServer, small: u32) -> Config {
+    Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n\
+         [lanes.small]\nmax_concurrency = {small}\nceiling = {small}\n\
+         [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\nheartbeat_ms = 100\n",
+        redis.url()
+    ))
+    .unwrap()
+}
+
+async fn record(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, String> {
+    redis::AsyncCommands::hgetall(conn, "tg:v2:{quota}:limits")
+        .await
+        .unwrap()
+}
+
+/// Polls the record until `done` holds (bounded: a hang fails, nothing is timed).
+async fn until(
+    conn: &mut redis::aio::MultiplexedConnection,
+    what: &str,
+    done: impl Fn(&HashMap<String, String>) -> bool,
+) -> HashMap<String, String> {
+    for _ in 0..3_000 {
+        let r = record(conn).await;
+        if done(&r) {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never: {what}: {:?}", record(conn).await);
+}
+
+fn version(r: &HashMap<String, String>) -> u64 {
+    r.get("version").and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_pushed_record_outlives_reloads_until_one_is_forced() {
+    let redis = RedisServer::start();
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let file = config(&redis, 32);
+    let metrics = crate::telemetry::Metrics::new();
+    let a = RedisAdmission::from_config(&file, metrics.quota().clone()).unwrap();
+    let started = until(&mut conn, "the replica writes its record", |r| {
+        version(r) >= 1
+    })
+    .await;
+    assert!(started["origin"].starts_with("start "), "{started:?}");
+    assert_eq!(started["small:max"], "32");
+
+    // An operator pushes small = 20 for the whole fleet.
+    let pushed = push_limits(&config(&redis, 20)).await.unwrap();
+    let r = record(&mut conn).await;
+    assert_eq!((version(&r), r["small:max"].as_str()), (pushed, "20"));
+    assert!(r["origin"].starts_with("limits push"), "{r:?}");
+    // The replica hears of it (announcement or heartbeat).
+    for _ in 0..3_000 {
+        if metrics.quota().limits_version() == pushed && a.shared.limits_origin() == r["origin"] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(metrics.quota().limits_version(), pushed);
+
+    // A reload of the unchanged file writes nothing (it used to revert small to 32).
+    assert_eq!(a.set_limits(&file, false), LimitsChange::Unchanged);
+    // A reload whose file changed a limit does not revert the push either, and says why.
+    let changed = config(&redis, 24);
+    let kept = a.set_limits(&changed, false);
+    assert!(
+        matches!(&kept, LimitsChange::KeptPushed { version, origin }
+            if *version == pushed && origin.starts_with("limits push")),
+        "{kept:?}"
+    );
+    assert!(kept.describe().contains("force"), "{}", kept.describe());
+    // Several heartbeats later the pushed record still stands.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = record(&mut conn).await;
+    assert_eq!((version(&r), r["small:max"].as_str()), (pushed, "20"));
+
+    // Forced, the file's limits replace the push, as a new version that names the replica.
+    assert_eq!(a.set_limits(&changed, true), LimitsChange::Pushing);
+    let forced = until(&mut conn, "the forced reload is written", |r| {
+        version(r) > pushed
+    })
+    .await;
+    assert_eq!(forced["small:max"], "24");
+    assert!(forced["origin"].ends_with("(forced)"), "{forced:?}");
+    // From then on the file's reloads are written again, when they change something.
+    for _ in 0..3_000 {
+        if metrics.quota().limits_version() == version(&forced) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        a.set_limits(&config(&redis, 26), false),
+        LimitsChange::Pushing
+    );
+    let r = until(&mut conn, "the next reload is written", |r| {
+        version(r) > version(&forced)
+    })
+    .await;
+    assert_eq!(r["small:max"], "26");
+    assert!(r["origin"].starts_with("reload "), "{r:?}");
+    a.shutdown().await;
+}

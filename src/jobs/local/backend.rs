@@ -1,0 +1,389 @@
+//! [`LocalJobs`]: the job store in this process (`quota.backend = "local"`), bounded by
+//! `jobs.max_jobs` and `jobs.max_bytes`, lost on restart. The queue's head takes its seat with
+//! [`crate::admission::Admission::try_acquire_idle`]; admission's `freed` signal wakes the
+//! scheduler; a sweeper expires results and forgets expired ids.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use futures::future::{self, BoxFuture};
+use futures::{FutureExt, StreamExt};
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::events;
+use super::queue::Store;
+use crate::error::GatewayError;
+use crate::jobs::backend::{Claim, EventStream, JobBackend, JobRun, NewJob, Take};
+use crate::jobs::context::Context;
+use crate::jobs::entry::{Ended, Entry, Status};
+use crate::jobs::webhook;
+use crate::lane::Lane;
+use crate::pipeline::{NotTaken, Ready, Tenant};
+use crate::telemetry::RequestRecord;
+
+/// The in-process store (a cheap handle: runs hold one to end their job).
+#[derive(Debug, Clone)]
+pub struct LocalJobs {
+    ctx: Arc<Context>,
+    store: Arc<Mutex<Store>>,
+}
+
+impl LocalJobs {
+    /// The store, with its sweeper and the scheduler's wake-up on freed capacity running until
+    /// the gateway stops (when jobs are enabled).
+    pub fn start(ctx: &Arc<Context>) -> Self {
+        let jobs = Self {
+            ctx: ctx.clone(),
+            store: Arc::default(),
+        };
+        if ctx.config.enabled {
+            tokio::spawn(sweep(jobs.clone()));
+            tokio::spawn(wake_on_freed(ctx.clone()));
+        }
+        jobs
+    }
+
+    fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The job `id`, if `tenant` may see it: its own tenant's, or any job when neither has
+    /// one (`[auth]` off). Another tenant's job is "not found", as if it did not exist.
+    fn entry(&self, id: &str, tenant: Option<&Tenant>) -> Result<Arc<Entry>, GatewayError> {
+        let entry = self.store().get(id).ok_or(GatewayError::JobNotFound)?;
+        if entry.tenant.as_deref() == tenant.map(|t| t.0.as_str()) {
+            Ok(entry)
+        } else {
+            Err(GatewayError::JobNotFound)
+        }
+    }
+
+    /// Whether `store` takes one more job of `bytes` (`jobs.max_jobs`, `jobs.max_bytes`).
+    fn fits(&self, store: &Store, bytes: u64) -> bool {
+        let config = &self.ctx.config;
+        store.live() < config.max_jobs && store.bytes + bytes <= config.max_bytes
+    }
+
+    /// Queues `job` (429 `jobs_full` when the store is at its bounds).
+    fn push(&self, job: NewJob) -> Result<(), Box<NotTaken>> {
+        let id = job.record.request_id().to_owned();
+        let bytes = job.ready.size as u64;
+        {
+            let mut store = self.store();
+            if !self.fits(&store, bytes) {
+                drop(store);
+                return Err(Box::new(NotTaken {
+                    ready: job.ready,
+                    record: job.record,
+                    error: GatewayError::JobsFull,
+                }));
+            }
+            let class = job.ready.class;
+            let work = (job.ready, job.record);
+            let entry = Entry::new(id.clone(), class, work, job.notify, bytes);
+            store.push(Arc::new(entry), bytes, job.share);
+            // Under the lock: the scheduler cannot move it to `running` before it is counted.
+            self.ctx.metrics().moved(None, Some("queued"));
+        }
+        self.ctx.wake.notify_one();
+        tracing::info!(job = %id, "job queued");
+        Ok(())
+    }
+
+    /// `DELETE /jobs/{id}` (see [`JobBackend::cancel`]).
+    async fn cancel_job(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
+        let entry = self.entry(id, tenant)?;
+        let queued = {
+            let mut store = self.store();
+            let queued = store.unqueue(id);
+            if queued {
+                // Its classified request goes (the session reservation with it) outside the lock.
+                entry.lock().work.take()
+            } else {
+                None
+            }
+        };
+        if let Some(work) = queued {
+            drop(work);
+            self.end(&entry, Ended::Cancelled);
+        }
+        let mut rx = entry.watch();
+        entry.cancel.cancel();
+        let wait = async {
+            while !entry.lock().status.is_final() {
+                if rx.changed().await.is_err() {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(5), wait).await;
+        match entry.lock().status {
+            Status::Cancelled | Status::Running | Status::Queued => {}
+            other => return Err(GatewayError::JobFinished(other.as_str())),
+        }
+        Ok(entry.view(None))
+    }
+
+    /// The head of the queue with its seat, taken out of the queue and marked running, when
+    /// idle capacity fits it.
+    fn next_startable(&self) -> Option<Claim> {
+        let mut store = self.store();
+        loop {
+            let entry = store.head()?;
+            let need = entry
+                .lock()
+                .work
+                .as_ref()
+                .map(|(ready, _)| (ready.class.work, ready.prefill));
+            let Some((work, prefill)) = need else {
+                // Cancelled in between: not startable, not in the way.
+                store.unqueue(&entry.id);
+                continue;
+            };
+            let max_running = self.ctx.config.max_running;
+            if max_running > 0 && store.running >= max_running {
+                return None;
+            }
+            let guard = self
+                .ctx
+                .state
+                .admission()
+                .try_acquire_idle(Lane::Large, work, prefill)?;
+            store.start(&entry.id);
+            let taken = entry.lock().work.take();
+            let Some(work) = taken else {
+                drop(guard);
+                continue;
+            };
+            store.running += 1;
+            let started = (SystemTime::now(), Instant::now());
+            entry.update(|s| {
+                s.status = Status::Running;
+                s.started = Some(started);
+            });
+            self.ctx.metrics().moved(Some("queued"), Some("running"));
+            return Some(Claim {
+                waited: started.1 - entry.submitted.1,
+                guard,
+                run: Box::new(LocalRun {
+                    jobs: self.clone(),
+                    entry,
+                    work: Some(work),
+                }),
+            });
+        }
+    }
+
+    /// Ends `entry` (from queued or running) and sends its webhook.
+    fn end(&self, entry: &Arc<Entry>, how: Ended) {
+        let now = (SystemTime::now(), Instant::now());
+        // The store's lock first (as everywhere), so its byte count and the job's agree for
+        // the sweeper.
+        let mut store = self.store();
+        let (from, to, ran, text_bytes) = entry.update(|s| {
+            let from = s.status;
+            s.status = match &how {
+                Ended::Done(_) => Status::Done,
+                Ended::Failed(..) => Status::Failed,
+                // In process, a job handed back at shutdown has nowhere to go.
+                Ended::Cancelled | Ended::HandedBack => Status::Cancelled,
+            };
+            match how {
+                Ended::Done(answer) => s.answer = Some(answer),
+                Ended::Failed(code, message) => s.error = Some((code, message)),
+                Ended::Cancelled | Ended::HandedBack => {}
+            }
+            s.finished = Some(now);
+            let text_bytes = s.text.len() as u64;
+            s.bytes += text_bytes;
+            (from, s.status, s.started.map(|t| now.1 - t.1), text_bytes)
+        });
+        store.bytes += text_bytes;
+        if from == Status::Running {
+            store.running -= 1;
+        }
+        let metrics = self.ctx.metrics();
+        metrics.moved(Some(from.as_str()), Some(to.as_str()));
+        drop(store);
+        if let Some(ran) = ran {
+            metrics.ran(ran);
+        }
+        tracing::info!(job = %entry.id, status = to.as_str(), "job ended");
+        if entry.lock().notify.is_some() {
+            self.ctx
+                .tasks
+                .spawn(deliver(self.ctx.clone(), entry.clone()));
+        }
+    }
+}
+
+impl JobBackend for LocalJobs {
+    fn poll_every(&self) -> Option<Duration> {
+        None
+    }
+
+    fn has_room(&self, bytes: u64) -> bool {
+        self.fits(&self.store(), bytes)
+    }
+
+    fn adopt(&self, job: NewJob) -> BoxFuture<'_, Result<(), Box<NotTaken>>> {
+        future::ready(self.push(job)).boxed()
+    }
+
+    fn status<'a>(
+        &'a self,
+        id: &'a str,
+        tenant: Option<&'a Tenant>,
+    ) -> BoxFuture<'a, Result<Value, GatewayError>> {
+        let view = self.entry(id, tenant).map(|entry| {
+            let position = self.store().position(id);
+            entry.view(position)
+        });
+        future::ready(view).boxed()
+    }
+
+    fn cancel<'a>(
+        &'a self,
+        id: &'a str,
+        tenant: Option<&'a Tenant>,
+    ) -> BoxFuture<'a, Result<Value, GatewayError>> {
+        self.cancel_job(id, tenant).boxed()
+    }
+
+    fn exists<'a>(
+        &'a self,
+        id: &'a str,
+        tenant: Option<&'a Tenant>,
+    ) -> BoxFuture<'a, Result<(), GatewayError>> {
+        future::ready(self.entry(id, tenant).map(drop)).boxed()
+    }
+
+    fn events<'a>(
+        &'a self,
+        id: &'a str,
+        tenant: Option<&'a Tenant>,
+        // In process a job runs once: ids are plain numbers.
+        (_run, from): (u64, usize),
+    ) -> BoxFuture<'a, Result<EventStream, GatewayError>> {
+        let stream = self
+            .entry(id, tenant)
+            .map(|entry| events::stream(entry, from).boxed());
+        future::ready(stream).boxed()
+    }
+
+    fn take(&self) -> BoxFuture<'_, Take> {
+        future::ready(self.next_startable().map_or(Take::Idle, Take::Started)).boxed()
+    }
+}
+
+/// A job running from the in-process store: its pieces go to its record, its end to the store.
+struct LocalRun {
+    jobs: LocalJobs,
+    entry: Arc<Entry>,
+    work: Option<(Ready, RequestRecord)>,
+}
+
+impl JobRun for LocalRun {
+    fn work(&mut self) -> BoxFuture<'_, Result<(Ready, RequestRecord), Ended>> {
+        let work = self.work.take().ok_or_else(|| {
+            Ended::Failed("internal", "the job's request was already sent".to_owned())
+        });
+        future::ready(work).boxed()
+    }
+
+    fn piece(&mut self, text: &str) {
+        self.entry.update(|s| {
+            s.text.push_str(text);
+            s.ends.push(s.text.len());
+        });
+    }
+
+    fn cancelled(&self) -> BoxFuture<'static, ()> {
+        self.entry.cancel.clone().cancelled_owned().boxed()
+    }
+
+    fn lost(&self) -> BoxFuture<'static, ()> {
+        // Nobody else owns an in-process job.
+        future::pending().boxed()
+    }
+
+    fn finish(self: Box<Self>, outcome: Option<Ended>) -> BoxFuture<'static, ()> {
+        // (Never lost in process: `None` cannot come; it would end the job cancelled.)
+        self.jobs
+            .end(&self.entry, outcome.unwrap_or(Ended::HandedBack));
+        future::ready(()).boxed()
+    }
+}
+
+/// Delivers `entry`'s result to its `notify` URL, retrying as configured; each attempt is
+/// recorded in the job.
+async fn deliver(ctx: Arc<Context>, entry: Arc<Entry>) {
+    let Some(url) = entry.lock().notify.clone() else {
+        return;
+    };
+    let body = entry.view(None).to_string();
+    webhook::send(&ctx, &entry.id, url, body, |webhook| {
+        entry.update(|s| s.webhook = webhook);
+        async {}
+    })
+    .await;
+}
+
+/// Wakes the scheduler whenever admission says capacity may have come back (a guard dropped, a
+/// first token, a waiter left); a change is never missed.
+async fn wake_on_freed(ctx: Arc<Context>) {
+    let Some(mut freed) = ctx.state.admission().freed() else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = ctx.stop.cancelled() => return,
+            changed = freed.changed() => if changed.is_err() { return },
+        }
+        ctx.wake.notify_one();
+    }
+}
+
+/// Expires results `jobs.result_ttl` after their job ended (text and answer dropped, bytes
+/// given back, status `expired`) and forgets expired ids as long again after that.
+async fn sweep(jobs: LocalJobs) {
+    let ttl = jobs.ctx.config.result_ttl;
+    let every = (ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = jobs.ctx.stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        let now = Instant::now();
+        let ended = jobs.store().ended();
+        for entry in ended {
+            let Some((_, finished)) = entry.lock().finished else {
+                continue;
+            };
+            let status = entry.lock().status;
+            if status == Status::Expired && now >= finished + ttl * 2 {
+                let mut store = jobs.store();
+                store.forget(&entry.id);
+                store.expired -= 1;
+                jobs.ctx.metrics().moved(Some("expired"), None);
+            } else if status != Status::Expired && now >= finished + ttl {
+                let mut store = jobs.store();
+                let freed = entry.update(|s| {
+                    s.status = Status::Expired;
+                    s.text = String::new();
+                    s.ends = Vec::new();
+                    s.answer = None;
+                    s.error = None;
+                    std::mem::take(&mut s.bytes)
+                });
+                store.bytes = store.bytes.saturating_sub(freed);
+                store.expired += 1;
+                drop(store);
+                jobs.ctx
+                    .metrics()
+                    .moved(Some(status.as_str()), Some("expired"));
+            }
+        }
+    }
+}

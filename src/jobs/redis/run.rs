@@ -1,0 +1,293 @@
+//! Taking the shared queue's head and running it here: the take script starts the head and
+//! takes its large-lane seat in one step, only out of the fleet's idle capacity; the run
+//! writes its pieces and its end only while it owns the job (its token).
+//!
+//! Idle capacity, fleet-wide: the take script starts the head only when its lease fits the
+//! large lane's own seats (the Redis backend's reserved shares are caps: nothing to borrow)
+//! and the token and prefill budgets, and no replica has an interactive large request waiting:
+//! a large-lane acquire that is refused marks its replica in `:waiting:large` for a second,
+//! renewed at every try and kept at a grant while more wait behind it. A job never queues
+//! ahead of an interactive request on any replica.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::store::{store_down, RedisStore, Run};
+use crate::jobs::backend::{Claim, JobRun, Take};
+use crate::jobs::entry::Ended;
+use crate::lane::Lane;
+use crate::pipeline::Ready;
+use crate::telemetry::{RequestRecord, Route};
+
+/// Takes the queue's head to run here, when the fleet's idle capacity fits it.
+pub async fn take(store: &Arc<RedisStore>) -> Take {
+    let Ok(mut conn) = store.conn().await else {
+        return Take::Idle;
+    };
+    let head: Result<Vec<String>, _> = redis::cmd("ZRANGE")
+        .arg(store.queue_key())
+        .arg(0)
+        .arg(0)
+        .query_async(&mut conn)
+        .await;
+    let Some(id) = head.ok().and_then(|h| h.into_iter().next()) else {
+        return Take::Idle;
+    };
+    let need: Result<(Option<u32>, Option<u32>), _> = redis::cmd("HMGET")
+        .arg(store.job_key(&id))
+        .arg(&["work", "prefill"])
+        .query_async(&mut conn)
+        .await;
+    let Ok((Some(work), Some(prefill))) = need else {
+        return Take::Idle;
+    };
+    let (ttl, _) = store.admission.lease_timing();
+    let keys = store.keys(Some(&id));
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let args = [
+        store.base.clone(),
+        id.clone(),
+        store.ctx.config.max_running.to_string(),
+        ttl.as_millis().to_string(),
+    ];
+    let taken = store
+        .admission
+        .take_with(
+            &store.scripts.take,
+            &keys,
+            &args,
+            (Lane::Large, work, prefill),
+        )
+        .await;
+    match taken {
+        Some(Ok(t)) => {
+            let attempt = u64::try_from(t.rest.first().copied().unwrap_or(1))
+                .unwrap_or(1)
+                .max(1);
+            let waited = Duration::from_millis(
+                u64::try_from(t.rest.get(1).copied().unwrap_or(0)).unwrap_or(0),
+            );
+            let run = Run {
+                token: t.lease,
+                cancel: CancellationToken::new(),
+                lost: CancellationToken::new(),
+            };
+            // A run of this job still here (it lost the job while slow) stops now.
+            if let Some(old) = store.running().insert(id.clone(), run.clone()) {
+                old.lost.cancel();
+            }
+            tracing::info!(job = %id, attempt, "job started");
+            let (tx, rx) = mpsc::unbounded_channel::<String>();
+            let writer = tokio::spawn(write_pieces(store.clone(), id.clone(), run.clone(), rx));
+            Take::Started(Claim {
+                waited,
+                guard: t.guard,
+                run: Box::new(RedisRun {
+                    store: store.clone(),
+                    id,
+                    attempt,
+                    run,
+                    started: Instant::now(),
+                    tx: Some(tx),
+                    writer,
+                }),
+            })
+        }
+        Some(Err(-10)) => Take::Moved,
+        _ => Take::Idle,
+    }
+}
+
+/// Run `attempt` of job `id` on this replica: its pieces go to the job's text through the
+/// writer task; its end is written only if it still owns the job.
+struct RedisRun {
+    store: Arc<RedisStore>,
+    id: String,
+    attempt: u64,
+    run: Run,
+    started: Instant,
+    /// The pieces for the writer (dropped at the end: the writer then finishes).
+    tx: Option<mpsc::UnboundedSender<String>>,
+    /// Pushes the pieces; the bytes pushed.
+    writer: JoinHandle<u64>,
+}
+
+impl JobRun for RedisRun {
+    fn work(&mut self) -> BoxFuture<'_, Result<(Ready, RequestRecord), Ended>> {
+        async move {
+            let fields = self.store.read_fields(&self.id).await;
+            let ready = fields
+                .as_ref()
+                .and_then(|f| f.get("request"))
+                .and_then(|r| serde_json::from_str(r).ok())
+                .and_then(|v| Ready::from_stored(&v))
+                .ok_or_else(|| {
+                    Ended::Failed(
+                        "internal",
+                        "the job's stored request could not be read".to_owned(),
+                    )
+                })?;
+            // Each run is its own engine request (an abort of a lost run never reaches the
+            // next one); the first keeps the job's id.
+            let request_id = match self.attempt {
+                1 => self.id.clone(),
+                n => format!("{}-{n}", self.id),
+            };
+            let mut record = self.store.ctx.state.record_as(Route::Job, request_id);
+            let traceparent = fields.as_ref().and_then(|f| f.get("traceparent"));
+            record.link(traceparent.map(String::as_str), None);
+            // The run's record is new: it carries the submission's tenant and classification
+            // (its lane label), as the in-process job's own record does.
+            if let Some(tenant) = ready.tenant() {
+                record.tenant(&tenant.0);
+            }
+            record.classified(ready.class);
+            Ok((ready, record))
+        }
+        .boxed()
+    }
+
+    fn piece(&mut self, text: &str) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(text.to_owned());
+        }
+    }
+
+    fn cancelled(&self) -> BoxFuture<'static, ()> {
+        self.run.cancel.clone().cancelled_owned().boxed()
+    }
+
+    fn lost(&self) -> BoxFuture<'static, ()> {
+        self.run.lost.clone().cancelled_owned().boxed()
+    }
+
+    fn finish(mut self: Box<Self>, outcome: Option<Ended>) -> BoxFuture<'static, ()> {
+        async move {
+            drop(self.tx.take());
+            let text_bytes = (&mut self.writer).await.unwrap_or(0);
+            let RedisRun {
+                store, id, run, started, ..
+            } = *self;
+            // The writer may have found the job lost while the stream was ending.
+            let ended = outcome.filter(|_| !run.lost.is_cancelled());
+            let applied = match &ended {
+                Some(e) => {
+                    let (to, result) = match e {
+                        Ended::Done(a) => ("done", a.to_json().to_string()),
+                        Ended::Failed(code, message) => (
+                            "failed",
+                            json!({ "code": code, "message": message }).to_string(),
+                        ),
+                        Ended::Cancelled => ("cancelled", String::new()),
+                        Ended::HandedBack => ("queued", String::new()),
+                    };
+                    end(&store, &id, &run.token, to, &result, text_bytes).await
+                }
+                None => None,
+            };
+            {
+                let mut running = store.running();
+                if running.get(&id).is_some_and(|r| r.token == run.token) {
+                    running.remove(&id);
+                }
+            }
+            let Some(status) = applied else {
+                // Lost to another run, or the store stayed away: the runner lease lapses and
+                // a beat puts the job back (or a newer run's outcome stands).
+                tracing::warn!(job = %id, "job run stopped without an outcome: this run no longer owns the job");
+                return;
+            };
+            tracing::info!(job = %id, status = status.as_str(), "job ended");
+            if status == "queued" {
+                return;
+            }
+            store.ctx.metrics().ran(started.elapsed());
+            store.notify_ended(&id).await;
+        }
+        .boxed()
+    }
+}
+
+/// Pushes the run's pieces to the job's text in batches (whatever arrived while the last call
+/// was out), in order; returns the bytes pushed. A refusal (the job is no longer this run's),
+/// or a store unreachable for 2 s, marks the run lost: it stops and writes nothing more.
+async fn write_pieces(
+    store: Arc<RedisStore>,
+    id: String,
+    run: Run,
+    mut rx: mpsc::UnboundedReceiver<String>,
+) -> u64 {
+    let mut bytes = 0u64;
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            batch.push(more);
+        }
+        bytes += batch.iter().map(|p| p.len() as u64).sum::<u64>();
+        let mut tries = 0;
+        loop {
+            let pushed = push(&store, &id, &run.token, &batch).await;
+            match pushed {
+                Ok(n) if n >= 0 => break,
+                Ok(_) => {
+                    run.lost.cancel();
+                    return bytes;
+                }
+                Err(()) if tries < 20 => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(()) => {
+                    // Redis stayed away: the runner lease lapses and the job runs again.
+                    run.lost.cancel();
+                    return bytes;
+                }
+            }
+        }
+    }
+    bytes
+}
+
+async fn push(store: &RedisStore, id: &str, token: &str, pieces: &[String]) -> Result<i64, ()> {
+    let mut conn = store.conn().await.map_err(|_| ())?;
+    let mut call = store.call(&store.scripts.push, Some(id));
+    call.arg(id).arg(token);
+    for p in pieces {
+        call.arg(p);
+    }
+    call.invoke_async(&mut conn)
+        .await
+        .map_err(|e| drop(store_down("push", &e)))
+}
+
+/// Runs the end script (retried briefly while Redis is unreachable): the status the job now
+/// has, or `None` when this run no longer owns it (or the store stayed away).
+async fn end(
+    store: &RedisStore,
+    id: &str,
+    token: &str,
+    to: &str,
+    result: &str,
+    text_bytes: u64,
+) -> Option<String> {
+    for _ in 0..20 {
+        if let Ok(mut conn) = store.conn().await {
+            let mut call = store.call(&store.scripts.end, Some(id));
+            call.arg(id).arg(token).arg(to).arg(result).arg(text_bytes);
+            match call.invoke_async::<String>(&mut conn).await {
+                Ok(status) => return Some(status).filter(|s| !s.is_empty()),
+                Err(e) => drop(store_down("end", &e)),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}

@@ -1,0 +1,257 @@
+//! [`Jobs`]: the job service the routes call (`POST /jobs`, `GET /jobs/{id}`, `DELETE`,
+//! `GET /jobs/{id}/events`) and the pipeline diverts to, written once over [`JobBackend`]: it
+//! checks and classifies a submission, parses `Last-Event-ID`, bounds the event streams per
+//! tenant, and hands the rest to the backend chosen when it starts.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::backend::{JobBackend, NewJob};
+use super::context::Context;
+use super::entry::Status;
+use super::local::LocalJobs;
+use super::redis::RedisJobs;
+use super::streams::{StreamSlot, StreamSlots};
+use super::{events, runner, webhook};
+use crate::error::GatewayError;
+use crate::pipeline::parse::{self, AnswerRequest};
+use crate::pipeline::respond::link_trace;
+use crate::pipeline::{
+    self, prompt, AppState, Divert, NotTaken, Prepared, Ready, RequestCtx, Tenant,
+};
+use crate::telemetry::{RequestRecord, Route};
+
+/// The job service: the backend and the scheduler. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Jobs(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    ctx: Arc<Context>,
+    /// Where jobs are kept: in process, or in the quota's Redis.
+    backend: Arc<dyn JobBackend>,
+    /// Event streams open per tenant (`jobs.max_event_streams_per_tenant`).
+    streams: Arc<StreamSlots>,
+}
+
+impl Jobs {
+    /// The service over `state`, with its scheduler and its backend's tasks running until
+    /// `stop`; running jobs and webhook deliveries go on `tasks`. The backend is the quota's:
+    /// Redis when the quota is in Redis, this process otherwise.
+    pub fn start(state: AppState, stop: CancellationToken, tasks: TaskTracker) -> Self {
+        let config = state.config().jobs.clone();
+        let ctx = Arc::new(Context {
+            http: webhook::client(&config),
+            state,
+            config,
+            stop,
+            tasks,
+            wake: Notify::new(),
+        });
+        let backend: Arc<dyn JobBackend> = match RedisJobs::start(&ctx) {
+            Some(redis) => Arc::new(redis),
+            None => Arc::new(LocalJobs::start(&ctx)),
+        };
+        if ctx.config.enabled {
+            tokio::spawn(runner::schedule(ctx.clone(), backend.clone()));
+        }
+        Jobs(Arc::new(Inner {
+            ctx,
+            backend,
+            streams: Arc::default(),
+        }))
+    }
+
+    /// The gateway's state (for the routes served beside the jobs).
+    pub fn state(&self) -> &AppState {
+        &self.0.ctx.state
+    }
+
+    /// `server.max_body_bytes`, for the error that names it.
+    pub fn max_body_bytes(&self) -> usize {
+        self.0.ctx.state.config().server.max_body_bytes
+    }
+
+    /// `POST /jobs`: checks, classifies and queues the job; its id and URLs.
+    pub async fn submit(
+        &self,
+        headers: &HeaderMap,
+        body: Bytes,
+        tenant: Option<Tenant>,
+    ) -> Result<Value, GatewayError> {
+        let inner = &self.0;
+        if !inner.ctx.config.enabled {
+            return Err(GatewayError::JobsUnavailable(
+                "jobs are switched off here (jobs.enabled = false)",
+            ));
+        }
+        let ctx = RequestCtx::snapshot(&inner.ctx.state);
+        let mut record = ctx.record(Route::Job);
+        link_trace(&mut record, headers);
+        let checked = async {
+            let mut value = parse::json_body(&body)?;
+            let notify = match value.as_object_mut().and_then(|o| o.remove("notify")) {
+                Some(raw) => Some(webhook::check_notify(
+                    &raw,
+                    &inner.ctx.config.webhook_allow,
+                )?),
+                None => None,
+            };
+            let req = AnswerRequest::from_value(value)?;
+            let prepared = Prepared {
+                size: body.len(),
+                background: true,
+                tenant,
+                ..prompt::answer_request(&ctx, req).await?
+            };
+            Ok::<_, GatewayError>((prepared, notify))
+        }
+        .await;
+        let (prepared, notify) = match checked {
+            Ok(c) => c,
+            Err(e) => return Err(pipeline::refused(record, e)),
+        };
+        let ready = match pipeline::classify(&ctx, prepared, &mut record).await {
+            Ok(r) => r,
+            Err(e) => return Err(pipeline::refused(record, e)),
+        };
+        self.adopt(ready, record, notify)
+            .await
+            .map_err(|back| pipeline::refused(back.record, back.error))
+    }
+
+    /// Queues an already classified request (a submission, or a diverted `/answer`): its id and
+    /// URLs, or the request back (429 `jobs_full` when the store is at its bounds, 503 when it
+    /// cannot be reached).
+    async fn adopt(
+        &self,
+        ready: Ready,
+        record: RequestRecord,
+        notify: Option<reqwest::Url>,
+    ) -> Result<Value, Box<NotTaken>> {
+        let id = record.request_id().to_owned();
+        let share = self.share_of(&ready);
+        let job = NewJob {
+            ready,
+            record,
+            notify,
+            share,
+        };
+        self.0.backend.adopt(job).await?;
+        Ok(accepted(&id))
+    }
+
+    /// `ready`'s tenant's share (`auth.tenant_shares`; 1 by default).
+    fn share_of(&self, ready: &Ready) -> f64 {
+        ready
+            .tenant()
+            .and_then(|t| {
+                self.0
+                    .ctx
+                    .state
+                    .config()
+                    .auth
+                    .tenant_shares
+                    .get(&t.0)
+                    .copied()
+            })
+            .map_or(1.0, f64::from)
+    }
+
+    /// `GET /jobs/{id}`.
+    pub async fn status(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
+        self.0.backend.status(id, tenant).await
+    }
+
+    /// `DELETE /jobs/{id}`: a queued job ends at once; a running one when its stream has been
+    /// dropped and the engine abort sent (waited for, briefly). Cancelling twice is fine; a job
+    /// that already ended otherwise is a 409.
+    pub async fn cancel(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
+        self.0.backend.cancel(id, tenant).await
+    }
+
+    /// `GET /jobs/{id}/events`, resuming after piece `last_event_id` when given; `None` when
+    /// that was the last event (the route answers 204).
+    pub async fn events(
+        &self,
+        id: &str,
+        tenant: Option<&Tenant>,
+        last_event_id: Option<&str>,
+    ) -> Result<Option<BoxStream<'static, Result<Bytes, std::convert::Infallible>>>, GatewayError>
+    {
+        let from = match last_event_id.map(str::trim) {
+            None | Some("") => (1, 0),
+            // Reconnecting after the last event: nothing more will come.
+            Some(events::END_ID) => {
+                self.0.backend.exists(id, tenant).await?;
+                return Ok(None);
+            }
+            Some(v) => events::parse_piece_id(v).ok_or_else(|| {
+                GatewayError::bad_request(
+                    format!(
+                        "Last-Event-ID must be the id of an event of this job: `n` or \
+                         `<run>.<n>` (n from 0 to {}, run from 1 to {}), or `end`",
+                        events::MAX_PIECE_ID,
+                        events::MAX_RUN
+                    ),
+                    Some("last-event-id"),
+                )
+            })?,
+        };
+        let stream = self.0.backend.events(id, tenant, from).await?;
+        let max = self.0.ctx.config.max_event_streams_per_tenant;
+        let slot = self.0.streams.take(tenant, max)?;
+        Ok(Some(held(stream, slot)))
+    }
+
+    /// Event streams `tenant` holds open on this replica (`None`: without a tenant).
+    pub fn event_streams(&self, tenant: Option<&str>) -> usize {
+        self.0.streams.held(tenant)
+    }
+}
+
+impl Divert for Jobs {
+    fn has_room(&self, bytes: usize) -> bool {
+        self.0.backend.has_room(bytes as u64)
+    }
+
+    fn divert(
+        &self,
+        ready: Ready,
+        record: RequestRecord,
+    ) -> BoxFuture<'_, Result<Value, Box<NotTaken>>> {
+        Box::pin(self.adopt(ready, record, None))
+    }
+}
+
+/// `stream`, holding `slot` until it is dropped.
+fn held<S>(stream: S, slot: StreamSlot) -> BoxStream<'static, S::Item>
+where
+    S: futures::Stream + Send + 'static,
+{
+    stream
+        .map(move |item| {
+            let _slot = &slot;
+            item
+        })
+        .boxed()
+}
+
+/// The answer to an accepted job: its id and URLs.
+fn accepted(id: &str) -> Value {
+    json!({
+        "id": id,
+        "status": Status::Queued.as_str(),
+        "status_url": format!("/jobs/{id}"),
+        "events_url": format!("/jobs/{id}/events"),
+    })
+}

@@ -1,0 +1,535 @@
+//! The behaviours of background jobs that do not depend on where jobs are kept, each written
+//! once and run against both backends (see `backend_cases!`).
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+use tutor_gateway::config::WebhookPattern;
+use tutor_gateway::lane::Lane;
+
+use super::{
+    allow, cancel, deliveries, done, error_code, events, forgotten, job, job_until, parse,
+    question, receiver, spawn_post, start, submit, submit_ok, tokens, verify, Backend, FAST,
+    SECRET, SLOW,
+};
+use crate::common::{client, eventually, family_total, json, metric, set_lane, sse, words};
+
+pub async fn a_job_is_submitted_runs_and_its_answer_is_readable(backend: Backend) {
+    let h = start(backend, FAST, |_| {}).await;
+    let base = h.base();
+    let (status, sub) = submit(&base, &question(12)).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{sub}");
+    let id = sub["id"].as_str().unwrap();
+    assert_eq!(sub["status_url"], format!("/jobs/{id}"));
+    assert_eq!(sub["events_url"], format!("/jobs/{id}/events"));
+    let v = done(&base, id).await;
+    assert_eq!(v["lane"], "large", "jobs run in the large lane: {v}");
+    let answer = &v["answer"];
+    assert_eq!(
+        answer["text"].as_str().unwrap().split_whitespace().count(),
+        12
+    );
+    assert_eq!(answer["usage"]["output_tokens"], 12);
+    assert_eq!(answer["finish_reason"], "length");
+    assert!(
+        answer["timings"]["time_to_first_token_ms"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert!(v["started_at"].as_f64().unwrap() >= v["submitted_at"].as_f64().unwrap());
+    h.drained().await;
+    h.metric_reaches("tutor_gateway_jobs{status=\"done\"}", 1.0)
+        .await;
+    h.metric_reaches("tutor_gateway_jobs{status=\"queued\"}", 0.0)
+        .await;
+    h.metric_reaches("tutor_gateway_job_wait_seconds_count", 1.0)
+        .await;
+    h.metric_reaches("tutor_gateway_job_run_seconds_count", 1.0)
+        .await;
+    h.metric_reaches(
+        "tutor_gateway_requests_total{lane=\"large\",outcome=\"ok\",route=\"job\"}",
+        1.0,
+    )
+    .await;
+    // An unknown id is a 404 in the gateway's error shape.
+    assert_eq!(
+        error_code(client().get(h.url("/jobs/nope")).send().await.unwrap()).await,
+        (404, "job_not_found".into())
+    );
+    h.shutdown().await;
+}
+
+pub async fn bad_jobs_get_the_same_errors_as_answer_and_nothing_is_queued(backend: Backend) {
+    let h = start(backend, FAST, |_| {}).await;
+    let base = h.base();
+    for (body, param) in [
+        (json!({"max_output_tokens": 5}), Value::Null),
+        (json!({"prompt": "x", "notify": 5}), json!("notify")),
+        (
+            json!({"prompt": "x", "notify": "http://127.0.0.1:9/hook"}),
+            json!("notify"),
+        ),
+        (json!({"prompt": "x", "stream": true}), Value::Null),
+    ] {
+        let (status, v) = submit(&base, &body).await;
+        assert_eq!(status, 400, "{body} -> {v}");
+        assert_eq!(v["error"]["param"], param, "{v}");
+    }
+    let resp = client()
+        .post(h.url("/jobs"))
+        .body("{")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let m = h.metrics_text().await;
+    assert_eq!(family_total(&m, "tutor_gateway_jobs"), 0.0);
+    h.shutdown().await;
+}
+
+pub async fn events_attached_late_get_all_the_text_and_last_event_id_resumes(backend: Backend) {
+    let h = start(backend, SLOW, |_| {}).await;
+    let base = h.base();
+    let id = submit_ok(&base, &question(60)).await;
+    // Attach while it runs, after some text was produced: the pieces so far come first.
+    job_until(&base, &id, "running with text", |v| {
+        v["output_pieces"].as_u64().unwrap_or(0) >= 3
+    })
+    .await;
+    let live = events(&base, &id, None).await;
+    let v = done(&base, &id).await;
+    let text = v["answer"]["text"].as_str().unwrap();
+    let (streamed, ids) = tokens(&live);
+    assert_eq!(streamed, text, "a late attach sees every piece");
+    assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>());
+    assert_eq!(live.last().unwrap().event, "done");
+    assert_eq!(live.iter().filter(|e| e.event == "done").count(), 1);
+    assert_eq!(
+        json(&live.last().unwrap().data)["usage"]["output_tokens"],
+        60
+    );
+    // After the end: the whole text again; with Last-Event-ID only what followed that piece.
+    let (again, _) = tokens(&events(&base, &id, None).await);
+    assert_eq!(again, text);
+    let resumed = events(&base, &id, Some("5")).await;
+    let (rest, rest_ids) = tokens(&resumed);
+    assert_eq!(rest_ids.first(), Some(&6));
+    let first_five: String = {
+        let (all, _) = tokens(&live);
+        all[..all.len() - rest.len()].to_owned()
+    };
+    assert_eq!(format!("{first_five}{rest}"), text);
+    // The last event's id is `end`; a reconnect carrying it is told to stop.
+    assert_eq!(live.last().unwrap().id.as_deref(), Some("end"));
+    let resp = client()
+        .get(h.url(&format!("/jobs/{id}/events")))
+        .header("last-event-id", "end")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+    let resp = client()
+        .get(h.url(&format!("/jobs/{id}/events")))
+        .header("last-event-id", "yesterday")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    h.shutdown().await;
+}
+
+pub async fn cancel_while_queued_and_while_running_aborts_and_gives_everything_back(
+    backend: Backend,
+) {
+    let h = start(backend, SLOW, |c| set_lane(c, Lane::Large, 1)).await;
+    let base = h.base();
+    let first = submit_ok(&base, &question(2000)).await;
+    job_until(&base, &first, "running", |v| v["status"] == "running").await;
+    // The large lane's only seat is taken: the second job waits, first in line.
+    let second = submit_ok(&base, &question(20)).await;
+    let v = job(&base, &second).await;
+    assert_eq!(v["status"], "queued");
+    assert_eq!(v["position"], 0);
+    let cancelled = json(&cancel(&base, &second).await.text().await.unwrap());
+    assert_eq!(cancelled["status"], "cancelled");
+    // Running: the stream is dropped, the engine aborts the request.
+    job_until(&base, &first, "streaming", |v| {
+        v["output_pieces"].as_u64().unwrap_or(0) > 0
+    })
+    .await;
+    let resp = cancel(&base, &first).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(json(&resp.text().await.unwrap())["status"], "cancelled");
+    eventually("the engine aborted the running job", || {
+        h.sim_aborted() >= 1
+    })
+    .await;
+    eventually("the engine runs nothing", || h.sim_running() == 0).await;
+    h.drained().await;
+    // Cancelling again is fine; the queued one never ran.
+    assert_eq!(cancel(&base, &first).await.status(), 200);
+    assert!(job(&base, &second).await["started_at"].is_null());
+    h.metric_reaches("tutor_gateway_jobs{status=\"cancelled\"}", 2.0)
+        .await;
+    h.metric_reaches("tutor_gateway_jobs{status=\"running\"}", 0.0)
+        .await;
+    // A job that finished cannot be cancelled.
+    let third = submit_ok(&base, &question(3)).await;
+    done(&base, &third).await;
+    assert_eq!(
+        error_code(cancel(&base, &third).await).await,
+        (409, "job_finished".into())
+    );
+    h.shutdown().await;
+}
+
+pub async fn jobs_wait_for_interactive_large_requests_and_never_borrow(backend: Backend) {
+    let h = start(backend, SLOW, |c| set_lane(c, Lane::Large, 1)).await;
+    let base = h.base();
+    // An interactive large request holds the lane's only seat.
+    let big = json!({"prompt": words(8000, "repo"), "max_output_tokens": 400});
+    let interactive = spawn_post(h.url("/answer"), big);
+    eventually("the interactive request holds the seat", || {
+        h.in_flight(Lane::Large) == 1
+    })
+    .await;
+    let id = submit_ok(&base, &question(5)).await;
+    // Small and medium seats are idle, but a job never takes them.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(job(&base, &id).await["status"], "queued");
+    assert_eq!(h.in_flight(Lane::Small) + h.in_flight(Lane::Medium), 0);
+    let events = sse(&interactive.await.unwrap());
+    assert_eq!(events.last().unwrap().0, "done");
+    // The seat came back: the job starts without being asked.
+    done(&base, &id).await;
+    h.drained().await;
+    h.shutdown().await;
+}
+
+pub async fn a_finished_job_is_posted_to_its_webhook_signed(backend: Backend) {
+    let r = receiver(vec![]).await;
+    let h = start(backend, FAST, |c| allow(c, &r)).await;
+    let base = h.base();
+    let mut body = question(8);
+    body["notify"] = json!(r.url);
+    let id = submit_ok(&base, &body).await;
+    let v = job_until(&base, &id, "delivered", |v| {
+        v["webhook"]["delivered"] == true
+    })
+    .await;
+    assert_eq!(v["webhook"]["attempts"][0]["status"], 200);
+    let got = r.got.lock().unwrap().clone();
+    assert_eq!(got.len(), 1);
+    let (headers, posted) = &got[0];
+    verify(headers, posted);
+    assert_eq!(headers["x-tutor-job-id"], id.as_str());
+    let posted = json(posted);
+    assert_eq!(posted["id"], id.as_str());
+    assert_eq!(posted["status"], "done");
+    assert_eq!(posted["answer"]["usage"]["output_tokens"], 8);
+    let m = h.metrics_text().await;
+    assert_eq!(deliveries(&m, "delivered"), 1.0);
+    h.shutdown().await;
+}
+
+pub async fn a_webhook_is_retried_until_the_receiver_takes_it(backend: Backend) {
+    let r = receiver(vec![500, 503]).await;
+    let h = start(backend, FAST, |c| allow(c, &r)).await;
+    let base = h.base();
+    let mut body = question(4);
+    body["notify"] = json!(r.url);
+    let id = submit_ok(&base, &body).await;
+    let v = job_until(&base, &id, "delivered", |v| {
+        v["webhook"]["delivered"] == true
+    })
+    .await;
+    let statuses: Vec<_> = v["webhook"]["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["status"].as_u64().unwrap())
+        .collect();
+    assert_eq!(statuses, [500, 503, 200]);
+    let got = r.got.lock().unwrap().clone();
+    assert_eq!(got.len(), 3);
+    for (headers, posted) in &got {
+        verify(headers, posted);
+    }
+    let m = h.metrics_text().await;
+    assert_eq!(deliveries(&m, "retried"), 2.0);
+    assert_eq!(deliveries(&m, "delivered"), 1.0);
+    h.shutdown().await;
+}
+
+pub async fn a_webhook_outside_the_allow_list_is_refused(backend: Backend) {
+    let r = receiver(vec![]).await;
+    let h = start(backend, FAST, |c| allow(c, &r)).await;
+    let base = h.base();
+    let origin = r.origin().to_owned();
+    for url in [
+        "http://169.254.169.254/latest/meta-data".to_owned(),
+        format!("{origin}/admin"),
+        r.url.replace("http://", "http://user:pw@"),
+        r.url.replace("http://", "https://"),
+        format!("{origin}/hooks/..%2Fadmin"),
+        "not a url".to_owned(),
+    ] {
+        let mut body = question(4);
+        body["notify"] = json!(url);
+        let (status, v) = submit(&base, &body).await;
+        assert_eq!(status, 400, "{url} -> {v}");
+        assert_eq!(v["error"]["param"], "notify");
+        assert!(
+            !v["error"]["message"].as_str().unwrap().contains(&origin),
+            "the URL is not echoed: {v}"
+        );
+    }
+    assert!(r.got.lock().unwrap().is_empty());
+    h.shutdown().await;
+}
+
+pub async fn a_job_cancelled_while_queued_still_gets_its_webhook(backend: Backend) {
+    let r = receiver(vec![]).await;
+    let h = start(backend, SLOW, |c| {
+        set_lane(c, Lane::Large, 1);
+        allow(c, &r);
+    })
+    .await;
+    let base = h.base();
+    // The first job holds the only large seat; the second waits.
+    let first = submit_ok(&base, &question(2_000)).await;
+    job_until(&base, &first, "running", |v| v["status"] == "running").await;
+    let mut body = question(5);
+    body["notify"] = json!(r.url);
+    let second = submit_ok(&base, &body).await;
+    assert_eq!(cancel(&base, &second).await.status(), 200);
+    let v = job_until(&base, &second, "notified", |v| {
+        v["webhook"]["delivered"] == true
+    })
+    .await;
+    assert_eq!(v["status"], "cancelled");
+    assert_eq!(json(&r.bodies()[0])["status"], "cancelled");
+    assert_eq!(cancel(&base, &first).await.status(), 200);
+    h.drained().await;
+    h.shutdown().await;
+}
+
+pub async fn results_expire_after_their_ttl_and_are_then_forgotten(backend: Backend) {
+    let h = start(backend, FAST, |c| {
+        c.jobs.result_ttl = Duration::from_millis(300);
+        c.jobs.max_jobs = 1;
+    })
+    .await;
+    let base = h.base();
+    let id = submit_ok(&base, &question(3)).await;
+    let finished = done(&base, &id).await;
+    assert!(!finished["answer"]["text"].as_str().unwrap().is_empty());
+    let v = job_until(&base, &id, "expired", |v| v["status"] == "expired").await;
+    assert!(v.get("answer").is_none(), "the result is gone: {v}");
+    let events = events(&base, &id, None).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(json(&events[0].data)["status"], "expired");
+    h.metric_reaches("tutor_gateway_jobs{status=\"expired\"}", 1.0)
+        .await;
+    // An expired job no longer counts against jobs.max_jobs (1 here).
+    let next = submit_ok(&base, &question(3)).await;
+    done(&base, &next).await;
+    assert!(
+        forgotten(&base, &id).await,
+        "the expired job was never forgotten"
+    );
+    h.shutdown().await;
+}
+
+pub async fn the_job_store_is_bounded(backend: Backend) {
+    let h = start(backend, SLOW, |c| {
+        set_lane(c, Lane::Large, 1);
+        c.jobs.max_jobs = 2;
+    })
+    .await;
+    let base = h.base();
+    for _ in 0..2 {
+        assert_eq!(submit(&base, &question(2000)).await.0, 202);
+    }
+    let resp = client()
+        .post(h.url("/jobs"))
+        .json(&question(3))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 429);
+    assert!(resp.headers().contains_key("retry-after"));
+    assert_eq!(
+        json(&resp.text().await.unwrap())["error"]["code"],
+        "jobs_full"
+    );
+    h.shutdown().await;
+    // Shutting down cancelled (in process) or handed back (Redis) the running job and gave
+    // everything back.
+}
+
+pub async fn a_large_answer_that_waits_too_long_becomes_a_job(backend: Backend) {
+    let h = start(backend, SLOW, |c| {
+        set_lane(c, Lane::Large, 1);
+        c.jobs.divert_large_after = Some(Duration::from_millis(150));
+    })
+    .await;
+    let base = h.base();
+    let big = |salt: &str| json!({"prompt": words(5500, salt), "max_output_tokens": 300});
+    // The first large request takes the only seat (it never waits, so it is not diverted).
+    let first = spawn_post(h.url("/answer"), big("first"));
+    eventually("the first holds the seat", || h.in_flight(Lane::Large) == 1).await;
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&big("second"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.text().await.unwrap();
+    let events = parse(&body);
+    assert_eq!(
+        events.len(),
+        1,
+        "one `job` event, then the stream ends: {body}"
+    );
+    assert_eq!(events[0].event, "job");
+    let job_event = json(&events[0].data);
+    let id = job_event["id"].as_str().unwrap().to_owned();
+    assert!(body.starts_with(&format!("id: job:{id}\n")), "{body}");
+    assert_eq!(job_event["status_url"], format!("/jobs/{id}"));
+    assert_eq!(h.queued(Lane::Large), 0, "it left the interactive queue");
+    // A browser EventSource reconnects with Last-Event-ID: it is told to stop (204), and no
+    // new generation starts.
+    let again = client()
+        .get(h.url("/answer"))
+        .query(&[("prompt", "again")])
+        .header("last-event-id", format!("job:{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 204);
+    // The job runs once the interactive request is done, and ends with the whole answer.
+    assert_eq!(sse(&first.await.unwrap()).last().unwrap().0, "done");
+    let v = done(&base, &id).await;
+    assert_eq!(v["answer"]["usage"]["output_tokens"], 300);
+    h.drained().await;
+    // The diverted request is counted once, when its job ended: in process under its own
+    // record (`answer`); from Redis by the run that took it (`job`).
+    let (answers, jobs) = match backend {
+        Backend::Local => (2.0, 0.0),
+        Backend::Redis => (1.0, 1.0),
+    };
+    let series = |route: &str| {
+        format!("tutor_gateway_requests_total{{lane=\"large\",outcome=\"ok\",route=\"{route}\"}}")
+    };
+    h.metric_reaches(&series("answer"), answers).await;
+    let m = h.metrics_text().await;
+    assert_eq!(
+        tutor_testkit::metric_or_zero(&m, &series("job")),
+        jobs,
+        "the diverted request is counted once, when its job ended"
+    );
+    h.shutdown().await;
+}
+
+pub async fn an_unreachable_webhook_is_given_up_after_its_attempts(backend: Backend) {
+    // Nothing listens there (the port was just free); https, as real receivers are.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let h = start(backend, FAST, |c| {
+        c.jobs.webhook_allow =
+            vec![WebhookPattern::parse(&format!("https://127.0.0.1:{port}/*")).unwrap()];
+        c.jobs.webhook_secret = Some(SECRET.into());
+        c.jobs.webhook_backoff = Duration::from_millis(10);
+        c.jobs.webhook_attempts = 2;
+    })
+    .await;
+    let base = h.base();
+    let mut body = question(3);
+    body["notify"] = json!(format!("https://127.0.0.1:{port}/done"));
+    let id = submit_ok(&base, &body).await;
+    let v = job_until(&base, &id, "given up", |v| {
+        v["webhook"]["delivered"] == false
+    })
+    .await;
+    let attempts = v["webhook"]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2);
+    assert!(attempts
+        .iter()
+        .all(|a| a["status"].is_null() && a["error"] == "connect"));
+    let m = h.metrics_text().await;
+    assert_eq!(deliveries(&m, "retried"), 1.0);
+    assert_eq!(deliveries(&m, "failed"), 1.0);
+    h.shutdown().await;
+}
+
+pub async fn a_job_whose_engine_is_unreachable_fails_with_the_reason_and_gives_everything_back(
+    backend: Backend,
+) {
+    let h = start(backend, FAST, |c| {
+        // Nothing listens there: the job is accepted (its size needs no engine), then fails.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        c.upstream.base_url = format!("http://127.0.0.1:{port}");
+    })
+    .await;
+    let base = h.base();
+    let id = submit_ok(&base, &question(5)).await;
+    let v = job_until(&base, &id, "failed", |v| v["status"] == "failed").await;
+    assert_eq!(v["error"]["code"], "upstream_unavailable", "{v}");
+    let events = events(&base, &id, None).await;
+    assert_eq!(events.last().unwrap().event, "error");
+    h.drained().await;
+    h.metric_reaches("tutor_gateway_jobs{status=\"failed\"}", 1.0)
+        .await;
+    h.shutdown().await;
+}
+
+pub async fn jobs_are_refused_clearly_where_they_are_switched_off(backend: Backend) {
+    let h = start(backend, FAST, |c| c.jobs.enabled = false).await;
+    let (status, v) = submit(&h.base(), &question(3)).await;
+    assert_eq!(status, 501);
+    assert_eq!(v["error"]["code"], "jobs_unavailable");
+    h.shutdown().await;
+}
+
+pub async fn jobs_max_running_keeps_large_seats_for_interactive_reviews(backend: Backend) {
+    let h = start(backend, SLOW, |c| {
+        set_lane(c, Lane::Large, 3);
+        c.jobs.max_running = 1;
+    })
+    .await;
+    let base = h.base();
+    let first = submit_ok(&base, &question(2000)).await;
+    job_until(&base, &first, "running", |v| v["status"] == "running").await;
+    let second = submit_ok(&base, &question(5)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        job(&base, &second).await["status"],
+        "queued",
+        "one job at a time"
+    );
+    assert_eq!(h.in_flight(Lane::Large), 1, "two large seats stay free");
+    // An interactive review takes one of them at once.
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": words(5500, "review"), "max_output_tokens": 5}))
+        .send()
+        .await
+        .unwrap();
+    let events = sse(&resp.text().await.unwrap());
+    assert_eq!(json(&events[0].1)["queue_wait_ms"], 0.0);
+    assert_eq!(events.last().unwrap().0, "done");
+    cancel(&base, &first).await;
+    done(&base, &second).await;
+    h.drained().await;
+    h.shutdown().await;
+}
