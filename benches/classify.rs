@@ -37,7 +37,7 @@ use tutor_gateway::config::Config;
 use tutor_gateway::lane::Lane;
 use tutor_testkit::bench::smallest_enough;
 use tutor_wire::stats::nearest_rank;
-use vllm_sim::text::SplitMix as Rng;
+use tutor_wire::stats::SplitMix as Rng;
 
 // ---------------------------------------------------------------------------------------------
 // Generated tutoring text

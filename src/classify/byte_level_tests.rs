@@ -19,7 +19,7 @@ use super::pair_bound::{PairBound, PATTERNS};
 use super::*;
 use crate::config::Config;
 use crate::lane::Lane;
-use vllm_sim::text::SplitMix as Rng;
+use tutor_wire::stats::SplitMix as Rng;
 
 /// Words of a few common letters (so the vocabulary merges nearly every pair of them) and
 /// tutoring prose and code.
