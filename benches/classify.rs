@@ -35,31 +35,13 @@ use tutor_gateway::classify::{
 };
 use tutor_gateway::config::Config;
 use tutor_gateway::lane::Lane;
+use tutor_testkit::bench::smallest_enough;
+use tutor_wire::stats::nearest_rank;
+use tutor_wire::stats::SplitMix as Rng;
 
 // ---------------------------------------------------------------------------------------------
 // Generated tutoring text
 // ---------------------------------------------------------------------------------------------
-
-/// SplitMix64: a tiny deterministic generator, so every run builds the same texts.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
-}
 
 const WORDS: &[&str] = &[
     "user", "item", "order", "count", "total", "price", "config", "path", "file", "index", "list",
@@ -250,7 +232,7 @@ fn block(rng: &mut Rng, code_only: bool) -> String {
 
 /// At least `bytes` bytes of generated blocks separated by blank lines.
 fn generated_text(seed: u64, bytes: usize, code_only: bool) -> String {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let mut out = String::with_capacity(bytes + 1024);
     while out.len() < bytes {
         out.push_str(&block(&mut rng, code_only));
@@ -261,7 +243,7 @@ fn generated_text(seed: u64, bytes: usize, code_only: bool) -> String {
 
 /// `n` prose sentences, one per line.
 fn prose_lines(seed: u64, n: usize) -> String {
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     (0..n)
         .map(|_| {
             let t = rng.pick(PROSE);
@@ -359,15 +341,7 @@ fn sized_kind(
         }
     };
     assert!(enough(lines.len()), "{name}: body too short");
-    let (mut low, mut high) = (0, lines.len()); // low: not enough (or 0), high: enough
-    while high - low > 1 {
-        let mid = (low + high) / 2;
-        if enough(mid) {
-            high = mid;
-        } else {
-            low = mid;
-        }
-    }
+    let high = smallest_enough(0, lines.len(), enough);
     let input = build(high);
     Kind {
         name,
@@ -445,10 +419,7 @@ fn kinds(counter: &TokenCounter, overhead: TemplateCosts) -> Vec<Kind> {
 /// p50 and p99 of `samples` in microseconds.
 fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
     samples.sort_unstable();
-    let at = |q: f64| {
-        let i = ((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1;
-        samples[i].as_secs_f64() * 1e6
-    };
+    let at = |q: f64| nearest_rank(&samples, q).expect("samples").as_secs_f64() * 1e6;
     (at(0.50), at(0.99))
 }
 
@@ -681,7 +652,7 @@ fn main() {
     // ...and the hand-written pre-tokenizer counts exactly what `encode` counts.
     let encode = |text: &str| direct.encode_fast(text, false).expect("encode").len() as u64;
     let text = generated_text(21, 200_000, false);
-    let mut rng = Rng(22);
+    let mut rng = Rng::new(22);
     for _ in 0..2_000 {
         let start = rng.below(text.len() - 4_000);
         let end = start + 1 + rng.below(4_000);

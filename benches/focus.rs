@@ -25,6 +25,7 @@ use tutor_gateway::classify::{ChatMessage, Classifier, PromptInput, TokenCounter
 use tutor_gateway::config::Config;
 use tutor_gateway::prompt::focus::{self, FocusSettings, Lang, SourceFile};
 use tutor_gateway::prompt::{student_messages, Course, StudentMaterial};
+use tutor_wire::stats::nearest_rank;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -279,8 +280,7 @@ fn ms(d: Duration) -> String {
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
+    nearest_rank(sorted, p).expect("samples")
 }
 
 fn timing(counter: &TokenCounter, bench_mode: bool) {

@@ -16,6 +16,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tutor_testkit::bench::{env_or, quantile};
+use tutor_testkit::send_text;
 
 use futures::StreamExt;
 use tutor_wire::sse::SseParser;
@@ -225,14 +226,7 @@ fn relay_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> Option
 }
 
 async fn scrape(client: &reqwest::Client, gw: &str) -> Vec<(f64, f64)> {
-    let text = client
-        .get(format!("{gw}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = send_text(client.get(format!("{gw}/metrics"))).await;
     relay_buckets(&text)
 }
 

@@ -12,12 +12,13 @@ use tutor_gateway::admission::{Admission, Ask, RedisAdmission};
 use tutor_gateway::config::{Config, QuotaBackend, RedisUrl};
 use tutor_gateway::lane::Lane;
 use tutor_gateway::telemetry::Metrics;
+use tutor_wire::stats::nearest_rank;
 
 #[path = "../tests/redis_common/mod.rs"]
 mod redis_common;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+    nearest_rank(sorted, p).expect("samples")
 }
 
 async fn round_trip(admission: &RedisAdmission) -> Duration {

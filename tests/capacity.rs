@@ -200,14 +200,7 @@ async fn the_capacity_command_prints_the_plan() {
         cmd.arg("capacity")
             .arg("--model-config")
             .arg(&model)
-            .args([
-                "--gpu-memory-gib",
-                "80",
-                "--weights-gib",
-                "16",
-                "--overhead-gib",
-                "0",
-            ])
+            .args("--gpu-memory-gib 80 --weights-gib 16 --overhead-gib 0".split_whitespace())
             .args(extra);
         cmd.output()
     };

@@ -14,15 +14,11 @@ const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
 #[tokio::test]
 async fn answer_get_streams_meta_tokens_and_done() {
     let h = harness(FAST, |_| {}).await;
-    let resp = client()
-        .get(h.url("/answer"))
-        .query(&[
-            ("prompt", "why does this TypeScript error happen?"),
-            ("max_output_tokens", "12"),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let resp = send(client().get(h.url("/answer")).query(&[
+        ("prompt", "why does this TypeScript error happen?"),
+        ("max_output_tokens", "12"),
+    ]))
+    .await;
     assert_eq!(resp.status(), 200);
     assert_eq!(
         resp.headers()["content-type"],
@@ -54,15 +50,12 @@ async fn answer_get_streams_meta_tokens_and_done() {
 #[tokio::test]
 async fn answer_post_accepts_messages_and_rejects_bad_bodies() {
     let h = harness(FAST, |_| {}).await;
-    let ok = client()
+    let ok = send(client()
         .post(h.url("/answer"))
         .json(&json!({
             "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is a closure?"}],
             "max_output_tokens": 5, "session_id": "s-1"
-        }))
-        .send()
-        .await
-        .unwrap();
+        }))).await;
     assert_eq!(ok.status(), 200);
     let events = sse(&ok.text().await.unwrap());
     assert_eq!(events.last().unwrap().0, "done");
@@ -79,12 +72,7 @@ async fn answer_post_accepts_messages_and_rejects_bad_bodies() {
         (json!({"prompt": "a", "temperature": 0.5}), "unknown field"),
         (json!({"prompt": "   "}), "must not be empty"),
     ] {
-        let r = client()
-            .post(h.url("/answer"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = send(client().post(h.url("/answer")).json(&body)).await;
         assert_eq!(r.status(), 400, "{body}");
         let err = r.json::<serde_json::Value>().await.unwrap();
         assert_eq!(err["error"]["code"], "bad_request");
@@ -140,34 +128,21 @@ async fn v1_chat_and_completions_relay_vllm_chunks_faithfully() {
     assert_eq!(usage["usage"]["completion_tokens"], 6);
 
     // Non-streaming chat and completions come back whole, in vLLM's shapes.
-    let chat: serde_json::Value = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let chat: serde_json::Value = send_json(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})),
+    )
+    .await;
     assert_eq!(chat["object"], "chat.completion");
-    assert_eq!(
-        chat["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .split_whitespace()
-            .count(),
-        4
-    );
+    assert_eq!(message_words(&chat), 4);
     assert_eq!(chat["usage"]["completion_tokens"], 4);
-    let cmpl: serde_json::Value = client()
-        .post(h.url("/v1/completions"))
-        .json(&json!({"prompt": "def fib(n):", "max_tokens": 3}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let cmpl: serde_json::Value = send_json(
+        client()
+            .post(h.url("/v1/completions"))
+            .json(&json!({"prompt": "def fib(n):", "max_tokens": 3})),
+    )
+    .await;
     assert_eq!(cmpl["object"], "text_completion");
     assert!(cmpl["id"].as_str().unwrap().starts_with("cmpl-"));
     assert_eq!(cmpl["usage"]["completion_tokens"], 3);
@@ -188,12 +163,12 @@ async fn the_seed_request_kinds_land_in_small_medium_and_large() {
         (2000, 300, "medium"),
         (8000, 500, "large"),
     ] {
-        let resp = client()
-            .post(h.url("/answer"))
-            .json(&json!({"prompt": words(words_n, "context"), "max_output_tokens": max}))
-            .send()
-            .await
-            .unwrap();
+        let resp = send(
+            client()
+                .post(h.url("/answer"))
+                .json(&json!({"prompt": words(words_n, "context"), "max_output_tokens": max})),
+        )
+        .await;
         let events = sse(&resp.text().await.unwrap());
         assert_eq!(json(&events[0].1)["lane"], lane, "{words_n} words + {max}");
         assert_eq!(events.last().unwrap().0, "done");
@@ -227,11 +202,7 @@ async fn bad_input_gets_the_documented_4xx_in_openai_shape() {
         (client().post(h.url("/v1/completions")).json(&json!({"prompt": [1, 2, 3]})), 400, "bad_request"),
     ];
     for (req, status, code) in cases {
-        let r = req
-            .header("content-type", "application/json")
-            .send()
-            .await
-            .unwrap();
+        let r = send(req.header("content-type", "application/json")).await;
         assert_eq!(r.status().as_u16(), status);
         let err: serde_json::Value = r.json().await.unwrap();
         assert_eq!(err["error"]["code"], code, "{err}");
@@ -250,25 +221,15 @@ async fn bad_input_gets_the_documented_4xx_in_openai_shape() {
 #[tokio::test]
 async fn vllm_rejections_pass_through_with_vllms_message() {
     let h = harness(
-        &[
-            "--speed",
-            "50",
-            "--profile",
-            "tiny-test",
-            "--max-model-len",
-            "16384",
-        ],
+        &flags("--speed 50 --profile tiny-test --max-model-len 16384"),
         |c| {
             c.upstream.model = "meta-llama/Llama-3.1-8B-Instruct".into();
         },
     )
     .await;
-    let r = client()
+    let r = send(client()
         .post(h.url("/v1/chat/completions"))
-        .json(&json!({"model": "other-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))
-        .send()
-        .await
-        .unwrap();
+        .json(&json!({"model": "other-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}))).await;
     assert_eq!(r.status(), 404);
     let err: serde_json::Value = r.json().await.unwrap();
     assert_eq!(err["error"]["type"], "NotFoundError");
@@ -279,10 +240,7 @@ async fn vllm_rejections_pass_through_with_vllms_message() {
 
 #[tokio::test]
 async fn upstream_down_gives_503_fast_and_readyz_says_so() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     // Every upstream timeout an hour long: only the refused connection can produce the 503,
     // so "fast" needs no stopwatch; the 30 s guard fails the test if the gateway waits instead.
     let h = harness(FAST, |c| {
@@ -303,27 +261,9 @@ async fn upstream_down_gives_503_fast_and_readyz_says_so() {
     .await
     .expect("a refused connection is a 503 at once, not after a timeout")
     .unwrap();
-    assert_eq!(r.status(), 503);
-    let err: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(err["error"]["code"], "upstream_unavailable");
-    assert_eq!(
-        client()
-            .get(h.url("/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        503
-    );
-    assert_eq!(
-        client()
-            .get(h.url("/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_error(r, 503, "upstream_unavailable").await;
+    assert_eq!(send(client().get(h.url("/readyz"))).await.status(), 503);
+    assert_eq!(send(client().get(h.url("/healthz"))).await.status(), 200);
     assert!(h.idle());
     h.shutdown().await;
 }
@@ -331,14 +271,7 @@ async fn upstream_down_gives_503_fast_and_readyz_says_so() {
 #[tokio::test]
 async fn a_stalled_upstream_hits_the_idle_timeout_with_a_clean_error() {
     let h = harness(
-        &[
-            "--speed",
-            "50",
-            "--profile",
-            "tiny-test",
-            "--stall-after-tokens",
-            "3",
-        ],
+        &flags("--speed 50 --profile tiny-test --stall-after-tokens 3"),
         |c| {
             c.upstream.idle_timeout = Duration::from_millis(300);
         },
@@ -381,24 +314,9 @@ async fn a_stalled_upstream_hits_the_idle_timeout_with_a_clean_error() {
 #[tokio::test]
 async fn models_are_relayed_from_the_upstream() {
     let h = harness(FAST, |_| {}).await;
-    let v: serde_json::Value = client()
-        .get(h.url("/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: serde_json::Value = send_json(client().get(h.url("/v1/models"))).await;
     assert_eq!(v["data"][0]["id"], "meta-llama/Llama-3.1-8B-Instruct");
-    assert_eq!(
-        client()
-            .get(h.url("/readyz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert_eq!(send(client().get(h.url("/readyz"))).await.status(), 200);
     let _ = Lane::Small;
     h.shutdown().await;
 }
@@ -413,7 +331,7 @@ async fn vllm_probe_routes_answer_like_vllm() {
             "GET" => client().get(h.url(path)),
             _ => client().post(h.url(path)),
         };
-        assert_eq!(req.send().await.unwrap().status(), 200, "{method} {path}");
+        assert_eq!(send(req).await.status(), 200, "{method} {path}");
     }
     let version = tutor_testkit::get_json(h.url("/version")).await;
     assert_eq!(
@@ -421,24 +339,24 @@ async fn vllm_probe_routes_answer_like_vllm() {
         vllm_sim::VLLM_VERSION,
         "relayed from vLLM"
     );
-    let resp = client()
-        .post(h.url("/tokenize"))
-        .json(&json!({"prompt": "one two three"}))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(h.url("/tokenize"))
+            .json(&json!({"prompt": "one two three"})),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     let tokens: serde_json::Value = resp.json().await.unwrap();
     let count = tokens["count"].as_u64().unwrap();
     assert!(count >= 3, "the engine's own count: {tokens}");
     assert_eq!(tokens["tokens"].as_array().unwrap().len() as u64, count);
     // vLLM's validation errors come back with vLLM's status and shape.
-    let bad = client()
-        .post(h.url("/tokenize"))
-        .json(&json!({"no_prompt": true}))
-        .send()
-        .await
-        .unwrap();
+    let bad = send(
+        client()
+            .post(h.url("/tokenize"))
+            .json(&json!({"no_prompt": true})),
+    )
+    .await;
     assert_eq!(bad.status(), 400);
     let body: serde_json::Value = bad.json().await.unwrap();
     assert!(body["error"]["message"].is_string(), "{body}");
@@ -456,24 +374,17 @@ async fn relayed_probe_routes_report_an_unreachable_engine() {
         c.upstream.base_url = format!("http://127.0.0.1:{port}");
     })
     .await;
-    let version = client().get(h.url("/version")).send().await.unwrap();
+    let version = send(client().get(h.url("/version"))).await;
     assert_eq!(version.status(), 503);
-    let tokenize = client()
-        .post(h.url("/tokenize"))
-        .json(&json!({"prompt": "hi"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(tokenize.status(), 503);
-    let body: serde_json::Value = tokenize.json().await.unwrap();
-    assert_eq!(body["error"]["code"], "upstream_unavailable");
-    assert_eq!(
+    let tokenize = send(
         client()
-            .get(h.url("/health"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
+            .post(h.url("/tokenize"))
+            .json(&json!({"prompt": "hi"})),
+    )
+    .await;
+    assert_error(tokenize, 503, "upstream_unavailable").await;
+    assert_eq!(
+        send(client().get(h.url("/health"))).await.status(),
         200,
         "liveness is the gateway's own, as /healthz"
     );
@@ -484,15 +395,12 @@ async fn relayed_probe_routes_report_an_unreachable_engine() {
 async fn answer_events_carry_ids_and_a_reconnect_is_told_to_stop() {
     let h = harness(FAST, |_| {}).await;
     let url = h.url("/answer");
-    let body = client()
-        .get(&url)
-        .query(&[("prompt", "what is a closure?"), ("max_output_tokens", "5")])
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = send_text(
+        client()
+            .get(&url)
+            .query(&[("prompt", "what is a closure?"), ("max_output_tokens", "5")]),
+    )
+    .await;
     assert!(body.starts_with("retry: 3000\nevent: meta\n"), "{body}");
     let ids: Vec<&str> = body
         .lines()
@@ -508,13 +416,13 @@ async fn answer_events_carry_ids_and_a_reconnect_is_told_to_stop() {
     assert_eq!(ids[tokens..], ["end"], "the last event is `end`");
     assert!(body.contains("id: end\nevent: done\n"), "{body}");
     // A browser EventSource reconnects with the last id: 204 stops it, nothing is generated.
-    let again = client()
-        .get(&url)
-        .query(&[("prompt", "what is a closure?")])
-        .header("last-event-id", "end")
-        .send()
-        .await
-        .unwrap();
+    let again = send(
+        client()
+            .get(&url)
+            .query(&[("prompt", "what is a closure?")])
+            .header("last-event-id", "end"),
+    )
+    .await;
     assert_eq!(again.status(), 204);
     let m = h.metrics_text().await;
     assert_eq!(family_total(&m, "tutor_gateway_requests_total"), 1.0);
@@ -539,36 +447,24 @@ async fn a_vllm_with_an_api_key_is_called_with_it() {
         c.upstream.api_key = keyed.upstream.api_key.clone()
     })
     .await;
-    let resp = client()
-        .post(h.url("/answer"))
-        .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(sse(&resp.text().await.unwrap()).last().unwrap().0, "done");
-    assert_eq!(
+    let resp = send(
         client()
-            .get(h.url("/v1/models"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+            .post(h.url("/answer"))
+            .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3})),
+    )
+    .await;
+    assert_eq!(sse(&resp.text().await.unwrap()).last().unwrap().0, "done");
+    assert_eq!(send(client().get(h.url("/v1/models"))).await.status(), 200);
     h.shutdown().await;
     // Without the key, vLLM's 401 reaches the client as what it is.
     let h = harness(&flags, |_| {}).await;
-    let resp = client()
-        .post(h.url("/answer"))
-        .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 401);
-    assert_eq!(
-        json(&resp.text().await.unwrap())["error"]["code"],
-        "upstream_rejected"
-    );
+    let resp = send(
+        client()
+            .post(h.url("/answer"))
+            .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3})),
+    )
+    .await;
+    assert_error(resp, 401, "upstream_rejected").await;
     h.shutdown().await;
     std::fs::remove_file(file).unwrap();
 }
@@ -628,22 +524,22 @@ async fn tls_to_a_vllm_whose_certificate_a_private_ca_signed() {
     );
     let trusting = tutor_gateway::config::Config::from_toml_str(&toml).unwrap();
     let h = harness(FAST, |c| c.upstream = trusting.upstream.clone()).await;
-    let resp = client()
-        .post(h.url("/answer"))
-        .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3}))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(h.url("/answer"))
+            .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3})),
+    )
+    .await;
     assert_eq!(sse(&resp.text().await.unwrap()).last().unwrap().0, "done");
     h.shutdown().await;
     // Without the CA the certificate is not trusted: vLLM is unreachable, not silently used.
     let h = harness(FAST, |c| c.upstream.base_url = front.clone()).await;
-    let resp = client()
-        .post(h.url("/answer"))
-        .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3}))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(h.url("/answer"))
+            .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3})),
+    )
+    .await;
     assert_eq!(resp.status(), 503);
     h.shutdown().await;
     sim.shutdown().await;

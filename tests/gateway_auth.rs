@@ -8,15 +8,10 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{json, Value};
-use tutor_gateway::config::KeyEntry;
 
 const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
 const KEY: &str = "sk-tutor-cs101-0123456789";
 const OTHER: &str = "sk-tutor-school-2-abcdef";
-
-fn sha256(key: &str) -> String {
-    tutor_gateway::sign::sha256_hex(key.as_bytes())
-}
 
 struct KeyFile(std::path::PathBuf);
 
@@ -52,7 +47,7 @@ async fn answer(h: &Harness, key: Option<&str>) -> (u16, String) {
     if let Some(key) = key {
         req = req.bearer_auth(key);
     }
-    let resp = req.send().await.unwrap();
+    let resp = send(req).await;
     (resp.status().as_u16(), resp.text().await.unwrap())
 }
 
@@ -91,15 +86,13 @@ async fn only_a_listed_key_gets_in_and_a_revoked_one_is_refused_after_reload() {
     assert_eq!(line["tenant"], "cs101", "{line}");
     assert!(!line.to_string().contains(KEY));
     // The OpenAI shape on /v1, with a key an SDK sends the same way.
-    let v1 = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(v1.status(), 401);
-    let err = json(&v1.text().await.unwrap());
-    assert_eq!(err["error"]["code"], "invalid_api_key");
+    let v1 = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})),
+    )
+    .await;
+    let err = assert_error(v1, 401, "invalid_api_key").await;
     assert!(err["error"]["message"].as_str().unwrap().contains("Bearer"));
     // Revoke OTHER: rewrite the file without it; the gateway re-reads it by itself.
     assert_eq!(answer(&h, Some(OTHER)).await.0, 200);
@@ -115,7 +108,7 @@ async fn only_a_listed_key_gets_in_and_a_revoked_one_is_refused_after_reload() {
     assert_eq!(answer(&h, Some(KEY)).await.0, 200, "still valid");
     // Open routes need no key.
     for path in ["/healthz", "/health", "/v1/models", "/metrics", "/readyz"] {
-        let status = client().get(h.url(path)).send().await.unwrap().status();
+        let status = send(client().get(h.url(path))).await.status();
         assert_eq!(status, 200, "{path}");
     }
     h.shutdown().await;
@@ -124,22 +117,13 @@ async fn only_a_listed_key_gets_in_and_a_revoked_one_is_refused_after_reload() {
 #[tokio::test]
 async fn an_eventsource_token_opens_the_stream_until_it_expires() {
     let h = harness(FAST, |c| {
-        c.auth.enabled = true;
-        c.auth.keys = vec![KeyEntry {
-            sha256: sha256(KEY),
-            tenant: "cs101".into(),
-        }];
+        with_keys(c, &[(KEY, "cs101")]);
         c.auth.token_ttl = Duration::from_secs(3_600);
     })
     .await;
-    let issued = client()
-        .post(h.url("/auth/token"))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    let issued = send(client().post(h.url("/auth/token")).bearer_auth(KEY)).await;
     assert_eq!(issued.status(), 200);
-    let issued = json(&issued.text().await.unwrap());
+    let issued = read_json(issued).await;
     assert_eq!(issued["tenant"], "cs101");
     let token = issued["token"].as_str().unwrap().to_owned();
     let get = |token: String| {
@@ -164,38 +148,29 @@ async fn an_eventsource_token_opens_the_stream_until_it_expires() {
     assert_eq!(get(forged).await.unwrap().status(), 401);
     assert_eq!(get("garbage".into()).await.unwrap().status(), 401);
     // A token without a key cannot be asked for.
-    let no_key = client().post(h.url("/auth/token")).send().await.unwrap();
+    let no_key = send(client().post(h.url("/auth/token"))).await;
     assert_eq!(no_key.status(), 401);
     h.shutdown().await;
     // A token past its expiry (1 ms of life) is refused.
     let h = harness(FAST, |c| {
-        c.auth.enabled = true;
-        c.auth.keys = vec![KeyEntry {
-            sha256: sha256(KEY),
-            tenant: "cs101".into(),
-        }];
+        with_keys(c, &[(KEY, "cs101")]);
         c.auth.token_ttl = Duration::from_millis(1);
     })
     .await;
-    let issued = client()
-        .post(h.url("/auth/token"))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
-    let token = json(&issued.text().await.unwrap())["token"]
+    let issued = send(client().post(h.url("/auth/token")).bearer_auth(KEY)).await;
+    let token = read_json(issued).await["token"]
         .as_str()
         .unwrap()
         .to_owned();
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let late = client()
-        .get(h.url("/answer"))
-        .query(&[("prompt", "hi"), ("token", token.as_str())])
-        .send()
-        .await
-        .unwrap();
+    let late = send(
+        client()
+            .get(h.url("/answer"))
+            .query(&[("prompt", "hi"), ("token", token.as_str())]),
+    )
+    .await;
     assert_eq!(late.status(), 401);
-    assert!(json(&late.text().await.unwrap())["error"]["message"]
+    assert!(read_json(late).await["error"]["message"]
         .as_str()
         .unwrap()
         .contains("expired"));
@@ -206,7 +181,7 @@ async fn an_eventsource_token_opens_the_stream_until_it_expires() {
 async fn with_auth_off_nothing_changes() {
     let h = harness(FAST, |_| {}).await;
     assert_eq!(answer(&h, None).await.0, 200);
-    let token = client().post(h.url("/auth/token")).send().await.unwrap();
+    let token = send(client().post(h.url("/auth/token"))).await;
     assert_eq!(token.status(), 400);
     h.shutdown().await;
 }
@@ -214,33 +189,23 @@ async fn with_auth_off_nothing_changes() {
 #[tokio::test]
 async fn a_job_is_visible_only_to_its_tenant() {
     let h = harness(FAST, |c| {
-        c.auth.enabled = true;
-        c.auth.keys = vec![
-            KeyEntry {
-                sha256: sha256(KEY),
-                tenant: "cs101".into(),
-            },
-            KeyEntry {
-                sha256: sha256(OTHER),
-                tenant: "school-2".into(),
-            },
-        ];
+        with_keys(c, &[(KEY, "cs101"), (OTHER, "school-2")]);
     })
     .await;
-    let submitted = client()
-        .post(h.url("/jobs"))
-        .bearer_auth(KEY)
-        .json(&json!({"prompt": "review my repository", "max_output_tokens": 3}))
-        .send()
-        .await
-        .unwrap();
+    let submitted = send(
+        client()
+            .post(h.url("/jobs"))
+            .bearer_auth(KEY)
+            .json(&json!({"prompt": "review my repository", "max_output_tokens": 3})),
+    )
+    .await;
     assert_eq!(submitted.status(), 202);
-    let id = json(&submitted.text().await.unwrap())["id"]
+    let id = read_json(submitted).await["id"]
         .as_str()
         .unwrap()
         .to_owned();
     let url = h.url(&format!("/jobs/{id}"));
-    let mine = client().get(&url).bearer_auth(KEY).send().await.unwrap();
+    let mine = send(client().get(&url).bearer_auth(KEY)).await;
     assert_eq!(mine.status(), 200);
     // Another tenant: as if the job did not exist, for reading, following and cancelling.
     for req in [
@@ -248,37 +213,20 @@ async fn a_job_is_visible_only_to_its_tenant() {
         client().get(format!("{url}/events")),
         client().delete(&url),
     ] {
-        let resp = req.bearer_auth(OTHER).send().await.unwrap();
+        let resp = send(req.bearer_auth(OTHER)).await;
         assert_eq!(resp.status(), 404);
         assert_eq!(code(&resp.text().await.unwrap()), json!("job_not_found"));
     }
-    assert_eq!(client().get(&url).send().await.unwrap().status(), 401);
+    assert_eq!(send(client().get(&url)).await.status(), 401);
     h.shutdown().await;
 }
 
 #[tokio::test]
 async fn tenants_take_turns_in_the_job_queue() {
-    let slow = [
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--mean-output-tokens",
-        "1000000",
-    ];
+    let slow = flags("--speed 1 --profile tiny-test --mean-output-tokens 1000000");
     let h = harness(&slow, |c| {
         set_lane(c, tutor_gateway::lane::Lane::Large, 1);
-        c.auth.enabled = true;
-        c.auth.keys = vec![
-            KeyEntry {
-                sha256: sha256(KEY),
-                tenant: "cs101".into(),
-            },
-            KeyEntry {
-                sha256: sha256(OTHER),
-                tenant: "school-2".into(),
-            },
-        ];
+        with_keys(c, &[(KEY, "cs101"), (OTHER, "school-2")]);
     })
     .await;
     let submit = |key: &'static str, out: u32| {
@@ -292,12 +240,7 @@ async fn tenants_take_turns_in_the_job_queue() {
     for out in [2000, 5, 5, 5, 5] {
         let resp = submit(KEY, out).await.unwrap();
         assert_eq!(resp.status(), 202);
-        ids.push(
-            json(&resp.text().await.unwrap())["id"]
-                .as_str()
-                .unwrap()
-                .to_owned(),
-        );
+        ids.push(read_json(resp).await["id"].as_str().unwrap().to_owned());
         if ids.len() == 1 {
             // The first takes the large lane's only seat before the others arrive.
             eventually("the first job runs", || {
@@ -307,25 +250,10 @@ async fn tenants_take_turns_in_the_job_queue() {
         }
     }
     let resp = submit(OTHER, 5).await.unwrap();
-    let theirs = json(&resp.text().await.unwrap())["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let theirs = read_json(resp).await["id"].as_str().unwrap().to_owned();
     let status = |id: &str, key: &'static str| {
         let url = h.url(&format!("/jobs/{id}"));
-        async move {
-            json(
-                &client()
-                    .get(url)
-                    .bearer_auth(key)
-                    .send()
-                    .await
-                    .unwrap()
-                    .text()
-                    .await
-                    .unwrap(),
-            )
-        }
+        async move { json(&send_text(client().get(url).bearer_auth(key)).await) }
     };
     // cs101's first job holds the large lane's only seat; its four others wait. school-2's
     // one job goes ahead of them: tenants take turns, each oldest first.
@@ -335,11 +263,11 @@ async fn tenants_take_turns_in_the_job_queue() {
     assert_eq!(v["position"], 0, "{v}");
     let last = status(&ids[4], KEY).await;
     assert_eq!(last["position"], 4, "{last}");
-    client()
-        .delete(h.url(&format!("/jobs/{}", ids[0])))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    send(
+        client()
+            .delete(h.url(&format!("/jobs/{}", ids[0])))
+            .bearer_auth(KEY),
+    )
+    .await;
     h.shutdown().await;
 }

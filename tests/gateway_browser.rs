@@ -24,7 +24,6 @@ use common::*;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tutor_gateway::config::KeyEntry;
 
 const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
 const KEY: &str = "sk-tutor-cs101-0123456789";
@@ -86,11 +85,7 @@ impl Frontend {
 async fn gateway(page_origin: &str) -> Harness {
     let origin = page_origin.to_owned();
     harness(FAST, move |c| {
-        c.auth.enabled = true;
-        c.auth.keys = vec![KeyEntry {
-            sha256: tutor_gateway::sign::sha256_hex(KEY.as_bytes()),
-            tenant: "cs101".into(),
-        }];
+        with_keys(c, &[(KEY, "cs101")]);
         c.auth.token_ttl = Duration::from_secs(600);
         c.server.cors_allow_origins = vec![origin];
     })
@@ -99,14 +94,9 @@ async fn gateway(page_origin: &str) -> Harness {
 
 /// What the frontend's backend does: trades its API key for an `EventSource` token.
 async fn token(h: &Harness) -> String {
-    let resp = client()
-        .post(h.url("/auth/token"))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
+    let resp = send(client().post(h.url("/auth/token")).bearer_auth(KEY)).await;
     assert_eq!(resp.status(), 200);
-    let issued = json(&resp.text().await.unwrap());
+    let issued = read_json(resp).await;
     assert_eq!(issued["tenant"], "cs101");
     issued["token"].as_str().unwrap().to_owned()
 }
@@ -252,14 +242,8 @@ impl Browser {
 
     /// A DevTools session on the browser's tab.
     async fn tab(&self) -> Tab {
-        let targets = client()
-            .get(format!("http://127.0.0.1:{}/json/list", self.port))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let targets =
+            send_text(client().get(format!("http://127.0.0.1:{}/json/list", self.port))).await;
         let targets = json(&targets);
         let ws = targets
             .as_array()

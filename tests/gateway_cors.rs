@@ -28,17 +28,17 @@ fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
 #[tokio::test]
 async fn an_allowed_origin_gets_its_preflight_and_reads_the_stream() {
     let h = gateway().await;
-    let pre = client()
-        .request(reqwest::Method::OPTIONS, h.url("/answer"))
-        .header("origin", FRONTEND)
-        .header("access-control-request-method", "POST")
-        .header(
-            "access-control-request-headers",
-            "content-type, last-event-id",
-        )
-        .send()
-        .await
-        .unwrap();
+    let pre = send(
+        client()
+            .request(reqwest::Method::OPTIONS, h.url("/answer"))
+            .header("origin", FRONTEND)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "content-type, last-event-id",
+            ),
+    )
+    .await;
     assert_eq!(pre.status(), 204);
     assert_eq!(
         header(&pre, "access-control-allow-origin").as_deref(),
@@ -54,13 +54,13 @@ async fn an_allowed_origin_gets_its_preflight_and_reads_the_stream() {
         Some("600")
     );
     // An EventSource on the frontend's page: a cross-origin GET with its Origin.
-    let resp = client()
-        .get(h.url("/answer"))
-        .query(&[("prompt", "what is a closure?"), ("max_output_tokens", "4")])
-        .header("origin", FRONTEND)
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .get(h.url("/answer"))
+            .query(&[("prompt", "what is a closure?"), ("max_output_tokens", "4")])
+            .header("origin", FRONTEND),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     assert_eq!(
         header(&resp, "access-control-allow-origin").as_deref(),
@@ -78,36 +78,32 @@ async fn an_allowed_origin_gets_its_preflight_and_reads_the_stream() {
 #[tokio::test]
 async fn another_origin_is_refused_before_it_spends_anything() {
     let h = gateway().await;
-    let pre = client()
-        .request(reqwest::Method::OPTIONS, h.url("/answer"))
-        .header("origin", ELSEWHERE)
-        .header("access-control-request-method", "POST")
-        .send()
-        .await
-        .unwrap();
+    let pre = send(
+        client()
+            .request(reqwest::Method::OPTIONS, h.url("/answer"))
+            .header("origin", ELSEWHERE)
+            .header("access-control-request-method", "POST"),
+    )
+    .await;
     assert_eq!(pre.status(), 403);
     assert!(header(&pre, "access-control-allow-origin").is_none());
     // A drive-by GET and a "simple" text/plain POST from a foreign page.
-    let get = client()
-        .get(h.url("/answer"))
-        .query(&[("prompt", "spend your GPU")])
-        .header("origin", ELSEWHERE)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(get.status(), 403);
-    assert_eq!(
-        json(&get.text().await.unwrap())["error"]["code"],
-        "origin_not_allowed"
-    );
-    let post = client()
-        .post(h.url("/answer"))
-        .header("origin", ELSEWHERE)
-        .header("content-type", "text/plain")
-        .body(r#"{"prompt": "spend your GPU"}"#)
-        .send()
-        .await
-        .unwrap();
+    let get = send(
+        client()
+            .get(h.url("/answer"))
+            .query(&[("prompt", "spend your GPU")])
+            .header("origin", ELSEWHERE),
+    )
+    .await;
+    assert_error(get, 403, "origin_not_allowed").await;
+    let post = send(
+        client()
+            .post(h.url("/answer"))
+            .header("origin", ELSEWHERE)
+            .header("content-type", "text/plain")
+            .body(r#"{"prompt": "spend your GPU"}"#),
+    )
+    .await;
     assert_eq!(post.status(), 403);
     let m = h.metrics_text().await;
     assert_eq!(
@@ -122,14 +118,14 @@ async fn another_origin_is_refused_before_it_spends_anything() {
 async fn a_cross_origin_post_must_be_json_and_other_callers_are_untouched() {
     let h = gateway().await;
     let body = r#"{"prompt": "what is a closure?", "max_output_tokens": 3}"#;
-    let plain = client()
-        .post(h.url("/answer"))
-        .header("origin", FRONTEND)
-        .header("content-type", "text/plain;charset=UTF-8")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let plain = send(
+        client()
+            .post(h.url("/answer"))
+            .header("origin", FRONTEND)
+            .header("content-type", "text/plain;charset=UTF-8")
+            .body(body),
+    )
+    .await;
     assert_eq!(plain.status(), 415);
     assert_eq!(
         header(&plain, "access-control-allow-origin").as_deref(),
@@ -137,36 +133,31 @@ async fn a_cross_origin_post_must_be_json_and_other_callers_are_untouched() {
         "the page can read why"
     );
     assert_eq!(
-        json(&plain.text().await.unwrap())["error"]["code"],
+        read_json(plain).await["error"]["code"],
         "unsupported_media_type"
     );
-    let as_json = client()
-        .post(h.url("/answer"))
-        .header("origin", FRONTEND)
-        .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3}))
-        .send()
-        .await
-        .unwrap();
+    let as_json = send(
+        client()
+            .post(h.url("/answer"))
+            .header("origin", FRONTEND)
+            .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3})),
+    )
+    .await;
     assert_eq!(as_json.status(), 200);
     // No Origin (an SDK, curl): as before, whatever the content type.
-    let sdk = client()
-        .post(h.url("/answer"))
-        .header("content-type", "text/plain")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let sdk = send(
+        client()
+            .post(h.url("/answer"))
+            .header("content-type", "text/plain")
+            .body(body),
+    )
+    .await;
     assert_eq!(sdk.status(), 200);
     assert!(header(&sdk, "access-control-allow-origin").is_none());
     // The gateway's own host is not trusted for naming itself (a rebound DNS name would):
     // only the list decides.
     let own = format!("http://{}", h.gw.addr);
-    let same = client()
-        .get(h.url("/healthz"))
-        .header("origin", own)
-        .send()
-        .await
-        .unwrap();
+    let same = send(client().get(h.url("/healthz")).header("origin", own)).await;
     assert_eq!(same.status(), 403);
     h.shutdown().await;
 }

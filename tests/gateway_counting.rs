@@ -125,12 +125,7 @@ async fn the_estimate_covers_everything_the_template_renders() {
         if let Some(t) = tools {
             body["tools"] = t;
         }
-        let resp = client()
-            .post(h.url("/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
         assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
         let _ = resp.text().await;
         sizes.push(messages.len() as u64);
@@ -158,12 +153,7 @@ async fn a_tools_heavy_question_is_classified_by_its_real_size() {
     assert!(schema_bytes > 20_000, "{schema_bytes}");
     let body =
         json!({"messages": [{"role": "user", "content": "hi"}], "tools": tools, "max_tokens": 5});
-    let resp = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
     assert_eq!(resp.status(), 200);
     let _ = resp.text().await;
     let log = h.log.lock().unwrap().clone();
@@ -188,14 +178,7 @@ fn extra_roles() -> Vec<String> {
 /// A conversation with random roles (vLLM's and the configured ones), long names, reasoning in
 /// the history, text and media parts, tool calls, and maybe tools and template values.
 fn random_conversation(rng: &mut StdRng) -> Value {
-    const VLLM_ROLES: &[&str] = &[
-        "system",
-        "developer",
-        "user",
-        "assistant",
-        "tool",
-        "function",
-    ];
+    use tutor_gateway::pipeline::parse::template::VLLM_ROLES;
     let mut roles: Vec<String> = VLLM_ROLES.iter().map(|r| (*r).to_owned()).collect();
     roles.extend(extra_roles());
     let mut messages = Vec::new();
@@ -277,12 +260,7 @@ async fn the_estimate_covers_every_string_the_template_renders() {
     let mut sent = Vec::new();
     for _ in 0..200 {
         let body = random_conversation(&mut rng);
-        let resp = client()
-            .post(h.url("/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
         assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
         let _ = resp.text().await;
         sent.push(body["messages"].as_array().unwrap().len() as u64);

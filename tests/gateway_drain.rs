@@ -14,37 +14,22 @@ mod common;
 mod redis_common;
 
 use std::collections::HashMap;
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::HeaderMap;
-use common::{client, json, sse};
+use common::process::GatewayProcess;
+use common::{client, flags, free_port, json, read_json, send, sse};
 use redis_common::RedisServer;
 use serde_json::{json, Value};
 use vllm_sim::{SimArgs, SimServer};
 
 /// Real time (about 5 ms a token) and every answer runs to its `max_output_tokens`: a stream
 /// of 4000 tokens lasts far longer than any grace period here.
-const SLOW: &[&str] = &[
-    "--speed",
-    "1",
-    "--profile",
-    "tiny-test",
-    "--mean-output-tokens",
-    "1000000",
-];
+const SLOW: &str = "--speed 1 --profile tiny-test --mean-output-tokens 1000000";
 const USAGE: &str = "tg:v2:{quota}:usage";
 const LEASES: &str = "tg:v2:{quota}:leases";
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A small HTTP server on 127.0.0.1 keeping the `(x-request-id header, body)` of every POST
 /// to `path`, answering 200.
@@ -72,84 +57,11 @@ async fn recorder(path: &'static str) -> (String, Arc<Mutex<Vec<(String, Bytes)>
     (url, got)
 }
 
-/// A gateway process started from the built binary, killed on drop (also when a test fails).
-struct Process {
-    child: Child,
-    url: String,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl Process {
-    /// Starts `tutor-gateway serve` with `listen` and the config text `rest`, and waits until
-    /// it answers `/healthz`. Spans, when `rest` turns tracing on, are batched for 60 s.
-    async fn start(rest: &str) -> Process {
-        let port = free_port();
-        let dir = std::env::temp_dir().join(format!("tg-drain-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("config.toml");
-        std::fs::write(&path, format!("listen = \"127.0.0.1:{port}\"\n{rest}")).unwrap();
-        let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
-            .args(["serve", "--config"])
-            .arg(&path)
-            // Only the flush at exit can export a span in a test this short.
-            .env("OTEL_BSP_SCHEDULE_DELAY", "60000")
-            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-            .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
-            .env_remove("OTEL_SDK_DISABLED")
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("the gateway binary starts");
-        let p = Process {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            dir,
-        };
-        for _ in 0..500 {
-            if let Ok(r) = client().get(format!("{}/healthz", p.url)).send().await {
-                if r.status().is_success() {
-                    return p;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("the gateway did not come up:\n{}", p.log());
-    }
-
-    /// What the process wrote to stderr so far.
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
-    }
-
-    /// A real SIGTERM.
-    fn sigterm(&self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("kill runs");
-        assert!(status.success(), "kill -TERM failed");
-    }
-
-    /// Waits (30 s at most) for the process to exit.
-    async fn exited(&mut self) -> ExitStatus {
-        for _ in 0..1500 {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("the gateway did not exit after SIGTERM:\n{}", self.log());
-    }
+/// `tutor-gateway serve` with the config text `rest`; spans, when `rest` turns tracing on, are
+/// batched for 60 s (only the flush at exit can export one in a test this short).
+async fn start(rest: &str) -> GatewayProcess {
+    let env = [("OTEL_BSP_SCHEDULE_DELAY", "60000"), ("RUST_LOG", "info")];
+    GatewayProcess::start("drain", rest, &env).await
 }
 
 /// An open streaming response, read piece by piece.
@@ -162,7 +74,7 @@ struct Stream {
 impl Stream {
     /// Sends `req` and reads until the body holds `marker` (a first token).
     async fn open(req: reqwest::RequestBuilder, marker: &str) -> Stream {
-        let resp = req.send().await.unwrap();
+        let resp = send(req).await;
         assert_eq!(resp.status(), 200);
         let request_id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
         let mut s = Stream {
@@ -237,7 +149,9 @@ async fn redis_state(redis: &RedisServer) -> (HashMap<String, i64>, HashMap<Stri
 }
 
 async fn sim() -> SimServer {
-    vllm_sim::start(&SimArgs::for_test(SLOW)).await.unwrap()
+    vllm_sim::start(&SimArgs::for_test(&flags(SLOW)))
+        .await
+        .unwrap()
 }
 
 /// Polls `cond` every 20 ms for up to 10 s.
@@ -258,7 +172,7 @@ async fn sigterm_mid_stream_ends_it_with_shutdown_aborts_it_releases_its_lease_a
     let sim = sim().await;
     let (collector, spans) = recorder("/v1/traces").await;
     let (aborts_url, aborts) = recorder("/abort_requests").await;
-    let mut gw = Process::start(&format!(
+    let mut gw = start(&format!(
         "[server]\nshutdown_grace_ms = 300\n\
          [telemetry]\nrequest_log = \"off\"\ntracing = true\notlp_protocol = \"http/protobuf\"\n\
          otlp_endpoint = \"{collector}\"\n\
@@ -367,7 +281,7 @@ async fn sigterm_mid_stream_ends_it_with_shutdown_aborts_it_releases_its_lease_a
 async fn readyz_says_draining_during_the_grace_while_a_stream_still_runs() {
     let sim = sim().await;
     let admin = free_port();
-    let mut gw = Process::start(&format!(
+    let mut gw = start(&format!(
         "[server]\nshutdown_grace_ms = 5000\nadmin_listen = \"127.0.0.1:{admin}\"\n\
          [telemetry]\nrequest_log = \"off\"\n\
          [classify]\ntokenizer = \"heuristic\"\n\
@@ -377,8 +291,8 @@ async fn readyz_says_draining_during_the_grace_while_a_stream_still_runs() {
     .await;
     let readyz = format!("http://127.0.0.1:{admin}/readyz");
     let get = |url: String| async move {
-        let resp = client().get(url).send().await.unwrap();
-        (resp.status().as_u16(), json(&resp.text().await.unwrap()))
+        let resp = send(client().get(url)).await;
+        (resp.status().as_u16(), read_json(resp).await)
     };
     let (status, body) = get(readyz.clone()).await;
     assert_eq!((status, body["status"].clone()), (200, json!("ready")));
@@ -433,7 +347,7 @@ async fn readyz_says_draining_during_the_grace_while_a_stream_still_runs() {
 #[tokio::test]
 async fn during_the_drain_announce_readyz_says_draining_and_new_requests_are_still_served() {
     let sim = sim().await;
-    let mut gw = Process::start(&format!(
+    let mut gw = start(&format!(
         "[server]\nshutdown_grace_ms = 0\ndrain_announce_ms = 10000\n\
          [telemetry]\nrequest_log = \"off\"\n\
          [classify]\ntokenizer = \"heuristic\"\n\
@@ -446,9 +360,9 @@ async fn during_the_drain_announce_readyz_says_draining_and_new_requests_are_sti
     let readyz = format!("{}/readyz", gw.url);
     let mut seen = None;
     for _ in 0..500 {
-        let resp = client().get(&readyz).send().await.unwrap();
+        let resp = send(client().get(&readyz)).await;
         if resp.status() == 503 {
-            seen = Some(json(&resp.text().await.unwrap()));
+            seen = Some(read_json(resp).await);
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

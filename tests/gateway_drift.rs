@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::{client, family_total, harness, words, Harness};
+use common::{client, family_total, flags, harness, send, words, Harness};
 use serde_json::{json, Value};
 use tutor_gateway::lane::Lane;
 use tutor_testkit::metric_or_zero;
@@ -22,12 +22,12 @@ fn capture_logs() -> (tutor_testkit::Captured, tracing::subscriber::DefaultGuard
 }
 
 async fn chat(h: &Harness, messages: Value) {
-    let r = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": messages, "max_tokens": 4}))
-        .send()
-        .await
-        .unwrap();
+    let r = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&json!({"messages": messages, "max_tokens": 4})),
+    )
+    .await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
 }
 
@@ -69,15 +69,8 @@ fn old_detector_alarms(lines: &[Value]) -> usize {
 /// admission to first token. No drift alarm: no metric, no log line.
 async fn no_prefix_load_raises_no_alarm(per_request_metrics: bool) {
     let (logs, _guard) = capture_logs();
-    let mut flags = vec![
-        "--profile",
-        "tiny-test",
-        "--speed",
-        "10",
-        "--max-num-seqs",
-        "2",
-        "--enable-prompt-tokens-details",
-    ];
+    let mut flags =
+        flags("--profile tiny-test --speed 10 --max-num-seqs 2 --enable-prompt-tokens-details");
     if per_request_metrics {
         flags.push("--enable-per-request-metrics");
     }
@@ -169,18 +162,7 @@ async fn an_evicted_course_prefix_raises_a_drift_alarm_naming_the_replica() {
     let (logs, _guard) = capture_logs();
     // 160 blocks of 16 tokens: about four ~520-token course prefixes fit.
     let h = harness(
-        &[
-            "--profile",
-            "tiny-test",
-            "--speed",
-            "20",
-            "--num-gpu-blocks",
-            "160",
-            "--max-model-len",
-            "2048",
-            "--enable-prompt-tokens-details",
-            "--enable-per-request-metrics",
-        ],
+        &flags("--profile tiny-test --speed 20 --num-gpu-blocks 160 --max-model-len 2048 --enable-prompt-tokens-details --enable-per-request-metrics"),
         |_| {},
     )
     .await;

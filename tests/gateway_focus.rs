@@ -13,11 +13,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::response::Response;
-use common::{client, metric, sse, Harness};
-use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+use common::{client, metric, send, sse, Harness};
 use serde_json::{json, Value};
-use tracing_subscriber::layer::SubscriberExt;
 use tutor_gateway::classify::TokenCounter;
 use tutor_gateway::config::{Config, CourseConfig};
 use tutor_gateway::prompt::focus::{self, Focus, FocusMode, FocusSettings, SourceFile};
@@ -61,7 +58,7 @@ async fn forward(req: Request, upstream: &str, kept: &Mutex<Vec<Value>>) -> Resp
             out = out.header(k, v);
         }
     }
-    let resp = out.send().await.unwrap();
+    let resp = send(out).await;
     let mut back = Response::builder().status(resp.status());
     for (k, v) in resp.headers() {
         if k != "content-length" && k != "transfer-encoding" {
@@ -125,12 +122,7 @@ async fn gateway() -> (Harness, Tap) {
     config
         .courses
         .insert("py101-off".into(), course("py101-off", FocusMode::Off));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let tasks = tokio_util::task::TaskTracker::new();
-    let (request_log, log) = tutor_gateway::telemetry::RequestLog::memory();
-    let state = tutor_gateway::server::build_state_with_log(config, tasks.clone(), request_log)
-        .expect("gateway state");
-    let gw = tutor_gateway::server::serve_state(state, tasks, listener).expect("gateway starts");
+    let (gw, log) = common::gateway(config).await;
     (Harness { sim, gw, log }, tap)
 }
 
@@ -142,12 +134,7 @@ fn subscriber() -> tracing::subscriber::DefaultGuard {
 }
 
 async fn answer(h: &Harness, body: &Value) -> (u16, String) {
-    let r = client()
-        .post(h.url("/answer"))
-        .json(body)
-        .send()
-        .await
-        .unwrap();
+    let r = send(client().post(h.url("/answer")).json(body)).await;
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
@@ -440,40 +427,20 @@ async fn files_are_focused_together_and_bad_code_fields_are_400s() {
 
 #[tokio::test]
 async fn the_span_carries_the_outcome_and_the_tokens_saved() {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let traces = common::traces::traces();
 
     let (h, _tap) = gateway().await;
     let f = library_case();
     let want = expected_focus(&f);
     let (status, body) = answer(&h, &request("py101", &f)).await;
     assert_eq!(status, 200, "{body}");
-    let generate = || {
-        let _ = provider.force_flush();
-        exporter
-            .get_finished_spans()
-            .unwrap()
-            .into_iter()
-            .filter(|s| s.name == "llm.generate")
-            .collect::<Vec<_>>()
-    };
+    let generate = || traces.generate_spans();
     // The span closes when the handler is done, which may be just after the last byte.
     common::eventually("the span ended", || !generate().is_empty()).await;
     let spans = generate();
     assert_eq!(spans.len(), 1);
-    let attr = |k: &str| {
-        spans[0]
-            .attributes
-            .iter()
-            .find(|kv| kv.key.as_str() == k)
-            .map(|kv| kv.value.clone())
-            .unwrap_or_else(|| panic!("{k} missing"))
-    };
+    let attr =
+        |k: &str| common::traces::attr(&spans[0], k).unwrap_or_else(|| panic!("{k} missing"));
     assert_eq!(attr("llm.focus.outcome").as_str(), "focused");
     assert_eq!(
         attr("llm.focus.tokens_saved"),

@@ -27,14 +27,7 @@ fn seed_large_lane(c: &mut tutor_gateway::config::Config) {
 #[tokio::test]
 async fn the_engine_never_sees_more_than_four_large_requests() {
     let h = harness(
-        &[
-            "--speed",
-            "20",
-            "--profile",
-            "tiny-test",
-            "--num-gpu-blocks",
-            "8192",
-        ],
+        &flags("--speed 20 --profile tiny-test --num-gpu-blocks 8192"),
         seed_large_lane,
     )
     .await;
@@ -64,12 +57,12 @@ async fn the_engine_never_sees_more_than_four_large_requests() {
 async fn fill_large_lane(h: &Harness) -> Vec<reqwest::Response> {
     let mut blockers = Vec::new();
     for i in 0..4 {
-        let resp = client()
-            .post(h.url("/v1/chat/completions"))
-            .json(&large_body(&format!("block{i}"), 5000))
-            .send()
-            .await
-            .unwrap();
+        let resp = send(
+            client()
+                .post(h.url("/v1/chat/completions"))
+                .json(&large_body(&format!("block{i}"), 5000)),
+        )
+        .await;
         assert_eq!(resp.status(), 200);
         blockers.push(resp);
     }
@@ -82,14 +75,7 @@ async fn small_requests_are_admitted_while_large_ones_queue_and_queued_clients_c
     // Real speed: each blocker's 5,000 tokens take about half a minute, so they hold the lane
     // for the whole test however slow the machine (at speed 5 they had about five seconds).
     let h = harness(
-        &[
-            "--speed",
-            "1",
-            "--profile",
-            "tiny-test",
-            "--num-gpu-blocks",
-            "8192",
-        ],
+        &flags("--speed 1 --profile tiny-test --num-gpu-blocks 8192"),
         seed_large_lane,
     )
     .await;
@@ -145,23 +131,15 @@ async fn small_requests_are_admitted_while_large_ones_queue_and_queued_clients_c
 async fn a_client_leaving_during_prefill_aborts_the_engine_work() {
     // 8,000 prompt tokens in chunks of 256 at real speed: about 30 steps of prefill.
     let h = harness(
-        &[
-            "--speed",
-            "1",
-            "--profile",
-            "tiny-test",
-            "--max-num-batched-tokens",
-            "256",
-        ],
+        &flags("--speed 1 --profile tiny-test --max-num-batched-tokens 256"),
         |_| {},
     )
     .await;
-    let resp = client()
-        .post(h.url("/answer"))
-        .json(&json!({"prompt": words(8000, "review this repository"), "max_output_tokens": 200}))
-        .send()
-        .await
-        .unwrap();
+    let resp =
+        send(client().post(h.url("/answer")).json(
+            &json!({"prompt": words(8000, "review this repository"), "max_output_tokens": 200}),
+        ))
+        .await;
     assert_eq!(resp.status(), 200);
     eventually("prefill running in the engine", || h.sim_running() == 1).await;
     drop(resp);
@@ -185,18 +163,14 @@ async fn a_client_leaving_during_prefill_aborts_the_engine_work() {
 async fn a_client_leaving_mid_stream_aborts_and_records_tokens_relayed() {
     // A short prompt with 4,000 tokens of output budget is medium work.
     let h = harness(&["--speed", "5", "--profile", "tiny-test"], |_| {}).await;
-    let resp = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "explain ownership"}], "max_tokens": 4000,
-                      "ignore_eos": true, "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    let mut body = resp.bytes_stream();
-    let mut text = String::new();
-    while text.matches("\"content\":\" ").count() < 5 {
-        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(
+        &json!({"messages": [{"role": "user", "content": "explain ownership"}], "max_tokens": 4000,
+                      "ignore_eos": true, "stream": true}),
+    ))
+    .await;
+    let mut body = Streamed::new(resp);
+    body.until(|text| text.matches("\"content\":\" ").count() >= 5)
+        .await;
     drop(body);
     eventually("engine aborted the request", || {
         h.sim_aborted() == 1 && h.sim_running() == 0
@@ -226,16 +200,7 @@ async fn a_client_leaving_mid_stream_aborts_and_records_tokens_relayed() {
 /// however slowly the machine runs.
 async fn first_served(engine_priority: bool) -> &'static str {
     let h = harness(
-        &[
-            "--speed",
-            "1",
-            "--profile",
-            "tiny-test",
-            "--max-num-seqs",
-            "1",
-            "--scheduling-policy",
-            "priority",
-        ],
+        &flags("--speed 1 --profile tiny-test --max-num-seqs 1 --scheduling-policy priority"),
         |c| c.admission.engine_priority = engine_priority,
     )
     .await;
@@ -258,7 +223,7 @@ async fn first_served(engine_priority: bool) -> &'static str {
     ] {
         let (url, served) = (url.clone(), served.clone());
         tasks.push(tokio::spawn(async move {
-            let resp = client().post(url).json(&body).send().await.unwrap();
+            let resp = send(client().post(url).json(&body)).await;
             let mut stream = resp.bytes_stream();
             let mut text = String::new();
             while !text.contains("\"content\":\" ") {

@@ -15,14 +15,7 @@ const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
 
 /// Every stream stalls after its first token with the connection open (a request that holds
 /// its seat, place or reservation for as long as the test needs).
-const STALLING: &[&str] = &[
-    "--speed",
-    "50",
-    "--profile",
-    "tiny-test",
-    "--stall-after-tokens",
-    "1",
-];
+const STALLING: &str = "--speed 50 --profile tiny-test --stall-after-tokens 1";
 
 /// Waits until the gateway serves a new request again (a seat or place came back).
 async fn served_again(h: &Harness, what: &str) {
@@ -49,12 +42,9 @@ async fn a_clients_priority_never_reaches_the_engine() {
     // The simulator refuses a non-zero priority without priority scheduling, as vLLM does: the
     // request succeeds only because the gateway removed it.
     let h = harness(FAST, |_| {}).await;
-    let resp = client()
+    let resp = send(client()
         .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "priority": -100}))
-        .send()
-        .await
-        .unwrap();
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "priority": -100}))).await;
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
     let seen = sim_requests(&h).await;
     assert_eq!(seen.last().unwrap()["priority"], 0, "{seen:?}");
@@ -87,23 +77,23 @@ async fn work_multipliers_are_refused_and_unknown_fields_follow_the_config() {
         ),
         (json!({"not_a_field": 1}), None),
     ] {
-        let resp = client()
-            .post(h.url("/v1/chat/completions"))
-            .json(&chat(extra.clone()))
-            .send()
-            .await
-            .unwrap();
+        let resp = send(
+            client()
+                .post(h.url("/v1/chat/completions"))
+                .json(&chat(extra.clone())),
+        )
+        .await;
         assert_eq!(resp.status(), 400, "{extra}");
         let body: Value = resp.json().await.unwrap();
         assert_eq!(body["error"]["code"], "bad_request", "{body}");
         assert_eq!(body["error"]["param"], json!(param), "{body}");
     }
-    let resp = client()
-        .post(h.url("/v1/completions"))
-        .json(&json!({"prompt": "hi", "max_tokens": 3, "best_of": 3}))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(h.url("/v1/completions"))
+            .json(&json!({"prompt": "hi", "max_tokens": 3, "best_of": 3})),
+    )
+    .await;
     assert_eq!(resp.status(), 400);
     assert!(h.idle());
     h.shutdown().await;
@@ -119,15 +109,7 @@ async fn large_requests_without_max_tokens_never_exceed_their_reservation() {
         let body = json!({"messages": [{"role": "user", "content": format!("{i} {review}")}], "ignore_eos": true});
         let url = h.url("/v1/chat/completions");
         tasks.push(tokio::spawn(async move {
-            let resp: Value = client()
-                .post(url)
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let resp: Value = send_json(client().post(url).json(&body)).await;
             resp
         }));
     }
@@ -159,18 +141,15 @@ async fn large_requests_without_max_tokens_never_exceed_their_reservation() {
 async fn parallel_continues_see_each_other() {
     // Every stream stalls after its first token with the connection open: all three requests
     // hold their session reservation (200 declared tokens each) at once.
-    let h = harness(STALLING, |c| {
+    let h = harness(&flags(STALLING), |c| {
         c.upstream.idle_timeout = Duration::from_secs(60)
     })
     .await;
     let mut streams = Vec::new();
     for i in 0..3 {
-        let resp = client()
+        let resp = send(client()
             .post(h.url("/answer"))
-            .json(&json!({"prompt": format!("continue {i}"), "max_output_tokens": 200, "session_id": "student-9"}))
-            .send()
-            .await
-            .unwrap();
+            .json(&json!({"prompt": format!("continue {i}"), "max_output_tokens": 200, "session_id": "student-9"}))).await;
         assert_eq!(resp.status(), 200);
         streams.push(resp);
     }
@@ -194,23 +173,23 @@ async fn parallel_continues_see_each_other() {
 async fn session_ids_are_checked_and_their_map_is_bounded() {
     let h = harness(FAST, |c| c.promotion.max_sessions = 20).await;
     let huge = "a".repeat(1 << 20);
-    let resp = client()
-        .post(h.url("/answer"))
-        .json(&json!({"prompt": "hi", "session_id": huge}))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(h.url("/answer"))
+            .json(&json!({"prompt": "hi", "session_id": huge})),
+    )
+    .await;
     assert_eq!(resp.status(), 400);
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["param"], "session_id", "{body}");
     assert!(body.to_string().len() < 1000, "the id is not echoed back");
-    let resp = client()
-        .post(h.url("/v1/chat/completions"))
-        .header("x-session-id", "a b")
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .header("x-session-id", "a b")
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})),
+    )
+    .await;
     assert_eq!(resp.status(), 400);
 
     let mut peak = 0.0f64;
@@ -237,15 +216,7 @@ async fn session_ids_are_checked_and_their_map_is_bounded() {
 async fn the_slot_is_freed_at_the_finish_reason_without_done() {
     // The engine (or a proxy in between) never sends `[DONE]` and keeps the connection open.
     let h = harness(
-        &[
-            "--speed",
-            "50",
-            "--profile",
-            "tiny-test",
-            "--omit-done-rate",
-            "1",
-            "--omit-done-hang",
-        ],
+        &flags("--speed 50 --profile tiny-test --omit-done-rate 1 --omit-done-hang"),
         |c| {
             c.upstream.idle_timeout = Duration::from_secs(120);
             set_lane(c, Lane::Small, 1);
@@ -258,12 +229,7 @@ async fn the_slot_is_freed_at_the_finish_reason_without_done() {
         // One seat: each request gets it only once the one before let it go. Far below the
         // idle timeout, or the test's own limit fails it.
         let resp = tokio::time::timeout(Duration::from_secs(60), async {
-            let resp = client()
-                .post(h.url("/v1/chat/completions"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
+            let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
             resp.text().await.unwrap()
         })
         .await
@@ -284,14 +250,7 @@ async fn no_prompt_text_reaches_the_logs() {
     // This test's runtime has one thread: everything the gateway logs is on it.
     let (captured, _guard) = tutor_testkit::capture_logs(tracing::Level::TRACE);
     let h = harness(
-        &[
-            "--speed",
-            "50",
-            "--profile",
-            "tiny-test",
-            "--max-model-len",
-            "2000",
-        ],
+        &flags("--speed 50 --profile tiny-test --max-model-len 2000"),
         |c| c.upstream.max_model_len = 2000.try_into().unwrap(),
     )
     .await;
@@ -307,26 +266,19 @@ async fn no_prompt_text_reaches_the_logs() {
         // A normal answer.
         json!({"messages": [{"role": "user", "content": question}], "max_tokens": 3, "stop": [SECRET]}),
     ] {
-        let _ = client()
-            .post(&url)
-            .json(&body)
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await;
+        let _ = send(client().post(&url).json(&body)).await.text().await;
     }
-    let _ = client()
-        .post(&url)
-        .header("content-type", "application/json")
-        .body(format!(
-            "{{\"messages\": [{{\"role\": \"user\", \"content\": \"{SECRET}"
-        ))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await;
+    let _ = send(
+        client()
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(format!(
+                "{{\"messages\": [{{\"role\": \"user\", \"content\": \"{SECRET}"
+            )),
+    )
+    .await
+    .text()
+    .await;
     let metrics = h.metrics_text().await;
     let log = h.log.lock().unwrap().clone();
     h.shutdown().await;
@@ -433,20 +385,18 @@ async fn a_body_that_never_finishes_gets_408() {
 
 #[tokio::test]
 async fn requests_beyond_the_in_flight_limit_get_503() {
-    let h = harness(STALLING, |c| {
+    let h = harness(&flags(STALLING), |c| {
         c.server.max_requests_in_flight = 1;
         c.upstream.idle_timeout = Duration::from_secs(60);
     })
     .await;
     // One stream holds the only place (stalled after its first token).
-    let held = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50, "stream": true}))
-        .send()
-        .await
-        .unwrap();
+    let held = send(client().post(h.url("/v1/chat/completions")).json(
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50, "stream": true}),
+    ))
+    .await;
     assert_eq!(held.status(), 200);
-    let resp = client().get(h.url("/healthz")).send().await.unwrap();
+    let resp = send(client().get(h.url("/healthz"))).await;
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["retry-after"], "1");
     let body: Value = resp.json().await.unwrap();
@@ -459,7 +409,7 @@ async fn requests_beyond_the_in_flight_limit_get_503() {
 
 #[tokio::test]
 async fn queued_bodies_are_bounded_in_bytes() {
-    let h = harness(STALLING, |c| {
+    let h = harness(&flags(STALLING), |c| {
         set_lane(c, Lane::Small, 1);
         c.server.max_queued_bytes = 3000;
         c.upstream.idle_timeout = Duration::from_secs(60);
@@ -467,24 +417,24 @@ async fn queued_bodies_are_bounded_in_bytes() {
     .await;
     let body = |salt: &str| json!({"messages": [{"role": "user", "content": format!("{salt} {}", "x".repeat(1800))}], "max_tokens": 5, "stream": true});
     // The only small seat is held by a stalled stream; the next request waits in the queue.
-    let seat = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&body("a"))
-        .send()
-        .await
-        .unwrap();
+    let seat = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&body("a")),
+    )
+    .await;
     assert_eq!(seat.status(), 200);
     let url = h.url("/v1/chat/completions");
     let waiting = tokio::spawn(client().post(url).json(&body("b")).send());
     eventually("one request queued", || h.queued(Lane::Small) == 1).await;
     assert!(h.gw.state.queued_bytes().held() > 1800);
     // A second 1.8 KB body would pass the 3,000 bytes queued bodies may hold.
-    let resp = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&body("c"))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&body("c")),
+    )
+    .await;
     assert_eq!(resp.status(), 429);
     assert_eq!(resp.headers()["retry-after"], "1");
     let err: Value = resp.json().await.unwrap();

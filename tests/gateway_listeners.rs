@@ -11,7 +11,7 @@ use common::*;
 const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
 
 async fn status(url: String) -> u16 {
-    client().get(url).send().await.unwrap().status().as_u16()
+    send(client().get(url)).await.status().as_u16()
 }
 
 #[tokio::test]
@@ -38,21 +38,14 @@ async fn operators_routes_move_to_the_admin_listener() {
         assert_eq!(status(h.url(path)).await, 200, "{path} stays public");
     }
     // The admin listener serves nothing else: no way to spend GPU time through it.
-    let answer = client()
-        .get(format!("{admin}/answer"))
-        .query(&[("prompt", "hi")])
-        .send()
-        .await
-        .unwrap();
+    let answer = send(
+        client()
+            .get(format!("{admin}/answer"))
+            .query(&[("prompt", "hi")]),
+    )
+    .await;
     assert_eq!(answer.status(), 404);
-    let metrics = client()
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = send_text(client().get(format!("{admin}/metrics"))).await;
     assert!(metrics.contains("tutor_gateway_lane_in_flight"));
     h.shutdown().await;
 }
@@ -140,15 +133,11 @@ async fn tls_on_the_public_listener_and_a_renewed_certificate_is_served_without_
     }
     assert!(ok, "the renewed certificate was never served");
     // A whole answer over TLS.
-    let body = http
-        .post(format!("{https}/answer"))
-        .json(&serde_json::json!({"prompt": "what is a closure?", "max_output_tokens": 3}))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = send_text(
+        http.post(format!("{https}/answer"))
+            .json(&serde_json::json!({"prompt": "what is a closure?", "max_output_tokens": 3})),
+    )
+    .await;
     assert_eq!(sse(&body).last().unwrap().0, "done");
     h.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);

@@ -117,14 +117,7 @@ both_backends!(
 
 async fn room_at_the_first_token(redis: Option<&RedisServer>) {
     // The first token comes at once, the second in ten minutes: requests stay in decode.
-    let decode_held = [
-        "--profile",
-        "fixed",
-        "--fixed-ttft-ms",
-        "1",
-        "--fixed-itl-ms",
-        "600000",
-    ];
+    let decode_held = flags("--profile fixed --fixed-ttft-ms 1 --fixed-itl-ms 600000");
     let h = harness(&decode_held, tweak(redis)).await;
     let url = h.url("/v1/chat/completions");
     let mut first = send(&url, body(7_000, "first")).await.unwrap();

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{client, family_total, get_text, harness, words, Harness};
+use common::{client, family_total, flags, get_text, harness, send, words, Harness};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Value};
@@ -12,14 +12,8 @@ use tutor_gateway::config::{Config, CourseConfig};
 use tutor_gateway::prompt::Course;
 use tutor_testkit::bench::shuffled;
 
-const SIM: &[&str] = &[
-    "--speed",
-    "20",
-    "--profile",
-    "tiny-test",
-    "--enable-prompt-tokens-details",
-    "--enable-prefix-caching",
-];
+const SIM: &str =
+    "--speed 20 --profile tiny-test --enable-prompt-tokens-details --enable-prefix-caching";
 
 /// Sum of every sample of `name` (any labels) in a Prometheus exposition.
 fn tool_schemas() -> Value {
@@ -47,7 +41,10 @@ struct Run {
 
 /// 50 sequential requests for one course whose tool schemas arrive with keys in random order.
 async fn fifty_shuffled(canonicalize: bool) -> Run {
-    let h = harness(SIM, |c| c.prefix_cache.canonicalize_tools = canonicalize).await;
+    let h = harness(&flags(SIM), |c| {
+        c.prefix_cache.canonicalize_tools = canonicalize
+    })
+    .await;
     let before = get_text(format!("{}/metrics", h.sim.url())).await;
     let mut rng = StdRng::seed_from_u64(8);
     let system = words(
@@ -61,12 +58,7 @@ async fn fifty_shuffled(canonicalize: bool) -> Run {
             "tools": shuffled(&tool_schemas(), &mut rng),
             "max_tokens": 4,
         });
-        let r = client()
-            .post(h.url("/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
         assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
     }
     let gw = get_text(h.url("/metrics")).await;
@@ -137,12 +129,7 @@ fn py101(tools: Option<Value>) -> CourseConfig {
 }
 
 async fn answer(h: &Harness, body: Value) -> (u16, String) {
-    let r = client()
-        .post(h.url("/answer"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = send(client().post(h.url("/answer")).json(&body)).await;
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
@@ -150,7 +137,7 @@ async fn answer(h: &Harness, body: Value) -> (u16, String) {
 async fn answer_with_a_course_puts_the_stable_prefix_first_and_it_hits() {
     let course = py101(Some(tool_schemas()));
     let fp = Course::from_config(&course).fingerprint;
-    let h = harness(SIM, |c| {
+    let h = harness(&flags(SIM), |c| {
         c.courses.insert("py101".into(), course);
     })
     .await;
@@ -180,11 +167,8 @@ async fn answer_with_a_course_puts_the_stable_prefix_first_and_it_hits() {
     );
 
     // GET /answer takes course_id too: same prefix, same fingerprint.
-    let r = client()
-        .get(h.url("/answer?prompt=why&max_output_tokens=2&course_id=py101"))
-        .send()
-        .await
-        .unwrap();
+    let r =
+        send(client().get(h.url("/answer?prompt=why&max_output_tokens=2&course_id=py101"))).await;
     assert_eq!(r.status(), 200);
     let _ = r.text().await.unwrap();
     let get = h.log.lock().unwrap().last().cloned().unwrap();
@@ -244,7 +228,7 @@ fn a_course_with_template_variables_is_refused_with_its_dotted_path() {
 
 #[tokio::test]
 async fn per_fingerprint_series_never_exceed_n_plus_one() {
-    let h = harness(SIM, |c| {
+    let h = harness(&flags(SIM), |c| {
         c.prefix_cache.fingerprint_labels = 2;
         c.prefix_cache.label_after_requests = 1;
     })
@@ -252,12 +236,7 @@ async fn per_fingerprint_series_never_exceed_n_plus_one() {
     for i in 0..6 {
         let body = json!({"messages": [{"role": "system", "content": format!("Course {i}.")},
                                        {"role": "user", "content": "hi"}], "max_tokens": 2});
-        let r = client()
-            .post(h.url("/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
         assert_eq!(r.status(), 200);
     }
     let text = get_text(h.url("/metrics")).await;
@@ -290,7 +269,10 @@ async fn per_fingerprint_series_never_exceed_n_plus_one() {
 /// Eight sequential requests of one course (a 600-word system prompt, a short question each):
 /// per request, (estimated input, cached tokens vLLM reported, prefill reservation taken).
 async fn course_requests(discount: bool) -> Vec<(u64, u64, u64)> {
-    let h = harness(SIM, |c| c.admission.prefill_discount_cached = discount).await;
+    let h = harness(&flags(SIM), |c| {
+        c.admission.prefill_discount_cached = discount
+    })
+    .await;
     let system = words(600, "You are the algo201 tutor. Review the student's code.");
     for i in 0..8 {
         let body = json!({
@@ -298,12 +280,7 @@ async fn course_requests(discount: bool) -> Vec<(u64, u64, u64)> {
                          {"role": "user", "content": words(20, &format!("question {i}:"))}],
             "max_tokens": 8
         });
-        let r = client()
-            .post(h.url("/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let r = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
         assert_eq!(r.status(), 200);
         r.bytes().await.unwrap();
     }

@@ -8,21 +8,13 @@ mod redis_common;
 use std::time::Duration;
 
 use common::*;
-use futures::StreamExt;
 use redis_common::RedisServer;
 use serde_json::{json, Value};
 use tutor_gateway::config::{Config, QuotaBackend, RedisUrl, RequestLogSink};
 use tutor_gateway::lane::Lane;
 
 /// The engine stops a request without `max_tokens` at its context limit: 1,100 tokens.
-const SIM: &[&str] = &[
-    "--speed",
-    "2",
-    "--profile",
-    "tiny-test",
-    "--max-model-len",
-    "1100",
-];
+const SIM: &str = "--speed 2 --profile tiny-test --max-model-len 1100";
 
 fn short_context(c: &mut Config) {
     c.upstream.max_model_len = 1100.try_into().unwrap();
@@ -51,28 +43,24 @@ fn words_in(events: &[(String, String)]) -> usize {
 
 #[tokio::test]
 async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes() {
-    let h = harness(SIM, short_context).await;
-    let resp = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&endless())
-        .send()
-        .await
-        .unwrap();
-    let mut body = resp.bytes_stream();
-    let mut text = String::new();
+    let h = harness(&flags(SIM), short_context).await;
+    let resp = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&endless()),
+    )
+    .await;
+    let mut body = Streamed::new(resp);
     // Read until well past 256 tokens: by then the request holds a medium slot, not a small one.
-    while words_in(&sse(text.rsplit_once("\n\n").map_or("", |(a, _)| a))) < 300 {
-        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
+    body.until(|text| words_in(&sse(text.rsplit_once("\n\n").map_or("", |(a, _)| a))) >= 300)
+        .await;
     assert_eq!(h.in_flight(Lane::Small), 0, "the small slot is free again");
     assert_eq!(
         h.in_flight(Lane::Medium),
         1,
         "the request is counted in medium"
     );
-    while let Some(chunk) = body.next().await {
-        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
-    }
+    let text = body.rest().await;
     let events = sse(&text);
     assert_eq!(events.last().unwrap().1, "[DONE]");
     let generated = words_in(&events);
@@ -85,26 +73,14 @@ async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes()
     assert!(last.get("tutor_gateway").is_none());
     eventually("every counter back to zero", || h.idle()).await;
     let m = h.metrics_text().await;
-    assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}"
-        ),
-        1.0
-    );
+    assert_eq!(metric(&m, SMALL_TO_MEDIUM), 1.0);
     assert_eq!(metric(&m, "tutor_gateway_requests_total{lane=\"medium\",outcome=\"ok\",route=\"chat_completions\"}"), 1.0);
 
     // A request that stays within its size is not touched.
     let small = post_text(h.url("/v1/chat/completions"), &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "ignore_eos": true, "stream": true})).await;
     assert_eq!(words_in(&sse(&small)), 200);
     let m = h.metrics_text().await;
-    assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}"
-        ),
-        1.0
-    );
+    assert_eq!(metric(&m, SMALL_TO_MEDIUM), 1.0);
     assert_eq!(metric(&m, "tutor_gateway_requests_total{lane=\"small\",outcome=\"ok\",route=\"chat_completions\"}"), 1.0);
     h.shutdown().await;
 }
@@ -125,12 +101,7 @@ async fn fill_medium(h: &Harness) -> tokio::task::JoinHandle<String> {
 async fn with_medium_full_the_stream_is_cut_with_the_documented_message_and_aborted() {
     // Answers without a limit run to the context's end (the /answer request cannot ask for
     // `ignore_eos`): the engine's drawn lengths average 100,000 tokens.
-    let sim: Vec<&str> = SIM
-        .iter()
-        .copied()
-        .chain(["--mean-output-tokens", "100000"])
-        .collect();
-    let h = harness(&sim, |c| {
+    let h = harness(&flags(&format!("{SIM} --mean-output-tokens 100000")), |c| {
         short_context(c);
         set_lane(c, Lane::Medium, 1);
     })
@@ -203,14 +174,7 @@ async fn with_medium_full_the_stream_is_cut_with_the_documented_message_and_abor
 async fn a_chain_of_continue_requests_moves_to_medium_by_the_fourth() {
     // The engine always answers up to max_tokens here (a huge mean output length).
     let h = harness(
-        &[
-            "--speed",
-            "50",
-            "--profile",
-            "tiny-test",
-            "--mean-output-tokens",
-            "1000000",
-        ],
+        &flags("--speed 50 --profile tiny-test --mean-output-tokens 1000000"),
         |_| {},
     )
     .await;
@@ -249,7 +213,7 @@ async fn a_chain_of_continue_requests_moves_to_medium_by_the_fourth() {
 #[tokio::test]
 async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
     let redis = RedisServer::start();
-    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(SIM))
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&flags(SIM)))
         .await
         .unwrap();
     let config = |medium: u32| {
@@ -285,17 +249,15 @@ async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
         }
     };
     // Replica A: the request outgrows small and moves to medium in the shared quota.
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", a.url()))
-        .json(&endless())
-        .send()
-        .await
-        .unwrap();
-    let mut body = resp.bytes_stream();
-    let mut text = String::new();
-    while words_in(&sse(text.rsplit_once("\n\n").map_or("", |(x, _)| x))) < 300 {
-        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
+    let resp = send(
+        client()
+            .post(format!("{}/v1/chat/completions", a.url()))
+            .json(&endless()),
+    )
+    .await;
+    let mut body = Streamed::new(resp);
+    body.until(|text| words_in(&sse(text.rsplit_once("\n\n").map_or("", |(x, _)| x))) >= 300)
+        .await;
     let u = usage(&mut conn).await;
     assert_eq!(u.get("small:n").copied().unwrap_or(0), 0, "{u:?}");
     assert_eq!(u.get("medium:n").copied().unwrap_or(0), 1, "{u:?}");
@@ -313,9 +275,7 @@ async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
         "lane_limit"
     );
 
-    while let Some(chunk) = body.next().await {
-        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
-    }
+    let text = body.rest().await;
     assert!(words_in(&sse(&text)) > 1000, "A's stream completed");
     eventually("both replicas idle", || {
         a.state.admission().snapshot().is_idle() && b.state.admission().snapshot().is_idle()
@@ -340,14 +300,7 @@ async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
 #[tokio::test]
 async fn a_continue_chain_spread_over_two_replicas_counts_as_one_session_in_redis() {
     let redis = RedisServer::start();
-    let flags = [
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--mean-output-tokens",
-        "1000000",
-    ];
+    let flags = flags("--speed 50 --profile tiny-test --mean-output-tokens 1000000");
     let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&flags))
         .await
         .unwrap();

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{eventually, words};
+use common::{eventually, flags, send, words};
 use redis_common::RedisServer;
 use serde_json::json;
 use tutor_gateway::admission::{Admission, Ask};
@@ -29,14 +29,7 @@ const LIMITS: [(&str, i64, i64); 3] = [
 const GLOBAL_TOKENS: i64 = 196_608;
 
 async fn sim() -> SimServer {
-    let flags = [
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--num-gpu-blocks",
-        "8192",
-    ];
+    let flags = flags("--speed 50 --profile tiny-test --num-gpu-blocks 8192");
     vllm_sim::start(&SimArgs::for_test(&flags)).await.unwrap()
 }
 
@@ -65,8 +58,7 @@ fn config(sim: &SimServer, redis: &RedisServer) -> Config {
 }
 
 async fn gateway(config: Config) -> Gateway {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    tutor_gateway::server::start(config, listener).unwrap()
+    common::gateway(config).await.0
 }
 
 /// A chat request of about `words_n` prompt tokens and `max_tokens` output.
@@ -332,14 +324,7 @@ async fn the_engine_never_sees_more_large_requests_than_the_shared_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_large_limit_is_reached_and_the_rest_wait() {
     let redis = RedisServer::start();
-    let held = [
-        "--profile",
-        "fixed",
-        "--fixed-ttft-ms",
-        "600000",
-        "--fixed-itl-ms",
-        "600000",
-    ];
+    let held = flags("--profile fixed --fixed-ttft-ms 600000 --fixed-itl-ms 600000");
     let sim = vllm_sim::start(&SimArgs::for_test(&held)).await.unwrap();
     let mut cfg = config(&sim, &redis);
     // Nothing but the clients may end a held request.
@@ -449,11 +434,7 @@ async fn a_crashed_replicas_capacity_comes_back_within_the_lease_ttl() {
 }
 
 async fn readyz(http: &reqwest::Client, gw: &Gateway) -> (u16, String) {
-    let r = http
-        .get(format!("{}/readyz", gw.url()))
-        .send()
-        .await
-        .unwrap();
+    let r = send(http.get(format!("{}/readyz", gw.url()))).await;
     let status = r.status().as_u16();
     let body: serde_json::Value = r.json().await.unwrap();
     (
@@ -809,16 +790,8 @@ async fn small_borrows_idle_seats_across_replicas_and_medium_gets_its_own_back()
 
 /// The simulator at real speed (about 5 ms a token), so requests overlap.
 async fn slow_sim() -> SimServer {
-    let flags = [
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--num-gpu-blocks",
-        "8192",
-        "--mean-output-tokens",
-        "1000000",
-    ];
+    let flags =
+        flags("--speed 1 --profile tiny-test --num-gpu-blocks 8192 --mean-output-tokens 1000000");
     vllm_sim::start(&SimArgs::for_test(&flags)).await.unwrap()
 }
 

@@ -15,14 +15,7 @@ use tutor_gateway::lane::Lane;
 use tutor_gateway::pipeline::reload;
 
 /// Real time (about 5 ms a token): streams last long enough to reload under them.
-const SLOW: &[&str] = &[
-    "--speed",
-    "1",
-    "--profile",
-    "tiny-test",
-    "--mean-output-tokens",
-    "1000000",
-];
+const SLOW: &str = "--speed 1 --profile tiny-test --mean-output-tokens 1000000";
 
 fn small(c: &mut Config, n: u32) {
     set_lane(c, Lane::Small, n);
@@ -30,7 +23,7 @@ fn small(c: &mut Config, n: u32) {
 
 #[tokio::test]
 async fn a_reload_raises_and_lowers_a_lanes_limit_and_a_shrink_cuts_nothing() {
-    let h = harness(SLOW, |c| small(c, 2)).await;
+    let h = harness(&flags(SLOW), |c| small(c, 2)).await;
     let base = (*h.gw.state.config()).clone();
     // Eight small questions, each streaming for about a second.
     let mut streams = Vec::new();
@@ -39,7 +32,7 @@ async fn a_reload_raises_and_lowers_a_lanes_limit_and_a_shrink_cuts_nothing() {
         streams.push(tokio::spawn(async move {
             let body = json!({"prompt": format!("why does loop {i} never end"),
                               "max_output_tokens": 200});
-            let resp = client().post(url).json(&body).send().await.unwrap();
+            let resp = send(client().post(url).json(&body)).await;
             sse(&resp.text().await.unwrap())
         }));
     }
@@ -104,9 +97,9 @@ async fn an_invalid_file_is_refused_and_restart_only_settings_are_left_alone() {
     let reload_now = || {
         let url = format!("{admin}/admin/reload");
         async move {
-            let resp = client().post(url).json(&json!({})).send().await.unwrap();
+            let resp = send(client().post(url).json(&json!({}))).await;
             let status = resp.status().as_u16();
-            (status, json(&resp.text().await.unwrap()))
+            (status, read_json(resp).await)
         }
     };
     let info = |m: &str| -> Vec<String> {
@@ -196,15 +189,15 @@ async fn an_invalid_file_is_refused_and_restart_only_settings_are_left_alone() {
         1.0
     );
     // Answers still flow on the running listener, under the new limits.
-    let resp = client()
-        .post(h.url("/answer"))
-        .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 4}))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(h.url("/answer"))
+            .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 4})),
+    )
+    .await;
     assert_eq!(sse(&resp.text().await.unwrap()).last().unwrap().0, "done");
     // The public listener has no /admin routes.
-    let public = client().post(h.url("/admin/reload")).send().await.unwrap();
+    let public = send(client().post(h.url("/admin/reload"))).await;
     assert_eq!(public.status(), 404);
     h.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -214,22 +207,12 @@ async fn an_invalid_file_is_refused_and_restart_only_settings_are_left_alone() {
 /// `/metrics` and the reload counted, and the gateway keeps serving.
 #[tokio::test]
 async fn sighup_reloads_the_file_of_a_running_gateway() {
-    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-    ]))
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&flags(
+        "--speed 50 --profile tiny-test",
+    )))
     .await
     .unwrap();
-    let free = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    };
-    let (port, admin) = (free(), free());
+    let (port, admin) = (free_port(), free_port());
     let dir = std::env::temp_dir().join(format!("tg-sighup-{}-{port}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("config.toml");
@@ -302,12 +285,12 @@ async fn sighup_reloads_the_file_of_a_running_gateway() {
         1.0
     );
     // Still serving, and still the same process.
-    let resp = client()
-        .post(format!("http://127.0.0.1:{port}/answer"))
-        .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 4}))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(format!("http://127.0.0.1:{port}/answer"))
+            .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 4})),
+    )
+    .await;
     assert_eq!(sse(&resp.text().await.unwrap()).last().unwrap().0, "done");
     drop(child);
     let _ = std::fs::remove_dir_all(&dir);

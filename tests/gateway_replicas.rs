@@ -13,12 +13,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{client, family_total, json, sse};
+use common::{client, family_total, flags, json, send, send_text, sse};
 use serde_json::{json, Value};
-use tokio_util::task::TaskTracker;
 use tutor_gateway::config::{Config, ReplicaConfig, RoutingPolicy};
 use tutor_gateway::server::Gateway;
-use tutor_gateway::telemetry::RequestLog;
+use tutor_testkit::eventually;
 use vllm_sim::{SimArgs, SimServer};
 
 async fn sim(flags: &[&str]) -> SimServer {
@@ -42,50 +41,21 @@ async fn gateway(sims: &[&SimServer], tweak: impl FnOnce(&mut Config)) -> Gatewa
     config.upstream.routing.unhealthy_after = 2;
     config.upstream.routing.healthy_after = 1;
     tweak(&mut config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let tasks = TaskTracker::new();
-    let (log, _) = RequestLog::memory();
-    let state = tutor_gateway::server::build_state_with_log(config, tasks.clone(), log).unwrap();
-    tutor_gateway::server::serve_state(state, tasks, listener).unwrap()
-}
-
-/// Polls `cond` every 20 ms for up to 10 s.
-async fn eventually<F, Fut>(what: &str, mut cond: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    for _ in 0..500 {
-        if cond().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("{what} did not happen within 10 s");
+    common::gateway(config).await.0
 }
 
 async fn text(url: String) -> String {
-    client()
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    send_text(client().get(url)).await
 }
 
 /// Opens a streaming `/answer` for `prompt` (URL-encoded) and reads it up to its first token:
 /// the open response and the body read so far.
 async fn first_token(gw: &Gateway, prompt: &str, max_tokens: u32) -> (reqwest::Response, String) {
-    let mut stream = client()
-        .get(format!(
-            "{}/answer?prompt={prompt}&max_output_tokens={max_tokens}",
-            gw.url()
-        ))
-        .send()
-        .await
-        .unwrap();
+    let mut stream = send(client().get(format!(
+        "{}/answer?prompt={prompt}&max_output_tokens={max_tokens}",
+        gw.url()
+    )))
+    .await;
     assert_eq!(stream.status(), 200);
     let mut body = String::new();
     while !body.contains("event: token") {
@@ -97,17 +67,11 @@ async fn first_token(gw: &Gateway, prompt: &str, max_tokens: u32) -> (reqwest::R
 
 /// A short `/answer` to its end: its last event's name and data.
 async fn short_answer(gw: &Gateway) -> (String, Value) {
-    let body = client()
-        .get(format!(
-            "{}/answer?prompt=what+is+a+loop&max_output_tokens=3",
-            gw.url()
-        ))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = send_text(client().get(format!(
+        "{}/answer?prompt=what+is+a+loop&max_output_tokens=3",
+        gw.url()
+    )))
+    .await;
     let (name, data) = sse(&body).pop().expect("an event");
     (name, json(&data))
 }
@@ -123,14 +87,7 @@ async fn finished(s: &SimServer) -> f64 {
 #[tokio::test]
 async fn a_replica_killed_mid_stream_cuts_that_stream_clearly_others_serve_and_it_rejoins() {
     // Real time for the long stream (about 5 ms a token), every answer to its max.
-    let flags = [
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--mean-output-tokens",
-        "1000000",
-    ];
+    let flags = flags("--speed 1 --profile tiny-test --mean-output-tokens 1000000");
     let mut sims = vec![sim(&flags).await, sim(&flags).await, sim(&flags).await];
     let gw = {
         let refs: Vec<&SimServer> = sims.iter().collect();
@@ -177,11 +134,7 @@ async fn a_replica_killed_mid_stream_cuts_that_stream_clearly_others_serve_and_i
             .contains(&format!("{healthy} 0"))
     })
     .await;
-    let readyz = client()
-        .get(format!("{}/readyz", gw.url()))
-        .send()
-        .await
-        .unwrap();
+    let readyz = send(client().get(format!("{}/readyz", gw.url()))).await;
     assert_eq!(readyz.status(), 200, "two replicas are still healthy");
 
     // Back on the same port: the checks bring it back, and round robin sends to it again.
@@ -211,15 +164,8 @@ async fn a_replica_killed_mid_stream_cuts_that_stream_clearly_others_serve_and_i
 
 #[tokio::test]
 async fn the_engine_abort_goes_to_the_replica_that_served_the_request() {
-    let flags = [
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--mean-output-tokens",
-        "1000000",
-        "--enable-scale-out",
-    ];
+    let flags =
+        flags("--speed 1 --profile tiny-test --mean-output-tokens 1000000 --enable-scale-out");
     let sims = vec![sim(&flags).await, sim(&flags).await, sim(&flags).await];
     let gw = gateway(&sims.iter().collect::<Vec<_>>(), |c| {
         c.upstream.abort.mode = tutor_gateway::config::AbortMode::On;
@@ -295,14 +241,7 @@ fn course_prefix(c: usize) -> String {
 /// course prefixes; returns the simulators' cached share of prompt tokens.
 async fn cached_ratio(policy: RoutingPolicy) -> f64 {
     // 40 blocks a prefix: 10 prefixes + room for the running request ~ 440 blocks.
-    let flags = [
-        "--speed",
-        "1000",
-        "--num-gpu-blocks",
-        "440",
-        "--max-model-len",
-        "2048",
-    ];
+    let flags = flags("--speed 1000 --num-gpu-blocks 440 --max-model-len 2048");
     let sims = vec![sim(&flags).await, sim(&flags).await, sim(&flags).await];
     let gw = gateway(&sims.iter().collect::<Vec<_>>(), |c| {
         c.upstream.routing.policy = policy;
@@ -317,18 +256,18 @@ async fn cached_ratio(policy: RoutingPolicy) -> f64 {
             order.swap(i, (k >> 33) as usize % (i + 1));
         }
         for &c in &order {
-            let resp = client()
-                .post(format!("{}/v1/chat/completions", gw.url()))
-                .json(&json!({
-                    "messages": [
-                        {"role": "system", "content": course_prefix(c)},
-                        {"role": "user", "content": format!("student question {round}")},
-                    ],
-                    "max_tokens": 2,
-                }))
-                .send()
-                .await
-                .unwrap();
+            let resp = send(
+                client()
+                    .post(format!("{}/v1/chat/completions", gw.url()))
+                    .json(&json!({
+                        "messages": [
+                            {"role": "system", "content": course_prefix(c)},
+                            {"role": "user", "content": format!("student question {round}")},
+                        ],
+                        "max_tokens": 2,
+                    })),
+            )
+            .await;
             assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
         }
     }
@@ -363,19 +302,11 @@ async fn seats_are_spread_by_each_replicas_kv_share() {
     let blocks = ["2000", "2000", "1000"];
     let mut sims = Vec::new();
     for b in blocks {
-        let flags = [
-            "--speed",
-            "1",
-            "--profile",
-            "tiny-test",
-            "--mean-output-tokens",
-            "1000000",
-            "--num-gpu-blocks",
-            b,
-            "--max-model-len",
-            "4096",
-        ];
-        sims.push(sim(&flags).await);
+        let line = format!(
+            "--speed 1 --profile tiny-test --mean-output-tokens 1000000 \
+             --num-gpu-blocks {b} --max-model-len 4096"
+        );
+        sims.push(sim(&flags(&line)).await);
     }
     let gw = gateway(&sims.iter().collect::<Vec<_>>(), |c| {
         c.upstream.max_model_len = std::num::NonZeroU32::new(4096).unwrap();

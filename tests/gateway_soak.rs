@@ -64,20 +64,7 @@ async fn one(url: String, body: serde_json::Value, leave: Leave) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_with_disconnects_and_failures_leaves_nothing_behind() {
     let h = harness(
-        &[
-            "--speed",
-            "50",
-            "--profile",
-            "tiny-test",
-            "--num-gpu-blocks",
-            "8192",
-            "--fail-rate",
-            "0.03",
-            "--midstream-error-rate",
-            "0.03",
-            "--error-after-tokens",
-            "3",
-        ],
+        &flags("--speed 50 --profile tiny-test --num-gpu-blocks 8192 --fail-rate 0.03 --midstream-error-rate 0.03 --error-after-tokens 3"),
         |c| {
             c.upstream.first_token_timeout = Duration::from_secs(20);
             c.upstream.idle_timeout = Duration::from_secs(5);

@@ -22,24 +22,10 @@ use tutor_gateway::telemetry::Route;
 
 /// Every stream stalls after two tokens, its connection open: a stream holds its seat until
 /// its client goes away.
-const STALLS: &[&str] = &[
-    "--speed",
-    "50",
-    "--profile",
-    "tiny-test",
-    "--stall-after-tokens",
-    "2",
-];
+const STALLS: &str = "--speed 50 --profile tiny-test --stall-after-tokens 2";
 
 /// Answers every request 500 before streaming: a request sent here never streams.
-const FAILS: &[&str] = &[
-    "--speed",
-    "50",
-    "--profile",
-    "tiny-test",
-    "--fail-rate",
-    "1",
-];
+const FAILS: &str = "--speed 50 --profile tiny-test --fail-rate 1";
 
 const PROMPT: &str = "why does my loop never end";
 
@@ -71,7 +57,7 @@ struct Open {
 
 impl Open {
     async fn until(req: reqwest::RequestBuilder, marker: &str) -> Open {
-        let resp = req.send().await.unwrap();
+        let resp = send(req).await;
         assert_eq!(resp.status(), 200, "{:?}", resp.headers());
         let mut open = Open {
             resp,
@@ -134,8 +120,8 @@ async fn log_line(h: &Harness, request_id: &str) -> Value {
 
 #[tokio::test]
 async fn a_request_waiting_for_its_seat_keeps_the_configuration_of_its_arrival() {
-    let h = harness(STALLS, one_small_seat).await;
-    let other = vllm_sim::start(&vllm_sim::SimArgs::for_test(FAILS))
+    let h = harness(&flags(STALLS), one_small_seat).await;
+    let other = vllm_sim::start(&vllm_sim::SimArgs::for_test(&flags(FAILS)))
         .await
         .unwrap();
     // The small lane's only seat, held by a stalled stream.
@@ -181,7 +167,7 @@ async fn a_request_waiting_for_its_seat_keeps_the_configuration_of_its_arrival()
         (answer_req(&h), "answer"),
         (chat_req(&h), "chat_completions"),
     ] {
-        let resp = req.send().await.unwrap();
+        let resp = send(req).await;
         assert_eq!(resp.status(), 502, "{route}");
         let id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
         let line = log_line(&h, &id).await;
@@ -203,7 +189,7 @@ async fn a_request_waiting_for_its_seat_keeps_the_configuration_of_its_arrival()
 /// after it (here, by calling them in that order).
 #[tokio::test]
 async fn the_steps_after_the_entry_read_its_snapshot() {
-    let h = harness(STALLS, one_small_seat).await;
+    let h = harness(&flags(STALLS), one_small_seat).await;
     let before = (*h.gw.state.config()).clone();
     let old = RequestCtx::snapshot(&h.gw.state);
     reload::apply(&h.gw.state, reloaded(&before, "http://127.0.0.1:9".into())).unwrap();

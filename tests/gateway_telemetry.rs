@@ -6,7 +6,6 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use futures::StreamExt;
 use serde_json::json;
 
 async fn answer(h: &Harness, prompt: &str, max: u32) -> Vec<(String, String)> {
@@ -37,20 +36,14 @@ async fn scripted_mix(h: &Harness) {
     }
     let ev = answer(h, &words(8000, "SECRET-PROMPT-large"), 30).await;
     assert_eq!(json(&ev[0].1)["lane"], "large");
-    let resp = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(
-            &json!({"messages": [{"role": "user", "content": "SECRET-PROMPT-leaving"}],
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(
+        &json!({"messages": [{"role": "user", "content": "SECRET-PROMPT-leaving"}],
                       "max_tokens": 500, "ignore_eos": true, "stream": true}),
-        )
-        .send()
-        .await
-        .unwrap();
-    let mut body = resp.bytes_stream();
-    let mut seen = String::new();
-    while seen.matches("\"content\":\" ").count() < 3 {
-        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
+    ))
+    .await;
+    let mut body = Streamed::new(resp);
+    body.until(|seen| seen.matches("\"content\":\" ").count() >= 3)
+        .await;
     drop(body);
     eventually("cancellation recorded", || {
         h.idle() && h.log.lock().unwrap().len() == 9
@@ -221,12 +214,9 @@ async fn a_client_leaving_the_queue_is_counted_at_stage_queued() {
         set_lane(c, tutor_gateway::lane::Lane::Small, 1)
     })
     .await;
-    let mut blocker = client()
+    let mut blocker = send(client()
         .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "ignore_eos": true, "stream": true}))
-        .send()
-        .await
-        .unwrap();
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000, "ignore_eos": true, "stream": true}))).await;
     // Decoding: its client leaving later is a cancellation at stage decode.
     let mut seen = String::new();
     while !seen.contains("\"content\"") {
@@ -281,13 +271,7 @@ async fn a_client_leaving_the_queue_is_counted_at_stage_queued() {
 #[tokio::test]
 async fn the_exposition_passes_promtool_check_metrics() {
     let h = harness(
-        &[
-            "--speed",
-            "20",
-            "--profile",
-            "tiny-test",
-            "--enable-prompt-tokens-details",
-        ],
+        &flags("--speed 20 --profile tiny-test --enable-prompt-tokens-details"),
         |_| {},
     )
     .await;

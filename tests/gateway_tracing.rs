@@ -7,53 +7,11 @@
 
 mod common;
 
+use common::traces::{attr, traces};
 use common::*;
-use futures::StreamExt;
-use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::Value;
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
+use opentelemetry_sdk::trace::SpanData;
 use serde_json::json;
-use tracing_subscriber::layer::SubscriberExt;
-
-struct Traces {
-    exporter: InMemorySpanExporter,
-    provider: SdkTracerProvider,
-    _guard: tracing::subscriber::DefaultGuard,
-}
-
-fn traces() -> Traces {
-    let exporter = InMemorySpanExporter::default();
-    let provider = SdkTracerProvider::builder()
-        .with_simple_exporter(exporter.clone())
-        .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-    let guard = tracing::subscriber::set_default(subscriber);
-    Traces {
-        exporter,
-        provider,
-        _guard: guard,
-    }
-}
-
-impl Traces {
-    fn generate_spans(&self) -> Vec<SpanData> {
-        let _ = self.provider.force_flush();
-        self.exporter
-            .get_finished_spans()
-            .unwrap()
-            .into_iter()
-            .filter(|s| s.name == "llm.generate")
-            .collect()
-    }
-}
-
-fn attr(span: &SpanData, key: &str) -> Option<Value> {
-    span.attributes
-        .iter()
-        .find(|kv| kv.key.as_str() == key)
-        .map(|kv| kv.value.clone())
-}
 
 fn num(span: &SpanData, key: &str) -> f64 {
     match attr(span, key) {
@@ -86,27 +44,20 @@ const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 async fn a_normal_request_has_the_full_span_and_its_trace_reaches_vllm() {
     let t = traces();
     let h = harness(
-        &[
-            "--speed",
-            "20",
-            "--profile",
-            "tiny-test",
-            "--enable-prompt-tokens-details",
-            "--enable-per-request-metrics",
-        ],
+        &flags("--speed 20 --profile tiny-test --enable-prompt-tokens-details --enable-per-request-metrics"),
         |_| {},
     )
     .await;
-    let resp = client()
-        .get(h.url("/answer"))
-        .query(&[
-            ("prompt", "why does my loop never end?"),
-            ("max_output_tokens", "12"),
-        ])
-        .header("traceparent", format!("00-{TRACE_ID}-00f067aa0ba902b7-01"))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .get(h.url("/answer"))
+            .query(&[
+                ("prompt", "why does my loop never end?"),
+                ("max_output_tokens", "12"),
+            ])
+            .header("traceparent", format!("00-{TRACE_ID}-00f067aa0ba902b7-01")),
+    )
+    .await;
     let events = sse(&resp.text().await.unwrap());
     assert_eq!(events.last().unwrap().0, "done");
     // The span closes when the handler is done, which may be just after the last byte.
@@ -162,18 +113,14 @@ async fn a_normal_request_has_the_full_span_and_its_trace_reaches_vllm() {
 async fn a_cancelled_request_records_where_it_stopped() {
     let t = traces();
     let h = harness(&["--speed", "5", "--profile", "tiny-test"], |_| {}).await;
-    let resp = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "explain ownership"}], "max_tokens": 900,
-                      "ignore_eos": true, "stream": true}))
-        .send()
-        .await
-        .unwrap();
-    let mut body = resp.bytes_stream();
-    let mut seen = String::new();
-    while seen.matches("\"content\":\" ").count() < 4 {
-        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(
+        &json!({"messages": [{"role": "user", "content": "explain ownership"}], "max_tokens": 900,
+                      "ignore_eos": true, "stream": true}),
+    ))
+    .await;
+    let mut body = Streamed::new(resp);
+    body.until(|seen| seen.matches("\"content\":\" ").count() >= 4)
+        .await;
     drop(body);
     eventually("idle", || h.idle()).await;
     eventually("the span ended", || !t.generate_spans().is_empty()).await;
@@ -193,16 +140,7 @@ async fn an_upstream_error_is_on_the_span() {
     // Real speed and a long answer: the injected error (after 2 tokens) cannot share a batch
     // with the finish, however late the gateway reads (such a batch skips the error).
     let h = harness(
-        &[
-            "--speed",
-            "1",
-            "--profile",
-            "tiny-test",
-            "--midstream-error-rate",
-            "1",
-            "--error-after-tokens",
-            "2",
-        ],
+        &flags("--speed 1 --profile tiny-test --midstream-error-rate 1 --error-after-tokens 2"),
         |_| {},
     )
     .await;
@@ -236,18 +174,15 @@ async fn an_upstream_error_is_on_the_span() {
 async fn a_job_has_one_span_in_the_submitting_clients_trace() {
     let t = traces();
     let h = harness(&["--speed", "20", "--profile", "tiny-test"], |_| {}).await;
-    let resp = client()
-        .post(h.url("/jobs"))
-        .header("traceparent", format!("00-{TRACE_ID}-00f067aa0ba902b7-01"))
-        .json(&json!({"prompt": "review my repository", "max_output_tokens": 6}))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(h.url("/jobs"))
+            .header("traceparent", format!("00-{TRACE_ID}-00f067aa0ba902b7-01"))
+            .json(&json!({"prompt": "review my repository", "max_output_tokens": 6})),
+    )
+    .await;
     assert_eq!(resp.status(), 202);
-    let id = json(&resp.text().await.unwrap())["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = read_json(resp).await["id"].as_str().unwrap().to_owned();
     let status_url = h.url(&format!("/jobs/{id}"));
     let mut status = String::new();
     for _ in 0..1000 {

@@ -5,14 +5,14 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, Method, Uri};
 use axum::response::IntoResponse;
-use common::client;
+use common::process::GatewayProcess;
+use common::{client, send};
 use vllm_sim::{SimArgs, SimServer};
 
 const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
@@ -105,89 +105,35 @@ async fn collector() -> Collector {
 }
 
 /// A gateway process exporting to `endpoint` over `protocol`, trusting `ca` when given.
-struct Process {
-    child: Child,
-    url: String,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn gateway(sim: &SimServer, endpoint: &str, protocol: &str, ca: bool) -> Process {
-    let port = free_port();
-    let dir = std::env::temp_dir().join(format!("tg-otlp-tls-{}-{port}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+async fn gateway(sim: &SimServer, endpoint: &str, protocol: &str, ca: bool) -> GatewayProcess {
     let ca_line = if ca {
         format!("otlp_ca_file = \"{}\"\n", fixture("ca.pem").display())
     } else {
         String::new()
     };
-    let path = dir.join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "listen = \"127.0.0.1:{port}\"\n\
-             [telemetry]\nrequest_log = \"off\"\ntracing = true\notlp_endpoint = \"{endpoint}\"\n\
+    let rest = format!(
+        "[telemetry]\nrequest_log = \"off\"\ntracing = true\notlp_endpoint = \"{endpoint}\"\n\
              otlp_protocol = \"{protocol}\"\n{ca_line}\
              [classify]\ntokenizer = \"heuristic\"\n\
              [upstream]\nbase_url = \"{}\"\n",
-            sim.url()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        // Export each batch at once instead of every 5 s.
-        .env("OTEL_BSP_SCHEDULE_DELAY", "50")
-        .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
-        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
-        .env_remove("OTEL_SDK_DISABLED")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the gateway binary starts");
-    let p = Process {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        dir,
-    };
-    for _ in 0..500 {
-        if let Ok(r) = client().get(format!("{}/healthz", p.url)).send().await {
-            if r.status().is_success() {
-                return p;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the gateway process did not come up on {}", p.url);
+        sim.url()
+    );
+    // Export each batch at once instead of every 5 s.
+    let env = [("OTEL_BSP_SCHEDULE_DELAY", "50")];
+    GatewayProcess::start("otlp-tls", &rest, &env).await
 }
 
 /// Sends one chat request through `gw`; it must succeed whatever happens to its span.
-async fn one_request(gw: &Process) {
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", gw.url))
-        .json(
-            &serde_json::json!({"messages": [{"role": "user", "content": "what is a closure?"}],
+async fn one_request(gw: &GatewayProcess) {
+    let resp = send(
+        client()
+            .post(format!("{}/v1/chat/completions", gw.url))
+            .json(
+                &serde_json::json!({"messages": [{"role": "user", "content": "what is a closure?"}],
                                   "max_tokens": 4}),
-        )
-        .send()
-        .await
-        .unwrap();
+            ),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     let _ = resp.text().await;
 }

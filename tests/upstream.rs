@@ -53,14 +53,9 @@ async fn wait_tasks(client: &UpstreamClient) {
 
 #[tokio::test]
 async fn chat_stream_parses_completely_with_exact_usage() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--enable-request-id-headers",
-        "--enable-per-request-metrics",
-    ])
+    let s = sim(&flags(
+        "--speed 50 --profile tiny-test --enable-request-id-headers --enable-per-request-metrics",
+    ))
     .await;
     let client = client_for(upstream_config(&s.url()));
     let mut stream = client
@@ -179,15 +174,7 @@ async fn request_id_traceparent_and_forced_stream_body_reach_the_wire() {
 
 #[tokio::test]
 async fn prompt_too_long_comes_back_as_status_400_with_vllms_error() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--max-model-len",
-        "64",
-    ])
-    .await;
+    let s = sim(&flags("--speed 50 --profile tiny-test --max-model-len 64")).await;
     let client = client_for(upstream_config(&s.url()));
     let err = client
         .stream(chat("long-1", &words(200, "x"), 8))
@@ -225,15 +212,7 @@ async fn prompt_too_long_comes_back_as_status_400_with_vllms_error() {
 
 #[tokio::test]
 async fn upstream_500_before_streaming_is_a_status_error() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--fail-rate",
-        "1",
-    ])
-    .await;
+    let s = sim(&flags("--speed 50 --profile tiny-test --fail-rate 1")).await;
     let client = client_for(upstream_config(&s.url()));
     let err = client.stream(chat("fail-1", "hi", 4)).await.unwrap_err();
     assert!(
@@ -294,15 +273,9 @@ async fn models_and_health_pass_through() {
 
 #[tokio::test]
 async fn stalled_stream_hits_the_idle_timeout_and_the_engine_is_aborted() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--stall-after-tokens",
-        "3",
-        "--enable-scale-out",
-    ])
+    let s = sim(&flags(
+        "--speed 50 --profile tiny-test --stall-after-tokens 3 --enable-scale-out",
+    ))
     .await;
     let mut config = upstream_config(&s.url());
     config.idle_timeout = Duration::from_millis(300);
@@ -333,15 +306,7 @@ async fn stalled_stream_hits_the_idle_timeout_and_the_engine_is_aborted() {
 
 #[tokio::test]
 async fn queued_in_the_engine_past_the_first_token_timeout_is_aborted_there() {
-    let s = sim(&[
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--max-num-seqs",
-        "1",
-    ])
-    .await;
+    let s = sim(&flags("--speed 1 --profile tiny-test --max-num-seqs 1")).await;
     let mut config = upstream_config(&s.url());
     config.first_token_timeout = Duration::from_millis(300);
     let client = client_for(config);
@@ -376,16 +341,9 @@ async fn midstream_error_is_an_engine_error() {
     // Real speed and a long answer: the injected error (after 3 tokens) cannot share a batch
     // with the finish, however late this reader polls. (The simulator skips the error when
     // the batch that crosses the threshold also finishes the request.)
-    let s = sim(&[
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--midstream-error-rate",
-        "1",
-        "--error-after-tokens",
-        "3",
-    ])
+    let s = sim(&flags(
+        "--speed 1 --profile tiny-test --midstream-error-rate 1 --error-after-tokens 3",
+    ))
     .await;
     let client = client_for(upstream_config(&s.url()));
     let mut stream = client.stream(chat("err-1", "hi", 5000)).await.unwrap();
@@ -402,15 +360,9 @@ async fn midstream_error_is_an_engine_error() {
 
 #[tokio::test]
 async fn garbage_is_a_protocol_error_and_the_abort_is_sent() {
-    let s = sim(&[
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--garbage-rate",
-        "1",
-        "--enable-scale-out",
-    ])
+    let s = sim(&flags(
+        "--speed 1 --profile tiny-test --garbage-rate 1 --enable-scale-out",
+    ))
     .await;
     let client = client_for(upstream_config(&s.url()));
     assert_eq!(probed(&client).await, AbortEndpoint::Offered);
@@ -432,15 +384,7 @@ async fn garbage_is_a_protocol_error_and_the_abort_is_sent() {
 
 #[tokio::test]
 async fn omitted_done_after_the_finish_ends_cleanly() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--omit-done-rate",
-        "1",
-    ])
-    .await;
+    let s = sim(&flags("--speed 50 --profile tiny-test --omit-done-rate 1")).await;
     let client = client_for(upstream_config(&s.url()));
     let mut stream = client.stream(chat("nodone-1", "hi", 7)).await.unwrap();
     let (_, err) = drain(&mut stream).await;
@@ -487,14 +431,7 @@ async fn stock_vllm_a_dropped_stream_stops_generation_with_no_abort_call_and_the
 
 #[tokio::test]
 async fn auto_against_the_scale_out_endpoint_probes_then_calls_it() {
-    let s = sim(&[
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--enable-scale-out",
-    ])
-    .await;
+    let s = sim(&flags("--speed 1 --profile tiny-test --enable-scale-out")).await;
     let client = client_for(upstream_config(&s.url()));
     assert_eq!(probed(&client).await, AbortEndpoint::Offered);
     let probe = abort_calls(&s).await;
@@ -546,14 +483,7 @@ async fn mode_on_calls_even_a_stock_vllm_and_logs_the_refusal() {
 
 #[tokio::test]
 async fn dropping_the_stream_midway_sends_exactly_one_abort_that_reaches_the_engine() {
-    let s = sim(&[
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--enable-scale-out",
-    ])
-    .await;
+    let s = sim(&flags("--speed 1 --profile tiny-test --enable-scale-out")).await;
     let client = client_for(upstream_config(&s.url()));
     assert_eq!(probed(&client).await, AbortEndpoint::Offered);
     let mut stream = client.stream(chat("walk-1", "hi", 5000)).await.unwrap();
@@ -584,13 +514,13 @@ async fn held_open(s: &vllm_sim::SimServer, endpoint: Endpoint, id: &str) -> imp
             .unwrap()
             .clone(),
     );
-    let resp = reqwest::Client::new()
-        .post(format!("{}{}", s.url(), endpoint.path()))
-        .header("x-request-id", id)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        reqwest::Client::new()
+            .post(format!("{}{}", s.url(), endpoint.path()))
+            .header("x-request-id", id)
+            .json(&body),
+    )
+    .await;
     let mut body = resp.bytes_stream();
     body.next().await.unwrap().unwrap();
     body
@@ -598,14 +528,7 @@ async fn held_open(s: &vllm_sim::SimServer, endpoint: Endpoint, id: &str) -> imp
 
 #[tokio::test]
 async fn the_abort_call_alone_stops_the_engine_while_the_connection_stays_open() {
-    let s = sim(&[
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--enable-scale-out",
-    ])
-    .await;
+    let s = sim(&flags("--speed 1 --profile tiny-test --enable-scale-out")).await;
     let mut config = upstream_config(&s.url());
     config.abort.mode = AbortMode::On;
     let tasks = TaskTracker::new();
@@ -639,14 +562,7 @@ async fn the_abort_call_alone_stops_the_engine_while_the_connection_stays_open()
 #[tokio::test]
 async fn an_abort_naming_the_wrong_id_is_noticed() {
     // The X-Request-Id as sent is not the id vLLM's endpoint takes: 200, yet nothing stops.
-    let s = sim(&[
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--enable-scale-out",
-    ])
-    .await;
+    let s = sim(&flags("--speed 1 --profile tiny-test --enable-scale-out")).await;
     let mut config = upstream_config(&s.url());
     config.abort.mode = AbortMode::On;
     config.abort.id_format = AbortIdFormat::AsSent;
@@ -678,14 +594,7 @@ async fn an_abort_naming_the_wrong_id_is_noticed() {
 
 #[tokio::test]
 async fn mode_off_makes_no_call_and_the_dropped_connection_still_ends_the_request() {
-    let s = sim(&[
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--enable-scale-out",
-    ])
-    .await;
+    let s = sim(&flags("--speed 1 --profile tiny-test --enable-scale-out")).await;
     let mut config = upstream_config(&s.url());
     config.abort.mode = AbortMode::Off;
     let client = client_for(config);
@@ -711,20 +620,18 @@ async fn the_gateway_before_a_stock_vllm_client_disconnect_stops_generation_with
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let gw = tutor_gateway::server::start(config, listener).unwrap();
     assert_eq!(probed(&gw.state.upstream()).await, AbortEndpoint::Absent);
-    let resp = reqwest::Client::new()
-        .post(format!("{}/v1/chat/completions", gw.url()))
-        .json(
-            &json!({"messages": [{"role": "user", "content": "explain ownership"}],
+    let resp = send(
+        reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", gw.url()))
+            .json(
+                &json!({"messages": [{"role": "user", "content": "explain ownership"}],
                       "max_tokens": 4000, "ignore_eos": true, "stream": true}),
-        )
-        .send()
-        .await
-        .unwrap();
-    let mut body = resp.bytes_stream();
-    let mut text = String::new();
-    while text.matches("\"content\":\" ").count() < 3 {
-        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
+            ),
+    )
+    .await;
+    let mut body = Streamed::new(resp);
+    body.until(|text| text.matches("\"content\":\" ").count() >= 3)
+        .await;
     drop(body);
     // Generation stopped: the engine aborted it and nothing runs there any more.
     assert_one_abort_in_engine(&s).await;
@@ -741,14 +648,7 @@ async fn the_gateway_before_a_stock_vllm_client_disconnect_stops_generation_with
 
 #[tokio::test]
 async fn a_healthy_health_check_probes_what_start_up_could_not() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--enable-scale-out",
-    ])
-    .await;
+    let s = sim(&flags("--speed 50 --profile tiny-test --enable-scale-out")).await;
     let config = upstream_config(&s.url());
     // Built outside any runtime (as before the engine could be asked): nothing probed yet.
     let client = std::thread::spawn(move || client_for(config))

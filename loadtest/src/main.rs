@@ -14,6 +14,7 @@ use tutor_load::engine::Overrides;
 use tutor_load::experiment::Preset;
 use tutor_load::prompt::PromptBuilder;
 use tutor_load::runner::RunOptions;
+use tutor_load::scenario::parse_duration;
 use tutor_load::scenario::Scenario;
 use tutor_load::stats::Results;
 use vllm_sim::tokenizer::PromptTokenizer;
@@ -109,33 +110,8 @@ enum Cmd {
     Matrix {
         #[command(flatten)]
         common: Common,
-        /// Engine command template with {seqs}, {batched}, {port}.
-        #[arg(long)]
-        engine_cmd: String,
-        /// Target URL template.
-        #[arg(long, default_value = "http://127.0.0.1:{port}")]
-        target: String,
-        /// API of the target.
-        #[arg(long, value_enum, default_value = "chat")]
-        api: Api,
-        /// `model` on the chat API.
-        #[arg(long)]
-        model: Option<String>,
-        /// Engine port.
-        #[arg(long, default_value_t = 8000)]
-        port: u16,
-        /// --max-num-seqs values.
-        #[arg(long, value_delimiter = ',', default_value = "64,96,128")]
-        seqs: Vec<u32>,
-        /// --max-num-batched-tokens values.
-        #[arg(long, value_delimiter = ',', default_value = "8192,12288,16384")]
-        batched: Vec<u32>,
-        /// Longest wait for the engine's /health.
-        #[arg(long, default_value = "15m", value_parser = parse_duration)]
-        ready_timeout: Duration,
-        /// DCGM exporter metrics URL.
-        #[arg(long)]
-        dcgm_url: Option<String>,
+        #[command(flatten)]
+        sweep: tutor_load::matrix::Sweep,
     },
     /// FIFO vs lanes through the in-process gateway and simulator (M16).
     Experiment {
@@ -225,22 +201,6 @@ enum Arrivals {
     Poisson,
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.split_at(
-        s.find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(s.len()),
-    );
-    let v: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
-    let mult = match unit {
-        "" | "s" => 1.0,
-        "ms" => 0.001,
-        "m" => 60.0,
-        "h" => 3600.0,
-        _ => return Err(format!("bad duration unit in {s:?} (ms, s, m, h)")),
-    };
-    Ok(Duration::from_secs_f64(v * mult))
-}
-
 fn rules(slo: &[String], interactive: &[String]) -> anyhow::Result<Rules> {
     let mut r = Rules::default();
     if !slo.is_empty() {
@@ -305,29 +265,10 @@ async fn main() -> anyhow::Result<()> {
                 std::process::exit(3);
             }
         }
-        Cmd::Matrix {
-            common,
-            engine_cmd,
-            target,
-            api,
-            model,
-            port,
-            seqs,
-            batched,
-            ready_timeout,
-            dcgm_url,
-        } => {
+        Cmd::Matrix { common, sweep } => {
             let (scenario, run, prompts) = common.load()?;
             let opts = tutor_load::matrix::MatrixOptions {
-                engine_cmd,
-                target,
-                api,
-                model,
-                port,
-                seqs,
-                batched,
-                ready_timeout,
-                dcgm_url,
+                sweep,
                 scenario,
                 run,
                 out: common.out.clone(),

@@ -15,30 +15,46 @@ use tokio::time::Instant;
 use crate::client::{Api, Target};
 use crate::prompt::PromptBuilder;
 use crate::runner::{run, RunOptions};
-use crate::scenario::Scenario;
+use crate::scenario::{parse_duration, Scenario};
 use crate::stats::Results;
+
+/// The engine started for each cell and the grid swept (`tutor-load matrix` flags).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Sweep {
+    /// Engine command template with {seqs}, {batched}, {port}.
+    #[arg(long)]
+    pub engine_cmd: String,
+    /// Target URL template.
+    #[arg(long, default_value = "http://127.0.0.1:{port}")]
+    pub target: String,
+    /// API of the target.
+    #[arg(long, value_enum, default_value = "chat")]
+    pub api: Api,
+    /// `model` on the chat API.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Engine port.
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// --max-num-seqs values.
+    #[arg(long, value_delimiter = ',', default_value = "64,96,128")]
+    pub seqs: Vec<u32>,
+    /// --max-num-batched-tokens values.
+    #[arg(long, value_delimiter = ',', default_value = "8192,12288,16384")]
+    pub batched: Vec<u32>,
+    /// Longest wait for the engine's /health.
+    #[arg(long, default_value = "15m", value_parser = parse_duration)]
+    pub ready_timeout: Duration,
+    /// DCGM exporter metrics URL.
+    #[arg(long)]
+    pub dcgm_url: Option<String>,
+}
 
 /// Settings of a matrix run.
 #[derive(Debug, Clone)]
 pub struct MatrixOptions {
-    /// Engine command; `{seqs}`, `{batched}` and `{port}` are replaced. Run with `sh -c`.
-    pub engine_cmd: String,
-    /// Target URL template (`{port}` replaced), e.g. `http://127.0.0.1:{port}`.
-    pub target: String,
-    /// API of the target.
-    pub api: Api,
-    /// `model` for the chat API.
-    pub model: Option<String>,
-    /// Port given to the engine.
-    pub port: u16,
-    /// `--max-num-seqs` values.
-    pub seqs: Vec<u32>,
-    /// `--max-num-batched-tokens` values.
-    pub batched: Vec<u32>,
-    /// Longest wait for the engine to answer `/health` (vLLM loads for minutes).
-    pub ready_timeout: Duration,
-    /// DCGM exporter metrics URL, e.g. `http://127.0.0.1:9400/metrics`.
-    pub dcgm_url: Option<String>,
+    /// The engine and the grid (the `matrix` command's flags).
+    pub sweep: Sweep,
     /// The load and its run options.
     pub scenario: Scenario,
     /// Window, drain, seed, progress of each cell.
@@ -124,10 +140,10 @@ pub async fn run_matrix(
         .timeout(Duration::from_secs(5))
         .build()?;
     let mut cells = vec![];
-    for &seqs in &opts.seqs {
-        for &batched in &opts.batched {
-            let cmd = fill(&opts.engine_cmd, seqs, batched, opts.port);
-            let base = fill(&opts.target, seqs, batched, opts.port);
+    for &seqs in &opts.sweep.seqs {
+        for &batched in &opts.sweep.batched {
+            let cmd = fill(&opts.sweep.engine_cmd, seqs, batched, opts.sweep.port);
+            let base = fill(&opts.sweep.target, seqs, batched, opts.sweep.port);
             eprintln!("== cell seqs={seqs} batched={batched}: {cmd}");
             let mut child = Command::new("sh")
                 .arg("-c")
@@ -137,12 +153,12 @@ pub async fn run_matrix(
                 .kill_on_drop(true)
                 .spawn()
                 .with_context(|| format!("starting {cmd}"))?;
-            if let Err(e) = wait_ready(&http, &base, &mut child, opts.ready_timeout).await {
+            if let Err(e) = wait_ready(&http, &base, &mut child, opts.sweep.ready_timeout).await {
                 stop(child).await;
                 return Err(e);
             }
-            let target = Target::new(&base, opts.api, opts.model.clone())?;
-            let scraper = opts.dcgm_url.clone().map(|url| {
+            let target = Target::new(&base, opts.sweep.api, opts.sweep.model.clone())?;
+            let scraper = opts.sweep.dcgm_url.clone().map(|url| {
                 let http = http.clone();
                 let until = Instant::now() + opts.run.duration;
                 tokio::spawn(async move {

@@ -1,6 +1,7 @@
 //! Scenario files (`loadtest/scenarios/*.toml`): request classes and how they arrive.
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
@@ -237,6 +238,23 @@ impl Scenario {
             }
         }
     }
+}
+
+/// A duration as the command line writes it: a number and `ms`, `s` (or none), `m` or `h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.split_at(
+        s.find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(s.len()),
+    );
+    let v: f64 = num.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    let mult = match unit {
+        "" | "s" => 1.0,
+        "ms" => 0.001,
+        "m" => 60.0,
+        "h" => 3600.0,
+        _ => return Err(format!("bad duration unit in {s:?} (ms, s, m, h)")),
+    };
+    Ok(Duration::from_secs_f64(v * mult))
 }
 
 #[cfg(test)]

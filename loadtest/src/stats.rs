@@ -9,15 +9,7 @@ use crate::client::Status;
 use crate::record::RunData;
 use crate::scenario::Scenario;
 
-/// The `q` quantile (nearest rank on the sorted values); `None` when empty. Sorts `v`.
-pub fn quantile(v: &mut [f64], q: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let idx = ((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1;
-    Some(v[idx])
-}
+pub use tutor_wire::stats::quantile;
 
 /// Per-class figures. Times in seconds; `None` where there was nothing to measure.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -259,18 +251,4 @@ impl Results {
 
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::quantile;
-
-    #[test]
-    fn nearest_rank_quantiles() {
-        let mut v: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(quantile(&mut v, 0.95), Some(95.0));
-        assert_eq!(quantile(&mut v, 0.5), Some(50.0));
-        assert_eq!(quantile(&mut [3.0], 0.99), Some(3.0));
-        assert_eq!(quantile(&mut [], 0.5), None);
-    }
 }

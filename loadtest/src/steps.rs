@@ -49,14 +49,7 @@ impl StepSampler {
     }
 }
 
-/// Nearest-rank quantile of sorted values.
-fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
-    if sorted.is_empty() {
-        return None;
-    }
-    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
-    Some(sorted[i])
-}
+use tutor_wire::stats::nearest_rank as quantile;
 
 /// Step-length quantiles, the share of long-chunk steps and of steps with requests waiting,
 /// and the mean residual step a random arrival waits for.

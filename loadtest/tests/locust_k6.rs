@@ -58,18 +58,7 @@ async fn locustfile_runs_the_mix_without_errors() {
     let out = Command::new("locust")
         .arg("-f")
         .arg(root().join("locustfile.py"))
-        .args([
-            "--headless",
-            "-u",
-            "4",
-            "-r",
-            "4",
-            "-t",
-            "5s",
-            "--stop-timeout",
-            "20",
-            "--only-summary",
-        ])
+        .args("--headless -u 4 -r 4 -t 5s --stop-timeout 20 --only-summary".split_whitespace())
         .args(["--host", &s.gw.url(), "--csv"])
         .arg(dir.join("run"))
         .output()

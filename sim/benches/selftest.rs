@@ -21,11 +21,7 @@ use vllm_sim::SimArgs;
 
 /// The `q` quantile of `v`; 0 for an empty sample (printed as such).
 fn quantile(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        0.0
-    } else {
-        tutor_testkit::bench::quantile(v, q)
-    }
+    tutor_wire::stats::quantile(v, q).unwrap_or(0.0)
 }
 
 fn calibration() {
@@ -39,17 +35,7 @@ fn calibration() {
         (512, 300, 300),
         (1024, 200, 200),
     ] {
-        let cfg = SchedulerConfig {
-            max_num_seqs: 1024,
-            max_num_batched_tokens: 8192,
-            block_size: 16,
-            num_gpu_blocks: LLAMA_31_8B_H100.default_gpu_blocks,
-            prefix_caching: true,
-            priority_policy: false,
-            long_prefill_token_threshold: 0,
-            reserve_full_isl: true,
-            async_scheduling: true,
-        };
+        let cfg = SchedulerConfig::closed_loop(1024, LLAMA_31_8B_H100.default_gpu_blocks);
         let r = run_closed_loop(
             LLAMA_31_8B_H100,
             cfg,

@@ -18,21 +18,13 @@ async fn stream_text(s: &vllm_sim::SimServer, max_tokens: u32) -> String {
 
 #[tokio::test]
 async fn fail_rate_one_answers_500_in_vllm_shape() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--fail-rate",
-        "1",
-    ])
+    let s = sim(&flags("--speed 50 --profile tiny-test --fail-rate 1")).await;
+    let resp = send(
+        client()
+            .post(format!("{}/v1/chat/completions", s.url()))
+            .json(&chat_body("hi", 5, true)),
+    )
     .await;
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", s.url()))
-        .json(&chat_body("hi", 5, true))
-        .send()
-        .await
-        .unwrap();
     assert_eq!(resp.status(), 500);
     let v: Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["type"], "InternalServerError");
@@ -44,16 +36,9 @@ async fn fail_rate_one_answers_500_in_vllm_shape() {
 async fn midstream_error_is_an_error_event_then_done_and_frees_the_engine() {
     // Real speed and a long answer: the error (after 3 tokens) cannot share a batch with the
     // finish however late the reader polls (a batch that also finishes skips the error).
-    let s = sim(&[
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--midstream-error-rate",
-        "1",
-        "--error-after-tokens",
-        "3",
-    ])
+    let s = sim(&flags(
+        "--speed 1 --profile tiny-test --midstream-error-rate 1 --error-after-tokens 3",
+    ))
     .await;
     let events = sse_events(&stream_text(&s, 5000).await);
     assert_eq!(events.last().unwrap(), "[DONE]");
@@ -73,21 +58,16 @@ async fn midstream_error_is_an_error_event_then_done_and_frees_the_engine() {
 
 #[tokio::test]
 async fn stalled_stream_keeps_the_connection_open_without_bytes() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--stall-after-tokens",
-        "2",
-    ])
+    let s = sim(&flags(
+        "--speed 50 --profile tiny-test --stall-after-tokens 2",
+    ))
     .await;
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", s.url()))
-        .json(&chat_body("hi", 50, true))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(format!("{}/v1/chat/completions", s.url()))
+            .json(&chat_body("hi", 50, true)),
+    )
+    .await;
     let mut body = resp.bytes_stream();
     let mut text = String::new();
     let stalled = tokio::time::timeout(Duration::from_millis(500), async {
@@ -106,28 +86,12 @@ async fn stalled_stream_keeps_the_connection_open_without_bytes() {
 
 #[tokio::test]
 async fn omitted_done_and_garbage_lines_are_injectable() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--omit-done-rate",
-        "1",
-    ])
-    .await;
+    let s = sim(&flags("--speed 50 --profile tiny-test --omit-done-rate 1")).await;
     let text = stream_text(&s, 5).await;
     assert!(!text.contains("[DONE]") && text.contains("\"finish_reason\":\"length\""));
     s.shutdown().await;
 
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--garbage-rate",
-        "1",
-    ])
-    .await;
+    let s = sim(&flags("--speed 50 --profile tiny-test --garbage-rate 1")).await;
     let text = stream_text(&s, 5).await;
     let bad = sse_events(&text)
         .iter()

@@ -63,30 +63,22 @@ async fn tokenize_and_usage_count_with_the_real_tokenizer() {
         "tiny-test",
     ])
     .await;
-    let v: Value = client()
-        .post(format!("{}/tokenize", s.url()))
-        .json(&serde_json::json!({"prompt": "Why does this TypeScript error happen?"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = send_json(
+        client()
+            .post(format!("{}/tokenize", s.url()))
+            .json(&serde_json::json!({"prompt": "Why does this TypeScript error happen?"})),
+    )
+    .await;
     assert_eq!(v["count"], expected);
     assert_ne!(
         expected,
         vllm_sim::tokenizer::heuristic_ids("Why does this TypeScript error happen?", true).len(),
         "the test would not tell the tokenizers apart"
     );
-    let v: Value = client()
-        .post(format!("{}/v1/completions", s.url()))
-        .json(&serde_json::json!({"prompt": "Why does this TypeScript error happen?", "max_tokens": 3}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = send_json(client().post(format!("{}/v1/completions", s.url())).json(
+        &serde_json::json!({"prompt": "Why does this TypeScript error happen?", "max_tokens": 3}),
+    ))
+    .await;
     assert_eq!(v["usage"]["prompt_tokens"], expected);
     s.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);

@@ -21,16 +21,9 @@ fn usage_of(events: &[String]) -> Value {
 
 #[tokio::test]
 async fn max_num_seqs_and_token_budget_are_never_exceeded() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--max-num-seqs",
-        "4",
-        "--max-num-batched-tokens",
-        "512",
-    ])
+    let s = sim(&flags(
+        "--speed 50 --profile tiny-test --max-num-seqs 4 --max-num-batched-tokens 512",
+    ))
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
     let tasks: Vec<_> = (0..20)
@@ -75,15 +68,7 @@ async fn running_waiting(s: &vllm_sim::SimServer) -> (u64, u64) {
 async fn max_num_seqs_is_reached_and_the_rest_wait() {
     // 10,000 tokens each at real speed: about a minute per request, so none can finish while
     // the test looks; the engine must hold exactly 4 and queue the other 2, whatever the timing.
-    let s = sim(&[
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--max-num-seqs",
-        "4",
-    ])
-    .await;
+    let s = sim(&flags("--speed 1 --profile tiny-test --max-num-seqs 4")).await;
     let url = format!("{}/v1/chat/completions", s.url());
     let clients: Vec<_> = (0..6)
         .map(|i| {
@@ -118,14 +103,9 @@ async fn max_num_seqs_is_reached_and_the_rest_wait() {
 
 #[tokio::test]
 async fn a_long_prompt_is_prefilled_in_chunks_while_decodes_continue() {
-    let s = sim(&[
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--max-num-batched-tokens",
-        "1024",
-    ])
+    let s = sim(&flags(
+        "--speed 1 --profile tiny-test --max-num-batched-tokens 1024",
+    ))
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
     // A short request decoding a long answer (10,000 tokens at real speed: it is still decoding
@@ -172,16 +152,9 @@ async fn blocks_running_out_preempts_and_everything_still_finishes() {
     // 64 blocks x 16 = 1,024 tokens of KV; 8 requests of ~100 + 150 tokens need ~2,000.
     // At speed 2 each request decodes for at least ~0.4 s, so the eight overlap even when they
     // arrive slowly (at speed 50 they had ~15 ms).
-    let s = sim(&[
-        "--speed",
-        "2",
-        "--profile",
-        "tiny-test",
-        "--num-gpu-blocks",
-        "64",
-        "--max-model-len",
-        "1024",
-    ])
+    let s = sim(&flags(
+        "--speed 2 --profile tiny-test --num-gpu-blocks 64 --max-model-len 1024",
+    ))
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
     let tasks: Vec<_> = (0..8)
@@ -215,13 +188,13 @@ async fn blocks_running_out_preempts_and_everything_still_finishes() {
 }
 
 async fn start_long_stream(s: &vllm_sim::SimServer, id: &str) -> reqwest::Response {
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", s.url()))
-        .header("x-request-id", id)
-        .json(&chat_body(&words(200, id), 5000, true))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(format!("{}/v1/chat/completions", s.url()))
+            .header("x-request-id", id)
+            .json(&chat_body(&words(200, id), 5000, true)),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     resp
 }
@@ -279,12 +252,7 @@ async fn closing_the_connection_of_a_non_streaming_request_aborts_it() {
 }
 
 async fn post_abort(s: &vllm_sim::SimServer, path: &str, body: Value) -> (u16, String) {
-    let r = client()
-        .post(format!("{}{path}", s.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = send(client().post(format!("{}{path}", s.url())).json(&body)).await;
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
@@ -294,14 +262,7 @@ async fn aborts(s: &vllm_sim::SimServer) -> Vec<Value> {
 
 #[tokio::test]
 async fn scale_out_abort_endpoint_takes_vllms_ids_only_and_stops_generation() {
-    let s = sim(&[
-        "--speed",
-        "5",
-        "--profile",
-        "tiny-test",
-        "--enable-scale-out",
-    ])
-    .await;
+    let s = sim(&flags("--speed 5 --profile tiny-test --enable-scale-out")).await;
     let resp = start_long_stream(&s, "to-abort").await;
     let reader = tokio::spawn(async move { resp.text().await.unwrap() });
     eventually("tokens flowing", || async {
@@ -352,16 +313,16 @@ async fn scale_out_abort_endpoint_takes_vllms_ids_only_and_stops_generation() {
     );
 
     // A completion is cmpl-<X-Request-Id>-0 (its first and only prompt).
-    let resp = client()
-        .post(format!("{}/v1/completions", s.url()))
-        .header("x-request-id", "cmp-1")
-        .json(
-            &serde_json::json!({"prompt": "hi", "max_tokens": 5000, "ignore_eos": true,
+    let resp = send(
+        client()
+            .post(format!("{}/v1/completions", s.url()))
+            .header("x-request-id", "cmp-1")
+            .json(
+                &serde_json::json!({"prompt": "hi", "max_tokens": 5000, "ignore_eos": true,
                                   "stream": true}),
-        )
-        .send()
-        .await
-        .unwrap();
+            ),
+    )
+    .await;
     let reader = tokio::spawn(async move { resp.text().await.unwrap() });
     eventually("completion running", || async {
         engine(&s).await["running"] == 1
@@ -419,27 +380,15 @@ async fn a_default_vllm_serve_has_no_abort_endpoint() {
 
 #[tokio::test]
 async fn the_api_key_guards_the_abort_endpoint_as_it_guards_v1() {
-    let s = sim(&[
-        "--speed",
-        "5",
-        "--profile",
-        "tiny-test",
-        "--enable-scale-out",
-        "--api-key",
-        "k",
-    ])
+    let s = sim(&flags(
+        "--speed 5 --profile tiny-test --enable-scale-out --api-key k",
+    ))
     .await;
     let url = format!("{}/inference/v1/abort_requests", s.url());
     let body = serde_json::json!({"request_ids": ["chatcmpl-none"]});
-    let r = client().post(&url).json(&body).send().await.unwrap();
+    let r = send(client().post(&url).json(&body)).await;
     assert_eq!(r.status(), 401);
-    let r = client()
-        .post(&url)
-        .bearer_auth("k")
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let r = send(client().post(&url).bearer_auth("k").json(&body)).await;
     assert_eq!(r.status(), 200);
     s.shutdown().await;
 }
@@ -448,16 +397,9 @@ async fn the_api_key_guards_the_abort_endpoint_as_it_guards_v1() {
 async fn priority_policy_admits_lower_priority_values_first() {
     // Real speed and 10,000-token answers: a request that has the only seat keeps it for about
     // a minute, so nothing below depends on how fast the machine is.
-    let s = sim(&[
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--max-num-seqs",
-        "1",
-        "--scheduling-policy",
-        "priority",
-    ])
+    let s = sim(&flags(
+        "--speed 1 --profile tiny-test --max-num-seqs 1 --scheduling-policy priority",
+    ))
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
     // Occupy the only seat, then queue a low-priority and a high-priority request.
@@ -473,7 +415,7 @@ async fn priority_policy_admits_lower_priority_values_first() {
         body["priority"] = prio.into();
         let (url, started) = (url.clone(), started.clone());
         tasks.push(tokio::spawn(async move {
-            let resp = client().post(url).json(&body).send().await.unwrap();
+            let resp = send(client().post(url).json(&body)).await;
             let mut stream = resp.bytes_stream();
             // Body bytes come only with tokens: the first chunk means the engine runs it.
             stream.next().await.unwrap().unwrap();
@@ -506,16 +448,9 @@ async fn priority_policy_admits_lower_priority_values_first() {
 
 #[tokio::test]
 async fn fixed_profile_has_constant_latency_and_no_batching_limit() {
-    let s = sim(&[
-        "--profile",
-        "fixed",
-        "--fixed-ttft-ms",
-        "5",
-        "--fixed-itl-ms",
-        "1",
-        "--max-num-seqs",
-        "2",
-    ])
+    let s = sim(&flags(
+        "--profile fixed --fixed-ttft-ms 5 --fixed-itl-ms 1 --max-num-seqs 2",
+    ))
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
     let tasks: Vec<_> = (0..10)
@@ -535,14 +470,9 @@ async fn fixed_profile_has_constant_latency_and_no_batching_limit() {
 
     // Ten requests whose first token is ten minutes away: all ten run at once, none waits,
     // although --max-num-seqs is 2.
-    let s = sim(&[
-        "--profile",
-        "fixed",
-        "--fixed-ttft-ms",
-        "600000",
-        "--max-num-seqs",
-        "2",
-    ])
+    let s = sim(&flags(
+        "--profile fixed --fixed-ttft-ms 600000 --max-num-seqs 2",
+    ))
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
     let held: Vec<_> = (0..10)
@@ -575,21 +505,16 @@ async fn fixed_profile_has_constant_latency_and_no_batching_limit() {
 #[tokio::test]
 async fn closing_the_connection_during_prefill_aborts_before_the_first_token() {
     // 8,000 prompt tokens in chunks of 256 at real speed: about a third of a second of prefill.
-    let s = sim(&[
-        "--speed",
-        "1",
-        "--profile",
-        "tiny-test",
-        "--max-num-batched-tokens",
-        "256",
-    ])
+    let s = sim(&flags(
+        "--speed 1 --profile tiny-test --max-num-batched-tokens 256",
+    ))
     .await;
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", s.url()))
-        .json(&chat_body(&words(8000, "repo"), 50, true))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(format!("{}/v1/chat/completions", s.url()))
+            .json(&chat_body(&words(8000, "repo"), 50, true)),
+    )
+    .await;
     eventually("prefill started", || async {
         metric(&s, &format!("vllm:num_requests_running{}", labels())).await == 1.0
     })
@@ -677,28 +602,19 @@ async fn a_priority_without_priority_scheduling_is_refused_as_vllm_does() {
     let url = format!("{}/v1/chat/completions", s.url());
     let mut body = chat_body("hi", 3, false);
     body["priority"] = (-5).into();
-    let resp = client().post(&url).json(&body).send().await.unwrap();
+    let resp = send(client().post(&url).json(&body)).await;
     assert_eq!(resp.status(), 400);
     let err: Value = resp.json().await.unwrap();
     assert_eq!(err["error"]["param"], "priority", "{err}");
     body["priority"] = 0.into();
-    let resp = client().post(&url).json(&body).send().await.unwrap();
+    let resp = send(client().post(&url).json(&body)).await;
     assert_eq!(resp.status(), 200);
     s.shutdown().await;
 }
 
 #[tokio::test]
 async fn long_prefill_token_threshold_caps_each_long_prefill_chunk() {
-    let s = sim(&[
-        "--speed",
-        "20",
-        "--profile",
-        "tiny-test",
-        "--max-num-batched-tokens",
-        "2048",
-        "--long-prefill-token-threshold",
-        "256",
-    ])
+    let s = sim(&flags("--speed 20 --profile tiny-test --max-num-batched-tokens 2048 --long-prefill-token-threshold 256"))
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
     let events = stream_to_end(url, chat_body(&words(3000, "review"), 5, true)).await;

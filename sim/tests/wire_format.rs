@@ -8,17 +8,17 @@ use serde_json::Value;
 #[tokio::test]
 async fn chat_stream_has_vllm_framing_and_chunk_shapes() {
     let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", s.url()))
-        .header("x-request-id", "req-42")
-        .json(&chat_body(
-            "why does this TypeScript error happen?",
-            12,
-            true,
-        ))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(format!("{}/v1/chat/completions", s.url()))
+            .header("x-request-id", "req-42")
+            .json(&chat_body(
+                "why does this TypeScript error happen?",
+                12,
+                true,
+            )),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     assert_eq!(
         resp.headers()["content-type"],
@@ -103,25 +103,15 @@ async fn completions_stream_has_every_field_including_nulls() {
 #[tokio::test]
 async fn non_streaming_responses_have_vllm_shapes() {
     let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
-    let chat: Value = client()
-        .post(format!("{}/v1/chat/completions", s.url()))
-        .json(&chat_body("hello", 7, false))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let chat: Value = send_json(
+        client()
+            .post(format!("{}/v1/chat/completions", s.url()))
+            .json(&chat_body("hello", 7, false)),
+    )
+    .await;
     assert_eq!(chat["object"], "chat.completion");
     assert_eq!(chat["choices"][0]["message"]["role"], "assistant");
-    assert_eq!(
-        chat["choices"][0]["message"]["content"]
-            .as_str()
-            .unwrap()
-            .split_whitespace()
-            .count(),
-        7
-    );
+    assert_eq!(message_words(&chat), 7);
     assert_eq!(chat["choices"][0]["finish_reason"], "length");
     assert_eq!(chat["usage"]["completion_tokens"], 7);
     let keys: Vec<&str> = chat
@@ -139,13 +129,9 @@ async fn non_streaming_responses_have_vllm_shapes() {
 
 #[tokio::test]
 async fn repeated_prefix_reports_cached_tokens() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--enable-prompt-tokens-details",
-    ])
+    let s = sim(&flags(
+        "--speed 50 --profile tiny-test --enable-prompt-tokens-details",
+    ))
     .await;
     let system = words(300, "You are a patient programming tutor.");
     let ask = |question: &str| {
@@ -187,12 +173,12 @@ async fn repeated_prefix_reports_cached_tokens() {
 async fn prompt_too_long_unknown_model_and_bad_json_get_vllm_errors() {
     let s = sim(&["--max-model-len", "1024", "--profile", "tiny-test"]).await;
     let url = format!("{}/v1/chat/completions", s.url());
-    let resp = client()
-        .post(&url)
-        .json(&chat_body(&words(2000, "x"), 10, true))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(&url)
+            .json(&chat_body(&words(2000, "x"), 10, true)),
+    )
+    .await;
     assert_eq!(resp.status(), 400);
     let err: Value = resp.json().await.unwrap();
     assert_eq!(err["error"]["type"], "BadRequestError");
@@ -203,46 +189,37 @@ async fn prompt_too_long_unknown_model_and_bad_json_get_vllm_errors() {
         .unwrap()
         .contains("maximum context length is 1024"));
 
-    let resp = client()
-        .post(&url)
-        .json(&chat_body("hi", 2000, false))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(client().post(&url).json(&chat_body("hi", 2000, false))).await;
     assert_eq!(resp.status(), 400, "prompt + max_tokens over the limit");
 
     let mut body = chat_body("hi", 5, false);
     body["model"] = "gpt-unknown".into();
-    let resp = client().post(&url).json(&body).send().await.unwrap();
+    let resp = send(client().post(&url).json(&body)).await;
     assert_eq!(resp.status(), 404);
     assert_eq!(
         resp.json::<Value>().await.unwrap()["error"]["type"],
         "NotFoundError"
     );
 
-    let resp = client().post(&url).body("{not json").send().await.unwrap();
+    let resp = send(client().post(&url).body("{not json")).await;
     assert_eq!(resp.status(), 400);
     s.shutdown().await;
 }
 
 #[tokio::test]
 async fn request_ids_follow_vllm_rules() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--enable-request-id-headers",
-    ])
+    let s = sim(&flags(
+        "--speed 50 --profile tiny-test --enable-request-id-headers",
+    ))
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
-    let resp = client()
-        .post(&url)
-        .header("x-request-id", "from-header")
-        .json(&chat_body("hi", 2, false))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(&url)
+            .header("x-request-id", "from-header")
+            .json(&chat_body("hi", 2, false)),
+    )
+    .await;
     assert_eq!(resp.headers()["x-request-id"], "from-header");
     assert_eq!(
         resp.json::<Value>().await.unwrap()["id"],
@@ -251,26 +228,10 @@ async fn request_ids_follow_vllm_rules() {
 
     let mut body = chat_body("hi", 2, false);
     body["request_id"] = "from-body".into();
-    let v: Value = client()
-        .post(&url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = send_json(client().post(&url).json(&body)).await;
     assert_eq!(v["id"], "chatcmpl-from-body");
 
-    let v: Value = client()
-        .post(&url)
-        .json(&chat_body("hi", 2, false))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: Value = send_json(client().post(&url).json(&chat_body("hi", 2, false))).await;
     let id = v["id"].as_str().unwrap().strip_prefix("chatcmpl-").unwrap();
     assert_eq!(id.len(), 32, "uuid4 hex: {id}");
     assert!(id.chars().all(|c| c.is_ascii_hexdigit()));
@@ -285,24 +246,17 @@ async fn side_endpoints_answer_like_vllm() {
     assert_eq!(models["data"][0]["id"], MODEL);
     assert_eq!(models["data"][0]["owned_by"], "vllm");
     assert_eq!(models["data"][0]["max_model_len"], 4096);
-    let health = client()
-        .get(format!("{}/health", s.url()))
-        .send()
-        .await
-        .unwrap();
+    let health = send(client().get(format!("{}/health", s.url()))).await;
     assert_eq!(health.status(), 200);
     assert!(health.text().await.unwrap().is_empty());
     let version = get_json(format!("{}/version", s.url())).await;
     assert!(version["version"].is_string());
-    let tok: Value = client()
-        .post(format!("{}/tokenize", s.url()))
-        .json(&serde_json::json!({"prompt": "why does this TypeScript error?\n"}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let tok: Value = send_json(
+        client()
+            .post(format!("{}/tokenize", s.url()))
+            .json(&serde_json::json!({"prompt": "why does this TypeScript error?\n"})),
+    )
+    .await;
     // BOS + 10 heuristic tokens (see the tokenizer module docs).
     assert_eq!(tok["count"], 11);
     assert_eq!(tok["tokens"].as_array().unwrap().len(), 11);
@@ -312,21 +266,16 @@ async fn side_endpoints_answer_like_vllm() {
 
 #[tokio::test]
 async fn metrics_expose_vllm_series_with_types() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--num-gpu-blocks",
-        "1500",
-    ])
+    let s = sim(&flags(
+        "--speed 50 --profile tiny-test --num-gpu-blocks 1500",
+    ))
     .await;
-    client()
-        .post(format!("{}/v1/chat/completions", s.url()))
-        .json(&chat_body("hi", 3, false))
-        .send()
-        .await
-        .unwrap();
+    send(
+        client()
+            .post(format!("{}/v1/chat/completions", s.url()))
+            .json(&chat_body("hi", 3, false)),
+    )
+    .await;
     let text = metrics_text(&s.url()).await;
     for (name, kind) in [
         ("vllm:num_requests_running", "gauge"),
@@ -374,13 +323,9 @@ async fn metrics_expose_vllm_series_with_types() {
 
 #[tokio::test]
 async fn per_request_metrics_split_queue_and_prefill() {
-    let s = sim(&[
-        "--speed",
-        "20",
-        "--profile",
-        "tiny-test",
-        "--enable-per-request-metrics",
-    ])
+    let s = sim(&flags(
+        "--speed 20 --profile tiny-test --enable-per-request-metrics",
+    ))
     .await;
     let body = post_text(
         format!("{}/v1/chat/completions", s.url()),
@@ -401,14 +346,9 @@ async fn per_request_metrics_split_queue_and_prefill() {
 
 #[tokio::test]
 async fn reasoning_streams_as_delta_reasoning_before_the_content_and_counts_as_output() {
-    let s = sim(&[
-        "--speed",
-        "50",
-        "--profile",
-        "tiny-test",
-        "--reasoning-tokens",
-        "7",
-    ])
+    let s = sim(&flags(
+        "--speed 50 --profile tiny-test --reasoning-tokens 7",
+    ))
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
     let text = post_text(url.clone(), &chat_body("why?", 10, true)).await;

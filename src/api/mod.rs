@@ -33,6 +33,7 @@ use axum::Router;
 
 pub use crate::jobs::Jobs;
 pub use crate::pipeline::AppState;
+use crate::telemetry::Route;
 
 /// The gateway's routes over `state`, with background jobs served by `jobs` and API keys
 /// checked by `auth`.
@@ -50,8 +51,11 @@ pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth) -> Router {
         .route("/auth/token", post(auth::token))
         .with_state(auth.clone());
     Router::new()
-        .route("/v1/chat/completions", post(openai::chat_completions))
-        .route("/v1/completions", post(openai::completions))
+        .route(
+            "/v1/chat/completions",
+            openai::post_route(Route::ChatCompletions),
+        )
+        .route("/v1/completions", openai::post_route(Route::Completions))
         .route("/v1/models", get(ops::models))
         .route("/healthz", get(ops::healthz))
         // vLLM's own probe routes, for clients that expect vLLM here.

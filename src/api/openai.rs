@@ -6,44 +6,22 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::routing::{post, MethodRouter};
 use axum::Extension;
 
 use crate::pipeline::{self, AppState, RequestCtx, Tenant};
 use crate::telemetry::Route;
 
-/// `POST /v1/chat/completions`.
-pub async fn chat_completions(
-    State(state): State<AppState>,
-    tenant: Option<Extension<Tenant>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let tenant = tenant.map(|t| t.0);
-    pipeline::openai(
-        RequestCtx::snapshot(&state),
-        headers,
-        body,
-        Route::ChatCompletions,
-        tenant,
+/// The `POST` handler of one OpenAI route: [`Route::ChatCompletions`] or
+/// [`Route::Completions`]; both take the same extractors and differ only in the route passed on.
+pub fn post_route(route: Route) -> MethodRouter<AppState> {
+    post(
+        move |State(state): State<AppState>,
+              tenant: Option<Extension<Tenant>>,
+              headers: HeaderMap,
+              body: Result<Bytes, BytesRejection>| async move {
+            let ctx = RequestCtx::snapshot(&state);
+            pipeline::openai(ctx, headers, body, route, tenant.map(|t| t.0)).await
+        },
     )
-    .await
-}
-
-/// `POST /v1/completions`.
-pub async fn completions(
-    State(state): State<AppState>,
-    tenant: Option<Extension<Tenant>>,
-    headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
-    let tenant = tenant.map(|t| t.0);
-    pipeline::openai(
-        RequestCtx::snapshot(&state),
-        headers,
-        body,
-        Route::Completions,
-        tenant,
-    )
-    .await
 }

@@ -19,23 +19,7 @@ use super::pair_bound::{PairBound, PATTERNS};
 use super::*;
 use crate::config::Config;
 use crate::lane::Lane;
-
-/// SplitMix64, so every run draws the same texts.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use tutor_wire::stats::SplitMix as Rng;
 
 /// Words of a few common letters (so the vocabulary merges nearly every pair of them) and
 /// tutoring prose and code.
@@ -83,7 +67,7 @@ fn trained(name: &str, pre_tokenizer: PreTokenizerWrapper, nfc: bool) -> (PathBu
         .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
         .build()
         .into();
-    let lines = corpus(&mut Rng(7));
+    let lines = corpus(&mut Rng::new(7));
     tokenizer
         .train(&mut trainer, lines.iter())
         .expect("training a BPE");
@@ -190,12 +174,12 @@ fn adversarial(rng: &mut Rng) -> String {
 
 #[test]
 fn the_bound_is_never_below_the_real_count() {
-    let mut rng = Rng(42);
+    let mut rng = Rng::new(42);
     for (path, json) in accepted_tokenizers() {
         let bound = PairBound::from_tokenizer_json(&json)
             .unwrap_or_else(|why| panic!("{}: {why}", path.display()));
         let tokenizer = Tokenizer::from_file(&path).unwrap();
-        let mut texts: Vec<String> = corpus(&mut Rng(9)).into_iter().take(300).collect();
+        let mut texts: Vec<String> = corpus(&mut Rng::new(9)).into_iter().take(300).collect();
         texts.extend((0..4000).map(|_| adversarial(&mut rng)));
         let (mut tight, mut bytes) = (0u64, 0u64);
         for (i, text) in texts.iter().enumerate() {
@@ -226,7 +210,7 @@ fn a_three_hundred_token_question_is_small_without_tokenizing() {
     let counter = TokenCounter::from_file(path).unwrap();
     // About 1.1 KB: too long for one token a byte to settle the small lane with 120 out.
     let mut question = String::new();
-    for line in corpus(&mut Rng(11)) {
+    for line in corpus(&mut Rng::new(11)) {
         if question.len() > 1100 {
             break;
         }
@@ -339,7 +323,7 @@ fn ascii_adversarial(rng: &mut Rng) -> String {
 
 #[test]
 fn the_hand_written_pre_tokenizer_counts_what_encode_counts() {
-    let mut rng = Rng(5);
+    let mut rng = Rng::new(5);
     let mut tokenizers = accepted_tokenizers();
     // Llama 3 sets ignore_merges: a piece in the vocabulary is one token without merging.
     let (path, mut json) = tokenizers[1].clone();
@@ -356,7 +340,7 @@ fn the_hand_written_pre_tokenizer_counts_what_encode_counts() {
         let counter = TokenCounter::from_file(&path).unwrap();
         let mut texts: Vec<String> = (0..3000).map(|_| ascii_adversarial(&mut rng)).collect();
         texts.extend((0..500).map(|_| adversarial(&mut rng)));
-        texts.extend(corpus(&mut Rng(3)).into_iter().take(300));
+        texts.extend(corpus(&mut Rng::new(3)).into_iter().take(300));
         let mut quick = 0;
         for text in &texts {
             let input = PromptInput::Prompt(text.clone());

@@ -67,16 +67,12 @@ fn text_with_tokens(counter: &TokenCounter, tokens: u32) -> String {
     while !enough(high) {
         high *= 2;
     }
-    let mut low = high / 2; // not enough (or 0)
-    while high - low > 1 {
-        let mid = (low + high) / 2;
-        if enough(mid) {
-            high = mid;
-        } else {
-            low = mid;
-        }
-    }
-    tutoring_text(high)
+    // high / 2: not enough (or 0).
+    tutoring_text(tutor_testkit::bench::smallest_enough(
+        high / 2,
+        high,
+        enough,
+    ))
 }
 
 fn prompt(text: String) -> Arc<PromptInput> {

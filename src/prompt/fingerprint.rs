@@ -77,7 +77,7 @@ pub fn fingerprint(system_prompt: &str, tools: Option<&Value>) -> String {
         .chain_update(b"\nTOOLS=")
         .chain_update(tools.as_bytes())
         .finalize();
-    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    crate::sign::hex(&digest[..8])
 }
 
 /// The fingerprint of a chat request: its leading system messages and its tools.
@@ -128,11 +128,7 @@ mod tests {
     #[test]
     fn matches_the_definition() {
         // sha256("S\nTOOLS=[]"), first 16 hex characters.
-        let expected: String = Sha256::digest(b"S\nTOOLS=[]")
-            .iter()
-            .take(8)
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let expected = crate::sign::hex(&Sha256::digest(b"S\nTOOLS=[]")[..8]);
         assert_eq!(fingerprint("S", None), expected);
     }
 

@@ -24,6 +24,7 @@ use prometheus::{
 
 use super::focus_metrics::FocusMetrics;
 use super::job_metrics::JobMetrics;
+use super::registered::{counter_vec, gauge_vec, registered};
 use super::relay_metrics::RelayMetrics;
 use super::snapshot::AdmissionSnapshot;
 use crate::lane::Lane;
@@ -190,13 +191,7 @@ impl Metrics {
     /// Registers every family in a fresh registry.
     pub fn new() -> Self {
         let registry = Registry::new();
-        let gauge = |name: &str, help: &str| {
-            let g = IntGaugeVec::new(Opts::new(name, help), &["lane"]).expect("valid gauge");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("registered once");
-            g
-        };
+        let gauge = |name: &str, help: &str| gauge_vec(&registry, name, help, &["lane"]);
         let lane_in_flight = gauge(
             "tutor_gateway_lane_in_flight",
             "Requests admitted and not yet finished, per lane.",
@@ -229,23 +224,11 @@ impl Metrics {
             .register(Box::new(requests.clone()))
             .expect("registered once");
         let histogram = |name: &str, help: &str, buckets: &[f64]| {
-            let h = HistogramVec::new(
-                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
-                &["lane"],
-            )
-            .expect("valid histogram");
-            registry
-                .register(Box::new(h.clone()))
-                .expect("registered once");
-            h
+            let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+            registered(&registry, HistogramVec::new(opts, &["lane"]))
         };
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("registered once");
-            c
-        };
+        let counter =
+            |name: &str, help: &str, labels: &[&str]| counter_vec(&registry, name, help, labels);
         let cancelled_after_tokens = histogram(
             "tutor_gateway_cancelled_after_tokens",
             "Output tokens relayed before the client disconnected.",

@@ -28,6 +28,7 @@ pub mod prefix_metrics;
 pub mod promotion_metrics;
 pub mod quota_metrics;
 pub mod record;
+mod registered;
 pub mod relay_metrics;
 pub mod replica_metrics;
 pub mod request_log;

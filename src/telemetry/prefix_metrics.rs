@@ -18,7 +18,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use prometheus::{IntCounterVec, Opts, Registry};
+use prometheus::{IntCounterVec, Registry};
+
+use super::registered::counter_vec;
 use tokio::time::Instant;
 
 use super::cached_prefix::CachedPrefixes;
@@ -92,13 +94,8 @@ impl PrefixMetrics {
     /// Registers the families in `registry`, with the built-in `[prefix_cache]` defaults until
     /// [`Self::configure`] is called.
     pub fn register(registry: &Registry) -> Self {
-        let family = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("registered once");
-            c
-        };
+        let family =
+            |name: &str, help: &str, labels: &[&str]| counter_vec(registry, name, help, labels);
         let counter = |name: &str, help: &str| {
             let c = family(name, help, &["fingerprint"]);
             c.with_label_values(&[OTHER]);

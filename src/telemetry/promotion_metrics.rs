@@ -3,7 +3,9 @@
 //! `tutor_gateway_sessions_tracked`, `tutor_gateway_sessions_evicted_total`: the continuation
 //! ledger's bounded map. Registered once by [`super::Metrics::new`].
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
+
+use super::registered::counter_vec;
 
 use crate::lane::Lane;
 
@@ -20,13 +22,8 @@ pub struct PromotionMetrics {
 impl PromotionMetrics {
     /// Registers the families in `registry`.
     pub fn register(registry: &Registry) -> Self {
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("registered once");
-            c
-        };
+        let counter =
+            |name: &str, help: &str, labels: &[&str]| counter_vec(registry, name, help, labels);
         let promotions = counter(
             "tutor_gateway_lane_promotions_total",
             "Requests moved mid-stream to a bigger lane after passing their lane's output limit.",

@@ -3,7 +3,9 @@
 //! 64), `reason` one of a fixed list. Registered once by [`super::Metrics::new`]; the upstream
 //! client reports into it with plain values.
 
-use prometheus::{IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{IntCounterVec, IntGaugeVec, Registry};
+
+use super::registered::{counter_vec, gauge_vec};
 
 /// Why a request went to the replica it went to (the `reason` label).
 pub const ROUTE_REASONS: [&str; 6] = [
@@ -37,20 +39,9 @@ impl Default for ReplicaMetrics {
 impl ReplicaMetrics {
     /// Registers the families in `registry`.
     pub fn register(registry: &Registry) -> Self {
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("registered once");
-            c
-        };
-        let gauge = |name: &str, help: &str| {
-            let g = IntGaugeVec::new(Opts::new(name, help), &["replica"]).expect("valid gauge");
-            registry
-                .register(Box::new(g.clone()))
-                .expect("registered once");
-            g
-        };
+        let counter =
+            |name: &str, help: &str, labels: &[&str]| counter_vec(registry, name, help, labels);
+        let gauge = |name: &str, help: &str| gauge_vec(registry, name, help, &["replica"]);
         Self {
             in_flight: gauge(
                 "tutor_gateway_replica_in_flight",

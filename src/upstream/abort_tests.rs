@@ -34,14 +34,7 @@ impl Recorder {
                         buf.extend_from_slice(&tmp[..n]);
                         let text = String::from_utf8_lossy(&buf).to_string();
                         if let Some(end) = text.find("\r\n\r\n") {
-                            let len = text[..end]
-                                .lines()
-                                .find_map(|l| {
-                                    let (k, v) = l.split_once(':')?;
-                                    k.eq_ignore_ascii_case("content-length")
-                                        .then(|| v.trim().parse::<usize>().unwrap())
-                                })
-                                .unwrap_or(0);
+                            let len = tutor_testkit::content_length(&text[..end]);
                             break (end + 4, len);
                         }
                     };

@@ -15,13 +15,28 @@ pub fn env_or<T: FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-/// The `q` quantile (0..=1, nearest rank) of `v`, sorting it in place; NaN when `v` is empty.
+/// The `q` quantile (0..=1) of `v` by [`tutor_wire::stats::quantile`] (nearest rank), sorting
+/// it in place; NaN when `v` is empty (printed as such).
 pub fn quantile(v: &mut [f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
+    tutor_wire::stats::quantile(v, q).unwrap_or(f64::NAN)
+}
+
+/// The smallest `n` in `low + 1..=high` for which `enough(n)` holds, by bisection: `enough`
+/// must be monotone, hold at `high` and not at `low` (unless `low` is 0).
+pub fn smallest_enough(
+    mut low: usize,
+    mut high: usize,
+    mut enough: impl FnMut(usize) -> bool,
+) -> usize {
+    while high - low > 1 {
+        let mid = low + (high - low) / 2;
+        if enough(mid) {
+            high = mid;
+        } else {
+            low = mid;
+        }
     }
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[((v.len() - 1) as f64 * q).round() as usize]
+    high
 }
 
 /// The same JSON with every object's keys in a random order.
@@ -51,6 +66,13 @@ mod tests {
         assert_eq!(quantile(&mut v, 0.5), 3.0);
         assert_eq!(quantile(&mut v, 1.0), 5.0);
         assert!(quantile(&mut [], 0.5).is_nan());
+    }
+
+    #[test]
+    fn bisection_finds_the_first_enough() {
+        assert_eq!(smallest_enough(0, 100, |n| n * n >= 50), 8);
+        assert_eq!(smallest_enough(0, 1, |_| true), 1);
+        assert_eq!(smallest_enough(4, 9, |n| n >= 9), 9);
     }
 
     #[test]

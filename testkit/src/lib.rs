@@ -1,6 +1,8 @@
 //! Test support shared by the gateway's tests and benches, the simulator's tests and the load
-//! tool's tests: HTTP round trips, SSE bodies read with the one parser of [`tutor_wire::sse`],
-//! Prometheus scrapes read with [`tutor_wire::prom`], and polling.
+//! tool's tests: HTTP round trips ([`send`], [`send_text`], [`send_json`], [`Streamed`]), SSE
+//! bodies read with the one parser of [`tutor_wire::sse`], Prometheus scrapes read with
+//! [`tutor_wire::prom`], polling, the simulator's flags written as one line ([`flags`]) and free
+//! ports.
 //!
 //! It depends on neither the gateway nor the simulator, so any crate of the workspace can use it
 //! as a dev-dependency without a cycle. Helpers panic on failure: they are for tests.
@@ -25,9 +27,19 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// Sends `request`; panics when it cannot be sent (the answer's status is not checked).
+pub async fn send(request: reqwest::RequestBuilder) -> reqwest::Response {
+    request.send().await.unwrap()
+}
+
 /// Sends `request` and reads the whole answer as text.
 pub async fn send_text(request: reqwest::RequestBuilder) -> String {
-    request.send().await.unwrap().text().await.unwrap()
+    send(request).await.text().await.unwrap()
+}
+
+/// Sends `request` and parses the whole answer as JSON.
+pub async fn send_json(request: reqwest::RequestBuilder) -> Value {
+    send(request).await.json().await.unwrap()
 }
 
 /// POSTs `body` as JSON and reads the whole answer as text.
@@ -42,14 +54,66 @@ pub async fn get_text(url: impl reqwest::IntoUrl) -> String {
 
 /// GETs `url` and parses the answer as JSON.
 pub async fn get_json(url: impl reqwest::IntoUrl) -> Value {
-    client()
-        .get(url)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    send_json(client().get(url)).await
+}
+
+/// A streaming answer read piece by piece, with the text read so far.
+pub struct Streamed {
+    resp: reqwest::Response,
+    /// Everything read so far.
+    pub text: String,
+}
+
+impl Streamed {
+    /// Starts reading `resp`'s body.
+    pub fn new(resp: reqwest::Response) -> Self {
+        Self {
+            resp,
+            text: String::new(),
+        }
+    }
+
+    /// Reads until `done` holds for the text so far (checked before each read); panics when the
+    /// body ends first.
+    pub async fn until(&mut self, mut done: impl FnMut(&str) -> bool) -> &str {
+        while !done(&self.text) {
+            let chunk = self.resp.chunk().await.unwrap();
+            let chunk = chunk.unwrap_or_else(|| panic!("the body ended first:\n{}", self.text));
+            self.text.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        &self.text
+    }
+
+    /// Reads the body to its end; the whole text.
+    pub async fn rest(mut self) -> String {
+        while let Some(chunk) = self.resp.chunk().await.unwrap() {
+            self.text.push_str(std::str::from_utf8(&chunk).unwrap());
+        }
+        self.text
+    }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound, read and released).
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// The `Content-Length` of an HTTP head (the text before the blank line), 0 when it has none.
+pub fn content_length(head: &str) -> usize {
+    head.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().unwrap())
+        })
+        .unwrap_or(0)
+}
+
+/// Command-line flags written as one line (`"--speed 1 --profile tiny-test"`), split at white
+/// space: how tests give the simulator its arguments.
+pub fn flags(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
 }
 
 /// About `n` heuristic tokens of text after `salt` (each word is one token).
@@ -114,6 +178,16 @@ pub fn delta_words(data: &str) -> usize {
     v["choices"][0]["delta"]["content"]
         .as_str()
         .unwrap_or("")
+        .split_whitespace()
+        .count()
+}
+
+/// Words of generated text in a whole (non-streamed) chat completion
+/// (`choices[0].message.content`, which must be a string).
+pub fn message_words(chat: &Value) -> usize {
+    chat["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("choices[0].message.content is a string")
         .split_whitespace()
         .count()
 }

@@ -32,40 +32,27 @@ async fn a_rebound_host_with_its_own_origin_is_refused() {
         c.server.cors_allow_origins = vec![FRONTEND.to_owned()];
     })
     .await;
-    let get = client()
-        .get(h.url("/answer"))
-        .query(&[("prompt", "what is a closure?"), ("max_output_tokens", "2")])
-        .header("host", "evil.example")
-        .header("origin", "http://evil.example")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(get.status(), 403);
-    assert_eq!(
-        json(&get.text().await.unwrap())["error"]["code"],
-        "origin_not_allowed"
-    );
-    let post = client()
-        .post(h.url("/v1/chat/completions"))
-        .header("host", "evil.example:8080")
-        .header("origin", "http://evil.example:8080")
-        .json(&json!({"messages": [{"role": "user", "content": "hi"}],
-                      "max_tokens": 2}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(post.status(), 403);
-    assert_eq!(
-        json(&post.text().await.unwrap())["error"]["code"],
-        "origin_not_allowed"
-    );
+    let get = send(
+        client()
+            .get(h.url("/answer"))
+            .query(&[("prompt", "what is a closure?"), ("max_output_tokens", "2")])
+            .header("host", "evil.example")
+            .header("origin", "http://evil.example"),
+    )
+    .await;
+    assert_error(get, 403, "origin_not_allowed").await;
+    let post = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .header("host", "evil.example:8080")
+            .header("origin", "http://evil.example:8080")
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 2})),
+    )
+    .await;
+    assert_error(post, 403, "origin_not_allowed").await;
     // The listed origin is still served, whatever the Host.
-    let ok = client()
-        .get(h.url("/healthz"))
-        .header("origin", FRONTEND)
-        .send()
-        .await
-        .unwrap();
+    let ok = send(client().get(h.url("/healthz")).header("origin", FRONTEND)).await;
     assert_eq!(ok.status(), 200);
     h.shutdown().await;
 }
@@ -115,32 +102,32 @@ async fn a_foreign_text_plain_post_to_admin_reload_is_refused_and_not_applied() 
     assert_ne!(before, 7);
     let url = format!("{admin}/admin/reload");
     // A page's "simple" request: no preflight, applied before the browser reads the answer.
-    let foreign = client()
-        .post(&url)
-        .header("origin", "http://evil.example")
-        .header("content-type", "text/plain")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let foreign = send(
+        client()
+            .post(&url)
+            .header("origin", "http://evil.example")
+            .header("content-type", "text/plain")
+            .body("{}"),
+    )
+    .await;
     assert_eq!(foreign.status(), 403);
     // Any Origin at all, even with a JSON body.
-    let with_origin = client()
-        .post(&url)
-        .header("origin", "http://127.0.0.1")
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
+    let with_origin = send(
+        client()
+            .post(&url)
+            .header("origin", "http://127.0.0.1")
+            .json(&json!({})),
+    )
+    .await;
     assert_eq!(with_origin.status(), 403);
     // No Origin, but not JSON.
-    let plain = client()
-        .post(&url)
-        .header("content-type", "text/plain")
-        .body("{}")
-        .send()
-        .await
-        .unwrap();
+    let plain = send(
+        client()
+            .post(&url)
+            .header("content-type", "text/plain")
+            .body("{}"),
+    )
+    .await;
     assert_eq!(plain.status(), 415);
     let metrics = get_text(&format!("{admin}/metrics")).await;
     assert_eq!(reloads(&metrics, "applied"), 0.0, "nothing was reloaded");
@@ -149,7 +136,7 @@ async fn a_foreign_text_plain_post_to_admin_reload_is_refused_and_not_applied() 
         before
     );
     // The operator's own request still works.
-    let ok = client().post(&url).json(&json!({})).send().await.unwrap();
+    let ok = send(client().post(&url).json(&json!({}))).await;
     assert_eq!(ok.status(), 200);
     assert_eq!(h.gw.state.config().lanes.small.max_concurrency.get(), 7);
     h.shutdown().await;
@@ -161,29 +148,25 @@ async fn with_an_admin_token_an_admin_request_without_it_gets_401() {
     let path = temp_config("token");
     let (h, admin) = admin_gateway(&path, Some(ADMIN_TOKEN)).await;
     let url = format!("{admin}/admin/reload");
-    let none = client().post(&url).json(&json!({})).send().await.unwrap();
-    assert_eq!(none.status(), 401);
-    assert_eq!(
-        json(&none.text().await.unwrap())["error"]["code"],
-        "invalid_api_key"
-    );
-    let wrong = client()
-        .post(&url)
-        .bearer_auth("an-admin-token-of-32-bytes-long?")
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
+    let none = send(client().post(&url).json(&json!({}))).await;
+    assert_error(none, 401, "invalid_api_key").await;
+    let wrong = send(
+        client()
+            .post(&url)
+            .bearer_auth("an-admin-token-of-32-bytes-long?")
+            .json(&json!({})),
+    )
+    .await;
     assert_eq!(wrong.status(), 401);
     let metrics = get_text(&format!("{admin}/metrics")).await;
     assert_eq!(reloads(&metrics, "applied"), 0.0);
-    let right = client()
-        .post(&url)
-        .bearer_auth(ADMIN_TOKEN)
-        .json(&json!({}))
-        .send()
-        .await
-        .unwrap();
+    let right = send(
+        client()
+            .post(&url)
+            .bearer_auth(ADMIN_TOKEN)
+            .json(&json!({})),
+    )
+    .await;
     assert_eq!(right.status(), 200);
     let metrics = get_text(&format!("{admin}/metrics")).await;
     assert_eq!(reloads(&metrics, "applied"), 1.0);
@@ -213,30 +196,16 @@ async fn receiver() -> (u16, Arc<Mutex<usize>>) {
 
 /// A FAST job notifying `notify`; its final webhook state.
 async fn job_webhook(h: &Harness, notify: &str) -> Value {
-    let resp = client()
-        .post(h.url("/jobs"))
-        .json(
-            &json!({"prompt": "review my repository", "max_output_tokens": 3,
+    let resp = send(client().post(h.url("/jobs")).json(
+        &json!({"prompt": "review my repository", "max_output_tokens": 3,
                       "notify": notify}),
-        )
-        .send()
-        .await
-        .unwrap();
-    let status = resp.status();
-    let v = json(&resp.text().await.unwrap());
+    ))
+    .await;
+    let (status, v) = status_json(resp).await;
     assert_eq!(status, 202, "{v}");
     let id = v["id"].as_str().unwrap().to_owned();
     for _ in 0..3000 {
-        let v = json(
-            &client()
-                .get(h.url(&format!("/jobs/{id}")))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-        );
+        let v = json(&send_text(client().get(h.url(&format!("/jobs/{id}")))).await);
         if v["webhook"]["delivered"].is_boolean() {
             return v["webhook"].clone();
         }
@@ -294,17 +263,12 @@ async fn a_double_encoded_webhook_path_is_refused() {
         "https://hooks.example.edu/hooks/%252E%252E%252Fadmin",
         "https://hooks.example.edu/hooks/%25252e%25252e/admin",
     ] {
-        let resp = client()
-            .post(h.url("/jobs"))
-            .json(
-                &json!({"prompt": "review my repository", "max_output_tokens": 3,
+        let resp = send(client().post(h.url("/jobs")).json(
+            &json!({"prompt": "review my repository", "max_output_tokens": 3,
                           "notify": notify}),
-            )
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status();
-        let v = json(&resp.text().await.unwrap());
+        ))
+        .await;
+        let (status, v) = status_json(resp).await;
         assert_eq!(status, 400, "{notify}: {v}");
         assert_eq!(v["error"]["param"], "notify", "{v}");
     }

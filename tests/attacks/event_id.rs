@@ -10,20 +10,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{json, Value};
-use tutor_gateway::config::{Config, KeyEntry, QuotaBackend, RedisUrl};
+use tutor_gateway::config::{Config, QuotaBackend, RedisUrl};
 
 use crate::common::*;
 use crate::redis_common::RedisServer;
 
 /// Real time (about 5 ms a token): a long answer is still streaming when the test acts on it.
-const SLOW: &[&str] = &[
-    "--speed",
-    "1",
-    "--profile",
-    "tiny-test",
-    "--mean-output-tokens",
-    "1000000",
-];
+const SLOW: &str = "--speed 1 --profile tiny-test --mean-output-tokens 1000000";
 
 /// The largest piece number a client may resume after.
 const MAX_VALID_ID: &str = "1000000";
@@ -55,27 +48,20 @@ const BAD_IDS: &[&str] = &[
 const RESUMED_BYTES: usize = 16 * 1024;
 
 async fn submit(h: &Harness, tokens: u32) -> String {
-    let resp = client()
-        .post(h.url("/jobs"))
-        .json(&json!({"prompt": "review this repository's error handling",
-                      "max_output_tokens": tokens}))
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .post(h.url("/jobs"))
+            .json(&json!({"prompt": "review this repository's error handling",
+                      "max_output_tokens": tokens})),
+    )
+    .await;
     assert_eq!(resp.status(), 202);
-    json(&resp.text().await.unwrap())["id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
+    read_json(resp).await["id"].as_str().unwrap().to_owned()
 }
 
 async fn job(h: &Harness, id: &str) -> Value {
-    let resp = client()
-        .get(h.url(&format!("/jobs/{id}")))
-        .send()
-        .await
-        .unwrap();
-    json(&resp.text().await.unwrap())
+    let resp = send(client().get(h.url(&format!("/jobs/{id}")))).await;
+    read_json(resp).await
 }
 
 /// Polls job `id` until `pred` holds (60 s at most: generous on a loaded machine).
@@ -97,12 +83,12 @@ async fn until(h: &Harness, id: &str, what: &str, pred: impl Fn(&Value) -> bool)
 /// The status of `GET /jobs/{id}/events` with `last_event_id`, and the bytes of its body: read
 /// to its end, or stopped once past `cap` (or after 60 s).
 async fn resume(h: &Harness, id: &str, last_event_id: &str, cap: usize) -> (u16, usize, String) {
-    let resp = client()
-        .get(h.url(&format!("/jobs/{id}/events")))
-        .header("last-event-id", last_event_id)
-        .send()
-        .await
-        .unwrap();
+    let resp = send(
+        client()
+            .get(h.url(&format!("/jobs/{id}/events")))
+            .header("last-event-id", last_event_id),
+    )
+    .await;
     let status = resp.status().as_u16();
     let mut body = resp.bytes_stream();
     let (mut bytes, mut head) = (0usize, Vec::new());
@@ -163,7 +149,7 @@ async fn bad_ids_are_refused_and_the_largest_valid_one_is_cheap(h: &Harness) {
 
 #[tokio::test]
 async fn a_huge_last_event_id_is_refused_in_process() {
-    let h = harness(SLOW, |_| {}).await;
+    let h = harness(&flags(SLOW), |_| {}).await;
     bad_ids_are_refused_and_the_largest_valid_one_is_cheap(&h).await;
     eventually("every lane back to idle", || h.idle()).await;
     h.shutdown().await;
@@ -180,7 +166,7 @@ fn shared(c: &mut Config, redis: &RedisServer) {
 #[tokio::test]
 async fn a_huge_last_event_id_is_refused_with_redis_jobs() {
     let redis = RedisServer::start();
-    let h = harness(SLOW, |c| shared(c, &redis)).await;
+    let h = harness(&flags(SLOW), |c| shared(c, &redis)).await;
     bad_ids_are_refused_and_the_largest_valid_one_is_cheap(&h).await;
     // A resume across runs is bounded the same way.
     let id = submit(&h, 3).await;
@@ -191,10 +177,6 @@ async fn a_huge_last_event_id_is_refused_with_redis_jobs() {
     assert!(bytes <= RESUMED_BYTES, "{bytes} bytes: {head:.300}");
     assert_eq!(resume(&h, &id, "1001.1", 1 << 20).await.0, 400);
     h.shutdown().await;
-}
-
-fn sha256(key: &str) -> String {
-    tutor_gateway::sign::sha256_hex(key.as_bytes())
 }
 
 /// The shipped config's `[jobs]` with `extra` lines (keys this test sets by name).
@@ -210,42 +192,28 @@ fn jobs_section(extra: &str) -> tutor_gateway::config::JobsConfig {
 async fn one_tenants_event_streams_cannot_fill_the_gateway() {
     const KEY: &str = "sk-attack-streams-0123456789";
     const OTHER: &str = "sk-attack-streams-abcdefghij";
-    let h = harness(SLOW, |c| {
+    let h = harness(&flags(SLOW), |c| {
         c.jobs = jobs_section("max_event_streams_per_tenant = 3\n");
         c.server.max_requests_in_flight = 8;
-        c.auth.enabled = true;
-        c.auth.keys = vec![
-            KeyEntry {
-                sha256: sha256(KEY),
-                tenant: "cs101".into(),
-            },
-            KeyEntry {
-                sha256: sha256(OTHER),
-                tenant: "school-2".into(),
-            },
-        ];
+        with_keys(c, &[(KEY, "cs101"), (OTHER, "school-2")]);
     })
     .await;
-    let submit_as = |key: &'static str| {
-        let url = h.url("/jobs");
-        async move {
-            let resp = client()
-                .post(url)
-                .bearer_auth(key)
-                .json(&json!({"prompt": "review my repository", "max_output_tokens": 4000}))
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(resp.status(), 202);
-            json(&resp.text().await.unwrap())["id"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        }
-    };
+    let submit_as =
+        |key: &'static str| {
+            let url = h.url("/jobs");
+            async move {
+                let resp =
+                    send(client().post(url).bearer_auth(key).json(
+                        &json!({"prompt": "review my repository", "max_output_tokens": 4000}),
+                    ))
+                    .await;
+                assert_eq!(resp.status(), 202);
+                read_json(resp).await["id"].as_str().unwrap().to_owned()
+            }
+        };
     let open = |key: &'static str, id: String| {
         let url = h.url(&format!("/jobs/{id}/events"));
-        async move { client().get(url).bearer_auth(key).send().await.unwrap() }
+        async move { send(client().get(url).bearer_auth(key)).await }
     };
     let mine = submit_as(KEY).await;
     let theirs = submit_as(OTHER).await;
@@ -267,12 +235,12 @@ async fn one_tenants_event_streams_cannot_fill_the_gateway() {
     // Another tenant still gets its stream, and its status.
     let other = open(OTHER, theirs.clone()).await;
     assert_eq!(other.status(), 200);
-    let status = client()
-        .get(h.url(&format!("/jobs/{theirs}")))
-        .bearer_auth(OTHER)
-        .send()
-        .await
-        .unwrap();
+    let status = send(
+        client()
+            .get(h.url(&format!("/jobs/{theirs}")))
+            .bearer_auth(OTHER),
+    )
+    .await;
     assert_eq!(status.status(), 200);
     // A closed stream gives its slot back.
     drop(held.pop());

@@ -18,14 +18,7 @@ const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
 
 /// Every stream stalls after its first token with the connection open: a seat held for as long
 /// as the test needs.
-const STALLING: &[&str] = &[
-    "--speed",
-    "50",
-    "--profile",
-    "tiny-test",
-    "--stall-after-tokens",
-    "1",
-];
+const STALLING: &str = "--speed 50 --profile tiny-test --stall-after-tokens 1";
 
 /// The generation requests the simulator accepted (never their prompts).
 async fn sim_requests(h: &Harness) -> Vec<Value> {
@@ -56,7 +49,7 @@ fn completion(extra: Value) -> Value {
 
 /// POSTs `body` to `path`: the status and the JSON answer.
 async fn post(h: &Harness, path: &str, body: &Value) -> (u16, Value) {
-    let resp = client().post(h.url(path)).json(body).send().await.unwrap();
+    let resp = send(client().post(h.url(path)).json(body)).await;
     let status = resp.status().as_u16();
     let text = resp.text().await.unwrap();
     (
@@ -346,32 +339,23 @@ async fn tokenize_gets_the_same_field_checks_as_v1() {
 
 #[tokio::test]
 async fn tokenize_waits_for_a_small_lane_seat() {
-    let h = harness(STALLING, |c| {
+    let h = harness(&flags(STALLING), |c| {
         set_lane(c, Lane::Small, 1);
         c.lanes.small.queue.timeout = Duration::from_secs(60);
         c.upstream.idle_timeout = Duration::from_secs(60);
     })
     .await;
     // The small lane's one seat, held by a stream stalled after its first token.
-    let blocker = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(
-            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50,
+    let blocker = send(client().post(h.url("/v1/chat/completions")).json(
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50,
                       "stream": true}),
-        )
-        .send()
-        .await
-        .unwrap();
+    ))
+    .await;
     assert_eq!(blocker.status(), 200);
     assert_eq!(h.in_flight(Lane::Small), 1);
     let url = h.url("/tokenize");
     let tokenize = tokio::spawn(async move {
-        let resp = client()
-            .post(url)
-            .json(&json!({"prompt": "count me"}))
-            .send()
-            .await
-            .unwrap();
+        let resp = send(client().post(url).json(&json!({"prompt": "count me"}))).await;
         (resp.status().as_u16(), resp.text().await.unwrap())
     });
     eventually("the tokenize call waits in the small lane's queue", || {

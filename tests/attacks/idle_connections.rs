@@ -90,14 +90,7 @@ async fn h2c_preface_only_sockets_cannot_keep_healthz_out() {
 async fn an_idle_keep_alive_connection_is_closed_but_a_longer_stream_is_not_cut() {
     // Tokens every 20 ms (at speed 1): a 60-token stream lasts over a second, several times the
     // idle bound.
-    let sim = [
-        "--profile",
-        "fixed",
-        "--fixed-ttft-ms",
-        "20",
-        "--fixed-itl-ms",
-        "20",
-    ];
+    let sim = flags("--profile fixed --fixed-ttft-ms 20 --fixed-itl-ms 20");
     let h = harness(&sim, |c| {
         c.server.keep_alive_idle = Duration::from_millis(300);
     })

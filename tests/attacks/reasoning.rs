@@ -5,7 +5,6 @@
 //! reasoning token, the request log counts the reasoning in its output, and the time to first
 //! token is the first reasoning token's (the first answer token's time is logged beside it).
 
-use futures::StreamExt;
 use std::num::NonZeroU64;
 
 use serde_json::{json, Value};
@@ -15,29 +14,13 @@ use tutor_gateway::lane::Lane;
 use crate::common::*;
 
 /// The engine reasons 3,000 tokens before it answers, and stops at its 3,400-token context.
-const REASONING_SIM: &[&str] = &[
-    "--speed",
-    "10",
-    "--profile",
-    "tiny-test",
-    "--max-model-len",
-    "3400",
-    "--reasoning-tokens",
-    "3000",
-];
+const REASONING_SIM: &str =
+    "--speed 10 --profile tiny-test --max-model-len 3400 --reasoning-tokens 3000";
 
 /// The same engine, slower: 3,000 reasoning tokens take several seconds, the small lane's
 /// limit a fraction of that.
-const SLOW_REASONING_SIM: &[&str] = &[
-    "--speed",
-    "2",
-    "--profile",
-    "tiny-test",
-    "--max-model-len",
-    "3400",
-    "--reasoning-tokens",
-    "3000",
-];
+const SLOW_REASONING_SIM: &str =
+    "--speed 2 --profile tiny-test --max-model-len 3400 --reasoning-tokens 3000";
 
 fn reasoning_context(c: &mut Config) {
     c.upstream.max_model_len = 3400.try_into().unwrap();
@@ -67,7 +50,7 @@ fn thinking() -> Value {
 async fn a_small_request_that_reasons_3000_tokens_is_cut_at_the_small_limit_while_reasoning() {
     // The medium lane has no token room for a promotion: past the small lane's limit the
     // request is cut.
-    let h = harness(SLOW_REASONING_SIM, |c| {
+    let h = harness(&flags(SLOW_REASONING_SIM), |c| {
         reasoning_context(c);
         c.lanes.medium.max_tokens_in_flight = NonZeroU64::new(1_000).unwrap();
     })
@@ -124,21 +107,22 @@ async fn a_small_request_that_reasons_3000_tokens_is_cut_at_the_small_limit_whil
 
 #[tokio::test]
 async fn a_small_request_that_reasons_3000_tokens_leaves_the_small_lane_while_reasoning() {
-    let h = harness(REASONING_SIM, reasoning_context).await;
-    let resp = client()
-        .post(h.url("/v1/chat/completions"))
-        .json(&thinking())
-        .send()
-        .await
-        .unwrap();
+    let h = harness(&flags(REASONING_SIM), reasoning_context).await;
+    let resp = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&thinking()),
+    )
+    .await;
     assert_eq!(resp.status(), 200);
-    let mut body = resp.bytes_stream();
-    let mut text = String::new();
+    let mut body = Streamed::new(resp);
     // Read well past the small lane's limit (256), but still inside the reasoning phase.
-    while counted(&text).0 < 300 {
-        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
-    }
-    assert_eq!(counted(&text).1, 0, "no answer token yet: still reasoning");
+    body.until(|text| counted(text).0 >= 300).await;
+    assert_eq!(
+        counted(&body.text).1,
+        0,
+        "no answer token yet: still reasoning"
+    );
     eventually(
         "the reasoning request left the small lane and its prefill room",
         || {
@@ -148,9 +132,7 @@ async fn a_small_request_that_reasons_3000_tokens_leaves_the_small_lane_while_re
     )
     .await;
 
-    while let Some(chunk) = body.next().await {
-        text.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
-    }
+    let text = body.rest().await;
     let events = sse(&text);
     assert_eq!(events.last().unwrap().1, "[DONE]");
     let (reasoning, answer) = counted(&text);
@@ -159,10 +141,7 @@ async fn a_small_request_that_reasons_3000_tokens_leaves_the_small_lane_while_re
     eventually("every counter back to zero", || h.idle()).await;
     let m = h.metrics_text().await;
     assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}"
-        ),
+        metric(&m, SMALL_TO_MEDIUM),
         1.0,
         "it started in the small lane and was promoted"
     );

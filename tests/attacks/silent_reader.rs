@@ -135,12 +135,12 @@ async fn ten_silent_readers_cannot_keep_a_review_out_once_the_engine_is_done() {
     // answered in full.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     let resp = loop {
-        let resp = client()
-            .post(h.url("/v1/chat/completions"))
-            .json(&review(6_000))
-            .send()
-            .await
-            .unwrap();
+        let resp = send(
+            client()
+                .post(h.url("/v1/chat/completions"))
+                .json(&review(6_000)),
+        )
+        .await;
         if resp.status() == 200 {
             break resp;
         }
@@ -269,13 +269,7 @@ async fn a_small_stream_with_large_chunks_and_a_silent_client_is_counted_and_mov
     .await;
     assert_eq!(h.sim_running(), 1, "the engine is still generating");
     let m = h.metrics_text().await;
-    assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}"
-        ),
-        1.0
-    );
+    assert_eq!(metric(&m, SMALL_TO_MEDIUM), 1.0);
     drop(client);
     within(60, "the client's going away ends it", || h.idle()).await;
     within(30, "and aborts the engine's work", || h.sim_aborted() == 1).await;

@@ -15,7 +15,7 @@ fn text_of(n: usize) -> String {
 
 /// Posts a chat body; the status and the JSON answer.
 async fn post(h: &Harness, path: &str, body: &Value) -> (u16, Value) {
-    let resp = client().post(h.url(path)).json(body).send().await.unwrap();
+    let resp = send(client().post(h.url(path)).json(body)).await;
     let status = resp.status().as_u16();
     let text = resp.text().await.unwrap();
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))

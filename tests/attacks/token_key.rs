@@ -6,17 +6,13 @@
 use std::time::Duration;
 
 use serde_json::json;
-use tutor_gateway::config::KeyEntry;
+use tutor_gateway::config::Config;
 
 use crate::common::*;
 
 const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
 const KEY: &str = "sk-attack-cs101-0123456789";
 const OTHER: &str = "sk-attack-school-2-abcdef";
-
-fn sha256(key: &str) -> String {
-    tutor_gateway::sign::sha256_hex(key.as_bytes())
-}
 
 /// A key file in the temp directory, removed on drop.
 struct KeyFile(std::path::PathBuf);
@@ -52,7 +48,7 @@ async fn mint(h: &Harness, credential: &str, as_token: bool) -> (u16, Option<Str
     } else {
         req.bearer_auth(credential)
     };
-    let resp = req.send().await.unwrap();
+    let resp = send(req).await;
     let status = resp.status().as_u16();
     let body = resp.text().await.unwrap();
     let token = (status == 200)
@@ -63,32 +59,21 @@ async fn mint(h: &Harness, credential: &str, as_token: bool) -> (u16, Option<Str
 
 /// `GET /answer?prompt=…&token=…`: the status (the stream is read to its end).
 async fn answer_with(h: &Harness, token: &str) -> u16 {
-    let resp = client()
-        .get(h.url("/answer"))
-        .query(&[
-            ("prompt", "what is a closure?"),
-            ("max_output_tokens", "2"),
-            ("token", token),
-        ])
-        .send()
-        .await
-        .unwrap();
+    let resp = send(client().get(h.url("/answer")).query(&[
+        ("prompt", "what is a closure?"),
+        ("max_output_tokens", "2"),
+        ("token", token),
+    ]))
+    .await;
     let status = resp.status().as_u16();
     let _ = resp.text().await;
     status
 }
 
-fn two_keys() -> Vec<KeyEntry> {
-    vec![
-        KeyEntry {
-            sha256: sha256(KEY),
-            tenant: "cs101".into(),
-        },
-        KeyEntry {
-            sha256: sha256(OTHER),
-            tenant: "school-2".into(),
-        },
-    ]
+/// Auth on with `KEY` (tenant `cs101`) and `OTHER` (`school-2`); tokens live an hour.
+fn two_keys(c: &mut Config) {
+    with_keys(c, &[(KEY, "cs101"), (OTHER, "school-2")]);
+    c.auth.token_ttl = Duration::from_secs(3_600);
 }
 
 #[tokio::test]
@@ -145,13 +130,13 @@ async fn revoking_a_key_revokes_every_token_it_minted_within_the_reload_interval
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The refusal says why; the other key's token is not affected.
-    let resp = client()
-        .get(h.url("/answer"))
-        .query(&[("prompt", "hi"), ("token", tokens[0].as_str())])
-        .send()
-        .await
-        .unwrap();
-    let body = json(&resp.text().await.unwrap());
+    let resp = send(
+        client()
+            .get(h.url("/answer"))
+            .query(&[("prompt", "hi"), ("token", tokens[0].as_str())]),
+    )
+    .await;
+    let body = read_json(resp).await;
     assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
     assert!(
         body["error"]["message"]
@@ -166,12 +151,7 @@ async fn revoking_a_key_revokes_every_token_it_minted_within_the_reload_interval
 
 #[tokio::test]
 async fn a_token_cannot_mint_tokens() {
-    let h = harness(FAST, |c| {
-        c.auth.enabled = true;
-        c.auth.keys = two_keys();
-        c.auth.token_ttl = Duration::from_secs(3_600);
-    })
-    .await;
+    let h = harness(FAST, two_keys).await;
     let (_, token) = mint(&h, KEY, false).await;
     let token = token.unwrap();
     let (status, minted) = mint(&h, &token, true).await;
@@ -186,12 +166,7 @@ async fn a_token_cannot_mint_tokens() {
 
 #[tokio::test]
 async fn a_token_is_refused_on_v1_with_a_clear_message() {
-    let h = harness(FAST, |c| {
-        c.auth.enabled = true;
-        c.auth.keys = two_keys();
-        c.auth.token_ttl = Duration::from_secs(3_600);
-    })
-    .await;
+    let h = harness(FAST, two_keys).await;
     let (_, token) = mint(&h, KEY, false).await;
     let token = token.unwrap();
     for path in ["/v1/chat/completions", "/v1/completions"] {
@@ -200,15 +175,15 @@ async fn a_token_is_refused_on_v1_with_a_clear_message() {
         } else {
             json!({"prompt": "hi", "max_tokens": 2})
         };
-        let resp = client()
-            .post(h.url(path))
-            .query(&[("token", token.as_str())])
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let resp = send(
+            client()
+                .post(h.url(path))
+                .query(&[("token", token.as_str())])
+                .json(&body),
+        )
+        .await;
         assert_eq!(resp.status(), 401, "{path}");
-        let body = json(&resp.text().await.unwrap());
+        let body = read_json(resp).await;
         assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
         assert!(
             body["error"]["message"]

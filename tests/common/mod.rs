@@ -1,6 +1,9 @@
 //! Gateway + simulator on 127.0.0.1:0 for integration tests.
 #![allow(dead_code, missing_docs, unused_imports)]
 
+pub mod process;
+pub mod traces;
+
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,12 +12,15 @@ use tokio_util::task::TaskTracker;
 use tutor_gateway::telemetry::RequestLog;
 
 use serde_json::Value;
-use tutor_gateway::config::Config;
+use tutor_gateway::config::{Config, KeyEntry};
 use tutor_gateway::lane::Lane;
 use tutor_gateway::server::Gateway;
 use vllm_sim::{SimArgs, SimServer};
 
-pub use tutor_testkit::{client, family_total, get_text, metric, post_text, send_text, sse, words};
+pub use tutor_testkit::{
+    client, family_total, flags, free_port, get_text, message_words, metric, post_text, send,
+    send_json, send_text, sse, words, Streamed,
+};
 
 pub struct Harness {
     pub sim: SimServer,
@@ -31,13 +37,19 @@ pub async fn harness(sim_flags: &[&str], tweak: impl FnOnce(&mut Config)) -> Har
     let mut config = Config::default();
     config.upstream.base_url = sim.url();
     tweak(&mut config);
+    let (gw, log) = gateway(config).await;
+    Harness { sim, gw, log }
+}
+
+/// A gateway with `config` on 127.0.0.1:0, and its request log kept in memory.
+pub async fn gateway(config: Config) -> (Gateway, Arc<Mutex<Vec<Value>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let tasks = TaskTracker::new();
     let (request_log, log) = RequestLog::memory();
     let state = tutor_gateway::server::build_state_with_log(config, tasks.clone(), request_log)
         .expect("gateway state");
     let gw = tutor_gateway::server::serve_state(state, tasks, listener).expect("gateway starts");
-    Harness { sim, gw, log }
+    (gw, log)
 }
 
 impl Harness {
@@ -86,6 +98,48 @@ pub fn set_lane(config: &mut Config, lane: Lane, max_concurrency: u32) {
     // A hard size: the reservation and the ceiling (no borrowing beyond it).
     l.max_concurrency = NonZeroU32::new(max_concurrency).unwrap();
     l.ceiling = l.max_concurrency;
+}
+
+/// The counter of requests moved from the small lane to medium.
+pub const SMALL_TO_MEDIUM: &str =
+    "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}";
+
+/// Turns auth on with these `(key, tenant)` pairs as the only keys.
+pub fn with_keys(config: &mut Config, keys: &[(&str, &str)]) {
+    config.auth.enabled = true;
+    config.auth.keys = keys
+        .iter()
+        .map(|(key, tenant)| KeyEntry {
+            sha256: sha256(key),
+            tenant: (*tenant).into(),
+        })
+        .collect();
+}
+
+/// A key's SHA-256 as the key file and `auth.keys` write it.
+pub fn sha256(key: &str) -> String {
+    tutor_gateway::sign::sha256_hex(key.as_bytes())
+}
+
+/// Asserts that `resp` is an error answer with `status` and the OpenAI-shaped `error.code`
+/// `code`; returns its body for further checks.
+pub async fn assert_error(resp: reqwest::Response, status: u16, code: &str) -> Value {
+    let got = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    assert_eq!(got, status, "{text}");
+    let body = json(&text);
+    assert_eq!(body["error"]["code"], code, "{body}");
+    body
+}
+
+/// The whole body of `resp` as JSON.
+pub async fn read_json(resp: reqwest::Response) -> Value {
+    json(&resp.text().await.unwrap())
+}
+
+/// The status of `resp` and its whole body as JSON.
+pub async fn status_json(resp: reqwest::Response) -> (reqwest::StatusCode, Value) {
+    (resp.status(), read_json(resp).await)
 }
 
 pub fn json(s: &str) -> Value {

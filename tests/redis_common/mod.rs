@@ -4,6 +4,8 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use tutor_testkit::free_port;
+
 pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
@@ -18,14 +20,6 @@ pub fn test_ca() -> Vec<u8> {
         "/tests/fixtures/tls/ca.pem"
     ))
     .unwrap()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl RedisServer {

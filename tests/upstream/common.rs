@@ -14,7 +14,7 @@ use tutor_gateway::config::{Config, UpstreamConfig};
 use tutor_gateway::upstream::{AbortEndpoint, Endpoint, UpstreamClient, UpstreamRequest};
 use vllm_sim::{SimArgs, SimServer};
 
-pub use tutor_testkit::{eventually, get_json, words};
+pub use tutor_testkit::{eventually, flags, get_json, send, words, Streamed};
 use tutor_testkit::{metric_or_zero, metrics_text};
 
 pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
@@ -170,13 +170,13 @@ impl Recorder {
                         return;
                     };
                     if let Some(to) = forward {
-                        reqwest::Client::new()
-                            .post(format!("{to}/inference/v1/abort_requests"))
-                            .header("content-type", "application/json")
-                            .body(req.body.clone())
-                            .send()
-                            .await
-                            .unwrap();
+                        send(
+                            reqwest::Client::new()
+                                .post(format!("{to}/inference/v1/abort_requests"))
+                                .header("content-type", "application/json")
+                                .body(req.body.clone()),
+                        )
+                        .await;
                     }
                     log.lock().unwrap().push(req);
                     let _ = sock
@@ -207,14 +207,7 @@ async fn read_request(sock: &mut tokio::net::TcpStream) -> Option<Seen> {
             continue;
         };
         let head = text[..end].to_owned();
-        let len = head
-            .lines()
-            .find_map(|l| {
-                let (k, v) = l.split_once(':')?;
-                k.eq_ignore_ascii_case("content-length")
-                    .then(|| v.trim().parse::<usize>().unwrap())
-            })
-            .unwrap_or(0);
+        let len = tutor_testkit::content_length(&head);
         while buf.len() < end + 4 + len {
             let n = sock.read(&mut tmp).await.ok()?;
             if n == 0 {

@@ -5,8 +5,10 @@
 //! - [`tokens`]: the documented, deterministic token-count heuristic.
 //! - [`sse`]: an incremental Server-Sent Events parser (bytes in, events out).
 //! - [`prom`]: reading values out of a Prometheus text exposition.
+//! - [`stats`]: the one quantile (nearest rank) every report and bench prints.
 
 pub mod chat;
 pub mod prom;
 pub mod sse;
+pub mod stats;
 pub mod tokens;

@@ -471,15 +471,8 @@ mod tests {
     /// tokens that came out from then up to B's first token, that step included.
     fn a_tokens_until_b_starts(async_scheduling: bool) -> u32 {
         let cfg = SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: 2048,
-            block_size: 16,
-            num_gpu_blocks: 1000,
-            prefix_caching: false,
-            priority_policy: false,
-            long_prefill_token_threshold: 0,
-            reserve_full_isl: true,
             async_scheduling,
+            ..SchedulerConfig::small_for_tests()
         };
         let engine = Engine::start(Profile::Batched(TINY_TEST), 0.1, cfg);
         let (_, mut ra) = engine.submit(request("a", 100));

@@ -218,17 +218,7 @@ mod tests {
     use crate::profile::LLAMA_31_8B_H100;
 
     fn h100(max_num_seqs: u32) -> SchedulerConfig {
-        SchedulerConfig {
-            max_num_seqs,
-            max_num_batched_tokens: 8192,
-            block_size: 16,
-            num_gpu_blocks: LLAMA_31_8B_H100.default_gpu_blocks,
-            prefix_caching: true,
-            priority_policy: false,
-            long_prefill_token_threshold: 0,
-            reserve_full_isl: true,
-            async_scheduling: true,
-        }
+        SchedulerConfig::closed_loop(max_num_seqs, LLAMA_31_8B_H100.default_gpu_blocks)
     }
 
     fn cfg(async_scheduling: bool) -> SchedulerConfig {

@@ -50,6 +50,38 @@ pub struct SchedulerConfig {
 }
 
 impl SchedulerConfig {
+    /// The closed-loop calibration's configuration (`engine::offline`, the self-test bench):
+    /// 8,192 tokens a step, 16-token blocks, prefix caching on, arrival order, no long-prefill
+    /// cap, whole-sequence reservation and async scheduling on.
+    pub fn closed_loop(max_num_seqs: u32, num_gpu_blocks: u32) -> Self {
+        Self {
+            max_num_seqs,
+            max_num_batched_tokens: 8192,
+            block_size: 16,
+            num_gpu_blocks,
+            prefix_caching: true,
+            priority_policy: false,
+            long_prefill_token_threshold: 0,
+            reserve_full_isl: true,
+            async_scheduling: true,
+        }
+    }
+
+    /// A small engine for unit tests: 8 sequences, 2,048 tokens a step, 1,000 blocks of 16,
+    /// no prefix caching, arrival order, no long-prefill cap, whole-sequence reservation,
+    /// synchronous scheduling.
+    #[cfg(test)]
+    pub(crate) fn small_for_tests() -> Self {
+        Self {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 2048,
+            num_gpu_blocks: 1000,
+            prefix_caching: false,
+            async_scheduling: false,
+            ..Self::closed_loop(8, 1000)
+        }
+    }
+
     /// The tokens of one sequence in this step: `remaining` capped by the long-prefill threshold
     /// (as vLLM's `schedule()`: `if 0 < threshold < num_new_tokens`, for running and waiting
     /// requests alike, however many are scheduled), then by the `budget` left.
@@ -455,15 +487,9 @@ mod tests {
 
     fn cfg(threshold: u32, reserve_full_isl: bool) -> SchedulerConfig {
         SchedulerConfig {
-            max_num_seqs: 8,
-            max_num_batched_tokens: 2048,
-            block_size: 16,
-            num_gpu_blocks: 1000,
-            prefix_caching: false,
-            priority_policy: false,
             long_prefill_token_threshold: threshold,
             reserve_full_isl,
-            async_scheduling: false,
+            ..SchedulerConfig::small_for_tests()
         }
     }
 

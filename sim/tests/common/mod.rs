@@ -8,7 +8,8 @@ use serde_json::Value;
 use vllm_sim::{SimArgs, SimServer};
 
 pub use tutor_testkit::{
-    client, delta_words, eventually, get_json, get_text, metrics_text, post_text, sse_events, words,
+    client, delta_words, eventually, flags, get_json, get_text, message_words, metrics_text,
+    post_text, send, send_json, sse_events, words,
 };
 
 pub const MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";

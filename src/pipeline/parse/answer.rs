@@ -18,39 +18,28 @@ use crate::prompt::{student_messages, StudentMaterial};
 #[serde(deny_unknown_fields)]
 pub struct AnswerBody {
     /// The conversation so far (chat format).
-    #[serde(default)]
     pub messages: Option<Vec<ChatMessage>>,
     /// A single question, as a user message.
-    #[serde(default)]
     pub prompt: Option<String>,
     /// Most output tokens wanted; the classifier's default budget when absent.
-    #[serde(default)]
     pub max_output_tokens: Option<u32>,
     /// The student's session, for continuation tracking (checked and hashed by
     /// [`AnswerRequest::checked`]).
-    #[serde(default)]
     pub session_id: Option<String>,
     /// The course whose stable prefix (`[courses.<id>]`) goes first; unknown ids are a 400.
-    #[serde(default)]
     pub course_id: Option<String>,
     /// With `course_id`: the student's code.
-    #[serde(default)]
     pub code: Option<String>,
     /// With `course_id`: a stack trace.
-    #[serde(default)]
     pub stack_trace: Option<String>,
     /// With `course_id`: recent turns (user/assistant messages, oldest first); `messages` is
     /// accepted for the same, but not both.
-    #[serde(default)]
     pub turns: Option<Vec<ChatMessage>>,
     /// With `course_id` and `code` or `files`: the code's language (else from the paths).
-    #[serde(default)]
     pub language: Option<String>,
     /// With `course_id` and `code`: the file's path, as the stack trace names it.
-    #[serde(default)]
     pub path: Option<String>,
     /// With `course_id`: several files instead of `code`.
-    #[serde(default)]
     pub files: Option<Vec<CodeFile>>,
 }
 
@@ -71,13 +60,10 @@ pub struct AnswerQuery {
     /// The question.
     pub prompt: String,
     /// Most output tokens wanted.
-    #[serde(default)]
     pub max_output_tokens: Option<u32>,
     /// The student's session.
-    #[serde(default)]
     pub session_id: Option<String>,
     /// The course.
-    #[serde(default)]
     pub course_id: Option<String>,
 }
 

@@ -289,14 +289,18 @@ mod tests {
         }
     }
 
+    /// The output limit a body declares, as the request path reads it.
+    fn max_of(map: &serde_json::Map<String, Value>) -> Option<u32> {
+        map.get("max_completion_tokens")
+            .or(map.get("max_tokens"))
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+    }
+
     fn checked(mut body: Value, chat: bool, unknown: UnknownFields) -> Result<Value, String> {
         read_as_vllm(&mut body, chat).map_err(|e| e.to_string())?;
         let mut map = body.as_object().unwrap().clone();
-        let max = map
-            .get("max_completion_tokens")
-            .or(map.get("max_tokens"))
-            .and_then(Value::as_u64)
-            .and_then(|n| u32::try_from(n).ok());
+        let max = max_of(&map);
         check(&mut map, chat, max, rules(unknown))
             .map(|()| Value::Object(map))
             .map_err(|e| e.to_string())
@@ -382,11 +386,7 @@ mod tests {
             Err(e) => e,
             Ok(()) => {
                 let mut map = body.as_object().unwrap().clone();
-                let max = map
-                    .get("max_completion_tokens")
-                    .or(map.get("max_tokens"))
-                    .and_then(Value::as_u64)
-                    .and_then(|n| u32::try_from(n).ok());
+                let max = max_of(&map);
                 check(&mut map, chat, max, rules).err()?
             }
         };

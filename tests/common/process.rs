@@ -1,0 +1,88 @@
+//! A gateway process started from the built binary (`tutor-gateway serve`), killed on drop
+//! (also when a test fails): for tests that need a real process (signals, exit-time flushes,
+//! the OTLP exporters).
+
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use super::client;
+
+pub struct GatewayProcess {
+    pub child: Child,
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl GatewayProcess {
+    /// Starts `tutor-gateway serve` on a free port with the config text `rest` after its
+    /// `listen` line and the environment `env` (the OTLP variables of the machine removed, so
+    /// only the config speaks), and waits until it answers `/healthz`. `tag` names its
+    /// temporary folder.
+    pub async fn start(tag: &str, rest: &str, env: &[(&str, &str)]) -> Self {
+        let port = tutor_testkit::free_port();
+        let dir = std::env::temp_dir().join(format!("tg-{tag}-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.toml");
+        std::fs::write(&path, format!("listen = \"127.0.0.1:{port}\"\n{rest}")).unwrap();
+        let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+            .env_remove("OTEL_SDK_DISABLED")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("the gateway binary starts");
+        let p = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            dir,
+        };
+        for _ in 0..500 {
+            if let Ok(r) = client().get(format!("{}/healthz", p.url)).send().await {
+                if r.status().is_success() {
+                    return p;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the gateway did not come up on {}:\n{}", p.url, p.log());
+    }
+
+    /// What the process wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
+    }
+
+    /// A real SIGTERM.
+    pub fn sigterm(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// Waits (30 s at most) for the process to exit.
+    pub async fn exited(&mut self) -> ExitStatus {
+        for _ in 0..1500 {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the gateway did not exit after SIGTERM:\n{}", self.log());
+    }
+}
