@@ -75,6 +75,21 @@ pub struct Outcome {
     /// ends; the status is an error `diverted_to_job`) or `"lane_limit"` (a `cut` event: the
     /// answer outgrew its lane and was cut, then `done`).
     pub diverted: Option<String>,
+    /// Prompt tokens as the engine counted them (its usage), when the stream reported them.
+    pub prompt_tokens: Option<u32>,
+    /// Of those, tokens the engine served from its prefix cache: the gateway's `done`
+    /// `usage.cached_tokens`, or vLLM's `usage.prompt_tokens_details.cached_tokens` (0 when the
+    /// usage came without it: vLLM leaves it out when nothing was cached). `None` with
+    /// `prompt_tokens`.
+    pub cached_tokens: Option<u32>,
+}
+
+/// What a stream's usage said.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Usage {
+    output: Option<u32>,
+    prompt: Option<u32>,
+    cached: Option<u32>,
 }
 
 impl Target {
@@ -222,6 +237,8 @@ impl Target {
             output_tokens: 0,
             e2e_s: None,
             diverted: None,
+            prompt_tokens: None,
+            cached_tokens: None,
         };
         let resp =
             match tokio::time::timeout_at(cut_at, self.request(system, prompt, max_tokens).send())
@@ -245,7 +262,7 @@ impl Target {
         };
         let mut stream = resp.bytes_stream();
         let mut parser = SseParser::default();
-        let mut usage_tokens = None;
+        let mut usage = Usage::default();
         loop {
             let chunk = match tokio::time::timeout_at(cut_at, stream.next()).await {
                 Err(_) => return cut(out),
@@ -259,7 +276,7 @@ impl Target {
             while let Some(event) = parser.pop_event() {
                 let t = start.elapsed().as_secs_f64();
                 let data = String::from_utf8_lossy(&event.data);
-                match self.on_event(event.name(), &data, &mut usage_tokens) {
+                match self.on_event(event.name(), &data, &mut usage) {
                     Event::Token => {
                         out.ttft_s.get_or_insert(t);
                         out.token_times.push(t as f32);
@@ -274,7 +291,9 @@ impl Target {
                     Event::End => {
                         out.status = Status::Ok;
                         out.e2e_s = Some(t);
-                        out.output_tokens = usage_tokens.unwrap_or(out.token_times.len() as u32);
+                        out.output_tokens = usage.output.unwrap_or(out.token_times.len() as u32);
+                        out.prompt_tokens = usage.prompt;
+                        out.cached_tokens = usage.prompt.map(|_| usage.cached.unwrap_or(0));
                         return out;
                     }
                 }
@@ -303,7 +322,7 @@ impl Target {
     }
 
     /// What one SSE event (`name`, `data` payload) means for the request.
-    fn on_event(&self, name: &str, data: &str, usage: &mut Option<u32>) -> Event {
+    fn on_event(&self, name: &str, data: &str, usage: &mut Usage) -> Event {
         match self.api {
             Api::Jobs if name == "status" => {
                 let v: Value = serde_json::from_str(data).unwrap_or_default();
@@ -321,7 +340,13 @@ impl Target {
                 }
                 "done" => {
                     let v: Value = serde_json::from_str(data).unwrap_or_default();
-                    *usage = v["usage"]["output_tokens"].as_u64().map(|n| n as u32);
+                    let u = &v["usage"];
+                    let n = |v: &Value| v.as_u64().map(|n| n as u32);
+                    *usage = Usage {
+                        output: n(&u["output_tokens"]),
+                        prompt: n(&u["input_tokens"]),
+                        cached: n(&u["cached_tokens"]),
+                    };
                     Event::End
                 }
                 "error" => {
@@ -342,8 +367,15 @@ impl Target {
                     let code = e["code"].as_str().map(str::to_string);
                     return Event::Error(code.unwrap_or_else(|| "error_event".into()));
                 }
-                if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
-                    *usage = Some(n as u32);
+                let u = &v["usage"];
+                if let Some(n) = u["completion_tokens"].as_u64() {
+                    usage.output = Some(n as u32);
+                }
+                if let Some(n) = u["prompt_tokens"].as_u64() {
+                    usage.prompt = Some(n as u32);
+                }
+                if let Some(n) = u["prompt_tokens_details"]["cached_tokens"].as_u64() {
+                    usage.cached = Some(n as u32);
                 }
                 match v["choices"][0]["delta"]["content"].as_str() {
                     Some(s) if !s.is_empty() => Event::Token,
@@ -384,7 +416,7 @@ mod tests {
     use super::*;
 
     /// Reads `raw` (one event, without its blank line) with the SSE parser and interprets it.
-    fn read(t: &Target, raw: &str, usage: &mut Option<u32>) -> Event {
+    fn read(t: &Target, raw: &str, usage: &mut Usage) -> Event {
         let mut p = SseParser::default();
         p.feed(raw.as_bytes()).unwrap();
         p.feed(b"\n\n").unwrap();
@@ -395,14 +427,17 @@ mod tests {
     #[test]
     fn answer_and_chat_events_are_read() {
         let t = Target::new("http://127.0.0.1:1", Api::Answer, None).unwrap();
-        let mut u = None;
+        let mut u = Usage::default();
         assert!(matches!(
             read(&t, "event: token\ndata: {\"text\":\"a\"}", &mut u),
             Event::Token
         ));
         let done = "event: done\ndata: {\"usage\":{\"output_tokens\":12}}";
         assert!(matches!(read(&t, done, &mut u), Event::End));
-        assert_eq!(u, Some(12));
+        assert_eq!(u.output, Some(12));
+        let done = "event: done\ndata: {\"usage\":{\"input_tokens\":900,\"output_tokens\":12,\"cached_tokens\":640}}";
+        assert!(matches!(read(&t, done, &mut u), Event::End));
+        assert_eq!((u.prompt, u.cached), (Some(900), Some(640)));
         let j = t.with_api(Api::Jobs);
         assert!(matches!(
             read(&j, "id: 3\nevent: token\ndata: {\"text\":\"a\"}", &mut u),
@@ -417,6 +452,13 @@ mod tests {
         let c = Target::new("http://127.0.0.1:1", Api::Chat, None).unwrap();
         let chunk = "data: {\"choices\":[{\"delta\":{\"content\":\" hi\"}}]}";
         assert!(matches!(read(&c, chunk, &mut u), Event::Token));
+        let mut cu = Usage::default();
+        let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":120,\"completion_tokens\":37,\"prompt_tokens_details\":{\"cached_tokens\":96}}}";
+        assert!(matches!(read(&c, usage, &mut cu), Event::Other));
+        assert_eq!(
+            (cu.output, cu.prompt, cu.cached),
+            (Some(37), Some(120), Some(96))
+        );
         assert!(matches!(read(&c, "data: [DONE]", &mut u), Event::End));
         let cut = "event: cut\ndata: {\"code\":\"lane_limit\",\"lane\":\"small\"}";
         assert!(matches!(read(&t, cut, &mut u), Event::Cut(ref s) if s == "lane_limit"));

@@ -1,11 +1,20 @@
 //! `compare A B`: side by side per class, the M7 verdict (average output tokens/s up while p95
 //! TTFT at least doubles = regression for interactive tutoring) and per-class SLO checks.
+//!
+//! Like with like: two runs whose prefix-cache hit ratios differ by more than
+//! [`Rules::max_cached_ratio_gap`] are not compared (a second run that replays the first one's
+//! prompts is served from its cache and looks much faster) unless
+//! [`Rules::allow_cache_mismatch`]; durations under 10 ms print in milliseconds and no ratio is
+//! built on them.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use crate::report::{ordered, s};
+use crate::report::{ordered, ratio, s, secs, TINY_S};
 use crate::stats::Results;
+
+/// Default of [`Rules::max_cached_ratio_gap`].
+pub const MAX_CACHED_RATIO_GAP: f64 = 0.10;
 
 /// What `compare` checks.
 #[derive(Debug, Clone)]
@@ -14,6 +23,11 @@ pub struct Rules {
     pub interactive: Vec<String>,
     /// p95 TTFT SLO per class, seconds.
     pub slo_p95_ttft_s: BTreeMap<String, f64>,
+    /// Largest difference between the runs' cached-token ratios (prompt tokens served from
+    /// the prefix cache / prompt tokens) that still compares like with like.
+    pub max_cached_ratio_gap: f64,
+    /// Compare anyway when the gap is larger (with a warning).
+    pub allow_cache_mismatch: bool,
 }
 
 impl Default for Rules {
@@ -21,6 +35,8 @@ impl Default for Rules {
         Self {
             interactive: vec!["small".into()],
             slo_p95_ttft_s: BTreeMap::from([("small".to_string(), 2.0)]),
+            max_cached_ratio_gap: MAX_CACHED_RATIO_GAP,
+            allow_cache_mismatch: false,
         }
     }
 }
@@ -36,11 +52,92 @@ pub struct Verdict {
     pub slo_misses: Vec<(String, String, f64, f64)>,
     /// The Markdown table and verdict.
     pub text: String,
+    /// Set when the runs' cached-token ratios differ by more than the rules allow: why.
+    pub cache_mismatch: Option<String>,
+    /// The comparison was refused (a cache mismatch without `allow_cache_mismatch`): `text`
+    /// holds only the reason, and nothing else of the verdict means anything.
+    pub refused: bool,
+}
+
+/// Why `a` and `b` do not compare like with like as to their prefix caches, if they do not;
+/// and notes on what could not be checked.
+fn cache_check(a: &Results, b: &Results, rules: &Rules) -> (Option<String>, Vec<String>) {
+    let mut notes = vec![];
+    if a.seed == b.seed && a.salt == b.salt {
+        notes.push(format!(
+            "A and B sent the same prompt text (seed {}, {}): a long-lived engine serves the \
+             second run's prompts from the first one's prefix cache.",
+            a.seed,
+            a.salt.map_or("no salt".into(), |x| format!("salt {x:#x}"))
+        ));
+    }
+    let (Some(ca), Some(cb)) = (a.prefix_cache, b.prefix_cache) else {
+        let missing: Vec<&str> = [("A", a), ("B", b)]
+            .iter()
+            .filter(|(_, r)| r.prefix_cache.is_none())
+            .map(|(n, _)| *n)
+            .collect();
+        notes.push(format!(
+            "prefix cache not checked: {} reported no prompt tokens (a results.json from \
+             before tutor-load recorded them, or a target without usage).",
+            missing.join(" and ")
+        ));
+        return (None, notes);
+    };
+    let line = format!(
+        "cached-token ratio A {:.1}% ({} of {} prompt tokens), B {:.1}% ({} of {})",
+        ca.cached_ratio * 100.0,
+        ca.cached_tokens,
+        ca.prompt_tokens,
+        cb.cached_ratio * 100.0,
+        cb.cached_tokens,
+        cb.prompt_tokens
+    );
+    if ca.cached_tokens == 0 && cb.cached_tokens == 0 {
+        notes.push(format!(
+            "{line}: no cached tokens in either run. With vLLM that can mean it runs without \
+             --enable-prompt-tokens-details, and the check sees nothing."
+        ));
+    }
+    let gap = (ca.cached_ratio - cb.cached_ratio).abs();
+    if gap > rules.max_cached_ratio_gap {
+        let why = format!(
+            "{line}: they differ by {:.1} points, more than {:.1} (--max-cached-ratio-gap). \
+             The run with more cache hits skipped prefill for those tokens, so its TTFT is not \
+             comparable. Run both against a fresh engine, or with fresh salts (the default; \
+             not --replay nor the same --salt), or pass --allow-cache-mismatch.",
+            gap * 100.0,
+            rules.max_cached_ratio_gap * 100.0
+        );
+        return (Some(why), notes);
+    }
+    notes.push(format!(
+        "{line}: within {:.1} points.",
+        rules.max_cached_ratio_gap * 100.0
+    ));
+    (None, notes)
 }
 
 /// Compares baseline `a` with candidate `b`.
 pub fn compare(a: &Results, b: &Results, rules: &Rules) -> Verdict {
     let mut o = String::new();
+    let (cache_mismatch, cache_notes) = cache_check(a, b, rules);
+    if let Some(why) = &cache_mismatch {
+        if !rules.allow_cache_mismatch {
+            return Verdict {
+                regression: false,
+                reasons: vec![],
+                slo_misses: vec![],
+                text: format!("REFUSED: A and B do not compare like with like. {why}\n"),
+                cache_mismatch,
+                refused: true,
+            };
+        }
+        let _ = writeln!(
+            o,
+            "**WARNING: cache mismatch (compared anyway, --allow-cache-mismatch).** {why}\n"
+        );
+    }
     let _ = writeln!(o, "| class | A req | B req | A err | B err | A TTFT p50 | B TTFT p50 | A p95 | B p95 | B/A p95 | A p99 | B p99 | A e2e p95 | B e2e p95 | A tok/s | B tok/s |");
     o.push_str(
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
@@ -51,25 +148,30 @@ pub fn compare(a: &Results, b: &Results, rules: &Rules) -> Verdict {
         let Some(cb) = b.classes.get(name) else {
             continue;
         };
-        let ratio = match (ca.ttft_p95_s, cb.ttft_p95_s) {
-            (Some(x), Some(y)) if x > 0.0 => Some(y / x),
+        // The M7 ratio: a p95 under 10 ms counts as 10 ms (no doubling of noise), and B's
+        // must be at least 10 ms to be a regression.
+        let m7_ratio = match (ca.ttft_p95_s, cb.ttft_p95_s) {
+            (Some(x), Some(y)) if y >= TINY_S => Some(y / x.max(TINY_S)),
             _ => None,
         };
         let _ = writeln!(
             o,
             "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} | {:.0} |",
             ca.requests, cb.requests, ca.errors, cb.errors, s(ca.ttft_p50_s), s(cb.ttft_p50_s),
-            s(ca.ttft_p95_s), s(cb.ttft_p95_s), ratio.map_or("-".into(), |r| format!("{r:.2}x")),
+            s(ca.ttft_p95_s), s(cb.ttft_p95_s), ratio(cb.ttft_p95_s, ca.ttft_p95_s),
             s(ca.ttft_p99_s), s(cb.ttft_p99_s), s(ca.e2e_p95_s), s(cb.e2e_p95_s),
             ca.output_tokens_per_s, cb.output_tokens_per_s
         );
         let watched = rules.interactive.is_empty() || rules.interactive.iter().any(|c| c == name);
-        if watched && tp_up && ratio.is_some_and(|r| r >= 2.0) {
+        if watched && tp_up && m7_ratio.is_some_and(|r| r >= 2.0) {
+            let x = match ratio(cb.ttft_p95_s, ca.ttft_p95_s) {
+                r if r.ends_with('x') => r,
+                _ => "A under 10 ms".into(),
+            };
             reasons.push(format!(
-                "{name}: p95 TTFT {} s -> {} s ({:.2}x) while output tokens/s rose {:.0} -> {:.0}",
-                s(ca.ttft_p95_s),
-                s(cb.ttft_p95_s),
-                ratio.unwrap_or(0.0),
+                "{name}: p95 TTFT {} -> {} ({x}) while output tokens/s rose {:.0} -> {:.0}",
+                secs(ca.ttft_p95_s),
+                secs(cb.ttft_p95_s),
                 a.output_tokens_per_s,
                 b.output_tokens_per_s
             ));
@@ -102,11 +204,18 @@ pub fn compare(a: &Results, b: &Results, rules: &Rules) -> Verdict {
             let ok = p95.is_some_and(|p| p <= *slo);
             let _ = writeln!(
                 o,
-                "- {run} {class}: {} s vs {slo} s: {}",
-                s(p95),
+                "- {run} {class}: {} vs {slo} s: {}",
+                secs(p95),
                 if ok { "met" } else { "MISSED" }
             );
         }
+    }
+    let _ = writeln!(o, "\nPrefix cache:");
+    for n in &cache_notes {
+        let _ = writeln!(o, "- {n}");
+    }
+    if let Some(why) = &cache_mismatch {
+        let _ = writeln!(o, "- **MISMATCH** (compared anyway): {why}");
     }
     let regression = !reasons.is_empty();
     if regression {
@@ -125,6 +234,8 @@ pub fn compare(a: &Results, b: &Results, rules: &Rules) -> Verdict {
         reasons,
         slo_misses,
         text: o,
+        cache_mismatch,
+        refused: false,
     }
 }
 
@@ -133,7 +244,7 @@ mod tests {
     use super::*;
     use crate::client::Api;
     use crate::scenario::Scenario;
-    use crate::stats::ClassStats;
+    use crate::stats::{ClassStats, PrefixCache};
 
     fn results(tok_s: f64, small_p95: f64, large_p95: f64) -> Results {
         let scenario = Scenario::parse(
@@ -169,7 +280,99 @@ mod tests {
             throughput_timeline: vec![],
             records: vec![],
             vs_floor: None,
+            salt: Some(tok_s as u64),
+            prefix_cache: Some(PrefixCache {
+                requests: 200,
+                prompt_tokens: 100_000,
+                cached_tokens: 20_000,
+                cached_ratio: 0.2,
+            }),
         }
+    }
+
+    fn cached(mut r: Results, ratio: f64) -> Results {
+        let c = r.prefix_cache.as_mut().unwrap();
+        c.cached_tokens = (ratio * c.prompt_tokens as f64) as u64;
+        c.cached_ratio = ratio;
+        r
+    }
+
+    #[test]
+    fn runs_whose_cache_ratios_differ_beyond_the_gap_are_refused_unless_allowed() {
+        // B replayed A's prompts: most of its prompt tokens came from the cache, its TTFT fell.
+        let a = cached(results(1000.0, 0.8, 5.0), 0.05);
+        let b = cached(results(1000.0, 0.1, 0.3), 0.90);
+        let v = compare(&a, &b, &Rules::default());
+        assert!(v.refused, "{}", v.text);
+        assert!(v.text.starts_with("REFUSED"), "{}", v.text);
+        assert!(v.text.contains("85.0 points") && v.text.contains("--allow-cache-mismatch"));
+        assert!(
+            !v.text.contains("VERDICT"),
+            "no verdict on a refused comparison"
+        );
+        let allow = Rules {
+            allow_cache_mismatch: true,
+            ..Rules::default()
+        };
+        let v = compare(&a, &b, &allow);
+        assert!(!v.refused && v.cache_mismatch.is_some());
+        assert!(v.text.contains("WARNING: cache mismatch"), "{}", v.text);
+        assert!(v.text.contains("VERDICT"), "{}", v.text);
+        // Within the gap (0.05 vs 0.12): compared, no warning.
+        let v = compare(
+            &a,
+            &cached(results(1000.0, 0.7, 5.0), 0.12),
+            &Rules::default(),
+        );
+        assert!(!v.refused && v.cache_mismatch.is_none(), "{}", v.text);
+        assert!(!v.text.contains("WARNING"), "{}", v.text);
+        // A narrower gap refuses the same pair.
+        let strict = Rules {
+            max_cached_ratio_gap: 0.05,
+            ..Rules::default()
+        };
+        let b = cached(results(1000.0, 0.7, 5.0), 0.12);
+        assert!(compare(&a, &b, &strict).refused);
+    }
+
+    #[test]
+    fn a_run_without_cache_figures_is_compared_with_a_note() {
+        let a = results(1000.0, 0.8, 5.0);
+        let mut b = cached(results(1000.0, 0.8, 5.0), 0.9);
+        b.prefix_cache = None;
+        let v = compare(&a, &b, &Rules::default());
+        assert!(!v.refused, "{}", v.text);
+        assert!(v.text.contains("not checked: B"), "{}", v.text);
+    }
+
+    #[test]
+    fn tiny_ttfts_print_in_ms_and_build_no_ratio() {
+        // A warm cache: 5 ms vs 20 ms is not "4.00x".
+        let v = compare(
+            &results(1000.0, 0.8, 0.005),
+            &results(900.0, 0.8, 0.02),
+            &Rules::default(),
+        );
+        let large = v.text.lines().find(|l| l.starts_with("| large")).unwrap();
+        assert!(large.contains("| 5.0 ms |"), "{large}");
+        assert!(large.contains("n/a (<10 ms)"), "{large}");
+        assert!(!large.contains("4.00x"), "{large}");
+        assert!(!v.text.contains("0.00"), "{}", v.text);
+        // Two tiny p95s are never an M7 regression, whatever their ratio.
+        let v = compare(
+            &results(1000.0, 0.002, 5.0),
+            &results(1100.0, 0.008, 5.0),
+            &Rules::default(),
+        );
+        assert!(!v.regression, "{}", v.text);
+        // From under 10 ms to 0.5 s with more tokens/s still is one.
+        let v = compare(
+            &results(1000.0, 0.004, 5.0),
+            &results(1100.0, 0.5, 5.0),
+            &Rules::default(),
+        );
+        assert!(v.regression, "{}", v.text);
+        assert!(v.reasons[0].contains("4.0 ms -> 0.50 s"), "{:?}", v.reasons);
     }
 
     #[test]

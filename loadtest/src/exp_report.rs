@@ -116,14 +116,17 @@ pub fn engine_table(engine: &EngineSetting, runs: &[PresetRun]) -> String {
             run.preset.name(),
             with_ratio(
                 small.and_then(|c| c.ttft_p50_s),
+                v.and_then(|v| v.floor_ttft_p50_s),
                 v.and_then(|v| v.ttft_p50_x)
             ),
             with_ratio(
                 small.and_then(|c| c.ttft_p95_s),
+                v.and_then(|v| v.floor_ttft_p95_s),
                 v.and_then(|v| v.ttft_p95_x)
             ),
             with_ratio(
                 small.and_then(|c| c.ttft_p99_s),
+                v.and_then(|v| v.floor_ttft_p99_s),
                 v.and_then(|v| v.ttft_p99_x)
             ),
             small.map_or(0, |c| c.requests),

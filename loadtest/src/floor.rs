@@ -105,9 +105,18 @@ mod tests {
         assert!((v.ttft_p95_x.unwrap() - 2.0).abs() < 1e-9);
         assert!((v.ttft_p99_x.unwrap() - 1.0).abs() < 1e-9);
         assert_eq!(
-            crate::report::with_ratio(Some(0.5), v.ttft_p95_x),
+            crate::report::with_ratio(Some(0.5), v.floor_ttft_p95_s, v.ttft_p95_x),
             "0.50 (2.00x)"
         );
+        // On a floor (or a value) under 10 ms: milliseconds, and no ratio.
+        let tiny = vs_floor(&json(0.004, 0.005, 0.006), &json(0.01, 0.02, 0.03));
+        assert_eq!(
+            crate::report::with_ratio(Some(0.02), tiny.floor_ttft_p95_s, tiny.ttft_p95_x),
+            "0.02 (n/a (<10 ms))"
+        );
+        assert_eq!(crate::report::s(tiny.floor_ttft_p95_s), "5.0 ms");
+        assert_eq!(crate::report::secs(Some(0.0042)), "4.2 ms");
+        assert_eq!(crate::report::secs(Some(0.29)), "0.29 s");
         assert_eq!(ratio(Some(1.0), Some(0.0)), None);
         assert_eq!(ratio(None, Some(1.0)), None);
         // Against itself: 1x.

@@ -89,8 +89,19 @@ enum Cmd {
         /// `model` on the chat API.
         #[arg(long)]
         model: Option<String>,
+        /// Salt of the prompt text (decimal or 0x hex), to send a earlier run's text again
+        /// (its summary.md prints the flag). Default: a fresh salt per run (clock and process
+        /// id), so the seed fixes the sizes and arrivals but not the text, and a second run
+        /// is not served from the first one's prefix cache.
+        #[arg(long, value_parser = parse_salt, conflicts_with = "replay")]
+        salt: Option<u64>,
+        /// Send the seed's own text, unsalted, the same on every run (a long-lived engine
+        /// serves a repeat from its prefix cache).
+        #[arg(long)]
+        replay: bool,
     },
-    /// Compare baseline A with candidate B; exit code 2 on an M7 regression.
+    /// Compare baseline A with candidate B; exit code 2 on an M7 regression, 3 on an SLO miss
+    /// with --fail-on-slo, 4 when the runs' prefix-cache hit ratios differ too much.
     Compare {
         /// Baseline results.json.
         a: PathBuf,
@@ -105,6 +116,14 @@ enum Cmd {
         /// Also exit 3 when B misses an SLO.
         #[arg(long)]
         fail_on_slo: bool,
+        /// Largest difference between the runs' cached-token ratios (prompt tokens served
+        /// from the prefix cache / prompt tokens, 0..1) that still compares like with like;
+        /// beyond it `compare` refuses (exit 4).
+        #[arg(long, default_value_t = tutor_load::compare::MAX_CACHED_RATIO_GAP)]
+        max_cached_ratio_gap: f64,
+        /// Compare anyway when the cached-token ratios differ more, with a warning.
+        #[arg(long)]
+        allow_cache_mismatch: bool,
     },
     /// Sweep --max-num-seqs x --max-num-batched-tokens by restarting the engine per cell.
     Matrix {
@@ -201,6 +220,14 @@ enum Arrivals {
     Poisson,
 }
 
+fn parse_salt(s: &str) -> Result<u64, String> {
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| format!("bad salt {s:?} (decimal or 0x hex, 64 bits)"))
+}
+
 fn rules(slo: &[String], interactive: &[String]) -> anyhow::Result<Rules> {
     let mut r = Rules::default();
     if !slo.is_empty() {
@@ -225,8 +252,12 @@ async fn main() -> anyhow::Result<()> {
             ready_poll_ms,
             api,
             model,
+            salt,
+            replay,
         } => {
             let (scenario, run, prompts) = common.load()?;
+            let salt = (!replay).then(|| salt.unwrap_or_else(tutor_load::prompt::fresh_salt));
+            let prompts = prompts.salted(salt);
             let target = Target::alternating(&target, api, model)?;
             let watch = (ready_poll_ms > 0)
                 .then(|| target.watch_ready(Duration::from_millis(ready_poll_ms)));
@@ -234,13 +265,14 @@ async fn main() -> anyhow::Result<()> {
             if let Some(w) = watch {
                 w.abort();
             }
-            let r = Results::build(
+            let mut r = Results::build(
                 &scenario,
                 &target,
                 run.seed,
                 run.duration.as_secs_f64(),
                 &data,
             );
+            r.salt = salt;
             tutor_load::report::write_all(&common.out, &r, 2.0)?;
             print!("{}", tutor_load::report::summary_md(&r));
             eprintln!("wrote {}", common.out.display());
@@ -251,12 +283,22 @@ async fn main() -> anyhow::Result<()> {
             slo,
             interactive,
             fail_on_slo,
+            max_cached_ratio_gap,
+            allow_cache_mismatch,
         } => {
-            let v = compare(
-                &Results::load(&a)?,
-                &Results::load(&b)?,
-                &rules(&slo, &interactive)?,
-            );
+            let rules = Rules {
+                max_cached_ratio_gap,
+                allow_cache_mismatch,
+                ..rules(&slo, &interactive)?
+            };
+            let v = compare(&Results::load(&a)?, &Results::load(&b)?, &rules);
+            if v.refused {
+                eprint!("{}", v.text);
+                std::process::exit(4);
+            }
+            if let Some(why) = &v.cache_mismatch {
+                eprintln!("WARNING: cache mismatch, compared anyway: {why}");
+            }
             print!("{}", v.text);
             if v.regression {
                 std::process::exit(2);

@@ -1,5 +1,10 @@
 //! Prompts of an exact token length: seeded English-like programming text, measured with the
 //! same tokenizer the engine uses (the simulator's heuristic, or a `tokenizer.json`).
+//!
+//! A builder may carry a per-run salt ([`PromptBuilder::salted`]): it is mixed into every text
+//! seed, so a second run with the same seed sends other text (and never hits the prefix cache
+//! the first run left in a long-lived engine) while the sizes, which the seed alone draws, stay
+//! the same.
 
 use tutor_wire::chat::{render_chat, ChatMessage, MessageContent};
 use vllm_sim::text::SplitMix;
@@ -26,6 +31,22 @@ pub fn request_seed(seed: u64, class: usize, client: u64, i: u64) -> u64 {
 pub struct PromptBuilder {
     tokenizer: PromptTokenizer,
     overhead: usize,
+    /// Mixed into every text seed; `None`: the seed's own text (replay).
+    salt: Option<u64>,
+}
+
+/// A fresh per-run salt: the clock (nanoseconds) and the process id, mixed.
+pub fn fresh_salt() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    SplitMix::new(nanos ^ (u64::from(std::process::id()) << 40)).next_u64()
+}
+
+/// `seed` with `salt` mixed in.
+fn salted_seed(seed: u64, salt: u64) -> u64 {
+    let s = SplitMix::new(salt ^ 0x5a17_5a17_5a17_5a17).next_u64();
+    SplitMix::new(seed ^ s).next_u64()
 }
 
 impl PromptBuilder {
@@ -34,9 +55,20 @@ impl PromptBuilder {
         let mut b = Self {
             tokenizer,
             overhead: 0,
+            salt: None,
         };
         b.overhead = b.count("");
         b
+    }
+
+    /// The same builder with `salt` mixed into every text seed (`None`: the seed's own text).
+    pub fn salted(self, salt: Option<u64>) -> Self {
+        Self { salt, ..self }
+    }
+
+    /// The salt mixed into every text seed, if any.
+    pub fn salt(&self) -> Option<u64> {
+        self.salt
     }
 
     /// Prompt tokens the engine counts for one user message holding `content`.
@@ -54,8 +86,10 @@ impl PromptBuilder {
     }
 
     /// Text whose chat rendering is `tokens` tokens (exact with the heuristic; the nearest
-    /// length not above it with a real tokenizer). Same `seed`, same text.
+    /// length not above it with a real tokenizer). Same `seed` and salt, same text; another
+    /// salt, other text of the same length.
     pub fn build(&self, tokens: u32, seed: u64) -> String {
+        let seed = self.salt.map_or(seed, |salt| salted_seed(seed, salt));
         let target = (tokens as usize).saturating_sub(self.overhead).max(1);
         let mut rng = SplitMix::new(seed);
         let mut words = Vec::with_capacity(target + 8);
@@ -98,5 +132,29 @@ mod tests {
         }
         assert_eq!(b.build(300, 1), b.build(300, 1));
         assert_ne!(b.build(300, 1), b.build(300, 2));
+    }
+
+    #[test]
+    fn a_salt_changes_the_text_but_not_its_length_and_replays() {
+        let plain = PromptBuilder::new(PromptTokenizer::Heuristic);
+        let a = plain.clone().salted(Some(1));
+        let b = plain.clone().salted(Some(2));
+        for n in [64, 300, 2000] {
+            for seed in [7, 8] {
+                let (pa, pb) = (a.build(n, seed), b.build(n, seed));
+                assert_ne!(pa, pb, "another salt, other text");
+                assert_ne!(pa, plain.build(n, seed), "a salt differs from no salt");
+                // They part in the first words ("Question <seed>:"), within vLLM's first
+                // 16-token block: a prefix cache finds nothing of one in the other.
+                assert_ne!(pa.split(':').next(), pb.split(':').next());
+                assert_eq!(a.count(&pa), n as usize);
+                assert_eq!(b.count(&pb), n as usize);
+                assert_eq!(pa, a.clone().build(n, seed), "the same salt replays");
+            }
+        }
+        assert_eq!(
+            plain.clone().salted(None).build(300, 7),
+            plain.build(300, 7)
+        );
     }
 }

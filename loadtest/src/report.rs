@@ -8,15 +8,56 @@ use anyhow::Context;
 use crate::stats::{ClassStats, Results};
 use crate::svg::{Chart, Series};
 
-/// Seconds, 2 decimals, or `-`.
+/// Durations below this print in milliseconds, and no ratio is built on them: at two decimals
+/// of a second they read `0.00`, and a ratio of two such values (a warm prefix cache's 5 ms
+/// against 20 ms) says nothing about queueing.
+pub const TINY_S: f64 = 0.010;
+
+/// What a ratio built on a duration under [`TINY_S`] prints instead.
+pub const TINY_RATIO: &str = "n/a (<10 ms)";
+
+/// A table cell in a column of seconds: 2 decimals (`0.29`); under 10 ms, milliseconds with
+/// their unit (`4.2 ms`); `-` where unknown.
 pub fn s(v: Option<f64>) -> String {
-    v.map_or("-".into(), |x| format!("{x:.2}"))
+    v.map_or("-".into(), |x| {
+        if x.abs() < TINY_S {
+            format!("{:.1} ms", x * 1000.0)
+        } else {
+            format!("{x:.2}")
+        }
+    })
 }
 
-/// `0.41 (1.17x)`: seconds with a ratio (to the floor) beside them; `-` where unknown.
-pub fn with_ratio(value: Option<f64>, x: Option<f64>) -> String {
+/// A duration with its unit: `0.29 s`, or under 10 ms `4.2 ms`; `-` where unknown.
+pub fn secs(v: Option<f64>) -> String {
+    match v {
+        Some(x) if x.abs() >= TINY_S => format!("{x:.2} s"),
+        _ => s(v),
+    }
+}
+
+/// Whether a duration is known but too small to build a ratio on.
+pub fn tiny(v: Option<f64>) -> bool {
+    v.is_some_and(|x| x.abs() < TINY_S)
+}
+
+/// `num / den` as `1.17x`; [`TINY_RATIO`] when either is under 10 ms; `-` where unknown.
+pub fn ratio(num: Option<f64>, den: Option<f64>) -> String {
+    if tiny(num) || tiny(den) {
+        return TINY_RATIO.into();
+    }
+    match (num, den) {
+        (Some(n), Some(d)) if d > 0.0 => format!("{:.2}x", n / d),
+        _ => "-".into(),
+    }
+}
+
+/// `0.41 (1.17x)`: seconds with their ratio `x` to `base` (the floor's) beside them;
+/// `0.02 (n/a (<10 ms))` when either is under 10 ms; `-` where unknown.
+pub fn with_ratio(value: Option<f64>, base: Option<f64>, x: Option<f64>) -> String {
     let v = s(value);
     match x {
+        Some(_) if tiny(value) || tiny(base) => format!("{v} ({TINY_RATIO})"),
         Some(x) => format!("{v} ({x:.2}x)"),
         None => v,
     }
@@ -28,16 +69,57 @@ pub fn vs_floor_line(r: &Results) -> Option<String> {
     let c = r.classes.get(&v.class);
     Some(format!(
         "{} TTFT vs the floor (the same {} clients alone), p50 / p95 / p99 s (x floor): \
-         {} / {} / {}; floor {} / {} / {} s.",
+         {} / {} / {}; floor {} / {} / {}.",
         v.class,
         v.class,
-        with_ratio(c.and_then(|c| c.ttft_p50_s), v.ttft_p50_x),
-        with_ratio(c.and_then(|c| c.ttft_p95_s), v.ttft_p95_x),
-        with_ratio(c.and_then(|c| c.ttft_p99_s), v.ttft_p99_x),
-        s(v.floor_ttft_p50_s),
-        s(v.floor_ttft_p95_s),
-        s(v.floor_ttft_p99_s),
+        with_ratio(
+            c.and_then(|c| c.ttft_p50_s),
+            v.floor_ttft_p50_s,
+            v.ttft_p50_x
+        ),
+        with_ratio(
+            c.and_then(|c| c.ttft_p95_s),
+            v.floor_ttft_p95_s,
+            v.ttft_p95_x
+        ),
+        with_ratio(
+            c.and_then(|c| c.ttft_p99_s),
+            v.floor_ttft_p99_s,
+            v.ttft_p99_x
+        ),
+        secs(v.floor_ttft_p50_s),
+        secs(v.floor_ttft_p95_s),
+        secs(v.floor_ttft_p99_s),
     ))
+}
+
+/// Which prompt text the run sent: salted (and how to send it again) or the seed's own.
+pub fn prompt_text_line(r: &Results) -> String {
+    match r.salt {
+        Some(salt) => format!(
+            "Prompt text: salt {salt:#x} (fresh per run, so a second run does not replay this \
+             one's prefix cache; `--seed {} --salt {salt:#x}` sends the same text again).",
+            r.seed
+        ),
+        None => "Prompt text: the seed's own (replayed: a long-lived engine may serve it from \
+                 its prefix cache)."
+            .into(),
+    }
+}
+
+/// The share of prompt tokens the engine served from its prefix cache.
+pub fn prefix_cache_line(r: &Results) -> String {
+    match r.prefix_cache {
+        Some(c) => format!(
+            "Prefix cache: {:.1}% of prompt tokens cached ({} of {}, {} requests reporting \
+             usage; vLLM reports them with `--enable-prompt-tokens-details`).",
+            c.cached_ratio * 100.0,
+            c.cached_tokens,
+            c.prompt_tokens,
+            c.requests
+        ),
+        None => "Prefix cache: unknown (no response reported its prompt tokens).".into(),
+    }
 }
 
 /// Classes in scenario order with their figures.
@@ -63,6 +145,8 @@ pub fn summary_md(r: &Results) -> String {
          **{:.0} output tokens/s**.\n",
         r.seed, r.duration_s, r.wall_s, r.requests, r.errors, r.skipped, r.output_tokens_per_s
     );
+    let _ = writeln!(o, "{}\n", prompt_text_line(r));
+    let _ = writeln!(o, "{}\n", prefix_cache_line(r));
     o.push_str("| class | requests | ok | errors | cut | TTFT p50 s | p95 s | p99 s | e2e p50 s | e2e p95 s | TPOT p50 ms | ITL p95 ms | out tok/s |\n");
     o.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (name, c) in ordered(r) {

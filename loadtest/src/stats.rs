@@ -72,6 +72,46 @@ pub struct RequestLine {
     pub e2e_s: Option<f64>,
     /// Output tokens.
     pub output_tokens: u32,
+    /// Prompt tokens as the engine counted them, when its usage said.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub prompt_tokens: Option<u32>,
+    /// Of those, tokens served from the engine's prefix cache.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub cached_tokens: Option<u32>,
+}
+
+/// How much of a run's prompts the engine served from its prefix cache, over the requests whose
+/// usage reported their prompt tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PrefixCache {
+    /// Requests whose usage reported prompt tokens.
+    pub requests: u64,
+    /// Their prompt tokens.
+    pub prompt_tokens: u64,
+    /// Of those, tokens served from the prefix cache (`usage.cached_tokens` of the gateway's
+    /// `done`, vLLM's `usage.prompt_tokens_details.cached_tokens`; vLLM reports them only with
+    /// `--enable-prompt-tokens-details`).
+    pub cached_tokens: u64,
+    /// `cached_tokens / prompt_tokens`.
+    pub cached_ratio: f64,
+}
+
+impl PrefixCache {
+    /// Sums the requests that reported prompt tokens; `None` when none did.
+    pub fn of(lines: &[RequestLine]) -> Option<Self> {
+        let mut c = Self::default();
+        for l in lines {
+            if let Some(p) = l.prompt_tokens {
+                c.requests += 1;
+                c.prompt_tokens += u64::from(p);
+                c.cached_tokens += u64::from(l.cached_tokens.unwrap_or(0).min(p));
+            }
+        }
+        (c.prompt_tokens > 0).then(|| Self {
+            cached_ratio: c.cached_tokens as f64 / c.prompt_tokens as f64,
+            ..c
+        })
+    }
 }
 
 /// `results.json`.
@@ -85,6 +125,10 @@ pub struct Results {
     pub api: crate::client::Api,
     /// Seed used.
     pub seed: u64,
+    /// Salt mixed into the prompt text (`--salt` reproduces it); `None`: the seed's own text
+    /// (`--replay`, the experiments, or a results.json from before salts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub salt: Option<u64>,
     /// The measured window: seconds during which requests were sent.
     pub duration_s: f64,
     /// Seconds until the last request ended (window + drain).
@@ -107,6 +151,10 @@ pub struct Results {
     pub throughput_timeline: Vec<f64>,
     /// Every request.
     pub records: Vec<RequestLine>,
+    /// Prompt tokens served from the engine's prefix cache; `None` when no request's usage
+    /// reported its prompt tokens (or a results.json from before this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_cache: Option<PrefixCache>,
     /// `tutor-load experiment`: this run's small TTFT against the floor run's (the same small
     /// clients with no large ones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -218,6 +266,8 @@ impl Results {
                 ttft_s: r.outcome.ttft_s.map(round3),
                 e2e_s: r.outcome.e2e_s.map(round3),
                 output_tokens: r.outcome.output_tokens,
+                prompt_tokens: r.outcome.prompt_tokens,
+                cached_tokens: r.outcome.cached_tokens,
             })
             .collect();
         records.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
@@ -226,6 +276,7 @@ impl Results {
             target: target.base_url.clone(),
             api: target.api,
             seed,
+            salt: None,
             duration_s,
             wall_s: data.wall_s,
             requests: data.records.len() as u64,
@@ -236,6 +287,7 @@ impl Results {
             output_tokens_per_s: output_tokens as f64 / duration_s.max(1e-9),
             classes,
             throughput_timeline: timeline,
+            prefix_cache: PrefixCache::of(&records),
             records,
             vs_floor: None,
         }

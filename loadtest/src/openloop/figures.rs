@@ -478,6 +478,8 @@ mod tests {
             output_tokens: 0,
             e2e_s: None,
             diverted: diverted.map(str::to_string),
+            prompt_tokens: None,
+            cached_tokens: None,
         };
         assert_eq!(fate(&o(Status::Ok, None, None)), Fate::Completed);
         assert_eq!(
