@@ -153,7 +153,7 @@ mod tests {
             let tag = tag.split('>').next().unwrap_or_default();
             tag.split_whitespace()
                 .skip(1)
-                .any(|attr| attr.to_ascii_lowercase().starts_with("on"))
+                .any(|attr| attr.to_ascii_lowercase().starts_with("on") && attr.contains('='))
         })
     }
 }
