@@ -7,6 +7,12 @@
 //! `DevToolsActivePort` in a temporary profile, a minimal WebSocket client below). Debian's
 //! `chromium` is in `scripts/test`'s NEEDS (`CHROMIUM=/path` picks another binary).
 //! `SAVE_SCREENSHOT=docs/results/browser/eventsource-done.png` saves the page after `done`.
+//!
+//! The demo page (issue 32, `GET /demo` with `server.demo = true`, `web/demo.html`): a student
+//! types a question and sees the answer stream in with its lane and queue wait; with a course,
+//! code and a traceback, the focused context too (and, when the page's own origin is not in
+//! `server.cors_allow_origins`, a message saying to add it); `/demo` is 404 when off. The
+//! second test leaves a screenshot in `target/tmp/demo.png` (`docs/results/demo.png`).
 
 mod common;
 
@@ -24,6 +30,8 @@ use common::*;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
+use tutor_gateway::config::{Config, CourseConfig, KeyEntry};
+use tutor_gateway::prompt::focus::{FocusMode, FocusSettings};
 
 const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
 const KEY: &str = "sk-tutor-cs101-0123456789";
@@ -600,4 +608,418 @@ async fn a_bad_token_or_a_foreign_origin_gets_the_page_no_stream() {
     assert_eq!(family_total(&m, "tutor_gateway_requests_total"), 0.0, "{m}");
     assert!(answer_lines(&h).is_empty());
     h.shutdown().await;
+}
+
+// --- the demo page (issue 32) ------------------------------------------------------------------
+
+/// The longest answer the demo tests ask for.
+const DEMO_MAX_TOKENS: &str = "24";
+
+/// A gateway with `server.demo` on (shipped config otherwise), a focusing course `py101`, and
+/// `tweak` given the gateway's own origin, known before it starts (the listener is bound first).
+async fn demo_gateway(tweak: impl FnOnce(&mut Config, &str)) -> Harness {
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(FAST))
+        .await
+        .expect("sim starts");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = format!("http://{}", listener.local_addr().unwrap());
+    let mut config = Config::default();
+    config.upstream.base_url = sim.url();
+    config.server.demo = true;
+    let focus = FocusSettings {
+        mode: FocusMode::Auto,
+        // A parse time limit a debug build on a busy machine never reaches.
+        timeout: Duration::from_secs(30),
+        ..FocusSettings::default()
+    };
+    let course = CourseConfig::new(
+        "py101",
+        "2026.1",
+        "You are a patient Python tutor. Give hints before answers.",
+        "",
+        "",
+        None,
+    )
+    .with_focus(focus);
+    config.courses.insert("py101".into(), course);
+    tweak(&mut config, &origin);
+    let tasks = tokio_util::task::TaskTracker::new();
+    let (request_log, log) = tutor_gateway::telemetry::RequestLog::memory();
+    let state = tutor_gateway::server::build_state_with_log(config, tasks.clone(), request_log)
+        .expect("gateway state");
+    let gw = tutor_gateway::server::serve_state(state, tasks, listener).expect("gateway starts");
+    assert_eq!(gw.url(), origin);
+    Harness { sim, gw, log }
+}
+
+/// What the student fills in on the demo page; empty fields are left alone.
+#[derive(Default)]
+struct Ask<'a> {
+    question: &'a str,
+    course: &'a str,
+    path: &'a str,
+    code: &'a str,
+    trace: &'a str,
+}
+
+/// A code file and its traceback (the focusing corpus' library case: a 350-line file whose
+/// crash needs three of its functions).
+fn library_case() -> (String, String) {
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/focus/py_long_library_fines");
+    let case: toml::Value =
+        toml::from_str(&std::fs::read_to_string(dir.join("case.toml")).unwrap()).unwrap();
+    (
+        std::fs::read_to_string(dir.join("library.py")).unwrap(),
+        case["trace"].as_str().unwrap().to_owned(),
+    )
+}
+
+impl Tab {
+    /// Runs `expression` in the page; its value.
+    async fn eval(&mut self, expression: &str) -> Value {
+        let params = json!({"expression": expression, "returnByValue": true});
+        let result = self.call("Runtime.evaluate", params).await;
+        assert!(
+            result.get("exceptionDetails").is_none(),
+            "{expression}: {result}"
+        );
+        result["result"]["value"].clone()
+    }
+
+    /// What the demo page shows (null while it is loading).
+    async fn demo_state(&mut self) -> Value {
+        let expression = r#"(() => {
+            const $ = (id) => document.getElementById(id);
+            if (document.readyState !== "complete" || !$("status")) return null;
+            const shown = {};
+            for (const id of ["status", "lane", "queue-wait", "estimate", "focus", "finish",
+                              "request-id", "notice", "error", "answer"]) {
+                shown[id] = $(id).textContent;
+            }
+            shown.href = location.href;
+            shown.sending = $("send").disabled;
+            return shown;
+        })()"#;
+        let params = json!({"expression": expression, "returnByValue": true});
+        match self.try_call("Runtime.evaluate", params).await {
+            Ok(result) => result["result"]["value"].clone(),
+            Err(_) => Value::Null,
+        }
+    }
+
+    /// Opens the demo page at `url`, fills it in as a student would (the question typed, the
+    /// rest pasted), presses Ask and waits (bounded) until it says `done` or `error…`.
+    async fn ask_demo(&mut self, url: &str, ask: &Ask<'_>, browser: &Browser) -> Value {
+        self.call("Page.navigate", json!({"url": url})).await;
+        self.until(url, browser, |s| s["status"] == "ready").await;
+        self.eval(r#"document.getElementById("question").focus()"#)
+            .await;
+        self.call("Input.insertText", json!({"text": ask.question}))
+            .await;
+        let paste = json!({
+            "course": ask.course,
+            "path": ask.path,
+            "code": ask.code,
+            "trace": ask.trace,
+            "max-tokens": DEMO_MAX_TOKENS,
+        });
+        self.eval(&format!(
+            r#"(() => {{
+                const fields = {paste};
+                for (const [id, value] of Object.entries(fields)) {{
+                    if (value) document.getElementById(id).value = value;
+                }}
+                if (fields.code || fields.trace) document.getElementById("more").open = true;
+                document.getElementById("send").click();
+            }})()"#
+        ))
+        .await;
+        self.until(url, browser, |s| {
+            let status = s["status"].as_str().unwrap_or_default();
+            status == "done" || status.starts_with("error")
+        })
+        .await
+    }
+
+    /// Polls the demo page until `done` holds for what it shows; that state.
+    async fn until(
+        &mut self,
+        url: &str,
+        browser: &Browser,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let start = Instant::now();
+        loop {
+            let state = self.demo_state().await;
+            if state["href"] == url && done(&state) {
+                return state;
+            }
+            assert!(
+                start.elapsed() < PAGE_BOUND,
+                "{url} did not get there within {PAGE_BOUND:?}: {state}\nchromium:\n{}",
+                browser.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The README's two browser snippets ("The `/answer` stream", "In a browser"): `EventSource`,
+/// then `fetch`.
+fn readme_snippets() -> (String, String) {
+    let readme = include_str!("../README.md");
+    let section = &readme[readme
+        .find("**In a browser.**")
+        .expect("the README's snippets")..];
+    let mut blocks = section
+        .split("```js\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap().to_owned());
+    (blocks.next().unwrap(), blocks.next().unwrap())
+}
+
+impl Tab {
+    /// Runs a README snippet on a fresh demo page at `url` (for its `#answer` and `#status`, and
+    /// its origin) and waits until its status says `done…` or `error…`.
+    async fn run_snippet(&mut self, url: &str, script: &str, browser: &Browser) -> Value {
+        self.call("Page.navigate", json!({"url": url})).await;
+        self.until(url, browser, |s| s["status"] == "ready").await;
+        self.eval(script).await;
+        self.until(url, browser, |s| {
+            let status = s["status"].as_str().unwrap_or_default();
+            status.starts_with("done") || status.starts_with("error")
+        })
+        .await
+    }
+}
+
+/// The request log line of `request_id`, once written.
+async fn logged(h: &Harness, request_id: &str) -> Value {
+    eventually("the request log line", || {
+        answer_lines(h)
+            .iter()
+            .any(|l| l["request_id"] == request_id)
+    })
+    .await;
+    answer_lines(h)
+        .into_iter()
+        .find(|l| l["request_id"] == request_id)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_demo_page_streams_an_answer_with_its_lane_and_queue_wait() {
+    // Nothing configured but `server.demo`: a question alone goes as GET, which needs no CORS
+    // entry for the page's own origin.
+    let h = demo_gateway(|_, _| {}).await;
+    let url = h.url("/demo");
+    let browser = Browser::launch().await;
+    let mut tab = browser.tab().await;
+    let question = "Why does my while loop never end?";
+    let ask = Ask {
+        question,
+        ..Ask::default()
+    };
+    let state = tab.ask_demo(&url, &ask, &browser).await;
+
+    // What the student sees: the answer streamed in, the lane, the queue wait, no focusing.
+    assert_eq!(
+        state["status"],
+        "done",
+        "{state}\nchromium:\n{}",
+        browser.log()
+    );
+    assert_eq!(state["error"], "", "{state}");
+    assert!(
+        !state["answer"].as_str().unwrap().trim().is_empty(),
+        "{state}"
+    );
+    assert_eq!(state["lane"], "small", "{state}");
+    let wait = state["queue-wait"].as_str().unwrap();
+    let ms: f64 = wait
+        .strip_suffix(" ms")
+        .unwrap_or("x")
+        .parse()
+        .unwrap_or(-1.0);
+    assert!(ms >= 0.0, "queue wait {wait:?}: {state}");
+    assert_eq!(state["focus"], "none (no code sent)", "{state}");
+    assert!(
+        state["finish"].as_str().unwrap().contains("tokens out"),
+        "{state}"
+    );
+    assert_eq!(state["sending"], false, "the button is back: {state}");
+
+    // The gateway's side: that stream, this question, answered in full once.
+    let line = logged(&h, state["request-id"].as_str().unwrap()).await;
+    assert_eq!(line["outcome"], "ok", "{line}");
+    assert_eq!(line["lane"], "small", "{line}");
+    let out = line["output_tokens"].as_u64().unwrap();
+    assert!((1..=24).contains(&out), "{line}");
+    assert_eq!(answer_lines(&h).len(), 1);
+
+    // The README's EventSource snippet, as written, reads a whole answer and closes.
+    let (event_source, _) = readme_snippets();
+    let state = tab
+        .run_snippet(&url, &format!("{{\n{event_source}\n}}"), &browser)
+        .await;
+    let status = state["status"].as_str().unwrap();
+    assert!(status.starts_with("done: "), "{state}");
+    assert!(
+        !state["answer"].as_str().unwrap().trim().is_empty(),
+        "{state}"
+    );
+    eventually("the snippet's request logged", || {
+        answer_lines(&h).len() == 2
+    })
+    .await;
+    assert!(answer_lines(&h).iter().all(|l| l["outcome"] == "ok"));
+    drop(tab);
+    browser.close().await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_demo_page_sends_code_and_a_traceback_and_shows_the_focused_context() {
+    let (code, trace) = library_case();
+    let ask = Ask {
+        question: "Why does printing the fines crash?",
+        course: "py101",
+        path: "library.py",
+        code: &code,
+        trace: &trace,
+    };
+    let browser = Browser::launch().await;
+    let mut tab = browser.tab().await;
+
+    // The page's own origin not listed: its POST (which carries an Origin) is refused at the
+    // door, and the page says what to configure.
+    let closed = demo_gateway(|_, _| {}).await;
+    let url = closed.url("/demo");
+    let state = tab.ask_demo(&url, &ask, &browser).await;
+    let error = state["error"].as_str().unwrap();
+    assert_eq!(state["status"], "error: origin_not_allowed", "{state}");
+    assert!(error.contains("server.cors_allow_origins"), "{state}");
+    assert!(error.contains(closed.gw.url().as_str()), "{state}");
+    assert_eq!((&state["answer"], &state["lane"]), (&json!(""), &json!("")));
+    let m = closed.metrics_text().await;
+    assert_eq!(family_total(&m, "tutor_gateway_requests_total"), 0.0, "{m}");
+    closed.shutdown().await;
+
+    // Listed: the course request streams, and the page shows what focusing sent.
+    let h = demo_gateway(|c, origin| c.server.cors_allow_origins = vec![origin.to_owned()]).await;
+    let url = h.url("/demo");
+    let state = tab.ask_demo(&url, &ask, &browser).await;
+    assert_eq!(
+        state["status"],
+        "done",
+        "{state}\nchromium:\n{}",
+        browser.log()
+    );
+    assert!(
+        !state["answer"].as_str().unwrap().trim().is_empty(),
+        "{state}"
+    );
+    let focus = state["focus"].as_str().unwrap();
+    assert!(focus.starts_with("focused, "), "{state}");
+    for function in ["days_between", "LoanService.overdue_fines", "main"] {
+        assert!(focus.contains(function), "{function}: {state}");
+    }
+    assert!(!state["lane"].as_str().unwrap().is_empty(), "{state}");
+    let line = logged(&h, state["request-id"].as_str().unwrap()).await;
+    assert_eq!(line["outcome"], "ok", "{line}");
+    assert_eq!(line["lane"], state["lane"], "{line}");
+
+    // The README's fetch snippet, as written, POSTs a course request and reads it to `done`.
+    let (_, fetch) = readme_snippets();
+    let script = format!(
+        "(async () => {{\n\
+         const answer = document.getElementById(\"answer\"), status = document.getElementById(\"status\");\n\
+         const code = {code}, stack_trace = {trace};\n{fetch}\n}})()\n\
+         .catch((e) => {{ document.getElementById(\"status\").textContent = \"error: \" + e; }});",
+        code = json!(code),
+        trace = json!(trace),
+    );
+    let snippet = tab.run_snippet(&url, &script, &browser).await;
+    let status = snippet["status"].as_str().unwrap();
+    assert!(status.starts_with("done: "), "{snippet}");
+    assert!(
+        !snippet["answer"].as_str().unwrap().trim().is_empty(),
+        "{snippet}"
+    );
+    // Back to the page's own answer for the screenshot.
+    let again = tab.ask_demo(&url, &ask, &browser).await;
+    assert_eq!(again["status"], "done", "{again}");
+
+    // The screenshot in docs/results/demo.png: copied by hand from here.
+    let viewport = json!({"width": 900, "height": 700, "deviceScaleFactor": 1, "mobile": false});
+    tab.call("Emulation.setDeviceMetricsOverride", viewport)
+        .await;
+    tab.eval("window.scrollTo(0, document.body.scrollHeight)")
+        .await;
+    let png = tab.screenshot().await;
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("demo.png");
+    std::fs::write(&shot, png).unwrap();
+    eprintln!("screenshot: {}", shot.display());
+    drop(tab);
+    browser.close().await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn demo_is_404_unless_turned_on_and_is_served_under_a_strict_policy() {
+    // Off (the shipped default), even with [auth] on: 404, not 401.
+    let off = harness(FAST, |c| {
+        c.auth.enabled = true;
+        c.auth.keys = vec![KeyEntry {
+            sha256: tutor_gateway::sign::sha256_hex(KEY.as_bytes()),
+            tenant: "cs101".into(),
+        }];
+    })
+    .await;
+    assert!(!off.gw.state.config().server.demo);
+    let resp = client().get(off.url("/demo")).send().await.unwrap();
+    assert_eq!(resp.status(), 404);
+    assert!(!resp.text().await.unwrap().contains("<html"));
+    off.shutdown().await;
+
+    // On, with [auth] on: the page loads without a key (it holds nothing); /answer still asks.
+    let on = demo_gateway(|c, _| {
+        c.auth.enabled = true;
+        c.auth.keys = vec![KeyEntry {
+            sha256: tutor_gateway::sign::sha256_hex(KEY.as_bytes()),
+            tenant: "cs101".into(),
+        }];
+    })
+    .await;
+    let resp = client().get(on.url("/demo")).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let header = |name: &str| {
+        resp.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    assert_eq!(header("content-type"), "text/html; charset=utf-8");
+    assert_eq!(header("x-content-type-options"), "nosniff");
+    let csp = header("content-security-policy");
+    assert!(
+        csp.starts_with("default-src 'none'; script-src 'sha256-"),
+        "{csp}"
+    );
+    assert!(csp.contains("connect-src 'self'"), "{csp}");
+    assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+    assert!(!csp.contains("unsafe"), "{csp}");
+    assert!(resp
+        .text()
+        .await
+        .unwrap()
+        .contains("<title>Tutor gateway demo</title>"));
+    let answer = client()
+        .get(on.url("/answer?prompt=hi"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 401);
+    on.shutdown().await;
 }

@@ -16,7 +16,8 @@
 //! - The tenant goes into the request's extensions as [`Tenant`].
 //!
 //! Open routes (no key): `/healthz`, `/health`, `/ping`, `/version`, `/v1/models`, `/metrics`,
-//! `/readyz`, and CORS preflights (answered before this layer).
+//! `/readyz`, `/demo` (a static page; its `/answer` calls need a key), and CORS preflights
+//! (answered before this layer).
 
 // The request path: a client's number never wraps (checked or saturating arithmetic only).
 #![deny(clippy::arithmetic_side_effects)]
@@ -49,6 +50,7 @@ const OPEN: &[&str] = &[
     "/v1/models",
     "/metrics",
     "/readyz",
+    "/demo",
 ];
 
 /// Hex digits of a key id (see [`key_id`]).

@@ -12,6 +12,7 @@
 //!   holds the key check every request route goes through when `[auth]` is on).
 //! - `POST /jobs`, `GET|DELETE /jobs/{id}`, `GET /jobs/{id}/events`: background jobs
 //!   ([`jobs`], served by [`crate::jobs`]).
+//! - `GET /demo`: a page for trying `/answer` in a browser, when `server.demo` is on ([`demo`]).
 
 // Numbers from clients reach these modules (ids, offsets, lengths): no cast may wrap or drop a
 // sign; checked or saturating arithmetic instead.
@@ -21,6 +22,7 @@ pub mod admin;
 pub mod answer;
 pub mod auth;
 pub mod cors;
+pub mod demo;
 pub mod jobs;
 pub mod limits;
 pub mod openai;
@@ -63,6 +65,7 @@ pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth) -> Router {
         .route("/ping", get(ops::healthz).post(ops::healthz))
         .route("/version", get(ops::version))
         .route("/tokenize", post(ops::tokenize))
+        .route("/demo", get(demo::page))
         .merge(match server.admin_listen {
             // Operators' routes live on the admin listener then ([`admin`]).
             Some(_) => Router::new(),

@@ -83,6 +83,8 @@ pub struct RawServer {
     pub client_buffer_bytes: Option<u64>,
     /// Longest a stream's client may take nothing while bytes wait for it, ms.
     pub client_write_timeout_ms: Option<u64>,
+    /// Serve the demo page at `GET /demo`.
+    pub demo: Option<bool>,
 }
 
 /// What happens to a `/v1` body field the gateway does not know.
@@ -140,6 +142,8 @@ pub struct ServerConfig {
     /// Longest a stream's client may take nothing while bytes wait for it; then it is cut
     /// (`client_too_slow`) and the engine's work aborted.
     pub client_write_timeout: Duration,
+    /// Whether `GET /demo` serves the demo page (`web/demo.html`); 404 when off.
+    pub demo: bool,
 }
 
 /// Checks `[server]`.
@@ -302,6 +306,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         client_buffer_bytes: usize::try_from(client_buffer_bytes).unwrap_or(usize::MAX),
         client_write_timeout: Duration::from_millis(client_write_ms),
         unknown_fields,
+        demo: raw.demo.unwrap_or(false),
         max_logprobs: max_logprobs.min(20),
         max_body_bytes: max_body_bytes.clamp(1024, 256 * 1024 * 1024) as usize,
         shutdown_grace: Duration::from_millis(raw.shutdown_grace_ms.unwrap_or(SHUTDOWN_GRACE_MS)),

@@ -573,3 +573,15 @@ mod quota_section {
         }
     }
 }
+
+#[test]
+fn the_demo_page_is_off_unless_server_demo_is_true() {
+    assert!(!Config::default().server.demo);
+    let on = Config::from_toml_str(&format!("{MINIMAL}[server]\ndemo = true\n")).unwrap();
+    assert!(on.server.demo);
+    let issues = issues_of(&format!("{MINIMAL}[server]\ndemo = \"yes\"\n"));
+    assert!(
+        issues.iter().any(|i| i.contains("demo")),
+        "server.demo not in {issues:?}"
+    );
+}
