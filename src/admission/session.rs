@@ -59,7 +59,7 @@ impl SessionId {
 
     /// The first 8 bytes of the hash in hex (the Redis key's suffix).
     fn hex(&self) -> String {
-        self.0.iter().take(8).map(|b| format!("{b:02x}")).collect()
+        crate::sign::hex(&self.0[..8])
     }
 }
 
