@@ -676,7 +676,7 @@ fn main() {
         let exact_work = k.exact_input_tokens + k.max_output;
         let by = match (got.exact, got.lane) {
             (true, _) => "tokenizing (exact)".to_string(),
-            // decide_by_bytes settles only small, with an upper bound (everything else is counted).
+            // decide_by_bytes settles small with the upper bound, large with the estimate.
             (false, Lane::Small)
                 if got.input_tokens_estimate
                     == bounds::ByteBounds::new(k.bytes, k.messages as u32, overhead_of(k))
@@ -685,7 +685,10 @@ fn main() {
                 "byte length (upper bound: 1 token/byte)".to_string()
             }
             (false, Lane::Small) => "byte length (upper bound from the merges)".to_string(),
-            (false, _) => "byte length (lower bound)".to_string(),
+            (false, _) => format!(
+                "byte length (estimate: {} bytes/token)",
+                bounds::ESTIMATE_BYTES_PER_TOKEN
+            ),
         };
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {:+.1}% |",

@@ -230,10 +230,17 @@ impl Classifier {
                 }
             }
         }
-        // Too long even at the densest plausible count: certain, reject without tokenizing.
-        // Anything else is counted: a large request reserves its real count (a guess from its
-        // bytes could fall below it, and long prompts are mostly code, the densest text).
-        self.settle(bounds.lower, requested, false)?;
+        // Large for sure: even the densest plausible text exceeds the medium lane.
+        if self.rules.first(bounds.lower.saturating_add(output)) == Lane::Large {
+            // Too long even at the lower bound: certain, reject without tokenizing.
+            self.settle(bounds.lower, requested, false)?;
+            if let Ok(c) = self.settle(bounds.estimate, requested, false) {
+                if c.lane == Lane::Large {
+                    return Ok(Some(c));
+                }
+            }
+            // Only the estimate is over max_model_len: an exact count must decide.
+        }
         Ok(None)
     }
 

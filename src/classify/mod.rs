@@ -8,8 +8,8 @@
 //!
 //! Tokens are counted with the `tokenizer.json` vLLM serves with, or the simulator's heuristic
 //! when configured explicitly ([`TokenCounter`]). Counting runs on a blocking thread
-//! (`spawn_blocking`) and is skipped when byte length alone shows the request small (it then
-//! reserves an upper bound) or over `max_model_len`; see [`bounds`]. A request that cannot fit
+//! (`spawn_blocking`) and is skipped altogether when byte length already settles the lane; the
+//! bounds and the estimate used then are documented in [`bounds`]. A request that cannot fit
 //! `upstream.max_model_len` is rejected with [`ClassifyError::ExceedsModelLen`] (HTTP 400).
 //!
 //! Files: `input.rs` (what is counted), `counter.rs` (tokenizer or heuristic), `bounds.rs`
