@@ -628,8 +628,8 @@ fn main() {
         timings.push((k, blocking, asynchronous, tokenize, encoded));
     }
     assert!(
-        !decisions[3].1.exact,
-        "the large kind should be decided from byte length"
+        decisions[3].1.exact(),
+        "the large kind is counted: it reserves what it holds"
     );
 
     // The merges' bound never undercounts: on each kind and on 2,000 slices of generated text.
@@ -674,21 +674,17 @@ fn main() {
     println!("|---|---:|---:|---:|---|---|---:|---:|---:|");
     for (k, got) in &decisions {
         let exact_work = k.exact_input_tokens + k.max_output;
-        let by = match (got.exact, got.lane) {
-            (true, _) => "tokenizing (exact)".to_string(),
-            // decide_by_bytes settles small with the upper bound, large with the estimate.
-            (false, Lane::Small)
+        let by = match got.exact() {
+            true => "tokenizing (exact)",
+            // small_by_bytes settles small with an upper bound.
+            false
                 if got.input_tokens_estimate
                     == bounds::ByteBounds::new(k.bytes, k.messages as u32, overhead_of(k))
                         .upper =>
             {
-                "byte length (upper bound: 1 token/byte)".to_string()
+                "byte length (upper bound: 1 token/byte)"
             }
-            (false, Lane::Small) => "byte length (upper bound from the merges)".to_string(),
-            (false, _) => format!(
-                "byte length (estimate: {} bytes/token)",
-                bounds::ESTIMATE_BYTES_PER_TOKEN
-            ),
+            false => "byte length (upper bound from the merges)",
         };
         println!(
             "| {} | {} | {} | {} | {} | {} | {} | {} | {:+.1}% |",

@@ -13,25 +13,21 @@
 //!   6 bytes a token is a safe ceiling on average density for real tutoring content.
 //!   Adversarial text (say, 40 KB of one repeated word) can beat it; such a request is then
 //!   sorted as large and over-reserves, which only costs its sender.
-//! - **Estimate when tokenizing is skipped: `ceil(B / 3) + O` tokens.** Source code, the bulk
-//!   of large requests here, tokenizes at about 3-4 bytes a token; 3 errs toward reserving too
-//!   many tokens (protecting the KV cache) rather than too few.
-//!
 //! - **A tighter upper bound for byte-level BPE tokenizers** of a known kind (GPT-2, Llama 3,
 //!   Qwen 2 patterns): read off the tokenizer's merges in one pass over the bytes, about two
 //!   tokens for three bytes of English instead of one a byte (`pair_bound.rs`). It is tried
 //!   when the generic one does not settle the small lane, so a 300-token question with 120
 //!   output tokens is small without tokenizing.
 //!
-//! A request is `small` without tokenizing when even the upper bound fits the small lane, and
-//! `large` without tokenizing when even the lower bound exceeds the medium lane. A request
-//! that even the lower bound puts over `max_model_len` is rejected without tokenizing; one that
-//! only the estimate puts over it is tokenized, so no request that fits is rejected on a guess.
+//! A request is `small` without tokenizing when even the upper bound fits the small lane (and
+//! the counter has no fast count for it: a short prompt the heuristic or the hand-written
+//! pre-tokenizer can count is counted). A request that even the lower bound puts over
+//! `max_model_len` is rejected without tokenizing. Every other request is counted: a large one
+//! reserves its corrected count (`calibration.rs`), never a guess from its bytes, which fell
+//! below the real count on dense code (3 bytes a token guessed, 2.3 measured).
 
 /// Densest average bytes per token assumed for the lower bound.
 pub const MAX_BYTES_PER_TOKEN: u64 = 6;
-/// Bytes per token used for the reservation when tokenizing is skipped.
-pub const ESTIMATE_BYTES_PER_TOKEN: u64 = 3;
 
 /// Bounds on the input tokens of one request, from its byte length alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,8 +36,6 @@ pub struct ByteBounds {
     pub lower: u32,
     /// No tokenizer gives more tokens than this.
     pub upper: u32,
-    /// The reservation used when tokenizing is skipped (lower <= estimate <= upper).
-    pub estimate: u32,
 }
 
 impl ByteBounds {
@@ -52,7 +46,6 @@ impl ByteBounds {
         Self {
             lower: clamp(bytes.div_ceil(MAX_BYTES_PER_TOKEN) + overhead),
             upper: clamp(bytes + u64::from(pieces) + overhead),
-            estimate: clamp(bytes.div_ceil(ESTIMATE_BYTES_PER_TOKEN) + overhead),
         }
     }
 }

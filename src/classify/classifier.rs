@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 use super::bounds::ByteBounds;
+use super::calibration::{Calibration, ContentKind, KindCounts};
 use super::counter::TokenCounter;
 use super::decision::LaneRules;
 use super::error::ClassifyError;
@@ -18,8 +19,10 @@ use crate::lane::Lane;
 pub struct Classification {
     /// The lane the request waits in.
     pub lane: Lane,
-    /// Input tokens, template overhead included: counted when `exact`, otherwise the byte-length
-    /// bound or estimate documented in `bounds.rs`.
+    /// Input tokens, template overhead included: the count corrected by what the engine's
+    /// counts taught (`calibration.rs`) when `counts` is `Some`, otherwise the byte-length
+    /// upper bound documented in `bounds.rs`. Never more than `max_model_len` less the output
+    /// budget: the engine cannot hold more.
     pub input_tokens_estimate: u32,
     /// Output tokens budgeted: the client's max tokens, or `classify.default_output_tokens`
     /// capped to fit `max_model_len`. When the client sent none and the request cannot be
@@ -29,8 +32,16 @@ pub struct Classification {
     /// `input_tokens_estimate + output_budget`: what the lane is chosen by and what admission
     /// reserves from the token budgets.
     pub work: u32,
-    /// True when the input was tokenized; false when byte length alone decided.
-    pub exact: bool,
+    /// What was counted, by kind, before the correction; `None` when byte length alone
+    /// decided (a short question under a tokenizer that has no fast count).
+    pub counts: Option<KindCounts>,
+}
+
+impl Classification {
+    /// True when the input was counted; false when byte length alone decided.
+    pub fn exact(&self) -> bool {
+        self.counts.is_some()
+    }
 }
 
 /// A request's text size and template overhead.
@@ -57,6 +68,8 @@ pub struct Classifier {
     default_output_tokens: u32,
     costs: TemplateCosts,
     max_model_len: u32,
+    /// What the engine's counts taught (shared by clones, kept across reloads).
+    calibration: Arc<Calibration>,
 }
 
 impl Classifier {
@@ -87,6 +100,21 @@ impl Classifier {
                 video_part: c.video_part_tokens,
             },
             max_model_len: config.upstream.max_model_len.get(),
+            calibration: Arc::default(),
+        }
+    }
+
+    /// The correction this classifier applies, which the relay teaches from each response's
+    /// `usage.prompt_tokens`.
+    pub fn calibration(&self) -> &Arc<Calibration> {
+        &self.calibration
+    }
+
+    /// Keeps what `old` learned when it counts the same way (same tokenizer and template
+    /// charges): a reload that only moves thresholds does not start over.
+    pub fn inherit_calibration(&mut self, old: &Classifier, same_counts: bool) {
+        if same_counts {
+            self.calibration.inherit(&old.calibration);
         }
     }
 
@@ -107,50 +135,68 @@ impl Classifier {
         &self.rules
     }
 
-    /// Classifies a request with `max_output_tokens` requested by the client (`None`: not sent).
-    ///
-    /// Decides from byte length when it settles the lane (see `bounds.rs`); otherwise tokenizes
-    /// on a blocking thread, at most one prompt per CPU at a time (the others wait their turn).
-    /// The tokenizer's own thread pool is never used: it only serves batches. Errors with
-    /// [`ClassifyError::ExceedsModelLen`] when the request cannot fit the model.
+    /// Classifies a request with `max_output_tokens` requested by the client (`None`: not sent)
+    /// for no model in particular ([`Classifier::classify_for`]).
     pub async fn classify(
         &self,
         input: Arc<PromptInput>,
         max_output_tokens: Option<u32>,
     ) -> Result<Classification, ClassifyError> {
+        self.classify_for(None, input, max_output_tokens).await
+    }
+
+    /// Classifies a request for `model` with `max_output_tokens` requested by the client
+    /// (`None`: not sent).
+    ///
+    /// Rejects without counting what is over `max_model_len` even at the densest plausible
+    /// text; counts a short prompt on the calling thread when the counter has a fast way;
+    /// decides a short question from byte length when even its upper bound is small; counts
+    /// anything else on a blocking thread, at most one prompt per CPU at a time (the others
+    /// wait their turn). The count is corrected by what `model`'s responses taught
+    /// (`calibration.rs`). Errors with [`ClassifyError::ExceedsModelLen`] when the request
+    /// cannot fit the model.
+    pub async fn classify_for(
+        &self,
+        model: Option<&str>,
+        input: Arc<PromptInput>,
+        max_output_tokens: Option<u32>,
+    ) -> Result<Classification, ClassifyError> {
         let size = self.size_of(&input);
-        if let Some(decided) = self.decide_by_bytes(&input, size, max_output_tokens)? {
-            return Ok(decided);
-        }
-        let overhead = size.overhead;
-        // A short prompt the fast way: here, faster than a hand-off to another thread.
-        if size.bytes <= INLINE_BYTES {
-            if let Some(text_tokens) = self.counter.count_quick(&input) {
-                return self.settle(
-                    text_tokens.saturating_add(overhead),
-                    max_output_tokens,
-                    true,
-                );
+        self.reject_by_bytes(size, max_output_tokens)?;
+        let counts = match self.count_inline(&input, size) {
+            Some(counts) => counts,
+            None => {
+                if let Some(decided) = self.small_by_bytes(&input, size, max_output_tokens)? {
+                    return Ok(decided);
+                }
+                let counter = self.counter.clone();
+                let counted = Arc::clone(&input);
+                // The permit goes with the work: a caller that leaves does not stop a count
+                // under way.
+                let permit = Arc::clone(&self.tokenizing)
+                    .acquire_owned()
+                    .await
+                    .map_err(|e| ClassifyError::Internal(e.to_string()))?;
+                tokio::task::spawn_blocking(move || {
+                    let n = counter.count_kinds(&counted);
+                    drop(permit);
+                    n
+                })
+                .await
+                .map_err(|e| ClassifyError::Internal(e.to_string()))?
             }
+        };
+        let counts = self.with_template(&input, counts);
+        match self.settle_counted(model, counts, max_output_tokens, None) {
+            Err(e) if has_json_blocks(&input) => {
+                let floor = self
+                    .run_blocking(move |counter| compact_saving(counter, &input))
+                    .await?;
+                self.settle_counted(model, counts, max_output_tokens, Some(floor))
+                    .map_err(|_| e)
+            }
+            decided => decided,
         }
-        let counter = self.counter.clone();
-        // The permit goes with the work: a caller that leaves does not stop a count under way.
-        let permit = Arc::clone(&self.tokenizing)
-            .acquire_owned()
-            .await
-            .map_err(|e| ClassifyError::Internal(e.to_string()))?;
-        let text_tokens = tokio::task::spawn_blocking(move || {
-            let n = counter.count_input(&input);
-            drop(permit);
-            n
-        })
-        .await
-        .map_err(|e| ClassifyError::Internal(e.to_string()))?;
-        self.settle(
-            text_tokens.saturating_add(overhead),
-            max_output_tokens,
-            true,
-        )
     }
 
     /// Runs `work` with this classifier's token counter on a blocking thread, under the same
@@ -174,7 +220,7 @@ impl Classifier {
         .map_err(|e| ClassifyError::Internal(e.to_string()))
     }
 
-    /// The same decision without the async runtime: tokenizes on the calling thread when needed.
+    /// The same decision without the async runtime: counts on the calling thread when needed.
     /// For benchmarks and blocking callers.
     pub fn classify_blocking(
         &self,
@@ -182,14 +228,25 @@ impl Classifier {
         max_output_tokens: Option<u32>,
     ) -> Result<Classification, ClassifyError> {
         let size = self.size_of(input);
-        if let Some(decided) = self.decide_by_bytes(input, size, max_output_tokens)? {
-            return Ok(decided);
+        self.reject_by_bytes(size, max_output_tokens)?;
+        let counts = match self.count_inline(input, size) {
+            Some(counts) => counts,
+            None => {
+                if let Some(decided) = self.small_by_bytes(input, size, max_output_tokens)? {
+                    return Ok(decided);
+                }
+                self.counter.count_kinds(input)
+            }
+        };
+        let counts = self.with_template(input, counts);
+        match self.settle_counted(None, counts, max_output_tokens, None) {
+            Err(e) if has_json_blocks(input) => {
+                let floor = compact_saving(&self.counter, input);
+                self.settle_counted(None, counts, max_output_tokens, Some(floor))
+                    .map_err(|_| e)
+            }
+            decided => decided,
         }
-        let tokens = self
-            .counter
-            .count_input(input)
-            .saturating_add(size.overhead);
-        self.settle(tokens, max_output_tokens, true)
     }
 
     /// What classification reads off `input` before counting, measured once per request.
@@ -202,8 +259,33 @@ impl Classifier {
         }
     }
 
-    /// `Some` when byte length alone decides (or rejects) the request; `None` to tokenize.
-    fn decide_by_bytes(
+    /// Text counts of a short prompt when the counter has a fast way (`pieces.rs`, or the
+    /// heuristic): here, faster than a hand-off to another thread.
+    fn count_inline(&self, input: &PromptInput, size: InputSize) -> Option<KindCounts> {
+        (size.bytes <= INLINE_BYTES)
+            .then(|| self.counter.count_quick_kinds(input))
+            .flatten()
+    }
+
+    /// `counts` of the text with the template's own tokens added (`input.rs`).
+    fn with_template(&self, input: &PromptInput, text: KindCounts) -> KindCounts {
+        let mut counts = input.template_costs(self.costs);
+        for kind in ContentKind::ALL {
+            counts.add(kind, text.of(kind));
+        }
+        counts
+    }
+
+    /// Rejects a request that is over `max_model_len` even at the densest plausible text
+    /// (`bounds.rs`): certain without counting.
+    fn reject_by_bytes(&self, size: InputSize, requested: Option<u32>) -> Result<(), ClassifyError> {
+        let bounds = ByteBounds::new(size.bytes, size.pieces, size.overhead);
+        self.settle(bounds.lower, requested, None).map(|_| ())
+    }
+
+    /// `Some` when byte length alone settles the small lane: even the upper bound (one token a
+    /// byte, or the tighter bound this tokenizer's merges give) fits it; `None` to count.
+    fn small_by_bytes(
         &self,
         input: &PromptInput,
         size: InputSize,
@@ -215,7 +297,7 @@ impl Classifier {
         // Small for sure: even one token per byte fits the small lane (and the model).
         let most = bounds.upper.saturating_add(output);
         if self.rules.first(most) == Lane::Small && most <= self.max_model_len {
-            return self.settle(bounds.upper, requested, false).map(Some);
+            return self.settle(bounds.upper, requested, None).map(Some);
         }
         // Small for sure by the tighter bound this tokenizer's merges give (a pass over the
         // bytes, no tokenizing); worth it only when the densest plausible count is small.
@@ -226,22 +308,33 @@ impl Classifier {
                     .saturating_add(overhead);
                 let most = upper.saturating_add(output);
                 if self.rules.first(most) == Lane::Small && most <= self.max_model_len {
-                    return self.settle(upper, requested, false).map(Some);
+                    return self.settle(upper, requested, None).map(Some);
                 }
             }
-        }
-        // Large for sure: even the densest plausible text exceeds the medium lane.
-        if self.rules.first(bounds.lower.saturating_add(output)) == Lane::Large {
-            // Too long even at the lower bound: certain, reject without tokenizing.
-            self.settle(bounds.lower, requested, false)?;
-            if let Ok(c) = self.settle(bounds.estimate, requested, false) {
-                if c.lane == Lane::Large {
-                    return Ok(Some(c));
-                }
-            }
-            // Only the estimate is over max_model_len: an exact count must decide.
         }
         Ok(None)
+    }
+
+    /// Settles a counted request: the estimate is `counts` corrected for `model`
+    /// (`calibration.rs`). With `compact` (the tokens the request's JSON blocks lose when
+    /// rendered compact instead of pretty-printed), the request is refused only when even that
+    /// rendering, uncorrected, cannot fit, and it then reserves at most what the model holds:
+    /// a template that renders tools compactly must not turn a fitting request into a 400.
+    fn settle_counted(
+        &self,
+        model: Option<&str>,
+        counts: KindCounts,
+        requested: Option<u32>,
+        compact: Option<u32>,
+    ) -> Result<Classification, ClassifyError> {
+        let estimate = self.calibration.correct(model, &counts);
+        let Some(saving) = compact else {
+            return self.settle(estimate, requested, Some(counts));
+        };
+        let floor = estimate.min(counts.total().saturating_sub(saving));
+        let fits = self.settle(floor, requested, Some(counts))?;
+        let room = self.max_model_len.saturating_sub(fits.output_budget);
+        self.settle(estimate.min(room), requested, Some(counts))
     }
 
     /// Applies the output budget and the model-length rule to `input_tokens`, picks the lane.
@@ -249,7 +342,7 @@ impl Classifier {
         &self,
         input_tokens: u32,
         requested: Option<u32>,
-        exact: bool,
+        counts: Option<KindCounts>,
     ) -> Result<Classification, ClassifyError> {
         let room = self.max_model_len.saturating_sub(input_tokens);
         let output_budget = match requested {
@@ -270,7 +363,39 @@ impl Classifier {
             input_tokens_estimate: input_tokens,
             output_budget,
             work,
-            exact,
+            counts,
         })
     }
+}
+
+/// Whether `input` carries JSON blocks (`tools`, `chat_template_kwargs`) the gateway counts
+/// pretty-printed, which a template may render more compactly.
+fn has_json_blocks(input: &PromptInput) -> bool {
+    matches!(input, PromptInput::Chat { tools, template_kwargs, .. }
+        if tools.is_some() || template_kwargs.is_some())
+}
+
+/// Tokens the JSON blocks of `input` lose when rendered compact rather than pretty-printed.
+/// Blocking CPU work.
+fn compact_saving(counter: &TokenCounter, input: &PromptInput) -> u32 {
+    let PromptInput::Chat {
+        tools,
+        template_kwargs,
+        ..
+    } = input
+    else {
+        return 0;
+    };
+    let mut saving = 0u32;
+    for block in [tools, template_kwargs].into_iter().flatten() {
+        let compact = serde_json::from_str::<serde_json::Value>(block)
+            .map(|v| v.to_string())
+            .unwrap_or_else(|_| block.clone());
+        saving = saving.saturating_add(
+            counter
+                .count_text(block)
+                .saturating_sub(counter.count_text(&compact)),
+        );
+    }
+    saving
 }

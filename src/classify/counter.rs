@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::calibration::KindCounts;
 use super::error::ClassifyError;
 use super::input::PromptInput;
 use super::pair_bound::PairBound;
@@ -123,19 +124,28 @@ impl TokenCounter {
     /// Tokens in all text pieces of `input` when every piece can be counted the fast way
     /// (`pieces.rs`: tens of microseconds for a short prompt); `None` otherwise.
     pub fn count_quick(&self, input: &PromptInput) -> Option<u32> {
-        let TokenCounter::HuggingFace {
-            fast: Some(fast), ..
-        } = self
-        else {
-            return None;
+        self.count_quick_kinds(input).map(|c| c.total())
+    }
+
+    /// [`TokenCounter::count_kinds`] when every piece can be counted the fast way: the
+    /// hand-written pre-tokenizer of `pieces.rs`, or the heuristic (a pass over the bytes);
+    /// `None` otherwise.
+    pub fn count_quick_kinds(&self, input: &PromptInput) -> Option<KindCounts> {
+        let fast = match self {
+            TokenCounter::Heuristic => return Some(self.count_kinds(input)),
+            TokenCounter::HuggingFace {
+                fast: Some(fast), ..
+            } => fast,
+            TokenCounter::HuggingFace { .. } => return None,
         };
-        let mut total = Some(0u32);
-        input.for_each_text(|t| {
-            total = total
-                .filter(|_| fast.applies(t))
-                .and_then(|sum| Some(sum.saturating_add(u32::try_from(fast.count(t)?).ok()?)));
+        let mut counts = Some(KindCounts::default());
+        input.for_each_kind_text(|kind, t| {
+            counts = counts.take().filter(|_| fast.applies(t)).and_then(|mut c| {
+                c.add(kind, u32::try_from(fast.count(t)?).ok()?);
+                Some(c)
+            });
         });
-        total
+        counts
     }
 
     /// The full `encode` (no special tokens); one token per byte if the tokenizer fails.
@@ -160,8 +170,14 @@ impl TokenCounter {
 
     /// Tokens in all text pieces of `input` (template overhead not included). Blocking CPU work.
     pub fn count_input(&self, input: &PromptInput) -> u32 {
-        let mut total = 0u32;
-        input.for_each_text(|t| total = total.saturating_add(self.count_text(t)));
-        total
+        self.count_kinds(input).total()
+    }
+
+    /// Tokens in the text pieces of `input` by kind (`calibration.rs`; no overhead). Blocking
+    /// CPU work.
+    pub fn count_kinds(&self, input: &PromptInput) -> KindCounts {
+        let mut counts = KindCounts::default();
+        input.for_each_kind_text(|kind, t| counts.add(kind, self.count_text(t)));
+        counts
     }
 }

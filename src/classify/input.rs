@@ -8,6 +8,7 @@
 //! template's markers (`classify.per_message_overhead`); per media part its kind's charge.
 
 use serde_json::Value;
+use super::calibration::{ContentKind, KindCounts};
 pub use tutor_wire::chat::{ChatMessage, ContentPart, MediaKind, MessageContent, PieceKind};
 
 /// Tokens counted for the tools block beyond the tools' JSON: the preamble templates put around
@@ -111,6 +112,35 @@ impl PromptInput {
         }
     }
 
+    /// Calls `f` on every text piece that will be tokenized, with the kind it is corrected as
+    /// (`calibration.rs`): `tools` and `chat_template_kwargs` and tool calls are tools, media
+    /// parts media, roles prose, other text code or prose by [`ContentKind::of_text`].
+    pub fn for_each_kind_text(&self, mut f: impl FnMut(ContentKind, &str)) {
+        match self {
+            PromptInput::Prompt(text) => f(ContentKind::of_text(text), text),
+            PromptInput::Chat {
+                messages,
+                tools,
+                template_kwargs,
+            } => {
+                for block in [tools, template_kwargs].into_iter().flatten() {
+                    f(ContentKind::Tools, block);
+                }
+                for message in messages {
+                    message.for_each_piece(|kind, piece| {
+                        let kind = match kind {
+                            PieceKind::Role => ContentKind::Prose,
+                            PieceKind::Media(_) => ContentKind::Media,
+                            PieceKind::ToolCalls => ContentKind::Tools,
+                            PieceKind::Text => ContentKind::of_text(piece),
+                        };
+                        f(kind, piece)
+                    });
+                }
+            }
+        }
+    }
+
     /// Total UTF-8 bytes of the text pieces, and how many pieces there are.
     pub fn text_bytes_and_pieces(&self) -> (u64, u32) {
         let (mut bytes, mut pieces) = (0u64, 0u32);
@@ -126,34 +156,46 @@ impl PromptInput {
     /// between two pieces of one message after its role, [`TOOLS_OVERHEAD`] with tools, and
     /// each media part's charge by kind.
     pub fn template_overhead(&self, costs: TemplateCosts) -> u32 {
+        self.template_costs(costs).total()
+    }
+
+    /// [`PromptInput::template_overhead`] split as the correction takes it: the tools preamble
+    /// counts as tools and the media charges as media (both vary with the model's template);
+    /// the rest is `overhead`.
+    pub fn template_costs(&self, costs: TemplateCosts) -> KindCounts {
+        let mut split = KindCounts::default();
         match self {
-            PromptInput::Prompt(_) => 1,
+            PromptInput::Prompt(_) => split.overhead = 1,
             PromptInput::Chat {
                 messages, tools, ..
             } => {
                 let turns = u32::try_from(messages.len())
                     .unwrap_or(u32::MAX)
                     .saturating_add(1);
-                let mut extra = if tools.is_some() { TOOLS_OVERHEAD } else { 0 };
+                if tools.is_some() {
+                    split.add(ContentKind::Tools, TOOLS_OVERHEAD);
+                }
+                let mut separators = 0u32;
                 for m in messages {
                     let mut pieces = 0u32;
                     m.for_each_piece(|kind, _| match kind {
                         PieceKind::Role => {}
                         PieceKind::Media(media) => {
                             pieces = pieces.saturating_add(1);
-                            extra = extra.saturating_add(costs.media_part(media));
+                            split.add(ContentKind::Media, costs.media_part(media));
                         }
                         PieceKind::Text | PieceKind::ToolCalls => {
                             pieces = pieces.saturating_add(1);
                         }
                     });
-                    extra = extra.saturating_add(pieces.saturating_sub(1));
+                    separators = separators.saturating_add(pieces.saturating_sub(1));
                 }
-                turns
+                split.overhead = turns
                     .saturating_mul(costs.per_message)
                     .saturating_add(1)
-                    .saturating_add(extra)
+                    .saturating_add(separators);
             }
         }
+        split
     }
 }

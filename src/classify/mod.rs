@@ -7,18 +7,21 @@
 //! the mid-stream promotion rules all live in [`decision`].
 //!
 //! Tokens are counted with the `tokenizer.json` vLLM serves with, or the simulator's heuristic
-//! when configured explicitly ([`TokenCounter`]). Counting runs on a blocking thread
-//! (`spawn_blocking`) and is skipped altogether when byte length already settles the lane; the
-//! bounds and the estimate used then are documented in [`bounds`]. A request that cannot fit
+//! when configured explicitly ([`TokenCounter`]), and the count is corrected per kind of
+//! content by what the engine's own counts taught ([`calibration`]). Counting runs on the
+//! calling thread for a short prompt with a fast count, on a blocking thread (`spawn_blocking`)
+//! otherwise, and is skipped when byte length already settles the small lane or rejects the
+//! request; the bounds are documented in [`bounds`]. A request that cannot fit
 //! `upstream.max_model_len` is rejected with [`ClassifyError::ExceedsModelLen`] (HTTP 400).
 //!
 //! Files: `input.rs` (what is counted), `counter.rs` (tokenizer or heuristic), `bounds.rs`
 //! (byte-length bounds), `pair_bound.rs` (the tighter bound a byte-level BPE's merges give),
 //! `pieces.rs` (exact counts without the pre-tokenizer's regular expression, for ASCII text),
-//! `classifier.rs` (the estimate), `decision.rs` (every lane rule). The
+//! `calibration.rs` (the learned correction), `classifier.rs` (the estimate), `decision.rs` (every lane rule). The
 //! [`Lane`](crate::lane::Lane) enum itself is the leaf module `crate::lane`.
 
 pub mod bounds;
+pub mod calibration;
 mod classifier;
 mod counter;
 pub mod decision;
@@ -32,6 +35,7 @@ mod byte_level_tests;
 #[cfg(test)]
 mod tests;
 
+pub use calibration::{Calibration, ContentKind, KindCounts};
 pub use classifier::{Classification, Classifier};
 pub use counter::TokenCounter;
 pub use decision::LaneRules;

@@ -130,7 +130,7 @@ async fn seed_request_kinds_land_in_their_lanes_with_the_heuristic() {
     let words = |n: usize| " abcd".repeat(n);
     let small = c.classify(prompt(words(300)), Some(120)).await.unwrap();
     assert_eq!(
-        (small.lane, small.input_tokens_estimate, small.exact),
+        (small.lane, small.input_tokens_estimate, small.exact()),
         (Lane::Small, 301, true)
     );
     assert_eq!(small.work, 421);
@@ -154,35 +154,57 @@ async fn exact_counts_are_the_tokenizer_count_plus_template_overhead() {
         .classify(chat("Be brief.", user), Some(100))
         .await
         .unwrap();
-    assert!(got.exact);
+    assert!(got.exact());
     // Two messages + the assistant turn, 5 tokens each, + 1 BOS.
     assert_eq!(got.input_tokens_estimate, content + 3 * 5 + 1);
 }
 
 #[tokio::test]
-async fn short_questions_skip_tokenizing_and_reserve_the_upper_bound() {
-    let c = classifier(real_counter());
+async fn short_questions_with_a_fast_count_are_counted_on_the_spot() {
+    // The heuristic is a pass over the bytes (as the hand-written pre-tokenizer of a real
+    // tokenizer is, for ASCII text: `byte_level_tests.rs`).
+    let counter = TokenCounter::Heuristic;
+    let c = classifier(counter.clone());
     let question = "why does this TypeScript error happen? Type 'string' is not assignable.";
     let got = c
         .classify(chat("You are a tutor.", question.to_owned()), Some(120))
         .await
         .unwrap();
     assert_eq!(got.lane, Lane::Small);
-    assert!(!got.exact, "byte length alone decides a short question");
+    let text = ["system", "You are a tutor.", "user", question]
+        .map(|t| counter.count_text(t))
+        .iter()
+        .sum::<u32>();
+    assert_eq!(got.input_tokens_estimate, text + 3 * 5 + 1, "{got:?}");
+    assert!(got.exact());
+}
+
+#[tokio::test]
+async fn short_questions_without_a_fast_count_skip_tokenizing_and_reserve_the_upper_bound() {
+    let c = classifier(real_counter());
+    // Not ASCII: the hand-written pre-tokenizer does not apply.
+    let question = "why does this TypeScript error happen? Type \u{2018}string\u{2019} is not assignable.";
+    let got = c
+        .classify(chat("You are a tutor.", question.to_owned()), Some(120))
+        .await
+        .unwrap();
+    assert_eq!(got.lane, Lane::Small);
+    assert!(!got.exact(), "byte length alone decides a short question");
     // Four pieces: each role and its text; one token a byte, one more per piece.
     let bytes = ("system".len() + "You are a tutor.".len() + "user".len() + question.len()) as u32;
     assert_eq!(got.input_tokens_estimate, bytes + 4 + 3 * 5 + 1);
 }
 
 #[tokio::test]
-async fn long_prompts_are_large_from_byte_length_with_the_documented_estimate() {
-    let c = classifier(real_counter());
+async fn long_prompts_are_counted_and_reserve_their_count() {
+    let counter = real_counter();
+    let c = classifier(counter.clone());
     let text = tutoring_text(400); // ~28 KB: even 6 bytes a token is over medium
-    let bytes = text.len() as u64;
+    let count = counter.count_text(&text);
     let got = c.classify(prompt(text), Some(1000)).await.unwrap();
     assert_eq!(got.lane, Lane::Large);
-    assert!(!got.exact);
-    assert_eq!(u64::from(got.input_tokens_estimate), bytes.div_ceil(3) + 1);
+    assert!(got.exact());
+    assert_eq!(got.input_tokens_estimate, count + 1);
 }
 
 #[tokio::test]
@@ -256,7 +278,7 @@ async fn a_guess_over_max_model_len_is_checked_by_counting() {
         .classify(prompt(" abcd".repeat(12_000)), Some(1000))
         .await
         .unwrap();
-    assert!(got.exact);
+    assert!(got.exact());
     assert_eq!((got.lane, got.input_tokens_estimate), (Lane::Large, 12_001));
 }
 
@@ -318,7 +340,7 @@ async fn at_most_one_prompt_per_cpu_is_tokenized_at_once() {
         .collect();
     for call in calls {
         let class = call.await.unwrap();
-        assert!(class.exact, "medium prompts are tokenized: {class:?}");
+        assert!(class.exact(), "medium prompts are tokenized: {class:?}");
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let most = watcher.await.unwrap();

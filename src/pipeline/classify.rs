@@ -10,7 +10,7 @@ use super::ctx::RequestCtx;
 use super::prompt::Prepared;
 use super::tenant::Tenant;
 use crate::admission::session::SessionHold;
-use crate::classify::{Classification, PromptInput};
+use crate::classify::{Classification, KindCounts, PromptInput};
 use crate::error::GatewayError;
 use crate::lane::Lane;
 use crate::prompt::fingerprint_of_chat;
@@ -40,6 +40,11 @@ pub struct Ready {
 }
 
 impl Ready {
+    /// The model the body names (`None`: the engine's default).
+    pub fn model(&self) -> Option<&str> {
+        self.body.get("model").and_then(Value::as_str)
+    }
+
     /// Whose request it is.
     pub fn tenant(&self) -> Option<&Tenant> {
         self.tenant.as_ref()
@@ -58,7 +63,11 @@ impl Ready {
             "input_tokens_estimate": c.input_tokens_estimate,
             "output_budget": c.output_budget,
             "work": c.work,
-            "exact": c.exact,
+            "exact": c.exact(),
+            "counts": c.counts.map(|k| {
+                let [code, prose, tools, media] = k.tokens;
+                [code, prose, tools, media, k.overhead]
+            }),
             "prefill": self.prefill,
             "size": self.size,
             "tenant": self.tenant.as_ref().map(|t| &t.0),
@@ -83,7 +92,7 @@ impl Ready {
                 input_tokens_estimate: n("input_tokens_estimate")?,
                 output_budget: n("output_budget")?,
                 work: n("work")?,
-                exact: v["exact"].as_bool()?,
+                counts: stored_counts(&v["counts"]),
             },
             prefill: n("prefill")?,
             size: v["size"].as_u64()? as usize,
@@ -93,6 +102,22 @@ impl Ready {
             focus: None,
         })
     }
+}
+
+/// The `counts` of [`Ready::stored`]; `None` for a job stored without them.
+fn stored_counts(v: &Value) -> Option<KindCounts> {
+    let n: Vec<u32> = v
+        .as_array()?
+        .iter()
+        .map(|n| n.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect::<Option<_>>()?;
+    let [code, prose, tools, media, overhead] = n[..] else {
+        return None;
+    };
+    Some(KindCounts {
+        tokens: [code, prose, tools, media],
+        overhead,
+    })
 }
 
 /// Classifies `prepared` under the request's `ctx` (estimated work, then the continuation
@@ -149,9 +174,9 @@ pub async fn classify(
         record.fingerprint(fp.clone());
     }
     // Classify: the first lane by estimated work...
-    let mut class = ctx
-        .classifier()
-        .classify(Arc::new(input), max_tokens)
+    let classifier = ctx.classifier();
+    let mut class = classifier
+        .classify_for(Some(&model), Arc::new(input), max_tokens)
         .await?;
     // ...then the continuation choice: a "continue" chain is one piece of work. The declared
     // output counts toward the session from now on (parallel continues see it).
@@ -170,6 +195,7 @@ pub async fn classify(
         class.lane = Lane::Large;
     }
     record.classified(class);
+    record.calibrates(Arc::clone(classifier.calibration()), &model);
     record.mark(Mark::Classified);
     let output_cap = match max_tokens {
         Some(_) => None,

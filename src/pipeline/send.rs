@@ -48,7 +48,7 @@ pub async fn send(
         Err(e) => return Err(refused(record, e.into())),
     };
     record.mark(Mark::Sent);
-    tracing::debug!(request_id = %record.request_id(), lane = %class.lane, work = class.work, exact = class.exact, "admitted");
+    tracing::debug!(request_id = %record.request_id(), lane = %class.lane, work = class.work, exact = class.exact(), "admitted");
     let relay = RelayContext {
         rules: ctx.rules(),
         metrics: ctx.metrics().clone(),

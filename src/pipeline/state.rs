@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::admission::{Admission, LimitsChange, SessionLedger};
-use crate::classify::Classifier;
+use crate::classify::{Calibration, Classifier};
 use crate::config::Config;
 use crate::error::GatewayError;
 use crate::prompt::Course;
@@ -235,12 +235,19 @@ impl AppState {
         )
     }
 
+    /// What the engine's counts taught the estimate (`classify::calibration`): for a job run
+    /// whose classification was stored.
+    pub fn calibration(&self) -> Arc<Calibration> {
+        Arc::clone(self.live().classifier.calibration())
+    }
+
     /// The validated configuration in force (a reload replaces it; hold the `Arc` for one
     /// consistent view). For what is not a request (start-up, reloads, operators' routes, the
     /// job service's bounds): a request reads the snapshot its entry took.
     pub fn config(&self) -> Arc<Config> {
         self.live().config.clone()
     }
+
     /// Admission (lanes or FIFO).
     pub fn admission(&self) -> &Admission {
         &self.0.admission

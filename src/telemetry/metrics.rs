@@ -22,6 +22,7 @@ use prometheus::{
     TextEncoder,
 };
 
+use super::estimate_metrics::EstimateMetrics;
 use super::focus_metrics::FocusMetrics;
 use super::job_metrics::JobMetrics;
 use super::registered::{counter_vec, gauge_vec, registered};
@@ -176,6 +177,7 @@ pub struct Metrics {
     prefix: PrefixMetrics,
     relay: RelayMetrics,
     focus: FocusMetrics,
+    estimate: EstimateMetrics,
     jobs: JobMetrics,
     config: ConfigMetrics,
     replicas: ReplicaMetrics,
@@ -301,6 +303,7 @@ impl Metrics {
         let promotion = PromotionMetrics::register(&registry);
         let relay = RelayMetrics::register(&registry);
         let focus = FocusMetrics::register(&registry);
+        let estimate = EstimateMetrics::register(&registry);
         let jobs = JobMetrics::register(&registry);
         let prefix = PrefixMetrics::register(&registry);
         let config = ConfigMetrics::register(&registry);
@@ -350,6 +353,7 @@ impl Metrics {
             promotion,
             relay,
             focus,
+            estimate,
             jobs,
             prefix,
             refused,
@@ -391,6 +395,11 @@ impl Metrics {
     /// The promotion families.
     pub fn promotion(&self) -> &PromotionMetrics {
         &self.promotion
+    }
+
+    /// The input estimate against the engine's count (M12).
+    pub fn estimate(&self) -> &EstimateMetrics {
+        &self.estimate
     }
 
     /// The focusing families (M11).

@@ -8,6 +8,7 @@
 //! - [`request_log`]: one JSON line per finished request.
 //! - [`job_metrics`]: background jobs (`tutor_gateway_jobs{status}`, wait, run, webhooks).
 //! - [`prefix_metrics`], [`drift`]: per-fingerprint prefix-cache metrics and drift (M18, M19).
+//! - [`estimate_metrics`]: the input estimate against the engine's count (M12).
 //! - [`focus_metrics`]: focusing course code on its stack trace (M11).
 //! - [`replica_metrics`]: each vLLM replica's traffic, health and prefix hits.
 //! - [`otel`]: logging and OpenTelemetry set-up, W3C trace-context propagation.
@@ -19,6 +20,7 @@
 pub mod cached_prefix;
 pub mod config_metrics;
 pub mod drift;
+pub mod estimate_metrics;
 pub mod focus_metrics;
 pub mod job_metrics;
 pub mod latency;

@@ -4,6 +4,7 @@
 //! It is an RAII value: a record dropped before [`RequestRecord::finish`] is a client that went
 //! away, counted as cancelled at the stage it had reached (queued, prefill or decode).
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
@@ -14,7 +15,7 @@ use super::metrics::{Metrics, Outcome, Route, Stage};
 use super::prefix_metrics::NO_REPLICA;
 use super::request_log::{RequestLog, RequestLogLine};
 use super::span;
-use crate::classify::Classification;
+use crate::classify::{Calibration, Classification};
 
 /// The measurements of one request in progress.
 #[derive(Debug)]
@@ -26,6 +27,8 @@ pub struct RequestRecord {
     route: Route,
     arrival: Instant,
     class: Option<Classification>,
+    /// What the engine's count teaches, and the model it counted for.
+    calibration: Option<(Arc<Calibration>, String)>,
     admitted: Option<(Instant, Duration)>,
     first_token: bool,
     fingerprint: Option<String>,
@@ -67,6 +70,7 @@ impl RequestRecord {
             route,
             arrival,
             class: None,
+            calibration: None,
             admitted: None,
             first_token: false,
             fingerprint: None,
@@ -156,6 +160,12 @@ impl RequestRecord {
         self.class = Some(class);
     }
 
+    /// The response's `usage.prompt_tokens` will teach `calibration` for `model` how far off
+    /// the classification's count was (`classify::calibration`).
+    pub fn calibrates(&mut self, calibration: Arc<Calibration>, model: &str) {
+        self.calibration = Some((calibration, super::text::printable(model, 128)));
+    }
+
     /// Records a mid-stream move to a bigger lane: the request is counted in `to` from now on.
     pub fn promoted(&mut self, from: crate::lane::Lane, to: crate::lane::Lane) {
         if let Some(class) = &mut self.class {
@@ -243,6 +253,7 @@ impl RequestRecord {
             self.metrics.observe(lane, &split, up);
         }
         self.observe_prefix(up);
+        self.observe_estimate(up);
         self.record_span(outcome, error_code, &split, up);
         let usage = up.and_then(|u| u.usage);
         self.log.write(&RequestLogLine {
@@ -256,7 +267,7 @@ impl RequestRecord {
             cancelled_at: stage.map(Stage::as_str),
             error_code,
             input_tokens_estimated: self.class.map(|c| c.input_tokens_estimate),
-            input_tokens_exact: self.class.map(|c| c.exact),
+            input_tokens_exact: self.class.map(|c| c.exact()),
             tokens_reserved: self.class.map(|c| c.work),
             input_tokens: usage.map(|u| u.prompt_tokens),
             output_tokens: up.map(|u| u.output_tokens),
@@ -330,6 +341,22 @@ impl RequestRecord {
                  its replica than its profile there, several requests in a row, with its usual \
                  cached tokens (cached blocks from a slower tier, or a saturated engine?)"
             ),
+        }
+    }
+
+    /// The estimate against the engine's count: the error histogram by kind, and the lesson
+    /// for the correction (a counted request only; the learning rule is `calibration.rs`'s).
+    fn observe_estimate(&self, up: Option<&UpstreamView>) {
+        let (Some(class), Some(usage)) = (self.class, up.and_then(|u| u.usage)) else {
+            return;
+        };
+        let actual = usage.prompt_tokens;
+        let kind = class.counts.map(|c| c.dominant());
+        self.metrics
+            .estimate()
+            .observe(kind, class.input_tokens_estimate, actual);
+        if let (Some(counts), Some((calibration, model))) = (class.counts, &self.calibration) {
+            calibration.observe(model, &counts, actual);
         }
     }
 

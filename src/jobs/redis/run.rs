@@ -150,6 +150,9 @@ impl JobRun for RedisRun {
                 record.tenant(&tenant.0);
             }
             record.classified(ready.class);
+            let state = &self.store.ctx.state;
+            let model = ready.model().unwrap_or(&state.config().upstream.model).to_owned();
+            record.calibrates(state.calibration(), &model);
             Ok((ready, record))
         }
         .boxed()
