@@ -232,6 +232,21 @@ pub fn render_template_kwargs(kwargs: Option<&Value>) -> String {
     format!("<|im_start|>kwargs\n{}<|im_end|>\n", values.join("\n"))
 }
 
+/// The whole prompt the simulator's template renders for a chat request: the tools block, the
+/// template values, then the messages ([`render_chat`]). Generation and `/tokenize` both render
+/// it, so the two count alike (vLLM's `TokenizeChatRequest` takes `tools` and
+/// `chat_template_kwargs` as a chat completion does).
+pub fn render_request(
+    tools: Option<&Value>,
+    kwargs: Option<&Value>,
+    messages: &[ChatMessage],
+) -> String {
+    let mut text = render_tools(tools);
+    text.push_str(&render_template_kwargs(kwargs));
+    text.push_str(&render_chat(messages));
+    text
+}
+
 /// The tools block the simulator's template puts before the messages:
 /// `<|im_start|>tools\n{tools as compact JSON}<|im_end|>\n`; empty without tools.
 pub fn render_tools(tools: Option<&Value>) -> String {

@@ -22,7 +22,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 
-use crate::tokenizer::{render_chat, ChatMessage};
+use crate::tokenizer::{render_request, ChatMessage};
 use error::ApiError;
 use request::{encode, parse_json};
 pub use state::AppState;
@@ -135,6 +135,12 @@ struct TokenizeBody {
     prompt: Option<String>,
     #[serde(default)]
     messages: Option<Vec<ChatMessage>>,
+    /// Rendered before the messages, as for a chat completion.
+    #[serde(default)]
+    tools: Option<serde_json::Value>,
+    /// Rendered before the messages, as for a chat completion.
+    #[serde(default)]
+    chat_template_kwargs: Option<serde_json::Value>,
     #[serde(default = "yes")]
     add_special_tokens: bool,
     #[serde(default)]
@@ -155,7 +161,9 @@ async fn tokenize(State(s): State<AppState>, body: Bytes) -> Response {
         }
         let text = match (b.prompt, b.messages) {
             (Some(p), None) => p,
-            (None, Some(m)) => render_chat(&m),
+            (None, Some(m)) => {
+                render_request(b.tools.as_ref(), b.chat_template_kwargs.as_ref(), &m)
+            }
             _ => {
                 return Err(ApiError::bad_request(
                     "send exactly one of `prompt` or `messages`",

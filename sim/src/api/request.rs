@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::error::ApiError;
 use super::state::AppState;
-use crate::tokenizer::{render_chat, render_template_kwargs, render_tools, ChatMessage};
+use crate::tokenizer::{render_request, ChatMessage};
 
 /// `stream_options`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -182,9 +182,11 @@ impl Generation {
                 Some("messages"),
             ));
         }
-        let mut text = render_tools(body.tools.as_ref());
-        text.push_str(&render_template_kwargs(body.chat_template_kwargs.as_ref()));
-        text.push_str(&render_chat(&body.messages));
+        let text = render_request(
+            body.tools.as_ref(),
+            body.chat_template_kwargs.as_ref(),
+            &body.messages,
+        );
         let prompt = encode(state, text, true).await;
         let max = body.common.max_completion_tokens.or(body.common.max_tokens);
         Self::build(state, headers, Api::Chat, prompt, max, body.common)
