@@ -10,34 +10,38 @@
 //! (its `tools`, `chat_template_kwargs` and tool calls, with the tools preamble) and media
 //! parts (with their configured charge), each counted apart ([`KindCounts`]).
 //!
-//! **Applying it.** The estimate is `overhead + sum over kinds of ceil(ratio(kind) x
-//! count(kind))`, where `overhead` (the beginning-of-sequence token and
-//! `classify.per_message_overhead` per turn) is taken as it is.
+//! **Applying it.** The estimate is `overhead + sum over kinds of ceil(engine(kind, count))`,
+//! where `overhead` (the beginning-of-sequence token and `classify.per_message_overhead` per
+//! turn) is taken as it is and `engine(kind, x)` is the kind's learned line (1 x before it
+//! learned anything).
 //!
 //! **Learning it.** A response teaches the kind that makes up at least half of its counted
-//! tokens (and [`MIN_SAMPLE_TOKENS`] at least): with the other kinds at their current ratios,
-//! the ratio this response shows for it is `(prompt_tokens - overhead - others) / count`,
-//! clamped to [[`MIN_RATIO`], [`MAX_RATIO`]]. The kind's ratio takes the first observation as
-//! it is, then moves toward each new one by [`ALPHA_UP`] when it is higher (an under-count is
-//! corrected within a request or two) and by [`ALPHA_DOWN`] when it is lower (an over-count
-//! decays slowly): an exponentially decaying average that errs high. Ratios are kept per model
-//! (the request's `model`, up to [`MAX_MODELS`] models the engine has answered for) and for all
-//! models together, which serves a model not seen yet. They start at 1 (the count as it is) and
-//! live as long as the process (a reload keeps them while the tokenizer and the part charges
-//! stay the same).
+//! tokens (and [`MIN_SAMPLE_TOKENS`] at least): with the other kinds at their current lines,
+//! the engine counted `prompt_tokens - overhead - others` for this kind's `count`. Each kind
+//! fits a line through its observations by least squares, every observation weighing
+//! [`DECAY`] times less than the next (about the last 20 count): a slope (the tokenizer's
+//! ratio) and a fixed part (such as a model's tools preamble, which the gateway charges at 150
+//! and a template may render in 5 or 300). Until the counts spread by [`SPREAD`] or more, or
+//! before [`MIN_FIT_SAMPLES`] observations, the line goes through zero (a ratio). Whatever
+//! the engine says, a kind's estimate stays within [[`MIN_RATIO`], [`MAX_RATIO`]] times its
+//! count. Lines are kept per model (the request's `model`, up to [`MAX_MODELS`] models the
+//! engine has answered for) and for all models together, which serves a model not seen yet.
+//! They live as long as the process (a reload keeps them while the tokenizer and the part
+//! charges stay the same).
 
 use std::sync::Mutex;
 
-/// The lowest ratio a kind can learn: the gateway's count is never taken as more than twice
-/// the engine's.
-pub const MIN_RATIO: f64 = 0.5;
-/// The highest ratio a kind can learn: the gateway's count is never taken as less than half
-/// the engine's (a larger gap means a wrong tokenizer, which the metric shows).
-pub const MAX_RATIO: f64 = 2.0;
-/// Weight of an observation above the current ratio.
-pub const ALPHA_UP: f64 = 0.5;
-/// Weight of an observation below the current ratio.
-pub const ALPHA_DOWN: f64 = 0.1;
+/// The lowest ratio of the engine's count to the gateway's a kind can take (the heuristic
+/// against real tokenizers: 0.45 to 0.9, `docs/results/heuristic-fit.md`).
+pub const MIN_RATIO: f64 = 0.25;
+/// The highest ratio of the engine's count to the gateway's a kind can take.
+pub const MAX_RATIO: f64 = 4.0;
+/// Weight of each observation relative to the next one.
+pub const DECAY: f64 = 0.95;
+/// Observations a kind needs before a line with a fixed part is fitted.
+pub const MIN_FIT_SAMPLES: u64 = 4;
+/// Spread of a kind's counts (standard deviation over mean) a line with a fixed part needs.
+pub const SPREAD: f64 = 0.1;
 /// Counted tokens of its kind a response needs to teach it (short prompts are mostly template).
 pub const MIN_SAMPLE_TOKENS: u32 = 64;
 /// Models with ratios of their own; responses for others teach only the shared ratios.
@@ -153,63 +157,86 @@ impl KindCounts {
             .unwrap_or(ContentKind::Prose)
     }
 
-    /// `overhead + sum of ceil(ratio x count)` under `ratios`.
-    fn corrected(&self, ratios: &[f64; 4]) -> u32 {
+    /// `overhead + sum of ceil(engine(kind, count))` under `fits`.
+    fn corrected(&self, fits: &[Fit; 4]) -> u32 {
         let mut total = f64::from(self.overhead);
         for kind in ContentKind::ALL {
-            total += (f64::from(self.of(kind)) * ratios[kind.index()]).ceil();
+            let n = self.of(kind);
+            if n > 0 {
+                total += fits[kind.index()].predict(f64::from(n)).ceil();
+            }
         }
         // A float of at most 2 x u32::MAX, so the cast saturates where it must.
         total.min(f64::from(u32::MAX)) as u32
     }
 }
 
-/// One kind's learned ratio.
-#[derive(Debug, Clone, Copy)]
-struct Ratio {
-    value: f64,
+/// One kind's learned line: what the engine counts for `x` tokens the gateway counted of this
+/// kind, fitted by least squares over the kind's observations, each weighed [`DECAY`] times
+/// less than the one after it.
+#[derive(Debug, Clone, Copy, Default)]
+struct Fit {
+    /// Decayed sums: weight, x, y, x squared, x times y.
+    w: f64,
+    x: f64,
+    y: f64,
+    xx: f64,
+    xy: f64,
     samples: u64,
 }
 
-impl Default for Ratio {
-    fn default() -> Self {
-        Self {
-            value: 1.0,
-            samples: 0,
+impl Fit {
+    fn learn(&mut self, x: f64, y: f64) {
+        for sum in [
+            &mut self.w,
+            &mut self.x,
+            &mut self.y,
+            &mut self.xx,
+            &mut self.xy,
+        ] {
+            *sum *= DECAY;
         }
-    }
-}
-
-impl Ratio {
-    fn learn(&mut self, observed: f64) {
-        let observed = observed.clamp(MIN_RATIO, MAX_RATIO);
-        self.value = if self.samples == 0 {
-            observed
-        } else {
-            let alpha = if observed > self.value {
-                ALPHA_UP
-            } else {
-                ALPHA_DOWN
-            };
-            self.value + alpha * (observed - self.value)
-        };
+        self.w += 1.0;
+        self.x += x;
+        self.y += y;
+        self.xx += x * x;
+        self.xy += x * y;
         self.samples = self.samples.saturating_add(1);
+    }
+
+    /// What the engine counts for `x` gateway tokens: the fitted line where the observations
+    /// spread enough to fit one (a fixed part, such as a template's tools preamble, and a
+    /// ratio), else the ratio through zero; `x` itself before any observation. Always within
+    /// [[`MIN_RATIO`], [`MAX_RATIO`]] times `x`.
+    fn predict(&self, x: f64) -> f64 {
+        if self.samples == 0 || self.xx <= 0.0 {
+            return x;
+        }
+        let (mx, my) = (self.x / self.w, self.y / self.w);
+        let var = self.xx / self.w - mx * mx;
+        let line = if self.samples >= MIN_FIT_SAMPLES && var > (SPREAD * mx).powi(2) {
+            let slope = ((self.xy / self.w - mx * my) / var).clamp(MIN_RATIO, MAX_RATIO);
+            slope * x + (my - slope * mx)
+        } else {
+            self.xy / self.xx * x
+        };
+        line.clamp(MIN_RATIO * x, MAX_RATIO * x)
     }
 }
 
 #[derive(Debug, Default)]
 struct Table {
-    all: [Ratio; 4],
-    models: Vec<(String, [Ratio; 4])>,
+    all: [Fit; 4],
+    models: Vec<(String, [Fit; 4])>,
 }
 
 impl Table {
-    /// The ratios for `model`: its own where it has taught a kind, else the shared ones.
-    fn ratios(&self, model: Option<&str>) -> [f64; 4] {
+    /// The fits for `model`: its own where it has taught a kind, else the shared ones.
+    fn fits(&self, model: Option<&str>) -> [Fit; 4] {
         let own = model.and_then(|m| self.models.iter().find(|(name, _)| name == m));
         std::array::from_fn(|i| match own {
-            Some((_, r)) if r[i].samples > 0 => r[i].value,
-            _ => self.all[i].value,
+            Some((_, f)) if f[i].samples > 0 => f[i],
+            _ => self.all[i],
         })
     }
 }
@@ -219,11 +246,11 @@ impl Table {
 pub struct Lesson {
     /// The kind that learned.
     pub kind: ContentKind,
-    /// The ratio that response showed (clamped).
-    pub observed: f64,
+    /// What the engine counted for it (net of the other kinds and the overhead).
+    pub engine: f64,
 }
 
-/// The learned ratios, shared by every request (and kept across reloads).
+/// The learned lines, shared by every request (and kept across reloads).
 #[derive(Debug, Default)]
 pub struct Calibration {
     table: Mutex<Table>,
@@ -232,12 +259,13 @@ pub struct Calibration {
 impl Calibration {
     /// `counts` corrected by what `model` (or, before it taught a kind, every model) taught.
     pub fn correct(&self, model: Option<&str>, counts: &KindCounts) -> u32 {
-        counts.corrected(&self.table().ratios(model))
+        counts.corrected(&self.table().fits(model))
     }
 
-    /// The ratio in force for `kind` of `model` (1 until taught).
-    pub fn ratio(&self, model: Option<&str>, kind: ContentKind) -> f64 {
-        self.table().ratios(model)[kind.index()]
+    /// What the engine is expected to count for `tokens` gateway tokens of `kind` of `model`
+    /// (`tokens` until taught).
+    pub fn expect(&self, model: Option<&str>, kind: ContentKind, tokens: u32) -> f64 {
+        self.table().fits(model)[kind.index()].predict(f64::from(tokens))
     }
 
     /// Learns from the engine's count `prompt_tokens` of a request counted as `counts`, sent for
@@ -251,25 +279,25 @@ impl Calibration {
             return None;
         }
         let mut table = self.table();
-        let ratios = table.ratios(Some(model));
-        let others = counts.clone_without(kind).corrected(&ratios);
-        let observed = ((f64::from(prompt_tokens) - f64::from(others)) / f64::from(own))
-            .clamp(MIN_RATIO, MAX_RATIO);
-        table.all[kind.index()].learn(observed);
+        let others = counts
+            .clone_without(kind)
+            .corrected(&table.fits(Some(model)));
+        let x = f64::from(own);
+        let engine =
+            (f64::from(prompt_tokens) - f64::from(others)).clamp(MIN_RATIO * x, MAX_RATIO * x);
+        table.all[kind.index()].learn(x, engine);
         let slot = match table.models.iter().position(|(name, _)| name == model) {
             Some(i) => Some(i),
             None if table.models.len() < MAX_MODELS => {
-                table
-                    .models
-                    .push((model.to_owned(), [Ratio::default(); 4]));
+                table.models.push((model.to_owned(), [Fit::default(); 4]));
                 Some(table.models.len() - 1)
             }
             None => None,
         };
         if let Some(i) = slot {
-            table.models[i].1[kind.index()].learn(observed);
+            table.models[i].1[kind.index()].learn(x, engine);
         }
-        Some(Lesson { kind, observed })
+        Some(Lesson { kind, engine })
     }
 
     /// Takes over what `other` learned (a reload with the same tokenizer and part charges).
@@ -321,40 +349,64 @@ mod tests {
         assert_eq!(ContentKind::of_text(""), ContentKind::Prose);
     }
 
+    /// What the engine is expected to count for `x` code tokens of model `m`.
+    fn code(cal: &Calibration, x: u32) -> f64 {
+        cal.expect(Some("m"), ContentKind::Code, x)
+    }
+
     #[test]
-    fn an_under_count_is_learned_at_once_and_an_over_count_slowly() {
+    fn a_ratio_is_learned_from_one_response() {
         let cal = Calibration::default();
         let c = counts(1000, 100, 0, 10);
         assert_eq!(cal.correct(Some("m"), &c), 1110, "nothing learned: the count as it is");
         // The engine counted 1360: with prose and overhead as counted (110), code is 1.25x.
         let lesson = cal.observe("m", &c, 1360).unwrap();
         assert_eq!(lesson.kind, ContentKind::Code);
-        assert!((cal.ratio(Some("m"), ContentKind::Code) - 1.25).abs() < 1e-9);
+        assert!((code(&cal, 2000) - 2500.0).abs() < 1e-6);
         assert_eq!(cal.correct(Some("m"), &c), 1360);
-        // A lower observation (prose taken as counted: (1150 - 110) / 1000) moves it a tenth
-        // of the way.
-        let low = cal.observe("m", &c, 1150).unwrap().observed;
-        assert!((low - 1.04).abs() < 1e-9, "{low}");
-        let r = cal.ratio(Some("m"), ContentKind::Code);
-        assert!((r - (1.25 + ALPHA_DOWN * (1.04 - 1.25))).abs() < 1e-9, "{r}");
-        // A higher one half of the way.
-        cal.observe("m", &c, 1650).unwrap();
-        let after = cal.ratio(Some("m"), ContentKind::Code);
-        assert!((after - (r + ALPHA_UP * (1.54 - r))).abs() < 1e-9, "{after}");
-        // Prose and tools were not taught.
-        assert_eq!(cal.ratio(Some("m"), ContentKind::Prose), 1.0);
+        // Prose was not taught.
+        assert_eq!(cal.expect(Some("m"), ContentKind::Prose, 100), 100.0);
     }
 
     #[test]
-    fn ratios_stay_within_their_bounds_whatever_the_engine_says() {
+    fn a_fixed_part_and_a_ratio_are_learned_from_counts_that_spread() {
+        let cal = Calibration::default();
+        // A template that renders tools at 0.7 of the gateway's count plus 5 tokens, where the
+        // gateway charges 150 for the preamble: small tool lists are far more off than large.
+        for x in [300u32, 2000, 700, 5000, 1200, 400, 3000, 900] {
+            let engine = (0.7 * f64::from(x - 150)).round() as u32 + 5;
+            cal.observe("m", &counts(0, 0, x, 0), engine).unwrap();
+        }
+        for x in [350u32, 4000] {
+            let want = 0.7 * f64::from(x - 150) + 5.0;
+            let got = cal.expect(Some("m"), ContentKind::Tools, x);
+            assert!((got - want).abs() <= 0.02 * want, "{x}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn the_latest_responses_weigh_most() {
+        let cal = Calibration::default();
+        for _ in 0..20 {
+            cal.observe("m", &counts(1000, 0, 0, 0), 1000).unwrap();
+        }
+        // The engine changed (a new tokenizer): it now counts 1.3x.
+        for _ in 0..60 {
+            cal.observe("m", &counts(1000, 0, 0, 0), 1300).unwrap();
+        }
+        assert!((code(&cal, 1000) - 1300.0).abs() < 15.0, "{}", code(&cal, 1000));
+    }
+
+    #[test]
+    fn the_correction_stays_within_its_bounds_whatever_the_engine_says() {
         let cal = Calibration::default();
         let c = counts(0, 500, 0, 5);
         cal.observe("m", &c, 0).unwrap();
-        assert_eq!(cal.ratio(Some("m"), ContentKind::Prose), MIN_RATIO);
+        assert_eq!(cal.expect(Some("m"), ContentKind::Prose, 500), MIN_RATIO * 500.0);
         for _ in 0..50 {
             cal.observe("m", &c, u32::MAX).unwrap();
         }
-        assert!(cal.ratio(Some("m"), ContentKind::Prose) <= MAX_RATIO);
+        assert!(cal.expect(Some("m"), ContentKind::Prose, 500) <= MAX_RATIO * 500.0);
         // A huge count times the largest ratio saturates instead of wrapping.
         let huge = counts(u32::MAX, u32::MAX, u32::MAX, u32::MAX);
         assert_eq!(cal.correct(Some("m"), &huge), u32::MAX);
@@ -369,7 +421,7 @@ mod tests {
             None,
             "no kind with half"
         );
-        assert_eq!(cal.ratio(None, ContentKind::Code), 1.0);
+        assert_eq!(cal.expect(None, ContentKind::Code, 100), 100.0);
     }
 
     #[test]
@@ -381,7 +433,7 @@ mod tests {
         // rest is the tools' share.
         let lesson = cal.observe("m", &counts(200, 0, 1000, 10), 10 + 240 + 700);
         assert_eq!(lesson.unwrap().kind, ContentKind::Tools);
-        assert!((cal.ratio(Some("m"), ContentKind::Tools) - 0.7).abs() < 1e-9);
+        assert!((cal.expect(Some("m"), ContentKind::Tools, 1000) - 700.0).abs() < 1e-6);
     }
 
     #[test]
@@ -390,11 +442,11 @@ mod tests {
         let c = counts(1000, 0, 0, 0);
         cal.observe("a", &c, 1300).unwrap();
         cal.observe("b", &c, 900).unwrap();
-        assert!((cal.ratio(Some("a"), ContentKind::Code) - 1.3).abs() < 1e-9);
-        assert!((cal.ratio(Some("b"), ContentKind::Code) - 0.9).abs() < 1e-9);
-        let shared = cal.ratio(Some("never-seen"), ContentKind::Code);
-        assert!((shared - (1.3 + 0.1 * (0.9 - 1.3))).abs() < 1e-9, "{shared}");
-        // Past MAX_MODELS, new names teach only the shared ratios.
+        assert!((cal.expect(Some("a"), ContentKind::Code, 1000) - 1300.0).abs() < 1e-6);
+        assert!((cal.expect(Some("b"), ContentKind::Code, 1000) - 900.0).abs() < 1e-6);
+        let shared = cal.expect(Some("never-seen"), ContentKind::Code, 1000);
+        assert!(shared > 900.0 && shared < 1300.0, "{shared}");
+        // Past MAX_MODELS, new names teach only the shared lines.
         for i in 0..MAX_MODELS + 4 {
             cal.observe(&format!("m{i}"), &c, 1000).unwrap();
         }
@@ -407,6 +459,6 @@ mod tests {
         old.observe("m", &counts(1000, 0, 0, 0), 1250).unwrap();
         let new = Calibration::default();
         new.inherit(&old);
-        assert!((new.ratio(Some("m"), ContentKind::Code) - 1.25).abs() < 1e-9);
+        assert!((code(&new, 1000) - 1250.0).abs() < 1e-6);
     }
 }

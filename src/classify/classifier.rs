@@ -11,7 +11,9 @@ use super::decision::LaneRules;
 use super::error::ClassifyError;
 use super::input::{PromptInput, TemplateCosts};
 use super::pieces::INLINE_BYTES;
-use crate::config::Config;
+use futures::future::BoxFuture;
+
+use crate::config::{Config, ExactCount};
 use crate::lane::Lane;
 
 /// The outcome of classifying one request.
@@ -70,7 +72,13 @@ pub struct Classifier {
     max_model_len: u32,
     /// What the engine's counts taught (shared by clones, kept across reloads).
     calibration: Arc<Calibration>,
+    /// `classify.exact_count_margin_percent` with `exact_count = "near_limits"`; `None`: off.
+    exact_margin: Option<u32>,
 }
+
+/// Asks the engine for the request's exact prompt count (vLLM's `/tokenize`); `None` when it
+/// could not say (an error, a timeout): the estimate then stands.
+pub type EngineCount<'a> = &'a (dyn Fn() -> BoxFuture<'static, Option<u32>> + Send + Sync);
 
 impl Classifier {
     /// Builds the classifier from config, loading `classify.tokenizer` (blocking file I/O: call
@@ -101,6 +109,8 @@ impl Classifier {
             },
             max_model_len: config.upstream.max_model_len.get(),
             calibration: Arc::default(),
+            exact_margin: (c.exact_count == ExactCount::NearLimits)
+                .then_some(c.exact_count_margin_percent),
         }
     }
 
@@ -142,7 +152,8 @@ impl Classifier {
         input: Arc<PromptInput>,
         max_output_tokens: Option<u32>,
     ) -> Result<Classification, ClassifyError> {
-        self.classify_for(None, input, max_output_tokens).await
+        self.classify_for(None, input, max_output_tokens, None)
+            .await
     }
 
     /// Classifies a request for `model` with `max_output_tokens` requested by the client
@@ -153,13 +164,17 @@ impl Classifier {
     /// decides a short question from byte length when even its upper bound is small; counts
     /// anything else on a blocking thread, at most one prompt per CPU at a time (the others
     /// wait their turn). The count is corrected by what `model`'s responses taught
-    /// (`calibration.rs`). Errors with [`ClassifyError::ExceedsModelLen`] when the request
-    /// cannot fit the model.
+    /// (`calibration.rs`). With `classify.exact_count = "near_limits"` and an `engine` to ask,
+    /// a counted request whose work comes within the margin of a lane boundary or of
+    /// `max_model_len` (or is refused for length within it) takes the engine's count instead,
+    /// which also teaches the correction. Errors with [`ClassifyError::ExceedsModelLen`] when the
+    /// request cannot fit the model.
     pub async fn classify_for(
         &self,
         model: Option<&str>,
         input: Arc<PromptInput>,
         max_output_tokens: Option<u32>,
+        engine: Option<EngineCount<'_>>,
     ) -> Result<Classification, ClassifyError> {
         let size = self.size_of(&input);
         self.reject_by_bytes(size, max_output_tokens)?;
@@ -187,7 +202,7 @@ impl Classifier {
             }
         };
         let counts = self.with_template(&input, counts);
-        match self.settle_counted(model, counts, max_output_tokens, None) {
+        let settled = match self.settle_counted(model, counts, max_output_tokens, None) {
             Err(e) if has_json_blocks(&input) => {
                 let floor = self
                     .run_blocking(move |counter| compact_saving(counter, &input))
@@ -196,6 +211,47 @@ impl Classifier {
                     .map_err(|_| e)
             }
             decided => decided,
+        };
+        let Some(engine) = engine.filter(|_| self.near_a_limit(&settled)) else {
+            return settled;
+        };
+        match engine().await {
+            Some(exact) => {
+                self.calibration
+                    .observe(model.unwrap_or_default(), &counts, exact);
+                self.settle(exact, max_output_tokens, Some(counts))
+            }
+            None => settled,
+        }
+    }
+
+    /// Whether `settled` came within `classify.exact_count_margin_percent` of a lane boundary
+    /// or of `max_model_len` (a refusal for length within the margin too); always false with
+    /// `exact_count = "off"`.
+    fn near_a_limit(&self, settled: &Result<Classification, ClassifyError>) -> bool {
+        let Some(percent) = self.exact_margin else {
+            return false;
+        };
+        let margin = |limit: u32| u64::from(limit) * u64::from(percent) / 100;
+        let max_len = u64::from(self.max_model_len);
+        match settled {
+            Ok(c) => {
+                let work = u64::from(c.work);
+                let near = |limit: u32| u64::from(limit).abs_diff(work) <= margin(limit);
+                c.exact()
+                    && (near(self.rules.small_max_work())
+                        || near(self.rules.medium_max_work())
+                        || work + margin(self.max_model_len) >= max_len)
+            }
+            Err(ClassifyError::ExceedsModelLen {
+                input_tokens,
+                output_tokens,
+                ..
+            }) => {
+                u64::from(*input_tokens) + u64::from(*output_tokens)
+                    <= max_len + margin(self.max_model_len)
+            }
+            Err(_) => false,
         }
     }
 
@@ -278,7 +334,11 @@ impl Classifier {
 
     /// Rejects a request that is over `max_model_len` even at the densest plausible text
     /// (`bounds.rs`): certain without counting.
-    fn reject_by_bytes(&self, size: InputSize, requested: Option<u32>) -> Result<(), ClassifyError> {
+    fn reject_by_bytes(
+        &self,
+        size: InputSize,
+        requested: Option<u32>,
+    ) -> Result<(), ClassifyError> {
         let bounds = ByteBounds::new(size.bytes, size.pieces, size.overhead);
         self.settle(bounds.lower, requested, None).map(|_| ())
     }

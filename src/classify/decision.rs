@@ -62,6 +62,16 @@ impl LaneRules {
         }
     }
 
+    /// Largest work that is still small (`classify.small_max_work`).
+    pub fn small_max_work(&self) -> u32 {
+        self.small_max_work
+    }
+
+    /// Largest work that is still medium (`classify.medium_max_work`).
+    pub fn medium_max_work(&self) -> u32 {
+        self.medium_max_work
+    }
+
     /// Output tokens `lane` allows before a request must move on; `None`: no limit.
     pub fn limit(&self, lane: Lane) -> Option<u32> {
         self.limits[lane.index()]

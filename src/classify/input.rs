@@ -7,8 +7,8 @@
 //! `chat_template_kwargs` as pretty-printed JSON; per message and for the assistant turn the
 //! template's markers (`classify.per_message_overhead`); per media part its kind's charge.
 
-use serde_json::Value;
 use super::calibration::{ContentKind, KindCounts};
+use serde_json::Value;
 pub use tutor_wire::chat::{ChatMessage, ContentPart, MediaKind, MessageContent, PieceKind};
 
 /// Tokens counted for the tools block beyond the tools' JSON: the preamble templates put around

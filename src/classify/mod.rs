@@ -36,7 +36,7 @@ mod byte_level_tests;
 mod tests;
 
 pub use calibration::{Calibration, ContentKind, KindCounts};
-pub use classifier::{Classification, Classifier};
+pub use classifier::{Classification, Classifier, EngineCount};
 pub use counter::TokenCounter;
 pub use decision::LaneRules;
 pub use error::ClassifyError;

@@ -183,7 +183,8 @@ async fn short_questions_with_a_fast_count_are_counted_on_the_spot() {
 async fn short_questions_without_a_fast_count_skip_tokenizing_and_reserve_the_upper_bound() {
     let c = classifier(real_counter());
     // Not ASCII: the hand-written pre-tokenizer does not apply.
-    let question = "why does this TypeScript error happen? Type \u{2018}string\u{2019} is not assignable.";
+    let question =
+        "why does this TypeScript error happen? Type \u{2018}string\u{2019} is not assignable.";
     let got = c
         .classify(chat("You are a tutor.", question.to_owned()), Some(120))
         .await

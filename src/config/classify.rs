@@ -6,6 +6,7 @@
 
 use std::num::NonZeroU32;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -25,6 +26,12 @@ const IMAGE_PART_TOKENS: u32 = 1_024;
 const AUDIO_PART_TOKENS: u32 = 1_024;
 /// Default `classify.video_part_tokens`.
 const VIDEO_PART_TOKENS: u32 = 8_192;
+/// Default `classify.exact_count_margin_percent`.
+const EXACT_COUNT_MARGIN_PERCENT: u32 = 10;
+/// Default `classify.exact_count_timeout_ms`.
+const EXACT_COUNT_TIMEOUT_MS: u64 = 1_000;
+/// Largest `classify.exact_count_timeout_ms`.
+const MAX_EXACT_COUNT_TIMEOUT_MS: u64 = 30_000;
 /// Longest role name `classify.extra_roles` may add, bytes.
 const MAX_ROLE_BYTES: usize = 1 << 20;
 
@@ -52,6 +59,12 @@ pub struct RawClassify {
     pub extra_roles: Option<Vec<String>>,
     /// Prompts tokenized at once; 0: one per CPU.
     pub max_concurrent_tokenizations: Option<u32>,
+    /// `"off"` or `"near_limits"`: when vLLM's `/tokenize` counts exactly.
+    pub exact_count: Option<String>,
+    /// How near a limit, in percent of it, an estimate must come to be counted exactly.
+    pub exact_count_margin_percent: Option<u32>,
+    /// Longest wait for `/tokenize` before the estimate stands, milliseconds.
+    pub exact_count_timeout_ms: Option<u64>,
 }
 
 /// `[classify]`: token estimate and lane thresholds (M12).
@@ -80,6 +93,23 @@ pub struct ClassifyConfig {
     pub extra_roles: Vec<String>,
     /// Prompts tokenized at once (the rest wait); 0: one per CPU.
     pub max_concurrent_tokenizations: u32,
+    /// When vLLM's `/tokenize` counts a request exactly.
+    pub exact_count: ExactCount,
+    /// How near a limit (a lane boundary or `max_model_len`), in percent of it, an estimate
+    /// must come to be counted exactly (1 to 100).
+    pub exact_count_margin_percent: u32,
+    /// Longest wait for `/tokenize`; past it the estimate stands.
+    pub exact_count_timeout: Duration,
+}
+
+/// When the gateway asks the engine for a request's exact count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExactCount {
+    /// Never: the corrected estimate decides.
+    Off,
+    /// When the estimate comes within the margin of a lane boundary or of `max_model_len`
+    /// (a refusal for length included).
+    NearLimits,
 }
 
 /// Where token counts come from.
@@ -133,6 +163,41 @@ pub(super) fn validate(c: &mut Checker, raw: RawClassify) -> ClassifyConfig {
         video_part_tokens: raw.video_part_tokens.unwrap_or(VIDEO_PART_TOKENS),
         extra_roles: extra_roles(c, raw.extra_roles.unwrap_or_default()),
         max_concurrent_tokenizations: raw.max_concurrent_tokenizations.unwrap_or(0).min(1024),
+        exact_count: match raw.exact_count.as_deref() {
+            None | Some("off") => ExactCount::Off,
+            Some("near_limits") => ExactCount::NearLimits,
+            Some(_) => {
+                c.fail("classify.exact_count", "must be \"off\" or \"near_limits\"");
+                ExactCount::Off
+            }
+        },
+        exact_count_margin_percent: match raw.exact_count_margin_percent {
+            None => EXACT_COUNT_MARGIN_PERCENT,
+            Some(n @ 1..=100) => n,
+            Some(_) => {
+                c.fail(
+                    "classify.exact_count_margin_percent",
+                    "must be 1 to 100 (percent of the limit)",
+                );
+                EXACT_COUNT_MARGIN_PERCENT
+            }
+        },
+        exact_count_timeout: match raw.exact_count_timeout_ms {
+            Some(ms) if ms > MAX_EXACT_COUNT_TIMEOUT_MS => {
+                c.fail(
+                    "classify.exact_count_timeout_ms",
+                    format!(
+                        "must be at most {MAX_EXACT_COUNT_TIMEOUT_MS} (a request waits for it)"
+                    ),
+                );
+                Duration::from_millis(EXACT_COUNT_TIMEOUT_MS)
+            }
+            ms => c.ms(
+                "classify.exact_count_timeout_ms",
+                ms,
+                EXACT_COUNT_TIMEOUT_MS,
+            ),
+        },
     }
 }
 

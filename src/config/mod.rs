@@ -44,7 +44,7 @@ use std::path::Path;
 
 pub use admission::{AdmissionConfig, FifoConfig, LaneConfig, LanesConfig, Policy, QueueConfig};
 pub use auth::{parse_keys, AuthConfig, KeyEntry, TOKEN_SECRET_ENV};
-pub use classify::{ClassifyConfig, TokenizerSource};
+pub use classify::{ClassifyConfig, ExactCount, TokenizerSource};
 pub use course::{CourseConfig, FocusMode, FocusSettings};
 pub use error::{ConfigError, ConfigIssue};
 pub use fields::FieldsConfig;

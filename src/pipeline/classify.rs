@@ -4,11 +4,13 @@
 
 use std::sync::Arc;
 
+use futures::FutureExt;
 use serde_json::{Map, Value};
 
 use super::ctx::RequestCtx;
 use super::prompt::Prepared;
 use super::tenant::Tenant;
+use super::tokenize::{engine_count, tokenize_body};
 use crate::admission::session::SessionHold;
 use crate::classify::{Classification, KindCounts, PromptInput};
 use crate::error::GatewayError;
@@ -175,8 +177,17 @@ pub async fn classify(
     }
     // Classify: the first lane by estimated work...
     let classifier = ctx.classifier();
+    // The engine's exact count, asked for only when the estimate comes near a limit
+    // (`classify.exact_count`).
+    let engine = || {
+        let upstream = ctx.upstream().clone();
+        let metrics = ctx.metrics().estimate().clone();
+        let timeout = config.classify.exact_count_timeout;
+        let request = tokenize_body(endpoint, &body);
+        async move { engine_count(upstream, request?, timeout, metrics).await }.boxed()
+    };
     let mut class = classifier
-        .classify_for(Some(&model), Arc::new(input), max_tokens)
+        .classify_for(Some(&model), Arc::new(input), max_tokens, Some(&engine))
         .await?;
     // ...then the continuation choice: a "continue" chain is one piece of work. The declared
     // output counts toward the session from now on (parallel continues see it).

@@ -159,8 +159,15 @@ pub fn apply_with(state: &AppState, mut new: Config, force: bool) -> Result<Relo
     let (a, b) = (&old.classify, &new.classify);
     let same_counts = a.tokenizer == b.tokenizer
         && a.per_message_overhead == b.per_message_overhead
-        && (a.image_part_tokens, a.audio_part_tokens, a.video_part_tokens)
-            == (b.image_part_tokens, b.audio_part_tokens, b.video_part_tokens);
+        && (
+            a.image_part_tokens,
+            a.audio_part_tokens,
+            a.video_part_tokens,
+        ) == (
+            b.image_part_tokens,
+            b.audio_part_tokens,
+            b.video_part_tokens,
+        );
     classifier.inherit_calibration(&state.live().classifier, same_counts);
     let upstream = if new.upstream == old.upstream {
         state.upstream()

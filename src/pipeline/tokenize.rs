@@ -9,9 +9,18 @@
 //!    queue timeout and size apply), so tokenizing is inside admission and bounded by the
 //!    small lane's seats;
 //! 3. **send**: the checked body to vLLM's `/tokenize`, the seat held until vLLM answers.
+//!
+//! The gateway asks `/tokenize` itself too ([`engine_count`]): with `classify.exact_count =
+//! "near_limits"`, a request whose estimate comes near a lane boundary or `max_model_len`
+//! takes the engine's exact count (`crate::classify`). That call is part of classifying the
+//! request, made at most once per request, before admission, within
+//! `classify.exact_count_timeout_ms`.
+
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
+use serde_json::{Map, Value};
 
 use super::ctx::RequestCtx;
 use super::parse;
@@ -19,7 +28,8 @@ use super::tenant::Tenant;
 use crate::admission::Ask;
 use crate::error::GatewayError;
 use crate::lane::Lane;
-use crate::upstream::RawResponse;
+use crate::telemetry::estimate_metrics::{EstimateMetrics, ExactOutcome};
+use crate::upstream::{Endpoint, RawResponse, UpstreamClient};
 
 /// Tokens a `/tokenize` call reserves in the small lane: a seat's worth of bookkeeping, since
 /// no tokens are generated.
@@ -51,4 +61,59 @@ pub async fn tokenize(
     let answer = ctx.upstream().tokenize(forwarded.into()).await;
     drop(guard);
     Ok(answer?)
+}
+
+/// The `/tokenize` body for what `body` renders on `endpoint`: the model, and the messages with
+/// what the template renders besides them (`tools`, `chat_template_kwargs`,
+/// `add_generation_prompt`, `continue_final_message`, as vLLM's `TokenizeChatRequest` takes
+/// them), or the prompt; `None` for a prompt that is not text.
+pub fn tokenize_body(endpoint: Endpoint, body: &Map<String, Value>) -> Option<Bytes> {
+    let mut out = Map::new();
+    let keys: &[&str] = match endpoint {
+        Endpoint::ChatCompletions => &[
+            "model",
+            "messages",
+            "tools",
+            "chat_template_kwargs",
+            "add_generation_prompt",
+            "continue_final_message",
+        ],
+        Endpoint::Completions => {
+            body.get("prompt").filter(|p| p.is_string())?;
+            &["model", "prompt"]
+        }
+    };
+    for key in keys {
+        if let Some(v) = body.get(*key).filter(|v| !v.is_null()) {
+            out.insert((*key).to_owned(), v.clone());
+        }
+    }
+    serde_json::to_vec(&out).ok().map(Bytes::from)
+}
+
+/// The engine's prompt count for `body` (a [`tokenize_body`]), within `timeout`; `None` (and
+/// the estimate stands) on an error, a timeout or an answer without `count`. Counted in
+/// `tutor_gateway_exact_counts_total{outcome}`.
+pub async fn engine_count(
+    upstream: UpstreamClient,
+    body: Bytes,
+    timeout: Duration,
+    metrics: EstimateMetrics,
+) -> Option<u32> {
+    let (outcome, count) = match tokio::time::timeout(timeout, upstream.tokenize(body)).await {
+        Err(_) => (ExactOutcome::Timeout, None),
+        Ok(Err(_)) => (ExactOutcome::Failed, None),
+        Ok(Ok(answer)) => {
+            let count = serde_json::from_slice::<Value>(&answer.body)
+                .ok()
+                .and_then(|v| v["count"].as_u64())
+                .and_then(|n| u32::try_from(n).ok());
+            match count {
+                Some(n) => (ExactOutcome::Counted, Some(n)),
+                None => (ExactOutcome::Failed, None),
+            }
+        }
+    };
+    metrics.exact_count(outcome);
+    count
 }

@@ -1,10 +1,12 @@
 //! `tutor_gateway_estimate_error_ratio{kind}`: how far the gateway's input estimate was from
-//! the engine's `usage.prompt_tokens`, per kind of content (`classify::calibration`).
-//! Registered once by [`super::Metrics::new`]; every kind's series exists from start-up.
+//! the engine's `usage.prompt_tokens`, per kind of content (`classify::calibration`), and
+//! `tutor_gateway_exact_counts_total{outcome}`: the engine's exact counts asked for
+//! (`classify.exact_count`). Registered once by [`super::Metrics::new`]; every series exists
+//! from start-up.
 
-use prometheus::{HistogramOpts, HistogramVec, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Registry};
 
-use super::registered::registered;
+use super::registered::{counter_vec, registered};
 use crate::classify::ContentKind;
 
 /// The `kind` of a request byte length alone decided (its estimate is an upper bound).
@@ -15,10 +17,40 @@ const BUCKETS: [f64; 14] = [
     -0.5, -0.2, -0.1, -0.05, -0.02, -0.01, 0.0, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
 ];
 
-/// The estimate's error.
+/// What asking the engine for an exact count gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExactOutcome {
+    /// The engine's count, used.
+    Counted,
+    /// An error or an answer without a count: the estimate stood.
+    Failed,
+    /// No answer within `classify.exact_count_timeout_ms`: the estimate stood.
+    Timeout,
+}
+
+impl ExactOutcome {
+    /// Every outcome.
+    pub const ALL: [ExactOutcome; 3] = [
+        ExactOutcome::Counted,
+        ExactOutcome::Failed,
+        ExactOutcome::Timeout,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExactOutcome::Counted => "counted",
+            ExactOutcome::Failed => "failed",
+            ExactOutcome::Timeout => "timeout",
+        }
+    }
+}
+
+/// The estimate's error, and the exact counts asked for.
 #[derive(Debug, Clone)]
 pub struct EstimateMetrics {
     error: HistogramVec,
+    exact: IntCounterVec,
 }
 
 impl EstimateMetrics {
@@ -38,10 +70,30 @@ impl EstimateMetrics {
                 &["kind"],
             ),
         );
-        for kind in ContentKind::ALL.map(ContentKind::as_str).into_iter().chain([BYTES]) {
+        for kind in ContentKind::ALL
+            .map(ContentKind::as_str)
+            .into_iter()
+            .chain([BYTES])
+        {
             error.with_label_values(&[kind]);
         }
-        Self { error }
+        let exact = counter_vec(
+            registry,
+            "tutor_gateway_exact_counts_total",
+            "Requests whose estimate came near a lane boundary or max_model_len and were \
+             counted by vLLM's /tokenize (classify.exact_count = \"near_limits\"), by outcome: \
+             counted, failed, timeout (the estimate stood).",
+            &["outcome"],
+        );
+        for o in ExactOutcome::ALL {
+            exact.with_label_values(&[o.as_str()]);
+        }
+        Self { error, exact }
+    }
+
+    /// One exact count asked for.
+    pub fn exact_count(&self, outcome: ExactOutcome) {
+        self.exact.with_label_values(&[outcome.as_str()]).inc();
     }
 
     /// One response: `estimate` against the engine's `actual`, for a request mostly of `kind`

@@ -268,6 +268,7 @@ impl RequestRecord {
             error_code,
             input_tokens_estimated: self.class.map(|c| c.input_tokens_estimate),
             input_tokens_exact: self.class.map(|c| c.exact()),
+            input_tokens_counted: self.class.and_then(|c| c.counts).map(|c| c.total()),
             tokens_reserved: self.class.map(|c| c.work),
             input_tokens: usage.map(|u| u.prompt_tokens),
             output_tokens: up.map(|u| u.output_tokens),

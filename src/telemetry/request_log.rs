@@ -38,10 +38,15 @@ pub struct RequestLogLine<'a> {
     pub cancelled_at: Option<&'a str>,
     /// Error code, for failed requests.
     pub error_code: Option<&'a str>,
-    /// Input tokens estimated by classification.
+    /// Input tokens estimated by classification: the count corrected by what the engine's
+    /// counts taught, the engine's own count (`classify.exact_count`), or a byte-length upper
+    /// bound.
     pub input_tokens_estimated: Option<u32>,
-    /// Whether the estimate was an exact tokenizer count.
+    /// Whether the input was counted (false: a byte-length upper bound decided).
     pub input_tokens_exact: Option<bool>,
+    /// The gateway's own count before the correction (template overhead included); absent when
+    /// byte length decided.
+    pub input_tokens_counted: Option<u32>,
     /// Tokens reserved at admission: the input estimate plus the output budget (the
     /// client's limit, or `classify.default_output_tokens`). A later promotion raises the
     /// reservation to the new lane's work bound; this field keeps the first.

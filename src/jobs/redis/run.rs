@@ -151,7 +151,10 @@ impl JobRun for RedisRun {
             }
             record.classified(ready.class);
             let state = &self.store.ctx.state;
-            let model = ready.model().unwrap_or(&state.config().upstream.model).to_owned();
+            let model = ready
+                .model()
+                .unwrap_or(&state.config().upstream.model)
+                .to_owned();
             record.calibrates(state.calibration(), &model);
             Ok((ready, record))
         }
