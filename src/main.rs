@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tutor_gateway::config::{Config, ConfigError};
+use tutor_gateway::config::{Config, ConfigError, TokenizerSource};
 
 /// Where `--config` points when it is not given.
 const DEFAULT_CONFIG: &str = "config/config.toml";
@@ -35,6 +35,10 @@ enum Command {
         /// More `vllm-sim` flags for `--with-sim`, e.g. `--sim-arg=--speed --sim-arg=10`.
         #[arg(long = "sim-arg", allow_hyphen_values = true)]
         sim_args: Vec<String>,
+        /// Count tokens with this `tokenizer.json` (the served model's) instead of the
+        /// configured `classify.tokenizer`; with `--with-sim` the simulator counts with it too.
+        #[arg(long)]
+        tokenizer: Option<PathBuf>,
     },
     /// Validate a config file; prints every problem with its dotted key path.
     CheckConfig {
@@ -77,7 +81,8 @@ fn main() -> ExitCode {
             listen,
             with_sim,
             sim_args,
-        } => serve(&config, listen, with_sim, &sim_args),
+            tokenizer,
+        } => serve(&config, listen, with_sim, &sim_args, tokenizer),
         Command::CheckConfig {
             path,
             probe,
@@ -123,6 +128,7 @@ fn serve(
     listen: Option<SocketAddr>,
     with_sim: bool,
     sim_args: &[String],
+    tokenizer: Option<PathBuf>,
 ) -> ExitCode {
     let mut config = match Config::load(path) {
         Ok(c) => c,
@@ -130,6 +136,20 @@ fn serve(
     };
     if let Some(addr) = listen {
         config.listen = addr;
+    }
+    let mut sim_args = sim_args.to_vec();
+    if let Some(file) = &tokenizer {
+        if !file.is_file() {
+            eprintln!(
+                "tutor-gateway: --tokenizer {}: no such file (the served model's tokenizer.json)",
+                file.display()
+            );
+            return ExitCode::FAILURE;
+        }
+        config.classify.tokenizer = TokenizerSource::File(file.clone());
+        if !sim_args.iter().any(|a| a.starts_with("--tokenizer")) {
+            sim_args.extend(["--tokenizer".to_owned(), file.display().to_string()]);
+        }
     }
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -153,7 +173,7 @@ fn serve(
     };
     let result = rt.block_on(async move {
         let sim = if with_sim {
-            let sim = tutor_gateway::server::start_sim(&mut config, sim_args).await?;
+            let sim = tutor_gateway::server::start_sim(&mut config, &sim_args).await?;
             tracing::info!(upstream = %config.upstream.base_url, "bundled vllm-sim started (llama-3.1-8b-h100 profile unless --sim-arg says otherwise)");
             Some(sim)
         } else {
@@ -170,6 +190,9 @@ fn serve(
             std::sync::Arc::new(move |c: &mut Config| {
                 if let Some(addr) = listen {
                     c.listen = addr;
+                }
+                if let Some(file) = &tokenizer {
+                    c.classify.tokenizer = TokenizerSource::File(file.clone());
                 }
                 if let Some(url) = &sim_url {
                     c.upstream.base_url = url.clone();
