@@ -31,6 +31,8 @@
 //!
 //! - [`jobs`]: background jobs (`/jobs`): a store, a scheduler that starts them out of idle
 //!   large-lane capacity, their event streams and webhooks; it runs the pipeline's steps.
+//! - [`autopilot`]: paces the large lane's seats and the prefill budget to the lanes' TTFT
+//!   objectives (`controller.rs` is the rule, `mod.rs` the loop that reads and applies it).
 //!
 //! Beside the pipeline: [`config`] (one file per section: raw struct, typed struct,
 //! validation), [`capacity`] (the engine's KV cache against the budgets, the `capacity`
@@ -43,6 +45,7 @@
 
 pub mod admission;
 pub mod api;
+pub mod autopilot;
 pub mod capacity;
 pub mod classify;
 pub mod config;

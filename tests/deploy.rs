@@ -123,8 +123,9 @@ fn promtool_test_rules() {
 // ---------------------------------------------------------------------------------------------
 // Metrics that exist
 
-/// The gateway's public contract (issue 4), plus `tutor_gateway_engine_queue_seconds` and the
-/// prefill budget's two series (`src/telemetry/metrics.rs`).
+/// The gateway's public contract (issue 4), plus `tutor_gateway_engine_queue_seconds`, the
+/// prefill budget's two series, the estimate's error and the autopilot's series
+/// (`src/telemetry/`).
 const GATEWAY_HISTOGRAMS: &[&str] = &[
     "tutor_gateway_queue_wait_seconds",
     "tutor_gateway_time_to_first_token_seconds",
@@ -135,6 +136,7 @@ const GATEWAY_HISTOGRAMS: &[&str] = &[
     "tutor_gateway_output_tokens",
     "tutor_gateway_cancelled_after_tokens",
     "tutor_gateway_prefill_wait_seconds",
+    "tutor_gateway_estimate_error_ratio",
 ];
 const GATEWAY_SERIES: &[&str] = &[
     "tutor_gateway_requests_total",
@@ -145,6 +147,10 @@ const GATEWAY_SERIES: &[&str] = &[
     "tutor_gateway_lane_reserved_tokens",
     "tutor_gateway_lane_queue_depth",
     "tutor_gateway_prefill_tokens_in_flight",
+    "tutor_gateway_autopilot_prefill_budget_tokens",
+    "tutor_gateway_autopilot_large_seats",
+    "tutor_gateway_autopilot_objective_ratio",
+    "tutor_gateway_autopilot_adjustments_total",
 ];
 
 /// vLLM's `/metrics` (`docs/vllm-interface.md`, "Prometheus metrics"; V1 engine).

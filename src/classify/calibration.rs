@@ -358,7 +358,11 @@ mod tests {
     fn a_ratio_is_learned_from_one_response() {
         let cal = Calibration::default();
         let c = counts(1000, 100, 0, 10);
-        assert_eq!(cal.correct(Some("m"), &c), 1110, "nothing learned: the count as it is");
+        assert_eq!(
+            cal.correct(Some("m"), &c),
+            1110,
+            "nothing learned: the count as it is"
+        );
         // The engine counted 1360: with prose and overhead as counted (110), code is 1.25x.
         let lesson = cal.observe("m", &c, 1360).unwrap();
         assert_eq!(lesson.kind, ContentKind::Code);
@@ -394,7 +398,11 @@ mod tests {
         for _ in 0..60 {
             cal.observe("m", &counts(1000, 0, 0, 0), 1300).unwrap();
         }
-        assert!((code(&cal, 1000) - 1300.0).abs() < 15.0, "{}", code(&cal, 1000));
+        assert!(
+            (code(&cal, 1000) - 1300.0).abs() < 15.0,
+            "{}",
+            code(&cal, 1000)
+        );
     }
 
     #[test]
@@ -402,7 +410,10 @@ mod tests {
         let cal = Calibration::default();
         let c = counts(0, 500, 0, 5);
         cal.observe("m", &c, 0).unwrap();
-        assert_eq!(cal.expect(Some("m"), ContentKind::Prose, 500), MIN_RATIO * 500.0);
+        assert_eq!(
+            cal.expect(Some("m"), ContentKind::Prose, 500),
+            MIN_RATIO * 500.0
+        );
         for _ in 0..50 {
             cal.observe("m", &c, u32::MAX).unwrap();
         }

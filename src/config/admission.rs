@@ -102,6 +102,10 @@ pub struct RawLane {
     pub queue_timeout_ms: Option<u64>,
     /// Output tokens after which a request moves to the next lane (0: no limit).
     pub mid_stream_limit: Option<u32>,
+    /// The lane's time-to-first-token objective, ms (0: none).
+    pub ttft_slo_ms: Option<u64>,
+    /// The quantile the objective is for (0.5 to 0.999).
+    pub ttft_slo_quantile: Option<f64>,
 }
 
 /// Which admission policy runs.
@@ -200,6 +204,25 @@ pub struct LaneConfig {
     pub max_tokens_in_flight: NonZeroU64,
     /// This lane's wait queue.
     pub queue: QueueConfig,
+    /// The lane's time-to-first-token objective, if any (what the autopilot paces to).
+    pub ttft_slo: Option<TtftObjective>,
+}
+
+/// A time-to-first-token objective: `quantile` of the lane's first tokens (from arrival at the
+/// gateway) within `target`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TtftObjective {
+    /// The time.
+    pub target: Duration,
+    /// The quantile, in thousandths (990: p99).
+    pub quantile_permille: u32,
+}
+
+impl TtftObjective {
+    /// The quantile as a fraction (0.99).
+    pub fn quantile(&self) -> f64 {
+        f64::from(self.quantile_permille) / 1000.0
+    }
 }
 
 /// Per-lane defaults.
@@ -212,7 +235,12 @@ struct LaneDefaults {
     ceiling: u32,
     lend: bool,
     borrow: bool,
+    /// `ttft_slo_ms` (0: none).
+    ttft_slo_ms: u64,
 }
+
+/// Default `lanes.<lane>.ttft_slo_quantile`.
+const TTFT_SLO_QUANTILE: f64 = 0.99;
 
 /// Reserved seats 32/20/10 (the seed's 32/20/4, large raised under the prefill budget, see
 /// `docs/results/fifo-vs-lanes`); token budgets = concurrency x the lane's largest request.
@@ -227,6 +255,7 @@ const fn lane_defaults(lane: Lane) -> LaneDefaults {
             ceiling: 96,
             lend: false,
             borrow: true,
+            ttft_slo_ms: 500,
         },
         Lane::Medium => LaneDefaults {
             max_concurrency: 20,
@@ -237,6 +266,7 @@ const fn lane_defaults(lane: Lane) -> LaneDefaults {
             ceiling: 40,
             lend: true,
             borrow: true,
+            ttft_slo_ms: 2_000,
         },
         Lane::Large => LaneDefaults {
             max_concurrency: 10,
@@ -247,6 +277,7 @@ const fn lane_defaults(lane: Lane) -> LaneDefaults {
             ceiling: 10,
             lend: true,
             borrow: false,
+            ttft_slo_ms: 0,
         },
     }
 }
@@ -337,7 +368,33 @@ fn lane(c: &mut Checker, lane: Lane, raw: RawLane) -> LaneConfig {
             raw.queue_len.unwrap_or(def.queue_len),
             raw.queue_timeout_ms.unwrap_or(def.queue_timeout_ms),
         ),
+        ttft_slo: objective(c, &path, &raw, def.ttft_slo_ms),
     }
+}
+
+/// A lane's TTFT objective: `ttft_slo_ms` (0: none; at most an hour) at `ttft_slo_quantile`
+/// (0.5 to 0.999, in thousandths).
+fn objective(c: &mut Checker, path: &str, raw: &RawLane, default_ms: u64) -> Option<TtftObjective> {
+    let quantile = raw.ttft_slo_quantile.unwrap_or(TTFT_SLO_QUANTILE);
+    if !(0.5..=0.999).contains(&quantile) {
+        c.fail(
+            format!("{path}.ttft_slo_quantile"),
+            "must be from 0.5 to 0.999 (0.99: p99)",
+        );
+        return None;
+    }
+    let ms = raw.ttft_slo_ms.unwrap_or(default_ms);
+    if ms > 3_600_000 {
+        c.fail(
+            format!("{path}.ttft_slo_ms"),
+            "must be at most 3600000 (an hour); 0: none",
+        );
+        return None;
+    }
+    (ms > 0).then(|| TtftObjective {
+        target: Duration::from_millis(ms),
+        quantile_permille: (quantile * 1000.0).round() as u32,
+    })
 }
 
 /// A wait queue at `section`: a queue that may hold waiters needs a timeout.

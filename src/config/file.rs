@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use super::admission::{self, AdmissionConfig, LanesConfig, Policy, RawAdmission, RawLanes};
 use super::auth::{self, AuthConfig, RawAuth};
+use super::autopilot::{self, AutopilotConfig, RawAutopilot};
 use super::check::Checker;
 use super::classify::{self, ClassifyConfig, RawClassify};
 use super::course::CourseConfig;
@@ -74,6 +75,9 @@ pub struct RawConfig {
     /// `[prefix_cache]`: tool canonicalization, per-fingerprint metrics, drift detection.
     #[serde(default)]
     pub prefix_cache: RawPrefixCache,
+    /// `[autopilot]`: pacing long work to the lanes' TTFT objectives.
+    #[serde(default)]
+    pub autopilot: RawAutopilot,
     /// `[courses.<id>]`: course prompts for `/answer`.
     #[serde(default)]
     pub courses: BTreeMap<String, RawCourse>,
@@ -109,6 +113,8 @@ pub struct Config {
     pub auth: AuthConfig,
     /// `[prefix_cache]`.
     pub prefix_cache: PrefixCacheConfig,
+    /// `[autopilot]`.
+    pub autopilot: AutopilotConfig,
     /// `[courses.<id>]`: each course, checked, by id (its prompt: `crate::prompt::Course`).
     pub courses: BTreeMap<String, CourseConfig>,
 }
@@ -140,6 +146,7 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     let jobs = jobs::validate(&mut c, raw.jobs);
     let auth = auth::validate(&mut c, raw.auth);
     let prefix_cache = prefix::prefix_cache(&mut c, raw.prefix_cache);
+    let autopilot = autopilot::validate(&mut c, raw.autopilot);
     let courses = prefix::courses(&mut c, raw.courses);
     let config = Config {
         listen,
@@ -155,6 +162,7 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         jobs,
         auth,
         prefix_cache,
+        autopilot,
         courses,
     };
     cross_checks(&mut c, &config);

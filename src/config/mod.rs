@@ -18,6 +18,7 @@
 
 mod admission;
 mod auth;
+mod autopilot;
 mod check;
 mod classify;
 pub mod course;
@@ -42,8 +43,11 @@ mod tests;
 
 use std::path::Path;
 
-pub use admission::{AdmissionConfig, FifoConfig, LaneConfig, LanesConfig, Policy, QueueConfig};
+pub use admission::{
+    AdmissionConfig, FifoConfig, LaneConfig, LanesConfig, Policy, QueueConfig, TtftObjective,
+};
 pub use auth::{parse_keys, AuthConfig, KeyEntry, TOKEN_SECRET_ENV};
+pub use autopilot::AutopilotConfig;
 pub use classify::{ClassifyConfig, ExactCount, TokenizerSource};
 pub use course::{CourseConfig, FocusMode, FocusSettings};
 pub use error::{ConfigError, ConfigIssue};

@@ -42,12 +42,13 @@ pub(super) fn parse_raw(src: &str) -> Result<Parsed, ConfigError> {
             "prefix_cache" => {
                 raw.prefix_cache = section(&key, value, &mut issues, &mut failed).unwrap_or_default()
             }
+            "autopilot" => raw.autopilot = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
             "courses" => raw.courses = section(&key, value, &mut issues, &mut failed).unwrap_or_default(),
             _ => issues.push(ConfigIssue::new(
                 key,
                 "is not a known key; expected one of `listen`, `upstream`, `classify`, \
                  `admission`, `lanes`, `server`, `fields`, `promotion`, `telemetry`, `quota`, `jobs`, `auth`, \
-                 `prefix_cache`, `courses`",
+                 `prefix_cache`, `autopilot`, `courses`",
             )),
         }
     }

@@ -7,6 +7,7 @@
 
 pub use super::admission::{RawAdmission, RawFifo, RawLane, RawLanes};
 pub use super::auth::{RawAuth, RawKey};
+pub use super::autopilot::RawAutopilot;
 pub use super::classify::RawClassify;
 pub use super::fields::RawFields;
 pub use super::file::RawConfig;

@@ -15,6 +15,7 @@
 //! - `tutor_gateway_prefix_cache_queries_total{lane}`, `tutor_gateway_prefix_cache_hits_total{lane}`:
 //!   prompt tokens, and those vLLM served from its prefix cache (`cached_tokens`), M18.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::{
@@ -22,12 +23,14 @@ use prometheus::{
     TextEncoder,
 };
 
+use super::autopilot_metrics::AutopilotMetrics;
 use super::estimate_metrics::EstimateMetrics;
 use super::focus_metrics::FocusMetrics;
 use super::job_metrics::JobMetrics;
 use super::registered::{counter_vec, gauge_vec, registered};
 use super::relay_metrics::RelayMetrics;
 use super::snapshot::AdmissionSnapshot;
+use super::ttft_window::TtftWindow;
 use crate::lane::Lane;
 use crate::telemetry::config_metrics::ConfigMetrics;
 use crate::telemetry::latency::{LatencySplit, UpstreamView};
@@ -178,6 +181,8 @@ pub struct Metrics {
     relay: RelayMetrics,
     focus: FocusMetrics,
     estimate: EstimateMetrics,
+    ttft_window: Arc<TtftWindow>,
+    autopilot: AutopilotMetrics,
     jobs: JobMetrics,
     config: ConfigMetrics,
     replicas: ReplicaMetrics,
@@ -304,6 +309,7 @@ impl Metrics {
         let relay = RelayMetrics::register(&registry);
         let focus = FocusMetrics::register(&registry);
         let estimate = EstimateMetrics::register(&registry);
+        let autopilot = AutopilotMetrics::register(&registry);
         let jobs = JobMetrics::register(&registry);
         let prefix = PrefixMetrics::register(&registry);
         let config = ConfigMetrics::register(&registry);
@@ -354,6 +360,8 @@ impl Metrics {
             relay,
             focus,
             estimate,
+            ttft_window: Arc::default(),
+            autopilot,
             jobs,
             prefix,
             refused,
@@ -395,6 +403,16 @@ impl Metrics {
     /// The promotion families.
     pub fn promotion(&self) -> &PromotionMetrics {
         &self.promotion
+    }
+
+    /// The autopilot's families.
+    pub fn autopilot(&self) -> &AutopilotMetrics {
+        &self.autopilot
+    }
+
+    /// The lanes' recent times to first token (the autopilot's input).
+    pub fn ttft_window(&self) -> &TtftWindow {
+        &self.ttft_window
     }
 
     /// The input estimate against the engine's count (M12).
@@ -448,6 +466,7 @@ impl Metrics {
             self.time_to_first_token
                 .with_label_values(&l)
                 .observe(secs(v));
+            self.ttft_window.observe(lane, secs(v));
         }
         if let Some(v) = split.prefill_ms {
             self.prefill.with_label_values(&l).observe(secs(v));
@@ -480,6 +499,9 @@ impl Metrics {
 
     /// Counts one finished request.
     pub fn request_done(&self, lane: Option<Lane>, route: Route, outcome: Outcome) {
+        if let (Some(l), Outcome::QueueTimeout | Outcome::QueueFull) = (lane, outcome) {
+            self.ttft_window.missed(l);
+        }
         let lane = lane.map_or("none", Lane::as_str);
         self.requests
             .with_label_values(&[lane, route.as_str(), outcome.as_str()])

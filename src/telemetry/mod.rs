@@ -17,6 +17,7 @@
 //! Telemetry takes plain values ([`UpstreamView`], [`AdmissionSnapshot`]) and imports neither
 //! admission nor upstream (checked by `tests/layering.rs`).
 
+pub mod autopilot_metrics;
 pub mod cached_prefix;
 pub mod config_metrics;
 pub mod drift;
@@ -37,6 +38,7 @@ pub mod request_log;
 mod snapshot;
 pub mod span;
 mod text;
+pub mod ttft_window;
 
 pub use config_metrics::ConfigMetrics;
 pub use job_metrics::JobMetrics;

@@ -1,0 +1,269 @@
+//! The pacing rule, apart from any clock or gateway so each rule has its own test: additive
+//! increase, multiplicative decrease (AIMD) on the two knobs that shape how much long work the
+//! engine takes at once, the prefill budget and the large lane's seats.
+//!
+//! - **Tighten** when any lane with an objective misses it (its measured quantile over the
+//!   window above its target): both knobs are multiplied by `(100 - tighten_percent) / 100`
+//!   (default: halved), never below their floors, then held for `hold` (the window still holds
+//!   the samples that caused it; without the hold it would tighten again on old news).
+//! - **Loosen** when every judged objective holds with headroom (measured below
+//!   `headroom_percent` of the target) and no hold is running: the budget grows by
+//!   `loosen_prefill_tokens`, the seats by `loosen_large_seats`, never above the configured
+//!   values.
+//! - Otherwise (between headroom and the target, or no lane with `min_samples` in the
+//!   window) nothing changes.
+//!
+//! Why it is stable: a decrease is proportional and an increase constant, so from any
+//! start the knobs settle into a sawtooth just below the value where the objective is missed
+//! (the classic AIMD argument: multiplicative decrease converges, additive increase probes);
+//! the hold keeps the loop from reacting twice to one measurement; the headroom band keeps it
+//! from probing while the objective is close. The floors (`min_large_seats` at least 1, a
+//! prefill budget of at least one long prompt) mean reviews always progress.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The two knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    /// The prefill budget, tokens (0: the budget is off and stays off).
+    pub prefill_budget: u64,
+    /// The large lane's seats (its reservation and ceiling).
+    pub large_seats: u32,
+}
+
+/// Where the knobs may go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// The floors.
+    pub min: Pace,
+    /// The configured values: the ceiling.
+    pub max: Pace,
+}
+
+impl Bounds {
+    fn clamp(&self, p: Pace) -> Pace {
+        Pace {
+            prefill_budget: p
+                .prefill_budget
+                .clamp(self.min.prefill_budget, self.max.prefill_budget),
+            large_seats: p
+                .large_seats
+                .clamp(self.min.large_seats, self.max.large_seats),
+        }
+    }
+}
+
+/// The gains.
+#[derive(Debug, Clone, Copy)]
+pub struct Gains {
+    /// Percent taken off on a miss.
+    pub tighten_percent: u32,
+    /// Budget added per look while the objectives hold with headroom.
+    pub loosen_prefill_tokens: u64,
+    /// Seats added per look while the objectives hold with headroom.
+    pub loosen_large_seats: u32,
+    /// Percent of the target under which an objective holds with headroom.
+    pub headroom_percent: u32,
+    /// No change for this long after a tightening.
+    pub hold: Duration,
+}
+
+/// What one look decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// An objective was missed: the knobs went down.
+    Tighten,
+    /// An objective was missed with the knobs already at their floors.
+    AtFloor,
+    /// Every objective held with headroom: the knobs went up.
+    Loosen,
+    /// Nothing changed.
+    Hold,
+}
+
+impl Step {
+    /// The metric label of a step that changed something, or was stopped by a floor.
+    pub fn reason(self) -> Option<&'static str> {
+        match self {
+            Step::Tighten => Some("tighten"),
+            Step::AtFloor => Some("at_floor"),
+            Step::Loosen => Some("loosen"),
+            Step::Hold => None,
+        }
+    }
+}
+
+/// The controller's state: the knobs in force and the hold.
+#[derive(Debug, Clone)]
+pub struct Controller {
+    pace: Pace,
+    held_until: Option<Instant>,
+}
+
+impl Controller {
+    /// Starts at the configured values (`bounds.max`): with objectives met, nothing changes.
+    pub fn new(bounds: Bounds) -> Self {
+        Self {
+            pace: bounds.max,
+            held_until: None,
+        }
+    }
+
+    /// The knobs in force.
+    pub fn pace(&self) -> Pace {
+        self.pace
+    }
+
+    /// One look at `now`: `worst` is the largest measured-quantile-to-target ratio over the
+    /// lanes judged (`None`: no lane had enough samples). `bounds` may have moved (a reload):
+    /// the knobs are brought within them first.
+    pub fn step(&mut self, now: Instant, worst: Option<f64>, bounds: Bounds, gains: Gains) -> Step {
+        self.pace = bounds.clamp(self.pace);
+        let Some(worst) = worst else {
+            return Step::Hold;
+        };
+        let held = self.held_until.is_some_and(|until| now < until);
+        if worst > 1.0 {
+            if held {
+                return Step::Hold;
+            }
+            let keep = |v: u64| v * u64::from(100 - gains.tighten_percent.min(99)) / 100;
+            let next = bounds.clamp(Pace {
+                prefill_budget: keep(self.pace.prefill_budget),
+                large_seats: u32::try_from(keep(u64::from(self.pace.large_seats)))
+                    .unwrap_or(u32::MAX),
+            });
+            self.held_until = Some(now + gains.hold);
+            if next == self.pace {
+                return Step::AtFloor;
+            }
+            self.pace = next;
+            return Step::Tighten;
+        }
+        if held || worst * 100.0 >= f64::from(gains.headroom_percent) {
+            return Step::Hold;
+        }
+        let next = bounds.clamp(Pace {
+            prefill_budget: self
+                .pace
+                .prefill_budget
+                .saturating_add(gains.loosen_prefill_tokens),
+            large_seats: self
+                .pace
+                .large_seats
+                .saturating_add(gains.loosen_large_seats),
+        });
+        if next == self.pace {
+            return Step::Hold;
+        }
+        self.pace = next;
+        Step::Loosen
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BOUNDS: Bounds = Bounds {
+        min: Pace {
+            prefill_budget: 2_048,
+            large_seats: 1,
+        },
+        max: Pace {
+            prefill_budget: 12_288,
+            large_seats: 10,
+        },
+    };
+
+    fn gains() -> Gains {
+        Gains {
+            tighten_percent: 50,
+            loosen_prefill_tokens: 1_024,
+            loosen_large_seats: 1,
+            headroom_percent: 80,
+            hold: Duration::from_secs(5),
+        }
+    }
+
+    #[test]
+    fn a_missed_objective_halves_both_knobs_then_holds() {
+        let now = Instant::now();
+        let mut c = Controller::new(BOUNDS);
+        assert_eq!(c.step(now, Some(1.4), BOUNDS, gains()), Step::Tighten);
+        assert_eq!(
+            c.pace(),
+            Pace {
+                prefill_budget: 6_144,
+                large_seats: 5
+            }
+        );
+        // Still missed a second later: the window still holds the old samples.
+        let later = now + Duration::from_secs(1);
+        assert_eq!(c.step(later, Some(1.4), BOUNDS, gains()), Step::Hold);
+        // After the hold, a miss tightens again.
+        let after = now + Duration::from_secs(6);
+        assert_eq!(c.step(after, Some(1.1), BOUNDS, gains()), Step::Tighten);
+        assert_eq!(c.pace().large_seats, 2);
+    }
+
+    #[test]
+    fn the_knobs_never_go_below_their_floors() {
+        let mut now = Instant::now();
+        let mut c = Controller::new(BOUNDS);
+        let mut steps = Vec::new();
+        for _ in 0..20 {
+            steps.push(c.step(now, Some(10.0), BOUNDS, gains()));
+            now += Duration::from_secs(10);
+            assert!(c.pace().large_seats >= 1 && c.pace().prefill_budget >= 2_048);
+        }
+        assert_eq!(c.pace(), BOUNDS.min);
+        assert_eq!(steps.last(), Some(&Step::AtFloor));
+    }
+
+    #[test]
+    fn objectives_met_with_headroom_loosen_step_by_step_up_to_the_configured_values() {
+        let mut now = Instant::now();
+        let mut c = Controller::new(BOUNDS);
+        c.step(now, Some(2.0), BOUNDS, gains());
+        now += Duration::from_secs(10);
+        let before = c.pace();
+        assert_eq!(c.step(now, Some(0.5), BOUNDS, gains()), Step::Loosen);
+        assert_eq!(c.pace().large_seats, before.large_seats + 1);
+        assert_eq!(c.pace().prefill_budget, before.prefill_budget + 1_024);
+        for _ in 0..30 {
+            now += Duration::from_secs(1);
+            c.step(now, Some(0.5), BOUNDS, gains());
+        }
+        assert_eq!(c.pace(), BOUNDS.max);
+        assert_eq!(c.step(now, Some(0.5), BOUNDS, gains()), Step::Hold);
+    }
+
+    #[test]
+    fn close_to_the_objective_or_without_samples_nothing_moves() {
+        let now = Instant::now();
+        let mut c = Controller::new(BOUNDS);
+        c.step(now, Some(3.0), BOUNDS, gains());
+        let p = c.pace();
+        let later = now + Duration::from_secs(10);
+        assert_eq!(c.step(later, Some(0.9), BOUNDS, gains()), Step::Hold);
+        assert_eq!(c.step(later, None, BOUNDS, gains()), Step::Hold);
+        assert_eq!(c.pace(), p);
+    }
+
+    #[test]
+    fn a_reload_that_lowers_the_ceiling_brings_the_knobs_within_it() {
+        let mut c = Controller::new(BOUNDS);
+        let lower = Bounds {
+            max: Pace {
+                prefill_budget: 4_096,
+                large_seats: 3,
+            },
+            ..BOUNDS
+        };
+        c.step(Instant::now(), None, lower, gains());
+        assert_eq!(c.pace(), lower.max);
+    }
+}

@@ -1,0 +1,180 @@
+//! The autopilot: paces long work to the lanes' time-to-first-token objectives
+//! (`[lanes.<lane>] ttft_slo_ms`, `[autopilot]`), so an SRE states "questions get their first
+//! token within 500 ms at p99" instead of hand-picking the prefill budget and the large lane's
+//! seats for each engine setting.
+//!
+//! Every `autopilot.interval_ms` it reads each lane's objective quantile over the last
+//! `autopilot.window_ms` (`crate::telemetry::ttft_window`: refusals for waiting count as
+//! infinitely late), judges the lanes with `min_samples` or more, and lets the AIMD rule of
+//! [`controller`] move the prefill budget (`admission.prefill_budget_tokens`) and the large
+//! lane's seats (its `max_concurrency` and `ceiling`) between their floors and the configured
+//! values. The result is put in force as a reload puts limits in force (nothing running is cut;
+//! a lowered lane admits no one until it is under its new limit). The large lane's own objective,
+//! if any, is not judged: throttling the large lane cannot help it.
+//!
+//! With `autopilot.enabled = false` (the default) it changes nothing: the configured values
+//! hold exactly. It reads the configuration in force at each look, so a reload turns it on or
+//! off and moves its bounds; a reload that changes the limits puts the configured values in
+//! force until the next look re-applies the paced ones. Under `admission.policy = "fifo"` there
+//! are no lanes to pace; with `quota.backend = "redis"` pacing across replicas (one leader
+//! publishing the values) is not built yet, so it stays off and says so at start.
+//!
+//! Each change is a log line and a metric (`tutor_gateway_autopilot_*`).
+
+pub mod controller;
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, Policy, QuotaBackend};
+use crate::lane::Lane;
+use crate::pipeline::AppState;
+use controller::{Bounds, Controller, Gains, Pace, Step};
+
+/// Starts the autopilot's loop on `state` until `stop`.
+pub fn start(state: AppState, stop: CancellationToken) {
+    tokio::spawn(async move {
+        let mut pilot = Pilot::default();
+        loop {
+            let interval = state.config().autopilot.interval;
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(interval) => {}
+            }
+            pilot.look(&state);
+        }
+    });
+}
+
+/// The loop's state between looks.
+#[derive(Default)]
+struct Pilot {
+    controller: Option<Controller>,
+    /// The configuration and the knobs last put in force by the autopilot.
+    applied: Option<(Arc<Config>, Pace)>,
+    /// Whether "not with this configuration" was logged.
+    told: bool,
+}
+
+impl Pilot {
+    fn look(&mut self, state: &AppState) {
+        let config = state.config();
+        let metrics = state.metrics().autopilot();
+        let bounds = bounds(&config);
+        if let Some(why) = off(&config) {
+            if self.applied.take().is_some() {
+                // Turned off by a reload: the configured values again, exactly.
+                state.admission().set_limits(&config, false);
+            }
+            self.controller = None;
+            if config.autopilot.enabled && !self.told {
+                tracing::warn!(why, "autopilot: enabled but off");
+                self.told = true;
+            }
+            metrics.set(false, bounds.max.prefill_budget, bounds.max.large_seats);
+            return;
+        }
+        let ap = &config.autopilot;
+        let window = state.metrics().ttft_window();
+        let mut worst: Option<f64> = None;
+        for lane in [Lane::Small, Lane::Medium] {
+            let Some(objective) = config.lanes.get(lane).ttft_slo else {
+                continue;
+            };
+            let Some(q) = window.quantile(lane, objective.quantile(), ap.window) else {
+                continue;
+            };
+            let ratio = q.seconds / objective.target.as_secs_f64();
+            metrics.measured(lane, q.seconds, ratio);
+            if q.samples >= ap.min_samples as usize {
+                worst = Some(worst.map_or(ratio, |w| w.max(ratio)));
+            }
+        }
+        let gains = Gains {
+            tighten_percent: ap.tighten_percent,
+            loosen_prefill_tokens: ap.loosen_prefill_tokens,
+            loosen_large_seats: ap.loosen_large_seats,
+            headroom_percent: ap.headroom_percent,
+            hold: ap.hold,
+        };
+        let controller = self
+            .controller
+            .get_or_insert_with(|| Controller::new(bounds));
+        let before = controller.pace();
+        let step = controller.step(tokio::time::Instant::now(), worst, bounds, gains);
+        let pace = controller.pace();
+        if let Some(reason) = step.reason() {
+            metrics.adjusted(reason);
+        }
+        if step != Step::Hold {
+            tracing::info!(
+                reason = step.reason().unwrap_or("hold"),
+                worst_objective_ratio = worst.unwrap_or(0.0),
+                prefill_budget_tokens = pace.prefill_budget,
+                large_seats = pace.large_seats,
+                prefill_budget_before = before.prefill_budget,
+                large_seats_before = before.large_seats,
+                "autopilot"
+            );
+        }
+        let stale = self
+            .applied
+            .as_ref()
+            .is_none_or(|(c, p)| !Arc::ptr_eq(c, &config) || *p != pace);
+        if stale {
+            state.admission().set_limits(&paced(&config, pace), false);
+            self.applied = Some((config, pace));
+        }
+        metrics.set(true, pace.prefill_budget, pace.large_seats);
+    }
+}
+
+/// Why the autopilot does not run under `config`; `None`: it runs.
+fn off(config: &Config) -> Option<&'static str> {
+    if !config.autopilot.enabled {
+        Some("autopilot.enabled is false")
+    } else if config.admission.policy == Policy::Fifo {
+        Some("admission.policy = \"fifo\" has no lanes to pace")
+    } else if config.quota.backend != QuotaBackend::Local {
+        Some("quota.backend = \"redis\": pacing across replicas is not built yet")
+    } else {
+        None
+    }
+}
+
+/// The knobs' floors and ceilings under `config`: the configured prefill budget and the large
+/// lane's ceiling above, `autopilot.min_prefill_budget_tokens` (at least one long prompt) and
+/// `autopilot.min_large_seats` below.
+fn bounds(config: &Config) -> Bounds {
+    let large = &config.lanes.large;
+    let max = Pace {
+        prefill_budget: config.admission.prefill_budget_tokens,
+        large_seats: large.ceiling.get().max(large.max_concurrency.get()),
+    };
+    let long = u64::from(config.admission.long_prompt_tokens.get());
+    let min_budget = config
+        .autopilot
+        .min_prefill_budget_tokens
+        .unwrap_or(long)
+        .max(long)
+        .min(max.prefill_budget);
+    Bounds {
+        min: Pace {
+            prefill_budget: min_budget,
+            large_seats: config.autopilot.min_large_seats.min(max.large_seats),
+        },
+        max,
+    }
+}
+
+/// `config` with the knobs at `pace`.
+fn paced(config: &Config, pace: Pace) -> Config {
+    let mut c = config.clone();
+    c.admission.prefill_budget_tokens = pace.prefill_budget;
+    let seats = NonZeroU32::new(pace.large_seats).unwrap_or(NonZeroU32::MIN);
+    c.lanes.large.ceiling = seats;
+    c.lanes.large.max_concurrency = c.lanes.large.max_concurrency.min(seats);
+    c
+}

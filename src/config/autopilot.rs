@@ -1,0 +1,140 @@
+//! `[autopilot]`: pacing long work against the lanes' time-to-first-token objectives
+//! (`[lanes.<lane>] ttft_slo_ms`, `ttft_slo_quantile`).
+//!
+//! Owns [`RawAutopilot`] and [`AutopilotConfig`], their defaults and validation. The lanes'
+//! objectives themselves are `[lanes.<lane>]` keys, in `admission.rs`.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::check::Checker;
+
+/// Default `autopilot.interval_ms`.
+const INTERVAL_MS: u64 = 1_000;
+/// Default `autopilot.window_ms`.
+const WINDOW_MS: u64 = 30_000;
+/// Default `autopilot.min_samples`.
+const MIN_SAMPLES: u32 = 20;
+/// Default `autopilot.tighten_percent`.
+const TIGHTEN_PERCENT: u32 = 50;
+/// Default `autopilot.loosen_prefill_tokens`.
+const LOOSEN_PREFILL_TOKENS: u64 = 1_024;
+/// Default `autopilot.loosen_large_seats`.
+const LOOSEN_LARGE_SEATS: u32 = 1;
+/// Default `autopilot.headroom_percent`.
+const HEADROOM_PERCENT: u32 = 80;
+/// Default `autopilot.hold_ms`.
+const HOLD_MS: u64 = 5_000;
+/// Default `autopilot.min_large_seats`.
+const MIN_LARGE_SEATS: u32 = 1;
+
+/// `[autopilot]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAutopilot {
+    /// Whether the controller runs.
+    pub enabled: Option<bool>,
+    /// Time between two looks, ms.
+    pub interval_ms: Option<u64>,
+    /// The sliding window the objectives are measured over, ms.
+    pub window_ms: Option<u64>,
+    /// First tokens a lane needs in the window before its objective is judged.
+    pub min_samples: Option<u32>,
+    /// On a miss, the budget and seats drop by this percent.
+    pub tighten_percent: Option<u32>,
+    /// While every objective holds with headroom: prefill budget added per look, tokens.
+    pub loosen_prefill_tokens: Option<u64>,
+    /// While every objective holds with headroom: large seats added per look.
+    pub loosen_large_seats: Option<u32>,
+    /// Loosen only while every measured quantile is below this percent of its objective.
+    pub headroom_percent: Option<u32>,
+    /// After a tightening, no change for this long, ms.
+    pub hold_ms: Option<u64>,
+    /// Lowest prefill budget, tokens (default `admission.long_prompt_tokens`).
+    pub min_prefill_budget_tokens: Option<u64>,
+    /// Fewest large seats (the reviews' floor share).
+    pub min_large_seats: Option<u32>,
+}
+
+/// `[autopilot]`: the controller that paces the large lane's seats and the prefill budget to
+/// the lanes' TTFT objectives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AutopilotConfig {
+    /// Whether the controller runs; off, the configured values hold as they are.
+    pub enabled: bool,
+    /// Time between two looks.
+    pub interval: Duration,
+    /// The sliding window each objective's quantile is measured over.
+    pub window: Duration,
+    /// First tokens a lane needs in the window before its objective is judged.
+    pub min_samples: u32,
+    /// On a miss, the budget and seats are multiplied by `(100 - tighten_percent) / 100`.
+    pub tighten_percent: u32,
+    /// Prefill budget added per look while every objective holds with headroom.
+    pub loosen_prefill_tokens: u64,
+    /// Large seats added per look while every objective holds with headroom.
+    pub loosen_large_seats: u32,
+    /// Headroom: every measured quantile below this percent of its objective.
+    pub headroom_percent: u32,
+    /// After a tightening, no change for this long (the window still holds the samples that
+    /// caused it).
+    pub hold: Duration,
+    /// Lowest prefill budget; `None`: `admission.long_prompt_tokens`.
+    pub min_prefill_budget_tokens: Option<u64>,
+    /// Fewest large seats: reviews always progress.
+    pub min_large_seats: u32,
+}
+
+impl Default for AutopilotConfig {
+    fn default() -> Self {
+        validate(&mut Checker::default(), RawAutopilot::default())
+    }
+}
+
+/// Checks `[autopilot]`.
+pub(super) fn validate(c: &mut Checker, raw: RawAutopilot) -> AutopilotConfig {
+    let percent = |c: &mut Checker, key: &str, value: Option<u32>, default: u32| {
+        let v = value.unwrap_or(default);
+        if !(1..=99).contains(&v) {
+            c.fail(format!("autopilot.{key}"), "must be 1 to 99 (percent)");
+            return default;
+        }
+        v
+    };
+    let interval = c.ms("autopilot.interval_ms", raw.interval_ms, INTERVAL_MS);
+    let window = c.ms("autopilot.window_ms", raw.window_ms, WINDOW_MS);
+    if window < interval {
+        c.fail(
+            "autopilot.window_ms",
+            "must be at least autopilot.interval_ms",
+        );
+    }
+    let min_large_seats = raw.min_large_seats.unwrap_or(MIN_LARGE_SEATS);
+    if min_large_seats == 0 {
+        c.fail(
+            "autopilot.min_large_seats",
+            "must be > 0: reviews must always progress",
+        );
+    }
+    AutopilotConfig {
+        enabled: raw.enabled.unwrap_or(false),
+        interval,
+        window,
+        min_samples: c
+            .u32("autopilot.min_samples", raw.min_samples, MIN_SAMPLES)
+            .get(),
+        tighten_percent: percent(c, "tighten_percent", raw.tighten_percent, TIGHTEN_PERCENT),
+        loosen_prefill_tokens: raw.loosen_prefill_tokens.unwrap_or(LOOSEN_PREFILL_TOKENS),
+        loosen_large_seats: raw.loosen_large_seats.unwrap_or(LOOSEN_LARGE_SEATS),
+        headroom_percent: percent(
+            c,
+            "headroom_percent",
+            raw.headroom_percent,
+            HEADROOM_PERCENT,
+        ),
+        hold: Duration::from_millis(raw.hold_ms.unwrap_or(HOLD_MS)),
+        min_prefill_budget_tokens: raw.min_prefill_budget_tokens,
+        min_large_seats: min_large_seats.max(1),
+    }
+}

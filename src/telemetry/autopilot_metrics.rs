@@ -1,0 +1,91 @@
+//! `tutor_gateway_autopilot_*`: what the autopilot (`crate::autopilot`) measured and set.
+//! Registered once by [`super::Metrics::new`]; every series exists from start-up.
+
+use prometheus::{Gauge, GaugeVec, IntCounterVec, IntGauge, Opts, Registry};
+
+use super::registered::{counter_vec, registered};
+use crate::lane::Lane;
+
+/// Reasons an adjustment is counted under.
+pub const REASONS: [&str; 3] = ["tighten", "loosen", "at_floor"];
+
+/// The autopilot's families.
+#[derive(Debug, Clone)]
+pub struct AutopilotMetrics {
+    enabled: IntGauge,
+    prefill_budget: IntGauge,
+    large_seats: IntGauge,
+    quantile: GaugeVec,
+    ratio: GaugeVec,
+    adjustments: IntCounterVec,
+}
+
+impl AutopilotMetrics {
+    /// Registers the families in `registry`.
+    pub fn register(registry: &Registry) -> Self {
+        let gauge = |name: &str, help: &str| registered(registry, IntGauge::new(name, help));
+        let gauge_vec = |name: &str, help: &str| {
+            registered(registry, GaugeVec::new(Opts::new(name, help), &["lane"]))
+        };
+        let m = Self {
+            enabled: gauge(
+                "tutor_gateway_autopilot_enabled",
+                "1 while the autopilot paces the large lane and the prefill budget (autopilot.enabled).",
+            ),
+            prefill_budget: gauge(
+                "tutor_gateway_autopilot_prefill_budget_tokens",
+                "The prefill budget in force, as the autopilot set it (the configured value when off).",
+            ),
+            large_seats: gauge(
+                "tutor_gateway_autopilot_large_seats",
+                "The large lane's seats in force, as the autopilot set them (the configured value when off).",
+            ),
+            quantile: gauge_vec(
+                "tutor_gateway_autopilot_ttft_quantile_seconds",
+                "Per lane with an objective: the objective's quantile of time to first token over the \
+                 autopilot's window (refusals for waiting count as infinitely late; absent samples: 0).",
+            ),
+            ratio: gauge_vec(
+                "tutor_gateway_autopilot_objective_ratio",
+                "Per lane with an objective: the measured quantile over the target (above 1: missed).",
+            ),
+            adjustments: counter_vec(
+                registry,
+                "tutor_gateway_autopilot_adjustments_total",
+                "Autopilot decisions by reason: tighten (an objective missed), loosen (every objective \
+                 held with headroom), at_floor (missed with the knobs at their floors).",
+                &["reason"],
+            ),
+        };
+        for r in REASONS {
+            m.adjustments.with_label_values(&[r]);
+        }
+        m
+    }
+
+    /// Whether the autopilot runs, and the knobs in force.
+    pub fn set(&self, enabled: bool, prefill_budget: u64, large_seats: u32) {
+        self.enabled.set(i64::from(enabled));
+        self.prefill_budget
+            .set(i64::try_from(prefill_budget).unwrap_or(i64::MAX));
+        self.large_seats.set(i64::from(large_seats));
+    }
+
+    /// `lane`'s measured quantile (seconds; infinite as a very large number) and its ratio to
+    /// the objective.
+    pub fn measured(&self, lane: Lane, seconds: f64, ratio: f64) {
+        let finite = |v: f64| if v.is_finite() { v } else { f64::MAX };
+        let l = [lane.as_str()];
+        let set = |g: &GaugeVec, v: f64| {
+            let g: Gauge = g.with_label_values(&l);
+            g.set(finite(v));
+        };
+        set(&self.quantile, seconds);
+        set(&self.ratio, ratio);
+    }
+
+    /// One decision of `reason` (see [`REASONS`]).
+    pub fn adjusted(&self, reason: &str) {
+        self.adjustments.with_label_values(&[reason]).inc();
+    }
+}
