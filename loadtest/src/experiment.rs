@@ -114,7 +114,13 @@ pub async fn run_preset(
         opts.scenario.clone()
     };
     scenario.max_model_len = scenario.max_model_len.min(engine.max_model_len);
-    let mut cfg = gateway_config(&opts.config, engine, preset, opts.fifo_max_concurrency)?;
+    let mut cfg = gateway_config(
+        &opts.config,
+        engine,
+        preset,
+        opts.fifo_max_concurrency,
+        opts.speed,
+    )?;
     let tokenizer = config_tokenizer(&cfg);
     let sim_args = sim_args(
         &opts.profile,
@@ -179,19 +185,43 @@ pub async fn run_preset(
 }
 
 /// The gateway config of one run: the file at `path` (with `upstream.max_model_len` set to the
-/// engine's) under `preset`'s admission policy, request log and tracing off.
+/// engine's) under `preset`'s admission policy, request log and tracing off. Under
+/// [`Preset::Autopilot`] the autopilot is on, and its times and the lanes' objectives, stated
+/// in simulated time, are divided by `speed` (the gateway lives in wall-clock time).
 pub(crate) fn gateway_config(
     path: &Path,
     engine: &EngineSetting,
     preset: Preset,
     fifo_max_concurrency: u32,
+    speed: f64,
 ) -> anyhow::Result<Config> {
     let policy = match preset {
         Preset::Fifo => Policy::Fifo,
         Preset::Strict => Policy::Strict,
-        Preset::Floor | Preset::Lanes | Preset::LanesPriority | Preset::LanesRedis => Policy::Lanes,
+        Preset::Floor
+        | Preset::Lanes
+        | Preset::LanesPriority
+        | Preset::Autopilot
+        | Preset::LanesRedis => Policy::Lanes,
     };
     let mut cfg = load_config(path, engine.max_model_len)?;
+    cfg.autopilot.enabled = preset == Preset::Autopilot;
+    if preset == Preset::Autopilot && speed > 0.0 {
+        let wall = |d: std::time::Duration| d.div_f64(speed);
+        let ap = &mut cfg.autopilot;
+        ap.interval = wall(ap.interval);
+        ap.window = wall(ap.window);
+        ap.hold = wall(ap.hold);
+        for lane in [
+            &mut cfg.lanes.small,
+            &mut cfg.lanes.medium,
+            &mut cfg.lanes.large,
+        ] {
+            if let Some(o) = &mut lane.ttft_slo {
+                o.target = wall(o.target);
+            }
+        }
+    }
     cfg.admission.policy = policy;
     cfg.admission.engine_priority = preset == Preset::LanesPriority;
     cfg.admission.fifo.max_concurrency = NonZeroU32::new(fifo_max_concurrency);

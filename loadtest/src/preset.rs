@@ -14,6 +14,10 @@ pub enum Preset {
     Lanes,
     /// `lanes` + `engine_priority` + the simulator's priority scheduling.
     LanesPriority,
+    /// `lanes` with the autopilot on (`[autopilot] enabled = true`): the large lane's seats and
+    /// the prefill budget paced to the lanes' TTFT objectives of the config file (its times,
+    /// like every other, in simulated time: divided by the speed factor for the gateway).
+    Autopilot,
     /// `lanes` through two gateway replicas sharing one quota in Redis (`quota.backend =
     /// "redis"`, a `redis-server` the run starts); the clients' requests alternate between
     /// them.
@@ -22,12 +26,13 @@ pub enum Preset {
 
 impl Preset {
     /// Every preset, in run order.
-    pub const ALL: [Preset; 6] = [
+    pub const ALL: [Preset; 7] = [
         Preset::Floor,
         Preset::Fifo,
         Preset::Strict,
         Preset::Lanes,
         Preset::LanesPriority,
+        Preset::Autopilot,
         Preset::LanesRedis,
     ];
 
@@ -39,6 +44,7 @@ impl Preset {
             Preset::Strict => "strict",
             Preset::Lanes => "lanes",
             Preset::LanesPriority => "lanes-priority",
+            Preset::Autopilot => "autopilot",
             Preset::LanesRedis => "lanes-redis",
         }
     }

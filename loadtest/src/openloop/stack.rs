@@ -47,7 +47,13 @@ impl Stack {
         if preset == Preset::LanesRedis {
             bail!("the open-loop experiment does not run lanes-redis (two replicas)");
         }
-        let mut cfg = gateway_config(&spec.config, engine, preset, spec.fifo_max_concurrency)?;
+        let mut cfg = gateway_config(
+            &spec.config,
+            engine,
+            preset,
+            spec.fifo_max_concurrency,
+            spec.speed,
+        )?;
         let tokenizer = config_tokenizer(&cfg);
         let args = sim_args(
             &spec.profile,
