@@ -178,6 +178,7 @@ impl GatewayError {
                 AdmissionError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
                 AdmissionError::Timeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 AdmissionError::QuotaUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                AdmissionError::WouldMissDeadline { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 AdmissionError::TooLarge { .. } => StatusCode::BAD_REQUEST,
             },
             Self::Upstream(e) => match e {
@@ -246,6 +247,7 @@ impl GatewayError {
             Self::Admission(AdmissionError::Timeout { .. }) => Outcome::QueueTimeout,
             Self::Admission(AdmissionError::QuotaUnavailable { .. }) => Outcome::QuotaUnavailable,
             Self::Admission(AdmissionError::TooLarge { .. }) => Outcome::TooLong,
+            Self::Admission(AdmissionError::WouldMissDeadline { .. }) => Outcome::DeadlineUnmet,
             Self::Upstream(UpstreamError::Unavailable(_)) => Outcome::UpstreamUnavailable,
             Self::Upstream(
                 UpstreamError::FirstTokenTimeout(_)
@@ -305,6 +307,9 @@ impl GatewayError {
         match self {
             Self::Admission(AdmissionError::QueueFull { retry_after, .. }) => Some(*retry_after),
             Self::Admission(AdmissionError::Timeout { .. }) => Some(Duration::from_secs(1)),
+            Self::Admission(AdmissionError::WouldMissDeadline { predicted, .. }) => Some(
+                Duration::from_secs(crate::admission::retry_secs(*predicted)),
+            ),
             Self::Overloaded | Self::QueuedBytes | Self::TooManyStreams => {
                 Some(Duration::from_secs(1))
             }

@@ -49,6 +49,10 @@ async fn an_allowed_origin_gets_its_preflight_and_reads_the_stream() {
         .contains("POST"));
     let allowed = header(&pre, "access-control-allow-headers").unwrap();
     assert!(allowed.contains("content-type") && allowed.contains("last-event-id"));
+    assert!(
+        allowed.contains("x-tutor-deadline-ms"),
+        "a browser may state a deadline: {allowed}"
+    );
     assert_eq!(
         header(&pre, "access-control-max-age").as_deref(),
         Some("600")

@@ -1,5 +1,6 @@
 //! Admission errors. The HTTP layer maps them: `QueueFull` -> 429 with `Retry-After`,
-//! `Timeout` -> 503, `QuotaUnavailable` -> 503, `TooLarge` -> 400.
+//! `Timeout` -> 503, `QuotaUnavailable` -> 503, `TooLarge` -> 400, `WouldMissDeadline` -> 503
+//! with `Retry-After`.
 
 use std::time::Duration;
 
@@ -32,6 +33,24 @@ pub enum AdmissionError {
         /// The request's lane.
         lane: Lane,
     },
+    /// The request's predicted wait already misses its deadline (`x-tutor-deadline-ms`) by
+    /// more than the margin: refused at once instead of queued. HTTP 503, `Retry-After` the
+    /// predicted wait.
+    #[error(
+        "the {lane} lane's predicted wait of {}ms misses this request's deadline of {}ms; \
+         retry after {}s",
+        predicted.as_millis(),
+        deadline.as_millis(),
+        retry_secs(*predicted)
+    )]
+    WouldMissDeadline {
+        /// The request's lane.
+        lane: Lane,
+        /// The wait predicted from the requests ahead and the lane's recent admissions.
+        predicted: Duration,
+        /// What was left of the request's deadline.
+        deadline: Duration,
+    },
     /// The reservation is larger than a budget it must fit in, so it could never be admitted.
     /// Config validation makes this unreachable for classified requests. HTTP 400.
     #[error("a reservation of {tokens} tokens can never fit the {lane} lane's budget of {limit}")]
@@ -43,4 +62,11 @@ pub enum AdmissionError {
         /// The smaller of the lane's and the global token budget.
         limit: u64,
     },
+}
+
+/// Whole seconds to wait before retrying after `predicted`: rounded up, at least 1.
+pub fn retry_secs(predicted: Duration) -> u64 {
+    u64::try_from(predicted.as_millis().div_ceil(1000))
+        .unwrap_or(u64::MAX)
+        .max(1)
 }

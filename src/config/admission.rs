@@ -25,6 +25,8 @@ const SEATS: u32 = 96;
 const PREFILL_BUDGET_TOKENS: u64 = 12_288;
 /// Default `admission.long_prompt_tokens`.
 const LONG_PROMPT_TOKENS: u32 = 2_048;
+/// Default `admission.early_refusal_margin_percent`.
+const EARLY_REFUSAL_MARGIN_PERCENT: u16 = 25;
 /// Default `admission.fifo.max_concurrency` (0: unlimited).
 const FIFO_MAX_CONCURRENCY: u32 = 0;
 /// Default `admission.fifo.queue_len`.
@@ -50,6 +52,8 @@ pub struct RawAdmission {
     pub long_prompt_tokens: Option<u32>,
     /// Count a prompt's prefill without the prefix tokens its fingerprint usually finds cached.
     pub prefill_discount_cached: Option<bool>,
+    /// How far, in percent, a predicted wait must exceed a request's deadline to refuse it.
+    pub early_refusal_margin_percent: Option<u16>,
     /// `[admission.fifo]`.
     #[serde(default)]
     pub fifo: RawFifo,
@@ -143,6 +147,9 @@ pub struct AdmissionConfig {
     /// The prefill reservation leaves out the prompt tokens the request's prefix fingerprint
     /// found cached in vLLM lately (a running average; none until a few requests measured it).
     pub prefill_discount_cached: bool,
+    /// A request with `x-tutor-deadline-ms` whose predicted wait exceeds what is left of its
+    /// deadline by more than this percent is refused at once (503, `deadline_unmet`).
+    pub early_refusal_margin_percent: u16,
     /// Settings of the `fifo` policy.
     pub fifo: FifoConfig,
 }
@@ -316,6 +323,17 @@ pub(super) fn validate(c: &mut Checker, raw: RawAdmission) -> AdmissionConfig {
         prefill_budget_tokens,
         long_prompt_tokens,
         prefill_discount_cached: raw.prefill_discount_cached.unwrap_or(true),
+        early_refusal_margin_percent: match raw.early_refusal_margin_percent {
+            None => EARLY_REFUSAL_MARGIN_PERCENT,
+            Some(n @ 0..=1000) => n,
+            Some(_) => {
+                c.fail(
+                    "admission.early_refusal_margin_percent",
+                    "must be 0 to 1000 (percent of the deadline)",
+                );
+                EARLY_REFUSAL_MARGIN_PERCENT
+            }
+        },
         seats: c.u32("admission.seats", raw.seats, SEATS),
         max_tokens_in_flight: c.u64(
             "admission.max_tokens_in_flight",

@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::classify::Ready;
 use super::ctx::RequestCtx;
 use super::respond::refused;
-use crate::admission::{Ask, LaneGuard};
+use crate::admission::{AdmissionError, Ask, LaneGuard};
 use crate::error::GatewayError;
 use crate::lane::Lane;
 use crate::telemetry::RequestRecord;
@@ -81,6 +81,23 @@ pub async fn admit(
     record: RequestRecord,
     divert: Option<&dyn Divert>,
 ) -> Result<Admit, GatewayError> {
+    // An honest early "no": a request whose predicted wait already misses its deadline is
+    // refused now rather than after waiting for nothing.
+    let lane = ready.class.lane;
+    let ahead = ctx.admission().snapshot().lanes[lane.index()].queue_depth;
+    let predicted = ctx.metrics().admission_rate().predict(lane, ahead);
+    if let (Some(deadline), Some(wait)) = (ready.deadline, predicted) {
+        let left = deadline.saturating_sub(record.arrival().elapsed());
+        let margin = u32::from(ctx.config().admission.early_refusal_margin_percent);
+        if wait.mul_f64(100.0 / f64::from(100 + margin)) > left {
+            let e = AdmissionError::WouldMissDeadline {
+                lane,
+                predicted: wait,
+                deadline: left,
+            };
+            return Err(refused(record, e.into()));
+        }
+    }
     // While it waits for a seat its body is held: all queued bodies together are bounded.
     let held = match ctx.queued_bytes().hold(ready.size) {
         Ok(h) => h,
@@ -127,7 +144,14 @@ pub async fn admit(
     };
     drop(held);
     match guard {
-        Ok(guard) => Ok(Admit::Admitted(Admitted::new(ready, guard, record))),
+        Ok(guard) => {
+            if let Some(p) = predicted.filter(|_| ahead > 0) {
+                ctx.metrics()
+                    .admission_rate()
+                    .observed(lane, p, guard.queue_wait());
+            }
+            Ok(Admit::Admitted(Admitted::new(ready, guard, record)))
+        }
         Err(e) => Err(refused(record, e.into())),
     }
 }

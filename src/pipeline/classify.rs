@@ -39,6 +39,8 @@ pub struct Ready {
     pub(super) affinity: Option<String>,
     /// The `focus` object of the `/answer` `meta` event (M11).
     pub(super) focus: Option<Value>,
+    /// How long after arrival its first token is still useful (`x-tutor-deadline-ms`).
+    pub(super) deadline: Option<std::time::Duration>,
 }
 
 impl Ready {
@@ -102,6 +104,7 @@ impl Ready {
             tenant: v["tenant"].as_str().map(|t| Tenant(t.to_owned())),
             affinity: v["affinity"].as_str().map(str::to_owned),
             focus: None,
+            deadline: None,
         })
     }
 }
@@ -140,6 +143,7 @@ pub async fn classify(
         background,
         tenant,
         focus,
+        deadline,
     } = prepared;
     let config = ctx.config();
     if let Some(t) = &tenant {
@@ -237,6 +241,7 @@ pub async fn classify(
         tenant,
         affinity,
         focus: focus.map(|f| f.meta()),
+        deadline,
     })
 }
 

@@ -69,8 +69,17 @@ pub async fn answer(
         Ok(r) => r,
         Err(e) => return rejected(record, e),
     };
+    let deadline = match prompt::deadline_from(&headers) {
+        Ok(d) => d,
+        Err(e) => return rejected(record, e),
+    };
     let prepared = match prompt::answer_request(&ctx, req).await {
-        Ok(p) => Prepared { size, tenant, ..p },
+        Ok(p) => Prepared {
+            size,
+            tenant,
+            deadline,
+            ..p
+        },
         Err(e) => return rejected(record, e),
     };
     let started = match start(&ctx, prepared, record, Format::Answer, divert).await {
@@ -118,8 +127,15 @@ pub async fn openai(
         continuous_usage: req.continuous_usage,
     };
     let stream = req.stream;
-    let prepared = match prompt::openai_request(&ctx, route, &headers, req) {
-        Ok(p) => Prepared { size, tenant, ..p },
+    let prepared = match prompt::openai_request(&ctx, route, &headers, req).and_then(|p| {
+        Ok(Prepared {
+            size,
+            tenant,
+            deadline: prompt::deadline_from(&headers)?,
+            ..p
+        })
+    }) {
+        Ok(p) => p,
         Err(e) => return rejected(record, e),
     };
     let relay = match start(&ctx, prepared, record, format, None).await {

@@ -13,6 +13,8 @@
 //! What only the engine needs (running usage, `priority`, the output cap) is added after
 //! classification, in one place ([`super::classify()`]).
 
+use std::time::Duration;
+
 use axum::http::HeaderMap;
 use serde_json::{Map, Value};
 
@@ -48,6 +50,34 @@ pub struct Prepared {
     pub tenant: Option<Tenant>,
     /// What focusing did to a course request's code (M11); `None` without code.
     pub focus: Option<Focus>,
+    /// How long after arrival its first token is still useful (`x-tutor-deadline-ms`): a
+    /// request whose predicted wait already misses it is refused at once.
+    pub deadline: Option<Duration>,
+}
+
+/// Longest `x-tutor-deadline-ms`: an hour.
+pub const MAX_DEADLINE_MS: u64 = 3_600_000;
+
+/// The request's `x-tutor-deadline-ms`: milliseconds after arrival, 1 to [`MAX_DEADLINE_MS`]
+/// ASCII digits; `None` when absent. Anything else is a 400 naming the header.
+pub fn deadline_from(headers: &HeaderMap) -> Result<Option<Duration>, GatewayError> {
+    let Some(v) = headers.get("x-tutor-deadline-ms") else {
+        return Ok(None);
+    };
+    let bad = || {
+        GatewayError::bad_request(
+            format!("x-tutor-deadline-ms must be whole milliseconds from 1 to {MAX_DEADLINE_MS}"),
+            Some("x-tutor-deadline-ms"),
+        )
+    };
+    let text = v.to_str().map_err(|_| bad())?;
+    if text.is_empty() || text.len() > 7 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    match text.parse::<u64>() {
+        Ok(ms @ 1..=MAX_DEADLINE_MS) => Ok(Some(Duration::from_millis(ms))),
+        _ => Err(bad()),
+    }
 }
 
 /// The `/answer` job: course prefix (if any), then the student's messages, the code in them
@@ -104,6 +134,7 @@ pub async fn answer_request(
         background: false,
         tenant: None,
         focus: focused,
+        deadline: None,
     })
 }
 
@@ -206,5 +237,6 @@ pub fn openai_request(
         background: false,
         tenant: None,
         focus: None,
+        deadline: None,
     })
 }

@@ -23,6 +23,7 @@ use prometheus::{
     TextEncoder,
 };
 
+use super::admission_rate::AdmissionRate;
 use super::autopilot_metrics::AutopilotMetrics;
 use super::estimate_metrics::EstimateMetrics;
 use super::focus_metrics::FocusMetrics;
@@ -119,6 +120,8 @@ pub enum Outcome {
     QueueFull,
     /// Waited the lane's queue timeout without a slot (503).
     QueueTimeout,
+    /// Refused at once: its predicted wait already missed its `x-tutor-deadline-ms` (503).
+    DeadlineUnmet,
     /// The shared quota (Redis) was unreachable under `fail_closed` (503).
     QuotaUnavailable,
     /// The engine could not be reached (503).
@@ -144,6 +147,7 @@ impl Outcome {
             Outcome::QueueFull => "queue_full",
             Outcome::QuotaUnavailable => "quota_unavailable",
             Outcome::QueueTimeout => "queue_timeout",
+            Outcome::DeadlineUnmet => "deadline_unmet",
             Outcome::UpstreamUnavailable => "upstream_unavailable",
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::UpstreamError => "upstream_error",
@@ -183,6 +187,7 @@ pub struct Metrics {
     estimate: EstimateMetrics,
     ttft_window: Arc<TtftWindow>,
     autopilot: AutopilotMetrics,
+    admission_rate: Arc<AdmissionRate>,
     jobs: JobMetrics,
     config: ConfigMetrics,
     replicas: ReplicaMetrics,
@@ -310,6 +315,7 @@ impl Metrics {
         let focus = FocusMetrics::register(&registry);
         let estimate = EstimateMetrics::register(&registry);
         let autopilot = AutopilotMetrics::register(&registry);
+        let admission_rate = Arc::new(AdmissionRate::register(&registry));
         let jobs = JobMetrics::register(&registry);
         let prefix = PrefixMetrics::register(&registry);
         let config = ConfigMetrics::register(&registry);
@@ -362,6 +368,7 @@ impl Metrics {
             estimate,
             ttft_window: Arc::default(),
             autopilot,
+            admission_rate,
             jobs,
             prefix,
             refused,
@@ -403,6 +410,11 @@ impl Metrics {
     /// The promotion families.
     pub fn promotion(&self) -> &PromotionMetrics {
         &self.promotion
+    }
+
+    /// The lanes' recent admissions (wait predictions) and the prediction's error.
+    pub fn admission_rate(&self) -> &AdmissionRate {
+        &self.admission_rate
     }
 
     /// The autopilot's families.
@@ -499,7 +511,9 @@ impl Metrics {
 
     /// Counts one finished request.
     pub fn request_done(&self, lane: Option<Lane>, route: Route, outcome: Outcome) {
-        if let (Some(l), Outcome::QueueTimeout | Outcome::QueueFull) = (lane, outcome) {
+        if let (Some(l), Outcome::QueueTimeout | Outcome::QueueFull | Outcome::DeadlineUnmet) =
+            (lane, outcome)
+        {
             self.ttft_window.missed(l);
         }
         let lane = lane.map_or("none", Lane::as_str);

@@ -17,6 +17,7 @@
 //! Telemetry takes plain values ([`UpstreamView`], [`AdmissionSnapshot`]) and imports neither
 //! admission nor upstream (checked by `tests/layering.rs`).
 
+pub mod admission_rate;
 pub mod autopilot_metrics;
 pub mod cached_prefix;
 pub mod config_metrics;

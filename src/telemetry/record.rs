@@ -179,6 +179,9 @@ impl RequestRecord {
     /// tokens (the request log's `prefill_tokens_reserved`).
     pub fn admitted(&mut self, queue_wait: Duration, prefill: u32) {
         let now = Instant::now();
+        if let Some(class) = &self.class {
+            self.metrics.admission_rate().admitted(class.lane);
+        }
         self.admitted = Some((now, queue_wait));
         self.prefill_reserved = Some(prefill);
         self.mark_at(Mark::Admitted, now);

@@ -1,0 +1,94 @@
+//! An honest early "no" (`x-tutor-deadline-ms`): a request whose predicted wait (the requests
+//! ahead over the lane's recent admission rate) already misses its deadline is refused at once
+//! with a 503, `deadline_unmet` and a `Retry-After` from the prediction; one whose deadline the
+//! prediction meets waits its turn; a bad header is a 400 naming it. Asserted on states (a
+//! deadline of 1 ms behind a queue, an hour), never on times.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use tutor_gateway::lane::Lane;
+
+/// A large request: 5,000 prompt tokens (over medium_max_work with its output), 100 out.
+fn review(salt: &str) -> serde_json::Value {
+    json!({"messages": [{"role": "user", "content": words(5000, salt)}], "max_tokens": 100})
+}
+
+async fn post(h: &Harness, body: &serde_json::Value, deadline: Option<&str>) -> reqwest::Response {
+    let mut req = client().post(h.url("/v1/chat/completions")).json(body);
+    if let Some(d) = deadline {
+        req = req.header("x-tutor-deadline-ms", d);
+    }
+    send(req).await
+}
+
+#[tokio::test]
+async fn a_request_whose_predicted_wait_misses_its_deadline_is_refused_at_once() {
+    // Real-time engine steps: each review holds the one large seat for about a second.
+    let h = harness(&["--speed", "1", "--profile", "tiny-test"], |c| {
+        set_lane(c, Lane::Large, 1);
+    })
+    .await;
+    // Bad deadlines are refused, whatever the queue.
+    for bad in ["0", "abc", "3600001", "-5", ""] {
+        let resp = post(&h, &review("bad"), Some(bad)).await;
+        let body = assert_error(resp, 400, "bad_request").await;
+        assert_eq!(
+            body["error"]["param"], "x-tutor-deadline-ms",
+            "{bad:?}: {body}"
+        );
+    }
+    // Two reviews one after the other: the lane's admission rate.
+    for i in 0..2 {
+        let resp = post(&h, &review(&format!("warm{i}")), None).await;
+        assert_eq!(resp.status(), 200);
+        let _ = resp.text().await;
+    }
+    // One runs, two wait.
+    let url = h.url("/v1/chat/completions");
+    let running: Vec<_> = (0..3)
+        .map(|i| {
+            let (url, body) = (url.clone(), review(&format!("queued{i}")));
+            tokio::spawn(async move { post_text(url, &body).await })
+        })
+        .collect();
+    eventually("two reviews waiting", || h.queued(Lane::Large) >= 2).await;
+    // 1 ms cannot be met behind two reviews: refused now, told when to come back.
+    let resp = post(&h, &review("hurry"), Some("1")).await;
+    assert_eq!(resp.status(), 503);
+    let retry: u64 = resp.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(retry >= 1);
+    let body = read_json(resp).await;
+    assert_eq!(body["error"]["code"], "deadline_unmet", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("predicted wait"), "{message}");
+    // An hour is met: it waits its turn and completes.
+    let resp = post(&h, &review("patient"), Some("3600000")).await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let _ = resp.text().await;
+    for r in running {
+        r.await.unwrap();
+    }
+    eventually("every seat and token back", || h.idle()).await;
+    let m = h.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_requests_total{lane=\"large\",outcome=\"deadline_unmet\",route=\"chat_completions\"}"
+        ),
+        1.0
+    );
+    // The waits that had a prediction were compared with it.
+    assert!(
+        metric(
+            &m,
+            "tutor_gateway_wait_prediction_error_seconds_count{lane=\"large\"}"
+        ) >= 1.0
+    );
+    h.shutdown().await;
+}
