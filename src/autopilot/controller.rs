@@ -10,6 +10,11 @@
 //!   `headroom_percent` of the target) and no hold is running: the budget grows by
 //!   `loosen_prefill_tokens`, the seats by `loosen_large_seats`, never above the configured
 //!   values.
+//! - **Rescue** reviews first: when the large lane is starving (its queue would not drain
+//!   within half its queue timeout at its recent admission rate, or nothing was admitted
+//!   lately while requests wait), both knobs grow by one loosening step, whatever the
+//!   objectives say, and no tightening happens. Reviews are never refused for a question's
+//!   objective; the objective may then be missed, and the metrics say so.
 //! - Otherwise (between headroom and the target, or no lane with `min_samples` in the
 //!   window) nothing changes.
 //!
@@ -79,6 +84,8 @@ pub enum Step {
     AtFloor,
     /// Every objective held with headroom: the knobs went up.
     Loosen,
+    /// The large lane was starving: the knobs went up whatever the objectives.
+    Rescue,
     /// Nothing changed.
     Hold,
 }
@@ -90,6 +97,7 @@ impl Step {
             Step::Tighten => Some("tighten"),
             Step::AtFloor => Some("at_floor"),
             Step::Loosen => Some("loosen"),
+            Step::Rescue => Some("rescue"),
             Step::Hold => None,
         }
     }
@@ -117,10 +125,26 @@ impl Controller {
     }
 
     /// One look at `now`: `worst` is the largest measured-quantile-to-target ratio over the
-    /// lanes judged (`None`: no lane had enough samples). `bounds` may have moved (a reload):
-    /// the knobs are brought within them first.
-    pub fn step(&mut self, now: Instant, worst: Option<f64>, bounds: Bounds, gains: Gains) -> Step {
+    /// lanes judged (`None`: no lane had enough samples); `starving` whether the large lane's
+    /// queue is not draining (see the module doc). `bounds` may have moved (a reload): the
+    /// knobs are brought within them first.
+    pub fn step(
+        &mut self,
+        now: Instant,
+        worst: Option<f64>,
+        starving: bool,
+        bounds: Bounds,
+        gains: Gains,
+    ) -> Step {
         self.pace = bounds.clamp(self.pace);
+        if starving {
+            let next = self.loosened(bounds, gains);
+            if next == self.pace {
+                return Step::Hold;
+            }
+            self.pace = next;
+            return Step::Rescue;
+        }
         let Some(worst) = worst else {
             return Step::Hold;
         };
@@ -145,7 +169,17 @@ impl Controller {
         if held || worst * 100.0 >= f64::from(gains.headroom_percent) {
             return Step::Hold;
         }
-        let next = bounds.clamp(Pace {
+        let next = self.loosened(bounds, gains);
+        if next == self.pace {
+            return Step::Hold;
+        }
+        self.pace = next;
+        Step::Loosen
+    }
+
+    /// The knobs one loosening step up, within `bounds`.
+    fn loosened(&self, bounds: Bounds, gains: Gains) -> Pace {
+        bounds.clamp(Pace {
             prefill_budget: self
                 .pace
                 .prefill_budget
@@ -154,12 +188,7 @@ impl Controller {
                 .pace
                 .large_seats
                 .saturating_add(gains.loosen_large_seats),
-        });
-        if next == self.pace {
-            return Step::Hold;
-        }
-        self.pace = next;
-        Step::Loosen
+        })
     }
 }
 
@@ -192,7 +221,10 @@ mod tests {
     fn a_missed_objective_halves_both_knobs_then_holds() {
         let now = Instant::now();
         let mut c = Controller::new(BOUNDS);
-        assert_eq!(c.step(now, Some(1.4), BOUNDS, gains()), Step::Tighten);
+        assert_eq!(
+            c.step(now, Some(1.4), false, BOUNDS, gains()),
+            Step::Tighten
+        );
         assert_eq!(
             c.pace(),
             Pace {
@@ -202,10 +234,13 @@ mod tests {
         );
         // Still missed a second later: the window still holds the old samples.
         let later = now + Duration::from_secs(1);
-        assert_eq!(c.step(later, Some(1.4), BOUNDS, gains()), Step::Hold);
+        assert_eq!(c.step(later, Some(1.4), false, BOUNDS, gains()), Step::Hold);
         // After the hold, a miss tightens again.
         let after = now + Duration::from_secs(6);
-        assert_eq!(c.step(after, Some(1.1), BOUNDS, gains()), Step::Tighten);
+        assert_eq!(
+            c.step(after, Some(1.1), false, BOUNDS, gains()),
+            Step::Tighten
+        );
         assert_eq!(c.pace().large_seats, 2);
     }
 
@@ -215,7 +250,7 @@ mod tests {
         let mut c = Controller::new(BOUNDS);
         let mut steps = Vec::new();
         for _ in 0..20 {
-            steps.push(c.step(now, Some(10.0), BOUNDS, gains()));
+            steps.push(c.step(now, Some(10.0), false, BOUNDS, gains()));
             now += Duration::from_secs(10);
             assert!(c.pace().large_seats >= 1 && c.pace().prefill_budget >= 2_048);
         }
@@ -227,30 +262,52 @@ mod tests {
     fn objectives_met_with_headroom_loosen_step_by_step_up_to_the_configured_values() {
         let mut now = Instant::now();
         let mut c = Controller::new(BOUNDS);
-        c.step(now, Some(2.0), BOUNDS, gains());
+        c.step(now, Some(2.0), false, BOUNDS, gains());
         now += Duration::from_secs(10);
         let before = c.pace();
-        assert_eq!(c.step(now, Some(0.5), BOUNDS, gains()), Step::Loosen);
+        assert_eq!(c.step(now, Some(0.5), false, BOUNDS, gains()), Step::Loosen);
         assert_eq!(c.pace().large_seats, before.large_seats + 1);
         assert_eq!(c.pace().prefill_budget, before.prefill_budget + 1_024);
         for _ in 0..30 {
             now += Duration::from_secs(1);
-            c.step(now, Some(0.5), BOUNDS, gains());
+            c.step(now, Some(0.5), false, BOUNDS, gains());
         }
         assert_eq!(c.pace(), BOUNDS.max);
-        assert_eq!(c.step(now, Some(0.5), BOUNDS, gains()), Step::Hold);
+        assert_eq!(c.step(now, Some(0.5), false, BOUNDS, gains()), Step::Hold);
     }
 
     #[test]
     fn close_to_the_objective_or_without_samples_nothing_moves() {
         let now = Instant::now();
         let mut c = Controller::new(BOUNDS);
-        c.step(now, Some(3.0), BOUNDS, gains());
+        c.step(now, Some(3.0), false, BOUNDS, gains());
         let p = c.pace();
         let later = now + Duration::from_secs(10);
-        assert_eq!(c.step(later, Some(0.9), BOUNDS, gains()), Step::Hold);
-        assert_eq!(c.step(later, None, BOUNDS, gains()), Step::Hold);
+        assert_eq!(c.step(later, Some(0.9), false, BOUNDS, gains()), Step::Hold);
+        assert_eq!(c.step(later, None, false, BOUNDS, gains()), Step::Hold);
         assert_eq!(c.pace(), p);
+    }
+
+    #[test]
+    fn a_starving_large_lane_is_rescued_whatever_the_objectives() {
+        let mut now = Instant::now();
+        let mut c = Controller::new(BOUNDS);
+        for _ in 0..10 {
+            c.step(now, Some(5.0), false, BOUNDS, gains());
+            now += Duration::from_secs(10);
+        }
+        assert_eq!(c.pace(), BOUNDS.min);
+        // Reviews wait too long: the knobs go up though the objective is still missed.
+        assert_eq!(c.step(now, Some(5.0), true, BOUNDS, gains()), Step::Rescue);
+        assert_eq!(c.pace().large_seats, 2);
+        assert_eq!(c.step(now, Some(5.0), true, BOUNDS, gains()), Step::Rescue);
+        assert_eq!(c.pace().large_seats, 3);
+        // Drained: the miss tightens again.
+        now += Duration::from_secs(10);
+        assert_eq!(
+            c.step(now, Some(5.0), false, BOUNDS, gains()),
+            Step::Tighten
+        );
     }
 
     #[test]
@@ -263,7 +320,7 @@ mod tests {
             },
             ..BOUNDS
         };
-        c.step(Instant::now(), None, lower, gains());
+        c.step(Instant::now(), None, false, lower, gains());
         assert_eq!(c.pace(), lower.max);
     }
 }

@@ -99,11 +99,12 @@ impl Pilot {
             headroom_percent: ap.headroom_percent,
             hold: ap.hold,
         };
+        let starving = starving(state, &config);
         let controller = self
             .controller
             .get_or_insert_with(|| Controller::new(bounds));
         let before = controller.pace();
-        let step = controller.step(tokio::time::Instant::now(), worst, bounds, gains);
+        let step = controller.step(tokio::time::Instant::now(), worst, starving, bounds, gains);
         let pace = controller.pace();
         if let Some(reason) = step.reason() {
             metrics.adjusted(reason);
@@ -129,6 +130,22 @@ impl Pilot {
         }
         metrics.set(true, pace.prefill_budget, pace.large_seats);
     }
+}
+
+/// Whether the large lane is starving: requests wait in it and, at its admissions of the last
+/// 10 s, the last of them would wait more than half the lane's queue timeout (or nothing was
+/// admitted lately). Reviews come before a question's objective.
+fn starving(state: &AppState, config: &Config) -> bool {
+    let waiting = state.admission().snapshot().lane(Lane::Large).queue_depth;
+    if waiting == 0 {
+        return false;
+    }
+    let limit = config.lanes.large.queue.timeout / 2;
+    state
+        .metrics()
+        .admission_rate()
+        .predict(Lane::Large, waiting)
+        .is_none_or(|wait| wait > limit)
 }
 
 /// Why the autopilot does not run under `config`; `None`: it runs.

@@ -7,7 +7,7 @@ use super::registered::{counter_vec, registered};
 use crate::lane::Lane;
 
 /// Reasons an adjustment is counted under.
-pub const REASONS: [&str; 3] = ["tighten", "loosen", "at_floor"];
+pub const REASONS: [&str; 4] = ["tighten", "loosen", "at_floor", "rescue"];
 
 /// The autopilot's families.
 #[derive(Debug, Clone)]
@@ -53,7 +53,8 @@ impl AutopilotMetrics {
                 registry,
                 "tutor_gateway_autopilot_adjustments_total",
                 "Autopilot decisions by reason: tighten (an objective missed), loosen (every objective \
-                 held with headroom), at_floor (missed with the knobs at their floors).",
+                 held with headroom), at_floor (missed with the knobs at their floors), rescue (the \
+                 large lane starving: knobs raised whatever the objectives).",
                 &["reason"],
             ),
         };
