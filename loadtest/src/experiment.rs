@@ -212,6 +212,7 @@ pub(crate) fn gateway_config(
         ap.interval = wall(ap.interval);
         ap.window = wall(ap.window);
         ap.hold = wall(ap.hold);
+        ap.max_large_wait = wall(ap.max_large_wait);
         for lane in [
             &mut cfg.lanes.small,
             &mut cfg.lanes.medium,

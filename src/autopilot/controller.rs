@@ -10,9 +10,9 @@
 //!   `headroom_percent` of the target) and no hold is running: the budget grows by
 //!   `loosen_prefill_tokens`, the seats by `loosen_large_seats`, never above the configured
 //!   values.
-//! - **Rescue** reviews first: when the large lane is starving (its queue would not drain
-//!   within half its queue timeout at its recent admission rate, or nothing was admitted
-//!   lately while requests wait), both knobs grow by one loosening step, whatever the
+//! - **Rescue** reviews first: when the large lane is starving (the last request in its queue
+//!   is predicted to wait more than `max_large_wait_ms` at its recent admission rate, or
+//!   nothing was admitted lately while requests wait), both knobs grow by one loosening step, whatever the
 //!   objectives say, and no tightening happens. Reviews are never refused for a question's
 //!   objective; the objective may then be missed, and the metrics say so.
 //! - Otherwise (between headroom and the target, or no lane with `min_samples` in the

@@ -133,14 +133,14 @@ impl Pilot {
 }
 
 /// Whether the large lane is starving: requests wait in it and, at its admissions of the last
-/// 10 s, the last of them would wait more than half the lane's queue timeout (or nothing was
+/// 10 s, the last of them would wait more than `autopilot.max_large_wait_ms` (or nothing was
 /// admitted lately). Reviews come before a question's objective.
 fn starving(state: &AppState, config: &Config) -> bool {
     let waiting = state.admission().snapshot().lane(Lane::Large).queue_depth;
     if waiting == 0 {
         return false;
     }
-    let limit = config.lanes.large.queue.timeout / 2;
+    let limit = config.autopilot.max_large_wait;
     state
         .metrics()
         .admission_rate()

@@ -26,6 +26,8 @@ const LOOSEN_LARGE_SEATS: u32 = 1;
 const HEADROOM_PERCENT: u32 = 80;
 /// Default `autopilot.hold_ms`.
 const HOLD_MS: u64 = 5_000;
+/// Default `autopilot.max_large_wait_ms`.
+const MAX_LARGE_WAIT_MS: u64 = 10_000;
 /// Default `autopilot.min_large_seats`.
 const MIN_LARGE_SEATS: u32 = 1;
 
@@ -55,6 +57,8 @@ pub struct RawAutopilot {
     pub min_prefill_budget_tokens: Option<u64>,
     /// Fewest large seats (the reviews' floor share).
     pub min_large_seats: Option<u32>,
+    /// A large request predicted to wait longer than this is starving, ms.
+    pub max_large_wait_ms: Option<u64>,
 }
 
 /// `[autopilot]`: the controller that paces the large lane's seats and the prefill budget to
@@ -84,6 +88,10 @@ pub struct AutopilotConfig {
     pub min_prefill_budget_tokens: Option<u64>,
     /// Fewest large seats: reviews always progress.
     pub min_large_seats: u32,
+    /// The large lane is starving when the last request in its queue is predicted to wait
+    /// longer than this (at its admissions of the last 10 s): the knobs go up whatever the
+    /// objectives.
+    pub max_large_wait: Duration,
 }
 
 impl Default for AutopilotConfig {
@@ -136,5 +144,10 @@ pub(super) fn validate(c: &mut Checker, raw: RawAutopilot) -> AutopilotConfig {
         hold: Duration::from_millis(raw.hold_ms.unwrap_or(HOLD_MS)),
         min_prefill_budget_tokens: raw.min_prefill_budget_tokens,
         min_large_seats: min_large_seats.max(1),
+        max_large_wait: c.ms(
+            "autopilot.max_large_wait_ms",
+            raw.max_large_wait_ms,
+            MAX_LARGE_WAIT_MS,
+        ),
     }
 }
