@@ -218,6 +218,25 @@ fn trained_tokenizer() -> (tempfile_dir::Dir, std::path::PathBuf) {
     (dir, path)
 }
 
+/// The gateway (config `tweak`ed) in front of a simulator counting with [`trained_tokenizer`];
+/// the directory holds the tokenizer while the harness runs.
+async fn with_trained_tokenizer(
+    tweak: impl FnOnce(&mut tutor_gateway::config::Config),
+) -> (tempfile_dir::Dir, Harness) {
+    let (dir, path) = trained_tokenizer();
+    let path = path.to_str().unwrap();
+    let flags = [
+        "--speed",
+        "100",
+        "--profile",
+        "tiny-test",
+        "--tokenizer",
+        path,
+    ];
+    let h = harness(&flags, tweak).await;
+    (dir, h)
+}
+
 /// A temporary directory removed on drop.
 mod tempfile_dir {
     pub struct Dir(std::path::PathBuf);
@@ -248,20 +267,7 @@ mod tempfile_dir {
 
 #[tokio::test]
 async fn an_engine_that_counts_otherwise_is_learned_per_kind() {
-    let (_dir, path) = trained_tokenizer();
-    let path = path.to_str().unwrap();
-    let h = harness(
-        &[
-            "--speed",
-            "100",
-            "--profile",
-            "tiny-test",
-            "--tokenizer",
-            path,
-        ],
-        |_| {},
-    )
-    .await;
+    let (_dir, h) = with_trained_tokenizer(|_| {}).await;
     let log = send_mixed(&h, 33, 200).await;
     // Uncorrected, the heuristic is far from this tokenizer's counts...
     let raw: Vec<f64> = log
@@ -328,20 +334,8 @@ async fn a_review_that_cannot_fit_is_refused_up_front_never_failed_by_the_engine
 
 #[tokio::test]
 async fn near_a_limit_the_engines_own_count_decides() {
-    let (_dir, path) = trained_tokenizer();
-    let path = path.to_str().unwrap();
-    let h = harness(
-        &[
-            "--speed",
-            "100",
-            "--profile",
-            "tiny-test",
-            "--tokenizer",
-            path,
-        ],
-        |c| c.classify.exact_count = ExactCount::NearLimits,
-    )
-    .await;
+    let (_dir, h) =
+        with_trained_tokenizer(|c| c.classify.exact_count = ExactCount::NearLimits).await;
     // Over max_model_len by the heuristic's uncorrected count (within the 10% margin), well
     // inside it by the engine's: counted by the engine, admitted, completed.
     let prompt = code(&mut StdRng::seed_from_u64(36), 35_000);

@@ -95,47 +95,41 @@ impl PromptInput {
 
     /// Calls `f` on every text piece that will be tokenized.
     pub fn for_each_text(&self, mut f: impl FnMut(&str)) {
-        match self {
-            PromptInput::Prompt(text) => f(text),
-            PromptInput::Chat {
-                messages,
-                tools,
-                template_kwargs,
-            } => {
-                for block in [tools, template_kwargs].into_iter().flatten() {
-                    f(block);
-                }
-                for message in messages {
-                    message.for_each_piece(|_, piece| f(piece));
-                }
-            }
-        }
+        self.for_each_source(|_, text| f(text));
     }
 
     /// Calls `f` on every text piece that will be tokenized, with the kind it is corrected as
     /// (`calibration.rs`): `tools` and `chat_template_kwargs` and tool calls are tools, media
     /// parts media, roles prose, other text code or prose by [`ContentKind::of_text`].
     pub fn for_each_kind_text(&self, mut f: impl FnMut(ContentKind, &str)) {
+        self.for_each_source(|source, text| {
+            let kind = match source {
+                Some(PieceKind::Role) => ContentKind::Prose,
+                Some(PieceKind::Media(_)) => ContentKind::Media,
+                // The request's JSON blocks (`None` in a chat) and tool calls.
+                Some(PieceKind::ToolCalls) => ContentKind::Tools,
+                None if matches!(self, PromptInput::Chat { .. }) => ContentKind::Tools,
+                Some(PieceKind::Text) | None => ContentKind::of_text(text),
+            };
+            f(kind, text)
+        });
+    }
+
+    /// The one walk over the text pieces: each with the message piece it is, `None` for a
+    /// prompt or the request's JSON blocks (`tools`, `chat_template_kwargs`).
+    fn for_each_source(&self, mut f: impl FnMut(Option<PieceKind>, &str)) {
         match self {
-            PromptInput::Prompt(text) => f(ContentKind::of_text(text), text),
+            PromptInput::Prompt(text) => f(None, text),
             PromptInput::Chat {
                 messages,
                 tools,
                 template_kwargs,
             } => {
                 for block in [tools, template_kwargs].into_iter().flatten() {
-                    f(ContentKind::Tools, block);
+                    f(None, block);
                 }
                 for message in messages {
-                    message.for_each_piece(|kind, piece| {
-                        let kind = match kind {
-                            PieceKind::Role => ContentKind::Prose,
-                            PieceKind::Media(_) => ContentKind::Media,
-                            PieceKind::ToolCalls => ContentKind::Tools,
-                            PieceKind::Text => ContentKind::of_text(piece),
-                        };
-                        f(kind, piece)
-                    });
+                    message.for_each_piece(|kind, piece| f(Some(kind), piece));
                 }
             }
         }
