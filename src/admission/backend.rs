@@ -8,6 +8,7 @@
 use futures::future::BoxFuture;
 
 use super::error::AdmissionError;
+use super::fair::Due;
 use super::guard::LaneGuard;
 use crate::config::{Config, Policy};
 use crate::lane::Lane;
@@ -15,7 +16,8 @@ use crate::telemetry::AdmissionSnapshot;
 
 /// What a request asks of admission: a seat in `lane`, `work` tokens of budget (input estimate
 /// plus output budget, [`crate::classify::Classification::work`]) and, until its first token,
-/// `prefill` tokens of the prefill budget; `tenant` takes its turns in a queue by its share.
+/// `prefill` tokens of the prefill budget; `tenant` takes its turns in a queue by its share, and
+/// among its tenant's waiters of its lane it goes earliest `due` first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ask<'a> {
     /// The lane whose seat it takes.
@@ -26,6 +28,9 @@ pub struct Ask<'a> {
     pub prefill: u32,
     /// The tenant whose share orders its turn in a queue (`None`: share 1).
     pub tenant: Option<&'a str>,
+    /// When its first token stops being useful: its place among its tenant's waiters of its
+    /// lane (earliest first; `None`: after those with a deadline, in arrival order).
+    pub due: Due,
 }
 
 impl<'a> Ask<'a> {
@@ -36,6 +41,7 @@ impl<'a> Ask<'a> {
             work,
             prefill: 0,
             tenant: None,
+            due: None,
         }
     }
 
@@ -49,6 +55,12 @@ impl<'a> Ask<'a> {
     #[must_use]
     pub fn for_tenant(self, tenant: Option<&'a str>) -> Self {
         Self { tenant, ..self }
+    }
+
+    /// The same ask, due at `due` (see [`Ask::due`]).
+    #[must_use]
+    pub fn due_at(self, due: Due) -> Self {
+        Self { due, ..self }
     }
 }
 

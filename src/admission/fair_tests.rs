@@ -1,7 +1,11 @@
 //! Fairness between tenants inside one lane's queue (issue 17, item 2): start-time fair
-//! queuing. Asserts on admission order only.
+//! queuing; and earliest deadline first within a tenant and lane. Asserts on admission order
+//! only.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use super::*;
 use crate::admission::redis::tests::redis_common;
@@ -29,22 +33,107 @@ async fn queue(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     for _ in 0..n {
-        let (mine, order) = (a.clone(), order.clone());
-        let before = a.snapshot().lane(Small).queue_depth;
-        tasks.push(tokio::spawn(async move {
-            let guard = mine
-                .acquire(Ask::new(Small, 10).for_tenant(Some(tenant)))
-                .await
-                .unwrap();
-            order.lock().unwrap().push(tenant);
-            drop(guard);
-        }));
-        // Wait until it is in the queue, so arrival order is exactly this loop's.
-        while a.snapshot().lane(Small).queue_depth == before {
-            tokio::task::yield_now().await;
-        }
+        tasks.push(queue_due(a, Some(tenant), tenant, None, order).await);
     }
     tasks
+}
+
+/// Queues one waiter of `tenant` due at `due`, which notes `label` in `order` when admitted
+/// and gives its seat back at once.
+async fn queue_due(
+    a: &Admission,
+    tenant: Option<&'static str>,
+    label: &'static str,
+    due: Option<Instant>,
+    order: &Arc<Mutex<Vec<&'static str>>>,
+) -> tokio::task::JoinHandle<()> {
+    let (mine, order) = (a.clone(), order.clone());
+    let before = a.snapshot().lane(Small).queue_depth;
+    let task = tokio::spawn(async move {
+        let guard = mine
+            .acquire(Ask::new(Small, 10).for_tenant(tenant).due_at(due))
+            .await
+            .unwrap();
+        order.lock().unwrap().push(label);
+        drop(guard);
+    });
+    // Wait until it is in the queue, so arrival order is exactly this caller's.
+    while a.snapshot().lane(Small).queue_depth == before {
+        tokio::task::yield_now().await;
+    }
+    task
+}
+
+/// Queues, behind a held seat, waiters without a tenant with these dues (`None`: no
+/// deadline) and lets them in; then the same with a waiter of tenant A, B, and A again (the
+/// last urgent). Returns the admission order.
+async fn deadline_order(a: &Admission) -> Vec<&'static str> {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let now = Instant::now();
+    let at = |s: u64| Some(now + Duration::from_secs(s));
+    let one_tenant = [
+        (None, "late", at(10)),
+        (None, "none", None),
+        (None, "soon", at(2)),
+        (None, "none2", None),
+        (None, "sooner", at(1)),
+        (None, "soon2", at(2)),
+    ];
+    let two_tenants = [
+        (Some("A"), "a1", None),
+        (Some("B"), "b1", None),
+        (Some("A"), "a2", at(1)),
+    ];
+    for waiters in [&one_tenant[..], &two_tenants[..]] {
+        let seat = a.acquire(Ask::new(Small, 10)).await.unwrap();
+        let mut tasks = Vec::new();
+        for &(tenant, label, due) in waiters {
+            tasks.push(queue_due(a, tenant, label, due, &order).await);
+        }
+        drop(seat);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert!(a.snapshot().is_idle());
+    }
+    let order = order.lock().unwrap().clone();
+    order
+}
+
+/// Within a tenant, earliest deadline first (FIFO among equal dues, no deadline last); between
+/// tenants, the same turns as without deadlines (A's urgent second request takes A's first
+/// turn, not B's).
+const DEADLINE_ORDER: [&str; 9] = [
+    "sooner", "soon", "soon2", "late", "none", "none2", "a2", "b1", "a1",
+];
+
+#[tokio::test(start_paused = true)]
+async fn within_a_tenant_the_earliest_deadline_goes_first() {
+    let a = one_seat("");
+    assert_eq!(deadline_order(&a).await, DEADLINE_ORDER);
+}
+
+/// The same through the Redis backend's line.
+#[tokio::test]
+async fn with_redis_the_earliest_deadline_goes_first_too() {
+    let redis = redis_common::RedisServer::start();
+    let a = redis_one_seat(&redis);
+    assert_eq!(deadline_order(&a).await, DEADLINE_ORDER);
+}
+
+/// One small seat, a deep queue, shared through `redis`.
+fn redis_one_seat(redis: &redis_common::RedisServer) -> Admission {
+    let toml = format!(
+        "[classify]\ntokenizer = \"heuristic\"\n[admission]\npolicy = \"lanes\"\nseats = 3\n\
+         [lanes.small]\nmax_concurrency = 1\nceiling = 1\nqueue_len = 1000\n\
+         [lanes.medium]\nmax_concurrency = 1\nceiling = 1\n\
+         [lanes.large]\nmax_concurrency = 1\nceiling = 1\n\
+         [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
+        redis.url()
+    );
+    let config = Config::from_toml_str(&toml).expect("test config is valid");
+    let metrics = crate::telemetry::Metrics::new();
+    Admission::build(&config, metrics.quota().clone()).unwrap()
 }
 
 #[tokio::test(start_paused = true)]
@@ -91,17 +180,7 @@ async fn shares_weight_the_turns_and_one_tenant_alone_is_fifo() {
 #[tokio::test]
 async fn with_redis_a_replicas_line_gives_tenants_turns() {
     let redis = redis_common::RedisServer::start();
-    let toml = format!(
-        "[classify]\ntokenizer = \"heuristic\"\n[admission]\npolicy = \"lanes\"\nseats = 3\n\
-         [lanes.small]\nmax_concurrency = 1\nceiling = 1\nqueue_len = 1000\n\
-         [lanes.medium]\nmax_concurrency = 1\nceiling = 1\n\
-         [lanes.large]\nmax_concurrency = 1\nceiling = 1\n\
-         [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
-        redis.url()
-    );
-    let config = Config::from_toml_str(&toml).expect("test config is valid");
-    let metrics = crate::telemetry::Metrics::new();
-    let a = Admission::build(&config, metrics.quota().clone()).unwrap();
+    let a = redis_one_seat(&redis);
     let order = Arc::new(Mutex::new(Vec::new()));
     let seat = a.acquire(Ask::new(Small, 10)).await.unwrap();
     let mut tasks = queue(&a, "A", 200, &order).await;

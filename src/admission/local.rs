@@ -120,8 +120,9 @@ impl LocalAdmission {
     /// one step.
     ///
     /// Admitted at once when the lane's queue is empty and all fit; otherwise waits behind
-    /// earlier requests of the same queue, up to the queue's timeout: FIFO within a tenant, the
-    /// tenants present taking turns in proportion to their shares (see `state.rs`, `Fair`). A
+    /// earlier requests of the same queue, up to the queue's timeout: the tenants present take
+    /// turns in proportion to their shares, and a tenant's turn in a lane goes to its waiter
+    /// due first, FIFO among equal dues (see `fair.rs`). A
     /// prompt of `ask.prefill` tokens above `admission.long_prompt_tokens`, under a prefill
     /// budget, waits for prefill room first (see the module doc). Errors:
     /// [`AdmissionError::QueueFull`] when the queue is at `queue_len`,
@@ -133,6 +134,7 @@ impl LocalAdmission {
             work: tokens,
             prefill: prompt,
             tenant,
+            ..
         } = ask;
         let shared = &self.shared;
         let rules = shared.rules();
@@ -166,15 +168,7 @@ impl LocalAdmission {
                 .and_then(|t| rules.shares.get(t))
                 .copied()
                 .unwrap_or(1.0);
-            let id = state.enqueue(
-                queue,
-                lane,
-                tokens,
-                prompt,
-                tenant.map(Arc::from),
-                share,
-                sender,
-            );
+            let id = state.enqueue(queue, &ask, share, sender);
             // Notes when a long prompt starts waiting for prefill room alone (it admits no one:
             // whoever could go was admitted before this arrival).
             shared.dispatch(&mut state);

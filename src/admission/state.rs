@@ -9,8 +9,9 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::backend::Ask;
 use super::budget::Usage;
-use super::fair::Fair;
+use super::fair::{edf_place, Due, Fair};
 use super::guard::LaneGuard;
 use crate::lane::Lane;
 use crate::telemetry::{AdmissionSnapshot, LaneSnapshot};
@@ -27,6 +28,11 @@ pub(super) struct Waiter {
     pub prefill_blocked_at: Option<Instant>,
     /// Its start tag in the queue's fair order (see [`Fair`]).
     pub tag: f64,
+    /// Its tenant: whose turn its tag is.
+    pub tenant: Option<Arc<str>>,
+    /// When its first token stops being useful (earliest first among its tenant's waiters of
+    /// its lane, see [`edf_place`]).
+    pub due: Due,
     pub grant: oneshot::Sender<LaneGuard>,
 }
 
@@ -78,38 +84,52 @@ impl State {
         self.prefill = self.prefill.saturating_sub(u64::from(tokens));
     }
 
-    /// Puts a waiter of `tenant` (with `share`) into queue `queue` at its fair place (see
-    /// [`Fair`]); returns its id.
-    #[allow(clippy::too_many_arguments)]
+    /// Puts `ask`'s waiter (its tenant's share of turns `share`) into queue `queue`: it takes
+    /// its tenant's next turn in the fair order (see [`Fair`]) and then goes ahead of the
+    /// waiters of its tenant and lane due later, which each move one of their tenant's turns
+    /// later ([`edf_place`]). Returns its id.
     pub fn enqueue(
         &mut self,
         queue: usize,
-        lane: Lane,
-        tokens: u32,
-        prefill: u32,
-        tenant: Option<Arc<str>>,
+        ask: &Ask<'_>,
         share: f64,
         grant: oneshot::Sender<LaneGuard>,
     ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        self.queued[lane.index()] += 1;
-        let tag = self.fair[queue].tag(tenant, share);
+        self.queued[ask.lane.index()] += 1;
+        let tenant = ask.tenant.map(Arc::from);
+        let tag = self.fair[queue].tag(tenant.clone(), share);
         let q = &mut self.queues[queue];
         let pos = q.partition_point(|w| w.tag <= tag);
+        let kin: Vec<usize> = (0..pos)
+            .filter(|&i| q[i].lane == ask.lane && q[i].tenant == tenant)
+            .collect();
+        let place = edf_place(kin.iter().map(|&i| q[i].due), ask.due);
         q.insert(
             pos,
             Waiter {
                 id,
-                lane,
-                tokens,
-                prefill,
+                lane: ask.lane,
+                tokens: ask.work,
+                prefill: ask.prefill,
                 enqueued_at: Instant::now(),
                 prefill_blocked_at: None,
                 tag,
+                tenant,
+                due: ask.due,
                 grant,
             },
         );
+        // Move the arrival forward to its place, each kin due later one of the turns back.
+        let mut at = pos;
+        for &before in kin[place..].iter().rev() {
+            q.swap(before, at);
+            let (a, b) = (q[before].tag, q[at].tag);
+            q[before].tag = b;
+            q[at].tag = a;
+            at = before;
+        }
         id
     }
 

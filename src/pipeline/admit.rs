@@ -104,10 +104,17 @@ pub async fn admit(
         Err(e) => return Err(refused(record, e)),
     };
     let tenant = ready.tenant.clone();
+    // Its place among its tenant's waiters of its lane: its own deadline, else its lane's
+    // objective, from its arrival.
+    let due = ready
+        .deadline
+        .or_else(|| ctx.config().lanes.get(lane).ttft_slo.map(|o| o.target))
+        .and_then(|d| record.arrival().checked_add(d));
     let acquire = ctx.admission().acquire(
         Ask::new(ready.class.lane, ready.class.work)
             .with_prefill(ready.prefill)
-            .for_tenant(tenant.as_ref().map(|t| t.0.as_str())),
+            .for_tenant(tenant.as_ref().map(|t| t.0.as_str()))
+            .due_at(due),
     );
     tokio::pin!(acquire);
     let deadline = match divert {

@@ -299,7 +299,8 @@ impl RedisAdmission {
     /// budget, given back at the first token ([`LaneGuard::prefill_done`]) or with the lease; a
     /// long prompt under a budget waits for room in its lane's long-prompt line, holding
     /// nothing. While it waits in this replica's line, the tenants there take turns in
-    /// proportion to their shares (`auth.tenant_shares`), FIFO within a tenant.
+    /// proportion to their shares (`auth.tenant_shares`), a tenant's turn going to its waiter
+    /// due first (FIFO among equal dues).
     ///
     /// Errors: [`AdmissionError::QueueFull`], [`AdmissionError::Timeout`],
     /// [`AdmissionError::TooLarge`], and [`AdmissionError::QuotaUnavailable`] when Redis is
@@ -311,6 +312,7 @@ impl RedisAdmission {
             work: tokens,
             prefill: prompt,
             tenant,
+            due,
         } = ask;
         let rules = self.rules();
         rules.limits.admissible(lane, tokens)?;
@@ -348,7 +350,7 @@ impl RedisAdmission {
             .and_then(|t| rules.shares.get(t))
             .copied()
             .unwrap_or(1.0);
-        let Some(place) = line.join(queue.len, tenant, share) else {
+        let Some(place) = line.join(queue.len, tenant, share, due) else {
             return Err(AdmissionError::QueueFull {
                 lane,
                 retry_after: Duration::from_secs(queue.timeout.as_secs().max(1)),

@@ -1,8 +1,9 @@
 //! A lane's local wait line in front of the shared quota.
 //!
-//! Only the line's head talks to Redis. The order is the local backend's start-time fair
-//! queuing ([`Fair`]): FIFO within a tenant, tenants in turns weighted by `auth.tenant_shares`
-//! (one tenant alone, or `[auth]` off: plain FIFO). A waiter that arrives with an earlier tag
+//! Only the line's head talks to Redis. The order is the local backend's: start-time fair
+//! queuing between tenants ([`Fair`], turns weighted by `auth.tenant_shares`), and within a
+//! tenant its waiter due first ([`edf_place`]; FIFO among equal dues, so one tenant alone with
+//! no deadlines, or `[auth]` off, is plain FIFO). A waiter that arrives with an earlier tag
 //! than the head's takes the turn at the head's next refused try. The head retries the acquire
 //! script when a release is announced (this replica's own releases, and every replica's through
 //! the pub/sub channel) or after a jittered, exponentially growing backoff (5 ms to 250 ms), so
@@ -10,7 +11,7 @@
 //! Fairness holds within a replica's line; across replicas, heads race for a freed seat (see
 //! the module doc of `redis/`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -18,7 +19,7 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::sync::Notify;
 
-use crate::admission::fair::Fair;
+use crate::admission::fair::{edf_place, Due, Fair};
 
 /// First retry delay after a refused acquire.
 const BACKOFF_MIN: Duration = Duration::from_millis(5);
@@ -29,13 +30,25 @@ const BACKOFF_MAX: Duration = Duration::from_millis(250);
 /// float does) and its arrival number.
 type Key = (u64, u64);
 
+/// A waiter in a [`Line`]: the place of arrival number `id`.
+#[derive(Debug)]
+struct Seat {
+    id: u64,
+    tenant: Option<Arc<str>>,
+    due: Due,
+    wake: Arc<Notify>,
+}
+
 #[derive(Debug, Default)]
 struct Line {
     fair: Fair,
-    /// Waiters in fair order, each with its wake-up.
-    order: BTreeMap<Key, Arc<Notify>>,
-    /// The waiter whose turn it is (the one talking to Redis).
-    turn: Option<Key>,
+    /// Waiters in fair order (a key is a turn; a waiter moved ahead by its deadline takes an
+    /// earlier turn of its tenant's).
+    order: BTreeMap<Key, Seat>,
+    /// Each waiter's key in `order`, by arrival number.
+    keys: HashMap<u64, Key>,
+    /// The arrival number of the waiter whose turn it is (the one talking to Redis).
+    turn: Option<u64>,
     arrivals: u64,
 }
 
@@ -44,9 +57,45 @@ impl Line {
     fn wake_first(&self) {
         if self.turn.is_none() {
             if let Some(first) = self.order.values().next() {
-                first.notify_one();
+                first.wake.notify_one();
             }
         }
+    }
+
+    /// Puts `seat` at `key` (its tenant's newest turn), then ahead of the waiters of its
+    /// tenant due later: each of those moves one of the tenant's turns back.
+    fn insert(&mut self, key: Key, seat: Seat) {
+        let kin: Vec<Key> = self
+            .order
+            .iter()
+            .filter(|(_, s)| s.tenant == seat.tenant)
+            .map(|(k, _)| *k)
+            .collect();
+        let place = edf_place(kin.iter().map(|k| self.order[k].due), seat.due);
+        let mut moving = seat;
+        for k in &kin[place..] {
+            if let Some(seat) = self.order.get_mut(k) {
+                self.keys.insert(moving.id, *k);
+                moving = std::mem::replace(seat, moving);
+            }
+        }
+        self.keys.insert(moving.id, key);
+        self.order.insert(key, moving);
+    }
+
+    /// Takes waiter `id` out.
+    fn remove(&mut self, id: u64) {
+        if let Some(key) = self.keys.remove(&id) {
+            self.order.remove(&key);
+        }
+        if self.turn == Some(id) {
+            self.turn = None;
+        }
+    }
+
+    /// The arrival number of the first waiter.
+    fn first(&self) -> Option<u64> {
+        self.order.values().next().map(|s| s.id)
     }
 }
 
@@ -63,8 +112,8 @@ pub(crate) struct LaneQueue {
 /// A place in a [`LaneQueue`]; dropping it leaves the line.
 pub(crate) struct Place<'a> {
     queue: &'a LaneQueue,
-    key: Key,
-    tag: f64,
+    /// Its arrival number.
+    id: u64,
     wake: Arc<Notify>,
 }
 
@@ -77,10 +126,7 @@ impl Drop for Place<'_> {
     fn drop(&mut self) {
         self.queue.waiting.fetch_sub(1, Ordering::AcqRel);
         let mut line = self.queue.lock();
-        line.order.remove(&self.key);
-        if line.turn == Some(self.key) {
-            line.turn = None;
-        }
+        line.remove(self.id);
         line.wake_first();
     }
 }
@@ -88,7 +134,7 @@ impl Drop for Place<'_> {
 impl Drop for Turn<'_, '_> {
     fn drop(&mut self) {
         let mut line = self.place.queue.lock();
-        if line.turn == Some(self.place.key) {
+        if line.turn == Some(self.place.id) {
             line.turn = None;
         }
         line.wake_first();
@@ -105,9 +151,15 @@ impl LaneQueue {
         self.waiting.load(Ordering::Acquire)
     }
 
-    /// Joins the line for `tenant` (whose share of turns is `share`) unless it already holds
-    /// `max` waiters.
-    pub fn join(&self, max: usize, tenant: Option<&str>, share: f64) -> Option<Place<'_>> {
+    /// Joins the line for `tenant` (whose share of turns is `share`), due at `due`, unless it
+    /// already holds `max` waiters.
+    pub fn join(
+        &self,
+        max: usize,
+        tenant: Option<&str>,
+        share: f64,
+        due: Due,
+    ) -> Option<Place<'_>> {
         let max = u32::try_from(max).unwrap_or(u32::MAX);
         self.waiting
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -115,16 +167,23 @@ impl LaneQueue {
             })
             .ok()?;
         let mut line = self.lock();
-        let tag = line.fair.tag(tenant.map(Arc::from), share);
+        let tenant: Option<Arc<str>> = tenant.map(Arc::from);
+        let tag = line.fair.tag(tenant.clone(), share);
         line.arrivals += 1;
-        let key = (tag.max(0.0).to_bits(), line.arrivals);
+        let id = line.arrivals;
+        let key = (tag.max(0.0).to_bits(), id);
         let wake = Arc::new(Notify::new());
-        line.order.insert(key, wake.clone());
+        let seat = Seat {
+            id,
+            tenant,
+            due,
+            wake: wake.clone(),
+        };
+        line.insert(key, seat);
         line.wake_first();
         Some(Place {
             queue: self,
-            key,
-            tag,
+            id,
             wake,
         })
     }
@@ -156,9 +215,8 @@ impl<'a> Place<'a> {
         loop {
             {
                 let mut line = self.queue.lock();
-                let first = line.order.keys().next().copied();
-                if line.turn.is_none() && first == Some(self.key) {
-                    line.turn = Some(self.key);
+                if line.turn.is_none() && line.first() == Some(self.id) {
+                    line.turn = Some(self.id);
                     return Turn { place: self };
                 }
             }
@@ -167,17 +225,20 @@ impl<'a> Place<'a> {
         }
     }
 
-    /// This waiter was admitted: the fair order's virtual time moves on to its tag.
+    /// This waiter was admitted: the fair order's virtual time moves on to its turn's tag.
     pub fn admitted(&self) {
-        self.queue.lock().fair.admitted(self.tag);
+        let mut line = self.queue.lock();
+        if let Some(key) = line.keys.get(&self.id).copied() {
+            line.fair.admitted(f64::from_bits(key.0));
+        }
     }
 }
 
 impl Turn<'_, '_> {
-    /// Whether this turn's waiter is still first (a waiter with an earlier tag may have
-    /// joined; it should then get the turn).
+    /// Whether this turn's waiter is still first (a waiter with an earlier tag, or of its
+    /// tenant and due earlier, may have joined; it should then get the turn).
     pub fn still_first(&self) -> bool {
-        self.place.queue.lock().order.keys().next() == Some(&self.place.key)
+        self.place.queue.lock().first() == Some(self.place.id)
     }
 }
 
@@ -188,18 +249,18 @@ mod tests {
     #[tokio::test]
     async fn turns_follow_the_fair_order_and_pass_on_when_a_place_leaves() {
         let q = LaneQueue::default();
-        let a1 = q.join(10, Some("A"), 1.0).unwrap();
-        let a2 = q.join(10, Some("A"), 1.0).unwrap();
-        let a3 = q.join(10, Some("A"), 1.0).unwrap();
+        let a1 = q.join(10, Some("A"), 1.0, None).unwrap();
+        let a2 = q.join(10, Some("A"), 1.0, None).unwrap();
+        let a3 = q.join(10, Some("A"), 1.0, None).unwrap();
         let turn = a1.turn().await;
         // B arrives last but its start tag is the virtual time: it goes before A's second.
-        let b1 = q.join(10, Some("B"), 1.0).unwrap();
+        let b1 = q.join(10, Some("B"), 1.0, None).unwrap();
         assert!(turn.still_first(), "A's first keeps its place");
         a1.admitted();
         drop(turn);
         drop(a1);
         let turn = b1.turn().await;
-        assert!(q.lock().order.keys().next().is_none_or(|k| *k != a2.key));
+        assert!(q.lock().first().is_none_or(|id| id != a2.id));
         b1.admitted();
         drop(turn);
         drop(b1);
@@ -214,8 +275,8 @@ mod tests {
         assert_eq!(q.waiting(), 0);
         assert!(q.lock().order.is_empty() && q.lock().turn.is_none());
         // The bound holds.
-        let p: Vec<_> = (0..2).map(|_| q.join(2, None, 1.0)).collect();
+        let p: Vec<_> = (0..2).map(|_| q.join(2, None, 1.0, None)).collect();
         assert!(p.iter().all(Option::is_some));
-        assert!(q.join(2, None, 1.0).is_none());
+        assert!(q.join(2, None, 1.0, None).is_none());
     }
 }
