@@ -322,14 +322,39 @@ impl GatewayError {
         }
     }
 
-    /// The OpenAI error body.
+    /// The OpenAI error body. An early refusal (`deadline_unmet`) adds its estimate:
+    /// `predicted_wait_ms` and `deadline_ms` (what was left of the deadline).
     pub fn body(&self) -> serde_json::Value {
-        json!({"error": {
+        let mut body = json!({"error": {
             "message": self.message(),
             "type": self.kind(),
             "param": self.param(),
             "code": self.code(),
-        }})
+        }});
+        if let (Some((predicted, deadline)), Some(error)) =
+            (self.wait_estimate(), body["error"].as_object_mut())
+        {
+            error.insert("predicted_wait_ms".into(), json!(predicted.as_millis()));
+            error.insert("deadline_ms".into(), json!(deadline.as_millis()));
+        }
+        body
+    }
+
+    /// An early refusal's predicted wait and what was left of its deadline.
+    pub fn wait_estimate(&self) -> Option<(Duration, Duration)> {
+        match self {
+            Self::Admission(AdmissionError::WouldMissDeadline {
+                predicted,
+                deadline,
+                ..
+            }) => Some((*predicted, *deadline)),
+            _ => None,
+        }
+    }
+
+    /// `Retry-After`, whole seconds, when the error has one.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after().map(|after| after.as_secs().max(1))
     }
 
     /// What the gateway's own log says about this error: its class, status and vLLM's error
@@ -358,9 +383,8 @@ impl GatewayError {
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let mut resp = (self.status(), axum::Json(self.body())).into_response();
-        if let Some(after) = self.retry_after() {
-            let secs = after.as_secs().max(1).to_string();
-            if let Ok(v) = HeaderValue::from_str(&secs) {
+        if let Some(secs) = self.retry_after_secs() {
+            if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
                 resp.headers_mut().insert(header::RETRY_AFTER, v);
             }
         }

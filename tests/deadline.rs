@@ -1,7 +1,8 @@
 //! An honest early "no" (`x-tutor-deadline-ms`): a request whose predicted wait (the requests
 //! ahead over the lane's recent admission rate) already misses its deadline is refused at once
 //! with a 503, `deadline_unmet` and a `Retry-After` from the prediction; one whose deadline the
-//! prediction meets waits its turn; a bad header is a 400 naming it. Asserted on states (a
+//! prediction meets waits its turn; a bad header is a 400 naming it. `/answer` read as an event
+//! stream gets the estimate as its one `error` event. Asserted on states (a
 //! deadline of 1 ms behind a queue, an hour), never on times.
 
 mod common;
@@ -67,6 +68,36 @@ async fn a_request_whose_predicted_wait_misses_its_deadline_is_refused_at_once()
     assert_eq!(body["error"]["code"], "deadline_unmet", "{body}");
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains("predicted wait"), "{message}");
+    assert!(
+        body["error"]["predicted_wait_ms"].as_u64().unwrap() > 0,
+        "{body}"
+    );
+    assert!(
+        body["error"]["deadline_ms"].as_u64().unwrap() <= 1,
+        "{body}"
+    );
+    // `/answer` read as an event stream: the same 503, the estimate as its one `error` event.
+    let resp = send(
+        client()
+            .post(h.url("/answer"))
+            .header("accept", "text/event-stream")
+            .header("x-tutor-deadline-ms", "1")
+            .json(&json!({"prompt": words(5000, "hurry-answer"), "max_output_tokens": 100})),
+    )
+    .await;
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().contains_key("retry-after"));
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let events = sse(&resp.text().await.unwrap());
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].0, "error");
+    let data: serde_json::Value = serde_json::from_str(&events[0].1).unwrap();
+    assert_eq!(data["code"], "deadline_unmet", "{data}");
+    assert!(data["predicted_wait_ms"].as_u64().unwrap() > 0, "{data}");
+    assert!(data["retry_after_s"].as_u64().unwrap() >= 1, "{data}");
     // An hour is met: it waits its turn and completes.
     let resp = post(&h, &review("patient"), Some("3600000")).await;
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
@@ -83,6 +114,13 @@ async fn a_request_whose_predicted_wait_misses_its_deadline_is_refused_at_once()
         ),
         1.0
     );
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_requests_total{lane=\"large\",outcome=\"deadline_unmet\",route=\"answer\"}"
+        ),
+        1.0
+    );
     // The waits that had a prediction were compared with it.
     assert!(
         metric(
@@ -90,5 +128,51 @@ async fn a_request_whose_predicted_wait_misses_its_deadline_is_refused_at_once()
             "tutor_gateway_wait_prediction_error_seconds_count{lane=\"large\"}"
         ) >= 1.0
     );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_nearer_deadline_goes_ahead_of_earlier_requests_of_its_lane() {
+    let h = harness(&["--speed", "1", "--profile", "tiny-test"], |c| {
+        set_lane(c, Lane::Large, 1);
+    })
+    .await;
+    // A stream holds the one large seat until the test stops reading it.
+    let holder = send(client().post(h.url("/v1/chat/completions")).json(&json!({
+        "messages": [{"role": "user", "content": words(5000, "holder")}],
+        "max_tokens": 3000,
+        "stream": true,
+    })))
+    .await;
+    assert_eq!(holder.status(), 200);
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    // Two reviews without a deadline (the large lane has no objective), then one with an hour.
+    for (label, deadline) in [
+        ("first", None),
+        ("second", None),
+        ("urgent", Some("3600000")),
+    ] {
+        let (h_url, order) = (h.url("/v1/chat/completions"), order.clone());
+        let before = h.queued(Lane::Large);
+        tasks.push(tokio::spawn(async move {
+            let mut req = client().post(h_url).json(&review(label));
+            if let Some(d) = deadline {
+                req = req.header("x-tutor-deadline-ms", d);
+            }
+            let resp = send(req).await;
+            assert_eq!(resp.status(), 200);
+            let _ = resp.text().await;
+            order.lock().unwrap().push(label);
+        }));
+        eventually("it waits", || h.queued(Lane::Large) > before).await;
+    }
+    // The holder goes away: its seat comes back, and the one seat serves the rest one by one.
+    drop(holder);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["urgent", "first", "second"]);
+    eventually("every seat and token back", || h.idle()).await;
     h.shutdown().await;
 }

@@ -71,8 +71,9 @@ pub enum Admit {
     Diverted(Value),
 }
 
-/// Waits for `ready`'s seat. With `divert`, a large request still waiting for its seat after
-/// `jobs.divert_large_after_ms` leaves the queue and becomes a job instead. A failure is
+/// Waits for `ready`'s seat. With `divert`, a large request whose predicted wait is past
+/// `jobs.divert_large_after_ms` becomes a job at once, and one still waiting for its seat after
+/// that long leaves the queue and becomes a job instead. A failure is
 /// written to the request's `record` here. A client that goes away meanwhile drops the record,
 /// which counts it as cancelled where it was.
 pub async fn admit(
@@ -98,6 +99,34 @@ pub async fn admit(
             return Err(refused(record, e.into()));
         }
     }
+    // A review whose predicted wait is already past `jobs.divert_large_after_ms` becomes a
+    // job now rather than after waiting that long.
+    let divert_after = match divert {
+        Some(d) if lane == Lane::Large => ctx.config().jobs.divert_large_after.map(|a| (a, d)),
+        _ => None,
+    };
+    let (ready, record) = match (divert_after, predicted) {
+        (Some((after, d)), Some(wait)) if wait > after && d.has_room(ready.size) => {
+            tracing::info!(request_id = %record.request_id(), predicted_wait_ms = wait.as_millis(), "diverting to a job up front");
+            match d.divert(ready, record).await {
+                Ok(mut job) => {
+                    // Why now: the wait it was spared.
+                    if let Some(obj) = job.as_object_mut() {
+                        obj.insert(
+                            "predicted_wait_ms".into(),
+                            serde_json::json!(wait.as_millis()),
+                        );
+                    }
+                    return Ok(Admit::Diverted(job));
+                }
+                Err(back) => {
+                    tracing::info!(request_id = %back.record.request_id(), code = back.error.code(), "not diverted; it queues");
+                    (back.ready, back.record)
+                }
+            }
+        }
+        _ => (ready, record),
+    };
     // While it waits for a seat its body is held: all queued bodies together are bounded.
     let held = match ctx.queued_bytes().hold(ready.size) {
         Ok(h) => h,
@@ -117,13 +146,7 @@ pub async fn admit(
             .due_at(due),
     );
     tokio::pin!(acquire);
-    let deadline = match divert {
-        Some(d) if ready.class.lane == Lane::Large => {
-            ctx.config().jobs.divert_large_after.map(|after| (after, d))
-        }
-        _ => None,
-    };
-    let (ready, record, guard) = match deadline {
+    let (ready, record, guard) = match divert_after {
         // Leaving the queue on the deadline is cancel-safe: the waiter is taken out.
         Some((after, d)) => match tokio::time::timeout(after, &mut acquire).await {
             Ok(guard) => (ready, record, guard),

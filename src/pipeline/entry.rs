@@ -17,7 +17,7 @@ use super::classify::{classify, Ready};
 use super::ctx::RequestCtx;
 use super::parse::{self, AnswerQuery, AnswerRequest, OpenAiRequest};
 use super::prompt::{self, Prepared};
-use super::respond::{link_trace, refused, rejected, sse_response, with_id};
+use super::respond::{answer_refused, link_trace, refused, rejected, sse_response, with_id};
 use super::send::send;
 use super::tenant::Tenant;
 use crate::error::GatewayError;
@@ -84,7 +84,7 @@ pub async fn answer(
     };
     let started = match start(&ctx, prepared, record, Format::Answer, divert).await {
         Ok(s) => s,
-        Err(e) => return with_id(e.into_response(), &request_id),
+        Err(e) => return with_id(answer_refused(e, &headers), &request_id),
     };
     match started {
         Started::Relay(relay) => with_id(sse_response(streamed(&ctx, relay)), &request_id),

@@ -49,3 +49,33 @@ pub fn refused(mut record: RequestRecord, e: GatewayError) -> GatewayError {
     record.finish(e.outcome(), Some(e.code()), None);
     e
 }
+
+/// An `/answer` refused before its stream began. A refusal with a wait estimate (an early
+/// "no", `deadline_unmet`) to a client that reads event streams (`Accept: text/event-stream`)
+/// keeps its status and `Retry-After` and carries the error as the stream's one `error` event,
+/// with `predicted_wait_ms`, `deadline_ms` and `retry_after_s`; anything else is the JSON error.
+pub fn answer_refused(e: GatewayError, headers: &HeaderMap) -> Response {
+    let reads_events = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("text/event-stream"));
+    let Some((predicted, deadline)) = e.wait_estimate().filter(|_| reads_events) else {
+        return e.into_response();
+    };
+    let data = serde_json::json!({
+        "code": e.code(),
+        "message": e.message(),
+        "predicted_wait_ms": predicted.as_millis(),
+        "deadline_ms": deadline.as_millis(),
+        "retry_after_s": e.retry_after_secs(),
+    });
+    let mut resp = sse_response(Body::from(crate::relay::error_event_with(&data)));
+    *resp.status_mut() = e.status();
+    if let Some(v) = e
+        .retry_after_secs()
+        .and_then(|s| HeaderValue::from_str(&s.to_string()).ok())
+    {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    resp
+}

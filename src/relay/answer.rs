@@ -71,11 +71,12 @@ pub fn token_event(chunk: &Chunk, seq: u32) -> Option<Bytes> {
 
 /// `error`, the last event of a failed stream: `{"code","message"}`.
 pub fn error_event(code: &str, message: &str) -> Bytes {
-    event_with_id(
-        END_ID,
-        "error",
-        &json!({ "code": code, "message": message }),
-    )
+    error_event_with(&json!({ "code": code, "message": message }))
+}
+
+/// `error` with `data` (at least `code` and `message`).
+pub fn error_event_with(data: &serde_json::Value) -> Bytes {
+    event_with_id(END_ID, "error", data)
 }
 
 /// `done`: finish reason, usage and timings.

@@ -47,6 +47,7 @@ use bytes::Bytes;
 use futures::FutureExt;
 use tokio::time::Instant;
 
+pub use answer::error_event_with;
 pub use client::{ClientBody, ClientLimits};
 pub use collect::Collected;
 pub use drain::Drain;

@@ -435,6 +435,46 @@ pub async fn a_large_answer_that_waits_too_long_becomes_a_job(backend: Backend) 
     h.shutdown().await;
 }
 
+pub async fn a_review_predicted_to_wait_too_long_becomes_a_job_on_arrival(backend: Backend) {
+    let h = start(backend, SLOW, |c| {
+        set_lane(c, Lane::Large, 1);
+        c.jobs.divert_large_after = Some(Duration::from_secs(5));
+    })
+    .await;
+    let base = h.base();
+    let big = |salt: &str, out: u32| json!({"prompt": words(5500, salt), "max_output_tokens": out});
+    // One review runs (the lane's one admission of the last 10 s), one waits behind it.
+    let first = spawn_post(h.url("/answer"), big("first", 1000));
+    eventually("the first holds the seat", || h.in_flight(Lane::Large) == 1).await;
+    let second = spawn_post(h.url("/answer"), big("second", 100));
+    eventually("the second waits", || h.queued(Lane::Large) == 1).await;
+    // One ahead at one admission per 10 s: about 10 s predicted, past the 5 s. It becomes a job
+    // at once, never joining the queue, and is told why.
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&big("third", 100))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.text().await.unwrap();
+    let events = parse(&body);
+    assert_eq!(events.len(), 1, "one `job` event: {body}");
+    assert_eq!(events[0].event, "job");
+    let job_event = json(&events[0].data);
+    assert!(
+        job_event["predicted_wait_ms"].as_u64().unwrap() > 5000,
+        "{job_event}"
+    );
+    let id = job_event["id"].as_str().unwrap().to_owned();
+    assert_eq!(sse(&first.await.unwrap()).last().unwrap().0, "done");
+    let _ = second.await.unwrap();
+    let v = done(&base, &id).await;
+    assert_eq!(v["answer"]["usage"]["output_tokens"], 100);
+    h.drained().await;
+    h.shutdown().await;
+}
+
 pub async fn an_unreachable_webhook_is_given_up_after_its_attempts(backend: Backend) {
     // Nothing listens there (the port was just free); https, as real receivers are.
     let port = {
