@@ -6,12 +6,17 @@
 //! engine whose every step takes milliseconds) or unmissable (an hour).
 
 mod common;
+mod redis_common;
 
 use std::time::Duration;
 
 use common::*;
+use redis_common::RedisServer;
 use serde_json::json;
-use tutor_gateway::config::{Config, TtftObjective};
+use tutor_gateway::admission::Admission;
+use tutor_gateway::autopilot::leader::Lease;
+use tutor_gateway::config::{Config, QuotaBackend, RedisUrl, TtftObjective};
+use tutor_gateway::server::Gateway;
 
 /// Reads a series from the gateway's metrics.
 async fn series(h: &Harness, name: &str) -> f64 {
@@ -20,13 +25,23 @@ async fn series(h: &Harness, name: &str) -> f64 {
 
 /// Sends short questions until `done` holds on the metrics (at most 60 s: a loaded machine).
 async fn until(h: &Harness, what: &str, done: impl Fn(&str) -> bool) {
+    until_on(&h.gw, what, |m| std::future::ready(done(m))).await;
+}
+
+/// Sends short questions to `gw` until `done` holds on its metrics (at most 60 s).
+async fn until_on<F: std::future::Future<Output = bool>>(
+    gw: &Gateway,
+    what: &str,
+    done: impl Fn(&str) -> F,
+) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let body = json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 2});
-        let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+        let url = format!("{}/v1/chat/completions", gw.url());
+        let resp = send(client().post(url).json(&body)).await;
         assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
         let _ = resp.text().await;
-        if done(&h.metrics_text().await) {
+        if done(&tutor_testkit::metrics_text(&gw.url()).await).await {
             return;
         }
         assert!(
@@ -163,4 +178,117 @@ async fn off_the_configured_values_hold_exactly() {
         0.0
     );
     h.shutdown().await;
+}
+
+const LEADER: &str = "tutor_gateway_autopilot_leader";
+
+/// The shared limits record's prefill budget and large ceiling, read from Redis.
+async fn shared_knobs(redis: &RedisServer) -> (u64, u32) {
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    redis::cmd("HMGET")
+        .arg("tg:v2:{quota}:limits")
+        .arg("prefill_budget")
+        .arg("large:ceiling")
+        .query_async::<(u64, u32)>(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// [`piloted`] on the Redis quota at `redis`, in front of `sim_url`.
+fn shared(sim_url: &str, redis: &RedisServer, enabled: bool) -> Config {
+    let mut c = Config::default();
+    c.upstream.base_url = sim_url.to_owned();
+    piloted(&mut c, 1);
+    c.autopilot.enabled = enabled;
+    c.quota.backend = QuotaBackend::Redis;
+    c.quota.redis_url = RedisUrl::new(redis.url());
+    c.quota.heartbeat = Duration::from_millis(100);
+    c
+}
+
+async fn gauge(gw: &Gateway, name: &str) -> f64 {
+    metric(&tutor_testkit::metrics_text(&gw.url()).await, name)
+}
+
+#[tokio::test]
+async fn with_redis_one_replica_leads_and_hands_the_configured_values_back_when_it_stops() {
+    let redis = RedisServer::start();
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&[
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+    ]))
+    .await
+    .unwrap();
+    // A paces; B has the autopilot off and enforces whatever the shared record says.
+    let (a, _) = gateway(shared(&sim.url(), &redis, true)).await;
+    let (b, _) = gateway(shared(&sim.url(), &redis, false)).await;
+    // The impossible objective drives A's values to the floors, published for the fleet.
+    until_on(&a, "the shared record at the floors", |m| {
+        let leads = metric(m, LEADER) == 1.0;
+        let redis = &redis;
+        async move { leads && shared_knobs(redis).await == (2048, 1) }
+    })
+    .await;
+    assert_eq!(gauge(&b, LEADER).await, 0.0, "B does not lead");
+    // A stops: it puts the configured values back and gives up the lead.
+    a.shutdown().await;
+    assert_eq!(shared_knobs(&redis).await, (12_288, 10));
+    // C, with the autopilot on, takes the lead and paces the fleet again.
+    let (c, _) = gateway(shared(&sim.url(), &redis, true)).await;
+    until_on(&c, "C leads and tightens", |m| {
+        let leads = metric(m, LEADER) == 1.0;
+        let redis = &redis;
+        async move { leads && shared_knobs(redis).await.1 < 10 }
+    })
+    .await;
+    // B follows: its gauges show the record in force.
+    assert_eq!(gauge(&b, LEADER).await, 0.0);
+    c.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn with_redis_the_lead_passes_on_when_its_holder_stops_renewing() {
+    let redis = RedisServer::start();
+    let mut config = Config::default();
+    config.quota.backend = QuotaBackend::Redis;
+    config.quota.redis_url = RedisUrl::new(redis.url());
+    let replica = || {
+        let metrics = tutor_gateway::telemetry::Metrics::new();
+        match Admission::build(&config, metrics.quota().clone()).unwrap() {
+            Admission::Redis(r) => r,
+            Admission::Local(_) => panic!("the Redis backend"),
+        }
+    };
+    let (a, b) = (replica(), replica());
+    let look = Duration::from_millis(1);
+    let (mut lease_a, mut lease_b) = (Lease::default(), Lease::default());
+    claim_until(&mut lease_a, &a, "A leads").await;
+    assert!(!lease_b.claim(&b, look).await, "one leader at a time");
+    assert!(lease_a.claim(&a, look).await, "the leader renews");
+    // A stops renewing (a crash): once its lease expires, B takes the lead.
+    claim_until(&mut lease_b, &b, "B leads").await;
+    assert!(!lease_a.claim(&a, look).await, "A follows now");
+    // B gives it up: A leads at once.
+    lease_b.resign(&b).await;
+    assert!(lease_a.claim(&a, look).await);
+}
+
+/// Claims `lease` for `redis` until it holds (at most 60 s).
+async fn claim_until(
+    lease: &mut Lease,
+    redis: &tutor_gateway::admission::redis::RedisAdmission,
+    what: &str,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !lease.claim(redis, Duration::from_millis(1)).await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not reached: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -16,35 +16,44 @@
 //! hold exactly. It reads the configuration in force at each look, so a reload turns it on or
 //! off and moves its bounds; a reload that changes the limits puts the configured values in
 //! force until the next look re-applies the paced ones. Under `admission.policy = "fifo"` there
-//! are no lanes to pace; with `quota.backend = "redis"` pacing across replicas (one leader
-//! publishing the values) is not built yet, so it stays off and says so at start.
+//! are no lanes to pace. With `quota.backend = "redis"` one replica leads ([`leader`]): it
+//! judges the objectives on its own requests (a load balancer gives each replica a sample of
+//! the fleet's) and publishes its values as the shared limits record; the others follow it.
+//! At shutdown, or turned off, a leader puts the configured values back.
 //!
 //! Each change is a log line and a metric (`tutor_gateway_autopilot_*`).
 
 pub mod controller;
+pub mod leader;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-use crate::config::{Config, Policy, QuotaBackend};
+use crate::config::{Config, Policy};
 use crate::lane::Lane;
 use crate::pipeline::AppState;
 use controller::{Bounds, Controller, Gains, Pace, Step};
 
-/// Starts the autopilot's loop on `state` until `stop`.
-pub fn start(state: AppState, stop: CancellationToken) {
-    tokio::spawn(async move {
+/// How long a leader stopping may take to put the configured values back.
+const HAND_BACK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Starts the autopilot's loop on `state` until `stop` (tracked by `tasks`: at shutdown a
+/// leader puts the configured values back before the quota's connection closes).
+pub fn start(state: AppState, stop: CancellationToken, tasks: &TaskTracker) {
+    tasks.spawn(async move {
         let mut pilot = Pilot::default();
         loop {
             let interval = state.config().autopilot.interval;
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => break,
                 () = tokio::time::sleep(interval) => {}
             }
-            pilot.look(&state);
+            pilot.look(&state).await;
         }
+        let _ = tokio::time::timeout(HAND_BACK_WAIT, pilot.hand_back(&state)).await;
     });
 }
 
@@ -56,17 +65,20 @@ struct Pilot {
     applied: Option<(Arc<Config>, Pace)>,
     /// Whether "not with this configuration" was logged.
     told: bool,
+    /// With the Redis quota: this replica's claim to lead.
+    lease: leader::Lease,
 }
 
 impl Pilot {
-    fn look(&mut self, state: &AppState) {
+    async fn look(&mut self, state: &AppState) {
         let config = state.config();
         let metrics = state.metrics().autopilot();
         let bounds = bounds(&config);
+        let redis = state.admission().shared();
         if let Some(why) = off(&config) {
-            if self.applied.take().is_some() {
+            if self.applied.is_some() {
                 // Turned off by a reload: the configured values again, exactly.
-                state.admission().set_limits(&config, false);
+                self.hand_back(state).await;
             }
             self.controller = None;
             if config.autopilot.enabled && !self.told {
@@ -74,7 +86,25 @@ impl Pilot {
                 self.told = true;
             }
             metrics.set(false, bounds.max.prefill_budget, bounds.max.large_seats);
+            metrics.leads(false);
             return;
+        }
+        if let Some(redis) = redis {
+            let leads = self.lease.claim(redis, config.autopilot.interval).await;
+            metrics.leads(leads);
+            if !leads {
+                // The leader's values are in force (or, until one leads, the configured ones).
+                self.controller = None;
+                self.applied = None;
+                let (budget, seats) = redis
+                    .shared_knobs()
+                    .await
+                    .unwrap_or((bounds.max.prefill_budget, bounds.max.large_seats));
+                metrics.set(true, budget, seats);
+                return;
+            }
+        } else {
+            metrics.leads(true);
         }
         let ap = &config.autopilot;
         let window = state.metrics().ttft_window();
@@ -123,12 +153,41 @@ impl Pilot {
         let stale = self
             .applied
             .as_ref()
-            .is_none_or(|(c, p)| !Arc::ptr_eq(c, &config) || *p != pace);
+            .is_none_or(|(c, p)| !Arc::ptr_eq(c, &config) || *p != pace)
+            || redis.is_some_and(|r| !r.paced_record_in_force() && !r.pushed_record_in_force());
         if stale {
-            state.admission().set_limits(&paced(&config, pace), false);
-            self.applied = Some((config, pace));
+            let in_force = match redis {
+                None => {
+                    state.admission().set_limits(&paced(&config, pace), false);
+                    true
+                }
+                // Redis did not answer: again at the next look.
+                Some(r) => r.publish_paced(&paced(&config, pace)).await.is_some(),
+            };
+            if in_force {
+                self.applied = Some((config, pace));
+            }
         }
         metrics.set(true, pace.prefill_budget, pace.large_seats);
+    }
+
+    /// Puts the configured values back if the autopilot paced them (turned off, or stopping),
+    /// and gives up the lead.
+    async fn hand_back(&mut self, state: &AppState) {
+        let config = state.config();
+        if self.applied.take().is_some() {
+            match state.admission().shared() {
+                None => {
+                    state.admission().set_limits(&config, false);
+                }
+                Some(redis) => {
+                    redis.publish_paced(&config).await;
+                }
+            }
+        }
+        if let Some(redis) = state.admission().shared() {
+            self.lease.resign(redis).await;
+        }
     }
 }
 
@@ -154,8 +213,6 @@ fn off(config: &Config) -> Option<&'static str> {
         Some("autopilot.enabled is false")
     } else if config.admission.policy == Policy::Fifo {
         Some("admission.policy = \"fifo\" has no lanes to pace")
-    } else if config.quota.backend != QuotaBackend::Local {
-        Some("quota.backend = \"redis\": pacing across replicas is not built yet")
     } else {
         None
     }

@@ -13,6 +13,7 @@ pub const REASONS: [&str; 4] = ["tighten", "loosen", "at_floor", "rescue"];
 #[derive(Debug, Clone)]
 pub struct AutopilotMetrics {
     enabled: IntGauge,
+    leader: IntGauge,
     prefill_budget: IntGauge,
     large_seats: IntGauge,
     quantile: GaugeVec,
@@ -31,6 +32,11 @@ impl AutopilotMetrics {
             enabled: gauge(
                 "tutor_gateway_autopilot_enabled",
                 "1 while the autopilot paces the large lane and the prefill budget (autopilot.enabled).",
+            ),
+            leader: gauge(
+                "tutor_gateway_autopilot_leader",
+                "1 on the replica whose autopilot paces (always, with the in-process quota; with \
+                 Redis, the lease holder); 0 on followers and while off.",
             ),
             prefill_budget: gauge(
                 "tutor_gateway_autopilot_prefill_budget_tokens",
@@ -70,6 +76,11 @@ impl AutopilotMetrics {
         self.prefill_budget
             .set(i64::try_from(prefill_budget).unwrap_or(i64::MAX));
         self.large_seats.set(i64::from(large_seats));
+    }
+
+    /// Whether this replica's autopilot leads.
+    pub fn leads(&self, leads: bool) {
+        self.leader.set(i64::from(leads));
     }
 
     /// `lane`'s measured quantile (seconds; infinite as a very large number) and its ratio to

@@ -1,5 +1,5 @@
 //! Redis key names. All share the hash tag `{quota}`, so every script's keys live in one
-//! Cluster slot: `<prefix>:{quota}:expiry`, `:leases`, `:usage`, `:waiting:large`, `:limits`, the pub/sub
+//! Cluster slot: `<prefix>:{quota}:expiry`, `:leases`, `:usage`, `:waiting:large`, `:limits`, `:autopilot`, the pub/sub
 //! channel `<prefix>:{quota}:released`, and the background jobs' keys (`:jobs:*`, `:job:<id>`,
 //! see `crate::jobs`), which some scripts change together with the quota's.
 
@@ -23,6 +23,8 @@ pub struct Keys {
     pub limits: String,
     /// The prefix every key shares (`<prefix>:{quota}`), for the keys of other modules.
     pub base: String,
+    /// STRING the replica id of the autopilot's leader, with a TTL (`crate::autopilot`).
+    pub autopilot: String,
     /// Prefix of the per-session output counters (`<prefix>:{quota}:session:<hash>`, STRING
     /// with a TTL of the continuation window); the hash is of the session id, never the id.
     pub session: String,
@@ -39,6 +41,7 @@ impl Keys {
             released: key("released"),
             waiting_large: key("waiting:large"),
             limits: key("limits"),
+            autopilot: key("autopilot"),
             base: format!("{prefix}:{{quota}}"),
             session: key("session"),
         }

@@ -246,6 +246,43 @@ impl RedisAdmission {
         change
     }
 
+    /// This replica's id (its leases' owner in Redis).
+    pub fn replica(&self) -> &str {
+        &self.shared.replica
+    }
+
+    /// Publishes `config`'s limits as the shared record, as the autopilot's leader (origin
+    /// `autopilot <replica>`; never over a record `tutor-gateway limits push` wrote). Whether it
+    /// is the record in force now (`None`: Redis did not answer).
+    pub async fn publish_paced(&self, config: &Config) -> Option<bool> {
+        self.shared.publish(LimitsRecord::from_config(config)).await
+    }
+
+    /// Whether the shared record in force, as last seen, is this replica's autopilot's.
+    pub fn paced_record_in_force(&self) -> bool {
+        self.shared.limits_origin() == self.shared.autopilot_origin()
+    }
+
+    /// Whether the shared record in force, as last seen, came from `tutor-gateway limits push`
+    /// (which the autopilot does not override).
+    pub fn pushed_record_in_force(&self) -> bool {
+        self.shared.limits_origin().starts_with(PUSH_ORIGIN)
+    }
+
+    /// The prefill budget and the large lane's seats (its ceiling) of the shared record in
+    /// force, read now (`None`: Redis did not answer, or there is no record).
+    pub async fn shared_knobs(&self) -> Option<(u64, u32)> {
+        let mut conn = self.connection()?;
+        let (budget, seats): (Option<u64>, Option<u32>) = redis::cmd("HMGET")
+            .arg(&self.shared.keys.limits)
+            .arg("prefill_budget")
+            .arg("large:ceiling")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        Some((budget?, seats?))
+    }
+
     /// The Redis client (for a module's own pub/sub subscription).
     pub fn client(&self) -> &redis::Client {
         &self.shared.client

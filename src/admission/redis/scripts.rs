@@ -112,13 +112,15 @@ pub enum LimitsWrite {
     Reload,
     /// A reload with `force`, or `tutor-gateway limits push`: always.
     Force,
+    /// The autopilot's leader publishing its paced values: as `Reload` (not over a push).
+    Autopilot,
 }
 
 impl LimitsWrite {
     fn as_str(self) -> &'static str {
         match self {
             LimitsWrite::Ensure => "ensure",
-            LimitsWrite::Reload => "reload",
+            LimitsWrite::Reload | LimitsWrite::Autopilot => "reload",
             LimitsWrite::Force => "force",
         }
     }

@@ -327,6 +327,20 @@ impl Shared {
         false
     }
 
+    /// The origin of the records this replica writes as the autopilot's leader.
+    pub fn autopilot_origin(&self) -> String {
+        format!("autopilot {}", self.replica)
+    }
+
+    /// Publishes `record` as the autopilot's leader: this replica's limits from now on, written
+    /// at once (not over a `limits push`). Whether it is the record in force now (`None`: the
+    /// call failed).
+    pub async fn publish(&self, record: LimitsRecord) -> Option<bool> {
+        *self.limits.write().unwrap_or_else(PoisonError::into_inner) = record;
+        self.write_limits(LimitsWrite::Autopilot).await?;
+        Some(self.limits_origin() == self.autopilot_origin())
+    }
+
     /// Who wrote the shared record, as last seen.
     pub fn limits_origin(&self) -> String {
         self.limits_origin
@@ -344,6 +358,7 @@ impl Shared {
             LimitsWrite::Ensure => format!("start {}", self.replica),
             LimitsWrite::Reload => format!("reload {}", self.replica),
             LimitsWrite::Force => format!("reload {} (forced)", self.replica),
+            LimitsWrite::Autopilot => self.autopilot_origin(),
         };
         match self
             .scripts
@@ -355,6 +370,13 @@ impl Shared {
                 self.saw_limits(reply.version, &reply.origin);
                 if reply.written {
                     tracing::info!(version = reply.version, origin = %reply.origin, "shared quota limits written");
+                } else if mode == LimitsWrite::Autopilot {
+                    tracing::warn!(
+                        version = reply.version,
+                        origin = %reply.origin,
+                        "the autopilot's paced limits were not written: the shared record came from \
+                         `tutor-gateway limits push`, which the autopilot does not override"
+                    );
                 } else if mode == LimitsWrite::Reload {
                     tracing::warn!(
                         version = reply.version,

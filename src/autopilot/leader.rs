@@ -1,0 +1,98 @@
+//! One autopilot for a fleet that shares the Redis quota: the replica holding the lease
+//! `<prefix>:{quota}:autopilot` (a key holding its replica id, with a TTL of three looks, at
+//! least 2 s) paces, and publishes its values as the shared limits record that every replica's
+//! scripts enforce. The others follow that record. A leader that stops (crash, shutdown, or the
+//! autopilot turned off) stops renewing; once the lease expires the next replica to look takes
+//! it, starts from the configured values and publishes them first: losing the leader falls back
+//! to the static values, then paces again from there.
+
+use std::time::Duration;
+
+use redis::Script;
+
+use crate::admission::redis::RedisAdmission;
+
+/// Takes the lease when nobody holds it, renews it when this replica does: 1 while it leads.
+const CLAIM: &str = r"
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if not holder then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+";
+
+/// Gives the lease up if this replica holds it.
+const RESIGN: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+";
+
+/// Shortest lease.
+const MIN_LEASE: Duration = Duration::from_secs(2);
+
+/// This replica's claim on the autopilot's lease.
+#[derive(Debug, Default)]
+pub struct Lease {
+    held: bool,
+}
+
+impl Lease {
+    /// Claims or renews the lease for three looks `interval` apart (at least 2 s); true while
+    /// this replica leads. Redis unreachable: it does not (its values stay until the lease
+    /// expires; another replica then takes over).
+    pub async fn claim(&mut self, redis: &RedisAdmission, interval: Duration) -> bool {
+        let ttl = (interval * 3).max(MIN_LEASE);
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let Some(mut conn) = redis.connection() else {
+            self.changed(false, redis);
+            return false;
+        };
+        let leads: Result<i64, _> = Script::new(CLAIM)
+            .key(&redis.keys().autopilot)
+            .arg(redis.replica())
+            .arg(ttl_ms)
+            .invoke_async(&mut conn)
+            .await;
+        let leads = leads.is_ok_and(|v| v == 1);
+        self.changed(leads, redis);
+        leads
+    }
+
+    /// Gives the lease up if this replica holds it (the autopilot turned off, or shutdown).
+    pub async fn resign(&mut self, redis: &RedisAdmission) {
+        if !self.held {
+            return;
+        }
+        self.changed(false, redis);
+        if let Some(mut conn) = redis.connection() {
+            let _: Result<i64, _> = Script::new(RESIGN)
+                .key(&redis.keys().autopilot)
+                .arg(redis.replica())
+                .invoke_async(&mut conn)
+                .await;
+        }
+    }
+
+    /// Whether this replica leads, as last claimed.
+    pub fn held(&self) -> bool {
+        self.held
+    }
+
+    fn changed(&mut self, leads: bool, redis: &RedisAdmission) {
+        if leads != self.held {
+            if leads {
+                tracing::info!(replica = redis.replica(), "autopilot: this replica leads");
+            } else {
+                tracing::info!(replica = redis.replica(), "autopilot: this replica follows");
+            }
+            self.held = leads;
+        }
+    }
+}
