@@ -27,6 +27,11 @@ const PREFILL_BUDGET_TOKENS: u64 = 12_288;
 const LONG_PROMPT_TOKENS: u32 = 2_048;
 /// Default `admission.early_refusal_margin_percent`.
 const EARLY_REFUSAL_MARGIN_PERCENT: u16 = 25;
+/// Smallest non-zero `admission.prefill_piece_tokens`.
+const MIN_PREFILL_PIECE_TOKENS: u32 = 256;
+/// What `admission.prefill_piece_tokens` must be a multiple of: vLLM's default KV block size
+/// (its prefix cache keeps whole blocks only).
+pub const PREFILL_PIECE_ALIGN: u32 = 16;
 /// Default `admission.fifo.max_concurrency` (0: unlimited).
 const FIFO_MAX_CONCURRENCY: u32 = 0;
 /// Default `admission.fifo.queue_len`.
@@ -54,6 +59,8 @@ pub struct RawAdmission {
     pub prefill_discount_cached: Option<bool>,
     /// How far, in percent, a predicted wait must exceed a request's deadline to refuse it.
     pub early_refusal_margin_percent: Option<u16>,
+    /// Prefill long prompts in pieces of this many tokens through vLLM's prefix cache; 0 = off.
+    pub prefill_piece_tokens: Option<u32>,
     /// `[admission.fifo]`.
     #[serde(default)]
     pub fifo: RawFifo,
@@ -150,6 +157,10 @@ pub struct AdmissionConfig {
     /// A request with `x-tutor-deadline-ms` whose predicted wait exceeds what is left of its
     /// deadline by more than this percent is refused at once (503, `deadline_unmet`).
     pub early_refusal_margin_percent: u16,
+    /// A prompt longer than this many tokens is prefilled in pieces of this size, each a
+    /// one-token request that leaves its prefix in vLLM's prefix cache, before the request
+    /// itself (`crate::pipeline::pieces`); 0 = off.
+    pub prefill_piece_tokens: u32,
     /// Settings of the `fifo` policy.
     pub fifo: FifoConfig,
 }
@@ -332,6 +343,20 @@ pub(super) fn validate(c: &mut Checker, raw: RawAdmission) -> AdmissionConfig {
                     "must be 0 to 1000 (percent of the deadline)",
                 );
                 EARLY_REFUSAL_MARGIN_PERCENT
+            }
+        },
+        prefill_piece_tokens: match raw.prefill_piece_tokens.unwrap_or(0) {
+            0 => 0,
+            n if n >= MIN_PREFILL_PIECE_TOKENS && n % PREFILL_PIECE_ALIGN == 0 => n,
+            _ => {
+                c.fail(
+                    "admission.prefill_piece_tokens",
+                    format!(
+                        "must be 0 (off) or at least {MIN_PREFILL_PIECE_TOKENS} and a multiple of \
+                         {PREFILL_PIECE_ALIGN} (vLLM's KV block size: pieces end on block boundaries)"
+                    ),
+                );
+                0
             }
         },
         seats: c.u32("admission.seats", raw.seats, SEATS),

@@ -11,7 +11,8 @@
 //!    for a session ([`crate::classify::LaneRules`]); the body shaped for the engine ([`Ready`]);
 //! 4. **admit** ([`admit()`], [`crate::admission`]): a seat and a token reservation, held by a
 //!    [`crate::admission::LaneGuard`] ([`Admitted`]);
-//! 5. **send** ([`send()`], [`crate::upstream`]): the streaming request to vLLM;
+//! 5. **send** ([`send()`], [`crate::upstream`]): the streaming request to vLLM, a long prompt
+//!    first prefilled in pieces through vLLM's prefix cache when configured ([`pieces`]);
 //! 6. **relay** ([`crate::relay`]): the stream back to the client, counted and bounded, which
 //!    owns the guard until the end.
 //!
@@ -24,6 +25,7 @@ pub mod classify;
 pub mod ctx;
 pub mod entry;
 pub mod parse;
+pub mod pieces;
 pub mod prompt;
 pub mod reload;
 pub mod respond;

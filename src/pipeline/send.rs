@@ -4,6 +4,7 @@
 use super::admit::Admitted;
 use super::classify::Ready;
 use super::ctx::RequestCtx;
+use super::pieces;
 use super::respond::refused;
 use crate::error::GatewayError;
 use crate::relay::{Format, Relay, RelayContext};
@@ -11,8 +12,9 @@ use crate::telemetry::Mark;
 use crate::upstream::UpstreamRequest;
 
 /// Sends `admitted` with the request's upstream client (its seat and token reservation given
-/// back when the guard drops, the prefill reservation at the first token), and hands the
-/// stream to a [`Relay`] under the request's lane rules.
+/// back when the guard drops, the prefill reservation at the first token), a long prompt first
+/// prefilled in pieces when `admission.prefill_piece_tokens` says so ([`pieces`]), and hands
+/// the stream to a [`Relay`] under the request's lane rules.
 pub async fn send(
     ctx: &RequestCtx,
     admitted: Admitted,
@@ -36,13 +38,18 @@ pub async fn send(
     if let Some(waited) = guard.prefill_wait() {
         record.prefill_waited(waited);
     }
-    let request = UpstreamRequest {
+    let mut request = UpstreamRequest {
         endpoint,
         request_id: record.request_id().to_owned(),
         traceparent: record.upstream_traceparent(),
         body,
         affinity,
+        pin: None,
     };
+    if let Some(p) = pieces::prefill(ctx, &request, class.input_tokens_estimate).await {
+        request.pin.clone_from(&p.replica);
+        record.pieced(p.prefix, p.reports_cached);
+    }
     let upstream = match ctx.upstream().stream(request).await {
         Ok(upstream) => upstream,
         Err(e) => return Err(refused(record, e.into())),

@@ -185,6 +185,7 @@ pub struct Metrics {
     relay: RelayMetrics,
     focus: FocusMetrics,
     estimate: EstimateMetrics,
+    pieces: super::piece_metrics::PieceMetrics,
     ttft_window: Arc<TtftWindow>,
     autopilot: AutopilotMetrics,
     admission_rate: Arc<AdmissionRate>,
@@ -314,6 +315,7 @@ impl Metrics {
         let relay = RelayMetrics::register(&registry);
         let focus = FocusMetrics::register(&registry);
         let estimate = EstimateMetrics::register(&registry);
+        let pieces = super::piece_metrics::PieceMetrics::register(&registry);
         let autopilot = AutopilotMetrics::register(&registry);
         let admission_rate = Arc::new(AdmissionRate::register(&registry));
         let jobs = JobMetrics::register(&registry);
@@ -366,6 +368,7 @@ impl Metrics {
             relay,
             focus,
             estimate,
+            pieces,
             ttft_window: Arc::default(),
             autopilot,
             admission_rate,
@@ -425,6 +428,11 @@ impl Metrics {
     /// The lanes' recent times to first token (the autopilot's input).
     pub fn ttft_window(&self) -> &TtftWindow {
         &self.ttft_window
+    }
+
+    /// Long prompts prefilled in pieces.
+    pub fn pieces(&self) -> &super::piece_metrics::PieceMetrics {
+        &self.pieces
     }
 
     /// The input estimate against the engine's count (M12).

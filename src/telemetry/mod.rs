@@ -28,6 +28,7 @@ pub mod job_metrics;
 pub mod latency;
 mod metrics;
 pub mod otel;
+pub mod piece_metrics;
 pub mod prefix_metrics;
 pub mod promotion_metrics;
 pub mod quota_metrics;

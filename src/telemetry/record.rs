@@ -38,6 +38,9 @@ pub struct RequestRecord {
     incoming_traceparent: Option<String>,
     /// The prefill reservation admission took (estimated uncached prompt tokens).
     prefill_reserved: Option<u32>,
+    /// Prompt tokens its pieces left cached, and whether the engine reports cached tokens
+    /// (`crate::pipeline::pieces`).
+    pieced: Option<(u32, bool)>,
     /// When each [`Mark`] was reached (the stage breakdown).
     marks: [Option<Instant>; 6],
     done: bool,
@@ -78,6 +81,7 @@ impl RequestRecord {
             tenant: None,
             incoming_traceparent: None,
             prefill_reserved: None,
+            pieced: None,
             marks: [None; 6],
             done: false,
         }
@@ -107,6 +111,12 @@ impl RequestRecord {
     /// When the request arrived.
     pub fn arrival(&self) -> Instant {
         self.arrival
+    }
+
+    /// Its prompt was prefilled in pieces, leaving `prefix` tokens cached; `reports_cached`:
+    /// the engine reported cached tokens on a piece (an absent count then means none).
+    pub fn pieced(&mut self, prefix: u32, reports_cached: bool) {
+        self.pieced = Some((prefix, reports_cached));
     }
 
     /// When it was admitted and how long it waited.
@@ -257,6 +267,7 @@ impl RequestRecord {
         }
         self.observe_prefix(up);
         self.observe_estimate(up);
+        self.observe_pieces(up);
         self.record_span(outcome, error_code, &split, up);
         let usage = up.and_then(|u| u.usage);
         self.log.write(&RequestLogLine {
@@ -283,6 +294,19 @@ impl RequestRecord {
             timings: split,
             stages_us: StageSplit::from_marks(self.arrival, &self.marks),
         });
+    }
+
+    /// The prompt tokens its pieces had prefilled that the engine computed again.
+    fn observe_pieces(&self, up: Option<&UpstreamView>) {
+        let (Some((prefix, reports)), Some(usage)) = (self.pieced, up.and_then(|u| u.usage)) else {
+            return;
+        };
+        if reports || usage.cached_tokens.is_some() {
+            let cached = usage.cached_tokens.unwrap_or(0);
+            self.metrics
+                .pieces()
+                .recomputed(prefix.saturating_sub(cached));
+        }
     }
 
     /// Per-fingerprint cache counters and drift per replica (M18, M19). Drift is judged on

@@ -8,13 +8,14 @@ use prometheus::{IntCounterVec, IntGaugeVec, Registry};
 use super::registered::{counter_vec, gauge_vec};
 
 /// Why a request went to the replica it went to (the `reason` label).
-pub const ROUTE_REASONS: [&str; 6] = [
+pub const ROUTE_REASONS: [&str; 7] = [
     "affinity",
     "load",
     "least_loaded",
     "round_robin",
     "no_healthy",
     "retry",
+    "pinned",
 ];
 
 /// Replica metric families.

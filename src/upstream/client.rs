@@ -168,7 +168,8 @@ impl UpstreamClient {
 
     /// Sends a streaming generation request and returns once vLLM's response headers arrive.
     ///
-    /// The replica is chosen by [`Replicas::pick`] from the request's routing key. The body is
+    /// The replica is chosen by [`Replicas::pick`] from the request's routing key, unless the
+    /// request is pinned to a replica that takes traffic ([`Replicas::pick_named`]). The body is
     /// changed by [`prepare_body`] (streaming with usage forced). The engine abort is armed
     /// (against that replica) before sending, so dropping this future while it waits for
     /// headers also aborts. A connection error or a 5xx answer, which vLLM gives before it runs
@@ -200,9 +201,12 @@ impl UpstreamClient {
             traceparent,
             body,
         };
-        let ticket = self
-            .replicas
-            .pick(key, None, None)
+        let pinned = req
+            .pin
+            .as_deref()
+            .and_then(|name| self.replicas.pick_named(name));
+        let ticket = pinned
+            .or_else(|| self.replicas.pick(key, None, None))
             .ok_or_else(|| UpstreamError::Unavailable("no vLLM replica configured".into()))?;
         match self.send_on(ticket, &sending).await {
             Err((e, failed)) if e.retryable() && self.replicas.len() > 1 => {

@@ -240,6 +240,24 @@ impl Replicas {
         })
     }
 
+    /// A ticket for the replica named `name` if it takes traffic (healthy, below its
+    /// `max_num_seqs` share or not), routed with reason `pinned`.
+    pub fn pick_named(&self, name: &str) -> Option<Ticket> {
+        let replica = self
+            .list
+            .iter()
+            .find(|r| r.config.name == name && (r.is_healthy() || self.list.len() == 1))?;
+        let replica = Arc::clone(replica);
+        let n = replica.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.metrics.set_in_flight(&replica.config.name, n);
+        self.metrics.routed(&replica.config.name, "pinned");
+        Some(Ticket {
+            replica,
+            metrics: self.metrics.clone(),
+            usage: None,
+        })
+    }
+
     /// The replica non-streaming calls go to: the first healthy one, else the first.
     pub fn any(&self) -> &Arc<Replica> {
         self.list

@@ -38,6 +38,9 @@ pub struct UpstreamRequest {
     /// The routing key: the prompt's prefix fingerprint when it has a stable prefix (a system
     /// prompt or tools), so requests sharing it go to the replica that has it cached.
     pub affinity: Option<String>,
+    /// The replica (by name) it must go to when that one takes traffic: where the pieces of a
+    /// prompt prefilled in pieces went (`crate::pipeline::pieces`). `None`: routed as usual.
+    pub pin: Option<String>,
 }
 
 /// Applies the upstream body rules in place:

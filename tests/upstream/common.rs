@@ -56,6 +56,7 @@ pub fn chat(id: &str, content: &str, max_tokens: u32) -> UpstreamRequest {
         request_id: id.to_owned(),
         traceparent: None,
         affinity: None,
+        pin: None,
         body: object(json!({
             "messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens,
@@ -70,6 +71,7 @@ pub fn completion(id: &str, prompt: &str, max_tokens: u32) -> UpstreamRequest {
         request_id: id.to_owned(),
         traceparent: None,
         affinity: None,
+        pin: None,
         body: object(json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true})),
     }
 }
