@@ -26,6 +26,8 @@ pub struct PresetRun {
     pub queue_wait: Value,
     /// The engine's steps during the window ([`crate::steps::summarize`]; null without them).
     pub steps: Value,
+    /// The gateway's pieces counters (`*-pieces` presets).
+    pub pieces: Value,
 }
 
 /// The `summary.json` entry of one run (the shape, plus more fields).
@@ -68,6 +70,7 @@ pub fn engine_summary(engine: &EngineSetting, runs: &[PresetRun]) -> Value {
         let mut entry = summary_entry(&run.results);
         entry["small_gateway_queue_wait"] = run.queue_wait.clone();
         entry["engine_steps"] = run.steps.clone();
+        entry["prefill_pieces"] = run.pieces.clone();
         m.insert(run.preset.name().to_string(), entry);
         if let Some(f) = fifo {
             let p95 = |r: &Results| r.classes.get(FLOOR_CLASS).and_then(|c| c.ttft_p95_s);

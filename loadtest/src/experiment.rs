@@ -99,6 +99,31 @@ pub struct Inside {
     pub queue_wait: Value,
     /// The engine's steps during the window (see [`crate::steps`]).
     pub steps: Value,
+    /// The gateway's pieces counters at the end of the run (see [`pieces`]).
+    pub pieces: Value,
+}
+
+/// The gateway's `tutor_gateway_prefill_piec*` counters, from `/metrics`.
+async fn pieces(gw_url: &str) -> Value {
+    let text = match reqwest::get(format!("{gw_url}/metrics")).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => return Value::Null,
+    };
+    let read = |name: &str| {
+        text.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    json!({
+        "pieced_requests": read("tutor_gateway_prefill_pieced_requests_total{outcome=\"pieced\"}"),
+        "pieces": read("tutor_gateway_prefill_pieces_total"),
+        "recomputed_tokens": read("tutor_gateway_prefill_piece_recomputed_tokens_total"),
+        "seconds_sum": read("tutor_gateway_prefill_pieces_seconds_sum"),
+    })
 }
 
 /// Runs the load under `preset`; returns the client-side results and what the gateway and
@@ -174,6 +199,7 @@ pub async fn run_preset(
     let inside = Inside {
         queue_wait: small_queue_wait(&gw.url()).await,
         steps: steps.summary(),
+        pieces: pieces(&gw.url()).await,
     };
     gw.shutdown().await;
     if let Some(g) = second {
@@ -183,6 +209,9 @@ pub async fn run_preset(
     sim.shutdown().await;
     Ok((results, inside))
 }
+
+/// Piece size of the `*-pieces` presets when the config file sets none.
+const DEFAULT_PIECE_TOKENS: u32 = 1024;
 
 /// The gateway config of one run: the file at `path` (with `upstream.max_model_len` set to the
 /// engine's) under `preset`'s admission policy, request log and tracing off. Under
@@ -202,11 +231,18 @@ pub(crate) fn gateway_config(
         | Preset::Lanes
         | Preset::LanesPriority
         | Preset::Autopilot
+        | Preset::LanesPieces
+        | Preset::AutopilotPieces
         | Preset::LanesRedis => Policy::Lanes,
     };
     let mut cfg = load_config(path, engine.max_model_len)?;
-    cfg.autopilot.enabled = preset == Preset::Autopilot;
-    if preset == Preset::Autopilot && speed > 0.0 {
+    cfg.autopilot.enabled = preset.piloted();
+    cfg.admission.prefill_piece_tokens = match cfg.admission.prefill_piece_tokens {
+        _ if !preset.pieced() => 0,
+        0 => DEFAULT_PIECE_TOKENS,
+        n => n,
+    };
+    if preset.piloted() && speed > 0.0 {
         let wall = |d: std::time::Duration| d.div_f64(speed);
         let ap = &mut cfg.autopilot;
         ap.interval = wall(ap.interval);
@@ -264,6 +300,9 @@ pub(crate) fn sim_args(
         sim_args.extend(["--tokenizer".into(), p.display().to_string()]);
     }
     sim_args.extend(engine.sim_flags());
+    // Cached tokens reported, so the pieces' recomputed tokens are measured (every preset
+    // alike; the mixes share no prefix, so nothing else changes).
+    sim_args.push("--enable-prompt-tokens-details".into());
     if preset == Preset::LanesPriority {
         sim_args.extend(["--scheduling-policy".into(), "priority".into()]);
     }
@@ -355,6 +394,7 @@ pub async fn run_experiment(opts: &ExperimentOptions) -> anyhow::Result<Value> {
                 results: r,
                 queue_wait: inside.queue_wait,
                 steps: inside.steps,
+                pieces: inside.pieces,
             });
             // Let one run's sockets close before the next starts.
             tokio::time::sleep(Duration::from_millis(500)).await;

@@ -18,6 +18,11 @@ pub enum Preset {
     /// the prefill budget paced to the lanes' TTFT objectives of the config file (its times,
     /// like every other, in simulated time: divided by the speed factor for the gateway).
     Autopilot,
+    /// `lanes` with long prompts prefilled in pieces (`admission.prefill_piece_tokens`: the
+    /// config file's, or 1024 when it has none).
+    LanesPieces,
+    /// `autopilot` with long prompts prefilled in pieces, as `lanes-pieces`.
+    AutopilotPieces,
     /// `lanes` through two gateway replicas sharing one quota in Redis (`quota.backend =
     /// "redis"`, a `redis-server` the run starts); the clients' requests alternate between
     /// them.
@@ -26,13 +31,15 @@ pub enum Preset {
 
 impl Preset {
     /// Every preset, in run order.
-    pub const ALL: [Preset; 7] = [
+    pub const ALL: [Preset; 9] = [
         Preset::Floor,
         Preset::Fifo,
         Preset::Strict,
         Preset::Lanes,
         Preset::LanesPriority,
         Preset::Autopilot,
+        Preset::LanesPieces,
+        Preset::AutopilotPieces,
         Preset::LanesRedis,
     ];
 
@@ -45,7 +52,21 @@ impl Preset {
             Preset::Lanes => "lanes",
             Preset::LanesPriority => "lanes-priority",
             Preset::Autopilot => "autopilot",
+            Preset::LanesPieces => "lanes-pieces",
+            Preset::AutopilotPieces => "autopilot-pieces",
             Preset::LanesRedis => "lanes-redis",
         }
+    }
+}
+
+impl Preset {
+    /// Whether the autopilot is on.
+    pub fn piloted(self) -> bool {
+        matches!(self, Preset::Autopilot | Preset::AutopilotPieces)
+    }
+
+    /// Whether long prompts are prefilled in pieces.
+    pub fn pieced(self) -> bool {
+        matches!(self, Preset::LanesPieces | Preset::AutopilotPieces)
     }
 }

@@ -85,6 +85,7 @@ pub fn summarize<'a>(steps: impl Iterator<Item = &'a StepRecord>) -> Value {
         "long_chunk_time_share": if total > 0.0 { long_ms / total } else { 0.0 },
         "waiting_steps_share": waiting / n,
         "waiting_max": steps.iter().map(|s| s.waiting).max(),
+        "max_chunk_max": steps.iter().map(|s| s.max_chunk).max(),
         "late_ms_p99": quantile(&late, 0.99),
     })
 }

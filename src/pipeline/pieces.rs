@@ -2,7 +2,8 @@
 //! the send. Without `--long-prefill-token-threshold` vLLM computes a waiting prompt in as few
 //! steps as its token budget allows (`max_num_batched_tokens` a step), so one review's 12k-token
 //! prompt fills whole steps, and a question arriving meanwhile waits them out: no admission rule
-//! can shorten a step. The gateway can: it renders the prompt to token ids once (vLLM's
+//! can shorten a step. The gateway can: it renders a long prompt (above
+//! `admission.long_prompt_tokens`, as the prefill budget counts them) to token ids once (vLLM's
 //! `POST /tokenize`, which applies the chat template exactly as the chat route does) and sends
 //! its prefixes one after the other as `/v1/completions` requests of `max_tokens: 1`, the k-th
 //! ending at k × `prefill_piece_tokens` tokens (a multiple of the KV block size, so every piece
@@ -48,12 +49,14 @@ pub struct Pieced {
     pub reports_cached: bool,
 }
 
-/// Prefills `request`'s prompt in pieces when it is longer than `admission.prefill_piece_tokens`
-/// (first by its estimate, `prompt` tokens, then by the engine's count). `None`: not pieced
-/// (off, short, media, or the count failed); the request goes as usual.
+/// Prefills `request`'s prompt in pieces of `admission.prefill_piece_tokens` when it is a long
+/// prompt (estimated, `prompt` tokens, above `admission.long_prompt_tokens` and above one
+/// piece). `None`: not pieced (off, short, media, or the count failed); the request goes as
+/// usual.
 pub async fn prefill(ctx: &RequestCtx, request: &UpstreamRequest, prompt: u32) -> Option<Pieced> {
-    let piece = ctx.config().admission.prefill_piece_tokens;
-    if piece == 0 || prompt <= piece {
+    let admission = &ctx.config().admission;
+    let piece = admission.prefill_piece_tokens;
+    if piece == 0 || prompt <= piece.max(admission.long_prompt_tokens.get()) {
         return None;
     }
     let metrics = ctx.metrics().pieces();
