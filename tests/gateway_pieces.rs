@@ -88,6 +88,27 @@ async fn a_long_prompt_is_prefilled_one_piece_per_step_and_nothing_is_computed_t
         metric(&m, "tutor_gateway_prefill_pieces_seconds_count"),
         1.0
     );
+    // An `/answer` review too: every piece found cached by the request itself.
+    let body = json!({"prompt": words(5000, "answer-pieced"), "max_output_tokens": 5});
+    let resp = send(client().post(h.url("/answer")).json(&body)).await;
+    assert_eq!(resp.status(), 200);
+    let events = sse(&resp.text().await.unwrap());
+    let done: Value = serde_json::from_str(&events.last().unwrap().1).unwrap();
+    let prompt = done["usage"]["input_tokens"].as_u64().unwrap();
+    let answer_pieces = (prompt - 1) / u64::from(PIECE);
+    assert_eq!(
+        done["usage"]["cached_tokens"].as_u64().unwrap(),
+        answer_pieces * u64::from(PIECE),
+        "{done}"
+    );
+    let pieces = pieces + answer_pieces;
+    assert_eq!(
+        metric(
+            &h.metrics_text().await,
+            "tutor_gateway_prefill_piece_recomputed_tokens_total"
+        ),
+        0.0
+    );
     // Short questions are never pieced.
     let q = json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 2});
     let resp = send(client().post(h.url("/v1/chat/completions")).json(&q)).await;

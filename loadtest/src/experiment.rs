@@ -300,9 +300,6 @@ pub(crate) fn sim_args(
         sim_args.extend(["--tokenizer".into(), p.display().to_string()]);
     }
     sim_args.extend(engine.sim_flags());
-    // Cached tokens reported, so the pieces' recomputed tokens are measured (every preset
-    // alike; the mixes share no prefix, so nothing else changes).
-    sim_args.push("--enable-prompt-tokens-details".into());
     if preset == Preset::LanesPriority {
         sim_args.extend(["--scheduling-policy".into(), "priority".into()]);
     }

@@ -267,7 +267,7 @@ impl RequestRecord {
         }
         self.observe_prefix(up);
         self.observe_estimate(up);
-        self.observe_pieces(up);
+        self.observe_pieces(outcome, up);
         self.record_span(outcome, error_code, &split, up);
         let usage = up.and_then(|u| u.usage);
         self.log.write(&RequestLogLine {
@@ -296,11 +296,16 @@ impl RequestRecord {
         });
     }
 
-    /// The prompt tokens its pieces had prefilled that the engine computed again.
-    fn observe_pieces(&self, up: Option<&UpstreamView>) {
+    /// The prompt tokens its pieces had prefilled that the engine computed again. Judged only on
+    /// a stream that ended on its own: vLLM puts `cached_tokens` on the final usage alone, so
+    /// a cut or cancelled stream's last usage says nothing about the cache.
+    fn observe_pieces(&self, outcome: Outcome, up: Option<&UpstreamView>) {
         let (Some((prefix, reports)), Some(usage)) = (self.pieced, up.and_then(|u| u.usage)) else {
             return;
         };
+        if outcome != Outcome::Ok {
+            return;
+        }
         if reports || usage.cached_tokens.is_some() {
             let cached = usage.cached_tokens.unwrap_or(0);
             self.metrics

@@ -136,6 +136,17 @@ pub struct RunFigures {
     /// p99 of how late the simulator's steps ended against their deadlines, wall-clock ms:
     /// more than a few ms means this machine did not keep up with `--speed`.
     pub engine_late_ms_p99: Option<f64>,
+    /// The largest prompt chunk one sequence computed in one step, over the run's steps.
+    pub max_chunk_max: u32,
+    /// The fewest free KV blocks after any step's planning (0: the cache was full and cached
+    /// prefixes were being evicted).
+    pub min_free_blocks: Option<u32>,
+    /// Piece requests the gateway sent (`*-pieces` presets; the whole run).
+    pub pieces: u64,
+    /// Prompt tokens pieces had prefilled that the engine computed again (the whole run).
+    pub piece_recomputed_tokens: u64,
+    /// Those over the tokens the pieces prefilled (pieces x piece size).
+    pub piece_recomputed_share: Option<f64>,
 }
 
 /// p99 of the steps' lateness, wall-clock milliseconds.
@@ -172,6 +183,8 @@ pub fn measure(
         steps: driven.steps.len() as u64,
         lost_steps: driven.lost_steps,
         engine_late_ms_p99: late_ms_p99(&driven.steps),
+        max_chunk_max: driven.steps.iter().map(|s| s.max_chunk).max().unwrap_or(0),
+        min_free_blocks: driven.steps.iter().map(|s| s.free_blocks).min(),
         ..Default::default()
     };
     let mut times = vec![];

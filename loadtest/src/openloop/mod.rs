@@ -80,7 +80,7 @@ impl OpenLoopOptions {
             }
         }
         if self.presets.contains(&Preset::LanesRedis) {
-            bail!("--arrivals poisson runs floor, fifo, strict, lanes, lanes-priority (not lanes-redis)");
+            bail!("--arrivals poisson runs every preset but lanes-redis (two replicas)");
         }
         Ok(())
     }
@@ -97,8 +97,10 @@ async fn one_run(
 ) -> anyhow::Result<Measured> {
     let stack = Stack::start(&opts.stack, engine, preset, seed).await?;
     let driven = drive::drive(arrivals, scenario, seed, &stack, &opts.window).await;
+    let piece_tokens = stack.gateway.state.config().admission.prefill_piece_tokens;
+    let counters = gateway_counters(&stack.gateway.url()).await;
     stack.stop().await;
-    let m = figures::measure(
+    let mut m = figures::measure(
         &driven,
         scenario,
         &opts.window,
@@ -107,6 +109,12 @@ async fn one_run(
         seed,
         rate,
     );
+    let read = |name: &str| counters.get(name).copied().unwrap_or(0.0) as u64;
+    m.figures.pieces = read("tutor_gateway_prefill_pieces_total");
+    m.figures.piece_recomputed_tokens = read("tutor_gateway_prefill_piece_recomputed_tokens_total");
+    let pieced = m.figures.pieces * u64::from(piece_tokens);
+    m.figures.piece_recomputed_share =
+        (pieced > 0).then(|| m.figures.piece_recomputed_tokens as f64 / pieced as f64);
     let f = &m.figures;
     eprintln!(
         "   {} load {load} seed {seed}: offered {} completed {} refused {} diverted {} failed {}; \
@@ -124,6 +132,21 @@ async fn one_run(
     // Let one run's sockets close before the next starts.
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(m)
+}
+
+/// The gateway's unlabelled counters, by name, from `/metrics`.
+async fn gateway_counters(url: &str) -> std::collections::HashMap<String, f64> {
+    let text = match reqwest::get(format!("{url}/metrics")).await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => return Default::default(),
+    };
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.contains('{'))
+        .filter_map(|l| {
+            let (name, v) = l.split_once(' ')?;
+            Some((name.to_owned(), v.trim().parse().ok()?))
+        })
+        .collect()
 }
 
 /// The capacity for `engine`: given, or measured through the FIFO preset.

@@ -29,7 +29,8 @@ pub struct StackSpec {
 pub struct Stack {
     /// The simulator (its engine's step records feed the engine bound).
     pub sim: SimServer,
-    gateway: Gateway,
+    /// The gateway under test.
+    pub gateway: Gateway,
     /// The gateway's `/answer`.
     pub target: Target,
     /// Prompts sized with the gateway's tokenizer.
