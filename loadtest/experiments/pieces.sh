@@ -13,6 +13,9 @@
 # in summary.json stays at a few ms, or the machine did not keep up).
 #
 #   CAPACITY=16.12 SPEED=2 loadtest/experiments/pieces.sh
+#   # pieces of 512 tokens (the config file's admission.prefill_piece_tokens), fewer presets:
+#   CONFIG=docs/results/autopilot/pieces-512/config.toml PRESETS=floor,lanes-pieces,autopilot-pieces \
+#     OUT=docs/results/autopilot/pieces-512 CAPACITY=16.12 SPEED=2 loadtest/experiments/pieces.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SPEED="${SPEED:-1}"
@@ -22,11 +25,11 @@ if [[ -n "${CAPACITY:-}" ]]; then extra+=(--capacity "$CAPACITY"); fi
 cargo build --release -p tutor-load
 exec "${CARGO_TARGET_DIR:-target}/release/tutor-load" experiment --arrivals poisson \
   --scenario loadtest/scenarios/seed-mix-open.toml \
-  --config docs/results/autopilot/config.toml \
+  --config "${CONFIG:-docs/results/autopilot/config.toml}" \
   --profile llama-3.1-8b-h100 --speed "$SPEED" \
   --fifo-max-concurrency 0 \
   --engine seed --long-prefill-token-threshold 0 "${extra[@]}" \
-  --presets floor,fifo,lanes,autopilot,lanes-pieces,autopilot-pieces \
+  --presets "${PRESETS:-floor,fifo,lanes,autopilot,lanes-pieces,autopilot-pieces}" \
   --load 0.9 --seeds 1,2,3 \
   --warmup-s 60 --window-s 120 --drain 120s \
   --progress 0 --out "$OUT"
