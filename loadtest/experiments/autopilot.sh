@@ -14,19 +14,7 @@
 #   SPEED=2 loadtest/experiments/autopilot.sh
 #   CAPACITY=16.3 SPEED=2 loadtest/experiments/autopilot.sh   # skip the capacity measurement
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-SPEED="${SPEED:-1}"
-OUT="${OUT:-docs/results/autopilot}"
-extra=()
-if [[ -n "${CAPACITY:-}" ]]; then extra+=(--capacity "$CAPACITY"); fi
-cargo build --release -p tutor-load
-exec "${CARGO_TARGET_DIR:-target}/release/tutor-load" experiment --arrivals poisson \
-  --scenario loadtest/scenarios/seed-mix-open.toml \
-  --config docs/results/autopilot/config.toml \
-  --profile llama-3.1-8b-h100 --speed "$SPEED" \
-  --fifo-max-concurrency 0 \
-  --engine seed --long-prefill-token-threshold 0 "${extra[@]}" \
-  --presets floor,fifo,lanes,autopilot \
-  --load 0.9 --seeds 1,2,3 \
-  --warmup-s 60 --window-s 120 --drain 120s \
-  --progress 0 --out "$OUT"
+# The same command as pieces.sh (the same engine, mix, load, seeds and window), fewer presets.
+export PRESETS="${PRESETS:-floor,fifo,lanes,autopilot}"
+export OUT="${OUT:-docs/results/autopilot}"
+exec "$(dirname "$0")/pieces.sh"

@@ -6,6 +6,7 @@
 //! it, starts from the configured values and publishes them first: losing the leader falls back
 //! to the static values, then paces again from there.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::Script;
@@ -13,7 +14,8 @@ use redis::Script;
 use crate::admission::redis::RedisAdmission;
 
 /// Takes the lease when nobody holds it, renews it when this replica does: 1 while it leads.
-const CLAIM: &str = r"
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM_LUA));
+const CLAIM_LUA: &str = r"
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -27,7 +29,8 @@ return 0
 ";
 
 /// Gives the lease up if this replica holds it.
-const RESIGN: &str = r"
+static RESIGN: LazyLock<Script> = LazyLock::new(|| Script::new(RESIGN_LUA));
+const RESIGN_LUA: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
@@ -54,7 +57,7 @@ impl Lease {
             self.changed(false, redis);
             return false;
         };
-        let leads: Result<i64, _> = Script::new(CLAIM)
+        let leads: Result<i64, _> = CLAIM
             .key(&redis.keys().autopilot)
             .arg(redis.replica())
             .arg(ttl_ms)
@@ -72,17 +75,12 @@ impl Lease {
         }
         self.changed(false, redis);
         if let Some(mut conn) = redis.connection() {
-            let _: Result<i64, _> = Script::new(RESIGN)
+            let _: Result<i64, _> = RESIGN
                 .key(&redis.keys().autopilot)
                 .arg(redis.replica())
                 .invoke_async(&mut conn)
                 .await;
         }
-    }
-
-    /// Whether this replica leads, as last claimed.
-    pub fn held(&self) -> bool {
-        self.held
     }
 
     fn changed(&mut self, leads: bool, redis: &RedisAdmission) {

@@ -370,14 +370,25 @@ pub async fn the_job_store_is_bounded(backend: Backend) {
     // everything back.
 }
 
-pub async fn a_large_answer_that_waits_too_long_becomes_a_job(backend: Backend) {
-    let h = start(backend, SLOW, |c| {
+/// A gateway in real time whose large lane has one seat, diverting reviews to jobs after
+/// `after`.
+async fn diverting(backend: Backend, after: Duration) -> super::JobsHarness {
+    start(backend, SLOW, |c| {
         set_lane(c, Lane::Large, 1);
-        c.jobs.divert_large_after = Some(Duration::from_millis(150));
+        c.jobs.divert_large_after = Some(after);
     })
-    .await;
+    .await
+}
+
+/// An `/answer` review body of 5,500 words and `out` output tokens.
+fn review(salt: &str, out: u32) -> Value {
+    json!({"prompt": words(5500, salt), "max_output_tokens": out})
+}
+
+pub async fn a_large_answer_that_waits_too_long_becomes_a_job(backend: Backend) {
+    let h = diverting(backend, Duration::from_millis(150)).await;
     let base = h.base();
-    let big = |salt: &str| json!({"prompt": words(5500, salt), "max_output_tokens": 300});
+    let big = |salt: &str| review(salt, 300);
     // The first large request takes the only seat (it never waits, so it is not diverted).
     let first = spawn_post(h.url("/answer"), big("first"));
     eventually("the first holds the seat", || h.in_flight(Lane::Large) == 1).await;
@@ -436,13 +447,9 @@ pub async fn a_large_answer_that_waits_too_long_becomes_a_job(backend: Backend) 
 }
 
 pub async fn a_review_predicted_to_wait_too_long_becomes_a_job_on_arrival(backend: Backend) {
-    let h = start(backend, SLOW, |c| {
-        set_lane(c, Lane::Large, 1);
-        c.jobs.divert_large_after = Some(Duration::from_secs(5));
-    })
-    .await;
+    let h = diverting(backend, Duration::from_secs(5)).await;
     let base = h.base();
-    let big = |salt: &str, out: u32| json!({"prompt": words(5500, salt), "max_output_tokens": out});
+    let big = review;
     // One review runs (the lane's one admission of the last 10 s), one waits behind it.
     let first = spawn_post(h.url("/answer"), big("first", 1000));
     eventually("the first holds the seat", || h.in_flight(Lane::Large) == 1).await;
