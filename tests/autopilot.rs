@@ -67,6 +67,8 @@ fn piloted(c: &mut Config, small_ms: u64) {
     c.autopilot.hold = Duration::ZERO;
     c.lanes.small.ttft_slo = objective(small_ms);
     c.lanes.medium.ttft_slo = None;
+    // The pieces have their own test below.
+    c.autopilot.pieces = false;
 }
 
 const AT_FLOOR_SEATS: &str = "tutor_gateway_autopilot_large_seats";
@@ -177,6 +179,77 @@ async fn off_the_configured_values_hold_exactly() {
         family_total(&m, "tutor_gateway_autopilot_adjustments_total"),
         0.0
     );
+    h.shutdown().await;
+}
+
+const PIECE_TOKENS: &str = "tutor_gateway_autopilot_piece_tokens";
+
+/// A stream of `max_tokens` tokens asked of `h`, read to its end.
+async fn streamed(h: &Harness, content: String, max_tokens: u32) {
+    let body = json!({"messages": [{"role": "user", "content": content}],
+                      "max_tokens": max_tokens, "stream": true});
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+    assert_eq!(resp.status(), 200);
+    let _ = resp.text().await;
+}
+
+#[tokio::test]
+async fn long_engine_steps_turn_pieces_on_and_the_next_long_prompt_is_pieced() {
+    // An engine without --long-prefill-token-threshold, at real speed: a review's 5,000-token
+    // prompt fills one step of about 250 ms, decode steps take about 5 ms.
+    let h = harness(&["--speed", "1", "--profile", "tiny-test"], |c| {
+        piloted(c, 3_600_000);
+        c.autopilot.pieces = true;
+        c.autopilot.min_piece_tokens = 256;
+        c.autopilot.max_piece_tokens = 1024;
+    })
+    .await;
+    assert_eq!(series(&h, PIECE_TOKENS).await, 0.0);
+    // Questions decoding while reviews prefill: their streams see the long steps.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let mut round = 0;
+    while series(&h, PIECE_TOKENS).await == 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "pieces never went on"
+        );
+        round += 1;
+        let questions: Vec<_> = (0..4)
+            .map(|i| streamed(&h, format!("question {round} {i}"), 40))
+            .collect();
+        let review = async {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            streamed(&h, words(5000, &format!("review {round}")), 2).await;
+        };
+        tokio::join!(futures::future::join_all(questions), review);
+    }
+    let size = series(&h, PIECE_TOKENS).await as u32;
+    assert!((256..=1024).contains(&size) && size.is_multiple_of(16), "{size}");
+    assert!(
+        series(
+            &h,
+            "tutor_gateway_autopilot_adjustments_total{reason=\"pieces_on\"}"
+        )
+        .await
+            >= 1.0
+    );
+    // The next long prompt goes in pieces of the autopilot's size (unless it turned them off
+    // again meanwhile: then once more).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        streamed(&h, words(5000, "after"), 2).await;
+        let pieced = series(
+            &h,
+            "tutor_gateway_prefill_pieced_requests_total{outcome=\"pieced\"}",
+        )
+        .await;
+        if pieced >= 1.0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never pieced");
+    }
+    assert!(series(&h, "tutor_gateway_prefill_pieces_total").await >= 1.0);
+    eventually("every seat and token back", || h.idle()).await;
     h.shutdown().await;
 }
 

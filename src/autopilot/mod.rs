@@ -25,6 +25,7 @@
 
 pub mod controller;
 pub mod leader;
+pub mod piecing;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -36,6 +37,7 @@ use crate::config::{Config, Policy};
 use crate::lane::Lane;
 use crate::pipeline::AppState;
 use controller::{Bounds, Controller, Gains, Pace, Step};
+use piecing::{PieceController, PieceStep};
 
 /// How long a leader stopping may take to put the configured values back.
 const HAND_BACK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -67,6 +69,8 @@ struct Pilot {
     told: bool,
     /// With the Redis quota: this replica's claim to lead.
     lease: leader::Lease,
+    /// The piece size (every replica paces its own).
+    pieces: Option<PieceController>,
 }
 
 impl Pilot {
@@ -81,6 +85,7 @@ impl Pilot {
                 self.hand_back(state).await;
             }
             self.controller = None;
+            self.stop_pieces(state);
             if config.autopilot.enabled && !self.told {
                 tracing::warn!(why, "autopilot: enabled but off");
                 self.told = true;
@@ -89,6 +94,7 @@ impl Pilot {
             metrics.leads(false);
             return;
         }
+        let pieces_first = self.pace_pieces(state, &config);
         if let Some(redis) = redis {
             let leads = self.lease.claim(redis, config.autopilot.interval).await;
             metrics.leads(leads);
@@ -129,6 +135,11 @@ impl Pilot {
             headroom_percent: ap.headroom_percent,
             hold: ap.hold,
         };
+        if pieces_first {
+            // The steps are long and the pieces can still shorten them: they go first (they
+            // cost reviews nothing); a miss does not tighten the budget or the seats meanwhile.
+            worst = worst.map(|w| w.min(1.0));
+        }
         let starving = starving(state, &config);
         let controller = self
             .controller
@@ -171,9 +182,54 @@ impl Pilot {
         metrics.set(true, pace.prefill_budget, pace.large_seats);
     }
 
+    /// One look at the engine's steps: moves the piece size (`piecing`). Whether the pieces
+    /// go first (long steps they can still shorten).
+    fn pace_pieces(&mut self, state: &AppState, config: &Config) -> bool {
+        let ap = &config.autopilot;
+        if !ap.pieces || config.admission.prefill_piece_tokens != 0 {
+            self.stop_pieces(state);
+            return false;
+        }
+        let now = tokio::time::Instant::now();
+        let pieces = self.pieces.get_or_insert_with(|| PieceController::new(now));
+        let steps = state.metrics().step_window();
+        let reading = steps.since(pieces.since(), ap.window);
+        let first = pieces.may_shorten(reading, ap);
+        let before = pieces.size();
+        let step = pieces.step(now, reading, ap);
+        let metrics = state.metrics().autopilot();
+        if let Some(r) = reading {
+            metrics.steps(r.longest_p90, r.typical);
+        }
+        if let Some(reason) = step.reason() {
+            metrics.adjusted(reason);
+        }
+        if step != PieceStep::Hold {
+            tracing::info!(
+                reason = step.reason().unwrap_or("hold"),
+                longest_step_p90_ms = reading.map_or(0.0, |r| r.longest_p90 * 1000.0),
+                typical_step_ms = reading.map_or(0.0, |r| r.typical * 1000.0),
+                piece_tokens = pieces.size(),
+                piece_tokens_before = before,
+                "autopilot pieces"
+            );
+        }
+        state.set_paced_piece_tokens(pieces.size());
+        metrics.piece_tokens(pieces.size());
+        first
+    }
+
+    /// Pieces off (the autopilot turned off, or a configured size in force).
+    fn stop_pieces(&mut self, state: &AppState) {
+        self.pieces = None;
+        state.set_paced_piece_tokens(0);
+        state.metrics().autopilot().piece_tokens(0);
+    }
+
     /// Puts the configured values back if the autopilot paced them (turned off, or stopping),
     /// and gives up the lead.
     async fn hand_back(&mut self, state: &AppState) {
+        self.stop_pieces(state);
         let config = state.config();
         if self.applied.take().is_some() {
             match state.admission().shared() {

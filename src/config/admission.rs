@@ -28,7 +28,7 @@ const LONG_PROMPT_TOKENS: u32 = 2_048;
 /// Default `admission.early_refusal_margin_percent`.
 const EARLY_REFUSAL_MARGIN_PERCENT: u16 = 25;
 /// Smallest non-zero `admission.prefill_piece_tokens`.
-const MIN_PREFILL_PIECE_TOKENS: u32 = 256;
+pub const MIN_PREFILL_PIECE_TOKENS: u32 = 256;
 /// What `admission.prefill_piece_tokens` must be a multiple of: vLLM's default KV block size
 /// (its prefix cache keeps whole blocks only).
 pub const PREFILL_PIECE_ALIGN: u32 = 16;

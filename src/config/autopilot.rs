@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::admission::{MIN_PREFILL_PIECE_TOKENS, PREFILL_PIECE_ALIGN};
 use super::check::Checker;
 
 /// Default `autopilot.interval_ms`.
@@ -30,6 +31,12 @@ const HOLD_MS: u64 = 5_000;
 const MAX_LARGE_WAIT_MS: u64 = 10_000;
 /// Default `autopilot.min_large_seats`.
 const MIN_LARGE_SEATS: u32 = 1;
+/// Default `autopilot.long_step_percent`.
+const LONG_STEP_PERCENT: u32 = 300;
+/// Default `autopilot.min_piece_tokens`.
+const MIN_PIECE_TOKENS: u32 = 512;
+/// Default `autopilot.max_piece_tokens`.
+const MAX_PIECE_TOKENS: u32 = 2_048;
 
 /// `[autopilot]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -59,6 +66,15 @@ pub struct RawAutopilot {
     pub min_large_seats: Option<u32>,
     /// A large request predicted to wait longer than this is starving, ms.
     pub max_large_wait_ms: Option<u64>,
+    /// Whether the autopilot prefills long prompts in pieces when it sees long engine steps.
+    pub pieces: Option<bool>,
+    /// A stream's longest gap between tokens above this percent of its typical gap is a long
+    /// step.
+    pub long_step_percent: Option<u32>,
+    /// Smallest piece the autopilot picks, tokens.
+    pub min_piece_tokens: Option<u32>,
+    /// Largest piece the autopilot picks (the first it tries), tokens.
+    pub max_piece_tokens: Option<u32>,
 }
 
 /// `[autopilot]`: the controller that paces the large lane's seats and the prefill budget to
@@ -92,6 +108,17 @@ pub struct AutopilotConfig {
     /// longer than this (at its admissions of the last 10 s): the knobs go up whatever the
     /// objectives.
     pub max_large_wait: Duration,
+    /// Whether the autopilot prefills long prompts in pieces (`crate::pipeline::pieces`) when
+    /// it sees long engine steps; only while `admission.prefill_piece_tokens` is 0 (a
+    /// configured size is used as it is).
+    pub pieces: bool,
+    /// Long steps are seen when the streams' longest gaps between tokens (their 90th
+    /// percentile) pass this percent of their typical gap (the median of their mean gaps).
+    pub long_step_percent: u32,
+    /// The pieces' size bounds, tokens (each at least 256 and a multiple of 16).
+    pub min_piece_tokens: u32,
+    /// The first size tried, and the ceiling.
+    pub max_piece_tokens: u32,
 }
 
 impl Default for AutopilotConfig {
@@ -125,6 +152,45 @@ pub(super) fn validate(c: &mut Checker, raw: RawAutopilot) -> AutopilotConfig {
             "must be > 0: reviews must always progress",
         );
     }
+    let long_step_percent = raw.long_step_percent.unwrap_or(LONG_STEP_PERCENT);
+    if !(101..=10_000).contains(&long_step_percent) {
+        c.fail(
+            "autopilot.long_step_percent",
+            "must be 101 to 10000 (percent of the streams' typical gap between tokens)",
+        );
+    }
+    let piece = |c: &mut Checker, key: &str, value: Option<u32>, default: u32| {
+        let v = value.unwrap_or(default);
+        if v < MIN_PREFILL_PIECE_TOKENS || !v.is_multiple_of(PREFILL_PIECE_ALIGN) {
+            c.fail(
+                format!("autopilot.{key}"),
+                format!(
+                    "must be at least {MIN_PREFILL_PIECE_TOKENS} and a multiple of \
+                     {PREFILL_PIECE_ALIGN} (vLLM's KV block size)"
+                ),
+            );
+            return default;
+        }
+        v
+    };
+    let min_piece_tokens = piece(
+        c,
+        "min_piece_tokens",
+        raw.min_piece_tokens,
+        MIN_PIECE_TOKENS,
+    );
+    let max_piece_tokens = piece(
+        c,
+        "max_piece_tokens",
+        raw.max_piece_tokens,
+        MAX_PIECE_TOKENS,
+    );
+    if min_piece_tokens > max_piece_tokens {
+        c.fail(
+            "autopilot.min_piece_tokens",
+            "must be at most autopilot.max_piece_tokens",
+        );
+    }
     AutopilotConfig {
         enabled: raw.enabled.unwrap_or(false),
         interval,
@@ -149,5 +215,9 @@ pub(super) fn validate(c: &mut Checker, raw: RawAutopilot) -> AutopilotConfig {
             raw.max_large_wait_ms,
             MAX_LARGE_WAIT_MS,
         ),
+        pieces: raw.pieces.unwrap_or(true),
+        long_step_percent: long_step_percent.clamp(101, 10_000),
+        min_piece_tokens: min_piece_tokens.min(max_piece_tokens),
+        max_piece_tokens,
     }
 }

@@ -45,6 +45,7 @@ use std::path::Path;
 
 pub use admission::{
     AdmissionConfig, FifoConfig, LaneConfig, LanesConfig, Policy, QueueConfig, TtftObjective,
+    PREFILL_PIECE_ALIGN,
 };
 pub use auth::{parse_keys, AuthConfig, KeyEntry, TOKEN_SECRET_ENV};
 pub use autopilot::AutopilotConfig;

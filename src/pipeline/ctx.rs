@@ -46,6 +46,12 @@ impl RequestCtx {
         &self.live.config
     }
 
+    /// The size its long prompt is prefilled in pieces of, tokens (0: not pieced): the
+    /// configured one, else the autopilot's, read now.
+    pub fn piece_tokens(&self) -> u32 {
+        self.shared.piece_tokens(self.config())
+    }
+
     /// Course `id`'s prompt under that configuration, if there is such a course.
     pub fn course(&self, id: &str) -> Option<&Course> {
         self.live.courses.get(id)

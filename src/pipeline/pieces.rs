@@ -1,10 +1,12 @@
-//! Prefilling a long prompt in pieces (`admission.prefill_piece_tokens`), between admission and
-//! the send. Without `--long-prefill-token-threshold` vLLM computes a waiting prompt in as few
-//! steps as its token budget allows (`max_num_batched_tokens` a step), so one review's 12k-token
+//! Prefilling a long prompt in pieces (`admission.prefill_piece_tokens`, or the size the
+//! autopilot picked: `crate::autopilot::piecing`), between admission and the send. Without
+//! `--long-prefill-token-threshold` vLLM computes a waiting prompt in as few steps as its token
+//! budget allows (`max_num_batched_tokens` a step), so one review's 12k-token
 //! prompt fills whole steps, and a question arriving meanwhile waits them out: no admission rule
-//! can shorten a step. The gateway can: it renders a long prompt (above
-//! `admission.long_prompt_tokens`, as the prefill budget counts them) to token ids once (vLLM's
-//! `POST /tokenize`, which applies the chat template exactly as the chat route does) and sends
+//! can shorten a step. The gateway can: it renders a prompt longer than two pieces (estimated;
+//! a question or a medium prompt included, so no prompt goes whole into a step once it is above
+//! twice the piece) to token ids once (vLLM's `POST /tokenize`, which applies the chat template
+//! exactly as the chat route does) and sends
 //! its prefixes one after the other as `/v1/completions` requests of `max_tokens: 1`, the k-th
 //! ending at k × `prefill_piece_tokens` tokens (a multiple of the KV block size, so every piece
 //! is whole blocks). Each finds the earlier pieces in vLLM's prefix cache and computes only its
@@ -49,14 +51,13 @@ pub struct Pieced {
     pub reports_cached: bool,
 }
 
-/// Prefills `request`'s prompt in pieces of `admission.prefill_piece_tokens` when it is a long
-/// prompt (estimated, `prompt` tokens, above `admission.long_prompt_tokens` and above one
+/// Prefills `request`'s prompt in pieces of `admission.prefill_piece_tokens` (or the
+/// autopilot's size) when it is long enough for two (estimated, `prompt` tokens, above twice the
 /// piece). `None`: not pieced (off, short, media, or the count failed); the request goes as
 /// usual.
 pub async fn prefill(ctx: &RequestCtx, request: &UpstreamRequest, prompt: u32) -> Option<Pieced> {
-    let admission = &ctx.config().admission;
-    let piece = admission.prefill_piece_tokens;
-    if piece == 0 || prompt <= piece.max(admission.long_prompt_tokens.get()) {
+    let piece = ctx.piece_tokens();
+    if piece == 0 || prompt <= piece.saturating_mul(2) {
         return None;
     }
     let metrics = ctx.metrics().pieces();

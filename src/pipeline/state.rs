@@ -5,7 +5,7 @@
 //! stage reads that.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::admission::{Admission, LimitsChange, SessionLedger};
@@ -29,6 +29,9 @@ struct Shared {
     request_log: RequestLog,
     sessions: SessionLedger,
     queued_bytes: QueuedBytes,
+    /// The piece size the autopilot picked (0: none), used while
+    /// `admission.prefill_piece_tokens` is 0 (`crate::pipeline::pieces`).
+    paced_piece_tokens: AtomicU32,
     /// The file the configuration was read from, re-read by a reload, and what the command
     /// line changed after reading it (applied again to each reloaded file).
     config_source: RwLock<Option<ConfigSource>>,
@@ -150,6 +153,7 @@ impl AppState {
             metrics,
             request_log,
             config_source: RwLock::new(None),
+            paced_piece_tokens: AtomicU32::new(0),
         }))
     }
 
@@ -268,6 +272,20 @@ impl AppState {
     /// Prometheus families.
     pub fn metrics(&self) -> &Metrics {
         &self.0.metrics
+    }
+
+    /// The size long prompts are prefilled in pieces of, tokens (0: not pieced):
+    /// `admission.prefill_piece_tokens` when set, else what the autopilot picked.
+    pub fn piece_tokens(&self, config: &Config) -> u32 {
+        match config.admission.prefill_piece_tokens {
+            0 => self.0.paced_piece_tokens.load(Ordering::Relaxed),
+            n => n,
+        }
+    }
+
+    /// The autopilot's piece size (0: none).
+    pub fn set_paced_piece_tokens(&self, tokens: u32) {
+        self.0.paced_piece_tokens.store(tokens, Ordering::Relaxed);
     }
 }
 

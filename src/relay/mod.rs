@@ -43,6 +43,8 @@ mod cut;
 mod drain;
 mod pump;
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use futures::FutureExt;
 use tokio::time::Instant;
@@ -101,9 +103,43 @@ pub struct Relay {
     cut: Option<cut::CutInfo>,
     /// `/answer` token events sent (their ids).
     pieces: u32,
+    /// The steps this stream lived through (`crate::telemetry::step_window`).
+    steps: Steps,
     done: bool,
     /// The shutdown of the gateway whose handler started this relay (none for a job's).
     drain: Option<Drain>,
+}
+
+/// A stream's content chunks in time: first, last, how many, the longest gap between two.
+#[derive(Debug, Default)]
+struct Steps {
+    first: Option<Instant>,
+    last: Option<Instant>,
+    chunks: u32,
+    longest: Duration,
+}
+
+impl Steps {
+    fn chunk(&mut self, at: Instant) {
+        if let Some(last) = self.last {
+            self.longest = self.longest.max(at.saturating_duration_since(last));
+        }
+        self.first.get_or_insert(at);
+        self.last = Some(at);
+        self.chunks = self.chunks.saturating_add(1);
+    }
+
+    /// Leaves the stream's sample for the autopilot.
+    fn observe(&self, metrics: &Metrics) {
+        if let (Some(first), Some(last)) = (self.first, self.last) {
+            metrics.step_window().observe(
+                first,
+                self.chunks,
+                last.saturating_duration_since(first),
+                self.longest,
+            );
+        }
+    }
 }
 
 /// What ended a wait for the next upstream event.
@@ -136,6 +172,7 @@ impl Relay {
             first_chunk: None,
             cut: None,
             pieces: 0,
+            steps: Steps::default(),
             done: false,
             drain: Drain::current(),
         }
@@ -164,6 +201,9 @@ impl Relay {
         if let Some(replica) = self.upstream.replica() {
             self.record.served_by(replica);
         }
+        if outcome == Outcome::Ok {
+            self.steps.observe(&self.ctx.metrics);
+        }
         let view = self.upstream.view();
         self.record.finish(outcome, error_code, Some(&view));
     }
@@ -176,6 +216,7 @@ impl Relay {
                 self.first_chunk = cut::ChunkIdentity::of(chunk);
             }
             if chunk.has_content {
+                self.steps.chunk(Instant::now());
                 self.record.first_token();
                 // Its prefill is over: long prompts waiting for prefill room may go.
                 if let Some(guard) = self.guard.as_mut() {

@@ -7,7 +7,17 @@ use super::registered::{counter_vec, registered};
 use crate::lane::Lane;
 
 /// Reasons an adjustment is counted under.
-pub const REASONS: [&str; 4] = ["tighten", "loosen", "at_floor", "rescue"];
+pub const REASONS: [&str; 9] = [
+    "tighten",
+    "loosen",
+    "at_floor",
+    "rescue",
+    "pieces_on",
+    "pieces_smaller",
+    "pieces_at_floor",
+    "pieces_larger",
+    "pieces_off",
+];
 
 /// The autopilot's families.
 #[derive(Debug, Clone)]
@@ -19,6 +29,9 @@ pub struct AutopilotMetrics {
     quantile: GaugeVec,
     ratio: GaugeVec,
     adjustments: IntCounterVec,
+    piece_tokens: IntGauge,
+    longest_step: Gauge,
+    typical_step: Gauge,
 }
 
 impl AutopilotMetrics {
@@ -60,8 +73,31 @@ impl AutopilotMetrics {
                 "tutor_gateway_autopilot_adjustments_total",
                 "Autopilot decisions by reason: tighten (an objective missed), loosen (every objective \
                  held with headroom), at_floor (missed with the knobs at their floors), rescue (the \
-                 large lane starving: knobs raised whatever the objectives).",
+                 large lane starving: knobs raised whatever the objectives), and for the piece \
+                 size pieces_on, pieces_smaller, pieces_at_floor (long engine steps), \
+                 pieces_larger, pieces_off (short steps with headroom).",
                 &["reason"],
+            ),
+            piece_tokens: gauge(
+                "tutor_gateway_autopilot_piece_tokens",
+                "The size the autopilot prefills long prompts in pieces of, tokens (0: not pieced; \
+                 a configured admission.prefill_piece_tokens is used instead and this stays 0).",
+            ),
+            longest_step: registered(
+                registry,
+                Gauge::new(
+                    "tutor_gateway_autopilot_longest_step_seconds",
+                    "The 90th percentile of streams' longest gap between tokens since the last change \
+                     of piece size (the engine's long steps).",
+                ),
+            ),
+            typical_step: registered(
+                registry,
+                Gauge::new(
+                    "tutor_gateway_autopilot_typical_step_seconds",
+                    "The median of streams' mean gap between tokens since the last change of piece \
+                     size (the engine's typical step).",
+                ),
             ),
         };
         for r in REASONS {
@@ -94,6 +130,17 @@ impl AutopilotMetrics {
         };
         set(&self.quantile, seconds);
         set(&self.ratio, ratio);
+    }
+
+    /// The autopilot's piece size (0: none).
+    pub fn piece_tokens(&self, tokens: u32) {
+        self.piece_tokens.set(i64::from(tokens));
+    }
+
+    /// The steps read: the longest gaps' 90th percentile and the typical gap, seconds.
+    pub fn steps(&self, longest: f64, typical: f64) {
+        self.longest_step.set(longest);
+        self.typical_step.set(typical);
     }
 
     /// One decision of `reason` (see [`REASONS`]).

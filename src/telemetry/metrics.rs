@@ -187,6 +187,7 @@ pub struct Metrics {
     estimate: EstimateMetrics,
     pieces: super::piece_metrics::PieceMetrics,
     ttft_window: Arc<TtftWindow>,
+    step_window: Arc<super::step_window::StepWindow>,
     autopilot: AutopilotMetrics,
     admission_rate: Arc<AdmissionRate>,
     jobs: JobMetrics,
@@ -370,6 +371,7 @@ impl Metrics {
             estimate,
             pieces,
             ttft_window: Arc::default(),
+            step_window: Arc::default(),
             autopilot,
             admission_rate,
             jobs,
@@ -428,6 +430,11 @@ impl Metrics {
     /// The lanes' recent times to first token (the autopilot's input).
     pub fn ttft_window(&self) -> &TtftWindow {
         &self.ttft_window
+    }
+
+    /// The engine's steps as streams saw them (the autopilot's piecing input).
+    pub fn step_window(&self) -> &super::step_window::StepWindow {
+        &self.step_window
     }
 
     /// Long prompts prefilled in pieces.

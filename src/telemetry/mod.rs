@@ -11,6 +11,8 @@
 //! - [`estimate_metrics`]: the input estimate against the engine's count (M12).
 //! - [`focus_metrics`]: focusing course code on its stack trace (M11).
 //! - [`replica_metrics`]: each vLLM replica's traffic, health and prefix hits.
+//! - [`ttft_window`], [`step_window`]: the lanes' recent first tokens and the engine's recent
+//!   steps as streams saw them (the autopilot's inputs).
 //! - [`otel`]: logging and OpenTelemetry set-up, W3C trace-context propagation.
 //! - `text`: [`printable`], client- or engine-supplied text made safe to log (a leaf).
 //!
@@ -39,6 +41,7 @@ pub mod replica_metrics;
 pub mod request_log;
 mod snapshot;
 pub mod span;
+pub mod step_window;
 mod text;
 pub mod ttft_window;
 
