@@ -2,7 +2,9 @@
 //! requests is classified by what it has produced in total.
 //!
 //! - A session id is checked ([`SessionId::parse`]: at most [`SESSION_ID_MAX_BYTES`] bytes of
-//!   `A-Z a-z 0-9 - _ . : + / =`) and hashed at once; the raw id is never stored or logged.
+//!   `A-Z a-z 0-9 - _ . : + / =`) and hashed at once; the raw id is never stored or logged. With
+//!   `[auth]` on it is the tenant's ([`SessionId::within`]): two tenants sending one id have two
+//!   sessions.
 //! - Each request reserves its declared output at admission ([`SessionLedger::reserve`], which
 //!   answers what the session had before it, atomically), so parallel continues see each other;
 //!   its [`SessionHold`] settles the reservation to what was really produced when it ends, on
@@ -55,6 +57,23 @@ impl SessionId {
         let mut hash = [0u8; 16];
         hash.copy_from_slice(&digest[..16]);
         Ok(Some(Self(hash)))
+    }
+
+    /// The same id within `tenant`'s requests: two tenants that send one id have two sessions
+    /// (one tenant's output never moves another's request to a larger lane). No tenant (auth
+    /// off): the id as it is.
+    pub fn within(self, tenant: Option<&str>) -> Self {
+        let Some(tenant) = tenant else {
+            return self;
+        };
+        let mut h = Sha256::new();
+        h.update(b"tenant\0");
+        h.update(tenant.as_bytes());
+        h.update(b"\0");
+        h.update(self.0);
+        let mut hash = [0u8; 16];
+        hash.copy_from_slice(&h.finalize()[..16]);
+        Self(hash)
     }
 
     /// The first 8 bytes of the hash in hex (the Redis key's suffix).

@@ -198,6 +198,8 @@ pub async fn classify(
     let rules = ctx.rules();
     let mut hold: Option<SessionHold> = None;
     if let Some(session) = session {
+        // A session is the tenant's: another tenant's request with the same id is another one.
+        let session = session.within(tenant.as_ref().map(|t| t.0.as_str()));
         let (before, h) = ctx.sessions().reserve(session, class.output_budget).await;
         hold = Some(h);
         let lane = rules.for_continuation(class.lane, before);
