@@ -224,7 +224,10 @@ async fn long_engine_steps_turn_pieces_on_and_the_next_long_prompt_is_pieced() {
         tokio::join!(futures::future::join_all(questions), review);
     }
     let size = series(&h, PIECE_TOKENS).await as u32;
-    assert!((256..=1024).contains(&size) && size.is_multiple_of(16), "{size}");
+    assert!(
+        (256..=1024).contains(&size) && size.is_multiple_of(16),
+        "{size}"
+    );
     assert!(
         series(
             &h,

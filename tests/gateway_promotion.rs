@@ -214,7 +214,15 @@ async fn a_chain_of_continue_requests_moves_to_medium_by_the_fourth() {
 async fn a_session_id_is_the_tenants_own_another_tenants_output_never_moves_it() {
     let h = harness(
         &flags("--speed 50 --profile tiny-test --mean-output-tokens 1000000"),
-        |c| with_keys(c, &[("key-of-school-a", "school-a"), ("key-of-school-b", "school-b")]),
+        |c| {
+            with_keys(
+                c,
+                &[
+                    ("key-of-school-a", "school-a"),
+                    ("key-of-school-b", "school-b"),
+                ],
+            )
+        },
     )
     .await;
     let ask = |key: &'static str, tokens: u32| {

@@ -13,6 +13,13 @@
 # keep up).
 #
 #   SPEED=3 loadtest/experiments/autopilot-matrix.sh
+#   # 1.2 x capacity, the seed's engine without the threshold:
+#   ENGINES=seed THRESHOLDS=0 LOAD=1.2 OUT=docs/results/autopilot/overload SPEED=3 \
+#     loadtest/experiments/autopilot-matrix.sh
+#   # reviews doubling 120 s into the window (load 0.7 before the step), a 240 s window:
+#   ENGINES=seed THRESHOLDS=0 LOAD=0.7 PRESETS=fifo,autopilot WINDOW_S=240 \
+#     EXTRA="--step-at-s 180 --step-class large --step-factor 2" \
+#     OUT=docs/results/autopilot/step SPEED=3 loadtest/experiments/autopilot-matrix.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SPEED="${SPEED:-2}"
@@ -26,5 +33,5 @@ exec "${CARGO_TARGET_DIR:-target}/release/tutor-load" experiment --arrivals pois
   --engine "${ENGINES:-seed,h100}" --long-prefill-token-threshold "${THRESHOLDS:-0,512}" \
   --presets "${PRESETS:-floor,fifo,autopilot}" \
   --load "${LOAD:-0.9}" --seeds "${SEEDS:-1,2,3}" \
-  --warmup-s 60 --window-s 120 --drain 120s \
+  --warmup-s 60 --window-s "${WINDOW_S:-120}" --drain 120s ${EXTRA:-} \
   --progress 0 --out "$OUT"

@@ -348,7 +348,7 @@ impl Drop for RedisChild {
 
 /// The gateway config at `path` with `upstream.max_model_len` set to `max_model_len` (checked
 /// again as a whole: the lanes' token budgets must still hold the longest request).
-fn load_config(path: &Path, max_model_len: u32) -> anyhow::Result<Config> {
+pub(crate) fn load_config(path: &Path, max_model_len: u32) -> anyhow::Result<Config> {
     let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("{}: {e}", path.display());
     let cfg = Config::load(path).map_err(|e| err(&e))?;
     if cfg.upstream.max_model_len.get() == max_model_len {

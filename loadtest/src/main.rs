@@ -186,6 +186,16 @@ enum Cmd {
         /// Poisson: simulated seconds of the capacity measurement's window.
         #[arg(long, default_value_t = 60.0)]
         capacity_window_s: f64,
+        /// Poisson: a step change in the mix at this simulated second (from the run's start):
+        /// the arrivals of --step-class are multiplied by --step-factor from then on.
+        #[arg(long)]
+        step_at_s: Option<f64>,
+        /// Poisson: the class the step change multiplies.
+        #[arg(long, default_value = "large")]
+        step_class: String,
+        /// Poisson: the step change's factor (> 1: more of that class).
+        #[arg(long, default_value_t = 2.0)]
+        step_factor: f64,
         /// Named engine settings (comma-separated or repeated): `seed` (--max-num-seqs 96
         /// --max-num-batched-tokens 12288), `h100` (vLLM's defaults: 1024 / 8192); both
         /// --max-model-len 16384. Default: h100.
@@ -341,6 +351,9 @@ async fn main() -> anyhow::Result<()> {
             capacity_clients,
             capacity_warmup_s,
             capacity_window_s,
+            step_at_s,
+            step_class,
+            step_factor,
         } => {
             let (scenario, run, _) = common.load()?;
             let overrides = Overrides {
@@ -384,6 +397,11 @@ async fn main() -> anyhow::Result<()> {
                         warmup_s: capacity_warmup_s,
                         window_s: capacity_window_s,
                     },
+                    step: step_at_s.map(|at_s| tutor_load::openloop::arrivals::MixStep {
+                        at_s,
+                        class: step_class,
+                        factor: step_factor,
+                    }),
                     out: common.out.clone(),
                 };
                 tutor_load::openloop::run_open_loop(&opts).await?;

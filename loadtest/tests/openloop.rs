@@ -43,6 +43,7 @@ async fn a_tiny_open_loop_experiment_accounts_for_every_request() {
             warmup_s: 3.0,
             window_s: 6.0,
         },
+        step: None,
         out: out.clone(),
     };
     let summary = run_open_loop(&opts).await.expect("experiment");
@@ -109,6 +110,14 @@ async fn a_tiny_open_loop_experiment_accounts_for_every_request() {
             assert!(r.get(k).is_some(), "{p}: {k} missing");
         }
         assert!(r["tokens_per_s"].as_f64().unwrap() > r["output_tokens_per_s"].as_f64().unwrap());
+        // The shipped small objective (500 ms): a share of the offered questions.
+        let within = r["small_within_objective"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&within), "{p}: {within}");
+        assert_eq!(
+            r["autopilot_trace"],
+            serde_json::json!([]),
+            "{p}: not piloted"
+        );
         assert_eq!(r["lost_steps"], 0, "{p}: engine steps lost");
         let small = &r["classes"]["small"];
         assert!(small["ttft_p95_s"].is_f64(), "{p}: {small}");
@@ -152,11 +161,20 @@ async fn a_tiny_open_loop_experiment_accounts_for_every_request() {
     ] {
         assert!(md.contains(needle), "{needle:?} missing in\n{md}");
     }
-    // Every table row has the header's columns.
+    // Every table row has its table's header's columns (two tables: runs, then objectives
+    // and pieces).
     let columns = |l: &str| l.matches('|').count();
-    let header = md.lines().find(|l| l.starts_with("| load |")).unwrap();
-    for l in md.lines().filter(|l| l.starts_with("| 0.5 |")) {
-        assert_eq!(columns(l), columns(header), "{l}");
+    let mut header = None;
+    let mut tables = 0;
+    for l in md.lines() {
+        if l.starts_with("| load |") {
+            header = Some(l);
+            tables += 1;
+        } else if l.starts_with("| 0.5 |") {
+            assert_eq!(columns(l), columns(header.unwrap()), "{l}");
+        }
     }
+    assert_eq!(tables, 2, "{md}");
+    assert!(md.contains("questions within the small objective"), "{md}");
     let _ = std::fs::remove_dir_all(&out);
 }

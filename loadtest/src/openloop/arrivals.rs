@@ -50,6 +50,71 @@ pub fn mixed(scenario: &Scenario, rate: f64, seed: u64, until_s: f64) -> Vec<Arr
     }
 }
 
+/// A step change in the mix: from `at_s` on, `class` arrives `factor` times as often.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MixStep {
+    /// Simulated seconds from the run's start.
+    pub at_s: f64,
+    /// The class's name.
+    pub class: String,
+    /// Its arrival rate from then on, a multiple of the mix's.
+    pub factor: f64,
+}
+
+/// Indices of the arrivals a step change adds start here (the mixed sequence's stay below).
+pub const STEP_INDEX_BASE: u64 = 1 << 40;
+
+/// `mixed` (the sequence at `rate`) with `step` applied: above a factor of 1, a second Poisson
+/// stream of the class alone at `rate x share x (factor - 1)` from `step.at_s` on (its own
+/// draws, from `seed`); below, each of the class's arrivals after `step.at_s` is kept with
+/// probability `factor`. Sorted by time; the arrivals before the step are exactly `mixed`'s.
+pub fn stepped(
+    scenario: &Scenario,
+    mixed: Vec<Arrival>,
+    step: &MixStep,
+    rate: f64,
+    seed: u64,
+    until_s: f64,
+) -> Vec<Arrival> {
+    let Some(class) = scenario.classes.iter().position(|c| c.name == step.class) else {
+        return mixed;
+    };
+    let total = scenario.total_share();
+    let share = if total > 0.0 {
+        scenario.classes[class].share / total
+    } else {
+        0.0
+    };
+    let mut rng = SplitMix::new(seed ^ 0x5743_4550_5354_4550);
+    let mut out: Vec<Arrival> = if step.factor < 1.0 {
+        mixed
+            .into_iter()
+            .filter(|a| a.class != class || a.at_s < step.at_s || rng.next_f64() < step.factor)
+            .collect()
+    } else {
+        mixed
+    };
+    let extra = rate * share * (step.factor - 1.0);
+    if extra > 0.0 && extra.is_finite() {
+        let mut at = step.at_s;
+        let mut index = STEP_INDEX_BASE;
+        loop {
+            at += -(1.0 - rng.next_f64()).ln() / extra;
+            if at >= until_s {
+                break;
+            }
+            index += 1;
+            out.push(Arrival {
+                at_s: at,
+                class,
+                index,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+    out
+}
+
 /// The arrivals of class `class` alone (the floor's: the same instants, indices and sizes).
 pub fn only(arrivals: &[Arrival], class: usize) -> Vec<Arrival> {
     arrivals
@@ -62,6 +127,40 @@ pub fn only(arrivals: &[Arrival], class: usize) -> Vec<Arrival> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_step_doubles_the_class_from_its_moment_on_and_leaves_the_rest_as_it_was() {
+        let s = mix();
+        let large = s.classes.iter().position(|c| c.name == "large").unwrap();
+        let a = mixed(&s, 12.0, 1, 2_000.0);
+        let step = MixStep {
+            at_s: 1_000.0,
+            class: "large".into(),
+            factor: 2.0,
+        };
+        let b = stepped(&s, a.clone(), &step, 12.0, 1, 2_000.0);
+        let count = |v: &[Arrival], from: f64, to: f64, c: usize| {
+            v.iter()
+                .filter(|x| x.class == c && x.at_s >= from && x.at_s < to)
+                .count() as f64
+        };
+        // Before the step: the same sequence.
+        let before: Vec<_> = b.iter().filter(|x| x.at_s < 1_000.0).copied().collect();
+        let was: Vec<_> = a.iter().filter(|x| x.at_s < 1_000.0).copied().collect();
+        assert_eq!(before, was);
+        // After it: about twice the reviews (Poisson: within 25%), the other classes unchanged.
+        let ratio = count(&b, 1_000.0, 2_000.0, large) / count(&a, 1_000.0, 2_000.0, large);
+        assert!((1.75..2.25).contains(&ratio), "{ratio}");
+        let small = s.classes.iter().position(|c| c.name == "small").unwrap();
+        assert_eq!(
+            count(&b, 1_000.0, 2_000.0, small),
+            count(&a, 1_000.0, 2_000.0, small)
+        );
+        assert!(b.windows(2).all(|w| w[0].at_s <= w[1].at_s));
+        // Indices stay distinct (sizes and prompts are seeded by them).
+        let ids: std::collections::BTreeSet<u64> = b.iter().map(|x| x.index).collect();
+        assert_eq!(ids.len(), b.len());
+    }
 
     fn mix() -> Scenario {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");

@@ -145,8 +145,31 @@ pub struct RunFigures {
     pub pieces: u64,
     /// Prompt tokens pieces had prefilled that the engine computed again (the whole run).
     pub piece_recomputed_tokens: u64,
-    /// Those over the tokens the pieces prefilled (pieces x piece size).
+    /// Those over the large class's prompt tokens offered in the window (reviews' prompts).
     pub piece_recomputed_share: Option<f64>,
+    /// Share of the offered questions whose TTFT met the small lane's objective
+    /// (`lanes.small.ttft_slo_ms` of the config, simulated), when it has one.
+    pub small_within_objective: Option<f64>,
+    /// The autopilot's knobs over the run (`autopilot*` presets), sampled from the gateway's
+    /// gauges.
+    pub autopilot_trace: Vec<TracePoint>,
+    /// The piece size the autopilot had at the end of the run (0: none).
+    pub autopilot_piece_tokens_end: Option<u32>,
+}
+
+/// The autopilot's knobs at one moment of a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct TracePoint {
+    /// Simulated seconds since the run's start.
+    pub at_s: f64,
+    /// `tutor_gateway_autopilot_prefill_budget_tokens`.
+    pub prefill_budget: f64,
+    /// `tutor_gateway_autopilot_large_seats`.
+    pub large_seats: f64,
+    /// `tutor_gateway_autopilot_piece_tokens`.
+    pub piece_tokens: f64,
+    /// `tutor_gateway_autopilot_objective_ratio{lane="small"}`.
+    pub small_ratio: f64,
 }
 
 /// p99 of the steps' lateness, wall-clock milliseconds.

@@ -52,6 +52,8 @@ pub struct OpenLoopOptions {
     pub capacity: Option<f64>,
     /// How the capacity is measured.
     pub capacity_run: CapacityOptions,
+    /// A step change in the mix (`--step-at-s`), if any.
+    pub step: Option<arrivals::MixStep>,
     /// Output folder.
     pub out: PathBuf,
 }
@@ -79,6 +81,17 @@ impl OpenLoopOptions {
                 bail!("--capacity must be > 0 requests/s");
             }
         }
+        if let Some(step) = &self.step {
+            if !self.scenario.classes.iter().any(|c| c.name == step.class) {
+                bail!(
+                    "--step-class {:?}: no such class in the scenario",
+                    step.class
+                );
+            }
+            if !(step.at_s >= 0.0 && step.factor > 0.0 && step.factor.is_finite()) {
+                bail!("--step-at-s must be >= 0 and --step-factor > 0");
+            }
+        }
         if self.presets.contains(&Preset::LanesRedis) {
             bail!("--arrivals poisson runs every preset but lanes-redis (two replicas)");
         }
@@ -96,9 +109,25 @@ async fn one_run(
     (load, seed, rate): (f64, u64, f64),
 ) -> anyhow::Result<Measured> {
     let stack = Stack::start(&opts.stack, engine, preset, seed).await?;
+    let points = std::sync::Arc::new(std::sync::Mutex::new(vec![]));
+    let tracer = preset.piloted().then(|| {
+        tokio::spawn(trace(
+            stack.gateway.url(),
+            opts.window.speed,
+            points.clone(),
+        ))
+    });
     let driven = drive::drive(arrivals, scenario, seed, &stack, &opts.window).await;
-    let piece_tokens = stack.gateway.state.config().admission.prefill_piece_tokens;
+    if let Some(t) = tracer {
+        t.abort();
+        let _ = t.await;
+    }
     let counters = gateway_counters(&stack.gateway.url()).await;
+    let objective = crate::experiment::load_config(&opts.stack.config, engine.max_model_len)?
+        .lanes
+        .small
+        .ttft_slo
+        .map(|o| o.target.as_secs_f64());
     stack.stop().await;
     let mut m = figures::measure(
         &driven,
@@ -112,9 +141,20 @@ async fn one_run(
     let read = |name: &str| counters.get(name).copied().unwrap_or(0.0) as u64;
     m.figures.pieces = read("tutor_gateway_prefill_pieces_total");
     m.figures.piece_recomputed_tokens = read("tutor_gateway_prefill_piece_recomputed_tokens_total");
-    let pieced = m.figures.pieces * u64::from(piece_tokens);
-    m.figures.piece_recomputed_share =
-        (pieced > 0).then(|| m.figures.piece_recomputed_tokens as f64 / pieced as f64);
+    let review_prompts = review_prompt_tokens(&driven, scenario, &opts.window);
+    m.figures.piece_recomputed_share = (m.figures.pieces > 0 && review_prompts > 0)
+        .then(|| m.figures.piece_recomputed_tokens as f64 / review_prompts as f64);
+    m.figures.small_within_objective =
+        objective.and_then(|limit| figures::share_within(&m.times, FLOOR_CLASS, limit, |t| t.1));
+    if preset.piloted() {
+        m.figures.autopilot_piece_tokens_end =
+            Some(read("tutor_gateway_autopilot_piece_tokens") as u32);
+        m.figures.autopilot_trace = std::mem::take(
+            &mut *points
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+    }
     let f = &m.figures;
     eprintln!(
         "   {} load {load} seed {seed}: offered {} completed {} refused {} diverted {} failed {}; \
@@ -132,6 +172,61 @@ async fn one_run(
     // Let one run's sockets close before the next starts.
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(m)
+}
+
+/// Prompt tokens of the large class's requests offered in the window (the reviews').
+fn review_prompt_tokens(driven: &drive::Driven, scenario: &Scenario, window: &Window) -> u64 {
+    let Some(large) = scenario.classes.iter().position(|c| c.name == "large") else {
+        return 0;
+    };
+    driven
+        .sent
+        .iter()
+        .filter(|s| s.arrival.class == large && window.counts(s.arrival.at_s))
+        .map(|s| u64::from(s.input_tokens))
+        .sum()
+}
+
+/// Samples the autopilot's gauges from the gateway at `url` once a simulated second (the
+/// simulator runs at `speed`) into `points`, until aborted.
+async fn trace(
+    url: String,
+    speed: f64,
+    points: std::sync::Arc<std::sync::Mutex<Vec<figures::TracePoint>>>,
+) {
+    let start = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / speed.max(1e-3)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        let at_s = start.elapsed().as_secs_f64() * speed;
+        let Ok(resp) = reqwest::get(format!("{url}/metrics")).await else {
+            continue;
+        };
+        let text = resp.text().await.unwrap_or_default();
+        let value = |series: &str| {
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix(series)?
+                        .strip_prefix(' ')?
+                        .trim()
+                        .parse()
+                        .ok()
+                })
+                .unwrap_or(f64::NAN)
+        };
+        let point = figures::TracePoint {
+            at_s,
+            prefill_budget: value("tutor_gateway_autopilot_prefill_budget_tokens"),
+            large_seats: value("tutor_gateway_autopilot_large_seats"),
+            piece_tokens: value("tutor_gateway_autopilot_piece_tokens"),
+            small_ratio: value("tutor_gateway_autopilot_objective_ratio{lane=\"small\"}"),
+        };
+        points
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(point);
+    }
 }
 
 /// The gateway's unlabelled counters, by name, from `/metrics`.
@@ -208,7 +303,17 @@ pub async fn run_open_loop(opts: &OpenLoopOptions) -> anyhow::Result<Value> {
             let mut by_preset: Vec<(Preset, Vec<Value>)> =
                 presets.iter().map(|p| (*p, vec![])).collect();
             for &seed in &opts.seeds {
-                let mixed = arrivals::mixed(&scenario, rate, seed, opts.window.horizon_s());
+                let mut mixed = arrivals::mixed(&scenario, rate, seed, opts.window.horizon_s());
+                if let Some(step) = &opts.step {
+                    mixed = arrivals::stepped(
+                        &scenario,
+                        mixed,
+                        step,
+                        rate,
+                        seed,
+                        opts.window.horizon_s(),
+                    );
+                }
                 let floor = arrivals::only(&mixed, small);
                 let mut group = vec![];
                 for &preset in &presets {
@@ -270,6 +375,7 @@ pub async fn run_open_loop(opts: &OpenLoopOptions) -> anyhow::Result<Value> {
             "window_s": w.window_s,
             "drain_s": w.drain_s,
             "capacity_given": opts.capacity,
+            "step": opts.step,
             "capacity_run": {
                 "clients": opts.capacity_run.clients,
                 "warmup_s": opts.capacity_run.warmup_s,

@@ -257,8 +257,103 @@ pub fn summary_md(summary: &Value) -> String {
             }
         }
         md.push('\n');
+        md.push_str(PIECES_HEADER);
+        for l in &loads {
+            let load = l["load"].as_f64().unwrap_or(0.0);
+            if let Some(p) = l["presets"].as_object() {
+                for (preset, v) in p {
+                    md.push_str(&pieces_row(load, preset, &v["spread"]));
+                }
+            }
+        }
+        md.push('\n');
     }
     md
+}
+
+/// The second table's header: objectives, the engine's steps, pieces.
+const PIECES_HEADER: &str = "| load | preset | questions within the small objective \
+    | small p99 x engine bound p99 | largest prompt chunk in a step | piece requests \
+    | tokens recomputed / review prompt tokens | autopilot piece size at the end \
+    | steps late p99 (wall ms) |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n";
+
+fn pieces_row(load: f64, preset: &str, t: &Value) -> String {
+    let vs_bound = match (
+        med(t, "classes.small.ttft_p99_s"),
+        med(t, "engine_bound.p99_s"),
+    ) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
+        _ => "-".into(),
+    };
+    format!(
+        "| {load} | {preset} | {} | {vs_bound} | {} | {} | {} | {} | {} |\n",
+        pct(t, "small_within_objective"),
+        count(t, "max_chunk_max"),
+        count(t, "pieces"),
+        cell(at(t, "piece_recomputed_share"), 100.0, 2, "%"),
+        count(t, "autopilot_piece_tokens_end"),
+        cell(at(t, "engine_late_ms_p99"), 1.0, 1, ""),
+    )
+}
+
+/// One chart per autopilot run: its knobs over the run (`trace-<engine>-<load>-<preset>-seed<n>.svg`).
+fn trace_charts(out: &Path, summary: &Value) -> anyhow::Result<()> {
+    let step = summary["setup"]["step"]["at_s"].as_f64();
+    let Some(engines) = summary["engines"].as_object() else {
+        return Ok(());
+    };
+    for (name, e) in engines {
+        for l in e["loads"].as_array().into_iter().flatten() {
+            let load = l["load"].as_f64().unwrap_or(0.0);
+            for (preset, v) in l["presets"].as_object().into_iter().flatten() {
+                for run in v["per_seed"].as_array().into_iter().flatten() {
+                    let Some(trace) = run["autopilot_trace"].as_array().filter(|t| !t.is_empty())
+                    else {
+                        continue;
+                    };
+                    let series = |label: &str, key: &str, scale: f64| crate::svg::Series {
+                        name: label.into(),
+                        points: trace
+                            .iter()
+                            .filter_map(|p| {
+                                // An objective missed by refusals reads as the largest float.
+                                Some((p["at_s"].as_f64()?, (p[key].as_f64()? / scale).min(30.0)))
+                            })
+                            .collect(),
+                        dots: false,
+                    };
+                    let chart = crate::svg::Chart {
+                        title: format!(
+                            "Autopilot: {name}, load {load}, {preset}, seed {}",
+                            run["seed"]
+                        ),
+                        x_label: "simulated seconds since the run's start".into(),
+                        y_label: "value (see legend)".into(),
+                        series: vec![
+                            series("prefill budget, k tokens", "prefill_budget", 1000.0),
+                            series("large seats", "large_seats", 1.0),
+                            series("piece size, 100 tokens", "piece_tokens", 100.0),
+                            series(
+                                "small objective ratio x 10 (at most 30)",
+                                "small_ratio",
+                                0.1,
+                            ),
+                        ],
+                        x_marker: step.map(|s| (s, "mix step".to_string())),
+                        ..Default::default()
+                    };
+                    std::fs::write(
+                        out.join(format!(
+                            "trace-{name}-load{load}-{preset}-seed{}.svg",
+                            run["seed"]
+                        )),
+                        chart.render(),
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 fn join(v: &Value) -> String {
@@ -280,7 +375,7 @@ pub fn write(out: &Path, summary: &Value) -> anyhow::Result<()> {
         serde_json::to_string_pretty(summary)?,
     )?;
     std::fs::write(out.join("summary.md"), summary_md(summary))?;
-    Ok(())
+    trace_charts(out, summary)
 }
 
 #[cfg(test)]
