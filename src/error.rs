@@ -11,6 +11,7 @@
 //! | queued bodies would pass `server.max_queued_bytes` | 429 + `Retry-After` | `queue_full` |
 //! | input + output over the model's maximum length | 400 | `too_long` |
 //! | lane queue full | 429 + `Retry-After` | `queue_full` |
+//! | lane queue full and the tenant holds its share of it (`[auth]`) | 429 + `Retry-After` | `tenant_queue_full` |
 //! | waited the lane's queue timeout | 503 + `Retry-After` | `queue_timeout` |
 //! | vLLM unreachable | 503 | `upstream_unavailable` |
 //! | vLLM silent past first-token / idle / total timeout | 504 | `upstream_timeout` |
@@ -175,7 +176,9 @@ impl GatewayError {
                 }
             },
             Self::Admission(e) => match e {
-                AdmissionError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
+                AdmissionError::QueueFull { .. } | AdmissionError::TenantQueueFull { .. } => {
+                    StatusCode::TOO_MANY_REQUESTS
+                }
                 AdmissionError::Timeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 AdmissionError::QuotaUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 AdmissionError::WouldMissDeadline { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -218,6 +221,7 @@ impl GatewayError {
             Self::JobStoreDown => "job_store_unavailable",
             Self::Shutdown => "shutdown",
             Self::ClientTooSlow => "client_too_slow",
+            Self::Admission(AdmissionError::TenantQueueFull { .. }) => "tenant_queue_full",
             Self::Upstream(UpstreamError::Status { status, .. }) if status.is_client_error() => {
                 "upstream_rejected"
             }
@@ -243,7 +247,9 @@ impl GatewayError {
             Self::Shutdown | Self::ClientTooSlow => Outcome::Cancelled,
             Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Outcome::TooLong,
             Self::Classify(_) => Outcome::Internal,
-            Self::Admission(AdmissionError::QueueFull { .. }) => Outcome::QueueFull,
+            Self::Admission(
+                AdmissionError::QueueFull { .. } | AdmissionError::TenantQueueFull { .. },
+            ) => Outcome::QueueFull,
             Self::Admission(AdmissionError::Timeout { .. }) => Outcome::QueueTimeout,
             Self::Admission(AdmissionError::QuotaUnavailable { .. }) => Outcome::QuotaUnavailable,
             Self::Admission(AdmissionError::TooLarge { .. }) => Outcome::TooLong,
@@ -305,7 +311,10 @@ impl GatewayError {
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Admission(AdmissionError::QueueFull { retry_after, .. }) => Some(*retry_after),
+            Self::Admission(
+                AdmissionError::QueueFull { retry_after, .. }
+                | AdmissionError::TenantQueueFull { retry_after, .. },
+            ) => Some(*retry_after),
             Self::Admission(AdmissionError::Timeout { .. }) => Some(Duration::from_secs(1)),
             Self::Admission(AdmissionError::WouldMissDeadline { predicted, .. }) => Some(
                 Duration::from_secs(crate::admission::retry_secs(*predicted)),

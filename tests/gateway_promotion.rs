@@ -211,41 +211,6 @@ async fn a_chain_of_continue_requests_moves_to_medium_by_the_fourth() {
 }
 
 #[tokio::test]
-async fn a_session_id_is_the_tenants_own_another_tenants_output_never_moves_it() {
-    let h = harness(
-        &flags("--speed 50 --profile tiny-test --mean-output-tokens 1000000"),
-        |c| {
-            with_keys(
-                c,
-                &[
-                    ("key-of-school-a", "school-a"),
-                    ("key-of-school-b", "school-b"),
-                ],
-            )
-        },
-    )
-    .await;
-    let ask = |key: &'static str, tokens: u32| {
-        let h = &h;
-        async move {
-            let body = json!({"prompt": "continue", "max_output_tokens": tokens,
-                              "session_id": "student-42"});
-            let resp = send(client().post(h.url("/answer")).bearer_auth(key).json(&body)).await;
-            assert_eq!(resp.status(), 200);
-            let events = sse(&resp.text().await.unwrap());
-            json(&events[0].1)["lane"].as_str().unwrap().to_owned()
-        }
-    };
-    // School A's student-42 writes 1,000 tokens: its next request is medium work.
-    let _ = ask("key-of-school-a", 1000).await;
-    assert_eq!(ask("key-of-school-a", 10).await, "medium");
-    // School B's student-42 is another student: a short question stays small.
-    assert_eq!(ask("key-of-school-b", 10).await, "small");
-    eventually("every seat and token back", || h.idle()).await;
-    h.shutdown().await;
-}
-
-#[tokio::test]
 async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
     let redis = RedisServer::start();
     let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&flags(SIM)))

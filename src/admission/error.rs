@@ -1,4 +1,5 @@
-//! Admission errors. The HTTP layer maps them: `QueueFull` -> 429 with `Retry-After`,
+//! Admission errors. The HTTP layer maps them: `QueueFull` and `TenantQueueFull` -> 429 with
+//! `Retry-After`,
 //! `Timeout` -> 503, `QuotaUnavailable` -> 503, `TooLarge` -> 400, `WouldMissDeadline` -> 503
 //! with `Retry-After`.
 
@@ -16,6 +17,27 @@ pub enum AdmissionError {
         lane: Lane,
         /// Hint for `Retry-After`: the queue's timeout in whole seconds (at least 1), since by
         /// then every request now waiting has been admitted or has timed out.
+        retry_after: Duration,
+    },
+    /// The lane's queue is full and the request's tenant already holds its places in it (its
+    /// share of the queue among the tenants waiting), or this waiter was the newest of a
+    /// tenant above its places when another tenant's request needed one. HTTP 429; names only
+    /// the tenant's own numbers.
+    #[error(
+        "tenant {tenant} holds {held} of the {lane} lane's queue places, its share while other \
+         tenants wait is {places}; retry after {}s",
+        retry_after.as_secs()
+    )]
+    TenantQueueFull {
+        /// The request's lane.
+        lane: Lane,
+        /// The request's tenant.
+        tenant: String,
+        /// Waiters the tenant held.
+        held: u32,
+        /// Places the tenant may hold.
+        places: u32,
+        /// Hint for `Retry-After`, as for [`AdmissionError::QueueFull`].
         retry_after: Duration,
     },
     /// Waited the queue's full timeout without getting a slot and tokens. HTTP 503.

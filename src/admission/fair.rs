@@ -82,3 +82,103 @@ pub fn shares(config: &crate::config::Config) -> std::collections::HashMap<Strin
         .map(|(t, s)| (t.clone(), f64::from(*s)))
         .collect()
 }
+
+/// What a full queue does with an arrival (`[auth]` tenants only; see [`room_for`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Room {
+    /// The queue has room: the arrival waits.
+    Enter,
+    /// The arrival's tenant holds fewer than its places: the newest waiter of this tenant (the
+    /// one most above its own places) leaves with [`AdmissionError::TenantQueueFull`], and the
+    /// arrival waits.
+    ///
+    /// [`AdmissionError::TenantQueueFull`]: super::AdmissionError::TenantQueueFull
+    PushOut {
+        /// That tenant.
+        tenant: Arc<str>,
+        /// Waiters it held.
+        held: u32,
+        /// Places it may hold.
+        places: u32,
+    },
+    /// The arrival's tenant already holds its places (or the queue is full of requests without a
+    /// tenant): refused.
+    Refuse {
+        /// Waiters its tenant holds.
+        held: u32,
+        /// Places its tenant may hold while these tenants wait.
+        places: u32,
+    },
+}
+
+/// A tenant's places in a full queue of `len`: its share of `len` among the tenants waiting
+/// (the arrival's included), rounded down, at least 1.
+fn places(len: usize, share: f64, shares_present: f64) -> u32 {
+    let p = (len as f64 * share / shares_present.max(f64::MIN_POSITIVE)).floor();
+    u32::try_from(p as u64).unwrap_or(u32::MAX).max(1)
+}
+
+/// The queue's tenants' share of its `len` places. Below `len` waiters (`waiting`: each
+/// waiter's tenant) anyone may wait: a tenant alone borrows the whole queue. Full, an arrival
+/// of `tenant` (share from `share_of`) that holds fewer than its places pushes out the newest
+/// waiter of the tenant most above its own places; one that holds its places is refused. So a
+/// burst of one tenant can fill an idle queue but never keeps another tenant out of its share.
+/// Requests without a tenant (`[auth]` off) are refused when the queue is full, as before.
+pub fn room_for<'a>(
+    len: usize,
+    waiting: impl Iterator<Item = Option<&'a Arc<str>>>,
+    tenant: Option<&str>,
+    share_of: impl Fn(&str) -> f64,
+) -> Room {
+    let mut held: HashMap<Option<&str>, u32> = HashMap::new();
+    let mut total = 0usize;
+    for t in waiting {
+        *held.entry(t.map(|t| &**t)).or_default() += 1;
+        total += 1;
+    }
+    if total < len {
+        return Room::Enter;
+    }
+    let Some(tenant) = tenant else {
+        return Room::Refuse {
+            held: held.get(&None).copied().unwrap_or(0),
+            places: u32::try_from(len).unwrap_or(u32::MAX),
+        };
+    };
+    let share = |t: Option<&str>| t.map_or(1.0, &share_of);
+    let present: f64 = held
+        .keys()
+        .filter(|t| **t != Some(tenant))
+        .map(|t| share(*t))
+        .sum::<f64>()
+        + share(Some(tenant));
+    let mine = held.get(&Some(tenant)).copied().unwrap_or(0);
+    let my_places = places(len, share(Some(tenant)), present);
+    if mine >= my_places {
+        return Room::Refuse {
+            held: mine,
+            places: my_places,
+        };
+    }
+    let over = held
+        .iter()
+        .filter_map(|(t, n)| {
+            let t = (*t)?;
+            let p = places(len, share(Some(t)), present);
+            let excess = i64::from(*n) - i64::from(p);
+            (excess > 0).then_some((excess, t, *n, p))
+        })
+        .max();
+    match over {
+        Some((_, t, held, places)) => Room::PushOut {
+            tenant: Arc::from(t),
+            held,
+            places,
+        },
+        // Every tenant within its places (rounding): nobody to push out.
+        None => Room::Refuse {
+            held: mine,
+            places: my_places,
+        },
+    }
+}

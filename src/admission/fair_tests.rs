@@ -197,3 +197,80 @@ async fn with_redis_a_replicas_line_gives_tenants_turns() {
         "B's 10 are all admitted within the next 20: {b_positions:?}"
     );
 }
+
+mod room {
+    use std::sync::Arc;
+
+    use crate::admission::fair::{room_for, Room};
+
+    fn queue(tenants: &[&str]) -> Vec<Option<Arc<str>>> {
+        tenants.iter().map(|t| Some(Arc::from(*t))).collect()
+    }
+
+    fn room(len: usize, waiting: &[Option<Arc<str>>], tenant: Option<&str>) -> Room {
+        room_for(len, waiting.iter().map(Option::as_ref), tenant, |t| {
+            if t == "b" {
+                10.0
+            } else {
+                1.0
+            }
+        })
+    }
+
+    #[test]
+    fn a_tenant_alone_borrows_the_whole_queue() {
+        let q = queue(&["a", "a"]);
+        assert_eq!(room(3, &q, Some("a")), Room::Enter);
+        let full = queue(&["a", "a", "a"]);
+        assert_eq!(
+            room(3, &full, Some("a")),
+            Room::Refuse { held: 3, places: 3 }
+        );
+    }
+
+    #[test]
+    fn a_full_queue_makes_room_for_a_tenant_under_its_places_at_the_expense_of_the_one_over() {
+        // Issue 34's crowd-out: A filled the queue of 3; B (share 10) arrives.
+        let full = queue(&["a", "a", "a"]);
+        assert_eq!(
+            room(3, &full, Some("b")),
+            Room::PushOut {
+                tenant: Arc::from("a"),
+                held: 3,
+                places: 1
+            }
+        );
+        // Equal shares, 4 places: a holds 3, c 1; d arrives (places 4/3 -> 1 each).
+        let q = queue(&["a", "a", "a", "c"]);
+        let r = room_for(4, q.iter().map(Option::as_ref), Some("d"), |_| 1.0);
+        assert_eq!(
+            r,
+            Room::PushOut {
+                tenant: Arc::from("a"),
+                held: 3,
+                places: 1
+            }
+        );
+        // c's share with only a waiting beside it is 2 of the 4: a, above its 2, makes room.
+        let r = room_for(4, q.iter().map(Option::as_ref), Some("c"), |_| 1.0);
+        assert_eq!(
+            r,
+            Room::PushOut {
+                tenant: Arc::from("a"),
+                held: 3,
+                places: 2
+            }
+        );
+        // Once c holds its 2: refused, naming its own numbers.
+        let even = queue(&["a", "a", "c", "c"]);
+        let r = room_for(4, even.iter().map(Option::as_ref), Some("c"), |_| 1.0);
+        assert_eq!(r, Room::Refuse { held: 2, places: 2 });
+    }
+
+    #[test]
+    fn without_tenants_a_full_queue_refuses_as_before() {
+        let q = vec![None, None];
+        assert_eq!(room(2, &q, None), Room::Refuse { held: 2, places: 2 });
+        assert_eq!(room(3, &q, None), Room::Enter);
+    }
+}

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use super::backend::{AdmissionHealth, Ask, Backend, LimitsChange};
 use super::budget::{Limits, PrefillLimit};
 use super::error::AdmissionError;
+use super::fair::{room_for, Room};
 use super::guard::{LaneGuard, Reservation};
 use super::state::{State, Waiter};
 use crate::config::{Config, Policy};
@@ -157,11 +158,42 @@ impl LocalAdmission {
                         .with_prefill(prompt, waited),
                 );
             }
-            if state.queues[queue].len() >= queue_limit.len {
-                return Err(AdmissionError::QueueFull {
-                    lane,
-                    retry_after: Duration::from_secs(queue_limit.timeout.as_secs().max(1)),
-                });
+            let retry_after = Duration::from_secs(queue_limit.timeout.as_secs().max(1));
+            let room = room_for(
+                queue_limit.len,
+                state.queues[queue].iter().map(|w| w.tenant.as_ref()),
+                tenant,
+                |t| rules.shares.get(t).copied().unwrap_or(1.0),
+            );
+            match room {
+                Room::Enter => {}
+                Room::PushOut {
+                    tenant: over,
+                    held,
+                    places,
+                } => {
+                    if let Some(out) = state.push_out(queue, &over) {
+                        let _ = out.grant.send(Err(AdmissionError::TenantQueueFull {
+                            lane: out.lane,
+                            tenant: over.to_string(),
+                            held,
+                            places,
+                            retry_after,
+                        }));
+                    }
+                }
+                Room::Refuse { held, places } => {
+                    return Err(match tenant {
+                        Some(t) => AdmissionError::TenantQueueFull {
+                            lane,
+                            tenant: t.to_owned(),
+                            held,
+                            places,
+                            retry_after,
+                        },
+                        None => AdmissionError::QueueFull { lane, retry_after },
+                    });
+                }
             }
             let (sender, receiver) = oneshot::channel();
             let share = tenant
@@ -185,7 +217,7 @@ impl LocalAdmission {
         // the meantime sits in `receiver` and is given back when `receiver` drops.
         drop(ticket);
         match outcome {
-            Ok(Ok(guard)) => Ok(guard),
+            Ok(Ok(granted)) => granted,
             // The sender was dropped without a grant: only on a removal, which is ours.
             Ok(Err(_)) | Err(_) => Err(AdmissionError::Timeout {
                 lane,
@@ -380,7 +412,7 @@ impl Shared {
             waiter.enqueued_at.elapsed(),
         )
         .with_prefill(waiter.prefill, prefill_wait);
-        if let Err(guard) = waiter.grant.send(guard) {
+        if let Err(Ok(guard)) = waiter.grant.send(Ok(guard)) {
             // The waiter is gone: undo here, under the lock we hold.
             let (lane, tokens, prefill) = (guard.lane(), guard.tokens(), guard.prefill());
             guard.disarm();

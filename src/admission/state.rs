@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::backend::Ask;
 use super::budget::Usage;
+use super::error::AdmissionError;
 use super::fair::{edf_place, Due, Fair};
 use super::guard::LaneGuard;
 use crate::lane::Lane;
@@ -33,7 +34,8 @@ pub(super) struct Waiter {
     /// When its first token stops being useful (earliest first among its tenant's waiters of
     /// its lane, see [`edf_place`]).
     pub due: Due,
-    pub grant: oneshot::Sender<LaneGuard>,
+    /// Its guard, or why it left the queue without one (pushed out for another tenant).
+    pub grant: oneshot::Sender<Result<LaneGuard, AdmissionError>>,
 }
 
 pub(super) struct State {
@@ -93,7 +95,7 @@ impl State {
         queue: usize,
         ask: &Ask<'_>,
         share: f64,
-        grant: oneshot::Sender<LaneGuard>,
+        grant: oneshot::Sender<Result<LaneGuard, AdmissionError>>,
     ) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
@@ -131,6 +133,20 @@ impl State {
             at = before;
         }
         id
+    }
+
+    /// Removes and returns the newest waiter of `tenant` in `queue` (pushed out for another
+    /// tenant's request: `crate::admission::fair::room_for`).
+    pub fn push_out(&mut self, queue: usize, tenant: &Arc<str>) -> Option<Waiter> {
+        let pos = self.queues[queue]
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.tenant.as_ref() == Some(tenant))
+            .max_by_key(|(_, w)| w.id)?
+            .0;
+        let waiter = self.queues[queue].remove(pos)?;
+        self.queued[waiter.lane.index()] -= 1;
+        Some(waiter)
     }
 
     /// Removes and returns the waiter at `pos` of `queue` (0: the head).

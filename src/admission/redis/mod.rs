@@ -94,6 +94,7 @@ pub(crate) use shared::LeaseRelease;
 
 use super::backend::{AdmissionHealth, Ask, Backend, LimitsChange};
 use super::budget::Limits;
+use super::fair::Room;
 use super::{AdmissionError, AdmissionSnapshot, LaneGuard, LocalAdmission};
 use crate::config::{Config, OnRedisDown, Policy};
 use crate::lane::Lane;
@@ -387,21 +388,34 @@ impl RedisAdmission {
             .and_then(|t| rules.shares.get(t))
             .copied()
             .unwrap_or(1.0);
-        let Some(place) = line.join(queue.len, tenant, share, due) else {
-            return Err(AdmissionError::QueueFull {
-                lane,
-                retry_after: Duration::from_secs(queue.timeout.as_secs().max(1)),
-            });
+        let retry_after = Duration::from_secs(queue.timeout.as_secs().max(1));
+        let pushed_out = |held: u32, places: u32| AdmissionError::TenantQueueFull {
+            lane,
+            tenant: tenant.unwrap_or_default().to_owned(),
+            held,
+            places,
+            retry_after,
+        };
+        let share_of = |t: &str| rules.shares.get(t).copied().unwrap_or(1.0);
+        let place = match line.join(queue.len, (tenant, share), due, share_of) {
+            Ok(place) => place,
+            Err(Room::Refuse { held, places }) if tenant.is_some() => {
+                return Err(pushed_out(held, places));
+            }
+            Err(_) => return Err(AdmissionError::QueueFull { lane, retry_after }),
         };
         let wait = async {
-            let mut turn = place.turn().await;
+            let mut turn = match place.turn().await {
+                Ok(turn) => turn,
+                Err((held, places)) => return Ok(Err(pushed_out(held, places))),
+            };
             let mut backoff = queue::LaneQueue::first_backoff();
             loop {
                 match self.shared.try_take(lane, tokens, prompt, true).await {
                     Take::Granted(id) => {
                         place.admitted();
                         let waited = asked.started.elapsed();
-                        return Ok(self.guard(id, &asked, waited, prefill_blocked));
+                        return Ok(Ok(self.guard(id, &asked, waited, prefill_blocked)));
                     }
                     Take::Down => return Err(()),
                     Take::Refused(Verdict::PrefillFull) => {
@@ -411,16 +425,22 @@ impl RedisAdmission {
                     Take::Refused(_) | Take::Failed => {}
                 }
                 backoff = line.pause(backoff).await;
+                if let Some((held, places)) = place.pushed_out() {
+                    return Ok(Err(pushed_out(held, places)));
+                }
                 if !turn.still_first() {
                     // A waiter with an earlier fair tag joined: its turn first.
                     drop(turn);
-                    turn = place.turn().await;
+                    turn = match place.turn().await {
+                        Ok(turn) => turn,
+                        Err((held, places)) => return Ok(Err(pushed_out(held, places))),
+                    };
                     backoff = queue::LaneQueue::first_backoff();
                 }
             }
         };
         match tokio::time::timeout(queue.timeout, wait).await {
-            Ok(Ok(guard)) => Ok(guard),
+            Ok(Ok(granted)) => granted,
             Ok(Err(())) => self.fall_back(ask).await,
             Err(_) => Err(AdmissionError::Timeout {
                 lane,

@@ -13,13 +13,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use rand::Rng;
 use tokio::sync::Notify;
 
-use crate::admission::fair::{edf_place, Due, Fair};
+use crate::admission::fair::{edf_place, room_for, Due, Fair, Room};
 
 /// First retry delay after a refused acquire.
 const BACKOFF_MIN: Duration = Duration::from_millis(5);
@@ -37,6 +37,8 @@ struct Seat {
     tenant: Option<Arc<str>>,
     due: Due,
     wake: Arc<Notify>,
+    /// Set when it was pushed out for another tenant's request: its tenant's (held, places).
+    out: Arc<OnceLock<(u32, u32)>>,
 }
 
 #[derive(Debug, Default)]
@@ -93,6 +95,26 @@ impl Line {
         }
     }
 
+    /// Pushes out the newest waiter of `tenant` (it held `held`, its places are `places`).
+    fn push_out(&mut self, tenant: &Arc<str>, held: u32, places: u32) {
+        let newest = self
+            .order
+            .values()
+            .filter(|s| s.tenant.as_ref() == Some(tenant))
+            .map(|s| s.id)
+            .max();
+        let Some(id) = newest else { return };
+        if let Some(key) = self.keys.remove(&id) {
+            if let Some(seat) = self.order.remove(&key) {
+                let _ = seat.out.set((held, places));
+                seat.wake.notify_one();
+            }
+        }
+        if self.turn == Some(id) {
+            self.turn = None;
+        }
+    }
+
     /// The arrival number of the first waiter.
     fn first(&self) -> Option<u64> {
         self.order.values().next().map(|s| s.id)
@@ -115,6 +137,8 @@ pub(crate) struct Place<'a> {
     /// Its arrival number.
     id: u64,
     wake: Arc<Notify>,
+    /// Set when it was pushed out: its tenant's (held, places).
+    out: Arc<OnceLock<(u32, u32)>>,
 }
 
 /// The turn of a [`Place`]: while held, this waiter is the only one of its line calling Redis.
@@ -151,40 +175,55 @@ impl LaneQueue {
         self.waiting.load(Ordering::Acquire)
     }
 
-    /// Joins the line for `tenant` (whose share of turns is `share`), due at `due`, unless it
-    /// already holds `max` waiters.
+    /// Joins the line (of at most `len` waiters) for `tenant` (whose share of turns is
+    /// `share`; every tenant's from `share_of`), due at `due`. A full line makes room as
+    /// [`room_for`] says: it may push out the newest waiter of a tenant above its places (that
+    /// waiter's [`Place::turn`] then answers its tenant's numbers); `Err` is the refusal's.
     pub fn join(
         &self,
-        max: usize,
-        tenant: Option<&str>,
-        share: f64,
+        len: usize,
+        (tenant, share): (Option<&str>, f64),
         due: Due,
-    ) -> Option<Place<'_>> {
-        let max = u32::try_from(max).unwrap_or(u32::MAX);
-        self.waiting
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < max).then_some(n + 1)
-            })
-            .ok()?;
+        share_of: impl Fn(&str) -> f64,
+    ) -> Result<Place<'_>, Room> {
         let mut line = self.lock();
+        match room_for(
+            len,
+            line.order.values().map(|s| s.tenant.as_ref()),
+            tenant,
+            share_of,
+        ) {
+            Room::Enter => {}
+            Room::PushOut {
+                tenant: over,
+                held,
+                places,
+            } => line.push_out(&over, held, places),
+            refuse @ Room::Refuse { .. } => return Err(refuse),
+        }
+        // The pushed-out waiter leaves the count when its place drops (at once).
+        self.waiting.fetch_add(1, Ordering::AcqRel);
         let tenant: Option<Arc<str>> = tenant.map(Arc::from);
         let tag = line.fair.tag(tenant.clone(), share);
         line.arrivals += 1;
         let id = line.arrivals;
         let key = (tag.max(0.0).to_bits(), id);
         let wake = Arc::new(Notify::new());
+        let out = Arc::new(OnceLock::new());
         let seat = Seat {
             id,
             tenant,
             due,
             wake: wake.clone(),
+            out: out.clone(),
         };
         line.insert(key, seat);
         line.wake_first();
-        Some(Place {
+        Ok(Place {
             queue: self,
             id,
             wake,
+            out,
         })
     }
 
@@ -210,19 +249,28 @@ impl LaneQueue {
 }
 
 impl<'a> Place<'a> {
-    /// Waits until this waiter is first in the fair order and nobody else has the turn.
-    pub async fn turn(&self) -> Turn<'_, 'a> {
+    /// Waits until this waiter is first in the fair order and nobody else has the turn; `Err`
+    /// with its tenant's (held, places) when it was pushed out meanwhile.
+    pub async fn turn(&self) -> Result<Turn<'_, 'a>, (u32, u32)> {
         loop {
             {
                 let mut line = self.queue.lock();
+                if let Some(out) = self.pushed_out() {
+                    return Err(out);
+                }
                 if line.turn.is_none() && line.first() == Some(self.id) {
                     line.turn = Some(self.id);
-                    return Turn { place: self };
+                    return Ok(Turn { place: self });
                 }
             }
             // A stored permit covers a wake-up sent between the check and this wait.
             self.wake.notified().await;
         }
+    }
+
+    /// Whether it was pushed out for another tenant's request: its tenant's (held, places).
+    pub fn pushed_out(&self) -> Option<(u32, u32)> {
+        self.out.get().copied()
     }
 
     /// This waiter was admitted: the fair order's virtual time moves on to its turn's tag.
@@ -246,37 +294,62 @@ impl Turn<'_, '_> {
 mod tests {
     use super::*;
 
+    fn one(_: &str) -> f64 {
+        1.0
+    }
+
     #[tokio::test]
     async fn turns_follow_the_fair_order_and_pass_on_when_a_place_leaves() {
         let q = LaneQueue::default();
-        let a1 = q.join(10, Some("A"), 1.0, None).unwrap();
-        let a2 = q.join(10, Some("A"), 1.0, None).unwrap();
-        let a3 = q.join(10, Some("A"), 1.0, None).unwrap();
-        let turn = a1.turn().await;
+        let a1 = q.join(10, (Some("A"), 1.0), None, one).unwrap();
+        let a2 = q.join(10, (Some("A"), 1.0), None, one).unwrap();
+        let a3 = q.join(10, (Some("A"), 1.0), None, one).unwrap();
+        let turn = a1.turn().await.unwrap();
         // B arrives last but its start tag is the virtual time: it goes before A's second.
-        let b1 = q.join(10, Some("B"), 1.0, None).unwrap();
+        let b1 = q.join(10, (Some("B"), 1.0), None, one).unwrap();
         assert!(turn.still_first(), "A's first keeps its place");
         a1.admitted();
         drop(turn);
         drop(a1);
-        let turn = b1.turn().await;
+        let turn = b1.turn().await.unwrap();
         assert!(q.lock().first().is_none_or(|id| id != a2.id));
         b1.admitted();
         drop(turn);
         drop(b1);
         assert_eq!(q.waiting(), 2);
-        let t2 = a2.turn().await;
+        let t2 = a2.turn().await.unwrap();
         drop(t2);
         drop(a2);
-        let t3 = a3.turn().await;
+        let t3 = a3.turn().await.unwrap();
         assert!(t3.still_first());
         drop(t3);
         drop(a3);
         assert_eq!(q.waiting(), 0);
         assert!(q.lock().order.is_empty() && q.lock().turn.is_none());
         // The bound holds.
-        let p: Vec<_> = (0..2).map(|_| q.join(2, None, 1.0, None)).collect();
-        assert!(p.iter().all(Option::is_some));
-        assert!(q.join(2, None, 1.0, None).is_none());
+        let p: Vec<_> = (0..2).map(|_| q.join(2, (None, 1.0), None, one)).collect();
+        assert!(p.iter().all(Result::is_ok));
+        assert!(q.join(2, (None, 1.0), None, one).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_full_line_pushes_out_the_newest_waiter_of_the_tenant_over_its_places() {
+        let q = LaneQueue::default();
+        let a: Vec<_> = (0..3)
+            .map(|_| q.join(3, (Some("A"), 1.0), None, one).unwrap())
+            .collect();
+        // B's request finds the line full of A's: A's newest leaves, naming A's numbers.
+        let b = q.join(3, (Some("B"), 1.0), None, one).unwrap();
+        assert_eq!(a[2].pushed_out(), Some((3, 1)));
+        assert!(matches!(a[2].turn().await, Err((3, 1))));
+        assert_eq!(a[0].pushed_out(), None);
+        // A, over its places, is refused; B (1 of its 1) too.
+        assert!(matches!(
+            q.join(3, (Some("A"), 1.0), None, one),
+            Err(Room::Refuse { held: 2, places: 1 })
+        ));
+        drop(a);
+        assert_eq!(q.waiting(), 1);
+        assert!(b.turn().await.is_ok());
     }
 }

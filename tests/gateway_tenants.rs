@@ -1,0 +1,136 @@
+//! Tenants (`[auth]` keys) cannot crowd each other out of what the gateway holds for them: a
+//! lane's queue places are shared by the tenants waiting, in proportion to their shares
+//! (`admission::fair::room_for`; both quota backends, Redis against a real `redis-server`),
+//! and a session id is the tenant's. Asserted on states (who waits, who was refused and why),
+//! never on times: the simulator stalls every stream after one token, so seats stay taken
+//! until a test lets them go.
+
+mod common;
+mod redis_common;
+
+use std::time::Duration;
+
+use common::*;
+use redis_common::RedisServer;
+use serde_json::{json, Value};
+use tutor_gateway::config::{QuotaBackend, RedisUrl};
+use tutor_gateway::lane::Lane;
+
+const STALLING: &str = "--speed 50 --profile tiny-test --stall-after-tokens 1";
+
+const A: &str = "key-of-school-a";
+const B: &str = "key-of-school-b";
+
+fn question(salt: &str) -> Value {
+    json!({"messages": [{"role": "user", "content": format!("why? {salt}")}],
+           "max_tokens": 5, "stream": true})
+}
+
+#[tokio::test]
+async fn a_tenant_that_filled_the_queue_makes_room_for_another_tenants_request() {
+    room_for_another_tenant(None).await;
+}
+
+#[tokio::test]
+async fn with_redis_a_tenant_that_filled_the_line_makes_room_for_another_tenants_request() {
+    let redis = RedisServer::start();
+    room_for_another_tenant(Some(&redis)).await;
+}
+
+async fn room_for_another_tenant(redis: Option<&RedisServer>) {
+    let h = harness(&flags(STALLING), |c| {
+        if let Some(redis) = redis {
+            c.quota.backend = QuotaBackend::Redis;
+            c.quota.redis_url = RedisUrl::new(redis.url());
+        }
+        set_lane(c, Lane::Small, 2);
+        c.lanes.small.queue.len = 3;
+        c.lanes.small.queue.timeout = Duration::from_secs(120);
+        c.upstream.idle_timeout = Duration::from_secs(120);
+        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+        c.auth.tenant_shares = [("school-b".to_owned(), 10)].into_iter().collect();
+    })
+    .await;
+    let post = |key: &'static str, salt: &str| {
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&question(salt))
+    };
+    // School A's two streams hold both seats (stalled after their first token)...
+    let mut seats = vec![];
+    for i in 0..2 {
+        let resp = send(post(A, &format!("seat {i}"))).await;
+        assert_eq!(resp.status(), 200);
+        seats.push(resp);
+    }
+    // ...and three more of A's fill the queue of 3.
+    let queued_a: Vec<_> = (0..3)
+        .map(|i| tokio::spawn(post(A, &format!("queued {i}")).send()))
+        .collect();
+    eventually("A fills the queue", || h.queued(Lane::Small) == 3).await;
+    // School B's question is not refused: it takes a place, and A's newest waiter leaves.
+    let b = tokio::spawn(post(B, "b").send());
+    // The first of A's waiters to end is the one pushed out (the others wait for seats).
+    let (out, _, waiting_a) = tokio::time::timeout(
+        Duration::from_secs(60),
+        futures::future::select_all(queued_a),
+    )
+    .await
+    .expect("one of A's waiters was pushed out");
+    let out = out.unwrap().unwrap();
+    assert_eq!(out.status(), 429);
+    assert!(out.headers().contains_key("retry-after"));
+    let err: Value = out.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "tenant_queue_full", "{err}");
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("school-a"), "{message}");
+    assert!(
+        !message.contains("school-b"),
+        "names only A's limit: {message}"
+    );
+    assert_eq!(h.queued(Lane::Small), 3, "B waits in A's place");
+    // A, now above its places while B waits, is refused at once; B's next is refused only
+    // once B holds its own places.
+    let again = send(post(A, "again")).await;
+    assert_eq!(again.status(), 429);
+    let err: Value = again.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "tenant_queue_full");
+    // The seats come back: B's question, first in the fair order, is served.
+    drop(seats);
+    let b = b.await.unwrap().unwrap();
+    assert_eq!(b.status(), 200);
+    drop(b);
+    for q in waiting_a {
+        q.abort();
+    }
+    eventually("every seat and place back", || h.idle()).await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_session_id_is_the_tenants_own_another_tenants_output_never_moves_it() {
+    let h = harness(
+        &flags("--speed 50 --profile tiny-test --mean-output-tokens 1000000"),
+        |c| with_keys(c, &[(A, "school-a"), (B, "school-b")]),
+    )
+    .await;
+    let ask = |key: &'static str, tokens: u32| {
+        let h = &h;
+        async move {
+            let body = json!({"prompt": "continue", "max_output_tokens": tokens,
+                              "session_id": "student-42"});
+            let resp = send(client().post(h.url("/answer")).bearer_auth(key).json(&body)).await;
+            assert_eq!(resp.status(), 200);
+            let events = sse(&resp.text().await.unwrap());
+            json(&events[0].1)["lane"].as_str().unwrap().to_owned()
+        }
+    };
+    // School A's student-42 writes 1,000 tokens: its next request is medium work.
+    let _ = ask(A, 1000).await;
+    assert_eq!(ask(A, 10).await, "medium");
+    // School B's student-42 is another student: a short question stays small.
+    assert_eq!(ask(B, 10).await, "small");
+    eventually("every seat and token back", || h.idle()).await;
+    h.shutdown().await;
+}
