@@ -181,6 +181,9 @@ impl GatewayError {
                 }
                 AdmissionError::Timeout { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 AdmissionError::QuotaUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                AdmissionError::WouldMissDeadline {
+                    over_share: true, ..
+                } => StatusCode::TOO_MANY_REQUESTS,
                 AdmissionError::WouldMissDeadline { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 AdmissionError::TooLarge { .. } => StatusCode::BAD_REQUEST,
             },
@@ -345,8 +348,20 @@ impl GatewayError {
         {
             error.insert("predicted_wait_ms".into(), json!(predicted.as_millis()));
             error.insert("deadline_ms".into(), json!(deadline.as_millis()));
+            error.insert("tenant_over_share".into(), json!(self.over_share()));
         }
         body
+    }
+
+    /// Whether an early refusal's tenant held more than its share of its lane's waiters.
+    pub fn over_share(&self) -> bool {
+        matches!(
+            self,
+            Self::Admission(AdmissionError::WouldMissDeadline {
+                over_share: true,
+                ..
+            })
+        )
     }
 
     /// An early refusal's predicted wait and what was left of its deadline.

@@ -1,6 +1,7 @@
 //! An honest early "no" (`x-tutor-deadline-ms`): a request whose predicted wait (the requests
 //! ahead over the lane's recent admission rate) already misses its deadline is refused at once
-//! with a 503, `deadline_unmet` and a `Retry-After` from the prediction; one whose deadline the
+//! with a 503 (429 when its tenant holds more than its share of the waiting requests),
+//! `deadline_unmet` and a `Retry-After` from the prediction; one whose deadline the
 //! prediction meets waits its turn; a bad header is a 400 naming it. `/answer` read as an event
 //! stream gets the estimate as its one `error` event. Asserted on states (a
 //! deadline of 1 ms behind a queue, an hour), never on times.
@@ -173,6 +174,70 @@ async fn a_nearer_deadline_goes_ahead_of_earlier_requests_of_its_lane() {
         t.await.unwrap();
     }
     assert_eq!(*order.lock().unwrap(), ["urgent", "first", "second"]);
+    eventually("every seat and token back", || h.idle()).await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_tenant_over_its_share_of_the_waiting_requests_is_told_429_others_503() {
+    let (a, b) = ("key-of-school-a", "key-of-school-b");
+    // Every stream stalls after its first token: a review holds the one large seat until its
+    // client goes away, so who waits is fixed, not timed.
+    let stalling = [
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--stall-after-tokens",
+        "1",
+    ];
+    let h = harness(&stalling, |c| {
+        set_lane(c, Lane::Large, 1);
+        c.upstream.idle_timeout = std::time::Duration::from_secs(120);
+        with_keys(c, &[(a, "school-a"), (b, "school-b")]);
+    })
+    .await;
+    let keyed = |key: &'static str, salt: &str, deadline: Option<&'static str>| {
+        let body = json!({"messages": [{"role": "user", "content": words(5000, salt)}],
+                          "max_tokens": 100, "stream": true});
+        let mut req = client()
+            .post(h.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&body);
+        if let Some(d) = deadline {
+            req = req.header("x-tutor-deadline-ms", d);
+        }
+        req
+    };
+    // School A: one review holds the seat, two wait; school B: one waits.
+    let seat = send(keyed(a, "a-seat", None)).await;
+    assert_eq!(seat.status(), 200);
+    let mut waiting: Vec<_> = (0..2)
+        .map(|i| tokio::spawn(keyed(a, &format!("a{i}"), None).send()))
+        .collect();
+    eventually("A's two waiting", || h.queued(Lane::Large) == 2).await;
+    waiting.push(tokio::spawn(keyed(b, "b0", None).send()));
+    eventually("B's waiting too", || h.queued(Lane::Large) == 3).await;
+    // A holds 2 of the 3 waiting with an equal share: its own backlog, 429.
+    let resp = send(keyed(a, "a-hurry", Some("1"))).await;
+    assert_eq!(resp.status(), 429);
+    assert!(resp.headers().contains_key("retry-after"));
+    let body = read_json(resp).await;
+    assert_eq!(body["error"]["code"], "deadline_unmet", "{body}");
+    assert_eq!(body["error"]["tenant_over_share"], true, "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("more than its share"));
+    // B, within its share: the lane is busy, 503.
+    let resp = send(keyed(b, "b-hurry", Some("1"))).await;
+    assert_eq!(resp.status(), 503);
+    let body = read_json(resp).await;
+    assert_eq!(body["error"]["tenant_over_share"], false, "{body}");
+    drop(seat);
+    for w in waiting {
+        w.abort();
+    }
     eventually("every seat and token back", || h.idle()).await;
     h.shutdown().await;
 }

@@ -132,6 +132,10 @@ pub trait Backend: Send + Sync {
     /// Consistent counters of every lane (this replica's part, for a shared quota).
     fn snapshot(&self) -> AdmissionSnapshot;
 
+    /// Whether `tenant` holds more than its share of the requests waiting in `lane`'s queue
+    /// (see [`super::fair::over_share`]; with Redis, this replica's lines).
+    fn over_share(&self, lane: Lane, tenant: &str) -> bool;
+
     /// The policy in force.
     fn policy(&self) -> Policy;
 

@@ -1,7 +1,7 @@
 //! Admission errors. The HTTP layer maps them: `QueueFull` and `TenantQueueFull` -> 429 with
 //! `Retry-After`,
 //! `Timeout` -> 503, `QuotaUnavailable` -> 503, `TooLarge` -> 400, `WouldMissDeadline` -> 503
-//! with `Retry-After`.
+//! (429 when the tenant is over its share) with `Retry-After`.
 
 use std::time::Duration;
 
@@ -56,13 +56,19 @@ pub enum AdmissionError {
         lane: Lane,
     },
     /// The request's predicted wait already misses its deadline (`x-tutor-deadline-ms`) by
-    /// more than the margin: refused at once instead of queued. HTTP 503, `Retry-After` the
-    /// predicted wait.
+    /// more than the margin: refused at once instead of queued. HTTP 503, or 429 when its
+    /// tenant holds more than its share of the lane's waiting requests (its wait is its own
+    /// backlog); `Retry-After` the predicted wait.
     #[error(
-        "the {lane} lane's predicted wait of {}ms misses this request's deadline of {}ms; \
+        "the {lane} lane's predicted wait of {}ms misses this request's deadline of {}ms{}; \
          retry after {}s",
         predicted.as_millis(),
         deadline.as_millis(),
+        if *over_share {
+            " (this tenant holds more than its share of the lane's waiting requests)"
+        } else {
+            ""
+        },
         retry_secs(*predicted)
     )]
     WouldMissDeadline {
@@ -72,6 +78,8 @@ pub enum AdmissionError {
         predicted: Duration,
         /// What was left of the request's deadline.
         deadline: Duration,
+        /// Whether its tenant holds more than its share of the lane's waiting requests.
+        over_share: bool,
     },
     /// The reservation is larger than a budget it must fit in, so it could never be admitted.
     /// Config validation makes this unreachable for classified requests. HTTP 400.

@@ -182,3 +182,29 @@ pub fn room_for<'a>(
         },
     }
 }
+
+/// Whether `tenant` holds more than its share (`share_of`, by `auth.tenant_shares`) of the
+/// requests waiting (`waiting`: each waiter's tenant): its waiters over all of them above its
+/// share over the shares of the tenants waiting (its own included). A tenant alone is never
+/// over its share. The early "no" answers such a tenant 429: its wait is its own backlog.
+pub fn over_share<'a>(
+    waiting: impl Iterator<Item = Option<&'a Arc<str>>>,
+    tenant: &str,
+    share_of: impl Fn(&str) -> f64,
+) -> bool {
+    let mut held: HashMap<Option<&str>, u32> = HashMap::new();
+    let mut total = 0u32;
+    for t in waiting {
+        *held.entry(t.map(|t| &**t)).or_default() += 1;
+        total += 1;
+    }
+    let mine = held.get(&Some(tenant)).copied().unwrap_or(0);
+    let share = |t: Option<&str>| t.map_or(1.0, &share_of);
+    let present: f64 = held
+        .keys()
+        .filter(|t| **t != Some(tenant))
+        .map(|t| share(*t))
+        .sum::<f64>()
+        + share(Some(tenant));
+    f64::from(mine) * present > f64::from(total) * share(Some(tenant))
+}

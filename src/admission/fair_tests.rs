@@ -274,3 +274,36 @@ mod room {
         assert_eq!(room(3, &q, None), Room::Enter);
     }
 }
+
+mod share {
+    use std::sync::Arc;
+
+    use crate::admission::fair::over_share;
+
+    fn over(tenants: &[&str], tenant: &str) -> bool {
+        let q: Vec<Option<Arc<str>>> = tenants.iter().map(|t| Some(Arc::from(*t))).collect();
+        over_share(q.iter().map(Option::as_ref), tenant, |t| {
+            if t == "b" {
+                3.0
+            } else {
+                1.0
+            }
+        })
+    }
+
+    #[test]
+    fn a_tenant_is_over_its_share_only_beside_others_and_above_its_weight() {
+        assert!(
+            !over(&["a", "a", "a"], "a"),
+            "alone: its share is all of it"
+        );
+        assert!(over(&["a", "a", "a", "c"], "a"));
+        assert!(!over(&["a", "a", "a", "c"], "c"));
+        assert!(!over(&["a", "c"], "a"), "exactly its share");
+        // b weighs 3: 3 of 4 is its share.
+        assert!(!over(&["b", "b", "b", "a"], "b"));
+        assert!(over(&["b", "b", "b", "b", "b", "a"], "b"));
+        // An arrival of a tenant with nobody waiting.
+        assert!(!over(&["a", "a"], "c"));
+    }
+}

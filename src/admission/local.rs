@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use super::backend::{AdmissionHealth, Ask, Backend, LimitsChange};
 use super::budget::{Limits, PrefillLimit};
 use super::error::AdmissionError;
-use super::fair::{room_for, Room};
+use super::fair::{over_share, room_for, Room};
 use super::guard::{LaneGuard, Reservation};
 use super::state::{State, Waiter};
 use crate::config::{Config, Policy};
@@ -239,6 +239,17 @@ impl Backend for LocalAdmission {
 
     fn snapshot(&self) -> AdmissionSnapshot {
         LocalAdmission::snapshot(self)
+    }
+
+    fn over_share(&self, lane: Lane, tenant: &str) -> bool {
+        let rules = self.shared.rules();
+        let queue = rules.limits.queue_of(lane);
+        let state = self.shared.lock();
+        over_share(
+            state.queues[queue].iter().map(|w| w.tenant.as_ref()),
+            tenant,
+            |t| rules.shares.get(t).copied().unwrap_or(1.0),
+        )
     }
 
     fn policy(&self) -> Policy {

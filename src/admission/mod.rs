@@ -171,4 +171,10 @@ impl Admission {
     pub fn policy(&self) -> Policy {
         self.backend().policy()
     }
+
+    /// Whether `tenant` holds more than its share of `lane`'s waiters; see
+    /// [`Backend::over_share`].
+    pub fn over_share(&self, lane: Lane, tenant: &str) -> bool {
+        self.backend().over_share(lane, tenant)
+    }
 }

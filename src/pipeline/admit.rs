@@ -91,10 +91,15 @@ pub async fn admit(
         let left = deadline.saturating_sub(record.arrival().elapsed());
         let margin = u32::from(ctx.config().admission.early_refusal_margin_percent);
         if wait.mul_f64(100.0 / f64::from(100 + margin)) > left {
+            let over_share = ready
+                .tenant
+                .as_ref()
+                .is_some_and(|t| ctx.admission().over_share(lane, &t.0));
             let e = AdmissionError::WouldMissDeadline {
                 lane,
                 predicted: wait,
                 deadline: left,
+                over_share,
             };
             return Err(refused(record, e.into()));
         }

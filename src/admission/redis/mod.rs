@@ -577,6 +577,16 @@ impl Backend for RedisAdmission {
         RedisAdmission::snapshot(self)
     }
 
+    fn over_share(&self, lane: Lane, tenant: &str) -> bool {
+        let rules = self.rules();
+        let i = lane.index();
+        let mut tenants = self.shared.queues[i].tenants();
+        tenants.extend(self.shared.long_lines[i].tenants());
+        super::fair::over_share(tenants.iter().map(Option::as_ref), tenant, |t| {
+            rules.shares.get(t).copied().unwrap_or(1.0)
+        })
+    }
+
     fn policy(&self) -> Policy {
         RedisAdmission::policy(self)
     }

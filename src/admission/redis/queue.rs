@@ -227,6 +227,15 @@ impl LaneQueue {
         })
     }
 
+    /// The tenant of each waiter.
+    pub fn tenants(&self) -> Vec<Option<Arc<str>>> {
+        self.lock()
+            .order
+            .values()
+            .map(|s| s.tenant.clone())
+            .collect()
+    }
+
     /// Announces a release in this lane.
     pub fn notify(&self) {
         self.released.notify_one();
