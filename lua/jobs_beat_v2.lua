@@ -68,6 +68,11 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[9], '-inf', now - ttl, 'LIM
   else
     local bytes = tonumber(redis.call('HGET', key, 'bytes') or '0')
     redis.call('HINCRBY', KEYS[10], 'bytes', -bytes)
+    local tenant = redis.call('HGET', key, 'tenant') or ''
+    if tenant ~= '' then
+      redis.call('HINCRBY', KEYS[10], 'tj:' .. tenant, -1)
+      redis.call('HINCRBY', KEYS[10], 'tb:' .. tenant, -bytes)
+    end
     redis.call('HDEL', key, 'answer', 'error', 'request')
     redis.call('HSET', key, 'status', 'expired', 'bytes', 0)
     redis.call('DEL', text_key(base, id))

@@ -29,6 +29,10 @@ else
   end
   redis.call('HINCRBY', KEYS[11], 'bytes', text_bytes)
   redis.call('HINCRBY', KEYS[10], 'bytes', text_bytes)
+  local tenant = redis.call('HGET', KEYS[11], 'tenant') or ''
+  if tenant ~= '' then
+    redis.call('HINCRBY', KEYS[10], 'tb:' .. tenant, text_bytes)
+  end
 end
 recount('running', to)
 announce(base, id)

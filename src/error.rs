@@ -11,6 +11,7 @@
 //! | queued bodies would pass `server.max_queued_bytes` | 429 + `Retry-After` | `queue_full` |
 //! | input + output over the model's maximum length | 400 | `too_long` |
 //! | lane queue full | 429 + `Retry-After` | `queue_full` |
+//! | the tenant keeps `jobs.max_jobs_per_tenant` jobs or `jobs.max_bytes_per_tenant` bytes | 429 + `Retry-After` | `tenant_jobs_full` |
 //! | lane queue full and the tenant holds its share of it (`[auth]`) | 429 + `Retry-After` | `tenant_queue_full` |
 //! | waited the lane's queue timeout | 503 + `Retry-After` | `queue_timeout` |
 //! | vLLM unreachable | 503 | `upstream_unavailable` |
@@ -101,6 +102,22 @@ pub enum GatewayError {
     /// `jobs.max_jobs` or `jobs.max_bytes` is reached.
     #[error("the gateway holds as many jobs as it may; retry later")]
     JobsFull,
+    /// The submitting tenant keeps `jobs.max_jobs_per_tenant` jobs (or its jobs keep
+    /// `jobs.max_bytes_per_tenant` bytes) already: its own limit, whatever other tenants hold.
+    #[error(
+        "tenant {tenant} keeps {held} {what} of job store, its limit jobs.max_{what}_per_tenant \
+         is {limit}; retry when its results expire, or cancel a queued job"
+    )]
+    TenantJobsFull {
+        /// The tenant.
+        tenant: String,
+        /// "jobs" or "bytes".
+        what: &'static str,
+        /// What it keeps.
+        held: u64,
+        /// Its limit.
+        limit: u64,
+    },
     /// The tenant holds `jobs.max_event_streams_per_tenant` event streams already.
     #[error(
         "this tenant holds as many job event streams open as it may \
@@ -158,9 +175,10 @@ impl GatewayError {
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
-            Self::QueuedBytes | Self::JobsFull | Self::TooManyStreams => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            Self::QueuedBytes
+            | Self::JobsFull
+            | Self::TenantJobsFull { .. }
+            | Self::TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
             Self::JobNotFound => StatusCode::NOT_FOUND,
             Self::OriginNotAllowed => StatusCode::FORBIDDEN,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
@@ -219,6 +237,7 @@ impl GatewayError {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::JobFinished(_) => "job_finished",
             Self::JobsFull => "jobs_full",
+            Self::TenantJobsFull { .. } => "tenant_jobs_full",
             Self::TooManyStreams => "too_many_streams",
             Self::JobsUnavailable(_) => "jobs_unavailable",
             Self::JobStoreDown => "job_store_unavailable",
@@ -245,7 +264,9 @@ impl GatewayError {
             | Self::JobFinished(_)
             | Self::JobsUnavailable(_) => Outcome::BadRequest,
             Self::Overloaded | Self::QueuedBytes => Outcome::QueueFull,
-            Self::JobsFull | Self::TooManyStreams => Outcome::QueueFull,
+            Self::JobsFull | Self::TenantJobsFull { .. } | Self::TooManyStreams => {
+                Outcome::QueueFull
+            }
             Self::JobStoreDown => Outcome::QuotaUnavailable,
             Self::Shutdown | Self::ClientTooSlow => Outcome::Cancelled,
             Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Outcome::TooLong,
@@ -325,7 +346,7 @@ impl GatewayError {
             Self::Overloaded | Self::QueuedBytes | Self::TooManyStreams => {
                 Some(Duration::from_secs(1))
             }
-            Self::JobsFull => Some(Duration::from_secs(10)),
+            Self::JobsFull | Self::TenantJobsFull { .. } => Some(Duration::from_secs(10)),
             Self::JobStoreDown | Self::Shutdown => Some(Duration::from_secs(1)),
             Self::Admission(AdmissionError::QuotaUnavailable { .. }) => {
                 Some(Duration::from_secs(1))

@@ -41,6 +41,10 @@ pub struct RawJobs {
     pub max_jobs: Option<u64>,
     /// Bytes of job bodies and answers kept at once.
     pub max_bytes: Option<u64>,
+    /// Jobs one tenant may keep at once; 0: a quarter of `max_jobs`.
+    pub max_jobs_per_tenant: Option<u64>,
+    /// Bytes one tenant's jobs may keep at once; 0: a quarter of `max_bytes`.
+    pub max_bytes_per_tenant: Option<u64>,
     /// Jobs running at once; 0: only the large lane's own seats bound them.
     pub max_running: Option<u32>,
     /// How long a finished job's result stays readable, ms.
@@ -90,6 +94,10 @@ pub struct JobsConfig {
     pub max_jobs: usize,
     /// Bytes of bodies and answers kept at once; a submission beyond it gets 429.
     pub max_bytes: u64,
+    /// Jobs one tenant (`[auth]`) may keep at once; beyond it 429 `tenant_jobs_full`.
+    pub max_jobs_per_tenant: usize,
+    /// Bytes one tenant's jobs may keep at once; beyond it 429 `tenant_jobs_full`.
+    pub max_bytes_per_tenant: u64,
     /// Jobs running at once; 0: only the large lane's own seats bound them.
     pub max_running: usize,
     /// How long a finished job's result stays readable.
@@ -182,6 +190,7 @@ impl WebhookPattern {
 /// Checks `[jobs]`. The webhook secret may come from [`WEBHOOK_SECRET_ENV`] instead of the file.
 pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
     let max_jobs = c.u64("jobs.max_jobs", raw.max_jobs, MAX_JOBS).get();
+    let max_bytes = c.u64("jobs.max_bytes", raw.max_bytes, MAX_BYTES).get();
     let mut webhook_allow = Vec::new();
     for (i, p) in raw.webhook_allow.unwrap_or_default().iter().enumerate() {
         match WebhookPattern::parse(p) {
@@ -233,7 +242,16 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
         enabled: raw.enabled.unwrap_or(true),
         max_attempts: max_attempts.min(100),
         max_jobs: usize::try_from(max_jobs).unwrap_or(usize::MAX),
-        max_bytes: c.u64("jobs.max_bytes", raw.max_bytes, MAX_BYTES).get(),
+        max_bytes,
+        max_jobs_per_tenant: usize::try_from(match raw.max_jobs_per_tenant.unwrap_or(0) {
+            0 => (max_jobs / 4).max(1),
+            n => n.min(max_jobs),
+        })
+        .unwrap_or(usize::MAX),
+        max_bytes_per_tenant: match raw.max_bytes_per_tenant.unwrap_or(0) {
+            0 => (max_bytes / 4).max(1),
+            n => n.min(max_bytes),
+        },
         max_running: raw.max_running.unwrap_or(0) as usize,
         result_ttl: c.ms("jobs.result_ttl_ms", raw.result_ttl_ms, RESULT_TTL_MS),
         webhook_allow,

@@ -370,6 +370,45 @@ pub async fn the_job_store_is_bounded(backend: Backend) {
     // everything back.
 }
 
+pub async fn one_tenant_cannot_fill_the_job_store(backend: Backend) {
+    let (a, b) = ("key-of-school-a", "key-of-school-b");
+    let h = start(backend, SLOW, |c| {
+        set_lane(c, Lane::Large, 1);
+        c.jobs.max_jobs = 20;
+        c.jobs.max_jobs_per_tenant = 5;
+        crate::common::with_keys(c, &[(a, "school-a"), (b, "school-b")]);
+    })
+    .await;
+    let post = |key: &str| {
+        client()
+            .post(h.url("/jobs"))
+            .bearer_auth(key)
+            .json(&question(2000))
+            .send()
+    };
+    // School A's 20 submissions: 5 are kept, the rest refused with A's own limit.
+    let mut kept = 0;
+    for _ in 0..20 {
+        let resp = post(a).await.unwrap();
+        if resp.status() == 202 {
+            kept += 1;
+            continue;
+        }
+        assert_eq!(resp.status(), 429);
+        assert!(resp.headers().contains_key("retry-after"));
+        let err = json(&resp.text().await.unwrap());
+        assert_eq!(err["error"]["code"], "tenant_jobs_full", "{err}");
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(message.contains("school-a") && message.contains("max_jobs_per_tenant"));
+        assert!(!message.contains("school-b"), "{message}");
+    }
+    assert_eq!(kept, 5);
+    // School B is not crowded out.
+    let resp = post(b).await.unwrap();
+    assert_eq!(resp.status(), 202, "{}", resp.text().await.unwrap());
+    h.shutdown().await;
+}
+
 /// A gateway in real time whose large lane has one seat, diverting reviews to jobs after
 /// `after`.
 async fn diverting(backend: Backend, after: Duration) -> super::JobsHarness {

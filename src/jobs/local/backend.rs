@@ -65,18 +65,48 @@ impl LocalJobs {
         store.live() < config.max_jobs && store.bytes + bytes <= config.max_bytes
     }
 
-    /// Queues `job` (429 `jobs_full` when the store is at its bounds).
+    /// Whether `tenant` may keep one more job of `bytes` (`jobs.max_jobs_per_tenant`,
+    /// `jobs.max_bytes_per_tenant`); the refusal names its own limit.
+    fn tenant_fits(&self, store: &Store, tenant: &str, bytes: u64) -> Result<(), GatewayError> {
+        let config = &self.ctx.config;
+        let (jobs, held) = store.held_by(tenant);
+        if jobs >= config.max_jobs_per_tenant {
+            return Err(GatewayError::TenantJobsFull {
+                tenant: tenant.to_owned(),
+                what: "jobs",
+                held: jobs as u64,
+                limit: config.max_jobs_per_tenant as u64,
+            });
+        }
+        if held + bytes > config.max_bytes_per_tenant {
+            return Err(GatewayError::TenantJobsFull {
+                tenant: tenant.to_owned(),
+                what: "bytes",
+                held,
+                limit: config.max_bytes_per_tenant,
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues `job` (429 `tenant_jobs_full` when its tenant is at its own bounds, `jobs_full`
+    /// when the store is at its bounds).
     fn push(&self, job: NewJob) -> Result<(), Box<NotTaken>> {
         let id = job.record.request_id().to_owned();
         let bytes = job.ready.size as u64;
         {
             let mut store = self.store();
-            if !self.fits(&store, bytes) {
+            let refused = match job.ready.tenant() {
+                Some(t) => self.tenant_fits(&store, &t.0, bytes).err(),
+                None => None,
+            }
+            .or_else(|| (!self.fits(&store, bytes)).then_some(GatewayError::JobsFull));
+            if let Some(error) = refused {
                 drop(store);
                 return Err(Box::new(NotTaken {
                     ready: job.ready,
                     record: job.record,
-                    error: GatewayError::JobsFull,
+                    error,
                 }));
             }
             let class = job.ready.class;

@@ -29,6 +29,19 @@ impl Store {
         self.jobs.len() - self.expired
     }
 
+    /// Jobs `tenant` keeps (every kept job but the expired ones) and their bytes.
+    pub fn held_by(&self, tenant: &str) -> (usize, u64) {
+        self.jobs
+            .values()
+            .filter(|e| e.tenant.as_deref() == Some(tenant))
+            .map(|e| {
+                let s = e.lock();
+                (s.status, s.bytes)
+            })
+            .filter(|(status, _)| *status != super::super::entry::Status::Expired)
+            .fold((0, 0), |(n, b), (_, bytes)| (n + 1, b + bytes))
+    }
+
     /// Adds a queued job at its fair place: oldest first within its tenant, tenants in turns
     /// weighted by `share` (see [`Fair`]).
     pub fn push(&mut self, entry: Arc<Entry>, bytes: u64, share: f64) {

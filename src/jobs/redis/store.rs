@@ -194,6 +194,8 @@ impl RedisStore {
             .arg(config.max_jobs)
             .arg(config.max_bytes)
             .arg(stored.len())
+            .arg(config.max_jobs_per_tenant)
+            .arg(config.max_bytes_per_tenant)
             .arg("request")
             .arg(&stored)
             .arg("work")
@@ -212,16 +214,25 @@ impl RedisStore {
         if let Some(tp) = traceparent {
             call.arg("traceparent").arg(tp);
         }
-        let queued: i64 = call
+        let reply: Vec<i64> = call
             .invoke_async(&mut conn)
             .await
             .map_err(|e| store_down("submit", &e))?;
-        match queued {
+        let held = reply.get(1).map_or(0, |h| u64::try_from(*h).unwrap_or(0));
+        let tenant_full = |what: &'static str, limit: u64| GatewayError::TenantJobsFull {
+            tenant: ready.tenant().map(|t| t.0.clone()).unwrap_or_default(),
+            what,
+            held,
+            limit,
+        };
+        match reply.first().copied().unwrap_or(-1) {
             1 => {
                 self.ctx.wake.notify_one();
                 Ok(())
             }
             0 => Err(GatewayError::JobsFull),
+            -2 => Err(tenant_full("jobs", config.max_jobs_per_tenant as u64)),
+            -3 => Err(tenant_full("bytes", config.max_bytes_per_tenant)),
             _ => {
                 tracing::error!(job = %id, "a job with this id already exists");
                 Err(GatewayError::JobStoreDown)
