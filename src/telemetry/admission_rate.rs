@@ -1,6 +1,7 @@
 //! The lanes' recent admissions, for predicting a new arrival's wait (an honest early "no":
 //! `crate::pipeline::admit`): a bounded ring of admission times per lane, and the prediction
-//! error (`tutor_gateway_wait_prediction_error_seconds{lane}`).
+//! error (`tutor_gateway_wait_prediction_error_seconds{lane}`, and as a ratio
+//! `tutor_gateway_wait_prediction_ratio{lane}`).
 //!
 //! The prediction: with `ahead` requests waiting in the lane, `ahead / rate`, where `rate` is
 //! the lane's admissions per second over the last [`WINDOW`]. No admissions in the window
@@ -26,11 +27,17 @@ const BUCKETS: [f64; 13] = [
     -10.0, -3.0, -1.0, -0.3, -0.1, -0.03, 0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0,
 ];
 
+/// Buckets of actual / predicted wait.
+const RATIO_BUCKETS: [f64; 13] = [
+    0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.11, 1.25, 1.5, 2.0, 4.0, 10.0, 100.0,
+];
+
 /// Per-lane admission times and the prediction's error.
 #[derive(Debug)]
 pub struct AdmissionRate {
     lanes: [Mutex<VecDeque<Instant>>; 3],
     error: HistogramVec,
+    ratio: HistogramVec,
 }
 
 impl AdmissionRate {
@@ -48,12 +55,26 @@ impl AdmissionRate {
                 &["lane"],
             ),
         );
+        let ratio = registered(
+            registry,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "tutor_gateway_wait_prediction_ratio",
+                    "Per admitted request that waited with a non-zero prediction: its actual queue \
+                     wait over the predicted one (1: exact; within 0.8 to 1.25: within 25%), by lane.",
+                )
+                .buckets(RATIO_BUCKETS.to_vec()),
+                &["lane"],
+            ),
+        );
         for lane in Lane::ALL {
             error.with_label_values(&[lane.as_str()]);
+            ratio.with_label_values(&[lane.as_str()]);
         }
         Self {
             lanes: Default::default(),
             error,
+            ratio,
         }
     }
 
@@ -92,6 +113,11 @@ impl AdmissionRate {
         self.error
             .with_label_values(&[lane.as_str()])
             .observe(predicted.as_secs_f64() - actual.as_secs_f64());
+        if !predicted.is_zero() {
+            self.ratio
+                .with_label_values(&[lane.as_str()])
+                .observe(actual.as_secs_f64() / predicted.as_secs_f64());
+        }
     }
 
     fn ring(&self, lane: Lane) -> std::sync::MutexGuard<'_, VecDeque<Instant>> {

@@ -155,6 +155,12 @@ pub struct RunFigures {
     pub autopilot_trace: Vec<TracePoint>,
     /// The piece size the autopilot had at the end of the run (0: none).
     pub autopilot_piece_tokens_end: Option<u32>,
+    /// Per lane: the median of actual over predicted queue wait of the requests that waited
+    /// with a prediction (the whole run, from `tutor_gateway_wait_prediction_ratio`,
+    /// interpolated within its buckets as Prometheus' `histogram_quantile` does).
+    pub wait_prediction_ratio_p50: BTreeMap<String, f64>,
+    /// Per lane: how many such requests.
+    pub wait_predictions: BTreeMap<String, u64>,
 }
 
 /// The autopilot's knobs at one moment of a run.

@@ -275,7 +275,8 @@ pub fn summary_md(summary: &Value) -> String {
 const PIECES_HEADER: &str = "| load | preset | questions within the small objective \
     | small p99 x engine bound p99 | largest prompt chunk in a step | piece requests \
     | tokens recomputed / review prompt tokens | autopilot piece size at the end \
-    | steps late p99 (wall ms) |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n";
+    | waited / predicted wait p50 (large) | steps late p99 (wall ms) |\n\
+    |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
 
 fn pieces_row(load: f64, preset: &str, t: &Value) -> String {
     let vs_bound = match (
@@ -286,12 +287,13 @@ fn pieces_row(load: f64, preset: &str, t: &Value) -> String {
         _ => "-".into(),
     };
     format!(
-        "| {load} | {preset} | {} | {vs_bound} | {} | {} | {} | {} | {} |\n",
+        "| {load} | {preset} | {} | {vs_bound} | {} | {} | {} | {} | {} | {} |\n",
         pct(t, "small_within_objective"),
         count(t, "max_chunk_max"),
         count(t, "pieces"),
         cell(at(t, "piece_recomputed_share"), 100.0, 2, "%"),
         count(t, "autopilot_piece_tokens_end"),
+        cell(at(t, "wait_prediction_ratio_p50.large"), 1.0, 2, ""),
         cell(at(t, "engine_late_ms_p99"), 1.0, 1, ""),
     )
 }
