@@ -10,6 +10,7 @@
 //! | `server.max_requests_in_flight` reached | 503 + `Retry-After` | `overloaded` |
 //! | queued bodies would pass `server.max_queued_bytes` | 429 + `Retry-After` | `queue_full` |
 //! | input + output over the model's maximum length | 400 | `too_long` |
+//! | the tenant has `server.max_requests_in_flight_per_tenant` requests in flight | 429 + `Retry-After: 1` | `tenant_overloaded` |
 //! | lane queue full | 429 + `Retry-After` | `queue_full` |
 //! | the tenant keeps `jobs.max_jobs_per_tenant` jobs or `jobs.max_bytes_per_tenant` bytes | 429 + `Retry-After` | `tenant_jobs_full` |
 //! | lane queue full and the tenant holds its share of it (`[auth]`) | 429 + `Retry-After` | `tenant_queue_full` |
@@ -118,6 +119,17 @@ pub enum GatewayError {
         /// Its limit.
         limit: u64,
     },
+    /// The tenant has `server.max_requests_in_flight_per_tenant` requests in flight already.
+    #[error(
+        "tenant {tenant} has {held} requests in flight, its limit \
+         server.max_requests_in_flight_per_tenant; retry when one ends"
+    )]
+    TenantOverloaded {
+        /// The tenant.
+        tenant: String,
+        /// Its requests in flight (its limit).
+        held: usize,
+    },
     /// The tenant holds `jobs.max_event_streams_per_tenant` event streams already.
     #[error(
         "this tenant holds as many job event streams open as it may \
@@ -178,6 +190,7 @@ impl GatewayError {
             Self::QueuedBytes
             | Self::JobsFull
             | Self::TenantJobsFull { .. }
+            | Self::TenantOverloaded { .. }
             | Self::TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
             Self::JobNotFound => StatusCode::NOT_FOUND,
             Self::OriginNotAllowed => StatusCode::FORBIDDEN,
@@ -238,6 +251,7 @@ impl GatewayError {
             Self::JobFinished(_) => "job_finished",
             Self::JobsFull => "jobs_full",
             Self::TenantJobsFull { .. } => "tenant_jobs_full",
+            Self::TenantOverloaded { .. } => "tenant_overloaded",
             Self::TooManyStreams => "too_many_streams",
             Self::JobsUnavailable(_) => "jobs_unavailable",
             Self::JobStoreDown => "job_store_unavailable",
@@ -264,9 +278,10 @@ impl GatewayError {
             | Self::JobFinished(_)
             | Self::JobsUnavailable(_) => Outcome::BadRequest,
             Self::Overloaded | Self::QueuedBytes => Outcome::QueueFull,
-            Self::JobsFull | Self::TenantJobsFull { .. } | Self::TooManyStreams => {
-                Outcome::QueueFull
-            }
+            Self::JobsFull
+            | Self::TenantJobsFull { .. }
+            | Self::TenantOverloaded { .. }
+            | Self::TooManyStreams => Outcome::QueueFull,
             Self::JobStoreDown => Outcome::QuotaUnavailable,
             Self::Shutdown | Self::ClientTooSlow => Outcome::Cancelled,
             Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Outcome::TooLong,
@@ -347,6 +362,7 @@ impl GatewayError {
                 Some(Duration::from_secs(1))
             }
             Self::JobsFull | Self::TenantJobsFull { .. } => Some(Duration::from_secs(10)),
+            Self::TenantOverloaded { .. } => Some(Duration::from_secs(1)),
             Self::JobStoreDown | Self::Shutdown => Some(Duration::from_secs(1)),
             Self::Admission(AdmissionError::QuotaUnavailable { .. }) => {
                 Some(Duration::from_secs(1))

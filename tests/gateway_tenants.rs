@@ -134,3 +134,47 @@ async fn a_session_id_is_the_tenants_own_another_tenants_output_never_moves_it()
     eventually("every seat and token back", || h.idle()).await;
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_tenant_holds_at_most_its_requests_in_flight_and_others_are_served() {
+    let h = harness(&flags(STALLING), |c| {
+        c.server.max_requests_in_flight_per_tenant = 2;
+        c.upstream.idle_timeout = Duration::from_secs(120);
+        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+    })
+    .await;
+    let post = |key: &'static str, salt: &str| {
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&question(salt))
+    };
+    // A's two streams stall after their first token: both of its requests in flight.
+    let mut open = vec![];
+    for i in 0..2 {
+        let resp = send(post(A, &format!("open {i}"))).await;
+        assert_eq!(resp.status(), 200);
+        open.push(resp);
+    }
+    let resp = send(post(A, "third")).await;
+    assert_eq!(resp.status(), 429);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "tenant_overloaded", "{err}");
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("school-a") && !message.contains("school-b"));
+    // B is served meanwhile.
+    let b = send(post(B, "b")).await;
+    assert_eq!(b.status(), 200);
+    drop(b);
+    // A stream that ends gives its slot back.
+    open.pop();
+    tutor_testkit::eventually("A's slot back", || async {
+        let resp = post(A, "again").send().await.unwrap();
+        resp.status() == 200
+    })
+    .await;
+    drop(open);
+    eventually("every seat back", || h.idle()).await;
+    h.shutdown().await;
+}

@@ -58,6 +58,9 @@ pub struct RawServer {
     pub max_connections: Option<u64>,
     /// Requests being handled at once (streams included); more get 503.
     pub max_requests_in_flight: Option<u64>,
+    /// `/answer` and `/v1` requests one tenant may have in flight; 0: a quarter of
+    /// `max_requests_in_flight`.
+    pub max_requests_in_flight_per_tenant: Option<u64>,
     /// Longest a new connection may take to send its first request's headers, ms.
     pub header_read_timeout_ms: Option<u64>,
     /// Longest a connection may stay open with no request in progress after one, ms.
@@ -114,6 +117,9 @@ pub struct ServerConfig {
     pub max_connections: usize,
     /// Requests handled at once, streams included (503 beyond).
     pub max_requests_in_flight: usize,
+    /// `/answer` and `/v1` requests one tenant (`[auth]`) may have in flight at once, streams
+    /// included (429 `tenant_overloaded` beyond).
+    pub max_requests_in_flight_per_tenant: usize,
     /// Longest a new connection may take, from accepting, to complete its first request's
     /// head (the TLS handshake included); the connection is closed then.
     pub header_read_timeout: Duration,
@@ -299,6 +305,11 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         cors_max_age: Duration::from_secs(cors_max_age_s.min(86_400)),
         max_connections: max_connections as usize,
         max_requests_in_flight: max_requests_in_flight as usize,
+        max_requests_in_flight_per_tenant: match raw.max_requests_in_flight_per_tenant.unwrap_or(0)
+        {
+            0 => (max_requests_in_flight / 4).max(1),
+            n => n.min(max_requests_in_flight),
+        } as usize,
         header_read_timeout: Duration::from_millis(header_ms),
         keep_alive_idle: Duration::from_millis(keep_alive_ms),
         body_read_timeout: Duration::from_millis(body_ms),

@@ -30,7 +30,7 @@
 //! trait), `runner.rs` (the scheduler and one job's run), `local/` and `redis/` (the two
 //! backends), and the leaves they share: `context.rs` (state, config, shutdown, wake-up),
 //! `entry.rs` (a job's status, answer and record), `events.rs` (the SSE renderer and
-//! `Last-Event-ID`), `streams.rs` (event streams per tenant), `webhook.rs`. This file
+//! `Last-Event-ID`), `webhook.rs`. This file
 //! declares and re-exports only.
 
 // Numbers from clients reach these modules (ids, offsets, lengths): no cast may wrap or drop a
@@ -45,7 +45,6 @@ mod local;
 mod redis;
 mod runner;
 mod service;
-mod streams;
 mod webhook;
 
 pub use entry::Status;

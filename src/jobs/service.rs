@@ -20,11 +20,11 @@ use super::context::Context;
 use super::entry::Status;
 use super::local::LocalJobs;
 use super::redis::RedisJobs;
-use super::streams::{StreamSlot, StreamSlots};
 use super::{events, runner, webhook};
 use crate::error::GatewayError;
 use crate::pipeline::parse::{self, AnswerRequest};
 use crate::pipeline::respond::link_trace;
+use crate::pipeline::tenant::{TenantSlot, TenantSlots};
 use crate::pipeline::{
     self, prompt, AppState, Divert, NotTaken, Prepared, Ready, RequestCtx, Tenant,
 };
@@ -40,7 +40,11 @@ struct Inner {
     /// Where jobs are kept: in process, or in the quota's Redis.
     backend: Arc<dyn JobBackend>,
     /// Event streams open per tenant (`jobs.max_event_streams_per_tenant`).
-    streams: Arc<StreamSlots>,
+    /// `GET /jobs/{id}/events` streams each tenant holds open on this replica, bounded by
+    /// `jobs.max_event_streams_per_tenant`: a stream lasts as long as its job (hours for a
+    /// queued review), so without a bound one client's streams could fill
+    /// `server.max_requests_in_flight` and lock every other client out.
+    streams: Arc<TenantSlots>,
 }
 
 impl Jobs {
@@ -209,7 +213,11 @@ impl Jobs {
         };
         let stream = self.0.backend.events(id, tenant, from).await?;
         let max = self.0.ctx.config.max_event_streams_per_tenant;
-        let slot = self.0.streams.take(tenant, max)?;
+        let slot = self
+            .0
+            .streams
+            .take(tenant, max)
+            .ok_or(GatewayError::TooManyStreams)?;
         Ok(Some(held(stream, slot)))
     }
 
@@ -234,7 +242,7 @@ impl Divert for Jobs {
 }
 
 /// `stream`, holding `slot` until it is dropped.
-fn held<S>(stream: S, slot: StreamSlot) -> BoxStream<'static, S::Item>
+fn held<S>(stream: S, slot: TenantSlot) -> BoxStream<'static, S::Item>
 where
     S: futures::Stream + Send + 'static,
 {

@@ -52,6 +52,14 @@ impl RequestCtx {
         self.shared.piece_tokens(self.config())
     }
 
+    /// A slot among `tenant`'s requests in flight; see [`AppState::tenant_request`].
+    pub fn tenant_request(
+        &self,
+        tenant: Option<&super::tenant::Tenant>,
+    ) -> Result<Option<super::tenant::TenantSlot>, crate::error::GatewayError> {
+        self.shared.tenant_request(self.config(), tenant)
+    }
+
     /// Course `id`'s prompt under that configuration, if there is such a course.
     pub fn course(&self, id: &str) -> Option<&Course> {
         self.live.courses.get(id)

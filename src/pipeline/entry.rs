@@ -19,10 +19,12 @@ use super::parse::{self, AnswerQuery, AnswerRequest, OpenAiRequest};
 use super::prompt::{self, Prepared};
 use super::respond::{answer_refused, link_trace, refused, rejected, sse_response, with_id};
 use super::send::send;
-use super::tenant::Tenant;
+use super::tenant::{Tenant, TenantSlot};
 use crate::error::GatewayError;
 use crate::relay::{ClientLimits, Format, Relay};
 use crate::telemetry::{RequestRecord, Route};
+use axum::body::HttpBody;
+use futures::StreamExt;
 
 /// How an `/answer` request arrived.
 #[derive(Debug)]
@@ -50,6 +52,24 @@ pub async fn answer(
     if headers.contains_key("last-event-id") {
         return StatusCode::NO_CONTENT.into_response();
     }
+    let slot = match ctx.tenant_request(tenant.as_ref()) {
+        Ok(slot) => slot,
+        Err(e) => return rejected(ctx.record(Route::Answer), e),
+    };
+    holding(
+        answer_journey(ctx, headers, input, divert, tenant).await,
+        slot,
+    )
+}
+
+/// [`answer`] once its tenant's slot is held.
+async fn answer_journey(
+    ctx: RequestCtx,
+    headers: HeaderMap,
+    input: AnswerInput,
+    divert: Option<&dyn Divert>,
+    tenant: Option<Tenant>,
+) -> Response {
     let mut record = ctx.record(Route::Answer);
     link_trace(&mut record, &headers);
     let request_id = record.request_id().to_owned();
@@ -100,6 +120,44 @@ pub async fn answer(
 /// answers relay vLLM's chunks as they are; non-streaming answers are assembled from the stream
 /// in vLLM's response shape.
 pub async fn openai(
+    ctx: RequestCtx,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    route: Route,
+    tenant: Option<Tenant>,
+) -> Response {
+    let slot = match ctx.tenant_request(tenant.as_ref()) {
+        Ok(slot) => slot,
+        Err(e) => return rejected(ctx.record(route), e),
+    };
+    holding(
+        openai_journey(ctx, headers, body, route, tenant).await,
+        slot,
+    )
+}
+
+/// `resp`, with `slot` (a tenant's request in flight) held until its body ends: a whole body
+/// at once, a stream at its last byte or when the client goes away.
+fn holding(resp: Response, slot: Option<TenantSlot>) -> Response {
+    let Some(slot) = slot else { return resp };
+    if resp.body().size_hint().exact().is_some() {
+        return resp;
+    }
+    resp.map(|body| {
+        let mut stream = body.into_data_stream();
+        let mut slot = Some(slot);
+        Body::from_stream(futures::stream::poll_fn(move |cx| {
+            let item = stream.poll_next_unpin(cx);
+            if matches!(item, std::task::Poll::Ready(None)) {
+                slot.take();
+            }
+            item
+        }))
+    })
+}
+
+/// [`openai`] once its tenant's slot is held.
+async fn openai_journey(
     ctx: RequestCtx,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,

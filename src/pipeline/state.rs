@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
+use super::tenant::{Tenant, TenantSlot, TenantSlots};
 use crate::admission::{Admission, LimitsChange, SessionLedger};
 use crate::classify::{Calibration, Classifier};
 use crate::config::Config;
@@ -32,6 +33,9 @@ struct Shared {
     /// The piece size the autopilot picked (0: none), used while
     /// `admission.prefill_piece_tokens` is 0 (`crate::pipeline::pieces`).
     paced_piece_tokens: AtomicU32,
+    /// `/answer` and `/v1` requests each tenant has in flight
+    /// (`server.max_requests_in_flight_per_tenant`).
+    tenant_requests: Arc<TenantSlots>,
     /// The file the configuration was read from, re-read by a reload, and what the command
     /// line changed after reading it (applied again to each reloaded file).
     config_source: RwLock<Option<ConfigSource>>,
@@ -154,6 +158,7 @@ impl AppState {
             request_log,
             config_source: RwLock::new(None),
             paced_piece_tokens: AtomicU32::new(0),
+            tenant_requests: Arc::default(),
         }))
     }
 
@@ -280,6 +285,27 @@ impl AppState {
         match config.admission.prefill_piece_tokens {
             0 => self.0.paced_piece_tokens.load(Ordering::Relaxed),
             n => n,
+        }
+    }
+
+    /// A slot among `tenant`'s requests in flight, held by the caller until its response ends;
+    /// `Ok(None)` without a tenant; 429 `tenant_overloaded` when it has
+    /// `server.max_requests_in_flight_per_tenant` already.
+    pub fn tenant_request(
+        &self,
+        config: &Config,
+        tenant: Option<&Tenant>,
+    ) -> Result<Option<TenantSlot>, GatewayError> {
+        let Some(t) = tenant else {
+            return Ok(None);
+        };
+        let max = config.server.max_requests_in_flight_per_tenant;
+        match self.0.tenant_requests.take(Some(t), max) {
+            Some(slot) => Ok(Some(slot)),
+            None => Err(GatewayError::TenantOverloaded {
+                tenant: t.0.clone(),
+                held: max,
+            }),
         }
     }
 
