@@ -11,6 +11,7 @@
 //! | queued bodies would pass `server.max_queued_bytes` | 429 + `Retry-After` | `queue_full` |
 //! | input + output over the model's maximum length | 400 | `too_long` |
 //! | the tenant has `server.max_requests_in_flight_per_tenant` requests in flight | 429 + `Retry-After: 1` | `tenant_overloaded` |
+//! | the tenant's budget (`[auth.tenants.<name>]`) is used up | 429 + `Retry-After` | `tenant_budget` |
 //! | lane queue full | 429 + `Retry-After` | `queue_full` |
 //! | the tenant keeps `jobs.max_jobs_per_tenant` jobs or `jobs.max_bytes_per_tenant` bytes | 429 + `Retry-After` | `tenant_jobs_full` |
 //! | lane queue full and the tenant holds its share of it (`[auth]`) | 429 + `Retry-After` | `tenant_queue_full` |
@@ -119,6 +120,23 @@ pub enum GatewayError {
         /// Its limit.
         limit: u64,
     },
+    /// The tenant's budget (`[auth.tenants.<name>]`) refuses the request.
+    #[error(
+        "tenant {tenant} used {used} of its {limit} of {max}; retry after {}s",
+        retry_after.as_secs()
+    )]
+    TenantBudget {
+        /// The tenant.
+        tenant: String,
+        /// The limit's key.
+        limit: &'static str,
+        /// What the tenant used of it.
+        used: u64,
+        /// The limit.
+        max: u64,
+        /// When to come back.
+        retry_after: Duration,
+    },
     /// The tenant has `server.max_requests_in_flight_per_tenant` requests in flight already.
     #[error(
         "tenant {tenant} has {held} requests in flight, its limit \
@@ -191,6 +209,7 @@ impl GatewayError {
             | Self::JobsFull
             | Self::TenantJobsFull { .. }
             | Self::TenantOverloaded { .. }
+            | Self::TenantBudget { .. }
             | Self::TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
             Self::JobNotFound => StatusCode::NOT_FOUND,
             Self::OriginNotAllowed => StatusCode::FORBIDDEN,
@@ -252,6 +271,7 @@ impl GatewayError {
             Self::JobsFull => "jobs_full",
             Self::TenantJobsFull { .. } => "tenant_jobs_full",
             Self::TenantOverloaded { .. } => "tenant_overloaded",
+            Self::TenantBudget { .. } => "tenant_budget",
             Self::TooManyStreams => "too_many_streams",
             Self::JobsUnavailable(_) => "jobs_unavailable",
             Self::JobStoreDown => "job_store_unavailable",
@@ -281,6 +301,7 @@ impl GatewayError {
             Self::JobsFull
             | Self::TenantJobsFull { .. }
             | Self::TenantOverloaded { .. }
+            | Self::TenantBudget { .. }
             | Self::TooManyStreams => Outcome::QueueFull,
             Self::JobStoreDown => Outcome::QuotaUnavailable,
             Self::Shutdown | Self::ClientTooSlow => Outcome::Cancelled,
@@ -363,6 +384,9 @@ impl GatewayError {
             }
             Self::JobsFull | Self::TenantJobsFull { .. } => Some(Duration::from_secs(10)),
             Self::TenantOverloaded { .. } => Some(Duration::from_secs(1)),
+            Self::TenantBudget { retry_after, .. } => {
+                Some((*retry_after).max(Duration::from_secs(1)))
+            }
             Self::JobStoreDown | Self::Shutdown => Some(Duration::from_secs(1)),
             Self::Admission(AdmissionError::QuotaUnavailable { .. }) => {
                 Some(Duration::from_secs(1))

@@ -178,3 +178,65 @@ async fn a_tenant_holds_at_most_its_requests_in_flight_and_others_are_served() {
     eventually("every seat back", || h.idle()).await;
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_tenants_tokens_per_minute_bound_what_it_is_admitted_and_not_other_tenants() {
+    let h = harness(&flags("--speed 50 --profile tiny-test"), |c| {
+        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+        c.auth.tenants.insert(
+            "school-a".into(),
+            tutor_gateway::config::TenantBudget {
+                tokens_per_minute: Some(2_000),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let ask = |key: &'static str, i: u32| {
+        let body = json!({"messages": [{"role": "user", "content": format!("why? {i}")}],
+                          "max_tokens": 150});
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&body)
+    };
+    // School A asks until its budget refuses: what it was served stays within the budget plus
+    // one request's reservation (at most 150 out and a short prompt).
+    let mut served = 0u64;
+    let mut refusal = None;
+    for i in 0..100 {
+        let resp = send(ask(A, i)).await;
+        if resp.status() == 429 {
+            refusal = Some(resp);
+            break;
+        }
+        assert_eq!(resp.status(), 200);
+        let v: Value = resp.json().await.unwrap();
+        served += v["usage"]["total_tokens"].as_u64().unwrap();
+    }
+    let refusal = refusal.expect("the budget refused within 100 requests");
+    assert!(served >= 2_000 && served <= 2_000 + 150 + 64, "{served}");
+    let retry: u64 = refusal.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    let err: Value = refusal.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "tenant_budget", "{err}");
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("school-a") && message.contains("tokens_per_minute"));
+    // School B has no budget and is served.
+    let resp = send(ask(B, 0)).await;
+    assert_eq!(resp.status(), 200);
+    let m = h.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_tenant_refused_total{limit=\"tokens_per_minute\",tenant=\"school-a\"}"
+        ),
+        1.0
+    );
+    eventually("every seat back", || h.idle()).await;
+    h.shutdown().await;
+}

@@ -60,6 +60,7 @@ mod local;
 pub mod redis;
 pub mod session;
 mod state;
+pub mod tenant_budget;
 
 #[cfg(test)]
 mod backend_tests;

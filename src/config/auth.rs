@@ -47,6 +47,32 @@ pub struct RawAuth {
     pub token_secret: Option<Secret>,
     /// Each tenant's share of a lane queue's turns (default 1).
     pub tenant_shares: Option<std::collections::BTreeMap<String, u32>>,
+    /// Per-tenant budgets: `[auth.tenants.<name>]`.
+    pub tenants: Option<std::collections::BTreeMap<String, RawTenantBudget>>,
+}
+
+/// `[auth.tenants.<name>]` as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenantBudget {
+    /// Requests admitted per minute (0: none).
+    pub requests_per_minute: Option<u64>,
+    /// Prompt + output tokens per minute (0: none).
+    pub tokens_per_minute: Option<u64>,
+    /// Prompt + output tokens per UTC day (0: none).
+    pub tokens_per_day: Option<u64>,
+}
+
+/// A tenant's budgets (`[auth.tenants.<name>]`); `None`: no bound of that kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantBudget {
+    /// Requests admitted in any minute.
+    pub requests_per_minute: Option<u64>,
+    /// Prompt + output tokens (reserved from the estimate, settled to vLLM's usage) in any
+    /// minute.
+    pub tokens_per_minute: Option<u64>,
+    /// Prompt + output tokens per UTC day.
+    pub tokens_per_day: Option<u64>,
 }
 
 /// A key's hash and its tenant.
@@ -76,6 +102,8 @@ pub struct AuthConfig {
     pub token_secret: Option<Secret>,
     /// Each tenant's share of a lane queue's turns, when not 1.
     pub tenant_shares: std::collections::BTreeMap<String, u32>,
+    /// Tenants' budgets, by tenant (tenants not listed have none).
+    pub tenants: std::collections::BTreeMap<String, TenantBudget>,
 }
 
 /// Whether `tenant` is a valid tenant name.
@@ -186,7 +214,37 @@ pub(super) fn validate(c: &mut Checker, raw: RawAuth) -> AuthConfig {
             tenant_shares.insert(tenant, share);
         }
     }
+    let mut tenants = std::collections::BTreeMap::new();
+    for (tenant, raw) in raw.tenants.unwrap_or_default() {
+        if !tenant_ok(&tenant) {
+            c.fail(
+                "auth.tenants",
+                "tenant names are 1 to 64 letters, digits, `_` or `-`",
+            );
+            continue;
+        }
+        let limit = |c: &mut Checker, key: &str, v: Option<u64>| match v.unwrap_or(0) {
+            0 => None,
+            n if n <= 1_000_000_000_000 => Some(n),
+            _ => {
+                c.fail(
+                    format!("auth.tenants.{tenant}.{key}"),
+                    "must be at most 10^12",
+                );
+                None
+            }
+        };
+        tenants.insert(
+            tenant.clone(),
+            TenantBudget {
+                requests_per_minute: limit(c, "requests_per_minute", raw.requests_per_minute),
+                tokens_per_minute: limit(c, "tokens_per_minute", raw.tokens_per_minute),
+                tokens_per_day: limit(c, "tokens_per_day", raw.tokens_per_day),
+            },
+        );
+    }
     AuthConfig {
+        tenants,
         tenant_shares,
         enabled,
         keys,

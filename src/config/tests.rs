@@ -585,3 +585,28 @@ fn the_demo_page_is_off_unless_server_demo_is_true() {
         "server.demo not in {issues:?}"
     );
 }
+
+#[test]
+fn tenant_budgets_parse_and_are_refused_with_the_redis_quota() {
+    let c = Config::from_toml_str(&format!(
+        "{MINIMAL}\n[auth.tenants.cs101]\ntokens_per_minute = 200000\ntokens_per_day = 0\n"
+    ))
+    .unwrap();
+    let b = c.auth.tenants["cs101"];
+    assert_eq!(b.tokens_per_minute, Some(200_000));
+    assert_eq!((b.requests_per_minute, b.tokens_per_day), (None, None));
+    let issues = issues_of(&format!(
+        "{MINIMAL}\n[quota]\nbackend = \"redis\"\n[auth.tenants.cs101]\nrequests_per_minute = 5\n"
+    ));
+    assert!(
+        issues.iter().any(|i| i.starts_with("auth.tenants")),
+        "{issues:?}"
+    );
+    let issues = issues_of(&format!(
+        "{MINIMAL}\n[auth.tenants.\"bad name\"]\nrequests_per_minute = 5\n"
+    ));
+    assert!(
+        issues.iter().any(|i| i.starts_with("auth.tenants")),
+        "{issues:?}"
+    );
+}

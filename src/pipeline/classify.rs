@@ -12,6 +12,7 @@ use super::prompt::Prepared;
 use super::tenant::Tenant;
 use super::tokenize::{engine_count, tokenize_body};
 use crate::admission::session::SessionHold;
+use crate::admission::tenant_budget::BudgetHold;
 use crate::classify::{Classification, KindCounts, PromptInput};
 use crate::error::GatewayError;
 use crate::lane::Lane;
@@ -33,6 +34,9 @@ pub struct Ready {
     pub size: usize,
     /// The session's reservation: settled by the relay, given back on any failure (drop).
     pub(super) hold: Option<SessionHold>,
+    /// Its tenant's budget charge (`[auth.tenants.<name>]`): settled by the relay to what the
+    /// engine counted, nothing charged on any failure before it (drop).
+    pub(super) budget: Option<BudgetHold>,
     /// Whose request it is.
     pub(super) tenant: Option<Tenant>,
     /// The replica routing key: the prefix fingerprint of a prompt with a stable prefix.
@@ -101,6 +105,7 @@ impl Ready {
             prefill: n("prefill")?,
             size: v["size"].as_u64()? as usize,
             hold: None,
+            budget: None,
             tenant: v["tenant"].as_str().map(|t| Tenant(t.to_owned())),
             affinity: v["affinity"].as_str().map(str::to_owned),
             focus: None,
@@ -211,6 +216,28 @@ pub async fn classify(
     if background {
         class.lane = Lane::Large;
     }
+    // Its tenant's budget: charged its reservation now (jobs are bounded by their store's
+    // per-tenant limits instead, and run from idle capacity only).
+    let budget = match (&tenant, background) {
+        (Some(t), false) => match config.auth.tenants.get(&t.0) {
+            Some(limits) => Some(
+                ctx.tenant_budgets()
+                    .charge(&t.0, limits, u64::from(class.work))
+                    .map_err(|r| {
+                        ctx.metrics().tenant_refused(&t.0, r.limit);
+                        GatewayError::TenantBudget {
+                            tenant: t.0.clone(),
+                            limit: r.limit,
+                            used: r.used,
+                            max: r.max,
+                            retry_after: r.retry_after,
+                        }
+                    })?,
+            ),
+            None => None,
+        },
+        _ => None,
+    };
     record.classified(class);
     record.calibrates(Arc::clone(classifier.calibration()), &model);
     record.mark(Mark::Classified);
@@ -240,6 +267,7 @@ pub async fn classify(
         prefill,
         size,
         hold,
+        budget,
         tenant,
         affinity,
         focus: focus.map(|f| f.meta()),

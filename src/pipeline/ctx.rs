@@ -60,6 +60,11 @@ impl RequestCtx {
         self.shared.tenant_request(self.config(), tenant)
     }
 
+    /// Tenants' budgets (`[auth.tenants.<name>]`).
+    pub fn tenant_budgets(&self) -> &Arc<crate::admission::tenant_budget::TenantBudgets> {
+        self.shared.tenant_budgets()
+    }
+
     /// Course `id`'s prompt under that configuration, if there is such a course.
     pub fn course(&self, id: &str) -> Option<&Course> {
         self.live.courses.get(id)

@@ -27,6 +27,7 @@ pub async fn send(
                 body,
                 class,
                 hold,
+                budget,
                 affinity,
                 focus,
                 ..
@@ -60,6 +61,7 @@ pub async fn send(
         rules: ctx.rules(),
         metrics: ctx.metrics().clone(),
         session: hold,
+        budget,
         focus,
     };
     Ok(Relay::new(upstream, guard, class, format, record, relay))

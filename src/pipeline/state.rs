@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use super::tenant::{Tenant, TenantSlot, TenantSlots};
+use crate::admission::tenant_budget::TenantBudgets;
 use crate::admission::{Admission, LimitsChange, SessionLedger};
 use crate::classify::{Calibration, Classifier};
 use crate::config::Config;
@@ -36,6 +37,8 @@ struct Shared {
     /// `/answer` and `/v1` requests each tenant has in flight
     /// (`server.max_requests_in_flight_per_tenant`).
     tenant_requests: Arc<TenantSlots>,
+    /// Tenants' budgets (`[auth.tenants.<name>]`).
+    tenant_budgets: Arc<TenantBudgets>,
     /// The file the configuration was read from, re-read by a reload, and what the command
     /// line changed after reading it (applied again to each reloaded file).
     config_source: RwLock<Option<ConfigSource>>,
@@ -159,6 +162,7 @@ impl AppState {
             config_source: RwLock::new(None),
             paced_piece_tokens: AtomicU32::new(0),
             tenant_requests: Arc::default(),
+            tenant_budgets: Arc::default(),
         }))
     }
 
@@ -307,6 +311,11 @@ impl AppState {
                 held: max,
             }),
         }
+    }
+
+    /// Tenants' budgets (`[auth.tenants.<name>]`).
+    pub fn tenant_budgets(&self) -> &Arc<TenantBudgets> {
+        &self.0.tenant_budgets
     }
 
     /// The autopilot's piece size (0: none).

@@ -55,6 +55,7 @@ pub use collect::Collected;
 pub use drain::Drain;
 
 use crate::admission::session::SessionHold;
+use crate::admission::tenant_budget::BudgetHold;
 use crate::admission::LaneGuard;
 use crate::classify::{Classification, LaneRules};
 use crate::config::WhenFull;
@@ -86,6 +87,8 @@ pub struct RelayContext {
     pub metrics: Metrics,
     /// The reservation in the session this request continues, settled with its output.
     pub session: Option<SessionHold>,
+    /// Its tenant's budget charge, settled with its prompt + output tokens.
+    pub budget: Option<BudgetHold>,
     /// The `focus` object of the `/answer` `meta` event, for course requests with code (M11).
     pub focus: Option<serde_json::Value>,
 }
@@ -197,6 +200,14 @@ impl Relay {
         self.guard = None;
         if let Some(hold) = self.ctx.session.take() {
             hold.settle(self.produced());
+        }
+        if let Some(budget) = self.ctx.budget.take() {
+            let prompt = self
+                .upstream
+                .view()
+                .usage
+                .map_or(self.class.input_tokens_estimate, |u| u.prompt_tokens);
+            budget.settle(u64::from(prompt).saturating_add(u64::from(self.produced())));
         }
         if let Some(replica) = self.upstream.replica() {
             self.record.served_by(replica);

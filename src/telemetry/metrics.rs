@@ -179,6 +179,7 @@ pub struct Metrics {
     prefix_queries: IntCounterVec,
     prefix_hits: IntCounterVec,
     refused: IntCounterVec,
+    tenant_refused: IntCounterVec,
     quota: QuotaMetrics,
     promotion: PromotionMetrics,
     prefix: PrefixMetrics,
@@ -311,6 +312,13 @@ impl Metrics {
         for limit in ["connections", "requests_in_flight"] {
             refused.with_label_values(&[limit]);
         }
+        let tenant_refused = counter(
+            "tutor_gateway_tenant_refused_total",
+            "Requests refused by their tenant's budget ([auth.tenants.<name>]), by tenant (only \
+             tenants with a budget) and limit: requests_per_minute, tokens_per_minute, \
+             tokens_per_day.",
+            &["tenant", "limit"],
+        );
         let quota = QuotaMetrics::register(&registry);
         let promotion = PromotionMetrics::register(&registry);
         let relay = RelayMetrics::register(&registry);
@@ -377,6 +385,7 @@ impl Metrics {
             jobs,
             prefix,
             refused,
+            tenant_refused,
             config,
             replicas,
         }
@@ -410,6 +419,13 @@ impl Metrics {
     /// Counts a connection or request refused at `limit` (`connections`, `requests_in_flight`).
     pub fn refused(&self, limit: &str) {
         self.refused.with_label_values(&[limit]).inc();
+    }
+
+    /// Counts a request of `tenant` refused by its budget `limit`.
+    pub fn tenant_refused(&self, tenant: &str, limit: &str) {
+        self.tenant_refused
+            .with_label_values(&[tenant, limit])
+            .inc();
     }
 
     /// The promotion families.

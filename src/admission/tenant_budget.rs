@@ -1,0 +1,315 @@
+//! Tenants' budgets (`[auth.tenants.<name>]`): requests and prompt + output tokens per minute,
+//! tokens per UTC day. In this process (the quota's local backend; the Redis backend refuses
+//! budgets at `check-config` until a shared ledger exists).
+//!
+//! - **A sliding minute of one-second buckets.** A request is let through while what its
+//!   tenant was charged in the last 60 whole seconds is under the limit; it is then charged
+//!   its reservation (its estimated prompt plus its output budget, as the lanes reserve). So
+//!   what any minute admits stays within the budget plus one request's reservation.
+//! - **Settled to what the engine counted.** When the request ends its charge becomes its
+//!   prompt + output tokens as vLLM reported them (the bucket it was charged in, if still in
+//!   the minute; the day's count always); a request refused or failed before it reached the
+//!   engine is charged nothing. A [`BudgetHold`] does it on every path (drop).
+//! - **A day** is a UTC day: its count starts again at midnight.
+//! - **Refusals** name the limit and the tenant's own use, with `Retry-After`: when enough of
+//!   the minute's charges will have left it, or the next UTC midnight.
+
+// The request path: a client's number never wraps (checked or saturating arithmetic only).
+#![deny(clippy::arithmetic_side_effects)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::config::TenantBudget;
+
+/// Seconds in the sliding window.
+const WINDOW_S: u64 = 60;
+/// Seconds in a day.
+const DAY_S: u64 = 86_400;
+
+/// Why a tenant's request was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetRefusal {
+    /// The limit's key: `requests_per_minute`, `tokens_per_minute`, `tokens_per_day`.
+    pub limit: &'static str,
+    /// What the tenant used of it.
+    pub used: u64,
+    /// The limit.
+    pub max: u64,
+    /// When to come back.
+    pub retry_after: Duration,
+}
+
+/// One tenant's charges.
+#[derive(Debug, Default)]
+struct Ledger {
+    /// (second, requests, tokens) of the last [`WINDOW_S`] seconds, oldest first.
+    seconds: Vec<(u64, u64, u64)>,
+    /// (day, tokens).
+    day: (u64, u64),
+}
+
+impl Ledger {
+    fn forget_before(&mut self, now_s: u64) {
+        let oldest = now_s.saturating_sub(WINDOW_S.saturating_sub(1));
+        self.seconds.retain(|(s, _, _)| *s >= oldest);
+    }
+
+    fn minute(&self) -> (u64, u64) {
+        self.seconds.iter().fold((0, 0), |(r, t), (_, rr, tt)| {
+            (r.saturating_add(*rr), t.saturating_add(*tt))
+        })
+    }
+
+    /// Seconds until the charges of the minute fall under `max` (by `pick`).
+    fn wait_under(&self, now_s: u64, max: u64, pick: impl Fn(&(u64, u64, u64)) -> u64) -> u64 {
+        let mut left: u64 = self.seconds.iter().map(&pick).sum();
+        for b in &self.seconds {
+            left = left.saturating_sub(pick(b));
+            if left < max {
+                return b.0.saturating_add(WINDOW_S).saturating_sub(now_s).max(1);
+            }
+        }
+        1
+    }
+}
+
+/// Every tenant's ledger.
+#[derive(Debug, Default)]
+pub struct TenantBudgets {
+    ledgers: Mutex<HashMap<String, Ledger>>,
+}
+
+/// A request's charge, settled when it ends (dropped unsettled: nothing is charged).
+#[derive(Debug)]
+pub struct BudgetHold {
+    budgets: Arc<TenantBudgets>,
+    tenant: String,
+    second: u64,
+    day: u64,
+    reserved: u64,
+    settled: bool,
+}
+
+/// Now, in whole seconds since the Unix epoch.
+fn now_s() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl TenantBudgets {
+    /// Charges `tenant` (whose budgets are `budget`) one request of `tokens` reserved, or says
+    /// which limit refuses it.
+    pub fn charge(
+        self: &Arc<Self>,
+        tenant: &str,
+        budget: &TenantBudget,
+        tokens: u64,
+    ) -> Result<BudgetHold, BudgetRefusal> {
+        self.charge_at(tenant, budget, tokens, now_s())
+    }
+
+    fn charge_at(
+        self: &Arc<Self>,
+        tenant: &str,
+        budget: &TenantBudget,
+        tokens: u64,
+        now: u64,
+    ) -> Result<BudgetHold, BudgetRefusal> {
+        let mut ledgers = self.lock();
+        let ledger = ledgers.entry(tenant.to_owned()).or_default();
+        ledger.forget_before(now);
+        let today = now / DAY_S;
+        if ledger.day.0 != today {
+            ledger.day = (today, 0);
+        }
+        let (requests, charged) = ledger.minute();
+        if let Some(max) = budget.requests_per_minute.filter(|m| requests >= *m) {
+            return Err(BudgetRefusal {
+                limit: "requests_per_minute",
+                used: requests,
+                max,
+                retry_after: Duration::from_secs(ledger.wait_under(now, max, |b| b.1)),
+            });
+        }
+        if let Some(max) = budget.tokens_per_minute.filter(|m| charged >= *m) {
+            return Err(BudgetRefusal {
+                limit: "tokens_per_minute",
+                used: charged,
+                max,
+                retry_after: Duration::from_secs(ledger.wait_under(now, max, |b| b.2)),
+            });
+        }
+        if let Some(max) = budget.tokens_per_day.filter(|m| ledger.day.1 >= *m) {
+            return Err(BudgetRefusal {
+                limit: "tokens_per_day",
+                used: ledger.day.1,
+                max,
+                retry_after: Duration::from_secs(
+                    today
+                        .saturating_add(1)
+                        .saturating_mul(DAY_S)
+                        .saturating_sub(now),
+                ),
+            });
+        }
+        match ledger.seconds.last_mut() {
+            Some(last) if last.0 == now => {
+                last.1 = last.1.saturating_add(1);
+                last.2 = last.2.saturating_add(tokens);
+            }
+            _ => ledger.seconds.push((now, 1, tokens)),
+        }
+        ledger.day.1 = ledger.day.1.saturating_add(tokens);
+        Ok(BudgetHold {
+            budgets: self.clone(),
+            tenant: tenant.to_owned(),
+            second: now,
+            day: today,
+            reserved: tokens,
+            settled: false,
+        })
+    }
+
+    /// What `tenant` was charged in the last minute (requests, tokens) and today (tokens).
+    pub fn used(&self, tenant: &str) -> (u64, u64, u64) {
+        let now = now_s();
+        let mut ledgers = self.lock();
+        let Some(ledger) = ledgers.get_mut(tenant) else {
+            return (0, 0, 0);
+        };
+        ledger.forget_before(now);
+        let (r, t) = ledger.minute();
+        let day = if ledger.day.0 == now / DAY_S {
+            ledger.day.1
+        } else {
+            0
+        };
+        (r, t, day)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Ledger>> {
+        self.ledgers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl BudgetHold {
+    /// The request ended having used `tokens` (prompt + output, as the engine counted): its
+    /// charge becomes that.
+    pub fn settle(mut self, tokens: u64) {
+        self.set(Some(tokens));
+    }
+
+    fn set(&mut self, used: Option<u64>) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        // Never refund a request that reached the engine below zero; a request that did not
+        // (dropped unsettled) is charged nothing.
+        let used = used.unwrap_or(0);
+        let mut ledgers = self.budgets.lock();
+        let Some(ledger) = ledgers.get_mut(&self.tenant) else {
+            return;
+        };
+        let adjust = |v: &mut u64| {
+            *v = v.saturating_sub(self.reserved).saturating_add(used);
+        };
+        if let Some(b) = ledger.seconds.iter_mut().find(|b| b.0 == self.second) {
+            adjust(&mut b.2);
+            if used == 0 {
+                b.1 = b.1.saturating_sub(1);
+            }
+        }
+        if ledger.day.0 == self.day {
+            adjust(&mut ledger.day.1);
+        }
+    }
+}
+
+impl Drop for BudgetHold {
+    fn drop(&mut self) {
+        self.set(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: u64 = 1_700_000_000;
+
+    fn budget(rpm: u64, tpm: u64, tpd: u64) -> TenantBudget {
+        let n = |v: u64| (v > 0).then_some(v);
+        TenantBudget {
+            requests_per_minute: n(rpm),
+            tokens_per_minute: n(tpm),
+            tokens_per_day: n(tpd),
+        }
+    }
+
+    #[test]
+    fn a_minute_admits_at_most_the_budget_plus_one_reservation_and_then_frees_up() {
+        let b = Arc::new(TenantBudgets::default());
+        let limits = budget(0, 1_000, 0);
+        let mut held = vec![];
+        let mut admitted = 0u64;
+        for i in 0..20 {
+            match b.charge_at("a", &limits, 300, T0 + i) {
+                Ok(h) => {
+                    admitted += 300;
+                    held.push(h);
+                }
+                Err(r) => {
+                    assert_eq!(r.limit, "tokens_per_minute");
+                    assert!(r.used >= 1_000 && r.retry_after >= Duration::from_secs(1));
+                }
+            }
+        }
+        assert!(admitted <= 1_000 + 300, "{admitted}");
+        assert_eq!(admitted, 1_200);
+        // Another tenant is not affected.
+        assert!(b.charge_at("b", &limits, 300, T0 + 5).is_ok());
+        // A minute later the charges have left the window.
+        assert!(b.charge_at("a", &limits, 300, T0 + 61).is_ok());
+        drop(held);
+    }
+
+    #[test]
+    fn charges_settle_to_what_was_used_and_an_unsettled_request_costs_nothing() {
+        let b = Arc::new(TenantBudgets::default());
+        let limits = budget(0, 1_000, 0);
+        let h = b.charge_at("a", &limits, 900, T0).unwrap();
+        h.settle(100);
+        // 100 charged: 900 more fit.
+        let h2 = b.charge_at("a", &limits, 900, T0).unwrap();
+        // Refused now (1,000 charged).
+        assert!(b.charge_at("a", &limits, 1, T0).is_err());
+        // A request that never ran gives everything back.
+        drop(h2);
+        assert!(b.charge_at("a", &limits, 1, T0).is_ok());
+    }
+
+    #[test]
+    fn requests_per_minute_and_tokens_per_day_refuse_with_their_names_and_waits() {
+        let b = Arc::new(TenantBudgets::default());
+        let limits = budget(2, 0, 0);
+        let _a = b.charge_at("a", &limits, 10, T0).unwrap();
+        let _b = b.charge_at("a", &limits, 10, T0 + 10).unwrap();
+        let r = b.charge_at("a", &limits, 10, T0 + 20).unwrap_err();
+        assert_eq!((r.limit, r.used, r.max), ("requests_per_minute", 2, 2));
+        // The first charge leaves the window at T0 + 60: 40 s from T0 + 20.
+        assert_eq!(r.retry_after, Duration::from_secs(40));
+        let day = budget(0, 0, 500);
+        let midnight = (T0 / DAY_S + 1) * DAY_S;
+        let h = b.charge_at("d", &day, 600, midnight - 100).unwrap();
+        h.settle(600);
+        let r = b.charge_at("d", &day, 1, midnight - 50).unwrap_err();
+        assert_eq!(r.limit, "tokens_per_day");
+        assert_eq!(r.retry_after, Duration::from_secs(50));
+        // A new UTC day starts again.
+        assert!(b.charge_at("d", &day, 1, midnight).is_ok());
+    }
+}
