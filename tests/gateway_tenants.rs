@@ -229,6 +229,30 @@ async fn a_tenants_tokens_per_minute_bound_what_it_is_admitted_and_not_other_ten
     // School B has no budget and is served.
     let resp = send(ask(B, 0)).await;
     assert_eq!(resp.status(), 200);
+    // Each tenant sees its own usage, and only its own.
+    let usage = |key: &'static str| {
+        let url = h.url("/v1/usage");
+        async move {
+            let resp = send(client().get(url).bearer_auth(key)).await;
+            assert_eq!(resp.status(), 200);
+            resp.json::<Value>().await.unwrap()
+        }
+    };
+    let a = usage(A).await;
+    assert_eq!(a["tenant"], "school-a", "{a}");
+    let tpm = &a["budgets"]["tokens_per_minute"];
+    assert_eq!(tpm["limit"], 2_000, "{a}");
+    assert!(tpm["used"].as_u64().unwrap() >= 2_000, "{a}");
+    assert_eq!(tpm["remaining"], 0, "{a}");
+    let b = usage(B).await;
+    assert_eq!(b["tenant"], "school-b", "{b}");
+    assert_eq!(b["budgets"], json!({}), "{b}");
+    assert!(!b.to_string().contains("school-a"));
+    assert_eq!(
+        send(client().get(h.url("/v1/usage"))).await.status(),
+        401,
+        "a key is needed"
+    );
     let m = h.metrics_text().await;
     assert_eq!(
         metric(

@@ -59,6 +59,7 @@ pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth) -> Router {
         )
         .route("/v1/completions", openai::post_route(Route::Completions))
         .route("/v1/models", get(ops::models))
+        .route("/v1/usage", get(ops::usage))
         .route("/healthz", get(ops::healthz))
         // vLLM's own probe routes, for clients that expect vLLM here.
         .route("/health", get(ops::healthz))

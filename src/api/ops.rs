@@ -135,3 +135,59 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     )
         .into_response()
 }
+
+/// `GET /v1/usage`: the caller's own tenant's budgets (`[auth.tenants.<name>]`: limit, used,
+/// remaining; the minute is the last 60 s, the day resets at the next UTC midnight) and its
+/// requests in flight. Never another tenant's. With `[auth]` off there is no tenant: `tenant` is
+/// null and nothing is bounded per tenant.
+pub async fn usage(State(state): State<AppState>, tenant: Option<Extension<Tenant>>) -> Response {
+    let config = state.config();
+    let Some(Extension(Tenant(tenant))) = tenant else {
+        return axum::Json(serde_json::json!({
+            "object": "tenant.usage",
+            "tenant": null,
+            "budgets": {},
+        }))
+        .into_response();
+    };
+    let (requests, tokens, day) = state.tenant_budgets().used(&tenant);
+    let budget = config
+        .auth
+        .tenants
+        .get(&tenant)
+        .copied()
+        .unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let midnight = (now / 86_400).saturating_add(1).saturating_mul(86_400);
+    let mut budgets = serde_json::Map::new();
+    for (name, limit, used) in [
+        ("requests_per_minute", budget.requests_per_minute, requests),
+        ("tokens_per_minute", budget.tokens_per_minute, tokens),
+        ("tokens_per_day", budget.tokens_per_day, day),
+    ] {
+        let Some(limit) = limit else { continue };
+        let mut b = serde_json::json!({
+            "limit": limit,
+            "used": used,
+            "remaining": limit.saturating_sub(used),
+        });
+        if name == "tokens_per_day" {
+            b["resets_at"] = serde_json::json!(midnight);
+        } else {
+            b["window_s"] = serde_json::json!(60);
+        }
+        budgets.insert(name.into(), b);
+    }
+    axum::Json(serde_json::json!({
+        "object": "tenant.usage",
+        "tenant": tenant,
+        "budgets": budgets,
+        "requests_in_flight": {
+            "used": state.tenant_requests_held(&tenant),
+            "limit": config.server.max_requests_in_flight_per_tenant,
+        },
+    }))
+    .into_response()
+}

@@ -313,6 +313,11 @@ impl AppState {
         }
     }
 
+    /// `tenant`'s `/answer` and `/v1` requests in flight now.
+    pub fn tenant_requests_held(&self, tenant: &str) -> usize {
+        self.0.tenant_requests.held(Some(tenant))
+    }
+
     /// Tenants' budgets (`[auth.tenants.<name>]`).
     pub fn tenant_budgets(&self) -> &Arc<TenantBudgets> {
         &self.0.tenant_budgets
