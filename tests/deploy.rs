@@ -152,6 +152,7 @@ const GATEWAY_SERIES: &[&str] = &[
     "tutor_gateway_autopilot_piece_tokens",
     "tutor_gateway_autopilot_objective_ratio",
     "tutor_gateway_autopilot_adjustments_total",
+    "tutor_gateway_tenant_refused_total",
 ];
 
 /// vLLM's `/metrics` (`docs/vllm-interface.md`, "Prometheus metrics"; V1 engine).
