@@ -102,7 +102,7 @@ pub enum Room {
         places: u32,
     },
     /// The arrival's tenant already holds its places (or the queue is full of requests without a
-    /// tenant): refused.
+    /// tenant, or has no places at all: `places` 0): refused.
     Refuse {
         /// Waiters its tenant holds.
         held: u32,
@@ -138,6 +138,10 @@ pub fn room_for<'a>(
     }
     if total < len {
         return Room::Enter;
+    }
+    if len == 0 {
+        // A queue of no places ("never wait"): nobody's share.
+        return Room::Refuse { held: 0, places: 0 };
     }
     let Some(tenant) = tenant else {
         return Room::Refuse {

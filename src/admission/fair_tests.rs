@@ -268,6 +268,11 @@ mod room {
     }
 
     #[test]
+    fn a_queue_of_no_places_is_nobodys_share() {
+        assert_eq!(room(0, &[], Some("a")), Room::Refuse { held: 0, places: 0 });
+    }
+
+    #[test]
     fn without_tenants_a_full_queue_refuses_as_before() {
         let q = vec![None, None];
         assert_eq!(room(2, &q, None), Room::Refuse { held: 2, places: 2 });

@@ -183,7 +183,7 @@ impl LocalAdmission {
                     }
                 }
                 Room::Refuse { held, places } => {
-                    return Err(match tenant {
+                    return Err(match tenant.filter(|_| places > 0) {
                         Some(t) => AdmissionError::TenantQueueFull {
                             lane,
                             tenant: t.to_owned(),

@@ -399,7 +399,7 @@ impl RedisAdmission {
         let share_of = |t: &str| rules.shares.get(t).copied().unwrap_or(1.0);
         let place = match line.join(queue.len, (tenant, share), due, share_of) {
             Ok(place) => place,
-            Err(Room::Refuse { held, places }) if tenant.is_some() => {
+            Err(Room::Refuse { held, places }) if tenant.is_some() && places > 0 => {
                 return Err(pushed_out(held, places));
             }
             Err(_) => return Err(AdmissionError::QueueFull { lane, retry_after }),
