@@ -8,7 +8,10 @@
 //! engine's own decode step, whatever the model, the GPU or the batch, is the yardstick, so no
 //! step time is configured.
 //!
-//! - Long steps with pieces off: pieces go on at `max_piece_tokens`.
+//! - Long steps with pieces off: pieces go on at `max_piece_tokens`. At the next reading, if
+//!   the long steps are not at least 20% shorter, the pieces did nothing (the engine chunks
+//!   prompts itself, `--long-prefill-token-threshold`, where a step still carries many prompts'
+//!   chunks): off again (`pieces_no_effect`), not tried for ten windows.
 //! - Long steps with pieces on: the size halves (to a multiple of 16), never below
 //!   `min_piece_tokens` (then `at_floor`).
 //! - Steps short with headroom (the longest gaps below `headroom_percent` of the long mark): the
@@ -41,6 +44,10 @@ pub enum PieceStep {
     Larger,
     /// Short steps with headroom at the largest size: pieces went off.
     Off,
+    /// Pieces went on but the long steps stayed (the engine chunks prompts itself, or the
+    /// long steps are not prompts'): off again, and not tried for [`RETRY_AFTER_WINDOWS`]
+    /// windows.
+    NoEffect,
     /// Nothing changed (no reading, or between headroom and the mark).
     Hold,
 }
@@ -54,10 +61,17 @@ impl PieceStep {
             PieceStep::AtFloor => Some("pieces_at_floor"),
             PieceStep::Larger => Some("pieces_larger"),
             PieceStep::Off => Some("pieces_off"),
+            PieceStep::NoEffect => Some("pieces_no_effect"),
             PieceStep::Hold => None,
         }
     }
 }
+
+/// Pieces that did not shorten the long steps by this share (percent) are taken off.
+const EFFECT_PERCENT: f64 = 20.0;
+
+/// After pieces had no effect, they are not tried again for this many windows.
+pub const RETRY_AFTER_WINDOWS: u32 = 10;
 
 /// The piece size in force and since when.
 #[derive(Debug, Clone)]
@@ -65,6 +79,10 @@ pub struct PieceController {
     /// Tokens; 0: off.
     size: u32,
     since: Instant,
+    /// When pieces went on: the long steps' p90 before, seconds (checked at the next reading).
+    on_from: Option<f64>,
+    /// Pieces had no effect: not tried again before this.
+    resting_until: Option<Instant>,
 }
 
 impl PieceController {
@@ -73,6 +91,8 @@ impl PieceController {
         Self {
             size: 0,
             since: now,
+            on_from: None,
+            resting_until: None,
         }
     }
 
@@ -108,9 +128,23 @@ impl PieceController {
         let Some(r) = reading.filter(|r| r.samples >= ap.min_samples as usize) else {
             return PieceStep::Hold;
         };
+        if let Some(before) = self.on_from.take() {
+            // The first reading since pieces went on: did they shorten the long steps?
+            if long(r, ap) && r.longest_p90 * 100.0 > before * (100.0 - EFFECT_PERCENT) {
+                self.size = 0;
+                self.since = now;
+                self.resting_until = Some(now + ap.window * RETRY_AFTER_WINDOWS);
+                return PieceStep::NoEffect;
+            }
+        }
+        let resting = self.resting_until.is_some_and(|t| now < t);
         let (next, step) = if long(r, ap) {
             match self.size {
-                0 => (max, PieceStep::On),
+                0 if resting => return PieceStep::Hold,
+                0 => {
+                    self.on_from = Some(r.longest_p90);
+                    (max, PieceStep::On)
+                }
                 s if s <= min => return PieceStep::AtFloor,
                 s => (align(s / 2).max(min), PieceStep::Smaller),
             }
@@ -174,10 +208,11 @@ mod tests {
         let mut now = Instant::now();
         let mut c = PieceController::new(now);
         let mut sizes = Vec::new();
-        for _ in 0..4 {
+        // 200 ms steps among 20 ms ones (a review's prefill filling whole steps), shorter with
+        // each smaller piece but still long.
+        for longest in [200.0, 120.0, 70.0, 50.0] {
             now += Duration::from_secs(1);
-            // 200 ms steps among 20 ms ones: a review's prefill filling whole steps.
-            let step = c.step(now, reading(200.0, 20.0), &ap());
+            let step = c.step(now, reading(longest, 20.0), &ap());
             sizes.push((step, c.size()));
         }
         assert_eq!(
@@ -210,9 +245,9 @@ mod tests {
     #[test]
     fn short_steps_with_headroom_grow_the_pieces_and_past_the_ceiling_turn_them_off() {
         let mut c = PieceController::new(Instant::now());
-        c.step(Instant::now(), reading(200.0, 20.0), &ap());
-        c.step(Instant::now(), reading(200.0, 20.0), &ap());
-        c.step(Instant::now(), reading(200.0, 20.0), &ap());
+        for longest in [200.0, 120.0, 70.0] {
+            c.step(Instant::now(), reading(longest, 20.0), &ap());
+        }
         assert_eq!(c.size(), 512);
         // Between headroom (32 ms) and the mark (40 ms): held.
         assert_eq!(
@@ -240,11 +275,32 @@ mod tests {
         let mut c = PieceController::new(Instant::now());
         assert!(c.may_shorten(reading(200.0, 20.0), &ap()));
         assert!(!c.may_shorten(reading(30.0, 20.0), &ap()));
-        for _ in 0..3 {
-            c.step(Instant::now(), reading(200.0, 20.0), &ap());
+        for longest in [200.0, 120.0, 70.0] {
+            c.step(Instant::now(), reading(longest, 20.0), &ap());
         }
         // At the floor: the budget and seats may tighten.
         assert!(!c.may_shorten(reading(200.0, 20.0), &ap()));
+    }
+
+    #[test]
+    fn pieces_that_do_not_shorten_the_long_steps_go_off_and_rest() {
+        let mut now = Instant::now();
+        let mut c = PieceController::new(now);
+        // An engine that chunks itself: steps stay 100 ms among 20 ms ones with pieces on.
+        assert_eq!(c.step(now, reading(100.0, 20.0), &ap()), PieceStep::On);
+        now += Duration::from_secs(1);
+        assert_eq!(c.step(now, reading(95.0, 20.0), &ap()), PieceStep::NoEffect);
+        assert_eq!(c.size(), 0);
+        // Resting: long steps do not turn them on again for ten windows.
+        now += Duration::from_secs(1);
+        assert_eq!(c.step(now, reading(100.0, 20.0), &ap()), PieceStep::Hold);
+        now += ap().window * RETRY_AFTER_WINDOWS;
+        assert_eq!(c.step(now, reading(100.0, 20.0), &ap()), PieceStep::On);
+        // Pieces that help stay: 200 ms steps down to 60 ms.
+        let mut c = PieceController::new(now);
+        c.step(now, reading(200.0, 20.0), &ap());
+        assert_eq!(c.step(now, reading(60.0, 20.0), &ap()), PieceStep::Smaller);
+        assert_eq!(c.size(), 1_024);
     }
 
     #[test]
@@ -256,7 +312,7 @@ mod tests {
         };
         let mut c = PieceController::new(Instant::now());
         c.step(Instant::now(), reading(200.0, 20.0), &cfg);
-        c.step(Instant::now(), reading(200.0, 20.0), &cfg);
+        c.step(Instant::now(), reading(120.0, 20.0), &cfg);
         assert_eq!(c.size(), 592);
         assert!(c.size().is_multiple_of(PREFILL_PIECE_ALIGN));
     }
