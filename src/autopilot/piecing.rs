@@ -8,10 +8,12 @@
 //! engine's own decode step, whatever the model, the GPU or the batch, is the yardstick, so no
 //! step time is configured.
 //!
-//! - Long steps with pieces off: pieces go on at `max_piece_tokens`. At the next reading, if
-//!   the long steps are not at least 20% shorter, the pieces did nothing (the engine chunks
-//!   prompts itself, `--long-prefill-token-threshold`, where a step still carries many prompts'
-//!   chunks): off again (`pieces_no_effect`), not tried for ten windows.
+//! - Long steps with pieces off: pieces go on at `max_piece_tokens`. If the steps are still
+//!   long at the smallest pieces and not at least 20% shorter than when pieces went on, the
+//!   pieces did nothing (the engine chunks prompts itself, `--long-prefill-token-threshold`,
+//!   where a step still carries many prompts' chunks): off again (`pieces_no_effect`), not
+//!   tried for ten windows. (Not judged at the first size: a 2,048-token piece leaves prompts
+//!   of up to 4,096 whole, whose steps may be most of the long ones.)
 //! - Long steps with pieces on: the size halves (to a multiple of 16), never below
 //!   `min_piece_tokens` (then `at_floor`).
 //! - Steps short with headroom (the longest gaps below `headroom_percent` of the long mark): the
@@ -128,24 +130,32 @@ impl PieceController {
         let Some(r) = reading.filter(|r| r.samples >= ap.min_samples as usize) else {
             return PieceStep::Hold;
         };
-        if let Some(before) = self.on_from.take() {
-            // The first reading since pieces went on: did they shorten the long steps?
-            if long(r, ap) && r.longest_p90 * 100.0 > before * (100.0 - EFFECT_PERCENT) {
-                self.size = 0;
-                self.since = now;
-                self.resting_until = Some(now + ap.window * RETRY_AFTER_WINDOWS);
-                return PieceStep::NoEffect;
-            }
+        let is_long = long(r, ap);
+        if !is_long {
+            // The pieces made the steps short: they work.
+            self.on_from = None;
         }
         let resting = self.resting_until.is_some_and(|t| now < t);
-        let (next, step) = if long(r, ap) {
+        let (next, step) = if is_long {
             match self.size {
                 0 if resting => return PieceStep::Hold,
                 0 => {
                     self.on_from = Some(r.longest_p90);
                     (max, PieceStep::On)
                 }
-                s if s <= min => return PieceStep::AtFloor,
+                s if s <= min => {
+                    // At the smallest pieces, still long: did pieces shorten the long steps at
+                    // all since they went on?
+                    if let Some(before) = self.on_from.take() {
+                        if r.longest_p90 * 100.0 > before * (100.0 - EFFECT_PERCENT) {
+                            self.size = 0;
+                            self.since = now;
+                            self.resting_until = Some(now + ap.window * RETRY_AFTER_WINDOWS);
+                            return PieceStep::NoEffect;
+                        }
+                    }
+                    return PieceStep::AtFloor;
+                }
                 s => (align(s / 2).max(min), PieceStep::Smaller),
             }
         } else if r.longest_p90 * 100.0 < mark(r, ap) * f64::from(ap.headroom_percent) {
@@ -286,21 +296,27 @@ mod tests {
     fn pieces_that_do_not_shorten_the_long_steps_go_off_and_rest() {
         let mut now = Instant::now();
         let mut c = PieceController::new(now);
-        // An engine that chunks itself: steps stay 100 ms among 20 ms ones with pieces on.
+        // An engine that chunks itself: steps stay about 100 ms among 20 ms ones whatever the
+        // pieces, down to the smallest.
         assert_eq!(c.step(now, reading(100.0, 20.0), &ap()), PieceStep::On);
         now += Duration::from_secs(1);
-        assert_eq!(c.step(now, reading(95.0, 20.0), &ap()), PieceStep::NoEffect);
+        assert_eq!(c.step(now, reading(95.0, 20.0), &ap()), PieceStep::Smaller);
+        assert_eq!(c.step(now, reading(98.0, 20.0), &ap()), PieceStep::Smaller);
+        assert_eq!(c.step(now, reading(96.0, 20.0), &ap()), PieceStep::NoEffect);
         assert_eq!(c.size(), 0);
         // Resting: long steps do not turn them on again for ten windows.
         now += Duration::from_secs(1);
         assert_eq!(c.step(now, reading(100.0, 20.0), &ap()), PieceStep::Hold);
         now += ap().window * RETRY_AFTER_WINDOWS;
         assert_eq!(c.step(now, reading(100.0, 20.0), &ap()), PieceStep::On);
-        // Pieces that help stay: 200 ms steps down to 60 ms.
+        // Pieces that help stay, however little the first size did: 200 ms steps, 190 ms with
+        // 2,048-token pieces, 60 ms with 512.
         let mut c = PieceController::new(now);
         c.step(now, reading(200.0, 20.0), &ap());
-        assert_eq!(c.step(now, reading(60.0, 20.0), &ap()), PieceStep::Smaller);
-        assert_eq!(c.size(), 1_024);
+        assert_eq!(c.step(now, reading(190.0, 20.0), &ap()), PieceStep::Smaller);
+        assert_eq!(c.step(now, reading(90.0, 20.0), &ap()), PieceStep::Smaller);
+        assert_eq!(c.step(now, reading(60.0, 20.0), &ap()), PieceStep::AtFloor);
+        assert_eq!(c.size(), 512);
     }
 
     #[test]
