@@ -55,41 +55,9 @@ async fn small_queue_wait(gw_url: &str) -> Value {
         Ok(r) => r.text().await.unwrap_or_default(),
         Err(_) => return Value::Null,
     };
-    let prefix = "tutor_gateway_queue_wait_seconds_bucket{lane=\"small\",le=\"";
-    let mut buckets: Vec<(f64, f64)> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix(prefix))
-        .filter_map(|rest| {
-            let (le, count) = rest.split_once("\"} ")?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((le, count.trim().parse().ok()?))
-        })
-        .collect();
-    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total = buckets.last().map_or(0.0, |b| b.1);
-    let q = |p: f64| -> Option<f64> {
-        if total <= 0.0 {
-            return None;
-        }
-        let want = p * total;
-        let mut prev = (0.0, 0.0);
-        for &(le, c) in &buckets {
-            if c >= want {
-                if !le.is_finite() {
-                    return Some(prev.0);
-                }
-                let span = (c - prev.1).max(1e-9);
-                return Some(prev.0 + (le - prev.0) * (want - prev.1) / span);
-            }
-            prev = (le, c);
-        }
-        None
-    };
-    json!({"p50_s": q(0.5), "p95_s": q(0.95), "requests": total})
+    let h =
+        crate::stats::MetricsHistogram::read(&text, "tutor_gateway_queue_wait_seconds", "small");
+    json!({"p50_s": h.quantile(0.5), "p95_s": h.quantile(0.95), "requests": h.total()})
 }
 
 /// What one preset's run measured besides the client's results.

@@ -11,6 +11,62 @@ use crate::scenario::Scenario;
 
 pub use tutor_wire::stats::quantile;
 
+/// One lane's histogram of a gateway family, read from a `/metrics` text: (upper bound,
+/// cumulative count) per bucket, in order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MetricsHistogram {
+    buckets: Vec<(f64, f64)>,
+}
+
+impl MetricsHistogram {
+    /// `family`'s buckets for `lane` in `text` (none: an empty histogram).
+    pub fn read(text: &str, family: &str, lane: &str) -> Self {
+        let prefix = format!("{family}_bucket{{lane=\"{lane}\",le=\"");
+        let mut buckets: Vec<(f64, f64)> = text
+            .lines()
+            .filter_map(|l| {
+                let (le, count) = l.strip_prefix(&prefix)?.split_once("\"} ")?;
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                Some((le, count.trim().parse().ok()?))
+            })
+            .collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Self { buckets }
+    }
+
+    /// Observations.
+    pub fn total(&self) -> f64 {
+        self.buckets.last().map_or(0.0, |b| b.1)
+    }
+
+    /// The `p` quantile, interpolated linearly within the bucket that holds it (as
+    /// Prometheus' `histogram_quantile`; the `+Inf` bucket answers its lower bound); `None`
+    /// without observations.
+    pub fn quantile(&self, p: f64) -> Option<f64> {
+        let total = self.total();
+        if total <= 0.0 {
+            return None;
+        }
+        let rank = p * total;
+        let mut lower = (0.0, 0.0);
+        for &(le, count) in &self.buckets {
+            if count >= rank {
+                if le.is_infinite() {
+                    return Some(lower.0);
+                }
+                let within = (rank - lower.1) / (count - lower.1).max(f64::MIN_POSITIVE);
+                return Some(lower.0 + (le - lower.0) * within);
+            }
+            lower = (le, count);
+        }
+        None
+    }
+}
+
 /// Per-class figures. Times in seconds; `None` where there was nothing to measure.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClassStats {
@@ -303,4 +359,30 @@ impl Results {
 
 fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod metrics_histogram_tests {
+    use super::MetricsHistogram;
+
+    #[test]
+    fn a_quantile_is_interpolated_within_its_bucket() {
+        let text = "\
+# HELP x y
+x_bucket{lane=\"small\",le=\"0.5\"} 10
+x_bucket{lane=\"small\",le=\"1\"} 30
+x_bucket{lane=\"small\",le=\"2\"} 40
+x_bucket{lane=\"small\",le=\"+Inf\"} 40
+x_bucket{lane=\"large\",le=\"0.5\"} 0
+x_bucket{lane=\"large\",le=\"+Inf\"} 0
+";
+        // 40 observations: the 20th lies halfway through (0.5, 1].
+        let h = MetricsHistogram::read(text, "x", "small");
+        assert_eq!(h.total(), 40.0);
+        assert!((h.quantile(0.5).unwrap() - 0.75).abs() < 1e-9);
+        for lane in ["large", "medium"] {
+            let h = MetricsHistogram::read(text, "x", lane);
+            assert_eq!((h.total(), h.quantile(0.5)), (0.0, None));
+        }
+    }
 }

@@ -154,10 +154,16 @@ async fn one_run(
     m.figures.small_within_objective =
         objective.and_then(|limit| figures::share_within(&m.times, FLOOR_CLASS, limit, |t| t.1));
     for lane in ["small", "medium", "large"] {
-        let (n, p50) = histogram_p50(&metrics_text, "tutor_gateway_wait_prediction_ratio", lane);
-        if n > 0 {
-            m.figures.wait_predictions.insert(lane.into(), n);
-            if let Some(p) = p50 {
+        let ratio = crate::stats::MetricsHistogram::read(
+            &metrics_text,
+            "tutor_gateway_wait_prediction_ratio",
+            lane,
+        );
+        if ratio.total() > 0.0 {
+            m.figures
+                .wait_predictions
+                .insert(lane.into(), ratio.total() as u64);
+            if let Some(p) = ratio.quantile(0.5) {
                 m.figures.wait_prediction_ratio_p50.insert(lane.into(), p);
             }
         }
@@ -243,43 +249,6 @@ async fn trace(
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(point);
     }
-}
-
-/// `family`'s observations for `lane` and their median, interpolated linearly within the
-/// bucket that holds it (as Prometheus' `histogram_quantile`), from a `/metrics` text.
-fn histogram_p50(text: &str, family: &str, lane: &str) -> (u64, Option<f64>) {
-    let prefix = format!("{family}_bucket{{lane=\"{lane}\",le=\"");
-    let mut buckets: Vec<(f64, f64)> = text
-        .lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix(&prefix)?;
-            let (le, count) = rest.split_once("\"} ")?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((le, count.trim().parse().ok()?))
-        })
-        .collect();
-    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total = buckets.last().map_or(0.0, |b| b.1);
-    if total <= 0.0 {
-        return (0, None);
-    }
-    let rank = total / 2.0;
-    let mut lower = (0.0, 0.0);
-    for &(le, count) in &buckets {
-        if count >= rank {
-            if le.is_infinite() {
-                return (total as u64, Some(lower.0));
-            }
-            let within = (rank - lower.1) / (count - lower.1).max(f64::MIN_POSITIVE);
-            return (total as u64, Some(lower.0 + (le - lower.0) * within));
-        }
-        lower = (le, count);
-    }
-    (total as u64, None)
 }
 
 /// The unlabelled counters and gauges of a `/metrics` text, by name.
@@ -441,28 +410,4 @@ pub async fn run_open_loop(opts: &OpenLoopOptions) -> anyhow::Result<Value> {
     });
     report::write(&opts.out, &summary)?;
     Ok(summary)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::histogram_p50;
-
-    #[test]
-    fn the_median_is_interpolated_within_its_bucket() {
-        let text = "\
-# HELP x y
-x_bucket{lane=\"small\",le=\"0.5\"} 10
-x_bucket{lane=\"small\",le=\"1\"} 30
-x_bucket{lane=\"small\",le=\"2\"} 40
-x_bucket{lane=\"small\",le=\"+Inf\"} 40
-x_bucket{lane=\"large\",le=\"0.5\"} 0
-x_bucket{lane=\"large\",le=\"+Inf\"} 0
-";
-        // 40 observations: the 20th lies halfway through (0.5, 1].
-        let (n, p50) = histogram_p50(text, "x", "small");
-        assert_eq!(n, 40);
-        assert!((p50.unwrap() - 0.75).abs() < 1e-9, "{p50:?}");
-        assert_eq!(histogram_p50(text, "x", "large"), (0, None));
-        assert_eq!(histogram_p50(text, "x", "medium"), (0, None));
-    }
 }
