@@ -111,6 +111,39 @@ pub enum Room {
     },
 }
 
+/// Waiters per tenant in a queue (`None`: requests without a tenant), and in all.
+struct Tally<'a> {
+    held: HashMap<Option<&'a str>, u32>,
+    total: u32,
+}
+
+impl<'a> Tally<'a> {
+    fn of(waiting: impl Iterator<Item = Option<&'a Arc<str>>>) -> Self {
+        let mut held: HashMap<Option<&str>, u32> = HashMap::new();
+        let mut total = 0u32;
+        for t in waiting {
+            *held.entry(t.map(|t| &**t)).or_default() += 1;
+            total = total.saturating_add(1);
+        }
+        Self { held, total }
+    }
+
+    /// Waiters of `tenant`.
+    fn of_tenant(&self, tenant: Option<&str>) -> u32 {
+        self.held.get(&tenant).copied().unwrap_or(0)
+    }
+
+    /// The shares of the tenants waiting, `tenant`'s included whether it waits or not.
+    fn present(&self, tenant: &str, share: impl Fn(Option<&str>) -> f64) -> f64 {
+        self.held
+            .keys()
+            .filter(|t| **t != Some(tenant))
+            .map(|t| share(*t))
+            .sum::<f64>()
+            + share(Some(tenant))
+    }
+}
+
 /// A tenant's places in a full queue of `len`: its share of `len` among the tenants waiting
 /// (the arrival's included), rounded down, at least 1.
 fn places(len: usize, share: f64, shares_present: f64) -> u32 {
@@ -130,13 +163,8 @@ pub fn room_for<'a>(
     tenant: Option<&str>,
     share_of: impl Fn(&str) -> f64,
 ) -> Room {
-    let mut held: HashMap<Option<&str>, u32> = HashMap::new();
-    let mut total = 0usize;
-    for t in waiting {
-        *held.entry(t.map(|t| &**t)).or_default() += 1;
-        total += 1;
-    }
-    if total < len {
+    let tally = Tally::of(waiting);
+    if (tally.total as usize) < len {
         return Room::Enter;
     }
     if len == 0 {
@@ -145,18 +173,13 @@ pub fn room_for<'a>(
     }
     let Some(tenant) = tenant else {
         return Room::Refuse {
-            held: held.get(&None).copied().unwrap_or(0),
+            held: tally.of_tenant(None),
             places: u32::try_from(len).unwrap_or(u32::MAX),
         };
     };
     let share = |t: Option<&str>| t.map_or(1.0, &share_of);
-    let present: f64 = held
-        .keys()
-        .filter(|t| **t != Some(tenant))
-        .map(|t| share(*t))
-        .sum::<f64>()
-        + share(Some(tenant));
-    let mine = held.get(&Some(tenant)).copied().unwrap_or(0);
+    let present = tally.present(tenant, share);
+    let mine = tally.of_tenant(Some(tenant));
     let my_places = places(len, share(Some(tenant)), present);
     if mine >= my_places {
         return Room::Refuse {
@@ -164,7 +187,8 @@ pub fn room_for<'a>(
             places: my_places,
         };
     }
-    let over = held
+    let over = tally
+        .held
         .iter()
         .filter_map(|(t, n)| {
             let t = (*t)?;
@@ -196,19 +220,8 @@ pub fn over_share<'a>(
     tenant: &str,
     share_of: impl Fn(&str) -> f64,
 ) -> bool {
-    let mut held: HashMap<Option<&str>, u32> = HashMap::new();
-    let mut total = 0u32;
-    for t in waiting {
-        *held.entry(t.map(|t| &**t)).or_default() += 1;
-        total += 1;
-    }
-    let mine = held.get(&Some(tenant)).copied().unwrap_or(0);
+    let tally = Tally::of(waiting);
     let share = |t: Option<&str>| t.map_or(1.0, &share_of);
-    let present: f64 = held
-        .keys()
-        .filter(|t| **t != Some(tenant))
-        .map(|t| share(*t))
-        .sum::<f64>()
-        + share(Some(tenant));
-    f64::from(mine) * present > f64::from(total) * share(Some(tenant))
+    f64::from(tally.of_tenant(Some(tenant))) * tally.present(tenant, share)
+        > f64::from(tally.total) * share(Some(tenant))
 }
