@@ -264,3 +264,86 @@ async fn a_tenants_tokens_per_minute_bound_what_it_is_admitted_and_not_other_ten
     eventually("every seat back", || h.idle()).await;
     h.shutdown().await;
 }
+
+/// Two replicas, one Redis: a tenant's `tokens_per_minute` holds for the fleet, not per
+/// replica. School A asks through both replicas in turn until refused: what the fleet served it
+/// stays within the budget plus one request's reservation (a per-replica ledger would serve it
+/// about twice that), the other replica refuses it too, both report the fleet's use, and
+/// School B is served. The tenant's name never appears in a Redis key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_redis_a_tenants_budget_holds_for_the_fleet_not_per_replica() {
+    let redis = RedisServer::start();
+    let setup = |c: &mut tutor_gateway::config::Config| {
+        c.quota.backend = QuotaBackend::Redis;
+        c.quota.redis_url = RedisUrl::new(redis.url());
+        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+        c.auth.tenants.insert(
+            "school-a".into(),
+            tutor_gateway::config::TenantBudget {
+                tokens_per_minute: Some(2_000),
+                ..Default::default()
+            },
+        );
+    };
+    let h = harness(&flags("--speed 50 --profile tiny-test"), setup).await;
+    let mut second = tutor_gateway::config::Config::default();
+    second.upstream.base_url = h.sim.url();
+    setup(&mut second);
+    let (other, _) = gateway(second).await;
+    let urls = [
+        h.url("/v1/chat/completions"),
+        other.url() + "/v1/chat/completions",
+    ];
+    let ask = |replica: usize, key: &'static str, i: u32| {
+        let body = json!({"messages": [{"role": "user", "content": format!("why? {i}")}],
+                          "max_tokens": 150});
+        client().post(&urls[replica]).bearer_auth(key).json(&body)
+    };
+    let mut served = 0u64;
+    let mut refused_at = None;
+    for i in 0..100 {
+        let replica = (i % 2) as usize;
+        let resp = send(ask(replica, A, i)).await;
+        if resp.status() == 429 {
+            let err: Value = resp.json().await.unwrap();
+            assert_eq!(err["error"]["code"], "tenant_budget", "{err}");
+            refused_at = Some(replica);
+            break;
+        }
+        assert_eq!(resp.status(), 200);
+        let v: Value = resp.json().await.unwrap();
+        served += v["usage"]["total_tokens"].as_u64().unwrap();
+    }
+    let refused_at = refused_at.expect("the budget refused within 100 requests");
+    assert!((2_000..=2_000 + 150 + 64).contains(&served), "{served}");
+    // The other replica counts the same ledger: refused there too.
+    let resp = send(ask(1 - refused_at, A, 1_000)).await;
+    assert_eq!(
+        resp.status(),
+        429,
+        "the other replica admitted over the fleet's budget"
+    );
+    // B has no budget: served through either.
+    for replica in 0..2 {
+        assert_eq!(send(ask(replica, B, 0)).await.status(), 200);
+    }
+    // Both replicas report the fleet's use (settled to what the engine counted).
+    for base in [h.url(""), other.url()] {
+        let resp = send(client().get(format!("{base}/v1/usage")).bearer_auth(A)).await;
+        let a: Value = resp.json().await.unwrap();
+        let used = a["budgets"]["tokens_per_minute"]["used"].as_u64().unwrap();
+        assert!(used >= 2_000, "{a}");
+    }
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(keys.iter().any(|k| k.contains(":tenant:")), "{keys:?}");
+    assert!(!keys.iter().any(|k| k.contains("school")), "{keys:?}");
+    eventually("every seat back", || h.idle()).await;
+    other.shutdown().await;
+    h.shutdown().await;
+}

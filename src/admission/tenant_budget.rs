@@ -1,6 +1,9 @@
 //! Tenants' budgets (`[auth.tenants.<name>]`): requests and prompt + output tokens per minute,
-//! tokens per UTC day. In this process (the quota's local backend; the Redis backend refuses
-//! budgets at `check-config` until a shared ledger exists).
+//! tokens per UTC day. The ledger lives where the quota lives: in this process with the local
+//! backend; in Redis with the Redis backend, shared by every replica (`lua/tenant_budget_v2.lua`:
+//! one atomic script checks and charges, on Redis's clock, so two replicas never both admit the
+//! request that crosses a limit). While Redis is unreachable each replica charges its own
+//! ledger (the budget then holds per replica, as the session counts do).
 //!
 //! - **A sliding minute of one-second buckets.** A request is let through while what its
 //!   tenant was charged in the last 60 whole seconds is under the limit; it is then charged
@@ -13,6 +16,10 @@
 //! - **A day** is a UTC day: its count starts again at midnight.
 //! - **Refusals** name the limit and the tenant's own use, with `Retry-After`: when enough of
 //!   the minute's charges will have left it, or the next UTC midnight.
+//! - **In Redis** a tenant's keys are `<prefix>:{quota}:tenant:<16 hex of a hash of its
+//!   name>:minute` (a hash of per-second charges, expiring 2 minutes after the last) and
+//!   `:day` (expiring after 2 days). A charge is one script call that is never retried, so it
+//!   is never counted twice; its settlement is one more call, sent in the background.
 
 // The request path: a client's number never wraps (checked or saturating arithmetic only).
 #![deny(clippy::arithmetic_side_effects)]
@@ -21,6 +28,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use redis::Script;
+use sha2::{Digest, Sha256};
+
+use super::redis::RedisAdmission;
 use crate::config::TenantBudget;
 
 /// Seconds in the sliding window.
@@ -75,10 +86,11 @@ impl Ledger {
     }
 }
 
-/// Every tenant's ledger.
+/// Every tenant's ledger: this process's, and Redis's when the quota is shared.
 #[derive(Debug, Default)]
 pub struct TenantBudgets {
     ledgers: Mutex<HashMap<String, Ledger>>,
+    redis: Option<(RedisAdmission, Script)>,
 }
 
 /// A request's charge, settled when it ends (dropped unsettled: nothing is charged).
@@ -89,8 +101,13 @@ pub struct BudgetHold {
     second: u64,
     day: u64,
     reserved: u64,
+    /// Charged in Redis (else in this process).
+    shared: bool,
     settled: bool,
 }
+
+/// The largest number a limit or a charge is sent to Lua as (its numbers are doubles).
+const LUA_MAX: u64 = 1 << 53;
 
 /// Now, in whole seconds since the Unix epoch.
 fn now_s() -> u64 {
@@ -100,15 +117,87 @@ fn now_s() -> u64 {
 }
 
 impl TenantBudgets {
+    /// A ledger kept in the Redis quota's server, shared by every replica.
+    pub fn shared(redis: RedisAdmission) -> Self {
+        Self {
+            ledgers: Mutex::default(),
+            redis: Some((
+                redis,
+                Script::new(include_str!("../../lua/tenant_budget_v2.lua")),
+            )),
+        }
+    }
+
+    /// `tenant`'s two Redis keys (its name hashed: never a raw name in a key).
+    fn keys(redis: &RedisAdmission, tenant: &str) -> (String, String) {
+        let digest = Sha256::digest(tenant.as_bytes());
+        let base = format!(
+            "{}:tenant:{}",
+            redis.keys().base,
+            crate::sign::hex(&digest[..8])
+        );
+        (format!("{base}:minute"), format!("{base}:day"))
+    }
+
     /// Charges `tenant` (whose budgets are `budget`) one request of `tokens` reserved, or says
-    /// which limit refuses it.
-    pub fn charge(
+    /// which limit refuses it. In Redis when the quota is shared and Redis answers; else here.
+    pub async fn charge(
         self: &Arc<Self>,
         tenant: &str,
         budget: &TenantBudget,
         tokens: u64,
     ) -> Result<BudgetHold, BudgetRefusal> {
+        if let Some(charged) = self.charge_shared(tenant, budget, tokens).await {
+            return charged;
+        }
         self.charge_at(tenant, budget, tokens, now_s())
+    }
+
+    /// The charge in Redis; `None` when there is no Redis or it did not answer.
+    async fn charge_shared(
+        self: &Arc<Self>,
+        tenant: &str,
+        budget: &TenantBudget,
+        tokens: u64,
+    ) -> Option<Result<BudgetHold, BudgetRefusal>> {
+        let (redis, script) = self.redis.as_ref()?;
+        let mut conn = redis.connection()?;
+        let (minute, day) = Self::keys(redis, tenant);
+        let limit = |v: Option<u64>| v.map_or(0, |v| v.min(LUA_MAX));
+        let reply: Vec<i64> = script
+            .key(minute)
+            .key(day)
+            .arg("charge")
+            .arg(limit(budget.requests_per_minute))
+            .arg(limit(budget.tokens_per_minute))
+            .arg(limit(budget.tokens_per_day))
+            .arg(tokens.min(LUA_MAX))
+            .invoke_async(&mut conn)
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "tenant budget: Redis did not answer; charged in this replica"))
+            .ok()?;
+        let n = |i: usize| reply.get(i).map_or(0, |v| u64::try_from(*v).unwrap_or(0));
+        let refused = |limit: &'static str| BudgetRefusal {
+            limit,
+            used: n(1),
+            max: n(2),
+            retry_after: Duration::from_secs(n(3).max(1)),
+        };
+        Some(match reply.first() {
+            Some(0) => Ok(BudgetHold {
+                budgets: self.clone(),
+                tenant: tenant.to_owned(),
+                second: n(1),
+                day: n(2),
+                reserved: tokens.min(LUA_MAX),
+                shared: true,
+                settled: false,
+            }),
+            Some(1) => Err(refused("requests_per_minute")),
+            Some(2) => Err(refused("tokens_per_minute")),
+            Some(3) => Err(refused("tokens_per_day")),
+            _ => return None,
+        })
     }
 
     fn charge_at(
@@ -169,12 +258,32 @@ impl TenantBudgets {
             second: now,
             day: today,
             reserved: tokens,
+            shared: false,
             settled: false,
         })
     }
 
-    /// What `tenant` was charged in the last minute (requests, tokens) and today (tokens).
-    pub fn used(&self, tenant: &str) -> (u64, u64, u64) {
+    /// What `tenant` was charged in the last minute (requests, tokens) and today (tokens):
+    /// Redis's count when the quota is shared and Redis answers; else this replica's.
+    pub async fn used(&self, tenant: &str) -> (u64, u64, u64) {
+        if let Some((redis, script)) = &self.redis {
+            if let Some(mut conn) = redis.connection() {
+                let (minute, day) = Self::keys(redis, tenant);
+                let reply: redis::RedisResult<(u64, u64, u64)> = script
+                    .key(minute)
+                    .key(day)
+                    .arg("peek")
+                    .invoke_async(&mut conn)
+                    .await;
+                if let Ok(used) = reply {
+                    return used;
+                }
+            }
+        }
+        self.used_here(tenant)
+    }
+
+    fn used_here(&self, tenant: &str) -> (u64, u64, u64) {
         let now = now_s();
         let mut ledgers = self.lock();
         let Some(ledger) = ledgers.get_mut(tenant) else {
@@ -209,7 +318,11 @@ impl BudgetHold {
         self.settled = true;
         // Never refund a request that reached the engine below zero; a request that did not
         // (dropped unsettled) is charged nothing.
-        let used = used.unwrap_or(0);
+        let used = used.unwrap_or(0).min(LUA_MAX);
+        if self.shared {
+            self.settle_shared(used);
+            return;
+        }
         let mut ledgers = self.budgets.lock();
         let Some(ledger) = ledgers.get_mut(&self.tenant) else {
             return;
@@ -226,6 +339,41 @@ impl BudgetHold {
         if ledger.day.0 == self.day {
             adjust(&mut ledger.day.1);
         }
+    }
+}
+
+impl BudgetHold {
+    /// The settlement in Redis, sent in the background (a hold may settle in a drop).
+    fn settle_shared(&self, used: u64) {
+        let Some((redis, script)) = &self.budgets.redis else {
+            return;
+        };
+        let (Some(mut conn), Ok(rt)) = (redis.connection(), tokio::runtime::Handle::try_current())
+        else {
+            return;
+        };
+        let (minute, day) = TenantBudgets::keys(redis, &self.tenant);
+        // Both at most 2^53: the difference fits.
+        let delta = i64::try_from(used)
+            .unwrap_or(i64::MAX)
+            .saturating_sub(i64::try_from(self.reserved).unwrap_or(i64::MAX));
+        let (script, second, day_n) = (script.clone(), self.second, self.day);
+        let uncounted = if used == 0 { "1" } else { "0" };
+        rt.spawn(async move {
+            let reply = script
+                .key(minute)
+                .key(day)
+                .arg("settle")
+                .arg(second)
+                .arg(day_n)
+                .arg(delta)
+                .arg(uncounted)
+                .invoke_async::<()>(&mut conn)
+                .await;
+            if let Err(e) = reply {
+                tracing::warn!(error = %e, "tenant budget: a settlement did not reach Redis");
+            }
+        });
     }
 }
 

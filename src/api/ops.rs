@@ -150,7 +150,7 @@ pub async fn usage(State(state): State<AppState>, tenant: Option<Extension<Tenan
         }))
         .into_response();
     };
-    let (requests, tokens, day) = state.tenant_budgets().used(&tenant);
+    let (requests, tokens, day) = state.tenant_budgets().used(&tenant).await;
     let budget = config
         .auth
         .tenants

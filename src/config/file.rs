@@ -212,13 +212,6 @@ fn cross_checks(c: &mut Checker, config: &Config) {
     if config.jobs.divert_large_after.is_some() && !config.jobs.enabled {
         c.fail("jobs.divert_large_after_ms", "needs jobs.enabled = true");
     }
-    if config.quota.backend == QuotaBackend::Redis && !config.auth.tenants.is_empty() {
-        c.fail(
-            "auth.tenants",
-            "tenant budgets are kept in this process only: with quota.backend = \"redis\" \
-             they would hold per replica, not for the fleet, and are refused (not built yet)",
-        );
-    }
     if config.quota.backend == QuotaBackend::Redis && config.admission.policy == Policy::Fifo {
         c.fail(
             "quota.backend",

@@ -223,6 +223,7 @@ pub async fn classify(
             Some(limits) => Some(
                 ctx.tenant_budgets()
                     .charge(&t.0, limits, u64::from(class.work))
+                    .await
                     .map_err(|r| {
                         ctx.metrics().tenant_refused(&t.0, r.limit);
                         GatewayError::TenantBudget {

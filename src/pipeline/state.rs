@@ -140,11 +140,15 @@ impl AppState {
     ) -> Self {
         let window = config.promotion.continuation_window;
         let (capacity, counted) = (config.promotion.max_sessions, metrics.promotion().clone());
-        let sessions = match &admission {
-            Admission::Redis(redis) => {
-                SessionLedger::shared(window, capacity, counted, redis.clone())
-            }
-            Admission::Local(_) => SessionLedger::new(window, capacity, counted),
+        let (sessions, tenant_budgets) = match &admission {
+            Admission::Redis(redis) => (
+                SessionLedger::shared(window, capacity, counted, redis.clone()),
+                TenantBudgets::shared(redis.clone()),
+            ),
+            Admission::Local(_) => (
+                SessionLedger::new(window, capacity, counted),
+                TenantBudgets::default(),
+            ),
         };
         metrics.config().in_force(&config.fingerprint());
         Self(Arc::new(Shared {
@@ -162,7 +166,7 @@ impl AppState {
             config_source: RwLock::new(None),
             paced_piece_tokens: AtomicU32::new(0),
             tenant_requests: Arc::default(),
-            tenant_budgets: Arc::default(),
+            tenant_budgets: Arc::new(tenant_budgets),
         }))
     }
 

@@ -4,7 +4,13 @@
 //! `tutor_gateway_wait_prediction_ratio{lane}`).
 //!
 //! The prediction: with `ahead` requests waiting in the lane, `ahead / rate`, where `rate` is
-//! the lane's admissions per second over the last [`WINDOW`]. No admissions in the window
+//! the lane's service rate **while it was backlogged** over the last [`WINDOW`]: the gaps
+//! between consecutive admissions where the later request was already waiting when the earlier
+//! one was admitted (so the queue was never empty in between), counted over their summed
+//! length. A rate over the whole window would count the lane's idle seconds as slow service
+//! and predict bursty lanes' waits about twice too long (measured at 1.2x load: the medium
+//! lane's actual / predicted median was 0.36-0.64). Without one such gap in the window, the
+//! admissions over the whole window (an upper bound on the wait). No admissions in the window
 //! while requests wait: no prediction (the gateway does not refuse on a guess). Nobody ahead:
 //! 0.
 
@@ -32,10 +38,17 @@ const RATIO_BUCKETS: [f64; 13] = [
     0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.11, 1.25, 1.5, 2.0, 4.0, 10.0, 100.0,
 ];
 
+/// One admission: when the request was admitted and when it began waiting for its seat.
+#[derive(Debug, Clone, Copy)]
+struct Admission {
+    at: Instant,
+    queued_at: Instant,
+}
+
 /// Per-lane admission times and the prediction's error.
 #[derive(Debug)]
 pub struct AdmissionRate {
-    lanes: [Mutex<VecDeque<Instant>>; 3],
+    lanes: [Mutex<VecDeque<Admission>>; 3],
     error: HistogramVec,
     ratio: HistogramVec,
 }
@@ -78,13 +91,15 @@ impl AdmissionRate {
         }
     }
 
-    /// One admission in `lane`, now.
-    pub fn admitted(&self, lane: Lane) {
+    /// One admission in `lane`, now, of a request that waited `queue_wait` for its seat.
+    pub fn admitted(&self, lane: Lane, queue_wait: Duration) {
+        let at = Instant::now();
+        let queued_at = at.checked_sub(queue_wait).unwrap_or(at);
         let mut ring = self.ring(lane);
         if ring.len() == MAX_SAMPLES {
             ring.pop_front();
         }
-        ring.push_back(Instant::now());
+        ring.push_back(Admission { at, queued_at });
     }
 
     /// The predicted wait of an arrival with `ahead` requests waiting before it in `lane`;
@@ -97,15 +112,27 @@ impl AdmissionRate {
         let now = Instant::now();
         while ring
             .front()
-            .is_some_and(|at| now.saturating_duration_since(*at) > WINDOW)
+            .is_some_and(|a| now.saturating_duration_since(a.at) > WINDOW)
         {
             ring.pop_front();
         }
         if ring.is_empty() {
             return None;
         }
-        let per_second = ring.len() as f64 / WINDOW.as_secs_f64();
-        Some(Duration::from_secs_f64(f64::from(ahead) / per_second))
+        // The backlogged gaps: the later request was waiting when the earlier was admitted.
+        let (mut gaps, mut busy) = (0u32, Duration::ZERO);
+        for (earlier, later) in ring.iter().zip(ring.iter().skip(1)) {
+            if later.queued_at < earlier.at {
+                gaps += 1;
+                busy += later.at.saturating_duration_since(earlier.at);
+            }
+        }
+        let per_admission = if gaps > 0 {
+            busy / gaps
+        } else {
+            WINDOW / u32::try_from(ring.len()).unwrap_or(u32::MAX)
+        };
+        Some(per_admission.saturating_mul(ahead))
     }
 
     /// An admitted request predicted to wait `predicted` waited `actual`.
@@ -120,7 +147,7 @@ impl AdmissionRate {
         }
     }
 
-    fn ring(&self, lane: Lane) -> std::sync::MutexGuard<'_, VecDeque<Instant>> {
+    fn ring(&self, lane: Lane) -> std::sync::MutexGuard<'_, VecDeque<Admission>> {
         self.lanes[lane.index()]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -132,17 +159,35 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn the_wait_is_the_requests_ahead_over_the_recent_admission_rate() {
+    async fn without_a_backlog_the_wait_is_the_requests_ahead_over_the_window_rate() {
         let r = AdmissionRate::register(&Registry::new());
         assert_eq!(r.predict(Lane::Large, 0), Some(Duration::ZERO));
         assert_eq!(r.predict(Lane::Large, 3), None, "no admissions: no guess");
-        // 20 admissions in the window: 2 a second; 6 ahead wait 3 s.
+        // 20 admissions in the window, none of which waited: 2 a second; 6 ahead wait 3 s.
         for _ in 0..20 {
-            r.admitted(Lane::Large);
+            r.admitted(Lane::Large, Duration::ZERO);
         }
         assert_eq!(r.predict(Lane::Large, 6), Some(Duration::from_secs(3)));
         // The window moves on: old admissions no longer count.
         tokio::time::advance(WINDOW + Duration::from_secs(1)).await;
         assert_eq!(r.predict(Lane::Large, 6), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bursty_lane_is_predicted_from_its_backlogged_gaps_not_its_idle_seconds() {
+        let r = AdmissionRate::register(&Registry::new());
+        // Idle for 8 s, then a burst: 5 requests queued at once, admitted 200 ms apart.
+        tokio::time::advance(Duration::from_secs(8)).await;
+        for i in 1..=5u32 {
+            tokio::time::advance(Duration::from_millis(200)).await;
+            r.admitted(Lane::Medium, Duration::from_millis(200) * i);
+        }
+        // Served at 5 a second while backlogged: 10 ahead wait 2 s (the window's rate, 5 in
+        // 10 s, would say 20 s).
+        assert_eq!(r.predict(Lane::Medium, 10), Some(Duration::from_secs(2)));
+        // An admission after an idle gap (it did not wait) is not a service gap.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        r.admitted(Lane::Medium, Duration::ZERO);
+        assert_eq!(r.predict(Lane::Medium, 10), Some(Duration::from_secs(2)));
     }
 }

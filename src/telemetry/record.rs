@@ -190,7 +190,9 @@ impl RequestRecord {
     pub fn admitted(&mut self, queue_wait: Duration, prefill: u32) {
         let now = Instant::now();
         if let Some(class) = &self.class {
-            self.metrics.admission_rate().admitted(class.lane);
+            self.metrics
+                .admission_rate()
+                .admitted(class.lane, queue_wait);
         }
         self.admitted = Some((now, queue_wait));
         self.prefill_reserved = Some(prefill);

@@ -138,6 +138,10 @@ pub struct RunFigures {
     pub engine_late_ms_p99: Option<f64>,
     /// The largest prompt chunk one sequence computed in one step, over the run's steps.
     pub max_chunk_max: u32,
+    /// The same over the steps that began inside the window (from the first counted arrival
+    /// to the last): the warm-up's steps, taken before the autopilot had seen enough streams
+    /// to turn pieces on, are left out.
+    pub max_chunk_window: u32,
     /// The fewest free KV blocks after any step's planning (0: the cache was full and cached
     /// prefixes were being evicted).
     pub min_free_blocks: Option<u32>,
@@ -275,6 +279,17 @@ pub fn measure(
     r.tokens_per_s = tokens as f64 / w;
     r.output_tokens_per_s = out_tokens as f64 / w;
     r.engine_bound = bound::summarize(&driven.steps, &small_sent, f);
+    let first = driven.sent.iter().map(|s| s.sent_us).min();
+    let last = driven.sent.iter().map(|s| s.sent_us).max();
+    if let (Some(first), Some(last)) = (first, last) {
+        r.max_chunk_window = driven
+            .steps
+            .iter()
+            .filter(|s| (first..=last).contains(&s.start_us))
+            .map(|s| s.max_chunk)
+            .max()
+            .unwrap_or(0);
+    }
     Measured { figures: r, times }
 }
 

@@ -273,7 +273,8 @@ pub fn summary_md(summary: &Value) -> String {
 
 /// The second table's header: objectives, the engine's steps, pieces.
 const PIECES_HEADER: &str = "| load | preset | questions within the small objective \
-    | small p99 x engine bound p99 | largest prompt chunk in a step | piece requests \
+    | small p99 x engine bound p99 | largest prompt chunk in a step (run / window) \
+    | piece requests \
     | tokens recomputed / review prompt tokens | autopilot piece size at the end \
     | waited / predicted wait p50 (large) | steps late p99 (wall ms) |\n\
     |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
@@ -287,9 +288,10 @@ fn pieces_row(load: f64, preset: &str, t: &Value) -> String {
         _ => "-".into(),
     };
     format!(
-        "| {load} | {preset} | {} | {vs_bound} | {} | {} | {} | {} | {} | {} |\n",
+        "| {load} | {preset} | {} | {vs_bound} | {} / {} | {} | {} | {} | {} | {} |\n",
         pct(t, "small_within_objective"),
         count(t, "max_chunk_max"),
+        count(t, "max_chunk_window"),
         count(t, "pieces"),
         cell(at(t, "piece_recomputed_share"), 100.0, 2, "%"),
         count(t, "autopilot_piece_tokens_end"),

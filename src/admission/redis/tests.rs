@@ -386,3 +386,65 @@ async fn an_expired_lease_in_prefill_gives_its_room_back_and_a_move_keeps_it() {
     assert_eq!(f.prefill_done("kept").await, 500);
     assert_eq!(f.usage("prefill:tokens").await, 11_000);
 }
+
+/// The tenant budget script (`lua/tenant_budget_v2.lua`): a charge crossing the limit is the
+/// last admitted; the next is refused with the limit, the use and a wait within the minute; a
+/// settlement of a request that never ran gives its charge and its request back; `peek`
+/// reads what is charged.
+#[tokio::test]
+async fn the_tenant_budget_script_charges_refuses_and_settles() {
+    let mut f = fixture().await;
+    let script = redis::Script::new(include_str!("../../../lua/tenant_budget_v2.lua"));
+    let (minute, day) = (
+        "tg:test:{quota}:tenant:x:minute",
+        "tg:test:{quota}:tenant:x:day",
+    );
+    let charge = |tokens: u64| {
+        let mut call = script.prepare_invoke();
+        call.key(minute)
+            .key(day)
+            .arg("charge")
+            .arg(3)
+            .arg(1_000)
+            .arg(0)
+            .arg(tokens);
+        call
+    };
+    let first: Vec<i64> = charge(600).invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(first[0], 0, "{first:?}");
+    let second: Vec<i64> = charge(600).invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(
+        second[0], 0,
+        "under the limit when asked: admitted, {second:?}"
+    );
+    let refused: Vec<i64> = charge(1).invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(&refused[..3], &[2, 1_200, 1_000], "tokens per minute");
+    assert!((1..=60).contains(&refused[3]), "{refused:?}");
+    // The second never reached the engine: its tokens and its request come back.
+    let () = script
+        .key(minute)
+        .key(day)
+        .arg("settle")
+        .arg(second[1])
+        .arg(second[2])
+        .arg(-600)
+        .arg("1")
+        .invoke_async(&mut f.conn)
+        .await
+        .unwrap();
+    let used: (u64, u64, u64) = script
+        .key(minute)
+        .key(day)
+        .arg("peek")
+        .invoke_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert_eq!(used, (1, 600, 600));
+    let again: Vec<i64> = charge(1).invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(again[0], 0, "{again:?}");
+    // Requests per minute: 2 counted, the limit 3; the third is admitted, the fourth refused.
+    let third: Vec<i64> = charge(1).invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(third[0], 0, "{third:?}");
+    let fourth: Vec<i64> = charge(1).invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(&fourth[..3], &[1, 3, 3], "requests per minute");
+}

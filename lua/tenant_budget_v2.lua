@@ -1,0 +1,100 @@
+-- A tenant's budget ledger, shared by every replica (`src/admission/tenant_budget.rs`).
+-- KEYS[1]: HASH of the minute's charges, fields `r:<second>` (requests) and `t:<second>`
+--          (tokens), seconds of Redis server time; fields older than 60 s are dropped here.
+-- KEYS[2]: HASH of the day: `d` (the UTC day number) and `t` (its tokens).
+-- ARGV[1]: "charge", "settle" or "peek".
+-- charge: ARGV[2..4] requests per minute, tokens per minute, tokens per day (0: no limit),
+--         ARGV[5] the tokens to reserve. Replies {0, second, day} when charged, or
+--         {1|2|3, used, limit, retry_after_s} for the limit that refuses (1 requests per
+--         minute, 2 tokens per minute, 3 tokens per day).
+-- settle: ARGV[2] the charge's second, ARGV[3] its day, ARGV[4] tokens to add (negative to
+--         give back), ARGV[5] "1" when the request is not counted at all (it never ran).
+--         Never below zero; a second that left the minute or a past day is not touched.
+-- peek:   replies {requests, tokens} of the last minute and the day's tokens.
+local mode = ARGV[1]
+if mode == 'settle' then
+  local f = 't:' .. ARGV[2]
+  if redis.call('HEXISTS', KEYS[1], f) == 1 then
+    if redis.call('HINCRBY', KEYS[1], f, ARGV[4]) < 0 then
+      redis.call('HSET', KEYS[1], f, 0)
+    end
+    if ARGV[5] == '1' then
+      local r = 'r:' .. ARGV[2]
+      if redis.call('HINCRBY', KEYS[1], r, -1) < 0 then
+        redis.call('HSET', KEYS[1], r, 0)
+      end
+    end
+  end
+  if redis.call('HGET', KEYS[2], 'd') == ARGV[3] then
+    if redis.call('HINCRBY', KEYS[2], 't', ARGV[4]) < 0 then
+      redis.call('HSET', KEYS[2], 't', 0)
+    end
+  end
+  return 0
+end
+
+local now = tonumber(redis.call('TIME')[1])
+local today = math.floor(now / 86400)
+local oldest = now - 59
+local fields = redis.call('HGETALL', KEYS[1])
+local req, tok, seconds, seen = {}, {}, {}, {}
+local n_req, n_tok = 0, 0
+for i = 1, #fields, 2 do
+  local kind, s = string.match(fields[i], '^(%a):(%d+)$')
+  s = tonumber(s)
+  if s == nil or s < oldest then
+    redis.call('HDEL', KEYS[1], fields[i])
+  else
+    local v = tonumber(fields[i + 1]) or 0
+    if kind == 'r' then
+      req[s] = v
+      n_req = n_req + v
+    else
+      tok[s] = v
+      n_tok = n_tok + v
+    end
+    if not seen[s] then
+      seen[s] = true
+      seconds[#seconds + 1] = s
+    end
+  end
+end
+local day = redis.call('HMGET', KEYS[2], 'd', 't')
+local day_tokens = 0
+if tonumber(day[1]) == today then
+  day_tokens = tonumber(day[2]) or 0
+end
+if mode == 'peek' then
+  return {n_req, n_tok, day_tokens}
+end
+
+table.sort(seconds)
+-- Seconds until the minute's charges (by `of`) fall under `limit`.
+local function wait_under(of, total, limit)
+  for _, s in ipairs(seconds) do
+    total = total - (of[s] or 0)
+    if total < limit then
+      return math.max(s + 60 - now, 1)
+    end
+  end
+  return 1
+end
+local rpm, tpm, tpd = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+if rpm > 0 and n_req >= rpm then
+  return {1, n_req, rpm, wait_under(req, n_req, rpm)}
+end
+if tpm > 0 and n_tok >= tpm then
+  return {2, n_tok, tpm, wait_under(tok, n_tok, tpm)}
+end
+if tpd > 0 and day_tokens >= tpd then
+  return {3, day_tokens, tpd, (today + 1) * 86400 - now}
+end
+redis.call('HINCRBY', KEYS[1], 'r:' .. now, 1)
+redis.call('HINCRBY', KEYS[1], 't:' .. now, ARGV[5])
+redis.call('EXPIRE', KEYS[1], 120)
+if tonumber(day[1]) ~= today then
+  redis.call('HSET', KEYS[2], 'd', today, 't', 0)
+end
+redis.call('HINCRBY', KEYS[2], 't', ARGV[5])
+redis.call('EXPIRE', KEYS[2], 172800)
+return {0, now, today}
