@@ -111,6 +111,22 @@ impl Target {
         })
     }
 
+    /// Every request carries `Authorization: Bearer <key>` (a gateway with `[auth]` on: the
+    /// key names the tenant the load is sent as). The key is sent, never printed.
+    pub fn with_api_key(mut self, key: &str) -> anyhow::Result<Self> {
+        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+            .context("the API key is not a valid header value")?;
+        value.set_sensitive(true);
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, value);
+        self.http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .pool_max_idle_per_host(1024)
+            .default_headers(headers)
+            .build()?;
+        Ok(self)
+    }
+
     /// A target whose requests go to each of `base_urls` in turn (replicas behind a
     /// round-robin balancer).
     pub fn alternating(

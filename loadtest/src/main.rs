@@ -89,6 +89,10 @@ enum Cmd {
         /// `model` on the chat API.
         #[arg(long)]
         model: Option<String>,
+        /// Send every request with `Authorization: Bearer <key>` (a gateway with `[auth]` on;
+        /// the key's tenant is who the load is sent as). Also read from `TUTOR_LOAD_API_KEY`.
+        #[arg(long, env = "TUTOR_LOAD_API_KEY", hide_env_values = true)]
+        api_key: Option<String>,
         /// Salt of the prompt text (decimal or 0x hex), to send a earlier run's text again
         /// (its summary.md prints the flag). Default: a fresh salt per run (clock and process
         /// id), so the seed fixes the sizes and arrivals but not the text, and a second run
@@ -262,13 +266,17 @@ async fn main() -> anyhow::Result<()> {
             ready_poll_ms,
             api,
             model,
+            api_key,
             salt,
             replay,
         } => {
             let (scenario, run, prompts) = common.load()?;
             let salt = (!replay).then(|| salt.unwrap_or_else(tutor_load::prompt::fresh_salt));
             let prompts = prompts.salted(salt);
-            let target = Target::alternating(&target, api, model)?;
+            let mut target = Target::alternating(&target, api, model)?;
+            if let Some(key) = api_key {
+                target = target.with_api_key(&key)?;
+            }
             let watch = (ready_poll_ms > 0)
                 .then(|| target.watch_ready(Duration::from_millis(ready_poll_ms)));
             let data = tutor_load::runner::run(&scenario, &target, &prompts, &run).await;
