@@ -7,9 +7,15 @@
 //!   (default: halved), never below their floors, then held for `hold` (the window still holds
 //!   the samples that caused it; without the hold it would tighten again on old news).
 //! - **Loosen** when every judged objective holds with headroom (measured below
-//!   `headroom_percent` of the target) and no hold is running: the budget grows by
+//!   `headroom_percent` of the target) **on the first tokens since the last change** (at least
+//!   `min_samples` of them) and no hold is running: the budget grows by
 //!   `loosen_prefill_tokens`, the seats by `loosen_large_seats`, never above the configured
-//!   values.
+//!   values. Each size is judged on what it did, never on the window's older samples: a
+//!   window still full of the tight period's good first tokens once loosened every look, all
+//!   the way back to the configured values in ten seconds, and the objective was missed again
+//!   twenty seconds later (a sawtooth of 30-60 s, measured with a 100 ms objective). So
+//!   loosening is slow (one step per `min_samples` new first tokens at most) and stops where
+//!   the first tokens lose their headroom.
 //! - **Rescue** reviews first: when the large lane is starving (the last request in its queue
 //!   is predicted to wait more than `max_large_wait_ms` at its recent admission rate, or
 //!   nothing was admitted lately while requests wait), both knobs grow by one loosening step, whatever the
@@ -75,6 +81,28 @@ pub struct Gains {
     pub hold: Duration,
 }
 
+/// What a look measured: the largest measured-quantile-to-target ratio over the lanes judged,
+/// over the whole window (`window`; what a tightening reacts to) and over the first tokens
+/// since the last change (`since_change`; what a loosening needs). `None`: no lane had
+/// `min_samples` there.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Reading {
+    /// Over the window.
+    pub window: Option<f64>,
+    /// Over the first tokens since the last change.
+    pub since_change: Option<f64>,
+}
+
+impl From<Option<f64>> for Reading {
+    /// The same ratio over the window and since the last change.
+    fn from(worst: Option<f64>) -> Self {
+        Self {
+            window: worst,
+            since_change: worst,
+        }
+    }
+}
+
 /// What one look decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -108,6 +136,7 @@ impl Step {
 pub struct Controller {
     pace: Pace,
     held_until: Option<Instant>,
+    changed_at: Option<Instant>,
 }
 
 impl Controller {
@@ -116,7 +145,13 @@ impl Controller {
         Self {
             pace: bounds.max,
             held_until: None,
+            changed_at: None,
         }
+    }
+
+    /// When the knobs last moved (`None`: never).
+    pub fn changed_at(&self) -> Option<Instant> {
+        self.changed_at
     }
 
     /// The knobs in force.
@@ -124,14 +159,29 @@ impl Controller {
         self.pace
     }
 
-    /// One look at `now`: `worst` is the largest measured-quantile-to-target ratio over the
-    /// lanes judged (`None`: no lane had enough samples); `starving` whether the large lane's
+    /// One look at `now`: `reading` is what the objectives measured ([`Reading`]; a plain
+    /// `Option<f64>` is the same ratio over the window and since the last change); `starving` whether the large lane's
     /// queue is not draining (see the module doc). `bounds` may have moved (a reload): the
     /// knobs are brought within them first.
     pub fn step(
         &mut self,
         now: Instant,
-        worst: Option<f64>,
+        reading: impl Into<Reading>,
+        starving: bool,
+        bounds: Bounds,
+        gains: Gains,
+    ) -> Step {
+        let step = self.decide(now, reading.into(), starving, bounds, gains);
+        if matches!(step, Step::Tighten | Step::Loosen | Step::Rescue) {
+            self.changed_at = Some(now);
+        }
+        step
+    }
+
+    fn decide(
+        &mut self,
+        now: Instant,
+        reading: Reading,
         starving: bool,
         bounds: Bounds,
         gains: Gains,
@@ -145,7 +195,7 @@ impl Controller {
             self.pace = next;
             return Step::Rescue;
         }
-        let Some(worst) = worst else {
+        let Some(worst) = reading.window else {
             return Step::Hold;
         };
         let held = self.held_until.is_some_and(|until| now < until);
@@ -166,7 +216,8 @@ impl Controller {
             self.pace = next;
             return Step::Tighten;
         }
-        if held || worst * 100.0 >= f64::from(gains.headroom_percent) {
+        let headroom = |w: f64| w * 100.0 < f64::from(gains.headroom_percent);
+        if held || !headroom(worst) || !reading.since_change.is_some_and(headroom) {
             return Step::Hold;
         }
         let next = self.loosened(bounds, gains);
@@ -242,6 +293,37 @@ mod tests {
             Step::Tighten
         );
         assert_eq!(c.pace().large_seats, 2);
+    }
+
+    #[test]
+    fn a_loosening_waits_for_first_tokens_since_the_last_change_and_their_headroom() {
+        let mut now = Instant::now();
+        let mut c = Controller::new(BOUNDS);
+        c.step(now, Some(2.0), false, BOUNDS, gains());
+        now += Duration::from_secs(10);
+        let tight = c.pace();
+        // The window (still the tight period's good first tokens) has headroom, but nothing
+        // was measured since the change: no loosening.
+        let not_yet = Reading {
+            window: Some(0.5),
+            since_change: None,
+        };
+        assert_eq!(c.step(now, not_yet, false, BOUNDS, gains()), Step::Hold);
+        // Measured since the change without headroom: no loosening either.
+        let close = Reading {
+            window: Some(0.5),
+            since_change: Some(0.9),
+        };
+        assert_eq!(c.step(now, close, false, BOUNDS, gains()), Step::Hold);
+        assert_eq!(c.pace(), tight);
+        // With headroom since the change: one step, and the change is dated.
+        let good = Reading {
+            window: Some(0.5),
+            since_change: Some(0.5),
+        };
+        assert_eq!(c.step(now, good, false, BOUNDS, gains()), Step::Loosen);
+        assert_eq!(c.changed_at(), Some(now));
+        assert_eq!(c.pace().prefill_budget, tight.prefill_budget + 1_024);
     }
 
     #[test]

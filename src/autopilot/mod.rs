@@ -36,7 +36,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, Policy};
 use crate::lane::Lane;
 use crate::pipeline::AppState;
-use controller::{Bounds, Controller, Gains, Pace, Step};
+use controller::{Bounds, Controller, Gains, Pace, Reading, Step};
 use piecing::{PieceController, PieceStep};
 
 /// How long a leader stopping may take to put the configured values back.
@@ -114,20 +114,38 @@ impl Pilot {
         }
         let ap = &config.autopilot;
         let window = state.metrics().ttft_window();
-        let mut worst: Option<f64> = None;
+        let now = tokio::time::Instant::now();
+        // The first tokens since the knobs last moved (a loosening is judged on them only).
+        let since_change = self
+            .controller
+            .as_ref()
+            .and_then(Controller::changed_at)
+            .map_or(ap.window, |at| {
+                now.saturating_duration_since(at).min(ap.window)
+            });
+        let mut reading = Reading::default();
+        let worse = |w: Option<f64>, ratio: f64| Some(w.map_or(ratio, |w: f64| w.max(ratio)));
         for lane in [Lane::Small, Lane::Medium] {
             let Some(objective) = config.lanes.get(lane).ttft_slo else {
                 continue;
             };
+            let target = objective.target.as_secs_f64();
             let Some(q) = window.quantile(lane, objective.quantile(), ap.window) else {
                 continue;
             };
-            let ratio = q.seconds / objective.target.as_secs_f64();
+            let ratio = q.seconds / target;
             metrics.measured(lane, q.seconds, ratio);
             if q.samples >= ap.min_samples as usize {
-                worst = Some(worst.map_or(ratio, |w| w.max(ratio)));
+                reading.window = worse(reading.window, ratio);
+            }
+            match window.quantile(lane, objective.quantile(), since_change) {
+                Some(q) if q.samples >= ap.min_samples as usize => {
+                    reading.since_change = worse(reading.since_change, q.seconds / target);
+                }
+                _ => {}
             }
         }
+        let worst = reading.window;
         let gains = Gains {
             tighten_percent: ap.tighten_percent,
             loosen_prefill_tokens: ap.loosen_prefill_tokens,
@@ -138,14 +156,14 @@ impl Pilot {
         if pieces_first {
             // The steps are long and the pieces can still shorten them: they go first (they
             // cost reviews nothing); a miss does not tighten the budget or the seats meanwhile.
-            worst = worst.map(|w| w.min(1.0));
+            reading.window = reading.window.map(|w| w.min(1.0));
         }
         let starving = starving(state, &config);
         let controller = self
             .controller
             .get_or_insert_with(|| Controller::new(bounds));
         let before = controller.pace();
-        let step = controller.step(tokio::time::Instant::now(), worst, starving, bounds, gains);
+        let step = controller.step(now, reading, starving, bounds, gains);
         let pace = controller.pace();
         if let Some(reason) = step.reason() {
             metrics.adjusted(reason);
@@ -154,6 +172,7 @@ impl Pilot {
             tracing::info!(
                 reason = step.reason().unwrap_or("hold"),
                 worst_objective_ratio = worst.unwrap_or(0.0),
+                since_change_ratio = reading.since_change.unwrap_or(0.0),
                 prefill_budget_tokens = pace.prefill_budget,
                 large_seats = pace.large_seats,
                 prefill_budget_before = before.prefill_budget,

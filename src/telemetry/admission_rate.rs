@@ -173,7 +173,10 @@ mod tests {
         for _ in 0..20 {
             r.admitted(Lane::Large, Duration::ZERO);
         }
-        assert_eq!(r.predict(Lane::Large, 6), Some(Duration::from_millis(3_250)));
+        assert_eq!(
+            r.predict(Lane::Large, 6),
+            Some(Duration::from_millis(3_250))
+        );
         // The window moves on: old admissions no longer count.
         tokio::time::advance(WINDOW + Duration::from_secs(1)).await;
         assert_eq!(r.predict(Lane::Large, 6), None);
@@ -190,10 +193,16 @@ mod tests {
         }
         // Served at 5 a second while backlogged: 10 ahead wait 10.5 gaps, 2.1 s (the window's
         // rate, 5 in 10 s, would say 21 s).
-        assert_eq!(r.predict(Lane::Medium, 10), Some(Duration::from_millis(2_100)));
+        assert_eq!(
+            r.predict(Lane::Medium, 10),
+            Some(Duration::from_millis(2_100))
+        );
         // An admission after an idle gap (it did not wait) is not a service gap.
         tokio::time::advance(Duration::from_secs(1)).await;
         r.admitted(Lane::Medium, Duration::ZERO);
-        assert_eq!(r.predict(Lane::Medium, 10), Some(Duration::from_millis(2_100)));
+        assert_eq!(
+            r.predict(Lane::Medium, 10),
+            Some(Duration::from_millis(2_100))
+        );
     }
 }
