@@ -137,6 +137,22 @@ pub enum GatewayError {
         /// When to come back.
         retry_after: Duration,
     },
+    /// The tenant's waiting requests hold `server.max_queued_bytes_per_tenant` bytes of bodies.
+    #[error(
+        "tenant {tenant} has {held} bytes of request bodies waiting for admission; with this \
+         request's {asked} that passes its limit server.max_queued_bytes_per_tenant ({max}); \
+         retry shortly"
+    )]
+    TenantQueuedBytes {
+        /// The tenant.
+        tenant: String,
+        /// Bytes its waiting requests hold.
+        held: u64,
+        /// This request's body.
+        asked: u64,
+        /// Its limit.
+        max: u64,
+    },
     /// The tenant has `server.max_requests_in_flight_per_tenant` requests in flight already.
     #[error(
         "tenant {tenant} has {held} requests in flight, its limit \
@@ -206,6 +222,7 @@ impl GatewayError {
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueuedBytes
+            | Self::TenantQueuedBytes { .. }
             | Self::JobsFull
             | Self::TenantJobsFull { .. }
             | Self::TenantOverloaded { .. }
@@ -271,6 +288,7 @@ impl GatewayError {
             Self::JobsFull => "jobs_full",
             Self::TenantJobsFull { .. } => "tenant_jobs_full",
             Self::TenantOverloaded { .. } => "tenant_overloaded",
+            Self::TenantQueuedBytes { .. } => "tenant_queue_full",
             Self::TenantBudget { .. } => "tenant_budget",
             Self::TooManyStreams => "too_many_streams",
             Self::JobsUnavailable(_) => "jobs_unavailable",
@@ -301,6 +319,7 @@ impl GatewayError {
             Self::JobsFull
             | Self::TenantJobsFull { .. }
             | Self::TenantOverloaded { .. }
+            | Self::TenantQueuedBytes { .. }
             | Self::TenantBudget { .. }
             | Self::TooManyStreams => Outcome::QueueFull,
             Self::JobStoreDown => Outcome::QuotaUnavailable,
@@ -383,7 +402,9 @@ impl GatewayError {
                 Some(Duration::from_secs(1))
             }
             Self::JobsFull | Self::TenantJobsFull { .. } => Some(Duration::from_secs(10)),
-            Self::TenantOverloaded { .. } => Some(Duration::from_secs(1)),
+            Self::TenantOverloaded { .. } | Self::TenantQueuedBytes { .. } => {
+                Some(Duration::from_secs(1))
+            }
             Self::TenantBudget { retry_after, .. } => {
                 Some((*retry_after).max(Duration::from_secs(1)))
             }

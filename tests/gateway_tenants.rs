@@ -347,3 +347,64 @@ async fn with_redis_a_tenants_budget_holds_for_the_fleet_not_per_replica() {
     other.shutdown().await;
     h.shutdown().await;
 }
+
+/// The bytes of request bodies waiting for admission are shared too: one tenant's waiting
+/// requests hold at most `server.max_queued_bytes_per_tenant`; its next one is refused with
+/// 429 `tenant_queue_full` naming its own use and limit, while another tenant's request still
+/// waits for a seat. When the waiters leave, every byte comes back.
+#[tokio::test]
+async fn a_tenants_waiting_bodies_hold_at_most_its_bytes_and_others_still_wait() {
+    let body = |salt: &str| question(salt).to_string().len() as u64;
+    let per_tenant = 2 * body("queued 0") + body("queued 0") / 2;
+    let h = harness(&flags(STALLING), |c| {
+        set_lane(c, Lane::Small, 1);
+        c.lanes.small.queue.len = 20;
+        c.lanes.small.queue.timeout = Duration::from_secs(120);
+        c.upstream.idle_timeout = Duration::from_secs(120);
+        c.server.max_queued_bytes_per_tenant = per_tenant;
+        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+    })
+    .await;
+    let post = |key: &'static str, salt: &str| {
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&question(salt))
+    };
+    // B's stream holds the one seat (stalled after its first token).
+    let seat = send(post(B, "seat")).await;
+    assert_eq!(seat.status(), 200);
+    // Two of A's wait: as many bodies as its bytes allow.
+    let waiting_a: Vec<_> = (0..2)
+        .map(|i| tokio::spawn(post(A, &format!("queued {i}")).send()))
+        .collect();
+    eventually("A's two wait", || h.queued(Lane::Small) == 2).await;
+    assert_eq!(
+        h.gw.state.queued_bytes().held_by("school-a"),
+        2 * body("queued 0")
+    );
+    let third = send(post(A, "queued 2")).await;
+    assert_eq!(third.status(), 429);
+    assert_eq!(third.headers()["retry-after"], "1");
+    let err: Value = third.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "tenant_queue_full", "{err}");
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("school-a") && message.contains("max_queued_bytes_per_tenant"),
+        "{message}"
+    );
+    assert!(!message.contains("school-b"), "{message}");
+    // B's next request still waits (its own bytes).
+    let waiting_b = tokio::spawn(post(B, "queued b").send());
+    eventually("B waits too", || h.queued(Lane::Small) == 3).await;
+    for w in waiting_a {
+        w.abort();
+    }
+    waiting_b.abort();
+    drop(seat);
+    eventually("every seat and byte back", || {
+        h.idle() && h.gw.state.queued_bytes().held() == 0
+    })
+    .await;
+    h.shutdown().await;
+}

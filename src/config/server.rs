@@ -69,6 +69,9 @@ pub struct RawServer {
     pub body_read_timeout_ms: Option<u64>,
     /// Request bodies held by requests waiting for admission, bytes; more get 429.
     pub max_queued_bytes: Option<u64>,
+    /// Of those, what one tenant's waiting requests may hold; 0: a quarter of
+    /// `max_queued_bytes`.
+    pub max_queued_bytes_per_tenant: Option<u64>,
     /// Browser origins allowed to call the gateway cross-origin (CORS).
     pub cors_allow_origins: Option<Vec<String>>,
     /// A second listener for operators (`/metrics`, `/readyz`), `IP:PORT`; empty: none.
@@ -131,6 +134,9 @@ pub struct ServerConfig {
     pub body_read_timeout: Duration,
     /// Request bodies held by requests waiting for admission (429 beyond).
     pub max_queued_bytes: u64,
+    /// Of those, what one tenant's (`[auth]`) waiting requests may hold (429
+    /// `tenant_queue_full` beyond).
+    pub max_queued_bytes_per_tenant: u64,
     /// Origins (`scheme://host[:port]`, lower case) allowed cross-origin; `*` allows any.
     pub cors_allow_origins: Vec<String>,
     /// Where `/metrics` and `/readyz` are served instead of the public listener, if set.
@@ -314,6 +320,10 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         keep_alive_idle: Duration::from_millis(keep_alive_ms),
         body_read_timeout: Duration::from_millis(body_ms),
         max_queued_bytes,
+        max_queued_bytes_per_tenant: match raw.max_queued_bytes_per_tenant.unwrap_or(0) {
+            0 => (max_queued_bytes / 4).max(1),
+            n => n.min(max_queued_bytes),
+        },
         client_buffer_bytes: usize::try_from(client_buffer_bytes).unwrap_or(usize::MAX),
         client_write_timeout: Duration::from_millis(client_write_ms),
         unknown_fields,

@@ -133,7 +133,10 @@ pub async fn admit(
         _ => (ready, record),
     };
     // While it waits for a seat its body is held: all queued bodies together are bounded.
-    let held = match ctx.queued_bytes().hold(ready.size) {
+    let held = match ctx
+        .queued_bytes()
+        .hold(ready.tenant.as_ref().map(|t| t.0.as_str()), ready.size)
+    {
         Ok(h) => h,
         Err(e) => return Err(refused(record, e)),
     };

@@ -4,7 +4,7 @@
 //! here: its entry takes one snapshot of them (`RequestCtx::snapshot`, in `ctx.rs`) and every
 //! stage reads that.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
@@ -76,54 +76,106 @@ pub(super) struct Live {
 }
 
 /// Bytes of request bodies held by requests waiting for admission, bounded by
-/// `server.max_queued_bytes`.
+/// `server.max_queued_bytes`, and each tenant's (`[auth]`) by
+/// `server.max_queued_bytes_per_tenant`: one tenant's queued prompts cannot take every other
+/// tenant's room.
 #[derive(Debug)]
 pub struct QueuedBytes {
     held: AtomicU64,
     max: AtomicU64,
+    per_tenant_max: AtomicU64,
+    /// Bytes per tenant (only tenants holding some).
+    tenants: std::sync::Mutex<HashMap<String, u64>>,
 }
 
-/// `bytes` counted in [`QueuedBytes`] until dropped.
+/// `bytes` counted in [`QueuedBytes`] (and its tenant's) until dropped.
 #[derive(Debug)]
 pub struct BytesHold<'a> {
     queue: &'a QueuedBytes,
     bytes: u64,
+    tenant: Option<String>,
 }
 
 impl QueuedBytes {
-    fn new(max: u64) -> Self {
+    fn new(max: u64, per_tenant_max: u64) -> Self {
         Self {
             held: AtomicU64::new(0),
             max: AtomicU64::new(max),
+            per_tenant_max: AtomicU64::new(per_tenant_max),
+            tenants: std::sync::Mutex::default(),
         }
     }
 
-    /// A new bound (a reload); what is held stays held.
-    fn set_max(&self, max: u64) {
+    /// New bounds (a reload); what is held stays held.
+    fn set_max(&self, max: u64, per_tenant_max: u64) {
         self.max.store(max, Ordering::Release);
+        self.per_tenant_max.store(per_tenant_max, Ordering::Release);
     }
 
-    /// Holds `bytes` while a request waits; 429 ([`GatewayError::QueuedBytes`]) when that
-    /// would pass the limit.
-    pub fn hold(&self, bytes: usize) -> Result<BytesHold<'_>, GatewayError> {
+    fn tenants(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.tenants
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Holds `bytes` of `tenant`'s request while it waits: 429
+    /// ([`GatewayError::TenantQueuedBytes`]) when that would pass the tenant's limit,
+    /// ([`GatewayError::QueuedBytes`]) when it would pass the limit of all.
+    pub fn hold(&self, tenant: Option<&str>, bytes: usize) -> Result<BytesHold<'_>, GatewayError> {
         let bytes = bytes as u64;
+        // The tenant's share first (under its lock, so two of its requests cannot both pass).
+        let mut tenants = tenant.map(|_| self.tenants());
+        if let (Some(t), Some(map)) = (tenant, tenants.as_mut()) {
+            let held = map.get(t).copied().unwrap_or(0);
+            let max = self.per_tenant_max.load(Ordering::Acquire);
+            if held.saturating_add(bytes) > max {
+                return Err(GatewayError::TenantQueuedBytes {
+                    tenant: t.to_owned(),
+                    held,
+                    asked: bytes,
+                    max,
+                });
+            }
+        }
         let max = self.max.load(Ordering::Acquire);
         self.held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
                 (held.saturating_add(bytes) <= max).then_some(held + bytes)
             })
             .map_err(|_| GatewayError::QueuedBytes)?;
-        Ok(BytesHold { queue: self, bytes })
+        if let (Some(t), Some(map)) = (tenant, tenants.as_mut()) {
+            let held = map.entry(t.to_owned()).or_default();
+            *held = held.saturating_add(bytes);
+        }
+        Ok(BytesHold {
+            queue: self,
+            bytes,
+            tenant: tenant.map(str::to_owned),
+        })
     }
 
     /// Bytes held now.
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Acquire)
     }
+
+    /// Bytes `tenant`'s waiting requests hold now.
+    pub fn held_by(&self, tenant: &str) -> u64 {
+        self.tenants().get(tenant).copied().unwrap_or(0)
+    }
 }
 
 impl Drop for BytesHold<'_> {
     fn drop(&mut self) {
+        if let Some(t) = &self.tenant {
+            let mut map = self.queue.tenants();
+            if let Some(held) = map.get_mut(t) {
+                *held = held.saturating_sub(self.bytes);
+                if *held == 0 {
+                    map.remove(t);
+                }
+            }
+        }
         self.queue.held.fetch_sub(self.bytes, Ordering::AcqRel);
     }
 }
@@ -153,7 +205,10 @@ impl AppState {
         metrics.config().in_force(&config.fingerprint());
         Self(Arc::new(Shared {
             sessions,
-            queued_bytes: QueuedBytes::new(config.server.max_queued_bytes),
+            queued_bytes: QueuedBytes::new(
+                config.server.max_queued_bytes,
+                config.server.max_queued_bytes_per_tenant,
+            ),
             live: RwLock::new(Arc::new(Live {
                 courses: Course::all(&config),
                 config: Arc::new(config),
@@ -217,7 +272,10 @@ impl AppState {
         force: bool,
     ) -> LimitsChange {
         let limits = self.0.admission.set_limits(&config, force);
-        self.0.queued_bytes.set_max(config.server.max_queued_bytes);
+        self.0.queued_bytes.set_max(
+            config.server.max_queued_bytes,
+            config.server.max_queued_bytes_per_tenant,
+        );
         self.0.metrics.prefix().configure(&config.prefix_cache);
         let live = Arc::new(Live {
             courses: Course::all(&config),

@@ -48,7 +48,9 @@ pub async fn tokenize(
     let forwarded = serde_json::to_vec(&checked)
         .map_err(|e| GatewayError::bad_request(format!("cannot encode the body: {e}"), None))?;
     // While it waits for its seat its body is held, as any queued request's.
-    let held = ctx.queued_bytes().hold(bytes.len())?;
+    let held = ctx
+        .queued_bytes()
+        .hold(tenant.as_ref().map(|t| t.0.as_str()), bytes.len())?;
     drop(bytes);
     let guard = ctx
         .admission()
