@@ -408,3 +408,78 @@ async fn a_tenants_waiting_bodies_hold_at_most_its_bytes_and_others_still_wait()
     .await;
     h.shutdown().await;
 }
+
+/// `tenant`'s fleet service counter as `gw` sees it.
+fn fleet_service(gw: &tutor_gateway::server::Gateway, tenant: &str) -> f64 {
+    match gw.state.admission() {
+        tutor_gateway::admission::Admission::Redis(r) => r.fleet_service(tenant),
+        tutor_gateway::admission::Admission::Local(_) => panic!("the Redis backend"),
+    }
+}
+
+/// Fairness across the fleet (`auth.fleet_fairness`): two replicas, one Redis, one shared
+/// seat. School A was served on replica 2; on replica 1 its next request arrives first, then
+/// School B's. Replica 1 never served A, so its own turns alone would admit A first (arrival
+/// order); counted fleet-wide, A has had more service, so B goes first. Asserted on states (the
+/// stalled engine holds each admitted stream's seat), never on times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_redis_the_tenant_served_less_fleet_wide_goes_first_on_any_replica() {
+    let redis = RedisServer::start();
+    let setup = |c: &mut tutor_gateway::config::Config| {
+        c.quota.backend = QuotaBackend::Redis;
+        c.quota.redis_url = RedisUrl::new(redis.url());
+        set_lane(c, Lane::Small, 1);
+        c.lanes.small.queue.len = 10;
+        c.lanes.small.queue.timeout = Duration::from_secs(120);
+        c.upstream.idle_timeout = Duration::from_secs(120);
+        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+    };
+    let h = harness(&flags(STALLING), setup).await;
+    let mut second = tutor_gateway::config::Config::default();
+    second.upstream.base_url = h.sim.url();
+    setup(&mut second);
+    let (other, _) = gateway(second).await;
+    let post = |base: &str, key: &'static str, salt: &str| {
+        client()
+            .post(format!("{base}/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&question(salt))
+    };
+    let (one, two) = (h.url(""), other.url());
+    // A is served three times on replica 2 (each stream ends when dropped).
+    for i in 0..3 {
+        let resp = send(post(&two, A, &format!("on two {i}"))).await;
+        assert_eq!(resp.status(), 200);
+        drop(resp);
+        eventually("the seat back", || h.idle()).await;
+    }
+    // Replica 1 reads A's fleet service (it never served A itself).
+    eventually("replica 1 sees A's service", || {
+        fleet_service(&h.gw, "school-a") > fleet_service(&h.gw, "school-b") + 20.0
+    })
+    .await;
+    // B holds the seat through replica 1; A's request waits there, then B's.
+    let seat = send(post(&one, B, "seat")).await;
+    assert_eq!(seat.status(), 200);
+    let a = tokio::spawn(post(&one, A, "a waits").send());
+    eventually("A waits", || h.queued(Lane::Small) == 1).await;
+    let b = tokio::spawn(post(&one, B, "b waits").send());
+    eventually("B waits", || h.queued(Lane::Small) == 2).await;
+    // The seat comes back: B, served less fleet-wide, is admitted; A still waits.
+    drop(seat);
+    let b = tokio::time::timeout(Duration::from_secs(60), b)
+        .await
+        .expect("B admitted first")
+        .unwrap()
+        .unwrap();
+    assert_eq!(b.status(), 200);
+    assert_eq!(h.queued(Lane::Small), 1, "A still waits");
+    assert!(!a.is_finished(), "A still waits");
+    drop(b);
+    let a = a.await.unwrap().unwrap();
+    assert_eq!(a.status(), 200);
+    drop(a);
+    eventually("every seat back", || h.idle()).await;
+    other.shutdown().await;
+    h.shutdown().await;
+}

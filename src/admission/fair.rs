@@ -51,16 +51,30 @@ pub struct Fair {
 }
 
 impl Fair {
-    /// The start tag of an arrival of `tenant` with `share`.
+    /// The start tag of an arrival of `tenant` with `share` (one turn each).
     pub fn tag(&mut self, tenant: Option<Arc<str>>, share: f64) -> f64 {
+        self.tag_at_least(tenant, share, 1.0, 0.0)
+    }
+
+    /// The start tag of an arrival of `tenant` with `share` that costs `cost` (tokens), never
+    /// below `floor` (its tenant's service counted elsewhere, in the same units: the fleet's
+    /// counter, `crate::admission::redis::service`): `max(V, F[t], floor)`, and `F[t]` moves to
+    /// that plus `cost / share`.
+    pub fn tag_at_least(
+        &mut self,
+        tenant: Option<Arc<str>>,
+        share: f64,
+        cost: f64,
+        floor: f64,
+    ) -> f64 {
         if self.finish.len() > 1024 {
             // Tenants whose last request is already behind the virtual time are idle.
             let v = self.virtual_time;
             self.finish.retain(|_, f| *f > v);
         }
         let finish = self.finish.entry(tenant).or_insert(0.0);
-        let start = finish.max(self.virtual_time);
-        *finish = start + 1.0 / share.max(0.001);
+        let start = finish.max(self.virtual_time).max(floor);
+        *finish = start + cost / share.max(0.001);
         start
     }
 }

@@ -16,8 +16,9 @@ use crate::lane::Lane;
 pub(crate) trait Reservation: Send + Sync {
     /// Moves `tokens` in `from` to lane `to`, grown to `grown`, if `to` has room; all or nothing.
     fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, bool>;
-    /// Gives one slot and `tokens` in `lane` back (a lease's release may run in the background).
-    fn release(self: Box<Self>, lane: Lane, tokens: u32);
+    /// Gives one slot and `tokens` in `lane` back (a lease's release may run in the background);
+    /// `served`: the prompt + output tokens the engine counted for the request, when known.
+    fn release(self: Box<Self>, lane: Lane, tokens: u32, served: Option<u64>);
     /// Gives back `tokens` of prefill reservation (the request's prefill ended). Backends that
     /// keep no prefill budget never hand out one, so they keep this no-op.
     fn prefill_done(&self, _tokens: u32) {}
@@ -37,6 +38,8 @@ pub struct LaneGuard {
     prefill: u32,
     prefill_wait: Option<Duration>,
     release: Option<Box<dyn Reservation>>,
+    /// Prompt + output tokens the engine counted ([`LaneGuard::served`]).
+    served: Option<u64>,
 }
 
 impl LaneGuard {
@@ -54,7 +57,15 @@ impl LaneGuard {
             prefill: 0,
             prefill_wait: None,
             release: Some(reservation),
+            served: None,
         }
+    }
+
+    /// The request was served `tokens` (prompt + output, as the engine counted them): what its
+    /// tenant's fleet service counter settles to at release (`auth.fleet_fairness`). Without
+    /// it, the request counts as never served.
+    pub fn served(&mut self, tokens: u64) {
+        self.served = Some(tokens);
     }
 
     /// The same guard holding `prefill` tokens of prefill reservation (already taken), after
@@ -137,7 +148,7 @@ impl Drop for LaneGuard {
         // Ended before its first token (error, disconnect during prefill, engine error).
         self.prefill_done();
         if let Some(reservation) = self.release.take() {
-            reservation.release(self.lane, self.tokens);
+            reservation.release(self.lane, self.tokens, self.served);
         }
     }
 }

@@ -463,7 +463,7 @@ impl Reservation for Arc<Shared> {
         Box::pin(futures::future::ready(moved))
     }
 
-    fn release(self: Box<Self>, lane: Lane, tokens: u32) {
+    fn release(self: Box<Self>, lane: Lane, tokens: u32, _served: Option<u64>) {
         Shared::release(&self, lane, tokens);
     }
 

@@ -47,6 +47,8 @@ pub struct RawAuth {
     pub token_secret: Option<Secret>,
     /// Each tenant's share of a lane queue's turns (default 1).
     pub tenant_shares: Option<std::collections::BTreeMap<String, u32>>,
+    /// With the Redis quota: order each replica's lines by the fleet's service counters.
+    pub fleet_fairness: Option<bool>,
     /// Per-tenant budgets: `[auth.tenants.<name>]`.
     pub tenants: Option<std::collections::BTreeMap<String, RawTenantBudget>>,
 }
@@ -102,6 +104,9 @@ pub struct AuthConfig {
     pub token_secret: Option<Secret>,
     /// Each tenant's share of a lane queue's turns, when not 1.
     pub tenant_shares: std::collections::BTreeMap<String, u32>,
+    /// With the Redis quota: each replica's lines order tenants by their service counted
+    /// fleet-wide (tokens over share), not only by their turns in that line.
+    pub fleet_fairness: bool,
     /// Tenants' budgets, by tenant (tenants not listed have none).
     pub tenants: std::collections::BTreeMap<String, TenantBudget>,
 }
@@ -246,6 +251,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawAuth) -> AuthConfig {
     AuthConfig {
         tenants,
         tenant_shares,
+        fleet_fairness: raw.fleet_fairness.unwrap_or(true),
         enabled,
         keys,
         keys_file,

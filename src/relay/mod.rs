@@ -197,17 +197,22 @@ impl Relay {
             return;
         }
         self.done = true;
-        self.guard = None;
+        // What the engine served: its usage's prompt (else the estimate) and the output.
+        let prompt = self
+            .upstream
+            .view()
+            .usage
+            .map_or(self.class.input_tokens_estimate, |u| u.prompt_tokens);
+        let served = u64::from(prompt).saturating_add(u64::from(self.produced()));
+        if let Some(mut guard) = self.guard.take() {
+            // Its tenant's fleet service settles to it (`auth.fleet_fairness`).
+            guard.served(served);
+        }
         if let Some(hold) = self.ctx.session.take() {
             hold.settle(self.produced());
         }
         if let Some(budget) = self.ctx.budget.take() {
-            let prompt = self
-                .upstream
-                .view()
-                .usage
-                .map_or(self.class.input_tokens_estimate, |u| u.prompt_tokens);
-            budget.settle(u64::from(prompt).saturating_add(u64::from(self.produced())));
+            budget.settle(served);
         }
         if let Some(replica) = self.upstream.replica() {
             self.record.served_by(replica);

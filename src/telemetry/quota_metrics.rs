@@ -12,8 +12,15 @@
 //!   this replica's script calls removed.
 //! - `tutor_gateway_quota_limits_version`: the version of the shared limits record this
 //!   replica last saw (replicas that agree show the same number).
+//! - `tutor_gateway_tenant_service_tokens{tenant}`: each tenant's service counted fleet-wide
+//!   (prompt + output tokens over its share), as this replica last read it
+//!   (`auth.fleet_fairness`; tenants this replica has served or has waiting).
+//! - `tutor_gateway_tenant_service_gap_tokens`: the largest difference of that counter between
+//!   two tenants waiting in this replica's lines (0 with fewer than two).
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry};
+use prometheus::{
+    GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry,
+};
 
 /// Buckets for one Redis round trip, seconds.
 const BACKEND_BUCKETS: &[f64] = &[
@@ -29,6 +36,8 @@ pub struct QuotaMetrics {
     fallbacks: IntCounter,
     reaped: IntCounter,
     limits_version: IntGauge,
+    service: GaugeVec,
+    service_gap: prometheus::Gauge,
 }
 
 impl QuotaMetrics {
@@ -71,8 +80,25 @@ impl QuotaMetrics {
             "Version of the shared limits record (Redis) this replica last saw; 0 before any.",
         )
         .expect("valid gauge");
+        let service = GaugeVec::new(
+            prometheus::Opts::new(
+                "tutor_gateway_tenant_service_tokens",
+                "Each tenant's service counted fleet-wide (prompt + output tokens over its share), \
+                 as this replica last read it (auth.fleet_fairness).",
+            ),
+            &["tenant"],
+        )
+        .expect("valid gauge");
+        let service_gap = prometheus::Gauge::new(
+            "tutor_gateway_tenant_service_gap_tokens",
+            "Largest difference of the fleet service counter between two tenants waiting in \
+             this replica's lines (0 with fewer than two).",
+        )
+        .expect("valid gauge");
         for c in [
-            Box::new(latency.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(service.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(service_gap.clone()),
+            Box::new(latency.clone()),
             Box::new(errors.clone()),
             Box::new(degraded.clone()),
             Box::new(fallbacks.clone()),
@@ -91,7 +117,19 @@ impl QuotaMetrics {
             fallbacks,
             reaped,
             limits_version,
+            service,
+            service_gap,
         }
+    }
+
+    /// `tenant`'s fleet service counter as read.
+    pub fn tenant_service(&self, tenant: &str, tokens: f64) {
+        self.service.with_label_values(&[tenant]).set(tokens);
+    }
+
+    /// The largest gap between waiting tenants' counters.
+    pub fn service_gap(&self, tokens: f64) {
+        self.service_gap.set(tokens);
     }
 
     /// The shared limits record's version this replica saw last.

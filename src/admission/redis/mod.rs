@@ -72,6 +72,7 @@ mod fallback;
 mod keys;
 mod queue;
 pub(crate) mod scripts;
+mod service;
 mod shared;
 mod tasks;
 
@@ -158,6 +159,7 @@ impl RedisAdmission {
             stop.clone(),
         ));
         tasks.spawn(tasks::listener(shared.clone(), stop.clone()));
+        tasks.spawn(tasks::service_reader(shared.clone(), stop.clone()));
         tasks.close();
         Ok(Self {
             shared,
@@ -298,6 +300,12 @@ impl RedisAdmission {
         )
     }
 
+    /// `tenant`'s service counted fleet-wide (tokens over its share) as this replica sees it
+    /// (`auth.fleet_fairness`; see `service`).
+    pub fn fleet_service(&self, tenant: &str) -> f64 {
+        self.shared.service.of(tenant)
+    }
+
     /// The Redis keys this replica uses.
     pub fn keys(&self) -> &Keys {
         &self.shared.keys
@@ -361,12 +369,20 @@ impl RedisAdmission {
         if self.shared.degraded() {
             return self.fall_back(ask).await;
         }
+        let share = tenant
+            .and_then(|t| rules.shares.get(t))
+            .copied()
+            .unwrap_or(1.0);
         let asked = Asked {
             lane,
             tokens,
             prompt,
             long: self.shared.waits_for_prefill(prompt),
             started: Instant::now(),
+            // Its tenant's service is counted fleet-wide (`service`).
+            service: tenant
+                .filter(|_| rules.fleet_fairness)
+                .map(|t| (Arc::from(t), share)),
         };
         let line = self.shared.line(lane, prompt);
         let mut prefill_blocked = None;
@@ -384,10 +400,6 @@ impl RedisAdmission {
             }
         }
         let queue = rules.limits.queue(rules.limits.queue_of(lane));
-        let share = tenant
-            .and_then(|t| rules.shares.get(t))
-            .copied()
-            .unwrap_or(1.0);
         let retry_after = Duration::from_secs(queue.timeout.as_secs().max(1));
         let pushed_out = |held: u32, places: u32| AdmissionError::TenantQueueFull {
             lane,
@@ -397,7 +409,12 @@ impl RedisAdmission {
             retry_after,
         };
         let share_of = |t: &str| rules.shares.get(t).copied().unwrap_or(1.0);
-        let place = match line.join(queue.len, (tenant, share), due, share_of) {
+        // With fleet fairness the line orders by tokens, from the tenant's fleet service.
+        let costed = rules.fleet_fairness.then(|| {
+            let floor = tenant.map_or(0.0, |t| self.shared.service.of(t));
+            (f64::from(tokens), floor)
+        });
+        let place = match line.join_costed(queue.len, (tenant, share), costed, due, share_of) {
             Ok(place) => place,
             Err(Room::Refuse { held, places }) if tenant.is_some() && places > 0 => {
                 return Err(pushed_out(held, places));
@@ -509,6 +526,7 @@ impl RedisAdmission {
             prompt,
             long: self.shared.waits_for_prefill(prompt),
             started: Instant::now(),
+            service: None,
         };
         Some(Ok(Taken {
             guard: self.guard(id.clone(), &ask, Duration::ZERO, None),
@@ -552,9 +570,21 @@ impl RedisAdmission {
         waited: Duration,
         prefill_blocked: Option<Instant>,
     ) -> LaneGuard {
+        // Its tenant's fleet service: charged its reservation now, settled at release.
+        if let Some((tenant, share)) = &ask.service {
+            self.shared.service.charge(
+                self.shared.connection(),
+                tenant,
+                f64::from(ask.tokens) / share,
+            );
+        }
         let release = LeaseRelease {
             shared: self.shared.clone(),
             id,
+            service: ask
+                .service
+                .as_ref()
+                .map(|(t, share)| (t.clone(), *share, ask.tokens)),
         };
         let prefill_wait = ask
             .long
@@ -623,6 +653,8 @@ pub fn client(config: &Config) -> Result<redis::Client, redis::RedisError> {
 struct LineRules {
     limits: Limits,
     shares: std::collections::HashMap<String, f64>,
+    /// `auth.fleet_fairness` with `[auth]` on.
+    fleet_fairness: bool,
 }
 
 impl LineRules {
@@ -630,6 +662,7 @@ impl LineRules {
         Self {
             limits: Limits::from_config(config),
             shares: crate::admission::fair::shares(config),
+            fleet_fairness: config.auth.enabled && config.auth.fleet_fairness,
         }
     }
 }
@@ -686,4 +719,6 @@ struct Asked {
     /// A long prompt under a prefill budget (it may wait for prefill room).
     long: bool,
     started: Instant,
+    /// Its tenant and share when its service is counted fleet-wide (`auth.fleet_fairness`).
+    service: Option<(Arc<str>, f64)>,
 }

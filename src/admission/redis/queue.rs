@@ -179,10 +179,24 @@ impl LaneQueue {
     /// `share`; every tenant's from `share_of`), due at `due`. A full line makes room as
     /// [`room_for`] says: it may push out the newest waiter of a tenant above its places (that
     /// waiter's [`Place::turn`] then answers its tenant's numbers); `Err` is the refusal's.
+    #[cfg(test)]
     pub fn join(
         &self,
         len: usize,
         (tenant, share): (Option<&str>, f64),
+        due: Due,
+        share_of: impl Fn(&str) -> f64,
+    ) -> Result<Place<'_>, Room> {
+        self.join_costed(len, (tenant, share), None, due, share_of)
+    }
+
+    /// [`LaneQueue::join`] with the arrival's `(cost, floor)` when the line orders by tokens
+    /// against the fleet's service counters ([`Fair::tag_at_least`]; `None`: one turn each).
+    pub fn join_costed(
+        &self,
+        len: usize,
+        (tenant, share): (Option<&str>, f64),
+        costed: Option<(f64, f64)>,
         due: Due,
         share_of: impl Fn(&str) -> f64,
     ) -> Result<Place<'_>, Room> {
@@ -204,7 +218,10 @@ impl LaneQueue {
         // The pushed-out waiter leaves the count when its place drops (at once).
         self.waiting.fetch_add(1, Ordering::AcqRel);
         let tenant: Option<Arc<str>> = tenant.map(Arc::from);
-        let tag = line.fair.tag(tenant.clone(), share);
+        let tag = match costed {
+            None => line.fair.tag(tenant.clone(), share),
+            Some((cost, floor)) => line.fair.tag_at_least(tenant.clone(), share, cost, floor),
+        };
         line.arrivals += 1;
         let id = line.arrivals;
         let key = (tag.max(0.0).to_bits(), id);

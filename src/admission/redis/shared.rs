@@ -75,6 +75,8 @@ pub(crate) struct Shared {
     pub client: redis::Client,
     /// `None` until the first connection; the manager reconnects by itself afterwards.
     pub conn: watch::Sender<Option<ConnectionManager>>,
+    /// The tenants' service counted fleet-wide (`auth.fleet_fairness`).
+    pub service: super::service::FleetService,
     pub scripts: Scripts,
     pub keys: Keys,
     /// This replica's limits: what it writes as the shared record (at start when there is
@@ -130,6 +132,7 @@ impl Shared {
         let replica = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
         Self {
             client,
+            service: super::service::FleetService::new(&keys.base),
             conn: watch::Sender::new(None),
             scripts: Scripts::default(),
             keys,
@@ -725,7 +728,7 @@ impl Reservation for FallbackLease {
         })
     }
 
-    fn release(self: Box<Self>, lane: Lane, _tokens: u32) {
+    fn release(self: Box<Self>, lane: Lane, _tokens: u32, _served: Option<u64>) {
         drop(
             self.guard
                 .lock()
@@ -765,6 +768,9 @@ impl Reservation for FallbackLease {
 pub(crate) struct LeaseRelease {
     pub shared: std::sync::Arc<Shared>,
     pub id: String,
+    /// Its tenant's service charge (`auth.fleet_fairness`): the tenant, its share and the
+    /// tokens charged at admission, settled to what was served at release.
+    pub service: Option<(std::sync::Arc<str>, f64, u32)>,
 }
 
 impl Reservation for LeaseRelease {
@@ -772,8 +778,18 @@ impl Reservation for LeaseRelease {
         Box::pin(self.shared.promote(&self.id, from, tokens, to, grown))
     }
 
-    fn release(self: Box<Self>, lane: Lane, _tokens: u32) {
-        let LeaseRelease { shared, id } = *self;
+    fn release(self: Box<Self>, lane: Lane, _tokens: u32, served: Option<u64>) {
+        let LeaseRelease {
+            shared,
+            id,
+            service,
+        } = *self;
+        if let Some((tenant, share, charged)) = service {
+            // What the engine counted (nothing when it never got the request), less the charge.
+            #[allow(clippy::cast_precision_loss)]
+            let delta = (served.unwrap_or(0) as f64 - f64::from(charged)) / share;
+            shared.service.charge(shared.connection(), &tenant, delta);
+        }
         shared.release(id, lane);
     }
 

@@ -234,6 +234,42 @@ pub(super) async fn releaser(
     }
 }
 
+/// How often the fleet service counters are read (`service`).
+const SERVICE_READ_EVERY: Duration = Duration::from_millis(250);
+
+/// Reads the fleet service counters into this replica's view every [`SERVICE_READ_EVERY`]
+/// while Redis is reachable, and sets their metrics.
+pub(super) async fn service_reader(shared: Arc<Shared>, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(SERVICE_READ_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let Some(mut conn) = shared.connection().filter(|_| !shared.degraded()) else {
+            continue;
+        };
+        if shared.service.refresh(&mut conn).await.is_err() {
+            continue;
+        }
+        for (tenant, tokens) in shared.service.named() {
+            shared.metrics.tenant_service(&tenant, tokens);
+        }
+        let mut waiting: Vec<Arc<str>> = shared
+            .queues
+            .iter()
+            .chain(shared.long_lines.iter())
+            .flat_map(|q| q.tenants())
+            .flatten()
+            .collect();
+        waiting.sort();
+        waiting.dedup();
+        let names: Vec<&str> = waiting.iter().map(|t| &**t).collect();
+        shared.metrics.service_gap(shared.service.gap(&names));
+    }
+}
+
 /// Wakes local heads when any replica releases; reconnects after errors.
 pub(super) async fn listener(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
