@@ -153,6 +153,8 @@ const GATEWAY_SERIES: &[&str] = &[
     "tutor_gateway_autopilot_objective_ratio",
     "tutor_gateway_autopilot_adjustments_total",
     "tutor_gateway_tenant_refused_total",
+    "tutor_gateway_tenant_service_tokens",
+    "tutor_gateway_tenant_service_gap_tokens",
 ];
 
 /// vLLM's `/metrics` (`docs/vllm-interface.md`, "Prometheus metrics"; V1 engine).
