@@ -17,6 +17,8 @@
 //!   (`auth.fleet_fairness`; tenants this replica has served or has waiting).
 //! - `tutor_gateway_tenant_service_gap_tokens`: the largest difference of that counter between
 //!   two tenants waiting in this replica's lines (0 with fewer than two).
+//! - `tutor_gateway_tenant_fairness_jain`: Jain's index of the service those tenants received
+//!   over the last 10 s (1: equal; 1/n: one took all; 1 with fewer than two waiting).
 
 use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry,
@@ -38,6 +40,7 @@ pub struct QuotaMetrics {
     limits_version: IntGauge,
     service: GaugeVec,
     service_gap: prometheus::Gauge,
+    jain: prometheus::Gauge,
 }
 
 impl QuotaMetrics {
@@ -95,8 +98,16 @@ impl QuotaMetrics {
              this replica's lines (0 with fewer than two).",
         )
         .expect("valid gauge");
+        let jain = prometheus::Gauge::new(
+            "tutor_gateway_tenant_fairness_jain",
+            "Jain's index of the fleet service the tenants waiting in this replica's lines \
+             received over the last 10 s (1: equal; 1/n: one took all; 1 with fewer than two).",
+        )
+        .expect("valid gauge");
+        jain.set(1.0);
         for c in [
-            Box::new(service.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(jain.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(service.clone()),
             Box::new(service_gap.clone()),
             Box::new(latency.clone()),
             Box::new(errors.clone()),
@@ -119,7 +130,13 @@ impl QuotaMetrics {
             limits_version,
             service,
             service_gap,
+            jain,
         }
+    }
+
+    /// Jain's index over the waiting tenants (`None`: fewer than two, or no service: 1).
+    pub fn fairness(&self, jain: Option<f64>) {
+        self.jain.set(jain.unwrap_or(1.0));
     }
 
     /// `tenant`'s fleet service counter as read.

@@ -120,6 +120,11 @@ impl FleetService {
             .collect()
     }
 
+    /// Every counter as read (field to value), for [`jain`] over a window.
+    pub fn snapshot(&self) -> HashMap<String, f64> {
+        self.view().clone()
+    }
+
     /// The largest difference between the counters of `tenants` (0 for fewer than two).
     pub fn gap(&self, tenants: &[&str]) -> f64 {
         let view = self.view();
@@ -137,9 +142,39 @@ impl FleetService {
     }
 }
 
+/// Jain's fairness index of the service `tenants` received between `then` and `now` (two
+/// snapshots): `(sum x)^2 / (n sum x^2)`, 1 when equal, `1/n` when one tenant got everything.
+/// `None` with fewer than two tenants or no service at all.
+pub(crate) fn jain(
+    tenants: &[&str],
+    then: &HashMap<String, f64>,
+    now: &HashMap<String, f64>,
+) -> Option<f64> {
+    let x: Vec<f64> = tenants
+        .iter()
+        .map(|t| {
+            let f = field(t);
+            (now.get(&f).copied().unwrap_or(0.0) - then.get(&f).copied().unwrap_or(0.0)).max(0.0)
+        })
+        .collect();
+    let (sum, squares): (f64, f64) = (x.iter().sum(), x.iter().map(|v| v * v).sum());
+    #[allow(clippy::cast_precision_loss)]
+    (x.len() >= 2 && squares > 0.0).then(|| sum * sum / (x.len() as f64 * squares))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn jains_index_is_one_when_equal_and_one_over_n_when_one_takes_all() {
+        let at = |a: f64, b: f64| HashMap::from([(field("a"), a), (field("b"), b)]);
+        let then = at(100.0, 5_000.0);
+        assert_eq!(jain(&["a", "b"], &then, &at(600.0, 5_500.0)), Some(1.0));
+        assert_eq!(jain(&["a", "b"], &then, &at(1_100.0, 5_000.0)), Some(0.5));
+        assert_eq!(jain(&["a"], &then, &at(600.0, 5_500.0)), None);
+        assert_eq!(jain(&["a", "b"], &then, &then), None);
+    }
 
     #[test]
     fn charges_add_up_in_the_view_never_below_zero_and_names_are_hashed() {

@@ -236,10 +236,15 @@ pub(super) async fn releaser(
 
 /// How often the fleet service counters are read (`service`).
 const SERVICE_READ_EVERY: Duration = Duration::from_millis(250);
+/// The window Jain's index is measured over.
+const FAIRNESS_WINDOW: Duration = Duration::from_secs(10);
 
 /// Reads the fleet service counters into this replica's view every [`SERVICE_READ_EVERY`]
 /// while Redis is reachable, and sets their metrics.
 pub(super) async fn service_reader(shared: Arc<Shared>, stop: CancellationToken) {
+    // Snapshots of the last 10 s, for Jain's index over that window.
+    let mut past: std::collections::VecDeque<(Instant, std::collections::HashMap<String, f64>)> =
+        std::collections::VecDeque::new();
     let mut tick = tokio::time::interval(SERVICE_READ_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -267,6 +272,18 @@ pub(super) async fn service_reader(shared: Arc<Shared>, stop: CancellationToken)
         waiting.dedup();
         let names: Vec<&str> = waiting.iter().map(|t| &**t).collect();
         shared.metrics.service_gap(shared.service.gap(&names));
+        let now = shared.service.snapshot();
+        while past
+            .front()
+            .is_some_and(|(at, _)| at.elapsed() > FAIRNESS_WINDOW)
+        {
+            past.pop_front();
+        }
+        let jain = past
+            .front()
+            .and_then(|(_, then)| super::service::jain(&names, then, &now));
+        shared.metrics.fairness(jain);
+        past.push_back((Instant::now(), now));
     }
 }
 
