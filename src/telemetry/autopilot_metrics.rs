@@ -7,7 +7,7 @@ use super::registered::{counter_vec, registered};
 use crate::lane::Lane;
 
 /// Reasons an adjustment is counted under.
-pub const REASONS: [&str; 10] = [
+pub const REASONS: [&str; 9] = [
     "tighten",
     "loosen",
     "at_floor",
@@ -17,7 +17,6 @@ pub const REASONS: [&str; 10] = [
     "pieces_at_floor",
     "pieces_larger",
     "pieces_off",
-    "pieces_no_effect",
 ];
 
 /// The autopilot's families.
@@ -76,8 +75,7 @@ impl AutopilotMetrics {
                  held with headroom), at_floor (missed with the knobs at their floors), rescue (the \
                  large lane starving: knobs raised whatever the objectives), and for the piece \
                  size pieces_on, pieces_smaller, pieces_at_floor (long engine steps), \
-                 pieces_larger, pieces_off (short steps with headroom), pieces_no_effect (pieces \
-                 did not shorten the long steps: off, resting ten windows).",
+                 pieces_larger, pieces_off (short steps with headroom).",
                 &["reason"],
             ),
             piece_tokens: gauge(
