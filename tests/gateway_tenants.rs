@@ -21,6 +21,35 @@ const STALLING: &str = "--speed 50 --profile tiny-test --stall-after-tokens 1";
 const A: &str = "key-of-school-a";
 const B: &str = "key-of-school-b";
 
+/// Sends `ask(i)` for i = 0, 1, ... until one is refused with 429: the prompt + output tokens
+/// served before (each answer's `usage.total_tokens`), and the refusal with its index.
+async fn ask_until_refused(
+    ask: impl Fn(u32) -> reqwest::RequestBuilder,
+) -> (u64, reqwest::Response, u32) {
+    let mut served = 0u64;
+    for i in 0..100 {
+        let resp = send(ask(i)).await;
+        if resp.status() == 429 {
+            return (served, resp, i);
+        }
+        assert_eq!(resp.status(), 200);
+        let v: Value = resp.json().await.unwrap();
+        served += v["usage"]["total_tokens"].as_u64().unwrap();
+    }
+    panic!("the budget refused none of 100 requests");
+}
+
+/// A second replica in front of `h`'s simulator, configured by `setup`.
+async fn second_replica(
+    h: &Harness,
+    setup: impl Fn(&mut tutor_gateway::config::Config),
+) -> tutor_gateway::server::Gateway {
+    let mut config = tutor_gateway::config::Config::default();
+    config.upstream.base_url = h.sim.url();
+    setup(&mut config);
+    gateway(config).await.0
+}
+
 fn question(salt: &str) -> Value {
     json!({"messages": [{"role": "user", "content": format!("why? {salt}")}],
            "max_tokens": 5, "stream": true})
@@ -202,19 +231,7 @@ async fn a_tenants_tokens_per_minute_bound_what_it_is_admitted_and_not_other_ten
     };
     // School A asks until its budget refuses: what it was served stays within the budget plus
     // one request's reservation (at most 150 out and a short prompt).
-    let mut served = 0u64;
-    let mut refusal = None;
-    for i in 0..100 {
-        let resp = send(ask(A, i)).await;
-        if resp.status() == 429 {
-            refusal = Some(resp);
-            break;
-        }
-        assert_eq!(resp.status(), 200);
-        let v: Value = resp.json().await.unwrap();
-        served += v["usage"]["total_tokens"].as_u64().unwrap();
-    }
-    let refusal = refusal.expect("the budget refused within 100 requests");
+    let (served, refusal, _) = ask_until_refused(|i| ask(A, i)).await;
     assert!((2_000..=2_000 + 150 + 64).contains(&served), "{served}");
     let retry: u64 = refusal.headers()["retry-after"]
         .to_str()
@@ -286,10 +303,7 @@ async fn with_redis_a_tenants_budget_holds_for_the_fleet_not_per_replica() {
         );
     };
     let h = harness(&flags("--speed 50 --profile tiny-test"), setup).await;
-    let mut second = tutor_gateway::config::Config::default();
-    second.upstream.base_url = h.sim.url();
-    setup(&mut second);
-    let (other, _) = gateway(second).await;
+    let other = second_replica(&h, setup).await;
     let urls = [
         h.url("/v1/chat/completions"),
         other.url() + "/v1/chat/completions",
@@ -299,22 +313,10 @@ async fn with_redis_a_tenants_budget_holds_for_the_fleet_not_per_replica() {
                           "max_tokens": 150});
         client().post(&urls[replica]).bearer_auth(key).json(&body)
     };
-    let mut served = 0u64;
-    let mut refused_at = None;
-    for i in 0..100 {
-        let replica = (i % 2) as usize;
-        let resp = send(ask(replica, A, i)).await;
-        if resp.status() == 429 {
-            let err: Value = resp.json().await.unwrap();
-            assert_eq!(err["error"]["code"], "tenant_budget", "{err}");
-            refused_at = Some(replica);
-            break;
-        }
-        assert_eq!(resp.status(), 200);
-        let v: Value = resp.json().await.unwrap();
-        served += v["usage"]["total_tokens"].as_u64().unwrap();
-    }
-    let refused_at = refused_at.expect("the budget refused within 100 requests");
+    let (served, refusal, i) = ask_until_refused(|i| ask((i % 2) as usize, A, i)).await;
+    let refused_at = (i % 2) as usize;
+    let err: Value = refusal.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "tenant_budget", "{err}");
     assert!((2_000..=2_000 + 150 + 64).contains(&served), "{served}");
     // The other replica counts the same ledger: refused there too.
     let resp = send(ask(1 - refused_at, A, 1_000)).await;
@@ -435,10 +437,7 @@ async fn with_redis_the_tenant_served_less_fleet_wide_goes_first_on_any_replica(
         with_keys(c, &[(A, "school-a"), (B, "school-b")]);
     };
     let h = harness(&flags(STALLING), setup).await;
-    let mut second = tutor_gateway::config::Config::default();
-    second.upstream.base_url = h.sim.url();
-    setup(&mut second);
-    let (other, _) = gateway(second).await;
+    let other = second_replica(&h, setup).await;
     let post = |base: &str, key: &'static str, salt: &str| {
         client()
             .post(format!("{base}/v1/chat/completions"))

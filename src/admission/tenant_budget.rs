@@ -161,7 +161,9 @@ impl TenantBudgets {
         tokens: u64,
     ) -> Option<Result<BudgetHold, BudgetRefusal>> {
         let (redis, script) = self.redis.as_ref()?;
-        let mut conn = redis.connection()?;
+        // A replica that just started waits for its first connection (as an acquire does):
+        // charged here instead, its first requests would not count for the fleet.
+        let mut conn = redis.connection_ready().await?;
         let (minute, day) = Self::keys(redis, tenant);
         let limit = |v: Option<u64>| v.map_or(0, |v| v.min(LUA_MAX));
         let reply: Vec<i64> = script
@@ -267,7 +269,7 @@ impl TenantBudgets {
     /// Redis's count when the quota is shared and Redis answers; else this replica's.
     pub async fn used(&self, tenant: &str) -> (u64, u64, u64) {
         if let Some((redis, script)) = &self.redis {
-            if let Some(mut conn) = redis.connection() {
+            if let Some(mut conn) = redis.connection_ready().await {
                 let (minute, day) = Self::keys(redis, tenant);
                 let reply: redis::RedisResult<(u64, u64, u64)> = script
                     .key(minute)
