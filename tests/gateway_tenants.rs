@@ -482,3 +482,90 @@ async fn with_redis_the_tenant_served_less_fleet_wide_goes_first_on_any_replica(
     other.shutdown().await;
     h.shutdown().await;
 }
+
+/// Fairness across the fleet when a replica sees one tenant only: two replicas, one Redis,
+/// one shared small seat. B holds the seat through replica 1 and its next question waits on
+/// replica 2; A holds a medium seat (so A has had more service while B waited), and A's
+/// question waits on replica 1, where no other tenant waits. Replica 1's own line would give A
+/// the seat B frees there, every time (its release reaches its own line first); counted
+/// fleet-wide, A is ahead of a tenant waiting elsewhere, so A's head yields and the seat goes
+/// to B on replica 2. Asserted on states (the stalled engine holds each admitted stream's
+/// seat), never on times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_redis_a_replica_that_sees_one_tenant_yields_the_seat_to_one_behind_elsewhere() {
+    let redis = RedisServer::start();
+    let setup = |c: &mut tutor_gateway::config::Config| {
+        c.quota.backend = QuotaBackend::Redis;
+        c.quota.redis_url = RedisUrl::new(redis.url());
+        set_lane(c, Lane::Small, 1);
+        set_lane(c, Lane::Medium, 1);
+        c.lanes.small.queue.len = 10;
+        c.lanes.small.queue.timeout = Duration::from_secs(120);
+        c.upstream.idle_timeout = Duration::from_secs(120);
+        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+    };
+    let h = harness(&flags(STALLING), setup).await;
+    let other = second_replica(&h, setup).await;
+    let post = |base: &str, key: &'static str, body: Value| {
+        client()
+            .post(format!("{base}/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&body)
+    };
+    let (one, two) = (h.url(""), other.url());
+    let queued_on_two = || {
+        other
+            .state
+            .admission()
+            .snapshot()
+            .lane(Lane::Small)
+            .queue_depth
+    };
+    // B holds the small seat through replica 1; B's next question waits on replica 2.
+    let seat = send(post(&one, B, question("seat"))).await;
+    assert_eq!(seat.status(), 200);
+    let b = tokio::spawn(post(&two, B, question("b waits")).send());
+    eventually("B waits on replica 2", || queued_on_two() == 1).await;
+    // A is served a review-sized answer meanwhile (its reservation is counted at once).
+    let long = json!({"messages": [{"role": "user", "content": "explain at length"}],
+                      "max_tokens": 1500, "stream": true});
+    let a_medium = send(post(&two, A, long)).await;
+    assert_eq!(a_medium.status(), 200);
+    eventually("replica 1 sees A ahead", || {
+        fleet_service(&h.gw, "school-a") > fleet_service(&h.gw, "school-b") + 1_000.0
+    })
+    .await;
+    // A's question waits on replica 1, alone in its line there, and yields.
+    let a = tokio::spawn(post(&one, A, question("a waits")).send());
+    eventually("A waits on replica 1", || h.queued(Lane::Small) == 1).await;
+    let yields = r#"tutor_gateway_tenant_fleet_yields_total{lane="small"}"#;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while metric_or_zero(&h.metrics_text().await, yields) < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "A's head never yielded"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The seat comes back on replica 1: B, behind in service and waiting on replica 2, gets it.
+    drop(seat);
+    let b = tokio::time::timeout(Duration::from_secs(60), b)
+        .await
+        .expect("B admitted first")
+        .unwrap()
+        .unwrap();
+    assert_eq!(b.status(), 200);
+    assert_eq!(h.queued(Lane::Small), 1, "A still waits");
+    assert!(!a.is_finished(), "A still waits");
+    // B leaves; nobody waits elsewhere any more: A is admitted.
+    drop(b);
+    let a = a.await.unwrap().unwrap();
+    assert_eq!(a.status(), 200);
+    drop((a, a_medium));
+    eventually("every seat back", || {
+        h.idle() && other.state.admission().snapshot().is_idle()
+    })
+    .await;
+    other.shutdown().await;
+    h.shutdown().await;
+}

@@ -16,9 +16,11 @@
 //!   (prompt + output tokens over its share), as this replica last read it
 //!   (`auth.fleet_fairness`; tenants this replica has served or has waiting).
 //! - `tutor_gateway_tenant_service_gap_tokens`: the largest difference of that counter between
-//!   two tenants waiting in this replica's lines (0 with fewer than two).
+//!   two tenants waiting anywhere in the fleet (0 with fewer than two).
 //! - `tutor_gateway_tenant_fairness_jain`: Jain's index of the service those tenants received
 //!   over the last 10 s (1: equal; 1/n: one took all; 1 with fewer than two waiting).
+//! - `tutor_gateway_tenant_fleet_yields_total{lane}`: requests whose turn at the head of this
+//!   replica's line waited for a tenant behind in service on another replica.
 
 use prometheus::{
     GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Registry,
@@ -40,6 +42,7 @@ pub struct QuotaMetrics {
     limits_version: IntGauge,
     service: GaugeVec,
     service_gap: prometheus::Gauge,
+    yields: IntCounterVec,
     jain: prometheus::Gauge,
 }
 
@@ -94,8 +97,8 @@ impl QuotaMetrics {
         .expect("valid gauge");
         let service_gap = prometheus::Gauge::new(
             "tutor_gateway_tenant_service_gap_tokens",
-            "Largest difference of the fleet service counter between two tenants waiting in \
-             this replica's lines (0 with fewer than two).",
+            "Largest difference of the fleet service counter between two tenants waiting \
+             anywhere in the fleet (0 with fewer than two).",
         )
         .expect("valid gauge");
         let jain = prometheus::Gauge::new(
@@ -105,10 +108,20 @@ impl QuotaMetrics {
         )
         .expect("valid gauge");
         jain.set(1.0);
+        let yields = IntCounterVec::new(
+            prometheus::Opts::new(
+                "tutor_gateway_tenant_fleet_yields_total",
+                "Requests whose turn at the head of this replica's line waited for a tenant \
+                 behind in fleet service waiting on another replica (auth.fleet_fairness).",
+            ),
+            &["lane"],
+        )
+        .expect("valid counter");
         for c in [
             Box::new(jain.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(service.clone()),
             Box::new(service_gap.clone()),
+            Box::new(yields.clone()),
             Box::new(latency.clone()),
             Box::new(errors.clone()),
             Box::new(degraded.clone()),
@@ -130,8 +143,14 @@ impl QuotaMetrics {
             limits_version,
             service,
             service_gap,
+            yields,
             jain,
         }
+    }
+
+    /// A head of `lane`'s line yielded its turn to another replica's tenant.
+    pub fn yielded(&self, lane: crate::lane::Lane) {
+        self.yields.with_label_values(&[lane.as_str()]).inc();
     }
 
     /// Jain's index over the waiting tenants (`None`: fewer than two, or no service: 1).

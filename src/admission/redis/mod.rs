@@ -385,8 +385,18 @@ impl RedisAdmission {
                 .map(|t| (Arc::from(t), share)),
         };
         let line = self.shared.line(lane, prompt);
+        // With fleet fairness, a head of a tenant ahead of one waiting on another replica yields
+        // (`service`): not even a first try while it is.
+        let line_name = service::line_name(lane, asked.long);
+        let cost = f64::from(tokens) / share;
+        let yields = || {
+            tenant.filter(|_| rules.fleet_fairness).is_some_and(|t| {
+                let here: Vec<Arc<str>> = line.tenants().into_iter().flatten().collect();
+                self.shared.service.yields(&line_name, t, cost, &here)
+            })
+        };
         let mut prefill_blocked = None;
-        if line.waiting() == 0 {
+        if line.waiting() == 0 && !yields() {
             match self.shared.try_take(lane, tokens, prompt, false).await {
                 Take::Granted(id) => return Ok(self.guard(id, &asked, Duration::ZERO, None)),
                 Take::Refused(verdict) => {
@@ -427,21 +437,37 @@ impl RedisAdmission {
                 Err((held, places)) => return Ok(Err(pushed_out(held, places))),
             };
             let mut backoff = queue::LaneQueue::first_backoff();
+            // How long this head yielded to other replicas' tenants since the first release it
+            // let pass (at most YIELD_AT_MOST), and whether it yielded at all.
+            let mut yielded: Option<Duration> = None;
+            let mut yielded_once = false;
             loop {
-                match self.shared.try_take(lane, tokens, prompt, true).await {
-                    Take::Granted(id) => {
-                        place.admitted();
-                        let waited = asked.started.elapsed();
-                        return Ok(Ok(self.guard(id, &asked, waited, prefill_blocked)));
-                    }
-                    Take::Down => return Err(()),
-                    Take::Refused(Verdict::PrefillFull) => {
-                        prefill_blocked.get_or_insert_with(Instant::now);
-                    }
-                    // No room, or one failed call (not yet an outage): try again.
-                    Take::Refused(_) | Take::Failed => {}
+                let yielding = yielded.is_none_or(|y| y < service::YIELD_AT_MOST) && yields();
+                if yielding && !yielded_once {
+                    yielded_once = true;
+                    self.shared.metrics.yielded(lane);
                 }
-                backoff = line.pause(backoff).await;
+                if !yielding {
+                    match self.shared.try_take(lane, tokens, prompt, true).await {
+                        Take::Granted(id) => {
+                            place.admitted();
+                            let waited = asked.started.elapsed();
+                            return Ok(Ok(self.guard(id, &asked, waited, prefill_blocked)));
+                        }
+                        Take::Down => return Err(()),
+                        Take::Refused(Verdict::PrefillFull) => {
+                            prefill_blocked.get_or_insert_with(Instant::now);
+                        }
+                        // No room, or one failed call (not yet an outage): try again.
+                        Take::Refused(_) | Take::Failed => {}
+                    }
+                }
+                let paused = Instant::now();
+                let released;
+                (backoff, released) = line.pause(backoff).await;
+                if yielding && (released || yielded.is_some()) {
+                    *yielded.get_or_insert(Duration::ZERO) += paused.elapsed();
+                }
                 if let Some((held, places)) = place.pushed_out() {
                     return Ok(Err(pushed_out(held, places)));
                 }

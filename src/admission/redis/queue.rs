@@ -259,12 +259,12 @@ impl LaneQueue {
     }
 
     /// Waits for a release announcement or the backoff, whichever comes first, and returns the
-    /// next backoff.
-    pub async fn pause(&self, backoff: Duration) -> Duration {
+    /// next backoff and whether a release was announced.
+    pub async fn pause(&self, backoff: Duration) -> (Duration, bool) {
         let jittered = rand::rng().random_range(backoff / 2..=backoff);
         tokio::select! {
-            () = self.released.notified() => BACKOFF_MIN,
-            () = tokio::time::sleep(jittered) => (backoff * 2).min(BACKOFF_MAX),
+            () = self.released.notified() => (BACKOFF_MIN, true),
+            () = tokio::time::sleep(jittered) => ((backoff * 2).min(BACKOFF_MAX), false),
         }
     }
 

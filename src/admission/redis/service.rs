@@ -17,27 +17,68 @@
 //!   credit): the backlogged tenant with the least counted service fleet-wide goes first,
 //!   whichever replicas their requests land on. Through one replica the order is the
 //!   start-time fair order by tokens.
-//! - **The bound.** Between two tenants backlogged on one replica, the counted service differs
-//!   by at most about the largest request's cost over the share, plus what the view lags Redis
-//!   (one heartbeat of admissions elsewhere). `tutor_gateway_tenant_service_tokens{tenant}` is
-//!   the view; `tutor_gateway_tenant_service_gap_tokens` its largest gap between tenants waiting
-//!   on this replica.
+//! - **Who waits where.** Every heartbeat each replica writes, for each of its lines, the
+//!   tenants waiting in it (`<prefix>:{quota}:waiting`, entries that count for 2 s of Redis's
+//!   clock, so a replica that died stops counting within two seconds) and reads everyone's, in one
+//!   script (`lua/fleet_service_v2.lua`). A tenant that starts waiting is lifted there to the
+//!   least counter among the tenants already waiting: service it received while nobody else
+//!   waited is no debt, and idle time banks no credit (as the paper's counter lift).
+//! - **Yielding across replicas.** The tags order one replica's line. When the head of a line
+//!   is of a tenant `t` whose counter is ahead of a tenant `u` that waits in the same line on
+//!   another replica (and not in this one) by more than the head's own cost over its share, the
+//!   head does not try for a seat: it yields, so the next seat freed goes to `u`'s replica, as
+//!   one fleet-wide line would have it. A head yields for at most [`YIELD_AT_MOST`] from the
+//!   first release it lets pass, then takes its turn (a remote head that cannot be admitted,
+//!   say a review waiting for token room a question would fit in, does not stall this line
+//!   for longer). So a replica that only sees one tenant cannot give it every seat it wins.
+//! - **The bound.** While two tenants both wait, their counters differ by at most about twice
+//!   the largest request's cost over the share (a head goes while it is ahead by at most its
+//!   own cost, and its admission adds that cost again), plus what the views lag Redis (one
+//!   heartbeat of admissions elsewhere), as long as no head yields for [`YIELD_AT_MOST`].
+//!   `tutor_gateway_tenant_service_tokens{tenant}` is the view;
+//!   `tutor_gateway_tenant_service_gap_tokens` its largest gap between tenants waiting anywhere.
+//! - **Jobs** are not charged: they start only from seats nobody waits for, so the service they
+//!   get was not anyone else's to have.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use sha2::{Digest, Sha256};
 
+/// How long a replica's entry in the waiting hash counts without being written again.
+pub(crate) const WAITING_COUNTS_FOR: Duration = Duration::from_secs(2);
+/// The longest a line's head yields to other replicas' tenants, from the first release it let
+/// pass.
+pub(crate) const YIELD_AT_MOST: Duration = Duration::from_secs(5);
+
+static HEARTBEAT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/fleet_service_v2.lua")));
+
 /// The fleet service counters as this replica sees them.
 #[derive(Debug)]
 pub(crate) struct FleetService {
-    /// The Redis hash.
+    /// The Redis hash of counters.
     key: String,
+    /// The Redis hash of who waits where.
+    waiting_key: String,
+    /// The tenants (fields) waiting in each line (`small`, `small:long`, ...) across the fleet,
+    /// this replica's included, as last read.
+    waiting: Mutex<HashMap<String, HashSet<String>>>,
     /// Field (16 hex) to tokens over share, as last read plus this replica's charges since.
     view: Mutex<HashMap<String, f64>>,
     /// The tenants this replica charged, by field (for the metrics' labels).
     names: Mutex<HashMap<String, std::sync::Arc<str>>>,
+}
+
+/// The name of a lane's line in the waiting hash (`long`: its long-prompt line).
+pub(crate) fn line_name(lane: crate::lane::Lane, long: bool) -> String {
+    if long {
+        format!("{}:long", lane.as_str())
+    } else {
+        lane.as_str().to_owned()
+    }
 }
 
 /// A tenant's field in the hash.
@@ -51,6 +92,8 @@ impl FleetService {
     pub fn new(base: &str) -> Self {
         Self {
             key: format!("{base}:service"),
+            waiting_key: format!("{base}:waiting"),
+            waiting: Mutex::default(),
             view: Mutex::default(),
             names: Mutex::default(),
         }
@@ -100,14 +143,80 @@ impl FleetService {
         });
     }
 
-    /// Reads every tenant's counter from Redis into the view (the heartbeat's).
-    pub async fn refresh(&self, conn: &mut ConnectionManager) -> redis::RedisResult<()> {
-        let all: HashMap<String, f64> = redis::cmd("HGETALL")
-            .arg(&self.key)
-            .query_async(conn)
-            .await?;
+    /// The heartbeat's: writes which tenants wait in which of this replica's lines (`mine`:
+    /// line and tenant), lifting a tenant that starts waiting, and reads every counter and
+    /// every replica's waiting tenants into the view.
+    pub async fn refresh<C: redis::aio::ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        mine: &[(String, Arc<str>)],
+    ) -> redis::RedisResult<()> {
+        let mut call = HEARTBEAT.key(&self.key);
+        call.key(&self.waiting_key)
+            .arg(WAITING_COUNTS_FOR.as_millis() as u64);
+        for (line, tenant) in mine {
+            call.arg(format!("{line}|{}", field(tenant)));
+        }
+        let (all, entries): (HashMap<String, f64>, Vec<String>) = call.invoke_async(conn).await?;
+        let mut waiting: HashMap<String, HashSet<String>> = HashMap::new();
+        for entry in entries {
+            if let Some((line, tenant)) = entry.rsplit_once('|') {
+                waiting
+                    .entry(line.to_owned())
+                    .or_default()
+                    .insert(tenant.to_owned());
+            }
+        }
         *self.view() = all;
+        *self.waiting.lock().unwrap_or_else(PoisonError::into_inner) = waiting;
         Ok(())
+    }
+
+    /// Whether the head of `line` here, of `tenant` and costing `cost` (tokens over its share),
+    /// should yield: its tenant's counter is ahead by more than `cost` of a tenant that waits in
+    /// `line` on another replica and not in this replica's line (`here`: the tenants waiting in
+    /// it; their order is the tags').
+    pub fn yields(&self, line: &str, tenant: &str, cost: f64, here: &[Arc<str>]) -> bool {
+        let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(others) = waiting.get(line) else {
+            return false;
+        };
+        let mine = field(tenant);
+        let here: HashSet<String> = here.iter().map(|t| field(t)).collect();
+        let view = self.view();
+        let of = |f: &str| view.get(f).copied().unwrap_or(0.0);
+        let ahead = of(&mine);
+        others
+            .iter()
+            .filter(|f| **f != mine && !here.contains(*f))
+            .any(|f| ahead - of(f) > cost)
+    }
+
+    /// The fields of the tenants waiting anywhere in the fleet, as last read.
+    pub fn waiting_fields(&self) -> Vec<String> {
+        let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut fields: Vec<String> = waiting.values().flatten().cloned().collect();
+        fields.sort();
+        fields.dedup();
+        fields
+    }
+
+    /// The largest difference between the counters of tenants waiting anywhere in the fleet
+    /// (0 for fewer than two).
+    pub fn fleet_gap(&self) -> f64 {
+        let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let tenants: HashSet<&String> = waiting.values().flatten().collect();
+        let view = self.view();
+        let values: Vec<f64> = tenants
+            .iter()
+            .map(|f| view.get(*f).copied().unwrap_or(0.0))
+            .collect();
+        if values.len() < 2 {
+            return 0.0;
+        }
+        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        max - min
     }
 
     /// The counter of every tenant this replica charged, by name.
@@ -124,37 +233,20 @@ impl FleetService {
     pub fn snapshot(&self) -> HashMap<String, f64> {
         self.view().clone()
     }
-
-    /// The largest difference between the counters of `tenants` (0 for fewer than two).
-    pub fn gap(&self, tenants: &[&str]) -> f64 {
-        let view = self.view();
-        let values: Vec<f64> = tenants
-            .iter()
-            .map(|t| view.get(&field(t)).copied().unwrap_or(0.0))
-            .collect();
-        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-        if values.len() < 2 {
-            0.0
-        } else {
-            max - min
-        }
-    }
 }
 
-/// Jain's fairness index of the service `tenants` received between `then` and `now` (two
-/// snapshots): `(sum x)^2 / (n sum x^2)`, 1 when equal, `1/n` when one tenant got everything.
-/// `None` with fewer than two tenants or no service at all.
+/// Jain's fairness index of the service the tenants of `fields` received between `then` and
+/// `now` (two snapshots): `(sum x)^2 / (n sum x^2)`, 1 when equal, `1/n` when one tenant got
+/// everything. `None` with fewer than two tenants or no service at all.
 pub(crate) fn jain(
-    tenants: &[&str],
+    fields: &[String],
     then: &HashMap<String, f64>,
     now: &HashMap<String, f64>,
 ) -> Option<f64> {
-    let x: Vec<f64> = tenants
+    let x: Vec<f64> = fields
         .iter()
-        .map(|t| {
-            let f = field(t);
-            (now.get(&f).copied().unwrap_or(0.0) - then.get(&f).copied().unwrap_or(0.0)).max(0.0)
+        .map(|f| {
+            (now.get(f).copied().unwrap_or(0.0) - then.get(f).copied().unwrap_or(0.0)).max(0.0)
         })
         .collect();
     let (sum, squares): (f64, f64) = (x.iter().sum(), x.iter().map(|v| v * v).sum());
@@ -170,10 +262,11 @@ mod tests {
     fn jains_index_is_one_when_equal_and_one_over_n_when_one_takes_all() {
         let at = |a: f64, b: f64| HashMap::from([(field("a"), a), (field("b"), b)]);
         let then = at(100.0, 5_000.0);
-        assert_eq!(jain(&["a", "b"], &then, &at(600.0, 5_500.0)), Some(1.0));
-        assert_eq!(jain(&["a", "b"], &then, &at(1_100.0, 5_000.0)), Some(0.5));
-        assert_eq!(jain(&["a"], &then, &at(600.0, 5_500.0)), None);
-        assert_eq!(jain(&["a", "b"], &then, &then), None);
+        let ab = [field("a"), field("b")];
+        assert_eq!(jain(&ab, &then, &at(600.0, 5_500.0)), Some(1.0));
+        assert_eq!(jain(&ab, &then, &at(1_100.0, 5_000.0)), Some(0.5));
+        assert_eq!(jain(&ab[..1], &then, &at(600.0, 5_500.0)), None);
+        assert_eq!(jain(&ab, &then, &then), None);
     }
 
     #[test]
@@ -183,8 +276,7 @@ mod tests {
         s.charge(None, "school-a", -100.0);
         s.charge(None, "school-b", 50.0);
         assert_eq!(s.of("school-a"), 200.0);
-        assert_eq!(s.gap(&["school-a", "school-b"]), 150.0);
-        assert_eq!(s.gap(&["school-a"]), 0.0);
+        assert_eq!(s.of("school-b"), 50.0);
         s.charge(None, "school-b", -500.0);
         assert_eq!(s.of("school-b"), 0.0);
         assert!(!field("school-a").contains("school"));

@@ -255,23 +255,32 @@ pub(super) async fn service_reader(shared: Arc<Shared>, stop: CancellationToken)
         let Some(mut conn) = shared.connection().filter(|_| !shared.degraded()) else {
             continue;
         };
-        if shared.service.refresh(&mut conn).await.is_err() {
+        let mut mine: Vec<(String, Arc<str>)> = Vec::new();
+        for lane in Lane::ALL {
+            for (line, queue) in [
+                (
+                    super::service::line_name(lane, false),
+                    &shared.queues[lane.index()],
+                ),
+                (
+                    super::service::line_name(lane, true),
+                    &shared.long_lines[lane.index()],
+                ),
+            ] {
+                let mut tenants: Vec<Arc<str>> = queue.tenants().into_iter().flatten().collect();
+                tenants.sort();
+                tenants.dedup();
+                mine.extend(tenants.into_iter().map(|t| (line.clone(), t)));
+            }
+        }
+        if shared.service.refresh(&mut conn, &mine).await.is_err() {
             continue;
         }
         for (tenant, tokens) in shared.service.named() {
             shared.metrics.tenant_service(&tenant, tokens);
         }
-        let mut waiting: Vec<Arc<str>> = shared
-            .queues
-            .iter()
-            .chain(shared.long_lines.iter())
-            .flat_map(|q| q.tenants())
-            .flatten()
-            .collect();
-        waiting.sort();
-        waiting.dedup();
-        let names: Vec<&str> = waiting.iter().map(|t| &**t).collect();
-        shared.metrics.service_gap(shared.service.gap(&names));
+        shared.metrics.service_gap(shared.service.fleet_gap());
+        let fields = shared.service.waiting_fields();
         let now = shared.service.snapshot();
         while past
             .front()
@@ -281,7 +290,7 @@ pub(super) async fn service_reader(shared: Arc<Shared>, stop: CancellationToken)
         }
         let jain = past
             .front()
-            .and_then(|(_, then)| super::service::jain(&names, then, &now));
+            .and_then(|(_, then)| super::service::jain(&fields, then, &now));
         shared.metrics.fairness(jain);
         past.push_back((Instant::now(), now));
     }
