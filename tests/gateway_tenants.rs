@@ -569,3 +569,54 @@ async fn with_redis_a_replica_that_sees_one_tenant_yields_the_seat_to_one_behind
     other.shutdown().await;
     h.shutdown().await;
 }
+
+/// The fleet counter counts what the engine served: a request that ran to its end (its seat
+/// freed at the finish reason, before the usage chunk) leaves its tenant's counter at its
+/// prompt + output tokens, not at its reservation and not at nothing; and one tenant's requests
+/// never move another's counter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_redis_a_tenants_fleet_service_is_what_the_engine_served_it() {
+    let redis = RedisServer::start();
+    let setup = |c: &mut tutor_gateway::config::Config| {
+        c.quota.backend = QuotaBackend::Redis;
+        c.quota.redis_url = RedisUrl::new(redis.url());
+        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+    };
+    let h = harness(&flags("--speed 50 --profile tiny-test"), setup).await;
+    let mut served = 0u64;
+    for (i, stream) in [false, true, false].into_iter().enumerate() {
+        let body = json!({"messages": [{"role": "user", "content": format!("why {i}?")}],
+                          "max_tokens": 20, "stream": stream,
+                          "stream_options": {"include_usage": true}});
+        let resp = send(
+            client()
+                .post(h.url("/v1/chat/completions"))
+                .bearer_auth(A)
+                .json(&body),
+        )
+        .await;
+        assert_eq!(resp.status(), 200);
+        let text = resp.text().await.unwrap();
+        let usage = if stream {
+            text.lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+                .find_map(|v| v["usage"]["total_tokens"].as_u64())
+                .expect("a usage chunk")
+        } else {
+            serde_json::from_str::<Value>(&text).unwrap()["usage"]["total_tokens"]
+                .as_u64()
+                .unwrap()
+        };
+        served += usage;
+        eventually("the seat back", || h.idle()).await;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let want = served as f64;
+    eventually("A's counter is what it was served", || {
+        (fleet_service(&h.gw, "school-a") - want).abs() < 0.5
+    })
+    .await;
+    assert_eq!(fleet_service(&h.gw, "school-b"), 0.0);
+    h.shutdown().await;
+}

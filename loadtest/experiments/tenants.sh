@@ -9,19 +9,27 @@
 #   2. a-alone: A at 10x its budget through both replicas; the simulator's prompt + generation
 #      token counters, read every second, give what the engine served A in every 60 s window;
 #   3. both: A at 10x its budget and B at B_RATE together: B's TTFT against phase 1.
-# Part "fairness": no budgets; A sends 10x B's load through replica 1 only, B through both, once
-#   with `auth.fleet_fairness = false` (turns per replica) and once with it on. Each tenant's
-#   service (prompt + output tokens of its completed requests, credited at completion, from the
-#   clients' own records) per second: Jain's index of the two tenants' service and their
-#   service gap since both became backlogged, at every second.
+# Part "fairness": no budgets; A sends 10x B's load, in two settings: "a-one" (A through
+#   replica 1 only, B through both: the issue's) and "b-one" (A through both, B through replica 2
+#   only: replica 1 sees A alone), each with `auth.fleet_fairness = false` (turns per replica)
+#   and with it on, for each seed of FAIR_SEEDS. Two measures:
+#   - the fleet's own counters in Redis (every tenant's prompt + output tokens over its share,
+#     charged at admission, settled at the end; kept in both modes), sampled every 0.5 s with
+#     who waits where (fleet_sampler.py): the gap between A's and B's counters at every sample
+#     where both wait, against the documented bound;
+#   - the clients' own records (prompt + output tokens of completed requests, credited at
+#     completion): Jain's index of the two tenants' service over the backlogged period and in
+#     10 s windows.
 #
-# Writes OUT/summary.md (and each run's tutor-load results). About 12 minutes.
+# Writes OUT/summary.md (and each run's tutor-load results). About 12 minutes per part with the
+# defaults (the fairness part: about 2.5 minutes per setting, mode and seed).
 #   loadtest/experiments/tenants.sh [OUT]   (default target/tenants)
 # Env: PARTS (default budget,fairness), BUDGET (tokens per minute, default 60000), B_RATE
 #      (default 4), PHASE_S (default 150), FAIR_B_RATE (B's rate in the fairness part, default
 #      3.2, about 0.8 of the engine at that speed), FAIR_SPEED (the simulator's speed there,
-#      default 0.25: about 4 requests/s), SPEED (in the budget part,
-#      default 1). Needs redis-server (scripts/test installs it).
+#      default 0.25: about 4 requests/s), FAIR_SETTINGS (default a-one,b-one), FAIR_SEEDS
+#      (default 1), FAIR_PHASE_S (default PHASE_S), SPEED (in the budget part, default 1).
+#      Needs redis-server (scripts/test installs it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-target/tenants}
@@ -32,6 +40,9 @@ PHASE_S=${PHASE_S:-150}
 FAIR_B_RATE=${FAIR_B_RATE:-3.2}
 FAIR_SPEED=${FAIR_SPEED:-0.25}
 SPEED=${SPEED:-1}
+FAIR_SETTINGS=${FAIR_SETTINGS:-a-one,b-one}
+FAIR_SEEDS=${FAIR_SEEDS:-1}
+FAIR_PHASE_S=${FAIR_PHASE_S:-$PHASE_S}
 rm -rf "$OUT" && mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 
@@ -105,13 +116,14 @@ scenario() { # rate -> file
   sed "s/^rate = .*/rate = $1/" loadtest/scenarios/seed-mix-open.toml >"$OUT/mix-$1.toml"
   echo "$OUT/mix-$1.toml"
 }
-load() { # name key rate targets...
+load() { # name key rate targets...   (env: LOAD_SEED, LOAD_S)
   local name=$1 key=$2 rate=$3; shift 3
   local targets=()
   for t in "$@"; do targets+=(--target "$t"); done
   date +%s.%N >"$OUT/$name.started"
-  "$BIN/tutor-load" run --scenario "$(scenario "$rate")" --duration "${PHASE_S}s" --drain 60s \
-    --progress 0 --api-key "$key" --out "$OUT/$name" "${targets[@]}" >"$OUT/$name.stdout" 2>&1
+  "$BIN/tutor-load" run --scenario "$(scenario "$rate")" --duration "${LOAD_S:-$PHASE_S}s" \
+    --drain 60s --progress 0 --api-key "$key" ${LOAD_SEED:+--seed "$LOAD_SEED"} \
+    --out "$OUT/$name" "${targets[@]}" >"$OUT/$name.stdout" 2>&1
 }
 tokens() { curl -fs "http://127.0.0.1:$SIM_PORT/metrics" \
   | awk '/^vllm:(prompt|generation)_tokens_total/ { n += $2 } END { printf "%d\n", n }'; }
@@ -143,16 +155,29 @@ fi
 
 if [[ ",$PARTS," == *",fairness,"* ]]; then
   FAIR_A_RATE=$(python3 -c "print(10 * $FAIR_B_RATE)")
-  for mode in false true; do
-    start_fleet "fair-$mode" "$FAIR_SPEED" "auth:fleet_fairness=$mode"
-    echo "fairness (fleet_fairness = $mode): A at $FAIR_A_RATE/s via replica 1, B at $FAIR_B_RATE/s via both" >&2
-    load "fair-$mode-a" "$KEY_A" "$FAIR_A_RATE" "$R1" &
-    A_PID=$!
-    load "fair-$mode-b" "$KEY_B" "$FAIR_B_RATE" "$R1" "$R2"
-    wait "$A_PID"
-    stop_fleet
+  for setting in ${FAIR_SETTINGS//,/ }; do
+    for seed in $FAIR_SEEDS; do
+      for mode in false true; do
+        run="fair-$setting-$mode-s$seed"
+        start_fleet "$run" "$FAIR_SPEED" "auth:fleet_fairness=$mode"
+        if [[ $setting == a-one ]]; then A_AT=("$R1"); B_AT=("$R1" "$R2"); else A_AT=("$R1" "$R2"); B_AT=("$R2"); fi
+        echo "fairness $setting seed $seed (fleet_fairness = $mode): A at $FAIR_A_RATE/s via ${#A_AT[@]} replica(s), B at $FAIR_B_RATE/s via ${#B_AT[@]}" >&2
+        python3 loadtest/experiments/fleet_sampler.py "$REDIS_PORT" 'tg:v2:{quota}' \
+          "$OUT/$run-fleet.jsonl" 0.5 &
+        PIDS+=($!)
+        # B's seed differs from A's: their sizes and arrivals are not the same draws.
+        LOAD_SEED=$seed LOAD_S=$FAIR_PHASE_S load "$run-a" "$KEY_A" "$FAIR_A_RATE" "${A_AT[@]}" &
+        A_PID=$!
+        LOAD_SEED=$((seed + 100)) LOAD_S=$FAIR_PHASE_S load "$run-b" "$KEY_B" "$FAIR_B_RATE" "${B_AT[@]}"
+        wait "$A_PID"
+        for r in "$R1" "$R2"; do
+          curl -fs "$r/metrics" | grep '^tutor_gateway_tenant_fleet_yields_total' || true
+        done >"$OUT/$run-yields.txt"
+        stop_fleet
+      done
+    done
   done
 fi
 
 python3 loadtest/experiments/tenants_report.py "$OUT" "$PARTS" "$BUDGET" "$B_RATE" "$PHASE_S" \
-  "$SPEED" "$FAIR_B_RATE" "$FAIR_SPEED"
+  "$SPEED" "$FAIR_B_RATE" "$FAIR_SPEED" "$FAIR_SETTINGS" "$FAIR_SEEDS" "$FAIR_PHASE_S"

@@ -1,8 +1,10 @@
 """The summary of loadtest/experiments/tenants.sh: OUT/summary.md."""
+import hashlib
 import json
 import sys
 
-out, parts, budget, b_rate, phase_s, speed, fair_b_rate, fair_speed = sys.argv[1:]
+(out, parts, budget, b_rate, phase_s, speed, fair_b_rate, fair_speed, fair_settings,
+ fair_seeds, fair_phase_s) = sys.argv[1:]
 parts = parts.split(",")
 budget = int(budget)
 lines = ["# Tenants across two replicas (one Redis)", "",
@@ -69,44 +71,94 @@ def jain(xs):
     return s * s / (len(xs) * sum(x * x for x in xs)) if any(xs) else None
 
 
+def field(tenant):
+    return hashlib.sha256(tenant.encode()).hexdigest()[:16]
+
+
+def counters(run, start, end):
+    """From the Redis samples between start and end (epoch s): the largest gap between A's and
+    B's counters where both waited, the share of samples where both waited, and the counters'
+    growth over those samples."""
+    fa, fb = field("school-a"), field("school-b")
+    both, total = [], 0
+    for line in open(f"{out}/{run}-fleet.jsonl"):
+        s = json.loads(line)
+        if not start <= s["t"] < end:
+            continue
+        total += 1
+        now_ms = s["t"] * 1000
+        waiting = {e.rsplit("|", 1)[1] for e, until in s["waiting"].items() if until >= now_ms}
+        if fa in waiting and fb in waiting:
+            both.append((s["service"].get(fa, 0.0), s["service"].get(fb, 0.0)))
+    if not both:
+        return None
+    gap = max(abs(a - b) for a, b in both)
+    grown = (both[-1][0] - both[0][0], both[-1][1] - both[0][1])
+    return gap, len(both) / max(total, 1), grown
+
+
+def largest(*names):
+    return max((rec.get("prompt_tokens") or 0) + rec["output_tokens"]
+               for n in names for rec in res(n)["records"] if rec.get("status") == "ok")
+
+
 if "fairness" in parts:
+    settings = {"a-one": "A through replica 1 only, B through both (the issue's)",
+                "b-one": "A through both, B through replica 2 only (replica 1 sees A alone)"}
     lines += ["## Fairness across the fleet", "",
-              f"School A sends 10x school B's load through replica 1 only; B sends "
-              f"{fair_b_rate} requests/s (about 0.8 of the engine) through both replicas in turn; "
-              f"simulator speed {fair_speed}. Service: prompt + output tokens of each tenant's "
-              "completed requests (the clients' own records), credited at completion. Counted "
-              "from 30 s after the start to the end of the sending (both backlogged), in 10 s "
-              "windows.", "",
-              "| `auth.fleet_fairness` | A's service | B's service | A / B | Jain's index (whole "
-              "period) | Jain's index, worst 10 s window | largest gap since the start of the "
-              "period, tokens | gap at the end |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for mode in ["false", "true"]:
-        sa, da = service_series(f"fair-{mode}-a")
-        sb, db = service_series(f"fair-{mode}-b")
-        t0 = max(sa, sb) + 30.0
-        t1 = min(sa, sb) + float(phase_s)
-        windows = []
-        gap_max, gap = 0.0, 0.0
-        t = t0
-        while t < t1:
-            xa = sum(n for at, n in da if t0 <= at < t + 1)
-            xb = sum(n for at, n in db if t0 <= at < t + 1)
-            gap = xa - xb
-            gap_max = max(gap_max, abs(gap))
-            t += 1.0
-        t = t0
-        while t + 10 <= t1:
-            wa = sum(n for at, n in da if t <= at < t + 10)
-            wb = sum(n for at, n in db if t <= at < t + 10)
-            windows.append(jain([wa, wb]))
-            t += 10.0
-        ta = sum(n for at, n in da if t0 <= at < t1)
-        tb = sum(n for at, n in db if t0 <= at < t1)
-        worst = min((w for w in windows if w is not None), default=None)
-        lines.append(f"| {mode} | {ta:,} | {tb:,} | {ta / max(tb, 1):.2f} | "
-                     f"{jain([ta, tb]) or 0:.3f} | {worst or 0:.3f} | {gap_max:,.0f} | {gap:,.0f} |")
-    lines.append("")
+              f"School A sends 10x school B's load; B sends {fair_b_rate} requests/s (about 0.8 "
+              f"of the engine); simulator speed {fair_speed}; {fair_phase_s} s of load per run, "
+              "counted from 30 s after the start to the end of the sending; seeds "
+              f"{fair_seeds} (B's sizes and arrivals drawn with the seed + 100).", "",
+              "- **Counters**: the fleet's own counters in Redis (prompt + output tokens over "
+              "the share, charged the reservation at admission and settled to the engine's count "
+              "at the end; kept with `fleet_fairness` off too), sampled every 0.5 s with who "
+              "waits where. *Largest gap* is the largest |A - B| at a sample where both waited; "
+              "the bound is twice the largest request (prompt + output) plus the admissions "
+              "of one 250 ms heartbeat elsewhere.",
+              "- **Clients**: prompt + output tokens of each tenant's completed requests, from "
+              "the load generators' own records, credited at completion; Jain's index over the "
+              "period and its worst 10 s window.", ""]
+    for setting in fair_settings.split(","):
+        lines += [f"### {setting}: {settings.get(setting, setting)}", "",
+                  "| `fleet_fairness` | seed | A / B (clients) | Jain (period) | Jain (worst 10 s) "
+                  "| both waiting | counters' growth A / B | largest gap, tokens | gap / (2 x "
+                  "largest request) | heads that yielded |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for mode in ["false", "true"]:
+            for seed in fair_seeds.split():
+                run = f"fair-{setting}-{mode}-s{seed}"
+                sa, da = service_series(f"{run}-a")
+                sb, db = service_series(f"{run}-b")
+                t0 = max(sa, sb) + 30.0
+                t1 = min(sa, sb) + float(fair_phase_s)
+                windows = []
+                t = t0
+                while t + 10 <= t1:
+                    wa = sum(n for at, n in da if t <= at < t + 10)
+                    wb = sum(n for at, n in db if t <= at < t + 10)
+                    windows.append(jain([wa, wb]))
+                    t += 10.0
+                ta = sum(n for at, n in da if t0 <= at < t1)
+                tb = sum(n for at, n in db if t0 <= at < t1)
+                worst = min((w for w in windows if w is not None), default=None)
+                big = largest(f"{run}-a", f"{run}-b")
+                c = counters(run, t0, t1)
+                if c:
+                    gap, frac, (ga, gb) = c
+                    counted = (f"{frac:.0%} | {ga / max(gb, 1):.2f} | {gap:,.0f} | "
+                               f"{gap / (2 * big):.2f} |")
+                else:
+                    counted = "0% | - | - | - |"
+                try:
+                    yields = sum(float(l.split()[-1]) for l in open(f"{out}/{run}-yields.txt")
+                                 if l.strip())
+                except OSError:
+                    yields = 0
+                lines.append(f"| {mode} | {seed} | {ta / max(tb, 1):.2f} | "
+                             f"{jain([ta, tb]) or 0:.3f} | {worst or 0:.3f} | {counted} "
+                             f"{yields:,.0f} |")
+        lines.append("")
 
 open(f"{out}/summary.md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -191,19 +191,23 @@ impl Relay {
         self.upstream.output_tokens().count
     }
 
+    /// What the engine served so far: its usage's prompt (else the estimate) and the output.
+    fn served(&self) -> u64 {
+        let prompt = self
+            .upstream
+            .view()
+            .usage
+            .map_or(self.class.input_tokens_estimate, |u| u.prompt_tokens);
+        u64::from(prompt).saturating_add(u64::from(self.produced()))
+    }
+
     /// Marks the end: writes the record, counts the session's output and frees the slot.
     fn finish(&mut self, outcome: Outcome, error_code: Option<&str>) {
         if self.done {
             return;
         }
         self.done = true;
-        // What the engine served: its usage's prompt (else the estimate) and the output.
-        let prompt = self
-            .upstream
-            .view()
-            .usage
-            .map_or(self.class.input_tokens_estimate, |u| u.prompt_tokens);
-        let served = u64::from(prompt).saturating_add(u64::from(self.produced()));
+        let served = self.served();
         if let Some(mut guard) = self.guard.take() {
             // Its tenant's fleet service settles to it (`auth.fleet_fairness`).
             guard.served(served);
@@ -241,8 +245,12 @@ impl Relay {
             }
             if chunk.finish_reason.is_some() {
                 // The engine is done with it: the seat and tokens are free now, whatever
-                // follows (the usage chunk, `[DONE]`, or nothing).
-                self.guard = None;
+                // follows (the usage chunk, `[DONE]`, or nothing). Its tenant's fleet service
+                // settles to what was counted by now (the usage when it came with this chunk).
+                let served = self.served();
+                if let Some(mut guard) = self.guard.take() {
+                    guard.served(served);
+                }
             }
         }
         ev

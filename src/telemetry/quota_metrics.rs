@@ -103,7 +103,7 @@ impl QuotaMetrics {
         .expect("valid gauge");
         let jain = prometheus::Gauge::new(
             "tutor_gateway_tenant_fairness_jain",
-            "Jain's index of the fleet service the tenants waiting in this replica's lines \
+            "Jain's index of the fleet service the tenants waiting anywhere in the fleet \
              received over the last 10 s (1: equal; 1/n: one took all; 1 with fewer than two).",
         )
         .expect("valid gauge");

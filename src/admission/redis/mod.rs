@@ -379,10 +379,9 @@ impl RedisAdmission {
             prompt,
             long: self.shared.waits_for_prefill(prompt),
             started: Instant::now(),
-            // Its tenant's service is counted fleet-wide (`service`).
-            service: tenant
-                .filter(|_| rules.fleet_fairness)
-                .map(|t| (Arc::from(t), share)),
+            // Its tenant's service is counted fleet-wide (`service`), whether the lines order by
+            // it (`auth.fleet_fairness`) or not: the metrics compare the two.
+            service: tenant.map(|t| (Arc::from(t), share)),
         };
         let line = self.shared.line(lane, prompt);
         // With fleet fairness, a head of a tenant ahead of one waiting on another replica yields
