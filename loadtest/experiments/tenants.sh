@@ -11,10 +11,12 @@
 #   3. both: A at 10x its budget and B at B_RATE together: B's TTFT against phase 1.
 # Part "fairness": no budgets; A sends 10x B's load, in two settings: "a-one" (A through
 #   replica 1 only, B through both: the issue's) and "b-one" (A through both, B through replica 2
-#   only: replica 1 sees A alone), each with `auth.fleet_fairness = false` (turns per replica)
-#   and with it on, for each seed of FAIR_SEEDS. Two measures:
+#   only: replica 1 sees A alone), each in FIFO order (`[auth]` off: no tenants, each replica's
+#   lines first come first served), with `auth.fleet_fairness = false` (turns per replica) and
+#   with it on, for each seed of FAIR_SEEDS. Two measures:
 #   - the fleet's own counters in Redis (every tenant's prompt + output tokens over its share,
-#     charged at admission, settled at the end; kept in both modes), sampled every 0.5 s with
+#     charged at admission, settled at the end; kept whether the lines order by them or not;
+#     none in FIFO, which has no tenants), sampled every 0.5 s with
 #     who waits where (fleet_sampler.py): the gap between A's and B's counters at every sample
 #     where both wait, against the documented bound;
 #   - the clients' own records (prompt + output tokens of completed requests, credited at
@@ -28,7 +30,7 @@
 #      (default 4), PHASE_S (default 150), FAIR_B_RATE (B's rate in the fairness part, default
 #      3.2, about 0.8 of the engine at that speed), FAIR_SPEED (the simulator's speed there,
 #      default 0.25: about 4 requests/s), FAIR_SETTINGS (default a-one,b-one), FAIR_SEEDS
-#      (default 1), FAIR_PHASE_S (default PHASE_S), SPEED (in the budget part, default 1).
+#      (default 1), FAIR_MODES (default "fifo false true"), FAIR_PHASE_S (default PHASE_S), SPEED (in the budget part, default 1).
 #      Needs redis-server (scripts/test installs it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -42,6 +44,7 @@ FAIR_SPEED=${FAIR_SPEED:-0.25}
 SPEED=${SPEED:-1}
 FAIR_SETTINGS=${FAIR_SETTINGS:-a-one,b-one}
 FAIR_SEEDS=${FAIR_SEEDS:-1}
+FAIR_MODES=${FAIR_MODES:-fifo false true}
 FAIR_PHASE_S=${FAIR_PHASE_S:-$PHASE_S}
 rm -rf "$OUT" && mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -157,9 +160,10 @@ if [[ ",$PARTS," == *",fairness,"* ]]; then
   FAIR_A_RATE=$(python3 -c "print(10 * $FAIR_B_RATE)")
   for setting in ${FAIR_SETTINGS//,/ }; do
     for seed in $FAIR_SEEDS; do
-      for mode in false true; do
+      for mode in $FAIR_MODES; do
         run="fair-$setting-$mode-s$seed"
-        start_fleet "$run" "$FAIR_SPEED" "auth:fleet_fairness=$mode"
+        if [[ $mode == fifo ]]; then extra="auth:enabled=false"; else extra="auth:fleet_fairness=$mode"; fi
+        start_fleet "$run" "$FAIR_SPEED" "$extra"
         if [[ $setting == a-one ]]; then A_AT=("$R1"); B_AT=("$R1" "$R2"); else A_AT=("$R1" "$R2"); B_AT=("$R2"); fi
         echo "fairness $setting seed $seed (fleet_fairness = $mode): A at $FAIR_A_RATE/s via ${#A_AT[@]} replica(s), B at $FAIR_B_RATE/s via ${#B_AT[@]}" >&2
         python3 loadtest/experiments/fleet_sampler.py "$REDIS_PORT" 'tg:v2:{quota}' \
@@ -180,4 +184,5 @@ if [[ ",$PARTS," == *",fairness,"* ]]; then
 fi
 
 python3 loadtest/experiments/tenants_report.py "$OUT" "$PARTS" "$BUDGET" "$B_RATE" "$PHASE_S" \
-  "$SPEED" "$FAIR_B_RATE" "$FAIR_SPEED" "$FAIR_SETTINGS" "$FAIR_SEEDS" "$FAIR_PHASE_S"
+  "$SPEED" "$FAIR_B_RATE" "$FAIR_SPEED" "$FAIR_SETTINGS" "$FAIR_SEEDS" "$FAIR_PHASE_S" \
+  "$FAIR_MODES"

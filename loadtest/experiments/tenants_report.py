@@ -4,7 +4,8 @@ import json
 import sys
 
 (out, parts, budget, b_rate, phase_s, speed, fair_b_rate, fair_speed, fair_settings,
- fair_seeds, fair_phase_s) = sys.argv[1:]
+ fair_seeds, fair_phase_s, *rest) = sys.argv[1:]
+fair_modes = rest[0].split() if rest else ["false", "true"]
 parts = parts.split(",")
 budget = int(budget)
 lines = ["# Tenants across two replicas (one Redis)", "",
@@ -125,7 +126,7 @@ if "fairness" in parts:
                   "| both waiting | counters' growth A / B | largest gap, tokens | gap / (2 x "
                   "largest request) | heads that yielded |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for mode in ["false", "true"]:
+        for mode in fair_modes:
             for seed in fair_seeds.split():
                 run = f"fair-{setting}-{mode}-s{seed}"
                 sa, da = service_series(f"{run}-a")
@@ -155,7 +156,8 @@ if "fairness" in parts:
                                  if l.strip())
                 except OSError:
                     yields = 0
-                lines.append(f"| {mode} | {seed} | {ta / max(tb, 1):.2f} | "
+                label = "FIFO (no tenants)" if mode == "fifo" else mode
+                lines.append(f"| {label} | {seed} | {ta / max(tb, 1):.2f} | "
                              f"{jain([ta, tb]) or 0:.3f} | {worst or 0:.3f} | {counted} "
                              f"{yields:,.0f} |")
         lines.append("")

@@ -30,6 +30,16 @@ const BACKOFF_MAX: Duration = Duration::from_millis(250);
 /// float does) and its arrival number.
 type Key = (u64, u64);
 
+/// A tenant's service counted fleet-wide (`service`), which orders a line by tokens.
+#[derive(Clone)]
+pub(crate) struct Rank(Arc<dyn Fn(&str) -> f64 + Send + Sync>);
+
+impl std::fmt::Debug for Rank {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Rank")
+    }
+}
+
 /// A waiter in a [`Line`]: the place of arrival number `id`.
 #[derive(Debug)]
 struct Seat {
@@ -52,6 +62,10 @@ struct Line {
     /// The arrival number of the waiter whose turn it is (the one talking to Redis).
     turn: Option<u64>,
     arrivals: u64,
+    /// The fleet's service counters, when the line may be ordered by them.
+    rank: Option<Rank>,
+    /// Whether the last arrival asked for that order (`auth.fleet_fairness`, reloadable).
+    ranked: bool,
 }
 
 impl Line {
@@ -115,9 +129,31 @@ impl Line {
         }
     }
 
-    /// The arrival number of the first waiter.
+    /// The arrival number of the first waiter: in the tags' order, or, ordered by the fleet's
+    /// service counters, the first waiter of the waiting tenant with the least service now
+    /// (ties: the earlier tag). The counters move while requests wait (admissions here and on
+    /// other replicas), so a tenant's tag, fixed at its arrival, cannot say who is behind now.
     fn first(&self) -> Option<u64> {
-        self.order.values().next().map(|s| s.id)
+        let mut waiting = self.order.values();
+        let first = waiting.next()?;
+        let Some(Rank(rank)) = self.rank.as_ref().filter(|_| self.ranked) else {
+            return Some(first.id);
+        };
+        let of = |s: &Seat| s.tenant.as_deref().map_or(f64::INFINITY, |t| rank(t));
+        let mut best = (of(first), first.id);
+        let mut seen: Vec<&Arc<str>> = first.tenant.iter().collect();
+        for seat in waiting {
+            let Some(t) = &seat.tenant else { continue };
+            if seen.contains(&t) {
+                continue;
+            }
+            seen.push(t);
+            let r = of(seat);
+            if r < best.0 {
+                best = (r, seat.id);
+            }
+        }
+        Some(best.1)
     }
 }
 
@@ -170,6 +206,12 @@ impl LaneQueue {
         self.line.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Lets the line be ordered by `rank` (a tenant's fleet service) while its arrivals ask for
+    /// it ([`LaneQueue::join_costed`] with a cost).
+    pub fn rank_by(&self, rank: Arc<dyn Fn(&str) -> f64 + Send + Sync>) {
+        self.lock().rank = Some(Rank(rank));
+    }
+
     /// Requests waiting now.
     pub fn waiting(&self) -> u32 {
         self.waiting.load(Ordering::Acquire)
@@ -218,6 +260,7 @@ impl LaneQueue {
         // The pushed-out waiter leaves the count when its place drops (at once).
         self.waiting.fetch_add(1, Ordering::AcqRel);
         let tenant: Option<Arc<str>> = tenant.map(Arc::from);
+        line.ranked = costed.is_some();
         let tag = match costed {
             None => line.fair.tag(tenant.clone(), share),
             Some((cost, floor)) => line.fair.tag_at_least(tenant.clone(), share, cost, floor),
@@ -356,6 +399,44 @@ mod tests {
         let p: Vec<_> = (0..2).map(|_| q.join(2, (None, 1.0), None, one)).collect();
         assert!(p.iter().all(Result::is_ok));
         assert!(q.join(2, (None, 1.0), None, one).is_err());
+    }
+
+    #[tokio::test]
+    async fn ordered_by_fleet_service_the_tenant_served_least_now_goes_first() {
+        let served: Arc<Mutex<HashMap<String, f64>>> = Arc::default();
+        let q = LaneQueue::default();
+        let view = served.clone();
+        q.rank_by(Arc::new(move |t: &str| {
+            view.lock().unwrap().get(t).copied().unwrap_or(0.0)
+        }));
+        let set = |t: &str, v: f64| {
+            served.lock().unwrap().insert(t.to_owned(), v);
+        };
+        set("A", 0.0);
+        set("B", 500.0);
+        fn costed<'q>(q: &'q LaneQueue, t: &str) -> Place<'q> {
+            q.join_costed(10, (Some(t), 1.0), Some((100.0, 0.0)), None, one)
+                .unwrap()
+        }
+        let a1 = costed(&q, "A");
+        let a2 = costed(&q, "A");
+        let b1 = costed(&q, "B");
+        assert_eq!(q.lock().first(), Some(a1.id), "A has had less");
+        // B's service elsewhere is settled down below A's: B's waiter is first now, although
+        // its tag (fixed at its arrival) is later; A's own order is kept.
+        set("B", 50.0);
+        set("A", 300.0);
+        assert_eq!(q.lock().first(), Some(b1.id));
+        set("B", 301.0);
+        assert_eq!(q.lock().first(), Some(a1.id));
+        drop(a1);
+        assert_eq!(q.lock().first(), Some(a2.id));
+        // An arrival that does not ask for it (fleet fairness off) orders the line by tags.
+        set("B", 1_000.0);
+        assert_eq!(q.lock().first(), Some(a2.id), "ordered by service");
+        let _b2 = q.join(10, (Some("B"), 1.0), None, one).unwrap();
+        assert_eq!(q.lock().first(), Some(b1.id), "B's tag is the earliest");
+        drop((a2, b1));
     }
 
     #[tokio::test]

@@ -9,14 +9,13 @@
 //!   output tokens, the budgets' unit) is added, so a request that never reached the engine
 //!   costs nothing. Each replica reads the whole hash every heartbeat into its view and adds its
 //!   own charges to the view at once.
-//! - **The order.** A replica's lines tag an arrival of tenant `t` with the start
-//!   `max(V, F[t], S[t])`, where `V` is the tag of the line's last admitted waiter, `F[t]` the
-//!   end of `t`'s last tag in this line and `S[t]` the fleet counter, all in tokens over the
-//!   share; the tag then advances by the request's cost over the share. So a tenant served on
-//!   other replicas is served later here, and one that was idle is lifted to `V` (it banks no
-//!   credit): the backlogged tenant with the least counted service fleet-wide goes first,
-//!   whichever replicas their requests land on. Through one replica the order is the
-//!   start-time fair order by tokens.
+//! - **The order.** A replica's line gives the turn to the first waiter of the waiting tenant
+//!   whose counter is the least *now* (this replica's view; ties and a tenant's own waiters by
+//!   their start tags, `max(V, F[t], S[t])` as [`crate::admission::fair::Fair`] gives them).
+//!   The counters move while requests wait (admissions here and elsewhere, settlements), so a
+//!   tag fixed at arrival would not say who is behind now: measured, tags alone let the gap
+//!   between two backlogged tenants drift past 100,000 tokens. A turn holder that stops being
+//!   first hands the turn on at its next try.
 //! - **Who waits where.** Every heartbeat each replica writes, for each of its lines, the
 //!   tenants waiting in it (`<prefix>:{quota}:waiting`, entries that count for 2 s of Redis's
 //!   clock, so a replica that died stops counting within two seconds) and reads everyone's, in one

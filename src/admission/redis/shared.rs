@@ -76,7 +76,7 @@ pub(crate) struct Shared {
     /// `None` until the first connection; the manager reconnects by itself afterwards.
     pub conn: watch::Sender<Option<ConnectionManager>>,
     /// The tenants' service counted fleet-wide (`auth.fleet_fairness`).
-    pub service: super::service::FleetService,
+    pub service: Arc<super::service::FleetService>,
     pub scripts: Scripts,
     pub keys: Keys,
     /// This replica's limits: what it writes as the shared record (at start when there is
@@ -130,9 +130,16 @@ impl Shared {
         fallback: Option<LocalAdmission>,
     ) -> Self {
         let replica = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+        let service = Arc::new(super::service::FleetService::new(&keys.base));
+        let queues: [LaneQueue; 3] = Default::default();
+        let long_lines: [LaneQueue; 3] = Default::default();
+        for line in queues.iter().chain(long_lines.iter()) {
+            let service = service.clone();
+            line.rank_by(Arc::new(move |tenant: &str| service.of(tenant)));
+        }
         Self {
             client,
-            service: super::service::FleetService::new(&keys.base),
+            service,
             conn: watch::Sender::new(None),
             scripts: Scripts::default(),
             keys,
@@ -145,8 +152,8 @@ impl Shared {
             replica,
             next_id: AtomicU64::new(0),
             held: Mutex::new(HashMap::new()),
-            queues: Default::default(),
-            long_lines: Default::default(),
+            queues,
+            long_lines,
             degraded: AtomicBool::new(false),
             failures: std::sync::atomic::AtomicU32::new(0),
             abandoned: AtomicBool::new(false),
