@@ -30,10 +30,13 @@
 //!   first release it lets pass, then takes its turn (a remote head that cannot be admitted,
 //!   say a review waiting for token room a question would fit in, does not stall this line
 //!   for longer). So a replica that only sees one tenant cannot give it every seat it wins.
-//! - **The bound.** While two tenants both wait, their counters differ by at most about twice
-//!   the largest request's cost over the share (a head goes while it is ahead by at most its
-//!   own cost, and its admission adds that cost again), plus what the views lag Redis (one
-//!   heartbeat of admissions elsewhere), as long as no head yields for [`YIELD_AT_MOST`].
+//! - **The bound.** While two tenants keep waiting in the same lines, their counters differ by
+//!   at most about twice the largest request's cost over the share (a head goes while it is
+//!   ahead by at most its own cost, and its admission adds that cost again), plus what the
+//!   views lag Redis (one heartbeat of admissions elsewhere), as long as no head yields for
+//!   [`YIELD_AT_MOST`]. The counter is one per tenant across lanes and seats are per lane: a
+//!   tenant waiting only for review seats cannot take the question seats the other tenant
+//!   uses meanwhile, so then the gap grows past the bound until its lane catches it up.
 //!   `tutor_gateway_tenant_service_tokens{tenant}` is the view;
 //!   `tutor_gateway_tenant_service_gap_tokens` its largest gap between tenants waiting anywhere.
 //! - **Jobs** are not charged: they start only from seats nobody waits for, so the service they
