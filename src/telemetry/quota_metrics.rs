@@ -134,6 +134,9 @@ impl QuotaMetrics {
         for kind in ["connection", "timeout", "other", "lease_lost"] {
             errors.with_label_values(&[kind]);
         }
+        for lane in crate::lane::Lane::ALL {
+            yields.with_label_values(&[lane.as_str()]);
+        }
         Self {
             latency,
             errors,
