@@ -274,14 +274,17 @@ async fn models_and_health_pass_through() {
 #[tokio::test]
 async fn stalled_stream_hits_the_idle_timeout_and_the_engine_is_aborted() {
     let s = sim(&flags(
-        "--speed 50 --profile tiny-test --stall-after-tokens 3 --enable-scale-out",
+        "--speed 2 --profile tiny-test --stall-after-tokens 3 --enable-scale-out",
     ))
     .await;
     let mut config = upstream_config(&s.url());
     config.idle_timeout = Duration::from_millis(300);
     let client = client_for(config);
     assert_eq!(probed(&client).await, AbortEndpoint::Offered);
-    let mut stream = client.stream(chat("stall-1", "hi", 50)).await.unwrap();
+    // An answer long enough that the engine is still generating it when the abort comes, however
+    // late a loaded machine sends it (a short one could finish in the engine first: nothing left
+    // to abort).
+    let mut stream = client.stream(chat("stall-1", "hi", 1500)).await.unwrap();
     let started = Instant::now();
     let (chunks, err) = drain(&mut stream).await;
     assert!(
