@@ -389,13 +389,13 @@ impl RedisAdmission {
         let line_name = service::line_name(lane, asked.long);
         let cost = f64::from(tokens) / share;
         let yields = || {
-            tenant.filter(|_| rules.fleet_fairness).is_some_and(|t| {
+            tenant.filter(|_| rules.fleet_fairness).and_then(|t| {
                 let here: Vec<Arc<str>> = line.tenants().into_iter().flatten().collect();
                 self.shared.service.yields(&line_name, t, cost, &here)
             })
         };
         let mut prefill_blocked = None;
-        if line.waiting() == 0 && !yields() {
+        if line.waiting() == 0 && yields().is_none() {
             match self.shared.try_take(lane, tokens, prompt, false).await {
                 Take::Granted(id) => return Ok(self.guard(id, &asked, Duration::ZERO, None)),
                 Take::Refused(verdict) => {
@@ -436,12 +436,12 @@ impl RedisAdmission {
                 Err((held, places)) => return Ok(Err(pushed_out(held, places))),
             };
             let mut backoff = queue::LaneQueue::first_backoff();
-            // How long this head yielded to other replicas' tenants since the first release it
-            // let pass (at most YIELD_AT_MOST), and whether it yielded at all.
-            let mut yielded: Option<Duration> = None;
+            // How long this head yielded to other replicas' tenants, and whether it yielded at
+            // all.
+            let mut clock = service::YieldClock::default();
             let mut yielded_once = false;
             loop {
-                let yielding = yielded.is_none_or(|y| y < service::YIELD_AT_MOST) && yields();
+                let yielding = clock.yields(yields());
                 if yielding && !yielded_once {
                     yielded_once = true;
                     self.shared.metrics.yielded(lane);
@@ -464,8 +464,8 @@ impl RedisAdmission {
                 let paused = Instant::now();
                 let released;
                 (backoff, released) = line.pause(backoff).await;
-                if yielding && (released || yielded.is_some()) {
-                    *yielded.get_or_insert(Duration::ZERO) += paused.elapsed();
+                if yielding {
+                    clock.paused(paused.elapsed(), released);
                 }
                 if let Some((held, places)) = place.pushed_out() {
                     return Ok(Err(pushed_out(held, places)));
