@@ -318,3 +318,45 @@ async fn budget_off_counts_prefill_and_nobody_waits() {
     assert_eq!(prefill(&a), 20_000);
     assert_eq!((g1.prefill_wait(), g2.prefill_wait()), (None, None));
 }
+
+/// A long prompt refused for prefill room for `PREFILL_CLAIM_AFTER` claims it: a smaller long
+/// prompt of another lane that would fit beside what prefills now waits until the claimant is
+/// in (before the claim it goes ahead); a short prompt never waits for it.
+#[tokio::test(start_paused = true)]
+async fn a_long_prompt_refused_long_enough_is_not_overtaken_by_smaller_ones() {
+    let a = admission("");
+    let mut medium = a
+        .acquire(Ask::new(Medium, 4_000).with_prefill(3_000))
+        .await
+        .unwrap();
+    let review = spawn(&a, Large, 12_000, 11_000);
+    settle().await;
+    assert_eq!(a.snapshot().lane(Large).queue_depth, 1);
+    // Before the claim: 3000 + 4000 fits, so a smaller long prompt goes ahead.
+    let mut first = a
+        .acquire(Ask::new(Medium, 5_000).with_prefill(4_000))
+        .await
+        .unwrap();
+    first.prefill_done();
+    tokio::time::advance(crate::admission::budget::PREFILL_CLAIM_AFTER).await;
+    // Now the review claims the room: 3000 + 11000 + 4000 > 12288, the smaller one waits.
+    let smaller = spawn(&a, Medium, 5_000, 4_000);
+    settle().await;
+    assert_eq!(a.snapshot().lane(Medium).queue_depth, 1);
+    let short = a
+        .acquire(Ask::new(Medium, 2_000).with_prefill(1_000))
+        .await
+        .unwrap();
+    drop(short);
+    // The medium's first token: the review fits and goes in; the smaller waits for its room.
+    medium.prefill_done();
+    let mut review = review.await.unwrap().unwrap();
+    settle().await;
+    assert_eq!(prefill(&a), 11_000);
+    assert_eq!(a.snapshot().lane(Medium).queue_depth, 1);
+    review.prefill_done();
+    let smaller = smaller.await.unwrap().unwrap();
+    assert_eq!(prefill(&a), 4_000);
+    drop((smaller, review, medium, first));
+    assert!(a.snapshot().is_idle());
+}
