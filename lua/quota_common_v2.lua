@@ -121,34 +121,12 @@ local function put_lease(now, ttl, id, lane, tokens, prefill)
   end
 end
 
--- The claim on prefill room (KEYS[3] field "prefill:claim": "<claimant> <prompt> <until ms>"):
--- a long prompt refused for room for a while (the gateway decides how long) claims it, so that
--- a stream of smaller long prompts cannot keep it out for ever. Until the claimant is granted,
--- or stops renewing its claim for CLAIM_MS, every other long prompt fits only if it leaves the
--- claimant's room. One claim at a time, fleet-wide. Returns the claimant and its prompt.
-local CLAIM_MS = 1000
-local function prefill_claim(now)
-  local v = redis.call('HGET', KEYS[3], 'prefill:claim')
-  if not v then
-    return nil, 0
-  end
-  local by, prompt, until_ms = string.match(v, '^(%S+) (%d+) (%d+)$')
-  if not by or tonumber(until_ms) < now then
-    redis.call('HDEL', KEYS[3], 'prefill:claim')
-    return nil, 0
-  end
-  return by, tonumber(prompt)
-end
-
 -- Takes a lease for ARGV[1..5] (the acquire script's layout: id, lane, tokens, ttl_ms, prompt,
 -- the prompt being the lease's prefill reservation) if it fits the limits record and, for a
--- long prompt, the record's prefill budget and any other's claim on it. `own`: only the
--- lane's own seats (background work). `claimant` ('' or nil: none): the waiter this call is
--- for, when it may claim prefill room (above).
+-- long prompt, the record's prefill budget. `own`: only the lane's own seats (background work).
 -- Returns the status: 1 granted, 0 no seat, -1 lane tokens, -2 global tokens, -4 no prefill
 -- room, -5 no limits record (the caller writes it and tries again).
-local function take_lease(now, own, claimant)
-  claimant = claimant or ''
+local function take_lease(now, own)
   local id, lane = ARGV[1], ARGV[2]
   local tokens, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
   local prompt = tonumber(ARGV[5])
@@ -165,20 +143,9 @@ local function take_lease(now, own, claimant)
   end
   local budget, long = r['prefill_budget'], r['long_prompt']
   if budget > 0 and prompt > long then
-    local busy = usage('prefill:tokens')
-    local by, claimed = prefill_claim(now)
-    if by and by ~= claimant then
-      busy = busy + claimed
-    end
-    if busy > 0 and busy + prompt > budget then
-      if claimant ~= '' and (not by or by == claimant) then
-        redis.call('HSET', KEYS[3], 'prefill:claim',
-          claimant .. ' ' .. prompt .. ' ' .. (now + CLAIM_MS))
-      end
+    local prefilling = usage('prefill:tokens')
+    if prefilling > 0 and prefilling + prompt > budget then
       return -4
-    end
-    if by and by == claimant then
-      redis.call('HDEL', KEYS[3], 'prefill:claim')
     end
   end
   put_lease(now, ttl, id, lane, tokens, prompt)

@@ -215,14 +215,6 @@ impl Limits {
     }
 }
 
-/// How long a long prompt is refused for prefill room before it claims the room: from then on
-/// smaller long prompts that arrive or wake fit only if they leave its room (fleet-wide with
-/// the Redis quota, `quota_common_v2.lua`; one claim at a time), so
-/// a prompt near the budget's size is not kept out for ever by a stream of smaller ones
-/// (measured: a 12,000-token review waited a minute while 2,000-token prompts and smaller
-/// reviews came and went). Short prompts never wait for it.
-pub const PREFILL_CLAIM_AFTER: Duration = Duration::from_secs(2);
-
 /// The prefill budget (policies `lanes` and `strict`): estimated prompt tokens of all requests
 /// between dispatch and their first token. Every admitted prompt is counted; only prompts above
 /// `long_prompt` wait for room. Both backends check it: the local counters and the Redis acquire
@@ -252,14 +244,6 @@ impl PrefillLimit {
     /// budget). Short prompts never wait for it.
     pub fn waits(&self, prompt: u32) -> bool {
         self.budget > 0 && prompt > self.long_prompt
-    }
-
-    /// Whether a long prompt of `prompt` tokens may start its prefill with `in_flight` tokens
-    /// prefilling while another waiter claims `claimed` tokens of room
-    /// ([`PREFILL_CLAIM_AFTER`]; 0: no claim, or its own): as [`PrefillLimit::fits`], the claim
-    /// counted as prefilling.
-    pub fn fits_beside(&self, in_flight: u64, claimed: u32, prompt: u32) -> bool {
-        self.fits(in_flight + u64::from(claimed), prompt)
     }
 
     /// Whether a prompt of `prompt` tokens may start its prefill with `in_flight` tokens already

@@ -105,7 +105,6 @@ async fn both_backends_decide_alike() {
             wait_mark_ms: 0,
             replica: "test",
             others_waiting: false,
-            claimant: None,
         };
         let reply = scripts.acquire(&mut conn, &keys, &ask).await.unwrap();
         assert_eq!(

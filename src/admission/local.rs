@@ -12,9 +12,7 @@
 //! queue, long prompts waiting for prefill room keep their order among themselves (FIFO); a
 //! short prompt behind them is not held back by them (short prompts never wait for the prefill
 //! budget), but it does wait behind any waiter that lacks a seat or tokens (strict FIFO per
-//! queue, as before). Across queues, the long prompt refused for room the longest claims it
-//! once refused for [`PREFILL_CLAIM_AFTER`]: long prompts of other queues (and arrivals) then
-//! fit only if they leave its room. The prefill reservation is given back at the first token
+//! queue, as before). The prefill reservation is given back at the first token
 //! ([`LaneGuard::prefill_done`]) or when the guard drops, whichever comes first.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
@@ -25,7 +23,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::backend::{AdmissionHealth, Ask, Backend, LimitsChange};
-use super::budget::{Limits, PrefillLimit, PREFILL_CLAIM_AFTER};
+use super::budget::{Limits, PrefillLimit};
 use super::error::AdmissionError;
 use super::fair::{over_share, room_for, Room};
 use super::guard::{LaneGuard, Reservation};
@@ -363,12 +361,8 @@ impl Shared {
         tokens: u32,
         prompt: u32,
     ) -> bool {
-        let claimed = Self::prefill_claim(state, Instant::now()).map_or(0, |(_, p)| p);
         if !self.rules().limits.fits(&state.usage, lane, tokens)
-            || !self
-                .rules()
-                .prefill
-                .fits_beside(state.prefill, claimed, prompt)
+            || !self.rules().prefill.fits(state.prefill, prompt)
         {
             return false;
         }
@@ -388,7 +382,6 @@ impl Shared {
     fn dispatch(self: &Arc<Self>, state: &mut State) {
         self.freed.send_modify(|v| *v = v.wrapping_add(1));
         let now = Instant::now();
-        let mut claim = Self::prefill_claim(state, now);
         for queue in 0..state.queues.len() {
             let mut pos = 0;
             let mut long_held = false;
@@ -396,13 +389,8 @@ impl Shared {
                 if !self.rules().limits.fits(&state.usage, w.lane, w.tokens) {
                     break;
                 }
-                let claimed = claim.filter(|(id, _)| *id != w.id).map_or(0, |(_, p)| p);
                 if self.rules().prefill.waits(w.prefill)
-                    && (long_held
-                        || !self
-                            .rules()
-                            .prefill
-                            .fits_beside(state.prefill, claimed, w.prefill))
+                    && (long_held || !self.rules().prefill.fits(state.prefill, w.prefill))
                 {
                     long_held = true;
                     let w = &mut state.queues[queue][pos];
@@ -413,27 +401,9 @@ impl Shared {
                 let Some(waiter) = state.take_at(queue, pos) else {
                     break;
                 };
-                if claim.is_some_and(|(id, _)| id == waiter.id) {
-                    claim = None;
-                }
                 self.grant(state, waiter);
             }
         }
-    }
-
-    /// The waiter that claims prefill room, and its prompt: the long prompt refused for room the
-    /// longest, once that is [`PREFILL_CLAIM_AFTER`].
-    fn prefill_claim(state: &State, now: Instant) -> Option<(u64, u32)> {
-        state
-            .queues
-            .iter()
-            .flatten()
-            .filter_map(|w| {
-                let at = w.prefill_blocked_at?;
-                (now.duration_since(at) >= PREFILL_CLAIM_AFTER).then_some((at, w.id, w.prefill))
-            })
-            .min_by_key(|(at, ..)| *at)
-            .map(|(_, id, prefill)| (id, prefill))
     }
 
     /// Takes `waiter`'s seat, tokens and prefill reservation and hands it its guard; undoes it

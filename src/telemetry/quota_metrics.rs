@@ -13,11 +13,10 @@
 //! - `tutor_gateway_quota_limits_version`: the version of the shared limits record this
 //!   replica last saw (replicas that agree show the same number).
 //! - `tutor_gateway_tenant_service_tokens{tenant}`: each tenant's service counted fleet-wide
-//!   (prompt + output tokens over its share, the sum over lines), as this replica last read it
+//!   (prompt + output tokens over its share), as this replica last read it
 //!   (`auth.fleet_fairness`; tenants this replica has served or has waiting).
-//! - `tutor_gateway_tenant_service_gap_tokens`: the largest difference between the counters in
-//!   one line of two tenants waiting in that line anywhere in the fleet (0 when no line has
-//!   two).
+//! - `tutor_gateway_tenant_service_gap_tokens`: the largest difference of that counter between
+//!   two tenants waiting anywhere in the fleet (0 with fewer than two).
 //! - `tutor_gateway_tenant_fairness_jain`: Jain's index of the service those tenants received
 //!   over the last 10 s (1: equal; 1/n: one took all; 1 with fewer than two waiting).
 //! - `tutor_gateway_tenant_fleet_yields_total{lane}`: requests whose turn at the head of this
@@ -90,16 +89,16 @@ impl QuotaMetrics {
         let service = GaugeVec::new(
             prometheus::Opts::new(
                 "tutor_gateway_tenant_service_tokens",
-                "Each tenant's service counted fleet-wide (prompt + output tokens over its share, \
-                 summed over lines), as this replica last read it (auth.fleet_fairness).",
+                "Each tenant's service counted fleet-wide (prompt + output tokens over its share), \
+                 as this replica last read it (auth.fleet_fairness).",
             ),
             &["tenant"],
         )
         .expect("valid gauge");
         let service_gap = prometheus::Gauge::new(
             "tutor_gateway_tenant_service_gap_tokens",
-            "Largest difference between the fleet service counters in one line of two tenants \
-             waiting in that line anywhere in the fleet (0 when no line has two).",
+            "Largest difference of the fleet service counter between two tenants waiting \
+             anywhere in the fleet (0 with fewer than two).",
         )
         .expect("valid gauge");
         let jain = prometheus::Gauge::new(

@@ -396,11 +396,7 @@ impl RedisAdmission {
         };
         let mut prefill_blocked = None;
         if line.waiting() == 0 && yields().is_none() {
-            match self
-                .shared
-                .try_take(lane, tokens, prompt, false, None)
-                .await
-            {
+            match self.shared.try_take(lane, tokens, prompt, false).await {
                 Take::Granted(id) => return Ok(self.guard(id, &asked, Duration::ZERO, None)),
                 Take::Refused(verdict) => {
                     if verdict == Verdict::PrefillFull {
@@ -443,7 +439,6 @@ impl RedisAdmission {
             // How long this head yielded to other replicas' tenants, and whether it yielded at
             // all.
             let mut clock = service::YieldClock::default();
-            let claim_token = self.shared.next_lease_id();
             let mut yielded_once = false;
             loop {
                 let yielding = clock.yields(yields());
@@ -452,16 +447,7 @@ impl RedisAdmission {
                     self.shared.metrics.yielded(lane);
                 }
                 if !yielding {
-                    // Refused for prefill room long enough, it claims the room (fleet-wide, one
-                    // claim at a time): smaller long prompts stop filling it before it fits.
-                    let claimant = prefill_blocked
-                        .is_some_and(|t| t.elapsed() >= shared::PREFILL_CLAIM_AFTER)
-                        .then_some(claim_token.as_str());
-                    match self
-                        .shared
-                        .try_take(lane, tokens, prompt, true, claimant)
-                        .await
-                    {
+                    match self.shared.try_take(lane, tokens, prompt, true).await {
                         Take::Granted(id) => {
                             place.admitted();
                             let waited = asked.started.elapsed();

@@ -161,9 +161,6 @@ pub struct AcquireArgs<'a> {
     pub replica: &'a str,
     /// More of this replica's requests of the lane wait behind this one (a grant keeps the mark).
     pub others_waiting: bool,
-    /// The waiter's token when it may claim prefill room (a long prompt refused for room for
-    /// [`super::shared::PREFILL_CLAIM_AFTER`]): refused again, it claims the room.
-    pub claimant: Option<&'a str>,
 }
 
 /// What `quota_acquire_v2.lua` and `quota_move_v2.lua` answer (their `status`).
@@ -238,7 +235,6 @@ impl Scripts {
             .arg(ask.wait_mark_ms)
             .arg(ask.replica)
             .arg(u8::from(ask.others_waiting))
-            .arg(ask.claimant.unwrap_or(""))
             .invoke_async(conn)
             .await?;
         Ok(TakeReply::decode(reply))

@@ -30,7 +30,6 @@ pub(crate) const DEGRADE_AFTER: u32 = 3;
 /// ms: longer than a line head's longest backoff (250 ms) between two tries, so the mark holds
 /// while anyone waits, and short enough that a crashed replica's mark holds jobs back briefly.
 const WAIT_MARK_MS: u64 = 1_000;
-pub(crate) use crate::admission::budget::PREFILL_CLAIM_AFTER;
 
 /// A lease this replica holds.
 #[derive(Debug, Clone, Copy)]
@@ -561,16 +560,7 @@ impl Shared {
     /// reservation of `prompt` tokens; `in_line`: the caller holds a place in one of the lane's
     /// lines (a large request refused, or granted with others behind it, keeps this replica's
     /// "large request waiting" mark, which holds background jobs back).
-    /// `claimant`: the waiter's token once it may claim prefill room (see
-    /// [`PREFILL_CLAIM_AFTER`]).
-    pub async fn try_take(
-        &self,
-        lane: Lane,
-        tokens: u32,
-        prompt: u32,
-        in_line: bool,
-        claimant: Option<&str>,
-    ) -> Take {
+    pub async fn try_take(&self, lane: Lane, tokens: u32, prompt: u32, in_line: bool) -> Take {
         // While degraded, the heartbeat alone probes Redis: waiters go to the fallback at once
         // instead of each waiting out a failing call.
         if self.degraded() {
@@ -590,7 +580,6 @@ impl Shared {
             wait_mark_ms: if lane == Lane::Large { WAIT_MARK_MS } else { 0 },
             replica: &self.replica,
             others_waiting: self.waiting_in(lane) > u32::from(in_line),
-            claimant,
         };
         let started = Instant::now();
         let mut reply = self.scripts.acquire(&mut conn, &self.keys, &ask).await;

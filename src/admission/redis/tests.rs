@@ -36,8 +36,6 @@ struct Fixture {
     conn: MultiplexedConnection,
     keys: Keys,
     scripts: Scripts,
-    /// The claimant the next acquires pass (a waiter that may claim prefill room).
-    claimant: Option<String>,
 }
 
 async fn fixture() -> Fixture {
@@ -49,7 +47,6 @@ async fn fixture() -> Fixture {
         conn,
         keys: Keys::new("tg:test"),
         scripts: Scripts::default(),
-        claimant: None,
     }
 }
 
@@ -99,7 +96,6 @@ impl Fixture {
             wait_mark_ms: 0,
             replica: "test",
             others_waiting: false,
-            claimant: self.claimant.as_deref(),
         };
         let r = self
             .scripts
@@ -350,54 +346,6 @@ async fn a_long_prompt_needs_prefill_room_and_a_short_one_is_only_counted() {
     assert_eq!(f.usage("prefill:tokens").await, 0);
     assert_eq!(f.usage("global:tokens").await, 0);
     assert_eq!(f.prefill_done("short").await, 0, "a gone lease");
-}
-
-/// A long prompt refused for room long enough claims it (the gateway passes its claimant token
-/// from then on): smaller long prompts that would fit beside what prefills now are refused
-/// unless they leave the claimant's room; short prompts still pass; the claimant is granted
-/// when the room drains, and its claim is gone. A claim nobody renews expires.
-#[tokio::test]
-async fn a_long_prompt_that_claims_prefill_room_is_not_overtaken_by_smaller_ones() {
-    let mut f = fixture().await;
-    // (The large lane holds 3 leases here: each step releases what it took.)
-    let release = |f: &mut Fixture, id: &'static str| {
-        let (scripts, keys) = (f.scripts.clone(), f.keys.clone());
-        let mut conn = f.conn.clone();
-        async move { assert!(scripts.release(&mut conn, &keys, id).await.unwrap()) }
-    };
-    assert_eq!(f.prompt("medium", 3_000).await, Verdict::Granted);
-    // 3000 + 11000 > 12288: the review waits; without a claim a 4,000 prompt still fits.
-    assert_eq!(f.prompt("review", 11_000).await, Verdict::PrefillFull);
-    assert_eq!(f.prompt("smaller", 4_000).await, Verdict::Granted);
-    release(&mut f, "smaller").await;
-    // The review claims the room.
-    f.claimant = Some("waiter-1".into());
-    assert_eq!(f.prompt("review", 11_000).await, Verdict::PrefillFull);
-    f.claimant = None;
-    // 3000 + 11000 claimed + 4000 > 12288: refused; a short prompt passes.
-    assert_eq!(f.prompt("smaller 2", 4_000).await, Verdict::PrefillFull);
-    assert_eq!(f.prompt("short", 1_000).await, Verdict::Granted);
-    release(&mut f, "short").await;
-    release(&mut f, "medium").await;
-    // Nothing prefills, but 11000 claimed + 3000 > 12288.
-    assert_eq!(f.prompt("tiny long", 3_000).await, Verdict::PrefillFull);
-    // Another waiter's claim does not replace it.
-    f.claimant = Some("waiter-2".into());
-    assert_eq!(f.prompt("smaller 3", 4_000).await, Verdict::PrefillFull);
-    // The claimant fits: granted, and the claim is gone.
-    f.claimant = Some("waiter-1".into());
-    assert_eq!(f.prompt("review", 11_000).await, Verdict::Granted);
-    f.claimant = None;
-    release(&mut f, "review").await;
-    assert_eq!(f.prompt("smaller 4", 4_000).await, Verdict::Granted);
-    assert_eq!(f.usage("prefill:tokens").await, 4_000);
-    // A claim nobody renews stops counting after a second.
-    f.claimant = Some("waiter-3".into());
-    assert_eq!(f.prompt("big", 10_000).await, Verdict::PrefillFull);
-    f.claimant = None;
-    assert_eq!(f.prompt("smaller 5", 3_000).await, Verdict::PrefillFull);
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
-    assert_eq!(f.prompt("smaller 5", 3_000).await, Verdict::Granted);
 }
 
 #[tokio::test]
