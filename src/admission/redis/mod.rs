@@ -391,13 +391,13 @@ impl RedisAdmission {
         let line_name = service::line_name(lane, asked.long);
         let cost = f64::from(tokens) / share;
         let yields = || {
-            tenant.filter(|_| rules.fleet_fairness).and_then(|t| {
+            tenant.filter(|_| rules.fleet_fairness).is_some_and(|t| {
                 let here: Vec<Arc<str>> = line.tenants().into_iter().flatten().collect();
                 self.shared.service.yields(&line_name, t, cost, &here)
             })
         };
         let mut prefill_blocked = None;
-        if line.waiting() == 0 && yields().is_none() {
+        if line.waiting() == 0 && !yields() {
             match self.shared.try_take(lane, tokens, prompt, false).await {
                 Take::Granted(id) => return Ok(self.guard(id, &asked, Duration::ZERO, None)),
                 Take::Refused(verdict) => {
@@ -438,12 +438,12 @@ impl RedisAdmission {
                 Err((held, places)) => return Ok(Err(pushed_out(held, places))),
             };
             let mut backoff = queue::LaneQueue::first_backoff();
-            // How long this head yielded to other replicas' tenants, and whether it yielded at
-            // all.
-            let mut clock = service::YieldClock::default();
+            // How long this head yielded to other replicas' tenants since the first release it
+            // let pass (at most YIELD_AT_MOST), and whether it yielded at all.
+            let mut yielded: Option<Duration> = None;
             let mut yielded_once = false;
             loop {
-                let yielding = clock.yields(yields());
+                let yielding = yielded.is_none_or(|y| y < service::YIELD_AT_MOST) && yields();
                 if yielding && !yielded_once {
                     yielded_once = true;
                     self.shared.metrics.yielded(lane);
@@ -466,8 +466,8 @@ impl RedisAdmission {
                 let paused = Instant::now();
                 let released;
                 (backoff, released) = line.pause(backoff).await;
-                if yielding {
-                    clock.paused(paused.elapsed(), released);
+                if yielding && (released || yielded.is_some()) {
+                    *yielded.get_or_insert(Duration::ZERO) += paused.elapsed();
                 }
                 if let Some((held, places)) = place.pushed_out() {
                     return Ok(Err(pushed_out(held, places)));

@@ -60,8 +60,8 @@ use sha2::{Digest, Sha256};
 
 /// How long a replica's entry in the waiting hash counts without being written again.
 pub(crate) const WAITING_COUNTS_FOR: Duration = Duration::from_secs(2);
-/// The longest a line's head yields to other replicas' tenants without any of them being
-/// admitted in its line, from the first release it let pass.
+/// The longest a line's head yields to other replicas' tenants, from the first release it let
+/// pass.
 pub(crate) const YIELD_AT_MOST: Duration = Duration::from_secs(5);
 
 static HEARTBEAT: LazyLock<redis::Script> =
@@ -214,23 +214,21 @@ impl FleetService {
     /// Whether the head of `line` here, of `tenant` and costing `cost` (tokens over its share),
     /// should yield: its tenant's counter is ahead by more than `cost` of a tenant that waits in
     /// `line` on another replica and not in this replica's line (`here`: the tenants waiting in
-    /// it; this line orders them). `Some`: it should, with the sum of those tenants' counters
-    /// (it grows when one of them is admitted: [`YieldClock`]).
-    pub fn yields(&self, line: &str, tenant: &str, cost: f64, here: &[Arc<str>]) -> Option<f64> {
+    /// it; their order is the tags').
+    pub fn yields(&self, line: &str, tenant: &str, cost: f64, here: &[Arc<str>]) -> bool {
         let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        let others = waiting.get(line)?;
+        let Some(others) = waiting.get(line) else {
+            return false;
+        };
         let mine = field(tenant);
         let here: HashSet<String> = here.iter().map(|t| field(t)).collect();
         let view = self.view();
         let of = |f: &str| view.get(&format!("{line}|{f}")).copied().unwrap_or(0.0);
         let ahead = of(&mine);
-        let behind: Vec<f64> = others
+        others
             .iter()
             .filter(|f| **f != mine && !here.contains(*f))
-            .map(|f| of(f))
-            .filter(|c| ahead - c > cost)
-            .collect();
-        (!behind.is_empty()).then(|| behind.iter().sum())
+            .any(|f| ahead - of(f) > cost)
     }
 
     /// The fields of the tenants waiting anywhere in the fleet, as last read.
@@ -289,42 +287,6 @@ impl FleetService {
     }
 }
 
-/// How long a line's head has yielded: at most [`YIELD_AT_MOST`] from the first release it
-/// let pass, counted again whenever a tenant it yields to is admitted in the line (the yield
-/// works: the seats go where they should). So a remote head that cannot be admitted (say a
-/// review waiting for token room a question would fit in) stalls this line for at most
-/// [`YIELD_AT_MOST`], while one that keeps being admitted keeps getting the seats until it
-/// has caught up, however long a seat takes to free (reviews hold theirs for minutes).
-#[derive(Debug, Default)]
-pub(crate) struct YieldClock {
-    /// Time spent yielding since the first release let pass (`None`: none let pass yet).
-    yielded: Option<Duration>,
-    /// The counters of the tenants yielded to, summed, as last seen.
-    behind: Option<f64>,
-}
-
-impl YieldClock {
-    /// Whether the head yields now, given what [`FleetService::yields`] answered.
-    pub fn yields(&mut self, behind: Option<f64>) -> bool {
-        if let (Some(now), Some(then)) = (behind, self.behind) {
-            if now > then {
-                // One of them was admitted since: the clock starts again.
-                self.yielded = None;
-            }
-        }
-        self.behind = behind;
-        behind.is_some() && self.yielded.is_none_or(|y| y < YIELD_AT_MOST)
-    }
-
-    /// The head yielded through a pause of `paused`; `released`: a release woke it (a seat it
-    /// let pass).
-    pub fn paused(&mut self, paused: Duration, released: bool) {
-        if released || self.yielded.is_some() {
-            *self.yielded.get_or_insert(Duration::ZERO) += paused;
-        }
-    }
-}
-
 /// Jain's fairness index of the service the tenants of `fields` received between `then` and
 /// `now` (two snapshots): `(sum x)^2 / (n sum x^2)`, 1 when equal, `1/n` when one tenant got
 /// everything. `None` with fewer than two tenants or no service at all.
@@ -357,33 +319,6 @@ mod tests {
         assert_eq!(jain(&ab, &then, &at(1_100.0, 5_000.0)), Some(0.5));
         assert_eq!(jain(&ab[..1], &then, &at(600.0, 5_500.0)), None);
         assert_eq!(jain(&ab, &then, &then), None);
-    }
-
-    #[test]
-    fn a_head_yields_at_most_five_seconds_unless_the_tenant_it_yields_to_is_admitted() {
-        let mut clock = YieldClock::default();
-        assert!(!clock.yields(None), "nobody behind elsewhere");
-        assert!(clock.yields(Some(1_000.0)));
-        // Backoffs without a release do not count: no seat was let pass yet.
-        clock.paused(Duration::from_secs(30), false);
-        assert!(clock.yields(Some(1_000.0)));
-        // Seats let pass, nobody behind admitted: at most YIELD_AT_MOST.
-        clock.paused(Duration::from_secs(3), true);
-        assert!(clock.yields(Some(1_000.0)));
-        clock.paused(YIELD_AT_MOST - Duration::from_secs(3), false);
-        assert!(
-            !clock.yields(Some(1_000.0)),
-            "the remote head is stuck: its turn"
-        );
-        // The tenant behind is admitted (its counter grew): the yield works, the clock restarts.
-        assert!(clock.yields(Some(13_000.0)));
-        clock.paused(YIELD_AT_MOST - Duration::from_secs(1), true);
-        assert!(clock.yields(Some(13_000.0)));
-        // A settlement that lowers it is no admission.
-        assert!(clock.yields(Some(12_000.0)));
-        clock.paused(Duration::from_secs(1), false);
-        assert!(!clock.yields(Some(12_000.0)));
-        assert!(!clock.yields(None));
     }
 
     #[test]
