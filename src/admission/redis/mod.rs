@@ -15,8 +15,6 @@
 //!   ceilings, lending, borrowing; strict caps under policy `strict`).
 //! - `tg:v2:{quota}:waiting:large` ZSET: replicas with an interactive large request waiting
 //!   (background jobs start only while it is empty).
-//! - `tg:v2:{quota}:line_service` and `tg:v2:{quota}:waiting` HASHes: fleet fairness's
-//!   counters per line and tenant, and who waits where ([`service`]).
 //!
 //! Every change goes through one Lua script (`lua/quota_*_v2.lua`, see [`scripts`]), so the
 //! counters always equal the sum of the live leases: acquire reaps expired leases, then takes
