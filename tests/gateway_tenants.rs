@@ -484,9 +484,9 @@ async fn with_redis_the_tenant_served_less_fleet_wide_goes_first_on_any_replica(
 }
 
 /// Fairness across the fleet when a replica sees one tenant only: two replicas, one Redis,
-/// two shared small seats. B holds one through replica 1; A holds the other with a long
-/// answer through replica 2 (so A has had more service in the small line); B's next question
-/// waits on replica 2, and A's on replica 1, where no other tenant waits. Replica 1's own line would give A
+/// one shared small seat. B holds the seat through replica 1 and its next question waits on
+/// replica 2; A holds a medium seat (so A has had more service while B waited), and A's
+/// question waits on replica 1, where no other tenant waits. Replica 1's own line would give A
 /// the seat B frees there, every time (its release reaches its own line first); counted
 /// fleet-wide, A is ahead of a tenant waiting elsewhere, so A's head yields and the seat goes
 /// to B on replica 2. Asserted on states (the stalled engine holds each admitted stream's
@@ -497,7 +497,8 @@ async fn with_redis_a_replica_that_sees_one_tenant_yields_the_seat_to_one_behind
     let setup = |c: &mut tutor_gateway::config::Config| {
         c.quota.backend = QuotaBackend::Redis;
         c.quota.redis_url = RedisUrl::new(redis.url());
-        set_lane(c, Lane::Small, 2);
+        set_lane(c, Lane::Small, 1);
+        set_lane(c, Lane::Medium, 1);
         c.lanes.small.queue.len = 10;
         c.lanes.small.queue.timeout = Duration::from_secs(120);
         c.upstream.idle_timeout = Duration::from_secs(120);
@@ -520,18 +521,18 @@ async fn with_redis_a_replica_that_sees_one_tenant_yields_the_seat_to_one_behind
             .lane(Lane::Small)
             .queue_depth
     };
-    // B holds a small seat through replica 1; A the other through replica 2, with a long answer
-    // (its reservation is counted at once); B's next question waits on replica 2.
+    // B holds the small seat through replica 1; B's next question waits on replica 2.
     let seat = send(post(&one, B, question("seat"))).await;
     assert_eq!(seat.status(), 200);
-    let long = json!({"messages": [{"role": "user", "content": "explain at length"}],
-                      "max_tokens": 1000, "stream": true});
-    let a_long = send(post(&two, A, long)).await;
-    assert_eq!(a_long.status(), 200);
     let b = tokio::spawn(post(&two, B, question("b waits")).send());
     eventually("B waits on replica 2", || queued_on_two() == 1).await;
+    // A is served a review-sized answer meanwhile (its reservation is counted at once).
+    let long = json!({"messages": [{"role": "user", "content": "explain at length"}],
+                      "max_tokens": 1500, "stream": true});
+    let a_medium = send(post(&two, A, long)).await;
+    assert_eq!(a_medium.status(), 200);
     eventually("replica 1 sees A ahead", || {
-        fleet_service(&h.gw, "school-a") > fleet_service(&h.gw, "school-b") + 500.0
+        fleet_service(&h.gw, "school-a") > fleet_service(&h.gw, "school-b") + 1_000.0
     })
     .await;
     // A's question waits on replica 1, alone in its line there, and yields.
@@ -560,7 +561,7 @@ async fn with_redis_a_replica_that_sees_one_tenant_yields_the_seat_to_one_behind
     drop(b);
     let a = a.await.unwrap().unwrap();
     assert_eq!(a.status(), 200);
-    drop((a, a_long));
+    drop((a, a_medium));
     eventually("every seat back", || {
         h.idle() && other.state.admission().snapshot().is_idle()
     })

@@ -1,8 +1,7 @@
 """Samples the fleet fairness state in Redis (issue 34's measurement): every INTERVAL seconds,
-in one atomic call, Redis's clock, every tenant's service counter in every line
-(`<base>:line_service`) and who waits where (`<base>:waiting`), appended to OUT as one JSON line
-each: {"t": epoch seconds (Redis), "service": {"<line>|<tenant field>": tokens over share},
-"waiting": {"<line>|<tenant field>": until ms}}.
+in one atomic call, Redis's clock, every tenant's service counter (`<base>:service`) and who
+waits where (`<base>:waiting`), appended to OUT as one JSON line each:
+{"t": epoch seconds (Redis), "service": {field: tokens over share}, "waiting": {entry: until ms}}.
   python3 fleet_sampler.py PORT BASE OUT [INTERVAL]   (runs until killed)"""
 import json
 import socket
@@ -53,7 +52,7 @@ sock = socket.create_connection(("127.0.0.1", port))
 reader = Reader(sock)
 with open(out, "a") as f:
     while True:
-        sock.sendall(command("EVAL", SCRIPT, 2, f"{base}:line_service", f"{base}:waiting"))
+        sock.sendall(command("EVAL", SCRIPT, 2, f"{base}:service", f"{base}:waiting"))
         secs, micros, service, waiting = reader.read()
         f.write(json.dumps({"t": int(secs) + int(micros) / 1e6, "service": pairs(service),
                             "waiting": pairs(waiting)}) + "\n")

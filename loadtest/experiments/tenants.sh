@@ -14,11 +14,11 @@
 #   only: replica 1 sees A alone), each in FIFO order (`[auth]` off: no tenants, each replica's
 #   lines first come first served), with `auth.fleet_fairness = false` (turns per replica) and
 #   with it on, for each seed of FAIR_SEEDS. Two measures:
-#   - the fleet's own counters in Redis (every tenant's prompt + output tokens over its share
-#     in each line, charged at admission, settled at the end; kept whether the lines order by
-#     them or not; none in FIFO, which has no tenants), sampled every 0.5 s with who waits
-#     where (fleet_sampler.py): per line, the gap between A's and B's counters at every sample
-#     where both wait in it, against the documented bound (twice the lane's largest request);
+#   - the fleet's own counters in Redis (every tenant's prompt + output tokens over its share,
+#     charged at admission, settled at the end; kept whether the lines order by them or not;
+#     none in FIFO, which has no tenants), sampled every 0.5 s with
+#     who waits where (fleet_sampler.py): the gap between A's and B's counters at every sample
+#     where both wait, against the documented bound;
 #   - the clients' own records (prompt + output tokens of completed requests, credited at
 #     completion): Jain's index of the two tenants' service over the backlogged period and in
 #     10 s windows.

@@ -91,7 +91,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 pub use keys::Keys;
-pub(crate) use shared::{LeaseRelease, ServiceCharge};
+pub(crate) use shared::LeaseRelease;
 
 use super::backend::{AdmissionHealth, Ask, Backend, LimitsChange};
 use super::budget::Limits;
@@ -300,10 +300,10 @@ impl RedisAdmission {
         )
     }
 
-    /// `tenant`'s service counted fleet-wide (tokens over its share, the sum over lines) as
-    /// this replica sees it (`auth.fleet_fairness`; see `service`).
+    /// `tenant`'s service counted fleet-wide (tokens over its share) as this replica sees it
+    /// (`auth.fleet_fairness`; see `service`).
     pub fn fleet_service(&self, tenant: &str) -> f64 {
-        self.shared.service.total(tenant)
+        self.shared.service.of(tenant)
     }
 
     /// The Redis keys this replica uses.
@@ -420,7 +420,7 @@ impl RedisAdmission {
         let share_of = |t: &str| rules.shares.get(t).copied().unwrap_or(1.0);
         // With fleet fairness the line orders by tokens, from the tenant's fleet service.
         let costed = rules.fleet_fairness.then(|| {
-            let floor = tenant.map_or(0.0, |t| self.shared.service.of(&line_name, t));
+            let floor = tenant.map_or(0.0, |t| self.shared.service.of(t));
             (f64::from(tokens), floor)
         });
         let place = match line.join_costed(queue.len, (tenant, share), costed, due, share_of) {
@@ -595,13 +595,10 @@ impl RedisAdmission {
         waited: Duration,
         prefill_blocked: Option<Instant>,
     ) -> LaneGuard {
-        // Its tenant's fleet service in its line: charged its reservation now, settled at
-        // release.
-        let line = service::line_name(ask.lane, ask.long);
+        // Its tenant's fleet service: charged its reservation now, settled at release.
         if let Some((tenant, share)) = &ask.service {
             self.shared.service.charge(
                 self.shared.connection(),
-                &line,
                 tenant,
                 f64::from(ask.tokens) / share,
             );
@@ -609,12 +606,10 @@ impl RedisAdmission {
         let release = LeaseRelease {
             shared: self.shared.clone(),
             id,
-            service: ask.service.as_ref().map(|(t, share)| ServiceCharge {
-                line,
-                tenant: t.clone(),
-                share: *share,
-                charged: ask.tokens,
-            }),
+            service: ask
+                .service
+                .as_ref()
+                .map(|(t, share)| (t.clone(), *share, ask.tokens)),
         };
         let prefill_wait = ask
             .long

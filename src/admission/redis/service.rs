@@ -1,53 +1,44 @@
 //! Fairness between tenants across the fleet (`auth.fleet_fairness`, on by default with the
 //! Redis quota and `[auth]`): virtual-token-counter fairness ("Fairness in Serving Large
-//! Language Models", OSDI 2024) on counters every replica shares.
+//! Language Models", OSDI 2024) on a counter every replica shares.
 //!
-//! - **Lines are the servers.** A line is a lane's queue (`small`, `small:long`, ...): the
-//!   requests in it wait for the same seats and token room. The paper's bound is for one
-//!   server; lanes are several, each with its own seats, so the counters are kept per line and
-//!   tenant. One counter per tenant across lanes cannot be bounded: measured, while B waited
-//!   only for review seats, A's questions took the question seats nobody else wanted
-//!   (work-conserving) and the gap grew to 2.7-3.8x twice the largest request. A tenant's
-//!   service is the sum over lines.
-//! - **The counter.** A tenant's service in a line, in tokens over its share
-//!   (`auth.tenant_shares`), lives in one Redis hash (`<prefix>:{quota}:line_service`, field
-//!   `<line>|<tenant>`, the tenant as 16 hex of a hash of its name, never the name). An
-//!   admission adds its reservation (estimated prompt + output budget) to its line's counter at
-//!   once; when the request ends the difference to what the engine counted (prompt + output
-//!   tokens, the budgets' unit) is added there, so a request that never reached the engine
-//!   costs nothing (a request moved to another lane mid-stream stays charged to the line it
-//!   was admitted from). Each replica reads the whole hash every heartbeat into its view and
-//!   adds its own charges to the view at once.
+//! - **The counter.** Each tenant's service, in tokens over its share (`auth.tenant_shares`),
+//!   lives in one Redis hash (`<prefix>:{quota}:service`, a field per tenant: 16 hex of a hash
+//!   of its name, never the name). An admission adds its reservation (estimated prompt + output
+//!   budget) at once; when the request ends the difference to what the engine counted (prompt +
+//!   output tokens, the budgets' unit) is added, so a request that never reached the engine
+//!   costs nothing. Each replica reads the whole hash every heartbeat into its view and adds its
+//!   own charges to the view at once.
 //! - **The order.** A replica's line gives the turn to the first waiter of the waiting tenant
-//!   whose counter in that line is the least *now* (this replica's view; ties and a tenant's
-//!   own waiters by their start tags, `max(V, F[t], S[t])` as
-//!   [`crate::admission::fair::Fair`] gives them). The counters move while requests wait
-//!   (admissions here and elsewhere, settlements), so a tag fixed at arrival would not say who
-//!   is behind now: measured, tags alone let the gap between two backlogged tenants drift past
-//!   100,000 tokens. A turn holder that stops being first hands the turn on at its next try.
+//!   whose counter is the least *now* (this replica's view; ties and a tenant's own waiters by
+//!   their start tags, `max(V, F[t], S[t])` as [`crate::admission::fair::Fair`] gives them).
+//!   The counters move while requests wait (admissions here and elsewhere, settlements), so a
+//!   tag fixed at arrival would not say who is behind now: measured, tags alone let the gap
+//!   between two backlogged tenants drift past 100,000 tokens. A turn holder that stops being
+//!   first hands the turn on at its next try.
 //! - **Who waits where.** Every heartbeat each replica writes, for each of its lines, the
 //!   tenants waiting in it (`<prefix>:{quota}:waiting`, entries that count for 2 s of Redis's
 //!   clock, so a replica that died stops counting within two seconds) and reads everyone's, in one
-//!   script (`lua/fleet_service_v3.lua`). A tenant that starts waiting in a line is lifted there
-//!   to the least counter among the tenants already waiting in it: service it received while
-//!   nobody else waited is no debt, and idle time banks no credit (as the paper's counter lift).
-//! - **Yielding across replicas.** The counters order one replica's line. When the head of a
-//!   line is of a tenant `t` whose counter is ahead of a tenant `u` that waits in the same line
-//!   on another replica (and not in this one) by more than the head's own cost over its share,
-//!   the head does not try for a seat: it yields, so the next seat freed goes to `u`'s replica,
-//!   as one fleet-wide line would have it. A head yields for at most [`YIELD_AT_MOST`] from the
+//!   script (`lua/fleet_service_v2.lua`). A tenant that starts waiting is lifted there to the
+//!   least counter among the tenants already waiting: service it received while nobody else
+//!   waited is no debt, and idle time banks no credit (as the paper's counter lift).
+//! - **Yielding across replicas.** The tags order one replica's line. When the head of a line
+//!   is of a tenant `t` whose counter is ahead of a tenant `u` that waits in the same line on
+//!   another replica (and not in this one) by more than the head's own cost over its share, the
+//!   head does not try for a seat: it yields, so the next seat freed goes to `u`'s replica, as
+//!   one fleet-wide line would have it. A head yields for at most [`YIELD_AT_MOST`] from the
 //!   first release it lets pass, then takes its turn (a remote head that cannot be admitted,
 //!   say a review waiting for token room a question would fit in, does not stall this line
 //!   for longer). So a replica that only sees one tenant cannot give it every seat it wins.
-//! - **The bound.** While two tenants keep waiting in the same line, their counters in it differ
-//!   by at most about twice the line's largest request's cost over the share (a head goes while
-//!   it is ahead by at most its own cost, and its admission adds that cost again), plus what
-//!   the views lag Redis (one heartbeat of admissions elsewhere), as long as no head yields for
-//!   [`YIELD_AT_MOST`]. Across lines nothing is bounded: a tenant that waits only for review
-//!   seats cannot use the question seats the other tenant takes meanwhile.
-//!   `tutor_gateway_tenant_service_tokens{tenant}` is a tenant's sum over lines, as viewed;
-//!   `tutor_gateway_tenant_service_gap_tokens` the largest gap in one line between tenants
-//!   waiting in it anywhere.
+//! - **The bound.** While two tenants keep waiting in the same lines, their counters differ by
+//!   at most about twice the largest request's cost over the share (a head goes while it is
+//!   ahead by at most its own cost, and its admission adds that cost again), plus what the
+//!   views lag Redis (one heartbeat of admissions elsewhere), as long as no head yields for
+//!   [`YIELD_AT_MOST`]. The counter is one per tenant across lanes and seats are per lane: a
+//!   tenant waiting only for review seats cannot take the question seats the other tenant
+//!   uses meanwhile, so then the gap grows past the bound until its lane catches it up.
+//!   `tutor_gateway_tenant_service_tokens{tenant}` is the view;
+//!   `tutor_gateway_tenant_service_gap_tokens` its largest gap between tenants waiting anywhere.
 //! - **Jobs** are not charged: they start only from seats nobody waits for, so the service they
 //!   get was not anyone else's to have.
 
@@ -65,20 +56,19 @@ pub(crate) const WAITING_COUNTS_FOR: Duration = Duration::from_secs(2);
 pub(crate) const YIELD_AT_MOST: Duration = Duration::from_secs(5);
 
 static HEARTBEAT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/fleet_service_v3.lua")));
+    LazyLock::new(|| redis::Script::new(include_str!("../../../lua/fleet_service_v2.lua")));
 
 /// The fleet service counters as this replica sees them.
 #[derive(Debug)]
 pub(crate) struct FleetService {
-    /// The Redis hash of counters (field `<line>|<tenant field>`).
+    /// The Redis hash of counters.
     key: String,
     /// The Redis hash of who waits where.
     waiting_key: String,
     /// The tenants (fields) waiting in each line (`small`, `small:long`, ...) across the fleet,
     /// this replica's included, as last read.
     waiting: Mutex<HashMap<String, HashSet<String>>>,
-    /// `<line>|<tenant field>` to tokens over share, as last read plus this replica's charges
-    /// since (and each line's `<line>|_v`).
+    /// Field (16 hex) to tokens over share, as last read plus this replica's charges since.
     view: Mutex<HashMap<String, f64>>,
     /// The tenants this replica charged, by field (for the metrics' labels).
     names: Mutex<HashMap<String, std::sync::Arc<str>>>,
@@ -99,25 +89,11 @@ pub(crate) fn field(tenant: &str) -> String {
     crate::sign::hex(&digest[..8])
 }
 
-/// A tenant's counter in a line: its field in the hash of counters and its entry in the hash
-/// of who waits where.
-pub(crate) fn entry(line: &str, tenant: &str) -> String {
-    format!("{line}|{}", field(tenant))
-}
-
-/// The tenant field of a counter's field (`None` for a line's floor, `<line>|_v`).
-fn tenant_of(entry: &str) -> Option<&str> {
-    entry
-        .rsplit_once('|')
-        .map(|(_, f)| f)
-        .filter(|f| *f != "_v")
-}
-
 impl FleetService {
     /// The counters under `base` (`<prefix>:{quota}`).
     pub fn new(base: &str) -> Self {
         Self {
-            key: format!("{base}:line_service"),
+            key: format!("{base}:service"),
             waiting_key: format!("{base}:waiting"),
             waiting: Mutex::default(),
             view: Mutex::default(),
@@ -129,37 +105,24 @@ impl FleetService {
         self.view.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// `tenant`'s counted service over its share in `line`, as this replica sees it.
-    pub fn of(&self, line: &str, tenant: &str) -> f64 {
-        self.view()
-            .get(&entry(line, tenant))
-            .copied()
-            .unwrap_or(0.0)
+    /// `tenant`'s counted service over its share, as this replica sees it.
+    pub fn of(&self, tenant: &str) -> f64 {
+        self.view().get(&field(tenant)).copied().unwrap_or(0.0)
     }
 
-    /// `tenant`'s counted service over its share in every line, as this replica sees it.
-    pub fn total(&self, tenant: &str) -> f64 {
-        let field = field(tenant);
-        self.view()
-            .iter()
-            .filter(|(e, _)| tenant_of(e) == Some(field.as_str()))
-            .map(|(_, v)| v)
-            .sum()
-    }
-
-    /// Adds `amount` (tokens over share; negative gives back) to `tenant`'s counter in `line`:
-    /// the view at once, Redis in the background (`conn`: none while Redis is away; the view
-    /// then keeps it until the next read replaces it).
-    pub fn charge(&self, conn: Option<ConnectionManager>, line: &str, tenant: &str, amount: f64) {
+    /// Adds `amount` (tokens over share; negative gives back) to `tenant`'s counter: the view at
+    /// once, Redis in the background (`conn`: none while Redis is away; the view then keeps it
+    /// until the next read replaces it).
+    pub fn charge(&self, conn: Option<ConnectionManager>, tenant: &str, amount: f64) {
         if amount == 0.0 || !amount.is_finite() {
             return;
         }
+        let field = field(tenant);
         self.names
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .entry(field(tenant))
+            .entry(field.clone())
             .or_insert_with(|| std::sync::Arc::from(tenant));
-        let field = entry(line, tenant);
         {
             let mut view = self.view();
             let v = view.entry(field.clone()).or_insert(0.0);
@@ -194,7 +157,7 @@ impl FleetService {
         call.key(&self.waiting_key)
             .arg(WAITING_COUNTS_FOR.as_millis() as u64);
         for (line, tenant) in mine {
-            call.arg(entry(line, tenant));
+            call.arg(format!("{line}|{}", field(tenant)));
         }
         let (all, entries): (HashMap<String, f64>, Vec<String>) = call.invoke_async(conn).await?;
         let mut waiting: HashMap<String, HashSet<String>> = HashMap::new();
@@ -223,7 +186,7 @@ impl FleetService {
         let mine = field(tenant);
         let here: HashSet<String> = here.iter().map(|t| field(t)).collect();
         let view = self.view();
-        let of = |f: &str| view.get(&format!("{line}|{f}")).copied().unwrap_or(0.0);
+        let of = |f: &str| view.get(f).copied().unwrap_or(0.0);
         let ahead = of(&mine);
         others
             .iter()
@@ -240,50 +203,37 @@ impl FleetService {
         fields
     }
 
-    /// The largest difference between the counters in one line of two tenants waiting in that
-    /// line anywhere in the fleet (0 when no line has two).
+    /// The largest difference between the counters of tenants waiting anywhere in the fleet
+    /// (0 for fewer than two).
     pub fn fleet_gap(&self) -> f64 {
         let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        let tenants: HashSet<&String> = waiting.values().flatten().collect();
         let view = self.view();
-        let mut gap: f64 = 0.0;
-        for (line, tenants) in waiting.iter() {
-            let values = tenants
-                .iter()
-                .map(|f| view.get(&format!("{line}|{f}")).copied().unwrap_or(0.0));
-            let (min, max) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-                (lo.min(v), hi.max(v))
-            });
-            if tenants.len() >= 2 {
-                gap = gap.max(max - min);
-            }
+        let values: Vec<f64> = tenants
+            .iter()
+            .map(|f| view.get(*f).copied().unwrap_or(0.0))
+            .collect();
+        if values.len() < 2 {
+            return 0.0;
         }
-        gap
+        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        max - min
     }
 
-    /// Every tenant's service (the sum over lines) by tenant field, as viewed.
-    fn totals(&self) -> HashMap<String, f64> {
-        let mut totals: HashMap<String, f64> = HashMap::new();
-        for (e, v) in self.view().iter() {
-            if let Some(f) = tenant_of(e) {
-                *totals.entry(f.to_owned()).or_default() += v;
-            }
-        }
-        totals
-    }
-
-    /// The service (sum over lines) of every tenant this replica charged, by name.
+    /// The counter of every tenant this replica charged, by name.
     pub fn named(&self) -> Vec<(std::sync::Arc<str>, f64)> {
-        let totals = self.totals();
         let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
+        let view = self.view();
         names
             .iter()
-            .map(|(f, n)| (n.clone(), totals.get(f).copied().unwrap_or(0.0)))
+            .map(|(f, n)| (n.clone(), view.get(f).copied().unwrap_or(0.0)))
             .collect()
     }
 
-    /// Every tenant's service (sum over lines, by field), for [`jain`] over a window.
+    /// Every counter as read (field to value), for [`jain`] over a window.
     pub fn snapshot(&self) -> HashMap<String, f64> {
-        self.totals()
+        self.view().clone()
     }
 }
 
@@ -324,19 +274,13 @@ mod tests {
     #[test]
     fn charges_add_up_in_the_view_never_below_zero_and_names_are_hashed() {
         let s = FleetService::new("tg:test:{quota}");
-        s.charge(None, "small", "school-a", 300.0);
-        s.charge(None, "small", "school-a", -100.0);
-        s.charge(None, "large", "school-a", 1_000.0);
-        s.charge(None, "small", "school-b", 50.0);
-        assert_eq!(s.of("small", "school-a"), 200.0);
-        assert_eq!(s.of("large", "school-a"), 1_000.0);
-        assert_eq!(s.total("school-a"), 1_200.0);
-        assert_eq!(s.of("small", "school-b"), 50.0);
-        s.charge(None, "small", "school-b", -500.0);
-        assert_eq!(s.of("small", "school-b"), 0.0);
-        let named: HashMap<_, _> = s.named().into_iter().collect();
-        assert_eq!(named[&Arc::<str>::from("school-a")], 1_200.0);
-        assert_eq!(s.snapshot()[&field("school-a")], 1_200.0);
+        s.charge(None, "school-a", 300.0);
+        s.charge(None, "school-a", -100.0);
+        s.charge(None, "school-b", 50.0);
+        assert_eq!(s.of("school-a"), 200.0);
+        assert_eq!(s.of("school-b"), 50.0);
+        s.charge(None, "school-b", -500.0);
+        assert_eq!(s.of("school-b"), 0.0);
         assert!(!field("school-a").contains("school"));
         assert_eq!(field("school-a").len(), 16);
     }

@@ -133,13 +133,9 @@ impl Shared {
         let service = Arc::new(super::service::FleetService::new(&keys.base));
         let queues: [LaneQueue; 3] = Default::default();
         let long_lines: [LaneQueue; 3] = Default::default();
-        for lane in Lane::ALL {
-            for long in [false, true] {
-                let service = service.clone();
-                let name = super::service::line_name(lane, long);
-                let line = if long { &long_lines } else { &queues };
-                line[lane.index()].rank_by(Arc::new(move |tenant: &str| service.of(&name, tenant)));
-            }
+        for line in queues.iter().chain(long_lines.iter()) {
+            let service = service.clone();
+            line.rank_by(Arc::new(move |tenant: &str| service.of(tenant)));
         }
         Self {
             client,
@@ -779,20 +775,9 @@ impl Reservation for FallbackLease {
 pub(crate) struct LeaseRelease {
     pub shared: std::sync::Arc<Shared>,
     pub id: String,
-    /// Its tenant's service charge (`auth.fleet_fairness`), settled to what was served at
-    /// release.
-    pub service: Option<ServiceCharge>,
-}
-
-/// What a lease charged its tenant's fleet service at admission.
-pub(crate) struct ServiceCharge {
-    /// The line it was admitted from (`service::line_name`).
-    pub line: String,
-    pub tenant: std::sync::Arc<str>,
-    /// The tenant's share (`auth.tenant_shares`): the charge is tokens over it.
-    pub share: f64,
-    /// The tokens charged.
-    pub charged: u32,
+    /// Its tenant's service charge (`auth.fleet_fairness`): the tenant, its share and the
+    /// tokens charged at admission, settled to what was served at release.
+    pub service: Option<(std::sync::Arc<str>, f64, u32)>,
 }
 
 impl Reservation for LeaseRelease {
@@ -806,13 +791,11 @@ impl Reservation for LeaseRelease {
             id,
             service,
         } = *self;
-        if let Some(c) = service {
+        if let Some((tenant, share, charged)) = service {
             // What the engine counted (nothing when it never got the request), less the charge.
             #[allow(clippy::cast_precision_loss)]
-            let delta = (served.unwrap_or(0) as f64 - f64::from(c.charged)) / c.share;
-            shared
-                .service
-                .charge(shared.connection(), &c.line, &c.tenant, delta);
+            let delta = (served.unwrap_or(0) as f64 - f64::from(charged)) / share;
+            shared.service.charge(shared.connection(), &tenant, delta);
         }
         shared.release(id, lane);
     }

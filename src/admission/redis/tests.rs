@@ -449,94 +449,70 @@ async fn the_tenant_budget_script_charges_refuses_and_settles() {
     assert_eq!(&fourth[..3], &[1, 3, 3], "requests per minute");
 }
 
-/// Fleet fairness's heartbeat (`lua/fleet_service_v3.lua`): counters are per line and tenant;
-/// a tenant that starts waiting in a line is lifted to the least counter among those already
-/// waiting in it (never lowered, and not from another line); each replica sees who waits in
-/// which line anywhere, and a head yields only to a tenant waiting in its own line elsewhere
-/// that is behind there by more than its cost; a replica that stops writing stops counting
-/// (its entries expire).
+/// Fleet fairness's heartbeat (`lua/fleet_service_v2.lua`): a tenant that starts waiting is
+/// lifted to the least counter among those already waiting (never lowered); each replica sees
+/// who waits in which line anywhere, and a head yields only to a tenant waiting in its own
+/// line elsewhere that is behind by more than its cost; a replica that stops writing stops
+/// counting (its entries expire).
 #[tokio::test]
-async fn the_fleet_heartbeat_lifts_a_tenant_that_starts_waiting_in_a_line_and_forgets_a_silent_replica(
-) {
-    use super::service::{entry, field, FleetService, WAITING_COUNTS_FOR};
+async fn the_fleet_heartbeat_lifts_a_tenant_that_starts_waiting_and_forgets_a_silent_replica() {
+    use super::service::{field, FleetService, WAITING_COUNTS_FOR};
     use std::sync::Arc;
     let mut f = fixture().await;
     let base = "tg:test:{quota}";
-    let counters = format!("{base}:line_service");
     let () = redis::cmd("HSET")
-        .arg(&counters)
-        .arg(entry("small", "a"))
+        .arg(format!("{base}:service"))
+        .arg(field("a"))
         .arg(5_000)
-        .arg(entry("small", "b"))
+        .arg(field("b"))
         .arg(200)
-        .arg(entry("small", "c"))
+        .arg(field("c"))
         .arg(9_000)
-        .arg(entry("large", "b"))
-        .arg(7_000)
         .query_async(&mut f.conn)
         .await
         .unwrap();
     let (one, two) = (FleetService::new(base), FleetService::new(base));
     let at = |line: &str, t: &str| (line.to_owned(), Arc::<str>::from(t));
-    let served = |line: &str, t: &str, tokens: u32| {
-        redis::cmd("HINCRBYFLOAT")
-            .arg(&counters)
-            .arg(entry(line, t))
-            .arg(tokens)
-            .to_owned()
-    };
-    // A starts waiting in small on replica 1 while nobody waits: kept as it is.
+    // A starts waiting on replica 1 while nobody waits: kept as it is.
     one.refresh(&mut f.conn, &[at("small", "a")]).await.unwrap();
-    assert_eq!(one.of("small", "a"), 5_000.0);
-    // B starts waiting in large on replica 2, where nobody waits: kept (A's small counter is
-    // another line's).
+    assert_eq!(one.of("a"), 5_000.0);
+    // B starts waiting on replica 2: its 200 were served while nobody else waited; lifted.
     two.refresh(&mut f.conn, &[at("large", "b")]).await.unwrap();
-    assert_eq!(two.of("large", "b"), 7_000.0);
-    assert_eq!(two.of("small", "b"), 200.0);
-    // A is served 3,000 more in small; B waits in another line: no yield.
-    let _: f64 = served("small", "a", 3_000)
+    assert_eq!(two.of("b"), 5_000.0);
+    // C, ahead of everyone, is not lowered.
+    two.refresh(&mut f.conn, &[at("large", "b"), at("large", "c")])
+        .await
+        .unwrap();
+    assert_eq!(two.of("c"), 9_000.0);
+    // A is served 3,000 more while both wait (no lift now).
+    let () = redis::cmd("HINCRBYFLOAT")
+        .arg(format!("{base}:service"))
+        .arg(field("a"))
+        .arg(3_000)
         .query_async(&mut f.conn)
         .await
         .unwrap();
     let here = [Arc::<str>::from("a")];
     one.refresh(&mut f.conn, &[at("small", "a")]).await.unwrap();
-    assert_eq!(one.of("small", "a"), 8_000.0);
+    assert_eq!(one.of("a"), 8_000.0);
     assert!(
         !one.yields("small", "a", 100.0, &here),
         "B waits in another line"
     );
-    assert_eq!(one.fleet_gap(), 0.0, "no line has two tenants waiting");
-    // B starts waiting in small too: its 200 there were served while nobody else waited, so it
-    // is lifted to A's 8,000; C, ahead of everyone, is not lowered.
-    two.refresh(
-        &mut f.conn,
-        &[at("large", "b"), at("small", "b"), at("small", "c")],
-    )
-    .await
-    .unwrap();
-    assert_eq!(two.of("small", "b"), 8_000.0);
-    assert_eq!(two.of("small", "c"), 9_000.0);
-    assert_eq!(
-        two.total("b"),
-        15_000.0,
-        "a tenant's service: the sum over lines"
-    );
-    // A is served 3,000 more while all wait (no lift now).
-    let _: f64 = served("small", "a", 3_000)
-        .query_async(&mut f.conn)
+    two.refresh(&mut f.conn, &[at("large", "b"), at("small", "b")])
         .await
         .unwrap();
     one.refresh(&mut f.conn, &[at("small", "a")]).await.unwrap();
-    assert_eq!(one.fleet_gap(), 3_000.0, "in small: A 11,000 - B 8,000");
+    assert_eq!(one.fleet_gap(), 4_000.0, "A, B and C wait: 9,000 - 5,000");
     assert!(one.yields("small", "a", 100.0, &here), "3,000 ahead of B");
     assert!(
         !one.yields("small", "a", 3_000.0, &here),
         "within its own cost"
     );
-    let all = ["a", "b", "c"].map(Arc::<str>::from);
+    let both = [Arc::<str>::from("a"), Arc::<str>::from("b")];
     assert!(
-        !one.yields("small", "a", 100.0, &all),
-        "B and C wait here: this line orders them"
+        !one.yields("small", "a", 100.0, &both),
+        "B waits here: the tags order them"
     );
     // Replica 2 goes silent: its entries stop counting.
     tokio::time::sleep(WAITING_COUNTS_FOR + Duration::from_millis(200)).await;
@@ -544,7 +520,4 @@ async fn the_fleet_heartbeat_lifts_a_tenant_that_starts_waiting_in_a_line_and_fo
     assert!(!one.yields("small", "a", 100.0, &here));
     assert_eq!(one.waiting_fields(), vec![field("a")]);
     assert_eq!(one.fleet_gap(), 0.0);
-    // D starts waiting in small while only A does: lifted to A's 11,000.
-    two.refresh(&mut f.conn, &[at("small", "d")]).await.unwrap();
-    assert_eq!(two.of("small", "d"), 11_000.0);
 }

@@ -1,0 +1,72 @@
+-- Fairness across the fleet (`src/admission/redis/service.rs`): one replica's heartbeat.
+-- KEYS[1]: HASH of each tenant's service, tokens over its share (field: 16 hex of a hash of
+--          the tenant's name); field `_v`: the least counter among the tenants waiting
+--          anywhere, the last time any waited.
+-- KEYS[2]: HASH of who waits where: field `<line>|<tenant field>`, value: until when (ms of
+--          Redis server time) the entry counts; expired entries are dropped here.
+-- ARGV[1]: how long this call's entries count (ms).
+-- ARGV[2..]: `<line>|<tenant field>` for each tenant waiting in each of this replica's lines.
+-- A tenant that starts waiting (no entry counts for it anywhere) is lifted to the least
+-- counter among the tenants already waiting (or to `_v` when none waits): service it
+-- received while nobody else waited is no debt, and idle time banks no credit.
+-- Replies {counters as HGETALL, the entries that count (this call's included)}.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+
+local function tenant_of(entry)
+  return string.match(entry, '([^|]+)$')
+end
+local function counter(tenant)
+  return tonumber(redis.call('HGET', KEYS[1], tenant) or '0')
+end
+
+local live, waiting = {}, {}
+local entries = redis.call('HGETALL', KEYS[2])
+for i = 1, #entries, 2 do
+  if tonumber(entries[i + 1]) < now then
+    redis.call('HDEL', KEYS[2], entries[i])
+  else
+    live[#live + 1] = entries[i]
+    waiting[tenant_of(entries[i])] = true
+  end
+end
+
+local least = nil
+for tenant in pairs(waiting) do
+  local c = counter(tenant)
+  if least == nil or c < least then
+    least = c
+  end
+end
+if least == nil then
+  least = tonumber(redis.call('HGET', KEYS[1], '_v') or '0')
+end
+
+for i = 2, #ARGV do
+  local entry = ARGV[i]
+  local tenant = tenant_of(entry)
+  if not waiting[tenant] then
+    if counter(tenant) < least then
+      redis.call('HSET', KEYS[1], tenant, tostring(least))
+    end
+    waiting[tenant] = true
+  end
+  if redis.call('HSET', KEYS[2], entry, now + ttl) == 1 then
+    live[#live + 1] = entry
+  end
+end
+
+-- The floor for whoever starts waiting after everyone stopped.
+local floor = nil
+for tenant in pairs(waiting) do
+  local c = counter(tenant)
+  if floor == nil or c < floor then
+    floor = c
+  end
+end
+if floor ~= nil then
+  redis.call('HSET', KEYS[1], '_v', tostring(floor))
+end
+
+return {redis.call('HGETALL', KEYS[1]), live}
