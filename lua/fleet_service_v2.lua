@@ -32,16 +32,19 @@ for i = 1, #entries, 2 do
   end
 end
 
-local least = nil
-for tenant in pairs(waiting) do
-  local c = counter(tenant)
-  if least == nil or c < least then
-    least = c
+-- The least counter among the tenants waiting (nil when none waits).
+local function least_waiting()
+  local low = nil
+  for tenant in pairs(waiting) do
+    local c = counter(tenant)
+    if low == nil or c < low then
+      low = c
+    end
   end
+  return low
 end
-if least == nil then
-  least = tonumber(redis.call('HGET', KEYS[1], '_v') or '0')
-end
+
+local least = least_waiting() or tonumber(redis.call('HGET', KEYS[1], '_v') or '0')
 
 for i = 2, #ARGV do
   local entry = ARGV[i]
@@ -58,13 +61,7 @@ for i = 2, #ARGV do
 end
 
 -- The floor for whoever starts waiting after everyone stopped.
-local floor = nil
-for tenant in pairs(waiting) do
-  local c = counter(tenant)
-  if floor == nil or c < floor then
-    floor = c
-  end
-end
+local floor = least_waiting()
 if floor ~= nil then
   redis.call('HSET', KEYS[1], '_v', tostring(floor))
 end
