@@ -251,6 +251,10 @@ both_backends!(
         // 8000 + 6000 > 12288: a long medium prompt on the other replica waits...
         let long = spawn(f.at(1), Medium, 7_000, 6_000);
         eventually("the long prompt waits", || async { f.waiting(1) == 1 }).await;
+        // ...in its lane's line of long prompts (the one its wait is predicted from)...
+        let medium = *f.at(1).snapshot().lane(Medium);
+        assert_eq!((medium.line_depth(true), medium.line_depth(false)), (1, 0));
+        assert!(f.at(1).waits_for_prefill(6_000) && !f.at(1).waits_for_prefill(2_048));
         // ...holding no seat and no tokens, of any lane.
         assert_eq!(f.seats().await, 1);
         assert_eq!(f.get("global:tokens").await, 10_000);

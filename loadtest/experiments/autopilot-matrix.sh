@@ -16,6 +16,10 @@
 #   # 1.2 x capacity, the seed's engine without the threshold:
 #   ENGINES=seed THRESHOLDS=0 LOAD=1.2 OUT=docs/results/autopilot/overload SPEED=3 \
 #     loadtest/experiments/autopilot-matrix.sh
+#   # early refusals: the same mix, each request carrying x-tutor-deadline-ms, at 1.2 x capacity:
+#   ENGINES=seed THRESHOLDS=0 LOAD=1.2 PRESETS=autopilot \
+#     SCENARIO=loadtest/scenarios/seed-mix-open-deadlines.toml \
+#     OUT=docs/results/autopilot/refusals SPEED=3 loadtest/experiments/autopilot-matrix.sh
 #   # reviews doubling 120 s into the window (load 0.7 before the step), a 240 s window:
 #   ENGINES=seed THRESHOLDS=0 LOAD=0.7 PRESETS=fifo,autopilot WINDOW_S=240 \
 #     EXTRA="--step-at-s 180 --step-class large --step-factor 2" \
@@ -26,7 +30,7 @@ SPEED="${SPEED:-2}"
 OUT="${OUT:-docs/results/autopilot/matrix}"
 cargo build --release -p tutor-load
 exec "${CARGO_TARGET_DIR:-target}/release/tutor-load" experiment --arrivals poisson \
-  --scenario loadtest/scenarios/seed-mix-open.toml \
+  --scenario "${SCENARIO:-loadtest/scenarios/seed-mix-open.toml}" \
   --config "${CONFIG:-config/config.toml}" \
   --profile llama-3.1-8b-h100 --speed "$SPEED" \
   --fifo-max-concurrency 0 \

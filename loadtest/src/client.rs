@@ -40,6 +40,11 @@ pub struct Target {
     pub api: Api,
     /// `model` sent on the chat API (omitted when `None`).
     pub model: Option<String>,
+    /// Sent as `x-tutor-deadline-ms` (the class's `deadline_ms`; omitted when `None`), wall ms.
+    pub deadline_ms: Option<u32>,
+    /// The simulator's speed factor when the target runs on simulated time (1: real time): a
+    /// class's deadline, in simulated ms, is divided by it (the gateway lives in wall time).
+    speed: f64,
     http: reqwest::Client,
 }
 
@@ -107,6 +112,8 @@ impl Target {
             base_url,
             api,
             model,
+            deadline_ms: None,
+            speed: 1.0,
             http,
         })
     }
@@ -185,6 +192,26 @@ impl Target {
             .map_or(&self.bases[i % n], |j| &self.bases[j])
     }
 
+    /// The same target in front of a simulator at `speed` (see [`Target::for_class`]).
+    pub fn simulated_at(mut self, speed: f64) -> Self {
+        if speed.is_finite() && speed > 0.0 {
+            self.speed = speed;
+        }
+        self
+    }
+
+    /// The same target as `class` sends it: its API (when it names one) and its deadline
+    /// (simulated ms over the speed, at least 1).
+    pub fn for_class(&self, class: &crate::scenario::Class) -> Self {
+        let mut t = class
+            .api
+            .map_or_else(|| self.clone(), |api| self.with_api(api));
+        t.deadline_ms = class
+            .deadline_ms
+            .map(|d| ((f64::from(d) / self.speed).round() as u32).max(1));
+        t
+    }
+
     /// The same target speaking `api`.
     pub fn with_api(&self, api: Api) -> Self {
         Self {
@@ -206,7 +233,7 @@ impl Target {
         messages.push(json!({"role": "user", "content": prompt}));
         let messages = Value::Array(messages);
         let answer = json!({"messages": messages, "max_output_tokens": max_tokens});
-        match self.api {
+        let builder = match self.api {
             Api::Answer => self
                 .http
                 .post(format!("{}/answer", self.base()))
@@ -227,6 +254,10 @@ impl Target {
                     .post(format!("{}/v1/chat/completions", self.base()))
                     .json(&body)
             }
+        };
+        match self.deadline_ms {
+            Some(ms) => builder.header("x-tutor-deadline-ms", ms.to_string()),
+            None => builder,
         }
     }
 
@@ -265,7 +296,16 @@ impl Target {
                 Ok(Ok(r)) => r,
             };
         if !resp.status().is_success() {
-            let code = format!("http_{}", resp.status().as_u16());
+            let status = resp.status().as_u16();
+            // An early refusal says so in its body (JSON, or one `error` event on `/answer`):
+            // `http_503_deadline_unmet` (a refusal still, by its `http_` code).
+            let body = tokio::time::timeout_at(cut_at, resp.text()).await;
+            let code = match body {
+                Ok(Ok(text)) if text.contains("\"deadline_unmet\"") => {
+                    format!("http_{status}_deadline_unmet")
+                }
+                _ => format!("http_{status}"),
+            };
             return fail(out, &code);
         }
         let resp = match self.api {
@@ -482,5 +522,46 @@ mod tests {
         assert!(matches!(read(&t, job, &mut u), Event::Job));
         let err = "data: {\"error\":{\"code\":\"upstream_timeout\"}}";
         assert!(matches!(read(&c, err, &mut u), Event::Error(ref s) if s == "upstream_timeout"));
+    }
+
+    #[tokio::test]
+    async fn a_class_deadline_is_sent_in_wall_ms_and_an_early_refusal_is_told_apart() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = sock.read(&mut buf).await.unwrap();
+                assert!(n > 0);
+                head.extend_from_slice(&buf[..n]);
+            }
+            let body = r#"{"error":{"code":"deadline_unmet","predicted_wait_ms":900}}"#;
+            let resp = format!(
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            sock.write_all(resp.as_bytes()).await.unwrap();
+            String::from_utf8_lossy(&head).to_lowercase()
+        });
+        let class: crate::scenario::Class = toml::from_str(
+            "name='q'\ninput_tokens=300\noutput_tokens=10\nshare=1.0\ndeadline_ms=1500\n",
+        )
+        .unwrap();
+        // 1,500 simulated ms at speed 3: 500 wall ms.
+        let t = Target::new(&url, Api::Answer, None)
+            .unwrap()
+            .simulated_at(3.0)
+            .for_class(&class);
+        let cut_at = Instant::now() + Duration::from_secs(10);
+        let out = t.send("hello", 10, cut_at).await;
+        let head = server.await.unwrap();
+        assert!(head.contains("x-tutor-deadline-ms: 500\r\n"), "{head}");
+        assert_eq!(out.error.as_deref(), Some("http_503_deadline_unmet"));
+        // Without a deadline, no header.
+        let plain = Target::new(&url, Api::Answer, None).unwrap();
+        assert_eq!(plain.deadline_ms, None);
     }
 }

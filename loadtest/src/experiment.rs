@@ -55,8 +55,11 @@ async fn small_queue_wait(gw_url: &str) -> Value {
         Ok(r) => r.text().await.unwrap_or_default(),
         Err(_) => return Value::Null,
     };
-    let h =
-        crate::stats::MetricsHistogram::read(&text, "tutor_gateway_queue_wait_seconds", "small");
+    let h = crate::stats::MetricsHistogram::read(
+        &text,
+        "tutor_gateway_queue_wait_seconds",
+        "lane=\"small\"",
+    );
     json!({"p50_s": h.quantile(0.5), "p95_s": h.quantile(0.95), "requests": h.total()})
 }
 

@@ -104,9 +104,7 @@ pub async fn run(
     match scenario.load {
         Load::Closed { .. } => {
             for (ci, class) in scenario.classes.iter().enumerate() {
-                let target = class
-                    .api
-                    .map_or_else(|| target.clone(), |a| target.with_api(a));
+                let target = target.for_class(class);
                 for client in 0..u64::from(class.concurrency) {
                     let (sh, t, p) = (shared.clone(), target.clone(), prompts.clone());
                     let class = class.clone();
@@ -147,9 +145,7 @@ pub async fn run(
                     skipped += 1;
                     continue;
                 }
-                let t = scenario.classes[ci]
-                    .api
-                    .map_or_else(|| target.clone(), |a| target.with_api(a));
+                let t = target.for_class(&scenario.classes[ci]);
                 let (sh, p) = (shared.clone(), prompts.clone());
                 let (inp, outp) = open_sizes(scenario, ci, i, opts.seed);
                 let seed = opts.seed;

@@ -141,6 +141,10 @@ pub struct Class {
     /// Tokens of each shared prefix (part of `input_tokens`).
     #[serde(default)]
     pub prefix_tokens: u32,
+    /// Sent as `x-tutor-deadline-ms` with each of this class's requests (1 to 3,600,000): the
+    /// gateway refuses at once (`deadline_unmet`) a request whose predicted wait misses it.
+    #[serde(default)]
+    pub deadline_ms: Option<u32>,
 }
 
 impl Scenario {
@@ -182,6 +186,9 @@ impl Scenario {
                     c.name,
                     self.max_model_len
                 );
+            }
+            if c.deadline_ms.is_some_and(|d| !(1..=3_600_000).contains(&d)) {
+                bail!("class {}: deadline_ms must be in 1..=3600000", c.name);
             }
             if !(0.0..=1.0).contains(&c.spread) {
                 bail!("class {}: spread must be in [0, 1]", c.name);
@@ -272,6 +279,14 @@ mod tests {
         assert_eq!(exp.classes[0].distribution, Dist::Uniform);
         assert_eq!(exp.classes[0].concurrency, 80);
         assert_eq!(exp.classes[1].concurrency, 20);
+        let d = Scenario::load(&dir.join("seed-mix-open-deadlines.toml")).unwrap();
+        let deadlines: Vec<_> = d.classes.iter().map(|c| c.deadline_ms).collect();
+        assert_eq!(deadlines, [Some(500), Some(5_000), Some(30_000)]);
+        let bad = "name='x'\n[load]\nmode='open'\nrate=1.0\n[[class]]\nname='a'\ninput_tokens=300\noutput_tokens=10\nshare=1.0\ndeadline_ms=0\n";
+        assert!(
+            Scenario::parse(bad).is_err(),
+            "a deadline of 0 ms is refused"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::scenario::Scenario;
 
 pub use tutor_wire::stats::quantile;
 
-/// One lane's histogram of a gateway family, read from a `/metrics` text: (upper bound,
+/// One series of a gateway histogram family, read from a `/metrics` text: (upper bound,
 /// cumulative count) per bucket, in order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct MetricsHistogram {
@@ -19,9 +19,11 @@ pub struct MetricsHistogram {
 }
 
 impl MetricsHistogram {
-    /// `family`'s buckets for `lane` in `text` (none: an empty histogram).
-    pub fn read(text: &str, family: &str, lane: &str) -> Self {
-        let prefix = format!("{family}_bucket{{lane=\"{lane}\",le=\"");
+    /// `family`'s buckets for the series labelled `labels` in `text`, the labels before `le`
+    /// as Prometheus writes them (sorted: `lane="small"`, `lane="medium",line="seat"`); none:
+    /// an empty histogram.
+    pub fn read(text: &str, family: &str, labels: &str) -> Self {
+        let prefix = format!("{family}_bucket{{{labels},le=\"");
         let mut buckets: Vec<(f64, f64)> = text
             .lines()
             .filter_map(|l| {
@@ -377,11 +379,11 @@ x_bucket{lane=\"large\",le=\"0.5\"} 0
 x_bucket{lane=\"large\",le=\"+Inf\"} 0
 ";
         // 40 observations: the 20th lies halfway through (0.5, 1].
-        let h = MetricsHistogram::read(text, "x", "small");
+        let h = MetricsHistogram::read(text, "x", "lane=\"small\"");
         assert_eq!(h.total(), 40.0);
         assert!((h.quantile(0.5).unwrap() - 0.75).abs() < 1e-9);
         for lane in ["large", "medium"] {
-            let h = MetricsHistogram::read(text, "x", lane);
+            let h = MetricsHistogram::read(text, "x", &format!("lane=\"{lane}\""));
             assert_eq!((h.total(), h.quantile(0.5)), (0.0, None));
         }
     }

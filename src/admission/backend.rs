@@ -132,6 +132,11 @@ pub trait Backend: Send + Sync {
     /// Consistent counters of every lane (this replica's part, for a shared quota).
     fn snapshot(&self) -> AdmissionSnapshot;
 
+    /// Whether a prompt of `prompt` (estimated, uncached) tokens waits for prefill room under
+    /// the limits in force: a long prompt under a prefill budget, queued in its lane's line of
+    /// long prompts.
+    fn waits_for_prefill(&self, prompt: u32) -> bool;
+
     /// Whether `tenant` holds more than its share of the requests waiting in `lane`'s queue
     /// (see [`super::fair::over_share`]; with Redis, this replica's lines).
     fn over_share(&self, lane: Lane, tenant: &str) -> bool;

@@ -114,7 +114,13 @@ impl LocalAdmission {
 
     /// Consistent counters of every lane.
     pub fn snapshot(&self) -> AdmissionSnapshot {
-        self.shared.lock().snapshot()
+        let prefill = self.shared.rules().prefill;
+        self.shared.lock().snapshot(|prompt| prefill.waits(prompt))
+    }
+
+    /// Whether a prompt of `prompt` tokens waits for prefill room under the limits in force.
+    pub fn waits_for_prefill(&self, prompt: u32) -> bool {
+        self.shared.rules().prefill.waits(prompt)
     }
 
     /// Waits for `ask`'s seat, `ask.work` tokens of budget and its prefill room, taken in
@@ -239,6 +245,10 @@ impl Backend for LocalAdmission {
 
     fn snapshot(&self) -> AdmissionSnapshot {
         LocalAdmission::snapshot(self)
+    }
+
+    fn waits_for_prefill(&self, prompt: u32) -> bool {
+        LocalAdmission::waits_for_prefill(self, prompt)
     }
 
     fn over_share(&self, lane: Lane, tenant: &str) -> bool {

@@ -173,6 +173,12 @@ impl Admission {
         self.backend().policy()
     }
 
+    /// Whether a prompt of `prompt` tokens waits for prefill room; see
+    /// [`Backend::waits_for_prefill`].
+    pub fn waits_for_prefill(&self, prompt: u32) -> bool {
+        self.backend().waits_for_prefill(prompt)
+    }
+
     /// Whether `tenant` holds more than its share of `lane`'s waiters; see
     /// [`Backend::over_share`].
     pub fn over_share(&self, lane: Lane, tenant: &str) -> bool {

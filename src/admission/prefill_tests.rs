@@ -159,7 +159,15 @@ async fn a_waiter_short_of_seats_still_holds_back_short_prompts_behind_it() {
     let short = spawn(&a, Large, 9_000, 500);
     settle().await;
     assert_eq!(a.snapshot().lane(Large).queue_depth, 2);
+    // Each waits in its own line: the long prompt in the line of long prompts (its wait is
+    // predicted from that line's rate), the short one in the other.
+    let large = *a.snapshot().lane(Large);
+    assert_eq!((large.line_depth(true), large.line_depth(false)), (1, 1));
+    assert!(a.waits_for_prefill(8_000) && !a.waits_for_prefill(500));
     long.abort();
+    settle().await;
+    let large = *a.snapshot().lane(Large);
+    assert_eq!((large.line_depth(true), large.line_depth(false)), (0, 1));
     short.abort();
 }
 

@@ -171,13 +171,19 @@ impl State {
         }
     }
 
-    pub fn snapshot(&self) -> AdmissionSnapshot {
+    /// The counters; `long` tells the waiters that wait for prefill room (by their prompt).
+    pub fn snapshot(&self, long: impl Fn(u32) -> bool) -> AdmissionSnapshot {
+        let mut long_queued = [0u32; 3];
+        for w in self.queues.iter().flatten().filter(|w| long(w.prefill)) {
+            long_queued[w.lane.index()] += 1;
+        }
         AdmissionSnapshot {
             lanes: Lane::ALL.map(|lane| LaneSnapshot {
                 lane,
                 in_flight: self.usage[lane.index()].in_flight,
                 reserved_tokens: self.usage[lane.index()].tokens,
                 queue_depth: self.queued[lane.index()],
+                long_queue_depth: long_queued[lane.index()],
             }),
             prefill_tokens: self.prefill,
         }

@@ -36,6 +36,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, Policy};
 use crate::lane::Lane;
 use crate::pipeline::AppState;
+use crate::telemetry::Line;
 use controller::{Bounds, Controller, Gains, Pace, Reading, Step};
 use piecing::{PieceController, PieceStep};
 
@@ -269,17 +270,20 @@ impl Pilot {
 /// Whether the large lane is starving: requests wait in it and, at its admissions of the last
 /// 10 s, the last of them would wait more than `autopilot.max_large_wait_ms` (or nothing was
 /// admitted lately). Reviews come before a question's objective.
+/// Each of its two lines (long prompts waiting for prefill room, and the rest) is judged on
+/// its own.
 fn starving(state: &AppState, config: &Config) -> bool {
-    let waiting = state.admission().snapshot().lane(Lane::Large).queue_depth;
-    if waiting == 0 {
-        return false;
-    }
+    let large = *state.admission().snapshot().lane(Lane::Large);
     let limit = config.autopilot.max_large_wait;
-    state
-        .metrics()
-        .admission_rate()
-        .predict(Lane::Large, waiting)
-        .is_none_or(|wait| wait > limit)
+    [false, true].into_iter().any(|long| {
+        let waiting = large.line_depth(long);
+        waiting > 0
+            && state
+                .metrics()
+                .admission_rate()
+                .predict(Line::new(Lane::Large, long), waiting)
+                .is_none_or(|wait| wait > limit)
+    })
 }
 
 /// Why the autopilot does not run under `config`; `None`: it runs.

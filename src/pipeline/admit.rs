@@ -10,6 +10,7 @@ use super::respond::refused;
 use crate::admission::{AdmissionError, Ask, LaneGuard};
 use crate::error::GatewayError;
 use crate::lane::Lane;
+use crate::telemetry::Line;
 use crate::telemetry::RequestRecord;
 
 /// Where a large `/answer` that waited `jobs.divert_large_after_ms` for its seat goes instead:
@@ -84,9 +85,12 @@ pub async fn admit(
 ) -> Result<Admit, GatewayError> {
     // An honest early "no": a request whose predicted wait already misses its deadline is
     // refused now rather than after waiting for nothing.
+    // It waits in its lane's line of long prompts (for prefill room and a seat) or in the
+    // other (for a seat): each line has its own requests ahead and its own service rate.
     let lane = ready.class.lane;
-    let ahead = ctx.admission().snapshot().lanes[lane.index()].queue_depth;
-    let predicted = ctx.metrics().admission_rate().predict(lane, ahead);
+    let line = Line::new(lane, ctx.admission().waits_for_prefill(ready.prefill));
+    let ahead = ctx.admission().snapshot().lane(lane).line_depth(line.long);
+    let predicted = ctx.metrics().admission_rate().predict(line, ahead);
     if let (Some(deadline), Some(wait)) = (ready.deadline, predicted) {
         let left = deadline.saturating_sub(record.arrival().elapsed());
         let margin = u32::from(ctx.config().admission.early_refusal_margin_percent);
@@ -95,6 +99,7 @@ pub async fn admit(
                 .tenant
                 .as_ref()
                 .is_some_and(|t| ctx.admission().over_share(lane, &t.0));
+            ctx.metrics().admission_rate().refused(line, ahead, wait);
             let e = AdmissionError::WouldMissDeadline {
                 lane,
                 predicted: wait,
@@ -186,7 +191,7 @@ pub async fn admit(
             if let Some(p) = predicted.filter(|_| ahead > 0) {
                 ctx.metrics()
                     .admission_rate()
-                    .observed(lane, p, guard.queue_wait());
+                    .observed(line, p, guard.queue_wait());
             }
             Ok(Admit::Admitted(Admitted::new(ready, guard, record)))
         }

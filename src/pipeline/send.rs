@@ -35,7 +35,12 @@ pub async fn send(
         guard,
         mut record,
     } = admitted;
-    record.admitted(guard.queue_wait(), guard.prefill());
+    // A guard that tells its prefill wait came from the line of long prompts.
+    record.admitted(
+        guard.queue_wait(),
+        guard.prefill(),
+        guard.prefill_wait().is_some(),
+    );
     if let Some(waited) = guard.prefill_wait() {
         record.prefill_waited(waited);
     }

@@ -45,6 +45,7 @@ pub mod step_window;
 mod text;
 pub mod ttft_window;
 
+pub use admission_rate::Line;
 pub use config_metrics::ConfigMetrics;
 pub use job_metrics::JobMetrics;
 pub use latency::{EngineTimings, LatencySplit, Mark, PromptUsage, StageSplit, UpstreamView};

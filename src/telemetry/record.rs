@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
+use super::admission_rate::Line;
 use super::drift::{DriftSample, Signal};
 use super::latency::{LatencySplit, Mark, StageSplit, UpstreamView};
 use super::metrics::{Metrics, Outcome, Route, Stage};
@@ -186,13 +187,14 @@ impl RequestRecord {
     }
 
     /// Records admission after `queue_wait`, holding a prefill reservation of `prefill`
-    /// tokens (the request log's `prefill_tokens_reserved`).
-    pub fn admitted(&mut self, queue_wait: Duration, prefill: u32) {
+    /// tokens (the request log's `prefill_tokens_reserved`), from its lane's line of long
+    /// prompts (`long`: it waited for prefill room too) or its other line.
+    pub fn admitted(&mut self, queue_wait: Duration, prefill: u32, long: bool) {
         let now = Instant::now();
         if let Some(class) = &self.class {
             self.metrics
                 .admission_rate()
-                .admitted(class.lane, queue_wait);
+                .admitted(Line::new(class.lane, long), queue_wait);
         }
         self.admitted = Some((now, queue_wait));
         self.prefill_reserved = Some(prefill);
@@ -475,7 +477,7 @@ mod tests {
             Instant::now(),
         );
         r.fingerprint(fp.to_owned());
-        r.admitted(Duration::ZERO, prompt);
+        r.admitted(Duration::ZERO, prompt, false);
         r.served_by("replica-0");
         let admitted = r.admitted_at().unwrap().0;
         // What the gateway sees: admission to first token, the engine's queue included.

@@ -15,6 +15,20 @@ pub struct LaneSnapshot {
     pub reserved_tokens: u64,
     /// Requests of this lane waiting in a queue (under `fifo`, its share of the one queue).
     pub queue_depth: u32,
+    /// Of those, the long prompts that wait for prefill room as well as a seat (their own line,
+    /// served at its own rate: `crate::telemetry::admission_rate::Line`).
+    pub long_queue_depth: u32,
+}
+
+impl LaneSnapshot {
+    /// Requests waiting in `lane`'s line of long prompts (`long`) or in its other line.
+    pub fn line_depth(&self, long: bool) -> u32 {
+        if long {
+            self.long_queue_depth
+        } else {
+            self.queue_depth.saturating_sub(self.long_queue_depth)
+        }
+    }
 }
 
 /// All lanes' counters, taken under one lock so they are consistent with each other.

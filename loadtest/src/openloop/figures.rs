@@ -159,12 +159,19 @@ pub struct RunFigures {
     pub autopilot_trace: Vec<TracePoint>,
     /// The piece size the autopilot had at the end of the run (0: none).
     pub autopilot_piece_tokens_end: Option<u32>,
-    /// Per lane: the median of actual over predicted queue wait of the requests that waited
-    /// with a prediction (the whole run, from `tutor_gateway_wait_prediction_ratio`,
-    /// interpolated within its buckets as Prometheus' `histogram_quantile` does).
+    /// Per line (`<lane>-seat`, `<lane>-prefill`: the long prompts that waited for prefill
+    /// room): the median of actual over predicted queue wait of the requests that waited with
+    /// a prediction (the whole run, from `tutor_gateway_wait_prediction_ratio`, interpolated
+    /// within its buckets as Prometheus' `histogram_quantile` does).
     pub wait_prediction_ratio_p50: BTreeMap<String, f64>,
-    /// Per lane: how many such requests.
+    /// Per line: how many such requests.
     pub wait_predictions: BTreeMap<String, u64>,
+    /// Per line: the median of the early refusals' would-be wait over the predicted wait that
+    /// refused them (`tutor_gateway_refusal_wait_ratio`: each refusal's ghost, admitted at
+    /// the `ahead + 1`-th admission of its line after it).
+    pub refusal_wait_ratio_p50: BTreeMap<String, f64>,
+    /// Per line: how many refusals' ghosts were measured.
+    pub refusal_ghosts: BTreeMap<String, u64>,
 }
 
 /// The autopilot's knobs at one moment of a run.
@@ -553,6 +560,10 @@ mod tests {
         );
         assert_eq!(
             fate(&o(Status::Error, Some("http_503"), None)),
+            Fate::Refused
+        );
+        assert_eq!(
+            fate(&o(Status::Error, Some("http_503_deadline_unmet"), None)),
             Fate::Refused
         );
         assert_eq!(

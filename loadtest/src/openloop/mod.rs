@@ -154,17 +154,33 @@ async fn one_run(
     m.figures.small_within_objective =
         objective.and_then(|limit| figures::share_within(&m.times, FLOOR_CLASS, limit, |t| t.1));
     for lane in ["small", "medium", "large"] {
-        let ratio = crate::stats::MetricsHistogram::read(
-            &metrics_text,
-            "tutor_gateway_wait_prediction_ratio",
-            lane,
-        );
-        if ratio.total() > 0.0 {
-            m.figures
-                .wait_predictions
-                .insert(lane.into(), ratio.total() as u64);
-            if let Some(p) = ratio.quantile(0.5) {
-                m.figures.wait_prediction_ratio_p50.insert(lane.into(), p);
+        for line in ["seat", "prefill"] {
+            let ratio = crate::stats::MetricsHistogram::read(
+                &metrics_text,
+                "tutor_gateway_wait_prediction_ratio",
+                &format!("lane=\"{lane}\",line=\"{line}\""),
+            );
+            let key = format!("{lane}-{line}");
+            if ratio.total() > 0.0 {
+                m.figures
+                    .wait_predictions
+                    .insert(key.clone(), ratio.total() as u64);
+                if let Some(p) = ratio.quantile(0.5) {
+                    m.figures.wait_prediction_ratio_p50.insert(key.clone(), p);
+                }
+            }
+            let refusals = crate::stats::MetricsHistogram::read(
+                &metrics_text,
+                "tutor_gateway_refusal_wait_ratio",
+                &format!("lane=\"{lane}\",line=\"{line}\""),
+            );
+            if refusals.total() > 0.0 {
+                m.figures
+                    .refusal_ghosts
+                    .insert(key.clone(), refusals.total() as u64);
+                if let Some(p) = refusals.quantile(0.5) {
+                    m.figures.refusal_wait_ratio_p50.insert(key, p);
+                }
             }
         }
     }

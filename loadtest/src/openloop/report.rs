@@ -276,7 +276,8 @@ const PIECES_HEADER: &str = "| load | preset | questions within the small object
     | small p99 x engine bound p99 | largest prompt chunk in a step (run / window) \
     | piece requests \
     | tokens recomputed / review prompt tokens | autopilot piece size at the end \
-    | waited / predicted wait p50 (large) | steps late p99 (wall ms) |\n\
+    | waited / predicted wait p50 (large long prompts; medium: others / long prompts) \
+    | steps late p99 (wall ms) |\n\
     |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
 
 fn pieces_row(load: f64, preset: &str, t: &Value) -> String {
@@ -287,6 +288,17 @@ fn pieces_row(load: f64, preset: &str, t: &Value) -> String {
         (Some(a), Some(b)) if b > 0.0 => format!("{:.2}x", a / b),
         _ => "-".into(),
     };
+    let predictions = format!(
+        "{}; {} / {}",
+        cell(at(t, "wait_prediction_ratio_p50.large-prefill"), 1.0, 2, ""),
+        cell(at(t, "wait_prediction_ratio_p50.medium-seat"), 1.0, 2, ""),
+        cell(
+            at(t, "wait_prediction_ratio_p50.medium-prefill"),
+            1.0,
+            2,
+            ""
+        ),
+    );
     format!(
         "| {load} | {preset} | {} | {vs_bound} | {} / {} | {} | {} | {} | {} | {} |\n",
         pct(t, "small_within_objective"),
@@ -295,7 +307,7 @@ fn pieces_row(load: f64, preset: &str, t: &Value) -> String {
         count(t, "pieces"),
         cell(at(t, "piece_recomputed_share"), 100.0, 2, "%"),
         count(t, "autopilot_piece_tokens_end"),
-        cell(at(t, "wait_prediction_ratio_p50.large"), 1.0, 2, ""),
+        predictions,
         cell(at(t, "engine_late_ms_p99"), 1.0, 1, ""),
     )
 }

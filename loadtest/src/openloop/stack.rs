@@ -67,7 +67,7 @@ impl Stack {
         let sim = tutor_gateway::server::start_sim(&mut cfg, &args).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let gateway = tutor_gateway::server::start(cfg, listener)?;
-        let target = Target::new(&gateway.url(), Api::Answer, None)?;
+        let target = Target::new(&gateway.url(), Api::Answer, None)?.simulated_at(spec.speed);
         let prompts = PromptBuilder::new(vllm_sim::tokenizer::PromptTokenizer::load(
             tokenizer.as_deref(),
         )?);

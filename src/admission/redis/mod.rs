@@ -334,8 +334,9 @@ impl RedisAdmission {
         }
         for lane in Lane::ALL {
             let i = lane.index();
-            snap.lanes[i].queue_depth +=
-                self.shared.queues[i].waiting() + self.shared.long_lines[i].waiting();
+            let long = self.shared.long_lines[i].waiting();
+            snap.lanes[i].queue_depth += self.shared.queues[i].waiting() + long;
+            snap.lanes[i].long_queue_depth += long;
         }
         snap
     }
@@ -630,6 +631,10 @@ impl Backend for RedisAdmission {
 
     fn snapshot(&self) -> AdmissionSnapshot {
         RedisAdmission::snapshot(self)
+    }
+
+    fn waits_for_prefill(&self, prompt: u32) -> bool {
+        self.shared.waits_for_prefill(prompt)
     }
 
     fn over_share(&self, lane: Lane, tenant: &str) -> bool {
