@@ -200,15 +200,11 @@ impl Target {
         self
     }
 
-    /// The same target as `class` sends it: its API (when it names one) and its deadline
-    /// (simulated ms over the speed, at least 1).
-    pub fn for_class(&self, class: &crate::scenario::Class) -> Self {
-        let mut t = class
-            .api
-            .map_or_else(|| self.clone(), |api| self.with_api(api));
-        t.deadline_ms = class
-            .deadline_ms
-            .map(|d| ((f64::from(d) / self.speed).round() as u32).max(1));
+    /// The same target as a scenario class sends it: its `api` (when it names one) and its
+    /// `deadline_ms` (simulated ms over the speed, at least 1).
+    pub fn for_class(&self, api: Option<Api>, deadline_ms: Option<u32>) -> Self {
+        let mut t = api.map_or_else(|| self.clone(), |api| self.with_api(api));
+        t.deadline_ms = deadline_ms.map(|d| ((f64::from(d) / self.speed).round() as u32).max(1));
         t
     }
 
@@ -546,15 +542,11 @@ mod tests {
             sock.write_all(resp.as_bytes()).await.unwrap();
             String::from_utf8_lossy(&head).to_lowercase()
         });
-        let class: crate::scenario::Class = toml::from_str(
-            "name='q'\ninput_tokens=300\noutput_tokens=10\nshare=1.0\ndeadline_ms=1500\n",
-        )
-        .unwrap();
         // 1,500 simulated ms at speed 3: 500 wall ms.
         let t = Target::new(&url, Api::Answer, None)
             .unwrap()
             .simulated_at(3.0)
-            .for_class(&class);
+            .for_class(None, Some(1_500));
         let cut_at = Instant::now() + Duration::from_secs(10);
         let out = t.send("hello", 10, cut_at).await;
         let head = server.await.unwrap();

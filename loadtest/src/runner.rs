@@ -104,7 +104,7 @@ pub async fn run(
     match scenario.load {
         Load::Closed { .. } => {
             for (ci, class) in scenario.classes.iter().enumerate() {
-                let target = target.for_class(class);
+                let target = target.for_class(class.api, class.deadline_ms);
                 for client in 0..u64::from(class.concurrency) {
                     let (sh, t, p) = (shared.clone(), target.clone(), prompts.clone());
                     let class = class.clone();
@@ -145,7 +145,8 @@ pub async fn run(
                     skipped += 1;
                     continue;
                 }
-                let t = target.for_class(&scenario.classes[ci]);
+                let class = &scenario.classes[ci];
+                let t = target.for_class(class.api, class.deadline_ms);
                 let (sh, p) = (shared.clone(), prompts.clone());
                 let (inp, outp) = open_sizes(scenario, ci, i, opts.seed);
                 let seed = opts.seed;

@@ -167,7 +167,7 @@ fn one_request(
 ) -> impl std::future::Future<Output = Sent> + Send + 'static {
     let class = scenario.classes[a.class].clone();
     let (input, output) = open_sizes(scenario, a.class, a.index, seed);
-    let target = stack.target.for_class(&class);
+    let target = stack.target.for_class(class.api, class.deadline_ms);
     let prompts = stack.prompts.clone();
     async move {
         let (system, prompt) = with_prefix(
