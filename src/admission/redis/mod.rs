@@ -391,8 +391,8 @@ impl RedisAdmission {
         let cost = f64::from(tokens) / share;
         let yields = || {
             tenant.filter(|_| rules.fleet_fairness).is_some_and(|t| {
-                let here: Vec<Arc<str>> = line.tenants().into_iter().flatten().collect();
-                self.shared.service.yields(&line_name, t, cost, &here)
+                let here = || line.tenants().into_iter().flatten().collect();
+                self.shared.service.yields(&line_name, t, cost, here)
             })
         };
         let mut prefill_blocked = None;

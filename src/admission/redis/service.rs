@@ -177,21 +177,34 @@ impl FleetService {
     /// Whether the head of `line` here, of `tenant` and costing `cost` (tokens over its share),
     /// should yield: its tenant's counter is ahead by more than `cost` of a tenant that waits in
     /// `line` on another replica and not in this replica's line (`here`: the tenants waiting in
-    /// it; their order is the tags').
-    pub fn yields(&self, line: &str, tenant: &str, cost: f64, here: &[Arc<str>]) -> bool {
+    /// it, their order the tags'; read only when some tenant behind waits in the fleet's line,
+    /// so a head with nobody behind pays nothing for it on each try).
+    pub fn yields(
+        &self,
+        line: &str,
+        tenant: &str,
+        cost: f64,
+        here: impl FnOnce() -> Vec<Arc<str>>,
+    ) -> bool {
         let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(others) = waiting.get(line) else {
             return false;
         };
         let mine = field(tenant);
-        let here: HashSet<String> = here.iter().map(|t| field(t)).collect();
-        let view = self.view();
-        let of = |f: &str| view.get(f).copied().unwrap_or(0.0);
-        let ahead = of(&mine);
-        others
-            .iter()
-            .filter(|f| **f != mine && !here.contains(*f))
-            .any(|f| ahead - of(f) > cost)
+        let behind: Vec<&String> = {
+            let view = self.view();
+            let of = |f: &str| view.get(f).copied().unwrap_or(0.0);
+            let ahead = of(&mine);
+            others
+                .iter()
+                .filter(|f| **f != mine && ahead - of(f) > cost)
+                .collect()
+        };
+        if behind.is_empty() {
+            return false;
+        }
+        let here: HashSet<String> = here().iter().map(|t| field(t)).collect();
+        behind.iter().any(|f| !here.contains(*f))
     }
 
     /// The fields of the tenants waiting anywhere in the fleet, as last read.

@@ -496,7 +496,7 @@ async fn the_fleet_heartbeat_lifts_a_tenant_that_starts_waiting_and_forgets_a_si
     one.refresh(&mut f.conn, &[at("small", "a")]).await.unwrap();
     assert_eq!(one.of("a"), 8_000.0);
     assert!(
-        !one.yields("small", "a", 100.0, &here),
+        !one.yields("small", "a", 100.0, || here.to_vec()),
         "B waits in another line"
     );
     two.refresh(&mut f.conn, &[at("large", "b"), at("small", "b")])
@@ -504,20 +504,25 @@ async fn the_fleet_heartbeat_lifts_a_tenant_that_starts_waiting_and_forgets_a_si
         .unwrap();
     one.refresh(&mut f.conn, &[at("small", "a")]).await.unwrap();
     assert_eq!(one.fleet_gap(), 4_000.0, "A, B and C wait: 9,000 - 5,000");
-    assert!(one.yields("small", "a", 100.0, &here), "3,000 ahead of B");
     assert!(
-        !one.yields("small", "a", 3_000.0, &here),
+        one.yields("small", "a", 100.0, || here.to_vec()),
+        "3,000 ahead of B"
+    );
+    assert!(
+        !one.yields("small", "a", 3_000.0, || unreachable!(
+            "nobody behind by more than its cost: this replica's line is not read"
+        )),
         "within its own cost"
     );
     let both = [Arc::<str>::from("a"), Arc::<str>::from("b")];
     assert!(
-        !one.yields("small", "a", 100.0, &both),
+        !one.yields("small", "a", 100.0, || both.to_vec()),
         "B waits here: the tags order them"
     );
     // Replica 2 goes silent: its entries stop counting.
     tokio::time::sleep(WAITING_COUNTS_FOR + Duration::from_millis(200)).await;
     one.refresh(&mut f.conn, &[at("small", "a")]).await.unwrap();
-    assert!(!one.yields("small", "a", 100.0, &here));
+    assert!(!one.yields("small", "a", 100.0, || here.to_vec()));
     assert_eq!(one.waiting_fields(), vec![field("a")]);
     assert_eq!(one.fleet_gap(), 0.0);
 }
