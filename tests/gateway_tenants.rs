@@ -39,6 +39,21 @@ async fn ask_until_refused(
     panic!("the budget refused none of 100 requests");
 }
 
+/// The quota in Redis at `redis`, and keys for schools A and B.
+fn two_schools_sharing(c: &mut tutor_gateway::config::Config, redis: &RedisServer) {
+    c.quota.backend = QuotaBackend::Redis;
+    c.quota.redis_url = RedisUrl::new(redis.url());
+    with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+}
+
+/// One small seat, and a queue of 10 whose requests (and streams) wait up to two minutes.
+fn one_patient_small_seat(c: &mut tutor_gateway::config::Config) {
+    set_lane(c, Lane::Small, 1);
+    c.lanes.small.queue.len = 10;
+    c.lanes.small.queue.timeout = Duration::from_secs(120);
+    c.upstream.idle_timeout = Duration::from_secs(120);
+}
+
 /// A second replica in front of `h`'s simulator, configured by `setup`.
 async fn second_replica(
     h: &Harness,
@@ -291,9 +306,7 @@ async fn a_tenants_tokens_per_minute_bound_what_it_is_admitted_and_not_other_ten
 async fn with_redis_a_tenants_budget_holds_for_the_fleet_not_per_replica() {
     let redis = RedisServer::start();
     let setup = |c: &mut tutor_gateway::config::Config| {
-        c.quota.backend = QuotaBackend::Redis;
-        c.quota.redis_url = RedisUrl::new(redis.url());
-        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+        two_schools_sharing(c, &redis);
         c.auth.tenants.insert(
             "school-a".into(),
             tutor_gateway::config::TenantBudget {
@@ -428,13 +441,8 @@ fn fleet_service(gw: &tutor_gateway::server::Gateway, tenant: &str) -> f64 {
 async fn with_redis_the_tenant_served_less_fleet_wide_goes_first_on_any_replica() {
     let redis = RedisServer::start();
     let setup = |c: &mut tutor_gateway::config::Config| {
-        c.quota.backend = QuotaBackend::Redis;
-        c.quota.redis_url = RedisUrl::new(redis.url());
-        set_lane(c, Lane::Small, 1);
-        c.lanes.small.queue.len = 10;
-        c.lanes.small.queue.timeout = Duration::from_secs(120);
-        c.upstream.idle_timeout = Duration::from_secs(120);
-        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+        two_schools_sharing(c, &redis);
+        one_patient_small_seat(c);
     };
     let h = harness(&flags(STALLING), setup).await;
     let other = second_replica(&h, setup).await;
@@ -495,14 +503,9 @@ async fn with_redis_the_tenant_served_less_fleet_wide_goes_first_on_any_replica(
 async fn with_redis_a_replica_that_sees_one_tenant_yields_the_seat_to_one_behind_elsewhere() {
     let redis = RedisServer::start();
     let setup = |c: &mut tutor_gateway::config::Config| {
-        c.quota.backend = QuotaBackend::Redis;
-        c.quota.redis_url = RedisUrl::new(redis.url());
-        set_lane(c, Lane::Small, 1);
+        two_schools_sharing(c, &redis);
+        one_patient_small_seat(c);
         set_lane(c, Lane::Medium, 1);
-        c.lanes.small.queue.len = 10;
-        c.lanes.small.queue.timeout = Duration::from_secs(120);
-        c.upstream.idle_timeout = Duration::from_secs(120);
-        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
     };
     let h = harness(&flags(STALLING), setup).await;
     let other = second_replica(&h, setup).await;
@@ -578,9 +581,7 @@ async fn with_redis_a_replica_that_sees_one_tenant_yields_the_seat_to_one_behind
 async fn with_redis_a_tenants_fleet_service_is_what_the_engine_served_it() {
     let redis = RedisServer::start();
     let setup = |c: &mut tutor_gateway::config::Config| {
-        c.quota.backend = QuotaBackend::Redis;
-        c.quota.redis_url = RedisUrl::new(redis.url());
-        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+        two_schools_sharing(c, &redis);
     };
     let h = harness(&flags("--speed 50 --profile tiny-test"), setup).await;
     let mut served = 0u64;
