@@ -74,6 +74,18 @@ pub fn words(from: u32, to: u32) -> String {
     s
 }
 
+/// How many output words `text` holds from the start of the output (`words(0, n)` holds `n`):
+/// the position a continued answer goes on from. Text that is not the simulator's output
+/// holds 0.
+pub fn words_in(text: &str) -> u32 {
+    let (mut rest, mut n) = (text, 0u32);
+    while let Some(r) = rest.strip_prefix(WORDS[n as usize % WORDS.len()]) {
+        rest = r;
+        n += 1;
+    }
+    n
+}
+
 /// Faults injected into one request, decided when it arrives.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FaultPlan {

@@ -8,8 +8,8 @@
 use std::path::Path;
 
 pub use tutor_wire::chat::{
-    render_chat, render_request, render_template_kwargs, render_tools, ChatMessage, ContentPart,
-    MessageContent,
+    render_chat, render_chat_ending, render_request, render_request_ending, render_template_kwargs,
+    render_tools, ChatMessage, ContentPart, MessageContent, PromptEnd,
 };
 pub use tutor_wire::tokens::{fnv1a, heuristic_ids, BOS_ID};
 

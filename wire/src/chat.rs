@@ -181,14 +181,34 @@ impl ChatMessage {
     }
 }
 
+/// How a rendered chat prompt ends: vLLM's `add_generation_prompt` and
+/// `continue_final_message` (mutually exclusive there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PromptEnd {
+    /// With the assistant's turn opened (`add_generation_prompt`, vLLM's chat default).
+    #[default]
+    Generation,
+    /// After the last message's end marker, no turn opened (`add_generation_prompt: false`).
+    Closed,
+    /// Inside the last message, right after its text: the model continues it
+    /// (`continue_final_message: true`; Hugging Face's template rendering cuts the prompt
+    /// after the final message's content, dropping its end marker).
+    ContinueFinal,
+}
+
 /// Renders chat messages into one prompt string with a ChatML template, ending with the
 /// assistant's turn: `<|im_start|>{role}\n{pieces joined by newlines}<|im_end|>\n` per message
 /// (any role string, as vLLM takes it). Under the token heuristic the markers are one token
 /// each, so a message costs its role's text, its pieces, the newlines between them, and 4
 /// tokens.
 pub fn render_chat(messages: &[ChatMessage]) -> String {
+    render_chat_ending(messages, PromptEnd::Generation)
+}
+
+/// [`render_chat`] ending as `end` says.
+pub fn render_chat_ending(messages: &[ChatMessage], end: PromptEnd) -> String {
     let mut out = String::new();
-    for m in messages {
+    for (i, m) in messages.iter().enumerate() {
         out.push_str("<|im_start|>");
         // The header takes the role itself, not its piece: the gateway's count of the role
         // (the piece) is checked against this.
@@ -205,9 +225,14 @@ pub fn render_chat(messages: &[ChatMessage]) -> String {
             first = false;
             out.push_str(piece);
         });
+        if end == PromptEnd::ContinueFinal && i + 1 == messages.len() {
+            return out;
+        }
         out.push_str("<|im_end|>\n");
     }
-    out.push_str("<|im_start|>assistant\n");
+    if end == PromptEnd::Generation {
+        out.push_str("<|im_start|>assistant\n");
+    }
     out
 }
 
@@ -241,9 +266,19 @@ pub fn render_request(
     kwargs: Option<&Value>,
     messages: &[ChatMessage],
 ) -> String {
+    render_request_ending(tools, kwargs, messages, PromptEnd::Generation)
+}
+
+/// [`render_request`] ending as `end` says.
+pub fn render_request_ending(
+    tools: Option<&Value>,
+    kwargs: Option<&Value>,
+    messages: &[ChatMessage],
+    end: PromptEnd,
+) -> String {
     let mut text = render_tools(tools);
     text.push_str(&render_template_kwargs(kwargs));
-    text.push_str(&render_chat(messages));
+    text.push_str(&render_chat_ending(messages, end));
     text
 }
 

@@ -96,10 +96,12 @@ async fn generate(state: AppState, gen: Generation) -> Response {
             prompt_details: state.prompt_tokens_details,
             per_request_metrics: state.per_request_metrics,
             faults,
+            // A continued message is past its reasoning.
             reasoning_tokens: match gen.api {
-                Api::Chat => state.reasoning_tokens,
-                Api::Completion => 0,
+                Api::Chat if gen.first_word == 0 => state.reasoning_tokens,
+                _ => 0,
             },
+            first_word: gen.first_word,
         };
         let mut resp = Response::new(Body::from_stream(sse_body(spec, rx, guard)));
         resp.headers_mut().insert(
@@ -133,12 +135,16 @@ async fn generate(state: AppState, gen: Generation) -> Response {
             .per_request_metrics
             .then(|| fin.timings.per_request_metrics(fin.output_tokens));
         let thinking = match gen.api {
-            Api::Chat => state.reasoning_tokens.min(fin.output_tokens),
-            Api::Completion => 0,
+            Api::Chat if gen.first_word == 0 => state.reasoning_tokens.min(fin.output_tokens),
+            _ => 0,
         };
+        let first = gen.first_word;
         let body = rid.full_response(
             (thinking > 0).then(|| words(0, thinking)).as_deref(),
-            &words(thinking, fin.output_tokens),
+            &words(
+                first.saturating_add(thinking),
+                first.saturating_add(fin.output_tokens),
+            ),
             fin.reason.as_str(),
             Usage::final_of(&fin, state.prompt_tokens_details),
             metrics,

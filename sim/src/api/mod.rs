@@ -22,9 +22,9 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 
-use crate::tokenizer::{render_request, ChatMessage};
+use crate::tokenizer::{render_request_ending, ChatMessage};
 use error::ApiError;
-use request::{encode, parse_json};
+use request::{encode, parse_json, prompt_end};
 pub use state::AppState;
 
 /// The vLLM version the simulator reports at `/version`.
@@ -141,6 +141,11 @@ struct TokenizeBody {
     /// Rendered before the messages, as for a chat completion.
     #[serde(default)]
     chat_template_kwargs: Option<serde_json::Value>,
+    /// As for a chat completion (`request::prompt_end`).
+    #[serde(default)]
+    add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    continue_final_message: bool,
     #[serde(default = "yes")]
     add_special_tokens: bool,
     #[serde(default)]
@@ -162,7 +167,8 @@ async fn tokenize(State(s): State<AppState>, body: Bytes) -> Response {
         let text = match (b.prompt, b.messages) {
             (Some(p), None) => p,
             (None, Some(m)) => {
-                render_request(b.tools.as_ref(), b.chat_template_kwargs.as_ref(), &m)
+                let end = prompt_end(b.add_generation_prompt, b.continue_final_message, &m)?;
+                render_request_ending(b.tools.as_ref(), b.chat_template_kwargs.as_ref(), &m, end)
             }
             _ => {
                 return Err(ApiError::bad_request(

@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::error::ApiError;
 use super::state::AppState;
-use crate::tokenizer::{render_request, ChatMessage};
+use crate::tokenizer::{render_request_ending, ChatMessage, PromptEnd};
 
 /// `stream_options`.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -71,9 +71,48 @@ pub struct ChatBody {
     /// templates render the ones they use (`custom_tools`, extra instructions).
     #[serde(default)]
     pub chat_template_kwargs: Option<serde_json::Value>,
+    /// Open the assistant's turn at the end of the prompt (vLLM's default: true).
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    /// Continue the final message instead of opening a new turn (see [`prompt_end`]).
+    #[serde(default)]
+    pub continue_final_message: bool,
     /// Shared fields.
     #[serde(flatten)]
     pub common: Common,
+}
+
+/// How a chat prompt ends, as vLLM validates and renders it: both `continue_final_message` and
+/// an explicit `add_generation_prompt: true` is a 400 with vLLM's message (its
+/// `check_generation_prompt` validator reads the fields as sent, so `continue_final_message`
+/// alone is accepted); `continue_final_message` needs text in the final message to continue
+/// (Hugging Face's rendering refuses a final message it cannot find in the rendered chat).
+pub fn prompt_end(
+    add_generation_prompt: Option<bool>,
+    continue_final_message: bool,
+    messages: &[ChatMessage],
+) -> Result<PromptEnd, ApiError> {
+    if !continue_final_message {
+        return Ok(if add_generation_prompt == Some(false) {
+            PromptEnd::Closed
+        } else {
+            PromptEnd::Generation
+        });
+    }
+    if add_generation_prompt == Some(true) {
+        return Err(ApiError::bad_request(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            None,
+        ));
+    }
+    if messages.last().is_none_or(|m| m.text().trim().is_empty()) {
+        return Err(ApiError::bad_request(
+            "continue_final_message is set but the final message does not appear in the chat \
+             after applying the chat template!",
+            Some("messages"),
+        ));
+    }
+    Ok(PromptEnd::ContinueFinal)
 }
 
 /// A completions prompt: text or token ids.
@@ -128,6 +167,10 @@ pub struct Generation {
     pub seed: Option<u64>,
     /// Scheduling priority.
     pub priority: i64,
+    /// The output position the answer starts at: 0, or with `continue_final_message` the
+    /// simulator's output words the final message already holds ([`crate::text::words_in`]),
+    /// so that a continued answer goes on where the interrupted one stopped.
+    pub first_word: u32,
 }
 
 /// Parses a JSON body the way vLLM answers bad ones: 400 with the reason.
@@ -182,14 +225,26 @@ impl Generation {
                 Some("messages"),
             ));
         }
-        let text = render_request(
+        let end = prompt_end(
+            body.add_generation_prompt,
+            body.continue_final_message,
+            &body.messages,
+        )?;
+        let text = render_request_ending(
             body.tools.as_ref(),
             body.chat_template_kwargs.as_ref(),
             &body.messages,
+            end,
         );
+        let first_word = match (end, body.messages.last()) {
+            (PromptEnd::ContinueFinal, Some(m)) => crate::text::words_in(&m.text()),
+            _ => 0,
+        };
         let prompt = encode(state, text, true).await;
         let max = body.common.max_completion_tokens.or(body.common.max_tokens);
-        Self::build(state, headers, Api::Chat, prompt, max, body.common)
+        let mut gen = Self::build(state, headers, Api::Chat, prompt, max, body.common)?;
+        gen.first_word = first_word;
+        Ok(gen)
     }
 
     /// Validates a completions body (vLLM's completions default `max_tokens` is 16).
@@ -292,6 +347,7 @@ impl Generation {
             ignore_eos: c.ignore_eos,
             seed: c.seed,
             priority: c.priority,
+            first_word: 0,
         })
     }
 }

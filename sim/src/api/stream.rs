@@ -72,6 +72,8 @@ pub struct StreamSpec {
     pub faults: FaultPlan,
     /// The first output tokens that are reasoning (`delta.reasoning`); 0 for completions.
     pub reasoning_tokens: u32,
+    /// The output position the answer's text starts at (a continued message: its words so far).
+    pub first_word: u32,
 }
 
 /// Collects the events available now: (plain tokens, finish).
@@ -196,7 +198,8 @@ pub fn sse_body(
             );
         }
         if answer_follows {
-            let text = words(st.sent, end);
+            let first = spec.first_word;
+            let text = words(first.saturating_add(st.sent), first.saturating_add(end));
             st.sent = end;
             frame(
                 &mut out,

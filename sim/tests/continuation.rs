@@ -1,0 +1,165 @@
+//! A cut answer continued (`continue_final_message`, `add_generation_prompt`) as vLLM renders
+//! and validates it: the continued answer goes on where the cut one stopped, so a resumed
+//! answer equals an uninterrupted one, and its prompt finds the original one in the prefix
+//! cache.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+const QUESTION: &str = "why does my recursive function overflow the stack?";
+
+fn ask(extra: Value) -> Value {
+    let mut body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": QUESTION}],
+        "ignore_eos": true,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+/// The text of a chat stream and its usage.
+fn read(body: &str) -> (String, Value) {
+    let events = sse_events(body);
+    assert_eq!(events.last().unwrap(), "[DONE]", "{body}");
+    let mut text = String::new();
+    let mut usage = Value::Null;
+    for e in &events[..events.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        if let Some(t) = c["choices"][0]["delta"]["content"].as_str() {
+            text.push_str(t);
+        }
+        if !c["usage"].is_null() {
+            usage = c["usage"].clone();
+        }
+    }
+    (text, usage)
+}
+
+#[tokio::test]
+async fn a_continued_answer_goes_on_where_the_cut_one_stopped() {
+    let s = sim(&flags(
+        "--speed 50 --profile tiny-test --enable-prompt-tokens-details",
+    ))
+    .await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    // The whole answer, uninterrupted.
+    let (whole, usage) = read(&post_text(&url, &ask(json!({"max_tokens": 40}))).await);
+    assert_eq!(usage["completion_tokens"], 40);
+    // Cut after 15 tokens, then continued for the 25 left.
+    let (cut, _) = read(&post_text(&url, &ask(json!({"max_tokens": 15}))).await);
+    let resumed = json!({
+        "messages": [
+            {"role": "user", "content": QUESTION},
+            {"role": "assistant", "content": cut},
+        ],
+        "continue_final_message": true,
+        "add_generation_prompt": false,
+        "max_tokens": 25,
+    });
+    let (rest, usage) = read(&post_text(&url, &ask(resumed.clone())).await);
+    assert_eq!(format!("{cut}{rest}"), whole, "one answer, each token once");
+    assert_eq!(usage["completion_tokens"], 25);
+    // Its prompt is the original prompt and the cut text: the original is served from the
+    // prefix cache (whole 16-token blocks of it).
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(cached >= 16, "the original prompt hits: {usage}");
+    // /tokenize renders it alike.
+    let mut tokenize = resumed.clone();
+    tokenize.as_object_mut().unwrap().remove("max_tokens");
+    let counted = send_json(
+        client()
+            .post(format!("{}/tokenize", s.url()))
+            .json(&tokenize),
+    )
+    .await;
+    assert_eq!(counted["count"], usage["prompt_tokens"], "{counted}");
+    // continue_final_message alone (add_generation_prompt left to its default) is accepted,
+    // as vLLM's validator reads the fields as sent.
+    let mut alone = resumed.clone();
+    alone
+        .as_object_mut()
+        .unwrap()
+        .remove("add_generation_prompt");
+    let (same, _) = read(&post_text(&url, &ask(alone)).await);
+    assert_eq!(same, rest);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_prompt_ends_as_add_generation_prompt_and_continue_final_message_say() {
+    let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
+    let tokenize = format!("{}/tokenize", s.url());
+    let count = |extra: Value| {
+        let mut body = json!({"messages": [
+            {"role": "user", "content": QUESTION},
+            {"role": "assistant", "content": " the loop"},
+        ]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let url = tokenize.clone();
+        async move {
+            let v = send_json(client().post(url).json(&body)).await;
+            v["count"].as_u64().unwrap()
+        }
+    };
+    let opened = count(json!({})).await;
+    let closed = count(json!({"add_generation_prompt": false})).await;
+    let continued =
+        count(json!({"continue_final_message": true, "add_generation_prompt": false})).await;
+    // The default opens the assistant's turn after the last message; false leaves it closed;
+    // continuing drops the last message's end marker as well.
+    assert!(
+        opened > closed && closed > continued,
+        "{opened} {closed} {continued}"
+    );
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_continuations_get_vllms_errors() {
+    let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    let resp = send(client().post(&url).json(&ask(json!({
+        "messages": [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": "the"}],
+        "continue_final_message": true,
+        "add_generation_prompt": true,
+        "max_tokens": 4,
+    }))))
+    .await;
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+        ),
+        "{body}"
+    );
+    // Nothing to continue.
+    let resp = send(client().post(&url).json(&ask(json!({
+        "messages": [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": " "}],
+        "continue_final_message": true,
+        "add_generation_prompt": false,
+        "max_tokens": 4,
+    }))))
+    .await;
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("final message does not appear"),
+        "{body}"
+    );
+    s.shutdown().await;
+}
