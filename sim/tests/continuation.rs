@@ -94,6 +94,58 @@ async fn a_continued_answer_goes_on_where_the_cut_one_stopped() {
     s.shutdown().await;
 }
 
+/// The finish reason of a chat stream.
+fn finish(body: &str) -> String {
+    sse_events(body)
+        .iter()
+        .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+        .filter_map(|c| c["choices"][0]["finish_reason"].as_str().map(str::to_owned))
+        .next_back()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_continued_answer_stops_where_the_uninterrupted_one_would_have() {
+    let s = sim(&flags(
+        "--speed 50 --profile tiny-test --mean-output-tokens 60",
+    ))
+    .await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    // Its own length, drawn from the seed and the prompt: it stops before the limit.
+    let no_eos = |extra: Value| {
+        let mut body = ask(extra);
+        body["ignore_eos"] = json!(false);
+        body["seed"] = json!(7);
+        body
+    };
+    let whole_body = post_text(&url, &no_eos(json!({"max_tokens": 1000}))).await;
+    let (whole, usage) = read(&whole_body);
+    let n = usage["completion_tokens"].as_u64().unwrap() as u32;
+    assert_eq!(finish(&whole_body), "stop", "{usage}");
+    assert!(n >= 2, "{usage}");
+    // Cut halfway, then continued with the rest of the limit.
+    let k = n / 2;
+    let (cut, _) = read(&post_text(&url, &no_eos(json!({"max_tokens": k}))).await);
+    let rest_body = post_text(
+        &url,
+        &no_eos(json!({
+            "messages": [
+                {"role": "user", "content": QUESTION},
+                {"role": "assistant", "content": cut},
+            ],
+            "continue_final_message": true,
+            "add_generation_prompt": false,
+            "max_tokens": 1000 - k,
+        })),
+    )
+    .await;
+    let (rest, usage) = read(&rest_body);
+    assert_eq!(format!("{cut}{rest}"), whole);
+    assert_eq!(usage["completion_tokens"], n - k);
+    assert_eq!(finish(&rest_body), "stop");
+    s.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_prompt_ends_as_add_generation_prompt_and_continue_final_message_say() {
     let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;

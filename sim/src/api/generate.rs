@@ -50,9 +50,12 @@ pub async fn completions(
 
 /// Runs a validated request through the engine.
 async fn generate(state: AppState, gen: Generation) -> Response {
-    // Seeded per request: server seed, request seed and prompt, so a replay is identical.
+    // Seeded per request: server seed, request seed and prompt, so a replay is identical (a
+    // continuation: its original's prompt, so it replays the original's draws).
     let prompt_hash = fnv1a(
-        &gen.prompt
+        &gen.origin
+            .as_deref()
+            .unwrap_or(&gen.prompt)
             .iter()
             .flat_map(|t| t.to_le_bytes())
             .collect::<Vec<_>>(),
@@ -71,12 +74,16 @@ async fn generate(state: AppState, gen: Generation) -> Response {
         }
         return resp;
     }
-    let (target, finish) = output_length(
+    // A continuation's length is what is left of its original's: drawn as the original's,
+    // whose limit was this one's and the tokens already given.
+    let first = gen.first_word;
+    let (whole, finish) = output_length(
         &mut rng,
-        gen.max_tokens,
+        gen.max_tokens.saturating_add(first),
         gen.ignore_eos,
         state.mean_output_tokens,
     );
+    let target = whole.saturating_sub(first).max(1);
     let prompt_tokens = gen.prompt.len() as u32;
     let (seq_no, mut rx) = state.engine.submit(NewRequest {
         request_id: engine_request_id(gen.api, &gen.request_id),

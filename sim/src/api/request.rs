@@ -171,6 +171,11 @@ pub struct Generation {
     /// simulator's output words the final message already holds ([`crate::text::words_in`]),
     /// so that a continued answer goes on where the interrupted one stopped.
     pub first_word: u32,
+    /// With `continue_final_message`: the prompt of the request it continues (the messages
+    /// before the final one, with the assistant's turn opened), whose seeded draws (length,
+    /// faults) it replays, so that a continued answer also stops where the uninterrupted one
+    /// would have.
+    pub origin: Option<Vec<u32>>,
 }
 
 /// Parses a JSON body the way vLLM answers bad ones: 400 with the reason.
@@ -236,14 +241,26 @@ impl Generation {
             &body.messages,
             end,
         );
-        let first_word = match (end, body.messages.last()) {
-            (PromptEnd::ContinueFinal, Some(m)) => crate::text::words_in(&m.text()),
-            _ => 0,
+        let (first_word, origin) = match (end, body.messages.split_last()) {
+            (PromptEnd::ContinueFinal, Some((last, before))) => {
+                let origin = render_request_ending(
+                    body.tools.as_ref(),
+                    body.chat_template_kwargs.as_ref(),
+                    before,
+                    PromptEnd::Generation,
+                );
+                (
+                    crate::text::words_in(&last.text()),
+                    Some(encode(state, origin, true).await),
+                )
+            }
+            _ => (0, None),
         };
         let prompt = encode(state, text, true).await;
         let max = body.common.max_completion_tokens.or(body.common.max_tokens);
         let mut gen = Self::build(state, headers, Api::Chat, prompt, max, body.common)?;
         gen.first_word = first_word;
+        gen.origin = origin;
         Ok(gen)
     }
 
@@ -348,6 +365,7 @@ impl Generation {
             seed: c.seed,
             priority: c.priority,
             first_word: 0,
+            origin: None,
         })
     }
 }
