@@ -177,6 +177,14 @@ async fn the_prompt_ends_as_add_generation_prompt_and_continue_final_message_say
     s.shutdown().await;
 }
 
+/// A 400 whose message says `says`.
+async fn refused(resp: reqwest::Response, says: &str) {
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains(says), "{body}");
+}
+
 #[tokio::test]
 async fn bad_continuations_get_vllms_errors() {
     let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
@@ -188,14 +196,11 @@ async fn bad_continuations_get_vllms_errors() {
         "max_tokens": 4,
     }))))
     .await;
-    assert_eq!(resp.status(), 400);
-    let body: Value = resp.json().await.unwrap();
-    assert!(
-        body["error"]["message"].as_str().unwrap().contains(
-            "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
-        ),
-        "{body}"
-    );
+    refused(
+        resp,
+        "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+    )
+    .await;
     // Nothing to continue.
     let resp = send(client().post(&url).json(&ask(json!({
         "messages": [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": " "}],
@@ -204,14 +209,6 @@ async fn bad_continuations_get_vllms_errors() {
         "max_tokens": 4,
     }))))
     .await;
-    assert_eq!(resp.status(), 400);
-    let body: Value = resp.json().await.unwrap();
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("final message does not appear"),
-        "{body}"
-    );
+    refused(resp, "final message does not appear").await;
     s.shutdown().await;
 }

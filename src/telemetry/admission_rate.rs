@@ -130,47 +130,43 @@ pub struct AdmissionRate {
     refusal_ratio: HistogramVec,
 }
 
+/// A histogram by lane and line, registered in `registry`.
+fn line_histogram(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> HistogramVec {
+    registered(
+        registry,
+        HistogramVec::new(
+            HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+            &["lane", "line"],
+        ),
+    )
+}
+
 impl AdmissionRate {
-    /// Registers the error histogram in `registry`.
+    /// Registers the prediction's histograms in `registry`.
     pub fn register(registry: &Registry) -> Self {
-        let error = registered(
+        let error = line_histogram(
             registry,
-            HistogramVec::new(
-                HistogramOpts::new(
-                    "tutor_gateway_wait_prediction_error_seconds",
-                    "Per admitted request that waited with a prediction: predicted queue wait \
-                     minus the actual one (positive: predicted longer), by lane and line (seat: waited \
-                     for a seat; prefill: a long prompt, waited for prefill room too).",
-                )
-                .buckets(BUCKETS.to_vec()),
-                &["lane", "line"],
-            ),
+            "tutor_gateway_wait_prediction_error_seconds",
+            "Per admitted request that waited with a prediction: predicted queue wait \
+             minus the actual one (positive: predicted longer), by lane and line (seat: waited \
+             for a seat; prefill: a long prompt, waited for prefill room too).",
+            &BUCKETS,
         );
-        let ratio = registered(
+        let ratio = line_histogram(
             registry,
-            HistogramVec::new(
-                HistogramOpts::new(
-                    "tutor_gateway_wait_prediction_ratio",
-                    "Per admitted request that waited with a non-zero prediction: its actual queue \
-                     wait over the predicted one (1: exact; within 0.8 to 1.25: within 25%), by lane \
-                     and line.",
-                )
-                .buckets(RATIO_BUCKETS.to_vec()),
-                &["lane", "line"],
-            ),
+            "tutor_gateway_wait_prediction_ratio",
+            "Per admitted request that waited with a non-zero prediction: its actual queue \
+             wait over the predicted one (1: exact; within 0.8 to 1.25: within 25%), by lane \
+             and line.",
+            &RATIO_BUCKETS,
         );
-        let refusal_ratio = registered(
+        let refusal_ratio = line_histogram(
             registry,
-            HistogramVec::new(
-                HistogramOpts::new(
-                    "tutor_gateway_refusal_wait_ratio",
-                    "Per early refusal (deadline_unmet) whose ghost was admitted: the wait it would \
-                     have had (until as many of its line's requests as were ahead of it, plus one, \
-                     were admitted) over the predicted wait that refused it, by lane and line.",
-                )
-                .buckets(RATIO_BUCKETS.to_vec()),
-                &["lane", "line"],
-            ),
+            "tutor_gateway_refusal_wait_ratio",
+            "Per early refusal (deadline_unmet) whose ghost was admitted: the wait it would \
+             have had (until as many of its line's requests as were ahead of it, plus one, \
+             were admitted) over the predicted wait that refused it, by lane and line.",
+            &RATIO_BUCKETS,
         );
         for line in Line::ALL {
             let labels = [line.lane.as_str(), line.as_str()];

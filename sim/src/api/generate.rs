@@ -145,7 +145,6 @@ async fn generate(state: AppState, gen: Generation) -> Response {
             Api::Chat if gen.first_word == 0 => state.reasoning_tokens.min(fin.output_tokens),
             _ => 0,
         };
-        let first = gen.first_word;
         let body = rid.full_response(
             (thinking > 0).then(|| words(0, thinking)).as_deref(),
             &words(
