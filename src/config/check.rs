@@ -46,6 +46,48 @@ impl Checker {
         Duration::from_millis(ms)
     }
 
+    /// A secret kept out of the file: read from the environment variable named at `env.0` or
+    /// the file named at `file.0` (at most one of the two keys set; surrounding whitespace
+    /// trimmed). Problems name the keys and the variable, never the value. `None` when neither
+    /// key is set or the secret cannot be had (reported).
+    pub(super) fn secret(
+        &mut self,
+        env: (&str, Option<String>),
+        file: (&str, Option<String>),
+    ) -> Option<String> {
+        let (env_key, var) = (env.0, env.1.filter(|e| !e.is_empty()));
+        let (file_key, path) = (file.0, file.1.filter(|f| !f.is_empty()));
+        let value = match (var, path) {
+            (None, None) => return None,
+            (Some(_), Some(_)) => {
+                let short = |k: &str| k.rsplit('.').next().unwrap_or(k).to_owned();
+                self.fail(
+                    env_key,
+                    format!("set {} or {}, not both", short(env_key), short(file_key)),
+                );
+                return None;
+            }
+            (Some(var), None) => match std::env::var(&var) {
+                Ok(v) => v,
+                Err(_) => {
+                    self.fail(
+                        env_key,
+                        format!("names the environment variable {var}, which is not set"),
+                    );
+                    return None;
+                }
+            },
+            (None, Some(path)) => match std::fs::read_to_string(&path) {
+                Ok(v) => v,
+                Err(e) => {
+                    self.fail(file_key, format!("cannot be read ({})", e.kind()));
+                    return None;
+                }
+            },
+        };
+        Some(value.trim().to_owned())
+    }
+
     /// Every issue recorded so far, in the order found.
     pub(super) fn into_issues(self) -> Vec<ConfigIssue> {
         self.issues

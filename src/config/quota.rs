@@ -47,6 +47,10 @@ pub struct RawQuota {
     pub expected_replicas: Option<u32>,
     /// PEM CA certificate(s) a `rediss://` server's certificate is checked against.
     pub redis_ca_file: Option<String>,
+    /// An environment variable holding the Redis password (kept out of `redis_url`).
+    pub redis_password_env: Option<String>,
+    /// A file holding the Redis password (kept out of `redis_url`).
+    pub redis_password_file: Option<String>,
 }
 
 /// Where admission counts slots and tokens.
@@ -136,12 +140,22 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
             QuotaBackend::Local
         }
     };
-    let url = raw.redis_url.unwrap_or_else(|| REDIS_URL.to_owned());
+    let mut url = raw.redis_url.unwrap_or_else(|| REDIS_URL.to_owned());
     if redis::Client::open(url.as_str()).is_err() {
         c.fail(
             "quota.redis_url",
             "must be a redis://host:port/db or unix:///path URL",
         );
+    }
+    let password = c.secret(
+        ("quota.redis_password_env", raw.redis_password_env),
+        ("quota.redis_password_file", raw.redis_password_file),
+    );
+    if let Some(password) = password {
+        match with_password(&url, &password) {
+            Ok(full) => url = full,
+            Err(why) => c.fail("quota.redis_password_env", why),
+        }
     }
     let redis_ca_pem = super::upstream::ca_pem(c, "quota.redis_ca_file", raw.redis_ca_file);
     if redis_ca_pem.is_some() && !url.starts_with("rediss://") {
@@ -193,6 +207,33 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
     }
 }
 
+/// `url` with `password` as its password (percent-encoded, no user), or why it cannot take one.
+fn with_password(url: &str, password: &str) -> Result<String, &'static str> {
+    if password.is_empty() {
+        return Err("the Redis password is empty");
+    }
+    let rest = url
+        .strip_prefix("redis://")
+        .map(|r| ("redis://", r))
+        .or_else(|| url.strip_prefix("rediss://").map(|r| ("rediss://", r)));
+    let Some((scheme, rest)) = rest else {
+        return Err("needs a redis:// or rediss:// quota.redis_url");
+    };
+    let authority = rest.split('/').next().unwrap_or(rest);
+    if authority.contains('@') {
+        return Err("quota.redis_url carries credentials already; keep the password in one place");
+    }
+    let mut encoded = String::with_capacity(password.len() * 3);
+    for b in password.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(char::from(b));
+        } else {
+            encoded.push_str(&format!("%{b:02X}"));
+        }
+    }
+    Ok(format!("{scheme}:{encoded}@{rest}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -202,5 +243,19 @@ mod tests {
         let url = RedisUrl::new("redis://user:hunter2@cache:6379/0");
         assert_eq!(url.to_string(), "redis://***@cache:6379/0");
         assert!(!format!("{url:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn a_password_from_outside_the_file_joins_the_url_encoded() {
+        let full = with_password("rediss://cache:6380/0", "p@ss:w/rd").unwrap();
+        assert_eq!(full, "rediss://:p%40ss%3Aw%2Frd@cache:6380/0");
+        let info = redis::Client::open(full.as_str()).unwrap();
+        assert_eq!(
+            info.get_connection_info().redis.password.as_deref(),
+            Some("p@ss:w/rd")
+        );
+        assert!(with_password("redis://u:x@cache:6379/0", "y").is_err());
+        assert!(with_password("unix:///run/redis.sock", "y").is_err());
+        assert!(with_password("redis://cache:6379/0", "").is_err());
     }
 }

@@ -556,6 +556,47 @@ mod quota_section {
     }
 
     #[test]
+    fn the_password_can_come_from_a_file_and_never_shows_in_an_issue() {
+        let dir = std::env::temp_dir().join(format!("tg-redis-pw-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("password");
+        std::fs::write(&file, "hunter2-secret\n").unwrap();
+        let src = format!(
+            "[classify]\ntokenizer = \"heuristic\"\n[quota]\nbackend = \"redis\"\n\
+             redis_url = \"redis://cache:6379/0\"\nredis_password_file = \"{}\"\n",
+            file.display()
+        );
+        let config = Config::from_toml_str(&src).unwrap();
+        assert_eq!(
+            config.quota.redis_url.expose(),
+            "redis://:hunter2-secret@cache:6379/0"
+        );
+        assert!(!format!("{:?}", config.quota).contains("hunter2"));
+        // Both places at once, an unset variable, a password twice: named, never echoed.
+        let found = issues(&format!(
+            "redis_password_env = \"TUTOR_GATEWAY_TEST_UNSET_VARIABLE\"\n\
+             redis_password_file = \"{}\"\n",
+            file.display()
+        ));
+        assert!(
+            found[0].starts_with("quota.redis_password_env set"),
+            "{found:?}"
+        );
+        let found = issues("redis_password_env = \"TUTOR_GATEWAY_TEST_UNSET_VARIABLE\"\n");
+        assert!(found[0].contains("is not set"), "{found:?}");
+        let found = issues(&format!(
+            "redis_url = \"redis://:hunter2@cache:6379/0\"\nredis_password_file = \"{}\"\n",
+            file.display()
+        ));
+        assert!(
+            found[0].contains("carries credentials already"),
+            "{found:?}"
+        );
+        assert!(!found.iter().any(|i| i.contains("hunter2")), "{found:?}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
     fn other_bad_keys_are_all_reported() {
         let found = issues(
             "backend = \"x\"\nkey_prefix = \"a{b}\"\non_redis_down = \"x\"\nexpected_replicas = 0\n",

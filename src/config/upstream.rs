@@ -399,39 +399,10 @@ fn abort(c: &mut Checker, raw: RawAbort) -> AbortConfig {
 /// vLLM's API key, from the environment variable `env` or the file `file` (one of them; its
 /// surrounding whitespace trimmed). Problems name the key, never its value.
 fn api_key(c: &mut Checker, env: Option<String>, file: Option<String>) -> Option<Secret> {
-    let env = env.filter(|e| !e.is_empty());
-    let file = file.filter(|f| !f.is_empty());
-    let key = match (env, file) {
-        (None, None) => return None,
-        (Some(_), Some(_)) => {
-            c.fail(
-                "upstream.api_key_env",
-                "set api_key_env or api_key_file, not both",
-            );
-            return None;
-        }
-        (Some(var), None) => match std::env::var(&var) {
-            Ok(v) => v,
-            Err(_) => {
-                c.fail(
-                    "upstream.api_key_env",
-                    format!("names the environment variable {var}, which is not set"),
-                );
-                return None;
-            }
-        },
-        (None, Some(path)) => match std::fs::read_to_string(&path) {
-            Ok(v) => v,
-            Err(e) => {
-                c.fail(
-                    "upstream.api_key_file",
-                    format!("cannot be read ({})", e.kind()),
-                );
-                return None;
-            }
-        },
-    };
-    let key = key.trim();
+    let key = c.secret(
+        ("upstream.api_key_env", env),
+        ("upstream.api_key_file", file),
+    )?;
     if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
         c.fail(
             "upstream.api_key_env",
