@@ -127,6 +127,7 @@ pub fn serve_state(
     let drain = Drain::new();
     let jobs = Jobs::start(state.clone(), stop.clone(), tasks.clone());
     watch_capacity(&state, stop.clone());
+    crate::pipeline::reload::watch(state.clone(), stop.clone());
     crate::autopilot::start(state.clone(), stop.clone(), &tasks);
     let auth = crate::api::auth::Auth::start(&state.config().auth, stop.clone());
     let router = drained(app(state.clone(), jobs, auth), &drain);

@@ -203,6 +203,113 @@ async fn an_invalid_file_is_refused_and_restart_only_settings_are_left_alone() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A gateway process started from a config file in a temporary directory, killed on drop.
+struct FromFile {
+    child: std::process::Child,
+    port: u16,
+    admin: u16,
+    path: std::path::PathBuf,
+    dir: std::path::PathBuf,
+    upstream: String,
+    server: &'static str,
+}
+
+impl FromFile {
+    /// Starts `tutor-gateway serve --config FILE`, `server` being more `[server]` lines, with
+    /// `small` seats in the small lane, and waits for its admin listener.
+    async fn start(tag: &str, upstream: String, server: &'static str, small: u32) -> Self {
+        let (port, admin) = (free_port(), free_port());
+        let dir = std::env::temp_dir().join(format!("tg-{tag}-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("config.toml");
+        let mut me = FromFile {
+            child: std::process::Command::new("true").spawn().unwrap(),
+            port,
+            admin,
+            path,
+            dir,
+            upstream,
+            server,
+        };
+        std::fs::write(&me.path, me.file(small)).unwrap();
+        me.child = std::process::Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
+            .args(["serve", "--config"])
+            .arg(&me.path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        for _ in 0..1500 {
+            if client().get(me.metrics_url()).send().await.is_ok() {
+                return me;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the gateway did not come up");
+    }
+
+    fn file(&self, small: u32) -> String {
+        format!(
+            "listen = \"127.0.0.1:{}\"\n[server]\nadmin_listen = \"127.0.0.1:{}\"\n{}\n\
+             [telemetry]\nrequest_log = \"off\"\n[classify]\ntokenizer = \"heuristic\"\n\
+             [upstream]\nbase_url = \"{}\"\n\
+             [lanes.small]\nmax_concurrency = {small}\nceiling = {small}\n",
+            self.port, self.admin, self.server, self.upstream
+        )
+    }
+
+    fn metrics_url(&self) -> String {
+        format!("http://127.0.0.1:{}/metrics", self.admin)
+    }
+
+    async fn metrics(&self) -> String {
+        get_text(&self.metrics_url()).await
+    }
+
+    /// Waits until `/metrics` satisfies `done`; false if it never does.
+    async fn until(&self, done: impl Fn(&str) -> bool) -> bool {
+        for _ in 0..1500 {
+            if done(&self.metrics().await) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
+    }
+
+    /// A question answered to the end through the public listener.
+    async fn answers(&self) -> bool {
+        let resp = send(
+            client()
+                .post(format!("http://127.0.0.1:{}/answer", self.port))
+                .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 4})),
+        )
+        .await;
+        sse(&resp.text().await.unwrap()).last().unwrap().0 == "done"
+    }
+}
+
+impl Drop for FromFile {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn config_info(m: &str) -> Option<String> {
+    m.lines()
+        .find(|l| l.starts_with("tutor_gateway_config_info{"))
+        .map(str::to_owned)
+}
+
+fn reloads(m: &str, outcome: &str) -> f64 {
+    metric(
+        m,
+        &format!("tutor_gateway_config_reloads_total{{outcome=\"{outcome}\"}}"),
+    )
+}
+
 /// SIGHUP on a gateway process re-reads its file: the new configuration is named in
 /// `/metrics` and the reload counted, and the gateway keeps serving.
 #[tokio::test]
@@ -212,87 +319,61 @@ async fn sighup_reloads_the_file_of_a_running_gateway() {
     )))
     .await
     .unwrap();
-    let (port, admin) = (free_port(), free_port());
-    let dir = std::env::temp_dir().join(format!("tg-sighup-{}-{port}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("config.toml");
-    let file = |small: u32| {
-        format!(
-            "listen = \"127.0.0.1:{port}\"\n[server]\nadmin_listen = \"127.0.0.1:{admin}\"\n\
-             [telemetry]\nrequest_log = \"off\"\n[classify]\ntokenizer = \"heuristic\"\n\
-             [upstream]\nbase_url = \"{}\"\n\
-             [lanes.small]\nmax_concurrency = {small}\nceiling = {small}\n",
-            sim.url()
-        )
-    };
-    std::fs::write(&path, file(3)).unwrap();
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let child = Kill(
-        std::process::Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
-            .args(["serve", "--config"])
-            .arg(&path)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let metrics_url = format!("http://127.0.0.1:{admin}/metrics");
-    let mut before = None;
-    for _ in 0..500 {
-        if let Ok(r) = client().get(&metrics_url).send().await {
-            before = Some(r.text().await.unwrap());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let info = |m: &str| {
-        m.lines()
-            .find(|l| l.starts_with("tutor_gateway_config_info{"))
-            .map(str::to_owned)
-    };
-    let before = info(&before.expect("the gateway came up")).unwrap();
-    std::fs::write(&path, file(5)).unwrap();
+    let gw = FromFile::start("sighup", sim.url(), "", 3).await;
+    let before = config_info(&gw.metrics().await).unwrap();
+    std::fs::write(&gw.path, gw.file(5)).unwrap();
     let hup = std::process::Command::new("kill")
-        .args(["-HUP", &child.0.id().to_string()])
+        .args(["-HUP", &gw.child.id().to_string()])
         .status()
         .unwrap();
     assert!(hup.success());
     // A scrape gathers the metric families one by one, so one taken during the reload may
     // show the new name before the count: wait for both, then check the count once more.
-    let applied = |m: &str| metric(m, "tutor_gateway_config_reloads_total{outcome=\"applied\"}");
-    let mut reloaded = false;
-    for _ in 0..500 {
-        let m = get_text(&metrics_url).await;
-        if info(&m).is_some_and(|i| i != before) && applied(&m) >= 1.0 {
-            reloaded = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let reloaded = gw
+        .until(|m| config_info(m).is_some_and(|i| i != before) && reloads(m, "applied") >= 1.0)
+        .await;
     assert!(reloaded, "the reloaded configuration is named in /metrics");
-    let m = get_text(&metrics_url).await;
-    assert_eq!(
-        metric(
-            &m,
-            "tutor_gateway_config_reloads_total{outcome=\"applied\"}"
-        ),
-        1.0
-    );
+    assert_eq!(reloads(&gw.metrics().await, "applied"), 1.0);
     // Still serving, and still the same process.
-    let resp = send(
-        client()
-            .post(format!("http://127.0.0.1:{port}/answer"))
-            .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 4})),
-    )
-    .await;
-    assert_eq!(sse(&resp.text().await.unwrap()).last().unwrap().0, "done");
-    drop(child);
-    let _ = std::fs::remove_dir_all(&dir);
+    assert!(gw.answers().await);
+    drop(gw);
+    sim.shutdown().await;
+}
+
+/// With `server.config_watch_ms`, a change to the file is put in force without a signal (as a
+/// Kubernetes ConfigMap update arrives: the mounted file is replaced); a broken file is refused
+/// once, not again at every look, and the configuration in force stays.
+#[tokio::test]
+async fn a_watched_file_is_reloaded_when_it_changes_and_a_broken_one_is_refused_once() {
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&flags(
+        "--speed 50 --profile tiny-test",
+    )))
+    .await
+    .unwrap();
+    let gw = FromFile::start("watch", sim.url(), "config_watch_ms = 100", 3).await;
+    let first = config_info(&gw.metrics().await).unwrap();
+    // Replaced, not edited in place: a new file renamed over the old one.
+    let next = gw.dir.join("config.toml.new");
+    std::fs::write(&next, gw.file(5)).unwrap();
+    std::fs::rename(&next, &gw.path).unwrap();
+    let changed = gw
+        .until(|m| config_info(m).is_some_and(|i| i != first) && reloads(m, "applied") >= 1.0)
+        .await;
+    assert!(changed, "the changed file was put in force");
+    let second = config_info(&gw.metrics().await).unwrap();
+    // A broken file: refused and counted once; the configuration in force stays.
+    std::fs::write(&gw.path, "[lanes.small]\nmax_concurrency = 0\n").unwrap();
+    assert!(gw.until(|m| reloads(m, "invalid") >= 1.0).await);
+    // Many looks later it has not been tried again, and nothing else was reloaded.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let m = gw.metrics().await;
+    assert_eq!(reloads(&m, "invalid"), 1.0);
+    assert_eq!(reloads(&m, "applied"), 1.0);
+    assert_eq!(config_info(&m).unwrap(), second);
+    assert!(gw.answers().await);
+    // Mended: put in force again.
+    std::fs::write(&gw.path, gw.file(3)).unwrap();
+    assert!(gw.until(|m| reloads(m, "applied") >= 2.0).await);
+    drop(gw);
     sim.shutdown().await;
 }

@@ -33,6 +33,8 @@ const MAX_QUEUED_BYTES: u64 = 256 * 1024 * 1024;
 const CORS_MAX_AGE_S: u64 = 600;
 /// The environment variable that may hold the admin listener's token.
 pub const ADMIN_TOKEN_ENV: &str = "TUTOR_GATEWAY_ADMIN_TOKEN";
+/// Shortest `server.config_watch_ms` other than 0 (off).
+const MIN_CONFIG_WATCH_MS: u64 = 100;
 /// Default `server.client_buffer_bytes`.
 const CLIENT_BUFFER_BYTES: u64 = 1024 * 1024;
 /// Largest `server.client_buffer_bytes`.
@@ -50,6 +52,8 @@ pub struct RawServer {
     pub shutdown_grace_ms: Option<u64>,
     /// On SIGTERM, how long `/readyz` answers `draining` before the listener stops accepting, ms.
     pub drain_announce_ms: Option<u64>,
+    /// How often the config file is checked for a change (and reloaded), ms; 0: never.
+    pub config_watch_ms: Option<u64>,
     /// `/v1` body fields on no list: `forward` or `reject`.
     pub unknown_fields: Option<String>,
     /// Most log-probabilities per token a client may ask for.
@@ -112,6 +116,10 @@ pub struct ServerConfig {
     /// On SIGTERM, how long `/readyz` says `draining` while new requests are still served, so
     /// that a load balancer polling it stops sending before the listener closes.
     pub drain_announce: Duration,
+    /// How often the file the gateway started from is read again, reloaded when its bytes
+    /// changed (a Kubernetes ConfigMap update, an edit); `None`: only on SIGHUP or
+    /// `POST /admin/reload`.
+    pub config_watch: Option<Duration>,
     /// `/v1` body fields on no list.
     pub unknown_fields: UnknownFields,
     /// Most log-probabilities per token (`top_logprobs` on chat, `logprobs` on completions).
@@ -336,6 +344,17 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
                 .unwrap_or(DRAIN_ANNOUNCE_MS)
                 .min(600_000),
         ),
+        config_watch: match raw.config_watch_ms.unwrap_or(0) {
+            0 => None,
+            ms if ms < MIN_CONFIG_WATCH_MS => {
+                c.fail(
+                    "server.config_watch_ms",
+                    format!("must be 0 (off) or at least {MIN_CONFIG_WATCH_MS}"),
+                );
+                None
+            }
+            ms => Some(Duration::from_millis(ms)),
+        },
     }
 }
 

@@ -22,6 +22,8 @@
 
 use std::path::Path;
 
+use sha2::Digest;
+
 use super::state::AppState;
 use crate::admission::LimitsChange;
 use crate::classify::Classifier;
@@ -41,6 +43,7 @@ pub const FIXED: &[&str] = &[
     "server.cors_allow_origins",
     "server.cors_max_age_s",
     "server.shutdown_grace_ms",
+    "server.config_watch_ms",
     "admission.policy",
     "quota",
     "telemetry",
@@ -108,6 +111,66 @@ pub fn reload(state: &AppState, force: bool) -> Result<Reloaded, ReloadError> {
         None => Err(ReloadError::NoFile),
     };
     counted(state, result)
+}
+
+/// With `server.config_watch_ms` set: reads the file the gateway started from at that period
+/// until `stop`, and reloads it (as SIGHUP does) when its bytes differ from the last read. A
+/// Kubernetes ConfigMap volume is updated by swapping a symlink, so the change is seen whole.
+/// An unreadable file (mid-swap, removed) is skipped until it reads again; a file refused by
+/// its check is not retried until it changes again.
+pub fn watch(state: AppState, stop: tokio_util::sync::CancellationToken) {
+    let Some(every) = state.config().server.config_watch else {
+        return;
+    };
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last: Option<[u8; 32]> = None;
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            // Set by `serve` after the listeners are up; a gateway built in code has none.
+            let Some(source) = state.config_source() else {
+                continue;
+            };
+            let Ok(bytes) = tokio::fs::read(&source.path).await else {
+                continue;
+            };
+            let digest: [u8; 32] = sha2::Sha256::digest(&bytes).into();
+            let first = match last.replace(digest) {
+                Some(seen) if seen == digest => continue,
+                Some(_) => false,
+                None => true,
+            };
+            let state = state.clone();
+            // As on SIGHUP: reading and building block; logged and counted by the reload.
+            let _ = tokio::task::spawn_blocking(move || {
+                // The first look has nothing to compare with but the configuration in force:
+                // the file may have changed between its reading at start and this look.
+                if first && !differs_from_force(&state, &source) {
+                    return;
+                }
+                tracing::info!("the config file changed: reloading it");
+                let _ = reload(&state, false);
+            })
+            .await;
+        }
+    });
+}
+
+/// Whether the file of `source` (with its overrides) states another configuration than the one
+/// in force, or cannot be read as one.
+fn differs_from_force(state: &AppState, source: &super::state::ConfigSource) -> bool {
+    match Config::load(&source.path) {
+        Ok(mut config) => {
+            (source.overrides)(&mut config);
+            config.fingerprint() != state.config().fingerprint()
+        }
+        Err(_) => true,
+    }
 }
 
 /// Logs and counts a reload's outcome.
@@ -217,6 +280,7 @@ fn keep_fixed(old: &Config, new: &mut Config) -> Vec<&'static str> {
     keep!("server.cors_allow_origins", server.cors_allow_origins);
     keep!("server.cors_max_age_s", server.cors_max_age);
     keep!("server.shutdown_grace_ms", server.shutdown_grace);
+    keep!("server.config_watch_ms", server.config_watch);
     keep!("admission.policy", admission.policy);
     keep!("quota", quota);
     keep!("telemetry", telemetry);
