@@ -396,14 +396,19 @@ async fn requests_beyond_the_in_flight_limit_get_503() {
     ))
     .await;
     assert_eq!(held.status(), 200);
+    // The gateway tier's own load, as its autoscaler reads it: the held stream.
+    let in_flight = || h.gw.state.metrics().requests_in_flight().get();
+    assert_eq!(in_flight(), 1);
     let resp = send(client().get(h.url("/healthz"))).await;
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["retry-after"], "1");
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "overloaded");
+    assert_eq!(in_flight(), 1, "a refused request is not counted");
     drop(held);
     served_again(&h, "the place is free once the stream ended").await;
     eventually("every lane back to zero", || h.idle()).await;
+    eventually("no request in flight", || in_flight() == 0).await;
     h.shutdown().await;
 }
 

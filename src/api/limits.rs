@@ -11,7 +11,8 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures::{FutureExt, StreamExt};
-use tokio::sync::Semaphore;
+use prometheus::IntGauge;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{BodyTimedOut, GatewayError};
 use crate::telemetry::Metrics;
@@ -42,6 +43,7 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
         limits.metrics.refused("requests_in_flight");
         return GatewayError::Overloaded.into_response();
     };
+    let permit = Counted::new(permit, limits.metrics.requests_in_flight().clone());
     let timeout = limits.body_timeout;
     let req = req.map(|body| {
         let mut stream = body.into_data_stream();
@@ -77,4 +79,27 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
             item
         }))
     })
+}
+
+/// A request's permit, counted in `tutor_gateway_requests_in_flight` for as long as it is held:
+/// the gauge goes down when the permit is dropped, on every path.
+struct Counted {
+    _permit: OwnedSemaphorePermit,
+    gauge: IntGauge,
+}
+
+impl Counted {
+    fn new(permit: OwnedSemaphorePermit, gauge: IntGauge) -> Self {
+        gauge.inc();
+        Self {
+            _permit: permit,
+            gauge,
+        }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
 }

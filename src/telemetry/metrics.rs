@@ -165,6 +165,7 @@ pub struct Metrics {
     lane_reserved_tokens: IntGaugeVec,
     lane_queue_depth: IntGaugeVec,
     prefill_tokens_in_flight: IntGauge,
+    requests_in_flight: IntGauge,
     prefill_wait: HistogramVec,
     requests: IntCounterVec,
     cancelled_after_tokens: HistogramVec,
@@ -226,6 +227,15 @@ impl Metrics {
         .expect("valid gauge");
         registry
             .register(Box::new(prefill_tokens_in_flight.clone()))
+            .expect("registered once");
+        let requests_in_flight = IntGauge::new(
+            "tutor_gateway_requests_in_flight",
+            "Requests this replica is handling now, streams included until their last byte \
+             (what server.max_requests_in_flight bounds): the gateway tier's own load.",
+        )
+        .expect("valid gauge");
+        registry
+            .register(Box::new(requests_in_flight.clone()))
             .expect("registered once");
         let requests = IntCounterVec::new(
             Opts::new(
@@ -359,6 +369,7 @@ impl Metrics {
             lane_reserved_tokens,
             lane_queue_depth,
             prefill_tokens_in_flight,
+            requests_in_flight,
             prefill_wait,
             requests,
             cancelled_after_tokens,
@@ -414,6 +425,11 @@ impl Metrics {
     /// The shared quota backend's families (`tutor_gateway_quota_*`).
     pub fn quota(&self) -> &QuotaMetrics {
         &self.quota
+    }
+
+    /// The gauge of requests being handled (`server.max_requests_in_flight`'s permits taken).
+    pub fn requests_in_flight(&self) -> &IntGauge {
+        &self.requests_in_flight
     }
 
     /// Counts a connection or request refused at `limit` (`connections`, `requests_in_flight`).
