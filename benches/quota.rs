@@ -2,7 +2,9 @@
 //! bench starts itself, through the gateway's `RedisAdmission` (Lua scripts, `EVALSHA`).
 //! Reports p50/p99 of one acquire + release (release awaited through the admission's
 //! background task, measured until the lane is free again) and operations per second for one
-//! caller and for 32 concurrent callers.
+//! caller and for 32 concurrent callers; then a fleet of 4 replicas on the one Redis (issue
+//! 36's headroom), closed loop and open loop at several rates, with Redis's own count of script
+//! calls and of its time in them (see `fleet`).
 //!
 //! `cargo bench -p tutor-gateway --bench quota`
 
@@ -97,7 +99,195 @@ fn main() {
             all.len() as f64 / elapsed.as_secs_f64()
         );
         admission.shutdown().await;
+        fleet(&server.url()).await;
     });
+}
+
+/// Replicas sharing the Redis in the fleet phases, and closed-loop callers on each.
+const REPLICAS: usize = 4;
+const CALLERS: usize = 8;
+/// Offered admissions per second in the open-loop phase (each is two quota operations, an
+/// acquire and a release).
+const RATES: [f64; 4] = [1_000.0, 2_500.0, 5_000.0, 10_000.0];
+
+/// Redis headroom (issue 36): REPLICAS admissions (each its own connection and heartbeat, as
+/// replicas have) in a lane wide enough that nobody waits for a seat, so what is measured is
+/// the quota's Redis round trips and not a full lane's queue. Every acquire is one script call
+/// and every release one more; Redis's own count of script calls and of the time it spent in
+/// them (INFO commandstats) is reported beside the callers' count.
+///
+/// First closed loop (CALLERS callers a replica, as fast as they can: the most this machine
+/// does, the latency being the callers' own convoy), then open loop at each of RATES (arrivals
+/// on a schedule, each sent by its own task; latency from the send to the grant).
+async fn fleet(url: &str) {
+    let config = Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n\
+         [admission]\nseats = 1024\nmax_tokens_in_flight = 100000000\n\
+         [lanes.small]\nmax_concurrency = 1024\nceiling = 1024\n\
+         max_tokens_in_flight = 100000000\nqueue_len = 1024\n\
+         [quota]\nbackend = \"redis\"\nredis_url = \"{url}\"\n"
+    ))
+    .expect("the fleet phase's config");
+    let mut replicas = Vec::new();
+    for _ in 0..REPLICAS {
+        let Admission::Redis(a) =
+            Admission::build(&config, Metrics::new().quota().clone()).unwrap()
+        else {
+            unreachable!()
+        };
+        for _ in 0..100 {
+            round_trip(&a).await;
+        }
+        replicas.push(a);
+    }
+    let window = Duration::from_secs(5);
+    let before = script_calls(url);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for a in &replicas {
+        for _ in 0..CALLERS {
+            let a = a.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut s = Vec::new();
+                while started.elapsed() < window {
+                    s.push(round_trip(&a).await);
+                }
+                s
+            }));
+        }
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    report(
+        &format!("fleet closed loop, {REPLICAS} replicas x {CALLERS} callers"),
+        all,
+        started.elapsed(),
+        before,
+        url,
+    )
+    .await;
+    for rate in RATES {
+        let before = script_calls(url);
+        let started = Instant::now();
+        let arrivals = open_loop(&replicas, rate, window).await;
+        let all: Vec<Duration> = arrivals.iter().flatten().copied().collect();
+        let refused = arrivals.len() - all.len();
+        report(
+            &format!(
+                "fleet open loop, {REPLICAS} replicas, {rate:.0} admissions/s offered, \
+                 {refused} refused (line full)"
+            ),
+            all,
+            started.elapsed(),
+            before,
+            url,
+        )
+        .await;
+    }
+    for a in replicas {
+        a.shutdown().await;
+    }
+}
+
+/// Admissions arriving at `rate` a second, spread over the replicas, for `window`; each one's
+/// time from its send to its grant, `None` when refused.
+async fn open_loop(
+    replicas: &[RedisAdmission],
+    rate: f64,
+    window: Duration,
+) -> Vec<Option<Duration>> {
+    let per = rate / replicas.len() as f64;
+    let started = Instant::now();
+    let mut pacers = Vec::new();
+    for a in replicas {
+        let a = a.clone();
+        pacers.push(tokio::spawn(async move {
+            let mut arrivals = Vec::new();
+            let mut sent = 0u64;
+            loop {
+                let now = started.elapsed();
+                if now >= window {
+                    break;
+                }
+                while (sent as f64) < now.as_secs_f64() * per {
+                    // From the send: tokio's timer wakes the pacer to the millisecond, which
+                    // is not the quota's latency.
+                    let at = Instant::now();
+                    let a = a.clone();
+                    arrivals.push(tokio::spawn(async move {
+                        // Refused (the replica's line full): counted apart.
+                        let guard = a.acquire(Ask::new(Lane::Small, 100)).await.ok()?;
+                        drop(guard);
+                        Some(at.elapsed())
+                    }));
+                    sent += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let mut out = Vec::with_capacity(arrivals.len());
+            for arrival in arrivals {
+                out.push(arrival.await.unwrap());
+            }
+            out
+        }));
+    }
+    let mut all = Vec::new();
+    for p in pacers {
+        all.extend(p.await.unwrap());
+    }
+    all
+}
+
+/// One phase's line: admissions, their latency, and Redis's count of script calls and of its
+/// time in them since `before`.
+async fn report(
+    phase: &str,
+    mut all: Vec<Duration>,
+    elapsed: Duration,
+    before: (u64, f64),
+    url: &str,
+) {
+    // Let the last releases land before Redis's count is read.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = script_calls(url);
+    let (calls, usec) = (after.0 - before.0, after.1 - before.1);
+    all.sort();
+    let secs = elapsed.as_secs_f64();
+    println!(
+        "{phase}: {} admissions in {secs:.1} s, {:.0}/s; acquire p50 {:?} p99 {:?}; \
+         {:.0} quota operations/s (Redis script calls), {:.1} us each in Redis, {:.0}% of its core",
+        all.len(),
+        all.len() as f64 / secs,
+        percentile(&all, 0.5),
+        percentile(&all, 0.99),
+        calls as f64 / secs,
+        usec / calls.max(1) as f64,
+        usec / secs / 1e4
+    );
+}
+
+/// Script calls Redis has run (EVALSHA and EVAL) and the microseconds it spent in them, from
+/// INFO commandstats.
+fn script_calls(url: &str) -> (u64, f64) {
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    let field = |l: &str, name: &str| -> f64 {
+        l.split(&format!("{name}="))
+            .nth(1)
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .fold((0, 0.0), |(n, us), l| {
+            (n + field(l, "calls") as u64, us + field(l, "usec"))
+        })
 }
 
 async fn quota_in_use(url: &str) -> i64 {
