@@ -279,6 +279,17 @@ mod tests {
         assert_eq!(exp.classes[0].distribution, Dist::Uniform);
         assert_eq!(exp.classes[0].concurrency, 80);
         assert_eq!(exp.classes[1].concurrency, 20);
+        // Every shipped file parses; an open loop's shares sum to one.
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let s =
+                    Scenario::load(&path).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                if matches!(s.load, Load::Open { .. }) {
+                    assert!((s.total_share() - 1.0).abs() < 1e-9, "{}", path.display());
+                }
+            }
+        }
         let d = Scenario::load(&dir.join("seed-mix-open-deadlines.toml")).unwrap();
         let deadlines: Vec<_> = d.classes.iter().map(|c| c.deadline_ms).collect();
         assert_eq!(deadlines, [Some(500), Some(5_000), Some(30_000)]);
