@@ -99,33 +99,40 @@ fn main() {
             all.len() as f64 / elapsed.as_secs_f64()
         );
         admission.shutdown().await;
-        fleet(&server.url()).await;
+        // Side by side on the same Redis: one lease a script call, then a line's head taking
+        // the waiters behind it and the releaser sending what piled up (the default).
+        for batch_max in [1, 32] {
+            fleet(&server.url(), batch_max).await;
+        }
     });
 }
 
 /// Replicas sharing the Redis in the fleet phases, and closed-loop callers on each.
 const REPLICAS: usize = 4;
 const CALLERS: usize = 8;
-/// Offered admissions per second in the open-loop phase (each is two quota operations, an
-/// acquire and a release).
-const RATES: [f64; 4] = [1_000.0, 2_500.0, 5_000.0, 10_000.0];
+/// Offered admissions per second in the open-loop phase (each is two quota operations, a lease
+/// taken and given back).
+const RATES: [f64; 4] = [2_500.0, 5_000.0, 10_000.0, 12_500.0];
 
 /// Redis headroom (issue 36): REPLICAS admissions (each its own connection and heartbeat, as
 /// replicas have) in a lane wide enough that nobody waits for a seat, so what is measured is
-/// the quota's Redis round trips and not a full lane's queue. Every acquire is one script call
-/// and every release one more; Redis's own count of script calls and of the time it spent in
-/// them (INFO commandstats) is reported beside the callers' count.
+/// the quota's Redis round trips and not a full lane's queue. A quota operation is a lease
+/// taken or given back (two per admission); with `quota.batch_max` above 1 a script call may
+/// carry several (a line's head takes the waiters behind it; the releaser sends what piled up),
+/// so Redis's own count of script calls and of the time it spent in them (INFO commandstats)
+/// is reported beside the operations.
 ///
 /// First closed loop (CALLERS callers a replica, as fast as they can: the most this machine
 /// does, the latency being the callers' own convoy), then open loop at each of RATES (arrivals
 /// on a schedule, each sent by its own task; latency from the send to the grant).
-async fn fleet(url: &str) {
+async fn fleet(url: &str, batch_max: u32) {
     let config = Config::from_toml_str(&format!(
         "[classify]\ntokenizer = \"heuristic\"\n\
          [admission]\nseats = 1024\nmax_tokens_in_flight = 100000000\n\
          [lanes.small]\nmax_concurrency = 1024\nceiling = 1024\n\
          max_tokens_in_flight = 100000000\nqueue_len = 1024\n\
-         [quota]\nbackend = \"redis\"\nredis_url = \"{url}\"\n"
+         [quota]\nbackend = \"redis\"\nredis_url = \"{url}\"\nkey_prefix = \"tg:b{batch_max}\"\n\
+         batch_max = {batch_max}\n"
     ))
     .expect("the fleet phase's config");
     let mut replicas = Vec::new();
@@ -161,7 +168,9 @@ async fn fleet(url: &str) {
         all.extend(t.await.unwrap());
     }
     report(
-        &format!("fleet closed loop, {REPLICAS} replicas x {CALLERS} callers"),
+        &format!(
+            "batch_max {batch_max:>2}: fleet closed loop, {REPLICAS} replicas x {CALLERS} callers"
+        ),
         all,
         started.elapsed(),
         before,
@@ -176,8 +185,8 @@ async fn fleet(url: &str) {
         let refused = arrivals.len() - all.len();
         report(
             &format!(
-                "fleet open loop, {REPLICAS} replicas, {rate:.0} admissions/s offered, \
-                 {refused} refused (line full)"
+                "batch_max {batch_max:>2}: fleet open loop, {REPLICAS} replicas, {rate:.0} \
+                 admissions/s offered, {refused} refused (line full)"
             ),
             all,
             started.elapsed(),
@@ -256,10 +265,11 @@ async fn report(
     all.sort();
     let secs = elapsed.as_secs_f64();
     println!(
-        "{phase}: {} admissions in {secs:.1} s, {:.0}/s; acquire p50 {:?} p99 {:?}; \
-         {:.0} quota operations/s (Redis script calls), {:.1} us each in Redis, {:.0}% of its core",
+        "{phase}: {} admissions in {secs:.1} s, {:.0}/s = {:.0} quota operations/s; acquire \
+         p50 {:?} p99 {:?}; {:.0} Redis script calls/s, {:.1} us each in Redis, {:.0}% of its core",
         all.len(),
         all.len() as f64 / secs,
+        2.0 * all.len() as f64 / secs,
         percentile(&all, 0.5),
         percentile(&all, 0.99),
         calls as f64 / secs,

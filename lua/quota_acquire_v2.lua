@@ -8,19 +8,39 @@
 --     prefills or prefill:tokens + prompt <= prefill_budget (0 = off). Short prompts never wait.
 --   wait_mark_ms (large lane only; 0 = no mark): a refused call marks `replica` as having a
 --     large request waiting until now + wait_mark_ms (KEYS[5]); a granted one keeps the mark
---     while others_waiting is 1 (more of its requests wait behind it) and drops it otherwise.
--- Reply: { status, reaped }; status 1 = granted (or already held: a retried call),
---   0 = no seat, -1 = lane token budget full, -2 = global token budget full,
---   -4 = no prefill room (a long prompt), -5 = no limits record (write it, then try again).
+--     while others_waiting is 1 (more of its requests wait behind the ones in this call) or
+--     one of those behind it in this call was not granted, and drops it otherwise.
+--   then, optionally, the requests waiting behind it in the replica's line, in their order:
+--   (id, tokens, prompt) each, same lane and ttl. Once the first is granted they are taken in
+--   that order until the first that does not fit (the rest keep waiting), so a line's order
+--   holds and a burst in line costs one round trip, not one per request.
+-- Reply: { status, reaped, followers }; status (of the first) 1 = granted (or already held: a
+--   retried call), 0 = no seat, -1 = lane token budget full, -2 = global token budget full,
+--   -4 = no prefill room (a long prompt), -5 = no limits record (write it, then try again);
+--   followers: how many of those behind it were granted too (the first ones).
 local now = now_ms()
 local reaped = reap(now)
 local status = take_lease(now, false)
+local lane, ttl = ARGV[2], tonumber(ARGV[4])
+local behind = math.floor((#ARGV - 8) / 3)
+local granted = 0
+local r = status == 1 and behind > 0 and limits()
+if r then
+  for i = 9, 8 + 3 * behind, 3 do
+    local took = take_lease_with(r, now, false, ARGV[i], lane, tonumber(ARGV[i + 1]), ttl,
+      tonumber(ARGV[i + 2]))
+    if took ~= 1 then
+      break
+    end
+    granted = granted + 1
+  end
+end
 local mark, replica = tonumber(ARGV[6] or '0'), ARGV[7]
 if mark > 0 and status ~= -5 then
-  if status ~= 1 or ARGV[8] == '1' then
+  if status ~= 1 or granted < behind or ARGV[8] == '1' then
     redis.call('ZADD', KEYS[5], now + mark, replica)
   else
     redis.call('ZREM', KEYS[5], replica)
   end
 end
-return { status, reaped }
+return { status, reaped, granted }

@@ -121,21 +121,13 @@ local function put_lease(now, ttl, id, lane, tokens, prefill)
   end
 end
 
--- Takes a lease for ARGV[1..5] (the acquire script's layout: id, lane, tokens, ttl_ms, prompt,
--- the prompt being the lease's prefill reservation) if it fits the limits record and, for a
--- long prompt, the record's prefill budget. `own`: only the lane's own seats (background work).
--- Returns the status: 1 granted, 0 no seat, -1 lane tokens, -2 global tokens, -4 no prefill
--- room, -5 no limits record (the caller writes it and tries again).
-local function take_lease(now, own)
-  local id, lane = ARGV[1], ARGV[2]
-  local tokens, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
-  local prompt = tonumber(ARGV[5])
+-- Takes lease `id` in `lane` (`tokens`, for `ttl` ms, a prefill reservation of `prompt`) if it
+-- fits the limits record `r` and, for a long prompt, the record's prefill budget. `own`: only
+-- the lane's own seats (background work). Returns the status: 1 granted (or already held: a
+-- retried call), 0 no seat, -1 lane tokens, -2 global tokens, -4 no prefill room.
+local function take_lease_with(r, now, own, id, lane, tokens, ttl, prompt)
   if redis.call('HEXISTS', KEYS[2], id) == 1 then
     return 1
-  end
-  local r = limits()
-  if not r then
-    return -5
   end
   local status = fits(r, lane, tokens, own)
   if status ~= 1 then
@@ -150,6 +142,21 @@ local function take_lease(now, own)
   end
   put_lease(now, ttl, id, lane, tokens, prompt)
   return 1
+end
+
+-- Takes a lease for ARGV[1..5] (the acquire script's layout: id, lane, tokens, ttl_ms, prompt,
+-- the prompt being the lease's prefill reservation), as take_lease_with says. Returns its
+-- status, or -5 when there is no limits record (the caller writes it and tries again).
+local function take_lease(now, own)
+  if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+    return 1
+  end
+  local r = limits()
+  if not r then
+    return -5
+  end
+  return take_lease_with(r, now, own, ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]),
+    tonumber(ARGV[5]))
 end
 
 -- True when no replica has an interactive large request waiting (marks past their time drop).

@@ -1,17 +1,22 @@
--- tg quota v2: prefill done. The lease's request has its first token: gives its prefill
--- reservation back; its slot and tokens stay. Idempotent (a second call is a no-op).
--- KEYS[4] = released channel: "prefill" is published (long prompts of any lane may fit now).
--- ARGV: id
--- Reply: the prefill tokens given back (0: none left, or no such lease).
-local v = redis.call('HGET', KEYS[2], ARGV[1])
-if not v then
-  return 0
+-- tg quota v2: prefill done. The leases' requests have their first tokens: gives their prefill
+-- reservations back; their slots and tokens stay. Idempotent (a second call is a no-op).
+-- KEYS[4] = released channel: "prefill" is published once when room came back (long prompts
+--   of any lane may fit now).
+-- ARGV: id, ... (a replica's releaser sends what piled up since its last call in one call)
+-- Reply: the prefill tokens given back (0: none left, or no such leases).
+local given = 0
+for _, id in ipairs(ARGV) do
+  local v = redis.call('HGET', KEYS[2], id)
+  if v then
+    local lane, tokens, prefill = parse_lease(v)
+    if prefill > 0 then
+      redis.call('HINCRBY', KEYS[3], 'prefill:tokens', -prefill)
+      redis.call('HSET', KEYS[2], id, lease_value(lane, tokens, 0))
+      given = given + prefill
+    end
+  end
 end
-local lane, tokens, prefill = parse_lease(v)
-if prefill == 0 then
-  return 0
+if given > 0 then
+  redis.call('PUBLISH', KEYS[4], 'prefill')
 end
-redis.call('HINCRBY', KEYS[3], 'prefill:tokens', -prefill)
-redis.call('HSET', KEYS[2], ARGV[1], lease_value(lane, tokens, 0))
-redis.call('PUBLISH', KEYS[4], 'prefill')
-return prefill
+return given

@@ -1,18 +1,28 @@
--- tg quota v2: release. Gives a lease back; idempotent (a second call is a no-op).
--- KEYS[4] = <prefix>:{quota}:released  pub/sub channel; the lane name is published on release,
---   and "prefill" too when the lease still held prefill room (its request ended in prefill).
--- ARGV: id
--- Reply: 1 when the lease was held, 0 when it was already gone.
-local v = redis.call('HGET', KEYS[2], ARGV[1])
-if not v then
-  return 0
+-- tg quota v2: release. Gives leases back; idempotent (a second call is a no-op).
+-- KEYS[4] = <prefix>:{quota}:released  pub/sub channel; each lane that got a lease back is
+--   published once per call, and "prefill" once when a lease still held prefill room (its
+--   request ended in prefill).
+-- ARGV: id, ... (a replica's releaser sends what piled up since its last call in one call)
+-- Reply: how many of them were held (the others were already gone).
+local released, lanes, prefilled = 0, {}, false
+for _, id in ipairs(ARGV) do
+  local v = redis.call('HGET', KEYS[2], id)
+  if v then
+    local lane, tokens, prefill = parse_lease(v)
+    give_back(lane, tokens, prefill)
+    redis.call('HDEL', KEYS[2], id)
+    redis.call('ZREM', KEYS[1], id)
+    released = released + 1
+    lanes[lane] = true
+    prefilled = prefilled or prefill > 0
+  end
 end
-local lane, tokens, prefill = parse_lease(v)
-give_back(lane, tokens, prefill)
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('PUBLISH', KEYS[4], lane)
-if prefill > 0 then
+for _, lane in ipairs(LANES) do
+  if lanes[lane] then
+    redis.call('PUBLISH', KEYS[4], lane)
+  end
+end
+if prefilled then
   redis.call('PUBLISH', KEYS[4], 'prefill')
 end
-return 1
+return released

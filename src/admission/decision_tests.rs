@@ -105,6 +105,7 @@ async fn both_backends_decide_alike() {
             wait_mark_ms: 0,
             replica: "test",
             others_waiting: false,
+            behind: &[],
         };
         let reply = scripts.acquire(&mut conn, &keys, &ask).await.unwrap();
         assert_eq!(

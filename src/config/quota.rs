@@ -26,6 +26,10 @@ const KEY_PREFIX: &str = "tg:v2";
 const ON_REDIS_DOWN: &str = "fail_open";
 /// Default `quota.expected_replicas`.
 const EXPECTED_REPLICAS: u32 = 2;
+/// Default `quota.batch_max`.
+const BATCH_MAX: u32 = 32;
+/// Largest `quota.batch_max`: one script call stays well under a millisecond of Redis's time.
+const BATCH_MAX_MOST: u32 = 256;
 
 /// `[quota]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -45,6 +49,8 @@ pub struct RawQuota {
     pub on_redis_down: Option<String>,
     /// Replicas the local fallback divides the global limits by.
     pub expected_replicas: Option<u32>,
+    /// Leases one acquire (a line's head and those behind it) or release call carries at most.
+    pub batch_max: Option<u32>,
     /// PEM CA certificate(s) a `rediss://` server's certificate is checked against.
     pub redis_ca_file: Option<String>,
     /// An environment variable holding the Redis password (kept out of `redis_url`).
@@ -128,6 +134,9 @@ pub struct QuotaConfig {
     pub on_redis_down: OnRedisDown,
     /// Replicas the global limits are divided by under `fail_open`.
     pub expected_replicas: NonZeroU32,
+    /// Leases one script call takes (a line's head and the waiters behind it) or gives back
+    /// at most; 1: one lease a call.
+    pub batch_max: u32,
 }
 
 /// Checks `[quota]`. Never echoes the URL: it may hold a password.
@@ -195,6 +204,13 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
             c.fail("quota.expected_replicas", "must be > 0");
             NonZeroU32::MIN
         });
+    let batch_max = raw.batch_max.unwrap_or(BATCH_MAX);
+    if !(1..=BATCH_MAX_MOST).contains(&batch_max) {
+        c.fail(
+            "quota.batch_max",
+            format!("must be 1 to {BATCH_MAX_MOST} (1: one lease a script call)"),
+        );
+    }
     QuotaConfig {
         backend,
         redis_url: RedisUrl::new(url),
@@ -204,6 +220,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
         key_prefix,
         on_redis_down,
         expected_replicas,
+        batch_max: batch_max.clamp(1, BATCH_MAX_MOST),
     }
 }
 

@@ -597,15 +597,30 @@ mod quota_section {
     }
 
     #[test]
+    fn batch_max_is_bounded_and_defaults_to_32() {
+        assert_eq!(Config::default().quota.batch_max, 32);
+        assert!(issues("batch_max = 257\n")
+            .iter()
+            .any(|i| i.starts_with("quota.batch_max")));
+        let one = Config::from_toml_str(
+            "[classify]\ntokenizer = \"heuristic\"\n[quota]\nbatch_max = 1\n",
+        )
+        .unwrap();
+        assert_eq!(one.quota.batch_max, 1);
+    }
+
+    #[test]
     fn other_bad_keys_are_all_reported() {
         let found = issues(
-            "backend = \"x\"\nkey_prefix = \"a{b}\"\non_redis_down = \"x\"\nexpected_replicas = 0\n",
+            "backend = \"x\"\nkey_prefix = \"a{b}\"\non_redis_down = \"x\"\nexpected_replicas = 0\n\
+             batch_max = 0\n",
         );
         for key in [
             "backend",
             "key_prefix",
             "on_redis_down",
             "expected_replicas",
+            "batch_max",
         ] {
             assert!(
                 found.iter().any(|i| i.starts_with(&format!("quota.{key}"))),

@@ -44,6 +44,7 @@ pub struct QuotaMetrics {
     service_gap: prometheus::Gauge,
     yields: IntCounterVec,
     jain: prometheus::Gauge,
+    leases: HistogramVec,
 }
 
 impl QuotaMetrics {
@@ -55,6 +56,17 @@ impl QuotaMetrics {
                 "Round trip of one quota script call to Redis, by operation.",
             )
             .buckets(BACKEND_BUCKETS.to_vec()),
+            &["op"],
+        )
+        .expect("valid histogram");
+        let leases = HistogramVec::new(
+            HistogramOpts::new(
+                "tutor_gateway_quota_leases_per_call",
+                "Leases one quota script call took (op acquire, calls that granted: a line's \
+                 head and the waiters behind it taken with it, up to quota.batch_max) or gave \
+                 back (op release).",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
             &["op"],
         )
         .expect("valid histogram");
@@ -128,6 +140,7 @@ impl QuotaMetrics {
             Box::new(fallbacks.clone()),
             Box::new(reaped.clone()),
             Box::new(limits_version.clone()),
+            Box::new(leases.clone()),
         ] {
             registry.register(c).expect("registered once");
         }
@@ -137,7 +150,11 @@ impl QuotaMetrics {
         for lane in crate::lane::Lane::ALL {
             yields.with_label_values(&[lane.as_str()]);
         }
+        for op in ["acquire", "release"] {
+            leases.with_label_values(&[op]);
+        }
         Self {
+            leases,
             latency,
             errors,
             degraded,
@@ -185,6 +202,11 @@ impl QuotaMetrics {
     /// Records one call of `op` that took `seconds`.
     pub fn observe(&self, op: &str, seconds: f64) {
         self.latency.with_label_values(&[op]).observe(seconds);
+    }
+
+    /// One call took (`op` acquire) or gave back (`op` release) `n` leases.
+    pub fn leases(&self, op: &str, n: usize) {
+        self.leases.with_label_values(&[op]).observe(n as f64);
     }
 
     /// Counts one error of `kind`.

@@ -77,6 +77,8 @@ mod shared;
 mod tasks;
 
 #[cfg(test)]
+mod batch_tests;
+#[cfg(test)]
 mod limits_tests;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -100,8 +102,9 @@ use super::{AdmissionError, AdmissionSnapshot, LaneGuard, LocalAdmission};
 use crate::config::{Config, OnRedisDown, Policy};
 use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
-use scripts::{LimitsRecord, LimitsWrite, Verdict, PUSH_ORIGIN};
-use shared::{Shared, Take};
+use queue::Left;
+use scripts::{Behind, LimitsRecord, LimitsWrite, Verdict, PUSH_ORIGIN};
+use shared::{Handed, Shared, Take};
 
 /// How long a first request waits for the initial connection before counting Redis as down.
 const FIRST_CONNECT_WAIT: Duration = Duration::from_secs(2);
@@ -143,8 +146,11 @@ impl RedisAdmission {
             client,
             Keys::new(&config.quota.key_prefix),
             quota,
-            config.quota.lease_ttl,
-            config.quota.heartbeat,
+            (
+                config.quota.lease_ttl,
+                config.quota.heartbeat,
+                config.quota.batch_max,
+            ),
             releases,
             metrics,
             fallback,
@@ -397,8 +403,12 @@ impl RedisAdmission {
         };
         let mut prefill_blocked = None;
         if line.waiting() == 0 && !yields() {
-            match self.shared.try_take(lane, tokens, prompt, false).await {
-                Take::Granted(id) => return Ok(self.guard(id, &asked, Duration::ZERO, None)),
+            match self
+                .shared
+                .try_take(lane, (tokens, prompt), false, &[])
+                .await
+            {
+                Take::Granted(id, _) => return Ok(self.guard(id, &asked, Duration::ZERO, None)),
                 Take::Refused(verdict) => {
                     if verdict == Verdict::PrefillFull {
                         prefill_blocked = Some(asked.started);
@@ -424,19 +434,31 @@ impl RedisAdmission {
             let floor = tenant.map_or(0.0, |t| self.shared.service.of(t));
             (f64::from(tokens), floor)
         });
-        let place = match line.join_costed(queue.len, (tenant, share), costed, due, share_of) {
+        // A head may take the lease of a short prompt behind it in its own call (quota.batch_max);
+        // a long prompt waits for prefill room, which one lease at a time measures.
+        let need = (!asked.long).then_some((tokens, prompt));
+        let place = match line.join_costed(queue.len, (tenant, share), costed, due, need, share_of)
+        {
             Ok(place) => place,
             Err(Room::Refuse { held, places }) if tenant.is_some() && places > 0 => {
                 return Err(pushed_out(held, places));
             }
             Err(_) => return Err(AdmissionError::QueueFull { lane, retry_after }),
         };
+        // Out of the line without a turn: pushed out, or granted by the head's call.
+        let left = |left: Left<Handed>| match left {
+            Left::PushedOut(held, places) => Err(pushed_out(held, places)),
+            // A short prompt (only those are taken behind a head): no prefill wait.
+            Left::Handed(lease) => {
+                Ok(self.guard(lease.claim(), &asked, asked.started.elapsed(), None))
+            }
+        };
         let wait = async {
             let mut turn = match place.turn().await {
                 Ok(turn) => turn,
-                Err((held, places)) => return Ok(Err(pushed_out(held, places))),
+                Err(out) => return Ok(left(out)),
             };
-            let mut backoff = queue::LaneQueue::first_backoff();
+            let mut backoff = queue::LaneQueue::<Handed>::first_backoff();
             // How long this head yielded to other replicas' tenants since the first release it
             // let pass (at most YIELD_AT_MOST), and whether it yielded at all.
             let mut yielded: Option<Duration> = None;
@@ -448,10 +470,36 @@ impl RedisAdmission {
                     self.shared.metrics.yielded(lane);
                 }
                 if !yielding {
-                    match self.shared.try_take(lane, tokens, prompt, true).await {
-                        Take::Granted(id) => {
+                    let behind = match need {
+                        Some(_) => turn.behind(self.shared.batch_max.saturating_sub(1)),
+                        None => Vec::new(),
+                    };
+                    let asks: Vec<Behind> = behind
+                        .iter()
+                        .map(|&(_, (tokens, prompt))| Behind {
+                            id: self.shared.next_lease_id(),
+                            tokens,
+                            prompt,
+                        })
+                        .collect();
+                    match self
+                        .shared
+                        .try_take(lane, (tokens, prompt), true, &asks)
+                        .await
+                    {
+                        Take::Granted(id, granted) => {
                             place.admitted();
                             let waited = asked.started.elapsed();
+                            turn.hand(
+                                behind
+                                    .iter()
+                                    .zip(asks)
+                                    .take(granted)
+                                    .map(|(&(waiter, _), b)| {
+                                        (waiter, Handed::new(self.shared.clone(), lane, b.id))
+                                    })
+                                    .collect(),
+                            );
                             return Ok(Ok(self.guard(id, &asked, waited, prefill_blocked)));
                         }
                         Take::Down => return Err(()),
@@ -476,9 +524,9 @@ impl RedisAdmission {
                     drop(turn);
                     turn = match place.turn().await {
                         Ok(turn) => turn,
-                        Err((held, places)) => return Ok(Err(pushed_out(held, places))),
+                        Err(out) => return Ok(left(out)),
                     };
-                    backoff = queue::LaneQueue::first_backoff();
+                    backoff = queue::LaneQueue::<Handed>::first_backoff();
                 }
             }
         };

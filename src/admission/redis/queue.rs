@@ -10,6 +10,13 @@
 //! an idle wait costs a few calls a second and a missed notification costs at most one backoff.
 //! Fairness holds within a replica's line; across replicas, heads race for a freed seat (see
 //! the module doc of `redis/`).
+//!
+//! The head may ask for the waiters behind it in the same script call ([`Turn::behind`]): the
+//! script grants in the line's order and stops at the first that does not fit, and the head
+//! hands each granted lease to its waiter ([`Turn::hand`]), which leaves the line with it. A
+//! burst in line then costs one round trip, not one per request. A waiter that left the line
+//! while the call ran (timed out, gone) is not there to take its lease: the lease is dropped,
+//! which gives it back.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -40,23 +47,33 @@ impl std::fmt::Debug for Rank {
     }
 }
 
+/// What a waiter asks for: (tokens, prompt tokens), as the acquire script takes them.
+pub(crate) type Need = (u32, u32);
+
+/// Where a head puts a lease it took for a waiter behind it; dropping an unclaimed one (its
+/// waiter left) gives the lease back.
+type Slot<H> = Arc<Mutex<Option<H>>>;
+
 /// A waiter in a [`Line`]: the place of arrival number `id`.
 #[derive(Debug)]
-struct Seat {
+struct Seat<H> {
     id: u64,
     tenant: Option<Arc<str>>,
     due: Due,
+    /// What it asks for; `None`: only its own turn's call may take it.
+    need: Option<Need>,
     wake: Arc<Notify>,
     /// Set when it was pushed out for another tenant's request: its tenant's (held, places).
     out: Arc<OnceLock<(u32, u32)>>,
+    handed: Slot<H>,
 }
 
-#[derive(Debug, Default)]
-struct Line {
+#[derive(Debug)]
+struct Line<H> {
     fair: Fair,
     /// Waiters in fair order (a key is a turn; a waiter moved ahead by its deadline takes an
     /// earlier turn of its tenant's).
-    order: BTreeMap<Key, Seat>,
+    order: BTreeMap<Key, Seat<H>>,
     /// Each waiter's key in `order`, by arrival number.
     keys: HashMap<u64, Key>,
     /// The arrival number of the waiter whose turn it is (the one talking to Redis).
@@ -68,7 +85,21 @@ struct Line {
     ranked: bool,
 }
 
-impl Line {
+impl<H> Default for Line<H> {
+    fn default() -> Self {
+        Self {
+            fair: Fair::default(),
+            order: BTreeMap::new(),
+            keys: HashMap::new(),
+            turn: None,
+            arrivals: 0,
+            rank: None,
+            ranked: false,
+        }
+    }
+}
+
+impl<H> Line<H> {
     /// Wakes the first waiter when nobody has the turn.
     fn wake_first(&self) {
         if self.turn.is_none() {
@@ -80,7 +111,7 @@ impl Line {
 
     /// Puts `seat` at `key` (its tenant's newest turn), then ahead of the waiters of its
     /// tenant due later: each of those moves one of the tenant's turns back.
-    fn insert(&mut self, key: Key, seat: Seat) {
+    fn insert(&mut self, key: Key, seat: Seat<H>) {
         let kin: Vec<Key> = self
             .order
             .iter()
@@ -139,7 +170,7 @@ impl Line {
         let Some(Rank(rank)) = self.rank.as_ref().filter(|_| self.ranked) else {
             return Some(first.id);
         };
-        let of = |s: &Seat| s.tenant.as_deref().map_or(f64::INFINITY, |t| rank(t));
+        let of = |s: &Seat<H>| s.tenant.as_deref().map_or(f64::INFINITY, |t| rank(t));
         let mut best = (of(first), first.id);
         let mut seen: Vec<&Arc<str>> = first.tenant.iter().collect();
         for seat in waiting {
@@ -157,32 +188,53 @@ impl Line {
     }
 }
 
-/// One lane's wait line.
-#[derive(Debug, Default)]
-pub(crate) struct LaneQueue {
+/// One lane's wait line; `H`: a lease its head takes for a waiter behind it.
+#[derive(Debug)]
+pub(crate) struct LaneQueue<H> {
     /// Requests waiting (queue length checks and the snapshot).
     waiting: AtomicU32,
-    line: Mutex<Line>,
+    line: Mutex<Line<H>>,
     /// A release in this lane was seen (stores one permit if nobody waits yet).
     released: Notify,
 }
 
+impl<H> Default for LaneQueue<H> {
+    fn default() -> Self {
+        Self {
+            waiting: AtomicU32::new(0),
+            line: Mutex::new(Line::default()),
+            released: Notify::new(),
+        }
+    }
+}
+
 /// A place in a [`LaneQueue`]; dropping it leaves the line.
-pub(crate) struct Place<'a> {
-    queue: &'a LaneQueue,
+pub(crate) struct Place<'a, H> {
+    queue: &'a LaneQueue<H>,
     /// Its arrival number.
     id: u64,
     wake: Arc<Notify>,
     /// Set when it was pushed out: its tenant's (held, places).
     out: Arc<OnceLock<(u32, u32)>>,
+    /// Where the head puts a lease it took for this waiter.
+    handed: Slot<H>,
 }
 
 /// The turn of a [`Place`]: while held, this waiter is the only one of its line calling Redis.
-pub(crate) struct Turn<'p, 'a> {
-    place: &'p Place<'a>,
+pub(crate) struct Turn<'p, 'a, H> {
+    place: &'p Place<'a, H>,
 }
 
-impl Drop for Place<'_> {
+/// Why a waiter left its line without a turn.
+#[derive(Debug)]
+pub(crate) enum Left<H> {
+    /// Pushed out for another tenant's request: its tenant's (held, places).
+    PushedOut(u32, u32),
+    /// The head took its lease for it, in the head's own call.
+    Handed(H),
+}
+
+impl<H> Drop for Place<'_, H> {
     fn drop(&mut self) {
         self.queue.waiting.fetch_sub(1, Ordering::AcqRel);
         let mut line = self.queue.lock();
@@ -191,7 +243,7 @@ impl Drop for Place<'_> {
     }
 }
 
-impl Drop for Turn<'_, '_> {
+impl<H> Drop for Turn<'_, '_, H> {
     fn drop(&mut self) {
         let mut line = self.place.queue.lock();
         if line.turn == Some(self.place.id) {
@@ -201,8 +253,8 @@ impl Drop for Turn<'_, '_> {
     }
 }
 
-impl LaneQueue {
-    fn lock(&self) -> MutexGuard<'_, Line> {
+impl<H> LaneQueue<H> {
+    fn lock(&self) -> MutexGuard<'_, Line<H>> {
         self.line.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -228,20 +280,23 @@ impl LaneQueue {
         (tenant, share): (Option<&str>, f64),
         due: Due,
         share_of: impl Fn(&str) -> f64,
-    ) -> Result<Place<'_>, Room> {
-        self.join_costed(len, (tenant, share), None, due, share_of)
+    ) -> Result<Place<'_, H>, Room> {
+        self.join_costed(len, (tenant, share), None, due, None, share_of)
     }
 
     /// [`LaneQueue::join`] with the arrival's `(cost, floor)` when the line orders by tokens
-    /// against the fleet's service counters ([`Fair::tag_at_least`]; `None`: one turn each).
+    /// against the fleet's service counters ([`Fair::tag_at_least`]; `None`: one turn each),
+    /// and what it asks for when a head may take its lease for it (`need`; `None`: only its
+    /// own turn).
     pub fn join_costed(
         &self,
         len: usize,
         (tenant, share): (Option<&str>, f64),
         costed: Option<(f64, f64)>,
         due: Due,
+        need: Option<Need>,
         share_of: impl Fn(&str) -> f64,
-    ) -> Result<Place<'_>, Room> {
+    ) -> Result<Place<'_, H>, Room> {
         let mut line = self.lock();
         match room_for(
             len,
@@ -270,12 +325,15 @@ impl LaneQueue {
         let key = (tag.max(0.0).to_bits(), id);
         let wake = Arc::new(Notify::new());
         let out = Arc::new(OnceLock::new());
+        let handed: Slot<H> = Arc::new(Mutex::new(None));
         let seat = Seat {
             id,
             tenant,
             due,
+            need,
             wake: wake.clone(),
             out: out.clone(),
+            handed: handed.clone(),
         };
         line.insert(key, seat);
         line.wake_first();
@@ -284,6 +342,7 @@ impl LaneQueue {
             id,
             wake,
             out,
+            handed,
         })
     }
 
@@ -317,15 +376,23 @@ impl LaneQueue {
     }
 }
 
-impl<'a> Place<'a> {
+impl<'a, H> Place<'a, H> {
     /// Waits until this waiter is first in the fair order and nobody else has the turn; `Err`
-    /// with its tenant's (held, places) when it was pushed out meanwhile.
-    pub async fn turn(&self) -> Result<Turn<'_, 'a>, (u32, u32)> {
+    /// when it was pushed out meanwhile, or a head took its lease for it.
+    pub async fn turn(&self) -> Result<Turn<'_, 'a, H>, Left<H>> {
         loop {
             {
                 let mut line = self.queue.lock();
-                if let Some(out) = self.pushed_out() {
-                    return Err(out);
+                if let Some(handed) = self
+                    .handed
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take()
+                {
+                    return Err(Left::Handed(handed));
+                }
+                if let Some((held, places)) = self.pushed_out() {
+                    return Err(Left::PushedOut(held, places));
                 }
                 if line.turn.is_none() && line.first() == Some(self.id) {
                     line.turn = Some(self.id);
@@ -351,11 +418,53 @@ impl<'a> Place<'a> {
     }
 }
 
-impl Turn<'_, '_> {
+impl<H> Turn<'_, '_, H> {
     /// Whether this turn's waiter is still first (a waiter with an earlier tag, or of its
     /// tenant and due earlier, may have joined; it should then get the turn).
     pub fn still_first(&self) -> bool {
         self.place.queue.lock().first() == Some(self.place.id)
+    }
+
+    /// Up to `most` waiters behind this turn's, in the line's order, for one script call with
+    /// it: their arrival numbers and needs. It stops at a waiter that did not say its need.
+    /// None while the line is ordered by the fleet's service counters (that order moves with
+    /// every admission anywhere, so it is asked one turn at a time).
+    pub fn behind(&self, most: usize) -> Vec<(u64, Need)> {
+        let line = self.place.queue.lock();
+        if line.ranked && line.rank.is_some() {
+            return Vec::new();
+        }
+        line.order
+            .values()
+            .filter(|s| s.id != self.place.id)
+            .map_while(|s| s.need.map(|need| (s.id, need)))
+            .take(most)
+            .collect()
+    }
+
+    /// Hands each lease in `granted` (taken for the waiter with that arrival number, one of
+    /// [`Turn::behind`]'s) to its waiter, which leaves the line with it; the fair order's
+    /// virtual time moves on to its turn. A lease whose waiter left meanwhile is dropped here
+    /// (given back).
+    pub fn hand(&self, granted: Vec<(u64, H)>) {
+        let mut unclaimed = Vec::new();
+        {
+            let mut line = self.place.queue.lock();
+            for (id, lease) in granted {
+                let Some(key) = line.keys.remove(&id) else {
+                    unclaimed.push(lease);
+                    continue;
+                };
+                let Some(seat) = line.order.remove(&key) else {
+                    unclaimed.push(lease);
+                    continue;
+                };
+                line.fair.admitted(f64::from_bits(key.0));
+                *seat.handed.lock().unwrap_or_else(PoisonError::into_inner) = Some(lease);
+                seat.wake.notify_one();
+            }
+        }
+        drop(unclaimed);
     }
 }
 
@@ -369,7 +478,7 @@ mod tests {
 
     #[tokio::test]
     async fn turns_follow_the_fair_order_and_pass_on_when_a_place_leaves() {
-        let q = LaneQueue::default();
+        let q = LaneQueue::<()>::default();
         let a1 = q.join(10, (Some("A"), 1.0), None, one).unwrap();
         let a2 = q.join(10, (Some("A"), 1.0), None, one).unwrap();
         let a3 = q.join(10, (Some("A"), 1.0), None, one).unwrap();
@@ -404,7 +513,7 @@ mod tests {
     #[tokio::test]
     async fn ordered_by_fleet_service_the_tenant_served_least_now_goes_first() {
         let served: Arc<Mutex<HashMap<String, f64>>> = Arc::default();
-        let q = LaneQueue::default();
+        let q = LaneQueue::<()>::default();
         let view = served.clone();
         q.rank_by(Arc::new(move |t: &str| {
             view.lock().unwrap().get(t).copied().unwrap_or(0.0)
@@ -414,8 +523,8 @@ mod tests {
         };
         set("A", 0.0);
         set("B", 500.0);
-        fn costed<'q>(q: &'q LaneQueue, t: &str) -> Place<'q> {
-            q.join_costed(10, (Some(t), 1.0), Some((100.0, 0.0)), None, one)
+        fn costed<'q>(q: &'q LaneQueue<()>, t: &str) -> Place<'q, ()> {
+            q.join_costed(10, (Some(t), 1.0), Some((100.0, 0.0)), None, None, one)
                 .unwrap()
         }
         let a1 = costed(&q, "A");
@@ -439,16 +548,114 @@ mod tests {
         drop((a2, b1));
     }
 
+    /// A lease handed in a test: counts its drops (a lease given back).
+    #[derive(Debug)]
+    struct Lease(Arc<AtomicU32>);
+
+    impl Drop for Lease {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_head_takes_the_waiters_behind_it_in_order_and_hands_them_their_leases() {
+        let q = LaneQueue::<Lease>::default();
+        let join = |need: Option<Need>| {
+            q.join_costed(10, (None, 1.0), None, None, need, one)
+                .unwrap()
+        };
+        let head = join(Some((10, 1)));
+        let b1 = join(Some((20, 2)));
+        let b2 = join(Some((30, 3)));
+        let long = join(None);
+        let b3 = join(Some((40, 4)));
+        let turn = head.turn().await.unwrap();
+        // In the line's order, not the head itself, and never past a waiter that did not say
+        // what it needs (a long prompt, asked one turn at a time): the order holds.
+        assert_eq!(turn.behind(10), vec![(b1.id, (20, 2)), (b2.id, (30, 3))]);
+        assert_eq!(turn.behind(1), vec![(b1.id, (20, 2))]);
+        let given_back = Arc::new(AtomicU32::new(0));
+        let lease = || Lease(given_back.clone());
+        // b2 leaves (timed out) while the head's call runs: its lease is given back at once.
+        let b2_id = b2.id;
+        drop(b2);
+        turn.hand(vec![(b1.id, lease()), (b2_id, lease())]);
+        assert_eq!(
+            given_back.load(Ordering::Acquire),
+            1,
+            "b2's lease went back"
+        );
+        match b1.turn().await {
+            Err(Left::Handed(_)) => {}
+            _ => panic!("b1 got its lease from the head"),
+        }
+        assert_eq!(
+            given_back.load(Ordering::Acquire),
+            2,
+            "b1's, dropped by the test"
+        );
+        drop(b1);
+        // A waiter handed its lease but gone before it claimed it gives it back with its place.
+        let b4 = join(Some((50, 5)));
+        let b4_id = b4.id;
+        turn.hand(vec![(b4_id, lease())]);
+        assert_eq!(given_back.load(Ordering::Acquire), 2);
+        drop(b4);
+        assert_eq!(
+            given_back.load(Ordering::Acquire),
+            3,
+            "b4's unclaimed lease went back"
+        );
+        drop(turn);
+        drop(head);
+        // The long prompt is next; then b3.
+        assert!(long.turn().await.is_ok());
+        drop(long);
+        assert!(b3.turn().await.is_ok());
+        drop(b3);
+        assert_eq!(q.waiting(), 0);
+        assert!(q.lock().order.is_empty() && q.lock().keys.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_line_ordered_by_fleet_service_is_asked_one_turn_at_a_time() {
+        let q = LaneQueue::<()>::default();
+        q.rank_by(Arc::new(|_: &str| 0.0));
+        let a = q
+            .join_costed(
+                10,
+                (Some("A"), 1.0),
+                Some((1.0, 0.0)),
+                None,
+                Some((1, 1)),
+                one,
+            )
+            .unwrap();
+        let _b = q
+            .join_costed(
+                10,
+                (Some("B"), 1.0),
+                Some((1.0, 0.0)),
+                None,
+                Some((1, 1)),
+                one,
+            )
+            .unwrap();
+        let turn = a.turn().await.unwrap();
+        assert!(turn.behind(10).is_empty());
+    }
+
     #[tokio::test]
     async fn a_full_line_pushes_out_the_newest_waiter_of_the_tenant_over_its_places() {
-        let q = LaneQueue::default();
+        let q = LaneQueue::<()>::default();
         let a: Vec<_> = (0..3)
             .map(|_| q.join(3, (Some("A"), 1.0), None, one).unwrap())
             .collect();
         // B's request finds the line full of A's: A's newest leaves, naming A's numbers.
         let b = q.join(3, (Some("B"), 1.0), None, one).unwrap();
         assert_eq!(a[2].pushed_out(), Some((3, 1)));
-        assert!(matches!(a[2].turn().await, Err((3, 1))));
+        assert!(matches!(a[2].turn().await, Err(Left::PushedOut(3, 1))));
         assert_eq!(a[0].pushed_out(), None);
         // A, over its places, is refused; B (1 of its 1) too.
         assert!(matches!(

@@ -159,8 +159,24 @@ pub struct AcquireArgs<'a> {
     pub wait_mark_ms: u64,
     /// The replica's id, the mark's member.
     pub replica: &'a str,
-    /// More of this replica's requests of the lane wait behind this one (a grant keeps the mark).
+    /// More of this replica's requests of the lane wait behind this one and those in `behind`
+    /// (a grant keeps the mark).
     pub others_waiting: bool,
+    /// The requests waiting behind this one in the replica's line, in their order, to be
+    /// granted in the same call once this one is, up to the first that does not fit.
+    pub behind: &'a [Behind],
+}
+
+/// A request waiting behind an acquire's own in its line ([`AcquireArgs::behind`]): the same
+/// lane and lease lifetime, its own lease id, tokens and prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Behind {
+    /// Its lease id.
+    pub id: String,
+    /// Its token reservation.
+    pub tokens: u32,
+    /// Its estimated prompt tokens (the prefill reservation).
+    pub prompt: u32,
 }
 
 /// What `quota_acquire_v2.lua` and `quota_move_v2.lua` answer (their `status`).
@@ -206,6 +222,18 @@ impl TakeReply {
     }
 }
 
+/// Reply of `quota_acquire_v2.lua`: `{ status, reaped, granted behind }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AcquireReply {
+    /// The decision on the acquire's own request.
+    pub verdict: Verdict,
+    /// Expired leases this call reaped.
+    pub reaped: u64,
+    /// How many of the requests behind it ([`AcquireArgs::behind`]) were granted too: the
+    /// first ones, in order.
+    pub behind: usize,
+}
+
 /// Reply of `quota_renew_v2.lua`: `{ renewed, reaped, missing... }`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenewReply {
@@ -218,26 +246,34 @@ pub struct RenewReply {
 }
 
 impl Scripts {
-    /// `quota_acquire_v2.lua`: a lease for `ask`, if it fits the limits record.
+    /// `quota_acquire_v2.lua`: a lease for `ask`, if it fits the limits record, then leases
+    /// for the requests behind it, in order, up to the first that does not fit.
     pub async fn acquire<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         keys: &Keys,
         ask: &AcquireArgs<'_>,
-    ) -> RedisResult<TakeReply> {
-        let reply = keys
-            .with_keys(&self.acquire)
-            .arg(ask.id)
+    ) -> RedisResult<AcquireReply> {
+        let mut call = keys.with_keys(&self.acquire);
+        call.arg(ask.id)
             .arg(ask.lane.as_str())
             .arg(ask.tokens)
             .arg(ask.ttl_ms)
             .arg(ask.prompt)
             .arg(ask.wait_mark_ms)
             .arg(ask.replica)
-            .arg(u8::from(ask.others_waiting))
-            .invoke_async(conn)
-            .await?;
-        Ok(TakeReply::decode(reply))
+            .arg(u8::from(ask.others_waiting));
+        for b in ask.behind {
+            call.arg(&b.id).arg(b.tokens).arg(b.prompt);
+        }
+        let (status, reaped, behind): (i64, u64, u64) = call.invoke_async(conn).await?;
+        let TakeReply { verdict, reaped } = TakeReply::decode((status, reaped));
+        Ok(AcquireReply {
+            verdict,
+            reaped,
+            // Never more than were sent (a reply from a script of another version).
+            behind: usize::try_from(behind).map_or(0, |n| n.min(ask.behind.len())),
+        })
     }
 
     /// `quota_limits_v2.lua`: writes `record` as the shared limits, by `origin`, as `mode`
@@ -295,17 +331,17 @@ impl Scripts {
         call.invoke_async(conn).await
     }
 
-    /// `quota_prefill_done_v2.lua`: lease `id`'s request has its first token; gives its prefill
-    /// reservation back (the slot and tokens stay). Returns the tokens given back (0 when none
-    /// were left, or the lease is gone).
+    /// `quota_prefill_done_v2.lua`: the requests of leases `ids` have their first tokens; gives
+    /// their prefill reservations back (the slots and tokens stay). Returns the tokens given
+    /// back (0 when none were left, or the leases are gone).
     pub async fn prefill_done<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         keys: &Keys,
-        id: &str,
+        ids: &[&str],
     ) -> RedisResult<u64> {
         keys.with_keys(&self.prefill_done)
-            .arg(id)
+            .arg(ids)
             .invoke_async(conn)
             .await
     }
@@ -338,18 +374,27 @@ impl Scripts {
     }
 
     /// `quota_release_v2.lua`: gives lease `id` back; true when it was still held.
+    #[cfg(test)]
     pub async fn release<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         keys: &Keys,
         id: &str,
     ) -> RedisResult<bool> {
-        let released: i64 = keys
-            .with_keys(&self.release)
-            .arg(id)
+        Ok(self.release_all(conn, keys, &[id]).await? == 1)
+    }
+
+    /// `quota_release_v2.lua`: gives leases `ids` back in one call; how many were still held.
+    pub async fn release_all<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &Keys,
+        ids: &[&str],
+    ) -> RedisResult<u64> {
+        keys.with_keys(&self.release)
+            .arg(ids)
             .invoke_async(conn)
-            .await?;
-        Ok(released == 1)
+            .await
     }
 
     /// `quota_move_v2.lua`: moves lease `id` to lane `to` if it fits there under the limits

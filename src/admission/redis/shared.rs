@@ -14,7 +14,8 @@ use tokio::sync::{mpsc, watch};
 use super::keys::Keys;
 use super::queue::LaneQueue;
 use super::scripts::{
-    AcquireArgs, LimitsRecord, LimitsWrite, Scripts, TakeReply, Verdict, PUSH_ORIGIN,
+    AcquireArgs, AcquireReply, Behind, LimitsRecord, LimitsWrite, Scripts, TakeReply, Verdict,
+    PUSH_ORIGIN,
 };
 use crate::admission::backend::LimitsChange;
 use crate::admission::guard::Reservation;
@@ -60,8 +61,9 @@ pub(crate) struct Lease {
 /// What one acquire call got.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Take {
-    /// A lease with this id.
-    Granted(String),
+    /// A lease with this id, and how many of the requests behind it were granted too (the
+    /// first ones of those asked for, booked as this replica's like it).
+    Granted(String, usize),
     /// No room; why.
     Refused(Verdict),
     /// The call failed, but Redis is not counted as down yet (fewer than
@@ -90,14 +92,16 @@ pub(crate) struct Shared {
     limits_origin: Mutex<String>,
     pub ttl_ms: u64,
     pub heartbeat: Duration,
+    /// Leases one acquire or release call carries at most (`quota.batch_max`).
+    pub batch_max: usize,
     pub replica: String,
     next_id: AtomicU64,
     held: Mutex<HashMap<String, Held>>,
     /// Per lane: the line of requests that never wait for prefill room.
-    pub queues: [LaneQueue; 3],
+    pub queues: [LaneQueue<Handed>; 3],
     /// Per lane: long prompts under a prefill budget (FIFO among themselves; a short prompt is
     /// never held back by one).
-    pub long_lines: [LaneQueue; 3],
+    pub long_lines: [LaneQueue<Handed>; 3],
     degraded: AtomicBool,
     /// Calls failed in a row (reset by any success).
     failures: std::sync::atomic::AtomicU32,
@@ -123,16 +127,15 @@ impl Shared {
         client: redis::Client,
         keys: Keys,
         limits: LimitsRecord,
-        ttl: Duration,
-        heartbeat: Duration,
+        (ttl, heartbeat, batch_max): (Duration, Duration, u32),
         releases: mpsc::UnboundedSender<Lease>,
         metrics: QuotaMetrics,
         fallback: Option<LocalAdmission>,
     ) -> Self {
         let replica = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
         let service = Arc::new(super::service::FleetService::new(&keys.base));
-        let queues: [LaneQueue; 3] = Default::default();
-        let long_lines: [LaneQueue; 3] = Default::default();
+        let queues: [LaneQueue<Handed>; 3] = Default::default();
+        let long_lines: [LaneQueue<Handed>; 3] = Default::default();
         for line in queues.iter().chain(long_lines.iter()) {
             let service = service.clone();
             line.rank_by(Arc::new(move |tenant: &str| service.of(tenant)));
@@ -149,6 +152,7 @@ impl Shared {
             limits_origin: Mutex::new(String::new()),
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             heartbeat,
+            batch_max: usize::try_from(batch_max).unwrap_or(1).max(1),
             replica,
             next_id: AtomicU64::new(0),
             held: Mutex::new(HashMap::new()),
@@ -509,7 +513,7 @@ impl Shared {
     }
 
     /// The line a request of `lane` with a prompt of `prompt` tokens waits in.
-    pub fn line(&self, lane: Lane, prompt: u32) -> &LaneQueue {
+    pub fn line(&self, lane: Lane, prompt: u32) -> &LaneQueue<Handed> {
         if self.waits_for_prefill(prompt) {
             &self.long_lines[lane.index()]
         } else {
@@ -553,10 +557,19 @@ impl Shared {
     }
 
     /// Runs the acquire script once for a slot and `tokens` in `lane` and a prefill
-    /// reservation of `prompt` tokens; `in_line`: the caller holds a place in one of the lane's
-    /// lines (a large request refused, or granted with others behind it, keeps this replica's
-    /// "large request waiting" mark, which holds background jobs back).
-    pub async fn try_take(&self, lane: Lane, tokens: u32, prompt: u32, in_line: bool) -> Take {
+    /// reservation of `prompt` tokens, then for the requests `behind` it in its line, in order,
+    /// up to the first that does not fit; `in_line`: the caller holds a place in one of the
+    /// lane's lines (a large request refused, or granted with others behind it, keeps this
+    /// replica's "large request waiting" mark, which holds background jobs back).
+    ///
+    /// Cancel-safe: dropped while the call runs, it gives back whatever the call may take.
+    pub async fn try_take(
+        &self,
+        lane: Lane,
+        (tokens, prompt): (u32, u32),
+        in_line: bool,
+        behind: &[Behind],
+    ) -> Take {
         // While degraded, the heartbeat alone probes Redis: waiters go to the fallback at once
         // instead of each waiting out a failing call.
         if self.degraded() {
@@ -567,6 +580,8 @@ impl Shared {
             return Take::Down;
         };
         let id = self.next_lease_id();
+        let asked =
+            u32::from(in_line).saturating_add(u32::try_from(behind.len()).unwrap_or(u32::MAX));
         let ask = AcquireArgs {
             id: &id,
             lane,
@@ -575,7 +590,18 @@ impl Shared {
             ttl_ms: self.ttl_ms,
             wait_mark_ms: if lane == Lane::Large { WAIT_MARK_MS } else { 0 },
             replica: &self.replica,
-            others_waiting: self.waiting_in(lane) > u32::from(in_line),
+            others_waiting: self.waiting_in(lane) > asked,
+            behind,
+        };
+        // Until the reply is read, every lease the call may take goes back if this is dropped
+        // or the call fails (a call that timed out may still have run; release is idempotent
+        // and runs after it on the same connection).
+        let mut pending = Pending {
+            shared: self,
+            lane,
+            ids: std::iter::once(id.clone())
+                .chain(behind.iter().map(|b| b.id.clone()))
+                .collect(),
         };
         let started = Instant::now();
         let mut reply = self.scripts.acquire(&mut conn, &self.keys, &ask).await;
@@ -587,21 +613,28 @@ impl Shared {
         self.metrics
             .observe("acquire", started.elapsed().as_secs_f64());
         match reply {
-            Ok(TakeReply { verdict, reaped }) => {
+            Ok(AcquireReply {
+                verdict,
+                reaped,
+                behind: granted,
+            }) => {
+                pending.ids.clear();
                 self.succeeded();
                 self.metrics.reaped(reaped);
                 if verdict == Verdict::Granted {
                     self.hold(&id, lane, tokens, prompt);
-                    Take::Granted(id)
+                    for b in &behind[..granted] {
+                        self.hold(&b.id, lane, b.tokens, b.prompt);
+                    }
+                    self.metrics.leases("acquire", 1 + granted);
+                    Take::Granted(id, granted)
                 } else {
                     Take::Refused(verdict)
                 }
             }
             Err(err) => {
                 self.failed("acquire", &err);
-                // A call that timed out may still have run: give its lease back (the release
-                // is idempotent and runs after it on the same connection).
-                self.release(id, lane);
+                drop(pending);
                 if self.degraded() {
                     Take::Down
                 } else {
@@ -685,6 +718,59 @@ impl Shared {
             // Fails only once the release task has stopped; the lease then expires by TTL.
             let _ = self.releases.send(lease);
         }
+    }
+}
+
+/// The leases an acquire call may take, given back if it is dropped before its reply is read.
+struct Pending<'s> {
+    shared: &'s Shared,
+    lane: Lane,
+    ids: Vec<String>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            self.shared.release(id, self.lane);
+        }
+    }
+}
+
+/// A lease a line's head took for a waiter behind it ([`LaneQueue`]'s `H`): the waiter claims
+/// it; dropped unclaimed (the waiter left the line meanwhile), it is given back.
+pub(crate) struct Handed {
+    shared: Arc<Shared>,
+    lane: Lane,
+    id: Option<String>,
+}
+
+impl Handed {
+    /// Lease `id` in `lane`, already booked as this replica's ([`Shared::hold`]).
+    pub fn new(shared: Arc<Shared>, lane: Lane, id: String) -> Self {
+        Self {
+            shared,
+            lane,
+            id: Some(id),
+        }
+    }
+
+    /// The lease's id, now its waiter's to give back.
+    pub fn claim(mut self) -> String {
+        self.id.take().unwrap_or_default()
+    }
+}
+
+impl Drop for Handed {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.shared.release(id, self.lane);
+        }
+    }
+}
+
+impl std::fmt::Debug for Handed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Handed").field("id", &self.id).finish()
     }
 }
 

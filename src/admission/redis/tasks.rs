@@ -179,47 +179,72 @@ async fn release_one(
     conn: &mut redis::aio::ConnectionManager,
     lease: &Lease,
 ) -> bool {
-    let started = Instant::now();
-    let (op, reply) = match lease.give {
-        Give::Lease => (
-            "release",
-            shared
-                .scripts
-                .release(conn, &shared.keys, &lease.id)
-                .await
-                .map(|_| ()),
-        ),
-        Give::Prefill => (
-            "prefill_done",
-            shared
-                .scripts
-                .prefill_done(conn, &shared.keys, &lease.id)
-                .await
-                .map(|_| ()),
-        ),
-    };
-    shared.metrics.observe(op, started.elapsed().as_secs_f64());
-    match reply {
-        Ok(()) => {
-            shared.succeeded();
-            shared.notify(Some(lease.lane), lease.give == Give::Prefill);
-            true
-        }
-        Err(err) => {
-            shared.failed(op, &err);
-            false
-        }
-    }
+    give_back(shared, conn, std::slice::from_ref(lease)).await
 }
 
-/// Releases the leases of dropped guards; failures go to the heartbeat for retry. On stop,
-/// drains what was already sent (a graceful shutdown gives everything back).
+/// [`release_one`] for several leases, in at most two script calls: the prefill give-backs,
+/// then the releases (a lease both finished prefill and ended: the release gives everything
+/// back, whichever comes first). Both are idempotent, so a batch that failed is retried whole.
+async fn give_back(
+    shared: &Shared,
+    conn: &mut redis::aio::ConnectionManager,
+    leases: &[Lease],
+) -> bool {
+    let ids = |give: Give| -> Vec<&str> {
+        leases
+            .iter()
+            .filter(|l| l.give == give)
+            .map(|l| l.id.as_str())
+            .collect()
+    };
+    for (op, give) in [("prefill_done", Give::Prefill), ("release", Give::Lease)] {
+        let ids = ids(give);
+        if ids.is_empty() {
+            continue;
+        }
+        let started = Instant::now();
+        let reply = match give {
+            Give::Prefill => shared
+                .scripts
+                .prefill_done(conn, &shared.keys, &ids)
+                .await
+                .map(|_| ()),
+            Give::Lease => shared
+                .scripts
+                .release_all(conn, &shared.keys, &ids)
+                .await
+                .map(|given| {
+                    shared
+                        .metrics
+                        .leases("release", usize::try_from(given).unwrap_or(usize::MAX));
+                }),
+        };
+        shared.metrics.observe(op, started.elapsed().as_secs_f64());
+        if let Err(err) = reply {
+            shared.failed(op, &err);
+            return false;
+        }
+    }
+    shared.succeeded();
+    let prefill = leases.iter().any(|l| l.give == Give::Prefill);
+    for lane in Lane::ALL {
+        if leases.iter().any(|l| l.lane == lane) {
+            shared.notify(Some(lane), prefill);
+        }
+    }
+    true
+}
+
+/// Releases the leases of dropped guards; failures go to the heartbeat for retry. What piled
+/// up while a call ran goes in the next one (up to `quota.batch_max` leases), in the order
+/// sent. On stop, drains what was already sent (a graceful shutdown gives everything back).
 pub(super) async fn releaser(
     shared: Arc<Shared>,
     mut leases: mpsc::UnboundedReceiver<Lease>,
     retry: mpsc::UnboundedSender<Lease>,
     stop: CancellationToken,
 ) {
+    let mut batch = Vec::with_capacity(shared.batch_max);
     loop {
         let lease = tokio::select! {
             lease = leases.recv() => lease,
@@ -229,13 +254,23 @@ pub(super) async fn releaser(
             }
         };
         let Some(lease) = lease else { return };
+        batch.push(lease);
+        while batch.len() < shared.batch_max {
+            match leases.try_recv() {
+                Ok(lease) => batch.push(lease),
+                Err(_) => break,
+            }
+        }
         let ok = match shared.connection() {
-            Some(mut conn) => release_one(&shared, &mut conn, &lease).await,
+            Some(mut conn) => give_back(&shared, &mut conn, &batch).await,
             None => false,
         };
         if !ok && !stop.is_cancelled() {
-            let _ = retry.send(lease);
+            for lease in batch.drain(..) {
+                let _ = retry.send(lease);
+            }
         }
+        batch.clear();
     }
 }
 

@@ -5,7 +5,9 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 
 use super::keys::Keys;
-use super::scripts::{AcquireArgs, LaneRecord, LimitsRecord, LimitsWrite, Scripts, Verdict};
+use super::scripts::{
+    AcquireArgs, Behind, LaneRecord, LimitsRecord, LimitsWrite, Scripts, Verdict,
+};
 use crate::admission::budget::PrefillLimit;
 use crate::lane::Lane;
 
@@ -96,6 +98,7 @@ impl Fixture {
             wait_mark_ms: 0,
             replica: "test",
             others_waiting: false,
+            behind: &[],
         };
         let r = self
             .scripts
@@ -143,7 +146,7 @@ impl Fixture {
 
     async fn prefill_done(&mut self, id: &str) -> u64 {
         self.scripts
-            .prefill_done(&mut self.conn, &self.keys, id)
+            .prefill_done(&mut self.conn, &self.keys, &[id])
             .await
             .unwrap()
     }
@@ -229,6 +232,71 @@ async fn expired_leases_are_reaped_and_renewed_ones_are_not() {
         .await
         .unwrap();
     assert_eq!((r.renewed, r.missing), (1, vec!["short".to_owned()]));
+}
+
+#[tokio::test]
+async fn an_acquire_takes_those_behind_it_in_order_up_to_the_first_that_does_not_fit() {
+    let mut f = fixture().await;
+    let small = LaneQuota {
+        max_requests: 4,
+        max_tokens: 1_000,
+    };
+    f.limits([small, OTHER, OTHER], 10_000, NO_PREFILL_BUDGET)
+        .await;
+    let behind = |id: &str, tokens| Behind {
+        id: id.to_owned(),
+        tokens,
+        prompt: 0,
+    };
+    // 100 + 300 fit; 700 more would not (1000 tokens); 10 would, but comes after it.
+    let line = [behind("b1", 300), behind("b2", 700), behind("b3", 10)];
+    let ask = |id, tokens, behind| AcquireArgs {
+        id,
+        lane: Lane::Small,
+        tokens,
+        prompt: 0,
+        ttl_ms: 10_000,
+        wait_mark_ms: 0,
+        replica: "test",
+        others_waiting: false,
+        behind,
+    };
+    let r = f
+        .scripts
+        .acquire(&mut f.conn, &f.keys, &ask("h", 100, &line))
+        .await
+        .unwrap();
+    assert_eq!((r.verdict, r.behind), (Verdict::Granted, 1));
+    assert_eq!(f.usage("small:n").await, 2);
+    assert_eq!(f.usage("small:tokens").await, 400);
+    let held: Vec<bool> = redis::cmd("HMGET")
+        .arg(&f.keys.leases)
+        .arg(&["h", "b1", "b2", "b3"])
+        .query_async::<Vec<Option<String>>>(&mut f.conn)
+        .await
+        .unwrap()
+        .iter()
+        .map(Option::is_some)
+        .collect();
+    assert_eq!(held, [true, true, false, false]);
+    // A refused head takes nobody behind it, even one that would fit.
+    let r = f
+        .scripts
+        .acquire(&mut f.conn, &f.keys, &ask("x", 700, &[behind("y", 1)]))
+        .await
+        .unwrap();
+    assert_eq!((r.verdict, r.behind), (Verdict::LaneTokens, 0));
+    assert_eq!(f.usage("small:n").await, 2);
+    // One release call gives several back, once each.
+    let given = f
+        .scripts
+        .release_all(&mut f.conn, &f.keys, &["h", "b1", "b2", "h"])
+        .await
+        .unwrap();
+    assert_eq!(given, 2);
+    for field in ["small:n", "small:tokens", "global:tokens"] {
+        assert_eq!(f.usage(field).await, 0, "{field}");
+    }
 }
 
 #[tokio::test]
