@@ -103,6 +103,7 @@ fn main() {
         // the waiters behind it and the releaser sending what piled up (the default).
         for batch_max in [1, 32] {
             fleet(&server.url(), batch_max).await;
+            bound(&server.url(), batch_max).await;
         }
     });
 }
@@ -199,6 +200,69 @@ async fn fleet(url: &str, batch_max: u32) {
         a.shutdown().await;
     }
 }
+
+/// Seats that bind: BOUND_SEATS seats shared by REPLICAS x BOUND_CALLERS closed-loop callers,
+/// so every replica's line is long and each freed seat goes to a waiter (each caller drops its
+/// lease at once): how fast the fleet turns seats over, the lines' heads taking the waiters
+/// behind them (`quota.batch_max`) or not.
+async fn bound(url: &str, batch_max: u32) {
+    let config = Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n\
+         [admission]\nseats = {BOUND_SEATS}\nmax_tokens_in_flight = 100000000\n\
+         [lanes.small]\nmax_concurrency = {BOUND_SEATS}\nceiling = {BOUND_SEATS}\n\
+         max_tokens_in_flight = 100000000\nqueue_len = 1024\nqueue_timeout_ms = 60000\n\
+         [quota]\nbackend = \"redis\"\nredis_url = \"{url}\"\nkey_prefix = \"tg:s{batch_max}\"\n\
+         batch_max = {batch_max}\n"
+    ))
+    .expect("the bound phase's config");
+    let mut replicas = Vec::new();
+    for _ in 0..REPLICAS {
+        let Admission::Redis(a) =
+            Admission::build(&config, Metrics::new().quota().clone()).unwrap()
+        else {
+            unreachable!()
+        };
+        replicas.push(a);
+    }
+    let window = Duration::from_secs(5);
+    let before = script_calls(url);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for a in &replicas {
+        for _ in 0..BOUND_CALLERS {
+            let a = a.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut s = Vec::new();
+                while started.elapsed() < window {
+                    s.push(round_trip(&a).await);
+                }
+                s
+            }));
+        }
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    report(
+        &format!(
+            "batch_max {batch_max:>2}: seats binding, {BOUND_SEATS} seats, {REPLICAS} replicas x \
+             {BOUND_CALLERS} callers"
+        ),
+        all,
+        started.elapsed(),
+        before,
+        url,
+    )
+    .await;
+    for a in replicas {
+        a.shutdown().await;
+    }
+}
+
+/// The bound phase's seats and callers a replica.
+const BOUND_SEATS: u32 = 64;
+const BOUND_CALLERS: usize = 32;
 
 /// Admissions arriving at `rate` a second, spread over the replicas, for `window`; each one's
 /// time from its send to its grant, `None` when refused.

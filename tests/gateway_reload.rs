@@ -8,6 +8,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::process::GatewayProcess;
 use common::*;
 use serde_json::{json, Value};
 use tutor_gateway::config::Config;
@@ -203,59 +204,39 @@ async fn an_invalid_file_is_refused_and_restart_only_settings_are_left_alone() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A gateway process started from a config file in a temporary directory, killed on drop.
+/// A gateway process started from a config file with an admin listener, `small` seats in the
+/// small lane and more `[server]` lines; its file can be rewritten (`file`).
 struct FromFile {
-    child: std::process::Child,
-    port: u16,
+    gw: GatewayProcess,
     admin: u16,
-    path: std::path::PathBuf,
-    dir: std::path::PathBuf,
     upstream: String,
     server: &'static str,
 }
 
 impl FromFile {
-    /// Starts `tutor-gateway serve --config FILE`, `server` being more `[server]` lines, with
-    /// `small` seats in the small lane, and waits for its admin listener.
+    /// Starts `tutor-gateway serve --config FILE` and waits until it answers.
     async fn start(tag: &str, upstream: String, server: &'static str, small: u32) -> Self {
-        let (port, admin) = (free_port(), free_port());
-        let dir = std::env::temp_dir().join(format!("tg-{tag}-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("config.toml");
-        let mut me = FromFile {
-            child: std::process::Command::new("true").spawn().unwrap(),
-            port,
+        let admin = free_port();
+        let gw = GatewayProcess::start(tag, &rest(admin, server, &upstream, small), &[]).await;
+        let me = FromFile {
+            gw,
             admin,
-            path,
-            dir,
             upstream,
             server,
         };
-        std::fs::write(&me.path, me.file(small)).unwrap();
-        me.child = std::process::Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
-            .args(["serve", "--config"])
-            .arg(&me.path)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
         for _ in 0..1500 {
             if client().get(me.metrics_url()).send().await.is_ok() {
                 return me;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        panic!("the gateway did not come up");
+        panic!("the admin listener did not come up:\n{}", me.gw.log());
     }
 
+    /// The file's text with `small` seats in the small lane.
     fn file(&self, small: u32) -> String {
-        format!(
-            "listen = \"127.0.0.1:{}\"\n[server]\nadmin_listen = \"127.0.0.1:{}\"\n{}\n\
-             [telemetry]\nrequest_log = \"off\"\n[classify]\ntokenizer = \"heuristic\"\n\
-             [upstream]\nbase_url = \"{}\"\n\
-             [lanes.small]\nmax_concurrency = {small}\nceiling = {small}\n",
-            self.port, self.admin, self.server, self.upstream
-        )
+        self.gw
+            .config_text(&rest(self.admin, self.server, &self.upstream, small))
     }
 
     fn metrics_url(&self) -> String {
@@ -281,7 +262,7 @@ impl FromFile {
     async fn answers(&self) -> bool {
         let resp = send(
             client()
-                .post(format!("http://127.0.0.1:{}/answer", self.port))
+                .post(format!("{}/answer", self.gw.url))
                 .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 4})),
         )
         .await;
@@ -289,12 +270,14 @@ impl FromFile {
     }
 }
 
-impl Drop for FromFile {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// A [`FromFile`] config after its `listen` line.
+fn rest(admin: u16, server: &str, upstream: &str, small: u32) -> String {
+    format!(
+        "[server]\nadmin_listen = \"127.0.0.1:{admin}\"\n{server}\n\
+         [telemetry]\nrequest_log = \"off\"\n[classify]\ntokenizer = \"heuristic\"\n\
+         [upstream]\nbase_url = \"{upstream}\"\n\
+         [lanes.small]\nmax_concurrency = {small}\nceiling = {small}\n"
+    )
 }
 
 fn config_info(m: &str) -> Option<String> {
@@ -321,12 +304,8 @@ async fn sighup_reloads_the_file_of_a_running_gateway() {
     .unwrap();
     let gw = FromFile::start("sighup", sim.url(), "", 3).await;
     let before = config_info(&gw.metrics().await).unwrap();
-    std::fs::write(&gw.path, gw.file(5)).unwrap();
-    let hup = std::process::Command::new("kill")
-        .args(["-HUP", &gw.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(hup.success());
+    std::fs::write(&gw.gw.path, gw.file(5)).unwrap();
+    gw.gw.sighup();
     // A scrape gathers the metric families one by one, so one taken during the reload may
     // show the new name before the count: wait for both, then check the count once more.
     let reloaded = gw
@@ -353,16 +332,16 @@ async fn a_watched_file_is_reloaded_when_it_changes_and_a_broken_one_is_refused_
     let gw = FromFile::start("watch", sim.url(), "config_watch_ms = 100", 3).await;
     let first = config_info(&gw.metrics().await).unwrap();
     // Replaced, not edited in place: a new file renamed over the old one.
-    let next = gw.dir.join("config.toml.new");
+    let next = gw.gw.dir.join("config.toml.new");
     std::fs::write(&next, gw.file(5)).unwrap();
-    std::fs::rename(&next, &gw.path).unwrap();
+    std::fs::rename(&next, &gw.gw.path).unwrap();
     let changed = gw
         .until(|m| config_info(m).is_some_and(|i| i != first) && reloads(m, "applied") >= 1.0)
         .await;
     assert!(changed, "the changed file was put in force");
     let second = config_info(&gw.metrics().await).unwrap();
     // A broken file: refused and counted once; the configuration in force stays.
-    std::fs::write(&gw.path, "[lanes.small]\nmax_concurrency = 0\n").unwrap();
+    std::fs::write(&gw.gw.path, "[lanes.small]\nmax_concurrency = 0\n").unwrap();
     assert!(gw.until(|m| reloads(m, "invalid") >= 1.0).await);
     // Many looks later it has not been tried again, and nothing else was reloaded.
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -372,7 +351,7 @@ async fn a_watched_file_is_reloaded_when_it_changes_and_a_broken_one_is_refused_
     assert_eq!(config_info(&m).unwrap(), second);
     assert!(gw.answers().await);
     // Mended: put in force again.
-    std::fs::write(&gw.path, gw.file(3)).unwrap();
+    std::fs::write(&gw.gw.path, gw.file(3)).unwrap();
     assert!(gw.until(|m| reloads(m, "applied") >= 2.0).await);
     drop(gw);
     sim.shutdown().await;

@@ -11,7 +11,11 @@ pub struct GatewayProcess {
     pub child: Child,
     /// `http://127.0.0.1:<port>`.
     pub url: String,
-    dir: std::path::PathBuf,
+    /// Its temporary folder (removed on drop).
+    pub dir: std::path::PathBuf,
+    /// The config file it was started with (`dir/config.toml`).
+    pub path: std::path::PathBuf,
+    port: u16,
 }
 
 impl Drop for GatewayProcess {
@@ -32,7 +36,7 @@ impl GatewayProcess {
         let dir = std::env::temp_dir().join(format!("tg-{tag}-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("config.toml");
-        std::fs::write(&path, format!("listen = \"127.0.0.1:{port}\"\n{rest}")).unwrap();
+        std::fs::write(&path, listen(port, rest)).unwrap();
         let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
             .args(["serve", "--config"])
@@ -49,6 +53,8 @@ impl GatewayProcess {
             child,
             url: format!("http://127.0.0.1:{port}"),
             dir,
+            path,
+            port,
         };
         for _ in 0..500 {
             if let Ok(r) = client().get(format!("{}/healthz", p.url)).send().await {
@@ -59,6 +65,21 @@ impl GatewayProcess {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         panic!("the gateway did not come up on {}:\n{}", p.url, p.log());
+    }
+
+    /// A config file's text for this process: its `listen` line, then `rest` (as
+    /// [`GatewayProcess::start`] wrote it), for a test that rewrites the file.
+    pub fn config_text(&self, rest: &str) -> String {
+        listen(self.port, rest)
+    }
+
+    /// A real SIGHUP (reload the config file).
+    pub fn sighup(&self) {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -HUP failed");
     }
 
     /// What the process wrote to stderr so far.
@@ -85,4 +106,9 @@ impl GatewayProcess {
         }
         panic!("the gateway did not exit after SIGTERM:\n{}", self.log());
     }
+}
+
+/// The `listen` line on `port`, then `rest`.
+fn listen(port: u16, rest: &str) -> String {
+    format!("listen = \"127.0.0.1:{port}\"\n{rest}")
 }
