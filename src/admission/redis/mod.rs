@@ -40,7 +40,10 @@
 //! for long prompts, so that a short prompt is never held back by a long one waiting for
 //! prefill room (each line holds up to `queue_len`). Only a line's head calls Redis; it retries
 //! when a release is announced (pub/sub, or this replica's own releases) or after a jittered
-//! backoff of 5-250 ms. A long prompt waiting holds nothing: the script takes seat, tokens and
+//! backoff of 5-250 ms. Its call also asks for the short prompts waiting behind it (up to
+//! `quota.batch_max` leases a call), granted in the line's order up to the first that does not
+//! fit, and the head hands each its lease (`queue.rs`), so a burst in line costs one round
+//! trip; the release task likewise sends what piled up in one call. A long prompt waiting holds nothing: the script takes seat, tokens and
 //! prefill room together or none of them. A line's order is the local backend's: FIFO within a
 //! tenant, tenants in turns by `auth.tenant_shares` (`queue.rs`). Across replicas there is no
 //! global order: when a slot frees, the heads of all replicas are woken and the first script call to
