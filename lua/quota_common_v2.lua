@@ -82,13 +82,15 @@ end
 -- src/admission/budget.rs). `own`: background work takes only the lane's own seats.
 -- Returns 1, or 0 (no seat), -1 (lane tokens), -2 (global tokens).
 local function fits(r, lane, tokens, own)
-  if usage(lane .. ':tokens') + tokens > r[lane .. ':tokens'] then
+  -- One read of the three counters the common case needs (a script's every call costs).
+  local u = redis.call('HMGET', KEYS[3], lane .. ':tokens', 'global:tokens', lane .. ':n')
+  if tonumber(u[1] or '0') + tokens > r[lane .. ':tokens'] then
     return -1
   end
-  if usage('global:tokens') + tokens > r['global_tokens'] then
+  if tonumber(u[2] or '0') + tokens > r['global_tokens'] then
     return -2
   end
-  local mine = usage(lane .. ':n')
+  local mine = tonumber(u[3] or '0')
   if mine < r[lane .. ':max'] then
     return 1
   end
@@ -96,8 +98,9 @@ local function fits(r, lane, tokens, own)
     return 0
   end
   local taken, held_back = 0, 0
-  for _, l in ipairs(LANES) do
-    local n = usage(l .. ':n')
+  local seated = redis.call('HMGET', KEYS[3], 'small:n', 'medium:n', 'large:n')
+  for i, l in ipairs(LANES) do
+    local n = tonumber(seated[i] or '0')
     taken = taken + n
     if l ~= lane and r[l .. ':lend'] ~= 1 then
       held_back = held_back + math.max(0, r[l .. ':max'] - n)
@@ -121,14 +124,12 @@ local function put_lease(now, ttl, id, lane, tokens, prefill)
   end
 end
 
--- Takes lease `id` in `lane` (`tokens`, for `ttl` ms, a prefill reservation of `prompt`) if it
--- fits the limits record `r` and, for a long prompt, the record's prefill budget. `own`: only
--- the lane's own seats (background work). Returns the status: 1 granted (or already held: a
--- retried call), 0 no seat, -1 lane tokens, -2 global tokens, -4 no prefill room.
+-- Takes lease `id` (new: the caller checked it is not held yet) in `lane` (`tokens`, for `ttl`
+-- ms, a prefill reservation of `prompt`) if it fits the limits record `r` and, for a long
+-- prompt, the record's prefill budget. `own`: only the lane's own seats (background work).
+-- Returns the status: 1 granted, 0 no seat, -1 lane tokens, -2 global tokens, -4 no prefill
+-- room.
 local function take_lease_with(r, now, own, id, lane, tokens, ttl, prompt)
-  if redis.call('HEXISTS', KEYS[2], id) == 1 then
-    return 1
-  end
   local status = fits(r, lane, tokens, own)
   if status ~= 1 then
     return status
