@@ -44,9 +44,10 @@
 //! `quota.batch_max` leases a call), granted in the line's order up to the first that does not
 //! fit, and the head hands each its lease (`queue.rs`), so a burst in line costs one round
 //! trip; the release task likewise sends what piled up in one call. A long prompt waiting
-//! holds nothing: the script takes seat, tokens and prefill room together or none of them. A line's order is the local backend's: FIFO within a
-//! tenant, tenants in turns by `auth.tenant_shares` (`queue.rs`). Across replicas there is no
-//! global order: when a slot frees, the heads of all replicas are woken and the first script call to
+//! holds nothing: the script takes seat, tokens and prefill room together or none of them. A
+//! line's order is the local backend's: FIFO within a tenant, tenants in turns by
+//! `auth.tenant_shares` (`queue.rs`). Across replicas there is no global order: when a slot
+//! frees, the heads of all replicas are woken and the first script call to
 //! arrive wins, so each replica with waiters gets roughly an equal share of the freed slots,
 //! whatever its queue length. A request can be overtaken by a later one on another replica.
 //!
