@@ -136,48 +136,17 @@ async fn fleet(url: &str, batch_max: u32) {
          batch_max = {batch_max}\n"
     ))
     .expect("the fleet phase's config");
-    let mut replicas = Vec::new();
-    for _ in 0..REPLICAS {
-        let Admission::Redis(a) =
-            Admission::build(&config, Metrics::new().quota().clone()).unwrap()
-        else {
-            unreachable!()
-        };
-        for _ in 0..100 {
-            round_trip(&a).await;
-        }
-        replicas.push(a);
-    }
-    let window = Duration::from_secs(5);
-    let before = script_calls(url);
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for a in &replicas {
-        for _ in 0..CALLERS {
-            let a = a.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut s = Vec::new();
-                while started.elapsed() < window {
-                    s.push(round_trip(&a).await);
-                }
-                s
-            }));
-        }
-    }
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    report(
+    let replicas = replicas(&config, 100).await;
+    closed_loop(
         &format!(
             "batch_max {batch_max:>2}: fleet closed loop, {REPLICAS} replicas x {CALLERS} callers"
         ),
-        all,
-        started.elapsed(),
-        before,
+        &replicas,
+        CALLERS,
         url,
     )
     .await;
+    let window = Duration::from_secs(5);
     for rate in RATES {
         let before = script_calls(url);
         let started = Instant::now();
@@ -215,21 +184,52 @@ async fn bound(url: &str, batch_max: u32) {
          batch_max = {batch_max}\n"
     ))
     .expect("the bound phase's config");
+    let replicas = replicas(&config, 0).await;
+    closed_loop(
+        &format!(
+            "batch_max {batch_max:>2}: seats binding, {BOUND_SEATS} seats, {REPLICAS} replicas x \
+             {BOUND_CALLERS} callers"
+        ),
+        &replicas,
+        BOUND_CALLERS,
+        url,
+    )
+    .await;
+    for a in replicas {
+        a.shutdown().await;
+    }
+}
+
+/// The bound phase's seats and callers a replica.
+const BOUND_SEATS: u32 = 64;
+const BOUND_CALLERS: usize = 32;
+
+/// REPLICAS admissions for `config` (each its own connection and heartbeat, as replicas have),
+/// each warmed by `warm` round trips.
+async fn replicas(config: &Config, warm: usize) -> Vec<RedisAdmission> {
     let mut replicas = Vec::new();
     for _ in 0..REPLICAS {
-        let Admission::Redis(a) =
-            Admission::build(&config, Metrics::new().quota().clone()).unwrap()
+        let Admission::Redis(a) = Admission::build(config, Metrics::new().quota().clone()).unwrap()
         else {
             unreachable!()
         };
+        for _ in 0..warm {
+            round_trip(&a).await;
+        }
         replicas.push(a);
     }
+    replicas
+}
+
+/// `callers` closed-loop callers on each of `replicas` for 5 s, acquiring and dropping a lease
+/// as fast as they can; reported as `phase`.
+async fn closed_loop(phase: &str, replicas: &[RedisAdmission], callers: usize, url: &str) {
     let window = Duration::from_secs(5);
     let before = script_calls(url);
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for a in &replicas {
-        for _ in 0..BOUND_CALLERS {
+    for a in replicas {
+        for _ in 0..callers {
             let a = a.clone();
             tasks.push(tokio::spawn(async move {
                 let mut s = Vec::new();
@@ -244,25 +244,8 @@ async fn bound(url: &str, batch_max: u32) {
     for t in tasks {
         all.extend(t.await.unwrap());
     }
-    report(
-        &format!(
-            "batch_max {batch_max:>2}: seats binding, {BOUND_SEATS} seats, {REPLICAS} replicas x \
-             {BOUND_CALLERS} callers"
-        ),
-        all,
-        started.elapsed(),
-        before,
-        url,
-    )
-    .await;
-    for a in replicas {
-        a.shutdown().await;
-    }
+    report(phase, all, started.elapsed(), before, url).await;
 }
-
-/// The bound phase's seats and callers a replica.
-const BOUND_SEATS: u32 = 64;
-const BOUND_CALLERS: usize = 32;
 
 /// Admissions arriving at `rate` a second, spread over the replicas, for `window`; each one's
 /// time from its send to its grant, `None` when refused.

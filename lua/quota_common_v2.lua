@@ -32,17 +32,25 @@ local function give_back(lane, tokens, prefill)
   end
 end
 
+-- Drops lease `id` and gives its slot, tokens and prefill reservation back; returns its lane
+-- and prefill reservation, or nil when it was not held.
+local function drop_lease(id)
+  local v = redis.call('HGET', KEYS[2], id)
+  redis.call('ZREM', KEYS[1], id)
+  if not v then
+    return nil
+  end
+  local lane, tokens, prefill = parse_lease(v)
+  give_back(lane, tokens, prefill)
+  redis.call('HDEL', KEYS[2], id)
+  return lane, prefill
+end
+
 -- Drops every lease whose expiry has passed; returns how many.
 local function reap(now)
   local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
   for _, id in ipairs(expired) do
-    local v = redis.call('HGET', KEYS[2], id)
-    if v then
-      local lane, tokens, prefill = parse_lease(v)
-      give_back(lane, tokens, prefill)
-      redis.call('HDEL', KEYS[2], id)
-    end
-    redis.call('ZREM', KEYS[1], id)
+    drop_lease(id)
   end
   return #expired
 end

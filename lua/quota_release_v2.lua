@@ -6,12 +6,8 @@
 -- Reply: how many of them were held (the others were already gone).
 local released, lanes, prefilled = 0, {}, false
 for _, id in ipairs(ARGV) do
-  local v = redis.call('HGET', KEYS[2], id)
-  if v then
-    local lane, tokens, prefill = parse_lease(v)
-    give_back(lane, tokens, prefill)
-    redis.call('HDEL', KEYS[2], id)
-    redis.call('ZREM', KEYS[1], id)
+  local lane, prefill = drop_lease(id)
+  if lane then
     released = released + 1
     lanes[lane] = true
     prefilled = prefilled or prefill > 0
