@@ -158,6 +158,27 @@ impl Limits {
         }
     }
 
+    /// Whether background work with `tokens` counted in `lane` fits in one of `seat`'s own
+    /// seats (a pre-emptible borrower, see `preempt.rs`): `seat` is below its reserved
+    /// `max_concurrency` and the tokens fit `lane`'s and the global budgets. Under `fifo`:
+    /// [`Limits::fits`] for `lane`.
+    pub fn fits_borrowed(&self, usage: &[Usage; 3], seat: Lane, lane: Lane, tokens: u32) -> bool {
+        match self {
+            Limits::Lanes {
+                lanes,
+                global_tokens,
+                ..
+            } => {
+                let global: u64 = usage.iter().map(|u| u.tokens).sum();
+                usage[seat.index()].in_flight < lanes[seat.index()].max_concurrency
+                    && usage[lane.index()].tokens + u64::from(tokens)
+                        <= lanes[lane.index()].max_tokens
+                    && global + u64::from(tokens) <= *global_tokens
+            }
+            Limits::Fifo { .. } => self.fits(usage, lane, tokens),
+        }
+    }
+
     /// Whether one more request of `lane` with `tokens` fits, given per-lane usage: a seat AND
     /// the tokens (lane and global budgets), checked together.
     ///

@@ -40,6 +40,8 @@ pub struct LaneGuard {
     release: Option<Box<dyn Reservation>>,
     /// Prompt + output tokens the engine counted ([`LaneGuard::served`]).
     served: Option<u64>,
+    /// Pre-emptible work was asked to leave for this request (`preempt.rs`).
+    made_room: bool,
 }
 
 impl LaneGuard {
@@ -58,7 +60,20 @@ impl LaneGuard {
             prefill_wait: None,
             release: Some(reservation),
             served: None,
+            made_room: false,
         }
+    }
+
+    /// The same guard, for a request that pre-emptible work was asked to leave for.
+    pub(super) fn with_made_room(mut self, made_room: bool) -> Self {
+        self.made_room = made_room;
+        self
+    }
+
+    /// Whether pre-emptible work (a job on a borrowed seat) was asked to leave for this request
+    /// (`jobs.preempt`); its queue wait is then the time that took.
+    pub fn made_room(&self) -> bool {
+        self.made_room
     }
 
     /// The request was served `tokens` (prompt + output, as the engine counted them): what its

@@ -23,10 +23,11 @@ use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use super::backend::{AdmissionHealth, Ask, Backend, LimitsChange};
-use super::budget::{Limits, PrefillLimit};
+use super::budget::{Limits, PrefillLimit, Usage};
 use super::error::AdmissionError;
 use super::fair::{over_share, room_for, Room};
 use super::guard::{LaneGuard, Reservation};
+use super::preempt::{candidates, victims, Borrower, Cause, Preemptible};
 use super::state::{State, Waiter};
 use crate::config::{Config, Policy};
 use crate::lane::Lane;
@@ -38,6 +39,8 @@ struct Rules {
     prefill: PrefillLimit,
     /// Each tenant's share of a queue's turns (`auth.tenant_shares`; 1 when not listed).
     shares: std::collections::HashMap<String, f64>,
+    /// `jobs.preempt_prefill_grace_tokens`.
+    grace: u32,
 }
 
 impl Rules {
@@ -46,6 +49,7 @@ impl Rules {
             limits: Limits::from_config(config),
             prefill: PrefillLimit::from_config(config),
             shares: crate::admission::fair::shares(config),
+            grace: config.jobs.preempt_prefill_grace_tokens,
         }
     }
 }
@@ -306,6 +310,57 @@ impl LocalAdmission {
         )
     }
 
+    /// A pre-emptible seat for background work whose `tokens` count in `lane` (see
+    /// `preempt.rs`): `lane`'s own seat, else medium's, else small's (largest first, so the
+    /// small lane's seats go last), only when idle: one of that lane's own seats free, nobody
+    /// waiting in its queue or in `lane`'s, the tokens within `lane`'s and the global budgets,
+    /// and the `prompt`'s prefill room. Never waits. The seat is asked back through `handle`
+    /// when an interactive request needs it.
+    pub fn try_acquire_preemptible(
+        &self,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+        handle: &Arc<Preemptible>,
+    ) -> Option<LaneGuard> {
+        let shared = &self.shared;
+        let rules = shared.rules();
+        let mut state = shared.lock();
+        if !state.queues[rules.limits.queue_of(lane)].is_empty()
+            || !rules.prefill.fits(state.prefill, prompt)
+        {
+            return None;
+        }
+        let seat = [Lane::Large, Lane::Medium, Lane::Small]
+            .into_iter()
+            .filter(|s| *s <= lane)
+            .find(|&seat| {
+                state.queues[rules.limits.queue_of(seat)].is_empty()
+                    && rules.limits.fits_borrowed(&state.usage, seat, lane, tokens)
+            })?;
+        state.take_apart(seat, lane, tokens);
+        state.take_prefill(prompt);
+        let id = state.next_id();
+        state.borrowers.push(Borrower {
+            id,
+            seat,
+            tokens,
+            prefill: prompt,
+            since: Instant::now(),
+            handle: handle.clone(),
+        });
+        let waited = rules.prefill.waits(prompt).then_some(Duration::ZERO);
+        let reservation = BorrowedSeat {
+            shared: shared.clone(),
+            id,
+            seat,
+        };
+        Some(
+            LaneGuard::new(Box::new(reservation), lane, tokens, Duration::ZERO)
+                .with_prefill(prompt, waited),
+        )
+    }
+
     /// A receiver that wakes whenever capacity may have come back (a guard dropped, a first
     /// token, a waiter left), for background work waiting for
     /// [`LocalAdmission::try_acquire_idle`]. A change is never missed: it stays marked until
@@ -414,6 +469,111 @@ impl Shared {
                 self.grant(state, waiter);
             }
         }
+        if !state.borrowers.is_empty() {
+            self.preempt(state);
+        }
+    }
+
+    /// Asks pre-emptible borrowers to leave for the waiters that cannot get in otherwise (see
+    /// `preempt.rs`): in queue order, counting the seats of borrowers already leaving as free
+    /// and each waiter that fits as taken; a queue stops at its first waiter that even every
+    /// candidate leaving would not let in.
+    fn preempt(self: &Arc<Self>, state: &mut State) {
+        let rules = self.rules();
+        let (limits, prefill_limit) = (&rules.limits, rules.prefill);
+        let mut usage = state.usage;
+        let mut prefill = state.prefill;
+        let free = |usage: &mut [Usage; 3], prefill: &mut u64, b: &Borrower| {
+            let (seat, tokens) = (b.seat, b.tokens);
+            usage[seat.index()].in_flight = usage[seat.index()].in_flight.saturating_sub(1);
+            let t = &mut usage[Lane::Large.index()].tokens;
+            *t = t.saturating_sub(u64::from(tokens));
+            *prefill = prefill.saturating_sub(u64::from(b.prefill));
+        };
+        for b in state.borrowers.iter().filter(|b| b.leaving()) {
+            free(&mut usage, &mut prefill, b);
+        }
+        let mut candidates = candidates(
+            &state.borrowers,
+            Instant::now(),
+            state.prefill_rate,
+            rules.grace,
+        );
+        if candidates.is_empty() {
+            return;
+        }
+        let fits = |usage: &[Usage; 3], prefill: u64, w: &Waiter| {
+            limits.fits(usage, w.lane, w.tokens) && prefill_limit.fits(prefill, w.prefill)
+        };
+        let mut made_room = Vec::new();
+        for queue in &state.queues {
+            for w in queue {
+                if !fits(&usage, prefill, w) {
+                    let without = |set: &[usize]| {
+                        let (mut u, mut p) = (usage, prefill);
+                        for &i in set {
+                            free(&mut u, &mut p, &state.borrowers[i]);
+                        }
+                        fits(&u, p, w)
+                    };
+                    let Some(leave) = victims(&candidates, without) else {
+                        break;
+                    };
+                    let reason = if prefill_limit.waits(w.prefill)
+                        && !prefill_limit.fits(prefill, w.prefill)
+                    {
+                        "prefill"
+                    } else if !limits.fits(&usage, w.lane, 0) {
+                        "seat"
+                    } else {
+                        "tokens"
+                    };
+                    for &i in &leave {
+                        let b = &state.borrowers[i];
+                        free(&mut usage, &mut prefill, b);
+                        b.preempt(Cause {
+                            lane: w.lane,
+                            reason,
+                        });
+                    }
+                    candidates.retain(|c| !leave.contains(c));
+                    made_room.push(w.id);
+                }
+                usage[w.lane.index()].in_flight += 1;
+                usage[w.lane.index()].tokens += u64::from(w.tokens);
+                prefill += u64::from(w.prefill);
+            }
+        }
+        for w in state.queues.iter_mut().flatten() {
+            if made_room.contains(&w.id) {
+                w.made_room = true;
+            }
+        }
+    }
+
+    /// Gives back a pre-emptible seat (`seat`'s seat, `tokens` in `lane`) and admits the
+    /// waiters that now fit.
+    fn release_borrowed(self: &Arc<Self>, id: u64, seat: Lane, lane: Lane, tokens: u32) {
+        let mut state = self.lock();
+        state.borrowers.retain(|b| b.id != id);
+        state.give_back_apart(seat, lane, tokens);
+        self.dispatch(&mut state);
+    }
+
+    /// A pre-emptible seat's first token: its prefill reservation back, and the prefill rate
+    /// it ran at noted for the grace.
+    fn borrowed_prefill_done(self: &Arc<Self>, id: u64, tokens: u32) {
+        let mut state = self.lock();
+        if let Some(b) = state.borrowers.iter_mut().find(|b| b.id == id) {
+            let took = b.since.elapsed().as_secs_f64();
+            let rate = (took > 0.0 && b.prefill > 0).then(|| f64::from(b.prefill) / took);
+            b.prefilled();
+            if rate.is_some() {
+                state.prefill_rate = rate;
+            }
+        }
+        state.give_back_prefill(tokens);
+        self.dispatch(&mut state);
     }
 
     /// Takes `waiter`'s seat, tokens and prefill reservation and hands it its guard; undoes it
@@ -432,7 +592,8 @@ impl Shared {
             waiter.tokens,
             waiter.enqueued_at.elapsed(),
         )
-        .with_prefill(waiter.prefill, prefill_wait);
+        .with_prefill(waiter.prefill, prefill_wait)
+        .with_made_room(waiter.made_room);
         if let Err(Ok(guard)) = waiter.grant.send(Ok(guard)) {
             // The waiter is gone: undo here, under the lock we hold.
             let (lane, tokens, prefill) = (guard.lane(), guard.tokens(), guard.prefill());
@@ -464,6 +625,29 @@ impl Drop for QueueTicket {
             // The departed waiter may have been a head that blocked others.
             self.shared.dispatch(&mut state);
         }
+    }
+}
+
+/// A pre-emptible seat's way back: the borrower leaves admission's record with its seat.
+struct BorrowedSeat {
+    shared: Arc<Shared>,
+    id: u64,
+    seat: Lane,
+}
+
+impl Reservation for BorrowedSeat {
+    fn promote(&self, _: Lane, _: u32, _: Lane, _: u32) -> BoxFuture<'_, bool> {
+        // Background work runs in the lane it was given.
+        Box::pin(futures::future::ready(false))
+    }
+
+    fn release(self: Box<Self>, lane: Lane, tokens: u32, _served: Option<u64>) {
+        self.shared
+            .release_borrowed(self.id, self.seat, lane, tokens);
+    }
+
+    fn prefill_done(&self, tokens: u32) {
+        self.shared.borrowed_prefill_done(self.id, tokens);
     }
 }
 

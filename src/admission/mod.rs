@@ -57,6 +57,7 @@ mod error;
 pub mod fair;
 mod guard;
 mod local;
+pub mod preempt;
 pub mod redis;
 pub mod session;
 mod state;
@@ -70,6 +71,8 @@ mod conserving_tests;
 mod decision_tests;
 #[cfg(test)]
 mod fair_tests;
+#[cfg(test)]
+mod preempt_tests;
 #[cfg(test)]
 mod prefill_tests;
 #[cfg(test)]
@@ -145,6 +148,21 @@ impl Admission {
     pub fn try_acquire_idle(&self, lane: Lane, tokens: u32, prompt: u32) -> Option<LaneGuard> {
         match self {
             Admission::Local(local) => local.try_acquire_idle(lane, tokens, prompt),
+            Admission::Redis(_) => None,
+        }
+    }
+
+    /// A pre-emptible seat of any lane for background work (`jobs.preempt`); see
+    /// [`LocalAdmission::try_acquire_preemptible`]. Always `None` with the Redis backend.
+    pub fn try_acquire_preemptible(
+        &self,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+        handle: &std::sync::Arc<preempt::Preemptible>,
+    ) -> Option<LaneGuard> {
+        match self {
+            Admission::Local(local) => local.try_acquire_preemptible(lane, tokens, prompt, handle),
             Admission::Redis(_) => None,
         }
     }

@@ -14,6 +14,7 @@ use super::budget::Usage;
 use super::error::AdmissionError;
 use super::fair::{edf_place, Due, Fair};
 use super::guard::LaneGuard;
+use super::preempt::Borrower;
 use crate::lane::Lane;
 use crate::telemetry::{AdmissionSnapshot, LaneSnapshot};
 
@@ -36,6 +37,8 @@ pub(super) struct Waiter {
     pub due: Due,
     /// Its guard, or why it left the queue without one (pushed out for another tenant).
     pub grant: oneshot::Sender<Result<LaneGuard, AdmissionError>>,
+    /// Pre-emptible borrowers were asked to leave for it (`preempt.rs`).
+    pub made_room: bool,
 }
 
 pub(super) struct State {
@@ -46,6 +49,11 @@ pub(super) struct State {
     pub queues: Vec<VecDeque<Waiter>>,
     fair: Vec<Fair>,
     next_id: u64,
+    /// Pre-emptible seats held now (`preempt.rs`).
+    pub borrowers: Vec<Borrower>,
+    /// Prompt tokens per second the last borrower's prefill ran at (first token over time
+    /// since it was sent), for the pre-emption grace.
+    pub prefill_rate: Option<f64>,
 }
 
 impl State {
@@ -57,7 +65,32 @@ impl State {
             queues: (0..queue_count).map(|_| VecDeque::new()).collect(),
             fair: (0..queue_count).map(|_| Fair::default()).collect(),
             next_id: 0,
+            borrowers: Vec::new(),
+            prefill_rate: None,
         }
+    }
+
+    /// A fresh id (waiters and borrowers).
+    pub fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Takes a seat of `seat` and `tokens` counted in `lane` (a borrowed seat).
+    pub fn take_apart(&mut self, seat: Lane, lane: Lane, tokens: u32) {
+        self.usage[seat.index()].in_flight += 1;
+        self.usage[lane.index()].tokens += u64::from(tokens);
+    }
+
+    /// Gives back what [`State::take_apart`] took.
+    pub fn give_back_apart(&mut self, seat: Lane, lane: Lane, tokens: u32) {
+        let s = &mut self.usage[seat.index()];
+        debug_assert!(s.in_flight > 0);
+        s.in_flight = s.in_flight.saturating_sub(1);
+        let l = &mut self.usage[lane.index()];
+        debug_assert!(l.tokens >= u64::from(tokens));
+        l.tokens = l.tokens.saturating_sub(u64::from(tokens));
     }
 
     /// Takes a slot and `tokens` for `lane`.
@@ -97,8 +130,7 @@ impl State {
         share: f64,
         grant: oneshot::Sender<Result<LaneGuard, AdmissionError>>,
     ) -> u64 {
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.next_id();
         self.queued[ask.lane.index()] += 1;
         let tenant = ask.tenant.map(Arc::from);
         let tag = self.fair[queue].tag(tenant.clone(), share);
@@ -121,6 +153,7 @@ impl State {
                 tenant,
                 due: ask.due,
                 grant,
+                made_room: false,
             },
         );
         // Move the arrival forward to its place, each kin due later one of the turns back.

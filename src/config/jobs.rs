@@ -18,6 +18,10 @@ const MAX_BYTES: u64 = 64 * 1024 * 1024;
 const RESULT_TTL_MS: u64 = 3_600_000;
 /// Default `jobs.max_attempts`.
 const MAX_ATTEMPTS: u32 = 3;
+/// Default `jobs.max_preemptions`.
+const MAX_PREEMPTIONS: u32 = 3;
+/// Default `jobs.preempt_prefill_grace_tokens`.
+const PREEMPT_PREFILL_GRACE_TOKENS: u32 = 1_024;
 /// Default `jobs.webhook_attempts`.
 const WEBHOOK_ATTEMPTS: u32 = 5;
 /// Default `jobs.webhook_backoff_ms`.
@@ -67,6 +71,13 @@ pub struct RawJobs {
     pub max_event_streams_per_tenant: Option<u64>,
     /// A large `/answer` that waited this long for its seat becomes a job, ms; 0: never.
     pub divert_large_after_ms: Option<u64>,
+    /// Jobs take any lane's idle seats and give them back to interactive requests at once.
+    pub preempt: Option<bool>,
+    /// Times one job may be pre-empted; then it keeps its seat.
+    pub max_preemptions: Option<u32>,
+    /// A job whose prefill is within this many tokens of done is not pre-empted before its
+    /// first token.
+    pub preempt_prefill_grace_tokens: Option<u32>,
 }
 
 /// One `jobs.webhook_allow` entry: `scheme://host[:port]/path`, where the host may start with
@@ -125,6 +136,15 @@ pub struct JobsConfig {
     pub max_event_streams_per_tenant: usize,
     /// A large `/answer` that waited this long for its seat becomes a job; `None`: never.
     pub divert_large_after: Option<Duration>,
+    /// Jobs take any lane's idle own seats, pre-emptible: an interactive request that finds no
+    /// seat makes the job that loses least leave, and the job resumes where it stopped (see
+    /// `crate::admission::preempt`). In-process admission only.
+    pub preempt: bool,
+    /// Times one job may be pre-empted (then it keeps its seat to its end).
+    pub max_preemptions: u32,
+    /// A job still prefilling and estimated within this many prompt tokens of its first token
+    /// is pre-empted only after that token.
+    pub preempt_prefill_grace_tokens: u32,
 }
 
 impl WebhookPattern {
@@ -238,7 +258,16 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
     if max_attempts > 100 {
         c.fail("jobs.max_attempts", "must be at most 100");
     }
+    let max_preemptions = raw.max_preemptions.unwrap_or(MAX_PREEMPTIONS);
+    if max_preemptions > 100 {
+        c.fail("jobs.max_preemptions", "must be at most 100");
+    }
     JobsConfig {
+        preempt: raw.preempt.unwrap_or(false),
+        max_preemptions: max_preemptions.min(100),
+        preempt_prefill_grace_tokens: raw
+            .preempt_prefill_grace_tokens
+            .unwrap_or(PREEMPT_PREFILL_GRACE_TOKENS),
         enabled: raw.enabled.unwrap_or(true),
         max_attempts: max_attempts.min(100),
         max_jobs: usize::try_from(max_jobs).unwrap_or(usize::MAX),

@@ -1,0 +1,238 @@
+//! Pre-emptible seats in process (`jobs.preempt`, issue 35): background work takes any lane's
+//! idle seats and is asked to leave, the one that loses least first, when an interactive request
+//! finds no seat; never beyond `jobs.max_preemptions`, never in the last tokens of its prefill;
+//! every counter back to zero after a storm.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::preempt::Preemptible;
+use super::*;
+use crate::config::Config;
+use crate::lane::Lane::{Large, Medium, Small};
+
+/// Small reserves 2 seats, medium 2, large 1; nothing borrows; `extra` TOML is appended.
+fn admission(extra: &str) -> Admission {
+    let toml = format!(
+        "[classify]\ntokenizer = \"heuristic\"\n[admission]\npolicy = \"lanes\"\nseats = 5\n\
+         [lanes.small]\nmax_concurrency = 2\nceiling = 2\nlend = false\nborrow = false\n\
+         queue_timeout_ms = 60000\n\
+         [lanes.medium]\nmax_concurrency = 2\nceiling = 2\nlend = false\nborrow = false\n\
+         [lanes.large]\nmax_concurrency = 1\nceiling = 1\nlend = false\nborrow = false\n{extra}"
+    );
+    Admission::from_config(&Config::from_toml_str(&toml).expect("test config is valid"))
+}
+
+/// A job's seat: its guard and its handle.
+fn job(a: &Admission, prompt: u32, eligible: bool) -> Option<(LaneGuard, Arc<Preemptible>)> {
+    let handle = Preemptible::new(eligible);
+    let guard = a.try_acquire_preemptible(Large, 1_000, prompt, &handle)?;
+    Some((guard, handle))
+}
+
+/// Seat counts of every lane.
+fn seats(a: &Admission) -> [u32; 3] {
+    Lane::ALL.map(|l| a.snapshot().lane(l).in_flight)
+}
+
+/// Lets spawned waiters run until `done` holds.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    for _ in 0..10_000 {
+        if done() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("never: {what}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn jobs_take_every_lanes_idle_seats_largest_lane_first() {
+    let a = admission("");
+    let jobs: Vec<_> = (0..5).map_while(|_| job(&a, 0, true)).collect();
+    assert_eq!(
+        jobs.len(),
+        5,
+        "large's seat, then medium's two, then small's two"
+    );
+    assert_eq!(seats(&a), [2, 2, 1]);
+    // Their tokens all count in the large lane.
+    assert_eq!(a.snapshot().lane(Large).reserved_tokens, 5_000);
+    assert_eq!(a.snapshot().lane(Small).reserved_tokens, 0);
+    assert!(job(&a, 0, true).is_none(), "no idle seat left");
+    drop(jobs);
+    assert!(a.snapshot().is_idle());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_arrival_without_a_seat_makes_the_borrower_that_loses_least_leave() {
+    let a = admission("");
+    let jobs: Vec<_> = (0..5).map_while(|_| job(&a, 0, true)).collect();
+    // Small's two seats: jobs 3 and 4. Job 4 generated more; job 3 loses least.
+    jobs[3].1.generated(10);
+    jobs[4].1.generated(500);
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(Ask::new(Small, 100)).await })
+    };
+    until("a borrower is asked to leave", || {
+        jobs.iter().any(|(_, h)| h.is_preempted())
+    })
+    .await;
+    let asked: Vec<usize> = (0..5).filter(|&i| jobs[i].1.is_preempted()).collect();
+    assert_eq!(
+        asked,
+        vec![3],
+        "only the one in small's seat with the fewest tokens"
+    );
+    let cause = jobs[3].1.cause().unwrap();
+    assert_eq!((cause.lane, cause.reason), (Small, "seat"));
+    // The job leaves (its runner drops the guard): the arrival takes its seat.
+    let mut jobs = jobs;
+    drop(jobs.remove(3));
+    let guard = waiter.await.unwrap().expect("admitted on the freed seat");
+    assert!(guard.made_room(), "admitted thanks to a pre-emption");
+    assert_eq!(seats(&a), [2, 2, 1]);
+    // A second arrival asks the other small borrower, not one holding another lane's seat.
+    let second = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(Ask::new(Small, 100)).await })
+    };
+    until("the other small borrower is asked", || {
+        jobs[3].1.is_preempted()
+    })
+    .await;
+    assert!(jobs[..3].iter().all(|(_, h)| !h.is_preempted()));
+    drop(jobs.remove(3));
+    let second = second.await.unwrap().unwrap();
+    drop((guard, second, jobs));
+    assert!(a.snapshot().is_idle());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_that_used_up_its_preemptions_keeps_its_seat() {
+    let a = admission("");
+    // Large's seat and medium's: pre-emptible; small's two: used up.
+    let mut jobs: Vec<_> = (0..3).map_while(|_| job(&a, 0, true)).collect();
+    jobs.extend((0..2).map_while(|_| job(&a, 0, false)));
+    assert_eq!(seats(&a), [2, 2, 1]);
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let ask = Ask::new(Small, 100);
+            tokio::time::timeout(Duration::from_secs(5), a.acquire(ask)).await
+        })
+    };
+    assert!(waiter.await.unwrap().is_err(), "nobody could leave for it");
+    assert!(
+        jobs.iter().all(|(_, h)| !h.is_preempted()),
+        "the others would not free a small seat: nobody is asked for nothing"
+    );
+    drop(jobs);
+    assert!(a.snapshot().is_idle());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prefill_within_the_grace_is_preempted_only_after_its_first_token() {
+    let a = admission("[jobs]\npreempt_prefill_grace_tokens = 500\n");
+    // Large's seat and medium's are busy with interactive work; then jobs take small's.
+    let busy: Vec<LaneGuard> = [Large, Medium, Medium]
+        .into_iter()
+        .map(|l| {
+            futures::FutureExt::now_or_never(a.acquire(Ask::new(l, 100)))
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    // A short prompt (within the grace: the rate is not known yet, its whole prompt is left)
+    // and a long one.
+    let (mut short, short_h) = job(&a, 400, true).unwrap();
+    let (long, long_h) = job(&a, 4_000, true).unwrap();
+    long_h.generated(0);
+    short_h.generated(0);
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(Ask::new(Small, 100)).await })
+    };
+    until("the long prefill is asked", || long_h.is_preempted()).await;
+    assert!(!short_h.is_preempted(), "the short prefill is nearly done");
+    drop(long);
+    let first = waiter.await.unwrap().unwrap();
+    // Another arrival: the only borrower left is in its grace, until its first token.
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(Ask::new(Small, 100)).await })
+    };
+    until("the arrival waits", || {
+        a.snapshot().lane(Small).queue_depth == 1
+    })
+    .await;
+    assert!(!short_h.is_preempted());
+    short.prefill_done();
+    assert!(short_h.is_preempted(), "asked at its first token");
+    drop(short);
+    let second = waiter.await.unwrap().unwrap();
+    drop((first, second, busy));
+    assert!(a.snapshot().is_idle());
+}
+
+/// Many arrivals and jobs coming and going in every order: seats never above the lanes'
+/// reservations, and every counter back to zero.
+#[tokio::test(start_paused = true)]
+async fn every_counter_is_back_to_zero_after_a_preemption_storm() {
+    let a = admission("");
+    let mut rng = 7u64;
+    let mut next = move |n: u64| {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (rng >> 33) % n
+    };
+    let mut jobs = Vec::new();
+    let mut waiters = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..400 {
+        match next(4) {
+            0 => jobs.extend(job(&a, next(2_000) as u32, next(4) > 0)),
+            1 => {
+                let lane = Lane::ALL[next(3) as usize];
+                let a = a.clone();
+                waiters.push(tokio::spawn(async move {
+                    tokio::time::timeout(Duration::from_secs(1), a.acquire(Ask::new(lane, 100)))
+                        .await
+                }));
+            }
+            2 => {
+                // The runners of jobs asked to leave drop their guards; others finish too.
+                jobs.retain(|(_, h): &(LaneGuard, Arc<Preemptible>)| !h.is_preempted());
+                if !jobs.is_empty() && next(3) == 0 {
+                    let (mut g, _) = jobs.remove(next(jobs.len() as u64) as usize);
+                    g.prefill_done();
+                }
+            }
+            _ => {
+                if !held.is_empty() {
+                    held.swap_remove(next(held.len() as u64) as usize);
+                }
+                for w in std::mem::take(&mut waiters) {
+                    if w.is_finished() {
+                        if let Ok(Ok(g)) = w.await.unwrap() {
+                            held.push(g);
+                        }
+                    } else {
+                        waiters.push(w);
+                    }
+                }
+            }
+        }
+        tokio::task::yield_now().await;
+        let [s, m, l] = seats(&a);
+        assert!(s <= 2 && m <= 2 && l <= 1, "{:?}", seats(&a));
+    }
+    drop(jobs);
+    for w in waiters {
+        drop(w.await.unwrap());
+    }
+    drop(held);
+    assert!(a.snapshot().is_idle(), "{:?}", a.snapshot());
+}
