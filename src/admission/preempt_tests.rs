@@ -212,7 +212,7 @@ async fn every_counter_is_back_to_zero_after_a_preemption_storm() {
             }
             _ => {
                 if !held.is_empty() {
-                    held.swap_remove(next(held.len() as u64) as usize);
+                    drop(held.swap_remove(next(held.len() as u64) as usize));
                 }
                 for w in std::mem::take(&mut waiters) {
                     if w.is_finished() {

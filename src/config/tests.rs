@@ -313,6 +313,31 @@ fn jobs_keys_are_checked_together() {
         short.iter().all(|i| !i.contains("short")),
         "the secret is never echoed: {short:?}"
     );
+    // Pre-emption is bounded, and refused where it would be silently dropped (across replicas).
+    let issues = issues_of(&format!(
+        "{MINIMAL}[jobs]\npreempt = true\nmax_preemptions = 101\n"
+    ));
+    assert!(
+        issues
+            .iter()
+            .any(|i| i.starts_with("jobs.max_preemptions must be at most 100")),
+        "{issues:?}"
+    );
+    let issues = issues_of(&format!(
+        "{MINIMAL}[quota]\nbackend = \"redis\"\n[jobs]\npreempt = true\n"
+    ));
+    assert!(
+        issues
+            .iter()
+            .any(|i| i.starts_with("jobs.preempt needs quota.backend = \"local\"")),
+        "{issues:?}"
+    );
+    let on = Config::from_toml_str(&format!(
+        "{MINIMAL}[jobs]\npreempt = true\npreempt_prefill_grace_tokens = 0\n"
+    ))
+    .expect("pre-emption in process, without grace");
+    assert!(on.jobs.preempt && on.jobs.max_preemptions == 3);
+    assert_eq!(on.jobs.preempt_prefill_grace_tokens, 0);
     // Jobs, and diverting to them, run with the Redis quota too.
     let redis = Config::from_toml_str(&format!(
         "{MINIMAL}[quota]\nbackend = \"redis\"\n[jobs]\ndivert_large_after_ms = 500\n"

@@ -13,6 +13,9 @@ use futures::stream::BoxStream;
 use serde_json::Value;
 
 use super::entry::Ended;
+use std::sync::Arc;
+
+use crate::admission::preempt::Preemptible;
 use crate::admission::LaneGuard;
 use crate::error::GatewayError;
 use crate::pipeline::{NotTaken, Ready, Tenant};
@@ -99,8 +102,10 @@ pub enum Take {
 pub struct Claim {
     /// How long it was queued (submission to start).
     pub waited: Duration,
-    /// Its large-lane seat, tokens and prefill.
+    /// Its seat (a large-lane one, or with `jobs.preempt` any lane's), tokens and prefill.
     pub guard: LaneGuard,
+    /// With `jobs.preempt`: the seat's handle, through which admission asks it back.
+    pub preempt: Option<Arc<Preemptible>>,
     /// Its run.
     pub run: Box<dyn JobRun>,
 }
@@ -114,6 +119,9 @@ pub trait JobRun: Send {
 
     /// Keeps a streamed piece of text (readers see it as it comes).
     fn piece(&mut self, text: &str);
+
+    /// The run was pre-empted `n` times so far (its status says so); it goes on.
+    fn preempted(&mut self, _n: u32) {}
 
     /// Resolves when the job's cancel is asked (`DELETE`, from any replica).
     fn cancelled(&self) -> BoxFuture<'static, ()>;

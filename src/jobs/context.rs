@@ -2,6 +2,8 @@
 //! `[jobs]` config, the shutdown signal, the task tracker, the webhook client, and the
 //! scheduler's wake-up.
 
+use std::sync::atomic::AtomicUsize;
+
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -27,6 +29,9 @@ pub struct Context {
     pub http: reqwest::Client,
     /// Wakes the scheduler: a job was queued, or capacity may have come back.
     pub wake: Notify,
+    /// Pre-empted jobs waiting for a seat to resume: while any does, the scheduler starts no
+    /// queued job (a resumed job goes first).
+    pub resuming: AtomicUsize,
 }
 
 impl Context {

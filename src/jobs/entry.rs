@@ -149,6 +149,8 @@ pub struct State {
     pub webhook: Webhook,
     /// Bytes counted against `jobs.max_bytes` (request body and text).
     pub bytes: u64,
+    /// Times it was pre-empted and resumed (`jobs.preempt`).
+    pub preempted: u32,
 }
 
 /// One job.
@@ -196,6 +198,7 @@ impl Entry {
                 notify,
                 webhook: Webhook::default(),
                 bytes,
+                preempted: 0,
             }),
             version: watch::Sender::new(0),
             cancel: CancellationToken::new(),
@@ -237,6 +240,9 @@ impl Entry {
         }
         if s.status == Status::Running {
             v["output_pieces"] = json!(s.ends.len());
+        }
+        if s.preempted > 0 {
+            v["preempted"] = json!(s.preempted);
         }
         if let Some(a) = &s.answer {
             v["answer"] = json!({

@@ -4,17 +4,22 @@
 //! and one job's run: sent through the pipeline, its pieces kept as they stream, ended done,
 //! failed, cancelled, handed back, or lost.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use serde_json::json;
 
-use super::backend::{Claim, JobBackend, Take};
+use super::backend::{Claim, JobBackend, JobRun, Take};
 use super::context::Context;
 use super::entry::{Answer, Ended};
+use crate::admission::preempt::Preemptible;
+use crate::admission::LaneGuard;
 use crate::classify::Classification;
 use crate::error::GatewayError;
-use crate::pipeline::{self, Admitted, RequestCtx};
+use crate::pipeline::{self, Admitted, AppState, Ready, RequestCtx};
 use crate::relay::{Collected, Format};
+use crate::telemetry::{RequestRecord, Route};
+use crate::upstream::Chunk;
 
 /// Takes in a row when the head moved under us (someone else started or cancelled it).
 const RETAKES: usize = 8;
@@ -27,7 +32,11 @@ pub async fn schedule(ctx: Arc<Context>, backend: Arc<dyn JobBackend>) {
     loop {
         let mut retakes = 0;
         // A gateway shutting down starts nothing more (it would only hand it back).
-        while retakes < RETAKES && !ctx.stop.is_cancelled() {
+        // A pre-empted job waiting to resume goes first.
+        while retakes < RETAKES
+            && !ctx.stop.is_cancelled()
+            && ctx.resuming.load(Ordering::SeqCst) == 0
+        {
             match backend.take().await {
                 Take::Started(claim) => {
                     retakes = 0;
@@ -53,68 +62,282 @@ pub async fn schedule(ctx: Arc<Context>, backend: Arc<dyn JobBackend>) {
 
 /// Runs one taken job to its end: sends it, keeps its text readable as it streams, and ends it
 /// done, failed, cancelled (`DELETE`), handed back (shutdown) or lost (another run owns it).
-/// Dropping the stream aborts the engine's work and gives the seat back.
+/// Dropping the stream aborts the engine's work and gives the seat back. A pre-emptible run
+/// (`jobs.preempt`) asked for its seat drops its stream the same way, keeps its text, and
+/// resumes as a continuation ([`Ready::continued`]) as soon as a seat is idle again, ahead of
+/// the queued jobs; its readers see one answer.
 async fn run(ctx: Arc<Context>, claim: Claim) {
     let Claim {
         waited,
         guard,
+        preempt,
         mut run,
     } = claim;
     ctx.metrics().waited(waited);
-    let cancelled = run.cancelled();
-    let lost = run.lost();
+    let mut cancelled = run.cancelled();
+    let mut lost = run.lost();
     let outcome = match run.work().await {
         Err(ended) => Some(ended),
         Ok((ready, record)) => {
+            // What a continuation is built from (only a pre-emptible run needs it).
+            let resume = preempt.as_ref().map(|_| Resume {
+                stored: ready.stored(),
+                id: record.request_id().to_owned(),
+            });
             let class = ready.class;
-            let mut pieces = 0usize;
-            let streamed = async {
-                let relay = pipeline::send(
-                    &RequestCtx::snapshot(&ctx.state),
-                    Admitted::new(ready, guard, record),
-                    Format::Answer,
-                )
-                .await?;
-                relay
-                    .collect_with(|chunk| {
-                        if !chunk.text.is_empty() {
-                            pieces += 1;
-                            run.piece(&chunk.text);
+            let mut progress = Progress::default();
+            let mut next = (ready, guard, record, preempt);
+            loop {
+                let (ready, guard, record, handle) = next;
+                let leave = handle.as_ref().map(|h| h.preempted());
+                let ended = {
+                    let streamed = async {
+                        let relay = pipeline::send(
+                            &RequestCtx::snapshot(&ctx.state),
+                            Admitted::new(ready, guard, record),
+                            Format::Answer,
+                        )
+                        .await?;
+                        relay
+                            .collect_with(|chunk| {
+                                progress.chunk(chunk, &mut *run, handle.as_deref())
+                            })
+                            .await
+                    };
+                    let leave = async {
+                        match leave {
+                            Some(leave) => leave.await,
+                            None => std::future::pending().await,
                         }
-                    })
-                    .await
-            };
-            tokio::select! {
-                // A stream that completes as a cancel arrives keeps its answer.
-                biased;
-                r = streamed => Some(match r {
-                    Ok(all) if all.finish_reason.as_deref() == Some("abort") => Ended::Failed(
-                        "engine_aborted",
-                        "the engine aborted the generation".to_owned(),
-                    ),
-                    Ok(all) => Ended::Done(answer(all, &class, pieces)),
-                    Err(e) => failed(&e),
-                }),
-                _ = lost => None,
-                _ = cancelled => Some(Ended::Cancelled),
-                _ = ctx.stop.cancelled() => Some(Ended::HandedBack),
+                    };
+                    tokio::select! {
+                        // A stream that completes as a cancel arrives keeps its answer.
+                        biased;
+                        r = streamed => Some(Some(match r {
+                            Ok(all) if all.finish_reason.as_deref() == Some("abort") => {
+                                Ended::Failed(
+                                    "engine_aborted",
+                                    "the engine aborted the generation".to_owned(),
+                                )
+                            }
+                            Ok(all) => Ended::Done(answer(&ctx, all, &class, &mut progress)),
+                            Err(e) => failed(&e),
+                        })),
+                        _ = &mut lost => Some(None),
+                        _ = &mut cancelled => Some(Some(Ended::Cancelled)),
+                        _ = ctx.stop.cancelled() => Some(Some(Ended::HandedBack)),
+                        () = leave => None,
+                    }
+                };
+                if let Some(outcome) = ended {
+                    break outcome;
+                }
+                // Pre-empted: the stream is gone (the engine's work aborted, the seat back).
+                let (Some(handle), Some(resume)) = (handle, &resume) else {
+                    break Some(Ended::Failed(
+                        "internal",
+                        "a job without a seat handle".into(),
+                    ));
+                };
+                progress.preempted(&ctx, &handle);
+                run.preempted(progress.preempted);
+                let Some(ready) =
+                    Ready::continued(&resume.stored, &progress.text, progress.generated)
+                else {
+                    // Nothing left to generate (or nothing to continue): what it has is the answer.
+                    break Some(Ended::Done(progress.cut_answer(&class)));
+                };
+                let eligible = progress.preempted < ctx.config.max_preemptions;
+                let seat = reseat(&ctx, &ready, eligible, &mut lost, &mut cancelled).await;
+                let (guard, handle) = match seat {
+                    Ok(seat) => seat,
+                    Err(outcome) => break outcome,
+                };
+                let id = format!("{}-p{}", resume.id, progress.preempted);
+                let record = run_record(&ctx.state, &ready, id);
+                next = (ready, guard, record, Some(handle));
             }
         }
     };
     run.finish(outcome).await;
 }
 
+/// What a pre-emptible run's continuations are built from: the request as first sent, and the
+/// job's request id (a continuation's is `<id>-p<n>`).
+struct Resume {
+    stored: serde_json::Value,
+    id: String,
+}
+
+/// A job's answer so far, across the runs of its pre-emptions.
+#[derive(Default)]
+struct Progress {
+    /// The text so far.
+    text: String,
+    /// Pieces streamed so far.
+    pieces: usize,
+    /// Output tokens of the runs before this one.
+    before: u32,
+    /// Output tokens so far (the engine's running count).
+    generated: u32,
+    /// The first run's prompt and cached tokens, as the engine counted them.
+    first: Option<(u32, Option<u32>)>,
+    /// This run's prompt and cached tokens.
+    this: Option<(u32, Option<u32>)>,
+    /// Prompt tokens of resumed runs not served from the prefix cache.
+    recomputed: u32,
+    /// Times pre-empted.
+    preempted: u32,
+}
+
+impl Progress {
+    /// One chunk of the current run: its text kept, its counts noted.
+    fn chunk(&mut self, chunk: &Chunk, run: &mut dyn JobRun, handle: Option<&Preemptible>) {
+        if !chunk.text.is_empty() {
+            self.pieces += 1;
+            self.text.push_str(&chunk.text);
+            run.piece(&chunk.text);
+        }
+        if let Some(u) = chunk.usage {
+            self.generated = self.before.saturating_add(u.completion_tokens);
+            self.this = Some((u.prompt_tokens, u.cached_tokens));
+            if let Some(h) = handle {
+                h.generated(self.generated);
+            }
+        }
+    }
+
+    /// The current run ended: a resumed one's uncached prompt is counted.
+    fn run_ended(&mut self, ctx: &Context) {
+        match (self.this.take(), self.preempted) {
+            (Some(first), 0) => self.first = Some(first),
+            (Some((prompt, cached)), _) => {
+                let n = prompt.saturating_sub(cached.unwrap_or(0));
+                self.recomputed = self.recomputed.saturating_add(n);
+                ctx.metrics().recomputed(n);
+            }
+            (None, _) => {}
+        }
+    }
+
+    /// The current run was pre-empted for the request `handle` names.
+    fn preempted(&mut self, ctx: &Context, handle: &Preemptible) {
+        self.run_ended(ctx);
+        self.preempted += 1;
+        self.before = self.generated;
+        if let Some(cause) = handle.cause() {
+            ctx.metrics().preempted(cause.lane, cause.reason);
+        }
+        tracing::info!(
+            tokens = self.generated,
+            times = self.preempted,
+            "job pre-empted"
+        );
+    }
+
+    /// The usage of the whole answer: the first run's prompt (the estimate when the engine sent
+    /// none), every output token once, and what resuming recomputed.
+    fn usage(&self, class: &Classification) -> serde_json::Value {
+        let (input, cached) = self.first.unwrap_or((class.input_tokens_estimate, None));
+        let mut usage = json!({
+            "input_tokens": input,
+            "output_tokens": self.generated.max(u32::try_from(self.pieces).unwrap_or(u32::MAX)),
+            "cached_tokens": cached.unwrap_or(0),
+        });
+        if self.preempted > 0 {
+            usage["recomputed_tokens"] = json!(self.recomputed);
+        }
+        usage
+    }
+
+    /// The answer of a job pre-empted when nothing was left to generate.
+    fn cut_answer(&self, class: &Classification) -> Answer {
+        Answer {
+            finish_reason: Some("length".to_owned()),
+            usage: self.usage(class),
+            timings: crate::telemetry::LatencySplit::default(),
+        }
+    }
+}
+
+/// Waits for a seat to resume `ready` on (see `run`): tried at once and whenever capacity may
+/// have come back; meanwhile the scheduler starts no queued job. Ends with the run's outcome
+/// instead when it is lost, cancelled or handed back first.
+async fn reseat(
+    ctx: &Context,
+    ready: &Ready,
+    eligible: bool,
+    lost: &mut (impl std::future::Future<Output = ()> + Unpin),
+    cancelled: &mut (impl std::future::Future<Output = ()> + Unpin),
+) -> Result<(LaneGuard, Arc<Preemptible>), Option<Ended>> {
+    struct Resuming<'a>(&'a Context);
+    impl Drop for Resuming<'_> {
+        fn drop(&mut self) {
+            self.0.resuming.fetch_sub(1, Ordering::SeqCst);
+            // Queued jobs may start again.
+            self.0.wake.notify_one();
+        }
+    }
+    ctx.resuming.fetch_add(1, Ordering::SeqCst);
+    let _resuming = Resuming(ctx);
+    let admission = ctx.state.admission();
+    let mut freed = admission.freed();
+    loop {
+        if let Some(f) = freed.as_mut() {
+            f.borrow_and_update();
+        }
+        let handle = Preemptible::new(eligible);
+        let (lane, work, prefill) = (ready.class.lane, ready.class.work, ready.prefill);
+        if let Some(guard) = admission.try_acquire_preemptible(lane, work, prefill, &handle) {
+            return Ok((guard, handle));
+        }
+        let changed = async {
+            match freed.as_mut() {
+                Some(f) => drop(f.changed().await),
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = changed => {}
+            () = &mut *lost => return Err(None),
+            () = &mut *cancelled => return Err(Some(Ended::Cancelled)),
+            () = ctx.stop.cancelled() => return Err(Some(Ended::HandedBack)),
+        }
+    }
+}
+
+/// A run's record under request id `id`: the submission's tenant and classification (its lane
+/// label) and the model's calibration, as the first run's own record has them.
+pub(super) fn run_record(state: &AppState, ready: &Ready, id: String) -> RequestRecord {
+    let mut record = state.record_as(Route::Job, id);
+    if let Some(tenant) = ready.tenant() {
+        record.tenant(&tenant.0);
+    }
+    record.classified(ready.class);
+    let model = ready
+        .model()
+        .unwrap_or(&state.config().upstream.model)
+        .to_owned();
+    record.calibrates(state.calibration(), &model);
+    record
+}
+
 /// A finished stream's answer: its finish reason, usage (the engine's, or the estimate and the
-/// `pieces` streamed when it sent none) and timings.
-fn answer(all: Collected, class: &Classification, pieces: usize) -> Answer {
-    let usage = all.usage;
+/// pieces streamed when it sent none; across pre-emptions, every output token once) and timings.
+fn answer(
+    ctx: &Context,
+    all: Collected,
+    class: &Classification,
+    progress: &mut Progress,
+) -> Answer {
+    if let Some(u) = all.usage {
+        progress.generated = progress.before.saturating_add(u.completion_tokens);
+        progress.this = Some((u.prompt_tokens, u.cached_tokens));
+    }
+    progress.run_ended(ctx);
     Answer {
         finish_reason: all.finish_reason,
-        usage: json!({
-            "input_tokens": usage.map_or(class.input_tokens_estimate, |u| u.prompt_tokens),
-            "output_tokens": usage.map_or(pieces as u32, |u| u.completion_tokens),
-            "cached_tokens": usage.and_then(|u| u.cached_tokens).unwrap_or(0),
-        }),
+        usage: progress.usage(class),
         timings: all.timings,
     }
 }

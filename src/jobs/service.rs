@@ -60,6 +60,7 @@ impl Jobs {
             stop,
             tasks,
             wake: Notify::new(),
+            resuming: std::sync::atomic::AtomicUsize::new(0),
         });
         let backend: Arc<dyn JobBackend> = match RedisJobs::start(&ctx) {
             Some(redis) => Arc::new(redis),

@@ -188,6 +188,11 @@ pub async fn admit(
     drop(held);
     match guard {
         Ok(guard) => {
+            if guard.made_room() {
+                ctx.metrics()
+                    .jobs()
+                    .made_room(ready.class.lane, guard.queue_wait());
+            }
             if let Some(p) = predicted.filter(|_| ahead > 0) {
                 ctx.metrics()
                     .admission_rate()

@@ -114,6 +114,38 @@ impl Ready {
     }
 }
 
+impl Ready {
+    /// The continuation of a request [`Ready::stored`] kept, after its answer was cut at `text`
+    /// (`generated` output tokens): the same messages and the partial answer as a final
+    /// assistant message that the engine continues (`continue_final_message`, no generation
+    /// prompt: the rendered prompt is the original one and the text, so the original is found
+    /// in the prefix cache), with `max_tokens` (and `max_completion_tokens`) lowered by what was
+    /// generated. The reservation stays (the prompt grew by what the output budget shrank).
+    /// `None` for a completions request or a body without messages, or when nothing is left to
+    /// generate.
+    pub fn continued(stored: &Value, text: &str, generated: u32) -> Option<Ready> {
+        let mut ready = Ready::from_stored(stored)?;
+        if ready.endpoint != Endpoint::ChatCompletions {
+            return None;
+        }
+        let body = &mut ready.body;
+        for key in ["max_tokens", "max_completion_tokens"] {
+            if let Some(max) = body.get(key).and_then(Value::as_u64) {
+                let left = max.checked_sub(u64::from(generated)).filter(|n| *n > 0)?;
+                body.insert(key.into(), Value::from(left));
+            }
+        }
+        let messages = body.get_mut("messages")?.as_array_mut()?;
+        messages.push(serde_json::json!({"role": "assistant", "content": text}));
+        body.insert("continue_final_message".into(), Value::Bool(true));
+        body.insert("add_generation_prompt".into(), Value::Bool(false));
+        let class = &mut ready.class;
+        class.input_tokens_estimate = class.input_tokens_estimate.saturating_add(generated);
+        class.output_budget = class.output_budget.saturating_sub(generated);
+        Some(ready)
+    }
+}
+
 /// The `counts` of [`Ready::stored`]; `None` for a job stored without them.
 fn stored_counts(v: &Value) -> Option<KindCounts> {
     let n: Vec<u32> = v

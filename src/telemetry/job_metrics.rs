@@ -5,11 +5,22 @@
 //! - `tutor_gateway_job_wait_seconds`: submission to start (time queued for idle capacity);
 //! - `tutor_gateway_job_run_seconds`: start to end (done, failed or cancelled while running);
 //! - `tutor_gateway_webhook_deliveries_total{outcome}`: webhook attempts, `delivered` (2xx),
-//!   `retried` (failed, another attempt follows) or `failed` (the last attempt failed).
+//!   `retried` (failed, another attempt follows) or `failed` (the last attempt failed);
+//! - `tutor_gateway_job_preemptions_total{lane,reason}`: jobs asked to give their seat back
+//!   (`jobs.preempt`), by the lane of the request that needed it and what it lacked (`seat`,
+//!   `tokens`, `prefill`);
+//! - `tutor_gateway_job_recomputed_tokens_total`: prompt tokens of resumed jobs that the engine
+//!   did not find in its prefix cache (prefill paid again because of a pre-emption);
+//! - `tutor_gateway_preemption_admit_seconds{lane}`: for a request a job was pre-empted for, its
+//!   arrival to its admission.
 
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+use crate::lane::Lane;
 
 /// Every job status, as its label value.
 pub const JOB_STATUSES: [&str; 6] = [
@@ -33,7 +44,15 @@ pub struct JobMetrics {
     wait: Histogram,
     run: Histogram,
     webhooks: IntCounterVec,
+    preemptions: IntCounterVec,
+    recomputed: IntCounter,
+    made_room: HistogramVec,
 }
+
+/// Buckets from 1 ms to 5 s: an abort and a seat coming back take one engine step or so.
+const ADMIT_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
 
 impl JobMetrics {
     /// Registers the families in `registry`.
@@ -73,11 +92,43 @@ impl JobMetrics {
         for outcome in ["delivered", "retried", "failed"] {
             webhooks.with_label_values(&[outcome]);
         }
+        let preemptions = IntCounterVec::new(
+            Opts::new(
+                "tutor_gateway_job_preemptions_total",
+                "Jobs asked to give a seat back to an interactive request (jobs.preempt), by the \
+                 request's lane and what it lacked (seat, tokens, prefill).",
+            ),
+            &["lane", "reason"],
+        )
+        .expect("valid counter");
+        let recomputed = IntCounter::new(
+            "tutor_gateway_job_recomputed_tokens_total",
+            "Prompt tokens of resumed jobs not served from the engine's prefix cache.",
+        )
+        .expect("valid counter");
+        let made_room = HistogramVec::new(
+            HistogramOpts::new(
+                "tutor_gateway_preemption_admit_seconds",
+                "Arrival to admission of requests a job was pre-empted for, by lane.",
+            )
+            .buckets(ADMIT_BUCKETS.to_vec()),
+            &["lane"],
+        )
+        .expect("valid histogram");
+        for lane in Lane::ALL {
+            made_room.with_label_values(&[lane.as_str()]);
+            for reason in ["seat", "tokens", "prefill"] {
+                preemptions.with_label_values(&[lane.as_str(), reason]);
+            }
+        }
         for c in [
             Box::new(jobs.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(wait.clone()),
             Box::new(run.clone()),
             Box::new(webhooks.clone()),
+            Box::new(preemptions.clone()),
+            Box::new(recomputed.clone()),
+            Box::new(made_room.clone()),
         ] {
             registry.register(c).expect("registered once");
         }
@@ -86,7 +137,29 @@ impl JobMetrics {
             wait,
             run,
             webhooks,
+            preemptions,
+            recomputed,
+            made_room,
         }
+    }
+
+    /// A job was asked to give its seat back to a `lane` request that lacked `reason`.
+    pub fn preempted(&self, lane: Lane, reason: &str) {
+        self.preemptions
+            .with_label_values(&[lane.as_str(), reason])
+            .inc();
+    }
+
+    /// A resumed job's prompt had `n` tokens the prefix cache did not serve.
+    pub fn recomputed(&self, n: u32) {
+        self.recomputed.inc_by(u64::from(n));
+    }
+
+    /// A `lane` request that a job was pre-empted for was admitted after `waited`.
+    pub fn made_room(&self, lane: Lane, waited: Duration) {
+        self.made_room
+            .with_label_values(&[lane.as_str()])
+            .observe(waited.as_secs_f64());
     }
 
     /// A job moved from status `from` (`None`: it is new) to `to` (`None`: it is forgotten).

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use super::events;
 use super::queue::Store;
+use crate::admission::preempt::Preemptible;
 use crate::error::GatewayError;
 use crate::jobs::backend::{Claim, EventStream, JobBackend, JobRun, NewJob, Take};
 use crate::jobs::context::Context;
@@ -175,11 +176,18 @@ impl LocalJobs {
             if max_running > 0 && store.running >= max_running {
                 return None;
             }
-            let guard = self
-                .ctx
-                .state
-                .admission()
-                .try_acquire_idle(Lane::Large, work, prefill)?;
+            let admission = self.ctx.state.admission();
+            let (guard, preempt) = if self.ctx.config.preempt {
+                let handle = Preemptible::new(self.ctx.config.max_preemptions > 0);
+                let guard =
+                    admission.try_acquire_preemptible(Lane::Large, work, prefill, &handle)?;
+                (guard, Some(handle))
+            } else {
+                (
+                    admission.try_acquire_idle(Lane::Large, work, prefill)?,
+                    None,
+                )
+            };
             store.start(&entry.id);
             let taken = entry.lock().work.take();
             let Some(work) = taken else {
@@ -196,6 +204,7 @@ impl LocalJobs {
             return Some(Claim {
                 waited: started.1 - entry.submitted.1,
                 guard,
+                preempt,
                 run: Box::new(LocalRun {
                     jobs: self.clone(),
                     entry,
@@ -327,6 +336,10 @@ impl JobRun for LocalRun {
             s.text.push_str(text);
             s.ends.push(s.text.len());
         });
+    }
+
+    fn preempted(&mut self, n: u32) {
+        self.entry.update(|s| s.preempted = n);
     }
 
     fn cancelled(&self) -> BoxFuture<'static, ()> {

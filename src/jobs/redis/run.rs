@@ -23,9 +23,10 @@ use tokio_util::sync::CancellationToken;
 use super::store::{store_down, RedisStore, Run};
 use crate::jobs::backend::{Claim, JobRun, Take};
 use crate::jobs::entry::Ended;
+use crate::jobs::runner::run_record;
 use crate::lane::Lane;
 use crate::pipeline::Ready;
-use crate::telemetry::{RequestRecord, Route};
+use crate::telemetry::RequestRecord;
 
 /// Takes the queue's head to run here, when the fleet's idle capacity fits it.
 pub async fn take(store: &Arc<RedisStore>) -> Take {
@@ -90,6 +91,7 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
             Take::Started(Claim {
                 waited,
                 guard: t.guard,
+                preempt: None,
                 run: Box::new(RedisRun {
                     store: store.clone(),
                     id,
@@ -141,21 +143,11 @@ impl JobRun for RedisRun {
                 1 => self.id.clone(),
                 n => format!("{}-{n}", self.id),
             };
-            let mut record = self.store.ctx.state.record_as(Route::Job, request_id);
-            let traceparent = fields.as_ref().and_then(|f| f.get("traceparent"));
-            record.link(traceparent.map(String::as_str), None);
             // The run's record is new: it carries the submission's tenant and classification
             // (its lane label), as the in-process job's own record does.
-            if let Some(tenant) = ready.tenant() {
-                record.tenant(&tenant.0);
-            }
-            record.classified(ready.class);
-            let state = &self.store.ctx.state;
-            let model = ready
-                .model()
-                .unwrap_or(&state.config().upstream.model)
-                .to_owned();
-            record.calibrates(state.calibration(), &model);
+            let mut record = run_record(&self.store.ctx.state, &ready, request_id);
+            let traceparent = fields.as_ref().and_then(|f| f.get("traceparent"));
+            record.link(traceparent.map(String::as_str), None);
             Ok((ready, record))
         }
         .boxed()

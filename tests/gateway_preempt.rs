@@ -1,0 +1,209 @@
+//! Pre-emptible jobs end to end (`jobs.preempt`, issue 35), in process: jobs take every lane's
+//! idle seats; an interactive question that finds no seat makes a job give its seat back (the
+//! engine aborts it) and is answered at once; the job resumes as a continuation and its answer
+//! is the one an uninterrupted run gives (the simulator's text depends only on the prompt),
+//! every token counted once; the metrics say so; every seat and token comes back.
+
+mod common;
+#[allow(unused_macros)]
+mod jobs;
+mod redis_common;
+
+use common::*;
+use jobs::{done, job_until, start, submit_ok, Backend};
+use serde_json::{json, Value};
+use tutor_gateway::lane::Lane;
+
+/// About 1.25 ms a token: a 3,000-token review is still streaming when the test acts on it.
+const FASTER: &[&str] = &[
+    "--speed",
+    "4",
+    "--profile",
+    "tiny-test",
+    "--mean-output-tokens",
+    "1000000",
+];
+
+const REVIEW_TOKENS: u64 = 3_000;
+
+fn review() -> Value {
+    json!({"prompt": "review this repository's error handling", "max_output_tokens": REVIEW_TOKENS})
+}
+
+#[tokio::test]
+async fn a_question_preempts_a_job_that_resumes_to_the_uninterrupted_answer() {
+    let h = start(Backend::Local, FASTER, |c| {
+        c.jobs.preempt = true;
+        for lane in Lane::ALL {
+            set_lane(c, lane, 1);
+        }
+    })
+    .await;
+    let base = h.base();
+    // Three identical reviews take large's seat, then medium's, then small's.
+    let body = review();
+    let ids: Vec<String> = futures::future::join_all((0..3).map(|_| submit_ok(&base, &body))).await;
+    for id in &ids {
+        job_until(&base, id, "streaming", |v| {
+            v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) > 0
+        })
+        .await;
+    }
+    assert_eq!(
+        Lane::ALL.map(|l| h.in_flight(l)),
+        [1, 1, 1],
+        "jobs hold every lane's seat"
+    );
+    // A question finds no small seat: the job on it gives it back.
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": "why does my loop never end?", "max_output_tokens": 5}))
+        .send()
+        .await
+        .unwrap();
+    let events = sse(&resp.text().await.unwrap());
+    assert_eq!(events.last().unwrap().0, "done", "{events:?}");
+    let answers: Vec<Value> = futures::future::join_all(ids.iter().map(|id| done(&base, id))).await;
+    let preempted: Vec<u64> = answers
+        .iter()
+        .map(|v| v["preempted"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(
+        preempted.iter().sum::<u64>(),
+        1,
+        "one job gave its seat: {preempted:?}"
+    );
+    let text = |v: &Value| v["answer"]["text"].as_str().unwrap().to_owned();
+    for v in &answers {
+        let usage = &v["answer"]["usage"];
+        assert_eq!(
+            usage["output_tokens"], REVIEW_TOKENS,
+            "every token once: {v}"
+        );
+        assert_eq!(v["answer"]["finish_reason"], "length", "{v}");
+        assert_eq!(
+            text(v),
+            text(&answers[0]),
+            "the resumed answer is the uninterrupted one"
+        );
+    }
+    let resumed = answers.iter().find(|v| v["preempted"] == 1).unwrap();
+    assert!(
+        resumed["answer"]["usage"]["recomputed_tokens"]
+            .as_u64()
+            .is_some(),
+        "{resumed}"
+    );
+    h.drained().await;
+    assert!(h.sim_aborted() >= 1, "the engine's work was aborted");
+    h.metric_reaches(
+        "tutor_gateway_job_preemptions_total{lane=\"small\",reason=\"seat\"}",
+        1.0,
+    )
+    .await;
+    h.metric_reaches(
+        "tutor_gateway_preemption_admit_seconds_count{lane=\"small\"}",
+        1.0,
+    )
+    .await;
+    h.metric_reaches("tutor_gateway_jobs{status=\"done\"}", 3.0)
+        .await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_job_that_used_up_its_preemptions_keeps_its_seat_and_the_question_waits() {
+    let h = start(Backend::Local, FASTER, |c| {
+        c.jobs.preempt = true;
+        c.jobs.max_preemptions = 0;
+        set_lane(c, Lane::Large, 1);
+        set_lane(c, Lane::Medium, 1);
+        set_lane(c, Lane::Small, 1);
+    })
+    .await;
+    let base = h.base();
+    let body =
+        json!({"prompt": "review this repository's error handling", "max_output_tokens": 400});
+    let ids: Vec<String> = futures::future::join_all((0..3).map(|_| submit_ok(&base, &body))).await;
+    for id in &ids {
+        job_until(&base, id, "running", |v| v["status"] == "running").await;
+    }
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": "why does my loop never end?", "max_output_tokens": 5}))
+        .send()
+        .await
+        .unwrap();
+    let events = sse(&resp.text().await.unwrap());
+    assert_eq!(events.last().unwrap().0, "done");
+    for id in &ids {
+        let v = done(&base, id).await;
+        assert!(v.get("preempted").is_none(), "never pre-empted: {v}");
+        assert_eq!(v["answer"]["usage"]["output_tokens"], 400);
+    }
+    h.drained().await;
+    h.metric_reaches(
+        "tutor_gateway_job_preemptions_total{lane=\"small\",reason=\"seat\"}",
+        0.0,
+    )
+    .await;
+    h.shutdown().await;
+}
+
+/// Questions of every lane arriving in bursts while jobs run: every job still ends with its
+/// whole answer (each token once), no job is pre-empted more than `jobs.max_preemptions`
+/// times, and every seat and token comes back.
+#[tokio::test]
+async fn every_seat_comes_back_after_a_storm_of_preemptions() {
+    let h = start(Backend::Local, FASTER, |c| {
+        c.jobs.preempt = true;
+        c.jobs.max_preemptions = 2;
+        for lane in Lane::ALL {
+            set_lane(c, lane, 2);
+        }
+    })
+    .await;
+    let base = h.base();
+    let body =
+        json!({"prompt": "review this repository's error handling", "max_output_tokens": 800});
+    let ids: Vec<String> = futures::future::join_all((0..8).map(|_| submit_ok(&base, &body))).await;
+    eventually("jobs hold every seat", || {
+        Lane::ALL.map(|l| h.in_flight(l)) == [2, 2, 2]
+    })
+    .await;
+    let mut answers = Vec::new();
+    for round in 0..4 {
+        let questions = (0..6).map(|i| {
+            let words_in = [10, 10, 600, 10, 600, 2500][i];
+            let url = h.url("/answer");
+            async move {
+                let body = json!({"prompt": words(words_in, &format!("q{round}-{i}")), "max_output_tokens": 20});
+                post_text(url, &body).await
+            }
+        });
+        answers.extend(futures::future::join_all(questions).await);
+    }
+    for a in &answers {
+        assert_eq!(sse(a).last().unwrap().0, "done", "{a}");
+    }
+    let mut texts = Vec::new();
+    let mut preempted = 0;
+    for id in &ids {
+        let v = done(&base, id).await;
+        let n = v["preempted"].as_u64().unwrap_or(0);
+        assert!(n <= 2, "{v}");
+        preempted += n;
+        assert_eq!(v["answer"]["usage"]["output_tokens"], 800, "{v}");
+        texts.push(v["answer"]["text"].as_str().unwrap().to_owned());
+    }
+    assert!(
+        preempted >= 1,
+        "the first questions found jobs on every seat"
+    );
+    assert!(
+        texts.iter().all(|t| *t == texts[0]),
+        "one answer whatever the pre-emptions"
+    );
+    h.drained().await;
+    h.shutdown().await;
+}
