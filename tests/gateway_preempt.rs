@@ -122,12 +122,12 @@ async fn a_job_that_used_up_its_preemptions_keeps_its_seat_and_the_question_wait
     })
     .await;
     let base = h.base();
-    let body =
-        json!({"prompt": "review this repository's error handling", "max_output_tokens": 400});
+    let body = review();
     let ids: Vec<String> = futures::future::join_all((0..3).map(|_| submit_ok(&base, &body))).await;
     for id in &ids {
         job_until(&base, id, "running", |v| v["status"] == "running").await;
     }
+    assert_eq!(Lane::ALL.map(|l| h.in_flight(l)), [1, 1, 1]);
     let resp = client()
         .post(h.url("/answer"))
         .json(&json!({"prompt": "why does my loop never end?", "max_output_tokens": 5}))
@@ -136,10 +136,15 @@ async fn a_job_that_used_up_its_preemptions_keeps_its_seat_and_the_question_wait
         .unwrap();
     let events = sse(&resp.text().await.unwrap());
     assert_eq!(events.last().unwrap().0, "done");
+    // It waited for a job to end on its own: no job was asked to leave.
+    assert!(
+        json(&events[0].1)["queue_wait_ms"].as_f64().unwrap() > 0.0,
+        "{events:?}"
+    );
     for id in &ids {
         let v = done(&base, id).await;
         assert!(v.get("preempted").is_none(), "never pre-empted: {v}");
-        assert_eq!(v["answer"]["usage"]["output_tokens"], 400);
+        assert_eq!(v["answer"]["usage"]["output_tokens"], REVIEW_TOKENS);
     }
     h.drained().await;
     h.metric_reaches(
