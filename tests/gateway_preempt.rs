@@ -108,6 +108,16 @@ async fn a_question_preempts_a_job_that_resumes_to_the_uninterrupted_answer() {
     .await;
     h.metric_reaches("tutor_gateway_jobs{status=\"done\"}", 3.0)
         .await;
+    // The run that gave its seat back is no client's cancel.
+    h.metric_reaches(
+        "tutor_gateway_requests_total{lane=\"large\",outcome=\"preempted\",route=\"job\"}",
+        1.0,
+    )
+    .await;
+    assert_eq!(
+        family_total(&h.metrics_text().await, "tutor_gateway_cancellations_total"),
+        0.0
+    );
     h.shutdown().await;
 }
 

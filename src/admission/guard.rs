@@ -7,7 +7,11 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use futures::future::BoxFuture;
+
+use super::preempt::Preemptible;
 
 use crate::lane::Lane;
 
@@ -42,6 +46,8 @@ pub struct LaneGuard {
     served: Option<u64>,
     /// Pre-emptible work was asked to leave for this request (`preempt.rs`).
     made_room: bool,
+    /// A pre-emptible seat's handle (`preempt.rs`).
+    preemptible: Option<Arc<Preemptible>>,
 }
 
 impl LaneGuard {
@@ -61,7 +67,20 @@ impl LaneGuard {
             release: Some(reservation),
             served: None,
             made_room: false,
+            preemptible: None,
         }
+    }
+
+    /// The same guard, on a pre-emptible seat asked back through `handle`.
+    pub(super) fn with_preemptible(mut self, handle: Arc<Preemptible>) -> Self {
+        self.preemptible = Some(handle);
+        self
+    }
+
+    /// Whether this is a pre-emptible seat that admission asked back (its holder is to let
+    /// its stream go: the engine's work is aborted, and that is no client's cancel).
+    pub fn is_preempted(&self) -> bool {
+        self.preemptible.as_ref().is_some_and(|h| h.is_preempted())
     }
 
     /// The same guard, for a request that pre-emptible work was asked to leave for.

@@ -357,7 +357,8 @@ impl LocalAdmission {
         };
         Some(
             LaneGuard::new(Box::new(reservation), lane, tokens, Duration::ZERO)
-                .with_prefill(prompt, waited),
+                .with_prefill(prompt, waited)
+                .with_preemptible(handle.clone()),
         )
     }
 

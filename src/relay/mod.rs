@@ -511,9 +511,15 @@ impl Relay {
 impl Drop for Relay {
     fn drop(&mut self) {
         if !self.done {
-            // The client went away: the upstream stream's guard aborts the engine's work when
-            // it drops right after this.
-            self.finish(Outcome::Cancelled, None);
+            // The client went away (or a pre-empted job let its stream go): the upstream
+            // stream's guard aborts the engine's work when it drops right after this.
+            let preempted = self.guard.as_ref().is_some_and(LaneGuard::is_preempted);
+            let outcome = if preempted {
+                Outcome::Preempted
+            } else {
+                Outcome::Cancelled
+            };
+            self.finish(outcome, None);
         }
     }
 }

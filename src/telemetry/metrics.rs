@@ -134,6 +134,9 @@ pub enum Outcome {
     Internal,
     /// Cut at its lane's output limit: the next lane had no room (M14).
     Cut,
+    /// A background job that gave its seat back to an interactive request (`jobs.preempt`):
+    /// the engine's work was aborted; the job resumes as another request.
+    Preempted,
 }
 
 impl Outcome {
@@ -153,6 +156,7 @@ impl Outcome {
             Outcome::UpstreamError => "upstream_error",
             Outcome::Internal => "internal",
             Outcome::Cut => "cut",
+            Outcome::Preempted => "preempted",
         }
     }
 }
