@@ -22,6 +22,8 @@ const FASTER: &[&str] = &[
     "tiny-test",
     "--mean-output-tokens",
     "1000000",
+    // Usage tells the prefix-cache hits (`cached_tokens`), which the recomputed tokens need.
+    "--enable-prompt-tokens-details",
 ];
 
 const REVIEW_TOKENS: u64 = 3_000;
@@ -87,13 +89,19 @@ async fn a_question_preempts_a_job_that_resumes_to_the_uninterrupted_answer() {
             "the resumed answer is the uninterrupted one"
         );
     }
+    // The continuation found the original prompt and the answer so far in the prefix cache
+    // (the simulator caches full output blocks, as vLLM does): only its last block is computed
+    // again.
     let resumed = answers.iter().find(|v| v["preempted"] == 1).unwrap();
-    assert!(
-        resumed["answer"]["usage"]["recomputed_tokens"]
-            .as_u64()
-            .is_some(),
-        "{resumed}"
-    );
+    let recomputed = resumed["answer"]["usage"]["recomputed_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!((1..=16).contains(&recomputed), "{resumed}");
+    h.metric_reaches(
+        "tutor_gateway_job_recomputed_tokens_total",
+        recomputed as f64,
+    )
+    .await;
     h.drained().await;
     assert!(h.sim_aborted() >= 1, "the engine's work was aborted");
     h.metric_reaches(

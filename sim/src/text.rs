@@ -74,6 +74,18 @@ pub fn words(from: u32, to: u32) -> String {
     s
 }
 
+/// The token id of output word `i` (0-based), as the engine generated it: one token per word
+/// (the id the heuristic gives the word's first piece). A continued answer's prompt carries
+/// these ids for the words it continues (`crate::api::request::continued_ids`), so its blocks
+/// hash as the original's output blocks did.
+pub fn word_token(i: u32) -> u32 {
+    let word = WORDS[i as usize % WORDS.len()];
+    tutor_wire::tokens::heuristic_ids(word, false)
+        .first()
+        .copied()
+        .unwrap_or(0)
+}
+
 /// How many output words `text` holds from the start of the output (`words(0, n)` holds `n`):
 /// the position a continued answer goes on from. Text that is not the simulator's output
 /// holds 0.

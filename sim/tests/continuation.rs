@@ -72,6 +72,10 @@ async fn a_continued_answer_goes_on_where_the_cut_one_stopped() {
         .as_u64()
         .unwrap_or(0);
     assert!(cached >= 16, "the original prompt hits: {usage}");
+    // And so does the cut answer: vLLM caches a request's full output blocks too, so every
+    // full block of the continued prompt but the one holding its last token is a hit.
+    let prompt = usage["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(cached, (prompt - 1) / 16 * 16, "{usage}");
     // /tokenize renders it alike.
     let mut tokenize = resumed.clone();
     tokenize.as_object_mut().unwrap().remove("max_tokens");

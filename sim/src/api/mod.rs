@@ -22,7 +22,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 
-use crate::tokenizer::{render_request_ending, ChatMessage};
+use crate::tokenizer::{render_request_ending, ChatMessage, PromptEnd};
 use error::ApiError;
 use request::{encode, parse_json, prompt_end};
 pub use state::AppState;
@@ -164,11 +164,21 @@ async fn tokenize(State(s): State<AppState>, body: Bytes) -> Response {
                 return Err(ApiError::model_not_found(m));
             }
         }
-        let text = match (b.prompt, b.messages) {
-            (Some(p), None) => p,
+        let (text, continued) = match (b.prompt, b.messages) {
+            (Some(p), None) => (p, None),
             (None, Some(m)) => {
                 let end = prompt_end(b.add_generation_prompt, b.continue_final_message, &m)?;
-                render_request_ending(b.tools.as_ref(), b.chat_template_kwargs.as_ref(), &m, end)
+                let (tools, kwargs) = (b.tools.as_ref(), b.chat_template_kwargs.as_ref());
+                // A continuation of the simulator's own output counts as generation sees it.
+                let continued = match end {
+                    PromptEnd::ContinueFinal if b.add_special_tokens => {
+                        request::continuation(&s, tools, kwargs, &m)
+                            .await
+                            .filter(|c| c.exact)
+                    }
+                    _ => None,
+                };
+                (render_request_ending(tools, kwargs, &m, end), continued)
             }
             _ => {
                 return Err(ApiError::bad_request(
@@ -177,7 +187,10 @@ async fn tokenize(State(s): State<AppState>, body: Bytes) -> Response {
                 ))
             }
         };
-        let tokens = encode(&s, text, b.add_special_tokens).await;
+        let tokens = match continued {
+            Some(c) => request::continued_ids(&c.origin, c.first_word),
+            None => encode(&s, text, b.add_special_tokens).await,
+        };
         Ok(Json(serde_json::json!({
             "count": tokens.len(),
             "max_model_len": s.max_model_len,

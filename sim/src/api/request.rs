@@ -178,6 +178,48 @@ pub struct Generation {
     pub origin: Option<Vec<u32>>,
 }
 
+/// A continued final message (`continue_final_message`): the prompt of the request it continues
+/// and where its output goes on.
+pub struct Continuation {
+    /// The prompt of the request it continues: the messages before the final one, with the
+    /// assistant's turn opened (encoded with special tokens).
+    pub origin: Vec<u32>,
+    /// The output words the final message holds ([`crate::text::words_in`]).
+    pub first_word: u32,
+    /// Whether the final message is exactly those words (the simulator's own output, cut).
+    pub exact: bool,
+}
+
+/// The continuation `messages` (whose final one is continued) describe.
+pub async fn continuation(
+    state: &AppState,
+    tools: Option<&serde_json::Value>,
+    kwargs: Option<&serde_json::Value>,
+    messages: &[ChatMessage],
+) -> Option<Continuation> {
+    let (last, before) = messages.split_last()?;
+    let origin = render_request_ending(tools, kwargs, before, PromptEnd::Generation);
+    let text = last.text();
+    let first_word = crate::text::words_in(&text);
+    Some(Continuation {
+        origin: encode(state, origin, true).await,
+        first_word,
+        exact: first_word > 0 && crate::text::words(0, first_word) == text,
+    })
+}
+
+/// The tokens of a continuation of the simulator's own output: its original prompt, then one
+/// token per output word continued, the ids the engine generated them with
+/// ([`crate::text::word_token`]). So its blocks hash as the original's prompt and output
+/// blocks did, and it finds them in the prefix cache, as a vLLM continuation finds the blocks of
+/// the answer it continues (vLLM caches a request's full output blocks too, and a real
+/// tokenizer re-encodes the text it generated to the same ids nearly always).
+pub fn continued_ids(origin: &[u32], words: u32) -> Vec<u32> {
+    let mut ids = origin.to_vec();
+    ids.extend((0..words).map(crate::text::word_token));
+    ids
+}
+
 /// Parses a JSON body the way vLLM answers bad ones: 400 with the reason.
 pub fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes)
@@ -241,22 +283,23 @@ impl Generation {
             &body.messages,
             end,
         );
-        let (first_word, origin) = match (end, body.messages.split_last()) {
-            (PromptEnd::ContinueFinal, Some((last, before))) => {
-                let origin = render_request_ending(
+        let continued = match end {
+            PromptEnd::ContinueFinal => {
+                continuation(
+                    state,
                     body.tools.as_ref(),
                     body.chat_template_kwargs.as_ref(),
-                    before,
-                    PromptEnd::Generation,
-                );
-                (
-                    crate::text::words_in(&last.text()),
-                    Some(encode(state, origin, true).await),
+                    &body.messages,
                 )
+                .await
             }
-            _ => (0, None),
+            _ => None,
         };
-        let prompt = encode(state, text, true).await;
+        let prompt = match &continued {
+            Some(c) if c.exact => continued_ids(&c.origin, c.first_word),
+            _ => encode(state, text, true).await,
+        };
+        let (first_word, origin) = continued.map_or((0, None), |c| (c.first_word, Some(c.origin)));
         let max = body.common.max_completion_tokens.or(body.common.max_tokens);
         let mut gen = Self::build(state, headers, Api::Chat, prompt, max, body.common)?;
         gen.first_word = first_word;

@@ -15,20 +15,28 @@ pub type BlockId = u32;
 
 const NIL: u32 = u32::MAX;
 
+/// The parent hash of a sequence's first block.
+pub const ROOT_HASH: u64 = 0x5eed;
+
 /// Chained hashes of the full blocks of `tokens`.
 pub fn block_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
     let mut hashes = Vec::with_capacity(tokens.len() / block_size);
-    let mut parent: u64 = 0x5eed;
+    let mut parent = ROOT_HASH;
     for block in tokens.chunks_exact(block_size) {
-        let mut bytes = Vec::with_capacity(8 + block.len() * 4);
-        bytes.extend_from_slice(&parent.to_le_bytes());
-        for t in block {
-            bytes.extend_from_slice(&t.to_le_bytes());
-        }
-        parent = fnv1a(&bytes);
+        parent = chain_hash(parent, block);
         hashes.push(parent);
     }
     hashes
+}
+
+/// The hash of a full `block` of tokens after the block hashed `parent`.
+pub fn chain_hash(parent: u64, block: &[u32]) -> u64 {
+    let mut bytes = Vec::with_capacity(8 + block.len() * 4);
+    bytes.extend_from_slice(&parent.to_le_bytes());
+    for t in block {
+        bytes.extend_from_slice(&t.to_le_bytes());
+    }
+    fnv1a(&bytes)
 }
 
 /// The block pool: reference counts, the cached-hash index and the free queue.

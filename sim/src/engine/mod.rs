@@ -47,6 +47,10 @@ pub struct NewRequest {
     pub finish_at_target: FinishReason,
     /// Priority under `--scheduling-policy priority` (lower first).
     pub priority: i64,
+    /// Its output's first word (see [`Sequence::output_from`]): its full output blocks are
+    /// hashed into the prefix cache as vLLM's are; `None`: not hashed (output the simulator
+    /// cannot give token ids for, such as reasoning).
+    pub output_from: Option<u32>,
 }
 
 /// The engine handle; clones share one engine.
@@ -160,7 +164,8 @@ impl Engine {
             req.priority,
             tx,
             Instant::now(),
-        );
+        )
+        .with_output_from(req.output_from);
         match self.shared.profile {
             Profile::Batched(_) => {
                 st.sched.add(seq);
@@ -464,6 +469,7 @@ mod tests {
             target_output,
             finish_at_target: FinishReason::Length,
             priority: 0,
+            output_from: Some(0),
         }
     }
 

@@ -306,8 +306,10 @@ impl Scheduler {
     }
 
     /// vLLM's `_update_after_schedule` (and `AsyncScheduler`'s): the scheduled tokens count as
-    /// computed from now on, full prompt blocks enter the prefix cache (vLLM caches them when it
-    /// allocates them), and a sequence whose whole sequence is now computed gets a placeholder
+    /// computed from now on, full blocks enter the prefix cache (vLLM caches them when it
+    /// allocates them: `KVCacheManager.allocate_slots` caches up to
+    /// `min(num_computed_tokens + num_new_tokens, request.num_tokens)`, the output sampled so
+    /// far included), and a sequence whose whole sequence is now computed gets a placeholder
     /// for the token the step samples.
     fn update_after_schedule(&mut self, plan: &mut StepPlan) {
         let new: HashMap<u64, u32> = plan.scheduled.iter().copied().collect();
@@ -317,7 +319,8 @@ impl Scheduler {
                 continue;
             };
             seq.computed += n;
-            let full = (seq.computed.min(seq.prompt_len) as usize / bs).min(seq.block_hashes.len());
+            let full =
+                (seq.computed.min(seq.num_tokens()) as usize / bs).min(seq.block_hashes.len());
             for b in seq.registered_blocks..full {
                 self.pool.register(seq.blocks[b], seq.block_hashes[b]);
             }
@@ -434,6 +437,7 @@ impl Scheduler {
             &mut self.waiting[idx]
         };
         seq.output_tokens += 1;
+        seq.output_grew();
         let gap = seq.timings.last_token.map(|t| now - t);
         seq.timings.last_token = Some(now);
         if seq.timings.first_token.is_none() {

@@ -146,8 +146,16 @@ pub struct Sequence {
     pub computed: u32,
     /// KV blocks held, in order.
     pub blocks: Vec<BlockId>,
-    /// Prompt blocks already registered in the prefix cache.
+    /// Blocks (prompt, then output) already registered in the prefix cache.
     pub registered_blocks: usize,
+    /// The token ids of its output, for the hashes of its full output blocks: output token `j`
+    /// is [`crate::text::word_token`]`(from + j)`; `None`: its output blocks are not hashed.
+    pub output_from: Option<u32>,
+    /// The tokens after its last full block (prompt, then output), not hashed yet.
+    tail: Vec<u32>,
+    /// The hash of its last full block.
+    last_hash: u64,
+    block_size: usize,
     /// Prefix-cache hit at first scheduling, in tokens.
     pub cached_tokens: u32,
     /// Whether this sequence was ever scheduled (prefix-cache queries count once).
@@ -172,11 +180,20 @@ impl Sequence {
         tx: UnboundedSender<EngineEvent>,
         now: Instant,
     ) -> Self {
+        let block_hashes = super::kv_cache::block_hashes(prompt, block_size);
+        let full = block_hashes.len() * block_size;
         Self {
             request_id,
             seq_no,
             prompt_len: prompt.len() as u32,
-            block_hashes: super::kv_cache::block_hashes(prompt, block_size),
+            last_hash: block_hashes
+                .last()
+                .copied()
+                .unwrap_or(super::kv_cache::ROOT_HASH),
+            tail: prompt[full..].to_vec(),
+            block_size,
+            output_from: None,
+            block_hashes,
             target_output: target_output.max(1),
             finish_at_target,
             priority,
@@ -195,6 +212,30 @@ impl Sequence {
                 finished: None,
             },
             tx,
+        }
+    }
+
+    /// The same sequence, its output hashed as output words `from`, `from + 1`, ... (see
+    /// [`Sequence::output_from`]).
+    pub fn with_output_from(mut self, from: Option<u32>) -> Self {
+        self.output_from = from;
+        self
+    }
+
+    /// One more output token was sampled: `output_tokens` counts it. When it fills a block,
+    /// that block gets its hash, as vLLM hashes every full block of a request, output included
+    /// (`Request.append_output_token_ids` extends its block hashes), so the block enters the
+    /// prefix cache once computed.
+    pub fn output_grew(&mut self) {
+        let Some(from) = self.output_from else {
+            return;
+        };
+        self.tail
+            .push(crate::text::word_token(from + self.output_tokens - 1));
+        if self.tail.len() == self.block_size {
+            self.last_hash = super::kv_cache::chain_hash(self.last_hash, &self.tail);
+            self.block_hashes.push(self.last_hash);
+            self.tail.clear();
         }
     }
 
