@@ -21,6 +21,7 @@ pub mod engine;
 pub mod profile;
 pub mod text;
 pub mod tokenizer;
+pub mod words;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -7,41 +7,7 @@
 //! Each output token is one filler word (" the", " loop", ...); usage counts are exact.
 
 use crate::engine::sequence::FinishReason;
-
-const WORDS: &[&str] = &[
-    " the",
-    " loop",
-    " returns",
-    " value",
-    " because",
-    " function",
-    " type",
-    " error",
-    " of",
-    " variable",
-    " is",
-    " a",
-    " call",
-    " list",
-    " index",
-    " and",
-    " string",
-    " when",
-    " it",
-    " compiler",
-    " checks",
-    " each",
-    " branch",
-    " so",
-    " you",
-    " can",
-    " see",
-    " why",
-    " test",
-    " fails",
-    " here",
-    " now",
-];
+pub use crate::words::{word_token, words, words_in};
 
 pub use tutor_wire::stats::SplitMix;
 
@@ -63,39 +29,6 @@ pub fn output_length(
     } else {
         (draw as u32, FinishReason::Stop)
     }
-}
-
-/// Text of the output tokens at positions `from..to` (0-based), one word each.
-pub fn words(from: u32, to: u32) -> String {
-    let mut s = String::new();
-    for i in from..to {
-        s.push_str(WORDS[i as usize % WORDS.len()]);
-    }
-    s
-}
-
-/// The token id of output word `i` (0-based), as the engine generated it: one token per word
-/// (the id the heuristic gives the word's first piece). A continued answer's prompt carries
-/// these ids for the words it continues (`crate::api::request::continued_ids`), so its blocks
-/// hash as the original's output blocks did.
-pub fn word_token(i: u32) -> u32 {
-    let word = WORDS[i as usize % WORDS.len()];
-    tutor_wire::tokens::heuristic_ids(word, false)
-        .first()
-        .copied()
-        .unwrap_or(0)
-}
-
-/// How many output words `text` holds from the start of the output (`words(0, n)` holds `n`):
-/// the position a continued answer goes on from. Text that is not the simulator's output
-/// holds 0.
-pub fn words_in(text: &str) -> u32 {
-    let (mut rest, mut n) = (text, 0u32);
-    while let Some(r) = rest.strip_prefix(WORDS[n as usize % WORDS.len()]) {
-        rest = r;
-        n += 1;
-    }
-    n
 }
 
 /// Faults injected into one request, decided when it arrives.

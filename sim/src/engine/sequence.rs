@@ -149,7 +149,7 @@ pub struct Sequence {
     /// Blocks (prompt, then output) already registered in the prefix cache.
     pub registered_blocks: usize,
     /// The token ids of its output, for the hashes of its full output blocks: output token `j`
-    /// is [`crate::text::word_token`]`(from + j)`; `None`: its output blocks are not hashed.
+    /// is [`crate::words::word_token`]`(from + j)`; `None`: its output blocks are not hashed.
     pub output_from: Option<u32>,
     /// The tokens after its last full block (prompt, then output), not hashed yet.
     tail: Vec<u32>,
@@ -231,7 +231,7 @@ impl Sequence {
             return;
         };
         self.tail
-            .push(crate::text::word_token(from + self.output_tokens - 1));
+            .push(crate::words::word_token(from + self.output_tokens - 1));
         if self.tail.len() == self.block_size {
             self.last_hash = super::kv_cache::chain_hash(self.last_hash, &self.tail);
             self.block_hashes.push(self.last_hash);
