@@ -312,7 +312,8 @@ impl LocalAdmission {
 
     /// A pre-emptible seat for background work whose `tokens` count in `lane` (see
     /// `preempt.rs`): `lane`'s own seat, else medium's, else small's (largest first, so the
-    /// small lane's seats go last), only when idle: one of that lane's own seats free, nobody
+    /// small lane's seats go last; a handle no longer eligible for pre-emption: `lane`'s own
+    /// seat only), only when idle: one of that lane's own seats free, nobody
     /// waiting in its queue or in `lane`'s, the tokens within `lane`'s and the global budgets,
     /// and the `prompt`'s prefill room. Never waits. The seat is asked back through `handle`
     /// when an interactive request needs it.
@@ -331,9 +332,11 @@ impl LocalAdmission {
         {
             return None;
         }
+        // A job that may no longer be pre-empted keeps to its own lane's seats: it would hold a
+        // borrowed one against the lane's own requests.
         let seat = [Lane::Large, Lane::Medium, Lane::Small]
             .into_iter()
-            .filter(|s| *s <= lane)
+            .filter(|s| *s <= lane && (handle.is_eligible() || *s == lane))
             .find(|&seat| {
                 state.queues[rules.limits.queue_of(seat)].is_empty()
                     && rules.limits.fits_borrowed(&state.usage, seat, lane, tokens)

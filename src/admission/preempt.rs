@@ -13,7 +13,8 @@
 //! - The borrower that loses least: the one whose leaving alone lets the waiter in, with the
 //!   fewest generated tokens (ties: the youngest); when no single one suffices, those in that
 //!   order until the waiter fits. A borrower is never asked twice, and never at all when it used
-//!   up its pre-emptions (`jobs.max_preemptions`: it keeps its seat) or when its prefill is within
+//!   up its pre-emptions (`jobs.max_preemptions`: it keeps its seat, and so takes only seats of
+//!   its own lane, large, from then on) or when its prefill is within
 //!   `jobs.preempt_prefill_grace_tokens` of done (estimated from the time since it was sent at the
 //!   prefill rate measured on the previous borrowers' first tokens; unknown rate: its whole prompt
 //!   is left). A borrower spared by the grace is asked at its first token if the waiter still
@@ -73,6 +74,11 @@ impl Preemptible {
     /// Resolves when admission asks the seat back.
     pub fn preempted(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
         self.signal.clone().cancelled_owned()
+    }
+
+    /// Whether it may still be pre-empted (then it may also borrow other lanes' seats).
+    pub fn is_eligible(&self) -> bool {
+        self.eligible
     }
 
     /// Whether it was asked to leave.

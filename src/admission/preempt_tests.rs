@@ -110,23 +110,38 @@ async fn an_arrival_without_a_seat_makes_the_borrower_that_loses_least_leave() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_job_that_may_no_longer_be_preempted_takes_only_its_own_lanes_seats() {
+    let a = admission("");
+    let own = job(&a, 0, false).expect("large's own seat");
+    assert!(
+        job(&a, 0, false).is_none(),
+        "it would hold a borrowed seat against its owners"
+    );
+    assert_eq!(seats(&a), [0, 0, 1]);
+    let borrower = job(&a, 0, true).expect("an eligible job borrows");
+    assert_eq!(seats(&a), [0, 1, 1]);
+    drop((own, borrower));
+    assert!(a.snapshot().is_idle());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_job_that_used_up_its_preemptions_keeps_its_seat() {
     let a = admission("");
-    // Large's seat and medium's: pre-emptible; small's two: used up.
-    let mut jobs: Vec<_> = (0..3).map_while(|_| job(&a, 0, true)).collect();
-    jobs.extend((0..2).map_while(|_| job(&a, 0, false)));
+    // Large's seat: used up its pre-emptions; medium's and small's: pre-emptible.
+    let mut jobs: Vec<_> = job(&a, 0, false).into_iter().collect();
+    jobs.extend((0..4).map_while(|_| job(&a, 0, true)));
     assert_eq!(seats(&a), [2, 2, 1]);
     let waiter = {
         let a = a.clone();
         tokio::spawn(async move {
-            let ask = Ask::new(Small, 100);
+            let ask = Ask::new(Large, 100);
             tokio::time::timeout(Duration::from_secs(5), a.acquire(ask)).await
         })
     };
     assert!(waiter.await.unwrap().is_err(), "nobody could leave for it");
     assert!(
         jobs.iter().all(|(_, h)| !h.is_preempted()),
-        "the others would not free a small seat: nobody is asked for nothing"
+        "the others would not free a large seat: nobody is asked for nothing"
     );
     drop(jobs);
     assert!(a.snapshot().is_idle());
