@@ -129,47 +129,56 @@ async fn a_question_preempts_a_job_that_resumes_to_the_uninterrupted_answer() {
     h.shutdown().await;
 }
 
+/// `jobs.max_preemptions = 0`: no job may be pre-empted, so none borrows (a borrowed seat held
+/// to the end would be taken from its lane): jobs keep to the large lane's own seats, and an
+/// interactive review waits for a job to end.
 #[tokio::test]
-async fn a_job_that_used_up_its_preemptions_keeps_its_seat_and_the_question_waits() {
+async fn jobs_that_may_not_be_preempted_keep_to_their_own_lane() {
     let h = start(Backend::Local, FASTER, |c| {
         c.jobs.preempt = true;
         c.jobs.max_preemptions = 0;
-        set_lane(c, Lane::Large, 1);
-        set_lane(c, Lane::Medium, 1);
-        set_lane(c, Lane::Small, 1);
+        for lane in Lane::ALL {
+            set_lane(c, lane, 1);
+        }
     })
     .await;
     let base = h.base();
     let body = review();
-    let ids: Vec<String> = futures::future::join_all((0..3).map(|_| submit_ok(&base, &body))).await;
-    for id in &ids {
-        job_until(&base, id, "running", |v| v["status"] == "running").await;
-    }
-    assert_eq!(Lane::ALL.map(|l| h.in_flight(l)), [1, 1, 1]);
+    let first = submit_ok(&base, &body).await;
+    job_until(&base, &first, "running", |v| v["status"] == "running").await;
+    let second = submit_ok(&base, &body).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(jobs::job(&base, &second).await["status"], "queued");
+    assert_eq!(
+        Lane::ALL.map(|l| h.in_flight(l)),
+        [0, 0, 1],
+        "no borrowed seat"
+    );
     let resp = client()
         .post(h.url("/answer"))
-        .json(&json!({"prompt": "why does my loop never end?", "max_output_tokens": 5}))
+        .json(&json!({"prompt": words(5500, "review"), "max_output_tokens": 5}))
         .send()
         .await
         .unwrap();
     let events = sse(&resp.text().await.unwrap());
     assert_eq!(events.last().unwrap().0, "done");
-    // It waited for a job to end on its own: no job was asked to leave.
     assert!(
         json(&events[0].1)["queue_wait_ms"].as_f64().unwrap() > 0.0,
-        "{events:?}"
+        "it waited for the job to end: {events:?}"
     );
-    for id in &ids {
+    for id in [&first, &second] {
         let v = done(&base, id).await;
         assert!(v.get("preempted").is_none(), "never pre-empted: {v}");
         assert_eq!(v["answer"]["usage"]["output_tokens"], REVIEW_TOKENS);
     }
     h.drained().await;
-    h.metric_reaches(
-        "tutor_gateway_job_preemptions_total{lane=\"small\",reason=\"seat\"}",
-        0.0,
-    )
-    .await;
+    assert_eq!(
+        family_total(
+            &h.metrics_text().await,
+            "tutor_gateway_job_preemptions_total"
+        ),
+        0.0
+    );
     h.shutdown().await;
 }
 
