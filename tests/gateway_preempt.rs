@@ -98,7 +98,7 @@ async fn a_question_preempts_a_job_that_resumes_to_the_uninterrupted_answer() {
         .unwrap();
     assert!((1..=16).contains(&recomputed), "{resumed}");
     h.metric_reaches(
-        "tutor_gateway_job_recomputed_tokens_total",
+        "tutor_gateway_job_recomputed_tokens_total{stage=\"decode\"}",
         recomputed as f64,
     )
     .await;

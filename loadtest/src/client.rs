@@ -10,6 +10,9 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 use tutor_wire::sse::SseParser;
 
+/// Longest wait for one job submission or status answer (they are answered at once).
+const JOB_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Which API the target speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -351,6 +354,47 @@ impl Target {
                 }
             }
         }
+    }
+
+    /// Submits one job (`POST /jobs` with the `/answer` body, whatever this target's API):
+    /// the job's id, or an error code (`http_429`, `connect`, `job_submit_body`, ...).
+    pub async fn submit_job(
+        &self,
+        system: Option<&str>,
+        prompt: &str,
+        max_tokens: u32,
+    ) -> Result<String, String> {
+        let resp = self
+            .with_api(Api::Jobs)
+            .request(system, prompt, max_tokens)
+            .timeout(JOB_CALL_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| if e.is_connect() { "connect" } else { "http" }.to_string())?;
+        if !resp.status().is_success() {
+            return Err(format!("http_{}", resp.status().as_u16()));
+        }
+        let v: Value = resp.json().await.map_err(|_| "job_submit_body")?;
+        v["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| "job_submit_body".to_string())
+    }
+
+    /// `GET /jobs/{id}`: the job's JSON (`status`, `submitted_at`, `started_at`,
+    /// `finished_at`, `preempted`, `answer.usage`, ...), or an error code.
+    pub async fn job_status(&self, id: &str) -> Result<Value, String> {
+        let resp = self
+            .http
+            .get(format!("{}/jobs/{id}", self.base_url))
+            .timeout(JOB_CALL_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| if e.is_connect() { "connect" } else { "http" }.to_string())?;
+        if !resp.status().is_success() {
+            return Err(format!("http_{}", resp.status().as_u16()));
+        }
+        resp.json().await.map_err(|_| "job_status_body".to_string())
     }
 
     /// The event stream of the job a `POST /jobs` answer (`submitted`) names.

@@ -44,7 +44,8 @@ fn standard_normal(rng: &mut SplitMix) -> f64 {
 }
 
 /// A class index drawn by the classes' shares (`total`: their sum, [`Scenario::total_share`]):
-/// one draw from `rng`; the last class when rounding leaves the pick past every share.
+/// one draw from `rng`; the last class with a share when rounding leaves the pick past every
+/// share (a class without a share, e.g. a backlog, is never drawn).
 pub fn pick_class(scenario: &Scenario, total: f64, rng: &mut SplitMix) -> usize {
     let mut pick = rng.next_f64() * total;
     scenario
@@ -54,6 +55,7 @@ pub fn pick_class(scenario: &Scenario, total: f64, rng: &mut SplitMix) -> usize 
             pick -= c.share;
             pick < 0.0
         })
+        .or_else(|| scenario.classes.iter().rposition(|c| c.share > 0.0))
         .unwrap_or(scenario.classes.len().saturating_sub(1))
 }
 

@@ -188,6 +188,8 @@ const DEFAULT_PIECE_TOKENS: u32 = 1024;
 /// engine's) under `preset`'s admission policy, request log and tracing off. Under
 /// [`Preset::Autopilot`] the autopilot is on, and its times and the lanes' objectives, stated
 /// in simulated time, are divided by `speed` (the gateway lives in wall-clock time).
+/// `jobs.preempt` is on under [`Preset::LanesPreempt`] only (off under every other preset,
+/// whatever the file says).
 pub(crate) fn gateway_config(
     path: &Path,
     engine: &EngineSetting,
@@ -204,7 +206,8 @@ pub(crate) fn gateway_config(
         | Preset::Autopilot
         | Preset::LanesPieces
         | Preset::AutopilotPieces
-        | Preset::LanesRedis => Policy::Lanes,
+        | Preset::LanesRedis
+        | Preset::LanesPreempt => Policy::Lanes,
     };
     let mut cfg = load_config(path, engine.max_model_len)?;
     cfg.autopilot.enabled = preset.piloted();
@@ -231,6 +234,7 @@ pub(crate) fn gateway_config(
         }
     }
     cfg.admission.policy = policy;
+    cfg.jobs.preempt = preset.preempts();
     cfg.admission.engine_priority = preset == Preset::LanesPriority;
     cfg.admission.fifo.max_concurrency = NonZeroU32::new(fifo_max_concurrency);
     cfg.telemetry.request_log = RequestLogSink::Off;

@@ -15,6 +15,7 @@
 //!   arrivals at fractions of FIFO's measured capacity, against the floor and the engine bound.
 #![forbid(unsafe_code)]
 
+pub mod arrivals;
 pub mod client;
 pub mod compare;
 pub mod draw;

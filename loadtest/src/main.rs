@@ -158,7 +158,9 @@ enum Cmd {
         #[arg(long, value_enum, value_delimiter = ',')]
         presets: Vec<Preset>,
         /// `closed`: the scenario's closed loop for --duration. `poisson`: open loop, the
-        /// scenario's mix arriving at --load fractions of FIFO's measured capacity.
+        /// scenario's mix arriving at --load fractions of FIFO's measured capacity (times its
+        /// `waves`, if any; its backlog classes' jobs submitted at the start, but not for
+        /// `floor`).
         #[arg(long, value_enum, default_value = "closed")]
         arrivals: Arrivals,
         /// Poisson: offered loads, fractions of the capacity (comma-separated).
@@ -271,6 +273,7 @@ async fn main() -> anyhow::Result<()> {
             replay,
         } => {
             let (scenario, run, prompts) = common.load()?;
+            scenario.refuse_backlog("`tutor-load run`")?;
             let salt = (!replay).then(|| salt.unwrap_or_else(tutor_load::prompt::fresh_salt));
             let prompts = prompts.salted(salt);
             let mut target = Target::alternating(&target, api, model)?;
@@ -327,6 +330,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Cmd::Matrix { common, sweep } => {
             let (scenario, run, prompts) = common.load()?;
+            scenario.refuse_backlog("`tutor-load matrix`")?;
             let opts = tutor_load::matrix::MatrixOptions {
                 sweep,
                 scenario,
@@ -405,7 +409,7 @@ async fn main() -> anyhow::Result<()> {
                         warmup_s: capacity_warmup_s,
                         window_s: capacity_window_s,
                     },
-                    step: step_at_s.map(|at_s| tutor_load::openloop::arrivals::MixStep {
+                    step: step_at_s.map(|at_s| tutor_load::arrivals::MixStep {
                         at_s,
                         class: step_class,
                         factor: step_factor,
@@ -419,6 +423,7 @@ async fn main() -> anyhow::Result<()> {
                 );
                 return Ok(());
             }
+            scenario.refuse_backlog("the closed-loop experiment")?;
             let presets = if presets.is_empty() {
                 vec![
                     Preset::Floor,

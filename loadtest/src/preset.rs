@@ -27,11 +27,15 @@ pub enum Preset {
     /// "redis"`, a `redis-server` the run starts); the clients' requests alternate between
     /// them.
     LanesRedis,
+    /// `lanes` with pre-emptible background jobs (`jobs.preempt = true`, issue 35): jobs borrow
+    /// any lane's idle seats and give them back when an interactive request needs one. Every
+    /// other preset runs with `jobs.preempt = false` (jobs only on idle large-lane seats).
+    LanesPreempt,
 }
 
 impl Preset {
     /// Every preset, in run order.
-    pub const ALL: [Preset; 9] = [
+    pub const ALL: [Preset; 10] = [
         Preset::Floor,
         Preset::Fifo,
         Preset::Strict,
@@ -41,6 +45,7 @@ impl Preset {
         Preset::LanesPieces,
         Preset::AutopilotPieces,
         Preset::LanesRedis,
+        Preset::LanesPreempt,
     ];
 
     /// The folder / summary key.
@@ -55,6 +60,7 @@ impl Preset {
             Preset::LanesPieces => "lanes-pieces",
             Preset::AutopilotPieces => "autopilot-pieces",
             Preset::LanesRedis => "lanes-redis",
+            Preset::LanesPreempt => "lanes-preempt",
         }
     }
 }
@@ -63,6 +69,11 @@ impl Preset {
     /// Whether the autopilot is on.
     pub fn piloted(self) -> bool {
         matches!(self, Preset::Autopilot | Preset::AutopilotPieces)
+    }
+
+    /// Whether background jobs are pre-emptible (`jobs.preempt`).
+    pub fn preempts(self) -> bool {
+        self == Preset::LanesPreempt
     }
 
     /// Whether long prompts are prefilled in pieces.

@@ -9,8 +9,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use vllm_sim::text::SplitMix;
 
+use crate::arrivals::Stream;
 use crate::client::{Outcome, Target};
-use crate::draw::{open_sizes, pick_class, ClientPlan, Step};
+use crate::draw::{open_sizes, ClientPlan, Step};
 use crate::prompt::PromptBuilder;
 use crate::scenario::{Load, Scenario};
 use crate::stats::quantile;
@@ -126,16 +127,11 @@ pub async fn run(
                 }
             }
         }
-        Load::Open { rate } => {
-            let mut rng = SplitMix::new(opts.seed);
-            let total = scenario.total_share();
-            let mut at = start;
-            let mut i = 0u64;
-            loop {
-                let gap = -(1.0 - rng.next_f64()).ln() / rate;
-                at += Duration::from_secs_f64(gap);
-                let ci = pick_class(scenario, total, &mut rng);
-                i += 1;
+        Load::Open { rate, .. } => {
+            // Poisson at `rate` (in waves when the scenario has them), as the experiment draws.
+            for a in Stream::new(scenario, rate, opts.seed) {
+                let at = start + Duration::from_secs_f64(a.at_s);
+                let (ci, i) = (a.class, a.index);
                 if at >= end {
                     break;
                 }

@@ -34,8 +34,11 @@ pub struct Scenario {
 pub enum Load {
     /// Poisson arrivals at `rate` requests per second; each request's class drawn by `share`.
     Open {
-        /// Mean requests per second.
+        /// Mean requests per second (with `waves`: the base the wave's fractions multiply).
         rate: f64,
+        /// A rate that rises and falls in waves instead of a constant one (default none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        waves: Option<Waves>,
     },
     /// Each class keeps `concurrency` clients; a client sends its next request when its
     /// previous one ends (after the class's think time).
@@ -47,6 +50,55 @@ pub enum Load {
         #[serde(default)]
         ramp: Ramp,
     },
+}
+
+/// An open loop's rate in waves: at `t` seconds from the start, `base x fraction(t)`, where the
+/// fraction follows a cosine from `low` (at t = 0) up to `high` (at `period_s / 2`) and back to
+/// `low` (at `period_s`): a day-like load. The mean over any whole period is `(low + high) / 2`.
+/// `base` is `rate` (`tutor-load run`) or load x capacity (`experiment --arrivals poisson`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Waves {
+    /// The fraction of the base rate at the troughs, >= 0.
+    pub low: f64,
+    /// The fraction at the crests, >= `low` and > 0.
+    pub high: f64,
+    /// Seconds from one trough to the next (simulated seconds in `experiment`), > 0.
+    pub period_s: f64,
+}
+
+impl Waves {
+    /// The fraction of the base rate at `t_s` seconds from the start: in `[low, high]`.
+    pub fn fraction(&self, t_s: f64) -> f64 {
+        let mid = (self.low + self.high) / 2.0;
+        let amp = (self.high - self.low) / 2.0;
+        let f = mid - amp * (std::f64::consts::TAU * t_s / self.period_s).cos();
+        f.clamp(self.low, self.high)
+    }
+
+    /// The rate at `t_s` for a base rate `base`.
+    pub fn rate(&self, base: f64, t_s: f64) -> f64 {
+        base * self.fraction(t_s)
+    }
+
+    /// Checks the keys, naming the one that is wrong.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let Waves {
+            low,
+            high,
+            period_s,
+        } = *self;
+        if !(low >= 0.0 && low.is_finite()) {
+            bail!("load.waves.low must be a number >= 0 (a fraction of the base rate), got {low}");
+        }
+        if !(high > 0.0 && high.is_finite() && high >= low) {
+            bail!("load.waves.high must be a number > 0 and >= low ({low}), got {high}");
+        }
+        if !(period_s > 0.0 && period_s.is_finite()) {
+            bail!("load.waves.period_s must be > 0 seconds, got {period_s}");
+        }
+        Ok(())
+    }
 }
 
 /// Where a closed-loop client's start offset falls within `ramp_s`.
@@ -145,6 +197,11 @@ pub struct Class {
     /// gateway refuses at once (`deadline_unmet`) a request whose predicted wait misses it.
     #[serde(default)]
     pub deadline_ms: Option<u32>,
+    /// Open loop, `api = "jobs"` only: this many jobs submitted at the run's start (as fast as
+    /// the gateway accepts them) and followed to their end, instead of arrivals by `share`
+    /// (the class takes no share). Run by `tutor-load experiment --arrivals poisson`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backlog: Option<u32>,
 }
 
 impl Scenario {
@@ -210,11 +267,38 @@ impl Scenario {
             if c.think_ms > 0.0 && matches!(self.load, Load::Open { .. }) {
                 bail!("class {}: think_ms is for closed loop only", c.name);
             }
+            if let Some(n) = c.backlog {
+                if n == 0 {
+                    bail!(
+                        "class {}: backlog must be >= 1 jobs (leave it out for none)",
+                        c.name
+                    );
+                }
+                if c.api != Some(crate::client::Api::Jobs) {
+                    bail!("class {}: backlog needs api = \"jobs\"", c.name);
+                }
+                if !matches!(self.load, Load::Open { .. }) {
+                    bail!(
+                        "class {}: backlog is for open loop only (mode = \"open\")",
+                        c.name
+                    );
+                }
+                if c.share != 0.0 || c.concurrency != 0 {
+                    bail!(
+                        "class {}: a backlog class takes no share and no concurrency (its jobs \
+                         are all submitted at the start)",
+                        c.name
+                    );
+                }
+            }
         }
         match self.load {
-            Load::Open { rate } => {
+            Load::Open { rate, waves } => {
                 if !(rate > 0.0 && rate.is_finite()) {
                     bail!("load.rate must be > 0");
+                }
+                if let Some(w) = waves {
+                    w.validate()?;
                 }
                 if self.classes.iter().any(|c| c.share < 0.0) || self.total_share() <= 0.0 {
                     bail!("open loop: shares must be >= 0 and sum to > 0");
@@ -235,6 +319,36 @@ impl Scenario {
     /// Sum of the shares.
     pub fn total_share(&self) -> f64 {
         self.classes.iter().map(|c| c.share).sum()
+    }
+
+    /// The backlog classes (index, jobs): jobs submitted at the start, not arrivals.
+    pub fn backlogs(&self) -> Vec<(usize, u32)> {
+        self.classes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| Some((i, c.backlog?)))
+            .collect()
+    }
+
+    /// An error naming `what` when the scenario has a backlog class (only `experiment
+    /// --arrivals poisson` runs backlogs).
+    pub fn refuse_backlog(&self, what: &str) -> anyhow::Result<()> {
+        if let Some((i, _)) = self.backlogs().first() {
+            bail!(
+                "class {}: backlog classes are run by `tutor-load experiment --arrivals poisson`, \
+                 not by {what}",
+                self.classes[*i].name
+            );
+        }
+        Ok(())
+    }
+
+    /// The open loop's waves, if any.
+    pub fn waves(&self) -> Option<Waves> {
+        match self.load {
+            Load::Open { waves, .. } => waves,
+            Load::Closed { .. } => None,
+        }
     }
 
     /// Multiplies every closed-loop concurrency by `f` (at least 1 client where there was one).
@@ -313,6 +427,120 @@ mod tests {
         assert!(Scenario::parse(&format!("max_model_len=200\n{base}")).is_err());
         let ramp = base.replace("mode='closed'", "mode='closed'\nramp_s=-1");
         assert!(Scenario::parse(&ramp).is_err());
+    }
+
+    const OPEN: &str = "name='x'\n[load]\nmode='open'\nrate=10.0\n";
+    const SMALL: &str = "[[class]]\nname='small'\ninput_tokens=300\noutput_tokens=10\nshare=1.0\n";
+    const REVIEW: &str = "[[class]]\nname='review'\ninput_tokens=8000\noutput_tokens=500\n";
+
+    fn err(text: &str) -> String {
+        format!("{:#}", Scenario::parse(text).expect_err(text))
+    }
+
+    #[test]
+    fn waves_parse_and_bad_values_name_their_key() {
+        let with = |w: &str| format!("{OPEN}waves = {{ {w} }}\n{SMALL}");
+        let s = Scenario::parse(&with("low = 0.1, high = 0.9, period_s = 60")).unwrap();
+        let w = s.waves().unwrap();
+        assert_eq!((w.low, w.high, w.period_s), (0.1, 0.9, 60.0));
+        assert_eq!(
+            Scenario::parse(&format!("{OPEN}{SMALL}")).unwrap().waves(),
+            None
+        );
+        // A flat "wave" (low = high) and a trough at zero are fine.
+        assert!(Scenario::parse(&with("low = 0.5, high = 0.5, period_s = 1")).is_ok());
+        assert!(Scenario::parse(&with("low = 0, high = 1.2, period_s = 1")).is_ok());
+        for (w, key) in [
+            ("low = -0.1, high = 0.9, period_s = 60", "load.waves.low"),
+            ("low = 0.5, high = 0.4, period_s = 60", "load.waves.high"),
+            ("low = 0, high = 0, period_s = 60", "load.waves.high"),
+            ("low = 0.1, high = 0.9, period_s = 0", "load.waves.period_s"),
+            (
+                "low = 0.1, high = 0.9, period_s = -5",
+                "load.waves.period_s",
+            ),
+            ("low = 0.1, high = inf, period_s = 60", "load.waves.high"),
+        ] {
+            let e = err(&with(w));
+            assert!(e.contains(key), "{w}: {e}");
+        }
+        // Missing, unknown or mistyped keys are refused by name.
+        assert!(err(&with("low = 0.1, high = 0.9")).contains("period_s"));
+        assert!(err(&with(
+            "low = 0.1, high = 0.9, period_s = 60, shape = 'square'"
+        ))
+        .contains("shape"));
+        let e = err(&with("low = '10%', high = 0.9, period_s = 60"));
+        assert!(e.contains("invalid type"), "{e}");
+        // Waves are for the open loop.
+        let closed = "name='x'\n[load]\nmode='closed'\nwaves = { low = 0.1, high = 0.9, period_s = 60 }\n[[class]]\nname='a'\ninput_tokens=300\noutput_tokens=10\nconcurrency=1\n";
+        assert!(err(closed).contains("waves"), "{}", err(closed));
+    }
+
+    #[test]
+    fn a_wave_stays_within_its_bounds_and_averages_their_middle() {
+        let w = Waves {
+            low: 0.1,
+            high: 0.9,
+            period_s: 60.0,
+        };
+        assert!(
+            (w.fraction(0.0) - 0.1).abs() < 1e-12,
+            "starts at the trough"
+        );
+        assert!(
+            (w.fraction(30.0) - 0.9).abs() < 1e-12,
+            "crest at half a period"
+        );
+        assert!((w.fraction(60.0) - 0.1).abs() < 1e-12);
+        let base = 25.0;
+        let n = 60_000;
+        let mut sum = 0.0;
+        for k in 0..n {
+            // Midpoints of n equal slices of a period, shifted by 17 s: any whole period.
+            let t = 17.0 + (k as f64 + 0.5) * 60.0 / n as f64;
+            let r = w.rate(base, t);
+            assert!((0.1 * base..=0.9 * base).contains(&r), "{t}: {r}");
+            sum += r;
+        }
+        let mean = sum / n as f64;
+        assert!((mean - 0.5 * base).abs() < 1e-6, "{mean}");
+        // Far from the start too.
+        assert!((w.fraction(1e6 * 60.0 + 30.0) - 0.9).abs() < 1e-6);
+    }
+
+    #[test]
+    fn backlog_classes_parse_and_misuse_is_named() {
+        let ok = format!("{OPEN}{SMALL}{REVIEW}api='jobs'\nbacklog=200\n");
+        let s = Scenario::parse(&ok).unwrap();
+        assert_eq!(s.backlogs(), [(1, 200)]);
+        assert_eq!(s.classes[1].backlog, Some(200));
+        assert!(s
+            .refuse_backlog("`tutor-load run`")
+            .unwrap_err()
+            .to_string()
+            .contains("class review"));
+        assert!(Scenario::parse(&format!("{OPEN}{SMALL}"))
+            .unwrap()
+            .refuse_backlog("x")
+            .is_ok());
+        for (text, says) in [
+            (format!("{OPEN}{SMALL}{REVIEW}api='jobs'\nbacklog=0\n"), "backlog must be >= 1"),
+            (format!("{OPEN}{SMALL}{REVIEW}backlog=5\n"), "backlog needs api = \"jobs\""),
+            (format!("{OPEN}{SMALL}{REVIEW}api='answer'\nbacklog=5\n"), "backlog needs api"),
+            (format!("{OPEN}{SMALL}{REVIEW}api='jobs'\nbacklog=5\nshare=0.1\n"), "takes no share"),
+            (format!("{OPEN}{SMALL}{REVIEW}api='jobs'\nbacklog=-1\n"), "backlog"),
+            (
+                format!("name='x'\n[load]\nmode='closed'\n[[class]]\nname='a'\ninput_tokens=300\noutput_tokens=10\nconcurrency=1\n{REVIEW}api='jobs'\nbacklog=5\n"),
+                "open loop only",
+            ),
+        ] {
+            let e = err(&text);
+            assert!(e.contains(says), "{text}: {e}");
+        }
+        // A backlog alone has no arrivals: the open loop still needs a class with a share.
+        let alone = format!("{OPEN}{REVIEW}api='jobs'\nbacklog=5\n");
+        assert!(err(&alone).contains("shares"));
     }
 
     #[test]

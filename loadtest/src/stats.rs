@@ -40,6 +40,18 @@ impl MetricsHistogram {
         Self { buckets }
     }
 
+    /// Adds `other`'s counts bucket by bucket (another series of the same family, e.g. another
+    /// lane's: the same bounds); a bound only one of them has is kept as it is.
+    pub fn add(&mut self, other: &Self) {
+        for &(le, count) in &other.buckets {
+            match self.buckets.iter_mut().find(|b| b.0 == le) {
+                Some(b) => b.1 += count,
+                None => self.buckets.push((le, count)),
+            }
+        }
+        self.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+
     /// Observations.
     pub fn total(&self) -> f64 {
         self.buckets.last().map_or(0.0, |b| b.1)
@@ -386,5 +398,15 @@ x_bucket{lane=\"large\",le=\"+Inf\"} 0
             let h = MetricsHistogram::read(text, "x", &format!("lane=\"{lane}\""));
             assert_eq!((h.total(), h.quantile(0.5)), (0.0, None));
         }
+        // Lanes summed: the same buckets, counts added.
+        let mut all = MetricsHistogram::default();
+        for lane in ["small", "large", "medium"] {
+            all.add(&MetricsHistogram::read(
+                text,
+                "x",
+                &format!("lane=\"{lane}\""),
+            ));
+        }
+        assert_eq!(all, h);
     }
 }

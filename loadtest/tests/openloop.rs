@@ -178,3 +178,108 @@ async fn a_tiny_open_loop_experiment_accounts_for_every_request() {
     assert!(md.contains("questions within the small objective"), "{md}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// Issue 35's runs in miniature: questions in waves and a backlog of jobs, `floor` (no jobs),
+/// `lanes` (`jobs.preempt` off) and `lanes-preempt` (on) on the same arrivals: every job is
+/// accounted for, only the floor has no backlog, and `jobs.md` has a row per run and the ratios.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_runs_beside_waves_of_questions_but_not_on_the_floor() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::env::temp_dir().join(format!("tutor-load-backlog-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let mut scenario = Scenario::load(&root.join("scenarios/preempt-day.toml")).unwrap();
+    scenario.classes[1].backlog = Some(12);
+    scenario.classes[1].input_tokens = 2000;
+    scenario.classes[1].output_tokens = 100;
+    let opts = OpenLoopOptions {
+        stack: StackSpec {
+            config: root.join("../config/config.toml"),
+            profile: "llama-3.1-8b-h100".into(),
+            speed: 10.0,
+            fifo_max_concurrency: 0,
+        },
+        scenario,
+        engines: expand(&["seed".into()], &Overrides::default()).unwrap(),
+        presets: vec![Preset::LanesPreempt, Preset::Lanes, Preset::Floor],
+        loads: vec![1.0],
+        seeds: vec![4],
+        window: Window {
+            speed: 10.0,
+            warmup_s: 2.0,
+            window_s: 20.0,
+            drain_s: 20.0,
+        },
+        capacity: Some(10.0),
+        capacity_run: CapacityOptions {
+            clients: 8,
+            warmup_s: 1.0,
+            window_s: 1.0,
+        },
+        step: None,
+        out: out.clone(),
+    };
+    let summary = run_open_loop(&opts).await.expect("experiment");
+    let l = &summary["engines"]["seed"]["loads"][0];
+    let run = |p: &str| l["presets"][p]["per_seed"][0].clone();
+    let floor = run("floor");
+    assert!(floor["jobs"].is_null(), "no backlog on the floor");
+    assert_eq!(floor["classes"]["review"]["offered"], 0);
+    for p in ["lanes", "lanes-preempt"] {
+        let r = run(p);
+        let j = &r["jobs"];
+        assert_eq!(j["jobs"], 12, "{p}: {j}");
+        assert_eq!(j["submitted"], 12, "{p}: {j}");
+        let n = |k: &str| j[k].as_u64().unwrap_or_else(|| panic!("{p}: {k} in {j}"));
+        // Every job: done by the end, failed, or unfinished (done before the window's start
+        // is possible only in the warm-up).
+        assert_eq!(
+            n("done_by_end") + n("failed") + n("unfinished"),
+            12,
+            "{p}: {j}"
+        );
+        assert!(n("done_in_window") <= n("done_by_end"));
+        assert_eq!(n("failed"), 0, "{p}: {j}");
+        assert!(n("done_by_end") > 0, "{p}: some job ends in 22 s: {j}");
+        let per_hour = j["jobs_per_hour"].as_f64().unwrap();
+        assert!((per_hour - n("done_in_window") as f64 / 20.0 * 3600.0).abs() < 1e-6);
+        assert!(r["total_tokens_per_s"].as_f64().unwrap() > r["tokens_per_s"].as_f64().unwrap());
+        // The same questions as the floor.
+        assert_eq!(
+            r["classes"]["small"]["offered"], floor["classes"]["small"]["offered"],
+            "{p}"
+        );
+        // Each job's record, and the metrics of the run, are kept.
+        let records = out.join(format!("jobs/seed-load1-{p}-seed4.json"));
+        let records: Value =
+            serde_json::from_str(&std::fs::read_to_string(&records).unwrap()).unwrap();
+        assert_eq!(records.as_array().unwrap().len(), 12);
+        let done = records
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["status"] == "done")
+            .collect::<Vec<_>>();
+        assert!(done.iter().all(|r| r["output_tokens"].as_u64() > Some(0)
+            && r["finished_s"].as_f64() >= r["submitted_s"].as_f64()));
+        let metrics = out.join(format!("metrics/seed-load1-{p}-seed4.prom"));
+        let metrics = std::fs::read_to_string(metrics).unwrap();
+        assert!(
+            metrics.contains("tutor_gateway_job_preemptions_total"),
+            "{p}"
+        );
+    }
+    // With preempt off, no job is ever pre-empted.
+    assert_eq!(run("lanes")["jobs"]["preemptions"], 0);
+    let md = std::fs::read_to_string(out.join("jobs.md")).unwrap();
+    for needle in [
+        "| 4 | A: no jobs",
+        "| 4 | B: backlog, preempt off",
+        "| 4 | C: backlog, preempt on",
+        "| mean | C: backlog, preempt on",
+        "jobs/h C / B (target >= 1.5x)",
+        "between 0.1 and 0.9 (period 60 s)",
+    ] {
+        assert!(md.contains(needle), "{needle:?} missing in\n{md}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}

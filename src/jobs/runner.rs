@@ -188,6 +188,8 @@ struct Progress {
     recomputed: u32,
     /// Times pre-empted.
     preempted: u32,
+    /// Where the last pre-emption cut its run: `prefill` (no token yet) or `decode`.
+    stage: &'static str,
 }
 
 impl Progress {
@@ -207,14 +209,15 @@ impl Progress {
         }
     }
 
-    /// The current run ended: a resumed one's uncached prompt is counted.
+    /// The current run ended: a resumed one's uncached prompt is counted, by the stage its
+    /// previous run was pre-empted at.
     fn run_ended(&mut self, ctx: &Context) {
         match (self.this.take(), self.preempted) {
             (Some(first), 0) => self.first = Some(first),
             (Some((prompt, cached)), _) => {
                 let n = prompt.saturating_sub(cached.unwrap_or(0));
                 self.recomputed = self.recomputed.saturating_add(n);
-                ctx.metrics().recomputed(n);
+                ctx.metrics().recomputed(self.stage, n);
             }
             (None, _) => {}
         }
@@ -224,6 +227,13 @@ impl Progress {
     fn preempted(&mut self, ctx: &Context, handle: &Preemptible) {
         self.run_ended(ctx);
         self.preempted += 1;
+        // Pre-empted before its first token, the run's uncached prompt on resuming is partly
+        // work never done (its prefill was cut), not only work done again.
+        self.stage = if self.generated > self.before {
+            "decode"
+        } else {
+            "prefill"
+        };
         self.before = self.generated;
         if let Some(cause) = handle.cause() {
             ctx.metrics().preempted(cause.lane, cause.reason);

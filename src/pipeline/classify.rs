@@ -121,10 +121,15 @@ impl Ready {
     /// prompt: the rendered prompt is the original one and the text, so the original is found
     /// in the prefix cache), with `max_tokens` (and `max_completion_tokens`) lowered by what was
     /// generated. The reservation stays (the prompt grew by what the output budget shrank).
-    /// `None` for a completions request or a body without messages, or when nothing is left to
+    /// With no text yet, the request as first sent. `None` for a completions request or a body without messages, or when nothing is left to
     /// generate.
     pub fn continued(stored: &Value, text: &str, generated: u32) -> Option<Ready> {
         let mut ready = Ready::from_stored(stored)?;
+        if text.is_empty() {
+            // Cut before its first token: nothing to continue (an empty final message cannot
+            // be continued), the request again as it was.
+            return Some(ready);
+        }
         if ready.endpoint != Endpoint::ChatCompletions {
             return None;
         }
@@ -336,5 +341,52 @@ fn for_engine(
     if engine_priority {
         // Short work first in the engine too (vLLM `--scheduling-policy priority`).
         body.insert("priority".into(), Value::from(lane.index()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn stored() -> Value {
+        json!({
+            "endpoint": Endpoint::ChatCompletions.path(),
+            "body": {"messages": [{"role": "user", "content": "why?"}], "max_tokens": 100},
+            "lane": "large",
+            "input_tokens_estimate": 10,
+            "output_budget": 100,
+            "work": 110,
+            "prefill": 10,
+            "size": 5,
+        })
+    }
+
+    #[test]
+    fn a_continuation_goes_on_from_its_text_with_what_is_left() {
+        let on = Ready::continued(&stored(), " the loop", 2).unwrap();
+        assert_eq!(on.body["max_tokens"], 98);
+        assert_eq!(
+            on.body["messages"][1],
+            json!({"role": "assistant", "content": " the loop"})
+        );
+        assert_eq!(on.body["continue_final_message"], true);
+        assert_eq!(on.body["add_generation_prompt"], false);
+        let c = on.class;
+        assert_eq!(
+            (c.input_tokens_estimate, c.output_budget, c.work),
+            (12, 98, 110)
+        );
+        // Nothing left to generate: nothing to send.
+        assert!(Ready::continued(&stored(), " the", 100).is_none());
+    }
+
+    #[test]
+    fn a_run_cut_before_its_first_token_is_sent_again_as_it_was() {
+        // An empty final message cannot be continued (vLLM refuses it).
+        let again = Ready::continued(&stored(), "", 0).unwrap();
+        assert_eq!(again.body, Ready::from_stored(&stored()).unwrap().body);
+        assert!(again.body.get("continue_final_message").is_none());
     }
 }

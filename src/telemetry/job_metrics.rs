@@ -9,15 +9,16 @@
 //! - `tutor_gateway_job_preemptions_total{lane,reason}`: jobs asked to give their seat back
 //!   (`jobs.preempt`), by the lane of the request that needed it and what it lacked (`seat`,
 //!   `tokens`, `prefill`);
-//! - `tutor_gateway_job_recomputed_tokens_total`: prompt tokens of resumed jobs that the engine
-//!   did not find in its prefix cache (prefill paid again because of a pre-emption);
+//! - `tutor_gateway_job_recomputed_tokens_total{stage}`: prompt tokens of resumed jobs that the
+//!   engine did not find in its prefix cache, by where the pre-emption cut the run (`decode`:
+//!   prefill paid again; `prefill`: an upper bound, as the cut prefill's rest was never done);
 //! - `tutor_gateway_preemption_admit_seconds{lane}`: for a request a job was pre-empted for, its
 //!   arrival to its admission.
 
 use std::time::Duration;
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
 use crate::lane::Lane;
@@ -45,7 +46,7 @@ pub struct JobMetrics {
     run: Histogram,
     webhooks: IntCounterVec,
     preemptions: IntCounterVec,
-    recomputed: IntCounter,
+    recomputed: IntCounterVec,
     made_room: HistogramVec,
 }
 
@@ -101,11 +102,19 @@ impl JobMetrics {
             &["lane", "reason"],
         )
         .expect("valid counter");
-        let recomputed = IntCounter::new(
-            "tutor_gateway_job_recomputed_tokens_total",
-            "Prompt tokens of resumed jobs not served from the engine's prefix cache.",
+        let recomputed = IntCounterVec::new(
+            Opts::new(
+                "tutor_gateway_job_recomputed_tokens_total",
+                "Prompt tokens of resumed jobs not served from the engine's prefix cache, by the \
+                 stage the pre-emption cut (decode: computed again; prefill: an upper bound, the \
+                 cut prefill's rest was never computed).",
+            ),
+            &["stage"],
         )
         .expect("valid counter");
+        for stage in ["prefill", "decode"] {
+            recomputed.with_label_values(&[stage]);
+        }
         let made_room = HistogramVec::new(
             HistogramOpts::new(
                 "tutor_gateway_preemption_admit_seconds",
@@ -150,9 +159,12 @@ impl JobMetrics {
             .inc();
     }
 
-    /// A resumed job's prompt had `n` tokens the prefix cache did not serve.
-    pub fn recomputed(&self, n: u32) {
-        self.recomputed.inc_by(u64::from(n));
+    /// A job resumed after a pre-emption at `stage` (`prefill` or `decode`) had `n` prompt
+    /// tokens the prefix cache did not serve.
+    pub fn recomputed(&self, stage: &str, n: u32) {
+        self.recomputed
+            .with_label_values(&[stage])
+            .inc_by(u64::from(n));
     }
 
     /// A `lane` request that a job was pre-empted for was admitted after `waited`.

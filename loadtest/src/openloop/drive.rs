@@ -13,9 +13,10 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use vllm_sim::engine::stats::StepRecord;
 
-use super::arrivals::Arrival;
+use super::backlog::{Backlog, Followed};
 use super::bound::StepLog;
 use super::stack::Stack;
+use crate::arrivals::Arrival;
 use crate::client::Outcome;
 use crate::draw::open_sizes;
 use crate::prompt::request_seed;
@@ -26,35 +27,7 @@ use crate::scenario::Scenario;
 /// this pace none is lost unless steps are shorter than 50 us of wall clock.
 pub const STEP_READ_EVERY: Duration = Duration::from_millis(200);
 
-/// The run's phases, simulated seconds, and the speed factor that maps them onto the wall clock.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Window {
-    /// The simulator's speed factor F: a simulated second lasts 1/F s of wall clock.
-    pub speed: f64,
-    /// Arrivals before this are not counted.
-    pub warmup_s: f64,
-    /// Arrivals in `[warmup_s, warmup_s + window_s)` are counted.
-    pub window_s: f64,
-    /// After the window, how long counted requests still in flight get before they are cut.
-    pub drain_s: f64,
-}
-
-impl Window {
-    /// Whether an arrival at `at_s` counts.
-    pub fn counts(&self, at_s: f64) -> bool {
-        at_s >= self.warmup_s && at_s < self.warmup_s + self.window_s
-    }
-
-    /// Wall-clock length of `sim_s` simulated seconds.
-    pub fn wall(&self, sim_s: f64) -> Duration {
-        Duration::from_secs_f64((sim_s / self.speed).max(0.0))
-    }
-
-    /// Where arrivals stop being generated: the window's end plus the drain.
-    pub fn horizon_s(&self) -> f64 {
-        self.warmup_s + self.window_s + self.drain_s
-    }
-}
+pub use super::window::Window;
 
 /// One counted request.
 #[derive(Debug, Clone)]
@@ -81,16 +54,22 @@ pub struct Driven {
     pub steps: Vec<StepRecord>,
     /// Steps that fell out of the simulator's window before they were read.
     pub lost_steps: u64,
+    /// The backlog's jobs as they stood at the window's end, and the gateway's `/metrics` then
+    /// (empty without a backlog).
+    pub backlog: Followed,
 }
 
 /// Sends `arrivals` (sorted by time) to `stack` under `window`; sizes and prompt text come from
-/// (`seed`, class, index), as in [`crate::runner::run`]'s open loop.
+/// (`seed`, class, index), as in [`crate::runner::run`]'s open loop. With `backlog`, its jobs
+/// are submitted at the start and followed until the window's end (the run lasts at least that
+/// long).
 pub async fn drive(
     arrivals: &[Arrival],
     scenario: &Scenario,
     seed: u64,
     stack: &Stack,
     window: &Window,
+    backlog: Option<Backlog>,
 ) -> Driven {
     let engine = stack.sim.engine.clone();
     let epoch = engine.epoch();
@@ -107,6 +86,7 @@ pub async fn drive(
     };
     let start = Instant::now();
     let window_end = start + window.wall(window.warmup_s + window.window_s);
+    let jobs = backlog.map(|b| tokio::spawn(b.run(std::time::SystemTime::now(), window_end)));
     let cut_at = window_end + window.wall(window.drain_s);
     let mut remaining = arrivals.iter().filter(|a| window.counts(a.at_s)).count();
     let mut counted: JoinSet<Sent> = JoinSet::new();
@@ -141,6 +121,10 @@ pub async fn drive(
         }
         while uncounted.try_join_next().is_some() {}
     }
+    let backlog = match jobs {
+        Some(task) => task.await.unwrap_or_default(),
+        None => Followed::default(),
+    };
     uncounted.abort_all();
     while uncounted.join_next().await.is_some() {}
     reader.abort();
@@ -152,6 +136,7 @@ pub async fn drive(
         sent,
         steps: log.steps(),
         lost_steps: log.lost,
+        backlog,
     }
 }
 

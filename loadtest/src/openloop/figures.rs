@@ -14,6 +14,12 @@ use crate::floor::{ratio, FLOOR_CLASS};
 use crate::scenario::Scenario;
 use crate::stats::quantile;
 
+/// Note on units, in both reports.
+pub const UNITS: &str = "All times are simulated seconds and all rates per simulated second: \
+    the simulator ran at --speed F, arrival rates were multiplied by F and every measured time \
+    (TTFT, end to end, engine steps) was multiplied back by F, so a run at --speed 2 reports \
+    the same figures as one at --speed 1.";
+
 /// The review classes whose end-to-end SLO is read against FIFO's (large first).
 pub const REVIEW_CLASSES: [&str; 2] = ["large", "medium"];
 /// SLO limits are this multiple of the reference p95 (the floor's TTFT, FIFO's e2e).
@@ -172,6 +178,13 @@ pub struct RunFigures {
     pub refusal_wait_ratio_p50: BTreeMap<String, f64>,
     /// Per line: how many refusals' ghosts were measured.
     pub refusal_ghosts: BTreeMap<String, u64>,
+    /// The backlog of background jobs (a scenario class with `backlog`), when the run had one.
+    #[serde(default)]
+    pub jobs: Option<super::backlog::BacklogFigures>,
+    /// Prompt + output tokens per simulated second of window: the window's completed requests
+    /// (`tokens_per_s`) and the backlog's jobs done in the window.
+    #[serde(default)]
+    pub total_tokens_per_s: f64,
 }
 
 /// The autopilot's knobs at one moment of a run.

@@ -7,14 +7,22 @@
 //! clock ([`drive`]); only requests arriving in the window after the warm-up count. Each run's
 //! figures ([`figures`]) include the engine bound ([`bound`]) of its questions; reports in
 //! [`report`].
+//!
+//! The scenario's `[load] waves` make the rate rise and fall (load x capacity x the wave's
+//! fraction, [`arrivals::Stream`]). A class with `backlog = N` (`api = "jobs"`, issue 35) is
+//! not an arrival class: every preset but `floor` gets its N jobs submitted at the start and
+//! followed to the window's end ([`backlog`]); `jobs.md` compares `floor` (no jobs), `lanes`
+//! (`jobs.preempt` off) and `lanes-preempt` (on) ([`jobs_report`]).
 
-pub mod arrivals;
+pub mod backlog;
 pub mod bound;
 pub mod capacity;
 pub mod drive;
 pub mod figures;
+pub mod jobs_report;
 pub mod report;
 pub mod stack;
+pub mod window;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -22,6 +30,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
+use crate::arrivals;
 use crate::engine::EngineSetting;
 use crate::floor::FLOOR_CLASS;
 use crate::preset::Preset;
@@ -117,7 +126,15 @@ async fn one_run(
             points.clone(),
         ))
     });
-    let driven = drive::drive(arrivals, scenario, seed, &stack, &opts.window).await;
+    let backlog =
+        (preset != Preset::Floor && !scenario.backlogs().is_empty()).then(|| backlog::Backlog {
+            scenario: scenario.clone(),
+            seed,
+            target: stack.target.clone(),
+            prompts: stack.prompts.clone(),
+            speed: opts.window.speed,
+        });
+    let driven = drive::drive(arrivals, scenario, seed, &stack, &opts.window, backlog).await;
     if let Some(t) = tracer {
         t.abort();
         let _ = t.await;
@@ -130,6 +147,14 @@ async fn one_run(
         None => String::new(),
     };
     let counters = counters_of(&metrics_text);
+    let run_name = format!("{}-load{load}-{}-seed{seed}", engine.name, preset.name());
+    if !scenario.backlogs().is_empty() {
+        // The backlog experiment keeps every run's metrics (issue 35).
+        save(
+            &opts.out.join("metrics").join(format!("{run_name}.prom")),
+            &metrics_text,
+        )?;
+    }
     let objective = crate::experiment::load_config(&opts.stack.config, engine.max_model_len)?
         .lanes
         .small
@@ -151,6 +176,29 @@ async fn one_run(
     let review_prompts = review_prompt_tokens(&driven, scenario, &opts.window);
     m.figures.piece_recomputed_share = (m.figures.pieces > 0 && review_prompts > 0)
         .then(|| m.figures.piece_recomputed_tokens as f64 / review_prompts as f64);
+    if preset != Preset::Floor && !scenario.backlogs().is_empty() {
+        let step = backlog::step_p50_s(&driven.steps, opts.window.speed);
+        let followed = &driven.backlog;
+        m.figures.jobs = Some(backlog::figures(
+            &followed.jobs,
+            &followed.metrics,
+            &opts.window,
+            step,
+        ));
+        save(
+            &opts.out.join("jobs").join(format!("{run_name}.json")),
+            &serde_json::to_string_pretty(&followed.jobs)?,
+        )?;
+        save(
+            &opts
+                .out
+                .join("metrics")
+                .join(format!("{run_name}.window-end.prom")),
+            &followed.metrics,
+        )?;
+    }
+    m.figures.total_tokens_per_s =
+        m.figures.tokens_per_s + m.figures.jobs.as_ref().map_or(0.0, |j| j.tokens_per_s);
     m.figures.small_within_objective =
         objective.and_then(|limit| figures::share_within(&m.times, FLOOR_CLASS, limit, |t| t.1));
     for lane in ["small", "medium", "large"] {
@@ -194,6 +242,19 @@ async fn one_run(
         );
     }
     let f = &m.figures;
+    if let Some(j) = &f.jobs {
+        eprintln!(
+            "   {} seed {seed}: jobs done in the window {} ({:.0}/h), unfinished {}, failed {}; \
+             pre-emptions {}, recomputed tokens {}",
+            preset.name(),
+            j.done_in_window,
+            j.jobs_per_hour,
+            j.unfinished,
+            j.failed,
+            j.preemptions,
+            j.recomputed_tokens
+        );
+    }
     eprintln!(
         "   {} load {load} seed {seed}: offered {} completed {} refused {} diverted {} failed {}; \
          small TTFT p95 {:?} s; steps {} (lost {})",
@@ -210,6 +271,14 @@ async fn one_run(
     // Let one run's sockets close before the next starts.
     tokio::time::sleep(Duration::from_millis(300)).await;
     Ok(m)
+}
+
+/// Writes `text` to `path`, creating its folder.
+fn save(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Prompt tokens of the large class's requests offered in the window (the reviews').
@@ -398,6 +467,7 @@ pub async fn run_open_loop(opts: &OpenLoopOptions) -> anyhow::Result<Value> {
             "arrivals": "poisson",
             "scenario": opts.scenario.name,
             "classes": opts.scenario.classes,
+            "waves": opts.scenario.waves(),
             "profile": opts.stack.profile,
             "speed": w.speed,
             "units": report::UNITS,

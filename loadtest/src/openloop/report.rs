@@ -8,11 +8,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-/// Note on units, in both reports.
-pub const UNITS: &str = "All times are simulated seconds and all rates per simulated second: \
-    the simulator ran at --speed F, arrival rates were multiplied by F and every measured time \
-    (TTFT, end to end, engine steps) was multiplied back by F, so a run at --speed 2 reports \
-    the same figures as one at --speed 1.";
+pub use super::figures::UNITS;
 
 /// `v` (a `{median, min, max, n}` spread) as `median (min–max)`, or the value alone when the
 /// seeds agree or there is one; `scale` multiplies (100 for percentages), `digits` decimals.
@@ -383,7 +379,8 @@ fn join(v: &Value) -> String {
         .unwrap_or_default()
 }
 
-/// Writes `summary.json` and `summary.md` into `out`.
+/// Writes `summary.json` and `summary.md` into `out`, and `jobs.md` when a run had a backlog
+/// ([`super::jobs_report`]).
 pub fn write(out: &Path, summary: &Value) -> anyhow::Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(
@@ -391,6 +388,9 @@ pub fn write(out: &Path, summary: &Value) -> anyhow::Result<()> {
         serde_json::to_string_pretty(summary)?,
     )?;
     std::fs::write(out.join("summary.md"), summary_md(summary))?;
+    if super::jobs_report::has_jobs(summary) {
+        std::fs::write(out.join("jobs.md"), super::jobs_report::jobs_md(summary))?;
+    }
     trace_charts(out, summary)
 }
 

@@ -6,7 +6,7 @@ use serde::Serialize;
 use vllm_sim::text::SplitMix;
 
 use crate::draw::pick_class;
-use crate::scenario::Scenario;
+use crate::scenario::{Scenario, Waves};
 
 /// One request of the sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -21,32 +21,79 @@ pub struct Arrival {
     pub index: u64,
 }
 
-/// Poisson arrivals in `[0, until_s)` at `rate` requests per simulated second, each request's
+/// Poisson arrivals in `[0, until_s)` at `rate` requests per simulated second (times the
+/// scenario's `waves` fraction at each instant, when it has waves: [`Stream`]), each request's
 /// class drawn by the classes' `share`. The same draws as `tutor-load run`'s open loop
 /// ([`crate::runner::run`]): one generator seeded with `seed`, an exponential gap then a class
-/// per request. The gaps are the same exponential draws divided by `rate`, so every load of
-/// one seed has the same classes and sizes in the same order, only closer together.
+/// per request. Without waves the gaps are the same exponential draws divided by `rate`, so
+/// every load of one seed has the same classes and sizes in the same order, only closer
+/// together (with waves the wave's instants do not scale, so loads differ).
 pub fn mixed(scenario: &Scenario, rate: f64, seed: u64, until_s: f64) -> Vec<Arrival> {
-    let mut rng = SplitMix::new(seed);
-    let total = scenario.total_share();
-    let mut out = vec![];
-    let mut at = 0.0;
-    let mut index = 0u64;
-    if !(rate > 0.0 && rate.is_finite()) || total <= 0.0 {
-        return out;
-    }
-    loop {
-        at += -(1.0 - rng.next_f64()).ln() / rate;
-        let class = pick_class(scenario, total, &mut rng);
-        index += 1;
-        if at >= until_s {
-            return out;
+    Stream::new(scenario, rate, seed)
+        .take_while(|a| a.at_s < until_s)
+        .collect()
+}
+
+/// The arrivals of an open loop, one after another, without end (none when the rate or the
+/// shares are not positive).
+///
+/// Without waves: Poisson at `rate`: per request an exponential gap at `rate`, then its class.
+/// With waves (`[load] waves`): a Poisson process whose rate at `t` is
+/// `rate x waves.fraction(t)`, drawn by thinning: candidates arrive at the crest's rate
+/// `rate x high` (an exponential gap, then a class), and each is kept with probability
+/// `fraction(t) / high` (a third draw). Every draw comes from one generator seeded with `seed`:
+/// the same seed gives the same sequence.
+#[derive(Debug, Clone)]
+pub struct Stream<'a> {
+    scenario: &'a Scenario,
+    rng: SplitMix,
+    total: f64,
+    /// Candidates' rate: `rate`, or `rate x high` with waves.
+    peak: f64,
+    waves: Option<Waves>,
+    at: f64,
+    index: u64,
+}
+
+impl<'a> Stream<'a> {
+    /// The arrivals of `scenario` (its shares and waves) at base rate `rate` from `seed`.
+    pub fn new(scenario: &'a Scenario, rate: f64, seed: u64) -> Self {
+        let waves = scenario.waves();
+        let peak = rate * waves.map_or(1.0, |w| w.high);
+        Self {
+            scenario,
+            rng: SplitMix::new(seed),
+            total: scenario.total_share(),
+            peak,
+            waves,
+            at: 0.0,
+            index: 0,
         }
-        out.push(Arrival {
-            at_s: at,
-            class,
-            index,
-        });
+    }
+}
+
+impl Iterator for Stream<'_> {
+    type Item = Arrival;
+
+    fn next(&mut self) -> Option<Arrival> {
+        if !(self.peak > 0.0 && self.peak.is_finite()) || self.total <= 0.0 {
+            return None;
+        }
+        loop {
+            self.at += -(1.0 - self.rng.next_f64()).ln() / self.peak;
+            let class = pick_class(self.scenario, self.total, &mut self.rng);
+            if let Some(w) = self.waves {
+                if self.rng.next_f64() * w.high >= w.fraction(self.at) {
+                    continue;
+                }
+            }
+            self.index += 1;
+            return Some(Arrival {
+                at_s: self.at,
+                class,
+                index: self.index,
+            });
+        }
     }
 }
 
@@ -127,6 +174,7 @@ pub fn only(arrivals: &[Arrival], class: usize) -> Vec<Arrival> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::draw::pick_class;
 
     #[test]
     fn a_step_doubles_the_class_from_its_moment_on_and_leaves_the_rest_as_it_was() {
@@ -160,6 +208,108 @@ mod tests {
         // Indices stay distinct (sizes and prompts are seeded by them).
         let ids: std::collections::BTreeSet<u64> = b.iter().map(|x| x.index).collect();
         assert_eq!(ids.len(), b.len());
+    }
+
+    fn waved(low: f64, high: f64, period_s: f64) -> Scenario {
+        let mut s = mix();
+        s.load = crate::scenario::Load::Open {
+            rate: 1.0,
+            waves: Some(Waves {
+                low,
+                high,
+                period_s,
+            }),
+        };
+        s
+    }
+
+    #[test]
+    fn without_waves_the_stream_is_the_old_poisson_sequence() {
+        // The draws before waves existed: a gap at `rate`, then a class, per request.
+        let s = mix();
+        let mut rng = SplitMix::new(5);
+        let total = s.total_share();
+        let mut at = 0.0;
+        for (i, a) in Stream::new(&s, 7.0, 5).take(2_000).enumerate() {
+            at += -(1.0 - rng.next_f64()).ln() / 7.0;
+            let class = pick_class(&s, total, &mut rng);
+            assert_eq!(
+                a,
+                Arrival {
+                    at_s: at,
+                    class,
+                    index: i as u64 + 1
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn waves_follow_the_rate_and_replay_per_seed() {
+        let (low, high, period) = (0.1, 0.9, 60.0);
+        let s = waved(low, high, period);
+        let base = 20.0;
+        let periods = 50.0;
+        let a = mixed(&s, base, 1, periods * period);
+        // The mean rate over whole periods is (low + high) / 2 x base: 600 expected per period,
+        // 30,000 in all (Poisson: sd ~170, so within 3%).
+        let mean = a.len() as f64 / (periods * period);
+        assert!((mean / (0.5 * base) - 1.0).abs() < 0.03, "{mean}");
+        // By phase (tenths of a period, all periods together), the rate follows the wave: near
+        // the expected mean of each tenth, and always within [low, high] x base (with the
+        // Poisson noise of ~3,000 arrivals a tenth at most: 10%).
+        let mut bins = [0usize; 10];
+        for x in &a {
+            bins[((x.at_s % period) / period * 10.0) as usize % 10] += 1;
+        }
+        let tenth = period / 10.0;
+        for (k, n) in bins.iter().enumerate() {
+            let rate = *n as f64 / (periods * tenth);
+            let expected: f64 = (0..1000)
+                .map(|j| {
+                    let w = s.waves().unwrap();
+                    w.rate(base, (k as f64 + (j as f64 + 0.5) / 1000.0) * tenth)
+                })
+                .sum::<f64>()
+                / 1000.0;
+            assert!(
+                (rate / expected - 1.0).abs() < 0.1,
+                "tenth {k}: {rate} vs {expected}"
+            );
+            assert!(
+                rate >= low * base * 0.9 && rate <= high * base * 1.1,
+                "tenth {k}: {rate}"
+            );
+        }
+        assert!(
+            bins[5] > 4 * bins[0],
+            "crest {} vs trough {}",
+            bins[5],
+            bins[0]
+        );
+        // Sorted, numbered from 1 without gaps, classes by share as before.
+        assert!(a.windows(2).all(|w| w[0].at_s < w[1].at_s));
+        assert!(a.iter().enumerate().all(|(i, x)| x.index == i as u64 + 1));
+        let small = a.iter().filter(|x| x.class == 0).count() as f64 / a.len() as f64;
+        assert!((0.68..0.72).contains(&small), "{small}");
+        // The same seed replays; another seed does not.
+        assert_eq!(mixed(&s, base, 1, periods * period), a);
+        assert_ne!(mixed(&s, base, 2, periods * period), a);
+        // A flat wave at 1.0 is the plain Poisson sequence at the base rate, but for the third
+        // draw per candidate: the same mean rate.
+        let flat = mixed(&waved(1.0, 1.0, period), base, 1, 600.0);
+        assert!((flat.len() as f64 / 600.0 / base - 1.0).abs() < 0.05);
+    }
+
+    #[test]
+    fn a_backlog_class_never_arrives() {
+        let s = Scenario::parse(
+            "name='t'\n[load]\nmode='open'\nrate=1\n[[class]]\nname='small'\n\
+             input_tokens=300\noutput_tokens=100\nshare=1\n[[class]]\nname='review'\n\
+             api='jobs'\nbacklog=5\ninput_tokens=8000\noutput_tokens=500\n",
+        )
+        .unwrap();
+        assert!(mixed(&s, 50.0, 3, 100.0).iter().all(|a| a.class == 0));
     }
 
     fn mix() -> Scenario {
