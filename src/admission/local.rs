@@ -313,8 +313,8 @@ impl LocalAdmission {
     /// A pre-emptible seat for background work whose `tokens` count in `lane` (see
     /// `preempt.rs`): `lane`'s own seat, else medium's, else small's (largest first, so the
     /// small lane's seats go last; a handle no longer eligible for pre-emption: `lane`'s own
-    /// seat only), only when idle: one of that lane's own seats free, nobody
-    /// waiting in its queue or in `lane`'s, the tokens within `lane`'s and the global budgets,
+    /// seat only), only when idle: one of that lane's own seats free, nobody waiting in any
+    /// queue, the tokens within `lane`'s and the global budgets,
     /// and the `prompt`'s prefill room. Never waits. The seat is asked back through `handle`
     /// when an interactive request needs it.
     pub fn try_acquire_preemptible(
@@ -327,8 +327,9 @@ impl LocalAdmission {
         let shared = &self.shared;
         let rules = shared.rules();
         let mut state = shared.lock();
-        if !state.queues[rules.limits.queue_of(lane)].is_empty()
-            || !rules.prefill.fits(state.prefill, prompt)
+        // Background work never starts while an interactive request waits, in any lane: it
+        // would take engine time that request is waiting for.
+        if state.queues.iter().any(|q| !q.is_empty()) || !rules.prefill.fits(state.prefill, prompt)
         {
             return None;
         }
@@ -337,10 +338,7 @@ impl LocalAdmission {
         let seat = [Lane::Large, Lane::Medium, Lane::Small]
             .into_iter()
             .filter(|s| *s <= lane && (handle.is_eligible() || *s == lane))
-            .find(|&seat| {
-                state.queues[rules.limits.queue_of(seat)].is_empty()
-                    && rules.limits.fits_borrowed(&state.usage, seat, lane, tokens)
-            })?;
+            .find(|&seat| rules.limits.fits_borrowed(&state.usage, seat, lane, tokens))?;
         state.take_apart(seat, lane, tokens);
         state.take_prefill(prompt);
         let id = state.next_id();
@@ -480,8 +478,8 @@ impl Shared {
 
     /// Asks pre-emptible borrowers to leave for the waiters that cannot get in otherwise (see
     /// `preempt.rs`): in queue order, counting the seats of borrowers already leaving as free
-    /// and each waiter that fits as taken; a queue stops at its first waiter that even every
-    /// candidate leaving would not let in.
+    /// and each waiter that fits as taken; a waiter that no borrower's leaving lets in asks one
+    /// to leave all the same (`pressure`).
     fn preempt(self: &Arc<Self>, state: &mut State) {
         let rules = self.rules();
         let (limits, prefill_limit) = (&rules.limits, rules.prefill);
@@ -521,7 +519,19 @@ impl Shared {
                         fits(&u, p, w)
                     };
                     let Some(leave) = victims(&candidates, without) else {
-                        break;
+                        // No job's leaving lets it in (its lane is at its own limits): what it
+                        // waits for is the engine's time, which the job that loses least gives
+                        // back. It is not admitted by that: the requests behind it in its queue
+                        // cannot pass it, so each of them asks one more.
+                        let Some(&first) = candidates.first() else {
+                            break;
+                        };
+                        state.borrowers[first].preempt(Cause {
+                            lane: w.lane,
+                            reason: "pressure",
+                        });
+                        candidates.remove(0);
+                        continue;
                     };
                     let reason = if prefill_limit.waits(w.prefill)
                         && !prefill_limit.fits(prefill, w.prefill)

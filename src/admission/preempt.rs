@@ -3,13 +3,17 @@
 //!
 //! - A job takes a seat with [`crate::admission::LocalAdmission::try_acquire_preemptible`]: the
 //!   large lane's own seat first, then medium's, then small's, each only when it is idle (one of
-//!   the lane's own seats free, nobody waiting in that lane or in large) and the job's tokens fit
+//!   the lane's own seats free, nobody waiting in any lane) and the job's tokens fit
 //!   the large lane's and the global budgets (its tokens always count in large: the seat is
 //!   borrowed, the reservation is still a review's).
 //! - It then holds a [`Preemptible`] handle. Whenever admission dispatches (an arrival queued, a
 //!   seat or prefill room back), it looks at its waiters in queue order, counting the seats of
 //!   borrowers already asked to leave as free: a waiter that does not fit even so asks the
-//!   borrower that loses least to leave ([`victims`]).
+//!   borrower that loses least to leave ([`victims`]), reason `seat`, `tokens` or `prefill`
+//!   (what it lacked). A waiter that no borrower's leaving would let in (its lane is at its own
+//!   limits) asks one all the same, reason `pressure`: it waits for the engine's time, which
+//!   background work is taking. So while interactive requests wait, jobs leave, one per waiter
+//!   and dispatch, and no job starts or resumes while any request waits.
 //! - The borrower that loses least: the one whose leaving alone lets the waiter in, with the
 //!   fewest generated tokens (ties: the youngest); when no single one suffices, those in that
 //!   order until the waiter fits. A borrower is never asked twice, and never at all when it used

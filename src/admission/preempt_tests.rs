@@ -131,6 +131,9 @@ async fn a_job_that_used_up_its_preemptions_keeps_its_seat() {
     let mut jobs: Vec<_> = job(&a, 0, false).into_iter().collect();
     jobs.extend((0..4).map_while(|_| job(&a, 0, true)));
     assert_eq!(seats(&a), [2, 2, 1]);
+    for (i, n) in [(1, 30), (2, 20), (3, 5), (4, 10)] {
+        jobs[i].1.generated(n);
+    }
     let waiter = {
         let a = a.clone();
         tokio::spawn(async move {
@@ -139,10 +142,12 @@ async fn a_job_that_used_up_its_preemptions_keeps_its_seat() {
         })
     };
     assert!(waiter.await.unwrap().is_err(), "nobody could leave for it");
-    assert!(
-        jobs.iter().all(|(_, h)| !h.is_preempted()),
-        "the others would not free a large seat: nobody is asked for nothing"
-    );
+    assert!(!jobs[0].1.is_preempted(), "the large seat's job keeps it");
+    // The others' seats would not let it in, but their work takes the engine's time it waits
+    // for: the one of them that loses least leaves, for `pressure`.
+    let asked: Vec<usize> = (0..5).filter(|&i| jobs[i].1.is_preempted()).collect();
+    assert_eq!(asked, vec![3]);
+    assert_eq!(jobs[3].1.cause().unwrap().reason, "pressure");
     drop(jobs);
     assert!(a.snapshot().is_idle());
 }

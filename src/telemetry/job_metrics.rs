@@ -126,7 +126,7 @@ impl JobMetrics {
         .expect("valid histogram");
         for lane in Lane::ALL {
             made_room.with_label_values(&[lane.as_str()]);
-            for reason in ["seat", "tokens", "prefill"] {
+            for reason in ["seat", "tokens", "prefill", "pressure"] {
                 preemptions.with_label_values(&[lane.as_str(), reason]);
             }
         }
