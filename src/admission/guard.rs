@@ -26,6 +26,11 @@ pub(crate) trait Reservation: Send + Sync {
     /// Gives back `tokens` of prefill reservation (the request's prefill ended). Backends that
     /// keep no prefill budget never hand out one, so they keep this no-op.
     fn prefill_done(&self, _tokens: u32) {}
+    /// Gives back `tokens` of prefill reservation of a request that ends before its first
+    /// token (its prefill was cut, not done); by default as [`Reservation::prefill_done`].
+    fn prefill_abandoned(&self, tokens: u32) {
+        self.prefill_done(tokens);
+    }
 }
 
 /// Proof of admission: holds one request slot and `tokens` of token budget in `lane`.
@@ -180,8 +185,11 @@ impl LaneGuard {
 impl Drop for LaneGuard {
     fn drop(&mut self) {
         // Ended before its first token (error, disconnect during prefill, engine error).
-        self.prefill_done();
+        let prefill = std::mem::take(&mut self.prefill);
         if let Some(reservation) = self.release.take() {
+            if prefill > 0 {
+                reservation.prefill_abandoned(prefill);
+            }
             reservation.release(self.lane, self.tokens, self.served);
         }
     }

@@ -574,13 +574,15 @@ impl Shared {
         self.dispatch(&mut state);
     }
 
-    /// A pre-emptible seat's first token: its prefill reservation back, and the prefill rate
-    /// it ran at noted for the grace.
-    fn borrowed_prefill_done(self: &Arc<Self>, id: u64, tokens: u32) {
+    /// A pre-emptible seat's prefill ended: its reservation back, and at a first token
+    /// (`first_token`; not when the prefill was cut) the prefill rate it ran at noted for the
+    /// grace.
+    fn borrowed_prefill_done(self: &Arc<Self>, id: u64, tokens: u32, first_token: bool) {
         let mut state = self.lock();
         if let Some(b) = state.borrowers.iter_mut().find(|b| b.id == id) {
             let took = b.since.elapsed().as_secs_f64();
-            let rate = (took > 0.0 && b.prefill > 0).then(|| f64::from(b.prefill) / took);
+            let rate =
+                (first_token && took > 0.0 && b.prefill > 0).then(|| f64::from(b.prefill) / took);
             b.prefilled();
             if rate.is_some() {
                 state.prefill_rate = rate;
@@ -661,7 +663,12 @@ impl Reservation for BorrowedSeat {
     }
 
     fn prefill_done(&self, tokens: u32) {
-        self.shared.borrowed_prefill_done(self.id, tokens);
+        self.shared.borrowed_prefill_done(self.id, tokens, true);
+    }
+
+    fn prefill_abandoned(&self, tokens: u32) {
+        // A cut prefill says nothing of the prefill rate.
+        self.shared.borrowed_prefill_done(self.id, tokens, false);
     }
 }
 

@@ -196,6 +196,37 @@ async fn a_prefill_within_the_grace_is_preempted_only_after_its_first_token() {
     assert!(a.snapshot().is_idle());
 }
 
+/// The grace's prefill rate comes from first tokens only: a prefill cut short (its guard dropped
+/// before its first token) says nothing of it.
+#[tokio::test(start_paused = true)]
+async fn a_cut_prefill_does_not_teach_the_grace_a_rate() {
+    let a = admission("[jobs]\npreempt_prefill_grace_tokens = 500\n");
+    let busy: Vec<LaneGuard> = [Large, Medium, Medium, Small]
+        .into_iter()
+        .map(|l| {
+            futures::FutureExt::now_or_never(a.acquire(Ask::new(l, 100)))
+                .unwrap()
+                .unwrap()
+        })
+        .collect();
+    // Cut after 1 s: read as a first token, it would teach a rate of 4,000 tokens/s.
+    let (cut, _) = job(&a, 4_000, true).unwrap();
+    tokio::time::advance(Duration::from_secs(1)).await;
+    drop(cut);
+    let (_job, h) = job(&a, 4_000, true).unwrap();
+    tokio::time::advance(Duration::from_millis(900)).await;
+    // At 4,000 tokens/s it would be 400 tokens from done, inside the grace; with no rate known
+    // its whole prompt is left, so it is asked.
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(Ask::new(Small, 100)).await })
+    };
+    until("the job is asked", || h.is_preempted()).await;
+    drop((_job, busy));
+    drop(waiter.await.unwrap());
+    assert!(a.snapshot().is_idle());
+}
+
 /// Many arrivals and jobs coming and going in every order: seats never above the lanes'
 /// reservations, and every counter back to zero.
 #[tokio::test(start_paused = true)]
