@@ -473,18 +473,23 @@ mod tests {
         }
     }
 
-    /// A decodes in ~50 ms steps; B arrives half a step into one of them (step X). Returns A's
+    /// The speed of [`a_tokens_until_b_starts`]'s engine.
+    const SPEED: f64 = 0.02;
+
+    /// A decodes in ~250 ms steps; B arrives half a step into one of them (step X). Returns A's
     /// tokens that came out from then up to B's first token, that step included.
     fn a_tokens_until_b_starts(async_scheduling: bool) -> u32 {
         let cfg = SchedulerConfig {
             async_scheduling,
             ..SchedulerConfig::small_for_tests()
         };
-        let engine = Engine::start(Profile::Batched(TINY_TEST), 0.1, cfg);
+        // Slowed to ~250 ms steps: B's arrival half a step in stays inside step X even when a
+        // loaded machine wakes this thread late.
+        let engine = Engine::start(Profile::Batched(TINY_TEST), SPEED, cfg);
         let (_, mut ra) = engine.submit(request("a", 100));
         assert!(matches!(ra.blocking_recv(), Some(EngineEvent::Token)));
         // A's prefill step has ended and step X has begun: B arrives in the middle of X.
-        let step = TINY_TEST.step_time(StepShape::default()).div_f64(0.1);
+        let step = TINY_TEST.step_time(StepShape::default()).div_f64(SPEED);
         std::thread::sleep(step / 2);
         let (_, mut rb) = engine.submit(request("b", 100));
         let mut a_tokens = 0;
