@@ -49,9 +49,10 @@ local function ended(key, id, status, now)
 end
 
 -- Puts a running job back at its place in the queue (its start tag is older than any job that
--- queued after it): its text starts over.
+-- queued after it): its text starts over (and what a continuation would need goes).
 local function requeue(base, key, id)
   redis.call('HSET', key, 'status', 'queued', 'runner', '')
+  redis.call('HDEL', key, 'progress', 'preempted')
   redis.call('DEL', text_key(base, id))
   redis.call('ZADD', KEYS[7], redis.call('HGET', key, 'tag'), id)
 end

@@ -3,7 +3,10 @@
 --   JSON for done, the error's for failed, "" otherwise), text_bytes
 --   queued: the gateway is shutting down; the job goes back to the queue for another replica
 --   (not counted against jobs.max_attempts), unless its cancel was asked: then it ends
---   cancelled.
+--   cancelled. With a result (jobs.preempt: the run was pre-empted, or handed back with text
+--   streamed), the result is the run's progress (JSON: "preempted" times so far, the tokens
+--   generated, the first run's usage): the job keeps its text, and whichever replica takes it
+--   next continues the answer (jobs_take_v2.lua).
 -- Reply: the status the job now has, or "" when this run no longer owns the job (its runner
 --   lease had expired and it was put back or failed: the newer outcome stands, so a job ends
 --   once).
@@ -17,7 +20,13 @@ redis.call('ZREM', KEYS[8], id)
 if to == 'queued' and redis.call('HGET', KEYS[11], 'cancel') == '1' then
   to = 'cancelled'
 end
-if to == 'queued' then
+if to == 'queued' and result ~= '' then
+  local preempted = tonumber(cjson.decode(result)['preempted']) or 0
+  redis.call('HSET', KEYS[11], 'status', 'queued', 'runner', '', 'progress', result,
+    'preempted', preempted)
+  redis.call('ZADD', KEYS[7], redis.call('HGET', KEYS[11], 'tag'), id)
+  redis.call('HINCRBY', KEYS[11], 'handed', 1)
+elseif to == 'queued' then
   requeue(base, KEYS[11], id)
   redis.call('HINCRBY', KEYS[11], 'handed', 1)
 else

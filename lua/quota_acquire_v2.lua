@@ -14,10 +14,11 @@
 --   (id, tokens, prompt) each, same lane and ttl. Once the first is granted they are taken in
 --   that order until the first that does not fit (the rest keep waiting), so a line's order
 --   holds and a burst in line costs one round trip, not one per request.
--- Reply: { status, reaped, followers }; status (of the first) 1 = granted (or already held: a
---   retried call), 0 = no seat, -1 = lane token budget full, -2 = global token budget full,
---   -4 = no prefill room (a long prompt), -5 = no limits record (write it, then try again);
---   followers: how many of those behind it were granted too (the first ones).
+-- Reply: { status, reaped, followers, asked }; status (of the first) 1 = granted (or already
+--   held: a retried call), 0 = no seat, -1 = lane token budget full, -2 = global token budget
+--   full, -4 = no prefill room (a long prompt), -5 = no limits record (write it, then try
+--   again); followers: how many of those behind it were granted too (the first ones); asked: 1
+--   when, refused, it asked pre-emptible background work to leave (ask_borrowers).
 local now = now_ms()
 local reaped = reap(now)
 local status = take_lease(now, false)
@@ -35,6 +36,13 @@ if r then
     granted = granted + 1
   end
 end
+local asked = 0
+if status ~= 1 and status ~= -5 then
+  local rec = limits()
+  if rec then
+    asked = ask_borrowers(rec, now, lane, tonumber(ARGV[3]), tonumber(ARGV[5]), status)
+  end
+end
 local mark, replica = tonumber(ARGV[6] or '0'), ARGV[7]
 if mark > 0 and status ~= -5 then
   if status ~= 1 or granted < behind or ARGV[8] == '1' then
@@ -43,4 +51,4 @@ if mark > 0 and status ~= -5 then
     redis.call('ZREM', KEYS[5], replica)
   end
 end
-return { status, reaped, granted }
+return { status, reaped, granted, asked }

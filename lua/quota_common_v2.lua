@@ -6,6 +6,9 @@
 -- KEYS[4] = <prefix>:{quota}:released (a pub/sub channel, passed as a key)
 -- <prefill>: the lease's prefill reservation (estimated prompt tokens until its first token;
 -- 0 afterwards). v2 added it; v1 leases had two fields, which is why the layout is versioned.
+-- <lane>: the lane whose seat and tokens it holds; a pre-emptible lease (jobs.preempt) has
+-- "<seat>@<budget>": its seat in <seat>, its tokens counted in <budget> (the large lane: the
+-- seat is borrowed, the reservation is still a review's). See the pre-emption part below.
 -- All keys share the hash tag {quota}, so the scripts run on Redis Cluster too.
 
 local function now_ms()
@@ -22,18 +25,41 @@ local function lease_value(lane, tokens, prefill)
   return lane .. ' ' .. tokens .. ' ' .. prefill
 end
 
--- Takes a lease's slot, tokens and prefill reservation out of the usage counters.
-local function give_back(lane, tokens, prefill)
-  redis.call('HINCRBY', KEYS[3], lane .. ':n', -1)
-  redis.call('HINCRBY', KEYS[3], lane .. ':tokens', -tokens)
-  redis.call('HINCRBY', KEYS[3], 'global:tokens', -tokens)
+-- A lease's lane field: the lane of its seat, and the lane its tokens count in ("<seat>@<budget>"
+-- for a pre-emptible lease, else one lane for both).
+local function split_lane(lane)
+  local seat, budget = string.match(lane, '^(%a+)@(%a+)$')
+  if seat then
+    return seat, budget, true
+  end
+  return lane, lane, false
+end
+
+-- Adds (sign 1) or takes out (sign -1) a lease's slot, tokens and prefill reservation in the
+-- usage counters.
+local function count(lane, tokens, prefill, sign)
+  local seat, budget = split_lane(lane)
+  redis.call('HINCRBY', KEYS[3], seat .. ':n', sign)
+  redis.call('HINCRBY', KEYS[3], budget .. ':tokens', sign * tokens)
+  redis.call('HINCRBY', KEYS[3], 'global:tokens', sign * tokens)
   if prefill > 0 then
-    redis.call('HINCRBY', KEYS[3], 'prefill:tokens', -prefill)
+    redis.call('HINCRBY', KEYS[3], 'prefill:tokens', sign * prefill)
   end
 end
 
--- Drops lease `id` and gives its slot, tokens and prefill reservation back; returns its lane
--- and prefill reservation, or nil when it was not held.
+-- Takes a lease's slot, tokens and prefill reservation out of the usage counters.
+local function give_back(lane, tokens, prefill)
+  count(lane, tokens, prefill, -1)
+end
+
+-- The quota's other keys, by name in the same hash slot (KEYS[1] is <base>:expiry).
+local function base_key(suffix)
+  return string.sub(KEYS[1], 1, -8) .. suffix
+end
+
+-- Drops lease `id` and gives its slot, tokens and prefill reservation back; returns its seat's
+-- lane, its prefill reservation and the lane its tokens counted in, or nil when it was not
+-- held. A pre-emptible lease leaves the borrowers too.
 local function drop_lease(id)
   local v = redis.call('HGET', KEYS[2], id)
   redis.call('ZREM', KEYS[1], id)
@@ -43,7 +69,12 @@ local function drop_lease(id)
   local lane, tokens, prefill = parse_lease(v)
   give_back(lane, tokens, prefill)
   redis.call('HDEL', KEYS[2], id)
-  return lane, prefill
+  local seat, budget, borrower = split_lane(lane)
+  if borrower then
+    redis.call('ZREM', base_key(':borrowers'), id)
+    redis.call('HDEL', base_key(':asked'), id)
+  end
+  return seat, prefill, budget
 end
 
 -- Drops every lease whose expiry has passed; returns how many.
@@ -124,12 +155,7 @@ end
 local function put_lease(now, ttl, id, lane, tokens, prefill)
   redis.call('HSET', KEYS[2], id, lease_value(lane, tokens, prefill))
   redis.call('ZADD', KEYS[1], now + ttl, id)
-  redis.call('HINCRBY', KEYS[3], lane .. ':n', 1)
-  redis.call('HINCRBY', KEYS[3], lane .. ':tokens', tokens)
-  redis.call('HINCRBY', KEYS[3], 'global:tokens', tokens)
-  if prefill > 0 then
-    redis.call('HINCRBY', KEYS[3], 'prefill:tokens', prefill)
-  end
+  count(lane, tokens, prefill, 1)
 end
 
 -- Takes lease `id` (new: the caller checked it is not held yet) in `lane` (`tokens`, for `ttl`
@@ -169,7 +195,181 @@ local function take_lease(now, own)
 end
 
 -- True when no replica has an interactive large request waiting (marks past their time drop).
+-- A large request's mark is the replica's id; with jobs.preempt the other lanes mark too, as
+-- "<replica> <lane>".
 local function large_idle(now)
   redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+  for _, m in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
+    if not string.find(m, ' ', 1, true) then
+      return false
+    end
+  end
+  return true
+end
+
+-- True when no replica has an interactive request of any lane waiting.
+local function all_idle(now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
   return redis.call('ZCARD', KEYS[5]) == 0
+end
+
+
+-- Pre-emption (jobs.preempt; see src/admission/redis/mod.rs). Keys by name under <base>:
+-- <base>:borrowers ZSET  pre-emptible lease id -> when it was taken (server ms)
+-- <base>:asked     HASH  lease id -> "<lane> <reason> <ms>": asked to leave (for a request of
+--                         <lane> that lacked <reason>) at <ms>, not gone yet
+-- <base>:preempt   HASH  "rate": the prefill rate (tokens/s) measured at the last borrower's
+--                         first token (a prefill cut short teaches none)
+-- Asking is a message on the channel <base>:leave, "<lease id> <lane> <reason>"; the replica
+-- holding the lease drops its stream and gives the lease back. An ask older than a second is
+-- sent again (a replica reconnecting may have missed it); a lease whose replica died expires.
+
+-- Takes a pre-emptible lease `id` for background work of `lane` (`tokens`, `prompt`): the
+-- tokens in that lane's and the global budgets, the prompt's prefill room, and an idle seat of
+-- its own, tried in that lane, then each lane below it (large, medium, small). Returns 1 and
+-- the seat's lane, or the take status (0 no idle seat, -1, -2, -4).
+local function borrow(r, now, ttl, id, lane, tokens, prompt)
+  local budget, long = r['prefill_budget'], r['long_prompt']
+  if budget > 0 and prompt > long then
+    local prefilling = usage('prefill:tokens')
+    if prefilling > 0 and prefilling + prompt > budget then
+      return -4
+    end
+  end
+  local u = redis.call('HMGET', KEYS[3], lane .. ':tokens', 'global:tokens', 'large:n', 'medium:n',
+    'small:n')
+  if tonumber(u[1] or '0') + tokens > r[lane .. ':tokens'] then
+    return -1
+  end
+  if tonumber(u[2] or '0') + tokens > r['global_tokens'] then
+    return -2
+  end
+  local below = false
+  for i, seat in ipairs({ 'large', 'medium', 'small' }) do
+    below = below or seat == lane
+    if below and tonumber(u[2 + i] or '0') < r[seat .. ':max'] then
+      put_lease(now, ttl, id, seat .. '@' .. lane, tokens, prompt)
+      redis.call('ZADD', base_key(':borrowers'), now, id)
+      return 1, seat
+    end
+  end
+  return 0
+end
+
+-- Whether one more lease of `lane` fits now, prefill room included (acquire's rule).
+local function admits(r, lane, tokens, prompt)
+  local status = fits(r, lane, tokens, false)
+  if status ~= 1 then
+    return status
+  end
+  local budget = r['prefill_budget']
+  if budget > 0 and prompt > r['long_prompt'] then
+    local prefilling = usage('prefill:tokens')
+    if prefilling > 0 and prefilling + prompt > budget then
+      return -4
+    end
+  end
+  return 1
+end
+
+-- Takes lease `id` out of the counters (sign -1) or puts it back (1), to ask "what if it left".
+local function suppose_gone(id, sign)
+  local v = redis.call('HGET', KEYS[2], id)
+  if v then
+    local lane, tokens, prefill = parse_lease(v)
+    count(lane, tokens, prefill, -sign)
+  end
+end
+
+-- Whether borrower `id` is still prefilling within `grace` tokens of done, at the measured
+-- rate (none measured: its whole prompt is left).
+local function in_grace(id, now, grace, rate)
+  local v = redis.call('HGET', KEYS[2], id)
+  if not v then
+    return false
+  end
+  local _, _, prefill = parse_lease(v)
+  if prefill == 0 then
+    return false
+  end
+  local since = tonumber(redis.call('ZSCORE', base_key(':borrowers'), id) or now)
+  local left = math.max(0, prefill - rate * math.max(0, now - since) / 1000)
+  return left <= grace
+end
+
+local REASONS = { [0] = 'seat', [-1] = 'tokens', [-2] = 'tokens', [-4] = 'prefill' }
+
+-- A request of `lane` (`tokens`, `prompt`) was refused with `status`: unless the borrowers
+-- already asked to leave make room for it once gone, asks one more, the youngest whose leaving
+-- alone lets it in; else the youngest, when all of them together would; else (it waits for
+-- its own lane's limits: the engine's time is what it waits for) the youngest, reason
+-- "pressure", only while none is leaving. Never one in its prefill grace (the limits record's
+-- preempt_grace). Returns 1 when it asked one.
+local function ask_borrowers(r, now, lane, tokens, prompt, status)
+  local ids = redis.call('ZREVRANGE', base_key(':borrowers'), 0, -1)
+  if #ids == 0 then
+    return 0
+  end
+  local akey = base_key(':asked')
+  local asked, free = {}, {}
+  for _, id in ipairs(ids) do
+    local a = redis.call('HGET', akey, id)
+    if a then
+      asked[#asked + 1] = id
+      -- Sent again when it was not acted on within a second (a message missed).
+      local l, why, at = string.match(a, '^(%S+) (%S+) (%d+)$')
+      if at and now - tonumber(at) > 1000 then
+        redis.call('HSET', akey, id, l .. ' ' .. why .. ' ' .. now)
+        redis.call('PUBLISH', base_key(':leave'), id .. ' ' .. l .. ' ' .. why)
+      end
+    else
+      free[#free + 1] = id
+    end
+  end
+  for _, id in ipairs(asked) do
+    suppose_gone(id, 1)
+  end
+  local victim, reason = nil, REASONS[status] or 'seat'
+  if admits(r, lane, tokens, prompt) ~= 1 then
+    local grace = tonumber(r['preempt_grace'] or '0') or 0
+    local rate = tonumber(redis.call('HGET', base_key(':preempt'), 'rate') or '0') or 0
+    local candidates = {}
+    for _, id in ipairs(free) do
+      if not in_grace(id, now, grace, rate) then
+        candidates[#candidates + 1] = id
+      end
+    end
+    for _, id in ipairs(candidates) do
+      suppose_gone(id, 1)
+      local lets_in = admits(r, lane, tokens, prompt) == 1
+      suppose_gone(id, -1)
+      if lets_in then
+        victim = id
+        break
+      end
+    end
+    if not victim and #candidates > 0 then
+      for _, id in ipairs(candidates) do
+        suppose_gone(id, 1)
+      end
+      local all = admits(r, lane, tokens, prompt) == 1
+      for _, id in ipairs(candidates) do
+        suppose_gone(id, -1)
+      end
+      if all then
+        victim = candidates[1]
+      elseif #asked == 0 then
+        victim, reason = candidates[1], 'pressure'
+      end
+    end
+  end
+  for _, id in ipairs(asked) do
+    suppose_gone(id, -1)
+  end
+  if not victim then
+    return 0
+  end
+  redis.call('HSET', akey, victim, lane .. ' ' .. reason .. ' ' .. now)
+  redis.call('PUBLISH', base_key(':leave'), victim .. ' ' .. lane .. ' ' .. reason)
+  return 1
 end

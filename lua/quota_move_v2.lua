@@ -15,6 +15,10 @@ if not v then
   return { -3, reaped }
 end
 local from, tokens, prefill = parse_lease(v)
+if string.find(from, '@', 1, true) then
+  -- A pre-emptible lease (background work) is not moved: its seat is borrowed.
+  return { 0, reaped }
+end
 local new_tokens = math.max(tonumber(ARGV[3] or tokens), tokens)
 if from == to and new_tokens == tokens then
   return { 1, reaped }

@@ -10,6 +10,15 @@ for _, id in ipairs(ARGV) do
   if v then
     local lane, tokens, prefill = parse_lease(v)
     if prefill > 0 then
+      local since = string.find(lane, '@', 1, true)
+        and redis.call('ZSCORE', base_key(':borrowers'), id)
+      if since then
+        -- A borrower's first token: the prefill rate its grace is estimated at (jobs.preempt).
+        local took = now_ms() - tonumber(since)
+        if took > 0 then
+          redis.call('HSET', base_key(':preempt'), 'rate', math.floor(prefill * 1000 / took))
+        end
+      end
       redis.call('HINCRBY', KEYS[3], 'prefill:tokens', -prefill)
       redis.call('HSET', KEYS[2], id, lease_value(lane, tokens, 0))
       given = given + prefill

@@ -6,10 +6,11 @@
 -- Reply: how many of them were held (the others were already gone).
 local released, lanes, prefilled = 0, {}, false
 for _, id in ipairs(ARGV) do
-  local lane, prefill = drop_lease(id)
+  local lane, prefill, budget = drop_lease(id)
   if lane then
     released = released + 1
     lanes[lane] = true
+    lanes[budget] = true
     prefilled = prefilled or prefill > 0
   end
 end

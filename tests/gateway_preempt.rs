@@ -239,3 +239,151 @@ async fn every_seat_comes_back_after_a_storm_of_preemptions() {
     h.drained().await;
     h.shutdown().await;
 }
+
+/// The Redis backend (`quota.backend = "redis"`): a question arriving on replica B finds no
+/// seat, so the acquire script asks the job that borrowed it on replica A to leave; A drops its
+/// stream and hands the job back to the shared queue with its text. A then shuts down (handing
+/// back its other jobs the same way), and B continues every one of them: each answer is the
+/// uninterrupted one, every token counted once, no run started over.
+#[tokio::test]
+async fn a_job_preempted_on_one_replica_is_continued_on_another() {
+    use jobs::{on_redis, quota_drains, redis_conn};
+    let redis = redis_common::RedisServer::start();
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(FASTER))
+        .await
+        .unwrap();
+    let mut c = tutor_gateway::config::Config::default();
+    c.upstream.base_url = sim.url();
+    c.telemetry.request_log = tutor_gateway::config::RequestLogSink::Off;
+    on_redis(&mut c, &redis);
+    c.jobs.preempt = true;
+    for lane in Lane::ALL {
+        set_lane(&mut c, lane, 1);
+    }
+    let gateway = |c: tutor_gateway::config::Config| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        tutor_gateway::server::start(c, listener).unwrap()
+    };
+    let a = gateway(c.clone()).await;
+    let a_url = a.url();
+    // Three identical reviews take, on A, large's seat, then medium's, then small's.
+    let body = review();
+    let ids: Vec<String> =
+        futures::future::join_all((0..3).map(|_| submit_ok(&a_url, &body))).await;
+    for id in &ids {
+        job_until(&a.url(), id, "streaming on A", |v| {
+            v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) > 0
+        })
+        .await;
+    }
+    let mut conn = redis_conn(&redis).await;
+    let seated: Vec<Option<i64>> = redis::cmd("HMGET")
+        .arg(jobs::USAGE)
+        .arg(&[
+            "small:n",
+            "medium:n",
+            "large:n",
+            "small:tokens",
+            "medium:tokens",
+        ])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        &seated[..3],
+        &[Some(1), Some(1), Some(1)],
+        "jobs hold every lane's seat, fleet-wide"
+    );
+    assert_eq!(
+        seated[3..].iter().map(|t| t.unwrap_or(0)).sum::<i64>(),
+        0,
+        "a borrowed seat's tokens count in the large lane"
+    );
+    let b = gateway(c).await;
+    let b_url = b.url();
+    // A question on B: no small seat anywhere, so the job on it (on A) gives it back.
+    let resp = client()
+        .post(format!("{}/answer", b.url()))
+        .json(&json!({"prompt": "why does my loop never end?", "max_output_tokens": 5}))
+        .send()
+        .await
+        .unwrap();
+    let events = sse(&resp.text().await.unwrap());
+    assert_eq!(events.last().unwrap().0, "done", "{events:?}");
+    // Its run on A hands it back as the question streams.
+    let mut preempted = None;
+    for _ in 0..500 {
+        for id in &ids {
+            if jobs::job(&b_url, id).await["preempted"] == 1 {
+                preempted = Some(id.clone());
+            }
+        }
+        if preempted.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let preempted = preempted.expect("one job gave its seat back");
+    let on_a = tutor_testkit::metrics_text(&a.url()).await;
+    assert_eq!(
+        metric(
+            &on_a,
+            "tutor_gateway_job_preemptions_total{lane=\"small\",reason=\"seat\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &tutor_testkit::metrics_text(&b.url()).await,
+            "tutor_gateway_preemption_admit_seconds_count{lane=\"small\"}"
+        ),
+        1.0,
+        "the question on B is counted as one a pre-emption made room for"
+    );
+    // A leaves: its running jobs go back with their text; B continues all three.
+    a.shutdown().await;
+    let answers: Vec<Value> =
+        futures::future::join_all(ids.iter().map(|id| done(&b_url, id))).await;
+    let text = |v: &Value| v["answer"]["text"].as_str().unwrap().to_owned();
+    for v in &answers {
+        assert_eq!(v["runs"], 1, "continued, not started over: {v}");
+        let usage = &v["answer"]["usage"];
+        assert_eq!(
+            usage["output_tokens"], REVIEW_TOKENS,
+            "every token once: {v}"
+        );
+        assert_eq!(v["answer"]["finish_reason"], "length", "{v}");
+        assert_eq!(
+            text(v),
+            text(&answers[0]),
+            "a continued answer is the uninterrupted one"
+        );
+    }
+    let resumed = answers
+        .iter()
+        .find(|v| v["id"] == preempted.as_str())
+        .unwrap();
+    assert_eq!(resumed["preempted"], 1, "{resumed}");
+    // B found the review and its answer so far in the engine's prefix cache.
+    let recomputed = resumed["answer"]["usage"]["recomputed_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(recomputed <= 16, "{resumed}");
+    assert!(
+        metric(
+            &tutor_testkit::metrics_text(&b.url()).await,
+            "tutor_gateway_requests_total{lane=\"large\",outcome=\"ok\",route=\"job\"}"
+        ) >= 1.0,
+        "B ran the continuations"
+    );
+    quota_drains(&redis).await;
+    let left: u32 = redis::cmd("EXISTS")
+        .arg("tg:v2:{quota}:borrowers")
+        .arg("tg:v2:{quota}:asked")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "no borrower or ask left behind");
+    b.shutdown().await;
+    sim.shutdown().await;
+}

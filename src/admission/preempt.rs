@@ -45,6 +45,11 @@ pub struct Cause {
     pub reason: &'static str,
 }
 
+impl Cause {
+    /// Every reason a borrower may be asked to leave for.
+    pub const REASONS: [&'static str; 4] = ["seat", "tokens", "prefill", "pressure"];
+}
+
 /// A pre-emptible seat's handle, shared by its holder (the job's run) and admission.
 #[derive(Debug)]
 pub struct Preemptible {
@@ -93,6 +98,13 @@ impl Preemptible {
     /// Why it was asked to leave.
     pub fn cause(&self) -> Option<Cause> {
         *self.cause.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Asks it to leave (once; a second ask keeps the first cause).
+    pub(super) fn ask(&self, cause: Cause) {
+        if !self.signal.is_cancelled() {
+            self.preempt(cause);
+        }
     }
 
     /// Asks it to leave (once).

@@ -106,8 +106,20 @@ pub struct Claim {
     pub guard: LaneGuard,
     /// With `jobs.preempt`: the seat's handle, through which admission asks it back.
     pub preempt: Option<Arc<Preemptible>>,
+    /// A job handed back with its text (Redis, `jobs.preempt`): what its earlier runs
+    /// produced, to be continued.
+    pub resumed: Option<Resumed>,
     /// Its run.
     pub run: Box<dyn JobRun>,
+}
+
+/// What the earlier runs of a job handed back with its text produced (see `runner.rs`).
+#[derive(Debug, Clone)]
+pub struct Resumed {
+    /// The text so far.
+    pub text: String,
+    /// The runs' progress as they handed it back (`runner::Progress::to_json`).
+    pub progress: Value,
 }
 
 /// One run of a job on this replica, from its start to its end: the backend's side of
@@ -122,6 +134,12 @@ pub trait JobRun: Send {
 
     /// The run was pre-empted `n` times so far (its status says so); it goes on.
     fn preempted(&mut self, _n: u32) {}
+
+    /// Whether a pre-empted run hands its job back to the shared queue with its text (any
+    /// replica continues it) instead of waiting here for a seat to continue it on.
+    fn hands_back(&self) -> bool {
+        false
+    }
 
     /// Resolves when the job's cancel is asked (`DELETE`, from any replica).
     fn cancelled(&self) -> BoxFuture<'static, ()>;

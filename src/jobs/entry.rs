@@ -277,7 +277,9 @@ pub enum Ended {
     Failed(&'static str, String),
     /// `DELETE /jobs/{id}`.
     Cancelled,
-    /// The gateway is shutting down: in Redis the job goes back to the queue for another
-    /// replica; in process it has nowhere to go and ends cancelled.
-    HandedBack,
+    /// The gateway is shutting down, or (Redis, `jobs.preempt`) the run was pre-empted: in
+    /// Redis the job goes back to the queue for another replica, its text kept with the run's
+    /// progress when given (then it is continued, see `runner.rs`); in process it has nowhere
+    /// to go and ends cancelled.
+    HandedBack(Option<String>),
 }

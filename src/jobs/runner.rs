@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::backend::{Claim, JobBackend, JobRun, Take};
+use super::backend::{Claim, JobBackend, JobRun, Resumed, Take};
 use super::context::Context;
 use super::entry::{Answer, Ended};
 use crate::admission::preempt::Preemptible;
@@ -71,6 +71,7 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
         waited,
         guard,
         preempt,
+        resumed,
         mut run,
     } = claim;
     ctx.metrics().waited(waited);
@@ -78,15 +79,29 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
     let mut lost = run.lost();
     let outcome = match run.work().await {
         Err(ended) => Some(ended),
-        Ok((ready, record)) => {
-            // What a continuation is built from (only a pre-emptible run needs it).
-            let resume = preempt.as_ref().map(|_| Resume {
+        Ok((ready, record)) => 'run: {
+            // What a continuation is built from.
+            let resume = Resume {
                 stored: ready.stored(),
                 id: record.request_id().to_owned(),
-            });
+            };
             let class = ready.class;
             let mut progress = Progress::default();
             let mut next = (ready, guard, record, preempt);
+            if let Some(resumed) = resumed {
+                // Handed back with its text (Redis): this run continues the answer.
+                progress = Progress::resumed(resumed);
+                let (_, guard, record, preempt) = next;
+                record.hand_over();
+                let Some(ready) =
+                    Ready::continued(&resume.stored, &progress.text, progress.generated)
+                else {
+                    break 'run Some(Ended::Done(progress.cut_answer(&class)));
+                };
+                let id = format!("{}-p{}", resume.id, progress.preempted);
+                let record = run_record(&ctx.state, &ready, id);
+                next = (ready, guard, record, preempt);
+            }
             loop {
                 let (ready, guard, record, handle) = next;
                 let leave = handle.as_ref().map(|h| h.preempted());
@@ -125,7 +140,11 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                         })),
                         _ = &mut lost => Some(None),
                         _ = &mut cancelled => Some(Some(Ended::Cancelled)),
-                        _ = ctx.stop.cancelled() => Some(Some(Ended::HandedBack)),
+                        _ = ctx.stop.cancelled() => Some(Some(Ended::HandedBack(
+                            // A pre-emptible job's text is kept: any replica continues it.
+                            (run.hands_back() && ctx.config.preempt && !progress.text.is_empty())
+                                .then(|| progress.to_json().to_string()),
+                        ))),
                         () = leave => None,
                     }
                 };
@@ -133,7 +152,7 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                     break outcome;
                 }
                 // Pre-empted: the stream is gone (the engine's work aborted, the seat back).
-                let (Some(handle), Some(resume)) = (handle, &resume) else {
+                let Some(handle) = handle else {
                     break Some(Ended::Failed(
                         "internal",
                         "a job without a seat handle".into(),
@@ -141,6 +160,11 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                 };
                 progress.preempted(&ctx, &handle);
                 run.preempted(progress.preempted);
+                if run.hands_back() {
+                    // Back to the shared queue with its text: whichever replica takes it next
+                    // continues it.
+                    break Some(Ended::HandedBack(Some(progress.to_json().to_string())));
+                }
                 let Some(ready) =
                     Ready::continued(&resume.stored, &progress.text, progress.generated)
                 else {
@@ -170,7 +194,7 @@ struct Resume {
 }
 
 /// A job's answer so far, across the runs of its pre-emptions.
-#[derive(Default)]
+#[derive(Default, Debug)]
 struct Progress {
     /// The text so far.
     text: String,
@@ -193,6 +217,53 @@ struct Progress {
 }
 
 impl Progress {
+    /// What a job handed back with its text carries to the replica that continues it (the
+    /// text itself is the job's).
+    fn to_json(&self) -> serde_json::Value {
+        json!({
+            "preempted": self.preempted,
+            "generated": self.generated,
+            "pieces": self.pieces,
+            "first": self.first.map(|(prompt, cached)| json!([prompt, cached])),
+            "recomputed": self.recomputed,
+            "stage": self.stage,
+        })
+    }
+
+    /// The progress of a job handed back with its text ([`Progress::to_json`]).
+    fn resumed(resumed: Resumed) -> Self {
+        let p = &resumed.progress;
+        let number = |key: &str| {
+            p.get(key)
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0)
+        };
+        let first = p.get("first").and_then(|f| {
+            let prompt = u32::try_from(f.get(0)?.as_u64()?).ok()?;
+            let cached = f
+                .get(1)
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok());
+            Some((prompt, cached))
+        });
+        let generated = number("generated");
+        Self {
+            text: resumed.text,
+            pieces: usize::try_from(number("pieces")).unwrap_or(0),
+            before: generated,
+            generated,
+            first,
+            this: None,
+            recomputed: number("recomputed"),
+            preempted: number("preempted"),
+            stage: match p.get("stage").and_then(serde_json::Value::as_str) {
+                Some("prefill") => "prefill",
+                _ => "decode",
+            },
+        }
+    }
+
     /// One chunk of the current run: its text kept, its counts noted.
     fn chunk(&mut self, chunk: &Chunk, run: &mut dyn JobRun, handle: Option<&Preemptible>) {
         if !chunk.text.is_empty() {
@@ -311,7 +382,7 @@ async fn reseat(
             () = changed => {}
             () = &mut *lost => return Err(None),
             () = &mut *cancelled => return Err(Some(Ended::Cancelled)),
-            () = ctx.stop.cancelled() => return Err(Some(Ended::HandedBack)),
+            () = ctx.stop.cancelled() => return Err(Some(Ended::HandedBack(None))),
         }
     }
 }

@@ -25,6 +25,9 @@ pub struct Keys {
     pub base: String,
     /// STRING the replica id of the autopilot's leader, with a TTL (`crate::autopilot`).
     pub autopilot: String,
+    /// Pub/sub channel (`jobs.preempt`): `<lease id> <lane> <reason>` when an acquire asks a
+    /// pre-emptible lease to leave (`quota_common_v2.lua`, `ask_borrowers`).
+    pub leave: String,
     /// Prefix of the per-session output counters (`<prefix>:{quota}:session:<hash>`, STRING
     /// with a TTL of the continuation window); the hash is of the session id, never the id.
     pub session: String,
@@ -39,6 +42,7 @@ impl Keys {
             leases: key("leases"),
             usage: key("usage"),
             released: key("released"),
+            leave: key("leave"),
             waiting_large: key("waiting:large"),
             limits: key("limits"),
             autopilot: key("autopilot"),

@@ -102,6 +102,7 @@ pub(crate) use shared::LeaseRelease;
 use super::backend::{AdmissionHealth, Ask, Backend, LimitsChange};
 use super::budget::Limits;
 use super::fair::Room;
+use super::preempt::Preemptible;
 use super::{AdmissionError, AdmissionSnapshot, LaneGuard, LocalAdmission};
 use crate::config::{Config, OnRedisDown, Policy};
 use crate::lane::Lane;
@@ -158,6 +159,7 @@ impl RedisAdmission {
             releases,
             metrics,
             fallback,
+            config.jobs.preempt,
         ));
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
@@ -406,6 +408,8 @@ impl RedisAdmission {
             })
         };
         let mut prefill_blocked = None;
+        // Pre-emptible work was asked to leave for it (`jobs.preempt`).
+        let mut made_room = false;
         if line.waiting() == 0 && !yields() {
             match self
                 .shared
@@ -413,7 +417,8 @@ impl RedisAdmission {
                 .await
             {
                 Take::Granted(id, _) => return Ok(self.guard(id, &asked, Duration::ZERO, None)),
-                Take::Refused(verdict) => {
+                Take::Refused(verdict, asked_to_leave) => {
+                    made_room |= asked_to_leave;
                     if verdict == Verdict::PrefillFull {
                         prefill_blocked = Some(asked.started);
                     }
@@ -504,14 +509,18 @@ impl RedisAdmission {
                                     })
                                     .collect(),
                             );
-                            return Ok(Ok(self.guard(id, &asked, waited, prefill_blocked)));
+                            let guard = self.guard(id, &asked, waited, prefill_blocked);
+                            return Ok(Ok(guard.with_made_room(made_room)));
                         }
                         Take::Down => return Err(()),
-                        Take::Refused(Verdict::PrefillFull) => {
-                            prefill_blocked.get_or_insert_with(Instant::now);
+                        Take::Refused(verdict, asked_to_leave) => {
+                            made_room |= asked_to_leave;
+                            if verdict == Verdict::PrefillFull {
+                                prefill_blocked.get_or_insert_with(Instant::now);
+                            }
                         }
-                        // No room, or one failed call (not yet an outage): try again.
-                        Take::Refused(_) | Take::Failed => {}
+                        // One failed call (not yet an outage): try again.
+                        Take::Failed => {}
                     }
                 }
                 let paused = Instant::now();
@@ -554,12 +563,19 @@ impl RedisAdmission {
     /// back as `Err(status)`. `None` while Redis is unreachable (the caller tries again later).
     /// The lease id (ARGV[1]) comes back too: a script may use it as a token of the work it
     /// started.
+    ///
+    /// With `preemptible` (`jobs.preempt`), a reply whose `rest` goes on with `seat,
+    /// preemptible` (the jobs take script's) and says `preemptible` = 1 took a pre-emptible
+    /// lease: its seat in lane `seat` (0 small, 1 medium, 2 large), its tokens in `lane`. The
+    /// guard then carries the handle, through which an acquire anywhere in the fleet asks the
+    /// seat back (`quota_common_v2.lua`'s `ask_borrowers`, the `leave` channel).
     pub async fn take_with(
         &self,
         script: &redis::Script,
         keys: &[&str],
         args: &[String],
         (lane, tokens, prompt): (Lane, u32, u32),
+        preemptible: Option<&Arc<Preemptible>>,
     ) -> Option<Result<Taken, i64>> {
         if self.shared.degraded() {
             return None;
@@ -596,8 +612,20 @@ impl RedisAdmission {
         if reply[0] != 1 {
             return Some(Err(reply[0]));
         }
-        self.shared.hold(&id, lane, tokens, prompt);
         let rest = reply.split_off(2);
+        let borrowed = preemptible.filter(|_| rest.get(3) == Some(&1));
+        match borrowed {
+            Some(handle) => {
+                let seat = rest
+                    .get(2)
+                    .and_then(|&i| usize::try_from(i).ok())
+                    .and_then(|i| Lane::ALL.get(i).copied())
+                    .unwrap_or(lane);
+                self.shared.hold_as(&id, seat, tokens, prompt, Some(lane));
+                self.shared.hold_preemptible(&id, handle.clone());
+            }
+            None => self.shared.hold(&id, lane, tokens, prompt),
+        }
         let ask = Asked {
             lane,
             tokens,
@@ -606,9 +634,14 @@ impl RedisAdmission {
             started: Instant::now(),
             service: None,
         };
+        let mut guard = self.guard(id.clone(), &ask, Duration::ZERO, None);
+        if let Some(handle) = borrowed {
+            guard = guard.with_preemptible(handle.clone());
+        }
         Some(Ok(Taken {
-            guard: self.guard(id.clone(), &ask, Duration::ZERO, None),
+            guard,
             lease: id,
+            preemptible: borrowed.is_some(),
             rest,
         }))
     }
@@ -789,6 +822,8 @@ pub struct Taken {
     pub guard: LaneGuard,
     /// The lease's id.
     pub lease: String,
+    /// The lease is pre-emptible (see [`RedisAdmission::take_with`]).
+    pub preemptible: bool,
     /// The rest of the script's reply.
     pub rest: Vec<i64>,
 }

@@ -79,6 +79,9 @@ pub struct LimitsRecord {
     pub prefill: PrefillLimit,
     /// Per lane, in [`Lane::ALL`] order.
     pub lanes: [LaneRecord; 3],
+    /// `jobs.preempt_prefill_grace_tokens`: a pre-emptible lease this near the end of its
+    /// prefill is not asked to leave.
+    pub preempt_grace: u32,
 }
 
 impl LimitsRecord {
@@ -99,6 +102,7 @@ impl LimitsRecord {
                     borrow: c.borrow,
                 }
             }),
+            preempt_grace: config.jobs.preempt_prefill_grace_tokens,
         }
     }
 }
@@ -154,10 +158,11 @@ pub struct AcquireArgs<'a> {
     pub prompt: u32,
     /// Lease lifetime unless renewed, ms.
     pub ttl_ms: u64,
-    /// Large lane only (0 elsewhere): how long a refused call marks `replica` as having a large
-    /// request waiting, ms (background work waits while any replica is marked).
+    /// How long a refused call marks `replica` as having a request of the lane waiting, ms
+    /// (background work waits while any replica is marked): large lane only, every lane with
+    /// `jobs.preempt`; 0 = no mark.
     pub wait_mark_ms: u64,
-    /// The replica's id, the mark's member.
+    /// The mark's member: the replica's id (large), `<replica> <lane>` (the others).
     pub replica: &'a str,
     /// More of this replica's requests of the lane wait behind this one and those in `behind`
     /// (a grant keeps the mark).
@@ -232,6 +237,8 @@ pub struct AcquireReply {
     /// How many of the requests behind it ([`AcquireArgs::behind`]) were granted too: the
     /// first ones, in order.
     pub behind: usize,
+    /// Refused, it asked pre-emptible background work to leave (`jobs.preempt`).
+    pub asked: bool,
 }
 
 /// Reply of `quota_renew_v2.lua`: `{ renewed, reaped, missing... }`.
@@ -266,11 +273,12 @@ impl Scripts {
         for b in ask.behind {
             call.arg(&b.id).arg(b.tokens).arg(b.prompt);
         }
-        let (status, reaped, behind): (i64, u64, u64) = call.invoke_async(conn).await?;
+        let (status, reaped, behind, asked): (i64, u64, u64, u8) = call.invoke_async(conn).await?;
         let TakeReply { verdict, reaped } = TakeReply::decode((status, reaped));
         Ok(AcquireReply {
             verdict,
             reaped,
+            asked: asked == 1,
             // Never more than were sent (a reply from a script of another version).
             behind: usize::try_from(behind).map_or(0, |n| n.min(ask.behind.len())),
         })
@@ -305,7 +313,7 @@ impl Scripts {
                 .arg(u8::from(lane.lend))
                 .arg(u8::from(lane.borrow));
         }
-        call.arg(origin);
+        call.arg(origin).arg(record.preempt_grace);
         let (version, written, origin): (u64, u8, String) = call.invoke_async(conn).await?;
         Ok(LimitsReply {
             version,
@@ -314,19 +322,20 @@ impl Scripts {
         })
     }
 
-    /// `quota_adopt_v2.lua`: registers `leases` (`(id, lane, tokens, prefill)`, requests
-    /// already running) whatever the limits say; how many were new.
+    /// `quota_adopt_v2.lua`: registers `leases` (`(id, lane field, tokens, prefill)`,
+    /// requests already running; the lane field as a lease keeps it, `<seat>@<budget>` for a
+    /// pre-emptible one) whatever the limits say; how many were new.
     pub async fn adopt<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         keys: &Keys,
         ttl_ms: u64,
-        leases: &[(String, Lane, u32, u32)],
+        leases: &[(String, String, u32, u32)],
     ) -> RedisResult<u64> {
         let mut call = keys.with_keys(&self.adopt);
         call.arg(ttl_ms);
         for (id, lane, tokens, prefill) in leases {
-            call.arg(id).arg(lane.as_str()).arg(*tokens).arg(*prefill);
+            call.arg(id).arg(lane).arg(*tokens).arg(*prefill);
         }
         call.invoke_async(conn).await
     }

@@ -19,6 +19,7 @@ use super::scripts::{
 };
 use crate::admission::backend::LimitsChange;
 use crate::admission::guard::Reservation;
+use crate::admission::preempt::{Cause, Preemptible};
 use crate::admission::{LaneGuard, LocalAdmission};
 use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
@@ -35,10 +36,24 @@ const WAIT_MARK_MS: u64 = 1_000;
 /// A lease this replica holds.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Held {
+    /// The lane of its seat.
     pub lane: Lane,
     pub tokens: u32,
     /// Prefill reservation still held (0 after the first token).
     pub prefill: u32,
+    /// A pre-emptible lease's token lane (`jobs.preempt`: its tokens count there, its seat in
+    /// `lane`).
+    pub budget: Option<Lane>,
+}
+
+impl Held {
+    /// The lease's lane field as Redis keeps it (`<seat>@<budget>` for a pre-emptible one).
+    pub fn field(&self) -> String {
+        match self.budget {
+            Some(b) => format!("{}@{}", self.lane.as_str(), b.as_str()),
+            None => self.lane.as_str().to_owned(),
+        }
+    }
 }
 
 /// What a [`Lease`] message gives back.
@@ -64,8 +79,8 @@ pub(crate) enum Take {
     /// A lease with this id, and how many of the requests behind it were granted too (the
     /// first ones of those asked for, booked as this replica's like it).
     Granted(String, usize),
-    /// No room; why.
-    Refused(Verdict),
+    /// No room; why, and whether it asked pre-emptible work to leave (`jobs.preempt`).
+    Refused(Verdict, bool),
     /// The call failed, but Redis is not counted as down yet (fewer than
     /// [`DEGRADE_AFTER`] failures in a row): wait and try again.
     Failed,
@@ -95,6 +110,15 @@ pub(crate) struct Shared {
     /// Leases one acquire or release call carries at most (`quota.batch_max`).
     pub batch_max: usize,
     pub replica: String,
+    /// Per lane, this replica's member in the "request waiting" marks: its id for the large
+    /// lane, `<replica> <lane>` for the others.
+    marks: [String; 3],
+    /// `jobs.preempt`: every lane marks its waiting requests (background work waits for all),
+    /// and this replica listens for asks to leave.
+    pub marks_every_lane: bool,
+    /// This replica's pre-emptible leases (`jobs.preempt`), by lease id: their handles, through
+    /// which an ask to leave reaches the job's run.
+    preemptible: Mutex<HashMap<String, Arc<Preemptible>>>,
     next_id: AtomicU64,
     held: Mutex<HashMap<String, Held>>,
     /// Per lane: the line of requests that never wait for prefill room.
@@ -131,6 +155,7 @@ impl Shared {
         releases: mpsc::UnboundedSender<Lease>,
         metrics: QuotaMetrics,
         fallback: Option<LocalAdmission>,
+        preempt: bool,
     ) -> Self {
         let replica = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
         let service = Arc::new(super::service::FleetService::new(&keys.base));
@@ -153,6 +178,12 @@ impl Shared {
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             heartbeat,
             batch_max: usize::try_from(batch_max).unwrap_or(1).max(1),
+            marks: Lane::ALL.map(|lane| match lane {
+                Lane::Large => replica.clone(),
+                other => format!("{replica} {}", other.as_str()),
+            }),
+            marks_every_lane: preempt,
+            preemptible: Mutex::new(HashMap::new()),
             replica,
             next_id: AtomicU64::new(0),
             held: Mutex::new(HashMap::new()),
@@ -194,6 +225,7 @@ impl Shared {
             lane: inner.lane(),
             tokens: inner.tokens(),
             prefill: inner.prefill(),
+            budget: None,
         };
         self.fallback_leases().insert(id.clone(), (held, false));
         let (lane, tokens, waited) = (inner.lane(), inner.tokens(), inner.queue_wait());
@@ -219,7 +251,7 @@ impl Shared {
     /// release after the reply, in case theirs reached Redis before the registration (a script
     /// reloaded after `NOSCRIPT` is sent again behind it).
     pub async fn adopt_fallback(&self, lost: &[String]) {
-        let pending: Vec<(String, Lane, u32, u32)> = {
+        let pending: Vec<(String, Lane, u32, u32, String)> = {
             // Lock order: the fallback's, then `held`.
             let mut fallback = self.fallback_leases();
             let held = self.held();
@@ -227,12 +259,12 @@ impl Shared {
             for (id, (h, sent)) in fallback.iter_mut() {
                 if !held.contains_key(id) {
                     *sent = true;
-                    pending.push((id.clone(), h.lane, h.tokens, h.prefill));
+                    pending.push((id.clone(), h.lane, h.tokens, h.prefill, h.field()));
                 }
             }
             for id in lost {
                 if let Some(h) = held.get(id) {
-                    pending.push((id.clone(), h.lane, h.tokens, h.prefill));
+                    pending.push((id.clone(), h.lane, h.tokens, h.prefill, h.field()));
                 }
             }
             pending
@@ -243,9 +275,13 @@ impl Shared {
         let Some(mut conn) = self.connection() else {
             return;
         };
+        let leases: Vec<(String, String, u32, u32)> = pending
+            .iter()
+            .map(|(id, _, tokens, prefill, field)| (id.clone(), field.clone(), *tokens, *prefill))
+            .collect();
         let reply = self
             .scripts
-            .adopt(&mut conn, &self.keys, self.ttl_ms, &pending)
+            .adopt(&mut conn, &self.keys, self.ttl_ms, &leases)
             .await;
         let n = match reply {
             Ok(n) => n,
@@ -263,7 +299,7 @@ impl Shared {
         let mut gives = Vec::new();
         {
             let fallback = self.fallback_leases();
-            for (id, lane, _, registered_prefill) in &pending {
+            for (id, lane, _, registered_prefill, _) in &pending {
                 if !is_fallback(id) {
                     continue;
                 }
@@ -529,12 +565,52 @@ impl Shared {
 
     /// Books lease `id` as this replica's (renewed by the heartbeat from now on).
     pub fn hold(&self, id: &str, lane: Lane, tokens: u32, prompt: u32) {
+        self.hold_as(id, lane, tokens, prompt, None);
+    }
+
+    /// [`Shared::hold`] of a lease whose tokens count in `budget` (a pre-emptible one) when
+    /// given.
+    pub fn hold_as(&self, id: &str, lane: Lane, tokens: u32, prompt: u32, budget: Option<Lane>) {
         let held = Held {
             lane,
             tokens,
             prefill: prompt,
+            budget,
         };
         self.held().insert(id.to_owned(), held);
+    }
+
+    /// Keeps a pre-emptible lease's handle until the lease is given back.
+    pub fn hold_preemptible(&self, id: &str, handle: Arc<Preemptible>) {
+        self.preemptibles().insert(id.to_owned(), handle);
+    }
+
+    fn preemptibles(&self) -> MutexGuard<'_, HashMap<String, Arc<Preemptible>>> {
+        self.preemptible
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An ask to leave (`<lease id> <lane> <reason>`, from any replica's acquire): the lease's
+    /// run is signalled when it is this replica's.
+    pub fn asked_to_leave(&self, what: &str) {
+        let mut parts = what.split(' ');
+        let (Some(id), Some(lane), Some(reason)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return;
+        };
+        let Some(handle) = self.preemptibles().get(id).cloned() else {
+            return;
+        };
+        let lane = Lane::ALL
+            .into_iter()
+            .find(|l| l.as_str() == lane)
+            .unwrap_or(Lane::Small);
+        let reason = Cause::REASONS
+            .into_iter()
+            .find(|r| *r == reason)
+            .unwrap_or("pressure");
+        handle.ask(Cause { lane, reason });
     }
 
     /// Requests of `lane` waiting in this replica's lines.
@@ -588,8 +664,12 @@ impl Shared {
             tokens,
             prompt,
             ttl_ms: self.ttl_ms,
-            wait_mark_ms: if lane == Lane::Large { WAIT_MARK_MS } else { 0 },
-            replica: &self.replica,
+            wait_mark_ms: if lane == Lane::Large || self.marks_every_lane {
+                WAIT_MARK_MS
+            } else {
+                0
+            },
+            replica: &self.marks[lane.index()],
             others_waiting: self.waiting_in(lane) > asked,
             behind,
         };
@@ -617,6 +697,7 @@ impl Shared {
                 verdict,
                 reaped,
                 behind: granted,
+                asked,
             }) => {
                 pending.ids.clear();
                 self.succeeded();
@@ -629,7 +710,7 @@ impl Shared {
                     self.metrics.leases("acquire", 1 + granted);
                     Take::Granted(id, granted)
                 } else {
-                    Take::Refused(verdict)
+                    Take::Refused(verdict, asked)
                 }
             }
             Err(err) => {
@@ -687,6 +768,9 @@ impl Shared {
     /// Gives lease `id` back (a guard's drop): forget it here, release it in the background.
     pub fn release(&self, id: String, lane: Lane) {
         self.held().remove(&id);
+        if self.marks_every_lane {
+            self.preemptibles().remove(&id);
+        }
         let shadow = self.shadows().remove(&id);
         drop(shadow);
         self.send(Lease {

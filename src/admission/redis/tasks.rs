@@ -336,16 +336,22 @@ pub(super) async fn service_reader(shared: Arc<Shared>, stop: CancellationToken)
     }
 }
 
-/// Wakes local heads when any replica releases; reconnects after errors.
+/// Wakes local heads when any replica releases, and (`jobs.preempt`) asks this replica's
+/// pre-emptible leases to leave when an acquire anywhere asks; reconnects after errors.
 pub(super) async fn listener(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
         let listen = async {
             let mut pubsub = shared.client.get_async_pubsub().await?;
             pubsub.subscribe(&shared.keys.released).await?;
+            if shared.marks_every_lane {
+                pubsub.subscribe(&shared.keys.leave).await?;
+            }
             let mut messages = pubsub.on_message();
             while let Some(msg) = messages.next().await {
                 let what: String = msg.get_payload().unwrap_or_default();
-                if what == "prefill" {
+                if msg.get_channel_name() == shared.keys.leave {
+                    shared.asked_to_leave(&what);
+                } else if what == "prefill" {
                     shared.notify(None, true);
                 } else if what == "limits" {
                     read_limits_version(&shared).await;

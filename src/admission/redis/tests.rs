@@ -123,6 +123,7 @@ impl Fixture {
                 lend: true,
                 borrow: false,
             }),
+            preempt_grace: 0,
         };
         self.scripts
             .limits(

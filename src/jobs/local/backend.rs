@@ -205,6 +205,7 @@ impl LocalJobs {
                 waited: started.1 - entry.submitted.1,
                 guard,
                 preempt,
+                resumed: None,
                 run: Box::new(LocalRun {
                     jobs: self.clone(),
                     entry,
@@ -226,12 +227,12 @@ impl LocalJobs {
                 Ended::Done(_) => Status::Done,
                 Ended::Failed(..) => Status::Failed,
                 // In process, a job handed back at shutdown has nowhere to go.
-                Ended::Cancelled | Ended::HandedBack => Status::Cancelled,
+                Ended::Cancelled | Ended::HandedBack(_) => Status::Cancelled,
             };
             match how {
                 Ended::Done(answer) => s.answer = Some(answer),
                 Ended::Failed(code, message) => s.error = Some((code, message)),
-                Ended::Cancelled | Ended::HandedBack => {}
+                Ended::Cancelled | Ended::HandedBack(_) => {}
             }
             s.finished = Some(now);
             let text_bytes = s.text.len() as u64;
@@ -354,7 +355,7 @@ impl JobRun for LocalRun {
     fn finish(self: Box<Self>, outcome: Option<Ended>) -> BoxFuture<'static, ()> {
         // (Never lost in process: `None` cannot come; it would end the job cancelled.)
         self.jobs
-            .end(&self.entry, outcome.unwrap_or(Ended::HandedBack));
+            .end(&self.entry, outcome.unwrap_or(Ended::HandedBack(None)));
         future::ready(()).boxed()
     }
 }

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::store::{store_down, RedisStore, Run};
+use crate::admission::preempt::Preemptible;
 use crate::jobs::backend::{Claim, JobRun, Take};
 use crate::jobs::entry::Ended;
 use crate::jobs::runner::run_record;
@@ -53,12 +54,19 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
     let (ttl, _) = store.admission.lease_timing();
     let keys = store.keys(Some(&id));
     let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-    let args = [
+    let config = &store.ctx.config;
+    let mut args = vec![
         store.base.clone(),
         id.clone(),
-        store.ctx.config.max_running.to_string(),
+        config.max_running.to_string(),
         ttl.as_millis().to_string(),
     ];
+    // jobs.preempt: a pre-emptible seat (any lane's idle one) while the job may still be
+    // pre-empted; the handle through which an acquire anywhere asks it back.
+    let handle = config.preempt.then(|| {
+        args.push(config.max_preemptions.to_string());
+        Preemptible::new(true)
+    });
     let taken = store
         .admission
         .take_with(
@@ -66,6 +74,7 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
             &keys,
             &args,
             (Lane::Large, work, prefill),
+            handle.as_ref(),
         )
         .await;
     match taken {
@@ -76,6 +85,13 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
             let waited = Duration::from_millis(
                 u64::try_from(t.rest.get(1).copied().unwrap_or(0)).unwrap_or(0),
             );
+            // Handed back with its text: continued here.
+            let resuming = t.rest.get(4) == Some(&1);
+            let resumed = if resuming {
+                store.resumed(&id).await
+            } else {
+                None
+            };
             let run = Run {
                 token: t.lease,
                 cancel: CancellationToken::new(),
@@ -85,13 +101,19 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
             if let Some(old) = store.running().insert(id.clone(), run.clone()) {
                 old.lost.cancel();
             }
+            if resuming && resumed.is_none() {
+                // Its text could not be read: this run stops at once without writing, and the
+                // beat puts the job back when its runner lease lapses (its text starts over).
+                run.lost.cancel();
+            }
             tracing::info!(job = %id, attempt, "job started");
             let (tx, rx) = mpsc::unbounded_channel::<String>();
             let writer = tokio::spawn(write_pieces(store.clone(), id.clone(), run.clone(), rx));
             Take::Started(Claim {
                 waited,
                 guard: t.guard,
-                preempt: None,
+                preempt: handle.filter(|_| t.preemptible),
+                resumed,
                 run: Box::new(RedisRun {
                     store: store.clone(),
                     id,
@@ -159,6 +181,10 @@ impl JobRun for RedisRun {
         }
     }
 
+    fn hands_back(&self) -> bool {
+        true
+    }
+
     fn cancelled(&self) -> BoxFuture<'static, ()> {
         self.run.cancel.clone().cancelled_owned().boxed()
     }
@@ -185,7 +211,9 @@ impl JobRun for RedisRun {
                             json!({ "code": code, "message": message }).to_string(),
                         ),
                         Ended::Cancelled => ("cancelled", String::new()),
-                        Ended::HandedBack => ("queued", String::new()),
+                        Ended::HandedBack(progress) => {
+                            ("queued", progress.clone().unwrap_or_default())
+                        }
                     };
                     end(&store, &id, &run.token, to, &result, text_bytes).await
                 }

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admission::RedisAdmission;
 use crate::error::GatewayError;
+use crate::jobs::backend::Resumed;
 use crate::jobs::context::Context;
 use crate::jobs::entry::{Status, Webhook};
 use crate::jobs::webhook;
@@ -363,6 +364,27 @@ impl RedisStore {
             .await;
     }
 
+    /// What the earlier runs of job `id`, handed back with its text, produced (`None`: none,
+    /// or Redis is unreachable: the run then starts the answer over).
+    pub async fn resumed(&self, id: &str) -> Option<Resumed> {
+        let mut conn = self.conn().await.ok()?;
+        let (progress, pieces): (Option<String>, Vec<String>) = redis::pipe()
+            .cmd("HGET")
+            .arg(self.job_key(id))
+            .arg("progress")
+            .cmd("LRANGE")
+            .arg(self.text_key(id))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        Some(Resumed {
+            text: pieces.concat(),
+            progress: serde_json::from_str(&progress?).ok()?,
+        })
+    }
+
     /// Job `id`'s record (`None`: no such job, or Redis is unreachable).
     pub async fn read_fields(&self, id: &str) -> Option<Fields> {
         let mut conn = self.conn().await.ok()?;
@@ -465,6 +487,10 @@ fn view(id: &str, f: &Fields, rank: Option<usize>, pieces: &[String]) -> Value {
     });
     if let Some(p) = rank.filter(|_| status == Status::Queued) {
         v["position"] = json!(p);
+    }
+    // Pre-empted and continued (jobs.preempt), as in process.
+    if let Some(n) = number(f, "preempted").filter(|n| *n > 0) {
+        v["preempted"] = json!(n);
     }
     if status == Status::Running {
         v["output_pieces"] = json!(pieces.len());
