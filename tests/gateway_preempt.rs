@@ -2,7 +2,8 @@
 //! idle seats; an interactive question that finds no seat makes a job give its seat back (the
 //! engine aborts it) and is answered at once; the job resumes as a continuation and its answer
 //! is the one an uninterrupted run gives (the simulator's text depends only on the prompt),
-//! every token counted once; the metrics say so; every seat and token comes back.
+//! every token counted once; the metrics say so; every seat and token comes back. The same
+//! with the Redis backend, where a job pre-empted on one replica is continued on another.
 
 mod common;
 #[allow(unused_macros)]
@@ -134,7 +135,16 @@ async fn a_question_preempts_a_job_that_resumes_to_the_uninterrupted_answer() {
 /// interactive review waits for a job to end.
 #[tokio::test]
 async fn jobs_that_may_not_be_preempted_keep_to_their_own_lane() {
-    let h = start(Backend::Local, FASTER, |c| {
+    jobs_kept_to_their_own_lane(Backend::Local).await;
+}
+
+#[tokio::test]
+async fn jobs_that_may_not_be_preempted_keep_to_their_own_lane_across_replicas() {
+    jobs_kept_to_their_own_lane(Backend::Redis).await;
+}
+
+async fn jobs_kept_to_their_own_lane(backend: Backend) {
+    let h = start(backend, FASTER, |c| {
         c.jobs.preempt = true;
         c.jobs.max_preemptions = 0;
         for lane in Lane::ALL {
@@ -187,7 +197,16 @@ async fn jobs_that_may_not_be_preempted_keep_to_their_own_lane() {
 /// times, and every seat and token comes back.
 #[tokio::test]
 async fn every_seat_comes_back_after_a_storm_of_preemptions() {
-    let h = start(Backend::Local, FASTER, |c| {
+    storm(Backend::Local).await;
+}
+
+#[tokio::test]
+async fn every_seat_comes_back_after_a_storm_of_preemptions_across_replicas() {
+    storm(Backend::Redis).await;
+}
+
+async fn storm(backend: Backend) {
+    let h = start(backend, FASTER, |c| {
         c.jobs.preempt = true;
         c.jobs.max_preemptions = 2;
         for lane in Lane::ALL {

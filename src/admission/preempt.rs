@@ -26,6 +26,10 @@
 //! - Asking is a signal ([`Preemptible::preempted`]); the job's runner drops its stream (the
 //!   engine aborts it, the seat comes back through the guard, as on any other path) and resumes
 //!   the answer as a continuation when a seat is idle again.
+//! - With the Redis backend the same rules run fleet-wide in the quota's scripts (see
+//!   `crate::admission::redis`, "Pre-emption"), with one difference: the borrower that loses
+//!   least is the youngest (the scripts do not see generated tokens). The handle is the same;
+//!   the ask reaches it through the quota's `leave` channel.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};

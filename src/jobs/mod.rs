@@ -15,10 +15,12 @@
 //! and only when that lane has one of its own seats free, nobody waits in its queue, and the
 //! tokens and prefill fit ([`crate::admission::Admission::try_acquire_idle`]); it wakes whenever
 //! capacity comes back. A job never borrows a seat and never queues ahead of an interactive
-//! request. With `jobs.preempt` (in process only) it may take any lane's idle seat instead
-//! ([`crate::admission::preempt`]) and gives it back the moment an interactive request needs it:
-//! the runner drops its stream, keeps its text, and resumes it as a continuation when a seat is
-//! idle again, ahead of the queue (`runner.rs`); readers see one answer with `preempted: n`.
+//! request. With `jobs.preempt` it may take any lane's idle seat instead
+//! ([`crate::admission::preempt`]; in Redis, the take script's pre-emptible lease) and gives it
+//! back the moment an interactive request needs it: the runner drops its stream, keeps its
+//! text, and resumes it as a continuation when a seat is idle again, ahead of the queue
+//! (`runner.rs`; in Redis the job goes back to the shared queue with its text and any replica
+//! continues it); readers see one answer with `preempted: n`.
 //!
 //! Storage, behind one trait ([`backend::JobBackend`], `backend.rs`), chosen once when the
 //! service starts: with `quota.backend = "local"`, in this process (`local/`), bounded by

@@ -65,7 +65,9 @@ pub async fn schedule(ctx: Arc<Context>, backend: Arc<dyn JobBackend>) {
 /// Dropping the stream aborts the engine's work and gives the seat back. A pre-emptible run
 /// (`jobs.preempt`) asked for its seat drops its stream the same way, keeps its text, and
 /// resumes as a continuation ([`Ready::continued`]) as soon as a seat is idle again, ahead of
-/// the queued jobs; its readers see one answer.
+/// the queued jobs; its readers see one answer. With a backend whose runs hand back
+/// ([`JobRun::hands_back`]: Redis), it ends handed back with its progress instead, and the run
+/// that takes it next, on any replica, starts from that progress (`Claim::resumed`).
 async fn run(ctx: Arc<Context>, claim: Claim) {
     let Claim {
         waited,

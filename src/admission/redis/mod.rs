@@ -2,7 +2,8 @@
 //!
 //! # Data layout (prefix `quota.key_prefix`, default `tg:v2`; hash tag `{quota}`)
 //! - `tg:v2:{quota}:leases` HASH: lease id (`<replica>:<n>`) -> `"<lane> <tokens> <prefill>"`
-//!   (`<prefill>`: estimated prompt tokens until the first token, then 0).
+//!   (`<prefill>`: estimated prompt tokens until the first token, then 0; `<lane>` is
+//!   `<seat>@<budget>` for a pre-emptible lease, see below).
 //! - `tg:v2:{quota}:expiry` ZSET: lease id -> expiry, Redis server time in ms (`TIME`, so
 //!   replicas' clocks do not matter).
 //! - `tg:v2:{quota}:usage` HASH: `<lane>:n` (leases), `<lane>:tokens`, `global:tokens`,
@@ -14,7 +15,23 @@
 //!   as a new version by a reload. The seat rule is the local backend's (reserved shares,
 //!   ceilings, lending, borrowing; strict caps under policy `strict`).
 //! - `tg:v2:{quota}:waiting:large` ZSET: replicas with an interactive large request waiting
-//!   (background jobs start only while it is empty).
+//!   (background jobs start only while it has none); with `jobs.preempt` also
+//!   `<replica> <lane>` for the other lanes (pre-emptible jobs start only while it is empty).
+//!
+//! # Pre-emption (`jobs.preempt`)
+//! A job that may still be pre-empted takes a pre-emptible lease in the jobs take script
+//! (`borrow` in `quota_common_v2.lua`): an idle seat of the large lane, else medium's, else
+//! small's; its lease's lane field is `<seat>@large` (the seat counts in `<seat>`, the tokens in
+//! large), and it is listed in `tg:v2:{quota}:borrowers` (ZSET, id -> when taken). An acquire
+//! that is refused asks one borrower to leave in the same call (`ask_borrowers`): the youngest
+//! whose leaving alone lets it in, else the youngest when all together would, else (reason
+//! `pressure`) the youngest while none is leaving; never one in its prefill grace (the limits
+//! record's `preempt_grace`, at the rate `tg:v2:{quota}:preempt` keeps from the last borrower's
+//! first token). Those asked (`tg:v2:{quota}:asked`, HASH id -> `<lane> <reason> <ms>`) count as
+//! gone for later calls; the ask is published on `tg:v2:{quota}:leave` (`<id> <lane>
+//! <reason>`), again after a second if still there. The replica holding the lease signals the
+//! run's [`Preemptible`] handle; the run drops its stream and its guard releases the lease
+//! (which leaves the borrowers and the asks).
 //!
 //! Every change goes through one Lua script (`lua/quota_*_v2.lua`, see [`scripts`]), so the
 //! counters always equal the sum of the live leases: acquire reaps expired leases, then takes
@@ -84,6 +101,8 @@ mod tasks;
 mod batch_tests;
 #[cfg(test)]
 mod limits_tests;
+#[cfg(test)]
+mod preempt_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 

@@ -25,6 +25,16 @@
 //! step, only out of idle capacity: see `run.rs`), push (pieces, only from the run that owns
 //! the job), end, cancel, and beat.
 //!
+//! # Pre-emption (`jobs.preempt`)
+//! The take script gives a job that may still be pre-empted a pre-emptible lease (an idle seat
+//! of any lane, its tokens in large; see `crate::admission::redis`), and its run a handle that
+//! the quota's `leave` channel signals when an acquire on any replica asks the seat back. The
+//! run then drops its stream and ends with its progress: the end script puts the job back in
+//! the queue at its place with `progress` (times pre-empted, tokens generated, the first run's
+//! usage) and `preempted`, keeping its text and its run number; the next take (any replica)
+//! answers `resumed`, and that run continues the answer (`crate::jobs::runner`). A run that
+//! cannot read the progress back stops as lost: the beat then puts the job back to start over.
+//!
 //! # Runners and crashes
 //! The run that takes a job owns it through its token (the lease id of its seat); it renews a
 //! runner lease (`:jobs:running`) every `quota.heartbeat_ms`. When that stops, the next beat of

@@ -8,6 +8,10 @@
 //! a large-lane acquire that is refused marks its replica in `:waiting:large` for a second,
 //! renewed at every try and kept at a grant while more wait behind it. A job never queues
 //! ahead of an interactive request on any replica.
+//!
+//! With `jobs.preempt` the take script may give a pre-emptible lease instead (any lane's idle
+//! seat, while no interactive request of any lane waits anywhere), and a job handed back with
+//! its text is continued by the run that takes it (see `mod.rs`, "Pre-emption").
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,247 @@
+//! Pre-emption across replicas (`jobs.preempt`, `quota_common_v2.lua`'s `ask_borrowers`) on a
+//! real `redis-server`: which borrower a refused acquire asks to leave, that one already asked
+//! counts as gone, that a borrower in its prefill grace is spared, that "pressure" asks one at
+//! a time, and that a borrower's leaving (release or expiry) leaves nothing behind.
+
+use redis::aio::MultiplexedConnection;
+
+use super::keys::Keys;
+use super::scripts::{AcquireArgs, LaneRecord, LimitsRecord, LimitsWrite, Scripts, Verdict};
+use super::tests::redis_common::RedisServer;
+use crate::admission::budget::PrefillLimit;
+use crate::lane::Lane;
+
+struct Fixture {
+    _server: RedisServer,
+    conn: MultiplexedConnection,
+    keys: Keys,
+    scripts: Scripts,
+}
+
+/// Strict limits: small 2 seats, medium 2, large 2; 100k tokens per lane and in all; no
+/// prefill budget; the given prefill grace.
+async fn fixture(grace: u32) -> Fixture {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys = Keys::new("tg:test");
+    let scripts = Scripts::default();
+    let record = LimitsRecord {
+        work_conserving: false,
+        seats: 6,
+        global_tokens: 100_000,
+        prefill: PrefillLimit {
+            budget: 0,
+            long_prompt: 2_048,
+        },
+        lanes: [LaneRecord {
+            max: 2,
+            ceiling: 2,
+            tokens: 100_000,
+            lend: false,
+            borrow: false,
+        }; 3],
+        preempt_grace: grace,
+    };
+    scripts
+        .limits(&mut conn, &keys, LimitsWrite::Force, &record, "test")
+        .await
+        .unwrap();
+    Fixture {
+        _server: server,
+        conn,
+        keys,
+        scripts,
+    }
+}
+
+impl Fixture {
+    /// Registers a borrower `id` holding a seat of `seat` (its tokens in large), still
+    /// prefilling `prefill` tokens, taken at `since` (server ms).
+    async fn borrower(&mut self, id: &str, seat: Lane, prefill: u32, since: u64) {
+        let field = format!("{}@large", seat.as_str());
+        let leases = [(id.to_owned(), field, 1_000, prefill)];
+        self.scripts
+            .adopt(&mut self.conn, &self.keys, 60_000, &leases)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("ZADD")
+            .arg(format!("{}:borrowers", self.keys.base))
+            .arg(since)
+            .arg(id)
+            .query_async(&mut self.conn)
+            .await
+            .unwrap();
+    }
+
+    /// An interactive lease `id` of `lane` (holding its seat to the end).
+    async fn interactive(&mut self, id: &str, lane: Lane) {
+        let leases = [(id.to_owned(), lane.as_str().to_owned(), 100, 0)];
+        self.scripts
+            .adopt(&mut self.conn, &self.keys, 60_000, &leases)
+            .await
+            .unwrap();
+    }
+
+    /// An acquire of `lane`: its verdict, and whether it asked a borrower to leave.
+    async fn acquire(&mut self, id: &str, lane: Lane) -> (Verdict, bool) {
+        let ask = AcquireArgs {
+            id,
+            lane,
+            tokens: 100,
+            prompt: 10,
+            ttl_ms: 60_000,
+            wait_mark_ms: 0,
+            replica: "test",
+            others_waiting: false,
+            behind: &[],
+        };
+        let r = self
+            .scripts
+            .acquire(&mut self.conn, &self.keys, &ask)
+            .await
+            .unwrap();
+        (r.verdict, r.asked)
+    }
+
+    /// The borrowers asked to leave, and why (`<lane> <reason>`).
+    async fn asked(&mut self) -> Vec<(String, String)> {
+        let all: Vec<(String, String)> = redis::cmd("HGETALL")
+            .arg(format!("{}:asked", self.keys.base))
+            .query_async(&mut self.conn)
+            .await
+            .unwrap();
+        let mut out: Vec<(String, String)> = all
+            .into_iter()
+            .map(|(id, v)| {
+                let why: Vec<&str> = v.split(' ').take(2).collect();
+                (id, why.join(" "))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    async fn release(&mut self, id: &str) {
+        assert!(self
+            .scripts
+            .release(&mut self.conn, &self.keys, id)
+            .await
+            .unwrap());
+    }
+
+    async fn exists(&mut self, suffix: &str) -> bool {
+        redis::cmd("EXISTS")
+            .arg(format!("{}{suffix}", self.keys.base))
+            .query_async::<u32>(&mut self.conn)
+            .await
+            .unwrap()
+            == 1
+    }
+}
+
+fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_youngest_borrower_whose_leaving_lets_the_request_in_is_asked_and_only_once() {
+    let mut f = fixture(0).await;
+    // Small's two seats: an old and a young borrower; medium's: the youngest of all.
+    f.borrower("old", Lane::Small, 0, 1_000).await;
+    f.borrower("young", Lane::Small, 0, 2_000).await;
+    f.borrower("youngest", Lane::Medium, 0, 3_000).await;
+    // A borrowed seat's tokens count in the large lane.
+    let mut conn = f.conn.clone();
+    let large: i64 = redis::AsyncCommands::hget(&mut conn, &f.keys.usage, "large:tokens")
+        .await
+        .unwrap();
+    assert_eq!(large, 3_000);
+    // A small request: the youngest on a small seat leaves (medium's would not let it in).
+    assert_eq!(
+        f.acquire("q1", Lane::Small).await,
+        (Verdict::LaneFull, true)
+    );
+    assert_eq!(f.asked().await, owned(&[("young", "small seat")]));
+    // Asked already: its seat counts as free, so a request trying again asks no one more.
+    assert_eq!(
+        f.acquire("q1", Lane::Small).await,
+        (Verdict::LaneFull, false)
+    );
+    assert_eq!(f.asked().await.len(), 1);
+    // It leaves: the request gets its seat; nothing of the borrower stays.
+    f.release("young").await;
+    assert_eq!(
+        f.acquire("q1", Lane::Small).await,
+        (Verdict::Granted, false)
+    );
+    assert_eq!(f.asked().await, Vec::new());
+    // The next small request finds small's seats taken by q1 and "old": "old" is asked.
+    assert_eq!(
+        f.acquire("q2", Lane::Small).await,
+        (Verdict::LaneFull, true)
+    );
+    assert_eq!(f.asked().await, owned(&[("old", "small seat")]));
+    f.release("old").await;
+    f.release("youngest").await;
+    assert!(!f.exists(":borrowers").await && !f.exists(":asked").await);
+}
+
+#[tokio::test]
+async fn a_borrower_near_the_end_of_its_prefill_is_spared() {
+    // Spared while at most 3,000 prefill tokens are left (no rate measured yet: its whole
+    // prompt is left).
+    let mut f = fixture(3_000).await;
+    f.borrower("long", Lane::Small, 8_000, 1_000).await;
+    f.borrower("near", Lane::Small, 2_500, 2_000).await;
+    // "near" is the youngest, but within its grace: "long" leaves instead.
+    assert_eq!(f.acquire("q", Lane::Small).await, (Verdict::LaneFull, true));
+    assert_eq!(f.asked().await, owned(&[("long", "small seat")]));
+    f.release("long").await;
+    // Its first token: no prefill left to spare it for.
+    f.scripts
+        .prefill_done(&mut f.conn, &f.keys, &["near"])
+        .await
+        .unwrap();
+    f.interactive("other", Lane::Small).await;
+    assert_eq!(
+        f.acquire("q2", Lane::Small).await,
+        (Verdict::LaneFull, true)
+    );
+    assert_eq!(f.asked().await, owned(&[("near", "small seat")]));
+}
+
+#[tokio::test]
+async fn a_request_no_borrower_can_let_in_asks_one_at_a_time_under_pressure() {
+    let mut f = fixture(0).await;
+    // Small is full of interactive requests; jobs borrow medium's seats.
+    f.interactive("s1", Lane::Small).await;
+    f.interactive("s2", Lane::Small).await;
+    f.borrower("j1", Lane::Medium, 0, 1_000).await;
+    f.borrower("j2", Lane::Medium, 0, 2_000).await;
+    // No job's leaving gives small a seat, but the engine's time is what it waits for: the
+    // youngest leaves, reason "pressure".
+    assert_eq!(f.acquire("q", Lane::Small).await, (Verdict::LaneFull, true));
+    assert_eq!(f.asked().await, owned(&[("j2", "small pressure")]));
+    // While one is leaving under pressure, no second is asked.
+    assert_eq!(
+        f.acquire("q", Lane::Small).await,
+        (Verdict::LaneFull, false)
+    );
+    f.release("j2").await;
+    assert_eq!(f.acquire("q", Lane::Small).await, (Verdict::LaneFull, true));
+    assert_eq!(f.asked().await, owned(&[("j1", "small pressure")]));
+    // An expired borrower leaves nothing behind either.
+    let _: () = redis::cmd("ZADD")
+        .arg(&f.keys.expiry)
+        .arg(0)
+        .arg("j1")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    f.acquire("q", Lane::Small).await;
+    assert!(!f.exists(":borrowers").await && !f.exists(":asked").await);
+}
