@@ -90,7 +90,7 @@ pub trait JobBackend: Send + Sync + std::fmt::Debug {
 /// What [`JobBackend::take`] found.
 pub enum Take {
     /// The head starts: it holds its seat and runs on this replica.
-    Started(Claim),
+    Started(Box<Claim>),
     /// The head changed while it was being taken (another replica started or cancelled it):
     /// worth another look at once.
     Moved,

@@ -40,7 +40,7 @@ pub async fn schedule(ctx: Arc<Context>, backend: Arc<dyn JobBackend>) {
             match backend.take().await {
                 Take::Started(claim) => {
                     retakes = 0;
-                    ctx.tasks.spawn(run(ctx.clone(), claim));
+                    ctx.tasks.spawn(run(ctx.clone(), *claim));
                 }
                 Take::Moved => retakes += 1,
                 Take::Idle => break,

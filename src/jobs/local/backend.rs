@@ -313,7 +313,11 @@ impl JobBackend for LocalJobs {
     }
 
     fn take(&self) -> BoxFuture<'_, Take> {
-        future::ready(self.next_startable().map_or(Take::Idle, Take::Started)).boxed()
+        future::ready(
+            self.next_startable()
+                .map_or(Take::Idle, |claim| Take::Started(Box::new(claim))),
+        )
+        .boxed()
     }
 }
 

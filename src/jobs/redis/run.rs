@@ -113,7 +113,7 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
             tracing::info!(job = %id, attempt, "job started");
             let (tx, rx) = mpsc::unbounded_channel::<String>();
             let writer = tokio::spawn(write_pieces(store.clone(), id.clone(), run.clone(), rx));
-            Take::Started(Claim {
+            Take::Started(Box::new(Claim {
                 waited,
                 guard: t.guard,
                 preempt: handle.filter(|_| t.preemptible),
@@ -127,7 +127,7 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
                     tx: Some(tx),
                     writer,
                 }),
-            })
+            }))
         }
         Some(Err(-10)) => Take::Moved,
         _ => Take::Idle,
