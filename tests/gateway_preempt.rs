@@ -406,3 +406,106 @@ async fn a_job_preempted_on_one_replica_is_continued_on_another() {
     b.shutdown().await;
     sim.shutdown().await;
 }
+
+/// `jobs.preempt_answers = "marked"`: a large `/answer` marked `x-tutor-preemptible: true`
+/// borrows an idle seat (medium's: large's own is taken); a medium question that needs that
+/// seat takes it mid-stream, and the answer goes on as a continuation on another idle seat
+/// without a break for its client: its token events go on numbered where they stopped, one
+/// `meta` event says it was pre-empted (`jobs.preempt_notice`), and its text, usage and
+/// record are those of one uninterrupted answer.
+#[tokio::test]
+async fn a_preemptible_answer_gives_its_seat_back_and_goes_on_without_a_break() {
+    let h = harness(FASTER, |c| {
+        c.jobs.preempt_answers = tutor_gateway::config::PreemptAnswers::Marked;
+        c.jobs.preempt_notice = true;
+        for lane in Lane::ALL {
+            set_lane(c, lane, 1);
+        }
+    })
+    .await;
+    let body = json!({"prompt": words(2500, "review"), "max_output_tokens": REVIEW_TOKENS});
+    // An unmarked review holds large's seat to its end: it is the uninterrupted answer.
+    let plain = {
+        let (url, body) = (h.url("/answer"), body.clone());
+        tokio::spawn(async move { post_text(url, &body).await })
+    };
+    eventually("the plain review runs", || h.in_flight(Lane::Large) == 1).await;
+    // The marked one borrows medium's idle seat.
+    let url = h.url("/answer");
+    let marked = tokio::spawn(async move {
+        let resp = client()
+            .post(url)
+            .header("x-tutor-preemptible", "true")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        resp.text().await.unwrap()
+    });
+    eventually("the marked review borrows medium's seat", || {
+        h.in_flight(Lane::Medium) == 1
+    })
+    .await;
+    // Let it stream a little (if it is still prefilling, it is sent again as it was: the
+    // assertions below hold either way).
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let question = post_text(
+        h.url("/answer"),
+        &json!({"prompt": words(600, "why"), "max_output_tokens": 1000}),
+    )
+    .await;
+    let q = sse(&question);
+    assert_eq!(json(&q[0].1)["lane"], "medium", "{q:?}");
+    assert_eq!(q.last().unwrap().0, "done", "{q:?}");
+    let (plain, marked) = (plain.await.unwrap(), marked.await.unwrap());
+    let text = |body: &str| -> String {
+        sse(body)
+            .iter()
+            .filter(|(e, _)| e == "token")
+            .map(|(_, d)| json(d)["text"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let events = sse(&marked);
+    assert_eq!(json(&sse(&plain)[0].1)["lane"], "large", "{plain}");
+    assert_eq!(json(&events[0].1)["lane"], "large", "{marked}");
+    let notices: Vec<&(String, String)> = events
+        .iter()
+        .filter(|(e, d)| e == "meta" && d.contains("preempted"))
+        .collect();
+    assert_eq!(notices.len(), 1, "told once: {notices:?}");
+    assert_eq!(json(&notices[0].1)["preempted"], 1);
+    let done = json(&events.last().unwrap().1);
+    assert_eq!(events.last().unwrap().0, "done", "{marked}");
+    assert_eq!(
+        done["usage"]["output_tokens"], REVIEW_TOKENS,
+        "every token once"
+    );
+    assert_eq!(done["finish_reason"], "length");
+    assert_eq!(text(&marked), text(&plain), "the uninterrupted answer");
+    // Its token events are numbered 1..n without a gap or a repeat.
+    let ids: Vec<u32> = marked
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: ")?.parse().ok())
+        .collect();
+    assert_eq!(ids, (1..=ids.len() as u32).collect::<Vec<_>>());
+    eventually("every seat back", || h.idle()).await;
+    let m = h.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_job_preemptions_total{lane=\"medium\",reason=\"seat\"}"
+        ),
+        1.0
+    );
+    // One request each: the pre-empted answer is not counted twice, nor as a cancel.
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_requests_total{lane=\"large\",outcome=\"ok\",route=\"answer\"}"
+        ),
+        2.0
+    );
+    assert_eq!(family_total(&m, "tutor_gateway_cancellations_total"), 0.0);
+    assert!(h.sim_aborted() >= 1, "the engine's work was aborted");
+    h.shutdown().await;
+}

@@ -88,6 +88,16 @@ impl LaneGuard {
         self.preemptible.as_ref().is_some_and(|h| h.is_preempted())
     }
 
+    /// The handle of a seat that may still be asked back (`preempt.rs`); `None` for any other.
+    pub fn preemptible(&self) -> Option<&Arc<Preemptible>> {
+        self.preemptible.as_ref().filter(|h| h.is_eligible())
+    }
+
+    /// Why a pre-emptible seat was asked back (`None`: it was not, or it is no such seat).
+    pub fn preemptible_cause(&self) -> Option<super::preempt::Cause> {
+        self.preemptible.as_ref().and_then(|h| h.cause())
+    }
+
     /// The same guard, for a request that pre-emptible work was asked to leave for.
     pub(super) fn with_made_room(mut self, made_room: bool) -> Self {
         self.made_room = made_room;

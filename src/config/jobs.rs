@@ -78,6 +78,33 @@ pub struct RawJobs {
     /// A job whose prefill is within this many tokens of done is not pre-empted before its
     /// first token.
     pub preempt_prefill_grace_tokens: Option<u32>,
+    /// Which large `/answer` streams are pre-emptible: `off`, `marked`, `large`.
+    pub preempt_answers: Option<String>,
+    /// A pre-empted `/answer` stream tells its client with a `meta` event.
+    pub preempt_notice: Option<bool>,
+}
+
+/// Which large `/answer` streams may borrow idle seats, pre-emptible (`jobs.preempt_answers`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PreemptAnswers {
+    /// None (the default).
+    #[default]
+    Off,
+    /// Those that ask with `x-tutor-preemptible: true`.
+    Marked,
+    /// Every large `/answer`.
+    Large,
+}
+
+impl PreemptAnswers {
+    /// Whether a large `/answer` whose header said `marked` is pre-emptible.
+    pub fn applies(self, marked: bool) -> bool {
+        match self {
+            PreemptAnswers::Off => false,
+            PreemptAnswers::Marked => marked,
+            PreemptAnswers::Large => true,
+        }
+    }
 }
 
 /// One `jobs.webhook_allow` entry: `scheme://host[:port]/path`, where the host may start with
@@ -145,6 +172,11 @@ pub struct JobsConfig {
     /// A job still prefilling and estimated within this many prompt tokens of its first token
     /// is pre-empted only after that token.
     pub preempt_prefill_grace_tokens: u32,
+    /// Large `/answer` streams that borrow idle seats as jobs do and, pre-empted, continue
+    /// without a break for their client (in-process admission only).
+    pub preempt_answers: PreemptAnswers,
+    /// A pre-empted `/answer` stream sends a `meta` event `{"preempted": n}` where it goes on.
+    pub preempt_notice: bool,
 }
 
 impl WebhookPattern {
@@ -262,7 +294,21 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
     if max_preemptions > 100 {
         c.fail("jobs.max_preemptions", "must be at most 100");
     }
+    let preempt_answers = match raw.preempt_answers.as_deref() {
+        None | Some("off") => PreemptAnswers::Off,
+        Some("marked") => PreemptAnswers::Marked,
+        Some("large") => PreemptAnswers::Large,
+        Some(_) => {
+            c.fail(
+                "jobs.preempt_answers",
+                "must be \"off\", \"marked\" or \"large\"",
+            );
+            PreemptAnswers::Off
+        }
+    };
     JobsConfig {
+        preempt_answers,
+        preempt_notice: raw.preempt_notice.unwrap_or(false),
         preempt: raw.preempt.unwrap_or(false),
         max_preemptions: max_preemptions.min(100),
         preempt_prefill_grace_tokens: raw

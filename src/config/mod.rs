@@ -54,7 +54,7 @@ pub use course::{CourseConfig, FocusMode, FocusSettings};
 pub use error::{ConfigError, ConfigIssue};
 pub use fields::FieldsConfig;
 pub use file::{validate, Config};
-pub use jobs::{JobsConfig, WebhookPattern, WEBHOOK_SECRET_ENV};
+pub use jobs::{JobsConfig, PreemptAnswers, WebhookPattern, WEBHOOK_SECRET_ENV};
 pub use placeholders::find_placeholder;
 pub use prefix::PrefixCacheConfig;
 pub use promotion::{PromotionConfig, WhenFull};

@@ -137,6 +137,10 @@ pub async fn admit(
         }
         _ => (ready, record),
     };
+    // A pre-emptible large `/answer` (`jobs.preempt_answers`) first borrows an idle seat.
+    if let Some(guard) = super::resume::borrow(ctx, &ready) {
+        return Ok(Admit::Admitted(Admitted::new(ready, guard, record)));
+    }
     // While it waits for a seat its body is held: all queued bodies together are bounded.
     let held = match ctx
         .queued_bytes()

@@ -45,6 +45,8 @@ pub struct Ready {
     pub(super) focus: Option<Value>,
     /// How long after arrival its first token is still useful (`x-tutor-deadline-ms`).
     pub(super) deadline: Option<std::time::Duration>,
+    /// A large `/answer` that may borrow an idle seat, pre-emptible (`jobs.preempt_answers`).
+    pub(super) preemptible: bool,
 }
 
 impl Ready {
@@ -110,6 +112,7 @@ impl Ready {
             affinity: v["affinity"].as_str().map(str::to_owned),
             focus: None,
             deadline: None,
+            preemptible: false,
         })
     }
 }
@@ -186,6 +189,7 @@ pub async fn classify(
         tenant,
         focus,
         deadline,
+        preemptible,
     } = prepared;
     let config = ctx.config();
     if let Some(t) = &tenant {
@@ -310,6 +314,7 @@ pub async fn classify(
         affinity,
         focus: focus.map(|f| f.meta()),
         deadline,
+        preemptible: preemptible && class.lane == Lane::Large,
     })
 }
 

@@ -93,11 +93,16 @@ async fn answer_journey(
         Ok(d) => d,
         Err(e) => return rejected(record, e),
     };
+    let preemptible = match prompt::preemptible_from(&headers) {
+        Ok(marked) => ctx.config().jobs.preempt_answers.applies(marked),
+        Err(e) => return rejected(record, e),
+    };
     let prepared = match prompt::answer_request(&ctx, req).await {
         Ok(p) => Prepared {
             size,
             tenant,
             deadline,
+            preemptible,
             ..p
         },
         Err(e) => return rejected(record, e),

@@ -29,6 +29,7 @@ pub mod pieces;
 pub mod prompt;
 pub mod reload;
 pub mod respond;
+mod resume;
 pub mod send;
 mod state;
 pub mod tenant;

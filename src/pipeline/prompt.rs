@@ -53,6 +53,9 @@ pub struct Prepared {
     /// How long after arrival its first token is still useful (`x-tutor-deadline-ms`): a
     /// request whose predicted wait already misses it is refused at once.
     pub deadline: Option<Duration>,
+    /// A large `/answer` that may borrow an idle seat and give it back mid-stream
+    /// (`jobs.preempt_answers`).
+    pub preemptible: bool,
 }
 
 /// Longest `x-tutor-deadline-ms`: an hour.
@@ -77,6 +80,19 @@ pub fn deadline_from(headers: &HeaderMap) -> Result<Option<Duration>, GatewayErr
     match text.parse::<u64>() {
         Ok(ms @ 1..=MAX_DEADLINE_MS) => Ok(Some(Duration::from_millis(ms))),
         _ => Err(bad()),
+    }
+}
+
+/// The request's `x-tutor-preemptible`: `true` or `false` (absent: `false`); anything else is
+/// a 400 naming the header.
+pub fn preemptible_from(headers: &HeaderMap) -> Result<bool, GatewayError> {
+    match headers.get("x-tutor-preemptible").map(|v| v.as_bytes()) {
+        None | Some(b"false") => Ok(false),
+        Some(b"true") => Ok(true),
+        Some(_) => Err(GatewayError::bad_request(
+            "x-tutor-preemptible must be true or false",
+            Some("x-tutor-preemptible"),
+        )),
     }
 }
 
@@ -132,6 +148,7 @@ pub async fn answer_request(
         session: session_id,
         size: 0,
         background: false,
+        preemptible: false,
         tenant: None,
         focus: focused,
         deadline: None,
@@ -235,6 +252,7 @@ pub fn openai_request(
         session,
         size: 0,
         background: false,
+        preemptible: false,
         tenant: None,
         focus: None,
         deadline: None,

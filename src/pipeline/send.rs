@@ -6,6 +6,7 @@ use super::classify::Ready;
 use super::ctx::RequestCtx;
 use super::pieces;
 use super::respond::refused;
+use super::resume::Resume;
 use crate::error::GatewayError;
 use crate::relay::{Format, Relay, RelayContext};
 use crate::telemetry::Mark;
@@ -20,6 +21,19 @@ pub async fn send(
     admitted: Admitted,
     format: Format,
 ) -> Result<Relay, GatewayError> {
+    // A pre-emptible `/answer` on a borrowed seat goes on when the seat is asked back.
+    let resume = (format == Format::Answer
+        && admitted.ready.preemptible
+        && admitted.guard.preemptible().is_some())
+    .then(|| {
+        let record = &admitted.record;
+        Resume::new(
+            ctx,
+            &admitted.ready,
+            record.request_id(),
+            record.upstream_traceparent(),
+        )
+    });
     let Admitted {
         ready:
             Ready {
@@ -69,5 +83,9 @@ pub async fn send(
         budget,
         focus,
     };
-    Ok(Relay::new(upstream, guard, class, format, record, relay))
+    let relay = Relay::new(upstream, guard, class, format, record, relay);
+    Ok(match resume {
+        Some(resume) => relay.resumable(Box::new(resume), ctx.config().jobs.preempt_notice),
+        None => relay,
+    })
 }

@@ -23,8 +23,8 @@ use bytes::Bytes;
 use serde_json::json;
 
 use crate::classify::Classification;
-use crate::telemetry::LatencySplit;
-use crate::upstream::{Chunk, UpstreamStream};
+use crate::telemetry::{LatencySplit, UpstreamView};
+use crate::upstream::Chunk;
 
 /// The id of a stream's last event (`done` or `error`).
 pub const END_ID: &str = "end";
@@ -79,27 +79,34 @@ pub fn error_event_with(data: &serde_json::Value) -> Bytes {
     event_with_id(END_ID, "error", data)
 }
 
-/// `done`: finish reason, usage and timings.
-pub fn done_event(upstream: &UpstreamStream, class: &Classification, t: LatencySplit) -> Bytes {
-    done_event_with(upstream, class, t, None)
+/// `meta` between the runs of a pre-empted stream (`jobs.preempt_notice`): it was pre-empted
+/// `n` times so far and goes on.
+pub fn preempted_event(n: u32) -> Bytes {
+    event("meta", &json!({ "preempted": n }))
+}
+
+/// `done`: finish reason, usage and timings, from what the engine told (`up`: the whole
+/// answer's, across the runs of a pre-empted stream).
+pub fn done_event(up: &UpstreamView, class: &Classification, t: LatencySplit) -> Bytes {
+    done_event_with(up, class, t, None)
 }
 
 /// `done` with the finish reason overridden (a cut stream ends with `length`).
 pub fn done_event_with(
-    upstream: &UpstreamStream,
+    up: &UpstreamView,
     class: &Classification,
     t: LatencySplit,
     finish_reason: Option<&str>,
 ) -> Bytes {
-    let usage = upstream.usage();
+    let usage = up.usage;
     event_with_id(
         END_ID,
         "done",
         &json!({
-            "finish_reason": finish_reason.or(upstream.finish_reason()),
+            "finish_reason": finish_reason.or(up.finish_reason.as_deref()),
             "usage": {
                 "input_tokens": usage.map_or(class.input_tokens_estimate, |u| u.prompt_tokens),
-                "output_tokens": upstream.output_tokens().count,
+                "output_tokens": up.output_tokens,
                 "cached_tokens": usage.and_then(|u| u.cached_tokens).unwrap_or(0),
             },
             "timings": t,

@@ -42,6 +42,7 @@ mod collect;
 mod cut;
 mod drain;
 mod pump;
+mod resume;
 
 use std::time::Duration;
 
@@ -53,6 +54,7 @@ pub use answer::error_event_with;
 pub use client::{ClientBody, ClientLimits};
 pub use collect::Collected;
 pub use drain::Drain;
+pub use resume::Continuation;
 
 use crate::admission::session::SessionHold;
 use crate::admission::tenant_budget::BudgetHold;
@@ -60,7 +62,7 @@ use crate::admission::LaneGuard;
 use crate::classify::{Classification, LaneRules};
 use crate::config::WhenFull;
 use crate::error::GatewayError;
-use crate::telemetry::{LatencySplit, Mark, Metrics, Outcome, RequestRecord};
+use crate::telemetry::{LatencySplit, Mark, Metrics, Outcome, RequestRecord, UpstreamView};
 use crate::upstream::{Chunk, UpstreamError, UpstreamStream};
 
 /// How the client wants the stream.
@@ -111,6 +113,8 @@ pub struct Relay {
     done: bool,
     /// The shutdown of the gateway whose handler started this relay (none for a job's).
     drain: Option<Drain>,
+    /// A pre-emptible `/answer` stream's way on and its state across runs (`resume.rs`).
+    resume: Option<resume::Resumable>,
 }
 
 /// A stream's content chunks in time: first, last, how many, the longest gap between two.
@@ -151,6 +155,8 @@ enum Next {
     Event(Option<Result<Chunk, UpstreamError>>),
     /// The gateway's grace period is over: the stream ends now.
     Shutdown,
+    /// Admission asked a pre-emptible stream's seat back: it goes on as a continuation.
+    Preempted,
 }
 
 impl Relay {
@@ -178,6 +184,23 @@ impl Relay {
             steps: Steps::default(),
             done: false,
             drain: Drain::current(),
+            resume: None,
+        }
+    }
+
+    /// The same relay, pre-emptible (`jobs.preempt_answers`): asked for its seat, it goes on
+    /// through `how` (see `resume.rs`); `notice`: the client gets a `meta` event then.
+    pub fn resumable(mut self, how: Box<dyn Continuation>, notice: bool) -> Self {
+        self.resume = Some(resume::Resumable::new(how, notice));
+        self
+    }
+
+    /// What the engine told so far, for the whole answer (across a pre-empted stream's runs).
+    fn view(&self) -> UpstreamView {
+        let current = self.upstream.view();
+        match &self.resume {
+            Some(r) => r.merged(current),
+            None => current,
         }
     }
 
@@ -188,13 +211,13 @@ impl Relay {
 
     /// Output tokens counted so far (exact once vLLM sent usage, else content chunks).
     fn produced(&self) -> u32 {
-        self.upstream.output_tokens().count
+        let before = self.resume.as_ref().map_or(0, |r| r.before);
+        before.saturating_add(self.upstream.output_tokens().count)
     }
 
     /// What the engine served so far: its usage's prompt (else the estimate) and the output.
     fn served(&self) -> u64 {
         let prompt = self
-            .upstream
             .view()
             .usage
             .map_or(self.class.input_tokens_estimate, |u| u.prompt_tokens);
@@ -224,7 +247,10 @@ impl Relay {
         if outcome == Outcome::Ok {
             self.steps.observe(&self.ctx.metrics);
         }
-        let view = self.upstream.view();
+        if let Some(r) = &self.resume {
+            r.recomputed(&self.upstream.view(), &self.ctx.metrics);
+        }
+        let view = self.view();
         self.record.finish(outcome, error_code, Some(&view));
     }
 
@@ -258,13 +284,101 @@ impl Relay {
 
     /// [`Relay::next_event`], unless the gateway's grace period is over first.
     async fn next_or_shutdown(&mut self) -> Next {
-        let Some(drain) = self.drain.clone() else {
+        // A pre-emptible stream's seat asked back (only one that can go on).
+        let leave = self
+            .guard
+            .as_ref()
+            .filter(|_| self.resume.is_some())
+            .and_then(LaneGuard::preemptible)
+            .map(|h| h.preempted());
+        if self.drain.is_none() && leave.is_none() {
             return Next::Event(self.next_event().await);
+        }
+        let drain = self.drain.clone();
+        let ending = async {
+            match &drain {
+                Some(d) => d.ending().await,
+                None => std::future::pending().await,
+            }
+        };
+        let leave = async {
+            match leave {
+                Some(l) => l.await,
+                None => std::future::pending().await,
+            }
         };
         tokio::select! {
             biased;
-            () = drain.ending() => Next::Shutdown,
+            () = ending => Next::Shutdown,
+            () = leave => Next::Preempted,
             ev = self.next_event() => Next::Event(ev),
+        }
+    }
+
+    /// Lets the engine's request go (its seat was asked back) and goes on with a continuation
+    /// sent in its place (`resume.rs`): the client's stream carries on, with a `meta` event
+    /// into `out` when so configured. When the continuation cannot be had (no seat in time, the
+    /// engine unreachable), the stream ends with that error.
+    async fn go_on(&mut self, out: &mut Vec<u8>) {
+        let Some(mut r) = self.resume.take() else {
+            return;
+        };
+        let generated = self.produced();
+        let cause = self.guard.as_ref().and_then(|g| g.preemptible_cause());
+        // The engine's work is aborted and the seat comes back now: the request that asked
+        // for it gets it.
+        self.upstream.abort_now();
+        drop(self.guard.take());
+        let current = self.upstream.view();
+        r.stage = if current.output_tokens > 0 {
+            "decode"
+        } else {
+            "prefill"
+        };
+        if r.times > 0 {
+            r.recomputed(&current, &self.ctx.metrics);
+        }
+        if r.first.is_none() {
+            r.first = Some(current);
+        }
+        r.times += 1;
+        if let Some(cause) = cause {
+            self.ctx.metrics.jobs().preempted(cause.lane, cause.reason);
+        }
+        tracing::info!(request_id = %self.request_id(), tokens = generated, times = r.times, "answer pre-empted; it goes on as a continuation");
+        let (text, times) = (std::mem::take(&mut r.text), r.times);
+        let next = r.how.resume(&text, generated, times).await;
+        r.text = text;
+        match next {
+            Ok(Some((upstream, guard))) => {
+                r.before = generated;
+                if r.notice {
+                    out.extend_from_slice(&answer::preempted_event(times));
+                }
+                self.upstream = upstream;
+                self.guard = Some(guard);
+                self.resume = Some(r);
+            }
+            Ok(None) => {
+                // Nothing was left to generate: what the client has is the answer.
+                r.before = generated;
+                self.resume = Some(r);
+                let view = self.view();
+                out.extend_from_slice(&answer::done_event_with(
+                    &view,
+                    &self.class,
+                    self.timings(),
+                    Some("length"),
+                ));
+                self.finish(Outcome::Ok, None);
+            }
+            Err(err) => {
+                r.before = generated;
+                self.resume = Some(r);
+                tracing::warn!(request_id = %self.request_id(), code = err.code(), "a pre-empted answer could not go on");
+                self.render_error(&err, out);
+                self.finish(err.outcome(), Some(err.code()));
+            }
         }
     }
 
@@ -338,7 +452,7 @@ impl Relay {
                 Format::Answer => {
                     out.extend_from_slice(&cut::cut_event(&info));
                     out.extend_from_slice(&answer::done_event_with(
-                        &self.upstream,
+                        &self.view(),
                         &self.class,
                         self.timings(),
                         Some("length"),
@@ -364,6 +478,7 @@ impl Relay {
                     let err = self.end_for_shutdown();
                     self.render_error(&err, &mut out);
                 }
+                Next::Preempted => self.go_on(&mut out).await,
             }
         }
         // What is already here goes in the same write; its clock started at the read above.
@@ -435,6 +550,9 @@ impl Relay {
             Format::Answer => {
                 let event = answer::token_event(chunk, self.pieces + 1);
                 self.pieces += u32::from(event.is_some());
+                if let Some(r) = self.resume.as_mut() {
+                    r.text.push_str(&chunk.text);
+                }
                 event
             }
         }
@@ -443,13 +561,13 @@ impl Relay {
     fn render_end(&self) -> Bytes {
         match self.format {
             Format::OpenAi { .. } => Bytes::from_static(b"data: [DONE]\n\n"),
-            Format::Answer => answer::done_event(&self.upstream, &self.class, self.timings()),
+            Format::Answer => answer::done_event(&self.view(), &self.class, self.timings()),
         }
     }
 
     /// The latency split so far.
     pub fn timings(&self) -> LatencySplit {
-        let view = self.upstream.view();
+        let view = self.view();
         LatencySplit::compute(
             self.record.arrival(),
             self.record.admitted_at(),
@@ -477,6 +595,8 @@ impl Relay {
             let ev = match self.next_or_shutdown().await {
                 Next::Event(ev) => ev,
                 Next::Shutdown => return Err(self.end_for_shutdown()),
+                // (A collected relay is never resumable: a job's runner handles its own.)
+                Next::Preempted => continue,
             };
             match ev {
                 Some(Ok(chunk)) => {
@@ -513,7 +633,9 @@ impl Drop for Relay {
         if !self.done {
             // The client went away (or a pre-empted job let its stream go): the upstream
             // stream's guard aborts the engine's work when it drops right after this.
-            let preempted = self.guard.as_ref().is_some_and(LaneGuard::is_preempted);
+            // (A resumable stream dropped is its client gone, asked back or not.)
+            let preempted =
+                self.resume.is_none() && self.guard.as_ref().is_some_and(LaneGuard::is_preempted);
             let outcome = if preempted {
                 Outcome::Preempted
             } else {

@@ -1,0 +1,91 @@
+//! A pre-emptible `/answer` stream (`jobs.preempt_answers`, in-process admission): when
+//! admission asks its borrowed seat back, the relay lets the engine's request go (it is
+//! aborted, the seat comes back at once) and goes on with a continuation the pipeline sends
+//! ([`Continuation`]: the messages and the text the client has, continued), so the client sees
+//! one answer: its token events go on numbered where they stopped, with a `meta` event
+//! `{"preempted": n}` between the runs when `jobs.preempt_notice` says so. The request is one
+//! request in the metrics and the request log: the first run's prompt usage and first token,
+//! every run's output tokens, the last run's end.
+
+use futures::future::BoxFuture;
+
+use crate::admission::LaneGuard;
+use crate::error::GatewayError;
+use crate::telemetry::{Metrics, UpstreamView};
+use crate::upstream::UpstreamStream;
+
+/// How a pre-empted stream goes on (built by the pipeline, which can wait for a seat and send).
+pub trait Continuation: Send + Sync + std::fmt::Debug {
+    /// Waits for a seat and sends the answer so far as a continuation: `text` (what the client
+    /// has), `generated` output tokens, pre-empted `times` times so far (this one included).
+    /// `Ok(None)`: nothing is left to generate.
+    fn resume<'a>(
+        &'a mut self,
+        text: &'a str,
+        generated: u32,
+        times: u32,
+    ) -> BoxFuture<'a, Result<Option<(UpstreamStream, LaneGuard)>, GatewayError>>;
+}
+
+/// A pre-emptible stream's state across its runs.
+#[derive(Debug)]
+pub(super) struct Resumable {
+    pub how: Box<dyn Continuation>,
+    /// The text sent to the client so far.
+    pub text: String,
+    /// Output tokens of the runs before the current one.
+    pub before: u32,
+    /// The first run's view (its prompt usage, first token, engine timings), once pre-empted.
+    pub first: Option<UpstreamView>,
+    /// Times pre-empted so far.
+    pub times: u32,
+    /// Where the last pre-emption cut its run: `prefill` (no token yet) or `decode`.
+    pub stage: &'static str,
+    /// Tell the client with a `meta` event.
+    pub notice: bool,
+}
+
+impl Resumable {
+    /// State for a stream that has not been pre-empted yet.
+    pub fn new(how: Box<dyn Continuation>, notice: bool) -> Self {
+        Self {
+            how,
+            text: String::new(),
+            before: 0,
+            first: None,
+            times: 0,
+            stage: "decode",
+            notice,
+        }
+    }
+
+    /// The whole answer's view, from the current run's: the first run's prompt usage, first
+    /// token and engine timings; every run's output; the current run's end and finish reason.
+    pub fn merged(&self, current: UpstreamView) -> UpstreamView {
+        let Some(first) = &self.first else {
+            return current;
+        };
+        UpstreamView {
+            output_tokens: self.before.saturating_add(current.output_tokens),
+            exact_output: first.exact_output && current.exact_output,
+            usage: first.usage,
+            engine: first.engine,
+            first_content_at: first.first_content_at.or(current.first_content_at),
+            first_answer_at: first.first_answer_at.or(current.first_answer_at),
+            ended_at: current.ended_at,
+            finish_reason: current.finish_reason,
+        }
+    }
+
+    /// The current run (a continuation) ended with `current`: the prompt tokens it did not find
+    /// in the prefix cache, counted as recomputed by the stage the pre-emption cut.
+    pub fn recomputed(&self, current: &UpstreamView, metrics: &Metrics) {
+        if self.times == 0 {
+            return;
+        }
+        if let Some(u) = current.usage {
+            let n = u.prompt_tokens.saturating_sub(u.cached_tokens.unwrap_or(0));
+            metrics.jobs().recomputed(self.stage, n);
+        }
+    }
+}
