@@ -507,5 +507,16 @@ async fn a_preemptible_answer_gives_its_seat_back_and_goes_on_without_a_break() 
     );
     assert_eq!(family_total(&m, "tutor_gateway_cancellations_total"), 0.0);
     assert!(h.sim_aborted() >= 1, "the engine's work was aborted");
+    // A mark that is neither true nor false is a 400 naming the header.
+    let resp = client()
+        .post(h.url("/answer"))
+        .header("x-tutor-preemptible", "yes")
+        .json(&json!({"prompt": "hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let err = json(&resp.text().await.unwrap());
+    assert_eq!(err["error"]["param"], "x-tutor-preemptible", "{err}");
     h.shutdown().await;
 }

@@ -323,6 +323,32 @@ fn jobs_keys_are_checked_together() {
             .any(|i| i.starts_with("jobs.max_preemptions must be at most 100")),
         "{issues:?}"
     );
+    // Pre-emptible answers: three modes, in process only.
+    let marked = Config::from_toml_str(&format!(
+        "{MINIMAL}[jobs]\npreempt_answers = \"marked\"\npreempt_notice = true\n"
+    ))
+    .expect("marked answers");
+    assert_eq!(
+        marked.jobs.preempt_answers,
+        crate::config::PreemptAnswers::Marked
+    );
+    assert!(marked.jobs.preempt_notice);
+    let issues = issues_of(&format!("{MINIMAL}[jobs]\npreempt_answers = \"some\"\n"));
+    assert!(
+        issues
+            .iter()
+            .any(|i| i.starts_with("jobs.preempt_answers must be \"off\", \"marked\" or \"large\"")),
+        "{issues:?}"
+    );
+    let issues = issues_of(&format!(
+        "{MINIMAL}[quota]\nbackend = \"redis\"\n[jobs]\npreempt_answers = \"large\"\n"
+    ));
+    assert!(
+        issues
+            .iter()
+            .any(|i| i.starts_with("jobs.preempt_answers needs quota.backend = \"local\"")),
+        "{issues:?}"
+    );
     // Across replicas too (the Redis backend asks borrowers to leave through its scripts).
     let shared = Config::from_toml_str(&format!(
         "{MINIMAL}[quota]\nbackend = \"redis\"\n[jobs]\npreempt = true\n"
