@@ -115,6 +115,11 @@ async fn a_question_preempts_a_job_that_resumes_to_the_uninterrupted_answer() {
         1.0,
     )
     .await;
+    h.metric_reaches(
+        "tutor_gateway_preemption_ask_admit_seconds_count{lane=\"small\"}",
+        1.0,
+    )
+    .await;
     h.metric_reaches("tutor_gateway_jobs{status=\"done\"}", 3.0)
         .await;
     // The run that gave its seat back is no client's cancel.

@@ -50,7 +50,7 @@ pub struct LaneGuard {
     /// Prompt + output tokens the engine counted ([`LaneGuard::served`]).
     served: Option<u64>,
     /// Pre-emptible work was asked to leave for this request (`preempt.rs`).
-    made_room: bool,
+    made_room: Option<Duration>,
     /// A pre-emptible seat's handle (`preempt.rs`).
     preemptible: Option<Arc<Preemptible>>,
 }
@@ -71,7 +71,7 @@ impl LaneGuard {
             prefill_wait: None,
             release: Some(reservation),
             served: None,
-            made_room: false,
+            made_room: None,
             preemptible: None,
         }
     }
@@ -98,15 +98,22 @@ impl LaneGuard {
         self.preemptible.as_ref().and_then(|h| h.cause())
     }
 
-    /// The same guard, for a request that pre-emptible work was asked to leave for.
-    pub(super) fn with_made_room(mut self, made_room: bool) -> Self {
-        self.made_room = made_room;
+    /// The same guard, for a request that pre-emptible work was asked to leave for, admitted
+    /// `after_ask` after it first asked (`None`: it asked none).
+    pub(super) fn with_made_room(mut self, after_ask: Option<Duration>) -> Self {
+        self.made_room = after_ask;
         self
     }
 
     /// Whether pre-emptible work (a job on a borrowed seat) was asked to leave for this request
     /// (`jobs.preempt`); its queue wait is then the time that took.
     pub fn made_room(&self) -> bool {
+        self.made_room.is_some()
+    }
+
+    /// How long after it first asked pre-emptible work to leave it was admitted (`None`: it
+    /// asked none). Its queue wait less this is how long it waited before any could be asked.
+    pub fn admitted_after_ask(&self) -> Option<Duration> {
         self.made_room
     }
 

@@ -558,9 +558,10 @@ impl Shared {
                 prefill += u64::from(w.prefill);
             }
         }
+        let now = Instant::now();
         for w in state.queues.iter_mut().flatten() {
             if made_room.contains(&w.id) {
-                w.made_room = true;
+                w.made_room.get_or_insert(now);
             }
         }
     }
@@ -609,7 +610,7 @@ impl Shared {
             waiter.enqueued_at.elapsed(),
         )
         .with_prefill(waiter.prefill, prefill_wait)
-        .with_made_room(waiter.made_room);
+        .with_made_room(waiter.made_room.map(|t| t.elapsed()));
         if let Err(Ok(guard)) = waiter.grant.send(Ok(guard)) {
             // The waiter is gone: undo here, under the lock we hold.
             let (lane, tokens, prefill) = (guard.lane(), guard.tokens(), guard.prefill());

@@ -37,8 +37,8 @@ pub(super) struct Waiter {
     pub due: Due,
     /// Its guard, or why it left the queue without one (pushed out for another tenant).
     pub grant: oneshot::Sender<Result<LaneGuard, AdmissionError>>,
-    /// Pre-emptible borrowers were asked to leave for it (`preempt.rs`).
-    pub made_room: bool,
+    /// When pre-emptible borrowers were first asked to leave for it (`preempt.rs`).
+    pub made_room: Option<Instant>,
 }
 
 pub(super) struct State {
@@ -153,7 +153,7 @@ impl State {
                 tenant,
                 due: ask.due,
                 grant,
-                made_room: false,
+                made_room: None,
             },
         );
         // Move the arrival forward to its place, each kin due later one of the turns back.

@@ -192,10 +192,10 @@ pub async fn admit(
     drop(held);
     match guard {
         Ok(guard) => {
-            if guard.made_room() {
+            if let Some(after_ask) = guard.admitted_after_ask() {
                 ctx.metrics()
                     .jobs()
-                    .made_room(ready.class.lane, guard.queue_wait());
+                    .made_room(ready.class.lane, guard.queue_wait(), after_ask);
             }
             if let Some(p) = predicted.filter(|_| ahead > 0) {
                 ctx.metrics()

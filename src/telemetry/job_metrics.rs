@@ -48,6 +48,7 @@ pub struct JobMetrics {
     preemptions: IntCounterVec,
     recomputed: IntCounterVec,
     made_room: HistogramVec,
+    after_ask: HistogramVec,
 }
 
 /// Buckets from 1 ms to 5 s: an abort and a seat coming back take one engine step or so.
@@ -124,8 +125,20 @@ impl JobMetrics {
             &["lane"],
         )
         .expect("valid histogram");
+        let after_ask = HistogramVec::new(
+            HistogramOpts::new(
+                "tutor_gateway_preemption_ask_admit_seconds",
+                "First ask for a job to leave to admission, of requests a job was pre-empted for, \
+                 by lane (the arrival-to-admission time less the wait before any job could be \
+                 asked).",
+            )
+            .buckets(ADMIT_BUCKETS.to_vec()),
+            &["lane"],
+        )
+        .expect("valid histogram");
         for lane in Lane::ALL {
             made_room.with_label_values(&[lane.as_str()]);
+            after_ask.with_label_values(&[lane.as_str()]);
             for reason in ["seat", "tokens", "prefill", "pressure"] {
                 preemptions.with_label_values(&[lane.as_str(), reason]);
             }
@@ -138,6 +151,7 @@ impl JobMetrics {
             Box::new(preemptions.clone()),
             Box::new(recomputed.clone()),
             Box::new(made_room.clone()),
+            Box::new(after_ask.clone()),
         ] {
             registry.register(c).expect("registered once");
         }
@@ -149,6 +163,7 @@ impl JobMetrics {
             preemptions,
             recomputed,
             made_room,
+            after_ask,
         }
     }
 
@@ -167,11 +182,15 @@ impl JobMetrics {
             .inc_by(u64::from(n));
     }
 
-    /// A `lane` request that a job was pre-empted for was admitted after `waited`.
-    pub fn made_room(&self, lane: Lane, waited: Duration) {
+    /// A `lane` request that a job was pre-empted for was admitted `waited` after its arrival,
+    /// `after_ask` after it first asked a job to leave.
+    pub fn made_room(&self, lane: Lane, waited: Duration, after_ask: Duration) {
         self.made_room
             .with_label_values(&[lane.as_str()])
             .observe(waited.as_secs_f64());
+        self.after_ask
+            .with_label_values(&[lane.as_str()])
+            .observe(after_ask.as_secs_f64());
     }
 
     /// A job moved from status `from` (`None`: it is new) to `to` (`None`: it is forgotten).

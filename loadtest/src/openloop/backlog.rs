@@ -313,6 +313,10 @@ pub struct BacklogFigures {
     pub admit_p50_s: Option<f64>,
     /// 99th percentile.
     pub admit_p99_s: Option<f64>,
+    /// Their first ask for a job to leave to admission, 99th percentile
+    /// (`tutor_gateway_preemption_ask_admit_seconds`): how fast asked jobs make room; the
+    /// rest of `admit_p99_s` is waiting before any job could be asked.
+    pub ask_admit_p99_s: Option<f64>,
     /// The run's median engine step.
     pub step_p50_s: Option<f64>,
     /// The admission target: one (median) engine step + 50 ms.
@@ -407,6 +411,15 @@ pub fn figures(
     f.admit_requests = admit.total() as u64;
     f.admit_p50_s = admit.quantile(0.5).map(|s| s * window.speed);
     f.admit_p99_s = admit.quantile(0.99).map(|s| s * window.speed);
+    let mut after_ask = MetricsHistogram::default();
+    for lane in ["small", "medium", "large"] {
+        after_ask.add(&MetricsHistogram::read(
+            metrics,
+            "tutor_gateway_preemption_ask_admit_seconds",
+            &format!("lane=\"{lane}\""),
+        ));
+    }
+    f.ask_admit_p99_s = after_ask.quantile(0.99).map(|s| s * window.speed);
     f
 }
 

@@ -427,8 +427,8 @@ impl RedisAdmission {
             })
         };
         let mut prefill_blocked = None;
-        // Pre-emptible work was asked to leave for it (`jobs.preempt`).
-        let mut made_room = false;
+        // When pre-emptible work was first asked to leave for it (`jobs.preempt`).
+        let mut made_room: Option<Instant> = None;
         if line.waiting() == 0 && !yields() {
             match self
                 .shared
@@ -437,7 +437,9 @@ impl RedisAdmission {
             {
                 Take::Granted(id, _) => return Ok(self.guard(id, &asked, Duration::ZERO, None)),
                 Take::Refused(verdict, asked_to_leave) => {
-                    made_room |= asked_to_leave;
+                    if asked_to_leave {
+                        made_room = Some(Instant::now());
+                    }
                     if verdict == Verdict::PrefillFull {
                         prefill_blocked = Some(asked.started);
                     }
@@ -529,11 +531,13 @@ impl RedisAdmission {
                                     .collect(),
                             );
                             let guard = self.guard(id, &asked, waited, prefill_blocked);
-                            return Ok(Ok(guard.with_made_room(made_room)));
+                            return Ok(Ok(guard.with_made_room(made_room.map(|t| t.elapsed()))));
                         }
                         Take::Down => return Err(()),
                         Take::Refused(verdict, asked_to_leave) => {
-                            made_room |= asked_to_leave;
+                            if asked_to_leave {
+                                made_room.get_or_insert_with(Instant::now);
+                            }
                             if verdict == Verdict::PrefillFull {
                                 prefill_blocked.get_or_insert_with(Instant::now);
                             }
