@@ -13,9 +13,8 @@
 -- Reply: { status, reaped, attempt, waited_ms, seat, preemptible, resumed }; status 1 started,
 --   -10 not the head (any more), -11 an interactive request waits (large; any lane with
 --   preemption), -12 max_running jobs run; else the take status (0, -1, -2, -4, -5). seat: the
---   seat's lane
---   (0 small, 1 medium, 2 large); preemptible: 1 when the lease is; resumed: 1 when the job
---   was handed back with its text (the run continues it).
+--   seat's lane (0 small, 1 medium, 2 large); preemptible: 1 when the lease is; resumed: 1
+--   when the job was handed back with its text (the run continues it).
 local now = now_ms()
 local reaped = reap(now)
 local base, id = ARGV[6], ARGV[7]

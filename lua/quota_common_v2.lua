@@ -158,25 +158,40 @@ local function put_lease(now, ttl, id, lane, tokens, prefill)
   count(lane, tokens, prefill, 1)
 end
 
--- Takes lease `id` (new: the caller checked it is not held yet) in `lane` (`tokens`, for `ttl`
--- ms, a prefill reservation of `prompt`) if it fits the limits record `r` and, for a long
--- prompt, the record's prefill budget. `own`: only the lane's own seats (background work).
--- Returns the status: 1 granted, 0 no seat, -1 lane tokens, -2 global tokens, -4 no prefill
--- room.
-local function take_lease_with(r, now, own, id, lane, tokens, ttl, prompt)
+-- Whether a prompt of `prompt` tokens has prefill room under the record `r`: a short one
+-- always; a long one when nothing else prefills or it fits the prefill budget (0 = off).
+local function prefill_room(r, prompt)
+  local budget = r['prefill_budget']
+  if budget > 0 and prompt > r['long_prompt'] then
+    local prefilling = usage('prefill:tokens')
+    return prefilling == 0 or prefilling + prompt <= budget
+  end
+  return true
+end
+
+-- Whether one more lease of `lane` (`tokens`, a prefill reservation of `prompt`) fits the
+-- limits record `r` now (`own`: only the lane's own seats, background work). Returns the
+-- status: 1 it fits, 0 no seat, -1 lane tokens, -2 global tokens, -4 no prefill room.
+local function admits(r, lane, tokens, prompt, own)
   local status = fits(r, lane, tokens, own)
   if status ~= 1 then
     return status
   end
-  local budget, long = r['prefill_budget'], r['long_prompt']
-  if budget > 0 and prompt > long then
-    local prefilling = usage('prefill:tokens')
-    if prefilling > 0 and prefilling + prompt > budget then
-      return -4
-    end
+  if not prefill_room(r, prompt) then
+    return -4
   end
-  put_lease(now, ttl, id, lane, tokens, prompt)
   return 1
+end
+
+-- Takes lease `id` (new: the caller checked it is not held yet) in `lane` (`tokens`, for `ttl`
+-- ms, a prefill reservation of `prompt`) if it fits the limits record `r` (`admits`). Returns
+-- admits' status.
+local function take_lease_with(r, now, own, id, lane, tokens, ttl, prompt)
+  local status = admits(r, lane, tokens, prompt, own)
+  if status == 1 then
+    put_lease(now, ttl, id, lane, tokens, prompt)
+  end
+  return status
 end
 
 -- Takes a lease for ARGV[1..5] (the acquire script's layout: id, lane, tokens, ttl_ms, prompt,
@@ -213,7 +228,6 @@ local function all_idle(now)
   return redis.call('ZCARD', KEYS[5]) == 0
 end
 
-
 -- Pre-emption (jobs.preempt; see src/admission/redis/mod.rs). Keys by name under <base>:
 -- <base>:borrowers ZSET  pre-emptible lease id -> when it was taken (server ms)
 -- <base>:asked     HASH  lease id -> "<lane> <reason> <ms>": asked to leave (for a request of
@@ -229,12 +243,8 @@ end
 -- its own, tried in that lane, then each lane below it (large, medium, small). Returns 1 and
 -- the seat's lane, or the take status (0 no idle seat, -1, -2, -4).
 local function borrow(r, now, ttl, id, lane, tokens, prompt)
-  local budget, long = r['prefill_budget'], r['long_prompt']
-  if budget > 0 and prompt > long then
-    local prefilling = usage('prefill:tokens')
-    if prefilling > 0 and prefilling + prompt > budget then
-      return -4
-    end
+  if not prefill_room(r, prompt) then
+    return -4
   end
   local u = redis.call('HMGET', KEYS[3], lane .. ':tokens', 'global:tokens', 'large:n', 'medium:n',
     'small:n')
@@ -254,22 +264,6 @@ local function borrow(r, now, ttl, id, lane, tokens, prompt)
     end
   end
   return 0
-end
-
--- Whether one more lease of `lane` fits now, prefill room included (acquire's rule).
-local function admits(r, lane, tokens, prompt)
-  local status = fits(r, lane, tokens, false)
-  if status ~= 1 then
-    return status
-  end
-  local budget = r['prefill_budget']
-  if budget > 0 and prompt > r['long_prompt'] then
-    local prefilling = usage('prefill:tokens')
-    if prefilling > 0 and prefilling + prompt > budget then
-      return -4
-    end
-  end
-  return 1
 end
 
 -- Takes lease `id` out of the counters (sign -1) or puts it back (1), to ask "what if it left".
@@ -330,7 +324,7 @@ local function ask_borrowers(r, now, lane, tokens, prompt, status)
     suppose_gone(id, 1)
   end
   local victim, reason = nil, REASONS[status] or 'seat'
-  if admits(r, lane, tokens, prompt) ~= 1 then
+  if admits(r, lane, tokens, prompt, false) ~= 1 then
     local grace = tonumber(r['preempt_grace'] or '0') or 0
     local rate = tonumber(redis.call('HGET', base_key(':preempt'), 'rate') or '0') or 0
     local candidates = {}
@@ -341,7 +335,7 @@ local function ask_borrowers(r, now, lane, tokens, prompt, status)
     end
     for _, id in ipairs(candidates) do
       suppose_gone(id, 1)
-      local lets_in = admits(r, lane, tokens, prompt) == 1
+      local lets_in = admits(r, lane, tokens, prompt, false) == 1
       suppose_gone(id, -1)
       if lets_in then
         victim = id
@@ -352,7 +346,7 @@ local function ask_borrowers(r, now, lane, tokens, prompt, status)
       for _, id in ipairs(candidates) do
         suppose_gone(id, 1)
       end
-      local all = admits(r, lane, tokens, prompt) == 1
+      local all = admits(r, lane, tokens, prompt, false) == 1
       for _, id in ipairs(candidates) do
         suppose_gone(id, -1)
       end

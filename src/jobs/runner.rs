@@ -95,13 +95,10 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                 progress = Progress::resumed(resumed);
                 let (_, guard, record, preempt) = next;
                 record.hand_over();
-                let Some(ready) =
-                    Ready::continued(&resume.stored, &progress.text, progress.generated)
-                else {
+                let Some(ready) = resume.ready(&progress) else {
                     break 'run Some(Ended::Done(progress.cut_answer(&class)));
                 };
-                let id = format!("{}-p{}", resume.id, progress.preempted);
-                let record = run_record(&ctx.state, &ready, id);
+                let record = resume.record(&ctx.state, &ready, &progress);
                 next = (ready, guard, record, preempt);
             }
             loop {
@@ -167,9 +164,7 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                     // continues it.
                     break Some(Ended::HandedBack(Some(progress.to_json().to_string())));
                 }
-                let Some(ready) =
-                    Ready::continued(&resume.stored, &progress.text, progress.generated)
-                else {
+                let Some(ready) = resume.ready(&progress) else {
                     // Nothing left to generate (or nothing to continue): what it has is the answer.
                     break Some(Ended::Done(progress.cut_answer(&class)));
                 };
@@ -179,8 +174,7 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                     Ok(seat) => seat,
                     Err(outcome) => break outcome,
                 };
-                let id = format!("{}-p{}", resume.id, progress.preempted);
-                let record = run_record(&ctx.state, &ready, id);
+                let record = resume.record(&ctx.state, &ready, &progress);
                 next = (ready, guard, record, Some(handle));
             }
         }
@@ -193,6 +187,18 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
 struct Resume {
     stored: serde_json::Value,
     id: String,
+}
+
+impl Resume {
+    /// The continuation of the answer so far (`None`: nothing is left to generate).
+    fn ready(&self, progress: &Progress) -> Option<Ready> {
+        Ready::continued(&self.stored, &progress.text, progress.generated)
+    }
+
+    /// The record of that continuation's run, `<id>-p<n>`.
+    fn record(&self, state: &AppState, ready: &Ready, progress: &Progress) -> RequestRecord {
+        run_record(state, ready, format!("{}-p{}", self.id, progress.preempted))
+    }
 }
 
 /// A job's answer so far, across the runs of its pre-emptions.

@@ -247,8 +247,9 @@ impl Relay {
         if outcome == Outcome::Ok {
             self.steps.observe(&self.ctx.metrics);
         }
-        if let Some(r) = &self.resume {
-            r.recomputed(&self.upstream.view(), &self.ctx.metrics);
+        let current = self.upstream.view();
+        if let Some(r) = self.resume.as_mut() {
+            r.run_ended(&current, &self.ctx.metrics);
         }
         let view = self.view();
         self.record.finish(outcome, error_code, Some(&view));
@@ -320,49 +321,40 @@ impl Relay {
     /// into `out` when so configured. When the continuation cannot be had (no seat in time, the
     /// engine unreachable), the stream ends with that error.
     async fn go_on(&mut self, out: &mut Vec<u8>) {
-        let Some(mut r) = self.resume.take() else {
+        if self.resume.is_none() {
             return;
-        };
+        }
         let generated = self.produced();
         let cause = self.guard.as_ref().and_then(|g| g.preemptible_cause());
         // The engine's work is aborted and the seat comes back now: the request that asked
         // for it gets it.
         self.upstream.abort_now();
         drop(self.guard.take());
-        let current = self.upstream.view();
-        r.stage = if current.output_tokens > 0 {
-            "decode"
-        } else {
-            "prefill"
-        };
-        if r.times > 0 {
-            r.recomputed(&current, &self.ctx.metrics);
-        }
-        if r.first.is_none() {
-            r.first = Some(current);
-        }
-        r.times += 1;
         if let Some(cause) = cause {
             self.ctx.metrics.jobs().preempted(cause.lane, cause.reason);
         }
-        tracing::info!(request_id = %self.request_id(), tokens = generated, times = r.times, "answer pre-empted; it goes on as a continuation");
-        let (text, times) = (std::mem::take(&mut r.text), r.times);
+        let current = self.upstream.view();
+        let Some(r) = self.resume.as_mut() else {
+            return;
+        };
+        let times = r.cut(current, &self.ctx.metrics);
+        tracing::info!(request_id = %self.upstream.request_id(), tokens = generated, times, "answer pre-empted; it goes on as a continuation");
+        // Until a continuation takes over, the cut run stays the current one, so the answer's
+        // view (and a record ended meanwhile, the client gone) is the runs so far.
+        let text = std::mem::take(&mut r.text);
         let next = r.how.resume(&text, generated, times).await;
         r.text = text;
         match next {
             Ok(Some((upstream, guard))) => {
-                r.before = generated;
+                r.continued(generated);
                 if r.notice {
                     out.extend_from_slice(&answer::preempted_event(times));
                 }
                 self.upstream = upstream;
                 self.guard = Some(guard);
-                self.resume = Some(r);
             }
             Ok(None) => {
                 // Nothing was left to generate: what the client has is the answer.
-                r.before = generated;
-                self.resume = Some(r);
                 let view = self.view();
                 out.extend_from_slice(&answer::done_event_with(
                     &view,
@@ -373,8 +365,6 @@ impl Relay {
                 self.finish(Outcome::Ok, None);
             }
             Err(err) => {
-                r.before = generated;
-                self.resume = Some(r);
                 tracing::warn!(request_id = %self.request_id(), code = err.code(), "a pre-empted answer could not go on");
                 self.render_error(&err, out);
                 self.finish(err.outcome(), Some(err.code()));

@@ -41,6 +41,8 @@ pub(super) struct Resumable {
     pub times: u32,
     /// Where the last pre-emption cut its run: `prefill` (no token yet) or `decode`.
     pub stage: &'static str,
+    /// The current run is a continuation whose recomputed prompt is not counted yet.
+    continuing: bool,
     /// Tell the client with a `meta` event.
     pub notice: bool,
 }
@@ -55,6 +57,7 @@ impl Resumable {
             first: None,
             times: 0,
             stage: "decode",
+            continuing: false,
             notice,
         }
     }
@@ -77,15 +80,36 @@ impl Resumable {
         }
     }
 
-    /// The current run (a continuation) ended with `current`: the prompt tokens it did not find
-    /// in the prefix cache, counted as recomputed by the stage the pre-emption cut.
-    pub fn recomputed(&self, current: &UpstreamView, metrics: &Metrics) {
-        if self.times == 0 {
+    /// The current run ended with `current`: when it was a continuation, the prompt tokens it
+    /// did not find in the prefix cache are counted as recomputed, by the stage the pre-emption
+    /// before it cut (once per run).
+    pub fn run_ended(&mut self, current: &UpstreamView, metrics: &Metrics) {
+        if !std::mem::take(&mut self.continuing) {
             return;
         }
         if let Some(u) = current.usage {
             let n = u.prompt_tokens.saturating_sub(u.cached_tokens.unwrap_or(0));
             metrics.jobs().recomputed(self.stage, n);
         }
+    }
+
+    /// The current run, `current`, was pre-empted: counted, and noted as the stage this
+    /// pre-emption cut. Returns the times so far.
+    pub fn cut(&mut self, current: UpstreamView, metrics: &Metrics) -> u32 {
+        self.run_ended(&current, metrics);
+        self.stage = if current.output_tokens > 0 {
+            "decode"
+        } else {
+            "prefill"
+        };
+        self.first.get_or_insert(current);
+        self.times += 1;
+        self.times
+    }
+
+    /// A continuation took over from the run cut after `generated` output tokens in all.
+    pub fn continued(&mut self, generated: u32) {
+        self.before = generated;
+        self.continuing = true;
     }
 }
