@@ -8,7 +8,9 @@
 --   With max_preemptions (jobs.preempt), a job pre-empted fewer times than that takes a
 --   pre-emptible lease instead (`borrow`: an idle seat of its lane or of a lane below, its
 --   tokens in its lane), only while no replica has an interactive request of any lane waiting
---   (all_idle); one that used them up takes its own lane's seat as above. A job handed back
+--   (all_idle) and not within the record's preempt_cooldown (ms) after an interactive request
+--   was last refused a seat (`<base>:preempt` "waited", written by the acquire script); one
+--   that used them up takes its own lane's seat as above. A job handed back
 --   with its text (`progress`, see jobs_end_v2.lua) keeps its run and its text: it resumes.
 -- Reply: { status, reaped, attempt, waited_ms, seat, preemptible, resumed }; status 1 started,
 --   -10 not the head (any more), -11 an interactive request waits (large; any lane with
@@ -29,6 +31,13 @@ if max_preemptions then
   idle = all_idle(now)
 else
   idle = large_idle(now)
+end
+if max_preemptions and idle then
+  -- The cool-down (jobs.preempt_cooldown_ms): no job starts within it after an interactive
+  -- request was last refused a seat.
+  local cooldown = tonumber(redis.call('HGET', KEYS[6], 'preempt_cooldown') or '0') or 0
+  local waited = tonumber(redis.call('HGET', base_key(':preempt'), 'waited') or '')
+  idle = cooldown <= 0 or not waited or now - waited >= cooldown
 end
 if not idle then
   return { -11, reaped }

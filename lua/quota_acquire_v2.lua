@@ -41,6 +41,10 @@ if status ~= 1 and status ~= -5 then
   local rec = limits()
   if rec then
     asked = ask_borrowers(rec, now, lane, tonumber(ARGV[3]), tonumber(ARGV[5]), status)
+    if (tonumber(rec['preempt_cooldown']) or 0) > 0 then
+      -- The start of the pre-emption cool-down: no job takes a seat until it has passed.
+      redis.call('HSET', base_key(':preempt'), 'waited', now)
+    end
   end
 end
 local mark, replica = tonumber(ARGV[6] or '0'), ARGV[7]

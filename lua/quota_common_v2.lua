@@ -233,7 +233,9 @@ end
 -- <base>:asked     HASH  lease id -> "<lane> <reason> <ms>": asked to leave (for a request of
 --                         <lane> that lacked <reason>) at <ms>, not gone yet
 -- <base>:preempt   HASH  "rate": the prefill rate (tokens/s) measured at the last borrower's
---                         first token (a prefill cut short teaches none)
+--                         first token (a prefill cut short teaches none); "waited": when an
+--                         interactive request was last refused a seat (server ms; written only
+--                         with a preempt_cooldown in the limits record)
 -- Asking is a message on the channel <base>:leave, "<lease id> <lane> <reason>"; the replica
 -- holding the lease drops its stream and gives the lease back. An ask older than a second is
 -- sent again (a replica reconnecting may have missed it); a lease whose replica died expires.
@@ -297,7 +299,8 @@ local REASONS = { [0] = 'seat', [-1] = 'tokens', [-2] = 'tokens', [-4] = 'prefil
 -- already asked to leave make room for it once gone, asks one more, the youngest whose leaving
 -- alone lets it in; else the youngest, when all of them together would; else (it waits for
 -- its own lane's limits: the engine's time is what it waits for) the youngest, reason
--- "pressure", only while none is leaving. Never one in its prefill grace (the limits record's
+-- "pressure", only while none is leaving and no borrower in its prefill grace would let it in
+-- (it waits for that one's first token). Never one in its prefill grace (the limits record's
 -- preempt_grace). Returns 1 when it asked one.
 local function ask_borrowers(r, now, lane, tokens, prompt, status)
   local ids = redis.call('ZREVRANGE', base_key(':borrowers'), 0, -1)
@@ -352,8 +355,20 @@ local function ask_borrowers(r, now, lane, tokens, prompt, status)
       end
       if all then
         victim = candidates[1]
-      elseif #asked == 0 then
+      elseif #asked == 0 and #candidates == #free then
+        -- (With borrowers in their grace it waits for their first token, where it asks them.)
         victim, reason = candidates[1], 'pressure'
+      elseif #asked == 0 then
+        for _, id in ipairs(free) do
+          suppose_gone(id, 1)
+        end
+        local spared_would = admits(r, lane, tokens, prompt, false) == 1
+        for _, id in ipairs(free) do
+          suppose_gone(id, -1)
+        end
+        if not spared_would then
+          victim, reason = candidates[1], 'pressure'
+        end
       end
     end
   end

@@ -3,7 +3,8 @@
 -- ARGV: mode, policy, seats, global_tokens, prefill_budget, long_prompt, then for small,
 --   medium, large in turn: max, ceiling, tokens, lend, borrow; then ARGV[22]: the origin
 --   (who writes it: "start <replica>", "reload <replica>", "limits push <who>"); ARGV[23]:
---   preempt_grace (jobs.preempt_prefill_grace_tokens; absent: 0).
+--   preempt_grace (jobs.preempt_prefill_grace_tokens; absent: 0); ARGV[24]: preempt_cooldown
+--   (jobs.preempt_cooldown_ms; absent: 0).
 --   mode "ensure": only when there is no record (a replica starting, or Redis lost it);
 --   mode "reload": a replica's reloaded file, unless the record in force came from
 --     `tutor-gateway limits push` (a push is reverted only on purpose: mode "force");
@@ -24,7 +25,8 @@ local now = redis.call('TIME')
 local at_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 redis.call('HSET', KEYS[6], 'version', version, 'policy', ARGV[2], 'seats', ARGV[3],
   'global_tokens', ARGV[4], 'prefill_budget', ARGV[5], 'long_prompt', ARGV[6],
-  'origin', ARGV[22], 'written_at_ms', at_ms, 'preempt_grace', ARGV[23] or '0')
+  'origin', ARGV[22], 'written_at_ms', at_ms, 'preempt_grace', ARGV[23] or '0',
+  'preempt_cooldown', ARGV[24] or '0')
 for i, lane in ipairs(LANES) do
   local at = 6 + (i - 1) * 5
   redis.call('HSET', KEYS[6], lane .. ':max', ARGV[at + 1], lane .. ':ceiling', ARGV[at + 2],

@@ -264,6 +264,79 @@ async fn storm(backend: Backend) {
     h.shutdown().await;
 }
 
+/// `jobs.preempt_cooldown_ms`: after a question waited for a seat (and made a job leave), no
+/// job takes a seat within the cool-down, although seats are idle again: the pre-empted job
+/// stays out, holding nothing, while the others end and every seat comes back.
+#[tokio::test]
+async fn a_preempted_job_stays_out_for_the_cooldown() {
+    cooldown(Backend::Local).await;
+}
+
+#[tokio::test]
+async fn a_preempted_job_stays_out_for_the_cooldown_across_replicas() {
+    cooldown(Backend::Redis).await;
+}
+
+async fn cooldown(backend: Backend) {
+    let h = start(backend, FASTER, |c| {
+        c.jobs.preempt = true;
+        // Longer than the test: whatever the machine's speed, it is still running at the end.
+        c.jobs.preempt_cooldown = std::time::Duration::from_secs(600);
+        for lane in Lane::ALL {
+            set_lane(c, lane, 1);
+        }
+    })
+    .await;
+    let base = h.base();
+    // Nobody waited yet: three reviews take large's seat, then medium's, then small's.
+    let body = review();
+    let ids: Vec<String> = futures::future::join_all((0..3).map(|_| submit_ok(&base, &body))).await;
+    eventually("jobs hold every seat", || {
+        Lane::ALL.map(|l| h.in_flight(l)) == [1, 1, 1]
+    })
+    .await;
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": "why does my loop never end?", "max_output_tokens": 5}))
+        .send()
+        .await
+        .unwrap();
+    let events = sse(&resp.text().await.unwrap());
+    assert_eq!(events.last().unwrap().0, "done", "{events:?}");
+    let mut left = Vec::new();
+    for _ in 0..1_000 {
+        left.clear();
+        for id in &ids {
+            if jobs::job(&base, id).await["preempted"] == 1 {
+                left.push(id.clone());
+            }
+        }
+        if !left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(left.len(), 1, "the job on small's seat left, and only it");
+    let left = left.remove(0);
+    // The other two jobs run to their end; the one that left never takes the idle seats.
+    for id in ids.iter().filter(|id| **id != left) {
+        let v = done(&base, id).await;
+        assert!(v.get("preempted").is_none(), "{v}");
+    }
+    h.drained().await;
+    let v = jobs::job(&base, &left).await;
+    assert_ne!(
+        v["status"], "done",
+        "it stayed out within the cool-down: {v}"
+    );
+    assert_eq!(
+        Lane::ALL.map(|l| h.in_flight(l)),
+        [0, 0, 0],
+        "waiting out the cool-down holds no seat"
+    );
+    h.shutdown().await;
+}
+
 /// The Redis backend (`quota.backend = "redis"`): a question arriving on replica B finds no
 /// seat, so the acquire script asks the job that borrowed it on replica A to leave; A drops its
 /// stream and hands the job back to the shared queue with its text. A then shuts down (handing

@@ -31,6 +31,9 @@ pub struct Ask<'a> {
     /// When its first token stops being useful: its place among its tenant's waiters of its
     /// lane (earliest first; `None`: after those with a deadline, in arrival order).
     pub due: Due,
+    /// A pre-empted request going on (in process): it waits at the head of its lane's queue,
+    /// even a full one, ahead of the requests that never ran.
+    pub continuing: bool,
 }
 
 impl<'a> Ask<'a> {
@@ -42,6 +45,7 @@ impl<'a> Ask<'a> {
             prefill: 0,
             tenant: None,
             due: None,
+            continuing: false,
         }
     }
 
@@ -61,6 +65,15 @@ impl<'a> Ask<'a> {
     #[must_use]
     pub fn due_at(self, due: Due) -> Self {
         Self { due, ..self }
+    }
+
+    /// The same ask for a pre-empted request's continuation (see [`Ask::continuing`]).
+    #[must_use]
+    pub fn continuing(self) -> Self {
+        Self {
+            continuing: true,
+            ..self
+        }
     }
 }
 

@@ -80,6 +80,11 @@ impl Fair {
 }
 
 impl Fair {
+    /// The virtual time: the tag of the last waiter admitted.
+    pub fn virtual_time(&self) -> f64 {
+        self.virtual_time
+    }
+
     /// A waiter with start tag `tag` was admitted: the virtual time moves up to it.
     pub fn admitted(&mut self, tag: f64) {
         self.virtual_time = self.virtual_time.max(tag);

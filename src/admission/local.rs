@@ -41,6 +41,8 @@ struct Rules {
     shares: std::collections::HashMap<String, f64>,
     /// `jobs.preempt_prefill_grace_tokens`.
     grace: u32,
+    /// `jobs.preempt_cooldown_ms`.
+    cooldown: Duration,
 }
 
 impl Rules {
@@ -50,6 +52,7 @@ impl Rules {
             prefill: PrefillLimit::from_config(config),
             shares: crate::admission::fair::shares(config),
             grace: config.jobs.preempt_prefill_grace_tokens,
+            cooldown: config.jobs.preempt_cooldown,
         }
     }
 }
@@ -169,12 +172,18 @@ impl LocalAdmission {
                 );
             }
             let retry_after = Duration::from_secs(queue_limit.timeout.as_secs().max(1));
-            let room = room_for(
-                queue_limit.len,
-                state.queues[queue].iter().map(|w| w.tenant.as_ref()),
-                tenant,
-                |t| rules.shares.get(t).copied().unwrap_or(1.0),
-            );
+            // A continuation ran a moment ago: it always gets a place (there are at most as
+            // many as pre-emptible seats).
+            let room = if ask.continuing {
+                Room::Enter
+            } else {
+                room_for(
+                    queue_limit.len,
+                    state.queues[queue].iter().map(|w| w.tenant.as_ref()),
+                    tenant,
+                    |t| rules.shares.get(t).copied().unwrap_or(1.0),
+                )
+            };
             match room {
                 Room::Enter => {}
                 Room::PushOut {
@@ -327,10 +336,19 @@ impl LocalAdmission {
         let shared = &self.shared;
         let rules = shared.rules();
         let mut state = shared.lock();
-        // Background work never starts while an interactive request waits, in any lane: it
-        // would take engine time that request is waiting for.
+        // Background work never starts while an interactive request waits, in any lane (it
+        // would take engine time that request is waiting for), nor within the cool-down after
+        // one last waited.
         if state.queues.iter().any(|q| !q.is_empty()) || !rules.prefill.fits(state.prefill, prompt)
         {
+            return None;
+        }
+        if let Some(end) = state
+            .last_waited
+            .map(|t| t + rules.cooldown)
+            .filter(|end| *end > Instant::now())
+        {
+            shared.wake_after_cooldown(&mut state, end);
             return None;
         }
         // A job that may no longer be pre-empted keeps to its own lane's seats: it would hold a
@@ -373,6 +391,27 @@ impl LocalAdmission {
 }
 
 impl Shared {
+    /// Wakes the background work refused for the cool-down (`freed`) when it ends at `end`; one
+    /// wake pending at a time (a cool-down extended meanwhile is seen by the retry, which arms
+    /// the next).
+    fn wake_after_cooldown(self: &Arc<Self>, state: &mut State, end: Instant) {
+        if state.cooldown_wake {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        state.cooldown_wake = true;
+        let shared = Arc::downgrade(self);
+        runtime.spawn(async move {
+            tokio::time::sleep_until(end).await;
+            if let Some(shared) = shared.upgrade() {
+                shared.lock().cooldown_wake = false;
+                shared.freed.send_modify(|v| *v = v.wrapping_add(1));
+            }
+        });
+    }
+
     /// The limits in force.
     fn rules(&self) -> Arc<Rules> {
         self.rules
@@ -495,15 +534,18 @@ impl Shared {
         for b in state.borrowers.iter().filter(|b| b.leaving()) {
             free(&mut usage, &mut prefill, b);
         }
-        let mut candidates = candidates(
-            &state.borrowers,
-            Instant::now(),
-            state.prefill_rate,
-            rules.grace,
-        );
+        let now = Instant::now();
+        let mut candidates = candidates(&state.borrowers, now, state.prefill_rate, rules.grace);
         if candidates.is_empty() {
             return;
         }
+        // Those spared for now: in their prefill grace, asked at their first token.
+        let spared: Vec<usize> = (0..state.borrowers.len())
+            .filter(|i| {
+                let b = &state.borrowers[*i];
+                b.handle.is_eligible() && !b.leaving() && !candidates.contains(i)
+            })
+            .collect();
         let fits = |usage: &[Usage; 3], prefill: u64, w: &Waiter| {
             limits.fits(usage, w.lane, w.tokens) && prefill_limit.fits(prefill, w.prefill)
         };
@@ -519,6 +561,12 @@ impl Shared {
                         fits(&u, p, w)
                     };
                     let Some(leave) = victims(&candidates, without) else {
+                        // A job still in its prefill grace would let it in, with the others: it
+                        // waits for that one's first token (where it is asked), and asks none
+                        // to leave for nothing.
+                        if !spared.is_empty() && without(&[&candidates[..], &spared[..]].concat()) {
+                            continue;
+                        }
                         // No job's leaving lets it in (its lane is at its own limits): what it
                         // waits for is the engine's time, which the job that loses least gives
                         // back. It is not admitted by that: the requests behind it in its queue
@@ -558,7 +606,6 @@ impl Shared {
                 prefill += u64::from(w.prefill);
             }
         }
-        let now = Instant::now();
         for w in state.queues.iter_mut().flatten() {
             if made_room.contains(&w.id) {
                 w.made_room.get_or_insert(now);

@@ -12,7 +12,8 @@
 //!   borrower that loses least to leave ([`victims`]), reason `seat`, `tokens` or `prefill`
 //!   (what it lacked). A waiter that no borrower's leaving would let in (its lane is at its own
 //!   limits) asks one all the same, reason `pressure`: it waits for the engine's time, which
-//!   background work is taking. So while interactive requests wait, jobs leave, one per waiter
+//!   background work is taking; but not when a borrower still in its prefill grace would let it
+//!   in (it waits for that one's first token, where it asks it). So while interactive requests wait, jobs leave, one per waiter
 //!   and dispatch, and no job starts or resumes while any request waits.
 //! - The borrower that loses least: the one whose leaving alone lets the waiter in, with the
 //!   fewest generated tokens (ties: the youngest); when no single one suffices, those in that
@@ -23,6 +24,8 @@
 //!   prefill rate measured on the previous borrowers' first tokens; unknown rate: its whole prompt
 //!   is left). A borrower spared by the grace is asked at its first token if the waiter still
 //!   waits (the first token dispatches again).
+//! - After an interactive request last waited in a queue, no pre-emptible work takes a seat for
+//!   `jobs.preempt_cooldown_ms` (the work refused meanwhile is woken when it ends).
 //! - Asking is a signal ([`Preemptible::preempted`]); the job's runner drops its stream (the
 //!   engine aborts it, the seat comes back through the guard, as on any other path) and resumes
 //!   the answer as a continuation when a seat is idle again.

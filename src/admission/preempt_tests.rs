@@ -196,6 +196,42 @@ async fn a_prefill_within_the_grace_is_preempted_only_after_its_first_token() {
     assert!(a.snapshot().is_idle());
 }
 
+/// A waiter whose seat a job in its prefill grace holds waits for that job's first token: it
+/// asks no other job to leave ("pressure") meanwhile, though they are past their grace.
+#[tokio::test(start_paused = true)]
+async fn a_borrower_in_its_grace_is_waited_for_and_no_other_is_asked_for_nothing() {
+    let a = admission("[jobs]\npreempt_prefill_grace_tokens = 500\n");
+    // Large's seat and medium's two are jobs past their prefill; small's are jobs in their grace.
+    let mut past: Vec<_> = (0..3).map_while(|_| job(&a, 0, true)).collect();
+    let mut spared: Vec<_> = (0..2).map_while(|_| job(&a, 400, true)).collect();
+    assert_eq!(seats(&a), [2, 2, 1]);
+    for (g, _) in &mut past {
+        g.prefill_done();
+    }
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(Ask::new(Small, 100)).await })
+    };
+    until("the arrival waits", || {
+        a.snapshot().lane(Small).queue_depth == 1
+    })
+    .await;
+    // A job that would not let it in ends (admission dispatches again): still nobody asked.
+    drop(past.pop());
+    assert!(
+        past.iter().chain(&spared).all(|(_, h)| !h.is_preempted()),
+        "nobody is asked while a job in its grace holds the seat"
+    );
+    spared[0].0.prefill_done();
+    assert!(spared[0].1.is_preempted(), "asked at its first token");
+    assert_eq!(spared[0].1.cause().unwrap().reason, "seat");
+    drop(spared.remove(0));
+    let guard = waiter.await.unwrap().unwrap();
+    assert!(past.iter().all(|(_, h)| !h.is_preempted()));
+    drop((guard, past, spared));
+    assert!(a.snapshot().is_idle());
+}
+
 /// The grace's prefill rate comes from first tokens only: a prefill cut short (its guard dropped
 /// before its first token) says nothing of it.
 #[tokio::test(start_paused = true)]
@@ -286,4 +322,98 @@ async fn every_counter_is_back_to_zero_after_a_preemption_storm() {
     }
     drop(held);
     assert!(a.snapshot().is_idle(), "{:?}", a.snapshot());
+}
+
+/// Small's two seats taken by questions.
+fn fill_small(a: &Admission) -> Vec<LaneGuard> {
+    (0..2)
+        .map(|_| {
+            futures::FutureExt::now_or_never(a.acquire(Ask::new(Small, 100)))
+                .expect("a free seat")
+                .expect("admitted")
+        })
+        .collect()
+}
+
+/// A third question queues for small, then gets a seat when `questions` end; its guard.
+async fn one_question_waits(a: &Admission, questions: Vec<LaneGuard>) -> LaneGuard {
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(Ask::new(Small, 100)).await })
+    };
+    until("the question queues", || {
+        a.snapshot().lane(Small).queue_depth == 1
+    })
+    .await;
+    assert!(job(a, 0, true).is_none(), "no job borrows while it waits");
+    drop(questions);
+    waiter.await.unwrap().expect("admitted")
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_job_borrows_within_the_cooldown_after_a_request_waited_and_one_is_woken_at_its_end() {
+    let a = admission("[jobs]\npreempt = true\npreempt_cooldown_ms = 5000\n");
+    let mut freed = a.freed().expect("in process");
+    // No request waited yet: a job borrows at once.
+    drop(job(&a, 0, true).expect("nobody waited yet"));
+    let third = one_question_waits(&a, fill_small(&a)).await;
+    // It waited just now: no job borrows, nor 4.9 s later.
+    assert!(job(&a, 0, true).is_none(), "within the cool-down");
+    tokio::time::advance(Duration::from_millis(4_900)).await;
+    freed.borrow_and_update();
+    assert!(job(&a, 0, true).is_none(), "still within the cool-down");
+    // At its end the background work refused meanwhile is woken, and borrows.
+    tokio::time::advance(Duration::from_millis(200)).await;
+    until("the wake at the cool-down's end", || {
+        freed.has_changed().unwrap_or(false)
+    })
+    .await;
+    let after = job(&a, 0, true).expect("the cool-down is over");
+    drop((third, after));
+    assert!(a.snapshot().is_idle());
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_cooldown_a_job_borrows_as_soon_as_nobody_waits() {
+    let a = admission("[jobs]\npreempt = true\n");
+    let third = one_question_waits(&a, fill_small(&a)).await;
+    let after = job(&a, 0, true).expect("nobody waits: the default cool-down is 0");
+    drop((third, after));
+    assert!(a.snapshot().is_idle());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_continuation_waits_at_the_head_of_its_lane_even_when_the_queue_is_full() {
+    // The helper's TOML ends in `[lanes.large]`.
+    let a = admission("queue_len = 2\n");
+    let seat = job(&a, 0, false).expect("large's seat");
+    let queued = |a: &Admission| a.snapshot().lane(Large).queue_depth;
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let a = a.clone();
+            tokio::spawn(async move { a.acquire(Ask::new(Large, 100)).await })
+        })
+        .collect();
+    until("two large requests queue", || queued(&a) == 2).await;
+    let full = futures::FutureExt::now_or_never(a.acquire(Ask::new(Large, 100)));
+    assert!(
+        matches!(full, Some(Err(AdmissionError::QueueFull { .. }))),
+        "the queue is full for a new request"
+    );
+    let continuation = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(Ask::new(Large, 100).continuing()).await })
+    };
+    until("the continuation queues", || queued(&a) == 3).await;
+    drop(seat);
+    let guard = continuation.await.unwrap().expect("admitted first");
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "the requests that never ran wait behind it"
+    );
+    drop(guard);
+    for w in waiters {
+        drop(w.await.unwrap().expect("admitted in turn"));
+    }
+    assert!(a.snapshot().is_idle());
 }

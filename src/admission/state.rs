@@ -41,6 +41,31 @@ pub(super) struct Waiter {
     pub made_room: Option<Instant>,
 }
 
+impl Waiter {
+    /// `ask`'s waiter, id `id`, at `tag` in its queue's fair order.
+    fn new(
+        id: u64,
+        ask: &Ask<'_>,
+        tag: f64,
+        tenant: Option<Arc<str>>,
+        grant: oneshot::Sender<Result<LaneGuard, AdmissionError>>,
+    ) -> Self {
+        Self {
+            id,
+            lane: ask.lane,
+            tokens: ask.work,
+            prefill: ask.prefill,
+            enqueued_at: Instant::now(),
+            prefill_blocked_at: None,
+            tag,
+            tenant,
+            due: ask.due,
+            grant,
+            made_room: None,
+        }
+    }
+}
+
 pub(super) struct State {
     pub usage: [Usage; 3],
     /// Estimated prompt tokens of admitted requests that have no first token yet.
@@ -54,6 +79,11 @@ pub(super) struct State {
     /// Prompt tokens per second the last borrower's prefill ran at (first token over time
     /// since it was sent), for the pre-emption grace.
     pub prefill_rate: Option<f64>,
+    /// When an interactive request last waited in a queue (it was queued, admitted from a
+    /// queue or left one): the start of `jobs.preempt_cooldown_ms`.
+    pub last_waited: Option<Instant>,
+    /// A wake for the end of the cool-down is pending.
+    pub cooldown_wake: bool,
 }
 
 impl State {
@@ -67,6 +97,8 @@ impl State {
             next_id: 0,
             borrowers: Vec::new(),
             prefill_rate: None,
+            last_waited: None,
+            cooldown_wake: false,
         }
     }
 
@@ -132,7 +164,17 @@ impl State {
     ) -> u64 {
         let id = self.next_id();
         self.queued[ask.lane.index()] += 1;
+        self.last_waited = Some(Instant::now());
         let tenant = ask.tenant.map(Arc::from);
+        if ask.continuing {
+            // At the head, at a tag no later than the first waiter's (the queue stays in tag
+            // order), and no new turn of its tenant's (its turn was taken when it first ran).
+            let v = self.fair[queue].virtual_time();
+            let q = &mut self.queues[queue];
+            let tag = q.front().map_or(v, |w| w.tag.min(v));
+            q.push_front(Waiter::new(id, ask, tag, tenant, grant));
+            return id;
+        }
         let tag = self.fair[queue].tag(tenant.clone(), share);
         let q = &mut self.queues[queue];
         let pos = q.partition_point(|w| w.tag <= tag);
@@ -140,22 +182,7 @@ impl State {
             .filter(|&i| q[i].lane == ask.lane && q[i].tenant == tenant)
             .collect();
         let place = edf_place(kin.iter().map(|&i| q[i].due), ask.due);
-        q.insert(
-            pos,
-            Waiter {
-                id,
-                lane: ask.lane,
-                tokens: ask.work,
-                prefill: ask.prefill,
-                enqueued_at: Instant::now(),
-                prefill_blocked_at: None,
-                tag,
-                tenant,
-                due: ask.due,
-                grant,
-                made_room: None,
-            },
-        );
+        q.insert(pos, Waiter::new(id, ask, tag, tenant, grant));
         // Move the arrival forward to its place, each kin due later one of the turns back.
         let mut at = pos;
         for &before in kin[place..].iter().rev() {
@@ -179,6 +206,7 @@ impl State {
             .0;
         let waiter = self.queues[queue].remove(pos)?;
         self.queued[waiter.lane.index()] -= 1;
+        self.last_waited = Some(Instant::now());
         Some(waiter)
     }
 
@@ -198,6 +226,7 @@ impl State {
                 if let Some(w) = q.remove(pos) {
                     self.queued[w.lane.index()] -= 1;
                 }
+                self.last_waited = Some(Instant::now());
                 true
             }
             None => false,

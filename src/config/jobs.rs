@@ -22,6 +22,10 @@ const MAX_ATTEMPTS: u32 = 3;
 const MAX_PREEMPTIONS: u32 = 3;
 /// Default `jobs.preempt_prefill_grace_tokens`.
 const PREEMPT_PREFILL_GRACE_TOKENS: u32 = 1_024;
+/// Default `jobs.preempt_cooldown_ms`.
+const PREEMPT_COOLDOWN_MS: u64 = 0;
+/// Most `jobs.preempt_cooldown_ms` (ten minutes).
+const MAX_PREEMPT_COOLDOWN_MS: u64 = 600_000;
 /// Default `jobs.webhook_attempts`.
 const WEBHOOK_ATTEMPTS: u32 = 5;
 /// Default `jobs.webhook_backoff_ms`.
@@ -78,6 +82,9 @@ pub struct RawJobs {
     /// A job whose prefill is within this many tokens of done is not pre-empted before its
     /// first token.
     pub preempt_prefill_grace_tokens: Option<u32>,
+    /// After an interactive request last waited, no pre-emptible work starts or resumes for
+    /// this long, ms; 0: it may as soon as nobody waits.
+    pub preempt_cooldown_ms: Option<u64>,
     /// Which large `/answer` streams are pre-emptible: `off`, `marked`, `large`.
     pub preempt_answers: Option<String>,
     /// A pre-empted `/answer` stream tells its client with a `meta` event.
@@ -172,6 +179,11 @@ pub struct JobsConfig {
     /// A job still prefilling and estimated within this many prompt tokens of its first token
     /// is pre-empted only after that token.
     pub preempt_prefill_grace_tokens: u32,
+    /// After an interactive request last waited in a queue, no pre-emptible work takes a seat
+    /// for this long (zero: as soon as nobody waits): at a crest of questions a pre-empted job
+    /// would otherwise come back at each moment the queues are empty and be asked to leave
+    /// again. With the Redis backend: after any replica's request was last refused a seat.
+    pub preempt_cooldown: Duration,
     /// Large `/answer` streams that borrow idle seats as jobs do and, pre-empted, continue
     /// without a break for their client (in-process admission only).
     pub preempt_answers: PreemptAnswers,
@@ -294,6 +306,13 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
     if max_preemptions > 100 {
         c.fail("jobs.max_preemptions", "must be at most 100");
     }
+    let preempt_cooldown_ms = raw.preempt_cooldown_ms.unwrap_or(PREEMPT_COOLDOWN_MS);
+    if preempt_cooldown_ms > MAX_PREEMPT_COOLDOWN_MS {
+        c.fail(
+            "jobs.preempt_cooldown_ms",
+            "must be at most 600000 (ten minutes)",
+        );
+    }
     let preempt_answers = match raw.preempt_answers.as_deref() {
         None | Some("off") => PreemptAnswers::Off,
         Some("marked") => PreemptAnswers::Marked,
@@ -311,6 +330,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
         preempt_notice: raw.preempt_notice.unwrap_or(false),
         preempt: raw.preempt.unwrap_or(false),
         max_preemptions: max_preemptions.min(100),
+        preempt_cooldown: Duration::from_millis(preempt_cooldown_ms.min(MAX_PREEMPT_COOLDOWN_MS)),
         preempt_prefill_grace_tokens: raw
             .preempt_prefill_grace_tokens
             .unwrap_or(PREEMPT_PREFILL_GRACE_TOKENS),

@@ -323,6 +323,23 @@ fn jobs_keys_are_checked_together() {
             .any(|i| i.starts_with("jobs.max_preemptions must be at most 100")),
         "{issues:?}"
     );
+    let issues = issues_of(&format!(
+        "{MINIMAL}[jobs]\npreempt = true\npreempt_cooldown_ms = 600001\n"
+    ));
+    assert!(
+        issues
+            .iter()
+            .any(|i| i.starts_with("jobs.preempt_cooldown_ms must be at most 600000")),
+        "{issues:?}"
+    );
+    let cool = Config::from_toml_str(&format!(
+        "{MINIMAL}[jobs]\npreempt = true\npreempt_cooldown_ms = 5000\n"
+    ))
+    .expect("a cool-down");
+    assert_eq!(
+        cool.jobs.preempt_cooldown,
+        std::time::Duration::from_secs(5)
+    );
     // Pre-emptible answers: three modes, in process only.
     let marked = Config::from_toml_str(&format!(
         "{MINIMAL}[jobs]\npreempt_answers = \"marked\"\npreempt_notice = true\n"

@@ -3,8 +3,8 @@
 //! asks that seat back, its relay lets the engine's request go and calls [`Resume`], which
 //! builds the continuation (the messages and the text the client has, continued:
 //! [`Ready::continued`]), waits for a seat (another idle one to borrow while it may still be
-//! pre-empted, else its lane's queue like any request, holding that seat to its end) and sends
-//! it as `<request id>-p<n>`.
+//! pre-empted, else the head of its lane's queue, ahead of the requests that never ran, holding
+//! the seat it gets there to its end) and sends it as `<request id>-p<n>`.
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -78,7 +78,8 @@ impl Continuation for Resume {
                     .acquire(
                         Ask::new(lane, work)
                             .with_prefill(prefill)
-                            .for_tenant(self.tenant.as_deref()),
+                            .for_tenant(self.tenant.as_deref())
+                            .continuing(),
                     )
                     .await
                     .map_err(GatewayError::from)?,

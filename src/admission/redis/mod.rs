@@ -31,7 +31,9 @@
 //! gone for later calls; the ask is published on `tg:v2:{quota}:leave` (`<id> <lane>
 //! <reason>`), again after a second if still there. The replica holding the lease signals the
 //! run's [`Preemptible`] handle; the run drops its stream and its guard releases the lease
-//! (which leaves the borrowers and the asks).
+//! (which leaves the borrowers and the asks). With the record's `preempt_cooldown` (ms), a
+//! refused acquire also notes when (`tg:v2:{quota}:preempt` `waited`), and the take script
+//! starts no job within the cool-down after it.
 //!
 //! Every change goes through one Lua script (`lua/quota_*_v2.lua`, see [`scripts`]), so the
 //! counters always equal the sum of the live leases: acquire reaps expired leases, then takes
@@ -391,6 +393,8 @@ impl RedisAdmission {
             prefill: prompt,
             tenant,
             due,
+            // Pre-emptible answers run in process only (refused at start-up with Redis).
+            continuing: _,
         } = ask;
         let rules = self.rules();
         rules.limits.admissible(lane, tokens)?;

@@ -42,6 +42,7 @@ async fn fixture(grace: u32) -> Fixture {
             borrow: false,
         }; 3],
         preempt_grace: grace,
+        preempt_cooldown_ms: 0,
     };
     scripts
         .limits(&mut conn, &keys, LimitsWrite::Force, &record, "test")
@@ -211,6 +212,29 @@ async fn a_borrower_near_the_end_of_its_prefill_is_spared() {
         f.acquire("q2", Lane::Small).await,
         (Verdict::LaneFull, true)
     );
+    assert_eq!(f.asked().await, owned(&[("near", "small seat")]));
+}
+
+#[tokio::test]
+async fn a_borrower_in_its_grace_is_waited_for_and_no_other_is_asked_under_pressure() {
+    let mut f = fixture(3_000).await;
+    // Small's seats: an interactive request and a job still prefilling within its grace; a job
+    // past its prefill borrows medium's seat.
+    f.interactive("s1", Lane::Small).await;
+    f.borrower("near", Lane::Small, 2_500, 1_000).await;
+    f.borrower("past", Lane::Medium, 0, 2_000).await;
+    // Only "near" would let it in: the request waits for its first token and asks nobody
+    // ("past" leaving would not give it a seat).
+    assert_eq!(
+        f.acquire("q", Lane::Small).await,
+        (Verdict::LaneFull, false)
+    );
+    assert_eq!(f.asked().await, owned(&[]));
+    f.scripts
+        .prefill_done(&mut f.conn, &f.keys, &["near"])
+        .await
+        .unwrap();
+    assert_eq!(f.acquire("q", Lane::Small).await, (Verdict::LaneFull, true));
     assert_eq!(f.asked().await, owned(&[("near", "small seat")]));
 }
 

@@ -82,6 +82,9 @@ pub struct LimitsRecord {
     /// `jobs.preempt_prefill_grace_tokens`: a pre-emptible lease this near the end of its
     /// prefill is not asked to leave.
     pub preempt_grace: u32,
+    /// `jobs.preempt_cooldown_ms`: no job takes a seat this long after an interactive request
+    /// was last refused one.
+    pub preempt_cooldown_ms: u64,
 }
 
 impl LimitsRecord {
@@ -103,6 +106,8 @@ impl LimitsRecord {
                 }
             }),
             preempt_grace: config.jobs.preempt_prefill_grace_tokens,
+            preempt_cooldown_ms: u64::try_from(config.jobs.preempt_cooldown.as_millis())
+                .unwrap_or(u64::MAX),
         }
     }
 }
@@ -313,7 +318,9 @@ impl Scripts {
                 .arg(u8::from(lane.lend))
                 .arg(u8::from(lane.borrow));
         }
-        call.arg(origin).arg(record.preempt_grace);
+        call.arg(origin)
+            .arg(record.preempt_grace)
+            .arg(record.preempt_cooldown_ms);
         let (version, written, origin): (u64, u8, String) = call.invoke_async(conn).await?;
         Ok(LimitsReply {
             version,

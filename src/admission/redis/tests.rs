@@ -124,6 +124,7 @@ impl Fixture {
                 borrow: false,
             }),
             preempt_grace: 0,
+            preempt_cooldown_ms: 0,
         };
         self.scripts
             .limits(
