@@ -235,6 +235,10 @@ pub(crate) fn gateway_config(
     }
     cfg.admission.policy = policy;
     cfg.jobs.preempt = preset.preempts();
+    if speed > 0.0 {
+        // In simulated time, as the autopilot's times above.
+        cfg.jobs.preempt_cooldown = cfg.jobs.preempt_cooldown.div_f64(speed);
+    }
     cfg.admission.engine_priority = preset == Preset::LanesPriority;
     cfg.admission.fifo.max_concurrency = NonZeroU32::new(fifo_max_concurrency);
     cfg.telemetry.request_log = RequestLogSink::Off;

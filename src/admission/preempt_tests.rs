@@ -375,9 +375,9 @@ async fn no_job_borrows_within_the_cooldown_after_a_request_waited_and_one_is_wo
 
 #[tokio::test(start_paused = true)]
 async fn without_a_cooldown_a_job_borrows_as_soon_as_nobody_waits() {
-    let a = admission("[jobs]\npreempt = true\n");
+    let a = admission("[jobs]\npreempt = true\npreempt_cooldown_ms = 0\n");
     let third = one_question_waits(&a, fill_small(&a)).await;
-    let after = job(&a, 0, true).expect("nobody waits: the default cool-down is 0");
+    let after = job(&a, 0, true).expect("nobody waits and the cool-down is off");
     drop((third, after));
     assert!(a.snapshot().is_idle());
 }

@@ -23,7 +23,7 @@ const MAX_PREEMPTIONS: u32 = 3;
 /// Default `jobs.preempt_prefill_grace_tokens`.
 const PREEMPT_PREFILL_GRACE_TOKENS: u32 = 1_024;
 /// Default `jobs.preempt_cooldown_ms`.
-const PREEMPT_COOLDOWN_MS: u64 = 0;
+const PREEMPT_COOLDOWN_MS: u64 = 5_000;
 /// Most `jobs.preempt_cooldown_ms` (ten minutes).
 const MAX_PREEMPT_COOLDOWN_MS: u64 = 600_000;
 /// Default `jobs.webhook_attempts`.
