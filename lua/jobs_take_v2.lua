@@ -33,11 +33,8 @@ else
   idle = large_idle(now)
 end
 if max_preemptions and idle then
-  -- The cool-down (jobs.preempt_cooldown_ms): no job starts within it after an interactive
-  -- request was last refused a seat.
-  local cooldown = tonumber(redis.call('HGET', KEYS[6], 'preempt_cooldown') or '0') or 0
-  local waited = tonumber(redis.call('HGET', base_key(':preempt'), 'waited') or '')
-  idle = cooldown <= 0 or not waited or now - waited >= cooldown
+  -- The cool-down (jobs.preempt_cooldown_ms).
+  idle = not cooling(now)
 end
 if not idle then
   return { -11, reaped }

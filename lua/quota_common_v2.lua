@@ -228,6 +228,18 @@ local function all_idle(now)
   return redis.call('ZCARD', KEYS[5]) == 0
 end
 
+-- True within the limits record's preempt_cooldown (ms) after an interactive request was last
+-- refused a seat (`<base>:preempt` "waited", written by the acquire script): no pre-emptible
+-- work takes a seat then.
+local function cooling(now)
+  local cooldown = tonumber(redis.call('HGET', KEYS[6], 'preempt_cooldown') or '0') or 0
+  if cooldown <= 0 then
+    return false
+  end
+  local waited = tonumber(redis.call('HGET', base_key(':preempt'), 'waited') or '')
+  return waited ~= nil and now - waited < cooldown
+end
+
 -- Pre-emption (jobs.preempt; see src/admission/redis/mod.rs). Keys by name under <base>:
 -- <base>:borrowers ZSET  pre-emptible lease id -> when it was taken (server ms)
 -- <base>:asked     HASH  lease id -> "<lane> <reason> <ms>": asked to leave (for a request of

@@ -598,3 +598,150 @@ async fn a_preemptible_answer_gives_its_seat_back_and_goes_on_without_a_break() 
     assert_eq!(err["error"]["param"], "x-tutor-preemptible", "{err}");
     h.shutdown().await;
 }
+
+/// `jobs.preempt_answers` across replicas (`quota.backend = "redis"`): a marked review on
+/// replica A borrows the fleet's idle medium seat (`quota_borrow_v2.lua`); a question on
+/// replica B needs it, asks it back through the quota's scripts, and is answered; the review
+/// goes on without a break for its client on A, and its text and usage are an uninterrupted
+/// answer's. Every seat comes back, and no borrower or ask is left in Redis.
+#[tokio::test]
+async fn a_preemptible_answer_on_one_replica_gives_its_seat_to_a_question_on_another() {
+    use jobs::{on_redis, quota_drains, redis_conn};
+    let redis = redis_common::RedisServer::start();
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(FASTER))
+        .await
+        .unwrap();
+    let mut c = tutor_gateway::config::Config::default();
+    c.upstream.base_url = sim.url();
+    c.telemetry.request_log = tutor_gateway::config::RequestLogSink::Off;
+    on_redis(&mut c, &redis);
+    c.jobs.preempt_answers = tutor_gateway::config::PreemptAnswers::Marked;
+    c.jobs.preempt_notice = true;
+    for lane in Lane::ALL {
+        set_lane(&mut c, lane, 1);
+    }
+    let gateway = |c: tutor_gateway::config::Config| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        tutor_gateway::server::start(c, listener).unwrap()
+    };
+    let (a, b) = (gateway(c.clone()).await, gateway(c).await);
+    let mut conn = redis_conn(&redis).await;
+    let seated = |mut conn: redis::aio::MultiplexedConnection| async move {
+        let n: Vec<Option<i64>> = redis::cmd("HMGET")
+            .arg(jobs::USAGE)
+            .arg(&["small:n", "medium:n", "large:n"])
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        n.into_iter().map(|v| v.unwrap_or(0)).collect::<Vec<_>>()
+    };
+    let body = json!({"prompt": words(2500, "review"), "max_output_tokens": REVIEW_TOKENS});
+    // An unmarked review on A holds large's seat to its end: it is the uninterrupted answer.
+    let plain = {
+        let (url, body) = (format!("{}/answer", a.url()), body.clone());
+        tokio::spawn(async move { post_text(url, &body).await })
+    };
+    for _ in 0..1000 {
+        if seated(conn.clone()).await[2] == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        seated(conn.clone()).await,
+        [0, 0, 1],
+        "the plain review runs"
+    );
+    // The marked one, on A too, borrows the fleet's idle medium seat.
+    let url = format!("{}/answer", a.url());
+    let marked = tokio::spawn(async move {
+        let resp = client()
+            .post(url)
+            .header("x-tutor-preemptible", "true")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        resp.text().await.unwrap()
+    });
+    for _ in 0..1000 {
+        if seated(conn.clone()).await[1] == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        seated(conn.clone()).await,
+        [0, 1, 1],
+        "the marked review borrows medium's seat, fleet-wide"
+    );
+    let borrowers: u32 = redis::cmd("ZCARD")
+        .arg("tg:v2:{quota}:borrowers")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(borrowers, 1, "its lease is a pre-emptible one");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // A medium question on B: no medium seat in the fleet, so the review on A gives it back.
+    let question = post_text(
+        format!("{}/answer", b.url()),
+        &json!({"prompt": words(600, "why"), "max_output_tokens": 1000}),
+    )
+    .await;
+    let q = sse(&question);
+    assert_eq!(json(&q[0].1)["lane"], "medium", "{q:?}");
+    assert_eq!(q.last().unwrap().0, "done", "{q:?}");
+    let (plain, marked) = (plain.await.unwrap(), marked.await.unwrap());
+    let text = |body: &str| -> String {
+        sse(body)
+            .iter()
+            .filter(|(e, _)| e == "token")
+            .map(|(_, d)| json(d)["text"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let events = sse(&marked);
+    let notices = events
+        .iter()
+        .filter(|(e, d)| e == "meta" && d.contains("preempted"))
+        .count();
+    assert_eq!(notices, 1, "pre-empted once, told once: {marked}");
+    let done = json(&events.last().unwrap().1);
+    assert_eq!(events.last().unwrap().0, "done", "{marked}");
+    assert_eq!(
+        done["usage"]["output_tokens"], REVIEW_TOKENS,
+        "every token once"
+    );
+    assert_eq!(text(&marked), text(&plain), "the uninterrupted answer");
+    let ids: Vec<u32> = marked
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: ")?.parse().ok())
+        .collect();
+    assert_eq!(ids, (1..=ids.len() as u32).collect::<Vec<_>>());
+    assert_eq!(
+        metric(
+            &tutor_testkit::metrics_text(&a.url()).await,
+            "tutor_gateway_job_preemptions_total{lane=\"medium\",reason=\"seat\"}"
+        ),
+        1.0,
+        "A's review left for B's question"
+    );
+    assert_eq!(
+        metric(
+            &tutor_testkit::metrics_text(&b.url()).await,
+            "tutor_gateway_preemption_admit_seconds_count{lane=\"medium\"}"
+        ),
+        1.0,
+        "the question on B is counted as one a pre-emption made room for"
+    );
+    quota_drains(&redis).await;
+    let left: u32 = redis::cmd("EXISTS")
+        .arg("tg:v2:{quota}:borrowers")
+        .arg("tg:v2:{quota}:asked")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "no borrower or ask left behind");
+    a.shutdown().await;
+    b.shutdown().await;
+    sim.shutdown().await;
+}

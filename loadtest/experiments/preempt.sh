@@ -12,6 +12,8 @@
 #   B `lanes`          the questions + the backlog, jobs.preempt = false (today: jobs on idle
 #                      large-lane seats only)
 #   C `lanes-preempt`  the questions + the backlog, jobs.preempt = true
+# and, when PRESETS names it, `lanes-preempt-redis`: C with the quota (and so the pre-emption
+# rules) in a redis-server of the run's own, one gateway.
 # The capacity (questions/s at load 1.0) is measured first: a saturating closed loop of
 # questions through FIFO (30 s warm-up, 60 s window, simulated). Each run: warm-up 10 s (not in
 # the TTFT figures), window DURATION, then at most 30 s for the window's questions to end; the
@@ -27,6 +29,7 @@
 #   SEEDS=1,2,3 DURATION=300s loadtest/experiments/preempt.sh
 #   CAPACITY=31.5 loadtest/experiments/preempt.sh   # skip the capacity measurement
 #   QUICK=1 loadtest/experiments/preempt.sh         # smoke test: SPEED=10, DURATION=20s, ~2 min
+#   PRESETS=floor,lanes,lanes-preempt,lanes-preempt-redis loadtest/experiments/preempt.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 QUICK="${QUICK:-0}"
@@ -42,6 +45,7 @@ else
   capacity_run=(--capacity-warmup-s 30 --capacity-window-s 60)
 fi
 SEEDS="${SEEDS:-1,2}"
+PRESETS="${PRESETS:-floor,lanes,lanes-preempt}"
 WARMUP_S="${WARMUP_S:-10}"
 DRAIN="${DRAIN:-30s}"
 case "$DURATION" in
@@ -64,7 +68,7 @@ echo "preempt: seeds $SEEDS, window ${window_s} s after ${WARMUP_S} s of warm-up
   --profile llama-3.1-8b-h100 --speed "$SPEED" \
   --fifo-max-concurrency 0 \
   --engine seed --long-prefill-token-threshold 512 \
-  --presets floor,lanes,lanes-preempt \
+  --presets "$PRESETS" \
   --load 1 --seeds "$SEEDS" \
   --warmup-s "$WARMUP_S" --window-s "$window_s" --drain "$DRAIN" \
   "${capacity_run[@]}" "${extra[@]}" \

@@ -127,22 +127,15 @@ pub async fn run_preset(
         preset,
     );
     let sim = tutor_gateway::server::start_sim(&mut cfg, &sim_args).await?;
-    // Two replicas on one Redis for `lanes-redis` (the server is this run's own).
-    let redis = if preset == Preset::LanesRedis {
-        let server = RedisChild::start()?;
-        cfg.quota.backend = tutor_gateway::config::QuotaBackend::Redis;
-        cfg.quota.redis_url = tutor_gateway::config::RedisUrl::new(server.url());
-        Some(server)
-    } else {
-        None
-    };
+    // The quota in Redis (the server is this run's own); two replicas on it for `lanes-redis`.
+    let redis = RedisChild::for_preset(preset, &mut cfg)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let second = match &redis {
-        Some(_) => {
+        Some(_) if preset == Preset::LanesRedis => {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             Some(tutor_gateway::server::start(cfg.clone(), listener)?)
         }
-        None => None,
+        _ => None,
     };
     let gw = tutor_gateway::server::start(cfg, listener)?;
     let mut urls = vec![gw.url()];
@@ -188,8 +181,8 @@ const DEFAULT_PIECE_TOKENS: u32 = 1024;
 /// engine's) under `preset`'s admission policy, request log and tracing off. Under
 /// [`Preset::Autopilot`] the autopilot is on, and its times and the lanes' objectives, stated
 /// in simulated time, are divided by `speed` (the gateway lives in wall-clock time).
-/// `jobs.preempt` is on under [`Preset::LanesPreempt`] only (off under every other preset,
-/// whatever the file says).
+/// `jobs.preempt` is on under [`Preset::LanesPreempt`] and [`Preset::LanesPreemptRedis`] only
+/// (off under every other preset, whatever the file says).
 pub(crate) fn gateway_config(
     path: &Path,
     engine: &EngineSetting,
@@ -207,7 +200,8 @@ pub(crate) fn gateway_config(
         | Preset::LanesPieces
         | Preset::AutopilotPieces
         | Preset::LanesRedis
-        | Preset::LanesPreempt => Policy::Lanes,
+        | Preset::LanesPreempt
+        | Preset::LanesPreemptRedis => Policy::Lanes,
     };
     let mut cfg = load_config(path, engine.max_model_len)?;
     cfg.autopilot.enabled = preset.piloted();
@@ -286,12 +280,24 @@ pub(crate) fn sim_args(
 }
 
 /// A `redis-server` on a free loopback port, without persistence, killed on drop.
-struct RedisChild {
+pub(crate) struct RedisChild {
     port: u16,
     child: std::process::Child,
 }
 
 impl RedisChild {
+    /// For a preset with its quota in Redis ([`Preset::on_redis`]): a server of the run's own,
+    /// `cfg`'s quota moved onto it. `None` for every other preset.
+    pub(crate) fn for_preset(preset: Preset, cfg: &mut Config) -> anyhow::Result<Option<Self>> {
+        if !preset.on_redis() {
+            return Ok(None);
+        }
+        let server = Self::start()?;
+        cfg.quota.backend = tutor_gateway::config::QuotaBackend::Redis;
+        cfg.quota.redis_url = tutor_gateway::config::RedisUrl::new(server.url());
+        Ok(Some(server))
+    }
+
     fn start() -> anyhow::Result<Self> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
@@ -302,7 +308,7 @@ impl RedisChild {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .context("redis-server (the lanes-redis preset needs it; scripts/test installs it)")?;
+            .context("redis-server (the Redis presets need it; scripts/test installs it)")?;
         let server = Self { port, child };
         for _ in 0..500 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {

@@ -31,11 +31,15 @@ pub enum Preset {
     /// any lane's idle seats and give them back when an interactive request needs one. Every
     /// other preset runs with `jobs.preempt = false` (jobs only on idle large-lane seats).
     LanesPreempt,
+    /// `lanes-preempt` with the quota in Redis (`quota.backend = "redis"`, a `redis-server` the
+    /// run starts), one gateway: the pre-emption rules as the quota's Lua scripts run them for
+    /// a fleet (borrowed leases, the leave channel, the fleet-wide cool-down).
+    LanesPreemptRedis,
 }
 
 impl Preset {
     /// Every preset, in run order.
-    pub const ALL: [Preset; 10] = [
+    pub const ALL: [Preset; 11] = [
         Preset::Floor,
         Preset::Fifo,
         Preset::Strict,
@@ -46,6 +50,7 @@ impl Preset {
         Preset::AutopilotPieces,
         Preset::LanesRedis,
         Preset::LanesPreempt,
+        Preset::LanesPreemptRedis,
     ];
 
     /// The folder / summary key.
@@ -61,6 +66,7 @@ impl Preset {
             Preset::AutopilotPieces => "autopilot-pieces",
             Preset::LanesRedis => "lanes-redis",
             Preset::LanesPreempt => "lanes-preempt",
+            Preset::LanesPreemptRedis => "lanes-preempt-redis",
         }
     }
 }
@@ -73,7 +79,12 @@ impl Preset {
 
     /// Whether background jobs are pre-emptible (`jobs.preempt`).
     pub fn preempts(self) -> bool {
-        self == Preset::LanesPreempt
+        matches!(self, Preset::LanesPreempt | Preset::LanesPreemptRedis)
+    }
+
+    /// Whether the quota is in a `redis-server` the run starts.
+    pub fn on_redis(self) -> bool {
+        matches!(self, Preset::LanesRedis | Preset::LanesPreemptRedis)
     }
 
     /// Whether long prompts are prefilled in pieces.

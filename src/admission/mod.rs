@@ -167,6 +167,23 @@ impl Admission {
         }
     }
 
+    /// A pre-emptible seat for interactive work that gives it back when asked
+    /// (`jobs.preempt_answers`), on either backend: [`LocalAdmission::try_acquire_preemptible`]
+    /// in process, [`RedisAdmission::borrow`] fleet-wide. Never waits; `None`: the request
+    /// queues as any other.
+    pub async fn borrow(
+        &self,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+        handle: &std::sync::Arc<preempt::Preemptible>,
+    ) -> Option<LaneGuard> {
+        match self {
+            Admission::Local(local) => local.try_acquire_preemptible(lane, tokens, prompt, handle),
+            Admission::Redis(redis) => redis.borrow(lane, tokens, prompt, handle).await,
+        }
+    }
+
     /// A receiver that wakes when capacity may have come back (see [`LocalAdmission::freed`]);
     /// `None` with the Redis backend.
     pub fn freed(&self) -> Option<tokio::sync::watch::Receiver<u64>> {

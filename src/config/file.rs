@@ -209,14 +209,6 @@ fn cross_checks(c: &mut Checker, config: &Config) {
             );
         }
     }
-    if config.jobs.preempt_answers != super::jobs::PreemptAnswers::Off
-        && config.quota.backend == QuotaBackend::Redis
-    {
-        c.fail(
-            "jobs.preempt_answers",
-            "needs quota.backend = \"local\" (/answer streams are not pre-empted across replicas yet)",
-        );
-    }
     if config.jobs.divert_large_after.is_some() && !config.jobs.enabled {
         c.fail("jobs.divert_large_after_ms", "needs jobs.enabled = true");
     }

@@ -138,7 +138,7 @@ pub async fn admit(
         _ => (ready, record),
     };
     // A pre-emptible large `/answer` (`jobs.preempt_answers`) first borrows an idle seat.
-    if let Some(guard) = super::resume::borrow(ctx, &ready) {
+    if let Some(guard) = super::resume::borrow(ctx, &ready).await {
         return Ok(Admit::Admitted(Admitted::new(ready, guard, record)));
     }
     // While it waits for a seat its body is held: all queued bodies together are bounded.

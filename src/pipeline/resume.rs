@@ -1,4 +1,4 @@
-//! How a pre-emptible `/answer` goes on (`jobs.preempt_answers`, in-process admission): a large
+//! How a pre-emptible `/answer` goes on (`jobs.preempt_answers`, either quota backend): a large
 //! `/answer` so marked first borrows an idle seat as a job does ([`borrow`]); when admission
 //! asks that seat back, its relay lets the engine's request go and calls [`Resume`], which
 //! builds the continuation (the messages and the text the client has, continued:
@@ -20,14 +20,15 @@ use crate::upstream::{UpstreamRequest, UpstreamStream};
 
 /// A pre-emptible `ready`'s borrowed seat, when an idle one fits it now (`None`: it queues as
 /// any request, not pre-emptible).
-pub(super) fn borrow(ctx: &RequestCtx, ready: &Ready) -> Option<LaneGuard> {
+pub(super) async fn borrow(ctx: &RequestCtx, ready: &Ready) -> Option<LaneGuard> {
     if !ready.preemptible {
         return None;
     }
     let handle = Preemptible::new(ctx.config().jobs.max_preemptions > 0);
     let class = &ready.class;
     ctx.admission()
-        .try_acquire_preemptible(class.lane, class.work, ready.prefill, &handle)
+        .borrow(class.lane, class.work, ready.prefill, &handle)
+        .await
 }
 
 /// What a pre-empted `/answer` needs to go on: the request as first sent, and whose it is.
@@ -72,7 +73,7 @@ impl Continuation for Resume {
             let (lane, work, prefill) = (ready.class.lane, ready.class.work, ready.prefill);
             let admission = self.ctx.admission();
             let handle = Preemptible::new(times < self.ctx.config().jobs.max_preemptions);
-            let guard = match admission.try_acquire_preemptible(lane, work, prefill, &handle) {
+            let guard = match admission.borrow(lane, work, prefill, &handle).await {
                 Some(guard) => guard,
                 None => admission
                     .acquire(

@@ -1,4 +1,4 @@
-//! A pre-emptible `/answer` stream (`jobs.preempt_answers`, in-process admission): when
+//! A pre-emptible `/answer` stream (`jobs.preempt_answers`, either quota backend): when
 //! admission asks its borrowed seat back, the relay lets the engine's request go (it is
 //! aborted, the seat comes back at once) and goes on with a continuation the pipeline sends
 //! ([`Continuation`]: the messages and the text the client has, continued), so the client sees

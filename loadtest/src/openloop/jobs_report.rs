@@ -15,6 +15,8 @@ pub const NO_JOBS: &str = "floor";
 pub const PREEMPT_OFF: &str = "lanes";
 /// C: the backlog, jobs pre-emptible on any lane's idle seats.
 pub const PREEMPT_ON: &str = "lanes-preempt";
+/// C on Redis: as C, with the quota (and the pre-emption rules) in Redis.
+pub const PREEMPT_ON_REDIS: &str = "lanes-preempt-redis";
 
 /// Targets of the issue.
 const JOBS_X: f64 = 1.5;
@@ -75,6 +77,7 @@ fn label(preset: &str) -> String {
         NO_JOBS => "A: no jobs (`floor`: the questions alone)".into(),
         PREEMPT_OFF => "B: backlog, preempt off (`lanes`)".into(),
         PREEMPT_ON => "C: backlog, preempt on (`lanes-preempt`)".into(),
+        PREEMPT_ON_REDIS => "C on Redis: as C, quota in Redis (`lanes-preempt-redis`)".into(),
         p => format!("`{p}`"),
     }
 }
@@ -342,7 +345,7 @@ fn load_tables(l: &Value) -> String {
     let mut md = String::new();
     let presets = &l["presets"];
     let order: Vec<&str> = {
-        let mut known: Vec<&str> = [NO_JOBS, PREEMPT_OFF, PREEMPT_ON]
+        let mut known: Vec<&str> = [NO_JOBS, PREEMPT_OFF, PREEMPT_ON, PREEMPT_ON_REDIS]
             .into_iter()
             .filter(|p| !presets[*p].is_null())
             .collect();
@@ -352,7 +355,7 @@ fn load_tables(l: &Value) -> String {
                 .into_iter()
                 .flat_map(|o| o.keys())
                 .map(String::as_str)
-                .filter(|p| ![NO_JOBS, PREEMPT_OFF, PREEMPT_ON].contains(p)),
+                .filter(|p| ![NO_JOBS, PREEMPT_OFF, PREEMPT_ON, PREEMPT_ON_REDIS].contains(p)),
         );
         known
     };
@@ -401,25 +404,37 @@ fn load_tables(l: &Value) -> String {
     }
     md.push('\n');
     md.push_str(RATIOS_HEADER);
-    for &seed in &seeds {
-        let (a, b, c) = (
-            row_of(NO_JOBS, seed),
-            row_of(PREEMPT_OFF, seed),
-            row_of(PREEMPT_ON, seed),
-        );
+    // C's ratios and C on Redis's, each against the same A and B, for those that ran (C's,
+    // all "-", when neither did).
+    let mut pre_emptive: Vec<(&str, &str)> =
+        [(PREEMPT_ON, ""), (PREEMPT_ON_REDIS, " (C on Redis)")]
+            .into_iter()
+            .filter(|(p, _)| order.contains(p))
+            .collect();
+    if pre_emptive.is_empty() {
+        pre_emptive.push((PREEMPT_ON, ""));
+    }
+    for (c_preset, suffix) in pre_emptive {
+        for &seed in &seeds {
+            let (a, b, c) = (
+                row_of(NO_JOBS, seed),
+                row_of(PREEMPT_OFF, seed),
+                row_of(c_preset, seed),
+            );
+            md.push_str(&ratios_line(
+                &format!("{seed}{suffix}"),
+                a.as_ref(),
+                b.as_ref(),
+                c.as_ref(),
+            ));
+        }
         md.push_str(&ratios_line(
-            &seed.to_string(),
-            a.as_ref(),
-            b.as_ref(),
-            c.as_ref(),
+            &format!("mean{suffix}"),
+            mean_of(NO_JOBS),
+            mean_of(PREEMPT_OFF),
+            mean_of(c_preset),
         ));
     }
-    md.push_str(&ratios_line(
-        "mean",
-        mean_of(NO_JOBS),
-        mean_of(PREEMPT_OFF),
-        mean_of(PREEMPT_ON),
-    ));
     md.push('\n');
     md
 }
@@ -486,5 +501,47 @@ mod tests {
             "{md}"
         );
         assert!(!has_jobs(&json!({"engines": {}})));
+        assert!(
+            !md.contains("C on Redis"),
+            "no Redis run, no Redis rows: {md}"
+        );
+    }
+
+    #[test]
+    fn a_run_on_redis_gets_its_rows_and_its_ratios_against_the_same_a_and_b() {
+        let mut summary = json!({
+            "setup": {"scenario": "t", "classes": [], "warmup_s": 10, "window_s": 180,
+                      "drain_s": 30, "speed": 1},
+            "engines": {"seed": {"engine_flags": "", "capacity":
+                {"requests_per_s": 30.0, "source": "measured"}, "loads": [{
+                "load": 1.0, "rate_per_s": 30.0, "presets": {
+                    "floor": {"per_seed": [run(1, 0.10, None)]},
+                    "lanes": {"per_seed": [run(1, 0.10, Some((100.0, 0.0)))]},
+                    "lanes-preempt": {"per_seed": [run(1, 0.20, Some((200.0, 0.02)))]},
+                    "lanes-preempt-redis": {"per_seed": [run(1, 0.30, Some((50.0, 0.5)))]},
+                }}]}},
+        });
+        let md = jobs_md(&summary);
+        assert!(
+            md.contains("| 1 | C on Redis: as C, quota in Redis (`lanes-preempt-redis`) |"),
+            "{md}"
+        );
+        assert!(md.contains("| 1 | 2.00x (met) | 2.00x (missed) |"), "{md}");
+        assert!(
+            md.contains("| 1 (C on Redis) | 0.50x (missed) | 3.00x (missed) |"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| mean (C on Redis) | 0.50x (missed) |"),
+            "{md}"
+        );
+        // Only C on Redis ran: no empty rows for C.
+        summary["engines"]["seed"]["loads"][0]["presets"]
+            .as_object_mut()
+            .unwrap()
+            .remove("lanes-preempt");
+        let md = jobs_md(&summary);
+        assert!(md.contains("| 1 (C on Redis) |"), "{md}");
+        assert!(!md.contains("| 1 | - |"), "{md}");
     }
 }

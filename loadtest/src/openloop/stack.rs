@@ -8,7 +8,7 @@ use vllm_sim::SimServer;
 
 use crate::client::{Api, Target};
 use crate::engine::EngineSetting;
-use crate::experiment::{config_tokenizer, gateway_config, sim_args};
+use crate::experiment::{config_tokenizer, gateway_config, sim_args, RedisChild};
 use crate::preset::Preset;
 use crate::prompt::PromptBuilder;
 
@@ -35,6 +35,8 @@ pub struct Stack {
     pub target: Target,
     /// Prompts sized with the gateway's tokenizer.
     pub prompts: PromptBuilder,
+    /// The `redis-server` holding the quota, for a preset on Redis; killed on drop.
+    redis: Option<RedisChild>,
 }
 
 impl Stack {
@@ -65,6 +67,7 @@ impl Stack {
             preset,
         );
         let sim = tutor_gateway::server::start_sim(&mut cfg, &args).await?;
+        let redis = RedisChild::for_preset(preset, &mut cfg)?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let gateway = tutor_gateway::server::start(cfg, listener)?;
         let target = Target::new(&gateway.url(), Api::Answer, None)?.simulated_at(spec.speed);
@@ -76,12 +79,14 @@ impl Stack {
             gateway,
             target,
             prompts,
+            redis,
         })
     }
 
-    /// Shuts the gateway and the simulator down.
+    /// Shuts the gateway, its Redis (if any) and the simulator down.
     pub async fn stop(self) {
         self.gateway.shutdown().await;
+        drop(self.redis);
         self.sim.shutdown().await;
     }
 }

@@ -15,10 +15,11 @@
 //!   as a new version by a reload. The seat rule is the local backend's (reserved shares,
 //!   ceilings, lending, borrowing; strict caps under policy `strict`).
 //! - `tg:v2:{quota}:waiting:large` ZSET: replicas with an interactive large request waiting
-//!   (background jobs start only while it has none); with `jobs.preempt` also
-//!   `<replica> <lane>` for the other lanes (pre-emptible jobs start only while it is empty).
+//!   (background jobs start only while it has none); with `jobs.preempt` or
+//!   `jobs.preempt_answers` also `<replica> <lane>` for the other lanes (pre-emptible work
+//!   starts only while it is empty).
 //!
-//! # Pre-emption (`jobs.preempt`)
+//! # Pre-emption (`jobs.preempt`, `jobs.preempt_answers`)
 //! A job that may still be pre-empted takes a pre-emptible lease in the jobs take script
 //! (`borrow` in `quota_common_v2.lua`): an idle seat of the large lane, else medium's, else
 //! small's; its lease's lane field is `<seat>@large` (the seat counts in `<seat>`, the tokens in
@@ -33,7 +34,10 @@
 //! run's [`Preemptible`] handle; the run drops its stream and its guard releases the lease
 //! (which leaves the borrowers and the asks). With the record's `preempt_cooldown` (ms), a
 //! refused acquire also notes when (`tg:v2:{quota}:preempt` `waited`), and the take script
-//! starts no job within the cool-down after it.
+//! starts no job within the cool-down after it. A pre-emptible `/answer` borrows by the same
+//! rules through its own script ([`RedisAdmission::borrow`], `quota_borrow_v2.lua`); once
+//! pre-empted, its continuation waits at the head of this replica's line
+//! ([`queue::LaneQueue::join_first`]).
 //!
 //! Every change goes through one Lua script (`lua/quota_*_v2.lua`, see [`scripts`]), so the
 //! counters always equal the sum of the live leases: acquire reaps expired leases, then takes
@@ -125,7 +129,7 @@ use super::budget::Limits;
 use super::fair::Room;
 use super::preempt::Preemptible;
 use super::{AdmissionError, AdmissionSnapshot, LaneGuard, LocalAdmission};
-use crate::config::{Config, OnRedisDown, Policy};
+use crate::config::{Config, OnRedisDown, Policy, PreemptAnswers};
 use crate::lane::Lane;
 use crate::telemetry::QuotaMetrics;
 use queue::Left;
@@ -180,7 +184,9 @@ impl RedisAdmission {
             releases,
             metrics,
             fallback,
-            config.jobs.preempt,
+            // Pre-emptible work of any kind waits for every lane's waiters (their marks) and
+            // listens for asks to leave.
+            config.jobs.preempt || config.jobs.preempt_answers != PreemptAnswers::Off,
         ));
         let stop = CancellationToken::new();
         let tasks = TaskTracker::new();
@@ -393,8 +399,7 @@ impl RedisAdmission {
             prefill: prompt,
             tenant,
             due,
-            // Pre-emptible answers run in process only (refused at start-up with Redis).
-            continuing: _,
+            continuing,
         } = ask;
         let rules = self.rules();
         rules.limits.admissible(lane, tokens)?;
@@ -471,8 +476,13 @@ impl RedisAdmission {
         // A head may take the lease of a short prompt behind it in its own call (quota.batch_max);
         // a long prompt waits for prefill room, which one lease at a time measures.
         let need = (!asked.long).then_some((tokens, prompt));
-        let place = match line.join_costed(queue.len, (tenant, share), costed, due, need, share_of)
-        {
+        // A pre-empted request's continuation waits at the head of this replica's line.
+        let joined = if continuing {
+            Ok(line.join_first(tenant, need))
+        } else {
+            line.join_costed(queue.len, (tenant, share), costed, due, need, share_of)
+        };
+        let place = match joined {
             Ok(place) => place,
             Err(Room::Refuse { held, places }) if tenant.is_some() && places > 0 => {
                 return Err(pushed_out(held, places));
@@ -601,6 +611,52 @@ impl RedisAdmission {
         script: &redis::Script,
         keys: &[&str],
         args: &[String],
+        need: (Lane, u32, u32),
+        preemptible: Option<&Arc<Preemptible>>,
+    ) -> Option<Result<Taken, i64>> {
+        self.take_as("job_take", script, keys, args, need, preemptible)
+            .await
+    }
+
+    /// A pre-emptible lease on an idle seat for interactive work of `lane` that gives it back
+    /// when asked (`jobs.preempt_answers`), by the rules jobs borrow by
+    /// (`quota_borrow_v2.lua`): an idle seat of `lane` or of a lane below, only while no
+    /// replica has a request waiting and not within the cool-down. Never waits. `None`: no such
+    /// seat now, or Redis unreachable (the request then queues as any other).
+    pub async fn borrow(
+        &self,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+        handle: &Arc<Preemptible>,
+    ) -> Option<LaneGuard> {
+        if self.rules().limits.admissible(lane, tokens).is_err() {
+            return None;
+        }
+        let script = &self.shared.scripts.borrow;
+        match self
+            .take_as(
+                "borrow",
+                script,
+                &[],
+                &[],
+                (lane, tokens, prompt),
+                Some(handle),
+            )
+            .await
+        {
+            Some(Ok(taken)) if taken.preemptible => Some(taken.guard),
+            _ => None,
+        }
+    }
+
+    /// [`RedisAdmission::take_with`], its script's time observed as `op`.
+    async fn take_as(
+        &self,
+        op: &'static str,
+        script: &redis::Script,
+        keys: &[&str],
+        args: &[String],
         (lane, tokens, prompt): (Lane, u32, u32),
         preemptible: Option<&Arc<Preemptible>>,
     ) -> Option<Result<Taken, i64>> {
@@ -625,12 +681,12 @@ impl RedisAdmission {
         let reply: Result<Vec<i64>, _> = call.invoke_async(&mut conn).await;
         self.shared
             .metrics
-            .observe("job_take", started.elapsed().as_secs_f64());
+            .observe(op, started.elapsed().as_secs_f64());
         let mut reply = match reply {
             Ok(r) if r.len() >= 2 => r,
             Ok(_) => return Some(Err(0)),
             Err(err) => {
-                self.shared.failed("job_take", &err);
+                self.shared.failed(op, &err);
                 return None;
             }
         };

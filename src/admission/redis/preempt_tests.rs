@@ -269,3 +269,91 @@ async fn a_request_no_borrower_can_let_in_asks_one_at_a_time_under_pressure() {
     f.acquire("q", Lane::Small).await;
     assert!(!f.exists(":borrowers").await && !f.exists(":asked").await);
 }
+
+impl Fixture {
+    /// `quota_borrow_v2.lua` for a lease `id` of `lane` (100 tokens, a 10-token prompt): its
+    /// status, and the seat's lane when taken.
+    async fn borrow(&mut self, id: &str, lane: Lane) -> (i64, Option<Lane>) {
+        let mut call = self.keys.with_keys(&self.scripts.borrow);
+        call.arg(id).arg(lane.as_str()).arg(100).arg(60_000).arg(10);
+        let reply: Vec<i64> = call.invoke_async(&mut self.conn).await.unwrap();
+        let seat = (reply[0] == 1).then(|| Lane::ALL[usize::try_from(reply[4]).unwrap()]);
+        (reply[0], seat)
+    }
+}
+
+/// A pre-emptible `/answer` (`jobs.preempt_answers`) borrows as a job does: an idle seat of its
+/// lane, else of a lane below, listed as a borrower that a refused acquire asks to leave; none
+/// while any replica has a request waiting, nor within the cool-down after one was refused.
+#[tokio::test]
+async fn an_answer_borrows_an_idle_seat_only_while_nobody_waits_and_not_in_the_cooldown() {
+    let mut f = fixture(0).await;
+    f.interactive("large-1", Lane::Large).await;
+    f.interactive("large-2", Lane::Large).await;
+    assert_eq!(
+        f.borrow("answer-1", Lane::Large).await,
+        (1, Some(Lane::Medium)),
+        "large's seats are taken: medium's idle one"
+    );
+    assert!(f.exists(":borrowers").await);
+    // A medium request finds medium full (the borrower holds one of two): it gets the other,
+    // then the next one asks the borrower to leave.
+    f.interactive("medium-1", Lane::Medium).await;
+    assert_eq!(
+        f.acquire("medium-2", Lane::Medium).await,
+        (Verdict::LaneFull, true)
+    );
+    assert_eq!(f.asked().await, [("answer-1".into(), "medium seat".into())]);
+    f.release("answer-1").await;
+    // While a request is marked waiting on some replica, nothing borrows.
+    let _: () = redis::cmd("ZADD")
+        .arg(&f.keys.waiting_large)
+        .arg(u64::MAX / 2)
+        .arg("other-replica medium")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert_eq!(f.borrow("answer-2", Lane::Large).await, (-11, None));
+    let _: () = redis::cmd("DEL")
+        .arg(&f.keys.waiting_large)
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    // Within the cool-down after a refused acquire, nothing borrows either.
+    let _: () = redis::cmd("HSET")
+        .arg(&f.keys.limits)
+        .arg("preempt_cooldown")
+        .arg(600_000)
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    f.interactive("medium-2", Lane::Medium).await;
+    f.interactive("small-1", Lane::Small).await;
+    f.interactive("small-2", Lane::Small).await;
+    assert_eq!(
+        f.acquire("small-3", Lane::Small).await,
+        (Verdict::LaneFull, false)
+    );
+    for id in ["medium-2", "small-2"] {
+        f.release(id).await;
+    }
+    assert_eq!(
+        f.borrow("answer-3", Lane::Large).await,
+        (-11, None),
+        "cooling"
+    );
+    let _: () = redis::cmd("HSET")
+        .arg(&f.keys.limits)
+        .arg("preempt_cooldown")
+        .arg(0)
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        f.borrow("answer-3", Lane::Small).await,
+        (1, Some(Lane::Small)),
+        "a small answer borrows only small's seat"
+    );
+    f.release("answer-3").await;
+    assert!(!f.exists(":borrowers").await, "nothing left behind");
+}

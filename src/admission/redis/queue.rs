@@ -34,8 +34,12 @@ const BACKOFF_MIN: Duration = Duration::from_millis(5);
 const BACKOFF_MAX: Duration = Duration::from_millis(250);
 
 /// A waiter's place in the order: its start tag (a non-negative float's bits order as the
-/// float does) and its arrival number.
+/// float does) and its arrival number plus [`HEAD_ROOM`] (a continuation joining at the head
+/// takes the number just below the first waiter's).
 type Key = (u64, u64);
+
+/// Room below the arrival numbers in [`Key`] for continuations joining at the head.
+const HEAD_ROOM: u64 = 1 << 32;
 
 /// A tenant's service counted fleet-wide (`service`), which orders a line by tokens.
 #[derive(Clone)]
@@ -66,6 +70,9 @@ struct Seat<H> {
     /// Set when it was pushed out for another tenant's request: its tenant's (held, places).
     out: Arc<OnceLock<(u32, u32)>>,
     handed: Slot<H>,
+    /// Joined at the head ([`LaneQueue::join_first`]): first whatever the order, never moved
+    /// back by a later waiter of its tenant.
+    head: bool,
 }
 
 #[derive(Debug)]
@@ -115,7 +122,7 @@ impl<H> Line<H> {
         let kin: Vec<Key> = self
             .order
             .iter()
-            .filter(|(_, s)| s.tenant == seat.tenant)
+            .filter(|(_, s)| s.tenant == seat.tenant && !s.head)
             .map(|(k, _)| *k)
             .collect();
         let place = edf_place(kin.iter().map(|k| self.order[k].due), seat.due);
@@ -167,6 +174,9 @@ impl<H> Line<H> {
     fn first(&self) -> Option<u64> {
         let mut waiting = self.order.values();
         let first = waiting.next()?;
+        if first.head {
+            return Some(first.id);
+        }
         let Some(Rank(rank)) = self.rank.as_ref().filter(|_| self.ranked) else {
             return Some(first.id);
         };
@@ -322,7 +332,7 @@ impl<H> LaneQueue<H> {
         };
         line.arrivals += 1;
         let id = line.arrivals;
-        let key = (tag.max(0.0).to_bits(), id);
+        let key = (tag.max(0.0).to_bits(), HEAD_ROOM + id);
         let wake = Arc::new(Notify::new());
         let out = Arc::new(OnceLock::new());
         let handed: Slot<H> = Arc::new(Mutex::new(None));
@@ -334,6 +344,7 @@ impl<H> LaneQueue<H> {
             wake: wake.clone(),
             out: out.clone(),
             handed: handed.clone(),
+            head: false,
         };
         line.insert(key, seat);
         line.wake_first();
@@ -344,6 +355,46 @@ impl<H> LaneQueue<H> {
             out,
             handed,
         })
+    }
+
+    /// Joins the line at its head, however long it is: a pre-empted request's continuation
+    /// (it ran a moment ago, and there are at most as many as borrowed seats). Its turn is
+    /// no later than the first waiter's and takes no new turn of its tenant's; it stays first
+    /// while the line is ordered by the fleet's service counters, and a later waiter of its
+    /// tenant due earlier does not move it back. A second continuation joins ahead of the first.
+    pub fn join_first(&self, tenant: Option<&str>, need: Option<Need>) -> Place<'_, H> {
+        let mut line = self.lock();
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        line.arrivals += 1;
+        let id = line.arrivals;
+        let now = line.fair.virtual_time().max(0.0);
+        let key = match line.order.keys().next() {
+            Some(&(tag, order)) if f64::from_bits(tag) <= now && order > 0 => (tag, order - 1),
+            _ => (now.to_bits(), HEAD_ROOM + id),
+        };
+        let wake = Arc::new(Notify::new());
+        let out = Arc::new(OnceLock::new());
+        let handed: Slot<H> = Arc::new(Mutex::new(None));
+        let seat = Seat {
+            id,
+            tenant: tenant.map(Arc::from),
+            due: None,
+            need,
+            wake: wake.clone(),
+            out: out.clone(),
+            handed: handed.clone(),
+            head: true,
+        };
+        line.keys.insert(id, key);
+        line.order.insert(key, seat);
+        line.wake_first();
+        Place {
+            queue: self,
+            id,
+            wake,
+            out,
+            handed,
+        }
     }
 
     /// The tenant of each waiter.
@@ -508,6 +559,44 @@ mod tests {
         let p: Vec<_> = (0..2).map(|_| q.join(2, (None, 1.0), None, one)).collect();
         assert!(p.iter().all(Result::is_ok));
         assert!(q.join(2, (None, 1.0), None, one).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_continuation_joins_a_full_line_at_its_head_and_stays_there() {
+        let served: Arc<Mutex<HashMap<String, f64>>> = Arc::default();
+        let q = LaneQueue::<()>::default();
+        let view = served.clone();
+        q.rank_by(Arc::new(move |t: &str| {
+            view.lock().unwrap().get(t).copied().unwrap_or(0.0)
+        }));
+        served.lock().unwrap().insert("B".into(), 1_000.0);
+        let a1 = q.join(2, (Some("A"), 1.0), None, one).unwrap();
+        let a2 = q.join(2, (Some("A"), 1.0), None, one).unwrap();
+        assert!(q.join(2, (Some("A"), 1.0), None, one).is_err(), "full");
+        // B's continuation: first, in a full line, though B has had the most service.
+        let b = q.join_first(Some("B"), None);
+        assert_eq!(q.waiting(), 3);
+        assert_eq!(q.lock().first(), Some(b.id));
+        q.lock().ranked = true;
+        assert_eq!(q.lock().first(), Some(b.id), "ordered by service too");
+        q.lock().ranked = false;
+        // A later waiter of B's due at once does not move it back; a second continuation goes
+        // ahead of it.
+        let due = Some(tokio::time::Instant::now());
+        let _b2 = q
+            .join_costed(9, (Some("B"), 1.0), None, due, None, one)
+            .unwrap();
+        assert_eq!(q.lock().first(), Some(b.id));
+        let c = q.join_first(None, None);
+        assert_eq!(q.lock().first(), Some(c.id));
+        let turn = c.turn().await.unwrap();
+        c.admitted();
+        drop(turn);
+        drop(c);
+        assert_eq!(q.lock().first(), Some(b.id));
+        drop(b);
+        assert_eq!(q.lock().first(), Some(a1.id), "then the line as it was");
+        drop((a1, a2));
     }
 
     #[tokio::test]

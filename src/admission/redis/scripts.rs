@@ -14,10 +14,13 @@ use crate::admission::budget::PrefillLimit;
 use crate::config::{Config, Policy};
 use crate::lane::Lane;
 
-/// The seven quota scripts, loaded once per [`Scripts`] value.
+/// The eight quota scripts, loaded once per [`Scripts`] value.
 #[derive(Debug, Clone)]
 pub struct Scripts {
     acquire: Script,
+    /// A pre-emptible lease on an idle seat (`jobs.preempt_answers`), run through
+    /// [`super::RedisAdmission::take_with`].
+    pub borrow: Script,
     renew: Script,
     release: Script,
     move_lease: Script,
@@ -40,6 +43,7 @@ impl Default for Scripts {
     fn default() -> Self {
         Self {
             acquire: quota_script!("quota_acquire_v2.lua"),
+            borrow: quota_script!("quota_borrow_v2.lua"),
             renew: quota_script!("quota_renew_v2.lua"),
             release: quota_script!("quota_release_v2.lua"),
             move_lease: quota_script!("quota_move_v2.lua"),

@@ -515,7 +515,7 @@ impl Shared {
     }
 
     /// Counts a failed call; marks the quota degraded after [`DEGRADE_AFTER`] calls a request
-    /// waits on (`acquire`, `job_take`, `move`, `limits`) or the heartbeat (`connect`,
+    /// waits on (`acquire`, `job_take`, `borrow`, `move`, `limits`) or the heartbeat (`connect`,
     /// `renew`) failed in a row, or at once when the heartbeat could not reach Redis at all
     /// (connection refused or dropped). A heartbeat call that only timed out counts like any
     /// other: a busy replica (its answer read late) is not an outage, and its leases live on
