@@ -35,13 +35,7 @@ fn review() -> Value {
 
 #[tokio::test]
 async fn a_question_preempts_a_job_that_resumes_to_the_uninterrupted_answer() {
-    let h = start(Backend::Local, FASTER, |c| {
-        c.jobs.preempt = true;
-        for lane in Lane::ALL {
-            set_lane(c, lane, 1);
-        }
-    })
-    .await;
+    let h = preempting(Backend::Local, |_| {}).await;
     let base = h.base();
     // Three identical reviews take large's seat, then medium's, then small's.
     let body = review();
@@ -149,12 +143,8 @@ async fn jobs_that_may_not_be_preempted_keep_to_their_own_lane_across_replicas()
 }
 
 async fn jobs_kept_to_their_own_lane(backend: Backend) {
-    let h = start(backend, FASTER, |c| {
-        c.jobs.preempt = true;
+    let h = preempting(backend, |c| {
         c.jobs.max_preemptions = 0;
-        for lane in Lane::ALL {
-            set_lane(c, lane, 1);
-        }
     })
     .await;
     let base = h.base();
@@ -278,13 +268,9 @@ async fn a_preempted_job_stays_out_for_the_cooldown_across_replicas() {
 }
 
 async fn cooldown(backend: Backend) {
-    let h = start(backend, FASTER, |c| {
-        c.jobs.preempt = true;
+    let h = preempting(backend, |c| {
         // Longer than the test: whatever the machine's speed, it is still running at the end.
         c.jobs.preempt_cooldown = std::time::Duration::from_secs(600);
-        for lane in Lane::ALL {
-            set_lane(c, lane, 1);
-        }
     })
     .await;
     let base = h.base();
@@ -344,23 +330,8 @@ async fn cooldown(backend: Backend) {
 /// uninterrupted one, every token counted once, no run started over.
 #[tokio::test]
 async fn a_job_preempted_on_one_replica_is_continued_on_another() {
-    use jobs::{on_redis, quota_drains, redis_conn};
-    let redis = redis_common::RedisServer::start();
-    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(FASTER))
-        .await
-        .unwrap();
-    let mut c = tutor_gateway::config::Config::default();
-    c.upstream.base_url = sim.url();
-    c.telemetry.request_log = tutor_gateway::config::RequestLogSink::Off;
-    on_redis(&mut c, &redis);
-    c.jobs.preempt = true;
-    for lane in Lane::ALL {
-        set_lane(&mut c, lane, 1);
-    }
-    let gateway = |c: tutor_gateway::config::Config| async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        tutor_gateway::server::start(c, listener).unwrap()
-    };
+    use jobs::{quota_drains, redis_conn};
+    let (redis, sim, c) = fleet(|c| c.jobs.preempt = true).await;
     let a = gateway(c.clone()).await;
     let a_url = a.url();
     // Three identical reviews take, on A, large's seat, then medium's, then small's.
@@ -536,36 +507,7 @@ async fn a_preemptible_answer_gives_its_seat_back_and_goes_on_without_a_break() 
     assert_eq!(json(&q[0].1)["lane"], "medium", "{q:?}");
     assert_eq!(q.last().unwrap().0, "done", "{q:?}");
     let (plain, marked) = (plain.await.unwrap(), marked.await.unwrap());
-    let text = |body: &str| -> String {
-        sse(body)
-            .iter()
-            .filter(|(e, _)| e == "token")
-            .map(|(_, d)| json(d)["text"].as_str().unwrap().to_owned())
-            .collect()
-    };
-    let events = sse(&marked);
-    assert_eq!(json(&sse(&plain)[0].1)["lane"], "large", "{plain}");
-    assert_eq!(json(&events[0].1)["lane"], "large", "{marked}");
-    let notices: Vec<&(String, String)> = events
-        .iter()
-        .filter(|(e, d)| e == "meta" && d.contains("preempted"))
-        .collect();
-    assert_eq!(notices.len(), 1, "told once: {notices:?}");
-    assert_eq!(json(&notices[0].1)["preempted"], 1);
-    let done = json(&events.last().unwrap().1);
-    assert_eq!(events.last().unwrap().0, "done", "{marked}");
-    assert_eq!(
-        done["usage"]["output_tokens"], REVIEW_TOKENS,
-        "every token once"
-    );
-    assert_eq!(done["finish_reason"], "length");
-    assert_eq!(text(&marked), text(&plain), "the uninterrupted answer");
-    // Its token events are numbered 1..n without a gap or a repeat.
-    let ids: Vec<u32> = marked
-        .lines()
-        .filter_map(|l| l.strip_prefix("id: ")?.parse().ok())
-        .collect();
-    assert_eq!(ids, (1..=ids.len() as u32).collect::<Vec<_>>());
+    pre_empted_once_without_a_break(&marked, &plain);
     eventually("every seat back", || h.idle()).await;
     let m = h.metrics_text().await;
     assert_eq!(
@@ -606,24 +548,12 @@ async fn a_preemptible_answer_gives_its_seat_back_and_goes_on_without_a_break() 
 /// answer's. Every seat comes back, and no borrower or ask is left in Redis.
 #[tokio::test]
 async fn a_preemptible_answer_on_one_replica_gives_its_seat_to_a_question_on_another() {
-    use jobs::{on_redis, quota_drains, redis_conn};
-    let redis = redis_common::RedisServer::start();
-    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(FASTER))
-        .await
-        .unwrap();
-    let mut c = tutor_gateway::config::Config::default();
-    c.upstream.base_url = sim.url();
-    c.telemetry.request_log = tutor_gateway::config::RequestLogSink::Off;
-    on_redis(&mut c, &redis);
-    c.jobs.preempt_answers = tutor_gateway::config::PreemptAnswers::Marked;
-    c.jobs.preempt_notice = true;
-    for lane in Lane::ALL {
-        set_lane(&mut c, lane, 1);
-    }
-    let gateway = |c: tutor_gateway::config::Config| async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        tutor_gateway::server::start(c, listener).unwrap()
-    };
+    use jobs::{quota_drains, redis_conn};
+    let (redis, sim, c) = fleet(|c| {
+        c.jobs.preempt_answers = tutor_gateway::config::PreemptAnswers::Marked;
+        c.jobs.preempt_notice = true;
+    })
+    .await;
     let (a, b) = (gateway(c.clone()).await, gateway(c).await);
     let mut conn = redis_conn(&redis).await;
     let seated = |mut conn: redis::aio::MultiplexedConnection| async move {
@@ -692,31 +622,7 @@ async fn a_preemptible_answer_on_one_replica_gives_its_seat_to_a_question_on_ano
     assert_eq!(json(&q[0].1)["lane"], "medium", "{q:?}");
     assert_eq!(q.last().unwrap().0, "done", "{q:?}");
     let (plain, marked) = (plain.await.unwrap(), marked.await.unwrap());
-    let text = |body: &str| -> String {
-        sse(body)
-            .iter()
-            .filter(|(e, _)| e == "token")
-            .map(|(_, d)| json(d)["text"].as_str().unwrap().to_owned())
-            .collect()
-    };
-    let events = sse(&marked);
-    let notices = events
-        .iter()
-        .filter(|(e, d)| e == "meta" && d.contains("preempted"))
-        .count();
-    assert_eq!(notices, 1, "pre-empted once, told once: {marked}");
-    let done = json(&events.last().unwrap().1);
-    assert_eq!(events.last().unwrap().0, "done", "{marked}");
-    assert_eq!(
-        done["usage"]["output_tokens"], REVIEW_TOKENS,
-        "every token once"
-    );
-    assert_eq!(text(&marked), text(&plain), "the uninterrupted answer");
-    let ids: Vec<u32> = marked
-        .lines()
-        .filter_map(|l| l.strip_prefix("id: ")?.parse().ok())
-        .collect();
-    assert_eq!(ids, (1..=ids.len() as u32).collect::<Vec<_>>());
+    pre_empted_once_without_a_break(&marked, &plain);
     assert_eq!(
         metric(
             &tutor_testkit::metrics_text(&a.url()).await,
@@ -744,4 +650,86 @@ async fn a_preemptible_answer_on_one_replica_gives_its_seat_to_a_question_on_ano
     a.shutdown().await;
     b.shutdown().await;
     sim.shutdown().await;
+}
+
+/// `marked`, a large `/answer` stream pre-empted once (`jobs.preempt_notice` on), reads as one
+/// unbroken answer: one `meta` notice, token events numbered 1..n without a gap or a repeat,
+/// every output token counted once, and the text of `plain` (the same review, never
+/// pre-empted).
+fn pre_empted_once_without_a_break(marked: &str, plain: &str) {
+    let text = |body: &str| -> String {
+        sse(body)
+            .iter()
+            .filter(|(e, _)| e == "token")
+            .map(|(_, d)| json(d)["text"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let events = sse(marked);
+    assert_eq!(json(&sse(plain)[0].1)["lane"], "large", "{plain}");
+    assert_eq!(json(&events[0].1)["lane"], "large", "{marked}");
+    let notices: Vec<&(String, String)> = events
+        .iter()
+        .filter(|(e, d)| e == "meta" && d.contains("preempted"))
+        .collect();
+    assert_eq!(notices.len(), 1, "told once: {notices:?}");
+    assert_eq!(json(&notices[0].1)["preempted"], 1);
+    let done = json(&events.last().unwrap().1);
+    assert_eq!(events.last().unwrap().0, "done", "{marked}");
+    assert_eq!(
+        done["usage"]["output_tokens"], REVIEW_TOKENS,
+        "every token once"
+    );
+    assert_eq!(done["finish_reason"], "length");
+    assert_eq!(text(marked), text(plain), "the uninterrupted answer");
+    let ids: Vec<u32> = marked
+        .lines()
+        .filter_map(|l| l.strip_prefix("id: ")?.parse().ok())
+        .collect();
+    assert_eq!(ids, (1..=ids.len() as u32).collect::<Vec<_>>());
+}
+
+/// A Redis and a simulator for a fleet of gateways, and their config: the quota on that Redis,
+/// one seat in each lane, `tweak`ed. Start each replica with [`gateway`].
+async fn fleet(
+    tweak: impl FnOnce(&mut tutor_gateway::config::Config),
+) -> (
+    redis_common::RedisServer,
+    vllm_sim::SimServer,
+    tutor_gateway::config::Config,
+) {
+    let redis = redis_common::RedisServer::start();
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(FASTER))
+        .await
+        .unwrap();
+    let mut c = tutor_gateway::config::Config::default();
+    c.upstream.base_url = sim.url();
+    c.telemetry.request_log = tutor_gateway::config::RequestLogSink::Off;
+    jobs::on_redis(&mut c, &redis);
+    for lane in Lane::ALL {
+        set_lane(&mut c, lane, 1);
+    }
+    tweak(&mut c);
+    (redis, sim, c)
+}
+
+/// A gateway replica with config `c`.
+async fn gateway(c: tutor_gateway::config::Config) -> tutor_gateway::server::Gateway {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    tutor_gateway::server::start(c, listener).unwrap()
+}
+
+/// A gateway and simulator on `backend` with `jobs.preempt` on and one seat in each lane,
+/// `tweak`ed.
+async fn preempting(
+    backend: Backend,
+    tweak: impl FnOnce(&mut tutor_gateway::config::Config),
+) -> jobs::JobsHarness {
+    start(backend, FASTER, |c| {
+        c.jobs.preempt = true;
+        for lane in Lane::ALL {
+            set_lane(c, lane, 1);
+        }
+        tweak(c);
+    })
+    .await
 }
