@@ -16,6 +16,7 @@ use serde_json::json;
 use tutor_gateway::admission::Admission;
 use tutor_gateway::autopilot::leader::Lease;
 use tutor_gateway::config::{Config, QuotaBackend, RedisUrl, TtftObjective};
+use tutor_gateway::lane::Lane;
 use tutor_gateway::server::Gateway;
 
 /// Reads a series from the gateway's metrics.
@@ -252,6 +253,136 @@ async fn long_engine_steps_turn_pieces_on_and_the_next_long_prompt_is_pieced() {
         assert!(tokio::time::Instant::now() < deadline, "never pieced");
     }
     assert!(series(&h, "tutor_gateway_prefill_pieces_total").await >= 1.0);
+    eventually("every seat and token back", || h.idle()).await;
+    h.shutdown().await;
+}
+
+const SMALL_SEATS: &str = "tutor_gateway_autopilot_small_seats";
+
+/// Streams held in decode (the engine's second token comes in ten minutes), of lane
+/// medium (1,500 prompt words and 500 tokens out: over small's 1,200 of work); aborting a
+/// handle leaves, queued or admitted.
+fn held_mediums(h: &Harness, n: usize, salt: &str) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..n)
+        .map(|i| {
+            let body = json!({"messages": [{"role": "user",
+                                             "content": words(1500, &format!("{salt} {i}"))}],
+                              "max_tokens": 500, "stream": true});
+            let req = client().post(h.url("/v1/chat/completions")).json(&body);
+            tokio::spawn(async move {
+                let mut resp = send(req).await;
+                while let Ok(Some(_)) = resp.chunk().await {}
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn questions_that_wait_for_seats_raise_the_small_reservation_and_a_met_objective_lowers_it() {
+    // First tokens at once, then nothing for ten minutes: admitted streams hold their seats.
+    let held = flags("--profile fixed --fixed-ttft-ms 1 --fixed-itl-ms 600000");
+    let h = harness(&held, |c| {
+        piloted(c, 1);
+        // Eight seats: small reserves 1, medium 1 and may borrow up to 7, large 1. The
+        // reservation may grow to 8 - 1 - 1 = 6.
+        c.admission.seats = std::num::NonZeroU32::new(8).unwrap();
+        set_lane(c, Lane::Small, 1);
+        c.lanes.small.ceiling = std::num::NonZeroU32::new(8).unwrap();
+        set_lane(c, Lane::Medium, 1);
+        c.lanes.medium.ceiling = std::num::NonZeroU32::new(7).unwrap();
+        set_lane(c, Lane::Large, 1);
+    })
+    .await;
+    // Medium borrows every seat nobody reserved.
+    let mediums = held_mediums(&h, 7, "first");
+    eventually("seven mediums in", || h.in_flight(Lane::Medium) == 7).await;
+    // Bursts of 16 questions: as many as small's seats admit, the rest wait (max_tokens 1: each
+    // ends at its first token). The 1 ms objective is missed by every one of them, and more
+    // than half waited for a seat while the reservation is under 8.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while series(&h, SMALL_SEATS).await < 6.0 {
+        if tokio::time::Instant::now() >= deadline {
+            let m = h.metrics_text().await;
+            let lines: Vec<&str> = m
+                .lines()
+                .filter(|l| {
+                    !l.starts_with('#')
+                        && (l.contains("autopilot") || l.contains("queue_wait_seconds_sum"))
+                })
+                .collect();
+            panic!("never at the ceiling: {lines:#?}");
+        }
+        let url = h.url("/v1/chat/completions");
+        let burst = (0..16).map(|i| {
+            let body = json!({"messages": [{"role": "user", "content": format!("why {i}?")}],
+                              "max_tokens": 1});
+            let req = client().post(&url).json(&body);
+            async move {
+                let resp = send(req).await;
+                assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+            }
+        });
+        futures::future::join_all(burst).await;
+        assert!(series(&h, SMALL_SEATS).await <= 6.0, "above the ceiling");
+    }
+    let m = h.metrics_text().await;
+    let decided = |reason: &str| {
+        metric(
+            &m,
+            &format!("tutor_gateway_autopilot_adjustments_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    assert!(decided("reserve_up") >= 1.0);
+    assert_eq!(decided("reserve_down"), 0.0);
+    // In force: with the questions gone, medium borrows only what the reservation leaves.
+    for m in mediums {
+        m.abort();
+    }
+    eventually("the mediums gone", || h.idle()).await;
+    let mediums = held_mediums(&h, 7, "second");
+    eventually("two mediums in, five waiting", || {
+        h.in_flight(Lane::Medium) == 2 && h.queued(Lane::Medium) == 5
+    })
+    .await;
+    assert_eq!(series(&h, SMALL_SEATS).await, 6.0);
+    assert_eq!(
+        h.in_flight(Lane::Medium),
+        2,
+        "8 seats - 6 reserved for questions"
+    );
+    for m in mediums {
+        m.abort();
+    }
+    eventually("the mediums gone", || h.idle()).await;
+    // An objective of an hour, met with headroom: the reservation comes back down a seat at
+    // a time, to the configured one and never below.
+    let mut relaxed = h.gw.state.config().as_ref().clone();
+    relaxed.lanes.small.ttft_slo = objective(3_600_000);
+    tutor_gateway::pipeline::reload::apply(&h.gw.state, relaxed).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while series(&h, SMALL_SEATS).await > 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never back to the configured reservation"
+        );
+        // One question at a time, each ending at its first token: no waits, far within an hour.
+        let body = json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 1});
+        let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+        assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    }
+    assert_eq!(
+        series(&h, SMALL_SEATS).await,
+        1.0,
+        "never below the configured one"
+    );
+    assert!(
+        series(
+            &h,
+            "tutor_gateway_autopilot_adjustments_total{reason=\"reserve_down\"}"
+        )
+        .await
+            >= 5.0
+    );
     eventually("every seat and token back", || h.idle()).await;
     h.shutdown().await;
 }

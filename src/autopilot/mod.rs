@@ -10,7 +10,9 @@
 //! lane's seats (its `max_concurrency` and `ceiling`) between their floors and the configured
 //! values. The result is put in force as a reload puts limits in force (nothing running is cut;
 //! a lowered lane admits no one until it is under its new limit). The large lane's own objective,
-//! if any, is not judged: throttling the large lane cannot help it.
+//! if any, is not judged: throttling the large lane cannot help it. A third knob, the small
+//! lane's reservation ([`reserve`], `autopilot.reserve_small_seats`), goes up when questions
+//! miss their objective waiting for seats, and back down while it holds with headroom.
 //!
 //! With `autopilot.enabled = false` (the default) it changes nothing: the configured values
 //! hold exactly. It reads the configuration in force at each look, so a reload turns it on or
@@ -26,6 +28,7 @@
 pub mod controller;
 pub mod leader;
 pub mod piecing;
+pub mod reserve;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -36,9 +39,12 @@ use tokio_util::task::TaskTracker;
 use crate::config::{Config, Policy};
 use crate::lane::Lane;
 use crate::pipeline::AppState;
+use crate::telemetry::autopilot_metrics::Knobs;
+use crate::telemetry::ttft_window::TtftWindow;
 use crate::telemetry::Line;
 use controller::{Bounds, Controller, Gains, Pace, Reading, Step};
 use piecing::{PieceController, PieceStep};
+use reserve::{Reserve, ReserveBounds, ReserveGains, ReserveStep, SmallReading};
 
 /// How long a leader stopping may take to put the configured values back.
 const HAND_BACK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -64,8 +70,10 @@ pub fn start(state: AppState, stop: CancellationToken, tasks: &TaskTracker) {
 #[derive(Default)]
 struct Pilot {
     controller: Option<Controller>,
+    /// The small lane's reservation.
+    reserve: Option<Reserve>,
     /// The configuration and the knobs last put in force by the autopilot.
-    applied: Option<(Arc<Config>, Pace)>,
+    applied: Option<(Arc<Config>, Pace, u32)>,
     /// Whether "not with this configuration" was logged.
     told: bool,
     /// With the Redis quota: this replica's claim to lead.
@@ -86,12 +94,13 @@ impl Pilot {
                 self.hand_back(state).await;
             }
             self.controller = None;
+            self.reserve = None;
             self.stop_pieces(state);
             if config.autopilot.enabled && !self.told {
                 tracing::warn!(why, "autopilot: enabled but off");
                 self.told = true;
             }
-            metrics.set(false, bounds.max.prefill_budget, bounds.max.large_seats);
+            metrics.set(false, knobs(bounds.max, reserve_bounds(&config).min));
             metrics.leads(false);
             return;
         }
@@ -102,12 +111,13 @@ impl Pilot {
             if !leads {
                 // The leader's values are in force (or, until one leads, the configured ones).
                 self.controller = None;
+                self.reserve = None;
                 self.applied = None;
-                let (budget, seats) = redis
+                let in_force = redis
                     .shared_knobs()
                     .await
-                    .unwrap_or((bounds.max.prefill_budget, bounds.max.large_seats));
-                metrics.set(true, budget, seats);
+                    .unwrap_or(knobs(bounds.max, reserve_bounds(&config).min));
+                metrics.set(true, in_force);
                 return;
             }
         } else {
@@ -159,6 +169,7 @@ impl Pilot {
             // cost reviews nothing); a miss does not tighten the budget or the seats meanwhile.
             reading.window = reading.window.map(|w| w.min(1.0));
         }
+        let small_seats = self.pace_reserve(state, &config, now);
         let starving = starving(state, &config);
         let controller = self
             .controller
@@ -181,25 +192,76 @@ impl Pilot {
                 "autopilot"
             );
         }
-        let stale = self
-            .applied
-            .as_ref()
-            .is_none_or(|(c, p)| !Arc::ptr_eq(c, &config) || *p != pace)
-            || redis.is_some_and(|r| !r.paced_record_in_force() && !r.pushed_record_in_force());
+        let stale =
+            self.applied.as_ref().is_none_or(|(c, p, s)| {
+                !Arc::ptr_eq(c, &config) || *p != pace || *s != small_seats
+            }) || redis.is_some_and(|r| !r.paced_record_in_force() && !r.pushed_record_in_force());
         if stale {
+            let limits = paced(&config, pace, small_seats);
             let in_force = match redis {
                 None => {
-                    state.admission().set_limits(&paced(&config, pace), false);
+                    state.admission().set_limits(&limits, false);
                     true
                 }
                 // Redis did not answer: again at the next look.
-                Some(r) => r.publish_paced(&paced(&config, pace)).await.is_some(),
+                Some(r) => r.publish_paced(&limits).await.is_some(),
             };
             if in_force {
-                self.applied = Some((config, pace));
+                self.applied = Some((config, pace, small_seats));
             }
         }
-        metrics.set(true, pace.prefill_budget, pace.large_seats);
+        metrics.set(true, knobs(pace, small_seats));
+    }
+
+    /// One look at the small lane's objective and its waits: moves its reservation
+    /// ([`reserve`]). The reservation in force.
+    fn pace_reserve(
+        &mut self,
+        state: &AppState,
+        config: &Config,
+        now: tokio::time::Instant,
+    ) -> u32 {
+        let bounds = reserve_bounds(config);
+        let reserve = self.reserve.get_or_insert_with(|| Reserve::new(bounds));
+        let ap = &config.autopilot;
+        let reading = config
+            .lanes
+            .small
+            .ttft_slo
+            .map_or_else(SmallReading::default, |o| {
+                let since = reserve.changed_at().map_or(ap.window, |at| {
+                    now.saturating_duration_since(at).min(ap.window)
+                });
+                small_reading(
+                    state.metrics().ttft_window(),
+                    o.target.as_secs_f64(),
+                    o.quantile(),
+                    (ap.window, since),
+                    ap.min_samples as usize,
+                )
+            });
+        let gains = ReserveGains {
+            tighten_percent: ap.tighten_percent,
+            loosen_seats: ap.loosen_large_seats,
+            headroom_percent: ap.headroom_percent,
+            hold: ap.hold,
+        };
+        let before = reserve.seats();
+        let step = reserve.step(now, reading, bounds, gains);
+        if let Some(reason) = step.reason() {
+            state.metrics().autopilot().adjusted(reason);
+        }
+        if step != ReserveStep::Hold {
+            tracing::info!(
+                reason = step.reason().unwrap_or("hold"),
+                small_objective_ratio = reading.window.unwrap_or(0.0),
+                small_wait_ratio = reading.waited.unwrap_or(0.0),
+                small_seats = reserve.seats(),
+                small_seats_before = before,
+                "autopilot reserve"
+            );
+        }
+        reserve.seats()
     }
 
     /// One look at the engine's steps: moves the piece size (`piecing`). Whether the pieces
@@ -297,6 +359,64 @@ fn off(config: &Config) -> Option<&'static str> {
     }
 }
 
+/// The small lane's objective read for its reservation: the quantile over the target over
+/// `window` and since `since` (each with `min_samples` first tokens), and the same quantile of
+/// those first tokens' waits for admission over the target.
+fn small_reading(
+    window: &TtftWindow,
+    target: f64,
+    q: f64,
+    (over, since): (std::time::Duration, std::time::Duration),
+    min_samples: usize,
+) -> SmallReading {
+    let ratio = |span| {
+        window
+            .quantile(Lane::Small, q, span)
+            .filter(|w| w.samples >= min_samples)
+            .map(|w| w.seconds / target)
+    };
+    SmallReading {
+        window: ratio(over),
+        since_change: ratio(since),
+        waited: window
+            .wait_quantile(Lane::Small, q, over)
+            .filter(|w| w.samples >= min_samples)
+            .map(|w| w.seconds / target),
+    }
+}
+
+/// Where the small lane's reservation may go under `config`: from the configured one up to
+/// its ceiling and the seats the other lanes' configured reservations leave; nowhere under
+/// `autopilot.reserve_small_seats = false` or a policy other than `lanes`.
+fn reserve_bounds(config: &Config) -> ReserveBounds {
+    let small = &config.lanes.small;
+    let min = small.max_concurrency.get();
+    if !config.autopilot.reserve_small_seats || config.admission.policy != Policy::Lanes {
+        return ReserveBounds { min, max: min };
+    }
+    let others: u32 = [Lane::Medium, Lane::Large]
+        .into_iter()
+        .map(|l| config.lanes.get(l).max_concurrency.get())
+        .fold(0, u32::saturating_add);
+    let max = config
+        .admission
+        .seats
+        .get()
+        .saturating_sub(others)
+        .min(small.ceiling.get())
+        .max(min);
+    ReserveBounds { min, max }
+}
+
+/// The knobs as the metrics show them.
+fn knobs(pace: Pace, small_seats: u32) -> Knobs {
+    Knobs {
+        prefill_budget: pace.prefill_budget,
+        large_seats: pace.large_seats,
+        small_seats,
+    }
+}
+
 /// The knobs' floors and ceilings under `config`: the configured prefill budget and the large
 /// lane's ceiling above, `autopilot.min_prefill_budget_tokens` (at least one long prompt) and
 /// `autopilot.min_large_seats` below.
@@ -322,9 +442,12 @@ fn bounds(config: &Config) -> Bounds {
     }
 }
 
-/// `config` with the knobs at `pace`.
-fn paced(config: &Config, pace: Pace) -> Config {
+/// `config` with the knobs at `pace` and the small lane's reservation at `small_seats`.
+fn paced(config: &Config, pace: Pace, small_seats: u32) -> Config {
     let mut c = config.clone();
+    let small = NonZeroU32::new(small_seats).unwrap_or(c.lanes.small.max_concurrency);
+    c.lanes.small.max_concurrency = small;
+    c.lanes.small.ceiling = c.lanes.small.ceiling.max(small);
     c.admission.prefill_budget_tokens = pace.prefill_budget;
     let seats = NonZeroU32::new(pace.large_seats).unwrap_or(NonZeroU32::MIN);
     c.lanes.large.ceiling = seats;

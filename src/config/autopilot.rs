@@ -68,6 +68,9 @@ pub struct RawAutopilot {
     pub max_large_wait_ms: Option<u64>,
     /// Whether the autopilot prefills long prompts in pieces when it sees long engine steps.
     pub pieces: Option<bool>,
+    /// Whether the autopilot raises the small lane's reserved seats when its objective is
+    /// missed while its requests wait for seats.
+    pub reserve_small_seats: Option<bool>,
     /// A stream's longest gap between tokens above this percent of its typical gap is a long
     /// step.
     pub long_step_percent: Option<u32>,
@@ -112,6 +115,11 @@ pub struct AutopilotConfig {
     /// it sees long engine steps; only while `admission.prefill_piece_tokens` is 0 (a
     /// configured size is used as it is).
     pub pieces: bool,
+    /// Whether the autopilot raises the small lane's reservation (its `max_concurrency`, up to
+    /// the seats the other lanes' reservations leave) while the small lane misses its objective
+    /// waiting for seats, and lowers it back while the objective holds with headroom
+    /// (`crate::autopilot::reserve`).
+    pub reserve_small_seats: bool,
     /// Long steps are seen when the streams' longest gaps between tokens (their 90th
     /// percentile) pass this percent of their typical gap (the median of their mean gaps).
     pub long_step_percent: u32,
@@ -216,6 +224,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawAutopilot) -> AutopilotConfig {
             MAX_LARGE_WAIT_MS,
         ),
         pieces: raw.pieces.unwrap_or(true),
+        reserve_small_seats: raw.reserve_small_seats.unwrap_or(true),
         long_step_percent: long_step_percent.clamp(101, 10_000),
         min_piece_tokens: min_piece_tokens.min(max_piece_tokens),
         max_piece_tokens,

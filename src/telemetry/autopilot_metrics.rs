@@ -7,17 +7,31 @@ use super::registered::{counter_vec, registered};
 use crate::lane::Lane;
 
 /// Reasons an adjustment is counted under.
-pub const REASONS: [&str; 9] = [
+pub const REASONS: [&str; 12] = [
     "tighten",
     "loosen",
     "at_floor",
     "rescue",
+    "reserve_up",
+    "reserve_down",
+    "reserve_at_ceiling",
     "pieces_on",
     "pieces_smaller",
     "pieces_at_floor",
     "pieces_larger",
     "pieces_off",
 ];
+
+/// The limits the autopilot moves, as in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Knobs {
+    /// The prefill budget, tokens.
+    pub prefill_budget: u64,
+    /// The large lane's seats (its ceiling).
+    pub large_seats: u32,
+    /// The small lane's reserved seats (its `max_concurrency`).
+    pub small_seats: u32,
+}
 
 /// The autopilot's families.
 #[derive(Debug, Clone)]
@@ -26,6 +40,7 @@ pub struct AutopilotMetrics {
     leader: IntGauge,
     prefill_budget: IntGauge,
     large_seats: IntGauge,
+    small_seats: IntGauge,
     quantile: GaugeVec,
     ratio: GaugeVec,
     adjustments: IntCounterVec,
@@ -59,6 +74,11 @@ impl AutopilotMetrics {
                 "tutor_gateway_autopilot_large_seats",
                 "The large lane's seats in force, as the autopilot set them (the configured value when off).",
             ),
+            small_seats: gauge(
+                "tutor_gateway_autopilot_small_seats",
+                "The small lane's reserved seats in force (its max_concurrency), as the autopilot \
+                 set them (the configured value when off).",
+            ),
             quantile: gauge_vec(
                 "tutor_gateway_autopilot_ttft_quantile_seconds",
                 "Per lane with an objective: the objective's quantile of time to first token over the \
@@ -73,8 +93,9 @@ impl AutopilotMetrics {
                 "tutor_gateway_autopilot_adjustments_total",
                 "Autopilot decisions by reason: tighten (an objective missed), loosen (every objective \
                  held with headroom), at_floor (missed with the knobs at their floors), rescue (the \
-                 large lane starving: knobs raised whatever the objectives), and for the piece \
-                 size pieces_on, pieces_smaller, pieces_at_floor (long engine steps), \
+                 large lane starving: knobs raised whatever the objectives), for the small lane's \
+                 reservation reserve_up (its objective at risk while waiting for seats), reserve_down \
+                 (held with headroom), reserve_at_ceiling, and for the piece size pieces_on, pieces_smaller, pieces_at_floor (long engine steps), \
                  pieces_larger, pieces_off (short steps with headroom).",
                 &["reason"],
             ),
@@ -107,11 +128,12 @@ impl AutopilotMetrics {
     }
 
     /// Whether the autopilot runs, and the knobs in force.
-    pub fn set(&self, enabled: bool, prefill_budget: u64, large_seats: u32) {
+    pub fn set(&self, enabled: bool, knobs: Knobs) {
         self.enabled.set(i64::from(enabled));
         self.prefill_budget
-            .set(i64::try_from(prefill_budget).unwrap_or(i64::MAX));
-        self.large_seats.set(i64::from(large_seats));
+            .set(i64::try_from(knobs.prefill_budget).unwrap_or(i64::MAX));
+        self.large_seats.set(i64::from(knobs.large_seats));
+        self.small_seats.set(i64::from(knobs.small_seats));
     }
 
     /// Whether this replica's autopilot leads.

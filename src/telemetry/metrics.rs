@@ -529,7 +529,8 @@ impl Metrics {
             self.time_to_first_token
                 .with_label_values(&l)
                 .observe(secs(v));
-            self.ttft_window.observe(lane, secs(v));
+            let waited = split.queue_wait_ms.map_or(0.0, secs);
+            self.ttft_window.observe(lane, secs(v), waited);
         }
         if let Some(v) = split.prefill_ms {
             self.prefill.with_label_values(&l).observe(secs(v));

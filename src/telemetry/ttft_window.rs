@@ -1,7 +1,8 @@
 //! The lanes' recent times to first token, for the autopilot (`crate::autopilot`): a bounded
-//! ring of `(when, seconds)` per lane, read as a quantile over a sliding window. A request
-//! refused for waiting too long (`queue_timeout`, `queue_full`) counts as a first token that
-//! never came (infinitely late), so an objective is never met by refusing requests.
+//! ring of `(when, seconds, seconds waited for admission)` per lane, read as a quantile over a
+//! sliding window. A request refused for waiting too long (`queue_timeout`, `queue_full`)
+//! counts as a first token that never came (infinitely late, and an endless wait), so an
+//! objective is never met by refusing requests.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -24,42 +25,71 @@ pub struct WindowQuantile {
     pub samples: usize,
 }
 
+/// One first token: when, seconds after arrival, seconds of that spent waiting for admission.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at: Instant,
+    ttft: f64,
+    waited: f64,
+}
+
 /// The per-lane rings.
 #[derive(Debug, Default)]
 pub struct TtftWindow {
-    lanes: [Mutex<VecDeque<(Instant, f64)>>; 3],
+    lanes: [Mutex<VecDeque<Sample>>; 3],
 }
 
 impl TtftWindow {
-    /// One first token of `lane`, `seconds` after arrival.
-    pub fn observe(&self, lane: Lane, seconds: f64) {
+    /// One first token of `lane`, `seconds` after arrival, of which `waited` in the gateway's
+    /// queue (a seat, tokens or prefill room).
+    pub fn observe(&self, lane: Lane, seconds: f64, waited: f64) {
         let mut ring = self.ring(lane);
         if ring.len() == MAX_SAMPLES {
             ring.pop_front();
         }
-        ring.push_back((Instant::now(), seconds));
+        ring.push_back(Sample {
+            at: Instant::now(),
+            ttft: seconds,
+            waited,
+        });
     }
 
     /// A request of `lane` refused for its wait: a first token that never came.
     pub fn missed(&self, lane: Lane) {
-        self.observe(lane, f64::INFINITY);
+        self.observe(lane, f64::INFINITY, f64::INFINITY);
     }
 
-    /// The nearest-rank `q` quantile of `lane`'s samples of the last `window`; `None` without
-    /// samples. Drops older samples.
+    /// The nearest-rank `q` quantile of `lane`'s times to first token of the last `window`;
+    /// `None` without samples. Drops older samples.
     pub fn quantile(&self, lane: Lane, q: f64, window: Duration) -> Option<WindowQuantile> {
+        self.quantile_of(lane, q, window, |s| s.ttft)
+    }
+
+    /// The same quantile of the waits for admission of those first tokens: how much of the
+    /// time to first token the gateway's queue took.
+    pub fn wait_quantile(&self, lane: Lane, q: f64, window: Duration) -> Option<WindowQuantile> {
+        self.quantile_of(lane, q, window, |s| s.waited)
+    }
+
+    fn quantile_of(
+        &self,
+        lane: Lane,
+        q: f64,
+        window: Duration,
+        pick: fn(&Sample) -> f64,
+    ) -> Option<WindowQuantile> {
         let mut ring = self.ring(lane);
         let now = Instant::now();
         while ring
             .front()
-            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > window)
+            .is_some_and(|s| now.saturating_duration_since(s.at) > window)
         {
             ring.pop_front();
         }
         if ring.is_empty() {
             return None;
         }
-        let mut values: Vec<f64> = ring.iter().map(|(_, v)| *v).collect();
+        let mut values: Vec<f64> = ring.iter().map(pick).collect();
         drop(ring);
         values.sort_by(f64::total_cmp);
         let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
@@ -69,7 +99,7 @@ impl TtftWindow {
         })
     }
 
-    fn ring(&self, lane: Lane) -> std::sync::MutexGuard<'_, VecDeque<(Instant, f64)>> {
+    fn ring(&self, lane: Lane) -> std::sync::MutexGuard<'_, VecDeque<Sample>> {
         self.lanes[lane.index()]
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -84,7 +114,7 @@ mod tests {
     async fn the_quantile_reads_only_the_window_and_counts_refusals_as_late() {
         let w = TtftWindow::default();
         for i in 1..=100 {
-            w.observe(Lane::Small, f64::from(i) / 100.0);
+            w.observe(Lane::Small, f64::from(i) / 100.0, 0.0);
         }
         let q = w
             .quantile(Lane::Small, 0.99, Duration::from_secs(30))
@@ -94,7 +124,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(31)).await;
         assert_eq!(w.quantile(Lane::Small, 0.5, Duration::from_secs(30)), None);
         for _ in 0..98 {
-            w.observe(Lane::Small, 0.1);
+            w.observe(Lane::Small, 0.1, 0.0);
         }
         w.missed(Lane::Small);
         w.missed(Lane::Small);
@@ -102,13 +132,47 @@ mod tests {
             .quantile(Lane::Small, 0.99, Duration::from_secs(30))
             .unwrap();
         assert!(q.seconds.is_infinite(), "{q:?}");
+        let waited = w
+            .wait_quantile(Lane::Small, 0.99, Duration::from_secs(30))
+            .unwrap();
+        assert!(
+            waited.seconds.is_infinite(),
+            "a refusal is an endless wait: {waited:?}"
+        );
+        assert_eq!(
+            w.wait_quantile(Lane::Small, 0.5, Duration::from_secs(30))
+                .map(|q| q.seconds),
+            Some(0.0)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_quantile_reads_the_waits_of_the_same_first_tokens() {
+        let w = TtftWindow::default();
+        for i in 1..=100 {
+            // The slow first tokens are the ones that waited.
+            let ttft = f64::from(i) / 100.0;
+            w.observe(Lane::Small, ttft, if i > 90 { ttft - 0.05 } else { 0.0 });
+        }
+        let window = Duration::from_secs(30);
+        assert_eq!(
+            w.wait_quantile(Lane::Small, 0.99, window)
+                .map(|q| q.seconds),
+            Some(0.99 - 0.05)
+        );
+        assert_eq!(
+            w.wait_quantile(Lane::Small, 0.9, window).map(|q| q.seconds),
+            Some(0.0)
+        );
+        tokio::time::advance(Duration::from_secs(31)).await;
+        assert_eq!(w.wait_quantile(Lane::Small, 0.99, window), None);
     }
 
     #[test]
     fn the_ring_is_bounded() {
         let w = TtftWindow::default();
         for _ in 0..MAX_SAMPLES + 10 {
-            w.observe(Lane::Medium, 0.2);
+            w.observe(Lane::Medium, 0.2, 0.0);
         }
         let q = w
             .quantile(Lane::Medium, 0.5, Duration::from_secs(60))

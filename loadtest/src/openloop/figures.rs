@@ -200,6 +200,9 @@ pub struct TracePoint {
     pub piece_tokens: f64,
     /// `tutor_gateway_autopilot_objective_ratio{lane="small"}`.
     pub small_ratio: f64,
+    /// `tutor_gateway_autopilot_small_seats` (absent from results written before it).
+    #[serde(default)]
+    pub small_seats: f64,
 }
 
 /// p99 of the steps' lateness, wall-clock milliseconds.

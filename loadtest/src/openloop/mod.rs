@@ -148,8 +148,9 @@ async fn one_run(
     };
     let counters = counters_of(&metrics_text);
     let run_name = format!("{}-load{load}-{}-seed{seed}", engine.name, preset.name());
-    if !scenario.backlogs().is_empty() {
-        // The backlog experiment keeps every run's metrics (issue 35).
+    {
+        // Every run's metrics at its end are kept: what the summary leaves out (queue waits,
+        // the engine's own counters) can be read there afterwards.
         save(
             &opts.out.join("metrics").join(format!("{run_name}.prom")),
             &metrics_text,
@@ -328,6 +329,7 @@ async fn trace(
             large_seats: value("tutor_gateway_autopilot_large_seats"),
             piece_tokens: value("tutor_gateway_autopilot_piece_tokens"),
             small_ratio: value("tutor_gateway_autopilot_objective_ratio{lane=\"small\"}"),
+            small_seats: value("tutor_gateway_autopilot_small_seats"),
         };
         points
             .lock()

@@ -344,6 +344,7 @@ fn trace_charts(out: &Path, summary: &Value) -> anyhow::Result<()> {
                         series: vec![
                             series("prefill budget, k tokens", "prefill_budget", 1000.0),
                             series("large seats", "large_seats", 1.0),
+                            series("small reserved seats, tens", "small_seats", 10.0),
                             series("piece size, 100 tokens", "piece_tokens", 100.0),
                             series(
                                 "small objective ratio x 10 (at most 30)",

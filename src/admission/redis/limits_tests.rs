@@ -121,3 +121,35 @@ async fn a_pushed_record_outlives_reloads_until_one_is_forced() {
     assert!(r["origin"].starts_with("reload "), "{r:?}");
     a.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_knobs_an_autopilot_publishes_are_what_every_replica_reads_back() {
+    let redis = RedisServer::start();
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let file = config(&redis, 32);
+    let metrics = crate::telemetry::Metrics::new();
+    let a = RedisAdmission::from_config(&file, metrics.quota().clone()).unwrap();
+    until(&mut conn, "the replica writes its record", |r| {
+        version(r) >= 1
+    })
+    .await;
+    // A leader's paced values: a tighter prefill budget and large lane, a wider small
+    // reservation (the autopilot's three knobs).
+    let mut paced = file.clone();
+    paced.admission.prefill_budget_tokens = 4_096;
+    paced.lanes.large.ceiling = std::num::NonZeroU32::new(3).unwrap();
+    paced.lanes.large.max_concurrency = std::num::NonZeroU32::new(3).unwrap();
+    paced.lanes.small.max_concurrency = std::num::NonZeroU32::new(49).unwrap();
+    paced.lanes.small.ceiling = std::num::NonZeroU32::new(96).unwrap();
+    assert!(a.publish_paced(&paced).await.is_some());
+    let knobs = a.shared_knobs().await.expect("a record in force");
+    assert_eq!(
+        (knobs.prefill_budget, knobs.large_seats, knobs.small_seats),
+        (4_096, 3, 49)
+    );
+    a.shutdown().await;
+}

@@ -131,6 +131,7 @@ use super::preempt::Preemptible;
 use super::{AdmissionError, AdmissionSnapshot, LaneGuard, LocalAdmission};
 use crate::config::{Config, OnRedisDown, Policy, PreemptAnswers};
 use crate::lane::Lane;
+use crate::telemetry::autopilot_metrics::Knobs;
 use crate::telemetry::QuotaMetrics;
 use queue::Left;
 use scripts::{Behind, LimitsRecord, LimitsWrite, Verdict, PUSH_ORIGIN};
@@ -311,18 +312,24 @@ impl RedisAdmission {
         self.shared.limits_origin().starts_with(PUSH_ORIGIN)
     }
 
-    /// The prefill budget and the large lane's seats (its ceiling) of the shared record in
-    /// force, read now (`None`: Redis did not answer, or there is no record).
-    pub async fn shared_knobs(&self) -> Option<(u64, u32)> {
+    /// The prefill budget, the large lane's seats (its ceiling) and the small lane's
+    /// reservation of the shared record in force, read now (`None`: Redis did not answer, or
+    /// there is no record).
+    pub async fn shared_knobs(&self) -> Option<Knobs> {
         let mut conn = self.connection()?;
-        let (budget, seats): (Option<u64>, Option<u32>) = redis::cmd("HMGET")
+        let (budget, large, small): (Option<u64>, Option<u32>, Option<u32>) = redis::cmd("HMGET")
             .arg(&self.shared.keys.limits)
             .arg("prefill_budget")
             .arg("large:ceiling")
+            .arg("small:max")
             .query_async(&mut conn)
             .await
             .ok()?;
-        Some((budget?, seats?))
+        Some(Knobs {
+            prefill_budget: budget?,
+            large_seats: large?,
+            small_seats: small?,
+        })
     }
 
     /// The Redis client (for a module's own pub/sub subscription).
