@@ -1,7 +1,9 @@
 //! The autopilot (`[autopilot]`, `[lanes.<lane>] ttft_slo_ms`): a missed objective tightens the
 //! large lane's seats and the prefill budget down to their floors, never below, and reviews
 //! still complete there; objectives met with headroom loosen them back to the configured
-//! values; off, nothing changes. Each rule is asserted as a state reached (within a generous
+//! values; off, nothing changes; questions that wait for seats raise the small lane's
+//! reservation up to what the other lanes' reservations leave, and a met objective gives it
+//! back. Each rule is asserted as a state reached (within a generous
 //! bound), never as a time: the objectives used are either impossible (1 ms for a simulated
 //! engine whose every step takes milliseconds) or unmissable (an hour).
 
