@@ -46,21 +46,36 @@ fn version(r: &HashMap<String, String>) -> u64 {
     r.get("version").and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
-#[tokio::test]
-async fn a_pushed_record_outlives_reloads_until_one_is_forced() {
-    let redis = RedisServer::start();
+/// A replica on `redis` with small = 32, once it wrote its record: a connection to Redis, its
+/// file, its metrics, the replica and the record.
+async fn started(
+    redis: &RedisServer,
+) -> (
+    redis::aio::MultiplexedConnection,
+    Config,
+    crate::telemetry::Metrics,
+    RedisAdmission,
+    HashMap<String, String>,
+) {
     let mut conn = redis::Client::open(redis.url())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let file = config(&redis, 32);
+    let file = config(redis, 32);
     let metrics = crate::telemetry::Metrics::new();
     let a = RedisAdmission::from_config(&file, metrics.quota().clone()).unwrap();
-    let started = until(&mut conn, "the replica writes its record", |r| {
+    let record = until(&mut conn, "the replica writes its record", |r| {
         version(r) >= 1
     })
     .await;
+    (conn, file, metrics, a, record)
+}
+
+#[tokio::test]
+async fn a_pushed_record_outlives_reloads_until_one_is_forced() {
+    let redis = RedisServer::start();
+    let (mut conn, file, metrics, a, started) = started(&redis).await;
     assert!(started["origin"].starts_with("start "), "{started:?}");
     assert_eq!(started["small:max"], "32");
 
@@ -125,18 +140,7 @@ async fn a_pushed_record_outlives_reloads_until_one_is_forced() {
 #[tokio::test]
 async fn the_knobs_an_autopilot_publishes_are_what_every_replica_reads_back() {
     let redis = RedisServer::start();
-    let mut conn = redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let file = config(&redis, 32);
-    let metrics = crate::telemetry::Metrics::new();
-    let a = RedisAdmission::from_config(&file, metrics.quota().clone()).unwrap();
-    until(&mut conn, "the replica writes its record", |r| {
-        version(r) >= 1
-    })
-    .await;
+    let (_conn, file, _metrics, a, _) = started(&redis).await;
     // A leader's paced values: a tighter prefill budget and large lane, a wider small
     // reservation (the autopilot's three knobs).
     let mut paced = file.clone();
