@@ -149,6 +149,7 @@ const GATEWAY_SERIES: &[&str] = &[
     "tutor_gateway_prefill_tokens_in_flight",
     "tutor_gateway_autopilot_prefill_budget_tokens",
     "tutor_gateway_autopilot_large_seats",
+    "tutor_gateway_autopilot_small_seats",
     "tutor_gateway_autopilot_piece_tokens",
     "tutor_gateway_autopilot_objective_ratio",
     "tutor_gateway_autopilot_adjustments_total",
