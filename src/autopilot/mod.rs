@@ -11,8 +11,9 @@
 //! values. The result is put in force as a reload puts limits in force (nothing running is cut;
 //! a lowered lane admits no one until it is under its new limit). The large lane's own objective,
 //! if any, is not judged: throttling the large lane cannot help it. A third knob, the small
-//! lane's reservation ([`reserve`], `autopilot.reserve_small_seats`), goes up when questions
-//! miss their objective waiting for seats, and back down while it holds with headroom.
+//! lane's reservation ([`reserve`], `autopilot.reserve_small_seats`), goes up when the
+//! questions' objective is at risk and they waited for seats, and back down while it holds
+//! with headroom.
 //!
 //! With `autopilot.enabled = false` (the default) it changes nothing: the configured values
 //! hold exactly. It reads the configuration in force at each look, so a reload turns it on or
