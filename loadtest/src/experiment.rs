@@ -181,7 +181,8 @@ const DEFAULT_PIECE_TOKENS: u32 = 1024;
 /// engine's) under `preset`'s admission policy, request log and tracing off. Under
 /// [`Preset::Autopilot`] the autopilot is on, and its times and the lanes' objectives, stated
 /// in simulated time, are divided by `speed` (the gateway lives in wall-clock time).
-/// `jobs.preempt` is on under [`Preset::LanesPreempt`] and [`Preset::LanesPreemptRedis`] only
+/// `jobs.preempt` is on under [`Preset::LanesPreempt`], [`Preset::LanesPreemptRedis`] and
+/// [`Preset::AutopilotPreempt`] only
 /// (off under every other preset, whatever the file says).
 pub(crate) fn gateway_config(
     path: &Path,
@@ -201,7 +202,8 @@ pub(crate) fn gateway_config(
         | Preset::AutopilotPieces
         | Preset::LanesRedis
         | Preset::LanesPreempt
-        | Preset::LanesPreemptRedis => Policy::Lanes,
+        | Preset::LanesPreemptRedis
+        | Preset::AutopilotPreempt => Policy::Lanes,
     };
     let mut cfg = load_config(path, engine.max_model_len)?;
     cfg.autopilot.enabled = preset.piloted();
@@ -395,4 +397,30 @@ pub async fn run_experiment(opts: &ExperimentOptions) -> anyhow::Result<Value> {
         "presets": presets.iter().map(|p| p.name()).collect::<Vec<_>>(),
     });
     write_reports(&opts.out, setup, &by_engine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_preset_turns_the_autopilot_and_preemption_on_as_its_name_says() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/config.toml");
+        let engine = EngineSetting::preset("seed").unwrap();
+        for preset in Preset::ALL {
+            let cfg = gateway_config(&file, &engine, preset, 0, 2.0).unwrap();
+            assert_eq!(cfg.autopilot.enabled, preset.piloted(), "{}", preset.name());
+            assert_eq!(cfg.jobs.preempt, preset.preempts(), "{}", preset.name());
+        }
+        let both = gateway_config(&file, &engine, Preset::AutopilotPreempt, 0, 2.0).unwrap();
+        assert!(both.autopilot.enabled && both.jobs.preempt);
+        assert_eq!(both.admission.policy, Policy::Lanes);
+        // Simulated times over the speed, as every piloted preset.
+        let shipped = load_config(&file, engine.max_model_len).unwrap();
+        assert_eq!(both.autopilot.window, shipped.autopilot.window.div_f64(2.0));
+        assert_eq!(
+            both.jobs.preempt_cooldown,
+            shipped.jobs.preempt_cooldown.div_f64(2.0)
+        );
+    }
 }

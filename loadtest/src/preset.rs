@@ -35,11 +35,14 @@ pub enum Preset {
     /// run starts), one gateway: the pre-emption rules as the quota's Lua scripts run them for
     /// a fleet (borrowed leases, the leave channel, the fleet-wide cool-down).
     LanesPreemptRedis,
+    /// `lanes-preempt` with the autopilot on (as `autopilot`): the small lane's reservation
+    /// paced to its objective decides how many questions may ask a job for its seat.
+    AutopilotPreempt,
 }
 
 impl Preset {
     /// Every preset, in run order.
-    pub const ALL: [Preset; 11] = [
+    pub const ALL: [Preset; 12] = [
         Preset::Floor,
         Preset::Fifo,
         Preset::Strict,
@@ -51,6 +54,7 @@ impl Preset {
         Preset::LanesRedis,
         Preset::LanesPreempt,
         Preset::LanesPreemptRedis,
+        Preset::AutopilotPreempt,
     ];
 
     /// The folder / summary key.
@@ -67,6 +71,7 @@ impl Preset {
             Preset::LanesRedis => "lanes-redis",
             Preset::LanesPreempt => "lanes-preempt",
             Preset::LanesPreemptRedis => "lanes-preempt-redis",
+            Preset::AutopilotPreempt => "autopilot-preempt",
         }
     }
 }
@@ -74,12 +79,18 @@ impl Preset {
 impl Preset {
     /// Whether the autopilot is on.
     pub fn piloted(self) -> bool {
-        matches!(self, Preset::Autopilot | Preset::AutopilotPieces)
+        matches!(
+            self,
+            Preset::Autopilot | Preset::AutopilotPieces | Preset::AutopilotPreempt
+        )
     }
 
     /// Whether background jobs are pre-emptible (`jobs.preempt`).
     pub fn preempts(self) -> bool {
-        matches!(self, Preset::LanesPreempt | Preset::LanesPreemptRedis)
+        matches!(
+            self,
+            Preset::LanesPreempt | Preset::LanesPreemptRedis | Preset::AutopilotPreempt
+        )
     }
 
     /// Whether the quota is in a `redis-server` the run starts.
