@@ -68,8 +68,8 @@ pub struct RawAutopilot {
     pub max_large_wait_ms: Option<u64>,
     /// Whether the autopilot prefills long prompts in pieces when it sees long engine steps.
     pub pieces: Option<bool>,
-    /// Whether the autopilot raises the small lane's reserved seats when its objective is
-    /// missed while its requests wait for seats.
+    /// Whether the autopilot raises the small lane's reserved seats when its objective is at
+    /// risk while its requests wait for seats.
     pub reserve_small_seats: Option<bool>,
     /// A stream's longest gap between tokens above this percent of its typical gap is a long
     /// step.
@@ -116,8 +116,9 @@ pub struct AutopilotConfig {
     /// configured size is used as it is).
     pub pieces: bool,
     /// Whether the autopilot raises the small lane's reservation (its `max_concurrency`, up to
-    /// the seats the other lanes' reservations leave) while the small lane misses its objective
-    /// waiting for seats, and lowers it back while the objective holds with headroom
+    /// the seats the other lanes' reservations leave) while the small lane's objective is at
+    /// risk and its requests wait for seats, and lowers it back while the objective holds with
+    /// headroom
     /// (`crate::autopilot::reserve`).
     pub reserve_small_seats: bool,
     /// Long steps are seen when the streams' longest gaps between tokens (their 90th
