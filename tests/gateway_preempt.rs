@@ -129,6 +129,70 @@ async fn a_question_preempts_a_job_that_resumes_to_the_uninterrupted_answer() {
     h.shutdown().await;
 }
 
+/// vLLM reports `cached_tokens` only in a stream's final usage, never in
+/// `continuous_usage_stats` chunks: a continuation cut again before its end never says what it
+/// found cached. Its prompt is counted as unreported, not as recomputed (it was nearly all a
+/// prefix-cache hit); the run that ends reports its own.
+#[tokio::test]
+async fn a_continuation_cut_again_counts_its_prompt_as_unreported_not_recomputed() {
+    let h = preempting(Backend::Local, |c| {
+        c.jobs.preempt_cooldown = std::time::Duration::ZERO;
+    })
+    .await;
+    let base = h.base();
+    let body = review();
+    let ids: Vec<String> = futures::future::join_all((0..3).map(|_| submit_ok(&base, &body))).await;
+    for id in &ids {
+        job_until(&base, id, "streaming", |v| {
+            v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) > 0
+        })
+        .await;
+    }
+    let ask = || async {
+        let body = json!({"prompt": "why does my loop never end?", "max_output_tokens": 5});
+        let events = sse(&post_text(h.url("/answer"), &body).await);
+        assert_eq!(events.last().unwrap().0, "done", "{events:?}");
+    };
+    // The job with the fewest tokens gives its seat back, then resumes on it.
+    ask().await;
+    let mut cut = None;
+    for id in &ids {
+        let v = jobs::job(&base, id).await;
+        if v["preempted"] == 1 {
+            cut = Some((id.clone(), v["output_pieces"].as_u64().unwrap_or(0)));
+        }
+    }
+    let (id, pieces) = cut.expect("one job gave its seat back");
+    job_until(&base, &id, "streaming its continuation", |v| {
+        v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) > pieces + 5
+    })
+    .await;
+    // It still has the fewest tokens: the next question cuts its continuation mid-stream.
+    ask().await;
+    let v = done(&base, &id).await;
+    let usage = &v["answer"]["usage"];
+    assert_eq!(v["preempted"], 2, "{usage}");
+    assert_eq!(usage["output_tokens"], REVIEW_TOKENS, "{usage}");
+    let unreported = usage["unreported_prompt_tokens"].as_u64().unwrap_or(0);
+    let prompt = usage["input_tokens"].as_u64().unwrap();
+    assert!(
+        unreported > prompt,
+        "the cut continuation's prompt (the original and the text so far): {usage}"
+    );
+    let recomputed = usage["recomputed_tokens"].as_u64().unwrap();
+    assert!(
+        recomputed <= 16,
+        "only the last run's, as reported: {usage}"
+    );
+    h.metric_reaches(
+        "tutor_gateway_job_unreported_prompt_tokens_total",
+        unreported as f64,
+    )
+    .await;
+    h.drained().await;
+    h.shutdown().await;
+}
+
 /// `jobs.max_preemptions = 0`: no job may be pre-empted, so none borrows (a borrowed seat held
 /// to the end would be taken from its lane): jobs keep to the large lane's own seats, and an
 /// interactive review waits for a job to end.

@@ -30,6 +30,8 @@
 #   CAPACITY=31.5 loadtest/experiments/preempt.sh   # skip the capacity measurement
 #   QUICK=1 loadtest/experiments/preempt.sh         # smoke test: SPEED=10, DURATION=20s, ~2 min
 #   PRESETS=floor,lanes,lanes-preempt,lanes-preempt-redis loadtest/experiments/preempt.sh
+#   KV_OFFLOADING_SIZE=64 loadtest/experiments/preempt.sh   # the engine with vLLM's
+#                                   # --kv-offloading-size 64 (GiB of CPU memory for KV blocks)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 QUICK="${QUICK:-0}"
@@ -59,6 +61,7 @@ if ! [[ "$window_s" =~ ^[0-9]+$ ]] || (( window_s <= 0 )); then
 fi
 extra=()
 if [[ -n "${CAPACITY:-}" ]]; then extra+=(--capacity "$CAPACITY"); fi
+if [[ -n "${KV_OFFLOADING_SIZE:-}" ]]; then extra+=(--kv-offloading-size "$KV_OFFLOADING_SIZE"); fi
 cargo build --release -p tutor-load
 bin="${CARGO_TARGET_DIR:-target}/release/tutor-load"
 echo "preempt: seeds $SEEDS, window ${window_s} s after ${WARMUP_S} s of warm-up, speed $SPEED -> $OUT" >&2

@@ -21,6 +21,9 @@ pub struct EngineSetting {
     /// vLLM's `--async-scheduling` (on by default, as in vLLM 0.33): the next step is planned
     /// while the current one runs. Off: `--no-async-scheduling`.
     pub async_scheduling: bool,
+    /// vLLM's `--kv-offloading-size` in GiB (KV blocks copied to CPU memory and loaded back
+    /// instead of recomputed); 0: no offloading, vLLM's default.
+    pub kv_offloading_gib: u32,
 }
 
 /// Names of the presets, in `--engine` help order.
@@ -43,6 +46,7 @@ impl EngineSetting {
             long_prefill_token_threshold: 0,
             max_model_len: 16_384,
             async_scheduling: true,
+            kv_offloading_gib: 0,
         })
     }
 
@@ -59,6 +63,14 @@ impl EngineSetting {
         ];
         if !self.async_scheduling {
             flags.push("--no-async-scheduling".into());
+        }
+        if self.kv_offloading_gib > 0 {
+            flags.extend([
+                "--kv-offloading-size".into(),
+                self.kv_offloading_gib.to_string(),
+                "--kv-offloading-backend".into(),
+                "native".into(),
+            ]);
         }
         flags
     }
@@ -82,6 +94,8 @@ pub struct Overrides {
     pub long_prefill_token_threshold: Vec<u32>,
     /// `--max-model-len` values.
     pub max_model_len: Vec<u32>,
+    /// `--kv-offloading-size` values, GiB (0: none).
+    pub kv_offloading_size: Vec<u32>,
     /// Every setting with `--no-async-scheduling` (name suffix `-sync`).
     pub no_async_scheduling: bool,
 }
@@ -93,7 +107,8 @@ pub fn cell_name(seqs: u32, batched: u32) -> String {
 
 /// Every preset in `presets` (default `h100`: the simulator's own defaults, what the experiment
 /// ran before it had engine settings) times every combination of the overrides; a setting's
-/// name is its preset's plus `-seqsN`, `-batchedN`, `-lptN`, `-lenN` for each overridden flag.
+/// name is its preset's plus `-seqsN`, `-batchedN`, `-lptN`, `-lenN`, `-offloadN` for each
+/// overridden flag.
 pub fn expand(presets: &[String], o: &Overrides) -> anyhow::Result<Vec<EngineSetting>> {
     let presets: Vec<String> = if presets.is_empty() {
         vec!["h100".into()]
@@ -110,7 +125,7 @@ pub fn expand(presets: &[String], o: &Overrides) -> anyhow::Result<Vec<EngineSet
         };
         let mut settings = vec![base];
         type Set = fn(&mut EngineSetting, u32);
-        let axes: [(&[u32], &str, Set); 4] = [
+        let axes: [(&[u32], &str, Set); 5] = [
             (&o.max_num_seqs, "seqs", |e, v| e.max_num_seqs = v),
             (&o.max_num_batched_tokens, "batched", |e, v| {
                 e.max_num_batched_tokens = v
@@ -119,6 +134,9 @@ pub fn expand(presets: &[String], o: &Overrides) -> anyhow::Result<Vec<EngineSet
                 e.long_prefill_token_threshold = v
             }),
             (&o.max_model_len, "len", |e, v| e.max_model_len = v),
+            (&o.kv_offloading_size, "offload", |e, v| {
+                e.kv_offloading_gib = v
+            }),
         ];
         for (values, tag, set) in axes {
             if values.is_empty() {
@@ -230,5 +248,24 @@ mod tests {
         assert!(!parsed(&v[0]).async_scheduling());
         let d = expand(&["seed".into()], &Overrides::default()).unwrap();
         assert!(parsed(&d[0]).async_scheduling());
+    }
+
+    #[test]
+    fn kv_offloading_reaches_the_simulator_only_when_asked() {
+        let o = Overrides {
+            kv_offloading_size: vec![0, 64],
+            ..Default::default()
+        };
+        let v = expand(&["seed".into()], &o).unwrap();
+        assert_eq!(v[0].name, "seed-offload0");
+        assert_eq!(parsed(&v[0]).kv_offloading_size, None);
+        assert_eq!(v[1].name, "seed-offload64");
+        let a = parsed(&v[1]);
+        assert_eq!(
+            (a.kv_offloading_size, a.kv_offloading_backend.as_str()),
+            (Some(64.0), "native")
+        );
+        // And the simulator starts with it (its CPU tier sized from the profile's KV bytes).
+        assert!(vllm_sim::build(&a).is_ok());
     }
 }

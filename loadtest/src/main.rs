@@ -69,6 +69,8 @@ impl Common {
     }
 }
 
+// Parsed once per process: the size of its largest variant costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a scenario against a target; writes results.json, summary.md and SVG charts.
@@ -220,6 +222,10 @@ enum Cmd {
         /// the cap on drawn sizes).
         #[arg(long, value_delimiter = ',')]
         max_model_len: Vec<u32>,
+        /// Run the simulator with vLLM's --kv-offloading-size (GiB of CPU memory for KV blocks,
+        /// loaded back instead of recomputed; 0: none). Setting names get `-offloadN`.
+        #[arg(long, value_delimiter = ',')]
+        kv_offloading_size: Vec<u32>,
         /// Run the simulator with --no-async-scheduling (every step planned after the previous
         /// one ended; vLLM 0.33 plans one step ahead by default). Setting names get `-sync`.
         #[arg(long)]
@@ -353,6 +359,7 @@ async fn main() -> anyhow::Result<()> {
             max_num_batched_tokens,
             long_prefill_token_threshold,
             max_model_len,
+            kv_offloading_size,
             no_async_scheduling,
             arrivals,
             loads,
@@ -373,6 +380,7 @@ async fn main() -> anyhow::Result<()> {
                 max_num_batched_tokens,
                 long_prefill_token_threshold,
                 max_model_len,
+                kv_offloading_size,
                 no_async_scheduling,
             };
             if arrivals == Arrivals::Poisson {

@@ -36,6 +36,15 @@ pub struct SimArgs {
     /// KV-cache blocks on the simulated GPU; default: the profile's.
     #[arg(long)]
     pub num_gpu_blocks: Option<u32>,
+    /// GiB of CPU memory for offloaded KV blocks (vLLM's `--kv-offloading-size`): every block
+    /// a step computes is copied there, and a waiting request loads the blocks after its GPU
+    /// prefix-cache hit from there instead of recomputing them. Default: no offloading.
+    #[arg(long)]
+    pub kv_offloading_size: Option<f64>,
+    /// Where offloaded KV goes (vLLM's `--kv-offloading-backend`): only `native` (vLLM's
+    /// `OffloadingConnector` to CPU memory) is simulated.
+    #[arg(long, default_value = "native")]
+    pub kv_offloading_backend: String,
     /// Prefix caching is on by default, as in vLLM V1.
     #[arg(
         long,

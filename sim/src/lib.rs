@@ -118,7 +118,37 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
             args.max_model_len
         );
     }
+    if args.kv_offloading_backend != "native" {
+        bail!(
+            "--kv-offloading-backend {:?} is not simulated; only native (vLLM's \
+             OffloadingConnector to CPU memory)",
+            args.kv_offloading_backend
+        );
+    }
+    let (num_cpu_blocks, cpu_load_per_block) = match (args.kv_offloading_size, profile) {
+        (None, _) => (0, std::time::Duration::ZERO),
+        (Some(gib), Profile::Batched(c)) => {
+            if !(gib.is_finite() && gib > 0.0) {
+                bail!("--kv-offloading-size must be a positive number of GiB, got {gib}");
+            }
+            let block_bytes = f64::from(c.kv_bytes_per_token) * f64::from(args.block_size);
+            let blocks = (gib * f64::from(1u32 << 30) / block_bytes).floor();
+            if blocks < 1.0 {
+                bail!("--kv-offloading-size {gib} GiB holds no block of {block_bytes} bytes");
+            }
+            let load = block_bytes / (c.kv_load_gb_per_s * 1e9) / args.speed;
+            (
+                blocks.min(f64::from(u32::MAX)) as u32,
+                std::time::Duration::from_secs_f64(load),
+            )
+        }
+        (Some(_), Profile::Fixed { .. }) => {
+            bail!("--kv-offloading-size needs a batched profile (the fixed one has no KV cache)")
+        }
+    };
     let cfg = SchedulerConfig {
+        num_cpu_blocks,
+        cpu_load_per_block,
         max_num_seqs: args.max_num_seqs,
         max_num_batched_tokens: args.max_num_batched_tokens,
         block_size: args.block_size,

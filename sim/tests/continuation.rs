@@ -216,3 +216,79 @@ async fn bad_continuations_get_vllms_errors() {
     refused(resp, "final message does not appear").await;
     s.shutdown().await;
 }
+
+/// A cut answer's blocks are evicted from the GPU's prefix cache (a long request in between
+/// needs every block) before it is continued: with `--kv-offloading-size` the continuation
+/// loads them from CPU memory (counted in `cached_tokens`, as vLLM counts them); without, it
+/// recomputes them.
+#[tokio::test]
+async fn with_kv_offloading_an_evicted_cut_answer_is_loaded_not_recomputed() {
+    for offload in [false, true] {
+        let extra = if offload {
+            " --kv-offloading-size 1"
+        } else {
+            ""
+        };
+        let s = sim(&flags(&format!(
+            "--speed 50 --profile tiny-test --enable-prompt-tokens-details \
+             --num-gpu-blocks 64 --max-model-len 1024{extra}"
+        )))
+        .await;
+        let url = format!("{}/v1/chat/completions", s.url());
+        let (cut, _) = read(&post_text(&url, &ask(json!({"max_tokens": 15}))).await);
+        // 64 blocks of 16 tokens: this one takes every block the cut answer left cached.
+        let filler: String = (0..960).map(|i| format!("w{i} ")).collect();
+        let body = json!({
+            "model": MODEL,
+            "messages": [{"role": "user", "content": filler}],
+            "max_tokens": 40,
+            "ignore_eos": true,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        let (_, usage) = read(&post_text(&url, &body).await);
+        let filled = usage["prompt_tokens"].as_u64().unwrap() + 40;
+        assert!(filled > 63 * 16, "the filler needs every block: {usage}");
+        let resumed = json!({
+            "messages": [
+                {"role": "user", "content": QUESTION},
+                {"role": "assistant", "content": cut},
+            ],
+            "continue_final_message": true,
+            "add_generation_prompt": false,
+            "max_tokens": 25,
+        });
+        let (_, usage) = read(&post_text(&url, &ask(resumed)).await);
+        let prompt = usage["prompt_tokens"].as_u64().unwrap();
+        let cached = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0);
+        if offload {
+            assert_eq!(cached, (prompt - 1) / 16 * 16, "loaded: {usage}");
+            let e = engine(&s).await;
+            assert_eq!(e["offload_loaded_blocks"], cached / 16, "{e}");
+            assert!(e["offload_stored_blocks"].as_u64() > Some(63), "{e}");
+        } else {
+            assert_eq!(cached, 0, "evicted and recomputed: {usage}");
+        }
+        s.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn kv_offloading_refuses_what_it_does_not_simulate() {
+    for (extra, says) in [
+        (
+            "--kv-offloading-size 1 --kv-offloading-backend lmcache",
+            "not simulated",
+        ),
+        ("--kv-offloading-size 0", "positive number of GiB"),
+        ("--kv-offloading-size 1 --profile fixed", "batched profile"),
+    ] {
+        let args = vllm_sim::SimArgs::for_test(&flags(extra));
+        let Err(err) = vllm_sim::start(&args).await else {
+            panic!("{extra}: started");
+        };
+        assert!(format!("{err:#}").contains(says), "{extra}: {err:#}");
+    }
+}

@@ -214,10 +214,13 @@ struct Progress {
     generated: u32,
     /// The first run's prompt and cached tokens, as the engine counted them.
     first: Option<(u32, Option<u32>)>,
-    /// This run's prompt and cached tokens.
+    /// This run's prompt and cached tokens (`None` until its final usage reported them).
     this: Option<(u32, Option<u32>)>,
     /// Prompt tokens of resumed runs not served from the prefix cache.
     recomputed: u32,
+    /// Prompt tokens of resumed runs whose cache hit the engine never reported (cut again
+    /// before their final usage, or an engine without `--enable-prompt-tokens-details`).
+    unreported: u32,
     /// Times pre-empted.
     preempted: u32,
     /// Where the last pre-emption cut its run: `prefill` (no token yet) or `decode`.
@@ -234,6 +237,7 @@ impl Progress {
             "pieces": self.pieces,
             "first": self.first.map(|(prompt, cached)| json!([prompt, cached])),
             "recomputed": self.recomputed,
+            "unreported": self.unreported,
             "stage": self.stage,
         })
     }
@@ -264,6 +268,7 @@ impl Progress {
             first,
             this: None,
             recomputed: number("recomputed"),
+            unreported: number("unreported"),
             preempted: number("preempted"),
             stage: match p.get("stage").and_then(serde_json::Value::as_str) {
                 Some("prefill") => "prefill",
@@ -281,7 +286,9 @@ impl Progress {
         }
         if let Some(u) = chunk.usage {
             self.generated = self.before.saturating_add(u.completion_tokens);
-            self.this = Some((u.prompt_tokens, u.cached_tokens));
+            // Only the final usage chunk reports what was cached (left out when none was).
+            let cached = chunk.usage_only.then(|| u.cached_tokens.unwrap_or(0));
+            self.this = Some((u.prompt_tokens, cached));
             if let Some(h) = handle {
                 h.generated(self.generated);
             }
@@ -289,14 +296,21 @@ impl Progress {
     }
 
     /// The current run ended: a resumed one's uncached prompt is counted, by the stage its
-    /// previous run was pre-empted at.
+    /// previous run was pre-empted at. vLLM reports the cached tokens only in a stream's final
+    /// usage (never in `continuous_usage_stats`), so a run cut again before its end has none:
+    /// its prompt is counted as unreported, not as recomputed (with the prefix cache or KV
+    /// offloading most of it was a hit; nobody can tell how much).
     fn run_ended(&mut self, ctx: &Context) {
         match (self.this.take(), self.preempted) {
             (Some(first), 0) => self.first = Some(first),
-            (Some((prompt, cached)), _) => {
-                let n = prompt.saturating_sub(cached.unwrap_or(0));
+            (Some((prompt, Some(cached))), _) => {
+                let n = prompt.saturating_sub(cached);
                 self.recomputed = self.recomputed.saturating_add(n);
                 ctx.metrics().recomputed(self.stage, n);
+            }
+            (Some((prompt, None)), _) => {
+                self.unreported = self.unreported.saturating_add(prompt);
+                ctx.metrics().unreported(prompt);
             }
             (None, _) => {}
         }
@@ -335,6 +349,9 @@ impl Progress {
         });
         if self.preempted > 0 {
             usage["recomputed_tokens"] = json!(self.recomputed);
+        }
+        if self.unreported > 0 {
+            usage["unreported_prompt_tokens"] = json!(self.unreported);
         }
         usage
     }

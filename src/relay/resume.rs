@@ -82,14 +82,21 @@ impl Resumable {
 
     /// The current run ended with `current`: when it was a continuation, the prompt tokens it
     /// did not find in the prefix cache are counted as recomputed, by the stage the pre-emption
-    /// before it cut (once per run).
+    /// before it cut (once per run); when the engine never reported its cached tokens (cut
+    /// again before its final usage), its prompt is counted as unreported.
     pub fn run_ended(&mut self, current: &UpstreamView, metrics: &Metrics) {
         if !std::mem::take(&mut self.continuing) {
             return;
         }
         if let Some(u) = current.usage {
-            let n = u.prompt_tokens.saturating_sub(u.cached_tokens.unwrap_or(0));
-            metrics.jobs().recomputed(self.stage, n);
+            if u.reported {
+                let cached = u.cached_tokens.unwrap_or(0);
+                metrics
+                    .jobs()
+                    .recomputed(self.stage, u.prompt_tokens.saturating_sub(cached));
+            } else {
+                metrics.jobs().unreported(u.prompt_tokens);
+            }
         }
     }
 

@@ -12,13 +12,17 @@
 //! - `tutor_gateway_job_recomputed_tokens_total{stage}`: prompt tokens of resumed jobs that the
 //!   engine did not find in its prefix cache, by where the pre-emption cut the run (`decode`:
 //!   prefill paid again; `prefill`: an upper bound, as the cut prefill's rest was never done);
+//! - `tutor_gateway_job_unreported_prompt_tokens_total`: prompt tokens of resumed runs whose
+//!   cache hit the engine never reported (cut again before their final usage chunk, the only
+//!   one with `cached_tokens`; or an engine without `--enable-prompt-tokens-details`): what
+//!   they recomputed is unknown, at most this;
 //! - `tutor_gateway_preemption_admit_seconds{lane}`: for a request a job was pre-empted for, its
 //!   arrival to its admission.
 
 use std::time::Duration;
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
 use crate::lane::Lane;
@@ -47,6 +51,7 @@ pub struct JobMetrics {
     webhooks: IntCounterVec,
     preemptions: IntCounterVec,
     recomputed: IntCounterVec,
+    unreported: IntCounter,
     made_room: HistogramVec,
     after_ask: HistogramVec,
 }
@@ -116,6 +121,13 @@ impl JobMetrics {
         for stage in ["prefill", "decode"] {
             recomputed.with_label_values(&[stage]);
         }
+        let unreported = IntCounter::new(
+            "tutor_gateway_job_unreported_prompt_tokens_total",
+            "Prompt tokens of resumed jobs whose cache hit the engine never reported (the run was \
+             cut again before its final usage, or the engine lacks \
+             --enable-prompt-tokens-details): what they recomputed is unknown, at most this.",
+        )
+        .expect("valid counter");
         let made_room = HistogramVec::new(
             HistogramOpts::new(
                 "tutor_gateway_preemption_admit_seconds",
@@ -150,6 +162,7 @@ impl JobMetrics {
             Box::new(webhooks.clone()),
             Box::new(preemptions.clone()),
             Box::new(recomputed.clone()),
+            Box::new(unreported.clone()),
             Box::new(made_room.clone()),
             Box::new(after_ask.clone()),
         ] {
@@ -162,6 +175,7 @@ impl JobMetrics {
             webhooks,
             preemptions,
             recomputed,
+            unreported,
             made_room,
             after_ask,
         }
@@ -180,6 +194,11 @@ impl JobMetrics {
         self.recomputed
             .with_label_values(&[stage])
             .inc_by(u64::from(n));
+    }
+
+    /// A resumed run ended with `n` prompt tokens whose cache hit the engine never reported.
+    pub fn unreported(&self, n: u32) {
+        self.unreported.inc_by(u64::from(n));
     }
 
     /// A `lane` request that a job was pre-empted for was admitted `waited` after its arrival,

@@ -34,6 +34,10 @@ pub struct PromptUsage {
     pub prompt_tokens: u32,
     /// Prompt tokens served from the prefix cache; `None` when vLLM does not report it.
     pub cached_tokens: Option<u32>,
+    /// Whether this came from the stream's final usage chunk: vLLM reports `cached_tokens`
+    /// there only (left out when zero), never on `continuous_usage_stats` chunks, so a stream
+    /// cut before its end never says what was cached.
+    pub reported: bool,
 }
 
 /// The engine's own timings for one request, milliseconds (`None`: not reported).

@@ -488,6 +488,7 @@ mod tests {
             usage: Some(PromptUsage {
                 prompt_tokens: prompt,
                 cached_tokens: Some(cached),
+                reported: true,
             }),
             engine: Some(EngineTimings {
                 time_to_first_token_ms: Some(queue_ms + prefill_ms),

@@ -124,6 +124,9 @@ pub struct UpstreamStream {
     last_read_at: Option<Instant>,
     finish_reason: Option<String>,
     usage: Option<Usage>,
+    /// Whether `usage` came from the final usage-only chunk (the only one where vLLM reports
+    /// `cached_tokens`; `continuous_usage_stats` chunks never carry it).
+    final_usage: bool,
     metrics: Option<EngineMetrics>,
     content_chunks: u32,
     missing_done: bool,
@@ -170,6 +173,7 @@ impl UpstreamStream {
             last_read_at: None,
             finish_reason: None,
             usage: None,
+            final_usage: false,
             metrics: None,
             content_chunks: 0,
             missing_done: false,
@@ -277,6 +281,12 @@ impl UpstreamStream {
         self.usage
     }
 
+    /// Whether [`Self::usage`] is the final report (the usage-only chunk), the only one whose
+    /// `cached_tokens` vLLM fills in.
+    pub fn final_usage(&self) -> bool {
+        self.final_usage
+    }
+
     /// vLLM's per-request timings, when it sent them.
     pub fn engine_metrics(&self) -> Option<EngineMetrics> {
         self.metrics
@@ -336,6 +346,7 @@ impl UpstreamStream {
                 }
                 if chunk.usage.is_some() {
                     self.usage = chunk.usage;
+                    self.final_usage = chunk.usage_only;
                     if let (Some(t), Some(u)) = (&mut self.ticket, chunk.usage) {
                         t.set_usage(u);
                     }

@@ -15,6 +15,7 @@ impl UpstreamStream {
             usage: self.usage().map(|u| PromptUsage {
                 prompt_tokens: u.prompt_tokens,
                 cached_tokens: u.cached_tokens,
+                reported: self.final_usage(),
             }),
             engine: self.engine_metrics().map(|e| EngineTimings {
                 time_to_first_token_ms: e.time_to_first_token_ms,

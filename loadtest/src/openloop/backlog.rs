@@ -122,6 +122,9 @@ pub struct Followed {
     pub jobs: Vec<JobRecord>,
     /// `/metrics` at the window's end.
     pub metrics: String,
+    /// The simulator's count of tokens it computed twice (`recomputed_tokens` of its engine),
+    /// at the same moment.
+    pub engine_recomputed_tokens: Option<u64>,
 }
 
 /// Whether a refused submission is tried again: the gateway full (429), overloaded or
@@ -143,6 +146,8 @@ pub struct Backlog {
     pub prompts: PromptBuilder,
     /// The simulator's speed factor.
     pub speed: f64,
+    /// The simulator's engine (its count of work done twice is read at the window's end).
+    pub engine: Option<vllm_sim::engine::Engine>,
 }
 
 impl Backlog {
@@ -228,7 +233,12 @@ impl Backlog {
             Ok(r) => r.text().await.unwrap_or_default(),
             Err(_) => String::new(),
         };
-        Followed { jobs, metrics }
+        let engine_recomputed_tokens = self.engine.as_ref().map(|e| e.snapshot().recomputed_tokens);
+        Followed {
+            jobs,
+            metrics,
+            engine_recomputed_tokens,
+        }
     }
 
     /// Polls every accepted job that has not ended.
@@ -302,6 +312,14 @@ pub struct BacklogFigures {
     pub preemptions_by: BTreeMap<String, u64>,
     /// `tutor_gateway_job_recomputed_tokens_total`.
     pub recomputed_tokens: u64,
+    /// `tutor_gateway_job_unreported_prompt_tokens_total`: prompt tokens of continuations cut
+    /// again before the engine reported their cache hit.
+    pub unreported_tokens: u64,
+    /// The simulator's own count of tokens computed twice (every request's, questions'
+    /// included; the run until the window's end).
+    pub engine_recomputed_tokens: Option<u64>,
+    /// `engine_recomputed_tokens` over `generated_tokens`.
+    pub engine_recomputed_share: Option<f64>,
     /// `recomputed_tokens` over `generated_tokens` (the jobs' generated output).
     pub recomputed_share: Option<f64>,
     /// `recomputed_tokens_of_done` over `output_tokens` (the done jobs alone).
@@ -323,11 +341,13 @@ pub struct BacklogFigures {
     pub admit_target_s: Option<f64>,
 }
 
-/// The figures of `jobs` (one run's backlog), the gateway's `/metrics` text at the window's
-/// end, and the run's median step (simulated seconds).
+/// The figures of `jobs` (one run's backlog), the gateway's `/metrics` text and the
+/// simulator's count of tokens computed twice at the window's end, and the run's median step
+/// (simulated seconds).
 pub fn figures(
     jobs: &[JobRecord],
     metrics: &str,
+    engine_recomputed_tokens: Option<u64>,
     window: &Window,
     step_p50_s: Option<f64>,
 ) -> BacklogFigures {
@@ -375,6 +395,10 @@ pub fn figures(
         recomputed_tokens_of_done: done.iter().map(|j| j.recomputed_tokens).sum(),
         step_p50_s,
         admit_target_s: step_p50_s.map(|s| s + 0.05),
+        engine_recomputed_tokens,
+        engine_recomputed_share: engine_recomputed_tokens
+            .filter(|_| generated_tokens > 0)
+            .map(|n| n as f64 / generated_tokens as f64),
         ..Default::default()
     };
     for (labels, v) in series(metrics, "tutor_gateway_job_preemptions_total") {
@@ -393,6 +417,10 @@ pub fn figures(
         }
     }
     f.recomputed_tokens = series(metrics, "tutor_gateway_job_recomputed_tokens_total")
+        .iter()
+        .map(|(_, v)| *v as u64)
+        .sum();
+    f.unreported_tokens = series(metrics, "tutor_gateway_job_unreported_prompt_tokens_total")
         .iter()
         .map(|(_, v)| *v as u64)
         .sum();
@@ -534,6 +562,7 @@ tutor_gateway_job_preemptions_total{lane=\"small\",reason=\"seat\"} 3
 tutor_gateway_job_preemptions_total{lane=\"medium\",reason=\"tokens\"} 1
 tutor_gateway_job_preemptions_total{lane=\"large\",reason=\"seat\"} 0
 tutor_gateway_job_recomputed_tokens_total 30
+tutor_gateway_job_unreported_prompt_tokens_total 900
 tutor_gateway_preemption_admit_seconds_bucket{lane=\"small\",le=\"0.01\"} 2
 tutor_gateway_preemption_admit_seconds_bucket{lane=\"small\",le=\"0.1\"} 3
 tutor_gateway_preemption_admit_seconds_bucket{lane=\"small\",le=\"+Inf\"} 3
@@ -541,7 +570,7 @@ tutor_gateway_preemption_admit_seconds_bucket{lane=\"medium\",le=\"0.01\"} 0
 tutor_gateway_preemption_admit_seconds_bucket{lane=\"medium\",le=\"0.1\"} 1
 tutor_gateway_preemption_admit_seconds_bucket{lane=\"medium\",le=\"+Inf\"} 1
 ";
-        let f = figures(&jobs, metrics, &window(), Some(0.03));
+        let f = figures(&jobs, metrics, Some(75), &window(), Some(0.03));
         assert_eq!((f.jobs, f.submitted), (5, 5));
         assert_eq!((f.done_in_window, f.done_by_end), (2, 3));
         assert_eq!((f.failed, f.unfinished), (1, 1));
@@ -561,6 +590,12 @@ tutor_gateway_preemption_admit_seconds_bucket{lane=\"medium\",le=\"+Inf\"} 1
             "30 / 750"
         );
         assert!((f.recomputed_share_of_done.unwrap() - 10.0 / 600.0).abs() < 1e-12);
+        assert_eq!(f.unreported_tokens, 900);
+        assert_eq!(f.engine_recomputed_tokens, Some(75));
+        assert!(
+            (f.engine_recomputed_share.unwrap() - 0.1).abs() < 1e-12,
+            "75 / 750"
+        );
         // 4 admissions over both lanes: the p50 (rank 2) at the top of (0, 0.01] x speed 2.
         assert_eq!(f.admit_requests, 4);
         assert!((f.admit_p50_s.unwrap() - 0.02).abs() < 1e-9, "{f:?}");
@@ -571,7 +606,7 @@ tutor_gateway_preemption_admit_seconds_bucket{lane=\"medium\",le=\"+Inf\"} 1
             job(1, "done", Some(30.0), 10, 0),
             job(2, "done", Some(60.0), 10, 0),
         ];
-        let f = figures(&all, "", &window(), None);
+        let f = figures(&all, "", None, &window(), None);
         assert_eq!(f.ran_dry_at_s, Some(60.0));
         assert_eq!(
             (f.admit_requests, f.admit_p99_s, f.recomputed_tokens),
@@ -593,6 +628,7 @@ tutor_gateway_preemption_admit_seconds_bucket{lane=\"medium\",le=\"+Inf\"} 1
             target: Target::new("http://127.0.0.1:1", crate::client::Api::Answer, None).unwrap(),
             prompts: PromptBuilder::new(vllm_sim::tokenizer::PromptTokenizer::load(None).unwrap()),
             speed: 1.0,
+            engine: None,
         };
         let plan = b(7).plan();
         assert_eq!(plan.len(), 50);

@@ -133,6 +133,7 @@ async fn one_run(
             target: stack.target.clone(),
             prompts: stack.prompts.clone(),
             speed: opts.window.speed,
+            engine: Some(stack.sim.engine.clone()),
         });
     let driven = drive::drive(arrivals, scenario, seed, &stack, &opts.window, backlog).await;
     if let Some(t) = tracer {
@@ -183,6 +184,7 @@ async fn one_run(
         m.figures.jobs = Some(backlog::figures(
             &followed.jobs,
             &followed.metrics,
+            followed.engine_recomputed_tokens,
             &opts.window,
             step,
         ));

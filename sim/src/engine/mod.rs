@@ -10,6 +10,7 @@
 pub mod kv_cache;
 pub mod metrics;
 pub mod offline;
+pub mod offload;
 pub mod scheduler;
 pub mod sequence;
 pub mod stats;
@@ -32,6 +33,8 @@ use stats::{Lateness, StepRecord, StepStats};
 /// A step later than this against its deadline resets the schedule instead of bursting to
 /// catch up.
 const MAX_CATCH_UP: Duration = Duration::from_millis(20);
+/// How long an idle scheduler thread sleeps before it looks again (a new request wakes it).
+const IDLE_WAIT: Duration = Duration::from_millis(50);
 
 /// A request as the engine takes it.
 #[derive(Debug, Clone)]
@@ -112,6 +115,19 @@ pub struct EngineSnapshot {
     pub mixed_steps: u64,
     /// Preemptions so far.
     pub preemptions: u64,
+    /// KV offloading's CPU tier: blocks it holds at most (0: off), blocks copied into it,
+    /// loaded back from it, evicted from it so far.
+    pub offload_cpu_blocks: u32,
+    /// See `offload_cpu_blocks`.
+    pub offload_stored_blocks: u64,
+    /// See `offload_cpu_blocks`.
+    pub offload_loaded_blocks: u64,
+    /// See `offload_cpu_blocks`.
+    pub offload_evicted_blocks: u64,
+    /// Tokens of full KV blocks computed again after the cache had lost them (evicted, or the
+    /// sequence preempted): work done twice, the simulator's own count (vLLM has no such
+    /// metric).
+    pub recomputed_tokens: u64,
     /// Finished with `abort`.
     pub aborted: u64,
     /// Step (or emission) lateness.
@@ -248,6 +264,11 @@ impl Engine {
             max_step_tokens_seen: st.stats.max_step_tokens_seen,
             mixed_steps: st.stats.mixed_steps,
             preemptions: st.sched.metrics.preemptions,
+            offload_cpu_blocks: cfg.num_cpu_blocks,
+            offload_stored_blocks: st.sched.cpu.stored,
+            offload_loaded_blocks: st.sched.cpu.loaded,
+            offload_evicted_blocks: st.sched.cpu.evicted,
+            recomputed_tokens: st.sched.recomputed.tokens,
             aborted: st.sched.metrics.finished_count(FinishReason::Abort),
             lateness: st.stats.lateness_ms(),
         }
@@ -322,7 +343,13 @@ fn run_loop(weak: Weak<Shared>, cost: BatchedCost) {
             let plan = st.sched.schedule(planned);
             if plan.is_empty() && in_flight.is_none() {
                 chain = None;
-                let _ = shared.wake.wait_timeout(st, Duration::from_millis(50));
+                // Idle, or only loading offloaded KV: wake when the first load is done.
+                let wait = st
+                    .sched
+                    .next_load_done()
+                    .map_or(IDLE_WAIT, |t| t.saturating_duration_since(planned))
+                    .min(IDLE_WAIT);
+                let _ = shared.wake.wait_timeout(st, wait);
                 continue;
             }
             if !plan.is_empty() {

@@ -14,12 +14,19 @@
 //! for it (`AsyncScheduler`'s `num_output_placeholders`): so the next step can be planned
 //! while this one runs (asynchronous scheduling), decoding from the token still being sampled.
 //! [`Scheduler::complete`] then delivers the sampled tokens.
+//!
+//! With KV offloading on (`num_cpu_blocks > 0`, see [`super::offload`]) every block a step
+//! computes is copied to the CPU tier, and a waiting sequence whose next blocks after its GPU
+//! hit are there loads them first: it holds GPU blocks for them and waits outside the running
+//! set until the load is done (vLLM's `WAITING_FOR_REMOTE_KVS`), then is admitted as any other
+//! waiting sequence with those tokens computed.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::kv_cache::BlockPool;
 use super::metrics::EngineMetrics;
+use super::offload::CpuTier;
 use super::sequence::{EngineEvent, FinishReason, Sequence};
 use crate::profile::StepShape;
 
@@ -47,6 +54,12 @@ pub struct SchedulerConfig {
     /// Plan step N+1 while step N runs (vLLM's `--async-scheduling`, on by default). The
     /// scheduler behaves the same either way; the engine loop and the offline runner read this.
     pub async_scheduling: bool,
+    /// Blocks of the CPU tier (vLLM's `--kv-offloading-size` over the bytes of a block); 0:
+    /// no KV offloading.
+    pub num_cpu_blocks: u32,
+    /// Wall time to load one block from the CPU tier into the GPU (the profile's, over
+    /// `--speed`).
+    pub cpu_load_per_block: Duration,
 }
 
 impl SchedulerConfig {
@@ -64,6 +77,8 @@ impl SchedulerConfig {
             long_prefill_token_threshold: 0,
             reserve_full_isl: true,
             async_scheduling: true,
+            num_cpu_blocks: 0,
+            cpu_load_per_block: Duration::ZERO,
         }
     }
 
@@ -89,6 +104,36 @@ impl SchedulerConfig {
         let t = self.long_prefill_token_threshold;
         let n = if 0 < t && t < remaining { t } else { remaining };
         n.min(budget)
+    }
+}
+
+/// Work done twice: full blocks a sequence computed whose hash an earlier computation had
+/// produced already (the same request before a preemption, or another request with the same
+/// prefix) and the cache had lost meanwhile. Not one of vLLM's metrics: the simulator's truth
+/// for experiments (`/debug/engine`'s `recomputed_tokens`). A partial last block is not
+/// counted. The hashes seen are kept in two generations of at most `GENERATION` each, so the
+/// memory is bounded and a block computed again after about that many newer blocks is not
+/// counted.
+#[derive(Debug, Default)]
+pub struct Recomputed {
+    current: HashSet<u64>,
+    previous: HashSet<u64>,
+    /// Tokens of blocks computed again.
+    pub tokens: u64,
+}
+
+impl Recomputed {
+    const GENERATION: usize = 1 << 21;
+
+    /// A full block `hash` of `block_size` tokens was computed.
+    fn computed(&mut self, hash: u64, block_size: u32) {
+        let fresh = self.current.insert(hash);
+        if !fresh || self.previous.contains(&hash) {
+            self.tokens += u64::from(block_size);
+        }
+        if self.current.len() >= Self::GENERATION {
+            self.previous = std::mem::take(&mut self.current);
+        }
     }
 }
 
@@ -125,6 +170,13 @@ pub struct Scheduler {
     pub pool: BlockPool,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
+    /// Sequences loading blocks from the CPU tier (vLLM's `WAITING_FOR_REMOTE_KVS`), each
+    /// until its `kv_ready_at`.
+    loading: Vec<Sequence>,
+    /// The CPU tier of KV offloading (empty and off without it).
+    pub cpu: CpuTier,
+    /// Every block hash computed so far, to count work done twice (see [`Recomputed`]).
+    pub recomputed: Recomputed,
     /// vLLM's Prometheus counters and histograms.
     pub metrics: EngineMetrics,
 }
@@ -137,6 +189,9 @@ impl Scheduler {
             pool: BlockPool::new(cfg.num_gpu_blocks, cfg.prefix_caching),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            loading: Vec::new(),
+            cpu: CpuTier::new(cfg.num_cpu_blocks),
+            recomputed: Recomputed::default(),
             metrics: EngineMetrics::default(),
         }
     }
@@ -156,14 +211,34 @@ impl Scheduler {
         self.running.len()
     }
 
-    /// Sequences waiting (new or preempted).
+    /// Sequences waiting (new, preempted, or loading offloaded blocks, as vLLM counts them).
     pub fn num_waiting(&self) -> usize {
-        self.waiting.len()
+        self.waiting.len() + self.loading.len()
     }
 
     /// Whether any sequence is running or waiting.
     pub fn has_work(&self) -> bool {
-        !self.running.is_empty() || !self.waiting.is_empty()
+        !self.running.is_empty() || !self.waiting.is_empty() || !self.loading.is_empty()
+    }
+
+    /// When the earliest load from the CPU tier ends (the engine loop wakes then).
+    pub fn next_load_done(&self) -> Option<Instant> {
+        self.loading.iter().filter_map(|s| s.kv_ready_at).min()
+    }
+
+    /// Sequences whose load has ended go back to the head of the waiting queue, in the order
+    /// they started loading (vLLM: a finished load makes the request `WAITING` again, where it
+    /// was skipped, at the queue's head).
+    fn finish_loads(&mut self, now: Instant) {
+        let mut i = self.loading.len();
+        while i > 0 {
+            i -= 1;
+            if self.loading[i].kv_ready_at.is_some_and(|t| t <= now) {
+                let mut seq = self.loading.remove(i);
+                seq.kv_ready_at = None;
+                self.waiting.push_front(seq);
+            }
+        }
     }
 
     /// Aborts sequences matching `pred`, freeing their blocks; returns how many.
@@ -179,6 +254,9 @@ impl Scheduler {
         }
         let (gone, keep): (Vec<_>, Vec<_>) = self.waiting.drain(..).partition(|s| pred(s));
         self.waiting = keep.into();
+        aborted.extend(gone);
+        let (gone, keep): (Vec<_>, Vec<_>) = self.loading.drain(..).partition(|s| pred(s));
+        self.loading = keep;
         aborted.extend(gone);
         let n = aborted.len();
         for seq in aborted {
@@ -254,6 +332,7 @@ impl Scheduler {
         }
 
         // 2. Waiting sequences, only if nothing was preempted.
+        self.finish_loads(now);
         while plan.preempted == 0
             && budget > 0
             && (self.running.len() as u32) < self.cfg.max_num_seqs
@@ -264,28 +343,73 @@ impl Scheduler {
             let total = seq.total_tokens();
             // A hit never covers the last token: it must be computed to sample from it.
             let max_hit_blocks = ((total - 1) / bs) as usize;
-            let hit_blocks = self
-                .pool
-                .cached_prefix_len(&seq.block_hashes)
-                .min(max_hit_blocks);
+            // A sequence back from loading holds its blocks, hit and loaded, computed.
+            let loaded = !seq.blocks.is_empty();
+            let hit_blocks = if loaded {
+                seq.blocks.len()
+            } else {
+                self.pool
+                    .cached_prefix_len(&seq.block_hashes)
+                    .min(max_hit_blocks)
+            };
+            // The blocks after the GPU hit that the CPU tier holds (at least one, as vLLM's
+            // `get_num_new_matched_tokens`): loaded before the sequence is scheduled.
+            let cpu_blocks = if loaded || !self.cpu.enabled() {
+                0
+            } else {
+                let end = max_hit_blocks.min(seq.block_hashes.len());
+                let start = hit_blocks.min(end);
+                self.cpu.lookup(&seq.block_hashes[start..end])
+            };
             let hit_tokens = hit_blocks as u32 * bs;
-            let new = self.cfg.chunk(total - hit_tokens, budget);
-            let need = (hit_tokens + new).div_ceil(bs) - hit_blocks as u32;
+            let new = if cpu_blocks > 0 {
+                0
+            } else {
+                self.cfg.chunk(total - hit_tokens, budget)
+            };
+            // Fresh blocks: for the loaded blocks, or for the chunk computed now.
+            let need = if cpu_blocks > 0 {
+                cpu_blocks as u32
+            } else {
+                (hit_tokens + new).div_ceil(bs) - hit_blocks as u32
+            };
             // Blocks for the whole sequence beyond the hit (vLLM's `allocate_slots(...,
             // full_sequence_must_fit=True)`).
             let need_full = total.div_ceil(bs) - hit_blocks as u32;
             let mut seq = self.waiting.remove(idx).expect("index is valid");
             // Cached blocks may come out of the free queue, so take them before allocating.
-            let mut blocks = self.pool.take_cached(&seq.block_hashes, hit_blocks);
+            let mut blocks = if loaded {
+                std::mem::take(&mut seq.blocks)
+            } else {
+                self.pool.take_cached(&seq.block_hashes, hit_blocks)
+            };
             let fits = !self.cfg.reserve_full_isl || need_full <= self.pool.num_free();
             let fresh = if fits { self.pool.allocate(need) } else { None };
             match fresh {
                 Some(fresh) => blocks.extend(fresh),
                 None => {
-                    self.pool.release(&blocks);
+                    if loaded {
+                        seq.blocks = blocks;
+                    } else {
+                        self.pool.release(&blocks);
+                    }
                     self.waiting.insert(idx, seq);
                     break;
                 }
+            }
+            if cpu_blocks > 0 {
+                // Loads asynchronously; takes no seat and no budget meanwhile.
+                self.cpu.loaded += cpu_blocks as u64;
+                self.metrics.prefix_cache_queries += u64::from(seq.prompt_len);
+                self.metrics.prefix_cache_hits += u64::from(hit_tokens);
+                seq.started = true;
+                seq.cached_tokens = (hit_blocks + cpu_blocks) as u32 * bs;
+                seq.computed = seq.cached_tokens;
+                seq.hit_blocks = hit_blocks + cpu_blocks;
+                seq.blocks = blocks;
+                seq.kv_ready_at = Some(now + self.cfg.cpu_load_per_block * cpu_blocks as u32);
+                self.loading.push(seq);
+                continue;
             }
             if !seq.started {
                 seq.started = true;
@@ -295,6 +419,7 @@ impl Scheduler {
             }
             seq.timings.first_scheduled.get_or_insert(now);
             seq.computed = hit_tokens;
+            seq.hit_blocks = hit_blocks;
             seq.blocks = blocks;
             plan.scheduled.push((seq.seq_no, new));
             budget -= new;
@@ -322,7 +447,13 @@ impl Scheduler {
             let full =
                 (seq.computed.min(seq.num_tokens()) as usize / bs).min(seq.block_hashes.len());
             for b in seq.registered_blocks..full {
+                if b >= seq.hit_blocks {
+                    self.recomputed
+                        .computed(seq.block_hashes[b], self.cfg.block_size);
+                }
                 self.pool.register(seq.blocks[b], seq.block_hashes[b]);
+                // KV offloading copies every newly computed full block to the CPU tier.
+                self.cpu.store(seq.block_hashes[b]);
             }
             seq.registered_blocks = seq.registered_blocks.max(full);
             if seq.computed == seq.total_tokens() {
@@ -487,6 +618,7 @@ enum Delivery {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::kv_cache::block_hashes;
     use tokio::sync::mpsc::{self, UnboundedReceiver};
 
     fn cfg(threshold: u32, reserve_full_isl: bool) -> SchedulerConfig {
@@ -513,6 +645,124 @@ mod tests {
             Instant::now(),
         );
         (s, rx)
+    }
+
+    /// Runs every queued sequence to its end, one step at a time.
+    fn drain(s: &mut Scheduler) {
+        while s.has_work() {
+            let plan = s.schedule(Instant::now());
+            assert!(!plan.is_empty(), "nothing loads here: every step does work");
+            s.complete(&plan, Instant::now());
+        }
+    }
+
+    /// On an 8-block cache: A (64 prompt tokens, 1 output) runs to its end, then B (112 tokens,
+    /// 2 outputs: 8 blocks) evicts every block A left in the GPU's prefix cache; then A's prompt comes
+    /// again, as C (a resumed request's prompt does). Returns the scheduler with C queued.
+    fn after_a_is_evicted(num_cpu_blocks: u32) -> (Scheduler, Vec<UnboundedReceiver<EngineEvent>>) {
+        let mut s = Scheduler::new(SchedulerConfig {
+            num_gpu_blocks: 8,
+            prefix_caching: true,
+            num_cpu_blocks,
+            cpu_load_per_block: Duration::from_millis(10),
+            ..cfg(0, true)
+        });
+        let prompt: Vec<u32> = (0..64).collect();
+        let (tx, ra) = mpsc::unbounded_channel();
+        s.add(Sequence::new(
+            "a".into(),
+            1,
+            &prompt,
+            16,
+            1,
+            FinishReason::Length,
+            0,
+            tx,
+            Instant::now(),
+        ));
+        drain(&mut s);
+        let (b, rb) = seq(2, 112, 2);
+        s.add(b);
+        drain(&mut s);
+        assert_eq!(s.pool.cached_prefix_len(&block_hashes(&prompt, 16)), 0);
+        let (tx, rc) = mpsc::unbounded_channel();
+        s.add(Sequence::new(
+            "c".into(),
+            3,
+            &prompt,
+            16,
+            1,
+            FinishReason::Length,
+            0,
+            tx,
+            Instant::now(),
+        ));
+        (s, vec![ra, rb, rc])
+    }
+
+    fn finished(rx: &mut UnboundedReceiver<EngineEvent>) -> crate::engine::sequence::Finished {
+        loop {
+            match rx.try_recv() {
+                Ok(EngineEvent::Finished(f)) => return f,
+                Ok(_) => continue,
+                Err(e) => panic!("no end: {e:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_evicted_prompt_is_loaded_from_the_cpu_tier_instead_of_recomputed() {
+        let (mut s, mut rx) = after_a_is_evicted(100);
+        let t0 = Instant::now();
+        let plan = s.schedule(t0);
+        assert!(plan.is_empty(), "C loads first: no seat, no tokens");
+        assert_eq!((s.num_running(), s.num_waiting()), (0, 1));
+        // Three blocks (the fourth holds the last prompt token, which is always computed).
+        assert_eq!(s.next_load_done(), Some(t0 + Duration::from_millis(30)));
+        assert!(s.schedule(t0 + Duration::from_millis(29)).is_empty());
+        let plan = s.schedule(t0 + Duration::from_millis(30));
+        assert_eq!(
+            plan.scheduled,
+            vec![(3, 16)],
+            "only the last block is computed"
+        );
+        s.complete(&plan, Instant::now());
+        drain(&mut s);
+        let c = finished(&mut rx[2]);
+        assert_eq!(
+            c.cached_tokens, 48,
+            "loaded tokens count as cached, as in vLLM"
+        );
+        assert_eq!(s.cpu.loaded, 3);
+        // Only the block of the last prompt token (a hit never covers it) is computed again.
+        assert_eq!(s.recomputed.tokens, 16);
+        assert_eq!(s.pool.num_free(), 8, "every block came back");
+    }
+
+    #[test]
+    fn without_offloading_an_evicted_prompt_is_recomputed() {
+        let (mut s, mut rx) = after_a_is_evicted(0);
+        let plan = s.schedule(Instant::now());
+        assert_eq!(plan.scheduled, vec![(3, 64)]);
+        s.complete(&plan, Instant::now());
+        drain(&mut s);
+        assert_eq!(finished(&mut rx[2]).cached_tokens, 0);
+        assert!(s.cpu.is_empty());
+        assert_eq!(
+            s.recomputed.tokens, 64,
+            "A's four full prompt blocks, computed twice"
+        );
+    }
+
+    #[test]
+    fn a_request_aborted_while_it_loads_gives_its_blocks_back() {
+        let (mut s, _rx) = after_a_is_evicted(100);
+        assert!(s.schedule(Instant::now()).is_empty());
+        assert_eq!(s.pool.num_free(), 5, "C holds 3 blocks while it loads");
+        assert_eq!(s.abort_where(Instant::now(), |q| q.seq_no == 3), 1);
+        assert_eq!(s.pool.num_free(), 8);
+        assert!(!s.has_work());
+        assert_eq!(s.next_load_done(), None);
     }
 
     #[test]

@@ -160,6 +160,11 @@ pub struct Sequence {
     pub cached_tokens: u32,
     /// Whether this sequence was ever scheduled (prefix-cache queries count once).
     pub started: bool,
+    /// While it loads blocks from the CPU tier (KV offloading): when the load is done.
+    pub kv_ready_at: Option<Instant>,
+    /// Leading blocks it got without computing them at its latest admission (prefix-cache
+    /// hit, or loaded from the CPU tier).
+    pub hit_blocks: usize,
     /// Timestamps.
     pub timings: Timings,
     /// Where its tokens go.
@@ -204,6 +209,8 @@ impl Sequence {
             registered_blocks: 0,
             cached_tokens: 0,
             started: false,
+            kv_ready_at: None,
+            hit_blocks: 0,
             timings: Timings {
                 arrival: now,
                 first_scheduled: None,

@@ -66,6 +66,12 @@ pub struct BatchedCost {
     pub per_context_token_ms: f64,
     /// KV blocks of 16 tokens the GPU holds when `--num-gpu-blocks` is not given.
     pub default_gpu_blocks: u32,
+    /// Bytes of KV one token takes (all layers, K and V): sizes the CPU tier of
+    /// `--kv-offloading-size`.
+    pub kv_bytes_per_token: u32,
+    /// Host-to-GPU copy rate of offloaded KV blocks, GB/s: a load from the CPU tier takes
+    /// `bytes / rate`.
+    pub kv_load_gb_per_s: f64,
 }
 
 impl BatchedCost {

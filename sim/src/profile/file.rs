@@ -16,6 +16,8 @@
 //! per_context_token_ms = 0.000046
 //! [kv]
 //! gpu_blocks = 25000          # blocks of 16 tokens, > 0
+//! bytes_per_token = 131072    # KV of one token, all layers; > 0 (default: Llama-3.1-8B's)
+//! load_gb_per_s = 25.0        # host-to-GPU copy of offloaded KV; finite, > 0 (default 25)
 //! [[anchor]]                  # 0 or more
 //! what = "single-stream decode, 1k context"
 //! source = "URL or citation"
@@ -145,6 +147,20 @@ struct CostTable {
 #[serde(deny_unknown_fields)]
 struct KvTable {
     gpu_blocks: u32,
+    #[serde(default = "default_bytes_per_token")]
+    bytes_per_token: u32,
+    #[serde(default = "default_load_gb_per_s")]
+    load_gb_per_s: f64,
+}
+
+/// Llama-3.1-8B's KV per token, for files written before the key existed.
+fn default_bytes_per_token() -> u32 {
+    131_072
+}
+
+/// The H100 profile's estimate, for files written before the key existed.
+fn default_load_gb_per_s() -> f64 {
+    25.0
 }
 
 /// The file as written.
@@ -211,6 +227,15 @@ impl ProfileFile {
         if raw.kv.gpu_blocks == 0 {
             bail!("[kv] gpu_blocks must be > 0");
         }
+        if raw.kv.bytes_per_token == 0 {
+            bail!("[kv] bytes_per_token must be > 0");
+        }
+        if !(raw.kv.load_gb_per_s.is_finite() && raw.kv.load_gb_per_s > 0.0) {
+            bail!(
+                "[kv] load_gb_per_s must be a finite number > 0, got {}",
+                raw.kv.load_gb_per_s
+            );
+        }
         for (i, a) in raw.anchors.iter().enumerate() {
             if !(a.expect_ms.is_finite() && a.expect_ms > 0.0) {
                 bail!(
@@ -238,6 +263,8 @@ impl ProfileFile {
                 per_attention_pair_ms: c.per_attention_pair_ms,
                 per_context_token_ms: c.per_context_token_ms,
                 default_gpu_blocks: raw.kv.gpu_blocks,
+                kv_bytes_per_token: raw.kv.bytes_per_token,
+                kv_load_gb_per_s: raw.kv.load_gb_per_s,
             },
             name: raw.name,
             model: raw.model,

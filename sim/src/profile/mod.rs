@@ -51,6 +51,8 @@ pub const LLAMA_31_8B_H100: BatchedCost = BatchedCost {
     per_attention_pair_ms: 0.000_001_06,
     per_context_token_ms: 0.000_046,
     default_gpu_blocks: 25_000,
+    kv_bytes_per_token: 131_072,
+    kv_load_gb_per_s: 25.0,
 };
 
 /// A small, slow engine that makes queueing, chunking and preemption easy to provoke in tests.
@@ -65,6 +67,8 @@ pub const TINY_TEST: BatchedCost = BatchedCost {
     per_attention_pair_ms: 0.0,
     per_context_token_ms: 0.0,
     default_gpu_blocks: 2_048,
+    kv_bytes_per_token: 131_072,
+    kv_load_gb_per_s: 25.0,
 };
 
 impl Profile {
