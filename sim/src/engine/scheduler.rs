@@ -398,13 +398,18 @@ impl Scheduler {
                 }
             }
             if cpu_blocks > 0 {
-                // Loads asynchronously; takes no seat and no budget meanwhile.
+                // Loads asynchronously; takes no seat and no budget meanwhile. As vLLM sets
+                // `num_cached_tokens` once, at first scheduling, a sequence loading again after
+                // a preemption keeps its first figure.
                 self.cpu.loaded += cpu_blocks as u64;
-                self.metrics.prefix_cache_queries += u64::from(seq.prompt_len);
-                self.metrics.prefix_cache_hits += u64::from(hit_tokens);
-                seq.started = true;
-                seq.cached_tokens = (hit_blocks + cpu_blocks) as u32 * bs;
-                seq.computed = seq.cached_tokens;
+                let computed = (hit_blocks + cpu_blocks) as u32 * bs;
+                if !seq.started {
+                    seq.started = true;
+                    seq.cached_tokens = computed;
+                    self.metrics.prefix_cache_queries += u64::from(seq.prompt_len);
+                    self.metrics.prefix_cache_hits += u64::from(hit_tokens);
+                }
+                seq.computed = computed;
                 seq.hit_blocks = hit_blocks + cpu_blocks;
                 seq.blocks = blocks;
                 seq.kv_ready_at = Some(now + self.cfg.cpu_load_per_block * cpu_blocks as u32);
