@@ -218,8 +218,8 @@ struct Progress {
     this: Option<(u32, Option<u32>)>,
     /// Prompt tokens of resumed runs not served from the prefix cache.
     recomputed: u32,
-    /// Prompt tokens of resumed runs whose cache hit the engine never reported (cut again
-    /// before their final usage, or an engine without `--enable-prompt-tokens-details`).
+    /// Prompt tokens of resumed runs whose cache hit the engine never reported: cut again
+    /// before their final usage, the only chunk that carries it.
     unreported: u32,
     /// Times pre-empted.
     preempted: u32,

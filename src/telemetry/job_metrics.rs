@@ -14,8 +14,7 @@
 //!   prefill paid again; `prefill`: an upper bound, as the cut prefill's rest was never done);
 //! - `tutor_gateway_job_unreported_prompt_tokens_total`: prompt tokens of resumed runs whose
 //!   cache hit the engine never reported (cut again before their final usage chunk, the only
-//!   one with `cached_tokens`; or an engine without `--enable-prompt-tokens-details`): what
-//!   they recomputed is unknown, at most this;
+//!   one with `cached_tokens`): what they recomputed is unknown, at most this;
 //! - `tutor_gateway_preemption_admit_seconds{lane}`: for a request a job was pre-empted for, its
 //!   arrival to its admission.
 
@@ -124,8 +123,8 @@ impl JobMetrics {
         let unreported = IntCounter::new(
             "tutor_gateway_job_unreported_prompt_tokens_total",
             "Prompt tokens of resumed jobs whose cache hit the engine never reported (the run was \
-             cut again before its final usage, or the engine lacks \
-             --enable-prompt-tokens-details): what they recomputed is unknown, at most this.",
+             cut again before its final usage, the only chunk with cached_tokens): what they \
+             recomputed is unknown, at most this.",
         )
         .expect("valid counter");
         let made_room = HistogramVec::new(
