@@ -37,29 +37,14 @@ fn review() -> Value {
 async fn a_question_preempts_a_job_that_resumes_to_the_uninterrupted_answer() {
     let h = preempting(Backend::Local, |_| {}).await;
     let base = h.base();
-    // Three identical reviews take large's seat, then medium's, then small's.
-    let body = review();
-    let ids: Vec<String> = futures::future::join_all((0..3).map(|_| submit_ok(&base, &body))).await;
-    for id in &ids {
-        job_until(&base, id, "streaming", |v| {
-            v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) > 0
-        })
-        .await;
-    }
+    let ids = streaming_reviews(&base).await;
     assert_eq!(
         Lane::ALL.map(|l| h.in_flight(l)),
         [1, 1, 1],
         "jobs hold every lane's seat"
     );
     // A question finds no small seat: the job on it gives it back.
-    let resp = client()
-        .post(h.url("/answer"))
-        .json(&json!({"prompt": "why does my loop never end?", "max_output_tokens": 5}))
-        .send()
-        .await
-        .unwrap();
-    let events = sse(&resp.text().await.unwrap());
-    assert_eq!(events.last().unwrap().0, "done", "{events:?}");
+    ask(h.url("/answer")).await;
     let answers: Vec<Value> = futures::future::join_all(ids.iter().map(|id| done(&base, id))).await;
     let preempted: Vec<u64> = answers
         .iter()
@@ -140,21 +125,9 @@ async fn a_continuation_cut_again_counts_its_prompt_as_unreported_not_recomputed
     })
     .await;
     let base = h.base();
-    let body = review();
-    let ids: Vec<String> = futures::future::join_all((0..3).map(|_| submit_ok(&base, &body))).await;
-    for id in &ids {
-        job_until(&base, id, "streaming", |v| {
-            v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) > 0
-        })
-        .await;
-    }
-    let ask = || async {
-        let body = json!({"prompt": "why does my loop never end?", "max_output_tokens": 5});
-        let events = sse(&post_text(h.url("/answer"), &body).await);
-        assert_eq!(events.last().unwrap().0, "done", "{events:?}");
-    };
+    let ids = streaming_reviews(&base).await;
     // The job with the fewest tokens gives its seat back, then resumes on it.
-    ask().await;
+    ask(h.url("/answer")).await;
     let mut cut = None;
     for id in &ids {
         let v = jobs::job(&base, id).await;
@@ -168,7 +141,7 @@ async fn a_continuation_cut_again_counts_its_prompt_as_unreported_not_recomputed
     })
     .await;
     // It still has the fewest tokens: the next question cuts its continuation mid-stream.
-    ask().await;
+    ask(h.url("/answer")).await;
     let v = done(&base, &id).await;
     let usage = &v["answer"]["usage"];
     assert_eq!(v["preempted"], 2, "{usage}");
@@ -345,27 +318,8 @@ async fn cooldown(backend: Backend) {
         Lane::ALL.map(|l| h.in_flight(l)) == [1, 1, 1]
     })
     .await;
-    let resp = client()
-        .post(h.url("/answer"))
-        .json(&json!({"prompt": "why does my loop never end?", "max_output_tokens": 5}))
-        .send()
-        .await
-        .unwrap();
-    let events = sse(&resp.text().await.unwrap());
-    assert_eq!(events.last().unwrap().0, "done", "{events:?}");
-    let mut left = Vec::new();
-    for _ in 0..1_000 {
-        left.clear();
-        for id in &ids {
-            if jobs::job(&base, id).await["preempted"] == 1 {
-                left.push(id.clone());
-            }
-        }
-        if !left.is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    ask(h.url("/answer")).await;
+    let mut left = preempted_once(&base, &ids).await;
     assert_eq!(left.len(), 1, "the job on small's seat left, and only it");
     let left = left.remove(0);
     // The other two jobs run to their end; the one that left never takes the idle seats.
@@ -399,15 +353,7 @@ async fn a_job_preempted_on_one_replica_is_continued_on_another() {
     let a = gateway(c.clone()).await;
     let a_url = a.url();
     // Three identical reviews take, on A, large's seat, then medium's, then small's.
-    let body = review();
-    let ids: Vec<String> =
-        futures::future::join_all((0..3).map(|_| submit_ok(&a_url, &body))).await;
-    for id in &ids {
-        job_until(&a.url(), id, "streaming on A", |v| {
-            v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) > 0
-        })
-        .await;
-    }
+    let ids = streaming_reviews(&a_url).await;
     let mut conn = redis_conn(&redis).await;
     let seated: Vec<Option<i64>> = redis::cmd("HMGET")
         .arg(jobs::USAGE)
@@ -434,28 +380,15 @@ async fn a_job_preempted_on_one_replica_is_continued_on_another() {
     let b = gateway(c).await;
     let b_url = b.url();
     // A question on B: no small seat anywhere, so the job on it (on A) gives it back.
-    let resp = client()
-        .post(format!("{}/answer", b.url()))
-        .json(&json!({"prompt": "why does my loop never end?", "max_output_tokens": 5}))
-        .send()
-        .await
-        .unwrap();
-    let events = sse(&resp.text().await.unwrap());
-    assert_eq!(events.last().unwrap().0, "done", "{events:?}");
+    ask(format!("{}/answer", b.url())).await;
     // Its run on A hands it back as the question streams.
-    let mut preempted = None;
-    for _ in 0..500 {
-        for id in &ids {
-            if jobs::job(&b_url, id).await["preempted"] == 1 {
-                preempted = Some(id.clone());
-            }
-        }
-        if preempted.is_some() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    let preempted = preempted.expect("one job gave its seat back");
+    let preempted = preempted_once(&b_url, &ids).await;
+    assert_eq!(
+        preempted.len(),
+        1,
+        "one job gave its seat back: {preempted:?}"
+    );
+    let preempted = preempted[0].clone();
     let on_a = tutor_testkit::metrics_text(&a.url()).await;
     assert_eq!(
         metric(
@@ -509,13 +442,7 @@ async fn a_job_preempted_on_one_replica_is_continued_on_another() {
         "B ran the continuations"
     );
     quota_drains(&redis).await;
-    let left: u32 = redis::cmd("EXISTS")
-        .arg("tg:v2:{quota}:borrowers")
-        .arg("tg:v2:{quota}:asked")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(left, 0, "no borrower or ask left behind");
+    no_borrower_or_ask_left(&mut conn).await;
     b.shutdown().await;
     sim.shutdown().await;
 }
@@ -704,13 +631,7 @@ async fn a_preemptible_answer_on_one_replica_gives_its_seat_to_a_question_on_ano
         "the question on B is counted as one a pre-emption made room for"
     );
     quota_drains(&redis).await;
-    let left: u32 = redis::cmd("EXISTS")
-        .arg("tg:v2:{quota}:borrowers")
-        .arg("tg:v2:{quota}:asked")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(left, 0, "no borrower or ask left behind");
+    no_borrower_or_ask_left(&mut conn).await;
     a.shutdown().await;
     b.shutdown().await;
     sim.shutdown().await;
@@ -750,6 +671,56 @@ fn pre_empted_once_without_a_break(marked: &str, plain: &str) {
         .filter_map(|l| l.strip_prefix("id: ")?.parse().ok())
         .collect();
     assert_eq!(ids, (1..=ids.len() as u32).collect::<Vec<_>>());
+}
+
+/// Three identical reviews submitted to the gateway at `base`: with one seat in each lane they
+/// take large's seat, then medium's, then small's. Their ids, once each one streams.
+async fn streaming_reviews(base: &str) -> Vec<String> {
+    let body = review();
+    let ids: Vec<String> = futures::future::join_all((0..3).map(|_| submit_ok(base, &body))).await;
+    for id in &ids {
+        job_until(base, id, "streaming", |v| {
+            v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) > 0
+        })
+        .await;
+    }
+    ids
+}
+
+/// A short question to the `/answer` at `url`, answered to its end.
+async fn ask(url: String) {
+    let body = json!({"prompt": "why does my loop never end?", "max_output_tokens": 5});
+    let events = sse(&post_text(url, &body).await);
+    assert_eq!(events.last().unwrap().0, "done", "{events:?}");
+}
+
+/// The jobs of `ids` (at `base`) pre-empted once, as soon as there is one (a pre-emption shows
+/// as the run hands the job back: shortly after the question that asked for it).
+async fn preempted_once(base: &str, ids: &[String]) -> Vec<String> {
+    let mut preempted = Vec::new();
+    for _ in 0..1_000 {
+        for id in ids {
+            if jobs::job(base, id).await["preempted"] == 1 {
+                preempted.push(id.clone());
+            }
+        }
+        if !preempted.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    preempted
+}
+
+/// No pre-emptible lease and no ask for one is left in the quota's Redis.
+async fn no_borrower_or_ask_left(conn: &mut redis::aio::MultiplexedConnection) {
+    let left: u32 = redis::cmd("EXISTS")
+        .arg("tg:v2:{quota}:borrowers")
+        .arg("tg:v2:{quota}:asked")
+        .query_async(conn)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "no borrower or ask left behind");
 }
 
 /// A Redis and a simulator for a fleet of gateways, and their config: the quota on that Redis,

@@ -24,6 +24,21 @@ fn ask(extra: Value) -> Value {
     body
 }
 
+/// What [`ask`] adds to continue `cut`, the answer so far, for `max_tokens` more: the question
+/// and `cut` as the final assistant message, continued (as the gateway resumes a pre-empted
+/// answer).
+fn continuing(cut: &str, max_tokens: u32) -> Value {
+    json!({
+        "messages": [
+            {"role": "user", "content": QUESTION},
+            {"role": "assistant", "content": cut},
+        ],
+        "continue_final_message": true,
+        "add_generation_prompt": false,
+        "max_tokens": max_tokens,
+    })
+}
+
 /// The text of a chat stream and its usage.
 fn read(body: &str) -> (String, Value) {
     let events = sse_events(body);
@@ -54,15 +69,7 @@ async fn a_continued_answer_goes_on_where_the_cut_one_stopped() {
     assert_eq!(usage["completion_tokens"], 40);
     // Cut after 15 tokens, then continued for the 25 left.
     let (cut, _) = read(&post_text(&url, &ask(json!({"max_tokens": 15}))).await);
-    let resumed = json!({
-        "messages": [
-            {"role": "user", "content": QUESTION},
-            {"role": "assistant", "content": cut},
-        ],
-        "continue_final_message": true,
-        "add_generation_prompt": false,
-        "max_tokens": 25,
-    });
+    let resumed = continuing(&cut, 25);
     let (rest, usage) = read(&post_text(&url, &ask(resumed.clone())).await);
     assert_eq!(format!("{cut}{rest}"), whole, "one answer, each token once");
     assert_eq!(usage["completion_tokens"], 25);
@@ -130,19 +137,7 @@ async fn a_continued_answer_stops_where_the_uninterrupted_one_would_have() {
     // Cut halfway, then continued with the rest of the limit.
     let k = n / 2;
     let (cut, _) = read(&post_text(&url, &no_eos(json!({"max_tokens": k}))).await);
-    let rest_body = post_text(
-        &url,
-        &no_eos(json!({
-            "messages": [
-                {"role": "user", "content": QUESTION},
-                {"role": "assistant", "content": cut},
-            ],
-            "continue_final_message": true,
-            "add_generation_prompt": false,
-            "max_tokens": 1000 - k,
-        })),
-    )
-    .await;
+    let rest_body = post_text(&url, &no_eos(continuing(&cut, 1000 - k))).await;
     let (rest, usage) = read(&rest_body);
     assert_eq!(format!("{cut}{rest}"), whole);
     assert_eq!(usage["completion_tokens"], n - k);
@@ -249,16 +244,7 @@ async fn with_kv_offloading_an_evicted_cut_answer_is_loaded_not_recomputed() {
         let (_, usage) = read(&post_text(&url, &body).await);
         let filled = usage["prompt_tokens"].as_u64().unwrap() + 40;
         assert!(filled > 63 * 16, "the filler needs every block: {usage}");
-        let resumed = json!({
-            "messages": [
-                {"role": "user", "content": QUESTION},
-                {"role": "assistant", "content": cut},
-            ],
-            "continue_final_message": true,
-            "add_generation_prompt": false,
-            "max_tokens": 25,
-        });
-        let (_, usage) = read(&post_text(&url, &ask(resumed)).await);
+        let (_, usage) = read(&post_text(&url, &ask(continuing(&cut, 25))).await);
         let prompt = usage["prompt_tokens"].as_u64().unwrap();
         let cached = usage["prompt_tokens_details"]["cached_tokens"]
             .as_u64()

@@ -637,11 +637,16 @@ mod tests {
     /// A sequence of `prompt_len` distinct tokens that generates `out` tokens.
     fn seq(no: u64, prompt_len: u32, out: u32) -> (Sequence, UnboundedReceiver<EngineEvent>) {
         let prompt: Vec<u32> = (0..prompt_len).map(|i| (no as u32) * 100_000 + i).collect();
+        seq_of(no, &prompt, out)
+    }
+
+    /// A sequence of the tokens `prompt` that generates `out` tokens.
+    fn seq_of(no: u64, prompt: &[u32], out: u32) -> (Sequence, UnboundedReceiver<EngineEvent>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let s = Sequence::new(
             no.to_string(),
             no,
-            &prompt,
+            prompt,
             16,
             out,
             FinishReason::Length,
@@ -673,35 +678,15 @@ mod tests {
             ..cfg(0, true)
         });
         let prompt: Vec<u32> = (0..64).collect();
-        let (tx, ra) = mpsc::unbounded_channel();
-        s.add(Sequence::new(
-            "a".into(),
-            1,
-            &prompt,
-            16,
-            1,
-            FinishReason::Length,
-            0,
-            tx,
-            Instant::now(),
-        ));
+        let (a, ra) = seq_of(1, &prompt, 1);
+        s.add(a);
         drain(&mut s);
         let (b, rb) = seq(2, 112, 2);
         s.add(b);
         drain(&mut s);
         assert_eq!(s.pool.cached_prefix_len(&block_hashes(&prompt, 16)), 0);
-        let (tx, rc) = mpsc::unbounded_channel();
-        s.add(Sequence::new(
-            "c".into(),
-            3,
-            &prompt,
-            16,
-            1,
-            FinishReason::Length,
-            0,
-            tx,
-            Instant::now(),
-        ));
+        let (c, rc) = seq_of(3, &prompt, 1);
+        s.add(c);
         (s, vec![ra, rb, rc])
     }
 
