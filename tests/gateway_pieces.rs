@@ -6,6 +6,9 @@
 //! times.
 
 mod common;
+#[allow(unused_macros)]
+mod jobs;
+mod redis_common;
 
 use common::*;
 use serde_json::{json, Value};
@@ -130,6 +133,61 @@ async fn a_long_prompt_is_prefilled_one_piece_per_step_and_nothing_is_computed_t
     assert!(
         largest > u64::from(PIECE),
         "off, the prompt went whole: {largest}"
+    );
+    eventually("every seat and token back", || h.idle()).await;
+    h.shutdown().await;
+}
+
+/// `jobs.prefill_piece_tokens`: a job's long prompt is prefilled in pieces of its own while
+/// interactive requests go whole (`admission.prefill_piece_tokens` off). On a mostly idle
+/// engine a job's prompt chunk is what makes a question's engine step long.
+#[tokio::test]
+async fn a_jobs_prompt_is_pieced_and_an_interactive_one_of_the_same_size_is_not() {
+    let h = harness(
+        &[
+            "--speed",
+            "50",
+            "--profile",
+            "tiny-test",
+            "--enable-prompt-tokens-details",
+        ],
+        |c| c.jobs.prefill_piece_tokens = PIECE,
+    )
+    .await;
+    let _ = review(&h, "interactive").await;
+    let (largest, last) = largest_chunk(&h, 0).await;
+    assert!(
+        largest > u64::from(PIECE),
+        "the interactive review went whole: {largest}"
+    );
+    let m = h.metrics_text().await;
+    assert_eq!(metric(&m, "tutor_gateway_prefill_pieces_total"), 0.0);
+    // The same size of review as a job: in pieces, each found cached by the next and by the
+    // job's own request.
+    let base = h.url("");
+    let body = json!({"prompt": words(5000, "job"), "max_output_tokens": 5});
+    let id = jobs::submit_ok(&base, &body).await;
+    let v = jobs::done(&base, &id).await;
+    let usage = &v["answer"]["usage"];
+    let prompt = usage["input_tokens"].as_u64().unwrap();
+    assert!(prompt > 4 * u64::from(PIECE), "{v}");
+    let pieces = (prompt - 1) / u64::from(PIECE);
+    assert_eq!(
+        usage["cached_tokens"].as_u64(),
+        Some(pieces * u64::from(PIECE)),
+        "{v}"
+    );
+    let (largest, _) = largest_chunk(&h, last).await;
+    assert!(
+        largest <= u64::from(PIECE),
+        "a step computed {largest} tokens of the job's prompt"
+    );
+    assert_eq!(
+        metric(
+            &h.metrics_text().await,
+            "tutor_gateway_prefill_pieces_total"
+        ),
+        pieces as f64
     );
     eventually("every seat and token back", || h.idle()).await;
     h.shutdown().await;

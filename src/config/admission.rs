@@ -345,20 +345,11 @@ pub(super) fn validate(c: &mut Checker, raw: RawAdmission) -> AdmissionConfig {
                 EARLY_REFUSAL_MARGIN_PERCENT
             }
         },
-        prefill_piece_tokens: match raw.prefill_piece_tokens.unwrap_or(0) {
-            0 => 0,
-            n if n >= MIN_PREFILL_PIECE_TOKENS && n % PREFILL_PIECE_ALIGN == 0 => n,
-            _ => {
-                c.fail(
-                    "admission.prefill_piece_tokens",
-                    format!(
-                        "must be 0 (off) or at least {MIN_PREFILL_PIECE_TOKENS} and a multiple of \
-                         {PREFILL_PIECE_ALIGN} (vLLM's KV block size: pieces end on block boundaries)"
-                    ),
-                );
-                0
-            }
-        },
+        prefill_piece_tokens: piece_tokens(
+            c,
+            "admission.prefill_piece_tokens",
+            raw.prefill_piece_tokens,
+        ),
         seats: c.u32("admission.seats", raw.seats, SEATS),
         max_tokens_in_flight: c.u64(
             "admission.max_tokens_in_flight",
@@ -374,6 +365,25 @@ pub(super) fn validate(c: &mut Checker, raw: RawAdmission) -> AdmissionConfig {
                 fifo.queue_timeout_ms.unwrap_or(FIFO_QUEUE_TIMEOUT_MS),
             ),
         },
+    }
+}
+
+/// A piece size (`admission.prefill_piece_tokens`, `jobs.prefill_piece_tokens`): 0 (off, the
+/// default) or at least [`MIN_PREFILL_PIECE_TOKENS`] and a multiple of [`PREFILL_PIECE_ALIGN`].
+pub(super) fn piece_tokens(c: &mut Checker, key: &str, raw: Option<u32>) -> u32 {
+    match raw.unwrap_or(0) {
+        0 => 0,
+        n if n >= MIN_PREFILL_PIECE_TOKENS && n % PREFILL_PIECE_ALIGN == 0 => n,
+        _ => {
+            c.fail(
+                key,
+                format!(
+                    "must be 0 (off) or at least {MIN_PREFILL_PIECE_TOKENS} and a multiple of \
+                     {PREFILL_PIECE_ALIGN} (vLLM's KV block size: pieces end on block boundaries)"
+                ),
+            );
+            0
+        }
     }
 }
 

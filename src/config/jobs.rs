@@ -89,6 +89,8 @@ pub struct RawJobs {
     pub preempt_answers: Option<String>,
     /// A pre-empted `/answer` stream tells its client with a `meta` event.
     pub preempt_notice: Option<bool>,
+    /// Jobs' long prompts are prefilled in pieces of this many tokens; 0: as any request's.
+    pub prefill_piece_tokens: Option<u32>,
 }
 
 /// Which large `/answer` streams may borrow idle seats, pre-emptible (`jobs.preempt_answers`).
@@ -189,6 +191,11 @@ pub struct JobsConfig {
     pub preempt_answers: PreemptAnswers,
     /// A pre-empted `/answer` stream sends a `meta` event `{"preempted": n}` where it goes on.
     pub preempt_notice: bool,
+    /// A job's prompt longer than twice this is prefilled in pieces of this many tokens
+    /// (`crate::pipeline::pieces`), so an engine step carries at most one piece of it beside
+    /// the questions' prompts; 0: a job is pieced as any request is
+    /// (`admission.prefill_piece_tokens`, or the autopilot's size).
+    pub prefill_piece_tokens: u32,
 }
 
 impl WebhookPattern {
@@ -328,6 +335,11 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
     JobsConfig {
         preempt_answers,
         preempt_notice: raw.preempt_notice.unwrap_or(false),
+        prefill_piece_tokens: super::admission::piece_tokens(
+            c,
+            "jobs.prefill_piece_tokens",
+            raw.prefill_piece_tokens,
+        ),
         preempt: raw.preempt.unwrap_or(false),
         max_preemptions: max_preemptions.min(100),
         preempt_cooldown: Duration::from_millis(preempt_cooldown_ms.min(MAX_PREEMPT_COOLDOWN_MS)),

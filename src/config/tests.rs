@@ -287,9 +287,11 @@ fn prefill_budget_defaults_to_one_reference_step_and_holds_with_either_backend()
 fn jobs_keys_are_checked_together() {
     let issues = issues_of(&format!(
         "{MINIMAL}[jobs]\nmax_jobs = 0\nwebhook_allow = [\"https://hooks.example.edu/*\", \"ftp://x/\"]\n\
-         webhook_attempts = 21\ndivert_large_after_ms = 500\nenabled = false\nmax_attempts = 0\n"
+         webhook_attempts = 21\ndivert_large_after_ms = 500\nenabled = false\nmax_attempts = 0\n\
+         prefill_piece_tokens = 100\n"
     ));
     for expected in [
+        "jobs.prefill_piece_tokens must be 0 (off) or at least 256",
         "jobs.max_jobs",
         "jobs.webhook_allow[1]",
         "jobs.webhook_attempts",

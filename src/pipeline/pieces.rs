@@ -51,12 +51,16 @@ pub struct Pieced {
     pub reports_cached: bool,
 }
 
-/// Prefills `request`'s prompt in pieces of `admission.prefill_piece_tokens` (or the
-/// autopilot's size) when it is long enough for two (estimated, `prompt` tokens, above twice the
-/// piece). `None`: not pieced (off, short, media, or the count failed); the request goes as
-/// usual.
-pub async fn prefill(ctx: &RequestCtx, request: &UpstreamRequest, prompt: u32) -> Option<Pieced> {
-    let piece = ctx.piece_tokens();
+/// Prefills `request`'s prompt in pieces of `piece` tokens (`admission.prefill_piece_tokens`,
+/// the autopilot's size, or for a job `jobs.prefill_piece_tokens`) when it is long enough for
+/// two (estimated, `prompt` tokens, above twice the piece). `None`: not pieced (`piece` 0,
+/// short, media, or the count failed); the request goes as usual.
+pub async fn prefill(
+    ctx: &RequestCtx,
+    request: &UpstreamRequest,
+    piece: u32,
+    prompt: u32,
+) -> Option<Pieced> {
     if piece == 0 || prompt <= piece.saturating_mul(2) {
         return None;
     }

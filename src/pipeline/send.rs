@@ -9,12 +9,13 @@ use super::respond::refused;
 use super::resume::Resume;
 use crate::error::GatewayError;
 use crate::relay::{Format, Relay, RelayContext};
-use crate::telemetry::Mark;
+use crate::telemetry::{Mark, Route};
 use crate::upstream::UpstreamRequest;
 
 /// Sends `admitted` with the request's upstream client (its seat and token reservation given
 /// back when the guard drops, the prefill reservation at the first token), a long prompt first
-/// prefilled in pieces when `admission.prefill_piece_tokens` says so ([`pieces`]), and hands
+/// prefilled in pieces when `admission.prefill_piece_tokens` (a job's: `jobs.prefill_piece_tokens`)
+/// says so ([`pieces`]), and hands
 /// the stream to a [`Relay`] under the request's lane rules.
 pub async fn send(
     ctx: &RequestCtx,
@@ -66,7 +67,12 @@ pub async fn send(
         affinity,
         pin: None,
     };
-    if let Some(p) = pieces::prefill(ctx, &request, class.input_tokens_estimate).await {
+    // A job's prompt in its own pieces when `jobs.prefill_piece_tokens` says so.
+    let piece = match ctx.config().jobs.prefill_piece_tokens {
+        n if n > 0 && record.route() == Route::Job => n,
+        _ => ctx.piece_tokens(),
+    };
+    if let Some(p) = pieces::prefill(ctx, &request, piece, class.input_tokens_estimate).await {
         request.pin.clone_from(&p.replica);
         record.pieced(p.prefix, p.reports_cached);
     }

@@ -109,6 +109,11 @@ impl RequestRecord {
         &self.request_id
     }
 
+    /// The route it came by.
+    pub fn route(&self) -> Route {
+        self.route
+    }
+
     /// When the request arrived.
     pub fn arrival(&self) -> Instant {
         self.arrival
