@@ -30,6 +30,9 @@
 #   CAPACITY=31.5 loadtest/experiments/preempt.sh   # skip the capacity measurement
 #   QUICK=1 loadtest/experiments/preempt.sh         # smoke test: SPEED=10, DURATION=20s, ~2 min
 #   PRESETS=floor,lanes,lanes-preempt,lanes-preempt-redis loadtest/experiments/preempt.sh
+#   SCENARIO=loadtest/scenarios/preempt-evening.toml loadtest/experiments/preempt.sh  # a quiet
+#                                   # evening: questions at 5-35%, 800 jobs (preempt-night.toml: 2%)
+#   CONFIG=my-config.toml PRESETS=lanes-preempt loadtest/experiments/preempt.sh  # another config
 #   KV_OFFLOADING_SIZE=64 loadtest/experiments/preempt.sh   # the engine with vLLM's
 #                                   # --kv-offloading-size 64 (GiB of CPU memory for KV blocks)
 set -euo pipefail
@@ -47,6 +50,8 @@ else
   capacity_run=(--capacity-warmup-s 30 --capacity-window-s 60)
 fi
 SEEDS="${SEEDS:-1,2}"
+SCENARIO="${SCENARIO:-loadtest/scenarios/preempt-day.toml}"
+CONFIG="${CONFIG:-config/config.toml}"
 PRESETS="${PRESETS:-floor,lanes,lanes-preempt}"
 WARMUP_S="${WARMUP_S:-10}"
 DRAIN="${DRAIN:-30s}"
@@ -66,8 +71,8 @@ cargo build --release -p tutor-load
 bin="${CARGO_TARGET_DIR:-target}/release/tutor-load"
 echo "preempt: seeds $SEEDS, window ${window_s} s after ${WARMUP_S} s of warm-up, speed $SPEED -> $OUT" >&2
 "$bin" experiment --arrivals poisson \
-  --scenario loadtest/scenarios/preempt-day.toml \
-  --config config/config.toml \
+  --scenario "$SCENARIO" \
+  --config "$CONFIG" \
   --profile llama-3.1-8b-h100 --speed "$SPEED" \
   --fifo-max-concurrency 0 \
   --engine seed --long-prefill-token-threshold 512 \

@@ -181,8 +181,8 @@ const DEFAULT_PIECE_TOKENS: u32 = 1024;
 /// engine's) under `preset`'s admission policy, request log and tracing off. Under
 /// [`Preset::Autopilot`] the autopilot is on, and its times and the lanes' objectives, stated
 /// in simulated time, are divided by `speed` (the gateway lives in wall-clock time).
-/// `jobs.preempt` is on under [`Preset::LanesPreempt`], [`Preset::LanesPreemptRedis`] and
-/// [`Preset::AutopilotPreempt`] only
+/// `jobs.preempt` is on under [`Preset::LanesPreempt`], [`Preset::LanesPreemptRedis`],
+/// [`Preset::AutopilotPreempt`] and [`Preset::LanesPreemptPieces`] only
 /// (off under every other preset, whatever the file says).
 pub(crate) fn gateway_config(
     path: &Path,
@@ -203,7 +203,8 @@ pub(crate) fn gateway_config(
         | Preset::LanesRedis
         | Preset::LanesPreempt
         | Preset::LanesPreemptRedis
-        | Preset::AutopilotPreempt => Policy::Lanes,
+        | Preset::AutopilotPreempt
+        | Preset::LanesPreemptPieces => Policy::Lanes,
     };
     let mut cfg = load_config(path, engine.max_model_len)?;
     cfg.autopilot.enabled = preset.piloted();
@@ -415,6 +416,9 @@ mod tests {
         let both = gateway_config(&file, &engine, Preset::AutopilotPreempt, 0, 2.0).unwrap();
         assert!(both.autopilot.enabled && both.jobs.preempt);
         assert_eq!(both.admission.policy, Policy::Lanes);
+        let pieced = gateway_config(&file, &engine, Preset::LanesPreemptPieces, 0, 2.0).unwrap();
+        assert!(pieced.jobs.preempt && !pieced.autopilot.enabled);
+        assert_eq!(pieced.admission.prefill_piece_tokens, DEFAULT_PIECE_TOKENS);
         // Simulated times over the speed, as every piloted preset.
         let shipped = load_config(&file, engine.max_model_len).unwrap();
         assert_eq!(both.autopilot.window, shipped.autopilot.window.div_f64(2.0));

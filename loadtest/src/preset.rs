@@ -38,11 +38,15 @@ pub enum Preset {
     /// `lanes-preempt` with the autopilot on (as `autopilot`): the small lane's reservation
     /// paced to its objective decides how many questions may ask a job for its seat.
     AutopilotPreempt,
+    /// `lanes-preempt` with long prompts prefilled in pieces, as `lanes-pieces`: a job's prompt
+    /// reaches the engine one piece a request, so an engine step carries at most one piece of
+    /// it beside the questions' prompts.
+    LanesPreemptPieces,
 }
 
 impl Preset {
     /// Every preset, in run order.
-    pub const ALL: [Preset; 12] = [
+    pub const ALL: [Preset; 13] = [
         Preset::Floor,
         Preset::Fifo,
         Preset::Strict,
@@ -55,6 +59,7 @@ impl Preset {
         Preset::LanesPreempt,
         Preset::LanesPreemptRedis,
         Preset::AutopilotPreempt,
+        Preset::LanesPreemptPieces,
     ];
 
     /// The folder / summary key.
@@ -72,6 +77,7 @@ impl Preset {
             Preset::LanesPreempt => "lanes-preempt",
             Preset::LanesPreemptRedis => "lanes-preempt-redis",
             Preset::AutopilotPreempt => "autopilot-preempt",
+            Preset::LanesPreemptPieces => "lanes-preempt-pieces",
         }
     }
 }
@@ -89,7 +95,10 @@ impl Preset {
     pub fn preempts(self) -> bool {
         matches!(
             self,
-            Preset::LanesPreempt | Preset::LanesPreemptRedis | Preset::AutopilotPreempt
+            Preset::LanesPreempt
+                | Preset::LanesPreemptRedis
+                | Preset::AutopilotPreempt
+                | Preset::LanesPreemptPieces
         )
     }
 
@@ -100,6 +109,9 @@ impl Preset {
 
     /// Whether long prompts are prefilled in pieces.
     pub fn pieced(self) -> bool {
-        matches!(self, Preset::LanesPieces | Preset::AutopilotPieces)
+        matches!(
+            self,
+            Preset::LanesPieces | Preset::AutopilotPieces | Preset::LanesPreemptPieces
+        )
     }
 }
