@@ -16,6 +16,15 @@ use serde_json::{json, Value};
 /// Pieces of 1,024 tokens.
 const PIECE: u32 = 1024;
 
+/// A fast simulator whose usage tells the prefix-cache hits (`cached_tokens`).
+const CACHED_TOKENS: &[&str] = &[
+    "--speed",
+    "50",
+    "--profile",
+    "tiny-test",
+    "--enable-prompt-tokens-details",
+];
+
 /// The largest prompt chunk one sequence computed in one step, over the steps after `after`.
 async fn largest_chunk(h: &Harness, after: u64) -> (u64, u64) {
     let steps = tutor_testkit::get_json(format!("{}/debug/steps", h.sim.url())).await;
@@ -45,17 +54,7 @@ async fn review(h: &Harness, salt: &str) -> Value {
 
 #[tokio::test]
 async fn a_long_prompt_is_prefilled_one_piece_per_step_and_nothing_is_computed_twice() {
-    let h = harness(
-        &[
-            "--speed",
-            "50",
-            "--profile",
-            "tiny-test",
-            "--enable-prompt-tokens-details",
-        ],
-        |c| c.admission.prefill_piece_tokens = PIECE,
-    )
-    .await;
+    let h = harness(CACHED_TOKENS, |c| c.admission.prefill_piece_tokens = PIECE).await;
     let answer = review(&h, "pieced").await;
     let prompt = answer["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(prompt > 4 * u64::from(PIECE), "{answer}");
@@ -143,17 +142,7 @@ async fn a_long_prompt_is_prefilled_one_piece_per_step_and_nothing_is_computed_t
 /// engine a job's prompt chunk is what makes a question's engine step long.
 #[tokio::test]
 async fn a_jobs_prompt_is_pieced_and_an_interactive_one_of_the_same_size_is_not() {
-    let h = harness(
-        &[
-            "--speed",
-            "50",
-            "--profile",
-            "tiny-test",
-            "--enable-prompt-tokens-details",
-        ],
-        |c| c.jobs.prefill_piece_tokens = PIECE,
-    )
-    .await;
+    let h = harness(CACHED_TOKENS, |c| c.jobs.prefill_piece_tokens = PIECE).await;
     let _ = review(&h, "interactive").await;
     let (largest, last) = largest_chunk(&h, 0).await;
     assert!(
