@@ -225,7 +225,9 @@ async fn a_job_is_visible_only_to_its_tenant() {
 async fn tenants_take_turns_in_the_job_queue() {
     let slow = flags("--speed 1 --profile tiny-test --mean-output-tokens 1000000");
     let h = harness(&slow, |c| {
+        // Jobs on the large lane's one seat only (not pre-emptible): the others queue.
         set_lane(c, tutor_gateway::lane::Lane::Large, 1);
+        c.jobs.preempt = false;
         with_keys(c, &[(KEY, "cs101"), (OTHER, "school-2")]);
     })
     .await;

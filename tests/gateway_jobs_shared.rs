@@ -446,23 +446,46 @@ async fn a_large_answer_that_waits_too_long_becomes_a_shared_job() {
 
 #[tokio::test]
 async fn a_replica_that_shuts_down_hands_its_running_job_to_the_other() {
-    let redis = RedisServer::start();
-    let sim = sim(SLOW).await;
-    let a = gateway(config(&sim, &redis)).await;
-    let id = submit_ok(&a.url(), &question(600)).await;
-    job_until(&a.url(), &id, "streaming on A", |v| {
-        v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) >= 3
-    })
-    .await;
-    let b = gateway(config(&sim, &redis)).await;
-    // A graceful shutdown does not cancel the job: it goes back to the queue, and B runs it.
-    a.shutdown().await;
-    let v = job_until(&b.url(), &id, "done on B", |v| v["status"] == "done").await;
-    assert_eq!(v["runs"], 2, "{v}");
-    assert_eq!(v["answer"]["usage"]["output_tokens"], 600);
-    quota_drains(&redis).await;
-    b.shutdown().await;
-    sim.shutdown().await;
+    // Pre-emptible jobs (the default) are handed over with their text and continued; others
+    // start over. The simulator's text is a function of the request: both end with the same.
+    let mut texts = Vec::new();
+    for preempt in [true, false] {
+        let redis = RedisServer::start();
+        let sim = sim(SLOW).await;
+        let config = || {
+            let mut c = config(&sim, &redis);
+            c.jobs.preempt = preempt;
+            c
+        };
+        let a = gateway(config()).await;
+        let id = submit_ok(&a.url(), &question(600)).await;
+        job_until(&a.url(), &id, "streaming on A", |v| {
+            v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) >= 3
+        })
+        .await;
+        let b = gateway(config()).await;
+        // A graceful shutdown does not cancel the job: it goes back to the queue, and B runs it.
+        a.shutdown().await;
+        let v = job_until(&b.url(), &id, "done on B", |v| v["status"] == "done").await;
+        // B ended it: its run is counted there.
+        let b_runs = tutor_testkit::metric(
+            &tutor_testkit::metrics_text(&b.url()).await,
+            "tutor_gateway_job_run_seconds_count",
+        );
+        assert_eq!(b_runs, 1.0, "preempt {preempt}: {v}");
+        // Each output token counted once, either way.
+        assert_eq!(v["answer"]["usage"]["output_tokens"], 600, "{v}");
+        // Continued: still its first run. Started over: a second one.
+        assert_eq!(v["runs"], if preempt { 1 } else { 2 }, "{v}");
+        texts.push(v["answer"]["text"].as_str().unwrap().to_owned());
+        quota_drains(&redis).await;
+        b.shutdown().await;
+        sim.shutdown().await;
+    }
+    assert_eq!(
+        texts[0], texts[1],
+        "the continued answer is the whole answer"
+    );
 }
 
 #[tokio::test]
@@ -470,7 +493,9 @@ async fn tenants_take_turns_in_the_shared_job_queue() {
     const KEY: &str = "sk-tutor-cs101-0123456789";
     const OTHER: &str = "sk-tutor-school-2-abcdef";
     let f = fleet(SLOW, |c| {
+        // Jobs on the large lane's one seat only (not pre-emptible): the others queue.
         one_seat(c);
+        c.jobs.preempt = false;
         c.auth.enabled = true;
         c.auth.keys = [(KEY, "cs101"), (OTHER, "school-2")]
             .into_iter()

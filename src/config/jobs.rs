@@ -174,7 +174,9 @@ pub struct JobsConfig {
     pub divert_large_after: Option<Duration>,
     /// Jobs take any lane's idle own seats, pre-emptible: an interactive request that finds no
     /// seat makes the job that loses least leave, and the job resumes where it stopped (see
-    /// `crate::admission::preempt`). In-process admission only.
+    /// `crate::admission::preempt`), in process and fleet-wide on the Redis backend. On by
+    /// default: jobs that only ever took the large lane's idle seats still took the engine time
+    /// questions needed at a busy hour, and kept it.
     pub preempt: bool,
     /// Times one job may be pre-empted (then it keeps its seat to its end).
     pub max_preemptions: u32,
@@ -340,7 +342,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
             "jobs.prefill_piece_tokens",
             raw.prefill_piece_tokens,
         ),
-        preempt: raw.preempt.unwrap_or(false),
+        preempt: raw.preempt.unwrap_or(true),
         max_preemptions: max_preemptions.min(100),
         preempt_cooldown: Duration::from_millis(preempt_cooldown_ms.min(MAX_PREEMPT_COOLDOWN_MS)),
         preempt_prefill_grace_tokens: raw

@@ -368,6 +368,12 @@ fn jobs_keys_are_checked_together() {
         answers.jobs.preempt_answers,
         crate::config::PreemptAnswers::Large
     );
+    // Jobs are pre-emptible unless the file says otherwise.
+    let unset = Config::from_toml_str(MINIMAL).expect("minimal");
+    assert!(unset.jobs.preempt);
+    let off = Config::from_toml_str(&format!("{MINIMAL}[jobs]\npreempt = false\n"))
+        .expect("jobs on large seats only");
+    assert!(!off.jobs.preempt);
     // Across replicas too (the Redis backend asks borrowers to leave through its scripts).
     let shared = Config::from_toml_str(&format!(
         "{MINIMAL}[quota]\nbackend = \"redis\"\n[jobs]\npreempt = true\n"

@@ -9,9 +9,9 @@ use tutor_gateway::config::WebhookPattern;
 use tutor_gateway::lane::Lane;
 
 use super::{
-    allow, cancel, deliveries, done, error_code, events, forgotten, job, job_until, parse,
-    question, receiver, spawn_post, start, submit, submit_ok, tokens, verify, Backend, FAST,
-    SECRET, SLOW,
+    allow, cancel, deliveries, done, error_code, events, forgotten, job, job_until,
+    large_seats_only, parse, question, receiver, spawn_post, start, submit, submit_ok, tokens,
+    verify, Backend, FAST, SECRET, SLOW,
 };
 use crate::common::{client, eventually, family_total, json, metric, set_lane, sse, words};
 
@@ -143,7 +143,7 @@ pub async fn events_attached_late_get_all_the_text_and_last_event_id_resumes(bac
 pub async fn cancel_while_queued_and_while_running_aborts_and_gives_everything_back(
     backend: Backend,
 ) {
-    let h = start(backend, SLOW, |c| set_lane(c, Lane::Large, 1)).await;
+    let h = start(backend, SLOW, |c| large_seats_only(c, 1)).await;
     let base = h.base();
     let first = submit_ok(&base, &question(2000)).await;
     job_until(&base, &first, "running", |v| v["status"] == "running").await;
@@ -186,7 +186,7 @@ pub async fn cancel_while_queued_and_while_running_aborts_and_gives_everything_b
 }
 
 pub async fn jobs_wait_for_interactive_large_requests_and_never_borrow(backend: Backend) {
-    let h = start(backend, SLOW, |c| set_lane(c, Lane::Large, 1)).await;
+    let h = start(backend, SLOW, |c| large_seats_only(c, 1)).await;
     let base = h.base();
     // An interactive large request holds the lane's only seat.
     let big = json!({"prompt": words(8000, "repo"), "max_output_tokens": 400});

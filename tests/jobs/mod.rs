@@ -60,6 +60,14 @@ pub fn on_redis(c: &mut Config, redis: &RedisServer) {
     c.quota.heartbeat = Duration::from_millis(100);
 }
 
+/// Jobs on the large lane's `seats` only, never borrowing (`jobs.preempt` off): the rules of
+/// jobs that wait for an idle large seat. Pre-emptible jobs (the default) are tested in
+/// `gateway_preempt.rs`.
+pub fn large_seats_only(c: &mut Config, seats: u32) {
+    super::common::set_lane(c, tutor_gateway::lane::Lane::Large, seats);
+    c.jobs.preempt = false;
+}
+
 /// A gateway and simulator ([`Harness`]) on one backend.
 pub struct JobsHarness {
     pub h: Harness,
