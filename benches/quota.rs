@@ -165,6 +165,28 @@ async fn fleet(url: &str, batch_max: u32) {
         )
         .await;
     }
+    for rate in RATES {
+        let before = script_calls(url);
+        let started = Instant::now();
+        let arrivals = poisson(&replicas, rate, window).await;
+        let from_due: Vec<Duration> = arrivals.iter().flatten().map(|a| a.1).collect();
+        let all: Vec<Duration> = arrivals.iter().flatten().map(|a| a.0).collect();
+        let refused = arrivals.len() - all.len();
+        let mut late = from_due;
+        late.sort();
+        report(
+            &format!(
+                "batch_max {batch_max:>2}: fleet Poisson arrivals, {REPLICAS} replicas, {rate:.0} \
+                 admissions/s offered, {refused} refused (line full), from the due time p99 {:?}",
+                percentile(&late, 0.99)
+            ),
+            all,
+            started.elapsed(),
+            before,
+            url,
+        )
+        .await;
+    }
     for a in replicas {
         a.shutdown().await;
     }
@@ -294,6 +316,53 @@ async fn open_loop(
         all.extend(p.await.unwrap());
     }
     all
+}
+
+/// Admissions arriving as a Poisson process at `rate` a second for `window`, each to a replica
+/// drawn at random: the arrivals of many independent clients. A thread of its own sends each at
+/// its due time (tokio's timer ticks in milliseconds, so `open_loop`'s pacers send a
+/// millisecond's arrivals together, every replica's in the same tick: bursts that independent
+/// clients do not make). Each one's time from its send to its grant and from its due time (the
+/// thread's own lateness included), `None` when refused.
+async fn poisson(
+    replicas: &[RedisAdmission],
+    rate: f64,
+    window: Duration,
+) -> Vec<Option<(Duration, Duration)>> {
+    use rand::{Rng, SeedableRng};
+    let replicas = replicas.to_vec();
+    let handle = tokio::runtime::Handle::current();
+    let sent = tokio::task::spawn_blocking(move || {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(36);
+        let started = Instant::now();
+        let mut due = Duration::ZERO;
+        let mut arrivals = Vec::new();
+        while due < window {
+            let now = started.elapsed();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            let (at, due_at) = (Instant::now(), started + due);
+            let a = replicas[rng.random_range(0..replicas.len())].clone();
+            arrivals.push(handle.spawn(async move {
+                // Refused (the replica's line full): counted apart.
+                let guard = a.acquire(Ask::new(Lane::Small, 100)).await.ok()?;
+                drop(guard);
+                Some((at.elapsed(), due_at.elapsed()))
+            }));
+            // Exponential gaps: -ln(U) / rate.
+            let u: f64 = rng.random_range(f64::EPSILON..1.0);
+            due += Duration::from_secs_f64(-u.ln() / rate);
+        }
+        arrivals
+    })
+    .await
+    .unwrap();
+    let mut out = Vec::with_capacity(sent.len());
+    for arrival in sent {
+        out.push(arrival.await.unwrap());
+    }
+    out
 }
 
 /// One phase's line: admissions, their latency, and Redis's count of script calls and of its
