@@ -184,6 +184,8 @@ fn serve(
             .with_context(|| format!("cannot listen on {} (`listen`, or --listen)", config.listen))?;
         // A reload re-reads the file, with this command line's overrides applied again.
         let sim_url = sim.as_ref().map(|_| config.upstream.base_url.clone());
+        // Before it serves: a SIGTERM from then on is a drain.
+        let signals = tutor_gateway::server::Signals::install()?;
         let gateway = tutor_gateway::server::start(config, listener)?;
         gateway.state.set_config_source(
             path.to_path_buf(),
@@ -203,7 +205,7 @@ fn serve(
         if let Some(admin) = gateway.admin_addr {
             tracing::info!(addr = %admin, "admin listener (/metrics, /readyz)");
         }
-        gateway.run_until_signal().await?;
+        gateway.run_until_signal(signals).await?;
         if let Some(sim) = sim {
             sim.shutdown().await;
         }

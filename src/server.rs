@@ -284,15 +284,17 @@ impl Gateway {
         tracing::info!("shut down");
     }
 
-    /// Serves until a signal says stop (SIGTERM, or Ctrl-C / SIGINT), then shuts down; SIGHUP
-    /// reloads the configuration file ([`crate::pipeline::reload`]) and serves on.
-    pub async fn run_until_signal(self) -> anyhow::Result<()> {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate())?;
-        let mut hup = signal(SignalKind::hangup())?;
+    /// Serves until a signal of `signals` says stop (SIGTERM, or Ctrl-C / SIGINT), then shuts
+    /// down; SIGHUP reloads the configuration file ([`crate::pipeline::reload`]) and serves on.
+    pub async fn run_until_signal(self, signals: Signals) -> anyhow::Result<()> {
+        let Signals {
+            mut term,
+            mut int,
+            mut hup,
+        } = signals;
         loop {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {
+                _ = int.recv() => {
                     tracing::info!("interrupted: shutting down");
                     break;
                 }
@@ -314,6 +316,28 @@ impl Gateway {
         }
         self.shutdown().await;
         Ok(())
+    }
+}
+
+/// The signals a gateway process answers ([`Gateway::run_until_signal`]). Installed before the
+/// gateway serves: from then on a SIGTERM or SIGINT is a drain and SIGHUP a reload, never the
+/// default action that ends the process at once (a SIGTERM that came between the listener's
+/// first answer and the handler's installation used to kill it, connections reset).
+pub struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers (inside a Tokio runtime).
+    pub fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+        })
     }
 }
 
