@@ -155,6 +155,125 @@ async fn v1_chat_and_completions_relay_vllm_chunks_faithfully() {
     h.shutdown().await;
 }
 
+/// The gateway streams from vLLM and assembles a non-streaming answer itself: what vLLM
+/// streams beside the text, tool calls and reasoning, is in the message as vLLM would give it.
+#[tokio::test]
+async fn a_non_streaming_answer_keeps_its_tool_calls_and_reasoning() {
+    let mut flags = FAST.to_vec();
+    flags.extend(["--reasoning-tokens", "3"]);
+    let h = harness(&flags, |_| {}).await;
+    let ask = |base: String| {
+        let body = json!({
+            "messages": [{"role": "user", "content": "look up my grade"}],
+            "max_tokens": 10,
+            "ignore_eos": true,
+            "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}],
+            "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+        });
+        async move {
+            send_json(
+                client()
+                    .post(format!("{base}/v1/chat/completions"))
+                    .json(&body),
+            )
+            .await
+        }
+    };
+    let through = ask(h.gw.url()).await;
+    let direct = ask(h.sim.url()).await;
+    let (got, want) = (
+        &through["choices"][0]["message"],
+        &direct["choices"][0]["message"],
+    );
+    let calls = got["tool_calls"].as_array().expect("tool calls");
+    assert_eq!(calls.len(), 1, "{through}");
+    assert_eq!(calls[0]["type"], "function");
+    assert_eq!(
+        calls[0]["function"], want["tool_calls"][0]["function"],
+        "{through}"
+    );
+    assert!(calls[0]["id"]
+        .as_str()
+        .unwrap()
+        .starts_with("chatcmpl-tool-"));
+    let arguments: serde_json::Value =
+        serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        arguments["text"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        7
+    );
+    assert_eq!(got["content"], want["content"]);
+    assert_eq!(got["reasoning"], want["reasoning"]);
+    assert_eq!(
+        got["reasoning"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        3
+    );
+    assert_eq!(through["usage"]["completion_tokens"], 10);
+
+    // A plain answer: its reasoning, then its text.
+    let plain: serde_json::Value = send_json(client().post(h.url("/v1/chat/completions")).json(
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "ignore_eos": true}),
+    ))
+    .await;
+    let message = &plain["choices"][0]["message"];
+    assert_eq!(
+        message["reasoning"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        3
+    );
+    assert_eq!(message_words(&plain), 5);
+    assert_eq!(message["tool_calls"], json!([]));
+    h.shutdown().await;
+}
+
+/// Log-probabilities asked for (within `server.max_logprobs`) are in a non-streaming answer as
+/// vLLM would give them: the streamed pieces joined.
+#[tokio::test]
+async fn a_non_streaming_answer_keeps_its_logprobs() {
+    let h = harness(FAST, |_| {}).await;
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+                   "ignore_eos": true, "logprobs": true, "top_logprobs": 3}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "def fib(n):", "max_tokens": 6, "ignore_eos": true, "logprobs": 2}),
+        ),
+    ] {
+        let ask = |base: String| {
+            let body = body.clone();
+            async move { send_json(client().post(format!("{base}{path}")).json(&body)).await }
+        };
+        let through = ask(h.gw.url()).await;
+        let direct = ask(h.sim.url()).await;
+        let got = &through["choices"][0]["logprobs"];
+        assert!(got.is_object(), "{path}: {through}");
+        assert_eq!(*got, direct["choices"][0]["logprobs"], "{path}");
+    }
+    // Not asked for: none.
+    let plain: serde_json::Value = send_json(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})),
+    )
+    .await;
+    assert!(plain["choices"][0]["logprobs"].is_null(), "{plain}");
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_seed_request_kinds_land_in_small_medium_and_large() {
     let h = harness(FAST, |_| {}).await;

@@ -114,6 +114,41 @@ async fn a_question_preempts_a_job_that_resumes_to_the_uninterrupted_answer() {
     h.shutdown().await;
 }
 
+/// A reasoning model whose chat template leaves no think tag before a continued answer (the
+/// simulator's default, as DeepSeek-R1's): vLLM's parser streams the continuation as reasoning.
+/// The resumed job's answer is still the whole answer, every token counted once.
+#[tokio::test]
+async fn a_reasoning_models_continuation_is_read_as_the_rest_of_the_answer() {
+    let mut flags = FASTER.to_vec();
+    flags.extend(["--reasoning-tokens", "20"]);
+    let h = preempting_with(Backend::Local, &flags, |_| {}).await;
+    let base = h.base();
+    // Streaming: past the reasoning, into the answer.
+    let ids = streaming_reviews(&base).await;
+    ask(h.url("/answer")).await;
+    let answers: Vec<Value> = futures::future::join_all(ids.iter().map(|id| done(&base, id))).await;
+    let preempted = answers.iter().filter(|v| v["preempted"] == 1).count();
+    assert_eq!(preempted, 1, "one job gave its seat: {answers:?}");
+    let text = |v: &Value| v["answer"]["text"].as_str().unwrap().to_owned();
+    for v in &answers {
+        assert_eq!(v["answer"]["usage"]["output_tokens"], REVIEW_TOKENS, "{v}");
+        assert_eq!(v["answer"]["finish_reason"], "length", "{v}");
+        // The answer's words: the output less its reasoning.
+        assert_eq!(
+            text(v).split_whitespace().count() as u64,
+            REVIEW_TOKENS - 20,
+            "{v}"
+        );
+        assert_eq!(
+            text(v),
+            text(&answers[0]),
+            "the resumed answer is the uninterrupted one"
+        );
+    }
+    h.drained().await;
+    h.shutdown().await;
+}
+
 /// vLLM reports `cached_tokens` only in a stream's final usage, never in
 /// `continuous_usage_stats` chunks: a continuation cut again before its end never says what it
 /// found cached. Its prompt is counted as unreported, not as recomputed (it was nearly all a
@@ -455,7 +490,20 @@ async fn a_job_preempted_on_one_replica_is_continued_on_another() {
 /// record are those of one uninterrupted answer.
 #[tokio::test]
 async fn a_preemptible_answer_gives_its_seat_back_and_goes_on_without_a_break() {
-    let h = harness(FASTER, |c| {
+    preemptible_answer(FASTER).await;
+}
+
+/// The same with a reasoning model whose continued answer vLLM's parser streams as reasoning:
+/// the client still reads the whole answer.
+#[tokio::test]
+async fn a_preemptible_answer_of_a_reasoning_model_goes_on_without_a_break() {
+    let mut flags = FASTER.to_vec();
+    flags.extend(["--reasoning-tokens", "20"]);
+    preemptible_answer(&flags).await;
+}
+
+async fn preemptible_answer(flags: &[&str]) {
+    let h = harness(flags, |c| {
         c.jobs.preempt_answers = tutor_gateway::config::PreemptAnswers::Marked;
         c.jobs.preempt_notice = true;
         for lane in Lane::ALL {
@@ -759,7 +807,16 @@ async fn preempting(
     backend: Backend,
     tweak: impl FnOnce(&mut tutor_gateway::config::Config),
 ) -> jobs::JobsHarness {
-    start(backend, FASTER, |c| {
+    preempting_with(backend, FASTER, tweak).await
+}
+
+/// [`preempting`] with the simulator's `flags`.
+async fn preempting_with(
+    backend: Backend,
+    flags: &[&str],
+    tweak: impl FnOnce(&mut tutor_gateway::config::Config),
+) -> jobs::JobsHarness {
+    start(backend, flags, |c| {
         c.jobs.preempt = true;
         for lane in Lane::ALL {
             set_lane(c, lane, 1);

@@ -113,6 +113,16 @@ pub struct SimArgs {
     /// come out of the answer's length (`max_tokens` included). 0: no reasoning.
     #[arg(long, default_value_t = 0)]
     pub reasoning_tokens: u32,
+    /// With `--reasoning-tokens`: the chat template writes a closed think block before a
+    /// continued final assistant message (Qwen3's writes `<think>\n\n</think>` there), so vLLM
+    /// finds the reasoning ended in the prompt (`is_reasoning_end(prompt_token_ids)`) and streams
+    /// the continuation as content. Off (the default): as DeepSeek-R1's template, which leaves no
+    /// think tag in a continued message; vLLM's `deepseek_r1` parser then streams every token
+    /// before a `</think>` as reasoning, the continued answer's included
+    /// (`vllm/reasoning/deepseek_r1_reasoning_parser.py`; vLLM PR #38749 proposes skipping the
+    /// parser for `continue_final_message`).
+    #[arg(long)]
+    pub template_closes_reasoning: bool,
     /// Mean output length when neither `max_tokens` nor `ignore_eos` decides it.
     #[arg(long, default_value_t = 200)]
     pub mean_output_tokens: u32,

@@ -170,6 +170,7 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
         max_model_len: args.max_model_len,
         mean_output_tokens: args.mean_output_tokens,
         reasoning_tokens: args.reasoning_tokens,
+        continued_as_reasoning: args.reasoning_tokens > 0 && !args.template_closes_reasoning,
         seed: args.seed,
         faults: text::FaultRates {
             fail: args.fail_rate,

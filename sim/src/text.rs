@@ -7,7 +7,7 @@
 //! Each output token is one filler word (" the", " loop", ...); usage counts are exact.
 
 use crate::engine::sequence::FinishReason;
-pub use crate::words::{word_token, words, words_in};
+pub use crate::words::{word_token, words, words_in, words_in_from};
 
 pub use tutor_wire::stats::SplitMix;
 

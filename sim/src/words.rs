@@ -63,8 +63,16 @@ pub fn word_token(i: u32) -> u32 {
 /// the position a continued answer goes on from. Text that is not the simulator's output
 /// holds 0.
 pub fn words_in(text: &str) -> u32 {
+    words_in_from(text, 0)
+}
+
+/// How many output words `text` holds from output position `start` on (`words(start, start +
+/// n)` holds `n`): a reasoning model's answer starts after its reasoning.
+pub fn words_in_from(text: &str, start: u32) -> u32 {
     let (mut rest, mut n) = (text, 0u32);
-    while let Some(r) = rest.strip_prefix(WORDS[n as usize % WORDS.len()]) {
+    while let Some(r) =
+        rest.strip_prefix(WORDS[(start as usize).saturating_add(n as usize) % WORDS.len()])
+    {
         rest = r;
         n += 1;
     }

@@ -105,6 +105,53 @@ async fn a_continued_answer_goes_on_where_the_cut_one_stopped() {
     s.shutdown().await;
 }
 
+/// The answer and the reasoning of a chat stream.
+fn read_both(body: &str) -> (String, String) {
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    for e in sse_events(body).iter().filter(|e| *e != "[DONE]") {
+        let c: Value = serde_json::from_str(e).unwrap();
+        let delta = &c["choices"][0]["delta"];
+        content.push_str(delta["content"].as_str().unwrap_or_default());
+        reasoning.push_str(delta["reasoning"].as_str().unwrap_or_default());
+    }
+    (content, reasoning)
+}
+
+/// A reasoning model's answer continued: it goes on after the reasoning where the cut one
+/// stopped, and comes out as content only when the chat template closes the think block
+/// before the continued message (vLLM's parser finds the reasoning ended in the prompt); else
+/// vLLM's `deepseek_r1` parser streams it as reasoning.
+#[tokio::test]
+async fn a_reasoning_models_continued_answer_is_streamed_as_its_template_lets_the_parser_read_it() {
+    for closes in [false, true] {
+        let extra = if closes {
+            " --template-closes-reasoning"
+        } else {
+            ""
+        };
+        let s = sim(&flags(&format!(
+            "--speed 50 --profile tiny-test --reasoning-tokens 5{extra}"
+        )))
+        .await;
+        let url = format!("{}/v1/chat/completions", s.url());
+        let (whole, thought) = read_both(&post_text(&url, &ask(json!({"max_tokens": 40}))).await);
+        assert_eq!(thought.split_whitespace().count(), 5);
+        assert_eq!(whole.split_whitespace().count(), 35);
+        let (cut, _) = read_both(&post_text(&url, &ask(json!({"max_tokens": 15}))).await);
+        assert_eq!(cut.split_whitespace().count(), 10);
+        let (content, reasoning) = read_both(&post_text(&url, &ask(continuing(&cut, 25))).await);
+        let rest = if closes {
+            assert!(reasoning.is_empty(), "{reasoning}");
+            content
+        } else {
+            assert!(content.is_empty(), "{content} / {reasoning}");
+            reasoning
+        };
+        assert_eq!(format!("{cut}{rest}"), whole, "the rest of the answer");
+        s.shutdown().await;
+    }
+}
+
 /// The finish reason of a chat stream.
 fn finish(body: &str) -> String {
     sse_events(body)

@@ -404,3 +404,131 @@ async fn reasoning_streams_as_delta_reasoning_before_the_content_and_counts_as_o
     assert_eq!(whole["usage"]["completion_tokens"], 10);
     s.shutdown().await;
 }
+
+/// A named tool choice (`tool_choice: {"type": "function", ...}`) as vLLM answers it: streamed
+/// as `delta.tool_calls`, the first with the call's id, type and name, the arguments in pieces
+/// that join to the call's JSON; not streaming, `message.tool_calls` with the same call.
+#[tokio::test]
+async fn a_named_tool_choice_answers_with_a_call_of_that_tool() {
+    let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    let ask = |stream: bool| {
+        let mut body = chat_body("look up my grade", 12, stream);
+        body["tools"] = serde_json::json!([{"type": "function", "function": {
+            "name": "lookup", "parameters": {"type": "object"}}}]);
+        body["tool_choice"] =
+            serde_json::json!({"type": "function", "function": {"name": "lookup"}});
+        body
+    };
+    let events = sse_events(&post_text(url.clone(), &ask(true)).await);
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    let (mut arguments, mut heads, mut finish) = (String::new(), Vec::new(), None);
+    for e in &events[..events.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        if let Some(f) = c["choices"][0]["finish_reason"].as_str() {
+            finish = Some(f.to_owned());
+        }
+        let Some(calls) = c["choices"][0]["delta"]["tool_calls"].as_array() else {
+            continue;
+        };
+        assert!(c["choices"][0]["delta"].get("content").is_none(), "{c}");
+        let call = &calls[0];
+        assert_eq!(call["index"], 0);
+        if call.get("id").is_some() {
+            heads.push(call.clone());
+        }
+        arguments.push_str(call["function"]["arguments"].as_str().unwrap());
+    }
+    assert_eq!(heads.len(), 1, "one call opened: {heads:?}");
+    assert_eq!(heads[0]["type"], "function");
+    assert_eq!(heads[0]["function"]["name"], "lookup");
+    let parsed: Value = serde_json::from_str(&arguments).expect("the arguments are JSON");
+    assert_eq!(
+        parsed["text"].as_str().unwrap().split_whitespace().count(),
+        12
+    );
+    assert_eq!(finish.as_deref(), Some("length"));
+
+    let whole: Value = serde_json::from_str(&post_text(url, &ask(false)).await).unwrap();
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(message["content"], "");
+    assert_eq!(message["tool_calls"][0]["function"]["name"], "lookup");
+    assert_eq!(message["tool_calls"][0]["function"]["arguments"], arguments);
+    assert_eq!(whole["usage"]["completion_tokens"], 12);
+    s.shutdown().await;
+}
+
+/// Log-probabilities as vLLM writes them: chat `logprobs.content`, one entry a token with its
+/// alternatives; completions' lists (`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`
+/// into the whole answer). Streamed, the chunks' lists join to the non-streaming answer's.
+#[tokio::test]
+async fn logprobs_stream_in_pieces_that_join_to_the_whole_answers() {
+    let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;
+    for (path, extra) in [
+        (
+            "chat/completions",
+            serde_json::json!({"logprobs": true, "top_logprobs": 2}),
+        ),
+        ("completions", serde_json::json!({"logprobs": 2})),
+    ] {
+        let url = format!("{}/v1/{path}", s.url());
+        let ask = |stream: bool| {
+            let mut body = if path == "completions" {
+                serde_json::json!({"model": MODEL, "prompt": "def fib(n):", "max_tokens": 9,
+                    "ignore_eos": true, "stream": stream})
+            } else {
+                chat_body("why?", 9, stream)
+            };
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            body
+        };
+        let mut joined = serde_json::Map::new();
+        let mut text = String::new();
+        let events = sse_events(&post_text(url.clone(), &ask(true)).await);
+        for e in events.iter().filter(|e| *e != "[DONE]") {
+            let c: Value = serde_json::from_str(e).unwrap();
+            let choice = &c["choices"][0];
+            text.push_str(
+                choice["text"]
+                    .as_str()
+                    .or(choice["delta"]["content"].as_str())
+                    .unwrap_or_default(),
+            );
+            if let Some(lp) = choice["logprobs"].as_object() {
+                for (k, v) in lp {
+                    let into = joined.entry(k.clone()).or_insert(Value::Array(Vec::new()));
+                    into.as_array_mut()
+                        .unwrap()
+                        .extend(v.as_array().unwrap().iter().cloned());
+                }
+            }
+        }
+        let whole: Value = serde_json::from_str(&post_text(url, &ask(false)).await).unwrap();
+        let want = &whole["choices"][0]["logprobs"];
+        assert_eq!(Value::Object(joined.clone()), *want, "{path}");
+        if path == "completions" {
+            assert_eq!(want["tokens"].as_array().unwrap().len(), 9);
+            let tokens: String = want["tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap())
+                .collect();
+            assert_eq!(tokens, text, "the tokens spell the answer");
+            let last = want["text_offset"][8].as_u64().unwrap() as usize;
+            assert!(text[last..] == *want["tokens"][8].as_str().unwrap());
+        } else {
+            let content = want["content"].as_array().unwrap();
+            assert_eq!(content.len(), 9);
+            assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 2);
+            let tokens: String = content
+                .iter()
+                .map(|t| t["token"].as_str().unwrap())
+                .collect();
+            assert_eq!(tokens, text, "the tokens spell the answer");
+        }
+    }
+    s.shutdown().await;
+}

@@ -19,6 +19,17 @@ pub struct Collected {
     pub model: Option<String>,
     /// The generated text.
     pub text: String,
+    /// A reasoning model's reasoning.
+    pub reasoning: String,
+    /// Whether it came as `reasoning_content` (older vLLM) rather than `reasoning`: the message
+    /// says it under the same name.
+    pub reasoning_content: bool,
+    /// The answer's tool calls, joined from their pieces, in the order they opened.
+    pub tool_calls: Vec<ToolCall>,
+    /// The log-probabilities, joined: each list the chunks carried (chat `content`,
+    /// completions `tokens`, `token_logprobs`, `top_logprobs`, `text_offset`) one after the
+    /// other; `None` when no chunk had any (not asked for).
+    pub logprobs: Option<serde_json::Map<String, Value>>,
     /// Why generation stopped.
     pub finish_reason: Option<String>,
     /// Final usage.
@@ -27,6 +38,31 @@ pub struct Collected {
     pub cut: Option<super::cut::CutInfo>,
     /// The latency split at the end.
     pub timings: LatencySplit,
+}
+
+/// One tool call of the answer, joined from its streamed pieces.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolCall {
+    /// Its `index` in the stream.
+    pub index: u32,
+    /// Its id, as the engine gave it.
+    pub id: Option<String>,
+    /// Its `type` (`function`).
+    pub kind: Option<String>,
+    /// The function's name.
+    pub name: String,
+    /// The function's arguments, joined (a JSON text).
+    pub arguments: String,
+}
+
+impl ToolCall {
+    fn json(&self) -> Value {
+        json!({
+            "id": self.id,
+            "type": self.kind.as_deref().unwrap_or("function"),
+            "function": {"name": self.name, "arguments": self.arguments},
+        })
+    }
 }
 
 /// What the client gets of a chunk that carries `usage`: the final usage-only chunk
@@ -150,6 +186,46 @@ impl Collected {
             }
         }
         self.text.push_str(&chunk.text);
+        if !chunk.reasoning.is_empty() {
+            self.reasoning.push_str(&chunk.reasoning);
+            self.reasoning_content = chunk.reasoning_content;
+        }
+        for piece in &chunk.tool_calls {
+            let at = match self.tool_calls.iter().position(|c| c.index == piece.index) {
+                Some(at) => at,
+                None => {
+                    self.tool_calls.push(ToolCall {
+                        index: piece.index,
+                        ..ToolCall::default()
+                    });
+                    self.tool_calls.len() - 1
+                }
+            };
+            let call = &mut self.tool_calls[at];
+            if piece.id.is_some() {
+                call.id.clone_from(&piece.id);
+            }
+            if piece.kind.is_some() {
+                call.kind.clone_from(&piece.kind);
+            }
+            if let Some(name) = &piece.name {
+                call.name.push_str(name);
+            }
+            call.arguments.push_str(&piece.arguments);
+        }
+        if let Some(lp) = &chunk.logprobs {
+            let joined = self.logprobs.get_or_insert_with(Default::default);
+            for (key, value) in lp {
+                match (joined.get_mut(key), value) {
+                    (Some(Value::Array(all)), Value::Array(more)) => {
+                        all.extend(more.iter().cloned())
+                    }
+                    _ => {
+                        joined.insert(key.clone(), value.clone());
+                    }
+                }
+            }
+        }
         if let Some(f) = &chunk.finish_reason {
             self.finish_reason = Some(f.clone());
         }
@@ -171,22 +247,36 @@ impl Collected {
             }
             v
         });
+        let logprobs = self.logprobs.clone().map_or(Value::Null, Value::Object);
         let choice = match route {
             Route::Completions => json!({
                 "index": 0,
                 "text": self.text,
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": self.finish_reason,
                 "stop_reason": null,
                 "prompt_logprobs": null,
             }),
-            Route::ChatCompletions | Route::Answer | Route::Job => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": self.text, "tool_calls": []},
-                "logprobs": null,
-                "finish_reason": self.finish_reason,
-                "stop_reason": null,
-            }),
+            Route::ChatCompletions | Route::Answer | Route::Job => {
+                let calls: Vec<Value> = self.tool_calls.iter().map(ToolCall::json).collect();
+                let mut message =
+                    json!({"role": "assistant", "content": self.text, "tool_calls": calls});
+                if !self.reasoning.is_empty() {
+                    let field = if self.reasoning_content {
+                        "reasoning_content"
+                    } else {
+                        "reasoning"
+                    };
+                    message[field] = Value::String(self.reasoning.clone());
+                }
+                json!({
+                    "index": 0,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": self.finish_reason,
+                    "stop_reason": null,
+                })
+            }
         };
         let object = match route {
             Route::Completions => "text_completion",

@@ -150,6 +150,8 @@ impl Steps {
 }
 
 /// What ended a wait for the next upstream event.
+// One per upstream event, moved once into `step`: boxing the chunk would allocate per token.
+#[allow(clippy::large_enum_variant)]
 enum Next {
     /// The event (or the end of the stream).
     Event(Option<Result<Chunk, UpstreamError>>),

@@ -27,6 +27,8 @@ use serde::Deserialize;
 use super::error::{EngineError, UpstreamError};
 
 /// What one `data:` payload says.
+// Parsed and matched once per event: boxing the chunk would allocate once more per token.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Payload {
     /// `data: [DONE]`: vLLM has nothing more to send.
@@ -45,6 +47,15 @@ pub struct Chunk {
     /// Text added by this chunk: chat `choices[0].delta.content` or completions
     /// `choices[0].text`; empty when there is none.
     pub text: String,
+    /// Reasoning text added by this chunk (`choices[0].delta.reasoning`, or
+    /// `reasoning_content`); empty when there is none.
+    pub reasoning: String,
+    /// Whether the reasoning came under the older name, `reasoning_content`.
+    pub reasoning_content: bool,
+    /// Tool-call pieces added by this chunk (`choices[0].delta.tool_calls`).
+    pub tool_calls: Vec<ToolCallDelta>,
+    /// The log-probabilities of this chunk's tokens (`choices[0].logprobs`, when asked for).
+    pub logprobs: Option<serde_json::Map<String, serde_json::Value>>,
     /// `stop`, `length`, `abort`, `tool_calls`... on the chunk with the last token.
     pub finish_reason: Option<String>,
     /// Token usage: on the final chunk (`stream_options.include_usage`), or on every chunk with
@@ -62,6 +73,38 @@ pub struct Chunk {
     pub has_answer: bool,
     /// The final usage-only chunk: `usage` and no choices (`"choices": []`).
     pub usage_only: bool,
+}
+
+/// A piece of a streamed tool call (`delta.tool_calls[]`): the first piece of a call carries
+/// its `id`, `type` and function `name`; the `arguments` come in pieces to be joined.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolCallDelta {
+    /// Which call of the answer it belongs to (0 when not said).
+    pub index: u32,
+    /// The call's id (first piece).
+    pub id: Option<String>,
+    /// `function` (first piece).
+    pub kind: Option<String>,
+    /// The function's name (first piece).
+    pub name: Option<String>,
+    /// This piece of the arguments (a JSON text in pieces).
+    pub arguments: String,
+}
+
+impl ToolCallDelta {
+    fn read(v: &serde_json::Value) -> Self {
+        let text = |v: &serde_json::Value| v.as_str().map(str::to_owned);
+        ToolCallDelta {
+            index: v["index"]
+                .as_u64()
+                .and_then(|i| u32::try_from(i).ok())
+                .unwrap_or(0),
+            id: text(&v["id"]),
+            kind: text(&v["type"]),
+            name: text(&v["function"]["name"]),
+            arguments: text(&v["function"]["arguments"]).unwrap_or_default(),
+        }
+    }
 }
 
 /// Token usage as vLLM reports it.
@@ -116,6 +159,8 @@ struct WireChoice {
     #[serde(default)]
     delta: Option<WireDelta>,
     #[serde(default)]
+    logprobs: Option<serde_json::Value>,
+    #[serde(default)]
     text: Option<String>,
     #[serde(default)]
     finish_reason: Option<String>,
@@ -131,8 +176,10 @@ struct WireDelta {
     /// The older name (vLLM before the rename, other engines).
     #[serde(default)]
     reasoning_content: Option<String>,
+    /// Read leniently ([`ToolCallDelta::read`]): a piece of an unexpected shape is kept as far
+    /// as it reads, never a reason to fail the stream.
     #[serde(default)]
-    tool_calls: Option<Vec<IgnoredAny>>,
+    tool_calls: Option<Vec<serde_json::Value>>,
 }
 
 #[derive(Deserialize)]
@@ -174,6 +221,22 @@ impl WireChoice {
     }
 }
 
+impl Chunk {
+    /// In the continuation of an answer (`continue_final_message` on an assistant message with
+    /// text), everything generated is answer: the reasoning text becomes the answer's. vLLM's
+    /// reasoning parsers take a continuation's tokens for reasoning when the chat template
+    /// leaves no closing think tag in the prompt (DeepSeek-R1's template; its parser streams
+    /// every token before `</think>` as reasoning, `vllm/reasoning/deepseek_r1_reasoning_parser.py`),
+    /// and the answer would otherwise end where it was cut.
+    pub fn reasoning_as_answer(&mut self) {
+        if !self.reasoning.is_empty() {
+            let reasoning = std::mem::take(&mut self.reasoning);
+            self.text = reasoning + &self.text;
+            self.has_answer = true;
+        }
+    }
+}
+
 /// Reads one `data:` payload.
 pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
     if raw.as_ref() == b"[DONE]" {
@@ -197,13 +260,30 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
     let has_answer = wire.choices.iter().any(WireChoice::has_answer);
     let no_choices = wire.choices.is_empty();
     let finish_reason = wire.choices.iter().find_map(|c| c.finish_reason.clone());
-    let text = wire
-        .choices
-        .into_iter()
-        .next()
-        .and_then(|c| match c.delta {
-            Some(d) => d.content,
-            None => c.text,
+    let mut first = wire.choices.into_iter().next();
+    let logprobs = first
+        .as_mut()
+        .and_then(|c| c.logprobs.take())
+        .and_then(|lp| match lp {
+            serde_json::Value::Object(map) => Some(map),
+            _ => None,
+        });
+    let (text, reasoning, reasoning_content, tool_calls) = first
+        .map(|c| match c.delta {
+            Some(d) => {
+                let legacy = d.reasoning.is_none() && d.reasoning_content.is_some();
+                (
+                    d.content.unwrap_or_default(),
+                    d.reasoning.or(d.reasoning_content).unwrap_or_default(),
+                    legacy,
+                    d.tool_calls
+                        .unwrap_or_default()
+                        .iter()
+                        .map(ToolCallDelta::read)
+                        .collect(),
+                )
+            }
+            None => (c.text.unwrap_or_default(), String::new(), false, Vec::new()),
         })
         .unwrap_or_default();
     let usage = wire.usage.and_then(|u| {
@@ -216,6 +296,10 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
     Ok(Payload::Chunk(Chunk {
         raw,
         text,
+        reasoning,
+        reasoning_content,
+        tool_calls,
+        logprobs,
         finish_reason,
         usage,
         metrics: wire.metrics,

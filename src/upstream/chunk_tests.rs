@@ -162,3 +162,24 @@ fn invalid_utf8_is_a_protocol_error() {
         parse_payload(Bytes::from_static(b"{\"choices\":[{\"text\":\"\xff\"}]}")).unwrap_err();
     assert!(matches!(err, UpstreamError::Protocol(_)));
 }
+
+#[test]
+fn in_a_continuation_reasoning_text_is_the_answers() {
+    // vLLM's deepseek_r1 parser takes a continued answer for reasoning.
+    let mut c = chunk(
+        r#"{"choices":[{"index":0,"delta":{"reasoning":" and so on"},"finish_reason":null}]}"#,
+    );
+    assert_eq!((c.text.as_str(), c.reasoning.as_str()), ("", " and so on"));
+    assert!(c.has_content && !c.has_answer);
+    c.reasoning_as_answer();
+    assert_eq!((c.text.as_str(), c.reasoning.as_str()), (" and so on", ""));
+    assert!(c.has_content && c.has_answer);
+    // The older field name too; content already there stays after it.
+    let mut both = chunk(r#"{"choices":[{"delta":{"reasoning_content":"a","content":"b"}}]}"#);
+    both.reasoning_as_answer();
+    assert_eq!(both.text, "ab");
+    // Nothing to move: unchanged.
+    let mut plain = chunk(r#"{"choices":[{"delta":{"content":"x"}}]}"#);
+    plain.reasoning_as_answer();
+    assert_eq!((plain.text.as_str(), plain.has_answer), ("x", true));
+}

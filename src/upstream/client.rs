@@ -191,6 +191,7 @@ impl UpstreamClient {
             }
         });
         let mut body = req.body;
+        let continues = super::request::continues_answer(&body);
         prepare_body(&mut body, &self.config.model);
         let body = Bytes::from(serde_json::to_vec(&body).expect("a JSON map always serializes"));
         let key = req.affinity.as_deref().map(route::hash_str);
@@ -208,7 +209,7 @@ impl UpstreamClient {
         let ticket = pinned
             .or_else(|| self.replicas.pick(key, None, None))
             .ok_or_else(|| UpstreamError::Unavailable("no vLLM replica configured".into()))?;
-        match self.send_on(ticket, &sending).await {
+        let sent = match self.send_on(ticket, &sending).await {
             Err((e, failed)) if e.retryable() && self.replicas.len() > 1 => {
                 let Some(next) = self.replicas.pick(key, Some(&failed), Some("retry")) else {
                     return Err(e);
@@ -223,7 +224,8 @@ impl UpstreamClient {
                 self.send_on(next, &sending).await.map_err(|(e, _)| e)
             }
             answer => answer.map_err(|(e, _)| e),
-        }
+        };
+        sent.map(|stream| stream.continuing_answer(continues))
     }
 
     /// One try of [`UpstreamClient::stream`] on the ticket's replica; on failure, the error and

@@ -38,7 +38,7 @@ pub use abort::{
     engine_request_id, AbortCaller, AbortEndpoint, AbortGuard, AbortState, AbortWatch,
     ABORT_TIMEOUT, PROBE_ID_PREFIX, PROBE_RETRY,
 };
-pub use chunk::{parse_payload, Chunk, EngineMetrics, Payload, Usage};
+pub use chunk::{parse_payload, Chunk, EngineMetrics, Payload, ToolCallDelta, Usage};
 pub use client::{RawResponse, UpstreamClient, MAX_BODY_BYTES, PROBE_TIMEOUT};
 pub use error::{EngineError, UpstreamError};
 pub use replica::{Replica, ReplicaStatus, Replicas, Ticket};

@@ -66,6 +66,25 @@ pub fn prepare_body(body: &mut Map<String, Value>, model: &str) {
     }
 }
 
+/// Whether `body` continues an answer: `continue_final_message` on a final assistant message
+/// with text (as the gateway's continuations of pre-empted work are).
+pub(crate) fn continues_answer(body: &Map<String, Value>) -> bool {
+    let continued = body.get("continue_final_message") == Some(&Value::Bool(true));
+    let last = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|m| m.last());
+    continued
+        && last.is_some_and(|m| {
+            m.get("role").and_then(Value::as_str) == Some("assistant")
+                && m.get("content").is_some_and(|c| match c {
+                    Value::String(s) => !s.is_empty(),
+                    Value::Array(parts) => !parts.is_empty(),
+                    _ => false,
+                })
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +121,34 @@ mod tests {
         let v = prepared(json!({"stream_options": null}));
         assert_eq!(v["stream_options"], json!({"include_usage": true}));
         assert_eq!(v["model"], "m");
+    }
+
+    #[test]
+    fn only_a_continued_assistant_message_with_text_continues_an_answer() {
+        let body = |v: Value| {
+            let Value::Object(map) = v else { panic!() };
+            continues_answer(&map)
+        };
+        let said = json!([{"role": "user", "content": "why?"}, {"role": "assistant", "content": "Because"}]);
+        assert!(body(
+            json!({"messages": said, "continue_final_message": true})
+        ));
+        assert!(!body(json!({"messages": said})), "not continued");
+        assert!(!body(
+            json!({"messages": said, "continue_final_message": false})
+        ));
+        let empty =
+            json!([{"role": "user", "content": "why?"}, {"role": "assistant", "content": ""}]);
+        assert!(!body(
+            json!({"messages": empty, "continue_final_message": true})
+        ));
+        let user_last = json!([{"role": "user", "content": "why?"}]);
+        assert!(!body(
+            json!({"messages": user_last, "continue_final_message": true})
+        ));
+        assert!(!body(
+            json!({"prompt": "why?", "continue_final_message": true})
+        ));
     }
 
     #[test]

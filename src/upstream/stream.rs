@@ -133,6 +133,8 @@ pub struct UpstreamStream {
     ended: bool,
     /// The replica it runs on, counted in flight until the stream drops.
     ticket: Option<Ticket>,
+    /// It continues an answer: reasoning text is the answer's ([`Chunk::reasoning_as_answer`]).
+    continues_answer: bool,
 }
 
 /// [`Body`] with a `Debug` impl.
@@ -179,7 +181,15 @@ impl UpstreamStream {
             missing_done: false,
             ended: false,
             ticket: None,
+            continues_answer: false,
         }
+    }
+
+    /// The same stream, continuing an answer (`continue_final_message` on an assistant message
+    /// with text): what the engine labels reasoning is read as the answer's text.
+    pub(crate) fn continuing_answer(mut self, yes: bool) -> Self {
+        self.continues_answer = yes;
+        self
     }
 
     /// The same stream, counted on `ticket`'s replica until it drops.
@@ -336,7 +346,10 @@ impl UpstreamStream {
             Ok(Payload::Done) => Some(Err(self.fail(UpstreamError::Protocol(
                 "[DONE] before any finish reason".into(),
             )))),
-            Ok(Payload::Chunk(chunk)) => {
+            Ok(Payload::Chunk(mut chunk)) => {
+                if self.continues_answer {
+                    chunk.reasoning_as_answer();
+                }
                 if chunk.has_content {
                     self.content_chunks += 1;
                     self.timings.first_content_at.get_or_insert(now);

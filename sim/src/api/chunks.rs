@@ -228,16 +228,58 @@ impl ResponseId {
         )
     }
 
+    /// A chat chunk of a named tool call (`delta.tool_calls`): `arguments` is this chunk's
+    /// fragment of the call's arguments; the first chunk of the call carries its id, type and
+    /// function `name` too, as vLLM streams a named tool choice.
+    pub fn tool_call_chunk(
+        &self,
+        name: Option<&str>,
+        arguments: &str,
+        finish: Option<&'static str>,
+        usage: Option<Usage>,
+    ) -> String {
+        let mut call = serde_json::json!({"index": 0, "function": {"arguments": arguments}});
+        if let Some(name) = name {
+            call["id"] = self.tool_call_id().into();
+            call["type"] = "function".into();
+            call["function"]["name"] = name.into();
+        }
+        self.chunk(
+            vec![ChatStreamChoice {
+                index: 0,
+                delta: serde_json::json!({ "tool_calls": [call] }),
+                logprobs: None,
+                finish_reason: finish,
+                stop_reason: finish.map(|_| None),
+            }],
+            usage,
+            None,
+        )
+    }
+
+    /// A named tool call's arguments: the answer's words as `{"text": "<words>"}`, opened with
+    /// its first words and closed with the chunk that finishes it.
+    pub const ARGUMENTS_OPEN: &'static str = "{\"text\": \"";
+    /// See [`ResponseId::ARGUMENTS_OPEN`].
+    pub const ARGUMENTS_CLOSE: &'static str = "\"}";
+
+    /// The id of the answer's tool call (vLLM's `chatcmpl-tool-<hex>`).
+    fn tool_call_id(&self) -> String {
+        format!("chatcmpl-tool-{}", self.id.trim_start_matches("chatcmpl-"))
+    }
+
     /// The final usage chunk: no choices.
     pub fn usage_chunk(&self, usage: Usage, metrics: Option<Value>) -> String {
         self.chunk::<CompletionStreamChoice>(Vec::new(), Some(usage), metrics)
     }
 
-    /// A non-streaming response; `reasoning` (chat only) goes in `message.reasoning`.
+    /// A non-streaming response; `reasoning` (chat only) goes in `message.reasoning`; with a
+    /// named tool `call`, `text` is its arguments, in `message.tool_calls` (`content` empty).
     pub fn full_response(
         &self,
         reasoning: Option<&str>,
         text: &str,
+        call: Option<&str>,
         finish: &'static str,
         usage: Usage,
         metrics: Option<Value>,
@@ -270,9 +312,66 @@ impl ResponseId {
         if let (Some(r), Api::Chat) = (reasoning, self.api) {
             v["choices"][0]["message"]["reasoning"] = r.into();
         }
+        if let (Some(name), Api::Chat) = (call, self.api) {
+            let message = &mut v["choices"][0]["message"];
+            message["content"] = "".into();
+            message["tool_calls"] = serde_json::json!([{
+                "id": self.tool_call_id(),
+                "type": "function",
+                "function": {"name": name, "arguments": text},
+            }]);
+        }
         if let Some(m) = metrics {
             v["metrics"] = m;
         }
         v
     }
+}
+
+/// The log-probabilities of output positions `from..to` (the answer's words there), with `top`
+/// alternatives each, in `api`'s shape as vLLM writes them: chat `{"content": [{"token",
+/// "logprob", "bytes", "top_logprobs"}]}`, completions `{"text_offset", "token_logprobs",
+/// "tokens", "top_logprobs"}` (`text_offset`: where each token starts in the whole answer, the
+/// text before `from` being `offset` bytes long). The values are made up, the same for the
+/// same position.
+pub fn logprobs(api: Api, from: u32, to: u32, top: u32, offset: usize) -> Value {
+    let token = |i: u32| crate::text::words(i, i + 1);
+    let logprob = |i: u32, rank: u32| -f64::from((i % 7) + 1 + 2 * rank) / 10.0;
+    // Alternatives: the token itself first, then the next words of the vocabulary.
+    let alternatives = |i: u32| (0..top).map(move |r| (token(i + r), logprob(i, r)));
+    match api {
+        Api::Chat => serde_json::json!({"content": (from..to).map(|i| {
+            let t = token(i);
+            serde_json::json!({
+                "token": t, "logprob": logprob(i, 0), "bytes": t.as_bytes(),
+                "top_logprobs": alternatives(i).map(|(t, lp)| serde_json::json!({
+                    "token": t, "logprob": lp, "bytes": t.as_bytes()})).collect::<Vec<_>>(),
+            })
+        }).collect::<Vec<_>>()}),
+        Api::Completion => {
+            let mut at = offset;
+            let mut offsets = Vec::new();
+            for i in from..to {
+                offsets.push(at);
+                at += token(i).len();
+            }
+            serde_json::json!({
+                "text_offset": offsets,
+                "token_logprobs": (from..to).map(|i| logprob(i, 0)).collect::<Vec<_>>(),
+                "tokens": (from..to).map(token).collect::<Vec<_>>(),
+                "top_logprobs": (from..to).map(|i| {
+                    alternatives(i)
+                        .map(|(t, lp)| (t, Value::from(lp)))
+                        .collect::<serde_json::Map<String, Value>>()
+                }).collect::<Vec<_>>(),
+            })
+        }
+    }
+}
+
+/// `chunk` (one choice's JSON) with `logprobs` set on its choice.
+pub fn with_logprobs(chunk: &str, logprobs: Value) -> String {
+    let mut v: Value = serde_json::from_str(chunk).expect("a chunk the simulator wrote");
+    v["choices"][0]["logprobs"] = logprobs;
+    v.to_string()
 }

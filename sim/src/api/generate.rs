@@ -114,6 +114,11 @@ async fn generate(state: AppState, gen: Generation) -> Response {
                 _ => 0,
             },
             first_word: gen.first_word,
+            answer_as_reasoning: gen.first_word > 0
+                && gen.api == Api::Chat
+                && state.continued_as_reasoning,
+            tool_call: gen.tool_call.clone().filter(|_| gen.api == Api::Chat),
+            logprobs: gen.logprobs,
         };
         let mut resp = Response::new(Body::from_stream(sse_body(spec, rx, guard)));
         resp.headers_mut().insert(
@@ -150,16 +155,43 @@ async fn generate(state: AppState, gen: Generation) -> Response {
             Api::Chat if gen.first_word == 0 => state.reasoning_tokens.min(fin.output_tokens),
             _ => 0,
         };
-        let body = rid.full_response(
-            (thinking > 0).then(|| words(0, thinking)).as_deref(),
-            &words(
-                first.saturating_add(thinking),
-                first.saturating_add(fin.output_tokens),
+        let answer = words(
+            first.saturating_add(thinking),
+            first.saturating_add(fin.output_tokens),
+        );
+        // A reasoning model's continued answer, taken for reasoning by vLLM's parser.
+        let as_reasoning = first > 0 && gen.api == Api::Chat && state.continued_as_reasoning;
+        let (reasoning, answer) = if as_reasoning {
+            (Some(answer), String::new())
+        } else {
+            ((thinking > 0).then(|| words(0, thinking)), answer)
+        };
+        // A named tool call: the words are its arguments.
+        let answer = match &gen.tool_call {
+            Some(_) => format!(
+                "{}{answer}{}",
+                ResponseId::ARGUMENTS_OPEN,
+                ResponseId::ARGUMENTS_CLOSE
             ),
+            None => answer,
+        };
+        let body = rid.full_response(
+            reasoning.as_deref(),
+            &answer,
+            gen.tool_call.as_deref(),
             fin.reason.as_str(),
             Usage::final_of(&fin, state.prompt_tokens_details),
             metrics,
         );
+        let mut body = body;
+        if let Some(top) = gen.logprobs {
+            // The answer's positions: after the reasoning, from where a continued one goes on.
+            let (from, to) = (
+                first.saturating_add(thinking),
+                first.saturating_add(fin.output_tokens),
+            );
+            body["choices"][0]["logprobs"] = super::chunks::logprobs(gen.api, from, to, top, 0);
+        }
         axum::Json(body).into_response()
     };
     if let Some(v) = echo {

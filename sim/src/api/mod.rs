@@ -188,8 +188,8 @@ async fn tokenize(State(s): State<AppState>, body: Bytes) -> Response {
             }
         };
         let tokens = match continued {
-            Some(c) => request::continued_ids(&c.origin, c.first_word),
-            None => encode(&s, text, b.add_special_tokens).await,
+            Some(c) if c.exact => request::continued_ids(&c.origin, c.first_word),
+            _ => encode(&s, text, b.add_special_tokens).await,
         };
         Ok(Json(serde_json::json!({
             "count": tokens.len(),

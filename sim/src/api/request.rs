@@ -56,6 +56,12 @@ pub struct Common {
     /// Number of choices; only 1 is simulated.
     #[serde(default)]
     pub n: Option<u32>,
+    /// Log-probabilities of the output tokens: chat `true`, completions how many alternatives.
+    #[serde(default)]
+    pub logprobs: Option<serde_json::Value>,
+    /// Chat: how many alternatives per token (with `logprobs: true`).
+    #[serde(default)]
+    pub top_logprobs: Option<u32>,
 }
 
 /// `/v1/chat/completions` body.
@@ -77,6 +83,10 @@ pub struct ChatBody {
     /// Continue the final message instead of opening a new turn (see [`prompt_end`]).
     #[serde(default)]
     pub continue_final_message: bool,
+    /// `{"type": "function", "function": {"name": ...}}` makes the answer a call of that tool
+    /// ([`Generation::tool_call`]); other values answer in text.
+    #[serde(default)]
+    pub tool_choice: Option<serde_json::Value>,
     /// Shared fields.
     #[serde(flatten)]
     pub common: Common,
@@ -149,6 +159,15 @@ pub enum Api {
 pub struct Generation {
     /// Answer shape.
     pub api: Api,
+    /// A named `tool_choice`: the answer is a call of this function, its output the call's
+    /// `arguments` (`{"text": "<the words>"}`), as vLLM answers a named tool choice (structured
+    /// output constrains the text to the arguments; streamed as `delta.tool_calls`, the first
+    /// with the call's id, type and name; `message.tool_calls` when not streaming, with
+    /// `content` empty).
+    pub tool_call: Option<String>,
+    /// Log-probabilities asked for: how many alternatives per output token
+    /// ([`crate::api::chunks::logprobs`]); `None`: not asked.
+    pub logprobs: Option<u32>,
     /// External request id.
     pub request_id: String,
     /// Prompt token ids.
@@ -184,9 +203,11 @@ pub struct Continuation {
     /// The prompt of the request it continues: the messages before the final one, with the
     /// assistant's turn opened (encoded with special tokens).
     pub origin: Vec<u32>,
-    /// The output words the final message holds ([`crate::text::words_in`]).
+    /// The output position the continued answer goes on from: the output words the final
+    /// message holds ([`crate::text::words_in`]), after a reasoning model's reasoning.
     pub first_word: u32,
-    /// Whether the final message is exactly those words (the simulator's own output, cut).
+    /// Whether the final message is exactly those words (the simulator's own output, cut; never
+    /// for a reasoning model, whose prompt lacks the reasoning the engine computed first).
     pub exact: bool,
 }
 
@@ -200,11 +221,16 @@ pub async fn continuation(
     let (last, before) = messages.split_last()?;
     let origin = render_request_ending(tools, kwargs, before, PromptEnd::Generation);
     let text = last.text();
-    let first_word = crate::text::words_in(&text);
+    // A reasoning model's answer starts after its reasoning: the output position the continued
+    // answer goes on from. Its prompt holds only the answer's words (the template drops the
+    // reasoning), which the engine never computed in that order: no exact continuation.
+    let reasoning = state.reasoning_tokens;
+    let words = crate::text::words_in_from(&text, reasoning);
+    let reasoning = if words > 0 { reasoning } else { 0 };
     Some(Continuation {
         origin: encode(state, origin, true).await,
-        first_word,
-        exact: first_word > 0 && crate::text::words(0, first_word) == text,
+        first_word: reasoning.saturating_add(words),
+        exact: words > 0 && reasoning == 0 && crate::text::words(0, words) == text,
     })
 }
 
@@ -304,6 +330,12 @@ impl Generation {
         let mut gen = Self::build(state, headers, Api::Chat, prompt, max, body.common)?;
         gen.first_word = first_word;
         gen.origin = origin;
+        gen.tool_call = body
+            .tool_choice
+            .as_ref()
+            .filter(|c| c["type"] == "function")
+            .and_then(|c| c["function"]["name"].as_str())
+            .map(str::to_owned);
         Ok(gen)
     }
 
@@ -396,6 +428,11 @@ impl Generation {
             include_usage: false,
             continuous_usage_stats: false,
         });
+        let logprobs = match (api, &c.logprobs) {
+            (Api::Chat, Some(serde_json::Value::Bool(true))) => Some(c.top_logprobs.unwrap_or(0)),
+            (Api::Completion, Some(n)) => n.as_u64().map(|n| n.min(20) as u32),
+            _ => None,
+        };
         Ok(Self {
             api,
             request_id: request_id(headers, c.request_id.as_deref()),
@@ -409,6 +446,8 @@ impl Generation {
             priority: c.priority,
             first_word: 0,
             origin: None,
+            tool_call: None,
+            logprobs,
         })
     }
 }

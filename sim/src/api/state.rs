@@ -23,6 +23,9 @@ pub struct AppState {
     pub mean_output_tokens: u32,
     /// `--reasoning-tokens`: the first output tokens of a chat answer that are reasoning.
     pub reasoning_tokens: u32,
+    /// A continued answer of a reasoning model comes out labelled as reasoning
+    /// (`--reasoning-tokens` without `--template-closes-reasoning`).
+    pub continued_as_reasoning: bool,
     /// Server seed.
     pub seed: u64,
     /// Fault injection.

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use futures::Stream;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use super::chunks::{ResponseId, Usage};
+use super::chunks::{logprobs, with_logprobs, ResponseId, Usage};
 use super::error::ApiError;
 use super::request::Api;
 use crate::engine::sequence::{EngineEvent, Finished};
@@ -74,6 +74,15 @@ pub struct StreamSpec {
     pub reasoning_tokens: u32,
     /// The output position the answer's text starts at (a continued message: its words so far).
     pub first_word: u32,
+    /// The answer goes out as `delta.reasoning`: a reasoning model's continued answer, which
+    /// vLLM's parser takes for reasoning (`--template-closes-reasoning` off).
+    pub answer_as_reasoning: bool,
+    /// A named tool choice: the answer goes out as this function's call
+    /// ([`ResponseId::tool_call_chunk`]).
+    pub tool_call: Option<String>,
+    /// Log-probabilities on the answer's chunks, with this many alternatives
+    /// ([`super::chunks::logprobs`]).
+    pub logprobs: Option<u32>,
 }
 
 /// Collects the events available now: (plain tokens, finish).
@@ -98,6 +107,8 @@ struct State {
     rx: UnboundedReceiver<EngineEvent>,
     guard: AbortGuard,
     sent: u32,
+    /// Bytes of answer text sent (completions' `text_offset`).
+    answer_bytes: usize,
     done: bool,
     stalled: bool,
 }
@@ -119,6 +130,7 @@ pub fn sse_body(
         rx,
         guard,
         sent: 0,
+        answer_bytes: 0,
         done: false,
         stalled: false,
     };
@@ -191,20 +203,63 @@ pub fn sse_body(
                 &spec.rid.reasoning_chunk(&text, finish, usage_now(st.sent)),
             );
         } else if !answer_follows && finish.is_some() {
-            // A finish with no new token: an empty answer chunk carries it.
-            frame(
-                &mut out,
-                &spec.rid.text_chunk("", finish, usage_now(st.sent)),
-            );
+            // A finish with no new token: an empty answer chunk carries it (a tool call's
+            // closes its arguments).
+            let chunk = match &spec.tool_call {
+                Some(_) => spec.rid.tool_call_chunk(
+                    None,
+                    ResponseId::ARGUMENTS_CLOSE,
+                    finish,
+                    usage_now(st.sent),
+                ),
+                None => spec.rid.text_chunk("", finish, usage_now(st.sent)),
+            };
+            frame(&mut out, &chunk);
         }
         if answer_follows {
             let first = spec.first_word;
             let text = words(first.saturating_add(st.sent), first.saturating_add(end));
+            // The answer's first words: after the reasoning (at most `reasoning_tokens`).
+            let opening = st.sent == spec.reasoning_tokens;
+            let from = first.saturating_add(st.sent);
             st.sent = end;
-            frame(
-                &mut out,
-                &spec.rid.text_chunk(&text, finish, usage_now(st.sent)),
-            );
+            let chunk = if let Some(name) = &spec.tool_call {
+                let open = if opening {
+                    ResponseId::ARGUMENTS_OPEN
+                } else {
+                    ""
+                };
+                let close = if finish.is_some() {
+                    ResponseId::ARGUMENTS_CLOSE
+                } else {
+                    ""
+                };
+                spec.rid.tool_call_chunk(
+                    opening.then_some(name.as_str()),
+                    &format!("{open}{text}{close}"),
+                    finish,
+                    usage_now(st.sent),
+                )
+            } else if spec.answer_as_reasoning {
+                spec.rid.reasoning_chunk(&text, finish, usage_now(st.sent))
+            } else {
+                spec.rid.text_chunk(&text, finish, usage_now(st.sent))
+            };
+            let chunk = match spec.logprobs {
+                Some(top) => with_logprobs(
+                    &chunk,
+                    logprobs(
+                        spec.rid.api,
+                        from,
+                        first.saturating_add(end),
+                        top,
+                        st.answer_bytes,
+                    ),
+                ),
+                None => chunk,
+            };
+            st.answer_bytes += text.len();
+            frame(&mut out, &chunk);
         }
         if stall_at.is_some() {
             // Keep the connection open and send nothing more, like a hung engine.
