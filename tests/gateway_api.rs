@@ -234,6 +234,45 @@ async fn a_non_streaming_answer_keeps_its_tool_calls_and_reasoning() {
     );
     assert_eq!(message_words(&plain), 5);
     assert_eq!(message["tool_calls"], json!([]));
+
+    // A client's own continuation of that answer is given as vLLM gives it, the reasoning
+    // parser's labels included (only the gateway's continuations of pre-empted work read
+    // them as the answer).
+    let continued = json!({
+        "messages": [{"role": "user", "content": "hi"},
+                     {"role": "assistant", "content": message["content"]}],
+        "continue_final_message": true, "add_generation_prompt": false,
+        "max_tokens": 4, "ignore_eos": true,
+    });
+    let ask = |base: String| {
+        let body = continued.clone();
+        async move {
+            send_json(
+                client()
+                    .post(format!("{base}/v1/chat/completions"))
+                    .json(&body),
+            )
+            .await
+        }
+    };
+    let (through, direct) = (ask(h.gw.url()).await, ask(h.sim.url()).await);
+    let (got, want) = (
+        &through["choices"][0]["message"],
+        &direct["choices"][0]["message"],
+    );
+    assert_eq!(
+        want["reasoning"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        4,
+        "{direct}"
+    );
+    assert_eq!(
+        (&got["content"], &got["reasoning"]),
+        (&want["content"], &want["reasoning"])
+    );
     h.shutdown().await;
 }
 

@@ -103,6 +103,7 @@ pub async fn prefill(
             body,
             affinity: request.affinity.clone(),
             pin: pieced.replica.clone(),
+            continues_answer: false,
         };
         metrics.piece();
         let Ok(mut stream) = ctx.upstream().stream(piece_request).await else {

@@ -85,6 +85,7 @@ impl Continuation for Resume {
                     .await
                     .map_err(GatewayError::from)?,
             };
+            let continues_answer = crate::upstream::request::continues_answer(&ready.body);
             let request = UpstreamRequest {
                 endpoint: ready.endpoint,
                 request_id: format!("{}-p{times}", self.request_id),
@@ -92,6 +93,7 @@ impl Continuation for Resume {
                 body: ready.body,
                 affinity: ready.affinity,
                 pin: None,
+                continues_answer,
             };
             let upstream = self
                 .ctx

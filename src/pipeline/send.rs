@@ -59,6 +59,9 @@ pub async fn send(
     if let Some(waited) = guard.prefill_wait() {
         record.prefill_waited(waited);
     }
+    // A job's continuation after a pre-emption (a client's `/v1` continuation is its own).
+    let continues_answer = matches!(record.route(), Route::Answer | Route::Job)
+        && crate::upstream::request::continues_answer(&body);
     let mut request = UpstreamRequest {
         endpoint,
         request_id: record.request_id().to_owned(),
@@ -66,6 +69,7 @@ pub async fn send(
         body,
         affinity,
         pin: None,
+        continues_answer,
     };
     // A job's prompt in its own pieces when `jobs.prefill_piece_tokens` says so.
     let piece = match ctx.config().jobs.prefill_piece_tokens {

@@ -191,7 +191,7 @@ impl UpstreamClient {
             }
         });
         let mut body = req.body;
-        let continues = super::request::continues_answer(&body);
+        let continues = req.continues_answer;
         prepare_body(&mut body, &self.config.model);
         let body = Bytes::from(serde_json::to_vec(&body).expect("a JSON map always serializes"));
         let key = req.affinity.as_deref().map(route::hash_str);

@@ -41,6 +41,11 @@ pub struct UpstreamRequest {
     /// The replica (by name) it must go to when that one takes traffic: where the pieces of a
     /// prompt prefilled in pieces went (`crate::pipeline::pieces`). `None`: routed as usual.
     pub pin: Option<String>,
+    /// The gateway's own continuation of an answer (pre-empted work, [`continues_answer`]):
+    /// what the engine streams as reasoning is read as the answer's text
+    /// ([`super::Chunk::reasoning_as_answer`]). Never for a client's `/v1` request, whose
+    /// answer stays as vLLM gives it.
+    pub continues_answer: bool,
 }
 
 /// Applies the upstream body rules in place:
@@ -68,7 +73,7 @@ pub fn prepare_body(body: &mut Map<String, Value>, model: &str) {
 
 /// Whether `body` continues an answer: `continue_final_message` on a final assistant message
 /// with text (as the gateway's continuations of pre-empted work are).
-pub(crate) fn continues_answer(body: &Map<String, Value>) -> bool {
+pub fn continues_answer(body: &Map<String, Value>) -> bool {
     let continued = body.get("continue_final_message") == Some(&Value::Bool(true));
     let last = body
         .get("messages")

@@ -57,6 +57,7 @@ pub fn chat(id: &str, content: &str, max_tokens: u32) -> UpstreamRequest {
         traceparent: None,
         affinity: None,
         pin: None,
+        continues_answer: false,
         body: object(json!({
             "messages": [{"role": "user", "content": content}],
             "max_tokens": max_tokens,
@@ -72,6 +73,7 @@ pub fn completion(id: &str, prompt: &str, max_tokens: u32) -> UpstreamRequest {
         traceparent: None,
         affinity: None,
         pin: None,
+        continues_answer: false,
         body: object(json!({"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": true})),
     }
 }
