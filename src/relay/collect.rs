@@ -319,6 +319,43 @@ mod tests {
         serde_json::from_slice(&out).expect("still JSON after the cut")
     }
 
+    fn chunk(raw: &str) -> Chunk {
+        match crate::upstream::parse_payload(bytes::Bytes::copy_from_slice(raw.as_bytes())) {
+            Ok(crate::upstream::Payload::Chunk(c)) => c,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn parallel_tool_calls_are_joined_each_from_its_own_pieces() {
+        let mut all = Collected::default();
+        for raw in [
+            r#"{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"grade","arguments":""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"student\": "}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","type":"function","function":{"name":"hint","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"7}"}}]}}]}"#,
+            // A piece of an unexpected shape does not fail the stream; what reads is kept.
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":"x","function":7}]},"finish_reason":"tool_calls"}]}"#,
+        ] {
+            all.add(&chunk(raw));
+        }
+        let v = all.into_json(Route::ChatCompletions);
+        let calls = &v["choices"][0]["message"]["tool_calls"];
+        assert_eq!(
+            *calls,
+            json!([
+                {"id": "call_a", "type": "function",
+                 "function": {"name": "grade", "arguments": "{\"student\": 7}"}},
+                {"id": "call_b", "type": "function", "function": {"name": "hint", "arguments": "{}"}},
+            ]),
+            "{v}"
+        );
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
+        assert_eq!(v["choices"][0]["message"]["content"], "");
+        assert!(v["choices"][0]["logprobs"].is_null());
+    }
+
     #[test]
     fn the_usage_member_is_cut_wherever_it_stands() {
         for raw in [
