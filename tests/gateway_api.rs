@@ -155,6 +155,16 @@ async fn v1_chat_and_completions_relay_vllm_chunks_faithfully() {
     h.shutdown().await;
 }
 
+/// The answer to `body` at `path` through the gateway, and the simulator's own.
+async fn through_and_direct(
+    h: &Harness,
+    path: &str,
+    body: &serde_json::Value,
+) -> (serde_json::Value, serde_json::Value) {
+    let ask = |base: String| send_json(client().post(format!("{base}{path}")).json(body));
+    (ask(h.gw.url()).await, ask(h.sim.url()).await)
+}
+
 /// The gateway streams from vLLM and assembles a non-streaming answer itself: what vLLM
 /// streams beside the text, tool calls and reasoning, is in the message as vLLM would give it.
 #[tokio::test]
@@ -162,25 +172,14 @@ async fn a_non_streaming_answer_keeps_its_tool_calls_and_reasoning() {
     let mut flags = FAST.to_vec();
     flags.extend(["--reasoning-tokens", "3"]);
     let h = harness(&flags, |_| {}).await;
-    let ask = |base: String| {
-        let body = json!({
-            "messages": [{"role": "user", "content": "look up my grade"}],
-            "max_tokens": 10,
-            "ignore_eos": true,
-            "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}],
-            "tool_choice": {"type": "function", "function": {"name": "lookup"}},
-        });
-        async move {
-            send_json(
-                client()
-                    .post(format!("{base}/v1/chat/completions"))
-                    .json(&body),
-            )
-            .await
-        }
-    };
-    let through = ask(h.gw.url()).await;
-    let direct = ask(h.sim.url()).await;
+    let body = json!({
+        "messages": [{"role": "user", "content": "look up my grade"}],
+        "max_tokens": 10,
+        "ignore_eos": true,
+        "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}],
+        "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+    });
+    let (through, direct) = through_and_direct(&h, "/v1/chat/completions", &body).await;
     let (got, want) = (
         &through["choices"][0]["message"],
         &direct["choices"][0]["message"],
@@ -244,18 +243,7 @@ async fn a_non_streaming_answer_keeps_its_tool_calls_and_reasoning() {
         "continue_final_message": true, "add_generation_prompt": false,
         "max_tokens": 4, "ignore_eos": true,
     });
-    let ask = |base: String| {
-        let body = continued.clone();
-        async move {
-            send_json(
-                client()
-                    .post(format!("{base}/v1/chat/completions"))
-                    .json(&body),
-            )
-            .await
-        }
-    };
-    let (through, direct) = (ask(h.gw.url()).await, ask(h.sim.url()).await);
+    let (through, direct) = through_and_direct(&h, "/v1/chat/completions", &continued).await;
     let (got, want) = (
         &through["choices"][0]["message"],
         &direct["choices"][0]["message"],
@@ -292,12 +280,7 @@ async fn a_non_streaming_answer_keeps_its_logprobs() {
             json!({"prompt": "def fib(n):", "max_tokens": 6, "ignore_eos": true, "logprobs": 2}),
         ),
     ] {
-        let ask = |base: String| {
-            let body = body.clone();
-            async move { send_json(client().post(format!("{base}{path}")).json(&body)).await }
-        };
-        let through = ask(h.gw.url()).await;
-        let direct = ask(h.sim.url()).await;
+        let (through, direct) = through_and_direct(&h, path, &body).await;
         let got = &through["choices"][0]["logprobs"];
         assert!(got.is_object(), "{path}: {through}");
         assert_eq!(*got, direct["choices"][0]["logprobs"], "{path}");
