@@ -32,6 +32,8 @@ pub struct Collected {
     pub logprobs: Option<serde_json::Map<String, Value>>,
     /// Why generation stopped.
     pub finish_reason: Option<String>,
+    /// What matched, when a stop string or token stopped it (vLLM's `stop_reason`).
+    pub stop_reason: Option<Value>,
     /// Final usage.
     pub usage: Option<Usage>,
     /// Set when the answer was cut at its lane's limit.
@@ -229,6 +231,9 @@ impl Collected {
         if let Some(f) = &chunk.finish_reason {
             self.finish_reason = Some(f.clone());
         }
+        if chunk.stop_reason.is_some() {
+            self.stop_reason.clone_from(&chunk.stop_reason);
+        }
         if chunk.usage.is_some() {
             self.usage = chunk.usage;
         }
@@ -254,7 +259,7 @@ impl Collected {
                 "text": self.text,
                 "logprobs": logprobs,
                 "finish_reason": self.finish_reason,
-                "stop_reason": null,
+                "stop_reason": self.stop_reason,
                 "prompt_logprobs": null,
             }),
             Route::ChatCompletions | Route::Answer | Route::Job => {
@@ -274,7 +279,7 @@ impl Collected {
                     "message": message,
                     "logprobs": logprobs,
                     "finish_reason": self.finish_reason,
-                    "stop_reason": null,
+                    "stop_reason": self.stop_reason,
                 })
             }
         };
@@ -354,6 +359,35 @@ mod tests {
         assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(v["choices"][0]["message"]["content"], "");
         assert!(v["choices"][0]["logprobs"].is_null());
+    }
+
+    #[test]
+    fn a_stop_strings_match_is_the_answers_stop_reason() {
+        for (route, raw) in [
+            (
+                Route::ChatCompletions,
+                r#"{"choices":[{"index":0,"delta":{"content":" done"},"finish_reason":"stop","stop_reason":"END"}]}"#,
+            ),
+            (
+                Route::Completions,
+                r#"{"choices":[{"index":0,"text":" done","finish_reason":"stop","stop_reason":"END"}]}"#,
+            ),
+        ] {
+            let mut all = Collected::default();
+            all.add(&chunk(
+                r#"{"choices":[{"index":0,"delta":{"content":"all"},"stop_reason":null}]}"#,
+            ));
+            all.add(&chunk(raw));
+            let v = all.into_json(route);
+            assert_eq!(v["choices"][0]["stop_reason"], "END", "{v}");
+            assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        }
+        // The end-of-sequence token: no stop reason.
+        let mut eos = Collected::default();
+        eos.add(&chunk(
+            r#"{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop","stop_reason":null}]}"#,
+        ));
+        assert!(eos.into_json(Route::ChatCompletions)["choices"][0]["stop_reason"].is_null());
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub struct Chunk {
     pub logprobs: Option<serde_json::Map<String, serde_json::Value>>,
     /// `stop`, `length`, `abort`, `tool_calls`... on the chunk with the last token.
     pub finish_reason: Option<String>,
+    /// vLLM's `stop_reason` beside a `stop` finish: the stop string or token id that matched
+    /// (`None` when absent or `null`: the end-of-sequence token).
+    pub stop_reason: Option<serde_json::Value>,
     /// Token usage: on the final chunk (`stream_options.include_usage`), or on every chunk with
     /// `continuous_usage_stats` (running totals).
     pub usage: Option<Usage>,
@@ -164,6 +167,8 @@ struct WireChoice {
     text: Option<String>,
     #[serde(default)]
     finish_reason: Option<String>,
+    #[serde(default)]
+    stop_reason: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -260,6 +265,10 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
     let has_answer = wire.choices.iter().any(WireChoice::has_answer);
     let no_choices = wire.choices.is_empty();
     let finish_reason = wire.choices.iter().find_map(|c| c.finish_reason.clone());
+    let stop_reason = wire
+        .choices
+        .iter()
+        .find_map(|c| c.stop_reason.clone().filter(|r| !r.is_null()));
     let mut first = wire.choices.into_iter().next();
     let logprobs = first
         .as_mut()
@@ -301,6 +310,7 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
         tool_calls,
         logprobs,
         finish_reason,
+        stop_reason,
         usage,
         metrics: wire.metrics,
         has_content,
