@@ -6,7 +6,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use crate::telemetry::{LatencySplit, Route};
-use crate::upstream::{Chunk, Usage};
+use crate::upstream::{Chunk, ToolCallDelta, Usage};
 
 /// What the stream said, accumulated.
 #[derive(Debug, Clone, Default)]
@@ -24,8 +24,9 @@ pub struct Collected {
     /// Whether it came as `reasoning_content` (older vLLM) rather than `reasoning`: the message
     /// says it under the same name.
     pub reasoning_content: bool,
-    /// The answer's tool calls, joined from their pieces, in the order they opened.
-    pub tool_calls: Vec<ToolCall>,
+    /// The answer's tool calls, each joined from its pieces ([`ToolCallDelta::join`]), in the
+    /// order they opened.
+    pub tool_calls: Vec<ToolCallDelta>,
     /// The log-probabilities, joined: each list the chunks carried (chat `content`,
     /// completions `tokens`, `token_logprobs`, `top_logprobs`, `text_offset`) one after the
     /// other; `None` when no chunk had any (not asked for).
@@ -40,31 +41,6 @@ pub struct Collected {
     pub cut: Option<super::cut::CutInfo>,
     /// The latency split at the end.
     pub timings: LatencySplit,
-}
-
-/// One tool call of the answer, joined from its streamed pieces.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ToolCall {
-    /// Its `index` in the stream.
-    pub index: u32,
-    /// Its id, as the engine gave it.
-    pub id: Option<String>,
-    /// Its `type` (`function`).
-    pub kind: Option<String>,
-    /// The function's name.
-    pub name: String,
-    /// The function's arguments, joined (a JSON text).
-    pub arguments: String,
-}
-
-impl ToolCall {
-    fn json(&self) -> Value {
-        json!({
-            "id": self.id,
-            "type": self.kind.as_deref().unwrap_or("function"),
-            "function": {"name": self.name, "arguments": self.arguments},
-        })
-    }
 }
 
 /// What the client gets of a chunk that carries `usage`: the final usage-only chunk
@@ -193,27 +169,10 @@ impl Collected {
             self.reasoning_content = chunk.reasoning_content;
         }
         for piece in &chunk.tool_calls {
-            let at = match self.tool_calls.iter().position(|c| c.index == piece.index) {
-                Some(at) => at,
-                None => {
-                    self.tool_calls.push(ToolCall {
-                        index: piece.index,
-                        ..ToolCall::default()
-                    });
-                    self.tool_calls.len() - 1
-                }
-            };
-            let call = &mut self.tool_calls[at];
-            if piece.id.is_some() {
-                call.id.clone_from(&piece.id);
+            match self.tool_calls.iter_mut().find(|c| c.index == piece.index) {
+                Some(call) => call.join(piece),
+                None => self.tool_calls.push(piece.clone()),
             }
-            if piece.kind.is_some() {
-                call.kind.clone_from(&piece.kind);
-            }
-            if let Some(name) = &piece.name {
-                call.name.push_str(name);
-            }
-            call.arguments.push_str(&piece.arguments);
         }
         if let Some(lp) = &chunk.logprobs {
             let joined = self.logprobs.get_or_insert_with(Default::default);
@@ -240,7 +199,7 @@ impl Collected {
     }
 
     /// vLLM's non-streaming response body for `route`.
-    pub fn into_json(self, route: Route) -> Value {
+    pub fn into_json(mut self, route: Route) -> Value {
         let usage = self.usage.map(|u| {
             let mut v = json!({
                 "prompt_tokens": u.prompt_tokens,
@@ -252,7 +211,7 @@ impl Collected {
             }
             v
         });
-        let logprobs = self.logprobs.clone().map_or(Value::Null, Value::Object);
+        let logprobs = self.logprobs.take().map_or(Value::Null, Value::Object);
         let choice = match route {
             Route::Completions => json!({
                 "index": 0,
@@ -263,7 +222,8 @@ impl Collected {
                 "prompt_logprobs": null,
             }),
             Route::ChatCompletions | Route::Answer | Route::Job => {
-                let calls: Vec<Value> = self.tool_calls.iter().map(ToolCall::json).collect();
+                let calls: Vec<Value> =
+                    self.tool_calls.iter().map(ToolCallDelta::to_json).collect();
                 let mut message =
                     json!({"role": "assistant", "content": self.text, "tool_calls": calls});
                 if !self.reasoning.is_empty() {

@@ -95,6 +95,30 @@ pub struct ToolCallDelta {
 }
 
 impl ToolCallDelta {
+    /// Adds `piece`, a later piece of the same call: its id, type and name when it has them,
+    /// its arguments after the ones so far.
+    pub fn join(&mut self, piece: &ToolCallDelta) {
+        if piece.id.is_some() {
+            self.id.clone_from(&piece.id);
+        }
+        if piece.kind.is_some() {
+            self.kind.clone_from(&piece.kind);
+        }
+        if let Some(name) = &piece.name {
+            self.name.get_or_insert_with(String::new).push_str(name);
+        }
+        self.arguments.push_str(&piece.arguments);
+    }
+
+    /// The call as a non-streaming message lists it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id,
+            "type": self.kind.as_deref().unwrap_or("function"),
+            "function": {"name": self.name.as_deref().unwrap_or_default(), "arguments": self.arguments},
+        })
+    }
+
     fn read(v: &serde_json::Value) -> Self {
         let text = |v: &serde_json::Value| v.as_str().map(str::to_owned);
         ToolCallDelta {

@@ -98,6 +98,8 @@ async fn generate(state: AppState, gen: Generation) -> Response {
         },
     });
     let mut guard = AbortGuard::new(state.engine.clone(), seq_no);
+    // A reasoning model's continued answer, taken for reasoning by vLLM's parser.
+    let answer_as_reasoning = first > 0 && gen.api == Api::Chat && state.continued_as_reasoning;
 
     let mut resp = if gen.stream {
         let spec = StreamSpec {
@@ -114,9 +116,7 @@ async fn generate(state: AppState, gen: Generation) -> Response {
                 _ => 0,
             },
             first_word: gen.first_word,
-            answer_as_reasoning: gen.first_word > 0
-                && gen.api == Api::Chat
-                && state.continued_as_reasoning,
+            answer_as_reasoning,
             tool_call: gen.tool_call.clone().filter(|_| gen.api == Api::Chat),
             logprobs: gen.logprobs,
         };
@@ -159,9 +159,7 @@ async fn generate(state: AppState, gen: Generation) -> Response {
             first.saturating_add(thinking),
             first.saturating_add(fin.output_tokens),
         );
-        // A reasoning model's continued answer, taken for reasoning by vLLM's parser.
-        let as_reasoning = first > 0 && gen.api == Api::Chat && state.continued_as_reasoning;
-        let (reasoning, answer) = if as_reasoning {
+        let (reasoning, answer) = if answer_as_reasoning {
             (Some(answer), String::new())
         } else {
             ((thinking > 0).then(|| words(0, thinking)), answer)
