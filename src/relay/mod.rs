@@ -211,7 +211,8 @@ impl Relay {
         self.upstream.request_id()
     }
 
-    /// Output tokens counted so far (exact once vLLM sent usage, else content chunks).
+    /// Output tokens counted so far (exact once vLLM sent usage, else the chunks that carried
+    /// tokens).
     fn produced(&self) -> u32 {
         let before = self.resume.as_ref().map_or(0, |r| r.before);
         before.saturating_add(self.upstream.output_tokens().count)
@@ -267,6 +268,8 @@ impl Relay {
             if chunk.has_content {
                 self.steps.chunk(Instant::now());
                 self.record.first_token();
+            }
+            if chunk.has_token {
                 // Its prefill is over: long prompts waiting for prefill room may go.
                 if let Some(guard) = self.guard.as_mut() {
                     guard.prefill_done();
@@ -430,11 +433,11 @@ impl Relay {
         info
     }
 
-    /// Handles one event into `out`; with content, enforces the lane limit.
+    /// Handles one event into `out`; with tokens (or a count of them), enforces the lane limit.
     async fn step(&mut self, ev: Option<Result<Chunk, UpstreamError>>, out: &mut Vec<u8>) {
-        let content = matches!(&ev, Some(Ok(c)) if c.has_content);
+        let counted = matches!(&ev, Some(Ok(c)) if c.counts_output());
         self.render(ev, out);
-        if content && !self.done && !self.keep_in_bounds().await {
+        if counted && !self.done && !self.keep_in_bounds().await {
             let info = self.cut_here();
             match self.format {
                 Format::OpenAi { .. } => {
@@ -594,7 +597,7 @@ impl Relay {
                 Some(Ok(chunk)) => {
                     on_chunk(&chunk);
                     acc.add(&chunk);
-                    if chunk.has_content && !self.keep_in_bounds().await {
+                    if chunk.counts_output() && !self.keep_in_bounds().await {
                         let info = self.cut_here();
                         acc.finish_reason = Some("length".into());
                         acc.cut = Some(info);

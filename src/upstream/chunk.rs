@@ -71,6 +71,12 @@ pub struct Chunk {
     /// The role-only first chat chunk (`"content":""`) and the usage chunk do not: they are not
     /// tokens.
     pub has_content: bool,
+    /// Whether it carries at least one generated token, also one that decodes to no text: a
+    /// special token, which vLLM's detokenizer skips (`skip_special_tokens`) and still streams
+    /// as a chunk with `delta.content` `""` (chat) or `text` `""` (completions). Every chunk
+    /// with content has one; the role-only first chat chunk (it has `delta.role`), a chunk
+    /// that only carries the finish reason and the usage chunk do not.
+    pub has_token: bool,
     /// Whether it carries answer output: text or tool-call deltas, not only reasoning
     /// (`delta.reasoning` / `delta.reasoning_content`).
     pub has_answer: bool,
@@ -197,6 +203,9 @@ struct WireChoice {
 
 #[derive(Deserialize)]
 struct WireDelta {
+    /// On the first chat chunk only: it opens the message, no token.
+    #[serde(default)]
+    role: Option<String>,
     #[serde(default)]
     content: Option<String>,
     /// Current vLLM's name for reasoning text.
@@ -240,6 +249,20 @@ impl WireChoice {
             })
     }
 
+    /// A generated token, with text or without ([`Chunk::has_token`]).
+    fn has_token(&self) -> bool {
+        if self.has_content() {
+            return true;
+        }
+        if self.finish_reason.is_some() {
+            return false;
+        }
+        match &self.delta {
+            Some(d) => d.role.is_none() && (d.content.is_some() || d.reasoning.is_some()),
+            None => self.text.is_some(),
+        }
+    }
+
     /// Answer output: completions text, chat content or tool-call deltas.
     fn has_answer(&self) -> bool {
         non_empty(self.text.as_deref())
@@ -251,6 +274,13 @@ impl WireChoice {
 }
 
 impl Chunk {
+    /// Whether it can move the output count: it carries a token (with text or without) or a
+    /// usage. The lane's limit is checked on every such chunk, so that tokens that decode to
+    /// no text are counted against it too.
+    pub fn counts_output(&self) -> bool {
+        self.has_token || self.usage.is_some()
+    }
+
     /// In the continuation of an answer (`continue_final_message` on an assistant message with
     /// text), everything generated is answer: the reasoning text becomes the answer's. vLLM's
     /// reasoning parsers take a continuation's tokens for reasoning when the chat template
@@ -286,6 +316,7 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
             .ok_or_else(|| UpstreamError::Protocol("an error event without a message".into()));
     }
     let has_content = wire.choices.iter().any(WireChoice::has_content);
+    let has_token = wire.choices.iter().any(WireChoice::has_token);
     let has_answer = wire.choices.iter().any(WireChoice::has_answer);
     let no_choices = wire.choices.is_empty();
     let finish_reason = wire.choices.iter().find_map(|c| c.finish_reason.clone());
@@ -338,6 +369,7 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
         usage,
         metrics: wire.metrics,
         has_content,
+        has_token,
         has_answer,
         usage_only: no_choices && usage.is_some(),
     }))

@@ -183,3 +183,26 @@ fn in_a_continuation_reasoning_text_is_the_answers() {
     plain.reasoning_as_answer();
     assert_eq!((plain.text.as_str(), plain.has_answer), ("x", true));
 }
+
+#[test]
+fn a_token_that_decodes_to_no_text_is_a_token_but_not_content() {
+    // A special token skipped by vLLM's detokenizer: `delta.content` (chat) or `text`
+    // (completions) is empty, and the chunk still stands for one generated token.
+    for json in [
+        r#"{"choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":null}]}"#,
+        r#"{"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":null,"stop_reason":null}]}"#,
+    ] {
+        let c = chunk(json);
+        assert!(c.has_token && !c.has_content && c.counts_output(), "{json}");
+    }
+    // Not tokens: the role chunk that opens a chat message, a chunk that only carries the
+    // finish reason, the usage chunk (which counts the output itself).
+    let role = chunk(r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#);
+    assert!(!role.has_token && !role.counts_output());
+    let finish =
+        chunk(r#"{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}"#);
+    assert!(!finish.has_token);
+    let usage = chunk(r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3}}"#);
+    assert!(!usage.has_token && usage.counts_output());
+    assert!(chunk(r#"{"choices":[{"delta":{"content":" so"}}]}"#).has_token);
+}

@@ -128,7 +128,7 @@ pub struct UpstreamStream {
     /// `cached_tokens`; `continuous_usage_stats` chunks never carry it).
     final_usage: bool,
     metrics: Option<EngineMetrics>,
-    content_chunks: u32,
+    token_chunks: u32,
     missing_done: bool,
     ended: bool,
     /// The replica it runs on, counted in flight until the stream drops.
@@ -177,7 +177,7 @@ impl UpstreamStream {
             usage: None,
             final_usage: false,
             metrics: None,
-            content_chunks: 0,
+            token_chunks: 0,
             missing_done: false,
             ended: false,
             ticket: None,
@@ -272,7 +272,8 @@ impl UpstreamStream {
         &self.headers
     }
 
-    /// Output tokens so far: exact once vLLM sent usage, else content chunks (a lower bound).
+    /// Output tokens so far: exact once vLLM sent usage, else the chunks that carried tokens
+    /// ([`Chunk::has_token`]; a lower bound: a chunk can carry several).
     pub fn output_tokens(&self) -> OutputTokens {
         match self.usage {
             Some(u) => OutputTokens {
@@ -280,7 +281,7 @@ impl UpstreamStream {
                 exact: true,
             },
             None => OutputTokens {
-                count: self.content_chunks,
+                count: self.token_chunks,
                 exact: false,
             },
         }
@@ -350,8 +351,10 @@ impl UpstreamStream {
                 if self.continues_answer {
                     chunk.reasoning_as_answer();
                 }
+                if chunk.has_token {
+                    self.token_chunks += 1;
+                }
                 if chunk.has_content {
-                    self.content_chunks += 1;
                     self.timings.first_content_at.get_or_insert(now);
                 }
                 if chunk.has_answer {
@@ -386,7 +389,8 @@ impl UpstreamStream {
             let wait = self.limits.idle.min(AFTER_FINISH);
             return (self.last_event_at + wait, UpstreamError::IdleTimeout(wait));
         }
-        if self.timings.first_content_at.is_none() {
+        // (A token that decodes to no text is a first token too: the engine is generating.)
+        if self.timings.first_content_at.is_none() && self.token_chunks == 0 {
             return self.limits.first_token_deadline(self.timings.sent_at);
         }
         let total = self.timings.sent_at + self.limits.total;

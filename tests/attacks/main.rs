@@ -12,5 +12,6 @@ mod fields;
 mod idle_connections;
 mod reasoning;
 mod silent_reader;
+mod silent_tokens;
 mod template_text;
 mod token_key;

@@ -119,6 +119,7 @@ async fn generate(state: AppState, gen: Generation) -> Response {
             answer_as_reasoning,
             tool_call: gen.tool_call.clone().filter(|_| gen.api == Api::Chat),
             logprobs: gen.logprobs,
+            silent: gen.silent,
         };
         let mut resp = Response::new(Body::from_stream(sse_body(spec, rx, guard)));
         resp.headers_mut().insert(
@@ -155,10 +156,14 @@ async fn generate(state: AppState, gen: Generation) -> Response {
             Api::Chat if gen.first_word == 0 => state.reasoning_tokens.min(fin.output_tokens),
             _ => 0,
         };
-        let answer = words(
-            first.saturating_add(thinking),
-            first.saturating_add(fin.output_tokens),
-        );
+        let answer = if gen.silent {
+            String::new()
+        } else {
+            words(
+                first.saturating_add(thinking),
+                first.saturating_add(fin.output_tokens),
+            )
+        };
         let (reasoning, answer) = if answer_as_reasoning {
             (Some(answer), String::new())
         } else {

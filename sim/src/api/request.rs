@@ -62,7 +62,19 @@ pub struct Common {
     /// Chat: how many alternatives per token (with `logprobs: true`).
     #[serde(default)]
     pub top_logprobs: Option<u32>,
+    /// The only token ids the engine may sample. Ids from [`SPECIAL_TOKENS_FROM`] on are
+    /// special tokens, which decode to no text unless `skip_special_tokens` is false: an
+    /// answer of them streams chunks whose `delta.content` is empty, with their usage.
+    #[serde(default)]
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// Whether special tokens are left out of the decoded text (vLLM's default: true).
+    #[serde(default)]
+    pub skip_special_tokens: Option<bool>,
 }
+
+/// The first special token id (Llama 3's `<|begin_of_text|>` is 128000, its reserved special
+/// tokens follow): the heuristic tokenizer's ordinary ids stay below it.
+pub const SPECIAL_TOKENS_FROM: u32 = 128_000;
 
 /// `/v1/chat/completions` body.
 #[derive(Debug, Clone, Deserialize)]
@@ -165,6 +177,9 @@ pub struct Generation {
     /// with the call's id, type and name; `message.tool_calls` when not streaming, with
     /// `content` empty).
     pub tool_call: Option<String>,
+    /// The answer's tokens decode to no text: `allowed_token_ids` holds special tokens only and
+    /// `skip_special_tokens` is not false (vLLM then streams `delta.content: ""` for each).
+    pub silent: bool,
     /// Log-probabilities asked for: how many alternatives per output token
     /// ([`crate::api::chunks::logprobs`]); `None`: not asked.
     pub logprobs: Option<u32>,
@@ -448,6 +463,10 @@ impl Generation {
             origin: None,
             tool_call: None,
             logprobs,
+            silent: c.skip_special_tokens != Some(false)
+                && c.allowed_token_ids.as_ref().is_some_and(|ids| {
+                    !ids.is_empty() && ids.iter().all(|&id| id >= SPECIAL_TOKENS_FROM)
+                }),
         })
     }
 }

@@ -83,6 +83,8 @@ pub struct StreamSpec {
     /// Log-probabilities on the answer's chunks, with this many alternatives
     /// ([`super::chunks::logprobs`]).
     pub logprobs: Option<u32>,
+    /// The answer's tokens decode to no text ([`super::request::Generation::silent`]).
+    pub silent: bool,
 }
 
 /// Collects the events available now: (plain tokens, finish).
@@ -218,7 +220,11 @@ pub fn sse_body(
         }
         if answer_follows {
             let first = spec.first_word;
-            let text = words(first.saturating_add(st.sent), first.saturating_add(end));
+            let text = if spec.silent {
+                String::new()
+            } else {
+                words(first.saturating_add(st.sent), first.saturating_add(end))
+            };
             // The answer's first words: after the reasoning (at most `reasoning_tokens`).
             let opening = st.sent == spec.reasoning_tokens;
             let from = first.saturating_add(st.sent);
