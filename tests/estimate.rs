@@ -288,6 +288,50 @@ async fn an_engine_that_counts_otherwise_is_learned_per_kind() {
     h.shutdown().await;
 }
 
+#[tokio::test]
+async fn a_prompt_vllm_truncates_teaches_the_estimate_nothing() {
+    // vLLM keeps the last `truncate_prompt_tokens` of a prompt and counts those. Taken as the
+    // prompt's count, 30 such answers would teach the correction, shared by every client, that
+    // prose is a quarter of what the gateway counts: a client could send its real prompts into
+    // a smaller lane, and everyone else's with them.
+    let h = harness(&["--speed", "100", "--profile", "tiny-test"], |_| {}).await;
+    let mut rng = StdRng::seed_from_u64(7);
+    for i in 0..30 {
+        let text = prose(&mut rng, 2_000 + 300 * i);
+        let resp = send(client().post(h.url("/v1/chat/completions")).json(&json!({
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": 1, "truncate_prompt_tokens": 120
+        })))
+        .await;
+        assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+        let _ = resp.text().await;
+    }
+    let text = prose(&mut rng, 8_000);
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(&json!({
+        "messages": [{"role": "user", "content": text}], "max_tokens": 1
+    })))
+    .await;
+    assert_eq!(resp.status(), 200);
+    let _ = resp.text().await;
+    let log = h.log.lock().unwrap().clone();
+    assert_eq!(log.len(), 31);
+    assert!(
+        log[..30].iter().all(|e| e["input_tokens"] == 120),
+        "the engine counted the truncated prompts: {:?}",
+        log[0]
+    );
+    let honest = &log[30];
+    let (estimate, engine) = (
+        honest["input_tokens_estimated"].as_f64().unwrap(),
+        honest["input_tokens"].as_f64().unwrap(),
+    );
+    assert!(
+        estimate >= engine * (1.0 - MARGIN),
+        "the next prompt is still counted in full: {honest}"
+    );
+    h.shutdown().await;
+}
+
 /// About 35 KB of code: about 15,000 tokens by the heuristic.
 fn review_35kb() -> String {
     code(&mut StdRng::seed_from_u64(35), 35_000)

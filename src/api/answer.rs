@@ -13,15 +13,17 @@ use axum::Extension;
 use crate::jobs::Jobs;
 use crate::pipeline::parse::AnswerQuery;
 use crate::pipeline::{self, AnswerInput, RequestCtx, Tenant};
+use crate::relay::ConnectionCloser;
 
 /// `GET /answer?prompt=…&max_output_tokens=…`.
 pub async fn get_answer(
     State(jobs): State<Jobs>,
     tenant: Option<Extension<Tenant>>,
+    connection: Option<Extension<ConnectionCloser>>,
     headers: HeaderMap,
     query: Result<Query<AnswerQuery>, QueryRejection>,
 ) -> Response {
-    let ctx = RequestCtx::snapshot(jobs.state());
+    let ctx = RequestCtx::snapshot(jobs.state()).on_connection(connection.map(|c| c.0));
     let (input, tenant) = (AnswerInput::Query(query), tenant.map(|t| t.0));
     pipeline::answer(ctx, headers, input, Some(&jobs), tenant).await
 }
@@ -30,10 +32,11 @@ pub async fn get_answer(
 pub async fn post_answer(
     State(jobs): State<Jobs>,
     tenant: Option<Extension<Tenant>>,
+    connection: Option<Extension<ConnectionCloser>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let ctx = RequestCtx::snapshot(jobs.state());
+    let ctx = RequestCtx::snapshot(jobs.state()).on_connection(connection.map(|c| c.0));
     let (input, tenant) = (AnswerInput::Body(body), tenant.map(|t| t.0));
     pipeline::answer(ctx, headers, input, Some(&jobs), tenant).await
 }

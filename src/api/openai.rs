@@ -10,6 +10,7 @@ use axum::routing::{post, MethodRouter};
 use axum::Extension;
 
 use crate::pipeline::{self, AppState, RequestCtx, Tenant};
+use crate::relay::ConnectionCloser;
 use crate::telemetry::Route;
 
 /// The `POST` handler of one OpenAI route: [`Route::ChatCompletions`] or
@@ -18,9 +19,10 @@ pub fn post_route(route: Route) -> MethodRouter<AppState> {
     post(
         move |State(state): State<AppState>,
               tenant: Option<Extension<Tenant>>,
+              connection: Option<Extension<ConnectionCloser>>,
               headers: HeaderMap,
               body: Result<Bytes, BytesRejection>| async move {
-            let ctx = RequestCtx::snapshot(&state);
+            let ctx = RequestCtx::snapshot(&state).on_connection(connection.map(|c| c.0));
             pipeline::openai(ctx, headers, body, route, tenant.map(|t| t.0)).await
         },
     )

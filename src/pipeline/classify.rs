@@ -281,7 +281,15 @@ pub async fn classify(
         _ => None,
     };
     record.classified(class);
-    record.calibrates(Arc::clone(classifier.calibration()), &model);
+    // A prompt vLLM truncates (`truncate_prompt_tokens`) is counted as sent (the reservation
+    // covers it), but its engine count is not the prompt's: it would teach the correction, shared
+    // by every client, to count short.
+    if body
+        .get("truncate_prompt_tokens")
+        .is_none_or(Value::is_null)
+    {
+        record.calibrates(Arc::clone(classifier.calibration()), &model);
+    }
     record.mark(Mark::Classified);
     let output_cap = match max_tokens {
         Some(_) => None,

@@ -20,15 +20,19 @@ use crate::admission::{Admission, SessionLedger};
 use crate::classify::{Classifier, LaneRules};
 use crate::config::Config;
 use crate::prompt::Course;
+use crate::relay::ConnectionCloser;
 use crate::telemetry::{Metrics, RequestRecord, Route};
 use crate::upstream::UpstreamClient;
 
 /// The set in force at a request's entry, with the services every request shares. Cheap to
-/// clone (two `Arc`s).
+/// clone (a few `Arc`s).
 #[derive(Debug, Clone)]
 pub struct RequestCtx {
     live: Arc<Live>,
     shared: AppState,
+    /// The client's connection, when the gateway's accept loop serves it: a stream cut for not
+    /// reading closes it if the server cannot take the stream down ([`ConnectionCloser`]).
+    connection: Option<ConnectionCloser>,
 }
 
 impl RequestCtx {
@@ -38,7 +42,19 @@ impl RequestCtx {
         Self {
             live: state.live(),
             shared: state.clone(),
+            connection: None,
         }
+    }
+
+    /// The same, on the client connection `connection` (from the request's extensions).
+    pub fn on_connection(mut self, connection: Option<ConnectionCloser>) -> Self {
+        self.connection = connection;
+        self
+    }
+
+    /// The client's connection, if known.
+    pub fn connection(&self) -> Option<ConnectionCloser> {
+        self.connection.clone()
     }
 
     /// The configuration in force at the request's entry.

@@ -257,5 +257,6 @@ fn streamed(ctx: &RequestCtx, relay: Relay) -> Body {
     Body::from_stream(relay.into_sse(
         ctx.upstream().tasks(),
         ClientLimits::from_config(&ctx.config().server),
+        ctx.connection(),
     ))
 }

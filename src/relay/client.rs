@@ -10,6 +10,12 @@
 //!   done with them; after [`ClientTx::cut`] it ends with an error instead, so the server
 //!   closes the connection (HTTP/1) or resets the stream (HTTP/2) when it next writes.
 //! - Dropping the body (the client went away) resolves [`ClientTx::closed`] at once.
+//! - A cut body that is still not dropped `server.client_write_timeout` after the cut closes
+//!   the client's connection ([`ConnectionCloser`]). The server takes the body's error only when
+//!   it next writes, which a client that keeps its window closed never lets happen: an HTTP/2
+//!   stream whose flow-control window stays at zero is never polled again, while the
+//!   connection answers pings. Closing it drops the body and, with it, the request's
+//!   `server.max_requests_in_flight` permit, its tenant's slot and the buffered bytes.
 //!
 //! One per stream; memory is bounded by the buffer size plus the frame being sent.
 
@@ -23,6 +29,7 @@ use bytes::Bytes;
 use futures::Stream;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
+use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
 
@@ -42,6 +49,30 @@ impl ClientLimits {
             buffer_bytes: server.client_buffer_bytes,
             write_timeout: server.client_write_timeout,
         }
+    }
+}
+
+/// Closes one client connection at once, every stream on it with it: the server's side
+/// waits on [`ConnectionCloser::closed`], a stream's side calls [`ConnectionCloser::close`]
+/// (see the module doc). Each request on a connection the server accepted carries it in its
+/// extensions.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionCloser(CancellationToken);
+
+impl ConnectionCloser {
+    /// A closer for a new connection.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks the server to close the connection now.
+    pub fn close(&self) {
+        self.0.cancel();
+    }
+
+    /// Resolves once [`ConnectionCloser::close`] was called.
+    pub async fn closed(&self) {
+        self.0.cancelled().await;
     }
 }
 
@@ -71,7 +102,10 @@ impl Shared {
 }
 
 /// A new buffer for one stream: the pump's end and the response body.
-pub(super) fn buffer(limits: ClientLimits) -> (ClientTx, ClientBody) {
+pub(super) fn buffer(
+    limits: ClientLimits,
+    connection: Option<ConnectionCloser>,
+) -> (ClientTx, ClientBody) {
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         buffered: AtomicUsize::new(0),
@@ -84,6 +118,7 @@ pub(super) fn buffer(limits: ClientLimits) -> (ClientTx, ClientBody) {
         shared: Arc::clone(&shared),
         limits,
         waiting_since: Instant::now(),
+        connection,
     };
     (pump, ClientBody { rx, shared })
 }
@@ -96,6 +131,8 @@ pub(super) struct ClientTx {
     limits: ClientLimits,
     /// When the buffer last went from empty to holding bytes.
     waiting_since: Instant,
+    /// The client's connection (`None`: served without the gateway's accept loop).
+    connection: Option<ConnectionCloser>,
 }
 
 /// The write timeout's timer of one stream, reset as its client takes bytes.
@@ -152,9 +189,23 @@ impl ClientTx {
         }
     }
 
-    /// Ends the client's stream with an error: what is still buffered is not sent.
+    /// Ends the client's stream with an error: what is still buffered is not sent. If the body
+    /// is not dropped within the write timeout, the connection is closed (see the module doc).
     pub(super) fn cut(self) {
         self.shared.cut.store(true, Ordering::Release);
+        let Some(connection) = self.connection else {
+            return;
+        };
+        let (tx, wait) = (self.tx, self.limits.write_timeout);
+        tokio::spawn(async move {
+            if tokio::time::timeout(wait, tx.closed()).await.is_err() {
+                tracing::info!(
+                    "closing a client connection: a stream cut for not reading was not taken \
+                     down within the write timeout"
+                );
+                connection.close();
+            }
+        });
     }
 }
 
@@ -205,7 +256,7 @@ mod tests {
 
     #[tokio::test]
     async fn frames_arrive_in_order_and_room_comes_back_as_the_client_takes_them() {
-        let (mut tx, mut body) = buffer(limits(10, 60_000));
+        let (mut tx, mut body) = buffer(limits(10, 60_000), None);
         tx.send(Bytes::from_static(b"abcdef")).unwrap();
         assert_eq!(tx.send(Bytes::from_static(b"ghijkl")), Err(Full));
         tx.send(Bytes::from_static(b"ghij")).unwrap();
@@ -222,7 +273,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_client_that_takes_nothing_stalls_after_the_write_timeout_and_no_sooner() {
-        let (mut tx, mut body) = buffer(limits(1000, 1000));
+        let (mut tx, mut body) = buffer(limits(1000, 1000), None);
         let mut watch = tx.watch();
         tx.send(Bytes::from_static(b"one")).unwrap();
         tx.send(Bytes::from_static(b"two")).unwrap();
@@ -241,11 +292,35 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_empty_buffer_never_stalls_and_a_dropped_body_closes() {
-        let (tx, body) = buffer(limits(1000, 10));
+        let (tx, body) = buffer(limits(1000, 10), None);
         let mut watch = tx.watch();
         let stalled = tokio::time::timeout(Duration::from_secs(60), tx.stalled(&mut watch)).await;
         assert!(stalled.is_err());
         drop(body);
         tx.closed().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cut_body_never_taken_down_closes_its_connection_after_the_write_timeout() {
+        let closer = ConnectionCloser::new();
+        let (mut tx, body) = buffer(limits(1000, 500), Some(closer.clone()));
+        tx.send(Bytes::from_static(b"abc")).unwrap();
+        let started = Instant::now();
+        tx.cut();
+        // The server never polls the body again (an HTTP/2 window kept at zero).
+        closer.closed().await;
+        assert!(started.elapsed() >= Duration::from_millis(500));
+        drop(body);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cut_body_taken_down_in_time_leaves_its_connection_open() {
+        let closer = ConnectionCloser::new();
+        let (tx, mut body) = buffer(limits(1000, 500), Some(closer.clone()));
+        tx.cut();
+        assert!(body.next().await.unwrap().is_err());
+        drop(body);
+        let closed = tokio::time::timeout(Duration::from_secs(60), closer.closed()).await;
+        assert!(closed.is_err(), "the connection stays open");
     }
 }

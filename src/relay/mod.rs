@@ -51,7 +51,7 @@ use futures::FutureExt;
 use tokio::time::Instant;
 
 pub use answer::error_event_with;
-pub use client::{ClientBody, ClientLimits};
+pub use client::{ClientBody, ClientLimits, ConnectionCloser};
 pub use collect::Collected;
 pub use drain::Drain;
 pub use resume::Continuation;

@@ -13,20 +13,28 @@
 //!   `server.client_buffer_bytes` waiting for it, or nothing taken for
 //!   `server.client_write_timeout` while bytes wait. The engine's work is aborted, the seat
 //!   given back, the request recorded with the code `client_too_slow`, and the response body
-//!   ends with an error (the connection is closed, or the HTTP/2 stream reset).
+//!   ends with an error (the connection is closed, or the HTTP/2 stream reset); a body the server
+//!   has not taken down within the write timeout after that closes the client's connection
+//!   ([`super::ConnectionCloser`]).
 
 use tokio_util::task::TaskTracker;
 
-use super::client::{self, ClientBody, ClientLimits, ClientTx};
+use super::client::{self, ClientBody, ClientLimits, ClientTx, ConnectionCloser};
 use super::{answer, Format, Relay};
 use crate::error::GatewayError;
 use crate::telemetry::relay_metrics::TooSlow;
 
 impl Relay {
     /// Starts the pump on `tasks` and returns the SSE body it fills; the first event of an
-    /// `/answer` stream is `meta`.
-    pub fn into_sse(self, tasks: &TaskTracker, limits: ClientLimits) -> ClientBody {
-        let (tx, body) = client::buffer(limits);
+    /// `/answer` stream is `meta`. `connection` is the client's, closed if a cut body is not
+    /// taken down in time.
+    pub fn into_sse(
+        self,
+        tasks: &TaskTracker,
+        limits: ClientLimits,
+        connection: Option<ConnectionCloser>,
+    ) -> ClientBody {
+        let (tx, body) = client::buffer(limits, connection);
         tasks.spawn(pump(self, tx));
         body
     }

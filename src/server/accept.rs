@@ -48,7 +48,7 @@ use super::idle::Activity;
 use super::tls::TlsFront;
 use super::write_timeout::WriteTimeout;
 use crate::config::ServerConfig;
-use crate::relay::Drain;
+use crate::relay::{ConnectionCloser, Drain};
 use crate::telemetry::Metrics;
 
 /// Concurrent HTTP/2 streams one connection may open.
@@ -151,7 +151,10 @@ pub async fn serve(
         let tcp = WriteTimeout::new(tcp, server.client_write_timeout.saturating_mul(2));
         conns.spawn(async move {
             let activity = Activity::new();
-            let service = activity.track(router);
+            // Closed by a stream cut for not reading whose body the connection never takes
+            // down (an HTTP/2 window kept at zero): `relay::client`.
+            let closer = ConnectionCloser::new();
+            let service = activity.track(router, closer.clone());
             let served = async {
                 match acceptor {
                     None => {
@@ -175,6 +178,7 @@ pub async fn serve(
             tokio::select! {
                 () = served => {}
                 () = close_now.cancelled() => {}
+                () = closer.closed() => {}
             }
             drop(seat);
         });

@@ -22,6 +22,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tower_service::Service;
 
+use crate::relay::ConnectionCloser;
+
 /// Counts one connection's busy requests. Cloned into its service; [`Activity::until_idle`]
 /// waits on it.
 #[derive(Debug, Clone)]
@@ -53,10 +55,12 @@ impl Activity {
     }
 
     /// `router` as the connection's service, marking each request busy until its response
-    /// body is over.
+    /// body is over; each request carries `closer`, which closes the connection, in its
+    /// extensions.
     pub(super) fn track(
         &self,
         router: Router,
+        closer: ConnectionCloser,
     ) -> impl hyper::service::Service<
         hyper::Request<Incoming>,
         Response = hyper::Response<Body>,
@@ -64,7 +68,8 @@ impl Activity {
         Future = impl Future<Output = Result<hyper::Response<Body>, Infallible>> + Send,
     > + Clone {
         let activity = self.clone();
-        hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+            req.extensions_mut().insert(closer.clone());
             let busy = activity.begin();
             let mut router = router.clone();
             async move {

@@ -123,6 +123,23 @@ async fn coerced_numbers_and_booleans_are_judged_by_the_value_vllm_reads() {
             completion(json!({"min_tokens": 500.0})),
             "min_tokens",
         ),
+        // -1: every token of the vocabulary, to vLLM.
+        (
+            "/v1/chat/completions",
+            chat(json!({"logprobs": true, "top_logprobs": -1})),
+            "top_logprobs",
+        ),
+        (
+            "/v1/completions",
+            completion(json!({"logprobs": "-1"})),
+            "logprobs",
+        ),
+        // vLLM would stream nothing while the model reasons: output the gateway cannot count.
+        (
+            "/v1/chat/completions",
+            chat(json!({"include_reasoning": "false"})),
+            "include_reasoning",
+        ),
         // What vLLM could not read either is named, never passed on unjudged.
         (
             "/v1/chat/completions",

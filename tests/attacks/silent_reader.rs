@@ -275,3 +275,48 @@ async fn a_small_stream_with_large_chunks_and_a_silent_client_is_counted_and_mov
     within(30, "and aborts the engine's work", || h.sim_aborted() == 1).await;
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_whose_window_stays_shut_gives_back_its_request_permit() {
+    // An HTTP/2 client that never reads its stream, so never reopens its flow-control window,
+    // while its connection answers pings: the server never writes to that stream again, so it
+    // never takes the cut stream's body down. The connection is closed instead, and with it
+    // the request's permit of server.max_requests_in_flight.
+    let h = large_chunks("2", |c| {
+        c.server.client_write_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let tcp = TcpStream::connect(h.gw.addr).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(300)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    // Drives the connection: settings and pings are answered; the stream's data is never
+    // released, so its window stays shut.
+    let conn = tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", h.gw.addr))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (resp, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from(review(15_000).to_string()), true)
+        .unwrap();
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let unread = resp.into_body();
+    within(60, "the stream is cut for not reading", || {
+        let log = h.log.lock().unwrap();
+        log.iter().any(|l| l["error_code"] == "client_too_slow")
+    })
+    .await;
+    within(60, "its seat and tokens are back", || h.idle()).await;
+    within(60, "the connection is closed", || conn.is_finished()).await;
+    within(60, "the request's permit is back", || {
+        h.gw.state.metrics().requests_in_flight().get() == 0
+    })
+    .await;
+    drop(unread);
+    h.shutdown().await;
+}

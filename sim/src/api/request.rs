@@ -70,6 +70,10 @@ pub struct Common {
     /// Whether special tokens are left out of the decoded text (vLLM's default: true).
     #[serde(default)]
     pub skip_special_tokens: Option<bool>,
+    /// Keep only the prompt's last this many tokens (-1: the model's context length), as
+    /// vLLM truncates a rendered prompt before it checks its length.
+    #[serde(default)]
+    pub truncate_prompt_tokens: Option<i64>,
 }
 
 /// The first special token id (Llama 3's `<|begin_of_text|>` is 128000, its reserved special
@@ -382,6 +386,22 @@ impl Generation {
         max_tokens: Option<u32>,
         c: Common,
     ) -> Result<Self, ApiError> {
+        let mut prompt = prompt;
+        if let Some(k) = c.truncate_prompt_tokens {
+            let keep = match k {
+                -1 => state.max_model_len as usize,
+                k if k >= 1 => usize::try_from(k).unwrap_or(usize::MAX),
+                _ => {
+                    return Err(ApiError::bad_request(
+                        "truncate_prompt_tokens must be at least 1, or -1",
+                        Some("truncate_prompt_tokens"),
+                    ))
+                }
+            };
+            if prompt.len() > keep {
+                prompt.drain(..prompt.len() - keep);
+            }
+        }
         if let Some(model) = c.model.as_deref() {
             if model != state.model {
                 return Err(ApiError::model_not_found(model));

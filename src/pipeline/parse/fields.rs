@@ -10,7 +10,8 @@
 //!   [`super::media`]).
 //! - **Refused** with a 400 naming the field ([`refusal`]): what multiplies the engine's work
 //!   per request (`best_of`, beam search, `prompt_logprobs` and `echo` with log-probabilities,
-//!   which vLLM turns into `prompt_logprobs`, `logprobs` above `server.max_logprobs`), or
+//!   which vLLM turns into `prompt_logprobs`, `logprobs` above `server.max_logprobs` or
+//!   negative), hides output from the count (`include_reasoning: false`), or
 //!   changes the prompt after the gateway counted it (`chat_template`, `documents`,
 //!   `prompt_embeds`), and `min_tokens` above the declared output limit (the reservation could
 //!   not hold).
@@ -88,6 +89,7 @@ pub const CHAT: &[&str] = &[
     "add_generation_prompt",
     "continue_final_message",
     "chat_template_kwargs",
+    "include_reasoning",
 ];
 
 /// Fields of `/v1/completions` only.
@@ -210,6 +212,7 @@ const REFUSABLE: &[&str] = &[
     "top_logprobs",
     "logprobs",
     "min_tokens",
+    "include_reasoning",
 ];
 
 fn why_refused(
@@ -239,6 +242,12 @@ fn why_refused(
         "prompt_embeds" if set => {
             Some("prompt_embeds is not supported: only text prompts can be counted".into())
         }
+        "include_reasoning" if chat && value.as_bool() == Some(false) => Some(
+            "include_reasoning: false is not supported: vLLM then streams nothing while the \
+             model reasons, and the gateway counts a request's output as it streams; leave it \
+             out and skip the reasoning deltas (`delta.reasoning`)"
+                .into(),
+        ),
         "top_logprobs" if chat => over_cap(name, value, rules.max_logprobs),
         "logprobs" if !chat => over_cap(name, value, rules.max_logprobs),
         "min_tokens" if set => {
@@ -259,9 +268,14 @@ fn why_refused(
     }
 }
 
+/// A count of log-probabilities over the gateway's cap, or negative (vLLM reads -1 as the
+/// whole vocabulary).
 fn over_cap(name: &str, value: &Value, cap: u32) -> Option<String> {
-    let n = value.as_u64()?;
-    (n > u64::from(cap)).then(|| format!("{name} must be at most {cap} on this gateway"))
+    let n = value
+        .as_i64()
+        .or_else(|| value.as_u64().map(|_| i64::MAX))?;
+    (!(0..=i64::from(cap)).contains(&n))
+        .then(|| format!("{name} must be between 0 and {cap} on this gateway"))
 }
 
 /// A field name as it may appear in an error message: at most 64 visible characters.
@@ -341,6 +355,19 @@ mod tests {
                 "min_tokens",
             ),
             (json!({"min_tokens": 50}), true, "min_tokens"),
+            // -1 is the whole vocabulary to vLLM.
+            (
+                json!({"top_logprobs": -1, "logprobs": true}),
+                true,
+                "top_logprobs",
+            ),
+            (json!({"logprobs": -1}), false, "logprobs"),
+            // Reasoning vLLM would not stream is output the gateway could not count.
+            (
+                json!({"include_reasoning": false}),
+                true,
+                "include_reasoning",
+            ),
         ] {
             let err = checked(body.clone(), chat, UnknownFields::Forward).unwrap_err();
             assert!(err.contains(field), "{body}: {err}");
@@ -353,6 +380,8 @@ mod tests {
             (json!({"top_logprobs": 5, "logprobs": true}), true),
             (json!({"logprobs": 5}), false),
             (json!({"min_tokens": 10, "max_completion_tokens": 10}), true),
+            (json!({"top_logprobs": 0, "logprobs": true}), true),
+            (json!({"include_reasoning": true}), true),
         ] {
             assert!(
                 checked(body.clone(), chat, UnknownFields::Forward).is_ok(),

@@ -33,6 +33,7 @@ const TYPED: &[(&str, Kind)] = &[
     ("stream", Kind::Bool),
     ("use_beam_search", Kind::Bool),
     ("echo", Kind::Bool),
+    ("include_reasoning", Kind::Bool),
 ];
 
 /// `name`'s entry in [`TYPED`] for the chat (`chat`) or completions endpoint.
