@@ -16,6 +16,7 @@
 //! | the tenant keeps `jobs.max_jobs_per_tenant` jobs or `jobs.max_bytes_per_tenant` bytes | 429 + `Retry-After` | `tenant_jobs_full` |
 //! | lane queue full and the tenant holds its share of it (`[auth]`) | 429 + `Retry-After` | `tenant_queue_full` |
 //! | waited the lane's queue timeout | 503 + `Retry-After` | `queue_timeout` |
+//! | Redis unreachable under `quota.on_redis_down = "fail_closed"` | 503 + `Retry-After: 1` | `quota_unavailable` |
 //! | vLLM unreachable | 503 | `upstream_unavailable` |
 //! | vLLM silent past first-token / idle / total timeout | 504 | `upstream_timeout` |
 //! | vLLM rejected the request (its 4xx) | vLLM's status | `upstream_rejected` |

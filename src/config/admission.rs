@@ -428,20 +428,24 @@ fn lane(c: &mut Checker, lane: Lane, raw: RawLane) -> LaneConfig {
 /// A lane's TTFT objective: `ttft_slo_ms` (0: none; at most an hour) at `ttft_slo_quantile`
 /// (0.5 to 0.999, in thousandths).
 fn objective(c: &mut Checker, path: &str, raw: &RawLane, default_ms: u64) -> Option<TtftObjective> {
+    // Both keys are checked before either refuses, so every problem is reported at once.
     let quantile = raw.ttft_slo_quantile.unwrap_or(TTFT_SLO_QUANTILE);
-    if !(0.5..=0.999).contains(&quantile) {
+    let quantile_ok = (0.5..=0.999).contains(&quantile);
+    if !quantile_ok {
         c.fail(
             format!("{path}.ttft_slo_quantile"),
             "must be from 0.5 to 0.999 (0.99: p99)",
         );
-        return None;
     }
     let ms = raw.ttft_slo_ms.unwrap_or(default_ms);
-    if ms > 3_600_000 {
+    let ms_ok = ms <= 3_600_000;
+    if !ms_ok {
         c.fail(
             format!("{path}.ttft_slo_ms"),
             "must be at most 3600000 (an hour); 0: none",
         );
+    }
+    if !(quantile_ok && ms_ok) {
         return None;
     }
     (ms > 0).then(|| TtftObjective {

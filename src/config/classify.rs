@@ -162,7 +162,16 @@ pub(super) fn validate(c: &mut Checker, raw: RawClassify) -> ClassifyConfig {
         audio_part_tokens: raw.audio_part_tokens.unwrap_or(AUDIO_PART_TOKENS),
         video_part_tokens: raw.video_part_tokens.unwrap_or(VIDEO_PART_TOKENS),
         extra_roles: extra_roles(c, raw.extra_roles.unwrap_or_default()),
-        max_concurrent_tokenizations: raw.max_concurrent_tokenizations.unwrap_or(0).min(1024),
+        max_concurrent_tokenizations: {
+            let n = raw.max_concurrent_tokenizations.unwrap_or(0);
+            if n > 1024 {
+                c.fail(
+                    "classify.max_concurrent_tokenizations",
+                    "must be at most 1024 (0: one per CPU)",
+                );
+            }
+            n.min(1024)
+        },
         exact_count: match raw.exact_count.as_deref() {
             None | Some("off") => ExactCount::Off,
             Some("near_limits") => ExactCount::NearLimits,

@@ -201,7 +201,8 @@ pub struct JobsConfig {
 }
 
 impl WebhookPattern {
-    /// Reads one pattern; `None` when it is not `http(s)://host[:port]/path[*]`.
+    /// Reads one pattern; `None` when it is not `https://host[:port]/path[*]` (or `http://`
+    /// to a loopback host: `localhost`, `127.x.x.x`).
     pub fn parse(pattern: &str) -> Option<Self> {
         let (scheme, rest) = pattern.split_once("://")?;
         let default_port = match scheme {
@@ -223,6 +224,11 @@ impl WebhookPattern {
         };
         let bare = host.strip_prefix("*.").unwrap_or(host);
         if bare.is_empty() || bare.contains('*') {
+            return None;
+        }
+        // The job's answer and its signature travel in the clear over http: only to this
+        // machine (a sidecar, a test receiver).
+        if scheme == "http" && !is_loopback_host(host) {
             return None;
         }
         let (path, prefix) = match path.strip_suffix('*') {
@@ -270,8 +276,9 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
             Some(pattern) => webhook_allow.push(pattern),
             None => c.fail(
                 format!("jobs.webhook_allow[{i}]"),
-                "must look like https://host[:port]/path, the host may start with `*.` and the \
-                 path may end with `/*`",
+                "must look like https://host[:port]/path (http:// only to localhost or \
+                 127.x.x.x: the answer and its signature would travel in the clear), the host \
+                 may start with `*.` and the path may end with `/*`",
             ),
         }
     }
@@ -393,6 +400,14 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
     }
 }
 
+/// `localhost` or an IPv4 loopback literal (`127.0.0.0/8`).
+fn is_loopback_host(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::WebhookPattern;
@@ -429,6 +444,10 @@ mod tests {
             "http://127.0.0.1:9000/*",
             ("http", "127.0.0.1", 9000, "/")
         ));
+        assert!(matches(
+            "http://localhost:9000/hook",
+            ("http", "localhost", 9000, "/hook")
+        ));
     }
 
     #[test]
@@ -443,6 +462,10 @@ mod tests {
             "https://host/hook*",
             "https://host:99999/",
             "hooks.example.edu/",
+            // In the clear: only to this machine.
+            "http://hooks.example.edu/",
+            "http://10.0.0.5:8080/hooks/*",
+            "http://*.localhost/",
         ] {
             assert!(WebhookPattern::parse(p).is_none(), "{p}");
         }

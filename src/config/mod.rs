@@ -117,7 +117,7 @@ impl Config {
 }
 
 impl Default for Config {
-    /// The shipped `config/config.toml` (heuristic tokenizer, lanes 32/20/4).
+    /// The shipped `config/config.toml` (heuristic tokenizer, lanes 32/20/10).
     fn default() -> Self {
         Config::from_toml_str(SHIPPED_CONFIG).expect("the shipped config/config.toml is valid")
     }

@@ -339,11 +339,16 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         max_logprobs: max_logprobs.min(20),
         max_body_bytes: max_body_bytes.clamp(1024, 256 * 1024 * 1024) as usize,
         shutdown_grace: Duration::from_millis(raw.shutdown_grace_ms.unwrap_or(SHUTDOWN_GRACE_MS)),
-        drain_announce: Duration::from_millis(
-            raw.drain_announce_ms
-                .unwrap_or(DRAIN_ANNOUNCE_MS)
-                .min(600_000),
-        ),
+        drain_announce: Duration::from_millis({
+            let ms = raw.drain_announce_ms.unwrap_or(DRAIN_ANNOUNCE_MS);
+            if ms > 600_000 {
+                c.fail(
+                    "server.drain_announce_ms",
+                    "must be at most 600000 (10 minutes)",
+                );
+            }
+            ms.min(600_000)
+        }),
         config_watch: match raw.config_watch_ms.unwrap_or(0) {
             0 => None,
             ms if ms < MIN_CONFIG_WATCH_MS => {

@@ -114,6 +114,34 @@ medium_max_work = 0
 }
 
 #[test]
+fn documented_upper_bounds_are_problems_not_silent_clamps() {
+    // Each used to be cut down to its bound without a word; and a lane's objective stopped at
+    // its first bad key.
+    let issues = issues_of(
+        r#"
+[classify]
+tokenizer = "heuristic"
+max_concurrent_tokenizations = 5000
+[server]
+drain_announce_ms = 700000
+[lanes.small]
+ttft_slo_quantile = 0.3
+ttft_slo_ms = 4000000
+"#,
+    );
+    let has = |prefix: &str| issues.iter().any(|i| i.starts_with(prefix));
+    for expected in [
+        "classify.max_concurrent_tokenizations must be at most 1024",
+        "server.drain_announce_ms must be at most 600000",
+        "lanes.small.ttft_slo_quantile must be from 0.5 to 0.999",
+        "lanes.small.ttft_slo_ms must be at most 3600000",
+    ] {
+        assert!(has(expected), "missing {expected:?} in {issues:#?}");
+    }
+    assert_eq!(issues.len(), 4, "{issues:#?}");
+}
+
+#[test]
 fn every_problem_of_a_section_is_listed_not_only_its_first() {
     // Two unknown keys and a wrong type in one table, an unknown key beside a validation
     // problem in another: all of them, in one report (it used to stop at a section's first).

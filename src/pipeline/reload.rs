@@ -36,6 +36,7 @@ pub const FIXED: &[&str] = &[
     "server.tls_cert / tls_key",
     "server.max_connections",
     "server.max_requests_in_flight",
+    "server.max_body_bytes",
     "server.header_read_timeout_ms",
     "server.keep_alive_idle_ms",
     "server.body_read_timeout_ms",
@@ -269,6 +270,8 @@ fn keep_fixed(old: &Config, new: &mut Config) -> Vec<&'static str> {
         "server.max_requests_in_flight",
         server.max_requests_in_flight
     );
+    // The routes' body limit is built into the router at start.
+    keep!("server.max_body_bytes", server.max_body_bytes);
     keep!("server.header_read_timeout_ms", server.header_read_timeout);
     keep!("server.keep_alive_idle_ms", server.keep_alive_idle);
     keep!("server.body_read_timeout_ms", server.body_read_timeout);
@@ -321,9 +324,11 @@ fn changed_sections(old: &Config, new: &Config) -> Vec<&'static str> {
     section!("admission", admission);
     section!("lanes", lanes);
     section!("server", server);
+    section!("fields", fields);
     section!("promotion", promotion);
     section!("auth", auth);
     section!("prefix_cache", prefix_cache);
+    section!("autopilot", autopilot);
     section!("courses", courses);
     changed
 }

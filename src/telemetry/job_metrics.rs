@@ -102,7 +102,8 @@ impl JobMetrics {
             Opts::new(
                 "tutor_gateway_job_preemptions_total",
                 "Jobs asked to give a seat back to an interactive request (jobs.preempt), by the \
-                 request's lane and what it lacked (seat, tokens, prefill).",
+                 request's lane and what it lacked (seat, tokens, prefill), or pressure: at its own \
+                 limits, it waits for the engine's time.",
             ),
             &["lane", "reason"],
         )

@@ -345,7 +345,8 @@ impl Metrics {
         let prefix = PrefixMetrics::register(&registry);
         let config = ConfigMetrics::register(&registry);
         let replicas = ReplicaMetrics::register(&registry);
-        // Every lane's series exist from the start, so dashboards and rate() see zeros, not gaps.
+        // These lane series exist from the start, so dashboards and rate() see zeros, not gaps
+        // (requests_total's appear with the first request of each label set).
         for lane in Lane::ALL {
             let l = [lane.as_str()];
             for h in [
