@@ -290,3 +290,30 @@ async fn the_estimate_covers_every_string_the_template_renders() {
     eprintln!("tightest estimate - engine count: {tightest}");
     h.shutdown().await;
 }
+
+/// vLLM parses an assistant's tool-call `arguments` and the template writes them back with
+/// Python's `json.dumps`: `1e15` comes out as `1000000000000000.0`, and a compact list gains a
+/// space after every comma. 250 of them sent as 1,500 bytes are some 4,750 tokens rendered (a
+/// digit a token): the count is of what the template renders, not of what was sent.
+#[tokio::test]
+async fn tool_call_arguments_are_counted_as_the_template_writes_them() {
+    let h = harness(&["--speed", "100", "--profile", "tiny-test"], |_| {}).await;
+    let args = format!("{{\"x\":[{}]}}", vec!["1e15"; 250].join(","));
+    assert!(args.len() < 1_300);
+    let body = json!({"messages": [
+        {"role": "user", "content": "sum these"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "sum", "arguments": args}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+        {"role": "user", "content": "and now?"}
+    ], "max_tokens": 1});
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let _ = resp.text().await;
+    let log = h.log.lock().unwrap().clone();
+    let counted = log[0]["input_tokens_counted"].as_u64().unwrap();
+    // Each number alone: 16 digits, a point and a zero, and the space before it.
+    assert!(counted >= 250 * 19, "the arguments as rendered: {}", log[0]);
+    assert_ne!(log[0]["lane"], "small", "{}", log[0]);
+    h.shutdown().await;
+}

@@ -226,7 +226,7 @@ fn course_prefix(c: usize) -> String {
     ];
     let mut s = format!("You tutor course number {c}. ");
     let mut k = c as u64;
-    while s.len() < 2560 {
+    while s.len() < 1400 {
         k = k
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);

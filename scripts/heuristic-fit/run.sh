@@ -31,11 +31,15 @@ measure() { # DIR: corpus in DIR/corpus; tables to DIR/table.md
   (cd "$work" && node fit.mjs "$1" > "$1/table.md")
 }
 
-rm -rf "$work/gen" "$work/repo"
+rm -rf "$work/gen" "$work/repo" "$work/adv"
 python3 "$here/gen_corpus.py" "$work/gen/corpus"
 measure "$work/gen"
 python3 "$here/gen_corpus.py" "$work/repo/corpus" --from-repo "$root"
 measure "$work/repo"
+python3 "$here/adversarial.py" gen "$work/adv/corpus"
+measure "$work/adv"
 
 echo "## Generated corpus"; echo; cat "$work/gen/table.md"; echo
 echo "## Control: this repository's own source and docs"; echo; cat "$work/repo/table.md"
+echo; echo "## Text written to be undercounted (rule before -> after)"; echo
+python3 "$here/adversarial.py" table "$work/adv/counts.tsv"

@@ -279,7 +279,11 @@ async fn with_kv_offloading_an_evicted_cut_answer_is_loaded_not_recomputed() {
         let url = format!("{}/v1/chat/completions", s.url());
         let (cut, _) = read(&post_text(&url, &ask(json!({"max_tokens": 15}))).await);
         // 64 blocks of 16 tokens: this one takes every block the cut answer left cached.
-        let filler: String = (0..960).map(|i| format!("w{i} ")).collect();
+        // (Words of four letters, one token each: a digit is a token of its own.)
+        let letter = |n: usize| char::from(b'a' + (n % 26) as u8);
+        let filler: String = (0..960)
+            .map(|i| format!("w{}{}{} ", letter(i / 676), letter(i / 26), letter(i)))
+            .collect();
         let body = json!({
             "model": MODEL,
             "messages": [{"role": "user", "content": filler}],

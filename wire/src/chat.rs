@@ -173,12 +173,30 @@ impl ChatMessage {
             f(PieceKind::Text, name);
         }
         if let Some(calls) = self.tool_calls.as_ref().filter(|c| !c.is_null()) {
-            f(PieceKind::ToolCalls, &calls.to_string());
+            f(PieceKind::ToolCalls, &rendered_calls(calls));
         }
         if let Some(id) = &self.tool_call_id {
             f(PieceKind::Text, id);
         }
     }
+}
+
+/// An assistant's `tool_calls` as the template gets them: JSON, each call's `function.arguments`
+/// as Python's `json.dumps` writes it back after vLLM parsed it ([`crate::pyjson`]), which can
+/// be far longer than what the client sent (`1e15` is `1000000000000000.0`).
+fn rendered_calls(calls: &serde_json::Value) -> String {
+    let mut calls = calls.clone();
+    if let Some(list) = calls.as_array_mut() {
+        for call in list {
+            let args = call.pointer_mut("/function/arguments");
+            if let Some(serde_json::Value::String(raw)) = args {
+                if let Some(dumped) = crate::pyjson::python_dumps(raw) {
+                    *raw = dumped;
+                }
+            }
+        }
+    }
+    calls.to_string()
 }
 
 /// How a rendered chat prompt ends: vLLM's `add_generation_prompt` and

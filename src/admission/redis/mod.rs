@@ -108,6 +108,8 @@ mod batch_tests;
 #[cfg(test)]
 mod limits_tests;
 #[cfg(test)]
+mod lost_reply_tests;
+#[cfg(test)]
 mod preempt_tests;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -684,6 +686,10 @@ impl RedisAdmission {
         for arg in args {
             call.arg(arg);
         }
+        // Until the reply is read, the lease the call may take goes back if this is dropped
+        // (the caller went away) or the call fails (one that timed out may still have run):
+        // nothing else would ever renew or release it (`shared::Pending`).
+        let mut pending = shared::Pending::new(&self.shared, lane, &id);
         let started = Instant::now();
         let reply: Result<Vec<i64>, _> = call.invoke_async(&mut conn).await;
         self.shared
@@ -697,6 +703,7 @@ impl RedisAdmission {
                 return None;
             }
         };
+        pending.disarm();
         self.shared.succeeded();
         self.shared.metrics.reaped(reply[1].max(0) as u64);
         if reply[0] != 1 {

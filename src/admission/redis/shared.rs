@@ -806,10 +806,26 @@ impl Shared {
 }
 
 /// The leases an acquire call may take, given back if it is dropped before its reply is read.
-struct Pending<'s> {
+pub(super) struct Pending<'s> {
     shared: &'s Shared,
     lane: Lane,
     ids: Vec<String>,
+}
+
+impl<'s> Pending<'s> {
+    /// Lease `id`, which a call about to run may take in `lane`.
+    pub(super) fn new(shared: &'s Shared, lane: Lane, id: &str) -> Self {
+        Self {
+            shared,
+            lane,
+            ids: vec![id.to_owned()],
+        }
+    }
+
+    /// The reply was read: what it says is booked by the caller, nothing to give back.
+    pub(super) fn disarm(&mut self) {
+        self.ids.clear();
+    }
 }
 
 impl Drop for Pending<'_> {

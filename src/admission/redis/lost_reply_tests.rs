@@ -1,0 +1,87 @@
+//! A borrow (a pre-emptible `/answer`'s or a job's take) whose reply never reaches the caller,
+//! on a real `redis-server`: the script may still have taken a lease, which nothing would ever
+//! renew or release; it went on holding a seat (and the prompt's prefill room) in Redis until
+//! `quota.lease_ttl_ms`, and a later acquire asked it to leave and waited for nobody. The lease
+//! is given back as soon as the call is given up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::tests::redis_common::RedisServer;
+use super::RedisAdmission;
+use crate::admission::preempt::Preemptible;
+use crate::admission::Ask;
+use crate::config::Config;
+use crate::lane::Lane::Large;
+use crate::telemetry::Metrics;
+
+/// A lease lifetime far longer than the test: only a release can bring the seat back.
+fn config(redis: &RedisServer) -> Config {
+    Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n\
+         [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\nlease_ttl_ms = 120000\n\
+         heartbeat_ms = 2000\n",
+        redis.url()
+    ))
+    .unwrap()
+}
+
+async fn leases(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    redis::cmd("HLEN")
+        .arg("tg:v2:{quota}:leases")
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// Polls until Redis holds no lease (bounded: a hang fails, nothing is timed).
+async fn until_no_lease(conn: &mut redis::aio::MultiplexedConnection, what: &str) {
+    for _ in 0..3_000 {
+        if leases(conn).await == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("a lease is still held in Redis: {what}");
+}
+
+#[tokio::test]
+async fn a_borrow_given_up_before_its_reply_leaves_no_lease_behind() {
+    let redis = RedisServer::start();
+    let metrics = Metrics::new();
+    let admission = RedisAdmission::from_config(&config(&redis), metrics.quota().clone()).unwrap();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let handle: Arc<Preemptible> = Preemptible::new(true);
+    // Once connected (an acquire waits for the first connection), and back to no lease.
+    drop(admission.acquire(Ask::new(Large, 100)).await.unwrap());
+    until_no_lease(&mut conn, "the first acquire's guard was dropped").await;
+
+    // Answered, a borrow takes an idle large seat; its guard gives it back.
+    let guard = admission
+        .borrow(Large, 1_000, 800, &handle)
+        .await
+        .expect("an idle large seat is lent");
+    assert_eq!(leases(&mut conn).await, 1);
+    drop(guard);
+    until_no_lease(&mut conn, "an answered borrow's guard was dropped").await;
+
+    // Redis holds every command for a while; the caller gives up first (its client went
+    // away), while the script is still to run.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(2000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(50),
+        admission.borrow(Large, 1_000, 800, &handle),
+    )
+    .await;
+    assert!(given_up.is_err(), "the call was still waiting for Redis");
+    // The script ran once Redis went on, and took its lease; it is given back, long before
+    // its lifetime.
+    until_no_lease(&mut conn, "a borrow given up before its reply").await;
+    admission.shutdown().await;
+}
