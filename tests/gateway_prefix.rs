@@ -319,3 +319,68 @@ async fn a_cached_course_prefix_is_left_out_of_the_prefill_reservation() {
     let off = course_requests(false).await;
     assert!(off.iter().all(|&(e, _, r)| r == e), "{off:?}");
 }
+
+#[tokio::test]
+async fn a_request_that_differs_where_vllms_cache_looks_is_not_discounted() {
+    // The course prefix hits and is discounted; the same system text with something else vLLM
+    // caches by (a system message's reasoning, a cache salt, template values) misses the
+    // cache, and used to get the same discount (its fingerprint is the same): the whole prompt
+    // prefilled against a reservation of a few tokens.
+    let h = harness(&flags(SIM), |c| c.admission.prefill_discount_cached = true).await;
+    let system = words(600, "You are the algo201 tutor. Review the student's code.");
+    let ask = |i: usize, extra: Value| {
+        let mut sys = json!({"role": "system", "content": system});
+        let mut body = json!({"max_tokens": 8});
+        for (k, v) in extra.as_object().unwrap() {
+            if k == "reasoning" {
+                sys[k] = v.clone();
+            } else {
+                body[k] = v.clone();
+            }
+        }
+        body["messages"] =
+            json!([sys, {"role": "user", "content": words(20, &format!("question {i}:"))}]);
+        body
+    };
+    let variants = [
+        json!({}),
+        json!({"reasoning": "the syllabus changed"}),
+        json!({"cache_salt": "tenant-b"}),
+        json!({"chat_template_kwargs": {"week": "7"}}),
+    ];
+    for i in 0..6 {
+        let r = send(
+            client()
+                .post(h.url("/v1/chat/completions"))
+                .json(&ask(i, json!({}))),
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    for (i, v) in variants.iter().enumerate() {
+        let r = send(
+            client()
+                .post(h.url("/v1/chat/completions"))
+                .json(&ask(10 + i, v.clone())),
+        )
+        .await;
+        assert_eq!(r.status(), 200, "{v}");
+        r.bytes().await.unwrap();
+    }
+    let lines: Vec<Value> = h.log.lock().unwrap().clone();
+    h.shutdown().await;
+    let n = |l: &Value, k: &str| l[k].as_u64().unwrap_or_else(|| panic!("{k} in {l}"));
+    let plain = &lines[6];
+    assert!(
+        n(plain, "prefill_tokens_reserved") < n(plain, "input_tokens_estimated"),
+        "the warm course prefix is discounted: {plain}"
+    );
+    for (line, v) in lines[7..].iter().zip(&variants[1..]) {
+        assert_eq!(
+            n(line, "prefill_tokens_reserved"),
+            n(line, "input_tokens_estimated"),
+            "{v}: {line}"
+        );
+    }
+}

@@ -16,7 +16,7 @@ use crate::admission::tenant_budget::BudgetHold;
 use crate::classify::{Classification, KindCounts, PromptInput};
 use crate::error::GatewayError;
 use crate::lane::Lane;
-use crate::prompt::fingerprint_of_chat;
+use crate::prompt::{discount_key, fingerprint_of_chat};
 use crate::telemetry::{Mark, RequestRecord};
 use crate::upstream::Endpoint;
 
@@ -225,6 +225,15 @@ pub async fn classify(
     if let Some(fp) = &fingerprint {
         record.fingerprint(fp.clone());
     }
+    let discount_key = match (&input, &fingerprint) {
+        (PromptInput::Chat { messages, .. }, Some(fp)) => {
+            Some(discount_key(fp, messages, &body, &model))
+        }
+        _ => None,
+    };
+    if let Some(key) = &discount_key {
+        record.discount_key(key.clone());
+    }
     // Classify: the first lane by estimated work...
     let classifier = ctx.classifier();
     // The engine's exact count, asked for only when the estimate comes near a limit
@@ -304,10 +313,10 @@ pub async fn classify(
     // The prefill reservation: the estimate, less the prompt tokens its prefix lately found in
     // vLLM's prefix cache when `admission.prefill_discount_cached` is on (a cached course
     // prefix costs next to no prefill).
-    let prefill = match fingerprint.as_deref() {
-        Some(fp) if config.admission.prefill_discount_cached => class
+    let prefill = match discount_key.as_deref() {
+        Some(key) if config.admission.prefill_discount_cached => class
             .input_tokens_estimate
-            .saturating_sub(ctx.metrics().prefix().expected_cached(fp)),
+            .saturating_sub(ctx.metrics().prefix().expected_cached(key)),
         _ => class.input_tokens_estimate,
     };
     Ok(Ready {

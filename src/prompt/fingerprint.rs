@@ -80,6 +80,42 @@ pub fn fingerprint(system_prompt: &str, tools: Option<&Value>) -> String {
     crate::sign::hex(&digest[..8])
 }
 
+/// The key the prefill discount (`admission.prefill_discount_cached`) learns a prefix's cached
+/// tokens under: `fingerprint` with everything else that decides whether vLLM finds that
+/// prefix cached, each leading system message whole (its reasoning, name and non-text parts,
+/// which the fingerprint leaves out), the tools as sent (their key order when they are not
+/// canonicalized), the `model`, the `cache_salt` (vLLM salts its cache with it) and the
+/// `chat_template_kwargs` (rendered before the messages). A request that differs in any of
+/// them is not discounted by what the others found cached. 16 hex characters, never logged.
+pub fn discount_key(
+    fingerprint: &str,
+    messages: &[ChatMessage],
+    body: &serde_json::Map<String, Value>,
+    model: &str,
+) -> String {
+    let mut hash = Sha256::new()
+        .chain_update(fingerprint.as_bytes())
+        .chain_update(b"\nMODEL=")
+        .chain_update(model.as_bytes());
+    for name in ["tools", "cache_salt", "chat_template_kwargs"] {
+        hash.update(b"\n");
+        hash.update(name.as_bytes());
+        hash.update(b"=");
+        if let Some(v) = body.get(name) {
+            hash.update(v.to_string().as_bytes());
+        }
+    }
+    for m in messages.iter().take_while(|m| m.role == "system") {
+        hash.update(b"\nSYSTEM");
+        m.for_each_piece(|_, piece| {
+            // A separator no JSON or text piece is told apart by its length alone.
+            hash.update(u64::try_from(piece.len()).unwrap_or(u64::MAX).to_le_bytes());
+            hash.update(piece.as_bytes());
+        });
+    }
+    crate::sign::hex(&hash.finalize()[..8])
+}
+
 /// The fingerprint of a chat request: its leading system messages and its tools.
 pub fn fingerprint_of_chat(messages: &[ChatMessage], tools: Option<&Value>) -> String {
     let system: Vec<String> = messages
@@ -111,6 +147,37 @@ mod tests {
             serde_json::to_string(&canonical_value(&v)).unwrap(),
             canonical_json(&v)
         );
+    }
+
+    #[test]
+    fn the_discount_key_tells_apart_what_the_fingerprint_leaves_out() {
+        let msgs = |v: Value| -> Vec<ChatMessage> { serde_json::from_value(v).unwrap() };
+        let body = |v: Value| v.as_object().unwrap().clone();
+        let system = json!([{"role": "system", "content": "You are a tutor."},
+                            {"role": "user", "content": "hi"}]);
+        let fp = fingerprint_of_chat(&msgs(system.clone()), None);
+        let key = |m: Value, b: Value, model: &str| discount_key(&fp, &msgs(m), &body(b), model);
+        let base = key(system.clone(), json!({}), "m");
+        assert_eq!(base.len(), 16);
+        // Another question after the same prefix: the same key.
+        let other_question = json!([{"role": "system", "content": "You are a tutor."},
+                                    {"role": "user", "content": "why?"}]);
+        assert_eq!(base, key(other_question, json!({}), "m"));
+        // What changes vLLM's cache and not the fingerprint: another key.
+        let reasoning = json!([{"role": "system", "content": "You are a tutor.", "reasoning": "x"},
+                               {"role": "user", "content": "hi"}]);
+        assert_eq!(fp, fingerprint_of_chat(&msgs(reasoning.clone()), None));
+        assert_ne!(base, key(reasoning, json!({}), "m"));
+        assert_ne!(base, key(system.clone(), json!({"cache_salt": "s"}), "m"));
+        assert_ne!(
+            base,
+            key(
+                system.clone(),
+                json!({"chat_template_kwargs": {"a": 1}}),
+                "m"
+            )
+        );
+        assert_ne!(base, key(system, json!({}), "other-model"));
     }
 
     #[test]

@@ -9,4 +9,6 @@ pub mod focus;
 
 pub use crate::config::find_placeholder;
 pub use course::{student_messages, Course, StudentMaterial};
-pub use fingerprint::{canonical_json, canonical_value, fingerprint, fingerprint_of_chat};
+pub use fingerprint::{
+    canonical_json, canonical_value, discount_key, fingerprint, fingerprint_of_chat,
+};

@@ -1,4 +1,5 @@
-//! What a prompt fingerprint usually finds in vLLM's prefix cache: per fingerprint, a running
+//! What a prompt prefix usually finds in vLLM's prefix cache: per prefix (its discount key,
+//! `crate::prompt::discount_key`: the fingerprint and what else decides a hit), a running
 //! average (EWMA, weight [`ALPHA`]) of the prompt tokens vLLM reported cached
 //! (`usage.prompt_tokens_details.cached_tokens`). Admission leaves these tokens out of a
 //! request's prefill reservation (`admission.prefill_discount_cached`): a course prefix the

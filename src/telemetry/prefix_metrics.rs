@@ -162,7 +162,6 @@ impl PrefixMetrics {
             } else {
                 (OTHER.to_owned(), false)
             };
-            inner.cached.observe(fingerprint, sample.cached_tokens);
             let verdict = inner
                 .drift
                 .observe(replica, fingerprint, sample, Instant::now());
@@ -202,9 +201,16 @@ impl PrefixMetrics {
 
     /// The prompt tokens a request with `fingerprint` can expect to find in vLLM's prefix cache,
     /// from the requests measured so far (see [`super::cached_prefix`]).
-    pub fn expected_cached(&self, fingerprint: &str) -> u32 {
+    pub fn expected_cached(&self, key: &str) -> u32 {
         let inner = self.inner.lock().expect("prefix metrics lock");
-        inner.cached.expected(fingerprint)
+        inner.cached.expected(key)
+    }
+
+    /// Records that a request under discount key `key` (`crate::prompt::discount_key`) found
+    /// `cached` prompt tokens in vLLM's prefix cache.
+    pub fn observe_cached(&self, key: &str, cached: u32) {
+        let mut inner = self.inner.lock().expect("prefix metrics lock");
+        inner.cached.observe(key, cached);
     }
 }
 

@@ -33,6 +33,8 @@ pub struct RequestRecord {
     admitted: Option<(Instant, Duration)>,
     first_token: bool,
     fingerprint: Option<String>,
+    /// The prefill discount's key (`crate::prompt::discount_key`); the fingerprint when unset.
+    discount_key: Option<String>,
     /// The replica that served the request (its `[[upstream.replicas]]` name).
     replica: Option<String>,
     tenant: Option<String>,
@@ -78,6 +80,7 @@ impl RequestRecord {
             admitted: None,
             first_token: false,
             fingerprint: None,
+            discount_key: None,
             replica: None,
             tenant: None,
             incoming_traceparent: None,
@@ -146,6 +149,11 @@ impl RequestRecord {
     pub fn fingerprint(&mut self, fp: String) {
         self.span.record(span::PROMPT_FINGERPRINT, fp.as_str());
         self.fingerprint = Some(fp);
+    }
+
+    /// Records the key its cached tokens teach the prefill discount under (never logged).
+    pub fn discount_key(&mut self, key: String) {
+        self.discount_key = Some(key);
     }
 
     /// Records the replica that served the request (a name from `[[upstream.replicas]]`): the
@@ -346,6 +354,9 @@ impl RequestRecord {
             cached_tokens: cached,
             engine_prefill_ms,
         };
+        self.metrics
+            .prefix()
+            .observe_cached(self.discount_key.as_deref().unwrap_or(fp), cached);
         let Some(v) = self
             .metrics
             .prefix()

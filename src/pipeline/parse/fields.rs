@@ -13,8 +13,9 @@
 //!   which vLLM turns into `prompt_logprobs`, `logprobs` above `server.max_logprobs` or
 //!   negative), hides output from the count (`include_reasoning: false`), or
 //!   changes the prompt after the gateway counted it (`chat_template`, `documents`,
-//!   `prompt_embeds`), and `min_tokens` above the declared output limit (the reservation could
-//!   not hold).
+//!   `prompt_embeds`, `mm_processor_kwargs`, `media_io_kwargs`), keeps engine memory past the
+//!   reservation (`kv_transfer_params`), and `min_tokens` above the declared output limit (the
+//!   reservation could not hold).
 //! - **The gateway's own**: `priority` is removed; the gateway sets it from the lane when
 //!   `admission.engine_priority` is on, so no client jumps vLLM's queue.
 //! - **Anything else**: forwarded or refused by `server.unknown_fields`.
@@ -213,6 +214,9 @@ const REFUSABLE: &[&str] = &[
     "logprobs",
     "min_tokens",
     "include_reasoning",
+    "mm_processor_kwargs",
+    "media_io_kwargs",
+    "kv_transfer_params",
 ];
 
 fn why_refused(
@@ -242,6 +246,15 @@ fn why_refused(
         "prompt_embeds" if set => {
             Some("prompt_embeds is not supported: only text prompts can be counted".into())
         }
+        "mm_processor_kwargs" | "media_io_kwargs" if set => Some(format!(
+            "{name} is not accepted: it changes how many tokens an image, audio or video part \
+             becomes after the gateway counted it (classify.*_part_tokens)"
+        )),
+        "kv_transfer_params" if set => Some(
+            "kv_transfer_params is not accepted: it would keep the request's KV cache in the \
+             engine after the gateway gave its reservation back"
+                .into(),
+        ),
         "include_reasoning" if chat && value.as_bool() == Some(false) => Some(
             "include_reasoning: false is not supported: vLLM then streams nothing while the \
              model reasons, and the gateway counts a request's output as it streams; leave it \
@@ -367,6 +380,22 @@ mod tests {
                 json!({"include_reasoning": false}),
                 true,
                 "include_reasoning",
+            ),
+            // Media made bigger than counted; KV kept past the reservation.
+            (
+                json!({"mm_processor_kwargs": {"min_pixels": 12845056}}),
+                true,
+                "mm_processor_kwargs",
+            ),
+            (
+                json!({"media_io_kwargs": {"video": {"num_frames": 4096}}}),
+                true,
+                "media_io_kwargs",
+            ),
+            (
+                json!({"kv_transfer_params": {"do_remote_decode": true}}),
+                false,
+                "kv_transfer_params",
             ),
         ] {
             let err = checked(body.clone(), chat, UnknownFields::Forward).unwrap_err();
