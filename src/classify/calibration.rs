@@ -32,7 +32,8 @@
 use std::sync::Mutex;
 
 /// The lowest ratio of the engine's count to the gateway's a kind can take (the heuristic
-/// against real tokenizers: 0.45 to 0.9, `docs/results/heuristic-fit.md`).
+/// against real tokenizers: 0.45 to 0.9, `docs/results/heuristic-fit.md`); each counter sets
+/// its own floors above it ([`Floors`]).
 pub const MIN_RATIO: f64 = 0.25;
 /// The highest ratio of the engine's count to the gateway's a kind can take.
 pub const MAX_RATIO: f64 = 4.0;
@@ -176,6 +177,8 @@ impl KindCounts {
 /// less than the one after it.
 #[derive(Debug, Clone, Copy, Default)]
 struct Fit {
+    /// The lowest ratio this kind may take ([`Floors`]; 0 reads as [`MIN_RATIO`]).
+    floor: f64,
     /// Decayed sums: weight, x, y, x squared, x times y.
     w: f64,
     x: f64,
@@ -212,15 +215,16 @@ impl Fit {
         if self.samples == 0 || self.xx <= 0.0 {
             return x;
         }
+        let min = self.floor.max(MIN_RATIO);
         let (mx, my) = (self.x / self.w, self.y / self.w);
         let var = self.xx / self.w - mx * mx;
         let line = if self.samples >= MIN_FIT_SAMPLES && var > (SPREAD * mx).powi(2) {
-            let slope = ((self.xy / self.w - mx * my) / var).clamp(MIN_RATIO, MAX_RATIO);
+            let slope = ((self.xy / self.w - mx * my) / var).clamp(min, MAX_RATIO);
             slope * x + (my - slope * mx)
         } else {
             self.xy / self.xx * x
         };
-        line.clamp(MIN_RATIO * x, MAX_RATIO * x)
+        line.clamp(min * x, MAX_RATIO * x)
     }
 }
 
@@ -228,16 +232,56 @@ impl Fit {
 struct Table {
     all: [Fit; 4],
     models: Vec<(String, [Fit; 4])>,
+    floors: Floors,
 }
 
 impl Table {
-    /// The fits for `model`: its own where it has taught a kind, else the shared ones.
+    /// The fits for `model`: its own where it has taught a kind, else the shared ones; each
+    /// held to its kind's floor.
     fn fits(&self, model: Option<&str>) -> [Fit; 4] {
         let own = model.and_then(|m| self.models.iter().find(|(name, _)| name == m));
-        std::array::from_fn(|i| match own {
-            Some((_, f)) if f[i].samples > 0 => f[i],
-            _ => self.all[i],
+        std::array::from_fn(|i| {
+            let fit = match own {
+                Some((_, f)) if f[i].samples > 0 => f[i],
+                _ => self.all[i],
+            };
+            Fit {
+                floor: self.floors.0[i],
+                ..fit
+            }
         })
+    }
+}
+
+/// The lowest ratio of the engine's count to the gateway's each kind may learn (by
+/// [`ContentKind::index`]). The correction is shared by every client, so whatever a client can
+/// make the engine count less than the gateway counted (text a template leaves out: an unused
+/// `chat_template_kwargs` key, a `name` Llama 3.1's template drops) teaches it to count everyone
+/// short; a floor bounds how short. Each is the lowest ratio honest content shows for the
+/// counter, less a margin:
+/// - the `heuristic` against five real tokenizers: 0.45 at the lowest, per sample
+///   (`docs/results/heuristic-fit.md`), so 0.4 for code and prose;
+/// - the model's own tokenizer counts text as the engine does (the template's markers are the
+///   overhead, taken as they are), so 0.8 for code and prose (a template that drops earlier
+///   turns' reasoning goes below, and is then counted long: the safe side);
+/// - tools and media stay at [`MIN_RATIO`]: tools are counted pretty-printed and most
+///   templates render them compact (a third fewer tokens, on top of the tokenizer's ratio),
+///   and a media part's real cost depends on the picture's size, which the charge cannot know.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Floors(pub [f64; 4]);
+
+impl Floors {
+    /// [`MIN_RATIO`] for every kind (no counter known).
+    pub const NONE: Floors = Floors([MIN_RATIO; 4]);
+    /// For the `heuristic` counter.
+    pub const HEURISTIC: Floors = Floors([0.4, 0.4, MIN_RATIO, MIN_RATIO]);
+    /// For the served model's own `tokenizer.json`.
+    pub const MODEL_TOKENIZER: Floors = Floors([0.8, 0.8, MIN_RATIO, MIN_RATIO]);
+}
+
+impl Default for Floors {
+    fn default() -> Self {
+        Self::NONE
     }
 }
 
@@ -257,6 +301,16 @@ pub struct Calibration {
 }
 
 impl Calibration {
+    /// A correction that learns no kind below `floors`.
+    pub fn with_floors(floors: Floors) -> Self {
+        Self {
+            table: Mutex::new(Table {
+                floors,
+                ..Table::default()
+            }),
+        }
+    }
+
     /// `counts` corrected by what `model` (or, before it taught a kind, every model) taught.
     pub fn correct(&self, model: Option<&str>, counts: &KindCounts) -> u32 {
         counts.corrected(&self.table().fits(model))
@@ -283,8 +337,8 @@ impl Calibration {
             .clone_without(kind)
             .corrected(&table.fits(Some(model)));
         let x = f64::from(own);
-        let engine =
-            (f64::from(prompt_tokens) - f64::from(others)).clamp(MIN_RATIO * x, MAX_RATIO * x);
+        let floor = table.floors.0[kind.index()].max(MIN_RATIO);
+        let engine = (f64::from(prompt_tokens) - f64::from(others)).clamp(floor * x, MAX_RATIO * x);
         table.all[kind.index()].learn(x, engine);
         let slot = match table.models.iter().position(|(name, _)| name == model) {
             Some(i) => Some(i),
@@ -403,6 +457,30 @@ mod tests {
             "{}",
             code(&cal, 1000)
         );
+    }
+
+    #[test]
+    fn no_client_teaches_a_kind_below_its_floor() {
+        // An engine that counts a tenth of what was counted (text the template leaves out,
+        // sent again and again): the heuristic's prose never goes below 0.4 of its count,
+        // a model tokenizer's below 0.8; media keeps the wide bound.
+        for (floors, want) in [(Floors::HEURISTIC, 0.4), (Floors::MODEL_TOKENIZER, 0.8)] {
+            let cal = Calibration::with_floors(floors);
+            for n in [500, 900, 1500, 2400, 3000, 4000] {
+                cal.observe("m", &counts(0, n, 0, 5), n / 10 + 5).unwrap();
+            }
+            let got = cal.expect(Some("m"), ContentKind::Prose, 1000);
+            assert!((got - want * 1000.0).abs() < 1.0, "{got}");
+            let media = KindCounts {
+                tokens: [0, 0, 0, 800],
+                overhead: 5,
+            };
+            cal.observe("m", &media, 85).unwrap();
+            assert_eq!(
+                cal.expect(Some("m"), ContentKind::Media, 800),
+                MIN_RATIO * 800.0
+            );
+        }
     }
 
     #[test]

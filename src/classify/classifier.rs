@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 use super::bounds::ByteBounds;
-use super::calibration::{Calibration, ContentKind, KindCounts};
+use super::calibration::{Calibration, ContentKind, Floors, KindCounts};
 use super::counter::TokenCounter;
 use super::decision::LaneRules;
 use super::error::ClassifyError;
@@ -91,6 +91,10 @@ impl Classifier {
     /// Builds the classifier from config with an already loaded counter.
     pub fn with_counter(config: &Config, counter: TokenCounter) -> Self {
         let c = &config.classify;
+        let floors = match counter {
+            TokenCounter::Heuristic => Floors::HEURISTIC,
+            TokenCounter::HuggingFace { .. } => Floors::MODEL_TOKENIZER,
+        };
         let cpus = match c.max_concurrent_tokenizations {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n as usize,
@@ -108,7 +112,7 @@ impl Classifier {
                 video_part: c.video_part_tokens,
             },
             max_model_len: config.upstream.max_model_len.get(),
-            calibration: Arc::default(),
+            calibration: Arc::new(Calibration::with_floors(floors)),
             exact_margin: (c.exact_count == ExactCount::NearLimits)
                 .then_some(c.exact_count_margin_percent),
         }
