@@ -25,6 +25,8 @@
 //! | a browser request from an origin not in `server.cors_allow_origins` | 403 | `origin_not_allowed` |
 //! | a cross-origin POST that is not `application/json` | 415 | `unsupported_media_type` |
 //! | no job with that id (or forgotten after expiry) | 404 | `job_not_found` |
+//! | no route with that path | 404 | `not_found` |
+//! | a route's path with a method it does not take | 405 | `method_not_allowed` |
 //! | cancelling a job that already ended | 409 | `job_finished` |
 //! | `jobs.max_jobs` or `jobs.max_bytes` reached | 429 + `Retry-After` | `jobs_full` |
 //! | `jobs.max_event_streams_per_tenant` event streams open | 429 + `Retry-After` | `too_many_streams` |
@@ -99,6 +101,12 @@ pub enum GatewayError {
     /// No job has this id (never, or forgotten after it expired).
     #[error("no job with this id (results are forgotten some time after they expire)")]
     JobNotFound,
+    /// No route has this path.
+    #[error("no such endpoint on this gateway (see the API in the README)")]
+    NotFound,
+    /// The path exists, not with this method.
+    #[error("this endpoint does not take this method")]
+    MethodNotAllowed,
     /// The job already ended, so it cannot be cancelled.
     #[error("the job already ended ({0}); nothing to cancel")]
     JobFinished(&'static str),
@@ -229,7 +237,8 @@ impl GatewayError {
             | Self::TenantOverloaded { .. }
             | Self::TenantBudget { .. }
             | Self::TooManyStreams => StatusCode::TOO_MANY_REQUESTS,
-            Self::JobNotFound => StatusCode::NOT_FOUND,
+            Self::JobNotFound | Self::NotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::OriginNotAllowed => StatusCode::FORBIDDEN,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -282,6 +291,8 @@ impl GatewayError {
             Self::BodyTimeout { .. } => "body_timeout",
             Self::Overloaded => "overloaded",
             Self::JobNotFound => "job_not_found",
+            Self::NotFound => "not_found",
+            Self::MethodNotAllowed => "method_not_allowed",
             Self::OriginNotAllowed => "origin_not_allowed",
             Self::Unauthorized(_) => "invalid_api_key",
             Self::UnsupportedMediaType => "unsupported_media_type",
@@ -311,6 +322,8 @@ impl GatewayError {
             | Self::BodyTooLarge { .. }
             | Self::BodyTimeout { .. }
             | Self::JobNotFound
+            | Self::NotFound
+            | Self::MethodNotAllowed
             | Self::OriginNotAllowed
             | Self::Unauthorized(_)
             | Self::UnsupportedMediaType

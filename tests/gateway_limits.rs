@@ -452,3 +452,34 @@ async fn queued_bodies_are_bounded_in_bytes() {
     assert_eq!(h.gw.state.queued_bytes().held(), 0);
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn every_wrong_call_gets_an_error_that_names_what_is_wrong() {
+    let h = harness(&["--speed", "50", "--profile", "tiny-test"], |_| {}).await;
+    // No such endpoint, or not with this method: the OpenAI error shape, not an empty body.
+    let resp = send(client().get(h.url("/v1/nothing-here"))).await;
+    assert_error(resp, 404, "not_found").await;
+    let resp = send(client().get(h.url("/v1/chat/completions"))).await;
+    assert_error(resp, 405, "method_not_allowed").await;
+    let resp = send(client().put(h.url("/v1/completions")).body("{}")).await;
+    assert_error(resp, 405, "method_not_allowed").await;
+    // A value of the wrong type: `param` names its field.
+    for (field, value) in [
+        ("max_tokens", json!(-5)),
+        ("max_completion_tokens", json!(-3)),
+        ("n", json!(-1)),
+        ("model", json!(5)),
+        ("stream_options", json!("yes")),
+    ] {
+        let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+        body[field] = value;
+        let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+        let err = assert_error(resp, 400, "bad_request").await;
+        assert_eq!(err["error"]["param"], field, "{err}");
+    }
+    // /answer's output limit is its own field.
+    let resp = send(client().get(h.url("/answer?prompt=hi&max_output_tokens=16384"))).await;
+    let err = assert_error(resp, 400, "too_long").await;
+    assert_eq!(err["error"]["param"], "max_output_tokens", "{err}");
+    h.shutdown().await;
+}

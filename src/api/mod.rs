@@ -75,6 +75,9 @@ pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth) -> Router {
         .with_state(state.clone())
         .merge(job_routes)
         .merge(token_route)
+        // Anything else gets an error in the OpenAI shape, not an empty body.
+        .fallback(|| async { crate::error::GatewayError::NotFound })
+        .method_not_allowed_fallback(|| async { crate::error::GatewayError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
             limits::RequestLimits::new(

@@ -50,6 +50,23 @@ pub fn refused(mut record: RequestRecord, e: GatewayError) -> GatewayError {
     e
 }
 
+/// `e` as `/answer`'s JSON error: the output limit is its `max_output_tokens` there (the
+/// shared error names `/v1`'s `max_tokens`).
+fn answer_error(e: GatewayError) -> Response {
+    let mut body = e.body();
+    if body["error"]["param"] == "max_tokens" {
+        body["error"]["param"] = "max_output_tokens".into();
+    }
+    let mut resp = (e.status(), axum::Json(body)).into_response();
+    if let Some(v) = e
+        .retry_after_secs()
+        .and_then(|s| HeaderValue::from_str(&s.to_string()).ok())
+    {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    resp
+}
+
 /// An `/answer` refused before its stream began. A refusal with a wait estimate (an early
 /// "no", `deadline_unmet`) to a client that reads event streams (`Accept: text/event-stream`)
 /// keeps its status and `Retry-After` and carries the error as the stream's one `error` event,
@@ -60,7 +77,7 @@ pub fn answer_refused(e: GatewayError, headers: &HeaderMap) -> Response {
         .and_then(|v| v.to_str().ok())
         .is_some_and(|a| a.contains("text/event-stream"));
     let Some((predicted, deadline)) = e.wait_estimate().filter(|_| reads_events) else {
-        return e.into_response();
+        return answer_error(e);
     };
     let data = serde_json::json!({
         "code": e.code(),

@@ -11,16 +11,31 @@ pub fn typed<T: DeserializeOwned>(value: Value) -> Result<T, GatewayError> {
     typed_ref(&value)
 }
 
-/// [`typed`] without taking (or copying) the value.
+/// [`typed`] without taking (or copying) the value. The error's `param` is the failing
+/// field: the path's first segment, a field of `T`, unless the error is about a field `T`
+/// does not have (its name is the client's, and a `param` is logged).
 pub fn typed_ref<T: DeserializeOwned>(value: &Value) -> Result<T, GatewayError> {
     serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
         let path = e.path().to_string();
-        let message = if path == "." || path.is_empty() {
-            e.inner().to_string()
-        } else {
-            format!("{path}: {}", e.inner())
-        };
-        GatewayError::bad_request(message, None)
+        if path == "." || path.is_empty() {
+            return GatewayError::bad_request(e.inner().to_string(), None);
+        }
+        let inner = e.inner().to_string();
+        let message = format!("{path}: {inner}");
+        let field = path
+            .split(['.', '['])
+            .next()
+            .filter(|f| {
+                !inner.starts_with("unknown field")
+                    && !f.is_empty()
+                    && f.len() <= 64
+                    && f.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            })
+            .map(str::to_owned);
+        match field {
+            Some(field) => GatewayError::bad_field(message, field),
+            None => GatewayError::bad_request(message, None),
+        }
     })
 }
 
