@@ -85,7 +85,8 @@ pub fn fingerprint(system_prompt: &str, tools: Option<&Value>) -> String {
 /// prefix cached, each leading system message whole (its reasoning, name and non-text parts,
 /// which the fingerprint leaves out), the tools as sent (their key order when they are not
 /// canonicalized), the `model`, the `cache_salt` (vLLM salts its cache with it) and the
-/// `chat_template_kwargs` (rendered before the messages). A request that differs in any of
+/// `chat_template_kwargs` (rendered before the messages) and `truncate_prompt_tokens` (a prompt
+/// cut from the left keeps little of its prefix). A request that differs in any of
 /// them is not discounted by what the others found cached. 16 hex characters, never logged.
 pub fn discount_key(
     fingerprint: &str,
@@ -97,7 +98,12 @@ pub fn discount_key(
         .chain_update(fingerprint.as_bytes())
         .chain_update(b"\nMODEL=")
         .chain_update(model.as_bytes());
-    for name in ["tools", "cache_salt", "chat_template_kwargs"] {
+    for name in [
+        "tools",
+        "cache_salt",
+        "chat_template_kwargs",
+        "truncate_prompt_tokens",
+    ] {
         hash.update(b"\n");
         hash.update(name.as_bytes());
         hash.update(b"=");

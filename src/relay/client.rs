@@ -193,6 +193,8 @@ impl ClientTx {
     /// is not dropped within the write timeout, the connection is closed (see the module doc).
     pub(super) fn cut(self) {
         self.shared.cut.store(true, Ordering::Release);
+        // Wakes a body that waits on an empty buffer: it sees the cut before this frame.
+        let _ = self.tx.send(Bytes::new());
         let Some(connection) = self.connection else {
             return;
         };
@@ -311,6 +313,25 @@ mod tests {
         closer.closed().await;
         assert!(started.elapsed() >= Duration::from_millis(500));
         drop(body);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_waiting_on_an_empty_buffer_ends_at_the_cut() {
+        let closer = ConnectionCloser::new();
+        let (mut tx, mut body) = buffer(limits(1000, 500), Some(closer.clone()));
+        tx.send(Bytes::from_static(b"abc")).unwrap();
+        assert_eq!(body.next().await.unwrap().unwrap(), "abc");
+        // The body waits for the next frame when the cut comes.
+        let waiting = tokio::spawn(async move { body.next().await.map(|r| r.is_err()) });
+        tokio::task::yield_now().await;
+        tx.cut();
+        assert_eq!(
+            waiting.await.unwrap(),
+            Some(true),
+            "it ends in error at once"
+        );
+        let closed = tokio::time::timeout(Duration::from_secs(60), closer.closed()).await;
+        assert!(closed.is_err(), "the connection stays open");
     }
 
     #[tokio::test(start_paused = true)]

@@ -258,7 +258,12 @@ impl WireChoice {
             return false;
         }
         match &self.delta {
-            Some(d) => d.role.is_none() && (d.content.is_some() || d.reasoning.is_some()),
+            Some(d) => {
+                d.role.is_none()
+                    && (d.content.is_some()
+                        || d.reasoning.is_some()
+                        || d.reasoning_content.is_some())
+            }
             None => self.text.is_some(),
         }
     }

@@ -10,10 +10,11 @@
 //! kept as written (Python writes an integer's digits as they came, and a string at most as
 //! long: it only unescapes).
 
-/// `raw` as `json.dumps(json.loads(raw))` writes it (see the module doc); `None` when `raw` is
-/// not JSON (vLLM then refuses the request: nothing is rendered).
+/// `raw` as `json.dumps(json.loads(raw))` writes it (see the module doc); `None` when a number
+/// in it cannot be read. Python also reads `NaN`, `Infinity` and `-Infinity`, which are kept as
+/// they are; text that is not JSON at all (vLLM refuses the request) goes through the same
+/// rules.
 pub fn python_dumps(raw: &str) -> Option<String> {
-    serde_json::from_str::<serde::de::IgnoredAny>(raw).ok()?;
     let bytes = raw.as_bytes();
     let mut out = String::with_capacity(raw.len() + raw.len() / 4);
     let mut i = 0;
@@ -37,6 +38,10 @@ pub fn python_dumps(raw: &str) -> Option<String> {
                 out.push_str(": ");
                 i += 1;
             }
+            b'-' if raw[i..].starts_with("-Infinity") => {
+                out.push_str("-Infinity");
+                i += "-Infinity".len();
+            }
             b'-' | b'0'..=b'9' => {
                 let start = i;
                 i += 1;
@@ -54,9 +59,10 @@ pub fn python_dumps(raw: &str) -> Option<String> {
             }
             b' ' | b'\t' | b'\n' | b'\r' => i += 1,
             _ => {
-                // `{`, `}`, `[`, `]`, `true`, `false`, `null`: as they are.
-                out.push(char::from(b));
-                i += 1;
+                // `{`, `}`, `[`, `]`, `true`, `false`, `null`, `NaN`, `Infinity`: as they are.
+                let len = raw[i..].chars().next().map_or(1, char::len_utf8);
+                out.push_str(&raw[i..i + len]);
+                i += len;
             }
         }
     }
@@ -139,6 +145,10 @@ mod tests {
         );
         assert_eq!(python_dumps("{ \"a\" :\n 1 }").unwrap(), r#"{"a": 1}"#);
         assert_eq!(python_dumps(r#""q\"uo,te""#).unwrap(), r#""q\"uo,te""#);
-        assert!(python_dumps("{not json").is_none());
+        // Python reads these too.
+        assert_eq!(
+            python_dumps("[NaN,Infinity,-Infinity,1]").unwrap(),
+            "[NaN, Infinity, -Infinity, 1]"
+        );
     }
 }

@@ -167,7 +167,12 @@ async fn generate(state: AppState, gen: Generation) -> Response {
         let (reasoning, answer) = if answer_as_reasoning {
             (Some(answer), String::new())
         } else {
-            ((thinking > 0).then(|| words(0, thinking)), answer)
+            let thought = if gen.silent {
+                String::new()
+            } else {
+                words(0, thinking)
+            };
+            ((thinking > 0).then_some(thought), answer)
         };
         // A named tool call: the words are its arguments.
         let answer = match &gen.tool_call {

@@ -197,7 +197,11 @@ pub fn sse_body(
         let thinking_end = end.min(spec.reasoning_tokens).max(st.sent);
         let answer_follows = end > thinking_end;
         if thinking_end > st.sent {
-            let text = words(st.sent, thinking_end);
+            let text = if spec.silent {
+                String::new()
+            } else {
+                words(st.sent, thinking_end)
+            };
             st.sent = thinking_end;
             let finish = if answer_follows { None } else { finish };
             frame(
