@@ -30,14 +30,7 @@ fn words_in(events: &[(String, String)]) -> usize {
     events
         .iter()
         .filter(|(_, d)| d.starts_with('{'))
-        .map(|(_, d)| {
-            let v = json(d);
-            v["choices"][0]["delta"]["content"]
-                .as_str()
-                .unwrap_or("")
-                .split_whitespace()
-                .count()
-        })
+        .map(|(_, d)| delta_words(d))
         .sum()
 }
 

@@ -171,15 +171,19 @@ pub fn sse_events(body: &str) -> Vec<String> {
     data
 }
 
-/// Words of generated text in one chat completion chunk (`choices[0].delta.content`), given as
-/// its SSE `data` payload.
-pub fn delta_words(data: &str) -> usize {
+/// Generated text in one chat completion chunk (`choices[0].delta.content`, empty when
+/// absent), given as its SSE `data` payload.
+pub fn delta_text(data: &str) -> String {
     let v: Value = serde_json::from_str(data).unwrap();
     v["choices"][0]["delta"]["content"]
         .as_str()
         .unwrap_or("")
-        .split_whitespace()
-        .count()
+        .to_owned()
+}
+
+/// Words of generated text in one chat completion chunk ([`delta_text`]).
+pub fn delta_words(data: &str) -> usize {
+    delta_text(data).split_whitespace().count()
 }
 
 /// Words of generated text in a whole (non-streamed) chat completion

@@ -110,13 +110,7 @@ async fn an_idle_keep_alive_connection_is_closed_but_a_longer_stream_is_not_cut(
     let words: usize = events
         .iter()
         .filter(|(_, d)| d.starts_with('{'))
-        .map(|(_, d)| {
-            json(d)["choices"][0]["delta"]["content"]
-                .as_str()
-                .unwrap_or("")
-                .split_whitespace()
-                .count()
-        })
+        .map(|(_, d)| delta_words(d))
         .sum();
     assert_eq!(words, 60, "no token lost to the idle timer");
 

@@ -46,12 +46,7 @@ async fn an_answer_of_tokens_without_text_is_cut_at_the_small_lane_limit() {
     let relayed: usize = events
         .iter()
         .filter(|(_, d)| d.starts_with('{'))
-        .map(|(_, d)| {
-            json(d)["choices"][0]["delta"]["content"]
-                .as_str()
-                .unwrap_or("")
-                .len()
-        })
+        .map(|(_, d)| delta_text(d).len())
         .sum();
     assert_eq!(relayed, 0, "the tokens decode to no text");
     eventually("the engine aborted the cut request", || {

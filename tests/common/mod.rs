@@ -18,8 +18,8 @@ use tutor_gateway::server::Gateway;
 use vllm_sim::{SimArgs, SimServer};
 
 pub use tutor_testkit::{
-    client, family_total, flags, free_port, get_text, message_words, metric, metric_or_zero,
-    post_text, send, send_json, send_text, sse, words, Streamed,
+    client, delta_text, delta_words, family_total, flags, free_port, get_text, message_words,
+    metric, metric_or_zero, post_text, send, send_json, send_text, sse, words, Streamed,
 };
 
 pub struct Harness {
