@@ -242,7 +242,20 @@ async fn a_backlog_runs_beside_waves_of_questions_but_not_on_the_floor() {
         assert!(n("done_by_end") > 0, "{p}: some job ends in 22 s: {j}");
         let per_hour = j["jobs_per_hour"].as_f64().unwrap();
         assert!((per_hour - n("done_in_window") as f64 / 20.0 * 3600.0).abs() < 1e-6);
-        assert!(r["total_tokens_per_s"].as_f64().unwrap() > r["tokens_per_s"].as_f64().unwrap());
+        // The jobs done in the window add their tokens to the window's (none done there, as
+        // when the backlog's jobs all end in the drain on a busy machine: the same).
+        let (total, requests) = (
+            r["total_tokens_per_s"].as_f64().unwrap(),
+            r["tokens_per_s"].as_f64().unwrap(),
+        );
+        if n("done_in_window") > 0 {
+            assert!(total > requests, "{p}: {total} vs {requests}");
+        } else {
+            assert!(
+                (total - requests).abs() < 1e-9,
+                "{p}: {total} vs {requests}"
+            );
+        }
         // The same questions as the floor.
         assert_eq!(
             r["classes"]["small"]["offered"], floor["classes"]["small"]["offered"],
