@@ -12,6 +12,7 @@ use tutor_gateway::config::Config;
 use tutor_gateway::lane::Lane;
 
 use crate::common::*;
+use crate::one_small_cut_cleaned_up;
 
 /// The engine reasons 3,000 tokens before it answers, and stops at its 3,400-token context.
 const REASONING_SIM: &str =
@@ -70,16 +71,7 @@ async fn a_small_request_that_reasons_3000_tokens_is_cut_at_the_small_limit_whil
         "cut past the small limit, in the reasoning phase: {after}"
     );
     assert_eq!(after, reasoning, "every reasoning token relayed is counted");
-    eventually("the engine aborted the cut request", || {
-        h.sim_aborted() == 1
-    })
-    .await;
-    eventually("every counter back to zero", || h.idle()).await;
-    let m = h.metrics_text().await;
-    assert_eq!(
-        metric(&m, "tutor_gateway_stream_cuts_total{lane=\"small\"}"),
-        1.0
-    );
+    one_small_cut_cleaned_up(&h).await;
 
     let log = h.log.lock().unwrap().clone();
     let line = log

@@ -12,6 +12,7 @@ use serde_json::json;
 use tutor_gateway::config::Config;
 
 use crate::common::*;
+use crate::one_small_cut_cleaned_up;
 
 /// The engine stops at its 3,400-token context; slow enough that the small lane's limit comes
 /// long before.
@@ -49,15 +50,6 @@ async fn an_answer_of_tokens_without_text_is_cut_at_the_small_lane_limit() {
         .map(|(_, d)| delta_text(d).len())
         .sum();
     assert_eq!(relayed, 0, "the tokens decode to no text");
-    eventually("the engine aborted the cut request", || {
-        h.sim_aborted() == 1
-    })
-    .await;
-    eventually("every counter back to zero", || h.idle()).await;
-    let m = h.metrics_text().await;
-    assert_eq!(
-        metric(&m, "tutor_gateway_stream_cuts_total{lane=\"small\"}"),
-        1.0
-    );
+    one_small_cut_cleaned_up(&h).await;
     h.shutdown().await;
 }
