@@ -2,35 +2,65 @@
 -- KEYS[1]: HASH of the minute's charges, fields `r:<second>` (requests) and `t:<second>`
 --          (tokens), seconds of Redis server time; fields older than 60 s are dropped here.
 -- KEYS[2]: HASH of the day: `d` (the UTC day number) and `t` (its tokens).
--- ARGV[1]: "charge", "settle" or "peek".
+-- KEYS[3]: (charge, settle, cancel; optional) STRING one charge's record,
+--          `<second> <day> <tokens>`, kept 120 s, or `cancelled` (120 s) once given back.
+--          Its name carries the charge's id, so a replica whose charge reply was lost can
+--          give the charge back (`cancel`) without knowing whether it ran.
+-- ARGV[1]: "charge", "settle", "cancel" or "peek".
 -- charge: ARGV[2..4] requests per minute, tokens per minute, tokens per day (0: no limit),
 --         ARGV[5] the tokens to reserve. Replies {0, second, day} when charged, or
 --         {1|2|3, used, limit, retry_after_s} for the limit that refuses (1 requests per
---         minute, 2 tokens per minute, 3 tokens per day).
+--         minute, 2 tokens per minute, 3 tokens per day), or {4} when KEYS[3] exists (the
+--         charge was cancelled before it ran, or already ran): nothing is charged.
 -- settle: ARGV[2] the charge's second, ARGV[3] its day, ARGV[4] tokens to add (negative to
 --         give back), ARGV[5] "1" when the request is not counted at all (it never ran).
 --         Never below zero; a second that left the minute or a past day is not touched.
+--         Deletes KEYS[3].
+-- cancel: gives back the charge recorded in KEYS[3] (as a settle of a request that never ran)
+--         and leaves `cancelled` there, so that the charge, if still on its way, does nothing.
+--         Replies 1 when a charge was given back, else 0.
 -- peek:   replies {requests, tokens} of the last minute and the day's tokens.
 local mode = ARGV[1]
-if mode == 'settle' then
-  local f = 't:' .. ARGV[2]
+local function settle(second, day, delta, uncounted)
+  local f = 't:' .. second
   if redis.call('HEXISTS', KEYS[1], f) == 1 then
-    if redis.call('HINCRBY', KEYS[1], f, ARGV[4]) < 0 then
+    if redis.call('HINCRBY', KEYS[1], f, delta) < 0 then
       redis.call('HSET', KEYS[1], f, 0)
     end
-    if ARGV[5] == '1' then
-      local r = 'r:' .. ARGV[2]
+    if uncounted == '1' then
+      local r = 'r:' .. second
       if redis.call('HINCRBY', KEYS[1], r, -1) < 0 then
         redis.call('HSET', KEYS[1], r, 0)
       end
     end
   end
-  if redis.call('HGET', KEYS[2], 'd') == ARGV[3] then
-    if redis.call('HINCRBY', KEYS[2], 't', ARGV[4]) < 0 then
+  if redis.call('HGET', KEYS[2], 'd') == day then
+    if redis.call('HINCRBY', KEYS[2], 't', delta) < 0 then
       redis.call('HSET', KEYS[2], 't', 0)
     end
   end
+end
+if mode == 'settle' then
+  settle(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+  if KEYS[3] then
+    redis.call('DEL', KEYS[3])
+  end
   return 0
+end
+if mode == 'cancel' then
+  local record = redis.call('GET', KEYS[3])
+  redis.call('SET', KEYS[3], 'cancelled', 'EX', 120)
+  if record then
+    local second, day, tokens = string.match(record, '^(%d+) (%d+) (%d+)$')
+    if second then
+      settle(second, day, '-' .. tokens, '1')
+      return 1
+    end
+  end
+  return 0
+end
+if mode == 'charge' and KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
+  return {4}
 end
 
 local now = tonumber(redis.call('TIME')[1])
@@ -97,4 +127,7 @@ if tonumber(day[1]) ~= today then
 end
 redis.call('HINCRBY', KEYS[2], 't', ARGV[5])
 redis.call('EXPIRE', KEYS[2], 172800)
+if KEYS[3] then
+  redis.call('SET', KEYS[3], now .. ' ' .. today .. ' ' .. ARGV[5], 'EX', 120)
+end
 return {0, now, today}

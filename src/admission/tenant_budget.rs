@@ -20,6 +20,14 @@
 //!   name>:minute` (a hash of per-second charges, expiring 2 minutes after the last) and
 //!   `:day` (expiring after 2 days). A charge is one script call that is never retried, so it
 //!   is never counted twice; its settlement is one more call, sent in the background.
+//! - **A charge whose reply is lost is given back.** Each charge carries an id (its record,
+//!   `:charge:<id>`, kept 120 s). When its caller gives up before the reply (the client went
+//!   away meanwhile) or the reply does not come (Redis slow or unreachable: the request is then
+//!   charged in this replica), the script may still have charged it, and nothing would settle
+//!   it: the tenant would pay its reservation for the minute and the day. The charge is
+//!   cancelled in the background instead (retried for up to 120 s): the script gives it back
+//!   if it ran and marks the id cancelled if it has not, so a charge still on its way does
+//!   nothing.
 
 // The request path: a client's number never wraps (checked or saturating arithmetic only).
 #![deny(clippy::arithmetic_side_effects)]
@@ -38,6 +46,11 @@ use crate::config::TenantBudget;
 const WINDOW_S: u64 = 60;
 /// Seconds in a day.
 const DAY_S: u64 = 86_400;
+/// How long Redis keeps a charge's record, and so how long a lost charge may be cancelled
+/// (`lua/tenant_budget_v2.lua`).
+const RECORD_TTL: Duration = Duration::from_secs(120);
+/// The longest wait between two tries of a cancel.
+const CANCEL_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Why a tenant's request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,9 +114,37 @@ pub struct BudgetHold {
     second: u64,
     day: u64,
     reserved: u64,
-    /// Charged in Redis (else in this process).
-    shared: bool,
+    /// Charged in Redis (else in this process): the charge's record, deleted at settlement.
+    shared: Option<String>,
     settled: bool,
+}
+
+/// A charge sent to Redis whose reply was not read yet: dropped armed (its caller gave up, or
+/// the reply did not come), the charge is cancelled in the background.
+struct ChargePending {
+    budgets: Arc<TenantBudgets>,
+    tenant: String,
+    record: Option<String>,
+}
+
+impl ChargePending {
+    /// The reply was read: what it says is booked, nothing to cancel.
+    fn disarm(&mut self) {
+        self.record = None;
+    }
+}
+
+impl Drop for ChargePending {
+    fn drop(&mut self) {
+        let Some(record) = self.record.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (budgets, tenant) = (self.budgets.clone(), std::mem::take(&mut self.tenant));
+        rt.spawn(async move { budgets.cancel(&tenant, &record).await });
+    }
 }
 
 /// The largest number a limit or a charge is sent to Lua as (its numbers are doubles).
@@ -130,13 +171,62 @@ impl TenantBudgets {
 
     /// `tenant`'s two Redis keys (its name hashed: never a raw name in a key).
     fn keys(redis: &RedisAdmission, tenant: &str) -> (String, String) {
+        let base = Self::base(redis, tenant);
+        (format!("{base}:minute"), format!("{base}:day"))
+    }
+
+    fn base(redis: &RedisAdmission, tenant: &str) -> String {
         let digest = Sha256::digest(tenant.as_bytes());
-        let base = format!(
+        format!(
             "{}:tenant:{}",
             redis.keys().base,
             crate::sign::hex(&digest[..8])
-        );
-        (format!("{base}:minute"), format!("{base}:day"))
+        )
+    }
+
+    /// The key of the record of `tenant`'s charge `id`.
+    fn record(redis: &RedisAdmission, tenant: &str, id: &str) -> String {
+        format!("{}:charge:{id}", Self::base(redis, tenant))
+    }
+
+    /// Gives back `tenant`'s charge whose record is `record`, if it ran, and keeps it from
+    /// running if it has not: tried until Redis answers, for as long as the record lives.
+    async fn cancel(&self, tenant: &str, record: &str) {
+        let Some((redis, script)) = &self.redis else {
+            return;
+        };
+        let (minute, day) = Self::keys(redis, tenant);
+        let started = tokio::time::Instant::now();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if let Some(mut conn) = redis.connection() {
+                let reply: redis::RedisResult<i64> = script
+                    .key(&minute)
+                    .key(&day)
+                    .key(record)
+                    .arg("cancel")
+                    .invoke_async(&mut conn)
+                    .await;
+                match reply {
+                    Ok(given_back) => {
+                        tracing::debug!(
+                            given_back,
+                            "tenant budget: a charge without its reply was cancelled"
+                        );
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "tenant budget: a cancel did not reach Redis")
+                    }
+                }
+            }
+            if started.elapsed().saturating_add(backoff) >= RECORD_TTL {
+                tracing::warn!("tenant budget: a charge whose reply was lost could not be cancelled; it counts until it leaves the minute (and the day)");
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = backoff.saturating_mul(2).min(CANCEL_BACKOFF_MAX);
+        }
     }
 
     /// Charges `tenant` (whose budgets are `budget`) one request of `tokens` reserved, or says
@@ -165,10 +255,17 @@ impl TenantBudgets {
         // charged here instead, its first requests would not count for the fleet.
         let mut conn = redis.connection_ready().await?;
         let (minute, day) = Self::keys(redis, tenant);
+        let record = Self::record(redis, tenant, &redis.next_id());
         let limit = |v: Option<u64>| v.map_or(0, |v| v.min(LUA_MAX));
+        let mut pending = ChargePending {
+            budgets: self.clone(),
+            tenant: tenant.to_owned(),
+            record: Some(record.clone()),
+        };
         let reply: Vec<i64> = script
             .key(minute)
             .key(day)
+            .key(&record)
             .arg("charge")
             .arg(limit(budget.requests_per_minute))
             .arg(limit(budget.tokens_per_minute))
@@ -178,6 +275,11 @@ impl TenantBudgets {
             .await
             .inspect_err(|e| tracing::warn!(error = %e, "tenant budget: Redis did not answer; charged in this replica"))
             .ok()?;
+        if reply.first() == Some(&4) {
+            // Cancelled before it ran (cannot happen while this call waits): not charged.
+            return None;
+        }
+        pending.disarm();
         let n = |i: usize| reply.get(i).map_or(0, |v| u64::try_from(*v).unwrap_or(0));
         let refused = |limit: &'static str| BudgetRefusal {
             limit,
@@ -192,7 +294,7 @@ impl TenantBudgets {
                 second: n(1),
                 day: n(2),
                 reserved: tokens.min(LUA_MAX),
-                shared: true,
+                shared: Some(record),
                 settled: false,
             }),
             Some(1) => Err(refused("requests_per_minute")),
@@ -260,7 +362,7 @@ impl TenantBudgets {
             second: now,
             day: today,
             reserved: tokens,
-            shared: false,
+            shared: None,
             settled: false,
         })
     }
@@ -321,8 +423,8 @@ impl BudgetHold {
         // Never refund a request that reached the engine below zero; a request that did not
         // (dropped unsettled) is charged nothing.
         let used = used.unwrap_or(0).min(LUA_MAX);
-        if self.shared {
-            self.settle_shared(used);
+        if let Some(record) = self.shared.take() {
+            self.settle_shared(used, record);
             return;
         }
         let mut ledgers = self.budgets.lock();
@@ -346,7 +448,7 @@ impl BudgetHold {
 
 impl BudgetHold {
     /// The settlement in Redis, sent in the background (a hold may settle in a drop).
-    fn settle_shared(&self, used: u64) {
+    fn settle_shared(&self, used: u64, record: String) {
         let Some((redis, script)) = &self.budgets.redis else {
             return;
         };
@@ -365,6 +467,7 @@ impl BudgetHold {
             let reply = script
                 .key(minute)
                 .key(day)
+                .key(record)
                 .arg("settle")
                 .arg(second)
                 .arg(day_n)
@@ -386,80 +489,5 @@ impl Drop for BudgetHold {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const T0: u64 = 1_700_000_000;
-
-    fn budget(rpm: u64, tpm: u64, tpd: u64) -> TenantBudget {
-        let n = |v: u64| (v > 0).then_some(v);
-        TenantBudget {
-            requests_per_minute: n(rpm),
-            tokens_per_minute: n(tpm),
-            tokens_per_day: n(tpd),
-        }
-    }
-
-    #[test]
-    fn a_minute_admits_at_most_the_budget_plus_one_reservation_and_then_frees_up() {
-        let b = Arc::new(TenantBudgets::default());
-        let limits = budget(0, 1_000, 0);
-        let mut held = vec![];
-        let mut admitted = 0u64;
-        for i in 0..20 {
-            match b.charge_at("a", &limits, 300, T0 + i) {
-                Ok(h) => {
-                    admitted += 300;
-                    held.push(h);
-                }
-                Err(r) => {
-                    assert_eq!(r.limit, "tokens_per_minute");
-                    assert!(r.used >= 1_000 && r.retry_after >= Duration::from_secs(1));
-                }
-            }
-        }
-        assert!(admitted <= 1_000 + 300, "{admitted}");
-        assert_eq!(admitted, 1_200);
-        // Another tenant is not affected.
-        assert!(b.charge_at("b", &limits, 300, T0 + 5).is_ok());
-        // A minute later the charges have left the window.
-        assert!(b.charge_at("a", &limits, 300, T0 + 61).is_ok());
-        drop(held);
-    }
-
-    #[test]
-    fn charges_settle_to_what_was_used_and_an_unsettled_request_costs_nothing() {
-        let b = Arc::new(TenantBudgets::default());
-        let limits = budget(0, 1_000, 0);
-        let h = b.charge_at("a", &limits, 900, T0).unwrap();
-        h.settle(100);
-        // 100 charged: 900 more fit.
-        let h2 = b.charge_at("a", &limits, 900, T0).unwrap();
-        // Refused now (1,000 charged).
-        assert!(b.charge_at("a", &limits, 1, T0).is_err());
-        // A request that never ran gives everything back.
-        drop(h2);
-        assert!(b.charge_at("a", &limits, 1, T0).is_ok());
-    }
-
-    #[test]
-    fn requests_per_minute_and_tokens_per_day_refuse_with_their_names_and_waits() {
-        let b = Arc::new(TenantBudgets::default());
-        let limits = budget(2, 0, 0);
-        let _a = b.charge_at("a", &limits, 10, T0).unwrap();
-        let _b = b.charge_at("a", &limits, 10, T0 + 10).unwrap();
-        let r = b.charge_at("a", &limits, 10, T0 + 20).unwrap_err();
-        assert_eq!((r.limit, r.used, r.max), ("requests_per_minute", 2, 2));
-        // The first charge leaves the window at T0 + 60: 40 s from T0 + 20.
-        assert_eq!(r.retry_after, Duration::from_secs(40));
-        let day = budget(0, 0, 500);
-        let midnight = (T0 / DAY_S + 1) * DAY_S;
-        let h = b.charge_at("d", &day, 600, midnight - 100).unwrap();
-        h.settle(600);
-        let r = b.charge_at("d", &day, 1, midnight - 50).unwrap_err();
-        assert_eq!(r.limit, "tokens_per_day");
-        assert_eq!(r.retry_after, Duration::from_secs(50));
-        // A new UTC day starts again.
-        assert!(b.charge_at("d", &day, 1, midnight).is_ok());
-    }
-}
+#[path = "tenant_budget_tests.rs"]
+mod tests;

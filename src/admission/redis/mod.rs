@@ -233,6 +233,11 @@ impl RedisAdmission {
         }
     }
 
+    /// An id unique in the fleet (this replica's id and a counter), as a lease's.
+    pub fn next_id(&self) -> String {
+        self.shared.next_lease_id()
+    }
+
     /// A connection to the quota's Redis, while it is reachable.
     pub fn connection(&self) -> Option<redis::aio::ConnectionManager> {
         if self.shared.degraded() {

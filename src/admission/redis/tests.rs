@@ -519,6 +519,81 @@ async fn the_tenant_budget_script_charges_refuses_and_settles() {
     assert_eq!(&fourth[..3], &[1, 3, 3], "requests per minute");
 }
 
+/// The tenant budget script's charge records: a cancel after the charge gives it back once
+/// (its tokens, its request and the day's count); a cancel that arrives first keeps the charge
+/// from running; a settled charge's record is gone.
+#[tokio::test]
+async fn a_tenant_charge_is_cancelled_once_whichever_comes_first() {
+    let mut f = fixture().await;
+    let script = redis::Script::new(include_str!("../../../lua/tenant_budget_v2.lua"));
+    let (minute, day) = (
+        "tg:test:{quota}:tenant:x:minute",
+        "tg:test:{quota}:tenant:x:day",
+    );
+    let record = |id: &str| format!("tg:test:{{quota}}:tenant:x:charge:{id}");
+    let charge = |id: &str, tokens: u64| {
+        let mut call = script.prepare_invoke();
+        call.key(minute)
+            .key(day)
+            .key(record(id))
+            .arg("charge")
+            .arg(10)
+            .arg(10_000)
+            .arg(0)
+            .arg(tokens);
+        call
+    };
+    let cancel = |id: &str| {
+        let mut call = script.prepare_invoke();
+        call.key(minute).key(day).key(record(id)).arg("cancel");
+        call
+    };
+    let mut peek = script.prepare_invoke();
+    peek.key(minute).key(day).arg("peek");
+
+    let kept: Vec<i64> = charge("a", 100).invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(kept[0], 0, "{kept:?}");
+    let lost: Vec<i64> = charge("b", 700).invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(lost[0], 0, "{lost:?}");
+    let used: (u64, u64, u64) = peek.invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(used, (2, 800, 800));
+    // Cancelled after it ran: given back, once.
+    let given: i64 = cancel("b").invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(given, 1);
+    let again: i64 = cancel("b").invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(again, 0, "a second cancel gives nothing back");
+    let used: (u64, u64, u64) = peek.invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(used, (1, 100, 100));
+    // Cancelled before it ran: the charge, arriving late, charges nothing.
+    let given: i64 = cancel("c").invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(given, 0);
+    let late: Vec<i64> = charge("c", 500).invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(late, vec![4]);
+    let used: (u64, u64, u64) = peek.invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(used, (1, 100, 100));
+    // Settled: its record is gone (a settled charge is never cancelled).
+    let () = script
+        .key(minute)
+        .key(day)
+        .key(record("a"))
+        .arg("settle")
+        .arg(kept[1])
+        .arg(kept[2])
+        .arg(-40)
+        .arg("0")
+        .invoke_async(&mut f.conn)
+        .await
+        .unwrap();
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(record("a"))
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert!(!exists);
+    let used: (u64, u64, u64) = peek.invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(used, (1, 60, 60));
+}
+
 /// Fleet fairness's heartbeat (`lua/fleet_service_v2.lua`): a tenant that starts waiting is
 /// lifted to the least counter among those already waiting (never lowered); each replica sees
 /// who waits in which line anywhere, and a head yields only to a tenant waiting in its own

@@ -1,0 +1,183 @@
+//! Tenants' budgets: the sliding minute, settlement and the day in this process; in Redis, a
+//! charge whose reply never reached its caller.
+
+use super::*;
+
+const T0: u64 = 1_700_000_000;
+
+fn budget(rpm: u64, tpm: u64, tpd: u64) -> TenantBudget {
+    let n = |v: u64| (v > 0).then_some(v);
+    TenantBudget {
+        requests_per_minute: n(rpm),
+        tokens_per_minute: n(tpm),
+        tokens_per_day: n(tpd),
+    }
+}
+
+#[test]
+fn a_minute_admits_at_most_the_budget_plus_one_reservation_and_then_frees_up() {
+    let b = Arc::new(TenantBudgets::default());
+    let limits = budget(0, 1_000, 0);
+    let mut held = vec![];
+    let mut admitted = 0u64;
+    for i in 0..20 {
+        match b.charge_at("a", &limits, 300, T0 + i) {
+            Ok(h) => {
+                admitted += 300;
+                held.push(h);
+            }
+            Err(r) => {
+                assert_eq!(r.limit, "tokens_per_minute");
+                assert!(r.used >= 1_000 && r.retry_after >= Duration::from_secs(1));
+            }
+        }
+    }
+    assert!(admitted <= 1_000 + 300, "{admitted}");
+    assert_eq!(admitted, 1_200);
+    // Another tenant is not affected.
+    assert!(b.charge_at("b", &limits, 300, T0 + 5).is_ok());
+    // A minute later the charges have left the window.
+    assert!(b.charge_at("a", &limits, 300, T0 + 61).is_ok());
+    drop(held);
+}
+
+#[test]
+fn charges_settle_to_what_was_used_and_an_unsettled_request_costs_nothing() {
+    let b = Arc::new(TenantBudgets::default());
+    let limits = budget(0, 1_000, 0);
+    let h = b.charge_at("a", &limits, 900, T0).unwrap();
+    h.settle(100);
+    // 100 charged: 900 more fit.
+    let h2 = b.charge_at("a", &limits, 900, T0).unwrap();
+    // Refused now (1,000 charged).
+    assert!(b.charge_at("a", &limits, 1, T0).is_err());
+    // A request that never ran gives everything back.
+    drop(h2);
+    assert!(b.charge_at("a", &limits, 1, T0).is_ok());
+}
+
+#[test]
+fn requests_per_minute_and_tokens_per_day_refuse_with_their_names_and_waits() {
+    let b = Arc::new(TenantBudgets::default());
+    let limits = budget(2, 0, 0);
+    let _a = b.charge_at("a", &limits, 10, T0).unwrap();
+    let _b = b.charge_at("a", &limits, 10, T0 + 10).unwrap();
+    let r = b.charge_at("a", &limits, 10, T0 + 20).unwrap_err();
+    assert_eq!((r.limit, r.used, r.max), ("requests_per_minute", 2, 2));
+    // The first charge leaves the window at T0 + 60: 40 s from T0 + 20.
+    assert_eq!(r.retry_after, Duration::from_secs(40));
+    let day = budget(0, 0, 500);
+    let midnight = (T0 / DAY_S + 1) * DAY_S;
+    let h = b.charge_at("d", &day, 600, midnight - 100).unwrap();
+    h.settle(600);
+    let r = b.charge_at("d", &day, 1, midnight - 50).unwrap_err();
+    assert_eq!(r.limit, "tokens_per_day");
+    assert_eq!(r.retry_after, Duration::from_secs(50));
+    // A new UTC day starts again.
+    assert!(b.charge_at("d", &day, 1, midnight).is_ok());
+}
+
+/// A charge whose caller gave up before Redis answered (its client went away), and one whose
+/// reply did not come in time (charged in this replica instead), on a real `redis-server`:
+/// the script ran once Redis went on, and nothing would ever settle what it charged; the
+/// tenant paid a reservation for the minute and the day. Both are given back in Redis.
+#[tokio::test]
+async fn a_charge_whose_reply_was_lost_is_given_back_in_redis() {
+    use crate::admission::redis::tests::redis_common::RedisServer;
+    use crate::admission::redis::RedisAdmission;
+    use crate::config::Config;
+    use crate::telemetry::Metrics;
+
+    let server = RedisServer::start();
+    let config = Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n[quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
+        server.url()
+    ))
+    .unwrap();
+    let admission = RedisAdmission::from_config(&config, Metrics::new().quota().clone()).unwrap();
+    let budgets = Arc::new(TenantBudgets::shared(admission.clone()));
+    let limits = budget(100, 1_000_000, 0);
+    let client = redis::Client::open(server.url()).unwrap();
+    let conn = client.get_multiplexed_async_connection().await.unwrap();
+    let pause = || {
+        let mut conn = conn.clone();
+        async move {
+            let () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(1_500)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    };
+    // The records of charges given back (`cancelled`), polled until there are `n` (bounded:
+    // a hang fails, nothing is timed).
+    let cancelled = |n: usize| {
+        let mut conn = conn.clone();
+        async move {
+            for _ in 0..3_000 {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg("tg:v2:{quota}:tenant:*:charge:*")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                let mut marked = 0;
+                for k in keys {
+                    let v: Option<String> = redis::cmd("GET")
+                        .arg(k)
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap();
+                    marked += usize::from(v.as_deref() == Some("cancelled"));
+                }
+                if marked >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("fewer than {n} charges were cancelled");
+        }
+    };
+
+    // Answered: charged in Redis, settled to what was used.
+    let hold = budgets.charge("school-a", &limits, 500).await.unwrap();
+    assert!(hold.shared.is_some(), "charged in Redis");
+    assert_eq!(budgets.used("school-a").await, (1, 500, 500));
+    hold.settle(300);
+    for _ in 0..3_000 {
+        if budgets.used("school-a").await == (1, 300, 300) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(budgets.used("school-a").await, (1, 300, 300));
+
+    // Given up while Redis holds every command: the script runs when Redis goes on.
+    pause().await;
+    let given_up = tokio::time::timeout(
+        Duration::from_millis(50),
+        budgets.charge("school-a", &limits, 700),
+    )
+    .await;
+    assert!(given_up.is_err(), "the charge was still waiting for Redis");
+    cancelled(1).await;
+    assert_eq!(
+        budgets.used("school-a").await,
+        (1, 300, 300),
+        "a charge given up is not counted in Redis"
+    );
+
+    // Unanswered within the call's timeout: charged in this replica, and not in Redis.
+    pause().await;
+    let hold = budgets.charge("school-a", &limits, 900).await.unwrap();
+    assert!(hold.shared.is_none(), "charged in this replica");
+    assert_eq!(budgets.used_here("school-a"), (1, 900, 900));
+    cancelled(2).await;
+    assert_eq!(
+        budgets.used("school-a").await,
+        (1, 300, 300),
+        "a charge without its reply is counted once, here, not in Redis too"
+    );
+    drop(hold);
+    admission.shutdown().await;
+}
