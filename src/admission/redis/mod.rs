@@ -106,6 +106,8 @@ mod tasks;
 #[cfg(test)]
 mod batch_tests;
 #[cfg(test)]
+mod fallback_tests;
+#[cfg(test)]
 mod limits_tests;
 #[cfg(test)]
 mod lost_reply_tests;
@@ -594,13 +596,25 @@ impl RedisAdmission {
                 }
             }
         };
-        match tokio::time::timeout(queue.timeout, wait).await {
+        let timed_out = || AdmissionError::Timeout {
+            lane,
+            waited: asked.started.elapsed(),
+        };
+        let outcome = tokio::time::timeout(queue.timeout, wait).await;
+        // Out of this replica's line whatever happens next (a request gone to the fallback
+        // waits in the fallback's queue only, counted once).
+        drop(place);
+        match outcome {
             Ok(Ok(granted)) => granted,
-            Ok(Err(())) => self.fall_back(ask).await,
-            Err(_) => Err(AdmissionError::Timeout {
-                lane,
-                waited: asked.started.elapsed(),
-            }),
+            // Redis went away while it waited: the fallback's queue gets what is left of its
+            // queue timeout, not a new one (it would wait up to twice `queue_timeout_ms`).
+            Ok(Err(())) => {
+                let left = queue.timeout.saturating_sub(asked.started.elapsed());
+                tokio::time::timeout(left, self.fall_back(ask))
+                    .await
+                    .unwrap_or_else(|_| Err(timed_out()))
+            }
+            Err(_) => Err(timed_out()),
         }
     }
 
