@@ -11,18 +11,18 @@ use crate::lane::Lane::Small;
 use crate::telemetry::Metrics;
 
 /// The small lane's queue timeout here.
-const QUEUE_TIMEOUT: Duration = Duration::from_secs(6);
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the request has waited in its Redis line when Redis goes away.
-const WAITED_IN_REDIS: Duration = Duration::from_secs(3);
+const WAITED_IN_REDIS: Duration = Duration::from_secs(4);
 
-/// A request waits for the small lane's one seat; Redis goes away 3 s into its 6 s queue
+/// A request waits for the small lane's one seat; Redis goes away 4 s into its 10 s queue
 /// timeout; the request moves to the fallback's queue, where there is no room either (the
 /// fallback counts the seat this replica still holds). It waits its queue timeout in all, not
-/// its 3 s plus a fresh queue timeout in the fallback's queue.
+/// its 4 s plus a fresh queue timeout in the fallback's queue.
 ///
 /// What the test tells apart: with a fresh timeout the wait ends no earlier than the outage
 /// plus the whole timeout; the assertion is that it ends before that, so it holds however late
-/// a loaded machine runs the timer, up to the 3 s the request had already waited.
+/// a loaded machine runs the timer, up to the 4 s the request had already waited.
 #[tokio::test]
 async fn a_request_waiting_when_redis_goes_away_waits_its_queue_timeout_in_all() {
     let mut redis = RedisServer::start();
