@@ -444,14 +444,15 @@ async fn a_crashed_replicas_capacity_comes_back_within_the_lease_ttl() {
         waited >= cfg.quota.lease_ttl - Duration::from_millis(50),
         "B got in before A's leases expired: {waited:?}"
     );
-    // B reaped A's four leases (the dead A beats no more). A call whose reply timed out on a
+    // B reaps A's four leases (the dead A beats no more): by the time its request got in only
+    // those that had expired by then (A took them one after another, so they expire one after
+    // another), the rest by its next call or heartbeat. A call whose reply timed out on a
     // loaded machine may have reaped some without B hearing of it: only then is the count short.
     let quota = b.state.metrics().quota();
-    let (reaped, lost) = (quota.reaped_total(), quota.errors("timeout"));
-    assert!(
-        reaped >= 4 || lost > 0,
-        "B reaped A's four leases: counted {reaped}, replies lost to a timeout {lost}"
-    );
+    eventually("B reaped A's four leases", || {
+        quota.reaped_total() >= 4 || quota.errors("timeout") > 0
+    })
+    .await;
     let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     quota_drains(&mut conn, "B released its lease").await;
