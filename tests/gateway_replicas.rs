@@ -7,7 +7,9 @@
 //! - the engine abort goes to the replica that served the request;
 //! - prefix affinity: 30 courses whose prefixes do not all fit one simulator's KV, sent in the
 //!   same order once with round robin and once with affinity; the cached-token ratio, read
-//!   from the simulators' own counters, is at least twice round robin's with affinity.
+//!   from the simulators' own counters, is at least twice round robin's with affinity;
+//! - a reload that changes `[upstream]`: an ejected replica stays out of routing, and a
+//!   stream still running counts on its replica until it ends.
 
 mod common;
 
@@ -16,6 +18,7 @@ use std::time::Duration;
 use common::{client, family_total, flags, json, send, send_text, sse};
 use serde_json::{json, Value};
 use tutor_gateway::config::{Config, ReplicaConfig, RoutingPolicy};
+use tutor_gateway::pipeline::reload;
 use tutor_gateway::server::Gateway;
 use tutor_testkit::eventually;
 use vllm_sim::{SimArgs, SimServer};
@@ -157,6 +160,88 @@ async fn a_replica_killed_mid_stream_cuts_that_stream_clearly_others_serve_and_i
     );
     gw.shutdown().await;
     back.shutdown().await;
+    for s in sims {
+        s.shutdown().await;
+    }
+}
+
+/// A reload that changes `[upstream]` (here only its idle timeout) builds a new set of replicas.
+/// A replica at the same URL goes on with what the gateway knew of it: a dead one stays
+/// ejected (it was back in routing, taking requests that had to be retried elsewhere, until
+/// the checks ejected it again), and the stream running on the other one still counts there
+/// (its count read 0, so a `max_num_seqs` cap let that many more in) until it ends.
+#[tokio::test]
+async fn a_reload_of_the_upstream_keeps_each_replicas_health_and_streams_in_flight() {
+    // Real time for the long stream (about 5 ms a token), every answer to its max.
+    let flags = flags("--speed 1 --profile tiny-test --mean-output-tokens 1000000");
+    let mut sims = vec![sim(&flags).await, sim(&flags).await];
+    let gw = {
+        let refs: Vec<&SimServer> = sims.iter().collect();
+        gateway(&refs, |c| {
+            c.upstream.routing.policy = RoutingPolicy::RoundRobin
+        })
+        .await
+    };
+    let (stream, _) = first_token(&gw, "review+my+repository", 4000).await;
+    let busy = sims
+        .iter()
+        .position(|s| s.engine.snapshot().running == 1)
+        .expect("one simulator runs the stream");
+    let idle = 1 - busy;
+    sims.remove(idle).shutdown().await;
+    let dead = format!("sim-{idle}");
+    let status = |gw: &Gateway, name: &str| {
+        gw.state
+            .upstream()
+            .replicas()
+            .status()
+            .into_iter()
+            .find(|r| r.name == name)
+            .unwrap()
+    };
+    eventually("the dead replica is ejected", || async {
+        !status(&gw, &dead).healthy
+    })
+    .await;
+    let ejections = || async {
+        family_total(
+            &text(format!("{}/metrics", gw.url())).await,
+            "tutor_gateway_replica_ejections_total",
+        )
+    };
+    let ejected_before = ejections().await;
+
+    let mut changed = (*gw.state.config()).clone();
+    changed.upstream.idle_timeout += Duration::from_secs(1);
+    let r = reload::apply(&gw.state, changed).unwrap();
+    assert!(r.changed.contains(&"upstream"), "{:?}", r.changed);
+    assert!(
+        !status(&gw, &dead).healthy,
+        "the dead replica stays ejected"
+    );
+    let running = format!("sim-{busy}");
+    assert_eq!(
+        status(&gw, &running).in_flight,
+        1,
+        "the stream still counts"
+    );
+
+    // Every request goes to the live replica at once; the dead one is never tried again.
+    for _ in 0..6 {
+        let (name, data) = short_answer(&gw).await;
+        assert_eq!(name, "done", "{data}");
+    }
+    assert_eq!(
+        ejections().await,
+        ejected_before,
+        "nothing was sent to the dead replica"
+    );
+    drop(stream);
+    eventually("the stream's end is counted on its replica", || async {
+        status(&gw, &running).in_flight == 0
+    })
+    .await;
+    gw.shutdown().await;
     for s in sims {
         s.shutdown().await;
     }

@@ -354,14 +354,6 @@ impl Calibration {
         Some(Lesson { kind, engine })
     }
 
-    /// Takes over what `other` learned (a reload with the same tokenizer and part charges).
-    pub fn inherit(&self, other: &Calibration) {
-        let theirs = other.table();
-        let mut mine = self.table();
-        mine.all = theirs.all;
-        mine.models = theirs.models.clone();
-    }
-
     fn table(&self) -> std::sync::MutexGuard<'_, Table> {
         self.table
             .lock()
@@ -540,14 +532,5 @@ mod tests {
             cal.observe(&format!("m{i}"), &c, 1000).unwrap();
         }
         assert_eq!(cal.table().models.len(), MAX_MODELS);
-    }
-
-    #[test]
-    fn a_reload_keeps_what_was_learned() {
-        let old = Calibration::default();
-        old.observe("m", &counts(1000, 0, 0, 0), 1250).unwrap();
-        let new = Calibration::default();
-        new.inherit(&old);
-        assert!((code(&new, 1000) - 1250.0).abs() < 1e-6);
     }
 }

@@ -63,7 +63,7 @@ pub struct Classifier {
     counter: TokenCounter,
     /// Prompts being tokenized at once: at most one per CPU, so a burst of long prompts
     /// queues here instead of crowding out the threads that relay tokens.
-    tokenizing: Arc<Semaphore>,
+    pub(super) tokenizing: Arc<Semaphore>,
     /// The semaphore's size: `classify.max_concurrent_tokenizations`, 0 meaning the CPUs.
     cpus: usize,
     rules: LaneRules,
@@ -124,11 +124,17 @@ impl Classifier {
         &self.calibration
     }
 
-    /// Keeps what `old` learned when it counts the same way (same tokenizer and template
-    /// charges): a reload that only moves thresholds does not start over.
-    pub fn inherit_calibration(&mut self, old: &Classifier, same_counts: bool) {
+    /// Goes on from `old` (the classifier a reload replaces). When it counts the same way
+    /// (same tokenizer and template charges) it keeps `old`'s correction itself, so a reload
+    /// that only moves thresholds does not start over and the requests still running teach
+    /// the correction in force. With as many tokenizations allowed at once it shares `old`'s
+    /// permits, so the prompts `old` is still tokenizing count against the same limit.
+    pub fn inherit(&mut self, old: &Classifier, same_counts: bool) {
         if same_counts {
-            self.calibration.inherit(&old.calibration);
+            self.calibration = Arc::clone(&old.calibration);
+        }
+        if self.cpus == old.cpus {
+            self.tokenizing = Arc::clone(&old.tokenizing);
         }
     }
 

@@ -388,3 +388,27 @@ fn every_rendered_string_is_counted_and_media_by_its_kind() {
         3 * 5 + 1 + 1000 + 200 + 30_000 + 2 + 2
     );
 }
+
+/// A reload's classifier ([`Classifier::inherit`]): counting the same way, it keeps the
+/// correction in force, so what the requests still running teach reaches it; with as many
+/// tokenizations allowed at once, the prompts the old one is still tokenizing count against
+/// the new one's limit. Counting another way, it starts its own correction.
+#[test]
+fn a_reloaded_classifier_keeps_the_correction_in_force_and_the_tokenizations_running() {
+    let old = classifier(TokenCounter::Heuristic);
+    let mut new = classifier(TokenCounter::Heuristic);
+    new.inherit(&old, true);
+    assert!(Arc::ptr_eq(new.calibration(), old.calibration()));
+    let running = Arc::clone(&old.tokenizing).try_acquire_owned().unwrap();
+    assert_eq!(
+        new.tokenizing(),
+        1,
+        "the old classifier's tokenization counts"
+    );
+    drop(running);
+    assert_eq!(new.tokenizing(), 0);
+
+    let mut recounted = classifier(TokenCounter::Heuristic);
+    recounted.inherit(&old, false);
+    assert!(!Arc::ptr_eq(recounted.calibration(), old.calibration()));
+}

@@ -232,7 +232,7 @@ pub fn apply_with(state: &AppState, mut new: Config, force: bool) -> Result<Relo
             b.audio_part_tokens,
             b.video_part_tokens,
         );
-    classifier.inherit_calibration(&state.live().classifier, same_counts);
+    classifier.inherit(&state.live().classifier, same_counts);
     let upstream = if new.upstream == old.upstream {
         state.upstream()
     } else {

@@ -61,9 +61,12 @@ impl UpstreamClient {
     /// A new client for `config` whose abort calls go on this one's task tracker (a config
     /// reload that changed `[upstream]`).
     pub fn with_config(&self, config: UpstreamConfig) -> Result<Self, UpstreamError> {
-        let new = Self::with_metrics(config, self.tasks.clone(), self.replicas.metrics().clone())?;
-        new.replicas.inherit(&self.replicas);
-        Ok(new)
+        Self::build(
+            config,
+            self.tasks.clone(),
+            self.replicas.metrics().clone(),
+            Some(&self.replicas),
+        )
     }
 
     /// A client for `config`. Abort calls are spawned on `tasks`: close and wait on it at
@@ -79,6 +82,17 @@ impl UpstreamClient {
         config: UpstreamConfig,
         tasks: TaskTracker,
         metrics: ReplicaMetrics,
+    ) -> Result<Self, UpstreamError> {
+        Self::build(config, tasks, metrics, None)
+    }
+
+    /// [`UpstreamClient::with_metrics`]; the replicas at the URLs of `previous` (the set a
+    /// reload replaces) go on with what it knew of them ([`Replicas::new`]).
+    fn build(
+        config: UpstreamConfig,
+        tasks: TaskTracker,
+        metrics: ReplicaMetrics,
+        previous: Option<&Replicas>,
     ) -> Result<Self, UpstreamError> {
         let mut headers = reqwest::header::HeaderMap::new();
         if let Some(key) = &config.api_key {
@@ -114,6 +128,7 @@ impl UpstreamClient {
             config.replica_set(),
             config.routing.clone(),
             metrics,
+            previous,
             |replica| {
                 let mut own = (*config).clone();
                 own.base_url.clone_from(&replica.url);

@@ -10,6 +10,11 @@
 //!   healthy checks in a row. A 2xx answer to a request clears its failure count. With
 //!   `health_interval_ms = 0` there are no checks and nothing is ever ejected.
 //! - [`health_loop`] runs the checks while the client lives (it holds a weak reference).
+//! - A reload that changes `[upstream]` builds a new set; a replica at the same URL keeps what
+//!   the old set knew of it: its requests in flight (those still running count, and their
+//!   tickets give back to the same count), its KV size, and, while health checks run, whether
+//!   it is ejected and its streak. A dead replica stays out of routing across a reload, and a
+//!   replica's `max_num_seqs` holds with the streams it already runs.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -29,14 +34,38 @@ pub struct Replica {
     /// Arms each stream's abort guard against this replica.
     pub(super) abort: AbortCaller,
     seed: u64,
+    /// What it runs (shared with the set a reload replaced, at the same URL).
+    load: Arc<Load>,
+    /// Its health (shared likewise while health checks run).
+    health: Arc<Health>,
+}
+
+/// A replica's requests in flight and KV size.
+#[derive(Debug, Default)]
+struct Load {
     in_flight: AtomicU32,
+    /// Its KV cache in tokens, as last read from the engine (0: not read yet).
+    kv_tokens: AtomicU64,
+}
+
+/// Whether a replica takes traffic.
+#[derive(Debug)]
+struct Health {
     healthy: AtomicBool,
     /// Failures in a row (while healthy) or healthy checks in a row (while ejected).
     streak: AtomicU32,
     /// Why it was ejected, for `/readyz`.
     last_error: std::sync::Mutex<Option<String>>,
-    /// Its KV cache in tokens, as last read from the engine (0: not read yet).
-    kv_tokens: AtomicU64,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self {
+            healthy: AtomicBool::new(true),
+            streak: AtomicU32::new(0),
+            last_error: std::sync::Mutex::new(None),
+        }
+    }
 }
 
 /// Every replica of one client, with the routing settings and metrics.
@@ -74,27 +103,35 @@ pub struct ReplicaStatus {
 }
 
 impl Replicas {
-    /// The replicas of `configs`, each with its own abort caller from `abort_for`.
+    /// The replicas of `configs`, each with its own abort caller from `abort_for`. A replica
+    /// at the URL of one of `previous` (the set a reload replaces) goes on with its requests in
+    /// flight and KV size, and with its health when checks run here (without checks nothing
+    /// would ever bring an ejected replica back, so it starts healthy).
     pub fn new(
         configs: Vec<ReplicaConfig>,
         routing: RoutingConfig,
         metrics: ReplicaMetrics,
+        previous: Option<&Replicas>,
         abort_for: impl Fn(&ReplicaConfig) -> AbortCaller,
     ) -> Self {
+        let checks = configs.len() > 1 && !routing.health_interval.is_zero();
         let list = configs
             .into_iter()
             .map(|config| {
-                metrics.set_healthy(&config.name, true);
-                metrics.set_in_flight(&config.name, 0);
+                let before =
+                    previous.and_then(|p| p.list.iter().find(|r| r.config.url == config.url));
+                let load = before.map_or_else(Arc::default, |r| Arc::clone(&r.load));
+                let health = before
+                    .filter(|_| checks)
+                    .map_or_else(Arc::default, |r| Arc::clone(&r.health));
+                metrics.set_healthy(&config.name, health.healthy.load(Ordering::Acquire));
+                metrics.set_in_flight(&config.name, load.in_flight.load(Ordering::Relaxed));
                 Arc::new(Replica {
                     abort: abort_for(&config),
                     seed: route::hash_str(&config.name),
                     config,
-                    in_flight: AtomicU32::new(0),
-                    healthy: AtomicBool::new(true),
-                    streak: AtomicU32::new(0),
-                    last_error: std::sync::Mutex::new(None),
-                    kv_tokens: AtomicU64::new(0),
+                    load,
+                    health,
                 })
             })
             .collect();
@@ -103,7 +140,9 @@ impl Replicas {
             routing,
             turn: AtomicU64::new(0),
             metrics,
-            fleet_seats: AtomicU32::new(0),
+            fleet_seats: AtomicU32::new(
+                previous.map_or(0, |p| p.fleet_seats.load(Ordering::Relaxed)),
+            ),
         }
     }
 
@@ -113,20 +152,8 @@ impl Replicas {
     /// [`Replicas::set_fleet_seats`] (rounded up; a configured `max_num_seqs` still holds).
     pub fn set_capacity(&self, url: &str, kv_tokens: u64) {
         for r in self.list.iter().filter(|r| r.config.url == url) {
-            r.kv_tokens.store(kv_tokens, Ordering::Relaxed);
+            r.load.kv_tokens.store(kv_tokens, Ordering::Relaxed);
         }
-    }
-
-    /// Takes over what `old` (the client a reload replaced) knew of the same replicas' KV
-    /// caches, and its fleet seats.
-    pub fn inherit(&self, old: &Replicas) {
-        for r in &old.list {
-            let kv = r.kv_tokens.load(Ordering::Relaxed);
-            if kv > 0 {
-                self.set_capacity(&r.config.url, kv);
-            }
-        }
-        self.set_fleet_seats(old.fleet_seats.load(Ordering::Relaxed));
     }
 
     /// The seats the whole fleet runs at once (`admission.seats`; 0: no cap by KV share).
@@ -140,7 +167,7 @@ impl Replicas {
         let kv: Vec<u64> = self
             .list
             .iter()
-            .map(|r| r.kv_tokens.load(Ordering::Relaxed))
+            .map(|r| r.load.kv_tokens.load(Ordering::Relaxed))
             .collect();
         let total: u64 = kv.iter().sum();
         let known = self.list.len() > 1 && kv.iter().all(|&k| k > 0);
@@ -212,7 +239,7 @@ impl Replicas {
             .iter()
             .zip(shares)
             .map(|(r, (weight, cap))| Candidate {
-                in_flight: r.in_flight.load(Ordering::Relaxed),
+                in_flight: r.load.in_flight.load(Ordering::Relaxed),
                 weight,
                 cap,
                 healthy: r.is_healthy(),
@@ -229,7 +256,7 @@ impl Replicas {
             &candidates,
         )?;
         let replica = Arc::clone(&self.list[index]);
-        let n = replica.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = replica.load.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.metrics.set_in_flight(&replica.config.name, n);
         self.metrics
             .routed(&replica.config.name, reason.unwrap_or(why));
@@ -248,7 +275,7 @@ impl Replicas {
             .iter()
             .find(|r| r.config.name == name && (r.is_healthy() || self.list.len() == 1))?;
         let replica = Arc::clone(replica);
-        let n = replica.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = replica.load.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.metrics.set_in_flight(&replica.config.name, n);
         self.metrics.routed(&replica.config.name, "pinned");
         Some(Ticket {
@@ -273,9 +300,10 @@ impl Replicas {
             .map(|r| ReplicaStatus {
                 name: r.config.name.clone(),
                 healthy: r.is_healthy(),
-                in_flight: r.in_flight.load(Ordering::Relaxed),
-                kv_tokens: r.kv_tokens.load(Ordering::Relaxed),
+                in_flight: r.load.in_flight.load(Ordering::Relaxed),
+                kv_tokens: r.load.kv_tokens.load(Ordering::Relaxed),
                 error: r
+                    .health
                     .last_error
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -290,31 +318,42 @@ impl Replicas {
         if !self.checks_run() {
             return;
         }
-        if replica.healthy.load(Ordering::Acquire) {
-            let n = replica.streak.fetch_add(1, Ordering::AcqRel) + 1;
-            if n >= self.routing.unhealthy_after && replica.healthy.swap(false, Ordering::AcqRel) {
-                replica.streak.store(0, Ordering::Release);
-                *replica.last_error.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(why.to_owned());
+        if replica.health.healthy.load(Ordering::Acquire) {
+            let n = replica.health.streak.fetch_add(1, Ordering::AcqRel) + 1;
+            if n >= self.routing.unhealthy_after
+                && replica.health.healthy.swap(false, Ordering::AcqRel)
+            {
+                replica.health.streak.store(0, Ordering::Release);
+                *replica
+                    .health
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(why.to_owned());
                 self.metrics.set_healthy(&replica.config.name, false);
                 self.metrics.ejected(&replica.config.name);
                 tracing::warn!(replica = %replica.config.name, failures = n, error = why, "replica ejected");
             }
         } else {
-            replica.streak.store(0, Ordering::Release);
+            replica.health.streak.store(0, Ordering::Release);
         }
     }
 
     /// `replica` answered well: a request's 2xx clears a healthy replica's failures; a health
     /// check brings an ejected one back after `healthy_after` in a row.
     pub fn succeeded(&self, replica: &Replica, by_check: bool) {
-        if replica.healthy.load(Ordering::Acquire) {
-            replica.streak.store(0, Ordering::Release);
+        if replica.health.healthy.load(Ordering::Acquire) {
+            replica.health.streak.store(0, Ordering::Release);
         } else if by_check {
-            let n = replica.streak.fetch_add(1, Ordering::AcqRel) + 1;
-            if n >= self.routing.healthy_after && !replica.healthy.swap(true, Ordering::AcqRel) {
-                replica.streak.store(0, Ordering::Release);
-                *replica.last_error.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            let n = replica.health.streak.fetch_add(1, Ordering::AcqRel) + 1;
+            if n >= self.routing.healthy_after
+                && !replica.health.healthy.swap(true, Ordering::AcqRel)
+            {
+                replica.health.streak.store(0, Ordering::Release);
+                *replica
+                    .health
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = None;
                 self.metrics.set_healthy(&replica.config.name, true);
                 tracing::info!(replica = %replica.config.name, "replica back in routing");
             }
@@ -325,7 +364,7 @@ impl Replicas {
 impl Replica {
     /// Whether it takes traffic.
     pub fn is_healthy(&self) -> bool {
-        self.healthy.load(Ordering::Acquire)
+        self.health.healthy.load(Ordering::Acquire)
     }
 
     /// Its name.
@@ -350,6 +389,7 @@ impl Drop for Ticket {
     fn drop(&mut self) {
         let n = self
             .replica
+            .load
             .in_flight
             .fetch_sub(1, Ordering::Relaxed)
             .saturating_sub(1);
