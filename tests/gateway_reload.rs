@@ -357,3 +357,78 @@ async fn a_watched_file_is_reloaded_when_it_changes_and_a_broken_one_is_refused_
     drop(gw);
     sim.shutdown().await;
 }
+
+/// Reloads run one at a time (SIGHUP, `POST /admin/reload` and the file watcher each start
+/// one), and each reads the file when its turn comes. Two at once used to each read the file
+/// and swap in what they built: a slow one (loading a tokenizer) that read an older file
+/// swapped it in last, over a newer one, and stayed in force.
+#[tokio::test]
+async fn a_reload_waits_for_the_one_in_progress_and_reads_the_file_when_its_turn_comes() {
+    let dir = std::env::temp_dir().join(format!("tg-reload-turns-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.toml");
+    let h = harness(&["--speed", "50", "--profile", "tiny-test"], |_| {}).await;
+    h.gw.state.set_config_path(path.clone());
+    let file = |small: u32| {
+        format!(
+            "[classify]\ntokenizer = \"heuristic\"\n[upstream]\nbase_url = \"{}\"\n\
+             [lanes.small]\nmax_concurrency = {small}\n",
+            h.sim.url()
+        )
+    };
+    std::fs::write(&path, file(3)).unwrap();
+    let small_seats = || h.gw.state.config().lanes.small.max_concurrency.get();
+
+    // A reload in progress (its turn held here); another one starts meanwhile.
+    let in_progress = h.gw.state.reload_lock();
+    let state = h.gw.state.clone();
+    let next = std::thread::spawn(move || reload::reload(&state, false));
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!next.is_finished(), "the second reload waits for its turn");
+    // The file changes before its turn: it reads the file as it is then.
+    std::fs::write(&path, file(5)).unwrap();
+    drop(in_progress);
+    next.join().unwrap().expect("the reload is applied");
+    assert_eq!(small_seats(), 5);
+    h.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `server.max_requests_in_flight` needs a restart: a reload leaves its running value, and the
+/// per-tenant limit derived from it (a quarter, by default) follows the running value too, not
+/// the file's (it was a quarter of the file's 4: one request per tenant, while the gateway
+/// still took 4,096). A per-tenant limit the file sets is applied.
+#[tokio::test]
+async fn a_request_cap_left_alone_keeps_the_per_tenant_limit_derived_from_it() {
+    let h = harness(&["--speed", "50", "--profile", "tiny-test"], |_| {}).await;
+    let running = h.gw.state.config().server.clone();
+    let file = |server: &str| {
+        Config::from_toml_str(&format!(
+            "[classify]\ntokenizer = \"heuristic\"\n[upstream]\nbase_url = \"{}\"\n\
+             [server]\n{server}\n",
+            h.sim.url()
+        ))
+        .unwrap()
+    };
+    let r = reload::apply(&h.gw.state, file("max_requests_in_flight = 4")).unwrap();
+    assert!(
+        r.left_alone.contains(&"server.max_requests_in_flight"),
+        "{r:?}"
+    );
+    let now = h.gw.state.config().server.clone();
+    assert_eq!(now.max_requests_in_flight, running.max_requests_in_flight);
+    assert_eq!(
+        now.max_requests_in_flight_per_tenant,
+        running.max_requests_in_flight / 4
+    );
+    reload::apply(
+        &h.gw.state,
+        file("max_requests_in_flight = 4\nmax_requests_in_flight_per_tenant = 3"),
+    )
+    .unwrap();
+    assert_eq!(
+        h.gw.state.config().server.max_requests_in_flight_per_tenant,
+        3
+    );
+    h.shutdown().await;
+}

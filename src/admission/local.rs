@@ -108,6 +108,22 @@ impl LocalAdmission {
             // A different policy's queue layout: left to a restart (the reload reports it).
             return;
         }
+        // A waiter the new limits can never admit (its reservation is now above its lane's
+        // budget) is refused at once, as it would be on arrival: left in, it would block its
+        // queue until its timeout.
+        for queue in 0..state.queues.len() {
+            let mut pos = 0;
+            while let Some(w) = state.queues[queue].get(pos) {
+                match rules.limits.admissible(w.lane, w.tokens) {
+                    Ok(()) => pos += 1,
+                    Err(too_large) => {
+                        if let Some(w) = state.leave_at(queue, pos) {
+                            let _ = w.grant.send(Err(too_large));
+                        }
+                    }
+                }
+            }
+        }
         *shared.rules.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(rules);
         shared.dispatch(&mut state);
         drop(state);

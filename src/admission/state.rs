@@ -204,6 +204,11 @@ impl State {
             .filter(|(_, w)| w.tenant.as_ref() == Some(tenant))
             .max_by_key(|(_, w)| w.id)?
             .0;
+        self.leave_at(queue, pos)
+    }
+
+    /// Removes and returns the waiter at `pos` of `queue`, which leaves without a turn.
+    pub fn leave_at(&mut self, queue: usize, pos: usize) -> Option<Waiter> {
         let waiter = self.queues[queue].remove(pos)?;
         self.queued[waiter.lane.index()] -= 1;
         self.last_waited = Some(Instant::now());

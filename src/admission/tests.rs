@@ -316,3 +316,51 @@ async fn unlimited_fifo_admits_everything_at_once_and_counts_per_lane() {
     guards.clear();
     assert!(a.snapshot().is_idle());
 }
+
+/// A reload that lowers a lane's token budget below a waiting request's reservation refuses
+/// that request at once, as it would refuse it on arrival, and the requests behind it go on.
+/// It used to stay at the head of its queue, blocking everyone behind it until its timeout.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_a_reload_makes_too_large_is_refused_and_the_queue_goes_on() {
+    let small = |budget: u32| {
+        format!(
+            "[classify]\ntokenizer = \"heuristic\"\nsmall_max_work = {}\n\
+             [lanes.small]\nmax_concurrency = 1\nceiling = 1\nborrow = false\n\
+             max_tokens_in_flight = {budget}\nqueue_timeout_ms = 60000\n",
+            budget.min(1200)
+        )
+    };
+    let config = |toml: String| Config::from_toml_str(&toml).expect("valid");
+    let a = Admission::from_config(&config(small(4000)));
+    let seat = a.acquire(Ask::new(Small, 500)).await.unwrap();
+    let wait = |tokens: u32| {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(Ask::new(Small, tokens)).await.map(|g| g.tokens()) })
+    };
+    let too_large = wait(1000);
+    settle().await;
+    let behind = wait(300);
+    settle().await;
+    assert_eq!(a.snapshot().lane(Small).queue_depth, 2);
+
+    a.set_limits(&config(small(600)), false);
+    let refused = too_large.await.unwrap().unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            AdmissionError::TooLarge {
+                lane: Small,
+                tokens: 1000,
+                limit: 600
+            }
+        ),
+        "{refused}"
+    );
+    drop(seat);
+    assert_eq!(
+        behind.await.unwrap().unwrap(),
+        300,
+        "the one behind is admitted"
+    );
+    assert!(a.snapshot().is_idle());
+}

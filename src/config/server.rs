@@ -131,6 +131,10 @@ pub struct ServerConfig {
     /// `/answer` and `/v1` requests one tenant (`[auth]`) may have in flight at once, streams
     /// included (429 `tenant_overloaded` beyond).
     pub max_requests_in_flight_per_tenant: usize,
+    /// `max_requests_in_flight_per_tenant` as the file sets it (0: a quarter of
+    /// `max_requests_in_flight`): a reload that keeps the running `max_requests_in_flight`
+    /// derives the per-tenant limit from that ([`per_tenant_in_flight`]).
+    pub max_requests_in_flight_per_tenant_set: u64,
     /// Longest a new connection may take, from accepting, to complete its first request's
     /// head (the TLS handshake included); the connection is closed then.
     pub header_read_timeout: Duration,
@@ -167,6 +171,15 @@ pub struct ServerConfig {
 }
 
 /// Checks `[server]`.
+/// `server.max_requests_in_flight_per_tenant` set to `set` (0: a quarter of `max`, at least
+/// 1), at most `max` (`server.max_requests_in_flight`).
+pub fn per_tenant_in_flight(set: u64, max: usize) -> usize {
+    match usize::try_from(set).unwrap_or(usize::MAX) {
+        0 => (max / 4).max(1),
+        n => n.min(max),
+    }
+}
+
 pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
     let max_body_bytes = raw.max_body_bytes.unwrap_or(MAX_BODY_BYTES);
     if !(1024..=256 * 1024 * 1024).contains(&max_body_bytes) {
@@ -319,11 +332,11 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         cors_max_age: Duration::from_secs(cors_max_age_s.min(86_400)),
         max_connections: max_connections as usize,
         max_requests_in_flight: max_requests_in_flight as usize,
-        max_requests_in_flight_per_tenant: match raw.max_requests_in_flight_per_tenant.unwrap_or(0)
-        {
-            0 => (max_requests_in_flight / 4).max(1),
-            n => n.min(max_requests_in_flight),
-        } as usize,
+        max_requests_in_flight_per_tenant: per_tenant_in_flight(
+            raw.max_requests_in_flight_per_tenant.unwrap_or(0),
+            max_requests_in_flight as usize,
+        ),
+        max_requests_in_flight_per_tenant_set: raw.max_requests_in_flight_per_tenant.unwrap_or(0),
         header_read_timeout: Duration::from_millis(header_ms),
         keep_alive_idle: Duration::from_millis(keep_alive_ms),
         body_read_timeout: Duration::from_millis(body_ms),

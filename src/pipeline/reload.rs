@@ -93,24 +93,32 @@ impl ReloadError {
 
 /// Re-reads `path` and puts it in force (see the module doc).
 pub fn reload_file(state: &AppState, path: &Path) -> Result<Reloaded, ReloadError> {
+    let one_at_a_time = state.reload_lock();
     let result = Config::load(path)
         .map_err(ReloadError::from)
-        .and_then(|config| apply(state, config));
+        .and_then(|config| apply_locked(state, config, false));
+    drop(one_at_a_time);
     counted(state, result)
 }
 
 /// Re-reads the file the gateway started from ([`AppState::config_source`]), with the command
 /// line's overrides applied again. `force`: see [`apply`].
+///
+/// Reloads run one at a time (SIGHUP, `POST /admin/reload` and the file watcher alike), each
+/// reading the file when its turn comes: the last to read it puts the file's latest state in
+/// force, never an older file read by a slower reload.
 pub fn reload(state: &AppState, force: bool) -> Result<Reloaded, ReloadError> {
+    let one_at_a_time = state.reload_lock();
     let result = match state.config_source() {
         Some(source) => Config::load(&source.path)
             .map_err(ReloadError::from)
             .and_then(|mut config| {
                 (source.overrides)(&mut config);
-                apply_with(state, config, force)
+                apply_locked(state, config, force)
             }),
         None => Err(ReloadError::NoFile),
     };
+    drop(one_at_a_time);
     counted(state, result)
 }
 
@@ -213,7 +221,13 @@ pub fn apply(state: &AppState, new: Config) -> Result<Reloaded, ReloadError> {
 
 /// [`apply`]. With the Redis quota, the shared limits record is written only when the limits
 /// changed, and a record written by `tutor-gateway limits push` is replaced only with `force`.
-pub fn apply_with(state: &AppState, mut new: Config, force: bool) -> Result<Reloaded, ReloadError> {
+pub fn apply_with(state: &AppState, new: Config, force: bool) -> Result<Reloaded, ReloadError> {
+    let _one_at_a_time = state.reload_lock();
+    apply_locked(state, new, force)
+}
+
+/// [`apply_with`], the caller holding [`AppState::reload_lock`].
+fn apply_locked(state: &AppState, mut new: Config, force: bool) -> Result<Reloaded, ReloadError> {
     let old = state.config();
     let left_alone = keep_fixed(&old, &mut new);
     let changed = changed_sections(&old, &new);
@@ -270,6 +284,13 @@ fn keep_fixed(old: &Config, new: &mut Config) -> Vec<&'static str> {
         "server.max_requests_in_flight",
         server.max_requests_in_flight
     );
+    if kept.last() == Some(&"server.max_requests_in_flight") {
+        // The per-tenant limit (a quarter of it by default) follows the running value.
+        new.server.max_requests_in_flight_per_tenant = crate::config::per_tenant_in_flight(
+            new.server.max_requests_in_flight_per_tenant_set,
+            new.server.max_requests_in_flight,
+        );
+    }
     // The routes' body limit is built into the router at start.
     keep!("server.max_body_bytes", server.max_body_bytes);
     keep!("server.header_read_timeout_ms", server.header_read_timeout);

@@ -42,6 +42,9 @@ struct Shared {
     /// The file the configuration was read from, re-read by a reload, and what the command
     /// line changed after reading it (applied again to each reloaded file).
     config_source: RwLock<Option<ConfigSource>>,
+    /// Held by a reload from reading its file to its swap: one at a time, so a reload that
+    /// read an older file never swaps in over a newer one (`crate::pipeline::reload`).
+    reloading: std::sync::Mutex<()>,
 }
 
 /// What the command line changed in a configuration after reading its file.
@@ -78,7 +81,9 @@ pub(super) struct Live {
 /// Bytes of request bodies held by requests waiting for admission, bounded by
 /// `server.max_queued_bytes`, and each tenant's (`[auth]`) by
 /// `server.max_queued_bytes_per_tenant`: one tenant's queued prompts cannot take every other
-/// tenant's room.
+/// tenant's room. A body larger than a limit (both may be set below `server.max_body_bytes`,
+/// which bounds every body) passes it while nothing else is held under it: it waits alone
+/// instead of being refused forever.
 #[derive(Debug)]
 pub struct QueuedBytes {
     held: AtomicU64,
@@ -128,7 +133,7 @@ impl QueuedBytes {
         if let (Some(t), Some(map)) = (tenant, tenants.as_mut()) {
             let held = map.get(t).copied().unwrap_or(0);
             let max = self.per_tenant_max.load(Ordering::Acquire);
-            if held.saturating_add(bytes) > max {
+            if held > 0 && held.saturating_add(bytes) > max {
                 return Err(GatewayError::TenantQueuedBytes {
                     tenant: t.to_owned(),
                     held,
@@ -140,7 +145,8 @@ impl QueuedBytes {
         let max = self.max.load(Ordering::Acquire);
         self.held
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                (held.saturating_add(bytes) <= max).then_some(held + bytes)
+                (held == 0 || held.saturating_add(bytes) <= max)
+                    .then_some(held.saturating_add(bytes))
             })
             .map_err(|_| GatewayError::QueuedBytes)?;
         if let (Some(t), Some(map)) = (tenant, tenants.as_mut()) {
@@ -219,10 +225,20 @@ impl AppState {
             metrics,
             request_log,
             config_source: RwLock::new(None),
+            reloading: std::sync::Mutex::new(()),
             paced_piece_tokens: AtomicU32::new(0),
             tenant_requests: Arc::default(),
             tenant_budgets: Arc::new(tenant_budgets),
         }))
+    }
+
+    /// Keeps every reload out while held (each reload holds it from reading its file to its
+    /// swap, so reloads run one at a time, each from the file as it was when its turn came).
+    pub fn reload_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.0
+            .reloading
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Names the file the configuration came from (`serve --config`), which a reload re-reads.
@@ -394,4 +410,38 @@ impl AppState {
 /// A new gateway request id: 32 hex characters, safe as a header value and in URLs.
 pub fn new_request_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both limits hold against requests that find something held; a body larger than a limit
+    /// (set below `server.max_body_bytes`) waits alone, and every byte comes back.
+    #[test]
+    fn queued_bytes_hold_their_limits_and_a_body_larger_than_one_waits_alone() {
+        let q = QueuedBytes::new(1_000, 400);
+        let a = q.hold(Some("a"), 300).unwrap();
+        assert!(matches!(
+            q.hold(Some("a"), 200),
+            Err(GatewayError::TenantQueuedBytes { held: 300, .. })
+        ));
+        let b = q.hold(Some("b"), 400).unwrap();
+        let c = q.hold(None, 300).unwrap();
+        assert!(matches!(q.hold(None, 1), Err(GatewayError::QueuedBytes)));
+        drop((a, b, c));
+        assert_eq!(q.held(), 0);
+        // Larger than the tenant's limit and the limit of all: alone, it waits.
+        let big = q.hold(Some("a"), 5_000).unwrap();
+        assert!(matches!(
+            q.hold(Some("b"), 1),
+            Err(GatewayError::QueuedBytes)
+        ));
+        assert!(matches!(
+            q.hold(Some("a"), 1),
+            Err(GatewayError::TenantQueuedBytes { .. })
+        ));
+        drop(big);
+        assert_eq!((q.held(), q.held_by("a")), (0, 0));
+    }
 }

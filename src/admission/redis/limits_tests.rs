@@ -157,3 +157,73 @@ async fn the_knobs_an_autopilot_publishes_are_what_every_replica_reads_back() {
     );
     a.shutdown().await;
 }
+
+/// A reload that lowers a lane's budget below a waiting request's reservation: the request
+/// leaves its line with `TooLarge`, as it would be refused on arrival, and the one behind it is
+/// admitted once the seat frees. It used to stay at the head of its line, holding up everyone
+/// behind it until its queue timeout (60 s here).
+#[tokio::test]
+async fn a_waiter_a_reload_makes_too_large_leaves_its_line_and_the_line_goes_on() {
+    use crate::admission::{AdmissionError, Ask};
+    use crate::lane::Lane::Small;
+
+    let redis = RedisServer::start();
+    let small = |budget: u32| {
+        Config::from_toml_str(&format!(
+            "[classify]\ntokenizer = \"heuristic\"\nsmall_max_work = {}\n\
+             [lanes.small]\nmax_concurrency = 1\nceiling = 1\nborrow = false\n\
+             max_tokens_in_flight = {budget}\nqueue_timeout_ms = 60000\n\
+             [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\nheartbeat_ms = 100\n",
+            budget.min(1200),
+            redis.url()
+        ))
+        .unwrap()
+    };
+    let metrics = crate::telemetry::Metrics::new();
+    let a = RedisAdmission::from_config(&small(4000), metrics.quota().clone()).unwrap();
+    let seat = a.acquire(Ask::new(Small, 500)).await.unwrap();
+    let wait = |tokens: u32| {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(Ask::new(Small, tokens)).await.map(|g| g.tokens()) })
+    };
+    let waiting = |n: u32| {
+        let a = a.clone();
+        async move {
+            for _ in 0..3_000 {
+                if a.snapshot().lane(Small).queue_depth == n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("never {n} waiting");
+        }
+    };
+    let too_large = wait(1000);
+    waiting(1).await;
+    let behind = wait(300);
+    waiting(2).await;
+
+    a.set_limits(&small(600), false);
+    let refused = tokio::time::timeout(Duration::from_secs(30), too_large)
+        .await
+        .expect("it left its line long before its queue timeout")
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            AdmissionError::TooLarge {
+                lane: Small,
+                tokens: 1000,
+                limit: 600
+            }
+        ),
+        "{refused}"
+    );
+    drop(seat);
+    let admitted = tokio::time::timeout(Duration::from_secs(30), behind)
+        .await
+        .expect("the one behind is admitted once the seat frees");
+    assert_eq!(admitted.unwrap().unwrap(), 300);
+    a.shutdown().await;
+}

@@ -524,6 +524,11 @@ impl RedisAdmission {
             let mut yielded: Option<Duration> = None;
             let mut yielded_once = false;
             loop {
+                // A reload may have lowered its lane's budget below its reservation: refused
+                // as it would be on arrival, instead of blocking the line until its timeout.
+                if let Err(too_large) = self.rules().limits.admissible(lane, tokens) {
+                    return Ok(Err(too_large));
+                }
                 let yielding = yielded.is_none_or(|y| y < service::YIELD_AT_MOST) && yields();
                 if yielding && !yielded_once {
                     yielded_once = true;
