@@ -78,6 +78,43 @@ async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes()
     h.shutdown().await;
 }
 
+/// A medium request whose client sent no max tokens is reserved its prompt and
+/// `default_output_tokens` (512), yet may produce up to medium's limit (2,048) there: once its
+/// output passes what it reserved, its reservation grows in medium to its prompt plus the
+/// limit, so the lane's budget counts what the engine holds for it. It used to stay at the
+/// admitted reservation until the limit (1,536 tokens a request uncounted).
+#[tokio::test]
+async fn a_medium_answer_past_its_reserved_output_grows_its_reservation_in_medium() {
+    let h = harness(&flags("--speed 2 --profile tiny-test"), |_| {}).await;
+    let body = json!({"messages": [{"role": "user", "content": words(1_800, "review")}],
+                      "ignore_eos": true, "stream": true});
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+    let mut stream = Streamed::new(resp);
+    let read = |n: usize| {
+        move |text: &str| words_in(&sse(text.rsplit_once("\n\n").map_or("", |(a, _)| a))) >= n
+    };
+    stream.until(read(1)).await;
+    assert_eq!(h.in_flight(Lane::Medium), 1, "a medium request");
+    let reserved = || {
+        h.gw.state
+            .admission()
+            .snapshot()
+            .lane(Lane::Medium)
+            .reserved_tokens
+    };
+    let admitted = reserved();
+    stream.until(read(1_000)).await;
+    eventually(
+        "its reservation covers the output past its 512 reserved",
+        || reserved() >= admitted - 512 + 1_000,
+    )
+    .await;
+    assert_eq!(h.in_flight(Lane::Medium), 1, "still in medium");
+    drop(stream);
+    eventually("every counter back to zero", || h.idle()).await;
+    h.shutdown().await;
+}
+
 /// A request promoted to medium that holds the only medium slot for a while (drained in the
 /// background so it keeps flowing).
 async fn fill_medium(h: &Harness) -> tokio::task::JoinHandle<String> {

@@ -6,9 +6,11 @@
 //!   earlier output moves its next request to the first lane whose mid-stream limit is above it
 //!   ([`LaneRules::for_continuation`]);
 //! - the **mid-stream rules**: a request whose counted output passes its lane's
-//!   `mid_stream_limit` moves to the next lane, growing its reservation to that lane's work bound
-//!   ([`LaneRules::outgrown`], [`LaneRules::next`], [`LaneRules::reservation`]); when the next
-//!   lane has no room it is cut (or, with `when_full = "wait"`, paused up to `wait_ms` first).
+//!   `mid_stream_limit`, or whose prompt and output pass the lane's work bound, moves to the
+//!   next lane, growing its reservation to that lane's work bound; before that, one whose
+//!   output passes what it reserved grows its reservation in its lane to what it may hold
+//!   there ([`LaneRules::bound_move`]); when the lane has no room for it it is cut (or, with
+//!   `when_full = "wait"`, paused up to `wait_ms` first).
 //!
 //! The classifier applies the first choice, the pipeline the continuation choice, the relay the
 //! mid-stream rules; all three read them from here.
@@ -96,6 +98,34 @@ impl LaneRules {
         self.limit(lane).is_some_and(|l| produced > l) && Self::next(lane).is_some()
     }
 
+    /// What a request must do mid-stream so that its reservation covers what it holds in the
+    /// engine: in `lane`, with `input` estimated prompt tokens, `produced` output tokens so far
+    /// and `reserved` tokens reserved. `None`: nothing (covered; or a lane it cannot outgrow,
+    /// whose output the engine caps at what was reserved, [`LaneRules::output_cap`]). Else the
+    /// lane and the reservation to move to:
+    /// - the next lane and its work bound, once the output passed `lane`'s mid-stream limit or
+    ///   prompt and output passed `lane`'s work bound;
+    /// - `lane` itself with the most the request may hold there (its prompt plus the lane's
+    ///   limit, at most the work bound), once prompt and output passed what it reserved (a
+    ///   client that sent no max tokens is reserved `default_output_tokens`, which may be less
+    ///   than the limit).
+    pub fn bound_move(
+        &self,
+        lane: Lane,
+        input: u32,
+        produced: u32,
+        reserved: u32,
+    ) -> Option<(Lane, u32)> {
+        let next = Self::next(lane)?;
+        let limit = self.limit(lane)?;
+        let holds = input.saturating_add(produced);
+        let bound = self.bounds[lane.index()];
+        if produced > limit || holds > bound {
+            return Some((next, self.bounds[next.index()]));
+        }
+        (holds > reserved).then(|| (lane, input.saturating_add(limit).min(bound).max(reserved)))
+    }
+
     /// The output limit to send vLLM for a request the client gave none, placed in `lane` with
     /// `input` tokens and `output_budget` reserved, so that its reservation always covers what
     /// the engine may generate:
@@ -160,6 +190,37 @@ mod tests {
         assert!(!p.outgrown(Lane::Large, 100_000));
         assert_eq!(p.reservation(Lane::Medium), 5000);
         assert_eq!(p.reservation(Lane::Large), 16384);
+    }
+
+    /// A medium request without max tokens, reserved its prompt and `default_output_tokens`
+    /// (512), may produce up to medium's limit (2,048) in medium: past 512 its reservation grows
+    /// to what it may hold there, its prompt and the limit (at most medium's work bound); past
+    /// the limit, or past the work bound, it moves to large with large's bound.
+    #[test]
+    fn a_reservation_grows_in_its_lane_before_the_request_outgrows_it() {
+        let p = LaneRules::from_config(&Config::default());
+        let (input, reserved) = (2_000, 2_000 + 512);
+        assert_eq!(p.bound_move(Lane::Medium, input, 512, reserved), None);
+        assert_eq!(
+            p.bound_move(Lane::Medium, input, 513, reserved),
+            Some((Lane::Medium, 2_000 + 2_048))
+        );
+        assert_eq!(p.bound_move(Lane::Medium, input, 2_048, 4_048), None);
+        assert_eq!(
+            p.bound_move(Lane::Medium, input, 2_049, 4_048),
+            Some((Lane::Large, 16_384))
+        );
+        // A long prompt reaches medium's work bound (5,000) before the limit.
+        assert_eq!(
+            p.bound_move(Lane::Medium, 4_000, 600, 4_512),
+            Some((Lane::Medium, 5_000))
+        );
+        assert_eq!(
+            p.bound_move(Lane::Medium, 4_000, 1_001, 5_000),
+            Some((Lane::Large, 16_384))
+        );
+        // Large cannot be outgrown: the engine caps it at what it reserved.
+        assert_eq!(p.bound_move(Lane::Large, 9_000, 7_000, 9_512), None);
     }
 
     #[test]

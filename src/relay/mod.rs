@@ -392,21 +392,25 @@ impl Relay {
         err
     }
 
-    /// Moves the request to the next lane while its output has outgrown the current one;
-    /// `false` when it must be cut (the next lane stayed full).
+    /// Keeps the request's reservation covering what it holds in the engine
+    /// ([`LaneRules::bound_move`]): grows it in its lane when its output passed what was
+    /// reserved, and moves it to the next lane while it has outgrown the current one; `false`
+    /// when it must be cut (the lane it needs stayed full).
     async fn keep_in_bounds(&mut self) -> bool {
         let rules = self.ctx.rules;
-        while rules.outgrown(self.class.lane, self.produced()) {
+        loop {
             let from = self.class.lane;
-            let Some(to) = LaneRules::next(from) else {
+            let produced = self.produced();
+            let input = self.class.input_tokens_estimate;
+            let Some(guard) = self.guard.as_mut() else {
                 return true;
             };
-            let Some(guard) = self.guard.as_mut() else {
+            let Some((to, tokens)) = rules.bound_move(from, input, produced, guard.tokens()) else {
                 return true;
             };
             let deadline = Instant::now() + rules.wait;
             loop {
-                if guard.promote(to, rules.reservation(to)).await {
+                if guard.promote(to, tokens).await {
                     break;
                 }
                 if rules.when_full == WhenFull::Cut || Instant::now() >= deadline {
@@ -415,12 +419,15 @@ impl Relay {
                 // Paused: vLLM keeps generating into the connection's buffers meanwhile.
                 tokio::time::sleep(std::time::Duration::from_millis(25)).await;
             }
-            tracing::info!(request_id = %self.request_id(), %from, %to, tokens = self.produced(), "promoted mid-stream");
+            if to == from {
+                tracing::info!(request_id = %self.request_id(), lane = %from, reserved = tokens, tokens = produced, "reservation grown mid-stream");
+                continue;
+            }
+            tracing::info!(request_id = %self.request_id(), %from, %to, tokens = produced, "promoted mid-stream");
             self.ctx.metrics.promotion().promoted(from, to);
             self.class.lane = to;
             self.record.promoted(from, to);
         }
-        true
     }
 
     /// Cuts the stream at its lane's limit: aborts the engine's work and ends the record.
