@@ -10,6 +10,9 @@
 //!   done with them; after [`ClientTx::cut`] it ends with an error instead, so the server
 //!   closes the connection (HTTP/1) or resets the stream (HTTP/2) when it next writes.
 //! - Dropping the body (the client went away) resolves [`ClientTx::closed`] at once.
+//! - Once the pump is done ([`ClientTx::finish`]: the engine's stream ended), the client still
+//!   takes what is buffered at its own pace, under the same rule: nothing taken for
+//!   `server.client_write_timeout` while bytes wait, and it is cut.
 //! - A cut body that is still not dropped `server.client_write_timeout` after the cut closes
 //!   the client's connection ([`ConnectionCloser`]). The server takes the body's error only when
 //!   it next writes, which a client that keeps its window closed never lets happen: an HTTP/2
@@ -187,6 +190,56 @@ impl ClientTx {
             }
             watch.as_mut().await;
         }
+    }
+
+    /// The pump is done: the body ends after the frames buffered now. While some wait, the
+    /// client must go on taking them: nothing taken for the write timeout, and the stream is
+    /// cut as [`ClientTx::cut`] does (`on_cut` is called then). Without this, an HTTP/2 client
+    /// that keeps its stream's window shut held the stream, its body's bytes and its
+    /// `server.max_requests_in_flight` permit for as long as it kept the connection open,
+    /// once the engine had finished before the write timeout.
+    pub(super) fn finish(self, on_cut: impl FnOnce() + Send + 'static) {
+        if self.shared.buffered.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let Self {
+            tx,
+            shared,
+            limits,
+            waiting_since,
+            connection,
+        } = self;
+        // The body ends once it took the last frame.
+        drop(tx);
+        tokio::spawn(async move {
+            loop {
+                // Taken whole, or the body dropped (only this task holds the state then).
+                if shared.buffered.load(Ordering::Acquire) == 0 || Arc::strong_count(&shared) == 1 {
+                    return;
+                }
+                let since = shared
+                    .taken_at()
+                    .map_or(waiting_since, |t| t.max(waiting_since));
+                let deadline = since + limits.write_timeout;
+                if Instant::now() < deadline {
+                    tokio::time::sleep_until(deadline).await;
+                    continue;
+                }
+                on_cut();
+                shared.cut.store(true, Ordering::Release);
+                tokio::time::sleep(limits.write_timeout).await;
+                if Arc::strong_count(&shared) > 1 {
+                    if let Some(connection) = connection {
+                        tracing::info!(
+                            "closing a client connection: a finished stream's bytes were not \
+                             taken, nor the stream taken down, within the write timeout"
+                        );
+                        connection.close();
+                    }
+                }
+                return;
+            }
+        });
     }
 
     /// Ends the client's stream with an error: what is still buffered is not sent. If the body

@@ -6,7 +6,8 @@
 //! lane guard and the upstream stream. It ends
 //!
 //! - at the stream's end, after the last bytes went in the buffer (the seat and tokens were
-//!   given back at the finish reason; the client reads the rest at its own pace);
+//!   given back at the finish reason; the client reads the rest at its own pace, taking some
+//!   at least every `server.client_write_timeout`, or it is cut: [`ClientTx::finish`]);
 //! - when the client goes away (the response body dropped): at once, as before; dropping the
 //!   relay aborts the engine's work and records `cancelled`;
 //! - when the client is too slow ([`GatewayError::ClientTooSlow`]): more than
@@ -72,6 +73,8 @@ async fn pump(mut relay: Relay, mut client: ClientTx) {
             next = relay.next_bytes() => next,
         };
         let Some(frame) = next else {
+            let metrics = relay.ctx.metrics.relay().clone();
+            client.finish(move || metrics.too_slow(TooSlow::WriteTimeout));
             return;
         };
         if client.send(frame).is_err() {

@@ -320,3 +320,49 @@ async fn an_http2_stream_whose_window_stays_shut_gives_back_its_request_permit()
     drop(unread);
     h.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_whose_window_stays_shut_after_the_engine_finished_gives_back_its_permit() {
+    // As above, but the answer is short: the engine finishes before the write timeout, so the
+    // stream is never cut while it generates. Its bytes wait in the buffer for a client that
+    // never takes them; it used to hold its permit (and up to server.client_buffer_bytes) as
+    // long as the client kept the connection open. Past the write timeout it is cut too.
+    let h = large_chunks("2", |c| {
+        c.server.client_write_timeout = Duration::from_millis(1_000);
+    })
+    .await;
+    let tcp = TcpStream::connect(h.gw.addr).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(300)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", h.gw.addr))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (resp, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from(review(20).to_string()), true)
+        .unwrap();
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let unread = resp.into_body();
+    within(60, "its seat and tokens are back", || h.idle()).await;
+    within(60, "the connection is closed", || conn.is_finished()).await;
+    within(60, "the request's permit is back", || {
+        h.gw.state.metrics().requests_in_flight().get() == 0
+    })
+    .await;
+    let m = h.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_client_too_slow_total{reason=\"write_timeout\"}"
+        ),
+        1.0
+    );
+    drop(unread);
+    h.shutdown().await;
+}
