@@ -391,3 +391,77 @@ async fn during_the_drain_announce_readyz_says_draining_and_new_requests_are_sti
     assert!(status.success(), "exit {status:?}:\n{}", gw.log());
     sim.shutdown().await;
 }
+
+/// A client following a job's events holds no seat and must not hold the shutdown either. At
+/// SIGTERM, with jobs kept in Redis (`redis` given), its stream ends with an `error` event
+/// `shutdown` (no `id:`, so an `EventSource` reconnects with its last piece, to a replica still
+/// serving the job); with jobs kept in process, the queued jobs are cancelled as the running
+/// ones are, and each stream ends with that final status. Either way the process exits without
+/// waiting out the grace period for them. A queued job's follower (and, in Redis, a running
+/// one's: its job is handed back to the queue) used to hold the whole grace (60 s here), then
+/// have its connection cut without a word.
+async fn sigterm_ends_job_followers_without_waiting_out_the_grace(redis: Option<&RedisServer>) {
+    let sim = sim().await;
+    let quota = redis.map_or(String::new(), |r| {
+        format!(
+            "[quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
+            r.url()
+        )
+    });
+    let mut gw = start(&format!(
+        "[server]\nshutdown_grace_ms = 60000\n\
+         [telemetry]\nrequest_log = \"off\"\n\
+         [classify]\ntokenizer = \"heuristic\"\n\
+         [jobs]\nmax_running = 1\n{quota}\
+         [upstream]\nbase_url = \"{}\"\n",
+        sim.url()
+    ))
+    .await;
+    let submit = |salt: &str| {
+        let body = json!({"prompt": format!("review my repository {salt}"),
+                          "max_output_tokens": 4000});
+        let url = format!("{}/jobs", gw.url);
+        async move {
+            let resp = send(client().post(url).json(&body)).await;
+            assert_eq!(resp.status(), 202);
+            read_json(resp).await["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let running = submit("one").await;
+    let queued = submit("two").await;
+    let follow = |id: &str| client().get(format!("{}/jobs/{id}/events", gw.url));
+    let following_running = Stream::open(follow(&running), "event: token").await;
+    let following_queued = Stream::open(follow(&queued), "\"queued\"").await;
+
+    gw.sigterm();
+    for stream in [following_running, following_queued] {
+        let body = stream.rest().await;
+        let tail = &body[body.rfind("event: ").unwrap()..];
+        let (name, data) = sse(tail).pop().unwrap();
+        if redis.is_some() {
+            assert_eq!(name, "error", "{tail}");
+            assert_eq!(json(&data)["code"], "shutdown", "{data}");
+            assert!(!body.contains("id: end"), "{body}");
+        } else {
+            assert_eq!(name, "status", "{tail}");
+            assert_eq!(json(&data)["status"], "cancelled", "{data}");
+            assert!(body.contains("id: end"), "{body}");
+        }
+    }
+    let status = tokio::time::timeout(Duration::from_secs(30), gw.exited())
+        .await
+        .expect("the process exits without waiting out the 60 s grace for the followers");
+    assert!(status.success(), "exit {status:?}:\n{}", gw.log());
+    sim.shutdown().await;
+}
+
+#[tokio::test]
+async fn sigterm_cancels_jobs_kept_in_process_and_their_followers_get_the_final_status() {
+    sigterm_ends_job_followers_without_waiting_out_the_grace(None).await;
+}
+
+#[tokio::test]
+async fn sigterm_ends_followers_of_jobs_kept_in_redis_with_shutdown() {
+    let redis = RedisServer::start();
+    sigterm_ends_job_followers_without_waiting_out_the_grace(Some(&redis)).await;
+}

@@ -10,12 +10,15 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
+use futures::stream::{BoxStream, StreamExt};
+use std::convert::Infallible;
 
 use crate::error::GatewayError;
 use crate::jobs::Jobs;
 use crate::pipeline::parse::body_bytes;
 use crate::pipeline::respond::sse_response;
 use crate::pipeline::Tenant;
+use crate::relay::Drain;
 
 /// `POST /jobs`: 202 with `{"id","status","status_url","events_url"}`.
 pub async fn submit(
@@ -58,6 +61,33 @@ pub async fn cancel(
     }
 }
 
+/// The event that ends the event stream of a job kept in Redis when the gateway starts shutting
+/// down. No `id:`, so an `EventSource` reconnects (after `retry:`) with the last piece it got,
+/// to a replica still serving; the job itself goes on.
+const SHUTDOWN_EVENT: &[u8] = b"retry: 1000\nevent: error\ndata: {\"code\":\"shutdown\",\"message\":\"this gateway is shutting down; reconnect to follow the job (Last-Event-ID resumes after the last piece received)\"}\n\n";
+
+/// `stream` until the gateway whose handler runs this starts shutting down, then
+/// [`SHUTDOWN_EVENT`] and the end. A follower holds no seat; it must not hold the shutdown's
+/// grace period either (the grace is for answers still being generated), nor end in a cut
+/// connection without a word.
+fn until_shutdown(
+    stream: BoxStream<'static, Result<Bytes, Infallible>>,
+) -> BoxStream<'static, Result<Bytes, Infallible>> {
+    let Some(drain) = Drain::current() else {
+        return stream;
+    };
+    let ending = Box::pin(drain.draining_owned());
+    futures::stream::unfold(Some((stream, ending)), |state| async move {
+        let (mut stream, mut ending) = state?;
+        tokio::select! {
+            biased;
+            () = &mut ending => Some((Ok(Bytes::from_static(SHUTDOWN_EVENT)), None)),
+            item = stream.next() => item.map(|item| (item, Some((stream, ending)))),
+        }
+    })
+    .boxed()
+}
+
 /// `GET /jobs/{id}/events`, honouring `Last-Event-ID` (204 after the last event).
 pub async fn events(
     State(jobs): State<Jobs>,
@@ -77,6 +107,11 @@ pub async fn events(
         }
     };
     match jobs.events(&id, tenant.as_ref().map(|t| &t.0), last).await {
+        // A job kept in this process ends with it (cancelled at shutdown: the stream says so
+        // itself); one kept in Redis goes on elsewhere.
+        Ok(Some(stream)) if jobs.shared() => {
+            sse_response(Body::from_stream(until_shutdown(stream)))
+        }
         Ok(Some(stream)) => sse_response(Body::from_stream(stream)),
         Ok(None) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => e.into_response(),

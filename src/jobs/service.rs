@@ -45,6 +45,8 @@ struct Inner {
     /// queued review), so without a bound one client's streams could fill
     /// `server.max_requests_in_flight` and lock every other client out.
     streams: Arc<TenantSlots>,
+    /// Whether jobs are kept in the quota's Redis (they outlive this replica).
+    shared: bool,
 }
 
 impl Jobs {
@@ -62,9 +64,9 @@ impl Jobs {
             wake: Notify::new(),
             resuming: std::sync::atomic::AtomicUsize::new(0),
         });
-        let backend: Arc<dyn JobBackend> = match RedisJobs::start(&ctx) {
-            Some(redis) => Arc::new(redis),
-            None => Arc::new(LocalJobs::start(&ctx)),
+        let (backend, shared): (Arc<dyn JobBackend>, bool) = match RedisJobs::start(&ctx) {
+            Some(redis) => (Arc::new(redis), true),
+            None => (Arc::new(LocalJobs::start(&ctx)), false),
         };
         if ctx.config.enabled {
             tokio::spawn(runner::schedule(ctx.clone(), backend.clone()));
@@ -73,7 +75,14 @@ impl Jobs {
             ctx,
             backend,
             streams: Arc::default(),
+            shared,
         }))
+    }
+
+    /// Whether jobs are kept in the quota's Redis, where they outlive this replica (else in
+    /// this process: they end with it).
+    pub fn shared(&self) -> bool {
+        self.0.shared
     }
 
     /// The gateway's state (for the routes served beside the jobs).

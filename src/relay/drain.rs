@@ -57,6 +57,12 @@ impl Drain {
         self.end.is_cancelled()
     }
 
+    /// Resolves when the shutdown starts (owned: for a response body that outlives its
+    /// handler).
+    pub fn draining_owned(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.draining.clone().cancelled_owned()
+    }
+
     /// Resolves when open streams must end.
     pub fn ending(&self) -> WaitForCancellationFuture<'_> {
         self.end.cancelled()

@@ -41,6 +41,7 @@ impl LocalJobs {
         if ctx.config.enabled {
             tokio::spawn(sweep(jobs.clone()));
             tokio::spawn(wake_on_freed(ctx.clone()));
+            tokio::spawn(cancel_queued_at_stop(jobs.clone()));
         }
         jobs
     }
@@ -376,6 +377,20 @@ async fn deliver(ctx: Arc<Context>, entry: Arc<Entry>) {
         async {}
     })
     .await;
+}
+
+/// When the gateway stops, ends every queued job as cancelled, as the running ones are (a job
+/// kept in process has nowhere to go): their followers get the final status at once, instead
+/// of waiting for a job that will never run until the connection is cut.
+async fn cancel_queued_at_stop(jobs: LocalJobs) {
+    jobs.ctx.stop.cancelled().await;
+    let queued = jobs.store().take_queued();
+    for entry in queued {
+        // Its classified request goes (the session reservation with it) outside the lock.
+        let work = entry.lock().work.take();
+        drop(work);
+        jobs.end(&entry, Ended::Cancelled);
+    }
 }
 
 /// Wakes the scheduler whenever admission says capacity may have come back (a guard dropped, a

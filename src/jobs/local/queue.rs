@@ -87,6 +87,11 @@ impl Store {
         }
     }
 
+    /// Takes every queued job out of the queue (the gateway stops: they will never run).
+    pub fn take_queued(&mut self) -> Vec<Arc<Entry>> {
+        self.queue.drain(..).map(|(_, e)| e).collect()
+    }
+
     /// Forgets `id` (its bytes were given back when it expired).
     pub fn forget(&mut self, id: &str) -> Option<Arc<Entry>> {
         self.unqueue(id);
