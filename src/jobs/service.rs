@@ -183,14 +183,14 @@ impl Jobs {
 
     /// `GET /jobs/{id}`.
     pub async fn status(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
-        self.0.backend.status(id, tenant).await
+        self.0.backend.status(job_id(id)?, tenant).await
     }
 
     /// `DELETE /jobs/{id}`: a queued job ends at once; a running one when its stream has been
     /// dropped and the engine abort sent (waited for, briefly). Cancelling twice is fine; a job
     /// that already ended otherwise is a 409.
     pub async fn cancel(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
-        self.0.backend.cancel(id, tenant).await
+        self.0.backend.cancel(job_id(id)?, tenant).await
     }
 
     /// `GET /jobs/{id}/events`, resuming after piece `last_event_id` when given; `None` when
@@ -202,6 +202,7 @@ impl Jobs {
         last_event_id: Option<&str>,
     ) -> Result<Option<BoxStream<'static, Result<Bytes, std::convert::Infallible>>>, GatewayError>
     {
+        let id = job_id(id)?;
         let from = match last_event_id.map(str::trim) {
             None | Some("") => (1, 0),
             // Reconnecting after the last event: nothing more will come.
@@ -265,6 +266,18 @@ where
 }
 
 /// The answer to an accepted job: its id and URLs.
+/// `id` if it has a job id's shape (a request id: 32 lowercase hex digits), else "not found":
+/// nothing else is ever a job, and a path such as `<id>:text` must not reach the store's keys
+/// (in Redis it named the job's text list: a wrong-type error read as "store unreachable").
+fn job_id(id: &str) -> Result<&str, GatewayError> {
+    let shaped = id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if shaped {
+        Ok(id)
+    } else {
+        Err(GatewayError::JobNotFound)
+    }
+}
+
 fn accepted(id: &str) -> Value {
     json!({
         "id": id,

@@ -53,11 +53,23 @@ pub async fn a_job_is_submitted_runs_and_its_answer_is_readable(backend: Backend
         1.0,
     )
     .await;
-    // An unknown id is a 404 in the gateway's error shape.
+    // An unknown id is a 404 in the gateway's error shape; so is a path that names a key of a
+    // real job's in the store (in Redis its text list: it was a 503 "store unreachable").
     assert_eq!(
         error_code(client().get(h.url("/jobs/nope")).send().await.unwrap()).await,
         (404, "job_not_found".into())
     );
+    let text_key = format!("/jobs/{id}:text");
+    for req in [
+        client().get(h.url(&text_key)),
+        client().delete(h.url(&text_key)),
+        client().get(h.url(&format!("{text_key}/events"))),
+    ] {
+        assert_eq!(
+            error_code(req.send().await.unwrap()).await,
+            (404, "job_not_found".into())
+        );
+    }
     h.shutdown().await;
 }
 
