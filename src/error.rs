@@ -117,7 +117,8 @@ pub enum GatewayError {
     /// `jobs.max_bytes_per_tenant` bytes) already: its own limit, whatever other tenants hold.
     #[error(
         "tenant {tenant} keeps {held} {what} of job store, its limit jobs.max_{what}_per_tenant \
-         is {limit}; retry when its results expire, or cancel a queued job"
+         is {limit}; retry when its results expire (jobs.result_ttl_ms after they ended; a \
+         cancelled job counts until then too)"
     )]
     TenantJobsFull {
         /// The tenant.

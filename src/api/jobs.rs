@@ -16,7 +16,7 @@ use std::convert::Infallible;
 use crate::error::GatewayError;
 use crate::jobs::Jobs;
 use crate::pipeline::parse::body_bytes;
-use crate::pipeline::respond::sse_response;
+use crate::pipeline::respond::{answer_refused, sse_response, with_id};
 use crate::pipeline::Tenant;
 use crate::relay::Drain;
 
@@ -31,9 +31,16 @@ pub async fn submit(
         Ok(b) => b,
         Err(e) => return e.into_response(),
     };
-    match jobs.submit(&headers, body, tenant.map(|t| t.0)).await {
+    // As `/answer`'s: the output limit is named `max_output_tokens`, and `x-request-id` is
+    // the request's (the job's id, in its log line and spans).
+    let (id, submitted) = jobs.submit(&headers, body, tenant.map(|t| t.0)).await;
+    let resp = match submitted {
         Ok(v) => (StatusCode::ACCEPTED, axum::Json(v)).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => answer_refused(e, &headers),
+    };
+    match id {
+        Some(id) => with_id(resp, &id),
+        None => resp,
     }
 }
 

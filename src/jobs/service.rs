@@ -101,15 +101,35 @@ impl Jobs {
         headers: &HeaderMap,
         body: Bytes,
         tenant: Option<Tenant>,
-    ) -> Result<Value, GatewayError> {
+    ) -> (Option<String>, Result<Value, GatewayError>) {
         let inner = &self.0;
         if !inner.ctx.config.enabled {
-            return Err(GatewayError::JobsUnavailable(
-                "jobs are switched off here (jobs.enabled = false)",
-            ));
+            return (
+                None,
+                Err(GatewayError::JobsUnavailable(
+                    "jobs are switched off here (jobs.enabled = false)",
+                )),
+            );
         }
         let ctx = RequestCtx::snapshot(&inner.ctx.state);
-        let mut record = ctx.record(Route::Job);
+        let record = ctx.record(Route::Job);
+        let id = record.request_id().to_owned();
+        (
+            Some(id),
+            self.submit_as(&ctx, record, headers, body, tenant).await,
+        )
+    }
+
+    /// [`Jobs::submit`], recorded in `record` (whose id the job takes).
+    async fn submit_as(
+        &self,
+        ctx: &RequestCtx,
+        mut record: RequestRecord,
+        headers: &HeaderMap,
+        body: Bytes,
+        tenant: Option<Tenant>,
+    ) -> Result<Value, GatewayError> {
+        let inner = &self.0;
         link_trace(&mut record, headers);
         let checked = async {
             let mut value = parse::json_body(&body)?;
@@ -125,7 +145,7 @@ impl Jobs {
                 size: body.len(),
                 background: true,
                 tenant,
-                ..prompt::answer_request(&ctx, req).await?
+                ..prompt::answer_request(ctx, req).await?
             };
             Ok::<_, GatewayError>((prepared, notify))
         }
@@ -134,7 +154,7 @@ impl Jobs {
             Ok(c) => c,
             Err(e) => return Err(pipeline::refused(record, e)),
         };
-        let ready = match pipeline::classify(&ctx, prepared, &mut record).await {
+        let ready = match pipeline::classify(ctx, prepared, &mut record).await {
             Ok(r) => r,
             Err(e) => return Err(pipeline::refused(record, e)),
         };

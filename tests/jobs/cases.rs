@@ -84,11 +84,17 @@ pub async fn bad_jobs_get_the_same_errors_as_answer_and_nothing_is_queued(backen
             json!("notify"),
         ),
         (json!({"prompt": "x", "stream": true}), Value::Null),
+        // Named as /answer names it.
+        (
+            json!({"prompt": "x", "max_output_tokens": 100_000_000}),
+            json!("max_output_tokens"),
+        ),
     ] {
         let (status, v) = submit(&base, &body).await;
         assert_eq!(status, 400, "{body} -> {v}");
         assert_eq!(v["error"]["param"], param, "{v}");
     }
+
     let resp = client()
         .post(h.url("/jobs"))
         .body("{")
@@ -98,6 +104,26 @@ pub async fn bad_jobs_get_the_same_errors_as_answer_and_nothing_is_queued(backen
     assert_eq!(resp.status(), 400);
     let m = h.metrics_text().await;
     assert_eq!(family_total(&m, "tutor_gateway_jobs"), 0.0);
+    // A refusal's and an acceptance's x-request-id is the request's own: the job's id.
+    let resp = client()
+        .post(h.url("/jobs"))
+        .json(&json!({"prompt": "x", "max_output_tokens": 100_000_000}))
+        .send()
+        .await
+        .unwrap();
+    let refused_id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let resp = client()
+        .post(h.url("/jobs"))
+        .json(&question(3))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    let accepted_id = resp.headers()["x-request-id"].to_str().unwrap().to_owned();
+    let job = json(&resp.text().await.unwrap());
+    assert_eq!(job["id"], accepted_id.as_str());
+    assert_ne!(refused_id, accepted_id);
+    done(&base, &accepted_id).await;
     h.shutdown().await;
 }
 
