@@ -90,11 +90,21 @@ struct PublicOnly;
 
 impl reqwest::dns::Resolve for PublicOnly {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let host = name.as_str().to_owned();
+        let host = name.as_str().to_ascii_lowercase();
+        // `localhost` names this machine whatever DNS says (RFC 6761): written in
+        // `jobs.webhook_allow` (the only `http://` host allowed, for a sidecar) it is an
+        // explicit choice, as an IP literal is, and it reaches loopback only.
+        let local = host == "localhost" || host.ends_with(".localhost");
         Box::pin(async move {
             let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
                 .await?
-                .filter(|a| public(a.ip()))
+                .filter(|a| {
+                    if local {
+                        a.ip().is_loopback()
+                    } else {
+                        public(a.ip())
+                    }
+                })
                 .collect();
             if addrs.is_empty() {
                 return Err(
@@ -115,12 +125,16 @@ fn public(ip: IpAddr) -> bool {
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => v4,
             None => {
-                let first = v6.segments()[0];
+                let [first, second, ..] = v6.segments();
+                // NAT64 (64:ff9b::/96, 64:ff9b:1::/48) and 6to4 (2002::/16) carry an IPv4
+                // address (a DNS64 network maps the metadata service into them): not public.
                 return !(v6.is_loopback()
                     || v6.is_unspecified()
                     || v6.is_multicast()
                     || (first & 0xfe00) == 0xfc00
-                    || (first & 0xffc0) == 0xfe80);
+                    || (first & 0xffc0) == 0xfe80
+                    || (first == 0x64 && (second == 0xff9b))
+                    || first == 0x2002);
             }
         },
     };
@@ -133,7 +147,10 @@ fn public(ip: IpAddr) -> bool {
         || v4.is_documentation()
         || v4.is_multicast()
         || a == 0
-        || (a == 100 && (64..128).contains(&b)))
+        || (a == 100 && (64..128).contains(&b))
+        // Benchmarking (198.18/15) and reserved (240/4).
+        || (a == 198 && (b & 0xfe) == 18)
+        || a >= 240)
 }
 
 /// `t=<t>,v1=<hex HMAC-SHA256 of "<t>.<body>">`.
@@ -156,7 +173,8 @@ where
     };
     let metrics = ctx.metrics();
     let mut webhook = Webhook::default();
-    let mut backoff = config.webhook_backoff;
+    let mut backoff = config.webhook_backoff.min(BACKOFF_MAX);
+    let started = tokio::time::Instant::now();
     for attempt in 1..=config.webhook_attempts {
         let at = SystemTime::now();
         let t = at
@@ -181,7 +199,12 @@ where
             Err(_) => (None, Some("connect")),
         };
         let delivered = status.is_some_and(|s| (200..300).contains(&s));
-        let last = attempt == config.webhook_attempts;
+        let wait = jittered(backoff);
+        backoff = backoff.saturating_mul(2).min(BACKOFF_MAX);
+        // No attempt after the job's result expires: its status no longer lists them, and the
+        // body would be held past the store's bounds.
+        let last = attempt == config.webhook_attempts
+            || started.elapsed().saturating_add(wait) > config.result_ttl;
         webhook.attempts.push(Attempt {
             at: unix(at),
             status,
@@ -201,14 +224,15 @@ where
         if delivered || last {
             return;
         }
-        let wait = jittered(backoff);
-        backoff = backoff.saturating_mul(2);
         tokio::select! {
             _ = ctx.stop.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
         }
     }
 }
+
+/// The longest wait between two attempts of a webhook (the doubling stops there).
+pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 /// A delay drawn between half of `d` and `d`.
 fn jittered(d: Duration) -> Duration {
@@ -234,10 +258,21 @@ mod tests {
             "fe80::1",
             "fd00::1",
             "::ffff:127.0.0.1",
+            // The metadata service through NAT64 and 6to4; benchmarking and reserved space.
+            "64:ff9b::a9fe:a9fe",
+            "2002:a9fe:a9fe::1",
+            "198.18.0.1",
+            "198.19.255.1",
+            "240.0.0.1",
         ] {
             assert!(!public(private.parse().unwrap()), "{private}");
         }
-        for open in ["93.184.216.34", "2606:2800:220:1::1", "8.8.8.8"] {
+        for open in [
+            "93.184.216.34",
+            "2606:2800:220:1::1",
+            "8.8.8.8",
+            "198.20.0.1",
+        ] {
             assert!(public(open.parse().unwrap()), "{open}");
         }
     }

@@ -422,6 +422,7 @@ macro_rules! backend_cases {
             a_large_answer_that_waits_too_long_becomes_a_job,
             a_review_predicted_to_wait_too_long_becomes_a_job_on_arrival,
             an_unreachable_webhook_is_given_up_after_its_attempts,
+            a_webhook_is_not_retried_past_its_jobs_result,
             a_job_whose_engine_is_unreachable_fails_with_the_reason_and_gives_everything_back,
             jobs_are_refused_clearly_where_they_are_switched_off,
             jobs_max_running_keeps_large_seats_for_interactive_reviews,
