@@ -255,7 +255,7 @@ pub async fn a_finished_job_is_posted_to_its_webhook_signed(backend: Backend) {
     let h = start(backend, FAST, |c| {
         allow(c, &r);
         c.jobs.webhook_allow =
-            vec![WebhookPattern::parse(&format!("{}/hooks/*", local(&r.origin()))).unwrap()];
+            vec![WebhookPattern::parse(&format!("{}/hooks/*", local(r.origin()))).unwrap()];
         assert!(!c.jobs.webhook_allow_private);
     })
     .await;
