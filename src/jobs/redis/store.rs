@@ -241,31 +241,47 @@ impl RedisStore {
         }
     }
 
-    /// Job `id`'s record, its queue position and its pieces, if `tenant` may see it.
+    /// Job `id`'s record, its queue position and how many pieces it has, if `tenant` may see
+    /// it; with `text`, a finished job's pieces too. The pieces are read only where the answer
+    /// is shown: a client polling a running job's status costs Redis a length, not its text.
     async fn read(
         &self,
         id: &str,
         tenant: Option<&Tenant>,
-    ) -> Result<(Fields, Option<usize>, Vec<String>), GatewayError> {
+        text: bool,
+    ) -> Result<(Fields, Option<usize>, usize, Vec<String>), GatewayError> {
         let mut conn = self.conn().await?;
-        let (fields, rank, pieces): (Fields, Option<usize>, Vec<String>) = redis::pipe()
+        let (fields, rank, count): (Fields, Option<usize>, usize) = redis::pipe()
             .atomic()
             .hgetall(self.job_key(id))
             .zrank(&self.queue, id)
-            .lrange(self.text_key(id), 0, -1)
+            .llen(self.text_key(id))
             .query_async(&mut conn)
             .await
             .map_err(|e| store_down("read", &e))?;
         if fields.is_empty() || !visible(&fields, tenant) {
             return Err(GatewayError::JobNotFound);
         }
-        Ok((fields, rank, pieces))
+        let done = fields.get("status").and_then(|s| Status::parse(s)) == Some(Status::Done);
+        let pieces = if text && done {
+            // A finished job's text no longer changes.
+            redis::cmd("LRANGE")
+                .arg(self.text_key(id))
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| store_down("read", &e))?
+        } else {
+            Vec::new()
+        };
+        Ok((fields, rank, count, pieces))
     }
 
     /// `GET /jobs/{id}`.
     pub async fn status(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
-        let (fields, rank, pieces) = self.read(id, tenant).await?;
-        Ok(view(id, &fields, rank, &pieces))
+        let (fields, rank, count, pieces) = self.read(id, tenant, true).await?;
+        Ok(view(id, &fields, rank, count, &pieces))
     }
 
     /// Job `id`'s status now (`None`: no such job, or Redis is unreachable).
@@ -289,7 +305,7 @@ impl RedisStore {
         id: &str,
         tenant: Option<&Tenant>,
     ) -> Result<(Value, bool), GatewayError> {
-        self.read(id, tenant).await?;
+        self.read(id, tenant, false).await?;
         let mut changes = self.changes.subscribe();
         let mut conn = self.conn().await?;
         let mut call = self.call(&self.scripts.cancel, Some(id));
@@ -469,7 +485,7 @@ fn parsed(fields: &Fields, name: &str) -> Option<Value> {
 
 /// The JSON of `GET /jobs/{id}` (and of the webhook) from a job's record: the same shape as
 /// in process, plus `runs` (how many times it started).
-fn view(id: &str, f: &Fields, rank: Option<usize>, pieces: &[String]) -> Value {
+fn view(id: &str, f: &Fields, rank: Option<usize>, count: usize, pieces: &[String]) -> Value {
     let status = f
         .get("status")
         .and_then(|s| Status::parse(s))
@@ -493,7 +509,7 @@ fn view(id: &str, f: &Fields, rank: Option<usize>, pieces: &[String]) -> Value {
         v["preempted"] = json!(n);
     }
     if status == Status::Running {
-        v["output_pieces"] = json!(pieces.len());
+        v["output_pieces"] = json!(count);
     }
     if let Some(mut answer) = parsed(f, "answer").filter(|_| status == Status::Done) {
         answer["text"] = json!(pieces.concat());
