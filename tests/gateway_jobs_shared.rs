@@ -609,3 +609,30 @@ async fn an_expired_and_forgotten_job_leaves_nothing_in_redis() {
     assert_eq!(bytes.unwrap_or(0), 0);
     h.shutdown().await;
 }
+
+/// A queued job whose record was deleted from outside Redis (an operator's purge, an eviction)
+/// can never run; at the head of the fleet's queue it held every job behind it back, with
+/// nothing logged. It is dropped from the queue, and the next job runs.
+#[tokio::test]
+async fn a_queued_job_whose_record_is_gone_does_not_hold_the_queue() {
+    let h = start(Backend::Redis, SLOW, |c| {
+        jobs::large_seats_only(c, 1);
+    })
+    .await;
+    let base = h.base();
+    let running = submit_ok(&base, &question(4000)).await;
+    job_until(&base, &running, "running", |v| v["status"] == "running").await;
+    let gone = submit_ok(&base, &question(3)).await;
+    let next = submit_ok(&base, &question(3)).await;
+    let mut conn = redis_conn(h.redis.as_ref().unwrap()).await;
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(format!("tg:v2:{{quota}}:job:{gone}"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "the record's key");
+    assert_eq!(jobs::cancel(&base, &running).await.status(), 200);
+    let v = done(&base, &next).await;
+    assert_eq!(v["status"], "done", "{v}");
+    h.shutdown().await;
+}

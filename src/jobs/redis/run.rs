@@ -33,6 +33,15 @@ use crate::lane::Lane;
 use crate::pipeline::Ready;
 use crate::telemetry::RequestRecord;
 
+/// Removes ARGV[1] from the queue KEYS[1] only if its record KEYS[2] is still missing (a
+/// submission under the same id cannot be dropped by a look that raced it).
+const DROP_IF_GONE: &str = r"
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
+";
+
 /// Takes the queue's head to run here, when the fleet's idle capacity fits it.
 pub async fn take(store: &Arc<RedisStore>) -> Take {
     let Ok(mut conn) = store.conn().await else {
@@ -52,8 +61,22 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
         .arg(&["work", "prefill"])
         .query_async(&mut conn)
         .await;
-    let Ok((Some(work), Some(prefill))) = need else {
-        return Take::Idle;
+    let (work, prefill) = match need {
+        Ok((Some(work), Some(prefill))) => (work, prefill),
+        Ok(_) => {
+            // Its record is gone (deleted or evicted from outside: the jobs' keys need Redis's
+            // `noeviction`): nothing can ever run it, and as the head it held every job of the
+            // fleet back. Out of the queue, if it is still the record-less head.
+            tracing::warn!(job = %id, "a queued job's record is missing in Redis; dropping it from the queue");
+            let _: Result<i64, _> = redis::Script::new(DROP_IF_GONE)
+                .key(store.queue_key())
+                .key(store.job_key(&id))
+                .arg(&id)
+                .invoke_async(&mut conn)
+                .await;
+            return Take::Idle;
+        }
+        Err(_) => return Take::Idle,
     };
     let (ttl, _) = store.admission.lease_timing();
     let keys = store.keys(Some(&id));
