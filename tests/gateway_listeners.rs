@@ -45,6 +45,13 @@ async fn operators_routes_move_to_the_admin_listener() {
     )
     .await;
     assert_eq!(answer.status(), 404);
+    // In the gateway's error shape, as on the public listener (it was an empty body).
+    let err: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "not_found", "{err}");
+    let wrong = send(client().get(format!("{admin}/admin/reload"))).await;
+    assert_eq!(wrong.status(), 405);
+    let err: serde_json::Value = wrong.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "method_not_allowed", "{err}");
     let metrics = send_text(client().get(format!("{admin}/metrics"))).await;
     assert!(metrics.contains("tutor_gateway_lane_in_flight"));
     h.shutdown().await;

@@ -110,6 +110,8 @@ pub fn admin(state: AppState) -> Router {
     operator_routes()
         .route("/healthz", get(ops::healthz))
         .route("/admin/reload", post(admin::reload))
+        .fallback(|| async { crate::error::GatewayError::NotFound })
+        .method_not_allowed_fallback(|| async { crate::error::GatewayError::MethodNotAllowed })
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             admin::guard,
