@@ -621,3 +621,72 @@ async fn with_redis_a_tenants_fleet_service_is_what_the_engine_served_it() {
     assert_eq!(fleet_service(&h.gw, "school-b"), 0.0);
     h.shutdown().await;
 }
+
+/// A tenant's request bodies still arriving count against its
+/// `server.max_requests_in_flight_per_tenant`: its uploads that never finish (each held up to
+/// the body timeout, and re-opened as they are cut) took every permit of
+/// `server.max_requests_in_flight`, and every other tenant got 503 until they timed out. Now
+/// its uploads beyond its limit are refused with 429 `tenant_overloaded`, and another tenant
+/// is served.
+#[tokio::test]
+async fn a_tenants_unfinished_uploads_hold_at_most_its_share_of_the_permits() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = harness(&["--speed", "50", "--profile", "tiny-test"], |c| {
+        c.server.max_requests_in_flight = 4;
+        c.server.max_requests_in_flight_per_tenant = 2;
+        c.server.body_read_timeout = Duration::from_secs(120);
+        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+    })
+    .await;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {A}\r\n\
+         content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"messages\":"
+    );
+    let mut uploads = Vec::new();
+    let mut refused = Vec::new();
+    let in_flight = || h.gw.state.metrics().requests_in_flight().get();
+    for _ in 0..4 {
+        let before = in_flight();
+        let mut tcp = tokio::net::TcpStream::connect(h.gw.addr).await.unwrap();
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        // Either it is refused at once (an answer before its body is whole), or it holds a
+        // permit while its body arrives (no timing: whichever is seen).
+        let mut first = [0u8; 12];
+        let holds = async {
+            while in_flight() == before {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::select! {
+            n = tcp.read(&mut first) => {
+                refused.push(String::from_utf8_lossy(&first[..n.unwrap()]).into_owned());
+            }
+            () = holds => uploads.push(tcp),
+        }
+    }
+    assert_eq!(
+        uploads.len(),
+        2,
+        "A's uploads within its limit; refused: {refused:?}"
+    );
+    assert!(
+        refused.iter().all(|r| r.starts_with("HTTP/1.1 429")),
+        "{refused:?}"
+    );
+    assert_eq!(in_flight(), 2, "A holds two permits of four");
+    // B is served meanwhile.
+    let resp = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .bearer_auth(B)
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    drop(uploads);
+    eventually("no request in flight", || {
+        h.gw.state.metrics().requests_in_flight().get() == 0
+    })
+    .await;
+    h.shutdown().await;
+}

@@ -1,6 +1,12 @@
 //! Bounds every request meets before its route: at most `server.max_requests_in_flight` handled
 //! at once (503 + `Retry-After` beyond, the permit held until the response body ends, streams
 //! included), and a body that must arrive within `server.body_read_timeout` (408 after).
+//!
+//! With `[auth]` on, a tenant's request bodies still arriving count against its
+//! `server.max_requests_in_flight_per_tenant` too (429 `tenant_overloaded` beyond): the
+//! per-tenant slot its route takes comes only once the body is whole, and without this one
+//! tenant's uploads that never finish (each held up to the body timeout, re-opened as they are
+//! cut) took every permit of all, for everyone.
 
 use std::sync::Arc;
 use std::task::Poll;
@@ -15,6 +21,8 @@ use prometheus::IntGauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::{BodyTimedOut, GatewayError};
+use crate::pipeline::tenant::{TenantSlot, TenantSlots};
+use crate::pipeline::{AppState, Tenant};
 use crate::telemetry::Metrics;
 
 /// What the middleware needs.
@@ -23,15 +31,40 @@ pub struct RequestLimits {
     in_flight: Arc<Semaphore>,
     body_timeout: Duration,
     metrics: Metrics,
+    /// Each tenant's request bodies still arriving.
+    uploading: Arc<TenantSlots>,
+    /// The per-tenant limit in force (a reload may change it).
+    state: AppState,
 }
 
 impl RequestLimits {
     /// Limits of `max_in_flight` requests and `body_timeout`.
-    pub fn new(max_in_flight: usize, body_timeout: Duration, metrics: Metrics) -> Self {
+    pub fn new(max_in_flight: usize, body_timeout: Duration, state: AppState) -> Self {
         Self {
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             body_timeout,
-            metrics,
+            metrics: state.metrics().clone(),
+            uploading: Arc::default(),
+            state,
+        }
+    }
+
+    /// A slot among `req`'s tenant's bodies arriving, when it has a tenant and a body;
+    /// `Err` with the refusal when the tenant has its limit's worth arriving already.
+    fn upload_slot(&self, req: &Request) -> Result<Option<TenantSlot>, GatewayError> {
+        let Some(tenant) = req.extensions().get::<Tenant>() else {
+            return Ok(None);
+        };
+        if req.body().is_end_stream() {
+            return Ok(None);
+        }
+        let max = self.state.config().server.max_requests_in_flight_per_tenant;
+        match self.uploading.take(Some(tenant), max) {
+            Some(slot) => Ok(Some(slot)),
+            None => Err(GatewayError::TenantOverloaded {
+                tenant: tenant.0.clone(),
+                held: max,
+            }),
         }
     }
 }
@@ -43,6 +76,10 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
         limits.metrics.refused("requests_in_flight");
         return GatewayError::Overloaded.into_response();
     };
+    let mut uploading = match limits.upload_slot(&req) {
+        Ok(slot) => slot,
+        Err(refused) => return refused.into_response(),
+    };
     let permit = Counted::new(permit, limits.metrics.requests_in_flight().clone());
     let timeout = limits.body_timeout;
     let req = req.map(|body| {
@@ -53,13 +90,19 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
             if timed_out {
                 return Poll::Ready(None);
             }
-            match stream.poll_next_unpin(cx) {
+            let item = match stream.poll_next_unpin(cx) {
                 Poll::Pending if deadline.poll_unpin(cx).is_ready() => {
                     timed_out = true;
                     Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut(timeout)))))
                 }
                 other => other,
+            };
+            // The body is whole (or failed): the tenant's upload slot is free again (else it
+            // goes with the body, dropped).
+            if matches!(item, Poll::Ready(None | Some(Err(_)))) {
+                uploading.take();
             }
+            item
         }))
     });
     let resp = next.run(req).await;

@@ -83,7 +83,7 @@ pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth) -> Router {
             limits::RequestLimits::new(
                 server.max_requests_in_flight,
                 server.body_read_timeout,
-                state.metrics().clone(),
+                state.clone(),
             ),
             limits::limit,
         ))

@@ -273,6 +273,20 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
     let mut webhook_allow = Vec::new();
     for (i, p) in raw.webhook_allow.unwrap_or_default().iter().enumerate() {
         match WebhookPattern::parse(p) {
+            // A name resolving to this machine is refused at connection time unless private
+            // addresses are allowed (whoever controls a listed name's DNS could point it here):
+            // `localhost` would never be delivered to.
+            Some(pattern)
+                if pattern.host.eq_ignore_ascii_case("localhost")
+                    && !raw.webhook_allow_private.unwrap_or(false) =>
+            {
+                c.fail(
+                    format!("jobs.webhook_allow[{i}]"),
+                    "names localhost, which webhooks reach only with \
+                     jobs.webhook_allow_private = true (names are kept to public addresses); \
+                     write 127.0.0.1 for a receiver on this machine",
+                );
+            }
             Some(pattern) => webhook_allow.push(pattern),
             None => c.fail(
                 format!("jobs.webhook_allow[{i}]"),

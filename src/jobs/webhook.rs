@@ -90,21 +90,11 @@ struct PublicOnly;
 
 impl reqwest::dns::Resolve for PublicOnly {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let host = name.as_str().to_ascii_lowercase();
-        // `localhost` names this machine whatever DNS says (RFC 6761): written in
-        // `jobs.webhook_allow` (the only `http://` host allowed, for a sidecar) it is an
-        // explicit choice, as an IP literal is, and it reaches loopback only.
-        let local = host == "localhost" || host.ends_with(".localhost");
+        let host = name.as_str().to_owned();
         Box::pin(async move {
             let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
                 .await?
-                .filter(|a| {
-                    if local {
-                        a.ip().is_loopback()
-                    } else {
-                        public(a.ip())
-                    }
-                })
+                .filter(|a| public(a.ip()))
                 .collect();
             if addrs.is_empty() {
                 return Err(
