@@ -47,6 +47,7 @@ use crate::telemetry::{Metrics, RequestLog};
 use crate::upstream::{UpstreamClient, ABORT_TIMEOUT};
 
 mod accept;
+mod fds;
 mod idle;
 pub mod tls;
 mod write_timeout;

@@ -483,3 +483,45 @@ async fn every_wrong_call_gets_an_error_that_names_what_is_wrong() {
     assert_eq!(err["error"]["param"], "max_output_tokens", "{err}");
     h.shutdown().await;
 }
+
+/// Under an open-file limit too low for `server.max_connections` (the default 10,000 against
+/// `ulimit -n 256`), a connection beyond what the process can hold was accepted until the
+/// accept failed for want of a file, and then waited in the listen backlog unanswered. The
+/// gateway now accepts only what the limit holds ((256 - 64) / 2 = 96, said at start), and
+/// the next connection gets its 503.
+#[tokio::test]
+async fn under_a_low_open_file_limit_a_connection_beyond_it_gets_503() {
+    use tokio::io::AsyncReadExt;
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(FAST))
+        .await
+        .unwrap();
+    let gw = common::process::GatewayProcess::start_limited(
+        "fds",
+        &format!(
+            "[server]\nheader_read_timeout_ms = 120000\n\
+             [telemetry]\nrequest_log = \"off\"\n\
+             [classify]\ntokenizer = \"heuristic\"\n\
+             [upstream]\nbase_url = \"{}\"\n",
+            sim.url()
+        ),
+        &[],
+        Some(256),
+    )
+    .await;
+    assert!(gw.log().contains("accepting=96"), "{}", gw.log());
+    let addr = gw.url.trim_start_matches("http://").to_owned();
+    // The 96 it holds, idle (their head never comes).
+    let mut held = Vec::new();
+    for _ in 0..96 {
+        held.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    let mut beyond = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(60), beyond.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(read.is_ok(), "no answer: the connection was left hanging");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    drop(held);
+    drop(gw);
+    sim.shutdown().await;
+}

@@ -2,7 +2,8 @@
 //!
 //! - at most `server.max_connections` open at once: one more is answered `503` with
 //!   `Retry-After: 1` and closed (`tutor_gateway_refused_total{limit="connections"}`), never
-//!   left hanging;
+//!   left hanging; fewer where the process's open-file limit could not hold them
+//!   ([`super::fds`], with a warning at start);
 //! - its first request head complete within `server.header_read_timeout` of being accepted,
 //!   or the connection is closed. The clock starts at the accept, not at the first byte: a
 //!   client that connects and says nothing, sends half a head (slow loris), or sends only the
@@ -116,14 +117,35 @@ pub async fn serve(
     let close_now = CancellationToken::new();
     // Every connection's task, so shutdown can wait for them (none is left detached).
     let conns = TaskTracker::new();
-    let open = Arc::new(Semaphore::new(server.max_connections));
+    let files = super::fds::open_file_limit();
+    let cap =
+        super::fds::connection_cap(server.max_connections, server.max_requests_in_flight, files);
+    if cap < server.max_connections {
+        tracing::warn!(
+            max_connections = server.max_connections,
+            max_requests_in_flight = server.max_requests_in_flight,
+            open_file_limit = files.unwrap_or_default(),
+            accepting = cap,
+            "the open-file limit cannot hold server.max_connections plus an upstream connection \
+             per request in flight: connections are capped at this many (beyond, 503); raise \
+             the limit (ulimit -n, systemd LimitNOFILE=) or lower the settings"
+        );
+    }
+    let open = Arc::new(Semaphore::new(cap));
+    // "Too many open files" and the like, logged at most once a second.
+    let mut accept_errors: (u64, Option<tokio::time::Instant>) = (0, None);
     loop {
         let tcp = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((tcp, _)) => tcp,
                 Err(e) => {
                     // Out of file descriptors and the like: wait a moment rather than spin.
-                    tracing::warn!(error = %e, "accept failed");
+                    accept_errors.0 += 1;
+                    let now = tokio::time::Instant::now();
+                    if accept_errors.1.is_none_or(|t| now >= t) {
+                        tracing::warn!(error = %e, failures = accept_errors.0, "accept failed");
+                        accept_errors = (0, Some(now + Duration::from_secs(1)));
+                    }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }

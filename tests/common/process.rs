@@ -32,13 +32,34 @@ impl GatewayProcess {
     /// only the config speaks), and waits until it answers `/healthz`. `tag` names its
     /// temporary folder.
     pub async fn start(tag: &str, rest: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_limited(tag, rest, env, None).await
+    }
+
+    /// [`GatewayProcess::start`] with its open-file limit (`ulimit -n`) set to `files`.
+    pub async fn start_limited(
+        tag: &str,
+        rest: &str,
+        env: &[(&str, &str)],
+        files: Option<u64>,
+    ) -> Self {
         let port = tutor_testkit::free_port();
         let dir = std::env::temp_dir().join(format!("tg-{tag}-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("config.toml");
         std::fs::write(&path, listen(port, rest)).unwrap();
         let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
+        let binary = env!("CARGO_BIN_EXE_tutor-gateway");
+        let mut command = match files {
+            None => Command::new(binary),
+            Some(files) => {
+                let mut c = Command::new("bash");
+                c.args(["-c", "ulimit -n \"$1\" && exec \"$0\" \"${@:2}\""])
+                    .arg(binary)
+                    .arg(files.to_string());
+                c
+            }
+        };
+        let child = command
             .args(["serve", "--config"])
             .arg(&path)
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
