@@ -14,6 +14,10 @@
 //!   tokens). The middleware takes `token` out of the URL before anything else sees it (logs,
 //!   the `/answer` query parser).
 //! - The tenant goes into the request's extensions as [`Tenant`].
+//! - A key revoked while its requests are in (its line left the key file) ends them at the
+//!   reload that sees it: a request still waiting for its answer gets 401, a stream ends with
+//!   an error (`invalid_api_key`), and with the stream goes the engine's work and its seat (the
+//!   relay sees its client go). Its tokens' requests likewise.
 //!
 //! Open routes (no key): `/healthz`, `/health`, `/ping`, `/version`, `/v1/models`, `/metrics`,
 //! `/readyz`, `/demo` (a static page; its `/answer` calls need a key), and CORS preflights
@@ -93,6 +97,8 @@ struct Inner {
     file: Option<PathBuf>,
     secret: Vec<u8>,
     ttl: Duration,
+    /// Bumped each time the keys in force are replaced: requests in flight look again.
+    installed: tokio::sync::watch::Sender<u64>,
 }
 
 impl Auth {
@@ -114,6 +120,7 @@ impl Auth {
             file: config.keys_file.clone(),
             secret,
             ttl: config.token_ttl,
+            installed: tokio::sync::watch::Sender::new(0),
         }));
         let mut modified = auth.reload(None);
         if config.enabled && auth.0.file.is_some() {
@@ -173,6 +180,26 @@ impl Auth {
             .collect();
         *self.0.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
         *self.0.key_ids.write().unwrap_or_else(|e| e.into_inner()) = key_ids;
+        self.0.installed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Whether the key with id `id` is in force.
+    fn in_force(&self, id: &str) -> bool {
+        let key_ids = self.0.key_ids.read().unwrap_or_else(|e| e.into_inner());
+        key_ids.contains_key(id)
+    }
+
+    /// Resolves once the key with id `id` is no longer in force (never, while it is).
+    async fn revoked(self, id: String) {
+        let mut installed = self.0.installed.subscribe();
+        loop {
+            if !self.in_force(&id) {
+                return;
+            }
+            if installed.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
     }
 
     /// The tenant and key id of `key`, when it is in force.
@@ -200,8 +227,8 @@ impl Auth {
         (format!("{payload}.{mac}"), expiry)
     }
 
-    /// The tenant of a valid, unexpired token whose key is still in force.
-    fn tenant_of_token(&self, token: &str) -> Result<String, &'static str> {
+    /// The tenant of a valid, unexpired token whose key is still in force, and that key's id.
+    fn tenant_of_token(&self, token: &str) -> Result<(String, String), &'static str> {
         const MALFORMED: &str = "the token is malformed";
         let (payload, mac) = token.rsplit_once('.').ok_or(MALFORMED)?;
         let mut parts = payload.split('.');
@@ -219,7 +246,7 @@ impl Auth {
         }
         let key_ids = self.0.key_ids.read().unwrap_or_else(|e| e.into_inner());
         match key_ids.get(id) {
-            Some(owner) if owner == tenant => Ok(tenant.to_owned()),
+            Some(owner) if owner == tenant => Ok((tenant.to_owned(), id.to_owned())),
             _ => Err("the key that issued this token was revoked"),
         }
     }
@@ -230,8 +257,17 @@ impl Auth {
 pub enum Credential {
     /// An API key in force, with its key id ([`key_id`]).
     Key(String),
-    /// A `?token=` (which cannot mint tokens).
-    Token,
+    /// A `?token=` (which cannot mint tokens), with the id of the key that minted it.
+    Token(String),
+}
+
+impl Credential {
+    /// The id of the key behind it.
+    fn key_id(&self) -> &str {
+        match self {
+            Credential::Key(id) | Credential::Token(id) => id,
+        }
+    }
 }
 
 /// The bearer key of `headers`, if any.
@@ -291,19 +327,89 @@ pub async fn require(State(auth): State<Auth>, mut req: Request, next: Next) -> 
         ),
         (None, Some(token)) => auth
             .tenant_of_token(&token)
-            .map(|tenant| (tenant, Credential::Token)),
+            .map(|(tenant, id)| (tenant, Credential::Token(id))),
         (None, None) => Err(
             "an API key is required: Authorization: Bearer <key>, or ?token= from POST /auth/token",
         ),
     };
     match tenant {
         Ok((tenant, credential)) => {
+            let id = credential.key_id().to_owned();
+            let events = if req.uri().path().starts_with("/v1/") {
+                RevokedEvent::OpenAi
+            } else {
+                RevokedEvent::Gateway
+            };
             req.extensions_mut().insert(Tenant(tenant));
             req.extensions_mut().insert(credential);
-            next.run(req).await
+            // Until the key is revoked: a request still waiting for its answer gets 401.
+            let revoked = auth.clone().revoked(id.clone());
+            let resp = tokio::select! {
+                resp = next.run(req) => resp,
+                () = revoked => return GatewayError::Unauthorized(REVOKED).into_response(),
+            };
+            until_revoked(resp, auth, id, events)
         }
         Err(why) => GatewayError::Unauthorized(why).into_response(),
     }
+}
+
+/// Why a request of a key revoked while it was in flight ends.
+const REVOKED: &str = "the API key was revoked while this request was in flight";
+
+/// How a stream says it ended for a revoked key.
+#[derive(Debug, Clone, Copy)]
+enum RevokedEvent {
+    /// `/v1`: `data: {"error": …}` then `data: [DONE]`, as a `/v1` stream's other errors.
+    OpenAi,
+    /// `/answer` and job events: `event: error` with `{"code","message"}`.
+    Gateway,
+}
+
+/// `resp`, whose body (a stream) ends when the key with id `id` is revoked: for an event
+/// stream, after one last event saying so. Dropping the body stops the request's work (the
+/// relay sees its client go: the engine's work is aborted, the seat given back).
+fn until_revoked(resp: Response, auth: Auth, id: String, events: RevokedEvent) -> Response {
+    if axum::body::HttpBody::size_hint(resp.body())
+        .exact()
+        .is_some()
+    {
+        // A whole body: nothing left running.
+        return resp;
+    }
+    let event_stream = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/event-stream"));
+    let last = event_stream.then(|| {
+        let error = GatewayError::Unauthorized(REVOKED);
+        match events {
+            RevokedEvent::OpenAi => format!("data: {}\n\ndata: [DONE]\n\n", error.body()),
+            RevokedEvent::Gateway => format!(
+                "event: error\ndata: {}\n\n",
+                json!({"code": error.code(), "message": REVOKED})
+            ),
+        }
+    });
+    resp.map(|body| {
+        use futures::StreamExt;
+        let revoked = Box::pin(auth.revoked(id));
+        let body = body.into_data_stream();
+        let state = Some((body, revoked, last));
+        axum::body::Body::from_stream(futures::stream::unfold(state, |state| async move {
+            let (mut body, mut revoked, last) = state?;
+            tokio::select! {
+                biased;
+                () = &mut revoked => {
+                    tracing::info!("a stream ended: its API key was revoked");
+                    drop(body);
+                    last.map(|l| (Ok(axum::body::Bytes::from(l)), None))
+                }
+                item = body.next() => item.map(|i| (i, Some((body, revoked, last)))),
+            }
+        }))
+    })
 }
 
 /// `POST /auth/token` (with a key, never a token): `{"token","tenant","expires_at_ms"}` for an

@@ -197,3 +197,74 @@ async fn a_token_is_refused_on_v1_with_a_clear_message() {
     assert_eq!(answer_with(&h, &token).await, 200);
     h.shutdown().await;
 }
+
+/// A key revoked while its requests are in: its running stream used to go on to its end
+/// (up to `upstream.total_timeout_ms`), holding its seat and the engine, and its queued
+/// request was still admitted. At the key file's next reload the stream ends with an error
+/// event (`invalid_api_key`, the engine's work aborted, the seat back) and the queued request
+/// gets 401; another key's requests go on.
+#[tokio::test]
+async fn revoking_a_key_ends_its_streams_and_its_waiting_requests() {
+    let file = KeyFile::new(
+        "revoke-running",
+        &format!("{} cs101\n{} school-2\n", sha256(KEY), sha256(OTHER)),
+    );
+    let path = file.0.clone();
+    // Real time and answers that never end on their own: the stream is running when revoked.
+    let slow = [
+        "--speed",
+        "1",
+        "--profile",
+        "tiny-test",
+        "--mean-output-tokens",
+        "1000000",
+    ];
+    let h = harness(&slow, |c| {
+        c.auth.enabled = true;
+        c.auth.keys_file = Some(path);
+        c.auth.reload = Duration::from_millis(50);
+        set_lane(c, tutor_gateway::lane::Lane::Small, 1);
+        c.lanes.small.queue.timeout = Duration::from_secs(120);
+    })
+    .await;
+    let answer = |key: &str| {
+        client()
+            .get(h.url("/answer"))
+            .query(&[
+                ("prompt", "what is a closure?"),
+                ("max_output_tokens", "400"),
+            ])
+            .bearer_auth(key)
+    };
+    let resp = send(answer(KEY)).await;
+    assert_eq!(resp.status(), 200);
+    let mut running = Streamed::new(resp);
+    running.until(|text| text.contains("event: token")).await;
+    // The key's second request waits for the one seat.
+    let waiting = tokio::spawn(answer(KEY).send());
+    eventually("it waits", || {
+        h.queued(tutor_gateway::lane::Lane::Small) == 1
+    })
+    .await;
+
+    file.rewrite(&format!("{} school-2\n", sha256(OTHER)));
+    let rest = running.rest().await;
+    let (last, data) = sse(&rest).pop().expect("a last event");
+    assert_eq!(last, "error", "{rest}");
+    assert_eq!(json(&data)["code"], "invalid_api_key", "{data}");
+    let refused = waiting.await.unwrap().unwrap();
+    assert_eq!(refused.status(), 401);
+    eventually("the engine's work was aborted", || h.sim_aborted() == 1).await;
+    eventually("every seat back", || h.idle()).await;
+    // The other key is served.
+    let other = send(
+        client()
+            .get(h.url("/answer"))
+            .query(&[("prompt", "hi"), ("max_output_tokens", "2")])
+            .bearer_auth(OTHER),
+    )
+    .await;
+    assert_eq!(other.status(), 200);
+    let _ = other.text().await;
+    h.shutdown().await;
+}
