@@ -60,6 +60,12 @@ pub const MAX_MESSAGE_BYTES: usize = 1024;
 #[error("the request body did not arrive within {0:?}")]
 pub struct BodyTimedOut(pub Duration);
 
+/// The body stream's error when receiving more of it would pass `server.max_receiving_bytes`;
+/// the body extractor's error carries it to [`GatewayError::ReceivingBytes`].
+#[derive(Debug, thiserror::Error)]
+#[error("too many request bodies are arriving at once")]
+pub struct ReceivingFull;
+
 /// Everything a request can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
@@ -89,6 +95,9 @@ pub enum GatewayError {
     /// Admitting this body to a queue would pass `server.max_queued_bytes`.
     #[error("too many request bytes are waiting for admission; retry shortly")]
     QueuedBytes,
+    /// Receiving more of this body would pass `server.max_receiving_bytes`.
+    #[error("too many request bodies are arriving at once; retry shortly")]
+    ReceivingBytes,
     /// No valid API key or token (`[auth]`).
     #[error("{0}")]
     Unauthorized(&'static str),
@@ -230,7 +239,7 @@ impl GatewayError {
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
             Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Overloaded | Self::ReceivingBytes => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueuedBytes
             | Self::TenantQueuedBytes { .. }
             | Self::JobsFull
@@ -290,7 +299,7 @@ impl GatewayError {
         match self {
             Self::BodyTooLarge { .. } => "body_too_large",
             Self::BodyTimeout { .. } => "body_timeout",
-            Self::Overloaded => "overloaded",
+            Self::Overloaded | Self::ReceivingBytes => "overloaded",
             Self::JobNotFound => "job_not_found",
             Self::NotFound => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
@@ -330,7 +339,7 @@ impl GatewayError {
             | Self::UnsupportedMediaType
             | Self::JobFinished(_)
             | Self::JobsUnavailable(_) => Outcome::BadRequest,
-            Self::Overloaded | Self::QueuedBytes => Outcome::QueueFull,
+            Self::Overloaded | Self::QueuedBytes | Self::ReceivingBytes => Outcome::QueueFull,
             Self::JobsFull
             | Self::TenantJobsFull { .. }
             | Self::TenantOverloaded { .. }
@@ -413,7 +422,7 @@ impl GatewayError {
             Self::Admission(AdmissionError::WouldMissDeadline { predicted, .. }) => Some(
                 Duration::from_secs(crate::admission::retry_secs(*predicted)),
             ),
-            Self::Overloaded | Self::QueuedBytes | Self::TooManyStreams => {
+            Self::Overloaded | Self::QueuedBytes | Self::ReceivingBytes | Self::TooManyStreams => {
                 Some(Duration::from_secs(1))
             }
             Self::JobsFull | Self::TenantJobsFull { .. } => Some(Duration::from_secs(10)),

@@ -525,3 +525,66 @@ async fn under_a_low_open_file_limit_a_connection_beyond_it_gets_503() {
     drop(gw);
     sim.shutdown().await;
 }
+
+/// Bodies being received hold at most `server.max_receiving_bytes` together: two uploads that
+/// stall at 600 bytes each under a bound of 1,000 cannot both be held (one gets 503
+/// `overloaded`, whichever arrived second), so trickling uploads cannot hold
+/// `max_requests_in_flight` x `max_body_bytes` of memory. A body larger than the bound passes
+/// alone, and the stalled bytes come back when their connections go.
+#[tokio::test]
+async fn bodies_being_received_are_bounded_in_bytes() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = harness(FAST, |c| {
+        c.server.max_receiving_bytes = 1_000;
+        c.server.body_read_timeout = Duration::from_secs(120);
+    })
+    .await;
+    let stalled = || async {
+        let mut tcp = tokio::net::TcpStream::connect(addr(&h)).await.unwrap();
+        let part = format!("{{\"messages\":\"{}", "x".repeat(600));
+        tcp.write_all(
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                 content-length: 2000\r\n\r\n{part}"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        tcp
+    };
+    let (mut one, mut two) = (stalled().await, stalled().await);
+    let (mut a, mut b) = ([0u8; 64], [0u8; 64]);
+    let answer = tokio::time::timeout(Duration::from_secs(60), async {
+        tokio::select! {
+            n = one.read(&mut a) => String::from_utf8_lossy(&a[..n.unwrap()]).into_owned(),
+            n = two.read(&mut b) => String::from_utf8_lossy(&b[..n.unwrap()]).into_owned(),
+        }
+    })
+    .await
+    .expect("one of the two uploads is refused");
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    drop((one, two));
+    // Alone, a body larger than the bound passes (once the stalled bytes are given back).
+    let big =
+        json!({"messages": [{"role": "user", "content": "y".repeat(4_000)}], "max_tokens": 2});
+    let mut status = 0;
+    for _ in 0..300 {
+        status = client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&big)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16();
+        if status != 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(status, 200);
+    let m = metrics_now(&h);
+    assert!(metric(&m, "tutor_gateway_refused_total{limit=\"receiving_bytes\"}") >= 1.0);
+    h.shutdown().await;
+}

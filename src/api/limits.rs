@@ -1,6 +1,8 @@
 //! Bounds every request meets before its route: at most `server.max_requests_in_flight` handled
 //! at once (503 + `Retry-After` beyond, the permit held until the response body ends, streams
 //! included), and a body that must arrive within `server.body_read_timeout` (408 after).
+//! Bodies being received hold at most `server.max_receiving_bytes` together (503 beyond): a
+//! body counts from its first byte until it is whole; one alone always passes.
 //!
 //! With `[auth]` on, a tenant's request bodies still arriving count against its
 //! `server.max_requests_in_flight_per_tenant` too (429 `tenant_overloaded` beyond): the
@@ -8,6 +10,7 @@
 //! tenant's uploads that never finish (each held up to the body timeout, re-opened as they are
 //! cut) took every permit of all, for everyone.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -20,7 +23,7 @@ use futures::{FutureExt, StreamExt};
 use prometheus::IntGauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::error::{BodyTimedOut, GatewayError};
+use crate::error::{BodyTimedOut, GatewayError, ReceivingFull};
 use crate::pipeline::tenant::{TenantSlot, TenantSlots};
 use crate::pipeline::{AppState, Tenant};
 use crate::telemetry::Metrics;
@@ -33,6 +36,8 @@ pub struct RequestLimits {
     metrics: Metrics,
     /// Each tenant's request bodies still arriving.
     uploading: Arc<TenantSlots>,
+    /// Bytes of the bodies being received now.
+    receiving: Arc<AtomicU64>,
     /// The per-tenant limit in force (a reload may change it).
     state: AppState,
 }
@@ -45,6 +50,7 @@ impl RequestLimits {
             body_timeout,
             metrics: state.metrics().clone(),
             uploading: Arc::default(),
+            receiving: Arc::default(),
             state,
         }
     }
@@ -82,6 +88,12 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
     };
     let permit = Counted::new(permit, limits.metrics.requests_in_flight().clone());
     let timeout = limits.body_timeout;
+    let mut received = Received {
+        pool: Arc::clone(&limits.receiving),
+        max: limits.state.config().server.max_receiving_bytes,
+        mine: 0,
+    };
+    let metrics = limits.metrics.clone();
     let req = req.map(|body| {
         let mut stream = body.into_data_stream();
         let mut deadline = Box::pin(tokio::time::sleep(timeout));
@@ -95,12 +107,18 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
                     timed_out = true;
                     Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut(timeout)))))
                 }
+                Poll::Ready(Some(Ok(chunk))) if !received.take(chunk.len()) => {
+                    metrics.refused("receiving_bytes");
+                    timed_out = true;
+                    Poll::Ready(Some(Err(axum::Error::new(ReceivingFull))))
+                }
                 other => other,
             };
             // The body is whole (or failed): the tenant's upload slot is free again (else it
             // goes with the body, dropped).
             if matches!(item, Poll::Ready(None | Some(Err(_)))) {
                 uploading.take();
+                received.give_back();
             }
             item
         }))
@@ -122,6 +140,51 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
             item
         }))
     })
+}
+
+/// One body's bytes received so far, counted in the pool of all bodies being received until
+/// it is whole (or dropped).
+struct Received {
+    pool: Arc<AtomicU64>,
+    /// `server.max_receiving_bytes` when the request came.
+    max: u64,
+    mine: u64,
+}
+
+impl Received {
+    /// Counts `n` more bytes, unless that would pass the bound while other bodies hold some
+    /// of it.
+    fn take(&mut self, n: usize) -> bool {
+        let n = n as u64;
+        let mine = self.mine;
+        let max = self.max;
+        let taken = self
+            .pool
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                let others = held.saturating_sub(mine);
+                let after = held.saturating_add(n);
+                (others == 0 || after <= max).then_some(after)
+            })
+            .is_ok();
+        if taken {
+            self.mine = self.mine.saturating_add(n);
+        }
+        taken
+    }
+
+    /// The body is whole (or failed): its bytes no longer count.
+    fn give_back(&mut self) {
+        let mine = std::mem::take(&mut self.mine);
+        if mine > 0 {
+            self.pool.fetch_sub(mine, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        self.give_back();
+    }
 }
 
 /// A request's permit, counted in `tutor_gateway_requests_in_flight` for as long as it is held:

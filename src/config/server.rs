@@ -29,6 +29,8 @@ const KEEP_ALIVE_IDLE_MS: u64 = 10_000;
 const BODY_READ_TIMEOUT_MS: u64 = 30_000;
 /// Default `server.max_queued_bytes`.
 const MAX_QUEUED_BYTES: u64 = 256 * 1024 * 1024;
+/// Default `server.max_receiving_bytes`.
+const MAX_RECEIVING_BYTES: u64 = 256 * 1024 * 1024;
 /// Default `server.cors_max_age_s`.
 const CORS_MAX_AGE_S: u64 = 600;
 /// The environment variable that may hold the admin listener's token.
@@ -76,6 +78,8 @@ pub struct RawServer {
     /// Of those, what one tenant's waiting requests may hold; 0: a quarter of
     /// `max_queued_bytes`.
     pub max_queued_bytes_per_tenant: Option<u64>,
+    /// Request body bytes being received at once, all requests together; more get 503.
+    pub max_receiving_bytes: Option<u64>,
     /// Browser origins allowed to call the gateway cross-origin (CORS).
     pub cors_allow_origins: Option<Vec<String>>,
     /// A second listener for operators (`/metrics`, `/readyz`), `IP:PORT`; empty: none.
@@ -149,6 +153,9 @@ pub struct ServerConfig {
     /// Of those, what one tenant's (`[auth]`) waiting requests may hold (429
     /// `tenant_queue_full` beyond).
     pub max_queued_bytes_per_tenant: u64,
+    /// Request body bytes being received at once, all requests together (503 beyond; a body
+    /// alone always passes, `max_body_bytes` bounding it).
+    pub max_receiving_bytes: u64,
     /// Origins (`scheme://host[:port]`, lower case) allowed cross-origin; `*` allows any.
     pub cors_allow_origins: Vec<String>,
     /// Where `/metrics` and `/readyz` are served instead of the public listener, if set.
@@ -244,6 +251,12 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         "server.max_queued_bytes",
         raw.max_queued_bytes,
         MAX_QUEUED_BYTES,
+        1 << 40,
+    );
+    let max_receiving_bytes = count(
+        "server.max_receiving_bytes",
+        raw.max_receiving_bytes,
+        MAX_RECEIVING_BYTES,
         1 << 40,
     );
     let client_buffer_bytes = count(
@@ -345,6 +358,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
             0 => (max_queued_bytes / 4).max(1),
             n => n.min(max_queued_bytes),
         },
+        max_receiving_bytes,
         client_buffer_bytes: usize::try_from(client_buffer_bytes).unwrap_or(usize::MAX),
         client_write_timeout: Duration::from_millis(client_write_ms),
         unknown_fields,

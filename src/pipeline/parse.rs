@@ -37,6 +37,9 @@ pub fn body_bytes(
         {
             Err(GatewayError::BodyTooLarge { limit })
         }
+        Err(BytesRejection::FailedToBufferBody(e)) if receiving_full(&e) => {
+            Err(GatewayError::ReceivingBytes)
+        }
         Err(BytesRejection::FailedToBufferBody(e)) if body_deadline(&e).is_some() => {
             Err(GatewayError::BodyTimeout {
                 after: body_deadline(&e).unwrap_or_default(),
@@ -47,6 +50,18 @@ pub fn body_bytes(
             None,
         )),
     }
+}
+
+/// Whether `e`'s sources hold the receiving bound's error.
+fn receiving_full(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if err.is::<crate::error::ReceivingFull>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// The timeout of the body deadline error in `e`'s sources, if it is there.

@@ -320,10 +320,10 @@ impl Metrics {
         );
         let refused = counter(
             "tutor_gateway_refused_total",
-            "Connections and requests refused before reaching a lane: limit is connections (server.max_connections) or requests_in_flight (server.max_requests_in_flight).",
+            "Connections and requests refused before reaching a lane: limit is connections (server.max_connections), requests_in_flight (server.max_requests_in_flight) or receiving_bytes (server.max_receiving_bytes).",
             &["limit"],
         );
-        for limit in ["connections", "requests_in_flight"] {
+        for limit in ["connections", "requests_in_flight", "receiving_bytes"] {
             refused.with_label_values(&[limit]);
         }
         let tenant_refused = counter(
