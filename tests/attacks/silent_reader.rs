@@ -276,6 +276,36 @@ async fn a_small_stream_with_large_chunks_and_a_silent_client_is_counted_and_mov
     h.shutdown().await;
 }
 
+/// An HTTP/2 stream of `review(max_tokens)` opened with a 300-byte window that is never
+/// reopened: the connection's task (settings and pings answered; the stream's data never
+/// released, so its window stays shut) and the unread body.
+async fn shut_window_stream(
+    h: &Harness,
+    max_tokens: u32,
+) -> (
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+    h2::RecvStream,
+) {
+    let tcp = TcpStream::connect(h.gw.addr).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(300)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", h.gw.addr))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (resp, mut send) = client.send_request(req, false).unwrap();
+    send.send_data(bytes::Bytes::from(review(max_tokens).to_string()), true)
+        .unwrap();
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    (conn, resp.into_body())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_stream_whose_window_stays_shut_gives_back_its_request_permit() {
     // An HTTP/2 client that never reads its stream, so never reopens its flow-control window,
@@ -286,26 +316,7 @@ async fn an_http2_stream_whose_window_stays_shut_gives_back_its_request_permit()
         c.server.client_write_timeout = Duration::from_millis(500);
     })
     .await;
-    let tcp = TcpStream::connect(h.gw.addr).await.unwrap();
-    let (client, conn) = h2::client::Builder::new()
-        .initial_window_size(300)
-        .handshake::<_, bytes::Bytes>(tcp)
-        .await
-        .unwrap();
-    // Drives the connection: settings and pings are answered; the stream's data is never
-    // released, so its window stays shut.
-    let conn = tokio::spawn(conn);
-    let mut client = client.ready().await.unwrap();
-    let req = http::Request::post(format!("http://{}/v1/chat/completions", h.gw.addr))
-        .header("content-type", "application/json")
-        .body(())
-        .unwrap();
-    let (resp, mut send) = client.send_request(req, false).unwrap();
-    send.send_data(bytes::Bytes::from(review(15_000).to_string()), true)
-        .unwrap();
-    let resp = resp.await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let unread = resp.into_body();
+    let (conn, unread) = shut_window_stream(&h, 15_000).await;
     within(60, "the stream is cut for not reading", || {
         let log = h.log.lock().unwrap();
         log.iter().any(|l| l["error_code"] == "client_too_slow")
@@ -331,24 +342,7 @@ async fn an_http2_stream_whose_window_stays_shut_after_the_engine_finished_gives
         c.server.client_write_timeout = Duration::from_millis(1_000);
     })
     .await;
-    let tcp = TcpStream::connect(h.gw.addr).await.unwrap();
-    let (client, conn) = h2::client::Builder::new()
-        .initial_window_size(300)
-        .handshake::<_, bytes::Bytes>(tcp)
-        .await
-        .unwrap();
-    let conn = tokio::spawn(conn);
-    let mut client = client.ready().await.unwrap();
-    let req = http::Request::post(format!("http://{}/v1/chat/completions", h.gw.addr))
-        .header("content-type", "application/json")
-        .body(())
-        .unwrap();
-    let (resp, mut send) = client.send_request(req, false).unwrap();
-    send.send_data(bytes::Bytes::from(review(20).to_string()), true)
-        .unwrap();
-    let resp = resp.await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let unread = resp.into_body();
+    let (conn, unread) = shut_window_stream(&h, 20).await;
     within(60, "its seat and tokens are back", || h.idle()).await;
     within(60, "the connection is closed", || conn.is_finished()).await;
     within(60, "the request's permit is back", || {
