@@ -85,7 +85,13 @@ async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes()
 /// admitted reservation until the limit (1,536 tokens a request uncounted).
 #[tokio::test]
 async fn a_medium_answer_past_its_reserved_output_grows_its_reservation_in_medium() {
-    let h = harness(&flags("--speed 2 --profile tiny-test"), |_| {}).await;
+    // The engine stops sending after 1,000 tokens (the stream stays open): the request stays
+    // in medium, past its reserved output, however far the reader lags.
+    let h = harness(
+        &flags("--speed 2 --profile tiny-test --stall-after-tokens 1000"),
+        |_| {},
+    )
+    .await;
     let body = json!({"messages": [{"role": "user", "content": words(1_800, "review")}],
                       "ignore_eos": true, "stream": true});
     let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;

@@ -210,10 +210,11 @@ async fn revoking_a_key_ends_its_streams_and_its_waiting_requests() {
         &format!("{} cs101\n{} school-2\n", sha256(KEY), sha256(OTHER)),
     );
     let path = file.0.clone();
-    // Real time and answers that never end on their own: the stream is running when revoked.
+    // A quarter of real time (about 20 ms a token) and answers that run to their limit: the
+    // stream (1,000 tokens, about 20 s) is running when revoked.
     let slow = [
         "--speed",
-        "1",
+        "0.25",
         "--profile",
         "tiny-test",
         "--mean-output-tokens",
@@ -224,6 +225,8 @@ async fn revoking_a_key_ends_its_streams_and_its_waiting_requests() {
         c.auth.keys_file = Some(path);
         c.auth.reload = Duration::from_millis(50);
         set_lane(c, tutor_gateway::lane::Lane::Small, 1);
+        // Never promoted: it holds the small lane's one seat until it ends.
+        c.lanes.small.mid_stream_limit = None;
         c.lanes.small.queue.timeout = Duration::from_secs(120);
     })
     .await;
@@ -232,7 +235,7 @@ async fn revoking_a_key_ends_its_streams_and_its_waiting_requests() {
             .get(h.url("/answer"))
             .query(&[
                 ("prompt", "what is a closure?"),
-                ("max_output_tokens", "400"),
+                ("max_output_tokens", "1000"),
             ])
             .bearer_auth(key)
     };
