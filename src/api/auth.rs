@@ -392,23 +392,16 @@ fn until_revoked(resp: Response, auth: Auth, id: String, events: RevokedEvent) -
             ),
         }
     });
+    let revoked = async move {
+        auth.revoked(id).await;
+        tracing::info!("a stream ended: its API key was revoked");
+    };
     resp.map(|body| {
-        use futures::StreamExt;
-        let revoked = Box::pin(auth.revoked(id));
-        let body = body.into_data_stream();
-        let state = Some((body, revoked, last));
-        axum::body::Body::from_stream(futures::stream::unfold(state, |state| async move {
-            let (mut body, mut revoked, last) = state?;
-            tokio::select! {
-                biased;
-                () = &mut revoked => {
-                    tracing::info!("a stream ended: its API key was revoked");
-                    drop(body);
-                    last.map(|l| (Ok(axum::body::Bytes::from(l)), None))
-                }
-                item = body.next() => item.map(|i| (i, Some((body, revoked, last)))),
-            }
-        }))
+        axum::body::Body::from_stream(super::until(
+            body.into_data_stream(),
+            revoked,
+            last.map(|l| Ok(axum::body::Bytes::from(l))),
+        ))
     })
 }
 

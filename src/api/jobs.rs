@@ -10,7 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use futures::stream::{BoxStream, StreamExt};
+use futures::stream::BoxStream;
 use std::convert::Infallible;
 
 use crate::error::GatewayError;
@@ -83,16 +83,11 @@ fn until_shutdown(
     let Some(drain) = Drain::current() else {
         return stream;
     };
-    let ending = Box::pin(drain.draining_owned());
-    futures::stream::unfold(Some((stream, ending)), |state| async move {
-        let (mut stream, mut ending) = state?;
-        tokio::select! {
-            biased;
-            () = &mut ending => Some((Ok(Bytes::from_static(SHUTDOWN_EVENT)), None)),
-            item = stream.next() => item.map(|item| (item, Some((stream, ending)))),
-        }
-    })
-    .boxed()
+    super::until(
+        stream,
+        drain.draining_owned(),
+        Some(Ok(Bytes::from_static(SHUTDOWN_EVENT))),
+    )
 }
 
 /// `GET /jobs/{id}/events`, honouring `Last-Event-ID` (204 after the last event).

@@ -120,7 +120,7 @@ impl LaneRules {
         let limit = self.limit(lane)?;
         let holds = input.saturating_add(produced);
         let bound = self.bounds[lane.index()];
-        if produced > limit || holds > bound {
+        if self.outgrown(lane, produced) || holds > bound {
             return Some((next, self.bounds[next.index()]));
         }
         (holds > reserved).then(|| (lane, input.saturating_add(limit).min(bound).max(reserved)))

@@ -102,6 +102,15 @@ impl Shared {
             ms => Some(self.base + Duration::from_millis(ms.saturating_sub(1))),
         }
     }
+
+    /// When bytes waiting since `waiting_since` have waited `timeout` with the client taking
+    /// none of them.
+    fn stall_deadline(&self, waiting_since: Instant, timeout: Duration) -> Instant {
+        let since = self
+            .taken_at()
+            .map_or(waiting_since, |t| t.max(waiting_since));
+        since + timeout
+    }
 }
 
 /// A new buffer for one stream: the pump's end and the response body.
@@ -177,11 +186,9 @@ impl ClientTx {
             if self.shared.buffered.load(Ordering::Acquire) == 0 {
                 return std::future::pending().await;
             }
-            let since = match self.shared.taken_at() {
-                Some(taken) => taken.max(self.waiting_since),
-                None => self.waiting_since,
-            };
-            let deadline = since + self.limits.write_timeout;
+            let deadline = self
+                .shared
+                .stall_deadline(self.waiting_since, self.limits.write_timeout);
             if Instant::now() >= deadline {
                 return;
             }
@@ -217,10 +224,7 @@ impl ClientTx {
                 if shared.buffered.load(Ordering::Acquire) == 0 || Arc::strong_count(&shared) == 1 {
                     return;
                 }
-                let since = shared
-                    .taken_at()
-                    .map_or(waiting_since, |t| t.max(waiting_since));
-                let deadline = since + limits.write_timeout;
+                let deadline = shared.stall_deadline(waiting_since, limits.write_timeout);
                 if Instant::now() < deadline {
                     tokio::time::sleep_until(deadline).await;
                     continue;
