@@ -397,7 +397,7 @@ fn until_revoked(resp: Response, auth: Auth, id: String, events: RevokedEvent) -
         tracing::info!("a stream ended: its API key was revoked");
     };
     resp.map(|body| {
-        axum::body::Body::from_stream(super::until(
+        axum::body::Body::from_stream(super::ending::until(
             body.into_data_stream(),
             revoked,
             last.map(|l| Ok(axum::body::Bytes::from(l))),

@@ -83,7 +83,7 @@ fn until_shutdown(
     let Some(drain) = Drain::current() else {
         return stream;
     };
-    super::until(
+    super::ending::until(
         stream,
         drain.draining_owned(),
         Some(Ok(Bytes::from_static(SHUTDOWN_EVENT))),

@@ -23,6 +23,7 @@ pub mod answer;
 pub mod auth;
 pub mod cors;
 pub mod demo;
+mod ending;
 pub mod jobs;
 pub mod limits;
 pub mod openai;
@@ -95,34 +96,6 @@ pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth) -> Router {
         ))
         // Around everything: every answer carries an `x-request-id`.
         .layer(axum::middleware::from_fn(request_id::ensure))
-}
-
-/// `stream` until `end` resolves, then `last` (if any) and the end: the response bodies that
-/// stop early (a job's followers at shutdown, a revoked key's streams). Dropping `stream` stops
-/// what feeds it (a relay sees its client go).
-pub(crate) fn until<S, T>(
-    stream: S,
-    end: impl std::future::Future<Output = ()> + Send + 'static,
-    last: Option<T>,
-) -> futures::stream::BoxStream<'static, T>
-where
-    S: futures::Stream<Item = T> + Send + Unpin + 'static,
-    T: Send + 'static,
-{
-    use futures::StreamExt;
-    let state = Some((stream, Box::pin(end), last));
-    futures::stream::unfold(state, |state| async move {
-        let (mut stream, mut end, last) = state?;
-        tokio::select! {
-            biased;
-            () = &mut end => {
-                drop(stream);
-                last.map(|l| (l, None))
-            }
-            item = stream.next() => item.map(|i| (i, Some((stream, end, last)))),
-        }
-    })
-    .boxed()
 }
 
 /// `/readyz` and `/metrics`: on the public listener, or on `server.admin_listen` when set.
