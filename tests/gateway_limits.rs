@@ -588,3 +588,57 @@ async fn bodies_being_received_are_bounded_in_bytes() {
     assert!(metric(&m, "tutor_gateway_refused_total{limit=\"receiving_bytes\"}") >= 1.0);
     h.shutdown().await;
 }
+
+/// Writes `head` (ignoring a write the gateway cut short) and reads until the gateway ends the
+/// connection: what it sent, or `None` if it was still open after 30 s.
+async fn send_head(h: &Harness, head: &[u8]) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr(h)).await.unwrap();
+    let _ = tcp.write_all(head).await;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        // A reset (the gateway closed with bytes of ours unread) ends it as well as a close.
+        while let Ok(n @ 1..) = tcp.read(&mut buf).await {
+            out.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    ended
+        .ok()
+        .map(|()| String::from_utf8_lossy(&out).into_owned())
+}
+
+/// A request head is held to `server.max_head_bytes` (32 KiB by default; hyper alone would
+/// buffer about 400 KB): a larger one is refused with 431, and one still arriving is not
+/// buffered past it until the header timeout, so every open connection holds at most that.
+#[tokio::test]
+async fn request_heads_are_bounded_in_bytes() {
+    let h = harness(FAST, |c| {
+        c.server.header_read_timeout = Duration::from_secs(120)
+    })
+    .await;
+    let head = |pad: usize, end: &str| {
+        format!(
+            "GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-pad: {}\r\n{end}",
+            "a".repeat(pad)
+        )
+    };
+    let small = send_head(&h, head(24 << 10, "\r\n").as_bytes()).await;
+    let small = small.expect("a 24 KiB head is answered");
+    assert!(small.starts_with("HTTP/1.1 200"), "{small}");
+    for (what, head) in [
+        ("a whole 40 KiB head", head(40 << 10, "\r\n")),
+        ("40 KiB of a head still arriving", head(40 << 10, "")),
+    ] {
+        let answer = send_head(&h, head.as_bytes()).await;
+        let answer = answer.unwrap_or_else(|| panic!("{what}: the connection stayed open"));
+        assert!(
+            answer.is_empty() || answer.starts_with("HTTP/1.1 431"),
+            "{what}: {answer}"
+        );
+    }
+    assert!(h.idle());
+    served_again(&h, "served after the refusals").await;
+    h.shutdown().await;
+}

@@ -652,7 +652,8 @@ fn the_drain_fits_in_the_termination_grace_period() {
 }
 
 /// The memory limit holds the worst the config allows: every permitted stream's client buffer
-/// full (a client that does not read), the queued bodies, and the process itself; the request
+/// full (a client that does not read), the queued bodies, the bodies being received, a head
+/// still arriving on every open connection, and the process itself; the request
 /// holds what was measured for a busy replica.
 #[test]
 fn the_memory_limit_covers_what_the_config_allows() {
@@ -661,11 +662,15 @@ fn the_memory_limit_covers_what_the_config_allows() {
     let in_flight = toml_u64(&table, "server", "max_requests_in_flight").unwrap_or(4096);
     let buffer = toml_u64(&table, "server", "client_buffer_bytes").unwrap_or(1 << 20);
     let queued = toml_u64(&table, "server", "max_queued_bytes").unwrap_or(256 << 20);
+    let receiving = toml_u64(&table, "server", "max_receiving_bytes").unwrap_or(256 << 20);
+    let heads = toml_u64(&table, "server", "max_connections").unwrap_or(10_000)
+        * toml_u64(&table, "server", "max_head_bytes").unwrap_or(32 << 10);
     let process = 64 << 20;
     let limit = bytes(c["resources"]["limits"]["memory"].as_str().unwrap());
     assert!(
-        limit >= in_flight * buffer + queued + process,
-        "limit {limit} < {in_flight} streams x {buffer} + {queued} queued + {process}"
+        limit >= in_flight * buffer + queued + receiving + heads + process,
+        "limit {limit} < {in_flight} streams x {buffer} + {queued} queued + {receiving} \
+         being received + {heads} of heads arriving + {process}"
     );
     let request = bytes(c["resources"]["requests"]["memory"].as_str().unwrap());
     // Measured (scripts/measure-stream-memory): 16 MiB idle, 46 MiB with 500 streams.

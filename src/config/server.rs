@@ -31,6 +31,12 @@ const BODY_READ_TIMEOUT_MS: u64 = 30_000;
 const MAX_QUEUED_BYTES: u64 = 256 * 1024 * 1024;
 /// Default `server.max_receiving_bytes`.
 const MAX_RECEIVING_BYTES: u64 = 256 * 1024 * 1024;
+/// Default `server.max_head_bytes`.
+const MAX_HEAD_BYTES: u64 = 32 * 1024;
+/// Smallest `server.max_head_bytes`: hyper's HTTP/1 read buffer cannot be smaller.
+const MIN_HEAD_BYTES: u64 = 8 * 1024;
+/// Largest `server.max_head_bytes`.
+const MAX_MAX_HEAD_BYTES: u64 = 1024 * 1024;
 /// Default `server.cors_max_age_s`.
 const CORS_MAX_AGE_S: u64 = 600;
 /// The environment variable that may hold the admin listener's token.
@@ -80,6 +86,8 @@ pub struct RawServer {
     pub max_queued_bytes_per_tenant: Option<u64>,
     /// Request body bytes being received at once, all requests together; more get 503.
     pub max_receiving_bytes: Option<u64>,
+    /// Largest request head (request line and headers), bytes; larger get 431.
+    pub max_head_bytes: Option<u64>,
     /// Browser origins allowed to call the gateway cross-origin (CORS).
     pub cors_allow_origins: Option<Vec<String>>,
     /// A second listener for operators (`/metrics`, `/readyz`), `IP:PORT`; empty: none.
@@ -156,6 +164,10 @@ pub struct ServerConfig {
     /// Request body bytes being received at once, all requests together (503 beyond; a body
     /// alone always passes, `max_body_bytes` bounding it).
     pub max_receiving_bytes: u64,
+    /// Largest request head, bytes: on HTTP/1 the request line and headers as sent (also the
+    /// most a connection buffers of a head still arriving), on HTTP/2 the decoded header
+    /// list. Larger: 431.
+    pub max_head_bytes: usize,
     /// Origins (`scheme://host[:port]`, lower case) allowed cross-origin; `*` allows any.
     pub cors_allow_origins: Vec<String>,
     /// Where `/metrics` and `/readyz` are served instead of the public listener, if set.
@@ -271,6 +283,13 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         CLIENT_WRITE_TIMEOUT_MS,
         3_600_000,
     );
+    let max_head_bytes = raw.max_head_bytes.unwrap_or(MAX_HEAD_BYTES);
+    if !(MIN_HEAD_BYTES..=MAX_MAX_HEAD_BYTES).contains(&max_head_bytes) {
+        c.fail(
+            "server.max_head_bytes",
+            format!("must be between {MIN_HEAD_BYTES} and {MAX_MAX_HEAD_BYTES}"),
+        );
+    }
     let mut cors_allow_origins = Vec::new();
     for (i, origin) in raw
         .cors_allow_origins
@@ -359,6 +378,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
             n => n.min(max_queued_bytes),
         },
         max_receiving_bytes,
+        max_head_bytes: max_head_bytes.clamp(MIN_HEAD_BYTES, MAX_MAX_HEAD_BYTES) as usize,
         client_buffer_bytes: usize::try_from(client_buffer_bytes).unwrap_or(usize::MAX),
         client_write_timeout: Duration::from_millis(client_write_ms),
         unknown_fields,

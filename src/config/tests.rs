@@ -142,6 +142,20 @@ ttft_slo_ms = 4000000
 }
 
 #[test]
+fn a_request_head_bound_hyper_could_not_take_is_a_problem() {
+    // Below 8 KiB hyper's HTTP/1 server would panic at the first connection.
+    for bad in [4096, 2 << 20] {
+        let issues = issues_of(&format!("{MINIMAL}[server]\nmax_head_bytes = {bad}\n"));
+        assert_eq!(
+            issues,
+            ["server.max_head_bytes must be between 8192 and 1048576"]
+        );
+    }
+    let c = Config::from_toml_str(&format!("{MINIMAL}[server]\nmax_head_bytes = 8192\n"));
+    assert_eq!(c.unwrap().server.max_head_bytes, 8192);
+}
+
+#[test]
 fn every_problem_of_a_section_is_listed_not_only_its_first() {
     // Two unknown keys and a wrong type in one table, an unknown key beside a validation
     // problem in another: all of them, in one report (it used to stop at a section's first).

@@ -37,6 +37,7 @@ pub const FIXED: &[&str] = &[
     "server.max_connections",
     "server.max_requests_in_flight",
     "server.max_body_bytes",
+    "server.max_head_bytes",
     "server.header_read_timeout_ms",
     "server.keep_alive_idle_ms",
     "server.body_read_timeout_ms",
@@ -293,6 +294,7 @@ fn keep_fixed(old: &Config, new: &mut Config) -> Vec<&'static str> {
     }
     // The routes' body limit is built into the router at start.
     keep!("server.max_body_bytes", server.max_body_bytes);
+    keep!("server.max_head_bytes", server.max_head_bytes);
     keep!("server.header_read_timeout_ms", server.header_read_timeout);
     keep!("server.keep_alive_idle_ms", server.keep_alive_idle);
     keep!("server.body_read_timeout_ms", server.body_read_timeout);

@@ -16,6 +16,8 @@
 //!   ([`super::idle`] says what counts);
 //! - on HTTP/2, a `PING` every [`H2_PING_INTERVAL`]; a connection that does not answer one
 //!   within [`H2_PING_TIMEOUT`] is closed (a peer that vanished mid-stream);
+//! - a request head of at most `server.max_head_bytes` (HTTP/1: as sent, which bounds what a
+//!   connection buffers of a head still arriving; HTTP/2: the decoded header list), else 431;
 //! - at most [`H2_MAX_STREAMS`] concurrent HTTP/2 streams per connection;
 //! - `TCP_NODELAY`, so small SSE writes go out at once;
 //! - writes that fail once the client has taken nothing for twice `server.client_write_timeout`
@@ -105,10 +107,14 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(None);
+        .header_read_timeout(None)
+        // A head still arriving is buffered up to this, not hyper's 400 KB: every open
+        // connection may hold one.
+        .max_buf_size(server.max_head_bytes);
     builder
         .http2()
         .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(server.max_head_bytes).unwrap_or(u32::MAX))
         .max_concurrent_streams(H2_MAX_STREAMS)
         .keep_alive_interval(H2_PING_INTERVAL)
         .keep_alive_timeout(H2_PING_TIMEOUT);
