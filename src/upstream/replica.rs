@@ -14,7 +14,9 @@
 //!   the old set knew of it: its requests in flight (those still running count, and their
 //!   tickets give back to the same count), its KV size, and, while health checks run, whether
 //!   it is ejected and its streak. A dead replica stays out of routing across a reload, and a
-//!   replica's `max_num_seqs` holds with the streams it already runs.
+//!   replica's `max_num_seqs` holds with the streams it already runs. Only the newest set's
+//!   loop checks a shared health: the replaced set, alive while its requests run, stops
+//!   checking it, so streaks do not count twice as fast.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -56,6 +58,8 @@ struct Health {
     streak: AtomicU32,
     /// Why it was ejected, for `/readyz`.
     last_error: std::sync::Mutex<Option<String>>,
+    /// The [`Replicas::id`] whose [`health_loop`] checks it (the newest set sharing it).
+    checked_by: AtomicU64,
 }
 
 impl Default for Health {
@@ -64,6 +68,7 @@ impl Default for Health {
             healthy: AtomicBool::new(true),
             streak: AtomicU32::new(0),
             last_error: std::sync::Mutex::new(None),
+            checked_by: AtomicU64::new(0),
         }
     }
 }
@@ -71,6 +76,8 @@ impl Default for Health {
 /// Every replica of one client, with the routing settings and metrics.
 #[derive(Debug)]
 pub struct Replicas {
+    /// Unique among the sets of the process (from 1): which set checks a shared health.
+    id: u64,
     list: Vec<Arc<Replica>>,
     routing: RoutingConfig,
     turn: AtomicU64,
@@ -114,6 +121,8 @@ impl Replicas {
         previous: Option<&Replicas>,
         abort_for: impl Fn(&ReplicaConfig) -> AbortCaller,
     ) -> Self {
+        static SETS: AtomicU64 = AtomicU64::new(1);
+        let id = SETS.fetch_add(1, Ordering::Relaxed);
         let checks = configs.len() > 1 && !routing.health_interval.is_zero();
         let list = configs
             .into_iter()
@@ -124,6 +133,7 @@ impl Replicas {
                 let health = before
                     .filter(|_| checks)
                     .map_or_else(Arc::default, |r| Arc::clone(&r.health));
+                health.checked_by.store(id, Ordering::Release);
                 metrics.set_healthy(&config.name, health.healthy.load(Ordering::Acquire));
                 metrics.set_in_flight(&config.name, load.in_flight.load(Ordering::Relaxed));
                 Arc::new(Replica {
@@ -136,6 +146,7 @@ impl Replicas {
             })
             .collect();
         Self {
+            id,
             list,
             routing,
             turn: AtomicU64::new(0),
@@ -423,7 +434,12 @@ where
         let Some(set) = replicas.upgrade() else {
             return;
         };
-        let checks = set.list.iter().map(|r| {
+        // A replica whose health a newer set shares is that set's to check.
+        let own = set
+            .list
+            .iter()
+            .filter(|r| r.health.checked_by.load(Ordering::Acquire) == set.id);
+        let checks = own.map(|r| {
             let r = Arc::clone(r);
             let probe = check(Arc::clone(&r));
             async move { (r, probe.await) }
@@ -437,3 +453,7 @@ where
         }
     }
 }
+
+#[cfg(test)]
+#[path = "replica_tests.rs"]
+mod tests;

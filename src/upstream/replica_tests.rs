@@ -1,0 +1,76 @@
+use std::sync::Mutex;
+
+use tokio_util::task::TaskTracker;
+
+use super::*;
+use crate::config::Config;
+
+fn set(previous: Option<&Replicas>, interval: Duration) -> Arc<Replicas> {
+    let configs = ["a", "b"]
+        .map(|n| ReplicaConfig {
+            name: n.to_owned(),
+            url: format!("http://{n}.invalid:8000"),
+            weight: 1,
+            max_num_seqs: None,
+        })
+        .to_vec();
+    let routing = RoutingConfig {
+        health_interval: interval,
+        ..RoutingConfig::default()
+    };
+    let upstream = Arc::new(Config::default().upstream);
+    Arc::new(Replicas::new(
+        configs,
+        routing,
+        ReplicaMetrics::default(),
+        previous,
+        |_| {
+            AbortCaller::new(
+                reqwest::Client::new(),
+                Arc::clone(&upstream),
+                TaskTracker::new(),
+            )
+        },
+    ))
+}
+
+/// Runs `set`'s health loop, recording under `who` each replica it probes; every probe fails.
+fn checks(set: &Arc<Replicas>, who: &'static str, seen: &Arc<Mutex<Vec<(&'static str, String)>>>) {
+    let seen = Arc::clone(seen);
+    tokio::spawn(health_loop(Arc::downgrade(set), move |r| {
+        seen.lock().unwrap().push((who, r.config.name.clone()));
+        async { Err("down".to_owned()) }
+    }));
+}
+
+/// A reload builds a new set that shares each replica's health while the old set lives on
+/// (its requests still run): only the new set's loop checks them, so a replica's failure
+/// streak grows once per interval, not twice, and ejection takes the configured checks.
+#[tokio::test(start_paused = true)]
+async fn only_the_newest_set_checks_a_shared_health() {
+    let second = Duration::from_secs(1);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let old = set(None, second);
+    checks(&old, "old", &seen);
+    tokio::time::sleep(second / 2).await;
+    let new = set(Some(&old), second * 2);
+    checks(&new, "new", &seen);
+    seen.lock().unwrap().clear();
+    // (Paused time.) The old loop would tick at 1 s, 2 s...; the new one ticks at once, then
+    // at 2.5 s and 4.5 s.
+    tokio::time::sleep(second * 5).await;
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().all(|(who, _)| *who == "new"),
+        "the replaced set checked too: {seen:?}"
+    );
+    assert_eq!(
+        seen.len(),
+        6,
+        "three rounds of the new set's checks: {seen:?}"
+    );
+    // Three failures in a row eject (the default unhealthy_after).
+    let ejected = new.status().iter().filter(|r| !r.healthy).count();
+    assert_eq!(ejected, 2, "{:?}", new.status());
+    drop(old);
+}
