@@ -174,13 +174,58 @@ pub async fn run_preset(
     Ok((results, inside))
 }
 
+/// Divides by `speed` every time of `cfg` that is read against the engine's progress, so that
+/// at `--speed F` it lasts what the file says in simulated time (the gateway lives in wall-clock
+/// time): the queues' timeouts (lanes and FIFO), the upstream's first-token, idle and total
+/// timeouts, the promotion's wait, the jobs' divert and pre-emption cool-down times, the lanes'
+/// TTFT objectives and the autopilot's times. Left in wall-clock time: what only bounds the
+/// network or the infrastructure (connect and header timeouts, health checks, leases, reloads).
+/// Without it a queue timeout would last F times longer at `--speed F`, and a run at speed 4
+/// would hide refusals a run at speed 1 makes.
+pub(crate) fn simulated_times(cfg: &mut Config, speed: f64) {
+    let wall = |d: &mut std::time::Duration| *d = d.div_f64(speed);
+    let ap = &mut cfg.autopilot;
+    for d in [
+        &mut ap.interval,
+        &mut ap.window,
+        &mut ap.hold,
+        &mut ap.max_large_wait,
+    ] {
+        wall(d);
+    }
+    wall(&mut cfg.admission.fifo.queue.timeout);
+    for lane in [
+        &mut cfg.lanes.small,
+        &mut cfg.lanes.medium,
+        &mut cfg.lanes.large,
+    ] {
+        wall(&mut lane.queue.timeout);
+        if let Some(o) = &mut lane.ttft_slo {
+            wall(&mut o.target);
+        }
+    }
+    let up = &mut cfg.upstream;
+    for d in [
+        &mut up.first_token_timeout,
+        &mut up.idle_timeout,
+        &mut up.total_timeout,
+    ] {
+        wall(d);
+    }
+    wall(&mut cfg.promotion.wait);
+    wall(&mut cfg.jobs.preempt_cooldown);
+    if let Some(d) = &mut cfg.jobs.divert_large_after {
+        wall(d);
+    }
+}
+
 /// Piece size of the `*-pieces` presets when the config file sets none.
 const DEFAULT_PIECE_TOKENS: u32 = 1024;
 
 /// The gateway config of one run: the file at `path` (with `upstream.max_model_len` set to the
-/// engine's) under `preset`'s admission policy, request log and tracing off. Under
-/// [`Preset::Autopilot`] the autopilot is on, and its times and the lanes' objectives, stated
-/// in simulated time, are divided by `speed` (the gateway lives in wall-clock time).
+/// engine's) under `preset`'s admission policy, request log and tracing off, its times read
+/// against the engine divided by `speed` ([`simulated_times`]). Under [`Preset::Autopilot`]
+/// the autopilot is on.
 /// `jobs.preempt` is on under [`Preset::LanesPreempt`], [`Preset::LanesPreemptRedis`],
 /// [`Preset::AutopilotPreempt`] and [`Preset::LanesPreemptPieces`] only
 /// (off under every other preset, whatever the file says).
@@ -213,29 +258,11 @@ pub(crate) fn gateway_config(
         0 => DEFAULT_PIECE_TOKENS,
         n => n,
     };
-    if preset.piloted() && speed > 0.0 {
-        let wall = |d: std::time::Duration| d.div_f64(speed);
-        let ap = &mut cfg.autopilot;
-        ap.interval = wall(ap.interval);
-        ap.window = wall(ap.window);
-        ap.hold = wall(ap.hold);
-        ap.max_large_wait = wall(ap.max_large_wait);
-        for lane in [
-            &mut cfg.lanes.small,
-            &mut cfg.lanes.medium,
-            &mut cfg.lanes.large,
-        ] {
-            if let Some(o) = &mut lane.ttft_slo {
-                o.target = wall(o.target);
-            }
-        }
+    if speed > 0.0 {
+        simulated_times(&mut cfg, speed);
     }
     cfg.admission.policy = policy;
     cfg.jobs.preempt = preset.preempts();
-    if speed > 0.0 {
-        // In simulated time, as the autopilot's times above.
-        cfg.jobs.preempt_cooldown = cfg.jobs.preempt_cooldown.div_f64(speed);
-    }
     cfg.admission.engine_priority = preset == Preset::LanesPriority;
     cfg.admission.fifo.max_concurrency = NonZeroU32::new(fifo_max_concurrency);
     cfg.telemetry.request_log = RequestLogSink::Off;
@@ -426,5 +453,80 @@ mod tests {
             both.jobs.preempt_cooldown,
             shipped.jobs.preempt_cooldown.div_f64(2.0)
         );
+    }
+
+    /// Every time read against the engine's progress lasts, at `--speed F`, what the file says
+    /// in simulated time, whatever the preset: a 60 s queue timeout is 15 s of wall clock at
+    /// speed 4, so a run at speed 4 refuses what a run at speed 1 refuses. Times that bound
+    /// only the network stay as written.
+    #[test]
+    fn times_read_against_the_engine_are_simulated_under_every_preset() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/config.toml");
+        let engine = EngineSetting::preset("seed").unwrap();
+        let was = load_config(&file, engine.max_model_len).unwrap();
+        let quarter = |d: std::time::Duration| d.div_f64(4.0);
+        for preset in [Preset::Fifo, Preset::Lanes, Preset::Autopilot] {
+            let now = gateway_config(&file, &engine, preset, 0, 4.0).unwrap();
+            for (what, before, after) in [
+                (
+                    "fifo queue",
+                    was.admission.fifo.queue.timeout,
+                    now.admission.fifo.queue.timeout,
+                ),
+                (
+                    "small queue",
+                    was.lanes.small.queue.timeout,
+                    now.lanes.small.queue.timeout,
+                ),
+                (
+                    "medium queue",
+                    was.lanes.medium.queue.timeout,
+                    now.lanes.medium.queue.timeout,
+                ),
+                (
+                    "large queue",
+                    was.lanes.large.queue.timeout,
+                    now.lanes.large.queue.timeout,
+                ),
+                (
+                    "first token",
+                    was.upstream.first_token_timeout,
+                    now.upstream.first_token_timeout,
+                ),
+                ("idle", was.upstream.idle_timeout, now.upstream.idle_timeout),
+                (
+                    "total",
+                    was.upstream.total_timeout,
+                    now.upstream.total_timeout,
+                ),
+                ("promotion wait", was.promotion.wait, now.promotion.wait),
+                (
+                    "cool-down",
+                    was.jobs.preempt_cooldown,
+                    now.jobs.preempt_cooldown,
+                ),
+                (
+                    "autopilot window",
+                    was.autopilot.window,
+                    now.autopilot.window,
+                ),
+            ] {
+                assert_eq!(after, quarter(before), "{what} under {}", preset.name());
+            }
+            let (connect, head) = (now.upstream.connect_timeout, now.server.header_read_timeout);
+            assert_eq!(
+                connect, was.upstream.connect_timeout,
+                "network bound as written"
+            );
+            assert_eq!(
+                head, was.server.header_read_timeout,
+                "network bound as written"
+            );
+        }
+        let mut diverting = was.clone();
+        diverting.jobs.divert_large_after = Some(std::time::Duration::from_secs(8));
+        simulated_times(&mut diverting, 4.0);
+        let divert = diverting.jobs.divert_large_after;
+        assert_eq!(divert, Some(std::time::Duration::from_secs(2)));
     }
 }
