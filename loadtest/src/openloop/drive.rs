@@ -41,6 +41,9 @@ pub struct Sent {
     /// When it was sent, wall-clock microseconds on the engine's clock (since
     /// `Engine::epoch()`).
     pub sent_us: u64,
+    /// How late it was sent against its arrival time, wall-clock microseconds (the client's
+    /// own lag: its times are measured from the arrival, so this never hides in them).
+    pub lag_us: u64,
     /// What the client saw (wall-clock times).
     pub outcome: Outcome,
 }
@@ -50,6 +53,11 @@ pub struct Sent {
 pub struct Driven {
     /// Every counted request (those arriving inside the window), in completion order.
     pub sent: Vec<Sent>,
+    /// The requests that do not count (arriving in the warm-up or after the window) and ended
+    /// before the run did: their work inside the window counts toward its throughput.
+    pub others: Vec<Sent>,
+    /// The window, wall-clock microseconds on the engine's clock: `[from, to)`.
+    pub window_us: (u64, u64),
     /// Every engine step of the run.
     pub steps: Vec<StepRecord>,
     /// Steps that fell out of the simulator's window before they were read.
@@ -86,11 +94,17 @@ pub async fn drive(
     };
     let start = Instant::now();
     let window_end = start + window.wall(window.warmup_s + window.window_s);
+    let on_engine = |t: Instant| t.into_std().saturating_duration_since(epoch).as_micros() as u64;
+    let window_us = (
+        on_engine(start + window.wall(window.warmup_s)),
+        on_engine(window_end),
+    );
     let jobs = backlog.map(|b| tokio::spawn(b.run(std::time::SystemTime::now(), window_end)));
     let cut_at = window_end + window.wall(window.drain_s);
     let mut remaining = arrivals.iter().filter(|a| window.counts(a.at_s)).count();
     let mut counted: JoinSet<Sent> = JoinSet::new();
-    let mut uncounted: JoinSet<()> = JoinSet::new();
+    let mut uncounted: JoinSet<Sent> = JoinSet::new();
+    let mut others = vec![];
     let mut sent = Vec::with_capacity(remaining);
     let mut next = 0;
     while remaining > 0 {
@@ -108,25 +122,28 @@ pub async fn drive(
             () = tokio::time::sleep_until(due.unwrap_or(cut_at)), if due.is_some() => {
                 let a = arrivals[next];
                 next += 1;
-                let job = one_request(a, scenario, seed, stack, epoch, cut_at);
+                let due = start + window.wall(a.at_s);
+                let job = one_request(a, scenario, seed, stack, (epoch, due), cut_at);
                 if window.counts(a.at_s) {
                     counted.spawn(job);
                 } else {
-                    uncounted.spawn(async move {
-                        job.await;
-                    });
+                    uncounted.spawn(job);
                 }
             }
             else => break,
         }
-        while uncounted.try_join_next().is_some() {}
+        while let Some(done) = uncounted.try_join_next() {
+            others.extend(done.ok());
+        }
     }
     let backlog = match jobs {
         Some(task) => task.await.unwrap_or_default(),
         None => Followed::default(),
     };
     uncounted.abort_all();
-    while uncounted.join_next().await.is_some() {}
+    while let Some(done) = uncounted.join_next().await {
+        others.extend(done.ok());
+    }
     reader.abort();
     let mut log = Arc::try_unwrap(log)
         .map(|m| m.into_inner().expect("step log"))
@@ -134,20 +151,22 @@ pub async fn drive(
     log.collect(&engine);
     Driven {
         sent,
+        others,
+        window_us,
         steps: log.steps(),
         lost_steps: log.lost,
         backlog,
     }
 }
 
-/// One request: its sizes and prompt from the seed, sent at once, read until it ends or
-/// `cut_at`.
+/// One request: its sizes and prompt from the seed, sent at once (its arrival was due at
+/// `due`), read until it ends or `cut_at`.
 fn one_request(
     a: Arrival,
     scenario: &Scenario,
     seed: u64,
     stack: &Stack,
-    epoch: std::time::Instant,
+    (epoch, due): (std::time::Instant, Instant),
     cut_at: Instant,
 ) -> impl std::future::Future<Output = Sent> + Send + 'static {
     let class = scenario.classes[a.class].clone();
@@ -170,6 +189,7 @@ fn one_request(
             input_tokens: input,
             output_tokens_asked: output,
             sent_us: at.saturating_duration_since(epoch).as_micros() as u64,
+            lag_us: at.saturating_duration_since(due.into_std()).as_micros() as u64,
             outcome,
         }
     }

@@ -20,6 +20,46 @@ pub const UNITS: &str = "All times are simulated seconds and all rates per simul
     (TTFT, end to end, engine steps) was multiplied back by F, so a run at --speed 2 reports \
     the same figures as one at --speed 1.";
 
+/// Quantiles that may be unbounded, in JSON: a number, or `"inf"` when the quantile falls among
+/// the offered requests that never got there (refused, cut, diverted), which count as
+/// infinitely late; `null` when nothing was offered.
+pub mod unbounded {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use serde_json::Value;
+
+    /// How an unbounded value is written.
+    pub const INF: &str = "inf";
+
+    /// `v` as JSON: a number, `"inf"`, or `null`.
+    pub fn to_json(v: f64) -> Value {
+        if v.is_infinite() {
+            Value::from(INF)
+        } else {
+            serde_json::json!(v)
+        }
+    }
+
+    /// A number or `"inf"` from JSON.
+    pub fn from_json(v: &Value) -> Option<f64> {
+        v.as_f64()
+            .or_else(|| (v.as_str() == Some(INF)).then_some(f64::INFINITY))
+    }
+
+    /// Serde: writes `"inf"` for an infinite value.
+    pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(x) if x.is_infinite() => s.serialize_str(INF),
+            Some(x) => s.serialize_f64(*x),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Serde: reads a number, `"inf"` or `null`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        Ok(from_json(&Value::deserialize(d)?))
+    }
+}
+
 /// The review classes whose end-to-end SLO is read against FIFO's (large first).
 pub const REVIEW_CLASSES: [&str; 2] = ["large", "medium"];
 /// SLO limits are this multiple of the reference p95 (the floor's TTFT, FIFO's e2e).
@@ -70,17 +110,27 @@ pub struct ClassFigures {
     pub failed: u64,
     /// Of `failed`: still running when the drain bound passed.
     pub cut: u64,
-    /// TTFT quantiles over the requests that got a first token, simulated seconds.
+    /// TTFT quantiles over the offered requests, simulated seconds, from the arrival; one that
+    /// never got a first token (refused, cut, diverted, failed) counts as infinitely late, so
+    /// an arm cannot look faster by refusing ([`unbounded`]: infinite when the quantile falls
+    /// among those).
+    #[serde(default, with = "unbounded")]
     pub ttft_p50_s: Option<f64>,
     /// 95th percentile TTFT.
+    #[serde(default, with = "unbounded")]
     pub ttft_p95_s: Option<f64>,
     /// 99th percentile TTFT.
+    #[serde(default, with = "unbounded")]
     pub ttft_p99_s: Option<f64>,
-    /// End-to-end quantiles over completed requests, simulated seconds.
+    /// End-to-end quantiles over the offered requests, simulated seconds, from the arrival;
+    /// one that did not complete counts as infinitely late.
+    #[serde(default, with = "unbounded")]
     pub e2e_p50_s: Option<f64>,
     /// 95th percentile end to end.
+    #[serde(default, with = "unbounded")]
     pub e2e_p95_s: Option<f64>,
     /// 99th percentile end to end.
+    #[serde(default, with = "unbounded")]
     pub e2e_p99_s: Option<f64>,
     /// The SLO limit this class is read against, simulated seconds (questions: TTFT <=
     /// 2 x the floor's p95; reviews: e2e <= 2 x FIFO's p95; same load and seed).
@@ -93,10 +143,13 @@ pub struct ClassFigures {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct VsFloor {
     /// p50 ratio.
+    #[serde(default, with = "unbounded")]
     pub ttft_p50_x: Option<f64>,
     /// p95 ratio.
+    #[serde(default, with = "unbounded")]
     pub ttft_p95_x: Option<f64>,
     /// p99 ratio.
+    #[serde(default, with = "unbounded")]
     pub ttft_p99_x: Option<f64>,
 }
 
@@ -127,10 +180,17 @@ pub struct RunFigures {
     pub refused_by_code: BTreeMap<String, u64>,
     /// Failures by code (`cut_at_deadline`, ...).
     pub failed_by_code: BTreeMap<String, u64>,
-    /// Prompt + output tokens of the window's completed requests per simulated second of window.
+    /// Prompt + output tokens delivered inside the window per simulated second of it: of every
+    /// request that completed, whenever it arrived, a prompt counts at its first token and
+    /// output tokens as their events came. Work, not arrivals: above capacity it is what the
+    /// engine got done, and an arm that finishes less in the window shows less.
     pub tokens_per_s: f64,
-    /// Output tokens of the window's completed requests per simulated second of window.
+    /// The output tokens of those.
     pub output_tokens_per_s: f64,
+    /// p99 of how late the client sent a counted request against its arrival time, wall-clock
+    /// ms (already inside every TTFT and end to end, which run from the arrival).
+    #[serde(default)]
+    pub send_lag_ms_p99: Option<f64>,
     /// Small TTFT against the floor's.
     pub small_vs_floor: VsFloor,
     /// The engine bound of this run's questions, from this run's own steps.
@@ -245,24 +305,24 @@ pub fn measure(
     };
     let mut times = vec![];
     let mut small_sent = vec![];
-    let (mut tokens, mut out_tokens) = (0u64, 0u64);
+    let (tokens, out_tokens) = delivered(driven);
+    let mut lags: Vec<f64> = driven.sent.iter().map(|s| s.lag_us as f64 / 1e3).collect();
+    r.send_lag_ms_p99 = quantile(&mut lags, 0.99);
     for (ci, c) in scenario.classes.iter().enumerate() {
         let mut cf = ClassFigures::default();
         let (mut ttft, mut e2e) = (vec![], vec![]);
         for s in driven.sent.iter().filter(|s| s.arrival.class == ci) {
             let o = &s.outcome;
             cf.offered += 1;
-            let t = o.ttft_s.map(|x| x * f);
+            // From the arrival, the client's lag in sending included.
+            let lag = s.lag_us as f64 / 1e6;
+            let t = o.ttft_s.map(|x| (x + lag) * f);
             let fate = fate(o);
             let done = (fate == Fate::Completed)
-                .then(|| o.e2e_s.map(|x| x * f))
+                .then(|| o.e2e_s.map(|x| (x + lag) * f))
                 .flatten();
             match fate {
-                Fate::Completed => {
-                    cf.completed += 1;
-                    tokens += u64::from(s.input_tokens) + u64::from(o.output_tokens);
-                    out_tokens += u64::from(o.output_tokens);
-                }
+                Fate::Completed => cf.completed += 1,
                 Fate::Refused => {
                     cf.refused += 1;
                     *r.refused_by_code
@@ -278,8 +338,8 @@ pub fn measure(
                         .or_default() += 1;
                 }
             }
-            ttft.extend(t);
-            e2e.extend(done);
+            ttft.push(t.unwrap_or(f64::INFINITY));
+            e2e.push(done.unwrap_or(f64::INFINITY));
             times.push((c.name.clone(), t, done));
             if c.name == FLOOR_CLASS {
                 small_sent.push(s.sent_us);
@@ -299,8 +359,8 @@ pub fn measure(
         r.classes.insert(c.name.clone(), cf);
     }
     let w = window.window_s.max(1e-9);
-    r.tokens_per_s = tokens as f64 / w;
-    r.output_tokens_per_s = out_tokens as f64 / w;
+    r.tokens_per_s = tokens / w;
+    r.output_tokens_per_s = out_tokens / w;
     r.engine_bound = bound::summarize(&driven.steps, &small_sent, f);
     let first = driven.sent.iter().map(|s| s.sent_us).min();
     let last = driven.sent.iter().map(|s| s.sent_us).max();
@@ -314,6 +374,37 @@ pub fn measure(
             .unwrap_or(0);
     }
     Measured { figures: r, times }
+}
+
+/// Prompt + output tokens, and output tokens, that the run's completed requests (counted or
+/// not) delivered inside its window: a prompt at its first token, the output spread over the
+/// token events (an event may carry several tokens) at the times they came.
+fn delivered(driven: &Driven) -> (f64, f64) {
+    let (from, to) = driven.window_us;
+    let inside = |us: f64| us >= from as f64 && us < to as f64;
+    let (mut all, mut output) = (0.0, 0.0);
+    for s in driven.sent.iter().chain(&driven.others) {
+        let o = &s.outcome;
+        if fate(o) != Fate::Completed {
+            continue;
+        }
+        let at = |t: f64| s.sent_us as f64 + t * 1e6;
+        if o.ttft_s.is_some_and(|t| inside(at(t))) {
+            all += f64::from(s.input_tokens);
+        }
+        let events = o.token_times.len();
+        if events == 0 {
+            continue;
+        }
+        let each = f64::from(o.output_tokens) / events as f64;
+        let n = o
+            .token_times
+            .iter()
+            .filter(|t| inside(at(f64::from(**t))))
+            .count();
+        output += each * n as f64;
+    }
+    (all + output, output)
 }
 
 /// Share of `class`'s requests in `times` whose value (`pick`) is at most `limit`; requests
@@ -368,12 +459,14 @@ pub fn relate(group: &mut [Measured]) {
         let times = m.times.clone();
         if let Some((f50, f95, f99)) = floor {
             if let Some(c) = m.figures.classes.get_mut(FLOOR_CLASS) {
+                // Against an unbounded floor no ratio means anything.
+                let finite = |f: Option<f64>| f.filter(|x| x.is_finite());
                 m.figures.small_vs_floor = VsFloor {
-                    ttft_p50_x: ratio(c.ttft_p50_s, f50),
-                    ttft_p95_x: ratio(c.ttft_p95_s, f95),
-                    ttft_p99_x: ratio(c.ttft_p99_s, f99),
+                    ttft_p50_x: ratio(c.ttft_p50_s, finite(f50)),
+                    ttft_p95_x: ratio(c.ttft_p95_s, finite(f95)),
+                    ttft_p99_x: ratio(c.ttft_p99_s, finite(f99)),
                 };
-                if let Some(p95) = f95 {
+                if let Some(p95) = f95.filter(|x| x.is_finite()) {
                     let limit = SLO_FACTOR * p95;
                     c.slo_limit_s = Some(limit);
                     c.slo_met = share_within(&times, FLOOR_CLASS, limit, |t| t.1);
@@ -381,6 +474,7 @@ pub fn relate(group: &mut [Measured]) {
             }
         }
         for (class, p95) in &fifo_e2e {
+            let p95 = p95.filter(|x| x.is_finite());
             if let (Some(p95), Some(c)) = (p95, m.figures.classes.get_mut(class)) {
                 let limit = SLO_FACTOR * p95;
                 c.slo_limit_s = Some(limit);
@@ -403,7 +497,8 @@ pub fn spread(v: &[f64]) -> Option<Value> {
     } else {
         (s[n / 2 - 1] + s[n / 2]) / 2.0
     };
-    Some(json!({"median": median, "min": s[0], "max": s[n - 1], "n": n}))
+    let to = unbounded::to_json;
+    Some(json!({"median": to(median), "min": to(s[0]), "max": to(s[n - 1]), "n": n}))
 }
 
 /// The spread of every numeric field across `runs` (the same shape, one per seed): objects are
@@ -426,7 +521,7 @@ pub fn spread_tree(runs: &[Value]) -> Value {
             Value::Object(m)
         }
         _ => {
-            let v: Vec<f64> = runs.iter().filter_map(Value::as_f64).collect();
+            let v: Vec<f64> = runs.iter().filter_map(unbounded::from_json).collect();
             spread(&v).unwrap_or(Value::Null)
         }
     }
@@ -435,6 +530,121 @@ pub fn spread_tree(runs: &[Value]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::client::Status;
+    use crate::openloop::drive::Sent;
+
+    /// A completed request sent at `sent_s` (wall s on the engine clock) with a 1,000-token
+    /// prompt, its first token `ttft_s` after, then one event a second carrying 2 tokens each.
+    fn completed(sent_s: f64, ttft_s: f64, events: u32) -> Sent {
+        Sent {
+            arrival: crate::arrivals::Arrival {
+                at_s: sent_s,
+                class: 0,
+                index: 1,
+            },
+            input_tokens: 1000,
+            output_tokens_asked: 2 * events,
+            sent_us: (sent_s * 1e6) as u64,
+            lag_us: 0,
+            outcome: crate::client::Outcome {
+                status: Status::Ok,
+                error: None,
+                ttft_s: Some(ttft_s),
+                token_times: (0..events)
+                    .map(|i| (ttft_s + f64::from(i)) as f32)
+                    .collect(),
+                output_tokens: 2 * events,
+                e2e_s: Some(ttft_s + f64::from(events)),
+                diverted: None,
+                prompt_tokens: None,
+                cached_tokens: None,
+            },
+        }
+    }
+
+    /// Quantiles are over the offered requests: a refused question counts as infinitely late,
+    /// so with 1 of 10 refused the p95 is unbounded (it read the ninth-fastest before), and it
+    /// stays so through the JSON, the spread across seeds and the table's cell. Times run from
+    /// the arrival: the client's lag in sending is inside them.
+    #[test]
+    fn a_refused_request_counts_as_infinitely_late_and_lag_counts() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let scenario = Scenario::load(&root.join("scenarios/seed-mix-open.toml")).unwrap();
+        let small = scenario
+            .classes
+            .iter()
+            .position(|c| c.name == "small")
+            .unwrap();
+        let mut sent: Vec<Sent> = (0..10)
+            .map(|i| {
+                let mut s = completed(15.0 + f64::from(i), 0.1, 1);
+                s.arrival.class = small;
+                s
+            })
+            .collect();
+        sent[0].lag_us = 50_000;
+        sent[9].outcome.status = Status::Error;
+        sent[9].outcome.error = Some("http_503".into());
+        sent[9].outcome.ttft_s = None;
+        let driven = Driven {
+            sent,
+            others: vec![],
+            window_us: (10_000_000, 30_000_000),
+            steps: vec![],
+            lost_steps: 0,
+            backlog: Default::default(),
+        };
+        let window = Window {
+            speed: 1.0,
+            warmup_s: 10.0,
+            window_s: 20.0,
+            drain_s: 10.0,
+        };
+        let m = measure(&driven, &scenario, &window, "lanes", 0.9, 1, 1.0);
+        let c = &m.figures.classes["small"];
+        assert!((c.ttft_p50_s.unwrap() - 0.1).abs() < 1e-9, "{c:?}");
+        let slowest = m.times.iter().filter_map(|t| t.1).fold(0.0, f64::max);
+        assert!(
+            (slowest - 0.15).abs() < 1e-9,
+            "the 50 ms lag is in its TTFT"
+        );
+        assert_eq!(c.ttft_p95_s, Some(f64::INFINITY));
+        assert_eq!(c.e2e_p95_s, Some(f64::INFINITY));
+        let json = serde_json::to_value(&m.figures).unwrap();
+        assert_eq!(json["classes"]["small"]["ttft_p95_s"], "inf");
+        let back: RunFigures = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(back.classes["small"].ttft_p95_s, Some(f64::INFINITY));
+        let mut other = json.clone();
+        other["classes"]["small"]["ttft_p95_s"] = serde_json::json!(0.2);
+        let tree = spread_tree(&[json, other]);
+        let cell = super::super::report::cell(&tree["classes"]["small"]["ttft_p95_s"], 1.0, 3, "");
+        assert_eq!(cell, "∞ (0.200–∞)");
+    }
+
+    /// Throughput is the work done inside the window, not the work that arrived in it: a
+    /// request that arrived in the warm-up adds what it delivered in the window, one that
+    /// arrived in the window adds only what it delivered before the window's end, and a
+    /// refused one adds nothing.
+    #[test]
+    fn throughput_counts_the_tokens_delivered_inside_the_window() {
+        let mut refused = completed(12.0, 0.5, 5);
+        refused.outcome.status = Status::Error;
+        refused.outcome.error = Some("http_503".into());
+        let driven = Driven {
+            // Arrived in the window: prompt at 15.5 s (in), events at 15.5..=24.5 s: 5 in.
+            sent: vec![completed(15.0, 0.5, 10), refused],
+            // Arrived in the warm-up: prompt at 8.5 s (out), events 8.5..=13.5 s: 4 in.
+            others: vec![completed(8.0, 0.5, 6)],
+            window_us: (10_000_000, 20_000_000),
+            steps: vec![],
+            lost_steps: 0,
+            backlog: Default::default(),
+        };
+        let (all, output) = delivered(&driven);
+        assert_eq!(output, 2.0 * (5.0 + 4.0));
+        assert_eq!(all, 1000.0 + output);
+    }
 
     fn times(v: &[(&str, Option<f64>, Option<f64>)]) -> Vec<(String, Option<f64>, Option<f64>)> {
         v.iter().map(|(c, t, e)| (c.to_string(), *t, *e)).collect()

@@ -25,7 +25,7 @@ const RECOMPUTED: f64 = 0.05;
 
 /// One figure of a run (`per_seed` entry) at a dot-separated path.
 fn get(run: &Value, path: &str) -> Option<f64> {
-    path.split('.').fold(run, |v, k| &v[k]).as_f64()
+    super::figures::unbounded::from_json(path.split('.').fold(run, |v, k| &v[k]))
 }
 
 fn mean(v: &[Option<f64>]) -> Option<f64> {
@@ -52,6 +52,7 @@ fn f(v: Option<f64>, digits: usize) -> String {
 /// Seconds: milliseconds under 0.1 s.
 fn secs(v: Option<f64>) -> String {
     match v {
+        Some(x) if x.is_infinite() => "∞".into(),
         Some(x) if x < 0.1 => format!("{:.1} ms", x * 1e3),
         Some(x) => format!("{x:.2} s"),
         None => "-".into(),

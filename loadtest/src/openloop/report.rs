@@ -13,12 +13,17 @@ pub use super::figures::UNITS;
 /// `v` (a `{median, min, max, n}` spread) as `median (min–max)`, or the value alone when the
 /// seeds agree or there is one; `scale` multiplies (100 for percentages), `digits` decimals.
 pub fn cell(v: &Value, scale: f64, digits: usize, unit: &str) -> String {
-    let (Some(m), Some(lo), Some(hi)) =
-        (v["median"].as_f64(), v["min"].as_f64(), v["max"].as_f64())
-    else {
+    let num = super::figures::unbounded::from_json;
+    let (Some(m), Some(lo), Some(hi)) = (num(&v["median"]), num(&v["min"]), num(&v["max"])) else {
         return "-".into();
     };
-    let f = |x: f64| format!("{:.*}", digits, x * scale + 0.0);
+    let f = |x: f64| {
+        if x.is_infinite() {
+            "∞".to_owned()
+        } else {
+            format!("{:.*}", digits, x * scale + 0.0)
+        }
+    };
     if f(lo) == f(hi) {
         format!("{}{unit}", f(m))
     } else {
@@ -33,7 +38,7 @@ fn at<'a>(tree: &'a Value, path: &str) -> &'a Value {
 
 fn secs(tree: &Value, path: &str) -> String {
     let v = at(tree, path);
-    let digits = match v["median"].as_f64() {
+    let digits = match super::figures::unbounded::from_json(&v["median"]) {
         Some(x) if x.abs() >= 10.0 => 1,
         Some(x) if x.abs() >= 1.0 => 2,
         _ => 3,
@@ -95,11 +100,15 @@ pub fn bound_row(load: f64, preset: &str, t: &Value) -> String {
 }
 
 fn med(t: &Value, path: &str) -> Option<f64> {
-    at(t, path)["median"].as_f64()
+    super::figures::unbounded::from_json(&at(t, path)["median"])
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
-    v.map_or("-".into(), |x| format!("{x:.digits$}"))
+    match v {
+        None => "-".into(),
+        Some(x) if x.is_infinite() => "∞".into(),
+        Some(x) => format!("{x:.digits$}"),
+    }
 }
 
 /// One headline line per load: what a reader quotes.
@@ -124,7 +133,9 @@ pub fn headline(load: f64, rate: f64, presets: &Value) -> String {
     );
     let e = "classes.large.e2e_p95_s";
     let ratio = match (med(lanes, e), med(fifo, e)) {
-        (Some(a), Some(b)) if b > 0.0 => format!(" ({:+.0}%)", (a / b - 1.0) * 100.0),
+        (Some(a), Some(b)) if b > 0.0 && a.is_finite() && b.is_finite() => {
+            format!(" ({:+.0}%)", (a / b - 1.0) * 100.0)
+        }
         _ => String::new(),
     };
     let _ = write!(
@@ -191,7 +202,13 @@ pub fn summary_md(summary: &Value) -> String {
     let _ = writeln!(
         md,
         "Cells: the median across seeds, (min–max) when they differ. Only requests arriving \
-         in the window count. The floor is the same question arrivals alone (the mixed \
+         in the window count toward latencies and counts. Latencies run from each request's \
+         arrival (the client's lag in sending included) and their quantiles are over the \
+         offered requests: one that never got a first token (TTFT) or did not complete (end \
+         to end) counts as infinitely late, so a quantile that falls among those reads ∞, and \
+         an arm cannot look faster by refusing. Tokens/s is the work delivered inside the \
+         window by every request that completed, whenever it arrived (a prompt at its first \
+         token, output tokens as they came), per second of window. The floor is the same question arrivals alone (the mixed \
          sequence with every other class dropped). \"within 2x\": share of the offered \
          requests whose TTFT (questions) is at most 2x the floor's p95, or whose end to end \
          (large) is at most 2x FIFO's p95, same load and seed; requests that never got there \
