@@ -3,7 +3,8 @@
 //!
 //! - `tutor_gateway_quota_backend_seconds{op}`: one Redis script call (acquire, release,
 //!   renew, move, prefill_done), round trip.
-//! - `tutor_gateway_quota_errors_total{kind}`: failed calls (`connection`, `timeout`, `other`)
+//! - `tutor_gateway_quota_errors_total{kind}`: failed calls (`connection`, `timeout`, `refused`:
+//!   Redis took no writes, out of memory, read-only, no permission or a wrong password; `other`)
 //!   and leases found gone at renewal (`lease_lost`).
 //! - `tutor_gateway_quota_degraded`: 1 while the replica runs on its fallback (Redis down).
 //! - `tutor_gateway_quota_fallbacks_total`: times the replica entered its fallback (a gauge

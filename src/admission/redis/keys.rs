@@ -1,5 +1,5 @@
 //! Redis key names. All share the hash tag `{quota}`, so every script's keys live in one
-//! Cluster slot: `<prefix>:{quota}:expiry`, `:leases`, `:usage`, `:waiting:large`, `:limits`, `:autopilot`, the pub/sub
+//! Cluster slot: `<prefix>:{quota}:expiry`, `:leases`, `:usage`, `:waiting:large`, `:limits`, `:autopilot`, `:epoch`, the pub/sub
 //! channel `<prefix>:{quota}:released`, and the background jobs' keys (`:jobs:*`, `:job:<id>`,
 //! see `crate::jobs`), which some scripts change together with the quota's.
 
@@ -28,6 +28,8 @@ pub struct Keys {
     /// Pub/sub channel (`jobs.preempt`): `<lease id> <lane> <reason>` when an acquire asks a
     /// pre-emptible lease to leave (`quota_common_v2.lua`, `ask_borrowers`).
     pub leave: String,
+    /// STRING a random id set once (`quota_epoch_v2.lua`): a new one means Redis lost its data.
+    pub epoch: String,
     /// Prefix of the per-session output counters (`<prefix>:{quota}:session:<hash>`, STRING
     /// with a TTL of the continuation window); the hash is of the session id, never the id.
     pub session: String,
@@ -48,6 +50,7 @@ impl Keys {
             autopilot: key("autopilot"),
             base: format!("{prefix}:{{quota}}"),
             session: key("session"),
+            epoch: key("epoch"),
         }
     }
 

@@ -107,12 +107,18 @@ impl<H> Default for Line<H> {
 }
 
 impl<H> Line<H> {
-    /// Wakes the first waiter when nobody has the turn.
+    /// Wakes the waiter whose turn it is ([`Line::first`]: ordered by fleet service, that may
+    /// not be the earliest arrival) when nobody has the turn.
     fn wake_first(&self) {
         if self.turn.is_none() {
-            if let Some(first) = self.order.values().next() {
-                first.wake.notify_one();
-            }
+            self.wake(self.first());
+        }
+    }
+
+    /// Wakes the waiter `id`, if it still waits.
+    fn wake(&self, id: Option<u64>) {
+        if let Some(seat) = id.and_then(|id| self.order.values().find(|s| s.id == id)) {
+            seat.wake.notify_one();
         }
     }
 
@@ -445,9 +451,16 @@ impl<'a, H> Place<'a, H> {
                 if let Some((held, places)) = self.pushed_out() {
                     return Err(Left::PushedOut(held, places));
                 }
-                if line.turn.is_none() && line.first() == Some(self.id) {
-                    line.turn = Some(self.id);
-                    return Ok(Turn { place: self });
+                if line.turn.is_none() {
+                    match line.first() {
+                        Some(id) if id == self.id => {
+                            line.turn = Some(self.id);
+                            return Ok(Turn { place: self });
+                        }
+                        // Woken while another is first now (the fleet's service moved since
+                        // the wake-up): pass it on, or nobody would take the free turn.
+                        first => line.wake(first),
+                    }
                 }
             }
             // A stored permit covers a wake-up sent between the check and this wait.
@@ -597,6 +610,45 @@ mod tests {
         drop(b);
         assert_eq!(q.lock().first(), Some(a1.id), "then the line as it was");
         drop((a1, a2));
+    }
+
+    /// Ordered by fleet service, the waiter whose turn it is may have arrived after others: a
+    /// free turn wakes it, not the earliest arrival (which found itself not first and slept
+    /// again, leaving the lane idle with requests waiting until their queue timeout).
+    #[tokio::test]
+    async fn a_free_turn_wakes_the_waiter_it_belongs_to() {
+        let served: Arc<Mutex<HashMap<String, f64>>> = Arc::default();
+        let q = LaneQueue::<()>::default();
+        let view = served.clone();
+        q.rank_by(Arc::new(move |t: &str| {
+            view.lock().unwrap().get(t).copied().unwrap_or(0.0)
+        }));
+        served.lock().unwrap().insert("A".into(), 900.0);
+        let costed = |t: &str| {
+            q.join_costed(10, (Some(t), 1.0), Some((100.0, 0.0)), None, None, one)
+                .unwrap()
+        };
+        let (a, b) = (costed("A"), costed("B"));
+        assert_eq!(q.lock().first(), Some(b.id), "B has had less service");
+        // A holds the turn (as a head's call might), both wait; the turn is given back.
+        q.lock().turn = Some(a.id);
+        let (mut a_turn, mut b_turn) = (Box::pin(a.turn()), Box::pin(b.turn()));
+        let pending = |r: Option<_>| r.is_none();
+        assert!(pending(futures::FutureExt::now_or_never(&mut a_turn)));
+        assert!(pending(futures::FutureExt::now_or_never(&mut b_turn)));
+        {
+            let mut line = q.lock();
+            line.turn = None;
+            line.wake_first();
+        }
+        let turn = tokio::time::timeout(Duration::from_secs(5), b_turn)
+            .await
+            .expect("the waiter whose turn it is was woken")
+            .unwrap();
+        assert_eq!(q.lock().turn, Some(b.id));
+        drop(turn);
+        drop(a_turn);
+        drop((a, b));
     }
 
     #[tokio::test]

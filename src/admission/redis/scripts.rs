@@ -14,7 +14,7 @@ use crate::admission::budget::PrefillLimit;
 use crate::config::{Config, Policy};
 use crate::lane::Lane;
 
-/// The eight quota scripts, loaded once per [`Scripts`] value.
+/// The quota scripts, loaded once per [`Scripts`] value.
 #[derive(Debug, Clone)]
 pub struct Scripts {
     acquire: Script,
@@ -27,6 +27,7 @@ pub struct Scripts {
     prefill_done: Script,
     limits: Script,
     adopt: Script,
+    epoch: Script,
 }
 
 macro_rules! quota_script {
@@ -50,6 +51,7 @@ impl Default for Scripts {
             prefill_done: quota_script!("quota_prefill_done_v2.lua"),
             limits: quota_script!("quota_limits_v2.lua"),
             adopt: quota_script!("quota_adopt_v2.lua"),
+            epoch: Script::new(include_str!("../../../lua/quota_epoch_v2.lua")),
         }
     }
 }
@@ -349,6 +351,21 @@ impl Scripts {
             call.arg(id).arg(lane).arg(*tokens).arg(*prefill);
         }
         call.invoke_async(conn).await
+    }
+
+    /// `quota_epoch_v2.lua`: the epoch of the data in Redis (set to `fresh` where there is
+    /// none).
+    pub async fn epoch<C: ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        keys: &Keys,
+        fresh: &str,
+    ) -> RedisResult<String> {
+        self.epoch
+            .key(&keys.epoch)
+            .arg(fresh)
+            .invoke_async(conn)
+            .await
     }
 
     /// `quota_prefill_done_v2.lua`: the requests of leases `ids` have their first tokens; gives

@@ -129,6 +129,8 @@ pub(crate) struct Shared {
     degraded: AtomicBool,
     /// Calls failed in a row (reset by any success).
     failures: std::sync::atomic::AtomicU32,
+    /// The epoch of Redis's data as last seen (`quota_epoch_v2.lua`).
+    epoch: Mutex<Option<String>>,
     /// Set by [`super::RedisAdmission::abandon`]: behave like a killed process.
     pub abandoned: AtomicBool,
     pub releases: mpsc::UnboundedSender<Lease>,
@@ -191,6 +193,7 @@ impl Shared {
             long_lines,
             degraded: AtomicBool::new(false),
             failures: std::sync::atomic::AtomicU32::new(0),
+            epoch: Mutex::new(None),
             abandoned: AtomicBool::new(false),
             releases,
             metrics,
@@ -509,6 +512,27 @@ impl Shared {
         self.metrics.set_degraded(degraded);
     }
 
+    /// Whether Redis lost its data since the last look (restarted without persistence,
+    /// flushed, failed over to an empty replica): its epoch changed. The first look, and a
+    /// call that fails, say no.
+    pub async fn data_lost(&self) -> bool {
+        let Some(mut conn) = self.connection() else {
+            return false;
+        };
+        let fresh = uuid::Uuid::new_v4().simple().to_string();
+        match self.scripts.epoch(&mut conn, &self.keys, &fresh).await {
+            Ok(epoch) => {
+                let mut seen = self.epoch.lock().unwrap_or_else(PoisonError::into_inner);
+                let before = seen.replace(epoch.clone());
+                before.is_some_and(|b| b != epoch)
+            }
+            Err(err) => {
+                self.failed("epoch", &err);
+                false
+            }
+        }
+    }
+
     /// A call succeeded: the failures in a row start again from zero.
     pub fn succeeded(&self) {
         self.failures.store(0, Ordering::Release);
@@ -516,25 +540,37 @@ impl Shared {
 
     /// Counts a failed call; marks the quota degraded after [`DEGRADE_AFTER`] calls a request
     /// waits on (`acquire`, `job_take`, `borrow`, `move`, `limits`) or the heartbeat (`connect`,
-    /// `renew`) failed in a row, or at once when the heartbeat could not reach Redis at all
-    /// (connection refused or dropped). A heartbeat call that only timed out counts like any
+    /// `renew`, `epoch`) failed in a row, at once when the heartbeat could not reach Redis at
+    /// all (connection refused or dropped), and at once when Redis refused the call's writes
+    /// (out of memory, read-only, no permission, authentication). A heartbeat call that only timed out counts like any
     /// other: a busy replica (its answer read late) is not an outage, and its leases live on
     /// for `lease_ttl_ms` (at least three beats). Background calls (`release`, `prefill_done`)
     /// are retried by the heartbeat and decide nothing on their own.
     pub fn failed(&self, op: &str, err: &RedisError) {
+        // Redis answers but takes no writes, or not ours: out of memory under `noeviction`,
+        // a failing disk (MISCONF), a read-only replica, a user without permission, a wrong
+        // password. No waiting request is helped by asking again.
+        let refused = matches!(
+            err.code(),
+            Some("OOM" | "MISCONF" | "READONLY" | "NOPERM" | "WRONGPASS" | "NOAUTH")
+        ) || err.kind() == redis::ErrorKind::AuthenticationFailed;
         let kind = if err.is_timeout() {
             "timeout"
         } else if err.is_io_error() || err.is_connection_dropped() || err.is_connection_refusal() {
             "connection"
+        } else if refused {
+            "refused"
         } else {
             "other"
         };
         self.metrics.error(kind);
         // The error text names the server but never the password.
         tracing::warn!(op, kind, error = %err, "quota call failed");
-        if matches!(op, "connect" | "renew") && kind == "connection" {
+        let background = matches!(op, "release" | "prefill_done");
+        let unreachable = matches!(op, "connect" | "renew") && kind == "connection";
+        if unreachable || (refused && !background) {
             self.set_degraded(true);
-        } else if !matches!(op, "release" | "prefill_done") {
+        } else if !background {
             let in_a_row = self.failures.fetch_add(1, Ordering::AcqRel) + 1;
             if in_a_row >= DEGRADE_AFTER {
                 self.set_degraded(true);

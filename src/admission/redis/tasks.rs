@@ -62,6 +62,8 @@ pub(super) async fn heartbeat(
                     shared.conn.send_replace(Some(conn));
                     // The shared limits record: this replica's limits where there is none yet.
                     shared.write_limits(LimitsWrite::Ensure).await;
+                    // The data's epoch as first seen (a later change: Redis lost its data).
+                    shared.data_lost().await;
                 }
                 Err(err) => {
                     shared.failed("connect", &err);
@@ -76,16 +78,32 @@ pub(super) async fn heartbeat(
         let was_degraded = shared.degraded();
         if beat(&shared, &mut pending, &mut lost).await {
             shared.succeeded();
-            shared.set_degraded(false);
+            // Redis lost its data (restarted without persistence, flushed, failed over to an
+            // empty replica): the leases found gone went with it, nobody took their seats.
+            let wiped = shared.data_lost().await;
+            if wiped {
+                tracing::warn!(
+                    leases = lost.len(),
+                    "the shared quota's Redis lost its data: this replica's running requests \
+                     are counted there again"
+                );
+            }
             // Leases that expired during an outage are registered again (their requests ran
             // on, counted by the fallback); one found gone in normal running (this replica was
             // too slow to renew it) is only counted: its seat may have gone to another request.
-            if !was_degraded {
+            if !was_degraded && !wiped {
                 lost.clear();
             }
-            // What ran while Redis was away (and leases it lost) is counted there again.
+            // What ran while Redis was away (and leases it lost) is counted there again, before
+            // Redis admits anything for this replica: leaving the fallback first would let it
+            // admit against counters that miss those requests.
             shared.adopt_fallback(&lost).await;
+            shared.set_degraded(false);
             sync_limits(&shared).await;
+        } else if shared.degraded() {
+            // The next beat builds a new connection: a connection manager whose own reconnects
+            // failed on authentication kept failing after the password was right again.
+            shared.conn.send_replace(None);
         }
     }
 }
@@ -225,7 +243,8 @@ async fn give_back(
             return false;
         }
     }
-    shared.succeeded();
+    // A release that went through does not reset the failures in a row: a Redis out of
+    // memory still takes it (its first write removes), while every acquire fails.
     let prefill = leases.iter().any(|l| l.give == Give::Prefill);
     for lane in Lane::ALL {
         if leases.iter().any(|l| l.lane == lane) {
