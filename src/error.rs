@@ -37,7 +37,9 @@
 //!
 //! On `/v1` the body is OpenAI's error shape `{"error":{"message","type","param","code"}}`; on
 //! `/answer` before streaming the same JSON, and once streaming began an SSE `error` event with
-//! `{"code","message"}`. Messages never contain prompt text.
+//! `{"code","message"}`. Messages the gateway writes never contain prompt text; a 4xx from vLLM
+//! keeps vLLM's wording, which may quote the client's own request back to it, while vLLM's 5xx
+//! and its errors mid-stream are told by status and error type only.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -365,6 +367,13 @@ impl GatewayError {
                 | UpstreamError::ResponseTimeout(_),
             ) => Outcome::UpstreamTimeout,
             Self::Upstream(UpstreamError::InvalidRequestId) => Outcome::Internal,
+            // vLLM's 401/403 answer the gateway's `upstream.api_key`: an operator's problem.
+            Self::Upstream(UpstreamError::Status { status, .. })
+                if status.is_client_error()
+                    && !matches!(*status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) =>
+            {
+                Outcome::UpstreamRejected
+            }
             Self::Upstream(_) => Outcome::UpstreamError,
         }
     }
@@ -373,7 +382,8 @@ impl GatewayError {
     fn kind(&self) -> String {
         if let Self::Upstream(UpstreamError::Status { error, .. }) = self {
             if let Some(k) = &error.kind {
-                return k.clone();
+                // vLLM's word, kept short (an exception's class name).
+                return printable(k, 64);
             }
         }
         let s = self.status();
@@ -387,18 +397,47 @@ impl GatewayError {
     fn param(&self) -> Option<String> {
         match self {
             Self::BadRequest { param, .. } => param.as_deref().map(str::to_owned),
-            Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Some("max_tokens".into()),
-            Self::Upstream(UpstreamError::Status { error, .. }) => error.param.clone(),
+            // Only the output's size is the client's to lower when the input leaves room.
+            Self::Classify(ClassifyError::ExceedsModelLen {
+                input_tokens,
+                max_model_len,
+                ..
+            }) if input_tokens < max_model_len => Some("max_tokens".into()),
+            Self::Classify(ClassifyError::ExceedsModelLen { .. }) => None,
+            Self::Upstream(UpstreamError::Status { error, .. }) => {
+                error.param.as_deref().map(|p| printable(p, 128))
+            }
             _ => None,
         }
     }
 
-    /// The message the client sees; upstream 4xx keep vLLM's own wording. At most
-    /// [`MAX_MESSAGE_BYTES`] (a message quoting a huge field name or value is cut).
+    /// The message the client sees; upstream 4xx keep vLLM's own wording (about the client's
+    /// own request, which it may quote). vLLM's 5xx and its errors mid-stream are told by
+    /// status and vLLM's error type only: their text can quote a prompt or an answer (an
+    /// engine's traceback) or the engine's internals, and it also reaches job records and
+    /// webhooks. At most [`MAX_MESSAGE_BYTES`] (a message quoting a huge field name or value is
+    /// cut).
     pub fn message(&self) -> String {
+        let kind = |e: &crate::upstream::EngineError| {
+            e.kind
+                .as_deref()
+                .map_or_else(String::new, |k| format!(" ({})", printable(k, 64)))
+        };
         let full = match self {
             Self::Upstream(UpstreamError::Status { error, status }) if status.is_client_error() => {
                 error.message.clone()
+            }
+            Self::Upstream(UpstreamError::Status { error, status }) => {
+                format!(
+                    "the engine failed the request: it answered {status}{}",
+                    kind(error)
+                )
+            }
+            Self::Upstream(UpstreamError::Engine(error)) => {
+                format!(
+                    "the engine reported an error while answering{}",
+                    kind(error)
+                )
             }
             other => other.to_string(),
         };

@@ -252,6 +252,19 @@ fn report(path: &std::path::Path, err: ConfigError) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// `url` with any `user:password@` replaced by `***@`: what check-config may print.
+fn without_credentials(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut u) if !u.username().is_empty() || u.password().is_some() => {
+            let _ = u.set_password(None);
+            let _ = u.set_username("***");
+            u.to_string()
+        }
+        Ok(_) => url.to_owned(),
+        Err(_) => "(unparsable URL)".to_owned(),
+    }
+}
+
 fn check_config(path: &std::path::Path, probe: bool, strict: bool) -> ExitCode {
     match Config::load(path) {
         Ok(config) => {
@@ -259,7 +272,7 @@ fn check_config(path: &std::path::Path, probe: bool, strict: bool) -> ExitCode {
                 "{}: ok (policy {:?}, upstream {}, model {})",
                 path.display(),
                 config.admission.policy,
-                config.upstream.base_url,
+                without_credentials(&config.upstream.base_url),
                 config.upstream.model
             );
             if probe {

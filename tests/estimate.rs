@@ -356,7 +356,18 @@ async fn a_review_that_cannot_fit_is_refused_up_front_never_failed_by_the_engine
         "messages": [{"role": "user", "content": prompt}], "max_tokens": 3000
     })))
     .await;
-    assert_error(resp, 400, "too_long").await;
+    let body = assert_error(resp, 400, "too_long").await;
+    assert_eq!(
+        body["error"]["param"], "max_tokens",
+        "a smaller output would fit"
+    );
+    // A prompt that alone passes the model's length: no output size would help.
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(&json!({
+        "messages": [{"role": "user", "content": format!("{prompt}\n{prompt}")}], "max_tokens": 10
+    })))
+    .await;
+    let body = assert_error(resp, 400, "too_long").await;
+    assert_eq!(body["error"]["param"], serde_json::Value::Null, "{body}");
     // With room for its output it is admitted and completes.
     let resp = send(client().post(h.url("/v1/chat/completions")).json(&json!({
         "messages": [{"role": "user", "content": prompt}], "max_tokens": 300

@@ -376,6 +376,11 @@ async fn vllm_rejections_pass_through_with_vllms_message() {
     assert_eq!(err["error"]["type"], "NotFoundError");
     assert_eq!(err["error"]["code"], "upstream_rejected");
     assert!(h.idle(), "the slot came back");
+    // Counted as the client's doing, outside the upstream-errors alert's outcomes.
+    let m = h.metrics_text().await;
+    let rejected = r#"tutor_gateway_requests_total{lane="small",outcome="upstream_rejected",route="chat_completions"}"#;
+    assert_eq!(metric(&m, rejected), 1.0, "{m}");
+    assert!(!m.contains(r#"outcome="upstream_error""#), "{m}");
     h.shutdown().await;
 }
 
@@ -684,4 +689,40 @@ async fn tls_to_a_vllm_whose_certificate_a_private_ca_signed() {
     assert_eq!(resp.status(), 503);
     h.shutdown().await;
     sim.shutdown().await;
+}
+
+/// vLLM's 5xx and its errors mid-stream reach the client by status and error type only: their
+/// wording (an engine traceback can quote the prompt or the answer) stays out of the message,
+/// which also goes into job records and webhooks.
+#[tokio::test]
+async fn the_engines_own_failure_text_never_reaches_the_client() {
+    let h = harness(
+        &flags("--speed 50 --profile tiny-test --fail-rate 1"),
+        |_| {},
+    )
+    .await;
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let r = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+    assert_eq!(r.status(), 502);
+    let err: serde_json::Value = r.json().await.unwrap();
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(!message.contains("injected"), "{message}");
+    assert!(
+        message.contains("500") && message.contains("InternalServerError"),
+        "{message}"
+    );
+    h.shutdown().await;
+
+    let h = harness(
+        &flags("--speed 50 --profile tiny-test --midstream-error-rate 1 --error-after-tokens 2"),
+        |_| {},
+    )
+    .await;
+    let stream = json!({"prompt": "def f():", "max_tokens": 200, "stream": true});
+    let text = post_text(h.url("/v1/completions"), &stream).await;
+    assert!(text.contains("upstream_error"), "{text}");
+    assert!(!text.contains("injected"), "{text}");
+    assert!(text.contains("InternalServerError"), "{text}");
+    assert!(h.idle());
+    h.shutdown().await;
 }

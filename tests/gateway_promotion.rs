@@ -172,6 +172,31 @@ async fn with_medium_full_the_stream_is_cut_with_the_documented_message_and_abor
     })
     .await;
 
+    // A client that asked for usage gets it after the cut chunk, as vLLM's last chunk: the
+    // tokens it was sent, and the prompt.
+    let mut asking = endless();
+    asking["stream_options"] = json!({"include_usage": true});
+    let events = sse(&post_text(h.url("/v1/chat/completions"), &asking).await);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let (cut, usage) = (
+        json(&events[events.len() - 3].1),
+        json(&events[events.len() - 2].1),
+    );
+    assert_eq!(cut["tutor_gateway"]["cut"], "lane_limit", "{events:?}");
+    assert_eq!(usage["choices"], json!([]), "{usage}");
+    assert_eq!(usage["id"], cut["id"]);
+    let u = &usage["usage"];
+    assert_eq!(u["completion_tokens"], cut["tutor_gateway"]["after_tokens"]);
+    assert_eq!(
+        u["completion_tokens"].as_u64().unwrap() as usize,
+        words_in(&events)
+    );
+    assert!(u["prompt_tokens"].as_u64().unwrap() > 0, "{u}");
+    assert_eq!(
+        u["total_tokens"].as_u64(),
+        Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap())
+    );
+
     // /answer gets a `cut` event the frontend can show, then `done`.
     let answer = post_text(
         h.url("/answer"),
@@ -194,7 +219,7 @@ async fn with_medium_full_the_stream_is_cut_with_the_documented_message_and_abor
     let m = h.metrics_text().await;
     assert_eq!(
         metric(&m, "tutor_gateway_stream_cuts_total{lane=\"small\"}"),
-        2.0
+        3.0
     );
     assert_eq!(
         metric(

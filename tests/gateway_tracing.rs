@@ -217,3 +217,39 @@ async fn a_job_has_one_span_in_the_submitting_clients_trace() {
     );
     h.shutdown().await;
 }
+
+/// Only `llm.generate` spans are exported, whatever else is traced: an HTTP/2 request, whose
+/// library traces a span per frame, exports that one span and nothing of HTTP/2's.
+#[tokio::test]
+async fn only_the_request_span_is_exported() {
+    let t = traces();
+    let h = harness(&flags("--speed 50 --profile tiny-test"), |_| {}).await;
+    let tcp = tokio::net::TcpStream::connect(h.gw.addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", h.gw.addr))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (resp, mut send) = client.send_request(req, false).unwrap();
+    let body =
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": true});
+    send.send_data(bytes::Bytes::from(body.to_string()), true)
+        .unwrap();
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.into_body();
+    let mut text = Vec::new();
+    while let Some(data) = stream.data().await {
+        let data = data.unwrap();
+        let _ = stream.flow_control().release_capacity(data.len());
+        text.extend_from_slice(&data);
+    }
+    assert!(String::from_utf8_lossy(&text).ends_with("data: [DONE]\n\n"));
+    drop(client);
+    eventually("the span ended", || !t.generate_spans().is_empty()).await;
+    assert_eq!(t.span_names(), ["llm.generate"]);
+    conn.abort();
+    h.shutdown().await;
+}

@@ -135,6 +135,31 @@ fn run_away_from_the_repository_the_binary_points_at_config() {
     assert!(stderr.contains("config/config.toml"), "{stderr}");
 }
 
+/// check-config says what it read, and never a password written into the upstream's URL.
+#[test]
+fn check_config_prints_no_credentials_of_the_upstream_url() {
+    let dir = Scratch::new("creds");
+    let path = dir.path().join("creds.toml");
+    std::fs::write(
+        &path,
+        "[classify]\ntokenizer = \"heuristic\"\n[upstream]\n\
+         base_url = \"http://user:UPSTREAMPASS@127.0.0.1:8000\"\n",
+    )
+    .unwrap();
+    let out = gateway_bin()
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("http://***@127.0.0.1:8000"), "{stdout}");
+    assert!(
+        !stdout.contains("UPSTREAMPASS") && !stdout.contains("user:"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn check_config_lists_every_problem_at_once() {
     let dir = Scratch::new("check");

@@ -154,6 +154,15 @@ pub struct SimArgs {
     /// Fraction of streams with a non-JSON `data:` line in the middle.
     #[arg(long, default_value_t = 0.0)]
     pub garbage_rate: f64,
+    /// A broken engine: after the finish reason (and the usage chunk) every stream goes on
+    /// sending a text chunk every 10 ms instead of `[DONE]`, without end, until the client
+    /// closes.
+    #[arg(long)]
+    pub chatter_after_finish: bool,
+    /// A broken engine: every answer chunk carries this many bytes more (an `x_padding` field),
+    /// so a few tokens make megabytes.
+    #[arg(long, default_value_t = 0)]
+    pub chunk_padding_bytes: usize,
     /// Log filter (as `RUST_LOG`).
     #[arg(long, default_value = "info")]
     pub log: String,

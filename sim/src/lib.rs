@@ -181,6 +181,8 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
             omit_done: args.omit_done_rate,
             omit_done_hang: args.omit_done_hang,
             garbage: args.garbage_rate,
+            chatter_after_finish: args.chatter_after_finish,
+            padding: args.chunk_padding_bytes,
         },
         prompt_tokens_details: args.enable_prompt_tokens_details,
         per_request_metrics: args.enable_per_request_metrics,

@@ -46,6 +46,10 @@ pub struct FaultPlan {
     pub hang_after_finish: bool,
     /// Send a non-JSON `data:` line after the first token.
     pub garbage: bool,
+    /// After the finish, a text chunk every 10 ms without end.
+    pub chatter_after_finish: bool,
+    /// Bytes of padding on every answer chunk.
+    pub padding: usize,
 }
 
 /// Fault-injection settings from the command line.
@@ -67,6 +71,10 @@ pub struct FaultRates {
     pub omit_done_hang: bool,
     /// `--garbage-rate`.
     pub garbage: f64,
+    /// `--chatter-after-finish`.
+    pub chatter_after_finish: bool,
+    /// `--chunk-padding-bytes`.
+    pub padding: usize,
 }
 
 impl FaultPlan {
@@ -87,6 +95,8 @@ impl FaultRates {
             omit_done: hit(self.omit_done),
             garbage: hit(self.garbage),
             hang_after_finish: false,
+            chatter_after_finish: self.chatter_after_finish,
+            padding: self.padding,
         }
         .hanging(self.omit_done_hang)
     }

@@ -35,7 +35,8 @@ pub struct EngineCapacity {
 impl EngineCapacity {
     /// Tokens the KV cache holds: `num_gpu_blocks x block_size`.
     pub fn kv_tokens(&self) -> u64 {
-        self.num_gpu_blocks * u64::from(self.block_size)
+        self.num_gpu_blocks
+            .saturating_mul(u64::from(self.block_size))
     }
 }
 
@@ -68,6 +69,7 @@ pub fn client_for(upstream: &UpstreamConfig) -> Result<reqwest::Client> {
     let mut builder = reqwest::Client::builder()
         .connect_timeout(upstream.connect_timeout)
         .timeout(READ_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .default_headers(headers);
     if let Some(pem) = &upstream.ca_pem {
@@ -108,8 +110,25 @@ async fn get_text(http: &reqwest::Client, url: &str) -> Result<String> {
     if !status.is_success() {
         bail!("GET {url}: HTTP {status}");
     }
-    resp.text().await.with_context(|| format!("GET {url}"))
+    // Read with a bound: a page past it is not vLLM's (its /metrics is tens of KiB).
+    let mut body = Vec::new();
+    let mut stream = resp.bytes_stream();
+    while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+        let chunk = chunk.with_context(|| format!("GET {url}"))?;
+        if body.len() + chunk.len() > MAX_PAGE_BYTES {
+            bail!("GET {url}: more than {MAX_PAGE_BYTES} bytes, not vLLM's page");
+        }
+        body.extend_from_slice(&chunk);
+    }
+    String::from_utf8(body).with_context(|| format!("GET {url}: not UTF-8"))
 }
+
+/// The most bytes read of the engine's `/metrics` or `/v1/models`.
+const MAX_PAGE_BYTES: usize = 8 << 20;
+
+/// The most KV blocks one engine core may report and still be believed: 2^40 blocks is far
+/// beyond any GPU, and keeps every product with a block size within u64.
+const MAX_BLOCKS: u64 = 1 << 40;
 
 /// Blocks (summed over engine cores), block size, engine cores, from a `/metrics` page.
 pub fn parse_cache_config(metrics: &str) -> Result<(u64, u32, u32)> {
@@ -134,6 +153,9 @@ pub fn parse_cache_config(metrics: &str) -> Result<(u64, u32, u32)> {
             })
         };
         let n = label("num_gpu_blocks")?;
+        if n > MAX_BLOCKS {
+            bail!("{CACHE_CONFIG_INFO} `num_gpu_blocks` is {n}, beyond any engine");
+        }
         let size = u32::try_from(label("block_size")?).context("block_size is too large")?;
         if size == 0 {
             bail!("{CACHE_CONFIG_INFO} `block_size` is 0");
@@ -141,7 +163,7 @@ pub fn parse_cache_config(metrics: &str) -> Result<(u64, u32, u32)> {
         if *block_size.get_or_insert(size) != size {
             bail!("{CACHE_CONFIG_INFO}: the engine cores report different block sizes");
         }
-        blocks += n;
+        blocks = blocks.saturating_add(n);
     }
     Ok((blocks, block_size.unwrap_or_default(), seen.len() as u32))
 }
@@ -208,6 +230,22 @@ mod tests {
         let page = VLLM_LINE.replace("num_gpu_blocks=\"27690\"", "num_gpu_blocks=\"None\"");
         let err = parse_cache_config(&page).unwrap_err().to_string();
         assert!(err.contains("`num_gpu_blocks` is \"None\""), "{err}");
+    }
+
+    /// A block count no engine has (2^59: times a block size it would wrap u64, and the
+    /// replicas' KV shares divided by a total of zero) is refused, not believed.
+    #[test]
+    fn a_block_count_beyond_any_engine_is_refused() {
+        let page = VLLM_LINE.replace("\"27690\"", "\"576460752303423488\"");
+        let err = parse_cache_config(&page).unwrap_err().to_string();
+        assert!(err.contains("beyond any engine"), "{err}");
+        let most = EngineCapacity {
+            num_gpu_blocks: u64::MAX,
+            block_size: 16,
+            engines: 1,
+            max_model_len: 1,
+        };
+        assert_eq!(most.kv_tokens(), u64::MAX);
     }
 
     #[test]

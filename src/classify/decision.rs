@@ -64,6 +64,11 @@ impl LaneRules {
         }
     }
 
+    /// `upstream.max_model_len`: the most tokens one request's prompt and output hold.
+    pub fn max_model_len(&self) -> u32 {
+        self.bounds[2]
+    }
+
     /// Largest work that is still small (`classify.small_max_work`).
     pub fn small_max_work(&self) -> u32 {
         self.small_max_work

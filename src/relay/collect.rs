@@ -8,6 +8,12 @@ use serde_json::{json, Value};
 use crate::telemetry::{LatencySplit, Route};
 use crate::upstream::{Chunk, ToolCallDelta, Usage};
 
+/// The most bytes a whole answer of a model with `max_model_len` tokens may take as vLLM
+/// streams it: 4 KiB a token (a token's chunk, with 20 log-probabilities, is under 2 KiB).
+pub fn most_bytes(max_model_len: u32) -> u64 {
+    u64::from(max_model_len.max(1)) * 4096
+}
+
 /// What the stream said, accumulated.
 #[derive(Debug, Clone, Default)]
 pub struct Collected {
@@ -203,7 +209,7 @@ impl Collected {
         let usage = self.usage.map(|u| {
             let mut v = json!({
                 "prompt_tokens": u.prompt_tokens,
-                "total_tokens": u.prompt_tokens + u.completion_tokens,
+                "total_tokens": u64::from(u.prompt_tokens) + u64::from(u.completion_tokens),
                 "completion_tokens": u.completion_tokens,
             });
             if let Some(c) = u.cached_tokens {

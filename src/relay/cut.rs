@@ -87,6 +87,33 @@ pub fn final_chunk(identity: Option<&ChunkIdentity>, info: &CutInfo) -> Vec<u8> 
     format!("data: {chunk}\n\n").into_bytes()
 }
 
+/// The usage-only chunk (`"choices": []`) of a cut `/v1` stream whose client asked for usage
+/// (`stream_options.include_usage`): vLLM's last chunk, which the cut took the place of.
+pub fn usage_chunk(
+    identity: Option<&ChunkIdentity>,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+    cached_tokens: Option<u32>,
+) -> Vec<u8> {
+    let mut usage = json!({
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": u64::from(prompt_tokens) + u64::from(completion_tokens),
+        "completion_tokens": completion_tokens,
+    });
+    if let Some(c) = cached_tokens {
+        usage["prompt_tokens_details"] = json!({ "cached_tokens": c });
+    }
+    let chunk = json!({
+        "id": identity.map_or(Value::Null, |i| i.id.clone()),
+        "object": identity.map_or(Value::from("chat.completion.chunk"), |i| i.object.clone()),
+        "created": identity.map_or(Value::Null, |i| i.created.clone()),
+        "model": identity.map_or(Value::Null, |i| i.model.clone()),
+        "choices": [],
+        "usage": usage,
+    });
+    format!("data: {chunk}\n\n").into_bytes()
+}
+
 /// The `/answer` `cut` event.
 pub fn cut_event(info: &CutInfo) -> Bytes {
     let data = json!({

@@ -447,8 +447,22 @@ impl Relay {
         if counted && !self.done && !self.keep_in_bounds().await {
             let info = self.cut_here();
             match self.format {
-                Format::OpenAi { .. } => {
+                Format::OpenAi { include_usage, .. } => {
                     out.extend_from_slice(&cut::final_chunk(self.first_chunk.as_ref(), &info));
+                    if include_usage {
+                        // The usage chunk vLLM would have sent last, as the engine counted so
+                        // far (the prompt from its running usage, else the estimate).
+                        let usage = self.view().usage;
+                        let prompt =
+                            usage.map_or(self.class.input_tokens_estimate, |u| u.prompt_tokens);
+                        let cached = usage.and_then(|u| u.cached_tokens);
+                        out.extend_from_slice(&cut::usage_chunk(
+                            self.first_chunk.as_ref(),
+                            prompt,
+                            info.after_tokens,
+                            cached,
+                        ));
+                    }
                     out.extend_from_slice(b"data: [DONE]\n\n");
                 }
                 Format::Answer => {
@@ -593,6 +607,9 @@ impl Relay {
         mut on_chunk: impl FnMut(&Chunk) + Send,
     ) -> Result<Collected, GatewayError> {
         let mut acc = Collected::default();
+        // What the engine sent, bytes: a whole answer is held in memory, so it may not pass
+        // what `max_model_len` tokens take at most (their text and log-probabilities).
+        let (mut received, most) = (0u64, collect::most_bytes(self.ctx.rules.max_model_len()));
         loop {
             let ev = match self.next_or_shutdown().await {
                 Next::Event(ev) => ev,
@@ -602,6 +619,16 @@ impl Relay {
             };
             match ev {
                 Some(Ok(chunk)) => {
+                    received = received.saturating_add(chunk.raw.len() as u64);
+                    if received > most {
+                        self.upstream.abort_now();
+                        let err = GatewayError::from(UpstreamError::Protocol(format!(
+                            "the engine's answer passed {most} bytes, more than \
+                             upstream.max_model_len tokens take"
+                        )));
+                        self.finish(err.outcome(), Some(err.code()));
+                        return Err(err);
+                    }
                     on_chunk(&chunk);
                     acc.add(&chunk);
                     if chunk.counts_output() && !self.keep_in_bounds().await {

@@ -128,8 +128,12 @@ pub enum Outcome {
     UpstreamUnavailable,
     /// The engine stalled: first-token, idle or total timeout (504).
     UpstreamTimeout,
-    /// The engine answered an error, or spoke garbage (502, or vLLM's own 4xx).
+    /// The engine answered an error, or spoke garbage (502), or refused the gateway's own
+    /// credentials (vLLM's 401/403).
     UpstreamError,
+    /// The engine refused the request itself (vLLM's other 4xx: a model it does not serve, a
+    /// parameter it does not take): the client's doing, not the engine's health.
+    UpstreamRejected,
     /// A bug in the gateway (500).
     Internal,
     /// Cut at its lane's output limit: the next lane had no room (M14).
@@ -154,6 +158,7 @@ impl Outcome {
             Outcome::UpstreamUnavailable => "upstream_unavailable",
             Outcome::UpstreamTimeout => "upstream_timeout",
             Outcome::UpstreamError => "upstream_error",
+            Outcome::UpstreamRejected => "upstream_rejected",
             Outcome::Internal => "internal",
             Outcome::Cut => "cut",
             Outcome::Preempted => "preempted",

@@ -9,6 +9,10 @@
 //! Propagation: an incoming `traceparent` becomes the parent of the request's span, and the
 //! span's context goes to vLLM as `traceparent`, so vLLM's `llm_request` span joins the trace.
 //! With tracing off, the client's `traceparent` is forwarded unchanged.
+//!
+//! Only `llm.generate` spans are exported ([`export_layer`]), whatever `RUST_LOG` says: it
+//! filters the log lines only, so a debug log does not send the HTTP libraries' spans (one
+//! event per HTTP/2 frame) to the collector, and a quiet log does not silence the spans.
 
 use std::collections::HashMap;
 
@@ -20,9 +24,11 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
 
 use crate::config::{OtlpProtocol, TelemetryConfig};
 
@@ -61,8 +67,20 @@ fn colour() -> bool {
     std::io::stderr().is_terminal() && env("NO_COLOR").is_none()
 }
 
+/// The OpenTelemetry layer for `tracer`: it sees the `llm.generate` spans and nothing else
+/// (no other span, no event), whatever the log filter.
+pub fn export_layer<S>(tracer: opentelemetry_sdk::trace::Tracer) -> impl Layer<S>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    let generate = filter_fn(|m| m.is_span() && m.name() == "llm.generate");
+    tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(generate)
+}
+
 /// Installs the global subscriber: logs on stderr (`RUST_LOG`, default `info`) and, when
-/// enabled, the OpenTelemetry layer exporting over OTLP.
+/// enabled, the OpenTelemetry layer exporting over OTLP ([`export_layer`]).
 pub fn init(config: &TelemetryConfig) -> anyhow::Result<TracingGuard> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let fmt = tracing_subscriber::fmt::layer()
@@ -70,8 +88,7 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<TracingGuard> {
         .with_ansi(colour());
     if !tracing_enabled(config) {
         tracing_subscriber::registry()
-            .with(filter)
-            .with(fmt)
+            .with(fmt.with_filter(filter))
             .try_init()?;
         return Ok(TracingGuard { provider: None });
     }
@@ -94,9 +111,8 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<TracingGuard> {
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     let tracer = provider.tracer("tutor-gateway");
     tracing_subscriber::registry()
-        .with(filter)
-        .with(fmt)
-        .with(tracing_opentelemetry::layer().with_tracer(tracer))
+        .with(fmt.with_filter(filter))
+        .with(export_layer(tracer))
         .try_init()?;
     tracing::info!(?protocol, "exporting llm.generate spans over OTLP");
     Ok(TracingGuard {

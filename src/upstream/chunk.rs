@@ -181,10 +181,12 @@ struct WireChunk {
     object: Option<String>,
     #[serde(default)]
     choices: Vec<WireChoice>,
+    /// Read leniently, as `metrics`: a usage the gateway cannot read (a negative or fractional
+    /// count) is left out, never a reason to fail an answer that may have finished.
     #[serde(default)]
-    usage: Option<WireUsage>,
+    usage: Option<serde_json::Value>,
     #[serde(default)]
-    metrics: Option<EngineMetrics>,
+    metrics: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -355,7 +357,10 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
             None => (c.text.unwrap_or_default(), String::new(), false, Vec::new()),
         })
         .unwrap_or_default();
-    let usage = wire.usage.and_then(|u| {
+    let usage = wire
+        .usage
+        .and_then(|u| serde_json::from_value::<WireUsage>(u).ok());
+    let usage = usage.and_then(|u| {
         Some(Usage {
             prompt_tokens: u.prompt_tokens?,
             completion_tokens: u.completion_tokens?,
@@ -372,7 +377,7 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
         finish_reason,
         stop_reason,
         usage,
-        metrics: wire.metrics,
+        metrics: wire.metrics.and_then(|m| serde_json::from_value(m).ok()),
         has_content,
         has_token,
         has_answer,

@@ -105,8 +105,11 @@ impl UpstreamClient {
             auth.set_sensitive(true);
             headers.insert(reqwest::header::AUTHORIZATION, auth);
         }
+        // A redirect is refused (a 3xx is the engine's error): vLLM never sends one, and
+        // following it would send the prompt, and the key, wherever it points.
         let mut builder = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true)
             .no_proxy()
             .default_headers(headers);

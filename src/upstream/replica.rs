@@ -180,7 +180,9 @@ impl Replicas {
             .iter()
             .map(|r| r.load.kv_tokens.load(Ordering::Relaxed))
             .collect();
-        let total: u64 = kv.iter().sum();
+        // In u128: the sizes are the engines' word (bounded where they are read, but a sum or a
+        // product must never wrap, nor a total be zero).
+        let total: u128 = kv.iter().map(|&k| u128::from(k)).sum();
         let known = self.list.len() > 1 && kv.iter().all(|&k| k > 0);
         let largest = kv.iter().copied().max().unwrap_or(0);
         let seats = u64::from(self.fleet_seats.load(Ordering::Relaxed));
@@ -192,9 +194,14 @@ impl Replicas {
                 if !known || self.routing.policy == crate::config::RoutingPolicy::RoundRobin {
                     return configured;
                 }
-                // Weights up to 1000 per configured unit keep the arithmetic in u32/u64.
-                let weight = (k * 1000).div_ceil(largest).max(1) as u32 * r.config.weight;
-                let share = (seats > 0).then(|| (seats * k).div_ceil(total).max(1) as u32);
+                // Weights up to 1000 per configured unit.
+                let (k, largest, seats) = (u128::from(k), u128::from(largest), u128::from(seats));
+                let weight = (k * 1000).div_ceil(largest.max(1)).clamp(1, 1000) as u32;
+                let weight = weight.saturating_mul(r.config.weight);
+                let share = (seats > 0).then(|| {
+                    let share = (seats * k).div_ceil(total.max(1)).max(1);
+                    u32::try_from(share).unwrap_or(u32::MAX)
+                });
                 let cap = match (r.config.max_num_seqs, share) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),

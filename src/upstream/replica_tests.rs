@@ -74,3 +74,24 @@ async fn only_the_newest_set_checks_a_shared_health() {
     assert_eq!(ejected, 2, "{:?}", new.status());
     drop(old);
 }
+
+/// KV sizes as large as a u64 holds (the engines' word) neither wrap nor divide by zero: both
+/// replicas stay routable, with their seat shares.
+#[test]
+fn huge_kv_sizes_neither_wrap_nor_divide_by_zero() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _enter = rt.enter();
+    let set = set(None, Duration::ZERO);
+    set.set_capacity("http://a.invalid:8000", u64::MAX / 2 + 1);
+    set.set_capacity("http://b.invalid:8000", u64::MAX / 2 + 1);
+    set.set_fleet_seats(64);
+    let shares = set.shares();
+    assert_eq!(shares.len(), 2);
+    for (weight, cap) in shares {
+        assert!(weight >= 1);
+        assert_eq!(cap, Some(32));
+    }
+}

@@ -48,6 +48,8 @@ pub struct StreamLimits {
     pub idle: Duration,
     /// `upstream.total_timeout`.
     pub total: Duration,
+    /// `upstream.max_model_len`: a usage that counts more than it holds is not believed.
+    pub max_len: u32,
 }
 
 impl StreamLimits {
@@ -57,6 +59,7 @@ impl StreamLimits {
             first_token: c.first_token_timeout,
             idle: c.idle_timeout,
             total: c.total_timeout,
+            max_len: c.max_model_len.get(),
         }
     }
 
@@ -276,8 +279,10 @@ impl UpstreamStream {
     /// ([`Chunk::has_token`]; a lower bound: a chunk can carry several).
     pub fn output_tokens(&self) -> OutputTokens {
         match self.usage {
+            // An engine whose usage counts fewer tokens than the chunks it sent is not believed
+            // below them.
             Some(u) => OutputTokens {
-                count: u.completion_tokens,
+                count: u.completion_tokens.max(self.token_chunks),
                 exact: true,
             },
             None => OutputTokens {
@@ -347,6 +352,17 @@ impl UpstreamStream {
             Ok(Payload::Done) => Some(Err(self.fail(UpstreamError::Protocol(
                 "[DONE] before any finish reason".into(),
             )))),
+            Ok(Payload::Chunk(chunk)) if self.past_finish(&chunk) => {
+                // vLLM sends only the usage chunk and `[DONE]` after the finish reason: more
+                // (an engine that keeps generating) would run past every bound, the guards
+                // given back at the finish. The answer ended at its finish reason.
+                tracing::warn!(
+                    request_id = %self.request_id,
+                    "the engine sent more after its finish reason: the stream ends there"
+                );
+                self.finish_clean();
+                None
+            }
             Ok(Payload::Chunk(mut chunk)) => {
                 if self.continues_answer {
                     chunk.reasoning_as_answer();
@@ -359,6 +375,16 @@ impl UpstreamStream {
                 }
                 if chunk.has_answer {
                     self.timings.first_answer_at.get_or_insert(now);
+                }
+                if chunk.usage.is_some_and(|u| {
+                    u64::from(u.prompt_tokens) + u64::from(u.completion_tokens)
+                        > u64::from(self.limits.max_len)
+                }) {
+                    // No request holds more than the model's length: a usage that says so is
+                    // not believed (it would bill the tenant and teach the estimate absurd
+                    // counts); the chunks are counted instead.
+                    chunk.usage = None;
+                    chunk.usage_only = false;
                 }
                 if chunk.usage.is_some() {
                     self.usage = chunk.usage;
@@ -385,15 +411,19 @@ impl UpstreamStream {
     /// the usage chunk) may follow, which vLLM sends at once: a stream that stays silent
     /// [`AFTER_FINISH`] longer ends cleanly, without waiting out the idle timeout.
     fn deadline(&self) -> (Instant, UpstreamError) {
+        let total = self.timings.sent_at + self.limits.total;
         if self.finish_reason.is_some() {
             let wait = self.limits.idle.min(AFTER_FINISH);
-            return (self.last_event_at + wait, UpstreamError::IdleTimeout(wait));
+            let after = self.last_event_at + wait;
+            if total < after {
+                return (total, UpstreamError::TotalTimeout(self.limits.total));
+            }
+            return (after, UpstreamError::IdleTimeout(wait));
         }
         // (A token that decodes to no text is a first token too: the engine is generating.)
         if self.timings.first_content_at.is_none() && self.token_chunks == 0 {
             return self.limits.first_token_deadline(self.timings.sent_at);
         }
-        let total = self.timings.sent_at + self.limits.total;
         let idle = self.last_event_at + self.limits.idle;
         if total <= idle {
             (total, UpstreamError::TotalTimeout(self.limits.total))
@@ -406,6 +436,12 @@ impl UpstreamStream {
     fn fail(&mut self, err: UpstreamError) -> UpstreamError {
         self.abort_now();
         err
+    }
+
+    /// Whether `chunk` comes where vLLM sends none: after the finish reason, anything but the
+    /// one usage-only chunk.
+    fn past_finish(&self, chunk: &Chunk) -> bool {
+        self.finish_reason.is_some() && (!chunk.usage_only || self.final_usage)
     }
 
     /// Ends cleanly. Reads the end of the body if it is already there, so the connection can

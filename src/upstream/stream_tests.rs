@@ -36,6 +36,7 @@ fn limits() -> StreamLimits {
         first_token: Duration::from_millis(500),
         idle: Duration::from_millis(100),
         total: Duration::from_secs(10),
+        max_len: 16_384,
     }
 }
 
@@ -275,6 +276,7 @@ async fn steady_tokens_still_hit_the_total_timeout() {
         first_token: Duration::from_secs(1),
         idle: Duration::from_secs(1),
         total: Duration::from_millis(2750),
+        max_len: 16_384,
     };
     let body: Body = stream::unfold(0u32, |n| async move {
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -361,4 +363,45 @@ async fn a_cancelled_next_event_keeps_its_deadline() {
         }
     }
     assert_eq!(started.elapsed(), Duration::from_millis(100));
+}
+
+/// After the finish reason vLLM sends the usage chunk and `[DONE]`, nothing else: an engine
+/// that goes on sending (text, or a second usage chunk) does not extend the answer, whose
+/// guards were given back at the finish; the stream ends cleanly there.
+#[tokio::test(start_paused = true)]
+async fn nothing_after_the_finish_reason_but_the_usage_chunk() {
+    let more: Vec<String> = (0..500).map(|_| token(" more")).collect();
+    for after in [vec![], vec![usage(1)]] {
+        let mut lines: Vec<String> = vec![ROLE.into(), last(" a", "stop")];
+        lines.extend(after.iter().cloned());
+        lines.extend(more.iter().cloned());
+        lines.push(usage(501));
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let mut s = scripted(vec![ev(&refs)], true, limits());
+        let (texts, err) = drain(&mut s).await;
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(texts.concat(), " a", "after {after:?}");
+        assert_eq!(s.output_tokens().count, 1);
+        assert_eq!(s.finish_reason(), Some("stop"));
+    }
+}
+
+/// A usage the engine could not have counted (more than the model holds, a negative or
+/// fractional count) is not believed and breaks nothing: the answer ends as it finished, its
+/// output counted from the chunks; no tenant is billed four billion tokens for it.
+#[tokio::test(start_paused = true)]
+async fn a_usage_no_engine_could_count_is_not_believed() {
+    let absurd = r#"data: {"choices":[],"usage":{"prompt_tokens":4000000000,"completion_tokens":2,"total_tokens":4000000002}}"#;
+    let negative = r#"data: {"choices":[],"usage":{"prompt_tokens":-5,"completion_tokens":2.5}}"#;
+    let fewer = r#"data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":0,"total_tokens":9}}"#;
+    for (final_usage, count) in [(absurd, 2), (negative, 2), (fewer, 2)] {
+        let body = ev(&[ROLE, &token(" a"), &last(" b", "stop"), final_usage, DONE]);
+        let mut s = scripted(vec![body], false, limits());
+        let (texts, err) = drain(&mut s).await;
+        assert!(err.is_none(), "{final_usage}: {err:?}");
+        assert_eq!(texts.concat(), " a b");
+        let believed = s.usage().is_some();
+        assert_eq!(believed, final_usage == fewer, "{final_usage}");
+        assert_eq!(s.output_tokens().count, count, "{final_usage}");
+    }
 }

@@ -19,8 +19,10 @@ pub fn traces() -> Traces {
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
         .build();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
+    // The gateway's own export layer: only `llm.generate` spans get through it.
+    let subscriber = tracing_subscriber::registry().with(
+        tutor_gateway::telemetry::otel::export_layer(provider.tracer("test")),
+    );
     let guard = tracing::subscriber::set_default(subscriber);
     Traces {
         exporter,
@@ -30,6 +32,13 @@ pub fn traces() -> Traces {
 }
 
 impl Traces {
+    /// Every finished span so far, by name.
+    pub fn span_names(&self) -> Vec<String> {
+        let _ = self.provider.force_flush();
+        let spans = self.exporter.get_finished_spans().unwrap();
+        spans.into_iter().map(|s| s.name.into_owned()).collect()
+    }
+
     /// The finished `llm.generate` spans so far.
     pub fn generate_spans(&self) -> Vec<SpanData> {
         let _ = self.provider.force_flush();

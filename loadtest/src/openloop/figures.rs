@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use super::bound::{self, BoundSummary};
 use super::drive::{Driven, Window};
+use super::unbounded;
 use crate::client::{Outcome, Status};
 use crate::floor::{ratio, FLOOR_CLASS};
 use crate::scenario::Scenario;
@@ -19,46 +20,6 @@ pub const UNITS: &str = "All times are simulated seconds and all rates per simul
     the simulator ran at --speed F, arrival rates were multiplied by F and every measured time \
     (TTFT, end to end, engine steps) was multiplied back by F, so a run at --speed 2 reports \
     the same figures as one at --speed 1.";
-
-/// Quantiles that may be unbounded, in JSON: a number, or `"inf"` when the quantile falls among
-/// the offered requests that never got there (refused, cut, diverted), which count as
-/// infinitely late; `null` when nothing was offered.
-pub mod unbounded {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use serde_json::Value;
-
-    /// How an unbounded value is written.
-    pub const INF: &str = "inf";
-
-    /// `v` as JSON: a number, `"inf"`, or `null`.
-    pub fn to_json(v: f64) -> Value {
-        if v.is_infinite() {
-            Value::from(INF)
-        } else {
-            serde_json::json!(v)
-        }
-    }
-
-    /// A number or `"inf"` from JSON.
-    pub fn from_json(v: &Value) -> Option<f64> {
-        v.as_f64()
-            .or_else(|| (v.as_str() == Some(INF)).then_some(f64::INFINITY))
-    }
-
-    /// Serde: writes `"inf"` for an infinite value.
-    pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
-        match v {
-            Some(x) if x.is_infinite() => s.serialize_str(INF),
-            Some(x) => s.serialize_f64(*x),
-            None => s.serialize_none(),
-        }
-    }
-
-    /// Serde: reads a number, `"inf"` or `null`.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
-        Ok(from_json(&Value::deserialize(d)?))
-    }
-}
 
 /// The review classes whose end-to-end SLO is read against FIFO's (large first).
 pub const REVIEW_CLASSES: [&str; 2] = ["large", "medium"];
@@ -618,8 +579,12 @@ mod tests {
         let mut other = json.clone();
         other["classes"]["small"]["ttft_p95_s"] = serde_json::json!(0.2);
         let tree = spread_tree(&[json, other]);
-        let cell = super::super::report::cell(&tree["classes"]["small"]["ttft_p95_s"], 1.0, 3, "");
-        assert_eq!(cell, "∞ (0.200–∞)");
+        let p95 = &tree["classes"]["small"]["ttft_p95_s"];
+        assert_eq!(p95["median"], "inf", "{p95}");
+        assert_eq!(
+            (p95["min"].as_f64(), &p95["max"]),
+            (Some(0.2), &serde_json::json!("inf"))
+        );
     }
 
     /// Throughput is the work done inside the window, not the work that arrived in it: a

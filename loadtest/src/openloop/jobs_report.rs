@@ -25,7 +25,7 @@ const RECOMPUTED: f64 = 0.05;
 
 /// One figure of a run (`per_seed` entry) at a dot-separated path.
 fn get(run: &Value, path: &str) -> Option<f64> {
-    super::figures::unbounded::from_json(path.split('.').fold(run, |v, k| &v[k]))
+    super::unbounded::from_json(path.split('.').fold(run, |v, k| &v[k]))
 }
 
 fn mean(v: &[Option<f64>]) -> Option<f64> {

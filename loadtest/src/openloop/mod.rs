@@ -22,6 +22,7 @@ pub mod figures;
 pub mod jobs_report;
 pub mod report;
 pub mod stack;
+pub mod unbounded;
 pub mod window;
 
 use std::path::PathBuf;

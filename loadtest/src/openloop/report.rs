@@ -13,7 +13,7 @@ pub use super::figures::UNITS;
 /// `v` (a `{median, min, max, n}` spread) as `median (min–max)`, or the value alone when the
 /// seeds agree or there is one; `scale` multiplies (100 for percentages), `digits` decimals.
 pub fn cell(v: &Value, scale: f64, digits: usize, unit: &str) -> String {
-    let num = super::figures::unbounded::from_json;
+    let num = super::unbounded::from_json;
     let (Some(m), Some(lo), Some(hi)) = (num(&v["median"]), num(&v["min"]), num(&v["max"])) else {
         return "-".into();
     };
@@ -38,7 +38,7 @@ fn at<'a>(tree: &'a Value, path: &str) -> &'a Value {
 
 fn secs(tree: &Value, path: &str) -> String {
     let v = at(tree, path);
-    let digits = match super::figures::unbounded::from_json(&v["median"]) {
+    let digits = match super::unbounded::from_json(&v["median"]) {
         Some(x) if x.abs() >= 10.0 => 1,
         Some(x) if x.abs() >= 1.0 => 2,
         _ => 3,
@@ -100,7 +100,7 @@ pub fn bound_row(load: f64, preset: &str, t: &Value) -> String {
 }
 
 fn med(t: &Value, path: &str) -> Option<f64> {
-    super::figures::unbounded::from_json(&at(t, path)["median"])
+    super::unbounded::from_json(&at(t, path)["median"])
 }
 
 fn opt(v: Option<f64>, digits: usize) -> String {
@@ -424,5 +424,8 @@ mod tests {
         let one = json!({"median": 0.97, "min": 0.97, "max": 0.97, "n": 1});
         assert_eq!(cell(&one, 100.0, 0, "%"), "97%");
         assert_eq!(cell(&Value::Null, 1.0, 2, ""), "-");
+        // A quantile that fell among requests that never got there.
+        let unbounded = json!({"median": "inf", "min": 0.2, "max": "inf", "n": 2});
+        assert_eq!(cell(&unbounded, 1.0, 3, ""), "∞ (0.200–∞)");
     }
 }

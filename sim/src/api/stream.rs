@@ -113,6 +113,8 @@ struct State {
     answer_bytes: usize,
     done: bool,
     stalled: bool,
+    /// `--chatter-after-finish`: finished, and sending on.
+    chattering: bool,
 }
 
 fn frame(out: &mut String, json: &str) {
@@ -135,6 +137,7 @@ pub fn sse_body(
         answer_bytes: 0,
         done: false,
         stalled: false,
+        chattering: false,
     };
     futures::stream::unfold(state, |mut st| async move {
         if st.done {
@@ -144,6 +147,11 @@ pub fn sse_body(
             futures::future::pending::<()>().await;
         }
         let mut out = String::new();
+        if st.chattering {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            frame(&mut out, &st.spec.rid.text_chunk(" more", None, None));
+            return Some((Ok(Bytes::from(out)), st));
+        }
         let batch = next_batch(&mut st.rx).await;
         let Some((plain, finished)) = batch else {
             // The engine dropped the request without finishing it: report it as vLLM would.
@@ -269,6 +277,10 @@ pub fn sse_body(
                 None => chunk,
             };
             st.answer_bytes += text.len();
+            let chunk = match f.padding {
+                0 => chunk,
+                n => format!("{{\"x_padding\":\"{}\",{}", "a".repeat(n), &chunk[1..]),
+            };
             frame(&mut out, &chunk);
         }
         if stall_at.is_some() {
@@ -296,10 +308,13 @@ pub fn sse_body(
                 let usage = Usage::final_of(&fin, spec.prompt_details);
                 frame(&mut out, &spec.rid.usage_chunk(usage, metrics));
             }
-            if !f.omit_done {
+            // A chattering engine never says `[DONE]`: it goes on instead.
+            if !f.omit_done && !f.chatter_after_finish {
                 out.push_str("data: [DONE]\n\n");
             }
-            if f.hang_after_finish {
+            if f.chatter_after_finish {
+                st.chattering = true;
+            } else if f.hang_after_finish {
                 st.stalled = true;
             } else {
                 st.done = true;

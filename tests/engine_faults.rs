@@ -1,0 +1,89 @@
+//! An engine that breaks vLLM's wire rules (the simulator's broken-engine flags): the gateway
+//! ends the request at a bound, answers with a clear error or the answer as it finished, and
+//! gives every seat back.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+/// The client's side, bounded: a broken engine must not keep the request open.
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: still open after 60 s"))
+}
+
+/// An engine that goes on sending after its finish reason: the answer ends at the finish
+/// (what came after it is not the answer), streamed or not, and nothing is held after.
+#[tokio::test]
+async fn an_engine_that_talks_past_its_finish_ends_at_the_finish() {
+    let h = harness(
+        &flags("--speed 50 --profile tiny-test --chatter-after-finish"),
+        |_| {},
+    )
+    .await;
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+                      "ignore_eos": true, "stream": true});
+    let text = within("a stream", post_text(h.url("/v1/chat/completions"), &body)).await;
+    let events = sse(&text);
+    assert_eq!(events.last().unwrap().1, "[DONE]", "{text}");
+    assert!(!text.contains("more"), "{text}");
+    let words: usize = events
+        .iter()
+        .filter(|(_, d)| d.starts_with('{'))
+        .map(|(_, d)| delta_words(d))
+        .sum();
+    assert_eq!(words, 5, "{text}");
+    let mut whole = body.clone();
+    whole["stream"] = json!(false);
+    let resp = within(
+        "a whole answer",
+        send(client().post(h.url("/v1/chat/completions")).json(&whole)),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let chat: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(message_words(&chat), 5, "{chat}");
+    let answer = within(
+        "/answer",
+        post_text(
+            h.url("/answer"),
+            &json!({"prompt": "hi", "max_output_tokens": 4}),
+        ),
+    )
+    .await;
+    assert_eq!(sse(&answer).last().unwrap().0, "done", "{answer}");
+    eventually("every seat is back", || h.idle()).await;
+    h.shutdown().await;
+}
+
+/// An engine whose chunks are far larger than any token (a few tokens make megabytes): a whole
+/// answer is held in memory, so it is refused with a 502 once it passes what the model's
+/// length could take (4 KiB a token), the engine's work aborted, instead of growing until
+/// the total timeout.
+#[tokio::test]
+async fn a_whole_answer_larger_than_the_model_could_write_is_refused() {
+    let h = harness(
+        // Real speed: about a token a chunk (a faster engine batches tokens into fewer chunks).
+        &flags("--speed 1 --profile tiny-test --chunk-padding-bytes 900000"),
+        |c| c.upstream.max_model_len = 1024.try_into().unwrap(),
+    )
+    .await;
+    // 4 MiB at most for 1,024 tokens: the fifth chunk passes it.
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100,
+                      "ignore_eos": true});
+    let resp = within(
+        "a whole answer",
+        send(client().post(h.url("/v1/chat/completions")).json(&body)),
+    )
+    .await;
+    let err = assert_error(resp, 502, "upstream_error").await;
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("bytes"), "{message}");
+    eventually("the engine's work was aborted", || h.sim_aborted() == 1).await;
+    eventually("every seat is back", || h.idle()).await;
+    h.shutdown().await;
+}
