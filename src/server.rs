@@ -94,7 +94,11 @@ pub fn build_state_with_log(
 ) -> anyhow::Result<AppState> {
     let classifier = Classifier::from_config(&config).context("classifier")?;
     let metrics = Metrics::new();
-    metrics.prefix().configure(&config.prefix_cache);
+    let courses = crate::prompt::Course::all(&config);
+    let fingerprints = courses.into_values().map(|c| c.fingerprint);
+    metrics
+        .prefix()
+        .configure(&config.prefix_cache, fingerprints);
     let admission = Admission::build(&config, metrics.quota().clone()).context("quota backend")?;
     let upstream =
         UpstreamClient::with_metrics(config.upstream.clone(), tasks, metrics.replicas().clone())

@@ -71,7 +71,13 @@ pub async fn prefill(
         metrics.request(PieceOutcome::NotText);
         return None;
     };
-    let Some(ids) = token_ids(ctx, tokenize).await else {
+    // More ids than the model holds is no count of this prompt (pieces of it would grow
+    // without bound, each resending the ones before).
+    let most = ctx.config().upstream.max_model_len.get() as usize;
+    let Some(ids) = token_ids(ctx, tokenize)
+        .await
+        .filter(|ids| ids.len() <= most)
+    else {
         metrics.request(PieceOutcome::CountFailed);
         return None;
     };

@@ -292,9 +292,14 @@ impl AppState {
             config.server.max_queued_bytes,
             config.server.max_queued_bytes_per_tenant,
         );
-        self.0.metrics.prefix().configure(&config.prefix_cache);
+        let courses = Course::all(&config);
+        let fingerprints = courses.values().map(|c| c.fingerprint.clone());
+        self.0
+            .metrics
+            .prefix()
+            .configure(&config.prefix_cache, fingerprints);
         let live = Arc::new(Live {
-            courses: Course::all(&config),
+            courses,
             config: Arc::new(config),
             classifier,
             upstream,

@@ -9,10 +9,13 @@
 //! `replica` is the name of the `[[upstream.replicas]]` entry that served the request (at most
 //! [`MAX_REPLICAS`] names; beyond that, `other`; `none` for a request without one). Each
 //! replica's two `fingerprint="other"` drift series exist from its first request on.
-//! `fingerprint` is the 16-hex prompt fingerprint or `other`. At most `labels` fingerprints get
-//! their own label, first come first served among those seen in `label_after` requests, and keep
-//! it for the life of the process (a counter cannot move to another label); everything else is
-//! `other`. So each family has at most `labels + 1` series. Requests counted before their
+//! `fingerprint` is the 16-hex prompt fingerprint or `other`. The configured courses'
+//! fingerprints (`[courses]`) have their own labels from the start, so made-up system prompts
+//! cannot take every label before a course is seen; besides them at most `labels`
+//! fingerprints get their own label, first come first served among those seen in
+//! `label_after` requests, and keep it for the life of the process (a counter cannot move to
+//! another label); everything else is `other`. So each family has at most `labels + 1`
+//! series, plus one per configured course. Requests counted before their
 //! fingerprint took a label stay in `other`. Only hashes are labels, never prompt text (M20).
 
 use std::collections::{HashMap, HashSet};
@@ -38,13 +41,15 @@ const MAX_CANDIDATES: usize = 4096;
 struct Labels {
     max: usize,
     after: u32,
+    /// The configured courses' fingerprints: labelled whatever `max` says.
+    courses: HashSet<String>,
     labelled: HashSet<String>,
     candidates: HashMap<String, u32>,
 }
 
 impl Labels {
     fn label_for<'a>(&mut self, fp: &'a str) -> &'a str {
-        if self.labelled.contains(fp) {
+        if self.labelled.contains(fp) || self.courses.contains(fp) {
             return fp;
         }
         if self.labelled.len() >= self.max {
@@ -119,6 +124,7 @@ impl PrefixMetrics {
             labels: Labels {
                 max: defaults.fingerprint_labels as usize,
                 after: defaults.label_after_requests,
+                courses: HashSet::new(),
                 labelled: HashSet::new(),
                 candidates: HashMap::new(),
             },
@@ -135,8 +141,10 @@ impl PrefixMetrics {
     }
 
     /// Applies the `[prefix_cache]` settings.
-    pub fn configure(&self, c: &PrefixCacheConfig) {
+    pub fn configure(&self, c: &PrefixCacheConfig, courses: impl IntoIterator<Item = String>) {
         let mut inner = self.inner.lock().expect("prefix metrics lock");
+        // A course a reload removed keeps its label (its counters stay).
+        inner.labels.courses.extend(courses);
         inner.labels.max = c.fingerprint_labels as usize;
         inner.labels.after = c.label_after_requests;
         inner.drift.set_rule(rule_of(c));
@@ -239,7 +247,7 @@ mod tests {
             drift_min_samples: 5,
             drift_log_window: Duration::from_secs(1),
         };
-        m.configure(&c);
+        m.configure(&c, []);
         for i in 0..50 {
             for _ in 0..3 {
                 m.observe("replica-0", &format!("{i:016x}"), sample(100, 50));
@@ -258,7 +266,34 @@ mod tests {
             100 * (3 + 47 * 3)
         );
         c.fingerprint_labels = 0;
-        m.configure(&c);
+        m.configure(&c, []);
+    }
+
+    /// A client sending made-up system prompts fills every label slot; a configured course
+    /// seen afterwards still has its own label, never `other`.
+    #[test]
+    fn a_configured_course_keeps_its_label_whatever_clients_send() {
+        let registry = Registry::new();
+        let m = PrefixMetrics::register(&registry);
+        let c = PrefixCacheConfig {
+            fingerprint_labels: 3,
+            label_after_requests: 2,
+            ..crate::config::Config::default().prefix_cache
+        };
+        m.configure(&c, ["c0c0c0c0c0c0c0c0".to_owned()]);
+        for i in 0..20 {
+            for _ in 0..3 {
+                m.observe("replica-0", &format!("{i:016x}"), sample(100, 50));
+            }
+        }
+        m.observe("replica-0", "c0c0c0c0c0c0c0c0", sample(100, 50));
+        assert_eq!(
+            m.queries.with_label_values(&["c0c0c0c0c0c0c0c0"]).get(),
+            100
+        );
+        for family in registry.gather() {
+            assert!(family.get_metric().len() <= 5, "{}", family.name());
+        }
     }
 
     #[test]
@@ -268,7 +303,7 @@ mod tests {
             label_after_requests: 1,
             ..crate::config::Config::default().prefix_cache
         };
-        m.configure(&c);
+        m.configure(&c, []);
         // A course: 900 of 1,000 tokens cached, five times on replica-0.
         for _ in 0..5 {
             assert_eq!(m.observe("replica-0", "abcd", sample(1000, 900)), None);
