@@ -20,7 +20,7 @@
 //! | vLLM unreachable | 503 | `upstream_unavailable` |
 //! | vLLM silent past first-token / idle / total timeout | 504 | `upstream_timeout` |
 //! | vLLM rejected the request (its 4xx) | vLLM's status | `upstream_rejected` |
-//! | vLLM error or garbage | 502 | `upstream_error` |
+//! | vLLM error (5xx or mid-stream: status and type only) or garbage; an answer too large | 502 | `upstream_error` |
 //! | no, an unknown or a revoked API key; a bad or expired token (`[auth]`) | 401 | `invalid_api_key` |
 //! | a browser request from an origin not in `server.cors_allow_origins` | 403 | `origin_not_allowed` |
 //! | a cross-origin POST that is not `application/json` | 415 | `unsupported_media_type` |

@@ -542,9 +542,9 @@ impl Shared {
     /// waits on (`acquire`, `job_take`, `borrow`, `move`, `limits`) or the heartbeat (`connect`,
     /// `renew`, `epoch`) failed in a row, at once when the heartbeat could not reach Redis at
     /// all (connection refused or dropped), and at once when Redis refused the call's writes
-    /// (out of memory, read-only, no permission, authentication). A heartbeat call that only timed out counts like any
-    /// other: a busy replica (its answer read late) is not an outage, and its leases live on
-    /// for `lease_ttl_ms` (at least three beats). Background calls (`release`, `prefill_done`)
+    /// (out of memory, read-only, no permission, authentication). A heartbeat call that only
+    /// timed out counts like any other: a busy replica (its answer read late) is not an outage,
+    /// and its leases live on for `lease_ttl_ms` (at least three beats). Background calls (`release`, `prefill_done`)
     /// are retried by the heartbeat and decide nothing on their own.
     pub fn failed(&self, op: &str, err: &RedisError) {
         // Redis answers but takes no writes, or not ours: out of memory under `noeviction`,
