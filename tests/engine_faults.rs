@@ -87,3 +87,32 @@ async fn a_whole_answer_larger_than_the_model_could_write_is_refused() {
     eventually("every seat is back", || h.idle()).await;
     h.shutdown().await;
 }
+
+/// An engine (or a proxy before it) that answers with a redirect: the gateway does not follow
+/// it, which would send the prompt and the upstream key wherever `Location` points. The client
+/// gets a clear error, the place redirected to gets nothing, and nothing is held.
+#[tokio::test]
+async fn a_redirect_from_the_engine_is_not_followed() {
+    let elsewhere = vllm_sim::start(&vllm_sim::SimArgs::for_test(&flags(
+        "--speed 50 --profile tiny-test",
+    )))
+    .await
+    .unwrap();
+    let redirect = format!(
+        "--speed 50 --profile tiny-test --redirect-to {}",
+        elsewhere.url()
+    );
+    let h = harness(&flags(&redirect), |_| {}).await;
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let resp = within(
+        "the request",
+        send(client().post(h.url("/v1/chat/completions")).json(&body)),
+    )
+    .await;
+    assert_error(resp, 502, "upstream_error").await;
+    let reached = tutor_testkit::get_json(format!("{}/debug/requests", elsewhere.url())).await;
+    assert_eq!(reached, json!([]), "the redirect was followed");
+    eventually("every seat is back", || h.idle()).await;
+    h.shutdown().await;
+    elsewhere.shutdown().await;
+}

@@ -163,6 +163,10 @@ pub struct SimArgs {
     /// so a few tokens make megabytes.
     #[arg(long, default_value_t = 0)]
     pub chunk_padding_bytes: usize,
+    /// A broken engine (or a proxy in front of it): every generation request is answered
+    /// `307 Temporary Redirect` to this base URL (the same path), nothing generated.
+    #[arg(long)]
+    pub redirect_to: Option<String>,
     /// Log filter (as `RUST_LOG`).
     #[arg(long, default_value = "info")]
     pub log: String,

@@ -188,6 +188,7 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
         per_request_metrics: args.enable_per_request_metrics,
         request_id_headers: args.enable_request_id_headers,
         api_key: args.api_key.clone().map(Arc::from),
+        redirect_to: args.redirect_to.clone().map(Arc::from),
         scale_out: args.enable_scale_out,
         aborts: Default::default(),
         started,

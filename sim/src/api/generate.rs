@@ -15,9 +15,22 @@ use crate::engine::NewRequest;
 use crate::text::{output_length, words, SplitMix};
 use crate::tokenizer::fnv1a;
 
+/// `--redirect-to`: a 307 to the same path there.
+fn redirected(state: &AppState, path: &str) -> Option<Response> {
+    let to = state.redirect_to.as_deref()?;
+    let location = format!("{}{path}", to.trim_end_matches('/'));
+    let mut resp = axum::http::StatusCode::TEMPORARY_REDIRECT.into_response();
+    resp.headers_mut()
+        .insert(header::LOCATION, HeaderValue::from_str(&location).ok()?);
+    Some(resp)
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     state.saw_traceparent(&headers);
+    if let Some(resp) = redirected(&state, "/v1/chat/completions") {
+        return resp;
+    }
     let result = async {
         let body: ChatBody = parse_json(&body)?;
         let gen = Generation::chat(&state, &headers, body).await?;
@@ -37,6 +50,9 @@ pub async fn completions(
     body: Bytes,
 ) -> Response {
     state.saw_traceparent(&headers);
+    if let Some(resp) = redirected(&state, "/v1/completions") {
+        return resp;
+    }
     let result = async {
         let body: CompletionBody = parse_json(&body)?;
         Generation::completion(&state, &headers, body).await

@@ -38,6 +38,8 @@ pub struct AppState {
     pub request_id_headers: bool,
     /// `--api-key`: required as a bearer token on `/v1/*` and `/inference/*`.
     pub api_key: Option<Arc<str>>,
+    /// `--redirect-to`: generation requests are answered 307 to this base URL.
+    pub redirect_to: Option<Arc<str>>,
     /// `--enable-scale-out`: `POST /inference/v1/abort_requests` is served.
     pub scale_out: bool,
     /// Every call to an abort path (`GET /debug/aborts`), oldest first, the last 1,000: path,
