@@ -76,14 +76,24 @@ pub fn final_chunk(identity: Option<&ChunkIdentity>, info: &CutInfo) -> Vec<u8> 
     } else {
         json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": "length"})
     };
-    let chunk = json!({
+    framed(identity, json!([choice]), ("tutor_gateway", json!(info)))
+}
+
+/// A `/v1` chunk in vLLM's shape (`identity`'s fields), with `choices` and one more member,
+/// framed as `data: …\n\n`.
+fn framed(
+    identity: Option<&ChunkIdentity>,
+    choices: Value,
+    (key, value): (&str, Value),
+) -> Vec<u8> {
+    let mut chunk = json!({
         "id": identity.map_or(Value::Null, |i| i.id.clone()),
         "object": identity.map_or(Value::from("chat.completion.chunk"), |i| i.object.clone()),
         "created": identity.map_or(Value::Null, |i| i.created.clone()),
         "model": identity.map_or(Value::Null, |i| i.model.clone()),
-        "choices": [choice],
-        "tutor_gateway": info,
+        "choices": choices,
     });
+    chunk[key] = value;
     format!("data: {chunk}\n\n").into_bytes()
 }
 
@@ -103,15 +113,7 @@ pub fn usage_chunk(
     if let Some(c) = cached_tokens {
         usage["prompt_tokens_details"] = json!({ "cached_tokens": c });
     }
-    let chunk = json!({
-        "id": identity.map_or(Value::Null, |i| i.id.clone()),
-        "object": identity.map_or(Value::from("chat.completion.chunk"), |i| i.object.clone()),
-        "created": identity.map_or(Value::Null, |i| i.created.clone()),
-        "model": identity.map_or(Value::Null, |i| i.model.clone()),
-        "choices": [],
-        "usage": usage,
-    });
-    format!("data: {chunk}\n\n").into_bytes()
+    framed(identity, json!([]), ("usage", usage))
 }
 
 /// The `/answer` `cut` event.

@@ -181,10 +181,11 @@ struct WireChunk {
     object: Option<String>,
     #[serde(default)]
     choices: Vec<WireChoice>,
-    /// Read leniently, as `metrics`: a usage the gateway cannot read (a negative or fractional
-    /// count) is left out, never a reason to fail an answer that may have finished.
+    /// Its counts are read as any JSON number: one that is no token count (negative,
+    /// fractional, past u32) leaves the usage out, never a reason to fail an answer that may
+    /// have finished. (Numbers, not a `Value`: this is on every chunk.)
     #[serde(default)]
-    usage: Option<serde_json::Value>,
+    usage: Option<WireUsage>,
     #[serde(default)]
     metrics: Option<serde_json::Value>,
 }
@@ -225,9 +226,9 @@ struct WireDelta {
 #[derive(Deserialize)]
 struct WireUsage {
     #[serde(default)]
-    prompt_tokens: Option<u32>,
+    prompt_tokens: Option<serde_json::Number>,
     #[serde(default)]
-    completion_tokens: Option<u32>,
+    completion_tokens: Option<serde_json::Number>,
     #[serde(default)]
     prompt_tokens_details: Option<WireDetails>,
 }
@@ -235,7 +236,13 @@ struct WireUsage {
 #[derive(Deserialize)]
 struct WireDetails {
     #[serde(default)]
-    cached_tokens: Option<u32>,
+    cached_tokens: Option<serde_json::Number>,
+}
+
+/// A token count: a whole number that fits a u32.
+fn count(n: Option<serde_json::Number>) -> Option<u32> {
+    n.and_then(|n| n.as_u64())
+        .and_then(|n| u32::try_from(n).ok())
 }
 
 fn non_empty(s: Option<&str>) -> bool {
@@ -357,14 +364,11 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
             None => (c.text.unwrap_or_default(), String::new(), false, Vec::new()),
         })
         .unwrap_or_default();
-    let usage = wire
-        .usage
-        .and_then(|u| serde_json::from_value::<WireUsage>(u).ok());
-    let usage = usage.and_then(|u| {
+    let usage = wire.usage.and_then(|u| {
         Some(Usage {
-            prompt_tokens: u.prompt_tokens?,
-            completion_tokens: u.completion_tokens?,
-            cached_tokens: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
+            prompt_tokens: count(u.prompt_tokens)?,
+            completion_tokens: count(u.completion_tokens)?,
+            cached_tokens: u.prompt_tokens_details.and_then(|d| count(d.cached_tokens)),
         })
     });
     Ok(Payload::Chunk(Chunk {
