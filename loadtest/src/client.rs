@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use futures::StreamExt;
+use futures::{FutureExt as _, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -90,6 +90,23 @@ pub struct Outcome {
     /// usage came without it: vLLM leaves it out when nothing was cached). `None` with
     /// `prompt_tokens`.
     pub cached_tokens: Option<u32>,
+}
+
+impl Outcome {
+    /// An error with nothing received yet.
+    fn empty() -> Self {
+        Outcome {
+            status: Status::Error,
+            error: None,
+            ttft_s: None,
+            token_times: Vec::new(),
+            output_tokens: 0,
+            e2e_s: None,
+            diverted: None,
+            prompt_tokens: None,
+            cached_tokens: None,
+        }
+    }
 }
 
 /// What a stream's usage said.
@@ -267,7 +284,19 @@ impl Target {
     }
 
     /// [`Target::send`] with a system message first (a shared prefix) when `system` is given.
+    /// A request whose reading panics (a bug of this tool, or an answer it cannot take) is an
+    /// error, `client_panic`, not a request that vanishes from the counts.
     pub async fn send_with_system(
+        &self,
+        system: Option<&str>,
+        prompt: &str,
+        max_tokens: u32,
+        cut_at: Instant,
+    ) -> Outcome {
+        caught(self.read_one(system, prompt, max_tokens, cut_at)).await
+    }
+
+    async fn read_one(
         &self,
         system: Option<&str>,
         prompt: &str,
@@ -276,15 +305,8 @@ impl Target {
     ) -> Outcome {
         let start = Instant::now();
         let mut out = Outcome {
-            status: Status::Error,
-            error: None,
-            ttft_s: None,
             token_times: Vec::with_capacity(max_tokens as usize),
-            output_tokens: 0,
-            e2e_s: None,
-            diverted: None,
-            prompt_tokens: None,
-            cached_tokens: None,
+            ..Outcome::empty()
         };
         let resp =
             match tokio::time::timeout_at(cut_at, self.request(system, prompt, max_tokens).send())
@@ -493,6 +515,14 @@ enum Event {
     End,
 }
 
+/// `reading`'s outcome, or an error `client_panic` when it panicked.
+async fn caught(reading: impl std::future::Future<Output = Outcome>) -> Outcome {
+    std::panic::AssertUnwindSafe(reading)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| fail(Outcome::empty(), "client_panic"))
+}
+
 fn fail(mut out: Outcome, code: &str) -> Outcome {
     out.status = Status::Error;
     out.error = Some(code.to_string());
@@ -509,6 +539,22 @@ fn cut(mut out: Outcome) -> Outcome {
 
 #[cfg(test)]
 mod tests {
+
+    /// A request whose reading panics still counts, as an error.
+    #[tokio::test]
+    async fn a_panicking_read_is_an_error_not_a_lost_request() {
+        let o = caught(async { panic!("a reply this tool cannot take") }).await;
+        assert_eq!(o.status, Status::Error);
+        assert_eq!(o.error.as_deref(), Some("client_panic"));
+        let ok = caught(async {
+            Outcome {
+                status: Status::Ok,
+                ..Outcome::empty()
+            }
+        })
+        .await;
+        assert_eq!(ok.status, Status::Ok);
+    }
     use super::*;
 
     /// Reads `raw` (one event, without its blank line) with the SSE parser and interprets it.

@@ -265,6 +265,8 @@ mod tests {
             target: "http://x".into(),
             api: Api::Answer,
             seed: 1,
+            warmup_s: 0.0,
+            warmup_requests: 0,
             duration_s: 60.0,
             wall_s: 60.0,
             requests: 200,

@@ -151,13 +151,17 @@ pub async fn run_preset(
         gw.url(),
         sim.url()
     );
-    let sampling = StepSampler::sample(&sim.engine, opts.run.duration, Duration::from_secs(5));
+    let sampling = StepSampler::sample(
+        &sim.engine,
+        (opts.run.warmup, opts.run.duration),
+        Duration::from_secs(5),
+    );
     let (data, steps) = tokio::join!(run(&scenario, &target, &prompts, &opts.run), sampling);
     let results = Results::build(
         &scenario,
         &target,
         opts.run.seed,
-        opts.run.duration.as_secs_f64(),
+        opts.run.window_s(),
         &data,
     );
     let inside = Inside {
@@ -416,6 +420,7 @@ pub async fn run_experiment(opts: &ExperimentOptions) -> anyhow::Result<Value> {
     let setup = json!({
         "scenario": opts.scenario.name, "seed": opts.run.seed, "profile": opts.profile,
         "speed": opts.speed, "fifo_max_concurrency": opts.fifo_max_concurrency,
+        "warmup_s": opts.run.warmup.as_secs_f64(),
         "duration_s": opts.run.duration.as_secs_f64(),
         "drain_s": opts.run.drain.as_secs_f64(),
         "max_model_len": opts.scenario.max_model_len,

@@ -34,6 +34,10 @@ struct Common {
     /// Time during which requests are sent (e.g. 15m, 90s).
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     duration: Duration,
+    /// Time before the window whose requests are sent but not measured (e.g. 30s, 0s);
+    /// default: a tenth of --duration, at least the closed loop's ramp.
+    #[arg(long, value_parser = parse_duration)]
+    warmup: Option<Duration>,
     /// Extra time in-flight requests get after the window; then they are cut.
     #[arg(long, default_value = "120s", value_parser = parse_duration)]
     drain: Duration,
@@ -58,7 +62,11 @@ impl Common {
     fn load(&self) -> anyhow::Result<(Scenario, RunOptions, PromptBuilder)> {
         let mut s = Scenario::load(&self.scenario)?;
         s.scale_concurrency(self.scale);
+        let warmup = self
+            .warmup
+            .unwrap_or_else(|| default_warmup(&s, self.duration));
         let run = RunOptions {
+            warmup,
             duration: self.duration,
             drain: self.drain,
             seed: self.seed.unwrap_or(s.seed),
@@ -67,6 +75,15 @@ impl Common {
         let p = PromptBuilder::new(PromptTokenizer::load(self.tokenizer.as_deref())?);
         Ok((s, run, p))
     }
+}
+
+/// A tenth of the window, at least the closed loop's ramp (every client started).
+fn default_warmup(s: &Scenario, duration: Duration) -> Duration {
+    let ramp = match s.load {
+        tutor_load::scenario::Load::Closed { ramp_s, .. } => Duration::from_secs_f64(ramp_s),
+        tutor_load::scenario::Load::Open { .. } => Duration::ZERO,
+    };
+    (duration / 10).max(ramp)
 }
 
 // Parsed once per process: the size of its largest variant costs nothing worth a box.
@@ -292,13 +309,7 @@ async fn main() -> anyhow::Result<()> {
             if let Some(w) = watch {
                 w.abort();
             }
-            let mut r = Results::build(
-                &scenario,
-                &target,
-                run.seed,
-                run.duration.as_secs_f64(),
-                &data,
-            );
+            let mut r = Results::build(&scenario, &target, run.seed, run.window_s(), &data);
             r.salt = salt;
             tutor_load::report::write_all(&common.out, &r, 2.0)?;
             print!("{}", tutor_load::report::summary_md(&r));
@@ -384,6 +395,11 @@ async fn main() -> anyhow::Result<()> {
                 no_async_scheduling,
             };
             if arrivals == Arrivals::Poisson {
+                anyhow::ensure!(
+                    common.warmup.is_none(),
+                    "--warmup is the closed loop's (wall clock); with --arrivals poisson the \
+                     warm-up is --warmup-s (simulated seconds)"
+                );
                 let presets = if presets.is_empty() {
                     vec![Preset::Floor, Preset::Fifo, Preset::Lanes]
                 } else {

@@ -160,7 +160,7 @@ pub async fn run_matrix(
             let target = Target::new(&base, opts.sweep.api, opts.sweep.model.clone())?;
             let scraper = opts.sweep.dcgm_url.clone().map(|url| {
                 let http = http.clone();
-                let until = Instant::now() + opts.run.duration;
+                let until = Instant::now() + opts.run.warmup + opts.run.duration;
                 tokio::spawn(async move {
                     let (mut util, mut fb) = (vec![], vec![]);
                     while Instant::now() < until {
@@ -179,7 +179,7 @@ pub async fn run_matrix(
                 &opts.scenario,
                 &target,
                 opts.run.seed,
-                opts.run.duration.as_secs_f64(),
+                opts.run.window_s(),
                 &data,
             );
             stop(child).await;

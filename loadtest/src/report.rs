@@ -131,6 +131,18 @@ pub fn ordered(r: &Results) -> Vec<(&str, &ClassStats)> {
         .collect()
 }
 
+/// The warm-up as the summary's first line tells it.
+fn warmup_words(r: &Results) -> String {
+    if r.warmup_s > 0.0 {
+        format!(
+            "warm-up {:.0} s ({} requests, not measured), ",
+            r.warmup_s, r.warmup_requests
+        )
+    } else {
+        "no warm-up, ".into()
+    }
+}
+
 /// The Markdown summary of one run.
 pub fn summary_md(r: &Results) -> String {
     let mut o = String::new();
@@ -141,9 +153,16 @@ pub fn summary_md(r: &Results) -> String {
     );
     let _ = writeln!(
         o,
-        "Seed {}, window {:.0} s (wall {:.0} s with drain), {} requests, {} errors, {} skipped; \
+        "Seed {}, {}window {:.0} s (wall {:.0} s with drain), {} requests, {} errors, {} skipped; \
          **{:.0} output tokens/s**.\n",
-        r.seed, r.duration_s, r.wall_s, r.requests, r.errors, r.skipped, r.output_tokens_per_s
+        r.seed,
+        warmup_words(r),
+        r.duration_s,
+        r.wall_s,
+        r.requests,
+        r.errors,
+        r.skipped,
+        r.output_tokens_per_s
     );
     let _ = writeln!(o, "{}\n", prompt_text_line(r));
     let _ = writeln!(o, "{}\n", prefix_cache_line(r));

@@ -27,7 +27,11 @@ pub const ERROR_BACKOFF: Duration = Duration::from_millis(250);
 /// How long and how a run goes.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// Time during which new requests are sent.
+    /// Time at the start during which requests are sent but not measured (the engine's cache
+    /// and queues fill, the closed-loop clients' starts spread out); the measured window
+    /// follows it.
+    pub warmup: Duration,
+    /// Time during which new requests are sent and measured, after the warm-up.
     pub duration: Duration,
     /// Extra time in-flight requests get to finish after `duration`; then they are cut.
     pub drain: Duration,
@@ -35,6 +39,14 @@ pub struct RunOptions {
     pub seed: u64,
     /// Seconds between progress lines on stderr; 0 = none.
     pub progress_every_s: u64,
+}
+
+impl RunOptions {
+    /// The warm-up and the measured window, seconds, as [`crate::stats::Results::build`]
+    /// takes them.
+    pub fn window_s(&self) -> (f64, f64) {
+        (self.warmup.as_secs_f64(), self.duration.as_secs_f64())
+    }
 }
 
 /// A closed-loop client: waits for its start offset, then sends its plan's requests one after
@@ -93,7 +105,7 @@ pub async fn run(
     opts: &RunOptions,
 ) -> RunData {
     let start = Instant::now();
-    let end = start + opts.duration;
+    let end = start + opts.warmup + opts.duration;
     let cut_at = end + opts.drain;
     let shared = Arc::new(Shared {
         records: Mutex::new(Vec::new()),

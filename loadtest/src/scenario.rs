@@ -375,7 +375,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => 3600.0,
         _ => return Err(format!("bad duration unit in {s:?} (ms, s, m, h)")),
     };
-    Ok(Duration::from_secs_f64(v * mult))
+    Duration::try_from_secs_f64(v * mult).map_err(|_| format!("duration {s:?} out of range"))
 }
 
 #[cfg(test)]

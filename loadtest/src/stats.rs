@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::client::Status;
-use crate::record::RunData;
+use crate::record::{Record, RunData};
 use crate::scenario::Scenario;
 
 pub use tutor_wire::stats::quantile;
@@ -199,7 +199,14 @@ pub struct Results {
     /// (`--replay`, the experiments, or a results.json from before salts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub salt: Option<u64>,
-    /// The measured window: seconds during which requests were sent.
+    /// Seconds at the start whose requests were sent but not measured (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub warmup_s: f64,
+    /// Requests sent in the warm-up: in no figure but the window's throughput (the work they
+    /// delivered inside the window).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub warmup_requests: u64,
+    /// The measured window: seconds during which requests were sent, after the warm-up.
     pub duration_s: f64,
     /// Seconds until the last request ended (window + drain).
     pub wall_s: f64,
@@ -251,28 +258,48 @@ pub struct VsFloor {
 }
 
 impl Results {
-    /// Summarises `data` over a window of `duration_s` seconds.
+    /// Summarises `data` over the window of `duration_s` seconds that follows `warmup_s`
+    /// seconds of warm-up: every figure is of the requests sent in the window, except the
+    /// throughput, which is the output delivered in the window by every request (one sent in
+    /// the warm-up included, so the window's work is all counted whatever its start).
     pub fn build(
         scenario: &Scenario,
         target: &crate::client::Target,
         seed: u64,
-        duration_s: f64,
+        (warmup_s, duration_s): (f64, f64),
         data: &RunData,
     ) -> Self {
         let secs = duration_s.ceil().max(1.0) as usize;
         let mut timeline = vec![0.0; secs];
         let mut classes = BTreeMap::new();
         let mut errors_by_code = BTreeMap::new();
+        let measured = |r: &Record| r.start_s >= warmup_s;
         for (ci, c) in scenario.classes.iter().enumerate() {
             let recs: Vec<_> = data.records.iter().filter(|r| r.class == ci).collect();
             let mut s = ClassStats {
-                requests: recs.len() as u64,
+                requests: recs.iter().filter(|r| measured(r)).count() as u64,
                 ..Default::default()
             };
             let (mut ttft, mut e2e, mut tpot, mut itl) = (vec![], vec![], vec![], vec![]);
             let mut tokens = 0.0;
             for r in &recs {
                 let o = &r.outcome;
+                // Token events may carry several tokens: spread the reported count over them.
+                let per_event = if o.token_times.is_empty() {
+                    0.0
+                } else {
+                    f64::from(o.output_tokens) / o.token_times.len() as f64
+                };
+                for &t in &o.token_times {
+                    let at = r.start_s + f64::from(t) - warmup_s;
+                    if (0.0..duration_s).contains(&at) {
+                        tokens += per_event;
+                        timeline[(at as usize).min(secs - 1)] += per_event;
+                    }
+                }
+                if !measured(r) {
+                    continue;
+                }
                 match o.status {
                     Status::Ok => s.ok += 1,
                     Status::Error => s.errors += 1,
@@ -293,19 +320,6 @@ impl Results {
                     }
                 }
                 itl.extend(o.token_times.windows(2).map(|w| f64::from(w[1] - w[0])));
-                // Token events may carry several tokens: spread the reported count over them.
-                let per_event = if o.token_times.is_empty() {
-                    0.0
-                } else {
-                    f64::from(o.output_tokens) / o.token_times.len() as f64
-                };
-                for &t in &o.token_times {
-                    let at = r.start_s + f64::from(t);
-                    if at < duration_s {
-                        tokens += per_event;
-                        timeline[(at as usize).min(secs - 1)] += per_event;
-                    }
-                }
             }
             s.ttft_mean_s =
                 (!ttft.is_empty()).then(|| ttft.iter().sum::<f64>() / ttft.len() as f64);
@@ -328,6 +342,7 @@ impl Results {
         let mut records: Vec<RequestLine> = data
             .records
             .iter()
+            .filter(|r| measured(r))
             .map(|r| RequestLine {
                 class: scenario.classes[r.class].name.clone(),
                 start_s: round3(r.start_s),
@@ -347,9 +362,11 @@ impl Results {
             api: target.api,
             seed,
             salt: None,
+            warmup_s,
+            warmup_requests: data.records.iter().filter(|r| !measured(r)).count() as u64,
             duration_s,
             wall_s: data.wall_s,
-            requests: data.records.len() as u64,
+            requests: records.len() as u64,
             errors: errors_by_code.values().sum(),
             errors_by_code,
             skipped: data.skipped,
@@ -369,6 +386,14 @@ impl Results {
             .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
         serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
     }
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+fn is_zero_u64(x: &u64) -> bool {
+    *x == 0
 }
 
 fn round3(x: f64) -> f64 {
@@ -408,5 +433,71 @@ x_bucket{lane=\"large\",le=\"+Inf\"} 0
             ));
         }
         assert_eq!(all, h);
+    }
+}
+
+#[cfg(test)]
+mod warmup_tests {
+    use super::*;
+    use crate::client::{Api, Outcome, Target};
+
+    fn record(start_s: f64, ttft_s: f64, token_times: Vec<f32>) -> Record {
+        Record {
+            class: 0,
+            start_s,
+            outcome: Outcome {
+                status: Status::Ok,
+                error: None,
+                ttft_s: Some(ttft_s),
+                output_tokens: token_times.len() as u32,
+                e2e_s: token_times.last().map(|&t| f64::from(t)),
+                token_times,
+                diverted: None,
+                prompt_tokens: None,
+                cached_tokens: None,
+            },
+        }
+    }
+
+    /// A request sent in the warm-up is in no quantile and no count, but what it delivers
+    /// inside the window is the window's work; nothing delivered before the window counts.
+    #[test]
+    fn the_warm_up_is_left_out_of_every_figure_but_the_windows_work() {
+        let s = Scenario::parse(
+            "name='t'\n[load]\nmode='closed'\n[[class]]\nname='a'\n\
+             input_tokens=300\noutput_tokens=10\nconcurrency=1\n",
+        )
+        .unwrap();
+        let t = Target::new("http://127.0.0.1:1", Api::Answer, None).unwrap();
+        let data = RunData {
+            records: vec![
+                // Sent at 1 s (warm-up): 9 s to its first token, tokens at 10-13 s.
+                record(1.0, 9.0, vec![9.0, 10.0, 11.0, 12.0]),
+                // Sent at 2 s (warm-up): all its tokens before the window.
+                record(2.0, 0.5, vec![0.5, 1.0]),
+                // Sent at 12 s and 15 s (window): quick ones.
+                record(12.0, 0.1, vec![0.1, 0.2]),
+                record(15.0, 0.3, vec![0.3]),
+            ],
+            skipped: 0,
+            wall_s: 20.0,
+        };
+        let r = Results::build(&s, &t, 1, (10.0, 10.0), &data);
+        let a = &r.classes["a"];
+        assert_eq!((r.requests, a.requests, a.ok), (2, 2, 2));
+        assert_eq!(r.warmup_requests, 2);
+        assert_eq!(r.records.len(), 2);
+        assert!(r.records.iter().all(|l| l.start_s >= 10.0));
+        // The warm-up's 9 s first token is in no quantile.
+        assert_eq!(a.ttft_p99_s, Some(0.3));
+        // In the window: 4 tokens of the first request (10, 11, 12, 13 s) and the window's
+        // own 3; the second request's tokens (2.5 s, 3 s) are before it.
+        assert_eq!(r.output_tokens, 7);
+        assert!((r.output_tokens_per_s - 0.7).abs() < 1e-9);
+        assert_eq!(r.throughput_timeline.iter().sum::<f64>(), 7.0);
+        // Without a warm-up, every request counts.
+        let all = Results::build(&s, &t, 1, (0.0, 20.0), &data);
+        assert_eq!((all.requests, all.warmup_requests), (4, 0));
+        assert_eq!(all.classes["a"].ttft_p99_s.map(|x| x > 8.0), Some(true));
     }
 }

@@ -32,13 +32,25 @@ impl StepSampler {
         }
     }
 
-    /// Reads `engine`'s steps every `every` for `window`.
-    pub async fn sample(engine: &Engine, window: Duration, every: Duration) -> Self {
+    /// Reads `engine`'s steps every `every` for `window`, after `warmup`: only the steps that
+    /// began after the warm-up are kept.
+    pub async fn sample(
+        engine: &Engine,
+        (warmup, window): (Duration, Duration),
+        every: Duration,
+    ) -> Self {
         let mut sampler = Self::default();
+        tokio::time::sleep(warmup).await;
+        sampler.collect(engine);
+        let warm = sampler.steps.keys().next_back().copied();
+        sampler.steps.clear();
         let until = tokio::time::Instant::now() + window;
         while tokio::time::Instant::now() < until {
             tokio::time::sleep(every.min(until - tokio::time::Instant::now())).await;
             sampler.collect(engine);
+        }
+        if let Some(last) = warm {
+            sampler.steps.retain(|&step, _| step > last);
         }
         sampler
     }

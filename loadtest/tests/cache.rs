@@ -23,6 +23,7 @@ async fn one_run(target: &Target, salt: Option<u64>) -> Results {
     )
     .unwrap();
     let opts = RunOptions {
+        warmup: Duration::ZERO,
         duration: Duration::from_millis(1500),
         drain: Duration::from_secs(60),
         seed: 11,
@@ -30,7 +31,7 @@ async fn one_run(target: &Target, salt: Option<u64>) -> Results {
     };
     let prompts = PromptBuilder::new(PromptTokenizer::Heuristic).salted(salt);
     let data = run(&scenario, target, &prompts, &opts).await;
-    let mut r = Results::build(&scenario, target, opts.seed, 1.5, &data);
+    let mut r = Results::build(&scenario, target, opts.seed, opts.window_s(), &data);
     r.salt = salt;
     assert_eq!(r.errors, 0, "{:?}", r.errors_by_code);
     assert!(r.requests >= 5, "{} requests", r.requests);

@@ -30,6 +30,7 @@ async fn fifo_vs_lanes_smoke_completes_without_errors() {
         config: root.join("../config/config.toml"),
         scenario,
         run: RunOptions {
+            warmup: Duration::ZERO,
             duration: Duration::from_secs(6),
             drain: Duration::from_secs(20),
             seed: 42,

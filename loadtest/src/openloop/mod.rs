@@ -383,6 +383,11 @@ async fn capacity_of(
     Ok(c)
 }
 
+/// The indices `0..n` starting at `k % n`: the order in which the `k`th seed runs the presets.
+fn rotated(n: usize, k: usize) -> impl Iterator<Item = usize> {
+    (0..n).map(move |i| (i + k) % n)
+}
+
 /// Runs every engine setting, load, seed and preset; writes `summary.json` and `summary.md`
 /// into `out` and returns the summary.
 pub async fn run_open_loop(opts: &OpenLoopOptions) -> anyhow::Result<Value> {
@@ -410,7 +415,7 @@ pub async fn run_open_loop(opts: &OpenLoopOptions) -> anyhow::Result<Value> {
             let rate = load * cap.requests_per_s;
             let mut by_preset: Vec<(Preset, Vec<Value>)> =
                 presets.iter().map(|p| (*p, vec![])).collect();
-            for &seed in &opts.seeds {
+            for (k, &seed) in opts.seeds.iter().enumerate() {
                 let mut mixed = arrivals::mixed(&scenario, rate, seed, opts.window.horizon_s());
                 if let Some(step) = &opts.step {
                     mixed = arrivals::stepped(
@@ -423,8 +428,11 @@ pub async fn run_open_loop(opts: &OpenLoopOptions) -> anyhow::Result<Value> {
                     );
                 }
                 let floor = arrivals::only(&mixed, small);
-                let mut group = vec![];
-                for &preset in &presets {
+                // Each seed runs the presets in another order (rotated by one a seed), so that
+                // no preset always runs first on a fresh machine or last on a warm one.
+                let mut group: Vec<Option<_>> = presets.iter().map(|_| None).collect();
+                for i in rotated(presets.len(), k) {
+                    let preset = presets[i];
                     let arr = if preset == Preset::Floor {
                         &floor
                     } else {
@@ -439,8 +447,9 @@ pub async fn run_open_loop(opts: &OpenLoopOptions) -> anyhow::Result<Value> {
                                 preset.name()
                             )
                         })?;
-                    group.push(m);
+                    group[i] = Some(m);
                 }
+                let mut group: Vec<_> = group.into_iter().flatten().collect();
                 figures::relate(&mut group);
                 for (m, (_, runs)) in group.iter().zip(by_preset.iter_mut()) {
                     runs.push(serde_json::to_value(&m.figures)?);
@@ -501,4 +510,25 @@ pub async fn run_open_loop(opts: &OpenLoopOptions) -> anyhow::Result<Value> {
     });
     report::write(&opts.out, &summary)?;
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rotated;
+
+    /// Every seed runs every preset once, and over as many seeds as presets each preset runs
+    /// first once.
+    #[test]
+    fn each_seed_runs_every_preset_once_and_a_different_one_first() {
+        let n = 4;
+        let mut firsts = vec![];
+        for k in 0..n {
+            let mut order: Vec<usize> = rotated(n, k).collect();
+            firsts.push(order[0]);
+            order.sort_unstable();
+            assert_eq!(order, (0..n).collect::<Vec<_>>());
+        }
+        firsts.sort_unstable();
+        assert_eq!(firsts, (0..n).collect::<Vec<_>>());
+    }
 }
