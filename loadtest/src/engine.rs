@@ -24,6 +24,17 @@ pub struct EngineSetting {
     /// vLLM's `--kv-offloading-size` in GiB (KV blocks copied to CPU memory and loaded back
     /// instead of recomputed); 0: no offloading, vLLM's default.
     pub kv_offloading_gib: u32,
+    /// A `tokenizer.json` the engine counts prompts with (the load sizes its prompts with it
+    /// too), whatever the gateway's config estimates with; `None`: the gateway's. With the
+    /// gateway on its heuristic, the estimate then differs from the engine's count as it does
+    /// in front of a real vLLM. Name suffix `-tok`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<std::path::PathBuf>,
+    /// Answers end at EOS after an exponential draw of this mean, capped by what the request
+    /// asked for, as a real model's answers do; `None`: every answer runs to the length it
+    /// asked for (exact output lengths). Name suffix `-eosN`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_output_tokens: Option<u32>,
 }
 
 /// Names of the presets, in `--engine` help order.
@@ -47,6 +58,8 @@ impl EngineSetting {
             max_model_len: 16_384,
             async_scheduling: true,
             kv_offloading_gib: 0,
+            tokenizer: None,
+            mean_output_tokens: None,
         })
     }
 
@@ -75,6 +88,15 @@ impl EngineSetting {
         flags
     }
 
+    /// The tokenizer the engine counts with (and the load sizes its prompts with): this
+    /// setting's, else the gateway's (`gateway`, from its config; `None`: the heuristic).
+    pub fn counting_tokenizer(
+        &self,
+        gateway: Option<std::path::PathBuf>,
+    ) -> Option<std::path::PathBuf> {
+        self.tokenizer.clone().or(gateway)
+    }
+
     /// Every flag, `--max-model-len` included (for reports and a `vllm serve` command line).
     pub fn all_flags(&self) -> Vec<String> {
         let mut f = self.sim_flags();
@@ -98,6 +120,11 @@ pub struct Overrides {
     pub kv_offloading_size: Vec<u32>,
     /// Every setting with `--no-async-scheduling` (name suffix `-sync`).
     pub no_async_scheduling: bool,
+    /// Every setting's engine counts with this tokenizer (see [`EngineSetting::tokenizer`]).
+    pub tokenizer: Option<std::path::PathBuf>,
+    /// Every setting's answers end at EOS with this mean (see
+    /// [`EngineSetting::mean_output_tokens`]).
+    pub mean_output_tokens: Option<u32>,
 }
 
 /// Folder name of a matrix cell (shared with [`expand`]'s suffixes).
@@ -160,12 +187,26 @@ pub fn expand(presets: &[String], o: &Overrides) -> anyhow::Result<Vec<EngineSet
                 s.name.push_str("-sync");
             }
         }
+        for s in &mut settings {
+            if let Some(t) = &o.tokenizer {
+                s.tokenizer = Some(t.clone());
+                s.name.push_str("-tok");
+            }
+            if let Some(m) = o.mean_output_tokens {
+                s.mean_output_tokens = Some(m);
+                s.name.push_str(&format!("-eos{m}"));
+            }
+        }
         out.extend(settings);
     }
     for s in &out {
-        if s.max_num_seqs == 0 || s.max_num_batched_tokens == 0 || s.max_model_len == 0 {
+        if s.max_num_seqs == 0
+            || s.max_num_batched_tokens == 0
+            || s.max_model_len == 0
+            || s.mean_output_tokens == Some(0)
+        {
             bail!(
-                "engine {}: seqs, batched tokens and model length must be > 0",
+                "engine {}: seqs, batched tokens, model length and mean output tokens must be > 0",
                 s.name
             );
         }
@@ -235,6 +276,48 @@ mod tests {
             (128, 12_288, 512)
         );
         assert_eq!(cell_name(96, 8192), "seqs96-batched8192");
+    }
+
+    /// The engine's own tokenizer and answer lengths reach the simulator and name the setting;
+    /// without them every answer runs to its asked length.
+    #[test]
+    fn the_engines_tokenizer_and_answer_lengths_reach_the_simulator() {
+        use crate::experiment::sim_args;
+        use crate::preset::Preset;
+        let sim = |e: &EngineSetting, gateway_tok: Option<&std::path::Path>| {
+            let mut argv = vec!["vllm-sim".to_string()];
+            let tok = e.counting_tokenizer(gateway_tok.map(std::path::Path::to_path_buf));
+            argv.extend(sim_args(
+                "tiny-test",
+                1.0,
+                1,
+                tok.as_deref(),
+                e,
+                Preset::Lanes,
+            ));
+            vllm_sim::SimArgs::try_parse_from(argv).expect("the simulator accepts the flags")
+        };
+        let d = expand(&["seed".into()], &Overrides::default()).unwrap();
+        let a = sim(&d[0], None);
+        assert_eq!((a.mean_output_tokens, a.tokenizer), (1_000_000, None));
+        let o = Overrides {
+            tokenizer: Some("engine/tokenizer.json".into()),
+            mean_output_tokens: Some(300),
+            ..Default::default()
+        };
+        let v = expand(&["seed".into()], &o).unwrap();
+        assert_eq!(v[0].name, "seed-tok-eos300");
+        let a = sim(&v[0], Some(std::path::Path::new("gateway/tokenizer.json")));
+        assert_eq!(a.mean_output_tokens, 300);
+        assert_eq!(
+            a.tokenizer.as_deref(),
+            Some(std::path::Path::new("engine/tokenizer.json"))
+        );
+        let zero = Overrides {
+            mean_output_tokens: Some(0),
+            ..Default::default()
+        };
+        assert!(expand(&["seed".into()], &zero).is_err());
     }
 
     #[test]

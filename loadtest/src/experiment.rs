@@ -117,7 +117,9 @@ pub async fn run_preset(
         opts.fifo_max_concurrency,
         opts.speed,
     )?;
-    let tokenizer = config_tokenizer(&cfg);
+    // The engine counts (and the load sizes its prompts) with the engine's tokenizer when the
+    // setting names one, else with the gateway's.
+    let tokenizer = engine.counting_tokenizer(config_tokenizer(&cfg));
     let sim_args = sim_args(
         &opts.profile,
         opts.speed,
@@ -297,9 +299,10 @@ pub(crate) fn sim_args(
         "--speed".into(),
         speed.to_string(),
         // The gateway's /answer sends no ignore_eos: a huge mean makes every answer run to its
-        // max_output_tokens, so output lengths are exact (as with ignore_eos on the chat API).
+        // max_output_tokens, so output lengths are exact (as with ignore_eos on the chat API),
+        // unless the engine setting draws them.
         "--mean-output-tokens".into(),
-        "1000000".into(),
+        engine.mean_output_tokens.unwrap_or(1_000_000).to_string(),
         "--seed".into(),
         seed.to_string(),
     ];

@@ -247,6 +247,15 @@ enum Cmd {
         /// one ended; vLLM 0.33 plans one step ahead by default). Setting names get `-sync`.
         #[arg(long)]
         no_async_scheduling: bool,
+        /// The simulator counts prompts with this tokenizer.json (and the load sizes its
+        /// prompts with it), while the gateway estimates with its config's (e.g. its heuristic),
+        /// as in front of a real vLLM. Setting names get `-tok`.
+        #[arg(long)]
+        engine_tokenizer: Option<PathBuf>,
+        /// Answers end at EOS after an exponential draw of this mean (capped by what each
+        /// request asked for) instead of running to the length asked. Names get `-eosN`.
+        #[arg(long)]
+        engine_mean_output_tokens: Option<u32>,
     },
 }
 
@@ -372,6 +381,8 @@ async fn main() -> anyhow::Result<()> {
             max_model_len,
             kv_offloading_size,
             no_async_scheduling,
+            engine_tokenizer,
+            engine_mean_output_tokens,
             arrivals,
             loads,
             seeds,
@@ -393,6 +404,8 @@ async fn main() -> anyhow::Result<()> {
                 max_model_len,
                 kv_offloading_size,
                 no_async_scheduling,
+                tokenizer: engine_tokenizer,
+                mean_output_tokens: engine_mean_output_tokens,
             };
             if arrivals == Arrivals::Poisson {
                 anyhow::ensure!(

@@ -79,6 +79,10 @@ pub async fn drive(
     window: &Window,
     backlog: Option<Backlog>,
 ) -> Driven {
+    // Every prompt is written before the clock starts: with a real tokenizer writing one takes
+    // a dozen encodes, which on the run's own threads would delay arrivals (and the gateway
+    // and simulator sharing them) by the tool's work.
+    let texts = write_prompts(arrivals, scenario, seed, stack).await;
     let engine = stack.sim.engine.clone();
     let epoch = engine.epoch();
     let log = Arc::new(Mutex::new(StepLog::default()));
@@ -123,7 +127,8 @@ pub async fn drive(
                 let a = arrivals[next];
                 next += 1;
                 let due = start + window.wall(a.at_s);
-                let job = one_request(a, scenario, seed, stack, (epoch, due), cut_at);
+                let text = texts[next - 1].clone();
+                let job = one_request(a, text, scenario, seed, stack, (epoch, due), cut_at);
                 if window.counts(a.at_s) {
                     counted.spawn(job);
                 } else {
@@ -159,10 +164,39 @@ pub async fn drive(
     }
 }
 
-/// One request: its sizes and prompt from the seed, sent at once (its arrival was due at
-/// `due`), read until it ends or `cut_at`.
+/// A prompt as sent: the system message (a shared prefix), if any, and the user's text.
+type Text = Arc<(Option<String>, String)>;
+
+/// Every arrival's prompt text, from the seed (sizes by [`open_sizes`]), written on the
+/// blocking pool.
+async fn write_prompts(
+    arrivals: &[Arrival],
+    scenario: &Scenario,
+    seed: u64,
+    stack: &Stack,
+) -> Vec<Text> {
+    let (arrivals, scenario, prompts) =
+        (arrivals.to_vec(), scenario.clone(), stack.prompts.clone());
+    tokio::task::spawn_blocking(move || {
+        arrivals
+            .iter()
+            .map(|a| {
+                let class = &scenario.classes[a.class];
+                let (input, _) = open_sizes(&scenario, a.class, a.index, seed);
+                let rs = request_seed(seed, a.class, 0, a.index);
+                Arc::new(with_prefix(&prompts, class, input, rs))
+            })
+            .collect()
+    })
+    .await
+    .expect("writing the prompts")
+}
+
+/// One request: its sizes from the seed and its prompt `text`, sent at once (its arrival was
+/// due at `due`), read until it ends or `cut_at`.
 fn one_request(
     a: Arrival,
+    text: Text,
     scenario: &Scenario,
     seed: u64,
     stack: &Stack,
@@ -172,14 +206,8 @@ fn one_request(
     let class = scenario.classes[a.class].clone();
     let (input, output) = open_sizes(scenario, a.class, a.index, seed);
     let target = stack.target.for_class(class.api, class.deadline_ms);
-    let prompts = stack.prompts.clone();
     async move {
-        let (system, prompt) = with_prefix(
-            &prompts,
-            &class,
-            input,
-            request_seed(seed, a.class, 0, a.index),
-        );
+        let (system, prompt) = &*text;
         let at = Instant::now().into_std();
         let outcome = target
             .send_with_system(system.as_deref(), &prompt, output, cut_at)

@@ -33,7 +33,7 @@ pub struct Stack {
     pub gateway: Gateway,
     /// The gateway's `/answer`.
     pub target: Target,
-    /// Prompts sized with the gateway's tokenizer.
+    /// Prompts sized with the engine's tokenizer (the gateway's unless the setting names one).
     pub prompts: PromptBuilder,
     /// The `redis-server` holding the quota, for a preset on Redis; killed on drop.
     redis: Option<RedisChild>,
@@ -57,7 +57,9 @@ impl Stack {
             spec.fifo_max_concurrency,
             spec.speed,
         )?;
-        let tokenizer = config_tokenizer(&cfg);
+        // The engine counts (and the load sizes its prompts) with the engine's tokenizer when the
+        // setting names one, else with the gateway's.
+        let tokenizer = engine.counting_tokenizer(config_tokenizer(&cfg));
         let args = sim_args(
             &spec.profile,
             spec.speed,
