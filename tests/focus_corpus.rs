@@ -352,3 +352,49 @@ fn an_error_at_any_line_selects_the_same_either_way() {
     }
     assert!(compared > 1000, "{compared} traces compared");
 }
+
+/// A function calling thousands of helpers: at most `MAX_CALLEES` of them are weighed, so a
+/// request cannot make focusing's work grow with the square of its calls (a file of 24,500
+/// calls once took 16 s of CPU); what is sent is still the frame's function and helpers it
+/// calls, within the target.
+#[test]
+fn a_function_of_thousands_of_calls_has_at_most_a_bounded_number_weighed() {
+    let k = 1_000;
+    let mut code = String::from("def main():\n");
+    for i in 0..k {
+        code.push_str(&format!("    h{i}()\n"));
+    }
+    code.push_str("    raise ValueError('x')\n\n");
+    for i in 0..k {
+        code.push_str(&format!("def h{i}():\n    return {i}\n\n"));
+    }
+    let trace = format!(
+        "Traceback (most recent call last):\n  File \"app.py\", line {}, in main\nValueError: x\n",
+        k + 2
+    );
+    let files = vec![focus::SourceFile {
+        path: Some("app.py".into()),
+        code,
+    }];
+    let settings = FocusSettings {
+        // A target every helper would fit in: only the bound stops the weighing.
+        token_target: 1_000_000,
+        timeout: Duration::from_secs(60),
+        ..FocusSettings::default()
+    };
+    let f = focus::focus(
+        &files,
+        Some(Lang::Python),
+        Some(&trace),
+        None,
+        &settings,
+        &heuristic,
+    );
+    assert_eq!(f.outcome.as_str(), "focused");
+    assert!(f.functions.iter().any(|n| n == "main"), "{:?}", f.functions);
+    let helpers = f.functions.iter().filter(|n| n.starts_with('h')).count();
+    assert!(
+        (1..=focus::MAX_CALLEES).contains(&helpers),
+        "{helpers} helpers sent"
+    );
+}

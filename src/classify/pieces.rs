@@ -146,7 +146,10 @@ fn llama3_piece(t: &[u8], p: usize, digits: usize) -> usize {
     }
     // \p{N}{1,3} (Qwen 2: \p{N})
     if is_digit(b) {
-        return run_end(t, p, is_digit).min(p + digits);
+        // Looks at no more than `digits` bytes: scanning the whole run for every piece of it
+        // was quadratic (a 96 KB run of digits took 0.4 s to 1.3 s of a counting slot).
+        let stop = (p + digits).min(t.len());
+        return run_end(&t[..stop], p, is_digit);
     }
     // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
     let start = if b == b' ' && t.get(p + 1).is_some_and(|&n| is_other(n)) {

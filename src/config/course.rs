@@ -75,7 +75,8 @@ pub struct FocusSettings {
     pub depth: u32,
     /// `focus_max_bytes`: larger code is sent whole without parsing.
     pub max_bytes: usize,
-    /// `focus_timeout_ms`: parsing that takes longer is given up (the code is sent whole).
+    /// `focus_timeout_ms`: focusing's time; parsing not done by then is given up (the code is
+    /// sent whole), called definitions not weighed by then are left out.
     pub timeout: Duration,
     /// Parse every definition instead of only those the trace can reach (see [`outline`]):
     /// slower, the same selection; for comparison in tests and benchmarks, not configurable.

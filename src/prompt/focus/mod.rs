@@ -38,8 +38,9 @@ use tree_sitter::{ParseOptions, ParseState, Parser, Tree};
 
 pub use lang::{Lang, LANGUAGE_NAMES};
 pub use render::{whole, FOCUSED_HEADING};
+pub use select::MAX_CALLEES;
 pub use source::SourceFile;
-pub use trace::{frames, Frame};
+pub use trace::{frames, Frame, MAX_FRAMES};
 
 pub use crate::config::course::{
     FocusMode, FocusSettings, DEPTH, MAX_BYTES, TIMEOUT_MS, TOKEN_TARGET,
@@ -147,6 +148,9 @@ pub fn focus(
     count: &dyn Fn(&str) -> u32,
 ) -> Focus {
     let started = Instant::now();
+    // One deadline for the whole of focusing: parsing not done by then is given up (the code
+    // is sent whole), and called definitions not weighed by then are left out.
+    let deadline = started + settings.timeout;
     if settings.mode == FocusMode::Off {
         return Focus::whole(Outcome::Off, None, started);
     }
@@ -178,7 +182,6 @@ pub fn focus(
             None => return fallback(Outcome::FallbackParse),
         }
     }
-    let deadline = Instant::now() + settings.timeout;
     let outlines: Vec<Option<outline::Outline>> = files
         .iter()
         .zip(&langs)
@@ -241,6 +244,7 @@ pub fn focus(
         settings.depth,
         settings.token_target,
         count,
+        deadline,
     ) else {
         return fallback(Outcome::FallbackNomatch);
     };

@@ -6,6 +6,7 @@
 //! panic's) calls, to the configured depth, and its class's constructor.
 
 use std::collections::HashSet;
+use std::time::Instant;
 
 use super::index::{named_children, UnitKind};
 use super::selector::{FileSelection, Parsed, Selector};
@@ -19,6 +20,10 @@ const VALUE_LINES: usize = 10;
 const TYPE_LINES: usize = 25;
 /// Most lines of an enclosing function sent before the nested function a frame is in.
 const PREAMBLE_LINES: usize = 15;
+/// Most called definitions weighed for sending, all levels together: each costs a pass over
+/// the file's rows and definitions, and a function of 24,500 calls weighed them all (16 s of
+/// CPU). A real function's callees are far fewer.
+pub const MAX_CALLEES: usize = 256;
 
 /// The selection for `frames`; `None` when no frame falls in the given code.
 pub fn select(
@@ -27,6 +32,7 @@ pub fn select(
     depth: u32,
     token_target: u32,
     count: &dyn Fn(&str) -> u32,
+    deadline: Instant,
 ) -> Option<Vec<FileSelection>> {
     let lines: Vec<Vec<&str>> = files
         .iter()
@@ -104,7 +110,7 @@ pub fn select(
         }
     }
     s.used = s.cost_of_all();
-    s.callees(frontier, depth, token_target);
+    s.callees(frontier, depth, token_target, deadline);
     for sel in &mut s.out {
         sel.functions.sort();
     }
@@ -324,13 +330,24 @@ impl<'t> Selector<'_, 't> {
     }
 
     /// Called definitions, breadth first, each level in call order, while the total stays
-    /// within `target` tokens.
-    fn callees(&mut self, mut frontier: Vec<(usize, usize)>, depth: u32, target: u32) {
+    /// within `target` tokens: at most [`MAX_CALLEES`] weighed, none after `deadline`.
+    fn callees(
+        &mut self,
+        mut frontier: Vec<(usize, usize)>,
+        depth: u32,
+        target: u32,
+        deadline: Instant,
+    ) {
+        let mut weighed: HashSet<(usize, usize)> = HashSet::new();
         for level in 0..depth {
             let mut next = Vec::new();
             let mut candidates: Vec<(usize, usize)> = Vec::new();
-            for &(fi, u) in &frontier {
+            let room = MAX_CALLEES - weighed.len();
+            'calls: for &(fi, u) in &frontier {
                 for call in self.files[fi].index.calls(u) {
+                    if candidates.len() >= room {
+                        break 'calls;
+                    }
                     candidates.extend(self.resolve(fi, u, &call));
                 }
             }
@@ -340,7 +357,10 @@ impl<'t> Selector<'_, 't> {
                 }
             }
             for (fi, u) in candidates {
-                if self.chosen.contains(&(fi, u)) {
+                if weighed.len() >= MAX_CALLEES || Instant::now() >= deadline {
+                    return;
+                }
+                if self.chosen.contains(&(fi, u)) || !weighed.insert((fi, u)) {
                     continue;
                 }
                 let before = self.out[fi].clone();

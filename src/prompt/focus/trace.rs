@@ -7,6 +7,7 @@
 //! backtraces, and compiler errors with `file:line` (rustc `--> x.rs:3:7`, tsc `x.ts(3,7)` and
 //! `x.ts:3:7 - error`, javac `X.java:3: error`, gcc/clang and go `x.c:3:7: error`).
 
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use regex::Regex;
@@ -70,7 +71,11 @@ fn patterns() -> &'static Patterns {
     })
 }
 
-/// The frames of `trace`, innermost first, each place once.
+/// Most frames read from one trace (each place once, innermost first): a real trace's places
+/// are far fewer, and each frame costs the selection a pass over the code's definitions.
+pub const MAX_FRAMES: usize = 256;
+
+/// The frames of `trace`, innermost first, each place once, at most [`MAX_FRAMES`].
 pub fn frames(trace: &str) -> Vec<Frame> {
     let p = patterns();
     let python_traceback = trace.contains("Traceback (most recent call last)");
@@ -95,19 +100,24 @@ pub fn frames(trace: &str) -> Vec<Frame> {
     python.extend(out);
     // Each place once, first seen first; a place that is also a stack frame is one (Node
     // prints the throwing line as `file:line` above the stack).
+    // Places are looked up in a map: a search of the frames kept so far made a trace of
+    // 120,000 distinct frames cost 33 s of CPU.
     let mut kept: Vec<Frame> = Vec::new();
+    let mut at: HashMap<(String, usize), usize> = HashMap::new();
     for f in python.into_iter().filter(|f| f.line > 0) {
-        match kept
-            .iter_mut()
-            .find(|k| k.file == f.file && k.line == f.line)
-        {
-            Some(k) => {
+        match at.get(&(f.file.clone(), f.line)) {
+            Some(&i) => {
+                let k = &mut kept[i];
                 k.stack |= f.stack;
                 if k.function.is_none() {
                     k.function = f.function;
                 }
             }
-            None => kept.push(f),
+            None if kept.len() < MAX_FRAMES => {
+                at.insert((f.file.clone(), f.line), kept.len());
+                kept.push(f);
+            }
+            None => {}
         }
     }
     kept
@@ -326,6 +336,26 @@ fn last_segment(s: &str, sep: char) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A trace of thousands of places gives the innermost `MAX_FRAMES`, each once.
+    #[test]
+    fn a_trace_of_thousands_of_places_keeps_the_innermost_few_hundred() {
+        let mut t = String::from("Traceback (most recent call last):\n");
+        for i in 1..=5000 {
+            t.push_str(&format!("  File \"a.py\", line {i}, in f{i}\n"));
+            // Every place twice: the second is the same frame.
+            t.push_str(&format!("  File \"a.py\", line {i}, in f{i}\n"));
+        }
+        t.push_str("ValueError: x\n");
+        let f = frames(&t);
+        assert_eq!(f.len(), MAX_FRAMES);
+        // Innermost first: the traceback's last lines.
+        assert_eq!((f[0].line, f[0].function.as_deref()), (5000, Some("f5000")));
+        assert_eq!(f[MAX_FRAMES - 1].line, 5000 - MAX_FRAMES + 1);
+        let mut lines: Vec<usize> = f.iter().map(|f| f.line).collect();
+        lines.dedup();
+        assert_eq!(lines.len(), MAX_FRAMES, "each place once");
+    }
 
     fn places(trace: &str) -> Vec<(String, usize, Option<String>, bool)> {
         frames(trace)
