@@ -301,6 +301,7 @@ fn chat(system: &str, user: &str) -> PromptInput {
     PromptInput::chat(
         serde_json::from_value(messages).expect("chat messages"),
         None,
+        16_384,
     )
 }
 

@@ -142,7 +142,7 @@ fn corpus(counter: &TokenCounter) {
             let messages: Vec<ChatMessage> =
                 serde_json::from_value(json!(course.messages(&student_messages(m)))).unwrap();
             classifier
-                .classify_blocking(&PromptInput::chat(messages, None), None)
+                .classify_blocking(&PromptInput::chat(messages, None, 16_384), None)
                 .map(|c| c.lane)
         };
         let whole = lane(&material);

@@ -89,6 +89,7 @@ pub fn openai_body(data: &[u8]) {
             max_logprobs: 5,
             extra_roles: &extra_roles,
             bounds: &BOUNDS,
+            max_model_len: 16_384,
         };
         for parsed in [parse::chat(data, rules), parse::completion(data, rules)] {
             match parsed {

@@ -642,3 +642,40 @@ async fn request_heads_are_bounded_in_bytes() {
     served_again(&h, "served after the refusals").await;
     h.shutdown().await;
 }
+
+/// A body over `PARSE_INLINE_BYTES` is parsed on the blocking pool: it is answered as the
+/// same body sent small would be, its refusals named the same way.
+#[tokio::test]
+async fn a_large_body_is_parsed_off_the_workers_with_the_same_answers() {
+    let h = harness(FAST, |_| {}).await;
+    let padded = |body: &str| {
+        let pad = " ".repeat(tutor_gateway::pipeline::PARSE_INLINE_BYTES + 1);
+        format!("{{{pad}{}", &body[1..])
+    };
+    let post = |path: &'static str, body: String| {
+        let h = &h;
+        async move {
+            send(
+                client()
+                    .post(h.url(path))
+                    .header("content-type", "application/json")
+                    .body(body),
+            )
+            .await
+        }
+    };
+    let ok = r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}"#;
+    let resp = post("/v1/chat/completions", padded(ok)).await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let two = r#"{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": 2}"#;
+    let resp = post("/v1/chat/completions", padded(two)).await;
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["param"], "n", "{err}");
+    let answer = r#"{"messages": [{"role": "user", "content": "hi"}], "max_output_tokens": 3}"#;
+    let resp = post("/answer", padded(answer)).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.contains("event: done"), "{text}");
+    h.shutdown().await;
+}

@@ -230,6 +230,7 @@ fn a_three_hundred_token_question_is_small_without_tokenizing() {
             reasoning_content: None,
         }],
         None,
+        16_384,
     );
     let exact = counter.count_input(&input);
     assert!(

@@ -7,6 +7,7 @@
 //! `chat_template_kwargs` as pretty-printed JSON; per message and for the assistant turn the
 //! template's markers (`classify.per_message_overhead`); per media part its kind's charge.
 
+use super::bounds::MAX_BYTES_PER_TOKEN;
 use super::calibration::{ContentKind, KindCounts};
 use serde_json::Value;
 pub use tutor_wire::chat::{ChatMessage, ContentPart, MediaKind, MessageContent, PieceKind};
@@ -61,33 +62,66 @@ impl TemplateCosts {
     }
 }
 
-/// `value` as the template-facing pretty JSON; `None` for null or absent.
-fn pretty(value: Option<&Value>) -> Option<String> {
-    value
-        .filter(|v| !v.is_null())
-        .map(|v| serde_json::to_string_pretty(v).unwrap_or_else(|_| v.to_string()))
+/// `value` as the template-facing pretty JSON; `None` for null or absent. The rendering stops
+/// past the bytes that no `max_model_len` tokens could fill ([`MAX_BYTES_PER_TOKEN`] a
+/// token): a longer text is cut there, one byte over, and is refused as too long by its length
+/// alone. Pretty JSON grows with the nesting (two spaces a level on every line): 4 MB of arrays
+/// nested 120 deep rendered to about 500 MB and took a second of CPU before the refusal.
+fn pretty(value: Option<&Value>, max_model_len: u32) -> Option<String> {
+    /// A writer that takes at most `cap + 1` bytes, then fails (ending the serialisation).
+    struct Capped {
+        buf: Vec<u8>,
+        cap: usize,
+    }
+    impl std::io::Write for Capped {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            let room = (self.cap + 1).saturating_sub(self.buf.len());
+            self.buf.extend_from_slice(&b[..b.len().min(room)]);
+            if self.buf.len() > self.cap {
+                Err(std::io::Error::other(
+                    "past the longest countable rendering",
+                ))
+            } else {
+                Ok(b.len())
+            }
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let value = value.filter(|v| !v.is_null())?;
+    let cap = u64::from(max_model_len).saturating_mul(MAX_BYTES_PER_TOKEN);
+    let mut w = Capped {
+        buf: Vec::new(),
+        cap: usize::try_from(cap).unwrap_or(usize::MAX - 1),
+    };
+    // An error is the cap (the text is cut) or a number serde cannot write (not from a parsed
+    // body): either way what was written stands.
+    let _ = serde_json::to_writer_pretty(&mut w, value);
+    Some(String::from_utf8_lossy(&w.buf).into_owned())
 }
 
 impl PromptInput {
-    /// Chat input from messages and the request's `tools` value (`None` or null: no tools).
-    pub fn chat(messages: Vec<ChatMessage>, tools: Option<&Value>) -> Self {
+    /// Chat input from messages and the request's `tools` value (`None` or null: no tools),
+    /// for a model of `max_model_len` tokens (what bounds the rendering, see [`pretty`]).
+    pub fn chat(messages: Vec<ChatMessage>, tools: Option<&Value>, max_model_len: u32) -> Self {
         Self::Chat {
             messages,
-            tools: pretty(tools),
+            tools: pretty(tools, max_model_len),
             template_kwargs: None,
         }
     }
 
     /// The same input, with the request's `chat_template_kwargs` counted too (`None` or null:
     /// none). A prompt is left as it is.
-    pub fn with_template_kwargs(self, kwargs: Option<&Value>) -> Self {
+    pub fn with_template_kwargs(self, kwargs: Option<&Value>, max_model_len: u32) -> Self {
         match self {
             PromptInput::Chat {
                 messages, tools, ..
             } => PromptInput::Chat {
                 messages,
                 tools,
-                template_kwargs: pretty(kwargs),
+                template_kwargs: pretty(kwargs, max_model_len),
             },
             prompt => prompt,
         }

@@ -87,6 +87,7 @@ fn chat(system: &str, user: String) -> Arc<PromptInput> {
     Arc::new(PromptInput::chat(
         serde_json::from_value(messages).unwrap(),
         None,
+        16_384,
     ))
 }
 
@@ -361,7 +362,8 @@ fn every_rendered_string_is_counted_and_media_by_its_kind() {
     ]))
     .unwrap();
     let kwargs = serde_json::json!({"custom_tools": "described here"});
-    let input = PromptInput::chat(messages, None).with_template_kwargs(Some(&kwargs));
+    let input =
+        PromptInput::chat(messages, None, 16_384).with_template_kwargs(Some(&kwargs), 16_384);
     let mut texts = Vec::new();
     input.for_each_text(|t| texts.push(t.to_owned()));
     assert_eq!(texts[0], "{\n  \"custom_tools\": \"described here\"\n}");
@@ -411,4 +413,31 @@ fn a_reloaded_classifier_keeps_the_correction_in_force_and_the_tokenizations_run
     let mut recounted = classifier(TokenCounter::Heuristic);
     recounted.inherit(&old, false);
     assert!(!Arc::ptr_eq(recounted.calibration(), old.calibration()));
+}
+
+/// `tools` of arrays nested 120 deep: their pretty rendering (two spaces a level on every
+/// line) would be a hundred times the body; it is cut past what the model's context could hold
+/// and the request refused as too long, without rendering the rest.
+#[test]
+fn deeply_nested_tools_are_refused_without_rendering_them_whole() {
+    let mut tools = serde_json::json!(vec![0; 20_000]);
+    for _ in 0..120 {
+        tools = serde_json::json!([tools]);
+    }
+    let compact = tools.to_string().len();
+    let messages: Vec<ChatMessage> =
+        serde_json::from_value(serde_json::json!([{"role": "user", "content": "hi"}])).unwrap();
+    let input = PromptInput::chat(messages, Some(&tools), 16_384);
+    let (bytes, _) = input.text_bytes_and_pieces();
+    // Whole, the rendering is about 4.9 MB (20,000 lines of 240 spaces); at most one byte past
+    // 6 bytes a token of the context is rendered, plus the message and its role.
+    assert!(compact < 50_000, "{compact}");
+    assert!(bytes <= 16_384 * 6 + 1 + 16, "{bytes} bytes rendered");
+    let classifier = Classifier::with_counter(&Config::default(), TokenCounter::Heuristic);
+    match classifier.classify_blocking(&input, Some(10)) {
+        Err(ClassifyError::ExceedsModelLen { max_model_len, .. }) => {
+            assert_eq!(max_model_len, 16_384)
+        }
+        other => panic!("expected too long, got {other:?}"),
+    }
 }

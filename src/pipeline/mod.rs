@@ -38,7 +38,7 @@ pub mod tokenize;
 pub use admit::{admit, Admit, Admitted, Divert, NotTaken};
 pub use classify::{classify, Ready};
 pub use ctx::RequestCtx;
-pub use entry::{answer, openai, AnswerInput};
+pub use entry::{answer, openai, AnswerInput, PARSE_INLINE_BYTES};
 pub use prompt::Prepared;
 pub use respond::refused;
 pub use send::send;

@@ -201,7 +201,8 @@ fn chat_body(mut value: Value, rules: FieldRules<'_>) -> Result<OpenAiRequest, G
         ));
     }
     Ok(OpenAiRequest {
-        input: PromptInput::chat(messages, body.get("tools")).with_template_kwargs(kwargs),
+        input: PromptInput::chat(messages, body.get("tools"), rules.max_model_len)
+            .with_template_kwargs(kwargs, rules.max_model_len),
         max_tokens,
         stream: f.stream.unwrap_or(false),
         include_usage: f.include_usage(),

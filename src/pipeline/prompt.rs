@@ -142,7 +142,11 @@ pub async fn answer_request(
     }
     Ok(Prepared {
         endpoint: Endpoint::ChatCompletions,
-        input: PromptInput::chat(messages, body.get("tools")),
+        input: PromptInput::chat(
+            messages,
+            body.get("tools"),
+            config.upstream.max_model_len.get(),
+        ),
         max_tokens: max_output_tokens,
         body,
         session: session_id,

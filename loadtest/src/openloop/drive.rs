@@ -210,7 +210,7 @@ fn one_request(
         let (system, prompt) = &*text;
         let at = Instant::now().into_std();
         let outcome = target
-            .send_with_system(system.as_deref(), &prompt, output, cut_at)
+            .send_with_system(system.as_deref(), prompt, output, cut_at)
             .await;
         Sent {
             arrival: a,

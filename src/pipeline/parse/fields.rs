@@ -110,17 +110,21 @@ pub struct FieldRules<'a> {
     pub extra_roles: &'a [String],
     /// Stop strings, token lists, guides and media hosts (`[fields]`).
     pub bounds: &'a FieldsConfig,
+    /// The model's context (`upstream.max_model_len`): bounds what the JSON blocks the
+    /// template renders (`tools`, `chat_template_kwargs`) are rendered to for counting.
+    pub max_model_len: u32,
 }
 
 impl<'a> FieldRules<'a> {
     /// The rules `config` sets (`server.unknown_fields`, `server.max_logprobs`,
-    /// `classify.extra_roles`, `[fields]`).
+    /// `classify.extra_roles`, `[fields]`, `upstream.max_model_len`).
     pub fn of(config: &'a Config) -> Self {
         Self {
             unknown: config.server.unknown_fields,
             max_logprobs: config.server.max_logprobs,
             extra_roles: &config.classify.extra_roles,
             bounds: &config.fields,
+            max_model_len: config.upstream.max_model_len.get(),
         }
     }
 }
@@ -313,6 +317,7 @@ mod tests {
             max_logprobs: 5,
             extra_roles: &[],
             bounds: &BOUNDS,
+            max_model_len: 16_384,
         }
     }
 
