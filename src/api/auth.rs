@@ -39,7 +39,7 @@ use axum::Extension;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{parse_keys, AuthConfig, KeyEntry};
+use crate::config::{one_tenant_per_key, parse_keys, AuthConfig, KeyEntry};
 use crate::error::GatewayError;
 use crate::sign::{hmac_hex, same, sha256_hex};
 
@@ -153,7 +153,9 @@ impl Auth {
             return seen;
         }
         match std::fs::read_to_string(path).map_err(|e| e.kind().to_string()) {
-            Ok(text) => match parse_keys(&text) {
+            Ok(text) => match parse_keys(&text).and_then(|keys| {
+                one_tenant_per_key(self.0.config_keys.iter().chain(&keys)).map(|()| keys)
+            }) {
                 Ok(keys) => {
                     let n = keys.len();
                     self.install(keys);

@@ -152,6 +152,25 @@ pub fn parse_keys(text: &str) -> Result<Vec<KeyEntry>, String> {
     Ok(keys)
 }
 
+/// The first key given to two tenants, as `Err` naming both tenants (never the key or its
+/// hash): with the key in two places, one tenant would be billed for the other's requests.
+/// The same key twice for one tenant is harmless.
+pub fn one_tenant_per_key<'a>(keys: impl IntoIterator<Item = &'a KeyEntry>) -> Result<(), String> {
+    let mut owner: std::collections::HashMap<&str, &str> = std::collections::HashMap::new();
+    for k in keys {
+        match owner.insert(&k.sha256, &k.tenant) {
+            Some(other) if other != k.tenant => {
+                return Err(format!(
+                    "one key is listed for two tenants ({other:?} and {:?}); each key belongs to one tenant",
+                    k.tenant
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Checks `[auth]`.
 pub(super) fn validate(c: &mut Checker, raw: RawAuth) -> AuthConfig {
     let mut keys = Vec::new();
@@ -173,14 +192,20 @@ pub(super) fn validate(c: &mut Checker, raw: RawAuth) -> AuthConfig {
             });
         }
     }
+    if let Err(e) = one_tenant_per_key(&keys) {
+        c.fail("auth.keys", e);
+    }
     let keys_file = raw.keys_file.filter(|f| !f.is_empty()).map(PathBuf::from);
     if let Some(path) = &keys_file {
         match std::fs::read_to_string(path) {
-            Ok(text) => {
-                if let Err(e) = parse_keys(&text) {
-                    c.fail("auth.keys_file", e);
+            Ok(text) => match parse_keys(&text) {
+                Ok(file_keys) => {
+                    if let Err(e) = one_tenant_per_key(keys.iter().chain(&file_keys)) {
+                        c.fail("auth.keys_file", e);
+                    }
                 }
-            }
+                Err(e) => c.fail("auth.keys_file", e),
+            },
             Err(e) => c.fail("auth.keys_file", format!("cannot be read ({})", e.kind())),
         }
     }
@@ -264,6 +289,31 @@ pub(super) fn validate(c: &mut Checker, raw: RawAuth) -> AuthConfig {
 #[cfg(test)]
 mod tests {
     use super::parse_keys;
+
+    /// One key for two tenants (its hash written once in lower and once in upper case) is
+    /// refused, naming the tenants but not the key; the same key twice for one tenant is not.
+    #[test]
+    fn a_key_listed_for_two_tenants_is_refused() {
+        let hash = "ab".repeat(32);
+        let config = |second: &str| {
+            format!(
+                "[classify]\ntokenizer = \"heuristic\"\n[auth]\nenabled = true\nkeys = [{{ sha256 = \"{hash}\", tenant = \"alpha\" }}, \
+                 {{ sha256 = \"{}\", tenant = \"{second}\" }}]\n",
+                hash.to_ascii_uppercase()
+            )
+        };
+        let err = crate::config::Config::from_toml_str(&config("beta"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("auth.keys"), "{err}");
+        assert!(
+            err.contains("\"alpha\"") && err.contains("\"beta\""),
+            "{err}"
+        );
+        assert!(!err.to_ascii_lowercase().contains(&hash), "{err}");
+        let same = crate::config::Config::from_toml_str(&config("alpha"));
+        assert!(same.is_ok(), "{:?}", same.err());
+    }
 
     #[test]
     fn key_files_are_read_strictly() {

@@ -47,7 +47,9 @@ pub use admission::{
     AdmissionConfig, FifoConfig, LaneConfig, LanesConfig, Policy, QueueConfig, TtftObjective,
     PREFILL_PIECE_ALIGN,
 };
-pub use auth::{parse_keys, AuthConfig, KeyEntry, TenantBudget, TOKEN_SECRET_ENV};
+pub use auth::{
+    one_tenant_per_key, parse_keys, AuthConfig, KeyEntry, TenantBudget, TOKEN_SECRET_ENV,
+};
 pub use autopilot::AutopilotConfig;
 pub use classify::{ClassifyConfig, ExactCount, TokenizerSource};
 pub use course::{CourseConfig, FocusMode, FocusSettings};
