@@ -49,6 +49,8 @@ pub struct RawAuth {
     pub tenant_shares: Option<std::collections::BTreeMap<String, u32>>,
     /// With the Redis quota: order each replica's lines by the fleet's service counters.
     pub fleet_fairness: Option<bool>,
+    /// Tenants share vLLM's prefix cache (no tenant salt).
+    pub share_prefix_cache: Option<bool>,
     /// Per-tenant budgets: `[auth.tenants.<name>]`.
     pub tenants: Option<std::collections::BTreeMap<String, RawTenantBudget>>,
 }
@@ -107,6 +109,10 @@ pub struct AuthConfig {
     /// With the Redis quota: each replica's lines order tenants by their service counted
     /// fleet-wide (tokens over share), not only by their turns in that line.
     pub fleet_fairness: bool,
+    /// Tenants share vLLM's prefix cache: a client's `cache_salt` goes as sent. Off (the
+    /// default): every request gets its tenant's salt (`src/prompt/salt.rs`), so no tenant can
+    /// probe another's prompts through the cache.
+    pub share_prefix_cache: bool,
     /// Tenants' budgets, by tenant (tenants not listed have none).
     pub tenants: std::collections::BTreeMap<String, TenantBudget>,
 }
@@ -277,6 +283,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawAuth) -> AuthConfig {
         tenants,
         tenant_shares,
         fleet_fairness: raw.fleet_fairness.unwrap_or(true),
+        share_prefix_cache: raw.share_prefix_cache.unwrap_or(false),
         enabled,
         keys,
         keys_file,

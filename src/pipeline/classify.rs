@@ -194,6 +194,10 @@ pub async fn classify(
     let config = ctx.config();
     if let Some(t) = &tenant {
         record.tenant(&t.0);
+        if !config.auth.share_prefix_cache {
+            // Before the keys that learn what vLLM finds cached: they are the tenant's too.
+            crate::prompt::salt_for_tenant(&mut body, &t.0);
+        }
     }
     if let Some(f) = &focus {
         ctx.metrics().focus().observe(f);

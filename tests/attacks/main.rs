@@ -6,6 +6,7 @@ mod common;
 #[path = "../redis_common/mod.rs"]
 mod redis_common;
 
+mod cache_probe;
 mod cors_admin;
 mod event_id;
 mod fields;

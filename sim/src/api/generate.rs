@@ -107,6 +107,7 @@ async fn generate(state: AppState, gen: Generation) -> Response {
         target_output: target,
         finish_at_target: finish,
         priority: gen.priority,
+        cache_salt: gen.cache_salt.clone(),
         // Output hashed into the prefix cache as words; not reasoning, which it has no ids for.
         output_from: match gen.api {
             Api::Chat if gen.first_word == 0 && state.reasoning_tokens > 0 => None,

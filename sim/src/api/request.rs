@@ -53,6 +53,9 @@ pub struct Common {
     /// Request id when no `X-Request-Id` header is sent.
     #[serde(default)]
     pub request_id: Option<String>,
+    /// vLLM's prefix-cache salt: requests with different salts share no cached block.
+    #[serde(default)]
+    pub cache_salt: Option<String>,
     /// Number of choices; only 1 is simulated.
     #[serde(default)]
     pub n: Option<u32>,
@@ -189,6 +192,8 @@ pub struct Generation {
     pub logprobs: Option<u32>,
     /// External request id.
     pub request_id: String,
+    /// The prefix-cache salt (`cache_salt`), if any.
+    pub cache_salt: Option<String>,
     /// Prompt token ids.
     pub prompt: Vec<u32>,
     /// Output limit after defaults.
@@ -423,6 +428,13 @@ impl Generation {
                 Some("priority"),
             ));
         }
+        if c.cache_salt.as_deref() == Some("") {
+            // vLLM's own check (its request models' `check_cache_salt_support`).
+            return Err(ApiError::bad_request(
+                "Parameter 'cache_salt' must be a non-empty string if provided.",
+                Some("cache_salt"),
+            ));
+        }
         let limit = state.max_model_len;
         let input = prompt.len() as u32;
         if input >= limit {
@@ -438,6 +450,7 @@ impl Generation {
             "prompt_tokens": input,
             "max_tokens": max_tokens,
             "priority": c.priority,
+            "cache_salt": c.cache_salt,
         }));
         let max_tokens = match max_tokens {
             Some(0) => {
@@ -471,6 +484,7 @@ impl Generation {
         Ok(Self {
             api,
             request_id: request_id(headers, c.request_id.as_deref()),
+            cache_salt: c.cache_salt.clone(),
             prompt,
             max_tokens,
             stream: c.stream,

@@ -18,10 +18,31 @@ const NIL: u32 = u32::MAX;
 /// The parent hash of a sequence's first block.
 pub const ROOT_HASH: u64 = 0x5eed;
 
+/// The parent hash of the first block of a request with `cache_salt` (vLLM V1 puts the salt
+/// in the extra keys of a request's first block, `generate_block_hash_extra_keys` in
+/// `vllm/v1/core/kv_cache_utils.py`; chained, it makes every block of the request its own):
+/// requests with different salts share no cached block. No salt: [`ROOT_HASH`].
+pub fn salted_root(cache_salt: Option<&str>) -> u64 {
+    match cache_salt {
+        Some(salt) => {
+            let mut bytes = ROOT_HASH.to_le_bytes().to_vec();
+            bytes.extend_from_slice(b"cache_salt\0");
+            bytes.extend_from_slice(salt.as_bytes());
+            fnv1a(&bytes)
+        }
+        None => ROOT_HASH,
+    }
+}
+
 /// Chained hashes of the full blocks of `tokens`.
 pub fn block_hashes(tokens: &[u32], block_size: usize) -> Vec<u64> {
+    block_hashes_from(ROOT_HASH, tokens, block_size)
+}
+
+/// Chained hashes of the full blocks of `tokens`, the first block's parent `root`.
+pub fn block_hashes_from(root: u64, tokens: &[u32], block_size: usize) -> Vec<u64> {
     let mut hashes = Vec::with_capacity(tokens.len() / block_size);
-    let mut parent = ROOT_HASH;
+    let mut parent = root;
     for block in tokens.chunks_exact(block_size) {
         parent = chain_hash(parent, block);
         hashes.push(parent);

@@ -54,6 +54,8 @@ pub struct NewRequest {
     /// hashed into the prefix cache as vLLM's are; `None`: not hashed (output the simulator
     /// cannot give token ids for, such as reasoning).
     pub output_from: Option<u32>,
+    /// vLLM's `cache_salt`: requests with different salts share no prefix-cache block.
+    pub cache_salt: Option<String>,
 }
 
 /// The engine handle; clones share one engine.
@@ -181,6 +183,7 @@ impl Engine {
             tx,
             Instant::now(),
         )
+        .salted(&req.prompt, req.cache_salt.as_deref())
         .with_output_from(req.output_from);
         match self.shared.profile {
             Profile::Batched(_) => {
@@ -497,6 +500,7 @@ mod tests {
             finish_at_target: FinishReason::Length,
             priority: 0,
             output_from: Some(0),
+            cache_salt: None,
         }
     }
 

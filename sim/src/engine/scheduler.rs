@@ -657,6 +657,34 @@ mod tests {
         (s, rx)
     }
 
+    /// The same prompt under another `cache_salt` finds nothing cached; under the same salt
+    /// (or both without one) it finds its prefix.
+    #[test]
+    fn a_cache_salt_keeps_prompts_apart_in_the_prefix_cache() {
+        let prompt: Vec<u32> = (0..64).collect();
+        let cached = |first: Option<&str>, second: Option<&str>| {
+            let mut s = Scheduler::new(SchedulerConfig {
+                prefix_caching: true,
+                ..cfg(0, true)
+            });
+            let (a, _ra) = seq_of(1, &prompt, 1);
+            s.add(a.salted(&prompt, first));
+            drain(&mut s);
+            let (b, mut rb) = seq_of(2, &prompt, 1);
+            s.add(b.salted(&prompt, second));
+            drain(&mut s);
+            finished(&mut rb).cached_tokens
+        };
+        assert_eq!(
+            cached(None, None),
+            48,
+            "the last full block is computed again"
+        );
+        assert_eq!(cached(Some("school-a"), Some("school-a")), 48);
+        assert_eq!(cached(Some("school-a"), Some("school-b")), 0);
+        assert_eq!(cached(None, Some("school-b")), 0);
+    }
+
     /// Runs every queued sequence to its end, one step at a time.
     fn drain(s: &mut Scheduler) {
         while s.has_work() {

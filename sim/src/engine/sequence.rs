@@ -222,6 +222,17 @@ impl Sequence {
         }
     }
 
+    /// The same sequence of `prompt` (the prompt it was made of), its blocks hashed under
+    /// `cache_salt` ([`super::kv_cache::salted_root`]); no salt: as it is.
+    pub fn salted(mut self, prompt: &[u32], cache_salt: Option<&str>) -> Self {
+        if cache_salt.is_some() {
+            let root = super::kv_cache::salted_root(cache_salt);
+            self.block_hashes = super::kv_cache::block_hashes_from(root, prompt, self.block_size);
+            self.last_hash = self.block_hashes.last().copied().unwrap_or(root);
+        }
+        self
+    }
+
     /// The same sequence, its output hashed as output words `from`, `from + 1`, ... (see
     /// [`Sequence::output_from`]).
     pub fn with_output_from(mut self, from: Option<u32>) -> Self {

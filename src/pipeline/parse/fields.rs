@@ -221,6 +221,7 @@ const REFUSABLE: &[&str] = &[
     "mm_processor_kwargs",
     "media_io_kwargs",
     "kv_transfer_params",
+    "cache_salt",
 ];
 
 fn why_refused(
@@ -265,6 +266,11 @@ fn why_refused(
              out and skip the reasoning deltas (`delta.reasoning`)"
                 .into(),
         ),
+        // vLLM's own rule (its `check_cache_salt_support`); the gateway also reads the salt to
+        // derive its tenant's (`prompt/salt.rs`), so it must be text.
+        "cache_salt" if set && value.as_str().is_none_or(|s| s.is_empty() || s.len() > 256) => {
+            Some("cache_salt must be a non-empty string of at most 256 bytes".into())
+        }
         "top_logprobs" if chat => over_cap(name, value, rules.max_logprobs),
         "logprobs" if !chat => over_cap(name, value, rules.max_logprobs),
         "min_tokens" if set => {
