@@ -342,19 +342,17 @@ impl GatewayError {
             | Self::JobFinished(_)
             | Self::JobsUnavailable(_) => Outcome::BadRequest,
             Self::Overloaded | Self::QueuedBytes | Self::ReceivingBytes => Outcome::QueueFull,
-            Self::JobsFull
-            | Self::TenantJobsFull { .. }
+            Self::JobsFull | Self::TooManyStreams => Outcome::QueueFull,
+            Self::TenantJobsFull { .. }
             | Self::TenantOverloaded { .. }
             | Self::TenantQueuedBytes { .. }
-            | Self::TenantBudget { .. }
-            | Self::TooManyStreams => Outcome::QueueFull,
+            | Self::TenantBudget { .. } => Outcome::TenantLimited,
             Self::JobStoreDown => Outcome::QuotaUnavailable,
             Self::Shutdown | Self::ClientTooSlow => Outcome::Cancelled,
             Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Outcome::TooLong,
             Self::Classify(_) => Outcome::Internal,
-            Self::Admission(
-                AdmissionError::QueueFull { .. } | AdmissionError::TenantQueueFull { .. },
-            ) => Outcome::QueueFull,
+            Self::Admission(AdmissionError::QueueFull { .. }) => Outcome::QueueFull,
+            Self::Admission(AdmissionError::TenantQueueFull { .. }) => Outcome::TenantLimited,
             Self::Admission(AdmissionError::Timeout { .. }) => Outcome::QueueTimeout,
             Self::Admission(AdmissionError::QuotaUnavailable { .. }) => Outcome::QuotaUnavailable,
             Self::Admission(AdmissionError::TooLarge { .. }) => Outcome::TooLong,

@@ -258,6 +258,17 @@ async fn a_tenants_tokens_per_minute_bound_what_it_is_admitted_and_not_other_ten
     assert_eq!(err["error"]["code"], "tenant_budget", "{err}");
     let message = err["error"]["message"].as_str().unwrap();
     assert!(message.contains("school-a") && message.contains("tokens_per_minute"));
+    // Counted as the tenant's own limit, not as a full lane queue (the queue alert's).
+    tutor_testkit::eventually("the refusal counted", || async {
+        let m = h.metrics_text().await;
+        metric(&m, "tutor_gateway_requests_total{lane=\"none\",outcome=\"tenant_limited\",route=\"chat_completions\"}") == 1.0
+    })
+    .await;
+    let m = h.metrics_text().await;
+    assert!(
+        !m.contains("outcome=\"queue_full\""),
+        "no queue_full counted"
+    );
     // School B has no budget and is served.
     let resp = send(ask(B, 0)).await;
     assert_eq!(resp.status(), 200);

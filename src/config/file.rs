@@ -227,6 +227,32 @@ fn cross_checks(c: &mut Checker, config: &Config) {
             );
         }
     }
+    if config.admission.policy == Policy::Lanes {
+        // A lane below its reservation always gets a seat, so reservations beyond `seats`
+        // would run more requests than the engine has seats (3 with seats = 2, measured).
+        let seats = config.admission.seats.get();
+        let reserved: u64 = Lane::ALL
+            .iter()
+            .map(|l| u64::from(config.lanes.get(*l).max_concurrency.get()))
+            .sum();
+        if reserved > u64::from(seats) {
+            c.fail(
+                "admission.seats",
+                format!(
+                    "must be >= the lanes' reservations, lanes.*.max_concurrency ({reserved} in \
+                     all): a lane below its reservation always gets a seat"
+                ),
+            );
+        }
+        for lane in Lane::ALL {
+            if config.lanes.get(lane).ceiling.get() > seats {
+                c.fail(
+                    format!("lanes.{lane}.ceiling"),
+                    format!("must be <= admission.seats ({seats}): no lane holds more seats than there are"),
+                );
+            }
+        }
+    }
     if config.admission.max_tokens_in_flight.get() < u64::from(max_len) {
         c.fail(
             "admission.max_tokens_in_flight",

@@ -116,8 +116,12 @@ pub enum Outcome {
     BadRequest,
     /// Rejected: longer than the model's maximum length.
     TooLong,
-    /// Rejected: the lane's queue was full (429).
+    /// Rejected: the lane's queue was full (429), or the gateway was (requests or bytes in
+    /// flight, jobs, streams of one connection: lane `none`).
     QueueFull,
+    /// Refused by its tenant's own limits (429): its budget, its requests or bytes queued, its
+    /// jobs. Not the lanes' capacity: outside the queue alert.
+    TenantLimited,
     /// Waited the lane's queue timeout without a slot (503).
     QueueTimeout,
     /// Refused at once: its predicted wait already missed its `x-tutor-deadline-ms` (503).
@@ -152,6 +156,7 @@ impl Outcome {
             Outcome::BadRequest => "bad_request",
             Outcome::TooLong => "too_long",
             Outcome::QueueFull => "queue_full",
+            Outcome::TenantLimited => "tenant_limited",
             Outcome::QuotaUnavailable => "quota_unavailable",
             Outcome::QueueTimeout => "queue_timeout",
             Outcome::DeadlineUnmet => "deadline_unmet",

@@ -26,6 +26,8 @@ fn config(redis: &RedisServer, seats: u32, batch_max: u32) -> Config {
          [admission]\nseats = {}\nmax_tokens_in_flight = 1000000\n\
          [lanes.small]\nmax_concurrency = {seats}\nceiling = {seats}\nqueue_len = 64\n\
          queue_timeout_ms = 120000\nmax_tokens_in_flight = 1000000\n\
+         [lanes.medium]\nmax_concurrency = 4\nceiling = 4\n\
+         [lanes.large]\nmax_concurrency = 4\nceiling = 4\n\
          [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\nbatch_max = {batch_max}\n",
         seats + 8,
         redis.url()
