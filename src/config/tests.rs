@@ -801,3 +801,23 @@ fn tenant_budgets_parse_with_either_quota_and_bad_names_are_refused() {
         "{issues:?}"
     );
 }
+
+/// Under `lanes`, the reservations must fit the seats (a lane below its reservation always
+/// gets one) and no ceiling may pass them; `strict` does not use `seats`.
+#[test]
+fn reservations_and_ceilings_fit_the_seats() {
+    let issues = issues_of(
+        "[classify]\ntokenizer = \"heuristic\"\n[admission]\npolicy = \"lanes\"\nseats = 2\n\
+         [lanes.small]\nmax_concurrency = 1\nceiling = 1\n\
+         [lanes.medium]\nmax_concurrency = 1\nceiling = 5000\n\
+         [lanes.large]\nmax_concurrency = 1\nceiling = 1\n",
+    );
+    assert_eq!(issues.len(), 2, "{issues:#?}");
+    assert!(issues[0].starts_with("admission.seats must be >= the lanes' reservations"));
+    assert!(issues[0].contains("(3 in all)"), "{issues:#?}");
+    assert!(issues[1].starts_with("lanes.medium.ceiling must be <= admission.seats (2)"));
+    let strict = Config::from_toml_str(
+        "[classify]\ntokenizer = \"heuristic\"\n[admission]\npolicy = \"strict\"\nseats = 2\n",
+    );
+    assert!(strict.is_ok(), "{:?}", strict.err());
+}
