@@ -268,6 +268,24 @@ fn without_credentials(url: &str) -> String {
 fn check_config(path: &std::path::Path, probe: bool, strict: bool) -> ExitCode {
     match Config::load(path) {
         Ok(config) => {
+            // What `serve` builds from the files the config names, built here too: a file that
+            // exists but is no tokenizer or no PEM pair passed the checks and failed the start.
+            let mut unbuildable = vec![];
+            if let Err(e) = tutor_gateway::classify::Classifier::from_config(&config) {
+                unbuildable.push(format!("classify.tokenizer: {e}"));
+            }
+            if let Some((cert, key)) = &config.server.tls {
+                if let Err(e) = tutor_gateway::server::tls::load(cert, key) {
+                    unbuildable.push(format!("{e:#}"));
+                }
+            }
+            if !unbuildable.is_empty() {
+                for problem in &unbuildable {
+                    eprintln!("{}: {problem}", path.display());
+                }
+                eprintln!("{}: {} problem(s)", path.display(), unbuildable.len());
+                return ExitCode::FAILURE;
+            }
             println!(
                 "{}: ok (policy {:?}, upstream {}, model {})",
                 path.display(),

@@ -188,6 +188,47 @@ fn check_config_lists_every_problem_at_once() {
     assert!(stderr.contains("4 problem(s)"), "{stderr}");
 }
 
+/// check-config builds what `serve` builds from the files a config names: a file that exists
+/// but is no tokenizer, or no PEM pair, fails the check as it fails the start; and the admin
+/// listener must not be the public one.
+#[test]
+fn check_config_fails_where_serve_would() {
+    let dir = Scratch::new("build");
+    let junk = dir.path().join("junk.txt");
+    std::fs::write(&junk, "not a tokenizer, not PEM\n").unwrap();
+    let check = |name: &str, toml: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, toml).unwrap();
+        let out = gateway_bin()
+            .arg("check-config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let junk = junk.display();
+    let (ok, stderr) = check("tok.toml", format!("[classify]\ntokenizer = \"{junk}\"\n"));
+    assert!(!ok && stderr.contains("classify.tokenizer"), "{stderr}");
+    let (ok, stderr) = check(
+        "tls.toml",
+        format!(
+            "[classify]\ntokenizer = \"heuristic\"\n[server]\ntls_cert = \"{junk}\"\n\
+             tls_key = \"{junk}\"\n"
+        ),
+    );
+    assert!(!ok && stderr.contains("server.tls_cert"), "{stderr}");
+    let (ok, stderr) = check(
+        "admin.toml",
+        "listen = \"127.0.0.1:8080\"\n[classify]\ntokenizer = \"heuristic\"\n\
+         [server]\nadmin_listen = \"127.0.0.1:8080\"\n"
+            .into(),
+    );
+    assert!(!ok && stderr.contains("server.admin_listen"), "{stderr}");
+}
+
 /// The repository's own files that name other files: the shipped config, the README, the guides.
 fn documents() -> Vec<std::path::PathBuf> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -253,6 +253,12 @@ fn cross_checks(c: &mut Checker, config: &Config) {
             }
         }
     }
+    if config.server.admin_listen == Some(config.listen) {
+        c.fail(
+            "server.admin_listen",
+            "must differ from listen (the admin routes get a listener of their own)",
+        );
+    }
     if config.admission.max_tokens_in_flight.get() < u64::from(max_len) {
         c.fail(
             "admission.max_tokens_in_flight",
