@@ -149,9 +149,22 @@ pub fn signature(secret: &[u8], t: u64, body: &[u8]) -> String {
     format!("t={t},v1={mac}")
 }
 
-/// POSTs `body`, job `id`'s result, to `url`, signed and retried as configured; after each
-/// attempt `record` gets the webhook's state so far (kept with the job) and the attempt is
-/// counted.
+/// The body POSTed for a job: its `status` (as `GET /jobs/{id}` shows it) with the URL it is
+/// sent to (`notify`) and the job's tenant (`tenant`, null without `[auth]`), both under the
+/// signature: a receiver checks that a delivery was meant for it and for its tenant, so one
+/// tenant cannot send its own job's signed result to another's receiver, nor a delivery be
+/// replayed to another URL.
+pub fn body(mut status: serde_json::Value, url: &reqwest::Url, tenant: Option<&str>) -> String {
+    if let Some(o) = status.as_object_mut() {
+        o.insert("notify".into(), url.as_str().into());
+        o.insert("tenant".into(), tenant.into());
+    }
+    status.to_string()
+}
+
+/// POSTs `body` (a [`body`]), job `id`'s result, to `url`, signed and retried as configured;
+/// after each attempt `record` gets the webhook's state so far (kept with the job) and the
+/// attempt is counted.
 pub async fn send<F, Fut>(ctx: &Context, id: &str, url: reqwest::Url, body: String, mut record: F)
 where
     F: FnMut(Webhook) -> Fut,

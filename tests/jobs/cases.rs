@@ -267,8 +267,45 @@ pub async fn a_finished_job_is_posted_to_its_webhook_signed(backend: Backend) {
     assert_eq!(posted["id"], id.as_str());
     assert_eq!(posted["status"], "done");
     assert_eq!(posted["answer"]["usage"]["output_tokens"], 8);
+    // Under the signature: where it was sent and whose job it is (no tenant without [auth]),
+    // so a receiver refuses a delivery meant for another URL or another tenant.
+    assert_eq!(posted["notify"], r.url.as_str());
+    assert!(posted["tenant"].is_null(), "{posted}");
     let m = h.metrics_text().await;
     assert_eq!(deliveries(&m, "delivered"), 1.0);
+    h.shutdown().await;
+}
+
+/// With tenants, the signed body names the job's tenant: one school cannot have its own job's
+/// signed result taken for another school's by that school's receiver.
+pub async fn a_webhook_names_its_jobs_tenant_under_the_signature(backend: Backend) {
+    let r = receiver(vec![]).await;
+    let key = "key-of-school-a";
+    let h = start(backend, FAST, |c| {
+        allow(c, &r);
+        crate::common::with_keys(c, &[(key, "school-a")]);
+    })
+    .await;
+    let mut body = question(4);
+    body["notify"] = json!(r.url);
+    let resp = client()
+        .post(h.url("/jobs"))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    tutor_testkit::eventually("the webhook delivered", || async {
+        !r.got.lock().unwrap().is_empty()
+    })
+    .await;
+    let got = r.got.lock().unwrap().clone();
+    let (headers, posted) = &got[0];
+    verify(headers, posted);
+    let posted = json(posted);
+    assert_eq!(posted["tenant"], "school-a", "{posted}");
+    assert_eq!(posted["notify"], r.url.as_str());
     h.shutdown().await;
 }
 

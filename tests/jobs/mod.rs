@@ -413,6 +413,7 @@ macro_rules! backend_cases {
             cancel_while_queued_and_while_running_aborts_and_gives_everything_back,
             jobs_wait_for_interactive_large_requests_and_never_borrow,
             a_finished_job_is_posted_to_its_webhook_signed,
+            a_webhook_names_its_jobs_tenant_under_the_signature,
             a_webhook_is_retried_until_the_receiver_takes_it,
             a_webhook_outside_the_allow_list_is_refused,
             a_job_cancelled_while_queued_still_gets_its_webhook,

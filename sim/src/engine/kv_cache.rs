@@ -178,7 +178,10 @@ impl BlockPool {
             *rc = rc.saturating_sub(1);
             if *rc == 0 {
                 if self.hash_of[b as usize].is_none() {
-                    // Uncached blocks are worthless: evict them before any cached one.
+                    // Uncached blocks are worthless: evict them before any cached one, as
+                    // vLLM's `BlockPool.free_blocks` does with prefix caching on (it prepends
+                    // the blocks without a hash and appends the others; releases before that
+                    // change appended every block).
                     self.push_free_front(b);
                 } else {
                     self.push_free(b);

@@ -371,7 +371,7 @@ async fn deliver(ctx: Arc<Context>, entry: Arc<Entry>) {
     let Some(url) = entry.lock().notify.clone() else {
         return;
     };
-    let body = entry.view(None).to_string();
+    let body = webhook::body(entry.view(None), &url, entry.tenant.as_deref());
     webhook::send(&ctx, &entry.id, url, body, |webhook| {
         entry.update(|s| s.webhook = webhook);
         async {}

@@ -431,7 +431,7 @@ impl RedisStore {
         let Ok(status) = self.status(id, tenant.as_ref()).await else {
             return;
         };
-        let body = status.to_string();
+        let body = webhook::body(status, &url, tenant.as_ref().map(|t| t.0.as_str()));
         let (store, id) = (self.clone(), id.to_owned());
         self.ctx.tasks.spawn(async move {
             webhook::send(&store.ctx, &id, url, body, |w| {
