@@ -701,3 +701,40 @@ async fn a_tenants_unfinished_uploads_hold_at_most_its_share_of_the_permits() {
     .await;
     h.shutdown().await;
 }
+
+/// A course that lists its tenants is theirs alone: another school naming it gets the same 400
+/// as for an unknown id (its instructions and rubric never reach that school's prompts), and a
+/// course without a list stays open to every tenant.
+#[tokio::test]
+async fn a_schools_own_course_is_refused_to_other_schools() {
+    use tutor_gateway::config::CourseConfig;
+    let h = harness(&flags("--speed 50 --profile tiny-test"), |c| {
+        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+        let own = CourseConfig::new("cs-b", "1", "School B's private rubric.", "", "", None)
+            .for_tenants(Some(vec!["school-b".into()]));
+        c.courses.insert("cs-b".into(), own);
+        let open = CourseConfig::new("shared", "1", "Be kind.", "", "", None);
+        c.courses.insert("shared".into(), open);
+    })
+    .await;
+    let ask = |key: &'static str, course: &str| {
+        client().post(h.url("/answer")).bearer_auth(key).json(
+            &json!({"prompt": "what is a closure?", "course_id": course, "max_output_tokens": 2}),
+        )
+    };
+    let refused = send(ask(A, "cs-b")).await;
+    assert_eq!(refused.status(), 400);
+    let err: Value = refused.json().await.unwrap();
+    let unknown = send(ask(A, "no-such-course")).await;
+    let unknown: Value = unknown.json().await.unwrap();
+    assert_eq!(
+        err["error"], unknown["error"],
+        "indistinguishable from an unknown id"
+    );
+    assert_eq!(err["error"]["param"], "course_id");
+    assert_eq!(send(ask(B, "cs-b")).await.status(), 200);
+    for key in [A, B] {
+        assert_eq!(send(ask(key, "shared")).await.status(), 200);
+    }
+    h.shutdown().await;
+}

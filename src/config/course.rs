@@ -24,6 +24,8 @@ pub struct CourseConfig {
     pub tools: Option<Value>,
     /// `focus*`: how the student's code is focused on its stack trace.
     pub focus: FocusSettings,
+    /// `tenants`: the only tenants whose requests may name the course; `None`: every tenant.
+    pub tenants: Option<Vec<String>>,
 }
 
 impl CourseConfig {
@@ -44,7 +46,14 @@ impl CourseConfig {
             safety: safety.to_owned(),
             tools,
             focus: FocusSettings::default(),
+            tenants: None,
         }
+    }
+
+    /// The same course, open only to `tenants` (`None`: to every tenant).
+    #[must_use]
+    pub fn for_tenants(self, tenants: Option<Vec<String>>) -> Self {
+        Self { tenants, ..self }
     }
 
     /// The same course with these focusing settings.

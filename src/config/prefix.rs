@@ -75,6 +75,8 @@ pub struct RawCourse {
     pub focus_max_bytes: Option<u64>,
     /// Parsing that takes longer than this many ms is given up (the code is sent whole).
     pub focus_timeout_ms: Option<u64>,
+    /// The tenants (`[auth]`) whose requests may name this course; absent: every tenant.
+    pub tenants: Option<Vec<String>>,
 }
 
 /// Prefix-cache discipline for `/v1`, the per-fingerprint metrics and drift detection.
@@ -182,9 +184,20 @@ pub(super) fn courses(
             }
         };
         let focus = course_focus(c, &path, &course);
+        let tenants = course.tenants.clone();
+        if let Some(t) = &tenants {
+            if t.is_empty() {
+                c.fail(
+                    format!("{path}.tenants"),
+                    "must name at least one tenant (leave it out for every tenant)",
+                );
+                ok = false;
+            }
+        }
         if ok {
             let checked = CourseConfig::new(&id, &version, &instructions, &rubric, &safety, tools)
-                .with_focus(focus);
+                .with_focus(focus)
+                .for_tenants(tenants);
             out.insert(id, checked);
         }
     }

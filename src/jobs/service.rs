@@ -144,9 +144,9 @@ impl Jobs {
             let prepared = Prepared {
                 size: body.len(),
                 background: true,
-                tenant,
-                ..prompt::answer_request(ctx, req).await?
+                ..prompt::answer_request(ctx, req, tenant.as_ref()).await?
             };
+            let prepared = Prepared { tenant, ..prepared };
             Ok::<_, GatewayError>((prepared, notify))
         }
         .await;

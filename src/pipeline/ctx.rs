@@ -81,9 +81,10 @@ impl RequestCtx {
         self.shared.tenant_budgets()
     }
 
-    /// Course `id`'s prompt under that configuration, if there is such a course.
-    pub fn course(&self, id: &str) -> Option<&Course> {
-        self.live.courses.get(id)
+    /// Course `id`'s prompt under that configuration, if there is such a course and a request
+    /// of `tenant` may name it ([`Course::open_to`]).
+    pub fn course(&self, id: &str, tenant: Option<&str>) -> Option<&Course> {
+        self.live.courses.get(id).filter(|c| c.open_to(tenant))
     }
 
     /// The lane classifier of that configuration (its token counter and blocking pool too).

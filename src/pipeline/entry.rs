@@ -101,7 +101,7 @@ async fn answer_journey(
         Ok(marked) => ctx.config().jobs.preempt_answers.applies(marked),
         Err(e) => return rejected(record, e),
     };
-    let prepared = match prompt::answer_request(&ctx, req).await {
+    let prepared = match prompt::answer_request(&ctx, req, tenant.as_ref()).await {
         Ok(p) => Prepared {
             size,
             tenant,

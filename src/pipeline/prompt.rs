@@ -101,7 +101,9 @@ pub fn preemptible_from(headers: &HeaderMap) -> Result<bool, GatewayError> {
 pub async fn answer_request(
     ctx: &RequestCtx,
     req: AnswerRequest,
+    tenant: Option<&Tenant>,
 ) -> Result<Prepared, GatewayError> {
+    let tenant = tenant.map(|t| t.0.as_str());
     let config = ctx.config();
     let AnswerRequest {
         messages: _,
@@ -117,7 +119,7 @@ pub async fn answer_request(
     let (messages_json, tools) = match course_id.as_deref() {
         None => (messages_json, None),
         Some(id) => {
-            let settings = ctx.course(id).map(|c| c.focus.clone());
+            let settings = ctx.course(id, tenant).map(|c| c.focus.clone());
             let with_code = material.filter(|m| !m.sources().is_empty());
             if let (Some(settings), Some(mut material)) = (settings, with_code) {
                 let f = focus_code(ctx, settings, &material).await;
@@ -127,7 +129,7 @@ pub async fn answer_request(
                 }
                 focused = Some(f);
             }
-            with_course(ctx, id, messages_json)?
+            with_course(ctx, id, tenant, messages_json)?
         }
     };
     // What is sent is what is counted: every message checked as the template will render it.
@@ -200,9 +202,11 @@ async fn focus_code(ctx: &RequestCtx, settings: FocusSettings, m: &StudentMateri
 fn with_course(
     ctx: &RequestCtx,
     id: &str,
+    tenant: Option<&str>,
     student: Value,
 ) -> Result<(Value, Option<Value>), GatewayError> {
-    let Some(course) = ctx.course(id) else {
+    // Another tenant's course answers as an unknown one: its id tells nothing either.
+    let Some(course) = ctx.course(id, tenant) else {
         return Err(GatewayError::bad_request(
             "unknown course_id: no [courses.<id>] with this id is configured",
             Some("course_id"),

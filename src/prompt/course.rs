@@ -46,6 +46,8 @@ pub struct Course {
     pub fingerprint: String,
     /// How the student's code is focused on its stack trace (M11); not part of the prefix.
     pub focus: FocusSettings,
+    /// The only tenants whose requests may name it; `None`: every tenant.
+    pub tenants: Option<Vec<String>>,
 }
 
 impl Course {
@@ -79,6 +81,17 @@ impl Course {
             tools,
             fingerprint,
             focus: FocusSettings::default(),
+            tenants: None,
+        }
+    }
+
+    /// Whether a request of `tenant` (none without `[auth]`) may name this course. A course
+    /// that lists tenants is theirs alone: its instructions and rubric are one school's.
+    pub fn open_to(&self, tenant: Option<&str>) -> bool {
+        match (&self.tenants, tenant) {
+            (None, _) => true,
+            (Some(list), Some(t)) => list.iter().any(|x| x == t),
+            (Some(_), None) => false,
         }
     }
 
@@ -93,6 +106,12 @@ impl Course {
             c.tools.clone(),
         )
         .with_focus(c.focus.clone())
+        .with_tenants(c.tenants.clone())
+    }
+
+    /// The same course, open only to `tenants` (`None`: every tenant).
+    pub fn with_tenants(self, tenants: Option<Vec<String>>) -> Self {
+        Self { tenants, ..self }
     }
 
     /// Every course of `config`, by id, built once per config (load and reload).
