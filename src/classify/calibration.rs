@@ -28,6 +28,17 @@
 //! engine has answered for) and for all models together, which serves a model not seen yet.
 //! They live as long as the process (a reload keeps them while the tokenizer and the part
 //! charges stay the same).
+//!
+//! **Tenants.** The shared lines serve every client, so whatever one client sends teaches them:
+//! fifty made-up words that a real tokenizer cuts in three made another school's questions
+//! count four times their size (a question moved to the medium lane). With tenants, each
+//! tenant's requests also teach lines of their own (per model, up to [`MAX_TENANT_LINES`]),
+//! which its requests use once they have taught a kind. A tenant's request counted by the shared
+//! lines (a kind it has not taught: short questions never do) is held to what honest content
+//! shows ([`Ceilings`]), so no other tenant's text can make it count more; and one tenant
+//! teaches the shared lines at most [`MAX_SHARE`] of their last [`RECENT`] lessons of a kind.
+//! Without `[auth]` there is one client as far as the lines go: the shared lines serve it whole
+//! (its made-up text must still be counted at its cost).
 
 use std::sync::Mutex;
 
@@ -47,6 +58,14 @@ pub const SPREAD: f64 = 0.1;
 pub const MIN_SAMPLE_TOKENS: u32 = 64;
 /// Models with ratios of their own; responses for others teach only the shared ratios.
 pub const MAX_MODELS: usize = 16;
+/// (tenant, model) pairs with lines of their own; past them a tenant's requests use the
+/// model's and the shared lines.
+pub const MAX_TENANT_LINES: usize = 4096;
+/// Lessons of a kind over which a tenant's share of the shared lines is counted: the window
+/// [`DECAY`] weighs (about 20).
+pub const RECENT: usize = 20;
+/// Most of the last [`RECENT`] lessons of a kind one tenant may have taught the shared lines.
+pub const MAX_SHARE: usize = 4;
 
 /// What a piece of a prompt is, as far as its token density goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -179,6 +198,8 @@ impl KindCounts {
 struct Fit {
     /// The lowest ratio this kind may take ([`Floors`]; 0 reads as [`MIN_RATIO`]).
     floor: f64,
+    /// The highest ratio this kind may take here ([`Ceilings`]; 0 reads as [`MAX_RATIO`]).
+    ceiling: f64,
     /// Decayed sums: weight, x, y, x squared, x times y.
     w: f64,
     x: f64,
@@ -216,15 +237,19 @@ impl Fit {
             return x;
         }
         let min = self.floor.max(MIN_RATIO);
+        let max = match self.ceiling {
+            c if c > 0.0 => c.clamp(min, MAX_RATIO),
+            _ => MAX_RATIO,
+        };
         let (mx, my) = (self.x / self.w, self.y / self.w);
         let var = self.xx / self.w - mx * mx;
         let line = if self.samples >= MIN_FIT_SAMPLES && var > (SPREAD * mx).powi(2) {
-            let slope = ((self.xy / self.w - mx * my) / var).clamp(min, MAX_RATIO);
+            let slope = ((self.xy / self.w - mx * my) / var).clamp(min, max);
             slope * x + (my - slope * mx)
         } else {
             self.xy / self.xx * x
         };
-        line.clamp(min * x, MAX_RATIO * x)
+        line.clamp(min * x, max * x)
     }
 }
 
@@ -232,24 +257,60 @@ impl Fit {
 struct Table {
     all: [Fit; 4],
     models: Vec<(String, [Fit; 4])>,
+    /// By (tenant, model).
+    tenants: std::collections::HashMap<(String, String), [Fit; 4]>,
+    /// By kind, who taught the shared lines their last [`RECENT`] lessons (`None`: no tenant).
+    recent: [std::collections::VecDeque<Option<String>>; 4],
     floors: Floors,
+    ceilings: Ceilings,
 }
 
 impl Table {
-    /// The fits for `model`: its own where it has taught a kind, else the shared ones; each
-    /// held to its kind's floor.
-    fn fits(&self, model: Option<&str>) -> [Fit; 4] {
+    /// The fits for `tenant`'s requests for `model`: the tenant's own where it has taught a
+    /// kind, else the model's, else the shared ones; each held to its kind's floor.
+    fn fits(&self, model: Option<&str>, tenant: Option<&str>) -> [Fit; 4] {
         let own = model.and_then(|m| self.models.iter().find(|(name, _)| name == m));
+        let mine = tenant.zip(model).and_then(|(t, m)| {
+            // Looked up without allocating: few tenants, and this runs once a request.
+            self.tenants
+                .iter()
+                .find(|((tt, mm), _)| tt == t && mm == m)
+                .map(|(_, f)| f)
+        });
         std::array::from_fn(|i| {
-            let fit = match own {
-                Some((_, f)) if f[i].samples > 0 => f[i],
-                _ => self.all[i],
+            let (fit, shared) = match (mine, own) {
+                (Some(f), _) if f[i].samples > 0 => (f[i], false),
+                (_, Some((_, f))) if f[i].samples > 0 => (f[i], true),
+                _ => (self.all[i], true),
             };
             Fit {
                 floor: self.floors.0[i],
+                // A tenant counted by lines others taught: held to honest content's ratio.
+                ceiling: if shared && tenant.is_some() {
+                    self.ceilings.0[i]
+                } else {
+                    0.0
+                },
                 ..fit
             }
         })
+    }
+
+    /// Whether `tenant` may teach the shared lines of kind `k` one more lesson (and if so, it
+    /// is counted as having done so).
+    fn may_teach_all(&mut self, k: usize, tenant: Option<&str>) -> bool {
+        let recent = &mut self.recent[k];
+        if let Some(t) = tenant {
+            let taught = recent.iter().filter(|r| r.as_deref() == Some(t)).count();
+            if taught >= MAX_SHARE {
+                return false;
+            }
+        }
+        if recent.len() == RECENT {
+            recent.pop_front();
+        }
+        recent.push_back(tenant.map(str::to_owned));
+        true
     }
 }
 
@@ -285,6 +346,32 @@ impl Default for Floors {
     }
 }
 
+/// The highest ratio each kind (by [`ContentKind::index`]) counts a tenant's request at by the
+/// lines other tenants taught (module doc, "Tenants"): the highest ratio honest content shows
+/// for the counter, with a margin. A tenant's own lines, and requests without a tenant, go up
+/// to [`MAX_RATIO`].
+/// - the `heuristic`: at most 0.89 on every sample and control file against five real
+///   tokenizers (`docs/results/heuristic-fit.md`), so 1.0 for code and prose;
+/// - the model's own tokenizer counts text as the engine does, so 1.25;
+/// - tools and media: [`MAX_RATIO`] (a template's tools preamble, a picture's size).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ceilings(pub [f64; 4]);
+
+impl Ceilings {
+    /// [`MAX_RATIO`] for every kind.
+    pub const NONE: Ceilings = Ceilings([MAX_RATIO; 4]);
+    /// For the `heuristic` counter.
+    pub const HEURISTIC: Ceilings = Ceilings([1.0, 1.0, MAX_RATIO, MAX_RATIO]);
+    /// For the served model's own `tokenizer.json`.
+    pub const MODEL_TOKENIZER: Ceilings = Ceilings([1.25, 1.25, MAX_RATIO, MAX_RATIO]);
+}
+
+impl Default for Ceilings {
+    fn default() -> Self {
+        Self::NONE
+    }
+}
+
 /// What a response taught.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Lesson {
@@ -303,9 +390,16 @@ pub struct Calibration {
 impl Calibration {
     /// A correction that learns no kind below `floors`.
     pub fn with_floors(floors: Floors) -> Self {
+        Self::with_bounds(floors, Ceilings::NONE)
+    }
+
+    /// A correction that learns no kind below `floors`, and counts a tenant's request by other
+    /// tenants' lessons at most at `ceilings`.
+    pub fn with_bounds(floors: Floors, ceilings: Ceilings) -> Self {
         Self {
             table: Mutex::new(Table {
                 floors,
+                ceilings,
                 ..Table::default()
             }),
         }
@@ -313,19 +407,53 @@ impl Calibration {
 
     /// `counts` corrected by what `model` (or, before it taught a kind, every model) taught.
     pub fn correct(&self, model: Option<&str>, counts: &KindCounts) -> u32 {
-        counts.corrected(&self.table().fits(model))
+        self.correct_for(model, None, counts)
+    }
+
+    /// `counts` of a request of `tenant` (none without `[auth]`) corrected by what its own
+    /// requests for `model` taught, else as [`Calibration::correct`].
+    pub fn correct_for(
+        &self,
+        model: Option<&str>,
+        tenant: Option<&str>,
+        counts: &KindCounts,
+    ) -> u32 {
+        counts.corrected(&self.table().fits(model, tenant))
     }
 
     /// What the engine is expected to count for `tokens` gateway tokens of `kind` of `model`
     /// (`tokens` until taught).
     pub fn expect(&self, model: Option<&str>, kind: ContentKind, tokens: u32) -> f64 {
-        self.table().fits(model)[kind.index()].predict(f64::from(tokens))
+        self.expect_for(model, None, kind, tokens)
+    }
+
+    /// [`Calibration::expect`] for a request of `tenant`.
+    pub fn expect_for(
+        &self,
+        model: Option<&str>,
+        tenant: Option<&str>,
+        kind: ContentKind,
+        tokens: u32,
+    ) -> f64 {
+        self.table().fits(model, tenant)[kind.index()].predict(f64::from(tokens))
     }
 
     /// Learns from the engine's count `prompt_tokens` of a request counted as `counts`, sent for
     /// `model` (see the module doc); `None` when it teaches nothing (no kind with half of the
     /// counted tokens, or too few of them).
     pub fn observe(&self, model: &str, counts: &KindCounts, prompt_tokens: u32) -> Option<Lesson> {
+        self.observe_for(model, None, counts, prompt_tokens)
+    }
+
+    /// [`Calibration::observe`] for a request of `tenant`: it teaches the tenant's own lines,
+    /// and the model's and the shared ones within the tenant's share (module doc, "Tenants").
+    pub fn observe_for(
+        &self,
+        model: &str,
+        tenant: Option<&str>,
+        counts: &KindCounts,
+        prompt_tokens: u32,
+    ) -> Option<Lesson> {
         let kind = counts.dominant();
         let own = counts.of(kind);
         let counted = counts.total().saturating_sub(counts.overhead);
@@ -335,11 +463,21 @@ impl Calibration {
         let mut table = self.table();
         let others = counts
             .clone_without(kind)
-            .corrected(&table.fits(Some(model)));
+            .corrected(&table.fits(Some(model), tenant));
         let x = f64::from(own);
-        let floor = table.floors.0[kind.index()].max(MIN_RATIO);
+        let k = kind.index();
+        let floor = table.floors.0[k].max(MIN_RATIO);
         let engine = (f64::from(prompt_tokens) - f64::from(others)).clamp(floor * x, MAX_RATIO * x);
-        table.all[kind.index()].learn(x, engine);
+        if let Some(t) = tenant {
+            let key = (t.to_owned(), model.to_owned());
+            if table.tenants.len() < MAX_TENANT_LINES || table.tenants.contains_key(&key) {
+                table.tenants.entry(key).or_default()[k].learn(x, engine);
+            }
+        }
+        if !table.may_teach_all(k, tenant) {
+            return Some(Lesson { kind, engine });
+        }
+        table.all[k].learn(x, engine);
         let slot = match table.models.iter().position(|(name, _)| name == model) {
             Some(i) => Some(i),
             None if table.models.len() < MAX_MODELS => {
@@ -349,7 +487,7 @@ impl Calibration {
             None => None,
         };
         if let Some(i) = slot {
-            table.models[i].1[kind.index()].learn(x, engine);
+            table.models[i].1[k].learn(x, engine);
         }
         Some(Lesson { kind, engine })
     }
@@ -515,6 +653,38 @@ mod tests {
         let lesson = cal.observe("m", &counts(200, 0, 1000, 10), 10 + 240 + 700);
         assert_eq!(lesson.unwrap().kind, ContentKind::Tools);
         assert!((cal.expect(Some("m"), ContentKind::Tools, 1000) - 700.0).abs() < 1e-6);
+    }
+
+    /// One tenant's made-up text (a real tokenizer cuts it in four) teaches its own lines: its
+    /// requests are charged what they cost. Another tenant's requests counted by the shared
+    /// lines stay at honest content's ratio, and the shared lines took at most `MAX_SHARE` of
+    /// its lessons. Without tenants the shared lines serve the one client whole.
+    #[test]
+    fn one_tenants_text_moves_no_other_tenants_count() {
+        let cal = Calibration::with_bounds(Floors::HEURISTIC, Ceilings::HEURISTIC);
+        let prose = counts(0, 1000, 0, 0);
+        for _ in 0..10 {
+            cal.observe_for("m", Some("honest"), &prose, 700).unwrap();
+        }
+        let before = cal.table().all[ContentKind::Prose.index()].samples;
+        for _ in 0..50 {
+            cal.observe_for("m", Some("attacker"), &prose, 4000)
+                .unwrap();
+        }
+        let taught = cal.table().all[ContentKind::Prose.index()].samples - before;
+        assert_eq!(taught, MAX_SHARE as u64);
+        let attacker = cal.expect_for(Some("m"), Some("attacker"), ContentKind::Prose, 1000);
+        assert!((attacker - 4000.0).abs() < 1.0, "{attacker}");
+        let newcomer = cal.expect_for(Some("m"), Some("new-school"), ContentKind::Prose, 1000);
+        assert!(newcomer <= 1000.0, "{newcomer}");
+        let honest = cal.expect_for(Some("m"), Some("honest"), ContentKind::Prose, 1000);
+        assert!((honest - 700.0).abs() < 1.0, "{honest}");
+        // Without tenants: one client, the shared lines whole.
+        let one = Calibration::with_bounds(Floors::HEURISTIC, Ceilings::HEURISTIC);
+        for _ in 0..30 {
+            one.observe("m", &prose, 4000).unwrap();
+        }
+        assert!((one.expect(Some("m"), ContentKind::Prose, 1000) - 4000.0).abs() < 1.0);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 
 use super::bounds::ByteBounds;
-use super::calibration::{Calibration, ContentKind, Floors, KindCounts};
+use super::calibration::{Calibration, Ceilings, ContentKind, Floors, KindCounts};
 use super::counter::TokenCounter;
 use super::decision::LaneRules;
 use super::error::ClassifyError;
@@ -91,9 +91,11 @@ impl Classifier {
     /// Builds the classifier from config with an already loaded counter.
     pub fn with_counter(config: &Config, counter: TokenCounter) -> Self {
         let c = &config.classify;
-        let floors = match counter {
-            TokenCounter::Heuristic => Floors::HEURISTIC,
-            TokenCounter::HuggingFace { .. } => Floors::MODEL_TOKENIZER,
+        let bounds = match counter {
+            TokenCounter::Heuristic => (Floors::HEURISTIC, Ceilings::HEURISTIC),
+            TokenCounter::HuggingFace { .. } => {
+                (Floors::MODEL_TOKENIZER, Ceilings::MODEL_TOKENIZER)
+            }
         };
         let cpus = match c.max_concurrent_tokenizations {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -112,7 +114,7 @@ impl Classifier {
                 video_part: c.video_part_tokens,
             },
             max_model_len: config.upstream.max_model_len.get(),
-            calibration: Arc::new(Calibration::with_floors(floors)),
+            calibration: Arc::new(Calibration::with_bounds(bounds.0, bounds.1)),
             exact_margin: (c.exact_count == ExactCount::NearLimits)
                 .then_some(c.exact_count_margin_percent),
         }
@@ -162,7 +164,7 @@ impl Classifier {
         input: Arc<PromptInput>,
         max_output_tokens: Option<u32>,
     ) -> Result<Classification, ClassifyError> {
-        self.classify_for(None, input, max_output_tokens, None)
+        self.classify_for((None, None), input, max_output_tokens, None)
             .await
     }
 
@@ -173,15 +175,15 @@ impl Classifier {
     /// text; counts a short prompt on the calling thread when the counter has a fast way;
     /// decides a short question from byte length when even its upper bound is small; counts
     /// anything else on a blocking thread, at most one prompt per CPU at a time (the others
-    /// wait their turn). The count is corrected by what `model`'s responses taught
-    /// (`calibration.rs`). With `classify.exact_count = "near_limits"` and an `engine` to ask,
+    /// wait their turn). The count is corrected by what `model`'s responses taught, and those
+    /// of `tenant`'s requests (`calibration.rs`, "Tenants"). With `classify.exact_count = "near_limits"` and an `engine` to ask,
     /// a counted request whose work comes within the margin of a lane boundary or of
     /// `max_model_len` (or is refused for length within it) takes the engine's count instead,
     /// which also teaches the correction. Errors with [`ClassifyError::ExceedsModelLen`] when the
     /// request cannot fit the model.
     pub async fn classify_for(
         &self,
-        model: Option<&str>,
+        (model, tenant): (Option<&str>, Option<&str>),
         input: Arc<PromptInput>,
         max_output_tokens: Option<u32>,
         engine: Option<EngineCount<'_>>,
@@ -212,12 +214,12 @@ impl Classifier {
             }
         };
         let counts = self.with_template(&input, counts);
-        let settled = match self.settle_counted(model, counts, max_output_tokens, None) {
+        let settled = match self.settle_counted((model, tenant), counts, max_output_tokens, None) {
             Err(e) if has_json_blocks(&input) => {
                 let floor = self
                     .run_blocking(move |counter| compact_saving(counter, &input))
                     .await?;
-                self.settle_counted(model, counts, max_output_tokens, Some(floor))
+                self.settle_counted((model, tenant), counts, max_output_tokens, Some(floor))
                     .map_err(|_| e)
             }
             decided => decided,
@@ -228,7 +230,7 @@ impl Classifier {
         match engine().await {
             Some(exact) => {
                 self.calibration
-                    .observe(model.unwrap_or_default(), &counts, exact);
+                    .observe_for(model.unwrap_or_default(), tenant, &counts, exact);
                 self.settle(exact, max_output_tokens, Some(counts))
             }
             None => settled,
@@ -305,10 +307,10 @@ impl Classifier {
             }
         };
         let counts = self.with_template(input, counts);
-        match self.settle_counted(None, counts, max_output_tokens, None) {
+        match self.settle_counted((None, None), counts, max_output_tokens, None) {
             Err(e) if has_json_blocks(input) => {
                 let floor = compact_saving(&self.counter, input);
-                self.settle_counted(None, counts, max_output_tokens, Some(floor))
+                self.settle_counted((None, None), counts, max_output_tokens, Some(floor))
                     .map_err(|_| e)
             }
             decided => decided,
@@ -392,12 +394,12 @@ impl Classifier {
     /// a template that renders tools compactly must not turn a fitting request into a 400.
     fn settle_counted(
         &self,
-        model: Option<&str>,
+        (model, tenant): (Option<&str>, Option<&str>),
         counts: KindCounts,
         requested: Option<u32>,
         compact: Option<u32>,
     ) -> Result<Classification, ClassifyError> {
-        let estimate = self.calibration.correct(model, &counts);
+        let estimate = self.calibration.correct_for(model, tenant, &counts);
         let Some(saving) = compact else {
             return self.settle(estimate, requested, Some(counts));
         };

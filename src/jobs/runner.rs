@@ -424,7 +424,8 @@ pub(super) fn run_record(state: &AppState, ready: &Ready, id: String) -> Request
         .model()
         .unwrap_or(&state.config().upstream.model)
         .to_owned();
-    record.calibrates(state.calibration(), &model);
+    let tenant = ready.tenant().map(|t| t.0.as_str());
+    record.calibrates(state.calibration(), &model, tenant);
     record
 }
 

@@ -250,7 +250,12 @@ pub async fn classify(
         async move { engine_count(upstream, request?, timeout, metrics).await }.boxed()
     };
     let mut class = classifier
-        .classify_for(Some(&model), Arc::new(input), max_tokens, Some(&engine))
+        .classify_for(
+            (Some(&model), tenant.as_ref().map(|t| t.0.as_str())),
+            Arc::new(input),
+            max_tokens,
+            Some(&engine),
+        )
         .await?;
     // ...then the continuation choice: a "continue" chain is one piece of work. The declared
     // output counts toward the session from now on (parallel continues see it).
@@ -301,7 +306,11 @@ pub async fn classify(
         .get("truncate_prompt_tokens")
         .is_none_or(Value::is_null)
     {
-        record.calibrates(Arc::clone(classifier.calibration()), &model);
+        record.calibrates(
+            Arc::clone(classifier.calibration()),
+            &model,
+            tenant.as_ref().map(|t| t.0.as_str()),
+        );
     }
     record.mark(Mark::Classified);
     let output_cap = match max_tokens {

@@ -29,7 +29,7 @@ pub struct RequestRecord {
     arrival: Instant,
     class: Option<Classification>,
     /// What the engine's count teaches, and the model it counted for.
-    calibration: Option<(Arc<Calibration>, String)>,
+    calibration: Option<(Arc<Calibration>, String, Option<String>)>,
     admitted: Option<(Instant, Duration)>,
     first_token: bool,
     fingerprint: Option<String>,
@@ -184,10 +184,15 @@ impl RequestRecord {
         self.class = Some(class);
     }
 
-    /// The response's `usage.prompt_tokens` will teach `calibration` for `model` how far off
-    /// the classification's count was (`classify::calibration`).
-    pub fn calibrates(&mut self, calibration: Arc<Calibration>, model: &str) {
-        self.calibration = Some((calibration, super::text::printable(model, 128)));
+    /// The response's `usage.prompt_tokens` will teach `calibration` for `model` (and for
+    /// `tenant`'s requests) how far off the classification's count was
+    /// (`classify::calibration`).
+    pub fn calibrates(&mut self, calibration: Arc<Calibration>, model: &str, tenant: Option<&str>) {
+        self.calibration = Some((
+            calibration,
+            super::text::printable(model, 128),
+            tenant.map(str::to_owned),
+        ));
     }
 
     /// Records a mid-stream move to a bigger lane: the request is counted in `to` from now on.
@@ -408,8 +413,10 @@ impl RequestRecord {
         self.metrics
             .estimate()
             .observe(kind, class.input_tokens_estimate, actual);
-        if let (Some(counts), Some((calibration, model))) = (class.counts, &self.calibration) {
-            calibration.observe(model, &counts, actual);
+        if let (Some(counts), Some((calibration, model, tenant))) =
+            (class.counts, &self.calibration)
+        {
+            calibration.observe_for(model, tenant.as_deref(), &counts, actual);
         }
     }
 
