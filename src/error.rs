@@ -106,8 +106,12 @@ pub enum GatewayError {
     /// A browser request from an origin that is not allowed.
     #[error("requests from this web origin are not allowed here (server.cors_allow_origins)")]
     OriginNotAllowed,
-    /// A cross-origin POST whose body is not declared as JSON.
-    #[error("a cross-origin request body must be sent as application/json")]
+    /// A POST whose body is not declared as JSON, where JSON is required: cross-origin, and on
+    /// the admin listener (no web page can send that to another origin unasked).
+    #[error(
+        "this POST must carry Content-Type: application/json (for example curl -H \
+         'content-type: application/json' -d '{{}}')"
+    )]
     UnsupportedMediaType,
     /// No job has this id (never, or forgotten after it expired).
     #[error("no job with this id (results are forgotten some time after they expire)")]

@@ -42,8 +42,12 @@ enum Command {
     },
     /// Validate a config file; prints every problem with its dotted key path.
     CheckConfig {
-        /// Config file to check.
-        path: PathBuf,
+        /// Config file to check (or `--config PATH`, as `serve` takes it).
+        #[arg(required_unless_present = "config", conflicts_with = "config")]
+        path: Option<PathBuf>,
+        /// Config file to check, as `serve --config` names it.
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Also read the configured upstream's capacity (`vllm:cache_config_info`, `/v1/models`)
         /// and report every budget that overcommits it (warnings: exit 0 unless `--strict`).
         #[arg(long)]
@@ -85,9 +89,13 @@ fn main() -> ExitCode {
         } => serve(&config, listen, with_sim, &sim_args, tokenizer),
         Command::CheckConfig {
             path,
+            config,
             probe,
             strict,
-        } => check_config(&path, probe, strict),
+        } => match path.or(config) {
+            Some(path) => check_config(&path, probe, strict),
+            None => ExitCode::FAILURE,
+        },
         Command::Capacity(args) => tutor_gateway::capacity::cli::run(&args),
         Command::Limits {
             action: LimitsAction::Push { config },

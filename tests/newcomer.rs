@@ -227,6 +227,14 @@ fn check_config_fails_where_serve_would() {
             .into(),
     );
     assert!(!ok && stderr.contains("server.admin_listen"), "{stderr}");
+    // The flag `serve` takes names the file too.
+    let out = gateway_bin()
+        .args(["check-config", "--config"])
+        .arg(dir.path().join("admin.toml"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("server.admin_listen"));
 }
 
 /// The repository's own files that name other files: the shipped config, the README, the guides.

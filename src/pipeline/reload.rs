@@ -10,8 +10,8 @@
 //!    names them ("left alone: restart to change").
 //! 3. The rest is swapped in at once, as one set ([`AppState::swap`]): lane limits, budgets,
 //!    seats, ceilings, lending, queue bounds and timeouts, classification thresholds,
-//!    promotion, upstream timeouts and client, courses, prefix-cache settings, body and
-//!    queued-bytes limits. Requests that arrive afterwards see the new set; requests already
+//!    promotion, upstream timeouts and client, courses, prefix-cache settings, queued-bytes
+//!    limits, `[fields]`, `[autopilot]` and `auth.tenant_shares`. Requests that arrive afterwards see the new set; requests already
 //!    in (waiting for a seat or streaming) keep the set of their entry (their `RequestCtx`:
 //!    lane rules, classification, upstream client, client limits), while admission's limits
 //!    apply to every waiter at once: a lane whose limit was lowered admits nobody until it is
@@ -136,6 +136,8 @@ pub fn watch(state: AppState, stop: tokio_util::sync::CancellationToken) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last: Option<[u8; 32]> = None;
+        // Whether the file was unreadable at the last look: said once, when it becomes so.
+        let mut unreadable = false;
         loop {
             tokio::select! {
                 biased;
@@ -146,8 +148,22 @@ pub fn watch(state: AppState, stop: tokio_util::sync::CancellationToken) {
             let Some(source) = state.config_source() else {
                 continue;
             };
-            let Ok(bytes) = tokio::fs::read(&source.path).await else {
-                continue;
+            let bytes = match tokio::fs::read(&source.path).await {
+                Ok(bytes) => {
+                    if std::mem::take(&mut unreadable) {
+                        tracing::info!("the config file can be read again");
+                    }
+                    bytes
+                }
+                Err(e) => {
+                    if !std::mem::replace(&mut unreadable, true) {
+                        tracing::warn!(
+                            error = %e.kind(),
+                            "the config file cannot be read; the configuration in force stays"
+                        );
+                    }
+                    continue;
+                }
             };
             let digest: [u8; 32] = sha2::Sha256::digest(&bytes).into();
             let first = match last.replace(digest) {
