@@ -143,6 +143,13 @@ pub fn serve_state(
     };
     let server = state.config().server.clone();
     let metrics = state.metrics().clone();
+    if state.config().auth.enabled && server.admin_listen.is_none() {
+        tracing::warn!(
+            "[auth] is on but server.admin_listen is not set: /metrics and /readyz are \
+             open on the public listener, and /metrics names tenants and prompt \
+             fingerprints to anyone; set server.admin_listen to keep them to operators"
+        );
+    }
     let (admin_addr, admin) = match server.admin_listen {
         Some(at) => {
             let std_listener = std::net::TcpListener::bind(at)
