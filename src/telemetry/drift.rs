@@ -3,7 +3,10 @@
 //! never "a busier engine".
 //!
 //! A profile is kept per (replica, fingerprint): each replica has its own cache, so a request
-//! routed elsewhere is compared with that replica's own history. Per profile, over the last
+//! routed elsewhere is compared with that replica's own history. The gateway keys it by the
+//! request's discount key (`prompt::discount_key`: the fingerprint with what else decides what
+//! vLLM finds cached, a tenant's `cache_salt` among it), so one tenant's first request is not
+//! taken for another's prefix lost; the metric's label stays the fingerprint. Per profile, over the last
 //! [`WINDOW`] samples that were not drift (medians, so one outlier moves nothing):
 //!
 //! - the prompt tokens vLLM reported cached (`usage.prompt_tokens_details.cached_tokens`), and

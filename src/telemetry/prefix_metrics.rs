@@ -159,6 +159,19 @@ impl PrefixMetrics {
         fingerprint: &str,
         sample: DriftSample,
     ) -> Option<DriftVerdict> {
+        self.observe_as(replica, fingerprint, fingerprint, sample)
+    }
+
+    /// [`PrefixMetrics::observe`], the drift profile kept under `profile` (one per exact prefix
+    /// as vLLM caches it: the discount key, which tells tenants' salts apart, so one tenant's
+    /// first request does not read as another's prefix lost) and labelled by `fingerprint`.
+    pub fn observe_as(
+        &self,
+        replica: &str,
+        fingerprint: &str,
+        profile: &str,
+        sample: DriftSample,
+    ) -> Option<DriftVerdict> {
         let (label, replica_label, first_of_replica, verdict) = {
             let mut inner = self.inner.lock().expect("prefix metrics lock");
             let label = inner.labels.label_for(fingerprint).to_owned();
@@ -172,7 +185,7 @@ impl PrefixMetrics {
             };
             let verdict = inner
                 .drift
-                .observe(replica, fingerprint, sample, Instant::now());
+                .observe(replica, profile, sample, Instant::now());
             (label, replica_label, first, verdict)
         };
         if first_of_replica {

@@ -365,7 +365,12 @@ impl RequestRecord {
         let Some(v) = self
             .metrics
             .prefix()
-            .observe(replica, fp, sample)
+            .observe_as(
+                replica,
+                fp,
+                self.discount_key.as_deref().unwrap_or(fp),
+                sample,
+            )
             .filter(|v| v.log)
         else {
             return;

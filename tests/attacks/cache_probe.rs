@@ -102,3 +102,28 @@ async fn tenants_that_share_the_cache_find_each_others_prompts() {
     assert_eq!(engine_salts(&h).await, vec![Value::Null, Value::Null]);
     h.shutdown().await;
 }
+
+/// One tenant's prompts found cached again and again make a drift profile; another tenant's
+/// first requests of the same prefix find nothing cached (its salt is its own), which is not
+/// the first tenant's prefix lost: no drift is counted.
+#[tokio::test]
+async fn another_tenants_cold_cache_is_not_drift() {
+    let h = harness(FLAGS, |c| {
+        with_keys(c, &[(B, "school-b"), (A, "school-a")]);
+    })
+    .await;
+    let q = question();
+    for _ in 0..8 {
+        cached(&h, B, &q, None).await;
+    }
+    assert!(cached(&h, B, &q, None).await > 100);
+    assert_eq!(cached(&h, A, &q, None).await, 0);
+    let m = h.metrics_text().await;
+    let drift: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("tutor_gateway_prefix_cache_drift_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(drift, 0.0, "{m}");
+    h.shutdown().await;
+}
