@@ -129,9 +129,11 @@ const RATES: [f64; 4] = [2_500.0, 5_000.0, 10_000.0, 12_500.0];
 async fn fleet(url: &str, batch_max: u32) {
     let config = Config::from_toml_str(&format!(
         "[classify]\ntokenizer = \"heuristic\"\n\
-         [admission]\nseats = 1024\nmax_tokens_in_flight = 100000000\n\
+         [admission]\nseats = 1026\nmax_tokens_in_flight = 100000000\n\
          [lanes.small]\nmax_concurrency = 1024\nceiling = 1024\n\
          max_tokens_in_flight = 100000000\nqueue_len = 1024\n\
+         [lanes.medium]\nmax_concurrency = 1\nceiling = 1\n\
+         [lanes.large]\nmax_concurrency = 1\nceiling = 1\n\
          [quota]\nbackend = \"redis\"\nredis_url = \"{url}\"\nkey_prefix = \"tg:b{batch_max}\"\n\
          batch_max = {batch_max}\n"
     ))
@@ -199,11 +201,14 @@ async fn fleet(url: &str, batch_max: u32) {
 async fn bound(url: &str, batch_max: u32) {
     let config = Config::from_toml_str(&format!(
         "[classify]\ntokenizer = \"heuristic\"\n\
-         [admission]\nseats = {BOUND_SEATS}\nmax_tokens_in_flight = 100000000\n\
+         [admission]\nseats = {}\nmax_tokens_in_flight = 100000000\n\
          [lanes.small]\nmax_concurrency = {BOUND_SEATS}\nceiling = {BOUND_SEATS}\n\
          max_tokens_in_flight = 100000000\nqueue_len = 1024\nqueue_timeout_ms = 60000\n\
+         [lanes.medium]\nmax_concurrency = 1\nceiling = 1\n\
+         [lanes.large]\nmax_concurrency = 1\nceiling = 1\n\
          [quota]\nbackend = \"redis\"\nredis_url = \"{url}\"\nkey_prefix = \"tg:s{batch_max}\"\n\
-         batch_max = {batch_max}\n"
+         batch_max = {batch_max}\n",
+        BOUND_SEATS + 2
     ))
     .expect("the bound phase's config");
     let replicas = replicas(&config, 0).await;

@@ -346,8 +346,9 @@ impl GatewayError {
             | Self::JobFinished(_)
             | Self::JobsUnavailable(_) => Outcome::BadRequest,
             Self::Overloaded | Self::QueuedBytes | Self::ReceivingBytes => Outcome::QueueFull,
-            Self::JobsFull | Self::TooManyStreams => Outcome::QueueFull,
-            Self::TenantJobsFull { .. }
+            Self::JobsFull => Outcome::QueueFull,
+            Self::TooManyStreams
+            | Self::TenantJobsFull { .. }
             | Self::TenantOverloaded { .. }
             | Self::TenantQueuedBytes { .. }
             | Self::TenantBudget { .. } => Outcome::TenantLimited,

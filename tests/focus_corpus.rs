@@ -398,3 +398,48 @@ fn a_function_of_thousands_of_calls_has_at_most_a_bounded_number_weighed() {
         "{helpers} helpers sent"
     );
 }
+
+/// One helper called hundreds of times leaves room for the next one: the bound counts distinct
+/// definitions, and each distinct call is resolved once.
+#[test]
+fn a_helper_called_many_times_leaves_room_for_the_next() {
+    let mut code = String::from("def main():\n");
+    for _ in 0..300 {
+        code.push_str("    check()\n");
+    }
+    code.push_str("    validate()\n    raise ValueError('x')\n\n");
+    code.push_str("def check():\n    return 1\n\ndef validate():\n    return 2\n");
+    // Code the trace does not reach, so the selection is smaller than the file.
+    for i in 0..40 {
+        code.push_str(&format!(
+            "\ndef unrelated_{i}(items):\n    total = 0\n    for item in items:\n        \
+             total += item * {i}\n    return total\n"
+        ));
+    }
+    let trace =
+        "Traceback (most recent call last):\n  File \"app.py\", line 303, in main\nValueError: x\n";
+    let files = vec![focus::SourceFile {
+        path: Some("app.py".into()),
+        code,
+    }];
+    let settings = FocusSettings {
+        timeout: Duration::from_secs(60),
+        ..FocusSettings::default()
+    };
+    let f = focus::focus(
+        &files,
+        Some(Lang::Python),
+        Some(trace),
+        None,
+        &settings,
+        &heuristic,
+    );
+    assert_eq!(f.outcome.as_str(), "focused");
+    for name in ["main", "check", "validate"] {
+        assert!(
+            f.functions.iter().any(|n| n == name),
+            "{name}: {:?}",
+            f.functions
+        );
+    }
+}

@@ -201,7 +201,7 @@ async fn the_steps_after_the_entry_read_its_snapshot() {
     for ctx in [&old, &new] {
         let req =
             AnswerRequest::from_value(json!({"prompt": PROMPT, "max_output_tokens": 50})).unwrap();
-        let prepared = prompt::answer_request(ctx, req).await.unwrap();
+        let prepared = prompt::answer_request(ctx, req, None).await.unwrap();
         let mut record = h.gw.state.record(Route::Answer);
         let ready = pipeline::classify(ctx, prepared, &mut record)
             .await

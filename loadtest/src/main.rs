@@ -35,7 +35,8 @@ struct Common {
     #[arg(long, default_value = "15m", value_parser = parse_duration)]
     duration: Duration,
     /// Time before the window whose requests are sent but not measured (e.g. 30s, 0s);
-    /// default: a tenth of --duration, at least the closed loop's ramp.
+    /// default: closed loop, a tenth of --duration and at least its ramp; open loop, none (a
+    /// scenario's waves keep their times).
     #[arg(long, value_parser = parse_duration)]
     warmup: Option<Duration>,
     /// Extra time in-flight requests get after the window; then they are cut.
@@ -77,13 +78,15 @@ impl Common {
     }
 }
 
-/// A tenth of the window, at least the closed loop's ramp (every client started).
+/// Closed loop: a tenth of the window, at least its ramp (every client started). Open loop:
+/// none, so a scenario's waves are measured at the times it states.
 fn default_warmup(s: &Scenario, duration: Duration) -> Duration {
-    let ramp = match s.load {
-        tutor_load::scenario::Load::Closed { ramp_s, .. } => Duration::from_secs_f64(ramp_s),
+    match s.load {
+        tutor_load::scenario::Load::Closed { ramp_s, .. } => {
+            (duration / 10).max(Duration::from_secs_f64(ramp_s))
+        }
         tutor_load::scenario::Load::Open { .. } => Duration::ZERO,
-    };
-    (duration / 10).max(ramp)
+    }
 }
 
 // Parsed once per process: the size of its largest variant costs nothing worth a box.

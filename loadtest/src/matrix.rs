@@ -160,9 +160,12 @@ pub async fn run_matrix(
             let target = Target::new(&base, opts.sweep.api, opts.sweep.model.clone())?;
             let scraper = opts.sweep.dcgm_url.clone().map(|url| {
                 let http = http.clone();
-                let until = Instant::now() + opts.run.warmup + opts.run.duration;
+                let from = Instant::now() + opts.run.warmup;
+                let until = from + opts.run.duration;
                 tokio::spawn(async move {
                     let (mut util, mut fb) = (vec![], vec![]);
+                    // The window's GPU, not the warm-up's.
+                    tokio::time::sleep_until(from).await;
                     while Instant::now() < until {
                         if let Ok(r) = http.get(&url).send().await {
                             let page = r.text().await.unwrap_or_default();

@@ -412,12 +412,29 @@ impl Plan {
              prefill_budget_tokens = {} # unchanged: follows --max-num-batched-tokens",
             self.max_num_seqs, self.max_tokens_in_flight, self.prefill_budget_tokens
         );
-        for l in &self.lanes {
+        // The lanes' reserved seats must fit `seats`: the defaults (32 + 20 + 10) scaled down
+        // to an engine with fewer seats, each at least 1.
+        let defaults = Config::default();
+        let reserved: u64 = Lane::ALL
+            .iter()
+            .map(|l| u64::from(defaults.lanes.get(*l).max_concurrency.get()))
+            .sum();
+        for (l, lane) in self.lanes.iter().zip(Lane::ALL) {
             let _ = writeln!(
                 o,
                 "\n[lanes.{}]\nmax_tokens_in_flight = {} # {} requests x {} tokens",
                 l.lane, l.max_tokens_in_flight, l.budget_requests, l.context
             );
+            if self.max_num_seqs < reserved {
+                let own = defaults.lanes.get(lane).max_concurrency.get();
+                let scaled = (u64::from(own) * self.max_num_seqs / reserved).max(1);
+                let _ = writeln!(
+                    o,
+                    "max_concurrency = {scaled} # reserved seats: the default {own}, scaled to \
+                     seats = {}",
+                    self.max_num_seqs
+                );
+            }
         }
         o
     }

@@ -128,6 +128,25 @@ fn the_snippet_is_a_valid_config() {
     assert_eq!(overcommit(&config, &cap), Vec::<String>::new());
 }
 
+/// A small GPU's engine has fewer seats than the lanes reserve by default: the snippet scales
+/// the reservations down, so it is a valid config there too.
+#[test]
+fn the_snippet_is_valid_on_a_small_gpu_too() {
+    let mut small_seen = false;
+    for gpu in [18.0, 20.0, 24.0, 32.0, 48.0] {
+        let Ok(p) = plan(&input(LLAMA_31_8B, gpu, Some(16.0))) else {
+            continue;
+        };
+        small_seen |= p.max_num_seqs < 62;
+        let text = p
+            .snippet()
+            .replace("[classify]\n", "[classify]\ntokenizer = \"heuristic\"\n");
+        let config = Config::from_toml_str(&text);
+        assert!(config.is_ok(), "{gpu} GiB: {:?}\n{text}", config.err());
+    }
+    assert!(small_seen, "one of the GPUs has fewer than 62 seats");
+}
+
 #[test]
 fn llama_weights_estimated_from_its_shape() {
     // 8.03 billion parameters in bfloat16: 14.96 GiB.

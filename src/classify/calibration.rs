@@ -257,8 +257,9 @@ impl Fit {
 struct Table {
     all: [Fit; 4],
     models: Vec<(String, [Fit; 4])>,
-    /// By (tenant, model).
-    tenants: std::collections::HashMap<(String, String), [Fit; 4]>,
+    /// By tenant, then model; at most [`MAX_TENANT_LINES`] (tenant, model) pairs.
+    tenants: std::collections::HashMap<String, std::collections::HashMap<String, [Fit; 4]>>,
+    tenant_lines: usize,
     /// By kind, who taught the shared lines their last [`RECENT`] lessons (`None`: no tenant).
     recent: [std::collections::VecDeque<Option<String>>; 4],
     floors: Floors,
@@ -270,13 +271,9 @@ impl Table {
     /// kind, else the model's, else the shared ones; each held to its kind's floor.
     fn fits(&self, model: Option<&str>, tenant: Option<&str>) -> [Fit; 4] {
         let own = model.and_then(|m| self.models.iter().find(|(name, _)| name == m));
-        let mine = tenant.zip(model).and_then(|(t, m)| {
-            // Looked up without allocating: few tenants, and this runs once a request.
-            self.tenants
-                .iter()
-                .find(|((tt, mm), _)| tt == t && mm == m)
-                .map(|(_, f)| f)
-        });
+        let mine = tenant
+            .zip(model)
+            .and_then(|(t, m)| self.tenants.get(t)?.get(m));
         std::array::from_fn(|i| {
             let (fit, shared) = match (mine, own) {
                 (Some(f), _) if f[i].samples > 0 => (f[i], false),
@@ -353,7 +350,10 @@ impl Default for Floors {
 /// - the `heuristic`: at most 0.89 on every sample and control file against five real
 ///   tokenizers (`docs/results/heuristic-fit.md`), so 1.0 for code and prose;
 /// - the model's own tokenizer counts text as the engine does, so 1.25;
-/// - tools and media: [`MAX_RATIO`] (a template's tools preamble, a picture's size).
+/// - tools and media: 1.0, the count as the gateway makes it (tools pretty-printed, which
+///   templates render shorter, with the 150-token preamble charge; media at their configured
+///   charges): a tenant whose template or pictures cost more teaches its own line with its
+///   first request made mostly of them, and is never charged more because of another's.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Ceilings(pub [f64; 4]);
 
@@ -361,9 +361,9 @@ impl Ceilings {
     /// [`MAX_RATIO`] for every kind.
     pub const NONE: Ceilings = Ceilings([MAX_RATIO; 4]);
     /// For the `heuristic` counter.
-    pub const HEURISTIC: Ceilings = Ceilings([1.0, 1.0, MAX_RATIO, MAX_RATIO]);
+    pub const HEURISTIC: Ceilings = Ceilings([1.0, 1.0, 1.0, 1.0]);
     /// For the served model's own `tokenizer.json`.
-    pub const MODEL_TOKENIZER: Ceilings = Ceilings([1.25, 1.25, MAX_RATIO, MAX_RATIO]);
+    pub const MODEL_TOKENIZER: Ceilings = Ceilings([1.25, 1.25, 1.0, 1.0]);
 }
 
 impl Default for Ceilings {
@@ -469,9 +469,16 @@ impl Calibration {
         let floor = table.floors.0[k].max(MIN_RATIO);
         let engine = (f64::from(prompt_tokens) - f64::from(others)).clamp(floor * x, MAX_RATIO * x);
         if let Some(t) = tenant {
-            let key = (t.to_owned(), model.to_owned());
-            if table.tenants.len() < MAX_TENANT_LINES || table.tenants.contains_key(&key) {
-                table.tenants.entry(key).or_default()[k].learn(x, engine);
+            let known = table.tenants.get(t).is_some_and(|m| m.contains_key(model));
+            if known || table.tenant_lines < MAX_TENANT_LINES {
+                table.tenant_lines += usize::from(!known);
+                table
+                    .tenants
+                    .entry(t.to_owned())
+                    .or_default()
+                    .entry(model.to_owned())
+                    .or_default()[k]
+                    .learn(x, engine);
             }
         }
         if !table.may_teach_all(k, tenant) {
@@ -656,11 +663,13 @@ mod tests {
     }
 
     /// One tenant's made-up text (a real tokenizer cuts it in four) teaches its own lines: its
-    /// requests are charged what they cost. Another tenant's requests counted by the shared
-    /// lines stay at honest content's ratio, and the shared lines took at most `MAX_SHARE` of
-    /// its lessons. Without tenants the shared lines serve the one client whole.
+    /// requests are charged what they cost. Another tenant with lines of its own is not moved
+    /// at all; one without (a new school, or questions too short to teach) is moved at most to
+    /// honest content's ratio (1.0 here, from the 0.7 the honest lessons alone give), and the
+    /// shared lines took at most `MAX_SHARE` of the attacker's lessons. Without tenants the
+    /// shared lines serve the one client whole.
     #[test]
-    fn one_tenants_text_moves_no_other_tenants_count() {
+    fn one_tenants_text_moves_another_tenants_count_at_most_to_honest_content() {
         let cal = Calibration::with_bounds(Floors::HEURISTIC, Ceilings::HEURISTIC);
         let prose = counts(0, 1000, 0, 0);
         for _ in 0..10 {
@@ -676,7 +685,15 @@ mod tests {
         let attacker = cal.expect_for(Some("m"), Some("attacker"), ContentKind::Prose, 1000);
         assert!((attacker - 4000.0).abs() < 1.0, "{attacker}");
         let newcomer = cal.expect_for(Some("m"), Some("new-school"), ContentKind::Prose, 1000);
-        assert!(newcomer <= 1000.0, "{newcomer}");
+        assert!((700.0..=1000.0).contains(&newcomer), "{newcomer}");
+        // Tools and media too: a kind few tenants send is no easier to move.
+        let tools = counts(0, 0, 1000, 0);
+        for _ in 0..50 {
+            cal.observe_for("m", Some("attacker"), &tools, 4000)
+                .unwrap();
+        }
+        let theirs = cal.expect_for(Some("m"), Some("new-school"), ContentKind::Tools, 1000);
+        assert!(theirs <= 1000.0, "{theirs}");
         let honest = cal.expect_for(Some("m"), Some("honest"), ContentKind::Prose, 1000);
         assert!((honest - 700.0).abs() < 1.0, "{honest}");
         // Without tenants: one client, the shared lines whole.

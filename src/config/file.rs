@@ -244,14 +244,13 @@ fn cross_checks(c: &mut Checker, config: &Config) {
                 ),
             );
         }
-        for lane in Lane::ALL {
-            if config.lanes.get(lane).ceiling.get() > seats {
-                c.fail(
-                    format!("lanes.{lane}.ceiling"),
-                    format!("must be <= admission.seats ({seats}): no lane holds more seats than there are"),
-                );
-            }
-        }
+    }
+    if config.lanes.large.mid_stream_limit.is_some() {
+        c.fail(
+            "lanes.large.mid_stream_limit",
+            "must be 0: the large lane is the last, nothing to move a request to \
+             (upstream.max_model_len bounds it)",
+        );
     }
     if config.server.admin_listen == Some(config.listen) {
         c.fail(

@@ -132,7 +132,9 @@ impl Jobs {
         let inner = &self.0;
         link_trace(&mut record, headers);
         let checked = async {
-            let mut value = parse::json_body(&body)?;
+            let mut value = ctx
+                .off_workers(body.clone(), |_, b| parse::json_body(b))
+                .await?;
             let notify = match value.as_object_mut().and_then(|o| o.remove("notify")) {
                 Some(raw) => Some(webhook::check_notify(
                     &raw,

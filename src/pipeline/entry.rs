@@ -83,7 +83,7 @@ async fn answer_journey(
             match parse::body_bytes(body, ctx.config().server.max_body_bytes) {
                 Ok(b) => {
                     size = b.len();
-                    off_workers(&ctx, b, |_, b| AnswerRequest::from_body(b)).await
+                    ctx.off_workers(b, |_, b| AnswerRequest::from_body(b)).await
                 }
                 Err(e) => Err(e),
             }
@@ -166,27 +166,6 @@ fn holding(resp: Response, slot: Option<TenantSlot>) -> Response {
 }
 
 /// [`openai`] once its tenant's slot is held.
-/// Bodies up to this size are parsed where they arrive, on the async worker; larger ones on
-/// the blocking pool, under the tokenizing bound (`classify.max_concurrent_tokenizations`).
-/// Parsing is linear, but 4 MB of tiny JSON values (a hundred thousand messages or tool
-/// calls) took 150-360 ms, during which the worker served no one else.
-pub const PARSE_INLINE_BYTES: usize = 64 * 1024;
-
-/// `parse` of the body `b`, on the blocking pool when `b` is over [`PARSE_INLINE_BYTES`].
-async fn off_workers<R: Send + 'static>(
-    ctx: &RequestCtx,
-    b: Bytes,
-    parse: impl FnOnce(&RequestCtx, &[u8]) -> Result<R, GatewayError> + Send + 'static,
-) -> Result<R, GatewayError> {
-    if b.len() <= PARSE_INLINE_BYTES {
-        return parse(ctx, &b);
-    }
-    let on_pool = ctx.clone();
-    ctx.classifier()
-        .run_blocking(move |_| parse(&on_pool, &b))
-        .await?
-}
-
 async fn openai_journey(
     ctx: RequestCtx,
     headers: HeaderMap,
@@ -201,7 +180,7 @@ async fn openai_journey(
     let parsed = match parse::body_bytes(body, ctx.config().server.max_body_bytes) {
         Ok(b) => {
             size = b.len();
-            off_workers(&ctx, b, move |ctx, b| {
+            ctx.off_workers(b, move |ctx, b| {
                 let rules = parse::FieldRules::of(ctx.config());
                 match route {
                     Route::Completions => parse::completion(b, rules),

@@ -44,7 +44,11 @@ pub async fn tokenize(
 ) -> Result<RawResponse, GatewayError> {
     let config = ctx.config();
     let bytes = parse::body_bytes(body, config.server.max_body_bytes)?;
-    let checked = parse::tokenize(&bytes, parse::FieldRules::of(config))?;
+    let checked = ctx
+        .off_workers(bytes.clone(), |ctx, b| {
+            parse::tokenize(b, parse::FieldRules::of(ctx.config()))
+        })
+        .await?;
     let forwarded = serde_json::to_vec(&checked)
         .map_err(|e| GatewayError::bad_request(format!("cannot encode the body: {e}"), None))?;
     // While it waits for its seat its body is held, as any queued request's.

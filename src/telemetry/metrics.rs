@@ -116,11 +116,11 @@ pub enum Outcome {
     BadRequest,
     /// Rejected: longer than the model's maximum length.
     TooLong,
-    /// Rejected: the lane's queue was full (429), or the gateway was (requests or bytes in
-    /// flight, jobs, streams of one connection: lane `none`).
+    /// Rejected: the lane's queue was full (429), or the gateway's (bytes queued or being
+    /// received, the job store).
     QueueFull,
     /// Refused by its tenant's own limits (429): its budget, its requests or bytes queued, its
-    /// jobs. Not the lanes' capacity: outside the queue alert.
+    /// jobs, its job event streams. Not the lanes' capacity: outside the queue alert.
     TenantLimited,
     /// Waited the lane's queue timeout without a slot (503).
     QueueTimeout,

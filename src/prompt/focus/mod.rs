@@ -38,7 +38,7 @@ use tree_sitter::{ParseOptions, ParseState, Parser, Tree};
 
 pub use lang::{Lang, LANGUAGE_NAMES};
 pub use render::{whole, FOCUSED_HEADING};
-pub use select::MAX_CALLEES;
+pub use select::{MAX_CALLEES, MAX_CALLS};
 pub use source::SourceFile;
 pub use trace::{frames, Frame, MAX_FRAMES};
 

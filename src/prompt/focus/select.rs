@@ -24,6 +24,8 @@ const PREAMBLE_LINES: usize = 15;
 /// the file's rows and definitions, and a function of 24,500 calls weighed them all (16 s of
 /// CPU). A real function's callees are far fewer.
 pub const MAX_CALLEES: usize = 256;
+/// Most distinct calls resolved to definitions, all levels of one selection together.
+pub const MAX_CALLS: usize = 1024;
 
 /// The selection for `frames`; `None` when no frame falls in the given code.
 pub fn select(
@@ -339,16 +341,32 @@ impl<'t> Selector<'_, 't> {
         deadline: Instant,
     ) {
         let mut weighed: HashSet<(usize, usize)> = HashSet::new();
+        let mut resolved: HashSet<(usize, usize, super::calls::Call)> = HashSet::new();
         for level in 0..depth {
             let mut next = Vec::new();
+            // Distinct definitions not weighed yet, in call order, as many as may still be
+            // weighed: a function calling one helper 300 times leaves room for the next one.
+            // Each distinct call is resolved once (a pass over the definitions), at most
+            // `MAX_CALLS` of them: calls of names defined nowhere find nothing to weigh.
             let mut candidates: Vec<(usize, usize)> = Vec::new();
+            let mut listed: HashSet<(usize, usize)> = HashSet::new();
             let room = MAX_CALLEES - weighed.len();
             'calls: for &(fi, u) in &frontier {
                 for call in self.files[fi].index.calls(u) {
-                    if candidates.len() >= room {
+                    if resolved.len() >= MAX_CALLS {
                         break 'calls;
                     }
-                    candidates.extend(self.resolve(fi, u, &call));
+                    if !resolved.insert((fi, u, call.clone())) {
+                        continue;
+                    }
+                    for c in self.resolve(fi, u, &call) {
+                        if candidates.len() >= room {
+                            break 'calls;
+                        }
+                        if !self.chosen.contains(&c) && !weighed.contains(&c) && listed.insert(c) {
+                            candidates.push(c);
+                        }
+                    }
                 }
             }
             if level == 0 {
