@@ -278,48 +278,6 @@ mod tests {
         assert_eq!(cell_name(96, 8192), "seqs96-batched8192");
     }
 
-    /// The engine's own tokenizer and answer lengths reach the simulator and name the setting;
-    /// without them every answer runs to its asked length.
-    #[test]
-    fn the_engines_tokenizer_and_answer_lengths_reach_the_simulator() {
-        use crate::experiment::sim_args;
-        use crate::preset::Preset;
-        let sim = |e: &EngineSetting, gateway_tok: Option<&std::path::Path>| {
-            let mut argv = vec!["vllm-sim".to_string()];
-            let tok = e.counting_tokenizer(gateway_tok.map(std::path::Path::to_path_buf));
-            argv.extend(sim_args(
-                "tiny-test",
-                1.0,
-                1,
-                tok.as_deref(),
-                e,
-                Preset::Lanes,
-            ));
-            vllm_sim::SimArgs::try_parse_from(argv).expect("the simulator accepts the flags")
-        };
-        let d = expand(&["seed".into()], &Overrides::default()).unwrap();
-        let a = sim(&d[0], None);
-        assert_eq!((a.mean_output_tokens, a.tokenizer), (1_000_000, None));
-        let o = Overrides {
-            tokenizer: Some("engine/tokenizer.json".into()),
-            mean_output_tokens: Some(300),
-            ..Default::default()
-        };
-        let v = expand(&["seed".into()], &o).unwrap();
-        assert_eq!(v[0].name, "seed-tok-eos300");
-        let a = sim(&v[0], Some(std::path::Path::new("gateway/tokenizer.json")));
-        assert_eq!(a.mean_output_tokens, 300);
-        assert_eq!(
-            a.tokenizer.as_deref(),
-            Some(std::path::Path::new("engine/tokenizer.json"))
-        );
-        let zero = Overrides {
-            mean_output_tokens: Some(0),
-            ..Default::default()
-        };
-        assert!(expand(&["seed".into()], &zero).is_err());
-    }
-
     #[test]
     fn synchronous_scheduling_reaches_the_simulator() {
         let o = Overrides {

@@ -297,31 +297,6 @@ pub(super) fn validate(c: &mut Checker, raw: RawAuth) -> AuthConfig {
 mod tests {
     use super::parse_keys;
 
-    /// One key for two tenants (its hash written once in lower and once in upper case) is
-    /// refused, naming the tenants but not the key; the same key twice for one tenant is not.
-    #[test]
-    fn a_key_listed_for_two_tenants_is_refused() {
-        let hash = "ab".repeat(32);
-        let config = |second: &str| {
-            format!(
-                "[classify]\ntokenizer = \"heuristic\"\n[auth]\nenabled = true\nkeys = [{{ sha256 = \"{hash}\", tenant = \"alpha\" }}, \
-                 {{ sha256 = \"{}\", tenant = \"{second}\" }}]\n",
-                hash.to_ascii_uppercase()
-            )
-        };
-        let err = crate::config::Config::from_toml_str(&config("beta"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("auth.keys"), "{err}");
-        assert!(
-            err.contains("\"alpha\"") && err.contains("\"beta\""),
-            "{err}"
-        );
-        assert!(!err.to_ascii_lowercase().contains(&hash), "{err}");
-        let same = crate::config::Config::from_toml_str(&config("alpha"));
-        assert!(same.is_ok(), "{:?}", same.err());
-    }
-
     #[test]
     fn key_files_are_read_strictly() {
         let hash = "ab".repeat(32);
