@@ -443,3 +443,39 @@ fn a_helper_called_many_times_leaves_room_for_the_next() {
         );
     }
 }
+
+/// Code nested a hundred thousand levels deep (classes, or one expression over many lines) is
+/// focused or sent whole on a thread with the blocking pool's stack (2 MiB): it never overflows
+/// the stack, which would abort the whole gateway.
+#[test]
+fn deep_nesting_never_overflows_the_stack() {
+    let n = 100_000;
+    let classes = "class A{".repeat(n) + "void f(){ int x = 1; }" + &"}".repeat(n);
+    let mut expr = String::from("int f() {\n  return 1 +\n");
+    for _ in 0..n {
+        expr.push_str("  1 +\n");
+    }
+    expr.push_str("  1;\n}\n");
+    for (path, code) in [("A.java", classes), ("a.c", expr)] {
+        let trace = format!("at f ({path}:3)\n{path}:3:1: error\n");
+        let outcome = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || {
+                let files = vec![focus::SourceFile {
+                    path: Some(path.into()),
+                    code,
+                }];
+                let settings = FocusSettings {
+                    timeout: Duration::from_secs(120),
+                    ..FocusSettings::default()
+                };
+                focus::focus(&files, None, Some(&trace), None, &settings, &heuristic)
+                    .outcome
+                    .as_str()
+            })
+            .unwrap()
+            .join()
+            .expect("focusing returns");
+        assert!(!outcome.is_empty());
+    }
+}

@@ -5,6 +5,10 @@ use tree_sitter::{Node, Point, Tree, TreeCursor};
 
 use super::lang::{role, Kinds, Lang};
 
+/// Tree levels below the root the index walks (multi-line nodes only: a one-line node holds
+/// no unit worth a frame).
+pub const MAX_TREE_DEPTH: usize = 512;
+
 /// What a unit is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UnitKind {
@@ -72,7 +76,7 @@ impl<'t> Index<'t> {
         let root = tree.root_node();
         idx.collect_imports(root);
         idx.collect_values(root);
-        idx.visit(&mut root.walk(), None, None);
+        idx.visit(&mut root.walk(), None, None, 0);
         idx
     }
 
@@ -174,13 +178,17 @@ impl<'t> Index<'t> {
 
     /// Walks the tree once with one cursor, recording units. `wrap_start` is the first row
     /// of the wrapper (`export`, decorators, `template<>`) whose children are being visited.
+    /// Walks the children of the cursor's node, `depth` nodes below the root: past
+    /// [`MAX_TREE_DEPTH`] nothing more is indexed (a hundred thousand lines of one nested
+    /// expression would overflow the stack; no definition worth sending is that deep).
     fn visit(
         &mut self,
         cursor: &mut TreeCursor<'t>,
         parent: Option<usize>,
         wrap_start: Option<usize>,
+        depth: usize,
     ) {
-        if !cursor.goto_first_child() {
+        if depth >= MAX_TREE_DEPTH || !cursor.goto_first_child() {
             return;
         }
         let roles = self.lang.roles();
@@ -202,7 +210,7 @@ impl<'t> Index<'t> {
                     let own = attr_start.take().map_or(row, |a| a.min(row));
                     let start = wrap_start.map_or(own, |w| w.min(own));
                     if r & role::WRAPPER != 0 {
-                        self.visit(cursor, parent, Some(start));
+                        self.visit(cursor, parent, Some(start), depth + 1);
                     } else {
                         let here = if r & role::UNIT != 0 {
                             self.unit_for(child, parent, start).unwrap_or(parent)
@@ -212,7 +220,7 @@ impl<'t> Index<'t> {
                         // Nothing worth a unit hides inside one line that is not one itself
                         // (checked above): most of the tree is never walked.
                         if child.end_position().row > row {
-                            self.visit(cursor, here, None);
+                            self.visit(cursor, here, None, depth + 1);
                         }
                     }
                 }

@@ -123,6 +123,10 @@ struct Scan<'a> {
 }
 
 /// Fills `out` with the definitions of `src`.
+/// Containers (classes, namespaces, impls) scanned inside one another; deeper ones are kept
+/// whole. Real code nests a few.
+pub const MAX_NESTING: usize = 32;
+
 pub fn outline(out: &mut Outline, src: &str, lang: Lang) {
     let l = &out.lexed;
     let mut s = Scan {
@@ -132,7 +136,7 @@ pub fn outline(out: &mut Outline, src: &str, lang: Lang) {
         defs: Vec::new(),
         containers: Vec::new(),
     };
-    s.members(0, l.toks.len(), None);
+    s.members(0, l.toks.len(), None, 0);
     let (defs, containers) = (s.defs, s.containers);
     out.defs = defs;
     out.containers = containers;
@@ -169,7 +173,10 @@ impl Scan<'_> {
         self.is(i, b'=') && self.is(i + 1, b'>') && self.l.toks[i].end == self.l.toks[i + 1].start
     }
 
-    fn members(&mut self, from: usize, to: usize, container: Option<usize>) {
+    /// The items between tokens `from` and `to`, inside `container` (`depth` containers deep:
+    /// past [`MAX_NESTING`] a container is kept whole, not scanned, so that code nested a
+    /// hundred thousand classes deep cannot overflow the stack).
+    fn members(&mut self, from: usize, to: usize, container: Option<usize>, depth: usize) {
         let asi = self.js() || self.lang == Lang::Go;
         let typed_js = matches!(self.lang, Lang::TypeScript | Lang::Tsx);
         let mut i = from;
@@ -240,6 +247,9 @@ impl Scan<'_> {
                 close
             };
             match self.classify(start, open, container) {
+                Member::Container(_) if depth >= MAX_NESTING => {
+                    self.push_def(start, end, container, true);
+                }
                 Member::Container(names) => {
                     let ci = self.containers.len();
                     self.containers.push(Container {
@@ -251,7 +261,7 @@ impl Scan<'_> {
                         parent: container,
                         whole_lines: self.clean(start, end),
                     });
-                    self.members(open + 1, close, Some(ci));
+                    self.members(open + 1, close, Some(ci), depth + 1);
                 }
                 Member::Def if self.clean(start, end) => {
                     self.push_def(start, end, container, false);
