@@ -456,7 +456,17 @@ fn deep_nesting_never_overflows_the_stack() {
         expr.push_str("  1 +\n");
     }
     expr.push_str("  1;\n}\n");
-    for (path, code) in [("A.java", classes), ("a.c", expr)] {
+    // Python nests by indentation: a level a space deeper each line, as deep as 1 MiB allows.
+    let mut py = String::new();
+    let mut level = 0;
+    while py.len() + level + 16 < 1_000_000 {
+        py.push_str(&" ".repeat(level));
+        py.push_str("class A:\n");
+        level += 1;
+    }
+    py.push_str(&" ".repeat(level));
+    py.push_str("def f(): pass\n");
+    for (path, code) in [("A.java", classes), ("a.c", expr), ("a.py", py)] {
         let trace = format!("at f ({path}:3)\n{path}:3:1: error\n");
         let outcome = std::thread::Builder::new()
             .stack_size(2 << 20)
