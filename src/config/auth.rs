@@ -118,7 +118,7 @@ pub struct AuthConfig {
 }
 
 /// Whether `tenant` is a valid tenant name.
-fn tenant_ok(tenant: &str) -> bool {
+pub(super) fn tenant_ok(tenant: &str) -> bool {
     (1..=64).contains(&tenant.len())
         && tenant
             .bytes()

@@ -21,6 +21,8 @@ use super::placeholders::find_placeholder;
 
 /// Default `prefix_cache.canonicalize_tools`.
 const CANONICALIZE_TOOLS: bool = true;
+/// Most `prefix_cache.fingerprint_labels`.
+const MAX_FINGERPRINT_LABELS: u32 = 1000;
 /// Default `prefix_cache.fingerprint_labels`.
 const FINGERPRINT_LABELS: u32 = 20;
 /// Default `prefix_cache.label_after_requests`.
@@ -115,9 +117,18 @@ pub(super) fn prefix_cache(c: &mut Checker, raw: RawPrefixCache) -> PrefixCacheC
     if label_after_requests == 0 {
         c.fail("prefix_cache.label_after_requests", "must be > 0");
     }
+    // The key bounds the families' series (each label a series per family and replica): past a
+    // thousand it bounds nothing a Prometheus should hold.
+    let fingerprint_labels = raw.fingerprint_labels.unwrap_or(FINGERPRINT_LABELS);
+    if fingerprint_labels > MAX_FINGERPRINT_LABELS {
+        c.fail(
+            "prefix_cache.fingerprint_labels",
+            format!("must be at most {MAX_FINGERPRINT_LABELS} (it bounds the metrics' series)"),
+        );
+    }
     PrefixCacheConfig {
         canonicalize_tools: raw.canonicalize_tools.unwrap_or(CANONICALIZE_TOOLS),
-        fingerprint_labels: raw.fingerprint_labels.unwrap_or(FINGERPRINT_LABELS),
+        fingerprint_labels,
         label_after_requests,
         drift_factor_percent,
         drift_min_samples,
@@ -190,6 +201,12 @@ pub(super) fn courses(
                 c.fail(
                     format!("{path}.tenants"),
                     "must name at least one tenant (leave it out for every tenant)",
+                );
+                ok = false;
+            } else if !t.iter().all(|name| super::auth::tenant_ok(name)) {
+                c.fail(
+                    format!("{path}.tenants"),
+                    "tenant names are 1 to 64 letters, digits, `_` or `-`",
                 );
                 ok = false;
             }

@@ -823,6 +823,21 @@ fn reservations_fit_the_seats() {
         large[0].starts_with("lanes.large.mid_stream_limit must be 0"),
         "{large:#?}"
     );
+    let labels = issues_of(
+        "[classify]\ntokenizer = \"heuristic\"\n[prefix_cache]\nfingerprint_labels = 4294967295\n",
+    );
+    assert!(labels[0].starts_with("prefix_cache.fingerprint_labels must be at most 1000"));
+    let course = |tenants: &str| {
+        format!(
+            "[classify]\ntokenizer = \"heuristic\"\n[courses.cs1]\nversion = \"1\"\n\
+             instructions = \"Be kind.\"\ntenants = {tenants}\n"
+        )
+    };
+    for bad in ["[]", "[\"school a\"]"] {
+        let issues = issues_of(&course(bad));
+        assert!(issues[0].starts_with("courses.cs1.tenants"), "{issues:#?}");
+    }
+    assert!(Config::from_toml_str(&course("[\"school-a\"]")).is_ok());
     let strict = Config::from_toml_str(
         "[classify]\ntokenizer = \"heuristic\"\n[admission]\npolicy = \"strict\"\nseats = 2\n",
     );
