@@ -672,6 +672,17 @@ async fn a_large_body_is_parsed_off_the_workers_with_the_same_answers() {
     assert_eq!(resp.status(), 400);
     let err: Value = resp.json().await.unwrap();
     assert_eq!(err["error"]["param"], "n", "{err}");
+    // Tools that no context could hold are refused as too long right after parsing (not
+    // canonicalized, fingerprinted and keyed first).
+    let zeros = vec![0; 150_000];
+    let tools =
+        json!([{"type": "function", "function": {"name": "f", "parameters": {"x": zeros}}}]);
+    let big =
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "tools": tools});
+    let resp = post("/v1/chat/completions", big.to_string()).await;
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["code"], "too_long", "{err}");
     let answer = r#"{"messages": [{"role": "user", "content": "hi"}], "max_output_tokens": 3}"#;
     let resp = post("/answer", padded(answer)).await;
     assert_eq!(resp.status(), 200);
