@@ -157,3 +157,34 @@ fn events(data: &[u8], cuts: &[usize]) -> Vec<Option<Vec<u8>>> {
     }
     out
 }
+
+/// Focusing (the one place the gateway parses a client's text with native code, tree-sitter):
+/// `data` is `<path>\n<trace>\0<code>`. It returns, with a documented outcome; a focused
+/// selection is text smaller than the code, and anything else sends the code whole.
+pub fn focus_code(data: &[u8]) {
+    use crate::prompt::focus::{self, FocusSettings, Outcome, SourceFile};
+    let (head, code) = match data.iter().position(|b| *b == 0) {
+        Some(i) => (&data[..i], &data[i + 1..]),
+        None => (data, &[][..]),
+    };
+    let head = String::from_utf8_lossy(head);
+    let (path, trace) = head.split_once('\n').unwrap_or((&head, ""));
+    let files = [SourceFile {
+        path: Some(path.to_owned()),
+        code: String::from_utf8_lossy(code).into_owned(),
+    }];
+    let settings = FocusSettings {
+        timeout: std::time::Duration::from_secs(2),
+        ..FocusSettings::default()
+    };
+    let count = |t: &str| crate::classify::TokenCounter::Heuristic.count_text(t);
+    let f = focus::focus(&files, None, Some(trace), None, &settings, &count);
+    match f.outcome {
+        Outcome::Focused => {
+            assert!(f.sent_tokens < f.original_tokens, "{:?}", f.meta());
+            let text = f.text.expect("a focused selection has text");
+            assert!(!text.is_empty());
+        }
+        _ => assert!(f.text.is_none(), "{:?} with text", f.outcome),
+    }
+}

@@ -44,3 +44,8 @@ fn openai_body_corpus() {
 fn upstream_sse_corpus() {
     replay("upstream_sse", fuzz::upstream_sse);
 }
+
+#[test]
+fn focus_code_corpus() {
+    replay("focus_code", fuzz::focus_code);
+}
