@@ -173,6 +173,24 @@ pub struct EngineMetrics {
     pub tokens_per_second: Option<f64>,
 }
 
+impl EngineMetrics {
+    /// The same, each figure kept only when an engine could have measured it: finite, not
+    /// negative, a time under a day (a lying engine's `-1e308` ms would otherwise reach the
+    /// request log, the spans and the histograms).
+    fn plausible(self) -> Self {
+        const DAY_MS: f64 = 86_400_000.0;
+        let time = |v: Option<f64>| v.filter(|x| x.is_finite() && (0.0..DAY_MS).contains(x));
+        let rate = |v: Option<f64>| v.filter(|x| x.is_finite() && *x >= 0.0);
+        Self {
+            time_to_first_token_ms: time(self.time_to_first_token_ms),
+            generation_time_ms: time(self.generation_time_ms),
+            queue_time_ms: time(self.queue_time_ms),
+            mean_itl_ms: time(self.mean_itl_ms),
+            tokens_per_second: rate(self.tokens_per_second),
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct WireChunk {
     #[serde(default)]
@@ -381,7 +399,10 @@ pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
         finish_reason,
         stop_reason,
         usage,
-        metrics: wire.metrics.and_then(|m| serde_json::from_value(m).ok()),
+        metrics: wire
+            .metrics
+            .and_then(|m| serde_json::from_value::<EngineMetrics>(m).ok())
+            .map(EngineMetrics::plausible),
         has_content,
         has_token,
         has_answer,

@@ -109,6 +109,25 @@ fn usage_chunk_with_cached_tokens_and_metrics() {
     assert_eq!(m.tokens_per_second, Some(120.0));
 }
 
+/// A lying engine's timings (negative, beyond a day) are dropped, not logged and measured.
+#[test]
+fn implausible_engine_timings_are_dropped() {
+    let c = chunk(
+        r#"{"choices":[],"metrics":{"time_to_first_token_ms":-1e308,"generation_time_ms":1e300,"queue_time_ms":2.5,"mean_itl_ms":-3,"tokens_per_second":-1}}"#,
+    );
+    let m = c.metrics.unwrap();
+    assert_eq!(
+        (
+            m.time_to_first_token_ms,
+            m.generation_time_ms,
+            m.mean_itl_ms,
+            m.tokens_per_second
+        ),
+        (None, None, None, None)
+    );
+    assert_eq!(m.queue_time_ms, Some(2.5));
+}
+
 #[test]
 fn usage_without_details_and_metrics_with_missing_fields() {
     let c = chunk(
