@@ -496,6 +496,21 @@ async fn vllm_probe_routes_answer_like_vllm() {
     let count = tokens["count"].as_u64().unwrap();
     assert!(count >= 3, "the engine's own count: {tokens}");
     assert_eq!(tokens["tokens"].as_array().unwrap().len() as u64, count);
+    // vLLM counts a tokenize request at any length: a chat longer than the model goes through
+    // (the same body on /v1/chat/completions is refused as too long).
+    let long = json!({"messages": [{"role": "user", "content": "word ".repeat(25_000)}]});
+    let resp = send(client().post(h.url("/tokenize")).json(&long)).await;
+    assert_eq!(resp.status(), 200);
+    let counted: serde_json::Value = resp.json().await.unwrap();
+    assert!(
+        counted["count"].as_u64().unwrap() > 16_384,
+        "{}",
+        counted["count"]
+    );
+    let mut chat = long.clone();
+    chat["max_tokens"] = json!(1);
+    let refused = send(client().post(h.url("/v1/chat/completions")).json(&chat)).await;
+    assert_eq!(refused.status(), 400);
     // vLLM's validation errors come back with vLLM's status and shape.
     let bad = send(
         client()

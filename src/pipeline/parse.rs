@@ -175,7 +175,11 @@ fn into_map(value: Value) -> Map<String, Value> {
 
 /// `POST /v1/chat/completions`.
 pub fn chat(bytes: &[u8], rules: FieldRules<'_>) -> Result<OpenAiRequest, GatewayError> {
-    chat_body(json_object(bytes)?, rules)
+    let req = chat_body(json_object(bytes)?, rules)?;
+    // Not for `/tokenize`, which vLLM counts at any length (it does not check a tokenize
+    // request against the model's length).
+    certainly_fits(&req.input, req.max_tokens, rules.max_model_len)?;
+    Ok(req)
 }
 
 /// [`chat`] on a body already read as a JSON object.
@@ -200,11 +204,9 @@ fn chat_body(mut value: Value, rules: FieldRules<'_>) -> Result<OpenAiRequest, G
             Some("messages"),
         ));
     }
-    let input = PromptInput::chat(messages, body.get("tools"), rules.max_model_len)
-        .with_template_kwargs(kwargs, rules.max_model_len);
-    certainly_fits(&input, max_tokens, rules.max_model_len)?;
     Ok(OpenAiRequest {
-        input,
+        input: PromptInput::chat(messages, body.get("tools"), rules.max_model_len)
+            .with_template_kwargs(kwargs, rules.max_model_len),
         max_tokens,
         stream: f.stream.unwrap_or(false),
         include_usage: f.include_usage(),
