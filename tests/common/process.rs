@@ -15,7 +15,6 @@ pub struct GatewayProcess {
     pub dir: std::path::PathBuf,
     /// The config file it was started with (`dir/config.toml`).
     pub path: std::path::PathBuf,
-    port: u16,
 }
 
 impl Drop for GatewayProcess {
@@ -27,10 +26,11 @@ impl Drop for GatewayProcess {
 }
 
 impl GatewayProcess {
-    /// Starts `tutor-gateway serve` on a free port with the config text `rest` after its
-    /// `listen` line and the environment `env` (the OTLP variables of the machine removed, so
-    /// only the config speaks), and waits until it answers `/healthz`. `tag` names its
-    /// temporary folder.
+    /// Starts `tutor-gateway serve` on a port it picks itself (`listen` port 0: a port chosen
+    /// here and released would race the other tests' listeners, and once did) with the config
+    /// text `rest` after its `listen` line and the environment `env` (the OTLP variables of the
+    /// machine removed, so only the config speaks), reads the port from its start-up line and
+    /// waits until it answers `/healthz`. `tag` names its temporary folder.
     pub async fn start(tag: &str, rest: &str, env: &[(&str, &str)]) -> Self {
         Self::start_limited(tag, rest, env, None).await
     }
@@ -42,11 +42,12 @@ impl GatewayProcess {
         env: &[(&str, &str)],
         files: Option<u64>,
     ) -> Self {
-        let port = tutor_testkit::free_port();
-        let dir = std::env::temp_dir().join(format!("tg-{tag}-{}-{port}", std::process::id()));
+        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("tg-{tag}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("config.toml");
-        std::fs::write(&path, listen(port, rest)).unwrap();
+        std::fs::write(&path, listen(rest)).unwrap();
         let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
         let binary = env!("CARGO_BIN_EXE_tutor-gateway");
         let mut command = match files {
@@ -65,18 +66,37 @@ impl GatewayProcess {
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
             .env_remove("OTEL_SDK_DISABLED")
+            // The start-up line says the port it picked (a test may still ask for more).
+            .env("RUST_LOG", "info")
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("the gateway binary starts");
-        let p = Self {
+        let mut p = Self {
             child,
-            url: format!("http://127.0.0.1:{port}"),
+            url: String::new(),
             dir,
             path,
-            port,
         };
+        let mut port = None;
+        for _ in 0..1500 {
+            port = bound_port(&p.log());
+            if port.is_some() {
+                break;
+            }
+            if let Some(status) = p.child.try_wait().unwrap() {
+                panic!(
+                    "the gateway exited ({status}) before listening:\n{}",
+                    p.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let Some(port) = port else {
+            panic!("the gateway did not say where it listens:\n{}", p.log());
+        };
+        p.url = format!("http://127.0.0.1:{port}");
         for _ in 0..500 {
             if let Ok(r) = client().get(format!("{}/healthz", p.url)).send().await {
                 if r.status().is_success() {
@@ -91,7 +111,7 @@ impl GatewayProcess {
     /// A config file's text for this process: its `listen` line, then `rest` (as
     /// [`GatewayProcess::start`] wrote it), for a test that rewrites the file.
     pub fn config_text(&self, rest: &str) -> String {
-        listen(self.port, rest)
+        listen(rest)
     }
 
     /// A real SIGHUP (reload the config file).
@@ -129,7 +149,20 @@ impl GatewayProcess {
     }
 }
 
-/// The `listen` line on `port`, then `rest`.
-fn listen(port: u16, rest: &str) -> String {
-    format!("listen = \"127.0.0.1:{port}\"\n{rest}")
+/// The `listen` line (port 0: the process picks one), then `rest`.
+fn listen(rest: &str) -> String {
+    format!("listen = \"127.0.0.1:0\"\n{rest}")
+}
+
+/// The port of the start-up line `tutor-gateway listening` (`addr=127.0.0.1:<port>`) in `log`.
+fn bound_port(log: &str) -> Option<u16> {
+    let line = log
+        .lines()
+        .find(|l| l.contains("tutor-gateway listening"))?;
+    let at = line.find("addr=127.0.0.1:")? + "addr=127.0.0.1:".len();
+    let digits: String = line[at..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
 }
