@@ -159,12 +159,9 @@ async fn check_config_probe_reports_the_overcommit() {
 
 #[tokio::test]
 async fn check_config_probe_fails_when_the_engine_is_not_there() {
-    // A port nobody listens on: bind one, then let it go.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A port where every connection is refused.
+    let refused = tutor_testkit::RefusedPort::new();
+    let port = refused.port();
     let dir = Scratch::new("down");
     let path = dir.write(
         "config.toml",

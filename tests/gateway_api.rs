@@ -386,7 +386,8 @@ async fn vllm_rejections_pass_through_with_vllms_message() {
 
 #[tokio::test]
 async fn upstream_down_gives_503_fast_and_readyz_says_so() {
-    let port = free_port();
+    let refused = tutor_testkit::RefusedPort::new();
+    let port = refused.port();
     // Every upstream timeout an hour long: only the refused connection can produce the 503,
     // so "fast" needs no stopwatch; the 30 s guard fails the test if the gateway waits instead.
     let h = harness(FAST, |c| {
@@ -527,12 +528,9 @@ async fn vllm_probe_routes_answer_like_vllm() {
 /// With vLLM down, the relayed probe routes say so (503) instead of hanging or pretending.
 #[tokio::test]
 async fn relayed_probe_routes_report_an_unreachable_engine() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let refused = tutor_testkit::RefusedPort::new();
     let h = harness(FAST, |c| {
-        c.upstream.base_url = format!("http://127.0.0.1:{port}");
+        c.upstream.base_url = refused.url();
     })
     .await;
     let version = send(client().get(h.url("/version"))).await;

@@ -12,9 +12,9 @@ mod common;
 mod jobs;
 mod redis_common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::process::GatewayProcess;
 use common::{client, eventually, json, sse, words};
 use jobs::{
     done, events, forgotten, job, job_until, on_redis, parse, parse_complete, question,
@@ -159,86 +159,19 @@ async fn a_job_running_on_one_replica_is_cancelled_from_the_other() {
     f.shutdown().await;
 }
 
-/// A gateway process on `redis` in front of `sim`, started from the built binary.
-struct Process {
-    child: Child,
-    url: String,
-    _dir: tempdir::Dir,
-}
-
-mod tempdir {
-    /// A directory removed on drop.
-    pub struct Dir(pub std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn process(sim: &SimServer, redis: &RedisServer, hook_origin: &str) -> Process {
-    let port = free_port();
-    let dir = std::env::temp_dir().join(format!("tg-jobs-kill-{}-{port}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "listen = \"127.0.0.1:{port}\"\n\
-             [telemetry]\nrequest_log = \"off\"\n\
-             [classify]\ntokenizer = \"heuristic\"\n\
-             [upstream]\nbase_url = \"{}\"\n\
-             [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\nlease_ttl_ms = 1000\nheartbeat_ms = 100\n\
-             [jobs]\nwebhook_allow = [\"{hook_origin}/hooks/*\"]\nwebhook_secret = \"{SECRET}\"\n",
-            sim.url(),
-            redis.url()
-        ),
-    )
-    .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the gateway binary starts");
-    // Killed on drop, also when the test fails.
-    let p = Process {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        _dir: tempdir::Dir(dir),
-    };
-    for _ in 0..500 {
-        if let Ok(r) = client().get(format!("{}/healthz", p.url)).send().await {
-            if r.status().is_success() {
-                return p;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the gateway process did not come up on {}", p.url);
-}
-
-impl Process {
-    /// SIGKILL: no shutdown, no release, no hand-back.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// A gateway process on `redis` in front of `sim`, started from the built binary (killed on
+/// drop, also when the test fails).
+async fn process(sim: &SimServer, redis: &RedisServer, hook_origin: &str) -> GatewayProcess {
+    let rest = format!(
+        "[telemetry]\nrequest_log = \"off\"\n\
+         [classify]\ntokenizer = \"heuristic\"\n\
+         [upstream]\nbase_url = \"{}\"\n\
+         [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\nlease_ttl_ms = 1000\nheartbeat_ms = 100\n\
+         [jobs]\nwebhook_allow = [\"{hook_origin}/hooks/*\"]\nwebhook_secret = \"{SECRET}\"\n",
+        sim.url(),
+        redis.url()
+    );
+    GatewayProcess::start("jobs-kill", &rest, &[]).await
 }
 
 #[tokio::test]
@@ -583,7 +516,8 @@ async fn tenants_take_turns_in_the_shared_job_queue() {
 #[tokio::test]
 async fn an_expired_and_forgotten_job_leaves_nothing_in_redis() {
     let h = start(Backend::Redis, FAST, |c| {
-        c.jobs.result_ttl = Duration::from_millis(400);
+        // Long enough that a loaded machine still sees "done" before it expires.
+        c.jobs.result_ttl = Duration::from_secs(3);
     })
     .await;
     let id = submit_ok(&h.base(), &question(4)).await;

@@ -29,14 +29,6 @@ async fn served_again(h: &Harness, what: &str) {
     .await;
 }
 
-async fn sim_requests(h: &Harness) -> Vec<Value> {
-    tutor_testkit::get_json(format!("{}/debug/requests", h.sim.url()))
-        .await
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
 #[tokio::test]
 async fn a_clients_priority_never_reaches_the_engine() {
     // The simulator refuses a non-zero priority without priority scheduling, as vLLM does: the
@@ -46,7 +38,7 @@ async fn a_clients_priority_never_reaches_the_engine() {
         .post(h.url("/v1/chat/completions"))
         .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "priority": -100}))).await;
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
-    let seen = sim_requests(&h).await;
+    let seen = h.sim_requests().await;
     assert_eq!(seen.last().unwrap()["priority"], 0, "{seen:?}");
     h.shutdown().await;
 }
@@ -119,7 +111,7 @@ async fn large_requests_without_max_tokens_never_exceed_their_reservation() {
         assert_eq!(resp["usage"]["completion_tokens"], 512, "{resp}");
     }
     let log = h.log.lock().unwrap().clone();
-    let seen = sim_requests(&h).await;
+    let seen = h.sim_requests().await;
     assert_eq!(log.len(), 4);
     for (entry, sent) in log.iter().zip(&seen) {
         assert_eq!(entry["lane"], "large", "{entry}");
@@ -399,14 +391,38 @@ async fn requests_beyond_the_in_flight_limit_get_503() {
     // The gateway tier's own load, as its autoscaler reads it: the held stream.
     let in_flight = || h.gw.state.metrics().requests_in_flight().get();
     assert_eq!(in_flight(), 1);
-    let resp = send(client().get(h.url("/healthz"))).await;
+    let resp = send(client().get(h.url("/v1/models"))).await;
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["retry-after"], "1");
     let body: Value = resp.json().await.unwrap();
     assert_eq!(body["error"]["code"], "overloaded");
     assert_eq!(in_flight(), 1, "a refused request is not counted");
+    // A full gateway still says it is alive (an orchestrator would restart it, and the held
+    // stream with it) and still shows its refusals to the scraper.
+    for probe in ["/healthz", "/health", "/ping"] {
+        let resp = send(client().get(h.url(probe))).await;
+        assert_eq!(resp.status(), 200, "{probe} while full");
+    }
+    let scrape = send(client().get(h.url("/metrics"))).await;
+    assert_eq!(scrape.status(), 200);
+    let scrape = scrape.text().await.unwrap();
+    assert_eq!(
+        metric(
+            &scrape,
+            r#"tutor_gateway_refused_total{limit="requests_in_flight"}"#
+        ),
+        1.0
+    );
+    assert_eq!(in_flight(), 1, "probes and scrapes are not the tier's load");
     drop(held);
-    served_again(&h, "the place is free once the stream ended").await;
+    tutor_testkit::eventually("the place is free once the stream ended", || async {
+        client()
+            .get(h.url("/v1/models"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
     eventually("every lane back to zero", || h.idle()).await;
     eventually("no request in flight", || in_flight() == 0).await;
     h.shutdown().await;

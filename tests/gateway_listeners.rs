@@ -78,14 +78,10 @@ async fn readyz_answers_from_one_probe_per_interval() {
     }
     h.shutdown().await;
     // With no interval every call probes, and sees the engine gone.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let refused = tutor_testkit::RefusedPort::new();
     let h = harness(FAST, |c| {
         c.upstream.health_cache = Duration::ZERO;
-        c.upstream.base_url = format!("http://127.0.0.1:{port}");
+        c.upstream.base_url = refused.url();
     })
     .await;
     assert_eq!(status(h.url("/readyz")).await, 503);

@@ -209,7 +209,8 @@ async fn an_invalid_file_is_refused_and_restart_only_settings_are_left_alone() {
 /// small lane and more `[server]` lines; its file can be rewritten (`file`).
 struct FromFile {
     gw: GatewayProcess,
-    admin: u16,
+    /// `http://127.0.0.1:<port>` of its admin listener (port 0 in the file: the process picks).
+    admin: String,
     upstream: String,
     server: &'static str,
 }
@@ -217,8 +218,8 @@ struct FromFile {
 impl FromFile {
     /// Starts `tutor-gateway serve --config FILE` and waits until it answers.
     async fn start(tag: &str, upstream: String, server: &'static str, small: u32) -> Self {
-        let admin = free_port();
-        let gw = GatewayProcess::start(tag, &rest(admin, server, &upstream, small), &[]).await;
+        let gw = GatewayProcess::start(tag, &rest(server, &upstream, small), &[]).await;
+        let admin = gw.admin_url().await;
         let me = FromFile {
             gw,
             admin,
@@ -237,11 +238,11 @@ impl FromFile {
     /// The file's text with `small` seats in the small lane.
     fn file(&self, small: u32) -> String {
         self.gw
-            .config_text(&rest(self.admin, self.server, &self.upstream, small))
+            .config_text(&rest(self.server, &self.upstream, small))
     }
 
     fn metrics_url(&self) -> String {
-        format!("http://127.0.0.1:{}/metrics", self.admin)
+        format!("{}/metrics", self.admin)
     }
 
     async fn metrics(&self) -> String {
@@ -272,9 +273,9 @@ impl FromFile {
 }
 
 /// A [`FromFile`] config after its `listen` line.
-fn rest(admin: u16, server: &str, upstream: &str, small: u32) -> String {
+fn rest(server: &str, upstream: &str, small: u32) -> String {
     format!(
-        "[server]\nadmin_listen = \"127.0.0.1:{admin}\"\n{server}\n\
+        "[server]\nadmin_listen = \"127.0.0.1:0\"\n{server}\n\
          [telemetry]\nrequest_log = \"off\"\n[classify]\ntokenizer = \"heuristic\"\n\
          [upstream]\nbase_url = \"{upstream}\"\n\
          [lanes.small]\nmax_concurrency = {small}\nceiling = {small}\n"
@@ -332,17 +333,21 @@ async fn a_watched_file_is_reloaded_when_it_changes_and_a_broken_one_is_refused_
     .unwrap();
     let gw = FromFile::start("watch", sim.url(), "config_watch_ms = 100", 3).await;
     let first = config_info(&gw.metrics().await).unwrap();
-    // Replaced, not edited in place: a new file renamed over the old one.
-    let next = gw.gw.dir.join("config.toml.new");
-    std::fs::write(&next, gw.file(5)).unwrap();
-    std::fs::rename(&next, &gw.gw.path).unwrap();
+    // Replaced, not edited in place: a new file renamed over the old one (so the watcher never
+    // reads a half-written file).
+    let replace = |text: &str| {
+        let next = gw.gw.dir.join("config.toml.new");
+        std::fs::write(&next, text).unwrap();
+        std::fs::rename(&next, &gw.gw.path).unwrap();
+    };
+    replace(&gw.file(5));
     let changed = gw
         .until(|m| config_info(m).is_some_and(|i| i != first) && reloads(m, "applied") >= 1.0)
         .await;
     assert!(changed, "the changed file was put in force");
     let second = config_info(&gw.metrics().await).unwrap();
     // A broken file: refused and counted once; the configuration in force stays.
-    std::fs::write(&gw.gw.path, "[lanes.small]\nmax_concurrency = 0\n").unwrap();
+    replace("[lanes.small]\nmax_concurrency = 0\n");
     assert!(gw.until(|m| reloads(m, "invalid") >= 1.0).await);
     // Many looks later it has not been tried again, and nothing else was reloaded.
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -352,7 +357,7 @@ async fn a_watched_file_is_reloaded_when_it_changes_and_a_broken_one_is_refused_
     assert_eq!(config_info(&m).unwrap(), second);
     assert!(gw.answers().await);
     // Mended: put in force again.
-    std::fs::write(&gw.gw.path, gw.file(3)).unwrap();
+    replace(&gw.file(3));
     assert!(gw.until(|m| reloads(m, "applied") >= 2.0).await);
     drop(gw);
     sim.shutdown().await;

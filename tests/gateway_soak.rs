@@ -107,9 +107,10 @@ async fn soak_with_disconnects_and_failures_leaves_nothing_behind() {
         .map(|(url, body, leave)| one(url, body, leave))
         .buffer_unordered(64)
         .collect::<Vec<bool>>();
-    let results = tokio::time::timeout(Duration::from_secs(120), run)
+    // A guard against a hang, not a speed limit: what is asserted is that nothing leaks.
+    let results = tokio::time::timeout(Duration::from_secs(600), run)
         .await
-        .expect("soak finishes in time");
+        .expect("soak finishes (10 minutes at most)");
     let completed = results.iter().filter(|ok| **ok).count();
     assert!(
         completed > n / 2,

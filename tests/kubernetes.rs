@@ -862,13 +862,9 @@ async fn the_probes_answer_on_the_ports_they_name() {
     )))
     .await
     .unwrap();
-    let admin_port = common::free_port();
     table.remove("listen");
     let server = table["server"].as_table_mut().unwrap();
-    server.insert(
-        "admin_listen".into(),
-        format!("127.0.0.1:{admin_port}").into(),
-    );
+    server.insert("admin_listen".into(), "127.0.0.1:0".into());
     let upstream = table["upstream"].as_table_mut().unwrap();
     upstream.insert("base_url".into(), sim.url().into());
     table.insert(
@@ -880,13 +876,14 @@ async fn the_probes_answer_on_the_ports_they_name() {
     table.insert("telemetry".into(), toml::Value::Table(telemetry));
     let rest = toml::to_string(&table).unwrap();
     let gw = common::process::GatewayProcess::start("k8s-probes", &rest, &[]).await;
+    let admin = gw.admin_url().await;
     let (_, pod, c) = objects.gateway();
     let base = |port: &Value| match container_port(pod, port).unwrap() {
         8080 => gw.url.clone(),
-        9091 => format!("http://127.0.0.1:{admin_port}"),
+        9091 => admin.clone(),
         other => panic!("port {other} is neither listener"),
     };
-    let mut probed = 0;
+    // Each probe's path and port, as the manifest says (a missing one panics here).
     for probe in ["readinessProbe", "livenessProbe"] {
         let get = &c[probe]["httpGet"];
         let url = format!("{}{}", base(&get["port"]), get["path"].as_str().unwrap());
@@ -906,9 +903,7 @@ async fn the_probes_answer_on_the_ports_they_name() {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         assert_eq!(status, 200, "{probe}: GET {url}:\n{}", gw.log());
-        probed += 1;
     }
-    assert_eq!(probed, 2);
     let sm = objects.get("ServiceMonitor", "tutor-gateway");
     let admin = &sm["spec"]["endpoints"][0];
     let url = format!(

@@ -225,10 +225,8 @@ async fn upstream_500_before_streaming_is_a_status_error() {
 
 #[tokio::test]
 async fn upstream_down_is_unavailable_fast() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let refused = tutor_testkit::RefusedPort::new();
+    let port = refused.port();
     // Every timeout an hour long: only the refused connection can end these calls, so "fast"
     // needs no stopwatch. The 60 s guard fails the test if a call waits for a timeout instead.
     let mut config = upstream_config(&format!("http://127.0.0.1:{port}"));

@@ -1,6 +1,10 @@
 //! Bounds every request meets before its route: at most `server.max_requests_in_flight` handled
 //! at once (503 + `Retry-After` beyond, the permit held until the response body ends, streams
 //! included), and a body that must arrive within `server.body_read_timeout` (408 after).
+//! The liveness probes and the scrape (`GET /healthz`, `/health`, `/ping`, `/metrics`) have
+//! [`PROBE_PERMITS`] places of their own instead: a gateway full of streams still answers that it
+//! is alive (else an orchestrator restarts it, and every stream with it) and still shows its
+//! operators the refusals.
 //! Bodies being received hold at most `server.max_receiving_bytes` together (503 beyond): a
 //! body counts from its first byte until it is whole; one alone always passes.
 //!
@@ -28,10 +32,16 @@ use crate::pipeline::tenant::{TenantSlot, TenantSlots};
 use crate::pipeline::{AppState, Tenant};
 use crate::telemetry::Metrics;
 
+/// Probes and scrapes answered at once, apart from `server.max_requests_in_flight` (each is a
+/// short answer of the gateway's own, never a stream).
+pub const PROBE_PERMITS: usize = 16;
+
 /// What the middleware needs.
 #[derive(Debug, Clone)]
 pub struct RequestLimits {
     in_flight: Arc<Semaphore>,
+    /// The probes' and scrapes' own places ([`PROBE_PERMITS`]).
+    probes: Arc<Semaphore>,
     body_timeout: Duration,
     metrics: Metrics,
     /// Each tenant's request bodies still arriving.
@@ -47,6 +57,7 @@ impl RequestLimits {
     pub fn new(max_in_flight: usize, body_timeout: Duration, state: AppState) -> Self {
         Self {
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            probes: Arc::new(Semaphore::new(PROBE_PERMITS)),
             body_timeout,
             metrics: state.metrics().clone(),
             uploading: Arc::default(),
@@ -75,9 +86,29 @@ impl RequestLimits {
     }
 }
 
+/// A liveness probe or a scrape: `GET`/`HEAD` of `/healthz`, `/health`, `/ping` or `/metrics`.
+fn is_probe(req: &Request) -> bool {
+    matches!(
+        *req.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD
+    ) && matches!(
+        req.uri().path(),
+        "/healthz" | "/health" | "/ping" | "/metrics"
+    )
+}
+
 /// The middleware: takes a permit (or answers 503), puts a deadline on the body, and keeps the
 /// permit until the response body is done.
 pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next) -> Response {
+    if is_probe(&req) {
+        // Their own places, not counted as the tier's load; the answer is whole when the
+        // handler returns (none reads a body).
+        let Ok(_permit) = Arc::clone(&limits.probes).try_acquire_owned() else {
+            limits.metrics.refused("requests_in_flight");
+            return GatewayError::Overloaded.into_response();
+        };
+        return next.run(req).await;
+    }
     let Ok(permit) = Arc::clone(&limits.in_flight).try_acquire_owned() else {
         limits.metrics.refused("requests_in_flight");
         return GatewayError::Overloaded.into_response();

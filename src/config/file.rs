@@ -252,7 +252,8 @@ fn cross_checks(c: &mut Checker, config: &Config) {
              (upstream.max_model_len bounds it)",
         );
     }
-    if config.server.admin_listen == Some(config.listen) {
+    // Port 0 asks the system for a port: two such listeners never share one.
+    if config.server.admin_listen == Some(config.listen) && config.listen.port() != 0 {
         c.fail(
             "server.admin_listen",
             "must differ from listen (the admin routes get a listener of their own)",

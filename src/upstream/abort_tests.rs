@@ -344,11 +344,8 @@ async fn refused_and_slow_aborts_are_failures_not_panics() {
 
 #[tokio::test]
 async fn unreachable_abort_endpoint_is_a_failure_and_leaves_auto_unknown() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let url = format!("http://127.0.0.1:{port}");
+    let refused = tutor_testkit::RefusedPort::new();
+    let url = refused.url();
     let (g, tasks) = guard(&url, AbortMode::On);
     let watch = g.watch();
     drop(g);

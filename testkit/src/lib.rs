@@ -93,7 +93,42 @@ impl Streamed {
     }
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (bound, read and released).
+/// A TCP port on 127.0.0.1 where every connection is refused, for as long as this value lives:
+/// a socket bound to it that never listens. Nobody else can take the port meanwhile, so an
+/// "engine down" test cannot reach another test's listener that happened to get a port picked
+/// and released (the race of [`free_port`]).
+pub struct RefusedPort {
+    socket: tokio::net::TcpSocket,
+}
+
+impl RefusedPort {
+    /// Binds a fresh port (the kernel's pick) without listening on it.
+    pub fn new() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        Self { socket }
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.socket.local_addr().unwrap().port()
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port())
+    }
+}
+
+impl Default for RefusedPort {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound, read and released). Another
+/// process's listener or any outgoing connection may take it before it is used: prefer port 0
+/// and reading the bound port back, or [`RefusedPort`] for a port where nothing answers.
 pub fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.local_addr().unwrap().port()
@@ -217,17 +252,22 @@ pub fn family_total(text: &str, name: &str) -> f64 {
     tutor_wire::prom::family_sum(text, name).unwrap_or(0.0)
 }
 
-/// Polls `cond` every 10 ms for up to 10 s; panics naming `what` when it never holds.
+/// Polls `cond` every 10 ms for up to 30 s (a bound for a hang on a loaded machine, not a
+/// speed limit); panics naming `what` when it never holds.
 pub async fn eventually<F, Fut>(what: &str, mut cond: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    for _ in 0..1000 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
         if cond().await {
             return;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out (30 s) waiting for: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("timed out waiting for: {what}");
 }

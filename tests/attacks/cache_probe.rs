@@ -52,11 +52,8 @@ async fn cached(h: &Harness, key: &str, q: &str, salt: Option<&str>) -> u64 {
 
 /// The `cache_salt` of every request the engine saw.
 async fn engine_salts(h: &Harness) -> Vec<Value> {
-    tutor_testkit::get_json(format!("{}/debug/requests", h.sim.url()))
+    h.sim_requests()
         .await
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
         .iter()
         .map(|r| r["cache_salt"].clone())
         .collect()

@@ -20,15 +20,6 @@ const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
 /// as the test needs.
 const STALLING: &str = "--speed 50 --profile tiny-test --stall-after-tokens 1";
 
-/// The generation requests the simulator accepted (never their prompts).
-async fn sim_requests(h: &Harness) -> Vec<Value> {
-    tutor_testkit::get_json(format!("{}/debug/requests", h.sim.url()))
-        .await
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
 /// A short chat body with `extra` fields.
 fn chat(extra: Value) -> Value {
     let mut body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
@@ -160,7 +151,7 @@ async fn coerced_numbers_and_booleans_are_judged_by_the_value_vllm_reads() {
         refused(&h, path, &body, param).await;
     }
     assert!(
-        sim_requests(&h).await.is_empty(),
+        h.sim_requests().await.is_empty(),
         "no refused request reached the engine"
     );
     // Within bounds: accepted, and forwarded as the value judged.
@@ -171,7 +162,7 @@ async fn coerced_numbers_and_booleans_are_judged_by_the_value_vllm_reads() {
     )
     .await;
     assert_eq!(status, 200, "{answer}");
-    assert_eq!(sim_requests(&h).await.last().unwrap()["max_tokens"], 3);
+    assert_eq!(h.sim_requests().await.last().unwrap()["max_tokens"], 3);
     eventually("every lane back to zero", || h.idle()).await;
     h.shutdown().await;
 }
@@ -197,7 +188,7 @@ async fn echo_with_logprobs_is_refused_like_prompt_logprobs() {
     ] {
         refused(&h, path, &body, "echo").await;
     }
-    assert!(sim_requests(&h).await.is_empty());
+    assert!(h.sim_requests().await.is_empty());
     // Echo without log-probabilities computes nothing more.
     for (path, body) in [
         ("/v1/completions", completion(json!({"echo": true}))),
@@ -254,7 +245,7 @@ async fn oversized_stop_logit_bias_and_guides_are_refused() {
         "guided_regex",
     )
     .await;
-    assert!(sim_requests(&h).await.is_empty());
+    assert!(h.sim_requests().await.is_empty());
     // Within the bounds: accepted.
     let body = chat(json!({"stop": ["\n\n", "END"], "logit_bias": {"42": -100},
         "guided_regex": "[a-z]+", "stop_token_ids": [2]}));
@@ -305,7 +296,7 @@ async fn media_urls_reach_the_engine_only_as_data_or_from_listed_hosts() {
     )
     .await;
     assert_eq!(status, 400, "{answer}");
-    assert!(sim_requests(&h).await.is_empty());
+    assert!(h.sim_requests().await.is_empty());
     for url in [
         "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==",
         "https://media.example.edu/cat.png",

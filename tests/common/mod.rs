@@ -79,6 +79,16 @@ impl Harness {
         self.sim.engine.snapshot().aborted
     }
 
+    /// The generation requests the simulator accepted, oldest first (its `/debug/requests`:
+    /// what the engine was sent, never a prompt's text).
+    pub async fn sim_requests(&self) -> Vec<Value> {
+        let seen = tutor_testkit::get_json(format!("{}/debug/requests", self.sim.url())).await;
+        // Strict: an answer that is not a list must not pass for "the engine saw nothing".
+        seen.as_array()
+            .unwrap_or_else(|| panic!("/debug/requests is not a list: {seen}"))
+            .clone()
+    }
+
     /// The gateway's `/metrics` text.
     pub async fn metrics_text(&self) -> String {
         tutor_testkit::metrics_text(&self.gw.url()).await
@@ -146,7 +156,7 @@ pub fn json(s: &str) -> Value {
     serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
 }
 
-/// Polls `cond` every 10 ms for up to 10 s.
+/// Polls `cond` every 10 ms for up to 30 s.
 pub async fn eventually<F: FnMut() -> bool>(what: &str, mut cond: F) {
     tutor_testkit::eventually(what, || std::future::ready(cond())).await;
 }

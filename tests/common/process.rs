@@ -114,6 +114,22 @@ impl GatewayProcess {
         listen(rest)
     }
 
+    /// `http://127.0.0.1:<port>` of the admin listener, for a config with `server.admin_listen =
+    /// "127.0.0.1:0"` (the process picks the port; its start-up line says which). Waits 30 s at
+    /// most for that line.
+    pub async fn admin_url(&self) -> String {
+        for _ in 0..1500 {
+            if let Some(port) = logged_port(&self.log(), "admin listener (/metrics, /readyz)") {
+                return format!("http://127.0.0.1:{port}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!(
+            "the gateway did not say where its admin listener is:\n{}",
+            self.log()
+        );
+    }
+
     /// A real SIGHUP (reload the config file).
     pub fn sighup(&self) {
         let status = Command::new("kill")
@@ -126,6 +142,12 @@ impl GatewayProcess {
     /// What the process wrote to stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
+    }
+
+    /// SIGKILL: no shutdown, no release, no hand-back.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// A real SIGTERM.
@@ -156,9 +178,12 @@ fn listen(rest: &str) -> String {
 
 /// The port of the start-up line `tutor-gateway listening` (`addr=127.0.0.1:<port>`) in `log`.
 fn bound_port(log: &str) -> Option<u16> {
-    let line = log
-        .lines()
-        .find(|l| l.contains("tutor-gateway listening"))?;
+    logged_port(log, "tutor-gateway listening")
+}
+
+/// The port in the `addr=127.0.0.1:<port>` field of the first line of `log` that says `what`.
+fn logged_port(log: &str, what: &str) -> Option<u16> {
+    let line = log.lines().find(|l| l.contains(what))?;
     let at = line.find("addr=127.0.0.1:")? + "addr=127.0.0.1:".len();
     let digits: String = line[at..]
         .chars()

@@ -393,7 +393,9 @@ pub async fn a_job_cancelled_while_queued_still_gets_its_webhook(backend: Backen
 
 pub async fn results_expire_after_their_ttl_and_are_then_forgotten(backend: Backend) {
     let h = start(backend, FAST, |c| {
-        c.jobs.result_ttl = Duration::from_millis(300);
+        // Long enough that a loaded machine still sees "done", then "expired", each in its
+        // window (an expired job is forgotten after another TTL).
+        c.jobs.result_ttl = Duration::from_secs(3);
         c.jobs.max_jobs = 1;
     })
     .await;
@@ -598,10 +600,8 @@ pub async fn a_review_predicted_to_wait_too_long_becomes_a_job_on_arrival(backen
 
 pub async fn an_unreachable_webhook_is_given_up_after_its_attempts(backend: Backend) {
     // Nothing listens there (the port was just free); https, as real receivers are.
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let refused = tutor_testkit::RefusedPort::new();
+    let port = refused.port();
     let h = start(backend, FAST, |c| {
         c.jobs.webhook_allow =
             vec![WebhookPattern::parse(&format!("https://127.0.0.1:{port}/*")).unwrap()];
@@ -659,14 +659,10 @@ pub async fn a_webhook_is_not_retried_past_its_jobs_result(backend: Backend) {
 pub async fn a_job_whose_engine_is_unreachable_fails_with_the_reason_and_gives_everything_back(
     backend: Backend,
 ) {
+    // Nothing listens there: the job is accepted (its size needs no engine), then fails.
+    let refused = tutor_testkit::RefusedPort::new();
     let h = start(backend, FAST, |c| {
-        // Nothing listens there: the job is accepted (its size needs no engine), then fails.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        c.upstream.base_url = format!("http://127.0.0.1:{port}");
+        c.upstream.base_url = refused.url();
     })
     .await;
     let base = h.base();

@@ -188,14 +188,15 @@ pub async fn job_until(base: &str, id: &str, what: &str, pred: impl Fn(&Value) -
     panic!("job {id} never became {what}: {}", job(base, id).await);
 }
 
-/// Whether `GET {base}/jobs/{id}` answers 404 within 5 s (an expired id is forgotten).
+/// Whether `GET {base}/jobs/{id}` answers 404 within 30 s (an expired id is forgotten).
 pub async fn forgotten(base: &str, id: &str) -> bool {
     let url = format!("{base}/jobs/{id}");
-    for _ in 0..500 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::time::Instant::now() < deadline {
         if client().get(&url).send().await.unwrap().status() == 404 {
             return true;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     false
 }

@@ -25,27 +25,30 @@ pub fn test_ca() -> Vec<u8> {
 impl RedisServer {
     /// Starts `redis-server` without persistence on a free port and waits until it answers.
     pub fn start() -> Self {
-        let mut server = Self {
-            port: free_port(),
-            child: None,
-            tls: false,
-        };
-        server.restart();
-        server
+        Self::start_on_a_free_port(false)
     }
 
     /// [`RedisServer::start`] speaking TLS only, with a certificate for 127.0.0.1 that the
     /// test CA signed ([`test_ca`]).
     pub fn start_tls() -> Self {
-        let mut server = Self {
-            port: free_port(),
-            child: None,
-            tls: true,
-        };
-        server.restart();
-        server
+        Self::start_on_a_free_port(true)
     }
 
+    /// A port picked and released may be taken by another test before the server binds it:
+    /// then the server exits, and another port is tried.
+    fn start_on_a_free_port(tls: bool) -> Self {
+        for _ in 0..10 {
+            let mut server = Self {
+                port: free_port(),
+                child: None,
+                tls,
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("redis-server could not listen on any of ten free ports");
+    }
     pub fn url(&self) -> String {
         if self.tls {
             format!("rediss://127.0.0.1:{}/0", self.port)
@@ -78,8 +81,21 @@ impl RedisServer {
         }
     }
 
-    /// Starts it again on the same port, empty.
+    /// Starts it again on the same port, empty (retrying while the port is still taken).
     pub fn restart(&mut self) {
+        for _ in 0..50 {
+            if self.spawn() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server could not listen again on port {}", self.port);
+    }
+
+    /// Starts the server on `self.port` and waits until it answers; false when it exited
+    /// first (its port was taken). Only an answer from this very process counts (`INFO`'s
+    /// `process_id`), never one from another server that holds the port.
+    fn spawn(&mut self) -> bool {
         self.stop();
         let tls = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tls");
         let mut command = Command::new("redis-server");
@@ -100,14 +116,27 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server is installed (scripts/test installs it)");
+        let pid = child.id();
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let ours = format!("process_id:{pid}\r\n");
+        // A loaded machine may take a while to start a process.
+        let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut() {
+                if child.try_wait().ok().flatten().is_some() {
+                    self.child = None;
+                    return false;
+                }
+            }
             {
                 let client = self.client();
-                if let Ok(mut conn) = client.get_connection() {
-                    if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                        return;
+                // Bounded: whatever holds the port may accept and never answer.
+                let bound = Duration::from_secs(2);
+                if let Ok(mut conn) = client.get_connection_with_timeout(bound) {
+                    let _ = conn.set_read_timeout(Some(bound));
+                    let info = redis::cmd("INFO").arg("server").query::<String>(&mut conn);
+                    if info.is_ok_and(|info| info.contains(&ours)) {
+                        return true;
                     }
                 }
             }
