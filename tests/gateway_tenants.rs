@@ -738,3 +738,46 @@ async fn a_schools_own_course_is_refused_to_other_schools() {
     }
     h.shutdown().await;
 }
+
+/// The per-fingerprint metrics' labels are shared by tenants: one school sending many made-up
+/// system prompts takes at most its share (`prefix_cache.fingerprint_labels_per_tenant`), and
+/// another school's prompt seen afterwards still gets a label of its own.
+#[tokio::test]
+async fn one_school_cannot_take_every_fingerprint_label() {
+    let h = harness(&flags("--speed 50 --profile tiny-test"), |c| {
+        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+        c.prefix_cache.fingerprint_labels = 4;
+        c.prefix_cache.fingerprint_labels_per_tenant = 1;
+        c.prefix_cache.label_after_requests = 1;
+    })
+    .await;
+    let ask = |key: &'static str, system: String| {
+        let body = json!({"messages": [{"role": "system", "content": system},
+                                       {"role": "user", "content": "why?"}],
+                          "max_tokens": 2});
+        send(
+            client()
+                .post(h.url("/v1/chat/completions"))
+                .bearer_auth(key)
+                .json(&body),
+        )
+    };
+    for i in 0..4 {
+        let resp = ask(A, format!("You are tutor number {i} of school A.")).await;
+        assert_eq!(resp.status(), 200);
+    }
+    let resp = ask(B, "You are the tutor of school B.".to_owned()).await;
+    assert_eq!(resp.status(), 200);
+    let m = h.metrics_text().await;
+    let labels: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("tutor_gateway_prefix_cache_fingerprint_queries_total{"))
+        .filter(|l| !l.contains("fingerprint=\"other\""))
+        .collect();
+    assert_eq!(
+        labels.len(),
+        2,
+        "school A's one label and school B's: {labels:#?}"
+    );
+    h.shutdown().await;
+}

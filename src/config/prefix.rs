@@ -25,6 +25,8 @@ const CANONICALIZE_TOOLS: bool = true;
 const MAX_FINGERPRINT_LABELS: u32 = 1000;
 /// Default `prefix_cache.fingerprint_labels`.
 const FINGERPRINT_LABELS: u32 = 20;
+/// Default `prefix_cache.fingerprint_labels_per_tenant` (0: a quarter of the labels).
+const FINGERPRINT_LABELS_PER_TENANT: u32 = 0;
 /// Default `prefix_cache.label_after_requests`.
 const LABEL_AFTER_REQUESTS: u32 = 3;
 /// Default `prefix_cache.drift_factor_percent`.
@@ -42,6 +44,8 @@ pub struct RawPrefixCache {
     pub canonicalize_tools: Option<bool>,
     /// Fingerprints with their own label in the per-fingerprint metrics (the rest: `other`).
     pub fingerprint_labels: Option<u32>,
+    /// Of those, the most one tenant's requests may take (0: a quarter, at least one).
+    pub fingerprint_labels_per_tenant: Option<u32>,
     /// Requests a fingerprint needs before it may take a label.
     pub label_after_requests: Option<u32>,
     /// Drift: cached tokens below the profile divided by this, or prefill per uncached token
@@ -88,6 +92,10 @@ pub struct PrefixCacheConfig {
     pub canonicalize_tools: bool,
     /// Fingerprints that get their own label; every other one is `other` (N + 1 series).
     pub fingerprint_labels: u32,
+    /// Of those, the most one tenant's requests may take (`[auth]` on), so one school's
+    /// made-up prompts cannot take every label from the others: the file's value, or a quarter
+    /// of `fingerprint_labels` (at least one) when it says 0.
+    pub fingerprint_labels_per_tenant: u32,
     /// Requests a fingerprint needs before it may take one of the labels.
     pub label_after_requests: u32,
     /// Drift when a request's cached tokens fall below its (replica, fingerprint) profile
@@ -126,9 +134,23 @@ pub(super) fn prefix_cache(c: &mut Checker, raw: RawPrefixCache) -> PrefixCacheC
             format!("must be at most {MAX_FINGERPRINT_LABELS} (it bounds the metrics' series)"),
         );
     }
+    let per_tenant = raw
+        .fingerprint_labels_per_tenant
+        .unwrap_or(FINGERPRINT_LABELS_PER_TENANT);
+    if per_tenant > fingerprint_labels {
+        c.fail(
+            "prefix_cache.fingerprint_labels_per_tenant",
+            "must be at most prefix_cache.fingerprint_labels",
+        );
+    }
+    let fingerprint_labels_per_tenant = match per_tenant {
+        0 => (fingerprint_labels / 4).max(1),
+        n => n,
+    };
     PrefixCacheConfig {
         canonicalize_tools: raw.canonicalize_tools.unwrap_or(CANONICALIZE_TOOLS),
         fingerprint_labels,
+        fingerprint_labels_per_tenant,
         label_after_requests,
         drift_factor_percent,
         drift_min_samples,

@@ -827,6 +827,21 @@ fn reservations_fit_the_seats() {
         "[classify]\ntokenizer = \"heuristic\"\n[prefix_cache]\nfingerprint_labels = 4294967295\n",
     );
     assert!(labels[0].starts_with("prefix_cache.fingerprint_labels must be at most 1000"));
+    let share = issues_of(
+        "[classify]\ntokenizer = \"heuristic\"\n[prefix_cache]\nfingerprint_labels = 8\n\
+         fingerprint_labels_per_tenant = 9\n",
+    );
+    assert!(
+        share[0].starts_with(
+            "prefix_cache.fingerprint_labels_per_tenant must be at most prefix_cache.fingerprint_labels"
+        ),
+        "{share:#?}"
+    );
+    // 0, the default: a quarter of the labels, at least one.
+    assert_eq!(
+        Config::default().prefix_cache.fingerprint_labels_per_tenant,
+        5
+    );
     let course = |tenants: &str| {
         format!(
             "[classify]\ntokenizer = \"heuristic\"\n[courses.cs1]\nversion = \"1\"\n\

@@ -14,7 +14,9 @@
 //! cannot take every label before a course is seen; besides them at most `labels`
 //! fingerprints get their own label, first come first served among those seen in
 //! `label_after` requests, and keep it for the life of the process (a counter cannot move to
-//! another label); everything else is `other`. So each family has at most `labels + 1`
+//! another label); everything else is `other`. With tenants (`[auth]`), one tenant's requests
+//! take at most `fingerprint_labels_per_tenant` of them, so one school's made-up system
+//! prompts cannot leave every other school's prompts in `other`. So each family has at most `labels + 1`
 //! series, plus one per configured course. Requests counted before their
 //! fingerprint took a label stay in `other`. Only hashes are labels, never prompt text (M20).
 
@@ -40,7 +42,11 @@ const MAX_CANDIDATES: usize = 4096;
 #[derive(Debug)]
 struct Labels {
     max: usize,
+    /// The most one tenant's requests may take.
+    per_tenant: usize,
     after: u32,
+    /// Labels each tenant's requests took.
+    taken_by: HashMap<String, usize>,
     /// The configured courses' fingerprints: labelled whatever `max` says.
     courses: HashSet<String>,
     labelled: HashSet<String>,
@@ -48,11 +54,15 @@ struct Labels {
 }
 
 impl Labels {
-    fn label_for<'a>(&mut self, fp: &'a str) -> &'a str {
+    fn label_for<'a>(&mut self, fp: &'a str, tenant: Option<&str>) -> &'a str {
         if self.labelled.contains(fp) || self.courses.contains(fp) {
             return fp;
         }
         if self.labelled.len() >= self.max {
+            return OTHER;
+        }
+        let taken = tenant.map_or(0, |t| self.taken_by.get(t).copied().unwrap_or(0));
+        if taken >= self.per_tenant {
             return OTHER;
         }
         if !self.candidates.contains_key(fp) && self.candidates.len() >= MAX_CANDIDATES {
@@ -63,6 +73,9 @@ impl Labels {
         if *seen >= self.after {
             self.candidates.remove(fp);
             self.labelled.insert(fp.to_owned());
+            if let Some(t) = tenant {
+                *self.taken_by.entry(t.to_owned()).or_insert(0) += 1;
+            }
             return fp;
         }
         OTHER
@@ -123,7 +136,9 @@ impl PrefixMetrics {
         let inner = Inner {
             labels: Labels {
                 max: defaults.fingerprint_labels as usize,
+                per_tenant: defaults.fingerprint_labels_per_tenant as usize,
                 after: defaults.label_after_requests,
+                taken_by: HashMap::new(),
                 courses: HashSet::new(),
                 labelled: HashSet::new(),
                 candidates: HashMap::new(),
@@ -146,6 +161,7 @@ impl PrefixMetrics {
         // A course a reload removed keeps its label (its counters stay).
         inner.labels.courses.extend(courses);
         inner.labels.max = c.fingerprint_labels as usize;
+        inner.labels.per_tenant = c.fingerprint_labels_per_tenant as usize;
         inner.labels.after = c.label_after_requests;
         inner.drift.set_rule(rule_of(c));
     }
@@ -159,22 +175,24 @@ impl PrefixMetrics {
         fingerprint: &str,
         sample: DriftSample,
     ) -> Option<DriftVerdict> {
-        self.observe_as(replica, fingerprint, fingerprint, sample)
+        self.observe_as(replica, fingerprint, fingerprint, None, sample)
     }
 
     /// [`PrefixMetrics::observe`], the drift profile kept under `profile` (one per exact prefix
     /// as vLLM caches it: the discount key, which tells tenants' salts apart, so one tenant's
-    /// first request does not read as another's prefix lost) and labelled by `fingerprint`.
+    /// first request does not read as another's prefix lost) and labelled by `fingerprint`,
+    /// a label `tenant`'s requests may take only within their share.
     pub fn observe_as(
         &self,
         replica: &str,
         fingerprint: &str,
         profile: &str,
+        tenant: Option<&str>,
         sample: DriftSample,
     ) -> Option<DriftVerdict> {
         let (label, replica_label, first_of_replica, verdict) = {
             let mut inner = self.inner.lock().expect("prefix metrics lock");
-            let label = inner.labels.label_for(fingerprint).to_owned();
+            let label = inner.labels.label_for(fingerprint, tenant).to_owned();
             let (replica_label, first) = if inner.replicas.contains(replica) {
                 (replica.to_owned(), false)
             } else if inner.replicas.len() < MAX_REPLICAS {
@@ -255,6 +273,7 @@ mod tests {
         let mut c = PrefixCacheConfig {
             canonicalize_tools: true,
             fingerprint_labels: 3,
+            fingerprint_labels_per_tenant: 3,
             label_after_requests: 2,
             drift_factor_percent: 300,
             drift_min_samples: 5,
@@ -307,6 +326,60 @@ mod tests {
         for family in registry.gather() {
             assert!(family.get_metric().len() <= 5, "{}", family.name());
         }
+    }
+
+    /// One tenant sending made-up system prompts takes at most its share of the labels; another
+    /// tenant's prompt seen afterwards still gets one.
+    #[test]
+    fn one_tenant_takes_at_most_its_share_of_the_labels() {
+        let registry = Registry::new();
+        let m = PrefixMetrics::register(&registry);
+        let c = PrefixCacheConfig {
+            fingerprint_labels: 8,
+            fingerprint_labels_per_tenant: 2,
+            label_after_requests: 2,
+            ..crate::config::Config::default().prefix_cache
+        };
+        m.configure(&c, []);
+        let seen = |fp: &str, tenant: &str| {
+            for _ in 0..3 {
+                m.observe_as("replica-0", fp, fp, Some(tenant), sample(100, 50));
+            }
+        };
+        for i in 0..20 {
+            seen(&format!("{i:016x}"), "greedy");
+        }
+        seen("b0b0b0b0b0b0b0b0", "modest");
+        let labelled: Vec<String> = registry
+            .gather()
+            .into_iter()
+            .find(|f| f.name() == "tutor_gateway_prefix_cache_fingerprint_queries_total")
+            .unwrap()
+            .get_metric()
+            .iter()
+            .map(|m| m.get_label()[0].value().to_owned())
+            .filter(|l| l != OTHER)
+            .collect();
+        assert_eq!(labelled.len(), 3, "{labelled:?}");
+        assert!(
+            labelled.contains(&"b0b0b0b0b0b0b0b0".to_owned()),
+            "{labelled:?}"
+        );
+        // Without a tenant (no [auth]) the share does not apply.
+        for i in 100..110 {
+            let fp = format!("{i:016x}");
+            for _ in 0..2 {
+                m.observe("replica-0", &fp, sample(100, 50));
+            }
+        }
+        let series = registry
+            .gather()
+            .into_iter()
+            .find(|f| f.name() == "tutor_gateway_prefix_cache_fingerprint_queries_total")
+            .unwrap()
+            .get_metric()
+            .len();
+        assert_eq!(series, 8 + 1, "every label taken, plus other");
     }
 
     #[test]

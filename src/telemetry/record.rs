@@ -369,6 +369,7 @@ impl RequestRecord {
                 replica,
                 fp,
                 self.discount_key.as_deref().unwrap_or(fp),
+                self.tenant.as_deref(),
                 sample,
             )
             .filter(|v| v.log)
