@@ -176,7 +176,8 @@ pub async fn serve(
         // Twice the stream's own limit: a stream's pump cuts a client that takes nothing for
         // client_write_timeout first (recording client_too_slow and aborting the engine's
         // work); the connection's guard is the backstop for everything else.
-        let tcp = WriteTimeout::new(tcp, server.client_write_timeout.saturating_mul(2));
+        let backstop = server.client_write_timeout.saturating_mul(2);
+        let tcp = WriteTimeout::new(tcp, backstop);
         conns.spawn(async move {
             let activity = Activity::new();
             // Closed by a stream cut for not reading whose body the connection never takes
@@ -207,6 +208,9 @@ pub async fn serve(
                 () = served => {}
                 () = close_now.cancelled() => {}
                 () = closer.closed() => {}
+                // A response the server could not hand on for as long (an HTTP/2 window kept
+                // shut never blocks a socket write): `idle`.
+                () = activity_stalled(&activity, backstop) => {}
             }
             drop(seat);
         });
@@ -273,6 +277,16 @@ async fn drive<C: GracefulConnection>(
             }
         }
     }
+}
+
+/// Returns once a response of the connection waited `limit` for its client to take bytes.
+async fn activity_stalled(activity: &Activity, limit: Duration) {
+    activity.until_stalled(limit).await;
+    tracing::debug!(
+        limit_ms = limit.as_millis() as u64,
+        "closing a connection whose client took nothing of a response for twice \
+         server.client_write_timeout_ms"
+    );
 }
 
 /// Answers a connection over the limit with a 503 and closes it.

@@ -360,3 +360,104 @@ async fn an_http2_stream_whose_window_stays_shut_after_the_engine_finished_gives
     drop(unread);
     h.shutdown().await;
 }
+
+/// An HTTP/2 connection with flow-control window 0 (`SETTINGS_INITIAL_WINDOW_SIZE`), which
+/// answers pings: `requests` (path, body) sent on it, each answered (headers) and none read.
+async fn shut_window_connection(
+    h: &Harness,
+    requests: &[(&str, Option<Value>)],
+) -> (
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+    Vec<h2::RecvStream>,
+) {
+    let tcp = TcpStream::connect(h.gw.addr).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut unread = Vec::new();
+    for (path, body) in requests {
+        let mut client = client.clone().ready().await.unwrap();
+        let method = if body.is_some() { "POST" } else { "GET" };
+        let req = http::Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", h.gw.addr))
+            .header("content-type", "application/json")
+            .body(())
+            .unwrap();
+        let (resp, mut send) = client.send_request(req, body.is_none()).unwrap();
+        if let Some(body) = body {
+            send.send_data(bytes::Bytes::from(body.to_string()), true)
+                .unwrap();
+        }
+        let resp = resp.await.unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+        unread.push(resp.into_body());
+    }
+    (conn, unread)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn complete_answers_on_a_shut_http2_window_do_not_hold_the_connection() {
+    // Not streams, so no stream's cut: the server holds each whole answer for a client that
+    // never opens its window (and answers pings), and never writes to the socket, so no write
+    // ever blocks. The connection (one of server.max_connections, and the answers' bytes) is
+    // closed once an answer waited twice the write timeout for its client.
+    let h = harness(&flags("--speed 50 --profile tiny-test"), |c| {
+        c.server.client_write_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let chat = json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 5});
+    let (conn, unread) =
+        shut_window_connection(&h, &[("/v1/models", None), ("/v1/chat/completions", Some(chat))])
+            .await;
+    within(60, "the connection is closed", || conn.is_finished()).await;
+    within(60, "nothing held", || {
+        h.idle() && h.gw.state.metrics().requests_in_flight().get() == 0
+    })
+    .await;
+    drop(unread);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_waiting_for_a_slow_engine_is_not_closed() {
+    // Waiting for the engine is not a client that takes nothing: a first token three seconds
+    // away (six times the write timeout) still reaches a client that reads, over HTTP/2.
+    let h = harness(
+        &flags("--profile fixed --fixed-ttft-ms 3000 --fixed-itl-ms 5"),
+        |c| {
+            c.server.client_write_timeout = Duration::from_millis(500);
+            c.upstream.first_token_timeout = Duration::from_secs(60);
+        },
+    )
+    .await;
+    let tcp = TcpStream::connect(h.gw.addr).await.unwrap();
+    let (client, conn) = h2::client::handshake(tcp).await.unwrap();
+    let conn = tokio::spawn(conn);
+    let mut client = client.ready().await.unwrap();
+    let req = http::Request::post(format!("http://{}/v1/chat/completions", h.gw.addr))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    let (resp, mut send) = client.send_request(req, false).unwrap();
+    let body = json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 3,
+                      "stream": true});
+    send.send_data(bytes::Bytes::from(body.to_string()), true)
+        .unwrap();
+    let resp = resp.await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.into_body();
+    let mut text = Vec::new();
+    while let Some(chunk) = stream.data().await {
+        let chunk = chunk.expect("the stream ends cleanly, not with the connection");
+        let _ = stream.flow_control().release_capacity(chunk.len());
+        text.extend_from_slice(&chunk);
+    }
+    let text = String::from_utf8(text).unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(!conn.is_finished(), "the connection is still open");
+    h.shutdown().await;
+}
