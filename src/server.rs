@@ -49,10 +49,13 @@ use crate::upstream::{UpstreamClient, ABORT_TIMEOUT};
 mod accept;
 mod fds;
 mod idle;
+mod resets;
 pub mod tls;
 mod write_timeout;
 
-pub use accept::{END_WAIT, H2_MAX_STREAMS, H2_PING_INTERVAL, H2_PING_TIMEOUT};
+pub use accept::{
+    END_WAIT, H2_MAX_STREAMS, H2_PING_INTERVAL, H2_PING_TIMEOUT, H2_SEND_BUFFER_BYTES,
+};
 
 /// Longest the shutdown waits for released leases to reach Redis.
 pub const RELEASE_WAIT: Duration = Duration::from_secs(2);

@@ -652,7 +652,7 @@ fn the_drain_fits_in_the_termination_grace_period() {
 }
 
 /// The memory limit holds the worst the config allows: every permitted stream's client buffer
-/// full (a client that does not read), the queued bodies, the bodies being received, a head
+/// and HTTP/2 send buffer full (a client that does not read), the queued bodies, the bodies being received, a head
 /// still arriving on every open connection, and the process itself; the request
 /// holds what was measured for a busy replica.
 #[test]
@@ -660,7 +660,8 @@ fn the_memory_limit_covers_what_the_config_allows() {
     let objects = Objects::load();
     let (table, (_, _, c)) = (gateway_config(&objects).1, objects.gateway());
     let in_flight = toml_u64(&table, "server", "max_requests_in_flight").unwrap_or(4096);
-    let buffer = toml_u64(&table, "server", "client_buffer_bytes").unwrap_or(1 << 20);
+    let buffer = toml_u64(&table, "server", "client_buffer_bytes").unwrap_or(1 << 20)
+        + tutor_gateway::server::H2_SEND_BUFFER_BYTES as u64;
     let queued = toml_u64(&table, "server", "max_queued_bytes").unwrap_or(256 << 20);
     let receiving = toml_u64(&table, "server", "max_receiving_bytes").unwrap_or(256 << 20);
     let heads = toml_u64(&table, "server", "max_connections").unwrap_or(10_000)

@@ -48,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::idle::Activity;
+use super::resets::Resets;
 use super::tls::TlsFront;
 use super::write_timeout::WriteTimeout;
 use crate::config::ServerConfig;
@@ -56,6 +57,9 @@ use crate::telemetry::Metrics;
 
 /// Concurrent HTTP/2 streams one connection may open.
 pub const H2_MAX_STREAMS: u32 = 64;
+
+/// Bytes of a stream's answer HTTP/2 may buffer for a client that has not opened its window.
+pub const H2_SEND_BUFFER_BYTES: usize = 64 << 10;
 
 /// How often an HTTP/2 connection is pinged.
 pub const H2_PING_INTERVAL: Duration = Duration::from_secs(20);
@@ -116,6 +120,9 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(server.max_head_bytes).unwrap_or(u32::MAX))
         .max_concurrent_streams(H2_MAX_STREAMS)
+        // What a stream's answer may hold in HTTP/2's send buffer beyond the relay's own
+        // buffer (hyper's default is 400 KiB a stream).
+        .max_send_buf_size(H2_SEND_BUFFER_BYTES)
         .keep_alive_interval(H2_PING_INTERVAL)
         .keep_alive_timeout(H2_PING_TIMEOUT);
     // Asks every connection to finish its requests and close (shutdown).
@@ -170,7 +177,7 @@ pub async fn serve(
             conns.spawn(refuse(tcp));
             continue;
         };
-        let (builder, router) = (builder.clone(), router.clone());
+        let (builder, router, metrics) = (builder.clone(), router.clone(), metrics.clone());
         let (finish, close_now) = (finish.clone(), close_now.clone());
         let acceptor = tls.as_ref().map(TlsFront::acceptor);
         // Twice the stream's own limit: a stream's pump cuts a client that takes nothing for
@@ -183,7 +190,8 @@ pub async fn serve(
             // Closed by a stream cut for not reading whose body the connection never takes
             // down (an HTTP/2 window kept at zero): `relay::client`.
             let closer = ConnectionCloser::new();
-            let service = activity.track(router, closer.clone());
+            let resets = Resets::new(closer.clone(), metrics.clone());
+            let service = activity.track(router, closer.clone(), resets);
             let served = async {
                 match acceptor {
                     None => {

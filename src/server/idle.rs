@@ -35,6 +35,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tower_service::Service;
 
+use super::resets::{ResetWatch, Resets};
 use crate::relay::ConnectionCloser;
 
 /// Counts one connection's busy requests. Cloned into its service; [`Activity::until_idle`]
@@ -119,11 +120,12 @@ impl Activity {
 
     /// `router` as the connection's service, marking each request busy until its response
     /// body is over; each request carries `closer`, which closes the connection, in its
-    /// extensions.
+    /// extensions; each answer its client gives up counts in `resets`.
     pub(super) fn track(
         &self,
         router: Router,
         closer: ConnectionCloser,
+        resets: Resets,
     ) -> impl hyper::service::Service<
         hyper::Request<Incoming>,
         Response = hyper::Response<Body>,
@@ -135,6 +137,8 @@ impl Activity {
             req.extensions_mut().insert(closer.clone());
             let busy = activity.begin();
             let owed = Arc::clone(&activity.owed);
+            // Dropped with this future when the client resets the request before its answer.
+            let reset = resets.watch(&req);
             let mut router = router.clone();
             async move {
                 let resp = router.call(req).await?;
@@ -143,6 +147,7 @@ impl Activity {
                     Body::new(Tracked {
                         body,
                         owed,
+                        reset,
                         _busy: busy,
                     })
                 }))
@@ -206,7 +211,18 @@ impl Activity {
 struct Tracked {
     body: Body,
     owed: OwedSlot,
+    /// Dropped before the end: the client reset the answer.
+    reset: ResetWatch,
     _busy: Busy,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        // A body at its end may be dropped without being asked for its end.
+        if hyper::body::Body::is_end_stream(&self.body) {
+            self.reset.answered();
+        }
+    }
 }
 
 impl hyper::body::Body for Tracked {
@@ -222,6 +238,10 @@ impl hyper::body::Body for Tracked {
         // is over).
         let owed = matches!(poll, Poll::Ready(Some(Ok(_))));
         self.owed.owed.set(self.owed.id, owed);
+        // Over, or failed on the server's side (a cut stream): not the client's reset.
+        if matches!(poll, Poll::Ready(None | Some(Err(_)))) || self.body.is_end_stream() {
+            self.reset.answered();
+        }
         poll
     }
 
@@ -268,9 +288,11 @@ mod tests {
                 .await
                 .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
         });
+        let resets = Resets::new(ConnectionCloser::new(), crate::telemetry::Metrics::new());
         Tracked {
             body: Body::from_stream(stream),
             owed: OwedSlot::new(&a.owed),
+            reset: resets.watch(&hyper::Request::new(())),
             _busy: a.begin(),
         }
     }
@@ -302,9 +324,14 @@ mod tests {
         // Asked for a frame, the body has none yet (the engine is slow): ten limits pass.
         assert!(poll_once(&mut body).is_pending());
         let waited = tokio::time::timeout(limit * 10, a.until_stalled(limit)).await;
-        assert!(waited.is_err(), "a body waiting for its source is not stalled");
+        assert!(
+            waited.is_err(),
+            "a body waiting for its source is not stalled"
+        );
         // A frame handed over, and the server never asks again (its client takes nothing).
-        tx.send(bytes::Bytes::from_static(b"data: x\n\n")).await.unwrap();
+        tx.send(bytes::Bytes::from_static(b"data: x\n\n"))
+            .await
+            .unwrap();
         assert!(matches!(poll_once(&mut body), Poll::Ready(Some(Ok(_)))));
         let t0 = Instant::now();
         a.until_stalled(limit).await;

@@ -330,10 +330,15 @@ impl Metrics {
         );
         let refused = counter(
             "tutor_gateway_refused_total",
-            "Connections and requests refused before reaching a lane: limit is connections (server.max_connections), requests_in_flight (server.max_requests_in_flight) or receiving_bytes (server.max_receiving_bytes).",
+            "Connections and requests refused before reaching a lane: limit is connections (server.max_connections), requests_in_flight (server.max_requests_in_flight), receiving_bytes (server.max_receiving_bytes) or stream_resets (an HTTP/2 connection closed for resetting more than 100 requests in a burst).",
             &["limit"],
         );
-        for limit in ["connections", "requests_in_flight", "receiving_bytes"] {
+        for limit in [
+            "connections",
+            "requests_in_flight",
+            "receiving_bytes",
+            "stream_resets",
+        ] {
             refused.with_label_values(&[limit]);
         }
         let tenant_refused = counter(
@@ -450,6 +455,11 @@ impl Metrics {
     /// Counts a connection or request refused at `limit` (`connections`, `requests_in_flight`).
     pub fn refused(&self, limit: &str) {
         self.refused.with_label_values(&[limit]).inc();
+    }
+
+    /// Connections and requests refused so far by `limit`.
+    pub fn refused_count(&self, limit: &str) -> u64 {
+        self.refused.with_label_values(&[limit]).get()
     }
 
     /// Counts a request of `tenant` refused by its budget `limit`.

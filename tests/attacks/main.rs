@@ -11,6 +11,7 @@ mod cors_admin;
 mod event_id;
 mod fields;
 mod idle_connections;
+mod rapid_reset;
 mod reasoning;
 mod silent_reader;
 mod silent_tokens;

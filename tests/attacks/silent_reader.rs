@@ -410,9 +410,11 @@ async fn complete_answers_on_a_shut_http2_window_do_not_hold_the_connection() {
     })
     .await;
     let chat = json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 5});
-    let (conn, unread) =
-        shut_window_connection(&h, &[("/v1/models", None), ("/v1/chat/completions", Some(chat))])
-            .await;
+    let (conn, unread) = shut_window_connection(
+        &h,
+        &[("/v1/models", None), ("/v1/chat/completions", Some(chat))],
+    )
+    .await;
     within(60, "the connection is closed", || conn.is_finished()).await;
     within(60, "nothing held", || {
         h.idle() && h.gw.state.metrics().requests_in_flight().get() == 0
