@@ -101,6 +101,15 @@ struct Inner {
     installed: tokio::sync::watch::Sender<u64>,
 }
 
+/// What the key file's watcher saw: the (modification time, length) put in force, and a new
+/// one waiting to stay unchanged for a look.
+#[derive(Debug, Default)]
+struct KeyFileLook {
+    started: bool,
+    installed: Option<(SystemTime, u64)>,
+    pending: Option<(SystemTime, u64)>,
+}
+
 impl Auth {
     /// Keys from `config` (and its key file, re-read every `config.reload` until `stop`).
     pub fn start(config: &AuthConfig, stop: CancellationToken) -> Self {
@@ -122,7 +131,8 @@ impl Auth {
             ttl: config.token_ttl,
             installed: tokio::sync::watch::Sender::new(0),
         }));
-        let mut modified = auth.reload(None);
+        let mut look = KeyFileLook::default();
+        auth.reload(&mut look);
         if config.enabled && auth.0.file.is_some() {
             let (auth, every) = (auth.clone(), config.reload);
             tokio::spawn(async move {
@@ -131,31 +141,47 @@ impl Auth {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(every) => {}
                     }
-                    modified = auth.reload(modified);
+                    auth.reload(&mut look);
                 }
             });
         }
         auth
     }
 
-    /// Re-reads the key file when its modification time or length is not `seen`; returns what
-    /// it saw. A file that cannot be read or parsed keeps the keys in force (logged, never its
-    /// text).
-    fn reload(&self, seen: Option<(SystemTime, u64)>) -> Option<(SystemTime, u64)> {
+    /// Re-reads the key file once it changed (its modification time or length) and then stayed
+    /// the same for one more look, so a file being written in place (truncated, then written)
+    /// is never put in force half-written; the first look at start reads it at once. A file that
+    /// cannot be read or parsed, or one that would leave no key in force at all, keeps the keys
+    /// in force (logged, never its text).
+    fn reload(&self, look: &mut KeyFileLook) {
         let Some(path) = &self.0.file else {
             self.install(Vec::new());
-            return None;
+            return;
         };
-        let modified = std::fs::metadata(path)
+        let stamp = std::fs::metadata(path)
             .and_then(|m| Ok((m.modified()?, m.len())))
             .ok();
-        if modified.is_some() && modified == seen {
-            return seen;
+        let first = !look.started;
+        look.started = true;
+        if stamp.is_some() && stamp == look.installed {
+            return;
         }
+        if !first && stamp != look.pending {
+            // Changed since the last look: wait one more, unchanged.
+            look.pending = stamp;
+            return;
+        }
+        look.installed = stamp;
         match std::fs::read_to_string(path).map_err(|e| e.kind().to_string()) {
             Ok(text) => match parse_keys(&text).and_then(|keys| {
                 one_tenant_per_key(self.0.config_keys.iter().chain(&keys)).map(|()| keys)
             }) {
+                Ok(keys) if !first && keys.is_empty() && self.0.config_keys.is_empty() => {
+                    tracing::warn!(
+                        "the key file has no key, which would refuse every client; keeping the \
+                         keys in force (turn [auth] off, or leave one key, to mean it)"
+                    )
+                }
                 Ok(keys) => {
                     let n = keys.len();
                     self.install(keys);
@@ -169,7 +195,6 @@ impl Auth {
                 tracing::warn!(error = %e, "the key file cannot be read; keeping the keys in force")
             }
         }
-        modified
     }
 
     fn install(&self, file_keys: Vec<KeyEntry>) {
@@ -272,14 +297,25 @@ impl Credential {
     }
 }
 
-/// The bearer key of `headers`, if any.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?
-        .strip_prefix("Bearer ")
-        .map(str::trim)
+/// The bearer key of `headers`, if it has an `Authorization` header (its scheme in any case,
+/// as HTTP has it); `Err` with what is wrong for a header that cannot be read as one key: two
+/// of them (which one counts would be a guess), bytes that are not text, another scheme.
+fn bearer(headers: &HeaderMap) -> Result<Option<&str>, &'static str> {
+    let mut all = headers.get_all(header::AUTHORIZATION).iter();
+    let Some(value) = all.next() else {
+        return Ok(None);
+    };
+    if all.next().is_some() {
+        return Err("send one Authorization header, not several");
+    }
+    const FORM: &str = "the Authorization header must be: Bearer <key>";
+    let value = value.to_str().map_err(|_| FORM)?;
+    match value.trim().split_once(' ') {
+        Some((scheme, key)) if scheme.eq_ignore_ascii_case("bearer") && !key.trim().is_empty() => {
+            Ok(Some(key.trim()))
+        }
+        _ => Err(FORM),
+    }
 }
 
 /// `uri` without its `token` query parameter, and that parameter.
@@ -318,7 +354,11 @@ pub async fn require(State(auth): State<Auth>, mut req: Request, next: Next) -> 
     }
     let (uri, token) = take_token(req.uri());
     *req.uri_mut() = uri;
-    let tenant = match (bearer(req.headers()), token) {
+    let key = match bearer(req.headers()) {
+        Ok(key) => key,
+        Err(why) => return GatewayError::Unauthorized(why).into_response(),
+    };
+    let tenant = match (key, token) {
         (Some(key), _) => auth
             .key(key)
             .map(|(tenant, id)| (tenant, Credential::Key(id)))
@@ -431,3 +471,7 @@ pub async fn token(
         .into_response(),
     }
 }
+
+#[cfg(test)]
+#[path = "auth_tests.rs"]
+mod tests;

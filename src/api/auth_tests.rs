@@ -1,0 +1,99 @@
+use std::time::Duration;
+
+use axum::http::{header, HeaderMap, HeaderValue};
+use tokio_util::sync::CancellationToken;
+
+use super::*;
+use crate::config::Config;
+
+/// A key file at a fresh path holding `text`.
+fn key_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tg-auth-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("keys");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn line(key: &str, tenant: &str) -> String {
+    format!("{} {tenant}\n", sha256_hex(key.as_bytes()))
+}
+
+/// Writes `text` as a change the watcher can tell (a new length, or a new modification time).
+fn rewrite(path: &std::path::Path, text: &str) {
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(path, text).unwrap();
+}
+
+#[tokio::test]
+async fn a_key_file_is_put_in_force_only_once_it_stayed_the_same_for_a_look() {
+    let path = key_file("settle", &(line("key-a", "a") + &line("key-b", "b")));
+    let mut config = Config::default().auth;
+    config.enabled = true;
+    config.keys_file = Some(path.clone());
+    // Looks are made here, one by one: the background watcher sleeps for an hour.
+    config.reload = Duration::from_secs(3_600);
+    let stop = CancellationToken::new();
+    let auth = Auth::start(&config, stop.clone());
+    let mut look = KeyFileLook::default();
+    auth.reload(&mut look);
+    assert!(auth.key("key-a").is_some() && auth.key("key-b").is_some());
+    // Written in place: first only its first line (a look comes in the middle)...
+    rewrite(&path, &line("key-a", "a"));
+    auth.reload(&mut look);
+    assert!(
+        auth.key("key-b").is_some(),
+        "a file that just changed waits a look"
+    );
+    // ...then whole again, a new change: waits again, then stays and is put in force.
+    rewrite(
+        &path,
+        &(line("key-a", "a") + &line("key-b", "b") + &line("key-c", "c")),
+    );
+    auth.reload(&mut look);
+    assert!(auth.key("key-c").is_none());
+    auth.reload(&mut look);
+    assert!(auth.key("key-a").is_some() && auth.key("key-b").is_some());
+    assert!(auth.key("key-c").is_some());
+    // A removed line, once it stayed: revoked.
+    rewrite(&path, &line("key-a", "a"));
+    auth.reload(&mut look);
+    auth.reload(&mut look);
+    assert!(auth.key("key-b").is_none() && auth.key("key-a").is_some());
+    // A file left with no key (emptied, or truncated by a slow writer) would refuse every
+    // client: the keys in force stay.
+    rewrite(&path, "");
+    auth.reload(&mut look);
+    auth.reload(&mut look);
+    assert!(
+        auth.key("key-a").is_some(),
+        "an empty key file locks nobody out"
+    );
+    stop.cancel();
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+#[test]
+fn one_bearer_key_in_any_case_of_its_scheme() {
+    let headers = |values: &[&[u8]]| {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(header::AUTHORIZATION, HeaderValue::from_bytes(v).unwrap());
+        }
+        h
+    };
+    assert_eq!(bearer(&HeaderMap::new()), Ok(None));
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let h = headers(&[format!("{scheme} sk-1 ").as_bytes()]);
+        assert_eq!(bearer(&h), Ok(Some("sk-1")), "{scheme}");
+    }
+    for bad in [
+        &[b"Basic dXNlcg==".as_slice()][..],
+        &[b"Bearer"],
+        &[b"Bearer   "],
+        &[b"Bearer \xff\xfe"],
+        &[b"Bearer sk-1", b"Bearer sk-2"],
+    ] {
+        assert!(bearer(&headers(bad)).is_err(), "{bad:?}");
+    }
+}
