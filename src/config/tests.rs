@@ -545,6 +545,20 @@ fn tls_everywhere_is_built_in_and_ca_files_are_checked() {
     assert!(issues
         .iter()
         .any(|i| i.starts_with("upstream.ca_file holds no PEM certificate")));
+    // vLLM's CA with an http:// vLLM: nothing would be checked, prompts and key in the clear.
+    let issues = issues_of(&format!(
+        "{MINIMAL}[upstream]\nbase_url = \"http://vllm:8000\"\nca_file = \"{ca}\"\n"
+    ));
+    assert!(
+        issues
+            .iter()
+            .any(|i| i.starts_with("upstream.ca_file needs an https://")),
+        "{issues:#?}"
+    );
+    Config::from_toml_str(&format!(
+        "{MINIMAL}[upstream]\nbase_url = \"https://vllm:8000\"\nca_file = \"{ca}\"\n"
+    ))
+    .unwrap();
 }
 
 #[test]

@@ -296,6 +296,20 @@ pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
             c.fail(path, "must be <= upstream.total_timeout_ms");
         }
     }
+    let ca_pem = ca_pem(c, "upstream.ca_file", raw.ca_file);
+    let abort = abort(c, raw.abort);
+    // A CA file checks a TLS peer: with none the operator believes prompts and the API key are
+    // protected that go in the clear.
+    let tls = replicas.iter().any(|r| r.url.starts_with("https://"))
+        || (replicas.is_empty() && base_url.starts_with("https://"))
+        || abort.url_template.starts_with("https://");
+    if ca_pem.is_some() && !tls {
+        c.fail(
+            "upstream.ca_file",
+            "needs an https:// upstream.base_url (or replica, or abort URL): with http:// \
+             nothing is checked and everything goes in the clear",
+        );
+    }
     UpstreamConfig {
         base_url: base_url.trim_end_matches('/').to_owned(),
         model,
@@ -306,8 +320,8 @@ pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
         total_timeout: total,
         health_cache: Duration::from_millis(raw.health_cache_ms.unwrap_or(HEALTH_CACHE_MS)),
         api_key: api_key(c, raw.api_key_env, raw.api_key_file),
-        ca_pem: ca_pem(c, "upstream.ca_file", raw.ca_file),
-        abort: abort(c, raw.abort),
+        ca_pem,
+        abort,
         replicas,
         routing: replicas::routing(c, raw.routing),
     }
