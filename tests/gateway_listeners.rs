@@ -145,3 +145,44 @@ async fn tls_on_the_public_listener_and_a_renewed_certificate_is_served_without_
     h.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Over `server.max_connections` a TLS listener closes the connection without an answer: a
+/// plain-text 503 would reach a TLS client as a broken handshake. Counted all the same.
+#[tokio::test]
+async fn a_tls_connection_over_the_limit_is_closed_without_plain_text() {
+    use tokio::io::AsyncReadExt;
+    let h = harness(FAST, |c| {
+        c.server.tls = Some((fixture("server.pem"), fixture("server.key")));
+        c.server.max_connections = 1;
+    })
+    .await;
+    let addr = h.gw.addr;
+    // The only seat, held by a connection that has not finished its handshake.
+    let held = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut refused = 0.0;
+    for _ in 0..100 {
+        let mut second = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut got = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(30), second.read_to_end(&mut got))
+            .await
+            .expect("closed, not left open");
+        assert!(
+            read.is_err() || got.is_empty(),
+            "nothing in plain text: {}",
+            String::from_utf8_lossy(&got)
+        );
+        refused = tutor_testkit::metric(
+            &h.gw
+                .state
+                .metrics()
+                .render(&h.gw.state.admission().snapshot()),
+            r#"tutor_gateway_refused_total{limit="connections"}"#,
+        );
+        if refused >= 1.0 {
+            break;
+        }
+    }
+    assert!(refused >= 1.0, "the refusal is counted");
+    drop(held);
+    h.shutdown().await;
+}

@@ -174,7 +174,10 @@ pub async fn serve(
         }
         let Ok(seat) = Arc::clone(&open).try_acquire_owned() else {
             metrics.refused("connections");
-            conns.spawn(refuse(tcp));
+            // A TLS client would read a plain-text answer as a broken handshake: closed.
+            if tls.is_none() {
+                conns.spawn(refuse(tcp));
+            }
             continue;
         };
         let (builder, router, metrics) = (builder.clone(), router.clone(), metrics.clone());

@@ -29,9 +29,15 @@ impl std::fmt::Debug for TlsFront {
     }
 }
 
-/// The files' modification times, to notice a change.
-fn stamp(cert: &Path, key: &Path) -> Option<(SystemTime, SystemTime)> {
-    let m = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+/// The files' modification times and lengths, to notice a change.
+fn stamp(cert: &Path, key: &Path) -> Option<((SystemTime, u64), (SystemTime, u64))> {
+    // The length too: a file truncated and written again within one tick of the file
+    // system's clock keeps its modification time.
+    let m = |p: &Path| {
+        std::fs::metadata(p)
+            .and_then(|m| Ok((m.modified()?, m.len())))
+            .ok()
+    };
     Some((m(cert)?, m(key)?))
 }
 
@@ -72,10 +78,12 @@ impl TlsFront {
                 if now.is_none() || now == seen {
                     continue;
                 }
+                // Tried once per change of either file (a pair replaced one file at a time is
+                // tried again when the second one lands), not logged at every look.
+                seen = now;
                 match load(&cert, &key) {
                     Ok(acceptor) => {
                         *swap.acceptor.write().unwrap_or_else(|e| e.into_inner()) = acceptor;
-                        seen = now;
                         tracing::info!("TLS certificate reloaded");
                     }
                     Err(e) => {
