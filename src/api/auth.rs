@@ -210,17 +210,18 @@ impl Auth {
         self.0.installed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// Whether the key with id `id` is in force.
-    fn in_force(&self, id: &str) -> bool {
+    /// Whether the key with id `id` is in force, still for `tenant`.
+    fn in_force(&self, id: &str, tenant: &str) -> bool {
         let key_ids = self.0.key_ids.read().unwrap_or_else(|e| e.into_inner());
-        key_ids.contains_key(id)
+        key_ids.get(id).is_some_and(|t| t == tenant)
     }
 
-    /// Resolves once the key with id `id` is no longer in force (never, while it is).
-    async fn revoked(self, id: String) {
+    /// Resolves once the key with id `id` is no longer in force for `tenant` (never, while it
+    /// is): removed, or moved to another tenant (whose requests these are not).
+    async fn revoked(self, id: String, tenant: String) {
         let mut installed = self.0.installed.subscribe();
         loop {
-            if !self.in_force(&id) {
+            if !self.in_force(&id, &tenant) {
                 return;
             }
             if installed.changed().await.is_err() {
@@ -382,15 +383,15 @@ pub async fn require(State(auth): State<Auth>, mut req: Request, next: Next) -> 
             } else {
                 RevokedEvent::Gateway
             };
-            req.extensions_mut().insert(Tenant(tenant));
+            req.extensions_mut().insert(Tenant(tenant.clone()));
             req.extensions_mut().insert(credential);
             // Until the key is revoked: a request still waiting for its answer gets 401.
-            let revoked = auth.clone().revoked(id.clone());
+            let revoked = auth.clone().revoked(id.clone(), tenant.clone());
             let resp = tokio::select! {
                 resp = next.run(req) => resp,
                 () = revoked => return GatewayError::Unauthorized(REVOKED).into_response(),
             };
-            until_revoked(resp, auth, id, events)
+            until_revoked(resp, auth, (id, tenant), events)
         }
         Err(why) => GatewayError::Unauthorized(why).into_response(),
     }
@@ -408,10 +409,15 @@ enum RevokedEvent {
     Gateway,
 }
 
-/// `resp`, whose body (a stream) ends when the key with id `id` is revoked: for an event
+/// `resp`, whose body (a stream) ends when the key with id `id` is revoked (for `tenant`): for an event
 /// stream, after one last event saying so. Dropping the body stops the request's work (the
 /// relay sees its client go: the engine's work is aborted, the seat given back).
-fn until_revoked(resp: Response, auth: Auth, id: String, events: RevokedEvent) -> Response {
+fn until_revoked(
+    resp: Response,
+    auth: Auth,
+    (id, tenant): (String, String),
+    events: RevokedEvent,
+) -> Response {
     if axum::body::HttpBody::size_hint(resp.body())
         .exact()
         .is_some()
@@ -435,7 +441,7 @@ fn until_revoked(resp: Response, auth: Auth, id: String, events: RevokedEvent) -
         }
     });
     let revoked = async move {
-        auth.revoked(id).await;
+        auth.revoked(id, tenant).await;
         tracing::info!("a stream ended: its API key was revoked");
     };
     resp.map(|body| {
