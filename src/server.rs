@@ -138,6 +138,9 @@ pub fn serve_state(
     crate::pipeline::reload::watch(state.clone(), stop.clone());
     crate::autopilot::start(state.clone(), stop.clone(), &tasks);
     let auth = crate::api::auth::Auth::start(&state.config().auth, stop.clone());
+    if state.config().auth.enabled {
+        jobs.set_keys(std::sync::Arc::new(auth.clone()));
+    }
     let router = drained(app(state.clone(), jobs, auth), &drain);
     let public = accept::Shutdown {
         stop: stop.clone(),

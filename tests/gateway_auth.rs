@@ -273,3 +273,78 @@ async fn tenants_take_turns_in_the_job_queue() {
     .await;
     h.shutdown().await;
 }
+
+/// A job lives longer than the request that submitted it: when its key is revoked, the
+/// running one stops (its engine work aborted, its seat back) and a queued one never starts,
+/// both failed with `invalid_api_key`; a job of another key of the same tenant goes on.
+#[tokio::test]
+async fn a_revoked_keys_jobs_stop_and_never_start() {
+    const SECOND: &str = "sk-tutor-school-2-second-key";
+    let file = KeyFile::new(&format!(
+        "{} school-2\n{} school-2\n",
+        sha256(OTHER),
+        sha256(SECOND)
+    ));
+    let path = file.0.clone();
+    let slow = flags("--speed 1 --profile tiny-test --mean-output-tokens 1000000");
+    let h = harness(&slow, |c| {
+        c.auth.enabled = true;
+        c.auth.keys_file = Some(path);
+        c.auth.reload = Duration::from_millis(20);
+        // One job at a time (the large lane's one seat, no other lane's): the others wait.
+        set_lane(c, tutor_gateway::lane::Lane::Large, 1);
+        c.jobs.preempt = false;
+    })
+    .await;
+    let submit = |key: &'static str, tokens: u32| {
+        let req = client()
+            .post(h.url("/jobs"))
+            .bearer_auth(key)
+            .json(&json!({"prompt": "review my repository", "max_output_tokens": tokens}));
+        async move {
+            let resp = send(req).await;
+            assert_eq!(resp.status(), 202);
+            read_json(resp).await["id"].as_str().unwrap().to_owned()
+        }
+    };
+    // Read with the tenant's other key (the revoked one reads nothing any more).
+    let status = |id: String| {
+        let req = client()
+            .get(h.url(&format!("/jobs/{id}")))
+            .bearer_auth(SECOND);
+        async move { read_json(send(req).await).await }
+    };
+    let running = submit(OTHER, 4_000).await;
+    tutor_testkit::eventually("the first job runs", || async {
+        status(running.clone()).await["status"] == "running"
+    })
+    .await;
+    let queued = submit(OTHER, 5).await;
+    let kept = submit(SECOND, 5).await;
+    assert_eq!(status(queued.clone()).await["status"], "queued");
+    // Revoke OTHER: the file without its line.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&file.0, format!("{} school-2\n", sha256(SECOND))).unwrap();
+    for id in [&running, &queued] {
+        tutor_testkit::eventually("the revoked key's job ends", || async {
+            status(id.clone()).await["status"] == "failed"
+        })
+        .await;
+        let v = status(id.clone()).await;
+        assert_eq!(v["error"]["code"], "invalid_api_key", "{v}");
+    }
+    tutor_testkit::eventually("the other key's job is done", || async {
+        status(kept.clone()).await["status"] == "done"
+    })
+    .await;
+    eventually("the engine runs nothing", || {
+        h.sim.engine.snapshot().running == 0
+    })
+    .await;
+    assert!(
+        h.sim_aborted() >= 1,
+        "the running job's engine work was aborted"
+    );
+    eventually("every seat and token back", || h.idle()).await;
+    h.shutdown().await;
+}

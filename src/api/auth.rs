@@ -280,6 +280,16 @@ impl Auth {
     }
 }
 
+impl crate::pipeline::tenant::KeysInForce for Auth {
+    fn in_force(&self, key_id: &str, tenant: &str) -> bool {
+        Auth::in_force(self, key_id, tenant)
+    }
+
+    fn revoked(&self, key_id: &str, tenant: &str) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(self.clone().revoked(key_id.to_owned(), tenant.to_owned()))
+    }
+}
+
 /// How a request proved who it is; in the request's extensions next to [`Tenant`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Credential {
@@ -387,8 +397,10 @@ pub async fn require(State(auth): State<Auth>, mut req: Request, next: Next) -> 
             req.extensions_mut().insert(credential);
             // Until the key is revoked: a request still waiting for its answer gets 401.
             let revoked = auth.clone().revoked(id.clone(), tenant.clone());
+            // The key this request came with, for the work that outlives it (a job).
+            let handled = crate::pipeline::tenant::with_caller_key(id.clone(), next.run(req));
             let resp = tokio::select! {
-                resp = next.run(req) => resp,
+                resp = handled => resp,
                 () = revoked => return GatewayError::Unauthorized(REVOKED).into_response(),
             };
             until_revoked(resp, auth, (id, tenant), events)

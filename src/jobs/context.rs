@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::JobsConfig;
+use crate::pipeline::tenant::KeysInForce;
 use crate::pipeline::AppState;
 use crate::telemetry::JobMetrics;
 
@@ -32,6 +33,9 @@ pub struct Context {
     /// Pre-empted jobs waiting for a seat to resume: while any does, the scheduler starts no
     /// queued job (a resumed job goes first).
     pub resuming: AtomicUsize,
+    /// The API keys in force (`[auth]`, set once at start): a job whose key was revoked does
+    /// not start, and a running one ends.
+    pub keys: std::sync::OnceLock<std::sync::Arc<dyn KeysInForce>>,
 }
 
 impl Context {

@@ -77,11 +77,33 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
         mut run,
     } = claim;
     ctx.metrics().waited(waited);
-    let mut cancelled = run.cancelled();
+    let run_cancelled = run.cancelled();
     let mut lost = run.lost();
+    // The key that submitted it (`[auth]`), once the job is read.
+    let mut key = None;
     let outcome = match run.work().await {
         Err(ended) => Some(ended),
-        Ok((ready, record)) => 'run: {
+        Ok((ready, mut record)) => 'run: {
+            key = submitted_by(&ctx, &ready);
+            if let Some((keys, id, tenant)) = &key {
+                if !keys.in_force(id, tenant) {
+                    record.finish(
+                        crate::telemetry::Outcome::Cancelled,
+                        Some(KEY_REVOKED.0),
+                        None,
+                    );
+                    break 'run Some(Ended::Failed(KEY_REVOKED.0, KEY_REVOKED.1.into()));
+                }
+            }
+            // A revoked key ends the job as a cancel does (its stream dropped, the engine's
+            // work aborted); told apart below.
+            let revoked = match &key {
+                Some((keys, id, tenant)) => keys.revoked(id, tenant),
+                None => Box::pin(std::future::pending()),
+            };
+            let mut cancelled = Box::pin(async move {
+                futures::future::select(run_cancelled, revoked).await;
+            });
             // What a continuation is built from.
             let resume = Resume {
                 stored: ready.stored(),
@@ -179,7 +201,38 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
             }
         }
     };
+    let outcome = match outcome {
+        Some(Ended::Cancelled)
+            if key
+                .as_ref()
+                .is_some_and(|(keys, id, tenant)| !keys.in_force(id, tenant)) =>
+        {
+            Some(Ended::Failed(KEY_REVOKED.0, KEY_REVOKED.1.into()))
+        }
+        other => other,
+    };
     run.finish(outcome).await;
+}
+
+/// How a job whose key was revoked ends: `(code, message)`.
+const KEY_REVOKED: (&str, &str) = (
+    "invalid_api_key",
+    "the API key that submitted this job was revoked",
+);
+
+/// The keys in force, and the key and tenant `ready` came with, when `[auth]` knows them.
+fn submitted_by(
+    ctx: &Context,
+    ready: &Ready,
+) -> Option<(
+    Arc<dyn crate::pipeline::tenant::KeysInForce>,
+    String,
+    String,
+)> {
+    let keys = ctx.keys.get()?;
+    let id = ready.key_id()?;
+    let tenant = ready.tenant()?;
+    Some((Arc::clone(keys), id.to_owned(), tenant.0.clone()))
 }
 
 /// What a pre-emptible run's continuations are built from: the request as first sent, and the

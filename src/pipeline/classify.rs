@@ -39,6 +39,8 @@ pub struct Ready {
     pub(super) budget: Option<BudgetHold>,
     /// Whose request it is.
     pub(super) tenant: Option<Tenant>,
+    /// The id of the API key it came with (`[auth]`): a job ends when that key is revoked.
+    pub(super) key_id: Option<String>,
     /// The replica routing key: the prefix fingerprint of a prompt with a stable prefix.
     pub(super) affinity: Option<String>,
     /// The `focus` object of the `/answer` `meta` event (M11).
@@ -58,6 +60,11 @@ impl Ready {
     /// Whose request it is.
     pub fn tenant(&self) -> Option<&Tenant> {
         self.tenant.as_ref()
+    }
+
+    /// The id of the API key it came with (`[auth]`).
+    pub fn key_id(&self) -> Option<&str> {
+        self.key_id.as_deref()
     }
 
     /// What a job in a shared store keeps of it, so that any replica can send it: the engine's
@@ -81,6 +88,7 @@ impl Ready {
             "prefill": self.prefill,
             "size": self.size,
             "tenant": self.tenant.as_ref().map(|t| &t.0),
+            "key_id": self.key_id,
             "affinity": self.affinity,
         })
     }
@@ -109,6 +117,7 @@ impl Ready {
             hold: None,
             budget: None,
             tenant: v["tenant"].as_str().map(|t| Tenant(t.to_owned())),
+            key_id: v["key_id"].as_str().map(str::to_owned),
             affinity: v["affinity"].as_str().map(str::to_owned),
             focus: None,
             deadline: None,
@@ -340,6 +349,8 @@ pub async fn classify(
         size,
         hold,
         budget,
+        // Read here, in the request's own task (the auth layer's scope).
+        key_id: tenant.as_ref().and(super::tenant::caller_key()),
         tenant,
         affinity,
         focus: focus.map(|f| f.meta()),

@@ -1,11 +1,37 @@
 //! [`Tenant`]: whose request it is, and [`TenantSlots`]: how many of something (requests in
-//! flight, job event streams) each tenant holds at once.
+//! flight, job event streams) each tenant holds at once. Also the API key a request came with
+//! ([`caller_key`]) and [`KeysInForce`], for work that outlives its request (a job) and must
+//! end when that key is revoked.
 
 // The request path: a client's number never wraps (checked or saturating arithmetic only).
 #![deny(clippy::arithmetic_side_effects)]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+
+tokio::task_local! {
+    /// The id of the API key the request being handled came with (`[auth]`).
+    static CALLER_KEY: String;
+}
+
+/// Runs `f` (a request's handling) as the request of the key with id `key_id`.
+pub async fn with_caller_key<F: std::future::Future>(key_id: String, f: F) -> F::Output {
+    CALLER_KEY.scope(key_id, f).await
+}
+
+/// The id of the API key the request being handled came with, inside [`with_caller_key`]
+/// (`None` without `[auth]`).
+pub fn caller_key() -> Option<String> {
+    CALLER_KEY.try_with(Clone::clone).ok()
+}
+
+/// The keys in force (`[auth]`), as work that outlives its request sees them.
+pub trait KeysInForce: Send + Sync + std::fmt::Debug {
+    /// Whether the key with id `key_id` is in force, for `tenant`.
+    fn in_force(&self, key_id: &str, tenant: &str) -> bool;
+    /// Resolves once it is not (never, while it is).
+    fn revoked(&self, key_id: &str, tenant: &str) -> futures::future::BoxFuture<'static, ()>;
+}
 
 /// The tenant a request's API key belongs to (`[auth]`); set by the auth layer.
 #[derive(Debug, Clone, PartialEq, Eq)]
