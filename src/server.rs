@@ -133,14 +133,16 @@ pub fn serve_state(
     let stop = CancellationToken::new();
     let admin_stop = CancellationToken::new();
     let drain = Drain::new();
-    let jobs = Jobs::start(state.clone(), stop.clone(), tasks.clone());
+    // The keys first: the job scheduler must know them from its first job on.
+    let auth = crate::api::auth::Auth::start(&state.config().auth, stop.clone());
+    let keys = state.config().auth.enabled.then(|| {
+        std::sync::Arc::new(auth.clone())
+            as std::sync::Arc<dyn crate::pipeline::tenant::KeysInForce>
+    });
+    let jobs = Jobs::start(state.clone(), stop.clone(), tasks.clone(), keys);
     watch_capacity(&state, stop.clone());
     crate::pipeline::reload::watch(state.clone(), stop.clone());
     crate::autopilot::start(state.clone(), stop.clone(), &tasks);
-    let auth = crate::api::auth::Auth::start(&state.config().auth, stop.clone());
-    if state.config().auth.enabled {
-        jobs.set_keys(std::sync::Arc::new(auth.clone()));
-    }
     let router = drained(app(state.clone(), jobs, auth), &drain);
     let public = accept::Shutdown {
         stop: stop.clone(),

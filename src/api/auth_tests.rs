@@ -100,7 +100,7 @@ fn one_bearer_key_in_any_case_of_its_scheme() {
 
 #[tokio::test]
 async fn a_key_moved_to_another_tenant_is_revoked_for_the_first() {
-    let path = key_file("moved", &line("key-a", "school-1"));
+    let path = key_file("moved", &line("key-a", "school-one"));
     let mut config = Config::default().auth;
     config.enabled = true;
     config.keys_file = Some(path.clone());
@@ -108,9 +108,9 @@ async fn a_key_moved_to_another_tenant_is_revoked_for_the_first() {
     let stop = CancellationToken::new();
     let auth = Auth::start(&config, stop.clone());
     let id = key_id(&sha256_hex(b"key-a"));
-    assert!(auth.in_force(&id, "school-1"));
-    // The requests in flight for school-1 end; the key now speaks for school-2.
-    let revoked = tokio::spawn(auth.clone().revoked(id.clone(), "school-1".into()));
+    assert!(auth.in_force(&id, "school-one"));
+    // The requests in flight for school-one end; the key now speaks for school-2.
+    let revoked = tokio::spawn(auth.clone().revoked(id.clone(), "school-one".into()));
     let mut look = KeyFileLook::default();
     auth.reload(&mut look);
     rewrite(&path, &line("key-a", "school-2"));
@@ -118,9 +118,9 @@ async fn a_key_moved_to_another_tenant_is_revoked_for_the_first() {
     auth.reload(&mut look);
     tokio::time::timeout(Duration::from_secs(30), revoked)
         .await
-        .expect("school-1's requests are told")
+        .expect("school-one's requests are told")
         .unwrap();
-    assert!(!auth.in_force(&id, "school-1") && auth.in_force(&id, "school-2"));
+    assert!(!auth.in_force(&id, "school-one") && auth.in_force(&id, "school-2"));
     stop.cancel();
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }

@@ -16,6 +16,10 @@ use super::secret::Secret;
 const TOKEN_TTL_MS: u64 = 300_000;
 /// Default `auth.reload_ms`.
 const RELOAD_MS: u64 = 1_000;
+/// Most `auth.reload_ms`: a removed key's revocation waits up to twice this.
+const MAX_RELOAD_MS: u64 = 60_000;
+/// Most `auth.token_ttl_ms` (a day): a leaked token is good until it expires or its key goes.
+const MAX_TOKEN_TTL_MS: u64 = 86_400_000;
 /// The environment variable that may hold the token signing secret.
 pub const TOKEN_SECRET_ENV: &str = "TUTOR_GATEWAY_TOKEN_SECRET";
 
@@ -279,6 +283,22 @@ pub(super) fn validate(c: &mut Checker, raw: RawAuth) -> AuthConfig {
             },
         );
     }
+    let token_ttl = c.ms("auth.token_ttl_ms", raw.token_ttl_ms, TOKEN_TTL_MS);
+    if token_ttl > Duration::from_millis(MAX_TOKEN_TTL_MS) {
+        c.fail(
+            "auth.token_ttl_ms",
+            format!("must be at most {MAX_TOKEN_TTL_MS} (a day)"),
+        );
+    }
+    let reload = c.ms("auth.reload_ms", raw.reload_ms, RELOAD_MS);
+    if reload > Duration::from_millis(MAX_RELOAD_MS) {
+        c.fail(
+            "auth.reload_ms",
+            format!(
+                "must be at most {MAX_RELOAD_MS}: a removed key stays in force for up to twice this"
+            ),
+        );
+    }
     AuthConfig {
         tenants,
         tenant_shares,
@@ -287,8 +307,8 @@ pub(super) fn validate(c: &mut Checker, raw: RawAuth) -> AuthConfig {
         enabled,
         keys,
         keys_file,
-        token_ttl: c.ms("auth.token_ttl_ms", raw.token_ttl_ms, TOKEN_TTL_MS),
-        reload: c.ms("auth.reload_ms", raw.reload_ms, RELOAD_MS),
+        token_ttl,
+        reload,
         token_secret,
     }
 }

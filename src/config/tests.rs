@@ -851,6 +851,19 @@ fn reservations_fit_the_seats() {
         ),
         "{share:#?}"
     );
+    // A key removed from the file must not stay in force for hours, nor a token live for weeks.
+    let auth = issues_of(
+        "[classify]\ntokenizer = \"heuristic\"\n[auth]\nreload_ms = 3600000\n\
+         token_ttl_ms = 2592000000\n",
+    );
+    assert!(
+        auth.iter()
+            .any(|i| i.starts_with("auth.reload_ms must be at most 60000"))
+            && auth
+                .iter()
+                .any(|i| i.starts_with("auth.token_ttl_ms must be at most 86400000")),
+        "{auth:#?}"
+    );
     // 0, the default: a quarter of the labels, at least one.
     assert_eq!(
         Config::default().prefix_cache.fingerprint_labels_per_tenant,

@@ -33,9 +33,9 @@ pub struct Context {
     /// Pre-empted jobs waiting for a seat to resume: while any does, the scheduler starts no
     /// queued job (a resumed job goes first).
     pub resuming: AtomicUsize,
-    /// The API keys in force (`[auth]`, set once at start): a job whose key was revoked does
-    /// not start, and a running one ends.
-    pub keys: std::sync::OnceLock<std::sync::Arc<dyn KeysInForce>>,
+    /// The API keys in force (`[auth]`): a job whose key was revoked does not start, and a
+    /// running one ends.
+    pub keys: Option<std::sync::Arc<dyn KeysInForce>>,
 }
 
 impl Context {

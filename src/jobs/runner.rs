@@ -79,12 +79,13 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
     ctx.metrics().waited(waited);
     let run_cancelled = run.cancelled();
     let mut lost = run.lost();
-    // The key that submitted it (`[auth]`), once the job is read.
-    let mut key = None;
+    // The key that submitted it (`[auth]`), once the job is read; whether its revocation
+    // (rather than a `DELETE`) ended the run.
+    let by_revocation = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let outcome = match run.work().await {
         Err(ended) => Some(ended),
         Ok((ready, mut record)) => 'run: {
-            key = submitted_by(&ctx, &ready);
+            let key = submitted_by(&ctx, &ready);
             if let Some((keys, id, tenant)) = &key {
                 if !keys.in_force(id, tenant) {
                     record.finish(
@@ -101,8 +102,13 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                 Some((keys, id, tenant)) => keys.revoked(id, tenant),
                 None => Box::pin(std::future::pending()),
             };
+            let revocation = Arc::clone(&by_revocation);
             let mut cancelled = Box::pin(async move {
-                futures::future::select(run_cancelled, revoked).await;
+                if let futures::future::Either::Right(_) =
+                    futures::future::select(run_cancelled, revoked).await
+                {
+                    revocation.store(true, Ordering::Relaxed);
+                }
             });
             // What a continuation is built from.
             let resume = Resume {
@@ -202,11 +208,7 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
         }
     };
     let outcome = match outcome {
-        Some(Ended::Cancelled)
-            if key
-                .as_ref()
-                .is_some_and(|(keys, id, tenant)| !keys.in_force(id, tenant)) =>
-        {
+        Some(Ended::Cancelled) if by_revocation.load(Ordering::Relaxed) => {
             Some(Ended::Failed(KEY_REVOKED.0, KEY_REVOKED.1.into()))
         }
         other => other,
@@ -229,7 +231,7 @@ fn submitted_by(
     String,
     String,
 )> {
-    let keys = ctx.keys.get()?;
+    let keys = ctx.keys.as_ref()?;
     let id = ready.key_id()?;
     let tenant = ready.tenant()?;
     Some((Arc::clone(keys), id.to_owned(), tenant.0.clone()))

@@ -50,16 +50,17 @@ struct Inner {
 }
 
 impl Jobs {
-    /// The API keys in force (`[auth]`): a job ends when the key that submitted it is revoked
-    /// (it does not start; a running one stops, its engine work aborted). Set once.
-    pub fn set_keys(&self, keys: Arc<dyn crate::pipeline::tenant::KeysInForce>) {
-        let _ = self.0.ctx.keys.set(keys);
-    }
-
     /// The service over `state`, with its scheduler and its backend's tasks running until
     /// `stop`; running jobs and webhook deliveries go on `tasks`. The backend is the quota's:
-    /// Redis when the quota is in Redis, this process otherwise.
-    pub fn start(state: AppState, stop: CancellationToken, tasks: TaskTracker) -> Self {
+    /// Redis when the quota is in Redis, this process otherwise. With `keys` (`[auth]`), a job
+    /// ends when the key that submitted it is revoked (it does not start; a running one stops,
+    /// its engine work aborted), from the first job the scheduler takes.
+    pub fn start(
+        state: AppState,
+        stop: CancellationToken,
+        tasks: TaskTracker,
+        keys: Option<Arc<dyn crate::pipeline::tenant::KeysInForce>>,
+    ) -> Self {
         let config = state.config().jobs.clone();
         let ctx = Arc::new(Context {
             http: webhook::client(&config),
@@ -69,7 +70,7 @@ impl Jobs {
             tasks,
             wake: Notify::new(),
             resuming: std::sync::atomic::AtomicUsize::new(0),
-            keys: std::sync::OnceLock::new(),
+            keys,
         });
         let (backend, shared): (Arc<dyn JobBackend>, bool) = match RedisJobs::start(&ctx) {
             Some(redis) => (Arc::new(redis), true),

@@ -77,6 +77,11 @@ impl ConnectionCloser {
     pub async fn closed(&self) {
         self.0.cancelled().await;
     }
+
+    /// Whether [`ConnectionCloser::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.0.is_cancelled()
+    }
 }
 
 /// The frame did not fit: the client is more than the buffer behind.

@@ -5,8 +5,10 @@
 //! resets more than [`MAX_RESETS`] answers in a burst (a bucket that drains [`MAX_RESETS`] every
 //! [`WINDOW`]) is closed, and counted as `tutor_gateway_refused_total{limit="stream_resets"}`.
 //!
-//! A reset is an HTTP/2 request (not `HEAD`) whose answer the server dropped before its end:
-//! the client reset the stream before or during the answer.
+//! A reset is an HTTP/2 request (not `HEAD`) whose answer the server dropped before its end
+//! within [`RAPID`] of its arrival: the client gave it up at once. A client that gives up a
+//! request it waited for (a student who leaves, a timeout) is not counted, nor are the answers
+//! dropped with a connection the gateway closes.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +22,8 @@ use crate::telemetry::Metrics;
 pub(super) const MAX_RESETS: f64 = 100.0;
 /// The bucket drains [`MAX_RESETS`] every this long.
 pub(super) const WINDOW: Duration = Duration::from_secs(10);
+/// A request given up within this long of its arrival counts as a reset.
+pub(super) const RAPID: Duration = Duration::from_secs(1);
 
 /// One connection's resets.
 #[derive(Debug, Clone)]
@@ -56,10 +60,15 @@ impl Resets {
             req.version() == hyper::Version::HTTP_2 && req.method() != hyper::Method::HEAD;
         ResetWatch {
             resets: counted.then(|| self.clone()),
+            arrived: Instant::now(),
         }
     }
 
     fn count(&self) {
+        if self.closer.is_closed() {
+            // The gateway closes the connection: its answers go with it.
+            return;
+        }
         let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         let drained = now.duration_since(b.at).as_secs_f64() * MAX_RESETS / WINDOW.as_secs_f64();
@@ -82,6 +91,7 @@ impl Resets {
 #[derive(Debug)]
 pub(super) struct ResetWatch {
     resets: Option<Resets>,
+    arrived: Instant,
 }
 
 impl ResetWatch {
@@ -94,7 +104,9 @@ impl ResetWatch {
 impl Drop for ResetWatch {
     fn drop(&mut self) {
         if let Some(resets) = self.resets.take() {
-            resets.count();
+            if self.arrived.elapsed() <= RAPID {
+                resets.count();
+            }
         }
     }
 }
@@ -123,6 +135,11 @@ mod tests {
             drop(resets.watch(&h2_request()));
             tokio::time::sleep(Duration::from_millis(111)).await;
         }
+        assert!(!closed());
+        // Given up after waiting (a student who left, a client's timeout): never counted.
+        let waited: Vec<_> = (0..1000).map(|_| resets.watch(&h2_request())).collect();
+        tokio::time::sleep(RAPID * 2).await;
+        drop(waited);
         assert!(!closed());
         // Answered ones never count; HTTP/1 and HEAD requests neither.
         for _ in 0..1000 {

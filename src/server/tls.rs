@@ -69,6 +69,9 @@ impl TlsFront {
         let swap = front.clone();
         tokio::spawn(async move {
             let mut seen = stamp(&cert, &key);
+            // The pair whose failure was logged: retried at every look (a read may fail for a
+            // moment), logged once per change.
+            let mut warned = None;
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return,
@@ -78,15 +81,15 @@ impl TlsFront {
                 if now.is_none() || now == seen {
                     continue;
                 }
-                // Tried once per change of either file (a pair replaced one file at a time is
-                // tried again when the second one lands), not logged at every look.
-                seen = now;
                 match load(&cert, &key) {
                     Ok(acceptor) => {
                         *swap.acceptor.write().unwrap_or_else(|e| e.into_inner()) = acceptor;
+                        seen = now;
                         tracing::info!("TLS certificate reloaded");
                     }
+                    Err(_) if warned == now => {}
                     Err(e) => {
+                        warned = now;
                         tracing::warn!(error = %format!("{e:#}"), "TLS certificate not reloaded; keeping the one in force")
                     }
                 }

@@ -12,44 +12,58 @@ use crate::common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_resets_request_after_request_is_closed_and_nothing_is_held() {
-    let h = harness(&flags("--speed 50 --profile tiny-test"), |_| {}).await;
+    // Answers long enough that each is still streaming when its client gives it up.
+    let h = harness(
+        &flags("--speed 1 --profile tiny-test --mean-output-tokens 1000000"),
+        |_| {},
+    )
+    .await;
     let tcp = TcpStream::connect(h.gw.addr).await.unwrap();
     let (h2c, conn) = h2::client::handshake(tcp).await.unwrap();
     let conn = tokio::spawn(conn);
-    let body = json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 50,
+    let body = json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 2000,
                       "stream": true})
     .to_string();
-    let mut sent = 0;
-    // Bounded: 5,000 at most (the gateway closes the connection after a burst of about 100;
-    // a burst outruns the bucket's drain of ten a second unless the machine is very slow).
-    for _ in 0..5_000 {
-        let Ok(mut ready) = h2c.clone().ready().await else {
-            break;
-        };
-        let req = http::Request::post(format!("http://{}/v1/chat/completions", h.gw.addr))
-            .header("content-type", "application/json")
-            .body(())
-            .unwrap();
-        let Ok((resp, mut send)) = ready.send_request(req, false) else {
-            break;
-        };
-        if send
-            .send_data(bytes::Bytes::from(body.clone()), true)
-            .is_err()
-        {
-            break;
-        }
-        // Given up as soon as it is answered: the engine has started it, and the stream is
-        // reset (the unread answer dropped). A reset sent before the server took the request
-        // is h2's own to refuse (its GOAWAY "too_many_resets"), not this one.
-        let Ok(Ok(answer)) = tokio::time::timeout(Duration::from_secs(30), resp).await else {
-            break;
-        };
-        assert_eq!(answer.status(), 200);
-        drop(answer);
-        drop(send);
-        sent += 1;
+    // Sixteen at once, each sending request after request and giving each up as soon as it is
+    // answered (the engine has started it; the unread answer dropped resets the stream; a reset
+    // sent before the server took the request is h2's own to refuse, its GOAWAY
+    // "too_many_resets", not this one). Bounded: 5,000 in all.
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..16 {
+        let (h2c, body, sent) = (h2c.clone(), body.clone(), sent.clone());
+        let url = format!("http://{}/v1/chat/completions", h.gw.addr);
+        clients.push(tokio::spawn(async move {
+            while sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < 5_000 {
+                let Ok(mut ready) = h2c.clone().ready().await else {
+                    return;
+                };
+                let req = http::Request::post(&url)
+                    .header("content-type", "application/json")
+                    .body(())
+                    .unwrap();
+                let Ok((resp, mut send)) = ready.send_request(req, false) else {
+                    return;
+                };
+                if send
+                    .send_data(bytes::Bytes::from(body.clone()), true)
+                    .is_err()
+                {
+                    return;
+                }
+                let Ok(Ok(answer)) = tokio::time::timeout(Duration::from_secs(30), resp).await
+                else {
+                    return;
+                };
+                assert_eq!(answer.status(), 200);
+                drop(answer);
+            }
+        }));
     }
+    for c in clients {
+        c.await.unwrap();
+    }
+    let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
     let closed = tokio::time::timeout(Duration::from_secs(60), conn).await;
     assert!(
         closed.is_ok(),

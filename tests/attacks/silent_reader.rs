@@ -406,13 +406,15 @@ async fn complete_answers_on_a_shut_http2_window_do_not_hold_the_connection() {
     // ever blocks. The connection (one of server.max_connections, and the answers' bytes) is
     // closed once an answer waited twice the write timeout for its client.
     let h = harness(&flags("--speed 50 --profile tiny-test"), |c| {
-        c.server.client_write_timeout = Duration::from_millis(500);
+        c.server.client_write_timeout = Duration::from_millis(2_000);
     })
     .await;
     let chat = json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 5});
+    // The chat first: once the first answer is held, the connection has twice the write timeout
+    // to live, and the chat's answer (an engine round trip) must come within it.
     let (conn, unread) = shut_window_connection(
         &h,
-        &[("/v1/models", None), ("/v1/chat/completions", Some(chat))],
+        &[("/v1/chat/completions", Some(chat)), ("/v1/models", None)],
     )
     .await;
     within(60, "the connection is closed", || conn.is_finished()).await;
