@@ -1,7 +1,8 @@
 //! Browsers (issue 17, CORS): an allowed origin's preflight and requests get the CORS headers;
 //! any other origin is refused before it reaches a lane; a cross-origin POST must be JSON;
-//! requests without an Origin (SDKs, curl) are untouched; an Origin naming the gateway's own host
-//! is judged by the list like any other.
+//! requests without an Origin (SDKs, curl) are untouched, but for another site's iframes and
+//! images (Fetch Metadata); an Origin naming the gateway's own host is judged by the list like
+//! any other.
 
 mod common;
 
@@ -163,5 +164,55 @@ async fn a_cross_origin_post_must_be_json_and_other_callers_are_untouched() {
     let own = format!("http://{}", h.gw.addr);
     let same = send(client().get(h.url("/healthz")).header("origin", own)).await;
     assert_eq!(same.status(), 403);
+    h.shutdown().await;
+}
+
+/// Browsers send no `Origin` on the GETs of an `<iframe>`, `<img>` or `no-cors` fetch: another
+/// site's page could make its visitors ask `/answer` for it. Fetch Metadata says where such a
+/// request comes from: another site's is refused before it spends anything, unless it is a tab
+/// following a link; SDKs (no `Sec-Fetch-*`) and the gateway's own pages go on. Every answer
+/// says it varies by origin and must not be sniffed; streams and tokens are never stored.
+#[tokio::test]
+async fn another_sites_iframe_cannot_spend_gpu_time_without_an_origin() {
+    let h = gateway().await;
+    let ask = |site: Option<&str>, mode: &str, dest: &str| {
+        let mut req = client().get(h.url("/answer?prompt=why&max_output_tokens=3"));
+        if let Some(site) = site {
+            req = req
+                .header("sec-fetch-site", site)
+                .header("sec-fetch-mode", mode)
+                .header("sec-fetch-dest", dest);
+        }
+        send(req)
+    };
+    for (site, mode, dest) in [
+        ("cross-site", "navigate", "iframe"),
+        ("cross-site", "no-cors", "image"),
+        ("same-site", "no-cors", "empty"),
+    ] {
+        let resp = ask(Some(site), mode, dest).await;
+        assert_eq!(resp.status(), 403, "{site} {dest}");
+        assert_eq!(header(&resp, "vary").as_deref(), Some("origin"));
+        let v = read_json(resp).await;
+        assert_eq!(v["error"]["code"], "origin_not_allowed", "{v}");
+    }
+    assert!(h.sim_requests().await.is_empty(), "the engine saw nothing");
+    // A link followed in a tab, the gateway's own page, an SDK: served.
+    for (site, mode, dest) in [
+        (Some("cross-site"), "navigate", "document"),
+        (Some("same-origin"), "cors", "empty"),
+        (Some("none"), "navigate", "document"),
+        (None, "", ""),
+    ] {
+        let resp = ask(site, mode, dest).await;
+        assert_eq!(resp.status(), 200, "{site:?} {dest}");
+        assert_eq!(header(&resp, "vary").as_deref(), Some("origin"));
+        assert_eq!(
+            header(&resp, "x-content-type-options").as_deref(),
+            Some("nosniff")
+        );
+        assert_eq!(header(&resp, "cache-control").as_deref(), Some("no-store"));
+        let _ = resp.text().await;
+    }
     h.shutdown().await;
 }

@@ -478,8 +478,15 @@ pub async fn token(
     match (tenant, credential) {
         (Some(Extension(Tenant(tenant))), Some(Extension(Credential::Key(id)))) => {
             let (token, expiry) = auth.issue(&tenant, &id);
-            axum::Json(json!({"token": token, "tenant": tenant, "expires_at_ms": expiry}))
-                .into_response()
+            let mut resp =
+                axum::Json(json!({"token": token, "tenant": tenant, "expires_at_ms": expiry}))
+                    .into_response();
+            // A bearer credential: never stored by any cache.
+            resp.headers_mut().insert(
+                header::CACHE_CONTROL,
+                axum::http::HeaderValue::from_static("no-store"),
+            );
+            resp
         }
         (Some(_), _) => GatewayError::Unauthorized(
             "a token cannot mint tokens: POST /auth/token needs Authorization: Bearer <key>",

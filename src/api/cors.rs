@@ -1,6 +1,11 @@
 //! Browsers (`server.cors_allow_origins`): which web origins may call the gateway, and CORS.
 //!
-//! - No `Origin` header (SDKs, curl, servers): the request goes on untouched.
+//! - No `Origin` header (SDKs, curl, servers): the request goes on untouched, unless the browser
+//!   says it comes from another site's page (Fetch Metadata: `Sec-Fetch-Site` `cross-site` or
+//!   `same-site`) and it is not the top-level navigation of a tab (a link followed). Browsers
+//!   send no `Origin` on the GETs of an `<iframe>`, `<img>` or `no-cors` fetch: without this any
+//!   page could spend GPU time through its visitors' browsers with hidden iframes of
+//!   `/answer?prompt=…` (403 `origin_not_allowed`). SDKs send no `Sec-Fetch-*` headers.
 //! - An allowed origin: preflights (`OPTIONS` with `Access-Control-Request-Method`) are answered
 //!   here (204, methods, headers, max age); other requests go on, and their answers carry
 //!   `Access-Control-Allow-Origin`, `Access-Control-Expose-Headers` and `Vary: Origin`. A POST
@@ -9,6 +14,9 @@
 //!   page can spend GPU time through its visitors' browsers. The decision reads the `Origin`
 //!   and the configured list only, never the `Host` header: a page on a rebound DNS name
 //!   (`evil.example` resolving to the gateway) sends a `Host` that matches its own `Origin`.
+//!
+//! Every answer carries `Vary: Origin` (a cache must not give one origin's answer to another)
+//! and `X-Content-Type-Options: nosniff`.
 
 // The request path: a client's number never wraps (checked or saturating arithmetic only).
 #![deny(clippy::arithmetic_side_effects)]
@@ -53,9 +61,33 @@ impl Cors {
     }
 }
 
+/// Whether a request without `Origin` comes from another site's page and is not a tab's
+/// top-level navigation (Fetch Metadata; requests without those headers are not browsers').
+fn from_another_sites_page(headers: &HeaderMap) -> bool {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let foreign = matches!(get("sec-fetch-site"), Some("cross-site" | "same-site"));
+    let navigation =
+        get("sec-fetch-mode") == Some("navigate") && get("sec-fetch-dest") == Some("document");
+    foreign && !navigation
+}
+
 /// The middleware.
 pub async fn cors(State(cors): State<Cors>, req: Request, next: Next) -> Response {
+    let mut resp = answer(&cors, req, next).await;
+    let h = resp.headers_mut();
+    h.append(header::VARY, HeaderValue::from_static("origin"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    resp
+}
+
+async fn answer(cors: &Cors, req: Request, next: Next) -> Response {
     let Some(origin) = req.headers().get(header::ORIGIN).cloned() else {
+        if from_another_sites_page(req.headers()) && !cors.allows("*") {
+            return GatewayError::OriginNotAllowed.into_response();
+        }
         return next.run(req).await;
     };
     let text = origin.to_str().unwrap_or_default();
@@ -90,7 +122,6 @@ pub async fn cors(State(cors): State<Cors>, req: Request, next: Next) -> Respons
         header::ACCESS_CONTROL_EXPOSE_HEADERS,
         HeaderValue::from_static(EXPOSE),
     );
-    h.append(header::VARY, HeaderValue::from_static("origin"));
     resp
 }
 

@@ -22,7 +22,9 @@ pub fn sse_response(body: Body) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream; charset=utf-8"),
     );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Never stored, by any cache: a stream is one client's answer (a ?token= stream has no
+    // Authorization header that would keep a shared cache off it).
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     resp
 }
