@@ -67,13 +67,15 @@ async fn an_engine_that_talks_past_its_finish_ends_at_the_finish() {
 #[tokio::test]
 async fn a_whole_answer_larger_than_the_model_could_write_is_refused() {
     let h = harness(
-        // Real speed: about a token a chunk (a faster engine batches tokens into fewer chunks).
-        &flags("--speed 1 --profile tiny-test --chunk-padding-bytes 900000"),
+        // A token a chunk, 50 ms apart: the engine is still writing (for 45 s) when the gateway
+        // refuses, however slowly a loaded machine reads (an engine that had finished would
+        // have nothing to abort).
+        &flags("--profile fixed --fixed-ttft-ms 1 --fixed-itl-ms 50 --chunk-padding-bytes 900000"),
         |c| c.upstream.max_model_len = 1024.try_into().unwrap(),
     )
     .await;
     // 4 MiB at most for 1,024 tokens: the fifth chunk passes it.
-    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100,
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 900,
                       "ignore_eos": true});
     let resp = within(
         "a whole answer",
