@@ -23,6 +23,7 @@
 //! | vLLM error (5xx or mid-stream: status and type only) or garbage; an answer too large | 502 | `upstream_error` |
 //! | no, an unknown or a revoked API key; a bad or expired token (`[auth]`) | 401 | `invalid_api_key` |
 //! | a browser request from an origin not in `server.cors_allow_origins` | 403 | `origin_not_allowed` |
+//! | a request whose `Host` names a host not in `server.allowed_hosts` (on a loopback listener by default: not localhost or a loopback address) | 403 | `host_not_allowed` |
 //! | a cross-origin POST that is not `application/json` | 415 | `unsupported_media_type` |
 //! | no job with that id (or forgotten after expiry) | 404 | `job_not_found` |
 //! | no route with that path | 404 | `not_found` |
@@ -106,6 +107,13 @@ pub enum GatewayError {
     /// A browser request from an origin that is not allowed.
     #[error("requests from this web origin are not allowed here (server.cors_allow_origins)")]
     OriginNotAllowed,
+    /// A request naming a host the listener does not answer to (`server.allowed_hosts`).
+    #[error(
+        "this gateway does not answer to the name in the request's Host header \
+         (server.allowed_hosts; a gateway listening on a loopback address answers only to \
+         localhost and loopback addresses unless names are listed)"
+    )]
+    HostNotAllowed,
     /// A POST whose body is not declared as JSON, where JSON is required: cross-origin, and on
     /// the admin listener (no web page can send that to another origin unasked).
     #[error(
@@ -256,6 +264,7 @@ impl GatewayError {
             Self::JobNotFound | Self::NotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::OriginNotAllowed => StatusCode::FORBIDDEN,
+            Self::HostNotAllowed => StatusCode::FORBIDDEN,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::JobFinished(_) => StatusCode::CONFLICT,
@@ -310,6 +319,7 @@ impl GatewayError {
             Self::NotFound => "not_found",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::OriginNotAllowed => "origin_not_allowed",
+            Self::HostNotAllowed => "host_not_allowed",
             Self::Unauthorized(_) => "invalid_api_key",
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::JobFinished(_) => "job_finished",
@@ -341,6 +351,7 @@ impl GatewayError {
             | Self::NotFound
             | Self::MethodNotAllowed
             | Self::OriginNotAllowed
+            | Self::HostNotAllowed
             | Self::Unauthorized(_)
             | Self::UnsupportedMediaType
             | Self::JobFinished(_)

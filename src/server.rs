@@ -143,7 +143,7 @@ pub fn serve_state(
     watch_capacity(&state, stop.clone());
     crate::pipeline::reload::watch(state.clone(), stop.clone());
     crate::autopilot::start(state.clone(), stop.clone(), &tasks);
-    let router = drained(app(state.clone(), jobs, auth), &drain);
+    let router = drained(app(state.clone(), jobs, auth, addr), &drain);
     let public = accept::Shutdown {
         stop: stop.clone(),
         grace: state.config().server.shutdown_grace,
@@ -165,7 +165,7 @@ pub fn serve_state(
             std_listener.set_nonblocking(true)?;
             let listener = TcpListener::from_std(std_listener)?;
             let admin_addr = listener.local_addr()?;
-            let router = drained(admin(state.clone()), &drain);
+            let router = drained(admin(state.clone(), admin_addr), &drain);
             let (server, metrics) = (server.clone(), metrics.clone());
             // Stopped after the public listener; its requests are short.
             let shutdown = accept::Shutdown {

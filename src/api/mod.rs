@@ -24,11 +24,14 @@ pub mod auth;
 pub mod cors;
 pub mod demo;
 mod ending;
+pub mod hosts;
 pub mod jobs;
 pub mod limits;
 pub mod openai;
 pub mod ops;
 pub mod request_id;
+
+use std::net::SocketAddr;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
@@ -39,9 +42,10 @@ pub use crate::pipeline::AppState;
 use crate::telemetry::Route;
 
 /// The gateway's routes over `state`, with background jobs served by `jobs` and API keys
-/// checked by `auth`.
-pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth) -> Router {
+/// checked by `auth`, for a listener on `listen` (which names it answers to: [`hosts`]).
+pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth, listen: SocketAddr) -> Router {
     let server = state.config().server.clone();
+    let hosts = hosts::Hosts::new(&server.allowed_hosts, listen);
     let limit = server.max_body_bytes;
     // The routes that use the job service: jobs, and /answer (which may divert to one).
     let job_routes = Router::new()
@@ -94,6 +98,8 @@ pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth) -> Router {
             cors::Cors::new(server.cors_allow_origins.clone(), server.cors_max_age),
             cors::cors,
         ))
+        // Before everything else: a page on a rebound DNS name is refused.
+        .layer(axum::middleware::from_fn_with_state(hosts, hosts::check))
         // Around everything: every answer carries an `x-request-id`.
         .layer(axum::middleware::from_fn(request_id::ensure))
 }
@@ -107,7 +113,8 @@ fn operator_routes() -> Router<AppState> {
 
 /// The admin listener's routes (`server.admin_listen`): `/metrics`, `/readyz`, `/healthz`,
 /// and `POST /admin/reload` ([`admin::reload`]), behind [`admin::guard`].
-pub fn admin(state: AppState) -> Router {
+pub fn admin(state: AppState, listen: SocketAddr) -> Router {
+    let hosts = hosts::Hosts::new(&state.config().server.allowed_hosts, listen);
     operator_routes()
         .route("/healthz", get(ops::healthz))
         .route("/admin/reload", post(admin::reload))
@@ -117,6 +124,7 @@ pub fn admin(state: AppState) -> Router {
             state.clone(),
             admin::guard,
         ))
+        .layer(axum::middleware::from_fn_with_state(hosts, hosts::check))
         .layer(axum::middleware::from_fn(request_id::ensure))
         .with_state(state)
 }

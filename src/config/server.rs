@@ -90,6 +90,8 @@ pub struct RawServer {
     pub max_head_bytes: Option<u64>,
     /// Browser origins allowed to call the gateway cross-origin (CORS).
     pub cors_allow_origins: Option<Vec<String>>,
+    /// Names the listeners answer to (`Host`); empty: see [`crate::api::hosts`].
+    pub allowed_hosts: Option<Vec<String>>,
     /// A second listener for operators (`/metrics`, `/readyz`), `IP:PORT`; empty: none.
     pub admin_listen: Option<String>,
     /// The token the admin listener asks for (`Authorization: Bearer`); empty: none (better:
@@ -170,6 +172,9 @@ pub struct ServerConfig {
     pub max_head_bytes: usize,
     /// Origins (`scheme://host[:port]`, lower case) allowed cross-origin; `*` allows any.
     pub cors_allow_origins: Vec<String>,
+    /// Names the listeners answer to, validated (lower case, `*.suffix`, or `*`); empty: on a
+    /// loopback address only loopback names, elsewhere any ([`crate::api::hosts`]).
+    pub allowed_hosts: Vec<String>,
     /// Where `/metrics` and `/readyz` are served instead of the public listener, if set.
     pub admin_listen: Option<std::net::SocketAddr>,
     /// The admin listener's token (`Authorization: Bearer <token>` on every admin request);
@@ -306,6 +311,17 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
             ),
         }
     }
+    let mut allowed_hosts = Vec::new();
+    for (i, entry) in raw.allowed_hosts.unwrap_or_default().iter().enumerate() {
+        match crate::api::hosts::allowed_host(entry) {
+            Some(h) => allowed_hosts.push(h),
+            None => c.fail(
+                format!("server.allowed_hosts[{i}]"),
+                "must be a host name like tutor.example.edu (no scheme or port), an IP \
+                 address, *.example.edu (any name under it), or \"*\"",
+            ),
+        }
+    }
     let cors_max_age_s = raw.cors_max_age_s.unwrap_or(CORS_MAX_AGE_S);
     if cors_max_age_s > 86_400 {
         c.fail("server.cors_max_age_s", "must be at most 86400");
@@ -358,6 +374,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
     };
     ServerConfig {
         cors_allow_origins,
+        allowed_hosts,
         admin_listen,
         admin_token,
         tls,

@@ -44,6 +44,7 @@ pub const FIXED: &[&str] = &[
     "server.client_write_timeout_ms",
     "server.cors_allow_origins",
     "server.cors_max_age_s",
+    "server.allowed_hosts",
     "server.shutdown_grace_ms",
     "server.config_watch_ms",
     "admission.policy",
@@ -321,6 +322,7 @@ fn keep_fixed(old: &Config, new: &mut Config) -> Vec<&'static str> {
     );
     keep!("server.cors_allow_origins", server.cors_allow_origins);
     keep!("server.cors_max_age_s", server.cors_max_age);
+    keep!("server.allowed_hosts", server.allowed_hosts);
     keep!("server.shutdown_grace_ms", server.shutdown_grace);
     keep!("server.config_watch_ms", server.config_watch);
     keep!("admission.policy", admission.policy);

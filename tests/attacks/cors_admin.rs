@@ -2,7 +2,9 @@
 //! matching `Origin`) was served because CORS trusted the Host header; a foreign page's
 //! `text/plain` POST to `/admin/reload` was applied. CORS now decides on the Origin and the
 //! configured list only; the admin listener refuses any request with an Origin and any
-//! non-JSON POST, and asks for `server.admin_token` when one is set.
+//! non-JSON POST, and asks for `server.admin_token` when one is set. A rebound page's GETs
+//! carry no Origin at all: its Host decides (`server.allowed_hosts`; a loopback listener
+//! answers to loopback names only).
 //!
 //! Also (the gateway calling out): a webhook name on the allow-list that resolves to a loopback
 //! or link-local address gets nothing unless `jobs.webhook_allow_private`; a double-encoded
@@ -30,6 +32,8 @@ fn parsed(text: &str) -> Config {
 async fn a_rebound_host_with_its_own_origin_is_refused() {
     let h = harness(FAST, |c| {
         c.server.cors_allow_origins = vec![FRONTEND.to_owned()];
+        // Any Host answered: the Origin alone must refuse it (the Host is the next test's).
+        c.server.allowed_hosts = vec!["*".to_owned()];
     })
     .await;
     let get = send(
@@ -54,6 +58,96 @@ async fn a_rebound_host_with_its_own_origin_is_refused() {
     // The listed origin is still served, whatever the Host.
     let ok = send(client().get(h.url("/healthz")).header("origin", FRONTEND)).await;
     assert_eq!(ok.status(), 200);
+    h.shutdown().await;
+}
+
+/// DNS rebinding: a page on `evil.example` whose name its attacker points at the gateway's
+/// address is, to the browser, the gateway itself (its GETs carry no `Origin`, and Fetch
+/// Metadata says `same-origin`), but its `Host` still names `evil.example`. A gateway on a
+/// loopback address answers only to loopback names unless `server.allowed_hosts` lists more:
+/// anything else is refused before the engine sees it, on the admin listener too.
+#[tokio::test]
+async fn a_page_on_a_rebound_name_is_refused_by_its_host() {
+    let h = harness(FAST, |c| {
+        c.server.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    })
+    .await;
+    let port = h.gw.addr.port();
+    let ask = |host: String| {
+        send(
+            client()
+                .get(h.url("/answer?prompt=why&max_output_tokens=3"))
+                .header("host", host)
+                .header("sec-fetch-site", "same-origin")
+                .header("sec-fetch-mode", "cors")
+                .header("sec-fetch-dest", "empty"),
+        )
+    };
+    for host in [
+        format!("evil.example:{port}"),
+        "evil.example".to_owned(),
+        format!("127.0.0.1.evil.example:{port}"),
+    ] {
+        let resp = ask(host.clone()).await;
+        let v = assert_error(resp, 403, "host_not_allowed").await;
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("server.allowed_hosts"),
+            "{v}"
+        );
+    }
+    let chat = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .header("host", "evil.example")
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})),
+    )
+    .await;
+    assert_error(chat, 403, "host_not_allowed").await;
+    let admin = h.gw.admin_addr.expect("an admin listener");
+    let scrape = send(
+        client()
+            .get(format!("http://{admin}/metrics"))
+            .header("host", format!("evil.example:{}", admin.port())),
+    )
+    .await;
+    assert_error(scrape, 403, "host_not_allowed").await;
+    assert!(h.sim_requests().await.is_empty(), "the engine saw nothing");
+    // The gateway's own names: served.
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let resp = ask(host.clone()).await;
+        assert_eq!(resp.status(), 200, "{host}");
+        let text = resp.text().await.unwrap();
+        assert_eq!(sse(&text).last().unwrap().0, "done", "{text}");
+    }
+    let scrape = send(client().get(format!("http://{admin}/metrics"))).await;
+    assert_eq!(scrape.status(), 200);
+    h.shutdown().await;
+
+    // Names listed: those, and no others (the loopback default no longer applies).
+    let h = harness(FAST, |c| {
+        c.server.allowed_hosts = vec!["tutor.example.edu".to_owned(), "*.campus.edu".to_owned()];
+    })
+    .await;
+    let ask = |host: &str| {
+        send(
+            client()
+                .get(h.url("/healthz"))
+                .header("host", host.to_owned()),
+        )
+    };
+    for ok in [
+        "tutor.example.edu",
+        "Tutor.Example.EDU:443",
+        "gw.campus.edu",
+    ] {
+        assert_eq!(ask(ok).await.status(), 200, "{ok}");
+    }
+    for refused in ["campus.edu", "127.0.0.1", "evil.example"] {
+        assert_error(ask(refused).await, 403, "host_not_allowed").await;
+    }
     h.shutdown().await;
 }
 
