@@ -100,6 +100,42 @@ async fn completions_stream_has_every_field_including_nulls() {
     s.shutdown().await;
 }
 
+/// vLLM's `CompletionRequest.max_tokens: int | None = 16`: left out, 16 tokens; an explicit
+/// `null`, up to the model's length (its `get_max_tokens`).
+#[tokio::test]
+async fn a_completion_without_max_tokens_writes_16_and_with_null_the_models_length() {
+    let s = sim(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+        "--max-model-len",
+        "200",
+    ])
+    .await;
+    let ask = |body: Value| {
+        send_json(
+            client()
+                .post(format!("{}/v1/completions", s.url()))
+                .json(&body),
+        )
+    };
+    let absent: Value = ask(serde_json::json!({"model": MODEL, "prompt": "def f(x):",
+                                               "ignore_eos": true}))
+    .await;
+    assert_eq!(absent["usage"]["completion_tokens"], 16, "{absent}");
+    let null: Value = ask(serde_json::json!({"model": MODEL, "prompt": "def f(x):",
+                                             "max_tokens": null, "ignore_eos": true}))
+    .await;
+    let used = |v: &Value, k: &str| v["usage"][k].as_u64().unwrap();
+    assert_eq!(
+        used(&null, "prompt_tokens") + used(&null, "completion_tokens"),
+        200,
+        "{null}"
+    );
+    s.shutdown().await;
+}
+
 #[tokio::test]
 async fn non_streaming_responses_have_vllm_shapes() {
     let s = sim(&["--speed", "50", "--profile", "tiny-test"]).await;

@@ -250,6 +250,9 @@ fn completion_body(mut value: Value, rules: FieldRules<'_>) -> Result<OpenAiRequ
     let f = common(&value, false)?;
     let mut body = into_map(value);
     let max_tokens = f.max_tokens.unwrap_or(16);
+    // The limit counted is the limit sent: vLLM reads an explicit `"max_tokens": null` as "up
+    // to the model's length", not as its default of 16 (OpenAI's reading, and ours).
+    body.insert("max_tokens".to_owned(), Value::from(max_tokens));
     fields::check(&mut body, false, Some(max_tokens), rules)?;
     let prompt = match body.get("prompt") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),

@@ -379,3 +379,39 @@ async fn tokenize_waits_for_a_small_lane_seat() {
     eventually("every lane back to zero", || h.idle()).await;
     h.shutdown().await;
 }
+
+/// `"max_tokens": null` on `/v1/completions` is 16 tokens to the gateway (OpenAI's default,
+/// what it reserves) but "up to the model's length" to vLLM: the engine gets the limit the
+/// gateway counted. `stream_interval` (vLLM sends one chunk every N tokens, so the output
+/// count arrives N tokens late) is refused.
+#[tokio::test]
+async fn a_null_output_limit_is_the_limit_counted_and_batched_chunks_are_refused() {
+    let h = harness(FAST, |_| {}).await;
+    let (status, answer) = post(
+        &h,
+        "/v1/completions",
+        &json!({"prompt": "def f(x):", "max_tokens": null, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["usage"]["completion_tokens"], 16, "{answer}");
+    let seen = h.sim_requests().await;
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0]["max_tokens"], 16, "{seen:?}");
+    refused(
+        &h,
+        "/v1/chat/completions",
+        &chat(json!({"stream_interval": 1000, "stream": true})),
+        "stream_interval",
+    )
+    .await;
+    refused(
+        &h,
+        "/v1/completions",
+        &json!({"prompt": "x", "stream_interval": 64}),
+        "stream_interval",
+    )
+    .await;
+    eventually("every seat is back", || h.idle()).await;
+    h.shutdown().await;
+}

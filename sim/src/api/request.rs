@@ -23,15 +23,26 @@ fn yes() -> bool {
     true
 }
 
+/// A field that is present, `null` or not: `Some(None)` for `null` (absent stays `None` through
+/// `#[serde(default)]`).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
 /// Fields both endpoints share.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Common {
     /// Model name; must be the served one when present.
     #[serde(default)]
     pub model: Option<String>,
-    /// Output limit.
-    #[serde(default)]
-    pub max_tokens: Option<u32>,
+    /// Output limit: absent (`None`), `null` (`Some(None)`) or a number. vLLM tells the two
+    /// apart on completions: absent is 16, `null` is "up to the model's length".
+    #[serde(default, deserialize_with = "present")]
+    pub max_tokens: Option<Option<u32>>,
     /// Output limit, newer name (chat).
     #[serde(default)]
     pub max_completion_tokens: Option<u32>,
@@ -350,7 +361,10 @@ impl Generation {
             _ => encode(state, text, true).await,
         };
         let (first_word, origin) = continued.map_or((0, None), |c| (c.first_word, Some(c.origin)));
-        let max = body.common.max_completion_tokens.or(body.common.max_tokens);
+        let max = body
+            .common
+            .max_completion_tokens
+            .or(body.common.max_tokens.flatten());
         let mut gen = Self::build(state, headers, Api::Chat, prompt, max, body.common)?;
         gen.first_word = first_word;
         gen.origin = origin;
@@ -363,7 +377,8 @@ impl Generation {
         Ok(gen)
     }
 
-    /// Validates a completions body (vLLM's completions default `max_tokens` is 16).
+    /// Validates a completions body (vLLM's `CompletionRequest.max_tokens: int | None = 16`:
+    /// 16 when absent, the model's length when `null`).
     pub async fn completion(
         state: &AppState,
         headers: &HeaderMap,
@@ -379,7 +394,7 @@ impl Generation {
                 Some("prompt"),
             ));
         }
-        let max = body.common.max_tokens.or(Some(16));
+        let max = body.common.max_tokens.unwrap_or(Some(16));
         Self::build(state, headers, Api::Completion, prompt, max, body.common)
     }
 

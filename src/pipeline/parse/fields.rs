@@ -14,8 +14,9 @@
 //!   negative), hides output from the count (`include_reasoning: false`), or
 //!   changes the prompt after the gateway counted it (`chat_template`, `documents`,
 //!   `prompt_embeds`, `mm_processor_kwargs`, `media_io_kwargs`), keeps engine memory past the
-//!   reservation (`kv_transfer_params`), and `min_tokens` above the declared output limit (the
-//!   reservation could not hold).
+//!   reservation (`kv_transfer_params`, `ec_transfer_params`), streams tokens in batches the
+//!   mid-stream count cannot see into (`stream_interval` other than 1), and `min_tokens` above
+//!   the declared output limit (the reservation could not hold).
 //! - **The gateway's own**: `priority` is removed; the gateway sets it from the lane when
 //!   `admission.engine_priority` is on, so no client jumps vLLM's queue.
 //! - **Anything else**: forwarded or refused by `server.unknown_fields`.
@@ -221,6 +222,8 @@ const REFUSABLE: &[&str] = &[
     "mm_processor_kwargs",
     "media_io_kwargs",
     "kv_transfer_params",
+    "ec_transfer_params",
+    "stream_interval",
     "cache_salt",
 ];
 
@@ -258,6 +261,18 @@ fn why_refused(
         "kv_transfer_params" if set => Some(
             "kv_transfer_params is not accepted: it would keep the request's KV cache in the \
              engine after the gateway gave its reservation back"
+                .into(),
+        ),
+        "ec_transfer_params" if set => Some(
+            "ec_transfer_params is not accepted: it would keep the request's encoder cache in \
+             the engine after the gateway gave its reservation back"
+                .into(),
+        ),
+        // vLLM sends one chunk every N tokens: the usage the gateway counts output by would
+        // arrive N tokens late, the lane's limits passed unseen in between.
+        "stream_interval" if set && value.as_u64() != Some(1) => Some(
+            "stream_interval is not supported: the gateway counts the output as each token \
+             streams, and with it vLLM holds tokens back between chunks"
                 .into(),
         ),
         "include_reasoning" if chat && value.as_bool() == Some(false) => Some(
@@ -408,6 +423,14 @@ mod tests {
                 false,
                 "kv_transfer_params",
             ),
+            (
+                json!({"ec_transfer_params": {"do_remote_encode": true}}),
+                true,
+                "ec_transfer_params",
+            ),
+            // Tokens held back between chunks are output counted late.
+            (json!({"stream_interval": 1500}), true, "stream_interval"),
+            (json!({"stream_interval": 8}), false, "stream_interval"),
         ] {
             let err = checked(body.clone(), chat, UnknownFields::Forward).unwrap_err();
             assert!(err.contains(field), "{body}: {err}");
@@ -422,6 +445,7 @@ mod tests {
             (json!({"min_tokens": 10, "max_completion_tokens": 10}), true),
             (json!({"top_logprobs": 0, "logprobs": true}), true),
             (json!({"include_reasoning": true}), true),
+            (json!({"stream_interval": 1}), true),
         ] {
             assert!(
                 checked(body.clone(), chat, UnknownFields::Forward).is_ok(),
