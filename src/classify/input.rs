@@ -27,8 +27,9 @@ pub enum PromptInput {
         /// The messages; every piece the template renders counts
         /// ([`ChatMessage::for_each_piece`]).
         messages: Vec<ChatMessage>,
-        /// The `tools` array as the template renders it: pretty-printed JSON, which costs at
-        /// least what the compact or indented JSON of real templates does.
+        /// The `tools` array as the template renders it: JSON indented by four spaces (Llama
+        /// 3.1's `tojson(indent=4)`), which costs at least what the compact or indented JSON of
+        /// real templates does.
         tools: Option<String>,
         /// `chat_template_kwargs` as pretty-printed JSON: its keys, quotes and indentation cost
         /// at least what a template rendering its values does.
@@ -97,7 +98,12 @@ fn pretty(value: Option<&Value>, max_model_len: u32) -> Option<String> {
     };
     // An error is the cap (the text is cut) or a number serde cannot write (not from a parsed
     // body): either way what was written stands.
-    let _ = serde_json::to_writer_pretty(&mut w, value);
+    // Four spaces an indent: Llama 3.1's template writes each tool as `tojson(indent=4)`.
+    let mut ser = serde_json::Serializer::with_formatter(
+        &mut w,
+        serde_json::ser::PrettyFormatter::with_indent(b"    "),
+    );
+    let _ = serde::Serialize::serialize(value, &mut ser);
     Some(String::from_utf8_lossy(&w.buf).into_owned())
 }
 

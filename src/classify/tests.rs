@@ -366,7 +366,7 @@ fn every_rendered_string_is_counted_and_media_by_its_kind() {
         PromptInput::chat(messages, None, 16_384).with_template_kwargs(Some(&kwargs), 16_384);
     let mut texts = Vec::new();
     input.for_each_text(|t| texts.push(t.to_owned()));
-    assert_eq!(texts[0], "{\n  \"custom_tools\": \"described here\"\n}");
+    assert_eq!(texts[0], "{\n    \"custom_tools\": \"described here\"\n}");
     for expected in [
         "teacher",
         "assistant",

@@ -150,3 +150,38 @@ async fn text_in_template_kwargs_and_in_reasoning_history_is_classified_by_its_s
     eventually("the lanes are idle", || h.idle()).await;
     h.shutdown().await;
 }
+
+/// Llama 3.1's template writes a tool result as `message.content | tojson`: a control character
+/// is six bytes there (`\u0001`, three tokens), a newline or quote two. The same text costs
+/// more as a tool result than as a question, and is counted so.
+#[tokio::test]
+async fn a_tool_result_is_counted_as_the_json_the_template_writes() {
+    let h = sim().await;
+    let text = "\u{1}".repeat(2_000);
+    let asked = |role: &str| {
+        let mut messages = vec![json!({"role": "user", "content": "q"})];
+        if role == "tool" {
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}));
+        }
+        messages.push(json!({"role": role, "content": text, "tool_call_id": "a"}));
+        json!({"messages": messages, "max_tokens": 5})
+    };
+    let mut estimates = Vec::new();
+    for (i, role) in ["user", "tool"].into_iter().enumerate() {
+        let (status, answer) = post(&h, "/v1/chat/completions", &asked(role)).await;
+        assert_eq!(status, 200, "{role}: {answer}");
+        eventually("the request is logged", || h.log.lock().unwrap().len() > i).await;
+        let entry = h.log.lock().unwrap()[i].clone();
+        let estimate = entry["input_tokens_estimated"].as_u64().unwrap();
+        let engine = entry["input_tokens"].as_u64().unwrap();
+        assert!(estimate >= engine, "{role}: {entry}");
+        estimates.push(estimate);
+    }
+    assert!(
+        estimates[1] > 2 * estimates[0],
+        "as a tool result, the text is counted as its JSON: {estimates:?}"
+    );
+    eventually("the lanes are idle", || h.idle()).await;
+    h.shutdown().await;
+}

@@ -156,13 +156,24 @@ impl ChatMessage {
         {
             f(PieceKind::Text, reasoning);
         }
+        // Llama 3.1's template writes a tool result as `message.content | tojson` (a string is
+        // iterable to Jinja): quoted, with every control character six bytes (`\u0001`) and
+        // every newline, quote and backslash two. Counted as written.
+        let as_json = matches!(self.role.as_str(), "tool" | "ipython");
+        let text = |f: &mut dyn FnMut(PieceKind, &str), s: &str| {
+            if as_json {
+                f(PieceKind::Text, &serde_json::Value::from(s).to_string());
+            } else {
+                f(PieceKind::Text, s);
+            }
+        };
         match &self.content {
             None => {}
-            Some(MessageContent::Text(s)) => f(PieceKind::Text, s),
+            Some(MessageContent::Text(s)) => text(&mut f, s),
             Some(MessageContent::Parts(parts)) => {
                 for p in parts {
                     if p.is_text() {
-                        f(PieceKind::Text, p.text.as_deref().unwrap_or(""));
+                        text(&mut f, p.text.as_deref().unwrap_or(""));
                     } else {
                         f(PieceKind::Media(p.media_kind()), &p.rendered_json());
                     }
