@@ -7,7 +7,7 @@
 //! otherwise than the gateway assumes (tools as compact JSON, a model's own tools preamble,
 //! a vision model's tokens per image). Those differences depend on the content, so the
 //! correction is kept per [`ContentKind`]: a request's text is split into code, prose, tools
-//! (its `tools`, `chat_template_kwargs` and tool calls, with the tools preamble) and media
+//! (its `tools` and tool calls, with the tools preamble) and media
 //! parts (with their configured charge), each counted apart ([`KindCounts`]).
 //!
 //! **Applying it.** The estimate is `overhead + sum over kinds of ceil(engine(kind, count))`,
@@ -74,8 +74,9 @@ pub enum ContentKind {
     Code,
     /// Everything else the client wrote, and message roles.
     Prose,
-    /// The request's `tools` (with the template's tools preamble), `chat_template_kwargs` and
-    /// assistants' `tool_calls`: JSON the template re-renders its own way.
+    /// The request's `tools` (with the template's tools preamble) and assistants'
+    /// `tool_calls`: JSON the template re-renders its own way. (`chat_template_kwargs` are
+    /// counted as the text they are, and a request with them teaches nothing.)
     Tools,
     /// Non-text content parts (their JSON and their kind's charge).
     Media,

@@ -131,6 +131,31 @@ impl LaneRules {
         (holds > reserved).then(|| (lane, input.saturating_add(limit).min(bound).max(reserved)))
     }
 
+    /// What a request in a lane it cannot outgrow (no mid-stream limit, or the last lane) must
+    /// grow its reservation to once the engine counted its prompt: `counted` tokens against the
+    /// `estimate` it was admitted by, `output_budget` reserved for its output (the engine's cap
+    /// there, [`LaneRules::output_cap`]) and `reserved` now. `None` while the count is within
+    /// [`prompt_slack`] of the estimate (an estimate is a fitted line, about as often a little
+    /// under as over), or the reservation already holds it. Else `lane` and the prompt as
+    /// counted plus the output budget, at most `max_model_len`.
+    pub fn prompt_growth(
+        &self,
+        lane: Lane,
+        estimate: u32,
+        counted: u32,
+        output_budget: u32,
+        reserved: u32,
+    ) -> Option<(Lane, u32)> {
+        let outgrowable = Self::next(lane).is_some() && self.limit(lane).is_some();
+        if outgrowable || counted <= estimate.saturating_add(prompt_slack(estimate)) {
+            return None;
+        }
+        let holds = counted
+            .saturating_add(output_budget)
+            .min(self.max_model_len());
+        (holds > reserved).then_some((lane, holds))
+    }
+
     /// The output limit to send vLLM for a request the client gave none, placed in `lane` with
     /// `input` tokens and `output_budget` reserved, so that its reservation always covers what
     /// the engine may generate:
@@ -173,9 +198,49 @@ impl LaneRules {
     }
 }
 
+/// How far the engine's count of a prompt may pass its estimate before a request in a lane it
+/// cannot outgrow grows its reservation: a quarter, and 64 tokens (a request counted four times
+/// short is grown, or cut when there is no room; one an honest estimate missed by a few
+/// percent is not cut for it).
+pub fn prompt_slack(estimate: u32) -> u32 {
+    (estimate / 4).saturating_add(64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A prompt the engine counted well past its estimate grows the reservation of a request in
+    /// the large lane to what it holds; within the slack, or already held, nothing.
+    #[test]
+    fn a_prompt_counted_far_past_its_estimate_grows_a_large_reservation() {
+        let r = LaneRules::from_config(&Config::default());
+        // Estimated 975, reserved 975 + 200; the engine counted 3,950.
+        assert_eq!(
+            r.prompt_growth(Lane::Large, 975, 3_950, 200, 1_175),
+            Some((Lane::Large, 4_150))
+        );
+        assert_eq!(r.prompt_growth(Lane::Large, 975, 3_950, 200, 4_150), None);
+        // Within a quarter and 64 tokens: an honest estimate's miss.
+        assert_eq!(
+            r.prompt_growth(Lane::Large, 8_000, 10_064, 500, 8_500),
+            None
+        );
+        assert!(r
+            .prompt_growth(Lane::Large, 8_000, 10_065, 500, 8_500)
+            .is_some());
+        // A lane it can outgrow moves it instead (`bound_move`, by the count).
+        assert_eq!(r.prompt_growth(Lane::Small, 300, 900, 200, 500), None);
+        assert_eq!(
+            r.bound_move(Lane::Small, 1_300, 1, 500),
+            Some((Lane::Medium, 5_000))
+        );
+        // Never past the model's length.
+        assert_eq!(
+            r.prompt_growth(Lane::Large, 1_000, 16_000, 4_000, 5_000),
+            Some((Lane::Large, 16_384))
+        );
+    }
 
     #[test]
     fn work_thresholds_pick_the_first_lane() {

@@ -107,6 +107,19 @@ fn pretty(value: Option<&Value>, max_model_len: u32) -> Option<String> {
     Some(String::from_utf8_lossy(&w.buf).into_owned())
 }
 
+/// Where a text piece of a [`PromptInput`] comes from.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    /// A completions prompt.
+    Prompt,
+    /// The request's `tools`.
+    Tools,
+    /// The request's `chat_template_kwargs`.
+    TemplateKwargs,
+    /// A piece of a message.
+    Piece(PieceKind),
+}
+
 impl PromptInput {
     /// Chat input from messages and the request's `tools` value (`None` or null: no tools),
     /// for a model of `max_model_len` tokens (what bounds the rendering, see [`pretty`]).
@@ -139,37 +152,42 @@ impl PromptInput {
     }
 
     /// Calls `f` on every text piece that will be tokenized, with the kind it is corrected as
-    /// (`calibration.rs`): `tools` and `chat_template_kwargs` and tool calls are tools, media
-    /// parts media, roles prose, other text code or prose by [`ContentKind::of_text`].
+    /// (`calibration.rs`): `tools` and tool calls are tools, media parts media, roles prose,
+    /// other text (`chat_template_kwargs` included) code or prose by [`ContentKind::of_text`].
+    /// The values of `chat_template_kwargs` are text a template renders where it uses them, or
+    /// not at all: never counted at the tools' ratio, which templates that render tools compact
+    /// teach far below what a rendered value costs.
     pub fn for_each_kind_text(&self, mut f: impl FnMut(ContentKind, &str)) {
         self.for_each_source(|source, text| {
             let kind = match source {
-                Some(PieceKind::Role) => ContentKind::Prose,
-                Some(PieceKind::Media(_)) => ContentKind::Media,
-                // The request's JSON blocks (`None` in a chat) and tool calls.
-                Some(PieceKind::ToolCalls) => ContentKind::Tools,
-                None if matches!(self, PromptInput::Chat { .. }) => ContentKind::Tools,
-                Some(PieceKind::Text) | None => ContentKind::of_text(text),
+                Source::Piece(PieceKind::Role) => ContentKind::Prose,
+                Source::Piece(PieceKind::Media(_)) => ContentKind::Media,
+                Source::Piece(PieceKind::ToolCalls) | Source::Tools => ContentKind::Tools,
+                Source::Piece(PieceKind::Text) | Source::Prompt | Source::TemplateKwargs => {
+                    ContentKind::of_text(text)
+                }
             };
             f(kind, text)
         });
     }
 
-    /// The one walk over the text pieces: each with the message piece it is, `None` for a
-    /// prompt or the request's JSON blocks (`tools`, `chat_template_kwargs`).
-    fn for_each_source(&self, mut f: impl FnMut(Option<PieceKind>, &str)) {
+    /// The one walk over the text pieces, each with where it comes from.
+    fn for_each_source(&self, mut f: impl FnMut(Source, &str)) {
         match self {
-            PromptInput::Prompt(text) => f(None, text),
+            PromptInput::Prompt(text) => f(Source::Prompt, text),
             PromptInput::Chat {
                 messages,
                 tools,
                 template_kwargs,
             } => {
-                for block in [tools, template_kwargs].into_iter().flatten() {
-                    f(None, block);
+                if let Some(block) = tools {
+                    f(Source::Tools, block);
+                }
+                if let Some(block) = template_kwargs {
+                    f(Source::TemplateKwargs, block);
                 }
                 for message in messages {
-                    message.for_each_piece(|kind, piece| f(Some(kind), piece));
+                    message.for_each_piece(|kind, piece| f(Source::Piece(kind), piece));
                 }
             }
         }

@@ -310,11 +310,13 @@ pub async fn classify(
     record.classified(class);
     // A prompt vLLM truncates (`truncate_prompt_tokens`) is counted as sent (the reservation
     // covers it), but its engine count is not the prompt's: it would teach the correction, shared
-    // by every client, to count short.
-    if body
-        .get("truncate_prompt_tokens")
-        .is_none_or(Value::is_null)
-    {
+    // by every client, to count short. So is one with `chat_template_kwargs`: a template renders
+    // a value where it uses it, or drops it (an unknown key), and 2,000 words the engine never
+    // saw taught the line a later rendered value is counted by four times too short.
+    let teaches = ["truncate_prompt_tokens", "chat_template_kwargs"]
+        .iter()
+        .all(|field| body.get(*field).is_none_or(Value::is_null));
+    if teaches {
         record.calibrates(
             Arc::clone(classifier.calibration()),
             &model,

@@ -394,18 +394,28 @@ impl Relay {
 
     /// Keeps the request's reservation covering what it holds in the engine
     /// ([`LaneRules::bound_move`]): grows it in its lane when its output passed what was
-    /// reserved, and moves it to the next lane while it has outgrown the current one; `false`
-    /// when it must be cut (the lane it needs stayed full).
+    /// reserved, and moves it to the next lane while it has outgrown the current one; in a lane
+    /// it cannot outgrow, grows it when the engine counted its prompt well past the estimate
+    /// ([`LaneRules::prompt_growth`]); `false` when it must be cut (the lane it needs stayed
+    /// full). The prompt is the larger of the estimate and the engine's count.
     async fn keep_in_bounds(&mut self) -> bool {
         let rules = self.ctx.rules;
         loop {
             let from = self.class.lane;
             let produced = self.produced();
-            let input = self.class.input_tokens_estimate;
+            let estimate = self.class.input_tokens_estimate;
+            // The engine's exact count of the prompt, on every chunk of its running usage: what
+            // the request holds, where the estimate counted it short.
+            let counted = self.view().usage.map_or(0, |u| u.prompt_tokens);
+            let output_budget = self.class.output_budget;
             let Some(guard) = self.guard.as_mut() else {
                 return true;
             };
-            let Some((to, tokens)) = rules.bound_move(from, input, produced, guard.tokens()) else {
+            let reserved = guard.tokens();
+            let Some((to, tokens)) = rules
+                .bound_move(from, estimate.max(counted), produced, reserved)
+                .or_else(|| rules.prompt_growth(from, estimate, counted, output_budget, reserved))
+            else {
                 return true;
             };
             let deadline = Instant::now() + rules.wait;

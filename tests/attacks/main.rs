@@ -8,6 +8,7 @@ mod redis_common;
 
 mod cache_probe;
 mod cors_admin;
+mod counted_short;
 mod event_id;
 mod fields;
 mod idle_connections;

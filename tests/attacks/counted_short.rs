@@ -1,0 +1,116 @@
+//! A prompt the estimate counts short. The estimate's correction is a line learned from what
+//! clients' prompts cost the engine, shared by every client: text a template drops
+//! (`chat_template_kwargs` keys it never reads) taught it to count a later rendered value four
+//! times short, and a question the engine prefilled at 3,950 tokens rode the small lane on an
+//! estimate of 975, its reservation never grown: the relay judged it by the estimate, not by
+//! the exact prompt count vLLM sends on every chunk. Now a request with `chat_template_kwargs`
+//! teaches nothing, and from the first token the engine's count decides: the request is moved
+//! out of a lane it does not fit, and in the large lane its reservation grows to what it holds.
+
+use serde_json::json;
+use tutor_gateway::classify::{ContentKind, KindCounts};
+use tutor_gateway::lane::Lane;
+
+use crate::common::*;
+
+/// Every stream stalls after two tokens with the connection open: the request stays held.
+const STALLS: &[&str] = &[
+    "--speed",
+    "50",
+    "--profile",
+    "tiny-test",
+    "--stall-after-tokens",
+    "2",
+];
+
+/// Teaches the shared prose line what a client could: the engine counts a quarter of what the
+/// gateway counted (held to the heuristic's floor, 0.4).
+fn taught_short(h: &Harness) {
+    let calibration = h.gw.state.calibration();
+    let mut counts = KindCounts::default();
+    counts.add(ContentKind::Prose, 4_000);
+    for _ in 0..40 {
+        calibration.observe("any-model", &counts, 1_000);
+    }
+}
+
+/// The request log's entry of the `i`th request, once written.
+async fn entry(h: &Harness, i: usize) -> serde_json::Value {
+    eventually("the request is logged", || h.log.lock().unwrap().len() > i).await;
+    h.log.lock().unwrap()[i].clone()
+}
+
+#[tokio::test]
+async fn a_prompt_the_engine_counts_far_past_its_estimate_is_judged_by_the_count() {
+    let h = harness(STALLS, |c| {
+        c.upstream.idle_timeout = std::time::Duration::from_secs(120);
+    })
+    .await;
+    taught_short(&h);
+
+    // A question of about 2,000 tokens, estimated at about 800: small by the estimate, medium
+    // by what the engine holds. It is moved at its first token.
+    let question = words(2_000, "q");
+    let ask = json!({"messages": [{"role": "user", "content": question}], "max_tokens": 50,
+                     "stream": true});
+    let url = h.url("/v1/chat/completions");
+    let small = tokio::spawn({
+        let url = url.clone();
+        async move { post_text(url, &ask).await }
+    });
+    eventually("the question is held in the medium lane", || {
+        h.in_flight(Lane::Medium) == 1
+    })
+    .await;
+    assert_eq!(h.in_flight(Lane::Small), 0);
+    small.abort();
+    eventually("every seat is back", || h.idle()).await;
+    let first = entry(&h, 0).await;
+    let estimate = first["input_tokens_estimated"].as_u64().unwrap();
+    assert!(estimate < 1_000, "the correction counted it short: {first}");
+
+    // A review of about 12,000 tokens estimated at about 4,800 (large with its output): its
+    // reservation grows to the engine's count and its output.
+    let review = words(12_000, "r");
+    let body = json!({"messages": [{"role": "user", "content": review}], "max_tokens": 1_000,
+                      "stream": true});
+    let large = tokio::spawn(async move { post_text(url, &body).await });
+    eventually(
+        "the review's reservation holds what the engine counted",
+        || {
+            let snapshot = h.gw.state.admission().snapshot();
+            snapshot.lane(Lane::Large).in_flight == 1
+                && snapshot.lane(Lane::Large).reserved_tokens > 12_000
+        },
+    )
+    .await;
+    large.abort();
+    eventually("every seat is back", || h.idle()).await;
+    h.shutdown().await;
+}
+
+/// Text a template never renders (a `chat_template_kwargs` key it does not read) costs the
+/// engine nothing: such a request must not teach the correction anything.
+#[tokio::test]
+async fn template_kwargs_teach_the_estimate_nothing() {
+    let h = harness(&["--speed", "100", "--profile", "tiny-test"], |_| {}).await;
+    let lines = || ContentKind::ALL.map(|k| h.gw.state.calibration().expect(None, k, 1_000));
+    let before = lines();
+    for i in 0..10 {
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                          "chat_template_kwargs": {"unused": words(500, &i.to_string())}});
+        let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+        assert_eq!(resp.status(), 200);
+        let _ = resp.text().await;
+    }
+    eventually("every request is logged", || {
+        h.log.lock().unwrap().len() == 10
+    })
+    .await;
+    assert_eq!(
+        before,
+        lines(),
+        "the lines learned from text a template may never render"
+    );
+    h.shutdown().await;
+}
