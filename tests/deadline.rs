@@ -47,11 +47,15 @@ async fn a_request_whose_predicted_wait_misses_its_deadline_is_refused_at_once()
         assert_eq!(resp.status(), 200);
         let _ = resp.text().await;
     }
-    // One runs, two wait.
+    // One runs, two wait: 1,000 tokens each, about 5 s a review, so someone still waits
+    // while a loaded machine parses the two 5,000-word requests in a hurry below.
     let url = h.url("/v1/chat/completions");
     let running: Vec<_> = (0..3)
         .map(|i| {
-            let (url, body) = (url.clone(), review(&format!("queued{i}")));
+            let mut body = review(&format!("queued{i}"));
+            body["max_tokens"] = json!(1_000);
+            body["ignore_eos"] = json!(true);
+            let url = url.clone();
             tokio::spawn(async move { post_text(url, &body).await })
         })
         .collect();
@@ -139,10 +143,12 @@ async fn a_nearer_deadline_goes_ahead_of_earlier_requests_of_its_lane() {
         set_lane(c, Lane::Large, 1);
     })
     .await;
-    // A stream holds the one large seat until the test stops reading it.
+    // A stream holds the one large seat until the test stops reading it (3,000 tokens, 15 s:
+    // without `ignore_eos` its drawn length averaged 200 tokens, a second).
     let holder = send(client().post(h.url("/v1/chat/completions")).json(&json!({
         "messages": [{"role": "user", "content": words(5000, "holder")}],
         "max_tokens": 3000,
+        "ignore_eos": true,
         "stream": true,
     })))
     .await;

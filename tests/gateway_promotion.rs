@@ -13,11 +13,15 @@ use serde_json::{json, Value};
 use tutor_gateway::config::{Config, QuotaBackend, RedisUrl, RequestLogSink};
 use tutor_gateway::lane::Lane;
 
-/// The engine stops a request without `max_tokens` at its context limit: 1,100 tokens.
-const SIM: &str = "--speed 2 --profile tiny-test --max-model-len 1100";
+/// The engine stops a request without `max_tokens` at its context limit: 2,000 tokens, about
+/// 10 s at a token each 5 ms. Long enough that a request promoted to medium (its limit 2,048:
+/// it stays there) still holds medium while a loaded machine's test reads 300 tokens of it, or
+/// cuts three other requests one after another at 257 tokens each (at twice the speed and
+/// 1,100 tokens, the three cuts had 0.1 s to spare on a quiet machine).
+const SIM: &str = "--speed 1 --profile tiny-test --max-model-len 2000";
 
 fn short_context(c: &mut Config) {
-    c.upstream.max_model_len = 1100.try_into().unwrap();
+    c.upstream.max_model_len = 2000.try_into().unwrap();
 }
 
 /// A short question with no `max_tokens` that the engine answers up to its context limit.
@@ -324,7 +328,7 @@ async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
     assert_eq!(u.get("medium:n").copied().unwrap_or(0), 1, "{u:?}");
     assert_eq!(
         u.get("medium:tokens").copied().unwrap_or(0),
-        1100,
+        2000,
         "grown to the medium bound"
     );
 
