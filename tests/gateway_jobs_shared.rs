@@ -39,7 +39,7 @@ async fn sim(flags: &[&str]) -> SimServer {
     vllm_sim::start(&SimArgs::for_test(flags)).await.unwrap()
 }
 
-/// The shipped config on `redis` in front of `sim`: 1 s leases renewed every 100 ms.
+/// The shipped config on `redis` in front of `sim`: 10 s leases renewed every 100 ms.
 fn config(sim: &SimServer, redis: &RedisServer) -> Config {
     let mut c = Config::default();
     c.upstream.base_url = sim.url();

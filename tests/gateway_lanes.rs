@@ -129,17 +129,21 @@ async fn small_requests_are_admitted_while_large_ones_queue_and_queued_clients_c
 
 #[tokio::test]
 async fn a_client_leaving_during_prefill_aborts_the_engine_work() {
-    // 8,000 prompt tokens in chunks of 256 at real speed: about 30 steps of prefill.
+    // 8,000 prompt tokens in chunks of 32 at real speed: about 250 steps, 1.6 s of prefill;
+    // then 4,000 tokens (20 s: the engine is still at work whenever a loaded gateway notices
+    // its client gone; an answer's drawn length could have been a few tokens).
     let h = harness(
-        &flags("--speed 1 --profile tiny-test --max-num-batched-tokens 256"),
+        &flags(
+            "--speed 1 --profile tiny-test --max-num-batched-tokens 32 \
+             --mean-output-tokens 1000000",
+        ),
         |_| {},
     )
     .await;
-    let resp =
-        send(client().post(h.url("/answer")).json(
-            &json!({"prompt": words(8000, "review this repository"), "max_output_tokens": 200}),
-        ))
-        .await;
+    let resp = send(client().post(h.url("/answer")).json(
+        &json!({"prompt": words(8000, "review this repository"), "max_output_tokens": 4000}),
+    ))
+    .await;
     assert_eq!(resp.status(), 200);
     eventually("prefill running in the engine", || h.sim_running() == 1).await;
     drop(resp);
@@ -161,8 +165,9 @@ async fn a_client_leaving_during_prefill_aborts_the_engine_work() {
 
 #[tokio::test]
 async fn a_client_leaving_mid_stream_aborts_and_records_tokens_relayed() {
-    // A short prompt with 4,000 tokens of output budget is medium work.
-    let h = harness(&["--speed", "5", "--profile", "tiny-test"], |_| {}).await;
+    // A short prompt with 4,000 tokens of output budget is medium work: 20 s at real speed,
+    // still generating when a loaded gateway notices its client gone.
+    let h = harness(&["--speed", "1", "--profile", "tiny-test"], |_| {}).await;
     let resp = send(client().post(h.url("/v1/chat/completions")).json(
         &json!({"messages": [{"role": "user", "content": "explain ownership"}], "max_tokens": 4000,
                       "ignore_eos": true, "stream": true}),

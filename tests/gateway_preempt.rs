@@ -15,10 +15,11 @@ use jobs::{done, job_until, start, submit_ok, Backend};
 use serde_json::{json, Value};
 use tutor_gateway::lane::Lane;
 
-/// About 1.25 ms a token: a 3,000-token review is still streaming when the test acts on it.
+/// About 2.6 ms a token: a 3,000-token review streams for 8 s, still streaming when a loaded
+/// machine's test acts on it (at twice the speed it had 4 s, which a busy machine used up).
 const FASTER: &[&str] = &[
     "--speed",
-    "4",
+    "2",
     "--profile",
     "tiny-test",
     "--mean-output-tokens",
@@ -283,7 +284,7 @@ async fn storm(backend: Backend) {
     .await;
     let base = h.base();
     let body =
-        json!({"prompt": "review this repository's error handling", "max_output_tokens": 800});
+        json!({"prompt": "review this repository's error handling", "max_output_tokens": 2_000});
     let ids: Vec<String> = futures::future::join_all((0..8).map(|_| submit_ok(&base, &body))).await;
     eventually("jobs hold every seat", || {
         Lane::ALL.map(|l| h.in_flight(l)) == [2, 2, 2]
@@ -311,7 +312,7 @@ async fn storm(backend: Backend) {
         let n = v["preempted"].as_u64().unwrap_or(0);
         assert!(n <= 2, "{v}");
         preempted += n;
-        assert_eq!(v["answer"]["usage"]["output_tokens"], 800, "{v}");
+        assert_eq!(v["answer"]["usage"]["output_tokens"], 2_000, "{v}");
         texts.push(v["answer"]["text"].as_str().unwrap().to_owned());
     }
     assert!(
@@ -499,6 +500,48 @@ async fn a_preemptible_answer_gives_its_seat_back_and_goes_on_without_a_break() 
 async fn a_preemptible_answer_of_a_reasoning_model_goes_on_without_a_break() {
     let mut flags = FASTER.to_vec();
     flags.extend(["--reasoning-tokens", "20"]);
+    preemptible_answer(&flags).await;
+}
+
+/// A job pre-empted while its model still reasons (1,500 reasoning tokens, 4 s): no answer
+/// text to continue, so it is sent again as it was; its answer counts every token once.
+#[tokio::test]
+async fn a_job_preempted_while_it_reasons_counts_each_token_once() {
+    let mut flags = FASTER.to_vec();
+    flags.extend(["--reasoning-tokens", "1500"]);
+    let h = preempting_with(Backend::Local, &flags, |_| {}).await;
+    let base = h.base();
+    let body = review();
+    let ids: Vec<String> = futures::future::join_all((0..3).map(|_| submit_ok(&base, &body))).await;
+    eventually("jobs hold every lane's seat", || {
+        Lane::ALL.map(|l| h.in_flight(l)) == [1, 1, 1]
+    })
+    .await;
+    ask(h.url("/answer")).await;
+    let answers: Vec<Value> = futures::future::join_all(ids.iter().map(|id| done(&base, id))).await;
+    let preempted: u64 = answers
+        .iter()
+        .map(|v| v["preempted"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(preempted, 1, "{answers:?}");
+    for v in &answers {
+        assert_eq!(
+            v["answer"]["usage"]["output_tokens"], REVIEW_TOKENS,
+            "every token once: {v}"
+        );
+    }
+    h.drained().await;
+    h.shutdown().await;
+}
+
+/// Pre-empted while the model still reasons (1,500 reasoning tokens: 4 s, the question comes
+/// long before the answer's first word): no answer text to continue, so the request is sent
+/// again as it was and generates its reasoning again; the answer counts every token once (it
+/// counted the discarded reasoning on top, 3,016 of 3,000).
+#[tokio::test]
+async fn an_answer_preempted_while_it_reasons_counts_each_token_once() {
+    let mut flags = FASTER.to_vec();
+    flags.extend(["--reasoning-tokens", "1500"]);
     preemptible_answer(&flags).await;
 }
 

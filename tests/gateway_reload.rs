@@ -15,24 +15,27 @@ use tutor_gateway::config::Config;
 use tutor_gateway::lane::Lane;
 use tutor_gateway::pipeline::reload;
 
-/// Real time (about 5 ms a token): streams last long enough to reload under them.
-const SLOW: &str = "--speed 1 --profile tiny-test --mean-output-tokens 1000000";
-
 fn small(c: &mut Config, n: u32) {
     set_lane(c, Lane::Small, n);
 }
 
 #[tokio::test]
 async fn a_reload_raises_and_lowers_a_lanes_limit_and_a_shrink_cuts_nothing() {
-    let h = harness(&flags(SLOW), |c| small(c, 2)).await;
+    // Half speed: 10 ms a token.
+    let h = harness(
+        &flags("--speed 0.5 --profile tiny-test --mean-output-tokens 1000000"),
+        |c| small(c, 2),
+    )
+    .await;
     let base = (*h.gw.state.config()).clone();
-    // Eight small questions, each streaming for about a second.
+    // Eight small questions, each streaming for about 2.5 s (250 tokens: under the small
+    // lane's 256, never promoted), so all eight are in before the first two end.
     let mut streams = Vec::new();
     for i in 0..8 {
         let url = h.url("/answer");
         streams.push(tokio::spawn(async move {
             let body = json!({"prompt": format!("why does loop {i} never end"),
-                              "max_output_tokens": 200});
+                              "max_output_tokens": 250});
             let resp = send(client().post(url).json(&body)).await;
             sse(&resp.text().await.unwrap())
         }));
@@ -54,7 +57,7 @@ async fn a_reload_raises_and_lowers_a_lanes_limit_and_a_shrink_cuts_nothing() {
     reload::apply(&h.gw.state, lowered).unwrap();
     let mut last = h.in_flight(Lane::Small);
     let mut shrank = false;
-    for _ in 0..3000 {
+    for _ in 0..12_000 {
         let now = h.in_flight(Lane::Small);
         if last > 1 {
             assert!(

@@ -112,9 +112,11 @@ async fn a_normal_request_has_the_full_span_and_its_trace_reaches_vllm() {
 #[tokio::test]
 async fn a_cancelled_request_records_where_it_stopped() {
     let t = traces();
-    let h = harness(&["--speed", "5", "--profile", "tiny-test"], |_| {}).await;
+    // Real speed, 4,000 tokens (20 s): still generating when a loaded gateway notices the
+    // client gone (900 tokens at five times the speed were done in 0.9 s).
+    let h = harness(&["--speed", "1", "--profile", "tiny-test"], |_| {}).await;
     let resp = send(client().post(h.url("/v1/chat/completions")).json(
-        &json!({"messages": [{"role": "user", "content": "explain ownership"}], "max_tokens": 900,
+        &json!({"messages": [{"role": "user", "content": "explain ownership"}], "max_tokens": 4000,
                       "ignore_eos": true, "stream": true}),
     ))
     .await;

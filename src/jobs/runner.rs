@@ -382,6 +382,16 @@ impl Progress {
         } else {
             "prefill"
         };
+        if self.text.is_empty() && self.generated > 0 {
+            // No answer text yet (a reasoning model still reasoning): the continuation is the
+            // request as first sent, which generates those tokens again; counted once, as the
+            // run that is kept generates them.
+            tracing::info!(
+                tokens = self.generated,
+                "pre-empted before any answer text: its tokens are generated again"
+            );
+            self.generated = 0;
+        }
         self.before = self.generated;
         if let Some(cause) = handle.cause() {
             ctx.metrics().preempted(cause.lane, cause.reason);

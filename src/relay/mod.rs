@@ -347,11 +347,18 @@ impl Relay {
         // Until a continuation takes over, the cut run stays the current one, so the answer's
         // view (and a record ended meanwhile, the client gone) is the runs so far.
         let text = std::mem::take(&mut r.text);
-        let next = r.how.resume(&text, generated, times).await;
+        // No answer text yet (a reasoning model still reasoning, which `/answer` does not
+        // relay): the continuation is the request as first sent, which generates those tokens
+        // again; the answer counts them once, as the run that is kept generates them.
+        let kept = if text.is_empty() { 0 } else { generated };
+        if kept < generated {
+            tracing::info!(request_id = %self.upstream.request_id(), tokens = generated, "pre-empted before any answer text: its tokens are generated again");
+        }
+        let next = r.how.resume(&text, kept, times).await;
         r.text = text;
         match next {
             Ok(Some((upstream, guard))) => {
-                r.continued(generated);
+                r.continued(kept);
                 if r.notice {
                     out.extend_from_slice(&answer::preempted_event(times));
                 }

@@ -226,8 +226,8 @@ pub async fn cancel_while_queued_and_while_running_aborts_and_gives_everything_b
 pub async fn jobs_wait_for_interactive_large_requests_and_never_borrow(backend: Backend) {
     let h = start(backend, SLOW, |c| large_seats_only(c, 1)).await;
     let base = h.base();
-    // An interactive large request holds the lane's only seat.
-    let big = json!({"prompt": words(8000, "repo"), "max_output_tokens": 400});
+    // An interactive large request holds the lane's only seat (2,000 tokens, 10 s).
+    let big = json!({"prompt": words(8000, "repo"), "max_output_tokens": 2_000});
     let interactive = spawn_post(h.url("/answer"), big);
     eventually("the interactive request holds the seat", || {
         h.in_flight(Lane::Large) == 1
@@ -505,8 +505,9 @@ pub async fn a_large_answer_that_waits_too_long_becomes_a_job(backend: Backend) 
     let h = diverting(backend, Duration::from_millis(150)).await;
     let base = h.base();
     let big = |salt: &str| review(salt, 300);
-    // The first large request takes the only seat (it never waits, so it is not diverted).
-    let first = spawn_post(h.url("/answer"), big("first"));
+    // The first large request takes the only seat (it never waits, so it is not diverted) and
+    // holds it for 10 s: the second waits its 150 ms there on any machine.
+    let first = spawn_post(h.url("/answer"), review("first", 2_000));
     eventually("the first holds the seat", || h.in_flight(Lane::Large) == 1).await;
     let resp = client()
         .post(h.url("/answer"))

@@ -52,11 +52,13 @@ pub enum Backend {
     Redis,
 }
 
-/// The quota (and so the jobs) on `redis`: 1 s leases renewed every 100 ms.
+/// The quota (and so the jobs) on `redis`: 10 s leases renewed every 100 ms (a loaded machine
+/// that delayed a heartbeat past a 1 s lease saw a replica's seats reaped and taken twice; the
+/// test of a killed replica's leases runs its own process with 1 s).
 pub fn on_redis(c: &mut Config, redis: &RedisServer) {
     c.quota.backend = QuotaBackend::Redis;
     c.quota.redis_url = RedisUrl::new(redis.url());
-    c.quota.lease_ttl = Duration::from_millis(1_000);
+    c.quota.lease_ttl = Duration::from_secs(10);
     c.quota.heartbeat = Duration::from_millis(100);
 }
 

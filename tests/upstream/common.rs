@@ -31,7 +31,8 @@ pub async fn sim(extra: &[&str]) -> SimServer {
 pub fn upstream_config(base_url: &str) -> UpstreamConfig {
     let mut c = Config::default().upstream;
     c.base_url = base_url.to_owned();
-    c.connect_timeout = Duration::from_millis(500);
+    // Bounded, with room for a loaded machine's accept (every engine here is on loopback).
+    c.connect_timeout = Duration::from_secs(5);
     c.first_token_timeout = Duration::from_secs(10);
     c.idle_timeout = Duration::from_secs(5);
     c.total_timeout = Duration::from_secs(30);
