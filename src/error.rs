@@ -111,7 +111,7 @@ pub enum GatewayError {
     #[error(
         "this gateway does not answer to the name in the request's Host header \
          (server.allowed_hosts; a gateway listening on a loopback address answers only to \
-         localhost and loopback addresses unless names are listed)"
+         localhost and IP addresses unless names are listed)"
     )]
     HostNotAllowed,
     /// A POST whose body is not declared as JSON, where JSON is required: cross-origin, and on

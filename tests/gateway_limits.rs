@@ -342,7 +342,7 @@ async fn a_slow_loris_is_cut_at_the_header_timeout() {
     .await;
     let mut tcp = tokio::net::TcpStream::connect(addr(&h)).await.unwrap();
     // Half a request head, and then nothing: the only seat is held until the timeout.
-    tcp.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+    tcp.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\n")
         .await
         .unwrap();
     let answer = read_all(tcp).await;
@@ -364,7 +364,7 @@ async fn a_body_that_never_finishes_gets_408() {
     .await;
     let mut tcp = tokio::net::TcpStream::connect(addr(&h)).await.unwrap();
     tcp.write_all(
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"messages\":",
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"messages\":",
     )
     .await
     .unwrap();
@@ -560,7 +560,7 @@ async fn bodies_being_received_are_bounded_in_bytes() {
         let part = format!("{{\"messages\":\"{}", "x".repeat(600));
         tcp.write_all(
             format!(
-                "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n\
                  content-length: 2000\r\n\r\n{part}"
             )
             .as_bytes(),
@@ -636,7 +636,7 @@ async fn request_heads_are_bounded_in_bytes() {
     .await;
     let head = |pad: usize, end: &str| {
         format!(
-            "GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\nx-pad: {}\r\n{end}",
+            "GET /healthz HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\nx-pad: {}\r\n{end}",
             "a".repeat(pad)
         )
     };

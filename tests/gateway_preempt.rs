@@ -491,7 +491,7 @@ async fn a_job_preempted_on_one_replica_is_continued_on_another() {
 /// record are those of one uninterrupted answer.
 #[tokio::test]
 async fn a_preemptible_answer_gives_its_seat_back_and_goes_on_without_a_break() {
-    preemptible_answer(FASTER).await;
+    preemptible_answer(FASTER, 100).await;
 }
 
 /// The same with a reasoning model whose continued answer vLLM's parser streams as reasoning:
@@ -500,7 +500,7 @@ async fn a_preemptible_answer_gives_its_seat_back_and_goes_on_without_a_break() 
 async fn a_preemptible_answer_of_a_reasoning_model_goes_on_without_a_break() {
     let mut flags = FASTER.to_vec();
     flags.extend(["--reasoning-tokens", "20"]);
-    preemptible_answer(&flags).await;
+    preemptible_answer(&flags, 100).await;
 }
 
 /// A job pre-empted while its model still reasons (1,500 reasoning tokens, 4 s): no answer
@@ -517,6 +517,8 @@ async fn a_job_preempted_while_it_reasons_counts_each_token_once() {
         Lane::ALL.map(|l| h.in_flight(l)) == [1, 1, 1]
     })
     .await;
+    // Past the short prompt's prefill, well within the 4 s of reasoning.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     ask(h.url("/answer")).await;
     let answers: Vec<Value> = futures::future::join_all(ids.iter().map(|id| done(&base, id))).await;
     let preempted: u64 = answers
@@ -534,18 +536,21 @@ async fn a_job_preempted_while_it_reasons_counts_each_token_once() {
     h.shutdown().await;
 }
 
-/// Pre-empted while the model still reasons (1,500 reasoning tokens: 4 s, the question comes
-/// long before the answer's first word): no answer text to continue, so the request is sent
+/// Pre-empted while the model still reasons (1,500 reasoning tokens, 4 s: the question comes
+/// a second after the review took its seat, past its 0.1 s prefill, long before its first
+/// word): no answer text to continue, so the request is sent
 /// again as it was and generates its reasoning again; the answer counts every token once (it
 /// counted the discarded reasoning on top, 3,016 of 3,000).
 #[tokio::test]
 async fn an_answer_preempted_while_it_reasons_counts_each_token_once() {
     let mut flags = FASTER.to_vec();
     flags.extend(["--reasoning-tokens", "1500"]);
-    preemptible_answer(&flags).await;
+    preemptible_answer(&flags, 1_000).await;
 }
 
-async fn preemptible_answer(flags: &[&str]) {
+/// A pre-emptible review with the simulator's `flags`, asked for its seat `settle_ms` after it
+/// took it.
+async fn preemptible_answer(flags: &[&str], settle_ms: u64) {
     let h = harness(flags, |c| {
         c.jobs.preempt_answers = tutor_gateway::config::PreemptAnswers::Marked;
         c.jobs.preempt_notice = true;
@@ -579,7 +584,7 @@ async fn preemptible_answer(flags: &[&str]) {
     .await;
     // Let it stream a little (if it is still prefilling, it is sent again as it was: the
     // assertions below hold either way).
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(settle_ms)).await;
     let question = post_text(
         h.url("/answer"),
         &json!({"prompt": words(600, "why"), "max_output_tokens": 1000}),

@@ -650,7 +650,7 @@ async fn a_tenants_unfinished_uploads_hold_at_most_its_share_of_the_permits() {
     })
     .await;
     let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {A}\r\n\
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {A}\r\n\
          content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"messages\":"
     );
     let mut uploads = Vec::new();

@@ -11,8 +11,11 @@
 //!
 //! - `server.allowed_hosts` set: those names only (`*.example.edu`: any name under it; `*`:
 //!   any name).
-//! - Not set, on a loopback address (the default `127.0.0.1:8080`): `localhost`, names under
-//!   `.localhost` and loopback addresses only.
+//! - Not set, on a loopback address (the default `127.0.0.1:8080`): `localhost` and names
+//!   under `.localhost` only.
+//! - Any IP address, whatever the list: rebinding needs a DNS name, and a page whose origin is
+//!   an address the gateway listens on is the gateway's own (probes and scrapes by a pod's
+//!   address pass).
 //! - Not set, on any other address: any name (the names a deployment is reached by cannot be
 //!   guessed; set the list).
 //!
@@ -56,7 +59,10 @@ impl Hosts {
         }
     }
 
-    /// Whether a request naming `authority` (a `Host` header's value) is answered.
+    /// Whether a request naming `authority` (a `Host` header's value) is answered. An IP
+    /// address always is: rebinding needs a DNS name, and a page whose origin is the address
+    /// itself is the gateway's own (so probes and scrapes by pod address pass whatever names
+    /// are listed).
     fn allows(&self, authority: &str) -> bool {
         if matches!(self, Self::Any) {
             return true;
@@ -64,6 +70,9 @@ impl Hosts {
         let Some(name) = host_name(authority) else {
             return false;
         };
+        if name.parse::<IpAddr>().is_ok() {
+            return true;
+        }
         match self {
             Self::Any => true,
             Self::Loopback => loopback(&name),
@@ -132,9 +141,12 @@ pub fn allowed_host(entry: &str) -> Option<String> {
         Some(rest) => (true, rest),
         None => (false, entry),
     };
-    let rest = rest.trim_start_matches('[').trim_end_matches(']');
-    if rest.parse::<IpAddr>().is_ok() && !wild {
-        return Some(rest.to_ascii_lowercase());
+    let bare = rest
+        .strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .unwrap_or(rest);
+    if let Some(ip) = bare.parse::<IpAddr>().ok().filter(|_| !wild) {
+        return Some(ip.to_string());
     }
     let name = rest.strip_suffix('.').unwrap_or(rest).to_ascii_lowercase();
     let fine = !name.is_empty()
@@ -188,6 +200,9 @@ mod tests {
             "127.1.2.3",
             "[::1]:8080",
             "[::ffff:127.0.0.1]",
+            // An address is never a rebound name: a page whose origin it is, is the gateway's.
+            "10.0.0.1:8080",
+            "[::2]",
         ] {
             assert!(hosts.allows(ok), "{ok}");
         }
@@ -196,8 +211,6 @@ mod tests {
             "evil.example:8080",
             "localhost.evil.example",
             "127.0.0.1.nip.io",
-            "10.0.0.1",
-            "[::2]",
             "",
             "localhost:80:80",
             "local host",
@@ -223,16 +236,12 @@ mod tests {
             "gw.campus.edu",
             "a.b.campus.edu.",
             "10.0.0.5:8080",
+            // A probe or a scrape by the pod's address.
+            "192.168.1.7:9091",
         ] {
             assert!(listed.allows(ok), "{ok}");
         }
-        for refused in [
-            "campus.edu",
-            "evilcampus.edu",
-            "example.edu",
-            "localhost",
-            "127.0.0.1",
-        ] {
+        for refused in ["campus.edu", "evilcampus.edu", "example.edu", "localhost"] {
             assert!(!listed.allows(refused), "{refused}");
         }
     }
@@ -250,6 +259,7 @@ mod tests {
         );
         for bad in [
             "",
+            "[tutor.example.edu]",
             "https://tutor.example.edu",
             "tutor.example.edu:8080",
             "a..b",

@@ -74,8 +74,9 @@ pub enum ContentKind {
     Code,
     /// Everything else the client wrote, and message roles.
     Prose,
-    /// The request's `tools` (with the template's tools preamble) and assistants'
-    /// `tool_calls`: JSON the template re-renders its own way. (`chat_template_kwargs` are
+    /// The request's `tools` (with the template's tools preamble), assistants' `tool_calls`
+    /// and tool results (`tool` messages' text, as a JSON string): JSON the template re-renders
+    /// its own way. (`chat_template_kwargs` are
     /// counted as the text they are, and a request with them teaches nothing.)
     Tools,
     /// Non-text content parts (their JSON and their kind's charge).

@@ -137,7 +137,8 @@ impl LaneRules {
     /// there, [`LaneRules::output_cap`]) and `reserved` now. `None` while the count is within
     /// [`prompt_slack`] of the estimate (an estimate is a fitted line, about as often a little
     /// under as over), or the reservation already holds it. Else `lane` and the prompt as
-    /// counted plus the output budget, at most `max_model_len`.
+    /// counted plus the output budget, at most `max_model_len`; or, when that passes the lane's
+    /// work bound and a lane follows, the next lane and its bound.
     pub fn prompt_growth(
         &self,
         lane: Lane,
@@ -146,14 +147,23 @@ impl LaneRules {
         output_budget: u32,
         reserved: u32,
     ) -> Option<(Lane, u32)> {
-        let outgrowable = Self::next(lane).is_some() && self.limit(lane).is_some();
-        if outgrowable || counted <= estimate.saturating_add(prompt_slack(estimate)) {
+        let next = Self::next(lane);
+        if (next.is_some() && self.limit(lane).is_some())
+            || counted <= estimate.saturating_add(prompt_slack(estimate))
+        {
             return None;
         }
         let holds = counted
             .saturating_add(output_budget)
             .min(self.max_model_len());
-        (holds > reserved).then_some((lane, holds))
+        match next {
+            // Past the lane's work bound (a lane without a mid-stream limit): the next lane, as
+            // a request that outgrew it by its output.
+            Some(next) if holds > self.bounds[lane.index()] => {
+                Some((next, self.bounds[next.index()]))
+            }
+            _ => (holds > reserved).then_some((lane, holds)),
+        }
     }
 
     /// The output limit to send vLLM for a request the client gave none, placed in `lane` with
@@ -229,6 +239,18 @@ mod tests {
         assert!(r
             .prompt_growth(Lane::Large, 8_000, 10_065, 500, 8_500)
             .is_some());
+        // A lane without a mid-stream limit that the count outgrows: the next lane.
+        let mut c = Config::default();
+        c.lanes.small.mid_stream_limit = None;
+        let unlimited = LaneRules::from_config(&c);
+        assert_eq!(
+            unlimited.prompt_growth(Lane::Small, 975, 3_950, 200, 1_175),
+            Some((Lane::Medium, 5_000))
+        );
+        assert_eq!(
+            unlimited.prompt_growth(Lane::Small, 300, 800, 200, 500),
+            Some((Lane::Small, 1_000))
+        );
         // A lane it can outgrow moves it instead (`bound_move`, by the count).
         assert_eq!(r.prompt_growth(Lane::Small, 300, 900, 200, 500), None);
         assert_eq!(

@@ -152,7 +152,8 @@ impl PromptInput {
     }
 
     /// Calls `f` on every text piece that will be tokenized, with the kind it is corrected as
-    /// (`calibration.rs`): `tools` and tool calls are tools, media parts media, roles prose,
+    /// (`calibration.rs`): `tools`, tool calls and tool results are tools (JSON each template
+    /// writes its own way), media parts media, roles prose,
     /// other text (`chat_template_kwargs` included) code or prose by [`ContentKind::of_text`].
     /// The values of `chat_template_kwargs` are text a template renders where it uses them, or
     /// not at all: never counted at the tools' ratio, which templates that render tools compact
@@ -162,7 +163,9 @@ impl PromptInput {
             let kind = match source {
                 Source::Piece(PieceKind::Role) => ContentKind::Prose,
                 Source::Piece(PieceKind::Media(_)) => ContentKind::Media,
-                Source::Piece(PieceKind::ToolCalls) | Source::Tools => ContentKind::Tools,
+                Source::Piece(PieceKind::ToolCalls | PieceKind::ToolResult) | Source::Tools => {
+                    ContentKind::Tools
+                }
                 Source::Piece(PieceKind::Text) | Source::Prompt | Source::TemplateKwargs => {
                     ContentKind::of_text(text)
                 }
@@ -236,7 +239,7 @@ impl PromptInput {
                             pieces = pieces.saturating_add(1);
                             split.add(ContentKind::Media, costs.media_part(media));
                         }
-                        PieceKind::Text | PieceKind::ToolCalls => {
+                        PieceKind::Text | PieceKind::ToolCalls | PieceKind::ToolResult => {
                             pieces = pieces.saturating_add(1);
                         }
                     });

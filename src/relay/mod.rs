@@ -59,6 +59,7 @@ pub use resume::Continuation;
 use crate::admission::session::SessionHold;
 use crate::admission::tenant_budget::BudgetHold;
 use crate::admission::LaneGuard;
+use crate::classify::decision::prompt_slack;
 use crate::classify::{Classification, LaneRules};
 use crate::config::WhenFull;
 use crate::error::GatewayError;
@@ -412,16 +413,32 @@ impl Relay {
             let produced = self.produced();
             let estimate = self.class.input_tokens_estimate;
             // The engine's exact count of the prompt, on every chunk of its running usage: what
-            // the request holds, where the estimate counted it short.
+            // the request holds, where the estimate counted it well short (within the slack, an
+            // honest estimate's miss, the estimate stands).
             let counted = self.view().usage.map_or(0, |u| u.prompt_tokens);
+            let input = if counted > estimate.saturating_add(prompt_slack(estimate)) {
+                counted
+            } else {
+                estimate
+            };
             let output_budget = self.class.output_budget;
             let Some(guard) = self.guard.as_mut() else {
                 return true;
             };
             let reserved = guard.tokens();
-            let Some((to, tokens)) = rules
-                .bound_move(from, estimate.max(counted), produced, reserved)
-                .or_else(|| rules.prompt_growth(from, estimate, counted, output_budget, reserved))
+            // A borrowed (pre-emptible) seat cannot grow where it is: it leaves when its lane's
+            // own requests need it.
+            let borrowed = guard.preemptible().is_some();
+            let Some((to, tokens)) =
+                rules
+                    .bound_move(from, input, produced, reserved)
+                    .or_else(|| {
+                        (!borrowed)
+                            .then(|| {
+                                rules.prompt_growth(from, estimate, input, output_budget, reserved)
+                            })
+                            .flatten()
+                    })
             else {
                 return true;
             };

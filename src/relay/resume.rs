@@ -71,7 +71,9 @@ impl Resumable {
         UpstreamView {
             output_tokens: self.before.saturating_add(current.output_tokens),
             exact_output: first.exact_output && current.exact_output,
-            usage: first.usage,
+            // A first run cut before its first chunk never told its prompt; the continuation
+            // then is the request as first sent, whose count is the prompt's.
+            usage: first.usage.or(current.usage),
             engine: first.engine,
             first_content_at: first.first_content_at.or(current.first_content_at),
             first_answer_at: first.first_answer_at.or(current.first_answer_at),

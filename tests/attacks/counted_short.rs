@@ -114,3 +114,45 @@ async fn template_kwargs_teach_the_estimate_nothing() {
     );
     h.shutdown().await;
 }
+
+/// A pre-emptible answer on a borrowed seat (`jobs.preempt_answers`) whose prompt the engine
+/// counts far past its estimate cannot grow where it is (a borrowed seat leaves when asked):
+/// it goes on, not cut at its first token.
+#[tokio::test]
+async fn a_borrowed_seat_counted_short_goes_on() {
+    let h = harness(&["--speed", "1", "--profile", "tiny-test"], |c| {
+        c.jobs.preempt_answers = tutor_gateway::config::PreemptAnswers::Marked;
+        for lane in Lane::ALL {
+            set_lane(c, lane, 1);
+        }
+    })
+    .await;
+    taught_short(&h);
+    // A long review holds the large lane's only seat (25 s at real speed).
+    let blocker = {
+        let url = h.url("/v1/chat/completions");
+        let body = json!({"messages": [{"role": "user", "content": words(6_000, "b")}],
+                          "max_tokens": 5_000, "ignore_eos": true, "stream": true});
+        tokio::spawn(async move { post_text(url, &body).await })
+    };
+    eventually("the blocker holds large", || h.in_flight(Lane::Large) == 1).await;
+    // The marked review, counted short (about 4,800 and its 400 out: large), borrows another
+    // lane's idle seat.
+    let review = json!({"prompt": words(12_000, "r"), "max_output_tokens": 400});
+    let resp = send(
+        client()
+            .post(h.url("/answer"))
+            .header("x-tutor-preemptible", "true")
+            .json(&review),
+    )
+    .await;
+    let text = resp.text().await.unwrap();
+    let events = sse(&text);
+    assert!(events.iter().all(|(e, _)| e != "cut"), "{text}");
+    assert_eq!(events.last().unwrap().0, "done", "{text}");
+    let done: serde_json::Value = serde_json::from_str(&events.last().unwrap().1).unwrap();
+    assert_eq!(done["usage"]["output_tokens"], 400, "{done}");
+    blocker.abort();
+    eventually("every seat is back", || h.idle()).await;
+    h.shutdown().await;
+}

@@ -127,6 +127,9 @@ pub enum PieceKind {
     Media(MediaKind),
     /// Tool calls, rendered as their JSON.
     ToolCalls,
+    /// A tool result's text (a `tool` or `ipython` message), rendered as a JSON string:
+    /// templates write it their own way (Llama 3.1 with `tojson`, others as it is).
+    ToolResult,
 }
 
 impl ChatMessage {
@@ -162,7 +165,10 @@ impl ChatMessage {
         let as_json = matches!(self.role.as_str(), "tool" | "ipython");
         let text = |f: &mut dyn FnMut(PieceKind, &str), s: &str| {
             if as_json {
-                f(PieceKind::Text, &serde_json::Value::from(s).to_string());
+                f(
+                    PieceKind::ToolResult,
+                    &serde_json::Value::from(s).to_string(),
+                );
             } else {
                 f(PieceKind::Text, s);
             }
