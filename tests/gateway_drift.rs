@@ -22,10 +22,15 @@ fn capture_logs() -> (tutor_testkit::Captured, tracing::subscriber::DefaultGuard
 }
 
 async fn chat(h: &Harness, messages: Value) {
+    chat_of(h, messages, 4).await;
+}
+
+/// [`chat`] with `max_tokens` output tokens.
+async fn chat_of(h: &Harness, messages: Value, max_tokens: u32) {
     let r = send(
         client()
             .post(h.url("/v1/chat/completions"))
-            .json(&json!({"messages": messages, "max_tokens": 4})),
+            .json(&json!({"messages": messages, "max_tokens": max_tokens})),
     )
     .await;
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
@@ -69,8 +74,12 @@ fn old_detector_alarms(lines: &[Value]) -> usize {
 /// admission to first token. No drift alarm: no metric, no log line.
 async fn no_prefix_load_raises_no_alarm(per_request_metrics: bool) {
     let (logs, _guard) = capture_logs();
+    // Each request holds one of the two engine seats for about half a second (200 tokens at
+    // 2.5 ms): a burst of 24 queues in the engine however slowly a loaded gateway hands them
+    // over (at 4 tokens and five times the speed, the engine emptied its queue faster than a
+    // loaded gateway filled it).
     let mut flags =
-        flags("--profile tiny-test --speed 10 --max-num-seqs 2 --enable-prompt-tokens-details");
+        flags("--profile tiny-test --speed 2 --max-num-seqs 2 --mean-output-tokens 1000000 --enable-prompt-tokens-details");
     if per_request_metrics {
         flags.push("--enable-per-request-metrics");
     }
@@ -99,7 +108,7 @@ async fn no_prefix_load_raises_no_alarm(per_request_metrics: bool) {
         let batch = (0..24).map(|i| {
             // No system prompt and a distinct first word: no two prompts share a KV block.
             let prompt = words(300, &format!("q{round}x{i} explain"));
-            chat(&h, json!([{"role": "user", "content": prompt}]))
+            chat_of(&h, json!([{"role": "user", "content": prompt}]), 200)
         });
         futures::future::join_all(batch).await;
     }

@@ -24,7 +24,11 @@ async fn a_reload_raises_and_lowers_a_lanes_limit_and_a_shrink_cuts_nothing() {
     // Half speed: 10 ms a token.
     let h = harness(
         &flags("--speed 0.5 --profile tiny-test --mean-output-tokens 1000000"),
-        |c| small(c, 2),
+        |c| {
+            small(c, 2);
+            // Lowered to one seat, the last of the eight waits about 15 s.
+            c.lanes.small.queue.timeout = Duration::from_secs(120);
+        },
     )
     .await;
     let base = (*h.gw.state.config()).clone();

@@ -131,35 +131,6 @@ fn matches(entry: &str, name: &str) -> bool {
     }
 }
 
-/// Checks an entry of `server.allowed_hosts`: `*`, a name (letters, digits, `-`, `_`, `.`), an
-/// IP address, or `*.` and a name; lower-cased. `None`: not one of those.
-pub fn allowed_host(entry: &str) -> Option<String> {
-    if entry == "*" {
-        return Some(entry.to_owned());
-    }
-    let (wild, rest) = match entry.strip_prefix("*.") {
-        Some(rest) => (true, rest),
-        None => (false, entry),
-    };
-    let bare = rest
-        .strip_prefix('[')
-        .and_then(|r| r.strip_suffix(']'))
-        .unwrap_or(rest);
-    if let Some(ip) = bare.parse::<IpAddr>().ok().filter(|_| !wild) {
-        return Some(ip.to_string());
-    }
-    let name = rest.strip_suffix('.').unwrap_or(rest).to_ascii_lowercase();
-    let fine = !name.is_empty()
-        && name.len() <= 253
-        && name.split('.').all(|label| {
-            !label.is_empty()
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
-        });
-    fine.then(|| if wild { format!("*.{name}") } else { name })
-}
-
 /// The middleware: 403 `host_not_allowed` for a request naming a host the listener does not
 /// answer to (every host it names: the `Host` header and HTTP/2's `:authority`).
 pub async fn check(State(hosts): State<Hosts>, req: Request, next: Next) -> Response {
@@ -179,6 +150,7 @@ pub async fn check(State(hosts): State<Hosts>, req: Request, next: Next) -> Resp
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::allowed_host;
 
     fn rule(listed: &[&str], listen: &str) -> Hosts {
         let listed: Vec<String> = listed

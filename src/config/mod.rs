@@ -63,7 +63,7 @@ pub use promotion::{PromotionConfig, WhenFull};
 pub use quota::{OnRedisDown, QuotaBackend, QuotaConfig, RedisUrl};
 pub use replicas::{ReplicaConfig, RoutingConfig, RoutingPolicy, MAX_REPLICAS};
 pub use secret::Secret;
-pub use server::{per_tenant_in_flight, ServerConfig, UnknownFields};
+pub use server::{allowed_host, per_tenant_in_flight, ServerConfig, UnknownFields};
 pub use telemetry::{OtlpProtocol, RequestLogSink, TelemetryConfig};
 pub use upstream::{AbortConfig, AbortIdFormat, AbortMethod, AbortMode, UpstreamConfig};
 

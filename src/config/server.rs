@@ -2,6 +2,7 @@
 //!
 //! Owns [`RawServer`], [`ServerConfig`], their defaults and their validation.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -313,7 +314,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
     }
     let mut allowed_hosts = Vec::new();
     for (i, entry) in raw.allowed_hosts.unwrap_or_default().iter().enumerate() {
-        match crate::api::hosts::allowed_host(entry) {
+        match allowed_host(entry) {
             Some(h) => allowed_hosts.push(h),
             None => c.fail(
                 format!("server.allowed_hosts[{i}]"),
@@ -437,4 +438,33 @@ fn cors_origin(origin: &str) -> Option<String> {
         && !rest.is_empty()
         && !rest.contains(['/', '@', '?', '#', '*', ' ']);
     ok.then(|| origin.to_ascii_lowercase())
+}
+
+/// Checks an entry of `server.allowed_hosts`: `*`, a name (letters, digits, `-`, `_`, `.`), an
+/// IP address, or `*.` and a name; lower-cased. `None`: not one of those.
+pub fn allowed_host(entry: &str) -> Option<String> {
+    if entry == "*" {
+        return Some(entry.to_owned());
+    }
+    let (wild, rest) = match entry.strip_prefix("*.") {
+        Some(rest) => (true, rest),
+        None => (false, entry),
+    };
+    let bare = rest
+        .strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .unwrap_or(rest);
+    if let Some(ip) = bare.parse::<IpAddr>().ok().filter(|_| !wild) {
+        return Some(ip.to_string());
+    }
+    let name = rest.strip_suffix('.').unwrap_or(rest).to_ascii_lowercase();
+    let fine = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
+        });
+    fine.then(|| if wild { format!("*.{name}") } else { name })
 }
