@@ -161,7 +161,10 @@ async fn a_redis_out_of_memory_sends_the_replica_to_its_fallback_at_once() {
             .unwrap();
         assert_eq!(resp.status(), 200, "served by the fallback");
     }
-    assert!(quota.degraded());
+    // It fell back (a heartbeat with no lease to renew writes nothing, which Redis at its
+    // memory limit accepts: the replica may be back on Redis between two requests, and falls
+    // back again at the next refused write; asserting it is degraded now raced that beat).
+    assert!(quota.fallbacks_total() > 0, "served by the fallback");
     assert!(
         quota.errors("refused") > 0,
         "counted as Redis refusing writes"
