@@ -123,7 +123,8 @@ async fn running_requests_are_counted_again_after_redis_lost_its_data() {
 /// A Redis out of memory under `noeviction` answers every write with `OOM`: the replica falls
 /// back at once and serves (a release still went through there, and used to reset the
 /// failures in a row, so it never fell back and requests waited out their queue timeout),
-/// and it is back on Redis once Redis has room again.
+/// stays on its fallback while Redis is full (its heartbeats write too), and it is back on
+/// Redis once Redis has room again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_out_of_memory_sends_the_replica_to_its_fallback_at_once() {
     let redis = RedisServer::start();
@@ -161,13 +162,26 @@ async fn a_redis_out_of_memory_sends_the_replica_to_its_fallback_at_once() {
             .unwrap();
         assert_eq!(resp.status(), 200, "served by the fallback");
     }
-    // It fell back (a heartbeat with no lease to renew writes nothing, which Redis at its
-    // memory limit accepts: the replica may be back on Redis between two requests, and falls
-    // back again at the next refused write; asserting it is degraded now raced that beat).
     assert!(quota.fallbacks_total() > 0, "served by the fallback");
     assert!(
         quota.errors("refused") > 0,
         "counted as Redis refusing writes"
+    );
+    // And it stays there while Redis refuses writes: every heartbeat writes, so a beat with no
+    // lease to renew fails too (it used to succeed, and the replica flapped back onto a Redis
+    // that refused its next acquire). Twenty beats' worth of looks, each must see it degraded.
+    let fallbacks = quota.fallbacks_total();
+    for _ in 0..20 {
+        assert!(
+            quota.degraded(),
+            "stays on the fallback while Redis is full"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        quota.fallbacks_total(),
+        fallbacks,
+        "fell back once, never left"
     );
     let _: () = set("0").query_async(&mut conn).await.unwrap();
     eventually("back on Redis", || !quota.degraded()).await;

@@ -1,5 +1,5 @@
 //! Redis key names. All share the hash tag `{quota}`, so every script's keys live in one
-//! Cluster slot: `<prefix>:{quota}:expiry`, `:leases`, `:usage`, `:waiting:large`, `:limits`, `:autopilot`, `:epoch`, the pub/sub
+//! Cluster slot: `<prefix>:{quota}:expiry`, `:leases`, `:usage`, `:waiting:large`, `:limits`, `:autopilot`, `:epoch`, `:beat` (written by every heartbeat), the pub/sub
 //! channel `<prefix>:{quota}:released`, and the background jobs' keys (`:jobs:*`, `:job:<id>`,
 //! see `crate::jobs`), which some scripts change together with the quota's.
 
