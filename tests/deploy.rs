@@ -158,6 +158,7 @@ const GATEWAY_SERIES: &[&str] = &[
     "tutor_gateway_tenant_service_gap_tokens",
     "tutor_gateway_tenant_fleet_yields_total",
     "tutor_gateway_refused_total",
+    "tutor_gateway_denied_total",
     "tutor_gateway_quota_degraded",
     "tutor_gateway_config_reloads_total",
 ];

@@ -94,6 +94,9 @@ async fn only_a_listed_key_gets_in_and_a_revoked_one_is_refused_after_reload() {
     .await;
     let err = assert_error(v1, 401, "invalid_api_key").await;
     assert!(err["error"]["message"].as_str().unwrap().contains("Bearer"));
+    // Operators see the three denials (none of them is a request of a lane).
+    let denied = |text: &str| metric(text, "tutor_gateway_denied_total{reason=\"auth\"}");
+    assert_eq!(denied(&h.metrics_text().await), 3.0);
     // Revoke OTHER: rewrite the file without it; the gateway re-reads it by itself.
     assert_eq!(answer(&h, Some(OTHER)).await.0, 200);
     std::thread::sleep(Duration::from_millis(20)); // a new modification time

@@ -21,6 +21,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::cors::is_json;
+use super::denied::{self, Denial};
 use crate::admission::LimitsChange;
 use crate::error::GatewayError;
 use crate::pipeline::reload::{self, ReloadError};
@@ -58,10 +59,12 @@ pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> R
             )
         });
         if !ok {
-            return GatewayError::Unauthorized(
-                "the admin listener needs Authorization: Bearer <server.admin_token>",
-            )
-            .into_response();
+            return denied::mark(
+                GatewayError::Unauthorized(
+                    "the admin listener needs Authorization: Bearer <server.admin_token>",
+                ),
+                Denial::Auth,
+            );
         }
     }
     next.run(req).await

@@ -39,6 +39,7 @@ use axum::Extension;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::denied::{self, Denial};
 use crate::config::{one_tenant_per_key, parse_keys, AuthConfig, KeyEntry};
 use crate::error::GatewayError;
 use crate::sign::{hmac_hex, same, sha256_hex};
@@ -370,7 +371,7 @@ pub async fn require(State(auth): State<Auth>, mut req: Request, next: Next) -> 
         // A header that is no key of ours (a proxy's Basic auth, say) beside a ?token=: the
         // token speaks.
         Err(_) if token.is_some() => None,
-        Err(why) => return GatewayError::Unauthorized(why).into_response(),
+        Err(why) => return denied::mark(GatewayError::Unauthorized(why), Denial::Auth),
     };
     let tenant = match (key, token) {
         (Some(key), _) => auth
@@ -408,7 +409,7 @@ pub async fn require(State(auth): State<Auth>, mut req: Request, next: Next) -> 
             };
             until_revoked(resp, auth, (id, tenant), events)
         }
-        Err(why) => GatewayError::Unauthorized(why).into_response(),
+        Err(why) => denied::mark(GatewayError::Unauthorized(why), Denial::Auth),
     }
 }
 

@@ -28,6 +28,7 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::denied::{self, Denial};
 use crate::error::GatewayError;
 
 /// Methods allowed cross-origin.
@@ -86,13 +87,13 @@ pub async fn cors(State(cors): State<Cors>, req: Request, next: Next) -> Respons
 async fn answer(cors: &Cors, req: Request, next: Next) -> Response {
     let Some(origin) = req.headers().get(header::ORIGIN).cloned() else {
         if from_another_sites_page(req.headers()) && !cors.allows("*") {
-            return GatewayError::OriginNotAllowed.into_response();
+            return denied::mark(GatewayError::OriginNotAllowed, Denial::Origin);
         }
         return next.run(req).await;
     };
     let text = origin.to_str().unwrap_or_default();
     if !cors.allows(text) {
-        return GatewayError::OriginNotAllowed.into_response();
+        return denied::mark(GatewayError::OriginNotAllowed, Denial::Origin);
     }
     let preflight = req.method() == Method::OPTIONS
         && req

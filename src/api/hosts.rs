@@ -30,8 +30,9 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
+use super::denied::{self, Denial};
 use crate::error::GatewayError;
 
 /// The names one listener answers to.
@@ -141,7 +142,7 @@ pub async fn check(State(hosts): State<Hosts>, req: Request, next: Next) -> Resp
         .chain(req.uri().authority().map(|a| Some(a.as_str())));
     for host in named {
         if !host.is_some_and(|h| hosts.allows(h)) {
-            return GatewayError::HostNotAllowed.into_response();
+            return denied::mark(GatewayError::HostNotAllowed, Denial::Host);
         }
     }
     next.run(req).await

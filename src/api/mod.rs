@@ -23,6 +23,7 @@ pub mod answer;
 pub mod auth;
 pub mod cors;
 pub mod demo;
+pub mod denied;
 mod ending;
 pub mod hosts;
 pub mod jobs;
@@ -100,6 +101,8 @@ pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth, listen: SocketAddr) ->
         ))
         // Before everything else: a page on a rebound DNS name is refused.
         .layer(axum::middleware::from_fn_with_state(hosts, hosts::check))
+        // Counts what the layers above denied (`tutor_gateway_denied_total`).
+        .layer(axum::middleware::from_fn_with_state(state, denied::count))
         // Around everything: every answer carries an `x-request-id`.
         .layer(axum::middleware::from_fn(request_id::ensure))
 }
@@ -125,6 +128,10 @@ pub fn admin(state: AppState, listen: SocketAddr) -> Router {
             admin::guard,
         ))
         .layer(axum::middleware::from_fn_with_state(hosts, hosts::check))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            denied::count,
+        ))
         .layer(axum::middleware::from_fn(request_id::ensure))
         .with_state(state)
 }

@@ -194,6 +194,7 @@ pub struct Metrics {
     prefix_queries: IntCounterVec,
     prefix_hits: IntCounterVec,
     refused: IntCounterVec,
+    denied: IntCounterVec,
     tenant_refused: IntCounterVec,
     quota: QuotaMetrics,
     promotion: PromotionMetrics,
@@ -341,6 +342,14 @@ impl Metrics {
         ] {
             refused.with_label_values(&[limit]);
         }
+        let denied = counter(
+            "tutor_gateway_denied_total",
+            "Requests denied before any route, by reason: auth (no valid API key or token, or              not the admin listener's token: 401), host (a Host not in server.allowed_hosts:              403), origin (a browser Origin not in server.cors_allow_origins: 403).",
+            &["reason"],
+        );
+        for reason in ["auth", "host", "origin"] {
+            denied.with_label_values(&[reason]);
+        }
         let tenant_refused = counter(
             "tutor_gateway_tenant_refused_total",
             "Requests refused by their tenant's budget ([auth.tenants.<name>]), by tenant (only \
@@ -416,6 +425,7 @@ impl Metrics {
             jobs,
             prefix,
             refused,
+            denied,
             tenant_refused,
             config,
             replicas,
@@ -455,6 +465,16 @@ impl Metrics {
     /// Counts a connection or request refused at `limit` (`connections`, `requests_in_flight`).
     pub fn refused(&self, limit: &str) {
         self.refused.with_label_values(&[limit]).inc();
+    }
+
+    /// Counts a request denied before any route for `reason` (`auth`, `host`, `origin`).
+    pub fn denied(&self, reason: &str) {
+        self.denied.with_label_values(&[reason]).inc();
+    }
+
+    /// Requests denied so far for `reason`.
+    pub fn denied_count(&self, reason: &str) -> u64 {
+        self.denied.with_label_values(&[reason]).get()
     }
 
     /// Connections and requests refused so far by `limit`.

@@ -58,6 +58,12 @@ async fn a_rebound_host_with_its_own_origin_is_refused() {
     // The listed origin is still served, whatever the Host.
     let ok = send(client().get(h.url("/healthz")).header("origin", FRONTEND)).await;
     assert_eq!(ok.status(), 200);
+    let metrics = h.metrics_text().await;
+    assert_eq!(
+        metric(&metrics, "tutor_gateway_denied_total{reason=\"origin\"}"),
+        2.0,
+        "operators see both"
+    );
     h.shutdown().await;
 }
 
@@ -115,6 +121,14 @@ async fn a_page_on_a_rebound_name_is_refused_by_its_host() {
     .await;
     assert_error(scrape, 403, "host_not_allowed").await;
     assert!(h.sim_requests().await.is_empty(), "the engine saw nothing");
+    // Operators see the five: three pages and a POST on the public listener, a scrape on the
+    // admin one (one registry).
+    let metrics = send(client().get(format!("http://{admin}/metrics"))).await;
+    let metrics = metrics.text().await.unwrap();
+    assert_eq!(
+        metric(&metrics, "tutor_gateway_denied_total{reason=\"host\"}"),
+        5.0
+    );
     // The gateway's own names: served.
     for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
         let resp = ask(host.clone()).await;
@@ -256,6 +270,11 @@ async fn with_an_admin_token_an_admin_request_without_it_gets_401() {
     assert_eq!(wrong.status(), 401);
     let metrics = get_text(&format!("{admin}/metrics")).await;
     assert_eq!(reloads(&metrics, "applied"), 0.0);
+    assert_eq!(
+        metric(&metrics, "tutor_gateway_denied_total{reason=\"auth\"}"),
+        2.0,
+        "both denials counted"
+    );
     let right = send(
         client()
             .post(&url)
