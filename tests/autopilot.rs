@@ -185,6 +185,25 @@ async fn off_the_configured_values_hold_exactly() {
     h.shutdown().await;
 }
 
+#[tokio::test]
+async fn before_its_first_look_the_gauges_show_the_configured_values() {
+    // A look an hour away: what a scrape sees before any (it used to see zeros, which a
+    // dashboard draws as a gateway with no seats and no prefill budget).
+    let h = harness(&["--profile", "tiny-test"], |c| {
+        c.autopilot.interval = Duration::from_secs(3_600);
+    })
+    .await;
+    let m = h.metrics_text().await;
+    assert_eq!(metric(&m, AT_FLOOR_SEATS), 10.0);
+    assert_eq!(metric(&m, BUDGET), 12_288.0);
+    let small = h.gw.state.config().lanes.small.max_concurrency;
+    assert_eq!(
+        metric(&m, "tutor_gateway_autopilot_small_seats"),
+        f64::from(small.get())
+    );
+    h.shutdown().await;
+}
+
 const PIECE_TOKENS: &str = "tutor_gateway_autopilot_piece_tokens";
 
 /// A stream of `max_tokens` tokens asked of `h`, read to its end.

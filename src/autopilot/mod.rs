@@ -53,6 +53,12 @@ const HAND_BACK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// Starts the autopilot's loop on `state` until `stop` (tracked by `tasks`: at shutdown a
 /// leader puts the configured values back before the quota's connection closes).
 pub fn start(state: AppState, stop: CancellationToken, tasks: &TaskTracker) {
+    // The gauges show the configured knobs from the start, not zeros until the first look.
+    let config = state.config();
+    state.metrics().autopilot().set(
+        off(&config).is_none(),
+        knobs(bounds(&config).max, reserve_bounds(&config).min),
+    );
     tasks.spawn(async move {
         let mut pilot = Pilot::default();
         loop {

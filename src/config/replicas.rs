@@ -145,6 +145,10 @@ pub(super) fn replicas(c: &mut Checker, raw: Vec<RawReplica>) -> Vec<ReplicaConf
     for (i, r) in raw.into_iter().enumerate() {
         let path = |key: &str| format!("upstream.replicas[{i}].{key}");
         let url = match r.url {
+            Some(u) if is_http_url(&u) && ends_in_v1(&u) => {
+                c.fail(path("url"), NOT_V1);
+                String::new()
+            }
             Some(u) if is_http_url(&u) => u.trim_end_matches('/').to_owned(),
             Some(_) => {
                 c.fail(
@@ -239,6 +243,22 @@ pub(super) fn routing(c: &mut Checker, raw: RawRouting) -> RoutingConfig {
 }
 
 /// `http://` or `https://` followed by a host.
+/// What is wrong with an engine URL that ends in `/v1`: the gateway adds `/v1/...` itself, so
+/// every request would go to `/v1/v1/...` and come back 404 (which looks like the client's
+/// fault).
+pub(super) const NOT_V1: &str =
+    "must be vLLM's server root, without /v1 (the gateway adds /v1/... itself): \
+     http://host:8000, not http://host:8000/v1";
+
+/// Whether `url`'s path (not its host) ends in `/v1`, a trailing slash aside.
+pub(super) fn ends_in_v1(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let path = rest.find('/').map_or("", |i| &rest[i..]);
+    path.trim_end_matches('/')
+        .to_ascii_lowercase()
+        .ends_with("/v1")
+}
+
 pub(super) fn is_http_url(url: &str) -> bool {
     url.strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))

@@ -910,3 +910,40 @@ fn a_key_listed_for_two_tenants_is_refused() {
     let same = Config::from_toml_str(&config("alpha"));
     assert!(same.is_ok(), "{:?}", same.err());
 }
+
+#[test]
+fn an_engine_url_ending_in_v1_is_refused_with_the_fix() {
+    // The gateway adds /v1/... itself: a URL ending in /v1 sent every request to /v1/v1/... and
+    // each came back 404 `upstream_rejected`, as if the client were at fault.
+    for url in [
+        "http://127.0.0.1:8000/v1",
+        "http://vllm:8000/v1/",
+        "https://gpu.internal/llama/V1",
+    ] {
+        let issues = issues_of(&format!("{MINIMAL}[upstream]\nbase_url = \"{url}\"\n"));
+        assert!(
+            issues
+                .iter()
+                .any(|i| i.contains("upstream.base_url") && i.contains("without /v1")),
+            "{url}: {issues:#?}"
+        );
+        let replica = format!("{MINIMAL}[[upstream.replicas]]\nurl = \"{url}\"\n");
+        let issues = issues_of(&replica);
+        assert!(
+            issues
+                .iter()
+                .any(|i| i.contains("upstream.replicas[0].url") && i.contains("without /v1")),
+            "{url}: {issues:#?}"
+        );
+    }
+    // A host named v1, or a path that only contains v1, is a root like any other.
+    for url in [
+        "http://v1:8000",
+        "http://v1",
+        "https://gw.internal/v1/llama",
+    ] {
+        let c = Config::from_toml_str(&format!("{MINIMAL}[upstream]\nbase_url = \"{url}\"\n"))
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(c.upstream.base_url, url);
+    }
+}

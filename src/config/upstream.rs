@@ -102,7 +102,8 @@ pub struct RawAbort {
 pub struct UpstreamConfig {
     /// Base URL without a trailing slash and without `/v1`, e.g. `http://127.0.0.1:8000`.
     pub base_url: String,
-    /// Model name sent in every upstream request.
+    /// Model name sent upstream for `/answer` and jobs, and for a `/v1` request that names none
+    /// (a `/v1` request's own `model` is forwarded as sent).
     pub model: String,
     /// vLLM's `--max-model-len`, in tokens: requests estimated above it are rejected before
     /// admission.
@@ -263,6 +264,8 @@ pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
             "upstream.base_url",
             "must be an http:// or https:// URL with a host",
         );
+    } else if replicas.is_empty() && replicas::ends_in_v1(&base_url) {
+        c.fail("upstream.base_url", replicas::NOT_V1);
     }
     let model = raw.model.unwrap_or_else(|| MODEL.to_owned());
     if model.trim().is_empty() {
