@@ -612,25 +612,56 @@ async fn a_priority_without_priority_scheduling_is_refused_as_vllm_does() {
     s.shutdown().await;
 }
 
+/// The prompt chunks of the steps `/debug/steps` recorded, with how many sequences ran in each.
+async fn chunks(s: &vllm_sim::SimServer) -> Vec<(u64, u64)> {
+    let steps: Vec<Value> =
+        serde_json::from_value(get_json(format!("{}/debug/steps", s.url())).await).unwrap();
+    steps
+        .iter()
+        .filter(|st| st["max_chunk"].as_u64().unwrap() > 0)
+        .map(|st| {
+            (
+                st["max_chunk"].as_u64().unwrap(),
+                st["running"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
 #[tokio::test]
-async fn long_prefill_token_threshold_caps_each_long_prefill_chunk() {
-    let s = sim(&flags("--speed 20 --profile tiny-test --max-num-batched-tokens 2048 --long-prefill-token-threshold 256"))
-    .await;
+async fn long_prefill_token_threshold_caps_long_prefills_while_others_run() {
+    let flags = flags("--speed 1 --profile tiny-test --max-num-batched-tokens 2048 --long-prefill-token-threshold 256");
+    // Alone, a long prompt has nobody to starve: vLLM lifts the cap (its first step takes the
+    // whole budget).
+    let s = sim(&flags).await;
     let url = format!("{}/v1/chat/completions", s.url());
     let events = stream_to_end(url, chat_body(&words(3000, "review"), 5, true)).await;
     assert_eq!(usage_of(&events)["completion_tokens"], 5);
-    let steps: Vec<Value> =
-        serde_json::from_value(get_json(format!("{}/debug/steps", s.url())).await).unwrap();
-    let chunks: Vec<u64> = steps
-        .iter()
-        .map(|st| st["max_chunk"].as_u64().unwrap())
-        .filter(|c| *c > 0)
-        .collect();
-    assert!(chunks.iter().all(|c| *c <= 256), "{chunks:?}");
+    let alone = chunks(&s).await;
+    assert_eq!(alone.first().map(|c| c.0), Some(2048), "{alone:?}");
+    s.shutdown().await;
+
+    // Beside a decoding stream (4,000 tokens, about 20 s at this speed, dropped at the end),
+    // every chunk of the long prompt is capped.
+    let s = sim(&flags).await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    let holder = reqwest::Client::new()
+        .post(&url)
+        .json(&chat_body("hold a seat", 4000, true))
+        .send()
+        .await
+        .unwrap();
+    let mut held = holder.bytes_stream();
+    held.next().await.unwrap().unwrap();
+    let events = stream_to_end(url, chat_body(&words(3000, "review"), 5, true)).await;
+    assert_eq!(usage_of(&events)["completion_tokens"], 5);
+    let beside = chunks(&s).await;
+    let long: Vec<u64> = beside.iter().filter(|c| c.1 >= 2).map(|c| c.0).collect();
+    assert!(long.iter().all(|c| *c <= 256), "{beside:?}");
     assert!(
-        chunks.len() >= 12,
-        "3,000 tokens in chunks of at most 256: {}",
-        chunks.len()
+        long.len() >= 12,
+        "3,000 tokens in chunks of at most 256 beside the holder: {beside:?}"
     );
+    drop(held);
     s.shutdown().await;
 }

@@ -568,3 +568,38 @@ async fn logprobs_stream_in_pieces_that_join_to_the_whole_answers() {
     }
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn usage_only_when_asked_as_vllm_does() {
+    // vLLM 0.33+ `StreamOptions`: `include_usage` defaults to false, and running usage
+    // (`continuous_usage_stats`) comes only together with it (`should_include_usage`).
+    let s = sim(&flags("--speed 50 --profile tiny-test")).await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    let with = |options: Value| {
+        let mut body = chat_body("what is a closure?", 4, true);
+        body["stream_options"] = options;
+        body
+    };
+    let chunks = |text: String| -> Vec<Value> {
+        sse_events(&text)
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str(e).unwrap())
+            .collect()
+    };
+    let with_usage = |cs: &[Value]| cs.iter().filter(|c| !c["usage"].is_null()).count();
+    for options in [
+        serde_json::json!({}),
+        serde_json::json!({"continuous_usage_stats": true}),
+        serde_json::json!({"include_usage": false, "continuous_usage_stats": true}),
+    ] {
+        let cs = chunks(post_text(&url, &with(options.clone())).await);
+        assert_eq!(with_usage(&cs), 0, "{options}: {cs:?}");
+    }
+    let cs = chunks(post_text(&url, &with(serde_json::json!({"include_usage": true}))).await);
+    assert_eq!(with_usage(&cs), 1, "the last chunk only: {cs:?}");
+    let both = serde_json::json!({"include_usage": true, "continuous_usage_stats": true});
+    let cs = chunks(post_text(&url, &with(both)).await);
+    assert_eq!(with_usage(&cs), cs.len(), "every chunk: {cs:?}");
+    s.shutdown().await;
+}

@@ -8,19 +8,17 @@ use super::error::ApiError;
 use super::state::AppState;
 use crate::tokenizer::{render_request_ending, ChatMessage, PromptEnd};
 
-/// `stream_options`.
+/// `stream_options` (vLLM's `StreamOptions`, `vllm/entrypoints/generate/base/protocol.py`: both
+/// default to false; older vLLM defaulted `include_usage` to true).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct StreamOptions {
-    /// Final chunk with usage; true once the object is present (as in vLLM).
-    #[serde(default = "yes")]
+    /// Final chunk with usage.
+    #[serde(default)]
     pub include_usage: bool,
-    /// Running usage on every chunk.
+    /// Running usage on every chunk, only with `include_usage` too (vLLM's
+    /// `should_include_usage`, `vllm/entrypoints/serve/utils/api_utils.py`).
     #[serde(default)]
     pub continuous_usage_stats: bool,
-}
-
-fn yes() -> bool {
-    true
 }
 
 /// A field that is present, `null` or not: `Some(None)` for `null` (absent stays `None` through
@@ -487,10 +485,7 @@ impl Generation {
             Some(m) => m,
             None => limit - input,
         };
-        let opts = c.stream_options.unwrap_or(StreamOptions {
-            include_usage: false,
-            continuous_usage_stats: false,
-        });
+        let opts = c.stream_options.unwrap_or_default();
         let logprobs = match (api, &c.logprobs) {
             (Api::Chat, Some(serde_json::Value::Bool(true))) => Some(c.top_logprobs.unwrap_or(0)),
             (Api::Completion, Some(n)) => n.as_u64().map(|n| n.min(20) as u32),
@@ -504,7 +499,7 @@ impl Generation {
             max_tokens,
             stream: c.stream,
             include_usage: c.stream && opts.include_usage,
-            continuous_usage: c.stream && opts.continuous_usage_stats,
+            continuous_usage: c.stream && opts.include_usage && opts.continuous_usage_stats,
             ignore_eos: c.ignore_eos,
             seed: c.seed,
             priority: c.priority,

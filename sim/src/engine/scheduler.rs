@@ -45,8 +45,9 @@ pub struct SchedulerConfig {
     pub prefix_caching: bool,
     /// Serve lower `priority` first instead of arrival order.
     pub priority_policy: bool,
-    /// Most tokens one sequence may compute in a step (vLLM's `--long-prefill-token-threshold`),
-    /// whatever else is scheduled; 0: no cap beyond the step budget.
+    /// Most tokens one sequence may compute in a step (vLLM's `--long-prefill-token-threshold`)
+    /// while more than one request is running or waiting (a lone request takes the whole step
+    /// budget); 0: no cap beyond the step budget.
     pub long_prefill_token_threshold: u32,
     /// Admit a waiting sequence only if blocks for its whole sequence fit, not only for its
     /// first chunk (vLLM's `SchedulerConfig.scheduler_reserve_full_isl`, on by default).
@@ -97,12 +98,29 @@ impl SchedulerConfig {
         }
     }
 
-    /// The tokens of one sequence in this step: `remaining` capped by the long-prefill threshold
-    /// (as vLLM's `schedule()`: `if 0 < threshold < num_new_tokens`, for running and waiting
-    /// requests alike, however many are scheduled), then by the `budget` left.
-    fn chunk(&self, remaining: u32, budget: u32) -> u32 {
-        let t = self.long_prefill_token_threshold;
-        let n = if 0 < t && t < remaining { t } else { remaining };
+    /// The long-prefill threshold in force for a step that starts with `requests` requests
+    /// running, waiting or loading: none for a lone request, which has nobody to starve (vLLM's
+    /// `Scheduler.schedule()` in `vllm/v1/core/sched/scheduler.py` sets it to 0 unless
+    /// `num_running + num_waiting > 1`, counted once at the step's start; since vLLM 0.33,
+    /// PR #57951, and the field's own docstring in `vllm/config/scheduler.py` says so).
+    fn threshold_for(&self, requests: usize) -> u32 {
+        if requests > 1 {
+            self.long_prefill_token_threshold
+        } else {
+            0
+        }
+    }
+
+    /// The tokens of one sequence in this step: `remaining` capped by the long-prefill
+    /// `threshold` in force ([`Self::threshold_for`]; as vLLM's `schedule()`:
+    /// `if 0 < threshold < num_new_tokens`, for running and waiting requests alike), then by the
+    /// `budget` left.
+    fn chunk(threshold: u32, remaining: u32, budget: u32) -> u32 {
+        let n = if 0 < threshold && threshold < remaining {
+            threshold
+        } else {
+            remaining
+        };
         n.min(budget)
     }
 }
@@ -271,6 +289,9 @@ impl Scheduler {
         let mut plan = StepPlan::default();
         let mut budget = self.cfg.max_num_batched_tokens;
         let bs = self.cfg.block_size;
+        let threshold = self
+            .cfg
+            .threshold_for(self.running.len() + self.waiting.len() + self.loading.len());
 
         // 1. Running sequences, in admission order.
         let mut i = 0;
@@ -285,7 +306,7 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            let new = self.cfg.chunk(seq.total_tokens() - seq.computed, budget);
+            let new = SchedulerConfig::chunk(threshold, seq.total_tokens() - seq.computed, budget);
             if new == 0 {
                 i += 1;
                 continue;
@@ -365,7 +386,7 @@ impl Scheduler {
             let new = if cpu_blocks > 0 {
                 0
             } else {
-                self.cfg.chunk(total - hit_tokens, budget)
+                SchedulerConfig::chunk(threshold, total - hit_tokens, budget)
             };
             // Fresh blocks: for the loaded blocks, or for the chunk computed now.
             let need = if cpu_blocks > 0 {
@@ -784,20 +805,22 @@ mod tests {
     }
 
     #[test]
-    fn the_long_prefill_threshold_caps_a_lone_prefill_too() {
-        // vLLM's schedule() caps `num_new_tokens` at the threshold for every running and waiting
-        // request (`if 0 < threshold < num_new_tokens`), however many are scheduled: not only
-        // when more than one is (the audit's reading, which the source does not bear out).
+    fn the_long_prefill_threshold_spares_a_lone_prefill_and_caps_two() {
+        // vLLM's schedule() sets the threshold to 0 unless more than one request is running or
+        // waiting (`num_running + num_waiting > 1`): a lone long prefill takes the step budget.
         let mut s = Scheduler::new(cfg(256, true));
         let (a, _ra) = seq(1, 1000, 4);
         s.add(a);
         let plan = s.schedule(Instant::now());
         assert_eq!(
             plan.scheduled,
-            vec![(1, 256)],
-            "a lone long prefill is capped"
+            vec![(1, 1000)],
+            "a lone long prefill is not capped"
         );
-        s.complete(&plan, Instant::now());
+        // Two requests: both capped alike, the running one too.
+        let mut s = Scheduler::new(cfg(256, true));
+        let (a, _ra) = seq(1, 1000, 4);
+        s.add(a);
         let (b, _rb) = seq(2, 1000, 4);
         s.add(b);
         let plan = s.schedule(Instant::now());
@@ -805,6 +828,15 @@ mod tests {
             plan.scheduled,
             vec![(1, 256), (2, 256)],
             "two are capped alike"
+        );
+        s.complete(&plan, Instant::now());
+        let (c, _rc) = seq(3, 1000, 4);
+        s.add(c);
+        let plan = s.schedule(Instant::now());
+        assert_eq!(
+            plan.scheduled,
+            vec![(1, 256), (2, 256), (3, 256)],
+            "a running prefill stays capped while others are there"
         );
         // A decode is never capped, and the cap never lets a step exceed its budget.
         let mut s = Scheduler::new(SchedulerConfig {

@@ -52,8 +52,9 @@ impl StepShape {
 pub struct BatchedCost {
     /// Fixed cost of a step of decodes only: a full CUDA graph replay, sampling, scheduling.
     pub decode_overhead_ms: f64,
-    /// Fixed cost of a step with any prompt chunk: piecewise CUDA graphs with attention run
-    /// eagerly between them, and the attention metadata of variable-length chunks.
+    /// Fixed cost of a step with any prompt chunk: kernel launches (vLLM runs a step larger
+    /// than its largest captured CUDA graph eagerly) and the attention metadata of
+    /// variable-length chunks.
     pub mixed_overhead_ms: f64,
     /// Reading the weights once: the least a forward pass takes, however few its tokens.
     pub weight_read_ms: f64,

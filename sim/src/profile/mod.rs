@@ -8,8 +8,8 @@
 //! ```
 //!
 //! where `overhead` is `decode_overhead` for a step of decodes only (vLLM replays a full CUDA
-//! graph) and `mixed_overhead` for a step with any prompt chunk (piecewise CUDA graphs, attention
-//! run eagerly). The constants of the GPU profiles live in `sim/profiles/*.toml` ([`ProfileFile`]),
+//! graph) and `mixed_overhead` for a step with any prompt chunk (run eagerly once it is larger
+//! than the largest captured graph). The constants of the GPU profiles live in `sim/profiles/*.toml` ([`ProfileFile`]),
 //! with the arithmetic and sources of each; `sim/README.md` ("Step time") summarises them.
 
 mod cost;
