@@ -125,7 +125,10 @@ pub enum GatewayError {
     #[error("no job with this id (results are forgotten some time after they expire)")]
     JobNotFound,
     /// No route has this path.
-    #[error("no such endpoint on this gateway (see the API in the README)")]
+    #[error(
+        "no such endpoint on this gateway (the endpoints are in docs/operations.md, \"Endpoints\"; \
+         with server.admin_listen set, /metrics, /readyz and /admin/reload are on that listener)"
+    )]
     NotFound,
     /// The path exists, not with this method.
     #[error("this endpoint does not take this method")]
@@ -575,8 +578,87 @@ impl IntoResponse for GatewayError {
     }
 }
 
+/// `serde`'s message with its Rust type names said in words ("expected u32" is "expected a
+/// whole number from 0 to 4294967295").
+pub fn plain(message: &str) -> String {
+    const WORDS: [(&str, &str); 8] = [
+        ("expected u8", "expected a whole number from 0 to 255"),
+        ("expected u16", "expected a whole number from 0 to 65535"),
+        (
+            "expected u32",
+            "expected a whole number from 0 to 4294967295",
+        ),
+        (
+            "expected u64",
+            "expected a whole number from 0 to 18446744073709551615",
+        ),
+        ("expected usize", "expected a whole number from 0 up"),
+        ("expected i64", "expected a whole number"),
+        ("expected f32", "expected a number"),
+        ("expected f64", "expected a number"),
+    ];
+    let mut out = message.to_owned();
+    for (rust, words) in WORDS {
+        // Whole words only: `u8` is not the start of `u80`.
+        let mut from = 0;
+        while let Some(at) = out[from..].find(rust).map(|i| i + from) {
+            let end = at + rust.len();
+            if out[end..].starts_with(|c: char| c.is_ascii_alphanumeric()) {
+                from = end;
+                continue;
+            }
+            out.replace_range(at..end, words);
+            from = at + words.len();
+        }
+    }
+    out
+}
+
 impl From<axum::extract::rejection::QueryRejection> for GatewayError {
+    /// The query string's problem in the gateway's words, `param` naming the field when it is
+    /// one of the route's (axum says "Failed to deserialize query string: missing field
+    /// `prompt`", or "<field>: <problem>").
     fn from(e: axum::extract::rejection::QueryRejection) -> Self {
-        GatewayError::bad_request(e.body_text(), None)
+        let text = e.body_text();
+        let detail = text
+            .strip_prefix("Failed to deserialize query string: ")
+            .unwrap_or(&text);
+        let field = detail
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next())
+            .or_else(|| detail.split_once(": ").map(|(field, _)| field))
+            .filter(|f| {
+                // A field the client named: never a `param` (it is logged).
+                !detail.contains("unknown field")
+                    && !f.is_empty()
+                    && f.len() <= 64
+                    && f.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+            })
+            .map(str::to_owned);
+        let message = format!("the query string: {}", plain(detail));
+        match field {
+            Some(field) => GatewayError::bad_field(message, field),
+            None => GatewayError::bad_request(message, None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod plain_tests {
+    use super::plain;
+
+    #[test]
+    fn rust_type_names_are_said_in_words_and_nothing_else_changes() {
+        assert_eq!(
+            plain("invalid value: integer `-3`, expected u32"),
+            "invalid value: integer `-3`, expected a whole number from 0 to 4294967295"
+        );
+        assert_eq!(
+            plain("invalid type: string \"hot\", expected f64"),
+            "invalid type: string \"hot\", expected a number"
+        );
+        // Whole words only, and text without a type name is left as it is.
+        assert_eq!(plain("expected u80 things"), "expected u80 things");
+        assert_eq!(plain("missing field `prompt`"), "missing field `prompt`");
     }
 }

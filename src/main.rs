@@ -255,6 +255,8 @@ fn report(path: &std::path::Path, err: ConfigError) -> ExitCode {
                  documented file is config/config.toml there)"
             );
         }
+        // Named by the file, as every other problem is.
+        syntax @ ConfigError::Syntax { .. } => eprintln!("{}: {syntax}", path.display()),
         other => eprintln!("{other}"),
     }
     ExitCode::FAILURE

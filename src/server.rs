@@ -373,23 +373,28 @@ pub async fn start_sim(
     let max_len = config.upstream.max_model_len.to_string();
     let mut argv: Vec<String> = [
         "vllm-sim",
-        "--port",
-        "0",
-        "--served-model-name",
-        config.upstream.model.as_str(),
-        "--max-model-len",
-        max_len.as_str(),
         "--enable-prompt-tokens-details",
         "--enable-per-request-metrics",
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
-    if !extra
-        .iter()
-        .any(|a| a.starts_with("--long-prefill-token-threshold"))
-    {
-        argv.extend(["--long-prefill-token-threshold".into(), "512".into()]);
+    // The defaults of a bundled simulator, each unless `extra` sets that flag itself (a flag
+    // given twice is refused).
+    let given = |flag: &str| {
+        extra
+            .iter()
+            .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+    };
+    for (flag, value) in [
+        ("--port", "0"),
+        ("--served-model-name", config.upstream.model.as_str()),
+        ("--max-model-len", max_len.as_str()),
+        ("--long-prefill-token-threshold", "512"),
+    ] {
+        if !given(flag) {
+            argv.extend([flag.to_owned(), value.to_owned()]);
+        }
     }
     argv.extend(extra.iter().cloned());
     let args =

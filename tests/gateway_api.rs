@@ -81,6 +81,44 @@ async fn answer_post_accepts_messages_and_rejects_bad_bodies() {
             "{err}"
         );
     }
+    // Each error names the field to fix (`param`), in words a student's frontend can show.
+    let post = |body: serde_json::Value| send(client().post(h.url("/answer")).json(&body));
+    let get = |query: &'static str| send(client().get(h.url(&format!("/answer?{query}"))));
+    for (resp, param, needle) in [
+        (
+            post(json!({"messages": []})).await,
+            json!("messages"),
+            "must not be empty",
+        ),
+        (
+            post(json!({"prompt": "a", "max_output_tokens": -3})).await,
+            json!("max_output_tokens"),
+            "whole number from 0",
+        ),
+        (
+            get("max_output_tokens=5").await,
+            json!("prompt"),
+            "missing field `prompt`",
+        ),
+        (
+            get("prompt=why&max_output_tokens=abc").await,
+            json!("max_output_tokens"),
+            "max_output_tokens",
+        ),
+        // A field the client named (not the gateway's) is never a `param`.
+        (
+            get("prompt=why&max_tokens=5").await,
+            json!(null),
+            "unknown field",
+        ),
+    ] {
+        let err = assert_error(resp, 400, "bad_request").await;
+        let message = err["error"]["message"].as_str().unwrap();
+        assert_eq!(err["error"]["param"], param, "{err}");
+        assert!(message.contains(needle), "{err}");
+        assert!(!message.contains("deserialize"), "{err}");
+        assert!(!message.contains("u32"), "{err}");
+    }
     h.shutdown().await;
 }
 

@@ -153,6 +153,22 @@ async fn an_eventsource_token_opens_the_stream_until_it_expires() {
     // A token without a key cannot be asked for.
     let no_key = send(client().post(h.url("/auth/token"))).await;
     assert_eq!(no_key.status(), 401);
+    // A token sent as a key is refused, saying where a token goes.
+    let as_key = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .bearer_auth(&token)
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})),
+    )
+    .await;
+    let err = assert_error(as_key, 401, "invalid_api_key").await;
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("?token="),
+        "{err}"
+    );
     h.shutdown().await;
     // A token past its expiry (1 ms of life) is refused.
     let h = harness(FAST, |c| {

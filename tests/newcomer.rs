@@ -186,6 +186,26 @@ fn check_config_lists_every_problem_at_once() {
         assert!(stderr.contains(key), "{key} is reported: {stderr}");
     }
     assert!(stderr.contains("4 problem(s)"), "{stderr}");
+    // Text that is not TOML is named by its file too, with the line.
+    std::fs::write(
+        &path,
+        "[classify]\ntokenizer = \"heuristic\"\n[lanes.small\n",
+    )
+    .unwrap();
+    let out = gateway_bin()
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.starts_with(&format!(
+            "{}: config is not valid TOML at line 3",
+            path.display()
+        )),
+        "{stderr}"
+    );
 }
 
 /// check-config builds what `serve` builds from the files a config names: a file that exists
@@ -349,4 +369,31 @@ fn every_section_the_config_points_at_exists() {
         missing.is_empty(),
         "sections named but not in the guide: {missing:#?}"
     );
+}
+
+/// `serve --with-sim --sim-arg=--port --sim-arg=N`: the bundled simulator's own defaults give
+/// way to the flags a user passes (a flag given twice was refused, and the gateway did not
+/// start).
+#[tokio::test]
+async fn a_bundled_simulator_takes_the_users_own_port_and_flags() {
+    let port = tutor_testkit::free_port();
+    let mut config = tutor_gateway::config::Config::default();
+    let extra: Vec<String> = ["--port", &port.to_string(), "--max-model-len=4096"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let sim = tutor_gateway::server::start_sim(&mut config, &extra)
+        .await
+        .expect("the simulator starts with the user's flags");
+    assert_eq!(config.upstream.base_url, format!("http://127.0.0.1:{port}"));
+    let models = client()
+        .get(format!("{}/v1/models", config.upstream.base_url))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    assert_eq!(models["data"][0]["max_model_len"], 4096, "{models}");
+    sim.shutdown().await;
 }

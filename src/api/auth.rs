@@ -377,7 +377,15 @@ pub async fn require(State(auth): State<Auth>, mut req: Request, next: Next) -> 
         (Some(key), _) => auth
             .key(key)
             .map(|(tenant, id)| (tenant, Credential::Key(id)))
-            .ok_or("the API key is not valid (unknown or revoked)"),
+            .ok_or_else(|| match auth.tenant_of_token(key) {
+                // One of our tokens sent as a key: say where a token goes.
+                Ok(_) => {
+                    "that is a token from POST /auth/token, not an API key: a token is accepted \
+                     only as ?token= on GET /answer and GET /jobs/{id}/events; send \
+                     Authorization: Bearer <key> here"
+                }
+                Err(_) => "the API key is not valid (unknown or revoked)",
+            }),
         (None, Some(_)) if !token_route(req.method(), req.uri().path()) => Err(
             "a ?token= is accepted only on GET /answer and GET /jobs/{id}/events (it cannot \
              mint tokens); send Authorization: Bearer <key> here",

@@ -13,7 +13,7 @@
 use std::sync::LazyLock;
 
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
@@ -28,7 +28,8 @@ static CSP: LazyLock<String> = LazyLock::new(|| csp(PAGE));
 /// `GET /demo`.
 pub async fn page(State(state): State<AppState>) -> Response {
     if !state.config().server.demo {
-        return StatusCode::NOT_FOUND.into_response();
+        // As any path the gateway does not serve: the OpenAI-shaped 404.
+        return crate::error::GatewayError::NotFound.into_response();
     }
     let mut resp = ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], PAGE).into_response();
     let h = resp.headers_mut();

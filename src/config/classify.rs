@@ -135,7 +135,11 @@ pub(super) fn validate(c: &mut Checker, raw: RawClassify) -> ClassifyConfig {
         Some(path) => {
             let path = PathBuf::from(path);
             if !path.is_file() {
-                c.fail("classify.tokenizer", "names a file that does not exist");
+                c.fail(
+                    "classify.tokenizer",
+                    "names a file that does not exist (a path to the model's tokenizer.json, \
+                     relative to the working directory, or \"heuristic\")",
+                );
             }
             TokenizerSource::File(path)
         }

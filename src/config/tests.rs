@@ -235,7 +235,10 @@ fn tokenizer_must_be_chosen_explicitly_and_exist() {
     let issues = issues_of("[classify]\ntokenizer = \"/nonexistent/tokenizer.json\"\n");
     assert_eq!(
         issues,
-        ["classify.tokenizer names a file that does not exist"]
+        [
+            "classify.tokenizer names a file that does not exist (a path to the model's \
+          tokenizer.json, relative to the working directory, or \"heuristic\")"
+        ]
     );
 }
 

@@ -27,8 +27,9 @@ use error::ApiError;
 use request::{encode, parse_json, prompt_end};
 pub use state::AppState;
 
-/// The vLLM version the simulator reports at `/version`.
-pub const VLLM_VERSION: &str = "0.25.0+sim";
+/// The vLLM version the simulator reports at `/version`: the release whose scheduler and server
+/// rules it was last checked against (`docs/vllm-interface.md`).
+pub const VLLM_VERSION: &str = "0.34.0+sim";
 
 /// All routes.
 pub fn router(state: AppState) -> Router {

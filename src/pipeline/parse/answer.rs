@@ -126,9 +126,9 @@ impl AnswerRequest {
                 Some("course_id"),
             ));
         }
-        let (messages, messages_json) = match (body.messages, body.prompt) {
-            (Some(m), None) => (m, raw_messages.unwrap_or(Value::Null)),
-            (None, Some(p)) => (typed(user_message(&p))?, user_message(&p)),
+        let (messages, messages_json, asked_in) = match (body.messages, body.prompt) {
+            (Some(m), None) => (m, raw_messages.unwrap_or(Value::Null), "messages"),
+            (None, Some(p)) => (typed(user_message(&p))?, user_message(&p), "prompt"),
             _ => {
                 return Err(GatewayError::bad_request(
                     "send exactly one of `messages` and `prompt`",
@@ -141,6 +141,7 @@ impl AnswerRequest {
             messages_json,
             body.max_output_tokens,
             body.session_id,
+            asked_in,
         )
     }
 
@@ -152,6 +153,7 @@ impl AnswerRequest {
             json,
             q.max_output_tokens,
             q.session_id,
+            "prompt",
         )?;
         req.course_id = q.course_id.filter(|c| !c.is_empty());
         Ok(req)
@@ -162,12 +164,14 @@ impl AnswerRequest {
         messages_json: Value,
         max: Option<u32>,
         session_id: Option<String>,
+        asked_in: &'static str,
     ) -> Result<Self, GatewayError> {
         if messages.is_empty() || messages.iter().all(|m| m.text().trim().is_empty()) {
-            return Err(GatewayError::bad_request(
-                "the question must not be empty",
-                Some("prompt"),
-            ));
+            let message = match asked_in {
+                "messages" => "the question must not be empty: `messages` holds no text",
+                _ => "the question must not be empty",
+            };
+            return Err(GatewayError::bad_request(message, Some(asked_in)));
         }
         if max == Some(0) {
             return Err(GatewayError::bad_request(
@@ -248,6 +252,7 @@ impl AnswerRequest {
             json,
             body.max_output_tokens,
             body.session_id,
+            "prompt",
         )?;
         req.course_id = Some(course_id);
         req.material = Some(material);

@@ -4,7 +4,7 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::error::GatewayError;
+use crate::error::{plain, GatewayError};
 
 /// Deserializes `T` from `value`, naming the failing field by its path.
 pub fn typed<T: DeserializeOwned>(value: Value) -> Result<T, GatewayError> {
@@ -18,9 +18,9 @@ pub fn typed_ref<T: DeserializeOwned>(value: &Value) -> Result<T, GatewayError> 
     serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
         let path = e.path().to_string();
         if path == "." || path.is_empty() {
-            return GatewayError::bad_request(e.inner().to_string(), None);
+            return GatewayError::bad_request(plain(&e.inner().to_string()), None);
         }
-        let inner = e.inner().to_string();
+        let inner = plain(&e.inner().to_string());
         let message = format!("{path}: {inner}");
         let field = path
             .split(['.', '['])
