@@ -120,9 +120,22 @@ async fn tls_on_the_public_listener_and_a_renewed_certificate_is_served_without_
         http.get(format!("{https}/healthz")).send().await.is_err(),
         "the certificate does not name 127.0.0.1"
     );
-    // Plain HTTP to a TLS listener gets nowhere.
-    let plain = client().get(h.url("/healthz")).send().await;
-    assert!(plain.is_err() || !plain.unwrap().status().is_success());
+    // Plain HTTP to a TLS listener gets a plain answer saying to use https, and nothing else.
+    for _ in 0..2 {
+        let plain = send(client().post(h.url("/v1/chat/completions")).json(
+            &serde_json::json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        ))
+        .await;
+        let err = assert_error(plain, 400, "tls_required").await;
+        assert!(
+            err["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("https://"),
+            "{err}"
+        );
+    }
+    assert!(h.sim_requests().await.is_empty(), "the engine saw nothing");
     // Renew: the right certificate replaces the files; the gateway picks it up by itself.
     std::fs::copy(fixture("server.pem"), &cert).unwrap();
     std::fs::copy(fixture("server.key"), &key).unwrap();

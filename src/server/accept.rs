@@ -187,8 +187,15 @@ pub async fn serve(
         // client_write_timeout first (recording client_too_slow and aborting the engine's
         // work); the connection's guard is the backstop for everything else.
         let backstop = server.client_write_timeout.saturating_mul(2);
-        let tcp = WriteTimeout::new(tcp, backstop);
         conns.spawn(async move {
+            // Plain HTTP sent to a TLS listener: answered in plain HTTP, saying to use https
+            // (a TLS alert reads as a broken connection to a curl or a browser).
+            if acceptor.is_some() && plain_http(&tcp, idle.first_head_by).await {
+                refuse_plain_http(tcp).await;
+                drop(seat);
+                return;
+            }
+            let tcp = WriteTimeout::new(tcp, backstop);
             let activity = Activity::new();
             // Closed by a stream cut for not reading whose body the connection never takes
             // down (an HTTP/2 window kept at zero): `relay::client`.
@@ -301,6 +308,35 @@ async fn activity_stalled(activity: &Activity, limit: Duration) {
 }
 
 /// Answers a connection over the limit with a 503 and closes it.
+/// The answer to plain HTTP on a TLS listener.
+const TLS_ONLY_BODY: &str = r#"{"error":{"message":"this port speaks TLS only (server.tls_cert): use https://","type":"invalid_request_error","param":null,"code":"tls_required"}}"#;
+
+/// Whether a connection to a TLS listener opened with plain HTTP: its first byte, waited for
+/// until `by`, is an upper-case letter (a method: `GET`, `POST`, ...), where a TLS client sends a
+/// handshake record (0x16). No byte by then, or a closed connection: not plain HTTP (the
+/// handshake's own deadline then ends it).
+async fn plain_http(tcp: &TcpStream, by: Instant) -> bool {
+    let mut first = [0u8; 1];
+    match tokio::time::timeout_at(by, tcp.peek(&mut first)).await {
+        Ok(Ok(1)) => first[0].is_ascii_uppercase(),
+        _ => false,
+    }
+}
+
+/// Answers plain HTTP on a TLS listener with 400 `tls_required` and closes.
+async fn refuse_plain_http(mut tcp: TcpStream) {
+    let head = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        TLS_ONLY_BODY.len()
+    );
+    let write = async {
+        tcp.write_all(head.as_bytes()).await?;
+        tcp.write_all(TLS_ONLY_BODY.as_bytes()).await?;
+        tcp.shutdown().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+}
+
 async fn refuse(mut tcp: TcpStream) {
     let head = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
