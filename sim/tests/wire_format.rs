@@ -603,3 +603,55 @@ async fn usage_only_when_asked_as_vllm_does() {
     assert_eq!(with_usage(&cs), cs.len(), "every chunk: {cs:?}");
     s.shutdown().await;
 }
+
+#[tokio::test]
+async fn sampling_values_vllm_refuses_are_refused_and_priority_under_fcfs_is_ignored() {
+    let s = sim(&flags("--speed 50 --profile tiny-test")).await;
+    let url = format!("{}/v1/chat/completions", s.url());
+    let with = |field: &str, value: Value| {
+        let mut body = chat_body("hi", 2, false);
+        body[field] = value;
+        body
+    };
+    // A wrong type, and values out of vLLM's ranges (`SamplingParams._verify_args`).
+    for (field, value) in [
+        ("temperature", serde_json::json!("hot")),
+        ("temperature", serde_json::json!(-1)),
+        ("temperature", serde_json::json!(2.5)),
+        ("top_p", serde_json::json!(0)),
+        ("top_k", serde_json::json!(-2)),
+        ("min_p", serde_json::json!(1.5)),
+        ("presence_penalty", serde_json::json!(3)),
+        ("frequency_penalty", serde_json::json!(-3)),
+        ("repetition_penalty", serde_json::json!(0)),
+    ] {
+        let resp = send(client().post(&url).json(&with(field, value.clone()))).await;
+        assert_eq!(resp.status(), 400, "{field} = {value}");
+        let err: Value = resp.json().await.unwrap();
+        let message = err["error"]["message"].as_str().unwrap();
+        // A range names the field; a type error is the body's parse error.
+        assert!(
+            message.contains(field) || message.contains("invalid type"),
+            "{field} = {value}: {err}"
+        );
+    }
+    // In range: answered.
+    for (field, value) in [
+        ("temperature", serde_json::json!(0)),
+        ("top_p", serde_json::json!(1)),
+        ("top_k", serde_json::json!(-1)),
+        ("presence_penalty", serde_json::json!(-2)),
+    ] {
+        let resp = send(client().post(&url).json(&with(field, value.clone()))).await;
+        assert_eq!(resp.status(), 200, "{field} = {value}");
+    }
+    // vLLM 0.33+ takes a priority without `--scheduling-policy priority`, and ignores it.
+    let resp = send(
+        client()
+            .post(&url)
+            .json(&with("priority", serde_json::json!(2))),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    s.shutdown().await;
+}

@@ -86,6 +86,87 @@ pub struct Common {
     /// vLLM truncates a rendered prompt before it checks its length.
     #[serde(default)]
     pub truncate_prompt_tokens: Option<i64>,
+    /// Sampling knobs the simulator does not use, typed and checked as vLLM does
+    /// ([`Sampling::verify`]), so a wrong value gets vLLM's 400 instead of an answer.
+    #[serde(flatten)]
+    pub sampling: Sampling,
+}
+
+/// The sampling fields vLLM checks (`SamplingParams._verify_args` in
+/// `vllm/sampling_params.py`); a wrong type fails the body's parse, a value out of range
+/// [`Sampling::verify`].
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Sampling {
+    /// Sampling temperature, in [0, 2].
+    #[serde(default)]
+    pub temperature: Option<f64>,
+    /// Nucleus sampling mass, in (0, 1].
+    #[serde(default)]
+    pub top_p: Option<f64>,
+    /// Top-k sampling: 0 or -1 off, else at least 1.
+    #[serde(default)]
+    pub top_k: Option<i64>,
+    /// Minimum probability, in [0, 1].
+    #[serde(default)]
+    pub min_p: Option<f64>,
+    /// Presence penalty, in [-2, 2].
+    #[serde(default)]
+    pub presence_penalty: Option<f64>,
+    /// Frequency penalty, in [-2, 2].
+    #[serde(default)]
+    pub frequency_penalty: Option<f64>,
+    /// Repetition penalty, above 0.
+    #[serde(default)]
+    pub repetition_penalty: Option<f64>,
+}
+
+impl Sampling {
+    /// vLLM's range checks, with its messages.
+    pub fn verify(&self) -> Result<(), ApiError> {
+        let bad =
+            |message: String, param: &'static str| Err(ApiError::bad_request(message, Some(param)));
+        for (value, param) in [
+            (self.presence_penalty, "presence_penalty"),
+            (self.frequency_penalty, "frequency_penalty"),
+        ] {
+            if let Some(v) = value.filter(|v| !(-2.0..=2.0).contains(v)) {
+                return bad(format!("{param} must be in [-2, 2], got {v}."), param);
+            }
+        }
+        if let Some(v) = self.repetition_penalty.filter(|v| *v <= 0.0) {
+            return bad(
+                format!("repetition_penalty must be greater than zero, got {v}."),
+                "repetition_penalty",
+            );
+        }
+        if let Some(v) = self.temperature {
+            if v < 0.0 {
+                return bad(
+                    format!("temperature must be non-negative, got {v}."),
+                    "temperature",
+                );
+            }
+            if v > 2.0 {
+                return bad(
+                    format!("temperature must be in [0, 2], got {v}."),
+                    "temperature",
+                );
+            }
+        }
+        if let Some(v) = self.top_p.filter(|v| !(*v > 0.0 && *v <= 1.0)) {
+            return bad(format!("top_p must be in (0, 1], got {v}."), "top_p");
+        }
+        if let Some(v) = self.top_k.filter(|v| *v < -1) {
+            return bad(
+                format!("top_k must be 0 (disable), or at least 1, got {v}."),
+                "top_k",
+            );
+        }
+        if let Some(v) = self.min_p.filter(|v| !(0.0..=1.0).contains(v)) {
+            return bad(format!("min_p must be in [0, 1], got {v}."), "min_p");
+        }
+        Ok(())
+    }
 }
 
 /// The first special token id (Llama 3's `<|begin_of_text|>` is 128000, its reserved special
@@ -431,16 +512,9 @@ impl Generation {
                 Some("n"),
             ));
         }
-        if c.priority != 0 && !state.priority_policy {
-            // vLLM's own check.
-            return Err(ApiError::bad_request(
-                format!(
-                    "Got priority {} but Priority scheduling is not enabled.",
-                    c.priority
-                ),
-                Some("priority"),
-            ));
-        }
+        // A non-zero priority under `fcfs` is accepted and has no effect: vLLM 0.33 and 0.34
+        // dropped the check that refused it (only the field's description still says so).
+        c.sampling.verify()?;
         if c.cache_salt.as_deref() == Some("") {
             // vLLM's own check (its request models' `check_cache_salt_support`).
             return Err(ApiError::bad_request(
