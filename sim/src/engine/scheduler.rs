@@ -344,7 +344,10 @@ impl Scheduler {
                 self.preempt(victim);
             }
             if !scheduled_self {
-                break;
+                // It preempted itself (it was the victim), freeing its blocks: the requests after
+                // it may still fit, as in vLLM's `schedule()` (under the priority policy they
+                // have higher priority; under FCFS the victim is the last, so the loop ends).
+                continue;
             }
             let seq = &self.running[i];
             plan.scheduled.push((seq.seq_no, new));
@@ -659,6 +662,55 @@ mod tests {
     fn seq(no: u64, prompt_len: u32, out: u32) -> (Sequence, UnboundedReceiver<EngineEvent>) {
         let prompt: Vec<u32> = (0..prompt_len).map(|i| (no as u32) * 100_000 + i).collect();
         seq_of(no, &prompt, out)
+    }
+
+    /// Under the priority policy a running request that is the lowest priority preempts itself
+    /// when it needs a block; the requests after it (higher priority) are still scheduled in
+    /// that step with the blocks it freed, as vLLM's `schedule()` goes on to them.
+    #[test]
+    fn a_self_preempting_request_lets_the_ones_after_it_run() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            num_gpu_blocks: 4,
+            priority_policy: true,
+            ..cfg(0, false)
+        });
+        let prioritised = |no: u64, priority: i64| {
+            let prompt: Vec<u32> = (0..16).map(|i| (no as u32) * 100_000 + i).collect();
+            let (tx, rx) = mpsc::unbounded_channel();
+            let s = Sequence::new(
+                no.to_string(),
+                no,
+                &prompt,
+                16,
+                100,
+                FinishReason::Length,
+                priority,
+                tx,
+                Instant::now(),
+            );
+            (s, rx)
+        };
+        // Admitted first (alone, so it runs first), lowest priority; then a higher-priority one.
+        // Each holds 2 of the 4 blocks by its 17th token, and needs a third at its 33rd.
+        let (low, _rl) = prioritised(1, 5);
+        let (high, _rh) = prioritised(2, 0);
+        s.add(low);
+        let plan = s.schedule(Instant::now());
+        s.complete(&plan, Instant::now());
+        s.add(high);
+        for _ in 0..100 {
+            let plan = s.schedule(Instant::now());
+            if plan.preempted > 0 {
+                assert!(
+                    plan.scheduled.iter().any(|(no, _)| *no == 2),
+                    "the higher-priority request runs in the step its blocks were freed: {:?}",
+                    plan.scheduled
+                );
+                return;
+            }
+            s.complete(&plan, Instant::now());
+        }
+        panic!("the low-priority request never ran out of blocks");
     }
 
     /// A sequence of the tokens `prompt` that generates `out` tokens.
