@@ -31,8 +31,8 @@ async fn served_again(h: &Harness, what: &str) {
 
 #[tokio::test]
 async fn a_clients_priority_never_reaches_the_engine() {
-    // The simulator refuses a non-zero priority without priority scheduling, as vLLM does: the
-    // request succeeds only because the gateway removed it.
+    // A client's priority would jump its engine queue under `--scheduling-policy priority`
+    // (and is ignored without it): the engine sees 0, whatever the client sent.
     let h = harness(FAST, |_| {}).await;
     let resp = send(client()
         .post(h.url("/v1/chat/completions"))
