@@ -86,6 +86,17 @@ pub enum GatewayError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The body holds more JSON values and keys than any request needs (its parsed form would
+    /// hold many times its size).
+    #[error(
+        "the request body holds more than {max} JSON values and keys (a prompt of token ids as \
+         long as upstream.max_model_len four times over, and 16384 more): no request needs so \
+         many"
+    )]
+    TooManyValues {
+        /// The most a body may hold.
+        max: usize,
+    },
     /// The body did not arrive within `server.body_read_timeout`.
     #[error("the request body did not arrive within {} ms", after.as_millis())]
     BodyTimeout {
@@ -254,7 +265,7 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            Self::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTooLarge { .. } | Self::TooManyValues { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded | Self::ReceivingBytes => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueuedBytes
@@ -315,7 +326,7 @@ impl GatewayError {
     /// finer for an oversized body and for vLLM's own rejections.
     pub fn code(&self) -> &'static str {
         match self {
-            Self::BodyTooLarge { .. } => "body_too_large",
+            Self::BodyTooLarge { .. } | Self::TooManyValues { .. } => "body_too_large",
             Self::BodyTimeout { .. } => "body_timeout",
             Self::Overloaded | Self::ReceivingBytes => "overloaded",
             Self::JobNotFound => "job_not_found",
@@ -349,6 +360,7 @@ impl GatewayError {
         match self {
             Self::BadRequest { .. }
             | Self::BodyTooLarge { .. }
+            | Self::TooManyValues { .. }
             | Self::BodyTimeout { .. }
             | Self::JobNotFound
             | Self::NotFound

@@ -428,6 +428,74 @@ async fn requests_beyond_the_in_flight_limit_get_503() {
     h.shutdown().await;
 }
 
+/// A body's parsed form is many times its text when its values are tiny (`0,` is two bytes, a
+/// parsed value 32 and more): a waiting request holds what it holds in memory, not its text, and
+/// a body of more values than any request needs is refused before anything parses it.
+#[tokio::test]
+async fn a_waiting_body_holds_its_parsed_size_and_a_body_of_countless_values_is_refused() {
+    let h = harness(&flags(STALLING), |c| {
+        set_lane(c, Lane::Small, 1);
+        c.upstream.idle_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let with_values = |n: usize| {
+        let mut body = json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 5,
+                              "stream": true});
+        // A field the gateway forwards as it is (`server.unknown_fields = "forward"`).
+        body["metadata"] = Value::Array(vec![json!(0); n]);
+        body
+    };
+    let seat = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&with_values(1)),
+    )
+    .await;
+    assert_eq!(seat.status(), 200);
+    // 10,000 values in 20 KB of text: waiting, it holds what they take parsed.
+    let text = with_values(10_000).to_string();
+    let waiting = tokio::spawn(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .header("content-type", "application/json")
+            .body(text.clone())
+            .send(),
+    );
+    eventually("one request queued", || h.queued(Lane::Small) == 1).await;
+    let held = h.gw.state.queued_bytes().held();
+    assert!(
+        held >= (text.len() + 10_000 * 32) as u64,
+        "{held} bytes held for {} of text",
+        text.len()
+    );
+    // More values than any request needs (a token-id prompt four times the model's length and
+    // 16,384 more): refused, whatever room there is, and the engine never sees it.
+    let max_len = h.gw.state.config().upstream.max_model_len.get() as usize;
+    let before = h.sim_requests().await.len();
+    let countless = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&with_values(4 * max_len + 16_384)),
+    )
+    .await;
+    let err = assert_error(countless, 413, "body_too_large").await;
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("JSON values"),
+        "{err}"
+    );
+    assert_eq!(h.sim_requests().await.len(), before);
+    drop(seat);
+    let admitted = waiting.await.unwrap().unwrap();
+    assert_eq!(admitted.status(), 200);
+    drop(admitted);
+    eventually("every lane back to zero", || h.idle()).await;
+    eventually("every byte back", || h.gw.state.queued_bytes().held() == 0).await;
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn queued_bodies_are_bounded_in_bytes() {
     let h = harness(&flags(STALLING), |c| {
@@ -689,8 +757,9 @@ async fn a_large_body_is_parsed_off_the_workers_with_the_same_answers() {
     let err: Value = resp.json().await.unwrap();
     assert_eq!(err["error"]["param"], "n", "{err}");
     // Tools that no context could hold are refused as too long right after parsing (not
-    // canonicalized, fingerprinted and keyed first).
-    let zeros = vec![0; 150_000];
+    // canonicalized, fingerprinted and keyed first); 60,000 values, under the most a body may
+    // hold (beyond it the body is refused before parsing: 413 `body_too_large`).
+    let zeros = vec![0; 60_000];
     let tools =
         json!([{"type": "function", "function": {"name": "f", "parameters": {"x": zeros}}}]);
     let big =

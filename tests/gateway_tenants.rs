@@ -380,7 +380,12 @@ async fn with_redis_a_tenants_budget_holds_for_the_fleet_not_per_replica() {
 /// waits for a seat. When the waiters leave, every byte comes back.
 #[tokio::test]
 async fn a_tenants_waiting_bodies_hold_at_most_its_bytes_and_others_still_wait() {
-    let body = |salt: &str| question(salt).to_string().len() as u64;
+    // What a body holds while queued: its bytes and its parsed form's.
+    let body = |salt: &str| {
+        let text = question(salt).to_string();
+        let config = tutor_gateway::config::Config::default();
+        tutor_gateway::pipeline::parse::held_bytes(text.as_bytes(), &config).unwrap() as u64
+    };
     let per_tenant = 2 * body("queued 0") + body("queued 0") / 2;
     let h = harness(&flags(STALLING), |c| {
         set_lane(c, Lane::Small, 1);

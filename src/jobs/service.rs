@@ -140,6 +140,12 @@ impl Jobs {
         let inner = &self.0;
         link_trace(&mut record, headers);
         let checked = async {
+            // Counted (its text and its parsed form) before anything parses it; held in
+            // `server.max_queued_bytes` while it waits to be parsed and classified, as a request's.
+            let size = parse::held_bytes(&body, ctx.config())?;
+            let _parsing = ctx
+                .queued_bytes()
+                .hold(tenant.as_ref().map(|t| t.0.as_str()), size)?;
             let mut value = ctx
                 .off_workers(body.clone(), |_, b| parse::json_body(b))
                 .await?;
@@ -152,7 +158,7 @@ impl Jobs {
             };
             let req = AnswerRequest::from_value(value)?;
             let prepared = Prepared {
-                size: body.len(),
+                size,
                 background: true,
                 ..prompt::answer_request(ctx, req, tenant.as_ref()).await?
             };

@@ -79,10 +79,13 @@ pub enum Admit {
 /// which counts it as cancelled where it was.
 pub async fn admit(
     ctx: &RequestCtx,
-    ready: Ready,
+    mut ready: Ready,
     record: RequestRecord,
     divert: Option<&dyn Divert>,
 ) -> Result<Admit, GatewayError> {
+    // Its body's bytes, held since they were read (else held below, while it waits): taken
+    // out of the request, so they go at admission or refusal, never with a job or the relay.
+    let early = ready.queued.take();
     // An honest early "no": a request whose predicted wait already misses its deadline is
     // refused now rather than after waiting for nothing.
     // It waits in its lane's line of long prompts (for prefill room and a seat) or in the
@@ -139,13 +142,17 @@ pub async fn admit(
     };
     // A pre-emptible large `/answer` (`jobs.preempt_answers`) first borrows an idle seat.
     if let Some(guard) = super::resume::borrow(ctx, &ready).await {
+        drop(early);
         return Ok(Admit::Admitted(Admitted::new(ready, guard, record)));
     }
     // While it waits for a seat its body is held: all queued bodies together are bounded.
-    let held = match ctx
-        .queued_bytes()
-        .hold(ready.tenant.as_ref().map(|t| t.0.as_str()), ready.size)
-    {
+    let held = match early.map_or_else(
+        || {
+            ctx.queued_bytes()
+                .hold(ready.tenant.as_ref().map(|t| t.0.as_str()), ready.size)
+        },
+        Ok,
+    ) {
         Ok(h) => h,
         Err(e) => return Err(refused(record, e)),
     };

@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 
 use super::ctx::RequestCtx;
 use super::prompt::Prepared;
+use super::state::BytesHold;
 use super::tenant::Tenant;
 use super::tokenize::{engine_count, tokenize_body};
 use crate::admission::session::SessionHold;
@@ -30,8 +31,11 @@ pub struct Ready {
     pub class: Classification,
     /// The prefill reservation: the input estimate, less what its prefix usually finds cached.
     pub prefill: u32,
-    /// Bytes of the request as received.
+    /// Bytes of the request as received, and of its parsed form.
     pub size: usize,
+    /// Its `size`, held in `server.max_queued_bytes` since its body was read; admission takes
+    /// it over (`None`: admission holds it).
+    pub(super) queued: Option<BytesHold>,
     /// The session's reservation: settled by the relay, given back on any failure (drop).
     pub(super) hold: Option<SessionHold>,
     /// Its tenant's budget charge (`[auth.tenants.<name>]`): settled by the relay to what the
@@ -114,6 +118,7 @@ impl Ready {
             },
             prefill: n("prefill")?,
             size: v["size"].as_u64()? as usize,
+            queued: None,
             hold: None,
             budget: None,
             tenant: v["tenant"].as_str().map(|t| Tenant(t.to_owned())),
@@ -194,6 +199,7 @@ pub async fn classify(
         mut body,
         session,
         size,
+        queued,
         background,
         tenant,
         focus,
@@ -349,6 +355,7 @@ pub async fn classify(
         class,
         prefill,
         size,
+        queued,
         hold,
         budget,
         // Read here, in the request's own task (the auth layer's scope).

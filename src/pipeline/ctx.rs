@@ -140,7 +140,7 @@ impl RequestCtx {
     }
 
     /// Request bytes held by requests waiting for admission.
-    pub fn queued_bytes(&self) -> &QueuedBytes {
+    pub fn queued_bytes(&self) -> &std::sync::Arc<QueuedBytes> {
         self.shared.queued_bytes()
     }
 

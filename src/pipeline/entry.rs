@@ -19,6 +19,7 @@ use super::parse::{self, AnswerQuery, AnswerRequest, OpenAiRequest};
 use super::prompt::{self, Prepared};
 use super::respond::{answer_refused, link_trace, refused, rejected, sse_response, with_id};
 use super::send::send;
+use super::state::BytesHold;
 use super::tenant::{Tenant, TenantSlot};
 use crate::error::GatewayError;
 use crate::relay::{ClientLimits, Format, Relay};
@@ -74,20 +75,20 @@ async fn answer_journey(
     link_trace(&mut record, &headers);
     let request_id = record.request_id().to_owned();
     let mut size = 0;
+    let mut queued = None;
     let req = match input {
         AnswerInput::Query(q) => q.map_err(GatewayError::from).and_then(|Query(q)| {
             size = q.prompt.len();
             AnswerRequest::from_query(q)
         }),
-        AnswerInput::Body(body) => {
-            match parse::body_bytes(body, ctx.config().server.max_body_bytes) {
-                Ok(b) => {
-                    size = b.len();
-                    ctx.off_workers(b, |_, b| AnswerRequest::from_body(b)).await
-                }
-                Err(e) => Err(e),
+        AnswerInput::Body(body) => match read_and_hold(&ctx, body, tenant.as_ref()) {
+            Ok((b, held)) => {
+                size = held.bytes();
+                queued = Some(held);
+                ctx.off_workers(b, |_, b| AnswerRequest::from_body(b)).await
             }
-        }
+            Err(e) => Err(e),
+        },
     };
     let req = match req {
         Ok(r) => r,
@@ -104,6 +105,7 @@ async fn answer_journey(
     let prepared = match prompt::answer_request(&ctx, req, tenant.as_ref()).await {
         Ok(p) => Prepared {
             size,
+            queued,
             tenant,
             deadline,
             preemptible,
@@ -177,9 +179,11 @@ async fn openai_journey(
     link_trace(&mut record, &headers);
     let request_id = record.request_id().to_owned();
     let mut size = 0;
-    let parsed = match parse::body_bytes(body, ctx.config().server.max_body_bytes) {
-        Ok(b) => {
-            size = b.len();
+    let mut queued = None;
+    let parsed = match read_and_hold(&ctx, body, tenant.as_ref()) {
+        Ok((b, held)) => {
+            size = held.bytes();
+            queued = Some(held);
             ctx.off_workers(b, move |ctx, b| {
                 let rules = parse::FieldRules::of(ctx.config());
                 match route {
@@ -203,6 +207,7 @@ async fn openai_journey(
     let prepared = match prompt::openai_request(&ctx, route, &headers, req).and_then(|p| {
         Ok(Prepared {
             size,
+            queued,
             tenant,
             deadline: prompt::deadline_from(&headers)?,
             ..p
@@ -231,6 +236,23 @@ async fn openai_journey(
         }
     };
     with_id(resp, &request_id)
+}
+
+/// The body, read, and held in `server.max_queued_bytes` from now until its request is admitted
+/// (its bytes and its parsed form's, [`parse::held_bytes`]): a body waiting for the blocking
+/// pool to parse or count it is bounded like one waiting for a seat, not only while it arrives.
+fn read_and_hold(
+    ctx: &RequestCtx,
+    body: Result<Bytes, BytesRejection>,
+    tenant: Option<&Tenant>,
+) -> Result<(Bytes, BytesHold), GatewayError> {
+    let config = ctx.config();
+    let b = parse::body_bytes(body, config.server.max_body_bytes)?;
+    let bytes = parse::held_bytes(&b, config)?;
+    let held = ctx
+        .queued_bytes()
+        .hold(tenant.map(|t| t.0.as_str()), bytes)?;
+    Ok((b, held))
 }
 
 /// What [`start`] made of a request: its stream, or the job it became.

@@ -20,6 +20,7 @@ use serde_json::{Map, Value};
 
 use super::ctx::RequestCtx;
 use super::parse::{self, AnswerRequest, OpenAiRequest};
+use super::state::BytesHold;
 use super::tenant::Tenant;
 use crate::admission::session::SessionId;
 use crate::classify::{PromptInput, TokenCounter};
@@ -42,8 +43,12 @@ pub struct Prepared {
     pub body: Map<String, Value>,
     /// The session this request continues (`/answer` `session_id`, `/v1` `x-session-id`).
     pub session: Option<SessionId>,
-    /// Bytes of the request as received (body or query): what it holds while queued.
+    /// Bytes of the request as received (body or query) and of its parsed form
+    /// ([`crate::pipeline::parse::held_bytes`]): what it holds while queued.
     pub size: usize,
+    /// Its `size`, held in `server.max_queued_bytes` from the moment its body was read (while
+    /// it waits to be parsed and counted, then for its seat); `None`: admission holds it.
+    pub queued: Option<BytesHold>,
     /// Background work (a job): runs in the large lane, out of idle capacity.
     pub background: bool,
     /// Whose request it is: its turn in a lane's queue is fair between tenants.
@@ -153,6 +158,7 @@ pub async fn answer_request(
         body,
         session: session_id,
         size: 0,
+        queued: None,
         background: false,
         preemptible: false,
         tenant: None,
@@ -259,6 +265,7 @@ pub fn openai_request(
         body: req.body,
         session,
         size: 0,
+        queued: None,
         background: false,
         preemptible: false,
         tenant: None,

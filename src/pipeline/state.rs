@@ -30,7 +30,7 @@ struct Shared {
     metrics: Metrics,
     request_log: RequestLog,
     sessions: SessionLedger,
-    queued_bytes: QueuedBytes,
+    queued_bytes: Arc<QueuedBytes>,
     /// The piece size the autopilot picked (0: none), used while
     /// `admission.prefill_piece_tokens` is 0 (`crate::pipeline::pieces`).
     paced_piece_tokens: AtomicU32,
@@ -95,8 +95,8 @@ pub struct QueuedBytes {
 
 /// `bytes` counted in [`QueuedBytes`] (and its tenant's) until dropped.
 #[derive(Debug)]
-pub struct BytesHold<'a> {
-    queue: &'a QueuedBytes,
+pub struct BytesHold {
+    queue: Arc<QueuedBytes>,
     bytes: u64,
     tenant: Option<String>,
 }
@@ -126,7 +126,11 @@ impl QueuedBytes {
     /// Holds `bytes` of `tenant`'s request while it waits: 429
     /// ([`GatewayError::TenantQueuedBytes`]) when that would pass the tenant's limit,
     /// ([`GatewayError::QueuedBytes`]) when it would pass the limit of all.
-    pub fn hold(&self, tenant: Option<&str>, bytes: usize) -> Result<BytesHold<'_>, GatewayError> {
+    pub fn hold(
+        self: &Arc<Self>,
+        tenant: Option<&str>,
+        bytes: usize,
+    ) -> Result<BytesHold, GatewayError> {
         let bytes = bytes as u64;
         // The tenant's share first (under its lock, so two of its requests cannot both pass).
         let mut tenants = tenant.map(|_| self.tenants());
@@ -154,13 +158,13 @@ impl QueuedBytes {
             *held = held.saturating_add(bytes);
         }
         Ok(BytesHold {
-            queue: self,
+            queue: Arc::clone(self),
             bytes,
             tenant: tenant.map(str::to_owned),
         })
     }
 
-    /// Bytes held now.
+    /// Bytes held now, all holds together.
     pub fn held(&self) -> u64 {
         self.held.load(Ordering::Acquire)
     }
@@ -171,7 +175,14 @@ impl QueuedBytes {
     }
 }
 
-impl Drop for BytesHold<'_> {
+impl BytesHold {
+    /// The bytes this hold counts.
+    pub fn bytes(&self) -> usize {
+        usize::try_from(self.bytes).unwrap_or(usize::MAX)
+    }
+}
+
+impl Drop for BytesHold {
     fn drop(&mut self) {
         if let Some(t) = &self.tenant {
             let mut map = self.queue.tenants();
@@ -211,10 +222,10 @@ impl AppState {
         metrics.config().in_force(&config.fingerprint());
         Self(Arc::new(Shared {
             sessions,
-            queued_bytes: QueuedBytes::new(
+            queued_bytes: Arc::new(QueuedBytes::new(
                 config.server.max_queued_bytes,
                 config.server.max_queued_bytes_per_tenant,
-            ),
+            )),
             live: RwLock::new(Arc::new(Live {
                 courses: Course::all(&config),
                 config: Arc::new(config),
@@ -353,7 +364,7 @@ impl AppState {
         self.live().upstream.clone()
     }
     /// Request bytes held by requests waiting for admission.
-    pub fn queued_bytes(&self) -> &QueuedBytes {
+    pub fn queued_bytes(&self) -> &Arc<QueuedBytes> {
         &self.0.queued_bytes
     }
 
@@ -425,7 +436,7 @@ mod tests {
     /// (set below `server.max_body_bytes`) waits alone, and every byte comes back.
     #[test]
     fn queued_bytes_hold_their_limits_and_a_body_larger_than_one_waits_alone() {
-        let q = QueuedBytes::new(1_000, 400);
+        let q = Arc::new(QueuedBytes::new(1_000, 400));
         let a = q.hold(Some("a"), 300).unwrap();
         assert!(matches!(
             q.hold(Some("a"), 200),

@@ -44,6 +44,11 @@ pub async fn tokenize(
 ) -> Result<RawResponse, GatewayError> {
     let config = ctx.config();
     let bytes = parse::body_bytes(body, config.server.max_body_bytes)?;
+    // Held from now (its text and parsed form) until its seat: the parse waits too.
+    let held = ctx.queued_bytes().hold(
+        tenant.as_ref().map(|t| t.0.as_str()),
+        parse::held_bytes(&bytes, config)?,
+    )?;
     let checked = ctx
         .off_workers(bytes.clone(), |ctx, b| {
             parse::tokenize(b, parse::FieldRules::of(ctx.config()))
@@ -51,10 +56,6 @@ pub async fn tokenize(
         .await?;
     let forwarded = serde_json::to_vec(&checked)
         .map_err(|e| GatewayError::bad_request(format!("cannot encode the body: {e}"), None))?;
-    // While it waits for its seat its body is held, as any queued request's.
-    let held = ctx
-        .queued_bytes()
-        .hold(tenant.as_ref().map(|t| t.0.as_str()), bytes.len())?;
     drop(bytes);
     let guard = ctx
         .admission()
