@@ -547,6 +547,11 @@ async fn every_wrong_call_gets_an_error_that_names_what_is_wrong() {
     assert_error(resp, 405, "method_not_allowed").await;
     let resp = send(client().put(h.url("/v1/completions")).body("{}")).await;
     assert_error(resp, 405, "method_not_allowed").await;
+    // HEAD /answer starts nothing in the engine (a GET there starts an answer).
+    let resp = send(client().head(h.url("/answer?prompt=why&max_output_tokens=3"))).await;
+    assert_eq!(resp.status(), 405);
+    assert_eq!(resp.headers()["allow"], "GET, POST");
+    assert!(h.sim_requests().await.is_empty(), "the engine saw nothing");
     // A value of the wrong type: `param` names its field.
     for (field, value) in [
         ("max_tokens", json!(-5)),

@@ -7,7 +7,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::Extension;
 
 use crate::jobs::Jobs;
@@ -39,4 +39,16 @@ pub async fn post_answer(
     let ctx = RequestCtx::snapshot(jobs.state()).on_connection(connection.map(|c| c.0));
     let (input, tenant) = (AnswerInput::Body(body), tenant.map(|t| t.0));
     pipeline::answer(ctx, headers, input, Some(&jobs), tenant).await
+}
+
+/// `HEAD /answer`: 405 (`Allow: GET, POST`). A `GET /answer` starts an answer in the engine;
+/// handed a HEAD (as the router does by default, dropping the body), it started and aborted one
+/// per request, a few thousand a second on one connection, and an aborted HEAD is no reset.
+pub async fn head_answer() -> Response {
+    let mut resp = crate::error::GatewayError::MethodNotAllowed.into_response();
+    resp.headers_mut().insert(
+        axum::http::header::ALLOW,
+        axum::http::HeaderValue::from_static("GET, POST"),
+    );
+    resp
 }

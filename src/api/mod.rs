@@ -50,7 +50,12 @@ pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth, listen: SocketAddr) ->
     let limit = server.max_body_bytes;
     // The routes that use the job service: jobs, and /answer (which may divert to one).
     let job_routes = Router::new()
-        .route("/answer", get(answer::get_answer).post(answer::post_answer))
+        .route(
+            "/answer",
+            get(answer::get_answer)
+                .post(answer::post_answer)
+                .head(answer::head_answer),
+        )
         .route("/jobs", post(jobs::submit))
         .route("/jobs/{id}", get(jobs::status).delete(jobs::cancel))
         .route("/jobs/{id}/events", get(jobs::events))
