@@ -12,7 +12,10 @@
 //! - Dropping the body (the client went away) resolves [`ClientTx::closed`] at once.
 //! - Once the pump is done ([`ClientTx::finish`]: the engine's stream ended), the client still
 //!   takes what is buffered at its own pace, under the same rule: nothing taken for
-//!   `server.client_write_timeout` while bytes wait, and it is cut.
+//!   `server.client_write_timeout` while bytes wait, and it is cut. And it must take all of it
+//!   within the write timeout plus the time the buffered bytes need at [`MIN_DRAIN_RATE`]: a
+//!   client taking a few bytes every 20 s (each take restarts the write timeout) otherwise held
+//!   its request's permit and the buffer for hours after the engine had finished.
 //! - A cut body that is still not dropped `server.client_write_timeout` after the cut closes
 //!   the client's connection ([`ConnectionCloser`]). The server takes the body's error only when
 //!   it next writes, which a client that keeps its window closed never lets happen: an HTTP/2
@@ -35,6 +38,11 @@ use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
+
+/// The slowest a client may take a finished stream's buffered bytes, bytes a second (a 128
+/// kbit/s link): the whole buffer (`server.client_buffer_bytes`, 1 MiB by default) in 64 s,
+/// on top of the write timeout.
+pub const MIN_DRAIN_RATE: u64 = 16 * 1024;
 
 /// How far a stream's client may fall behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,13 +231,20 @@ impl ClientTx {
         } = self;
         // The body ends once it took the last frame.
         drop(tx);
+        // All of it, at the slowest rate a client may read, after the write timeout.
+        let buffered = shared.buffered.load(Ordering::Acquire) as u64;
+        let drain_by = Instant::now()
+            + limits.write_timeout
+            + Duration::from_millis(buffered.saturating_mul(1000) / MIN_DRAIN_RATE);
         tokio::spawn(async move {
             loop {
                 // Taken whole, or the body dropped (only this task holds the state then).
                 if shared.buffered.load(Ordering::Acquire) == 0 || Arc::strong_count(&shared) == 1 {
                     return;
                 }
-                let deadline = shared.stall_deadline(waiting_since, limits.write_timeout);
+                let deadline = shared
+                    .stall_deadline(waiting_since, limits.write_timeout)
+                    .min(drain_by);
                 if Instant::now() < deadline {
                     tokio::time::sleep_until(deadline).await;
                     continue;
@@ -394,6 +409,57 @@ mod tests {
         );
         let closed = tokio::time::timeout(Duration::from_secs(60), closer.closed()).await;
         assert!(closed.is_err(), "the connection stays open");
+    }
+
+    /// A finished stream's client that takes a frame now and then, each within the write
+    /// timeout, is still cut once the buffered bytes have had their time at the slowest rate.
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_streams_trickling_client_is_cut_when_its_drain_time_is_up() {
+        let (mut tx, mut body) = buffer(limits(1 << 20, 1000), None);
+        // 64 KiB in 64 frames: 1 s of write timeout and 4 s at the slowest rate.
+        for _ in 0..64 {
+            tx.send(Bytes::from(vec![b'x'; 1024])).unwrap();
+        }
+        let cut = Arc::new(AtomicBool::new(false));
+        let on_cut = Arc::clone(&cut);
+        let started = Instant::now();
+        tx.finish(move || on_cut.store(true, Ordering::Release));
+        let mut taken = 0;
+        loop {
+            // A frame every 900 ms: never a whole write timeout without taking one.
+            tokio::time::sleep(Duration::from_millis(900)).await;
+            match body.next().await {
+                Some(Ok(_)) => taken += 1,
+                Some(Err(_)) => break,
+                None => panic!("the trickle took it all: {taken} frames"),
+            }
+        }
+        assert!(cut.load(Ordering::Acquire), "counted as cut");
+        assert!(taken < 64, "{taken}");
+        let after = started.elapsed();
+        assert!(
+            after >= Duration::from_secs(5),
+            "not before its time: {after:?}"
+        );
+        assert!(after < Duration::from_secs(7), "{after:?}");
+    }
+
+    /// One that takes the bytes at the slowest rate allowed gets them all.
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_streams_client_reading_at_the_slowest_rate_gets_everything() {
+        let (mut tx, mut body) = buffer(limits(1 << 20, 1000), None);
+        for _ in 0..64 {
+            tx.send(Bytes::from(vec![b'x'; 1024])).unwrap();
+        }
+        tx.finish(|| panic!("cut"));
+        let mut taken = 0;
+        // 1 KiB every 62 ms: 16.5 KiB a second.
+        while let Some(frame) = body.next().await {
+            frame.unwrap();
+            taken += 1;
+            tokio::time::sleep(Duration::from_millis(62)).await;
+        }
+        assert_eq!(taken, 64);
     }
 
     #[tokio::test(start_paused = true)]
