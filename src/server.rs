@@ -386,6 +386,20 @@ pub async fn start_sim(
             .iter()
             .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
     };
+    // What the gateway itself must know of its engine comes from its config, not the sim's
+    // flags (else the two disagree: every request a 404, or the engine's 400 for the gateway's
+    // too_long).
+    for (flag, key) in [
+        ("--served-model-name", "upstream.model"),
+        ("--max-model-len", "upstream.max_model_len"),
+    ] {
+        if given(flag) {
+            anyhow::bail!(
+                "--sim-arg {flag}: the bundled simulator takes it from the gateway's config; \
+                 set {key} there instead"
+            );
+        }
+    }
     for (flag, value) in [
         ("--port", "0"),
         ("--served-model-name", config.upstream.model.as_str()),

@@ -152,6 +152,23 @@ async fn v1_chat_and_completions_relay_vllm_chunks_faithfully() {
         chunks.last().unwrap()["choices"][0]["finish_reason"],
         "length"
     );
+    // As vLLM 0.33+: `stream_options` without `include_usage: true` asks for no usage, and
+    // running usage comes only with it (the gateway always asks the engine for both).
+    for options in [json!({}), json!({"continuous_usage_stats": true})] {
+        let body = post_text(
+            h.url("/v1/chat/completions"),
+            &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+                    "stream": true, "stream_options": options}),
+        )
+        .await;
+        let events = sse(&body);
+        assert!(
+            events[..events.len() - 1]
+                .iter()
+                .all(|(_, d)| json(d).get("usage").is_none()),
+            "{options}: {body}"
+        );
+    }
 
     // With include_usage the usage chunk is relayed too.
     let body = post_text(

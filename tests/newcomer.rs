@@ -371,20 +371,23 @@ fn every_section_the_config_points_at_exists() {
     );
 }
 
-/// `serve --with-sim --sim-arg=--port --sim-arg=N`: the bundled simulator's own defaults give
-/// way to the flags a user passes (a flag given twice was refused, and the gateway did not
-/// start).
+/// `serve --with-sim --sim-arg=--port --sim-arg=N`: the bundled simulator takes the user's port
+/// (a flag given twice was refused, and the gateway did not start); the model's name and length
+/// come from the gateway's config, and a flag for them says so.
 #[tokio::test]
-async fn a_bundled_simulator_takes_the_users_own_port_and_flags() {
-    let port = tutor_testkit::free_port();
+async fn a_bundled_simulator_takes_the_users_port_and_says_where_the_model_is_set() {
+    let strings = |args: &[&str]| args.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let mut config = tutor_gateway::config::Config::default();
-    let extra: Vec<String> = ["--port", &port.to_string(), "--max-model-len=4096"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    let sim = tutor_gateway::server::start_sim(&mut config, &extra)
-        .await
-        .expect("the simulator starts with the user's flags");
+    for flag in ["--max-model-len=4096", "--served-model-name"] {
+        let refused = tutor_gateway::server::start_sim(&mut config, &strings(&[flag, "x"])).await;
+        let message = format!("{:#}", refused.err().expect("refused"));
+        assert!(message.contains("upstream."), "{message}");
+    }
+    let port = tutor_testkit::free_port();
+    let sim =
+        tutor_gateway::server::start_sim(&mut config, &strings(&["--port", &port.to_string()]))
+            .await
+            .expect("the simulator starts on the user's port");
     assert_eq!(config.upstream.base_url, format!("http://127.0.0.1:{port}"));
     let models = client()
         .get(format!("{}/v1/models", config.upstream.base_url))
@@ -394,6 +397,10 @@ async fn a_bundled_simulator_takes_the_users_own_port_and_flags() {
         .json::<serde_json::Value>()
         .await
         .unwrap();
-    assert_eq!(models["data"][0]["max_model_len"], 4096, "{models}");
+    assert_eq!(
+        models["data"][0]["id"],
+        config.upstream.model.as_str(),
+        "{models}"
+    );
     sim.shutdown().await;
 }

@@ -649,6 +649,8 @@ async fn long_prefill_token_threshold_caps_long_prefills_while_others_run() {
         .unwrap();
     let mut held = holder.bytes_stream();
     held.next().await.unwrap().unwrap();
+    // Read on while the review runs (a stream left unread could stop at a full socket).
+    let reader = tokio::spawn(async move { while let Some(Ok(_)) = held.next().await {} });
     let events = stream_to_end(url, chat_body(&words(3000, "review"), 5, true)).await;
     assert_eq!(usage_of(&events)["completion_tokens"], 5);
     let beside = chunks(&s).await;
@@ -658,6 +660,6 @@ async fn long_prefill_token_threshold_caps_long_prefills_while_others_run() {
         long.len() >= 12,
         "3,000 tokens in chunks of at most 256 beside the holder: {beside:?}"
     );
-    drop(held);
+    reader.abort();
     s.shutdown().await;
 }

@@ -635,11 +635,14 @@ async fn sampling_values_vllm_refuses_are_refused_and_priority_under_fcfs_is_ign
             "{field} = {value}: {err}"
         );
     }
-    // In range: answered.
+    // In range, as pydantic reads numbers (a string that spells one, a whole float for an
+    // integer): answered.
     for (field, value) in [
         ("temperature", serde_json::json!(0)),
+        ("temperature", serde_json::json!("0.7")),
         ("top_p", serde_json::json!(1)),
         ("top_k", serde_json::json!(-1)),
+        ("top_k", serde_json::json!(5.0)),
         ("presence_penalty", serde_json::json!(-2)),
     ] {
         let resp = send(client().post(&url).json(&with(field, value.clone()))).await;

@@ -32,7 +32,7 @@ use crate::sign::{same, sha256_hex};
 /// token when one is set.
 pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> Response {
     if req.headers().contains_key(header::ORIGIN) {
-        return GatewayError::OriginNotAllowed.into_response();
+        return denied::mark(GatewayError::OriginNotAllowed, Denial::Origin);
     }
     if req.method() == Method::POST && !is_json(req.headers()) {
         return GatewayError::UnsupportedMediaType.into_response();

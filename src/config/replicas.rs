@@ -242,7 +242,6 @@ pub(super) fn routing(c: &mut Checker, raw: RawRouting) -> RoutingConfig {
     }
 }
 
-/// `http://` or `https://` followed by a host.
 /// What is wrong with an engine URL that ends in `/v1`: the gateway adds `/v1/...` itself, so
 /// every request would go to `/v1/v1/...` and come back 404 (which looks like the client's
 /// fault).
@@ -259,6 +258,7 @@ pub(super) fn ends_in_v1(url: &str) -> bool {
         .ends_with("/v1")
 }
 
+/// `http://` or `https://` followed by a host.
 pub(super) fn is_http_url(url: &str) -> bool {
     url.strip_prefix("http://")
         .or_else(|| url.strip_prefix("https://"))

@@ -141,11 +141,12 @@ impl Jobs {
         link_trace(&mut record, headers);
         let checked = async {
             // Counted (its text and its parsed form) before anything parses it; held in
-            // `server.max_queued_bytes` while it waits to be parsed and classified, as a request's.
-            let size = parse::held_bytes(&body, ctx.config())?;
-            let _parsing = ctx
+            // `server.max_queued_bytes` while it waits to be parsed and classified, as a
+            // request's (the job store then counts the job's own bytes, `jobs.max_bytes`).
+            let held = parse::held_bytes(&body, ctx.config())?;
+            let parsing = ctx
                 .queued_bytes()
-                .hold(tenant.as_ref().map(|t| t.0.as_str()), size)?;
+                .hold(tenant.as_ref().map(|t| t.0.as_str()), held)?;
             let mut value = ctx
                 .off_workers(body.clone(), |_, b| parse::json_body(b))
                 .await?;
@@ -158,15 +159,15 @@ impl Jobs {
             };
             let req = AnswerRequest::from_value(value)?;
             let prepared = Prepared {
-                size,
+                size: body.len(),
                 background: true,
                 ..prompt::answer_request(ctx, req, tenant.as_ref()).await?
             };
             let prepared = Prepared { tenant, ..prepared };
-            Ok::<_, GatewayError>((prepared, notify))
+            Ok::<_, GatewayError>((prepared, notify, parsing))
         }
         .await;
-        let (prepared, notify) = match checked {
+        let (prepared, notify, parsing) = match checked {
             Ok(c) => c,
             Err(e) => return Err(pipeline::refused(record, e)),
         };
@@ -174,6 +175,8 @@ impl Jobs {
             Ok(r) => r,
             Err(e) => return Err(pipeline::refused(record, e)),
         };
+        // Counted and classified: the job store takes it from here.
+        drop(parsing);
         self.adopt(ready, record, notify)
             .await
             .map_err(|back| pipeline::refused(back.record, back.error))

@@ -31,10 +31,10 @@ pub struct Ready {
     pub class: Classification,
     /// The prefill reservation: the input estimate, less what its prefix usually finds cached.
     pub prefill: u32,
-    /// Bytes of the request as received, and of its parsed form.
+    /// Bytes of the request as received.
     pub size: usize,
-    /// Its `size`, held in `server.max_queued_bytes` since its body was read; admission takes
-    /// it over (`None`: admission holds it).
+    /// Its body's bytes and parsed form's, held in `server.max_queued_bytes` since the body was
+    /// read; admission takes the hold over (`None`: admission holds `size`).
     pub(super) queued: Option<BytesHold>,
     /// The session's reservation: settled by the relay, given back on any failure (drop).
     pub(super) hold: Option<SessionHold>,

@@ -130,19 +130,23 @@ struct OpenAiFields {
 }
 
 impl OpenAiFields {
-    /// The client asked for the final usage chunk (`include_usage` defaults to true once
-    /// `stream_options` is present, as in vLLM).
+    /// The client asked for the final usage chunk (`include_usage: true`; it defaults to false,
+    /// as in vLLM 0.33 and later, whose `StreamOptions` say so; older vLLM defaulted it to
+    /// true once `stream_options` was present).
     fn include_usage(&self) -> bool {
         self.stream_options
             .as_ref()
-            .is_some_and(|o| o.include_usage.unwrap_or(true))
+            .is_some_and(|o| o.include_usage.unwrap_or(false))
     }
 
-    /// The client asked for running usage on every chunk.
+    /// The client asked for running usage on every chunk (only with `include_usage` too, as
+    /// vLLM's `should_include_usage`).
     fn continuous_usage(&self) -> bool {
-        self.stream_options
-            .as_ref()
-            .is_some_and(|o| o.continuous_usage_stats.unwrap_or(false))
+        self.include_usage()
+            && self
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.continuous_usage_stats.unwrap_or(false))
     }
 }
 

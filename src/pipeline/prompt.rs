@@ -43,11 +43,11 @@ pub struct Prepared {
     pub body: Map<String, Value>,
     /// The session this request continues (`/answer` `session_id`, `/v1` `x-session-id`).
     pub session: Option<SessionId>,
-    /// Bytes of the request as received (body or query) and of its parsed form
-    /// ([`crate::pipeline::parse::held_bytes`]): what it holds while queued.
+    /// Bytes of the request as received (body or query): what a job of it keeps.
     pub size: usize,
-    /// Its `size`, held in `server.max_queued_bytes` from the moment its body was read (while
-    /// it waits to be parsed and counted, then for its seat); `None`: admission holds it.
+    /// Its body's bytes and its parsed form's ([`crate::pipeline::parse::held_bytes`]), held in
+    /// `server.max_queued_bytes` from the moment the body was read (while it waits to be parsed
+    /// and counted, then for its seat); `None`: admission holds `size`.
     pub queued: Option<BytesHold>,
     /// Background work (a job): runs in the large lane, out of idle capacity.
     pub background: bool,

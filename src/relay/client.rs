@@ -39,10 +39,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
 
-/// The slowest a client may take a finished stream's buffered bytes, bytes a second (a 128
-/// kbit/s link): the whole buffer (`server.client_buffer_bytes`, 1 MiB by default) in 64 s,
-/// on top of the write timeout.
-pub const MIN_DRAIN_RATE: u64 = 16 * 1024;
+/// The slowest a client may take a finished stream's buffered bytes, bytes a second (a 32
+/// kbit/s link, a poor mobile one): the whole buffer (`server.client_buffer_bytes`, 1 MiB by
+/// default) in 256 s, on top of the write timeout.
+pub const MIN_DRAIN_RATE: u64 = 4 * 1024;
 
 /// How far a stream's client may fall behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -416,9 +416,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_finished_streams_trickling_client_is_cut_when_its_drain_time_is_up() {
         let (mut tx, mut body) = buffer(limits(1 << 20, 1000), None);
-        // 64 KiB in 64 frames: 1 s of write timeout and 4 s at the slowest rate.
+        // 16 KiB in 64 frames: 1 s of write timeout and 4 s at the slowest rate.
         for _ in 0..64 {
-            tx.send(Bytes::from(vec![b'x'; 1024])).unwrap();
+            tx.send(Bytes::from(vec![b'x'; 256])).unwrap();
         }
         let cut = Arc::new(AtomicBool::new(false));
         let on_cut = Arc::clone(&cut);
@@ -449,11 +449,11 @@ mod tests {
     async fn a_finished_streams_client_reading_at_the_slowest_rate_gets_everything() {
         let (mut tx, mut body) = buffer(limits(1 << 20, 1000), None);
         for _ in 0..64 {
-            tx.send(Bytes::from(vec![b'x'; 1024])).unwrap();
+            tx.send(Bytes::from(vec![b'x'; 256])).unwrap();
         }
         tx.finish(|| panic!("cut"));
         let mut taken = 0;
-        // 1 KiB every 62 ms: 16.5 KiB a second.
+        // 256 bytes every 62 ms: 4.1 KiB a second.
         while let Some(frame) = body.next().await {
             frame.unwrap();
             taken += 1;

@@ -188,14 +188,6 @@ pub async fn serve(
         // work); the connection's guard is the backstop for everything else.
         let backstop = server.client_write_timeout.saturating_mul(2);
         conns.spawn(async move {
-            // Plain HTTP sent to a TLS listener: answered in plain HTTP, saying to use https
-            // (a TLS alert reads as a broken connection to a curl or a browser).
-            if acceptor.is_some() && plain_http(&tcp, idle.first_head_by).await {
-                refuse_plain_http(tcp).await;
-                drop(seat);
-                return;
-            }
-            let tcp = WriteTimeout::new(tcp, backstop);
             let activity = Activity::new();
             // Closed by a stream cut for not reading whose body the connection never takes
             // down (an HTTP/2 window kept at zero): `relay::client`.
@@ -205,11 +197,20 @@ pub async fn serve(
             let served = async {
                 match acceptor {
                     None => {
+                        let tcp = WriteTimeout::new(tcp, backstop);
                         let conn =
                             builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
                         drive(conn, &activity, idle, &finish).await;
                     }
                     Some(acceptor) => {
+                        // Plain HTTP sent to a TLS listener: answered in plain HTTP, saying to
+                        // use https (a TLS alert reads as a broken connection to a curl or a
+                        // browser).
+                        if plain_http(&tcp, idle.first_head_by).await {
+                            refuse_plain_http(tcp).await;
+                            return;
+                        }
+                        let tcp = WriteTimeout::new(tcp, backstop);
                         let handshake = acceptor.accept(tcp);
                         let Ok(Ok(tls)) =
                             tokio::time::timeout_at(idle.first_head_by, handshake).await
@@ -307,7 +308,6 @@ async fn activity_stalled(activity: &Activity, limit: Duration) {
     );
 }
 
-/// Answers a connection over the limit with a 503 and closes it.
 /// The answer to plain HTTP on a TLS listener.
 const TLS_ONLY_BODY: &str = r#"{"error":{"message":"this port speaks TLS only (server.tls_cert): use https://","type":"invalid_request_error","param":null,"code":"tls_required"}}"#;
 
@@ -323,20 +323,33 @@ async fn plain_http(tcp: &TcpStream, by: Instant) -> bool {
     }
 }
 
-/// Answers plain HTTP on a TLS listener with 400 `tls_required` and closes.
+/// Answers plain HTTP on a TLS listener with 400 `tls_required` and closes, after reading what
+/// the client sent (at most 1 MiB, for at most a second): a socket closed with unread bytes
+/// sends a reset, which the client may see before the answer.
 async fn refuse_plain_http(mut tcp: TcpStream) {
+    use tokio::io::AsyncReadExt;
     let head = format!(
         "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
         TLS_ONLY_BODY.len()
     );
-    let write = async {
+    let answer = async {
         tcp.write_all(head.as_bytes()).await?;
         tcp.write_all(TLS_ONLY_BODY.as_bytes()).await?;
-        tcp.shutdown().await
+        tcp.shutdown().await?;
+        let mut sink = [0u8; 16 * 1024];
+        let mut read = 0usize;
+        while read < 1 << 20 {
+            match tcp.read(&mut sink).await? {
+                0 => break,
+                n => read += n,
+            }
+        }
+        Ok::<_, std::io::Error>(())
     };
-    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
 }
 
+/// Answers a connection over the limit with a 503 and closes it.
 async fn refuse(mut tcp: TcpStream) {
     let head = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",

@@ -344,7 +344,7 @@ impl Metrics {
         }
         let denied = counter(
             "tutor_gateway_denied_total",
-            "Requests denied before any route, by reason: auth (no valid API key or token, or              not the admin listener's token: 401), host (a Host not in server.allowed_hosts:              403), origin (a browser Origin not in server.cors_allow_origins: 403).",
+            "Requests denied before any route, by reason: auth (no valid API key or token, or not the admin listener's token: 401), host (a Host not in server.allowed_hosts: 403), origin (a browser Origin not in server.cors_allow_origins: 403).",
             &["reason"],
         );
         for reason in ["auth", "host", "origin"] {

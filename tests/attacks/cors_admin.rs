@@ -242,6 +242,11 @@ async fn a_foreign_text_plain_post_to_admin_reload_is_refused_and_not_applied() 
     let metrics = get_text(&format!("{admin}/metrics")).await;
     assert_eq!(reloads(&metrics, "applied"), 0.0, "nothing was reloaded");
     assert_eq!(
+        metric(&metrics, "tutor_gateway_denied_total{reason=\"origin\"}"),
+        2.0,
+        "both pages counted"
+    );
+    assert_eq!(
         h.gw.state.config().lanes.small.max_concurrency.get(),
         before
     );

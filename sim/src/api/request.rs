@@ -98,26 +98,63 @@ pub struct Common {
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Sampling {
     /// Sampling temperature, in [0, 2].
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lax_f64")]
     pub temperature: Option<f64>,
     /// Nucleus sampling mass, in (0, 1].
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lax_f64")]
     pub top_p: Option<f64>,
     /// Top-k sampling: 0 or -1 off, else at least 1.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lax_i64")]
     pub top_k: Option<i64>,
     /// Minimum probability, in [0, 1].
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lax_f64")]
     pub min_p: Option<f64>,
     /// Presence penalty, in [-2, 2].
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lax_f64")]
     pub presence_penalty: Option<f64>,
     /// Frequency penalty, in [-2, 2].
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lax_f64")]
     pub frequency_penalty: Option<f64>,
     /// Repetition penalty, above 0.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lax_f64")]
     pub repetition_penalty: Option<f64>,
+}
+
+/// A float as pydantic reads one in lax mode (vLLM's request models): a number, or a string
+/// that spells one (`"0.7"`); `null` is none.
+fn lax_f64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    use serde::de::Error;
+    match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Number(n)) => Ok(n.as_f64()),
+        Some(serde_json::Value::String(s)) => s.trim().parse::<f64>().map(Some).map_err(|_| {
+            D::Error::custom(format!("invalid type: string {s:?}, expected a number"))
+        }),
+        Some(other) => Err(D::Error::custom(format!(
+            "invalid type: {other}, expected a number"
+        ))),
+    }
+}
+
+/// An integer as pydantic reads one in lax mode: an integer, a float without a fraction
+/// (`5.0`), or a string that spells an integer.
+fn lax_i64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    use serde::de::Error;
+    let whole = |f: f64| (f.fract() == 0.0 && f.abs() < 9.0e15).then_some(f as i64);
+    match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Number(n)) => n
+            .as_i64()
+            .or_else(|| n.as_f64().and_then(whole))
+            .map(Some)
+            .ok_or_else(|| D::Error::custom(format!("invalid value: {n}, expected an integer"))),
+        Some(serde_json::Value::String(s)) => s.trim().parse::<i64>().map(Some).map_err(|_| {
+            D::Error::custom(format!("invalid type: string {s:?}, expected an integer"))
+        }),
+        Some(other) => Err(D::Error::custom(format!(
+            "invalid type: {other}, expected an integer"
+        ))),
+    }
 }
 
 impl Sampling {
