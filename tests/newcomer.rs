@@ -380,7 +380,7 @@ async fn a_bundled_simulator_takes_the_users_port_and_says_where_the_model_is_se
     let mut config = tutor_gateway::config::Config::default();
     for flag in ["--max-model-len=4096", "--served-model-name"] {
         let refused = tutor_gateway::server::start_sim(&mut config, &strings(&[flag, "x"])).await;
-        let message = format!("{:#}", refused.err().expect("refused"));
+        let message = format!("{:#}", refused.expect_err("refused"));
         assert!(message.contains("upstream."), "{message}");
     }
     let port = tutor_testkit::free_port();
