@@ -207,9 +207,11 @@ async fn echo_with_logprobs_is_refused_like_prompt_logprobs() {
 #[tokio::test]
 async fn oversized_stop_logit_bias_and_guides_are_refused() {
     let h = harness(FAST, |_| {}).await;
-    let stops: Vec<String> = (0..100_000).map(|i| format!("s{i}")).collect();
+    // Far past each field's own bound, within the JSON values a body may hold (more is refused
+    // before parsing, below).
+    let stops: Vec<String> = (0..1_000).map(|i| format!("s{i}")).collect();
     let bias: serde_json::Map<String, Value> =
-        (0..200_000).map(|i| (i.to_string(), json!(1))).collect();
+        (0..1_000).map(|i| (i.to_string(), json!(1))).collect();
     let ids: Vec<u32> = (0..50_000).collect();
     let regex = "(a|b)*".repeat(20_000);
     let schema = json!({"type": "object", "properties": (0..5_000)
@@ -225,7 +227,12 @@ async fn oversized_stop_logit_bias_and_guides_are_refused() {
         (chat(json!({"guided_regex": regex})), "guided_regex"),
         (chat(json!({"guided_grammar": regex})), "guided_grammar"),
         (chat(json!({"guided_json": schema})), "guided_json"),
-        (chat(json!({"guided_choice": stops})), "guided_choice"),
+        (
+            chat(
+                json!({"guided_choice": (0..1_000).map(|i| format!("{i:032}")).collect::<Vec<_>>()}),
+            ),
+            "guided_choice",
+        ),
         (
             chat(json!({"structured_outputs": {"regex": regex}})),
             "structured_outputs",
@@ -245,6 +252,19 @@ async fn oversized_stop_logit_bias_and_guides_are_refused() {
         "guided_regex",
     )
     .await;
+    // A hundred thousand stop strings: more JSON values than any request needs, refused
+    // before anything parses them.
+    let countless: Vec<String> = (0..100_000).map(|i| format!("s{i}")).collect();
+    let (status, answer) = post(
+        &h,
+        "/v1/chat/completions",
+        &chat(json!({"stop": countless})),
+    )
+    .await;
+    assert_eq!(
+        (status, &answer["error"]["code"]),
+        (413, &json!("body_too_large"))
+    );
     assert!(h.sim_requests().await.is_empty());
     // Within the bounds: accepted.
     let body = chat(json!({"stop": ["\n\n", "END"], "logit_bias": {"42": -100},
