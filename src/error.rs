@@ -590,6 +590,17 @@ impl IntoResponse for GatewayError {
     }
 }
 
+/// The failing field `field` as an error's `param`, when it can be one: one of the route's own
+/// field names (lower case and underscores, at most 64 bytes). A field the client named (the
+/// `problem` is an unknown field) never is: a `param` is logged and counted.
+pub fn param_of(field: &str, problem: &str) -> Option<String> {
+    let ours = !problem.contains("unknown field")
+        && !field.is_empty()
+        && field.len() <= 64
+        && field.bytes().all(|b| b.is_ascii_lowercase() || b == b'_');
+    ours.then(|| field.to_owned())
+}
+
 /// `serde`'s message with its Rust type names said in words ("expected u32" is "expected a
 /// whole number from 0 to 4294967295").
 pub fn plain(message: &str) -> String {
@@ -639,14 +650,7 @@ impl From<axum::extract::rejection::QueryRejection> for GatewayError {
             .strip_prefix("missing field `")
             .and_then(|rest| rest.split('`').next())
             .or_else(|| detail.split_once(": ").map(|(field, _)| field))
-            .filter(|f| {
-                // A field the client named: never a `param` (it is logged).
-                !detail.contains("unknown field")
-                    && !f.is_empty()
-                    && f.len() <= 64
-                    && f.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
-            })
-            .map(str::to_owned);
+            .and_then(|f| param_of(f, detail));
         let message = format!("the query string: {}", plain(detail));
         match field {
             Some(field) => GatewayError::bad_field(message, field),
@@ -657,7 +661,19 @@ impl From<axum::extract::rejection::QueryRejection> for GatewayError {
 
 #[cfg(test)]
 mod plain_tests {
-    use super::plain;
+    use super::{param_of, plain};
+
+    #[test]
+    fn only_the_routes_own_field_names_become_a_param() {
+        let problem = "invalid type: string \"x\", expected a number";
+        assert_eq!(param_of("max_tokens", problem).as_deref(), Some("max_tokens"));
+        // A name the client made up is never a param (a param is logged): an unknown field, a
+        // name with other characters, an overlong one, an empty one.
+        assert_eq!(param_of("tempreature", "unknown field `tempreature`"), None);
+        assert_eq!(param_of("Max-Tokens", problem), None);
+        assert_eq!(param_of(&"a".repeat(65), problem), None);
+        assert_eq!(param_of("", problem), None);
+    }
 
     #[test]
     fn rust_type_names_are_said_in_words_and_nothing_else_changes() {

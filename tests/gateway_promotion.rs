@@ -72,6 +72,22 @@ async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes()
     let m = h.metrics_text().await;
     assert_eq!(metric(&m, SMALL_TO_MEDIUM), 1.0);
     assert_eq!(metric(&m, "tutor_gateway_requests_total{lane=\"medium\",outcome=\"ok\",route=\"chat_completions\"}"), 1.0);
+    // Its wait and first token were the small lane's (what the small lane's objective and
+    // panels judge); its decode, the lane it ended in.
+    for (series, want) in [
+        ("tutor_gateway_time_to_first_token_seconds_count{lane=\"small\"}", 1.0),
+        ("tutor_gateway_time_to_first_token_seconds_count{lane=\"medium\"}", 0.0),
+        ("tutor_gateway_queue_wait_seconds_count{lane=\"small\"}", 1.0),
+        ("tutor_gateway_queue_wait_seconds_count{lane=\"medium\"}", 0.0),
+        ("tutor_gateway_output_tokens_count{lane=\"medium\"}", 1.0),
+        ("tutor_gateway_output_tokens_count{lane=\"small\"}", 0.0),
+    ] {
+        assert_eq!(metric(&m, series), want, "{series}");
+    }
+    let log = h.log.lock().unwrap().clone();
+    let line = log.last().expect("a request log line");
+    assert_eq!(line["lane"], "medium");
+    assert_eq!(line["promoted_from"], "small");
 
     // A request that stays within its size is not touched.
     let small = post_text(h.url("/v1/chat/completions"), &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 200, "ignore_eos": true, "stream": true})).await;

@@ -104,7 +104,8 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
         // Their own places, not counted as the tier's load; the answer is whole when the
         // handler returns (none reads a body).
         let Ok(_permit) = Arc::clone(&limits.probes).try_acquire_owned() else {
-            limits.metrics.refused("requests_in_flight");
+            // Counted apart: a scrape storm is not the tier's load (nor its overload alert's).
+            limits.metrics.refused("probes");
             return GatewayError::Overloaded.into_response();
         };
         return next.run(req).await;

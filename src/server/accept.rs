@@ -324,21 +324,41 @@ async fn plain_http(tcp: &TcpStream, by: Instant) -> bool {
 }
 
 /// Answers plain HTTP on a TLS listener with 400 `tls_required` and closes, after reading what
-/// the client sent (at most 1 MiB, for at most a second): a socket closed with unread bytes
-/// sends a reset, which the client may see before the answer.
-async fn refuse_plain_http(mut tcp: TcpStream) {
+/// the client sent: a socket closed with unread bytes sends a reset, which the client may see
+/// before the answer.
+async fn refuse_plain_http(tcp: TcpStream) {
+    answer_and_close(tcp, "400 Bad Request", "", TLS_ONLY_BODY, true).await;
+}
+
+/// Answers a connection over the limit with a 503 and closes it. What the client sent is not
+/// read: a flood of connections over the limit must not each stay open for its second.
+async fn refuse(tcp: TcpStream) {
+    answer_and_close(tcp, "503 Service Unavailable", "retry-after: 1\r\n", REFUSAL_BODY, false)
+        .await;
+}
+
+/// Writes a fixed JSON answer (`status`: the status line's code and reason; `headers`: further
+/// header lines, each ending in CRLF) and closes the connection, all within a second. With
+/// `drain`, the client's bytes are then read and dropped (at most 1 MiB) until it closes.
+async fn answer_and_close(
+    mut tcp: TcpStream,
+    status: &str,
+    headers: &str,
+    body: &str,
+    drain: bool,
+) {
     use tokio::io::AsyncReadExt;
     let head = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
-        TLS_ONLY_BODY.len()
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{headers}connection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
     );
     let answer = async {
         tcp.write_all(head.as_bytes()).await?;
-        tcp.write_all(TLS_ONLY_BODY.as_bytes()).await?;
+        tcp.write_all(body.as_bytes()).await?;
         tcp.shutdown().await?;
         let mut sink = [0u8; 16 * 1024];
         let mut read = 0usize;
-        while read < 1 << 20 {
+        while drain && read < 1 << 20 {
             match tcp.read(&mut sink).await? {
                 0 => break,
                 n => read += n,
@@ -347,18 +367,4 @@ async fn refuse_plain_http(mut tcp: TcpStream) {
         Ok::<_, std::io::Error>(())
     };
     let _ = tokio::time::timeout(Duration::from_secs(1), answer).await;
-}
-
-/// Answers a connection over the limit with a 503 and closes it.
-async fn refuse(mut tcp: TcpStream) {
-    let head = format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
-        REFUSAL_BODY.len()
-    );
-    let write = async {
-        tcp.write_all(head.as_bytes()).await?;
-        tcp.write_all(REFUSAL_BODY.as_bytes()).await?;
-        tcp.shutdown().await
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
 }

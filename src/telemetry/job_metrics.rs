@@ -80,7 +80,7 @@ impl JobMetrics {
         };
         let wait = histogram(
             "tutor_gateway_job_wait_seconds",
-            "Time from a job's submission to its start (queued for idle large-lane capacity).",
+            "Time from a job's submission to its start (queued for idle capacity: any lane's idle seat with jobs.preempt, the large lane's otherwise).",
         );
         let run = histogram(
             "tutor_gateway_job_run_seconds",

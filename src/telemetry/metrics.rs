@@ -331,12 +331,13 @@ impl Metrics {
         );
         let refused = counter(
             "tutor_gateway_refused_total",
-            "Connections and requests refused before reaching a lane: limit is connections (server.max_connections), requests_in_flight (server.max_requests_in_flight), receiving_bytes (server.max_receiving_bytes) or stream_resets (an HTTP/2 connection closed for resetting more than 100 requests in a burst).",
+            "Connections and requests refused before reaching a lane: limit is connections (server.max_connections), requests_in_flight (server.max_requests_in_flight), probes (the 16 places of /healthz, /health, /ping and /metrics), receiving_bytes (server.max_receiving_bytes) or stream_resets (an HTTP/2 connection closed for resetting more than 100 requests in a burst).",
             &["limit"],
         );
         for limit in [
             "connections",
             "requests_in_flight",
+            "probes",
             "receiving_bytes",
             "stream_resets",
         ] {
@@ -559,25 +560,36 @@ impl Metrics {
             .observe(wait.as_secs_f64());
     }
 
-    /// Records the latency split and token counts of a request that reached `lane`.
-    pub fn observe(&self, lane: Lane, split: &LatencySplit, up: Option<&UpstreamView>) {
-        let l = [lane.as_str()];
+    /// Records the latency split and token counts of a finished request.
+    ///
+    /// What happened before the first token (the waits, the first token, the prefill, the
+    /// prompt's prefix-cache hits) is filed under `first`, the lane the request was admitted to;
+    /// the decode and the output under `last`, its lane at the end (a mid-stream promotion moves
+    /// a request, not the first token it already had in its first lane).
+    pub fn observe(
+        &self,
+        first: Lane,
+        last: Lane,
+        split: &LatencySplit,
+        up: Option<&UpstreamView>,
+    ) {
+        let (f, l) = ([first.as_str()], [last.as_str()]);
         let secs = |ms: f64| ms / 1000.0;
         if let Some(v) = split.queue_wait_ms {
-            self.queue_wait.with_label_values(&l).observe(secs(v));
+            self.queue_wait.with_label_values(&f).observe(secs(v));
         }
         if let Some(v) = split.time_to_first_token_ms {
             self.time_to_first_token
-                .with_label_values(&l)
+                .with_label_values(&f)
                 .observe(secs(v));
             let waited = split.queue_wait_ms.map_or(0.0, secs);
-            self.ttft_window.observe(lane, secs(v), waited);
+            self.ttft_window.observe(first, secs(v), waited);
         }
         if let Some(v) = split.prefill_ms {
-            self.prefill.with_label_values(&l).observe(secs(v));
+            self.prefill.with_label_values(&f).observe(secs(v));
         }
         if let Some(v) = split.engine_queue_ms {
-            self.engine_queue.with_label_values(&l).observe(secs(v));
+            self.engine_queue.with_label_values(&f).observe(secs(v));
         }
         if let Some(v) = split.time_per_output_token_ms {
             self.time_per_output_token
@@ -593,10 +605,10 @@ impl Metrics {
                 .observe(f64::from(up.output_tokens));
             if let Some(u) = up.usage {
                 self.prefix_queries
-                    .with_label_values(&l)
+                    .with_label_values(&f)
                     .inc_by(u64::from(u.prompt_tokens));
                 self.prefix_hits
-                    .with_label_values(&l)
+                    .with_label_values(&f)
                     .inc_by(u64::from(u.cached_tokens.unwrap_or(0)));
             }
         }

@@ -74,7 +74,7 @@ impl QuotaMetrics {
         let errors = IntCounterVec::new(
             prometheus::Opts::new(
                 "tutor_gateway_quota_errors_total",
-                "Quota backend failures by kind (connection, timeout, other, lease_lost).",
+                "Quota backend failures by kind (connection, timeout, refused, other, lease_lost).",
             ),
             &["kind"],
         )
@@ -145,7 +145,7 @@ impl QuotaMetrics {
         ] {
             registry.register(c).expect("registered once");
         }
-        for kind in ["connection", "timeout", "other", "lease_lost"] {
+        for kind in ["connection", "timeout", "refused", "other", "lease_lost"] {
             errors.with_label_values(&[kind]);
         }
         for lane in crate::lane::Lane::ALL {

@@ -46,6 +46,8 @@ pub struct RequestRecord {
     pieced: Option<(u32, bool)>,
     /// When each [`Mark`] was reached (the stage breakdown).
     marks: [Option<Instant>; 6],
+    /// The lane it was admitted to, once a mid-stream promotion moved it.
+    promoted_from: Option<crate::lane::Lane>,
     done: bool,
 }
 
@@ -87,6 +89,7 @@ impl RequestRecord {
             prefill_reserved: None,
             pieced: None,
             marks: [None; 6],
+            promoted_from: None,
             done: false,
         }
     }
@@ -195,13 +198,15 @@ impl RequestRecord {
         ));
     }
 
-    /// Records a mid-stream move to a bigger lane: the request is counted in `to` from now on.
+    /// Records a mid-stream move to a bigger lane: the request is counted in `to` from now on;
+    /// its waits and first token stay in the lane it was admitted to.
     pub fn promoted(&mut self, from: crate::lane::Lane, to: crate::lane::Lane) {
         if let Some(class) = &mut self.class {
             class.lane = to;
         }
+        let first = *self.promoted_from.get_or_insert(from);
         self.span.record(span::LANE, to.as_str());
-        self.span.record(span::PROMOTED_FROM, from.as_str());
+        self.span.record(span::PROMOTED_FROM, first.as_str());
     }
 
     /// Records admission after `queue_wait`, holding a prefill reservation of `prefill`
@@ -285,7 +290,8 @@ impl RequestRecord {
             );
         }
         if let Some(lane) = lane {
-            self.metrics.observe(lane, &split, up);
+            let first = self.promoted_from.unwrap_or(lane);
+            self.metrics.observe(first, lane, &split, up);
         }
         self.observe_prefix(up);
         self.observe_estimate(up);
@@ -299,6 +305,7 @@ impl RequestRecord {
             request_id: &self.request_id,
             route: self.route.as_str(),
             lane: lane.map(|l| l.as_str()),
+            promoted_from: self.promoted_from.map(|l| l.as_str()),
             outcome: outcome.as_str(),
             cancelled_at: stage.map(Stage::as_str),
             error_code,

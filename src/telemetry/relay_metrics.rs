@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 
-/// Buckets from 10 µs to 10 ms (seconds).
+/// Buckets from 10 µs to 100 ms (seconds).
 const BUCKETS: [f64; 12] = [
     0.000_01, 0.000_02, 0.000_05, 0.000_1, 0.000_2, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1,
 ];

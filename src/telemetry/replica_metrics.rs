@@ -54,7 +54,7 @@ impl ReplicaMetrics {
             ),
             routed: counter(
                 "tutor_gateway_replica_routed_total",
-                "Requests sent to the replica, by why it was chosen (affinity, load, least_loaded, round_robin, no_healthy, retry).",
+                "Requests sent to the replica, by why it was chosen (affinity, load, least_loaded, round_robin, no_healthy, retry, pinned).",
                 &["replica", "reason"],
             ),
             ejections: counter(

@@ -30,8 +30,12 @@ pub struct RequestLogLine<'a> {
     pub request_id: &'a str,
     /// `answer`, `chat_completions`, `completions`.
     pub route: &'a str,
-    /// Lane, when classified.
+    /// Lane, when classified: the final one, after any mid-stream promotion.
     pub lane: Option<&'a str>,
+    /// The lane it was admitted to, when a mid-stream promotion moved it (its queue wait and
+    /// first token are that lane's); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub promoted_from: Option<&'a str>,
     /// `tutor_gateway_requests_total`'s outcome.
     pub outcome: &'a str,
     /// Where a cancelled request was (`queued`, `prefill`, `decode`).

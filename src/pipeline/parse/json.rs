@@ -4,7 +4,7 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::error::{plain, GatewayError};
+use crate::error::{param_of, plain, GatewayError};
 
 /// Deserializes `T` from `value`, naming the failing field by its path.
 pub fn typed<T: DeserializeOwned>(value: Value) -> Result<T, GatewayError> {
@@ -25,13 +25,7 @@ pub fn typed_ref<T: DeserializeOwned>(value: &Value) -> Result<T, GatewayError> 
         let field = path
             .split(['.', '['])
             .next()
-            .filter(|f| {
-                !inner.starts_with("unknown field")
-                    && !f.is_empty()
-                    && f.len() <= 64
-                    && f.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
-            })
-            .map(str::to_owned);
+            .and_then(|f| param_of(f, &inner));
         match field {
             Some(field) => GatewayError::bad_field(message, field),
             None => GatewayError::bad_request(message, None),
