@@ -9,7 +9,7 @@
 //! | body not sent within `server.body_read_timeout_ms` | 408 | `body_timeout` |
 //! | `server.max_requests_in_flight` reached | 503 + `Retry-After` | `overloaded` |
 //! | queued bodies would pass `server.max_queued_bytes` | 429 + `Retry-After` | `queue_full` |
-//! | input + output over the model's maximum length | 400 | `too_long` |
+//! | a prompt that fills the model's maximum length, or an output limit above it | 400 | `too_long` |
 //! | the tenant has `server.max_requests_in_flight_per_tenant` requests in flight | 429 + `Retry-After: 1` | `tenant_overloaded` |
 //! | the tenant's budget (`[auth.tenants.<name>]`) is used up | 429 + `Retry-After` | `tenant_budget` |
 //! | lane queue full | 429 + `Retry-After` | `queue_full` |

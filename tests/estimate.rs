@@ -338,14 +338,15 @@ fn review_35kb() -> String {
 }
 
 #[tokio::test]
-async fn a_review_that_cannot_fit_is_refused_up_front_never_failed_by_the_engine() {
+async fn a_review_is_refused_up_front_only_when_no_output_could_fit_as_vllm_refuses_it() {
     let h = harness(&["--speed", "100", "--profile", "tiny-test"], |_| {}).await;
     let prompt = review_35kb();
-    // As a job: refused at submission, with the counts in the message.
+    // An output limit above the whole context. As a job: refused at submission, with the
+    // counts in the message.
     let resp = send(
         client()
             .post(h.url("/jobs"))
-            .json(&json!({"prompt": prompt, "max_output_tokens": 3000})),
+            .json(&json!({"prompt": prompt, "max_output_tokens": 16_385})),
     )
     .await;
     let body = assert_error(resp, 400, "too_long").await;
@@ -353,7 +354,7 @@ async fn a_review_that_cannot_fit_is_refused_up_front_never_failed_by_the_engine
     assert!(message.contains("16384"), "{message}");
     // On /v1: the same 400 in the OpenAI shape, and nothing reached the engine.
     let resp = send(client().post(h.url("/v1/chat/completions")).json(&json!({
-        "messages": [{"role": "user", "content": prompt}], "max_tokens": 3000
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": 16_385
     })))
     .await;
     let body = assert_error(resp, 400, "too_long").await;
@@ -361,6 +362,7 @@ async fn a_review_that_cannot_fit_is_refused_up_front_never_failed_by_the_engine
         body["error"]["param"], "max_tokens",
         "a smaller output would fit"
     );
+    assert_eq!(h.sim.engine.snapshot().steps, 0, "nothing reached the engine");
     // A prompt that alone passes the model's length: no output size would help.
     let resp = send(client().post(h.url("/v1/chat/completions")).json(&json!({
         "messages": [{"role": "user", "content": format!("{prompt}\n{prompt}")}], "max_tokens": 10
@@ -368,6 +370,23 @@ async fn a_review_that_cannot_fit_is_refused_up_front_never_failed_by_the_engine
     .await;
     let body = assert_error(resp, 400, "too_long").await;
     assert_eq!(body["error"]["param"], serde_json::Value::Null, "{body}");
+    // An output limit that does not fit beside the prompt (3,000 tokens after about 14,000) is
+    // lowered to the room left, as vLLM 0.34 lowers it, not refused: the answer runs to the
+    // context's end.
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(&json!({
+        "messages": [{"role": "user", "content": prompt}], "max_tokens": 3000, "ignore_eos": true
+    })))
+    .await;
+    assert_eq!(resp.status(), 200);
+    let answer: serde_json::Value = resp.json().await.unwrap();
+    let usage = &answer["usage"];
+    let (input, output) = (
+        usage["prompt_tokens"].as_u64().unwrap(),
+        usage["completion_tokens"].as_u64().unwrap(),
+    );
+    assert!(output > 0 && output < 3000, "{answer}");
+    assert_eq!(input + output, 16_384, "{answer}");
+    assert_eq!(answer["choices"][0]["finish_reason"], "length");
     // With room for its output it is admitted and completes.
     let resp = send(client().post(h.url("/v1/chat/completions")).json(&json!({
         "messages": [{"role": "user", "content": prompt}], "max_tokens": 300

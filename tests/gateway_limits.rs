@@ -567,7 +567,7 @@ async fn every_wrong_call_gets_an_error_that_names_what_is_wrong() {
         assert_eq!(err["error"]["param"], field, "{err}");
     }
     // /answer's output limit is its own field.
-    let resp = send(client().get(h.url("/answer?prompt=hi&max_output_tokens=16384"))).await;
+    let resp = send(client().get(h.url("/answer?prompt=hi&max_output_tokens=16385"))).await;
     let err = assert_error(resp, 400, "too_long").await;
     assert_eq!(err["error"]["param"], "max_output_tokens", "{err}");
     h.shutdown().await;

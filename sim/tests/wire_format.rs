@@ -225,8 +225,22 @@ async fn prompt_too_long_unknown_model_and_bad_json_get_vllm_errors() {
         .unwrap()
         .contains("maximum context length is 1024"));
 
+    // vLLM 0.34: an output limit above the context is refused; one that does not fit beside
+    // the prompt is lowered to the room left (`get_max_tokens`).
     let resp = send(client().post(&url).json(&chat_body("hi", 2000, false))).await;
-    assert_eq!(resp.status(), 400, "prompt + max_tokens over the limit");
+    assert_eq!(resp.status(), 400, "max_tokens over the context");
+    let err: Value = resp.json().await.unwrap();
+    assert_eq!(err["error"]["param"], "max_tokens");
+    let resp = send(client().post(&url).json(&chat_body(&words(500, "x"), 1000, false))).await;
+    assert_eq!(resp.status(), 200, "prompt + max_tokens over the context");
+    let answer: Value = resp.json().await.unwrap();
+    let usage = &answer["usage"];
+    assert_eq!(
+        usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap(),
+        1024,
+        "{answer}"
+    );
+    assert_eq!(answer["choices"][0]["finish_reason"], "length");
 
     let mut body = chat_body("hi", 5, false);
     body["model"] = "gpt-unknown".into();

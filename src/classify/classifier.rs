@@ -255,13 +255,15 @@ impl Classifier {
                         || near(self.rules.medium_max_work())
                         || work + margin(self.max_model_len) >= max_len)
             }
+            // A prompt refused for filling the context by a little (an output limit above the
+            // context is refused whatever the prompt's count).
             Err(ClassifyError::ExceedsModelLen {
                 input_tokens,
                 output_tokens,
                 ..
             }) => {
-                u64::from(*input_tokens) + u64::from(*output_tokens)
-                    <= max_len + margin(self.max_model_len)
+                *output_tokens <= self.max_model_len
+                    && u64::from(*input_tokens) <= max_len + margin(self.max_model_len)
             }
             Err(_) => false,
         }
@@ -410,6 +412,13 @@ impl Classifier {
     }
 
     /// Applies the output budget and the model-length rule to `input_tokens`, picks the lane.
+    ///
+    /// The rule is vLLM's (0.34: `TokenizeParams` refuses an output limit above the context,
+    /// and a prompt that fills it; `get_max_tokens` lowers any other limit to the room the
+    /// prompt leaves): an output limit the client sent is reserved up to that room, and sent
+    /// to the engine as it was, which lowers it by its own count the same way. Refused: an
+    /// output limit above `max_model_len` (no prompt would leave room for it), and a prompt
+    /// that leaves no room for one token.
     fn settle(
         &self,
         input_tokens: u32,
@@ -417,17 +426,19 @@ impl Classifier {
         counts: Option<KindCounts>,
     ) -> Result<Classification, ClassifyError> {
         let room = self.max_model_len.saturating_sub(input_tokens);
-        let output_budget = match requested {
-            Some(n) => n,
-            // Not sent: the default, capped to the room left, but at least one token.
-            None => self.default_output_tokens.min(room).max(1),
+        let too_long = |output_tokens| ClassifyError::ExceedsModelLen {
+            input_tokens,
+            output_tokens,
+            max_model_len: self.max_model_len,
         };
-        if output_budget.max(1) > room {
-            return Err(ClassifyError::ExceedsModelLen {
-                input_tokens,
-                output_tokens: output_budget,
-                max_model_len: self.max_model_len,
-            });
+        let output_budget = match requested {
+            Some(n) if n > self.max_model_len => return Err(too_long(n)),
+            Some(n) => n.min(room),
+            // Not sent: the default, capped to the room left.
+            None => self.default_output_tokens.min(room),
+        };
+        if room == 0 {
+            return Err(too_long(requested.unwrap_or(1).max(1)));
         }
         let work = input_tokens + output_budget;
         Ok(Classification {

@@ -5,9 +5,11 @@ use std::path::PathBuf;
 /// Why a request could not be classified.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClassifyError {
-    /// The request cannot fit the model: input + output tokens exceed `upstream.max_model_len`.
-    /// The HTTP layer answers 400. When decided from byte length alone, `input_tokens` is a
-    /// lower bound (the request is certainly too long).
+    /// The request cannot fit the model: its prompt leaves no room for output within
+    /// `upstream.max_model_len`, or its output limit alone is above it (a limit that does not
+    /// fit beside the prompt is lowered to the room left, as vLLM lowers it). The HTTP layer
+    /// answers 400. When decided from byte length alone, `input_tokens` is a lower bound (the
+    /// request is certainly too long).
     #[error(
         "request needs {input_tokens} input + {output_tokens} output tokens, more than the \
          model's maximum length of {max_model_len}"

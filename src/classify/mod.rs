@@ -12,7 +12,9 @@
 //! calling thread for a short prompt with a fast count, on a blocking thread (`spawn_blocking`)
 //! otherwise, and is skipped when byte length already settles the small lane or rejects the
 //! request; the bounds are documented in [`bounds`]. A request that cannot fit
-//! `upstream.max_model_len` is rejected with [`ClassifyError::ExceedsModelLen`] (HTTP 400).
+//! `upstream.max_model_len` (its prompt leaves no room, or its output limit alone is above it)
+//! is rejected with [`ClassifyError::ExceedsModelLen`] (HTTP 400); an output limit that only
+//! does not fit beside the prompt is lowered to the room left, as vLLM lowers it.
 //!
 //! Files: `input.rs` (what is counted), `counter.rs` (tokenizer or heuristic), `bounds.rs`
 //! (byte-length bounds), `pair_bound.rs` (the tighter bound a byte-level BPE's merges give),

@@ -233,34 +233,30 @@ async fn byte_decisions_agree_with_exact_counts() {
 #[tokio::test]
 async fn requests_over_max_model_len_are_a_distinct_error() {
     let c = classifier(TokenCounter::Heuristic);
+    // An output limit above the whole context: refused whatever the prompt, decided from
+    // byte length (the reported input is the lower bound: 5000 bytes / 6, + BOS).
     let err = c
-        .classify(prompt(" abcd".repeat(1000)), Some(16_000))
+        .classify(prompt(" abcd".repeat(1000)), Some(16_385))
         .await
         .unwrap_err();
-    // Decided from byte length: the reported input is the lower bound (5000 bytes / 6, + BOS).
     assert_eq!(
         err,
         ClassifyError::ExceedsModelLen {
             input_tokens: 835,
-            output_tokens: 16_000,
+            output_tokens: 16_385,
             max_model_len: 16_384
         }
     );
-    // Decided by counting: 1001 exact tokens + 15_400 > 16_384.
-    let err = c
+    // A limit that does not fit beside the prompt (1001 exact tokens + 15_400 > 16_384) is
+    // lowered to the room the prompt leaves, as vLLM lowers it: reserved up to the context.
+    let fits = c
         .classify(prompt(" abcd".repeat(1000)), Some(15_400))
         .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ClassifyError::ExceedsModelLen {
-                input_tokens: 1001,
-                ..
-            }
-        ),
-        "{err}"
-    );
+        .unwrap();
+    assert_eq!(fits.input_tokens_estimate, 1001);
+    assert_eq!(fits.output_budget, 16_384 - 1001);
+    assert_eq!(fits.work, 16_384);
+    assert_eq!(fits.lane, Lane::Large);
     // 200 KB: over the limit even at 6 bytes a token, rejected without tokenizing.
     let err = c
         .classify(prompt("x".repeat(200_000)), None)

@@ -561,11 +561,14 @@ impl Generation {
         }
         let limit = state.max_model_len;
         let input = prompt.len() as u32;
+        // vLLM 0.34 refuses a prompt above the context (`_token_len_check`); one of exactly the
+        // context, which leaves no room to answer, is refused here too.
         if input >= limit {
             return Err(ApiError::bad_request(
                 format!(
-                    "This model's maximum context length is {limit} tokens. However, your request \
-                     has {input} input tokens. Please reduce the length of the input messages."
+                    "This model's maximum context length is {limit} tokens. However, your prompt \
+                     contains {input} input tokens, which exceeds this limit even without any \
+                     output tokens. Please reduce the length of the input prompt."
                 ),
                 Some("input_tokens"),
             ));
@@ -583,17 +586,18 @@ impl Generation {
                     Some("max_tokens"),
                 ))
             }
-            Some(m) if m > limit - input => {
+            // vLLM 0.34 refuses a limit above the whole context (`TokenizeParams.__post_init__`)
+            // and lowers any other to the room the prompt leaves (`get_max_tokens`).
+            Some(m) if m > limit => {
                 return Err(ApiError::bad_request(
                     format!(
-                        "'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's \
-                         maximum context length is {limit} tokens and your request has {input} \
-                         input tokens ({m} > {limit} - {input})."
+                        "max_tokens={m} cannot be greater than max_model_len={limit}. Please \
+                         request fewer output tokens."
                     ),
                     Some("max_tokens"),
                 ))
             }
-            Some(m) => m,
+            Some(m) => m.min(limit - input),
             None => limit - input,
         };
         let opts = c.stream_options.unwrap_or_default();
