@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use crate::report::{ordered, ratio, s, secs, TINY_S};
-use crate::stats::Results;
+use crate::stats::{ClassStats, Results};
 
 /// Default of [`Rules::max_cached_ratio_gap`].
 pub const MAX_CACHED_RATIO_GAP: f64 = 0.10;
@@ -118,6 +118,19 @@ fn cache_check(a: &Results, b: &Results, rules: &Rules) -> (Option<String>, Vec<
     (None, notes)
 }
 
+/// The smallest share of a watched class's requests failed or refused that counts as a
+/// regression when it doubles: below it, a handful of errors in a short run.
+const MIN_FAILED_SHARE: f64 = 0.01;
+
+/// The share of `c`'s requests that failed (refused included) or were still running at the
+/// hard deadline.
+fn failed_share(c: &ClassStats) -> f64 {
+    if c.requests == 0 {
+        return 0.0;
+    }
+    (c.errors + c.cut) as f64 / c.requests as f64
+}
+
 /// Compares baseline `a` with candidate `b`.
 pub fn compare(a: &Results, b: &Results, rules: &Rules) -> Verdict {
     let mut o = String::new();
@@ -163,6 +176,20 @@ pub fn compare(a: &Results, b: &Results, rules: &Rules) -> Verdict {
             ca.output_tokens_per_s, cb.output_tokens_per_s
         );
         let watched = rules.interactive.is_empty() || rules.interactive.iter().any(|c| c == name);
+        // A p95 over the requests that got a first token cannot show the ones refused or
+        // failed: a change that sheds a watched class's requests would pass M7 by refusing
+        // them. Their share doubling (and above 1%) is a regression of its own.
+        let (share_a, share_b) = (failed_share(ca), failed_share(cb));
+        if watched && share_b >= MIN_FAILED_SHARE && share_b >= 2.0 * share_a {
+            reasons.push(format!(
+                "{name}: {:.1}% of requests failed or were refused ({} of {}), against {:.1}% \
+                 in A; the TTFT quantiles do not include them",
+                share_b * 100.0,
+                cb.errors + cb.cut,
+                cb.requests,
+                share_a * 100.0
+            ));
+        }
         if watched && tp_up && m7_ratio.is_some_and(|r| r >= 2.0) {
             let x = match ratio(cb.ttft_p95_s, ca.ttft_p95_s) {
                 r if r.ends_with('x') => r,
@@ -226,7 +253,8 @@ pub fn compare(a: &Results, b: &Results, rules: &Rules) -> Verdict {
     } else {
         let _ = writeln!(
             o,
-            "\nVERDICT: no regression (M7: tokens/s up while a watched p95 TTFT doubles)"
+            "\nVERDICT: no regression (M7: tokens/s up while a watched p95 TTFT doubles; nor \
+             a watched class's failed or refused share doubling)"
         );
     }
     Verdict {
@@ -244,7 +272,7 @@ mod tests {
     use super::*;
     use crate::client::Api;
     use crate::scenario::Scenario;
-    use crate::stats::{ClassStats, PrefixCache};
+    use crate::stats::PrefixCache;
 
     fn results(tok_s: f64, small_p95: f64, large_p95: f64) -> Results {
         let scenario = Scenario::parse(
@@ -400,6 +428,23 @@ mod tests {
         // A misses the 2 s SLO, B meets it.
         assert_eq!(v.slo_misses.len(), 1);
         assert_eq!(v.slo_misses[0].0, "A");
+    }
+
+    #[test]
+    fn a_watched_class_refused_twice_as_often_is_a_regression_whatever_its_ttft() {
+        // B sheds questions: its p95 over the served ones is lower, its tokens/s the same.
+        let a = results(1000.0, 0.8, 5.0);
+        let mut b = results(1000.0, 0.4, 5.0);
+        let small = b.classes.get_mut("small").unwrap();
+        (small.ok, small.errors) = (80, 20);
+        let v = compare(&a, &b, &Rules::default());
+        assert!(v.regression, "{}", v.text);
+        assert!(v.reasons[0].contains("20.0%"), "{:?}", v.reasons);
+        // The same refusals in an unwatched class (reviews) are not M7's.
+        let mut b = results(1000.0, 0.4, 5.0);
+        let large = b.classes.get_mut("large").unwrap();
+        (large.ok, large.errors) = (80, 20);
+        assert!(!compare(&a, &b, &Rules::default()).regression);
     }
 
     #[test]
