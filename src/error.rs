@@ -666,7 +666,10 @@ mod plain_tests {
     #[test]
     fn only_the_routes_own_field_names_become_a_param() {
         let problem = "invalid type: string \"x\", expected a number";
-        assert_eq!(param_of("max_tokens", problem).as_deref(), Some("max_tokens"));
+        assert_eq!(
+            param_of("max_tokens", problem).as_deref(),
+            Some("max_tokens")
+        );
         // A name the client made up is never a param (a param is logged): an unknown field, a
         // name with other characters, an overlong one, an empty one.
         assert_eq!(param_of("tempreature", "unknown field `tempreature`"), None);

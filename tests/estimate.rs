@@ -362,7 +362,11 @@ async fn a_review_is_refused_up_front_only_when_no_output_could_fit_as_vllm_refu
         body["error"]["param"], "max_tokens",
         "a smaller output would fit"
     );
-    assert_eq!(h.sim.engine.snapshot().steps, 0, "nothing reached the engine");
+    assert_eq!(
+        h.sim.engine.snapshot().steps,
+        0,
+        "nothing reached the engine"
+    );
     // A prompt that alone passes the model's length: no output size would help.
     let resp = send(client().post(h.url("/v1/chat/completions")).json(&json!({
         "messages": [{"role": "user", "content": format!("{prompt}\n{prompt}")}], "max_tokens": 10

@@ -388,14 +388,58 @@ async fn bad_input_gets_the_documented_4xx_in_openai_shape() {
     let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
         (client().post(&url).body("{not json"), 400, "bad_request"),
         (client().post(&url).body("[1,2]"), 400, "bad_request"),
-        (client().post(&url).json(&json!({"messages": "hi"})), 400, "bad_request"),
-        (client().post(&url).json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"})), 400, "bad_request"),
-        (client().post(&url).json(&json!({"messages": [{"role": "user", "content": "hi"}], "stream": "maybe"})), 400, "bad_request"),
-        (client().post(&url).json(&json!({"messages": []})), 400, "bad_request"),
-        (client().post(&url).json(&json!({"messages": [{"role": "user", "content": "hi"}], "n": 3})), 400, "bad_request"),
-        (client().post(&url).json(&json!({"messages": [{"role": "user", "content": words(20_000, "x")}]})), 413, "body_too_large"),
-        (client().post(&url).json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16_385})), 400, "too_long"),
-        (client().post(h.url("/v1/completions")).json(&json!({"prompt": [1, 2, 3]})), 400, "bad_request"),
+        (
+            client().post(&url).json(&json!({"messages": "hi"})),
+            400,
+            "bad_request",
+        ),
+        (
+            client().post(&url).json(
+                &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": "many"}),
+            ),
+            400,
+            "bad_request",
+        ),
+        (
+            client()
+                .post(&url)
+                .json(&json!({"messages": [{"role": "user", "content": "hi"}], "stream": "maybe"})),
+            400,
+            "bad_request",
+        ),
+        (
+            client().post(&url).json(&json!({"messages": []})),
+            400,
+            "bad_request",
+        ),
+        (
+            client()
+                .post(&url)
+                .json(&json!({"messages": [{"role": "user", "content": "hi"}], "n": 3})),
+            400,
+            "bad_request",
+        ),
+        (
+            client()
+                .post(&url)
+                .json(&json!({"messages": [{"role": "user", "content": words(20_000, "x")}]})),
+            413,
+            "body_too_large",
+        ),
+        (
+            client().post(&url).json(
+                &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16_385}),
+            ),
+            400,
+            "too_long",
+        ),
+        (
+            client()
+                .post(h.url("/v1/completions"))
+                .json(&json!({"prompt": [1, 2, 3]})),
+            400,
+            "bad_request",
+        ),
     ];
     for (req, status, code) in cases {
         let r = send(req.header("content-type", "application/json")).await;

@@ -75,10 +75,22 @@ async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes()
     // Its wait and first token were the small lane's (what the small lane's objective and
     // panels judge); its decode, the lane it ended in.
     for (series, want) in [
-        ("tutor_gateway_time_to_first_token_seconds_count{lane=\"small\"}", 1.0),
-        ("tutor_gateway_time_to_first_token_seconds_count{lane=\"medium\"}", 0.0),
-        ("tutor_gateway_queue_wait_seconds_count{lane=\"small\"}", 1.0),
-        ("tutor_gateway_queue_wait_seconds_count{lane=\"medium\"}", 0.0),
+        (
+            "tutor_gateway_time_to_first_token_seconds_count{lane=\"small\"}",
+            1.0,
+        ),
+        (
+            "tutor_gateway_time_to_first_token_seconds_count{lane=\"medium\"}",
+            0.0,
+        ),
+        (
+            "tutor_gateway_queue_wait_seconds_count{lane=\"small\"}",
+            1.0,
+        ),
+        (
+            "tutor_gateway_queue_wait_seconds_count{lane=\"medium\"}",
+            0.0,
+        ),
         ("tutor_gateway_output_tokens_count{lane=\"medium\"}", 1.0),
         ("tutor_gateway_output_tokens_count{lane=\"small\"}", 0.0),
     ] {

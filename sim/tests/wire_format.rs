@@ -231,7 +231,12 @@ async fn prompt_too_long_unknown_model_and_bad_json_get_vllm_errors() {
     assert_eq!(resp.status(), 400, "max_tokens over the context");
     let err: Value = resp.json().await.unwrap();
     assert_eq!(err["error"]["param"], "max_tokens");
-    let resp = send(client().post(&url).json(&chat_body(&words(500, "x"), 1000, false))).await;
+    let resp = send(
+        client()
+            .post(&url)
+            .json(&chat_body(&words(500, "x"), 1000, false)),
+    )
+    .await;
     assert_eq!(resp.status(), 200, "prompt + max_tokens over the context");
     let answer: Value = resp.json().await.unwrap();
     let usage = &answer["usage"];

@@ -333,8 +333,14 @@ async fn refuse_plain_http(tcp: TcpStream) {
 /// Answers a connection over the limit with a 503 and closes it. What the client sent is not
 /// read: a flood of connections over the limit must not each stay open for its second.
 async fn refuse(tcp: TcpStream) {
-    answer_and_close(tcp, "503 Service Unavailable", "retry-after: 1\r\n", REFUSAL_BODY, false)
-        .await;
+    answer_and_close(
+        tcp,
+        "503 Service Unavailable",
+        "retry-after: 1\r\n",
+        REFUSAL_BODY,
+        false,
+    )
+    .await;
 }
 
 /// Writes a fixed JSON answer (`status`: the status line's code and reason; `headers`: further
