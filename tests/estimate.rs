@@ -412,20 +412,22 @@ async fn a_review_is_refused_up_front_only_when_no_output_could_fit_as_vllm_refu
 
 #[tokio::test]
 async fn near_a_limit_the_engines_own_count_decides() {
+    let prompt = code(&mut StdRng::seed_from_u64(36), 35_000);
+    // The text, "user", and BOS plus two turns of 5.
+    let counted = tutor_wire::tokens::heuristic_ids(&prompt, false).len() as u64 + 1 + 11;
     let (_dir, h) = with_trained_tokenizer(|c| {
         c.classify.exact_count = ExactCount::NearLimits;
         // The engine counts 35 KB with a debug build's tokenizer: on a loaded machine that
         // takes longer than the shipped second, and the heuristic would decide instead.
         c.classify.exact_count_timeout = std::time::Duration::from_secs(30);
+        // The prompt alone fills the context by the heuristic's uncorrected count, by 400
+        // tokens (within the 10% margin); the engine counts it at least 800 fewer.
+        c.upstream.max_model_len = u32::try_from(counted - 400).unwrap().try_into().unwrap();
     })
     .await;
-    // Over max_model_len by the heuristic's uncorrected count (within the 10% margin), well
-    // inside it by the engine's: counted by the engine, admitted, completed.
-    let prompt = code(&mut StdRng::seed_from_u64(36), 35_000);
-    // The text, "user", and BOS plus two turns of 5.
-    let counted = tutor_wire::tokens::heuristic_ids(&prompt, false).len() as u64 + 1 + 11;
-    let max_tokens = 16_384 - counted + 800;
-    let body = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens});
+    // Refused for length by the estimate, inside the context by the engine's count: counted
+    // by the engine, admitted, completed.
+    let body = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 100});
     let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
     let _ = resp.text().await;
@@ -444,6 +446,27 @@ async fn near_a_limit_the_engines_own_count_decides() {
     assert_eq!(
         metric(&m, "tutor_gateway_exact_counts_total{outcome=\"counted\"}"),
         1.0
+    );
+    // A short question whose client asks for the whole context as its output limit: lowered
+    // to the room left whatever the count, so the engine is not asked to count it.
+    let whole = counted - 400;
+    let body = json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": whole});
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let _ = resp.text().await;
+    let m = h.metrics_text().await;
+    let counts: f64 = ["counted", "failed", "timeout"]
+        .iter()
+        .map(|o| {
+            metric(
+                &m,
+                &format!("tutor_gateway_exact_counts_total{{outcome=\"{o}\"}}"),
+            )
+        })
+        .sum();
+    assert_eq!(
+        counts, 1.0,
+        "only the first request was counted by the engine"
     );
     h.shutdown().await;
 }

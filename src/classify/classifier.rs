@@ -26,8 +26,8 @@ pub struct Classification {
     /// upper bound documented in `bounds.rs`. Never more than `max_model_len` less the output
     /// budget: the engine cannot hold more.
     pub input_tokens_estimate: u32,
-    /// Output tokens budgeted: the client's max tokens, or `classify.default_output_tokens`
-    /// capped to fit `max_model_len`. When the client sent none and the request cannot be
+    /// Output tokens budgeted: the client's max tokens, or `classify.default_output_tokens`,
+    /// either lowered to the room the prompt leaves in `max_model_len` (as vLLM lowers it). When the client sent none and the request cannot be
     /// promoted out of its lane, the pipeline sends this as `max_tokens` upstream so the
     /// reservation holds ([`super::LaneRules::output_cap`]).
     pub output_budget: u32,
@@ -250,10 +250,14 @@ impl Classifier {
             Ok(c) => {
                 let work = u64::from(c.work);
                 let near = |limit: u32| u64::from(limit).abs_diff(work) <= margin(limit);
+                // Near the context: the prompt, which alone decides a refusal for length (an
+                // output limit is lowered to the room the prompt leaves, and one above the
+                // context is refused whatever the count).
+                let input = u64::from(c.input_tokens_estimate);
                 c.exact()
                     && (near(self.rules.small_max_work())
                         || near(self.rules.medium_max_work())
-                        || work + margin(self.max_model_len) >= max_len)
+                        || input + margin(self.max_model_len) >= max_len)
             }
             // A prompt refused for filling the context by a little (an output limit above the
             // context is refused whatever the prompt's count).

@@ -560,6 +560,17 @@ impl Generation {
             ));
         }
         let limit = state.max_model_len;
+        // vLLM 0.34 refuses a limit above the whole context before it reads the prompt
+        // (`TokenizeParams.__post_init__`).
+        if let Some(m) = max_tokens.filter(|m| *m > limit) {
+            return Err(ApiError::bad_request(
+                format!(
+                    "max_tokens={m} cannot be greater than max_model_len={limit}. Please \
+                     request fewer output tokens."
+                ),
+                Some("max_tokens"),
+            ));
+        }
         let input = prompt.len() as u32;
         // vLLM 0.34 refuses a prompt above the context (`_token_len_check`); one of exactly the
         // context, which leaves no room to answer, is refused here too.
@@ -586,17 +597,7 @@ impl Generation {
                     Some("max_tokens"),
                 ))
             }
-            // vLLM 0.34 refuses a limit above the whole context (`TokenizeParams.__post_init__`)
-            // and lowers any other to the room the prompt leaves (`get_max_tokens`).
-            Some(m) if m > limit => {
-                return Err(ApiError::bad_request(
-                    format!(
-                        "max_tokens={m} cannot be greater than max_model_len={limit}. Please \
-                         request fewer output tokens."
-                    ),
-                    Some("max_tokens"),
-                ))
-            }
+            // vLLM 0.34 lowers a limit to the room the prompt leaves (`get_max_tokens`).
             Some(m) => m.min(limit - input),
             None => limit - input,
         };
