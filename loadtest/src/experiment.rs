@@ -268,6 +268,17 @@ pub(crate) fn gateway_config(
         simulated_times(&mut cfg, speed);
     }
     cfg.admission.policy = policy;
+    if preset == Preset::Strict {
+        // The seed's caps (M16: lanes 32/20/4), whatever the file says.
+        for (lane, seats) in [
+            (&mut cfg.lanes.small, 32),
+            (&mut cfg.lanes.medium, 20),
+            (&mut cfg.lanes.large, 4),
+        ] {
+            lane.max_concurrency = NonZeroU32::new(seats).expect("non-zero");
+            lane.ceiling = lane.max_concurrency;
+        }
+    }
     cfg.jobs.preempt = preset.preempts();
     cfg.admission.engine_priority = preset == Preset::LanesPriority;
     cfg.admission.fifo.max_concurrency = NonZeroU32::new(fifo_max_concurrency);
@@ -480,6 +491,22 @@ mod tests {
             ..Default::default()
         };
         assert!(crate::engine::expand(&["seed".into()], &zero).is_err());
+    }
+
+    #[test]
+    fn strict_runs_the_seeds_caps_whatever_the_file_says() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/config.toml");
+        let engine = EngineSetting::preset("seed").unwrap();
+        let shipped = load_config(&file, engine.max_model_len).unwrap();
+        assert_ne!(shipped.lanes.large.max_concurrency.get(), 4, "the file's own");
+        let strict = gateway_config(&file, &engine, Preset::Strict, 0, 2.0).unwrap();
+        assert_eq!(strict.admission.policy, Policy::Strict);
+        let seats = |c: &Config| {
+            [&c.lanes.small, &c.lanes.medium, &c.lanes.large].map(|l| l.max_concurrency.get())
+        };
+        assert_eq!(seats(&strict), [32, 20, 4]);
+        let lanes = gateway_config(&file, &engine, Preset::Lanes, 0, 2.0).unwrap();
+        assert_eq!(seats(&lanes), seats(&shipped), "other presets keep the file's");
     }
 
     #[test]

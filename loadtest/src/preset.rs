@@ -8,7 +8,8 @@ pub enum Preset {
     Floor,
     /// `policy = "fifo"`.
     Fifo,
-    /// `policy = "strict"`: the seed's caps.
+    /// `policy = "strict"` with the seed's caps: 32/20/4 seats (M16), whatever the config
+    /// file's lanes say.
     Strict,
     /// `policy = "lanes"`: work-conserving lanes.
     Lanes,
