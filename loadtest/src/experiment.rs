@@ -498,7 +498,11 @@ mod tests {
         let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/config.toml");
         let engine = EngineSetting::preset("seed").unwrap();
         let shipped = load_config(&file, engine.max_model_len).unwrap();
-        assert_ne!(shipped.lanes.large.max_concurrency.get(), 4, "the file's own");
+        assert_ne!(
+            shipped.lanes.large.max_concurrency.get(),
+            4,
+            "the file's own"
+        );
         let strict = gateway_config(&file, &engine, Preset::Strict, 0, 2.0).unwrap();
         assert_eq!(strict.admission.policy, Policy::Strict);
         let seats = |c: &Config| {
@@ -506,7 +510,11 @@ mod tests {
         };
         assert_eq!(seats(&strict), [32, 20, 4]);
         let lanes = gateway_config(&file, &engine, Preset::Lanes, 0, 2.0).unwrap();
-        assert_eq!(seats(&lanes), seats(&shipped), "other presets keep the file's");
+        assert_eq!(
+            seats(&lanes),
+            seats(&shipped),
+            "other presets keep the file's"
+        );
     }
 
     #[test]
