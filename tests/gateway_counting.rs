@@ -199,10 +199,15 @@ fn random_conversation(rng: &mut StdRng) -> Value {
             0 => Value::Null,
             1 => json!(text(rng, 40)),
             _ => json!((0..rng.random_range(1..4))
-                .map(|k| match rng.random_range(0..6) {
+                .map(|k| match rng.random_range(0..10) {
                     0 => json!({"type": "image_url", "image_url": {"url": format!("https://img.example/{k}.png")}}),
                     1 => json!({"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}),
                     2 => json!({"type": "video_url", "video_url": {"url": format!("https://v.example/{k}.mp4")}}),
+                    // The part types vLLM renders as text, each from its own field.
+                    3 => json!({"type": "input_text", "text": text(rng, 30)}),
+                    4 => json!({"type": "output_text", "text": text(rng, 30)}),
+                    5 => json!({"type": "refusal", "refusal": text(rng, 30)}),
+                    6 => json!({"type": "thinking", "thinking": text(rng, 30)}),
                     _ => json!({"type": "text", "text": text(rng, 30)}),
                 })
                 .collect::<Vec<_>>()),
@@ -288,6 +293,67 @@ async fn the_estimate_covers_every_string_the_template_renders() {
         tightest = tightest.min(estimate as i64 - engine as i64);
     }
     eprintln!("tightest estimate - engine count: {tightest}");
+    h.shutdown().await;
+}
+
+/// vLLM 0.34 renders an `input_text`, `output_text`, `refusal` or `thinking` part exactly as a
+/// `text` part with the same text (`TEXT_PART_TYPES`, `vllm/renderers/chat_utils/
+/// chat_message.py`): a client resending Responses-API or reasoning history is taken, and its
+/// text is counted in full, however long (a 6,000-word answer in a `refusal` part is a large
+/// request, as the same text in a `text` part is).
+#[tokio::test]
+async fn every_part_vllm_renders_as_text_is_taken_and_counted_as_text() {
+    let h = harness(&["--speed", "100", "--profile", "tiny-test"], |_| {}).await;
+    let long = "explain the borrow checker to me again please ".repeat(1000);
+    let mut sent = Vec::new();
+    for (kind, field) in [
+        ("text", "text"),
+        ("input_text", "text"),
+        ("output_text", "text"),
+        ("refusal", "refusal"),
+        ("thinking", "thinking"),
+    ] {
+        for t in ["why does this loop never end?", long.as_str()] {
+            let body = json!({"max_tokens": 1, "messages": [
+                {"role": "assistant", "content": [{"type": kind, field: t}]},
+                {"role": "user", "content": "and now?"}]});
+            let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+            assert_eq!(resp.status(), 200, "{kind}: {}", resp.text().await.unwrap());
+            let _ = resp.text().await;
+            sent.push((kind, t.len()));
+        }
+    }
+    let log = h.log.lock().unwrap().clone();
+    assert_eq!(log.len(), sent.len());
+    let counted = |i: usize| log[i]["input_tokens_counted"].as_u64().unwrap();
+    let lane = |i: usize| log[i]["lane"].as_str().unwrap().to_owned();
+    for (i, (kind, _)) in sent.iter().enumerate() {
+        // The same count as the same text in a `text` part (entries 0 and 1), short and long.
+        assert_eq!(counted(i), counted(i % 2), "{kind}: {}", log[i]);
+        assert_eq!(lane(i), lane(i % 2), "{kind}: {}", log[i]);
+        let engine = log[i]["input_tokens"].as_u64().unwrap();
+        assert!(counted(i) >= engine, "{kind}: {}", log[i]);
+    }
+    assert_eq!(lane(1), "large", "{}", log[1]);
+    assert_eq!(lane(0), "small", "{}", log[0]);
+    // Another field than the one its type names is not counted, so not taken.
+    for part in [
+        json!({"type": "refusal", "text": "x"}),
+        json!({"type": "thinking", "thinking": "x", "closed": true}),
+        json!({"type": "input_text", "text": 5}),
+    ] {
+        let body = json!({"messages": [{"role": "user", "content": [part]}]});
+        let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+        assert_eq!(resp.status(), 400, "{part}");
+        let v: Value = resp.json().await.unwrap();
+        assert!(
+            v["error"]["param"]
+                .as_str()
+                .unwrap()
+                .starts_with("messages[0].content[0]"),
+            "{v}"
+        );
+    }
     h.shutdown().await;
 }
 

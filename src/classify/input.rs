@@ -10,7 +10,9 @@
 use super::bounds::MAX_BYTES_PER_TOKEN;
 use super::calibration::{ContentKind, KindCounts};
 use serde_json::Value;
-pub use tutor_wire::chat::{ChatMessage, ContentPart, MediaKind, MessageContent, PieceKind};
+pub use tutor_wire::chat::{
+    text_field, ChatMessage, ContentPart, MediaKind, MessageContent, PieceKind, TEXT_PART_TYPES,
+};
 
 /// Tokens counted for the tools block beyond the tools' JSON: the preamble templates put around
 /// it (Qwen 2.5's is about 120 tokens, Llama 3.1's about 100).

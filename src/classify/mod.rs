@@ -43,5 +43,6 @@ pub use counter::TokenCounter;
 pub use decision::LaneRules;
 pub use error::ClassifyError;
 pub use input::{
-    ChatMessage, ContentPart, MediaKind, MessageContent, PieceKind, PromptInput, TemplateCosts,
+    text_field, ChatMessage, ContentPart, MediaKind, MessageContent, PieceKind, PromptInput,
+    TemplateCosts, TEXT_PART_TYPES,
 };

@@ -30,6 +30,7 @@ use serde_json::{Map, Value};
 
 use super::ctx::RequestCtx;
 use super::tokenize::tokenize_body;
+use crate::classify::text_field;
 use crate::telemetry::piece_metrics::PieceOutcome;
 use crate::upstream::{Endpoint, UpstreamRequest};
 
@@ -164,7 +165,7 @@ fn has_media(body: &Map<String, Value>) -> bool {
                 m["content"].as_array().is_some_and(|parts| {
                     parts
                         .iter()
-                        .any(|p| p["type"].as_str().is_some_and(|t| t != "text"))
+                        .any(|p| p["type"].as_str().is_some_and(|t| text_field(t).is_none()))
                 })
             })
         })

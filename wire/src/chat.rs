@@ -46,13 +46,34 @@ pub enum MessageContent {
     Parts(Vec<ContentPart>),
 }
 
+/// Part types vLLM renders as text (vLLM 0.34 `TEXT_PART_TYPES`,
+/// `vllm/renderers/chat_utils/chat_message.py`), each with the field that carries the text: the
+/// Responses API's `input_text` and `output_text`, an assistant's `refusal` and a reasoning
+/// model's `thinking` are rendered exactly as a `text` part with that text.
+pub const TEXT_PART_TYPES: &[(&str, &str)] = &[
+    ("text", "text"),
+    ("input_text", "text"),
+    ("output_text", "text"),
+    ("refusal", "refusal"),
+    ("thinking", "thinking"),
+];
+
+/// The field carrying the text of a part of type `kind`, when vLLM renders it as text.
+pub fn text_field(kind: &str) -> Option<&'static str> {
+    TEXT_PART_TYPES
+        .iter()
+        .find(|(name, _)| *name == kind)
+        .map(|(_, field)| *field)
+}
+
 /// One part of a multi-part message.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ContentPart {
-    /// Part type: `text`, or `image_url`, `input_audio`, `file`... (non-text parts).
+    /// Part type: `text` (or another of [`TEXT_PART_TYPES`]), or `image_url`, `input_audio`,
+    /// `file`... (non-text parts).
     #[serde(rename = "type")]
     pub kind: String,
-    /// The text of a `text` part.
+    /// The text of a `text`, `input_text` or `output_text` part.
     #[serde(default)]
     pub text: Option<String>,
     /// The other fields of the part (a non-text part's payload: URL, data...).
@@ -61,9 +82,18 @@ pub struct ContentPart {
 }
 
 impl ContentPart {
-    /// Whether this is a text part.
+    /// Whether this part is rendered as text ([`TEXT_PART_TYPES`]).
     pub fn is_text(&self) -> bool {
-        self.kind == "text"
+        text_field(&self.kind).is_some()
+    }
+
+    /// The text of a part rendered as text, from the field its type names (`text`, `refusal`,
+    /// `thinking`); `None` for other parts or when the field is not a string.
+    pub fn text_value(&self) -> Option<&str> {
+        match text_field(&self.kind)? {
+            "text" => self.text.as_deref(),
+            field => self.other.get(field)?.as_str(),
+        }
     }
 
     /// What kind of media a non-text part carries.
@@ -140,8 +170,7 @@ impl ChatMessage {
             Some(MessageContent::Text(s)) => s.clone(),
             Some(MessageContent::Parts(parts)) => parts
                 .iter()
-                .filter(|p| p.is_text())
-                .filter_map(|p| p.text.as_deref())
+                .filter_map(ContentPart::text_value)
                 .collect::<Vec<_>>()
                 .join("\n"),
         }
@@ -179,7 +208,7 @@ impl ChatMessage {
             Some(MessageContent::Parts(parts)) => {
                 for p in parts {
                     if p.is_text() {
-                        text(&mut f, p.text.as_deref().unwrap_or(""));
+                        text(&mut f, p.text_value().unwrap_or(""));
                     } else {
                         f(PieceKind::Media(p.media_kind()), &p.rendered_json());
                     }

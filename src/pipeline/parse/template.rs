@@ -10,7 +10,7 @@
 use serde_json::{Map, Value};
 
 use super::typed_ref;
-use crate::classify::{ChatMessage, MediaKind};
+use crate::classify::{text_field, ChatMessage, MediaKind, TEXT_PART_TYPES};
 use crate::error::GatewayError;
 
 /// The roles vLLM's OpenAI server and chat templates know.
@@ -212,13 +212,17 @@ fn check_content(at: &str, content: &Value) -> Result<(), GatewayError> {
                 ))
             }
         };
-        if kind == "text" {
-            check_text_part(&at, part)?;
+        if let Some(field) = text_field(kind) {
+            check_text_part(&at, part, kind, field)?;
         } else if MediaKind::of(kind) == MediaKind::Other {
-            let types: Vec<&str> = MediaKind::TYPES.iter().map(|(name, _)| *name).collect();
+            let types: Vec<&str> = TEXT_PART_TYPES
+                .iter()
+                .map(|(name, _)| *name)
+                .chain(MediaKind::TYPES.iter().map(|(name, _)| *name))
+                .collect();
             return Err(GatewayError::bad_field(
                 format!(
-                    "{at}.type `{}` is not a part type the gateway counts: use text, {}",
+                    "{at}.type `{}` is not a part type the gateway counts: use one of {}",
                     shown(kind),
                     types.join(", ")
                 ),
@@ -236,27 +240,34 @@ fn check_content(at: &str, content: &Value) -> Result<(), GatewayError> {
     Ok(())
 }
 
-/// A text part: `type` and a string `text`, nothing else (nothing else would be counted).
-fn check_text_part(at: &str, part: &Map<String, Value>) -> Result<(), GatewayError> {
-    match part.get("text") {
+/// A part vLLM renders as text (`kind` one of [`TEXT_PART_TYPES`]): `type` and a string in
+/// its text field (`text`, `refusal` or `thinking`), nothing else (nothing else would be
+/// counted, and vLLM hands a text part's other fields to the template).
+fn check_text_part(
+    at: &str,
+    part: &Map<String, Value>,
+    kind: &str,
+    field: &str,
+) -> Result<(), GatewayError> {
+    match part.get(field) {
         Some(Value::String(_)) => {}
         Some(other) => {
             return Err(GatewayError::bad_field(
-                format!("{at}.text must be a string, not {}", type_name(other)),
-                format!("{at}.text"),
+                format!("{at}.{field} must be a string, not {}", type_name(other)),
+                format!("{at}.{field}"),
             ))
         }
         None => {
             return Err(GatewayError::bad_field(
-                format!("{at}.text is required in a text part"),
-                format!("{at}.text"),
+                format!("{at}.{field} is required in a {kind} part"),
+                format!("{at}.{field}"),
             ))
         }
     }
-    if let Some(key) = part.keys().find(|k| *k != "type" && *k != "text") {
+    if let Some(key) = part.keys().find(|k| *k != "type" && *k != field) {
         return Err(GatewayError::bad_field(
             format!(
-                "{at} has the field `{}`, which the gateway does not count: a text part takes type and text",
+                "{at} has the field `{}`, which the gateway does not count: a {kind} part takes type and {field}",
                 shown(key)
             ),
             at.to_owned(),

@@ -39,6 +39,10 @@ fn keys_the_estimate_does_not_count_are_refused_by_their_message() {
         {"role": "system", "content": "Be brief.", "name": "course"},
         {"role": "user", "content": [
             {"type": "text", "text": "what is this?"},
+            {"type": "input_text", "text": "and this?"},
+            {"type": "output_text", "text": "an earlier answer"},
+            {"type": "refusal", "refusal": "I can't help with that."},
+            {"type": "thinking", "thinking": "they want the loop"},
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
             {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
             {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}
@@ -100,6 +104,18 @@ fn keys_the_estimate_does_not_count_are_refused_by_their_message() {
         (
             json!({"role": "user", "content": [{"type": "image_url", "text": 1}]}),
             "messages[0].content[0].text",
+        ),
+        (
+            json!({"role": "user", "content": [{"type": "refusal", "text": "no"}]}),
+            "messages[0].content[0].refusal",
+        ),
+        (
+            json!({"role": "user", "content": [{"type": "thinking", "thinking": null}]}),
+            "messages[0].content[0].thinking",
+        ),
+        (
+            json!({"role": "user", "content": [{"type": "output_text", "text": "a", "annotations": []}]}),
+            "messages[0].content[0]",
         ),
     ] {
         assert_eq!(
