@@ -127,6 +127,60 @@ async fn a_missed_objective_tightens_to_the_floors_and_reviews_still_complete() 
     h.shutdown().await;
 }
 
+/// A reload while the autopilot paces keeps the pace in force over the new file's limits.
+/// Before, any reload (even one that changed nothing: a course edit, a ConfigMap touch) put the
+/// configured values in force until the next look, and the reviews waiting for the paced
+/// lane's one seat all went in at once, to run for minutes.
+#[tokio::test]
+async fn a_reload_keeps_the_pace_and_lets_no_waiter_past_it() {
+    let h = harness(&["--speed", "1", "--profile", "tiny-test"], |c| {
+        piloted(c, 1);
+        // Reviews never starve here (that rule would rightly give them seats back).
+        c.autopilot.max_large_wait = Duration::from_secs(3600);
+    })
+    .await;
+    until(&h, "large seats at the floor", |m| {
+        metric(m, AT_FLOOR_SEATS) == 1.0
+    })
+    .await;
+    // Reviews that decode for half a minute each: one on the paced seat, the others waiting.
+    let review = json!({"messages": [{"role": "user", "content": "review it all"}],
+                        "max_tokens": 6000});
+    let reviews: Vec<_> = (0..4)
+        .map(|_| {
+            let req = client().post(h.url("/v1/chat/completions")).json(&review);
+            tokio::spawn(async move { req.send().await.map(|r| r.status()) })
+        })
+        .collect();
+    eventually("one review runs, three wait", || {
+        h.in_flight(Lane::Large) == 1 && h.queued(Lane::Large) == 3
+    })
+    .await;
+    let same = h.gw.state.config().as_ref().clone();
+    tutor_gateway::pipeline::reload::apply(&h.gw.state, same).unwrap();
+    assert_eq!(h.in_flight(Lane::Large), 1, "a waiter went past the pace");
+    assert_eq!(h.queued(Lane::Large), 3);
+    // A reload that lowers the large lane's seats to four keeps the pace (one) inside them.
+    let mut lower = h.gw.state.config().as_ref().clone();
+    lower.lanes.large.ceiling = std::num::NonZeroU32::new(4).unwrap();
+    lower.lanes.large.max_concurrency = std::num::NonZeroU32::new(4).unwrap();
+    tutor_gateway::pipeline::reload::apply(&h.gw.state, lower).unwrap();
+    assert_eq!(h.in_flight(Lane::Large), 1, "a waiter went past the pace");
+    // Turned off by a reload: the configured values again (four seats).
+    let mut off = h.gw.state.config().as_ref().clone();
+    off.autopilot.enabled = false;
+    tutor_gateway::pipeline::reload::apply(&h.gw.state, off).unwrap();
+    eventually("the configured seats back", || {
+        h.in_flight(Lane::Large) == 4
+    })
+    .await;
+    for r in reviews {
+        r.abort();
+    }
+    eventually("every seat back", || h.idle()).await;
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn objectives_met_with_headroom_loosen_back_to_the_configured_values() {
     let h = harness(&["--speed", "100", "--profile", "tiny-test"], |c| {

@@ -50,3 +50,96 @@ async fn a_large_answer_keeps_its_place_when_no_job_can_be_taken() {
     h.drained().await;
     h.shutdown().await;
 }
+
+/// A queued job keeps its request parsed, so the store counts it as `server.max_queued_bytes`
+/// counts a waiting request (its bytes plus its parsed form's), not by its text: 1,800
+/// one-letter messages are 58 KB of text and some 0.8 MB in memory. Counted by text, this store
+/// of two such jobs took all eight offered.
+#[tokio::test]
+async fn a_queued_job_counts_its_parsed_form_against_the_store() {
+    let messages: Vec<serde_json::Value> = (0..1800)
+        .map(|_| json!({"role": "user", "content": "x"}))
+        .collect();
+    let body = json!({"messages": messages, "max_output_tokens": 5});
+    let text = serde_json::to_vec(&body).unwrap();
+    let config = tutor_gateway::config::Config::default();
+    let held = tutor_gateway::pipeline::parse::held_bytes(&text, &config).unwrap();
+    assert!(held > 10 * text.len(), "{held} vs {}", text.len());
+    let h = start(Backend::Local, SLOW, |c| {
+        jobs::large_seats_only(c, 1);
+        c.jobs.max_bytes = (2 * held + held / 2) as u64;
+    })
+    .await;
+    // A long job holds the only seat: the others queue behind it.
+    let first = submit_ok(&h.base(), &question(3000)).await;
+    let mut accepted = 0;
+    for _ in 0..8 {
+        let (status, v) = jobs::submit(&h.base(), &body).await;
+        match status.as_u16() {
+            202 => accepted += 1,
+            429 => assert_eq!(v["error"]["code"], "jobs_full", "{v}"),
+            other => panic!("{other}: {v}"),
+        }
+    }
+    assert!(accepted >= 1, "a job that fits is taken");
+    assert!(
+        accepted * held <= 2 * held + held / 2,
+        "{accepted} jobs of {held} bytes each kept in a store of {}",
+        2 * held + held / 2
+    );
+    jobs::cancel(&h.base(), &first).await;
+    h.shutdown().await;
+}
+
+/// A proxy named in the environment is not used for webhooks: it would resolve the receiver's
+/// host itself, past the gateway's public-address check, and a sidecar's signed result would
+/// leave the machine. (reqwest uses `HTTP_PROXY` and the like unless told not to.)
+#[tokio::test]
+async fn webhooks_never_go_through_a_proxy_from_the_environment() {
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&["--speed", "50"]))
+        .await
+        .unwrap();
+    let r = jobs::receiver(vec![]).await;
+    // A "proxy" that counts the connections it is offered.
+    let proxy = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_url = format!("http://{}", proxy.local_addr().unwrap());
+    let offered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = offered.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = proxy.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(conn);
+        }
+    });
+    let rest = format!(
+        "[telemetry]\nrequest_log = \"off\"\n\
+         [classify]\ntokenizer = \"heuristic\"\n\
+         [upstream]\nbase_url = \"{}\"\n\
+         [jobs]\nwebhook_allow = [\"{}/hooks/*\"]\nwebhook_secret = \"{}\"\n\
+         webhook_backoff_ms = 20\nwebhook_attempts = 3\n",
+        sim.url(),
+        r.origin(),
+        jobs::SECRET
+    );
+    let env = [
+        ("HTTP_PROXY", proxy_url.as_str()),
+        ("HTTPS_PROXY", proxy_url.as_str()),
+        ("ALL_PROXY", proxy_url.as_str()),
+        ("http_proxy", proxy_url.as_str()),
+        ("NO_PROXY", ""),
+        ("no_proxy", ""),
+    ];
+    let gw = common::process::GatewayProcess::start("jobs-proxy", &rest, &env).await;
+    let mut body = question(5);
+    body["notify"] = json!(r.url);
+    let id = submit_ok(&gw.url, &body).await;
+    done(&gw.url, &id).await;
+    eventually("the receiver has the result", || !r.bodies().is_empty()).await;
+    let status = jobs::job(&gw.url, &id).await;
+    assert_eq!(status["webhook"]["delivered"], true, "{status}");
+    assert_eq!(
+        offered.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the proxy was offered the delivery"
+    );
+}

@@ -11,7 +11,7 @@ mod jobs;
 mod redis_common;
 
 use common::*;
-use jobs::{done, job_until, start, submit_ok, Backend};
+use jobs::{done, job, job_until, start, submit_ok, Backend};
 use serde_json::{json, Value};
 use tutor_gateway::lane::Lane;
 
@@ -319,12 +319,38 @@ async fn storm(backend: Backend) {
         preempted >= 1,
         "the first questions found jobs on every seat"
     );
-    assert!(
-        texts.iter().all(|t| *t == texts[0]),
-        "one answer whatever the pre-emptions"
-    );
+    for (i, t) in texts.iter().enumerate() {
+        if *t != texts[0] {
+            let at = t
+                .chars()
+                .zip(texts[0].chars())
+                .take_while(|(a, b)| a == b)
+                .count();
+            let around = |s: &str| {
+                s.chars()
+                    .skip(at.saturating_sub(40))
+                    .take(120)
+                    .collect::<String>()
+            };
+            panic!(
+                "one answer whatever the pre-emptions: job {i} ({}) differs from job 0 ({}) at \
+                 char {at} of {} / {}:\n{:?}\nvs\n{:?}",
+                preemptions_of(&base, &ids[i]).await,
+                preemptions_of(&base, &ids[0]).await,
+                t.chars().count(),
+                texts[0].chars().count(),
+                around(t),
+                around(&texts[0]),
+            );
+        }
+    }
     h.drained().await;
     h.shutdown().await;
+}
+
+/// A job's `preempted` count, for a failure's message.
+async fn preemptions_of(base: &str, id: &str) -> String {
+    format!("preempted {}", job(base, id).await["preempted"])
 }
 
 /// `jobs.preempt_cooldown_ms`: after a question waited for a seat (and made a job leave), no

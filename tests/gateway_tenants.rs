@@ -786,3 +786,81 @@ async fn one_school_cannot_take_every_fingerprint_label() {
     );
     h.shutdown().await;
 }
+
+/// A school's jobs count toward its budget as its requests do, and a school over budget cannot
+/// submit more: `/jobs` was neither checked nor charged, so a school past its daily budget
+/// (429 on every request) kept generating through it, and `/v1/usage` never showed it.
+#[tokio::test]
+async fn a_tenants_jobs_are_charged_to_its_budget_and_refused_over_it() {
+    let h = harness(&flags("--speed 50 --profile tiny-test"), |c| {
+        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+        c.auth.tenants.insert(
+            "school-a".into(),
+            tutor_gateway::config::TenantBudget {
+                tokens_per_day: Some(300),
+                ..Default::default()
+            },
+        );
+    })
+    .await;
+    let day_used = || async {
+        let resp = send(client().get(h.url("/v1/usage")).bearer_auth(A)).await;
+        let v: Value = resp.json().await.unwrap();
+        v["budgets"]["tokens_per_day"]["used"].as_u64().unwrap()
+    };
+    let job = json!({"prompt": "review my whole project please", "max_output_tokens": 400});
+    let mut served = 0;
+    let mut refused = None;
+    for _ in 0..20 {
+        let resp = send(client().post(h.url("/jobs")).bearer_auth(A).json(&job)).await;
+        if resp.status() == 429 {
+            refused = Some(resp.json::<Value>().await.unwrap());
+            break;
+        }
+        assert_eq!(resp.status(), 202);
+        let id = resp.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        // Polled for up to 60 s: a bound for a hang on a loaded machine, not a speed limit.
+        let mut done = Value::Null;
+        for _ in 0..6000 {
+            let resp = send(client().get(h.url(&format!("/jobs/{id}"))).bearer_auth(A)).await;
+            done = resp.json().await.unwrap();
+            if done["status"] != "queued" && done["status"] != "running" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(done["status"], "done", "{done}");
+        let usage = &done["answer"]["usage"];
+        served +=
+            usage["input_tokens"].as_u64().unwrap() + usage["output_tokens"].as_u64().unwrap();
+        // Settled to what the engine counted, as a request is.
+        tutor_testkit::eventually("the run is charged what it used", || async {
+            day_used().await == served
+        })
+        .await;
+    }
+    let refused = refused.expect("the budget refused a job");
+    assert_eq!(refused["error"]["code"], "tenant_budget", "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tokens_per_day"),
+        "{refused}"
+    );
+    assert!(served >= 300, "{served}");
+    // Requests are refused too, and the other school is served.
+    let ask = |key| {
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .json(&question("after the jobs"))
+    };
+    assert_eq!(send(ask(A)).await.status(), 429);
+    assert_eq!(send(ask(B)).await.status(), 200);
+    eventually("every seat back", || h.idle()).await;
+    h.shutdown().await;
+}

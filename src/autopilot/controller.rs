@@ -54,7 +54,8 @@ pub struct Bounds {
 }
 
 impl Bounds {
-    fn clamp(&self, p: Pace) -> Pace {
+    /// `p` moved inside the bounds.
+    pub fn clamp(&self, p: Pace) -> Pace {
         Pace {
             prefill_budget: p
                 .prefill_budget

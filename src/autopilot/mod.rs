@@ -17,8 +17,9 @@
 //!
 //! With `autopilot.enabled = false` (the default) it changes nothing: the configured values
 //! hold exactly. It reads the configuration in force at each look, so a reload turns it on or
-//! off and moves its bounds; a reload that changes the limits puts the configured values in
-//! force until the next look re-applies the paced ones. Under `admission.policy = "fifo"` there
+//! off and moves its bounds; while it paces, a reload puts its pace in force over the new
+//! file's limits at once (`AppState::set_paced_limits`: the knobs moved inside the new
+//! bounds), never the configured values in between. Under `admission.policy = "fifo"` there
 //! are no lanes to pace. With `quota.backend = "redis"` one replica leads ([`leader`]): it
 //! judges the objectives on its own requests (a load balancer gives each replica a sample of
 //! the fleet's) and publishes its values as the shared limits record; the others follow it.
@@ -120,6 +121,7 @@ impl Pilot {
                 self.controller = None;
                 self.reserve = None;
                 self.applied = None;
+                state.set_paced_limits(None);
                 let in_force = redis
                     .shared_knobs()
                     .await
@@ -215,6 +217,9 @@ impl Pilot {
             };
             if in_force {
                 self.applied = Some((config, pace, small_seats));
+                state.set_paced_limits(Some(Arc::new(move |c: &Config| {
+                    overlay(c, pace, small_seats)
+                })));
             }
         }
         metrics.set(true, knobs(pace, small_seats));
@@ -320,6 +325,7 @@ impl Pilot {
     async fn hand_back(&mut self, state: &AppState) {
         self.stop_pieces(state);
         let config = state.config();
+        state.set_paced_limits(None);
         if self.applied.take().is_some() {
             match state.admission().shared() {
                 None => {
@@ -447,6 +453,20 @@ fn bounds(config: &Config) -> Bounds {
         },
         max,
     }
+}
+
+/// The limits of `config` (a reload's) under the pace in force: the knobs moved inside its
+/// bounds, or its own values when it turns the autopilot off.
+fn overlay(config: &Config, pace: Pace, small_seats: u32) -> Config {
+    if off(config).is_some() {
+        return config.clone();
+    }
+    let reserve = reserve_bounds(config);
+    paced(
+        config,
+        bounds(config).clamp(pace),
+        small_seats.clamp(reserve.min, reserve.max),
+    )
 }
 
 /// `config` with the knobs at `pace` and the small lane's reservation at `small_seats`.

@@ -252,6 +252,8 @@ impl WebhookPattern {
     /// Whether a URL with these (already normalised) parts matches.
     pub fn matches(&self, scheme: &str, host: &str, port: u16, path: &str) -> bool {
         let host_ok = match self.host.strip_prefix("*.") {
+            // A wildcard names host names, never an address (`*.0.0.1` is not 127.0.0.1).
+            Some(_) if host.parse::<std::net::Ipv4Addr>().is_ok() => false,
             Some(domain) => host
                 .strip_suffix(domain)
                 .is_some_and(|sub| sub.len() > 1 && sub.ends_with('.')),

@@ -26,8 +26,9 @@ pub struct Context {
     /// Running jobs and webhook deliveries, which shutdown waits for (a cancelled job's
     /// engine abort goes out before the process ends).
     pub tasks: TaskTracker,
-    /// Webhook deliveries (no redirects: an allowed host cannot send the gateway elsewhere).
-    pub http: reqwest::Client,
+    /// Webhook deliveries ([`super::webhook::client`]: no redirects, no proxy, public
+    /// addresses only); `None` when it could not be built (every delivery fails).
+    pub http: Option<reqwest::Client>,
     /// Wakes the scheduler: a job was queued, or capacity may have come back.
     pub wake: Notify,
     /// Pre-empted jobs waiting for a seat to resume: while any does, the scheduler starts no

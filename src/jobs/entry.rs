@@ -96,7 +96,8 @@ pub struct Attempt {
     pub at: f64,
     /// The receiver's HTTP status, when it answered.
     pub status: Option<u16>,
-    /// `timeout` or `connect` when it did not.
+    /// `timeout` or `connect` when it did not (`no_client`: the webhook client could not be
+    /// built at start-up, logged then).
     pub error: Option<&'static str>,
 }
 

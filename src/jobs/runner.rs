@@ -7,6 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use futures::FutureExt;
 use serde_json::json;
 
 use super::backend::{Claim, JobBackend, JobRun, Resumed, Take};
@@ -82,7 +83,10 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
     // The key that submitted it (`[auth]`), once the job is read; whether its revocation
     // (rather than a `DELETE`) ended the run.
     let by_revocation = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let outcome = match run.work().await {
+    // A panic inside the run (a bug) still ends the job, as failed: unwinding already gave the
+    // seat, the tokens and the engine's work back (their guards drop), but the job itself
+    // would stay `running` forever (in Redis, its lease renewed by this replica's beat).
+    let outcome = std::panic::AssertUnwindSafe(async { match run.work().await {
         Err(ended) => Some(ended),
         Ok((ready, mut record)) => 'run: {
             let key = submitted_by(&ctx, &ready);
@@ -134,12 +138,14 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                 let leave = handle.as_ref().map(|h| h.preempted());
                 let ended = {
                     let streamed = async {
-                        let relay = pipeline::send(
-                            &RequestCtx::snapshot(&ctx.state),
-                            Admitted::new(ready, guard, record),
-                            Format::Answer,
-                        )
-                        .await?;
+                        let rctx = RequestCtx::snapshot(&ctx.state);
+                        // Each run (a continuation too) is charged to its tenant's budget as
+                        // it starts, settled to what the engine counted.
+                        let mut ready = ready;
+                        ready.charge_run(&rctx).await;
+                        let relay =
+                            pipeline::send(&rctx, Admitted::new(ready, guard, record), Format::Answer)
+                                .await?;
                         relay
                             .collect_with(|chunk| {
                                 progress.chunk(chunk, &mut *run, handle.as_deref())
@@ -206,7 +212,16 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                 next = (ready, guard, record, Some(handle));
             }
         }
-    };
+    }})
+    .catch_unwind()
+    .await
+    .unwrap_or_else(|_| {
+        tracing::error!("a job's run panicked: the job ends failed");
+        Some(Ended::Failed(
+            "internal",
+            "the job failed inside the gateway".into(),
+        ))
+    });
     let outcome = match outcome {
         Some(Ended::Cancelled) if by_revocation.load(Ordering::Relaxed) => {
             Some(Ended::Failed(KEY_REVOKED.0, KEY_REVOKED.1.into()))

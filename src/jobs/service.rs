@@ -142,7 +142,8 @@ impl Jobs {
         let checked = async {
             // Counted (its text and its parsed form) before anything parses it; held in
             // `server.max_queued_bytes` while it waits to be parsed and classified, as a
-            // request's (the job store then counts the job's own bytes, `jobs.max_bytes`).
+            // request's (the job store then counts the same bytes, `jobs.max_bytes`: a queued
+            // job keeps the parsed request, far larger than its text when it has many values).
             let held = parse::held_bytes(&body, ctx.config())?;
             let parsing = ctx
                 .queued_bytes()
@@ -159,7 +160,8 @@ impl Jobs {
             };
             let req = AnswerRequest::from_value(value)?;
             let prepared = Prepared {
-                size: body.len(),
+                // What the queued job keeps: its text and its parsed, classified form.
+                size: held,
                 background: true,
                 ..prompt::answer_request(ctx, req, tenant.as_ref()).await?
             };

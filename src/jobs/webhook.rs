@@ -68,17 +68,28 @@ pub fn check_notify(raw: &Value, allow: &[WebhookPattern]) -> Result<reqwest::Ur
 
 /// The webhook client: no redirects (an allowed host cannot send the gateway elsewhere), each
 /// attempt bounded by `jobs.webhook_timeout`, and (unless `jobs.webhook_allow_private`) host
-/// names resolved to public addresses only ([`PublicOnly`]).
-pub fn client(config: &JobsConfig) -> reqwest::Client {
+/// names resolved to public addresses only ([`PublicOnly`]). No proxy from the environment
+/// (`HTTP_PROXY`, `HTTPS_PROXY`, `ALL_PROXY`): a proxy resolves the host itself, out of
+/// [`PublicOnly`]'s sight, and a loopback receiver's signed result would leave the machine.
+/// `None` when the client cannot be built (its TLS set-up failed): every delivery then fails,
+/// logged, rather than go out through a client without these guards.
+pub fn client(config: &JobsConfig) -> Option<reqwest::Client> {
     let builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
-        .timeout(config.webhook_timeout);
+        .timeout(config.webhook_timeout)
+        .no_proxy();
     let builder = if config.webhook_allow_private {
         builder
     } else {
         builder.dns_resolver(Arc::new(PublicOnly))
     };
-    builder.build().unwrap_or_default()
+    match builder.build() {
+        Ok(client) => Some(client),
+        Err(e) => {
+            tracing::error!(error = %e, "the webhook client cannot be built: no webhook will be delivered");
+            None
+        }
+    }
 }
 
 /// Resolves a webhook's host name and keeps only public addresses: the allow-list names
@@ -184,22 +195,26 @@ where
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs();
-        let sent = ctx
-            .http
-            .post(url.clone())
-            .header("content-type", "application/json")
-            .header("x-tutor-job-id", id)
-            .header(
-                SIGNATURE_HEADER,
-                signature(secret.as_bytes(), t, body.as_bytes()),
-            )
-            .body(body.clone())
-            .send()
-            .await;
+        let sent = match &ctx.http {
+            Some(http) => Some(
+                http.post(url.clone())
+                    .header("content-type", "application/json")
+                    .header("x-tutor-job-id", id)
+                    .header(
+                        SIGNATURE_HEADER,
+                        signature(secret.as_bytes(), t, body.as_bytes()),
+                    )
+                    .body(body.clone())
+                    .send()
+                    .await,
+            ),
+            None => None,
+        };
         let (status, error) = match &sent {
-            Ok(resp) => (Some(resp.status().as_u16()), None),
-            Err(e) if e.is_timeout() => (None, Some("timeout")),
-            Err(_) => (None, Some("connect")),
+            Some(Ok(resp)) => (Some(resp.status().as_u16()), None),
+            Some(Err(e)) if e.is_timeout() => (None, Some("timeout")),
+            Some(Err(_)) => (None, Some("connect")),
+            None => (None, Some("no_client")),
         };
         let delivered = status.is_some_and(|s| (200..300).contains(&s));
         let wait = jittered(backoff);

@@ -31,7 +31,8 @@ pub struct Ready {
     pub class: Classification,
     /// The prefill reservation: the input estimate, less what its prefix usually finds cached.
     pub prefill: u32,
-    /// Bytes of the request as received.
+    /// What the request keeps in memory: its bytes as received and, for a JSON body, its
+    /// parsed form's ([`crate::pipeline::parse::held_bytes`]); a job of it is counted so.
     pub size: usize,
     /// Its body's bytes and parsed form's, held in `server.max_queued_bytes` since the body was
     /// read; admission takes the hold over (`None`: admission holds `size`).
@@ -69,6 +70,30 @@ impl Ready {
     /// The id of the API key it came with (`[auth]`).
     pub fn key_id(&self) -> Option<&str> {
         self.key_id.as_deref()
+    }
+
+    /// Charges a job's run to its tenant's budget (`[auth.tenants.<name>]`) as it starts, its
+    /// reservation, settled by the relay to what the engine counted (nothing when it fails
+    /// before the engine): what jobs use counts toward the tenant's minute and day as its
+    /// requests do. Never refused here: the job was let through when it was submitted (a
+    /// submission is refused while its tenant is over budget). Nothing when the run is already
+    /// charged (a diverted `/answer` keeps its charge) or the tenant has no budget.
+    pub async fn charge_run(&mut self, ctx: &RequestCtx) {
+        if self.budget.is_some() {
+            return;
+        }
+        let Some(tenant) = &self.tenant else {
+            return;
+        };
+        if !ctx.config().auth.tenants.contains_key(&tenant.0) {
+            return;
+        }
+        let unlimited = crate::config::TenantBudget::default();
+        self.budget = ctx
+            .tenant_budgets()
+            .charge(&tenant.0, &unlimited, u64::from(self.class.work))
+            .await
+            .ok();
     }
 
     /// What a job in a shared store keeps of it, so that any replica can send it: the engine's
@@ -290,10 +315,11 @@ pub async fn classify(
     if background {
         class.lane = Lane::Large;
     }
-    // Its tenant's budget: charged its reservation now (jobs are bounded by their store's
-    // per-tenant limits instead, and run from idle capacity only).
-    let budget = match (&tenant, background) {
-        (Some(t), false) => match config.auth.tenants.get(&t.0) {
+    // Its tenant's budget: charged its reservation now. A job is let through on the same
+    // check and charged nothing yet: each of its runs is charged as it starts
+    // ([`Ready::charge_run`]), maybe hours from now.
+    let budget = match &tenant {
+        Some(t) => match config.auth.tenants.get(&t.0) {
             Some(limits) => Some(
                 ctx.tenant_budgets()
                     .charge(&t.0, limits, u64::from(class.work))
@@ -311,8 +337,10 @@ pub async fn classify(
             ),
             None => None,
         },
-        _ => None,
+        None => None,
     };
+    // Dropped unsettled: given back whole.
+    let budget = budget.filter(|_| !background);
     record.classified(class);
     // A prompt vLLM truncates (`truncate_prompt_tokens`) is counted as sent (the reservation
     // covers it), but its engine count is not the prompt's: it would teach the correction, shared

@@ -83,7 +83,7 @@ async fn answer_journey(
         }),
         AnswerInput::Body(body) => match read_and_hold(&ctx, body, tenant.as_ref()) {
             Ok((b, held)) => {
-                size = b.len();
+                size = held.bytes();
                 queued = Some(held);
                 ctx.off_workers(b, |_, b| AnswerRequest::from_body(b)).await
             }
@@ -182,7 +182,7 @@ async fn openai_journey(
     let mut queued = None;
     let parsed = match read_and_hold(&ctx, body, tenant.as_ref()) {
         Ok((b, held)) => {
-            size = b.len();
+            size = held.bytes();
             queued = Some(held);
             ctx.off_workers(b, move |ctx, b| {
                 let rules = parse::FieldRules::of(ctx.config());

@@ -43,7 +43,8 @@ pub struct Prepared {
     pub body: Map<String, Value>,
     /// The session this request continues (`/answer` `session_id`, `/v1` `x-session-id`).
     pub session: Option<SessionId>,
-    /// Bytes of the request as received (body or query): what a job of it keeps.
+    /// What the request keeps in memory: its bytes as received (body or query) and, for a JSON
+    /// body, its parsed form's ([`crate::pipeline::parse::held_bytes`]): what a job of it keeps.
     pub size: usize,
     /// Its body's bytes and its parsed form's ([`crate::pipeline::parse::held_bytes`]), held in
     /// `server.max_queued_bytes` from the moment the body was read (while it waits to be parsed

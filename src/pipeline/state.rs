@@ -45,6 +45,27 @@ struct Shared {
     /// Held by a reload from reading its file to its swap: one at a time, so a reload that
     /// read an older file never swaps in over a newer one (`crate::pipeline::reload`).
     reloading: std::sync::Mutex<()>,
+    /// The autopilot's pace, while it paces: a reload puts it in force over the new file's
+    /// limits at once ([`AppState::swap`]).
+    paced_limits: PacedSlot,
+}
+
+/// The limits the autopilot paces, as a function of a configuration: that configuration's
+/// limits with the autopilot's knobs, moved inside its bounds.
+pub type PacedLimits = Arc<dyn Fn(&Config) -> Config + Send + Sync>;
+
+#[derive(Default)]
+struct PacedSlot(std::sync::Mutex<Option<PacedLimits>>);
+
+impl std::fmt::Debug for PacedSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        f.debug_tuple("PacedSlot").field(&set).finish()
+    }
 }
 
 /// What the command line changed in a configuration after reading its file.
@@ -237,6 +258,7 @@ impl AppState {
             request_log,
             config_source: RwLock::new(None),
             reloading: std::sync::Mutex::new(()),
+            paced_limits: PacedSlot::default(),
             paced_piece_tokens: AtomicU32::new(0),
             tenant_requests: Arc::default(),
             tenant_budgets: Arc::new(tenant_budgets),
@@ -291,6 +313,9 @@ impl AppState {
     /// running ones keep what they had. Called by [`crate::config::reload`] once the new
     /// config is checked and built.
     /// `force`: the admission limits replace a shared record written by `limits push` too.
+    /// While the autopilot paces, its pace stays in force over the new limits (moved inside
+    /// the new bounds): a reload, even one that changes nothing, would otherwise put the
+    /// configured values in force until its next look and let a paced lane's waiters in.
     pub(crate) fn swap(
         &self,
         config: Config,
@@ -298,7 +323,18 @@ impl AppState {
         upstream: UpstreamClient,
         force: bool,
     ) -> LimitsChange {
-        let limits = self.0.admission.set_limits(&config, force);
+        let paced = self
+            .0
+            .paced_limits
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .map(|pace| pace(&config));
+        let limits = self
+            .0
+            .admission
+            .set_limits(paced.as_ref().unwrap_or(&config), force);
         self.0.queued_bytes.set_max(
             config.server.max_queued_bytes,
             config.server.max_queued_bytes_per_tenant,
@@ -420,6 +456,17 @@ impl AppState {
     /// The autopilot's piece size (0: none).
     pub fn set_paced_piece_tokens(&self, tokens: u32) {
         self.0.paced_piece_tokens.store(tokens, Ordering::Relaxed);
+    }
+
+    /// The autopilot's pace, while it paces this replica's limits (`None`: it does not, the
+    /// configured values hold). A reload puts the pace in force over the new file's limits.
+    pub fn set_paced_limits(&self, paced: Option<PacedLimits>) {
+        *self
+            .0
+            .paced_limits
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = paced;
     }
 }
 
