@@ -99,6 +99,19 @@ pub async fn start(
         tweak(c);
     })
     .await;
+    if redis.is_some() {
+        // The replica's first connection to Redis: on a loaded machine it can come later than
+        // the two seconds a request waits for it (which then gets 503, "retry shortly").
+        tutor_testkit::eventually("the gateway reaches Redis", || {
+            let up =
+                h.gw.state
+                    .admission()
+                    .shared()
+                    .is_some_and(|r| r.connection().is_some());
+            async move { up }
+        })
+        .await;
+    }
     JobsHarness { h, backend, redis }
 }
 
