@@ -559,6 +559,49 @@ async fn with_redis_the_lead_passes_on_when_its_holder_stops_renewing() {
     assert!(lease_a.claim(&a, look).await);
 }
 
+/// A leader that dies leaves its paced record in force. Replicas with the autopilot on take the
+/// lease and pace from there; when none has it on (turned off by a rolling update whose last
+/// pod, the leader, was killed first), a replica writes its configured values back once the
+/// lease expired. Before, the floors stayed in force for the fleet until someone pushed limits.
+#[tokio::test]
+async fn with_redis_a_dead_leaders_paced_record_goes_when_no_replica_paces() {
+    let redis = RedisServer::start();
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&[
+        "--speed",
+        "50",
+        "--profile",
+        "tiny-test",
+    ]))
+    .await
+    .unwrap();
+    let (b, _) = gateway(shared(&sim.url(), &redis, false)).await;
+    // The leader: paces to the floors, publishes them, and dies (never hands back, never
+    // resigns: its lease runs out).
+    let config = shared(&sim.url(), &redis, true);
+    let metrics = tutor_gateway::telemetry::Metrics::new();
+    let leader = match Admission::build(&config, metrics.quota().clone()).unwrap() {
+        Admission::Redis(r) => r,
+        Admission::Local(_) => panic!("the Redis backend"),
+    };
+    let mut lease = Lease::default();
+    claim_until(&mut lease, &leader, "the leader leads").await;
+    let mut floors = config.clone();
+    floors.admission.prefill_budget_tokens = 2048;
+    floors.lanes.large.ceiling = std::num::NonZeroU32::MIN;
+    floors.lanes.large.max_concurrency = std::num::NonZeroU32::MIN;
+    assert_eq!(leader.publish_paced(&floors).await, Some(true));
+    assert_eq!(shared_knobs(&redis).await, (2048, 1));
+    drop(lease);
+    drop(leader);
+    // B, its autopilot off, puts the configured values back once the lease has expired.
+    tutor_testkit::eventually("the configured values back", || {
+        let redis = &redis;
+        async move { shared_knobs(redis).await == (12_288, 10) }
+    })
+    .await;
+    b.shutdown().await;
+}
+
 /// Claims `lease` for `redis` until it holds (at most 60 s).
 async fn claim_until(
     lease: &mut Lease,

@@ -37,6 +37,10 @@ end
 return 0
 ";
 
+/// Whether nobody holds the lease.
+static FREE: LazyLock<Script> =
+    LazyLock::new(|| Script::new("return redis.call('EXISTS', KEYS[1])"));
+
 /// Shortest lease.
 const MIN_LEASE: Duration = Duration::from_secs(2);
 
@@ -81,6 +85,19 @@ impl Lease {
                 .invoke_async(&mut conn)
                 .await;
         }
+    }
+
+    /// Whether no replica leads now (the lease expired or was given up); false when Redis did
+    /// not answer.
+    pub async fn free(redis: &RedisAdmission) -> bool {
+        let Some(mut conn) = redis.connection() else {
+            return false;
+        };
+        let held: Result<i64, _> = FREE
+            .key(&redis.keys().autopilot)
+            .invoke_async(&mut conn)
+            .await;
+        held.is_ok_and(|n| n == 0)
     }
 
     fn changed(&mut self, leads: bool, redis: &RedisAdmission) {

@@ -100,6 +100,16 @@ impl Pilot {
             if self.applied.is_some() {
                 // Turned off by a reload: the configured values again, exactly.
                 self.hand_back(state).await;
+            } else if let Some(redis) = redis {
+                // A leader that died leaves its paced record in force; the replicas whose
+                // autopilot is on take the lease and pace from there, but if none is, nobody
+                // would ever put the configured values back.
+                if redis.autopilot_record_in_force() && leader::Lease::free(redis).await {
+                    tracing::warn!(
+                        "autopilot: the leader's paced limits outlived it; the configured ones written back"
+                    );
+                    redis.restore_configured().await;
+                }
             }
             self.controller = None;
             self.reserve = None;

@@ -315,6 +315,19 @@ impl RedisAdmission {
         self.shared.limits_origin() == self.shared.autopilot_origin()
     }
 
+    /// Whether the shared record in force, as last seen, was published by an autopilot leader
+    /// (this replica's or another's).
+    pub fn autopilot_record_in_force(&self) -> bool {
+        self.shared.limits_origin().starts_with("autopilot ")
+    }
+
+    /// Writes this replica's own (configured) limits as the shared record, as a reload does
+    /// (never over a `limits push`): an autopilot leader died and no replica paces any more.
+    /// `None`: Redis did not answer.
+    pub async fn restore_configured(&self) -> Option<u64> {
+        self.shared.write_limits(LimitsWrite::Reload).await
+    }
+
     /// Whether the shared record in force, as last seen, came from `tutor-gateway limits push`
     /// (which the autopilot does not override).
     pub fn pushed_record_in_force(&self) -> bool {
