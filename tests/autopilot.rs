@@ -591,7 +591,6 @@ async fn with_redis_a_dead_leaders_paced_record_goes_when_no_replica_paces() {
     floors.lanes.large.max_concurrency = std::num::NonZeroU32::MIN;
     assert_eq!(leader.publish_paced(&floors).await, Some(true));
     assert_eq!(shared_knobs(&redis).await, (2048, 1));
-    drop(lease);
     drop(leader);
     // B, its autopilot off, puts the configured values back once the lease has expired.
     tutor_testkit::eventually("the configured values back", || {
