@@ -227,3 +227,44 @@ async fn a_waiter_a_reload_makes_too_large_leaves_its_line_and_the_line_goes_on(
     assert_eq!(admitted.unwrap().unwrap(), 300);
     a.shutdown().await;
 }
+
+/// A request that fits this replica's file but never the shared record (pushed lower, or
+/// another replica's reload) is refused at once with `TooLarge`, as its file's own limits refuse
+/// one: it used to wait at the head of its line for the whole queue timeout (a minute for
+/// reviews), holding back every request behind it, then got 503 `queue_timeout`.
+#[tokio::test]
+async fn a_request_the_shared_record_can_never_fit_is_refused_at_once() {
+    use crate::admission::{AdmissionError, Ask};
+    use crate::lane::Lane;
+    let redis = RedisServer::start();
+    let (_conn, file, metrics, a, _) = started(&redis).await;
+    let mut lower = file.clone();
+    lower.lanes.large.max_tokens_in_flight = std::num::NonZeroU64::new(8_192).unwrap();
+    let pushed = push_limits(&lower).await.unwrap();
+    for _ in 0..3_000 {
+        if metrics.quota().limits_version() == pushed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The file's large budget is far above 15,000 tokens; the record's is 8,192.
+    let refused = tokio::time::timeout(
+        Duration::from_secs(30),
+        a.acquire(Ask::new(Lane::Large, 15_000)),
+    )
+    .await
+    .expect("refused, not left waiting");
+    match refused {
+        Err(AdmissionError::TooLarge {
+            lane,
+            tokens,
+            limit,
+        }) => {
+            assert_eq!((lane, tokens, limit), (Lane::Large, 15_000, 8_192));
+        }
+        other => panic!("{other:?}"),
+    }
+    // One that fits the record is taken.
+    let guard = a.acquire(Ask::new(Lane::Large, 8_000)).await.unwrap();
+    drop(guard);
+}

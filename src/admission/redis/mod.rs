@@ -315,6 +315,44 @@ impl RedisAdmission {
         self.shared.limits_origin() == self.shared.autopilot_origin()
     }
 
+    /// The largest reservation `lane` could ever hold under the shared record in force: the
+    /// lane's token budget or the global one, whichever is smaller, read now (`None`: Redis did
+    /// not answer, or there is no record). The record may be lower than this replica's file
+    /// (`limits push`, another replica's reload, the autopilot).
+    async fn record_reservation_bound(&self, lane: Lane) -> Option<u64> {
+        let mut conn = self.connection()?;
+        let (lane_tokens, global): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+            .arg(&self.shared.keys.limits)
+            .arg(format!("{}:tokens", lane.as_str()))
+            .arg("global_tokens")
+            .query_async(&mut conn)
+            .await
+            .ok()?;
+        Some(lane_tokens?.min(global?))
+    }
+
+    /// `Err(TooLarge)` when a reservation of `tokens`, refused by the shared record for its
+    /// tokens (`verdict`), could never fit it: refused at once, as the file's own limits refuse
+    /// on arrival, instead of blocking its line until its queue timeout.
+    async fn never_fits(
+        &self,
+        verdict: Verdict,
+        lane: Lane,
+        tokens: u32,
+    ) -> Result<(), AdmissionError> {
+        if !matches!(verdict, Verdict::LaneTokens | Verdict::GlobalTokens) {
+            return Ok(());
+        }
+        match self.record_reservation_bound(lane).await {
+            Some(limit) if u64::from(tokens) > limit => Err(AdmissionError::TooLarge {
+                lane,
+                tokens,
+                limit,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether the shared record in force, as last seen, was published by an autopilot leader
     /// (this replica's or another's).
     pub fn autopilot_record_in_force(&self) -> bool {
@@ -475,6 +513,7 @@ impl RedisAdmission {
             {
                 Take::Granted(id, _) => return Ok(self.guard(id, &asked, Duration::ZERO, None)),
                 Take::Refused(verdict, asked_to_leave) => {
+                    self.never_fits(verdict, lane, tokens).await?;
                     if asked_to_leave {
                         made_room = Some(Instant::now());
                     }
@@ -583,6 +622,9 @@ impl RedisAdmission {
                         }
                         Take::Down => return Err(()),
                         Take::Refused(verdict, asked_to_leave) => {
+                            if let Err(too_large) = self.never_fits(verdict, lane, tokens).await {
+                                return Ok(Err(too_large));
+                            }
                             if asked_to_leave {
                                 made_room.get_or_insert_with(Instant::now);
                             }
