@@ -215,6 +215,11 @@ impl Pilot {
             self.applied.as_ref().is_none_or(|(c, p, s)| {
                 !Arc::ptr_eq(c, &config) || *p != pace || *s != small_seats
             }) || redis.is_some_and(|r| !r.paced_record_in_force() && !r.pushed_record_in_force());
+        // A reload while this look waited on Redis: its limits stand; the next look paces
+        // from the new file (applying now would put the old file's limits back).
+        if !Arc::ptr_eq(&config, &state.config()) {
+            return;
+        }
         if stale {
             let limits = paced(&config, pace, small_seats);
             let in_force = match redis {
