@@ -56,6 +56,8 @@
 
 mod backend;
 mod events;
+#[cfg(test)]
+mod push_tests;
 mod run;
 mod store;
 mod tasks;

@@ -279,7 +279,11 @@ async fn write_pieces(
     mut rx: mpsc::UnboundedReceiver<String>,
 ) -> u64 {
     let mut bytes = 0u64;
+    // Each batch's number in this run: a retried batch whose first call went through (its
+    // reply lost) is not appended twice (`jobs_push_v2.lua`).
+    let mut seq = 0u64;
     while let Some(first) = rx.recv().await {
+        seq += 1;
         let mut batch = vec![first];
         while let Ok(more) = rx.try_recv() {
             batch.push(more);
@@ -287,7 +291,7 @@ async fn write_pieces(
         bytes += batch.iter().map(|p| p.len() as u64).sum::<u64>();
         let mut tries = 0;
         loop {
-            let pushed = push(&store, &id, &run.token, &batch).await;
+            let pushed = push(&store, &id, (&run.token, seq), &batch).await;
             match pushed {
                 Ok(n) if n >= 0 => break,
                 Ok(_) => {
@@ -309,10 +313,17 @@ async fn write_pieces(
     bytes
 }
 
-async fn push(store: &RedisStore, id: &str, token: &str, pieces: &[String]) -> Result<i64, ()> {
+/// Pushes `pieces`, batch `seq` of the run holding `token`, to job `id`'s text: the pieces now
+/// kept, or -1 when the run no longer owns the job.
+pub(super) async fn push(
+    store: &RedisStore,
+    id: &str,
+    (token, seq): (&str, u64),
+    pieces: &[String],
+) -> Result<i64, ()> {
     let mut conn = store.conn().await.map_err(|_| ())?;
     let mut call = store.call(&store.scripts.push, Some(id));
-    call.arg(id).arg(token);
+    call.arg(id).arg(token).arg(seq);
     for p in pieces {
         call.arg(p);
     }

@@ -1,0 +1,73 @@
+//! `jobs_push_v2.lua` against a real `redis-server`: a batch of pieces whose reply was lost
+//! (Redis slower than the call's timeout) and is sent again is not appended twice. Under load
+//! it was, and a job's text then held a stretch of its answer twice.
+
+use super::store::Scripts;
+use crate::admission::redis::tests::redis_common::RedisServer;
+
+const JOB: &str = "tg:v2:{quota}:job:j1";
+const TEXT: &str = "tg:v2:{quota}:job:j1:text";
+
+async fn push(
+    conn: &mut redis::aio::MultiplexedConnection,
+    token: &str,
+    seq: u64,
+    pieces: &[&str],
+) -> i64 {
+    let scripts = Scripts::default();
+    let mut call = scripts.push.prepare_invoke();
+    for i in 1..=12 {
+        call.key(match i {
+            11 => JOB.to_owned(),
+            12 => TEXT.to_owned(),
+            _ => format!("tg:v2:{{quota}}:unused:{i}"),
+        });
+    }
+    call.arg("tg:v2:{quota}").arg("j1").arg(token).arg(seq);
+    for p in pieces {
+        call.arg(*p);
+    }
+    call.invoke_async(conn).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_batch_sent_again_after_a_lost_reply_is_kept_once() {
+    let redis = RedisServer::start();
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(JOB)
+        .arg("runner")
+        .arg("run-a")
+        .arg("status")
+        .arg("running")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(push(&mut conn, "run-a", 1, &[" The", " loop"]).await, 2);
+    // The reply to that call was lost; the writer sends the same batch again.
+    assert_eq!(push(&mut conn, "run-a", 1, &[" The", " loop"]).await, 2);
+    assert_eq!(push(&mut conn, "run-a", 2, &[" ends"]).await, 3);
+    let text: Vec<String> = redis::cmd("LRANGE")
+        .arg(TEXT)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(text.concat(), " The loop ends");
+    // The next run of the job numbers its batches from 1 again: its first is kept.
+    let _: () = redis::cmd("HSET")
+        .arg(JOB)
+        .arg("runner")
+        .arg("run-b")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(push(&mut conn, "run-b", 1, &[" here"]).await, 4);
+    // A run that no longer owns the job writes nothing.
+    assert_eq!(push(&mut conn, "run-a", 3, &[" late"]).await, -1);
+}
