@@ -9,9 +9,14 @@
 --   next continues the answer (jobs_take_v2.lua).
 -- Reply: the status the job now has, or "" when this run no longer owns the job (its runner
 --   lease had expired and it was put back or failed: the newer outcome stands, so a job ends
---   once).
+--   once). A call sent again because the reply to the first was lost (Redis slower than the
+--   call's timeout) answers what the first did (`ended_by`), so the run still sends its webhook.
 local base, id, token, to = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local result, text_bytes = ARGV[5], tonumber(ARGV[6])
+local applied = redis.call('HGET', KEYS[11], 'ended_by')
+if applied and string.sub(applied, 1, #token + 1) == token .. ' ' then
+  return string.sub(applied, #token + 2)
+end
 if redis.call('HGET', KEYS[11], 'runner') ~= token
   or redis.call('HGET', KEYS[11], 'status') ~= 'running' then
   return ''
@@ -44,5 +49,6 @@ else
   end
 end
 recount('running', to)
+redis.call('HSET', KEYS[11], 'ended_by', token .. ' ' .. to)
 announce(base, id)
 return to

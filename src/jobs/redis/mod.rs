@@ -57,7 +57,7 @@
 mod backend;
 mod events;
 #[cfg(test)]
-mod push_tests;
+mod retry_tests;
 mod run;
 mod store;
 mod tasks;

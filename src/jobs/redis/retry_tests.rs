@@ -1,6 +1,7 @@
-//! `jobs_push_v2.lua` against a real `redis-server`: a batch of pieces whose reply was lost
-//! (Redis slower than the call's timeout) and is sent again is not appended twice. Under load
-//! it was, and a job's text then held a stretch of its answer twice.
+//! The jobs scripts a run retries, against a real `redis-server`: a call whose reply was lost
+//! (Redis slower than the call's timeout) and is sent again does what the first did, once. A
+//! batch of pieces was appended twice (a job's text then held a stretch of its answer twice),
+//! and a run's end sent again answered "not yours" (the job's webhook was never sent).
 
 use super::store::Scripts;
 use crate::admission::redis::tests::redis_common::RedisServer;
@@ -70,4 +71,54 @@ async fn a_batch_sent_again_after_a_lost_reply_is_kept_once() {
     assert_eq!(push(&mut conn, "run-b", 1, &[" here"]).await, 4);
     // A run that no longer owns the job writes nothing.
     assert_eq!(push(&mut conn, "run-a", 3, &[" late"]).await, -1);
+}
+
+async fn end(conn: &mut redis::aio::MultiplexedConnection, token: &str, to: &str) -> String {
+    let scripts = Scripts::default();
+    let mut call = scripts.end.prepare_invoke();
+    for i in 1..=12 {
+        call.key(match i {
+            11 => JOB.to_owned(),
+            12 => TEXT.to_owned(),
+            _ => format!("tg:v2:{{quota}}:unused:{i}"),
+        });
+    }
+    call.arg("tg:v2:{quota}")
+        .arg("j1")
+        .arg(token)
+        .arg(to)
+        .arg(r#"{"text":"x"}"#)
+        .arg(10);
+    call.invoke_async(conn).await.unwrap()
+}
+
+#[tokio::test]
+async fn an_end_sent_again_after_a_lost_reply_answers_what_the_first_did() {
+    let redis = RedisServer::start();
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(JOB)
+        .arg("runner")
+        .arg("run-a")
+        .arg("status")
+        .arg("running")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(end(&mut conn, "run-a", "done").await, "done");
+    // The reply was lost; the run sends its end again: the job is done, by this run.
+    assert_eq!(end(&mut conn, "run-a", "done").await, "done");
+    // Another run's end is refused: the job ended once.
+    assert_eq!(end(&mut conn, "run-b", "failed").await, "");
+    let status: String = redis::cmd("HGET")
+        .arg(JOB)
+        .arg("status")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(status, "done");
 }
