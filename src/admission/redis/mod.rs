@@ -138,7 +138,7 @@ use crate::lane::Lane;
 use crate::telemetry::autopilot_metrics::Knobs;
 use crate::telemetry::QuotaMetrics;
 use queue::Left;
-use scripts::{Behind, LimitsRecord, LimitsWrite, Verdict, PUSH_ORIGIN};
+use scripts::{Behind, LimitsRecord, LimitsWrite, Verdict, AUTOPILOT_ORIGIN, PUSH_ORIGIN};
 use shared::{Handed, Shared, Take};
 
 /// How long a first request waits for the initial connection before counting Redis as down.
@@ -356,7 +356,7 @@ impl RedisAdmission {
     /// Whether the shared record in force, as last seen, was published by an autopilot leader
     /// (this replica's or another's).
     pub fn autopilot_record_in_force(&self) -> bool {
-        self.shared.limits_origin().starts_with("autopilot ")
+        self.shared.limits_origin().starts_with(AUTOPILOT_ORIGIN)
     }
 
     /// Writes this replica's own (configured) limits as the shared record, as a reload does

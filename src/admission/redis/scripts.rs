@@ -156,6 +156,9 @@ pub struct LimitsReply {
 /// reload only with `force`.
 pub const PUSH_ORIGIN: &str = "limits push";
 
+/// The origin an autopilot leader writes, before its replica id (`autopilot <replica>`).
+pub const AUTOPILOT_ORIGIN: &str = "autopilot ";
+
 /// What one acquire call asks for.
 #[derive(Debug, Clone, Copy)]
 pub struct AcquireArgs<'a> {

@@ -15,7 +15,7 @@ use super::keys::Keys;
 use super::queue::LaneQueue;
 use super::scripts::{
     AcquireArgs, AcquireReply, Behind, LimitsRecord, LimitsWrite, Scripts, TakeReply, Verdict,
-    PUSH_ORIGIN,
+    AUTOPILOT_ORIGIN, PUSH_ORIGIN,
 };
 use crate::admission::backend::LimitsChange;
 use crate::admission::guard::Reservation;
@@ -382,7 +382,7 @@ impl Shared {
 
     /// The origin of the records this replica writes as the autopilot's leader.
     pub fn autopilot_origin(&self) -> String {
-        format!("autopilot {}", self.replica)
+        format!("{AUTOPILOT_ORIGIN}{}", self.replica)
     }
 
     /// Publishes `record` as the autopilot's leader: this replica's limits from now on, written

@@ -9,14 +9,10 @@ use crate::admission::redis::tests::redis_common::RedisServer;
 const JOB: &str = "tg:v2:{quota}:job:j1";
 const TEXT: &str = "tg:v2:{quota}:job:j1:text";
 
-async fn push(
-    conn: &mut redis::aio::MultiplexedConnection,
-    token: &str,
-    seq: u64,
-    pieces: &[&str],
-) -> i64 {
-    let scripts = Scripts::default();
-    let mut call = scripts.push.prepare_invoke();
+/// A call of `script` on job `j1`: its twelve keys (the job's record and text where the
+/// scripts read them) and the keys' base, the first two arguments every jobs script takes.
+fn call(script: &redis::Script) -> redis::ScriptInvocation<'_> {
+    let mut call = script.prepare_invoke();
     for i in 1..=12 {
         call.key(match i {
             11 => JOB.to_owned(),
@@ -24,16 +20,12 @@ async fn push(
             _ => format!("tg:v2:{{quota}}:unused:{i}"),
         });
     }
-    call.arg("tg:v2:{quota}").arg("j1").arg(token).arg(seq);
-    for p in pieces {
-        call.arg(*p);
-    }
-    call.invoke_async(conn).await.unwrap()
+    call.arg("tg:v2:{quota}").arg("j1");
+    call
 }
 
-#[tokio::test]
-async fn a_batch_sent_again_after_a_lost_reply_is_kept_once() {
-    let redis = RedisServer::start();
+/// A connection to `redis`, where job `j1` runs under the run `run-a`.
+async fn running_job(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
     let mut conn = redis
         .client()
         .get_multiplexed_async_connection()
@@ -48,6 +40,28 @@ async fn a_batch_sent_again_after_a_lost_reply_is_kept_once() {
         .query_async(&mut conn)
         .await
         .unwrap();
+    conn
+}
+
+async fn push(
+    conn: &mut redis::aio::MultiplexedConnection,
+    token: &str,
+    seq: u64,
+    pieces: &[&str],
+) -> i64 {
+    let scripts = Scripts::default();
+    let mut call = call(&scripts.push);
+    call.arg(token).arg(seq);
+    for p in pieces {
+        call.arg(*p);
+    }
+    call.invoke_async(conn).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_batch_sent_again_after_a_lost_reply_is_kept_once() {
+    let redis = RedisServer::start();
+    let mut conn = running_job(&redis).await;
     assert_eq!(push(&mut conn, "run-a", 1, &[" The", " loop"]).await, 2);
     // The reply to that call was lost; the writer sends the same batch again.
     assert_eq!(push(&mut conn, "run-a", 1, &[" The", " loop"]).await, 2);
@@ -75,40 +89,20 @@ async fn a_batch_sent_again_after_a_lost_reply_is_kept_once() {
 
 async fn end(conn: &mut redis::aio::MultiplexedConnection, token: &str, to: &str) -> String {
     let scripts = Scripts::default();
-    let mut call = scripts.end.prepare_invoke();
-    for i in 1..=12 {
-        call.key(match i {
-            11 => JOB.to_owned(),
-            12 => TEXT.to_owned(),
-            _ => format!("tg:v2:{{quota}}:unused:{i}"),
-        });
-    }
-    call.arg("tg:v2:{quota}")
-        .arg("j1")
+    call(&scripts.end)
         .arg(token)
         .arg(to)
         .arg(r#"{"text":"x"}"#)
-        .arg(10);
-    call.invoke_async(conn).await.unwrap()
+        .arg(10)
+        .invoke_async(conn)
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
 async fn an_end_sent_again_after_a_lost_reply_answers_what_the_first_did() {
     let redis = RedisServer::start();
-    let mut conn = redis
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let _: () = redis::cmd("HSET")
-        .arg(JOB)
-        .arg("runner")
-        .arg("run-a")
-        .arg("status")
-        .arg("running")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let mut conn = running_job(&redis).await;
     assert_eq!(end(&mut conn, "run-a", "done").await, "done");
     // The reply was lost; the run sends its end again: the job is done, by this run.
     assert_eq!(end(&mut conn, "run-a", "done").await, "done");
