@@ -13,6 +13,24 @@ use tutor_wire::sse::SseParser;
 /// Longest wait for one job submission or status answer (they are answered at once).
 const JOB_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a pooled connection may stay idle before this tool drops it rather than send on
+/// it: under the gateway's default `server.keep_alive_idle_ms` (10 s), so a request never goes
+/// out on a connection the gateway is closing at that moment. (With reqwest's default, 90 s,
+/// that race failed 8 of 161 requests of an open-loop pilot at a low rate, each one
+/// "connection closed before message completed".) A gateway configured with a shorter
+/// keep-alive needs this shorter too.
+pub const POOL_IDLE: Duration = Duration::from_secs(4);
+
+/// The HTTP client every target uses, sending `headers` on every request.
+fn http_client(headers: reqwest::header::HeaderMap) -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .pool_max_idle_per_host(1024)
+        .pool_idle_timeout(POOL_IDLE)
+        .default_headers(headers)
+        .build()?)
+}
+
 /// Which API the target speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -120,10 +138,7 @@ struct Usage {
 impl Target {
     /// A target at `base_url` speaking `api`.
     pub fn new(base_url: &str, api: Api, model: Option<String>) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .pool_max_idle_per_host(1024)
-            .build()?;
+        let http = http_client(reqwest::header::HeaderMap::new())?;
         let base_url = base_url.trim_end_matches('/').to_string();
         Ok(Self {
             bases: std::sync::Arc::new(vec![base_url.clone()]),
@@ -146,11 +161,7 @@ impl Target {
         value.set_sensitive(true);
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(reqwest::header::AUTHORIZATION, value);
-        self.http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .pool_max_idle_per_host(1024)
-            .default_headers(headers)
-            .build()?;
+        self.http = http_client(headers)?;
         Ok(self)
     }
 
@@ -539,6 +550,74 @@ fn cut(mut out: Outcome) -> Outcome {
 
 #[cfg(test)]
 mod tests {
+
+    /// A connection idle longer than [`POOL_IDLE`] is not sent on again: the next request opens
+    /// a new one (a server that keeps it open counts two connections), so a gateway closing
+    /// idle connections after its default 10 s never races a request onto a closing one.
+    #[tokio::test]
+    async fn a_connection_idle_past_the_pool_limit_is_not_reused() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        // Answers every request on a connection with one complete SSE stream, keeping the
+        // connection open (HTTP/1.1 keep-alive) for as long as the client wants it.
+        let server = tokio::spawn(async move {
+            loop {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    let mut seen = Vec::new();
+                    loop {
+                        let n = match conn.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        seen.extend_from_slice(&buf[..n]);
+                        // One request = its head and its JSON body (Content-Length long).
+                        let Some(head_end) = seen.windows(4).position(|w| w == b"\r\n\r\n") else {
+                            continue;
+                        };
+                        let head = String::from_utf8_lossy(&seen[..head_end]).to_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        if seen.len() < head_end + 4 + len {
+                            continue;
+                        }
+                        seen.drain(..head_end + 4 + len);
+                        let body = "event: token\ndata: {\"text\":\"hi\"}\n\n\
+                                    event: done\ndata: {}\n\n";
+                        let reply = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
+                             content-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if conn.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        let t = Target::new(&url, Api::Answer, None).unwrap();
+        let far = Instant::now() + Duration::from_secs(60);
+        let first = t.send("a", 1, far).await;
+        assert_eq!(first.status, Status::Ok, "{first:?}");
+        let before = accepted.load(std::sync::atomic::Ordering::SeqCst);
+        tokio::time::sleep(POOL_IDLE + Duration::from_millis(500)).await;
+        let second = t.send("b", 1, far).await;
+        assert_eq!(second.status, Status::Ok, "{second:?}");
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            before + 1,
+            "a connection idle past POOL_IDLE is dropped, not sent on"
+        );
+        server.abort();
+    }
 
     /// A request whose reading panics still counts, as an error.
     #[tokio::test]

@@ -310,6 +310,7 @@ mod tests {
             throughput_timeline: vec![],
             records: vec![],
             vs_floor: None,
+            send_lag: None,
             salt: Some(tok_s as u64),
             prefix_cache: Some(PrefixCache {
                 requests: 200,

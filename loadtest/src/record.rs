@@ -10,6 +10,9 @@ pub struct Record {
     pub class: usize,
     /// Send time, seconds from the run's start.
     pub start_s: f64,
+    /// Open loop: how late it was sent against its arrival time, seconds (`None`: closed loop,
+    /// where a request goes when its client is ready).
+    pub lag_s: Option<f64>,
     /// What the client saw.
     pub outcome: Outcome,
 }

@@ -166,6 +166,16 @@ pub fn summary_md(r: &Results) -> String {
     );
     let _ = writeln!(o, "{}\n", prompt_text_line(r));
     let _ = writeln!(o, "{}\n", prefix_cache_line(r));
+    if let Some(lag) = r.send_lag {
+        let _ = writeln!(
+            o,
+            "Sent late against the arrival schedule (this tool's own lag; every time below is \
+             measured from the send): p50 {:.1} ms, p95 {:.1} ms, max {:.1} ms.\n",
+            lag.p50_s * 1000.0,
+            lag.p95_s * 1000.0,
+            lag.max_s * 1000.0
+        );
+    }
     o.push_str("| class | requests | ok | errors | cut | TTFT p50 s | p95 s | p99 s | e2e p50 s | e2e p95 s | TPOT p50 ms | ITL p95 ms | out tok/s |\n");
     o.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (name, c) in ordered(r) {

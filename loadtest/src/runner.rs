@@ -23,6 +23,10 @@ pub use crate::record::{Record, RunData};
 pub const MAX_OPEN_IN_FLIGHT: usize = 4096;
 /// Pause of a closed-loop client after an error, so a rejecting target is not hammered.
 pub const ERROR_BACKOFF: Duration = Duration::from_millis(250);
+/// Most open-loop prompts written ahead of their arrival (memory: at most this many prompts,
+/// 64 KB each at the longest): written on a thread of their own before they are due, so a
+/// prompt's tokenizing never delays its own send or the next one's.
+pub const PROMPTS_AHEAD: usize = 1024;
 
 /// How long and how a run goes.
 #[derive(Debug, Clone)]
@@ -97,6 +101,66 @@ pub(crate) fn with_prefix(
     (Some(system), p.build(rest, seed))
 }
 
+/// One open-loop arrival with everything sent for it, written ahead of its time.
+struct Due {
+    /// Its arrival, from the run's start.
+    at: Duration,
+    class: usize,
+    output: u32,
+    system: Option<String>,
+    prompt: String,
+}
+
+/// The open loop's arrivals until `until` (Poisson at `rate`, in waves when the scenario has
+/// them, as the experiment draws) with their prompts, written in order on a thread of their own
+/// at most [`PROMPTS_AHEAD`] ahead of the sender. Returns once the first [`PROMPTS_AHEAD`] are
+/// written (or all of them), so the run's clock starts with its prompts ready.
+async fn write_ahead(
+    scenario: &Scenario,
+    rate: f64,
+    prompts: &PromptBuilder,
+    seed: u64,
+    until: Duration,
+) -> tokio::sync::mpsc::Receiver<Due> {
+    let (tx, rx) = tokio::sync::mpsc::channel(PROMPTS_AHEAD);
+    let (ready_tx, ready) = tokio::sync::oneshot::channel::<()>();
+    let (scenario, prompts) = (scenario.clone(), prompts.clone());
+    std::thread::Builder::new()
+        .name("tutor-load-prompts".into())
+        .spawn(move || {
+            let mut ready_tx = Some(ready_tx);
+            for (n, a) in Stream::new(&scenario, rate, seed).enumerate() {
+                let at = Duration::from_secs_f64(a.at_s);
+                if at >= until {
+                    break;
+                }
+                let class = &scenario.classes[a.class];
+                let (input, output) = open_sizes(&scenario, a.class, a.index, seed);
+                let rs = request_seed(seed, a.class, 0, a.index);
+                let (system, prompt) = with_prefix(&prompts, class, input, rs);
+                let due = Due {
+                    at,
+                    class: a.class,
+                    output,
+                    system,
+                    prompt,
+                };
+                if tx.blocking_send(due).is_err() {
+                    return;
+                }
+                if n + 1 == PROMPTS_AHEAD {
+                    if let Some(r) = ready_tx.take() {
+                        let _ = r.send(());
+                    }
+                }
+            }
+        })
+        .expect("starting the prompt writer");
+    // Dropped without a send when every arrival is written before the first PROMPTS_AHEAD.
+    let _ = ready.await;
+    rx
+}
+
 /// Runs `scenario` against `target`.
 pub async fn run(
     scenario: &Scenario,
@@ -104,6 +168,19 @@ pub async fn run(
     prompts: &PromptBuilder,
     opts: &RunOptions,
 ) -> RunData {
+    let mut ahead = match scenario.load {
+        Load::Open { rate, .. } => Some(
+            write_ahead(
+                scenario,
+                rate,
+                prompts,
+                opts.seed,
+                opts.warmup + opts.duration,
+            )
+            .await,
+        ),
+        Load::Closed { .. } => None,
+    };
     let start = Instant::now();
     let end = start + opts.warmup + opts.duration;
     let cut_at = end + opts.drain;
@@ -132,41 +209,33 @@ pub async fn run(
                                 .send_with_system(system.as_deref(), &prompt, step.output, cut_at)
                                 .await;
                             let failed = o.status == crate::client::Status::Error;
-                            push(&sh, ci, sent, o);
+                            push(&sh, ci, sent, None, o);
                             failed
                         }
                     }));
                 }
             }
         }
-        Load::Open { rate, .. } => {
-            // Poisson at `rate` (in waves when the scenario has them), as the experiment draws.
-            for a in Stream::new(scenario, rate, opts.seed) {
-                let at = start + Duration::from_secs_f64(a.at_s);
-                let (ci, i) = (a.class, a.index);
-                if at >= end {
-                    break;
-                }
+        Load::Open { .. } => {
+            let ahead = ahead.as_mut().expect("open-loop prompts");
+            while let Some(due) = ahead.recv().await {
+                let at = start + due.at;
                 tokio::time::sleep_until(at).await;
                 while tasks.try_join_next().is_some() {}
                 if tasks.len() >= MAX_OPEN_IN_FLIGHT {
                     skipped += 1;
                     continue;
                 }
-                let class = &scenario.classes[ci];
+                let class = &scenario.classes[due.class];
                 let t = target.for_class(class.api, class.deadline_ms);
-                let (sh, p) = (shared.clone(), prompts.clone());
-                let (inp, outp) = open_sizes(scenario, ci, i, opts.seed);
-                let seed = opts.seed;
-                let class = scenario.classes[ci].clone();
+                let sh = shared.clone();
                 tasks.spawn(async move {
-                    let (system, prompt) =
-                        with_prefix(&p, &class, inp, request_seed(seed, ci, 0, i));
                     let sent = Instant::now();
+                    let lag = sent.saturating_duration_since(at).as_secs_f64();
                     let o = t
-                        .send_with_system(system.as_deref(), &prompt, outp, cut_at)
+                        .send_with_system(due.system.as_deref(), &due.prompt, due.output, cut_at)
                         .await;
-                    push(&sh, ci, sent, o);
+                    push(&sh, due.class, sent, Some(lag), o);
                 });
             }
         }
@@ -181,11 +250,12 @@ pub async fn run(
     }
 }
 
-fn push(sh: &Shared, class: usize, sent: Instant, outcome: Outcome) {
+fn push(sh: &Shared, class: usize, sent: Instant, lag_s: Option<f64>, outcome: Outcome) {
     let start_s = sent.duration_since(sh.start).as_secs_f64();
     let rec = Record {
         class,
         start_s,
+        lag_s,
         outcome,
     };
     sh.records.lock().expect("records lock").push(rec);

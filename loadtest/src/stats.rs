@@ -148,6 +148,38 @@ pub struct RequestLine {
     /// Of those, tokens served from the engine's prefix cache.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub cached_tokens: Option<u32>,
+    /// Open loop: how late this tool sent it against its arrival time, seconds.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub lag_s: Option<f64>,
+}
+
+/// Open loop: how late this tool sent its measured requests against their arrival times. Every
+/// time above is measured from the send, so a late send is in none of them, but the target saw
+/// the load as sent: a large lag means the run's arrivals were not the schedule's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SendLag {
+    /// Median, seconds.
+    pub p50_s: f64,
+    /// 95th percentile, seconds.
+    pub p95_s: f64,
+    /// Largest, seconds.
+    pub max_s: f64,
+}
+
+impl SendLag {
+    /// Over `records`' lags (`None` when none has one: a closed loop).
+    fn of(records: &[RequestLine]) -> Option<Self> {
+        let mut lags: Vec<f64> = records.iter().filter_map(|r| r.lag_s).collect();
+        let max_s = lags
+            .iter()
+            .copied()
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))?;
+        Some(Self {
+            p50_s: quantile(&mut lags, 0.50)?,
+            p95_s: quantile(&mut lags, 0.95)?,
+            max_s,
+        })
+    }
 }
 
 /// How much of a run's prompts the engine served from its prefix cache, over the requests whose
@@ -232,6 +264,10 @@ pub struct Results {
     /// reported its prompt tokens (or a results.json from before this field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefix_cache: Option<PrefixCache>,
+    /// Open loop: how late the measured requests were sent (`None`: a closed loop, or a
+    /// results.json from before this field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_lag: Option<SendLag>,
     /// `tutor-load experiment`: this run's small TTFT against the floor run's (the same small
     /// clients with no large ones).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -353,6 +389,7 @@ impl Results {
                 output_tokens: r.outcome.output_tokens,
                 prompt_tokens: r.outcome.prompt_tokens,
                 cached_tokens: r.outcome.cached_tokens,
+                lag_s: r.lag_s.map(round3),
             })
             .collect();
         records.sort_by(|a, b| a.start_s.total_cmp(&b.start_s));
@@ -375,6 +412,7 @@ impl Results {
             classes,
             throughput_timeline: timeline,
             prefix_cache: PrefixCache::of(&records),
+            send_lag: SendLag::of(&records),
             records,
             vs_floor: None,
         }
@@ -445,6 +483,7 @@ mod warmup_tests {
         Record {
             class: 0,
             start_s,
+            lag_s: None,
             outcome: Outcome {
                 status: Status::Ok,
                 error: None,

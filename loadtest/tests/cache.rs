@@ -7,8 +7,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use clap::Parser;
+use tutor_load::arrivals::Stream;
 use tutor_load::client::{Api, Target};
 use tutor_load::compare::{compare, Rules};
+use tutor_load::draw::open_sizes;
 use tutor_load::prompt::PromptBuilder;
 use tutor_load::runner::{run, RunOptions};
 use tutor_load::scenario::Scenario;
@@ -35,6 +37,17 @@ async fn one_run(target: &Target, salt: Option<u64>) -> Results {
     r.salt = salt;
     assert_eq!(r.errors, 0, "{:?}", r.errors_by_code);
     assert!(r.requests >= 5, "{} requests", r.requests);
+    // Every arrival of the seed's schedule is sent once with its prompt (written ahead of the
+    // clock), and each says how late it went.
+    let mut scheduled = BTreeMap::new();
+    for a in Stream::new(&scenario, 20.0, opts.seed).take_while(|a| a.at_s < 1.5) {
+        *scheduled
+            .entry(open_sizes(&scenario, a.class, a.index, opts.seed).0)
+            .or_insert(0) += 1;
+    }
+    assert_eq!(sizes(&r), scheduled, "the schedule's arrivals, each once");
+    assert!(r.records.iter().all(|l| l.lag_s.is_some_and(|s| s >= 0.0)));
+    assert!(r.send_lag.is_some());
     r
 }
 
