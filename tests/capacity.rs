@@ -267,6 +267,41 @@ async fn the_watch_reports_every_read_against_the_current_config() {
     sim.shutdown().await;
 }
 
+/// A reload that adds or moves a replica has its KV read at once, not a whole interval later
+/// (the seats are spread by these reads): here the interval is an hour.
+#[tokio::test]
+async fn the_watch_reads_a_reloaded_fleet_at_once() {
+    let first = vllm_sim::start(&SimArgs::for_test(&["--num-gpu-blocks", "2048"]))
+        .await
+        .unwrap();
+    let second = vllm_sim::start(&SimArgs::for_test(&["--num-gpu-blocks", "1024"]))
+        .await
+        .unwrap();
+    let at = |url: String| {
+        let mut config = Config::default();
+        config.upstream.base_url = url;
+        std::sync::Arc::new(config)
+    };
+    let in_force = std::sync::Arc::new(std::sync::Mutex::new(at(first.url())));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let current = in_force.clone();
+    let watch = tokio::spawn(capacity::watch(
+        std::time::Duration::from_secs(3600),
+        move || current.lock().unwrap().clone(),
+        move |_: &tutor_gateway::config::ReplicaConfig, cap: &EngineCapacity| {
+            let _ = tx.send(cap.kv_tokens());
+        },
+    ));
+    assert_eq!(rx.recv().await, Some(32768), "the first engine, at start");
+    *in_force.lock().unwrap() = at(second.url());
+    // The bound only fails the test instead of hanging it (the interval is an hour).
+    let next = tokio::time::timeout(std::time::Duration::from_secs(120), rx.recv()).await;
+    assert_eq!(next, Ok(Some(16384)), "the reloaded engine, read at once");
+    watch.abort();
+    first.shutdown().await;
+    second.shutdown().await;
+}
+
 #[tokio::test]
 async fn bundled_models_plan_without_a_file_and_match_their_published_shapes() {
     // (name, KV bytes per token in bf16: layers x kv_heads x head_dim x 2 x 2)

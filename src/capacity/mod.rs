@@ -127,8 +127,13 @@ pub fn fleet(caps: &[EngineCapacity]) -> Option<EngineCapacity> {
     })
 }
 
-/// Reads the capacity of every replica of the config `current()` returns, each `every` (so a
-/// reload is seen: its replicas and its budgets). `on_read(replica, cap)` gets each successful
+/// How often [`watch`] looks between its reads for a reload that changed the replicas or the
+/// fleet's seats.
+const RELOAD_LOOK: Duration = Duration::from_secs(1);
+
+/// Reads the capacity of every replica of the config `current()` returns, each `every`, and
+/// at once (within [`RELOAD_LOOK`]) when a reload changed `[upstream]` or `admission.seats`:
+/// a replica added or moved gets its share of the seats then, not up to `every` later. `on_read(replica, cap)` gets each successful
 /// read (the upstream client spreads seats by them). Logs each replica's capacity, and every
 /// problem of the config against the fleet ([`fleet`], [`overcommit`]) as a `warn` ("KV
 /// OVERCOMMIT: ..."), whenever that differs from the last round (an engine restarted with
@@ -171,7 +176,20 @@ pub async fn watch(
             log(&replicas, &round.0, &round.1);
         }
         last = Some(round);
-        tokio::time::sleep(every).await;
+        let next = tokio::time::Instant::now() + every;
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= next {
+                break;
+            }
+            tokio::time::sleep(RELOAD_LOOK.min(next - now)).await;
+            let now_in_force = current();
+            if now_in_force.upstream != config.upstream
+                || now_in_force.admission.seats != config.admission.seats
+            {
+                break;
+            }
+        }
     }
 }
 

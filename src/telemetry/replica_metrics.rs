@@ -3,6 +3,8 @@
 //! 64), `reason` one of a fixed list. Registered once by [`super::Metrics::new`]; the upstream
 //! client reports into it with plain values.
 
+use std::sync::{Arc, PoisonError, RwLock};
+
 use prometheus::{IntCounterVec, IntGaugeVec, Registry};
 
 use super::registered::{counter_vec, gauge_vec};
@@ -18,6 +20,18 @@ pub const ROUTE_REASONS: [&str; 7] = [
     "pinned",
 ];
 
+/// A replica that reports its gauges, and the label it reports under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reporter {
+    /// Its name where it was configured.
+    pub name: String,
+    /// Its URL.
+    pub url: String,
+    /// The `replica` label its gauges are under: its name, or the name the replica set in
+    /// force gives its URL.
+    pub label: String,
+}
+
 /// Replica metric families.
 #[derive(Debug, Clone)]
 pub struct ReplicaMetrics {
@@ -27,6 +41,12 @@ pub struct ReplicaMetrics {
     ejections: IntCounterVec,
     prompt_tokens: IntCounterVec,
     cached_tokens: IntCounterVec,
+    /// Which replicas (name, URL) still report a gauge, and under which label: the set in
+    /// force under its own names, a replica of a replaced set at a URL of the new one under the
+    /// new name there. Any other (a replica a reload removed or moved, whose last requests
+    /// still end) reports nothing, and its gauges are gone: a removed replica must not stay
+    /// `healthy 0` (an alert firing forever) nor a renamed one keep its last in-flight count.
+    labels: Arc<RwLock<Vec<Reporter>>>,
 }
 
 impl Default for ReplicaMetrics {
@@ -72,21 +92,48 @@ impl ReplicaMetrics {
                 "Of those, prompt tokens the replica served from its prefix cache (prefix hits).",
                 &["replica"],
             ),
+            labels: Arc::default(),
         }
     }
 
-    /// `replica` has `n` requests open.
-    pub fn set_in_flight(&self, replica: &str, n: u32) {
-        self.in_flight
-            .with_label_values(&[replica])
-            .set(i64::from(n));
+    /// From now on the replicas of `reporters` report, each under its label; the gauges of
+    /// every label no longer among them go, and any other replica reports nothing.
+    pub fn in_force(&self, reporters: Vec<Reporter>) {
+        let mut current = self.labels.write().unwrap_or_else(PoisonError::into_inner);
+        for gone in current
+            .iter()
+            .filter(|r| !reporters.iter().any(|n| n.label == r.label))
+        {
+            // An error only says the series was never set.
+            let _ = self.in_flight.remove_label_values(&[&gone.label]);
+            let _ = self.healthy.remove_label_values(&[&gone.label]);
+        }
+        *current = reporters;
     }
 
-    /// `replica` takes traffic, or not.
-    pub fn set_healthy(&self, replica: &str, healthy: bool) {
-        self.healthy
-            .with_label_values(&[replica])
-            .set(i64::from(healthy));
+    /// Calls `set` with the label the replica `name` at `url` reports under, if it still
+    /// reports, the label list held (so a removal cannot slip between the look-up and the set).
+    fn report(&self, (name, url): (&str, &str), set: impl FnOnce(&str)) {
+        let labels = self.labels.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(r) = labels.iter().find(|r| r.name == name && r.url == url) {
+            set(&r.label);
+        }
+    }
+
+    /// The replica (name, URL) has `n` requests open.
+    pub fn set_in_flight(&self, replica: (&str, &str), n: u32) {
+        self.report(replica, |label| {
+            self.in_flight.with_label_values(&[label]).set(i64::from(n));
+        });
+    }
+
+    /// The replica (name, URL) takes traffic, or not.
+    pub fn set_healthy(&self, replica: (&str, &str), healthy: bool) {
+        self.report(replica, |label| {
+            self.healthy
+                .with_label_values(&[label])
+                .set(i64::from(healthy));
+        });
     }
 
     /// One request sent to `replica` for `reason` (one of [`ROUTE_REASONS`]).

@@ -26,6 +26,7 @@ use super::abort::AbortCaller;
 use super::chunk::Usage;
 use super::route::{self, Candidate, Route};
 use crate::config::{ReplicaConfig, RoutingConfig};
+use crate::telemetry::replica_metrics::Reporter;
 use crate::telemetry::ReplicaMetrics;
 
 /// One vLLM replica.
@@ -124,6 +125,26 @@ impl Replicas {
         static SETS: AtomicU64 = AtomicU64::new(1);
         let id = SETS.fetch_add(1, Ordering::Relaxed);
         let checks = configs.len() > 1 && !routing.health_interval.is_zero();
+        // The gauges follow the new set: a replica of the replaced one at a URL of the new
+        // one reports its last requests under the new name there; a removed one's series go.
+        let own = configs.iter().map(|c| Reporter {
+            name: c.name.clone(),
+            url: c.url.clone(),
+            label: c.name.clone(),
+        });
+        let carried = previous
+            .map_or(&[][..], |p| &p.list[..])
+            .iter()
+            .filter_map(|old| {
+                let new = configs.iter().find(|c| c.url == old.config.url)?;
+                (new.name != old.config.name).then(|| Reporter {
+                    name: old.config.name.clone(),
+                    url: old.config.url.clone(),
+                    label: new.name.clone(),
+                })
+            });
+        let labels = own.chain(carried).collect();
+        metrics.in_force(labels);
         let list = configs
             .into_iter()
             .map(|config| {
@@ -134,8 +155,14 @@ impl Replicas {
                     .filter(|_| checks)
                     .map_or_else(Arc::default, |r| Arc::clone(&r.health));
                 health.checked_by.store(id, Ordering::Release);
-                metrics.set_healthy(&config.name, health.healthy.load(Ordering::Acquire));
-                metrics.set_in_flight(&config.name, load.in_flight.load(Ordering::Relaxed));
+                metrics.set_healthy(
+                    (&config.name, &config.url),
+                    health.healthy.load(Ordering::Acquire),
+                );
+                metrics.set_in_flight(
+                    (&config.name, &config.url),
+                    load.in_flight.load(Ordering::Relaxed),
+                );
                 Arc::new(Replica {
                     abort: abort_for(&config),
                     seed: route::hash_str(&config.name),
@@ -275,7 +302,7 @@ impl Replicas {
         )?;
         let replica = Arc::clone(&self.list[index]);
         let n = replica.load.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        self.metrics.set_in_flight(&replica.config.name, n);
+        self.metrics.set_in_flight(replica.key(), n);
         self.metrics
             .routed(&replica.config.name, reason.unwrap_or(why));
         Some(Ticket {
@@ -294,7 +321,7 @@ impl Replicas {
             .find(|r| r.config.name == name && (r.is_healthy() || self.list.len() == 1))?;
         let replica = Arc::clone(replica);
         let n = replica.load.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        self.metrics.set_in_flight(&replica.config.name, n);
+        self.metrics.set_in_flight(replica.key(), n);
         self.metrics.routed(&replica.config.name, "pinned");
         Some(Ticket {
             replica,
@@ -347,7 +374,7 @@ impl Replicas {
                     .last_error
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()) = Some(why.to_owned());
-                self.metrics.set_healthy(&replica.config.name, false);
+                self.metrics.set_healthy(replica.key(), false);
                 self.metrics.ejected(&replica.config.name);
                 tracing::warn!(replica = %replica.config.name, failures = n, error = why, "replica ejected");
             }
@@ -372,7 +399,7 @@ impl Replicas {
                     .last_error
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()) = None;
-                self.metrics.set_healthy(&replica.config.name, true);
+                self.metrics.set_healthy(replica.key(), true);
                 tracing::info!(replica = %replica.config.name, "replica back in routing");
             }
         }
@@ -380,6 +407,11 @@ impl Replicas {
 }
 
 impl Replica {
+    /// Its (name, URL): what its gauges report under.
+    fn key(&self) -> (&str, &str) {
+        (&self.config.name, &self.config.url)
+    }
+
     /// Whether it takes traffic.
     pub fn is_healthy(&self) -> bool {
         self.health.healthy.load(Ordering::Acquire)
@@ -412,7 +444,7 @@ impl Drop for Ticket {
             .fetch_sub(1, Ordering::Relaxed)
             .saturating_sub(1);
         let name = &self.replica.config.name;
-        self.metrics.set_in_flight(name, n);
+        self.metrics.set_in_flight(self.replica.key(), n);
         if let Some(u) = self.usage {
             self.metrics
                 .prompt_tokens(name, u.prompt_tokens, u.cached_tokens.unwrap_or(0));

@@ -95,3 +95,102 @@ fn huge_kv_sizes_neither_wrap_nor_divide_by_zero() {
         assert_eq!(cap, Some(32));
     }
 }
+
+/// A set of `replicas` (name, URL) reporting into `metrics`, replacing `previous`; health
+/// checks "run" (every second) so failures eject.
+fn named_set(
+    replicas: &[(&str, &str)],
+    metrics: &ReplicaMetrics,
+    previous: Option<&Replicas>,
+) -> Replicas {
+    let configs = replicas
+        .iter()
+        .map(|&(name, url)| ReplicaConfig {
+            name: name.to_owned(),
+            url: url.to_owned(),
+            weight: 1,
+            max_num_seqs: None,
+        })
+        .collect();
+    let routing = RoutingConfig {
+        health_interval: Duration::from_secs(1),
+        ..RoutingConfig::default()
+    };
+    let upstream = Arc::new(Config::default().upstream);
+    Replicas::new(configs, routing, metrics.clone(), previous, |_| {
+        AbortCaller::new(
+            reqwest::Client::new(),
+            Arc::clone(&upstream),
+            TaskTracker::new(),
+        )
+    })
+}
+
+/// The `replica` label of each series of the gauge `family`, with its value.
+fn gauge(registry: &prometheus::Registry, family: &str) -> std::collections::BTreeMap<String, i64> {
+    registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == family)
+        .flat_map(|f| f.get_metric().iter())
+        .map(|m| {
+            let label = m
+                .get_label()
+                .iter()
+                .find(|l| l.name() == "replica")
+                .unwrap();
+            (label.value().to_owned(), m.get_gauge().get_value() as i64)
+        })
+        .collect()
+}
+
+/// After a reload that renames one replica and removes an ejected one, the gauges show the
+/// set in force only: no removed replica left at `healthy 0` (an alert on it would fire
+/// forever), no old name frozen at its last in-flight count, and a request still running on
+/// the renamed replica counted under its new name until it ends, then given back there.
+#[test]
+fn a_reload_leaves_gauges_for_the_replicas_in_force_only() {
+    let registry = prometheus::Registry::new();
+    let metrics = ReplicaMetrics::register(&registry);
+    let old = named_set(
+        &[
+            ("a", "http://a:8000"),
+            ("b", "http://b:8000"),
+            ("c", "http://c:8000"),
+        ],
+        &metrics,
+        None,
+    );
+    let running = old.pick_named("a").expect("a takes traffic");
+    for _ in 0..10 {
+        old.failed(&old.list[1], "down");
+    }
+    assert_eq!(gauge(&registry, "tutor_gateway_replica_healthy")["b"], 0);
+    assert_eq!(gauge(&registry, "tutor_gateway_replica_in_flight")["a"], 1);
+
+    // "a" renamed at the same URL, "b" removed.
+    let new = named_set(
+        &[("a2", "http://a:8000"), ("c", "http://c:8000")],
+        &metrics,
+        Some(&old),
+    );
+    let names = |family| gauge(&registry, family).into_keys().collect::<Vec<_>>();
+    for family in [
+        "tutor_gateway_replica_healthy",
+        "tutor_gateway_replica_in_flight",
+    ] {
+        assert_eq!(names(family), ["a2", "c"], "{family}");
+    }
+    assert_eq!(
+        gauge(&registry, "tutor_gateway_replica_in_flight")["a2"],
+        1,
+        "the request still running on the renamed replica"
+    );
+    // The old set's last reports: its request ends, its removed replica fails again.
+    drop(running);
+    old.failed(&old.list[1], "down");
+    assert_eq!(names("tutor_gateway_replica_in_flight"), ["a2", "c"]);
+    assert_eq!(names("tutor_gateway_replica_healthy"), ["a2", "c"]);
+    assert_eq!(gauge(&registry, "tutor_gateway_replica_in_flight")["a2"], 0);
+    drop(new);
+}
