@@ -65,7 +65,15 @@ def run_figures(d):
     g = json.load(open(f"{d}/guidellm.json"))["benchmarks"][0]
     reqs = [(r, True) for r in g["requests"]["successful"]]
     reqs += [(r, False) for k in ("incomplete", "errored") for r in (g["requests"][k] or [])]
+    # guidellm 0.8.1 sometimes records the first requests of a worker with a targeted start
+    # relative to its own start (seconds, not an epoch time); all of them were sent in the
+    # first second, inside the warm-up, so they are left out (counted in "unplaced").
+    placed = lambda r: r["info"]["timings"]["targeted_start"] >= 1e9
+    stray = [r for r, _ in reqs if not placed(r)]
+    reqs = [(r, ok) for r, ok in reqs if placed(r)]
     t0 = min(r["info"]["timings"]["targeted_start"] for r, _ in reqs)
+    assert all(r["info"]["timings"]["request_start"] < t0 + WARMUP_S for r in stray)
+    unplaced = len(stray)
     w0, w1 = t0 + WARMUP_S, t0 + RUN_S
     client, arrival, lag, n_in, n_fail = [], [], [], 0, 0
     for r, ok in reqs:
@@ -90,6 +98,7 @@ def run_figures(d):
         "guidellm_agg_ms": [agg["p50"], agg["p95"], agg["p99"]],
         "send_lag_ms": [q(lag, .5) * 1000, q(lag, .99) * 1000],
         "q_rate_achieved": n_in / (RUN_S - WARMUP_S),
+        "unplaced": unplaced,
     }
     # Gateway request log: questions (guidellm's, route chat_completions) and tokens/s.
     gw_ttft, tok, out_tok = [], 0.0, 0.0
@@ -121,8 +130,9 @@ def run_figures(d):
     bgp = f"{d}/background/results.json"
     if os.path.exists(bgp):
         bg = json.load(open(bgp))
-        # tutor-load builds each prompt (tokenizing it) in the request's task before sending, so
-        # a request is sent late when the CPUs are busy; its record's start_s is the send time.
+        # tutor-load before 2026-12-06 built each prompt (tokenizing it) in the request's task
+        # before sending, so a request was sent late when the CPUs were busy (it now writes them
+        # ahead and records each one's lag_s); a record's start_s is the send time.
         # Redraw the schedule, match each class's records to its last scheduled arrivals in
         # order, and count a request in the window by its scheduled time (the same requests for
         # every preset of a seed); lag = sent - scheduled.
@@ -199,6 +209,10 @@ for r in sorted(runs, key=lambda r: (r["seed"], ["floor", "fifo", "lanes"].index
           f"{r['tokens_per_s']:.0f} | {' / '.join(fmt(x, 1) for x in (r['sim_late_ms'] or []))} | "
           f"{fmt(r['loadavg1_mean'], 1)} ({fmt(r['loadavg1_max'], 1)}) | {fmt(r.get('bg_start_offset_s'), 1)} | "
           f"{' / '.join(fmt(x, 2) for x in r.get('bg_send_lag_s') or [])} |")
+stray = [f"{r['seed']}-{r['preset']} {r['unplaced']}" for r in runs if r.get("unplaced")]
+if stray:
+    print("\nLeft out as unplaced (guidellm recorded their targeted start relative, not as an epoch"
+          " time; every one was sent inside the warm-up): " + ", ".join(stray) + " requests.")
 
 by = {p: [r for r in runs if r["preset"] == p] for p in ("floor", "fifo", "lanes")}
 print("\n## Median of seeds (min-max)\n")
