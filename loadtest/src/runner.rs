@@ -27,6 +27,11 @@ pub const ERROR_BACKOFF: Duration = Duration::from_millis(250);
 /// 64 KB each at the longest): written on a thread of their own before they are due, so a
 /// prompt's tokenizing never delays its own send or the next one's.
 pub const PROMPTS_AHEAD: usize = 1024;
+/// Longest the open loop's clock waits for prompts written ahead before it starts (the writer
+/// then goes on beside the run): a run started beside another client (a second opinion) must
+/// start when it is started. With a real tokenizer a long prompt takes ~0.1 s to write, so
+/// 1,024 of them would hold the start back by minutes.
+pub const PROMPTS_HEAD_START: Duration = Duration::from_secs(2);
 
 /// How long and how a run goes.
 #[derive(Debug, Clone)]
@@ -113,8 +118,9 @@ struct Due {
 
 /// The open loop's arrivals until `until` (Poisson at `rate`, in waves when the scenario has
 /// them, as the experiment draws) with their prompts, written in order on a thread of their own
-/// at most [`PROMPTS_AHEAD`] ahead of the sender. Returns once the first [`PROMPTS_AHEAD`] are
-/// written (or all of them), so the run's clock starts with its prompts ready.
+/// at most [`PROMPTS_AHEAD`] ahead of the sender. Returns once [`PROMPTS_AHEAD`] (or all) are
+/// written, or [`PROMPTS_HEAD_START`] passed with at least one written, so the run's clock
+/// starts with a head start of prompts and without waiting long for them.
 async fn write_ahead(
     scenario: &Scenario,
     rate: f64,
@@ -129,6 +135,7 @@ async fn write_ahead(
         .name("tutor-load-prompts".into())
         .spawn(move || {
             let mut ready_tx = Some(ready_tx);
+            let started = std::time::Instant::now();
             for (n, a) in Stream::new(&scenario, rate, seed).enumerate() {
                 let at = Duration::from_secs_f64(a.at_s);
                 if at >= until {
@@ -148,7 +155,7 @@ async fn write_ahead(
                 if tx.blocking_send(due).is_err() {
                     return;
                 }
-                if n + 1 == PROMPTS_AHEAD {
+                if n + 1 == PROMPTS_AHEAD || started.elapsed() >= PROMPTS_HEAD_START {
                     if let Some(r) = ready_tx.take() {
                         let _ = r.send(());
                     }
