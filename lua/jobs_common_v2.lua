@@ -48,9 +48,26 @@ local function ended(key, id, status, now)
   redis.call('ZADD', KEYS[9], now, id)
 end
 
+-- Counts `delta` bytes of a job's kept text against jobs.max_bytes: in the job's own count
+-- ("bytes", given back when its result expires), in "text_bytes" (its text kept so far, given
+-- back when its text starts over), in the store's and in its tenant's.
+local function count_text(key, delta)
+  if delta == 0 then
+    return
+  end
+  redis.call('HINCRBY', key, 'bytes', delta)
+  redis.call('HINCRBY', key, 'text_bytes', delta)
+  redis.call('HINCRBY', KEYS[10], 'bytes', delta)
+  local tenant = redis.call('HGET', key, 'tenant') or ''
+  if tenant ~= '' then
+    redis.call('HINCRBY', KEYS[10], 'tb:' .. tenant, delta)
+  end
+end
+
 -- Puts a running job back at its place in the queue (its start tag is older than any job that
 -- queued after it): its text starts over (and what a continuation would need goes).
 local function requeue(base, key, id)
+  count_text(key, -tonumber(redis.call('HGET', key, 'text_bytes') or '0'))
   redis.call('HSET', key, 'status', 'queued', 'runner', '')
   redis.call('HDEL', key, 'progress', 'preempted')
   redis.call('DEL', text_key(base, id))

@@ -6,7 +6,8 @@
 --   cancelled. With a result (jobs.preempt: the run was pre-empted, or handed back with text
 --   streamed), the result is the run's progress (JSON: "preempted" times so far, the tokens
 --   generated, the first run's usage): the job keeps its text, and whichever replica takes it
---   next continues the answer (jobs_take_v2.lua).
+--   next continues the answer (jobs_take_v2.lua); the text streamed so far counts against
+--   jobs.max_bytes from then on.
 -- Reply: the status the job now has, or "" when this run no longer owns the job (its runner
 --   lease had expired and it was put back or failed: the newer outcome stands, so a job ends
 --   once). A call sent again because the reply to the first was lost (Redis slower than the
@@ -29,6 +30,8 @@ if to == 'queued' and result ~= '' then
   local preempted = tonumber(cjson.decode(result)['preempted']) or 0
   redis.call('HSET', KEYS[11], 'status', 'queued', 'runner', '', 'progress', result,
     'preempted', preempted)
+  -- The text it keeps counts now: the runs that continue it count only their own.
+  count_text(KEYS[11], text_bytes)
   redis.call('ZADD', KEYS[7], redis.call('HGET', KEYS[11], 'tag'), id)
   redis.call('HINCRBY', KEYS[11], 'handed', 1)
 elseif to == 'queued' then
@@ -41,12 +44,7 @@ else
   elseif to == 'failed' then
     redis.call('HSET', KEYS[11], 'error', result)
   end
-  redis.call('HINCRBY', KEYS[11], 'bytes', text_bytes)
-  redis.call('HINCRBY', KEYS[10], 'bytes', text_bytes)
-  local tenant = redis.call('HGET', KEYS[11], 'tenant') or ''
-  if tenant ~= '' then
-    redis.call('HINCRBY', KEYS[10], 'tb:' .. tenant, text_bytes)
-  end
+  count_text(KEYS[11], text_bytes)
 end
 recount('running', to)
 redis.call('HSET', KEYS[11], 'ended_by', token .. ' ' .. to)

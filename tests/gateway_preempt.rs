@@ -417,6 +417,11 @@ async fn a_job_preempted_on_one_replica_is_continued_on_another() {
     // Three identical reviews take, on A, large's seat, then medium's, then small's.
     let ids = streaming_reviews(&a_url).await;
     let mut conn = redis_conn(&redis).await;
+    // What each job keeps against jobs.max_bytes while it runs: its request.
+    let mut requests = Vec::new();
+    for id in &ids {
+        requests.push(kept_bytes(&mut conn, id).await);
+    }
     let seated: Vec<Option<i64>> = redis::cmd("HMGET")
         .arg(jobs::USAGE)
         .arg(&[
@@ -496,6 +501,27 @@ async fn a_job_preempted_on_one_replica_is_continued_on_another() {
         .as_u64()
         .unwrap();
     assert!(recomputed <= 16, "{resumed}");
+    // Each job's whole text counts against jobs.max_bytes once, whichever runs streamed it
+    // (A's pre-empted and handed-back runs, B's continuations), and the store's count is
+    // theirs.
+    let mut total = 0;
+    for ((id, request), v) in ids.iter().zip(&requests).zip(&answers) {
+        let kept = kept_bytes(&mut conn, id).await;
+        let text = text(v).len() as i64;
+        assert_eq!(
+            kept,
+            request + text,
+            "job {id}: request {request} + text {text}"
+        );
+        total += kept;
+    }
+    let store: i64 = redis::cmd("HGET")
+        .arg("tg:v2:{quota}:jobs:meta")
+        .arg("bytes")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(store, total);
     assert!(
         metric(
             &tutor_testkit::metrics_text(&b.url()).await,
@@ -832,6 +858,17 @@ async fn preempted_once(base: &str, ids: &[String]) -> Vec<String> {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     preempted
+}
+
+/// The bytes job `id` keeps against `jobs.max_bytes`, as the shared store counts them.
+async fn kept_bytes(conn: &mut redis::aio::MultiplexedConnection, id: &str) -> i64 {
+    let bytes: Option<i64> = redis::cmd("HGET")
+        .arg(format!("tg:v2:{{quota}}:job:{id}"))
+        .arg("bytes")
+        .query_async(conn)
+        .await
+        .unwrap();
+    bytes.unwrap()
 }
 
 /// No pre-emptible lease and no ask for one is left in the quota's Redis.

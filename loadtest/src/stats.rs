@@ -170,14 +170,10 @@ impl SendLag {
     /// Over `records`' lags (`None` when none has one: a closed loop).
     fn of(records: &[RequestLine]) -> Option<Self> {
         let mut lags: Vec<f64> = records.iter().filter_map(|r| r.lag_s).collect();
-        let max_s = lags
-            .iter()
-            .copied()
-            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))?;
         Some(Self {
             p50_s: quantile(&mut lags, 0.50)?,
             p95_s: quantile(&mut lags, 0.95)?,
-            max_s,
+            max_s: quantile(&mut lags, 1.0)?,
         })
     }
 }

@@ -133,8 +133,9 @@ const RELOAD_LOOK: Duration = Duration::from_secs(1);
 
 /// Reads the capacity of every replica of the config `current()` returns, each `every`, and
 /// at once (within [`RELOAD_LOOK`]) when a reload changed `[upstream]` or `admission.seats`:
-/// a replica added or moved gets its share of the seats then, not up to `every` later. `on_read(replica, cap)` gets each successful
-/// read (the upstream client spreads seats by them). Logs each replica's capacity, and every
+/// a replica added or moved gets its share of the seats then, not up to `every` later.
+/// `on_read(replica, cap)` gets each successful read (the upstream client spreads seats by
+/// them). Logs each replica's capacity, and every
 /// problem of the config against the fleet ([`fleet`], [`overcommit`]) as a `warn` ("KV
 /// OVERCOMMIT: ..."), whenever that differs from the last round (an engine restarted with
 /// other flags); a replica that cannot be read is one `warn` (the budgets then go unchecked

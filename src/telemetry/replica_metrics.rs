@@ -30,6 +30,11 @@ pub struct Reporter {
     /// The `replica` label its gauges are under: its name, or the name the replica set in
     /// force gives its URL.
     pub label: String,
+    /// The health state in force at its URL (an id the upstream client gives each): only
+    /// that one sets `healthy`. A replaced set's own health, which a reload that turned the
+    /// checks off did not carry over, must not set the gauge to 0 as its last requests fail:
+    /// nothing would set it back.
+    pub health: u64,
 }
 
 /// Replica metric families.
@@ -127,13 +132,19 @@ impl ReplicaMetrics {
         });
     }
 
-    /// The replica (name, URL) takes traffic, or not.
-    pub fn set_healthy(&self, replica: (&str, &str), healthy: bool) {
-        self.report(replica, |label| {
+    /// The replica (name, URL) takes traffic, or not, by its health state `health` (a
+    /// state no longer in force at its URL reports nothing).
+    pub fn set_healthy(&self, replica: (&str, &str), health: u64, healthy: bool) {
+        let labels = self.labels.read().unwrap_or_else(PoisonError::into_inner);
+        let (name, url) = replica;
+        let reporter = labels
+            .iter()
+            .find(|r| r.name == name && r.url == url && r.health == health);
+        if let Some(r) = reporter {
             self.healthy
-                .with_label_values(&[label])
+                .with_label_values(&[&r.label])
                 .set(i64::from(healthy));
-        });
+        }
     }
 
     /// One request sent to `replica` for `reason` (one of [`ROUTE_REASONS`]).

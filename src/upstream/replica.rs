@@ -61,11 +61,16 @@ struct Health {
     last_error: std::sync::Mutex<Option<String>>,
     /// The [`Replicas::id`] whose [`health_loop`] checks it (the newest set sharing it).
     checked_by: AtomicU64,
+    /// Which health this is: the gauge reports the one the set in force holds (a replaced set's
+    /// own, not carried over, may still change as its last requests fail).
+    id: u64,
 }
 
 impl Default for Health {
     fn default() -> Self {
+        static HEALTHS: AtomicU64 = AtomicU64::new(1);
         Self {
+            id: HEALTHS.fetch_add(1, Ordering::Relaxed),
             healthy: AtomicBool::new(true),
             streak: AtomicU32::new(0),
             last_error: std::sync::Mutex::new(None),
@@ -125,27 +130,7 @@ impl Replicas {
         static SETS: AtomicU64 = AtomicU64::new(1);
         let id = SETS.fetch_add(1, Ordering::Relaxed);
         let checks = configs.len() > 1 && !routing.health_interval.is_zero();
-        // The gauges follow the new set: a replica of the replaced one at a URL of the new
-        // one reports its last requests under the new name there; a removed one's series go.
-        let own = configs.iter().map(|c| Reporter {
-            name: c.name.clone(),
-            url: c.url.clone(),
-            label: c.name.clone(),
-        });
-        let carried = previous
-            .map_or(&[][..], |p| &p.list[..])
-            .iter()
-            .filter_map(|old| {
-                let new = configs.iter().find(|c| c.url == old.config.url)?;
-                (new.name != old.config.name).then(|| Reporter {
-                    name: old.config.name.clone(),
-                    url: old.config.url.clone(),
-                    label: new.name.clone(),
-                })
-            });
-        let labels = own.chain(carried).collect();
-        metrics.in_force(labels);
-        let list = configs
+        let list: Vec<Arc<Replica>> = configs
             .into_iter()
             .map(|config| {
                 let before =
@@ -155,14 +140,6 @@ impl Replicas {
                     .filter(|_| checks)
                     .map_or_else(Arc::default, |r| Arc::clone(&r.health));
                 health.checked_by.store(id, Ordering::Release);
-                metrics.set_healthy(
-                    (&config.name, &config.url),
-                    health.healthy.load(Ordering::Acquire),
-                );
-                metrics.set_in_flight(
-                    (&config.name, &config.url),
-                    load.in_flight.load(Ordering::Relaxed),
-                );
                 Arc::new(Replica {
                     abort: abort_for(&config),
                     seed: route::hash_str(&config.name),
@@ -172,6 +149,37 @@ impl Replicas {
                 })
             })
             .collect();
+        // The gauges follow the new set: a replica of the replaced one at a URL of the new
+        // one reports its last requests under the new name there (and its health, when the
+        // new set carried it over); a removed one's series go.
+        let own = list.iter().map(|r| Reporter {
+            name: r.config.name.clone(),
+            url: r.config.url.clone(),
+            label: r.config.name.clone(),
+            health: r.health.id,
+        });
+        let carried = previous
+            .map_or(&[][..], |p| &p.list[..])
+            .iter()
+            .filter_map(|old| {
+                let new = list.iter().find(|r| r.config.url == old.config.url)?;
+                (new.config.name != old.config.name).then(|| Reporter {
+                    name: old.config.name.clone(),
+                    url: old.config.url.clone(),
+                    label: new.config.name.clone(),
+                    health: new.health.id,
+                })
+            });
+        let labels = own.chain(carried).collect();
+        metrics.in_force(labels);
+        for r in &list {
+            metrics.set_healthy(
+                r.key(),
+                r.health.id,
+                r.health.healthy.load(Ordering::Acquire),
+            );
+            metrics.set_in_flight(r.key(), r.load.in_flight.load(Ordering::Relaxed));
+        }
         Self {
             id,
             list,
@@ -374,7 +382,8 @@ impl Replicas {
                     .last_error
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()) = Some(why.to_owned());
-                self.metrics.set_healthy(replica.key(), false);
+                self.metrics
+                    .set_healthy(replica.key(), replica.health.id, false);
                 self.metrics.ejected(&replica.config.name);
                 tracing::warn!(replica = %replica.config.name, failures = n, error = why, "replica ejected");
             }
@@ -399,7 +408,8 @@ impl Replicas {
                     .last_error
                     .lock()
                     .unwrap_or_else(|e| e.into_inner()) = None;
-                self.metrics.set_healthy(replica.key(), true);
+                self.metrics
+                    .set_healthy(replica.key(), replica.health.id, true);
                 tracing::info!(replica = %replica.config.name, "replica back in routing");
             }
         }

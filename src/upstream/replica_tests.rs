@@ -103,6 +103,16 @@ fn named_set(
     metrics: &ReplicaMetrics,
     previous: Option<&Replicas>,
 ) -> Replicas {
+    checked_set(replicas, metrics, previous, Duration::from_secs(1))
+}
+
+/// [`named_set`] with health checks every `interval` (zero: off).
+fn checked_set(
+    replicas: &[(&str, &str)],
+    metrics: &ReplicaMetrics,
+    previous: Option<&Replicas>,
+    interval: Duration,
+) -> Replicas {
     let configs = replicas
         .iter()
         .map(|&(name, url)| ReplicaConfig {
@@ -113,7 +123,7 @@ fn named_set(
         })
         .collect();
     let routing = RoutingConfig {
-        health_interval: Duration::from_secs(1),
+        health_interval: interval,
         ..RoutingConfig::default()
     };
     let upstream = Arc::new(Config::default().upstream);
@@ -193,4 +203,34 @@ fn a_reload_leaves_gauges_for_the_replicas_in_force_only() {
     assert_eq!(names("tutor_gateway_replica_healthy"), ["a2", "c"]);
     assert_eq!(gauge(&registry, "tutor_gateway_replica_in_flight")["a2"], 0);
     drop(new);
+}
+
+/// The health gauge shows the health of the set in force. A reload that keeps the checks on
+/// carries each replica's health over, so the replaced set's last failures eject it for both
+/// (gauge 0). One that turns the checks off starts every replica healthy (nothing would bring
+/// an ejected one back): the replaced set's last failures must then leave the gauge at 1, or it
+/// would show a replica taking traffic as ejected until the process restarts.
+#[test]
+fn the_replaced_sets_failures_move_the_health_gauge_only_for_a_health_in_force() {
+    let registry = prometheus::Registry::new();
+    let metrics = ReplicaMetrics::register(&registry);
+    let replicas = [("a", "http://a:8000"), ("b", "http://b:8000")];
+    let healthy = || gauge(&registry, "tutor_gateway_replica_healthy");
+
+    let first = named_set(&replicas, &metrics, None);
+    let kept = named_set(&replicas, &metrics, Some(&first));
+    for _ in 0..10 {
+        first.failed(&first.list[0], "down");
+    }
+    assert!(!kept.list[0].is_healthy(), "the health was carried over");
+    assert_eq!(healthy()["a"], 0);
+
+    let unchecked = checked_set(&replicas, &metrics, Some(&kept), Duration::ZERO);
+    assert!(unchecked.list[0].is_healthy());
+    assert_eq!(healthy()["a"], 1, "the new set's replica starts healthy");
+    for _ in 0..10 {
+        kept.failed(&kept.list[1], "down");
+    }
+    assert!(unchecked.list[1].is_healthy());
+    assert_eq!(healthy(), [("a".into(), 1), ("b".into(), 1)].into());
 }

@@ -16,7 +16,9 @@
 //!   [`crate::pipeline::Ready::stored`] keeps it), `work`, `prefill`, `lane`, `input`,
 //!   `output_budget`, `notify`, `traceparent`, `submitted_ms`, `started_ms`, `finished_ms`,
 //!   `attempt` (runs so far), `runner` (the running lease's id), `cancel`, `answer`, `error`,
-//!   `webhook`, `bytes`, `tag`. `:job:<id>:text` LIST its streamed pieces.
+//!   `webhook`, `bytes` (its request and its kept text, against `jobs.max_bytes`),
+//!   `text_bytes` (the text a pre-empted or handed-back run kept: given back if the job starts
+//!   over), `tag`. `:job:<id>:text` LIST its streamed pieces.
 //! - `:jobs:changed` pub/sub channel: a job id whenever that job changed, `cancel <id>` when a
 //!   running job's cancel is asked.
 //!
@@ -61,5 +63,7 @@ mod retry_tests;
 mod run;
 mod store;
 mod tasks;
+#[cfg(test)]
+mod text_bytes_tests;
 
 pub use backend::RedisJobs;

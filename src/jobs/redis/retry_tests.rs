@@ -6,12 +6,12 @@
 use super::store::Scripts;
 use crate::admission::redis::tests::redis_common::RedisServer;
 
-const JOB: &str = "tg:v2:{quota}:job:j1";
-const TEXT: &str = "tg:v2:{quota}:job:j1:text";
+pub(super) const JOB: &str = "tg:v2:{quota}:job:j1";
+pub(super) const TEXT: &str = "tg:v2:{quota}:job:j1:text";
 
 /// A call of `script` on job `j1`: its twelve keys (the job's record and text where the
 /// scripts read them) and the keys' base, the first two arguments every jobs script takes.
-fn call(script: &redis::Script) -> redis::ScriptInvocation<'_> {
+pub(super) fn call(script: &redis::Script) -> redis::ScriptInvocation<'_> {
     let mut call = script.prepare_invoke();
     for i in 1..=12 {
         call.key(match i {
@@ -25,7 +25,7 @@ fn call(script: &redis::Script) -> redis::ScriptInvocation<'_> {
 }
 
 /// A connection to `redis`, where job `j1` runs under the run `run-a`.
-async fn running_job(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
+pub(super) async fn running_job(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
     let mut conn = redis
         .client()
         .get_multiplexed_async_connection()
