@@ -3,7 +3,8 @@
 --          (tokens), seconds of Redis server time; fields older than 60 s are dropped here.
 -- KEYS[2]: HASH of the day: `d` (the UTC day number) and `t` (its tokens).
 -- KEYS[3]: (charge, settle, cancel; optional) STRING one charge's record,
---          `<second> <day> <tokens>`, kept 120 s, or `cancelled` (120 s) once given back.
+--          `<second> <day> <tokens>`, kept 120 s, or `cancelled` (120 s) once given back, or
+--          `settled` (120 s) once settled.
 --          Its name carries the charge's id, so a replica whose charge reply was lost can
 --          give the charge back (`cancel`) without knowing whether it ran.
 -- ARGV[1]: "charge", "settle", "cancel" or "peek".
@@ -15,7 +16,9 @@
 -- settle: ARGV[2] the charge's second, ARGV[3] its day, ARGV[4] tokens to add (negative to
 --         give back), ARGV[5] "1" when the request is not counted at all (it never ran).
 --         Never below zero; a second that left the minute or a past day is not touched.
---         Deletes KEYS[3].
+--         Marks KEYS[3] `settled` (120 s) in place of the charge's record, and does nothing
+--         when it is marked already: a settle sent again because the reply to the first was
+--         lost is applied once.
 -- cancel: gives back the charge recorded in KEYS[3] (as a settle of a request that never ran)
 --         and leaves `cancelled` there, so that the charge, if still on its way, does nothing.
 --         Replies 1 when a charge was given back, else 0.
@@ -41,9 +44,12 @@ local function settle(second, day, delta, uncounted)
   end
 end
 if mode == 'settle' then
+  if KEYS[3] and redis.call('GET', KEYS[3]) == 'settled' then
+    return 0
+  end
   settle(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
   if KEYS[3] then
-    redis.call('DEL', KEYS[3])
+    redis.call('SET', KEYS[3], 'settled', 'EX', 120)
   end
   return 0
 end

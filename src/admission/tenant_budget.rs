@@ -19,7 +19,9 @@
 //! - **In Redis** a tenant's keys are `<prefix>:{quota}:tenant:<16 hex of a hash of its
 //!   name>:minute` (a hash of per-second charges, expiring 2 minutes after the last) and
 //!   `:day` (expiring after 2 days). A charge is one script call that is never retried, so it
-//!   is never counted twice; its settlement is one more call, sent in the background.
+//!   is never counted twice; its settlement is one more call, sent in the background and again
+//!   while Redis does not answer (for up to 120 s; the script marks the charge settled, so a
+//!   settlement sent again is applied once).
 //! - **A charge whose reply is lost is given back.** Each charge carries an id (its record,
 //!   `:charge:<id>`, kept 120 s). When its caller gives up before the reply (the client went
 //!   away meanwhile) or the reply does not come (Redis slow or unreachable: the request is then
@@ -49,8 +51,8 @@ const DAY_S: u64 = 86_400;
 /// How long Redis keeps a charge's record, and so how long a lost charge may be cancelled
 /// (`lua/tenant_budget_v2.lua`).
 const RECORD_TTL: Duration = Duration::from_secs(120);
-/// The longest wait between two tries of a cancel.
-const CANCEL_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// The longest wait between two tries of a cancel or a settlement.
+const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Why a tenant's request was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,7 +116,7 @@ pub struct BudgetHold {
     second: u64,
     day: u64,
     reserved: u64,
-    /// Charged in Redis (else in this process): the charge's record, deleted at settlement.
+    /// Charged in Redis (else in this process): the charge's record, marked at settlement.
     shared: Option<String>,
     settled: bool,
 }
@@ -192,40 +194,43 @@ impl TenantBudgets {
     /// Gives back `tenant`'s charge whose record is `record`, if it ran, and keeps it from
     /// running if it has not: tried until Redis answers, for as long as the record lives.
     async fn cancel(&self, tenant: &str, record: &str) {
+        if self.until_answered(tenant, record, &["cancel"]).await {
+            tracing::debug!("tenant budget: a charge without its reply was cancelled");
+        } else {
+            tracing::warn!("tenant budget: a charge whose reply was lost could not be cancelled; it counts until it leaves the minute (and the day)");
+        }
+    }
+
+    /// Runs the script on `tenant`'s keys and the charge `record` with `args` until Redis
+    /// answers: while it is unreachable, or a call fails, again after a wait doubling from
+    /// 100 ms to [`RETRY_BACKOFF_MAX`], for up to [`RECORD_TTL`] (the record's life, within
+    /// which the script applies a call sent again once). False when it never answered.
+    async fn until_answered(&self, tenant: &str, record: &str, args: &[&str]) -> bool {
         let Some((redis, script)) = &self.redis else {
-            return;
+            return false;
         };
         let (minute, day) = Self::keys(redis, tenant);
         let started = tokio::time::Instant::now();
         let mut backoff = Duration::from_millis(100);
         loop {
             if let Some(mut conn) = redis.connection() {
-                let reply: redis::RedisResult<i64> = script
-                    .key(&minute)
-                    .key(&day)
-                    .key(record)
-                    .arg("cancel")
-                    .invoke_async(&mut conn)
-                    .await;
-                match reply {
-                    Ok(given_back) => {
-                        tracing::debug!(
-                            given_back,
-                            "tenant budget: a charge without its reply was cancelled"
-                        );
-                        return;
-                    }
+                let mut call = script.prepare_invoke();
+                call.key(&minute).key(&day).key(record);
+                for arg in args {
+                    call.arg(*arg);
+                }
+                match call.invoke_async::<redis::Value>(&mut conn).await {
+                    Ok(_) => return true,
                     Err(e) => {
-                        tracing::debug!(error = %e, "tenant budget: a cancel did not reach Redis")
+                        tracing::debug!(error = %e, call = args[0], "tenant budget: a call did not reach Redis")
                     }
                 }
             }
             if started.elapsed().saturating_add(backoff) >= RECORD_TTL {
-                tracing::warn!("tenant budget: a charge whose reply was lost could not be cancelled; it counts until it leaves the minute (and the day)");
-                return;
+                return false;
             }
             tokio::time::sleep(backoff).await;
-            backoff = backoff.saturating_mul(2).min(CANCEL_BACKOFF_MAX);
+            backoff = backoff.saturating_mul(2).min(RETRY_BACKOFF_MAX);
         }
     }
 
@@ -447,36 +452,30 @@ impl BudgetHold {
 }
 
 impl BudgetHold {
-    /// The settlement in Redis, sent in the background (a hold may settle in a drop).
+    /// The settlement in Redis, sent in the background (a hold may settle in a drop), and
+    /// sent again while Redis does not answer (for up to [`RECORD_TTL`]: the script applies it
+    /// once). Sent once, a settlement lost to a moment of unreachable Redis left the request
+    /// charged its whole reservation, for the minute and the day.
     fn settle_shared(&self, used: u64, record: String) {
-        let Some((redis, script)) = &self.budgets.redis else {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (Some(mut conn), Ok(rt)) = (redis.connection(), tokio::runtime::Handle::try_current())
-        else {
-            return;
-        };
-        let (minute, day) = TenantBudgets::keys(redis, &self.tenant);
         // Both at most 2^53: the difference fits.
         let delta = i64::try_from(used)
             .unwrap_or(i64::MAX)
             .saturating_sub(i64::try_from(self.reserved).unwrap_or(i64::MAX));
-        let (script, second, day_n) = (script.clone(), self.second, self.day);
-        let uncounted = if used == 0 { "1" } else { "0" };
+        let args = [
+            "settle".to_owned(),
+            self.second.to_string(),
+            self.day.to_string(),
+            delta.to_string(),
+            (if used == 0 { "1" } else { "0" }).to_owned(),
+        ];
+        let (budgets, tenant) = (self.budgets.clone(), self.tenant.clone());
         rt.spawn(async move {
-            let reply = script
-                .key(minute)
-                .key(day)
-                .key(record)
-                .arg("settle")
-                .arg(second)
-                .arg(day_n)
-                .arg(delta)
-                .arg(uncounted)
-                .invoke_async::<()>(&mut conn)
-                .await;
-            if let Err(e) = reply {
-                tracing::warn!(error = %e, "tenant budget: a settlement did not reach Redis");
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            if !budgets.until_answered(&tenant, &record, &args).await {
+                tracing::warn!("tenant budget: a settlement could not reach Redis; the request stays charged its reservation until it leaves the minute (and the day)");
             }
         });
     }

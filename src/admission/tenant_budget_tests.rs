@@ -181,3 +181,76 @@ async fn a_charge_whose_reply_was_lost_is_given_back_in_redis() {
     drop(hold);
     admission.shutdown().await;
 }
+
+/// A settlement that finds Redis unreachable (here: the server killed, then started again) is
+/// sent again until Redis answers; it was sent once, and a settlement lost so left the request
+/// charged its whole reservation for the minute and the day. Sent again because its reply was
+/// lost, a settlement is applied once: the charge's record is marked settled.
+#[tokio::test]
+async fn a_settlement_is_sent_until_redis_answers_and_applied_once() {
+    use crate::admission::redis::tests::redis_common::RedisServer;
+    use crate::admission::redis::RedisAdmission;
+    use crate::config::Config;
+    use crate::telemetry::Metrics;
+
+    let mut server = RedisServer::start();
+    let config = Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n[quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
+        server.url()
+    ))
+    .unwrap();
+    let admission = RedisAdmission::from_config(&config, Metrics::new().quota().clone()).unwrap();
+    let budgets = Arc::new(TenantBudgets::shared(admission.clone()));
+    let limits = budget(100, 1_000_000, 0);
+    let client = server.client();
+    let record_of = |record: String| {
+        let client = client.clone();
+        async move {
+            let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+            let v: Option<String> = redis::cmd("GET")
+                .arg(record)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            v
+        }
+    };
+
+    // Settled twice with the same record (a settlement sent again): counted once.
+    let hold = budgets.charge("school-a", &limits, 500).await.unwrap();
+    let record = hold.shared.clone().expect("charged in Redis");
+    let settle = [
+        "settle".to_owned(),
+        hold.second.to_string(),
+        hold.day.to_string(),
+        "-200".to_owned(),
+        "0".to_owned(),
+    ];
+    let settle: Vec<&str> = settle.iter().map(String::as_str).collect();
+    for _ in 0..2 {
+        assert!(budgets.until_answered("school-a", &record, &settle).await);
+    }
+    assert_eq!(budgets.used("school-a").await, (1, 300, 300));
+    assert_eq!(record_of(record).await.as_deref(), Some("settled"));
+    std::mem::forget(hold);
+
+    // Settled while the server is down: sent again until the new one answers.
+    let hold = budgets.charge("school-b", &limits, 500).await.unwrap();
+    let record = hold.shared.clone().expect("charged in Redis");
+    server.stop();
+    hold.settle(300);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.restart();
+    for _ in 0..600 {
+        if record_of(record.clone()).await.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        record_of(record).await.as_deref(),
+        Some("settled"),
+        "the settlement reached the server once it was back"
+    );
+    admission.shutdown().await;
+}

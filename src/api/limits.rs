@@ -156,22 +156,8 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
         }))
     });
     let resp = next.run(req).await;
-    if resp.body().size_hint().exact().is_some() {
-        // A whole body: the request is done.
-        return resp;
-    }
-    // A stream: the request is in flight until its last byte.
-    resp.map(|body| {
-        let mut stream = body.into_data_stream();
-        let mut permit = Some(permit);
-        Body::from_stream(futures::stream::poll_fn(move |cx| {
-            let item = stream.poll_next_unpin(cx);
-            if matches!(item, Poll::Ready(None)) {
-                permit.take();
-            }
-            item
-        }))
-    })
+    // The request is in flight until its answer's last byte is taken, streamed or whole.
+    crate::relay::held::until_sent(resp, permit)
 }
 
 /// One body's bytes received so far, counted in the pool of all bodies being received until

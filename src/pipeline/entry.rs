@@ -24,8 +24,6 @@ use super::tenant::{Tenant, TenantSlot};
 use crate::error::GatewayError;
 use crate::relay::{ClientLimits, Format, Relay};
 use crate::telemetry::{RequestRecord, Route};
-use axum::body::HttpBody;
-use futures::StreamExt;
 
 /// How an `/answer` request arrived.
 #[derive(Debug)]
@@ -147,24 +145,11 @@ pub async fn openai(
     )
 }
 
-/// `resp`, with `slot` (a tenant's request in flight) held until its body ends: a whole body
-/// at once, a stream at its last byte or when the client goes away.
+/// `resp`, with `slot` (a tenant's request in flight) held until its body's last byte is taken
+/// (streamed or whole), or the client goes away.
 fn holding(resp: Response, slot: Option<TenantSlot>) -> Response {
     let Some(slot) = slot else { return resp };
-    if resp.body().size_hint().exact().is_some() {
-        return resp;
-    }
-    resp.map(|body| {
-        let mut stream = body.into_data_stream();
-        let mut slot = Some(slot);
-        Body::from_stream(futures::stream::poll_fn(move |cx| {
-            let item = stream.poll_next_unpin(cx);
-            if matches!(item, std::task::Poll::Ready(None)) {
-                slot.take();
-            }
-            item
-        }))
-    })
+    crate::relay::held::until_sent(resp, slot)
 }
 
 /// [`openai`] once its tenant's slot is held.

@@ -41,6 +41,7 @@ mod client;
 mod collect;
 mod cut;
 mod drain;
+pub mod held;
 mod pump;
 mod resume;
 

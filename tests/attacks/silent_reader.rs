@@ -403,10 +403,12 @@ async fn shut_window_connection(
 async fn complete_answers_on_a_shut_http2_window_do_not_hold_the_connection() {
     // Not streams, so no stream's cut: the server holds each whole answer for a client that
     // never opens its window (and answers pings), and never writes to the socket, so no write
-    // ever blocks. The connection (one of server.max_connections, and the answers' bytes) is
-    // closed once an answer waited twice the write timeout for its client.
+    // ever blocks. Each answer keeps its permit of server.max_requests_in_flight while it waits
+    // (whole answers gave theirs back at once, so any number of them could wait in memory,
+    // counted by no limit). The connection (one of server.max_connections, and the answers'
+    // bytes) is closed once an answer waited twice the write timeout for its client.
     let h = harness(&flags("--speed 50 --profile tiny-test"), |c| {
-        c.server.client_write_timeout = Duration::from_millis(2_000);
+        c.server.client_write_timeout = Duration::from_millis(5_000);
     })
     .await;
     let chat = json!({"messages": [{"role": "user", "content": "why?"}], "max_tokens": 5});
@@ -417,6 +419,13 @@ async fn complete_answers_on_a_shut_http2_window_do_not_hold_the_connection() {
         &[("/v1/chat/completions", Some(chat)), ("/v1/models", None)],
     )
     .await;
+    if !conn.is_finished() {
+        assert_eq!(
+            h.gw.state.metrics().requests_in_flight().get(),
+            2,
+            "the unread answers hold their permits"
+        );
+    }
     within(60, "the connection is closed", || conn.is_finished()).await;
     within(60, "nothing held", || {
         h.idle() && h.gw.state.metrics().requests_in_flight().get() == 0

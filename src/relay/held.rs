@@ -1,0 +1,150 @@
+//! A response held until it is sent: [`until_sent`] keeps a guard (a request's
+//! `server.max_requests_in_flight` permit, a tenant's request slot) with the response body until
+//! the server has taken its last frame, or drops it. A whole answer (a non-streaming `/v1`
+//! answer, a job's status with its text) is no different from a stream here: it used to give its
+//! guard back as its handler returned, while its bytes still waited for a client that read
+//! nothing, so such answers counted against no limit and a client could keep any number of them
+//! (HTTP/2: 64 a connection) in the server's memory. Data is handed over in frames of at most
+//! [`FRAME_BYTES`]: the server asks for the next one only when its client has taken enough of
+//! the last (HTTP/2 flow control), so the guard is held until all but the last frame has gone.
+//! The size hint is the body's own, so a whole answer keeps its `content-length`.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use hyper::body::{Frame, SizeHint};
+
+/// The largest data frame handed to the server at once.
+pub const FRAME_BYTES: usize = 16 * 1024;
+
+/// `resp`, its body holding `guard` until its end (or until the server drops it).
+pub fn until_sent<G: Send + Unpin + 'static>(resp: Response, guard: G) -> Response {
+    resp.map(|body| {
+        Body::new(Held {
+            body,
+            rest: Bytes::new(),
+            guard: Some(guard),
+        })
+    })
+}
+
+/// A body and its guard.
+struct Held<G> {
+    body: Body,
+    /// Of the body's last frame, what is still to hand over.
+    rest: Bytes,
+    guard: Option<G>,
+}
+
+impl<G> Held<G> {
+    /// The next frame of at most [`FRAME_BYTES`] from `data`, the rest kept.
+    fn frame(&mut self, mut data: Bytes) -> Frame<Bytes> {
+        if data.len() > FRAME_BYTES {
+            self.rest = data.split_off(FRAME_BYTES);
+        }
+        Frame::data(data)
+    }
+}
+
+impl<G: Unpin> hyper::body::Body for Held<G> {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = self.get_mut();
+        if !this.rest.is_empty() {
+            let rest = std::mem::take(&mut this.rest);
+            return Poll::Ready(Some(Ok(this.frame(rest))));
+        }
+        let poll = Pin::new(&mut this.body).poll_frame(cx);
+        let poll = match poll {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => Poll::Ready(Some(Ok(this.frame(data)))),
+                Err(other) => Poll::Ready(Some(Ok(other))),
+            },
+            other => other,
+        };
+        if matches!(poll, Poll::Ready(None | Some(Err(_)))) {
+            this.guard.take();
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty() && self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let inner = self.body.size_hint();
+        let rest = self.rest.len() as u64;
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(rest));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(rest));
+        }
+        hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use hyper::body::Body as _;
+
+    use super::*;
+
+    async fn next(body: &mut Body) -> Option<Result<Frame<Bytes>, axum::Error>> {
+        futures::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await
+    }
+
+    /// Counts itself out when dropped.
+    struct Guard(Arc<AtomicUsize>);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_whole_answer_keeps_its_length_and_its_guard_until_its_last_frame() {
+        let held = Arc::new(AtomicUsize::new(1));
+        let text = "x".repeat(FRAME_BYTES * 2 + 100);
+        let resp = until_sent(
+            Response::new(Body::from(text.clone())),
+            Guard(Arc::clone(&held)),
+        );
+        let mut body = resp.into_body();
+        assert_eq!(body.size_hint().exact(), Some(text.len() as u64));
+        let mut sizes = Vec::new();
+        while let Some(frame) = next(&mut body).await {
+            assert_eq!(held.load(Ordering::SeqCst), 1, "held while frames remain");
+            sizes.push(frame.unwrap().into_data().unwrap().len());
+            if !body.is_end_stream() {
+                let left = text.len() - sizes.iter().sum::<usize>();
+                assert_eq!(body.size_hint().exact(), Some(left as u64));
+            }
+        }
+        assert_eq!(sizes, [FRAME_BYTES, FRAME_BYTES, 100]);
+        assert_eq!(held.load(Ordering::SeqCst), 0, "given back at the end");
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_unsent_gives_its_guard_back() {
+        let held = Arc::new(AtomicUsize::new(1));
+        let resp = until_sent(
+            Response::new(Body::from("never read")),
+            Guard(Arc::clone(&held)),
+        );
+        assert_eq!(held.load(Ordering::SeqCst), 1);
+        drop(resp);
+        assert_eq!(held.load(Ordering::SeqCst), 0);
+    }
+}
