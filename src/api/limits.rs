@@ -13,6 +13,14 @@
 //! per-tenant slot its route takes comes only once the body is whole, and without this one
 //! tenant's uploads that never finish (each held up to the body timeout, re-opened as they are
 //! cut) took every permit of all, for everyone.
+//!
+//! A whole answer (a non-streaming `/v1` answer, a job's status with its text) keeps its permit,
+//! as a stream does, until the server has taken its last byte ([`crate::relay::held`]): answers
+//! nobody reads count. With `[auth]` on, a tenant's whole answers not yet taken count against
+//! its `server.max_requests_in_flight_per_tenant` too (the answers of the open routes, asked
+//! without a key, as one tenant's): while it has that many, its next requests get 429
+//! `tenant_overloaded` (503 without a key; an answer beyond them, made meanwhile, gives its
+//! permit back at once), so clients that never read cannot take every permit of all.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -46,6 +54,8 @@ pub struct RequestLimits {
     metrics: Metrics,
     /// Each tenant's request bodies still arriving.
     uploading: Arc<TenantSlots>,
+    /// Each tenant's whole answers not yet taken by their clients.
+    unsent: Arc<TenantSlots>,
     /// Bytes of the bodies being received now.
     receiving: Arc<AtomicU64>,
     /// The per-tenant limit in force (a reload may change it).
@@ -61,21 +71,38 @@ impl RequestLimits {
             body_timeout,
             metrics: state.metrics().clone(),
             uploading: Arc::default(),
+            unsent: Arc::default(),
             receiving: Arc::default(),
             state,
         }
     }
 
     /// A slot among `req`'s tenant's bodies arriving, when it has a tenant and a body;
-    /// `Err` with the refusal when the tenant has its limit's worth arriving already.
+    /// `Err` with the refusal when the tenant has its limit's worth arriving already, or of
+    /// whole answers its clients have not taken.
     fn upload_slot(&self, req: &Request) -> Result<Option<TenantSlot>, GatewayError> {
-        let Some(tenant) = req.extensions().get::<Tenant>() else {
+        let config = self.state.config();
+        let max = config.server.max_requests_in_flight_per_tenant;
+        let tenant = req.extensions().get::<Tenant>();
+        if config.auth.enabled && self.unsent.held(tenant.map(|t| t.0.as_str())) >= max {
+            // The requests without a key (the open routes) share one such bound.
+            return Err(match tenant {
+                Some(t) => GatewayError::TenantOverloaded {
+                    tenant: t.0.clone(),
+                    held: max,
+                },
+                None => {
+                    self.metrics.refused("requests_in_flight");
+                    GatewayError::Overloaded
+                }
+            });
+        }
+        let Some(tenant) = tenant else {
             return Ok(None);
         };
         if req.body().is_end_stream() {
             return Ok(None);
         }
-        let max = self.state.config().server.max_requests_in_flight_per_tenant;
         match self.uploading.take(Some(tenant), max) {
             Some(slot) => Ok(Some(slot)),
             None => Err(GatewayError::TenantOverloaded {
@@ -155,8 +182,20 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
             item
         }))
     });
+    let tenant = req.extensions().get::<Tenant>().cloned();
     let resp = next.run(req).await;
-    // The request is in flight until its answer's last byte is taken, streamed or whole.
+    // The request is in flight until its answer's last byte is taken, streamed or whole. With
+    // [auth] on, a whole answer counts among its tenant's unsent ones meanwhile (those without
+    // a key among theirs); one beyond them, made while they filled up, lets its permit go at
+    // once.
+    let config = limits.state.config();
+    if config.auth.enabled && resp.body().size_hint().exact().is_some() {
+        let max = config.server.max_requests_in_flight_per_tenant;
+        return match limits.unsent.take(tenant.as_ref(), max) {
+            Some(slot) => crate::relay::held::until_sent(resp, (permit, slot)),
+            None => resp,
+        };
+    }
     crate::relay::held::until_sent(resp, permit)
 }
 

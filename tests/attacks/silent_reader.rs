@@ -474,3 +474,87 @@ async fn an_http2_stream_waiting_for_a_slow_engine_is_not_closed() {
     assert!(!conn.is_finished(), "the connection is still open");
     h.shutdown().await;
 }
+
+/// `paths` asked on one HTTP/2 connection with flow-control window 0 (which answers pings),
+/// with `key` as the bearer key when given: each answer's status, none of their bodies read.
+async fn unread_answers(
+    h: &Harness,
+    key: Option<&str>,
+    paths: &[&str],
+) -> (
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+    Vec<u16>,
+    Vec<h2::RecvStream>,
+) {
+    let tcp = TcpStream::connect(h.gw.addr).await.unwrap();
+    let (client, conn) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let (mut statuses, mut unread) = (Vec::new(), Vec::new());
+    for path in paths {
+        let mut client = client.clone().ready().await.unwrap();
+        let mut req = http::Request::get(format!("http://{}{path}", h.gw.addr));
+        if let Some(key) = key {
+            req = req.header("authorization", format!("Bearer {key}"));
+        }
+        let (resp, _) = client.send_request(req.body(()).unwrap(), true).unwrap();
+        let resp = resp.await.unwrap();
+        statuses.push(resp.status().as_u16());
+        unread.push(resp.into_body());
+    }
+    (conn, statuses, unread)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_whole_answers_hold_at_most_their_tenants_share_of_the_permits() {
+    // Whole answers keep their permit until sent. With [auth] on, one tenant's answers that
+    // its client never reads must not take every permit of all: they hold at most its
+    // max_requests_in_flight_per_tenant, its next request is refused, and another tenant still
+    // gets through. Answers asked without a key (the open routes) share one such bound.
+    const A: &str = "key-of-school-a-0123456789";
+    const B: &str = "key-of-school-b-0123456789";
+    let h = harness(&flags("--speed 50 --profile tiny-test"), |c| {
+        with_keys(c, &[(A, "school-a"), (B, "school-b")]);
+        c.server.max_requests_in_flight = 8;
+        c.server.max_requests_in_flight_per_tenant = 2;
+        c.server.client_write_timeout = Duration::from_millis(5_000);
+    })
+    .await;
+    let (conn_a, statuses, unread_a) =
+        unread_answers(&h, Some(A), &["/v1/usage", "/v1/usage", "/v1/usage"]).await;
+    assert_eq!(
+        statuses,
+        [200, 200, 429],
+        "school-a's third while two wait unread"
+    );
+    let (conn_open, statuses, unread_open) =
+        unread_answers(&h, None, &["/v1/models", "/v1/models", "/v1/models"]).await;
+    assert_eq!(statuses, [200, 200, 503], "without a key, as one tenant");
+    let usage = reqwest::Client::new()
+        .get(h.url("/v1/usage"))
+        .bearer_auth(B)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(usage.status(), 200, "school-b still gets a permit");
+    usage.text().await.unwrap();
+    if !conn_a.is_finished() && !conn_open.is_finished() {
+        within(60, "the unread answers hold four permits", || {
+            h.gw.state.metrics().requests_in_flight().get() == 4
+        })
+        .await;
+    }
+    drop((unread_a, unread_open));
+    within(60, "the connections are closed", || {
+        conn_a.is_finished() && conn_open.is_finished()
+    })
+    .await;
+    within(60, "every permit is back", || {
+        h.gw.state.metrics().requests_in_flight().get() == 0
+    })
+    .await;
+    h.shutdown().await;
+}
