@@ -17,10 +17,10 @@
 //! A whole answer (a non-streaming `/v1` answer, a job's status with its text) keeps its permit,
 //! as a stream does, until the server has taken its last byte ([`crate::relay::held`]): answers
 //! nobody reads count. With `[auth]` on, a tenant's whole answers not yet taken count against
-//! its `server.max_requests_in_flight_per_tenant` too (the answers of the open routes, asked
-//! without a key, as one tenant's): while it has that many, its next requests get 429
-//! `tenant_overloaded` (503 without a key; an answer beyond them, made meanwhile, gives its
-//! permit back at once), so clients that never read cannot take every permit of all.
+//! its `server.max_requests_in_flight_per_tenant` too: while it has that many, its next
+//! requests get 429 `tenant_overloaded` (an answer beyond them, made meanwhile, gives its permit
+//! back at once), so one tenant's clients that never read cannot take every permit of all; the
+//! open routes' answers asked without a key give theirs back at once, as before.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -81,25 +81,16 @@ impl RequestLimits {
     /// `Err` with the refusal when the tenant has its limit's worth arriving already, or of
     /// whole answers its clients have not taken.
     fn upload_slot(&self, req: &Request) -> Result<Option<TenantSlot>, GatewayError> {
-        let config = self.state.config();
-        let max = config.server.max_requests_in_flight_per_tenant;
-        let tenant = req.extensions().get::<Tenant>();
-        if config.auth.enabled && self.unsent.held(tenant.map(|t| t.0.as_str())) >= max {
-            // The requests without a key (the open routes) share one such bound.
-            return Err(match tenant {
-                Some(t) => GatewayError::TenantOverloaded {
-                    tenant: t.0.clone(),
-                    held: max,
-                },
-                None => {
-                    self.metrics.refused("requests_in_flight");
-                    GatewayError::Overloaded
-                }
-            });
-        }
-        let Some(tenant) = tenant else {
+        let Some(tenant) = req.extensions().get::<Tenant>() else {
             return Ok(None);
         };
+        let max = self.state.config().server.max_requests_in_flight_per_tenant;
+        if self.unsent.held(Some(&tenant.0)) >= max {
+            return Err(GatewayError::TenantOverloaded {
+                tenant: tenant.0.clone(),
+                held: max,
+            });
+        }
         if req.body().is_end_stream() {
             return Ok(None);
         }
@@ -185,16 +176,18 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
     let tenant = req.extensions().get::<Tenant>().cloned();
     let resp = next.run(req).await;
     // The request is in flight until its answer's last byte is taken, streamed or whole. With
-    // [auth] on, a whole answer counts among its tenant's unsent ones meanwhile (those without
-    // a key among theirs); one beyond them, made while they filled up, lets its permit go at
-    // once.
+    // [auth] on, a tenant's whole answer counts among its unsent ones meanwhile (one beyond
+    // them, made while they filled up, lets its permit go at once), and an open route's whole
+    // answer asked without a key (a few hundred bytes: the model list, the version, readiness)
+    // lets it go at once, as before: no client without a key may hold permits (nor make
+    // `/readyz` answer 503 to a load balancer) by not reading.
     let config = limits.state.config();
     if config.auth.enabled && resp.body().size_hint().exact().is_some() {
         let max = config.server.max_requests_in_flight_per_tenant;
-        return match limits.unsent.take(tenant.as_ref(), max) {
-            Some(slot) => crate::relay::held::until_sent(resp, (permit, slot)),
-            None => resp,
+        let Some(slot) = tenant.and_then(|t| limits.unsent.take(Some(&t), max)) else {
+            return resp;
         };
+        return crate::relay::held::until_sent(resp, (permit, slot));
     }
     crate::relay::held::until_sent(resp, permit)
 }
