@@ -571,7 +571,7 @@ async fn a_tenant_charge_is_cancelled_once_whichever_comes_first() {
     assert_eq!(late, vec![4]);
     let used: (u64, u64, u64) = peek.invoke_async(&mut f.conn).await.unwrap();
     assert_eq!(used, (1, 100, 100));
-    // Settled: its record is gone (a settled charge is never cancelled).
+    // Settled: its record says so (a settled charge is never cancelled, nor settled again).
     let () = script
         .key(minute)
         .key(day)
@@ -584,12 +584,14 @@ async fn a_tenant_charge_is_cancelled_once_whichever_comes_first() {
         .invoke_async(&mut f.conn)
         .await
         .unwrap();
-    let exists: bool = redis::cmd("EXISTS")
+    let marked: Option<String> = redis::cmd("GET")
         .arg(record("a"))
         .query_async(&mut f.conn)
         .await
         .unwrap();
-    assert!(!exists);
+    assert_eq!(marked.as_deref(), Some("settled"));
+    let given: i64 = cancel("a").invoke_async(&mut f.conn).await.unwrap();
+    assert_eq!(given, 0, "a settled charge is not given back");
     let used: (u64, u64, u64) = peek.invoke_async(&mut f.conn).await.unwrap();
     assert_eq!(used, (1, 60, 60));
 }
