@@ -77,25 +77,30 @@ fn requests_per_minute_and_tokens_per_day_refuse_with_their_names_and_waits() {
     assert!(b.charge_at("d", &day, 1, midnight).is_ok());
 }
 
+use crate::admission::redis::tests::redis_common::RedisServer;
+use crate::admission::redis::RedisAdmission;
+
+/// Budgets shared in `server`'s Redis, and the quota backend they live in.
+fn shared_budgets(server: &RedisServer) -> (RedisAdmission, Arc<TenantBudgets>) {
+    let config = crate::config::Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n[quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
+        server.url()
+    ))
+    .unwrap();
+    let metrics = crate::telemetry::Metrics::new();
+    let admission = RedisAdmission::from_config(&config, metrics.quota().clone()).unwrap();
+    let budgets = Arc::new(TenantBudgets::shared(admission.clone()));
+    (admission, budgets)
+}
+
 /// A charge whose caller gave up before Redis answered (its client went away), and one whose
 /// reply did not come in time (charged in this replica instead), on a real `redis-server`:
 /// the script ran once Redis went on, and nothing would ever settle what it charged; the
 /// tenant paid a reservation for the minute and the day. Both are given back in Redis.
 #[tokio::test]
 async fn a_charge_whose_reply_was_lost_is_given_back_in_redis() {
-    use crate::admission::redis::tests::redis_common::RedisServer;
-    use crate::admission::redis::RedisAdmission;
-    use crate::config::Config;
-    use crate::telemetry::Metrics;
-
     let server = RedisServer::start();
-    let config = Config::from_toml_str(&format!(
-        "[classify]\ntokenizer = \"heuristic\"\n[quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
-        server.url()
-    ))
-    .unwrap();
-    let admission = RedisAdmission::from_config(&config, Metrics::new().quota().clone()).unwrap();
-    let budgets = Arc::new(TenantBudgets::shared(admission.clone()));
+    let (admission, budgets) = shared_budgets(&server);
     let limits = budget(100, 1_000_000, 0);
     let client = redis::Client::open(server.url()).unwrap();
     let conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -188,19 +193,8 @@ async fn a_charge_whose_reply_was_lost_is_given_back_in_redis() {
 /// lost, a settlement is applied once: the charge's record is marked settled.
 #[tokio::test]
 async fn a_settlement_is_sent_until_redis_answers_and_applied_once() {
-    use crate::admission::redis::tests::redis_common::RedisServer;
-    use crate::admission::redis::RedisAdmission;
-    use crate::config::Config;
-    use crate::telemetry::Metrics;
-
     let mut server = RedisServer::start();
-    let config = Config::from_toml_str(&format!(
-        "[classify]\ntokenizer = \"heuristic\"\n[quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
-        server.url()
-    ))
-    .unwrap();
-    let admission = RedisAdmission::from_config(&config, Metrics::new().quota().clone()).unwrap();
-    let budgets = Arc::new(TenantBudgets::shared(admission.clone()));
+    let (admission, budgets) = shared_budgets(&server);
     let limits = budget(100, 1_000_000, 0);
     let client = server.client();
     let record_of = |record: String| {

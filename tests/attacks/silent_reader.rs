@@ -370,6 +370,25 @@ async fn shut_window_connection(
     tokio::task::JoinHandle<Result<(), h2::Error>>,
     Vec<h2::RecvStream>,
 ) {
+    let (conn, statuses, unread) = unread_answers(h, None, requests).await;
+    for ((path, _), status) in requests.iter().zip(statuses) {
+        assert_eq!(status, 200, "{path}");
+    }
+    (conn, unread)
+}
+
+/// `requests` (path, body: POST when given, else GET) sent on one HTTP/2 connection with
+/// flow-control window 0 (which answers pings), with `key` as the bearer key when given: each
+/// answer's status, none of their bodies read.
+async fn unread_answers(
+    h: &Harness,
+    key: Option<&str>,
+    requests: &[(&str, Option<Value>)],
+) -> (
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+    Vec<u16>,
+    Vec<h2::RecvStream>,
+) {
     let tcp = TcpStream::connect(h.gw.addr).await.unwrap();
     let (client, conn) = h2::client::Builder::new()
         .initial_window_size(0)
@@ -377,26 +396,29 @@ async fn shut_window_connection(
         .await
         .unwrap();
     let conn = tokio::spawn(conn);
-    let mut unread = Vec::new();
+    let (mut statuses, mut unread) = (Vec::new(), Vec::new());
     for (path, body) in requests {
         let mut client = client.clone().ready().await.unwrap();
         let method = if body.is_some() { "POST" } else { "GET" };
-        let req = http::Request::builder()
+        let mut req = http::Request::builder()
             .method(method)
             .uri(format!("http://{}{path}", h.gw.addr))
-            .header("content-type", "application/json")
-            .body(())
+            .header("content-type", "application/json");
+        if let Some(key) = key {
+            req = req.header("authorization", format!("Bearer {key}"));
+        }
+        let (resp, mut send) = client
+            .send_request(req.body(()).unwrap(), body.is_none())
             .unwrap();
-        let (resp, mut send) = client.send_request(req, body.is_none()).unwrap();
         if let Some(body) = body {
             send.send_data(bytes::Bytes::from(body.to_string()), true)
                 .unwrap();
         }
         let resp = resp.await.unwrap();
-        assert_eq!(resp.status(), 200, "{path}");
+        statuses.push(resp.status().as_u16());
         unread.push(resp.into_body());
     }
-    (conn, unread)
+    (conn, statuses, unread)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -475,39 +497,6 @@ async fn an_http2_stream_waiting_for_a_slow_engine_is_not_closed() {
     h.shutdown().await;
 }
 
-/// `paths` asked on one HTTP/2 connection with flow-control window 0 (which answers pings),
-/// with `key` as the bearer key when given: each answer's status, none of their bodies read.
-async fn unread_answers(
-    h: &Harness,
-    key: Option<&str>,
-    paths: &[&str],
-) -> (
-    tokio::task::JoinHandle<Result<(), h2::Error>>,
-    Vec<u16>,
-    Vec<h2::RecvStream>,
-) {
-    let tcp = TcpStream::connect(h.gw.addr).await.unwrap();
-    let (client, conn) = h2::client::Builder::new()
-        .initial_window_size(0)
-        .handshake::<_, bytes::Bytes>(tcp)
-        .await
-        .unwrap();
-    let conn = tokio::spawn(conn);
-    let (mut statuses, mut unread) = (Vec::new(), Vec::new());
-    for path in paths {
-        let mut client = client.clone().ready().await.unwrap();
-        let mut req = http::Request::get(format!("http://{}{path}", h.gw.addr));
-        if let Some(key) = key {
-            req = req.header("authorization", format!("Bearer {key}"));
-        }
-        let (resp, _) = client.send_request(req.body(()).unwrap(), true).unwrap();
-        let resp = resp.await.unwrap();
-        statuses.push(resp.status().as_u16());
-        unread.push(resp.into_body());
-    }
-    (conn, statuses, unread)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unread_whole_answers_hold_at_most_their_tenants_share_of_the_permits() {
     // Whole answers keep their permit until sent. With [auth] on, one tenant's answers that
@@ -524,15 +513,31 @@ async fn unread_whole_answers_hold_at_most_their_tenants_share_of_the_permits() 
         c.server.client_write_timeout = Duration::from_millis(5_000);
     })
     .await;
-    let (conn_a, statuses, unread_a) =
-        unread_answers(&h, Some(A), &["/v1/usage", "/v1/usage", "/v1/usage"]).await;
+    let (conn_a, statuses, unread_a) = unread_answers(
+        &h,
+        Some(A),
+        &[
+            ("/v1/usage", None),
+            ("/v1/usage", None),
+            ("/v1/usage", None),
+        ],
+    )
+    .await;
     assert_eq!(
         statuses,
         [200, 200, 429],
         "school-a's third while two wait unread"
     );
-    let (conn_open, statuses, unread_open) =
-        unread_answers(&h, None, &["/v1/models", "/v1/models", "/v1/models"]).await;
+    let (conn_open, statuses, unread_open) = unread_answers(
+        &h,
+        None,
+        &[
+            ("/v1/models", None),
+            ("/v1/models", None),
+            ("/v1/models", None),
+        ],
+    )
+    .await;
     assert_eq!(statuses, [200, 200, 200], "without a key: nothing held");
     let usage = reqwest::Client::new()
         .get(h.url("/v1/usage"))
