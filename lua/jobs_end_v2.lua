@@ -1,6 +1,13 @@
 -- tg jobs v2: end. The run that owns a running job ends it, or hands it back to the queue.
--- ARGV: base, id, token, status (done | failed | cancelled | queued), result (the answer's
---   JSON for done, the error's for failed, "" otherwise), text_bytes
+-- ARGV: base, id, token, status (done | failed | cancelled | queued | untaken), result (the
+--   answer's JSON for done, the error's for failed, "" otherwise), text_bytes
+--   untaken: the take script's reply never reached the replica that sent it (Redis slower
+--   than the call's timeout, a dropped connection), so no run started under `token`: the job
+--   goes back to its place in the queue as it was before that take (a fresh start gives its
+--   attempt back, a handed-back job keeps its text and progress), unless its cancel was
+--   asked meanwhile: then it ends cancelled. Without it the job stayed "running" under a run
+--   that does not exist until its runner lease lapsed, and that cost one of its
+--   jobs.max_attempts.
 --   queued: the gateway is shutting down; the job goes back to the queue for another replica
 --   (not counted against jobs.max_attempts), unless its cancel was asked: then it ends
 --   cancelled. With a result (jobs.preempt: the run was pre-empted, or handed back with text
@@ -23,10 +30,17 @@ if redis.call('HGET', KEYS[11], 'runner') ~= token
   return ''
 end
 redis.call('ZREM', KEYS[8], id)
-if to == 'queued' and redis.call('HGET', KEYS[11], 'cancel') == '1' then
+if (to == 'queued' or to == 'untaken') and redis.call('HGET', KEYS[11], 'cancel') == '1' then
   to = 'cancelled'
 end
-if to == 'queued' and result ~= '' then
+if to == 'untaken' then
+  if redis.call('HEXISTS', KEYS[11], 'progress') == 0 then
+    redis.call('HINCRBY', KEYS[11], 'attempt', -1)
+  end
+  redis.call('HSET', KEYS[11], 'status', 'queued', 'runner', '')
+  redis.call('ZADD', KEYS[7], redis.call('HGET', KEYS[11], 'tag'), id)
+  to = 'queued'
+elseif to == 'queued' and result ~= '' then
   local preempted = tonumber(cjson.decode(result)['preempted']) or 0
   redis.call('HSET', KEYS[11], 'status', 'queued', 'runner', '', 'progress', result,
     'preempted', preempted)

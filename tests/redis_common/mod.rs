@@ -151,3 +151,41 @@ impl Drop for RedisServer {
         self.stop();
     }
 }
+
+/// The `CLIENT LIST` line of the client whose script waits on a `CLIENT PAUSE <ms> WRITE`, once
+/// one does (polled, bounded: a hang fails, nothing is timed).
+pub async fn paused_script(conn: &mut redis::aio::MultiplexedConnection) -> String {
+    for _ in 0..3_000 {
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(conn)
+            .await
+            .unwrap();
+        let waiting = clients
+            .lines()
+            .find(|c| c.contains(" flags=b ") && c.contains(" cmd=evalsha "));
+        if let Some(line) = waiting {
+            return line.to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("no script reached Redis");
+}
+
+/// The `CLIENT LIST` line of the client `line` (a line of an earlier list) names, while it is
+/// connected.
+pub async fn client_line(
+    conn: &mut redis::aio::MultiplexedConnection,
+    line: &str,
+) -> Option<String> {
+    let id = line.split(' ').next()?.to_owned() + " ";
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
+        .await
+        .unwrap();
+    clients
+        .lines()
+        .find(|c| c.starts_with(&id))
+        .map(str::to_owned)
+}

@@ -3,11 +3,14 @@
 //! renew or release; it went on holding a seat (and the prompt's prefill room) in Redis until
 //! `quota.lease_ttl_ms`, and a later acquire asked it to leave and waited for nobody. The lease
 //! is given back as soon as the call is given up.
+//!
+//! Also the other way round: a lease Redis lost, registered again by its replica as its
+//! request ends, whose release reached Redis before the registration.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::tests::redis_common::RedisServer;
+use super::tests::redis_common::{client_line, paused_script, RedisServer};
 use super::RedisAdmission;
 use crate::admission::preempt::Preemptible;
 use crate::admission::Ask;
@@ -83,5 +86,80 @@ async fn a_borrow_given_up_before_its_reply_leaves_no_lease_behind() {
     // The script ran once Redis went on, and took its lease; it is given back, long before
     // its lifetime.
     until_no_lease(&mut conn, "a borrow given up before its reply").await;
+    admission.shutdown().await;
+}
+
+/// A lease Redis lost (a restart without persistence, a flush) is registered again by the
+/// replica that holds it (`Shared::adopt_fallback`, from the beat) while its request ends. The
+/// request's release can reach Redis first: here the registration is sent again behind it
+/// because Redis had forgotten the script (`NOSCRIPT`); a reconnect does the same. The
+/// registered lease then belonged to no one and held its seat until `quota.lease_ttl_ms` (here
+/// two minutes). It is released again once the registration's reply is read.
+#[tokio::test]
+async fn a_lost_lease_registered_again_as_its_request_ends_is_not_left_behind() {
+    let redis = RedisServer::start();
+    let metrics = Metrics::new();
+    let admission = RedisAdmission::from_config(&config(&redis), metrics.quota().clone()).unwrap();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let guard = admission.acquire(Ask::new(Large, 100)).await.unwrap();
+    let id = {
+        let held = admission.shared.held();
+        assert_eq!(held.len(), 1);
+        held.keys().next().unwrap().clone()
+    };
+    // Redis forgets its scripts and loses the lease (the release script, run here, is known
+    // again from then on; the registration's is not).
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let scripts = &admission.shared.scripts;
+    assert!(scripts
+        .release(&mut conn, &admission.shared.keys, &id)
+        .await
+        .unwrap());
+    assert_eq!(leases(&mut conn).await, 0);
+
+    // Redis takes no write for now: the registration waits.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(10_000)
+        .arg("WRITE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let adopting = tokio::spawn({
+        let shared = admission.shared.clone();
+        let lost = vec![id.clone()];
+        async move { shared.adopt_fallback(&lost).await }
+    });
+    let line = paused_script(&mut conn).await;
+    // The request ends: its release goes out behind the registration.
+    drop(guard);
+    let mut behind = false;
+    for _ in 0..3_000 {
+        let now = client_line(&mut conn, &line).await.unwrap_or_default();
+        if !now.contains(" qbuf=0 ") {
+            behind = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(behind, "the release was never sent");
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The registration is refused (unknown script), the release runs (nothing to give back),
+    // the registration is sent again and registers the lease.
+    adopting.await.unwrap();
+    until_no_lease(
+        &mut conn,
+        "a lost lease registered again as its request ended",
+    )
+    .await;
     admission.shutdown().await;
 }

@@ -686,8 +686,9 @@ impl RedisAdmission {
     /// rest...}`; status 1 means the lease was taken: it is this replica's from then on,
     /// renewed by its heartbeat, and comes back as a guard with `rest`. Any other status comes
     /// back as `Err(status)`. `None` while Redis is unreachable (the caller tries again later).
-    /// The lease id (ARGV[1]) comes back too: a script may use it as a token of the work it
-    /// started.
+    /// The lease's id (ARGV[1]) is `lease`, the caller's ([`RedisAdmission::next_id`]): a
+    /// script may use it as a token of the work it started, and the caller can undo that work
+    /// when the reply is lost (`None` after the call went out: the script may have run).
     ///
     /// With `preemptible` (`jobs.preempt`), a reply whose `rest` goes on with `seat,
     /// preemptible` (the jobs take script's) and says `preemptible` = 1 took a pre-emptible
@@ -701,8 +702,9 @@ impl RedisAdmission {
         args: &[String],
         need: (Lane, u32, u32),
         preemptible: Option<&Arc<Preemptible>>,
+        lease: String,
     ) -> Option<Result<Taken, i64>> {
-        self.take_as("job_take", script, keys, args, need, preemptible)
+        self.take_as(("job_take", lease), script, keys, args, need, preemptible)
             .await
     }
 
@@ -724,7 +726,7 @@ impl RedisAdmission {
         let script = &self.shared.scripts.borrow;
         match self
             .take_as(
-                "borrow",
+                ("borrow", self.shared.next_lease_id()),
                 script,
                 &[],
                 &[],
@@ -738,10 +740,10 @@ impl RedisAdmission {
         }
     }
 
-    /// [`RedisAdmission::take_with`], its script's time observed as `op`.
+    /// [`RedisAdmission::take_with`], its script's time observed as `op`, the lease's id `id`.
     async fn take_as(
         &self,
-        op: &'static str,
+        (op, id): (&'static str, String),
         script: &redis::Script,
         keys: &[&str],
         args: &[String],
@@ -752,7 +754,6 @@ impl RedisAdmission {
             return None;
         }
         let mut conn = self.shared.connection()?;
-        let id = self.shared.next_lease_id();
         let mut call = self.shared.keys.with_keys(script);
         for key in keys {
             call.key(*key);

@@ -357,3 +357,22 @@ async fn an_answer_borrows_an_idle_seat_only_while_nobody_waits_and_not_in_the_c
     f.release("answer-3").await;
     assert!(!f.exists(":borrowers").await, "nothing left behind");
 }
+
+#[tokio::test]
+async fn a_borrower_registered_again_after_redis_lost_it_can_still_be_asked_to_leave() {
+    let mut f = fixture(0).await;
+    // The replica that holds a borrowed small seat registers it again (Redis lost its data):
+    // only its lease's field says it is pre-emptible.
+    let leases = [("lost".to_owned(), "small@large".to_owned(), 1_000, 0)];
+    f.scripts
+        .adopt(&mut f.conn, &f.keys, 60_000, &leases)
+        .await
+        .unwrap();
+    f.interactive("s1", Lane::Small).await;
+    // A small request finds both seats taken: the borrower is asked to leave, as before.
+    assert_eq!(f.acquire("q", Lane::Small).await, (Verdict::LaneFull, true));
+    assert_eq!(f.asked().await, owned(&[("lost", "small seat")]));
+    f.release("lost").await;
+    f.release("s1").await;
+    assert!(!f.exists(":borrowers").await && !f.exists(":asked").await);
+}

@@ -252,7 +252,8 @@ impl Shared {
     /// is booked in `held` under the fallback's lock, so a request ending at that moment either
     /// finds it booked or is already gone. Those that ended while the call was out get a second
     /// release after the reply, in case theirs reached Redis before the registration (a script
-    /// reloaded after `NOSCRIPT` is sent again behind it).
+    /// reloaded after `NOSCRIPT` is sent again behind it); so do the `lost` leases whose
+    /// requests ended meanwhile.
     pub async fn adopt_fallback(&self, lost: &[String]) {
         let pending: Vec<(String, Lane, u32, u32, String)> = {
             // Lock order: the fallback's, then `held`.
@@ -304,6 +305,13 @@ impl Shared {
             let fallback = self.fallback_leases();
             for (id, lane, _, registered_prefill, _) in &pending {
                 if !is_fallback(id) {
+                    // A lease Redis had lost, whose request ended while the call was out: its
+                    // release may have reached Redis before the registration (a script sent
+                    // again after `NOSCRIPT`, a reconnect), which would leave the registered
+                    // lease to no one until it expired. It is released again.
+                    if !self.held().contains_key(id) {
+                        gives.push((id.clone(), *lane, Give::Lease));
+                    }
                     continue;
                 }
                 match fallback.get(id) {

@@ -47,7 +47,9 @@
 //! longer write it: pushes and the end are refused, so a job ends once; each run is its own
 //! engine request (`<id>`, `<id>-2`, ...), so a lost run's abort never reaches the next. A
 //! gateway shutting down hands its running jobs back to the queue instead of cancelling them
-//! (not counted as lost). Job keys carry no Redis TTL: the beat's sweep keeps the counters in
+//! (not counted as lost). A take whose reply never came (Redis slower than the call's
+//! timeout) may have started the job under a run that does not exist: the replica that sent it
+//! gives the job back at once, as it was (the end script's `untaken`; not counted as lost). Job keys carry no Redis TTL: the beat's sweep keeps the counters in
 //! `:jobs:meta` equal to the jobs kept.
 //!
 //! # Known limits
@@ -65,5 +67,7 @@ mod store;
 mod tasks;
 #[cfg(test)]
 mod text_bytes_tests;
+#[cfg(test)]
+mod untake_tests;
 
 pub use backend::RedisJobs;

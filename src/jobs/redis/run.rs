@@ -94,6 +94,14 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
         args.push(config.max_preemptions.to_string());
         Preemptible::new(true)
     });
+    if store.admission.degraded() {
+        return Take::Idle;
+    }
+    // The script starts the job under this lease's id; should its reply be lost (Redis slower
+    // than the call's timeout, a dropped connection, this future dropped at shutdown), no run
+    // holds the job, and it goes back to the queue as it was.
+    let lease = store.admission.next_id();
+    let mut untake = Untake::armed(store, &id, &lease);
     let taken = store
         .admission
         .take_with(
@@ -102,8 +110,12 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
             &args,
             (Lane::Large, work, prefill),
             handle.as_ref(),
+            lease,
         )
         .await;
+    if taken.is_some() {
+        untake.disarm();
+    }
     match taken {
         Some(Ok(t)) => {
             let attempt = u64::try_from(t.rest.first().copied().unwrap_or(1))
@@ -154,6 +166,63 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
         }
         Some(Err(-10)) => Take::Moved,
         _ => Take::Idle,
+    }
+}
+
+/// A take whose reply may be lost: dropped armed, it gives job `id` back to the queue as it was
+/// before the take under lease `lease` (the end script's `untaken`, in the background, retried
+/// while Redis is unreachable; a cancel asked meanwhile ends it cancelled). Without it the job
+/// stayed "running" under a run that does not exist until its runner lease lapsed, and the beat
+/// then counted a lost run against `jobs.max_attempts` (and a handed-back job's text started
+/// over). A take that never ran leaves nothing to undo: the script changes only a job whose
+/// runner is `lease`.
+struct Untake {
+    store: Option<Arc<RedisStore>>,
+    id: String,
+    lease: String,
+}
+
+impl Untake {
+    fn armed(store: &Arc<RedisStore>, id: &str, lease: &str) -> Self {
+        Self {
+            store: Some(store.clone()),
+            id: id.to_owned(),
+            lease: lease.to_owned(),
+        }
+    }
+
+    /// The reply was read: what it says stands.
+    fn disarm(&mut self) {
+        self.store = None;
+    }
+}
+
+impl Drop for Untake {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (id, lease) = (
+            std::mem::take(&mut self.id),
+            std::mem::take(&mut self.lease),
+        );
+        let tasks = store.ctx.tasks.clone();
+        tasks.spawn_on(
+            async move {
+                let status = end(&store, &id, &lease, "untaken", "", 0).await;
+                let Some(status) = status else {
+                    return;
+                };
+                tracing::info!(job = %id, status = status.as_str(), "a job's take went unanswered; the job is back as it was");
+                if status == "cancelled" {
+                    store.notify_ended(&id).await;
+                }
+            },
+            &runtime,
+        );
     }
 }
 
