@@ -106,6 +106,8 @@ mod tasks;
 #[cfg(test)]
 mod batch_tests;
 #[cfg(test)]
+mod eviction_tests;
+#[cfg(test)]
 mod fallback_tests;
 #[cfg(test)]
 mod limits_tests;

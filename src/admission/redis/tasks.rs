@@ -59,7 +59,8 @@ pub(super) async fn heartbeat(
                 .get_connection_manager_with_config(manager_config())
                 .await
             {
-                Ok(conn) => {
+                Ok(mut conn) => {
+                    warn_if_evicting(&mut conn).await;
                     shared.conn.send_replace(Some(conn));
                     // The shared limits record: this replica's limits where there is none yet.
                     shared.write_limits(LimitsWrite::Ensure).await;
@@ -106,6 +107,42 @@ pub(super) async fn heartbeat(
             // failed on authentication kept failing after the password was right again.
             shared.conn.send_replace(None);
         }
+    }
+}
+
+/// Warns when this Redis may evict keys: a `maxmemory` with a `maxmemory-policy` other than
+/// `noeviction`. An evicted lease, usage counter, limits record or job record leaves the shared
+/// counts wrong (a seat counted for good, a job's bytes never given back) until the keys are
+/// deleted by hand; under `noeviction` a full Redis refuses writes instead, and the replicas
+/// fall back. A Redis that does not answer `CONFIG GET` (a managed one may refuse it) is not
+/// checked.
+async fn warn_if_evicting(conn: &mut redis::aio::ConnectionManager) {
+    let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("maxmemory*")
+        .query_async(conn)
+        .await;
+    let Ok(pairs) = reply else {
+        return;
+    };
+    let value = |name: &str| {
+        pairs
+            .chunks(2)
+            .find(|kv| kv[0] == name)
+            .and_then(|kv| kv.get(1))
+            .map(String::as_str)
+    };
+    let (Some(limit), Some(policy)) = (value("maxmemory"), value("maxmemory-policy")) else {
+        return;
+    };
+    if limit != "0" && policy != "noeviction" {
+        tracing::warn!(
+            maxmemory = limit,
+            policy,
+            "the shared quota's Redis may evict keys (maxmemory-policy {policy}): an evicted \
+             lease, counter or job record leaves the fleet's counts wrong; run it with \
+             maxmemory-policy noeviction"
+        );
     }
 }
 
