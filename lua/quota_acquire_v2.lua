@@ -49,6 +49,9 @@ if status ~= 1 and status ~= -5 then
 end
 local mark, replica = tonumber(ARGV[6] or '0'), ARGV[7]
 if mark > 0 and status ~= -5 then
+  -- Marks past their time go (a replica that died while its requests waited left its own):
+  -- otherwise only the jobs and borrow scripts dropped them, and without jobs none did.
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
   if status ~= 1 or granted < behind or ARGV[8] == '1' then
     redis.call('ZADD', KEYS[5], now + mark, replica)
   else

@@ -673,3 +673,44 @@ async fn the_fleet_heartbeat_lifts_a_tenant_that_starts_waiting_and_forgets_a_si
     assert_eq!(one.waiting_fields(), vec![field("a")]);
     assert_eq!(one.fleet_gap(), 0.0);
 }
+
+#[tokio::test]
+async fn waiting_marks_past_their_time_are_dropped_by_the_next_mark() {
+    let mut f = fixture().await;
+    f.limits([SMALL, OTHER, OTHER], 100_000, NO_PREFILL_BUDGET)
+        .await;
+    // Replicas that died while their requests waited: their marks lapsed long ago (1 ms after
+    // the epoch of Redis's clock), and nothing of theirs comes back to drop them.
+    for dead in ["dead-1", "dead-2 small"] {
+        let _: () = redis::cmd("ZADD")
+            .arg(&f.keys.waiting_large)
+            .arg(1)
+            .arg(dead)
+            .query_async(&mut f.conn)
+            .await
+            .unwrap();
+    }
+    // A live replica's large request, refused: it marks, and the lapsed marks go.
+    for i in 0..=OTHER.max_requests {
+        let ask = AcquireArgs {
+            id: &format!("l{i}"),
+            lane: Lane::Large,
+            tokens: 10,
+            prompt: 0,
+            ttl_ms: 10_000,
+            wait_mark_ms: 1_000,
+            replica: "live",
+            others_waiting: false,
+            behind: &[],
+        };
+        f.scripts.acquire(&mut f.conn, &f.keys, &ask).await.unwrap();
+    }
+    let marks: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&f.keys.waiting_large)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert_eq!(marks, ["live"]);
+}
