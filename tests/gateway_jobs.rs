@@ -143,3 +143,44 @@ async fn webhooks_never_go_through_a_proxy_from_the_environment() {
         "the proxy was offered the delivery"
     );
 }
+
+/// A finished job is counted against `jobs.max_bytes` with where each of its pieces ends (8
+/// bytes a piece, kept to serve `Last-Event-ID`), not by its text alone: a piece is a token of
+/// a few bytes, so counted by text an answer held about three times what it was counted.
+/// The second job here fits beside the first's body and text, not beside its ends too.
+#[tokio::test]
+async fn a_finished_job_counts_where_its_pieces_end_against_the_store() {
+    const STORE: usize = 60_000;
+    let h = start(Backend::Local, jobs::FAST, |c| {
+        c.jobs.max_bytes = STORE as u64;
+    })
+    .await;
+    let config = tutor_gateway::config::Config::default();
+    let held = |body: &serde_json::Value| {
+        let text = serde_json::to_vec(body).unwrap();
+        tutor_gateway::pipeline::parse::held_bytes(&text, &config).unwrap()
+    };
+    let first = question(3000);
+    let id = submit_ok(&h.base(), &first).await;
+    done(&h.base(), &id).await;
+    let (text, ids) = jobs::tokens(&jobs::events(&h.base(), &id, None).await);
+    let ends = 8 * ids.len();
+    // What counting by text alone leaves of the store.
+    let room = STORE - held(&first) - text.len();
+    assert!(
+        room > ends,
+        "the test's store is too small: {room} left, {ends} of ends"
+    );
+    // A body of `room - ends / 2` bytes as held.
+    let body = |prompt: &str| json!({"prompt": prompt, "max_output_tokens": 5});
+    let prompt: String = words(room, "pad")
+        .chars()
+        .take(room - ends / 2 - held(&body("")))
+        .collect();
+    let second = body(&prompt);
+    assert!(held(&second) > room - ends && held(&second) <= room);
+    let (status, v) = jobs::submit(&h.base(), &second).await;
+    assert_eq!(status.as_u16(), 429, "taken past the store's bytes: {v}");
+    assert_eq!(v["error"]["code"], "jobs_full", "{v}");
+    h.shutdown().await;
+}

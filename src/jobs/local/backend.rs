@@ -236,7 +236,10 @@ impl LocalJobs {
                 Ended::Cancelled | Ended::HandedBack(_) => {}
             }
             s.finished = Some(now);
-            let text_bytes = s.text.len() as u64;
+            // Its text, and where each piece ends (served to `Last-Event-ID`): a piece is a
+            // token of a few bytes, so its end's 8 bytes are most of what it holds.
+            let ends = s.ends.len().saturating_mul(std::mem::size_of::<usize>());
+            let text_bytes = s.text.len().saturating_add(ends) as u64;
             s.bytes += text_bytes;
             (from, s.status, s.started.map(|t| now.1 - t.1), text_bytes)
         });
