@@ -1,6 +1,7 @@
 -- A tenant's budget ledger, shared by every replica (`src/admission/tenant_budget.rs`).
 -- KEYS[1]: HASH of the minute's charges, fields `r:<second>` (requests) and `t:<second>`
---          (tokens), seconds of Redis server time; fields older than 60 s are dropped here.
+--          (tokens), seconds of Redis server time; fields older than 60 s are dropped here,
+--          and fields after now (the clock was set back) become now's.
 -- KEYS[2]: HASH of the day: `d` (the UTC day number) and `t` (its tokens).
 -- KEYS[3]: (charge, settle, cancel; optional) STRING one charge's record,
 --          `<second> <day> <tokens>`, kept 120 s, or `cancelled` (120 s) once given back, or
@@ -82,11 +83,19 @@ for i = 1, #fields, 2 do
     redis.call('HDEL', KEYS[1], fields[i])
   else
     local v = tonumber(fields[i + 1]) or 0
+    if s > now then
+      -- Charged on a clock since set back (Redis's own, or a failover to a server whose clock
+      -- is behind): counted as now's, so it leaves the minute a minute from now, not as long
+      -- again as the clock went back (the tenant refused all that time), nor at once.
+      redis.call('HDEL', KEYS[1], fields[i])
+      redis.call('HINCRBY', KEYS[1], kind .. ':' .. now, v)
+      s = now
+    end
     if kind == 'r' then
-      req[s] = v
+      req[s] = (req[s] or 0) + v
       n_req = n_req + v
     else
-      tok[s] = v
+      tok[s] = (tok[s] or 0) + v
       n_tok = n_tok + v
     end
     if not seen[s] then
@@ -97,7 +106,11 @@ for i = 1, #fields, 2 do
 end
 local day = redis.call('HMGET', KEYS[2], 'd', 't')
 local day_tokens = 0
-if tonumber(day[1]) == today then
+-- A clock set back into the day before goes on counting in the later day (`counted`): it
+-- must not start a fresh one.
+local counted = today
+if (tonumber(day[1]) or -1) >= today then
+  counted = tonumber(day[1])
   day_tokens = tonumber(day[2]) or 0
 end
 if mode == 'peek' then
@@ -123,17 +136,17 @@ if tpm > 0 and n_tok >= tpm then
   return {2, n_tok, tpm, wait_under(tok, n_tok, tpm)}
 end
 if tpd > 0 and day_tokens >= tpd then
-  return {3, day_tokens, tpd, (today + 1) * 86400 - now}
+  return {3, day_tokens, tpd, (counted + 1) * 86400 - now}
 end
 redis.call('HINCRBY', KEYS[1], 'r:' .. now, 1)
 redis.call('HINCRBY', KEYS[1], 't:' .. now, ARGV[5])
 redis.call('EXPIRE', KEYS[1], 120)
-if tonumber(day[1]) ~= today then
+if (tonumber(day[1]) or -1) < today then
   redis.call('HSET', KEYS[2], 'd', today, 't', 0)
 end
 redis.call('HINCRBY', KEYS[2], 't', ARGV[5])
 redis.call('EXPIRE', KEYS[2], 172800)
 if KEYS[3] then
-  redis.call('SET', KEYS[3], now .. ' ' .. today .. ' ' .. ARGV[5], 'EX', 120)
+  redis.call('SET', KEYS[3], now .. ' ' .. counted .. ' ' .. ARGV[5], 'EX', 120)
 end
-return {0, now, today}
+return {0, now, counted}

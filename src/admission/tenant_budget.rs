@@ -14,6 +14,10 @@
 //!   the minute; the day's count always); a request refused or failed before it reached the
 //!   engine is charged nothing. A [`BudgetHold`] does it on every path (drop).
 //! - **A day** is a UTC day: its count starts again at midnight.
+//! - **A clock set back** (an NTP step; in Redis, a failover to a server whose clock is
+//!   behind) neither frees the tenant nor locks it out: charges stamped after the clock's now
+//!   count as now's (they leave the minute a minute from then), and the day's count goes on in
+//!   the later day until the clock reaches its end.
 //! - **Refusals** name the limit and the tenant's own use, with `Retry-After`: when enough of
 //!   the minute's charges will have left it, or the next UTC midnight.
 //! - **In Redis** a tenant's keys are `<prefix>:{quota}:tenant:<16 hex of a hash of its
@@ -77,9 +81,31 @@ struct Ledger {
 }
 
 impl Ledger {
+    /// Drops the charges that left the minute ending at `now_s`. Charges stamped after
+    /// `now_s` (the clock was set back) count as `now_s`'s: the minute holds them for one
+    /// minute from now, not for as long again as the clock went back (the tenant was refused
+    /// that long), and not for less (a budget that forgot them would let a minute's worth more
+    /// through).
     fn forget_before(&mut self, now_s: u64) {
         let oldest = now_s.saturating_sub(WINDOW_S.saturating_sub(1));
-        self.seconds.retain(|(s, _, _)| *s >= oldest);
+        let (mut requests, mut tokens) = (0u64, 0u64);
+        self.seconds.retain(|(s, r, t)| {
+            if *s > now_s {
+                requests = requests.saturating_add(*r);
+                tokens = tokens.saturating_add(*t);
+                return false;
+            }
+            *s >= oldest
+        });
+        if requests > 0 || tokens > 0 {
+            match self.seconds.last_mut() {
+                Some(last) if last.0 == now_s => {
+                    last.1 = last.1.saturating_add(requests);
+                    last.2 = last.2.saturating_add(tokens);
+                }
+                _ => self.seconds.push((now_s, requests, tokens)),
+            }
+        }
     }
 
     fn minute(&self) -> (u64, u64) {
@@ -319,10 +345,12 @@ impl TenantBudgets {
         let mut ledgers = self.lock();
         let ledger = ledgers.entry(tenant.to_owned()).or_default();
         ledger.forget_before(now);
-        let today = now / DAY_S;
-        if ledger.day.0 != today {
-            ledger.day = (today, 0);
+        // A new UTC day starts the count again; a clock set back into the day before goes on
+        // counting in the later day (it must not start a fresh one).
+        if now / DAY_S > ledger.day.0 {
+            ledger.day = (now / DAY_S, 0);
         }
+        let today = ledger.day.0;
         let (requests, charged) = ledger.minute();
         if let Some(max) = budget.requests_per_minute.filter(|m| requests >= *m) {
             return Err(BudgetRefusal {
@@ -400,7 +428,7 @@ impl TenantBudgets {
         };
         ledger.forget_before(now);
         let (r, t) = ledger.minute();
-        let day = if ledger.day.0 == now / DAY_S {
+        let day = if ledger.day.0 >= now / DAY_S {
             ledger.day.1
         } else {
             0

@@ -77,6 +77,27 @@ fn requests_per_minute_and_tokens_per_day_refuse_with_their_names_and_waits() {
     assert!(b.charge_at("d", &day, 1, midnight).is_ok());
 }
 
+#[test]
+fn a_clock_set_back_neither_locks_a_tenant_out_for_longer_nor_forgets_its_charges() {
+    let b = Arc::new(TenantBudgets::default());
+    let limits = budget(0, 1_000, 0);
+    let _h = b.charge_at("a", &limits, 1_000, T0).unwrap();
+    // The clock goes back an hour: the minute's charges still count...
+    let r = b.charge_at("a", &limits, 1, T0 - 3_600).unwrap_err();
+    assert_eq!(r.limit, "tokens_per_minute");
+    assert!(r.retry_after <= Duration::from_secs(60), "{r:?}");
+    // ...for one minute from then, not for the hour as well.
+    assert!(b.charge_at("a", &limits, 1, T0 - 3_600 + 60).is_ok());
+
+    // A day's count goes on when the clock goes back across midnight.
+    let day = budget(0, 0, 500);
+    let midnight = (T0 / DAY_S + 1) * DAY_S;
+    let h = b.charge_at("d", &day, 500, midnight + 10).unwrap();
+    h.settle(500);
+    let r = b.charge_at("d", &day, 1, midnight - 10).unwrap_err();
+    assert_eq!(r.limit, "tokens_per_day");
+}
+
 use crate::admission::redis::tests::redis_common::RedisServer;
 use crate::admission::redis::RedisAdmission;
 
@@ -246,5 +267,63 @@ async fn a_settlement_is_sent_until_redis_answers_and_applied_once() {
         Some("settled"),
         "the settlement reached the server once it was back"
     );
+    admission.shutdown().await;
+}
+
+/// Redis's clock set back (or a failover to a server whose clock is behind), on a real
+/// `redis-server`: the charges stamped after its now (planted here an hour ahead) count as
+/// now's, so they refuse for a minute from now, not for the hour as well; the day's count goes
+/// on in the later day.
+#[tokio::test]
+async fn in_redis_charges_from_a_clock_since_set_back_count_as_now() {
+    let server = RedisServer::start();
+    let (admission, budgets) = shared_budgets(&server);
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let time: Vec<String> = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now: u64 = time[0].parse().unwrap();
+    let (ahead, day_ahead) = (now + 3_600, now / DAY_S + 1);
+    let (minute, day) = TenantBudgets::keys(&admission, "school-a");
+    let _: () = redis::cmd("HSET")
+        .arg(&minute)
+        .arg(&[
+            (format!("r:{ahead}"), "1".to_owned()),
+            (format!("t:{ahead}"), "1000".to_owned()),
+        ])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&day)
+        .arg(&[("d", day_ahead.to_string()), ("t", "1000".to_owned())])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let r = budgets
+        .charge("school-a", &budget(0, 1_000, 0), 1)
+        .await
+        .unwrap_err();
+    assert_eq!((r.limit, r.used), ("tokens_per_minute", 1_000));
+    assert!(r.retry_after <= Duration::from_secs(60), "{r:?}");
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&minute)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        fields
+            .iter()
+            .all(|f| f.split(':').nth(1).unwrap().parse::<u64>().unwrap() < ahead),
+        "charges an hour ahead are kept: {fields:?}"
+    );
+    let r = budgets
+        .charge("school-a", &budget(0, 0, 1_000), 1)
+        .await
+        .unwrap_err();
+    assert_eq!((r.limit, r.used), ("tokens_per_day", 1_000));
     admission.shutdown().await;
 }
