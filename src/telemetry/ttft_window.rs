@@ -60,7 +60,10 @@ impl TtftWindow {
     }
 
     /// The nearest-rank `q` quantile of `lane`'s times to first token of the last `window`;
-    /// `None` without samples. Drops older samples.
+    /// `None` without samples. Reading never drops a sample: a shorter span read (since the
+    /// autopilot's last change) used to drop the samples older than it that the longer window
+    /// still holds, so the window's quantile saw only what came after each change (the ring is
+    /// bounded by [`MAX_SAMPLES`] instead).
     pub fn quantile(&self, lane: Lane, q: f64, window: Duration) -> Option<WindowQuantile> {
         self.quantile_of(lane, q, window, |s| s.ttft)
     }
@@ -78,19 +81,17 @@ impl TtftWindow {
         window: Duration,
         pick: fn(&Sample) -> f64,
     ) -> Option<WindowQuantile> {
-        let mut ring = self.ring(lane);
+        let ring = self.ring(lane);
         let now = Instant::now();
-        while ring
-            .front()
-            .is_some_and(|s| now.saturating_duration_since(s.at) > window)
-        {
-            ring.pop_front();
-        }
-        if ring.is_empty() {
+        let mut values: Vec<f64> = ring
+            .iter()
+            .filter(|s| now.saturating_duration_since(s.at) <= window)
+            .map(pick)
+            .collect();
+        drop(ring);
+        if values.is_empty() {
             return None;
         }
-        let mut values: Vec<f64> = ring.iter().map(pick).collect();
-        drop(ring);
         values.sort_by(f64::total_cmp);
         let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
         Some(WindowQuantile {
@@ -109,6 +110,26 @@ impl TtftWindow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn reading_a_shorter_span_leaves_the_window_whole() {
+        let w = TtftWindow::default();
+        for _ in 0..10 {
+            w.observe(Lane::Small, 2.0, 0.0);
+        }
+        tokio::time::advance(Duration::from_secs(20)).await;
+        w.observe(Lane::Small, 0.1, 0.0);
+        // Since a change 5 s ago: only the last.
+        let since = w
+            .quantile(Lane::Small, 0.5, Duration::from_secs(5))
+            .unwrap();
+        assert_eq!((since.seconds, since.samples), (0.1, 1));
+        // The 30 s window still has all eleven.
+        let window = w
+            .quantile(Lane::Small, 0.5, Duration::from_secs(30))
+            .unwrap();
+        assert_eq!((window.seconds, window.samples), (2.0, 11));
+    }
 
     #[tokio::test(start_paused = true)]
     async fn the_quantile_reads_only_the_window_and_counts_refusals_as_late() {
