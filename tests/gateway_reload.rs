@@ -444,3 +444,42 @@ async fn a_request_cap_left_alone_keeps_the_per_tenant_limit_derived_from_it() {
     );
     h.shutdown().await;
 }
+
+/// A file that holds under its own `admission.policy` (strict: no seats rule) but not under the
+/// running one a reload keeps (lanes: the reservations within `admission.seats`) is refused:
+/// it used to pass, the running policy was kept, and reservations above the engine's seats
+/// went live (a lane below its reservation always gets a seat).
+#[tokio::test]
+async fn a_reload_whose_lanes_break_the_running_policys_seats_rule_is_refused() {
+    let h = harness(&["--speed", "50", "--profile", "tiny-test"], |_| {}).await;
+    let running = h.gw.state.config();
+    assert_eq!(
+        running.admission.policy,
+        tutor_gateway::config::Policy::Lanes
+    );
+    let seats = running.admission.seats.get();
+    let file = Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n[upstream]\nbase_url = \"{}\"\n\
+         [admission]\npolicy = \"strict\"\nseats = {seats}\n\
+         [lanes.small]\nmax_concurrency = {seats}\nceiling = {seats}\n",
+        h.sim.url()
+    ))
+    .expect("valid on its own");
+    let err = reload::apply(&h.gw.state, file).unwrap_err();
+    let problems: Vec<String> = match &err {
+        reload::ReloadError::Invalid(e) => e.issues().iter().map(|i| i.to_string()).collect(),
+        other => panic!("{other}"),
+    };
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.starts_with("admission.seats") && p.contains("admission.policy")),
+        "{problems:?}"
+    );
+    assert_eq!(
+        h.gw.state.config().lanes.small.max_concurrency,
+        running.lanes.small.max_concurrency,
+        "the running lanes stay"
+    );
+    h.shutdown().await;
+}

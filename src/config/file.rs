@@ -174,6 +174,24 @@ pub fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
     }
 }
 
+impl Config {
+    /// The rules between sections, again, for a configuration put together from two files: a
+    /// reload keeps the running values of what it cannot change live (`admission.policy`,
+    /// `jobs`, `quota`, ...), and the new file's other values must hold with them. The new
+    /// file alone may pass (its lanes under its own policy) where the merge does not (the
+    /// same lanes under the running one).
+    pub fn cross_checked(&self) -> Result<(), ConfigError> {
+        let mut c = Checker::default();
+        cross_checks(&mut c, self);
+        let issues = c.into_issues();
+        if issues.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid(issues))
+        }
+    }
+}
+
 /// Rules that involve more than one section. A request that passes classification must always
 /// be admittable, so every budget must hold the largest request that can reach it.
 fn cross_checks(c: &mut Checker, config: &Config) {

@@ -27,7 +27,7 @@ use sha2::Digest;
 use super::state::AppState;
 use crate::admission::LimitsChange;
 use crate::classify::Classifier;
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, ConfigIssue};
 
 /// Settings a running gateway cannot change, by their config path.
 pub const FIXED: &[&str] = &[
@@ -248,6 +248,24 @@ pub fn apply_with(state: &AppState, new: Config, force: bool) -> Result<Reloaded
 fn apply_locked(state: &AppState, mut new: Config, force: bool) -> Result<Reloaded, ReloadError> {
     let old = state.config();
     let left_alone = keep_fixed(&old, &mut new);
+    if let Err(ConfigError::Invalid(issues)) = new.cross_checked() {
+        // The new values do not hold with the running ones kept: nothing changes.
+        let kept = left_alone.join(", ");
+        let issues = issues
+            .into_iter()
+            .map(|i| match kept.as_str() {
+                "" => i,
+                kept => ConfigIssue {
+                    message: format!(
+                        "{} (with the running {kept}, which a reload leaves as it is)",
+                        i.message
+                    ),
+                    ..i
+                },
+            })
+            .collect();
+        return Err(ReloadError::Invalid(ConfigError::Invalid(issues)));
+    }
     let changed = changed_sections(&old, &new);
     let mut classifier = Classifier::from_config(&new)
         .map_err(|e| ReloadError::Build(format!("classifier: {e}")))?;
