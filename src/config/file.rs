@@ -230,6 +230,27 @@ fn cross_checks(c: &mut Checker, config: &Config) {
     if config.jobs.divert_large_after.is_some() && !config.jobs.enabled {
         c.fail("jobs.divert_large_after_ms", "needs jobs.enabled = true");
     }
+    if let Some(after) = config.jobs.divert_large_after {
+        // A review waits in the large lane's queue (the one queue under fifo): one that gives
+        // up first, or one nobody waits in, never lets a wait reach the diversion.
+        let (queue, name) = match config.admission.policy {
+            Policy::Fifo => (config.admission.fifo.queue, "admission.fifo"),
+            _ => (config.lanes.large.queue, "lanes.large"),
+        };
+        let unlimited = config.admission.policy == Policy::Fifo
+            && config.admission.fifo.max_concurrency.is_none();
+        if queue.len == 0 || after >= queue.timeout || unlimited {
+            c.fail(
+                "jobs.divert_large_after_ms",
+                format!(
+                    "must be < {name}.queue_timeout_ms, with {name}.queue_len > 0 (and under \
+                     fifo a max_concurrency): a review that waits this long in its queue \
+                     becomes a job, and one timed out or refused first, or never waiting, \
+                     never does"
+                ),
+            );
+        }
+    }
     if config.quota.backend == QuotaBackend::Redis && config.admission.policy == Policy::Fifo {
         c.fail(
             "quota.backend",

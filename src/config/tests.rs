@@ -457,6 +457,26 @@ fn jobs_keys_are_checked_together() {
         "{MINIMAL}[quota]\nbackend = \"redis\"\n[jobs]\ndivert_large_after_ms = 500\n"
     ));
     assert!(redis.is_ok(), "{:?}", redis.err());
+    // A diversion the large lane's queue never lets a review reach: it gives up first (60 s
+    // by default), or nobody waits in it.
+    for lanes in [
+        "[lanes.large]\nqueue_timeout_ms = 60000\n[jobs]\ndivert_large_after_ms = 90000\n",
+        "[lanes.large]\nqueue_len = 0\n[jobs]\ndivert_large_after_ms = 500\n",
+        "[admission]\npolicy = \"fifo\"\n[jobs]\ndivert_large_after_ms = 500\n",
+    ] {
+        let err = Config::from_toml_str(&format!("{MINIMAL}{lanes}")).unwrap_err();
+        assert!(
+            err.issues()
+                .iter()
+                .any(|i| i.path == "jobs.divert_large_after_ms"),
+            "{lanes}: {err}"
+        );
+    }
+    let fifo = Config::from_toml_str(&format!(
+        "{MINIMAL}[admission]\npolicy = \"fifo\"\n[admission.fifo]\nmax_concurrency = 8\n\
+         [jobs]\ndivert_large_after_ms = 500\n"
+    ));
+    assert!(fifo.is_ok(), "{:?}", fifo.err());
 }
 
 #[test]
