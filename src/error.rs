@@ -30,6 +30,7 @@
 //! | a route's path with a method it does not take | 405 | `method_not_allowed` |
 //! | cancelling a job that already ended | 409 | `job_finished` |
 //! | `jobs.max_jobs` or `jobs.max_bytes` reached | 429 + `Retry-After` | `jobs_full` |
+//! | a job's request alone counts more than `jobs.max_bytes` (or its tenant's `jobs.max_bytes_per_tenant`) | 413 | `job_too_large` |
 //! | `jobs.max_event_streams_per_tenant` event streams open | 429 + `Retry-After` | `too_many_streams` |
 //! | jobs switched off, or not run by this quota backend | 501 | `jobs_unavailable` |
 //! | still open when the shutdown grace period is over | 503 + `Retry-After` | `shutdown` |
@@ -150,6 +151,20 @@ pub enum GatewayError {
     /// `jobs.max_jobs` or `jobs.max_bytes` is reached.
     #[error("the gateway holds as many jobs as it may; retry later")]
     JobsFull,
+    /// A job's request alone counts more than a bound of the job store: no store of this size
+    /// could ever keep it, so waiting would not help.
+    #[error(
+        "this job's request counts {held} bytes held (its text plus 80 a JSON value), more \
+         than {limit} ({max}): no job store of this size can keep it; send less, or an /answer"
+    )]
+    JobTooLarge {
+        /// What the request counts.
+        held: u64,
+        /// The bound's key: `jobs.max_bytes` or `jobs.max_bytes_per_tenant`.
+        limit: &'static str,
+        /// The bound.
+        max: u64,
+    },
     /// The submitting tenant keeps `jobs.max_jobs_per_tenant` jobs (or its jobs keep
     /// `jobs.max_bytes_per_tenant` bytes) already: its own limit, whatever other tenants hold.
     #[error(
@@ -265,7 +280,9 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            Self::BodyTooLarge { .. } | Self::TooManyValues { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTooLarge { .. } | Self::TooManyValues { .. } | Self::JobTooLarge { .. } => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             Self::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded | Self::ReceivingBytes => StatusCode::SERVICE_UNAVAILABLE,
             Self::QueuedBytes
@@ -338,6 +355,7 @@ impl GatewayError {
             Self::UnsupportedMediaType => "unsupported_media_type",
             Self::JobFinished(_) => "job_finished",
             Self::JobsFull => "jobs_full",
+            Self::JobTooLarge { .. } => "job_too_large",
             Self::TenantJobsFull { .. } => "tenant_jobs_full",
             Self::TenantOverloaded { .. } => "tenant_overloaded",
             Self::TenantQueuedBytes { .. } => "tenant_queue_full",
@@ -361,6 +379,7 @@ impl GatewayError {
             Self::BadRequest { .. }
             | Self::BodyTooLarge { .. }
             | Self::TooManyValues { .. }
+            | Self::JobTooLarge { .. }
             | Self::BodyTimeout { .. }
             | Self::JobNotFound
             | Self::NotFound

@@ -486,6 +486,43 @@ pub async fn one_tenant_cannot_fill_the_job_store(backend: Backend) {
     h.shutdown().await;
 }
 
+/// A job whose request alone counts more than the store's bytes (or its tenant's) could never
+/// be kept: 413 `job_too_large` naming the bound, not a 429 `jobs_full` / `tenant_jobs_full`
+/// whose `Retry-After` ("when its results expire") would never come true. Nothing is kept: a
+/// small job goes in after it.
+pub async fn a_job_no_store_of_its_size_could_keep_is_too_large_not_full(backend: Backend) {
+    let key = "key-of-school-a";
+    let h = start(backend, SLOW, |c| {
+        c.jobs.max_bytes = 20_000;
+        c.jobs.max_bytes_per_tenant = 8_000;
+        crate::common::with_keys(c, &[(key, "school-a")]);
+    })
+    .await;
+    let post = |body: Value| {
+        client()
+            .post(h.url("/jobs"))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+    };
+    for (words_in, bound) in [
+        (6_000, "jobs.max_bytes"),
+        (2_500, "jobs.max_bytes_per_tenant"),
+    ] {
+        let body = json!({"prompt": words(words_in, "big"), "max_output_tokens": 5});
+        let resp = post(body).await.unwrap();
+        assert_eq!(resp.status(), 413, "{bound}");
+        assert!(!resp.headers().contains_key("retry-after"));
+        let err = json(&resp.text().await.unwrap());
+        assert_eq!(err["error"]["code"], "job_too_large", "{err}");
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(message.contains(&format!("{bound} (")), "{message}");
+    }
+    let resp = post(question(3)).await.unwrap();
+    assert_eq!(resp.status(), 202, "{}", resp.text().await.unwrap());
+    h.shutdown().await;
+}
+
 /// A gateway in real time whose large lane has one seat, diverting reviews to jobs after
 /// `after`.
 async fn diverting(backend: Backend, after: Duration) -> super::JobsHarness {
