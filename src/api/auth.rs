@@ -183,15 +183,32 @@ impl Auth {
                          keys in force (turn [auth] off, or leave one key, to mean it)"
                     )
                 }
+                Ok(keys) if first && keys.is_empty() && self.0.config_keys.is_empty() => {
+                    self.install(keys);
+                    tracing::warn!(
+                        "the key file has no key: every client is refused (401) until one is \
+                         added to it (it is watched)"
+                    )
+                }
                 Ok(keys) => {
                     let n = keys.len();
                     self.install(keys);
                     tracing::info!(keys = n, "API keys loaded");
                 }
+                Err(e) if first && self.0.config_keys.is_empty() => tracing::warn!(
+                    error = %e,
+                    "the key file is invalid: no key is in force, every client is refused (401) \
+                     until it is mended (it is watched)"
+                ),
                 Err(e) => {
                     tracing::warn!(error = %e, "the key file is invalid; keeping the keys in force")
                 }
             },
+            Err(e) if first && self.0.config_keys.is_empty() => tracing::warn!(
+                error = %e,
+                "the key file cannot be read: no key is in force, every client is refused (401) \
+                 until it can be (it is watched)"
+            ),
             Err(e) => {
                 tracing::warn!(error = %e, "the key file cannot be read; keeping the keys in force")
             }

@@ -73,6 +73,37 @@ async fn a_key_file_is_put_in_force_only_once_it_stayed_the_same_for_a_look() {
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
 
+/// `[auth]` on with a key file that holds no key (or cannot be read) when the gateway starts:
+/// every client is refused, and the log says so at warn level (it said "API keys loaded
+/// keys=0" at info, and "keeping the keys in force" of keys there were none of).
+#[tokio::test]
+async fn a_key_file_with_no_key_at_start_is_warned_about() {
+    for (name, text) in [("empty", Some("# keys go here\n")), ("missing", None)] {
+        let path = key_file(name, text.unwrap_or_default());
+        if text.is_none() {
+            std::fs::remove_file(&path).unwrap();
+        }
+        let mut config = Config::default().auth;
+        config.enabled = true;
+        config.keys_file = Some(path.clone());
+        config.reload = Duration::from_secs(3_600);
+        // This test's runtime has one thread: the look logs on it.
+        let (captured, _guard) = tutor_testkit::capture_logs(tracing::Level::WARN);
+        let stop = CancellationToken::new();
+        let auth = Auth::start(&config, stop.clone());
+        let mut look = KeyFileLook::default();
+        auth.reload(&mut look);
+        assert!(auth.key("any-key").is_none());
+        let logged = captured.text();
+        assert!(
+            logged.contains("every client is refused (401)"),
+            "{name}: {logged}"
+        );
+        stop.cancel();
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+}
+
 #[test]
 fn one_bearer_key_in_any_case_of_its_scheme() {
     let headers = |values: &[&[u8]]| {
