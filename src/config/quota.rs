@@ -18,6 +18,8 @@ const BACKEND: &str = "local";
 const REDIS_URL: &str = "redis://127.0.0.1:6379/0";
 /// Default `quota.lease_ttl_ms`.
 const LEASE_TTL_MS: u64 = 10_000;
+/// Least `quota.lease_ttl_ms`: twice the longest a Redis call may take (500 ms).
+const MIN_LEASE_TTL_MS: u64 = 1_000;
 /// Default `quota.heartbeat_ms`.
 const HEARTBEAT_MS: u64 = 2_000;
 /// Default `quota.key_prefix`.
@@ -175,6 +177,15 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
     }
     let lease_ttl = c.ms("quota.lease_ttl_ms", raw.lease_ttl_ms, LEASE_TTL_MS);
     let heartbeat = c.ms("quota.heartbeat_ms", raw.heartbeat_ms, HEARTBEAT_MS);
+    if !lease_ttl.is_zero() && lease_ttl < Duration::from_millis(MIN_LEASE_TTL_MS) {
+        c.fail(
+            "quota.lease_ttl_ms",
+            format!(
+                "must be >= {MIN_LEASE_TTL_MS}: twice the 500 ms a Redis call may take, or a \
+                 slow renewal lets the leases of running requests expire"
+            ),
+        );
+    }
     if heartbeat * 3 > lease_ttl {
         c.fail(
             "quota.heartbeat_ms",
