@@ -74,7 +74,7 @@ pub fn overcommit(config: &Config, cap: &EngineCapacity) -> Vec<String> {
     let lanes: u64 = Lane::ALL
         .iter()
         .map(|&l| config.lanes.get(l).max_tokens_in_flight.get())
-        .sum();
+        .fold(0u64, u64::saturating_add);
     let reservable = global.min(lanes);
     if reservable > kv {
         out.push(format!(

@@ -294,3 +294,22 @@ fn fifo_has_no_budget_to_check() {
     c.admission.policy = Policy::Fifo;
     assert_eq!(overcommit(&c, &cap(2_048, 16_384)), Vec::<String>::new());
 }
+
+#[test]
+fn lane_budgets_summing_past_u64_are_checked_without_overflow() {
+    // Three lane budgets near the top of the range (valid on their own): their sum used to
+    // overflow (a panic in a debug build, a wrap to a small number in a release one).
+    let mut c = Config::default();
+    let half = std::num::NonZeroU64::new(u64::MAX / 2).unwrap();
+    for lane in [&mut c.lanes.small, &mut c.lanes.medium, &mut c.lanes.large] {
+        lane.max_tokens_in_flight = half;
+    }
+    c.admission.max_tokens_in_flight = std::num::NonZeroU64::new(u64::MAX).unwrap();
+    let problems = overcommit(&c, &cap(25_000, 16_384));
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains("admission.max_tokens_in_flight")),
+        "{problems:?}"
+    );
+}

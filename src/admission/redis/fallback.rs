@@ -40,7 +40,7 @@ pub(super) fn local_share(config: &Config) -> Config {
     let reserved: u32 = [&out.lanes.small, &out.lanes.medium, &out.lanes.large]
         .iter()
         .map(|l| l.max_concurrency.get())
-        .sum();
+        .fold(0u32, u32::saturating_add);
     out.admission.seats = NonZeroU32::new((config.admission.seats.get() / n).max(reserved))
         .unwrap_or(NonZeroU32::MIN);
     let global =
