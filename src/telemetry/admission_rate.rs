@@ -261,8 +261,11 @@ impl AdmissionRate {
             let per_admission = WINDOW.as_secs_f64() / ring.len() as f64;
             (ahead + 0.5) * per_admission
         };
-        // Bounded: at most MAX_SAMPLES gaps of at most the window each, times ahead (u32).
-        Some(Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX))
+        // Bounded: at most MAX_SAMPLES gaps of at most the window each, times ahead (u32); and
+        // capped at a day, so a prediction's milliseconds always fit the JSON and the
+        // Retry-After that carry them (a Duration::MAX would not).
+        let day = Duration::from_secs(86_400);
+        Some(Duration::try_from_secs_f64(secs).map_or(day, |d| d.min(day)))
     }
 
     /// An admitted request of `line` predicted to wait `predicted` waited `actual`.
@@ -312,6 +315,15 @@ mod tests {
         // The window moves on: old admissions no longer count.
         tokio::time::advance(WINDOW + Duration::from_secs(1)).await;
         assert_eq!(r.predict(LARGE, 6), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_prediction_is_at_most_a_day_and_its_milliseconds_fit_json() {
+        let r = AdmissionRate::register(&Registry::new());
+        r.admitted(LARGE, Duration::ZERO);
+        let predicted = r.predict(LARGE, u32::MAX).unwrap();
+        assert_eq!(predicted, Duration::from_secs(86_400));
+        assert!(serde_json::to_string(&serde_json::json!(predicted.as_millis())).is_ok());
     }
 
     #[tokio::test(start_paused = true)]
