@@ -106,11 +106,12 @@ for i = 1, #fields, 2 do
 end
 local day = redis.call('HMGET', KEYS[2], 'd', 't')
 local day_tokens = 0
--- A clock set back into the day before goes on counting in the later day (`counted`): it
--- must not start a fresh one.
+-- A clock set back across one midnight goes on counting in the later day (`counted`): it must
+-- not start a fresh one. A day further ahead (a clock that was days ahead) is not waited for.
 local counted = today
-if (tonumber(day[1]) or -1) >= today then
-  counted = tonumber(day[1])
+local kept_day = tonumber(day[1]) or -1
+if kept_day == today or kept_day == today + 1 then
+  counted = kept_day
   day_tokens = tonumber(day[2]) or 0
 end
 if mode == 'peek' then
@@ -141,7 +142,7 @@ end
 redis.call('HINCRBY', KEYS[1], 'r:' .. now, 1)
 redis.call('HINCRBY', KEYS[1], 't:' .. now, ARGV[5])
 redis.call('EXPIRE', KEYS[1], 120)
-if (tonumber(day[1]) or -1) < today then
+if kept_day ~= counted then
   redis.call('HSET', KEYS[2], 'd', today, 't', 0)
 end
 redis.call('HINCRBY', KEYS[2], 't', ARGV[5])

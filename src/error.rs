@@ -154,8 +154,8 @@ pub enum GatewayError {
     /// A job's request alone counts more than a bound of the job store: no store of this size
     /// could ever keep it, so waiting would not help.
     #[error(
-        "this job's request counts {held} bytes held (its text plus 80 a JSON value), more \
-         than {limit} ({max}): no job store of this size can keep it; send less, or an /answer"
+        "this job's request counts {held} bytes in the job store, more than {limit} ({max}): \
+         no job store of this size can keep it; send less, or an /answer"
     )]
     JobTooLarge {
         /// What the request counts.

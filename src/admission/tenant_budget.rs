@@ -16,8 +16,9 @@
 //! - **A day** is a UTC day: its count starts again at midnight.
 //! - **A clock set back** (an NTP step; in Redis, a failover to a server whose clock is
 //!   behind) neither frees the tenant nor locks it out: charges stamped after the clock's now
-//!   count as now's (they leave the minute a minute from then), and the day's count goes on in
-//!   the later day until the clock reaches its end.
+//!   count as now's (they leave the minute a minute from then), and across one midnight the
+//!   day's count goes on in the later day until the clock reaches its end (a count more than a
+//!   day ahead starts again).
 //! - **Refusals** name the limit and the tenant's own use, with `Retry-After`: when enough of
 //!   the minute's charges will have left it, or the next UTC midnight.
 //! - **In Redis** a tenant's keys are `<prefix>:{quota}:tenant:<16 hex of a hash of its
@@ -177,6 +178,13 @@ impl Drop for ChargePending {
 
 /// The largest number a limit or a charge is sent to Lua as (its numbers are doubles).
 const LUA_MAX: u64 = 1 << 53;
+
+/// Whether a day's count kept as day `day` still counts at `now` (seconds): its own day, or
+/// the day after now's (the clock was set back across one midnight).
+fn same_day(day: u64, now: u64) -> bool {
+    let today = now / DAY_S;
+    day == today || Some(day) == today.checked_add(1)
+}
 
 /// Now, in whole seconds since the Unix epoch.
 fn now_s() -> u64 {
@@ -345,9 +353,10 @@ impl TenantBudgets {
         let mut ledgers = self.lock();
         let ledger = ledgers.entry(tenant.to_owned()).or_default();
         ledger.forget_before(now);
-        // A new UTC day starts the count again; a clock set back into the day before goes on
-        // counting in the later day (it must not start a fresh one).
-        if now / DAY_S > ledger.day.0 {
+        // A new UTC day starts the count again; a clock set back across one midnight goes on
+        // counting in the later day (it must not start a fresh one). A day further ahead (a
+        // clock that was days ahead) is not waited for: the count starts again.
+        if !same_day(ledger.day.0, now) {
             ledger.day = (now / DAY_S, 0);
         }
         let today = ledger.day.0;
@@ -428,7 +437,7 @@ impl TenantBudgets {
         };
         ledger.forget_before(now);
         let (r, t) = ledger.minute();
-        let day = if ledger.day.0 >= now / DAY_S {
+        let day = if same_day(ledger.day.0, now) {
             ledger.day.1
         } else {
             0

@@ -96,6 +96,10 @@ fn a_clock_set_back_neither_locks_a_tenant_out_for_longer_nor_forgets_its_charge
     h.settle(500);
     let r = b.charge_at("d", &day, 1, midnight - 10).unwrap_err();
     assert_eq!(r.limit, "tokens_per_day");
+    // A clock that was days ahead and came back: its day is not waited for.
+    let h = b.charge_at("e", &day, 500, midnight + 3 * DAY_S).unwrap();
+    h.settle(500);
+    assert!(b.charge_at("e", &day, 1, midnight - 10).is_ok());
 }
 
 use crate::admission::redis::tests::redis_common::RedisServer;

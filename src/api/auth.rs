@@ -183,7 +183,12 @@ impl Auth {
                          keys in force (turn [auth] off, or leave one key, to mean it)"
                     )
                 }
-                Ok(keys) if first && keys.is_empty() && self.0.config_keys.is_empty() => {
+                Ok(keys)
+                    if first
+                        && self.0.enabled
+                        && keys.is_empty()
+                        && self.0.config_keys.is_empty() =>
+                {
                     self.install(keys);
                     tracing::warn!(
                         "the key file has no key: every client is refused (401) until one is \
@@ -195,16 +200,18 @@ impl Auth {
                     self.install(keys);
                     tracing::info!(keys = n, "API keys loaded");
                 }
-                Err(e) if first && self.0.config_keys.is_empty() => tracing::warn!(
-                    error = %e,
-                    "the key file is invalid: no key is in force, every client is refused (401) \
-                     until it is mended (it is watched)"
-                ),
+                Err(e) if first && self.0.enabled && self.0.config_keys.is_empty() => {
+                    tracing::warn!(
+                        error = %e,
+                        "the key file is invalid: no key is in force, every client is refused (401) \
+                         until it is mended (it is watched)"
+                    )
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "the key file is invalid; keeping the keys in force")
                 }
             },
-            Err(e) if first && self.0.config_keys.is_empty() => tracing::warn!(
+            Err(e) if first && self.0.enabled && self.0.config_keys.is_empty() => tracing::warn!(
                 error = %e,
                 "the key file cannot be read: no key is in force, every client is refused (401) \
                  until it can be (it is watched)"

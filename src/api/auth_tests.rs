@@ -100,6 +100,15 @@ async fn a_key_file_with_no_key_at_start_is_warned_about() {
             "{name}: {logged}"
         );
         stop.cancel();
+        // With [auth] off nobody is refused: nothing to warn about.
+        let (captured, _guard) = tutor_testkit::capture_logs(tracing::Level::WARN);
+        config.enabled = false;
+        let _off = Auth::start(&config, stop.clone());
+        assert!(
+            !captured.text().contains("every client is refused"),
+            "{name}: {}",
+            captured.text()
+        );
         let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 }

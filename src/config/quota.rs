@@ -177,7 +177,10 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
     }
     let lease_ttl = c.ms("quota.lease_ttl_ms", raw.lease_ttl_ms, LEASE_TTL_MS);
     let heartbeat = c.ms("quota.heartbeat_ms", raw.heartbeat_ms, HEARTBEAT_MS);
-    if !lease_ttl.is_zero() && lease_ttl < Duration::from_millis(MIN_LEASE_TTL_MS) {
+    if backend == QuotaBackend::Redis
+        && !lease_ttl.is_zero()
+        && lease_ttl < Duration::from_millis(MIN_LEASE_TTL_MS)
+    {
         c.fail(
             "quota.lease_ttl_ms",
             format!(

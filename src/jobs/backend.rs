@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use crate::admission::preempt::Preemptible;
 use crate::admission::LaneGuard;
+use crate::config::JobsConfig;
 use crate::error::GatewayError;
 use crate::pipeline::{NotTaken, Ready, Tenant};
 use crate::telemetry::RequestRecord;
@@ -151,4 +152,24 @@ pub trait JobRun: Send {
 
     /// Ends the run with `outcome` (`None`: lost): the job's status, the metrics, the webhook.
     fn finish(self: Box<Self>, outcome: Option<Ended>) -> BoxFuture<'static, ()>;
+}
+
+/// A job's request that counts `bytes` in the job store (as the backend counts it: in process
+/// its text plus 80 a JSON value, in Redis the JSON kept), refused when it alone is more than a
+/// bound of `config` (`tenant`: it has one, so its tenant's bound too): 413 `job_too_large`,
+/// since no store of this size could keep it, where a 429 would promise room that never comes.
+pub fn too_large(config: &JobsConfig, bytes: u64, tenant: bool) -> Option<GatewayError> {
+    let bounds = [
+        Some(("jobs.max_bytes", config.max_bytes)),
+        tenant.then_some(("jobs.max_bytes_per_tenant", config.max_bytes_per_tenant)),
+    ];
+    bounds
+        .into_iter()
+        .flatten()
+        .find(|(_, max)| bytes > *max)
+        .map(|(limit, max)| GatewayError::JobTooLarge {
+            held: bytes,
+            limit,
+            max,
+        })
 }

@@ -145,26 +145,6 @@ impl Jobs {
             // request's (the job store then counts the same bytes, `jobs.max_bytes`: a queued
             // job keeps the parsed request, far larger than its text when it has many values).
             let held = parse::held_bytes(&body, ctx.config())?;
-            // More than the store could keep even empty: refused as such, not as a store full
-            // for now (429 with a Retry-After that would never come true).
-            let config = &inner.ctx.config;
-            let bounds = [
-                Some(("jobs.max_bytes", config.max_bytes)),
-                tenant
-                    .is_some()
-                    .then_some(("jobs.max_bytes_per_tenant", config.max_bytes_per_tenant)),
-            ];
-            if let Some((limit, max)) = bounds
-                .into_iter()
-                .flatten()
-                .find(|(_, max)| held as u64 > *max)
-            {
-                return Err(GatewayError::JobTooLarge {
-                    held: held as u64,
-                    limit,
-                    max,
-                });
-            }
             let parsing = ctx
                 .queued_bytes()
                 .hold(tenant.as_ref().map(|t| t.0.as_str()), held)?;

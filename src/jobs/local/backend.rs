@@ -15,7 +15,7 @@ use super::events;
 use super::queue::Store;
 use crate::admission::preempt::Preemptible;
 use crate::error::GatewayError;
-use crate::jobs::backend::{Claim, EventStream, JobBackend, JobRun, NewJob, Take};
+use crate::jobs::backend::{too_large, Claim, EventStream, JobBackend, JobRun, NewJob, Take};
 use crate::jobs::context::Context;
 use crate::jobs::entry::{Ended, Entry, Status};
 use crate::jobs::webhook;
@@ -98,11 +98,12 @@ impl LocalJobs {
         let bytes = job.ready.size as u64;
         {
             let mut store = self.store();
-            let refused = match job.ready.tenant() {
-                Some(t) => self.tenant_fits(&store, &t.0, bytes).err(),
-                None => None,
-            }
-            .or_else(|| (!self.fits(&store, bytes)).then_some(GatewayError::JobsFull));
+            let refused = too_large(&self.ctx.config, bytes, job.ready.tenant().is_some())
+                .or_else(|| match job.ready.tenant() {
+                    Some(t) => self.tenant_fits(&store, &t.0, bytes).err(),
+                    None => None,
+                })
+                .or_else(|| (!self.fits(&store, bytes)).then_some(GatewayError::JobsFull));
             if let Some(error) = refused {
                 drop(store);
                 return Err(Box::new(NotTaken {

@@ -113,7 +113,8 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
             lease,
         )
         .await;
-    if taken.is_some() {
+    if matches!(taken, Some(Err(_))) {
+        // Refused: the script changed nothing.
         untake.disarm();
     }
     match taken {
@@ -131,6 +132,9 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
             } else {
                 None
             };
+            // No await from here on: this replica runs the job (dropped before, the take is
+            // undone as if its reply had been lost).
+            untake.disarm();
             let run = Run {
                 token: t.lease,
                 cancel: CancellationToken::new(),
@@ -170,8 +174,9 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
 }
 
 /// A take whose reply may be lost: dropped armed, it gives job `id` back to the queue as it was
-/// before the take under lease `lease` (the end script's `untaken`, in the background, retried
-/// while Redis is unreachable; a cancel asked meanwhile ends it cancelled). Without it the job
+/// before the take under lease `lease` (the end script's `untaken`, in the background, sent
+/// until Redis answers, up to the run's lease lifetime; a cancel asked meanwhile ends it
+/// cancelled). Without it the job
 /// stayed "running" under a run that does not exist until its runner lease lapsed, and the beat
 /// then counted a lost run against `jobs.max_attempts` (and a handed-back job's text started
 /// over). A take that never ran leaves nothing to undo: the script changes only a job whose
@@ -210,19 +215,40 @@ impl Drop for Untake {
             std::mem::take(&mut self.lease),
         );
         let tasks = store.ctx.tasks.clone();
-        tasks.spawn_on(
-            async move {
-                let status = end(&store, &id, &lease, "untaken", "", 0).await;
-                let Some(status) = status else {
+        tasks.spawn_on(untake(store, id, lease), &runtime);
+    }
+}
+
+/// The end script's `untaken` for job `id` under `lease`, sent until Redis answers (a dropped
+/// connection is what loses a reply, and it may take a while to come back) or until the run's
+/// lease would have lapsed anyway: from then on the beat puts the job back, as a lost run.
+async fn untake(store: Arc<RedisStore>, id: String, lease: String) {
+    let (ttl, _) = store.admission.lease_timing();
+    let until = Instant::now() + ttl;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if let Ok(mut conn) = store.conn().await {
+            let mut call = store.call(&store.scripts.end, Some(&id));
+            call.arg(&id).arg(&lease).arg("untaken").arg("").arg(0);
+            match call.invoke_async::<String>(&mut conn).await {
+                // The take never ran (or another run owns the job): nothing to undo.
+                Ok(status) if status.is_empty() => return,
+                Ok(status) => {
+                    tracing::info!(job = %id, status = status.as_str(), "a job's take went unanswered; the job is back as it was");
+                    if status == "cancelled" {
+                        store.notify_ended(&id).await;
+                    }
                     return;
-                };
-                tracing::info!(job = %id, status = status.as_str(), "a job's take went unanswered; the job is back as it was");
-                if status == "cancelled" {
-                    store.notify_ended(&id).await;
                 }
-            },
-            &runtime,
-        );
+                Err(e) => drop(store_down("untake", &e)),
+            }
+        }
+        if Instant::now() >= until {
+            tracing::warn!(job = %id, "a job's take went unanswered and Redis stayed away; the job goes back when its runner lease lapses");
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = backoff.saturating_mul(2).min(Duration::from_secs(1));
     }
 }
 

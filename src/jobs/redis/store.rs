@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admission::RedisAdmission;
 use crate::error::GatewayError;
-use crate::jobs::backend::Resumed;
+use crate::jobs::backend::{too_large, Resumed};
 use crate::jobs::context::Context;
 use crate::jobs::entry::{Status, Webhook};
 use crate::jobs::webhook;
@@ -185,8 +185,11 @@ impl RedisStore {
         share: f64,
     ) -> Result<(), GatewayError> {
         let config = &self.ctx.config;
-        let mut conn = self.conn().await?;
         let stored = ready.stored().to_string();
+        if let Some(e) = too_large(config, stored.len() as u64, ready.tenant().is_some()) {
+            return Err(e);
+        }
+        let mut conn = self.conn().await?;
         let class = &ready.class;
         let mut call = self.call(&self.scripts.submit, Some(id));
         call.arg(id)
