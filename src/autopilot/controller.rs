@@ -3,9 +3,11 @@
 //! engine takes at once, the prefill budget and the large lane's seats.
 //!
 //! - **Tighten** when any lane with an objective misses it (its measured quantile over the
-//!   window above its target): both knobs are multiplied by `(100 - tighten_percent) / 100`
-//!   (default: halved), never below their floors, then held for `hold` (the window still holds
-//!   the samples that caused it; without the hold it would tighten again on old news).
+//!   window above its target; the autopilot's window here is the first tokens since any knob
+//!   last moved, `judged_span` in `mod.rs`): both knobs are multiplied by
+//!   `(100 - tighten_percent) / 100` (default: halved), never below their floors, then held
+//!   for `hold` (first tokens admitted before the change still arrive; without the hold it
+//!   would tighten again on old news).
 //! - **Loosen** when every judged objective holds with headroom (measured below
 //!   `headroom_percent` of the target) **on the first tokens since the last change** (at least
 //!   `min_samples` of them) and no hold is running: the budget grows by

@@ -145,14 +145,13 @@ impl Pilot {
         let ap = &config.autopilot;
         let window = state.metrics().ttft_window();
         let now = tokio::time::Instant::now();
-        // The first tokens since the knobs last moved (a loosening is judged on them only).
-        let since_change = self
-            .controller
-            .as_ref()
-            .and_then(Controller::changed_at)
-            .map_or(ap.window, |at| {
-                now.saturating_duration_since(at).min(ap.window)
-            });
+        // What the knobs decide on: the first tokens since any of them last moved (the pacing
+        // knobs or the small lane's reservation: both shape every first token, so older ones
+        // tell of a setting no longer in force), at most the window. The metrics show the
+        // whole window. (Reading a span once dropped the ring's older samples, so every
+        // decision was made on this span while the metrics showed it too; the results in
+        // docs/results/autopilot/ were measured that way, and the rule is now written down.)
+        let judged = self.judged_span(now, ap.window);
         let mut reading = Reading::default();
         let worse = |w: Option<f64>, ratio: f64| Some(w.map_or(ratio, |w: f64| w.max(ratio)));
         for lane in [Lane::Small, Lane::Medium] {
@@ -160,17 +159,14 @@ impl Pilot {
                 continue;
             };
             let target = objective.target.as_secs_f64();
-            let Some(q) = window.quantile(lane, objective.quantile(), ap.window) else {
-                continue;
-            };
-            let ratio = q.seconds / target;
-            metrics.measured(lane, q.seconds, ratio);
-            if q.samples >= ap.min_samples as usize {
-                reading.window = worse(reading.window, ratio);
+            if let Some(q) = window.quantile(lane, objective.quantile(), ap.window) {
+                metrics.measured(lane, q.seconds, q.seconds / target);
             }
-            match window.quantile(lane, objective.quantile(), since_change) {
+            match window.quantile(lane, objective.quantile(), judged) {
                 Some(q) if q.samples >= ap.min_samples as usize => {
-                    reading.since_change = worse(reading.since_change, q.seconds / target);
+                    let ratio = q.seconds / target;
+                    reading.window = worse(reading.window, ratio);
+                    reading.since_change = worse(reading.since_change, ratio);
                 }
                 _ => {}
             }
@@ -188,7 +184,7 @@ impl Pilot {
             // cost reviews nothing); a miss does not tighten the budget or the seats meanwhile.
             reading.window = reading.window.map(|w| w.min(1.0));
         }
-        let small_seats = self.pace_reserve(state, &config, now);
+        let small_seats = self.pace_reserve(state, &config, (now, judged));
         let starving = starving(state, &config);
         let controller = self
             .controller
@@ -240,13 +236,31 @@ impl Pilot {
         metrics.set(true, knobs(pace, small_seats));
     }
 
+    /// The span the knobs are judged on at `now`: since the pacing knobs or the small lane's
+    /// reservation last moved, at most `window`.
+    fn judged_span(
+        &self,
+        now: tokio::time::Instant,
+        window: std::time::Duration,
+    ) -> std::time::Duration {
+        let changed = [
+            self.controller.as_ref().and_then(Controller::changed_at),
+            self.reserve.as_ref().and_then(Reserve::changed_at),
+        ];
+        changed
+            .into_iter()
+            .flatten()
+            .max()
+            .map_or(window, |at| now.saturating_duration_since(at).min(window))
+    }
+
     /// One look at the small lane's objective and its waits: moves its reservation
     /// ([`reserve`]). The reservation in force.
     fn pace_reserve(
         &mut self,
         state: &AppState,
         config: &Config,
-        now: tokio::time::Instant,
+        (now, judged): (tokio::time::Instant, std::time::Duration),
     ) -> u32 {
         let bounds = reserve_bounds(config);
         let reserve = self.reserve.get_or_insert_with(|| Reserve::new(bounds));
@@ -256,14 +270,11 @@ impl Pilot {
             .small
             .ttft_slo
             .map_or_else(SmallReading::default, |o| {
-                let since = reserve.changed_at().map_or(ap.window, |at| {
-                    now.saturating_duration_since(at).min(ap.window)
-                });
                 small_reading(
                     state.metrics().ttft_window(),
                     o.target.as_secs_f64(),
                     o.quantile(),
-                    (ap.window, since),
+                    (judged, judged),
                     ap.min_samples as usize,
                 )
             });
@@ -495,4 +506,75 @@ fn paced(config: &Config, pace: Pace, small_seats: u32) -> Config {
     c.lanes.large.ceiling = seats;
     c.lanes.large.max_concurrency = c.lanes.large.max_concurrency.min(seats);
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The knobs are judged on the first tokens since any of them last moved (the pacing
+    /// knobs or the small lane's reservation), at most the window.
+    #[tokio::test(start_paused = true)]
+    async fn the_knobs_are_judged_since_any_of_them_last_moved_at_most_the_window() {
+        let window = Duration::from_secs(30);
+        let mut pilot = Pilot::default();
+        let now = || tokio::time::Instant::now();
+        assert_eq!(
+            pilot.judged_span(now(), window),
+            window,
+            "nothing moved yet"
+        );
+        let bounds = Bounds {
+            min: Pace {
+                prefill_budget: 2_048,
+                large_seats: 1,
+            },
+            max: Pace {
+                prefill_budget: 12_288,
+                large_seats: 10,
+            },
+        };
+        let gains = Gains {
+            tighten_percent: 50,
+            loosen_prefill_tokens: 1_024,
+            loosen_large_seats: 1,
+            headroom_percent: 80,
+            hold: Duration::from_secs(5),
+        };
+        let controller = pilot.controller.insert(Controller::new(bounds));
+        let missed = Reading {
+            window: Some(1.4),
+            since_change: Some(1.4),
+        };
+        assert_eq!(
+            controller.step(now(), missed, false, bounds, gains),
+            Step::Tighten
+        );
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(pilot.judged_span(now(), window), Duration::from_secs(10));
+        // The reservation moves later: its change counts for both.
+        let reserve_bounds = ReserveBounds { min: 32, max: 66 };
+        let reserve = pilot.reserve.insert(Reserve::new(reserve_bounds));
+        let at_risk = SmallReading {
+            window: Some(1.3),
+            since_change: Some(1.3),
+            waited: Some(0.6),
+        };
+        let reserve_gains = ReserveGains {
+            tighten_percent: 50,
+            loosen_seats: 1,
+            headroom_percent: 80,
+            hold: Duration::from_secs(5),
+        };
+        assert_eq!(
+            reserve.step(now(), at_risk, reserve_bounds, reserve_gains),
+            ReserveStep::Raise
+        );
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(pilot.judged_span(now(), window), Duration::from_secs(3));
+        tokio::time::advance(Duration::from_secs(60)).await;
+        assert_eq!(pilot.judged_span(now(), window), window);
+    }
 }
