@@ -152,6 +152,26 @@ impl Drop for RedisServer {
     }
 }
 
+/// Leases held in Redis under the default key prefix.
+pub async fn leases(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
+    redis::cmd("HLEN")
+        .arg("tg:v2:{quota}:leases")
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// Holds every write (scripts included; reads go on) until `CLIENT UNPAUSE`, or 10 s.
+pub async fn pause_writes(conn: &mut redis::aio::MultiplexedConnection) {
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(10_000)
+        .arg("WRITE")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 /// The `CLIENT LIST` line of the client whose script waits on a `CLIENT PAUSE <ms> WRITE`, once
 /// one does (polled, bounded: a hang fails, nothing is timed).
 pub async fn paused_script(conn: &mut redis::aio::MultiplexedConnection) -> String {

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::tests::redis_common::{client_line, paused_script, RedisServer};
+use super::tests::redis_common::{client_line, leases, pause_writes, paused_script, RedisServer};
 use super::RedisAdmission;
 use crate::admission::preempt::Preemptible;
 use crate::admission::Ask;
@@ -27,14 +27,6 @@ fn config(redis: &RedisServer) -> Config {
         redis.url()
     ))
     .unwrap()
-}
-
-async fn leases(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
-    redis::cmd("HLEN")
-        .arg("tg:v2:{quota}:leases")
-        .query_async(conn)
-        .await
-        .unwrap()
 }
 
 /// Polls until Redis holds no lease (bounded: a hang fails, nothing is timed).
@@ -123,13 +115,7 @@ async fn a_lost_lease_registered_again_as_its_request_ends_is_not_left_behind() 
     assert_eq!(leases(&mut conn).await, 0);
 
     // Redis takes no write for now: the registration waits.
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(10_000)
-        .arg("WRITE")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    pause_writes(&mut conn).await;
     let adopting = tokio::spawn({
         let shared = admission.shared.clone();
         let lost = vec![id.clone()];

@@ -13,7 +13,7 @@ const META: &str = "tg:v2:{quota}:unused:10";
 
 /// Runs the end script for the run `token`: the job goes `to`, with `result`, its run having
 /// streamed `text_bytes`.
-async fn end(
+pub(super) async fn end(
     conn: &mut redis::aio::MultiplexedConnection,
     (token, to, result): (&str, &str, &str),
     text_bytes: u64,

@@ -13,10 +13,13 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::retry_tests::{call, running_job, JOB, TEXT};
+use super::retry_tests::{running_job, JOB, TEXT};
 use super::run;
-use super::store::{RedisStore, Scripts};
-use crate::admission::redis::tests::redis_common::{client_line, paused_script, RedisServer};
+use super::store::RedisStore;
+use super::text_bytes_tests::end;
+use crate::admission::redis::tests::redis_common::{
+    client_line, leases, pause_writes, paused_script, RedisServer,
+};
 use crate::admission::{Admission, Ask};
 use crate::classify::Classifier;
 use crate::config::Config;
@@ -87,14 +90,6 @@ async fn field(conn: &mut redis::aio::MultiplexedConnection, key: &str, name: &s
     v.unwrap_or_default()
 }
 
-async fn leases(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
-    redis::cmd("HLEN")
-        .arg("tg:v2:{quota}:leases")
-        .query_async(conn)
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn a_take_whose_reply_is_lost_gives_the_job_back_as_it_was() {
     let redis = RedisServer::start();
@@ -145,13 +140,7 @@ async fn a_take_whose_reply_is_lost_gives_the_job_back_as_it_was() {
     // The take is given up there (the gateway shutting down; a reply slower than the call's
     // timeout is given up the same way), and the script runs once Redis goes on: it starts
     // the job, its reply read by nobody.
-    let _: () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(10_000)
-        .arg("WRITE")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    pause_writes(&mut conn).await;
     let taking = tokio::spawn({
         let store = store.clone();
         async move { matches!(run::take(&store).await, Take::Started(_)) }
@@ -239,15 +228,7 @@ async fn a_take_whose_reply_is_lost_gives_the_job_back_as_it_was() {
 
 /// The end script's `untaken` for the run `token`.
 async fn untake(conn: &mut redis::aio::MultiplexedConnection, token: &str) -> String {
-    let scripts = Scripts::default();
-    call(&scripts.end)
-        .arg(token)
-        .arg("untaken")
-        .arg("")
-        .arg(0)
-        .invoke_async(conn)
-        .await
-        .unwrap()
+    end(conn, (token, "untaken", ""), 0).await
 }
 
 #[tokio::test]
