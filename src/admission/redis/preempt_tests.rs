@@ -3,6 +3,8 @@
 //! counts as gone, that a borrower in its prefill grace is spared, that "pressure" asks one at
 //! a time, and that a borrower's leaving (release or expiry) leaves nothing behind.
 
+use std::time::Duration;
+
 use redis::aio::MultiplexedConnection;
 
 use super::keys::Keys;
@@ -204,7 +206,7 @@ async fn a_borrower_near_the_end_of_its_prefill_is_spared() {
     f.release("long").await;
     // Its first token: no prefill left to spare it for.
     f.scripts
-        .prefill_done(&mut f.conn, &f.keys, &["near"])
+        .prefill_done(&mut f.conn, &f.keys, &[("near", None)])
         .await
         .unwrap();
     f.interactive("other", Lane::Small).await;
@@ -231,7 +233,7 @@ async fn a_borrower_in_its_grace_is_waited_for_and_no_other_is_asked_under_press
     );
     assert_eq!(f.asked().await, owned(&[]));
     f.scripts
-        .prefill_done(&mut f.conn, &f.keys, &["near"])
+        .prefill_done(&mut f.conn, &f.keys, &[("near", None)])
         .await
         .unwrap();
     assert_eq!(f.acquire("q", Lane::Small).await, (Verdict::LaneFull, true));
@@ -375,4 +377,42 @@ async fn a_borrower_registered_again_after_redis_lost_it_can_still_be_asked_to_l
     f.release("lost").await;
     f.release("s1").await;
     assert!(!f.exists(":borrowers").await && !f.exists(":asked").await);
+}
+
+#[tokio::test]
+async fn a_borrowers_prefill_rate_is_timed_to_its_first_token_not_to_the_give_back() {
+    let mut f = fixture(3_000).await;
+    let now: (u64, u64) = redis::cmd("TIME").query_async(&mut f.conn).await.unwrap();
+    let now_ms = now.0 * 1_000 + now.1 / 1_000;
+    let rate = |f: &mut Fixture| {
+        let mut conn = f.conn.clone();
+        let key = format!("{}:preempt", f.keys.base);
+        async move {
+            redis::AsyncCommands::hget::<_, _, Option<u64>>(&mut conn, key, "rate")
+                .await
+                .unwrap()
+        }
+    };
+    // A give-back of unknown age, or one that says the first token came before the borrow,
+    // teaches nothing.
+    f.borrower("unknown", Lane::Small, 8_000, now_ms - 100_000)
+        .await;
+    f.borrower("odd", Lane::Medium, 8_000, now_ms - 100_000)
+        .await;
+    let ids = [("unknown", None), ("odd", Some(Duration::from_secs(200)))];
+    let given = f.scripts.prefill_done(&mut f.conn, &f.keys, &ids).await;
+    assert_eq!(given.unwrap(), 16_000);
+    assert_eq!(rate(&mut f).await, None);
+    // Borrowed 100 s ago, its first token 90 s ago (the give-back waited behind a failed
+    // call): 8,000 tokens in about 10 s, not in 100 s.
+    f.release("unknown").await;
+    f.borrower("late", Lane::Small, 8_000, now_ms - 100_000)
+        .await;
+    let ids = [("late", Some(Duration::from_secs(90)))];
+    f.scripts
+        .prefill_done(&mut f.conn, &f.keys, &ids)
+        .await
+        .unwrap();
+    let learnt = rate(&mut f).await.expect("a rate learnt");
+    assert!(learnt > 400 && learnt <= 800, "{learnt} tokens/s");
 }

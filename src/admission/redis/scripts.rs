@@ -6,6 +6,8 @@
 //! source twice. The `v2` in the file names and in the default key prefix lets replicas with a
 //! different layout run side by side during a rolling deploy under another prefix.
 
+use std::time::Duration;
+
 use redis::aio::ConnectionLike;
 use redis::{RedisResult, Script};
 
@@ -371,19 +373,25 @@ impl Scripts {
             .await
     }
 
-    /// `quota_prefill_done_v2.lua`: the requests of leases `ids` have their first tokens; gives
-    /// their prefill reservations back (the slots and tokens stay). Returns the tokens given
-    /// back (0 when none were left, or the leases are gone).
+    /// `quota_prefill_done_v2.lua`: the requests of leases `ids` have their first tokens, each
+    /// that long ago (`None`: not known); gives their prefill reservations back (the slots and
+    /// tokens stay). Returns the tokens given back (0 when none were left, or the leases are
+    /// gone).
     pub async fn prefill_done<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
         keys: &Keys,
-        ids: &[&str],
+        ids: &[(&str, Option<Duration>)],
     ) -> RedisResult<u64> {
-        keys.with_keys(&self.prefill_done)
-            .arg(ids)
-            .invoke_async(conn)
-            .await
+        let mut call = keys.with_keys(&self.prefill_done);
+        for (id, ago) in ids {
+            call.arg(*id);
+            match ago {
+                Some(ago) => call.arg(u64::try_from(ago.as_millis()).unwrap_or(u64::MAX)),
+                None => call.arg("-"),
+            };
+        }
+        call.invoke_async(conn).await
     }
 
     /// `quota_renew_v2.lua`: extends leases `ids` to `ttl_ms` from now.

@@ -71,6 +71,9 @@ pub(crate) struct Lease {
     pub id: String,
     pub lane: Lane,
     pub give: Give,
+    /// With [`Give::Prefill`]: when its first token came (`None` when not known), so that the
+    /// prefill rate Redis learns from a borrower does not count the time the give-back waited.
+    pub first_token: Option<Instant>,
 }
 
 /// What one acquire call got.
@@ -318,6 +321,7 @@ impl Shared {
                     Some((h, _)) => {
                         self.hold(id, h.lane, h.tokens, h.prefill);
                         // Its first token came while the call was out.
+                        // (When is not known: no prefill rate is learnt from it.)
                         if *registered_prefill > 0 && h.prefill == 0 {
                             gives.push((id.clone(), h.lane, Give::Prefill));
                         }
@@ -327,7 +331,12 @@ impl Shared {
             }
         }
         for (id, lane, give) in gives {
-            self.send(Lease { id, lane, give });
+            self.send(Lease {
+                id,
+                lane,
+                give,
+                first_token: None,
+            });
         }
     }
 
@@ -821,6 +830,7 @@ impl Shared {
             id,
             lane,
             give: Give::Lease,
+            first_token: None,
         });
     }
 
@@ -838,6 +848,7 @@ impl Shared {
             id: id.to_owned(),
             lane,
             give: Give::Prefill,
+            first_token: Some(Instant::now()),
         });
     }
 

@@ -246,34 +246,29 @@ async fn give_back(
     conn: &mut redis::aio::ConnectionManager,
     leases: &[Lease],
 ) -> bool {
-    let ids = |give: Give| -> Vec<&str> {
-        leases
-            .iter()
-            .filter(|l| l.give == give)
-            .map(|l| l.id.as_str())
-            .collect()
-    };
+    let given = |give: Give| leases.iter().filter(move |l| l.give == give);
     for (op, give) in [("prefill_done", Give::Prefill), ("release", Give::Lease)] {
-        let ids = ids(give);
-        if ids.is_empty() {
+        if given(give).next().is_none() {
             continue;
         }
         let started = Instant::now();
         let reply = match give {
-            Give::Prefill => shared
-                .scripts
-                .prefill_done(conn, &shared.keys, &ids)
-                .await
-                .map(|_| ()),
-            Give::Lease => shared
-                .scripts
-                .release_all(conn, &shared.keys, &ids)
-                .await
-                .map(|given| {
+            Give::Prefill => {
+                let ids: Vec<_> = given(give)
+                    .map(|l| (l.id.as_str(), l.first_token.map(|at| at.elapsed())))
+                    .collect();
+                let reply = shared.scripts.prefill_done(conn, &shared.keys, &ids).await;
+                reply.map(|_| ())
+            }
+            Give::Lease => {
+                let ids: Vec<&str> = given(give).map(|l| l.id.as_str()).collect();
+                let reply = shared.scripts.release_all(conn, &shared.keys, &ids).await;
+                reply.map(|given| {
                     shared
                         .metrics
                         .leases("release", usize::try_from(given).unwrap_or(usize::MAX));
-                }),
+                })
+            }
         };
         shared.metrics.observe(op, started.elapsed().as_secs_f64());
         if let Err(err) = reply {

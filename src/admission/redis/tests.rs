@@ -148,7 +148,7 @@ impl Fixture {
 
     async fn prefill_done(&mut self, id: &str) -> u64 {
         self.scripts
-            .prefill_done(&mut self.conn, &self.keys, &[id])
+            .prefill_done(&mut self.conn, &self.keys, &[(id, Some(Duration::ZERO))])
             .await
             .unwrap()
     }
