@@ -237,6 +237,12 @@ local function cooling(now)
     return false
   end
   local waited = tonumber(redis.call('HGET', base_key(':preempt'), 'waited') or '')
+  if waited ~= nil and waited > now then
+    -- Written before the server's clock was set back: it counts from now (one cool-down, not
+    -- the step's length).
+    redis.call('HSET', base_key(':preempt'), 'waited', now)
+    waited = now
+  end
   return waited ~= nil and now - waited < cooldown
 end
 

@@ -416,3 +416,32 @@ async fn a_borrowers_prefill_rate_is_timed_to_its_first_token_not_to_the_give_ba
     let learnt = rate(&mut f).await.expect("a rate learnt");
     assert!(learnt > 400 && learnt <= 800, "{learnt} tokens/s");
 }
+
+#[tokio::test]
+async fn a_cool_down_marked_before_the_clock_was_set_back_lasts_one_cool_down() {
+    let mut f = fixture(0).await;
+    let now: (u64, u64) = redis::cmd("TIME").query_async(&mut f.conn).await.unwrap();
+    let now_ms = now.0 * 1_000 + now.1 / 1_000;
+    // A 50 ms cool-down, last started an hour ahead of the server's clock (set back since).
+    for (key, field, value) in [
+        (f.keys.limits.clone(), "preempt_cooldown", 50),
+        (
+            format!("{}:preempt", f.keys.base),
+            "waited",
+            now_ms + 3_600_000,
+        ),
+    ] {
+        let _: () = redis::cmd("HSET")
+            .arg(key)
+            .arg(field)
+            .arg(value)
+            .query_async(&mut f.conn)
+            .await
+            .unwrap();
+    }
+    assert_eq!(f.borrow("job", Lane::Large).await, (-11, None), "cooling");
+    // Once a cool-down has passed since the clock step, work borrows again (not in an hour).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(f.borrow("job", Lane::Large).await.0, 1);
+    f.release("job").await;
+}
