@@ -1,7 +1,9 @@
 -- A tenant's budget ledger, shared by every replica (`src/admission/tenant_budget.rs`).
 -- KEYS[1]: HASH of the minute's charges, fields `r:<second>` (requests) and `t:<second>`
 --          (tokens), seconds of Redis server time; fields older than 60 s are dropped here,
---          and fields after now (the clock was set back) become now's.
+--          and fields after now (the clock was set back) become now's; `m:<second>` then
+--          names the second that a second after now was moved to (settlements follow it),
+--          kept while that one is in the minute.
 -- KEYS[2]: HASH of the day: `d` (the UTC day number) and `t` (its tokens).
 -- KEYS[3]: (charge, settle, cancel; optional) STRING one charge's record,
 --          `<second> <day> <tokens>`, kept 120 s, or `cancelled` (120 s) once given back, or
@@ -16,7 +18,8 @@
 --         charge was cancelled before it ran, or already ran): nothing is charged.
 -- settle: ARGV[2] the charge's second, ARGV[3] its day, ARGV[4] tokens to add (negative to
 --         give back), ARGV[5] "1" when the request is not counted at all (it never ran).
---         Never below zero; a second that left the minute or a past day is not touched.
+--         Never below zero; a second that left the minute or a past day is not touched; a
+--         second moved (`m:`) is settled where it went.
 --         Marks KEYS[3] `settled` (120 s) in place of the charge's record, and does nothing
 --         when it is marked already: a settle sent again because the reply to the first was
 --         lost is applied once.
@@ -25,9 +28,24 @@
 --         Replies 1 when a charge was given back, else 0.
 -- peek:   replies {requests, tokens} of the last minute and the day's tokens.
 local mode = ARGV[1]
+-- The second a charge stamped `second` counts in: its own, or where it was moved (each move
+-- goes to an earlier second); nil when it left the minute.
+local function counted_in(second)
+  for _ = 1, 8 do
+    if redis.call('HEXISTS', KEYS[1], 't:' .. second) == 1 then
+      return second
+    end
+    second = redis.call('HGET', KEYS[1], 'm:' .. second)
+    if not second then
+      return nil
+    end
+  end
+  return nil
+end
 local function settle(second, day, delta, uncounted)
-  local f = 't:' .. second
-  if redis.call('HEXISTS', KEYS[1], f) == 1 then
+  second = counted_in(second)
+  if second then
+    local f = 't:' .. second
     if redis.call('HINCRBY', KEYS[1], f, delta) < 0 then
       redis.call('HSET', KEYS[1], f, 0)
     end
@@ -79,7 +97,11 @@ local n_req, n_tok = 0, 0
 for i = 1, #fields, 2 do
   local kind, s = string.match(fields[i], '^(%a):(%d+)$')
   s = tonumber(s)
-  if s == nil or s < oldest then
+  if kind == 'm' then
+    if (tonumber(fields[i + 1]) or 0) < oldest then
+      redis.call('HDEL', KEYS[1], fields[i])
+    end
+  elseif s == nil or s < oldest then
     redis.call('HDEL', KEYS[1], fields[i])
   else
     local v = tonumber(fields[i + 1]) or 0
@@ -89,6 +111,7 @@ for i = 1, #fields, 2 do
       -- again as the clock went back (the tenant refused all that time), nor at once.
       redis.call('HDEL', KEYS[1], fields[i])
       redis.call('HINCRBY', KEYS[1], kind .. ':' .. now, v)
+      redis.call('HSET', KEYS[1], 'm:' .. s, now)
       s = now
     end
     if kind == 'r' then

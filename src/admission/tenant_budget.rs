@@ -11,7 +11,8 @@
 //!   what any minute admits stays within the budget plus one request's reservation.
 //! - **Settled to what the engine counted.** When the request ends its charge becomes its
 //!   prompt + output tokens as vLLM reported them (the bucket it was charged in, if still in
-//!   the minute; the day's count always); a request refused or failed before it reached the
+//!   the minute, or the one it counts in since the clock was set back; the day's count
+//!   always); a request refused or failed before it reached the
 //!   engine is charged nothing. A [`BudgetHold`] does it on every path (drop).
 //! - **A day** is a UTC day: its count starts again at midnight.
 //! - **A clock set back** (an NTP step; in Redis, a failover to a server whose clock is
@@ -77,6 +78,10 @@ pub struct BudgetRefusal {
 struct Ledger {
     /// (second, requests, tokens) of the last [`WINDOW_S`] seconds, oldest first.
     seconds: Vec<(u64, u64, u64)>,
+    /// (stamped, counted as): seconds stamped after the clock's now (it was set back) and the
+    /// second they count in since, so that their settlements find them; kept while that
+    /// second is in the minute.
+    moved: Vec<(u64, u64)>,
     /// (day, tokens).
     day: (u64, u64),
 }
@@ -90,10 +95,13 @@ impl Ledger {
     fn forget_before(&mut self, now_s: u64) {
         let oldest = now_s.saturating_sub(WINDOW_S.saturating_sub(1));
         let (mut requests, mut tokens) = (0u64, 0u64);
+        let moved = &mut self.moved;
+        moved.retain(|(_, to)| *to >= oldest);
         self.seconds.retain(|(s, r, t)| {
             if *s > now_s {
                 requests = requests.saturating_add(*r);
                 tokens = tokens.saturating_add(*t);
+                moved.push((*s, now_s));
                 return false;
             }
             *s >= oldest
@@ -107,6 +115,18 @@ impl Ledger {
                 _ => self.seconds.push((now_s, requests, tokens)),
             }
         }
+    }
+
+    /// The bucket a charge stamped `second` counts in: its own, or the one it was moved to
+    /// when the clock was set back (each move goes to an earlier second).
+    fn bucket(&mut self, mut second: u64) -> Option<&mut (u64, u64, u64)> {
+        for _ in 0..8 {
+            if self.seconds.iter().any(|b| b.0 == second) {
+                return self.seconds.iter_mut().find(|b| b.0 == second);
+            }
+            second = self.moved.iter().find(|m| m.0 == second)?.1;
+        }
+        None
     }
 
     fn minute(&self) -> (u64, u64) {
@@ -476,7 +496,7 @@ impl BudgetHold {
         let adjust = |v: &mut u64| {
             *v = v.saturating_sub(self.reserved).saturating_add(used);
         };
-        if let Some(b) = ledger.seconds.iter_mut().find(|b| b.0 == self.second) {
+        if let Some(b) = ledger.bucket(self.second) {
             adjust(&mut b.2);
             if used == 0 {
                 b.1 = b.1.saturating_sub(1);
