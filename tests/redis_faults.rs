@@ -234,3 +234,74 @@ async fn after_a_wrong_password_the_replica_comes_back_once_it_is_right() {
     .await;
     gw.shutdown().await;
 }
+
+/// Redis's clock runs ahead (an NTP step forward, a failover to a server whose clock is
+/// ahead), simulated by moving the replica's lease expiries into the past: the next script
+/// reaps them, although the replica renewed them a beat ago. The replica registers its
+/// running streams again instead of leaving their seats free for others until they end; when
+/// they end every counter is back at zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_requests_are_counted_again_after_redis_reaped_them_early() {
+    let redis = RedisServer::start();
+    let sim = stalling_sim().await;
+    let mut c = config(&sim, redis.url());
+    // Half the TTL is far beyond a beat even on a loaded machine.
+    c.quota.lease_ttl = Duration::from_secs(20);
+    let gw = gateway(c).await;
+    let http = reqwest::Client::new();
+    let mut streams = Vec::new();
+    for i in 0..3 {
+        streams.push(stalled_stream(&http, &gw, i).await);
+    }
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let small = |u: &HashMap<String, i64>| u.get("small:n").copied().unwrap_or(0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while small(&usage(&mut conn).await) != 3 {
+        assert!(Instant::now() < deadline, "the streams hold their seats");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let leases: Vec<String> = redis::cmd("ZRANGE")
+        .arg("tg:v2:{quota}:expiry")
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(leases.len(), 3);
+    let mut expired = redis::cmd("ZADD");
+    expired.arg("tg:v2:{quota}:expiry").arg("XX");
+    for id in &leases {
+        expired.arg(1).arg(id);
+    }
+    let _: () = expired.query_async(&mut conn).await.unwrap();
+    // Reaped at the next beat, registered again at once.
+    let quota = gw.state.metrics().quota().clone();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while quota.errors("lease_lost") < 3 || small(&usage(&mut conn).await) != 3 {
+        assert!(
+            Instant::now() < deadline,
+            "the running streams are counted again: {:?}",
+            usage(&mut conn).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(streams);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let u = usage(&mut conn).await;
+        if u.values().all(|v| *v == 0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "every seat given back: {u:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eventually("the gateway is idle", || {
+        gw.state.admission().snapshot().is_idle()
+    })
+    .await;
+    gw.shutdown().await;
+}

@@ -89,8 +89,10 @@
 //! registered there as leases (`quota_adopt_v2.lua`, whatever the limits: they already run),
 //! renewed and released like any other, so Redis counts what really runs and new admissions
 //! wait until the lanes are under their limits. Leases that expired during the outage are
-//! registered again the same way; one found gone in normal running (the replica was too slow
-//! to renew it, or Redis lost its data) is only counted as `lease_lost`.
+//! registered again the same way, and so are leases Redis lost with its data (a new epoch) or
+//! reaped less than half a TTL after this replica renewed them (Redis's clock ran ahead); one
+//! found gone in normal running (the replica was too slow to renew it) is only counted as
+//! `lease_lost`.
 //!
 //! [`snapshot`](RedisAdmission::snapshot) shows this replica's part only (its leases, its
 //! lines, its fallback); sum over replicas for the fleet, or read the `usage` hash.

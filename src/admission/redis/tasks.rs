@@ -41,6 +41,9 @@ pub(super) async fn heartbeat(
     stop: CancellationToken,
 ) {
     let mut pending: Vec<(Lease, Instant)> = Vec::new();
+    // When the last beat that went through started: every lease held then was renewed by it.
+    let mut renewed_at: Option<Instant> = None;
+    let ttl = Duration::from_millis(shared.ttl_ms);
     let mut tick = tokio::time::interval(shared.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -78,6 +81,7 @@ pub(super) async fn heartbeat(
         }
         let mut lost = Vec::new();
         let was_degraded = shared.degraded();
+        let started = Instant::now();
         if beat(&shared, &mut pending, &mut lost).await {
             shared.succeeded();
             // Redis lost its data (restarted without persistence, flushed, failed over to an
@@ -90,12 +94,24 @@ pub(super) async fn heartbeat(
                      are counted there again"
                 );
             }
+            // Renewed less than half a TTL ago by this replica's clock, a lease cannot have
+            // expired: Redis's clock ran ahead (stepped forward, or a failover to a server
+            // whose clock is ahead) and reaped it early. Its request runs on.
+            let early = renewed_at.is_some_and(|at| at.elapsed() < ttl / 2);
+            if early && !lost.is_empty() && !was_degraded && !wiped {
+                tracing::warn!(
+                    leases = lost.len(),
+                    "the shared quota's Redis reaped leases renewed less than half their TTL                      ago (its clock ran ahead): this replica's running requests are counted                      there again"
+                );
+            }
             // Leases that expired during an outage are registered again (their requests ran
-            // on, counted by the fallback); one found gone in normal running (this replica was
-            // too slow to renew it) is only counted: its seat may have gone to another request.
-            if !was_degraded && !wiped {
+            // on, counted by the fallback), and so are those reaped early; one found gone in
+            // normal running (this replica was too slow to renew it) is only counted: its
+            // seat may have gone to another request.
+            if !was_degraded && !wiped && !early {
                 lost.clear();
             }
+            renewed_at = Some(started);
             // What ran while Redis was away (and leases it lost) is counted there again, before
             // Redis admits anything for this replica: leaving the fallback first would let it
             // admit against counters that miss those requests.
