@@ -14,6 +14,17 @@ local base, run_ttl = ARGV[1], tonumber(ARGV[2])
 local max_attempts, ttl = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 local cancel, gone, ended_ids = {}, {}, {}
+-- No replica beat for a whole run TTL by Redis's clock (each beats every quota.heartbeat_ms,
+-- at most a third of it): the clock ran ahead (an NTP step, a failover to a server whose clock
+-- is ahead), and sweeping now would take every running job from its live runner. The runner
+-- leases count from now instead (a runner that did die is swept one TTL later).
+local last_beat = tonumber(redis.call('HGET', KEYS[10], 'beat') or '')
+redis.call('HSET', KEYS[10], 'beat', now)
+if last_beat and now - last_beat > run_ttl then
+  for _, id in ipairs(redis.call('ZRANGE', KEYS[8], 0, -1)) do
+    redis.call('ZADD', KEYS[8], 'XX', now + run_ttl, id)
+  end
+end
 for i = 5, #ARGV - 1, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local key = job_key(base, id)

@@ -7,7 +7,8 @@
 -- KEYS[10] = <base>:jobs:meta     HASH  "vtime" (the fair queue's virtual time: the start tag of
 --                                       the job started last), "t:<tenant>" (its last finish
 --                                       tag), "bytes" (kept bodies and answers),
---                                       "n:<status>" (jobs per status)
+--                                       "n:<status>" (jobs per status), "beat" (when
+--                                       a replica's beat last ran, server ms)
 -- KEYS[11] = <base>:job:<id>      HASH  one job (scripts about many jobs pass a placeholder)
 -- KEYS[12] = <base>:job:<id>:text LIST  its streamed pieces, in order
 -- <base> = <prefix>:{quota}: every key shares the quota's hash tag, so the jobs scripts run on

@@ -47,7 +47,8 @@ elseif to == 'queued' and result ~= '' then
   -- The text it keeps counts now: the runs that continue it count only their own.
   count_text(KEYS[11], text_bytes)
   redis.call('ZADD', KEYS[7], redis.call('HGET', KEYS[11], 'tag'), id)
-  redis.call('HINCRBY', KEYS[11], 'handed', 1)
+  -- Not counted as a run given back: the run that continues it keeps its number
+  -- (`attempt`), so a loss of that one counts once (jobs.max_attempts).
 elseif to == 'queued' then
   requeue(base, KEYS[11], id)
   redis.call('HINCRBY', KEYS[11], 'handed', 1)

@@ -10,8 +10,10 @@
 //!   oldest first within a tenant, tenants in turns by `auth.tenant_shares`).
 //! - `:jobs:running` ZSET job id -> until when its runner's lease holds (Redis server ms).
 //! - `:jobs:ended` ZSET job id -> when it ended (then when it expired).
-//! - `:jobs:meta` HASH the queue's virtual time, each tenant's last tag, the bytes kept, and
-//!   the jobs per status (`n:<status>`).
+//! - `:jobs:meta` HASH the queue's virtual time, each tenant's last tag, the bytes kept, the
+//!   jobs per status (`n:<status>`), and when a replica's beat last ran (`beat`: a beat that
+//!   finds none for a whole runner lease takes Redis's clock to have run ahead, and renews
+//!   the runner leases instead of sweeping them).
 //! - `:job:<id>` HASH one job: `status`, `tenant`, `request` (the classified request as
 //!   [`crate::pipeline::Ready::stored`] keeps it), `work`, `prefill`, `lane`, `input`,
 //!   `output_budget`, `notify`, `traceparent`, `submitted_ms`, `started_ms`, `finished_ms`,
