@@ -124,10 +124,20 @@ impl SessionLedger {
     /// Reserves `declared` output tokens for a request of `session` and answers the session's
     /// output before it (finished requests' output plus the reservations of those still
     /// running). The hold gives back what the request does not produce when it ends.
+    ///
+    /// Cancel-safe: the hold exists before the call to Redis goes out, so a request dropped
+    /// while it is out (its client went away) gives its local reservation back. What Redis
+    /// may have counted then stays counted for the window (more output than the session
+    /// produced moves its continuations to larger lanes sooner, never later).
     pub async fn reserve(&self, session: SessionId, declared: u32) -> (u64, SessionHold) {
-        let local_before = self.local_change(session, i64::from(declared));
-        let mut before = local_before;
-        let mut in_redis = false;
+        let mut before = self.local_change(session, i64::from(declared));
+        let mut hold = SessionHold {
+            ledger: self.clone(),
+            session,
+            reserved: declared,
+            in_redis: false,
+            settled: false,
+        };
         if let Some(redis) = &self.redis {
             if let Some(mut conn) = redis.connection() {
                 let got: redis::RedisResult<(u64,)> = redis::pipe()
@@ -143,17 +153,10 @@ impl SessionLedger {
                     .await;
                 if let Ok((after,)) = got {
                     before = after.saturating_sub(u64::from(declared));
-                    in_redis = true;
+                    hold.in_redis = true;
                 }
             }
         }
-        let hold = SessionHold {
-            ledger: self.clone(),
-            session,
-            reserved: declared,
-            in_redis,
-            settled: false,
-        };
         (before, hold)
     }
 

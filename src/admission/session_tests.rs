@@ -142,3 +142,52 @@ fn session_ids_are_checked_and_never_kept_raw() {
     let secret = "sk-live-do-not-log";
     assert!(!format!("{:?}", id(secret)).contains(secret));
 }
+
+/// A request whose client went away while its reservation's call to Redis was out (Redis
+/// paused here, so the call waits): its local reservation is given back. It used to stay in
+/// the replica's count for the window, moving the session's continuations to larger lanes.
+#[tokio::test]
+async fn a_reservation_dropped_while_redis_is_out_gives_the_local_count_back() {
+    use crate::admission::redis::tests::redis_common::{pause_writes, RedisServer};
+    let server = RedisServer::start();
+    let config = crate::config::Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n[quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
+        server.url()
+    ))
+    .unwrap();
+    let metrics = crate::telemetry::Metrics::new();
+    let redis =
+        crate::admission::redis::RedisAdmission::from_config(&config, metrics.quota().clone())
+            .unwrap();
+    // Connected (an acquire waits for the first connection).
+    drop(
+        redis
+            .acquire(crate::admission::Ask::new(crate::lane::Lane::Small, 10))
+            .await
+            .unwrap(),
+    );
+    let registry = Registry::new();
+    let ledger = SessionLedger::shared(
+        Duration::from_secs(60),
+        100,
+        PromotionMetrics::register(&registry),
+        redis.clone(),
+    );
+    let s = id("s");
+    let mut conn = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    pause_writes(&mut conn).await;
+    let mut reserving = Box::pin(ledger.reserve(s, 1_000));
+    assert!(futures::poll!(reserving.as_mut()).is_pending());
+    drop(reserving);
+    assert_eq!(ledger.lock().tokens(s, Instant::now()), 0);
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    redis.shutdown().await;
+}
