@@ -178,7 +178,7 @@ impl Replicas {
                 r.health.id,
                 r.health.healthy.load(Ordering::Acquire),
             );
-            metrics.set_in_flight(r.key(), r.load.in_flight.load(Ordering::Relaxed));
+            r.report_in_flight(&metrics);
         }
         Self {
             id,
@@ -309,8 +309,8 @@ impl Replicas {
             &candidates,
         )?;
         let replica = Arc::clone(&self.list[index]);
-        let n = replica.load.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        self.metrics.set_in_flight(replica.key(), n);
+        replica.load.in_flight.fetch_add(1, Ordering::Relaxed);
+        replica.report_in_flight(&self.metrics);
         self.metrics
             .routed(&replica.config.name, reason.unwrap_or(why));
         Some(Ticket {
@@ -328,8 +328,8 @@ impl Replicas {
             .iter()
             .find(|r| r.config.name == name && (r.is_healthy() || self.list.len() == 1))?;
         let replica = Arc::clone(replica);
-        let n = replica.load.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        self.metrics.set_in_flight(replica.key(), n);
+        replica.load.in_flight.fetch_add(1, Ordering::Relaxed);
+        replica.report_in_flight(&self.metrics);
         self.metrics.routed(&replica.config.name, "pinned");
         Some(Ticket {
             replica,
@@ -422,6 +422,20 @@ impl Replica {
         (&self.config.name, &self.config.url)
     }
 
+    /// Sets its in-flight gauge to its count, again while the count moved meanwhile: two
+    /// threads that each set the count they made could leave the older one last (the gauge
+    /// read 1 on an idle replica). The last thread to move the count sets it and sees it
+    /// unchanged after.
+    fn report_in_flight(&self, metrics: &ReplicaMetrics) {
+        for _ in 0..16 {
+            let n = self.load.in_flight.load(Ordering::Acquire);
+            metrics.set_in_flight(self.key(), n);
+            if self.load.in_flight.load(Ordering::Acquire) == n {
+                return;
+            }
+        }
+    }
+
     /// Whether it takes traffic.
     pub fn is_healthy(&self) -> bool {
         self.health.healthy.load(Ordering::Acquire)
@@ -447,14 +461,9 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let n = self
-            .replica
-            .load
-            .in_flight
-            .fetch_sub(1, Ordering::Relaxed)
-            .saturating_sub(1);
+        self.replica.load.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.replica.report_in_flight(&self.metrics);
         let name = &self.replica.config.name;
-        self.metrics.set_in_flight(self.replica.key(), n);
         if let Some(u) = self.usage {
             self.metrics
                 .prompt_tokens(name, u.prompt_tokens, u.cached_tokens.unwrap_or(0));

@@ -234,3 +234,40 @@ fn the_replaced_sets_failures_move_the_health_gauge_only_for_a_health_in_force()
     assert!(unchecked.list[1].is_healthy());
     assert_eq!(healthy(), [("a".into(), 1), ("b".into(), 1)].into());
 }
+
+/// Requests picked and ended on several threads at once, round after round: when a round's
+/// requests have all ended the in-flight gauge reads 0 (each thread used to set the count it
+/// made, and an older one could land last: the gauge read 1 on an idle replica).
+#[test]
+fn the_in_flight_gauge_is_back_at_zero_when_every_request_ended() {
+    let registry = prometheus::Registry::new();
+    let metrics = ReplicaMetrics::register(&registry);
+    let set = named_set(&[("a", "http://a:8000")], &metrics, None);
+    let threads = 4;
+    let rounds = 2_000;
+    let barrier = std::sync::Barrier::new(threads + 1);
+    let mut stuck = 0;
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            scope.spawn(|| {
+                for _ in 0..rounds {
+                    let ticket = set.pick_named("a").expect("a takes traffic");
+                    barrier.wait();
+                    drop(ticket);
+                    barrier.wait();
+                    // The gauge is read.
+                    barrier.wait();
+                }
+            });
+        }
+        for _ in 0..rounds {
+            barrier.wait();
+            barrier.wait();
+            if gauge(&registry, "tutor_gateway_replica_in_flight")["a"] != 0 {
+                stuck += 1;
+            }
+            barrier.wait();
+        }
+    });
+    assert_eq!(stuck, 0, "rounds that ended with the gauge above zero");
+}
