@@ -519,7 +519,9 @@ async fn a_stalled_upstream_hits_the_idle_timeout_with_a_clean_error() {
     let h = harness(
         &flags("--speed 50 --profile tiny-test --stall-after-tokens 3"),
         |c| {
-            c.upstream.idle_timeout = Duration::from_millis(300);
+            // 3 s: a loaded machine that delays one of the first three tokens must not pass for
+            // a silent engine (the count below is exact).
+            c.upstream.idle_timeout = Duration::from_secs(3);
         },
     )
     .await;

@@ -48,9 +48,13 @@ fn config(sim: &SimServer, redis: &RedisServer) -> Config {
     c
 }
 
+/// A gateway on `config`, once it has its first connection to Redis (a request waits only 2 s
+/// for it, which a loaded machine can exceed).
 async fn gateway(config: Config) -> Gateway {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    tutor_gateway::server::start(config, listener).unwrap()
+    let gw = tutor_gateway::server::start(config, listener).unwrap();
+    common::redis_ready(&gw).await;
+    gw
 }
 
 /// Two replicas on one Redis in front of one simulator.

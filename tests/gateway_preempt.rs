@@ -710,7 +710,8 @@ async fn a_preemptible_answer_on_one_replica_gives_its_seat_to_a_question_on_ano
         let (url, body) = (format!("{}/answer", a.url()), body.clone());
         tokio::spawn(async move { post_text(url, &body).await })
     };
-    for _ in 0..1000 {
+    // 30 s: a loaded machine can be slow to seat it.
+    for _ in 0..3000 {
         if seated(conn.clone()).await[2] == 1 {
             break;
         }
@@ -733,7 +734,8 @@ async fn a_preemptible_answer_on_one_replica_gives_its_seat_to_a_question_on_ano
             .unwrap();
         resp.text().await.unwrap()
     });
-    for _ in 0..1000 {
+    // 30 s: a loaded machine can be slow to seat it.
+    for _ in 0..3000 {
         if seated(conn.clone()).await[1] == 1 {
             break;
         }
@@ -846,7 +848,8 @@ async fn ask(url: String) {
 /// as the run hands the job back: shortly after the question that asked for it).
 async fn preempted_once(base: &str, ids: &[String]) -> Vec<String> {
     let mut preempted = Vec::new();
-    for _ in 0..1_000 {
+    // 30 s: a loaded machine can be slow to hand the job back.
+    for _ in 0..3_000 {
         for id in ids {
             if jobs::job(base, id).await["preempted"] == 1 {
                 preempted.push(id.clone());
@@ -906,10 +909,13 @@ async fn fleet(
     (redis, sim, c)
 }
 
-/// A gateway replica with config `c`.
+/// A gateway replica with config `c`, once it has its first connection to Redis (a request
+/// waits only 2 s for it, which a loaded machine can exceed).
 async fn gateway(c: tutor_gateway::config::Config) -> tutor_gateway::server::Gateway {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    tutor_gateway::server::start(c, listener).unwrap()
+    let gw = tutor_gateway::server::start(c, listener).unwrap();
+    redis_ready(&gw).await;
+    gw
 }
 
 /// A gateway and simulator on `backend` with `jobs.preempt` on and one seat in each lane,

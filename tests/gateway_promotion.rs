@@ -319,9 +319,13 @@ async fn promotion_and_cuts_hold_with_two_replicas_on_one_redis() {
         c.quota.redis_url = RedisUrl::new(redis.url());
         c
     };
+    // Each replica once it has its first connection to Redis (a request waits only 2 s for it,
+    // which a loaded machine can exceed).
     let start = |c: Config| async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        tutor_gateway::server::start(c, listener).unwrap()
+        let gw = tutor_gateway::server::start(c, listener).unwrap();
+        redis_ready(&gw).await;
+        gw
     };
     let a = start(config(1)).await;
     let b = start(config(1)).await;
@@ -405,7 +409,10 @@ async fn a_continue_chain_spread_over_two_replicas_counts_as_one_session_in_redi
         c.quota.backend = QuotaBackend::Redis;
         c.quota.redis_url = RedisUrl::new(redis.url());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        gateways.push(tutor_gateway::server::start(c, listener).unwrap());
+        let gw = tutor_gateway::server::start(c, listener).unwrap();
+        // Its first connection to Redis: a request waits only 2 s for it.
+        redis_ready(&gw).await;
+        gateways.push(gw);
     }
     let mut conn = redis::Client::open(redis.url())
         .unwrap()

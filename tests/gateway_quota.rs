@@ -65,8 +65,12 @@ fn steady(mut c: Config) -> Config {
     c
 }
 
+/// A gateway on `config`, once it has its first connection to Redis (a request waits only 2 s
+/// for it, which a loaded machine can exceed). Only for a Redis that is up and trusted.
 async fn gateway(config: Config) -> Gateway {
-    common::gateway(config).await.0
+    let gw = common::gateway(config).await.0;
+    common::redis_ready(&gw).await;
+    gw
 }
 
 /// A chat request of about `words_n` prompt tokens and `max_tokens` output.
@@ -601,7 +605,8 @@ async fn the_shared_quota_speaks_tls_to_redis() {
     gw.shutdown().await;
     // The same server, without its CA: not trusted, so no quota, so 503 (fail_closed).
     c.quota.redis_ca_pem = None;
-    let untrusted = gateway(c).await;
+    // Not through `gateway()`: this one never connects, so waiting for it would fail.
+    let untrusted = common::gateway(c).await.0;
     let url = format!("{}/v1/chat/completions", untrusted.url());
     assert_eq!(post(&client, url, body(20, 8, "tls-2")).await, 503);
     untrusted.shutdown().await;
@@ -901,7 +906,9 @@ async fn a_redis_outage_under_load_never_overcommits_the_engine() {
     let redis = RedisServer::start();
     let outage = Outage::new(redis.port).await;
     let sim = slow_sim().await;
-    let mut cfg = config(&sim, &redis);
+    // 10 s leases (`steady`): the peak is counted, and the outage is noticed by the heartbeat's
+    // failed connection, not by a lease expiring.
+    let mut cfg = steady(config(&sim, &redis));
     cfg.quota.redis_url = RedisUrl::new(outage.url());
     cfg.quota.on_redis_down = OnRedisDown::FailOpen;
     cfg.quota.expected_replicas = 2.try_into().unwrap();
@@ -1010,7 +1017,8 @@ async fn the_fallback_counts_running_leases_and_redis_counts_the_fallbacks() {
         .await
         .unwrap();
     let mut counted = false;
-    for _ in 0..1000 {
+    // 30 s: a loaded machine can be slow to run the beat that reconnects.
+    for _ in 0..3000 {
         let (usage, leases) = read_quota(&mut conn).await;
         if !a.degraded() && usage.get("large:n").copied() == Some(2) {
             assert_eq!(leases.len(), 2, "{leases:?}");

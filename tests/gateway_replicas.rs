@@ -140,10 +140,23 @@ async fn a_replica_killed_mid_stream_cuts_that_stream_clearly_others_serve_and_i
     let readyz = send(client().get(format!("{}/readyz", gw.url()))).await;
     assert_eq!(readyz.status(), 200, "two replicas are still healthy");
 
-    // Back on the same port: the checks bring it back, and round robin sends to it again.
+    // Back on the same port: the checks bring it back, and round robin sends to it again. The
+    // port may not be free again at once on a loaded machine: the bind is retried for 30 s.
     let mut args = SimArgs::for_test(&flags);
     args.port = port;
-    let back = vllm_sim::start(&args).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let back = loop {
+        match vllm_sim::start(&args).await {
+            Ok(back) => break back,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the simulator could not listen on port {port} again: {e:#}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
     eventually("the replica is back in routing", || async {
         text(format!("{}/metrics", gw.url()))
             .await

@@ -54,7 +54,8 @@ fn one_patient_small_seat(c: &mut tutor_gateway::config::Config) {
     c.upstream.idle_timeout = Duration::from_secs(120);
 }
 
-/// A second replica in front of `h`'s simulator, configured by `setup`.
+/// A second replica in front of `h`'s simulator, configured by `setup` (on Redis), once it
+/// has its first connection to Redis.
 async fn second_replica(
     h: &Harness,
     setup: impl Fn(&mut tutor_gateway::config::Config),
@@ -62,7 +63,9 @@ async fn second_replica(
     let mut config = tutor_gateway::config::Config::default();
     config.upstream.base_url = h.sim.url();
     setup(&mut config);
-    gateway(config).await.0
+    let gw = gateway(config).await.0;
+    redis_ready(&gw).await;
+    gw
 }
 
 fn question(salt: &str) -> Value {
@@ -95,6 +98,10 @@ async fn room_for_another_tenant(redis: Option<&RedisServer>) {
         c.auth.tenant_shares = [("school-b".to_owned(), 10)].into_iter().collect();
     })
     .await;
+    if redis.is_some() {
+        // Its first connection to Redis: a request waits only 2 s for it, then falls back.
+        redis_ready(&h.gw).await;
+    }
     let post = |key: &'static str, salt: &str| {
         client()
             .post(h.url("/v1/chat/completions"))
@@ -327,6 +334,8 @@ async fn with_redis_a_tenants_budget_holds_for_the_fleet_not_per_replica() {
         );
     };
     let h = harness(&flags("--speed 50 --profile tiny-test"), setup).await;
+    // Its first connection to Redis: a request waits only 2 s for it, then falls back.
+    redis_ready(&h.gw).await;
     let other = second_replica(&h, setup).await;
     let urls = [
         h.url("/v1/chat/completions"),
@@ -461,6 +470,8 @@ async fn with_redis_the_tenant_served_less_fleet_wide_goes_first_on_any_replica(
         one_patient_small_seat(c);
     };
     let h = harness(&flags(STALLING), setup).await;
+    // Its first connection to Redis: a request waits only 2 s for it, then falls back.
+    redis_ready(&h.gw).await;
     let other = second_replica(&h, setup).await;
     let post = |base: &str, key: &'static str, salt: &str| {
         client()
@@ -524,6 +535,8 @@ async fn with_redis_a_replica_that_sees_one_tenant_yields_the_seat_to_one_behind
         set_lane(c, Lane::Medium, 1);
     };
     let h = harness(&flags(STALLING), setup).await;
+    // Its first connection to Redis: a request waits only 2 s for it, then falls back.
+    redis_ready(&h.gw).await;
     let other = second_replica(&h, setup).await;
     let post = |base: &str, key: &'static str, body: Value| {
         client()
@@ -600,6 +613,8 @@ async fn with_redis_a_tenants_fleet_service_is_what_the_engine_served_it() {
         two_schools_sharing(c, &redis);
     };
     let h = harness(&flags("--speed 50 --profile tiny-test"), setup).await;
+    // Its first connection to Redis: a request waits only 2 s for it, then falls back.
+    redis_ready(&h.gw).await;
     let mut served = 0u64;
     for (i, stream) in [false, true, false].into_iter().enumerate() {
         let body = json!({"messages": [{"role": "user", "content": format!("why {i}?")}],

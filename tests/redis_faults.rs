@@ -40,8 +40,13 @@ fn config(sim: &SimServer, url: String) -> Config {
     c
 }
 
+/// A gateway on `config`, once it has its first connection to Redis (a request waits only 2 s
+/// for it, which a loaded machine can exceed). Every test here starts it with Redis up and the
+/// right password.
 async fn gateway(config: Config) -> Gateway {
-    common::gateway(config).await.0
+    let gw = common::gateway(config).await.0;
+    common::redis_ready(&gw).await;
+    gw
 }
 
 async fn usage(conn: &mut redis::aio::MultiplexedConnection) -> HashMap<String, i64> {

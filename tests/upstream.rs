@@ -276,15 +276,15 @@ async fn stalled_stream_hits_the_idle_timeout_and_the_engine_is_aborted() {
     ))
     .await;
     let mut config = upstream_config(&s.url());
-    // 1 s: a loaded machine that leaves the reader unpolled for a while between two of the
+    // 3 s: a loaded machine that leaves the reader unpolled for a while between two of the
     // first three tokens must not pass for a silent engine.
-    config.idle_timeout = Duration::from_secs(1);
+    config.idle_timeout = Duration::from_secs(3);
     let client = client_for(config);
     assert_eq!(probed(&client).await, AbortEndpoint::Offered);
     // An answer long enough that the engine is still generating it when the abort comes, however
     // late a loaded machine sends it (a short one could finish in the engine first: nothing left
-    // to abort).
-    let mut stream = client.stream(chat("stall-1", "hi", 1500)).await.unwrap();
+    // to abort). 5,000 tokens take about 12 s here, well past the 3 s timeout.
+    let mut stream = client.stream(chat("stall-1", "hi", 5000)).await.unwrap();
     let started = Instant::now();
     let (chunks, err) = drain(&mut stream).await;
     assert!(
@@ -294,7 +294,7 @@ async fn stalled_stream_hits_the_idle_timeout_and_the_engine_is_aborted() {
     // The idle timer runs from the last token, which came after `started`: a lower bound that
     // holds however loaded the machine is. (The error kind shows it was not the total timeout.)
     assert!(
-        started.elapsed() >= Duration::from_secs(1),
+        started.elapsed() >= Duration::from_secs(3),
         "{:?}",
         started.elapsed()
     );
@@ -313,7 +313,13 @@ async fn queued_in_the_engine_past_the_first_token_timeout_is_aborted_there() {
     let mut config = upstream_config(&s.url());
     config.first_token_timeout = Duration::from_millis(300);
     let client = client_for(config);
-    let mut busy = client.stream(chat("busy-1", "hi", 5000)).await.unwrap();
+    // The busy request through a client of its own, with the default timeouts: a loaded machine
+    // may take longer than 300 ms to bring its first token, which is not what is tested.
+    let busy_client = client_for(upstream_config(&s.url()));
+    let mut busy = busy_client
+        .stream(chat("busy-1", "hi", 5000))
+        .await
+        .unwrap();
     read_tokens(&mut busy, 1).await;
     let mut queued = client.stream(chat("queued-1", "hi", 5)).await.unwrap();
     let (_, err) = drain(&mut queued).await;

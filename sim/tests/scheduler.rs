@@ -187,6 +187,9 @@ async fn blocks_running_out_preempts_and_everything_still_finishes() {
     s.shutdown().await;
 }
 
+/// A stream of 5,000 tokens. Its callers run the simulator at real speed (`--speed 1`, about
+/// 25 s for it): it must still run while the test makes several round trips, which a loaded
+/// machine can stretch to seconds; each test ends it early with an abort, never waits for it.
 async fn start_long_stream(s: &vllm_sim::SimServer, id: &str) -> reqwest::Response {
     let resp = send(
         client()
@@ -214,7 +217,7 @@ async fn assert_aborted_and_freed(s: &vllm_sim::SimServer) {
 
 #[tokio::test]
 async fn closing_the_connection_mid_stream_aborts_and_frees_blocks() {
-    let s = sim(&["--speed", "5", "--profile", "tiny-test"]).await;
+    let s = sim(&["--speed", "1", "--profile", "tiny-test"]).await;
     let resp = start_long_stream(&s, "walk-away").await;
     let mut body = resp.bytes_stream();
     let mut seen = 0;
@@ -232,8 +235,9 @@ async fn closing_the_connection_mid_stream_aborts_and_frees_blocks() {
 
 #[tokio::test]
 async fn closing_the_connection_of_a_non_streaming_request_aborts_it() {
-    // vLLM aborts a request whose client disconnects whether it streams or not.
-    let s = sim(&["--speed", "5", "--profile", "tiny-test"]).await;
+    // vLLM aborts a request whose client disconnects whether it streams or not. Real speed: the
+    // 5,000-token answer (about 25 s) still runs when the test drops its client.
+    let s = sim(&["--speed", "1", "--profile", "tiny-test"]).await;
     let url = format!("{}/v1/chat/completions", s.url());
     let waiting = tokio::spawn(async move {
         client()
@@ -262,7 +266,7 @@ async fn aborts(s: &vllm_sim::SimServer) -> Vec<Value> {
 
 #[tokio::test]
 async fn scale_out_abort_endpoint_takes_vllms_ids_only_and_stops_generation() {
-    let s = sim(&flags("--speed 5 --profile tiny-test --enable-scale-out")).await;
+    let s = sim(&flags("--speed 1 --profile tiny-test --enable-scale-out")).await;
     let resp = start_long_stream(&s, "to-abort").await;
     let reader = tokio::spawn(async move { resp.text().await.unwrap() });
     eventually("tokens flowing", || async {
@@ -346,7 +350,7 @@ async fn scale_out_abort_endpoint_takes_vllms_ids_only_and_stops_generation() {
 
 #[tokio::test]
 async fn a_default_vllm_serve_has_no_abort_endpoint() {
-    let s = sim(&["--speed", "5", "--profile", "tiny-test"]).await;
+    let s = sim(&["--speed", "1", "--profile", "tiny-test"]).await;
     let resp = start_long_stream(&s, "stays").await;
     let mut body = resp.bytes_stream();
     body.next().await.unwrap().unwrap();

@@ -89,9 +89,11 @@ fn caller(base_url: &str, mode: AbortMode) -> (AbortCaller, TaskTracker) {
     (c, tasks)
 }
 
+/// Waits for the abort tasks to end. The 60 s only fail a hang: a loaded machine can be slow
+/// to run them, and one test's call takes `ABORT_TIMEOUT` by design.
 async fn drain(tasks: TaskTracker) {
     tasks.close();
-    tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+    tokio::time::timeout(Duration::from_secs(60), tasks.wait())
         .await
         .unwrap();
 }

@@ -160,3 +160,17 @@ pub fn json(s: &str) -> Value {
 pub async fn eventually<F: FnMut() -> bool>(what: &str, mut cond: F) {
     tutor_testkit::eventually(what, || std::future::ready(cond())).await;
 }
+
+/// Waits (up to 30 s) until `gw`, started on the Redis backend, has its first connection to
+/// Redis. A request waits only two seconds for it and then falls back (or gets 503), which a
+/// loaded machine can exceed. Only for a Redis that is up and takes the gateway's credentials:
+/// otherwise the connection never comes and this fails.
+pub async fn redis_ready(gw: &Gateway) {
+    eventually("the gateway reaches Redis", || {
+        gw.state
+            .admission()
+            .shared()
+            .is_some_and(|r| r.connection().is_some())
+    })
+    .await;
+}

@@ -102,15 +102,7 @@ pub async fn start(
     if redis.is_some() {
         // The replica's first connection to Redis: on a loaded machine it can come later than
         // the two seconds a request waits for it (which then gets 503, "retry shortly").
-        tutor_testkit::eventually("the gateway reaches Redis", || {
-            let up =
-                h.gw.state
-                    .admission()
-                    .shared()
-                    .is_some_and(|r| r.connection().is_some());
-            async move { up }
-        })
-        .await;
+        super::common::redis_ready(&h.gw).await;
     }
     JobsHarness { h, backend, redis }
 }
@@ -132,7 +124,8 @@ impl JobsHarness {
     /// Waits until `series` reads `value` in the gateway's scrape (the Redis backend sets the
     /// job gauge at its beat, and a run's histograms after its end is written), then asserts it.
     pub async fn metric_reaches(&self, series: &str, value: f64) {
-        for _ in 0..1000 {
+        // 30 s: a loaded machine can be slow to run the beat that sets it.
+        for _ in 0..3000 {
             let m = self.h.metrics_text().await;
             if tutor_testkit::metric_or_zero(&m, series) == value {
                 break;

@@ -81,9 +81,10 @@ impl RedisServer {
         }
     }
 
-    /// Starts it again on the same port, empty (retrying while the port is still taken).
+    /// Starts it again on the same port, empty (retrying while the port is still taken: for up
+    /// to 30 s, as a loaded machine may be slow to release it).
     pub fn restart(&mut self) {
-        for _ in 0..50 {
+        for _ in 0..300 {
             if self.spawn() {
                 return;
             }

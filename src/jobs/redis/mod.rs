@@ -63,6 +63,8 @@
 mod backend;
 mod events;
 #[cfg(test)]
+mod lost_run_tests;
+#[cfg(test)]
 mod retry_tests;
 mod run;
 mod store;
