@@ -28,8 +28,12 @@ local granted = 0
 local r = status == 1 and behind > 0 and limits()
 if r then
   for i = 9, 8 + 3 * behind, 3 do
-    local took = take_lease_with(r, now, false, ARGV[i], lane, tonumber(ARGV[i + 1]), ttl,
-      tonumber(ARGV[i + 2]))
+    -- Held already (a call sent again after its reply was lost): granted, counted once.
+    local took = 1
+    if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then
+      took = take_lease_with(r, now, false, ARGV[i], lane, tonumber(ARGV[i + 1]), ttl,
+        tonumber(ARGV[i + 2]))
+    end
     if took ~= 1 then
       break
     end
@@ -51,7 +55,7 @@ local mark, replica = tonumber(ARGV[6] or '0'), ARGV[7]
 if mark > 0 and status ~= -5 then
   -- Marks past their time go (a replica that died while its requests waited left its own):
   -- otherwise only the jobs and borrow scripts dropped them, and without jobs none did.
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+  forget_marks(now)
   if status ~= 1 or granted < behind or ARGV[8] == '1' then
     redis.call('ZADD', KEYS[5], now + mark, replica)
   else

@@ -77,11 +77,22 @@ local function drop_lease(id)
   return seat, prefill, budget
 end
 
--- Drops every lease whose expiry has passed; returns how many.
+-- Drops every lease whose expiry has passed; returns how many. With no lease left at all,
+-- nothing may be counted: counts left behind by a key deleted or evicted from outside (they
+-- would hold seats and tokens for good) go.
 local function reap(now)
   local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
   for _, id in ipairs(expired) do
     drop_lease(id)
+  end
+  if redis.call('ZCARD', KEYS[1]) == 0 and redis.call('HLEN', KEYS[2]) == 0 then
+    local u = redis.call('HGETALL', KEYS[3])
+    for i = 2, #u, 2 do
+      if u[i] ~= '0' then
+        redis.call('DEL', KEYS[3])
+        break
+      end
+    end
   end
   return #expired
 end
@@ -209,11 +220,22 @@ local function take_lease(now, own)
     tonumber(ARGV[5]))
 end
 
+-- The longest a waiting mark is written for (ms): replicas mark for a second at a time.
+local MARK_MAX_MS = 60000
+
+-- Drops the waiting marks past their time, and those further ahead than any mark is written
+-- for: written before the server's clock was set back, they would otherwise hold every job
+-- and borrower off for as long as the clock went back.
+local function forget_marks(now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '(' .. (now + MARK_MAX_MS), '+inf')
+end
+
 -- True when no replica has an interactive large request waiting (marks past their time drop).
 -- A large request's mark is the replica's id; with jobs.preempt the other lanes mark too, as
 -- "<replica> <lane>".
 local function large_idle(now)
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+  forget_marks(now)
   for _, m in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
     if not string.find(m, ' ', 1, true) then
       return false
@@ -224,7 +246,7 @@ end
 
 -- True when no replica has an interactive request of any lane waiting.
 local function all_idle(now)
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
+  forget_marks(now)
   return redis.call('ZCARD', KEYS[5]) == 0
 end
 
@@ -333,7 +355,8 @@ local function ask_borrowers(r, now, lane, tokens, prompt, status)
       asked[#asked + 1] = id
       -- Sent again when it was not acted on within a second (a message missed).
       local l, why, at = string.match(a, '^(%S+) (%S+) (%d+)$')
-      if at and now - tonumber(at) > 1000 then
+      -- (Or asked "later" than now: before the server's clock was set back.)
+      if at and (now - tonumber(at) > 1000 or tonumber(at) > now) then
         redis.call('HSET', akey, id, l .. ' ' .. why .. ' ' .. now)
         redis.call('PUBLISH', base_key(':leave'), id .. ' ' .. l .. ' ' .. why)
       end

@@ -68,13 +68,16 @@ async fn both_backends_decide_alike() {
         let lane = Lane::ALL[g.next(3) as usize];
         let tokens = 1 + g.next(1_200);
         let expected = limits.fits(&usage, lane, tokens);
-        // The same state in Redis: no leases, the usage counters, the record.
+        // The same state in Redis: the usage counters, one lease standing for what they count
+        // (with no lease at all a script drops counts as left behind), the record.
         let mut reset = redis::pipe();
         reset
             .atomic()
             .del(&keys.usage)
             .del(&keys.leases)
-            .del(&keys.expiry);
+            .del(&keys.expiry)
+            .hset(&keys.leases, "planted", "small 0 0")
+            .zadd(&keys.expiry, "planted", 1_000_000_000_000_000u64);
         let global: u64 = usage.iter().map(|u| u.tokens).sum();
         for (l, u) in Lane::ALL.iter().zip(&usage) {
             reset.hset(&keys.usage, format!("{l}:n"), u.in_flight).hset(

@@ -167,13 +167,16 @@ impl LocalAdmission {
             ..
         } = ask;
         let shared = &self.shared;
-        let rules = shared.rules();
-        let limits = &rules.limits;
-        limits.admissible(lane, tokens)?;
-        let queue = limits.queue_of(lane);
-        let queue_limit = limits.queue(queue);
-        let (mut receiver, ticket) = {
+        let (mut receiver, ticket, timeout) = {
             let mut state = shared.lock();
+            // The rules read under the state's lock: a reload swaps them under it (and refuses
+            // the waiters its limits can never admit), so an arrival is checked against the
+            // rules it will wait under, not enqueued past that purge to block its queue.
+            let rules = shared.rules();
+            let limits = &rules.limits;
+            limits.admissible(lane, tokens)?;
+            let queue = limits.queue_of(lane);
+            let queue_limit = limits.queue(queue);
             if shared.admits_now(&state, queue, lane, tokens, prompt) {
                 state.take(lane, tokens);
                 state.take_prefill(prompt);
@@ -244,10 +247,10 @@ impl LocalAdmission {
                 queue,
                 id,
             };
-            (receiver, ticket)
+            (receiver, ticket, queue_limit.timeout)
         };
         let started = Instant::now();
-        let outcome = tokio::time::timeout(queue_limit.timeout, &mut receiver).await;
+        let outcome = tokio::time::timeout(timeout, &mut receiver).await;
         // Leave the queue (if still in it) before looking at the outcome; a guard granted in
         // the meantime sits in `receiver` and is given back when `receiver` drops.
         drop(ticket);

@@ -220,7 +220,16 @@ impl Pilot {
             let limits = paced(&config, pace, small_seats);
             let in_force = match redis {
                 None => {
+                    // Under the reload lock, checked again: a reload between the check above
+                    // and this call would otherwise have the old file's limits put back.
+                    let _one_at_a_time = state.reload_lock();
+                    if !Arc::ptr_eq(&config, &state.config()) {
+                        return;
+                    }
                     state.admission().set_limits(&limits, false);
+                    state.set_paced_limits(Some(Arc::new(move |c: &Config| {
+                        overlay(c, pace, small_seats)
+                    })));
                     true
                 }
                 // Redis did not answer: again at the next look.

@@ -21,7 +21,7 @@
 //! fingerprint took a label stay in `other`. Only hashes are labels, never prompt text (M20).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus::{IntCounterVec, Registry};
 
@@ -157,7 +157,7 @@ impl PrefixMetrics {
 
     /// Applies the `[prefix_cache]` settings.
     pub fn configure(&self, c: &PrefixCacheConfig, courses: impl IntoIterator<Item = String>) {
-        let mut inner = self.inner.lock().expect("prefix metrics lock");
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         // A course a reload removed keeps its label (its counters stay).
         inner.labels.courses.extend(courses);
         inner.labels.max = c.fingerprint_labels as usize;
@@ -191,7 +191,7 @@ impl PrefixMetrics {
         sample: DriftSample,
     ) -> Option<DriftVerdict> {
         let (label, replica_label, first_of_replica, verdict) = {
-            let mut inner = self.inner.lock().expect("prefix metrics lock");
+            let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
             let label = inner.labels.label_for(fingerprint, tenant).to_owned();
             let (replica_label, first) = if inner.replicas.contains(replica) {
                 (replica.to_owned(), false)
@@ -241,14 +241,14 @@ impl PrefixMetrics {
     /// The prompt tokens a request with `fingerprint` can expect to find in vLLM's prefix cache,
     /// from the requests measured so far (see [`super::cached_prefix`]).
     pub fn expected_cached(&self, key: &str) -> u32 {
-        let inner = self.inner.lock().expect("prefix metrics lock");
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.cached.expected(key)
     }
 
     /// Records that a request under discount key `key` (`crate::prompt::discount_key`) found
     /// `cached` prompt tokens in vLLM's prefix cache.
     pub fn observe_cached(&self, key: &str, cached: u32) {
-        let mut inner = self.inner.lock().expect("prefix metrics lock");
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.cached.observe(key, cached);
     }
 }

@@ -74,3 +74,90 @@ async fn a_request_waiting_when_redis_goes_away_waits_its_queue_timeout_in_all()
     drop(seat);
     admission.shutdown().await;
 }
+
+/// A request the fallback admitted, registered in Redis once Redis was back (whatever the
+/// limits: it already ran), grows past its lane while the larger lane is full in Redis: the
+/// move is refused and the request stays where the fleet counts it. The fallback's own lanes
+/// had room, and the move was granted there: the request ran in the large lane while the fleet
+/// counted it in the small one (other replicas admitted past the large lane's limits).
+#[tokio::test]
+async fn a_registered_fallback_request_moves_only_when_redis_has_room() {
+    let mut redis = RedisServer::start();
+    let config = |url: String| {
+        Config::from_toml_str(&format!(
+            "[classify]\ntokenizer = \"heuristic\"\n\
+             [quota]\nbackend = \"redis\"\nredis_url = \"{url}\"\non_redis_down = \"fail_open\"\n\
+             heartbeat_ms = 100\nlease_ttl_ms = 10000\n\
+             [lanes.large]\nmax_concurrency = 1\nceiling = 1\nborrow = false\n"
+        ))
+        .unwrap()
+    };
+    let metrics = Metrics::new();
+    let admission =
+        RedisAdmission::from_config(&config(redis.url()), metrics.quota().clone()).unwrap();
+    drop(admission.acquire(Ask::new(Small, 100)).await.unwrap());
+    redis.stop();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !admission.degraded() {
+        assert!(Instant::now() < deadline, "the replica falls back");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut guard = admission.acquire(Ask::new(Small, 100)).await.unwrap();
+    redis.restart();
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let leases = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("HVALS")
+                .arg("tg:v2:{quota}:leases")
+                .query_async::<Vec<String>>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while admission.degraded() || leases(&mut conn).await.len() != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the fallback's request is registered"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Another replica takes the large lane's one seat.
+    let other =
+        RedisAdmission::from_config(&config(redis.url()), Metrics::new().quota().clone()).unwrap();
+    let large = other
+        .acquire(Ask::new(crate::lane::Lane::Large, 100))
+        .await
+        .unwrap();
+
+    assert!(!guard.promote(crate::lane::Lane::Large, 5_000).await);
+    assert_eq!(guard.lane(), Small);
+    let values = leases(&mut conn).await;
+    assert_eq!(
+        values.iter().filter(|v| v.starts_with("small")).count(),
+        1,
+        "{values:?}"
+    );
+    // Once the seat is free, the move goes through, in Redis too.
+    drop(large);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !guard.promote(crate::lane::Lane::Large, 5_000).await {
+        assert!(
+            Instant::now() < deadline,
+            "the move goes through once there is room"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(leases(&mut conn)
+        .await
+        .iter()
+        .any(|v| v.starts_with("large")));
+    drop(guard);
+    other.shutdown().await;
+    admission.shutdown().await;
+}

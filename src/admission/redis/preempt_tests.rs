@@ -297,6 +297,16 @@ async fn an_answer_borrows_an_idle_seat_only_while_nobody_waits_and_not_in_the_c
         (1, Some(Lane::Medium)),
         "large's seats are taken: medium's idle one"
     );
+    // The same call sent again (its reply was lost): the same seat, counted once.
+    assert_eq!(
+        f.borrow("answer-1", Lane::Large).await,
+        (1, Some(Lane::Medium))
+    );
+    let mut conn = f.conn.clone();
+    let medium: i64 = redis::AsyncCommands::hget(&mut conn, &f.keys.usage, "medium:n")
+        .await
+        .unwrap();
+    assert_eq!(medium, 1);
     assert!(f.exists(":borrowers").await);
     // A medium request finds medium full (the borrower holds one of two): it gets the other,
     // then the next one asks the borrower to leave.
@@ -308,9 +318,10 @@ async fn an_answer_borrows_an_idle_seat_only_while_nobody_waits_and_not_in_the_c
     assert_eq!(f.asked().await, [("answer-1".into(), "medium seat".into())]);
     f.release("answer-1").await;
     // While a request is marked waiting on some replica, nothing borrows.
+    let (s, _): (u64, u64) = redis::cmd("TIME").query_async(&mut f.conn).await.unwrap();
     let _: () = redis::cmd("ZADD")
         .arg(&f.keys.waiting_large)
-        .arg(u64::MAX / 2)
+        .arg((s + 30) * 1_000)
         .arg("other-replica medium")
         .query_async(&mut f.conn)
         .await

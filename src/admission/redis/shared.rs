@@ -304,9 +304,10 @@ impl Shared {
             );
         }
         let mut gives = Vec::new();
+        let mut moves = Vec::new();
         {
             let fallback = self.fallback_leases();
-            for (id, lane, _, registered_prefill, _) in &pending {
+            for (id, lane, registered_tokens, registered_prefill, _) in &pending {
                 if !is_fallback(id) {
                     // A lease Redis had lost, whose request ended while the call was out: its
                     // release may have reached Redis before the registration (a script sent
@@ -319,7 +320,16 @@ impl Shared {
                 }
                 match fallback.get(id) {
                     Some((h, _)) => {
-                        self.hold(id, h.lane, h.tokens, h.prefill);
+                        // Booked as registered; a promotion while the call was out (not sent
+                        // to Redis then) is asked of Redis below.
+                        self.hold(id, *lane, *registered_tokens, h.prefill);
+                        if (h.lane, h.tokens) != (*lane, *registered_tokens) {
+                            moves.push((
+                                id.clone(),
+                                (*lane, *registered_tokens),
+                                (h.lane, h.tokens),
+                            ));
+                        }
                         // Its first token came while the call was out.
                         // (When is not known: no prefill rate is learnt from it.)
                         if *registered_prefill > 0 && h.prefill == 0 {
@@ -337,6 +347,9 @@ impl Shared {
                 give,
                 first_token: None,
             });
+        }
+        for (id, (from, from_tokens), (to, tokens)) in moves {
+            self.promote(&id, from, from_tokens, to, tokens).await;
         }
     }
 
@@ -952,13 +965,21 @@ impl FallbackLease {
 impl Reservation for FallbackLease {
     fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, bool> {
         Box::pin(async move {
+            // Registered in Redis: the fleet's counts decide (the fallback's own are for the
+            // next outage). Redis registered it whatever its limits, so it may well be full:
+            // a move it refuses is no move, or the request would run in the larger lane while
+            // the fleet counts it in the smaller one.
+            let adopted = self.adopted();
+            if adopted && !self.shared.promote(&self.id, from, tokens, to, grown).await {
+                return false;
+            }
             let taken = self
                 .guard
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .take();
             let Some(mut guard) = taken else {
-                return false;
+                return adopted;
             };
             let moved = guard.promote(to, grown).await;
             let (lane, now) = (guard.lane(), guard.tokens());
@@ -968,11 +989,8 @@ impl Reservation for FallbackLease {
                     h.lane = lane;
                     h.tokens = now;
                 }
-                if self.adopted() {
-                    self.shared.promote(&self.id, from, tokens, lane, now).await;
-                }
             }
-            moved
+            adopted || moved
         })
     }
 

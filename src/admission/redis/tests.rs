@@ -281,6 +281,15 @@ async fn an_acquire_takes_those_behind_it_in_order_up_to_the_first_that_does_not
         .map(Option::is_some)
         .collect();
     assert_eq!(held, [true, true, false, false]);
+    // The same call sent again (its reply was lost): the same grants, counted once.
+    let r = f
+        .scripts
+        .acquire(&mut f.conn, &f.keys, &ask("h", 100, &line))
+        .await
+        .unwrap();
+    assert_eq!((r.verdict, r.behind), (Verdict::Granted, 1));
+    assert_eq!(f.usage("small:n").await, 2);
+    assert_eq!(f.usage("small:tokens").await, 400);
     // A refused head takes nobody behind it, even one that would fit.
     let r = f
         .scripts
@@ -296,6 +305,33 @@ async fn an_acquire_takes_those_behind_it_in_order_up_to_the_first_that_does_not
         .await
         .unwrap();
     assert_eq!(given, 2);
+    for field in ["small:n", "small:tokens", "global:tokens"] {
+        assert_eq!(f.usage(field).await, 0, "{field}");
+    }
+}
+
+/// Counts left behind with no lease at all (a lease's key deleted or evicted from outside)
+/// held seats for good; the next call finds no lease and drops them.
+#[tokio::test]
+async fn counts_left_without_any_lease_are_dropped() {
+    let mut f = fixture().await;
+    let _: () = redis::cmd("HSET")
+        .arg(&f.keys.usage)
+        .arg(&[
+            ("small:n", "2"),
+            ("small:tokens", "300"),
+            ("global:tokens", "300"),
+        ])
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        f.acquire("a", Lane::Small, 100, 10_000, 10_000).await.0,
+        Verdict::Granted
+    );
+    assert_eq!(f.usage("small:n").await, 1);
+    assert_eq!(f.usage("global:tokens").await, 100);
+    assert!(f.scripts.release(&mut f.conn, &f.keys, "a").await.unwrap());
     for field in ["small:n", "small:tokens", "global:tokens"] {
         assert_eq!(f.usage(field).await, 0, "{field}");
     }
@@ -680,11 +716,15 @@ async fn waiting_marks_past_their_time_are_dropped_by_the_next_mark() {
     f.limits([SMALL, OTHER, OTHER], 100_000, NO_PREFILL_BUDGET)
         .await;
     // Replicas that died while their requests waited: their marks lapsed long ago (1 ms after
-    // the epoch of Redis's clock), and nothing of theirs comes back to drop them.
-    for dead in ["dead-1", "dead-2 small"] {
+    // the epoch of Redis's clock), and nothing of theirs comes back to drop them. And one
+    // marked an hour ahead of the clock (set back since): it would hold every job off for the
+    // hour.
+    let (s, _): (u64, u64) = redis::cmd("TIME").query_async(&mut f.conn).await.unwrap();
+    let ahead = (s + 3_600) * 1_000;
+    for (dead, until) in [("dead-1", 1), ("dead-2 small", 1), ("ahead", ahead)] {
         let _: () = redis::cmd("ZADD")
             .arg(&f.keys.waiting_large)
-            .arg(1)
+            .arg(until)
             .arg(dead)
             .query_async(&mut f.conn)
             .await
