@@ -55,9 +55,17 @@ impl Fleet {
         let mut c = config(budget, extra);
         c.quota.backend = QuotaBackend::Redis;
         c.quota.redis_url = RedisUrl::new(server.url());
-        let replicas = (0..2)
+        let replicas: Vec<Admission> = (0..2)
             .map(|_| Admission::build(&c, Metrics::new().quota().clone()).unwrap())
             .collect();
+        // Each replica's first connection (a request waits only 2 s for it, which a loaded
+        // machine can exceed, and then falls back).
+        for r in &replicas {
+            eventually("the replica reaches Redis", || {
+                std::future::ready(r.shared().is_some_and(|s| s.connection().is_some()))
+            })
+            .await;
+        }
         let conn = redis::Client::open(server.url())
             .unwrap()
             .get_multiplexed_async_connection()

@@ -506,7 +506,9 @@ async fn with_redis_one_replica_leads_and_hands_the_configured_values_back_when_
     .unwrap();
     // A paces; B has the autopilot off and enforces whatever the shared record says.
     let (a, _) = gateway(shared(&sim.url(), &redis, true)).await;
+    redis_ready(&a).await;
     let (b, _) = gateway(shared(&sim.url(), &redis, false)).await;
+    redis_ready(&b).await;
     // The impossible objective drives A's values to the floors, published for the fleet.
     until_on(&a, "the shared record at the floors", |m| {
         let leads = metric(m, LEADER) == 1.0;
@@ -520,6 +522,7 @@ async fn with_redis_one_replica_leads_and_hands_the_configured_values_back_when_
     assert_eq!(shared_knobs(&redis).await, (12_288, 10));
     // C, with the autopilot on, takes the lead and paces the fleet again.
     let (c, _) = gateway(shared(&sim.url(), &redis, true)).await;
+    redis_ready(&c).await;
     until_on(&c, "C leads and tightens", |m| {
         let leads = metric(m, LEADER) == 1.0;
         let redis = &redis;
@@ -575,6 +578,7 @@ async fn with_redis_a_dead_leaders_paced_record_goes_when_no_replica_paces() {
     .await
     .unwrap();
     let (b, _) = gateway(shared(&sim.url(), &redis, false)).await;
+    redis_ready(&b).await;
     // The leader: paces to the floors, publishes them, and dies (never hands back, never
     // resigns: its lease runs out).
     let config = shared(&sim.url(), &redis, true);

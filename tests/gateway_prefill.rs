@@ -70,6 +70,9 @@ async fn waits_without_a_seat_and_gets_room_on_a_disconnect(redis: Option<&Redis
     // The engine's first token takes ten minutes: every admitted request stays in prefill.
     let held = ["--profile", "fixed", "--fixed-ttft-ms", "600000"];
     let h = harness(&held, tweak(redis)).await;
+    if redis.is_some() {
+        redis_ready(&h.gw).await;
+    }
     let url = h.url("/v1/chat/completions");
     let first = send(&url, body(7_000, "first")).await.unwrap();
     let in_prefill = snapshot(&h).prefill_tokens;
@@ -119,6 +122,9 @@ async fn room_at_the_first_token(redis: Option<&RedisServer>) {
     // The first token comes at once, the second in ten minutes: requests stay in decode.
     let decode_held = flags("--profile fixed --fixed-ttft-ms 1 --fixed-itl-ms 600000");
     let h = harness(&decode_held, tweak(redis)).await;
+    if redis.is_some() {
+        redis_ready(&h.gw).await;
+    }
     let url = h.url("/v1/chat/completions");
     let mut first = send(&url, body(7_000, "first")).await.unwrap();
     // Only the first token releases the room: read it.

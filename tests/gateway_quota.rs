@@ -427,6 +427,9 @@ async fn a_crashed_replicas_capacity_comes_back_within_the_lease_ttl() {
     let Admission::Redis(a) = Admission::build(&cfg, metrics.quota().clone()).unwrap() else {
         panic!("redis backend")
     };
+    // Connected first: a request waits only 2 s for it, then falls back (and A's seats would
+    // be its own, not the fleet's).
+    common::eventually("replica A reaches Redis", || a.connection().is_some()).await;
     // Every lease expires at least one TTL after this instant (Redis stamps it on acquire).
     let before_acquire = Instant::now();
     let mut held = Vec::new();
@@ -628,8 +631,10 @@ async fn one_slow_quota_call_does_not_make_the_replica_fall_back() {
     let Admission::Redis(a) = Admission::build(&cfg, metrics.quota().clone()).unwrap() else {
         panic!("redis backend")
     };
-    // Connected and working.
+    // Connected (a request waits only 2 s for the first connection) and working.
+    common::eventually("the replica reaches Redis", || a.connection().is_some()).await;
     drop(a.acquire(Ask::new(Lane::Small, 10)).await.unwrap());
+    assert!(!a.degraded(), "admitted through Redis");
     let mut conn = redis::Client::open(redis.url())
         .unwrap()
         .get_multiplexed_async_connection()
