@@ -80,6 +80,17 @@ impl Fair {
 }
 
 impl Fair {
+    /// A waiter of `tenant` left unserved and its tenant's newest turn, starting at `start`,
+    /// is free again (each of its tenant's later waiters took the turn before its own): the
+    /// tenant's next arrival starts there (or at the virtual time, when that is later).
+    pub fn give_back(&mut self, tenant: &Option<Arc<str>>, start: f64) {
+        if let Some(finish) = self.finish.get_mut(tenant) {
+            if *finish > start {
+                *finish = start;
+            }
+        }
+    }
+
     /// The virtual time: the tag of the last waiter admitted.
     pub fn virtual_time(&self) -> f64 {
         self.virtual_time

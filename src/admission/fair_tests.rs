@@ -198,6 +198,68 @@ async fn with_redis_a_replicas_line_gives_tenants_turns() {
     );
 }
 
+/// Behind a held seat, five waiters of tenant A give up (their tasks dropped: a client gone,
+/// a timeout), then B queues two and A one more: the admission order. The turns A did not
+/// use are A's again, so its next waiter goes by its turn (B, A, B), not behind as many of
+/// B's turns as A's waiters had left (B, B, A).
+async fn after_waiters_gave_up(a: &Admission) -> Vec<&'static str> {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let seat = a.acquire(Ask::new(Small, 10)).await.unwrap();
+    for gone in queue(a, "A", 5, &order).await {
+        gone.abort();
+        let _ = gone.await;
+    }
+    while a.snapshot().lane(Small).queue_depth > 0 {
+        tokio::task::yield_now().await;
+    }
+    let mut tasks = Vec::new();
+    for (tenant, label) in [("B", "B"), ("B", "B"), ("A", "A")] {
+        tasks.push(queue_due(a, Some(tenant), label, None, &order).await);
+    }
+    drop(seat);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    order
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_keeps_the_turns_of_waiters_that_gave_up() {
+    assert_eq!(after_waiters_gave_up(&one_seat("")).await, ["B", "A", "B"]);
+}
+
+/// A's first waiter gives up while A's second and B's two wait: A's second takes its turn
+/// (first, ahead of B's), and A's next arrival takes the turn A's second held. Both of A's
+/// still get exactly the turns A had.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_that_gives_up_passes_its_turn_to_its_tenants_next() {
+    let a = one_seat("");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let seat = a.acquire(Ask::new(Small, 10)).await.unwrap();
+    let gone = queue_due(&a, Some("A"), "A gone", None, &order).await;
+    let mut tasks = vec![queue_due(&a, Some("A"), "A", None, &order).await];
+    tasks.extend(queue(&a, "B", 2, &order).await);
+    gone.abort();
+    let _ = gone.await;
+    while a.snapshot().lane(Small).queue_depth > 3 {
+        tokio::task::yield_now().await;
+    }
+    tasks.push(queue_due(&a, Some("A"), "A next", None, &order).await);
+    drop(seat);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), ["A", "B", "B", "A next"]);
+}
+
+#[tokio::test]
+async fn with_redis_a_tenant_keeps_the_turns_of_waiters_that_gave_up() {
+    let redis = redis_common::RedisServer::start();
+    let a = redis_one_seat(&redis);
+    assert_eq!(after_waiters_gave_up(&a).await, ["B", "A", "B"]);
+}
+
 mod room {
     use std::sync::Arc;
 

@@ -39,6 +39,8 @@ pub(super) struct Waiter {
     pub grant: oneshot::Sender<Result<LaneGuard, AdmissionError>>,
     /// When pre-emptible borrowers were first asked to leave for it (`preempt.rs`).
     pub made_room: Option<Instant>,
+    /// A continuation put at the head: it took no turn of its tenant's.
+    pub continuing: bool,
 }
 
 impl Waiter {
@@ -62,6 +64,7 @@ impl Waiter {
             due: ask.due,
             grant,
             made_room: None,
+            continuing: ask.continuing,
         }
     }
 }
@@ -207,9 +210,34 @@ impl State {
         self.leave_at(queue, pos)
     }
 
-    /// Removes and returns the waiter at `pos` of `queue`, which leaves without a turn.
+    /// Removes and returns the waiter at `pos` of `queue`, which leaves unserved. Its turn
+    /// passes to its tenant's next waiter in the queue, that one's to the next, and so on, and
+    /// the tenant's newest turn is free again: a tenant whose requests gave up (timed out,
+    /// their clients went away, pushed out) keeps the turns they did not use, where its next
+    /// request used to queue behind every other tenant's turns as many as had left. A
+    /// continuation took no turn, and gives none back.
     pub fn leave_at(&mut self, queue: usize, pos: usize) -> Option<Waiter> {
-        let waiter = self.queues[queue].remove(pos)?;
+        let q = &mut self.queues[queue];
+        let leaving = q.get(pos)?;
+        let mut at = pos;
+        if !leaving.continuing {
+            let tenant = leaving.tenant.clone();
+            for next in pos + 1..q.len() {
+                if q[next].tenant != tenant || q[next].continuing {
+                    continue;
+                }
+                // The next one takes this turn (the position and tag stay in tag order).
+                q.swap(at, next);
+                let (a, b) = (q[at].tag, q[next].tag);
+                q[at].tag = b;
+                q[next].tag = a;
+                at = next;
+            }
+        }
+        let waiter = q.remove(at)?;
+        if !waiter.continuing {
+            self.fair[queue].give_back(&waiter.tenant, waiter.tag);
+        }
         self.queued[waiter.lane.index()] -= 1;
         self.last_waited = Some(Instant::now());
         Some(waiter)
@@ -223,14 +251,12 @@ impl State {
         Some(waiter)
     }
 
-    /// Removes waiter `id` from `queue` if it is still there; true when it was.
+    /// Removes waiter `id` from `queue` if it is still there (it leaves unserved, see
+    /// [`State::leave_at`]); true when it was.
     pub fn remove(&mut self, queue: usize, id: u64) -> bool {
-        let q = &mut self.queues[queue];
-        match q.iter().position(|w| w.id == id) {
+        match self.queues[queue].iter().position(|w| w.id == id) {
             Some(pos) => {
-                if let Some(w) = q.remove(pos) {
-                    self.queued[w.lane.index()] -= 1;
-                }
+                self.leave_at(queue, pos);
                 self.last_waited = Some(Instant::now());
                 true
             }

@@ -73,6 +73,8 @@ struct Seat<H> {
     /// Joined at the head ([`LaneQueue::join_first`]): first whatever the order, never moved
     /// back by a later waiter of its tenant.
     head: bool,
+    /// Admitted ([`Place::admitted`]): its turn was used, and is not given back as it leaves.
+    served: bool,
 }
 
 #[derive(Debug)]
@@ -143,14 +145,40 @@ impl<H> Line<H> {
         self.order.insert(key, moving);
     }
 
-    /// Takes waiter `id` out.
+    /// Takes waiter `id` out (admitted, or leaving unserved: then see [`Line::pass_down`]).
     fn remove(&mut self, id: u64) {
         if let Some(key) = self.keys.remove(&id) {
-            self.order.remove(&key);
+            if let Some(seat) = self.order.remove(&key) {
+                if !seat.head && !seat.served {
+                    self.pass_down(key, &seat.tenant);
+                }
+            }
         }
         if self.turn == Some(id) {
             self.turn = None;
         }
+    }
+
+    /// The turn at `free`, left unserved by a waiter of `tenant`, passes to its tenant's next
+    /// waiter, that one's to the next, and so on; the tenant's newest turn is free again. A
+    /// tenant whose requests gave up (timed out, their clients went away, pushed out) keeps
+    /// the turns they did not use, where its next request used to queue behind every other
+    /// tenant's turns as many as had left.
+    fn pass_down(&mut self, mut free: Key, tenant: &Option<Arc<str>>) {
+        let later: Vec<Key> = self
+            .order
+            .range((std::ops::Bound::Excluded(free), std::ops::Bound::Unbounded))
+            .filter(|(_, s)| &s.tenant == tenant && !s.head)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in later {
+            if let Some(seat) = self.order.remove(&k) {
+                self.keys.insert(seat.id, free);
+                self.order.insert(free, seat);
+                free = k;
+            }
+        }
+        self.fair.give_back(tenant, f64::from_bits(free.0));
     }
 
     /// Pushes out the newest waiter of `tenant` (it held `held`, its places are `places`).
@@ -166,6 +194,9 @@ impl<H> Line<H> {
             if let Some(seat) = self.order.remove(&key) {
                 let _ = seat.out.set((held, places));
                 seat.wake.notify_one();
+                if !seat.head {
+                    self.pass_down(key, &seat.tenant);
+                }
             }
         }
         if self.turn == Some(id) {
@@ -351,6 +382,7 @@ impl<H> LaneQueue<H> {
             out: out.clone(),
             handed: handed.clone(),
             head: false,
+            served: false,
         };
         line.insert(key, seat);
         line.wake_first();
@@ -390,6 +422,7 @@ impl<H> LaneQueue<H> {
             out: out.clone(),
             handed: handed.clone(),
             head: true,
+            served: false,
         };
         line.keys.insert(id, key);
         line.order.insert(key, seat);
@@ -478,6 +511,9 @@ impl<'a, H> Place<'a, H> {
         let mut line = self.queue.lock();
         if let Some(key) = line.keys.get(&self.id).copied() {
             line.fair.admitted(f64::from_bits(key.0));
+            if let Some(seat) = line.order.get_mut(&key) {
+                seat.served = true;
+            }
         }
     }
 }
@@ -679,6 +715,8 @@ mod tests {
         assert_eq!(q.lock().first(), Some(b1.id));
         set("B", 301.0);
         assert_eq!(q.lock().first(), Some(a1.id));
+        // A1 is admitted (its turn used) and leaves.
+        a1.admitted();
         drop(a1);
         assert_eq!(q.lock().first(), Some(a2.id));
         // An arrival that does not ask for it (fleet fairness off) orders the line by tags.

@@ -67,15 +67,32 @@ impl Store {
         self.queue.front().map(|(_, e)| e.clone())
     }
 
-    /// Takes `id` out of the queue; true when it was there.
+    /// Takes `id` out of the queue (it leaves unserved: cancelled); true when it was there.
+    /// Its turn passes to its tenant's next queued job, that one's to the next, and so on, and
+    /// the tenant's newest turn is free again (a tenant that cancels keeps the turns it did
+    /// not use).
     pub fn unqueue(&mut self, id: &str) -> bool {
-        match self.position(id) {
-            Some(p) => {
-                self.queue.remove(p);
-                true
+        let Some(p) = self.position(id) else {
+            return false;
+        };
+        let q = &mut self.queue;
+        let tenant = q[p].1.tenant.clone();
+        let mut at = p;
+        for next in p + 1..q.len() {
+            if q[next].1.tenant != tenant {
+                continue;
             }
-            None => false,
+            // The next one takes this turn (the position and tag stay in tag order).
+            let (a, b) = (q[at].0, q[next].0);
+            q.swap(at, next);
+            q[at].0 = a;
+            q[next].0 = b;
+            at = next;
         }
+        if let Some((tag, _)) = q.remove(at) {
+            self.fair.give_back(&tenant.as_deref().map(Arc::from), tag);
+        }
+        true
     }
 
     /// Takes the head out of the queue to run it: the fair order's virtual time moves on.
