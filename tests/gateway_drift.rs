@@ -233,3 +233,39 @@ async fn an_evicted_course_prefix_raises_a_drift_alarm_naming_the_replica() {
     );
     h.shutdown().await;
 }
+
+/// A stream cut short (the student pressed Stop after the first words) never gets vLLM's final
+/// usage, the only one that says what was cached: it is no drift, and counts in no hit ratio.
+/// It used to count as a request that found nothing cached (a drift alarm, a lower ratio).
+#[tokio::test]
+async fn a_stream_cut_short_is_no_drift() {
+    let h = harness(
+        &flags("--profile tiny-test --speed 1 --enable-prompt-tokens-details --enable-per-request-metrics"),
+        |_| {},
+    )
+    .await;
+    let course = words(500, "You are the py101 tutor. Give hints.");
+    let ask = |i: u32| {
+        json!([{"role": "system", "content": course},
+               {"role": "user", "content": format!("question {i}")}])
+    };
+    for i in 0..6 {
+        chat(&h, ask(i)).await;
+    }
+    let queries = |m: &str| family_total(m, "tutor_gateway_prefix_cache_fingerprint_queries_total");
+    let before = queries(&h.metrics_text().await);
+    let mut r = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&json!({"messages": ask(99), "max_tokens": 2000, "stream": true})),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert!(r.chunk().await.unwrap().is_some(), "a first chunk");
+    drop(r);
+    common::eventually("the cut stream is logged", || log_lines(&h).len() == 7).await;
+    let m = h.metrics_text().await;
+    assert_eq!(family_total(&m, DRIFT), 0.0, "{m}");
+    assert_eq!(queries(&m), before);
+    h.shutdown().await;
+}

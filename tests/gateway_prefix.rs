@@ -384,3 +384,51 @@ async fn a_request_that_differs_where_vllms_cache_looks_is_not_discounted() {
         );
     }
 }
+
+/// The discount learns what a prefix finds cached, not what a request's own long message
+/// finds: a client that sends the same system prompt and the same long message again and
+/// again (each finding nearly its whole prompt cached), then a new long message, has that
+/// new message reserved. The discount used to learn the whole cached count: the new long
+/// prompts reserved next to no prefill and went past the prefill budget.
+#[tokio::test]
+async fn the_discount_learns_the_prefix_not_a_message_sent_again() {
+    let h = harness(&flags(SIM), |c| c.admission.prefill_discount_cached = true).await;
+    let system = words(100, "You are the algo201 tutor. Review the student's code.");
+    let ask = |message: String| {
+        json!({"max_tokens": 4,
+               "messages": [{"role": "system", "content": system},
+                            {"role": "user", "content": message}]})
+    };
+    let again = words(1_500, "the same long submission:");
+    for _ in 0..6 {
+        let r = send(
+            client()
+                .post(h.url("/v1/chat/completions"))
+                .json(&ask(again.clone())),
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+        r.bytes().await.unwrap();
+    }
+    let r = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&ask(words(1_500, "a new long submission:"))),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    r.bytes().await.unwrap();
+    let lines: Vec<Value> = h.log.lock().unwrap().clone();
+    h.shutdown().await;
+    let n = |l: &Value, k: &str| l[k].as_u64().unwrap_or_else(|| panic!("{k} in {l}"));
+    let warm = &lines[5];
+    assert!(
+        n(warm, "cached_tokens") > n(warm, "input_tokens_estimated") / 2,
+        "the repeated message was found cached: {warm}"
+    );
+    let new = &lines[6];
+    assert!(
+        n(new, "prefill_tokens_reserved") > n(new, "input_tokens_estimated") * 3 / 4,
+        "the new message is reserved: {new}"
+    );
+}

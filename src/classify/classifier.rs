@@ -273,6 +273,42 @@ impl Classifier {
         }
     }
 
+    /// Tokens of `input`'s stable prefix as the template renders it: its leading system
+    /// messages, tools and template kwargs with their template tokens (0 for a prompt, or a
+    /// chat without any). What a request can find cached of its prefix in vLLM's cache is at
+    /// most this (and the next message's header): the prefill discount learns no more from
+    /// one request (`crate::telemetry::cached_prefix`).
+    pub async fn prefix_tokens(&self, input: &PromptInput) -> Result<u32, ClassifyError> {
+        let PromptInput::Chat {
+            messages,
+            tools,
+            template_kwargs,
+        } = input
+        else {
+            return Ok(0);
+        };
+        let prefix = PromptInput::Chat {
+            messages: messages
+                .iter()
+                .take_while(|m| m.role == "system")
+                .cloned()
+                .collect(),
+            tools: tools.clone(),
+            template_kwargs: template_kwargs.clone(),
+        };
+        let size = self.size_of(&prefix);
+        let prefix = Arc::new(prefix);
+        let text = match self.count_inline(&prefix, size) {
+            Some(counts) => counts,
+            None => {
+                let counted = Arc::clone(&prefix);
+                self.run_blocking(move |counter| counter.count_kinds(&counted))
+                    .await?
+            }
+        };
+        Ok(self.with_template(&prefix, text).total())
+    }
+
     /// Runs `work` with this classifier's token counter on a blocking thread, under the same
     /// bound as tokenizing (`classify.max_concurrent_tokenizations`): CPU work on a request's
     /// text, such as focusing its code (M11), never runs on an async worker.

@@ -276,7 +276,18 @@ pub async fn classify(
         _ => None,
     };
     if let Some(key) = &discount_key {
-        record.discount_key(key.clone());
+        // The prefix's own tokens, counted once per key: what one request may teach the
+        // discount and the drift profile at most (`crate::telemetry::cached_prefix`).
+        let prefix = ctx.metrics().prefix();
+        let tokens = match prefix.prefix_tokens(key) {
+            Some(tokens) => tokens,
+            None => {
+                let tokens = ctx.classifier().prefix_tokens(&input).await?;
+                prefix.set_prefix_tokens(key, tokens);
+                tokens
+            }
+        };
+        record.discount_key(key.clone(), tokens);
     }
     // Classify: the first lane by estimated work...
     let classifier = ctx.classifier();

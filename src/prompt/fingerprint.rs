@@ -85,8 +85,9 @@ pub fn fingerprint(system_prompt: &str, tools: Option<&Value>) -> String {
 /// prefix cached, each leading system message whole (its reasoning, name and non-text parts,
 /// which the fingerprint leaves out), the tools as sent (their key order when they are not
 /// canonicalized), the `model`, the `cache_salt` (vLLM salts its cache with it) and the
-/// `chat_template_kwargs` (rendered before the messages) and `truncate_prompt_tokens` (a prompt
-/// cut from the left keeps little of its prefix). A request that differs in any of
+/// `chat_template_kwargs` (rendered before the messages), `truncate_prompt_tokens` (a prompt
+/// cut from the left keeps little of its prefix), `add_special_tokens`, `reasoning_effort` and
+/// a `tool_choice` of `"none"`. A request that differs in any of
 /// them is not discounted by what the others found cached. 16 hex characters, never logged.
 pub fn discount_key(
     fingerprint: &str,
@@ -103,6 +104,10 @@ pub fn discount_key(
         "cache_salt",
         "chat_template_kwargs",
         "truncate_prompt_tokens",
+        // A second BOS shifts every block; harmony templates render the effort in the
+        // system header.
+        "add_special_tokens",
+        "reasoning_effort",
     ] {
         hash.update(b"\n");
         hash.update(name.as_bytes());
@@ -110,6 +115,11 @@ pub fn discount_key(
         if let Some(v) = body.get(name) {
             hash.update(v.to_string().as_bytes());
         }
+    }
+    // vLLM leaves the tools out of the template for `tool_choice: "none"` when run with
+    // `--exclude-tools-when-tool-choice-none`.
+    if body.get("tool_choice").and_then(Value::as_str) == Some("none") {
+        hash.update(b"\ntool_choice=none");
     }
     for m in messages.iter().take_while(|m| m.role == "system") {
         hash.update(b"\nSYSTEM");
@@ -183,7 +193,17 @@ mod tests {
                 "m"
             )
         );
-        assert_ne!(base, key(system, json!({}), "other-model"));
+        assert_ne!(base, key(system.clone(), json!({}), "other-model"));
+        // A second BOS, an effort rendered in the header, tools left out of the template.
+        for b in [
+            json!({"add_special_tokens": true}),
+            json!({"reasoning_effort": "high"}),
+            json!({"tool_choice": "none"}),
+        ] {
+            assert_ne!(base, key(system.clone(), b.clone(), "m"), "{b}");
+        }
+        // A tool choice the template does not see keeps the key.
+        assert_eq!(base, key(system, json!({"tool_choice": "auto"}), "m"));
     }
 
     #[test]

@@ -10,6 +10,13 @@
 //! the average down to its own count (the discount errs towards reserving too much, never
 //! towards flooding the engine). At most [`MAX_FINGERPRINTS`] are tracked; when full, the
 //! averages start over.
+//!
+//! A request's sample counts at most its prefix's own tokens (its leading system messages,
+//! tools and template kwargs as rendered, plus [`NEXT_HEADER`] for the next message's header,
+//! which every request of the prefix renders alike): what vLLM found cached beyond them (a
+//! long user message sent again, a session's history, a resumed job's or a pieced prompt's
+//! own earlier work) belongs to that request alone. Learnt whole, it let requests with the
+//! same prefix and a new long message in reserve next to no prefill.
 
 use std::collections::HashMap;
 
@@ -19,6 +26,9 @@ pub const ALPHA: f64 = 0.2;
 pub const WARM_SAMPLES: u32 = 3;
 /// Most fingerprints tracked at once.
 pub const MAX_FINGERPRINTS: usize = 4096;
+/// Tokens allowed past a prefix's own for the next message's header, which every request of
+/// the prefix renders alike.
+pub const NEXT_HEADER: u32 = 32;
 
 #[derive(Debug, Clone, Copy)]
 struct Average {
@@ -30,6 +40,8 @@ struct Average {
 #[derive(Debug, Default)]
 pub struct CachedPrefixes {
     by_fingerprint: HashMap<String, Average>,
+    /// Each prefix's own tokens (see the module doc), counted once.
+    sizes: HashMap<String, u32>,
 }
 
 impl CachedPrefixes {
@@ -51,6 +63,19 @@ impl CachedPrefixes {
             ALPHA * cached + (1.0 - ALPHA) * a.cached
         };
         a.samples = a.samples.saturating_add(1);
+    }
+
+    /// The tokens of prefix `fingerprint` itself, when counted already.
+    pub fn size(&self, fingerprint: &str) -> Option<u32> {
+        self.sizes.get(fingerprint).copied()
+    }
+
+    /// Keeps the tokens of prefix `fingerprint` itself.
+    pub fn set_size(&mut self, fingerprint: &str, tokens: u32) {
+        if !self.sizes.contains_key(fingerprint) && self.sizes.len() >= MAX_FINGERPRINTS {
+            self.sizes.clear();
+        }
+        self.sizes.insert(fingerprint.to_owned(), tokens);
     }
 
     /// The prompt tokens a request with `fingerprint` can expect to find cached (0 until

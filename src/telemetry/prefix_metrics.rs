@@ -175,20 +175,22 @@ impl PrefixMetrics {
         fingerprint: &str,
         sample: DriftSample,
     ) -> Option<DriftVerdict> {
-        self.observe_as(replica, fingerprint, fingerprint, None, sample)
+        let cached = sample.cached_tokens;
+        self.observe_as(replica, fingerprint, fingerprint, None, (sample, cached))
     }
 
     /// [`PrefixMetrics::observe`], the drift profile kept under `profile` (one per exact prefix
     /// as vLLM caches it: the discount key, which tells tenants' salts apart, so one tenant's
     /// first request does not read as another's prefix lost) and labelled by `fingerprint`,
-    /// a label `tenant`'s requests may take only within their share.
+    /// a label `tenant`'s requests may take only within their share. `cached`: the cached
+    /// tokens vLLM reported, counted as hits (the sample's may stop at the prefix's own).
     pub fn observe_as(
         &self,
         replica: &str,
         fingerprint: &str,
         profile: &str,
         tenant: Option<&str>,
-        sample: DriftSample,
+        (sample, cached): (DriftSample, u32),
     ) -> Option<DriftVerdict> {
         let (label, replica_label, first_of_replica, verdict) = {
             let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
@@ -216,9 +218,7 @@ impl PrefixMetrics {
         self.queries
             .with_label_values(&l)
             .inc_by(u64::from(sample.prompt_tokens));
-        self.hits
-            .with_label_values(&l)
-            .inc_by(u64::from(sample.cached_tokens));
+        self.hits.with_label_values(&l).inc_by(u64::from(cached));
         if let Some(v) = &verdict {
             self.drift
                 .with_label_values(&[replica_label.as_str(), label.as_str(), v.signal.as_str()])
@@ -245,8 +245,22 @@ impl PrefixMetrics {
         inner.cached.expected(key)
     }
 
+    /// The tokens of the prefix under discount key `key` itself, when counted already (see
+    /// [`super::cached_prefix`]).
+    pub fn prefix_tokens(&self, key: &str) -> Option<u32> {
+        let inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.cached.size(key)
+    }
+
+    /// Keeps the tokens of the prefix under discount key `key` itself.
+    pub fn set_prefix_tokens(&self, key: &str, tokens: u32) {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.cached.set_size(key, tokens);
+    }
+
     /// Records that a request under discount key `key` (`crate::prompt::discount_key`) found
-    /// `cached` prompt tokens in vLLM's prefix cache.
+    /// `cached` prompt tokens of its prefix in vLLM's prefix cache (at most the prefix's own
+    /// tokens: see [`super::cached_prefix`]).
     pub fn observe_cached(&self, key: &str, cached: u32) {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.cached.observe(key, cached);
@@ -343,7 +357,7 @@ mod tests {
         m.configure(&c, []);
         let seen = |fp: &str, tenant: &str| {
             for _ in 0..3 {
-                m.observe_as("replica-0", fp, fp, Some(tenant), sample(100, 50));
+                m.observe_as("replica-0", fp, fp, Some(tenant), (sample(100, 50), 50));
             }
         };
         for i in 0..20 {

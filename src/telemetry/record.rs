@@ -35,6 +35,9 @@ pub struct RequestRecord {
     fingerprint: Option<String>,
     /// The prefill discount's key (`crate::prompt::discount_key`); the fingerprint when unset.
     discount_key: Option<String>,
+    /// The tokens of that prefix itself: what the discount and the drift profile learn from
+    /// this request's cached tokens at most (`crate::telemetry::cached_prefix`).
+    prefix_tokens: Option<u32>,
     /// The replica that served the request (its `[[upstream.replicas]]` name).
     replica: Option<String>,
     tenant: Option<String>,
@@ -83,6 +86,7 @@ impl RequestRecord {
             first_token: false,
             fingerprint: None,
             discount_key: None,
+            prefix_tokens: None,
             replica: None,
             tenant: None,
             incoming_traceparent: None,
@@ -154,9 +158,11 @@ impl RequestRecord {
         self.fingerprint = Some(fp);
     }
 
-    /// Records the key its cached tokens teach the prefill discount under (never logged).
-    pub fn discount_key(&mut self, key: String) {
+    /// Records the key its cached tokens teach the prefill discount under (never logged), and
+    /// the tokens of that prefix itself.
+    pub fn discount_key(&mut self, key: String, prefix_tokens: u32) {
         self.discount_key = Some(key);
+        self.prefix_tokens = Some(prefix_tokens);
     }
 
     /// Records the replica that served the request (a name from `[[upstream.replicas]]`): the
@@ -353,6 +359,11 @@ impl RequestRecord {
             return;
         };
         let Some(u) = up.usage else { return };
+        // Only the stream's final usage says what was cached (a stream cut short reports its
+        // running count without it): nothing is learnt, and no hit counted, from one without.
+        if !u.reported {
+            return;
+        }
         let engine_queue_ms = up.engine.and_then(|e| e.queue_time_ms);
         let engine_prefill_ms = up
             .engine
@@ -361,14 +372,22 @@ impl RequestRecord {
         // vLLM leaves the cached count out when it is 0 (and without
         // --enable-prompt-tokens-details): absent reads as nothing cached.
         let cached = u.cached_tokens.unwrap_or(0);
+        // What it found cached of its prefix: at most the prefix's own tokens and the next
+        // header. Beyond them (a long message sent again, a session's history) the cache held
+        // this request's own text, which neither the discount nor the drift profile of the
+        // prefix may learn; nor the prefill per uncached token, whose share is then unknown.
+        let cap = self
+            .prefix_tokens
+            .map(|p| p.saturating_add(super::cached_prefix::NEXT_HEADER));
+        let of_prefix = cap.map_or(cached, |c| cached.min(c));
         let sample = DriftSample {
             prompt_tokens: u.prompt_tokens,
-            cached_tokens: cached,
-            engine_prefill_ms,
+            cached_tokens: of_prefix,
+            engine_prefill_ms: engine_prefill_ms.filter(|_| of_prefix == cached),
         };
         self.metrics
             .prefix()
-            .observe_cached(self.discount_key.as_deref().unwrap_or(fp), cached);
+            .observe_cached(self.discount_key.as_deref().unwrap_or(fp), of_prefix);
         let Some(v) = self
             .metrics
             .prefix()
@@ -377,7 +396,7 @@ impl RequestRecord {
                 fp,
                 self.discount_key.as_deref().unwrap_or(fp),
                 self.tenant.as_deref(),
-                sample,
+                (sample, cached),
             )
             .filter(|v| v.log)
         else {

@@ -136,6 +136,20 @@ async fn a_take_whose_reply_is_lost_gives_the_job_back_as_it_was() {
         .load_async(&mut conn)
         .await
         .unwrap();
+    // The heartbeat's first renewal has run (it writes `:beat`): on a busy machine it could
+    // otherwise come late and be the script found waiting below, while the take, given up
+    // before it was sent, never reached Redis.
+    for _ in 0..3_000 {
+        let beat: bool = redis::cmd("EXISTS")
+            .arg("tg:v2:{quota}:beat")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if beat {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // Redis takes no write for now: the take reads the queue's head, then its script waits.
     // The take is given up there (the gateway shutting down; a reply slower than the call's
     // timeout is given up the same way), and the script runs once Redis goes on: it starts
