@@ -213,13 +213,14 @@ impl SessionLedger {
         let Some(mut conn) = redis.connection() else {
             return;
         };
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
             return;
-        };
+        }
         let key = Self::key(redis, session);
         let ttl_ms = self.window.as_millis() as u64;
         let script = self.settle_script.clone();
-        rt.spawn(async move {
+        // A shutdown waits for it (bounded), as for the leases.
+        redis.spawn_background(async move {
             let _: redis::RedisResult<()> = script
                 .key(key)
                 .arg(delta)

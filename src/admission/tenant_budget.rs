@@ -188,11 +188,14 @@ impl Drop for ChargePending {
         let Some(record) = self.record.take() else {
             return;
         };
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let Some((redis, _)) = &self.budgets.redis else {
             return;
         };
         let (budgets, tenant) = (self.budgets.clone(), std::mem::take(&mut self.tenant));
-        rt.spawn(async move { budgets.cancel(&tenant, &record).await });
+        redis.spawn_background(async move { budgets.cancel(&tenant, &record).await });
     }
 }
 
@@ -258,7 +261,8 @@ impl TenantBudgets {
     /// Runs the script on `tenant`'s keys and the charge `record` with `args` until Redis
     /// answers: while it is unreachable, or a call fails, again after a wait doubling from
     /// 100 ms to [`RETRY_BACKOFF_MAX`], for up to [`RECORD_TTL`] (the record's life, within
-    /// which the script applies a call sent again once). False when it never answered.
+    /// which the script applies a call sent again once), or, once the replica stops, once
+    /// more. False when it never answered.
     async fn until_answered(&self, tenant: &str, record: &str, args: &[&str]) -> bool {
         let Some((redis, script)) = &self.redis else {
             return false;
@@ -266,6 +270,7 @@ impl TenantBudgets {
         let (minute, day) = Self::keys(redis, tenant);
         let started = tokio::time::Instant::now();
         let mut backoff = Duration::from_millis(100);
+        let mut stopping = false;
         loop {
             if let Some(mut conn) = redis.connection() {
                 let mut call = script.prepare_invoke();
@@ -280,10 +285,14 @@ impl TenantBudgets {
                     }
                 }
             }
-            if started.elapsed().saturating_add(backoff) >= RECORD_TTL {
+            if started.elapsed().saturating_add(backoff) >= RECORD_TTL || stopping {
                 return false;
             }
-            tokio::time::sleep(backoff).await;
+            let stop = redis.stopping();
+            tokio::select! {
+                () = tokio::time::sleep(backoff) => {}
+                () = stop.cancelled() => stopping = true,
+            }
             backoff = backoff.saturating_mul(2).min(RETRY_BACKOFF_MAX);
         }
     }
@@ -514,7 +523,10 @@ impl BudgetHold {
     /// once). Sent once, a settlement lost to a moment of unreachable Redis left the request
     /// charged its whole reservation, for the minute and the day.
     fn settle_shared(&self, used: u64, record: String) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let Some((redis, _)) = &self.budgets.redis else {
             return;
         };
         // Both at most 2^53: the difference fits.
@@ -529,7 +541,8 @@ impl BudgetHold {
             (if used == 0 { "1" } else { "0" }).to_owned(),
         ];
         let (budgets, tenant) = (self.budgets.clone(), self.tenant.clone());
-        rt.spawn(async move {
+        // A shutdown waits for it (bounded), as for the leases.
+        redis.spawn_background(async move {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             if !budgets.until_answered(&tenant, &record, &args).await {
                 tracing::warn!("tenant budget: a settlement could not reach Redis; the request stays charged its reservation until it leaves the minute (and the day)");

@@ -197,7 +197,7 @@ impl RedisAdmission {
             // listens for asks to leave.
             config.jobs.preempt || config.jobs.preempt_answers != PreemptAnswers::Off,
         ));
-        let stop = CancellationToken::new();
+        let stop = shared.stopping.clone();
         let tasks = TaskTracker::new();
         tasks.spawn(tasks::heartbeat(shared.clone(), retry_rx, stop.clone()));
         tasks.spawn(tasks::releaser(
@@ -827,10 +827,29 @@ impl RedisAdmission {
         }))
     }
 
-    /// Stops the background tasks after giving back what dropped guards already sent.
+    /// Stops the background tasks after giving back what dropped guards already sent, and
+    /// waits for the calls sent for requests that ended ([`RedisAdmission::spawn_background`]:
+    /// each tries once more if it was waiting to retry, then gives up).
     pub async fn shutdown(&self) {
         self.stop.cancel();
         self.tasks.wait().await;
+        self.shared.background.close();
+        self.shared.background.wait().await;
+    }
+
+    /// Runs `call`, a call to Redis for a request that ended (a settlement), in the
+    /// background; a shutdown waits for it ([`RedisAdmission::shutdown`]).
+    pub(crate) fn spawn_background(
+        &self,
+        call: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        self.shared.background.spawn(call);
+    }
+
+    /// Cancelled once the replica stops: a background call waiting to retry tries once more,
+    /// then gives up.
+    pub(crate) fn stopping(&self) -> CancellationToken {
+        self.shared.stopping.clone()
     }
 
     /// Stops everything without releasing anything, as `kill -9` would: the heartbeat stops
@@ -866,6 +885,7 @@ impl RedisAdmission {
         if let Some((tenant, share)) = &ask.service {
             self.shared.service.charge(
                 self.shared.connection(),
+                &self.shared.background,
                 tenant,
                 f64::from(ask.tokens) / share,
             );

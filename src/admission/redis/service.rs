@@ -113,7 +113,13 @@ impl FleetService {
     /// Adds `amount` (tokens over share; negative gives back) to `tenant`'s counter: the view at
     /// once, Redis in the background (`conn`: none while Redis is away; the view then keeps it
     /// until the next read replaces it).
-    pub fn charge(&self, conn: Option<ConnectionManager>, tenant: &str, amount: f64) {
+    pub fn charge(
+        &self,
+        conn: Option<ConnectionManager>,
+        background: &tokio_util::task::TaskTracker,
+        tenant: &str,
+        amount: f64,
+    ) {
         if amount == 0.0 || !amount.is_finite() {
             return;
         }
@@ -128,11 +134,11 @@ impl FleetService {
             let v = view.entry(field.clone()).or_insert(0.0);
             *v = (*v + amount).max(0.0);
         }
-        let (Some(mut conn), Ok(rt)) = (conn, tokio::runtime::Handle::try_current()) else {
+        let (Some(mut conn), Ok(_)) = (conn, tokio::runtime::Handle::try_current()) else {
             return;
         };
         let key = self.key.clone();
-        rt.spawn(async move {
+        background.spawn(async move {
             let reply: redis::RedisResult<f64> = redis::cmd("HINCRBYFLOAT")
                 .arg(&key)
                 .arg(&field)
@@ -287,12 +293,13 @@ mod tests {
     #[test]
     fn charges_add_up_in_the_view_never_below_zero_and_names_are_hashed() {
         let s = FleetService::new("tg:test:{quota}");
-        s.charge(None, "school-a", 300.0);
-        s.charge(None, "school-a", -100.0);
-        s.charge(None, "school-b", 50.0);
+        let t = tokio_util::task::TaskTracker::new();
+        s.charge(None, &t, "school-a", 300.0);
+        s.charge(None, &t, "school-a", -100.0);
+        s.charge(None, &t, "school-b", 50.0);
         assert_eq!(s.of("school-a"), 200.0);
         assert_eq!(s.of("school-b"), 50.0);
-        s.charge(None, "school-b", -500.0);
+        s.charge(None, &t, "school-b", -500.0);
         assert_eq!(s.of("school-b"), 0.0);
         assert!(!field("school-a").contains("school"));
         assert_eq!(field("school-a").len(), 16);

@@ -148,6 +148,13 @@ pub(crate) struct Shared {
     /// Redis applies after the registration; once registered they are also in `held`, renewed
     /// and released like any lease).
     fallback_leases: Mutex<HashMap<String, (Held, bool)>>,
+    /// Calls sent in the background for requests that ended (a tenant's budget settled, a
+    /// session's output, a tenant's fleet service): a shutdown waits for them, bounded, as for
+    /// the releases.
+    pub background: tokio_util::task::TaskTracker,
+    /// Cancelled when the replica stops: background calls still retrying try once more, then
+    /// give up.
+    pub stopping: tokio_util::sync::CancellationToken,
 }
 
 impl Shared {
@@ -198,6 +205,8 @@ impl Shared {
             failures: std::sync::atomic::AtomicU32::new(0),
             epoch: Mutex::new(None),
             abandoned: AtomicBool::new(false),
+            background: tokio_util::task::TaskTracker::new(),
+            stopping: tokio_util::sync::CancellationToken::new(),
             releases,
             metrics,
             fallback,
@@ -1054,7 +1063,9 @@ impl Reservation for LeaseRelease {
             // What the engine counted (nothing when it never got the request), less the charge.
             #[allow(clippy::cast_precision_loss)]
             let delta = (served.unwrap_or(0) as f64 - f64::from(charged)) / share;
-            shared.service.charge(shared.connection(), &tenant, delta);
+            shared
+                .service
+                .charge(shared.connection(), &shared.background, &tenant, delta);
         }
         shared.release(id, lane);
     }

@@ -754,3 +754,34 @@ async fn waiting_marks_past_their_time_are_dropped_by_the_next_mark() {
         .unwrap();
     assert_eq!(marks, ["live"]);
 }
+
+/// A call sent in the background for a request that ended (a tenant's settlement, a session's
+/// output, a tenant's fleet service) is waited for by the shutdown: the process exit used to
+/// drop it, leaving the tenant charged its whole reservation for the minute and the day.
+#[tokio::test]
+async fn a_shutdown_waits_for_the_calls_of_requests_that_ended() {
+    let server = RedisServer::start();
+    let config = crate::config::Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n[quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
+        server.url()
+    ))
+    .unwrap();
+    let metrics = crate::telemetry::Metrics::new();
+    let admission = super::RedisAdmission::from_config(&config, metrics.quota().clone()).unwrap();
+    let (sent, on_its_way) = tokio::sync::oneshot::channel::<()>();
+    admission.spawn_background(async move {
+        let _ = on_its_way.await;
+    });
+    let mut shutdown = tokio::spawn({
+        let admission = admission.clone();
+        async move { admission.shutdown().await }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), &mut shutdown)
+            .await
+            .is_err(),
+        "the shutdown waits for the call on its way"
+    );
+    sent.send(()).unwrap();
+    shutdown.await.unwrap();
+}
