@@ -184,3 +184,38 @@ async fn a_finished_job_counts_where_its_pieces_end_against_the_store() {
     assert_eq!(v["error"]["code"], "jobs_full", "{v}");
     h.shutdown().await;
 }
+
+/// A large answer that reaches its divert deadline while the gateway drains is not made a job:
+/// the in-process store had already cancelled its queued jobs and nothing would ever run a new
+/// one (the client was told "job queued" and the job died with the process). It keeps its
+/// place and ends with the drain.
+#[tokio::test]
+async fn a_large_answer_is_not_diverted_to_a_job_during_the_drain() {
+    let h = start(Backend::Local, SLOW, |c| {
+        set_lane(c, Lane::Large, 1);
+        c.jobs.divert_large_after = Some(Duration::from_secs(3));
+        c.server.shutdown_grace = Duration::from_secs(7);
+    })
+    .await;
+    // The first holds the seat past the drain's end (3,000 tokens at speed 1).
+    let big = |salt: &str, out: u32| json!({"prompt": words(5500, salt), "max_output_tokens": out});
+    let first = spawn_post(h.url("/answer"), big("first", 3_000));
+    eventually("the first holds the seat", || h.in_flight(Lane::Large) == 1).await;
+    let second = spawn_post(h.url("/answer"), big("second", 300));
+    eventually("the second waits", || {
+        h.gw.state
+            .admission()
+            .snapshot()
+            .lane(Lane::Large)
+            .queue_depth
+            == 1
+    })
+    .await;
+    // The drain begins before the second's deadline (3 s) and lasts past it (7 s).
+    h.shutdown().await;
+    let answered = second.await.unwrap();
+    // Its answer had not begun: 503 `shutdown` ("retry: another replica will answer").
+    assert!(!answered.contains("event: job"), "not diverted: {answered}");
+    assert_eq!(json(&answered)["error"]["code"], "shutdown", "{answered}");
+    drop(first);
+}

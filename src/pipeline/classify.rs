@@ -256,22 +256,24 @@ pub async fn classify(
         }
         _ => None,
     };
-    // Only a stable prefix (a system prompt or tools) is worth keeping on one replica.
-    let affinity = match &input {
-        PromptInput::Chat { messages, .. }
-            if messages.first().is_some_and(|m| m.role == "system")
-                || body.get("tools").is_some_and(|t| !t.is_null()) =>
-        {
-            fingerprint.clone()
-        }
-        _ => None,
-    };
     if let Some(fp) = &fingerprint {
         record.fingerprint(fp.clone());
     }
     let discount_key = match (&input, &fingerprint) {
         (PromptInput::Chat { messages, .. }, Some(fp)) => {
             Some(discount_key(fp, messages, &body, &model))
+        }
+        _ => None,
+    };
+    // Only a stable prefix (a system prompt or tools) is worth keeping on one replica: routed
+    // by what decides that vLLM finds it cached (the discount key: a tenant's salted copy of a
+    // course is another prefix, best kept where that tenant's copy is).
+    let affinity = match &input {
+        PromptInput::Chat { messages, .. }
+            if messages.first().is_some_and(|m| m.role == "system")
+                || body.get("tools").is_some_and(|t| !t.is_null()) =>
+        {
+            discount_key.clone()
         }
         _ => None,
     };

@@ -98,7 +98,16 @@ impl LocalJobs {
         let bytes = job.ready.size as u64;
         {
             let mut store = self.store();
-            let refused = too_large(&self.ctx.config, bytes, job.ready.tenant().is_some())
+            // Stopping: its queued jobs were cancelled, and nothing would ever run a new one
+            // (a large request diverted to a job during the drain keeps its place instead,
+            // and ends with the drain's 503).
+            let stopping = self
+                .ctx
+                .stop
+                .is_cancelled()
+                .then_some(GatewayError::Shutdown);
+            let refused = stopping
+                .or_else(|| too_large(&self.ctx.config, bytes, job.ready.tenant().is_some()))
                 .or_else(|| match job.ready.tenant() {
                     Some(t) => self.tenant_fits(&store, &t.0, bytes).err(),
                     None => None,
