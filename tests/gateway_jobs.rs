@@ -212,10 +212,23 @@ async fn a_large_answer_is_not_diverted_to_a_job_during_the_drain() {
     })
     .await;
     // The drain begins before the second's deadline (3 s) and lasts past it (7 s).
+    let log = h.log.clone();
     h.shutdown().await;
     let answered = second.await.unwrap();
     // Its answer had not begun: 503 `shutdown` ("retry: another replica will answer").
     assert!(!answered.contains("event: job"), "not diverted: {answered}");
     assert_eq!(json(&answered)["error"]["code"], "shutdown", "{answered}");
+    // Both are logged as ended by the shutdown, not as their clients gone.
+    let lines: Vec<serde_json::Value> = log.lock().unwrap().clone();
+    let ended: Vec<_> = lines
+        .iter()
+        .filter(|l| l["route"] == "answer")
+        .map(|l| (l["outcome"].clone(), l["error_code"].clone()))
+        .collect();
+    assert_eq!(
+        ended,
+        vec![(json!("cancelled"), json!("shutdown")); 2],
+        "{lines:?}"
+    );
     drop(first);
 }

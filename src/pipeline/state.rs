@@ -357,13 +357,19 @@ impl AppState {
 
     /// A fresh record for a request that arrived now on `route`.
     pub fn record(&self, route: Route) -> RequestRecord {
-        RequestRecord::new(
+        let mut record = RequestRecord::new(
             self.0.metrics.clone(),
             self.0.request_log.clone(),
             route,
             new_request_id(),
             tokio::time::Instant::now(),
-        )
+        );
+        // Served under the gateway's drain: dropped once its grace is over, the request was
+        // ended by the shutdown (503 `shutdown`), not by its client.
+        if let Some(drain) = crate::relay::Drain::current() {
+            record.ended_by_shutdown_after(drain.end_token());
+        }
+        record
     }
 
     /// [`AppState::record`] under a given request id (a job run by another replica than the

@@ -57,6 +57,12 @@ impl Drain {
         self.end.is_cancelled()
     }
 
+    /// Cancelled when open streams must end (for a request's record: a request dropped after
+    /// that was ended by the shutdown, not by its client).
+    pub fn end_token(&self) -> CancellationToken {
+        self.end.clone()
+    }
+
     /// Resolves when the shutdown starts (owned: for a response body that outlives its
     /// handler).
     pub fn draining_owned(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {

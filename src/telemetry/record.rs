@@ -33,6 +33,9 @@ pub struct RequestRecord {
     admitted: Option<(Instant, Duration)>,
     first_token: bool,
     fingerprint: Option<String>,
+    /// Cancelled when the shutdown's grace is over (see
+    /// [`RequestRecord::ended_by_shutdown_after`]).
+    shutdown: Option<tokio_util::sync::CancellationToken>,
     /// The prefill discount's key (`crate::prompt::discount_key`); the fingerprint when unset.
     discount_key: Option<String>,
     /// The tokens of that prefix itself: what the discount and the drift profile learn from
@@ -85,6 +88,7 @@ impl RequestRecord {
             admitted: None,
             first_token: false,
             fingerprint: None,
+            shutdown: None,
             discount_key: None,
             prefix_tokens: None,
             replica: None,
@@ -163,6 +167,12 @@ impl RequestRecord {
     pub fn discount_key(&mut self, key: String, prefix_tokens: u32) {
         self.discount_key = Some(key);
         self.prefix_tokens = Some(prefix_tokens);
+    }
+
+    /// A request dropped unfinished once `end` is cancelled (the shutdown's grace is over)
+    /// was ended by the shutdown: recorded with error code `shutdown`, not as its client gone.
+    pub fn ended_by_shutdown_after(&mut self, end: tokio_util::sync::CancellationToken) {
+        self.shutdown = Some(end);
     }
 
     /// Records the replica that served the request (a name from `[[upstream.replicas]]`): the
@@ -500,6 +510,12 @@ impl RequestRecord {
 impl Drop for RequestRecord {
     fn drop(&mut self) {
         if !self.done {
+            if self.shutdown.as_ref().is_some_and(|end| end.is_cancelled()) {
+                // Dropped by the shutdown at the end of its grace (its client got 503
+                // `shutdown`).
+                self.finish(Outcome::Cancelled, Some("shutdown"), None);
+                return;
+            }
             // Dropped unfinished: the client went away (the HTTP server dropped the handler or
             // the response body).
             tracing::info!(request_id = %self.request_id, stage = self.stage().as_str(), "client disconnected");
