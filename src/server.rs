@@ -9,7 +9,8 @@
 //! 2. The public listener stops accepting; open connections are asked to close after their
 //!    request. Background jobs stop at once (the stop token: in process they are cancelled,
 //!    with Redis handed back to the queue).
-//! 3. Open streams get up to `server.shutdown_grace` to finish.
+//! 3. Open streams get up to `server.shutdown_grace` to finish (a second SIGTERM or Ctrl-C
+//!    ends the wait: [`Gateway::run_until_signal`]).
 //! 4. Then every stream still open ends ([`Drain::end_streams`]): the client gets an error
 //!    with the code `shutdown` (an `/answer` `error` event, a `/v1` `data: {"error": …}` then
 //!    `data: [DONE]`, 503 for a request whose answer had not begun), its engine work is
@@ -273,8 +274,12 @@ impl Gateway {
         );
         self.drain.begin();
         if !announce.is_zero() {
-            // The load balancer learns from /readyz; until it has, new requests are served.
-            tokio::time::sleep(announce).await;
+            // The load balancer learns from /readyz; until it has, new requests are served
+            // (unless a second signal ends every stream now).
+            tokio::select! {
+                () = tokio::time::sleep(announce) => {}
+                () = self.drain.ending() => {}
+            }
         }
         tracing::info!("no new connections");
         self.stop.cancel();
@@ -334,7 +339,28 @@ impl Gateway {
                 }
             }
         }
-        self.shutdown().await;
+        // A second SIGTERM or Ctrl-C during the drain ends every stream now (the operator
+        // will not wait out the grace), then the shutdown goes on as after the grace: aborts,
+        // releases, spans.
+        let drain = self.drain.clone();
+        let shutdown = self.shutdown();
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                _ = int.recv() => {
+                    tracing::warn!("interrupted again: ending every stream now");
+                    drain.end_streams();
+                }
+                _ = term.recv() => {
+                    tracing::warn!("SIGTERM again: ending every stream now");
+                    drain.end_streams();
+                }
+                _ = hup.recv() => {
+                    tracing::info!("SIGHUP during the shutdown: not reloading");
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -465,3 +465,39 @@ async fn sigterm_ends_followers_of_jobs_kept_in_redis_with_shutdown() {
     let redis = RedisServer::start();
     sigterm_ends_job_followers_without_waiting_out_the_grace(Some(&redis)).await;
 }
+
+/// A second SIGTERM during the drain ends every stream now (the operator will not wait out a
+/// ten-minute grace): the stream ends with `shutdown` and the process exits. The second signal
+/// used to do nothing; only SIGKILL, which skips the aborts and lease releases, cut it short.
+#[tokio::test]
+async fn a_second_sigterm_ends_the_streams_without_waiting_out_the_grace() {
+    let sim = sim().await;
+    let mut gw = start(&format!(
+        "[server]\nshutdown_grace_ms = 600000\n\
+         [telemetry]\nrequest_log = \"off\"\n\
+         [classify]\ntokenizer = \"heuristic\"\n\
+         [upstream]\nbase_url = \"{}\"\n",
+        sim.url()
+    ))
+    .await;
+    let mut stream = Stream::open(answer(&gw.url), "event: token").await;
+    gw.sigterm();
+    // The drain began (the listener takes no new connection); the stream goes on.
+    let public = gw.url.trim_start_matches("http://").to_owned();
+    eventually("the listener closes", || {
+        std::net::TcpStream::connect(&public).is_err()
+    })
+    .await;
+    stream.read_until("event: token").await;
+    gw.sigterm();
+    let body = stream.rest().await;
+    let events = sse(&body);
+    let (last, data) = events.last().unwrap();
+    assert_eq!(
+        (last.as_str(), json(data)["code"].clone()),
+        ("error", json!("shutdown"))
+    );
+    let status = gw.exited().await;
+    assert!(status.success(), "exit {status:?}:\n{}", gw.log());
+    sim.shutdown().await;
+}
