@@ -71,6 +71,52 @@ async fn stalled_stream(http: &reqwest::Client, gw: &Gateway, salt: usize) -> re
     resp
 }
 
+/// Three streamed questions on `gw` that stall after their first tokens, once Redis counts
+/// their seats; and a connection to `redis`.
+async fn three_stalled_streams(
+    gw: &Gateway,
+    redis: &RedisServer,
+) -> (Vec<reqwest::Response>, redis::aio::MultiplexedConnection) {
+    let http = reqwest::Client::new();
+    let mut streams = Vec::new();
+    for i in 0..3 {
+        streams.push(stalled_stream(&http, gw, i).await);
+    }
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while small(&usage(&mut conn).await) != 3 {
+        assert!(Instant::now() < deadline, "the streams hold their seats");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (streams, conn)
+}
+
+/// Small seats counted in `usage`.
+fn small(usage: &HashMap<String, i64>) -> i64 {
+    usage.get("small:n").copied().unwrap_or(0)
+}
+
+/// Waits until every counter in Redis is back at zero and `gw` is idle.
+async fn every_count_back_to_zero(gw: &Gateway, conn: &mut redis::aio::MultiplexedConnection) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let u = usage(conn).await;
+        if u.values().all(|v| *v == 0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "every seat given back: {u:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eventually("the gateway is idle", || {
+        gw.state.admission().snapshot().is_idle()
+    })
+    .await;
+}
+
 /// Redis loses its data while a replica runs three streams (`FLUSHALL`, as a restart without
 /// persistence or a failover to an empty replica would): at its next renewal the replica sees
 /// the data's new epoch and counts its streams there again, instead of leaving them uncounted
@@ -80,22 +126,7 @@ async fn running_requests_are_counted_again_after_redis_lost_its_data() {
     let redis = RedisServer::start();
     let sim = stalling_sim().await;
     let gw = gateway(config(&sim, redis.url())).await;
-    let http = reqwest::Client::new();
-    let mut streams = Vec::new();
-    for i in 0..3 {
-        streams.push(stalled_stream(&http, &gw, i).await);
-    }
-    let mut conn = redis
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let small = |u: &HashMap<String, i64>| u.get("small:n").copied().unwrap_or(0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while small(&usage(&mut conn).await) != 3 {
-        assert!(Instant::now() < deadline, "the streams hold their seats");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (streams, mut conn) = three_stalled_streams(&gw, &redis).await;
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while small(&usage(&mut conn).await) != 3 {
@@ -109,19 +140,7 @@ async fn running_requests_are_counted_again_after_redis_lost_its_data() {
     let quota = gw.state.metrics().quota().clone();
     assert!(!quota.degraded(), "never fell back: Redis was up");
     drop(streams);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let u = usage(&mut conn).await;
-        if u.values().all(|v| *v == 0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "every seat given back: {u:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    eventually("the gateway is idle", || {
-        gw.state.admission().snapshot().is_idle()
-    })
-    .await;
+    every_count_back_to_zero(&gw, &mut conn).await;
     gw.shutdown().await;
 }
 
@@ -253,22 +272,7 @@ async fn running_requests_are_counted_again_after_redis_reaped_them_early() {
     // Half the TTL is far beyond a beat even on a loaded machine.
     c.quota.lease_ttl = Duration::from_secs(20);
     let gw = gateway(c).await;
-    let http = reqwest::Client::new();
-    let mut streams = Vec::new();
-    for i in 0..3 {
-        streams.push(stalled_stream(&http, &gw, i).await);
-    }
-    let mut conn = redis
-        .client()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let small = |u: &HashMap<String, i64>| u.get("small:n").copied().unwrap_or(0);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while small(&usage(&mut conn).await) != 3 {
-        assert!(Instant::now() < deadline, "the streams hold their seats");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (streams, mut conn) = three_stalled_streams(&gw, &redis).await;
     let leases: Vec<String> = redis::cmd("ZRANGE")
         .arg("tg:v2:{quota}:expiry")
         .arg(0)
@@ -295,18 +299,6 @@ async fn running_requests_are_counted_again_after_redis_reaped_them_early() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(streams);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let u = usage(&mut conn).await;
-        if u.values().all(|v| *v == 0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "every seat given back: {u:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    eventually("the gateway is idle", || {
-        gw.state.admission().snapshot().is_idle()
-    })
-    .await;
+    every_count_back_to_zero(&gw, &mut conn).await;
     gw.shutdown().await;
 }

@@ -37,6 +37,30 @@ pub fn edf_place(dues: impl IntoIterator<Item = Due>, due: Due) -> usize {
     n
 }
 
+/// A waiter at `pos` of `queue` (kept in tag order) leaves unserved: its turn passes to the
+/// next of its kin (its tenant's later waiters, `kin`), that one's to the next, and so on,
+/// each taking the place and tag of the one before it. Returns where the leaver is now: at its
+/// tenant's newest turn, which the caller removes and gives back ([`Fair::give_back`]).
+pub fn pass_down<T>(
+    queue: &mut std::collections::VecDeque<T>,
+    pos: usize,
+    kin: impl Fn(&T) -> bool,
+    tag: impl Fn(&mut T) -> &mut f64,
+) -> usize {
+    let mut at = pos;
+    for next in pos + 1..queue.len() {
+        if !kin(&queue[next]) {
+            continue;
+        }
+        queue.swap(at, next);
+        let (a, b) = (*tag(&mut queue[at]), *tag(&mut queue[next]));
+        *tag(&mut queue[at]) = b;
+        *tag(&mut queue[next]) = a;
+        at = next;
+    }
+    at
+}
+
 /// Fair order between tenants inside one queue: start-time fair queuing. An arrival of tenant
 /// `t` with share `w` gets the start tag `max(V, F[t])` and moves `F[t]` to that plus `1 / w`,
 /// where `V` is the tag of the last waiter admitted; the queue is kept sorted by tag (ties in

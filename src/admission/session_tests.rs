@@ -150,15 +150,7 @@ fn session_ids_are_checked_and_never_kept_raw() {
 async fn a_reservation_dropped_while_redis_is_out_gives_the_local_count_back() {
     use crate::admission::redis::tests::redis_common::{pause_writes, RedisServer};
     let server = RedisServer::start();
-    let config = crate::config::Config::from_toml_str(&format!(
-        "[classify]\ntokenizer = \"heuristic\"\n[quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
-        server.url()
-    ))
-    .unwrap();
-    let metrics = crate::telemetry::Metrics::new();
-    let redis =
-        crate::admission::redis::RedisAdmission::from_config(&config, metrics.quota().clone())
-            .unwrap();
+    let redis = crate::admission::redis::tests::admission_on(&server);
     // Connected (an acquire waits for the first connection).
     drop(
         redis

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use super::backend::Ask;
 use super::budget::Usage;
 use super::error::AdmissionError;
-use super::fair::{edf_place, Due, Fair};
+use super::fair::{edf_place, pass_down, Due, Fair};
 use super::guard::LaneGuard;
 use super::preempt::Borrower;
 use crate::lane::Lane;
@@ -219,21 +219,13 @@ impl State {
     pub fn leave_at(&mut self, queue: usize, pos: usize) -> Option<Waiter> {
         let q = &mut self.queues[queue];
         let leaving = q.get(pos)?;
-        let mut at = pos;
-        if !leaving.continuing {
+        let at = if leaving.continuing {
+            pos
+        } else {
             let tenant = leaving.tenant.clone();
-            for next in pos + 1..q.len() {
-                if q[next].tenant != tenant || q[next].continuing {
-                    continue;
-                }
-                // The next one takes this turn (the position and tag stay in tag order).
-                q.swap(at, next);
-                let (a, b) = (q[at].tag, q[next].tag);
-                q[at].tag = b;
-                q[next].tag = a;
-                at = next;
-            }
-        }
+            let kin = |w: &Waiter| w.tenant == tenant && !w.continuing;
+            pass_down(q, pos, kin, |w| &mut w.tag)
+        };
         let waiter = q.remove(at)?;
         if !waiter.continuing {
             self.fair[queue].give_back(&waiter.tenant, waiter.tag);

@@ -115,13 +115,7 @@ use crate::admission::redis::RedisAdmission;
 
 /// Budgets shared in `server`'s Redis, and the quota backend they live in.
 fn shared_budgets(server: &RedisServer) -> (RedisAdmission, Arc<TenantBudgets>) {
-    let config = crate::config::Config::from_toml_str(&format!(
-        "[classify]\ntokenizer = \"heuristic\"\n[quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
-        server.url()
-    ))
-    .unwrap();
-    let metrics = crate::telemetry::Metrics::new();
-    let admission = RedisAdmission::from_config(&config, metrics.quota().clone()).unwrap();
+    let admission = crate::admission::redis::tests::admission_on(server);
     let budgets = Arc::new(TenantBudgets::shared(admission.clone()));
     (admission, budgets)
 }

@@ -218,7 +218,7 @@ impl Pilot {
         }
         if stale {
             let limits = paced(&config, pace, small_seats);
-            let in_force = match redis {
+            match redis {
                 None => {
                     // Under the reload lock, checked again: a reload between the check above
                     // and this call would otherwise have the old file's limits put back.
@@ -227,22 +227,26 @@ impl Pilot {
                         return;
                     }
                     state.admission().set_limits(&limits, false);
-                    state.set_paced_limits(Some(Arc::new(move |c: &Config| {
-                        overlay(c, pace, small_seats)
-                    })));
-                    true
+                    self.in_force(state, config, pace, small_seats);
                 }
-                // Redis did not answer: again at the next look.
-                Some(r) => r.publish_paced(&limits).await.is_some(),
-            };
-            if in_force {
-                self.applied = Some((config, pace, small_seats));
-                state.set_paced_limits(Some(Arc::new(move |c: &Config| {
-                    overlay(c, pace, small_seats)
-                })));
+                Some(r) => {
+                    // Redis did not answer: again at the next look.
+                    if r.publish_paced(&limits).await.is_some() {
+                        self.in_force(state, config, pace, small_seats);
+                    }
+                }
             }
         }
         metrics.set(true, knobs(pace, small_seats));
+    }
+
+    /// `pace` and `small_seats` on `config` are in force: kept as applied, and overlaid on
+    /// the file by every reload from now on.
+    fn in_force(&mut self, state: &AppState, config: Arc<Config>, pace: Pace, small_seats: u32) {
+        self.applied = Some((config, pace, small_seats));
+        state.set_paced_limits(Some(Arc::new(move |c: &Config| {
+            overlay(c, pace, small_seats)
+        })));
     }
 
     /// The span the knobs are judged on at `now`: since the pacing knobs or the small lane's

@@ -761,13 +761,7 @@ async fn waiting_marks_past_their_time_are_dropped_by_the_next_mark() {
 #[tokio::test]
 async fn a_shutdown_waits_for_the_calls_of_requests_that_ended() {
     let server = RedisServer::start();
-    let config = crate::config::Config::from_toml_str(&format!(
-        "[classify]\ntokenizer = \"heuristic\"\n[quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
-        server.url()
-    ))
-    .unwrap();
-    let metrics = crate::telemetry::Metrics::new();
-    let admission = super::RedisAdmission::from_config(&config, metrics.quota().clone()).unwrap();
+    let admission = admission_on(&server);
     let (sent, on_its_way) = tokio::sync::oneshot::channel::<()>();
     admission.spawn_background(async move {
         let _ = on_its_way.await;
@@ -784,4 +778,16 @@ async fn a_shutdown_waits_for_the_calls_of_requests_that_ended() {
     );
     sent.send(()).unwrap();
     shutdown.await.unwrap();
+}
+
+/// The Redis quota on `server` with the shipped limits (the heuristic tokenizer), its metrics
+/// its own.
+pub(crate) fn admission_on(server: &RedisServer) -> super::RedisAdmission {
+    let config = crate::config::Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n[quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
+        server.url()
+    ))
+    .unwrap();
+    let metrics = crate::telemetry::Metrics::new();
+    super::RedisAdmission::from_config(&config, metrics.quota().clone()).unwrap()
 }

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
-use crate::admission::fair::Fair;
+use crate::admission::fair::{pass_down, Fair};
 use crate::jobs::entry::Entry;
 
 /// Jobs by id and the queue, behind the backend's mutex.
@@ -77,18 +77,7 @@ impl Store {
         };
         let q = &mut self.queue;
         let tenant = q[p].1.tenant.clone();
-        let mut at = p;
-        for next in p + 1..q.len() {
-            if q[next].1.tenant != tenant {
-                continue;
-            }
-            // The next one takes this turn (the position and tag stay in tag order).
-            let (a, b) = (q[at].0, q[next].0);
-            q.swap(at, next);
-            q[at].0 = a;
-            q[next].0 = b;
-            at = next;
-        }
+        let at = pass_down(q, p, |(_, e)| e.tenant == tenant, |(tag, _)| tag);
         if let Some((tag, _)) = q.remove(at) {
             self.fair.give_back(&tenant.as_deref().map(Arc::from), tag);
         }

@@ -35,6 +35,18 @@ async fn beat_lost(conn: &mut redis::aio::MultiplexedConnection, max_attempts: u
         .unwrap()
 }
 
+/// A connection to `redis`, where job `j1` runs its first run under `run-a`.
+async fn first_run(redis: &RedisServer) -> redis::aio::MultiplexedConnection {
+    let mut conn = running_job(redis).await;
+    let _: () = redis::cmd("HSET")
+        .arg(JOB)
+        .arg(&[("attempt", "1"), ("tag", "1"), ("submitted_ms", "1")])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    conn
+}
+
 /// A job pre-empted twice (handed back with its text each time, resumed without a new run
 /// number) whose runner is then lost has lost one run: with `jobs.max_attempts = 1` it fails.
 /// Each hand-back used to count as a run given back, so every pre-emption bought the job one
@@ -42,13 +54,7 @@ async fn beat_lost(conn: &mut redis::aio::MultiplexedConnection, max_attempts: u
 #[tokio::test]
 async fn a_resumed_job_lost_once_counts_one_lost_run() {
     let redis = RedisServer::start();
-    let mut conn = running_job(&redis).await;
-    let _: () = redis::cmd("HSET")
-        .arg(JOB)
-        .arg(&[("attempt", "1"), ("tag", "1"), ("submitted_ms", "1")])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let mut conn = first_run(&redis).await;
     for (run, next) in [("run-a", "run-b"), ("run-b", "run-c")] {
         let progress = r#"{"preempted":1,"generated":5}"#;
         assert_eq!(end(&mut conn, (run, "queued", progress), 0).await, "queued");
@@ -70,13 +76,7 @@ async fn a_resumed_job_lost_once_counts_one_lost_run() {
 #[tokio::test]
 async fn a_beat_after_redis_clock_ran_ahead_keeps_the_running_jobs() {
     let redis = RedisServer::start();
-    let mut conn = running_job(&redis).await;
-    let _: () = redis::cmd("HSET")
-        .arg(JOB)
-        .arg(&[("attempt", "1"), ("tag", "1"), ("submitted_ms", "1")])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let mut conn = first_run(&redis).await;
     let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
     let now_ms = s * 1_000 + us / 1_000;
     // The last beat of any replica was 100 s ago by the clock (the lease lasts 60 s).
