@@ -787,6 +787,86 @@ async fn a_preemptible_answer_on_one_replica_gives_its_seat_to_a_question_on_ano
     sim.shutdown().await;
 }
 
+/// A pre-empted `/answer` whose continuation still waits for a seat when the grace period
+/// ends (the seat is held on another replica, so nothing this replica ends frees it): the wait
+/// ends with the grace, and the client reads an `error` event `shutdown`, instead of a stream
+/// held open until the connection is closed under it (the large lane's queue timeout is
+/// 60 s). Every seat comes back.
+#[tokio::test]
+async fn a_continuation_waiting_for_a_seat_ends_with_the_grace() {
+    use jobs::{quota_drains, redis_conn};
+    let (redis, sim, c) = fleet(|c| {
+        c.jobs.preempt_answers = tutor_gateway::config::PreemptAnswers::Marked;
+        c.jobs.preempt_notice = true;
+        c.server.shutdown_grace = std::time::Duration::ZERO;
+    })
+    .await;
+    let (a, b) = (gateway(c.clone()).await, gateway(c).await);
+    let mut conn = redis_conn(&redis).await;
+    let body = json!({"prompt": words(2500, "review"), "max_output_tokens": REVIEW_TOKENS});
+    // A review on B holds the fleet's large seat (20 s at this speed).
+    let plain = {
+        let url = format!("{}/answer", b.url());
+        let body = json!({"prompt": words(2500, "review"), "max_output_tokens": 8_000});
+        tokio::spawn(async move { post_text(url, &body).await })
+    };
+    eventually("the plain review runs on B", || {
+        b.state.admission().snapshot().lane(Lane::Large).in_flight == 1
+    })
+    .await;
+    // The marked one, on A, borrows the fleet's idle medium seat.
+    let url = format!("{}/answer", a.url());
+    let marked = tokio::spawn(async move {
+        let resp = client()
+            .post(url)
+            .header("x-tutor-preemptible", "true")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        resp.text().await.unwrap()
+    });
+    eventually("the marked review borrows medium's seat", || {
+        a.state.admission().snapshot().lane(Lane::Medium).in_flight == 1
+    })
+    .await;
+    // A medium question on B takes that seat back; the review's continuation on A finds no
+    // seat to borrow and queues for large's, which B's review holds.
+    let question = {
+        let url = format!("{}/answer", b.url());
+        tokio::spawn(async move {
+            post_text(
+                url,
+                &json!({"prompt": words(600, "why"), "max_output_tokens": 1000}),
+            )
+            .await
+        })
+    };
+    eventually("the continuation waits for a large seat", || {
+        a.state.admission().snapshot().lane(Lane::Large).queue_depth == 1
+    })
+    .await;
+    assert_eq!(
+        metric(
+            &tutor_testkit::metrics_text(&a.url()).await,
+            "tutor_gateway_job_preemptions_total{lane=\"medium\",reason=\"seat\"}"
+        ),
+        1.0,
+        "A's review left for B's question"
+    );
+    a.shutdown().await;
+    let events = sse(&marked.await.unwrap());
+    let (last, data) = events.last().unwrap();
+    assert_eq!(last, "error", "{events:?}");
+    assert_eq!(json(data)["code"], "shutdown", "{events:?}");
+    assert_eq!(sse(&question.await.unwrap()).last().unwrap().0, "done");
+    b.shutdown().await;
+    let _ = plain.await;
+    quota_drains(&redis).await;
+    no_borrower_or_ask_left(&mut conn).await;
+    sim.shutdown().await;
+}
+
 /// `marked`, a large `/answer` stream pre-empted once (`jobs.preempt_notice` on), reads as one
 /// unbroken answer: one `meta` notice, token events numbered 1..n without a gap or a repeat,
 /// every output token counted once, and the text of `plain` (the same review, never

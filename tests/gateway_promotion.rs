@@ -469,3 +469,91 @@ async fn a_continue_chain_spread_over_two_replicas_counts_as_one_session_in_redi
     }
     sim.shutdown().await;
 }
+
+/// `promotion.when_full = "wait"`: a stream paused for room in a lane that another replica
+/// fills (nothing this replica ends frees it) stops waiting when the grace period ends, and its
+/// client reads an `error` event `shutdown` instead of a stream held open for `wait_ms` (here
+/// a minute) until the connection is closed under it. Every seat comes back.
+#[tokio::test]
+async fn a_stream_waiting_for_room_ends_with_the_grace() {
+    let redis = RedisServer::start();
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&flags(&format!(
+        "{SIM} --mean-output-tokens 100000"
+    ))))
+    .await
+    .unwrap();
+    let mut c = Config::default();
+    c.upstream.base_url = sim.url();
+    short_context(&mut c);
+    set_lane(&mut c, Lane::Medium, 1);
+    c.telemetry.request_log = RequestLogSink::Off;
+    c.quota.backend = QuotaBackend::Redis;
+    c.quota.redis_url = RedisUrl::new(redis.url());
+    c.promotion.when_full = tutor_gateway::config::WhenFull::Wait;
+    c.promotion.wait = Duration::from_secs(60);
+    c.server.shutdown_grace = Duration::ZERO;
+    let start = |c: Config| async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gw = tutor_gateway::server::start(c, listener).unwrap();
+        redis_ready(&gw).await;
+        gw
+    };
+    let (a, b) = (start(c.clone()).await, start(c).await);
+    // B's request outgrows small and holds the fleet's only medium seat (10 s).
+    let blocker = {
+        let url = format!("{}/v1/chat/completions", b.url());
+        tokio::spawn(async move { post_text(url, &endless()).await })
+    };
+    eventually("B's request was promoted to medium", || {
+        b.state.admission().snapshot().lane(Lane::Medium).in_flight == 1
+    })
+    .await;
+    // A's answer reaches small's limit (256 tokens) and pauses for a medium seat.
+    let resp = send(
+        client()
+            .post(format!("{}/answer", a.url()))
+            .json(&json!({"prompt": "explain every detail of borrowing"})),
+    )
+    .await;
+    let mut body = Streamed::new(resp);
+    // (A token event may carry more than one token: 240 events, then time for the rest.)
+    body.until(|text| sse(text).iter().filter(|(e, _)| e == "token").count() >= 240)
+        .await;
+    // Into the pause (the assertions hold whenever the grace ends; this is what they are
+    // about).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    a.shutdown().await;
+    let events = sse(&body.rest().await);
+    let (last, data) = events.last().unwrap();
+    assert_eq!(last, "error", "{events:?}");
+    assert_eq!(json(data)["code"], "shutdown", "{events:?}");
+    assert!(
+        !events.iter().any(|(e, _)| e == "cut"),
+        "ended by the shutdown, not cut: {events:?}"
+    );
+    b.shutdown().await;
+    let _ = blocker.await;
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // 30 s: only a guard against a leak.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let u: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
+            .arg("tg:v2:{quota}:usage")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if u.values().all(|v| *v == 0) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing leaked in Redis: {u:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sim.shutdown().await;
+}

@@ -303,12 +303,7 @@ impl Relay {
             return Next::Event(self.next_event().await);
         }
         let drain = self.drain.clone();
-        let ending = async {
-            match &drain {
-                Some(d) => d.ending().await,
-                None => std::future::pending().await,
-            }
-        };
+        let ending = ending(drain.as_ref());
         let leave = async {
             match leave {
                 Some(l) => l.await,
@@ -356,7 +351,14 @@ impl Relay {
         if kept < generated {
             tracing::info!(request_id = %self.upstream.request_id(), tokens = generated, "pre-empted before any answer text: its tokens are generated again");
         }
-        let next = r.how.resume(&text, kept, times).await;
+        // The continuation waits for a seat, which may take the lane's whole queue timeout
+        // (held by another replica's streams): the end of the grace ends that wait too.
+        let drain = self.drain.clone();
+        let next = tokio::select! {
+            biased;
+            () = ending(drain.as_ref()) => Err(GatewayError::Shutdown),
+            next = r.how.resume(&text, kept, times) => next,
+        };
         r.text = text;
         match next {
             Ok(Some((upstream, guard))) => {
@@ -409,6 +411,7 @@ impl Relay {
     /// full). The prompt is the larger of the estimate and the engine's count.
     async fn keep_in_bounds(&mut self) -> bool {
         let rules = self.ctx.rules;
+        let drain = self.drain.clone();
         loop {
             let from = self.class.lane;
             let produced = self.produced();
@@ -451,8 +454,14 @@ impl Relay {
                 if rules.when_full == WhenFull::Cut || Instant::now() >= deadline {
                     return false;
                 }
-                // Paused: vLLM keeps generating into the connection's buffers meanwhile.
-                tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+                // Paused: vLLM keeps generating into the connection's buffers meanwhile. The
+                // end of the grace ends the wait: the stream ends with `shutdown` at its next
+                // event ([`Relay::next_or_shutdown`]), not cut, nor held to `rules.wait`.
+                tokio::select! {
+                    biased;
+                    () = ending(drain.as_ref()) => return true,
+                    () = tokio::time::sleep(std::time::Duration::from_millis(25)) => {}
+                }
             }
             if to == from {
                 tracing::info!(request_id = %self.request_id(), lane = %from, reserved = tokens, tokens = produced, "reservation grown mid-stream");
@@ -689,6 +698,14 @@ impl Relay {
                 }
             }
         }
+    }
+}
+
+/// Resolves when `drain`'s grace period is over; never without a drain (a job's relay).
+async fn ending(drain: Option<&Drain>) {
+    match drain {
+        Some(d) => d.ending().await,
+        None => std::future::pending().await,
     }
 }
 
