@@ -206,7 +206,11 @@ impl Controller {
             if held {
                 return Step::Hold;
             }
-            let keep = |v: u64| v * u64::from(100 - gains.tighten_percent.min(99)) / 100;
+            // Without overflow for any budget (`prefill_budget_tokens` has no upper bound).
+            let keep = |v: u64| {
+                let k = u64::from(100 - gains.tighten_percent.min(99));
+                v / 100 * k + v % 100 * k / 100
+            };
             let next = bounds.clamp(Pace {
                 prefill_budget: keep(self.pace.prefill_budget),
                 large_seats: u32::try_from(keep(u64::from(self.pace.large_seats)))
@@ -269,6 +273,25 @@ mod tests {
             headroom_percent: 80,
             hold: Duration::from_secs(5),
         }
+    }
+
+    /// `admission.prefill_budget_tokens` has no upper bound: a budget near `u64::MAX` is
+    /// halved, not overflowed (a panic, or a wrap to the floor).
+    #[test]
+    fn a_huge_budget_is_tightened_without_overflow() {
+        let huge = Bounds {
+            min: BOUNDS.min,
+            max: Pace {
+                prefill_budget: u64::MAX / 2,
+                large_seats: 10,
+            },
+        };
+        let mut c = Controller::new(huge);
+        assert_eq!(
+            c.step(Instant::now(), Some(1.4), false, huge, gains()),
+            Step::Tighten
+        );
+        assert_eq!(c.pace().prefill_budget, u64::MAX / 4);
     }
 
     #[test]

@@ -94,8 +94,11 @@ impl PieceController {
 
     /// Whether the steps are long and the pieces could still get smaller: the budget and the
     /// seats wait for the pieces, which cost reviews nothing.
+    /// Judged on `min_samples` streams at least, as [`PieceController::step`] is: a handful
+    /// of streams with one long gap does not hold the budget and the seats back.
     pub fn may_shorten(&self, reading: Option<StepReading>, ap: &AutopilotConfig) -> bool {
-        reading.is_some_and(|r| long(r, ap)) && (self.size == 0 || self.size > ap.min_piece_tokens)
+        reading.is_some_and(|r| r.samples >= ap.min_samples as usize && long(r, ap))
+            && (self.size == 0 || self.size > ap.min_piece_tokens)
     }
 
     /// One look at `now` with `reading` (the streams since [`PieceController::since`]).
@@ -210,6 +213,9 @@ mod tests {
         );
         let few = reading(500.0, 20.0).map(|r| StepReading { samples: 19, ..r });
         assert_eq!(c.step(Instant::now(), few, &ap()), PieceStep::Hold);
+        // Nor does it hold the budget and the seats back for pieces that would not change.
+        assert!(!c.may_shorten(few, &ap()));
+        assert!(c.may_shorten(reading(500.0, 20.0), &ap()));
         assert_eq!(c.step(Instant::now(), None, &ap()), PieceStep::Hold);
         assert_eq!(c.size(), 0);
     }

@@ -77,6 +77,9 @@ impl ModelShape {
                 let Some(hidden) = hidden_size else {
                     bail!("config.json: missing `head_dim` (and `hidden_size` to derive it from)");
                 };
+                if attention_heads == 0 {
+                    bail!("config.json: `num_attention_heads` must be > 0");
+                }
                 if hidden % attention_heads != 0 {
                     bail!(
                         "config.json: `hidden_size` ({hidden}) is not a multiple of \

@@ -211,6 +211,13 @@ fn a_missing_key_is_named() {
     // Without num_key_value_heads, every attention head has its own KV.
     let text = LLAMA_31_8B.replace("\"num_key_value_heads\": 8,", "");
     assert_eq!(ModelShape::from_json(&text).unwrap().kv_heads, 32);
+    // No head_dim and no attention heads: an error, not a division by zero.
+    let text = QWEN_25_7B.replace(
+        "\"num_attention_heads\": 28,",
+        "\"num_attention_heads\": 0,",
+    );
+    let err = ModelShape::from_json(&text).unwrap_err().to_string();
+    assert!(err.contains("`num_attention_heads` must be > 0"), "{err}");
 }
 
 #[test]

@@ -208,8 +208,21 @@ pub(super) fn validate(c: &mut Checker, raw: RawAutopilot) -> AutopilotConfig {
             .u32("autopilot.min_samples", raw.min_samples, MIN_SAMPLES)
             .get(),
         tighten_percent: percent(c, "tighten_percent", raw.tighten_percent, TIGHTEN_PERCENT),
-        loosen_prefill_tokens: raw.loosen_prefill_tokens.unwrap_or(LOOSEN_PREFILL_TOKENS),
-        loosen_large_seats: raw.loosen_large_seats.unwrap_or(LOOSEN_LARGE_SEATS),
+        // 0 would keep a knob down for good after its first tighten (rescue included).
+        loosen_prefill_tokens: c
+            .u64(
+                "autopilot.loosen_prefill_tokens",
+                raw.loosen_prefill_tokens,
+                LOOSEN_PREFILL_TOKENS,
+            )
+            .get(),
+        loosen_large_seats: c
+            .u32(
+                "autopilot.loosen_large_seats",
+                raw.loosen_large_seats,
+                LOOSEN_LARGE_SEATS,
+            )
+            .get(),
         headroom_percent: percent(
             c,
             "headroom_percent",

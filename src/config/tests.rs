@@ -142,6 +142,22 @@ ttft_slo_ms = 4000000
 }
 
 #[test]
+fn autopilot_steps_of_zero_are_problems() {
+    // Either would keep its knob down for good after the first tighten, rescue included.
+    let issues = issues_of(
+        "[classify]\ntokenizer = \"heuristic\"\n[autopilot]\nloosen_prefill_tokens = 0\nloosen_large_seats = 0\n",
+    );
+    assert_eq!(
+        issues,
+        [
+            "autopilot.loosen_prefill_tokens must be > 0",
+            "autopilot.loosen_large_seats must be > 0"
+        ],
+        "{issues:#?}"
+    );
+}
+
+#[test]
 fn a_request_head_bound_hyper_could_not_take_is_a_problem() {
     // Below 8 KiB hyper's HTTP/1 server would panic at the first connection.
     for bad in [4096, 2 << 20] {

@@ -583,7 +583,15 @@ impl Metrics {
                 .with_label_values(&f)
                 .observe(secs(v));
             let waited = split.queue_wait_ms.map_or(0.0, secs);
-            self.ttft_window.observe(first, secs(v), waited);
+            // How long ago the first token came (the request ends now).
+            let ago = up.and_then(|u| u.first_content_at).map_or_else(
+                || {
+                    std::time::Duration::try_from_secs_f64(secs(split.total_ms - v))
+                        .unwrap_or_default()
+                },
+                |at| at.elapsed(),
+            );
+            self.ttft_window.observe(first, secs(v), waited, ago);
         }
         if let Some(v) = split.prefill_ms {
             self.prefill.with_label_values(&f).observe(secs(v));

@@ -527,6 +527,7 @@ impl Drop for RequestRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lane::Lane;
     use crate::telemetry::latency::{EngineTimings, PromptUsage};
 
     /// One finished `/answer` request on `replica-0`: `fp`, `prompt` tokens of which `cached`
@@ -571,6 +572,44 @@ mod tests {
             finish_reason: Some("stop".into()),
         };
         r.finish(Outcome::Ok, None, Some(&up));
+    }
+
+    /// A 20 s answer whose first token came 1 s after arrival: the autopilot's window files
+    /// that first token when it came (20 s before the end), so a read of the first tokens
+    /// since a change 5 s ago does not judge it.
+    #[test]
+    fn a_long_answers_first_token_is_filed_when_it_came_not_when_the_answer_ended() {
+        let metrics = Metrics::new();
+        let (log, _) = RequestLog::memory();
+        let arrival = Instant::now() - Duration::from_secs(21);
+        let mut r = RequestRecord::new(metrics.clone(), log, Route::Answer, "r".into(), arrival);
+        r.classified(Classification {
+            lane: Lane::Small,
+            input_tokens_estimate: 100,
+            output_budget: 500,
+            work: 600,
+            counts: None,
+        });
+        r.admitted(Duration::ZERO, 100, false);
+        let first = arrival + Duration::from_secs(1);
+        let up = UpstreamView {
+            output_tokens: 2_000,
+            exact_output: true,
+            first_content_at: Some(first),
+            first_answer_at: Some(first),
+            ended_at: Some(Instant::now()),
+            finish_reason: Some("stop".into()),
+            ..UpstreamView::default()
+        };
+        r.finish(Outcome::Ok, None, Some(&up));
+        let window = metrics.ttft_window();
+        let since = window.quantile(Lane::Small, 0.99, Duration::from_secs(5));
+        assert!(since.is_none(), "{since:?}");
+        let whole = window
+            .quantile(Lane::Small, 0.99, Duration::from_secs(30))
+            .unwrap();
+        assert_eq!(whole.samples, 1);
+        assert!((whole.seconds - 1.0).abs() < 0.01, "{whole:?}");
     }
 
     #[test]

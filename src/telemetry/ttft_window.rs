@@ -41,22 +41,33 @@ pub struct TtftWindow {
 
 impl TtftWindow {
     /// One first token of `lane`, `seconds` after arrival, of which `waited` in the gateway's
-    /// queue (a seat, tokens or prefill room).
-    pub fn observe(&self, lane: Lane, seconds: f64, waited: f64) {
+    /// queue (a seat, tokens or prefill room), that came `ago` before now. The sample is filed
+    /// at its first token, not at the end of its request: a stream that ends long after its
+    /// first token (a 20 s answer) is judged with the first tokens of its time, so the
+    /// autopilot's "first tokens since the last change" holds no answer that began before it.
+    pub fn observe(&self, lane: Lane, seconds: f64, waited: f64, ago: Duration) {
+        let now = Instant::now();
+        self.push(
+            lane,
+            Sample {
+                at: now.checked_sub(ago).unwrap_or(now),
+                ttft: seconds,
+                waited,
+            },
+        );
+    }
+
+    /// A request of `lane` refused for its wait: a first token that never came (filed now).
+    pub fn missed(&self, lane: Lane) {
+        self.observe(lane, f64::INFINITY, f64::INFINITY, Duration::ZERO);
+    }
+
+    fn push(&self, lane: Lane, sample: Sample) {
         let mut ring = self.ring(lane);
         if ring.len() == MAX_SAMPLES {
             ring.pop_front();
         }
-        ring.push_back(Sample {
-            at: Instant::now(),
-            ttft: seconds,
-            waited,
-        });
-    }
-
-    /// A request of `lane` refused for its wait: a first token that never came.
-    pub fn missed(&self, lane: Lane) {
-        self.observe(lane, f64::INFINITY, f64::INFINITY);
+        ring.push_back(sample);
     }
 
     /// The nearest-rank `q` quantile of `lane`'s times to first token of the last `window`;
@@ -111,14 +122,32 @@ impl TtftWindow {
 mod tests {
     use super::*;
 
+    /// A long answer's first token came 20 s before its end: read since a change 5 s ago it is
+    /// not there (it was made under the old setting), and the 30 s window has it.
+    #[tokio::test(start_paused = true)]
+    async fn a_sample_is_filed_at_its_first_token_not_at_its_end() {
+        let w = TtftWindow::default();
+        tokio::time::advance(Duration::from_secs(60)).await;
+        w.observe(Lane::Small, 3.0, 0.0, Duration::from_secs(20));
+        w.observe(Lane::Small, 0.2, 0.0, Duration::from_secs(1));
+        let since = w
+            .quantile(Lane::Small, 0.99, Duration::from_secs(5))
+            .unwrap();
+        assert_eq!((since.seconds, since.samples), (0.2, 1));
+        let window = w
+            .quantile(Lane::Small, 0.99, Duration::from_secs(30))
+            .unwrap();
+        assert_eq!((window.seconds, window.samples), (3.0, 2));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn reading_a_shorter_span_leaves_the_window_whole() {
         let w = TtftWindow::default();
         for _ in 0..10 {
-            w.observe(Lane::Small, 2.0, 0.0);
+            w.observe(Lane::Small, 2.0, 0.0, Duration::ZERO);
         }
         tokio::time::advance(Duration::from_secs(20)).await;
-        w.observe(Lane::Small, 0.1, 0.0);
+        w.observe(Lane::Small, 0.1, 0.0, Duration::ZERO);
         // Since a change 5 s ago: only the last.
         let since = w
             .quantile(Lane::Small, 0.5, Duration::from_secs(5))
@@ -135,7 +164,7 @@ mod tests {
     async fn the_quantile_reads_only_the_window_and_counts_refusals_as_late() {
         let w = TtftWindow::default();
         for i in 1..=100 {
-            w.observe(Lane::Small, f64::from(i) / 100.0, 0.0);
+            w.observe(Lane::Small, f64::from(i) / 100.0, 0.0, Duration::ZERO);
         }
         let q = w
             .quantile(Lane::Small, 0.99, Duration::from_secs(30))
@@ -145,7 +174,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(31)).await;
         assert_eq!(w.quantile(Lane::Small, 0.5, Duration::from_secs(30)), None);
         for _ in 0..98 {
-            w.observe(Lane::Small, 0.1, 0.0);
+            w.observe(Lane::Small, 0.1, 0.0, Duration::ZERO);
         }
         w.missed(Lane::Small);
         w.missed(Lane::Small);
@@ -173,7 +202,12 @@ mod tests {
         for i in 1..=100 {
             // The slow first tokens are the ones that waited.
             let ttft = f64::from(i) / 100.0;
-            w.observe(Lane::Small, ttft, if i > 90 { ttft - 0.05 } else { 0.0 });
+            w.observe(
+                Lane::Small,
+                ttft,
+                if i > 90 { ttft - 0.05 } else { 0.0 },
+                Duration::ZERO,
+            );
         }
         let window = Duration::from_secs(30);
         assert_eq!(
@@ -193,7 +227,7 @@ mod tests {
     fn the_ring_is_bounded() {
         let w = TtftWindow::default();
         for _ in 0..MAX_SAMPLES + 10 {
-            w.observe(Lane::Medium, 0.2, 0.0);
+            w.observe(Lane::Medium, 0.2, 0.0, Duration::ZERO);
         }
         let q = w
             .quantile(Lane::Medium, 0.5, Duration::from_secs(60))
