@@ -552,14 +552,40 @@ async fn with_redis_the_lead_passes_on_when_its_holder_stops_renewing() {
     let look = Duration::from_millis(1);
     let (mut lease_a, mut lease_b) = (Lease::default(), Lease::default());
     claim_until(&mut lease_a, &a, "A leads").await;
-    assert!(!lease_b.claim(&b, look).await, "one leader at a time");
-    assert!(lease_a.claim(&a, look).await, "the leader renews");
+    assert_eq!(
+        lease_b.claim(&b, look).await,
+        Some(false),
+        "one leader at a time"
+    );
+    assert_eq!(
+        lease_a.claim(&a, look).await,
+        Some(true),
+        "the leader renews"
+    );
     // A stops renewing (a crash): once its lease expires, B takes the lead.
     claim_until(&mut lease_b, &b, "B leads").await;
-    assert!(!lease_a.claim(&a, look).await, "A follows now");
+    assert_eq!(lease_a.claim(&a, look).await, Some(false), "A follows now");
     // B gives it up: A leads at once.
     lease_b.resign(&b).await;
-    assert!(lease_a.claim(&a, look).await);
+    assert_eq!(lease_a.claim(&a, look).await, Some(true));
+    // A claim Redis answers with an error (here the lease key of the wrong type) tells
+    // nothing: not "another replica leads", which made a leader drop its pace.
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let lease_key = "tg:v2:{quota}:autopilot";
+    let _: () = redis::pipe()
+        .del(lease_key)
+        .hset(lease_key, "x", 1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(lease_a.claim(&a, look).await, None);
+    let _: () = redis::cmd("DEL")
+        .arg(lease_key)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(lease_a.claim(&a, look).await, Some(true));
 }
 
 /// A leader that dies leaves its paced record in force. Replicas with the autopilot on take the
@@ -612,7 +638,7 @@ async fn claim_until(
     what: &str,
 ) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !lease.claim(redis, Duration::from_millis(1)).await {
+    while lease.claim(redis, Duration::from_millis(1)).await != Some(true) {
         assert!(
             tokio::time::Instant::now() < deadline,
             "not reached: {what}"

@@ -51,25 +51,24 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// Claims or renews the lease for three looks `interval` apart (at least 2 s); true while
-    /// this replica leads. Redis unreachable: it does not (its values stay until the lease
-    /// expires; another replica then takes over).
-    pub async fn claim(&mut self, redis: &RedisAdmission, interval: Duration) -> bool {
+    /// Claims or renews the lease for three looks `interval` apart (at least 2 s):
+    /// `Some(true)` while this replica leads, `Some(false)` while another does. `None` when
+    /// Redis did not answer (unreachable, or an error): nothing is known, and a leader keeps
+    /// its pace for its next look instead of starting again from the configured values (its
+    /// published values stay until its lease expires; another replica then takes over).
+    pub async fn claim(&mut self, redis: &RedisAdmission, interval: Duration) -> Option<bool> {
         let ttl = (interval * 3).max(MIN_LEASE);
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let Some(mut conn) = redis.connection() else {
-            self.changed(false, redis);
-            return false;
-        };
+        let mut conn = redis.connection()?;
         let leads: Result<i64, _> = CLAIM
             .key(&redis.keys().autopilot)
             .arg(redis.replica())
             .arg(ttl_ms)
             .invoke_async(&mut conn)
             .await;
-        let leads = leads.is_ok_and(|v| v == 1);
+        let leads = leads.ok()? == 1;
         self.changed(leads, redis);
-        leads
+        Some(leads)
     }
 
     /// Gives the lease up if this replica holds it (the autopilot turned off, or shutdown).

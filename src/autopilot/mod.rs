@@ -124,7 +124,12 @@ impl Pilot {
         }
         let pieces_first = self.pace_pieces(state, &config);
         if let Some(redis) = redis {
-            let leads = self.lease.claim(redis, config.autopilot.interval).await;
+            let Some(leads) = self.lease.claim(redis, config.autopilot.interval).await else {
+                // Redis did not answer: nothing can be read or published this look. The pace
+                // so far is kept (one failed renewal used to start a leader again from the
+                // configured values, undoing its pace fleet-wide).
+                return;
+            };
             metrics.leads(leads);
             if !leads {
                 // The leader's values are in force (or, until one leads, the configured ones).
