@@ -96,6 +96,14 @@ impl Ready {
             .ok();
     }
 
+    /// The same request without its session's reservation, given back now: a job's run is
+    /// not counted in its session's output, wherever the job is kept (a shared store does not
+    /// keep the reservation either: [`Ready::stored`]).
+    pub fn without_session(mut self) -> Self {
+        self.hold = None;
+        self
+    }
+
     /// What a job in a shared store keeps of it, so that any replica can send it: the engine's
     /// endpoint and body, the classification, the prefill reservation, the size and the
     /// tenant. Not the session's reservation: it is given back at submission (the stored job

@@ -755,3 +755,30 @@ pub async fn jobs_max_running_keeps_large_seats_for_interactive_reviews(backend:
     h.drained().await;
     h.shutdown().await;
 }
+
+/// A job's `session_id` reservation is given back at submission and its run is not counted in
+/// the session's output (a job that waits hours must not move its session's questions to
+/// larger lanes meanwhile): after a 300-token job, the session's next question is small; after
+/// a 300-token answer, it is medium (past small's 256).
+pub async fn a_jobs_output_is_not_counted_in_its_session(backend: Backend) {
+    let h = start(backend, FAST, |_| {}).await;
+    let base = h.base();
+    let ask = |session: &'static str| {
+        let url = h.url("/answer");
+        async move {
+            let body = json!({"prompt": "why", "session_id": session, "max_output_tokens": 10});
+            let events = sse(&crate::common::post_text(url, &body).await);
+            json(&events[0].1)["lane"].as_str().unwrap().to_owned()
+        }
+    };
+    let long = |session: &str| json!({"prompt": "explain it all", "session_id": session, "max_output_tokens": 300});
+    let id = submit_ok(&base, &long("job-session")).await;
+    let v = done(&base, &id).await;
+    assert_eq!(v["answer"]["usage"]["output_tokens"], 300, "{v}");
+    assert_eq!(ask("job-session").await, "small");
+    // The same output as an answer counts.
+    crate::common::post_text(h.url("/answer"), &long("answer-session")).await;
+    assert_eq!(ask("answer-session").await, "medium");
+    h.drained().await;
+    h.shutdown().await;
+}

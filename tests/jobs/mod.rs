@@ -437,6 +437,7 @@ macro_rules! backend_cases {
             a_job_whose_engine_is_unreachable_fails_with_the_reason_and_gives_everything_back,
             jobs_are_refused_clearly_where_they_are_switched_off,
             jobs_max_running_keeps_large_seats_for_interactive_reviews,
+            a_jobs_output_is_not_counted_in_its_session,
         );
     };
     (@ $backend:expr; $($case:ident),* $(,)?) => {

@@ -122,7 +122,10 @@ impl LocalJobs {
                 }));
             }
             let class = job.ready.class;
-            let work = (job.ready, job.record);
+            // Its session's reservation is given back once the store has it, as the shared
+            // store does: a job that waits hours must not move its session's questions to
+            // larger lanes meanwhile, and its run is not counted in the session.
+            let work = (job.ready.without_session(), job.record);
             let entry = Entry::new(id.clone(), class, work, job.notify, bytes);
             store.push(Arc::new(entry), bytes, job.share);
             // Under the lock: the scheduler cannot move it to `running` before it is counted.
