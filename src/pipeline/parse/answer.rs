@@ -204,9 +204,16 @@ impl AnswerRequest {
             ));
         }
         let turns = body.messages.or(body.turns).unwrap_or_default();
-        if turns.iter().any(|m| m.role == "system") {
+        // The course's system message is the only instruction: a student's `developer` (or
+        // `system`) turn would be rendered with the weight of one. Tool results stay
+        // possible (a course with tools).
+        if turns
+            .iter()
+            .any(|m| !matches!(m.role.as_str(), "user" | "assistant" | "tool"))
+        {
             return Err(GatewayError::bad_request(
-                "with `course_id` the system message is the course's; turns are user/assistant",
+                "with `course_id` the system message is the course's; turns are user, assistant \
+                 or tool messages (no system or developer message)",
                 Some("turns"),
             ));
         }
