@@ -123,6 +123,20 @@ pub fn discount_key(
     }
     for m in messages.iter().take_while(|m| m.role == "system") {
         hash.update(b"\nSYSTEM");
+        // Which fields it has: the pieces come in a fixed order of fields, so with this a
+        // piece's field is known (`{content: "A", name: "B"}` is not `{reasoning: "A",
+        // content: "B"}`, though both are the pieces "A", "B").
+        let fields = [
+            m.content.is_some(),
+            m.name.is_some(),
+            m.tool_calls.as_ref().is_some_and(|c| !c.is_null()),
+            m.tool_call_id.is_some(),
+            m.reasoning.is_some(),
+            m.reasoning_content.is_some(),
+        ];
+        hash.update([fields
+            .iter()
+            .fold(0u8, |mask, &has| (mask << 1) | u8::from(has))]);
         m.for_each_piece(|_, piece| {
             // A separator no JSON or text piece is told apart by its length alone.
             hash.update(u64::try_from(piece.len()).unwrap_or(u64::MAX).to_le_bytes());
@@ -184,6 +198,22 @@ mod tests {
                                {"role": "user", "content": "hi"}]);
         assert_eq!(fp, fingerprint_of_chat(&msgs(reasoning.clone()), None));
         assert_ne!(base, key(reasoning, json!({}), "m"));
+        // The same pieces from other fields render another prompt: another key.
+        let pieces = |m: Value| {
+            key(
+                json!([m, {"role": "user", "content": "hi"}]),
+                json!({}),
+                "m",
+            )
+        };
+        assert_ne!(
+            pieces(json!({"role": "system", "content": "A", "name": "B"})),
+            pieces(json!({"role": "system", "reasoning": "A", "content": "B"}))
+        );
+        assert_ne!(
+            pieces(json!({"role": "system", "content": "C"})),
+            pieces(json!({"role": "system", "content": null, "name": "C"}))
+        );
         assert_ne!(base, key(system.clone(), json!({"cache_salt": "s"}), "m"));
         assert_ne!(
             base,
