@@ -211,3 +211,39 @@ async fn prompts_with_media_are_not_pieced() {
     );
     h.shutdown().await;
 }
+
+/// A field `/tokenize` cannot take that changes the prompt's ids: pieces of the ids it gives
+/// would never be found cached (the request would prefill its whole prompt again after them),
+/// so the prompt goes whole.
+#[tokio::test]
+async fn prompts_whose_ids_tokenize_cannot_tell_are_not_pieced() {
+    let h = harness(&["--speed", "50", "--profile", "tiny-test"], |c| {
+        c.admission.prefill_piece_tokens = PIECE;
+    })
+    .await;
+    let fields = [
+        json!({"truncate_prompt_tokens": 6000}),
+        json!({"reasoning_effort": "low"}),
+        json!({"tool_choice": "none"}),
+    ];
+    for (i, field) in fields.iter().enumerate() {
+        let mut body = json!({"messages": [{"role": "user", "content": words(5000, &format!("ids{i}"))}],
+                              "max_tokens": 5});
+        body.as_object_mut()
+            .unwrap()
+            .extend(field.as_object().unwrap().clone());
+        let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+        assert_eq!(resp.status(), 200, "{field}");
+        let _ = resp.text().await;
+    }
+    let m = h.metrics_text().await;
+    assert_eq!(metric(&m, "tutor_gateway_prefill_pieces_total"), 0.0);
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_prefill_pieced_requests_total{outcome=\"unmatched\"}"
+        ),
+        3.0
+    );
+    h.shutdown().await;
+}

@@ -72,6 +72,10 @@ pub async fn prefill(
         metrics.request(PieceOutcome::NotText);
         return None;
     };
+    if !ids_match(&request.body) {
+        metrics.request(PieceOutcome::Unmatched);
+        return None;
+    }
     // More ids than the model holds is no count of this prompt (pieces of it would grow
     // without bound, each resending the ones before).
     let most = ctx.config().upstream.max_model_len.get() as usize;
@@ -140,6 +144,17 @@ pub async fn prefill(
     metrics.took(started.elapsed().as_secs_f64());
     metrics.request(PieceOutcome::Pieced);
     Some(pieced)
+}
+
+/// Whether `/tokenize` gives `body`'s own prompt ids: not with a field it cannot take that
+/// changes them (`truncate_prompt_tokens` cuts the prompt from its start; `reasoning_effort`
+/// is rendered by harmony templates; `tool_choice: "none"` leaves the tools out of the template
+/// under vLLM's `--exclude-tools-when-tool-choice-none`).
+fn ids_match(body: &serde_json::Map<String, serde_json::Value>) -> bool {
+    let set = |key: &str| body.get(key).is_some_and(|v| !v.is_null());
+    !set("truncate_prompt_tokens")
+        && !set("reasoning_effort")
+        && body.get("tool_choice").and_then(serde_json::Value::as_str) != Some("none")
 }
 
 /// The engine's token ids for `body` (a [`tokenize_body`]), within [`COUNT_TIMEOUT`].

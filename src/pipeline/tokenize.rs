@@ -73,7 +73,9 @@ pub async fn tokenize(
 /// The `/tokenize` body for what `body` renders on `endpoint`: the model, and the messages with
 /// what the template renders besides them (`tools`, `chat_template_kwargs`,
 /// `add_generation_prompt`, `continue_final_message`, as vLLM's `TokenizeChatRequest` takes
-/// them), or the prompt; `None` for a prompt that is not text.
+/// them), or the prompt; with `add_special_tokens` (a BOS more or less shifts every id; both
+/// of vLLM's tokenize requests take it, with the defaults of the requests they stand for).
+/// `None` for a prompt that is not text.
 pub fn tokenize_body(endpoint: Endpoint, body: &Map<String, Value>) -> Option<Bytes> {
     let mut out = Map::new();
     let keys: &[&str] = match endpoint {
@@ -84,10 +86,11 @@ pub fn tokenize_body(endpoint: Endpoint, body: &Map<String, Value>) -> Option<By
             "chat_template_kwargs",
             "add_generation_prompt",
             "continue_final_message",
+            "add_special_tokens",
         ],
         Endpoint::Completions => {
             body.get("prompt").filter(|p| p.is_string())?;
-            &["model", "prompt"]
+            &["model", "prompt", "add_special_tokens"]
         }
     };
     for key in keys {
@@ -123,4 +126,40 @@ pub async fn engine_count(
     };
     metrics.exact_count(outcome);
     count
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    fn sent(endpoint: Endpoint, body: Value) -> Value {
+        let bytes = tokenize_body(endpoint, body.as_object().unwrap()).unwrap();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// A BOS more (`add_special_tokens`) shifts every id: the ids asked for are the prompt's
+    /// own only with it (prefill pieces would otherwise never be found cached).
+    #[test]
+    fn the_tokenize_body_carries_what_changes_the_ids() {
+        let chat = sent(
+            Endpoint::ChatCompletions,
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                   "add_special_tokens": true, "max_tokens": 5, "stream": true}),
+        );
+        assert_eq!(
+            chat,
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                   "add_special_tokens": true})
+        );
+        let completion = sent(
+            Endpoint::Completions,
+            json!({"model": "m", "prompt": "hi", "add_special_tokens": false}),
+        );
+        assert_eq!(
+            completion,
+            json!({"model": "m", "prompt": "hi", "add_special_tokens": false})
+        );
+    }
 }

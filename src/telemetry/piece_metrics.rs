@@ -14,6 +14,10 @@ pub enum PieceOutcome {
     /// Not pieced: it carries media (their placeholders and cache keys are the engine's), or
     /// its prompt is not text.
     NotText,
+    /// Not pieced: the request has a field vLLM's `/tokenize` cannot take that changes its
+    /// prompt's ids (`truncate_prompt_tokens`, `reasoning_effort`, `tool_choice: "none"`):
+    /// pieces of other ids would never be found cached.
+    Unmatched,
     /// Not pieced: the engine's `/tokenize` failed or did not answer in time.
     CountFailed,
     /// A piece failed: the request itself went anyway (its earlier pieces still cached).
@@ -22,9 +26,10 @@ pub enum PieceOutcome {
 
 impl PieceOutcome {
     /// Every outcome.
-    pub const ALL: [PieceOutcome; 4] = [
+    pub const ALL: [PieceOutcome; 5] = [
         PieceOutcome::Pieced,
         PieceOutcome::NotText,
+        PieceOutcome::Unmatched,
         PieceOutcome::CountFailed,
         PieceOutcome::PieceFailed,
     ];
@@ -34,6 +39,7 @@ impl PieceOutcome {
         match self {
             PieceOutcome::Pieced => "pieced",
             PieceOutcome::NotText => "not_text",
+            PieceOutcome::Unmatched => "unmatched",
             PieceOutcome::CountFailed => "count_failed",
             PieceOutcome::PieceFailed => "piece_failed",
         }
@@ -56,7 +62,8 @@ impl PieceMetrics {
             registry,
             "tutor_gateway_prefill_pieced_requests_total",
             "Prompts above admission.prefill_piece_tokens, by outcome: pieced, not_text (media, \
-             or a prompt that is not text), count_failed (the engine's /tokenize failed), \
+             or a prompt that is not text), unmatched (a field /tokenize cannot take changes \
+             the prompt's ids), count_failed (the engine's /tokenize failed), \
              piece_failed (a piece failed; the request went anyway).",
             &["outcome"],
         );
