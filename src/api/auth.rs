@@ -94,6 +94,9 @@ struct Inner {
     keys: RwLock<HashMap<String, String>>,
     /// Key id ([`key_id`]) -> tenant, of the same keys: the tokens that may still be used.
     key_ids: RwLock<HashMap<String, String>>,
+    /// Key id -> when (ms since the epoch) it last left the keys in force (removed, or moved
+    /// to another tenant): a token it minted before then stays dead if the key comes back.
+    revoked_at: RwLock<HashMap<String, u64>>,
     config_keys: Vec<KeyEntry>,
     file: Option<PathBuf>,
     secret: Vec<u8>,
@@ -102,13 +105,26 @@ struct Inner {
     installed: tokio::sync::watch::Sender<u64>,
 }
 
-/// What the key file's watcher saw: the (modification time, length) put in force, and a new
-/// one waiting to stay unchanged for a look.
+/// What the key file's watcher saw: the stamp put in force, and a new one waiting to stay
+/// unchanged for a look.
 #[derive(Debug, Default)]
 struct KeyFileLook {
     started: bool,
-    installed: Option<(SystemTime, u64)>,
-    pending: Option<(SystemTime, u64)>,
+    installed: Option<FileStamp>,
+    pending: Option<FileStamp>,
+}
+
+/// A key file as the watcher tells it apart: its modification time, length and content's
+/// SHA-256 (a rotation deployed with the times kept, `cp -p` or `rsync -t`, has the same time
+/// and, key for key, the same length).
+type FileStamp = (SystemTime, u64, String);
+
+/// `path`'s stamp; `None` when it cannot be read.
+fn stamp_of(path: &std::path::Path) -> Option<FileStamp> {
+    let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok()?;
+    let bytes = std::fs::read(path).ok()?;
+    let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+    Some((modified, len, sha256_hex(&bytes)))
 }
 
 impl Auth {
@@ -126,6 +142,7 @@ impl Auth {
             enabled: config.enabled,
             keys: RwLock::default(),
             key_ids: RwLock::default(),
+            revoked_at: RwLock::default(),
             config_keys: config.keys.clone(),
             file: config.keys_file.clone(),
             secret,
@@ -149,7 +166,7 @@ impl Auth {
         auth
     }
 
-    /// Re-reads the key file once it changed (its modification time or length) and then stayed
+    /// Re-reads the key file once it changed (its modification time, length or content) and then stayed
     /// the same for one more look, so a file being written in place (truncated, then written)
     /// is never put in force half-written; the first look at start reads it at once. A file that
     /// cannot be read or parsed, or one that would leave no key in force at all, keeps the keys
@@ -159,9 +176,7 @@ impl Auth {
             self.install(Vec::new());
             return;
         };
-        let stamp = std::fs::metadata(path)
-            .and_then(|m| Ok((m.modified()?, m.len())))
-            .ok();
+        let stamp = stamp_of(path);
         let first = !look.started;
         look.started = true;
         if stamp.is_some() && stamp == look.installed {
@@ -208,7 +223,11 @@ impl Auth {
                     )
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "the key file is invalid; keeping the keys in force")
+                    tracing::warn!(error = %e, "the key file is invalid; keeping the keys in force");
+                    if first {
+                        // At start the keys in force are the config's.
+                        self.install(Vec::new());
+                    }
                 }
             },
             Err(e) if first && self.0.enabled && self.0.config_keys.is_empty() => tracing::warn!(
@@ -217,7 +236,11 @@ impl Auth {
                  until it can be (it is watched)"
             ),
             Err(e) => {
-                tracing::warn!(error = %e, "the key file cannot be read; keeping the keys in force")
+                tracing::warn!(error = %e, "the key file cannot be read; keeping the keys in force");
+                if first {
+                    // At start the keys in force are the config's.
+                    self.install(Vec::new());
+                }
             }
         }
     }
@@ -227,11 +250,22 @@ impl Auth {
         let keys = all()
             .map(|k| (k.sha256.clone(), k.tenant.clone()))
             .collect();
-        let key_ids = all()
+        let key_ids: HashMap<String, String> = all()
             .map(|k| (key_id(&k.sha256), k.tenant.clone()))
             .collect();
         *self.0.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
-        *self.0.key_ids.write().unwrap_or_else(|e| e.into_inner()) = key_ids;
+        let old = std::mem::replace(
+            &mut *self.0.key_ids.write().unwrap_or_else(|e| e.into_inner()),
+            key_ids.clone(),
+        );
+        let now = Self::now_ms();
+        let mut revoked_at = self.0.revoked_at.write().unwrap_or_else(|e| e.into_inner());
+        for (id, tenant) in old {
+            if key_ids.get(&id) != Some(&tenant) {
+                revoked_at.insert(id, now);
+            }
+        }
+        drop(revoked_at);
         self.0.installed.send_modify(|n| *n = n.wrapping_add(1));
     }
 
@@ -297,11 +331,21 @@ impl Auth {
         if Self::now_ms() > expiry {
             return Err("the token has expired; ask POST /auth/token for a new one");
         }
+        const REVOKED: &str = "the key that issued this token was revoked";
         let key_ids = self.0.key_ids.read().unwrap_or_else(|e| e.into_inner());
-        match key_ids.get(id) {
-            Some(owner) if owner == tenant => Ok((tenant.to_owned(), id.to_owned())),
-            _ => Err("the key that issued this token was revoked"),
+        if key_ids.get(id).is_none_or(|owner| owner != tenant) {
+            return Err(REVOKED);
         }
+        drop(key_ids);
+        // Minted before its key last left the keys in force: dead for good, even with the key
+        // back (every token a key minted dies with it).
+        let ttl = u64::try_from(self.0.ttl.as_millis()).unwrap_or(u64::MAX);
+        let issued = expiry.saturating_sub(ttl);
+        let revoked_at = self.0.revoked_at.read().unwrap_or_else(|e| e.into_inner());
+        if revoked_at.get(id).is_some_and(|&at| issued <= at) {
+            return Err(REVOKED);
+        }
+        Ok((tenant.to_owned(), id.to_owned()))
     }
 }
 

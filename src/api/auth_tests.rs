@@ -164,3 +164,87 @@ async fn a_key_moved_to_another_tenant_is_revoked_for_the_first() {
     stop.cancel();
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
+
+fn watched(name: &str, text: &str) -> (PathBuf, AuthConfig) {
+    let path = key_file(name, text);
+    let mut config = Config::default().auth;
+    config.enabled = true;
+    config.keys_file = Some(path.clone());
+    // Looks are made here, one by one: the background watcher sleeps for an hour.
+    config.reload = Duration::from_secs(3_600);
+    (path, config)
+}
+
+/// Every token a key minted dies with it: putting the key back (a file reverted, a key moved
+/// away and back) does not bring a token that leaked back to life; a token minted after it
+/// came back works.
+#[tokio::test]
+async fn a_token_of_a_revoked_key_stays_dead_when_the_key_comes_back() {
+    let (path, config) = watched("revived", &line("key-a", "a"));
+    let stop = CancellationToken::new();
+    let auth = Auth::start(&config, stop.clone());
+    let mut look = KeyFileLook::default();
+    auth.reload(&mut look);
+    let (tenant, id) = auth.key("key-a").unwrap();
+    let (leaked, _) = auth.issue(&tenant, &id);
+    assert!(auth.tenant_of_token(&leaked).is_ok());
+    rewrite(&path, &line("key-b", "b"));
+    auth.reload(&mut look);
+    auth.reload(&mut look);
+    assert!(auth.tenant_of_token(&leaked).is_err(), "revoked");
+    rewrite(&path, &(line("key-a", "a") + &line("key-b", "b")));
+    auth.reload(&mut look);
+    auth.reload(&mut look);
+    assert!(auth.key("key-a").is_some(), "the key is back");
+    assert_eq!(
+        auth.tenant_of_token(&leaked),
+        Err("the key that issued this token was revoked")
+    );
+    std::thread::sleep(Duration::from_millis(5));
+    let (fresh, _) = auth.issue(&tenant, &id);
+    assert_eq!(auth.tenant_of_token(&fresh), Ok(("a".into(), id)));
+    stop.cancel();
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// A rotation deployed with the file's times kept (`cp -p`, `rsync -t`): the same modification
+/// time and, key for key, the same length. The removed key is still revoked.
+#[tokio::test]
+async fn a_key_file_changed_under_the_same_time_and_length_is_read_again() {
+    let (path, config) = watched("same-stamp", &(line("key-a", "a") + &line("key-b", "b")));
+    let stop = CancellationToken::new();
+    let auth = Auth::start(&config, stop.clone());
+    let mut look = KeyFileLook::default();
+    auth.reload(&mut look);
+    assert!(auth.key("key-b").is_some());
+    let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+    std::fs::write(&path, line("key-a", "a") + &line("key-c", "b")).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_modified(modified)
+        .unwrap();
+    auth.reload(&mut look);
+    auth.reload(&mut look);
+    assert!(auth.key("key-b").is_none(), "revoked");
+    assert!(auth.key("key-c").is_some() && auth.key("key-a").is_some());
+    stop.cancel();
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
+/// A key file that cannot be parsed at start (changed after the config was checked) leaves the
+/// config's own keys in force, as the log says: not every client refused.
+#[tokio::test]
+async fn an_invalid_key_file_at_start_keeps_the_configs_keys() {
+    let (path, mut config) = watched("invalid-start", "garbage\n");
+    config.keys = vec![KeyEntry {
+        sha256: sha256_hex(b"cfg-key"),
+        tenant: "c".into(),
+    }];
+    let stop = CancellationToken::new();
+    let auth = Auth::start(&config, stop.clone());
+    assert_eq!(auth.key("cfg-key").map(|(t, _)| t), Some("c".into()));
+    stop.cancel();
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
