@@ -45,12 +45,8 @@ pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> R
         .as_ref()
         .filter(|_| action)
     {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
+        // The scheme in any case, as HTTP has it (and as the API keys take it).
+        let given = super::auth::bearer(req.headers()).ok().flatten();
         // Compared as hashes, in constant time: the lengths compared say nothing of the token.
         let ok = given.is_some_and(|g| {
             same(

@@ -340,15 +340,19 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
             }
         },
     };
+    // Trimmed: a token read from a file written by `echo` ends in a newline, which no header
+    // value can carry (it was never matched: every admin call got 401).
     let admin_token = raw
         .admin_token
-        .filter(|s| !s.expose().is_empty())
+        .map(|s| s.expose().trim().to_owned())
+        .filter(|s| !s.is_empty())
         .or_else(|| {
             std::env::var(ADMIN_TOKEN_ENV)
                 .ok()
+                .map(|s| s.trim().to_owned())
                 .filter(|s| !s.is_empty())
-                .map(Secret::from)
-        });
+        })
+        .map(Secret::from);
     if admin_token.as_ref().is_some_and(|s| s.expose().len() < 16) {
         c.fail("server.admin_token", "must be at least 16 bytes");
     }

@@ -294,6 +294,24 @@ async fn with_an_admin_token_an_admin_request_without_it_gets_401() {
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
 
+/// The admin token as an operator may give it (a Secret written by `echo`, with its newline)
+/// and sent as HTTP allows (the scheme in any case): taken, where every call got 401.
+#[tokio::test]
+async fn an_admin_token_with_a_newline_and_a_lower_case_scheme_are_taken() {
+    let path = temp_config("token-newline");
+    let (h, admin) = admin_gateway(&path, Some(&format!("{ADMIN_TOKEN}\\n"))).await;
+    let right = send(
+        client()
+            .post(format!("{admin}/admin/reload"))
+            .header("authorization", format!("bearer {ADMIN_TOKEN}"))
+            .json(&json!({})),
+    )
+    .await;
+    assert_eq!(right.status(), 200);
+    h.shutdown().await;
+    let _ = std::fs::remove_dir_all(path.parent().unwrap());
+}
+
 /// A webhook receiver on 127.0.0.1 counting what it is sent; its port.
 async fn receiver() -> (u16, Arc<Mutex<usize>>) {
     let got = Arc::new(Mutex::new(0usize));
