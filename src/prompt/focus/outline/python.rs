@@ -1,6 +1,7 @@
 //! Python's outline: statements by their logical lines and indentation; `def` (decorators
 //! included) and `class` blocks, class bodies outlined in turn.
 
+use super::braces::MAX_NESTING;
 use super::lex::Lexed;
 use super::model::{Container, Def, Outline, KEYWORDS};
 use crate::prompt::focus::lang::Lang;
@@ -35,7 +36,7 @@ pub fn outline(out: &mut Outline, src: &str, _lang: Lang) -> Option<()> {
         containers: Vec::new(),
     };
     let n = s.stmts.len();
-    s.members(0, n, None, 0)?;
+    s.members(0, n, None, (0, 0))?;
     let (defs, containers) = (s.defs, s.containers);
     out.defs = defs;
     out.containers = containers;
@@ -105,13 +106,15 @@ impl Scan<'_> {
         self.stmts.get(end).copied().unwrap_or(self.l.toks.len())
     }
 
-    /// Outlines statements `from..to` at column `col`; whether every one is a definition.
+    /// Outlines statements `from..to` at column `col`, `depth` classes deep (past
+    /// [`MAX_NESTING`] a class is kept whole, not scanned, so that classes nested thousands
+    /// deep cannot overflow the stack); whether every one is a definition.
     fn members(
         &mut self,
         from: usize,
         to: usize,
         container: Option<usize>,
-        col: usize,
+        (col, depth): (usize, usize),
     ) -> Option<bool> {
         let mut only_defs = from < to;
         let mut k = from;
@@ -143,6 +146,9 @@ impl Scan<'_> {
             let last_line = self.last_line_before(end).max(first_line);
             if is_def {
                 self.push(first, head, end, container, false, first_line);
+            } else if depth >= MAX_NESTING {
+                only_defs = false;
+                self.push(first, head, end, container, true, first_line);
             } else {
                 only_defs = false;
                 let body_from = k + 1;
@@ -168,7 +174,8 @@ impl Scan<'_> {
                     whole_lines: true,
                 });
                 if body_from < end {
-                    let all = self.members(body_from, end, Some(ci), self.cols[body_from])?;
+                    let all =
+                        self.members(body_from, end, Some(ci), (self.cols[body_from], depth + 1))?;
                     self.containers[ci].only_defs = all;
                 }
             }

@@ -150,3 +150,24 @@ fn what_the_scan_cannot_read_is_parsed() {
     assert!(Outline::scan(Lang::C, "int f(void) {\n  return 1;\n").is_none());
     assert!(Outline::scan(Lang::Python, "def f(:\n    return (1\n").is_none());
 }
+
+/// Classes nested past [`braces::MAX_NESTING`] are kept whole, not scanned (a file of classes
+/// nested thousands deep would otherwise recurse once a level, on a blocking thread's stack),
+/// as for the brace languages.
+#[test]
+fn python_classes_past_the_nesting_bound_are_kept_whole() {
+    let depth = braces::MAX_NESTING + 8;
+    let mut src = String::new();
+    for i in 0..depth {
+        src.push_str(&format!("{}class C{i}:\n", " ".repeat(i)));
+    }
+    src.push_str(&format!(
+        "{}def f(self):\n{}pass\n",
+        " ".repeat(depth),
+        " ".repeat(depth + 1)
+    ));
+    let o = outline(Lang::Python, &src);
+    assert_eq!(o.containers.len(), braces::MAX_NESTING);
+    // What lies past the bound is one definition, kept whole.
+    assert_eq!(o.defs.len(), 1);
+}
