@@ -366,3 +366,78 @@ async fn a_revoked_keys_jobs_stop_and_never_start() {
     eventually("every seat and token back", || h.idle()).await;
     h.shutdown().await;
 }
+
+/// A job queued by a key that is then revoked and put back (a file reverted) never starts:
+/// what a key submitted died with it. A job its key submits after it came back runs.
+#[tokio::test]
+async fn a_job_queued_before_its_key_was_revoked_and_put_back_never_starts() {
+    const SECOND: &str = "sk-tutor-school-2-second-key";
+    let both = format!("{} school-2\n{} school-2\n", sha256(OTHER), sha256(SECOND));
+    let file = KeyFile::new(&both);
+    let path = file.0.clone();
+    let slow = flags("--speed 1 --profile tiny-test --mean-output-tokens 1000000");
+    let h = harness(&slow, |c| {
+        c.auth.enabled = true;
+        c.auth.keys_file = Some(path);
+        c.auth.reload = Duration::from_millis(20);
+        // One job at a time (the large lane's one seat, no other lane's): the others wait.
+        set_lane(c, tutor_gateway::lane::Lane::Large, 1);
+        c.jobs.preempt = false;
+    })
+    .await;
+    let submit = |key: &'static str, tokens: u32| {
+        let req = client()
+            .post(h.url("/jobs"))
+            .bearer_auth(key)
+            .json(&json!({"prompt": "review my repository", "max_output_tokens": tokens}));
+        async move {
+            let resp = send(req).await;
+            assert_eq!(resp.status(), 202);
+            read_json(resp).await["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let status = |id: String| {
+        let req = client()
+            .get(h.url(&format!("/jobs/{id}")))
+            .bearer_auth(SECOND);
+        async move { read_json(send(req).await).await }
+    };
+    // SECOND's long job holds the seat; OTHER's waits behind it.
+    let running = submit(SECOND, 10_000).await;
+    tutor_testkit::eventually("the first job runs", || async {
+        status(running.clone()).await["status"] == "running"
+    })
+    .await;
+    let queued = submit(OTHER, 5).await;
+    // OTHER revoked, then put back.
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&file.0, format!("{} school-2\n", sha256(SECOND))).unwrap();
+    tutor_testkit::eventually("OTHER is revoked", || async {
+        answer(&h, Some(OTHER)).await.0 == 401
+    })
+    .await;
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(&file.0, &both).unwrap();
+    tutor_testkit::eventually("OTHER is back", || async {
+        answer(&h, Some(OTHER)).await.0 == 200
+    })
+    .await;
+    let after = submit(OTHER, 5).await;
+    // The seat comes free: the job queued before the revocation does not start.
+    let cancel = client()
+        .delete(h.url(&format!("/jobs/{running}")))
+        .bearer_auth(SECOND);
+    assert!(send(cancel).await.status().is_success());
+    tutor_testkit::eventually("the queued job ends", || async {
+        status(queued.clone()).await["status"] == "failed"
+    })
+    .await;
+    let v = status(queued).await;
+    assert_eq!(v["error"]["code"], "invalid_api_key", "{v}");
+    tutor_testkit::eventually("the job submitted after runs", || async {
+        status(after.clone()).await["status"] == "done"
+    })
+    .await;
+    eventually("every seat and token back", || h.idle()).await;
+    h.shutdown().await;
+}

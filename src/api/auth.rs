@@ -275,6 +275,13 @@ impl Auth {
         key_ids.get(id).is_some_and(|t| t == tenant)
     }
 
+    /// Whether the key with id `id` left the keys in force (removed, or moved to another
+    /// tenant) at `at_ms` or later, as this replica saw it.
+    fn left_since(&self, id: &str, at_ms: u64) -> bool {
+        let revoked_at = self.0.revoked_at.read().unwrap_or_else(|e| e.into_inner());
+        revoked_at.get(id).is_some_and(|&left| at_ms <= left)
+    }
+
     /// Resolves once the key with id `id` is no longer in force for `tenant` (never, while it
     /// is): removed, or moved to another tenant (whose requests these are not).
     async fn revoked(self, id: String, tenant: String) {
@@ -340,9 +347,7 @@ impl Auth {
         // Minted before its key last left the keys in force: dead for good, even with the key
         // back (every token a key minted dies with it).
         let ttl = u64::try_from(self.0.ttl.as_millis()).unwrap_or(u64::MAX);
-        let issued = expiry.saturating_sub(ttl);
-        let revoked_at = self.0.revoked_at.read().unwrap_or_else(|e| e.into_inner());
-        if revoked_at.get(id).is_some_and(|&at| issued <= at) {
+        if self.left_since(id, expiry.saturating_sub(ttl)) {
             return Err(REVOKED);
         }
         Ok((tenant.to_owned(), id.to_owned()))
@@ -350,8 +355,8 @@ impl Auth {
 }
 
 impl crate::pipeline::tenant::KeysInForce for Auth {
-    fn in_force(&self, key_id: &str, tenant: &str) -> bool {
-        Auth::in_force(self, key_id, tenant)
+    fn in_force_since(&self, key_id: &str, tenant: &str, since_ms: u64) -> bool {
+        Auth::in_force(self, key_id, tenant) && !self.left_since(key_id, since_ms)
     }
 
     fn revoked(&self, key_id: &str, tenant: &str) -> futures::future::BoxFuture<'static, ()> {

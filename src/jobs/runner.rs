@@ -78,6 +78,15 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
         mut run,
     } = claim;
     ctx.metrics().waited(waited);
+    // When it was submitted (it waited this long since), for the key that submitted it.
+    let submitted_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .saturating_sub(waited)
+            .as_millis(),
+    )
+    .unwrap_or(u64::MAX);
     let run_cancelled = run.cancelled();
     let mut lost = run.lost();
     // The key that submitted it (`[auth]`), once the job is read; whether its revocation
@@ -91,7 +100,7 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
         Ok((ready, mut record)) => 'run: {
             let key = submitted_by(&ctx, &ready);
             if let Some((keys, id, tenant)) = &key {
-                if !keys.in_force(id, tenant) {
+                if !keys.in_force_since(id, tenant, submitted_ms) {
                     record.finish(
                         crate::telemetry::Outcome::Cancelled,
                         Some(KEY_REVOKED.0),

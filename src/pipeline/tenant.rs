@@ -27,8 +27,10 @@ pub fn caller_key() -> Option<String> {
 
 /// The keys in force (`[auth]`), as work that outlives its request sees them.
 pub trait KeysInForce: Send + Sync + std::fmt::Debug {
-    /// Whether the key with id `key_id` is in force, for `tenant`.
-    fn in_force(&self, key_id: &str, tenant: &str) -> bool;
+    /// Whether the key with id `key_id` is in force, for `tenant`, and has been since
+    /// `since_ms` (ms since the epoch: a job's submission): a key removed and put back since
+    /// is not (what it submitted before died with it).
+    fn in_force_since(&self, key_id: &str, tenant: &str, since_ms: u64) -> bool;
     /// Resolves once it is not (never, while it is).
     fn revoked(&self, key_id: &str, tenant: &str) -> futures::future::BoxFuture<'static, ()>;
 }
