@@ -99,10 +99,20 @@ struct Inner {
     revoked_at: RwLock<HashMap<String, u64>>,
     config_keys: Vec<KeyEntry>,
     file: Option<PathBuf>,
-    secret: Vec<u8>,
+    secret: TokenSecret,
     ttl: Duration,
     /// Bumped each time the keys in force are replaced: requests in flight look again.
     installed: tokio::sync::watch::Sender<u64>,
+}
+
+/// The token signing secret: never in debug output (the jobs' context, which holds the keys
+/// in force, is printed with `{:?}`).
+struct TokenSecret(Vec<u8>);
+
+impl std::fmt::Debug for TokenSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenSecret(<redacted>)")
+    }
 }
 
 /// What the key file's watcher saw: the stamp put in force, and a new one waiting to stay
@@ -145,7 +155,7 @@ impl Auth {
             revoked_at: RwLock::default(),
             config_keys: config.keys.clone(),
             file: config.keys_file.clone(),
-            secret,
+            secret: TokenSecret(secret),
             ttl: config.token_ttl,
             installed: tokio::sync::watch::Sender::new(0),
         }));
@@ -317,7 +327,7 @@ impl Auth {
         let ttl = u64::try_from(self.0.ttl.as_millis()).unwrap_or(u64::MAX);
         let expiry = Self::now_ms().saturating_add(ttl);
         let payload = format!("{tenant}.{key_id}.{expiry}");
-        let mac = hmac_hex(&self.0.secret, &[payload.as_bytes()]);
+        let mac = hmac_hex(&self.0.secret.0, &[payload.as_bytes()]);
         (format!("{payload}.{mac}"), expiry)
     }
 
@@ -331,7 +341,7 @@ impl Auth {
         else {
             return Err(MALFORMED);
         };
-        if !same(&hmac_hex(&self.0.secret, &[payload.as_bytes()]), mac) {
+        if !same(&hmac_hex(&self.0.secret.0, &[payload.as_bytes()]), mac) {
             return Err("the token is not valid here");
         }
         let expiry: u64 = expiry.parse().map_err(|_| MALFORMED)?;

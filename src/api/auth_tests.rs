@@ -248,3 +248,17 @@ async fn an_invalid_key_file_at_start_keeps_the_configs_keys() {
     stop.cancel();
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
+
+/// The token secret (which signs every tenant's tokens) never shows in debug output.
+#[tokio::test]
+async fn the_token_secret_never_shows_in_debug_output() {
+    let mut config = Config::default().auth;
+    config.enabled = true;
+    config.token_secret = Some("a-secret-that-signs-tokens".into());
+    let auth = Auth::start(&config, CancellationToken::new());
+    let shown = format!("{auth:?}");
+    assert!(!shown.contains("a-secret-that-signs-tokens"), "{shown}");
+    // Nor as bytes.
+    let bytes = format!("{:?}", "a-secret-that-signs-tokens".as_bytes());
+    assert!(!shown.contains(&bytes[1..bytes.len() - 1]), "{shown}");
+}
