@@ -15,6 +15,9 @@ use super::check::Checker;
 const INTERVAL_MS: u64 = 1_000;
 /// Default `autopilot.window_ms`.
 const WINDOW_MS: u64 = 30_000;
+/// Largest `autopilot.min_samples`: the samples the engine step window keeps
+/// (`crate::telemetry::step_window`; the TTFT window keeps more).
+pub const MAX_MIN_SAMPLES: u32 = 4_096;
 /// Default `autopilot.min_samples`.
 const MIN_SAMPLES: u32 = 20;
 /// Default `autopilot.tighten_percent`.
@@ -204,9 +207,21 @@ pub(super) fn validate(c: &mut Checker, raw: RawAutopilot) -> AutopilotConfig {
         enabled: raw.enabled.unwrap_or(false),
         interval,
         window,
-        min_samples: c
-            .u32("autopilot.min_samples", raw.min_samples, MIN_SAMPLES)
-            .get(),
+        min_samples: {
+            let n = c
+                .u32("autopilot.min_samples", raw.min_samples, MIN_SAMPLES)
+                .get();
+            // More than the windows keep would never be judged (silently).
+            if n > MAX_MIN_SAMPLES {
+                c.fail(
+                    "autopilot.min_samples",
+                    format!(
+                        "must be at most {MAX_MIN_SAMPLES} (the samples the step window keeps)"
+                    ),
+                );
+            }
+            n
+        },
         tighten_percent: percent(c, "tighten_percent", raw.tighten_percent, TIGHTEN_PERCENT),
         // 0 would keep a knob down for good after its first tighten (rescue included).
         loosen_prefill_tokens: c

@@ -50,7 +50,7 @@ pub use admission::{
 pub use auth::{
     one_tenant_per_key, parse_keys, AuthConfig, KeyEntry, TenantBudget, TOKEN_SECRET_ENV,
 };
-pub use autopilot::AutopilotConfig;
+pub use autopilot::{AutopilotConfig, MAX_MIN_SAMPLES};
 pub use classify::{ClassifyConfig, ExactCount, TokenizerSource};
 pub use course::{CourseConfig, FocusMode, FocusSettings};
 pub use error::{ConfigError, ConfigIssue};

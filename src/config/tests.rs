@@ -155,6 +155,13 @@ fn autopilot_steps_of_zero_are_problems() {
         ],
         "{issues:#?}"
     );
+    // More samples than the windows keep: never judged.
+    let issues =
+        issues_of("[classify]\ntokenizer = \"heuristic\"\n[autopilot]\nmin_samples = 5000\n");
+    assert_eq!(
+        issues,
+        ["autopilot.min_samples must be at most 4096 (the samples the step window keeps)"]
+    );
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Samples kept: the newest ones (a few minutes of a busy gateway's streams).
-pub const MAX_SAMPLES: usize = 4_096;
+pub const MAX_SAMPLES: usize = crate::config::MAX_MIN_SAMPLES as usize;
 
 /// Content chunks a stream needs to leave a sample (fewer gaps say little about the steps).
 pub const MIN_CHUNKS: u32 = 8;
