@@ -35,7 +35,9 @@ pub struct PlanArgs {
     /// peak memory").
     #[arg(long, default_value_t = 2.0)]
     pub overhead_gib: f64,
-    /// vLLM's `--kv-cache-dtype`: `auto` (the model's dtype) or `fp8` (1 byte).
+    /// vLLM's `--kv-cache-dtype`: `auto` (the dtype the model is served in: a float32
+    /// checkpoint's is float16), `bfloat16`, or `fp8` (`fp8_e4m3`, `fp8_e5m2`, `fp8_inc`: 1
+    /// byte).
     #[arg(long, default_value = "auto")]
     pub kv_cache_dtype: String,
     /// vLLM's `--block-size`.

@@ -133,6 +133,18 @@ impl ModelShape {
         Ok(shape)
     }
 
+    /// The dtype vLLM serves the model in with `--dtype auto` (its default), and its bytes: a
+    /// float32 checkpoint is served in float16 ("auto will use FP16 precision for FP32 and
+    /// FP16 models", vLLM's `ModelConfig`), the others in their own. The weights and an `auto`
+    /// KV cache take this.
+    pub fn served(&self) -> (String, u32) {
+        if self.dtype_bytes == 4 {
+            ("float16".to_owned(), 2)
+        } else {
+            (self.dtype.clone(), self.dtype_bytes)
+        }
+    }
+
     /// KV cache bytes one token takes in every layer: `layers x kv_heads x head_dim x 2 (K and
     /// V) x kv_dtype_bytes`.
     pub fn kv_bytes_per_token(&self, kv_dtype_bytes: u32) -> u64 {

@@ -165,21 +165,24 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
         bail!("--block-size must be > 0");
     }
     let bs = u64::from(input.block_size);
+    // vLLM's `--kv-cache-dtype` choices (`CacheDType`): auto (the served dtype), bfloat16 and
+    // the fp8 kinds; a value it would refuse is refused here, not put in the command line.
     let (kv_cache_dtype, kv_dtype_bytes) = match input.kv_cache_dtype.as_str() {
-        "auto" => (model.dtype.clone(), model.dtype_bytes),
-        other => match dtype_bytes(other) {
-            Some(b) => (other.to_owned(), b),
-            None => bail!(
-                "--kv-cache-dtype {other:?}: expected auto, fp8 (fp8_e4m3, fp8_e5m2), \
-                 bfloat16, float16 or float32"
-            ),
-        },
+        "auto" => model.served(),
+        other @ ("bfloat16" | "fp8" | "fp8_e4m3" | "fp8_e5m2" | "fp8_inc") => {
+            (other.to_owned(), dtype_bytes(other).unwrap_or(1))
+        }
+        other => bail!(
+            "--kv-cache-dtype {other:?}: expected auto, bfloat16 or fp8 (fp8_e4m3, fp8_e5m2, \
+             fp8_inc), as vLLM takes it"
+        ),
     };
+    let served_bytes = model.served().1;
     let (weights_gib, estimated_parameters) = match input.weights_gib {
         Some(w) if w.is_finite() && w >= 0.0 => (w, None),
         Some(_) => bail!("--weights-gib must be >= 0"),
         None => match &model.parameters {
-            Ok(p) => (*p as f64 * f64::from(model.dtype_bytes) / GIB, Some(*p)),
+            Ok(p) => (*p as f64 * f64::from(served_bytes) / GIB, Some(*p)),
             Err(why) => bail!("{why}: its weights cannot be estimated; give --weights-gib"),
         },
     };
@@ -333,7 +336,7 @@ impl Plan {
                 "{:.2} GiB (estimated: {:.2}B parameters x {} bytes)",
                 self.weights_gib,
                 p as f64 / 1e9,
-                m.dtype_bytes
+                m.served().1
             ),
             None => format!("{:.2} GiB (--weights-gib)", self.weights_gib),
         };
@@ -384,7 +387,7 @@ impl Plan {
     pub fn snippet(&self) -> String {
         use std::fmt::Write;
         let mut o = String::new();
-        let kv_flag = if self.kv_cache_dtype == self.model.dtype {
+        let kv_flag = if self.kv_cache_dtype == self.model.served().0 {
             String::new()
         } else {
             format!(" --kv-cache-dtype {}", self.kv_cache_dtype)

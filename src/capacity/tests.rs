@@ -186,6 +186,36 @@ fn fp8_kv_doubles_the_tokens() {
     assert!(p.snippet().contains("--kv-cache-dtype fp8"));
 }
 
+/// vLLM serves a float32 checkpoint in float16 (`--dtype auto`): its weights and an `auto` KV
+/// cache take 2 bytes an element, not 4, and the command needs no `--kv-cache-dtype`. A KV
+/// dtype vLLM does not take is refused, not put in the command line.
+#[test]
+fn a_float32_checkpoint_is_planned_as_vllm_serves_it() {
+    let fp32 = LLAMA_31_8B.replace(
+        "\"torch_dtype\": \"bfloat16\"",
+        "\"torch_dtype\": \"float32\"",
+    );
+    assert_ne!(fp32, LLAMA_31_8B);
+    let (half, full) = (
+        run(&input(LLAMA_31_8B, 80.0, None)),
+        run(&input(&fp32, 80.0, None)),
+    );
+    assert_eq!(full.kv_bytes_per_token, half.kv_bytes_per_token);
+    assert_eq!(full.kv_tokens, half.kv_tokens);
+    assert!((full.weights_gib - half.weights_gib).abs() < 1e-9);
+    assert!(
+        !full.snippet().contains("--kv-cache-dtype"),
+        "{}",
+        full.snippet()
+    );
+    for bad in ["float32", "float16", "fp16"] {
+        let mut i = input(LLAMA_31_8B, 80.0, None);
+        i.kv_cache_dtype = bad.into();
+        let err = plan(&i).unwrap_err().to_string();
+        assert!(err.contains("as vLLM takes it"), "{bad}: {err}");
+    }
+}
+
 #[test]
 fn a_gpu_too_small_is_refused_with_the_reason() {
     // 24 GiB x 0.9 = 21.6, less 16 GiB: 5.6 GiB = 45875 tokens, enough;
