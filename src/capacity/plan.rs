@@ -94,6 +94,8 @@ pub struct LanePlan {
     pub budget_requests: u64,
     /// Suggested `lanes.<lane>.max_tokens_in_flight`.
     pub max_tokens_in_flight: u64,
+    /// The planned config's `lanes.<lane>.max_concurrency` (its reserved seats).
+    pub max_concurrency: u32,
 }
 
 /// The planner's answer.
@@ -279,6 +281,7 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
             sequences_alone: kv_tokens / one[i],
             budget_requests: n,
             max_tokens_in_flight: n * need(i),
+            max_concurrency: input.lanes[i].max_concurrency,
         });
     }
     Ok(Plan {
@@ -415,26 +418,26 @@ impl Plan {
              prefill_budget_tokens = {} # unchanged: follows --max-num-batched-tokens",
             self.max_num_seqs, self.max_tokens_in_flight, self.prefill_budget_tokens
         );
-        // The lanes' reserved seats must fit `seats`: the defaults (32 + 20 + 10) scaled down
-        // to an engine with fewer seats, each at least 1.
-        let defaults = Config::default();
-        let reserved: u64 = Lane::ALL
+        // The lanes' reserved seats must fit `seats`: the planned config's scaled down to an
+        // engine with fewer seats, each at least 1.
+        let reserved: u64 = self
+            .lanes
             .iter()
-            .map(|l| u64::from(defaults.lanes.get(*l).max_concurrency.get()))
+            .map(|l| u64::from(l.max_concurrency))
             .sum();
-        for (l, lane) in self.lanes.iter().zip(Lane::ALL) {
+        for l in &self.lanes {
             let _ = writeln!(
                 o,
                 "\n[lanes.{}]\nmax_tokens_in_flight = {} # {} requests x {} tokens",
                 l.lane, l.max_tokens_in_flight, l.budget_requests, l.context
             );
             if self.max_num_seqs < reserved {
-                let own = defaults.lanes.get(lane).max_concurrency.get();
+                let own = l.max_concurrency;
                 let scaled = (u64::from(own) * self.max_num_seqs / reserved).max(1);
                 let _ = writeln!(
                     o,
-                    "max_concurrency = {scaled} # reserved seats: the default {own}, scaled to \
-                     seats = {}",
+                    "max_concurrency = {scaled} # reserved seats: the configured {own}, scaled \
+                     to seats = {}",
                     self.max_num_seqs
                 );
             }

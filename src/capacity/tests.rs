@@ -147,6 +147,40 @@ fn the_snippet_is_valid_on_a_small_gpu_too() {
     assert!(small_seen, "one of the GPUs has fewer than 62 seats");
 }
 
+/// The reservations scaled down are the planned config's, not the defaults': a config whose
+/// lanes reserve 64 + 20 + 10 on an engine of fewer seats gets lines that fit those seats
+/// (scaled from the defaults' 62, none came at 62 seats or more, and the config pasted in was
+/// refused: the lanes' reservations above `admission.seats`).
+#[test]
+fn the_snippet_scales_the_planned_configs_reservations() {
+    let mut config = Config::default();
+    config.lanes.small.max_concurrency = 64.try_into().unwrap();
+    let mut seen = false;
+    for gpu in [24.0, 28.0, 32.0, 40.0, 48.0] {
+        let mut i = input(LLAMA_31_8B, gpu, Some(16.0));
+        i.lanes = LaneInput::from_config(&config);
+        let Ok(p) = plan(&i) else { continue };
+        seen |= (62..94).contains(&p.max_num_seqs);
+        let snippet: toml::Value = toml::from_str(&p.snippet()).unwrap();
+        let reserved: i64 = Lane::ALL
+            .iter()
+            .map(|l| {
+                snippet["lanes"][l.as_str()]
+                    .get("max_concurrency")
+                    .and_then(toml::Value::as_integer)
+                    .unwrap_or(i64::from(config.lanes.get(*l).max_concurrency.get()))
+            })
+            .sum();
+        let seats = snippet["admission"]["seats"].as_integer().unwrap();
+        assert!(
+            reserved <= seats,
+            "{gpu} GiB: {reserved} reserved of {seats}\n{}",
+            p.snippet()
+        );
+    }
+    assert!(seen, "one of the GPUs has between 62 and 94 seats");
+}
+
 #[test]
 fn llama_weights_estimated_from_its_shape() {
     // 8.03 billion parameters in bfloat16: 14.96 GiB.
