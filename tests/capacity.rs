@@ -182,6 +182,43 @@ async fn check_config_probe_fails_when_the_engine_is_not_there() {
     );
 }
 
+/// Two replicas, one of them down: the budgets are the fleet's, so they are not checked
+/// against the one that answered (which alone would look overcommitted, with advice to halve
+/// them).
+#[tokio::test]
+async fn check_config_probe_does_not_judge_the_budgets_on_part_of_the_fleet() {
+    // 15,000 blocks: 240,000 tokens, under the 379,040 the shipped budgets may reserve; two
+    // such replicas hold them.
+    let sim = vllm_sim::start(&SimArgs::for_test(&["--num-gpu-blocks", "15000"]))
+        .await
+        .unwrap();
+    let refused = tutor_testkit::RefusedPort::new();
+    let dir = Scratch::new("part");
+    let text = format!(
+        "{}\n[[upstream.replicas]]\nurl = \"{}\"\n[[upstream.replicas]]\nurl = \"{}\"\n",
+        SHIPPED_CONFIG.replace("base_url = \"http://127.0.0.1:8000\"", ""),
+        sim.url(),
+        refused.url()
+    );
+    let path = dir.write("config.toml", &text);
+    let out = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
+        .arg("check-config")
+        .arg(&path)
+        .arg("--probe")
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success(), "a replica is down");
+    assert!(stdout.contains("replica replica-0: KV cache"), "{stdout}");
+    assert!(!stdout.contains("OVERCOMMIT"), "{stdout}");
+    assert!(stderr.contains("the budgets were not checked"), "{stderr}");
+    sim.shutdown().await;
+}
+
 /// meta-llama/Llama-3.1-8B-Instruct's `config.json` (the keys the planner reads).
 const LLAMA_31_8B: &str = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
   "intermediate_size": 14336, "max_position_embeddings": 131072, "num_attention_heads": 32,

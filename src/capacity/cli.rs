@@ -123,9 +123,10 @@ pub fn plan_for(args: &PlanArgs) -> anyhow::Result<String> {
 }
 
 /// `check-config --probe`: reads each configured replica's capacity and prints it with every
-/// overcommit problem (the budgets are per replica, so each is checked against its own KV
-/// cache). Exit 0 with warnings; 1 when an engine cannot be read, or with `strict` and any
-/// problem.
+/// overcommit problem (the budgets are the fleet's, checked against every replica's KV cache
+/// together; not checked when a replica cannot be read: a part of the fleet would look
+/// overcommitted). Exit 0 with warnings; 1 when an engine cannot be read, or with `strict` and
+/// any problem.
 pub fn check_probe(path: &std::path::Path, config: &Config, strict: bool) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -161,9 +162,17 @@ pub fn check_probe(path: &std::path::Path, config: &Config, strict: bool) -> Exi
             }
         }
     }
-    let found = super::fleet(&caps)
-        .map(|all| super::overcommit(config, &all))
-        .unwrap_or_default();
+    let found = if unreadable == 0 {
+        super::fleet(&caps)
+            .map(|all| super::overcommit(config, &all))
+            .unwrap_or_default()
+    } else {
+        eprintln!(
+            "{path}: --probe: the budgets were not checked: {unreadable} replica(s) could not \
+             be read, and the fleet's capacity is every replica's"
+        );
+        Vec::new()
+    };
     for p in &found {
         println!("{path}: warning: KV OVERCOMMIT: {p}");
     }
