@@ -239,6 +239,64 @@ async fn off_the_configured_values_hold_exactly() {
     h.shutdown().await;
 }
 
+/// `autopilot.reserve_small_seats = false`: the configured reservation holds, and no reserve
+/// decision is counted (each look with questions waiting counted one `reserve_at_ceiling`
+/// and logged it) while the pacing knobs still move.
+#[tokio::test]
+async fn with_the_reservation_fixed_no_reserve_decision_is_made() {
+    // First tokens at once, then nothing for ten minutes: a question of 500 tokens holds its
+    // seat; questions of 1 token end at their first.
+    let held = flags("--profile fixed --fixed-ttft-ms 1 --fixed-itl-ms 600000");
+    let h = harness(&held, |c| {
+        piloted(c, 1);
+        c.autopilot.reserve_small_seats = false;
+        set_lane(c, Lane::Small, 1);
+        c.lanes.small.ceiling = std::num::NonZeroU32::MIN;
+        // Waiters give up soon: refused for their wait, each a missed objective.
+        c.lanes.small.queue.timeout = Duration::from_millis(200);
+    })
+    .await;
+    let holder = {
+        let body = json!({"messages": [{"role": "user", "content": "hold"}], "max_tokens": 500,
+                          "stream": true});
+        let req = client().post(h.url("/v1/chat/completions")).json(&body);
+        tokio::spawn(async move {
+            let mut resp = send(req).await;
+            while let Ok(Some(_)) = resp.chunk().await {}
+        })
+    };
+    eventually("the seat is held", || h.in_flight(Lane::Small) == 1).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while series(
+        &h,
+        "tutor_gateway_autopilot_adjustments_total{reason=\"tighten\"}",
+    )
+    .await
+        < 1.0
+    {
+        assert!(tokio::time::Instant::now() < deadline, "never tightened");
+        let url = h.url("/v1/chat/completions");
+        let burst = (0..4).map(|i| {
+            let body = json!({"messages": [{"role": "user", "content": format!("why {i}?")}],
+                              "max_tokens": 1});
+            let req = client().post(&url).json(&body);
+            async move {
+                let _ = send(req).await.text().await;
+            }
+        });
+        futures::future::join_all(burst).await;
+    }
+    let m = h.metrics_text().await;
+    for reason in ["reserve_up", "reserve_at_ceiling", "reserve_down"] {
+        let series = format!("tutor_gateway_autopilot_adjustments_total{{reason=\"{reason}\"}}");
+        assert_eq!(metric(&m, &series), 0.0, "{reason}");
+    }
+    assert_eq!(metric(&m, "tutor_gateway_autopilot_small_seats"), 1.0);
+    holder.abort();
+    eventually("every seat back", || h.idle()).await;
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn before_its_first_look_the_gauges_show_the_configured_values() {
     // A look an hour away: what a scrape sees before any (it used to see zeros, which a

@@ -281,6 +281,12 @@ impl Pilot {
         (now, judged): (tokio::time::Instant, std::time::Duration),
     ) -> u32 {
         let bounds = reserve_bounds(config);
+        if bounds.min == bounds.max {
+            // Nowhere to move (`reserve_small_seats = false`, or a policy other than `lanes`):
+            // the configured reservation holds, with no decision counted or logged.
+            self.reserve = None;
+            return bounds.min;
+        }
         let reserve = self.reserve.get_or_insert_with(|| Reserve::new(bounds));
         let ap = &config.autopilot;
         let reading = config
