@@ -241,7 +241,8 @@ async fn off_the_configured_values_hold_exactly() {
 
 /// `autopilot.reserve_small_seats = false`: the configured reservation holds, and no reserve
 /// decision is counted (each look with questions waiting counted one `reserve_at_ceiling`
-/// and logged it) while the pacing knobs still move.
+/// and logged it) while the pacing knobs still move. Once the refusals leave the window, the
+/// measured quantile reads 0 (no sample), not their infinite miss for good.
 #[tokio::test]
 async fn with_the_reservation_fixed_no_reserve_decision_is_made() {
     // First tokens at once, then nothing for ten minutes: a question of 500 tokens holds its
@@ -294,6 +295,13 @@ async fn with_the_reservation_fixed_no_reserve_decision_is_made() {
     assert_eq!(metric(&m, "tutor_gateway_autopilot_small_seats"), 1.0);
     holder.abort();
     eventually("every seat back", || h.idle()).await;
+    // The refusals leave the window (2 s) with no first token after them: the measured
+    // quantile reads 0 again (it stayed at the refusals' infinite miss).
+    let objective_ratio = "tutor_gateway_autopilot_objective_ratio{lane=\"small\"}";
+    tutor_testkit::eventually("the window empties", || async {
+        series(&h, objective_ratio).await == 0.0
+    })
+    .await;
     h.shutdown().await;
 }
 

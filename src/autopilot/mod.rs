@@ -164,9 +164,12 @@ impl Pilot {
                 continue;
             };
             let target = objective.target.as_secs_f64();
-            if let Some(q) = window.quantile(lane, objective.quantile(), ap.window) {
-                metrics.measured(lane, q.seconds, q.seconds / target);
-            }
+            // No sample in the window: 0, as the metric's help says (the last value, an
+            // infinite miss included, used to stay for good once traffic stopped).
+            let (seconds, ratio) = window
+                .quantile(lane, objective.quantile(), ap.window)
+                .map_or((0.0, 0.0), |q| (q.seconds, q.seconds / target));
+            metrics.measured(lane, seconds, ratio);
             match window.quantile(lane, objective.quantile(), judged) {
                 Some(q) if q.samples >= ap.min_samples as usize => {
                     let ratio = q.seconds / target;
