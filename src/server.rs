@@ -159,6 +159,17 @@ pub fn serve_state(
              fingerprints to anyone; set server.admin_listen to keep them to operators"
         );
     }
+    if server
+        .admin_listen
+        .is_some_and(|at| !at.ip().is_loopback() && server.admin_token.is_none())
+    {
+        tracing::warn!(
+            "server.admin_listen is not a loopback address and server.admin_token is not set: \
+             anyone who reaches it can reload the configuration (POST /admin/reload, which \
+             overwrites the fleet's pushed limits with ?force=true); set server.admin_token, or \
+             listen on 127.0.0.1"
+        );
+    }
     let (admin_addr, admin) = match server.admin_listen {
         Some(at) => {
             let std_listener = std::net::TcpListener::bind(at)

@@ -312,6 +312,34 @@ async fn an_admin_token_with_a_newline_and_a_lower_case_scheme_are_taken() {
     let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
 
+/// An admin listener reachable from the network with no token: said at start (anyone who
+/// reaches it can reload the configuration); on loopback, or with a token, nothing is said.
+#[tokio::test]
+async fn an_admin_listener_open_to_the_network_without_a_token_is_warned_about() {
+    const WARNING: &str = "server.admin_listen is not a loopback address";
+    for (listen, token, warned) in [
+        ("0.0.0.0:0", None, true),
+        ("0.0.0.0:0", Some(ADMIN_TOKEN), false),
+        ("127.0.0.1:0", None, false),
+    ] {
+        let (logs, guard) = tutor_testkit::capture_logs(tracing::Level::WARN);
+        let server = parsed(&format!(
+            "[server]\nadmin_listen = \"{listen}\"\n{}",
+            token.map_or(String::new(), |t| format!("admin_token = \"{t}\"\n"))
+        ))
+        .server;
+        let h = harness(FAST, |c| c.server = server).await;
+        drop(guard);
+        assert_eq!(
+            logs.text().contains(WARNING),
+            warned,
+            "{listen} {token:?}: {}",
+            logs.text()
+        );
+        h.shutdown().await;
+    }
+}
+
 /// A webhook receiver on 127.0.0.1 counting what it is sent; its port.
 async fn receiver() -> (u16, Arc<Mutex<usize>>) {
     let got = Arc::new(Mutex::new(0usize));
