@@ -6,7 +6,7 @@
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
@@ -90,15 +90,23 @@ fn until_shutdown(
     )
 }
 
-/// `GET /jobs/{id}/events`, honouring `Last-Event-ID` (204 after the last event).
+/// `GET /jobs/{id}/events`, honouring `Last-Event-ID` (204 after the last event), or the
+/// query's `last_event_id` when the header is absent: a page that opens a new `EventSource`
+/// (a new `?token=`, its last one expired) cannot set the header, and resumes so.
 pub async fn events(
     State(jobs): State<Jobs>,
     tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
+    RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
+    let from_query = query.as_deref().and_then(|q| {
+        url::form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == "last_event_id")
+            .map(|(_, v)| v.into_owned())
+    });
     let last = match headers.get("last-event-id").map(|v| v.to_str()) {
-        None => None,
+        None => from_query.as_deref(),
         Some(Ok(v)) => Some(v),
         Some(Err(_)) => {
             return GatewayError::bad_request(

@@ -159,6 +159,16 @@ pub async fn events_attached_late_get_all_the_text_and_last_event_id_resumes(bac
         all[..all.len() - rest.len()].to_owned()
     };
     assert_eq!(format!("{first_five}{rest}"), text);
+    // A new EventSource (a fresh token: the last one expired) cannot set the header: the
+    // query's `last_event_id` resumes the same way.
+    let resp = client()
+        .get(h.url(&format!("/jobs/{id}/events?last_event_id=5")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let by_query = parse(&resp.text().await.unwrap());
+    assert_eq!(tokens(&by_query), (rest.clone(), rest_ids.clone()));
     // The last event's id is `end`; a reconnect carrying it is told to stop.
     assert_eq!(live.last().unwrap().id.as_deref(), Some("end"));
     let resp = client()
