@@ -208,7 +208,9 @@ impl Replicas {
     }
 
     /// Each replica's (weight, seat cap) for routing: by KV share once every replica's KV is
-    /// known and there are several, else as configured.
+    /// known and there are several, else as configured. The seats are shared among the
+    /// healthy replicas (all of them when none is): an ejected replica's share would leave the
+    /// healthy ones capped below the fleet's seats.
     fn shares(&self) -> Vec<(u32, Option<u32>)> {
         let kv: Vec<u64> = self
             .list
@@ -217,7 +219,18 @@ impl Replicas {
             .collect();
         // In u128: the sizes are the engines' word (bounded where they are read, but a sum or a
         // product must never wrap, nor a total be zero).
-        let total: u128 = kv.iter().map(|&k| u128::from(k)).sum();
+        let healthy: u128 = self
+            .list
+            .iter()
+            .zip(&kv)
+            .filter(|(r, _)| r.is_healthy())
+            .map(|(_, &k)| u128::from(k))
+            .sum();
+        let total: u128 = if healthy > 0 {
+            healthy
+        } else {
+            kv.iter().map(|&k| u128::from(k)).sum()
+        };
         let known = self.list.len() > 1 && kv.iter().all(|&k| k > 0);
         let largest = kv.iter().copied().max().unwrap_or(0);
         let seats = u64::from(self.fleet_seats.load(Ordering::Relaxed));

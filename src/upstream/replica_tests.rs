@@ -96,6 +96,43 @@ fn huge_kv_sizes_neither_wrap_nor_divide_by_zero() {
     }
 }
 
+/// The fleet's seats are shared among the healthy replicas: with one of two equal replicas
+/// ejected, the other is capped at all of them, so the fleet's seats all go there (each used
+/// to keep half: the rest went to the ejected one).
+#[test]
+fn an_ejected_replicas_seats_go_to_the_healthy_ones() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _enter = rt.enter();
+    let set = set(None, Duration::from_secs(1));
+    set.set_capacity("http://a.invalid:8000", 100_000);
+    set.set_capacity("http://b.invalid:8000", 100_000);
+    set.set_fleet_seats(4);
+    assert_eq!(
+        set.shares().iter().map(|s| s.1).collect::<Vec<_>>(),
+        [Some(2), Some(2)]
+    );
+    let b = Arc::clone(&set.all()[1]);
+    for _ in 0..3 {
+        set.failed(&b, "down");
+    }
+    assert!(!b.is_healthy());
+    assert_eq!(set.shares()[0].1, Some(4), "a's share is every seat");
+    let tickets: Vec<_> = (0..4)
+        .map(|_| set.pick(None, None, None).unwrap())
+        .collect();
+    assert!(
+        tickets.iter().all(|t| t.replica().config.name == "a"),
+        "{:?}",
+        tickets
+            .iter()
+            .map(|t| t.replica().config.name.clone())
+            .collect::<Vec<_>>()
+    );
+}
+
 /// A set of `replicas` (name, URL) reporting into `metrics`, replacing `previous`; health
 /// checks "run" (every second) so failures eject.
 fn named_set(

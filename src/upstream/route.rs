@@ -4,9 +4,10 @@
 //! The score, for [`RoutingPolicy::Affinity`] and a request whose prompt has a stable prefix
 //! (its fingerprint is the key):
 //!
-//! 1. Candidates: the healthy replicas below their `max_num_seqs`; if no replica is healthy,
-//!    every replica below its cap (reason `no_healthy`); if all are at their cap, the healthy
-//!    ones (vLLM queues the excess).
+//! 1. Candidates: the healthy replicas below their `max_num_seqs`; if all of those are at their
+//!    cap, the healthy ones (vLLM queues the excess: an ejected replica with room is no
+//!    better, it was ejected for failing); if no replica is healthy, every replica below its
+//!    cap, else every one (reason `no_healthy`).
 //! 2. Rank the candidates by weighted rendezvous hashing of (key, replica name): the top one
 //!    is where this prefix was sent before, so where vLLM has it cached; the ranking changes
 //!    only for the keys of a replica that comes or goes.
@@ -64,23 +65,22 @@ pub fn pick(
         .collect();
     let mut fallback = None;
     if pool.is_empty() {
-        pool = (0..replicas.len())
-            .filter(|&i| open(&replicas[i]))
-            .collect();
-        fallback = Some("no_healthy");
-    }
-    if pool.is_empty() {
-        // Every replica at its cap: the healthy ones queue it inside vLLM.
+        // Every healthy replica at its cap: the healthy ones queue it inside vLLM.
         pool = (0..replicas.len())
             .filter(|&i| !replicas[i].excluded && replicas[i].healthy)
             .collect();
-        fallback = None;
     }
     if pool.is_empty() {
-        pool = (0..replicas.len())
-            .filter(|&i| !replicas[i].excluded)
-            .collect();
+        // None healthy: the ones below their cap, else any.
         fallback = Some("no_healthy");
+        pool = (0..replicas.len())
+            .filter(|&i| open(&replicas[i]))
+            .collect();
+        if pool.is_empty() {
+            pool = (0..replicas.len())
+                .filter(|&i| !replicas[i].excluded)
+                .collect();
+        }
     }
     if pool.is_empty() {
         return None;
@@ -303,6 +303,26 @@ mod tests {
             c.excluded = true;
         }
         assert_eq!(pick(RoutingPolicy::LeastLoaded, 0.25, None, 0, &r), None);
+    }
+
+    /// A healthy replica at its cap takes the request (vLLM queues it) before an ejected one
+    /// with room: that one was ejected for failing (refusing, or hanging until the first-token
+    /// timeout).
+    #[test]
+    fn a_healthy_replica_at_its_cap_goes_before_an_ejected_one_with_room() {
+        let mut r = three();
+        r.truncate(2);
+        r[0].cap = Some(5);
+        r[0].in_flight = 5;
+        r[1].cap = Some(5);
+        r[1].healthy = false;
+        for policy in [RoutingPolicy::Affinity, RoutingPolicy::LeastLoaded] {
+            for k in 0..20u64 {
+                let route = pick(policy, 0.25, Some(mix(k)), k, &r).unwrap();
+                assert_eq!(route.index, 0, "{policy:?}");
+                assert_ne!(route.reason, "no_healthy");
+            }
+        }
     }
 
     #[test]
