@@ -510,10 +510,22 @@ where
             .list
             .iter()
             .filter(|r| r.health.checked_by.load(Ordering::Acquire) == set.id);
+        // Each probe within one interval: a replica whose `/health` hangs fails its check
+        // (a health that takes longer than the checks' period is no health), and the others
+        // are still checked every interval (one slow probe used to stretch every replica's
+        // cycle to the probe's own 5 s timeout).
         let checks = own.map(|r| {
             let r = Arc::clone(r);
-            let probe = check(Arc::clone(&r));
-            async move { (r, probe.await) }
+            let probe = tokio::time::timeout(interval, check(Arc::clone(&r)));
+            async move {
+                let result = probe.await.unwrap_or_else(|_| {
+                    Err(format!(
+                        "/health took longer than the health interval ({} ms)",
+                        interval.as_millis()
+                    ))
+                });
+                (r, result)
+            }
         });
         let results = futures::future::join_all(checks).await;
         for (r, result) in results {

@@ -43,6 +43,31 @@ fn checks(set: &Arc<Replicas>, who: &'static str, seen: &Arc<Mutex<Vec<(&'static
     }));
 }
 
+/// A replica whose `/health` hangs does not slow the others' checks: each is checked every
+/// interval (one hanging probe used to hold every replica's cycle for its own 5 s), and the
+/// hanging one fails its checks.
+#[tokio::test(start_paused = true)]
+async fn a_hanging_health_check_does_not_slow_the_others() {
+    let second = Duration::from_secs(1);
+    let set = set(None, second);
+    tokio::spawn(health_loop(Arc::downgrade(&set), move |r| async move {
+        if r.config.name == "a" {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+        Err("down".to_owned())
+    }));
+    // Checks at 0, 1 and 2 s: three failures in a row eject both (the default
+    // unhealthy_after), well before the 5 s one probe takes.
+    tokio::time::sleep(second * 3 + second / 2).await;
+    let ejected: Vec<String> = set
+        .status()
+        .iter()
+        .filter(|r| !r.healthy)
+        .map(|r| r.name.clone())
+        .collect();
+    assert_eq!(ejected, ["a", "b"]);
+}
+
 /// A reload builds a new set that shares each replica's health while the old set lives on
 /// (its requests still run): only the new set's loop checks them, so a replica's failure
 /// streak grows once per interval, not twice, and ejection takes the configured checks.
