@@ -374,3 +374,95 @@ mod share {
         assert!(!over(&["a", "a"], "c"));
     }
 }
+
+/// Spawns an acquire of `ask` (continuing when `continuing`) that notes `label` in `order`
+/// when admitted (and gives its seat back at once), or `label` and its error code when
+/// refused; returns once it waits.
+async fn queue_ask(
+    a: &Admission,
+    tenant: Option<&'static str>,
+    continuing: bool,
+    label: &'static str,
+    order: &Arc<Mutex<Vec<String>>>,
+) -> tokio::task::JoinHandle<()> {
+    let (mine, noted) = (a.clone(), order.clone());
+    let before = a.snapshot().lane(Small).queue_depth;
+    let told = order.lock().unwrap().len();
+    let task = tokio::spawn(async move {
+        let order = noted;
+        let mut ask = Ask::new(Small, 10).for_tenant(tenant);
+        if continuing {
+            ask = ask.continuing();
+        }
+        match mine.acquire(ask).await {
+            Ok(guard) => {
+                order.lock().unwrap().push(label.to_owned());
+                drop(guard);
+            }
+            Err(e) => order.lock().unwrap().push(format!(
+                "{label}: {}",
+                crate::error::GatewayError::from(e).code()
+            )),
+        }
+    });
+    // Until it waits (or, pushing another out, that one is told).
+    while a.snapshot().lane(Small).queue_depth == before && order.lock().unwrap().len() == told {
+        tokio::task::yield_now().await;
+    }
+    task
+}
+
+/// A continuation (an answer that already streamed, pre-empted) waits at the head: an arrival
+/// of its tenant due sooner does not take its place (it used to, and push it to its tenant's
+/// newest turn, again at each such arrival).
+#[tokio::test(start_paused = true)]
+async fn a_continuation_keeps_the_head_before_an_arrival_due_sooner() {
+    let a = one_seat("");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let seat = a.acquire(Ask::new(Small, 10)).await.unwrap();
+    let cont = queue_ask(&a, None, true, "cont", &order).await;
+    let (mine, order2) = (a.clone(), order.clone());
+    let due = tokio::spawn(async move {
+        let at = Some(Instant::now() + Duration::from_secs(1));
+        let g = mine.acquire(Ask::new(Small, 10).due_at(at)).await.unwrap();
+        order2.lock().unwrap().push("due".to_owned());
+        drop(g);
+    });
+    while a.snapshot().lane(Small).queue_depth < 2 {
+        tokio::task::yield_now().await;
+    }
+    drop(seat);
+    cont.await.unwrap();
+    due.await.unwrap();
+    assert_eq!(*order.lock().unwrap(), ["cont", "due"]);
+    assert!(a.snapshot().is_idle());
+}
+
+/// A full queue makes room for another tenant by pushing out the newest waiter of the tenant
+/// most above its places, never a continuation: A's waiter goes, A's continuation stays.
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_never_pushes_out_a_continuation() {
+    let toml =
+        "[classify]\ntokenizer = \"heuristic\"\n[admission]\npolicy = \"lanes\"\nseats = 3\n\
+         [lanes.small]\nmax_concurrency = 1\nceiling = 1\nqueue_len = 2\n\
+         [lanes.medium]\nmax_concurrency = 1\nceiling = 1\n\
+         [lanes.large]\nmax_concurrency = 1\nceiling = 1\n";
+    let a = Admission::from_config(&Config::from_toml_str(toml).unwrap());
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let seat = a.acquire(Ask::new(Small, 10)).await.unwrap();
+    let a1 = queue_ask(&a, Some("A"), false, "a1", &order).await;
+    let a2 = queue_ask(&a, Some("A"), false, "a2", &order).await;
+    let cont = queue_ask(&a, Some("A"), true, "cont", &order).await;
+    // B's arrival: the queue is full of A's; A's newest waiter that never ran leaves.
+    let b = queue_ask(&a, Some("B"), false, "b", &order).await;
+    a2.await.unwrap();
+    drop(seat);
+    for t in [cont, a1, b] {
+        t.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(order[0], "a2: tenant_queue_full", "{order:?}");
+    assert_eq!(order[1], "cont", "{order:?}");
+    assert!(order.contains(&"a1".to_owned()) && order.contains(&"b".to_owned()));
+    assert!(a.snapshot().is_idle());
+}

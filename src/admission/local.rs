@@ -196,9 +196,13 @@ impl LocalAdmission {
             let room = if ask.continuing {
                 Room::Enter
             } else {
+                // Continuations are not counted: they are not pushed out either.
                 room_for(
                     queue_limit.len,
-                    state.queues[queue].iter().map(|w| w.tenant.as_ref()),
+                    state.queues[queue]
+                        .iter()
+                        .filter(|w| !w.continuing)
+                        .map(|w| w.tenant.as_ref()),
                     tenant,
                     |t| rules.shares.get(t).copied().unwrap_or(1.0),
                 )
@@ -353,8 +357,9 @@ impl LocalAdmission {
         handle: &Arc<Preemptible>,
     ) -> Option<LaneGuard> {
         let shared = &self.shared;
-        let rules = shared.rules();
         let mut state = shared.lock();
+        // Under the state's lock, as `acquire` reads them: a reload swaps them under it.
+        let rules = shared.rules();
         // Background work never starts while an interactive request waits, in any lane (it
         // would take engine time that request is waiting for), nor within the cool-down after
         // one last waited.

@@ -373,6 +373,32 @@ async fn no_job_borrows_within_the_cooldown_after_a_request_waited_and_one_is_wo
     assert!(a.snapshot().is_idle());
 }
 
+/// A question that waited longer than the cool-down: the cool-down counts from its admission,
+/// so a job does not borrow the moment it got its seat (it counted from the queueing, and was
+/// over by then).
+#[tokio::test(start_paused = true)]
+async fn the_cooldown_counts_from_a_long_waits_admission() {
+    let a = admission("[jobs]\npreempt = true\npreempt_cooldown_ms = 5000\n");
+    let questions = fill_small(&a);
+    let waiter = {
+        let a = a.clone();
+        tokio::spawn(async move { a.acquire(Ask::new(Small, 100)).await })
+    };
+    until("the question queues", || {
+        a.snapshot().lane(Small).queue_depth == 1
+    })
+    .await;
+    tokio::time::advance(Duration::from_secs(6)).await;
+    drop(questions);
+    let third = waiter.await.unwrap().expect("admitted");
+    assert!(
+        job(&a, 0, true).is_none(),
+        "within the cool-down after its admission"
+    );
+    drop(third);
+    assert!(a.snapshot().is_idle());
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_a_cooldown_a_job_borrows_as_soon_as_nobody_waits() {
     let a = admission("[jobs]\npreempt = true\npreempt_cooldown_ms = 0\n");

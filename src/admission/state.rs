@@ -181,8 +181,11 @@ impl State {
         let tag = self.fair[queue].tag(tenant.clone(), share);
         let q = &mut self.queues[queue];
         let pos = q.partition_point(|w| w.tag <= tag);
+        // Not a continuation: it holds the head, ahead of every request that never ran, and
+        // took no turn to trade (an arrival due sooner used to take its place and push it to
+        // its tenant's newest turn, again at each such arrival).
         let kin: Vec<usize> = (0..pos)
-            .filter(|&i| q[i].lane == ask.lane && q[i].tenant == tenant)
+            .filter(|&i| q[i].lane == ask.lane && q[i].tenant == tenant && !q[i].continuing)
             .collect();
         let place = edf_place(kin.iter().map(|&i| q[i].due), ask.due);
         q.insert(pos, Waiter::new(id, ask, tag, tenant, grant));
@@ -199,12 +202,13 @@ impl State {
     }
 
     /// Removes and returns the newest waiter of `tenant` in `queue` (pushed out for another
-    /// tenant's request: `crate::admission::fair::room_for`).
+    /// tenant's request: `crate::admission::fair::room_for`); never a continuation (an answer
+    /// that already streamed always keeps its place).
     pub fn push_out(&mut self, queue: usize, tenant: &Arc<str>) -> Option<Waiter> {
         let pos = self.queues[queue]
             .iter()
             .enumerate()
-            .filter(|(_, w)| w.tenant.as_ref() == Some(tenant))
+            .filter(|(_, w)| w.tenant.as_ref() == Some(tenant) && !w.continuing)
             .max_by_key(|(_, w)| w.id)?
             .0;
         self.leave_at(queue, pos)
@@ -240,6 +244,9 @@ impl State {
         let waiter = self.queues[queue].remove(pos)?;
         self.queued[waiter.lane.index()] -= 1;
         self.fair[queue].admitted(waiter.tag);
+        // The pre-emption cool-down counts from the admission too: a wait longer than the
+        // cool-down used to leave none after it.
+        self.last_waited = Some(Instant::now());
         Some(waiter)
     }
 
