@@ -223,6 +223,7 @@ const REFUSABLE: &[&str] = &[
     "media_io_kwargs",
     "kv_transfer_params",
     "ec_transfer_params",
+    "vllm_xargs",
     "stream_interval",
     "cache_salt",
 ];
@@ -266,6 +267,14 @@ fn why_refused(
         "ec_transfer_params" if set => Some(
             "ec_transfer_params is not accepted: it would keep the request's encoder cache in \
              the engine after the gateway gave its reservation back"
+                .into(),
+        ),
+        // vLLM hands these to the engine as the request's extra arguments, where its KV
+        // connector reads `kv_transfer_params` (refused above as a field of its own) and custom
+        // logits processors read theirs: outside anything the gateway counts or bounds.
+        "vllm_xargs" if set => Some(
+            "vllm_xargs is not accepted: vLLM hands it to the engine as extra arguments (KV \
+             transfer, logits processors) the gateway cannot bound"
                 .into(),
         ),
         // vLLM sends one chunk every N tokens: the usage the gateway counts output by would
@@ -428,6 +437,13 @@ mod tests {
                 true,
                 "ec_transfer_params",
             ),
+            // The same through vLLM's extra arguments.
+            (
+                json!({"vllm_xargs": {"kv_transfer_params": "x"}}),
+                true,
+                "vllm_xargs",
+            ),
+            (json!({"vllm_xargs": {"a": 1}}), false, "vllm_xargs"),
             // Tokens held back between chunks are output counted late.
             (json!({"stream_interval": 1500}), true, "stream_interval"),
             (json!({"stream_interval": 8}), false, "stream_interval"),
