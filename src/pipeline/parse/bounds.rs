@@ -6,7 +6,9 @@
 //! - `logit_bias`: at most `fields.max_logit_bias` entries; `stop_token_ids` and
 //!   `allowed_token_ids`: at most `fields.max_token_ids` each.
 //! - Structured-output guides ([`GUIDES`]): compiled into a grammar before the first token; at
-//!   most `fields.max_guide_bytes` of JSON each (0 refuses them).
+//!   most `fields.max_guide_bytes` of JSON each (0 refuses them). A `tool_choice` that forces
+//!   a call (`"required"`, or a named function) is one too: vLLM builds the grammar from the
+//!   tools' `parameters` (all of them, or the named one's), bounded the same way.
 //!
 //! Beyond a bound: 400 naming the field. Sizes are counted without copying and stop at the
 //! bound, so a huge field costs no more to refuse than a small one to accept.
@@ -70,7 +72,46 @@ pub fn check(body: &Map<String, Value>, bounds: &FieldsConfig) -> Result<(), Gat
             Some(v) => guide(field, v, bounds.max_guide_bytes)?,
         }
     }
+    if let Some(schemas) = forced_tool_schemas(body) {
+        guide(
+            "tool_choice",
+            &Value::Array(schemas),
+            bounds.max_guide_bytes,
+        )?;
+    }
     Ok(())
+}
+
+/// The tools' `parameters` vLLM builds a grammar of when `tool_choice` forces a call:
+/// `"required"`, every tool's; a named function, that one's (every tool's when none has the
+/// name: vLLM refuses it itself). `None` when no call is forced.
+fn forced_tool_schemas(body: &Map<String, Value>) -> Option<Vec<Value>> {
+    let tools = body.get("tools")?.as_array()?;
+    let named = match body.get("tool_choice")? {
+        Value::String(s) if s == "required" => None,
+        Value::Object(choice) => choice
+            .get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+        _ => return None,
+    };
+    let parameters = |t: &Value| t.get("function").and_then(|f| f.get("parameters")).cloned();
+    let name_of = |t: &Value| {
+        t.get("function")
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    let chosen: Vec<Value> = match &named {
+        Some(name) if tools.iter().any(|t| name_of(t).as_ref() == Some(name)) => tools
+            .iter()
+            .filter(|t| name_of(t).as_ref() == Some(name))
+            .filter_map(parameters)
+            .collect(),
+        _ => tools.iter().filter_map(parameters).collect(),
+    };
+    Some(chosen)
 }
 
 /// `stop` / `bad_words`: a string counts as one.
@@ -184,6 +225,33 @@ mod tests {
             }
             Err(other) => panic!("{other}"),
         }
+    }
+
+    /// A `tool_choice` that forces a call makes vLLM build a grammar of the tools' schemas:
+    /// bounded as a guide, named `tool_choice`; `"auto"` and `"none"` build none.
+    #[test]
+    fn a_forced_tool_choice_is_bounded_as_a_guide() {
+        let b = FieldsConfig::default();
+        let tool = |name: &str, size: usize| {
+            json!({"type": "function", "function": {"name": name,
+                   "parameters": {"type": "object", "description": "d".repeat(size)}}})
+        };
+        let tools = json!([tool("big", 20_000), tool("small", 10)]);
+        let with = |choice: Value| json!({"tools": tools, "tool_choice": choice});
+        assert_eq!(param(with(json!("required")), &b), Some("tool_choice"));
+        let named = |name: &str| json!({"type": "function", "function": {"name": name}});
+        assert_eq!(param(with(named("big")), &b), Some("tool_choice"));
+        assert_eq!(param(with(named("small")), &b), None);
+        for free in [json!("auto"), json!("none")] {
+            assert_eq!(param(with(free), &b), None);
+        }
+        assert_eq!(param(json!({"tools": tools}), &b), None);
+        let off = FieldsConfig {
+            max_guide_bytes: 0,
+            ..FieldsConfig::default()
+        };
+        let small = json!({"tools": [tool("small", 10)], "tool_choice": "required"});
+        assert_eq!(param(small, &off), Some("tool_choice"));
     }
 
     #[test]
