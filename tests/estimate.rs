@@ -332,6 +332,65 @@ async fn a_prompt_vllm_truncates_teaches_the_estimate_nothing() {
     h.shutdown().await;
 }
 
+/// An engine run with `--exclude-tools-when-tool-choice-none` leaves the tools out of a
+/// `tool_choice: "none"` request's prompt, which the gateway counted with them: such requests
+/// teach the estimate nothing (thirty taught the tools' correction its floor, a quarter, and a
+/// later request's tools were reserved at a quarter of their tokens).
+#[tokio::test]
+async fn tools_the_engine_leaves_out_teach_the_estimate_nothing() {
+    let h = harness(
+        &[
+            "--speed",
+            "100",
+            "--profile",
+            "tiny-test",
+            "--exclude-tools-when-tool-choice-none",
+        ],
+        |_| {},
+    )
+    .await;
+    let mut rng = StdRng::seed_from_u64(11);
+    let tools = |rng: &mut StdRng| {
+        json!([{"type": "function", "function": {"name": "lookup",
+                "description": prose(rng, 3_000),
+                "parameters": {"type": "object", "properties": {}}}}])
+    };
+    for _ in 0..30 {
+        let resp = send(client().post(h.url("/v1/chat/completions")).json(&json!({
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": tools(&mut rng), "tool_choice": "none", "max_tokens": 1
+        })))
+        .await;
+        assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+        let _ = resp.text().await;
+    }
+    // The same tools, rendered (`auto`): counted in full.
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(&json!({
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": tools(&mut rng), "max_tokens": 1
+    })))
+    .await;
+    assert_eq!(resp.status(), 200);
+    let _ = resp.text().await;
+    let log = h.log.lock().unwrap().clone();
+    assert_eq!(log.len(), 31);
+    assert!(
+        log[0]["input_tokens"].as_f64().unwrap() < 100.0,
+        "the engine left the tools out: {}",
+        log[0]
+    );
+    let rendered = &log[30];
+    let (estimate, engine) = (
+        rendered["input_tokens_estimated"].as_f64().unwrap(),
+        rendered["input_tokens"].as_f64().unwrap(),
+    );
+    assert!(
+        estimate >= engine * (1.0 - MARGIN),
+        "the next request's tools are still counted in full: {rendered}"
+    );
+    h.shutdown().await;
+}
+
 /// About 35 KB of code: about 15,000 tokens by the heuristic.
 fn review_35kb() -> String {
     code(&mut StdRng::seed_from_u64(35), 35_000)

@@ -58,6 +58,10 @@ pub struct SimArgs {
     /// Report `usage.prompt_tokens_details.cached_tokens` (vLLM's flag of the same name).
     #[arg(long)]
     pub enable_prompt_tokens_details: bool,
+    /// Leave the tools out of the prompt of a chat request with `tool_choice: "none"` (vLLM's
+    /// flag of the same name: its chat serving passes no tools to the template then).
+    #[arg(long)]
+    pub exclude_tools_when_tool_choice_none: bool,
     /// Put vLLM's per-request `metrics` object on the final usage chunk.
     #[arg(long)]
     pub enable_per_request_metrics: bool,

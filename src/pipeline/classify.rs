@@ -368,9 +368,15 @@ pub async fn classify(
     // by every client, to count short. So is one with `chat_template_kwargs`: a template renders
     // a value where it uses it, or drops it (an unknown key), and 2,000 words the engine never
     // saw taught the line a later rendered value is counted by four times too short.
-    let teaches = ["truncate_prompt_tokens", "chat_template_kwargs"]
-        .iter()
-        .all(|field| body.get(*field).is_none_or(Value::is_null));
+    // Nor one with tools and `tool_choice: "none"`: vLLM run with
+    // `--exclude-tools-when-tool-choice-none` leaves the counted tools out of the template, and
+    // twenty such requests taught the tools' correction its floor (a quarter).
+    let tools_left_out = body.get("tool_choice").and_then(Value::as_str) == Some("none")
+        && body.get("tools").is_some_and(|t| !t.is_null());
+    let teaches = !tools_left_out
+        && ["truncate_prompt_tokens", "chat_template_kwargs"]
+            .iter()
+            .all(|field| body.get(*field).is_none_or(Value::is_null));
     if teaches {
         record.calibrates(
             Arc::clone(classifier.calibration()),

@@ -454,8 +454,13 @@ impl Generation {
             body.continue_final_message,
             &body.messages,
         )?;
+        // `--exclude-tools-when-tool-choice-none`: the template gets no tools.
+        let tools = body.tools.as_ref().filter(|_| {
+            !(state.exclude_tools_when_none
+                && body.tool_choice.as_ref().and_then(|c| c.as_str()) == Some("none"))
+        });
         let text = render_request_ending(
-            body.tools.as_ref(),
+            tools,
             body.chat_template_kwargs.as_ref(),
             &body.messages,
             end,
@@ -464,7 +469,7 @@ impl Generation {
             PromptEnd::ContinueFinal => {
                 continuation(
                     state,
-                    body.tools.as_ref(),
+                    tools,
                     body.chat_template_kwargs.as_ref(),
                     &body.messages,
                 )

@@ -32,6 +32,8 @@ pub struct AppState {
     pub faults: FaultRates,
     /// `--enable-prompt-tokens-details`.
     pub prompt_tokens_details: bool,
+    /// `--exclude-tools-when-tool-choice-none`.
+    pub exclude_tools_when_none: bool,
     /// `--enable-per-request-metrics`.
     pub per_request_metrics: bool,
     /// `--enable-request-id-headers`.
