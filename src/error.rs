@@ -620,6 +620,18 @@ pub fn param_of(field: &str, problem: &str) -> Option<String> {
     ours.then(|| field.to_owned())
 }
 
+/// `message` cut to at most `max` characters (then ending in `…`): a message that quotes what
+/// a client sent (an unknown field's name, a value of the wrong type) does not echo megabytes.
+pub fn shortened(message: String, max: usize) -> String {
+    match message.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &message[..at]),
+        None => message,
+    }
+}
+
+/// The most characters of an error message that quotes a client's input.
+pub const QUOTED_MAX: usize = 256;
+
 /// `serde`'s message with its Rust type names said in words ("expected u32" is "expected a
 /// whole number from 0 to 4294967295").
 pub fn plain(message: &str) -> String {
@@ -670,7 +682,15 @@ impl From<axum::extract::rejection::QueryRejection> for GatewayError {
             .and_then(|rest| rest.split('`').next())
             .or_else(|| detail.split_once(": ").map(|(field, _)| field))
             .and_then(|f| param_of(f, detail));
-        let message = format!("the query string: {}", plain(detail));
+        // "<field>: <problem>", each part cut on its own (the field may be a client's name).
+        let message = match detail.split_once(": ") {
+            Some((name, problem)) => format!(
+                "the query string: {}: {}",
+                shortened(name.to_owned(), 64),
+                shortened(plain(problem), QUOTED_MAX - 64)
+            ),
+            None => shortened(format!("the query string: {}", plain(detail)), QUOTED_MAX),
+        };
         match field {
             Some(field) => GatewayError::bad_field(message, field),
             None => GatewayError::bad_request(message, None),

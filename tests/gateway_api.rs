@@ -119,6 +119,21 @@ async fn answer_post_accepts_messages_and_rejects_bad_bodies() {
         assert!(!message.contains("deserialize"), "{err}");
         assert!(!message.contains("u32"), "{err}");
     }
+    // A field name of 100,000 characters is named, not echoed whole (as /v1 shortens it).
+    let long = "x".repeat(100_000);
+    let mut body = json!({"prompt": "a"});
+    body[&long] = json!(1);
+    let query = format!("/answer?prompt=a&{}=1", "y".repeat(20_000));
+    for resp in [post(body).await, send(client().get(h.url(&query))).await] {
+        let err = assert_error(resp, 400, "bad_request").await;
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(message.contains("unknown field"), "{err}");
+        assert!(
+            message.chars().count() <= 300,
+            "{} characters",
+            message.len()
+        );
+    }
     h.shutdown().await;
 }
 

@@ -4,7 +4,7 @@
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::error::{param_of, plain, GatewayError};
+use crate::error::{param_of, plain, shortened, GatewayError, QUOTED_MAX};
 
 /// Deserializes `T` from `value`, naming the failing field by its path.
 pub fn typed<T: DeserializeOwned>(value: Value) -> Result<T, GatewayError> {
@@ -18,10 +18,16 @@ pub fn typed_ref<T: DeserializeOwned>(value: &Value) -> Result<T, GatewayError> 
     serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
         let path = e.path().to_string();
         if path == "." || path.is_empty() {
-            return GatewayError::bad_request(plain(&e.inner().to_string()), None);
+            let message = shortened(plain(&e.inner().to_string()), QUOTED_MAX);
+            return GatewayError::bad_request(message, None);
         }
         let inner = plain(&e.inner().to_string());
-        let message = format!("{path}: {inner}");
+        // Each part cut on its own: the path may be a client's key too.
+        let message = format!(
+            "{}: {}",
+            shortened(path.clone(), 64),
+            shortened(inner.clone(), QUOTED_MAX - 64)
+        );
         let field = path
             .split(['.', '['])
             .next()
