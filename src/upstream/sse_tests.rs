@@ -31,6 +31,15 @@ fn assert_split_invariant(input: &[u8], expected: &[&str]) {
         got.extend(all(&mut p));
     }
     assert_eq!(got, expected, "byte by byte");
+    // And with an empty read between every two bytes (a transport may deliver one).
+    let mut p = SseParser::default();
+    let mut got = Vec::new();
+    for b in input {
+        p.feed(std::slice::from_ref(b)).unwrap();
+        p.feed(&[]).unwrap();
+        got.extend(all(&mut p));
+    }
+    assert_eq!(got, expected, "byte by byte, empty reads between");
 }
 
 #[test]
@@ -43,6 +52,17 @@ fn vllm_stream_parses_at_every_split_point() {
 fn crlf_line_endings_split_between_cr_and_lf() {
     let input = b"data: one\r\n\r\ndata: two\r\n\r\n";
     assert_split_invariant(input, &["one", "two"]);
+}
+
+/// A `\r`, an empty read, then the `\n`: one line ending, not two (the second used to end
+/// the event early, splitting one event's data in two).
+#[test]
+fn an_empty_read_between_cr_and_lf_is_one_line_ending() {
+    let mut p = SseParser::default();
+    for read in [&b"data: a\r"[..], b"", b"\ndata: b\r\n\r\n"] {
+        p.feed(read).unwrap();
+    }
+    assert_eq!(all(&mut p), ["a\nb"]);
 }
 
 #[test]

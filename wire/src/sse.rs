@@ -97,7 +97,8 @@ impl SseParser {
         if let Some(err) = &self.failed {
             return Err(err.clone());
         }
-        if self.skip_lf {
+        // An empty read tells nothing of the `\n` that may follow a `\r`: the next one does.
+        if self.skip_lf && !bytes.is_empty() {
             self.skip_lf = false;
             if let Some(rest) = bytes.strip_prefix(b"\n") {
                 bytes = rest;
