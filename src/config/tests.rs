@@ -141,6 +141,32 @@ ttft_slo_ms = 4000000
     assert_eq!(issues.len(), 4, "{issues:#?}");
 }
 
+/// With several replicas, an abort URL of one fixed host would send every replica's aborts
+/// there (and look successful: vLLM answers 200 to an id it does not know).
+#[test]
+fn a_fixed_abort_url_with_several_replicas_is_a_problem() {
+    let replicas = "[[upstream.replicas]]\nurl = \"http://10.0.0.1:8000\"\n\
+                    [[upstream.replicas]]\nurl = \"http://10.0.0.2:8000\"\n";
+    let fixed = format!(
+        "{MINIMAL}[upstream]\n[upstream.abort]\nurl = \"http://10.0.0.1:8000/abort/{{id}}\"\n\
+         body = \"\"\n{replicas}"
+    );
+    let issues = issues_of(&fixed);
+    assert!(
+        issues
+            .iter()
+            .any(|i| i.starts_with("upstream.abort.url must start with {base_url}")),
+        "{issues:#?}"
+    );
+    // The default ({base_url}…) is fine, and so is a fixed URL with one replica.
+    assert!(Config::from_toml_str(&format!("{MINIMAL}[upstream]\n{replicas}")).is_ok());
+    let one = format!(
+        "{MINIMAL}[upstream]\n[upstream.abort]\nurl = \"http://10.0.0.1:8000/abort/{{id}}\"\n\
+         body = \"\"\n"
+    );
+    assert!(Config::from_toml_str(&one).is_ok());
+}
+
 #[test]
 fn autopilot_steps_of_zero_are_problems() {
     // Either would keep its knob down for good after the first tighten, rescue included.

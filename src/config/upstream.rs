@@ -301,6 +301,15 @@ pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
     }
     let ca_pem = ca_pem(c, "upstream.ca_file", raw.ca_file);
     let abort = abort(c, raw.abort);
+    // Each replica's abort goes to that replica: a fixed URL would send every one to one host,
+    // where an id it does not know is answered 200 (the engine's work goes on unseen).
+    if replicas.len() > 1 && abort.enabled && !abort.url_template.starts_with("{base_url}") {
+        c.fail(
+            "upstream.abort.url",
+            "must start with {base_url} with several [[upstream.replicas]]: an abort goes to \
+             the replica that served the request",
+        );
+    }
     // A CA file checks a TLS peer: with none the operator believes prompts and the API key are
     // protected that go in the clear.
     let tls = replicas.iter().any(|r| r.url.starts_with("https://"))
