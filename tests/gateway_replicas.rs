@@ -47,6 +47,29 @@ async fn gateway(sims: &[&SimServer], tweak: impl FnOnce(&mut Config)) -> Gatewa
     common::gateway(config).await.0
 }
 
+/// Without background checks (`health_interval_ms = 0`), `/readyz` asks every replica: ready
+/// while one answers (it probed only the first: 503 with the other up, which took the gateway
+/// out of service), 503 when none does.
+#[tokio::test]
+async fn without_health_checks_readyz_is_ready_while_any_replica_answers() {
+    let (first, second) = (sim(&[]).await, sim(&[]).await);
+    let gw = gateway(&[&first, &second], |c| {
+        c.upstream.routing.health_interval = Duration::ZERO;
+        c.upstream.health_cache = Duration::ZERO;
+    })
+    .await;
+    let readyz = || send(client().get(format!("{}/readyz", gw.url())));
+    assert_eq!(readyz().await.status(), 200);
+    first.shutdown().await;
+    assert_eq!(readyz().await.status(), 200, "the second replica answers");
+    second.shutdown().await;
+    let down = readyz().await;
+    assert_eq!(down.status(), 503);
+    let body = down.text().await.unwrap();
+    assert!(body.contains("sim-0") && body.contains("sim-1"), "{body}");
+    gw.shutdown().await;
+}
+
 async fn text(url: String) -> String {
     send_text(client().get(url)).await
 }

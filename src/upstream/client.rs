@@ -383,9 +383,35 @@ impl UpstreamClient {
                 return answer.clone();
             }
         }
-        let answer = self.health().await.map_err(|e| e.to_string());
+        let answer = if self.replicas.len() > 1 {
+            // No background checks (`health_interval_ms = 0`): ready while any replica answers
+            // (probing only the first said 503 with the others up, and ready with them down).
+            self.any_healthy().await
+        } else {
+            self.health().await.map_err(|e| e.to_string())
+        };
         *last = Some((Instant::now(), answer.clone()));
         answer
+    }
+
+    /// Probes every replica's `/health` at once: `Ok` when one answers, else each one's error.
+    async fn any_healthy(&self) -> Result<(), String> {
+        let probes = self.replicas.all().iter().map(|replica| async move {
+            let answer = probe_health(&self.http, &replica.config.url).await;
+            if answer.is_ok() {
+                replica.abort.probe();
+            }
+            (replica.config.name.clone(), answer)
+        });
+        let answers = futures::future::join_all(probes).await;
+        if answers.iter().any(|(_, a)| a.is_ok()) {
+            return Ok(());
+        }
+        let why: Vec<String> = answers
+            .into_iter()
+            .filter_map(|(name, a)| a.err().map(|e| format!("{name}: {e}")))
+            .collect();
+        Err(format!("no vLLM replica answers ({})", why.join("; ")))
     }
 
     /// Readiness probe: `GET /health` answers 2xx (vLLM: 200 when the engine is alive, 503 when
