@@ -399,10 +399,13 @@ async fn queue_ask(
                 order.lock().unwrap().push(label.to_owned());
                 drop(guard);
             }
-            Err(e) => order.lock().unwrap().push(format!(
-                "{label}: {}",
-                crate::error::GatewayError::from(e).code()
-            )),
+            Err(e) => {
+                let code = match e {
+                    AdmissionError::TenantQueueFull { .. } => "tenant_queue_full",
+                    _ => "other",
+                };
+                order.lock().unwrap().push(format!("{label}: {code}"));
+            }
         }
     });
     // Until it waits (or, pushing another out, that one is told).

@@ -181,12 +181,13 @@ impl<H> Line<H> {
         self.fair.give_back(tenant, f64::from_bits(free.0));
     }
 
-    /// Pushes out the newest waiter of `tenant` (it held `held`, its places are `places`).
+    /// Pushes out the newest waiter of `tenant` (it held `held`, its places are `places`);
+    /// never a continuation (an answer that already streamed always keeps its place).
     fn push_out(&mut self, tenant: &Arc<str>, held: u32, places: u32) {
         let newest = self
             .order
             .values()
-            .filter(|s| s.tenant.as_ref() == Some(tenant))
+            .filter(|s| !s.head && s.tenant.as_ref() == Some(tenant))
             .map(|s| s.id)
             .max();
         let Some(id) = newest else { return };
@@ -345,9 +346,13 @@ impl<H> LaneQueue<H> {
         share_of: impl Fn(&str) -> f64,
     ) -> Result<Place<'_, H>, Room> {
         let mut line = self.lock();
+        // Continuations are not counted: they are not pushed out either.
         match room_for(
             len,
-            line.order.values().map(|s| s.tenant.as_ref()),
+            line.order
+                .values()
+                .filter(|s| !s.head)
+                .map(|s| s.tenant.as_ref()),
             tenant,
             share_of,
         ) {
@@ -844,5 +849,22 @@ mod tests {
         drop(a);
         assert_eq!(q.waiting(), 1);
         assert!(b.turn().await.is_ok());
+    }
+
+    /// A continuation (an answer that already streamed) is never pushed out for another
+    /// tenant, nor counted in its tenant's places: A's newest request that never ran goes, and
+    /// a lone continuation leaves a full line's place to B.
+    #[tokio::test]
+    async fn a_full_line_never_pushes_out_a_continuation() {
+        let q = LaneQueue::<()>::default();
+        let _a1 = q.join(2, (Some("A"), 1.0), None, one).unwrap();
+        let a2 = q.join(2, (Some("A"), 1.0), None, one).unwrap();
+        let cont = q.join_first(Some("A"), None);
+        let _b = q.join(2, (Some("B"), 1.0), None, one).unwrap();
+        assert_eq!(cont.pushed_out(), None);
+        assert_eq!(a2.pushed_out(), Some((2, 1)));
+        let q = LaneQueue::<()>::default();
+        let _cont = q.join_first(Some("A"), None);
+        assert!(q.join(1, (Some("B"), 1.0), None, one).is_ok());
     }
 }
