@@ -276,16 +276,7 @@ async fn with_the_reservation_fixed_no_reserve_decision_is_made() {
         < 1.0
     {
         assert!(tokio::time::Instant::now() < deadline, "never tightened");
-        let url = h.url("/v1/chat/completions");
-        let burst = (0..4).map(|i| {
-            let body = json!({"messages": [{"role": "user", "content": format!("why {i}?")}],
-                              "max_tokens": 1});
-            let req = client().post(&url).json(&body);
-            async move {
-                let _ = send(req).await.text().await;
-            }
-        });
-        futures::future::join_all(burst).await;
+        questions_at_once(&h, 4).await;
     }
     let m = h.metrics_text().await;
     for reason in ["reserve_up", "reserve_at_ceiling", "reserve_down"] {
@@ -400,6 +391,24 @@ async fn long_engine_steps_turn_pieces_on_and_the_next_long_prompt_is_pieced() {
 
 const SMALL_SEATS: &str = "tutor_gateway_autopilot_small_seats";
 
+/// `n` one-token questions sent at once: each one's status and body.
+async fn questions_at_once(h: &Harness, n: usize) -> Vec<(u16, String)> {
+    let url = h.url("/v1/chat/completions");
+    let burst = (0..n).map(|i| {
+        let body = json!({"messages": [{"role": "user", "content": format!("why {i}?")}],
+                          "max_tokens": 1});
+        let req = client().post(&url).json(&body);
+        async move {
+            let resp = send(req).await;
+            (
+                resp.status().as_u16(),
+                resp.text().await.unwrap_or_default(),
+            )
+        }
+    });
+    futures::future::join_all(burst).await
+}
+
 /// Streams held in decode (the engine's second token comes in ten minutes), of lane
 /// medium (1,500 prompt words and 500 tokens out: over small's 1,200 of work); aborting a
 /// handle leaves, queued or admitted.
@@ -453,17 +462,9 @@ async fn questions_that_wait_for_seats_raise_the_small_reservation_and_a_met_obj
                 .collect();
             panic!("never at the ceiling: {lines:#?}");
         }
-        let url = h.url("/v1/chat/completions");
-        let burst = (0..16).map(|i| {
-            let body = json!({"messages": [{"role": "user", "content": format!("why {i}?")}],
-                              "max_tokens": 1});
-            let req = client().post(&url).json(&body);
-            async move {
-                let resp = send(req).await;
-                assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
-            }
-        });
-        futures::future::join_all(burst).await;
+        for (status, body) in questions_at_once(&h, 16).await {
+            assert_eq!(status, 200, "{body}");
+        }
         assert!(series(&h, SMALL_SEATS).await <= 6.0, "above the ceiling");
     }
     let m = h.metrics_text().await;

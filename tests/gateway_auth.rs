@@ -292,45 +292,59 @@ async fn tenants_take_turns_in_the_job_queue() {
     h.shutdown().await;
 }
 
+/// A second key of OTHER's tenant.
+const SECOND: &str = "sk-tutor-school-2-second-key";
+
+/// Both of school-2's keys, OTHER and SECOND.
+fn both_keys() -> String {
+    format!("{} school-2\n{} school-2\n", sha256(OTHER), sha256(SECOND))
+}
+
+/// A slow engine and a gateway reading the key file `file` every 20 ms, running one job at a
+/// time (the large lane's one seat, no other lane's: the others wait).
+async fn one_job_at_a_time(file: &KeyFile) -> Harness {
+    let path = file.0.clone();
+    let slow = flags("--speed 1 --profile tiny-test --mean-output-tokens 1000000");
+    harness(&slow, |c| {
+        c.auth.enabled = true;
+        c.auth.keys_file = Some(path);
+        c.auth.reload = Duration::from_millis(20);
+        set_lane(c, tutor_gateway::lane::Lane::Large, 1);
+        c.jobs.preempt = false;
+    })
+    .await
+}
+
+/// Submits a job of `tokens` output tokens with `key`; its id.
+async fn submit_job(h: &Harness, key: &str, tokens: u32) -> String {
+    let req = client()
+        .post(h.url("/jobs"))
+        .bearer_auth(key)
+        .json(&json!({"prompt": "review my repository", "max_output_tokens": tokens}));
+    let resp = send(req).await;
+    assert_eq!(resp.status(), 202);
+    read_json(resp).await["id"].as_str().unwrap().to_owned()
+}
+
+/// Job `id` as SECOND reads it (a revoked key reads nothing any more).
+async fn job_status(h: &Harness, id: &str) -> Value {
+    let req = client()
+        .get(h.url(&format!("/jobs/{id}")))
+        .bearer_auth(SECOND);
+    read_json(send(req).await).await
+}
+
 /// A job lives longer than the request that submitted it: when its key is revoked, the
 /// running one stops (its engine work aborted, its seat back) and a queued one never starts,
 /// both failed with `invalid_api_key`; a job of another key of the same tenant goes on.
 #[tokio::test]
 async fn a_revoked_keys_jobs_stop_and_never_start() {
-    const SECOND: &str = "sk-tutor-school-2-second-key";
-    let file = KeyFile::new(&format!(
-        "{} school-2\n{} school-2\n",
-        sha256(OTHER),
-        sha256(SECOND)
-    ));
-    let path = file.0.clone();
-    let slow = flags("--speed 1 --profile tiny-test --mean-output-tokens 1000000");
-    let h = harness(&slow, |c| {
-        c.auth.enabled = true;
-        c.auth.keys_file = Some(path);
-        c.auth.reload = Duration::from_millis(20);
-        // One job at a time (the large lane's one seat, no other lane's): the others wait.
-        set_lane(c, tutor_gateway::lane::Lane::Large, 1);
-        c.jobs.preempt = false;
-    })
-    .await;
-    let submit = |key: &'static str, tokens: u32| {
-        let req = client()
-            .post(h.url("/jobs"))
-            .bearer_auth(key)
-            .json(&json!({"prompt": "review my repository", "max_output_tokens": tokens}));
-        async move {
-            let resp = send(req).await;
-            assert_eq!(resp.status(), 202);
-            read_json(resp).await["id"].as_str().unwrap().to_owned()
-        }
-    };
-    // Read with the tenant's other key (the revoked one reads nothing any more).
+    let file = KeyFile::new(&both_keys());
+    let h = one_job_at_a_time(&file).await;
+    let submit = |key: &'static str, tokens: u32| submit_job(&h, key, tokens);
     let status = |id: String| {
-        let req = client()
-            .get(h.url(&format!("/jobs/{id}")))
-            .bearer_auth(SECOND);
-        async move { read_json(send(req).await).await }
+        let h = &h;
+        async move { job_status(h, &id).await }
     };
     let running = submit(OTHER, 4_000).await;
     tutor_testkit::eventually("the first job runs", || async {
@@ -371,36 +385,13 @@ async fn a_revoked_keys_jobs_stop_and_never_start() {
 /// what a key submitted died with it. A job its key submits after it came back runs.
 #[tokio::test]
 async fn a_job_queued_before_its_key_was_revoked_and_put_back_never_starts() {
-    const SECOND: &str = "sk-tutor-school-2-second-key";
-    let both = format!("{} school-2\n{} school-2\n", sha256(OTHER), sha256(SECOND));
+    let both = both_keys();
     let file = KeyFile::new(&both);
-    let path = file.0.clone();
-    let slow = flags("--speed 1 --profile tiny-test --mean-output-tokens 1000000");
-    let h = harness(&slow, |c| {
-        c.auth.enabled = true;
-        c.auth.keys_file = Some(path);
-        c.auth.reload = Duration::from_millis(20);
-        // One job at a time (the large lane's one seat, no other lane's): the others wait.
-        set_lane(c, tutor_gateway::lane::Lane::Large, 1);
-        c.jobs.preempt = false;
-    })
-    .await;
-    let submit = |key: &'static str, tokens: u32| {
-        let req = client()
-            .post(h.url("/jobs"))
-            .bearer_auth(key)
-            .json(&json!({"prompt": "review my repository", "max_output_tokens": tokens}));
-        async move {
-            let resp = send(req).await;
-            assert_eq!(resp.status(), 202);
-            read_json(resp).await["id"].as_str().unwrap().to_owned()
-        }
-    };
+    let h = one_job_at_a_time(&file).await;
+    let submit = |key: &'static str, tokens: u32| submit_job(&h, key, tokens);
     let status = |id: String| {
-        let req = client()
-            .get(h.url(&format!("/jobs/{id}")))
-            .bearer_auth(SECOND);
-        async move { read_json(send(req).await).await }
+        let h = &h;
+        async move { job_status(h, &id).await }
     };
     // SECOND's long job holds the seat; OTHER's waits behind it.
     let running = submit(SECOND, 10_000).await;

@@ -620,16 +620,7 @@ async fn preemptible_answer(flags: &[&str], settle_ms: u64) {
     eventually("the plain review runs", || h.in_flight(Lane::Large) == 1).await;
     // The marked one borrows medium's idle seat.
     let url = h.url("/answer");
-    let marked = tokio::spawn(async move {
-        let resp = client()
-            .post(url)
-            .header("x-tutor-preemptible", "true")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        resp.text().await.unwrap()
-    });
+    let marked = spawn_marked(url, body);
     eventually("the marked review borrows medium's seat", || {
         h.in_flight(Lane::Medium) == 1
     })
@@ -724,16 +715,7 @@ async fn a_preemptible_answer_on_one_replica_gives_its_seat_to_a_question_on_ano
     );
     // The marked one, on A too, borrows the fleet's idle medium seat.
     let url = format!("{}/answer", a.url());
-    let marked = tokio::spawn(async move {
-        let resp = client()
-            .post(url)
-            .header("x-tutor-preemptible", "true")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        resp.text().await.unwrap()
-    });
+    let marked = spawn_marked(url, body);
     // 30 s: a loaded machine can be slow to seat it.
     for _ in 0..3000 {
         if seated(conn.clone()).await[1] == 1 {
@@ -816,16 +798,7 @@ async fn a_continuation_waiting_for_a_seat_ends_with_the_grace() {
     .await;
     // The marked one, on A, borrows the fleet's idle medium seat.
     let url = format!("{}/answer", a.url());
-    let marked = tokio::spawn(async move {
-        let resp = client()
-            .post(url)
-            .header("x-tutor-preemptible", "true")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        resp.text().await.unwrap()
-    });
+    let marked = spawn_marked(url, body);
     eventually("the marked review borrows medium's seat", || {
         a.state.admission().snapshot().lane(Lane::Medium).in_flight == 1
     })
@@ -865,6 +838,21 @@ async fn a_continuation_waiting_for_a_seat_ends_with_the_grace() {
     quota_drains(&redis).await;
     no_borrower_or_ask_left(&mut conn).await;
     sim.shutdown().await;
+}
+
+/// Posts `body` to `url` marked `x-tutor-preemptible: true` in the background; the answer's
+/// text.
+fn spawn_marked(url: String, body: Value) -> tokio::task::JoinHandle<String> {
+    tokio::spawn(async move {
+        let resp = client()
+            .post(url)
+            .header("x-tutor-preemptible", "true")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        resp.text().await.unwrap()
+    })
 }
 
 /// `marked`, a large `/answer` stream pre-empted once (`jobs.preempt_notice` on), reads as one

@@ -337,6 +337,15 @@ fn fill_small(a: &Admission) -> Vec<LaneGuard> {
 
 /// A third question queues for small, then gets a seat when `questions` end; its guard.
 async fn one_question_waits(a: &Admission, questions: Vec<LaneGuard>) -> LaneGuard {
+    one_question_waits_for(a, questions, Duration::ZERO).await
+}
+
+/// [`one_question_waits`], the questions ending `wait` after it queued (paused time).
+async fn one_question_waits_for(
+    a: &Admission,
+    questions: Vec<LaneGuard>,
+    wait: Duration,
+) -> LaneGuard {
     let waiter = {
         let a = a.clone();
         tokio::spawn(async move { a.acquire(Ask::new(Small, 100)).await })
@@ -346,6 +355,7 @@ async fn one_question_waits(a: &Admission, questions: Vec<LaneGuard>) -> LaneGua
     })
     .await;
     assert!(job(a, 0, true).is_none(), "no job borrows while it waits");
+    tokio::time::advance(wait).await;
     drop(questions);
     waiter.await.unwrap().expect("admitted")
 }
@@ -379,18 +389,7 @@ async fn no_job_borrows_within_the_cooldown_after_a_request_waited_and_one_is_wo
 #[tokio::test(start_paused = true)]
 async fn the_cooldown_counts_from_a_long_waits_admission() {
     let a = admission("[jobs]\npreempt = true\npreempt_cooldown_ms = 5000\n");
-    let questions = fill_small(&a);
-    let waiter = {
-        let a = a.clone();
-        tokio::spawn(async move { a.acquire(Ask::new(Small, 100)).await })
-    };
-    until("the question queues", || {
-        a.snapshot().lane(Small).queue_depth == 1
-    })
-    .await;
-    tokio::time::advance(Duration::from_secs(6)).await;
-    drop(questions);
-    let third = waiter.await.unwrap().expect("admitted");
+    let third = one_question_waits_for(&a, fill_small(&a), Duration::from_secs(6)).await;
     assert!(
         job(&a, 0, true).is_none(),
         "within the cool-down after its admission"
