@@ -225,6 +225,21 @@ impl LocalAdmission {
                     }
                 }
                 Room::Refuse { held, places } => {
+                    if queue_limit.len == 0 {
+                        // A lane that never waits: the borrowed seats it could have had are
+                        // asked back for the next request (none waits to ask for them), and no
+                        // job borrows within the cool-down.
+                        state.last_waited = Some(Instant::now());
+                        if !state.borrowers.is_empty() {
+                            let refused = Need {
+                                id: None,
+                                lane,
+                                tokens,
+                                prefill: prompt,
+                            };
+                            shared.preempt_for(&mut state, Some(refused));
+                        }
+                    }
                     return Err(match tenant.filter(|_| places > 0) {
                         Some(t) => AdmissionError::TenantQueueFull {
                             lane,
@@ -544,6 +559,12 @@ impl Shared {
     /// and each waiter that fits as taken; a waiter that no borrower's leaving lets in asks one
     /// to leave all the same (`pressure`).
     fn preempt(self: &Arc<Self>, state: &mut State) {
+        self.preempt_for(state, None);
+    }
+
+    /// [`Shared::preempt`] for the waiters and, after them, `refused`: a request refused
+    /// where it may not wait (`queue_len = 0`).
+    fn preempt_for(self: &Arc<Self>, state: &mut State, refused: Option<Need>) {
         let rules = self.rules();
         let (limits, prefill_limit) = (&rules.limits, rules.prefill);
         let mut usage = state.usage;
@@ -570,65 +591,74 @@ impl Shared {
                 b.handle.is_eligible() && !b.leaving() && !candidates.contains(i)
             })
             .collect();
-        let fits = |usage: &[Usage; 3], prefill: u64, w: &Waiter| {
+        let fits = |usage: &[Usage; 3], prefill: u64, w: &Need| {
             limits.fits(usage, w.lane, w.tokens) && prefill_limit.fits(prefill, w.prefill)
         };
+        let needs: Vec<Need> = state
+            .queues
+            .iter()
+            .flatten()
+            .map(|w| Need {
+                id: Some(w.id),
+                lane: w.lane,
+                tokens: w.tokens,
+                prefill: w.prefill,
+            })
+            .chain(refused)
+            .collect();
         let mut made_room = Vec::new();
-        for queue in &state.queues {
-            for w in queue {
-                if !fits(&usage, prefill, w) {
-                    let without = |set: &[usize]| {
-                        let (mut u, mut p) = (usage, prefill);
-                        for &i in set {
-                            free(&mut u, &mut p, &state.borrowers[i]);
-                        }
-                        fits(&u, p, w)
-                    };
-                    let Some(leave) = victims(&candidates, without) else {
-                        // A job still in its prefill grace would let it in, with the others: it
-                        // waits for that one's first token (where it is asked), and asks none
-                        // to leave for nothing.
-                        if !spared.is_empty() && without(&[&candidates[..], &spared[..]].concat()) {
-                            continue;
-                        }
-                        // No job's leaving lets it in (its lane is at its own limits): what it
-                        // waits for is the engine's time, which the job that loses least gives
-                        // back. It is not admitted by that: the requests behind it in its queue
-                        // cannot pass it, so each of them asks one more.
-                        let Some(&first) = candidates.first() else {
-                            break;
-                        };
-                        state.borrowers[first].preempt(Cause {
-                            lane: w.lane,
-                            reason: "pressure",
-                        });
-                        candidates.remove(0);
+        for w in &needs {
+            if !fits(&usage, prefill, w) {
+                let without = |set: &[usize]| {
+                    let (mut u, mut p) = (usage, prefill);
+                    for &i in set {
+                        free(&mut u, &mut p, &state.borrowers[i]);
+                    }
+                    fits(&u, p, w)
+                };
+                let Some(leave) = victims(&candidates, without) else {
+                    // A job still in its prefill grace would let it in, with the others: it
+                    // waits for that one's first token (where it is asked), and asks none
+                    // to leave for nothing.
+                    if !spared.is_empty() && without(&[&candidates[..], &spared[..]].concat()) {
                         continue;
+                    }
+                    // No job's leaving lets it in (its lane is at its own limits): what it
+                    // waits for is the engine's time, which the job that loses least gives
+                    // back. It is not admitted by that: the requests behind it in its queue
+                    // cannot pass it, so each of them asks one more.
+                    let Some(&first) = candidates.first() else {
+                        break;
                     };
-                    let reason = if prefill_limit.waits(w.prefill)
-                        && !prefill_limit.fits(prefill, w.prefill)
-                    {
+                    state.borrowers[first].preempt(Cause {
+                        lane: w.lane,
+                        reason: "pressure",
+                    });
+                    candidates.remove(0);
+                    continue;
+                };
+                let reason =
+                    if prefill_limit.waits(w.prefill) && !prefill_limit.fits(prefill, w.prefill) {
                         "prefill"
                     } else if !limits.fits(&usage, w.lane, 0) {
                         "seat"
                     } else {
                         "tokens"
                     };
-                    for &i in &leave {
-                        let b = &state.borrowers[i];
-                        free(&mut usage, &mut prefill, b);
-                        b.preempt(Cause {
-                            lane: w.lane,
-                            reason,
-                        });
-                    }
-                    candidates.retain(|c| !leave.contains(c));
-                    made_room.push(w.id);
+                for &i in &leave {
+                    let b = &state.borrowers[i];
+                    free(&mut usage, &mut prefill, b);
+                    b.preempt(Cause {
+                        lane: w.lane,
+                        reason,
+                    });
                 }
-                usage[w.lane.index()].in_flight += 1;
-                usage[w.lane.index()].tokens += u64::from(w.tokens);
-                prefill += u64::from(w.prefill);
+                candidates.retain(|c| !leave.contains(c));
+                made_room.extend(w.id);
             }
+            usage[w.lane.index()].in_flight += 1;
+            usage[w.lane.index()].tokens += u64::from(w.tokens);
+            prefill += u64::from(w.prefill);
         }
         for w in state.queues.iter_mut().flatten() {
             if made_room.contains(&w.id) {
@@ -697,6 +727,16 @@ impl Shared {
         state.give_back_prefill(tokens);
         self.dispatch(&mut state);
     }
+}
+
+/// What a request needs to get in, for the pre-emption dry run: a waiter's (its `id`) or a
+/// refused arrival's.
+#[derive(Debug, Clone, Copy)]
+struct Need {
+    id: Option<u64>,
+    lane: Lane,
+    tokens: u32,
+    prefill: u32,
 }
 
 /// A queued waiter's place in line; dropping it leaves the queue.

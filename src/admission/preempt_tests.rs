@@ -398,6 +398,31 @@ async fn the_cooldown_counts_from_a_long_waits_admission() {
     assert!(a.snapshot().is_idle());
 }
 
+/// A lane that never waits (`queue_len = 0`): a request refused there asks the borrowed seats
+/// it could have had back (none waits to ask for them: they stayed lent, and every question
+/// got a 429 while the jobs ran), and starts the cool-down.
+#[tokio::test(start_paused = true)]
+async fn a_request_refused_where_it_may_not_wait_asks_borrowed_seats_back() {
+    let toml =
+        "[classify]\ntokenizer = \"heuristic\"\n[admission]\npolicy = \"lanes\"\nseats = 5\n\
+         [lanes.small]\nmax_concurrency = 2\nceiling = 2\nlend = false\nborrow = false\n\
+         queue_len = 0\n\
+         [lanes.medium]\nmax_concurrency = 2\nceiling = 2\nlend = false\nborrow = false\n\
+         [lanes.large]\nmax_concurrency = 1\nceiling = 1\nlend = false\nborrow = false\n\
+         [jobs]\npreempt = true\npreempt_cooldown_ms = 5000\n";
+    let a = Admission::from_config(&Config::from_toml_str(toml).expect("test config is valid"));
+    let jobs: Vec<_> = std::iter::from_fn(|| job(&a, 0, true)).take(10).collect();
+    assert_eq!(seats(&a), [2, 2, 1], "jobs hold every seat");
+    let refused =
+        futures::FutureExt::now_or_never(a.acquire(Ask::new(Small, 100))).expect("never waits");
+    assert!(matches!(refused, Err(AdmissionError::QueueFull { .. })));
+    let asked = jobs.iter().filter(|(_, h)| h.is_preempted()).count();
+    assert_eq!(asked, 1, "one small seat asked back");
+    assert!(job(&a, 0, true).is_none(), "within the cool-down");
+    drop(jobs);
+    assert!(a.snapshot().is_idle());
+}
+
 #[tokio::test(start_paused = true)]
 async fn without_a_cooldown_a_job_borrows_as_soon_as_nobody_waits() {
     let a = admission("[jobs]\npreempt = true\npreempt_cooldown_ms = 0\n");
