@@ -828,10 +828,7 @@ async fn a_continuation_waiting_for_a_seat_ends_with_the_grace() {
         "A's review left for B's question"
     );
     a.shutdown().await;
-    let events = sse(&marked.await.unwrap());
-    let (last, data) = events.last().unwrap();
-    assert_eq!(last, "error", "{events:?}");
-    assert_eq!(json(data)["code"], "shutdown", "{events:?}");
+    ended_by_shutdown(&marked.await.unwrap());
     assert_eq!(sse(&question.await.unwrap()).last().unwrap().0, "done");
     b.shutdown().await;
     let _ = plain.await;

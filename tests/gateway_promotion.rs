@@ -523,37 +523,13 @@ async fn a_stream_waiting_for_room_ends_with_the_grace() {
     // about).
     tokio::time::sleep(Duration::from_millis(500)).await;
     a.shutdown().await;
-    let events = sse(&body.rest().await);
-    let (last, data) = events.last().unwrap();
-    assert_eq!(last, "error", "{events:?}");
-    assert_eq!(json(data)["code"], "shutdown", "{events:?}");
+    let events = ended_by_shutdown(&body.rest().await);
     assert!(
         !events.iter().any(|(e, _)| e == "cut"),
         "ended by the shutdown, not cut: {events:?}"
     );
     b.shutdown().await;
     let _ = blocker.await;
-    let mut conn = redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    // 30 s: only a guard against a leak.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let u: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
-            .arg("tg:v2:{quota}:usage")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if u.values().all(|v| *v == 0) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "nothing leaked in Redis: {u:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    redis_common::quota_drains(&redis).await;
     sim.shutdown().await;
 }

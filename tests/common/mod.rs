@@ -156,6 +156,19 @@ pub fn json(s: &str) -> Value {
     serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))
 }
 
+/// The SSE events of `body`, whose last is an `error` event `shutdown` (a stream ended by
+/// the gateway's shutdown; `/answer`'s shape).
+pub fn ended_by_shutdown(body: &str) -> Vec<(String, String)> {
+    let events = sse(body);
+    let (last, data) = events.last().expect("an event");
+    assert_eq!(
+        (last.as_str(), json(data)["code"].clone()),
+        ("error", serde_json::json!("shutdown")),
+        "{events:?}"
+    );
+    events
+}
+
 /// Polls `cond` every 10 ms for up to 30 s.
 pub async fn eventually<F: FnMut() -> bool>(what: &str, mut cond: F) {
     tutor_testkit::eventually(what, || std::future::ready(cond())).await;

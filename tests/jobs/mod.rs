@@ -395,22 +395,7 @@ pub async fn redis_conn(redis: &RedisServer) -> redis::aio::MultiplexedConnectio
         .unwrap()
 }
 
-/// Waits until the shared quota holds no seat and no token (every lease given back or reaped).
-pub async fn quota_drains(redis: &RedisServer) {
-    let mut conn = redis_conn(redis).await;
-    for _ in 0..1000 {
-        let usage: HashMap<String, i64> = redis::cmd("HGETALL")
-            .arg(USAGE)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        if usage.values().all(|v| *v == 0) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the shared quota never drained");
-}
+pub use super::redis_common::quota_drains;
 
 /// One `#[tokio::test]` per behaviour of `cases.rs`, on `$backend`.
 macro_rules! backend_cases {

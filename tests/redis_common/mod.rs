@@ -153,6 +153,28 @@ impl Drop for RedisServer {
     }
 }
 
+/// Waits (20 s at most) until the shared quota under the default key prefix holds no seat and
+/// no token (every lease given back or reaped).
+pub async fn quota_drains(redis: &RedisServer) {
+    let mut conn = redis
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    for _ in 0..1000 {
+        let usage: std::collections::HashMap<String, i64> = redis::cmd("HGETALL")
+            .arg("tg:v2:{quota}:usage")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if usage.values().all(|v| *v == 0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("the shared quota never drained");
+}
+
 /// Leases held in Redis under the default key prefix.
 pub async fn leases(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
     redis::cmd("HLEN")
