@@ -676,10 +676,15 @@ async fn answer_events_carry_ids_and_a_reconnect_is_told_to_stop() {
             .query(&[("prompt", "what is a closure?"), ("max_output_tokens", "5")]),
     )
     .await;
-    assert!(body.starts_with("retry: 3000\nevent: meta\n"), "{body}");
+    // `meta` has an id too: a browser cut off before the first token reconnects with it.
+    assert!(
+        body.starts_with("retry: 3000\nid: 0\nevent: meta\n"),
+        "{body}"
+    );
     let ids: Vec<&str> = body
         .lines()
         .filter_map(|l| l.strip_prefix("id: "))
+        .skip(1)
         .collect();
     let tokens = sse(&body).iter().filter(|(n, _)| n == "token").count();
     let expected: Vec<String> = (1..=tokens).map(|i| i.to_string()).collect();
@@ -699,6 +704,15 @@ async fn answer_events_carry_ids_and_a_reconnect_is_told_to_stop() {
     )
     .await;
     assert_eq!(again.status(), 204);
+    // One cut off after `meta`, before its first token, reconnects with `0`: stopped too.
+    let early = send(
+        client()
+            .get(&url)
+            .query(&[("prompt", "what is a closure?")])
+            .header("last-event-id", "0"),
+    )
+    .await;
+    assert_eq!(early.status(), 204);
     let m = h.metrics_text().await;
     assert_eq!(family_total(&m, "tutor_gateway_requests_total"), 1.0);
     h.shutdown().await;

@@ -850,6 +850,28 @@ async fn the_demo_page_streams_an_answer_with_its_lane_and_queue_wait() {
     );
     assert_eq!(state["sending"], false, "the button is back: {state}");
 
+    // A pre-empted answer's notice (`jobs.preempt_notice`: a second `meta` with only
+    // `{"preempted": n}`, as the relay writes it) is a notice; what the page showed stays.
+    tab.eval(r#"on.meta({"preempted": 1})"#).await;
+    let noticed = tab.demo_state().await;
+    assert!(
+        noticed["notice"]
+            .as_str()
+            .unwrap()
+            .contains("Paused 1 time"),
+        "{noticed}"
+    );
+    for shown in [
+        "lane",
+        "queue-wait",
+        "estimate",
+        "request-id",
+        "focus",
+        "status",
+    ] {
+        assert_eq!(noticed[shown], state[shown], "{shown}: {noticed}");
+    }
+
     // The gateway's side: that stream, this question, answered in full once.
     let line = logged(&h, state["request-id"].as_str().unwrap()).await;
     assert_eq!(line["outcome"], "ok", "{line}");

@@ -54,6 +54,10 @@ async fn an_allowed_origin_gets_its_preflight_and_reads_the_stream() {
         allowed.contains("x-tutor-deadline-ms"),
         "a browser may state a deadline: {allowed}"
     );
+    assert!(
+        allowed.contains("x-tutor-preemptible"),
+        "a browser may mark its question pre-emptible: {allowed}"
+    );
     assert_eq!(
         header(&pre, "access-control-max-age").as_deref(),
         Some("600")

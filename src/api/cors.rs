@@ -35,8 +35,8 @@ use crate::error::GatewayError;
 const METHODS: &str = "GET, POST, DELETE";
 /// Request headers allowed cross-origin.
 const HEADERS: &str =
-    "content-type, authorization, last-event-id, x-session-id, x-tutor-deadline-ms, traceparent, \
-     tracestate";
+    "content-type, authorization, last-event-id, x-session-id, x-tutor-deadline-ms, \
+     x-tutor-preemptible, traceparent, tracestate";
 /// Response headers a page may read.
 const EXPOSE: &str = "x-request-id, retry-after";
 

@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! retry: 3000
+//! id: 0
 //! event: meta
 //! data: {"request_id":"…","lane":"small","estimated_input_tokens":312,"output_budget":120,"queue_wait_ms":0.4}
 //!
@@ -14,8 +15,9 @@
 //! data: {"finish_reason":"stop","usage":{"input_tokens":312,"output_tokens":118,"cached_tokens":0},"timings":{…}}
 //! ```
 //!
-//! Token events are numbered from 1; the last event (`done` or `error`) has the id `end`. A
-//! browser `EventSource` that reconnects sends the last id it saw as `Last-Event-ID`; `/answer`
+//! `meta` has the id 0, token events are numbered from 1, and the last event (`done` or
+//! `error`) has the id `end`. A browser `EventSource` that reconnects sends the last id it saw as
+//! `Last-Event-ID` (so one cut off between `meta` and its first token sends `0`); `/answer`
 //! answers any such request with 204 (it never restarts or resumes a generation), which stops
 //! the browser's retry loop. `retry:` asks browsers to wait 3 s before that reconnect.
 
@@ -25,6 +27,10 @@ use serde_json::json;
 use crate::classify::Classification;
 use crate::telemetry::{LatencySplit, UpstreamView};
 use crate::upstream::Chunk;
+
+/// The id of a stream's first event (`meta`): a browser cut off before the first token
+/// reconnects with it, and is told to stop, as after any other event.
+const META_ID: u32 = 0;
 
 /// The id of a stream's last event (`done` or `error`).
 pub const END_ID: &str = "end";
@@ -58,7 +64,7 @@ pub fn meta_event(
     if let (Some(f), Some(obj)) = (focus, data.as_object_mut()) {
         obj.insert("focus".into(), f.clone());
     }
-    let meta = event("meta", &data);
+    let meta = event_with_id(META_ID, "meta", &data);
     let mut out = format!("retry: {RETRY_MS}\n").into_bytes();
     out.extend_from_slice(&meta);
     Bytes::from(out)
