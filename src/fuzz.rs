@@ -47,15 +47,22 @@ pub fn answer_query(data: &[u8]) {
 /// The role configured besides vLLM's in the fuzz targets (`classify.extra_roles`).
 const EXTRA_ROLE: &str = "tutor";
 
-/// `POST /answer` with `data` as the body, its messages then checked as the template renders
-/// them (what the prompt step does before counting).
+/// The one host media URLs may name in the fuzz targets (`fields.media_hosts`).
+const MEDIA_HOST: &str = "media.example";
+
+/// `POST /answer` with `data` as the body, its messages then checked as the prompt step does
+/// before counting: their media URLs (`data:` or [`MEDIA_HOST`]), then as the template renders
+/// them.
 pub fn answer_body(data: &[u8]) {
     match AnswerRequest::from_body(data) {
         Err(e) => documented(&e),
         Ok(req) => {
-            if let Err(e) =
-                parse::template::chat_messages(&req.messages_json, &[EXTRA_ROLE.to_owned()])
-            {
+            let checked = parse::media::check(Some(&req.messages_json), &[MEDIA_HOST.to_owned()])
+                .and_then(|()| {
+                    parse::template::chat_messages(&req.messages_json, &[EXTRA_ROLE.to_owned()])
+                        .map(drop)
+                });
+            if let Err(e) = checked {
                 documented(&e);
             }
         }
@@ -74,8 +81,11 @@ fn roles_accepted(input: &PromptInput) {
     }
 }
 
-/// The shipped `[fields]` bounds (media only as `data:` URLs).
-static BOUNDS: FieldsConfig = FieldsConfig::DEFAULT;
+/// The shipped `[fields]` bounds, with media URLs on [`MEDIA_HOST`] allowed besides `data:`.
+static BOUNDS: std::sync::LazyLock<FieldsConfig> = std::sync::LazyLock::new(|| FieldsConfig {
+    media_hosts: vec![MEDIA_HOST.to_owned()],
+    ..FieldsConfig::DEFAULT
+});
 
 /// `POST /v1/chat/completions`, `POST /v1/completions` and `POST /tokenize` with `data` as the
 /// body, under both settings of `server.unknown_fields` (one role configured besides vLLM's).
