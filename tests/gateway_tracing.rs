@@ -9,6 +9,7 @@ mod common;
 
 use common::traces::{attr, traces};
 use common::*;
+use opentelemetry::trace::Status;
 use opentelemetry::Value;
 use opentelemetry_sdk::trace::SpanData;
 use serde_json::json;
@@ -73,6 +74,7 @@ async fn a_normal_request_has_the_full_span_and_its_trace_reaches_vllm() {
     assert_eq!(s.parent_span_id.to_string(), "00f067aa0ba902b7");
     assert_eq!(text(s, "llm.lane"), "small");
     assert_eq!(text(s, "llm.outcome"), "ok");
+    assert_eq!(s.status, Status::Unset);
     assert_eq!(num(s, "llm.output_tokens"), 12.0);
     assert_eq!(num(s, "gen_ai.usage.output_tokens"), 12.0);
     assert!(num(s, "gen_ai.usage.input_tokens") > 0.0);
@@ -130,6 +132,11 @@ async fn a_cancelled_request_records_where_it_stopped() {
     assert_eq!(spans.len(), 1);
     let s = &spans[0];
     assert_eq!(text(s, "llm.outcome"), "cancelled");
+    assert_eq!(
+        s.status,
+        Status::Unset,
+        "a client going away is not a failure"
+    );
     assert!(num(s, "llm.cancelled_after_tokens") >= 4.0);
     assert_eq!(text(s, "gen_ai.operation.name"), "chat");
     assert!(attr(s, "llm.ttft_ms").is_some());
@@ -158,6 +165,12 @@ async fn an_upstream_error_is_on_the_span() {
     let s = &spans[0];
     assert_eq!(text(s, "llm.outcome"), "upstream_error");
     assert_eq!(text(s, "error.type"), "upstream_error");
+    // The engine failed it: the span's status says so, for "status = error" searches.
+    assert_eq!(s.status, Status::error("upstream_error"));
+    assert!(
+        attr(s, "otel.status_description").is_none(),
+        "the status, not an attribute"
+    );
     assert_eq!(text(s, "gen_ai.operation.name"), "text_completion");
     // Without a client traceparent the gateway starts the trace and vLLM joins it.
     let seen = traceparents(&h).await;
@@ -211,6 +224,7 @@ async fn a_job_has_one_span_in_the_submitting_clients_trace() {
     assert_eq!(s.parent_span_id.to_string(), "00f067aa0ba902b7");
     assert_eq!(text(s, "llm.lane"), "large");
     assert_eq!(text(s, "llm.outcome"), "ok");
+    assert_eq!(s.status, Status::Unset);
     // The job's request to vLLM continues the same trace.
     let seen = traceparents(&h).await;
     assert_eq!(

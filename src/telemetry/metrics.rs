@@ -169,6 +169,20 @@ impl Outcome {
             Outcome::Preempted => "preempted",
         }
     }
+
+    /// Whether the request failed by the engine's or the gateway's fault (a 5xx: the engine
+    /// unreachable, stalled or erring, the shared quota unreachable, a bug), not the client's
+    /// input, its going away, or a refusal for capacity: its span's status is Error.
+    pub const fn is_fault(self) -> bool {
+        matches!(
+            self,
+            Outcome::QuotaUnavailable
+                | Outcome::UpstreamUnavailable
+                | Outcome::UpstreamTimeout
+                | Outcome::UpstreamError
+                | Outcome::Internal
+        )
+    }
 }
 
 /// The gateway's metric families, registered once.

@@ -473,6 +473,9 @@ impl RequestRecord {
         s.record(span::OUTCOME, outcome.as_str());
         if let Some(code) = error_code {
             s.record(span::ERROR_TYPE, code);
+            if outcome.is_fault() {
+                s.record(span::STATUS_DESCRIPTION, code);
+            }
         }
         let ms = [
             (span::QUEUE_WAIT_MS, split.queue_wait_ms),

@@ -63,6 +63,10 @@ pub const GEN_AI_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
 pub const GEN_AI_RESPONSE_ID: &str = "gen_ai.response.id";
 /// OpenTelemetry: error type on failed requests.
 pub const ERROR_TYPE: &str = "error.type";
+/// OpenTelemetry span status: recording a description sets the status to Error (the engine's
+/// or the gateway's fault, [`super::Outcome::is_fault`]; a client's bad input or a refusal for
+/// capacity leaves it unset, as HTTP servers' 4xx do).
+pub const STATUS_DESCRIPTION: &str = "otel.status_description";
 
 /// A new `llm.generate` span with every attribute declared (names as the constants above).
 pub fn llm_generate() -> tracing::Span {
@@ -99,5 +103,6 @@ pub fn llm_generate() -> tracing::Span {
         gen_ai.response.finish_reasons = tracing::field::Empty,
         gen_ai.response.id = tracing::field::Empty,
         error.type = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
     )
 }
