@@ -133,6 +133,15 @@ impl RequestRecord {
         self.arrival
     }
 
+    /// Counts the request from `at` on, its stage marks forgotten: a job kept in process is
+    /// measured from the moment its run was taken, as a shared store's run is (its wait in the
+    /// job queue is `tutor_gateway_job_wait_seconds`, not a first token the lane was slow to
+    /// give).
+    pub fn runs_from(&mut self, at: Instant) {
+        self.arrival = at;
+        self.marks = [None; 6];
+    }
+
     /// Its prompt was prefilled in pieces, leaving `prefix` tokens cached; `reports_cached`:
     /// the engine reported cached tokens on a piece (an absent count then means none).
     pub fn pieced(&mut self, prefix: u32, reports_cached: bool) {

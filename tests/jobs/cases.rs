@@ -251,7 +251,14 @@ pub async fn jobs_wait_for_interactive_large_requests_and_never_borrow(backend: 
     let events = sse(&interactive.await.unwrap());
     assert_eq!(events.last().unwrap().0, "done");
     // The seat came back: the job starts without being asked.
-    done(&base, &id).await;
+    let v = done(&base, &id).await;
+    // Its timings are its run's, as the lane's histograms file them: its seconds in the job
+    // queue (job_wait_seconds) are no first token the large lane was slow to give.
+    let ttft_ms = v["answer"]["timings"]["time_to_first_token_ms"]
+        .as_f64()
+        .unwrap();
+    let ran_ms = (v["finished_at"].as_f64().unwrap() - v["started_at"].as_f64().unwrap()) * 1e3;
+    assert!(ttft_ms <= ran_ms + 1.0, "{v}");
     h.drained().await;
     h.shutdown().await;
 }

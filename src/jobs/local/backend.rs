@@ -204,12 +204,13 @@ impl LocalJobs {
             };
             store.start(&entry.id);
             let taken = entry.lock().work.take();
-            let Some(work) = taken else {
+            let Some(mut work) = taken else {
                 drop(guard);
                 continue;
             };
             store.running += 1;
             let started = (SystemTime::now(), Instant::now());
+            work.1.runs_from(started.1);
             entry.update(|s| {
                 s.status = Status::Running;
                 s.started = Some(started);
