@@ -1,19 +1,40 @@
--- tg jobs v2: cancel. A queued job ends at once; a running one is flagged and its runner told
--- (it drops its stream, which aborts the engine's work, and ends the job cancelled).
+-- tg jobs v2: cancel. A queued job ends at once and gives its turn to its tenant's next queued
+-- job, and that one's to the next, so the tenant's newest turn is free again (as the in-process
+-- queue does); a running one is flagged and its runner told (it drops its stream, which aborts
+-- the engine's work, and ends the job cancelled).
 -- ARGV: base, id
--- Reply: the job's status after the call ("cancelled", "running", or how it had already
---   ended), or "" when there is no such job.
+-- Reply: "ended" when this call ended it (it was queued: its webhook is the caller's), else
+--   the job's status ("running", or how it had already ended: a second cancel of a cancelled
+--   job is "cancelled", and sends nothing), or "" when there is no such job.
 local base, id = ARGV[1], ARGV[2]
 local status = redis.call('HGET', KEYS[11], 'status')
 if not status then
   return ''
 end
 if status == 'queued' then
+  local tenant = redis.call('HGET', KEYS[11], 'tenant') or ''
+  local tag = redis.call('ZSCORE', KEYS[7], id)
   redis.call('ZREM', KEYS[7], id)
+  if tag then
+    -- Its tenant's later jobs (in queue order) each take the turn before theirs.
+    local later = redis.call('ZRANGEBYSCORE', KEYS[7], tag, '+inf', 'WITHSCORES')
+    for i = 1, #later, 2 do
+      local key = job_key(base, later[i])
+      if (redis.call('HGET', key, 'tenant') or '') == tenant then
+        redis.call('ZADD', KEYS[7], tag, later[i])
+        redis.call('HSET', key, 'tag', tag)
+        tag = later[i + 1]
+      end
+    end
+    -- The last turn is free again: the tenant's next job starts from it.
+    if tonumber(tag) < meta_number('t:' .. tenant) then
+      redis.call('HSET', KEYS[10], 't:' .. tenant, tag)
+    end
+  end
   ended(KEYS[11], id, 'cancelled', now_ms())
   recount('queued', 'cancelled')
   announce(base, id)
-  return 'cancelled'
+  return 'ended'
 end
 if status == 'running' then
   redis.call('HSET', KEYS[11], 'cancel', 1)

@@ -506,13 +506,39 @@ async fn tenants_take_turns_in_the_shared_job_queue() {
         .await
         .unwrap();
     assert_eq!(hidden.status(), 404);
-    let cancel = client()
-        .delete(format!("{}/jobs/{first}", b.url()))
-        .bearer_auth(KEY)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(cancel.status(), 200);
+    let cancel = |base: String, id: String| async move {
+        let resp = client()
+            .delete(format!("{base}/jobs/{id}"))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+    };
+    // cs101 cancels its four queued jobs: the turns they never used are its own again, as in
+    // process. Its next job goes ahead of school-2's second one (after its first), not behind
+    // the cancelled four.
+    for id in &theirs {
+        cancel(b.url(), id.clone()).await;
+    }
+    let seconds = [
+        submit_as(b.url(), OTHER, 5).await,
+        submit_as(a.url(), OTHER, 5).await,
+    ];
+    let again = submit_as(a.url(), KEY, 5).await;
+    let place = |id: String, key| {
+        let base = b.url();
+        async move { status(base, id, key).await["position"].as_u64().unwrap() }
+    };
+    let (again, behind) = (
+        place(again, KEY).await,
+        place(seconds[1].clone(), OTHER).await,
+    );
+    assert!(
+        again < behind,
+        "cs101's next job at {again}, school-2's at {behind}"
+    );
+    cancel(b.url(), first).await;
     f.shutdown().await;
 }
 

@@ -391,7 +391,9 @@ pub async fn a_job_cancelled_while_queued_still_gets_its_webhook(backend: Backen
     .await;
     let base = h.base();
     // The first job holds the only large seat; the second waits.
-    let first = submit_ok(&base, &question(2_000)).await;
+    let mut body = question(2_000);
+    body["notify"] = json!(r.url);
+    let first = submit_ok(&base, &body).await;
     job_until(&base, &first, "running", |v| v["status"] == "running").await;
     let mut body = question(5);
     body["notify"] = json!(r.url);
@@ -403,7 +405,16 @@ pub async fn a_job_cancelled_while_queued_still_gets_its_webhook(backend: Backen
     .await;
     assert_eq!(v["status"], "cancelled");
     assert_eq!(json(&r.bodies()[0])["status"], "cancelled");
+    // Cancelled again (a client's retry, a second tab): it had ended, nothing is sent again.
+    cancel(&base, &second).await;
+    // The first one's delivery comes after any the repeat would have sent.
     assert_eq!(cancel(&base, &first).await.status(), 200);
+    job_until(&base, &first, "notified", |v| {
+        v["webhook"]["delivered"] == true
+    })
+    .await;
+    let ids: Vec<Value> = r.bodies().iter().map(|b| json(b)["id"].clone()).collect();
+    assert_eq!(ids, [json!(second), json!(first)], "one delivery per job");
     h.drained().await;
     h.shutdown().await;
 }

@@ -317,8 +317,11 @@ impl RedisStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| store_down("cancel", &e))?;
-        let mut status = Status::parse(&after).ok_or(GatewayError::JobNotFound)?;
-        let ended_here = status == Status::Cancelled;
+        let ended_here = after == "ended";
+        let mut status = match ended_here {
+            true => Status::Cancelled,
+            false => Status::parse(&after).ok_or(GatewayError::JobNotFound)?,
+        };
         if status == Status::Running {
             // Its runner, here or elsewhere, is told through the channel.
             if let Some(run) = self.running().get(id) {
