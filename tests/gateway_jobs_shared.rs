@@ -574,6 +574,50 @@ async fn an_expired_and_forgotten_job_leaves_nothing_in_redis() {
     h.shutdown().await;
 }
 
+/// Students poll their reviews' status: each poll reads the fields it shows, never the stored
+/// request (up to `server.max_body_bytes`) out of the Redis every replica's admission shares.
+#[tokio::test]
+async fn polling_a_jobs_status_does_not_read_its_stored_request() {
+    let h = start(Backend::Redis, SLOW, |c| {
+        jobs::large_seats_only(c, 1);
+    })
+    .await;
+    let base = h.base();
+    let running = submit_ok(&base, &question(4000)).await;
+    job_until(&base, &running, "running", |v| v["status"] == "running").await;
+    // A 40 KB request, queued behind it.
+    let body = json!({"prompt": words(10_000, "review"), "max_output_tokens": 3});
+    let queued = submit_ok(&base, &body).await;
+    let conn = redis_conn(h.redis.as_ref().unwrap()).await;
+    let sent = |mut conn: redis::aio::MultiplexedConnection| async move {
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        info.lines()
+            .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
+            .unwrap()
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let before = sent(conn.clone()).await;
+    for _ in 0..5 {
+        assert_eq!(job(&base, &queued).await["status"], "queued");
+    }
+    let polled = sent(conn).await - before;
+    // Each poll read the whole record before: 200 KB for five.
+    assert!(
+        polled < 40_000,
+        "five polls took {polled} bytes out of Redis"
+    );
+    assert_eq!(jobs::cancel(&base, &running).await.status(), 200);
+    done(&base, &queued).await;
+    h.drained().await;
+    h.shutdown().await;
+}
+
 /// A queued job whose record was deleted from outside Redis (an operator's purge, an eviction)
 /// can never run; at the head of the fleet's queue it held every job behind it back, with
 /// nothing logged. It is dropped from the queue, and the next job runs.

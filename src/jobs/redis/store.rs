@@ -105,6 +105,34 @@ pub struct RedisStore {
 /// One job's record as read from Redis.
 pub type Fields = HashMap<String, String>;
 
+/// The fields of a job's record its status and webhook read: never its stored request (up to
+/// `server.max_body_bytes`), which only the run that takes the job needs.
+const VIEW_FIELDS: &[&str] = &[
+    "status",
+    "tenant",
+    "submitted_ms",
+    "started_ms",
+    "finished_ms",
+    "lane",
+    "input",
+    "output_budget",
+    "attempt",
+    "preempted",
+    "answer",
+    "error",
+    "notify",
+    "webhook",
+];
+
+/// The fields named in `names` that a record holds, from an `HMGET` reply in their order.
+fn fields_of(names: &[&str], values: Vec<Option<String>>) -> Fields {
+    names
+        .iter()
+        .zip(values)
+        .filter_map(|(name, v)| Some(((*name).to_owned(), v?)))
+        .collect()
+}
+
 impl RedisStore {
     /// The store on the quota's Redis (`admission`).
     pub fn new(ctx: Arc<Context>, admission: RedisAdmission) -> Self {
@@ -244,9 +272,10 @@ impl RedisStore {
         }
     }
 
-    /// Job `id`'s record, its queue position and how many pieces it has, if `tenant` may see
-    /// it; with `text`, a finished job's pieces too. The pieces are read only where the answer
-    /// is shown: a client polling a running job's status costs Redis a length, not its text.
+    /// Job `id`'s record (its [`VIEW_FIELDS`]), its queue position and how many pieces it has,
+    /// if `tenant` may see it; with `text`, a finished job's pieces too. The pieces are read
+    /// only where the answer is shown: a client polling a running job's status costs Redis a
+    /// length, not its text, nor its stored request.
     async fn read(
         &self,
         id: &str,
@@ -254,14 +283,15 @@ impl RedisStore {
         text: bool,
     ) -> Result<(Fields, Option<usize>, usize, Vec<String>), GatewayError> {
         let mut conn = self.conn().await?;
-        let (fields, rank, count): (Fields, Option<usize>, usize) = redis::pipe()
+        let (values, rank, count): (Vec<Option<String>>, Option<usize>, usize) = redis::pipe()
             .atomic()
-            .hgetall(self.job_key(id))
+            .hget(self.job_key(id), VIEW_FIELDS)
             .zrank(&self.queue, id)
             .llen(self.text_key(id))
             .query_async(&mut conn)
             .await
             .map_err(|e| store_down("read", &e))?;
+        let fields = fields_of(VIEW_FIELDS, values);
         if fields.is_empty() || !visible(&fields, tenant) {
             return Err(GatewayError::JobNotFound);
         }
@@ -420,9 +450,19 @@ impl RedisStore {
 
     /// Sends job `id`'s webhook, if it has one (it just ended: done, failed or cancelled).
     pub async fn notify_ended(self: &Arc<Self>, id: &str) {
-        let Some(fields) = self.read_fields(id).await else {
+        let Ok(mut conn) = self.conn().await else {
             return;
         };
+        let names = ["notify", "tenant"];
+        let Ok(values) = redis::cmd("HMGET")
+            .arg(self.job_key(id))
+            .arg(&names)
+            .query_async(&mut conn)
+            .await
+        else {
+            return;
+        };
+        let fields = fields_of(&names, values);
         let Some(url) = fields
             .get("notify")
             .and_then(|u| reqwest::Url::parse(u).ok())
