@@ -704,6 +704,13 @@ async fn a_tenants_unfinished_uploads_hold_at_most_its_share_of_the_permits() {
         refused.iter().all(|r| r.starts_with("HTTP/1.1 429")),
         "{refused:?}"
     );
+    // Refused before any route: counted where an operator looks for refusals.
+    assert_eq!(
+        h.gw.state
+            .metrics()
+            .refused_count("tenant_requests_in_flight"),
+        refused.len() as u64
+    );
     assert_eq!(in_flight(), 2, "A holds two permits of four");
     // B is served meanwhile.
     let resp = send(

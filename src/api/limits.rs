@@ -134,7 +134,11 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
     };
     let mut uploading = match limits.upload_slot(&req) {
         Ok(slot) => slot,
-        Err(refused) => return refused.into_response(),
+        Err(refused) => {
+            // Before any route: no request record counts it.
+            limits.metrics.refused("tenant_requests_in_flight");
+            return refused.into_response();
+        }
     };
     let permit = Counted::new(permit, limits.metrics.requests_in_flight().clone());
     let timeout = limits.body_timeout;

@@ -265,11 +265,10 @@ impl Jobs {
         };
         let stream = self.0.backend.events(id, tenant, from).await?;
         let max = self.0.ctx.config.max_event_streams_per_tenant;
-        let slot = self
-            .0
-            .streams
-            .take(tenant, max)
-            .ok_or(GatewayError::TooManyStreams)?;
+        let Some(slot) = self.0.streams.take(tenant, max) else {
+            self.0.ctx.state.metrics().refused("event_streams");
+            return Err(GatewayError::TooManyStreams);
+        };
         Ok(Some(held(stream, slot)))
     }
 

@@ -234,6 +234,11 @@ async fn one_tenants_event_streams_cannot_fill_the_gateway() {
         assert_eq!(*status, 429, "{body}");
         assert_eq!(json(body)["error"]["code"], "too_many_streams", "{body}");
     }
+    // An operator sees each refusal.
+    assert_eq!(
+        h.gw.state.metrics().refused_count("event_streams"),
+        refused.len() as u64
+    );
     // Another tenant still gets its stream, and its status.
     let other = open(OTHER, theirs.clone()).await;
     assert_eq!(other.status(), 200);
