@@ -201,6 +201,19 @@ async fn histograms_count_each_lane_and_the_log_has_one_line_per_request() {
     let cancelled: Vec<_> = log.iter().filter(|l| l["outcome"] == "cancelled").collect();
     assert_eq!(cancelled.len(), 1);
     assert_eq!(cancelled[0]["cancelled_at"], "decode");
+    // The cancelled stream had vLLM's running usage (its prompt), never its final one, the only
+    // one that says what was cached: it is no miss in the hit ratio, and its cached tokens are
+    // unknown, not 0.
+    assert!(
+        cancelled[0]["input_tokens"].as_u64().unwrap() > 0,
+        "{log:?}"
+    );
+    assert!(cancelled[0]["cached_tokens"].is_null(), "{log:?}");
+    let finished: u64 = done
+        .iter()
+        .map(|l| l["input_tokens"].as_u64().unwrap())
+        .sum();
+    assert_eq!(queries, finished as f64);
     h.shutdown().await;
 }
 

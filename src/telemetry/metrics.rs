@@ -625,7 +625,9 @@ impl Metrics {
             self.output_tokens
                 .with_label_values(&l)
                 .observe(f64::from(up.output_tokens));
-            if let Some(u) = up.usage {
+            // Only the final usage says what was cached: a stream cut before it (a client gone,
+            // a cut, a timeout) would count its whole prompt as a miss.
+            if let Some(u) = up.usage.filter(|u| u.reported) {
                 self.prefix_queries
                     .with_label_values(&f)
                     .inc_by(u64::from(u.prompt_tokens));

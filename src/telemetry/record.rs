@@ -340,7 +340,10 @@ impl RequestRecord {
             tokens_reserved: self.class.map(|c| c.work),
             input_tokens: usage.map(|u| u.prompt_tokens),
             output_tokens: up.map(|u| u.output_tokens),
-            cached_tokens: usage.map(|u| u.cached_tokens.unwrap_or(0)),
+            // Unknown (null) unless the final usage said it.
+            cached_tokens: usage
+                .filter(|u| u.reported)
+                .map(|u| u.cached_tokens.unwrap_or(0)),
             prefill_tokens_reserved: self.prefill_reserved,
             fingerprint: self.fingerprint.as_deref(),
             tenant: self.tenant.as_deref(),
@@ -509,7 +512,9 @@ impl RequestRecord {
             if let Some(u) = up.usage {
                 s.record(span::INPUT_TOKENS, i64::from(u.prompt_tokens));
                 s.record(span::GEN_AI_USAGE_INPUT_TOKENS, i64::from(u.prompt_tokens));
-                s.record(span::CACHED_TOKENS, i64::from(u.cached_tokens.unwrap_or(0)));
+                if u.reported {
+                    s.record(span::CACHED_TOKENS, i64::from(u.cached_tokens.unwrap_or(0)));
+                }
             }
             if let Some(f) = &up.finish_reason {
                 s.record(span::GEN_AI_FINISH_REASONS, f.as_str());

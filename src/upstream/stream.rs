@@ -389,7 +389,10 @@ impl UpstreamStream {
                 if chunk.usage.is_some() {
                     self.usage = chunk.usage;
                     self.final_usage = chunk.usage_only;
-                    if let (Some(t), Some(u)) = (&mut self.ticket, chunk.usage) {
+                    // The replica's prefix hits: the final usage alone says what was cached.
+                    if let (Some(t), Some(u), true) =
+                        (&mut self.ticket, chunk.usage, chunk.usage_only)
+                    {
                         t.set_usage(u);
                     }
                 }
