@@ -306,7 +306,10 @@ impl RequestRecord {
         let split = LatencySplit::compute(self.arrival, self.admitted, up, Instant::now());
         let stage = (outcome == Outcome::Cancelled).then(|| self.stage());
         self.metrics.request_done(lane, self.route, outcome);
-        if let Some(stage) = stage {
+        // A client that went away: a cancel with no error of its own. One the gateway ended
+        // (its shutdown's grace over, a client too slow to read, a revoked key) is in
+        // `requests_total` and the log, but not among clients giving up on their answers.
+        if let Some(stage) = stage.filter(|_| error_code.is_none()) {
             self.metrics
                 .cancelled(lane, stage, up.map_or(0, |u| u.output_tokens));
             self.span.record(

@@ -173,6 +173,8 @@ async fn ten_silent_readers_cannot_keep_a_review_out_once_the_engine_is_done() {
         "tutor_gateway_client_too_slow_total{reason=\"write_timeout\"}",
     );
     assert_eq!(cut, 10.0);
+    // Cut by the gateway, not clients that gave up on their answers.
+    assert_eq!(family_total(&m, "tutor_gateway_cancellations_total"), 0.0);
     drop(silent);
     h.shutdown().await;
 }
