@@ -306,6 +306,20 @@ impl RequestRecord {
         let split = LatencySplit::compute(self.arrival, self.admitted, up, Instant::now());
         let stage = (outcome == Outcome::Cancelled).then(|| self.stage());
         self.metrics.request_done(lane, self.route, outcome);
+        if let (Some(lane), Outcome::UpstreamTimeout, false) = (lane, outcome, self.first_token) {
+            // The engine never gave its first token in time: infinitely late for the autopilot,
+            // as a refusal for the wait is (an objective is not met by the engine stalling
+            // either), after the wait for admission it had (the queue did not take it all).
+            let waited = self
+                .admitted
+                .map_or(f64::INFINITY, |(_, w)| w.as_secs_f64());
+            self.metrics.ttft_window().observe(
+                self.promoted_from.unwrap_or(lane),
+                f64::INFINITY,
+                waited,
+                Duration::ZERO,
+            );
+        }
         // A client that went away: a cancel with no error of its own. One the gateway ended
         // (its shutdown's grace over, a client too slow to read, a revoked key) is in
         // `requests_total` and the log, but not among clients giving up on their answers.
@@ -630,6 +644,49 @@ mod tests {
             .unwrap();
         assert_eq!(whole.samples, 1);
         assert!((whole.seconds - 1.0).abs() < 0.01, "{whole:?}");
+    }
+
+    /// An admitted question whose first token never came in time (the engine stalled:
+    /// `upstream_timeout`) is a first token infinitely late for the autopilot, as a refusal
+    /// for the wait is; one that timed out mid-answer had its first token filed already.
+    #[test]
+    fn a_first_token_that_never_came_from_the_engine_counts_as_infinitely_late() {
+        let metrics = Metrics::new();
+        let ended = |first_token: bool| {
+            let (log, _) = RequestLog::memory();
+            let mut r = RequestRecord::new(
+                metrics.clone(),
+                log,
+                Route::Answer,
+                "r".into(),
+                Instant::now(),
+            );
+            r.classified(Classification {
+                lane: Lane::Small,
+                input_tokens_estimate: 100,
+                output_budget: 500,
+                work: 600,
+                counts: None,
+            });
+            r.admitted(Duration::ZERO, 100, false);
+            if first_token {
+                r.first_token();
+            }
+            r.finish(Outcome::UpstreamTimeout, Some("upstream_timeout"), None);
+        };
+        ended(true);
+        let window = metrics.ttft_window();
+        let read = || window.quantile(Lane::Small, 0.99, Duration::from_secs(30));
+        assert!(read().is_none(), "mid-answer: {:?}", read());
+        ended(false);
+        let q = read().unwrap();
+        assert_eq!(q.samples, 1);
+        assert!(q.seconds.is_infinite(), "{q:?}");
+        // Its wait for admission was none: the engine, not the queue, took the time.
+        let waited = window
+            .wait_quantile(Lane::Small, 0.99, Duration::from_secs(30))
+            .unwrap();
+        assert!(waited.seconds < 1.0, "{waited:?}");
     }
 
     #[test]

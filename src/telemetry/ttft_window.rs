@@ -1,8 +1,9 @@
 //! The lanes' recent times to first token, for the autopilot (`crate::autopilot`): a bounded
 //! ring of `(when, seconds, seconds waited for admission)` per lane, read as a quantile over a
-//! sliding window. A request refused for waiting too long (`queue_timeout`, `queue_full`)
-//! counts as a first token that never came (infinitely late, and an endless wait), so an
-//! objective is never met by refusing requests.
+//! sliding window. A request refused for waiting too long (`queue_timeout`, `queue_full`,
+//! `deadline_unmet`), or admitted and given no first token before the engine timed out
+//! (`upstream_timeout`), counts as a first token that never came (infinitely late, and an
+//! endless wait), so an objective is never met by refusing requests or by a stalled engine.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
