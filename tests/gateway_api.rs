@@ -571,6 +571,10 @@ async fn a_stalled_upstream_hits_the_idle_timeout_with_a_clean_error() {
     assert!(h.idle());
     let metrics = h.metrics_text().await;
     assert!(metrics.contains("outcome=\"upstream_timeout\""));
+    // The relay histogram is the gateway's own time from a read to its write: the engine's
+    // silence before each timeout (3 s each) is not in it.
+    let relayed = metric(&metrics, "tutor_gateway_relay_seconds_sum");
+    assert!(relayed < 6.0, "{relayed} s relayed");
     h.shutdown().await;
 }
 

@@ -217,9 +217,11 @@ async fn the_slot_is_freed_at_the_finish_reason_without_done() {
     .await;
     let body =
         json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": true});
+    let mut elapsed = Vec::new();
     for _ in 0..3 {
         // One seat: each request gets it only once the one before let it go. Far below the
         // idle timeout, or the test's own limit fails it.
+        let start = std::time::Instant::now();
         let resp = tokio::time::timeout(Duration::from_secs(60), async {
             let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
             resp.text().await.unwrap()
@@ -231,8 +233,20 @@ async fn the_slot_is_freed_at_the_finish_reason_without_done() {
             resp.ends_with("data: [DONE]\n\n"),
             "the client still gets its end: {resp}"
         );
+        elapsed.push(start.elapsed().as_secs_f64() * 1e3);
     }
     eventually("every lane back to zero", || h.idle()).await;
+    // Each answer ended with its last event: the second waited out for a `[DONE]` that never
+    // came (after which its client got the end) is in no answer's total time, nor its decode.
+    let log = h.log.lock().unwrap().clone();
+    assert_eq!(log.len(), 3);
+    for (line, client_ms) in log.iter().zip(&elapsed) {
+        let total = line["timings"]["total_ms"].as_f64().unwrap();
+        assert!(
+            total + 990.0 <= *client_ms,
+            "{total} of {client_ms} ms: {line}"
+        );
+    }
     h.shutdown().await;
 }
 

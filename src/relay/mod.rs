@@ -530,6 +530,7 @@ impl Relay {
         if self.done {
             return None;
         }
+        let read_before = self.upstream.last_read_at();
         let mut out = Vec::new();
         while out.is_empty() && !self.done {
             match self.next_or_shutdown().await {
@@ -550,7 +551,11 @@ impl Relay {
             }
         }
         if let Some(read_at) = read_at {
-            self.ctx.metrics.relay().observe(read_at.elapsed());
+            // The gateway's own time from a read to its write: a write with no new read (a
+            // timeout's error, the end after a silent engine) did not wait on the gateway.
+            if read_before != Some(read_at) {
+                self.ctx.metrics.relay().observe(read_at.elapsed());
+            }
             self.record.mark_at(Mark::FirstUpstreamByte, read_at);
         }
         self.record.mark(Mark::FirstClientByte);

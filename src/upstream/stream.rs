@@ -242,8 +242,10 @@ impl UpstreamStream {
                     return Some(Err(self.fail(UpstreamError::Transport(e))))
                 }
                 // After the finish reason, the answer is complete: tolerate a missing `[DONE]`.
+                // It ended with its last event, not after the silence waited out for `[DONE]`.
                 Err(_) | Ok(None) | Ok(Some(Err(_))) => {
                     self.missing_done = true;
+                    self.timings.ended_at.get_or_insert(self.last_event_at);
                     self.finish_clean();
                     return None;
                 }
