@@ -1,12 +1,18 @@
 -- tg jobs v2: cancel. A queued job ends at once and gives its turn to its tenant's next queued
 -- job, and that one's to the next, so the tenant's newest turn is free again (as the in-process
 -- queue does); a running one is flagged and its runner told (it drops its stream, which aborts
--- the engine's work, and ends the job cancelled).
--- ARGV: base, id
+-- the engine's work, and ends the job cancelled). With an error (ARGV[3]), a queued job ends
+-- failed with it instead (a replica found it could never take a seat under the limits in
+-- force), and nothing else is touched.
+-- ARGV: base, id[, error JSON {"code","message"}]
 -- Reply: "ended" when this call ended it (it was queued: its webhook is the caller's), else
 --   the job's status ("running", or how it had already ended: a second cancel of a cancelled
 --   job is "cancelled", and sends nothing), or "" when there is no such job.
-local base, id = ARGV[1], ARGV[2]
+local base, id, error = ARGV[1], ARGV[2], ARGV[3] or ''
+local final = 'cancelled'
+if error ~= '' then
+  final = 'failed'
+end
 local status = redis.call('HGET', KEYS[11], 'status')
 if not status then
   return ''
@@ -31,12 +37,15 @@ if status == 'queued' then
       redis.call('HSET', KEYS[10], 't:' .. tenant, tag)
     end
   end
-  ended(KEYS[11], id, 'cancelled', now_ms())
-  recount('queued', 'cancelled')
+  if error ~= '' then
+    redis.call('HSET', KEYS[11], 'error', error)
+  end
+  ended(KEYS[11], id, final, now_ms())
+  recount('queued', final)
   announce(base, id)
   return 'ended'
 end
-if status == 'running' then
+if status == 'running' and error == '' then
   redis.call('HSET', KEYS[11], 'cancel', 1)
   announce(base, 'cancel ' .. id)
 end

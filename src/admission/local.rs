@@ -331,6 +331,12 @@ impl LocalAdmission {
         LaneGuard::new(Box::new(self.shared.clone()), lane, tokens, Duration::ZERO)
     }
 
+    /// `Err(TooLarge)` when a reservation of `tokens` in `lane` could never be admitted under the
+    /// limits in force (a reload lowered them below it), as on arrival.
+    pub fn admissible(&self, lane: Lane, tokens: u32) -> Result<(), AdmissionError> {
+        self.shared.rules().limits.admissible(lane, tokens)
+    }
+
     /// A seat in `lane` for background work, only if it is idle capacity: `lane` has one of its
     /// own seats free (nothing borrowed), nobody waits in its queue, and `tokens` and the
     /// `prompt`'s prefill fit their budgets. Never waits; `None` when any of that fails.

@@ -152,6 +152,16 @@ impl Admission {
         }
     }
 
+    /// Whether background work of `tokens` in `lane` could ever take a seat under the limits in
+    /// force ([`LocalAdmission::admissible`]); always `Ok` with the Redis backend, whose jobs
+    /// are taken by the shared store's scripts.
+    pub fn admissible(&self, lane: Lane, tokens: u32) -> Result<(), AdmissionError> {
+        match self {
+            Admission::Local(local) => local.admissible(lane, tokens),
+            Admission::Redis(_) => Ok(()),
+        }
+    }
+
     /// A pre-emptible seat of any lane for background work (`jobs.preempt`); see
     /// [`LocalAdmission::try_acquire_preemptible`]. Always `None` with the Redis backend.
     pub fn try_acquire_preemptible(

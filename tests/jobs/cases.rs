@@ -810,3 +810,29 @@ pub async fn a_jobs_output_is_not_counted_in_its_session(backend: Backend) {
     h.drained().await;
     h.shutdown().await;
 }
+
+/// A reload that lowers the large lane's token budget below a queued job's reservation: that
+/// job could never take a seat again, and every job behind it waited for good. It fails
+/// `too_long`, as it would have on arrival, and the next one runs. (With Redis the reload
+/// writes the fleet's shared record, which the take is refused by.)
+pub async fn a_queued_job_a_reload_made_too_large_fails_and_the_next_one_runs(backend: Backend) {
+    let h = start(backend, SLOW, |c| large_seats_only(c, 1)).await;
+    let base = h.base();
+    let holder = submit_ok(&base, &question(2_000)).await;
+    job_until(&base, &holder, "running", |v| v["status"] == "running").await;
+    // 5,000 tokens reserved; the short one behind it about 20.
+    let review = json!({"prompt": words(3_000, "review"), "max_output_tokens": 2_000});
+    let too_large = submit_ok(&base, &review).await;
+    let next = submit_ok(&base, &question(3)).await;
+    let mut lowered = (*h.gw.state.config()).clone();
+    lowered.upstream.max_model_len = std::num::NonZeroU32::new(4_500).unwrap();
+    lowered.lanes.large.max_tokens_in_flight = std::num::NonZeroU64::new(4_500).unwrap();
+    let reloaded = tutor_gateway::pipeline::reload::apply(&h.gw.state, lowered).unwrap();
+    assert!(reloaded.changed.contains(&"lanes"), "{reloaded:?}");
+    assert_eq!(cancel(&base, &holder).await.status(), 200);
+    let v = job_until(&base, &too_large, "failed", |v| v["status"] == "failed").await;
+    assert_eq!(v["error"]["code"], "too_long", "{v}");
+    assert_eq!(done(&base, &next).await["status"], "done");
+    h.drained().await;
+    h.shutdown().await;
+}

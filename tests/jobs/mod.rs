@@ -423,6 +423,7 @@ macro_rules! backend_cases {
             jobs_are_refused_clearly_where_they_are_switched_off,
             jobs_max_running_keeps_large_seats_for_interactive_reviews,
             a_jobs_output_is_not_counted_in_its_session,
+            a_queued_job_a_reload_made_too_large_fails_and_the_next_one_runs,
         );
     };
     (@ $backend:expr; $($case:ident),* $(,)?) => {

@@ -357,6 +357,13 @@ impl RedisAdmission {
         }
     }
 
+    /// `Err(TooLarge)` when background work of `tokens` in `lane`, refused by the shared record
+    /// for its tokens, could never fit it (see [`Self::never_fits`]): a queued job that would
+    /// hold the fleet's job queue for good.
+    pub async fn never_fits_tokens(&self, lane: Lane, tokens: u32) -> Result<(), AdmissionError> {
+        self.never_fits(Verdict::LaneTokens, lane, tokens).await
+    }
+
     /// Whether the shared record in force, as last seen, was published by an autopilot leader
     /// (this replica's or another's).
     pub fn autopilot_record_in_force(&self) -> bool {

@@ -186,11 +186,25 @@ impl LocalJobs {
                 store.unqueue(&entry.id);
                 continue;
             };
+            let admission = self.ctx.state.admission();
+            if let Err(too_large) = admission.admissible(Lane::Large, work) {
+                // A reload lowered the limits below it: it would never run, and every job
+                // behind it would wait for good. It fails as it would have on arrival.
+                store.unqueue(&entry.id);
+                let work = entry.lock().work.take();
+                drop(store);
+                let error = GatewayError::from(too_large);
+                if let Some((_, mut record)) = work {
+                    record.finish(error.outcome(), Some(error.code()), None);
+                }
+                self.end(&entry, Ended::Failed(error.code(), error.message()));
+                store = self.store();
+                continue;
+            }
             let max_running = self.ctx.config.max_running;
             if max_running > 0 && store.running >= max_running {
                 return None;
             }
-            let admission = self.ctx.state.admission();
             let (guard, preempt) = if self.ctx.config.preempt {
                 let handle = Preemptible::new(self.ctx.config.max_preemptions > 0);
                 let guard =

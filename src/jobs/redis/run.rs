@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::store::{store_down, RedisStore, Run};
 use crate::admission::preempt::Preemptible;
+use crate::error::GatewayError;
 use crate::jobs::backend::{Claim, JobRun, Take};
 use crate::jobs::entry::Ended;
 use crate::jobs::runner::run_record;
@@ -169,6 +170,16 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
             }))
         }
         Some(Err(-10)) => Take::Moved,
+        // Refused for its tokens (the lane's budget, -1, or the global one, -2): a record
+        // lowered below its reservation (a reload, `limits push`) would never let it run, and
+        // every job behind it would wait for good. It fails as it would have on arrival.
+        Some(Err(-1 | -2)) => {
+            if let Err(too_large) = store.admission.never_fits_tokens(Lane::Large, work).await {
+                let error = GatewayError::from(too_large);
+                store.fail_queued(&id, error.code(), &error.message()).await;
+            }
+            Take::Idle
+        }
         _ => Take::Idle,
     }
 }

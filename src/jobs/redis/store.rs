@@ -329,6 +329,24 @@ impl RedisStore {
         Status::parse(&status?)
     }
 
+    /// Ends job `id` failed with `(code, message)` if it is still queued (a replica found it
+    /// could never take a seat under the limits in force), its turn passed on as a cancel's;
+    /// its webhook is sent. Nothing when it is not queued, or Redis does not answer (tried
+    /// again at the next take).
+    pub async fn fail_queued(self: &Arc<Self>, id: &str, code: &str, message: &str) {
+        let Ok(mut conn) = self.conn().await else {
+            return;
+        };
+        let error = json!({ "code": code, "message": message }).to_string();
+        let mut call = self.call(&self.scripts.cancel, Some(id));
+        call.arg(id).arg(error);
+        let after: Result<String, _> = call.invoke_async(&mut conn).await;
+        if after.is_ok_and(|a| a == "ended") {
+            tracing::warn!(job = %id, code, "a queued job can never run under the limits in force; failed");
+            self.notify_ended(id).await;
+        }
+    }
+
     /// `DELETE /jobs/{id}`: a queued job ends at once; a running one (on any replica) when its
     /// runner has dropped its stream (waited for, briefly). A job that ended otherwise: 409.
     /// Also says whether this call ended the job (a queued one: its webhook is the caller's;
