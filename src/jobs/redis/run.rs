@@ -128,10 +128,16 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
             );
             // Handed back with its text: continued here.
             let resuming = t.rest.get(4) == Some(&1);
-            let resumed = if resuming {
-                store.resumed(&id).await
-            } else {
-                None
+            // What the run sends, read before the job is this replica's: a Redis that does not
+            // answer now (a timeout, a fall-back) leaves the job as it was before the take (the
+            // take undone as below), never failed for good or its text started over.
+            let resumed = match resuming {
+                true => store.resumed(&id).await,
+                false => Ok(None),
+            };
+            let (Ok(fields), Ok(resumed)) = (store.read_fields(&id).await, resumed) else {
+                tracing::warn!(job = %id, "a taken job's record could not be read; given back to the queue");
+                return Take::Idle;
             };
             // No await from here on: this replica runs the job (dropped before, the take is
             // undone as if its reply had been lost).
@@ -146,8 +152,9 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
                 old.lost.cancel();
             }
             if resuming && resumed.is_none() {
-                // Its text could not be read: this run stops at once without writing, and the
-                // beat puts the job back when its runner lease lapses (its text starts over).
+                // Its text is unreadable (not Redis: what it holds): this run stops at once
+                // without writing, and the beat puts the job back when its runner lease lapses
+                // (its text starts over).
                 run.lost.cancel();
             }
             tracing::info!(job = %id, attempt, "job started");
@@ -160,6 +167,7 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
                 resumed,
                 run: Box::new(RedisRun {
                     store: store.clone(),
+                    fields,
                     id,
                     attempt,
                     run,
@@ -267,6 +275,8 @@ async fn untake(store: Arc<RedisStore>, id: String, lease: String) {
 /// writer task; its end is written only if it still owns the job.
 struct RedisRun {
     store: Arc<RedisStore>,
+    /// The job's record as the take read it (its stored request), until the run sends it.
+    fields: Option<super::store::Fields>,
     id: String,
     attempt: u64,
     run: Run,
@@ -280,7 +290,7 @@ struct RedisRun {
 impl JobRun for RedisRun {
     fn work(&mut self) -> BoxFuture<'_, Result<(Ready, RequestRecord), Ended>> {
         async move {
-            let fields = self.store.read_fields(&self.id).await;
+            let fields = self.fields.take();
             let ready = fields
                 .as_ref()
                 .and_then(|f| f.get("request"))

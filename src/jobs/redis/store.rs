@@ -434,10 +434,10 @@ impl RedisStore {
             .await;
     }
 
-    /// What the earlier runs of job `id`, handed back with its text, produced (`None`: none,
-    /// or Redis is unreachable: the run then starts the answer over).
-    pub async fn resumed(&self, id: &str) -> Option<Resumed> {
-        let mut conn = self.conn().await.ok()?;
+    /// What the earlier runs of job `id`, handed back with its text, produced (`Ok(None)`:
+    /// nothing readable; `Err`: Redis did not answer).
+    pub async fn resumed(&self, id: &str) -> Result<Option<Resumed>, ()> {
+        let mut conn = self.conn().await.map_err(drop)?;
         let (progress, pieces): (Option<String>, Vec<String>) = redis::pipe()
             .cmd("HGET")
             .arg(self.job_key(id))
@@ -448,22 +448,23 @@ impl RedisStore {
             .arg(-1)
             .query_async(&mut conn)
             .await
-            .ok()?;
-        Some(Resumed {
+            .map_err(drop)?;
+        let progress = progress.and_then(|p| serde_json::from_str(&p).ok());
+        Ok(progress.map(|progress| Resumed {
             text: pieces.concat(),
-            progress: serde_json::from_str(&progress?).ok()?,
-        })
+            progress,
+        }))
     }
 
-    /// Job `id`'s record (`None`: no such job, or Redis is unreachable).
-    pub async fn read_fields(&self, id: &str) -> Option<Fields> {
-        let mut conn = self.conn().await.ok()?;
+    /// Job `id`'s record (`Ok(None)`: no such job; `Err`: Redis did not answer).
+    pub async fn read_fields(&self, id: &str) -> Result<Option<Fields>, ()> {
+        let mut conn = self.conn().await.map_err(drop)?;
         let fields: Fields = redis::cmd("HGETALL")
             .arg(self.job_key(id))
             .query_async(&mut conn)
             .await
-            .ok()?;
-        (!fields.is_empty()).then_some(fields)
+            .map_err(drop)?;
+        Ok((!fields.is_empty()).then_some(fields))
     }
 
     /// Sends job `id`'s webhook, if it has one (it just ended: done, failed or cancelled).
