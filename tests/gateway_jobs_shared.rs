@@ -542,6 +542,92 @@ async fn tenants_take_turns_in_the_shared_job_queue() {
     f.shutdown().await;
 }
 
+/// Schools whose turns are equal (each one job, none served yet) are served oldest first, as in
+/// process: the fleet's queue orders equal turns by job id, and ids sort by when they were made
+/// (they were random: five schools' jobs came out in any order).
+#[tokio::test]
+async fn equal_turns_are_served_oldest_first_in_the_shared_job_queue() {
+    let keys: Vec<(String, String)> = (0..6)
+        .map(|i| {
+            (
+                format!("sk-tutor-school-{i}-0123456789"),
+                format!("school-{i}"),
+            )
+        })
+        .collect();
+    let f = fleet(SLOW, |c| {
+        one_seat(c);
+        c.jobs.preempt = false;
+        c.auth.enabled = true;
+        c.auth.keys = keys
+            .iter()
+            .map(|(key, tenant)| tutor_gateway::config::KeyEntry {
+                sha256: tutor_gateway::sign::sha256_hex(key.as_bytes()),
+                tenant: tenant.clone(),
+            })
+            .collect();
+    })
+    .await;
+    let (a, b) = (&f.a, &f.b);
+    let submit_as = |base: String, key: String, out: u32| async move {
+        let resp = client()
+            .post(format!("{base}/jobs"))
+            .bearer_auth(key)
+            .json(&json!({"prompt": "review my repository", "max_output_tokens": out}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 202);
+        json(&resp.text().await.unwrap())["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let read = |base: String, id: String, key: String| async move {
+        json(
+            &client()
+                .get(format!("{base}/jobs/{id}"))
+                .bearer_auth(key)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        )
+    };
+    // School 0's job takes the fleet's only large seat.
+    let holder = submit_as(a.url(), keys[0].0.clone(), 2_000).await;
+    let mut running = false;
+    for _ in 0..1000 {
+        if read(a.url(), holder.clone(), keys[0].0.clone()).await["status"] == "running" {
+            running = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(running, "school 0's job starts");
+    // Schools 1 to 5, one job each, in that order, on either replica.
+    let mut queued = Vec::new();
+    for (i, (key, _)) in keys.iter().enumerate().skip(1) {
+        let base = if i % 2 == 0 { a.url() } else { b.url() };
+        queued.push(submit_as(base, key.clone(), 5).await);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    for (place, (id, (key, tenant))) in queued.iter().zip(&keys[1..]).enumerate() {
+        let v = read(b.url(), id.clone(), key.clone()).await;
+        assert_eq!(v["position"], place, "{tenant}: {v}");
+    }
+    let cancel = client()
+        .delete(format!("{}/jobs/{holder}", a.url()))
+        .bearer_auth(&keys[0].0)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancel.status(), 200);
+    f.shutdown().await;
+}
+
 /// (The expiry itself is a shared behaviour, in `cases.rs`.)
 #[tokio::test]
 async fn an_expired_and_forgotten_job_leaves_nothing_in_redis() {

@@ -476,14 +476,43 @@ impl AppState {
     }
 }
 
-/// A new gateway request id: 32 hex characters, safe as a header value and in URLs.
+/// A new gateway request id: 32 hex characters, safe as a header value and in URLs: the time
+/// it was made (Unix milliseconds, 12 digits), then 80 random bits. Ids sort by when they were
+/// made (the shared job queue orders jobs of equal turns by id: oldest first), and cannot be
+/// guessed (a job's id is what reads it while `[auth]` is off).
 pub fn new_request_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+        & 0xffff_ffff_ffff;
+    // A version-4 UUID's 122 random bits (its version and variant bits are fixed): 80 of them.
+    let r = uuid::Uuid::new_v4().as_u128();
+    let random = (r & ((1 << 62) - 1)) | (((r >> 80) & ((1 << 18) - 1)) << 62);
+    format!("{ms:012x}{random:020x}")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Request ids: 32 lower-case hex digits, distinct, and one made later sorts after (the
+    /// shared job queue's ties go oldest first by them).
+    #[test]
+    fn request_ids_are_hex_distinct_and_sort_by_when_they_were_made() {
+        let ids: Vec<String> = (0..1000).map(|_| new_request_id()).collect();
+        for id in &ids {
+            assert_eq!(id.len(), 32, "{id}");
+            assert!(
+                id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+                "{id}"
+            );
+        }
+        let distinct: std::collections::HashSet<&String> = ids.iter().collect();
+        assert_eq!(distinct.len(), ids.len());
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let later = new_request_id();
+        assert!(ids.iter().all(|id| *id < later), "{later}");
+    }
 
     /// Both limits hold against requests that find something held; a body larger than a limit
     /// (set below `server.max_body_bytes`) waits alone, and every byte comes back.

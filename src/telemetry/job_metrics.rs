@@ -16,7 +16,7 @@
 //!   cache hit the engine never reported (cut again before their final usage chunk, the only
 //!   one with `cached_tokens`): what they recomputed is unknown, at most this;
 //! - `tutor_gateway_preemption_admit_seconds{lane}`: for a request a job was pre-empted for, its
-//!   arrival to its admission.
+//!   queue wait (joining its lane's queue to its admission).
 
 use std::time::Duration;
 
@@ -131,7 +131,7 @@ impl JobMetrics {
         let made_room = HistogramVec::new(
             HistogramOpts::new(
                 "tutor_gateway_preemption_admit_seconds",
-                "Arrival to admission of requests a job was pre-empted for, by lane.",
+                "Queue wait (joining the queue to admission) of requests a job was pre-empted for, by lane.",
             )
             .buckets(ADMIT_BUCKETS.to_vec()),
             &["lane"],
