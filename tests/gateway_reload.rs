@@ -370,6 +370,40 @@ async fn a_watched_file_is_reloaded_when_it_changes_and_a_broken_one_is_refused_
     sim.shutdown().await;
 }
 
+/// A watched file naming another file that is not there yet (a key or a tokenizer that another
+/// volume mounts later) is refused, and tried again every `RETRY_LOOKS` looks while it does not
+/// change: once that file is there, it is put in force without an edit (it was refused until
+/// the file itself changed).
+#[tokio::test]
+async fn a_watched_file_refused_for_a_file_it_names_is_tried_again_until_that_file_is_there() {
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&flags(
+        "--speed 50 --profile tiny-test",
+    )))
+    .await
+    .unwrap();
+    let gw = FromFile::start("watch-retry", sim.url(), "config_watch_ms = 100", 3).await;
+    let key = gw.gw.dir.join("vllm-key");
+    let text = gw.file(5).replace(
+        "[upstream]\n",
+        &format!("[upstream]\napi_key_file = \"{}\"\n", key.display()),
+    );
+    let next = gw.gw.dir.join("config.toml.new");
+    std::fs::write(&next, text).unwrap();
+    std::fs::rename(&next, &gw.gw.path).unwrap();
+    assert!(gw.until(|m| reloads(m, "invalid") >= 1.0).await);
+    assert_eq!(reloads(&gw.metrics().await, "applied"), 0.0);
+    // The key comes: the unchanged file is put in force.
+    std::fs::write(&key, "sk-vllm-mounted-later\n").unwrap();
+    assert!(
+        gw.until(|m| reloads(m, "applied") >= 1.0).await,
+        "the file was never tried again:\n{}",
+        gw.gw.log()
+    );
+    assert!(gw.answers().await);
+    drop(gw);
+    sim.shutdown().await;
+}
+
 /// Reloads run one at a time (SIGHUP, `POST /admin/reload` and the file watcher each start
 /// one), and each reads the file when its turn comes. Two at once used to each read the file
 /// and swap in what they built: a slow one (loading a tokenizer) that read an older file

@@ -124,11 +124,17 @@ pub fn reload(state: &AppState, force: bool) -> Result<Reloaded, ReloadError> {
     counted(state, result)
 }
 
+/// Looks at an unchanged file that was refused before it is tried again (100 s at a 5 s
+/// `server.config_watch_ms`).
+pub const RETRY_LOOKS: u32 = 20;
+
 /// With `server.config_watch_ms` set: reads the file the gateway started from at that period
 /// until `stop`, and reloads it (as SIGHUP does) when its bytes differ from the last read. A
 /// Kubernetes ConfigMap volume is updated by swapping a symlink, so the change is seen whole.
-/// An unreadable file (mid-swap, removed) is skipped until it reads again; a file refused by
-/// its check is not retried until it changes again.
+/// An unreadable file (mid-swap, removed) is skipped until it reads again; a file refused (by
+/// its check, or what it names could not be built) is tried again when it changes, and every
+/// [`RETRY_LOOKS`] looks meanwhile: a file it names that another volume mounts later (a
+/// tokenizer, a CA) is then picked up without an edit.
 pub fn watch(state: AppState, stop: tokio_util::sync::CancellationToken) {
     let Some(every) = state.config().server.config_watch else {
         return;
@@ -137,6 +143,8 @@ pub fn watch(state: AppState, stop: tokio_util::sync::CancellationToken) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last: Option<[u8; 32]> = None;
+        // Looks since the file in `last` was refused (`None`: it was not).
+        let mut refused: Option<u32> = None;
         // Whether the file was unreadable at the last look: said once, when it becomes so.
         let mut unreadable = false;
         loop {
@@ -167,23 +175,43 @@ pub fn watch(state: AppState, stop: tokio_util::sync::CancellationToken) {
                 }
             };
             let digest: [u8; 32] = sha2::Sha256::digest(&bytes).into();
-            let first = match last.replace(digest) {
-                Some(seen) if seen == digest => continue,
-                Some(_) => false,
-                None => true,
+            // (the first look, the same file refused before and tried again)
+            let (first, again) = match last.replace(digest) {
+                Some(seen) if seen == digest => match refused.as_mut() {
+                    Some(looks) if *looks + 1 >= RETRY_LOOKS => {
+                        *looks = 0;
+                        (false, true)
+                    }
+                    Some(looks) => {
+                        *looks += 1;
+                        continue;
+                    }
+                    None => continue,
+                },
+                Some(_) => (false, false),
+                None => (true, false),
             };
             let state = state.clone();
             // As on SIGHUP: reading and building block; logged and counted by the reload.
-            let _ = tokio::task::spawn_blocking(move || {
+            let ok = tokio::task::spawn_blocking(move || {
                 // The first look has nothing to compare with but the configuration in force:
                 // the file may have changed between its reading at start and this look.
                 if first && !differs_from_force(&state, &source) {
-                    return;
+                    return true;
                 }
-                tracing::info!("the config file changed: reloading it");
-                let _ = reload(&state, false);
+                match again {
+                    true => tracing::info!("the refused config file: trying it again"),
+                    false => tracing::info!("the config file changed: reloading it"),
+                }
+                reload(&state, false).is_ok()
             })
-            .await;
+            .await
+            .unwrap_or(false);
+            refused = match (ok, refused) {
+                (true, _) => None,
+                (false, Some(looks)) if again => Some(looks),
+                (false, _) => Some(0),
+            };
         }
     });
 }
