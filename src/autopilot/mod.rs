@@ -229,8 +229,12 @@ impl Pilot {
             match redis {
                 None => {
                     // Under the reload lock, checked again: a reload between the check above
-                    // and this call would otherwise have the old file's limits put back.
-                    let _one_at_a_time = state.reload_lock();
+                    // and this call would otherwise have the old file's limits put back. A
+                    // reload under way (loading a tokenizer, say) is not waited for on this
+                    // async worker: the next look paces from what it puts in force.
+                    let Some(_one_at_a_time) = state.try_reload_lock() else {
+                        return;
+                    };
                     if !Arc::ptr_eq(&config, &state.config()) {
                         return;
                     }
@@ -603,5 +607,52 @@ mod tests {
         assert_eq!(pilot.judged_span(now(), window), Duration::from_secs(3));
         tokio::time::advance(Duration::from_secs(60)).await;
         assert_eq!(pilot.judged_span(now(), window), window);
+    }
+
+    /// A look that would put the paced limits in force while a reload holds its turn (loading
+    /// a tokenizer, say) leaves them to its next look, rather than block its runtime worker
+    /// until the reload is done (here, where the reload never ends, for good).
+    #[test]
+    fn a_look_during_a_reload_does_not_wait_for_it() {
+        let config = Config::from_toml_str(
+            "[classify]\ntokenizer = \"heuristic\"\n[autopilot]\nenabled = true\n",
+        )
+        .unwrap();
+        let tasks = TaskTracker::new();
+        let metrics = crate::telemetry::Metrics::new();
+        let classifier = crate::classify::Classifier::from_config(&config).unwrap();
+        let admission =
+            crate::admission::Admission::build(&config, metrics.quota().clone()).unwrap();
+        let upstream = crate::upstream::UpstreamClient::with_metrics(
+            config.upstream.clone(),
+            tasks,
+            metrics.replicas().clone(),
+        )
+        .unwrap();
+        let state = AppState::new(
+            config,
+            classifier,
+            admission,
+            upstream,
+            metrics,
+            crate::telemetry::RequestLog::Off,
+        );
+        let reloading = state.reload_lock();
+        let (done, looked) = std::sync::mpsc::channel();
+        let looking = state.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let mut pilot = Pilot::default();
+            rt.block_on(pilot.look(&looking));
+            let _ = done.send(pilot.applied.is_some());
+        });
+        let applied = looked
+            .recv_timeout(Duration::from_secs(60))
+            .expect("the look waited for the reload");
+        assert!(!applied, "nothing put in force during the reload");
+        drop(reloading);
     }
 }

@@ -265,6 +265,15 @@ impl AppState {
         }))
     }
 
+    /// The reload turn (see [`Self::reload_lock`]) if free now; `None` while a reload runs.
+    pub fn try_reload_lock(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        match self.0.reloading.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Keeps every reload out while held (each reload holds it from reading its file to its
     /// swap, so reloads run one at a time, each from the file as it was when its turn came).
     pub fn reload_lock(&self) -> std::sync::MutexGuard<'_, ()> {
