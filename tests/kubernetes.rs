@@ -324,6 +324,9 @@ fn selectors_find_their_pods() {
         objects.selected(&pdb["spec"]["selector"]["matchLabels"]),
         vec!["tutor-gateway"]
     );
+    // Every gateway pod is unready together while vLLM is down (`/readyz`): a budget of ready
+    // pods would refuse every eviction then, and a node drain would hang.
+    assert_eq!(pdb["spec"]["unhealthyPodEvictionPolicy"], "AlwaysAllow");
     let (_, pod, _) = objects.gateway();
     for spread in pod["topologySpreadConstraints"].as_array().unwrap() {
         assert_eq!(
