@@ -688,6 +688,31 @@ fn the_memory_limit_covers_what_the_config_allows() {
     assert!(request >= 64 << 20 && request <= limit);
 }
 
+/// vLLM's pod has its memory requested and bounded above what it requests plus its
+/// memory-backed `/dev/shm` (a pod with none is evicted first under memory pressure, the shm
+/// counted against nothing), and its probes give a busy API server more than the default
+/// second (a liveness timeout restarts it, and the model takes minutes to load again).
+#[test]
+fn vllm_has_its_memory_and_patient_probes() {
+    let objects = Objects::load();
+    let d = objects.get("Deployment", "vllm");
+    let pod = &d["spec"]["template"]["spec"];
+    let c = container(pod, "vllm");
+    let request = bytes(c["resources"]["requests"]["memory"].as_str().unwrap());
+    let limit = bytes(c["resources"]["limits"]["memory"].as_str().unwrap());
+    let shm = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["emptyDir"]["medium"] == "Memory")
+        .map_or(0, |v| bytes(v["emptyDir"]["sizeLimit"].as_str().unwrap()));
+    assert!(limit >= request + shm, "limit {limit} < {request} + shm {shm}");
+    for probe in ["readinessProbe", "livenessProbe"] {
+        let timeout = c[probe]["timeoutSeconds"].as_u64().unwrap_or(1);
+        assert!(timeout >= 5, "{probe} times out after {timeout} s");
+    }
+}
+
 /// The pods run as the image's non-root user, with a read-only root filesystem, no privilege
 /// escalation, no capabilities and no service-account token.
 #[test]
