@@ -157,6 +157,50 @@ async fn check_config_probe_reports_the_overcommit() {
     sim.shutdown().await;
 }
 
+/// A short secret left in the environment is the operator's file's problem, never the built-in
+/// defaults': with one set, the planner (which starts from the defaults) panicked ("the shipped
+/// config/config.toml is valid"), and so did `serve` (its metrics start from them). The
+/// operator's own file is still checked with it, and refused naming the key.
+#[tokio::test]
+async fn a_short_secret_in_the_environment_leaves_the_defaults_alone() {
+    let short = [
+        ("TUTOR_GATEWAY_ADMIN_TOKEN", "short"),
+        ("TUTOR_GATEWAY_TOKEN_SECRET", "short"),
+        ("TUTOR_GATEWAY_WEBHOOK_SECRET", "short"),
+    ];
+    let out = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
+        .args([
+            "capacity",
+            "--model",
+            "llama-3.1-8b",
+            "--gpu-memory-gib",
+            "79.6",
+        ])
+        .envs(short)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = Scratch::new("short-secret");
+    let path = dir.write("config.toml", SHIPPED_CONFIG);
+    let out = Command::new(env!("CARGO_BIN_EXE_tutor-gateway"))
+        .arg("check-config")
+        .arg(&path)
+        .envs(short)
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let said =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("server.admin_token"), "{said}");
+    assert!(!said.contains("panicked"), "{said}");
+}
+
 #[tokio::test]
 async fn check_config_probe_fails_when_the_engine_is_not_there() {
     // A port where every connection is refused.

@@ -706,7 +706,10 @@ fn vllm_has_its_memory_and_patient_probes() {
         .iter()
         .find(|v| v["emptyDir"]["medium"] == "Memory")
         .map_or(0, |v| bytes(v["emptyDir"]["sizeLimit"].as_str().unwrap()));
-    assert!(limit >= request + shm, "limit {limit} < {request} + shm {shm}");
+    assert!(
+        limit >= request + shm,
+        "limit {limit} < {request} + shm {shm}"
+    );
     for probe in ["readinessProbe", "livenessProbe"] {
         let timeout = c[probe]["timeoutSeconds"].as_u64().unwrap_or(1);
         assert!(timeout >= 5, "{probe} times out after {timeout} s");

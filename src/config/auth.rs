@@ -226,15 +226,13 @@ pub(super) fn validate(c: &mut Checker, raw: RawAuth) -> AuthConfig {
             "needs auth.keys or auth.keys_file (no key could ever pass)",
         );
     }
+    // Trimmed, as every secret: one from a file written by `echo` ends in a newline.
     let token_secret = raw
         .token_secret
-        .filter(|s| !s.expose().is_empty())
-        .or_else(|| {
-            std::env::var(TOKEN_SECRET_ENV)
-                .ok()
-                .filter(|s| !s.is_empty())
-                .map(Secret::from)
-        });
+        .map(|s| s.expose().trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .or_else(|| c.env(TOKEN_SECRET_ENV))
+        .map(Secret::from);
     if token_secret.as_ref().is_some_and(|s| s.expose().len() < 16) {
         c.fail("auth.token_secret", "must be at least 16 bytes");
     }

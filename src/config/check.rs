@@ -13,9 +13,32 @@ use super::error::ConfigIssue;
 #[derive(Default)]
 pub(super) struct Checker {
     issues: Vec<ConfigIssue>,
+    /// The built-in defaults are checked without the environment (its secrets are the
+    /// operator's file's business, not the defaults').
+    without_environment: bool,
 }
 
 impl Checker {
+    /// A checker that reads no environment variable (for the built-in defaults).
+    pub(super) fn without_environment() -> Self {
+        Checker {
+            issues: Vec::new(),
+            without_environment: true,
+        }
+    }
+
+    /// The environment variable `name`, trimmed, when set and not empty (never for the
+    /// built-in defaults).
+    pub(super) fn env(&self, name: &str) -> Option<String> {
+        if self.without_environment {
+            return None;
+        }
+        std::env::var(name)
+            .ok()
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    }
+
     /// Records that the key at `path` is wrong; `message` follows the path and names no value.
     pub(super) fn fail(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.issues.push(ConfigIssue::new(path, message));

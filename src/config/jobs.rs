@@ -298,15 +298,14 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
             ),
         }
     }
+    // Trimmed, as every secret: one from a Secret made with `--from-file` of a file written by
+    // `echo` ends in a newline, which signed every webhook with a key no receiver holds.
     let webhook_secret = raw
         .webhook_secret
-        .filter(|s| !s.expose().is_empty())
-        .or_else(|| {
-            std::env::var(WEBHOOK_SECRET_ENV)
-                .ok()
-                .filter(|s| !s.is_empty())
-                .map(Secret::from)
-        });
+        .map(|s| s.expose().trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .or_else(|| c.env(WEBHOOK_SECRET_ENV))
+        .map(Secret::from);
     match &webhook_secret {
         Some(s) if s.expose().len() < MIN_SECRET => c.fail(
             "jobs.webhook_secret",

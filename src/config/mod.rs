@@ -77,6 +77,14 @@ impl Config {
     /// of a section) and from validation are reported together; validation problems inside a
     /// table with a key of the wrong type are left out, since they would only repeat it.
     pub fn from_toml_str(src: &str) -> Result<Config, ConfigError> {
+        Self::parsed_with(src, validate)
+    }
+
+    /// [`Config::from_toml_str`] checked by `validate`.
+    fn parsed_with(
+        src: &str,
+        validate: fn(file::RawConfig) -> Result<Config, ConfigError>,
+    ) -> Result<Config, ConfigError> {
         let parsed = parse::parse_raw(src)?;
         match validate(parsed.raw) {
             Ok(config) if parsed.issues.is_empty() => Ok(config),
@@ -119,8 +127,10 @@ impl Config {
 }
 
 impl Default for Config {
-    /// The shipped `config/config.toml` (heuristic tokenizer, lanes 32/20/10).
+    /// The shipped `config/config.toml` (heuristic tokenizer, lanes 32/20/10), whatever the
+    /// process's environment holds.
     fn default() -> Self {
-        Config::from_toml_str(SHIPPED_CONFIG).expect("the shipped config/config.toml is valid")
+        Config::parsed_with(SHIPPED_CONFIG, file::validate_defaults)
+            .expect("the shipped config/config.toml is valid")
     }
 }

@@ -346,12 +346,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         .admin_token
         .map(|s| s.expose().trim().to_owned())
         .filter(|s| !s.is_empty())
-        .or_else(|| {
-            std::env::var(ADMIN_TOKEN_ENV)
-                .ok()
-                .map(|s| s.trim().to_owned())
-                .filter(|s| !s.is_empty())
-        })
+        .or_else(|| c.env(ADMIN_TOKEN_ENV))
         .map(Secret::from);
     if admin_token.as_ref().is_some_and(|s| s.expose().len() < 16) {
         c.fail("server.admin_token", "must be at least 16 bytes");

@@ -528,6 +528,38 @@ fn jobs_keys_are_checked_together() {
     assert!(fifo.is_ok(), "{:?}", fifo.err());
 }
 
+/// Secrets are trimmed, as the admin token is: one from a file written by `echo` ends in a
+/// newline, which signed every webhook with a key its receiver does not hold (and a 15-byte
+/// secret with it passed the 16-byte minimum).
+#[test]
+fn webhook_and_token_secrets_are_trimmed_before_they_are_judged() {
+    let c = Config::from_toml_str(&format!(
+        "{MINIMAL}[jobs]\nwebhook_secret = \"0123456789abcdef\\n\"\n\
+         [auth]\ntoken_secret = \" 0123456789abcdef-token\\n\"\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        c.jobs.webhook_secret.as_ref().map(|s| s.expose()),
+        Some("0123456789abcdef")
+    );
+    assert_eq!(
+        c.auth.token_secret.as_ref().map(|s| s.expose()),
+        Some("0123456789abcdef-token")
+    );
+    let short = issues_of(&format!(
+        "{MINIMAL}[jobs]\nwebhook_secret = \"0123456789abcde\\n\"\n\
+         [auth]\ntoken_secret = \"0123456789abcde\\n\"\n"
+    ));
+    assert!(
+        short.iter().any(|i| i.starts_with("jobs.webhook_secret")),
+        "{short:?}"
+    );
+    assert!(
+        short.iter().any(|i| i.starts_with("auth.token_secret")),
+        "{short:?}"
+    );
+}
+
 #[test]
 fn the_webhook_secret_never_shows_in_debug_output() {
     let c = Config::from_toml_str(&format!(
