@@ -52,6 +52,20 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
+/// The exporter's protocol from `OTEL_EXPORTER_OTLP_PROTOCOL` (`value`; unset: gRPC). One it
+/// does not speak is refused at start, naming the variable: read as gRPC, `http/json` against a
+/// collector's HTTP port exported nothing, silently.
+fn protocol_of(value: Option<&str>) -> anyhow::Result<OtlpProtocol> {
+    match value.map(str::trim) {
+        None | Some("grpc") => Ok(OtlpProtocol::Grpc),
+        Some("http/protobuf" | "http") => Ok(OtlpProtocol::HttpProtobuf),
+        Some(other) => anyhow::bail!(
+            "OTEL_EXPORTER_OTLP_PROTOCOL={other:?} is not one this gateway exports with: \
+             \"grpc\" or \"http/protobuf\" (or telemetry.otlp_protocol)"
+        ),
+    }
+}
+
 /// Whether spans are exported, given the config and the environment.
 pub fn tracing_enabled(config: &TelemetryConfig) -> bool {
     if env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
@@ -92,12 +106,10 @@ pub fn init(config: &TelemetryConfig) -> anyhow::Result<TracingGuard> {
             .try_init()?;
         return Ok(TracingGuard { provider: None });
     }
-    let protocol = config.otlp_protocol.unwrap_or_else(|| {
-        match env("OTEL_EXPORTER_OTLP_PROTOCOL").as_deref() {
-            Some("http/protobuf") | Some("http") => OtlpProtocol::HttpProtobuf,
-            _ => OtlpProtocol::Grpc,
-        }
-    });
+    let protocol = match config.otlp_protocol {
+        Some(p) => p,
+        None => protocol_of(env("OTEL_EXPORTER_OTLP_PROTOCOL").as_deref())?,
+    };
     let exporter = exporter(config, protocol)?;
     let service = config
         .service_name
@@ -214,4 +226,25 @@ pub fn traceparent_for(span: &tracing::Span, incoming: Option<&str>) -> Option<S
     carrier
         .remove("traceparent")
         .or_else(|| incoming.map(str::to_owned))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The protocols the exporter speaks are read; any other is refused, naming the variable
+    /// (`http/json`, a standard value it does not speak, used to mean gRPC, and no span came).
+    #[test]
+    fn the_protocol_from_the_environment_is_one_it_speaks_or_refused() {
+        assert_eq!(protocol_of(None).unwrap(), OtlpProtocol::Grpc);
+        assert_eq!(protocol_of(Some("grpc")).unwrap(), OtlpProtocol::Grpc);
+        assert_eq!(
+            protocol_of(Some("http/protobuf")).unwrap(),
+            OtlpProtocol::HttpProtobuf
+        );
+        for bad in ["http/json", "grpcx", "HTTP"] {
+            let e = protocol_of(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{e}");
+        }
+    }
 }
