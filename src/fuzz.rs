@@ -130,6 +130,72 @@ fn forwarded_as_judged(body: &serde_json::Map<String, serde_json::Value>) {
     }
 }
 
+/// The webhook destinations allowed in [`request_fields`].
+const NOTIFY_ALLOW: [&str; 2] = [
+    "https://hooks.example.edu/tutor/*",
+    "https://*.school.example:8443/results",
+];
+
+/// What clients send besides a body: `x-tutor-deadline-ms`, a job's `Last-Event-ID` and a
+/// job's `notify` URL, each `data` as text. Accepted, each is within its documented bounds (a
+/// deadline of 1 ms to an hour; a run of 1 to 1,000 and a piece to 1,000,000; a URL on an
+/// allowed host, path and port, with no user information and nothing encoded that a receiver
+/// could decode out of the allowed path); refused, a documented 400.
+pub fn request_fields(data: &[u8]) {
+    use crate::jobs::{events, webhook};
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Ok(value) = axum::http::HeaderValue::from_str(text) {
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert("x-tutor-deadline-ms", value);
+        match crate::pipeline::prompt::deadline_from(&headers) {
+            Ok(Some(d)) => {
+                let max = crate::pipeline::prompt::MAX_DEADLINE_MS;
+                assert!((1..=max).contains(&(d.as_millis() as u64)), "{d:?}");
+            }
+            Ok(None) => panic!("a deadline header read as none"),
+            Err(e) => documented(&e),
+        }
+    }
+    if let Some((run, piece)) = events::parse_piece_id(text) {
+        assert!((1..=events::MAX_RUN).contains(&run) && piece <= events::MAX_PIECE_ID);
+        assert!(
+            text.bytes().all(|b| b.is_ascii_digit() || b == b'.'),
+            "{text:?}"
+        );
+    }
+    let allow: Vec<_> = NOTIFY_ALLOW
+        .iter()
+        .map(|p| crate::config::WebhookPattern::parse(p).expect("a valid pattern"))
+        .collect();
+    match webhook::check_notify(&serde_json::Value::String(text.to_owned()), &allow) {
+        Ok(url) => {
+            assert!(
+                url.username().is_empty() && url.password().is_none(),
+                "{url}"
+            );
+            assert_eq!(url.scheme(), "https", "{url}");
+            let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+            let path = url.path().to_ascii_lowercase();
+            assert!(
+                !["%2f", "%5c", "%2e", "%25"]
+                    .iter()
+                    .any(|e| path.contains(e)),
+                "{url}"
+            );
+            let on_hooks = host == "hooks.example.edu"
+                && url.port_or_known_default() == Some(443)
+                && path.starts_with("/tutor/");
+            let on_school = host.ends_with(".school.example")
+                && url.port_or_known_default() == Some(8443)
+                && path == "/results";
+            assert!(on_hooks || on_school, "{url} is on no allowed destination");
+        }
+        Err(e) => documented(&e),
+    }
+}
+
 /// vLLM's stream: `data` fed whole and fed in pieces (cut where the first byte says) gives the
 /// same events; every payload is a chunk, `[DONE]`, an engine error or a protocol error.
 pub fn upstream_sse(data: &[u8]) {

@@ -49,3 +49,44 @@ fn upstream_sse_corpus() {
 fn focus_code_corpus() {
     replay("focus_code", fuzz::focus_code);
 }
+
+#[test]
+fn request_fields_corpus() {
+    replay("request_fields", fuzz::request_fields);
+}
+
+/// Every fuzz target of `fuzz/` has its corpus replayed here, and every corpus has its target:
+/// the fuzz crate is built with cargo-fuzz (nightly) only, so a target added without its replay
+/// (or a corpus left without its target) would go unnoticed.
+#[test]
+fn every_fuzz_target_has_its_corpus_replayed() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
+    let mut targets: Vec<String> = manifest
+        .lines()
+        .filter_map(|l| l.strip_prefix("name = \""))
+        .map(|n| n.trim_end_matches('"').to_owned())
+        .filter(|n| n != "tutor-gateway-fuzz")
+        .collect();
+    targets.sort();
+    let mut corpora: Vec<String> = std::fs::read_dir(root.join("corpus"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    corpora.sort();
+    assert_eq!(targets, corpora, "fuzz targets and corpus folders");
+    let replays = include_str!("fuzz_corpus.rs");
+    for target in &targets {
+        assert!(
+            replays.contains(&format!("replay(\"{target}\", fuzz::{target})")),
+            "{target} has no replay test"
+        );
+        let source = root.join("fuzz_targets").join(format!("{target}.rs"));
+        let body = std::fs::read_to_string(&source).unwrap();
+        assert!(
+            body.contains(&format!("tutor_gateway::fuzz::{target}(")),
+            "{} does not run tutor_gateway::fuzz::{target}",
+            source.display()
+        );
+    }
+}

@@ -45,12 +45,12 @@
 mod backend;
 mod context;
 mod entry;
-mod events;
+pub(crate) mod events;
 mod local;
 mod redis;
 mod runner;
 mod service;
-mod webhook;
+pub(crate) mod webhook;
 
 pub use entry::Status;
 pub use service::Jobs;
