@@ -16,18 +16,15 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// `python3`, or `None` (with the reason printed) where it is not installed.
+/// `python3`; fails (never skips) where it cannot run, saying what installs it.
 fn python3() -> Option<&'static str> {
     match Command::new("python3").arg("--version").output() {
         Ok(out) if out.status.success() => Some("python3"),
-        Ok(out) => {
-            eprintln!("skipped: `python3 --version` exited with {}", out.status);
-            None
-        }
-        Err(e) => {
-            eprintln!("skipped: python3 is not installed ({e})");
-            None
-        }
+        Ok(out) => panic!(
+            "`python3 --version` exited with {}: scripts/test installs python3",
+            out.status
+        ),
+        Err(e) => panic!("python3 is not installed ({e}): scripts/test installs it"),
     }
 }
 
