@@ -889,6 +889,45 @@ fn pre_empted_once_without_a_break(marked: &str, plain: &str) {
     assert_eq!(ids, (0..ids.len() as u32).collect::<Vec<_>>());
 }
 
+/// A question that outgrows its lane while a job holds the seat it needs in the next one asks
+/// that job to leave too, and goes on there, under the default `promotion.when_full = "cut"`:
+/// it was cut at its lane's limit (257 tokens of 400) while the job ran on.
+#[tokio::test]
+async fn an_answer_outgrowing_its_lane_asks_the_job_on_the_next_lanes_seat() {
+    outgrowing_answer_asks_a_job(Backend::Local).await;
+}
+
+/// The same across the fleet: the quota's move script asks the job to leave.
+#[tokio::test]
+async fn an_answer_outgrowing_its_lane_asks_the_job_on_the_next_lanes_seat_in_redis() {
+    outgrowing_answer_asks_a_job(Backend::Redis).await;
+}
+
+async fn outgrowing_answer_asks_a_job(backend: Backend) {
+    let h = preempting(backend, |_| {}).await;
+    let base = h.base();
+    let ids = streaming_reviews(&base).await;
+    // A small question (its arrival asks small's job to leave) that goes on past small's 256
+    // tokens, to 400: it needs medium's seat, which a job holds.
+    let body = json!({"prompt": "explain ownership", "max_output_tokens": 400});
+    let events = sse(&post_text(h.url("/answer"), &body).await);
+    assert!(events.iter().all(|(e, _)| e != "cut"), "{events:?}");
+    let (last, data) = events.last().unwrap();
+    assert_eq!(last, "done", "{events:?}");
+    assert_eq!(json(data)["usage"]["output_tokens"], 400, "{data}");
+    let m = h.metrics_text().await;
+    assert_eq!(family_total(&m, "tutor_gateway_stream_cuts_total"), 0.0);
+    assert!(
+        family_total(&m, "tutor_gateway_job_preemptions_total") >= 2.0,
+        "small's job for its arrival, medium's for its growth"
+    );
+    for id in &ids {
+        assert_eq!(done(&base, id).await["status"], "done");
+    }
+    h.drained().await;
+    h.shutdown().await;
+}
+
 /// Three identical reviews submitted to the gateway at `base`: with one seat in each lane they
 /// take large's seat, then medium's, then small's. Their ids, once each one streams.
 async fn streaming_reviews(base: &str) -> Vec<String> {

@@ -99,7 +99,16 @@ async fn k6_script_runs_the_mix_without_errors() {
     let out = Command::new("k6")
         // k6 reports its use to Grafana's servers unless told not to: nothing leaves loopback.
         .env("K6_NO_USAGE_REPORT", "true")
-        .args(["run", "--quiet", "--no-usage-report", "--vus", "4", "--duration", "5s", "-e"])
+        .args([
+            "run",
+            "--quiet",
+            "--no-usage-report",
+            "--vus",
+            "4",
+            "--duration",
+            "5s",
+            "-e",
+        ])
         .arg(format!("TARGET={}", s.gw.url()))
         .arg("--summary-export")
         .arg(&summary)

@@ -19,7 +19,7 @@ use crate::lane::Lane;
 /// quota.
 pub(crate) trait Reservation: Send + Sync {
     /// Moves `tokens` in `from` to lane `to`, grown to `grown`, if `to` has room; all or nothing.
-    fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, bool>;
+    fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, Move>;
     /// Gives one slot and `tokens` in `lane` back (a lease's release may run in the background);
     /// `served`: the prompt + output tokens the engine counted for the request, when known.
     fn release(self: Box<Self>, lane: Lane, tokens: u32, served: Option<u64>);
@@ -31,6 +31,18 @@ pub(crate) trait Reservation: Send + Sync {
     fn prefill_abandoned(&self, tokens: u32) {
         self.prefill_done(tokens);
     }
+}
+
+/// What an attempt to move (or grow) a reservation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Move {
+    /// Moved: the reservation is in its new lane, at its new size.
+    Done,
+    /// No room, and none coming: nothing changed.
+    Full,
+    /// No room yet, but pre-emptible work (jobs, marked answers) holding what it needs was
+    /// asked to leave for it (`jobs.preempt`): room comes within moments. Nothing changed.
+    Asked,
 }
 
 /// Proof of admission: holds one request slot and `tokens` of token budget in `lane`.
@@ -173,9 +185,10 @@ impl LaneGuard {
     }
 
     /// Moves this reservation to lane `to`, growing it to `tokens` (never shrinking it), if `to`
-    /// has a free slot and token room; the old slot is free again at once. `false`: no room, and
-    /// nothing changed.
-    pub async fn promote(&mut self, to: Lane, tokens: u32) -> bool {
+    /// has a free slot and token room; the old slot is free again at once. Otherwise nothing
+    /// changed ([`Move::Full`], or [`Move::Asked`]: pre-emptible work was asked to leave for it,
+    /// so trying again in a moment may move it).
+    pub async fn promote(&mut self, to: Lane, tokens: u32) -> Move {
         let tokens = tokens.max(self.tokens);
         let moved = match &self.release {
             Some(reservation) => {
@@ -183,9 +196,9 @@ impl LaneGuard {
                     .promote(self.lane, self.tokens, to, tokens)
                     .await
             }
-            None => false,
+            None => Move::Full,
         };
-        if moved {
+        if moved == Move::Done {
             self.lane = to;
             self.tokens = tokens;
         }

@@ -26,7 +26,7 @@ use super::backend::{AdmissionHealth, Ask, Backend, LimitsChange};
 use super::budget::{Limits, PrefillLimit, Usage};
 use super::error::AdmissionError;
 use super::fair::{over_share, room_for, Room};
-use super::guard::{LaneGuard, Reservation};
+use super::guard::{LaneGuard, Move, Reservation};
 use super::preempt::{candidates, victims, Borrower, Cause, Preemptible};
 use super::state::{State, Waiter};
 use crate::config::{Config, Policy};
@@ -473,24 +473,49 @@ impl Shared {
     /// Moves a reservation from `from` to `to` (growing it to `to_tokens`) if `to` has room
     /// once the old reservation is given back; all or nothing, under one lock. Promotion does
     /// not queue behind `to`'s waiters: the request's work is already running on the GPU.
+    /// Refused, it asks pre-emptible borrowers to leave for it as a refused arrival does (a
+    /// student's answer outgrowing its lane goes before background work), and starts the
+    /// cool-down; [`Move::Asked`] when one is leaving.
     pub(super) fn promote(
         self: &Arc<Self>,
         from: Lane,
         from_tokens: u32,
         to: Lane,
         to_tokens: u32,
-    ) -> bool {
+    ) -> Move {
         let mut state = self.lock();
         state.give_back(from, from_tokens);
         if self.rules().limits.fits(&state.usage, to, to_tokens) {
             state.take(to, to_tokens);
             // `from` lost a request: its waiters may fit now.
             self.dispatch(&mut state);
-            true
-        } else {
-            state.take(from, from_tokens);
-            false
+            return Move::Done;
         }
+        let mut moved = Move::Full;
+        if !state.borrowers.is_empty() {
+            state.last_waited = Some(Instant::now());
+            let refused = Need {
+                id: None,
+                lane: to,
+                tokens: to_tokens,
+                prefill: 0,
+            };
+            self.preempt_for(&mut state, Some(refused));
+            // Room comes when those leaving let it in (not when one was asked only to give
+            // the engine time back, its lane being at its own limits).
+            let mut usage = state.usage;
+            for b in state.borrowers.iter().filter(|b| b.leaving()) {
+                let seat = &mut usage[b.seat.index()].in_flight;
+                *seat = seat.saturating_sub(1);
+                let held = &mut usage[Lane::Large.index()].tokens;
+                *held = held.saturating_sub(u64::from(b.tokens));
+            }
+            if self.rules().limits.fits(&usage, to, to_tokens) {
+                moved = Move::Asked;
+            }
+        }
+        state.take(from, from_tokens);
+        moved
     }
 
     /// Gives back a guard's slot and tokens and admits the waiters that now fit.
@@ -770,9 +795,9 @@ struct BorrowedSeat {
 }
 
 impl Reservation for BorrowedSeat {
-    fn promote(&self, _: Lane, _: u32, _: Lane, _: u32) -> BoxFuture<'_, bool> {
+    fn promote(&self, _: Lane, _: u32, _: Lane, _: u32) -> BoxFuture<'_, Move> {
         // Background work runs in the lane it was given.
-        Box::pin(futures::future::ready(false))
+        Box::pin(futures::future::ready(Move::Full))
     }
 
     fn release(self: Box<Self>, lane: Lane, tokens: u32, _served: Option<u64>) {
@@ -791,7 +816,7 @@ impl Reservation for BorrowedSeat {
 }
 
 impl Reservation for Arc<Shared> {
-    fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, bool> {
+    fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, Move> {
         let moved = Shared::promote(self, from, tokens, to, grown);
         Box::pin(futures::future::ready(moved))
     }

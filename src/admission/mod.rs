@@ -81,7 +81,7 @@ mod tests;
 pub use crate::telemetry::{AdmissionSnapshot, LaneSnapshot};
 pub use backend::{AdmissionHealth, Ask, Backend, LimitsChange};
 pub use error::{retry_secs, AdmissionError};
-pub use guard::LaneGuard;
+pub use guard::{LaneGuard, Move};
 pub use local::LocalAdmission;
 pub use redis::RedisAdmission;
 pub use session::SessionLedger;

@@ -59,7 +59,7 @@ pub use resume::Continuation;
 
 use crate::admission::session::SessionHold;
 use crate::admission::tenant_budget::BudgetHold;
-use crate::admission::LaneGuard;
+use crate::admission::{LaneGuard, Move};
 use crate::classify::decision::prompt_slack;
 use crate::classify::{Classification, LaneRules};
 use crate::config::WhenFull;
@@ -448,10 +448,16 @@ impl Relay {
             };
             let deadline = Instant::now() + rules.wait;
             loop {
-                if guard.promote(to, tokens).await {
-                    break;
+                match guard.promote(to, tokens).await {
+                    Move::Done => break,
+                    // Pre-emptible work is leaving for it (a job asked back): its room comes
+                    // within moments, so the stream waits for it (at most `rules.wait`)
+                    // whatever `when_full` says, rather than be cut for background work.
+                    Move::Asked => {}
+                    Move::Full if rules.when_full == WhenFull::Cut => return false,
+                    Move::Full => {}
                 }
-                if rules.when_full == WhenFull::Cut || Instant::now() >= deadline {
+                if Instant::now() >= deadline {
                     return false;
                 }
                 // Paused: vLLM keeps generating into the connection's buffers meanwhile. The

@@ -135,7 +135,10 @@ async fn a_registered_fallback_request_moves_only_when_redis_has_room() {
         .await
         .unwrap();
 
-    assert!(!guard.promote(crate::lane::Lane::Large, 5_000).await);
+    assert_ne!(
+        guard.promote(crate::lane::Lane::Large, 5_000).await,
+        crate::admission::Move::Done
+    );
     assert_eq!(guard.lane(), Small);
     let values = leases(&mut conn).await;
     assert_eq!(
@@ -146,7 +149,7 @@ async fn a_registered_fallback_request_moves_only_when_redis_has_room() {
     // Once the seat is free, the move goes through, in Redis too.
     drop(large);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !guard.promote(crate::lane::Lane::Large, 5_000).await {
+    while guard.promote(crate::lane::Lane::Large, 5_000).await != crate::admission::Move::Done {
         assert!(
             Instant::now() < deadline,
             "the move goes through once there is room"

@@ -243,6 +243,17 @@ impl TakeReply {
     }
 }
 
+/// Reply of `quota_move_v2.lua`: `{ status, reaped, asked }`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoveReply {
+    /// The decision.
+    pub verdict: Verdict,
+    /// Expired leases this call reaped.
+    pub reaped: u64,
+    /// Refused, pre-emptible background work holding what it needs is leaving for it.
+    pub asked: bool,
+}
+
 /// Reply of `quota_acquire_v2.lua`: `{ status, reaped, granted behind }`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AcquireReply {
@@ -454,7 +465,7 @@ impl Scripts {
         keys: &Keys,
         id: &str,
         to: Lane,
-    ) -> RedisResult<TakeReply> {
+    ) -> RedisResult<MoveReply> {
         // New tokens 0 keeps the lease's own.
         self.move_and_grow(conn, keys, id, to, 0).await
     }
@@ -468,14 +479,19 @@ impl Scripts {
         id: &str,
         to: Lane,
         new_tokens: u32,
-    ) -> RedisResult<TakeReply> {
-        let reply = keys
+    ) -> RedisResult<MoveReply> {
+        let (status, reaped, asked): (i64, u64, i64) = keys
             .with_keys(&self.move_lease)
             .arg(id)
             .arg(to.as_str())
             .arg(new_tokens)
             .invoke_async(conn)
             .await?;
-        Ok(TakeReply::decode(reply))
+        let TakeReply { verdict, reaped } = TakeReply::decode((status, reaped));
+        Ok(MoveReply {
+            verdict,
+            reaped,
+            asked: asked == 1,
+        })
     }
 }

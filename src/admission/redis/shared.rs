@@ -14,11 +14,11 @@ use tokio::sync::{mpsc, watch};
 use super::keys::Keys;
 use super::queue::LaneQueue;
 use super::scripts::{
-    AcquireArgs, AcquireReply, Behind, LimitsRecord, LimitsWrite, Scripts, TakeReply, Verdict,
+    AcquireArgs, AcquireReply, Behind, LimitsRecord, LimitsWrite, MoveReply, Scripts, Verdict,
     AUTOPILOT_ORIGIN, PUSH_ORIGIN,
 };
 use crate::admission::backend::LimitsChange;
-use crate::admission::guard::Reservation;
+use crate::admission::guard::{Move, Reservation};
 use crate::admission::preempt::{Cause, Preemptible};
 use crate::admission::{LaneGuard, LocalAdmission};
 use crate::lane::Lane;
@@ -801,7 +801,8 @@ impl Shared {
     }
 
     /// Moves lease `id` from `from` to `to`, growing it to `tokens` (mid-stream promotion);
-    /// `false` when `to` or the global budget has no room, or Redis cannot be reached.
+    /// [`Move::Full`] when `to` or the global budget has no room (or Redis cannot be reached),
+    /// [`Move::Asked`] when pre-emptible work holding it is leaving for it.
     pub async fn promote(
         &self,
         id: &str,
@@ -809,9 +810,9 @@ impl Shared {
         from_tokens: u32,
         to: Lane,
         tokens: u32,
-    ) -> bool {
+    ) -> Move {
         let Some(mut conn) = self.connection() else {
-            return false;
+            return Move::Full;
         };
         let started = Instant::now();
         let reply = self
@@ -821,21 +822,25 @@ impl Shared {
         self.metrics
             .observe("move", started.elapsed().as_secs_f64());
         match reply {
-            Ok(TakeReply { verdict, reaped }) => {
+            Ok(MoveReply {
+                verdict,
+                reaped,
+                asked,
+            }) => {
                 self.metrics.reaped(reaped);
-                let moved = verdict == Verdict::Granted;
-                if moved {
-                    if let Some(h) = self.held().get_mut(id) {
-                        h.lane = to;
-                        h.tokens = tokens.max(from_tokens);
-                    }
+                if verdict != Verdict::Granted {
+                    return if asked { Move::Asked } else { Move::Full };
                 }
-                moved
+                if let Some(h) = self.held().get_mut(id) {
+                    h.lane = to;
+                    h.tokens = tokens.max(from_tokens);
+                }
+                Move::Done
             }
             Err(err) => {
                 self.failed("move", &err);
                 let _ = from;
-                false
+                Move::Full
             }
         }
     }
@@ -972,15 +977,18 @@ impl FallbackLease {
 }
 
 impl Reservation for FallbackLease {
-    fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, bool> {
+    fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, Move> {
         Box::pin(async move {
             // Registered in Redis: the fleet's counts decide (the fallback's own are for the
             // next outage). Redis registered it whatever its limits, so it may well be full:
             // a move it refuses is no move, or the request would run in the larger lane while
             // the fleet counts it in the smaller one.
             let adopted = self.adopted();
-            if adopted && !self.shared.promote(&self.id, from, tokens, to, grown).await {
-                return false;
+            if adopted {
+                let fleet = self.shared.promote(&self.id, from, tokens, to, grown).await;
+                if fleet != Move::Done {
+                    return fleet;
+                }
             }
             let taken = self
                 .guard
@@ -988,18 +996,22 @@ impl Reservation for FallbackLease {
                 .unwrap_or_else(PoisonError::into_inner)
                 .take();
             let Some(mut guard) = taken else {
-                return adopted;
+                return if adopted { Move::Done } else { Move::Full };
             };
             let moved = guard.promote(to, grown).await;
             let (lane, now) = (guard.lane(), guard.tokens());
             *self.guard.lock().unwrap_or_else(PoisonError::into_inner) = Some(guard);
-            if moved {
+            if moved == Move::Done {
                 if let Some((h, _)) = self.shared.fallback_leases().get_mut(&self.id) {
                     h.lane = lane;
                     h.tokens = now;
                 }
             }
-            adopted || moved
+            if adopted {
+                Move::Done
+            } else {
+                moved
+            }
         })
     }
 
@@ -1049,7 +1061,7 @@ pub(crate) struct LeaseRelease {
 }
 
 impl Reservation for LeaseRelease {
-    fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, bool> {
+    fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, Move> {
         Box::pin(self.shared.promote(&self.id, from, tokens, to, grown))
     }
 
