@@ -100,6 +100,12 @@ impl LaneGuard {
         self.preemptible.as_ref().is_some_and(|h| h.is_preempted())
     }
 
+    /// Whether this is a borrowed (pre-emptible) seat, whether or not it may still be asked
+    /// back: such a seat cannot grow or move where it is.
+    pub fn is_borrowed(&self) -> bool {
+        self.preemptible.is_some()
+    }
+
     /// The handle of a seat that may still be asked back (`preempt.rs`); `None` for any other.
     pub fn preemptible(&self) -> Option<&Arc<Preemptible>> {
         self.preemptible.as_ref().filter(|h| h.is_eligible())

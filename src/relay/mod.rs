@@ -431,8 +431,9 @@ impl Relay {
             };
             let reserved = guard.tokens();
             // A borrowed (pre-emptible) seat cannot grow where it is: it leaves when its lane's
-            // own requests need it.
-            let borrowed = guard.preemptible().is_some();
+            // own requests need it. (One no longer asked back, past `jobs.max_preemptions`,
+            // is still borrowed: it was cut at its first token.)
+            let borrowed = guard.is_borrowed();
             let Some((to, tokens)) =
                 rules
                     .bound_move(from, input, produced, reserved)

@@ -120,7 +120,22 @@ async fn template_kwargs_teach_the_estimate_nothing() {
 /// it goes on, not cut at its first token.
 #[tokio::test]
 async fn a_borrowed_seat_counted_short_goes_on() {
-    let h = harness(&["--speed", "1", "--profile", "tiny-test"], |c| {
+    borrowed_seat_counted_short(3).await;
+}
+
+/// The same on a seat that can no longer be asked back (`jobs.max_preemptions = 0`, or a run
+/// past its last pre-emption, which borrows its own lane's idle seat): still borrowed, so it
+/// cannot grow either (it was cut at its first token).
+#[tokio::test]
+async fn a_borrowed_seat_no_longer_asked_back_counted_short_goes_on() {
+    borrowed_seat_counted_short(0).await;
+}
+
+/// With `max_preemptions` 0 the review borrows the large lane's own idle seat (nothing holds
+/// it); otherwise another lane's, the large one held.
+async fn borrowed_seat_counted_short(max_preemptions: u32) {
+    let h = harness(&["--speed", "1", "--profile", "tiny-test"], move |c| {
+        c.jobs.max_preemptions = max_preemptions;
         c.jobs.preempt_answers = tutor_gateway::config::PreemptAnswers::Marked;
         for lane in Lane::ALL {
             set_lane(c, lane, 1);
@@ -129,13 +144,15 @@ async fn a_borrowed_seat_counted_short_goes_on() {
     .await;
     taught_short(&h);
     // A long review holds the large lane's only seat (25 s at real speed).
-    let blocker = {
+    let blocker = (max_preemptions > 0).then(|| {
         let url = h.url("/v1/chat/completions");
         let body = json!({"messages": [{"role": "user", "content": words(6_000, "b")}],
                           "max_tokens": 5_000, "ignore_eos": true, "stream": true});
         tokio::spawn(async move { post_text(url, &body).await })
-    };
-    eventually("the blocker holds large", || h.in_flight(Lane::Large) == 1).await;
+    });
+    if blocker.is_some() {
+        eventually("the blocker holds large", || h.in_flight(Lane::Large) == 1).await;
+    }
     // The marked review, counted short (about 4,800 and its 400 out: large), borrows another
     // lane's idle seat.
     let review = json!({"prompt": words(12_000, "r"), "max_output_tokens": 400});
@@ -152,7 +169,9 @@ async fn a_borrowed_seat_counted_short_goes_on() {
     assert_eq!(events.last().unwrap().0, "done", "{text}");
     let done: serde_json::Value = serde_json::from_str(&events.last().unwrap().1).unwrap();
     assert_eq!(done["usage"]["output_tokens"], 400, "{done}");
-    blocker.abort();
+    if let Some(blocker) = blocker {
+        blocker.abort();
+    }
     eventually("every seat is back", || h.idle()).await;
     h.shutdown().await;
 }
