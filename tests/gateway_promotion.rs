@@ -153,6 +153,44 @@ async fn a_medium_answer_past_its_reserved_output_grows_its_reservation_in_mediu
     h.shutdown().await;
 }
 
+/// A small question that declared 400 output tokens and passes small's 256 moves to medium
+/// reserving what it can still hold there (its prompt and 400), not medium's whole work bound
+/// of 5,000: with a review holding most of medium's 6,000 tokens it was cut at 257 although
+/// its 430 fit.
+#[tokio::test]
+async fn a_declared_limit_promotes_with_what_the_request_can_hold() {
+    let h = harness(&flags("--speed 1 --profile tiny-test"), |c| {
+        c.lanes.medium.max_tokens_in_flight = 6_000.try_into().unwrap();
+    })
+    .await;
+    // A review in medium (about 2,500 prompt tokens and 2,000 out, under medium's mid-stream
+    // limit: it stays there, about 10 s).
+    let holder = {
+        let url = h.url("/v1/chat/completions");
+        let body = json!({"messages": [{"role": "user", "content": words(2_400, "holder")}],
+                          "max_tokens": 2_000, "ignore_eos": true, "stream": true});
+        tokio::spawn(async move { post_text(url, &body).await })
+    };
+    eventually("the review holds medium", || h.in_flight(Lane::Medium) == 1).await;
+    let body = json!({"messages": [{"role": "user", "content": "explain ownership"}],
+                      "max_tokens": 400, "ignore_eos": true, "stream": true});
+    let events = sse(&post_text(h.url("/v1/chat/completions"), &body).await);
+    let last = json(&events[events.len() - 2].1);
+    assert!(last.get("tutor_gateway").is_none(), "cut: {last}");
+    assert_eq!(words_in(&events), 400);
+    let m = h.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_lane_promotions_total{from=\"small\",to=\"medium\"}"
+        ),
+        1.0
+    );
+    holder.abort();
+    eventually("every counter back to zero", || h.idle()).await;
+    h.shutdown().await;
+}
+
 /// A request promoted to medium that holds the only medium slot for a while (drained in the
 /// background so it keeps flowing).
 async fn fill_medium(h: &Harness) -> tokio::task::JoinHandle<String> {

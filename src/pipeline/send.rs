@@ -62,6 +62,11 @@ pub async fn send(
     // A job's continuation after a pre-emption (a client's `/v1` continuation is its own).
     let continues_answer = matches!(record.route(), Route::Answer | Route::Job)
         && crate::upstream::request::continues_answer(&body);
+    // What the engine may generate at most: vLLM reads `max_completion_tokens` first.
+    let engine_cap = ["max_completion_tokens", "max_tokens"]
+        .iter()
+        .find_map(|f| body.get(*f).and_then(serde_json::Value::as_u64))
+        .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
     let mut request = UpstreamRequest {
         endpoint,
         request_id: record.request_id().to_owned(),
@@ -92,6 +97,7 @@ pub async fn send(
         session: hold,
         budget,
         focus,
+        engine_cap,
     };
     let relay = Relay::new(upstream, guard, class, format, record, relay);
     Ok(match resume {

@@ -95,6 +95,10 @@ pub struct RelayContext {
     pub budget: Option<BudgetHold>,
     /// The `focus` object of the `/answer` `meta` event, for course requests with code (M11).
     pub focus: Option<serde_json::Value>,
+    /// The output tokens the engine may generate at most (the `max_tokens` sent: the client's,
+    /// or the gateway's cap): what a promotion needs to reserve beyond the prompt (`None`: up
+    /// to the next lane's work bound).
+    pub engine_cap: Option<u32>,
 }
 
 /// One admitted request on its way back to the client.
@@ -434,16 +438,24 @@ impl Relay {
             // own requests need it. (One no longer asked back, past `jobs.max_preemptions`,
             // is still borrowed: it was cut at its first token.)
             let borrowed = guard.is_borrowed();
-            let Some((to, tokens)) =
-                rules
-                    .bound_move(from, input, produced, reserved)
-                    .or_else(|| {
-                        (!borrowed)
-                            .then(|| {
-                                rules.prompt_growth(from, estimate, input, output_budget, reserved)
-                            })
-                            .flatten()
-                    })
+            let Some((to, tokens)) = rules
+                .bound_move(from, input, produced, reserved)
+                // Moved to the next lane, it holds at most its prompt and what the engine may
+                // still generate: a declared limit far under that lane's bound reserves only
+                // that (it reserved the whole bound, and was cut where that much had no room).
+                .map(|(to, tokens)| match self.ctx.engine_cap {
+                    Some(cap) if to != from => {
+                        (to, tokens.min(input.saturating_add(cap)).max(reserved))
+                    }
+                    _ => (to, tokens),
+                })
+                .or_else(|| {
+                    (!borrowed)
+                        .then(|| {
+                            rules.prompt_growth(from, estimate, input, output_budget, reserved)
+                        })
+                        .flatten()
+                })
             else {
                 return true;
             };
