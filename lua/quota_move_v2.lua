@@ -36,7 +36,21 @@ end
 redis.call('HINCRBY', KEYS[3], from .. ':n', -1)
 redis.call('HINCRBY', KEYS[3], from .. ':tokens', -tokens)
 redis.call('HINCRBY', KEYS[3], 'global:tokens', -tokens)
-local status = fits(r, to, new_tokens, false)
+local status
+if from == to then
+  -- Growing where it is needs tokens only: the lease keeps its seat (which, with lent seats
+  -- taken back, a fresh acquire might not get).
+  local u = redis.call('HMGET', KEYS[3], to .. ':tokens', 'global:tokens')
+  if tonumber(u[1] or '0') + new_tokens > r[to .. ':tokens'] then
+    status = -1
+  elseif tonumber(u[2] or '0') + new_tokens > r['global_tokens'] then
+    status = -2
+  else
+    status = 1
+  end
+else
+  status = fits(r, to, new_tokens, false)
+end
 if status ~= 1 then
   local asked = 0
   if redis.call('ZCARD', base_key(':borrowers')) > 0 then

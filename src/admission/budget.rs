@@ -179,6 +179,24 @@ impl Limits {
         }
     }
 
+    /// Whether `tokens` more fit `lane`'s and the global token budgets, whatever the seats: a
+    /// request growing its reservation where it is keeps the seat it holds (`fifo` has no token
+    /// budgets).
+    pub fn fits_tokens(&self, usage: &[Usage; 3], lane: Lane, tokens: u32) -> bool {
+        match self {
+            Limits::Lanes {
+                lanes,
+                global_tokens,
+                ..
+            } => {
+                let global: u64 = usage.iter().map(|u| u.tokens).sum();
+                usage[lane.index()].tokens + u64::from(tokens) <= lanes[lane.index()].max_tokens
+                    && global + u64::from(tokens) <= *global_tokens
+            }
+            Limits::Fifo { .. } => true,
+        }
+    }
+
     /// Whether one more request of `lane` with `tokens` fits, given per-lane usage: a seat AND
     /// the tokens (lane and global budgets), checked together.
     ///

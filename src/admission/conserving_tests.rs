@@ -186,3 +186,29 @@ async fn background_work_takes_only_idle_seats_of_its_own_lane() {
 fn local_large_budget() -> u64 {
     Config::default().lanes.large.max_tokens_in_flight.get()
 }
+
+/// A request growing its reservation where it is (its output past what it reserved) keeps its
+/// seat and needs only tokens: with lent seats taken back (more seats in use than `seats`), a
+/// medium request on a borrowed seat was refused its growth, and cut.
+#[tokio::test(start_paused = true)]
+async fn growing_where_it_is_needs_tokens_not_a_fresh_seat() {
+    let a = admission("");
+    let mut medium = fill(&a, Medium);
+    assert_eq!(medium.len(), 6, "its own 4 and large's 2");
+    let large = [
+        a.acquire(Ask::new(Large, 100)).await.unwrap(),
+        a.acquire(Ask::new(Large, 100)).await.unwrap(),
+    ];
+    // Large took its seats back: 8 taken and small's idle 8 held back, 16 of 14 seats.
+    assert_eq!(a.snapshot().in_flight(), 8);
+    for g in &mut medium {
+        let grown = g.tokens() + 100;
+        assert_eq!(g.promote(Medium, grown).await, Move::Done);
+        assert_eq!(g.tokens(), grown);
+    }
+    assert_eq!(a.snapshot().lane(Medium).reserved_tokens, 6 * 200);
+    // A move to another lane still needs a seat there: large is at its ceiling.
+    assert_eq!(medium[0].promote(Large, 1_000).await, Move::Full);
+    drop((medium, large));
+    assert!(a.snapshot().is_idle(), "nothing leaks");
+}

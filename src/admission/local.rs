@@ -485,7 +485,14 @@ impl Shared {
     ) -> Move {
         let mut state = self.lock();
         state.give_back(from, from_tokens);
-        if self.rules().limits.fits(&state.usage, to, to_tokens) {
+        // Growing where it is needs tokens only: it keeps its seat (which, with lent seats
+        // taken back, a fresh arrival might not get).
+        let fits = if from == to {
+            self.rules().limits.fits_tokens(&state.usage, to, to_tokens)
+        } else {
+            self.rules().limits.fits(&state.usage, to, to_tokens)
+        };
+        if fits {
             state.take(to, to_tokens);
             // `from` lost a request: its waiters may fit now.
             self.dispatch(&mut state);

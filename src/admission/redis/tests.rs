@@ -353,6 +353,38 @@ async fn release_is_idempotent() {
     assert_eq!(f.usage("global:tokens").await, 0);
 }
 
+/// Growing a lease where it is needs tokens only, as in process: it keeps its seat, though the
+/// lane holds more than its seats now (a reload lowered them, lent seats came back).
+#[tokio::test]
+async fn growing_a_lease_where_it_is_needs_tokens_not_a_fresh_seat() {
+    let mut f = fixture().await;
+    f.acquire("a", Lane::Small, 300, 10_000, 10_000).await;
+    f.acquire("b", Lane::Small, 300, 10_000, 10_000).await;
+    let one_seat = LaneQuota {
+        max_requests: 1,
+        max_tokens: 1_000,
+    };
+    f.limits([one_seat, OTHER, OTHER], 10_000, NO_PREFILL_BUDGET)
+        .await;
+    let grown = f
+        .scripts
+        .move_and_grow(&mut f.conn, &f.keys, "a", Lane::Small, 400)
+        .await
+        .unwrap();
+    assert_eq!(grown.verdict, Verdict::Granted);
+    assert_eq!(f.usage("small:n").await, 2);
+    assert_eq!(f.usage("small:tokens").await, 700);
+    assert_eq!(f.usage("global:tokens").await, 700);
+    // Its tokens still bound it.
+    let over = f
+        .scripts
+        .move_and_grow(&mut f.conn, &f.keys, "b", Lane::Small, 800)
+        .await
+        .unwrap();
+    assert_eq!(over.verdict, Verdict::LaneTokens);
+    assert_eq!(f.usage("small:tokens").await, 700);
+}
+
 #[tokio::test]
 async fn move_succeeds_only_when_the_target_lane_has_room() {
     let mut f = fixture().await;
