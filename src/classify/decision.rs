@@ -109,7 +109,8 @@ impl LaneRules {
     /// whose output the engine caps at what was reserved, [`LaneRules::output_cap`]). Else the
     /// lane and the reservation to move to:
     /// - the next lane and its work bound, once the output passed `lane`'s mid-stream limit or
-    ///   prompt and output passed `lane`'s work bound;
+    ///   prompt and output passed `lane`'s work bound (the lane after it when they passed the
+    ///   next lane's too);
     /// - `lane` itself with the most the request may hold there (its prompt plus the lane's
     ///   limit, at most the work bound), once prompt and output passed what it reserved (a
     ///   client that sent no max tokens is reserved `default_output_tokens`, which may be less
@@ -126,7 +127,17 @@ impl LaneRules {
         let holds = input.saturating_add(produced);
         let bound = self.bounds[lane.index()];
         if self.outgrown(lane, produced) || holds > bound {
-            return Some((next, self.bounds[next.index()]));
+            // Straight to the first lane that holds it: one it has outgrown already (a prompt
+            // counted far past its estimate) is no stop on the way, where a full lane would
+            // cut it though the one it needs has room.
+            let mut to = next;
+            while holds > self.bounds[to.index()] || self.outgrown(to, produced) {
+                match Self::next(to) {
+                    Some(further) => to = further,
+                    None => break,
+                }
+            }
+            return Some((to, self.bounds[to.index()]));
         }
         (holds > reserved).then(|| (lane, input.saturating_add(limit).min(bound).max(reserved)))
     }
@@ -256,6 +267,11 @@ mod tests {
         assert_eq!(
             r.bound_move(Lane::Small, 1_300, 1, 500),
             Some((Lane::Medium, 5_000))
+        );
+        // Counted past medium's bound too: straight to large, not through medium.
+        assert_eq!(
+            r.bound_move(Lane::Small, 6_000, 1, 500),
+            Some((Lane::Large, 16_384))
         );
         // Never past the model's length.
         assert_eq!(
