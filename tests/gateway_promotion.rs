@@ -148,8 +148,16 @@ async fn a_medium_answer_past_its_reserved_output_grows_its_reservation_in_mediu
     )
     .await;
     assert_eq!(h.in_flight(Lane::Medium), 1, "still in medium");
+    let held = reserved();
     drop(stream);
     eventually("every counter back to zero", || h.idle()).await;
+    // Its log line says what it held in the end, not what admission reserved.
+    eventually("its log line", || h.log.lock().unwrap().len() == 1).await;
+    let line = h.log.lock().unwrap()[0].clone();
+    assert!(
+        line["tokens_reserved"].as_u64().unwrap() >= held,
+        "{held} held: {line}"
+    );
     h.shutdown().await;
 }
 

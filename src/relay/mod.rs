@@ -482,6 +482,7 @@ impl Relay {
                     () = tokio::time::sleep(std::time::Duration::from_millis(25)) => {}
                 }
             }
+            self.record.reserved(guard.tokens());
             if to == from {
                 tracing::info!(request_id = %self.request_id(), lane = %from, reserved = tokens, tokens = produced, "reservation grown mid-stream");
                 continue;

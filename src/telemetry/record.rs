@@ -223,6 +223,14 @@ impl RequestRecord {
         ));
     }
 
+    /// Records that the request's reservation grew to `tokens` mid-stream (in its lane, or
+    /// moved): the request log's `tokens_reserved` says what it held at the end.
+    pub fn reserved(&mut self, tokens: u32) {
+        if let Some(class) = &mut self.class {
+            class.work = class.work.max(tokens);
+        }
+    }
+
     /// Records a mid-stream move to a bigger lane: the request is counted in `to` from now on;
     /// its waits and first token stay in the lane it was admitted to.
     pub fn promoted(&mut self, from: crate::lane::Lane, to: crate::lane::Lane) {
