@@ -341,8 +341,9 @@ local REASONS = { [0] = 'seat', [-1] = 'tokens', [-2] = 'tokens', [-4] = 'prefil
 -- its own lane's limits: the engine's time is what it waits for) the youngest, reason
 -- "pressure", only while none is leaving and no borrower in its prefill grace would let it in
 -- (it waits for that one's first token). Never one in its prefill grace (the limits record's
--- preempt_grace). Returns 1 when it asked one.
-local function ask_borrowers(r, now, lane, tokens, prompt, status)
+-- preempt_grace). With `room_only` (a running request's move), never for the engine's time
+-- ("pressure"): only one whose leaving lets it in. Returns 1 when it asked one.
+local function ask_borrowers(r, now, lane, tokens, prompt, status, room_only)
   local ids = redis.call('ZREVRANGE', base_key(':borrowers'), 0, -1)
   if #ids == 0 then
     return 0
@@ -396,6 +397,8 @@ local function ask_borrowers(r, now, lane, tokens, prompt, status)
       end
       if all then
         victim = candidates[1]
+      elseif room_only then
+        victim = nil
       elseif #asked == 0 and #candidates == #free then
         -- (With borrowers in their grace it waits for their first token, where it asks them.)
         victim, reason = candidates[1], 'pressure'

@@ -3,11 +3,12 @@
 -- optionally growing the reservation (mid-stream promotion); all or nothing. The lease's
 -- prefill reservation moves with it.
 -- KEYS[4] = released channel (the old lane is published: it gained room).
--- ARGV: id, to_lane[, new_tokens]
+-- ARGV: id, to_lane[, new_tokens[, ask]]
 --   new_tokens: the reservation after the move (default: unchanged; never smaller).
--- Refused for room, it asks pre-emptible borrowers to leave for it as a refused acquire does
--- (a student's answer outgrowing its lane goes before background work) and starts the
--- pre-emption cool-down.
+--   ask: "1" for a running request's move to another lane: refused for room, it asks
+--   pre-emptible borrowers whose leaving lets it in to leave for it, as a refused acquire does
+--   (a student's answer outgrowing its lane goes before background work; never for the
+--   engine's time alone), and starts the pre-emption cool-down.
 -- Reply: { status, reaped, asked }; status 1 = moved (or already there), 0 = no seat, -1 = no
 --   token room in the lane, -2 = no room in the global budget, -3 = no such lease (released
 --   or expired), -5 = no limits record; asked 1 when refused while borrowers are leaving that
@@ -53,9 +54,12 @@ else
 end
 if status ~= 1 then
   local asked = 0
-  if redis.call('ZCARD', base_key(':borrowers')) > 0 then
+  if ARGV[4] == '1' and from ~= to and redis.call('ZCARD', base_key(':borrowers')) > 0 then
     -- Asked while the lease is out of its lane: what it needs is counted as after the move.
-    ask_borrowers(r, now, to, new_tokens, 0, status)
+    if ask_borrowers(r, now, to, new_tokens, 0, status, true) == 1
+      and (tonumber(r['preempt_cooldown']) or 0) > 0 then
+      redis.call('HSET', base_key(':preempt'), 'waited', now)
+    end
     -- Room comes when those leaving let it in (not when one was asked only to give the
     -- engine time back, the lane being at its own limits).
     local leaving = redis.call('HKEYS', base_key(':asked'))
@@ -67,9 +71,6 @@ if status ~= 1 then
     end
     for _, b in ipairs(leaving) do
       suppose_gone(b, -1)
-    end
-    if (tonumber(r['preempt_cooldown']) or 0) > 0 then
-      redis.call('HSET', base_key(':preempt'), 'waited', now)
     end
   end
   redis.call('HINCRBY', KEYS[3], from .. ':n', 1)

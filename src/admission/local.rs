@@ -498,31 +498,68 @@ impl Shared {
             self.dispatch(&mut state);
             return Move::Done;
         }
-        let mut moved = Move::Full;
-        if !state.borrowers.is_empty() {
-            state.last_waited = Some(Instant::now());
-            let refused = Need {
-                id: None,
-                lane: to,
-                tokens: to_tokens,
-                prefill: 0,
-            };
-            self.preempt_for(&mut state, Some(refused));
-            // Room comes when those leaving let it in (not when one was asked only to give
-            // the engine time back, its lane being at its own limits).
-            let mut usage = state.usage;
-            for b in state.borrowers.iter().filter(|b| b.leaving()) {
-                let seat = &mut usage[b.seat.index()].in_flight;
-                *seat = seat.saturating_sub(1);
-                let held = &mut usage[Lane::Large.index()].tokens;
-                *held = held.saturating_sub(u64::from(b.tokens));
-            }
-            if self.rules().limits.fits(&usage, to, to_tokens) {
-                moved = Move::Asked;
-            }
-        }
+        // (Growing where it is asks nobody: it holds its seat, and a job's leaving gives
+        // a seat back, not the tokens a seat rule would count.)
+        let moved = if from != to && !state.borrowers.is_empty() {
+            self.ask_room_for_move(&mut state, to, to_tokens)
+        } else {
+            Move::Full
+        };
         state.take(from, from_tokens);
         moved
+    }
+
+    /// A refused move of a running request to `to` with `tokens` (its old reservation given
+    /// back in `state`): pre-emptible borrowers holding that room are asked to leave for it, as
+    /// for an arrival, but only where their leaving lets it in once the requests queued
+    /// everywhere are served (they go first when room comes); never for the engine's time
+    /// alone, nor again while those already asked make the room. [`Move::Asked`] when room is
+    /// coming; the cool-down starts when one is asked.
+    fn ask_room_for_move(self: &Arc<Self>, state: &mut State, to: Lane, tokens: u32) -> Move {
+        let rules = self.rules();
+        let limits = &rules.limits;
+        let free = |usage: &mut [Usage; 3], b: &Borrower| {
+            let seat = &mut usage[b.seat.index()].in_flight;
+            *seat = seat.saturating_sub(1);
+            let held = &mut usage[Lane::Large.index()].tokens;
+            *held = held.saturating_sub(u64::from(b.tokens));
+        };
+        let mut after = state.usage;
+        for w in state.queues.iter().flatten() {
+            after[w.lane.index()].in_flight += 1;
+            after[w.lane.index()].tokens += u64::from(w.tokens);
+        }
+        for b in state.borrowers.iter().filter(|b| b.leaving()) {
+            free(&mut after, b);
+        }
+        if limits.fits(&after, to, tokens) {
+            return Move::Asked;
+        }
+        let now = Instant::now();
+        let leave = {
+            let candidates = candidates(&state.borrowers, now, state.prefill_rate, rules.grace);
+            let without = |set: &[usize]| {
+                let mut u = after;
+                for &i in set {
+                    free(&mut u, &state.borrowers[i]);
+                }
+                limits.fits(&u, to, tokens)
+            };
+            victims(&candidates, without)
+        };
+        let Some(leave) = leave else {
+            return Move::Full;
+        };
+        let reason = if limits.fits(&after, to, 0) {
+            "tokens"
+        } else {
+            "seat"
+        };
+        for &i in &leave {
+            state.borrowers[i].preempt(Cause { lane: to, reason });
+        }
+        state.last_waited = Some(now);
+        Move::Asked
     }
 
     /// Gives back a guard's slot and tokens and admits the waiters that now fit.

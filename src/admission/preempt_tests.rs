@@ -467,3 +467,36 @@ async fn a_continuation_waits_at_the_head_of_its_lane_even_when_the_queue_is_ful
     }
     assert!(a.snapshot().is_idle());
 }
+
+/// A running request moving to a lane whose seats jobs hold asks one of them to leave, once,
+/// and waits for that room ([`Move::Asked`]); a move no job's leaving can let in (the lane
+/// held by interactive work) asks none: tried again every few milliseconds while a stream
+/// waits, it asked one more job each time.
+#[tokio::test(start_paused = true)]
+async fn a_move_asks_a_job_only_where_its_leaving_lets_it_in_and_once() {
+    let a = admission("");
+    let large = a.acquire(Ask::new(Large, 1_000)).await.unwrap();
+    let jobs: Vec<_> = (0..2).map_while(|_| job(&a, 0, true)).collect();
+    assert_eq!(seats(&a), [0, 2, 1], "the jobs hold medium's seats");
+    let mut question = a.acquire(Ask::new(Small, 100)).await.unwrap();
+    let asked = || jobs.iter().filter(|(_, h)| h.is_preempted()).count();
+    assert_eq!(question.promote(Medium, 2_000).await, Move::Asked);
+    assert_eq!(asked(), 1);
+    // Tried again while that one leaves: nobody else is asked.
+    for _ in 0..10 {
+        assert_eq!(question.promote(Medium, 2_000).await, Move::Asked);
+    }
+    assert_eq!(asked(), 1);
+    // Large is held by a question: no job's leaving lets it in, so none is asked.
+    for _ in 0..10 {
+        assert_eq!(question.promote(Large, 5_000).await, Move::Full);
+    }
+    assert_eq!(asked(), 1);
+    // The job leaves: the move is made.
+    let (leaving, rest): (Vec<_>, Vec<_>) = jobs.into_iter().partition(|(_, h)| h.is_preempted());
+    drop(leaving);
+    assert_eq!(question.promote(Medium, 2_000).await, Move::Done);
+    assert_eq!(question.lane(), Medium);
+    drop((question, rest, large));
+    assert!(a.snapshot().is_idle(), "nothing leaks");
+}

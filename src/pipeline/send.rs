@@ -62,8 +62,13 @@ pub async fn send(
     // A job's continuation after a pre-emption (a client's `/v1` continuation is its own).
     let continues_answer = matches!(record.route(), Route::Answer | Route::Job)
         && crate::upstream::request::continues_answer(&body);
-    // What the engine may generate at most: vLLM reads `max_completion_tokens` first.
-    let engine_cap = ["max_completion_tokens", "max_tokens"]
+    // What the engine may generate at most: vLLM's chat reads `max_completion_tokens` first;
+    // its completions read `max_tokens` only.
+    let cap_fields: &[&str] = match endpoint {
+        crate::upstream::Endpoint::ChatCompletions => &["max_completion_tokens", "max_tokens"],
+        crate::upstream::Endpoint::Completions => &["max_tokens"],
+    };
+    let engine_cap = cap_fields
         .iter()
         .find_map(|f| body.get(*f).and_then(serde_json::Value::as_u64))
         .map(|n| u32::try_from(n).unwrap_or(u32::MAX));

@@ -467,11 +467,12 @@ impl Scripts {
         to: Lane,
     ) -> RedisResult<MoveReply> {
         // New tokens 0 keeps the lease's own.
-        self.move_and_grow(conn, keys, id, to, 0).await
+        self.move_and_grow(conn, keys, id, to, 0, false).await
     }
 
     /// `quota_move_v2.lua` with growth: moves lease `id` to lane `to` and grows it to
-    /// `new_tokens`, if it fits there under the limits record.
+    /// `new_tokens`, if it fits there under the limits record; with `ask`, refused for room in
+    /// another lane, asks the pre-emptible work whose leaving lets it in to leave.
     pub async fn move_and_grow<C: ConnectionLike + Send>(
         &self,
         conn: &mut C,
@@ -479,12 +480,14 @@ impl Scripts {
         id: &str,
         to: Lane,
         new_tokens: u32,
+        ask: bool,
     ) -> RedisResult<MoveReply> {
         let (status, reaped, asked): (i64, u64, i64) = keys
             .with_keys(&self.move_lease)
             .arg(id)
             .arg(to.as_str())
             .arg(new_tokens)
+            .arg(if ask { "1" } else { "0" })
             .invoke_async(conn)
             .await?;
         let TakeReply { verdict, reaped } = TakeReply::decode((status, reaped));

@@ -357,8 +357,10 @@ impl Shared {
                 first_token: None,
             });
         }
+        // Bookkeeping of moves already made: nobody is asked to leave for them.
         for (id, (from, from_tokens), (to, tokens)) in moves {
-            self.promote(&id, from, from_tokens, to, tokens).await;
+            self.promote(&id, from, from_tokens, (to, tokens), false)
+                .await;
         }
     }
 
@@ -802,14 +804,14 @@ impl Shared {
 
     /// Moves lease `id` from `from` to `to`, growing it to `tokens` (mid-stream promotion);
     /// [`Move::Full`] when `to` or the global budget has no room (or Redis cannot be reached),
-    /// [`Move::Asked`] when pre-emptible work holding it is leaving for it.
+    /// [`Move::Asked`] when pre-emptible work holding it is leaving for it (asked with `ask`).
     pub async fn promote(
         &self,
         id: &str,
         from: Lane,
         from_tokens: u32,
-        to: Lane,
-        tokens: u32,
+        (to, tokens): (Lane, u32),
+        ask: bool,
     ) -> Move {
         let Some(mut conn) = self.connection() else {
             return Move::Full;
@@ -817,7 +819,7 @@ impl Shared {
         let started = Instant::now();
         let reply = self
             .scripts
-            .move_and_grow(&mut conn, &self.keys, id, to, tokens.max(from_tokens))
+            .move_and_grow(&mut conn, &self.keys, id, to, tokens.max(from_tokens), ask)
             .await;
         self.metrics
             .observe("move", started.elapsed().as_secs_f64());
@@ -985,7 +987,10 @@ impl Reservation for FallbackLease {
             // the fleet counts it in the smaller one.
             let adopted = self.adopted();
             if adopted {
-                let fleet = self.shared.promote(&self.id, from, tokens, to, grown).await;
+                let fleet = self
+                    .shared
+                    .promote(&self.id, from, tokens, (to, grown), true)
+                    .await;
                 if fleet != Move::Done {
                     return fleet;
                 }
@@ -1062,7 +1067,10 @@ pub(crate) struct LeaseRelease {
 
 impl Reservation for LeaseRelease {
     fn promote(&self, from: Lane, tokens: u32, to: Lane, grown: u32) -> BoxFuture<'_, Move> {
-        Box::pin(self.shared.promote(&self.id, from, tokens, to, grown))
+        Box::pin(
+            self.shared
+                .promote(&self.id, from, tokens, (to, grown), true),
+        )
     }
 
     fn release(self: Box<Self>, lane: Lane, _tokens: u32, served: Option<u64>) {

@@ -368,7 +368,7 @@ async fn growing_a_lease_where_it_is_needs_tokens_not_a_fresh_seat() {
         .await;
     let grown = f
         .scripts
-        .move_and_grow(&mut f.conn, &f.keys, "a", Lane::Small, 400)
+        .move_and_grow(&mut f.conn, &f.keys, "a", Lane::Small, 400, false)
         .await
         .unwrap();
     assert_eq!(grown.verdict, Verdict::Granted);
@@ -378,7 +378,7 @@ async fn growing_a_lease_where_it_is_needs_tokens_not_a_fresh_seat() {
     // Its tokens still bound it.
     let over = f
         .scripts
-        .move_and_grow(&mut f.conn, &f.keys, "b", Lane::Small, 800)
+        .move_and_grow(&mut f.conn, &f.keys, "b", Lane::Small, 800, false)
         .await
         .unwrap();
     assert_eq!(over.verdict, Verdict::LaneTokens);

@@ -185,6 +185,8 @@ pub async fn take(store: &Arc<RedisStore>) -> Take {
             if let Err(too_large) = store.admission.never_fits_tokens(Lane::Large, work).await {
                 let error = GatewayError::from(too_large);
                 store.fail_queued(&id, error.code(), &error.message()).await;
+                // The next job is the head now: tried at once, as in process.
+                return Take::Moved;
             }
             Take::Idle
         }
