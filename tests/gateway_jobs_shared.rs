@@ -425,6 +425,37 @@ async fn a_replica_that_shuts_down_hands_its_running_job_to_the_other() {
     );
 }
 
+/// `POST {base}/jobs` with `key`: a review of `out` tokens, accepted; its id.
+async fn submit_as(base: String, key: &str, out: u32) -> String {
+    let resp = client()
+        .post(format!("{base}/jobs"))
+        .bearer_auth(key)
+        .json(&json!({"prompt": "review my repository", "max_output_tokens": out}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    json(&resp.text().await.unwrap())["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// `GET {base}/jobs/{id}` with `key`.
+async fn status(base: String, id: String, key: &str) -> serde_json::Value {
+    json(
+        &client()
+            .get(format!("{base}/jobs/{id}"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    )
+}
+
 #[tokio::test]
 async fn tenants_take_turns_in_the_shared_job_queue() {
     const KEY: &str = "sk-tutor-cs101-0123456789";
@@ -444,33 +475,6 @@ async fn tenants_take_turns_in_the_shared_job_queue() {
     })
     .await;
     let (a, b) = (&f.a, &f.b);
-    let submit_as = |base: String, key: &'static str, out: u32| async move {
-        let resp = client()
-            .post(format!("{base}/jobs"))
-            .bearer_auth(key)
-            .json(&json!({"prompt": "review my repository", "max_output_tokens": out}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 202);
-        json(&resp.text().await.unwrap())["id"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
-    let status = |base: String, id: String, key: &'static str| async move {
-        json(
-            &client()
-                .get(format!("{base}/jobs/{id}"))
-                .bearer_auth(key)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-        )
-    };
     // cs101's first job takes the fleet's only large seat; four more of its jobs queue, on
     // both replicas.
     let first = submit_as(a.url(), KEY, 2_000).await;
@@ -569,38 +573,11 @@ async fn equal_turns_are_served_oldest_first_in_the_shared_job_queue() {
     })
     .await;
     let (a, b) = (&f.a, &f.b);
-    let submit_as = |base: String, key: String, out: u32| async move {
-        let resp = client()
-            .post(format!("{base}/jobs"))
-            .bearer_auth(key)
-            .json(&json!({"prompt": "review my repository", "max_output_tokens": out}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 202);
-        json(&resp.text().await.unwrap())["id"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
-    let read = |base: String, id: String, key: String| async move {
-        json(
-            &client()
-                .get(format!("{base}/jobs/{id}"))
-                .bearer_auth(key)
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-        )
-    };
     // School 0's job takes the fleet's only large seat.
-    let holder = submit_as(a.url(), keys[0].0.clone(), 2_000).await;
+    let holder = submit_as(a.url(), &keys[0].0, 2_000).await;
     let mut running = false;
     for _ in 0..1000 {
-        if read(a.url(), holder.clone(), keys[0].0.clone()).await["status"] == "running" {
+        if status(a.url(), holder.clone(), &keys[0].0).await["status"] == "running" {
             running = true;
             break;
         }
@@ -611,11 +588,11 @@ async fn equal_turns_are_served_oldest_first_in_the_shared_job_queue() {
     let mut queued = Vec::new();
     for (i, (key, _)) in keys.iter().enumerate().skip(1) {
         let base = if i % 2 == 0 { a.url() } else { b.url() };
-        queued.push(submit_as(base, key.clone(), 5).await);
+        queued.push(submit_as(base, key, 5).await);
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     for (place, (id, (key, tenant))) in queued.iter().zip(&keys[1..]).enumerate() {
-        let v = read(b.url(), id.clone(), key.clone()).await;
+        let v = status(b.url(), id.clone(), key).await;
         assert_eq!(v["position"], place, "{tenant}: {v}");
     }
     let cancel = client()

@@ -164,16 +164,9 @@ impl Limits {
     /// [`Limits::fits`] for `lane`.
     pub fn fits_borrowed(&self, usage: &[Usage; 3], seat: Lane, lane: Lane, tokens: u32) -> bool {
         match self {
-            Limits::Lanes {
-                lanes,
-                global_tokens,
-                ..
-            } => {
-                let global: u64 = usage.iter().map(|u| u.tokens).sum();
+            Limits::Lanes { lanes, .. } => {
                 usage[seat.index()].in_flight < lanes[seat.index()].max_concurrency
-                    && usage[lane.index()].tokens + u64::from(tokens)
-                        <= lanes[lane.index()].max_tokens
-                    && global + u64::from(tokens) <= *global_tokens
+                    && self.fits_tokens(usage, lane, tokens)
             }
             Limits::Fifo { .. } => self.fits(usage, lane, tokens),
         }

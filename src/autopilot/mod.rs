@@ -618,25 +618,7 @@ mod tests {
             "[classify]\ntokenizer = \"heuristic\"\n[autopilot]\nenabled = true\n",
         )
         .unwrap();
-        let tasks = TaskTracker::new();
-        let metrics = crate::telemetry::Metrics::new();
-        let classifier = crate::classify::Classifier::from_config(&config).unwrap();
-        let admission =
-            crate::admission::Admission::build(&config, metrics.quota().clone()).unwrap();
-        let upstream = crate::upstream::UpstreamClient::with_metrics(
-            config.upstream.clone(),
-            tasks,
-            metrics.replicas().clone(),
-        )
-        .unwrap();
-        let state = AppState::new(
-            config,
-            classifier,
-            admission,
-            upstream,
-            metrics,
-            crate::telemetry::RequestLog::Off,
-        );
+        let state = AppState::for_tests(config, TaskTracker::new());
         let reloading = state.reload_lock();
         let (done, looked) = std::sync::mpsc::channel();
         let looking = state.clone();

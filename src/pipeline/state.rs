@@ -485,6 +485,31 @@ impl AppState {
     }
 }
 
+#[cfg(test)]
+impl AppState {
+    /// The state of `config` as the server builds it (admission, classifier, upstream client
+    /// tracked by `tasks`), its request log off: for tests of the parts below the server.
+    pub(crate) fn for_tests(config: Config, tasks: tokio_util::task::TaskTracker) -> Self {
+        let metrics = Metrics::new();
+        let classifier = Classifier::from_config(&config).unwrap();
+        let admission = Admission::build(&config, metrics.quota().clone()).unwrap();
+        let upstream = UpstreamClient::with_metrics(
+            config.upstream.clone(),
+            tasks,
+            metrics.replicas().clone(),
+        )
+        .unwrap();
+        Self::new(
+            config,
+            classifier,
+            admission,
+            upstream,
+            metrics,
+            RequestLog::Off,
+        )
+    }
+}
+
 /// A new gateway request id: 32 hex characters, safe as a header value and in URLs: the time
 /// it was made (Unix milliseconds, 12 digits), then 80 random bits. Ids sort by when they were
 /// made (the shared job queue orders jobs of equal turns by id: oldest first), and cannot be

@@ -616,14 +616,9 @@ mod tests {
         r.finish(Outcome::Ok, None, Some(&up));
     }
 
-    /// A 20 s answer whose first token came 1 s after arrival: the autopilot's window files
-    /// that first token when it came (20 s before the end), so a read of the first tokens
-    /// since a change 5 s ago does not judge it.
-    #[test]
-    fn a_long_answers_first_token_is_filed_when_it_came_not_when_the_answer_ended() {
-        let metrics = Metrics::new();
+    /// A small `/answer` question that arrived at `arrival`, admitted on arrival.
+    fn admitted_question(metrics: &Metrics, arrival: Instant) -> RequestRecord {
         let (log, _) = RequestLog::memory();
-        let arrival = Instant::now() - Duration::from_secs(21);
         let mut r = RequestRecord::new(metrics.clone(), log, Route::Answer, "r".into(), arrival);
         r.classified(Classification {
             lane: Lane::Small,
@@ -633,6 +628,17 @@ mod tests {
             counts: None,
         });
         r.admitted(Duration::ZERO, 100, false);
+        r
+    }
+
+    /// A 20 s answer whose first token came 1 s after arrival: the autopilot's window files
+    /// that first token when it came (20 s before the end), so a read of the first tokens
+    /// since a change 5 s ago does not judge it.
+    #[test]
+    fn a_long_answers_first_token_is_filed_when_it_came_not_when_the_answer_ended() {
+        let metrics = Metrics::new();
+        let arrival = Instant::now() - Duration::from_secs(21);
+        let mut r = admitted_question(&metrics, arrival);
         let first = arrival + Duration::from_secs(1);
         let up = UpstreamView {
             output_tokens: 2_000,
@@ -661,22 +667,7 @@ mod tests {
     fn a_first_token_that_never_came_from_the_engine_counts_as_infinitely_late() {
         let metrics = Metrics::new();
         let ended = |first_token: bool| {
-            let (log, _) = RequestLog::memory();
-            let mut r = RequestRecord::new(
-                metrics.clone(),
-                log,
-                Route::Answer,
-                "r".into(),
-                Instant::now(),
-            );
-            r.classified(Classification {
-                lane: Lane::Small,
-                input_tokens_estimate: 100,
-                output_budget: 500,
-                work: 600,
-                counts: None,
-            });
-            r.admitted(Duration::ZERO, 100, false);
+            let mut r = admitted_question(&metrics, Instant::now());
             if first_token {
                 r.first_token();
             }

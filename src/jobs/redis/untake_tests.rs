@@ -20,15 +20,12 @@ use super::text_bytes_tests::end;
 use crate::admission::redis::tests::redis_common::{
     client_line, leases, pause_writes, paused_script, RedisServer,
 };
-use crate::admission::{Admission, Ask};
-use crate::classify::Classifier;
+use crate::admission::Ask;
 use crate::config::Config;
 use crate::jobs::backend::Take;
 use crate::jobs::context::Context;
 use crate::lane::Lane::Large;
 use crate::pipeline::AppState;
-use crate::telemetry::{Metrics, RequestLog};
-use crate::upstream::UpstreamClient;
 
 const KEY: &str = "tg:v2:{quota}:job:lost";
 const QUEUE: &str = "tg:v2:{quota}:jobs:queue";
@@ -47,23 +44,7 @@ async fn store(redis: &RedisServer) -> Arc<RedisStore> {
     .unwrap();
     let tasks = TaskTracker::new();
     // The gateway's state as the server builds it (not through `server`: jobs sit below it).
-    let metrics = Metrics::new();
-    let classifier = Classifier::from_config(&config).unwrap();
-    let admission = Admission::build(&config, metrics.quota().clone()).unwrap();
-    let upstream = UpstreamClient::with_metrics(
-        config.upstream.clone(),
-        tasks.clone(),
-        metrics.replicas().clone(),
-    )
-    .unwrap();
-    let state = AppState::new(
-        config,
-        classifier,
-        admission,
-        upstream,
-        metrics,
-        RequestLog::Off,
-    );
+    let state = AppState::for_tests(config, tasks.clone());
     let admission = state.admission().shared().unwrap().clone();
     // Once connected (a take is never sent before the first connection).
     drop(admission.acquire(Ask::new(Large, 100)).await.unwrap());
