@@ -464,14 +464,7 @@ async fn tenants_take_turns_in_the_shared_job_queue() {
         // Jobs on the large lane's one seat only (not pre-emptible): the others queue.
         one_seat(c);
         c.jobs.preempt = false;
-        c.auth.enabled = true;
-        c.auth.keys = [(KEY, "cs101"), (OTHER, "school-2")]
-            .into_iter()
-            .map(|(key, tenant)| tutor_gateway::config::KeyEntry {
-                sha256: tutor_gateway::sign::sha256_hex(key.as_bytes()),
-                tenant: tenant.into(),
-            })
-            .collect();
+        common::with_keys(c, &[(KEY, "cs101"), (OTHER, "school-2")]);
     })
     .await;
     let (a, b) = (&f.a, &f.b);
@@ -562,14 +555,8 @@ async fn equal_turns_are_served_oldest_first_in_the_shared_job_queue() {
     let f = fleet(SLOW, |c| {
         one_seat(c);
         c.jobs.preempt = false;
-        c.auth.enabled = true;
-        c.auth.keys = keys
-            .iter()
-            .map(|(key, tenant)| tutor_gateway::config::KeyEntry {
-                sha256: tutor_gateway::sign::sha256_hex(key.as_bytes()),
-                tenant: tenant.clone(),
-            })
-            .collect();
+        let pairs: Vec<(&str, &str)> = keys.iter().map(|(k, t)| (k.as_str(), t.as_str())).collect();
+        common::with_keys(c, &pairs);
     })
     .await;
     let (a, b) = (&f.a, &f.b);
