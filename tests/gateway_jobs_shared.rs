@@ -628,13 +628,21 @@ async fn an_expired_and_forgotten_job_leaves_nothing_in_redis() {
 /// request (up to `server.max_body_bytes`) out of the Redis every replica's admission shares.
 #[tokio::test]
 async fn polling_a_jobs_status_does_not_read_its_stored_request() {
-    let h = start(Backend::Redis, SLOW, |c| {
+    // The running job goes silent after 10 tokens (its stream stays open): no piece of its
+    // text, nor their announcements, is in the bytes measured below.
+    let flags: Vec<&str> = SLOW
+        .iter()
+        .copied()
+        .chain(["--stall-after-tokens", "10"])
+        .collect();
+    let h = start(Backend::Redis, &flags, |c| {
         jobs::large_seats_only(c, 1);
     })
     .await;
     let base = h.base();
     let running = submit_ok(&base, &question(4000)).await;
     job_until(&base, &running, "running", |v| v["status"] == "running").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     // A 40 KB request, queued behind it.
     let body = json!({"prompt": words(10_000, "review"), "max_output_tokens": 3});
     let queued = submit_ok(&base, &body).await;

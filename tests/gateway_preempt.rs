@@ -904,7 +904,11 @@ async fn an_answer_outgrowing_its_lane_asks_the_job_on_the_next_lanes_seat_in_re
 }
 
 async fn outgrowing_answer_asks_a_job(backend: Backend) {
-    let h = preempting(backend, |_| {}).await;
+    // Room for a loaded machine to see the job leave (the stream waits for it up to this).
+    let h = preempting(backend, |c| {
+        c.promotion.wait = std::time::Duration::from_secs(20)
+    })
+    .await;
     let base = h.base();
     let ids = streaming_reviews(&base).await;
     // A small question (its arrival asks small's job to leave) that goes on past small's 256
