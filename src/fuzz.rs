@@ -136,8 +136,8 @@ const NOTIFY_ALLOW: [&str; 2] = [
     "https://*.school.example:8443/results",
 ];
 
-/// What clients send besides a body: `x-tutor-deadline-ms`, a job's `Last-Event-ID` and a
-/// job's `notify` URL, each `data` as text. Accepted, each is within its documented bounds (a
+/// What clients send besides a body: `x-tutor-deadline-ms`, a job's `Last-Event-ID`, a job's
+/// `notify` URL, the `Host` header and the `Authorization` header, each `data` as text. Accepted, each is within its documented bounds (a
 /// deadline of 1 ms to an hour; a run of 1 to 1,000 and a piece to 1,000,000; a URL on an
 /// allowed host, path and port, with no user information and nothing encoded that a receiver
 /// could decode out of the allowed path); refused, a documented 400.
@@ -193,6 +193,80 @@ pub fn request_fields(data: &[u8]) {
             assert!(on_hooks || on_school, "{url} is on no allowed destination");
         }
         Err(e) => documented(&e),
+    }
+    host(text);
+    bearer(text);
+}
+
+/// `data` as a `Host` header: answered on a loopback listener only for `localhost`, a name
+/// under `.localhost` or an address; with names listed, only for those names or an address.
+fn host(text: &str) {
+    use crate::api::hosts::Hosts;
+    let loopback = Hosts::new(&[], ([127, 0, 0, 1], 8080).into());
+    let listed = [
+        "tutor.example.edu".to_owned(),
+        "*.school.example".to_owned(),
+    ];
+    let listed = Hosts::new(&listed, ([0, 0, 0, 0], 8080).into());
+    let (on_loopback, on_listed) = (loopback.allows(text), listed.allows(text));
+    if !(on_loopback || on_listed) {
+        return;
+    }
+    // The name as the check should have read it: trimmed, without a port of at most five
+    // digits, its brackets or a final dot, in lower case.
+    let t = text.trim().to_ascii_lowercase();
+    let name = match t.strip_prefix('[') {
+        Some(rest) => rest.split_once(']').map_or("", |(inside, _)| inside),
+        None => t.rsplit_once(':').map_or(t.as_str(), |(n, _)| n),
+    };
+    let name = name.strip_suffix('.').unwrap_or(name);
+    assert!(
+        !name.is_empty() && !name.contains(['@', '/', '\\', '%', '?', '#', ' ', '\t']),
+        "{text:?} answered"
+    );
+    let address = name.parse::<std::net::IpAddr>().is_ok();
+    let under = |suffix: &str| {
+        name.strip_suffix(suffix)
+            .is_some_and(|head| head.len() > 1 && head.ends_with('.'))
+    };
+    if on_loopback {
+        assert!(
+            address || name == "localhost" || under("localhost"),
+            "{text:?} answered on a loopback listener"
+        );
+    }
+    if on_listed {
+        assert!(
+            address || name == "tutor.example.edu" || under("school.example"),
+            "{text:?} answered for names it does not list"
+        );
+    }
+}
+
+/// `data` as an `Authorization` header: read as a key only in the form `Bearer <key>`
+/// (the scheme in any case), the key without its surrounding blanks; otherwise a short reason.
+fn bearer(text: &str) {
+    let Ok(value) = axum::http::HeaderValue::from_str(text) else {
+        return;
+    };
+    let mut headers = axum::http::HeaderMap::new();
+    headers.insert(axum::http::header::AUTHORIZATION, value);
+    match crate::api::auth::bearer(&headers) {
+        Ok(Some(key)) => {
+            let t = text.trim();
+            assert!(
+                !key.is_empty() && key == key.trim(),
+                "{text:?} gave {key:?}"
+            );
+            assert!(
+                t.get(..7)
+                    .is_some_and(|s| s.eq_ignore_ascii_case("bearer "))
+                    && t.ends_with(key),
+                "{text:?} read as a bearer key"
+            );
+        }
+        Ok(None) => panic!("an Authorization header read as none"),
+        Err(reason) => assert!(!reason.is_empty() && reason.len() <= 200),
     }
 }
 

@@ -395,7 +395,7 @@ impl Credential {
 /// The bearer key of `headers`, if it has an `Authorization` header (its scheme in any case,
 /// as HTTP has it); `Err` with what is wrong for a header that cannot be read as one key: two
 /// of them (which one counts would be a guess), bytes that are not text, another scheme.
-pub(super) fn bearer(headers: &HeaderMap) -> Result<Option<&str>, &'static str> {
+pub fn bearer(headers: &HeaderMap) -> Result<Option<&str>, &'static str> {
     let mut all = headers.get_all(header::AUTHORIZATION).iter();
     let Some(value) = all.next() else {
         return Ok(None);

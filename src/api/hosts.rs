@@ -64,7 +64,7 @@ impl Hosts {
     /// address always is: rebinding needs a DNS name, and a page whose origin is the address
     /// itself is the gateway's own (so probes and scrapes by pod address pass whatever names
     /// are listed).
-    fn allows(&self, authority: &str) -> bool {
+    pub fn allows(&self, authority: &str) -> bool {
         if matches!(self, Self::Any) {
             return true;
         }
