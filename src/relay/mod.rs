@@ -336,6 +336,9 @@ impl Relay {
         // for it gets it.
         self.upstream.abort_now();
         drop(self.guard.take());
+        // The autopilot's step sample is the kept run's alone: the pause until a continuation
+        // gets a seat is no engine step.
+        self.steps = Steps::default();
         if let Some(cause) = cause {
             self.ctx.metrics.jobs().preempted(cause.lane, cause.reason);
         }
