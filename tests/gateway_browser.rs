@@ -31,6 +31,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tutor_gateway::config::{Config, CourseConfig, KeyEntry};
+use tutor_gateway::lane::Lane;
 use tutor_gateway::prompt::focus::{FocusMode, FocusSettings};
 
 const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
@@ -618,7 +619,12 @@ const DEMO_MAX_TOKENS: &str = "24";
 /// A gateway with `server.demo` on (shipped config otherwise), a focusing course `py101`, and
 /// `tweak` given the gateway's own origin, known before it starts (the listener is bound first).
 async fn demo_gateway(tweak: impl FnOnce(&mut Config, &str)) -> Harness {
-    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(FAST))
+    demo_gateway_on(FAST, tweak).await
+}
+
+/// [`demo_gateway`] with the simulator started with `sim_args`.
+async fn demo_gateway_on(sim_args: &[&str], tweak: impl FnOnce(&mut Config, &str)) -> Harness {
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(sim_args))
         .await
         .expect("sim starts");
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -711,6 +717,16 @@ impl Tab {
     /// Opens the demo page at `url`, fills it in as a student would (the question typed, the
     /// rest pasted), presses Ask and waits (bounded) until it says `done` or `error…`.
     async fn ask_demo(&mut self, url: &str, ask: &Ask<'_>, browser: &Browser) -> Value {
+        self.send_demo(url, ask, browser).await;
+        self.until(url, browser, |s| {
+            let status = s["status"].as_str().unwrap_or_default();
+            status == "done" || status.starts_with("error")
+        })
+        .await
+    }
+
+    /// [`Tab::ask_demo`] up to pressing Ask.
+    async fn send_demo(&mut self, url: &str, ask: &Ask<'_>, browser: &Browser) {
         self.call("Page.navigate", json!({"url": url})).await;
         self.until(url, browser, |s| s["status"] == "ready").await;
         self.eval(r#"document.getElementById("question").focus()"#)
@@ -735,11 +751,6 @@ impl Tab {
             }})()"#
         ))
         .await;
-        self.until(url, browser, |s| {
-            let status = s["status"].as_str().unwrap_or_default();
-            status == "done" || status.starts_with("error")
-        })
-        .await
     }
 
     /// Polls the demo page until `done` holds for what it shows; that state.
@@ -983,6 +994,95 @@ async fn the_demo_page_sends_code_and_a_traceback_and_shows_the_focused_context(
     let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("demo.png");
     std::fs::write(&shot, png).unwrap();
     eprintln!("screenshot: {}", shot.display());
+    drop(tab);
+    browser.close().await;
+    h.shutdown().await;
+}
+
+/// A review that waits too long for the large lane's seat moves to a background job
+/// (`jobs.divert_large_after_ms`): the page says so, follows the job's events and shows its
+/// answer to the end.
+#[tokio::test]
+async fn the_demo_page_follows_a_review_that_moved_to_a_job() {
+    // A fifth of real time (about 25 ms a token): the review that holds the seat is still
+    // streaming when the page asks, however slow the machine; the dropped one frees it.
+    let sim = [
+        "--speed",
+        "0.2",
+        "--profile",
+        "tiny-test",
+        "--mean-output-tokens",
+        "1000000",
+    ];
+    let h = demo_gateway_on(&sim, |c, origin| {
+        c.server.cors_allow_origins = vec![origin.to_owned()];
+        set_lane(c, Lane::Large, 1);
+        c.jobs.divert_large_after = Some(Duration::from_millis(150));
+    })
+    .await;
+    let holder = client()
+        .post(h.url("/answer"))
+        .json(&json!({"prompt": words(5500, "holder"), "max_output_tokens": 2000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(holder.status(), 200);
+    eventually("the first review holds the seat", || {
+        h.in_flight(Lane::Large) == 1
+    })
+    .await;
+
+    let url = h.url("/demo");
+    let browser = Browser::launch().await;
+    let mut tab = browser.tab().await;
+    let code = words(5500, "review");
+    let ask = Ask {
+        question: "Please review this module.",
+        course: "py101",
+        code: &code,
+        ..Ask::default()
+    };
+    tab.send_demo(&url, &ask, &browser).await;
+    let moved = tab
+        .until(&url, &browser, |s| {
+            s["notice"]
+                .as_str()
+                .is_some_and(|n| n.contains("background job"))
+                || s["status"].as_str().is_some_and(|t| t.starts_with("error"))
+        })
+        .await;
+    assert!(
+        moved["notice"].as_str().unwrap().contains("background job"),
+        "{moved}"
+    );
+    assert_eq!(
+        moved["answer"], "",
+        "nothing answered before its seat: {moved}"
+    );
+    // The seat comes back; the job runs and the page shows its answer from the job's events.
+    drop(holder);
+    let state = tab
+        .until(&url, &browser, |s| {
+            let status = s["status"].as_str().unwrap_or_default();
+            status == "done" || status.starts_with("error")
+        })
+        .await;
+    assert_eq!(
+        state["status"],
+        "done",
+        "{state}\nchromium:\n{}",
+        browser.log()
+    );
+    assert!(
+        !state["answer"].as_str().unwrap().trim().is_empty(),
+        "{state}"
+    );
+    let finish = state["finish"].as_str().unwrap();
+    assert!(
+        finish.contains(&format!("{DEMO_MAX_TOKENS} tokens out")),
+        "{state}"
+    );
+    assert_eq!(state["error"], "", "{state}");
     drop(tab);
     browser.close().await;
     h.shutdown().await;
