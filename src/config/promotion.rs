@@ -14,6 +14,10 @@ const WHEN_FULL: &str = "cut";
 const WAIT_MS: u64 = 2_000;
 /// Default `promotion.continuation_window_ms`.
 const CONTINUATION_WINDOW_MS: u64 = 600_000;
+/// Longest `promotion.wait_ms`.
+const MAX_WAIT_MS: u64 = 60_000;
+/// Longest `promotion.continuation_window_ms`: a day.
+const MAX_CONTINUATION_WINDOW_MS: u64 = 86_400_000;
 /// Default `promotion.max_sessions`.
 const MAX_SESSIONS: u64 = 100_000;
 
@@ -67,12 +71,27 @@ pub(super) fn validate(c: &mut Checker, raw: RawPromotion) -> PromotionConfig {
     if !(1..=100_000_000).contains(&max_sessions) {
         c.fail("promotion.max_sessions", "must be between 1 and 100000000");
     }
+    // A paused stream is not read, so its pause adds to upstream.total_timeout_ms: a minute.
+    let wait_ms = raw.wait_ms.unwrap_or(WAIT_MS);
+    if wait_ms > MAX_WAIT_MS {
+        c.fail(
+            "promotion.wait_ms",
+            format!("must be at most {MAX_WAIT_MS} (a paused stream is not read meanwhile)"),
+        );
+    }
+    // The window is a Redis key's time to live (PEXPIRE, which refuses what overflows its
+    // clock): a day.
+    let window_ms = raw.continuation_window_ms.unwrap_or(CONTINUATION_WINDOW_MS);
+    if !(1..=MAX_CONTINUATION_WINDOW_MS).contains(&window_ms) {
+        c.fail(
+            "promotion.continuation_window_ms",
+            format!("must be between 1 and {MAX_CONTINUATION_WINDOW_MS} (a day)"),
+        );
+    }
     PromotionConfig {
         when_full,
         max_sessions: usize::try_from(max_sessions.clamp(1, 100_000_000)).unwrap_or(1),
-        wait: Duration::from_millis(raw.wait_ms.unwrap_or(WAIT_MS)),
-        continuation_window: Duration::from_millis(
-            raw.continuation_window_ms.unwrap_or(CONTINUATION_WINDOW_MS),
-        ),
+        wait: Duration::from_millis(wait_ms.min(MAX_WAIT_MS)),
+        continuation_window: Duration::from_millis(window_ms.clamp(1, MAX_CONTINUATION_WINDOW_MS)),
     }
 }

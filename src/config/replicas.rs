@@ -16,6 +16,8 @@ use super::check::Checker;
 const POLICY: RoutingPolicy = RoutingPolicy::Affinity;
 /// Default `upstream.routing.balance_factor`.
 const BALANCE_FACTOR: f64 = 0.25;
+/// Least `upstream.routing.health_interval_ms` but 0.
+const MIN_HEALTH_INTERVAL_MS: u64 = 100;
 /// Default `upstream.routing.health_interval_ms`.
 const HEALTH_INTERVAL_MS: u64 = 2_000;
 /// Default `upstream.routing.unhealthy_after`.
@@ -219,12 +221,21 @@ pub(super) fn routing(c: &mut Checker, raw: RawRouting) -> RoutingConfig {
             "must be > 0 and <= 10 (0.25: a replica may take 25% more than the average load)",
         );
     }
+    // Each probe must answer within the interval: a few milliseconds would fail every replica.
+    let health_interval_ms = raw.health_interval_ms.unwrap_or(HEALTH_INTERVAL_MS);
+    if (1..MIN_HEALTH_INTERVAL_MS).contains(&health_interval_ms) {
+        c.fail(
+            "upstream.routing.health_interval_ms",
+            format!(
+                "must be 0 (no checks) or at least {MIN_HEALTH_INTERVAL_MS}: each /health must \
+                 answer within the interval"
+            ),
+        );
+    }
     RoutingConfig {
         policy,
         balance_factor: balance_factor.clamp(0.01, 10.0),
-        health_interval: Duration::from_millis(
-            raw.health_interval_ms.unwrap_or(HEALTH_INTERVAL_MS),
-        ),
+        health_interval: Duration::from_millis(health_interval_ms),
         unhealthy_after: c
             .u32(
                 "upstream.routing.unhealthy_after",

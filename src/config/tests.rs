@@ -1057,3 +1057,38 @@ fn an_engine_url_ending_in_v1_is_refused_with_the_fix() {
         assert_eq!(c.upstream.base_url, url);
     }
 }
+
+/// Time keys whose extremes break something are bounded: a health interval of a few
+/// milliseconds (every probe would fail it and eject every replica), a promotion pause longer
+/// than a minute (the stream is not read meanwhile), a continuation window past a day (a Redis
+/// TTL).
+#[test]
+fn time_keys_with_a_breaking_extreme_are_bounded() {
+    let base = "[classify]\ntokenizer = \"heuristic\"\n";
+    let one = |toml: &str| {
+        let found = issues_of(&format!("{base}{toml}"));
+        assert_eq!(found.len(), 1, "{toml}: {found:?}");
+        found[0].clone()
+    };
+    let fine = |toml: &str| {
+        let src = format!("{base}{toml}");
+        assert!(Config::from_toml_str(&src).is_ok(), "{toml}");
+    };
+    let routing = "[upstream.routing]\nhealth_interval_ms = ";
+    assert!(one(&format!("{routing}5\n"))
+        .starts_with("upstream.routing.health_interval_ms must be 0 (no checks) or at least 100"));
+    fine(&format!("{routing}0\n"));
+    fine(&format!("{routing}100\n"));
+    let promotion = "[promotion]\n";
+    assert!(one(&format!("{promotion}wait_ms = 60001\n"))
+        .starts_with("promotion.wait_ms must be at most 60000"));
+    fine(&format!("{promotion}wait_ms = 60000\n"));
+    fine(&format!("{promotion}wait_ms = 0\n"));
+    for window in [0, 86_400_001, i64::MAX as u64] {
+        assert!(
+            one(&format!("{promotion}continuation_window_ms = {window}\n"))
+                .starts_with("promotion.continuation_window_ms must be between 1 and 86400000")
+        );
+    }
+    fine(&format!("{promotion}continuation_window_ms = 86400000\n"));
+}
