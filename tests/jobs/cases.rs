@@ -784,6 +784,31 @@ pub async fn jobs_max_running_keeps_large_seats_for_interactive_reviews(backend:
     h.shutdown().await;
 }
 
+/// Under `jobs.max_running = 1`, each queued job starts when the one before it ends on its
+/// own, with nothing else happening: every job of a short queue ends done. The engine keeps
+/// each stream open a while after its last token (no `[DONE]`: the run ends a second after its
+/// finish reason), so a job's seat comes back well before its run is over.
+pub async fn jobs_under_max_running_follow_each_other_with_nothing_else_happening(
+    backend: Backend,
+) {
+    let sim = crate::common::flags(
+        "--speed 50 --profile tiny-test --mean-output-tokens 1000000 --omit-done-rate 1 \
+         --omit-done-hang",
+    );
+    let h = start(backend, &sim, |c| c.jobs.max_running = 1).await;
+    let base = h.base();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(submit_ok(&base, &question(5)).await);
+    }
+    for id in &ids {
+        let v = done(&base, id).await;
+        assert_eq!(v["answer"]["usage"]["output_tokens"], 5, "{v}");
+    }
+    h.drained().await;
+    h.shutdown().await;
+}
+
 /// A job's `session_id` reservation is given back at submission and its run is not counted in
 /// the session's output (a job that waits hours must not move its session's questions to
 /// larger lanes meanwhile): after a 300-token job, the session's next question is small; after

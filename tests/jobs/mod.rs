@@ -422,6 +422,7 @@ macro_rules! backend_cases {
             a_job_whose_engine_is_unreachable_fails_with_the_reason_and_gives_everything_back,
             jobs_are_refused_clearly_where_they_are_switched_off,
             jobs_max_running_keeps_large_seats_for_interactive_reviews,
+            jobs_under_max_running_follow_each_other_with_nothing_else_happening,
             a_jobs_output_is_not_counted_in_its_session,
             a_queued_job_a_reload_made_too_large_fails_and_the_next_one_runs,
         );

@@ -278,6 +278,12 @@ impl LocalJobs {
         let metrics = self.ctx.metrics();
         metrics.moved(Some(from.as_str()), Some(to.as_str()));
         drop(store);
+        if from == Status::Running {
+            // Under `jobs.max_running` the next queued job may start now: its seat may have
+            // come back long before (at this run's last token), when the scheduler found the
+            // running count full and went to sleep.
+            self.ctx.wake.notify_one();
+        }
         if let Some(ran) = ran {
             metrics.ran(ran);
         }
