@@ -84,7 +84,7 @@ fn roles_accepted(input: &PromptInput) {
 /// The shipped `[fields]` bounds, with media URLs on [`MEDIA_HOST`] allowed besides `data:`.
 static BOUNDS: std::sync::LazyLock<FieldsConfig> = std::sync::LazyLock::new(|| FieldsConfig {
     media_hosts: vec![MEDIA_HOST.to_owned()],
-    ..FieldsConfig::DEFAULT
+    ..FieldsConfig::default()
 });
 
 /// `POST /v1/chat/completions`, `POST /v1/completions` and `POST /tokenize` with `data` as the

@@ -243,9 +243,16 @@ fn random_conversation(rng: &mut StdRng) -> Value {
     if rng.random_bool(0.5) {
         let kwargs: serde_json::Map<String, Value> = (0..rng.random_range(0..4))
             .map(|k| {
+                // What `fields.template_kwargs` accepts: a short string, a number, a boolean.
                 let value = match rng.random_range(0..3) {
-                    0 => json!(text(rng, 200)),
-                    1 => json!([text(rng, 20), {"note": text(rng, 20)}]),
+                    0 => {
+                        let mut t = text(rng, 60);
+                        while t.len() > tutor_gateway::config::MAX_TEMPLATE_KWARG_BYTES {
+                            t.pop();
+                        }
+                        json!(t)
+                    }
+                    1 => json!(rng.random_range(-1_000_000..1_000_000)),
                     _ => json!(rng.random_bool(0.5)),
                 };
                 (format!("value_{k}"), value)
@@ -269,6 +276,8 @@ async fn the_estimate_covers_every_string_the_template_renders() {
         c.classify.video_part_tokens = 128;
         // The random media parts name these hosts: ones the gateway lets vLLM fetch from.
         c.fields.media_hosts = vec!["img.example".into(), "v.example".into()];
+        // The random template switches.
+        c.fields.template_kwargs = (0..4).map(|k| format!("value_{k}")).collect();
     })
     .await;
     let mut rng = StdRng::seed_from_u64(29);

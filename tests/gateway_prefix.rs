@@ -350,7 +350,7 @@ async fn a_request_that_differs_where_vllms_cache_looks_is_not_discounted() {
         json!({}),
         json!({"reasoning": "the syllabus changed"}),
         json!({"cache_salt": "tenant-b"}),
-        json!({"chat_template_kwargs": {"week": "7"}}),
+        json!({"chat_template_kwargs": {"date_string": "7 Sep 2026"}}),
     ];
     for i in 0..6 {
         let r = send(

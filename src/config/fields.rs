@@ -21,6 +21,47 @@ const MAX_TOKEN_IDS: u32 = 1024;
 /// Default `fields.max_guide_bytes`.
 const MAX_GUIDE_BYTES: u32 = 16 * 1024;
 
+/// Default `fields.template_kwargs`: the switches the common chat templates read (Qwen3's and
+/// DeepSeek's thinking, gpt-oss' reasoning effort, Llama 3.1's date and tool placement).
+pub const TEMPLATE_KWARGS: &[&str] = &[
+    "enable_thinking",
+    "thinking",
+    "reasoning_effort",
+    "date_string",
+    "tools_in_user_message",
+];
+
+/// Most bytes of a `chat_template_kwargs` string value: a switch's value, not material (a
+/// template that loops over a string renders each of its characters with markup around it).
+pub const MAX_TEMPLATE_KWARG_BYTES: usize = 256;
+
+/// Most entries of `fields.template_kwargs`.
+const MAX_TEMPLATE_KWARG_KEYS: usize = 64;
+
+/// Template variables a request may never set through `chat_template_kwargs`, whatever
+/// `fields.template_kwargs` lists: the template itself, material that has its own field (or
+/// none) and that templates loop over, the rendering's own switches, and the tokenizer's
+/// special tokens (a template writes them once per message).
+pub const NEVER_TEMPLATE_KWARGS: &[&str] = &[
+    "chat_template",
+    "tools",
+    "documents",
+    "custom_tools",
+    "builtin_tools",
+    "messages",
+    "tokenize",
+    "add_generation_prompt",
+    "continue_final_message",
+    "bos_token",
+    "eos_token",
+    "pad_token",
+    "unk_token",
+    "sep_token",
+    "cls_token",
+    "mask_token",
+    "additional_special_tokens",
+];
+
 /// `[fields]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -37,6 +78,8 @@ pub struct RawFields {
     pub max_guide_bytes: Option<u32>,
     /// Hosts media URLs in messages may name; `data:` URLs are always allowed.
     pub media_hosts: Option<Vec<String>>,
+    /// The `chat_template_kwargs` keys a request may set.
+    pub template_kwargs: Option<Vec<String>>,
 }
 
 /// Bounds on what a body may ask of the engine besides its prompt.
@@ -57,24 +100,23 @@ pub struct FieldsConfig {
     /// Hosts (lower case, as the `url` crate normalizes them) that `image_url`, `video_url`,
     /// `audio_url` and `file` parts may fetch from; `data:` URLs need no entry.
     pub media_hosts: Vec<String>,
-}
-
-impl FieldsConfig {
-    /// The shipped defaults (no media host: only `data:` URLs), as a constant for statics.
-    pub const DEFAULT: FieldsConfig = FieldsConfig {
-        max_stop_strings: MAX_STOP_STRINGS,
-        max_stop_bytes: MAX_STOP_BYTES,
-        max_logit_bias: MAX_LOGIT_BIAS,
-        max_token_ids: MAX_TOKEN_IDS,
-        max_guide_bytes: MAX_GUIDE_BYTES,
-        media_hosts: Vec::new(),
-    };
+    /// The `chat_template_kwargs` keys a request may set (none of [`NEVER_TEMPLATE_KWARGS`]),
+    /// each to a boolean, a number, null or a string of at most [`MAX_TEMPLATE_KWARG_BYTES`].
+    pub template_kwargs: Vec<String>,
 }
 
 impl Default for FieldsConfig {
-    /// [`FieldsConfig::DEFAULT`].
+    /// The shipped defaults: no media host (only `data:` URLs), [`TEMPLATE_KWARGS`].
     fn default() -> Self {
-        Self::DEFAULT
+        Self {
+            max_stop_strings: MAX_STOP_STRINGS,
+            max_stop_bytes: MAX_STOP_BYTES,
+            max_logit_bias: MAX_LOGIT_BIAS,
+            max_token_ids: MAX_TOKEN_IDS,
+            max_guide_bytes: MAX_GUIDE_BYTES,
+            media_hosts: Vec::new(),
+            template_kwargs: TEMPLATE_KWARGS.iter().map(|k| (*k).to_owned()).collect(),
+        }
     }
 }
 
@@ -123,6 +165,33 @@ pub(super) fn validate(c: &mut Checker, raw: RawFields) -> FieldsConfig {
             ),
         }
     }
+    let template_kwargs = raw
+        .template_kwargs
+        .unwrap_or_else(|| TEMPLATE_KWARGS.iter().map(|k| (*k).to_owned()).collect());
+    if template_kwargs.len() > MAX_TEMPLATE_KWARG_KEYS {
+        c.fail(
+            "fields.template_kwargs",
+            format!("must list at most {MAX_TEMPLATE_KWARG_KEYS} keys"),
+        );
+    }
+    for (i, key) in template_kwargs.iter().enumerate() {
+        let name_like = (1..=64).contains(&key.len())
+            && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !name_like {
+            c.fail(
+                format!("fields.template_kwargs[{i}]"),
+                "must be a template variable's name: 1 to 64 of A-Z a-z 0-9 _",
+            );
+        } else if NEVER_TEMPLATE_KWARGS.contains(&key.as_str()) {
+            c.fail(
+                format!("fields.template_kwargs[{i}]"),
+                format!(
+                    "{key} cannot be set by a request: the template itself, material it loops \
+                     over, its own switches and the special tokens are never accepted"
+                ),
+            );
+        }
+    }
     FieldsConfig {
         max_stop_strings,
         max_stop_bytes,
@@ -130,6 +199,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawFields) -> FieldsConfig {
         max_token_ids,
         max_guide_bytes,
         media_hosts,
+        template_kwargs,
     }
 }
 

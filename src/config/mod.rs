@@ -54,7 +54,7 @@ pub use autopilot::{AutopilotConfig, MAX_MIN_SAMPLES};
 pub use classify::{ClassifyConfig, ExactCount, TokenizerSource};
 pub use course::{CourseConfig, FocusMode, FocusSettings};
 pub use error::{ConfigError, ConfigIssue};
-pub use fields::FieldsConfig;
+pub use fields::{FieldsConfig, MAX_TEMPLATE_KWARG_BYTES, NEVER_TEMPLATE_KWARGS, TEMPLATE_KWARGS};
 pub use file::{validate, Config};
 pub use jobs::{JobsConfig, PreemptAnswers, WebhookPattern, WEBHOOK_SECRET_ENV};
 pub use placeholders::find_placeholder;

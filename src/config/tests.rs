@@ -1092,3 +1092,36 @@ fn time_keys_with_a_breaking_extreme_are_bounded() {
     }
     fine(&format!("{promotion}continuation_window_ms = 86400000\n"));
 }
+
+/// `fields.template_kwargs` names template variables, never one a request may not set (the
+/// template, material it loops over, its own switches, the special tokens).
+#[test]
+fn template_kwargs_are_names_and_never_the_templates_material() {
+    let base = "[classify]\ntokenizer = \"heuristic\"\n[fields]\n";
+    for (listed, problem) in [
+        (
+            "[\"custom_tools\"]",
+            "fields.template_kwargs[0] custom_tools cannot be set",
+        ),
+        (
+            "[\"enable_thinking\", \"eos_token\"]",
+            "fields.template_kwargs[1] eos_token cannot be set",
+        ),
+        (
+            "[\"a b\"]",
+            "fields.template_kwargs[0] must be a template variable's name",
+        ),
+        (
+            "[\"\"]",
+            "fields.template_kwargs[0] must be a template variable's name",
+        ),
+    ] {
+        let found = issues_of(&format!("{base}template_kwargs = {listed}\n"));
+        assert_eq!(found.len(), 1, "{listed}: {found:?}");
+        assert!(found[0].starts_with(problem), "{listed}: {found:?}");
+    }
+    let ok = Config::from_toml_str(&format!("{base}template_kwargs = [\"week\"]\n")).unwrap();
+    assert_eq!(ok.fields.template_kwargs, ["week"]);
+    let none = Config::from_toml_str(&format!("{base}template_kwargs = []\n")).unwrap();
+    assert!(none.fields.template_kwargs.is_empty());
+}

@@ -229,7 +229,7 @@ fn chat_body(mut value: Value, rules: FieldRules<'_>) -> Result<OpenAiRequest, G
     };
     let messages = template::chat_messages(messages, rules.extra_roles)?;
     let kwargs = body.get("chat_template_kwargs");
-    template::template_kwargs(kwargs)?;
+    template::template_kwargs(kwargs, &rules.bounds.template_kwargs)?;
     if messages.is_empty() {
         return Err(GatewayError::bad_request(
             "messages must not be empty",

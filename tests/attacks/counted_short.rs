@@ -93,12 +93,26 @@ async fn a_prompt_the_engine_counts_far_past_its_estimate_is_judged_by_the_count
 /// engine nothing: such a request must not teach the correction anything.
 #[tokio::test]
 async fn template_kwargs_teach_the_estimate_nothing() {
-    let h = harness(&["--speed", "100", "--profile", "tiny-test"], |_| {}).await;
+    // Ten switches the template never reads, each with as long a value as is accepted.
+    let keys: Vec<String> = (0..10).map(|k| format!("unused_{k}")).collect();
+    let listed = keys.clone();
+    let h = harness(&["--speed", "100", "--profile", "tiny-test"], move |c| {
+        c.fields.template_kwargs = listed;
+    })
+    .await;
     let lines = || ContentKind::ALL.map(|k| h.gw.state.calibration().expect(None, k, 1_000));
     let before = lines();
     for i in 0..10 {
+        let kwargs: serde_json::Map<String, serde_json::Value> = keys
+            .iter()
+            .map(|k| {
+                let mut value = words(60, &format!("{i}{k}"));
+                value.truncate(tutor_gateway::config::MAX_TEMPLATE_KWARG_BYTES);
+                (k.clone(), json!(value))
+            })
+            .collect();
         let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
-                          "chat_template_kwargs": {"unused": words(500, &i.to_string())}});
+                          "chat_template_kwargs": kwargs});
         let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
         assert_eq!(resp.status(), 200);
         let _ = resp.text().await;

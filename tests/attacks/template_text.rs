@@ -2,7 +2,7 @@
 //! `reasoning` in the history, the values of `chat_template_kwargs`. Each once rode the small
 //! lane with a tiny estimate while the engine prefilled all of it (a 12k-token role: estimate
 //! 14, the engine counted 12,012). Now a role vLLM does not know is refused, a configured one is
-//! counted, and the other two are classified by their size.
+//! counted, reasoning is classified by its size, and template kwargs are short listed switches.
 
 use serde_json::{json, Value};
 
@@ -85,68 +85,100 @@ async fn a_12k_token_role_configured_as_allowed_is_classified_large() {
     h.shutdown().await;
 }
 
-/// A chat body carrying `n` tokens of text in the history of `where_`.
-fn hidden_text(where_: &str, n: usize) -> Value {
-    let text = text_of(n);
-    match where_ {
-        "kwargs" => json!({
+/// A chat body carrying `n` tokens of text in an assistant's `reasoning` in the history.
+fn hidden_text(n: usize) -> Value {
+    json!({
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "ok", "reasoning": text_of(n)},
+            {"role": "user", "content": "and?"},
+        ],
+        "max_tokens": 5,
+    })
+}
+
+/// Text in `chat_template_kwargs` is refused before any lane: Llama 3.1's template loops over
+/// `custom_tools` (over a string's characters, each with markup: about three tokens a
+/// letter, where the gateway would count the string once), and a listed switch takes a short
+/// value only.
+#[tokio::test]
+async fn text_in_template_kwargs_is_refused_before_any_lane() {
+    let h = sim().await;
+    let bodies = [
+        (
+            json!({"custom_tools": text_of(3_000)}),
+            "chat_template_kwargs",
+        ),
+        (json!({"bos_token": "x"}), "chat_template_kwargs"),
+        (
+            json!({"date_string": text_of(8_000), "enable_thinking": false}),
+            "chat_template_kwargs.date_string",
+        ),
+    ];
+    for (kwargs, param) in bodies {
+        let body = json!({
             "messages": [{"role": "user", "content": "hi"}],
-            "chat_template_kwargs": {"custom_tools": text, "enable_thinking": false},
+            "chat_template_kwargs": kwargs,
             "max_tokens": 5,
-        }),
-        _ => json!({
-            "messages": [
-                {"role": "user", "content": "hi"},
-                {"role": "assistant", "content": "ok", "reasoning": text},
-                {"role": "user", "content": "and?"},
-            ],
-            "max_tokens": 5,
-        }),
+        });
+        let (status, answer) = post(&h, "/v1/chat/completions", &body).await;
+        assert_eq!(status, 400, "{answer}");
+        assert_eq!(answer["error"]["param"], param, "{answer}");
     }
+    eventually("every request is logged", || {
+        h.log.lock().unwrap().len() == 3
+    })
+    .await;
+    for entry in h.log.lock().unwrap().iter() {
+        assert!(entry["lane"].is_null(), "no lane held it: {entry}");
+        assert_eq!(entry["input_tokens"], Value::Null, "never sent: {entry}");
+    }
+    // A listed switch with a short value goes through.
+    let body = json!({
+        "messages": [{"role": "user", "content": "hi"}],
+        "chat_template_kwargs": {"enable_thinking": false, "date_string": "26 Jul 2024"},
+        "max_tokens": 5,
+    });
+    let (status, answer) = post(&h, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{answer}");
+    eventually("the lanes are idle", || h.idle()).await;
+    h.shutdown().await;
 }
 
 #[tokio::test]
-async fn text_in_template_kwargs_and_in_reasoning_history_is_classified_by_its_size() {
+async fn text_in_reasoning_history_is_classified_by_its_size() {
     let h = sim().await;
-    for (i, where_) in ["kwargs", "reasoning"].into_iter().enumerate() {
-        // 8,000 tokens: large, and counted at least as the engine counts it.
-        let (status, answer) = post(&h, "/v1/chat/completions", &hidden_text(where_, 8_000)).await;
-        assert_eq!(status, 200, "{where_}: {answer}");
-        eventually("the request is logged", || {
-            h.log.lock().unwrap().len() > 2 * i
-        })
-        .await;
-        let entry = h.log.lock().unwrap()[2 * i].clone();
-        assert_eq!(entry["lane"], "large", "{where_}: {entry}");
-        let estimate = entry["input_tokens_estimated"].as_u64().unwrap();
-        let engine = entry["input_tokens"].as_u64().unwrap();
-        assert!(engine > 8_000, "{where_}: the engine prefilled it: {entry}");
-        assert!(estimate >= engine, "{where_}: {entry}");
+    // 8,000 tokens: large, and counted at least as the engine counts it.
+    let (status, answer) = post(&h, "/v1/chat/completions", &hidden_text(8_000)).await;
+    assert_eq!(status, 200, "{answer}");
+    eventually("the request is logged", || {
+        !h.log.lock().unwrap().is_empty()
+    })
+    .await;
+    let entry = h.log.lock().unwrap()[0].clone();
+    assert_eq!(entry["lane"], "large", "{entry}");
+    let estimate = entry["input_tokens_estimated"].as_u64().unwrap();
+    let engine = entry["input_tokens"].as_u64().unwrap();
+    assert!(engine > 8_000, "the engine prefilled it: {entry}");
+    assert!(estimate >= engine, "{entry}");
 
-        // 3 MB (within server.max_body_bytes): more than the model takes, refused by the
-        // gateway itself before any lane, not relayed from the engine.
-        let body = hidden_text(where_, 850_000);
-        assert!(body.to_string().len() > 3_000_000);
-        let (status, answer) = post(&h, "/v1/chat/completions", &body).await;
-        assert_eq!(status, 400, "{where_}: {answer}");
-        assert_eq!(answer["error"]["code"], "too_long", "{where_}: {answer}");
-        assert!(
-            answer["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("maximum length"),
-            "{where_}: {answer}"
-        );
-        eventually("the request is logged", || {
-            h.log.lock().unwrap().len() > 2 * i + 1
-        })
-        .await;
-        let entry = h.log.lock().unwrap()[2 * i + 1].clone();
-        assert!(
-            entry["lane"].is_null(),
-            "{where_}: no lane held it: {entry}"
-        );
-    }
+    // 3 MB (within server.max_body_bytes): more than the model takes, refused by the
+    // gateway itself before any lane, not relayed from the engine.
+    let body = hidden_text(850_000);
+    assert!(body.to_string().len() > 3_000_000);
+    let (status, answer) = post(&h, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["code"], "too_long", "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("maximum length"),
+        "{answer}"
+    );
+    eventually("the request is logged", || h.log.lock().unwrap().len() > 1).await;
+    let entry = h.log.lock().unwrap()[1].clone();
+    assert!(entry["lane"].is_null(), "no lane held it: {entry}");
     eventually("the lanes are idle", || h.idle()).await;
     h.shutdown().await;
 }

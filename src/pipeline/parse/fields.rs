@@ -339,7 +339,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    static BOUNDS: FieldsConfig = FieldsConfig::DEFAULT;
+    static BOUNDS: std::sync::LazyLock<FieldsConfig> =
+        std::sync::LazyLock::new(FieldsConfig::default);
 
     fn rules(unknown: UnknownFields) -> FieldRules<'static> {
         FieldRules {

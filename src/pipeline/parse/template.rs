@@ -2,8 +2,9 @@
 //! "What the estimate counts"): a message carries only the keys the estimate counts, each of the
 //! type it counts, its role is one vLLM's templates know (or one of `classify.extra_roles`),
 //! and every content part is text or a media part of a known type. `chat_template_kwargs` is an
-//! object whose values are counted, less the keys that would change the template or carry
-//! uncounted material. Anything else is a 400 whose `param` is the field's path
+//! object of the keys `fields.template_kwargs` lists (switches a template reads, never the
+//! template, material or special tokens), each a boolean, a number, null or a short string;
+//! its values are counted. Anything else is a 400 whose `param` is the field's path
 //! (`messages[2].role`; `messages[2]` for a key the gateway does not know, named in the
 //! message only, so the request log never carries a name the client chose).
 
@@ -11,6 +12,7 @@ use serde_json::{Map, Value};
 
 use super::typed_ref;
 use crate::classify::{text_field, ChatMessage, MediaKind, TEXT_PART_TYPES};
+use crate::config::MAX_TEMPLATE_KWARG_BYTES;
 use crate::error::GatewayError;
 
 /// The roles vLLM's OpenAI server and chat templates know.
@@ -276,9 +278,12 @@ fn check_text_part(
     Ok(())
 }
 
-/// `chat_template_kwargs`: absent, null, or an object without the keys of [`RESERVED_KWARGS`];
-/// its values are counted ([`crate::classify::PromptInput::with_template_kwargs`]).
-pub fn template_kwargs(value: Option<&Value>) -> Result<(), GatewayError> {
+/// `chat_template_kwargs`: absent, null, or an object of keys among `allowed`
+/// (`fields.template_kwargs`; never one of [`RESERVED_KWARGS`]), each a boolean, a number, null
+/// or a string of at most [`MAX_TEMPLATE_KWARG_BYTES`]: a template may render a value many times
+/// (a loop over a string's characters, a special token after every message), which the count
+/// (each value once, [`crate::classify::PromptInput::with_template_kwargs`]) could not follow.
+pub fn template_kwargs(value: Option<&Value>, allowed: &[String]) -> Result<(), GatewayError> {
     match value {
         None | Some(Value::Null) => Ok(()),
         Some(Value::Object(map)) => {
@@ -286,6 +291,44 @@ pub fn template_kwargs(value: Option<&Value>) -> Result<(), GatewayError> {
                 if map.get(*key).is_some_and(|v| !v.is_null()) {
                     return Err(GatewayError::bad_field(
                         *why,
+                        format!("chat_template_kwargs.{key}"),
+                    ));
+                }
+            }
+            for (key, v) in map {
+                if !allowed.iter().any(|a| a == key) {
+                    // The key is the client's: named in the message only (`param` goes to
+                    // the request log).
+                    let accepted = if allowed.is_empty() {
+                        "none here".to_owned()
+                    } else {
+                        allowed.join(", ")
+                    };
+                    return Err(GatewayError::bad_request(
+                        format!(
+                            "chat_template_kwargs.{} is not accepted (accepted: {accepted}; \
+                             fields.template_kwargs)",
+                            shown(key)
+                        ),
+                        Some("chat_template_kwargs"),
+                    ));
+                }
+                let fine = match v {
+                    Value::Null | Value::Bool(_) | Value::Number(_) => true,
+                    Value::String(s) => s.len() <= MAX_TEMPLATE_KWARG_BYTES,
+                    Value::Array(_) | Value::Object(_) => false,
+                };
+                if !fine {
+                    return Err(GatewayError::bad_field(
+                        format!(
+                            "chat_template_kwargs.{key} must be a boolean, a number, null or a \
+                             string of at most {MAX_TEMPLATE_KWARG_BYTES} bytes, not {}",
+                            if v.is_string() {
+                                "a longer string"
+                            } else {
+                                type_name(v)
+                            }
+                        ),
                         format!("chat_template_kwargs.{key}"),
                     ));
                 }

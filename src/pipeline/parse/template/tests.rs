@@ -138,13 +138,19 @@ fn an_unknown_key_is_named_in_the_message_but_never_in_the_param() {
 }
 
 #[test]
-fn template_kwargs_are_an_object_without_a_template_tools_or_documents() {
+fn template_kwargs_are_an_object_of_listed_switches() {
+    let allowed: Vec<String> = crate::config::TEMPLATE_KWARGS
+        .iter()
+        .map(|k| (*k).to_owned())
+        .collect();
+    let long = "x".repeat(crate::config::MAX_TEMPLATE_KWARG_BYTES);
     for ok in [
         None,
         Some(json!(null)),
-        Some(json!({"enable_thinking": false, "custom_tools": [1]})),
+        Some(json!({"enable_thinking": false, "reasoning_effort": "low", "thinking": null})),
+        Some(json!({"date_string": long, "tools_in_user_message": 1})),
     ] {
-        assert!(template_kwargs(ok.as_ref()).is_ok(), "{ok:?}");
+        assert!(template_kwargs(ok.as_ref(), &allowed).is_ok(), "{ok:?}");
     }
     for (value, param) in [
         (json!("x"), "chat_template_kwargs"),
@@ -157,9 +163,40 @@ fn template_kwargs_are_an_object_without_a_template_tools_or_documents() {
             json!({"documents": [{"text": "x"}]}),
             "chat_template_kwargs.documents",
         ),
+        // Llama 3.1's template loops over `custom_tools` (a string: over its characters).
+        (json!({"custom_tools": "abc"}), "chat_template_kwargs"),
+        (json!({"eos_token": "</s>"}), "chat_template_kwargs"),
+        (json!({"unlisted": true}), "chat_template_kwargs"),
+        (
+            json!({"date_string": format!("{long}x")}),
+            "chat_template_kwargs.date_string",
+        ),
+        (
+            json!({"enable_thinking": [true]}),
+            "chat_template_kwargs.enable_thinking",
+        ),
+        (
+            json!({"thinking": {"on": true}}),
+            "chat_template_kwargs.thinking",
+        ),
     ] {
-        let err = template_kwargs(Some(&value)).unwrap_err();
+        let err = template_kwargs(Some(&value), &allowed).unwrap_err();
         assert_eq!(err.body()["error"]["param"], param, "{value}");
         assert_eq!(err.status(), axum::http::StatusCode::BAD_REQUEST);
     }
+    // An unlisted key is named in the message, with what is accepted.
+    let err = template_kwargs(Some(&json!({"custom_tools": "abc"})), &allowed).unwrap_err();
+    let message = err.message();
+    assert!(
+        message.contains("chat_template_kwargs.custom_tools is not accepted"),
+        "{message}"
+    );
+    assert!(message.contains("enable_thinking") && message.contains("fields.template_kwargs"));
+    // With nothing listed, every key is refused.
+    let err = template_kwargs(Some(&json!({"enable_thinking": true})), &[]).unwrap_err();
+    assert!(
+        err.message().contains("accepted: none here"),
+        "{}",
+        err.message()
+    );
 }
