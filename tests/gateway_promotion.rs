@@ -110,6 +110,44 @@ async fn a_small_request_that_keeps_going_moves_to_medium_at_256_and_completes()
     h.shutdown().await;
 }
 
+/// A request with tools and no `max_tokens` is sent with its reservation as its limit: vLLM's
+/// tool parser may stream nothing while the model writes (a forced call whose name has not
+/// parsed yet), and a request the gateway cannot see grow must not grow past what it reserved
+/// (here it is seen: promoted past small's mid-stream limit, yet ended at its reservation).
+/// With `tool_choice: "none"` it goes on to the engine's limit as any other.
+#[tokio::test]
+async fn a_request_with_tools_and_no_limit_ends_at_its_reservation() {
+    let h = harness(&flags(SIM), short_context).await;
+    let tools = json!([{"type": "function", "function": {"name": "run_tests",
+        "description": "Runs the course's tests", "parameters": {"type": "object"}}}]);
+    let mut logged = 0;
+    let mut ask = |choice: &'static str| {
+        let mut body = endless();
+        body["tools"] = tools.clone();
+        body["tool_choice"] = json!(choice);
+        logged += 1;
+        let (url, log, n) = (h.url("/v1/chat/completions"), h.log.clone(), logged);
+        async move {
+            let text = post_text(url, &body).await;
+            let events = sse(&text);
+            assert_eq!(events.last().unwrap().1, "[DONE]", "{choice}: {text}");
+            eventually("the request is logged", || log.lock().unwrap().len() == n).await;
+            let line = log.lock().unwrap().last().unwrap().clone();
+            assert_eq!(line["finish_reason"], "length", "{choice}: {line}");
+            line["output_tokens"].as_u64().unwrap()
+        }
+    };
+    // What it reserved at admission: its prompt and `classify.default_output_tokens`.
+    let budget = u64::from(Config::default().classify.default_output_tokens.get());
+    for choice in ["required", "auto"] {
+        assert_eq!(ask(choice).await, budget, "{choice}");
+    }
+    let output = ask("none").await;
+    assert!(output > 1000, "{output}");
+    eventually("every counter back to zero", || h.idle()).await;
+    h.shutdown().await;
+}
+
 /// A medium request whose client sent no max tokens is reserved its prompt and
 /// `default_output_tokens` (512), yet may produce up to medium's limit (2,048) there: once its
 /// output passes what it reserved, its reservation grows in medium to its prompt plus the

@@ -387,6 +387,11 @@ pub async fn classify(
     record.mark(Mark::Classified);
     let output_cap = match max_tokens {
         Some(_) => None,
+        // vLLM streams no chunk while its tool parser holds back what the model writes (a
+        // forced call whose name has not parsed yet; whitespace inside a call's JSON:
+        // `if delta_message is None: continue` in its chat stream), so such a request could
+        // decode unseen past its reservation, neither promoted nor cut: it is held to it.
+        None if tools_parsed(&body) => Some(class.output_budget),
         None => rules.output_cap(class.lane, class.input_tokens_estimate, class.output_budget),
     };
     for_engine(
@@ -430,6 +435,15 @@ pub async fn classify(
 /// ([`crate::classify::LaneRules::output_cap`]: the reservation must cover what the engine may
 /// generate; requests that can still be promoted get the bound of the lane where promotions
 /// stop, or none when that is large, whose reservation is `max_model_len`).
+/// Whether vLLM's tool parser reads the answer of this chat body: it has tools, and
+/// `tool_choice` is not `"none"`.
+fn tools_parsed(body: &Map<String, Value>) -> bool {
+    body.get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|t| !t.is_empty())
+        && body.get("tool_choice").and_then(Value::as_str) != Some("none")
+}
+
 fn for_engine(
     body: &mut Map<String, Value>,
     lane: Lane,
