@@ -363,3 +363,28 @@ fn the_hand_written_pre_tokenizer_counts_what_encode_counts() {
         assert!(quick >= 3300, "{}: {quick} fast counts", path.display());
     }
 }
+
+/// A count that learns new pieces while another count reads the cache (a long prompt on the
+/// blocking pool) returns without waiting for it: a short prompt is counted on an async worker,
+/// which a wait for the write lock would stall, with every later reader queued behind it.
+#[test]
+fn a_count_never_waits_for_the_cache_another_count_reads() {
+    let (path, json) = accepted_tokenizers()[1].clone();
+    let tokenizer = Arc::new(Tokenizer::from_file(&path).unwrap());
+    let fast = Arc::new(super::pieces::FastCount::new(tokenizer, &json).expect("llama3 pattern"));
+    let held = fast.reading();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let counting = Arc::clone(&fast);
+    std::thread::spawn(move || {
+        let _ = tx.send(counting.count("novel words never counted before"));
+    });
+    // Generous on any machine: without the fix it never returns while the cache is read.
+    let counted = rx.recv_timeout(std::time::Duration::from_secs(60));
+    drop(held);
+    assert!(matches!(counted, Ok(Some(n)) if n > 0), "{counted:?}");
+    // Once nobody reads, it learns: the same text again is counted the same.
+    assert_eq!(
+        fast.count("novel words never counted before"),
+        counted.unwrap()
+    );
+}

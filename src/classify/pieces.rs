@@ -219,6 +219,12 @@ impl FastCount {
                 || !self.added.iter().any(|a| text.contains(a.as_str())))
     }
 
+    /// The pieces' cache held for reading, as a long count holds it.
+    #[cfg(test)]
+    pub(super) fn reading(&self) -> impl Drop + '_ {
+        self.known.read().unwrap()
+    }
+
     /// Tokens in `text`, which [`FastCount::applies`] to; `None` if the model fails on a piece.
     pub fn count(&self, text: &str) -> Option<usize> {
         let t = text.as_bytes();
@@ -250,8 +256,17 @@ impl FastCount {
                 }
             }
         }
-        if !learned.is_empty() {
-            let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+        // What it learned is kept only when no count is reading the cache: waiting for the
+        // write lock would hold this thread (an async worker, for a short prompt) behind a long
+        // count on the blocking pool, and every new reader behind the waiting writer.
+        let kept = (!learned.is_empty())
+            .then(|| match self.known.try_write() {
+                Ok(known) => Some(known),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            })
+            .flatten();
+        if let Some(mut known) = kept {
             for (bytes, n) in learned {
                 if known.len() >= CACHED_PIECES {
                     break;
