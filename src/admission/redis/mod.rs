@@ -479,6 +479,9 @@ impl RedisAdmission {
             due,
             continuing,
         } = ask;
+        // Its queue timeout counts from here: the first connection's wait and the first try
+        // (Redis calls of up to 500 ms, retried once) are time it waited.
+        let started = Instant::now();
         let rules = self.rules();
         rules.limits.admissible(lane, tokens)?;
         if self.shared.connection().is_none() && !self.shared.degraded() {
@@ -497,7 +500,7 @@ impl RedisAdmission {
             tokens,
             prompt,
             long: self.shared.waits_for_prefill(prompt),
-            started: Instant::now(),
+            started,
             // Its tenant's service is counted fleet-wide (`service`), whether the lines order by
             // it (`auth.fleet_fairness`) or not: the metrics compare the two.
             service: tenant.map(|t| (Arc::from(t), share)),
@@ -671,7 +674,8 @@ impl RedisAdmission {
             lane,
             waited: asked.started.elapsed(),
         };
-        let outcome = tokio::time::timeout(queue.timeout, wait).await;
+        let left = queue.timeout.saturating_sub(asked.started.elapsed());
+        let outcome = tokio::time::timeout(left, wait).await;
         // Out of this replica's line whatever happens next (a request gone to the fallback
         // waits in the fallback's queue only, counted once).
         drop(place);
