@@ -103,6 +103,7 @@ mod queue;
 pub(crate) mod scripts;
 mod service;
 mod shared;
+pub mod subscription;
 mod tasks;
 
 #[cfg(test)]
@@ -117,6 +118,8 @@ mod limits_tests;
 mod lost_reply_tests;
 #[cfg(test)]
 mod preempt_tests;
+#[cfg(test)]
+mod subscription_tests;
 #[cfg(test)]
 pub(crate) mod tests;
 

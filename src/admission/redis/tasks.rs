@@ -7,18 +7,19 @@
 //! - `releaser`: runs the release script for every dropped guard (Drop cannot await), and the
 //!   prefill-done script for every first token, in the order they were sent.
 //! - `listener`: subscribes to the `released` channel and wakes the lane's local heads (and
-//!   every long-prompt line on `prefill`).
+//!   every long-prompt line on `prefill`); subscribes again when its connection is found dead
+//!   (`subscription.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use redis::aio::ConnectionManagerConfig;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::scripts::LimitsWrite;
 use super::shared::{Give, Lease, Shared};
+use super::subscription::Subscription;
 use crate::lane::Lane;
 
 /// Each Redis call gives up after this long (then counts as Redis down).
@@ -408,39 +409,40 @@ pub(super) async fn service_reader(shared: Arc<Shared>, stop: CancellationToken)
 /// pre-emptible leases to leave when an acquire anywhere asks; reconnects after errors.
 pub(super) async fn listener(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
-        let listen = async {
-            let mut pubsub = shared.client.get_async_pubsub().await?;
-            pubsub.subscribe(&shared.keys.released).await?;
-            if shared.marks_every_lane {
-                pubsub.subscribe(&shared.keys.leave).await?;
-            }
-            let mut messages = pubsub.on_message();
-            while let Some(msg) = messages.next().await {
-                let what: String = msg.get_payload().unwrap_or_default();
-                if msg.get_channel_name() == shared.keys.leave {
-                    shared.asked_to_leave(&what);
-                } else if what == "prefill" {
-                    shared.notify(None, true);
-                } else if what == "limits" {
-                    read_limits_version(&shared).await;
-                    // New limits may let waiters in.
-                    shared.notify(None, true);
-                    for lane in Lane::ALL {
-                        shared.notify(Some(lane), false);
-                    }
-                } else if let Some(lane) = Lane::ALL.into_iter().find(|l| l.as_str() == what) {
-                    shared.notify(Some(lane), false);
-                }
-            }
-            Ok::<(), redis::RedisError>(())
-        };
         tokio::select! {
             () = stop.cancelled() => return,
-            _ = listen => {}
+            _ = listen(&shared) => {}
         }
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(shared.heartbeat) => {}
+        }
+    }
+}
+
+/// [`listener`]'s work on one subscription, until its connection fails.
+async fn listen(shared: &Shared) -> redis::RedisResult<()> {
+    let mut channels = vec![shared.keys.released.as_str()];
+    if shared.marks_every_lane {
+        channels.push(shared.keys.leave.as_str());
+    }
+    let mut messages = Subscription::open(&shared.client, &channels, shared.heartbeat).await?;
+    loop {
+        let msg = messages.next().await?;
+        let what: String = msg.get_payload().unwrap_or_default();
+        if msg.get_channel_name() == shared.keys.leave {
+            shared.asked_to_leave(&what);
+        } else if what == "prefill" {
+            shared.notify(None, true);
+        } else if what == "limits" {
+            read_limits_version(shared).await;
+            // New limits may let waiters in.
+            shared.notify(None, true);
+            for lane in Lane::ALL {
+                shared.notify(Some(lane), false);
+            }
+        } else if let Some(lane) = Lane::ALL.into_iter().find(|l| l.as_str() == what) {
+            shared.notify(Some(lane), false);
         }
     }
 }

@@ -4,9 +4,8 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
-
 use super::store::{store_down, RedisStore};
+use crate::admission::redis::subscription::Subscription;
 use crate::telemetry::job_metrics::JOB_STATUSES;
 
 /// Every heartbeat: renews this replica's runner leases, lets the beat script put lost jobs
@@ -101,39 +100,40 @@ pub async fn beat(store: Arc<RedisStore>) {
 /// (the quota's `released` channel) and submissions. Reconnects after errors.
 pub async fn listen(store: Arc<RedisStore>) {
     let (_, heartbeat) = store.admission.lease_timing();
-    let released = store.admission.keys().released.clone();
     loop {
-        let listening = async {
-            let mut pubsub = store.admission.client().get_async_pubsub().await?;
-            pubsub.subscribe(&store.channel).await?;
-            pubsub.subscribe(&released).await?;
-            let mut messages = pubsub.on_message();
-            while let Some(msg) = messages.next().await {
-                let what: String = msg.get_payload().unwrap_or_default();
-                if msg.get_channel_name() == released {
-                    store.ctx.wake.notify_one();
-                    continue;
-                }
-                if let Some(id) = what.strip_prefix("cancel ") {
-                    if let Some(run) = store.running().get(id) {
-                        run.cancel.cancel();
-                    }
-                    let _ = store.changes.send(Arc::from(id));
-                } else {
-                    // (Not a wake-up for the scheduler: pieces are announced too; another
-                    // replica's submission is seen at the next heartbeat.)
-                    let _ = store.changes.send(Arc::from(what.as_str()));
-                }
-            }
-            Ok::<(), redis::RedisError>(())
-        };
         tokio::select! {
             _ = store.ctx.stop.cancelled() => return,
-            _ = listening => {}
+            _ = listen_once(&store, heartbeat) => {}
         }
         tokio::select! {
             _ = store.ctx.stop.cancelled() => return,
             _ = tokio::time::sleep(heartbeat) => {}
+        }
+    }
+}
+
+/// [`listen`]'s work on one subscription (checked every `heartbeat`), until its connection
+/// fails.
+async fn listen_once(store: &RedisStore, heartbeat: std::time::Duration) -> redis::RedisResult<()> {
+    let released = store.admission.keys().released.as_str();
+    let channels = [store.channel.as_str(), released];
+    let mut messages = Subscription::open(store.admission.client(), &channels, heartbeat).await?;
+    loop {
+        let msg = messages.next().await?;
+        let what: String = msg.get_payload().unwrap_or_default();
+        if msg.get_channel_name() == released {
+            store.ctx.wake.notify_one();
+            continue;
+        }
+        if let Some(id) = what.strip_prefix("cancel ") {
+            if let Some(run) = store.running().get(id) {
+                run.cancel.cancel();
+            }
+            let _ = store.changes.send(Arc::from(id));
+        } else {
+            // (Not a wake-up for the scheduler: pieces are announced too; another replica's
+            // submission is seen at the next heartbeat.)
+            let _ = store.changes.send(Arc::from(what.as_str()));
         }
     }
 }
