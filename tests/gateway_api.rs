@@ -628,6 +628,18 @@ async fn vllm_probe_routes_answer_like_vllm() {
         "{}",
         counted["count"]
     );
+    // An answer over 1 MiB (300,000 ids) comes whole: it used to be cut at 1 MiB, a 200 whose
+    // JSON did not parse.
+    let huge = json!({"prompt": "word ".repeat(300_000)});
+    let resp = send(client().post(h.url("/tokenize")).json(&huge)).await;
+    assert_eq!(resp.status(), 200);
+    let text = resp.text().await.unwrap();
+    assert!(text.len() > 1 << 20, "{} bytes", text.len());
+    let counted: serde_json::Value = serde_json::from_str(&text).expect("whole JSON");
+    assert_eq!(
+        counted["tokens"].as_array().unwrap().len() as u64,
+        counted["count"].as_u64().unwrap()
+    );
     let mut chat = long.clone();
     chat["max_tokens"] = json!(1);
     let refused = send(client().post(h.url("/v1/chat/completions")).json(&chat)).await;

@@ -30,6 +30,16 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// dropped, so a broken upstream cannot make the gateway buffer without bound.
 pub const MAX_BODY_BYTES: usize = 1 << 20;
 
+/// How long an idle connection to vLLM is kept for the next request: under uvicorn's
+/// keep-alive (vLLM's `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s), which closes it on its side. A
+/// request sent on a pooled connection just as vLLM closes it fails (hyper retries only a
+/// request it never wrote), and the client would get a 502.
+const POOL_IDLE: Duration = Duration::from_secs(4);
+
+/// Most bytes of a `/tokenize` answer: a 4 MiB prompt's ids (and their strings, when asked for)
+/// take more than [`MAX_BODY_BYTES`]; beyond this it is a 502, never a cut answer.
+pub const MAX_TOKENIZE_BYTES: usize = 32 << 20;
+
 /// The vLLM client. Cheap to clone (the connection pool, config, replicas and task tracker
 /// are shared).
 #[derive(Debug, Clone)]
@@ -109,6 +119,7 @@ impl UpstreamClient {
         // following it would send the prompt, and the key, wherever it points.
         let mut builder = reqwest::Client::builder()
             .connect_timeout(config.connect_timeout)
+            .pool_idle_timeout(POOL_IDLE)
             .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true)
             .no_proxy()
@@ -339,14 +350,31 @@ impl UpstreamClient {
             .header(CONTENT_TYPE, "application/json")
             .body(body);
         let resp = Self::send_by(request, deadline).await?;
-        Self::raw(resp, deadline).await
+        Self::raw_within(resp, deadline, MAX_TOKENIZE_BYTES).await
     }
 
     /// Reads a small answer whole; non-2xx -> [`UpstreamError::Status`] with vLLM's error.
     async fn raw(resp: reqwest::Response, deadline: Instant) -> Result<RawResponse, UpstreamError> {
+        Self::raw_within(resp, deadline, MAX_BODY_BYTES).await
+    }
+
+    /// [`Client::raw`] for an answer of at most `most` bytes: a longer successful one is a
+    /// protocol error (relaying it cut would be a 200 with broken JSON); an error's body is
+    /// kept up to [`MAX_BODY_BYTES`].
+    async fn raw_within(
+        resp: reqwest::Response,
+        deadline: Instant,
+        most: usize,
+    ) -> Result<RawResponse, UpstreamError> {
         let status = resp.status();
         let content_type = resp.headers().get(CONTENT_TYPE).cloned();
-        let body = read_capped(resp, deadline).await?;
+        let cap = if status.is_success() { most } else { MAX_BODY_BYTES };
+        let (body, cut) = read_up_to(resp, deadline, cap).await?;
+        if cut && status.is_success() {
+            return Err(UpstreamError::Protocol(format!(
+                "the engine's answer passed {most} bytes"
+            )));
+        }
         if !status.is_success() {
             let error =
                 EngineError::parse(&body).unwrap_or_else(|| EngineError::unreadable(status, body));
@@ -472,19 +500,32 @@ async fn probe_health(http: &reqwest::Client, base_url: &str) -> Result<(), Upst
 
 /// Reads a non-streaming body, keeping at most [`MAX_BODY_BYTES`], until `deadline`.
 async fn read_capped(resp: reqwest::Response, deadline: Instant) -> Result<Bytes, UpstreamError> {
+    read_up_to(resp, deadline, MAX_BODY_BYTES)
+        .await
+        .map(|(body, _)| body)
+}
+
+/// Reads a non-streaming body, keeping at most `cap` bytes, until `deadline`; whether more
+/// came (the rest is not read).
+async fn read_up_to(
+    resp: reqwest::Response,
+    deadline: Instant,
+    cap: usize,
+) -> Result<(Bytes, bool), UpstreamError> {
     let mut out = BytesMut::new();
     let mut body = resp.bytes_stream();
     loop {
         match tokio::time::timeout_at(deadline, body.next()).await {
             Err(_) => return Err(UpstreamError::ResponseTimeout(PROBE_TIMEOUT)),
-            Ok(None) => return Ok(out.freeze()),
+            Ok(None) => return Ok((out.freeze(), false)),
             Ok(Some(Err(e))) => return Err(UpstreamError::Transport(describe(e))),
             Ok(Some(Ok(chunk))) => {
-                let room = MAX_BODY_BYTES - out.len();
-                out.extend_from_slice(&chunk[..chunk.len().min(room)]);
-                if out.len() == MAX_BODY_BYTES {
-                    return Ok(out.freeze());
+                let room = cap - out.len();
+                if chunk.len() > room {
+                    out.extend_from_slice(&chunk[..room]);
+                    return Ok((out.freeze(), true));
                 }
+                out.extend_from_slice(&chunk);
             }
         }
     }
