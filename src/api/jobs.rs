@@ -5,7 +5,7 @@
 #![deny(clippy::arithmetic_side_effects)]
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -48,8 +48,12 @@ pub async fn submit(
 pub async fn status(
     State(jobs): State<Jobs>,
     tenant: Option<Extension<Tenant>>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Response {
+    let Ok(Path(id)) = id else {
+        // An id that is no text (`%FF`) names no job.
+        return GatewayError::JobNotFound.into_response();
+    };
     match jobs.status(&id, tenant.as_ref().map(|t| &t.0)).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => e.into_response(),
@@ -60,8 +64,12 @@ pub async fn status(
 pub async fn cancel(
     State(jobs): State<Jobs>,
     tenant: Option<Extension<Tenant>>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
 ) -> Response {
+    let Ok(Path(id)) = id else {
+        // An id that is no text (`%FF`) names no job.
+        return GatewayError::JobNotFound.into_response();
+    };
     match jobs.cancel(&id, tenant.as_ref().map(|t| &t.0)).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => e.into_response(),
@@ -96,10 +104,14 @@ fn until_shutdown(
 pub async fn events(
     State(jobs): State<Jobs>,
     tenant: Option<Extension<Tenant>>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
     headers: HeaderMap,
 ) -> Response {
+    let Ok(Path(id)) = id else {
+        // An id that is no text (`%FF`) names no job.
+        return GatewayError::JobNotFound.into_response();
+    };
     let from_query = query.as_deref().and_then(|q| {
         url::form_urlencoded::parse(q.as_bytes())
             .find(|(k, _)| k == "last_event_id")

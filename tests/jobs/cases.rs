@@ -64,6 +64,10 @@ pub async fn a_job_is_submitted_runs_and_its_answer_is_readable(backend: Backend
         client().get(h.url(&text_key)),
         client().delete(h.url(&text_key)),
         client().get(h.url(&format!("{text_key}/events"))),
+        // An id that is no text: the same JSON 404, not axum's plain-text 400.
+        client().get(h.url("/jobs/%FF")),
+        client().delete(h.url("/jobs/%FF")),
+        client().get(h.url("/jobs/%FF/events")),
     ] {
         assert_eq!(
             error_code(req.send().await.unwrap()).await,
