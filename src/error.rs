@@ -25,6 +25,7 @@
 //! | a browser request from an origin not in `server.cors_allow_origins` | 403 | `origin_not_allowed` |
 //! | a request whose `Host` names a host not in `server.allowed_hosts` (on a loopback listener by default: not localhost or a loopback address) | 403 | `host_not_allowed` |
 //! | a cross-origin POST that is not `application/json` | 415 | `unsupported_media_type` |
+//! | a body with a `Content-Encoding` other than `identity` | 415 | `unsupported_media_type` |
 //! | no job with that id (or forgotten after expiry) | 404 | `job_not_found` |
 //! | no route with that path | 404 | `not_found` |
 //! | a route's path with a method it does not take | 405 | `method_not_allowed` |
@@ -133,6 +134,12 @@ pub enum GatewayError {
          'content-type: application/json' -d '{{}}')"
     )]
     UnsupportedMediaType,
+    /// The body is compressed (`Content-Encoding` other than `identity`): the gateway reads
+    /// bodies as sent (a compressed one would be unreadable JSON, or a zip bomb to inflate).
+    #[error(
+        "request bodies are read as sent: send this one without Content-Encoding (it was {0})"
+    )]
+    CompressedBody(String),
     /// No job has this id (never, or forgotten after it expired).
     #[error("no job with this id (results are forgotten some time after they expire)")]
     JobNotFound,
@@ -297,7 +304,9 @@ impl GatewayError {
             Self::OriginNotAllowed => StatusCode::FORBIDDEN,
             Self::HostNotAllowed => StatusCode::FORBIDDEN,
             Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::UnsupportedMediaType | Self::CompressedBody(_) => {
+                StatusCode::UNSUPPORTED_MEDIA_TYPE
+            }
             Self::JobFinished(_) => StatusCode::CONFLICT,
             Self::JobsUnavailable(_) => StatusCode::NOT_IMPLEMENTED,
             Self::JobStoreDown | Self::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
@@ -352,7 +361,7 @@ impl GatewayError {
             Self::OriginNotAllowed => "origin_not_allowed",
             Self::HostNotAllowed => "host_not_allowed",
             Self::Unauthorized(_) => "invalid_api_key",
-            Self::UnsupportedMediaType => "unsupported_media_type",
+            Self::UnsupportedMediaType | Self::CompressedBody(_) => "unsupported_media_type",
             Self::JobFinished(_) => "job_finished",
             Self::JobsFull => "jobs_full",
             Self::JobTooLarge { .. } => "job_too_large",
@@ -388,6 +397,7 @@ impl GatewayError {
             | Self::HostNotAllowed
             | Self::Unauthorized(_)
             | Self::UnsupportedMediaType
+            | Self::CompressedBody(_)
             | Self::JobFinished(_)
             | Self::JobsUnavailable(_) => Outcome::BadRequest,
             Self::Overloaded | Self::QueuedBytes | Self::ReceivingBytes => Outcome::QueueFull,
@@ -520,6 +530,8 @@ impl GatewayError {
                 Some((*retry_after).max(Duration::from_secs(1)))
             }
             Self::JobStoreDown | Self::Shutdown => Some(Duration::from_secs(1)),
+            // vLLM restarting or a replica ejected: a client's backoff has something to go by.
+            Self::Upstream(UpstreamError::Unavailable(_)) => Some(Duration::from_secs(1)),
             Self::Admission(AdmissionError::QuotaUnavailable { .. }) => {
                 Some(Duration::from_secs(1))
             }

@@ -673,6 +673,7 @@ async fn relayed_probe_routes_report_an_unreachable_engine() {
             .json(&json!({"prompt": "hi"})),
     )
     .await;
+    assert_eq!(tokenize.headers()["retry-after"], "1");
     assert_error(tokenize, 503, "upstream_unavailable").await;
     assert_eq!(
         send(client().get(h.url("/health"))).await.status(),

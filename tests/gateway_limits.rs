@@ -692,6 +692,48 @@ async fn bodies_being_received_are_bounded_in_bytes() {
     h.shutdown().await;
 }
 
+/// A body the gateway will not read is refused before it is sent: a `Content-Length` above
+/// `server.max_body_bytes` gets 413 at once (no `100 Continue` asking for 50 MB first), and a
+/// compressed body 415 naming its encoding (it would be read as broken JSON). Neither reaches
+/// a lane.
+#[tokio::test]
+async fn a_body_the_gateway_will_not_read_is_refused_before_it_is_sent() {
+    let h = harness(FAST, |_| {}).await;
+    let head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 50000000\r\nexpect: 100-continue\r\n\r\n";
+    let answer = send_head(&h, head).await.expect("an answer, then the end");
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(!answer.contains("100 Continue"), "{answer}");
+    assert!(answer.contains("\"code\":\"body_too_large\""), "{answer}");
+    for encoding in ["gzip", "br", "identity, deflate"] {
+        let resp = send(
+            client()
+                .post(h.url("/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .header("content-encoding", encoding)
+                .body(r#"{"messages":[{"role":"user","content":"hi"}]}"#),
+        )
+        .await;
+        let err = assert_error(resp, 415, "unsupported_media_type").await;
+        let message = err["error"]["message"].as_str().unwrap();
+        let named = encoding.rsplit(' ').next().unwrap();
+        assert!(message.contains(named), "{message}");
+    }
+    // `identity` is no encoding.
+    let resp = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .header("content-encoding", "identity")
+            .json(&serde_json::json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let _ = resp.text().await;
+    let m = h.metrics_text().await;
+    assert_eq!(family_total(&m, "tutor_gateway_requests_total"), 1.0, "{m}");
+    assert!(h.idle());
+    h.shutdown().await;
+}
+
 /// Writes `head` (ignoring a write the gateway cut short) and reads until the gateway ends the
 /// connection: what it sent, or `None` if it was still open after 30 s.
 async fn send_head(h: &Harness, head: &[u8]) -> Option<String> {

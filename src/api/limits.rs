@@ -128,6 +128,10 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
         };
         return next.run(req).await;
     }
+    if let Some(refused) = unreadable_body(&req, limits.state.config().server.max_body_bytes) {
+        // Before a byte of it is read (and before hyper sends `100 Continue`).
+        return refused.into_response();
+    }
     let Ok(permit) = Arc::clone(&limits.in_flight).try_acquire_owned() else {
         limits.metrics.refused("requests_in_flight");
         return GatewayError::Overloaded.into_response();
@@ -194,6 +198,30 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
         return crate::relay::held::until_sent(resp, (permit, slot));
     }
     crate::relay::held::until_sent(resp, permit)
+}
+
+/// Why `req`'s body is refused before it is read: a `Content-Length` above `max_body_bytes`
+/// (413 at once, not after reading that much), or a `Content-Encoding` other than `identity`
+/// (415: the gateway reads bodies as sent).
+fn unreadable_body(req: &Request, max_body_bytes: usize) -> Option<GatewayError> {
+    if req.body().size_hint().lower() > max_body_bytes as u64 {
+        return Some(GatewayError::BodyTooLarge {
+            limit: max_body_bytes,
+        });
+    }
+    let encodings = req.headers().get_all(axum::http::header::CONTENT_ENCODING);
+    let encoded = encodings.iter().find(|v| {
+        v.to_str().map_or(true, |v| {
+            v.split(',')
+                .any(|e| !e.trim().is_empty() && !e.trim().eq_ignore_ascii_case("identity"))
+        })
+    });
+    encoded.map(|v| {
+        GatewayError::CompressedBody(crate::telemetry::printable(
+            &String::from_utf8_lossy(v.as_bytes()),
+            32,
+        ))
+    })
 }
 
 /// One body's bytes received so far, counted in the pool of all bodies being received until

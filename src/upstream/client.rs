@@ -368,7 +368,11 @@ impl UpstreamClient {
     ) -> Result<RawResponse, UpstreamError> {
         let status = resp.status();
         let content_type = resp.headers().get(CONTENT_TYPE).cloned();
-        let cap = if status.is_success() { most } else { MAX_BODY_BYTES };
+        let cap = if status.is_success() {
+            most
+        } else {
+            MAX_BODY_BYTES
+        };
         let (body, cut) = read_up_to(resp, deadline, cap).await?;
         if cut && status.is_success() {
             return Err(UpstreamError::Protocol(format!(
