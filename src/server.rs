@@ -29,10 +29,6 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use axum::Router;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -42,7 +38,6 @@ use crate::admission::Admission;
 use crate::api::{admin, app, AppState, Jobs};
 use crate::classify::Classifier;
 use crate::config::{Config, RequestLogSink};
-use crate::error::GatewayError;
 use crate::relay::Drain;
 use crate::telemetry::{Metrics, RequestLog};
 use crate::upstream::{UpstreamClient, ABORT_TIMEOUT};
@@ -144,7 +139,7 @@ pub fn serve_state(
     watch_capacity(&state, stop.clone());
     crate::pipeline::reload::watch(state.clone(), stop.clone());
     crate::autopilot::start(state.clone(), stop.clone(), &tasks);
-    let router = drained(app(state.clone(), jobs, auth, addr), &drain);
+    let router = app(state.clone(), jobs, auth, addr, &drain);
     let public = accept::Shutdown {
         stop: stop.clone(),
         grace: state.config().server.shutdown_grace,
@@ -177,7 +172,7 @@ pub fn serve_state(
             std_listener.set_nonblocking(true)?;
             let listener = TcpListener::from_std(std_listener)?;
             let admin_addr = listener.local_addr()?;
-            let router = drained(admin(state.clone(), admin_addr), &drain);
+            let router = admin(state.clone(), admin_addr, &drain);
             let (server, metrics) = (server.clone(), metrics.clone());
             // Stopped after the public listener; its requests are short.
             let shutdown = accept::Shutdown {
@@ -241,28 +236,6 @@ fn watch_capacity(state: &AppState, stop: CancellationToken) {
 
 /// How often the engines' capacity is read again (a replica restarted with other flags).
 pub const CAPACITY_EVERY: Duration = Duration::from_secs(30);
-
-/// `router` with every request handled under `drain` (see [`in_drain`]).
-fn drained(router: Router, drain: &Drain) -> Router {
-    router.layer(axum::middleware::from_fn_with_state(
-        drain.clone(),
-        in_drain,
-    ))
-}
-
-/// Runs a request's handler under the gateway's [`Drain`]: the relay it starts ends when the
-/// grace period is over ([`Drain::current`]), `/readyz` finds the drain in the request's
-/// extensions, and a request whose answer has not begun by then (waiting for a seat or for
-/// vLLM) gets 503 `shutdown` (its handler is dropped, as when a client goes away).
-async fn in_drain(State(drain): State<Drain>, mut req: Request, next: Next) -> Response {
-    req.extensions_mut().insert(drain.clone());
-    let handler = drain.scope(next.run(req));
-    tokio::select! {
-        biased;
-        resp = handler => resp,
-        () = drain.ending() => GatewayError::Shutdown.into_response(),
-    }
-}
 
 impl Gateway {
     /// `http://addr`.

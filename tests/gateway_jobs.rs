@@ -201,7 +201,14 @@ async fn a_large_answer_is_not_diverted_to_a_job_during_the_drain() {
     let big = |salt: &str, out: u32| json!({"prompt": words(5500, salt), "max_output_tokens": out});
     let first = spawn_post(h.url("/answer"), big("first", 3_000));
     eventually("the first holds the seat", || h.in_flight(Lane::Large) == 1).await;
-    let second = spawn_post(h.url("/answer"), big("second", 300));
+    let second = {
+        let (url, body) = (h.url("/answer"), big("second", 300));
+        tokio::spawn(async move {
+            let resp = client().post(url).json(&body).send().await.unwrap();
+            let id = resp.headers().get("x-request-id").cloned();
+            (id, resp.text().await.unwrap())
+        })
+    };
     eventually("the second waits", || {
         h.gw.state
             .admission()
@@ -214,10 +221,12 @@ async fn a_large_answer_is_not_diverted_to_a_job_during_the_drain() {
     // The drain begins before the second's deadline (3 s) and lasts past it (7 s).
     let log = h.log.clone();
     h.shutdown().await;
-    let answered = second.await.unwrap();
-    // Its answer had not begun: 503 `shutdown` ("retry: another replica will answer").
+    let (request_id, answered) = second.await.unwrap();
+    // Its answer had not begun: 503 `shutdown` ("retry: another replica will answer"), with a
+    // request id as every answer.
     assert!(!answered.contains("event: job"), "not diverted: {answered}");
     assert_eq!(json(&answered)["error"]["code"], "shutdown", "{answered}");
+    assert!(request_id.is_some(), "{answered}");
     // Both are logged as ended by the shutdown, not as their clients gone.
     let lines: Vec<serde_json::Value> = log.lock().unwrap().clone();
     let ended: Vec<_> = lines

@@ -1,5 +1,27 @@
-//! Response bodies that stop early: a job's followers at shutdown (`jobs.rs`), a revoked key's
-//! streams (`auth.rs`).
+//! Responses that stop early: every request's handler at the end of the shutdown's grace
+//! ([`in_drain`]), a job's followers at shutdown (`jobs.rs`), a revoked key's streams
+//! (`auth.rs`).
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::GatewayError;
+use crate::relay::Drain;
+
+/// Runs a request's handler under the gateway's [`Drain`]: the relay it starts ends when the
+/// grace period is over ([`Drain::current`]), `/readyz` finds the drain in the request's
+/// extensions, and a request whose answer has not begun by then (waiting for a seat or for
+/// vLLM) gets 503 `shutdown` (its handler is dropped, as when a client goes away).
+pub(crate) async fn in_drain(State(drain): State<Drain>, mut req: Request, next: Next) -> Response {
+    req.extensions_mut().insert(drain.clone());
+    let handler = drain.scope(next.run(req));
+    tokio::select! {
+        biased;
+        resp = handler => resp,
+        () = drain.ending() => GatewayError::Shutdown.into_response(),
+    }
+}
 
 /// `stream` until `end` resolves, then `last` (if any) and the end: the response bodies that
 /// stop early (a job's followers at shutdown, a revoked key's streams). Dropping `stream` stops

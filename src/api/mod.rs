@@ -40,11 +40,18 @@ use axum::Router;
 
 pub use crate::jobs::Jobs;
 pub use crate::pipeline::AppState;
+use crate::relay::Drain;
 use crate::telemetry::Route;
 
 /// The gateway's routes over `state`, with background jobs served by `jobs` and API keys
 /// checked by `auth`, for a listener on `listen` (which names it answers to: [`hosts`]).
-pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth, listen: SocketAddr) -> Router {
+pub fn app(
+    state: AppState,
+    jobs: Jobs,
+    auth: auth::Auth,
+    listen: SocketAddr,
+    drain: &Drain,
+) -> Router {
     let server = state.config().server.clone();
     let hosts = hosts::Hosts::new(&server.allowed_hosts, listen);
     let limit = server.max_body_bytes;
@@ -99,6 +106,12 @@ pub fn app(state: AppState, jobs: Jobs, auth: auth::Auth, listen: SocketAddr) ->
             limits::limit,
         ))
         .layer(axum::middleware::from_fn_with_state(auth, auth::require))
+        // Every handler under the gateway's drain; one still waiting when the grace ends gets
+        // 503 `shutdown`, which the layers below mark as any answer (request id, CORS).
+        .layer(axum::middleware::from_fn_with_state(
+            drain.clone(),
+            ending::in_drain,
+        ))
         // Outermost: a browser request from a foreign origin is refused before anything else.
         .layer(axum::middleware::from_fn_with_state(
             cors::Cors::new(server.cors_allow_origins.clone(), server.cors_max_age),
@@ -121,7 +134,7 @@ fn operator_routes() -> Router<AppState> {
 
 /// The admin listener's routes (`server.admin_listen`): `/metrics`, `/readyz`, `/healthz`,
 /// and `POST /admin/reload` ([`admin::reload`]), behind [`admin::guard`].
-pub fn admin(state: AppState, listen: SocketAddr) -> Router {
+pub fn admin(state: AppState, listen: SocketAddr, drain: &Drain) -> Router {
     let hosts = hosts::Hosts::new(&state.config().server.allowed_hosts, listen);
     operator_routes()
         .route("/healthz", get(ops::healthz))
@@ -131,6 +144,10 @@ pub fn admin(state: AppState, listen: SocketAddr) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             admin::guard,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            drain.clone(),
+            ending::in_drain,
         ))
         .layer(axum::middleware::from_fn_with_state(hosts, hosts::check))
         .layer(axum::middleware::from_fn_with_state(
