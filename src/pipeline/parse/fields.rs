@@ -11,7 +11,9 @@
 //! - **Refused** with a 400 naming the field ([`refusal`]): what multiplies the engine's work
 //!   per request (`best_of`, beam search, `prompt_logprobs` and `echo` with log-probabilities,
 //!   which vLLM turns into `prompt_logprobs`, `logprobs` above `server.max_logprobs` or
-//!   negative), hides output from the count (`include_reasoning: false`), or
+//!   negative, `logprob_token_ids` listing more ids than that), hides output from the count
+//!   (`include_reasoning: false`), costs the scheduler per token (`repetition_detection`), adds
+//!   uncounted prompt (`suffix`), or
 //!   changes the prompt after the gateway counted it (`chat_template`, `documents`,
 //!   `prompt_embeds`, `mm_processor_kwargs`, `media_io_kwargs`), keeps engine memory past the
 //!   reservation (`kv_transfer_params`, `ec_transfer_params`), streams tokens in batches the
@@ -31,6 +33,7 @@ use crate::error::GatewayError;
 /// Fields of both endpoints.
 pub const SHARED: &[&str] = &[
     "model",
+    "logprob_token_ids",
     "max_tokens",
     "stream",
     "stream_options",
@@ -174,18 +177,18 @@ pub fn check(
 
 /// Why `echo` is refused, if it is: with it vLLM computes log-probabilities for every prompt
 /// token (it sets `prompt_logprobs` to completions' `logprobs`, or to chat's `top_logprobs`,
-/// which defaults to 0, so on chat any `echo` not paired with `top_logprobs: null`). Read after
-/// [`read_as_vllm`].
+/// which is 0 when left out or null, so on chat any `echo`). Read after [`read_as_vllm`].
 fn echo_refusal(body: &Map<String, Value>, chat: bool) -> Option<String> {
     if body.get("echo").and_then(Value::as_bool) != Some(true) {
         return None;
     }
     let source = if chat { "top_logprobs" } else { "logprobs" };
     let prompt_logprobs = match body.get(source) {
-        Some(Value::Null) => false,
+        // vLLM 0.34 reads chat's `top_logprobs: null` as 0 (its `TopLogprobsParam`), as it
+        // reads it left out: on chat every `echo` asks for prompt log-probabilities.
+        _ if chat => true,
+        Some(Value::Null) | None => false,
         Some(_) => true,
-        // Chat's `top_logprobs` defaults to 0 in vLLM; completions' `logprobs` to null.
-        None => chat,
     };
     prompt_logprobs.then(|| {
         format!(
@@ -226,6 +229,12 @@ const REFUSABLE: &[&str] = &[
     "vllm_xargs",
     "stream_interval",
     "cache_salt",
+    "logprob_token_ids",
+    "suffix",
+    "repetition_detection",
+    "max_repetition_pattern_size",
+    "min_repetition_pattern_size",
+    "repetition_min_count",
 ];
 
 fn why_refused(
@@ -294,6 +303,33 @@ fn why_refused(
         // derive its tenant's (`prompt/salt.rs`), so it must be text.
         "cache_salt" if set && value.as_str().is_none_or(|s| s.is_empty() || s.len() > 256) => {
             Some("cache_salt must be a non-empty string of at most 256 bytes".into())
+        }
+        // One log-probability per listed id on every token, beside `logprobs`' own cap.
+        "logprob_token_ids" if set => match value.as_array() {
+            Some(ids) if ids.len() <= rules.max_logprobs as usize => None,
+            _ => Some(format!(
+                "logprob_token_ids must be a list of at most {} token ids on this gateway \
+                 (server.max_logprobs)",
+                rules.max_logprobs
+            )),
+        },
+        // A model that fills in the middle renders the suffix into the prompt, which the
+        // gateway counts from `prompt` alone; others refuse it anyway.
+        "suffix" if !chat && value.as_str().is_none_or(|s| !s.is_empty()) && set => Some(
+            "suffix is not supported: it would be prompt text the gateway does not count".into(),
+        ),
+        // vLLM checks these after every generated token on its scheduler thread, at a cost
+        // that grows with the output and the pattern sizes, which nothing bounds.
+        "repetition_detection"
+        | "max_repetition_pattern_size"
+        | "min_repetition_pattern_size"
+        | "repetition_min_count"
+            if set =>
+        {
+            Some(format!(
+                "{name} is not supported: vLLM checks it after every token on the scheduler \
+                 thread every request waits on, at a cost no lane reserves"
+            ))
         }
         "top_logprobs" if chat => over_cap(name, value, rules.max_logprobs),
         "logprobs" if !chat => over_cap(name, value, rules.max_logprobs),
@@ -481,8 +517,8 @@ mod tests {
         let err = checked(body, true, UnknownFields::Reject).unwrap_err();
         assert!(err.contains("x_custom"), "{err}");
         // A field of the other endpoint is unknown here.
-        assert!(checked(json!({"suffix": "x"}), true, UnknownFields::Reject).is_err());
-        assert!(checked(json!({"suffix": "x"}), false, UnknownFields::Reject).is_ok());
+        assert!(checked(json!({"suffix": ""}), true, UnknownFields::Reject).is_err());
+        assert!(checked(json!({"suffix": ""}), false, UnknownFields::Reject).is_ok());
         let long = "k".repeat(10_000);
         let err = checked(json!({ long: 1 }), true, UnknownFields::Reject).unwrap_err();
         assert!(err.len() < 300, "the name is shortened: {err}");
@@ -575,6 +611,53 @@ mod tests {
         );
     }
 
+    /// Fields of vLLM 0.34 that cost the engine what no lane reserves: per-token log-probabilities
+    /// for listed ids past `server.max_logprobs` (5 here), a completion's suffix (prompt text a
+    /// fill-in-the-middle model renders, uncounted), and repetition detection (checked after
+    /// every token on vLLM's scheduler thread, unbounded).
+    #[test]
+    fn fields_that_cost_the_engine_unreserved_work_are_refused() {
+        for (body, chat, param) in [
+            (
+                json!({"logprob_token_ids": [1, 2, 3, 4, 5, 6]}),
+                true,
+                "logprob_token_ids",
+            ),
+            (
+                json!({"logprob_token_ids": "1,2"}),
+                false,
+                "logprob_token_ids",
+            ),
+            (json!({"suffix": "def main():"}), false, "suffix"),
+            (json!({"suffix": 3}), false, "suffix"),
+            (
+                json!({"repetition_detection": {"max_pattern_size": 100000}}),
+                true,
+                "repetition_detection",
+            ),
+            (
+                json!({"repetition_min_count": 2}),
+                false,
+                "repetition_min_count",
+            ),
+        ] {
+            assert_eq!(
+                refused_param(body.clone(), chat).as_deref(),
+                Some(param),
+                "{body}"
+            );
+        }
+        for (body, chat) in [
+            (json!({"logprob_token_ids": [1, 2, 3, 4, 5]}), true),
+            (json!({"logprob_token_ids": null}), false),
+            (json!({"suffix": ""}), false),
+            (json!({"suffix": null}), false),
+            (json!({"repetition_detection": null}), true),
+        ] {
+            assert_eq!(refused_param(body.clone(), chat), None, "{body}");
+        }
+    }
+
     #[test]
     fn echo_with_log_probabilities_is_refused_like_prompt_logprobs() {
         for (body, chat) in [
@@ -584,8 +667,10 @@ mod tests {
                 json!({"echo": 1, "logprobs": true, "top_logprobs": 5}),
                 true,
             ),
-            // Chat's top_logprobs defaults to 0: echo alone asks for prompt logprobs.
+            // Chat's top_logprobs defaults to 0: echo alone asks for prompt logprobs, and so
+            // does echo with `top_logprobs: null` (vLLM 0.34 reads null as 0).
             (json!({"echo": true}), true),
+            (json!({"echo": true, "top_logprobs": null}), true),
         ] {
             assert_eq!(
                 refused_param(body.clone(), chat).as_deref(),
@@ -597,7 +682,6 @@ mod tests {
             (json!({"echo": true}), false),
             (json!({"echo": true, "logprobs": null}), false),
             (json!({"echo": "false", "logprobs": 5}), false),
-            (json!({"echo": true, "top_logprobs": null}), true),
             (
                 json!({"echo": false, "logprobs": true, "top_logprobs": 5}),
                 true,
