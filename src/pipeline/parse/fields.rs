@@ -80,6 +80,11 @@ pub const SHARED: &[&str] = &[
     "add_special_tokens",
     "request_id",
     "cache_salt",
+    // vLLM 0.34's that only lessen the work or tag it: a cap on reasoning tokens (still
+    // counted as output), which end of a truncated prompt is kept, its KV-cache events' tag.
+    "thinking_token_budget",
+    "truncation_side",
+    "session_id",
 ];
 
 /// Fields of `/v1/chat/completions` only.
@@ -148,8 +153,16 @@ pub fn check(
         if let Some((field, why)) = refusal(name, value, chat, declared_max, rules) {
             return Err(GatewayError::bad_request(why, Some(field)));
         }
-        let known = SHARED.contains(&name.as_str())
-            || if chat { CHAT } else { COMPLETIONS }.contains(&name.as_str());
+        // A field the gateway judges (refusable, or a bounded guide) is known whatever its
+        // value: `best_of: 1` or `use_beam_search: false` is no unknown field. One of a single
+        // endpoint's (`suffix`, `top_logprobs`) is known on that endpoint only.
+        let name = name.as_str();
+        let own = if chat { CHAT } else { COMPLETIONS };
+        let one_endpoints = CHAT.contains(&name) || COMPLETIONS.contains(&name);
+        let known = SHARED.contains(&name)
+            || own.contains(&name)
+            || (REFUSABLE.contains(&name) && !one_endpoints)
+            || bounds::GUIDES.contains(&name);
         if !known && rules.unknown == UnknownFields::Reject {
             let endpoint = if chat {
                 "chat/completions"
@@ -519,6 +532,16 @@ mod tests {
         // A field of the other endpoint is unknown here.
         assert!(checked(json!({"suffix": ""}), true, UnknownFields::Reject).is_err());
         assert!(checked(json!({"suffix": ""}), false, UnknownFields::Reject).is_ok());
+        // Harmless values of judged fields, and bounded guides, are known fields.
+        for body in [
+            json!({"best_of": 1, "use_beam_search": false, "stream_interval": 1}),
+            json!({"prompt_logprobs": null, "structural_tag": "{}", "thinking_token_budget": 64}),
+        ] {
+            assert!(
+                checked(body.clone(), true, UnknownFields::Reject).is_ok(),
+                "{body}"
+            );
+        }
         let long = "k".repeat(10_000);
         let err = checked(json!({ long: 1 }), true, UnknownFields::Reject).unwrap_err();
         assert!(err.len() < 300, "the name is shortened: {err}");
