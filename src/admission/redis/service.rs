@@ -17,9 +17,12 @@
 //!   between two backlogged tenants drift past 100,000 tokens. A turn holder that stops being
 //!   first hands the turn on at its next try.
 //! - **Who waits where.** Every heartbeat each replica writes, for each of its lines, the
-//!   tenants waiting in it (`<prefix>:{quota}:waiting`, entries that count for 2 s of Redis's
-//!   clock, so a replica that died stops counting within two seconds) and reads everyone's, in one
-//!   script (`lua/fleet_service_v2.lua`). A tenant that starts waiting is lifted there to the
+//!   tenants waiting in it (`<prefix>:{quota}:waiting`, entries `<line>|<replica>|<tenant>`
+//!   that count for 2 s of Redis's clock, so a replica that died stops counting within two
+//!   seconds; a live one's tenant that stopped waiting is dropped at its next beat, and an
+//!   entry never counts past 2 s from now, whatever Redis's clock did) and reads everyone's,
+//!   in one script (`lua/fleet_service_v2.lua`). A head yields only to the other replicas'
+//!   entries: its own replica's tenants it reads from its line, as they are now. A tenant that starts waiting is lifted there to the
 //!   least counter among the tenants already waiting: service it received while nobody else
 //!   waited is no debt, and idle time banks no credit (as the paper's counter lift).
 //! - **Yielding across replicas.** The tags order one replica's line. When the head of a line
@@ -65,9 +68,14 @@ pub(crate) struct FleetService {
     key: String,
     /// The Redis hash of who waits where.
     waiting_key: String,
-    /// The tenants (fields) waiting in each line (`small`, `small:long`, ...) across the fleet,
-    /// this replica's included, as last read.
+    /// This replica's name in the waiting hash's entries.
+    replica: String,
+    /// The tenants (fields) waiting in each line (`small`, `small:long`, ...) on the other
+    /// replicas, as last read.
     waiting: Mutex<HashMap<String, HashSet<String>>>,
+    /// The tenants (fields) waiting in each of this replica's lines, as last written (its
+    /// heads read their own line instead: exact, where this lags a heartbeat).
+    own: Mutex<HashMap<String, HashSet<String>>>,
     /// Field (16 hex) to tokens over share, as last read plus this replica's charges since.
     view: Mutex<HashMap<String, f64>>,
     /// The tenants this replica charged, by field (for the metrics' labels).
@@ -90,12 +98,14 @@ pub(crate) fn field(tenant: &str) -> String {
 }
 
 impl FleetService {
-    /// The counters under `base` (`<prefix>:{quota}`).
-    pub fn new(base: &str) -> Self {
+    /// The counters under `base` (`<prefix>:{quota}`), for the replica named `replica`.
+    pub fn new(base: &str, replica: &str) -> Self {
         Self {
             key: format!("{base}:service"),
             waiting_key: format!("{base}:waiting"),
+            replica: replica.to_owned(),
             waiting: Mutex::default(),
+            own: Mutex::default(),
             view: Mutex::default(),
             names: Mutex::default(),
         }
@@ -161,22 +171,35 @@ impl FleetService {
     ) -> redis::RedisResult<()> {
         let mut call = HEARTBEAT.key(&self.key);
         call.key(&self.waiting_key)
-            .arg(WAITING_COUNTS_FOR.as_millis() as u64);
+            .arg(WAITING_COUNTS_FOR.as_millis() as u64)
+            .arg(&self.replica);
         for (line, tenant) in mine {
-            call.arg(format!("{line}|{}", field(tenant)));
+            call.arg(format!("{line}|{}|{}", self.replica, field(tenant)));
         }
         let (all, entries): (HashMap<String, f64>, Vec<String>) = call.invoke_async(conn).await?;
-        let mut waiting: HashMap<String, HashSet<String>> = HashMap::new();
+        let (mut waiting, mut own) = (HashMap::new(), HashMap::new());
         for entry in entries {
-            if let Some((line, tenant)) = entry.rsplit_once('|') {
-                waiting
-                    .entry(line.to_owned())
-                    .or_default()
-                    .insert(tenant.to_owned());
-            }
+            // `<line>|<replica>|<tenant>`, or `<line>|<tenant>` from a replica of before.
+            let mut parts = entry.split('|');
+            let (Some(line), Some(second)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let (replica, tenant) = match parts.next() {
+                Some(tenant) => (Some(second), tenant),
+                None => (None, second),
+            };
+            let into: &mut HashMap<String, HashSet<String>> = if replica == Some(&self.replica) {
+                &mut own
+            } else {
+                &mut waiting
+            };
+            into.entry(line.to_owned())
+                .or_default()
+                .insert(tenant.to_owned());
         }
         *self.view() = all;
         *self.waiting.lock().unwrap_or_else(PoisonError::into_inner) = waiting;
+        *self.own.lock().unwrap_or_else(PoisonError::into_inner) = own;
         Ok(())
     }
 
@@ -216,7 +239,13 @@ impl FleetService {
     /// The fields of the tenants waiting anywhere in the fleet, as last read.
     pub fn waiting_fields(&self) -> Vec<String> {
         let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut fields: Vec<String> = waiting.values().flatten().cloned().collect();
+        let own = self.own.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut fields: Vec<String> = waiting
+            .values()
+            .chain(own.values())
+            .flatten()
+            .cloned()
+            .collect();
         fields.sort();
         fields.dedup();
         fields
@@ -226,7 +255,8 @@ impl FleetService {
     /// (0 for fewer than two).
     pub fn fleet_gap(&self) -> f64 {
         let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        let tenants: HashSet<&String> = waiting.values().flatten().collect();
+        let own = self.own.lock().unwrap_or_else(PoisonError::into_inner);
+        let tenants: HashSet<&String> = waiting.values().chain(own.values()).flatten().collect();
         let view = self.view();
         let values: Vec<f64> = tenants
             .iter()
@@ -292,7 +322,7 @@ mod tests {
 
     #[test]
     fn charges_add_up_in_the_view_never_below_zero_and_names_are_hashed() {
-        let s = FleetService::new("tg:test:{quota}");
+        let s = FleetService::new("tg:test:{quota}", "r1");
         let t = tokio_util::task::TaskTracker::new();
         s.charge(None, &t, "school-a", 300.0);
         s.charge(None, &t, "school-a", -100.0);

@@ -170,7 +170,7 @@ impl Shared {
         preempt: bool,
     ) -> Self {
         let replica = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
-        let service = Arc::new(super::service::FleetService::new(&keys.base));
+        let service = Arc::new(super::service::FleetService::new(&keys.base, &replica));
         let queues: [LaneQueue<Handed>; 3] = Default::default();
         let long_lines: [LaneQueue<Handed>; 3] = Default::default();
         for line in queues.iter().chain(long_lines.iter()) {

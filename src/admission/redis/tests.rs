@@ -686,7 +686,10 @@ async fn the_fleet_heartbeat_lifts_a_tenant_that_starts_waiting_and_forgets_a_si
         .query_async(&mut f.conn)
         .await
         .unwrap();
-    let (one, two) = (FleetService::new(base), FleetService::new(base));
+    let (one, two) = (
+        FleetService::new(base, "one"),
+        FleetService::new(base, "two"),
+    );
     let at = |line: &str, t: &str| (line.to_owned(), Arc::<str>::from(t));
     // A starts waiting on replica 1 while nobody waits: kept as it is.
     one.refresh(&mut f.conn, &[at("small", "a")]).await.unwrap();
@@ -714,9 +717,12 @@ async fn the_fleet_heartbeat_lifts_a_tenant_that_starts_waiting_and_forgets_a_si
         !one.yields("small", "a", 100.0, || here.to_vec()),
         "B waits in another line"
     );
-    two.refresh(&mut f.conn, &[at("large", "b"), at("small", "b")])
-        .await
-        .unwrap();
+    two.refresh(
+        &mut f.conn,
+        &[at("large", "b"), at("large", "c"), at("small", "b")],
+    )
+    .await
+    .unwrap();
     one.refresh(&mut f.conn, &[at("small", "a")]).await.unwrap();
     assert_eq!(one.fleet_gap(), 4_000.0, "A, B and C wait: 9,000 - 5,000");
     assert!(
@@ -733,6 +739,47 @@ async fn the_fleet_heartbeat_lifts_a_tenant_that_starts_waiting_and_forgets_a_si
     assert!(
         !one.yields("small", "a", 100.0, || both.to_vec()),
         "B waits here: the tags order them"
+    );
+    // A tenant that stopped waiting on a replica stops counting at that replica's next beat,
+    // not two seconds later: B left replica 2's small line.
+    two.refresh(&mut f.conn, &[at("large", "b"), at("large", "c")])
+        .await
+        .unwrap();
+    one.refresh(&mut f.conn, &[at("small", "a")]).await.unwrap();
+    assert!(
+        !one.yields("small", "a", 100.0, || here.to_vec()),
+        "B waits in small nowhere now"
+    );
+    // Nor does a replica yield to its own tenants' entries, which lag its own line: D waited
+    // in replica 1's small line, far behind A, and left it.
+    one.refresh(&mut f.conn, &[at("small", "a"), at("small", "d")])
+        .await
+        .unwrap();
+    assert!(
+        !one.yields("small", "a", 100.0, || here.to_vec()),
+        "D's entry is replica 1's own: its line says D is gone"
+    );
+    one.refresh(&mut f.conn, &[at("small", "a")]).await.unwrap();
+    assert!(!one.waiting_fields().contains(&field("d")));
+    // An entry written before Redis's clock was set back counts no longer than one written now.
+    let (secs, _): (u64, u64) = redis::cmd("TIME").query_async(&mut f.conn).await.unwrap();
+    let () = redis::cmd("HSET")
+        .arg(format!("{base}:waiting"))
+        .arg("small|gone|0123456789abcdef")
+        .arg((secs + 3_600) * 1_000)
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    one.refresh(&mut f.conn, &[at("small", "a")]).await.unwrap();
+    let until: u64 = redis::cmd("HGET")
+        .arg(format!("{base}:waiting"))
+        .arg("small|gone|0123456789abcdef")
+        .query_async(&mut f.conn)
+        .await
+        .unwrap();
+    assert!(
+        until <= (secs + 60) * 1_000,
+        "brought back to now + its time: {until}"
     );
     // Replica 2 goes silent: its entries stop counting.
     tokio::time::sleep(WAITING_COUNTS_FOR + Duration::from_millis(200)).await;
