@@ -236,6 +236,19 @@ impl FleetService {
         behind.iter().any(|f| !here.contains(*f))
     }
 
+    /// Forgets who waits where (a beat that failed: a view that can no longer be refreshed
+    /// must not keep heads yielding to tenants that may have stopped waiting long ago).
+    pub fn forget_waiting(&self) {
+        self.waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+        self.own
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
     /// The fields of the tenants waiting anywhere in the fleet, as last read.
     pub fn waiting_fields(&self) -> Vec<String> {
         let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);

@@ -383,6 +383,7 @@ pub(super) async fn service_reader(shared: Arc<Shared>, stop: CancellationToken)
             }
         }
         if shared.service.refresh(&mut conn, &mine).await.is_err() {
+            shared.service.forget_waiting();
             continue;
         }
         for (tenant, tokens) in shared.service.named() {

@@ -781,6 +781,15 @@ async fn the_fleet_heartbeat_lifts_a_tenant_that_starts_waiting_and_forgets_a_si
         until <= (secs + 60) * 1_000,
         "brought back to now + its time: {until}"
     );
+    // A replica whose beats fail forgets who waits where rather than yield to an old view.
+    two.refresh(&mut f.conn, &[at("small", "b")]).await.unwrap();
+    one.refresh(&mut f.conn, &[at("small", "a")]).await.unwrap();
+    assert!(one.yields("small", "a", 100.0, || here.to_vec()));
+    one.forget_waiting();
+    assert!(!one.yields("small", "a", 100.0, || here.to_vec()));
+    two.refresh(&mut f.conn, &[at("large", "b"), at("large", "c")])
+        .await
+        .unwrap();
     // Replica 2 goes silent: its entries stop counting.
     tokio::time::sleep(WAITING_COUNTS_FOR + Duration::from_millis(200)).await;
     one.refresh(&mut f.conn, &[at("small", "a")]).await.unwrap();
