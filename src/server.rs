@@ -79,7 +79,7 @@ pub struct Gateway {
 /// Builds the handlers' state from `config`; spawned abort calls go on `tasks`.
 pub fn build_state(config: Config, tasks: TaskTracker) -> anyhow::Result<AppState> {
     let request_log = match config.telemetry.request_log {
-        RequestLogSink::Stdout => RequestLog::Stdout,
+        RequestLogSink::Stdout => RequestLog::stdout(),
         RequestLogSink::Off => RequestLog::Off,
     };
     build_state_with_log(config, tasks, request_log)
@@ -234,6 +234,9 @@ fn watch_capacity(state: &AppState, stop: CancellationToken) {
     });
 }
 
+/// How long the shutdown waits for the request log's queued lines to be written.
+const LOG_FLUSH_WAIT: Duration = Duration::from_secs(2);
+
 /// How often the engines' capacity is read again (a replica restarted with other flags).
 pub const CAPACITY_EVERY: Duration = Duration::from_secs(30);
 
@@ -289,6 +292,12 @@ impl Gateway {
             {
                 tracing::warn!("released leases not all written to Redis; they expire by TTL");
             }
+        }
+        // The last requests' log lines, before the process goes.
+        let log = self.state.request_log().clone();
+        let flushed = tokio::task::spawn_blocking(move || log.flush(LOG_FLUSH_WAIT)).await;
+        if !matches!(flushed, Ok(true)) {
+            tracing::warn!("request log lines still queued at exit were lost");
         }
         tracing::info!("shut down");
     }

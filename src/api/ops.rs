@@ -125,6 +125,9 @@ fn relayed(raw: Result<RawResponse, UpstreamError>) -> Response {
 
 /// `GET /metrics`: Prometheus text.
 pub async fn metrics(State(state): State<AppState>) -> Response {
+    state
+        .metrics()
+        .request_log_dropped(state.request_log().dropped());
     let text = state.metrics().render(&state.admission().snapshot());
     (
         [(

@@ -428,6 +428,11 @@ impl AppState {
         &self.0.metrics
     }
 
+    /// The request log.
+    pub fn request_log(&self) -> &RequestLog {
+        &self.0.request_log
+    }
+
     /// The size long prompts are prefilled in pieces of, tokens (0: not pieced):
     /// `admission.prefill_piece_tokens` when set, else what the autopilot picked.
     pub fn piece_tokens(&self, config: &Config) -> u32 {

@@ -209,6 +209,7 @@ pub struct Metrics {
     prefix_hits: IntCounterVec,
     refused: IntCounterVec,
     denied: IntCounterVec,
+    request_log_dropped: prometheus::IntCounter,
     tenant_refused: IntCounterVec,
     quota: QuotaMetrics,
     promotion: PromotionMetrics,
@@ -357,6 +358,13 @@ impl Metrics {
         ] {
             refused.with_label_values(&[limit]);
         }
+        let request_log_dropped = registered(
+            &registry,
+            prometheus::IntCounter::new(
+                "tutor_gateway_request_log_dropped_total",
+                "Request log lines dropped because the writer fell behind (stdout not read fast enough: 16,384 lines waited).",
+            ),
+        );
         let denied = counter(
             "tutor_gateway_denied_total",
             "Requests denied before any route, by reason: auth (no valid API key or token, or not the admin listener's token: 401), host (a Host not in server.allowed_hosts: 403), origin (a browser Origin not in server.cors_allow_origins: 403).",
@@ -441,6 +449,7 @@ impl Metrics {
             prefix,
             refused,
             denied,
+            request_log_dropped,
             tenant_refused,
             config,
             replicas,
@@ -657,6 +666,14 @@ impl Metrics {
         self.requests
             .with_label_values(&[lane, route.as_str(), outcome.as_str()])
             .get()
+    }
+
+    /// The request log's dropped lines, `total` of them so far.
+    pub fn request_log_dropped(&self, total: u64) {
+        let counted = self.request_log_dropped.get();
+        if total > counted {
+            self.request_log_dropped.inc_by(total - counted);
+        }
     }
 
     /// The text exposition, with lane gauges taken from `admission` now.

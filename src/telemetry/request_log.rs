@@ -3,22 +3,106 @@
 //! text (`telemetry.request_log` in config).
 
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use super::latency::{LatencySplit, StageSplit};
 
+/// Lines waiting to be written before new ones are dropped (a few MB; a minute of a busy
+/// gateway's requests).
+pub const QUEUED_LINES: usize = 16_384;
+
 /// Where finished requests are logged.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub enum RequestLog {
     /// Not logged.
     Off,
-    /// One JSON line each on stdout.
-    #[default]
-    Stdout,
+    /// One JSON line each on stdout, written by a thread of its own ([`LineSink`]).
+    Stdout(LineSink),
     /// Kept in memory (tests).
     Memory(Arc<Mutex<Vec<serde_json::Value>>>),
+}
+
+/// Lines written by a thread of their own, so a writer that blocks (a log shipper behind on
+/// reading the container's stdout) never holds a request's task: beyond [`QUEUED_LINES`]
+/// waiting, a line is dropped and counted (`tutor_gateway_request_log_dropped_total`).
+#[derive(Debug, Clone)]
+pub struct LineSink {
+    tx: SyncSender<String>,
+    /// Lines dropped because the queue was full.
+    dropped: Arc<AtomicU64>,
+    /// Lines queued and not yet written.
+    pending: Arc<AtomicUsize>,
+}
+
+impl LineSink {
+    /// Lines written to `out`, at most `capacity` waiting.
+    pub fn new(mut out: impl Write + Send + 'static, capacity: usize) -> Self {
+        let (tx, rx) = sync_channel::<String>(capacity);
+        let pending = Arc::new(AtomicUsize::new(0));
+        let written = Arc::clone(&pending);
+        let spawned = std::thread::Builder::new()
+            .name("request-log".into())
+            .spawn(move || {
+                for line in rx {
+                    let _ = writeln!(out, "{line}");
+                    let _ = out.flush();
+                    written.fetch_sub(1, Ordering::AcqRel);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "the request log's writer thread did not start");
+        }
+        Self {
+            tx,
+            dropped: Arc::new(AtomicU64::new(0)),
+            pending,
+        }
+    }
+
+    /// Queues `line`, or drops and counts it when the queue is full.
+    fn send(&self, line: String) {
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = self.tx.try_send(line) {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl RequestLog {
+    /// One JSON line each on stdout.
+    pub fn stdout() -> Self {
+        Self::Stdout(LineSink::new(std::io::stdout(), QUEUED_LINES))
+    }
+
+    /// Lines dropped so far because the writer fell behind.
+    pub fn dropped(&self) -> u64 {
+        match self {
+            Self::Stdout(sink) => sink.dropped.load(Ordering::Relaxed),
+            _ => 0,
+        }
+    }
+
+    /// Waits (blocking, at most `within`) until every queued line is written: at shutdown, so
+    /// the last requests' lines are not lost with the process. Whether all were.
+    pub fn flush(&self, within: Duration) -> bool {
+        let Self::Stdout(sink) = self else {
+            return true;
+        };
+        let deadline = Instant::now() + within;
+        while sink.pending.load(Ordering::Acquire) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
 }
 
 /// One finished request.
@@ -87,10 +171,9 @@ impl RequestLog {
     pub fn write(&self, line: &RequestLogLine<'_>) {
         match self {
             RequestLog::Off => {}
-            RequestLog::Stdout => {
+            RequestLog::Stdout(sink) => {
                 if let Ok(text) = serde_json::to_string(line) {
-                    let mut out = std::io::stdout().lock();
-                    let _ = writeln!(out, "{text}");
+                    sink.send(text);
                 }
             }
             RequestLog::Memory(lines) => {
@@ -99,5 +182,62 @@ impl RequestLog {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer stuck (a log shipper not reading) until `open` says go; what it wrote.
+    struct Stuck {
+        open: std::sync::mpsc::Receiver<()>,
+        waited: bool,
+        out: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Write for Stuck {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if !self.waited {
+                let _ = self.open.recv();
+                self.waited = true;
+            }
+            self.out.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A writer that does not keep up never holds the request that logs: its lines queue up to
+    /// the bound, the rest are dropped and counted, and every queued line is written once the
+    /// writer moves again (the shutdown's flush waits for them).
+    #[test]
+    fn a_stuck_writer_never_holds_a_request_and_its_lines_are_kept_or_counted() {
+        let (go, open) = std::sync::mpsc::channel();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let stuck = Stuck {
+            open,
+            waited: false,
+            out: Arc::clone(&out),
+        };
+        let log = RequestLog::Stdout(LineSink::new(stuck, 4));
+        let RequestLog::Stdout(sink) = &log else {
+            unreachable!()
+        };
+        // Each send returns at once (this test would hang otherwise).
+        for i in 0..20 {
+            sink.send(format!("line {i}"));
+        }
+        let dropped = log.dropped();
+        assert!((15..=16).contains(&dropped), "{dropped} dropped");
+        assert!(!log.flush(Duration::from_millis(50)), "the writer is stuck");
+        go.send(()).unwrap();
+        assert!(log.flush(Duration::from_secs(60)), "written once it moves");
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count() as u64, 20 - dropped, "{text}");
+        assert!(text.starts_with("line 0\n"), "in order: {text}");
     }
 }
