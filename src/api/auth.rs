@@ -169,7 +169,15 @@ impl Auth {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(every) => {}
                     }
-                    auth.reload(&mut look);
+                    // Reading and hashing the file (a slow or network mount) is blocking work:
+                    // off the async workers.
+                    let reloading = auth.clone();
+                    look = tokio::task::spawn_blocking(move || {
+                        reloading.reload(&mut look);
+                        look
+                    })
+                    .await
+                    .unwrap_or_default();
                 }
             });
         }

@@ -77,11 +77,22 @@ impl TlsFront {
                     () = stop.cancelled() => return,
                     () = tokio::time::sleep(RELOAD_EVERY) => {}
                 }
-                let now = stamp(&cert, &key);
-                if now.is_none() || now == seen {
+                // Reading the files and building the TLS config is blocking work (a slow or
+                // network mount): off the async workers.
+                let (c, k, before) = (cert.clone(), key.clone(), seen);
+                let Ok((now, loaded)) = tokio::task::spawn_blocking(move || {
+                    let now = stamp(&c, &k);
+                    let changed = now.is_some() && now != before;
+                    (now, changed.then(|| load(&c, &k)))
+                })
+                .await
+                else {
                     continue;
-                }
-                match load(&cert, &key) {
+                };
+                let Some(loaded) = loaded else {
+                    continue;
+                };
+                match loaded {
                     Ok(acceptor) => {
                         *swap.acceptor.write().unwrap_or_else(|e| e.into_inner()) = acceptor;
                         seen = now;
