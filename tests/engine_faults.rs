@@ -118,3 +118,49 @@ async fn a_redirect_from_the_engine_is_not_followed() {
     h.shutdown().await;
     elsewhere.shutdown().await;
 }
+
+/// vLLM refuses some requests only as its engine takes them (a token id past the vocabulary, a
+/// grammar its backend cannot build): streaming, its answer is a 200 whose first event is the
+/// 400. A client that asked for a whole answer gets that 400 with vLLM's message, as vLLM
+/// would have answered it (a 502 would be retried by the OpenAI SDK, the engine asked three
+/// times); a streaming one gets what vLLM streams, the error as its only event. Every seat
+/// comes back.
+#[tokio::test]
+async fn a_request_the_engine_refuses_as_it_takes_it_is_a_400_not_a_502() {
+    let h = harness(&flags("--speed 50 --profile tiny-test"), |_| {}).await;
+    for (path, mut body) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        ("/v1/completions", json!({"prompt": "hi"})),
+    ] {
+        body["max_tokens"] = json!(5);
+        body["allowed_token_ids"] = json!([5, 999_999]);
+        body["stream"] = json!(false);
+        let resp = within("the answer", send(client().post(h.url(path)).json(&body))).await;
+        let err = assert_error(resp, 400, "upstream_rejected").await;
+        let message = err["error"]["message"].as_str().unwrap();
+        assert!(message.contains("out-of-vocab"), "{path}: {err}");
+        body["stream"] = json!(true);
+        let resp = within("the stream", send(client().post(h.url(path)).json(&body))).await;
+        assert_eq!(resp.status(), 200);
+        let events = tutor_testkit::sse_events(&resp.text().await.unwrap());
+        assert_eq!(events.len(), 2, "{events:?}");
+        let err = json(&events[0]);
+        assert_eq!(err["error"]["code"], "upstream_rejected", "{path}: {err}");
+        assert!(err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("out-of-vocab"));
+        assert_eq!(events[1], "[DONE]");
+    }
+    eventually("every seat is back", || h.idle()).await;
+    let m = h.metrics_text().await;
+    assert_eq!(
+        metric_or_zero(&m, "tutor_gateway_requests_total{lane=\"small\",outcome=\"upstream_error\",route=\"chat_completions\"}"),
+        0.0,
+        "{m}"
+    );
+    h.shutdown().await;
+}

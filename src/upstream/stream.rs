@@ -346,7 +346,23 @@ impl UpstreamStream {
         self.last_event_at = now;
         match parse_payload(data) {
             Err(e) => Some(Err(self.fail(e))),
-            Ok(Payload::Error(e)) => Some(Err(self.fail(UpstreamError::Engine(e)))),
+            Ok(Payload::Error(e)) => {
+                // vLLM refuses some requests only as its engine takes them (a grammar its
+                // backend cannot build, a token id past the vocabulary), after a streaming
+                // answer began: its first event is then the 400 a whole answer would have had,
+                // and the client gets that 400 (not a 502 its SDK would retry).
+                let refused = e
+                    .code
+                    .as_deref()
+                    .and_then(|c| c.parse::<u16>().ok())
+                    .and_then(|c| reqwest::StatusCode::from_u16(c).ok())
+                    .filter(|c| c.is_client_error() && self.token_chunks == 0);
+                let err = match refused {
+                    Some(status) => UpstreamError::Status { status, error: e },
+                    None => UpstreamError::Engine(e),
+                };
+                Some(Err(self.fail(err)))
+            }
             Ok(Payload::Done) if self.finish_reason.is_some() => {
                 self.finish_clean();
                 None

@@ -90,6 +90,20 @@ async fn generate(state: AppState, gen: Generation) -> Response {
         }
         return resp;
     }
+    if let Some(e) = gen.late_error {
+        // vLLM's engine refuses it as it takes it: a streaming answer has begun by then (200,
+        // the error as its first event, then `[DONE]`); a whole one is a plain 400.
+        let mut resp = if gen.stream {
+            let sse = format!("data: {}\n\ndata: [DONE]\n\n", e.to_json());
+            ([(header::CONTENT_TYPE, "text/event-stream")], sse).into_response()
+        } else {
+            e.into_response()
+        };
+        if let Some(v) = echo {
+            resp.headers_mut().insert("x-request-id", v);
+        }
+        return resp;
+    }
     // A continuation's length is what is left of its original's: drawn as the original's,
     // whose limit was this one's and the tokens already given.
     let first = gen.first_word;

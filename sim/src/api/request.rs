@@ -210,6 +210,9 @@ impl Sampling {
 /// tokens follow): the heuristic tokenizer's ordinary ids stay below it.
 pub const SPECIAL_TOKENS_FROM: u32 = 128_000;
 
+/// The vocabulary's size (Llama 3's: 128,000 ordinary ids and 256 special ones).
+pub const VOCAB_SIZE: u32 = 128_256;
+
 /// `/v1/chat/completions` body.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatBody {
@@ -314,6 +317,10 @@ pub struct Generation {
     /// The answer's tokens decode to no text: `allowed_token_ids` holds special tokens only and
     /// `skip_special_tokens` is not false (vLLM then streams `delta.content: ""` for each).
     pub silent: bool,
+    /// What vLLM's engine refuses only once it takes the request (its input processor, after a
+    /// streaming answer began): an `allowed_token_ids` id past the vocabulary. A streaming
+    /// answer then sends the error as its first event (with a 200), a whole one answers 400.
+    pub late_error: Option<ApiError>,
     /// Log-probabilities asked for: how many alternatives per output token
     /// ([`crate::api::chunks::logprobs`]); `None`: not asked.
     pub logprobs: Option<u32>,
@@ -628,6 +635,13 @@ impl Generation {
             origin: None,
             tool_call: None,
             logprobs,
+            late_error: c
+                .allowed_token_ids
+                .as_ref()
+                .is_some_and(|ids| ids.iter().any(|&id| id >= VOCAB_SIZE))
+                .then(|| {
+                    ApiError::bad_request("allowed_token_ids contains out-of-vocab token id!", None)
+                }),
             silent: c.skip_special_tokens != Some(false)
                 && c.allowed_token_ids.as_ref().is_some_and(|ids| {
                     !ids.is_empty() && ids.iter().all(|&id| id >= SPECIAL_TOKENS_FROM)
