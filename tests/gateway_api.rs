@@ -302,7 +302,9 @@ async fn a_non_streaming_answer_keeps_its_tool_calls_and_reasoning() {
         3
     );
     assert_eq!(message_words(&plain), 5);
-    assert_eq!(message["tool_calls"], json!([]));
+    // No empty `tool_calls` (sent back with the history, an empty list breaks Llama 3's tool
+    // templates).
+    assert!(message.get("tool_calls").is_none(), "{plain}");
 
     // A client's own continuation of that answer is given as vLLM gives it, the reasoning
     // parser's labels included (only the gateway's continuations of pre-empted work read

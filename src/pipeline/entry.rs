@@ -189,6 +189,10 @@ async fn openai_journey(
         continuous_usage: req.continuous_usage,
     };
     let stream = req.stream;
+    let forced_tool_call = req
+        .body
+        .get("tool_choice")
+        .is_some_and(|c| c.is_object() || c.as_str() == Some("required"));
     let prepared = match prompt::openai_request(&ctx, route, &headers, req).and_then(|p| {
         Ok(Prepared {
             size,
@@ -216,7 +220,10 @@ async fn openai_journey(
         sse_response(streamed(&ctx, relay))
     } else {
         match relay.collect().await {
-            Ok(all) => axum::Json(all.into_json(route)).into_response(),
+            Ok(mut all) => {
+                all.forced_tool_call = forced_tool_call;
+                axum::Json(all.into_json(route)).into_response()
+            }
             Err(e) => e.into_response(),
         }
     };

@@ -45,6 +45,16 @@ pub struct Collected {
     pub usage: Option<Usage>,
     /// Set when the answer was cut at its lane's limit.
     pub cut: Option<super::cut::CutInfo>,
+    /// The message's role as the first chunk gave it (`assistant`, or the last message's role
+    /// when the client continued it).
+    pub role: Option<String>,
+    /// The final usage as vLLM wrote it (its details included: reasoning tokens, cache).
+    pub raw_usage: Option<Value>,
+    /// What vLLM puts beside the final usage only: `system_fingerprint`, per-request `metrics`.
+    pub beside_usage: serde_json::Map<String, Value>,
+    /// The request forced a tool call (`tool_choice` `"required"` or a named function): vLLM
+    /// then answers `content: ""` beside the calls, otherwise `null`.
+    pub forced_tool_call: bool,
     /// The latency split at the end.
     pub timings: LatencySplit,
 }
@@ -162,11 +172,22 @@ fn skip_value(raw: &[u8], mut i: usize) -> Option<usize> {
 impl Collected {
     /// Adds one chunk.
     pub fn add(&mut self, chunk: &Chunk) {
-        if self.id.is_none() {
+        if self.id.is_none() || chunk.usage_only {
             if let Ok(v) = serde_json::from_slice::<Value>(&chunk.raw) {
-                self.id = v.get("id").and_then(Value::as_str).map(str::to_owned);
-                self.created = v.get("created").and_then(Value::as_u64);
-                self.model = v.get("model").and_then(Value::as_str).map(str::to_owned);
+                if self.id.is_none() {
+                    self.id = v.get("id").and_then(Value::as_str).map(str::to_owned);
+                    self.created = v.get("created").and_then(Value::as_u64);
+                    self.model = v.get("model").and_then(Value::as_str).map(str::to_owned);
+                    self.role = v["choices"][0]["delta"]["role"].as_str().map(str::to_owned);
+                }
+                if chunk.usage_only {
+                    self.raw_usage = v.get("usage").filter(|u| u.is_object()).cloned();
+                    for key in ["system_fingerprint", "metrics"] {
+                        if let Some(x) = v.get(key).filter(|x| !x.is_null()) {
+                            self.beside_usage.insert(key.to_owned(), x.clone());
+                        }
+                    }
+                }
             }
         }
         self.text.push_str(&chunk.text);
@@ -206,16 +227,20 @@ impl Collected {
 
     /// vLLM's non-streaming response body for `route`.
     pub fn into_json(mut self, route: Route) -> Value {
-        let usage = self.usage.map(|u| {
-            let mut v = json!({
-                "prompt_tokens": u.prompt_tokens,
-                "total_tokens": u64::from(u.prompt_tokens) + u64::from(u.completion_tokens),
-                "completion_tokens": u.completion_tokens,
-            });
-            if let Some(c) = u.cached_tokens {
-                v["prompt_tokens_details"] = json!({ "cached_tokens": c });
-            }
-            v
+        // vLLM's own final usage when it came (a cut answer has only the running one).
+        let raw_usage = self.raw_usage.take().filter(|_| self.cut.is_none());
+        let usage = raw_usage.or_else(|| {
+            self.usage.map(|u| {
+                let mut v = json!({
+                    "prompt_tokens": u.prompt_tokens,
+                    "total_tokens": u64::from(u.prompt_tokens) + u64::from(u.completion_tokens),
+                    "completion_tokens": u.completion_tokens,
+                });
+                if let Some(c) = u.cached_tokens {
+                    v["prompt_tokens_details"] = json!({ "cached_tokens": c });
+                }
+                v
+            })
         });
         let logprobs = self.logprobs.take().map_or(Value::Null, Value::Object);
         let choice = match route {
@@ -228,10 +253,25 @@ impl Collected {
                 "prompt_logprobs": null,
             }),
             Route::ChatCompletions | Route::Answer | Route::Job => {
+                // As vLLM's non-streaming message: `content` null when the answer is only tool
+                // calls (unless a call was forced: "") or only reasoning; `tool_calls` only
+                // when there are some (an empty list sent back with the history breaks Llama
+                // 3's tool templates).
                 let calls: Vec<Value> =
                     self.tool_calls.iter().map(ToolCallDelta::to_json).collect();
-                let mut message =
-                    json!({"role": "assistant", "content": self.text, "tool_calls": calls});
+                let nothing_said = self.text.is_empty()
+                    && !self.forced_tool_call
+                    && (!self.reasoning.is_empty() || !calls.is_empty());
+                let content = if nothing_said {
+                    Value::Null
+                } else {
+                    Value::String(std::mem::take(&mut self.text))
+                };
+                let role = self.role.take().unwrap_or_else(|| "assistant".to_owned());
+                let mut message = json!({"role": role, "content": content});
+                if !calls.is_empty() {
+                    message["tool_calls"] = Value::Array(calls);
+                }
                 if !self.reasoning.is_empty() {
                     let field = if self.reasoning_content {
                         "reasoning_content"
@@ -261,6 +301,9 @@ impl Collected {
             "choices": [choice],
             "usage": usage,
         });
+        if let Some(fields) = body.as_object_mut() {
+            fields.extend(std::mem::take(&mut self.beside_usage));
+        }
         if let Some(cut) = self.cut {
             body["tutor_gateway"] = json!(cut);
         }
@@ -297,6 +340,34 @@ mod tests {
         }
     }
 
+    /// What vLLM puts in its whole answer beside the text comes through: its final usage as it
+    /// wrote it (reasoning tokens and cache details), its `system_fingerprint`, the role the
+    /// first chunk gave, and `{}` for a call whose arguments streamed no piece.
+    #[test]
+    fn the_whole_answer_keeps_what_vllm_says_beside_the_text() {
+        let mut all = Collected::default();
+        for raw in [
+            r#"{"id":"chatcmpl-2","model":"m","choices":[{"index":0,"delta":{"role":"user","content":""}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"now"}}]},"finish_reason":"tool_calls"}]}"#,
+            r#"{"id":"chatcmpl-2","choices":[],"system_fingerprint":"fp-7","usage":{"prompt_tokens":9,"completion_tokens":4,"total_tokens":13,"completion_tokens_details":{"reasoning_tokens":2},"prompt_tokens_details":{"cached_tokens":0}}}"#,
+        ] {
+            all.add(&chunk(raw));
+        }
+        let v = all.into_json(Route::ChatCompletions);
+        let message = &v["choices"][0]["message"];
+        assert_eq!(message["role"], "user", "{v}");
+        assert_eq!(
+            message["tool_calls"][0]["function"]["arguments"], "{}",
+            "{v}"
+        );
+        assert_eq!(
+            v["usage"]["completion_tokens_details"]["reasoning_tokens"], 2,
+            "{v}"
+        );
+        assert_eq!(v["usage"]["total_tokens"], 13);
+        assert_eq!(v["system_fingerprint"], "fp-7");
+    }
+
     #[test]
     fn parallel_tool_calls_are_joined_each_from_its_own_pieces() {
         let mut all = Collected::default();
@@ -311,6 +382,8 @@ mod tests {
         ] {
             all.add(&chunk(raw));
         }
+        let mut forced = all.clone();
+        forced.forced_tool_call = true;
         let v = all.into_json(Route::ChatCompletions);
         let calls = &v["choices"][0]["message"]["tool_calls"];
         assert_eq!(
@@ -323,7 +396,10 @@ mod tests {
             "{v}"
         );
         assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
-        assert_eq!(v["choices"][0]["message"]["content"], "");
+        // Tool calls alone: `content` null, as vLLM's parsers answer (a forced call: "").
+        assert_eq!(v["choices"][0]["message"]["content"], Value::Null);
+        let forced = forced.into_json(Route::ChatCompletions);
+        assert_eq!(forced["choices"][0]["message"]["content"], "");
         assert!(v["choices"][0]["logprobs"].is_null());
     }
 

@@ -121,7 +121,12 @@ impl ToolCallDelta {
         serde_json::json!({
             "id": self.id,
             "type": self.kind.as_deref().unwrap_or("function"),
-            "function": {"name": self.name.as_deref().unwrap_or_default(), "arguments": self.arguments},
+            // A call without arguments may stream no piece of them: vLLM's whole answer says
+            // `{}` (an empty string is no JSON for the client to parse).
+            "function": {
+                "name": self.name.as_deref().unwrap_or_default(),
+                "arguments": if self.arguments.is_empty() { "{}" } else { self.arguments.as_str() },
+            },
         })
     }
 

@@ -287,7 +287,8 @@ impl ResponseId {
         let choice = match self.api {
             Api::Chat => serde_json::json!({
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                // No `tool_calls` without calls (vLLM 0.33 on drops an empty list).
+                "message": {"role": "assistant", "content": text},
                 "logprobs": null,
                 "finish_reason": finish,
                 "stop_reason": null,
@@ -311,6 +312,10 @@ impl ResponseId {
         });
         if let (Some(r), Api::Chat) = (reasoning, self.api) {
             v["choices"][0]["message"]["reasoning"] = r.into();
+            // Only reasoning: vLLM's reasoning parser leaves no content (`null`).
+            if text.is_empty() {
+                v["choices"][0]["message"]["content"] = serde_json::Value::Null;
+            }
         }
         if let (Some(name), Api::Chat) = (call, self.api) {
             let message = &mut v["choices"][0]["message"];

@@ -181,6 +181,18 @@ pub fn check(
     if let Some(why) = echo_refusal(body, chat) {
         return Err(GatewayError::bad_request(why, Some("echo")));
     }
+    // A whole answer is assembled from the stream's text, tool calls, log-probabilities and
+    // usage; the token ids vLLM streams on each chunk are not kept, so a whole answer would
+    // silently lack them.
+    let ids_asked = body
+        .get("return_token_ids")
+        .is_some_and(|v| !v.is_null() && v.as_bool() != Some(false));
+    if ids_asked && body.get("stream").and_then(Value::as_bool) != Some(true) {
+        return Err(GatewayError::bad_request(
+            "return_token_ids is supported on streaming requests only (\"stream\": true)",
+            Some("return_token_ids"),
+        ));
+    }
     bounds::check(body, rules.bounds)?;
     if chat {
         media::check(body.get("messages"), &rules.bounds.media_hosts)?;
@@ -632,6 +644,22 @@ mod tests {
             out,
             json!({"top_logprobs": 3, "logprobs": true, "min_tokens": 5, "max_tokens": 10})
         );
+    }
+
+    /// A whole answer is assembled from the stream without the token ids: asking for them
+    /// without streaming is refused, not answered without them.
+    #[test]
+    fn token_ids_are_for_streaming_requests_only() {
+        assert_eq!(
+            refused_param(json!({"return_token_ids": true}), true).as_deref(),
+            Some("return_token_ids")
+        );
+        for body in [
+            json!({"return_token_ids": true, "stream": true}),
+            json!({"return_token_ids": false}),
+        ] {
+            assert_eq!(refused_param(body.clone(), false), None, "{body}");
+        }
     }
 
     /// Fields of vLLM 0.34 that cost the engine what no lane reserves: per-token log-probabilities
