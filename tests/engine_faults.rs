@@ -157,10 +157,11 @@ async fn a_request_the_engine_refuses_as_it_takes_it_is_a_400_not_a_502() {
     }
     eventually("every seat is back", || h.idle()).await;
     let m = h.metrics_text().await;
-    assert_eq!(
-        metric_or_zero(&m, "tutor_gateway_requests_total{lane=\"small\",outcome=\"upstream_error\",route=\"chat_completions\"}"),
-        0.0,
-        "{m}"
-    );
+    for route in ["chat_completions", "completions"] {
+        let series = format!(
+            "tutor_gateway_requests_total{{lane=\"small\",outcome=\"upstream_error\",route=\"{route}\"}}"
+        );
+        assert_eq!(metric_or_zero(&m, &series), 0.0, "{m}");
+    }
     h.shutdown().await;
 }

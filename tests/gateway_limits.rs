@@ -730,6 +730,18 @@ async fn a_body_the_gateway_will_not_read_is_refused_before_it_is_sent() {
     let _ = resp.text().await;
     let m = h.metrics_text().await;
     assert_eq!(family_total(&m, "tutor_gateway_requests_total"), 1.0, "{m}");
+    assert_eq!(
+        metric(&m, "tutor_gateway_denied_total{reason=\"body\"}"),
+        4.0
+    );
+    // A request without a body is not refused for a header a proxy added.
+    let resp = send(
+        client()
+            .get(h.url("/v1/models"))
+            .header("content-encoding", "gzip"),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
     assert!(h.idle());
     h.shutdown().await;
 }

@@ -1,6 +1,7 @@
 //! Counts the requests denied before they reach a route: a key that is missing or wrong
 //! (`auth`, also the admin listener's token), a `Host` the listener does not answer to
-//! (`host`), a browser page from a foreign origin (`origin`). Each denial marks its response
+//! (`host`), a browser page from a foreign origin (`origin`), a body refused before it was read
+//! (`body`). Each denial marks its response
 //! ([`mark`]); an outer layer ([`count`]) counts the marked ones in
 //! `tutor_gateway_denied_total{reason}`, so a client trying keys or a rebound page shows on the
 //! dashboard, not only in that client's 401s and 403s. (Not `tutor_gateway_refused_total`: that
@@ -22,6 +23,9 @@ pub enum Denial {
     Host,
     /// An `Origin` not in `server.cors_allow_origins` (403 `origin_not_allowed`).
     Origin,
+    /// A body refused before it was read: a `Content-Length` above `server.max_body_bytes`
+    /// (413) or a `Content-Encoding` (415).
+    Body,
 }
 
 impl Denial {
@@ -31,11 +35,12 @@ impl Denial {
             Self::Auth => "auth",
             Self::Host => "host",
             Self::Origin => "origin",
+            Self::Body => "body",
         }
     }
 
     /// Every label value, for registering them at start.
-    pub const ALL: [Denial; 3] = [Self::Auth, Self::Host, Self::Origin];
+    pub const ALL: [Denial; 4] = [Self::Auth, Self::Host, Self::Origin, Self::Body];
 }
 
 /// `error`'s response, marked as denied for `why`.

@@ -130,7 +130,7 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
     }
     if let Some(refused) = unreadable_body(&req, limits.state.config().server.max_body_bytes) {
         // Before a byte of it is read (and before hyper sends `100 Continue`).
-        return refused.into_response();
+        return super::denied::mark(refused, super::denied::Denial::Body);
     }
     let Ok(permit) = Arc::clone(&limits.in_flight).try_acquire_owned() else {
         limits.metrics.refused("requests_in_flight");
@@ -208,6 +208,10 @@ fn unreadable_body(req: &Request, max_body_bytes: usize) -> Option<GatewayError>
         return Some(GatewayError::BodyTooLarge {
             limit: max_body_bytes,
         });
+    }
+    if req.body().is_end_stream() {
+        // No body (a GET through a proxy that adds the header): nothing to decode.
+        return None;
     }
     let encodings = req.headers().get_all(axum::http::header::CONTENT_ENCODING);
     let encoded = encodings.iter().find(|v| {

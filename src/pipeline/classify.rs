@@ -428,13 +428,6 @@ pub async fn classify(
     })
 }
 
-/// The last touches before the body goes to vLLM: running usage always (the relay counts
-/// output tokens exactly mid-stream, even when vLLM packs several tokens into one chunk, and
-/// strips it again for clients that did not ask), the lane as `priority` when configured, and
-/// `max_tokens` = `output_cap` when the client sent no limit
-/// ([`crate::classify::LaneRules::output_cap`]: the reservation must cover what the engine may
-/// generate; requests that can still be promoted get the bound of the lane where promotions
-/// stop, or none when that is large, whose reservation is `max_model_len`).
 /// Whether vLLM's tool parser reads the answer of this chat body: it has tools, and
 /// `tool_choice` is not `"none"`.
 fn tools_parsed(body: &Map<String, Value>) -> bool {
@@ -444,6 +437,13 @@ fn tools_parsed(body: &Map<String, Value>) -> bool {
         && body.get("tool_choice").and_then(Value::as_str) != Some("none")
 }
 
+/// The last touches before the body goes to vLLM: running usage always (the relay counts
+/// output tokens exactly mid-stream, even when vLLM packs several tokens into one chunk, and
+/// strips it again for clients that did not ask), the lane as `priority` when configured, and
+/// `max_tokens` = `output_cap` when the client sent no limit
+/// ([`crate::classify::LaneRules::output_cap`]: the reservation must cover what the engine may
+/// generate; requests that can still be promoted get the bound of the lane where promotions
+/// stop, or none when that is large, whose reservation is `max_model_len`).
 fn for_engine(
     body: &mut Map<String, Value>,
     lane: Lane,

@@ -210,6 +210,8 @@ pub struct Metrics {
     refused: IntCounterVec,
     denied: IntCounterVec,
     request_log_dropped: prometheus::IntCounter,
+    /// The dropped lines already counted in `request_log_dropped`.
+    request_log_dropped_seen: Arc<std::sync::atomic::AtomicU64>,
     tenant_refused: IntCounterVec,
     quota: QuotaMetrics,
     promotion: PromotionMetrics,
@@ -367,10 +369,10 @@ impl Metrics {
         );
         let denied = counter(
             "tutor_gateway_denied_total",
-            "Requests denied before any route, by reason: auth (no valid API key or token, or not the admin listener's token: 401), host (a Host not in server.allowed_hosts: 403), origin (a browser Origin not in server.cors_allow_origins: 403).",
+            "Requests denied before any route, by reason: auth (no valid API key or token, or not the admin listener's token: 401), host (a Host not in server.allowed_hosts: 403), origin (a browser Origin not in server.cors_allow_origins: 403), body (a Content-Length above server.max_body_bytes: 413, or a Content-Encoding: 415, before the body is read).",
             &["reason"],
         );
-        for reason in ["auth", "host", "origin"] {
+        for reason in ["auth", "host", "origin", "body"] {
             denied.with_label_values(&[reason]);
         }
         let tenant_refused = counter(
@@ -450,6 +452,7 @@ impl Metrics {
             refused,
             denied,
             request_log_dropped,
+            request_log_dropped_seen: Arc::default(),
             tenant_refused,
             config,
             replicas,
@@ -670,7 +673,10 @@ impl Metrics {
 
     /// The request log's dropped lines, `total` of them so far.
     pub fn request_log_dropped(&self, total: u64) {
-        let counted = self.request_log_dropped.get();
+        // Two scrapes at once each add only what the other has not.
+        let counted = self
+            .request_log_dropped_seen
+            .fetch_max(total, std::sync::atomic::Ordering::AcqRel);
         if total > counted {
             self.request_log_dropped.inc_by(total - counted);
         }

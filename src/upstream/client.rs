@@ -36,9 +36,10 @@ pub const MAX_BODY_BYTES: usize = 1 << 20;
 /// request it never wrote), and the client would get a 502.
 const POOL_IDLE: Duration = Duration::from_secs(4);
 
-/// Most bytes of a `/tokenize` answer: a 4 MiB prompt's ids (and their strings, when asked for)
-/// take more than [`MAX_BODY_BYTES`]; beyond this it is a 502, never a cut answer.
-pub const MAX_TOKENIZE_BYTES: usize = 32 << 20;
+/// Most bytes of a `/tokenize` answer: a 4 MiB prompt's ids take more than [`MAX_BODY_BYTES`]
+/// (about 6 MB for a million ids); beyond this it is a 502, never a cut answer. Held until the
+/// client takes it (at most `server.client_write_timeout_ms`), so kept to a few MB.
+pub const MAX_TOKENIZE_BYTES: usize = 8 << 20;
 
 /// The vLLM client. Cheap to clone (the connection pool, config, replicas and task tracker
 /// are shared).

@@ -492,7 +492,7 @@ impl RedisAdmission {
             let _ = tokio::time::timeout(FIRST_CONNECT_WAIT, conn.wait_for(Option::is_some)).await;
         }
         if self.shared.degraded() {
-            return self.fall_back(ask).await;
+            return self.fall_back_within(ask, started).await;
         }
         let share = tenant
             .and_then(|t| rules.shares.get(t))
@@ -540,7 +540,7 @@ impl RedisAdmission {
                 }
                 // One failed call is not an outage: wait in line and try again.
                 Take::Failed => {}
-                Take::Down => return self.fall_back(ask).await,
+                Take::Down => return self.fall_back_within(ask, asked.started).await,
             }
         }
         let queue = rules.limits.queue(rules.limits.queue_of(lane));
@@ -874,6 +874,27 @@ impl RedisAdmission {
             .abandoned
             .store(true, std::sync::atomic::Ordering::Release);
         self.stop.cancel();
+    }
+
+    /// [`RedisAdmission::fall_back`] for a request that arrived at `started`: its fallback
+    /// queue gets what is left of its queue timeout, not a new one.
+    async fn fall_back_within(
+        &self,
+        ask: Ask<'_>,
+        started: Instant,
+    ) -> Result<LaneGuard, AdmissionError> {
+        let rules = self.rules();
+        let queue = rules.limits.queue(rules.limits.queue_of(ask.lane));
+        let left = queue.timeout.saturating_sub(started.elapsed());
+        let lane = ask.lane;
+        tokio::time::timeout(left, self.fall_back(ask))
+            .await
+            .unwrap_or_else(|_| {
+                Err(AdmissionError::Timeout {
+                    lane,
+                    waited: started.elapsed(),
+                })
+            })
     }
 
     async fn fall_back(&self, ask: Ask<'_>) -> Result<LaneGuard, AdmissionError> {

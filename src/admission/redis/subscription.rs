@@ -6,7 +6,7 @@
 //! then stays lost: a pre-emptible lease never hears that it was asked to leave, waiters are
 //! woken by polling only. So a [`Subscription`] sends a `PING` on the same connection every
 //! `every` and ends with an error when none comes back within [`PING_TIMEOUT`]; its owner
-//! subscribes again.
+//! subscribes again at once, and wakes whoever may have missed a message meanwhile.
 
 use std::time::Duration;
 
@@ -14,16 +14,22 @@ use futures::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use redis::{ErrorKind, Msg, RedisError, RedisResult};
 
+/// How long a subscription must have lived to be opened again at once when it fails (one that
+/// fails sooner waits a heartbeat: no loop of reconnections against a server that closes every
+/// subscriber).
+pub const LIVED: Duration = Duration::from_secs(1);
+
 /// How long connecting and subscribing may take.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a `PING` may take to come back (a Redis call's timeout).
-pub(super) const PING_TIMEOUT: Duration = Duration::from_millis(500);
+pub const PING_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// Messages of some channels, from a connection checked every so often.
 pub struct Subscription {
     sink: PubSubSink,
     stream: PubSubStream,
     check: tokio::time::Interval,
+    ping_timeout: Duration,
 }
 
 fn timed_out(what: &'static str) -> RedisError {
@@ -31,11 +37,13 @@ fn timed_out(what: &'static str) -> RedisError {
 }
 
 impl Subscription {
-    /// Subscribes to `channels` on a new connection of `client`, checked every `every`.
+    /// Subscribes to `channels` on a new connection of `client`, checked every `every` (a
+    /// `PING` answered within `ping_timeout`, [`PING_TIMEOUT`] in the gateway).
     pub async fn open(
         client: &redis::Client,
         channels: &[&str],
         every: Duration,
+        ping_timeout: Duration,
     ) -> RedisResult<Self> {
         let open = async {
             let (mut sink, stream) = client.get_async_pubsub().await?.split();
@@ -55,6 +63,7 @@ impl Subscription {
             sink,
             stream,
             check,
+            ping_timeout,
         })
     }
 
@@ -68,7 +77,7 @@ impl Subscription {
                 }
                 _ = self.check.tick() => {
                     // A subscribed connection answers `PING` with an array: any reply will do.
-                    tokio::time::timeout(PING_TIMEOUT, self.sink.ping::<redis::Value>())
+                    tokio::time::timeout(self.ping_timeout, self.sink.ping::<redis::Value>())
                         .await
                         .map_err(|_| timed_out("the subscription's connection stopped answering"))??;
                 }

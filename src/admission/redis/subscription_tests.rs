@@ -62,9 +62,12 @@ async fn a_subscription_whose_connection_goes_silent_ends_with_an_error() {
         .to_owned();
     let via = proxy(address, Arc::clone(&silent)).await;
     let client = redis::Client::open(via).unwrap();
-    let mut subscription = Subscription::open(&client, &["news"], Duration::from_millis(100))
-        .await
-        .unwrap();
+    // A PONG may take its time on a loaded machine: 10 s before the connection counts as dead.
+    let patient = Duration::from_secs(10);
+    let mut subscription =
+        Subscription::open(&client, &["news"], Duration::from_millis(100), patient)
+            .await
+            .unwrap();
     // Messages arrive while the connection is alive, across several checks.
     let direct = redis::Client::open(server.url()).unwrap();
     let mut conn = direct.get_multiplexed_async_connection().await.unwrap();

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::scripts::LimitsWrite;
 use super::shared::{Give, Lease, Shared};
-use super::subscription::Subscription;
+use super::subscription::{Subscription, LIVED, PING_TIMEOUT};
 use crate::lane::Lane;
 
 /// Each Redis call gives up after this long (then counts as Redis down).
@@ -362,6 +362,8 @@ pub(super) async fn service_reader(shared: Arc<Shared>, stop: CancellationToken)
             _ = tick.tick() => {}
         }
         let Some(mut conn) = shared.connection().filter(|_| !shared.degraded()) else {
+            // No beat: who waits where is no longer known.
+            shared.service.forget_waiting();
             continue;
         };
         let mut mine: Vec<(String, Arc<str>)> = Vec::new();
@@ -410,9 +412,13 @@ pub(super) async fn service_reader(shared: Arc<Shared>, stop: CancellationToken)
 /// pre-emptible leases to leave when an acquire anywhere asks; reconnects after errors.
 pub(super) async fn listener(shared: Arc<Shared>, stop: CancellationToken) {
     loop {
-        tokio::select! {
+        let opened = tokio::select! {
             () = stop.cancelled() => return,
-            _ = listen(&shared) => {}
+            opened = listen(&shared) => opened,
+        };
+        if opened {
+            // A subscription that was live for a while and died: a new one at once.
+            continue;
         }
         tokio::select! {
             () = stop.cancelled() => return,
@@ -421,15 +427,29 @@ pub(super) async fn listener(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
-/// [`listener`]'s work on one subscription, until its connection fails.
-async fn listen(shared: &Shared) -> redis::RedisResult<()> {
+/// [`listener`]'s work on one subscription, until its connection fails; whether it opened and
+/// lived at least [`LIVED`].
+async fn listen(shared: &Shared) -> bool {
     let mut channels = vec![shared.keys.released.as_str()];
     if shared.marks_every_lane {
         channels.push(shared.keys.leave.as_str());
     }
-    let mut messages = Subscription::open(&shared.client, &channels, shared.heartbeat).await?;
+    let every = shared.heartbeat;
+    let Ok(mut messages) = Subscription::open(&shared.client, &channels, every, PING_TIMEOUT).await
+    else {
+        return false;
+    };
+    // Releases announced while no subscription listened: every waiter tries again.
+    shared.notify(None, true);
+    for lane in Lane::ALL {
+        shared.notify(Some(lane), false);
+    }
+    let opened = std::time::Instant::now();
     loop {
-        let msg = messages.next().await?;
+        let Ok(msg) = messages.next().await else {
+            // One that ends at once (a server closing every subscriber) waits a beat.
+            return opened.elapsed() >= LIVED;
+        };
         let what: String = msg.get_payload().unwrap_or_default();
         if msg.get_channel_name() == shared.keys.leave {
             shared.asked_to_leave(&what);

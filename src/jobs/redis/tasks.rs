@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::store::{store_down, RedisStore};
-use crate::admission::redis::subscription::Subscription;
+use crate::admission::redis::subscription::{Subscription, LIVED, PING_TIMEOUT};
 use crate::telemetry::job_metrics::JOB_STATUSES;
 
 /// Every heartbeat: renews this replica's runner leases, lets the beat script put lost jobs
@@ -101,9 +101,13 @@ pub async fn beat(store: Arc<RedisStore>) {
 pub async fn listen(store: Arc<RedisStore>) {
     let (_, heartbeat) = store.admission.lease_timing();
     loop {
-        tokio::select! {
+        let opened = tokio::select! {
             _ = store.ctx.stop.cancelled() => return,
-            _ = listen_once(&store, heartbeat) => {}
+            opened = listen_once(&store, heartbeat) => opened,
+        };
+        if opened {
+            // A subscription that was live for a while and died: a new one at once.
+            continue;
         }
         tokio::select! {
             _ = store.ctx.stop.cancelled() => return,
@@ -113,13 +117,24 @@ pub async fn listen(store: Arc<RedisStore>) {
 }
 
 /// [`listen`]'s work on one subscription (checked every `heartbeat`), until its connection
-/// fails.
-async fn listen_once(store: &RedisStore, heartbeat: std::time::Duration) -> redis::RedisResult<()> {
+/// fails; whether it opened and lived at least [`LIVED`].
+async fn listen_once(store: &RedisStore, heartbeat: std::time::Duration) -> bool {
     let released = store.admission.keys().released.as_str();
     let channels = [store.channel.as_str(), released];
-    let mut messages = Subscription::open(store.admission.client(), &channels, heartbeat).await?;
+    let client = store.admission.client();
+    let Ok(mut messages) = Subscription::open(client, &channels, heartbeat, PING_TIMEOUT).await
+    else {
+        return false;
+    };
+    // What was announced while no subscription listened: the scheduler looks again (streams
+    // read Redis at least once a second anyway).
+    store.ctx.wake.notify_one();
+    let opened = std::time::Instant::now();
     loop {
-        let msg = messages.next().await?;
+        let Ok(msg) = messages.next().await else {
+            // One that ends at once (a server closing every subscriber) waits a beat.
+            return opened.elapsed() >= LIVED;
+        };
         let what: String = msg.get_payload().unwrap_or_default();
         if msg.get_channel_name() == released {
             store.ctx.wake.notify_one();
