@@ -718,6 +718,11 @@ impl Tab {
     /// rest pasted), presses Ask and waits (bounded) until it says `done` or `error…`.
     async fn ask_demo(&mut self, url: &str, ask: &Ask<'_>, browser: &Browser) -> Value {
         self.send_demo(url, ask, browser).await;
+        self.until_ended(url, browser).await
+    }
+
+    /// Polls the demo page until it says `done` or `error…`; that state.
+    async fn until_ended(&mut self, url: &str, browser: &Browser) -> Value {
         self.until(url, browser, |s| {
             let status = s["status"].as_str().unwrap_or_default();
             status == "done" || status.starts_with("error")
@@ -803,6 +808,20 @@ impl Tab {
         })
         .await
     }
+}
+
+/// The demo page says `done` with an answer shown.
+fn answered(state: &Value, browser: &Browser) {
+    assert_eq!(
+        state["status"],
+        "done",
+        "{state}\nchromium:\n{}",
+        browser.log()
+    );
+    assert!(
+        !state["answer"].as_str().unwrap().trim().is_empty(),
+        "{state}"
+    );
 }
 
 /// The request log line of `request_id`, once written.
@@ -943,16 +962,7 @@ async fn the_demo_page_sends_code_and_a_traceback_and_shows_the_focused_context(
     let h = demo_gateway(|c, origin| c.server.cors_allow_origins = vec![origin.to_owned()]).await;
     let url = h.url("/demo");
     let state = tab.ask_demo(&url, &ask, &browser).await;
-    assert_eq!(
-        state["status"],
-        "done",
-        "{state}\nchromium:\n{}",
-        browser.log()
-    );
-    assert!(
-        !state["answer"].as_str().unwrap().trim().is_empty(),
-        "{state}"
-    );
+    answered(&state, &browser);
     let focus = state["focus"].as_str().unwrap();
     assert!(focus.starts_with("focused, "), "{state}");
     for function in ["days_between", "LoanService.overdue_fines", "main"] {
@@ -1061,22 +1071,8 @@ async fn the_demo_page_follows_a_review_that_moved_to_a_job() {
     );
     // The seat comes back; the job runs and the page shows its answer from the job's events.
     drop(holder);
-    let state = tab
-        .until(&url, &browser, |s| {
-            let status = s["status"].as_str().unwrap_or_default();
-            status == "done" || status.starts_with("error")
-        })
-        .await;
-    assert_eq!(
-        state["status"],
-        "done",
-        "{state}\nchromium:\n{}",
-        browser.log()
-    );
-    assert!(
-        !state["answer"].as_str().unwrap().trim().is_empty(),
-        "{state}"
-    );
+    let state = tab.until_ended(&url, &browser).await;
+    answered(&state, &browser);
     let finish = state["finish"].as_str().unwrap();
     assert!(
         finish.contains(&format!("{DEMO_MAX_TOKENS} tokens out")),
