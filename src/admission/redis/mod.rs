@@ -686,12 +686,7 @@ impl RedisAdmission {
             Ok(Ok(granted)) => granted,
             // Redis went away while it waited: the fallback's queue gets what is left of its
             // queue timeout, not a new one (it would wait up to twice `queue_timeout_ms`).
-            Ok(Err(())) => {
-                let left = queue.timeout.saturating_sub(asked.started.elapsed());
-                tokio::time::timeout(left, self.fall_back(ask))
-                    .await
-                    .unwrap_or_else(|_| Err(timed_out()))
-            }
+            Ok(Err(())) => self.fall_back_within(ask, asked.started).await,
             Err(_) => Err(timed_out()),
         }
     }
