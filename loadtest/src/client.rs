@@ -461,7 +461,7 @@ impl Target {
                 }
             }
             Api::Answer | Api::Jobs => match name {
-                "token" => Event::Token,
+                "token" | "tool_call" => Event::Token,
                 "job" => Event::Job,
                 "cut" => {
                     let v: Value = serde_json::from_str(data).unwrap_or_default();

@@ -62,6 +62,13 @@ pub struct SimArgs {
     /// flag of the same name: its chat serving passes no tools to the template then).
     #[arg(long)]
     pub exclude_tools_when_tool_choice_none: bool,
+    /// A model that calls a tool whenever it is offered one: a chat request with `tools` and
+    /// `tool_choice` `"auto"` (or none) is answered with a call of its first tool, streamed as
+    /// vLLM's auto tool choice streams one its tool parser found (`--enable-auto-tool-choice`):
+    /// the call's pieces as `delta.tool_calls`, `finish_reason` `"tool_calls"`, and `content`
+    /// null in a whole answer. Off: such requests are answered in text.
+    #[arg(long)]
+    pub call_tools: bool,
     /// Put vLLM's per-request `metrics` object on the final usage chunk.
     #[arg(long)]
     pub enable_per_request_metrics: bool,

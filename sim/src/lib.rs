@@ -186,6 +186,7 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
         },
         prompt_tokens_details: args.enable_prompt_tokens_details,
         exclude_tools_when_none: args.exclude_tools_when_tool_choice_none,
+        call_tools: args.call_tools,
         per_request_metrics: args.enable_per_request_metrics,
         request_id_headers: args.enable_request_id_headers,
         api_key: args.api_key.clone().map(Arc::from),

@@ -76,16 +76,23 @@ pub struct Answer {
     pub usage: Value,
     /// The latency split (from submission: its queue time included).
     pub timings: LatencySplit,
+    /// The tool calls of a course with tools, joined from their pieces as a whole `/v1` answer
+    /// lists them (empty: none).
+    pub tool_calls: Vec<Value>,
 }
 
 impl Answer {
     /// What the `done` event says (and a shared store keeps): finish reason, usage, timings.
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "finish_reason": self.finish_reason,
             "usage": self.usage,
             "timings": self.timings,
-        })
+        });
+        if !self.tool_calls.is_empty() {
+            v["tool_calls"] = Value::Array(self.tool_calls.clone());
+        }
+        v
     }
 }
 
@@ -246,12 +253,9 @@ impl Entry {
             v["preempted"] = json!(s.preempted);
         }
         if let Some(a) = &s.answer {
-            v["answer"] = json!({
-                "text": s.text,
-                "finish_reason": a.finish_reason,
-                "usage": a.usage,
-                "timings": a.timings,
-            });
+            let mut answer = a.to_json();
+            answer["text"] = json!(s.text);
+            v["answer"] = answer;
         }
         if let Some((code, message)) = &s.error {
             v["error"] = json!({ "code": code, "message": message });
@@ -273,7 +277,7 @@ pub fn unix(t: SystemTime) -> f64 {
 #[derive(Debug)]
 pub enum Ended {
     /// The stream completed: the answer.
-    Done(Answer),
+    Done(Box<Answer>),
     /// The engine or the gateway failed it: `(code, message)`.
     Failed(&'static str, String),
     /// `DELETE /jobs/{id}`.

@@ -20,7 +20,7 @@ use crate::error::GatewayError;
 use crate::pipeline::{self, Admitted, AppState, Ready, RequestCtx};
 use crate::relay::{Collected, Format};
 use crate::telemetry::{RequestRecord, Route};
-use crate::upstream::Chunk;
+use crate::upstream::{Chunk, ToolCallDelta};
 
 /// Takes in a row when the head moved under us (someone else started or cancelled it).
 const RETAKES: usize = 8;
@@ -137,7 +137,7 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                 let (_, guard, record, preempt) = next;
                 record.hand_over();
                 let Some(ready) = resume.ready(&progress) else {
-                    break 'run Some(Ended::Done(progress.cut_answer(&class)));
+                    break 'run Some(Ended::Done(Box::new(progress.cut_answer(&class))));
                 };
                 let record = resume.record(&ctx.state, &ready, &progress);
                 next = (ready, guard, record, preempt);
@@ -177,7 +177,7 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                                     "the engine aborted the generation".to_owned(),
                                 )
                             }
-                            Ok(all) => Ended::Done(answer(&ctx, all, &class, &mut progress)),
+                            Ok(all) => Ended::Done(Box::new(answer(&ctx, all, &class, &mut progress))),
                             Err(e) => failed(&e),
                         })),
                         _ = &mut lost => Some(None),
@@ -209,7 +209,7 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                 }
                 let Some(ready) = resume.ready(&progress) else {
                     // Nothing left to generate (or nothing to continue): what it has is the answer.
-                    break Some(Ended::Done(progress.cut_answer(&class)));
+                    break Some(Ended::Done(Box::new(progress.cut_answer(&class))));
                 };
                 let eligible = progress.preempted < ctx.config.max_preemptions;
                 let seat = reseat(&ctx, &ready, eligible, &mut lost, &mut cancelled).await;
@@ -451,6 +451,7 @@ impl Progress {
             finish_reason: Some("length".to_owned()),
             usage: self.usage(class),
             timings: crate::telemetry::LatencySplit::default(),
+            tool_calls: Vec::new(),
         }
     }
 }
@@ -535,6 +536,7 @@ fn answer(
         finish_reason: all.finish_reason,
         usage: progress.usage(class),
         timings: all.timings,
+        tool_calls: all.tool_calls.iter().map(ToolCallDelta::to_json).collect(),
     }
 }
 

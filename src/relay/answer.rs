@@ -15,7 +15,14 @@
 //! data: {"finish_reason":"stop","usage":{"input_tokens":312,"output_tokens":118,"cached_tokens":0},"timings":{…}}
 //! ```
 //!
-//! `meta` has the id 0, token events are numbered from 1, and the last event (`done` or
+//! A course with tools may get tool calls instead of (or besides) text: each piece the engine
+//! streams is a `tool_call` event numbered with the tokens, `{"index":0,"id":"call_a",
+//! "type":"function","name":"run_tests","arguments":"{\"path"}` (the id, type and name on a
+//! call's first piece; `arguments` pieces joined in order make its JSON), and `done` carries the
+//! calls joined as `tool_calls` (OpenAI's message shape). A reasoning model's reasoning is
+//! counted, not shown.
+//!
+//! `meta` has the id 0, token and tool-call events are numbered from 1, and the last event (`done` or
 //! `error`) has the id `end`. A browser `EventSource` that reconnects sends the last id it saw as
 //! `Last-Event-ID` (so one cut off between `meta` and its first token sends `0`); `/answer`
 //! answers any such request with 204 (it never restarts or resumes a generation), which stops
@@ -26,7 +33,7 @@ use serde_json::json;
 
 use crate::classify::Classification;
 use crate::telemetry::{LatencySplit, UpstreamView};
-use crate::upstream::Chunk;
+use crate::upstream::{Chunk, ToolCallDelta};
 
 /// The id of a stream's first event (`meta`): a browser cut off before the first token
 /// reconnects with it, and is told to stop, as after any other event.
@@ -75,6 +82,22 @@ pub fn token_event(chunk: &Chunk, seq: u32) -> Option<Bytes> {
     (!chunk.text.is_empty()).then(|| event_with_id(seq, "token", &json!({ "text": chunk.text })))
 }
 
+/// `tool_call` number `seq`: one piece of a tool call as the engine streamed it (id, type and
+/// name only where the piece has them).
+pub fn tool_call_event(piece: &ToolCallDelta, seq: u32) -> Bytes {
+    let mut data = json!({ "index": piece.index, "arguments": piece.arguments });
+    for (key, value) in [
+        ("id", &piece.id),
+        ("type", &piece.kind),
+        ("name", &piece.name),
+    ] {
+        if let Some(v) = value {
+            data[key] = json!(v);
+        }
+    }
+    event_with_id(seq, "tool_call", &data)
+}
+
 /// `error`, the last event of a failed stream: `{"code","message"}`.
 pub fn error_event(code: &str, message: &str) -> Bytes {
     error_event_with(&json!({ "code": code, "message": message }))
@@ -93,8 +116,14 @@ pub fn preempted_event(n: u32) -> Bytes {
 
 /// `done`: finish reason, usage and timings, from what the engine told (`up`: the whole
 /// answer's, across the runs of a pre-empted stream).
-pub fn done_event(up: &UpstreamView, class: &Classification, t: LatencySplit) -> Bytes {
-    done_event_with(up, class, t, None)
+/// `calls`: the tool calls streamed, joined (listed as `tool_calls` when there are any).
+pub fn done_event(
+    up: &UpstreamView,
+    class: &Classification,
+    t: LatencySplit,
+    calls: &[ToolCallDelta],
+) -> Bytes {
+    done_event_with(up, class, t, calls, None)
 }
 
 /// `done` with the finish reason overridden (a cut stream ends with `length`).
@@ -102,20 +131,21 @@ pub fn done_event_with(
     up: &UpstreamView,
     class: &Classification,
     t: LatencySplit,
+    calls: &[ToolCallDelta],
     finish_reason: Option<&str>,
 ) -> Bytes {
     let usage = up.usage;
-    event_with_id(
-        END_ID,
-        "done",
-        &json!({
-            "finish_reason": finish_reason.or(up.finish_reason.as_deref()),
-            "usage": {
-                "input_tokens": usage.map_or(class.input_tokens_estimate, |u| u.prompt_tokens),
-                "output_tokens": up.output_tokens,
-                "cached_tokens": usage.and_then(|u| u.cached_tokens).unwrap_or(0),
-            },
-            "timings": t,
-        }),
-    )
+    let mut data = json!({
+        "finish_reason": finish_reason.or(up.finish_reason.as_deref()),
+        "usage": {
+            "input_tokens": usage.map_or(class.input_tokens_estimate, |u| u.prompt_tokens),
+            "output_tokens": up.output_tokens,
+            "cached_tokens": usage.and_then(|u| u.cached_tokens).unwrap_or(0),
+        },
+        "timings": t,
+    });
+    if !calls.is_empty() {
+        data["tool_calls"] = calls.iter().map(ToolCallDelta::to_json).collect();
+    }
+    event_with_id(END_ID, "done", &data)
 }

@@ -196,10 +196,7 @@ impl Collected {
             self.reasoning_content = chunk.reasoning_content;
         }
         for piece in &chunk.tool_calls {
-            match self.tool_calls.iter_mut().find(|c| c.index == piece.index) {
-                Some(call) => call.join(piece),
-                None => self.tool_calls.push(piece.clone()),
-            }
+            ToolCallDelta::join_into(&mut self.tool_calls, piece);
         }
         if let Some(lp) = &chunk.logprobs {
             let joined = self.logprobs.get_or_insert_with(Default::default);

@@ -65,7 +65,7 @@ use crate::classify::{Classification, LaneRules};
 use crate::config::WhenFull;
 use crate::error::GatewayError;
 use crate::telemetry::{LatencySplit, Mark, Metrics, Outcome, RequestRecord, UpstreamView};
-use crate::upstream::{Chunk, UpstreamError, UpstreamStream};
+use crate::upstream::{Chunk, ToolCallDelta, UpstreamError, UpstreamStream};
 
 /// How the client wants the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,8 +112,10 @@ pub struct Relay {
     ctx: RelayContext,
     first_chunk: Option<cut::ChunkIdentity>,
     cut: Option<cut::CutInfo>,
-    /// `/answer` token events sent (their ids).
+    /// `/answer` token and tool-call events sent (their ids).
     pieces: u32,
+    /// `/answer`: the tool calls streamed so far, joined (its `done` event lists them).
+    calls: Vec<ToolCallDelta>,
     /// The steps this stream lived through (`crate::telemetry::step_window`).
     steps: Steps,
     done: bool,
@@ -189,6 +191,7 @@ impl Relay {
             first_chunk: None,
             cut: None,
             pieces: 0,
+            calls: Vec::new(),
             steps: Steps::default(),
             done: false,
             drain: Drain::current(),
@@ -351,6 +354,10 @@ impl Relay {
         // Until a continuation takes over, the cut run stays the current one, so the answer's
         // view (and a record ended meanwhile, the client gone) is the runs so far.
         let text = std::mem::take(&mut r.text);
+        // A continuation carries the text, not tool calls: a call under way is generated again
+        // from its first piece (which has its `id`), and `done` lists the calls of the runs
+        // that follow.
+        self.calls.clear();
         // No answer text yet (a reasoning model still reasoning, which `/answer` does not
         // relay): the continuation is the request as first sent, which generates those tokens
         // again; the answer counts them once, as the run that is kept generates them.
@@ -383,6 +390,7 @@ impl Relay {
                     &view,
                     &self.class,
                     self.timings(),
+                    &self.calls,
                     Some("length"),
                 ));
                 self.finish(Outcome::Ok, None);
@@ -538,6 +546,7 @@ impl Relay {
                         &self.view(),
                         &self.class,
                         self.timings(),
+                        &self.calls,
                         Some("length"),
                     ));
                 }
@@ -636,12 +645,20 @@ impl Relay {
                 Some(Bytes::from(out))
             }
             Format::Answer => {
-                let event = answer::token_event(chunk, self.pieces + 1);
-                self.pieces += u32::from(event.is_some());
+                let mut out = Vec::new();
+                if let Some(event) = answer::token_event(chunk, self.pieces.saturating_add(1)) {
+                    self.pieces = self.pieces.saturating_add(1);
+                    out.extend_from_slice(&event);
+                }
+                for piece in &chunk.tool_calls {
+                    self.pieces = self.pieces.saturating_add(1);
+                    out.extend_from_slice(&answer::tool_call_event(piece, self.pieces));
+                    ToolCallDelta::join_into(&mut self.calls, piece);
+                }
                 if let Some(r) = self.resume.as_mut() {
                     r.text.push_str(&chunk.text);
                 }
-                event
+                (!out.is_empty()).then(|| Bytes::from(out))
             }
         }
     }
@@ -649,7 +666,9 @@ impl Relay {
     fn render_end(&self) -> Bytes {
         match self.format {
             Format::OpenAi { .. } => Bytes::from_static(b"data: [DONE]\n\n"),
-            Format::Answer => answer::done_event(&self.view(), &self.class, self.timings()),
+            Format::Answer => {
+                answer::done_event(&self.view(), &self.class, self.timings(), &self.calls)
+            }
         }
     }
 

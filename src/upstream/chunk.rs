@@ -116,6 +116,15 @@ impl ToolCallDelta {
         self.arguments.push_str(&piece.arguments);
     }
 
+    /// Adds `piece` to the calls of an answer so far: to the call with its index, or as a new
+    /// call.
+    pub fn join_into(calls: &mut Vec<ToolCallDelta>, piece: &ToolCallDelta) {
+        match calls.iter_mut().find(|c| c.index == piece.index) {
+            Some(call) => call.join(piece),
+            None => calls.push(piece.clone()),
+        }
+    }
+
     /// The call as a non-streaming message lists it.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({

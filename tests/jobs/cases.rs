@@ -865,3 +865,96 @@ pub async fn a_queued_job_a_reload_made_too_large_fails_and_the_next_one_runs(ba
     h.drained().await;
     h.shutdown().await;
 }
+
+/// A course with tools: the simulator's model calls the first one (`--call-tools`). `/answer`
+/// streams the call's pieces as `tool_call` events and lists the call, joined, in `done`; a
+/// job's answer lists it too (the job's `done` event and its status). Both dropped it before:
+/// the student saw no token and a `done` with output tokens.
+pub async fn a_courses_tool_call_reaches_the_student_and_the_job(backend: Backend) {
+    let tools = json!([
+        {"type": "function", "function": {"name": "run_tests", "parameters": {}}},
+        {"type": "function", "function": {"name": "lint", "parameters": {}}},
+    ]);
+    let mut flags = FAST.to_vec();
+    flags.push("--call-tools");
+    let h = start(backend, &flags, |c| {
+        let course = tutor_gateway::config::CourseConfig::new(
+            "py101",
+            "2026.1",
+            "You are a patient Python tutor.",
+            "",
+            "",
+            Some(tools),
+        );
+        c.courses.insert("py101".into(), course);
+    })
+    .await;
+    let body = json!({"course_id": "py101", "prompt": "do my tests pass?", "max_output_tokens": 9});
+    let resp = client()
+        .post(h.url("/answer"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let evs = parse(&resp.text().await.unwrap().replacen("retry: 3000\n", "", 1));
+    let pieces: Vec<Value> = evs
+        .iter()
+        .filter(|e| e.event == "tool_call")
+        .map(|e| json(&e.data))
+        .collect();
+    assert!(pieces.len() > 1, "the call streams in pieces: {evs:?}");
+    assert_eq!(pieces[0]["name"], "run_tests");
+    let arguments: String = pieces
+        .iter()
+        .map(|p| p["arguments"].as_str().unwrap())
+        .collect();
+    let parsed = json(&arguments);
+    assert_eq!(
+        parsed["text"].as_str().unwrap().split_whitespace().count(),
+        9,
+        "{arguments}"
+    );
+    // Numbered with the tokens, from 1.
+    let ids: Vec<&str> = evs
+        .iter()
+        .filter(|e| e.event == "tool_call" || e.event == "token")
+        .map(|e| e.id.as_deref().unwrap())
+        .collect();
+    let want: Vec<String> = (1..=ids.len()).map(|n| n.to_string()).collect();
+    assert_eq!(ids, want);
+    let end = evs.last().unwrap();
+    assert_eq!(end.event, "done", "{evs:?}");
+    let done_event = json(&end.data);
+    assert_eq!(done_event["finish_reason"], "tool_calls");
+    let call = &done_event["tool_calls"][0];
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "run_tests");
+    assert_eq!(call["function"]["arguments"].as_str().unwrap(), arguments);
+    assert!(
+        call["id"].as_str().is_some_and(|id| !id.is_empty()),
+        "{call}"
+    );
+
+    let id = submit_ok(&h.base(), &body).await;
+    let v = done(&h.base(), &id).await;
+    let calls = v["answer"]["tool_calls"]
+        .as_array()
+        .expect("the job's calls");
+    assert_eq!(calls.len(), 1, "{v}");
+    assert_eq!(calls[0]["function"]["name"], "run_tests");
+    assert_eq!(
+        json(calls[0]["function"]["arguments"].as_str().unwrap())["text"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        9
+    );
+    let job_events = events(&h.base(), &id, None).await;
+    let last = job_events.last().unwrap();
+    assert_eq!(last.event, "done");
+    assert_eq!(json(&last.data)["tool_calls"], json!(calls));
+    h.drained().await;
+    h.shutdown().await;
+}

@@ -402,6 +402,7 @@ macro_rules! backend_cases {
     ($backend:expr) => {
         $crate::jobs::backend_cases!(@ $backend;
             a_job_is_submitted_runs_and_its_answer_is_readable,
+            a_courses_tool_call_reaches_the_student_and_the_job,
             bad_jobs_get_the_same_errors_as_answer_and_nothing_is_queued,
             events_attached_late_get_all_the_text_and_last_event_id_resumes,
             cancel_while_queued_and_while_running_aborts_and_gives_everything_back,

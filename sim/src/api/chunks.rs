@@ -319,7 +319,12 @@ impl ResponseId {
         }
         if let (Some(name), Api::Chat) = (call, self.api) {
             let message = &mut v["choices"][0]["message"];
-            message["content"] = "".into();
+            // Only a call: `""` when forced (a named choice), null when the model chose it.
+            message["content"] = if finish == "tool_calls" {
+                serde_json::Value::Null
+            } else {
+                "".into()
+            };
             message["tool_calls"] = serde_json::json!([{
                 "id": self.tool_call_id(),
                 "type": "function",

@@ -149,6 +149,7 @@ async fn generate(state: AppState, gen: Generation) -> Response {
             first_word: gen.first_word,
             answer_as_reasoning,
             tool_call: gen.tool_call.clone().filter(|_| gen.api == Api::Chat),
+            auto_call: gen.auto_call,
             logprobs: gen.logprobs,
             silent: gen.silent,
         };
@@ -218,7 +219,11 @@ async fn generate(state: AppState, gen: Generation) -> Response {
             reasoning.as_deref(),
             &answer,
             gen.tool_call.as_deref(),
-            fin.reason.as_str(),
+            if gen.auto_call {
+                "tool_calls"
+            } else {
+                fin.reason.as_str()
+            },
             Usage::final_of(&fin, state.prompt_tokens_details),
             metrics,
         );

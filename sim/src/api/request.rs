@@ -314,6 +314,9 @@ pub struct Generation {
     /// with the call's id, type and name; `message.tool_calls` when not streaming, with
     /// `content` empty).
     pub tool_call: Option<String>,
+    /// The tool call is the model's choice (`tool_choice` `"auto"`, `--call-tools`), not forced:
+    /// it finishes with `tool_calls` and a whole answer's `content` is null.
+    pub auto_call: bool,
     /// The answer's tokens decode to no text: `allowed_token_ids` holds special tokens only and
     /// `skip_special_tokens` is not false (vLLM then streams `delta.content: ""` for each).
     pub silent: bool,
@@ -502,6 +505,19 @@ impl Generation {
             .filter(|c| c["type"] == "function")
             .and_then(|c| c["function"]["name"].as_str())
             .map(str::to_owned);
+        let auto = body
+            .tool_choice
+            .as_ref()
+            .is_none_or(|c| c.is_null() || c == "auto");
+        if gen.tool_call.is_none() && auto && state.call_tools {
+            gen.tool_call = body
+                .tools
+                .as_ref()
+                .and_then(|t| t.get(0))
+                .and_then(|t| t["function"]["name"].as_str())
+                .map(str::to_owned);
+            gen.auto_call = gen.tool_call.is_some();
+        }
         Ok(gen)
     }
 
@@ -634,6 +650,7 @@ impl Generation {
             first_word: 0,
             origin: None,
             tool_call: None,
+            auto_call: false,
             logprobs,
             late_error: c
                 .allowed_token_ids

@@ -34,6 +34,8 @@ pub struct AppState {
     pub prompt_tokens_details: bool,
     /// `--exclude-tools-when-tool-choice-none`.
     pub exclude_tools_when_none: bool,
+    /// `--call-tools`: `tool_choice` `"auto"` with tools is answered with a call of the first.
+    pub call_tools: bool,
     /// `--enable-per-request-metrics`.
     pub per_request_metrics: bool,
     /// `--enable-request-id-headers`.

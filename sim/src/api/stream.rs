@@ -80,6 +80,9 @@ pub struct StreamSpec {
     /// A named tool choice: the answer goes out as this function's call
     /// ([`ResponseId::tool_call_chunk`]).
     pub tool_call: Option<String>,
+    /// The call is the model's choice (`--call-tools`): its finish is `tool_calls`, as vLLM's
+    /// serving_chat says when its tool parser found a call (`auto_tools_called`).
+    pub auto_call: bool,
     /// Log-probabilities on the answer's chunks, with this many alternatives
     /// ([`super::chunks::logprobs`]).
     pub logprobs: Option<u32>,
@@ -197,7 +200,10 @@ pub fn sse_body(
         let finish = if cut {
             None
         } else {
-            finished.as_ref().map(|f| f.reason.as_str())
+            finished.as_ref().map(|f| match spec.auto_call {
+                true => "tool_calls",
+                false => f.reason.as_str(),
+            })
         };
         // Reasoning first (`delta.reasoning`), then the answer; a batch that crosses from one
         // to the other is two chunks. The finish reason rides on the last chunk written.

@@ -259,7 +259,7 @@ impl LocalJobs {
                 Ended::Cancelled | Ended::HandedBack(_) => Status::Cancelled,
             };
             match how {
-                Ended::Done(answer) => s.answer = Some(answer),
+                Ended::Done(answer) => s.answer = Some(*answer),
                 Ended::Failed(code, message) => s.error = Some((code, message)),
                 Ended::Cancelled | Ended::HandedBack(_) => {}
             }
