@@ -388,3 +388,53 @@ fn a_count_never_waits_for_the_cache_another_count_reads() {
         counted.unwrap()
     );
 }
+
+/// A normalizer can grow the text before it is split: NFC up to three times the bytes of
+/// non-ASCII text (U+1D160, 4 bytes, decomposes into 12), NFKC up to eleven (U+FDFA, 3 bytes,
+/// into 33). A request of such characters that one token a byte of its raw text put in the
+/// small lane reserved a third of what the tokenizer counts; its reservation now covers the
+/// count, however it was decided.
+#[test]
+fn text_a_normalizer_grows_is_never_reserved_below_its_count() {
+    let (_, qwen) = &accepted_tokenizers()[2];
+    let mut nfkc = qwen.clone();
+    nfkc["normalizer"] = serde_json::json!({"type": "NFKC"});
+    let nfkc_path =
+        std::env::temp_dir().join(format!("tutor-gateway-nfkc-{}.json", std::process::id()));
+    std::fs::write(&nfkc_path, nfkc.to_string()).unwrap();
+    let nfc_path = accepted_tokenizers()[2].0.clone();
+    for (path, text) in [
+        (&nfc_path, "\u{1D160}".repeat(160)),
+        (&nfc_path, "\u{FB2C}".repeat(200)),
+        (&nfkc_path, "\u{FDFA}".repeat(200)),
+    ] {
+        let counter = TokenCounter::from_file(path).unwrap();
+        let input = PromptInput::chat(
+            vec![ChatMessage {
+                role: "user".into(),
+                content: Some(MessageContent::Text(text.clone())),
+                name: None,
+                tool_calls: None,
+                tool_call_id: None,
+                reasoning: None,
+                reasoning_content: None,
+            }],
+            None,
+            16_384,
+        );
+        let exact = counter.count_input(&input);
+        assert!(
+            u64::from(exact) > text.len() as u64 + 20,
+            "{}: the normalizer grows it past one token a byte: {exact} for {} bytes",
+            path.display(),
+            text.len()
+        );
+        let classifier = Classifier::with_counter(&Config::default(), counter);
+        let c = classifier.classify_blocking(&input, Some(120)).unwrap();
+        assert!(
+            c.input_tokens_estimate >= exact,
+            "{}: {c:?} reserves less than the {exact} tokens",
+            path.display()
+        );
+    }
+}

@@ -408,10 +408,23 @@ impl Classifier {
         let overhead = size.overhead;
         let bounds = ByteBounds::new(size.bytes, size.pieces, overhead);
         let output = requested.unwrap_or(self.default_output_tokens);
-        // Small for sure: even one token per byte fits the small lane (and the model).
-        let most = bounds.upper.saturating_add(output);
-        if self.rules.first(most) == Lane::Small && most <= self.max_model_len {
-            return self.settle(bounds.upper, requested, None).map(Some);
+        // Small for sure: even one token per byte (of the text as the tokenizer's normalizer
+        // leaves it) fits the small lane (and the model).
+        let non_ascii = || {
+            let mut n = 0u64;
+            input.for_each_text(|t| n += t.bytes().filter(|b| !b.is_ascii()).count() as u64);
+            n
+        };
+        if let Some(split) = self
+            .counter
+            .byte_growth()
+            .split_bytes(size.bytes, non_ascii)
+        {
+            let upper = ByteBounds::new(split, size.pieces, overhead).upper;
+            let most = upper.saturating_add(output);
+            if self.rules.first(most) == Lane::Small && most <= self.max_model_len {
+                return self.settle(upper, requested, None).map(Some);
+            }
         }
         // Small for sure by the tighter bound this tokenizer's merges give (a pass over the
         // bytes, no tokenizing); worth it only when the densest plausible count is small.

@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::bounds::ByteGrowth;
 use super::calibration::KindCounts;
 use super::error::ClassifyError;
 use super::input::PromptInput;
@@ -27,6 +28,8 @@ pub enum TokenCounter {
         /// The hand-written pre-tokenizer for its pattern (`pieces.rs`); `None`: every count
         /// goes through `encode`.
         fast: Option<Arc<FastCount>>,
+        /// What its normalizer does to the bytes one token a byte counts (`bounds.rs`).
+        growth: ByteGrowth,
     },
     /// `tutor_wire::tokens::heuristic_ids`: the same counts the simulator uses.
     Heuristic,
@@ -83,11 +86,23 @@ impl TokenCounter {
             fast = fast.is_some(),
             "tokenizer: hand-written pre-tokenizer for ASCII text"
         );
+        let growth = ByteGrowth::of_normalizer(&json["normalizer"]);
+        tracing::info!(?growth, "tokenizer: what its normalizer does to text bytes");
         Ok(TokenCounter::HuggingFace {
             tokenizer,
             bound,
             fast,
+            growth,
         })
+    }
+
+    /// What the tokenizer's normalizer does to the bytes one token a byte counts: the
+    /// heuristic has none.
+    pub fn byte_growth(&self) -> ByteGrowth {
+        match self {
+            TokenCounter::HuggingFace { growth, .. } => *growth,
+            TokenCounter::Heuristic => ByteGrowth::None,
+        }
     }
 
     /// At most this many tokens in all text pieces of `input`, read from the tokenizer's merges
