@@ -63,6 +63,17 @@ impl StreamLimits {
         }
     }
 
+    /// The longest event the stream takes: 1 MiB, or 16 bytes a token of the model's context
+    /// where that is more. vLLM's first chunk carries the whole prompt with `return_token_ids`
+    /// (its ids, up to 7 bytes each in JSON) or a completion's `echo` (its text): a 200,000-token
+    /// prompt is past 1 MiB there.
+    pub fn event_bytes(&self) -> usize {
+        let per_context = usize::try_from(self.max_len)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(16);
+        per_context.max(super::sse::DEFAULT_MAX_EVENT_BYTES)
+    }
+
     /// The deadline before the first token, and the error it means.
     pub(crate) fn first_token_deadline(&self, sent_at: Instant) -> (Instant, UpstreamError) {
         let first = sent_at + self.first_token;
@@ -161,7 +172,7 @@ impl UpstreamStream {
     ) -> Self {
         Self {
             body: Some(BodyDebug(body)),
-            parser: SseParser::default(),
+            parser: SseParser::new(limits.event_bytes()),
             pending_error: None,
             abort,
             request_id,

@@ -405,3 +405,27 @@ async fn a_usage_no_engine_could_count_is_not_believed() {
         assert_eq!(s.output_tokens().count, count, "{final_usage}");
     }
 }
+
+/// vLLM's first chunk carries the prompt's ids with `return_token_ids`: at a 262,144-token
+/// context a 200,000-token prompt's are about 1.4 MB in one event, which a fixed 1 MiB cap
+/// refused as a protocol error after the whole prefill. The cap follows the context.
+#[tokio::test(start_paused = true)]
+async fn a_first_chunk_with_a_long_prompts_ids_is_read_at_a_long_context() {
+    let ids: Vec<String> = (0..200_000).map(|i| (100_000 + i).to_string()).collect();
+    let first = format!(
+        r#"data: {{"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},"finish_reason":null}}],"prompt_token_ids":[{}]}}"#,
+        ids.join(",")
+    );
+    assert!(first.len() > 1 << 20, "{} bytes", first.len());
+    let reads = || vec![ev(&[&first, &last("hi", "stop"), DONE])];
+    let long = StreamLimits {
+        max_len: 262_144,
+        ..limits()
+    };
+    let (texts, err) = drain(&mut scripted(reads(), false, long)).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(texts.concat(), "hi");
+    // At a 16,384-token context no prompt has that many ids: such an event is still refused.
+    let (_, err) = drain(&mut scripted(reads(), false, limits())).await;
+    assert!(err.is_some());
+}
