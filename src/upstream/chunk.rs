@@ -343,10 +343,23 @@ impl Chunk {
 }
 
 /// Reads one `data:` payload.
+///
+/// An event of several `data:` lines (which SSE allows; vLLM writes one) comes joined with
+/// `\n`, which valid JSON holds only between its tokens (never raw inside a string): it is kept
+/// as a space, so the payload relayed as one `data:` line is still the whole JSON.
 pub fn parse_payload(raw: Bytes) -> Result<Payload, UpstreamError> {
     if raw.as_ref() == b"[DONE]" {
         return Ok(Payload::Done);
     }
+    let raw = if raw.contains(&b'\n') {
+        Bytes::from(
+            raw.iter()
+                .map(|&b| if b == b'\n' { b' ' } else { b })
+                .collect::<Vec<u8>>(),
+        )
+    } else {
+        raw
+    };
     let wire: WireChunk = serde_json::from_slice(&raw).map_err(|e| {
         // Only the error class and position: serde's full message can quote the payload's text.
         UpstreamError::Protocol(format!(

@@ -225,3 +225,14 @@ fn a_token_that_decodes_to_no_text_is_a_token_but_not_content() {
     assert!(!usage.has_token && usage.counts_output());
     assert!(chunk(r#"{"choices":[{"delta":{"content":" so"}}]}"#).has_token);
 }
+
+/// An event split over `data:` lines is relayed as one line: the newlines SSE joined it with
+/// would end the client's `data:` line in the middle of the JSON.
+#[test]
+fn a_payload_of_several_data_lines_is_kept_on_one_line() {
+    let c = chunk("{\"id\":\"x\",\n\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\\nb\"},\"finish_reason\":null}]}");
+    assert_eq!(c.text, "a\nb", "an escaped newline in a string is text");
+    assert!(!c.raw.contains(&b'\n'), "{:?}", c.raw);
+    let again: serde_json::Value = serde_json::from_slice(&c.raw).unwrap();
+    assert_eq!(again["choices"][0]["delta"]["content"], "a\nb");
+}

@@ -64,6 +64,9 @@ pub struct SseParser {
     event: Option<String>,
     /// The previous read ended with `\r`: a `\n` at the start of the next read belongs to it.
     skip_lf: bool,
+    /// Bytes of a byte-order mark at the stream's start matched so far (the spec drops one);
+    /// `None` once past the start.
+    bom: Option<usize>,
     /// Complete events not yet taken.
     ready: VecDeque<SseEvent>,
     max_event_bytes: usize,
@@ -85,6 +88,7 @@ impl SseParser {
             has_data: false,
             event: None,
             skip_lf: false,
+            bom: Some(0),
             ready: VecDeque::new(),
             max_event_bytes,
             failed: None,
@@ -96,6 +100,23 @@ impl SseParser {
     pub fn feed(&mut self, mut bytes: &[u8]) -> Result<(), SseError> {
         if let Some(err) = &self.failed {
             return Err(err.clone());
+        }
+        if let Some(seen) = self.bom {
+            const MARK: &[u8] = b"\xEF\xBB\xBF";
+            let want = &MARK[seen..];
+            let n = want.len().min(bytes.len());
+            if bytes[..n] == want[..n] {
+                bytes = &bytes[n..];
+                if n < want.len() {
+                    // All of this read was the mark's start: the next read tells.
+                    self.bom = Some(seen + n);
+                    return Ok(());
+                }
+            } else {
+                // Not a mark after all: what matched is the first line's start.
+                self.line.extend_from_slice(&MARK[..seen]);
+            }
+            self.bom = None;
         }
         // An empty read tells nothing of the `\n` that may follow a `\r`: the next one does.
         if self.skip_lf && !bytes.is_empty() {
