@@ -533,71 +533,80 @@ async fn closing_the_connection_during_prefill_aborts_before_the_first_token() {
     s.shutdown().await;
 }
 
-/// Three low-priority requests fill the KV cache; a high-priority one arrives later. Returns
-/// the order in which they finished.
-async fn finish_order(policy: &str) -> Vec<&'static str> {
-    // Speed 5 (not 20): four times as long for the high-priority request to arrive while the
-    // low ones are still decoding.
+/// One seat (`--max-num-seqs 1`) held by a long answer; a low-priority request (a longer
+/// prompt) then a high-priority one (a shorter prompt) queue behind it, and the long answer is
+/// cancelled. Returns the order the queued two were admitted in, read off the engine's steps
+/// (each prefills one prompt, told apart by its length): the scheduler's choice once both wait
+/// (checked before the long answer is cancelled), not the order clients happened to read in.
+/// Which requests a full cache pre-empts under each policy is tested on the scheduler itself
+/// (`the_policy_picks_whom_a_full_cache_preempts`).
+async fn admission_order(policy: &str) -> Vec<&'static str> {
     let s = sim(&[
         "--speed",
-        "5",
+        "1",
         "--profile",
         "tiny-test",
-        "--num-gpu-blocks",
-        "64",
-        "--max-model-len",
-        "1024",
+        "--max-num-seqs",
+        "1",
         "--scheduling-policy",
         policy,
     ])
     .await;
     let url = format!("{}/v1/chat/completions", s.url());
-    let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    // The long answer: cancelled (its client leaves, the engine aborts it) once both wait.
+    let first = tokio::spawn(stream_to_end(
+        url.clone(),
+        chat_body(&words(30, "first"), 3000, true),
+    ));
+    eventually("the long answer runs", || async {
+        running_waiting(&s).await == (1, 0)
+    })
+    .await;
     let mut tasks = Vec::new();
-    for (name, prio) in [("low-1", 10), ("low-2", 10), ("low-3", 10), ("high", -5)] {
-        let mut body = chat_body(&words(100, name), 300, true);
+    for (name, prio, prompt_words) in [("low", 10, 60), ("high", -5, 10)] {
+        let mut body = chat_body(&words(prompt_words, name), 5, true);
         if policy == "priority" {
-            // vLLM refuses a non-zero priority without priority scheduling.
             body["priority"] = prio.into();
         }
-        let (url, done) = (url.clone(), done.clone());
-        tasks.push(tokio::spawn(async move {
-            let events = stream_to_end(url, body).await;
-            assert_eq!(
-                usage_of(&events)["completion_tokens"],
-                300,
-                "{name} finished in full"
-            );
-            done.lock().unwrap().push(name);
-        }));
-        if name == "low-3" {
-            // The high-priority request arrives once the low ones are decoding.
-            eventually("low requests decoding", || async {
-                metric(&s, &format!("vllm:generation_tokens_total{}", labels())).await >= 150.0
-            })
-            .await;
-        }
+        tasks.push(tokio::spawn(stream_to_end(url.clone(), body)));
+        let queued = tasks.len() as u64;
+        eventually("queued behind the long answer", || async {
+            running_waiting(&s).await == (1, queued)
+        })
+        .await;
     }
+    assert!(
+        !first.is_finished(),
+        "the long answer ended before the others queued"
+    );
+    first.abort();
     for t in tasks {
-        t.await.unwrap();
+        assert_eq!(usage_of(&t.await.unwrap())["completion_tokens"], 5);
     }
-    assert!(metric(&s, &format!("vllm:num_preemptions_total{}", labels())).await > 0.0);
+    let steps: Vec<Value> =
+        serde_json::from_value(get_json(format!("{}/debug/steps", s.url())).await).unwrap();
     s.shutdown().await;
-    let order = done.lock().unwrap().clone();
-    order
+    let prefills: Vec<u64> = steps
+        .iter()
+        .map(|st| st["prefill_tokens"].as_u64().unwrap())
+        .filter(|n| *n > 0)
+        .collect();
+    let [_first, a, b] = prefills[..] else {
+        panic!("three prompts, each prefilled in one step: {prefills:?}");
+    };
+    if a > b {
+        vec!["low", "high"]
+    } else {
+        vec!["high", "low"]
+    }
 }
 
 #[tokio::test]
-async fn priority_policy_preempts_the_lowest_priority_first() {
-    // First come, first served: the newest request (the high-priority one) is preempted first
-    // and finishes last.
-    let fcfs = finish_order("fcfs").await;
-    assert_eq!(fcfs.last(), Some(&"high"), "{fcfs:?}");
-    // Priority: low-priority requests are preempted instead; the high one is never pushed out
-    // and finishes before the low ones it overtook.
-    let prio = finish_order("priority").await;
-    let high = prio.iter().position(|n| *n == "high").unwrap();
-    assert!(high < 3, "{prio:?}");
+async fn priority_policy_admits_the_highest_priority_first() {
+    // First come, first served: the low-priority request, queued first, is admitted first.
+    assert_eq!(admission_order("fcfs").await, ["low", "high"]);
+    // Priority: the high-priority request overtakes it.
+    assert_eq!(admission_order("priority").await, ["high", "low"]);
 }
 
 /// vLLM 0.33+ accepts a priority under `fcfs` (the check that refused it is gone) and ignores it.

@@ -713,6 +713,80 @@ mod tests {
         panic!("the low-priority request never ran out of blocks");
     }
 
+    /// Three low-priority requests decode on a cache that cannot hold them all to the end; a
+    /// high-priority one comes while they run. First come, first served pre-empts the newest
+    /// (the high one) and it finishes last; the priority policy pre-empts low ones instead, and
+    /// the high one finishes before at least one of the lows it overtook. Stepped by hand: the
+    /// order is the scheduler's, not a loaded machine's.
+    #[test]
+    fn the_policy_picks_whom_a_full_cache_preempts() {
+        for priority_policy in [false, true] {
+            let mut s = Scheduler::new(SchedulerConfig {
+                num_gpu_blocks: 64,
+                priority_policy,
+                ..cfg(0, false)
+            });
+            let prioritised = |no: u64, priority: i64| {
+                let prompt: Vec<u32> = (0..130).map(|i| (no as u32) * 100_000 + i).collect();
+                let (tx, rx) = mpsc::unbounded_channel();
+                let seq = Sequence::new(
+                    no.to_string(),
+                    no,
+                    &prompt,
+                    16,
+                    300,
+                    FinishReason::Length,
+                    priority,
+                    tx,
+                    Instant::now(),
+                );
+                (seq, rx)
+            };
+            let mut rxs = Vec::new();
+            for no in 1..=3 {
+                let (low, rx) = prioritised(no, 10);
+                s.add(low);
+                rxs.push((no, rx));
+            }
+            // The lows decode half their answers, then the high one comes.
+            for _ in 0..150 {
+                let plan = s.schedule(Instant::now());
+                s.complete(&plan, Instant::now());
+            }
+            let (high, rx) = prioritised(4, -5);
+            s.add(high);
+            rxs.push((4, rx));
+            let mut order = Vec::new();
+            let mut preempted = 0;
+            while s.has_work() {
+                let plan = s.schedule(Instant::now());
+                preempted += plan.preempted;
+                s.complete(&plan, Instant::now());
+                for (no, rx) in &mut rxs {
+                    while let Ok(ev) = rx.try_recv() {
+                        if matches!(ev, EngineEvent::Finished(_)) {
+                            order.push(*no);
+                        }
+                    }
+                }
+            }
+            assert_eq!(order.len(), 4, "{order:?}");
+            assert!(preempted > 0, "the cache ran out");
+            let high = order.iter().position(|no| *no == 4).unwrap();
+            if priority_policy {
+                assert!(
+                    high < 3,
+                    "priority: the high one overtakes a low one: {order:?}"
+                );
+            } else {
+                assert_eq!(
+                    high, 3,
+                    "fcfs: the newest is pre-empted and ends last: {order:?}"
+                );
+            }
+        }
+    }
+
     /// A sequence of the tokens `prompt` that generates `out` tokens.
     fn seq_of(no: u64, prompt: &[u32], out: u32) -> (Sequence, UnboundedReceiver<EngineEvent>) {
         let (tx, rx) = mpsc::unbounded_channel();
