@@ -249,6 +249,9 @@ async fn jobs_kept_to_their_own_lane(backend: Backend) {
         assert!(v.get("preempted").is_none(), "never pre-empted: {v}");
         assert_eq!(v["answer"]["usage"]["output_tokens"], REVIEW_TOKENS);
     }
+    // The engine's own high-water mark, whatever the timing above: one request at a time on
+    // the large lane's one seat, none on a borrowed one.
+    assert_eq!(h.sim.engine.snapshot().max_running_seen, 1);
     h.drained().await;
     assert_eq!(
         family_total(

@@ -263,6 +263,9 @@ pub async fn jobs_wait_for_interactive_large_requests_and_never_borrow(backend: 
         .unwrap();
     let ran_ms = (v["finished_at"].as_f64().unwrap() - v["started_at"].as_f64().unwrap()) * 1e3;
     assert!(ttft_ms <= ran_ms + 1.0, "{v}");
+    // The engine's own high-water mark, whatever the timing above: the job never ran beside
+    // the interactive request on a small or medium seat.
+    assert_eq!(h.sim.engine.snapshot().max_running_seen, 1);
     h.drained().await;
     h.shutdown().await;
 }
@@ -784,6 +787,9 @@ pub async fn jobs_max_running_keeps_large_seats_for_interactive_reviews(backend:
     assert_eq!(events.last().unwrap().0, "done");
     cancel(&base, &first).await;
     done(&base, &second).await;
+    // The engine's own high-water mark, whatever the timing above: the first job and the
+    // review; the second job never ran beside them.
+    assert_eq!(h.sim.engine.snapshot().max_running_seen, 2);
     h.drained().await;
     h.shutdown().await;
 }
