@@ -744,7 +744,9 @@ async fn a_limit_pushed_by_one_replica_is_enforced_by_both() {
     }
     done.store(true, Ordering::Release);
     let most = watcher.await.unwrap();
-    assert_eq!(most, 1, "the pushed limit held on both replicas");
+    assert!(most <= 1, "the pushed limit held on both replicas: {most}");
+    // The engine's own high-water mark: nothing ran before the six, one at a time then.
+    assert_eq!(sim.engine.snapshot().max_running_seen, 1);
     let mut conn = redis::Client::open(redis.url())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -928,19 +930,6 @@ async fn a_redis_outage_under_load_never_overcommits_the_engine() {
             post(&client, url, body(200, 240, &format!("outage-{i}"))).await
         }));
     }
-    let done = Arc::new(AtomicBool::new(false));
-    let watcher = {
-        let done = done.clone();
-        let engine = sim.engine.clone();
-        tokio::spawn(async move {
-            let mut most = 0;
-            while !done.load(Ordering::Acquire) {
-                most = most.max(engine.snapshot().running);
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            most
-        })
-    };
     common::eventually("the large lane is full", || {
         sim.engine.snapshot().running == 4
     })
@@ -955,9 +944,8 @@ async fn a_redis_outage_under_load_never_overcommits_the_engine() {
     for s in sent {
         assert_eq!(s.await.unwrap(), 200, "fail_open served every request");
     }
-    done.store(true, Ordering::Release);
-    let most = watcher.await.unwrap();
-    eprintln!("MOST {most}");
+    // The engine's own high-water mark (a sampling watcher could miss a short overlap).
+    let most = sim.engine.snapshot().max_running_seen;
     // Limit 4, fallback share 4 / 2 = 2.
     assert!(
         most <= 6,
