@@ -354,12 +354,21 @@ async fn a_watched_file_is_reloaded_when_it_changes_and_a_broken_one_is_refused_
     assert!(changed, "the changed file was put in force");
     let second = config_info(&gw.metrics().await).unwrap();
     // A broken file: refused and counted once; the configuration in force stays.
+    let broken_at = std::time::Instant::now();
     replace("[lanes.small]\nmax_concurrency = 0\n");
     assert!(gw.until(|m| reloads(m, "invalid") >= 1.0).await);
-    // Many looks later it has not been tried again, and nothing else was reloaded.
+    // Many looks later (ten a second) it has been tried again at most once every 20 looks
+    // (`RETRY_LOOKS`, 2 s here), and nothing else was reloaded. Bounded by the time gone by:
+    // a loaded machine's slow scrape is not a retry too many.
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let m = gw.metrics().await;
-    assert_eq!(reloads(&m, "invalid"), 1.0);
+    let retries_allowed = broken_at.elapsed().as_millis() / 2000;
+    assert!(
+        reloads(&m, "invalid") <= 1.0 + retries_allowed as f64,
+        "refused {} times in {:?}",
+        reloads(&m, "invalid"),
+        broken_at.elapsed()
+    );
     assert_eq!(reloads(&m, "applied"), 1.0);
     assert_eq!(config_info(&m).unwrap(), second);
     assert!(gw.answers().await);
