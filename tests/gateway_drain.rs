@@ -282,7 +282,7 @@ async fn sigterm_mid_stream_ends_it_with_shutdown_aborts_it_releases_its_lease_a
 async fn readyz_says_draining_during_the_grace_while_a_stream_still_runs() {
     let sim = sim().await;
     let mut gw = start(&format!(
-        "[server]\nshutdown_grace_ms = 12000\nadmin_listen = \"127.0.0.1:0\"\n\
+        "[server]\nshutdown_grace_ms = 600000\nadmin_listen = \"127.0.0.1:0\"\n\
          [telemetry]\nrequest_log = \"off\"\n\
          [classify]\ntokenizer = \"heuristic\"\n\
          [upstream]\nbase_url = \"{}\"\n",
@@ -322,12 +322,14 @@ async fn readyz_says_draining_during_the_grace_while_a_stream_still_runs() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(refused, "the public listener still accepts after SIGTERM");
-    // ...while the open stream goes on within the grace period, and /readyz still says so.
+    // ...while the open stream goes on within the grace period (ten minutes: far longer than
+    // any of the waits above can take), and /readyz still says so.
     stream.read_until("event: token").await;
     assert_eq!(sim.engine.snapshot().running, 1);
     assert_eq!(get(readyz.clone()).await.0, 503);
 
-    // Past the grace period it ends with `shutdown`, and the process exits.
+    // A second SIGTERM ends the grace: the stream ends with `shutdown`, the process exits.
+    gw.sigterm();
     common::ended_by_shutdown(&stream.rest().await);
     let status = gw.exited().await;
     assert!(status.success(), "exit {status:?}:\n{}", gw.log());
@@ -342,7 +344,7 @@ async fn readyz_says_draining_during_the_grace_while_a_stream_still_runs() {
 async fn during_the_drain_announce_readyz_says_draining_and_new_requests_are_still_served() {
     let sim = sim().await;
     let mut gw = start(&format!(
-        "[server]\nshutdown_grace_ms = 0\ndrain_announce_ms = 10000\n\
+        "[server]\nshutdown_grace_ms = 0\ndrain_announce_ms = 600000\n\
          [telemetry]\nrequest_log = \"off\"\n\
          [classify]\ntokenizer = \"heuristic\"\n\
          [upstream]\nbase_url = \"{}\"\n",
@@ -380,7 +382,9 @@ async fn during_the_drain_announce_readyz_says_draining_and_new_requests_are_sti
         Some("done"),
         "{events:?}"
     );
-    // Then the listener closes and the process exits cleanly.
+    // The announce lasts ten minutes (far longer than the waits above can take); a second
+    // SIGTERM ends it: the listener closes and the process exits cleanly.
+    gw.sigterm();
     let status = gw.exited().await;
     assert!(status.success(), "exit {status:?}:\n{}", gw.log());
     sim.shutdown().await;
