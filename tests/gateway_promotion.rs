@@ -617,7 +617,11 @@ async fn a_stream_waiting_for_room_ends_with_the_grace() {
         !events.iter().any(|(e, _)| e == "cut"),
         "ended by the shutdown, not cut: {events:?}"
     );
-    assert_eq!(relayed(&rest), 256, "nothing past small's limit while it waited");
+    assert_eq!(
+        relayed(&rest),
+        256,
+        "nothing past small's limit while it waited"
+    );
     b.shutdown().await;
     let _ = blocker.await;
     redis_common::quota_drains(&redis).await;

@@ -569,7 +569,7 @@ async fn the_abort_call_alone_stops_the_engine_while_the_connection_stays_open()
 }
 
 #[tokio::test]
-async fn an_abort_naming_the_wrong_id_is_noticed() {
+async fn an_abort_naming_the_wrong_id_gets_200_and_stops_nothing() {
     // The X-Request-Id as sent is not the id vLLM's endpoint takes: 200, yet nothing stops.
     let s = sim(&flags("--speed 1 --profile tiny-test --enable-scale-out")).await;
     let mut config = upstream_config(&s.url());

@@ -323,7 +323,8 @@ mod tests {
         r.admitted(LARGE, Duration::ZERO);
         let predicted = r.predict(LARGE, u32::MAX).unwrap();
         assert_eq!(predicted, Duration::from_secs(86_400));
-        assert!(serde_json::to_string(&serde_json::json!(predicted.as_millis())).is_ok());
+        let millis = u64::try_from(predicted.as_millis()).expect("fits a JSON integer");
+        assert_eq!(serde_json::json!(millis).to_string(), "86400000");
     }
 
     #[tokio::test(start_paused = true)]
