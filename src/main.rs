@@ -33,7 +33,7 @@ enum Command {
         #[arg(long)]
         with_sim: bool,
         /// More `vllm-sim` flags for `--with-sim`, e.g. `--sim-arg=--speed --sim-arg=10`.
-        #[arg(long = "sim-arg", allow_hyphen_values = true)]
+        #[arg(long = "sim-arg", allow_hyphen_values = true, requires = "with_sim")]
         sim_args: Vec<String>,
         /// Count tokens with this `tokenizer.json` (the served model's) instead of the
         /// configured `classify.tokenizer`; with `--with-sim` the simulator counts with it too.
@@ -206,6 +206,7 @@ fn serve(
                 }
                 if let Some(url) = &sim_url {
                     c.upstream.base_url = url.clone();
+                    c.upstream.replicas.clear();
                 }
             }),
         );

@@ -434,6 +434,15 @@ pub async fn start_sim(
         <vllm_sim::SimArgs as clap::Parser>::try_parse_from(argv).context("vllm-sim flags")?;
     let sim = vllm_sim::start(&args).await?;
     config.upstream.base_url = sim.url();
+    // The simulator replaces the whole upstream: configured replicas would still get every
+    // request (they take precedence over `base_url`).
+    if !config.upstream.replicas.is_empty() {
+        tracing::warn!(
+            replicas = config.upstream.replicas.len(),
+            "--with-sim: [[upstream.replicas]] set aside; every request goes to the simulator"
+        );
+        config.upstream.replicas.clear();
+    }
     Ok(sim)
 }
 

@@ -120,6 +120,21 @@ fn a_port_in_use_is_named_and_logs_to_a_pipe_have_no_colour() {
     drop(taken);
 }
 
+/// `--sim-arg` configures the bundled simulator only: without `--with-sim` it was ignored and
+/// the gateway started against the configured engine, the user believing `--speed 10` was in
+/// force. Now a usage error (exit 2) naming `--with-sim`.
+#[test]
+fn a_simulator_flag_without_the_simulator_is_a_usage_error() {
+    let out = gateway_bin()
+        .args(["serve", "--sim-arg=--speed", "--sim-arg=10"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--with-sim"), "{stderr}");
+}
+
 #[test]
 fn run_away_from_the_repository_the_binary_points_at_config() {
     let elsewhere = Scratch::new("elsewhere");
@@ -383,12 +398,22 @@ async fn a_bundled_simulator_takes_the_users_port_and_says_where_the_model_is_se
         let message = format!("{:#}", refused.expect_err("refused"));
         assert!(message.contains("upstream."), "{message}");
     }
+    // A production file's replicas are set aside: they take precedence over `base_url`, so
+    // every request went to the real engines while the log named the simulator.
+    let real = tutor_gateway::config::ReplicaConfig::single("http://10.0.0.7:8000");
+    config.upstream.replicas = vec![real.clone(), real];
     let port = tutor_testkit::free_port();
     let sim =
         tutor_gateway::server::start_sim(&mut config, &strings(&["--port", &port.to_string()]))
             .await
             .expect("the simulator starts on the user's port");
     assert_eq!(config.upstream.base_url, format!("http://127.0.0.1:{port}"));
+    assert_eq!(
+        config.upstream.replica_set(),
+        [tutor_gateway::config::ReplicaConfig::single(
+            &config.upstream.base_url
+        )]
+    );
     let models = client()
         .get(format!("{}/v1/models", config.upstream.base_url))
         .send()
