@@ -241,3 +241,28 @@ async fn a_large_answer_is_not_diverted_to_a_job_during_the_drain() {
     );
     drop(first);
 }
+
+/// Under `admission.policy = "fifo"` without a `max_concurrency` every try for a seat
+/// succeeds, so with `jobs.max_running = 0` every queued job (up to `jobs.max_jobs`) ran at once,
+/// ahead of the questions in the engine's queue. The large lane's `max_concurrency` bounds them
+/// there, as `jobs.max_running`'s doc says of its 0.
+#[tokio::test]
+async fn jobs_under_an_unbounded_fifo_run_no_more_at_once_than_the_large_lanes_seats() {
+    let h = start(Backend::Local, SLOW, |c| {
+        c.admission.policy = tutor_gateway::config::Policy::Fifo;
+        c.admission.fifo.max_concurrency = None;
+        set_lane(c, Lane::Large, 2);
+    })
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(submit_ok(&h.base(), &question(40)).await);
+    }
+    for id in &ids {
+        assert_eq!(done(&h.base(), id).await["status"], "done");
+    }
+    let most = h.sim.engine.snapshot().max_running_seen;
+    assert!((1..=2).contains(&most), "{most} jobs ran at once");
+    h.drained().await;
+    h.shutdown().await;
+}

@@ -44,4 +44,18 @@ impl Context {
     pub fn metrics(&self) -> &JobMetrics {
         self.state.metrics().jobs()
     }
+
+    /// Jobs that may run at once (0: no bound of their own). `jobs.max_running`; when that is
+    /// 0 and admission bounds nothing (`admission.policy = "fifo"` without a `max_concurrency`:
+    /// every try for a seat succeeds), the large lane's `max_concurrency`, the seats its doc
+    /// says bound jobs: otherwise every queued job (up to `jobs.max_jobs`) ran at once.
+    pub fn max_running(&self) -> usize {
+        let config = self.state.config();
+        let unbounded = config.admission.policy == crate::config::Policy::Fifo
+            && config.admission.fifo.max_concurrency.is_none();
+        match self.config.max_running {
+            0 if unbounded => config.lanes.large.max_concurrency.get() as usize,
+            n => n,
+        }
+    }
 }

@@ -201,7 +201,7 @@ impl LocalJobs {
                 store = self.store();
                 continue;
             }
-            let max_running = self.ctx.config.max_running;
+            let max_running = self.ctx.max_running();
             if max_running > 0 && store.running >= max_running {
                 return None;
             }
