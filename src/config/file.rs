@@ -219,6 +219,31 @@ fn cross_checks(c: &mut Checker, config: &Config) {
             "classify.default_output_tokens",
             "must be < upstream.max_model_len",
         );
+    } else if config.classify.default_output_tokens.get() >= small {
+        c.fail(
+            "classify.default_output_tokens",
+            "must be < classify.small_max_work: a request that names no output limit is \
+             classified by its prompt plus this, so at or above it none is ever small",
+        );
+    }
+    // Tenants exist only with [auth]: without it a request has none.
+    if !config.auth.enabled {
+        if !config.auth.tenants.is_empty() {
+            c.fail(
+                "auth.tenants",
+                "needs auth.enabled = true: without [auth] no request has a tenant, so these \
+                 budgets would never be charged",
+            );
+        }
+        for (id, course) in &config.courses {
+            if course.tenants.is_some() {
+                c.fail(
+                    format!("courses.{id}.tenants"),
+                    "needs auth.enabled = true: without [auth] no request has a tenant, so \
+                     the course would be refused to every request",
+                );
+            }
+        }
     }
     let largest = [
         (Lane::Small, small.min(max_len), "classify.small_max_work"),
@@ -259,6 +284,35 @@ fn cross_checks(c: &mut Checker, config: &Config) {
                      never does"
                 ),
             );
+        }
+    }
+    if config.autopilot.enabled {
+        // Settings the autopilot would clamp or ignore: refused, so the file says what runs.
+        let large = &config.lanes.large;
+        let most_seats = large.ceiling.get().max(large.max_concurrency.get());
+        if config.admission.policy == Policy::Fifo {
+            c.fail(
+                "autopilot.enabled",
+                "admission.policy = \"fifo\" has no lanes to pace",
+            );
+        }
+        if config.autopilot.min_large_seats > most_seats {
+            c.fail(
+                "autopilot.min_large_seats",
+                format!("must be <= lanes.large.ceiling ({most_seats}): the seats it may pace"),
+            );
+        }
+        let budget = config.admission.prefill_budget_tokens;
+        if let Some(floor) = config.autopilot.min_prefill_budget_tokens {
+            if budget > 0 && floor > budget {
+                c.fail(
+                    "autopilot.min_prefill_budget_tokens",
+                    format!(
+                        "must be <= admission.prefill_budget_tokens ({budget}): the budget it \
+                         may pace"
+                    ),
+                );
+            }
         }
     }
     if config.quota.backend == QuotaBackend::Redis && config.admission.policy == Policy::Fifo {

@@ -158,6 +158,15 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
             "must be a redis://host:port/db or unix:///path URL",
         );
     }
+    let from = if raw
+        .redis_password_file
+        .as_deref()
+        .is_some_and(|f| !f.is_empty())
+    {
+        "quota.redis_password_file"
+    } else {
+        "quota.redis_password_env"
+    };
     let password = c.secret(
         ("quota.redis_password_env", raw.redis_password_env),
         ("quota.redis_password_file", raw.redis_password_file),
@@ -165,7 +174,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
     if let Some(password) = password {
         match with_password(&url, &password) {
             Ok(full) => url = full,
-            Err(why) => c.fail("quota.redis_password_env", why),
+            Err(why) => c.fail(from, why),
         }
     }
     let redis_ca_pem = super::upstream::ca_pem(c, "quota.redis_ca_file", raw.redis_ca_file);

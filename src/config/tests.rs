@@ -5,6 +5,11 @@ use crate::lane::Lane;
 
 const MINIMAL: &str = "[classify]\ntokenizer = \"heuristic\"\n";
 
+/// `[auth]` on with one key of tenant `cs101` (tenants exist only with it).
+const AUTH: &str = "[auth]\nenabled = true\nkeys = [{ sha256 = \
+    \"0000000000000000000000000000000000000000000000000000000000000000\", \
+    tenant = \"cs101\" }]\n";
+
 fn issues_of(src: &str) -> Vec<String> {
     match Config::from_toml_str(src) {
         Ok(_) => panic!("config unexpectedly valid:\n{src}"),
@@ -852,6 +857,11 @@ mod quota_section {
             found[0].contains("carries credentials already"),
             "{found:?}"
         );
+        // Named by the key the password came through, not the one left unset.
+        assert!(
+            found[0].starts_with("quota.redis_password_file"),
+            "{found:?}"
+        );
         assert!(!found.iter().any(|i| i.contains("hunter2")), "{found:?}");
         std::fs::remove_dir_all(&dir).ok();
     }
@@ -905,7 +915,7 @@ fn the_demo_page_is_off_unless_server_demo_is_true() {
 #[test]
 fn tenant_budgets_parse_with_either_quota_and_bad_names_are_refused() {
     let c = Config::from_toml_str(&format!(
-        "{MINIMAL}\n[auth.tenants.cs101]\ntokens_per_minute = 200000\ntokens_per_day = 0\n"
+        "{MINIMAL}{AUTH}\n[auth.tenants.cs101]\ntokens_per_minute = 200000\ntokens_per_day = 0\n"
     ))
     .unwrap();
     let b = c.auth.tenants["cs101"];
@@ -913,7 +923,7 @@ fn tenant_budgets_parse_with_either_quota_and_bad_names_are_refused() {
     assert_eq!((b.requests_per_minute, b.tokens_per_day), (None, None));
     // With the Redis quota the ledger is shared by the replicas (`admission::tenant_budget`).
     let c = Config::from_toml_str(&format!(
-        "{MINIMAL}\n[quota]\nbackend = \"redis\"\n[auth.tenants.cs101]\nrequests_per_minute = 5\n"
+        "{MINIMAL}{AUTH}\n[quota]\nbackend = \"redis\"\n[auth.tenants.cs101]\nrequests_per_minute = 5\n"
     ))
     .unwrap();
     assert_eq!(c.auth.tenants["cs101"].requests_per_minute, Some(5));
@@ -981,7 +991,7 @@ fn reservations_fit_the_seats() {
     );
     let course = |tenants: &str| {
         format!(
-            "[classify]\ntokenizer = \"heuristic\"\n[courses.cs1]\nversion = \"1\"\n\
+            "[classify]\ntokenizer = \"heuristic\"\n{AUTH}[courses.cs1]\nversion = \"1\"\n\
              instructions = \"Be kind.\"\ntenants = {tenants}\n"
         )
     };
@@ -1124,4 +1134,73 @@ fn template_kwargs_are_names_and_never_the_templates_material() {
     assert_eq!(ok.fields.template_kwargs, ["week"]);
     let none = Config::from_toml_str(&format!("{base}template_kwargs = []\n")).unwrap();
     assert!(none.fields.template_kwargs.is_empty());
+}
+
+/// Keys each valid alone that together make a feature do nothing, silently: a default output
+/// budget that no request without its own limit fits the small lane with, and tenant budgets
+/// or course tenants without [auth] (no request has a tenant: budgets never charged, the course
+/// refused to everyone).
+#[test]
+fn settings_that_would_silently_do_nothing_are_refused_with_their_keys() {
+    let issues = issues_of("[classify]\ntokenizer = \"heuristic\"\ndefault_output_tokens = 1200\n");
+    assert!(
+        issues.iter().any(
+            |i| i.starts_with("classify.default_output_tokens") && i.contains("small_max_work")
+        ),
+        "{issues:?}"
+    );
+    let issues = issues_of(&format!(
+        "{MINIMAL}[auth.tenants.cs101]\ntokens_per_day = 5000000\n"
+    ));
+    assert!(
+        issues
+            .iter()
+            .any(|i| i.starts_with("auth.tenants") && i.contains("auth.enabled")),
+        "{issues:?}"
+    );
+    let issues = issues_of(&format!(
+        "{MINIMAL}[courses.py101]\nversion = \"1\"\ninstructions = \"Be a tutor.\"\n\
+         tenants = [\"cs101\"]\n"
+    ));
+    assert!(
+        issues
+            .iter()
+            .any(|i| i.starts_with("courses.py101.tenants") && i.contains("auth.enabled")),
+        "{issues:?}"
+    );
+    // An autopilot that would pace nothing, or clamp its floors to the values it paces.
+    for (autopilot, key) in [
+        (
+            "[admission]\npolicy = \"fifo\"\n[autopilot]\nenabled = true\n",
+            "autopilot.enabled",
+        ),
+        (
+            "[lanes.large]\nmax_concurrency = 4\nceiling = 10\n[autopilot]\nenabled = true\n\
+             min_large_seats = 11\n",
+            "autopilot.min_large_seats",
+        ),
+        (
+            "[admission]\nprefill_budget_tokens = 12288\n[autopilot]\nenabled = true\n\
+             min_prefill_budget_tokens = 20000\n",
+            "autopilot.min_prefill_budget_tokens",
+        ),
+    ] {
+        let issues = issues_of(&format!("{MINIMAL}{autopilot}"));
+        assert!(
+            issues.iter().any(|i| i.starts_with(key)),
+            "{autopilot}: {issues:?}"
+        );
+        // The same values with the autopilot off are not its to pace.
+        let off = autopilot.replace("enabled = true", "enabled = false");
+        assert!(
+            Config::from_toml_str(&format!("{MINIMAL}{off}")).is_ok(),
+            "{off}"
+        );
+    }
+    // With [auth] on, the same tables are fine.
+    let ok = Config::from_toml_str(&format!(
+        "{MINIMAL}{AUTH}[auth.tenants.cs101]\ntokens_per_day = 5000000\n\
+         [courses.py101]\nversion = \"1\"\ninstructions = \"Be a tutor.\"\ntenants = [\"cs101\"]\n"
+    ));
+    assert!(ok.is_ok(), "{:?}", ok.err());
 }

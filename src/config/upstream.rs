@@ -425,15 +425,18 @@ fn abort(c: &mut Checker, raw: RawAbort) -> AbortConfig {
 /// vLLM's API key, from the environment variable `env` or the file `file` (one of them; its
 /// surrounding whitespace trimmed). Problems name the key, never its value.
 fn api_key(c: &mut Checker, env: Option<String>, file: Option<String>) -> Option<Secret> {
+    // A problem with the value is named by the key it came through.
+    let from = if file.as_deref().is_some_and(|f| !f.is_empty()) {
+        "upstream.api_key_file"
+    } else {
+        "upstream.api_key_env"
+    };
     let key = c.secret(
         ("upstream.api_key_env", env),
         ("upstream.api_key_file", file),
     )?;
     if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
-        c.fail(
-            "upstream.api_key_env",
-            "the API key must be non-empty visible ASCII",
-        );
+        c.fail(from, "the API key must be non-empty visible ASCII");
         return None;
     }
     Some(Secret::from(key))
