@@ -13,6 +13,9 @@
 //!   this replica's script calls removed.
 //! - `tutor_gateway_quota_limits_version`: the version of the shared limits record this
 //!   replica last saw (replicas that agree show the same number).
+//! - `tutor_gateway_quota_limits_differ`: 1 when, at its start (or after Redis lost the
+//!   record), this replica found a record in force whose limits are not its file's: a restart
+//!   never replaces the record; 0 once it matched or this replica wrote its own.
 //! - `tutor_gateway_tenant_service_tokens{tenant}`: each tenant's service counted fleet-wide
 //!   (prompt + output tokens over its share), as this replica last read it
 //!   (`auth.fleet_fairness`; tenants this replica has served or has waiting).
@@ -41,6 +44,7 @@ pub struct QuotaMetrics {
     fallbacks: IntCounter,
     reaped: IntCounter,
     limits_version: IntGauge,
+    limits_differ: IntGauge,
     service: GaugeVec,
     service_gap: prometheus::Gauge,
     yields: IntCounterVec,
@@ -99,6 +103,12 @@ impl QuotaMetrics {
             "Version of the shared limits record (Redis) this replica last saw; 0 before any.",
         )
         .expect("valid gauge");
+        let limits_differ = IntGauge::new(
+            "tutor_gateway_quota_limits_differ",
+            "1 when the shared limits record in force (Redis) was found, at this replica's start, \
+             to differ from its file's limits (a start never replaces it: limits push does).",
+        )
+        .expect("valid gauge");
         let service = GaugeVec::new(
             prometheus::Opts::new(
                 "tutor_gateway_tenant_service_tokens",
@@ -141,6 +151,7 @@ impl QuotaMetrics {
             Box::new(fallbacks.clone()),
             Box::new(reaped.clone()),
             Box::new(limits_version.clone()),
+            Box::new(limits_differ.clone()),
             Box::new(leases.clone()),
         ] {
             registry.register(c).expect("registered once");
@@ -162,6 +173,7 @@ impl QuotaMetrics {
             fallbacks,
             reaped,
             limits_version,
+            limits_differ,
             service,
             service_gap,
             yields,
@@ -193,6 +205,16 @@ impl QuotaMetrics {
     pub fn set_limits_version(&self, version: u64) {
         self.limits_version
             .set(i64::try_from(version).unwrap_or(i64::MAX));
+    }
+
+    /// Whether the record in force differs from this replica's file's limits.
+    pub fn set_limits_differ(&self, differ: bool) {
+        self.limits_differ.set(i64::from(differ));
+    }
+
+    /// The value [`QuotaMetrics::set_limits_differ`] set.
+    pub fn limits_differ(&self) -> bool {
+        self.limits_differ.get() == 1
     }
 
     /// The version [`QuotaMetrics::set_limits_version`] set.

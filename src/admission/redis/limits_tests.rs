@@ -137,6 +137,46 @@ async fn a_pushed_record_outlives_reloads_until_one_is_forced() {
     a.shutdown().await;
 }
 
+/// A replica that starts never replaces the record in force, so one whose file changed a
+/// limit (a rollout of a new config, a new build that adds fields) ran the old limits without
+/// a word. It says so now: a warning and `tutor_gateway_quota_limits_differ`, 1 where its file
+/// differs (also where the record lacks a field an older build did not write), 0 where not.
+#[tokio::test]
+async fn a_replica_that_starts_under_other_limits_says_so() {
+    let redis = RedisServer::start();
+    let (mut conn, _file, metrics, a, first) = started(&redis).await;
+    assert!(!metrics.quota().limits_differ(), "it wrote its own");
+    let start = |small: u32| {
+        let redis = &redis;
+        async move {
+            let metrics = crate::telemetry::Metrics::new();
+            let b = RedisAdmission::from_config(&config(redis, small), metrics.quota().clone())
+                .unwrap();
+            for _ in 0..3_000 {
+                if metrics.quota().limits_version() > 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert!(metrics.quota().limits_version() > 0, "never saw the record");
+            let differ = metrics.quota().limits_differ();
+            b.shutdown().await;
+            differ
+        }
+    };
+    assert!(start(20).await, "small = 20 against the record's 32");
+    assert!(!start(32).await, "the same limits");
+    // A record an older build wrote, without the pre-emption fields.
+    let _: () = redis::AsyncCommands::hdel(&mut conn, "tg:v2:{quota}:limits", "preempt_cooldown")
+        .await
+        .unwrap();
+    assert!(start(32).await, "a field the record lacks");
+    // The record itself is never replaced by a start.
+    let r = record(&mut conn).await;
+    assert_eq!(version(&r), version(&first));
+    a.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_knobs_an_autopilot_publishes_are_what_every_replica_reads_back() {
     let redis = RedisServer::start();

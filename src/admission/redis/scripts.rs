@@ -152,6 +152,9 @@ pub struct LimitsReply {
     pub written: bool,
     /// Who wrote the record in force (`start <replica>`, `reload <replica>`, `limits push ...`).
     pub origin: String,
+    /// `ensure` found a record whose limits are not the ones given (or lack some): it stays
+    /// in force over this replica's file.
+    pub differs: bool,
 }
 
 /// The origin `tutor-gateway limits push` writes: a record with it is reverted by a replica's
@@ -343,11 +346,13 @@ impl Scripts {
         call.arg(origin)
             .arg(record.preempt_grace)
             .arg(record.preempt_cooldown_ms);
-        let (version, written, origin): (u64, u8, String) = call.invoke_async(conn).await?;
+        let (version, written, origin, differs): (u64, u8, String, u8) =
+            call.invoke_async(conn).await?;
         Ok(LimitsReply {
             version,
             written: written == 1,
             origin,
+            differs: differs == 1,
         })
     }
 

@@ -462,8 +462,22 @@ impl Shared {
             Ok(reply) => {
                 self.succeeded();
                 self.saw_limits(reply.version, &reply.origin);
+                // Whether this replica's file's limits are not the ones in force (checked at
+                // start and after Redis lost the record; a write puts them in force).
+                if mode == LimitsWrite::Ensure || reply.written {
+                    self.metrics.set_limits_differ(reply.differs);
+                }
                 if reply.written {
                     tracing::info!(version = reply.version, origin = %reply.origin, "shared quota limits written");
+                } else if reply.differs {
+                    tracing::warn!(
+                        version = reply.version,
+                        origin = %reply.origin,
+                        "this replica's file sets other limits (lanes, budgets, jobs.preempt_*) than \
+                         the shared record in force, which a start never replaces: to put the \
+                         file's in force, run `tutor-gateway limits push --config FILE` or reload \
+                         with force (POST /admin/reload?force=true)"
+                    );
                 } else if mode == LimitsWrite::Autopilot {
                     tracing::warn!(
                         version = reply.version,
