@@ -204,7 +204,11 @@ pub fn plan(input: &PlanInput) -> Result<Plan> {
     let contexts = input.lanes.map(|l| l.context);
     if contexts.contains(&0) || contexts[0] >= contexts[1] || contexts[1] >= contexts[2] {
         bail!(
-            "lane contexts must grow from small to large and be > 0 (got {} / {} / {})",
+            "lane contexts must grow from small to large and be > 0 (got {} / {} / {}; from a \
+             config, classify.small_max_work < classify.medium_max_work < \
+             upstream.max_model_len: at or above max_model_len, no request is classified into \
+             the lane above, and the gateway runs without it; or set them with \
+             --small-context, --medium-context, --large-context)",
             contexts[0],
             contexts[1],
             contexts[2]
