@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use tutor_gateway::config::{Config, ConfigError, TokenizerSource};
+use tutor_gateway::config::{Config, ConfigError};
 
 /// Where `--config` points when it is not given.
 const DEFAULT_CONFIG: &str = "config/config.toml";
@@ -138,14 +138,6 @@ fn serve(
     sim_args: &[String],
     tokenizer: Option<PathBuf>,
 ) -> ExitCode {
-    let mut config = match Config::load(path) {
-        Ok(c) => c,
-        Err(e) => return report(path, e),
-    };
-    if let Some(addr) = listen {
-        config.listen = addr;
-    }
-    let mut sim_args = sim_args.to_vec();
     if let Some(file) = &tokenizer {
         if !file.is_file() {
             eprintln!(
@@ -154,7 +146,18 @@ fn serve(
             );
             return ExitCode::FAILURE;
         }
-        config.classify.tokenizer = TokenizerSource::File(file.clone());
+    }
+    // The tokenizer is put in the file's place before the file is checked: a file naming a
+    // tokenizer this machine lacks is fine with --tokenizer.
+    let mut config = match Config::load_with_tokenizer(path, tokenizer.as_deref()) {
+        Ok(c) => c,
+        Err(e) => return report(path, e),
+    };
+    if let Some(addr) = listen {
+        config.listen = addr;
+    }
+    let mut sim_args = sim_args.to_vec();
+    if let Some(file) = &tokenizer {
         if !sim_args.iter().any(|a| a.starts_with("--tokenizer")) {
             sim_args.extend(["--tokenizer".to_owned(), file.display().to_string()]);
         }
@@ -201,14 +204,12 @@ fn serve(
                 if let Some(addr) = listen {
                     c.listen = addr;
                 }
-                if let Some(file) = &tokenizer {
-                    c.classify.tokenizer = TokenizerSource::File(file.clone());
-                }
                 if let Some(url) = &sim_url {
                     c.upstream.base_url = url.clone();
                     c.upstream.replicas.clear();
                 }
             }),
+            tokenizer,
         );
         tracing::info!(addr = %gateway.addr, "tutor-gateway listening; try: curl -N 'http://{}/answer?prompt=why+does+my+loop+never+end'", gateway.addr);
         if let Some(admin) = gateway.admin_addr {

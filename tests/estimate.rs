@@ -526,3 +526,51 @@ async fn near_a_limit_the_engines_own_count_decides() {
     );
     h.shutdown().await;
 }
+
+/// `serve --tokenizer` stands in for the file's `classify.tokenizer`, at start and at every
+/// reload: a file naming a tokenizer this machine lacks (the one a production image mounts)
+/// was refused before the override applied, so the flag could not rescue it, and every reload
+/// of that file was refused.
+#[tokio::test]
+async fn a_tokenizer_from_the_command_line_stands_in_for_one_the_file_names_but_this_machine_lacks()
+{
+    let (dir, h) = with_trained_tokenizer(|_| {}).await;
+    let tokenizer = dir.path().join("tokenizer.json");
+    let file = dir.path().join("gateway.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[classify]\ntokenizer = \"/models/absent/tokenizer.json\"\n\
+             [upstream]\nbase_url = \"{}\"\n[lanes.small]\nmax_concurrency = 7\n",
+            h.sim.url()
+        ),
+    )
+    .unwrap();
+    let refused = tutor_gateway::config::Config::load(&file).unwrap_err();
+    assert!(
+        refused
+            .issues()
+            .iter()
+            .any(|i| i.path == "classify.tokenizer"),
+        "{refused}"
+    );
+    let started =
+        tutor_gateway::config::Config::load_with_tokenizer(&file, Some(&tokenizer)).unwrap();
+    assert_eq!(
+        started.classify.tokenizer,
+        tutor_gateway::config::TokenizerSource::File(tokenizer.clone())
+    );
+    // A reload of the same file, with the same command line, is applied.
+    h.gw.state.set_config_source(
+        file.clone(),
+        std::sync::Arc::new(|_: &mut tutor_gateway::config::Config| {}),
+        Some(tokenizer.clone()),
+    );
+    tutor_gateway::pipeline::reload::reload(&h.gw.state, false).expect("the reload is applied");
+    assert_eq!(h.gw.state.config().lanes.small.max_concurrency.get(), 7);
+    assert_eq!(
+        h.gw.state.config().classify.tokenizer,
+        tutor_gateway::config::TokenizerSource::File(tokenizer)
+    );
+    h.shutdown().await;
+}

@@ -85,7 +85,20 @@ impl Config {
         src: &str,
         validate: fn(file::RawConfig) -> Result<Config, ConfigError>,
     ) -> Result<Config, ConfigError> {
-        let parsed = parse::parse_raw(src)?;
+        Self::parsed_overriding(src, validate, None)
+    }
+
+    /// [`Config::parsed_with`], `classify.tokenizer` replaced by `tokenizer` (when given)
+    /// before it is checked: a file naming a tokenizer this machine lacks is fine then.
+    fn parsed_overriding(
+        src: &str,
+        validate: fn(file::RawConfig) -> Result<Config, ConfigError>,
+        tokenizer: Option<&Path>,
+    ) -> Result<Config, ConfigError> {
+        let mut parsed = parse::parse_raw(src)?;
+        if let Some(path) = tokenizer {
+            parsed.raw.classify.tokenizer = Some(path.to_string_lossy().into_owned());
+        }
         match validate(parsed.raw) {
             Ok(config) if parsed.issues.is_empty() => Ok(config),
             Ok(_) => Err(ConfigError::Invalid(parsed.issues)),
@@ -109,12 +122,22 @@ impl Config {
 
     /// Reads, parses and validates the file at `path`.
     pub fn load(path: impl AsRef<Path>) -> Result<Config, ConfigError> {
+        Self::load_with_tokenizer(path, None)
+    }
+
+    /// [`Config::load`] with `classify.tokenizer` replaced by `tokenizer` when given (`serve
+    /// --tokenizer`) before the file is checked, so the file's own tokenizer path need not
+    /// exist here.
+    pub fn load_with_tokenizer(
+        path: impl AsRef<Path>,
+        tokenizer: Option<&Path>,
+    ) -> Result<Config, ConfigError> {
         let path = path.as_ref();
         let src = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_owned(),
             source,
         })?;
-        Self::from_toml_str(&src)
+        Self::parsed_overriding(&src, validate, tokenizer)
     }
 }
 

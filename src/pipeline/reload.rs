@@ -112,7 +112,7 @@ pub fn reload_file(state: &AppState, path: &Path) -> Result<Reloaded, ReloadErro
 pub fn reload(state: &AppState, force: bool) -> Result<Reloaded, ReloadError> {
     let one_at_a_time = state.reload_lock();
     let result = match state.config_source() {
-        Some(source) => Config::load(&source.path)
+        Some(source) => Config::load_with_tokenizer(&source.path, source.tokenizer.as_deref())
             .map_err(ReloadError::from)
             .and_then(|mut config| {
                 (source.overrides)(&mut config);

@@ -78,6 +78,9 @@ pub struct ConfigSource {
     pub path: std::path::PathBuf,
     /// Applied to each configuration read from it.
     pub overrides: Overrides,
+    /// `serve --tokenizer`: put in the file's place before it is checked (the file's own
+    /// tokenizer path need not exist).
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for ConfigSource {
@@ -285,17 +288,27 @@ impl AppState {
 
     /// Names the file the configuration came from (`serve --config`), which a reload re-reads.
     pub fn set_config_path(&self, path: std::path::PathBuf) {
-        self.set_config_source(path, Arc::new(|_: &mut Config| {}));
+        self.set_config_source(path, Arc::new(|_: &mut Config| {}), None);
     }
 
     /// [`AppState::set_config_path`] with the command line's `overrides` (`--listen`,
-    /// `--with-sim`'s upstream), applied again to every reloaded file.
-    pub fn set_config_source(&self, path: std::path::PathBuf, overrides: Overrides) {
+    /// `--with-sim`'s upstream) and `tokenizer` (`--tokenizer`), applied again to every
+    /// reloaded file.
+    pub fn set_config_source(
+        &self,
+        path: std::path::PathBuf,
+        overrides: Overrides,
+        tokenizer: Option<std::path::PathBuf>,
+    ) {
         *self
             .0
             .config_source
             .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(ConfigSource { path, overrides });
+            .unwrap_or_else(PoisonError::into_inner) = Some(ConfigSource {
+            path,
+            overrides,
+            tokenizer,
+        });
     }
 
     /// The file a reload re-reads and the overrides to apply, if the gateway was started from
