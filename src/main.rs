@@ -49,7 +49,8 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
         /// Also read the configured upstream's capacity (`vllm:cache_config_info`, `/v1/models`)
-        /// and report every budget that overcommits it (warnings: exit 0 unless `--strict`).
+        /// and report every budget that overcommits it (warnings: exit 0 unless `--strict`; a
+        /// replica that cannot be read: exit 1, nothing checked).
         #[arg(long)]
         probe: bool,
         /// With `--probe`: exit 1 when a budget overcommits the engine.

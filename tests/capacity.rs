@@ -136,15 +136,17 @@ async fn check_config_probe_reports_the_overcommit() {
     };
     let out = run(&["--probe"]).await.unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "warnings exit 0: {stdout}");
     assert!(
         stdout.contains("KV cache 32768 tokens (2048 blocks x 16 tokens), max_model_len 16384"),
         "{stdout}"
     );
+    assert!(stdout.contains("replica replica-0: KV cache"), "{stdout}");
+    // Warnings go to standard error, with the other problems.
     assert!(
-        stdout.contains("replica replica-0: KV cache")
-            && stdout.contains("warning: KV OVERCOMMIT: the gateway may reserve 379040 tokens"),
-        "{stdout}"
+        stderr.contains("warning: KV OVERCOMMIT: the gateway may reserve 379040 tokens"),
+        "{stderr}"
     );
     // --strict makes it fail.
     let out = run(&["--probe", "--strict"]).await.unwrap();

@@ -174,7 +174,7 @@ pub fn check_probe(path: &std::path::Path, config: &Config, strict: bool) -> Exi
         Vec::new()
     };
     for p in &found {
-        println!("{path}: warning: KV OVERCOMMIT: {p}");
+        eprintln!("{path}: warning: KV OVERCOMMIT: {p}");
     }
     if found.is_empty() && unreadable == 0 {
         println!("{path}: the budgets fit the engines' capacity");
