@@ -541,6 +541,10 @@ fn answer(
 }
 
 fn failed(e: &GatewayError) -> Ended {
-    tracing::warn!(code = e.code(), error = %e.log_summary(), "job failed");
+    if e.outcome().is_fault() {
+        tracing::warn!(code = e.code(), error = %e.log_summary(), "job failed");
+    } else {
+        tracing::info!(code = e.code(), error = %e.log_summary(), "job failed");
+    }
     Ended::Failed(e.code(), e.message())
 }

@@ -45,9 +45,16 @@ pub fn rejected(mut record: RequestRecord, e: GatewayError) -> Response {
     with_id(e.into_response(), &request_id)
 }
 
-/// Writes a failure before the stream began to `record`, and passes it on.
+/// Writes a failure before the stream began to `record`, and passes it on. Logged at `info`
+/// when the gateway or the engine failed it; a client's bad request or a refusal for capacity
+/// is at `debug` (counted in `tutor_gateway_requests_total{outcome}` and the request log): a
+/// client sending thousands of bad requests a second must not write as many log lines.
 pub fn refused(mut record: RequestRecord, e: GatewayError) -> GatewayError {
-    tracing::info!(request_id = %record.request_id(), code = e.code(), error = %e.log_summary(), "request rejected");
+    if e.outcome().is_fault() {
+        tracing::info!(request_id = %record.request_id(), code = e.code(), error = %e.log_summary(), "request rejected");
+    } else {
+        tracing::debug!(request_id = %record.request_id(), code = e.code(), error = %e.log_summary(), "request rejected");
+    }
     record.finish(e.outcome(), Some(e.code()), None);
     e
 }

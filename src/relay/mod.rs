@@ -608,7 +608,13 @@ impl Relay {
             }
             Some(Err(e)) => {
                 let err = GatewayError::from(e);
-                tracing::warn!(request_id = %self.request_id(), code = err.code(), error = %err.log_summary(), "stream ended with an error");
+                // A request the engine refused in its stream (a grammar it cannot build) is
+                // the client's: counted, not a warning.
+                if err.outcome().is_fault() {
+                    tracing::warn!(request_id = %self.request_id(), code = err.code(), error = %err.log_summary(), "stream ended with an error");
+                } else {
+                    tracing::debug!(request_id = %self.request_id(), code = err.code(), error = %err.log_summary(), "stream ended with an error");
+                }
                 self.render_error(&err, out);
                 self.finish(err.outcome(), Some(err.code()));
             }

@@ -560,7 +560,9 @@ impl Drop for RequestRecord {
             }
             // Dropped unfinished: the client went away (the HTTP server dropped the handler or
             // the response body).
-            tracing::info!(request_id = %self.request_id, stage = self.stage().as_str(), "client disconnected");
+            // At debug: a client can leave thousands of times a second (counted in
+            // `tutor_gateway_cancellations_total` and the request log).
+            tracing::debug!(request_id = %self.request_id, stage = self.stage().as_str(), "client disconnected");
             self.finish(Outcome::Cancelled, None, None);
         }
     }
