@@ -228,6 +228,8 @@ fn serve(
     drop(tracing_guard);
     drop(enter);
     drop(rt);
+    // What was logged while the runtime stopped.
+    tutor_gateway::telemetry::otel::flush_diagnostics();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

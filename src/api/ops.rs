@@ -128,6 +128,9 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     state
         .metrics()
         .request_log_dropped(state.request_log().dropped());
+    state
+        .metrics()
+        .log_dropped(crate::telemetry::otel::diagnostic_log_dropped());
     let text = state.metrics().render(&state.admission().snapshot());
     (
         [(

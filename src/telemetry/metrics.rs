@@ -212,6 +212,9 @@ pub struct Metrics {
     request_log_dropped: prometheus::IntCounter,
     /// The dropped lines already counted in `request_log_dropped`.
     request_log_dropped_seen: Arc<std::sync::atomic::AtomicU64>,
+    log_dropped: prometheus::IntCounter,
+    /// The dropped lines already counted in `log_dropped`.
+    log_dropped_seen: Arc<std::sync::atomic::AtomicU64>,
     tenant_refused: IntCounterVec,
     quota: QuotaMetrics,
     promotion: PromotionMetrics,
@@ -367,6 +370,13 @@ impl Metrics {
                 "Request log lines dropped because the writer fell behind (stdout not read fast enough: 16,384 lines waited).",
             ),
         );
+        let log_dropped = registered(
+            &registry,
+            prometheus::IntCounter::new(
+                "tutor_gateway_log_dropped_total",
+                "Diagnostic log lines dropped because stderr was not read fast enough (16,384 lines waited).",
+            ),
+        );
         let denied = counter(
             "tutor_gateway_denied_total",
             "Requests denied before any route, by reason: auth (no valid API key or token, or not the admin listener's token: 401), host (a Host not in server.allowed_hosts: 403), origin (a browser Origin not in server.cors_allow_origins: 403), body (a Content-Length above server.max_body_bytes: 413, or a Content-Encoding: 415, before the body is read).",
@@ -453,6 +463,8 @@ impl Metrics {
             denied,
             request_log_dropped,
             request_log_dropped_seen: Arc::default(),
+            log_dropped,
+            log_dropped_seen: Arc::default(),
             tenant_refused,
             config,
             replicas,
@@ -669,6 +681,16 @@ impl Metrics {
         self.requests
             .with_label_values(&[lane, route.as_str(), outcome.as_str()])
             .get()
+    }
+
+    /// The diagnostic log's dropped lines, `total` of them so far.
+    pub fn log_dropped(&self, total: u64) {
+        let counted = self
+            .log_dropped_seen
+            .fetch_max(total, std::sync::atomic::Ordering::AcqRel);
+        if total > counted {
+            self.log_dropped.inc_by(total - counted);
+        }
     }
 
     /// The request log's dropped lines, `total` of them so far.

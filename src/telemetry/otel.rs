@@ -30,9 +30,10 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
 
+use super::request_log::LineSink;
 use crate::config::{OtlpProtocol, TelemetryConfig};
 
-/// Keeps the span exporter alive; flushes it on drop.
+/// Keeps the span exporter alive; flushes it, and the diagnostic log, on drop.
 #[derive(Debug)]
 pub struct TracingGuard {
     provider: Option<SdkTracerProvider>,
@@ -45,6 +46,26 @@ impl Drop for TracingGuard {
                 eprintln!("tutor-gateway: flushing spans failed: {e}");
             }
         }
+        flush_diagnostics();
+    }
+}
+
+/// Diagnostic log lines that may wait for stderr before new ones are dropped.
+pub const DIAGNOSTIC_LINES: usize = 16_384;
+
+/// The diagnostic log's writer ([`init`]): stderr, written by a thread of its own.
+static DIAGNOSTIC: std::sync::OnceLock<LineSink> = std::sync::OnceLock::new();
+
+/// Diagnostic log lines dropped so far because stderr was not read fast enough (0 before
+/// [`init`], and in tests, which log elsewhere).
+pub fn diagnostic_log_dropped() -> u64 {
+    DIAGNOSTIC.get().map_or(0, LineSink::dropped)
+}
+
+/// Waits up to 2 s for the diagnostic log's queued lines to reach stderr (at exit).
+pub fn flush_diagnostics() {
+    if let Some(sink) = DIAGNOSTIC.get() {
+        sink.flush(std::time::Duration::from_secs(2));
     }
 }
 
@@ -94,11 +115,18 @@ where
 }
 
 /// Installs the global subscriber: logs on stderr (`RUST_LOG`, default `info`) and, when
-/// enabled, the OpenTelemetry layer exporting over OTLP ([`export_layer`]).
+/// enabled, the OpenTelemetry layer exporting over OTLP ([`export_layer`]). The log is written
+/// by a thread of its own ([`LineSink`]): a request's task never blocks on a stderr pipe read
+/// slowly (a log shipper behind, a blocking container log driver); beyond
+/// [`DIAGNOSTIC_LINES`] waiting, lines are dropped and counted
+/// (`tutor_gateway_log_dropped_total`).
 pub fn init(config: &TelemetryConfig) -> anyhow::Result<TracingGuard> {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let sink = DIAGNOSTIC
+        .get_or_init(|| LineSink::named("diagnostic-log", std::io::stderr(), DIAGNOSTIC_LINES))
+        .clone();
     let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(sink)
         .with_ansi(colour());
     if !tracing_enabled(config) {
         tracing_subscriber::registry()

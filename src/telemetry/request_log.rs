@@ -41,12 +41,17 @@ pub struct LineSink {
 
 impl LineSink {
     /// Lines written to `out`, at most `capacity` waiting.
-    pub fn new(mut out: impl Write + Send + 'static, capacity: usize) -> Self {
+    pub fn new(out: impl Write + Send + 'static, capacity: usize) -> Self {
+        Self::named("request-log", out, capacity)
+    }
+
+    /// [`LineSink::new`], its writer thread named `name`.
+    pub fn named(name: &str, mut out: impl Write + Send + 'static, capacity: usize) -> Self {
         let (tx, rx) = sync_channel::<String>(capacity);
         let pending = Arc::new(AtomicUsize::new(0));
         let written = Arc::clone(&pending);
         let spawned = std::thread::Builder::new()
-            .name("request-log".into())
+            .name(name.into())
             .spawn(move || {
                 for line in rx {
                     let _ = writeln!(out, "{line}");
@@ -72,6 +77,66 @@ impl LineSink {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
+
+    /// Lines dropped so far because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Waits (blocking, at most `within`) until every queued line is written. Whether all were.
+    pub fn flush(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while self.pending.load(Ordering::Acquire) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        true
+    }
+}
+
+/// One diagnostic log event's bytes, queued on its [`LineSink`] as one line when the `tracing`
+/// formatter is done with it (the formatter's newline is the sink's).
+#[derive(Debug)]
+pub struct EventLine {
+    sink: LineSink,
+    bytes: Vec<u8>,
+}
+
+impl Write for EventLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for EventLine {
+    fn drop(&mut self) {
+        let text = String::from_utf8_lossy(&self.bytes);
+        let line = text.strip_suffix('\n').unwrap_or(&text);
+        if !line.is_empty() {
+            self.sink.send(line.to_owned());
+        }
+    }
+}
+
+/// A [`LineSink`] as the diagnostic log's writer: the `tracing` formatter writes each event
+/// into an [`EventLine`], so a request's task never blocks on stderr (a log pipe read slowly);
+/// beyond the sink's queue, events are dropped and counted.
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for LineSink {
+    type Writer = EventLine;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        EventLine {
+            sink: self.clone(),
+            bytes: Vec::new(),
+        }
+    }
 }
 
 impl RequestLog {
@@ -83,7 +148,7 @@ impl RequestLog {
     /// Lines dropped so far because the writer fell behind.
     pub fn dropped(&self) -> u64 {
         match self {
-            Self::Stdout(sink) => sink.dropped.load(Ordering::Relaxed),
+            Self::Stdout(sink) => sink.dropped(),
             _ => 0,
         }
     }
@@ -91,17 +156,10 @@ impl RequestLog {
     /// Waits (blocking, at most `within`) until every queued line is written: at shutdown, so
     /// the last requests' lines are not lost with the process. Whether all were.
     pub fn flush(&self, within: Duration) -> bool {
-        let Self::Stdout(sink) = self else {
-            return true;
-        };
-        let deadline = Instant::now() + within;
-        while sink.pending.load(Ordering::Acquire) > 0 {
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
+        match self {
+            Self::Stdout(sink) => sink.flush(within),
+            _ => true,
         }
-        true
     }
 }
 
@@ -239,5 +297,40 @@ mod tests {
         let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
         assert_eq!(text.lines().count() as u64, 20 - dropped, "{text}");
         assert!(text.starts_with("line 0\n"), "in order: {text}");
+    }
+
+    /// The diagnostic log through a sink: a stderr that is not read never holds the task that
+    /// logs (events past the queue are dropped and counted), and each event is one line.
+    #[test]
+    fn diagnostic_events_through_a_stuck_sink_never_block_and_each_is_one_line() {
+        let (go, open) = std::sync::mpsc::channel();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let stuck = Stuck {
+            open,
+            waited: false,
+            out: Arc::clone(&out),
+        };
+        let sink = LineSink::named("test-diagnostic-log", stuck, 4);
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(sink.clone())
+            .with_ansi(false)
+            .finish();
+        // Each event returns at once (this test would hang otherwise).
+        tracing::subscriber::with_default(subscriber, || {
+            for i in 0..20 {
+                tracing::warn!(i, "refused");
+            }
+        });
+        let dropped = sink.dropped();
+        assert!((15..=16).contains(&dropped), "{dropped} dropped");
+        go.send(()).unwrap();
+        assert!(sink.flush(Duration::from_secs(60)), "written once it moves");
+        let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count() as u64, 20 - dropped, "{text}");
+        assert!(
+            text.lines()
+                .all(|l| l.contains("WARN") && l.contains("refused")),
+            "{text}"
+        );
     }
 }
