@@ -219,12 +219,6 @@ fn cross_checks(c: &mut Checker, config: &Config) {
             "classify.default_output_tokens",
             "must be < upstream.max_model_len",
         );
-    } else if config.classify.default_output_tokens.get() >= small {
-        c.fail(
-            "classify.default_output_tokens",
-            "must be < classify.small_max_work: a request that names no output limit is \
-             classified by its prompt plus this, so at or above it none is ever small",
-        );
     }
     // Tenants exist only with [auth]: without it a request has none.
     if !config.auth.enabled {
