@@ -17,6 +17,7 @@ use tutor_gateway::config::{Config, OnRedisDown, QuotaBackend, RedisUrl, Request
 use tutor_gateway::lane::Lane;
 use tutor_gateway::server::Gateway;
 use tutor_gateway::telemetry::Metrics;
+use tutor_testkit::Outage;
 use vllm_sim::{SimArgs, SimServer};
 
 /// Each lane's ceiling (the most leases it may hold, borrowed seats included: the shared quota
@@ -854,55 +855,6 @@ async fn slow_sim() -> SimServer {
     vllm_sim::start(&SimArgs::for_test(&flags)).await.unwrap()
 }
 
-/// A TCP forwarder in front of Redis that can cut every connection and refuse new ones (a
-/// network outage; Redis itself keeps its data).
-struct Outage {
-    port: u16,
-    up: Arc<AtomicBool>,
-    conns: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>>,
-}
-
-impl Outage {
-    async fn new(redis_port: u16) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let up = Arc::new(AtomicBool::new(true));
-        let conns: Arc<std::sync::Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
-        let (on, held) = (up.clone(), conns.clone());
-        tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                if !on.load(Ordering::Acquire) {
-                    continue;
-                }
-                let task = tokio::spawn(async move {
-                    if let Ok(mut out) =
-                        tokio::net::TcpStream::connect(("127.0.0.1", redis_port)).await
-                    {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                    }
-                });
-                held.lock().unwrap().push(task.abort_handle());
-            }
-        });
-        Self { port, up, conns }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    fn cut(&self) {
-        self.up.store(false, Ordering::Release);
-        for c in self.conns.lock().unwrap().drain(..) {
-            c.abort();
-        }
-    }
-
-    fn restore(&self) {
-        self.up.store(true, Ordering::Release);
-    }
-}
-
 /// Fail-open without overcommit (issue 18, item 3): two replicas, the large lane's 4 seats, a
 /// 10 s Redis outage under load. Each replica's fallback counts the requests it still runs
 /// from before the outage, so the engine never sees more large requests than the limit plus
@@ -912,11 +864,12 @@ impl Outage {
 async fn a_redis_outage_under_load_never_overcommits_the_engine() {
     let redis = RedisServer::start();
     let outage = Outage::new(redis.port).await;
+    let outage_url = format!("redis://127.0.0.1:{}/0", outage.port());
     let sim = slow_sim().await;
     // 10 s leases (`steady`): the peak is counted, and the outage is noticed by the heartbeat's
     // failed connection, not by a lease expiring.
     let mut cfg = steady(config(&sim, &redis));
-    cfg.quota.redis_url = RedisUrl::new(outage.url());
+    cfg.quota.redis_url = RedisUrl::new(outage_url.clone());
     cfg.quota.on_redis_down = OnRedisDown::FailOpen;
     cfg.quota.expected_replicas = 2.try_into().unwrap();
     let a = gateway(cfg.clone()).await;
@@ -971,9 +924,10 @@ async fn a_redis_outage_under_load_never_overcommits_the_engine() {
 async fn the_fallback_counts_running_leases_and_redis_counts_the_fallbacks() {
     let redis = RedisServer::start();
     let outage = Outage::new(redis.port).await;
+    let outage_url = format!("redis://127.0.0.1:{}/0", outage.port());
     let sim = sim().await;
     let mut cfg = config(&sim, &redis);
-    cfg.quota.redis_url = RedisUrl::new(outage.url());
+    cfg.quota.redis_url = RedisUrl::new(outage_url.clone());
     cfg.quota.on_redis_down = OnRedisDown::FailOpen;
     cfg.quota.expected_replicas = 2.try_into().unwrap();
     let metrics = Metrics::new();

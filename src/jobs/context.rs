@@ -37,6 +37,9 @@ pub struct Context {
     /// The API keys in force (`[auth]`): a job whose key was revoked does not start, and a
     /// running one ends.
     pub keys: Option<std::sync::Arc<dyn KeysInForce>>,
+    /// No job starts before this: a run failed for the engine (down, erroring), and what the
+    /// gateway last knew of its health may be from before (see `runner::schedule`).
+    pub engine_pause: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
 
 impl Context {

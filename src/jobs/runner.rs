@@ -25,12 +25,27 @@ use crate::upstream::{Chunk, ToolCallDelta};
 /// Takes in a row when the head moved under us (someone else started or cancelled it).
 const RETAKES: usize = 8;
 
+/// While the engine is down, how often the scheduler looks again.
+const ENGINE_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Starts the queue's head while it finds idle capacity; sleeps until woken (a job queued,
 /// capacity back) or, for a backend that polls, its poll interval. The head never lets a
-/// later job pass it (oldest first).
+/// later job pass it (oldest first). Nothing starts while the engine is down (`/readyz`'s
+/// check): with no interactive request waiting, an outage leaves every seat idle, and each job
+/// taken failed at once (a refused connection), then the next: a whole queue failed within a
+/// second. The queued jobs wait for the engine instead; only runs under way when it went down
+/// fail (with the reason).
 pub async fn schedule(ctx: Arc<Context>, backend: Arc<dyn JobBackend>) {
     let poll = backend.poll_every();
+    let mut engine_down = false;
     loop {
+        if let Some(wait) = engine_wait(&ctx, &mut engine_down).await {
+            tokio::select! {
+                _ = ctx.stop.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+            continue;
+        }
         let mut retakes = 0;
         // A gateway shutting down starts nothing more (it would only hand it back).
         // A pre-empted job waiting to resume goes first.
@@ -57,6 +72,35 @@ pub async fn schedule(ctx: Arc<Context>, backend: Arc<dyn JobBackend>) {
             _ = ctx.stop.cancelled() => return,
             _ = ctx.wake.notified() => {}
             _ = sleep => {}
+        }
+    }
+}
+
+/// How long to wait before taking a job: a moment after a run failed for the engine (the
+/// health known then may be from before), then while the engine is not ready; `None`: take.
+async fn engine_wait(ctx: &Context, down: &mut bool) -> Option<std::time::Duration> {
+    let now = tokio::time::Instant::now();
+    let paused = *ctx
+        .engine_pause
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(until) = paused.filter(|until| *until > now) {
+        return Some(until - now);
+    }
+    match ctx.state.upstream().readiness().await {
+        Ok(()) => {
+            if std::mem::take(down) {
+                tracing::info!("the engine is back: queued jobs start again");
+                ctx.metrics().engine_down(false);
+            }
+            None
+        }
+        Err(why) => {
+            if !std::mem::replace(down, true) {
+                tracing::warn!(%why, "the engine is down: queued jobs wait for it");
+                ctx.metrics().engine_down(true);
+            }
+            Some(ENGINE_RECHECK)
         }
     }
 }
@@ -178,7 +222,12 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                                 )
                             }
                             Ok(all) => Ended::Done(Box::new(answer(&ctx, all, &class, &mut progress))),
-                            Err(e) => failed(&e),
+                            Err(e) => {
+                                if e.outcome().is_fault() {
+                                    pause_for_engine(&ctx);
+                                }
+                                failed(&e)
+                            }
                         })),
                         _ = &mut lost => Some(None),
                         _ = &mut cancelled => Some(Some(Ended::Cancelled)),
@@ -538,6 +587,17 @@ fn answer(
         timings: all.timings,
         tool_calls: all.tool_calls.iter().map(ToolCallDelta::to_json).collect(),
     }
+}
+
+/// A run failed for the engine: no job starts until the engine's health is looked at again
+/// (`upstream.health_cache_ms` from now, and a second).
+fn pause_for_engine(ctx: &Context) {
+    let until = tokio::time::Instant::now()
+        + ctx.state.config().upstream.health_cache
+        + std::time::Duration::from_secs(1);
+    *ctx.engine_pause
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(until);
 }
 
 fn failed(e: &GatewayError) -> Ended {

@@ -71,6 +71,7 @@ impl Jobs {
             wake: Notify::new(),
             resuming: std::sync::atomic::AtomicUsize::new(0),
             keys,
+            engine_pause: std::sync::Mutex::default(),
         });
         let (backend, shared): (Arc<dyn JobBackend>, bool) = match RedisJobs::start(&ctx) {
             Some(redis) => (Arc::new(redis), true),

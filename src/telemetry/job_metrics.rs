@@ -16,7 +16,9 @@
 //!   cache hit the engine never reported (cut again before their final usage chunk, the only
 //!   one with `cached_tokens`): what they recomputed is unknown, at most this;
 //! - `tutor_gateway_preemption_admit_seconds{lane}`: for a request a job was pre-empted for, its
-//!   queue wait (joining its lane's queue to its admission).
+//!   queue wait (joining its lane's queue to its admission);
+//! - `tutor_gateway_jobs_engine_down`: 1 while this replica starts no job because the engine
+//!   is not ready (queued jobs wait for it).
 
 use std::time::Duration;
 
@@ -53,6 +55,7 @@ pub struct JobMetrics {
     unreported: IntCounter,
     made_room: HistogramVec,
     after_ask: HistogramVec,
+    engine_down: prometheus::IntGauge,
 }
 
 /// Buckets from 1 ms to 5 s: an abort and a seat coming back take one engine step or so.
@@ -155,8 +158,15 @@ impl JobMetrics {
                 preemptions.with_label_values(&[lane.as_str(), reason]);
             }
         }
+        let engine_down = prometheus::IntGauge::new(
+            "tutor_gateway_jobs_engine_down",
+            "1 while this replica starts no job because the engine is not ready (queued jobs \
+             wait for it instead of failing one after another).",
+        )
+        .expect("valid gauge");
         for c in [
-            Box::new(jobs.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(engine_down.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(jobs.clone()),
             Box::new(wait.clone()),
             Box::new(run.clone()),
             Box::new(webhooks.clone()),
@@ -178,7 +188,13 @@ impl JobMetrics {
             unreported,
             made_room,
             after_ask,
+            engine_down,
         }
+    }
+
+    /// Whether this replica holds queued jobs back for the engine.
+    pub fn engine_down(&self, down: bool) {
+        self.engine_down.set(i64::from(down));
     }
 
     /// A job was asked to give its seat back to a `lane` request that lacked `reason`.

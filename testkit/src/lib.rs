@@ -10,8 +10,10 @@
 
 pub mod bench;
 pub mod logs;
+mod outage;
 
 pub use logs::{capture_logs, Captured};
+pub use outage::Outage;
 
 use std::future::Future;
 use std::time::Duration;

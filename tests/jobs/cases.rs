@@ -729,25 +729,60 @@ pub async fn a_webhook_is_not_retried_past_its_jobs_result(backend: Backend) {
     h.shutdown().await;
 }
 
-pub async fn a_job_whose_engine_is_unreachable_fails_with_the_reason_and_gives_everything_back(
+/// The engine goes away under a running job, then comes back. The run it cut fails with the
+/// reason; the jobs queued meanwhile wait for it (`tutor_gateway_jobs_engine_down`) and run
+/// when it is back. Every seat and token comes back. With every seat idle, each queued job
+/// used to be taken and fail at once, then the next: a whole queue failed within a second of
+/// an outage.
+pub async fn queued_jobs_wait_out_an_engine_outage_and_the_cut_run_fails_with_the_reason(
     backend: Backend,
 ) {
-    // Nothing listens there: the job is accepted (its size needs no engine), then fails.
-    let refused = tutor_testkit::RefusedPort::new();
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(SLOW))
+        .await
+        .unwrap();
+    let engine = tutor_testkit::Outage::new(sim.addr.port()).await;
     let h = start(backend, FAST, |c| {
-        c.upstream.base_url = refused.url();
+        c.upstream.base_url = format!("http://127.0.0.1:{}", engine.port());
     })
     .await;
     let base = h.base();
-    let id = submit_ok(&base, &question(5)).await;
-    let v = job_until(&base, &id, "failed", |v| v["status"] == "failed").await;
-    assert_eq!(v["error"]["code"], "upstream_unavailable", "{v}");
-    let events = events(&base, &id, None).await;
-    assert_eq!(events.last().unwrap().event, "error");
+    let cut = submit_ok(&base, &question(2000)).await;
+    job_until(&base, &cut, "streaming", |v| {
+        v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) >= 2
+    })
+    .await;
+    engine.cut();
+    let v = job_until(&base, &cut, "failed", |v| v["status"] == "failed").await;
+    assert!(
+        v["error"]["code"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("upstream_")),
+        "{v}"
+    );
+    let queued: Vec<String> = {
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            ids.push(submit_ok(&base, &question(5)).await);
+        }
+        ids
+    };
+    h.metric_reaches("tutor_gateway_jobs_engine_down", 1.0)
+        .await;
+    for id in &queued {
+        assert_eq!(job(&base, id).await["status"], "queued");
+    }
+    engine.restore();
+    for id in &queued {
+        let v = done(&base, id).await;
+        assert_eq!(v["answer"]["usage"]["output_tokens"], 5, "{v}");
+    }
+    h.metric_reaches("tutor_gateway_jobs_engine_down", 0.0)
+        .await;
     h.drained().await;
     h.metric_reaches("tutor_gateway_jobs{status=\"failed\"}", 1.0)
         .await;
     h.shutdown().await;
+    sim.shutdown().await;
 }
 
 pub async fn jobs_are_refused_clearly_where_they_are_switched_off(backend: Backend) {

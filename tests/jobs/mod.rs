@@ -420,7 +420,7 @@ macro_rules! backend_cases {
             a_review_predicted_to_wait_too_long_becomes_a_job_on_arrival,
             an_unreachable_webhook_is_given_up_after_its_attempts,
             a_webhook_is_not_retried_past_its_jobs_result,
-            a_job_whose_engine_is_unreachable_fails_with_the_reason_and_gives_everything_back,
+            queued_jobs_wait_out_an_engine_outage_and_the_cut_run_fails_with_the_reason,
             jobs_are_refused_clearly_where_they_are_switched_off,
             jobs_max_running_keeps_large_seats_for_interactive_reviews,
             jobs_under_max_running_follow_each_other_with_nothing_else_happening,

@@ -57,6 +57,7 @@ async fn store(redis: &RedisServer) -> Arc<RedisStore> {
         wake: Notify::new(),
         resuming: AtomicUsize::new(0),
         keys: None,
+        engine_pause: std::sync::Mutex::default(),
     });
     Arc::new(RedisStore::new(ctx, admission))
 }
