@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{client, family_total, flags, get_text, harness, send, words, Harness};
+use common::{client, family_total, flags, gateway, get_text, harness, send, words, Harness};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde_json::{json, Value};
@@ -434,5 +434,59 @@ async fn the_discount_learns_the_prefix_not_a_message_sent_again() {
     assert!(
         n(new, "prefill_tokens_reserved") > n(new, "input_tokens_estimated") * 3 / 4,
         "the new message is reserved: {new}"
+    );
+}
+
+/// An engine that failed may come back with an empty prefix cache (a restart): the discount a
+/// prefix learnt before would admit its cold prefills as cached ones until a request of that
+/// prefix finished again. A request the engine failed (here: unreachable) makes every prefix
+/// learn again from nothing.
+#[tokio::test]
+async fn an_engine_failure_forgets_what_prefixes_found_cached() {
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(&flags(SIM)))
+        .await
+        .unwrap();
+    let engine = tutor_testkit::Outage::new(sim.addr.port()).await;
+    let mut config = Config::default();
+    config.upstream.base_url = format!("http://127.0.0.1:{}", engine.port());
+    config.admission.prefill_discount_cached = true;
+    let (gw, log) = gateway(config).await;
+    let system = words(600, "You are the algo201 tutor. Review the student's code.");
+    let ask = |i: usize| {
+        json!({"max_tokens": 8, "messages": [{"role": "system", "content": system},
+            {"role": "user", "content": words(20, &format!("question {i}:"))}]})
+    };
+    let url = format!("{}/v1/chat/completions", gw.url());
+    let status = |i: usize| {
+        let (url, body) = (url.clone(), ask(i));
+        async move {
+            let r = send(client().post(url).json(&body)).await;
+            let s = r.status().as_u16();
+            r.bytes().await.unwrap();
+            s
+        }
+    };
+    for i in 0..6 {
+        assert_eq!(status(i).await, 200);
+    }
+    engine.cut();
+    // The connection closes at once: an upstream error (502).
+    assert_eq!(status(6).await, 502, "the engine went away");
+    engine.restore();
+    assert_eq!(status(7).await, 200);
+    let lines: Vec<Value> = log.lock().unwrap().clone();
+    drop(gw);
+    sim.shutdown().await;
+    let n = |l: &Value, k: &str| l[k].as_u64().unwrap_or_else(|| panic!("{k} in {l}"));
+    let warm = &lines[5];
+    assert!(
+        n(warm, "prefill_tokens_reserved") < n(warm, "input_tokens_estimated"),
+        "the warm prefix is discounted: {warm}"
+    );
+    let after = &lines[7];
+    assert_eq!(
+        n(after, "prefill_tokens_reserved"),
+        n(after, "input_tokens_estimated"),
+        "nothing is discounted after the engine failed: {after}"
     );
 }

@@ -65,6 +65,12 @@ impl CachedPrefixes {
         a.samples = a.samples.saturating_add(1);
     }
 
+    /// Forgets every average (the prefixes' own sizes stay: they are the prompts', not the
+    /// cache's).
+    pub fn forget(&mut self) {
+        self.by_fingerprint.clear();
+    }
+
     /// The tokens of prefix `fingerprint` itself, when counted already.
     pub fn size(&self, fingerprint: &str) -> Option<u32> {
         self.sizes.get(fingerprint).copied()
@@ -109,6 +115,24 @@ mod tests {
         c.observe("fp", 0);
         assert_eq!(c.expected("fp"), 0);
         assert_eq!(c.expected("unknown"), 0);
+    }
+
+    /// Forgotten (the engine failed and may be back cold), a prefix discounts nothing until
+    /// it is warm again.
+    #[test]
+    fn a_forgotten_prefix_discounts_again_only_once_warm() {
+        let mut c = CachedPrefixes::default();
+        for _ in 0..10 {
+            c.observe("fp", 2_000);
+        }
+        assert_eq!(c.expected("fp"), 2_000);
+        c.forget();
+        assert_eq!(c.expected("fp"), 0);
+        c.observe("fp", 2_000);
+        c.observe("fp", 2_000);
+        assert_eq!(c.expected("fp"), 0);
+        c.observe("fp", 2_000);
+        assert!(c.expected("fp") > 0);
     }
 
     #[test]

@@ -265,6 +265,13 @@ impl PrefixMetrics {
         let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         inner.cached.observe(key, cached);
     }
+
+    /// Forgets what every prefix found cached (the engine failed: its cache may be empty now);
+    /// each discounts again after [`super::cached_prefix::WARM_SAMPLES`] new measurements.
+    pub fn forget_cached(&self) {
+        let mut inner = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        inner.cached.forget();
+    }
 }
 
 #[cfg(test)]

@@ -343,6 +343,15 @@ impl RequestRecord {
             let first = self.promoted_from.unwrap_or(lane);
             self.metrics.observe(first, lane, &split, up);
         }
+        if matches!(
+            outcome,
+            Outcome::UpstreamUnavailable | Outcome::UpstreamError
+        ) {
+            // The engine went away or failed: it may come back with an empty prefix cache, and
+            // a discount learnt before would admit its cold prefills as cached ones until a
+            // request of each prefix finished again.
+            self.metrics.prefix().forget_cached();
+        }
         self.observe_prefix(up);
         self.observe_estimate(up);
         self.observe_pieces(outcome, up);
