@@ -234,12 +234,23 @@ fn rustls_client(ca: Option<&[u8]>) -> anyhow::Result<rustls::ClientConfig> {
         .with_no_client_auth())
 }
 
-/// Makes the client's `traceparent` (and `tracestate`) the parent of `span`.
+/// The longest client `tracestate` taken, bytes: what W3C Trace Context asks every vendor to
+/// pass on (its 32 entries may take about 16 KB, which every exported span would carry).
+pub const MAX_TRACESTATE_BYTES: usize = 512;
+
+/// A client's `tracestate` as taken: dropped whole when longer than [`MAX_TRACESTATE_BYTES`]
+/// (the spec lets a vendor discard it).
+fn bounded_tracestate(tracestate: Option<&str>) -> Option<&str> {
+    tracestate.filter(|ts| ts.len() <= MAX_TRACESTATE_BYTES)
+}
+
+/// Makes the client's `traceparent` (and `tracestate`, [`bounded_tracestate`]) the parent of
+/// `span`.
 pub fn set_parent(span: &tracing::Span, traceparent: Option<&str>, tracestate: Option<&str>) {
     let Some(tp) = traceparent else { return };
     let mut carrier = HashMap::new();
     carrier.insert("traceparent".to_owned(), tp.to_owned());
-    if let Some(ts) = tracestate {
+    if let Some(ts) = bounded_tracestate(tracestate) {
         carrier.insert("tracestate".to_owned(), ts.to_owned());
     }
     let cx = TraceContextPropagator::new().extract(&carrier);
@@ -259,6 +270,17 @@ pub fn traceparent_for(span: &tracing::Span, incoming: Option<&str>) -> Option<S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client's `tracestate` past 512 bytes is not taken (every exported span would carry
+    /// it); one within is.
+    #[test]
+    fn a_tracestate_past_what_the_spec_asks_vendors_to_pass_is_dropped() {
+        let within = format!("v={}", "a".repeat(MAX_TRACESTATE_BYTES - 2));
+        assert_eq!(bounded_tracestate(Some(&within)), Some(within.as_str()));
+        let past = format!("{within}b");
+        assert_eq!(bounded_tracestate(Some(&past)), None);
+        assert_eq!(bounded_tracestate(None), None);
+    }
 
     /// The protocols the exporter speaks are read; any other is refused, naming the variable
     /// (`http/json`, a standard value it does not speak, used to mean gRPC, and no span came).
