@@ -49,6 +49,7 @@ use sha2::{Digest, Sha256};
 
 use super::redis::RedisAdmission;
 use crate::config::TenantBudget;
+use crate::telemetry::throttle::Throttle;
 
 /// Seconds in the sliding window.
 const WINDOW_S: u64 = 60;
@@ -341,7 +342,13 @@ impl TenantBudgets {
             .arg(tokens.min(LUA_MAX))
             .invoke_async(&mut conn)
             .await
-            .inspect_err(|e| tracing::warn!(error = %e, "tenant budget: Redis did not answer; charged in this replica"))
+            .inspect_err(|e| {
+                // Once per request during an outage: a line a second, with the count held back.
+                static LOG: Throttle = Throttle::new(Duration::from_secs(1));
+                if let Some(held_back) = LOG.allow() {
+                    tracing::warn!(error = %e, held_back, "tenant budget: Redis did not answer; charged in this replica");
+                }
+            })
             .ok()?;
         if reply.first() == Some(&4) {
             // Cancelled before it ran (cannot happen while this call waits): not charged.

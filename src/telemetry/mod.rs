@@ -43,6 +43,7 @@ mod snapshot;
 pub mod span;
 pub mod step_window;
 mod text;
+pub mod throttle;
 pub mod ttft_window;
 
 pub use admission_rate::Line;

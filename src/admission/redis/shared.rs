@@ -22,6 +22,7 @@ use crate::admission::guard::{Move, Reservation};
 use crate::admission::preempt::{Cause, Preemptible};
 use crate::admission::{LaneGuard, LocalAdmission};
 use crate::lane::Lane;
+use crate::telemetry::throttle::Throttle;
 use crate::telemetry::QuotaMetrics;
 
 /// Calls that must fail in a row (or one heartbeat) before a replica counts Redis as down and
@@ -619,8 +620,13 @@ impl Shared {
             "other"
         };
         self.metrics.error(kind);
-        // The error text names the server but never the password.
-        tracing::warn!(op, kind, error = %err, "quota call failed");
+        // The error text names the server but never the password. Once per request while Redis
+        // answers with errors: a line a second, with the count held back (all counted in
+        // tutor_gateway_quota_errors_total).
+        static LOG: Throttle = Throttle::new(std::time::Duration::from_secs(1));
+        if let Some(held_back) = LOG.allow() {
+            tracing::warn!(op, kind, error = %err, held_back, "quota call failed");
+        }
         let background = matches!(op, "release" | "prefill_done");
         let unreachable = matches!(op, "connect" | "renew") && kind == "connection";
         if unreachable || (refused && !background) {

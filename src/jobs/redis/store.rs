@@ -18,6 +18,7 @@ use crate::jobs::context::Context;
 use crate::jobs::entry::{Status, Webhook};
 use crate::jobs::webhook;
 use crate::pipeline::{Ready, Tenant};
+use crate::telemetry::throttle::Throttle;
 
 macro_rules! jobs_script {
     ($name:literal) => {
@@ -528,7 +529,11 @@ pub async fn changed(changes: &mut broadcast::Receiver<Arc<str>>, id: &str) {
 
 /// Logs a failed call to the job store; 503.
 pub fn store_down(op: &str, err: &redis::RedisError) -> GatewayError {
-    tracing::warn!(op, error = %err, "job store call failed");
+    // Once per client read during an outage: a line a second, with the count held back.
+    static LOG: Throttle = Throttle::new(std::time::Duration::from_secs(1));
+    if let Some(held_back) = LOG.allow() {
+        tracing::warn!(op, error = %err, held_back, "job store call failed");
+    }
     GatewayError::JobStoreDown
 }
 
