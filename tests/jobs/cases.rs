@@ -944,7 +944,8 @@ pub async fn a_courses_tool_call_reaches_the_student_and_the_job(backend: Backen
         .filter(|e| e.event == "tool_call")
         .map(|e| json(&e.data))
         .collect();
-    assert!(pieces.len() > 1, "the call streams in pieces: {evs:?}");
+    // One piece or several: the engine's chunks carry as many tokens as were ready.
+    assert!(!pieces.is_empty(), "the call is streamed: {evs:?}");
     assert_eq!(pieces[0]["name"], "run_tests");
     let arguments: String = pieces
         .iter()

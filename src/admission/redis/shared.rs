@@ -462,12 +462,13 @@ impl Shared {
         {
             Ok(reply) => {
                 self.succeeded();
-                self.saw_limits(reply.version, &reply.origin);
                 // Whether this replica's file's limits are not the ones in force (checked at
-                // start and after Redis lost the record; a write puts them in force).
+                // start and after Redis lost the record; a write puts them in force). Set
+                // before the version is, which says the record was seen.
                 if mode == LimitsWrite::Ensure || reply.written {
                     self.metrics.set_limits_differ(reply.differs);
                 }
+                self.saw_limits(reply.version, &reply.origin);
                 if reply.written {
                     tracing::info!(version = reply.version, origin = %reply.origin, "shared quota limits written");
                 } else if reply.differs {
