@@ -204,6 +204,23 @@ fn the_bound_is_never_below_the_real_count() {
     }
 }
 
+/// A chat of one user message with `text`.
+fn user_turn(text: &str) -> PromptInput {
+    PromptInput::chat(
+        vec![ChatMessage {
+            role: "user".into(),
+            content: Some(MessageContent::Text(text.to_owned())),
+            name: None,
+            tool_calls: None,
+            tool_call_id: None,
+            reasoning: None,
+            reasoning_content: None,
+        }],
+        None,
+        16_384,
+    )
+}
+
 #[test]
 fn a_three_hundred_token_question_is_small_without_tokenizing() {
     let (path, _) = &accepted_tokenizers()[2];
@@ -219,19 +236,7 @@ fn a_three_hundred_token_question_is_small_without_tokenizing() {
     }
     // Not ASCII: an ASCII question would be counted the fast way instead (`pieces.rs`).
     question.push_str("caf\u{e9}");
-    let input = PromptInput::chat(
-        vec![ChatMessage {
-            role: "user".into(),
-            content: Some(MessageContent::Text(question.clone())),
-            name: None,
-            tool_calls: None,
-            tool_call_id: None,
-            reasoning: None,
-            reasoning_content: None,
-        }],
-        None,
-        16_384,
-    );
+    let input = user_turn(&question);
     let exact = counter.count_input(&input);
     assert!(
         question.len() > 1200 - 120,
@@ -409,19 +414,7 @@ fn text_a_normalizer_grows_is_never_reserved_below_its_count() {
         (&nfkc_path, "\u{FDFA}".repeat(200)),
     ] {
         let counter = TokenCounter::from_file(path).unwrap();
-        let input = PromptInput::chat(
-            vec![ChatMessage {
-                role: "user".into(),
-                content: Some(MessageContent::Text(text.clone())),
-                name: None,
-                tool_calls: None,
-                tool_call_id: None,
-                reasoning: None,
-                reasoning_content: None,
-            }],
-            None,
-            16_384,
-        );
+        let input = user_turn(&text);
         let exact = counter.count_input(&input);
         assert!(
             u64::from(exact) > text.len() as u64 + 20,

@@ -254,6 +254,20 @@ mod tests {
         out: Arc<Mutex<Vec<u8>>>,
     }
 
+    impl Stuck {
+        /// A stuck writer, the sender that lets it go, and what it wrote.
+        fn new() -> (Self, std::sync::mpsc::Sender<()>, Arc<Mutex<Vec<u8>>>) {
+            let (go, open) = std::sync::mpsc::channel();
+            let out = Arc::new(Mutex::new(Vec::new()));
+            let stuck = Stuck {
+                open,
+                waited: false,
+                out: Arc::clone(&out),
+            };
+            (stuck, go, out)
+        }
+    }
+
     impl Write for Stuck {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
             if !self.waited {
@@ -274,13 +288,7 @@ mod tests {
     /// writer moves again (the shutdown's flush waits for them).
     #[test]
     fn a_stuck_writer_never_holds_a_request_and_its_lines_are_kept_or_counted() {
-        let (go, open) = std::sync::mpsc::channel();
-        let out = Arc::new(Mutex::new(Vec::new()));
-        let stuck = Stuck {
-            open,
-            waited: false,
-            out: Arc::clone(&out),
-        };
+        let (stuck, go, out) = Stuck::new();
         let log = RequestLog::Stdout(LineSink::new(stuck, 4));
         let RequestLog::Stdout(sink) = &log else {
             unreachable!()
@@ -303,13 +311,7 @@ mod tests {
     /// logs (events past the queue are dropped and counted), and each event is one line.
     #[test]
     fn diagnostic_events_through_a_stuck_sink_never_block_and_each_is_one_line() {
-        let (go, open) = std::sync::mpsc::channel();
-        let out = Arc::new(Mutex::new(Vec::new()));
-        let stuck = Stuck {
-            open,
-            waited: false,
-            out: Arc::clone(&out),
-        };
+        let (stuck, go, out) = Stuck::new();
         let sink = LineSink::named("test-diagnostic-log", stuck, 4);
         let subscriber = tracing_subscriber::fmt()
             .with_writer(sink.clone())
