@@ -37,9 +37,9 @@ const ENGINE_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 /// fail (with the reason).
 pub async fn schedule(ctx: Arc<Context>, backend: Arc<dyn JobBackend>) {
     let poll = backend.poll_every();
-    let mut engine_down = false;
+    let mut engine = EngineWatch::default();
     loop {
-        if let Some(wait) = engine_wait(&ctx, &mut engine_down).await {
+        if let Some(wait) = engine.wait(&ctx).await {
             tokio::select! {
                 _ = ctx.stop.cancelled() => return,
                 _ = tokio::time::sleep(wait) => {}
@@ -76,31 +76,54 @@ pub async fn schedule(ctx: Arc<Context>, backend: Arc<dyn JobBackend>) {
     }
 }
 
-/// How long to wait before taking a job: a moment after a run failed for the engine (the
-/// health known then may be from before), then while the engine is not ready; `None`: take.
-async fn engine_wait(ctx: &Context, down: &mut bool) -> Option<std::time::Duration> {
-    let now = tokio::time::Instant::now();
-    let paused = *ctx
-        .engine_pause
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(until) = paused.filter(|until| *until > now) {
-        return Some(until - now);
-    }
-    match ctx.state.upstream().readiness().await {
-        Ok(()) => {
-            if std::mem::take(down) {
-                tracing::info!("the engine is back: queued jobs start again");
-                ctx.metrics().engine_down(false);
-            }
-            None
+/// What the scheduler knows of the engine's readiness.
+#[derive(Debug, Default)]
+struct EngineWatch {
+    /// It was found not ready (said once, when it becomes so).
+    down: bool,
+    /// When it was last found ready: the scheduler wakes at every seat given back, and asks
+    /// again at most every [`ENGINE_RECHECK`] (a run that fails for the engine pauses it
+    /// meanwhile, [`pause_for_engine`]).
+    ready_at: Option<tokio::time::Instant>,
+}
+
+impl EngineWatch {
+    /// How long to wait before taking a job: a moment after a run failed for the engine (the
+    /// health known then may be from before), then while the engine is not ready; `None`:
+    /// take.
+    async fn wait(&mut self, ctx: &Context) -> Option<std::time::Duration> {
+        let now = tokio::time::Instant::now();
+        let paused = *ctx
+            .engine_pause
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(until) = paused.filter(|until| *until > now) {
+            self.ready_at = None;
+            return Some(until - now);
         }
-        Err(why) => {
-            if !std::mem::replace(down, true) {
-                tracing::warn!(%why, "the engine is down: queued jobs wait for it");
-                ctx.metrics().engine_down(true);
+        if self
+            .ready_at
+            .is_some_and(|at| now.duration_since(at) < ENGINE_RECHECK)
+        {
+            return None;
+        }
+        match ctx.state.upstream().readiness().await {
+            Ok(()) => {
+                self.ready_at = Some(now);
+                if std::mem::take(&mut self.down) {
+                    tracing::info!("the engine is back: queued jobs start again");
+                    ctx.metrics().engine_down(false);
+                }
+                None
             }
-            Some(ENGINE_RECHECK)
+            Err(why) => {
+                self.ready_at = None;
+                if !std::mem::replace(&mut self.down, true) {
+                    tracing::warn!(%why, "the engine is down: queued jobs wait for it");
+                    ctx.metrics().engine_down(true);
+                }
+                Some(ENGINE_RECHECK)
+            }
         }
     }
 }

@@ -651,20 +651,24 @@ impl Relay {
                 Some(Bytes::from(out))
             }
             Format::Answer => {
-                let mut out = Vec::new();
-                if let Some(event) = answer::token_event(chunk, self.pieces.saturating_add(1)) {
+                let token = answer::token_event(chunk, self.pieces.saturating_add(1));
+                if token.is_some() {
                     self.pieces = self.pieces.saturating_add(1);
-                    out.extend_from_slice(&event);
                 }
+                if let Some(r) = self.resume.as_mut() {
+                    r.text.push_str(&chunk.text);
+                }
+                if chunk.tool_calls.is_empty() {
+                    return token;
+                }
+                // Tool-call pieces, numbered after the chunk's text.
+                let mut out = token.map(Vec::from).unwrap_or_default();
                 for piece in &chunk.tool_calls {
                     self.pieces = self.pieces.saturating_add(1);
                     out.extend_from_slice(&answer::tool_call_event(piece, self.pieces));
                     ToolCallDelta::join_into(&mut self.calls, piece);
                 }
-                if let Some(r) = self.resume.as_mut() {
-                    r.text.push_str(&chunk.text);
-                }
-                (!out.is_empty()).then(|| Bytes::from(out))
+                Some(Bytes::from(out))
             }
         }
     }

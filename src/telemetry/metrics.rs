@@ -185,6 +185,35 @@ impl Outcome {
     }
 }
 
+/// A counter of the lines a log writer dropped, brought up to the writer's own total at each
+/// scrape.
+#[derive(Debug, Clone)]
+struct DroppedLines {
+    counter: prometheus::IntCounter,
+    /// The dropped lines already counted.
+    seen: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl DroppedLines {
+    fn new(counter: prometheus::IntCounter) -> Self {
+        Self {
+            counter,
+            seen: Arc::default(),
+        }
+    }
+
+    /// The writer has dropped `total` lines so far: two scrapes at once each add only what the
+    /// other has not.
+    fn catch_up(&self, total: u64) {
+        let counted = self
+            .seen
+            .fetch_max(total, std::sync::atomic::Ordering::AcqRel);
+        if total > counted {
+            self.counter.inc_by(total - counted);
+        }
+    }
+}
+
 /// The gateway's metric families, registered once.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -209,12 +238,8 @@ pub struct Metrics {
     prefix_hits: IntCounterVec,
     refused: IntCounterVec,
     denied: IntCounterVec,
-    request_log_dropped: prometheus::IntCounter,
-    /// The dropped lines already counted in `request_log_dropped`.
-    request_log_dropped_seen: Arc<std::sync::atomic::AtomicU64>,
-    log_dropped: prometheus::IntCounter,
-    /// The dropped lines already counted in `log_dropped`.
-    log_dropped_seen: Arc<std::sync::atomic::AtomicU64>,
+    request_log_dropped: DroppedLines,
+    log_dropped: DroppedLines,
     tenant_refused: IntCounterVec,
     quota: QuotaMetrics,
     promotion: PromotionMetrics,
@@ -363,20 +388,20 @@ impl Metrics {
         ] {
             refused.with_label_values(&[limit]);
         }
-        let request_log_dropped = registered(
+        let request_log_dropped = DroppedLines::new(registered(
             &registry,
             prometheus::IntCounter::new(
                 "tutor_gateway_request_log_dropped_total",
                 "Request log lines dropped because the writer fell behind (stdout not read fast enough: 16,384 lines waited).",
             ),
-        );
-        let log_dropped = registered(
+        ));
+        let log_dropped = DroppedLines::new(registered(
             &registry,
             prometheus::IntCounter::new(
                 "tutor_gateway_log_dropped_total",
                 "Diagnostic log lines dropped because stderr was not read fast enough (16,384 lines waited).",
             ),
-        );
+        ));
         let denied = counter(
             "tutor_gateway_denied_total",
             "Requests denied before any route, by reason: auth (no valid API key or token, or not the admin listener's token: 401), host (a Host not in server.allowed_hosts: 403), origin (a browser Origin not in server.cors_allow_origins: 403), body (a Content-Length above server.max_body_bytes: 413, or a Content-Encoding: 415, before the body is read).",
@@ -462,9 +487,7 @@ impl Metrics {
             refused,
             denied,
             request_log_dropped,
-            request_log_dropped_seen: Arc::default(),
             log_dropped,
-            log_dropped_seen: Arc::default(),
             tenant_refused,
             config,
             replicas,
@@ -685,23 +708,12 @@ impl Metrics {
 
     /// The diagnostic log's dropped lines, `total` of them so far.
     pub fn log_dropped(&self, total: u64) {
-        let counted = self
-            .log_dropped_seen
-            .fetch_max(total, std::sync::atomic::Ordering::AcqRel);
-        if total > counted {
-            self.log_dropped.inc_by(total - counted);
-        }
+        self.log_dropped.catch_up(total);
     }
 
     /// The request log's dropped lines, `total` of them so far.
     pub fn request_log_dropped(&self, total: u64) {
-        // Two scrapes at once each add only what the other has not.
-        let counted = self
-            .request_log_dropped_seen
-            .fetch_max(total, std::sync::atomic::Ordering::AcqRel);
-        if total > counted {
-            self.request_log_dropped.inc_by(total - counted);
-        }
+        self.request_log_dropped.catch_up(total);
     }
 
     /// The text exposition, with lane gauges taken from `admission` now.

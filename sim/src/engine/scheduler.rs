@@ -674,26 +674,10 @@ mod tests {
             priority_policy: true,
             ..cfg(0, false)
         });
-        let prioritised = |no: u64, priority: i64| {
-            let prompt: Vec<u32> = (0..16).map(|i| (no as u32) * 100_000 + i).collect();
-            let (tx, rx) = mpsc::unbounded_channel();
-            let s = Sequence::new(
-                no.to_string(),
-                no,
-                &prompt,
-                16,
-                100,
-                FinishReason::Length,
-                priority,
-                tx,
-                Instant::now(),
-            );
-            (s, rx)
-        };
         // Admitted first (alone, so it runs first), lowest priority; then a higher-priority one.
         // Each holds 2 of the 4 blocks by its 17th token, and needs a third at its 33rd.
-        let (low, _rl) = prioritised(1, 5);
-        let (high, _rh) = prioritised(2, 0);
+        let (low, _rl) = prioritised(1, 16, 100, 5);
+        let (high, _rh) = prioritised(2, 16, 100, 0);
         s.add(low);
         let plan = s.schedule(Instant::now());
         s.complete(&plan, Instant::now());
@@ -726,25 +710,9 @@ mod tests {
                 priority_policy,
                 ..cfg(0, false)
             });
-            let prioritised = |no: u64, priority: i64| {
-                let prompt: Vec<u32> = (0..130).map(|i| (no as u32) * 100_000 + i).collect();
-                let (tx, rx) = mpsc::unbounded_channel();
-                let seq = Sequence::new(
-                    no.to_string(),
-                    no,
-                    &prompt,
-                    16,
-                    300,
-                    FinishReason::Length,
-                    priority,
-                    tx,
-                    Instant::now(),
-                );
-                (seq, rx)
-            };
             let mut rxs = Vec::new();
             for no in 1..=3 {
-                let (low, rx) = prioritised(no, 10);
+                let (low, rx) = prioritised(no, 130, 300, 10);
                 s.add(low);
                 rxs.push((no, rx));
             }
@@ -753,7 +721,7 @@ mod tests {
                 let plan = s.schedule(Instant::now());
                 s.complete(&plan, Instant::now());
             }
-            let (high, rx) = prioritised(4, -5);
+            let (high, rx) = prioritised(4, 130, 300, -5);
             s.add(high);
             rxs.push((4, rx));
             let mut order = Vec::new();
@@ -785,6 +753,29 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A sequence of `prompt_len` distinct tokens that generates `out` tokens, at `priority`.
+    fn prioritised(
+        no: u64,
+        prompt_len: u32,
+        out: u32,
+        priority: i64,
+    ) -> (Sequence, UnboundedReceiver<EngineEvent>) {
+        let prompt: Vec<u32> = (0..prompt_len).map(|i| (no as u32) * 100_000 + i).collect();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let s = Sequence::new(
+            no.to_string(),
+            no,
+            &prompt,
+            16,
+            out,
+            FinishReason::Length,
+            priority,
+            tx,
+            Instant::now(),
+        );
+        (s, rx)
     }
 
     /// A sequence of the tokens `prompt` that generates `out` tokens.
