@@ -9,7 +9,8 @@
 //!   same order once with round robin and once with affinity; the cached-token ratio, read
 //!   from the simulators' own counters, is at least twice round robin's with affinity;
 //! - a reload that changes `[upstream]`: an ejected replica stays out of routing, and a
-//!   stream still running counts on its replica until it ends.
+//!   stream still running counts on its replica until it ends;
+//! - a replica serving another model is ejected and kept out until it serves the gateway's.
 
 mod common;
 
@@ -199,6 +200,78 @@ async fn a_replica_killed_mid_stream_cuts_that_stream_clearly_others_serve_and_i
     for s in sims {
         s.shutdown().await;
     }
+}
+
+/// A replica redeployed with another model answers 404 to `upstream.model`: that is its fault,
+/// not the client's. Each such request is answered by another replica, the replica is ejected
+/// and stays out while its `/v1/models` does not list the model (its `/health` is fine, which
+/// alone brought it back after one check, to 404 again), and comes back once it serves the
+/// model.
+#[tokio::test]
+async fn a_replica_serving_another_model_is_kept_out_until_it_serves_the_gateways() {
+    let right = sim(&[]).await;
+    let wrong = sim(&["--served-model-name", "someone/else"]).await;
+    let port = wrong.addr.port();
+    let gw = gateway(&[&right, &wrong], |c| {
+        c.upstream.routing.policy = RoutingPolicy::RoundRobin
+    })
+    .await;
+    let status = |gw: &Gateway| {
+        gw.state
+            .upstream()
+            .replicas()
+            .status()
+            .into_iter()
+            .find(|r| r.name == "sim-1")
+            .unwrap()
+    };
+    for _ in 0..12 {
+        let (name, data) = short_answer(&gw).await;
+        assert_eq!(name, "done", "{data}");
+    }
+    eventually("the replica without the model is ejected", || async {
+        !status(&gw).healthy
+    })
+    .await;
+    let error = status(&gw).error.unwrap_or_default();
+    assert!(error.contains("upstream.model"), "{error}");
+    // Twenty health intervals: its `/health` answers 200 at each.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!status(&gw).healthy, "kept out while it lacks the model");
+    for _ in 0..6 {
+        let (name, data) = short_answer(&gw).await;
+        assert_eq!(name, "done", "{data}");
+    }
+
+    // Redeployed with the gateway's model on the same port: back in routing, and it serves.
+    wrong.shutdown().await;
+    let mut args = SimArgs::for_test(&[]);
+    args.port = port;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let back = loop {
+        match vllm_sim::start(&args).await {
+            Ok(back) => break back,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the simulator could not listen on port {port} again: {e:#}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    eventually("the redeployed replica is back in routing", || async {
+        status(&gw).healthy
+    })
+    .await;
+    for _ in 0..6 {
+        let (name, data) = short_answer(&gw).await;
+        assert_eq!(name, "done", "{data}");
+    }
+    assert!(finished(&back).await >= 1.0, "it serves again");
+    gw.shutdown().await;
+    right.shutdown().await;
+    back.shutdown().await;
 }
 
 /// A reload that changes `[upstream]` (here only its idle timeout) builds a new set of replicas.

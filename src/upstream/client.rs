@@ -155,14 +155,20 @@ impl UpstreamClient {
         if replicas.checks_run() {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let http = http.clone();
+                let model = config.model.clone();
                 runtime.spawn(replica::health_loop(Arc::downgrade(&replicas), move |r| {
                     let http = http.clone();
+                    let model = model.clone();
                     async move {
-                        let answer = probe_health(&http, &r.config.url).await;
-                        if answer.is_ok() {
-                            r.abort.probe();
+                        probe_health(&http, &r.config.url)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        r.abort.probe();
+                        if r.lacks_model() {
+                            probe_model(&http, &r.config.url, &model).await?;
+                            r.serves_model();
                         }
-                        answer.map_err(|e| e.to_string())
+                        Ok(())
                     }
                 }));
             }
@@ -223,10 +229,13 @@ impl UpstreamClient {
         let mut body = req.body;
         let continues = req.continues_answer;
         prepare_body(&mut body, &self.config.model);
+        let configured_model =
+            body.get("model").and_then(serde_json::Value::as_str) == Some(&self.config.model);
         let body = Bytes::from(serde_json::to_vec(&body).expect("a JSON map always serializes"));
         let key = req.affinity.as_deref().map(route::hash_str);
         let sending = Sending {
             request_id: req.request_id,
+            configured_model,
             endpoint: req.endpoint,
             id_header,
             traceparent,
@@ -302,6 +311,21 @@ impl UpstreamClient {
             abort.disarm();
             if status.is_server_error() {
                 self.replicas.failed(&replica, "5xx answer");
+            }
+            if status == StatusCode::NOT_FOUND && s.configured_model && self.replicas.len() > 1 {
+                // vLLM's 404 for a model it does not serve: with several replicas, this one
+                // was deployed with another model (or has not loaded it yet). Its fault, not
+                // the client's: tried on another replica, and kept out of routing until its
+                // `/v1/models` lists the model.
+                let why = format!(
+                    "answered 404 to upstream.model `{}` (not served there)",
+                    self.config.model
+                );
+                self.replicas.lacks_model(&replica, &why);
+                return Err(fail(UpstreamError::Unavailable(format!(
+                    "replica {} {why}",
+                    replica.config.name
+                ))));
             }
             let raw = read_capped(resp, deadline).await.unwrap_or_default();
             let error =
@@ -479,6 +503,8 @@ impl UpstreamClient {
 /// A request as sent, kept for a second try on another replica.
 struct Sending {
     request_id: String,
+    /// It asks for `upstream.model`, which every replica must serve.
+    configured_model: bool,
     endpoint: super::request::Endpoint,
     id_header: HeaderValue,
     traceparent: Option<HeaderValue>,
@@ -501,6 +527,37 @@ async fn probe_health(http: &reqwest::Client, base_url: &str) -> Result<(), Upst
         status,
         error: Box::new(error),
     })
+}
+
+/// `GET {base_url}/v1/models` lists `model` (an `id` of its `data`): for a replica that
+/// answered 404 to it ([`Replicas::lacks_model`]).
+async fn probe_model(http: &reqwest::Client, base_url: &str, model: &str) -> Result<(), String> {
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    let request = http.get(format!("{base_url}/v1/models"));
+    let resp = UpstreamClient::send_by(request, deadline)
+        .await
+        .map_err(|e| e.to_string())?;
+    let list = UpstreamClient::raw(resp, deadline)
+        .await
+        .map_err(|e| e.to_string())?;
+    let listed = serde_json::from_slice::<serde_json::Value>(&list.body)
+        .ok()
+        .and_then(|v| {
+            let data = v.get("data")?.as_array()?.clone();
+            Some(
+                data.iter()
+                    .any(|m| m.get("id").and_then(serde_json::Value::as_str) == Some(model)),
+            )
+        });
+    match listed {
+        Some(true) => Ok(()),
+        Some(false) => Err(format!(
+            "answered 404 to upstream.model `{model}`, and its /v1/models does not list it"
+        )),
+        None => {
+            Err("answered 404 to upstream.model, and its /v1/models is not a model list".into())
+        }
+    }
 }
 
 /// Reads a non-streaming body, keeping at most [`MAX_BODY_BYTES`], until `deadline`.

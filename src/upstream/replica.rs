@@ -9,6 +9,10 @@
 //!   failed check, a connection error, a 5xx answer) and comes back after `healthy_after`
 //!   healthy checks in a row. A 2xx answer to a request clears its failure count. With
 //!   `health_interval_ms = 0` there are no checks and nothing is ever ejected.
+//! - A replica that answers 404 to a request for `upstream.model` (redeployed with another
+//!   model, say) fails like a 5xx ([`Replicas::lacks_model`]), and from then on its health
+//!   checks also read its `/v1/models` until the model is listed: its `/health` alone would
+//!   bring it back into routing after `healthy_after` checks, to 404 again.
 //! - [`health_loop`] runs the checks while the client lives (it holds a weak reference).
 //! - A reload that changes `[upstream]` builds a new set; a replica at the same URL keeps what
 //!   the old set knew of it: its requests in flight (those still running count, and their
@@ -59,6 +63,9 @@ struct Health {
     streak: AtomicU32,
     /// Why it was ejected, for `/readyz`.
     last_error: std::sync::Mutex<Option<String>>,
+    /// It answered 404 to a request for `upstream.model`: its checks read `/v1/models` too,
+    /// until the model is listed there.
+    lacks_model: AtomicBool,
     /// The [`Replicas::id`] whose [`health_loop`] checks it (the newest set sharing it).
     checked_by: AtomicU64,
     /// Which health this is: the gauge reports the one the set in force holds (a replaced set's
@@ -74,6 +81,7 @@ impl Default for Health {
             healthy: AtomicBool::new(true),
             streak: AtomicU32::new(0),
             last_error: std::sync::Mutex::new(None),
+            lacks_model: AtomicBool::new(false),
             checked_by: AtomicU64::new(0),
         }
     }
@@ -405,6 +413,14 @@ impl Replicas {
         }
     }
 
+    /// `replica` answered 404 to a request for `upstream.model`, which every replica must
+    /// serve: a failure like a 5xx ([`Replicas::failed`]), and its health checks read
+    /// `/v1/models` from now on until the model is listed there ([`Replica::lacks_model`]).
+    pub fn lacks_model(&self, replica: &Replica, why: &str) {
+        replica.health.lacks_model.store(true, Ordering::Release);
+        self.failed(replica, why);
+    }
+
     /// `replica` answered well: a request's 2xx clears a healthy replica's failures; a health
     /// check brings an ejected one back after `healthy_after` in a row.
     pub fn succeeded(&self, replica: &Replica, by_check: bool) {
@@ -430,6 +446,17 @@ impl Replicas {
 }
 
 impl Replica {
+    /// Whether it answered 404 to a request for `upstream.model` since its `/v1/models` last
+    /// listed it ([`Replicas::lacks_model`]): its health check must read `/v1/models` too.
+    pub fn lacks_model(&self) -> bool {
+        self.health.lacks_model.load(Ordering::Acquire)
+    }
+
+    /// Its `/v1/models` lists `upstream.model` again.
+    pub fn serves_model(&self) {
+        self.health.lacks_model.store(false, Ordering::Release);
+    }
+
     /// Its (name, URL): what its gauges report under.
     fn key(&self) -> (&str, &str) {
         (&self.config.name, &self.config.url)
