@@ -15,7 +15,9 @@
 //!   made; 404, 405, 403, 501 -> the engine has none, no calls (logged once at `info`, never as
 //!   a refusal); another 4xx (but 408 and 429) -> none either, logged once at `warn`. Without
 //!   an answer (vLLM not up, 5xx, 408, 429, timeout) it stays unknown: the next probe (at most
-//!   one per [`PROBE_RETRY`]), or the next abort's own call, settles it.
+//!   one per [`PROBE_RETRY`]), or the next abort's own call, settles it. "None" is asked again
+//!   [`ABSENT_RECHECK`] after it was found (by the next probe or abort), so an engine restarted
+//!   with the endpoint gets abort calls without restarting the gateway.
 //! - [`AbortGuard`] (one per request, owned by the [`super::UpstreamStream`], before that by the
 //!   send in [`super::UpstreamClient::stream`]) fires on drop unless [`AbortGuard::disarm`] was
 //!   called after a finish reason arrived, so every way out (client gone, error, timeout,
@@ -42,6 +44,10 @@ pub const ABORT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Least time between two probes when the last one got no answer (so a `/readyz` polled every
 /// second does not post to a failing endpoint every second).
 pub const PROBE_RETRY: Duration = Duration::from_secs(10);
+
+/// How long "the engine has no abort endpoint" holds before it is asked again (vLLM may have
+/// been restarted with `--enable-scale-out` meanwhile).
+pub const ABSENT_RECHECK: Duration = Duration::from_secs(600);
 
 /// The start of the `X-Request-Id` a probe names (a uuid follows): no request has such an id,
 /// so a probe aborts nothing.
@@ -143,7 +149,8 @@ pub enum AbortEndpoint {
     /// It answered 2xx: abort calls are made.
     Offered = 2,
     /// It answered 404, 405, 403 or 501 (stock vLLM), or refused the probe with another 4xx
-    /// (logged): no abort calls; closing the connection is the abort.
+    /// (logged): no abort calls; closing the connection is the abort. Asked again after
+    /// [`ABSENT_RECHECK`].
     Absent = 3,
 }
 
@@ -166,8 +173,21 @@ pub struct AbortCaller {
     config: Arc<UpstreamConfig>,
     tasks: TaskTracker,
     endpoint: Arc<AtomicU8>,
+    /// What the probes found, and when.
+    asked: Arc<std::sync::Mutex<Asked>>,
+    /// [`ABSENT_RECHECK`] (shorter in tests).
+    absent_recheck: Duration,
+}
+
+/// What the probes of one [`AbortCaller`] found, and when.
+#[derive(Debug, Default)]
+struct Asked {
     /// When a probe last got no answer ([`PROBE_RETRY`]).
-    unanswered: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    unanswered: Option<std::time::Instant>,
+    /// When the engine last said it has no endpoint ([`ABSENT_RECHECK`]).
+    absent_since: Option<std::time::Instant>,
+    /// The last verdict logged: a re-check that finds the same says nothing.
+    told: Option<AbortEndpoint>,
 }
 
 impl AbortCaller {
@@ -179,8 +199,20 @@ impl AbortCaller {
             config,
             tasks,
             endpoint: Arc::new(AtomicU8::new(AbortEndpoint::Unknown as u8)),
-            unanswered: Arc::default(),
+            asked: Arc::default(),
+            absent_recheck: ABSENT_RECHECK,
         }
+    }
+
+    /// This caller with "no endpoint" asked again after `after` instead of [`ABSENT_RECHECK`].
+    #[cfg(test)]
+    fn with_absent_recheck(mut self, after: Duration) -> Self {
+        self.absent_recheck = after;
+        self
+    }
+
+    fn asked(&self) -> std::sync::MutexGuard<'_, Asked> {
+        self.asked.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// An armed guard for the request sent to `endpoint` with `X-Request-Id: request_id`.
@@ -201,19 +233,18 @@ impl AbortCaller {
         AbortEndpoint::from_u8(self.endpoint.load(Ordering::Acquire))
     }
 
-    /// In `auto` mode with the endpoint unknown, asks the engine whether it has one: spawns a
-    /// call naming an id no request has ([`PROBE_ID_PREFIX`]) on the task tracker and returns
-    /// true. Returns false when there is nothing to ask (another mode, already known, a probe
-    /// in flight, the last probe unanswered less than [`PROBE_RETRY`] ago) or no Tokio runtime
-    /// to run it on.
+    /// In `auto` mode with the endpoint unknown (or found absent [`ABSENT_RECHECK`] ago), asks
+    /// the engine whether it has one: spawns a call naming an id no request has
+    /// ([`PROBE_ID_PREFIX`]) on the task tracker and returns true. Returns false when there is
+    /// nothing to ask (another mode, already known, a probe in flight, the last probe
+    /// unanswered less than [`PROBE_RETRY`] ago) or no Tokio runtime to run it on.
     pub fn probe(&self) -> bool {
         if self.config.abort.call_mode() != AbortMode::Auto {
             return false;
         }
         let recent = self
+            .asked()
             .unanswered
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .is_some_and(|at| at.elapsed() < PROBE_RETRY);
         if recent {
             return false;
@@ -221,7 +252,7 @@ impl AbortCaller {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return false;
         };
-        if !self.claim_probe() {
+        if !self.claim_probe() && !self.claim_recheck() {
             return false;
         }
         let id = format!("{PROBE_ID_PREFIX}{}", uuid::Uuid::new_v4().simple());
@@ -252,8 +283,26 @@ impl AbortCaller {
             .is_ok()
     }
 
-    fn set_endpoint(&self, e: AbortEndpoint) -> AbortEndpoint {
-        AbortEndpoint::from_u8(self.endpoint.swap(e as u8, Ordering::AcqRel))
+    /// Takes the right to ask again whether an absent endpoint is there now: `Absent` ->
+    /// `Probing`, once [`ABSENT_RECHECK`] has gone by since it was found absent.
+    fn claim_recheck(&self) -> bool {
+        let due = self
+            .asked()
+            .absent_since
+            .is_some_and(|at| at.elapsed() >= self.absent_recheck);
+        due && self
+            .endpoint
+            .compare_exchange(
+                AbortEndpoint::Absent as u8,
+                AbortEndpoint::Probing as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    fn set_endpoint(&self, e: AbortEndpoint) {
+        self.endpoint.store(e as u8, Ordering::Release);
     }
 
     /// Records what an answer says about the endpoint (`auto` mode), logging each change once.
@@ -272,8 +321,7 @@ impl AbortCaller {
                 Ordering::Acquire,
             );
             if probe {
-                *self.unanswered.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(std::time::Instant::now());
+                self.asked().unanswered = Some(std::time::Instant::now());
                 tracing::debug!(
                     answer = %answer,
                     "engine abort endpoint probe got no answer; a later /readyz check or abort \
@@ -282,8 +330,15 @@ impl AbortCaller {
             }
             return;
         };
-        if self.set_endpoint(verdict) == verdict {
-            return;
+        self.set_endpoint(verdict);
+        {
+            let mut asked = self.asked();
+            if verdict == AbortEndpoint::Absent {
+                asked.absent_since = Some(std::time::Instant::now());
+            }
+            if asked.told.replace(verdict) == Some(verdict) {
+                return;
+            }
         }
         let url = &self.config.abort.url_template;
         if status.is_success() {
@@ -397,6 +452,8 @@ impl AbortGuard {
             AbortMode::On => false,
             AbortMode::Auto => match caller.endpoint() {
                 AbortEndpoint::Offered => false,
+                // Found absent long enough ago: this call asks again.
+                AbortEndpoint::Absent if caller.claim_recheck() => true,
                 AbortEndpoint::Absent | AbortEndpoint::Probing => {
                     self.set(AbortState::ConnectionOnly);
                     return true;

@@ -7,10 +7,11 @@ use super::*;
 use crate::config::{AbortIdFormat, AbortMethod, AbortMode, Config};
 
 /// A tiny HTTP server that records each request's first line and body and answers `status`
-/// after `delay`.
+/// (changed by [`Recorder::answer`]) after `delay`.
 struct Recorder {
     base_url: String,
     seen: Arc<Mutex<Vec<(String, String)>>>,
+    status: Arc<std::sync::atomic::AtomicU16>,
 }
 
 impl Recorder {
@@ -19,10 +20,13 @@ impl Recorder {
         let base_url = format!("http://{}", listener.local_addr().unwrap());
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = Arc::clone(&seen);
+        let answer = Arc::new(std::sync::atomic::AtomicU16::new(status));
+        let answers = Arc::clone(&answer);
         tokio::spawn(async move {
             loop {
                 let (mut sock, _) = listener.accept().await.unwrap();
                 let log = Arc::clone(&log);
+                let status = Arc::clone(&answers);
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
                     let mut tmp = [0u8; 1024];
@@ -48,12 +52,22 @@ impl Recorder {
                         .unwrap()
                         .push((first, text[head_end..].to_owned()));
                     tokio::time::sleep(delay).await;
+                    let status = status.load(Ordering::Relaxed);
                     let resp = format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n");
                     let _ = sock.write_all(resp.as_bytes()).await;
                 });
             }
         });
-        Recorder { base_url, seen }
+        Recorder {
+            base_url,
+            seen,
+            status: answer,
+        }
+    }
+
+    /// Answers `status` from now on.
+    fn answer(&self, status: u16) {
+        self.status.store(status, Ordering::Relaxed);
     }
 
     fn seen(&self) -> Vec<(String, String)> {
@@ -244,6 +258,51 @@ async fn auto_against_an_engine_without_the_endpoint_stops_calling_after_the_pro
             assert_eq!(w.state(), AbortState::ConnectionOnly);
         }
     }
+}
+
+/// "No endpoint" is asked again once `ABSENT_RECHECK` has gone by, by a probe or, without
+/// one, by the next abort's own call: an engine restarted with the endpoint gets abort calls
+/// without a gateway restart. (A clone with a zero re-check shares what was found.)
+#[tokio::test]
+async fn auto_asks_again_after_a_while_whether_an_absent_endpoint_is_there_now() {
+    let rec = Recorder::start(404, Duration::ZERO).await;
+    let (c, tasks) = caller(&rec.base_url, AbortMode::Auto);
+    assert!(c.probe());
+    drain(tasks.clone()).await;
+    assert_eq!(c.endpoint(), AbortEndpoint::Absent);
+    assert!(!c.probe(), "not asked again within ABSENT_RECHECK");
+    let due = c.clone().with_absent_recheck(Duration::ZERO);
+
+    // Still none: asked, and calls stay off.
+    assert!(due.probe());
+    drain(tasks.clone()).await;
+    assert_eq!(c.endpoint(), AbortEndpoint::Absent);
+    let w = {
+        let g = c.arm("req-1".into(), Endpoint::ChatCompletions);
+        g.watch()
+    };
+    drain(tasks.clone()).await;
+    assert_eq!(w.state(), AbortState::ConnectionOnly);
+    assert_eq!(rec.seen().len(), 2, "two probes, no call");
+
+    // The engine has it now: the next abort's own call finds it, and calls are made.
+    rec.answer(200);
+    let w = {
+        let g = due.arm("req-2".into(), Endpoint::ChatCompletions);
+        g.watch()
+    };
+    drain(tasks.clone()).await;
+    assert_eq!(w.state(), AbortState::Sent);
+    assert_eq!(c.endpoint(), AbortEndpoint::Offered);
+    let w = {
+        let g = c.arm("req-3".into(), Endpoint::ChatCompletions);
+        g.watch()
+    };
+    drain(tasks).await;
+    assert_eq!(w.state(), AbortState::Sent);
+    let seen = rec.seen();
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    assert_eq!(seen[3].1, r#"{"request_ids":["chatcmpl-req-3"]}"#);
 }
 
 #[tokio::test]
