@@ -234,9 +234,6 @@ fn watch_capacity(state: &AppState, stop: CancellationToken) {
     });
 }
 
-/// How long the shutdown waits for the request log's queued lines to be written.
-const LOG_FLUSH_WAIT: Duration = Duration::from_secs(2);
-
 /// How often the engines' capacity is read again (a replica restarted with other flags).
 pub const CAPACITY_EVERY: Duration = Duration::from_secs(30);
 
@@ -295,7 +292,9 @@ impl Gateway {
         }
         // The last requests' log lines, before the process goes.
         let log = self.state.request_log().clone();
-        let flushed = tokio::task::spawn_blocking(move || log.flush(LOG_FLUSH_WAIT)).await;
+        let flushed =
+            tokio::task::spawn_blocking(move || log.flush(crate::telemetry::otel::LOG_FLUSH_WAIT))
+                .await;
         if !matches!(flushed, Ok(true)) {
             tracing::warn!("request log lines still queued at exit were lost");
         }

@@ -637,13 +637,17 @@ fn the_drain_fits_in_the_termination_grace_period() {
     let shutdown = toml_u64(&table, "server", "shutdown_grace_ms").unwrap_or(30_000);
     // After the grace: the streams' last events and the connections' end (END_WAIT each, on
     // the public and the admin listener), the engine aborts and jobs' last writes (twice
-    // ABORT_TIMEOUT), the leases and settlements reaching Redis (RELEASE_WAIT), and 5 s for
-    // the spans' flush and the exit.
+    // ABORT_TIMEOUT), the leases and settlements reaching Redis (RELEASE_WAIT), the request
+    // log's last lines (LOG_FLUSH_WAIT), the spans' flush (SPAN_FLUSH_WAIT), the diagnostic
+    // log's last lines (LOG_FLUSH_WAIT again), and 1 s for the exit.
+    use tutor_gateway::telemetry::otel::{LOG_FLUSH_WAIT, SPAN_FLUSH_WAIT};
     let end_wait = tutor_gateway::server::END_WAIT.as_millis() as u64;
     let exit_ms = 4 * end_wait
         + 2 * tutor_gateway::upstream::ABORT_TIMEOUT.as_millis() as u64
         + tutor_gateway::server::RELEASE_WAIT.as_millis() as u64
-        + 5_000;
+        + 2 * LOG_FLUSH_WAIT.as_millis() as u64
+        + SPAN_FLUSH_WAIT.as_millis() as u64
+        + 1_000;
     assert!(
         grace_ms >= pre_stop_ms + announce + shutdown + exit_ms,
         "terminationGracePeriodSeconds {} s < preStop {pre_stop_ms} ms + drain_announce_ms \

@@ -39,10 +39,17 @@ pub struct TracingGuard {
     provider: Option<SdkTracerProvider>,
 }
 
+/// Longest the exit waits for the batched spans to reach the collector.
+pub const SPAN_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Longest the exit waits for a log's queued lines (the request log's, then the diagnostic
+/// log's) to be written.
+pub const LOG_FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Drop for TracingGuard {
     fn drop(&mut self) {
         if let Some(p) = self.provider.take() {
-            if let Err(e) = p.shutdown() {
+            if let Err(e) = p.shutdown_with_timeout(SPAN_FLUSH_WAIT) {
                 eprintln!("tutor-gateway: flushing spans failed: {e}");
             }
         }
@@ -62,10 +69,11 @@ pub fn diagnostic_log_dropped() -> u64 {
     DIAGNOSTIC.get().map_or(0, LineSink::dropped)
 }
 
-/// Waits up to 2 s for the diagnostic log's queued lines to reach stderr (at exit).
+/// Waits up to [`LOG_FLUSH_WAIT`] for the diagnostic log's queued lines to reach stderr (at
+/// exit).
 pub fn flush_diagnostics() {
     if let Some(sink) = DIAGNOSTIC.get() {
-        sink.flush(std::time::Duration::from_secs(2));
+        sink.flush(LOG_FLUSH_WAIT);
     }
 }
 

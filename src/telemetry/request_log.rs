@@ -170,7 +170,7 @@ pub struct RequestLogLine<'a> {
     pub ts_ms: u64,
     /// The gateway's request id.
     pub request_id: &'a str,
-    /// `answer`, `chat_completions`, `completions`.
+    /// `answer`, `chat_completions`, `completions`, `job`.
     pub route: &'a str,
     /// Lane, when classified: the final one, after any mid-stream promotion.
     pub lane: Option<&'a str>,
@@ -194,8 +194,8 @@ pub struct RequestLogLine<'a> {
     /// byte length decided.
     pub input_tokens_counted: Option<u32>,
     /// Tokens reserved at admission: the input estimate plus the output budget (the
-    /// client's limit, or `classify.default_output_tokens`). A later promotion raises the
-    /// reservation to the new lane's work bound; this field keeps the first.
+    /// client's limit, or `classify.default_output_tokens`), or what it held at the end when a
+    /// promotion raised it (to the new lane's work bound) mid-stream.
     pub tokens_reserved: Option<u32>,
     /// Input tokens vLLM reported.
     pub input_tokens: Option<u32>,

@@ -1,8 +1,9 @@
 //! Test support shared by the gateway's tests and benches, the simulator's tests and the load
 //! tool's tests: HTTP round trips ([`send`], [`send_text`], [`send_json`], [`Streamed`]), SSE
 //! bodies read with the one parser of [`tutor_wire::sse`], Prometheus scrapes read with
-//! [`tutor_wire::prom`], polling, the simulator's flags written as one line ([`flags`]) and free
-//! ports.
+//! [`tutor_wire::prom`], polling, the simulator's flags written as one line ([`flags`]), free
+//! ports, a forwarder that cuts and restores connections ([`Outage`]) and log capture
+//! ([`capture_logs`]).
 //!
 //! It depends on neither the gateway nor the simulator, so any crate of the workspace can use it
 //! as a dev-dependency without a cycle. Helpers panic on failure: they are for tests.
