@@ -201,9 +201,10 @@ impl Replicas {
     }
 
     /// The replica at `url`'s KV cache holds `kv_tokens` (read from its `vllm:cache_config_info`).
-    /// Once every replica's is known, requests are spread by KV share: each replica's weight
+    /// Once one replica's is known, requests are spread by KV share: each replica's weight
     /// is its configured weight times its KV tokens, and its seats are capped at its share of
-    /// [`Replicas::set_fleet_seats`] (rounded up; a configured `max_num_seqs` still holds).
+    /// [`Replicas::set_fleet_seats`] (rounded up; a configured `max_num_seqs` still holds). A
+    /// replica whose KV is not read yet counts as the mean of those read.
     pub fn set_capacity(&self, url: &str, kv_tokens: u64) {
         for r in self.list.iter().filter(|r| r.config.url == url) {
             r.load.kv_tokens.store(kv_tokens, Ordering::Relaxed);
@@ -215,16 +216,25 @@ impl Replicas {
         self.fleet_seats.store(seats, Ordering::Relaxed);
     }
 
-    /// Each replica's (weight, seat cap) for routing: by KV share once every replica's KV is
-    /// known and there are several, else as configured. The seats are shared among the
-    /// healthy replicas (all of them when none is): an ejected replica's share would leave the
-    /// healthy ones capped below the fleet's seats.
+    /// Each replica's (weight, seat cap) for routing: by KV share once one replica's KV is known
+    /// and there are several (one not read yet counts as the mean of those read: one replica
+    /// whose metrics cannot be read, or one a reload just added, used to turn the caps off
+    /// fleet-wide), else as configured. The seats are shared among the healthy replicas (all
+    /// of them when none is): an ejected replica's share would leave the healthy ones capped
+    /// below the fleet's seats.
     fn shares(&self) -> Vec<(u32, Option<u32>)> {
-        let kv: Vec<u64> = self
+        let read: Vec<u64> = self
             .list
             .iter()
             .map(|r| r.load.kv_tokens.load(Ordering::Relaxed))
             .collect();
+        let (sum, count) = read
+            .iter()
+            .filter(|&&k| k > 0)
+            .fold((0u128, 0u128), |(s, n), &k| (s + u128::from(k), n + 1));
+        // At most u64::MAX: a mean of u64 values.
+        let mean = u64::try_from(sum / count.max(1)).unwrap_or(u64::MAX);
+        let kv: Vec<u64> = read.iter().map(|&k| if k > 0 { k } else { mean }).collect();
         // In u128: the sizes are the engines' word (bounded where they are read, but a sum or a
         // product must never wrap, nor a total be zero).
         let healthy: u128 = self
@@ -239,7 +249,7 @@ impl Replicas {
         } else {
             kv.iter().map(|&k| u128::from(k)).sum()
         };
-        let known = self.list.len() > 1 && kv.iter().all(|&k| k > 0);
+        let known = self.list.len() > 1 && count > 0;
         let largest = kv.iter().copied().max().unwrap_or(0);
         let seats = u64::from(self.fleet_seats.load(Ordering::Relaxed));
         self.list

@@ -121,6 +121,41 @@ fn huge_kv_sizes_neither_wrap_nor_divide_by_zero() {
     }
 }
 
+/// A replica whose KV is not read yet (its metrics unreachable, or a reload just added it)
+/// counts as the mean of those read: the others keep their KV shares and seat caps (one such
+/// replica used to turn both off for the whole fleet).
+#[test]
+fn a_replica_whose_kv_is_unread_counts_as_the_mean_of_the_others() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let _enter = rt.enter();
+    let set = checked_set(
+        &[
+            ("a", "http://a.invalid:8000"),
+            ("b", "http://b.invalid:8000"),
+            ("c", "http://c.invalid:8000"),
+        ],
+        &ReplicaMetrics::default(),
+        None,
+        Duration::ZERO,
+    );
+    set.set_fleet_seats(9);
+    assert_eq!(
+        set.shares(),
+        [(1, None), (1, None), (1, None)],
+        "nothing read: as configured"
+    );
+    set.set_capacity("http://a.invalid:8000", 200_000);
+    set.set_capacity("http://b.invalid:8000", 100_000);
+    // c counts as 150,000: 9 seats over 450,000 tokens.
+    assert_eq!(
+        set.shares(),
+        [(1000, Some(4)), (500, Some(2)), (750, Some(3))]
+    );
+}
+
 /// The fleet's seats are shared among the healthy replicas: with one of two equal replicas
 /// ejected, the other is capped at all of them, so the fleet's seats all go there (each used
 /// to keep half: the rest went to the ejected one).
