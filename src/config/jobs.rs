@@ -20,6 +20,8 @@ const RESULT_TTL_MS: u64 = 3_600_000;
 const MAX_ATTEMPTS: u32 = 3;
 /// Default `jobs.max_preemptions`.
 const MAX_PREEMPTIONS: u32 = 3;
+/// Default `jobs.engine_retries`.
+const ENGINE_RETRIES: u32 = 3;
 /// Default `jobs.preempt_prefill_grace_tokens`.
 const PREEMPT_PREFILL_GRACE_TOKENS: u32 = 1_024;
 /// Default `jobs.preempt_cooldown_ms`.
@@ -79,6 +81,8 @@ pub struct RawJobs {
     pub preempt: Option<bool>,
     /// Times one job may be pre-empted; then it keeps its seat.
     pub max_preemptions: Option<u32>,
+    /// Times a job's run cut by the engine goes on from its text once the engine is back.
+    pub engine_retries: Option<u32>,
     /// A job whose prefill is within this many tokens of done is not pre-empted before its
     /// first token.
     pub preempt_prefill_grace_tokens: Option<u32>,
@@ -180,6 +184,10 @@ pub struct JobsConfig {
     pub preempt: bool,
     /// Times one job may be pre-empted (then it keeps its seat to its end).
     pub max_preemptions: u32,
+    /// Times a job's run cut by the engine (unreachable, a 5xx, a stream cut, a timeout) goes
+    /// on, once the engine is ready again, from the text it had; the next such cut fails the
+    /// job with the reason. 0: the first fails it.
+    pub engine_retries: u32,
     /// A job still prefilling and estimated within this many prompt tokens of its first token
     /// is pre-empted only after that token.
     pub preempt_prefill_grace_tokens: u32,
@@ -337,6 +345,10 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
     if max_preemptions > 100 {
         c.fail("jobs.max_preemptions", "must be at most 100");
     }
+    let engine_retries = raw.engine_retries.unwrap_or(ENGINE_RETRIES);
+    if engine_retries > 100 {
+        c.fail("jobs.engine_retries", "must be at most 100");
+    }
     let preempt_cooldown_ms = raw.preempt_cooldown_ms.unwrap_or(PREEMPT_COOLDOWN_MS);
     if preempt_cooldown_ms > MAX_PREEMPT_COOLDOWN_MS {
         c.fail(
@@ -366,6 +378,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
         ),
         preempt: raw.preempt.unwrap_or(true),
         max_preemptions: max_preemptions.min(100),
+        engine_retries: engine_retries.min(100),
         preempt_cooldown: Duration::from_millis(preempt_cooldown_ms.min(MAX_PREEMPT_COOLDOWN_MS)),
         preempt_prefill_grace_tokens: raw
             .preempt_prefill_grace_tokens

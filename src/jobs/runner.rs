@@ -130,6 +130,9 @@ impl EngineWatch {
 
 /// Runs one taken job to its end: sends it, keeps its text readable as it streams, and ends it
 /// done, failed, cancelled (`DELETE`), handed back (shutdown) or lost (another run owns it).
+/// A run the engine cuts (unreachable, a 5xx, a stream cut, a timeout) goes on from its text as
+/// a pre-empted one does, once the engine is ready again, up to `jobs.engine_retries` times
+/// (handed back with its progress where runs hand back); the next cut fails the job.
 /// Dropping the stream aborts the engine's work and gives the seat back. A pre-emptible run
 /// (`jobs.preempt`) asked for its seat drops its stream the same way, keeps its text, and
 /// resumes as a continuation ([`Ready::continued`]) as soon as a seat is idle again, ahead of
@@ -237,34 +240,65 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                     tokio::select! {
                         // A stream that completes as a cancel arrives keeps its answer.
                         biased;
-                        r = streamed => Some(Some(match r {
+                        r = streamed => match r {
                             Ok(all) if all.finish_reason.as_deref() == Some("abort") => {
-                                Ended::Failed(
+                                Step::End(Some(Ended::Failed(
                                     "engine_aborted",
                                     "the engine aborted the generation".to_owned(),
-                                )
+                                )))
                             }
-                            Ok(all) => Ended::Done(Box::new(answer(&ctx, all, &class, &mut progress))),
+                            Ok(all) => Step::End(Some(Ended::Done(Box::new(answer(&ctx, all, &class, &mut progress))))),
                             Err(e) => {
                                 if e.outcome().is_fault() {
                                     pause_for_engine(&ctx);
                                 }
-                                failed(&e)
+                                if cut_by_engine(&e) && progress.engine_cuts < ctx.config.engine_retries {
+                                    Step::EngineCut(e)
+                                } else {
+                                    Step::End(Some(failed(&e)))
+                                }
                             }
-                        })),
-                        _ = &mut lost => Some(None),
-                        _ = &mut cancelled => Some(Some(Ended::Cancelled)),
-                        _ = ctx.stop.cancelled() => Some(Some(Ended::HandedBack(
+                        },
+                        _ = &mut lost => Step::End(None),
+                        _ = &mut cancelled => Step::End(Some(Ended::Cancelled)),
+                        _ = ctx.stop.cancelled() => Step::End(Some(Ended::HandedBack(
                             // A pre-emptible job's text is kept: any replica continues it.
                             (run.hands_back() && ctx.config.preempt && !progress.text.is_empty())
                                 .then(|| progress.to_json().to_string()),
                         ))),
-                        () = leave => None,
+                        () = leave => Step::Preempted,
                     }
                 };
-                if let Some(outcome) = ended {
-                    break outcome;
-                }
+                let handle = match ended {
+                    Step::End(outcome) => break outcome,
+                    Step::EngineCut(e) => {
+                        progress.engine_cut(&ctx, &e);
+                        if run.hands_back() {
+                            // Back to the shared queue with its progress: a replica takes it
+                            // once its engine is ready, and continues it.
+                            break Some(Ended::HandedBack(Some(progress.to_json().to_string())));
+                        }
+                        let Some(ready) = resume.ready(&progress) else {
+                            break Some(failed(&e));
+                        };
+                        if let Err(outcome) = engine_back(&ctx, &mut lost, &mut cancelled).await {
+                            break outcome;
+                        }
+                        // A job that is not pre-emptible (or no longer may be) resumes on its
+                        // own lane's seat, not pre-emptible.
+                        let eligible = handle.is_some()
+                            && progress.preempted < ctx.config.max_preemptions;
+                        let seat = reseat(&ctx, &ready, eligible, &mut lost, &mut cancelled).await;
+                        let (guard, handle) = match seat {
+                            Ok(seat) => seat,
+                            Err(outcome) => break outcome,
+                        };
+                        let record = resume.record(&ctx.state, &ready, &progress);
+                        next = (ready, guard, record, Some(handle));
+                        continue;
+                    }
+                    Step::Preempted => handle,
+                };
                 // Pre-empted: the stream is gone (the engine's work aborted, the seat back).
                 let Some(handle) = handle else {
                     break Some(Ended::Failed(
@@ -312,6 +346,55 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
     run.finish(outcome).await;
 }
 
+/// How one stream of a run ended.
+enum Step {
+    /// The run is over: its outcome (`None`: lost to another run).
+    End(Option<Ended>),
+    /// Asked for its seat back: it continues on another.
+    Preempted,
+    /// The engine cut it (`jobs.engine_retries` not spent): it continues once the engine is
+    /// back.
+    EngineCut(GatewayError),
+}
+
+/// Whether the engine, not the request, ended the run: unreachable, a 5xx or an unreadable or
+/// cut stream, a timeout.
+fn cut_by_engine(e: &GatewayError) -> bool {
+    use crate::telemetry::Outcome;
+    matches!(
+        e.outcome(),
+        Outcome::UpstreamUnavailable | Outcome::UpstreamTimeout | Outcome::UpstreamError
+    )
+}
+
+/// Waits for the engine after it cut a run: out the pause [`pause_for_engine`] set, then until
+/// its readiness (`/readyz`'s check) answers, looked at every [`ENGINE_RECHECK`]. Ends with the
+/// run's outcome instead when it is lost, cancelled or handed back (shutdown) first.
+async fn engine_back(
+    ctx: &Context,
+    lost: &mut (impl std::future::Future<Output = ()> + Unpin),
+    cancelled: &mut (impl std::future::Future<Output = ()> + Unpin),
+) -> Result<(), Option<Ended>> {
+    loop {
+        let now = tokio::time::Instant::now();
+        let paused = *ctx
+            .engine_pause
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let wait = match paused.filter(|until| *until > now) {
+            Some(until) => until - now,
+            None if ctx.state.upstream().readiness().await.is_ok() => return Ok(()),
+            None => ENGINE_RECHECK,
+        };
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = &mut *lost => return Err(None),
+            () = &mut *cancelled => return Err(Some(Ended::Cancelled)),
+            () = ctx.stop.cancelled() => return Err(Some(Ended::HandedBack(None))),
+        }
+    }
+}
+
 /// How a job whose key was revoked ends: `(code, message)`.
 const KEY_REVOKED: (&str, &str) = (
     "invalid_api_key",
@@ -348,7 +431,11 @@ impl Resume {
 
     /// The record of that continuation's run, `<id>-p<n>`.
     fn record(&self, state: &AppState, ready: &Ready, progress: &Progress) -> RequestRecord {
-        run_record(state, ready, format!("{}-p{}", self.id, progress.preempted))
+        run_record(
+            state,
+            ready,
+            format!("{}-p{}", self.id, progress.continued()),
+        )
     }
 }
 
@@ -374,6 +461,8 @@ struct Progress {
     unreported: u32,
     /// Times pre-empted.
     preempted: u32,
+    /// Times a run was cut by the engine and the job went on (`jobs.engine_retries`).
+    engine_cuts: u32,
     /// Where the last pre-emption cut its run: `prefill` (no token yet) or `decode`.
     stage: &'static str,
 }
@@ -384,6 +473,7 @@ impl Progress {
     fn to_json(&self) -> serde_json::Value {
         json!({
             "preempted": self.preempted,
+            "engine_cuts": self.engine_cuts,
             "generated": self.generated,
             "pieces": self.pieces,
             "first": self.first.map(|(prompt, cached)| json!([prompt, cached])),
@@ -421,6 +511,7 @@ impl Progress {
             recomputed: number("recomputed"),
             unreported: number("unreported"),
             preempted: number("preempted"),
+            engine_cuts: number("engine_cuts"),
             stage: match p.get("stage").and_then(serde_json::Value::as_str) {
                 Some("prefill") => "prefill",
                 _ => "decode",
@@ -452,7 +543,7 @@ impl Progress {
     /// its prompt is counted as unreported, not as recomputed (with the prefix cache or KV
     /// offloading most of it was a hit; nobody can tell how much).
     fn run_ended(&mut self, ctx: &Context) {
-        match (self.this.take(), self.preempted) {
+        match (self.this.take(), self.continued()) {
             (Some(first), 0) => self.first = Some(first),
             (Some((prompt, Some(cached))), _) => {
                 let n = prompt.saturating_sub(cached);
@@ -467,12 +558,17 @@ impl Progress {
         }
     }
 
-    /// The current run was pre-empted for the request `handle` names.
-    fn preempted(&mut self, ctx: &Context, handle: &Preemptible) {
+    /// Runs that continued the answer so far (after a pre-emption or an engine's cut).
+    fn continued(&self) -> u32 {
+        self.preempted.saturating_add(self.engine_cuts)
+    }
+
+    /// The current run was cut (pre-empted, or by the engine): its counts are closed, and the
+    /// next run continues from the text.
+    fn cut(&mut self, ctx: &Context) {
         self.run_ended(ctx);
-        self.preempted += 1;
-        // Pre-empted before its first token, the run's uncached prompt on resuming is partly
-        // work never done (its prefill was cut), not only work done again.
+        // Cut before its first token, the run's uncached prompt on resuming is partly work
+        // never done (its prefill was cut), not only work done again.
         self.stage = if self.generated > self.before {
             "decode"
         } else {
@@ -484,11 +580,31 @@ impl Progress {
             // run that is kept generates them.
             tracing::info!(
                 tokens = self.generated,
-                "pre-empted before any answer text: its tokens are generated again"
+                "cut before any answer text: its tokens are generated again"
             );
             self.generated = 0;
         }
         self.before = self.generated;
+    }
+
+    /// The current run was cut by the engine (`e`): it goes on once the engine is back.
+    fn engine_cut(&mut self, ctx: &Context, e: &GatewayError) {
+        self.cut(ctx);
+        self.engine_cuts += 1;
+        ctx.metrics().engine_cut();
+        tracing::warn!(
+            code = e.code(),
+            error = %e.log_summary(),
+            tokens = self.generated,
+            times = self.engine_cuts,
+            "a job's run was cut by the engine: it goes on from its text once the engine is ready"
+        );
+    }
+
+    /// The current run was pre-empted for the request `handle` names.
+    fn preempted(&mut self, ctx: &Context, handle: &Preemptible) {
+        self.cut(ctx);
+        self.preempted += 1;
         if let Some(cause) = handle.cause() {
             ctx.metrics().preempted(cause.lane, cause.reason);
         }
@@ -508,7 +624,7 @@ impl Progress {
             "output_tokens": self.generated.max(u32::try_from(self.pieces).unwrap_or(u32::MAX)),
             "cached_tokens": cached.unwrap_or(0),
         });
-        if self.preempted > 0 {
+        if self.continued() > 0 {
             usage["recomputed_tokens"] = json!(self.recomputed);
         }
         if self.unreported > 0 {

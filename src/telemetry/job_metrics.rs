@@ -18,7 +18,9 @@
 //! - `tutor_gateway_preemption_admit_seconds{lane}`: for a request a job was pre-empted for, its
 //!   queue wait (joining its lane's queue to its admission);
 //! - `tutor_gateway_jobs_engine_down`: 1 while this replica starts no job because the engine
-//!   is not ready (queued jobs wait for it).
+//!   is not ready (queued jobs wait for it);
+//! - `tutor_gateway_job_engine_cuts_total`: job runs cut by the engine that the job went on
+//!   from (`jobs.engine_retries`).
 
 use std::time::Duration;
 
@@ -56,6 +58,7 @@ pub struct JobMetrics {
     made_room: HistogramVec,
     after_ask: HistogramVec,
     engine_down: prometheus::IntGauge,
+    engine_cuts: prometheus::IntCounter,
 }
 
 /// Buckets from 1 ms to 5 s: an abort and a seat coming back take one engine step or so.
@@ -164,8 +167,15 @@ impl JobMetrics {
              wait for it instead of failing one after another).",
         )
         .expect("valid gauge");
+        let engine_cuts = prometheus::IntCounter::new(
+            "tutor_gateway_job_engine_cuts_total",
+            "Job runs cut by the engine (unreachable, 5xx, a cut stream, a timeout) that the \
+             job went on from once the engine was ready (jobs.engine_retries).",
+        )
+        .expect("valid counter");
         for c in [
             Box::new(engine_down.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(engine_cuts.clone()),
             Box::new(jobs.clone()),
             Box::new(wait.clone()),
             Box::new(run.clone()),
@@ -189,7 +199,13 @@ impl JobMetrics {
             made_room,
             after_ask,
             engine_down,
+            engine_cuts,
         }
+    }
+
+    /// A job's run was cut by the engine and the job goes on.
+    pub fn engine_cut(&self) {
+        self.engine_cuts.inc();
     }
 
     /// Whether this replica holds queued jobs back for the engine.

@@ -729,12 +729,13 @@ pub async fn a_webhook_is_not_retried_past_its_jobs_result(backend: Backend) {
     h.shutdown().await;
 }
 
-/// The engine goes away under a running job, then comes back. The run it cut fails with the
-/// reason; the jobs queued meanwhile wait for it (`tutor_gateway_jobs_engine_down`) and run
-/// when it is back. Every seat and token comes back. With every seat idle, each queued job
-/// used to be taken and fail at once, then the next: a whole queue failed within a second of
-/// an outage.
-pub async fn queued_jobs_wait_out_an_engine_outage_and_the_cut_run_fails_with_the_reason(
+/// The engine goes away under a running job, then comes back. The run it cut goes on from its
+/// text once the engine is ready (`jobs.engine_retries`): its answer is the uninterrupted one,
+/// each token counted once (it used to fail, losing the text). The jobs queued meanwhile wait
+/// for the engine (`tutor_gateway_jobs_engine_down`) and run when it is back. Every seat and
+/// token comes back. With every seat idle, each queued job used to be taken and fail at once,
+/// then the next: a whole queue failed within a second of an outage.
+pub async fn queued_jobs_wait_out_an_engine_outage_and_the_cut_run_goes_on_from_its_text(
     backend: Backend,
 ) {
     let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(SLOW))
@@ -743,6 +744,68 @@ pub async fn queued_jobs_wait_out_an_engine_outage_and_the_cut_run_fails_with_th
     let engine = tutor_testkit::Outage::new(sim.addr.port()).await;
     let h = start(backend, FAST, |c| {
         c.upstream.base_url = format!("http://127.0.0.1:{}", engine.port());
+    })
+    .await;
+    let base = h.base();
+    let cut = submit_ok(&base, &question(600)).await;
+    job_until(&base, &cut, "streaming", |v| {
+        v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) >= 2
+    })
+    .await;
+    engine.cut();
+    h.metric_reaches("tutor_gateway_job_engine_cuts_total", 1.0)
+        .await;
+    let queued: Vec<String> = {
+        let mut ids = Vec::new();
+        for _ in 0..3 {
+            ids.push(submit_ok(&base, &question(5)).await);
+        }
+        ids
+    };
+    h.metric_reaches("tutor_gateway_jobs_engine_down", 1.0)
+        .await;
+    for id in &queued {
+        assert_eq!(job(&base, id).await["status"], "queued");
+    }
+    let waiting = job(&base, &cut).await;
+    assert!(
+        waiting["status"] == "running" || waiting["status"] == "queued",
+        "the cut job waits for the engine: {waiting}"
+    );
+    engine.restore();
+    for id in &queued {
+        let v = done(&base, id).await;
+        assert_eq!(v["answer"]["usage"]["output_tokens"], 5, "{v}");
+    }
+    let resumed = done(&base, &cut).await;
+    assert_eq!(
+        resumed["answer"]["usage"]["output_tokens"], 600,
+        "every token once: {resumed}"
+    );
+    assert_eq!(resumed["answer"]["finish_reason"], "length", "{resumed}");
+    let whole = done(&base, &submit_ok(&base, &question(600)).await).await;
+    assert_eq!(
+        resumed["answer"]["text"], whole["answer"]["text"],
+        "the answer goes on where the engine cut it"
+    );
+    h.metric_reaches("tutor_gateway_jobs_engine_down", 0.0)
+        .await;
+    h.drained().await;
+    h.metric_reaches("tutor_gateway_jobs{status=\"done\"}", 5.0)
+        .await;
+    h.shutdown().await;
+    sim.shutdown().await;
+}
+
+/// With `jobs.engine_retries = 0`, the first run the engine cuts fails the job with the reason.
+pub async fn a_job_the_engine_cuts_past_its_retries_fails_with_the_reason(backend: Backend) {
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(SLOW))
+        .await
+        .unwrap();
+    let engine = tutor_testkit::Outage::new(sim.addr.port()).await;
+    let h = start(backend, FAST, |c| {
+        c.upstream.base_url = format!("http://127.0.0.1:{}", engine.port());
+        c.jobs.engine_retries = 0;
     })
     .await;
     let base = h.base();
@@ -759,28 +822,8 @@ pub async fn queued_jobs_wait_out_an_engine_outage_and_the_cut_run_fails_with_th
             .is_some_and(|c| c.starts_with("upstream_")),
         "{v}"
     );
-    let queued: Vec<String> = {
-        let mut ids = Vec::new();
-        for _ in 0..3 {
-            ids.push(submit_ok(&base, &question(5)).await);
-        }
-        ids
-    };
-    h.metric_reaches("tutor_gateway_jobs_engine_down", 1.0)
-        .await;
-    for id in &queued {
-        assert_eq!(job(&base, id).await["status"], "queued");
-    }
     engine.restore();
-    for id in &queued {
-        let v = done(&base, id).await;
-        assert_eq!(v["answer"]["usage"]["output_tokens"], 5, "{v}");
-    }
-    h.metric_reaches("tutor_gateway_jobs_engine_down", 0.0)
-        .await;
     h.drained().await;
-    h.metric_reaches("tutor_gateway_jobs{status=\"failed\"}", 1.0)
-        .await;
     h.shutdown().await;
     sim.shutdown().await;
 }
