@@ -331,7 +331,7 @@ impl GatewayError {
             },
             Self::Upstream(e) => match e {
                 UpstreamError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-                UpstreamError::Status { status, .. } if status.is_client_error() => {
+                UpstreamError::Status { status, .. } if e.refuses_the_request() => {
                     StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY)
                 }
                 UpstreamError::Status { .. }
@@ -375,9 +375,8 @@ impl GatewayError {
             Self::Shutdown => "shutdown",
             Self::ClientTooSlow => "client_too_slow",
             Self::Admission(AdmissionError::TenantQueueFull { .. }) => "tenant_queue_full",
-            Self::Upstream(UpstreamError::Status { status, .. }) if status.is_client_error() => {
-                "upstream_rejected"
-            }
+            Self::Upstream(e) if e.beyond_the_context() => "too_long",
+            Self::Upstream(e) if e.refuses_the_request() => "upstream_rejected",
             _ => self.outcome().as_str(),
         }
     }
@@ -425,21 +424,17 @@ impl GatewayError {
                 | UpstreamError::ResponseTimeout(_),
             ) => Outcome::UpstreamTimeout,
             Self::Upstream(UpstreamError::InvalidRequestId) => Outcome::Internal,
+            Self::Upstream(e) if e.beyond_the_context() => Outcome::TooLong,
             // vLLM's 401/403 answer the gateway's `upstream.api_key`: an operator's problem.
-            Self::Upstream(UpstreamError::Status { status, .. })
-                if status.is_client_error()
-                    && !matches!(*status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) =>
-            {
-                Outcome::UpstreamRejected
-            }
+            Self::Upstream(e) if e.refuses_the_request() => Outcome::UpstreamRejected,
             Self::Upstream(_) => Outcome::UpstreamError,
         }
     }
 
     /// OpenAI's `type`.
     fn kind(&self) -> String {
-        if let Self::Upstream(UpstreamError::Status { error, .. }) = self {
-            if let Some(k) = &error.kind {
+        if let Self::Upstream(e @ UpstreamError::Status { error, .. }) = self {
+            if let Some(k) = error.kind.as_ref().filter(|_| e.refuses_the_request()) {
                 // vLLM's word, kept short (an exception's class name).
                 return printable(k, 64);
             }
@@ -462,7 +457,7 @@ impl GatewayError {
                 ..
             }) if input_tokens < max_model_len => Some("max_tokens".into()),
             Self::Classify(ClassifyError::ExceedsModelLen { .. }) => None,
-            Self::Upstream(UpstreamError::Status { error, .. }) => {
+            Self::Upstream(e @ UpstreamError::Status { error, .. }) if e.refuses_the_request() => {
                 error.param.as_deref().map(|p| printable(p, 128))
             }
             _ => None,
@@ -482,8 +477,15 @@ impl GatewayError {
                 .map_or_else(String::new, |k| format!(" ({})", printable(k, 64)))
         };
         let full = match self {
-            Self::Upstream(UpstreamError::Status { error, status }) if status.is_client_error() => {
+            Self::Upstream(e @ UpstreamError::Status { error, .. }) if e.refuses_the_request() => {
                 error.message.clone()
+            }
+            Self::Upstream(UpstreamError::Status { status, .. }) if status.is_client_error() => {
+                format!(
+                    "the gateway could not authenticate to the model server (it answered \
+                     {status}): an operator's problem (upstream.api_key_env or \
+                     upstream.api_key_file), not this request's"
+                )
             }
             Self::Upstream(UpstreamError::Status { error, status }) => {
                 format!(

@@ -475,6 +475,48 @@ async fn bad_input_gets_the_documented_4xx_in_openai_shape() {
     h.shutdown().await;
 }
 
+/// vLLM refusals that are not the client's doing say so. A prompt the engine counts past its
+/// context (the gateway's estimate let it through: here the gateway is told of a longer context
+/// than the engine has) is the same `too_long` the gateway gives itself, with vLLM's message.
+/// A 404 to the gateway's own model (a wrong `upstream.model`, an engine deployed with another;
+/// an `/answer` client names no model) is 503 `upstream_unavailable`, not `upstream_rejected`.
+#[tokio::test]
+async fn the_engines_refusals_that_are_not_the_clients_doing_say_so() {
+    let h = harness(
+        &flags("--speed 50 --profile tiny-test --max-model-len 1024"),
+        |c| c.upstream.max_model_len = std::num::NonZeroU32::new(16_384).unwrap(),
+    )
+    .await;
+    let prompt = "loop ".repeat(3000);
+    let resp = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 3})),
+    )
+    .await;
+    let err = assert_error(resp, 400, "too_long").await;
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("maximum context length"), "{err}");
+    assert!(h.idle());
+    h.shutdown().await;
+
+    let h = harness(&flags("--speed 50 --profile tiny-test"), |c| {
+        c.upstream.model = "someone/else".into();
+    })
+    .await;
+    let resp = send(
+        client()
+            .post(h.url("/answer"))
+            .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3})),
+    )
+    .await;
+    let err = assert_error(resp, 503, "upstream_unavailable").await;
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("upstream.model"), "{err}");
+    assert!(h.idle());
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn vllm_rejections_pass_through_with_vllms_message() {
     let h = harness(
@@ -764,7 +806,8 @@ async fn a_vllm_with_an_api_key_is_called_with_it() {
     assert_eq!(sse(&resp.text().await.unwrap()).last().unwrap().0, "done");
     assert_eq!(send(client().get(h.url("/v1/models"))).await.status(), 200);
     h.shutdown().await;
-    // Without the key, vLLM's 401 reaches the client as what it is.
+    // Without the key, vLLM's 401 is the gateway's problem, not the client's: a 401 would
+    // tell the client its own key is wrong.
     let h = harness(&flags, |_| {}).await;
     let resp = send(
         client()
@@ -772,7 +815,9 @@ async fn a_vllm_with_an_api_key_is_called_with_it() {
             .json(&json!({"prompt": "what is a closure?", "max_output_tokens": 3})),
     )
     .await;
-    assert_error(resp, 401, "upstream_rejected").await;
+    let err = assert_error(resp, 502, "upstream_error").await;
+    let message = err["error"]["message"].as_str().unwrap();
+    assert!(message.contains("upstream.api_key"), "{message}");
     h.shutdown().await;
     std::fs::remove_file(file).unwrap();
 }

@@ -312,11 +312,12 @@ impl UpstreamClient {
             if status.is_server_error() {
                 self.replicas.failed(&replica, "5xx answer");
             }
-            if status == StatusCode::NOT_FOUND && s.configured_model && self.replicas.len() > 1 {
-                // vLLM's 404 for a model it does not serve: with several replicas, this one
-                // was deployed with another model (or has not loaded it yet). Its fault, not
-                // the client's: tried on another replica, and kept out of routing until its
-                // `/v1/models` lists the model.
+            if status == StatusCode::NOT_FOUND && s.configured_model {
+                // vLLM's 404 for a model it does not serve: this replica was deployed with
+                // another model (or has not loaded it yet), or `upstream.model` is wrong. The
+                // deployment's fault, not the client's (an `/answer` client names no model):
+                // tried on another replica, and kept out of routing until its `/v1/models`
+                // lists the model.
                 let why = format!(
                     "answered 404 to upstream.model `{}` (not served there)",
                     self.config.model

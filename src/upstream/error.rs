@@ -87,6 +87,27 @@ impl UpstreamError {
         }
     }
 
+    /// Whether vLLM refused the client's own request (a 4xx other than 401 and 403, which
+    /// answer the gateway's `upstream.api_key`: an operator's problem, not the client's).
+    pub fn refuses_the_request(&self) -> bool {
+        matches!(self, UpstreamError::Status { status, .. }
+            if status.is_client_error()
+                && !matches!(*status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN))
+    }
+
+    /// Whether vLLM refused the request as longer than its context (`max_model_len`): the
+    /// gateway's estimate let it through, the engine's count did not. The same cause as the
+    /// gateway's own `too_long`.
+    pub fn beyond_the_context(&self) -> bool {
+        match self {
+            UpstreamError::Status { status, error } if *status == StatusCode::BAD_REQUEST => {
+                error.message.contains("maximum context length")
+                    || error.param.as_deref() == Some("input_tokens")
+            }
+            _ => false,
+        }
+    }
+
     /// A short name of the variant, for logs.
     pub fn code(&self) -> &'static str {
         match self {
