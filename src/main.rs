@@ -183,6 +183,7 @@ fn serve(
             return ExitCode::FAILURE;
         }
     };
+    tutor_gateway::telemetry::panic::install();
     let result = rt.block_on(async move {
         let sim = if with_sim {
             let sim = tutor_gateway::server::start_sim(&mut config, &sim_args).await?;

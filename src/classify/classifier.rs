@@ -210,7 +210,7 @@ impl Classifier {
                     n
                 })
                 .await
-                .map_err(|e| ClassifyError::Internal(e.to_string()))?
+                .map_err(ClassifyError::join)?
             }
         };
         let counts = self.with_template(&input, counts);
@@ -327,7 +327,7 @@ impl Classifier {
             out
         })
         .await
-        .map_err(|e| ClassifyError::Internal(e.to_string()))
+        .map_err(ClassifyError::join)
     }
 
     /// The same decision without the async runtime: counts on the calling thread when needed.

@@ -34,3 +34,40 @@ pub enum ClassifyError {
     #[error("token counting failed: {0}")]
     Internal(String),
 }
+
+impl ClassifyError {
+    /// A counting task that did not finish: cancelled (the runtime is shutting down) or
+    /// panicked. The panic's message is neither logged nor told, since it may quote the text
+    /// counted (a string slice out of bounds names the string).
+    pub fn join(e: tokio::task::JoinError) -> Self {
+        if e.is_cancelled() {
+            ClassifyError::Internal("the gateway is shutting down".into())
+        } else {
+            tracing::error!(
+                "a token count panicked (its message is not logged: it may quote the prompt)"
+            );
+            ClassifyError::Internal("the count panicked inside the gateway".into())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A count that panicked quoting the text it counted tells neither the client nor the log
+    /// that text.
+    #[tokio::test]
+    async fn a_panicking_count_does_not_repeat_its_panic_message() {
+        let prompt = "my secret homework";
+        let failed = tokio::task::spawn_blocking(move || {
+            let _ = &prompt[..prompt.len() + 1];
+        })
+        .await
+        .unwrap_err();
+        assert!(failed.to_string().contains("secret"), "{failed}");
+        let error = ClassifyError::join(failed).to_string();
+        assert!(!error.contains("secret"), "{error}");
+        assert!(error.contains("panicked"), "{error}");
+    }
+}

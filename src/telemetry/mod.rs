@@ -30,6 +30,7 @@ pub mod job_metrics;
 pub mod latency;
 mod metrics;
 pub mod otel;
+pub mod panic;
 pub mod piece_metrics;
 pub mod prefix_metrics;
 pub mod promotion_metrics;
