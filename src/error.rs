@@ -224,8 +224,9 @@ pub enum GatewayError {
     },
     /// The tenant has `server.max_requests_in_flight_per_tenant` requests in flight already.
     #[error(
-        "tenant {tenant} has {held} requests in flight, its limit \
-         server.max_requests_in_flight_per_tenant; retry when one ends"
+        "tenant {tenant} has {held} requests in flight, bodies arriving or whole answers its \
+         clients have not read, its limit (server.max_requests_in_flight_per_tenant = {held}); \
+         retry when one ends"
     )]
     TenantOverloaded {
         /// The tenant.
@@ -614,6 +615,13 @@ impl GatewayError {
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let mut resp = (self.status(), axum::Json(self.body())).into_response();
+        if matches!(self, Self::Unauthorized(_)) {
+            // RFC 6750: a 401 names the scheme the client should use.
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"tutor-gateway\""),
+            );
+        }
         if let Some(secs) = self.retry_after_secs() {
             if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
                 resp.headers_mut().insert(header::RETRY_AFTER, v);

@@ -92,6 +92,11 @@ async fn only_a_listed_key_gets_in_and_a_revoked_one_is_refused_after_reload() {
             .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})),
     )
     .await;
+    // RFC 6750: the 401 names the scheme to use.
+    assert_eq!(
+        v1.headers()["www-authenticate"],
+        "Bearer realm=\"tutor-gateway\""
+    );
     let err = assert_error(v1, 401, "invalid_api_key").await;
     assert!(err["error"]["message"].as_str().unwrap().contains("Bearer"));
     // Operators see the three denials (none of them is a request of a lane).

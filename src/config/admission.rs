@@ -459,7 +459,7 @@ fn queue(c: &mut Checker, section: &str, len: u32, timeout_ms: u64) -> QueueConf
     if len > 0 && timeout_ms == 0 {
         c.fail(
             format!("{section}.queue_timeout_ms"),
-            "must be > 0 when queue_len > 0",
+            format!("must be > 0 when {section}.queue_len > 0"),
         );
     }
     QueueConfig {

@@ -47,7 +47,10 @@ impl Checker {
     /// `value` (or `default`) as a non-zero `u32`; 0 is reported as `must be > 0`.
     pub(super) fn u32(&mut self, path: &str, value: Option<u32>, default: u32) -> NonZeroU32 {
         NonZeroU32::new(value.unwrap_or(default)).unwrap_or_else(|| {
-            self.fail(path, "must be > 0");
+            self.fail(
+                path,
+                format!("must be > 0 (leave it out for the default, {default})"),
+            );
             NonZeroU32::MIN
         })
     }
@@ -55,7 +58,10 @@ impl Checker {
     /// `value` (or `default`) as a non-zero `u64`; 0 is reported as `must be > 0`.
     pub(super) fn u64(&mut self, path: &str, value: Option<u64>, default: u64) -> NonZeroU64 {
         NonZeroU64::new(value.unwrap_or(default)).unwrap_or_else(|| {
-            self.fail(path, "must be > 0");
+            self.fail(
+                path,
+                format!("must be > 0 (leave it out for the default, {default})"),
+            );
             NonZeroU64::MIN
         })
     }
@@ -64,7 +70,10 @@ impl Checker {
     pub(super) fn ms(&mut self, path: &str, value: Option<u64>, default: u64) -> Duration {
         let ms = value.unwrap_or(default);
         if ms == 0 {
-            self.fail(path, "must be > 0");
+            self.fail(
+                path,
+                format!("must be > 0 (leave it out for the default, {default})"),
+            );
         }
         Duration::from_millis(ms)
     }

@@ -287,7 +287,7 @@ fn cross_checks(c: &mut Checker, config: &Config) {
         if config.admission.policy == Policy::Fifo {
             c.fail(
                 "autopilot.enabled",
-                "admission.policy = \"fifo\" has no lanes to pace",
+                "must be false with admission.policy = \"fifo\" (no lanes to pace)",
             );
         }
         if config.autopilot.min_large_seats > most_seats {

@@ -250,7 +250,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
 /// `url` with `password` as its password (percent-encoded, no user), or why it cannot take one.
 fn with_password(url: &str, password: &str) -> Result<String, &'static str> {
     if password.is_empty() {
-        return Err("the Redis password is empty");
+        return Err("is empty");
     }
     let rest = url
         .strip_prefix("redis://")
@@ -261,7 +261,10 @@ fn with_password(url: &str, password: &str) -> Result<String, &'static str> {
     };
     let authority = rest.split('/').next().unwrap_or(rest);
     if authority.contains('@') {
-        return Err("quota.redis_url carries credentials already; keep the password in one place");
+        return Err(
+            "must not be set while quota.redis_url carries user:password@ (keep the password in \
+             one place)",
+        );
     }
     let mut encoded = String::with_capacity(password.len() * 3);
     for b in password.bytes() {

@@ -140,7 +140,7 @@ pub(super) fn replicas(c: &mut Checker, raw: Vec<RawReplica>) -> Vec<ReplicaConf
     if raw.len() > MAX_REPLICAS {
         c.fail(
             "upstream.replicas",
-            format!("at most {MAX_REPLICAS} replicas"),
+            format!("must list at most {MAX_REPLICAS} replicas"),
         );
     }
     let mut out: Vec<ReplicaConfig> = Vec::with_capacity(raw.len());

@@ -84,7 +84,7 @@ queue_timeout_ms = 0
         "admission.policy must be \"lanes\", \"strict\" or \"fifo\"",
         "lanes.small.max_concurrency must be > 0",
         "lanes.large.max_tokens_in_flight must be >= upstream.max_model_len",
-        "lanes.large.queue_timeout_ms must be > 0 when queue_len > 0",
+        "lanes.large.queue_timeout_ms must be > 0 when lanes.large.queue_len > 0",
     ];
     for want in expected {
         assert!(
@@ -181,8 +181,8 @@ fn autopilot_steps_of_zero_are_problems() {
     assert_eq!(
         issues,
         [
-            "autopilot.loosen_prefill_tokens must be > 0",
-            "autopilot.loosen_large_seats must be > 0"
+            "autopilot.loosen_prefill_tokens must be > 0 (leave it out for the default, 1024)",
+            "autopilot.loosen_large_seats must be > 0 (leave it out for the default, 1)"
         ],
         "{issues:#?}"
     );
@@ -311,7 +311,7 @@ fn abort_templates_are_checked_and_substitute_safely() {
     let no_id = format!("[upstream.abort]\nbody = '{{}}'\n{MINIMAL}");
     assert!(issues_of(&no_id)
         .iter()
-        .any(|i| i.starts_with("upstream.abort url or body must contain {id}")));
+        .any(|i| i.starts_with("upstream.abort.url or upstream.abort.body must contain {id}")));
 
     // Disabled abort needs no {id}; an id with quotes stays valid JSON in the body.
     let c = Config::from_toml_str(&format!(
@@ -854,7 +854,7 @@ mod quota_section {
             file.display()
         ));
         assert!(
-            found[0].contains("carries credentials already"),
+            found[0].contains("must not be set while quota.redis_url carries user:password@"),
             "{found:?}"
         );
         // Named by the key the password came through, not the one left unset.

@@ -415,8 +415,9 @@ fn abort(c: &mut Checker, raw: RawAbort) -> AbortConfig {
         && !config.body_template.contains("{id}")
     {
         c.fail(
-            "upstream.abort",
-            "url or body must contain {id}, or the engine cannot tell which request to abort",
+            "upstream.abort.url",
+            "or upstream.abort.body must contain {id}, or the engine cannot tell which request \
+             to abort",
         );
     }
     config
@@ -436,7 +437,7 @@ fn api_key(c: &mut Checker, env: Option<String>, file: Option<String>) -> Option
         ("upstream.api_key_file", file),
     )?;
     if key.is_empty() || !key.bytes().all(|b| b.is_ascii_graphic()) {
-        c.fail(from, "the API key must be non-empty visible ASCII");
+        c.fail(from, "must hold a non-empty key of visible ASCII");
         return None;
     }
     Some(Secret::from(key))

@@ -54,8 +54,11 @@ pub async fn tokenize(
             parse::tokenize(b, parse::FieldRules::of(ctx.config()))
         })
         .await?;
-    let forwarded = serde_json::to_vec(&checked)
-        .map_err(|e| GatewayError::bad_request(format!("cannot encode the body: {e}"), None))?;
+    let forwarded = serde_json::to_vec(&checked).map_err(|e| {
+        GatewayError::Classify(crate::classify::ClassifyError::Internal(format!(
+            "cannot encode the body: {e}"
+        )))
+    })?;
     drop(bytes);
     let guard = ctx
         .admission()
