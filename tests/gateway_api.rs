@@ -11,6 +11,71 @@ use tutor_gateway::lane::Lane;
 
 const FAST: &[&str] = &["--speed", "50", "--profile", "tiny-test"];
 
+/// A browser's `EventSource` drops any answer but a 200 unread: a `GET /answer` that reads
+/// events and is refused before its stream gets 200 and the refusal as its one `error` event
+/// (status and `Retry-After` inside, id `end`), and its reconnection (`Last-Event-ID: end`) gets
+/// 204, which stops it. A `POST` (a `fetch()` client) and a `GET` that does not read events keep
+/// the HTTP status; the refusal is counted as what it is.
+#[tokio::test]
+async fn an_event_source_reads_why_its_answer_was_refused() {
+    let h = harness(FAST, |_| {}).await;
+    let too_long = [
+        ("prompt", "what is a loop?"),
+        ("max_output_tokens", "100000"),
+    ];
+    let resp = send(
+        client()
+            .get(h.url("/answer"))
+            .query(&too_long)
+            .header("accept", "text/event-stream")
+            .header("cache-control", "no-cache"),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-type"],
+        "text/event-stream; charset=utf-8"
+    );
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("id: end"), "{body}");
+    let events = sse(&body);
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].0, "error");
+    let data = json(&events[0].1);
+    assert_eq!(data["code"], "too_long", "{data}");
+    assert_eq!(data["status"], 400, "{data}");
+    assert_eq!(data["param"], "max_output_tokens", "{data}");
+    let again = send(
+        client()
+            .get(h.url("/answer"))
+            .query(&too_long)
+            .header("accept", "text/event-stream")
+            .header("last-event-id", "end"),
+    )
+    .await;
+    assert_eq!(again.status(), 204, "the reconnection is told to stop");
+    let plain = send(client().get(h.url("/answer")).query(&too_long)).await;
+    assert_error(plain, 400, "too_long").await;
+    let posted = send(
+        client()
+            .post(h.url("/answer"))
+            .header("accept", "text/event-stream")
+            .json(&json!({"prompt": "what is a loop?", "max_output_tokens": 100000})),
+    )
+    .await;
+    assert_error(posted, 400, "too_long").await;
+    let m = h.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            r#"tutor_gateway_requests_total{lane="none",outcome="too_long",route="answer"}"#
+        ),
+        3.0,
+        "{m}"
+    );
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn answer_get_streams_meta_tokens_and_done() {
     let h = harness(FAST, |_| {}).await;

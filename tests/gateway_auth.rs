@@ -77,6 +77,23 @@ async fn only_a_listed_key_gets_in_and_a_revoked_one_is_refused_after_reload() {
     );
     let (status, body) = answer(&h, Some("sk-not-a-key")).await;
     assert_eq!((status, code(&body)), (401, json!("invalid_api_key")));
+    // An `EventSource` (a `GET` reading events, with an expired or wrong `?token=`) reads the
+    // refusal as its stream's one `error` event; it is still counted as a denial.
+    let resp = send(
+        client()
+            .get(h.url("/answer?prompt=hi&token=not-a-token"))
+            .header("accept", "text/event-stream"),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let events = sse(&resp.text().await.unwrap());
+    assert_eq!(events.len(), 1, "{events:?}");
+    let data = json(&events[0].1);
+    assert_eq!(
+        (data["code"].clone(), data["status"].clone()),
+        (json!("invalid_api_key"), json!(401)),
+        "{data}"
+    );
     let (status, body) = answer(&h, Some(KEY)).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(sse(&body).last().unwrap().0, "done");
@@ -101,7 +118,7 @@ async fn only_a_listed_key_gets_in_and_a_revoked_one_is_refused_after_reload() {
     assert!(err["error"]["message"].as_str().unwrap().contains("Bearer"));
     // Operators see the three denials (none of them is a request of a lane).
     let denied = |text: &str| metric(text, "tutor_gateway_denied_total{reason=\"auth\"}");
-    assert_eq!(denied(&h.metrics_text().await), 3.0);
+    assert_eq!(denied(&h.metrics_text().await), 4.0);
     // Revoke OTHER: rewrite the file without it; the gateway re-reads it by itself.
     assert_eq!(answer(&h, Some(OTHER)).await.0, 200);
     std::thread::sleep(Duration::from_millis(20)); // a new modification time

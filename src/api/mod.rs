@@ -25,6 +25,7 @@ pub mod cors;
 pub mod demo;
 pub mod denied;
 mod ending;
+mod event_source;
 pub mod hosts;
 pub mod jobs;
 pub mod limits;
@@ -112,6 +113,9 @@ pub fn app(
             drain.clone(),
             ending::in_drain,
         ))
+        // A refusal before an event stream began, to a GET that reads events: told as the
+        // stream's one `error` event, which a browser's `EventSource` can read.
+        .layer(axum::middleware::from_fn(event_source::readable_refusals))
         // Outermost: a browser request from a foreign origin is refused before anything else.
         .layer(axum::middleware::from_fn_with_state(
             cors::Cors::new(server.cors_allow_origins.clone(), server.cors_max_age),
