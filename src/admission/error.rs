@@ -41,7 +41,10 @@ pub enum AdmissionError {
         retry_after: Duration,
     },
     /// Waited the queue's full timeout without getting a slot and tokens. HTTP 503.
-    #[error("no capacity in the {lane} lane after waiting {}ms", waited.as_millis())]
+    #[error(
+        "no capacity in the {lane} lane after waiting {} ms; retry shortly",
+        waited.as_millis()
+    )]
     Timeout {
         /// The request's lane.
         lane: Lane,
@@ -50,7 +53,9 @@ pub enum AdmissionError {
     },
     /// The shared quota (Redis) cannot be reached and `quota.on_redis_down = "fail_closed"`.
     /// HTTP 503.
-    #[error("the shared quota for the {lane} lane is unreachable")]
+    #[error(
+        "the gateway cannot reach its shared capacity record for the {lane} lane; retry shortly"
+    )]
     QuotaUnavailable {
         /// The request's lane.
         lane: Lane,

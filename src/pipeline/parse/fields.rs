@@ -272,10 +272,10 @@ fn why_refused(
     let set = !value.is_null();
     match name {
         "best_of" if set && value.as_u64() != Some(1) => {
-            Some("best_of is not supported: each candidate would be engine work no lane reserved".into())
+            Some("best_of is not supported by this gateway: send 1 or leave it out (each extra candidate is engine work it cannot reserve)".into())
         }
         "use_beam_search" if value.as_bool() == Some(true) => {
-            Some("use_beam_search is not supported: each beam would be engine work no lane reserved".into())
+            Some("use_beam_search is not supported by this gateway: leave it out (each beam is engine work it cannot reserve)".into())
         }
         "prompt_logprobs" if set => Some(
             "prompt_logprobs is not supported: it makes the engine compute a distribution for every prompt token".into(),

@@ -157,7 +157,7 @@ fn check_message(
             k if NULL_ONLY_KEYS.contains(&k) => {
                 if !value.is_null() {
                     return Err(GatewayError::bad_field(
-                        format!("{at}.{k} is accepted only as null: the gateway would not count it"),
+                        format!("{at}.{k} is not supported by this gateway: send null or leave it out (its tokens could not be counted)"),
                         field(k),
                     ));
                 }
