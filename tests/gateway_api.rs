@@ -56,6 +56,17 @@ async fn an_event_source_reads_why_its_answer_was_refused() {
     assert_eq!(again.status(), 204, "the reconnection is told to stop");
     let plain = send(client().get(h.url("/answer")).query(&too_long)).await;
     assert_error(plain, 400, "too_long").await;
+    // A fetch()-based SSE client with a key reads the status itself.
+    let fetched = send(
+        client()
+            .get(h.url("/answer"))
+            .query(&too_long)
+            .header("accept", "text/event-stream")
+            .header("cache-control", "no-cache")
+            .bearer_auth("a-key"),
+    )
+    .await;
+    assert_error(fetched, 400, "too_long").await;
     let posted = send(
         client()
             .post(h.url("/answer"))
@@ -70,7 +81,7 @@ async fn an_event_source_reads_why_its_answer_was_refused() {
             &m,
             r#"tutor_gateway_requests_total{lane="none",outcome="too_long",route="answer"}"#
         ),
-        3.0,
+        4.0,
         "{m}"
     );
     h.shutdown().await;

@@ -82,7 +82,8 @@ async fn only_a_listed_key_gets_in_and_a_revoked_one_is_refused_after_reload() {
     let resp = send(
         client()
             .get(h.url("/answer?prompt=hi&token=not-a-token"))
-            .header("accept", "text/event-stream"),
+            .header("accept", "text/event-stream")
+            .header("cache-control", "no-cache"),
     )
     .await;
     assert_eq!(resp.status(), 200);

@@ -266,3 +266,52 @@ async fn jobs_under_an_unbounded_fifo_run_no_more_at_once_than_the_large_lanes_s
     h.drained().await;
     h.shutdown().await;
 }
+
+/// A job that is not pre-emptible (`jobs.preempt = false`) stays so across the runs the engine
+/// cut: resumed after two cuts, it keeps the large lane's one seat against an interactive
+/// review, which waits for it. (A resumed run used to get a pre-emptible seat from its second
+/// cut on, and the review took it.) (In process: with Redis a cut job goes back to the queue.)
+#[tokio::test]
+async fn a_job_that_may_not_be_preempted_stays_so_after_the_engine_cut_it() {
+    let sim = vllm_sim::start(&vllm_sim::SimArgs::for_test(SLOW))
+        .await
+        .unwrap();
+    let engine = tutor_testkit::Outage::new(sim.addr.port()).await;
+    let h = start(Backend::Local, SLOW, |c| {
+        c.upstream.base_url = format!("http://127.0.0.1:{}", engine.port());
+        c.jobs.preempt = false;
+        set_lane(c, Lane::Large, 1);
+    })
+    .await;
+    let base = h.base();
+    let id = submit_ok(&base, &question(3000)).await;
+    let mut seen = 0;
+    for cut in 1..=2 {
+        let v = jobs::job_until(&base, &id, "streaming", |v| {
+            v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) >= seen + 2
+        })
+        .await;
+        seen = v["output_pieces"].as_u64().unwrap();
+        engine.cut();
+        h.metric_reaches("tutor_gateway_job_engine_cuts_total", f64::from(cut))
+            .await;
+        engine.restore();
+    }
+    jobs::job_until(&base, &id, "streaming again", |v| {
+        v["output_pieces"].as_u64().unwrap_or(0) >= seen + 2
+    })
+    .await;
+    // An interactive review for the large lane's one seat: it waits for the job.
+    let review = spawn_post(
+        h.url("/answer"),
+        json!({"prompt": words(5500, "review"), "max_output_tokens": 5}),
+    );
+    let v = done(&base, &id).await;
+    assert_eq!(v["preempted"].as_u64().unwrap_or(0), 0, "{v}");
+    assert_eq!(v["answer"]["usage"]["output_tokens"], 3000, "{v}");
+    let events = sse(&review.await.unwrap());
+    assert_eq!(events.last().unwrap().0, "done", "{events:?}");
+    h.drained().await;
+    h.shutdown().await;
+    sim.shutdown().await;
+}

@@ -212,8 +212,11 @@ async fn a_replica_serving_another_model_is_kept_out_until_it_serves_the_gateway
     let right = sim(&[]).await;
     let wrong = sim(&["--served-model-name", "someone/else"]).await;
     let port = wrong.addr.port();
+    // Checks every 300 ms: each check of the replica without the model reads two pages, and
+    // one that ran past a shorter interval would eject it for being slow instead.
     let gw = gateway(&[&right, &wrong], |c| {
-        c.upstream.routing.policy = RoutingPolicy::RoundRobin
+        c.upstream.routing.policy = RoutingPolicy::RoundRobin;
+        c.upstream.routing.health_interval = Duration::from_millis(300);
     })
     .await;
     let status = |gw: &Gateway| {
@@ -235,8 +238,8 @@ async fn a_replica_serving_another_model_is_kept_out_until_it_serves_the_gateway
     .await;
     let error = status(&gw).error.unwrap_or_default();
     assert!(error.contains("upstream.model"), "{error}");
-    // Twenty health intervals: its `/health` answers 200 at each.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Five health intervals: its `/health` answers 200 at each.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!status(&gw).healthy, "kept out while it lacks the model");
     for _ in 0..6 {
         let (name, data) = short_answer(&gw).await;

@@ -3,15 +3,19 @@
 //! began (a full queue, a prompt too long, an expired `?token=`, a draining gateway) saw
 //! nothing, and the page could not tell why nor when to try again.
 //!
-//! So a `GET` of an event stream (`/answer`, `/jobs/{id}/events`) that reads events (`Accept:
-//! text/event-stream`, as `EventSource` sends) and is refused before its stream begins gets
+//! So an `EventSource`'s `GET` of an event stream (`/answer`, `/jobs/{id}/events`), told by
+//! what every browser's `EventSource` sends and other clients mostly do not (`Accept:
+//! text/event-stream`; `Cache-Control: no-cache`, which the Fetch standard adds for its
+//! `no-store` cache mode; no `Authorization`, which it cannot set), refused before its stream
+//! begins, gets
 //! 200 and the refusal as the stream's one `error` event: the error's fields (`code`,
 //! `message`, `param`, and an early refusal's estimate) plus `status` (the HTTP status it
 //! stands for) and `retry_after_s` (also the `Retry-After` header, kept). The event's id is
 //! `end`, so an `EventSource` that reconnects sends `Last-Event-ID: end` and is told to stop
 //! (204 on `/answer`). A request that carries `Last-Event-ID` (a reconnection) gets the
-//! refusal as it is: a refusal at every reconnection would never end. `POST /answer` (a
-//! `fetch()` client, which reads any status) and every other route keep the HTTP status.
+//! refusal as it is: a refusal at every reconnection would never end. `POST /answer`, a
+//! `fetch()`-based SSE client (it reads any status, and status-based proxies' retries and
+//! metrics see it) and every other route keep the HTTP status.
 //! The metrics and the request log count the refusal as what it is.
 
 use axum::body::{Body, Bytes};
@@ -26,9 +30,12 @@ const MAX_REFUSAL_BYTES: usize = 64 * 1024;
 
 /// The layer: see the module's doc.
 pub async fn readable_refusals(req: Request, next: Next) -> Response {
+    let headers = req.headers();
     let applies = req.method() == Method::GET
-        && reads_events(req.headers())
-        && !req.headers().contains_key("last-event-id")
+        && reads_events(headers)
+        && no_cache(headers)
+        && !headers.contains_key(header::AUTHORIZATION)
+        && !headers.contains_key("last-event-id")
         && is_event_stream(req.uri().path());
     let resp = next.run(req).await;
     if !applies || resp.status().is_success() || resp.status().is_informational() {
@@ -74,6 +81,18 @@ fn reads_events(headers: &HeaderMap) -> bool {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .any(|a| a.contains("text/event-stream"))
+}
+
+/// `Cache-Control: no-cache`: what a browser adds to an `EventSource`'s request.
+fn no_cache(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| {
+            v.split(',')
+                .any(|d| d.trim().eq_ignore_ascii_case("no-cache"))
+        })
 }
 
 /// `/answer` and `/jobs/{id}/events`: the routes an `EventSource` opens.

@@ -33,8 +33,8 @@ const ENGINE_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 /// later job pass it (oldest first). Nothing starts while the engine is down (`/readyz`'s
 /// check): with no interactive request waiting, an outage leaves every seat idle, and each job
 /// taken failed at once (a refused connection), then the next: a whole queue failed within a
-/// second. The queued jobs wait for the engine instead; only runs under way when it went down
-/// fail (with the reason).
+/// second. The queued jobs wait for the engine instead; runs under way when it went down go
+/// on from their text once it is back (`jobs.engine_retries`).
 pub async fn schedule(ctx: Arc<Context>, backend: Arc<dyn JobBackend>) {
     let poll = backend.poll_every();
     let mut engine = EngineWatch::default();
@@ -273,20 +273,29 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                     Step::End(outcome) => break outcome,
                     Step::EngineCut(e) => {
                         progress.engine_cut(&ctx, &e);
+                        // Waits here for the engine, also where runs hand back: handed back
+                        // at once, the job was taken by another replica whose health had not
+                        // seen the outage yet, failed there at once, and a single outage spent
+                        // every retry.
+                        match engine_back(&ctx, &mut lost, &mut cancelled).await {
+                            Ok(()) => {}
+                            Err(Some(Ended::HandedBack(None))) if run.hands_back() => {
+                                break Some(Ended::HandedBack(Some(progress.to_json().to_string())));
+                            }
+                            Err(outcome) => break outcome,
+                        }
                         if run.hands_back() {
-                            // Back to the shared queue with its progress: a replica takes it
-                            // once its engine is ready, and continues it.
+                            // Back to the shared queue with its progress: any replica takes
+                            // it and continues it.
                             break Some(Ended::HandedBack(Some(progress.to_json().to_string())));
                         }
                         let Some(ready) = resume.ready(&progress) else {
-                            break Some(failed(&e));
+                            // Nothing left to generate: what it has is the answer.
+                            break Some(Ended::Done(Box::new(progress.cut_answer(&class))));
                         };
-                        if let Err(outcome) = engine_back(&ctx, &mut lost, &mut cancelled).await {
-                            break outcome;
-                        }
                         // A job that is not pre-emptible (or no longer may be) resumes on its
                         // own lane's seat, not pre-emptible.
-                        let eligible = handle.is_some()
+                        let eligible = ctx.config.preempt
                             && progress.preempted < ctx.config.max_preemptions;
                         let seat = reseat(&ctx, &ready, eligible, &mut lost, &mut cancelled).await;
                         let (guard, handle) = match seat {
@@ -357,14 +366,26 @@ enum Step {
     EngineCut(GatewayError),
 }
 
-/// Whether the engine, not the request, ended the run: unreachable, a 5xx or an unreadable or
-/// cut stream, a timeout.
+/// Whether the engine, not the request, ended the run: unreachable, a 5xx, an error, an
+/// unreadable or cut stream, silent past the first-token or idle timeout. Not a refusal of the
+/// request (4xx), nor of the gateway's own key (401/403: an operator's problem that waiting does
+/// not mend), nor the total timeout (retried, a job would run that long again).
 fn cut_by_engine(e: &GatewayError) -> bool {
-    use crate::telemetry::Outcome;
-    matches!(
-        e.outcome(),
-        Outcome::UpstreamUnavailable | Outcome::UpstreamTimeout | Outcome::UpstreamError
-    )
+    use crate::upstream::UpstreamError as U;
+    match e {
+        GatewayError::Upstream(u) => match u {
+            U::Status { status, .. } => status.is_server_error(),
+            U::Unavailable(_)
+            | U::Engine(_)
+            | U::Protocol(_)
+            | U::ClosedEarly
+            | U::Transport(_)
+            | U::FirstTokenTimeout(_)
+            | U::IdleTimeout(_) => true,
+            U::TotalTimeout(_) | U::ResponseTimeout(_) | U::InvalidRequestId => false,
+        },
+        _ => false,
+    }
 }
 
 /// Waits for the engine after it cut a run: out the pause [`pause_for_engine`] set, then until
@@ -375,6 +396,8 @@ async fn engine_back(
     lost: &mut (impl std::future::Future<Output = ()> + Unpin),
     cancelled: &mut (impl std::future::Future<Output = ()> + Unpin),
 ) -> Result<(), Option<Ended>> {
+    // It goes before the queued jobs once the engine is back.
+    let _resuming = Resuming::new(ctx);
     loop {
         let now = tokio::time::Instant::now();
         let paused = *ctx
@@ -543,14 +566,17 @@ impl Progress {
     /// its prompt is counted as unreported, not as recomputed (with the prefix cache or KV
     /// offloading most of it was a hit; nobody can tell how much).
     fn run_ended(&mut self, ctx: &Context) {
-        match (self.this.take(), self.continued()) {
-            (Some(first), 0) => self.first = Some(first),
-            (Some((prompt, Some(cached))), _) => {
+        // The first run is the first that reported usage before any pre-emption: a run the
+        // engine cut before it counted anything (refused at connect) did not take its place.
+        let first = self.first.is_none() && self.preempted == 0;
+        match (self.this.take(), first) {
+            (Some(counts), true) => self.first = Some(counts),
+            (Some((prompt, Some(cached))), false) => {
                 let n = prompt.saturating_sub(cached);
                 self.recomputed = self.recomputed.saturating_add(n);
                 ctx.metrics().recomputed(self.stage, n);
             }
-            (Some((prompt, None)), _) => {
+            (Some((prompt, None)), false) => {
                 self.unreported = self.unreported.saturating_add(prompt);
                 ctx.metrics().unreported(prompt);
             }
@@ -654,16 +680,7 @@ async fn reseat(
     lost: &mut (impl std::future::Future<Output = ()> + Unpin),
     cancelled: &mut (impl std::future::Future<Output = ()> + Unpin),
 ) -> Result<(LaneGuard, Arc<Preemptible>), Option<Ended>> {
-    struct Resuming<'a>(&'a Context);
-    impl Drop for Resuming<'_> {
-        fn drop(&mut self) {
-            self.0.resuming.fetch_sub(1, Ordering::SeqCst);
-            // Queued jobs may start again.
-            self.0.wake.notify_one();
-        }
-    }
-    ctx.resuming.fetch_add(1, Ordering::SeqCst);
-    let _resuming = Resuming(ctx);
+    let _resuming = Resuming::new(ctx);
     let admission = ctx.state.admission();
     let mut freed = admission.freed();
     loop {
@@ -687,6 +704,25 @@ async fn reseat(
             () = &mut *cancelled => return Err(Some(Ended::Cancelled)),
             () = ctx.stop.cancelled() => return Err(Some(Ended::HandedBack(None))),
         }
+    }
+}
+
+/// A job waiting to resume (for a seat, or for the engine): while any does, the scheduler
+/// starts no queued job.
+struct Resuming<'a>(&'a Context);
+
+impl<'a> Resuming<'a> {
+    fn new(ctx: &'a Context) -> Self {
+        ctx.resuming.fetch_add(1, Ordering::SeqCst);
+        Resuming(ctx)
+    }
+}
+
+impl Drop for Resuming<'_> {
+    fn drop(&mut self) {
+        self.0.resuming.fetch_sub(1, Ordering::SeqCst);
+        // Queued jobs may start again.
+        self.0.wake.notify_one();
     }
 }
 

@@ -94,6 +94,7 @@ pub fn answer_refused(e: GatewayError, headers: &HeaderMap) -> Response {
         "predicted_wait_ms": predicted.as_millis(),
         "deadline_ms": deadline.as_millis(),
         "tenant_over_share": e.over_share(),
+        "status": e.status().as_u16(),
         "retry_after_s": e.retry_after_secs(),
     });
     let mut resp = sse_response(Body::from(crate::relay::error_event_with(&data)));

@@ -330,12 +330,13 @@ impl AbortCaller {
             }
             return;
         };
-        self.set_endpoint(verdict);
         {
             let mut asked = self.asked();
+            // When before the verdict: a re-check must not see "absent" with an old time.
             if verdict == AbortEndpoint::Absent {
                 asked.absent_since = Some(std::time::Instant::now());
             }
+            self.set_endpoint(verdict);
             if asked.told.replace(verdict) == Some(verdict) {
                 return;
             }

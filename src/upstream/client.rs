@@ -312,7 +312,10 @@ impl UpstreamClient {
             if status.is_server_error() {
                 self.replicas.failed(&replica, "5xx answer");
             }
-            if status == StatusCode::NOT_FOUND && s.configured_model {
+            let raw = read_capped(resp, deadline).await.unwrap_or_default();
+            let error =
+                EngineError::parse(&raw).unwrap_or_else(|| EngineError::unreadable(status, raw));
+            if status == StatusCode::NOT_FOUND && s.configured_model && error.model_not_found() {
                 // vLLM's 404 for a model it does not serve: this replica was deployed with
                 // another model (or has not loaded it yet), or `upstream.model` is wrong. The
                 // deployment's fault, not the client's (an `/answer` client names no model):
@@ -328,9 +331,6 @@ impl UpstreamClient {
                     replica.config.name
                 ))));
             }
-            let raw = read_capped(resp, deadline).await.unwrap_or_default();
-            let error =
-                EngineError::parse(&raw).unwrap_or_else(|| EngineError::unreadable(status, raw));
             return Err(fail(UpstreamError::Status {
                 status,
                 error: Box::new(error),

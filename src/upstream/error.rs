@@ -101,7 +101,13 @@ impl UpstreamError {
     pub fn beyond_the_context(&self) -> bool {
         match self {
             UpstreamError::Status { status, error } if *status == StatusCode::BAD_REQUEST => {
-                error.message.contains("maximum context length")
+                [
+                    "maximum context length",
+                    "maximum model length",
+                    "too long to fit into the model",
+                ]
+                .iter()
+                .any(|w| error.message.contains(w))
                     || error.param.as_deref() == Some("input_tokens")
             }
             _ => false,
@@ -141,6 +147,15 @@ pub struct EngineError {
     pub code: Option<String>,
     /// The error JSON exactly as received (capped), for a faithful relay.
     pub raw: Bytes,
+}
+
+impl EngineError {
+    /// Whether this is vLLM's answer to a request for a model it does not serve (its
+    /// `NotFoundError`, "The model `…` does not exist."), not any 404 (a proxy's, a route the
+    /// engine lacks).
+    pub fn model_not_found(&self) -> bool {
+        self.kind.as_deref() == Some("NotFoundError") || self.message.contains("does not exist")
+    }
 }
 
 #[derive(Deserialize)]

@@ -747,7 +747,7 @@ pub async fn queued_jobs_wait_out_an_engine_outage_and_the_cut_run_goes_on_from_
     })
     .await;
     let base = h.base();
-    let cut = submit_ok(&base, &question(600)).await;
+    let cut = submit_ok(&base, &question(1500)).await;
     job_until(&base, &cut, "streaming", |v| {
         v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) >= 2
     })
@@ -779,11 +779,11 @@ pub async fn queued_jobs_wait_out_an_engine_outage_and_the_cut_run_goes_on_from_
     }
     let resumed = done(&base, &cut).await;
     assert_eq!(
-        resumed["answer"]["usage"]["output_tokens"], 600,
+        resumed["answer"]["usage"]["output_tokens"], 1500,
         "every token once: {resumed}"
     );
     assert_eq!(resumed["answer"]["finish_reason"], "length", "{resumed}");
-    let whole = done(&base, &submit_ok(&base, &question(600)).await).await;
+    let whole = done(&base, &submit_ok(&base, &question(1500)).await).await;
     assert_eq!(
         resumed["answer"]["text"], whole["answer"]["text"],
         "the answer goes on where the engine cut it"
