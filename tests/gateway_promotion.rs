@@ -603,9 +603,13 @@ async fn a_stream_waiting_for_room_ends_with_the_grace() {
     // (A token event may carry more than one token: 240 events, then time for the rest.)
     body.until(|text| sse(text).iter().filter(|(e, _)| e == "token").count() >= 240)
         .await;
-    // Into the pause (the assertions hold whenever the grace ends; this is what they are
-    // about).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Into the pause: the stream waits for a medium seat (the chunk that crossed the limit is
+    // held until the wait ends, so its client cannot see it; the gauge can).
+    let waiting = r#"tutor_gateway_promotions_waiting{to="medium"}"#;
+    tutor_testkit::eventually("A's stream waits for room in medium", || async {
+        tutor_testkit::metric(&tutor_testkit::metrics_text(&a.url()).await, waiting) == 1.0
+    })
+    .await;
     a.shutdown().await;
     let events = ended_by_shutdown(&body.rest().await);
     assert!(

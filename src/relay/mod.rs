@@ -471,6 +471,8 @@ impl Relay {
                 return true;
             };
             let deadline = Instant::now() + rules.wait;
+            // Counted while it waits for room (`tutor_gateway_promotions_waiting`).
+            let mut waiting = None;
             loop {
                 match guard.promote(to, tokens).await {
                     Move::Done => break,
@@ -484,6 +486,7 @@ impl Relay {
                 if Instant::now() >= deadline {
                     return false;
                 }
+                waiting.get_or_insert_with(|| self.ctx.metrics.promotion().waiting(to));
                 // Paused: vLLM keeps generating into the connection's buffers meanwhile. The
                 // end of the grace ends the wait: the stream ends with `shutdown` at its next
                 // event ([`Relay::next_or_shutdown`]), not cut, nor held to `rules.wait`.
@@ -493,6 +496,7 @@ impl Relay {
                     () = tokio::time::sleep(std::time::Duration::from_millis(25)) => {}
                 }
             }
+            drop(waiting);
             self.record.reserved(guard.tokens());
             if to == from {
                 tracing::info!(request_id = %self.request_id(), lane = %from, reserved = tokens, tokens = produced, "reservation grown mid-stream");

@@ -1,9 +1,11 @@
 //! `tutor_gateway_lane_promotions_total`, `tutor_gateway_stream_cuts_total`,
 //! `tutor_gateway_continuations_reclassified_total`: requests that outgrew their lane (M14);
+//! `tutor_gateway_promotions_waiting{to}`: streams paused at their lane's limit for room in
+//! lane `to`;
 //! `tutor_gateway_sessions_tracked`, `tutor_gateway_sessions_evicted_total`: the continuation
 //! ledger's bounded map. Registered once by [`super::Metrics::new`].
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, Registry};
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
 use super::registered::counter_vec;
 
@@ -17,6 +19,18 @@ pub struct PromotionMetrics {
     reclassified: IntCounterVec,
     sessions_tracked: IntGauge,
     sessions_evicted: IntCounter,
+    waiting: IntGaugeVec,
+}
+
+/// A stream paused for room in a bigger lane: counted in `tutor_gateway_promotions_waiting`
+/// until dropped (however the wait ends: room found, cut, the grace's end, the client gone).
+#[derive(Debug)]
+pub struct Waiting(IntGauge);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl PromotionMetrics {
@@ -49,9 +63,19 @@ impl PromotionMetrics {
             "Sessions forgotten before their window ended because promotion.max_sessions was reached.",
         )
         .expect("valid counter");
+        let waiting = IntGaugeVec::new(
+            prometheus::Opts::new(
+                "tutor_gateway_promotions_waiting",
+                "Streams paused at their lane's output limit, waiting for room in the lane `to` \
+                 (promotion.when_full = \"wait\", or a job leaving the seat they need).",
+            ),
+            &["to"],
+        )
+        .expect("valid gauge");
         for c in [
             Box::new(sessions_tracked.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(sessions_evicted.clone()),
+            Box::new(waiting.clone()),
         ] {
             registry.register(c).expect("registered once");
         }
@@ -65,6 +89,7 @@ impl PromotionMetrics {
         }
         for lane in Lane::ALL {
             cuts.with_label_values(&[lane.as_str()]);
+            waiting.with_label_values(&[lane.as_str()]);
         }
         Self {
             promotions,
@@ -72,7 +97,15 @@ impl PromotionMetrics {
             reclassified,
             sessions_tracked,
             sessions_evicted,
+            waiting,
         }
+    }
+
+    /// A stream starts waiting for room in `to`; counted until the guard drops.
+    pub fn waiting(&self, to: Lane) -> Waiting {
+        let gauge = self.waiting.with_label_values(&[to.as_str()]);
+        gauge.inc();
+        Waiting(gauge)
     }
 
     /// Sets the number of sessions tracked.
