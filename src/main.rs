@@ -184,6 +184,9 @@ fn serve(
         }
     };
     tutor_gateway::telemetry::panic::install();
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let result = rt.block_on(async move {
         let sim = if with_sim {
             let sim = tutor_gateway::server::start_sim(&mut config, &sim_args).await?;
@@ -309,6 +312,10 @@ fn check_config(path: &std::path::Path, probe: bool, strict: bool) -> ExitCode {
                 without_credentials(&config.upstream.base_url),
                 config.upstream.model
             );
+            // Allowed, but seldom what was meant: said, and the exit stays 0.
+            for warning in config.warnings() {
+                eprintln!("{}: warning: {warning}", path.display());
+            }
             if probe {
                 return tutor_gateway::capacity::cli::check_probe(path, &config, strict);
             }

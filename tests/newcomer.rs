@@ -175,6 +175,31 @@ fn check_config_prints_no_credentials_of_the_upstream_url() {
     );
 }
 
+/// A setting allowed but seldom meant is told on standard error, naming its keys, and the
+/// file still passes (exit 0).
+#[test]
+fn check_config_warns_of_what_is_allowed_but_seldom_meant() {
+    let dir = Scratch::new("advice");
+    let path = dir.path().join("advice.toml");
+    std::fs::write(
+        &path,
+        "[classify]\ntokenizer = \"heuristic\"\nsmall_max_work = 512\n\
+         default_output_tokens = 512\n",
+    )
+    .unwrap();
+    let out = gateway_bin()
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: classify.default_output_tokens (512)"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn check_config_lists_every_problem_at_once() {
     let dir = Scratch::new("check");

@@ -17,6 +17,7 @@
 //! exactly that file.
 
 mod admission;
+mod advice;
 mod auth;
 mod autopilot;
 mod check;

@@ -250,6 +250,9 @@ fn counted(
             if !r.left_alone.is_empty() {
                 tracing::warn!(left_alone = ?r.left_alone, "these settings changed in the file but need a restart; their running values stay");
             }
+            for warning in state.config().warnings() {
+                tracing::warn!("{warning}");
+            }
         }
         Err(e) => {
             metrics.config_reloaded(e.outcome(), "");
