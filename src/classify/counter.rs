@@ -163,7 +163,8 @@ impl TokenCounter {
         counts
     }
 
-    /// The full `encode` (no special tokens); one token per byte if the tokenizer fails.
+    /// The full `encode` (no special tokens); if the tokenizer fails, one token per byte of
+    /// what its normalizer may make of the text ([`ByteGrowth::most_tokens`]).
     fn encode(&self, text: &str) -> usize {
         let TokenCounter::HuggingFace { tokenizer, .. } = self else {
             return tutor_wire::tokens::heuristic_ids(text, false).len();
@@ -171,8 +172,8 @@ impl TokenCounter {
         match tokenizer.encode_fast(text, false) {
             Ok(encoding) => encoding.len(),
             Err(err) => {
-                tracing::warn!(error = %err, "tokenizer failed; counting one token per byte");
-                text.len()
+                tracing::warn!(error = %err, "tokenizer failed; counting one token per byte of the normalized text");
+                self.byte_growth().most_tokens(text)
             }
         }
     }
