@@ -489,3 +489,61 @@ fn deep_nesting_never_overflows_the_stack() {
         assert!(!outcome.is_empty());
     }
 }
+
+/// Lines are numbered as the language's runtime numbers them, since a trace's line numbers are
+/// its: V8 ends a line at U+2028 too (an editor that joined comment lines with it put every
+/// frame below three lines off, into another function), and Python at a lone `\r` (a file saved
+/// with classic Mac line ends was one line).
+#[test]
+fn frames_are_found_by_the_runtimes_own_line_numbers() {
+    let settings = FocusSettings {
+        timeout: Duration::from_secs(60),
+        ..FocusSettings::default()
+    };
+    let js = "// list helpers\u{2028}// written for week 3\u{2028}// by the course team\u{2028}\
+              // do not edit\nfunction a() {\n  return 1;\n}\nfunction b(items) {\n  \
+              return items[0].name;\n}\nfunction main() {\n  console.log(b([]));\n}\nmain();\n"
+        .to_owned()
+        + &padding("//");
+    let trace = "TypeError: Cannot read properties of undefined (reading 'name')\n    \
+                 at b (/home/s/list.js:9:19)\n    at main (/home/s/list.js:12:15)\n";
+    let files = [focus::SourceFile {
+        path: Some("list.js".into()),
+        code: js.into(),
+    }];
+    let f = focus::focus(&files, None, Some(trace), None, &settings, &heuristic);
+    assert!(
+        f.functions.iter().any(|n| n == "b"),
+        "{:?} {:?}",
+        f.outcome,
+        f.functions
+    );
+    let text = f.text.expect("focused");
+    assert!(text.contains("9 |   return items[0].name;"), "{text}");
+
+    let py = "def helper():\r    return 1\r\rdef fail(d):\r    return d[\"k\"]\r\rfail({})\r"
+        .to_owned()
+        + &padding("#").replace('\n', "\r");
+    let trace = "Traceback (most recent call last):\n  File \"/home/s/m.py\", line 7, in \
+                 <module>\n    fail({})\n  File \"/home/s/m.py\", line 5, in fail\n    \
+                 return d[\"k\"]\nKeyError: 'k'\n";
+    let files = [focus::SourceFile {
+        path: Some("m.py".into()),
+        code: py.into(),
+    }];
+    let f = focus::focus(&files, None, Some(trace), None, &settings, &heuristic);
+    assert!(
+        f.functions.iter().any(|n| n == "fail"),
+        "{:?} {:?}",
+        f.outcome,
+        f.functions
+    );
+}
+
+/// Comment lines after the code (starting with `marker`), so that the focused selection is
+/// smaller than the whole.
+fn padding(marker: &str) -> String {
+    (0..200)
+        .map(|i| format!("{marker} notes for the week, line {i}: loops, lists and maps\n"))
+        .collect()
+}

@@ -66,6 +66,36 @@ impl Lang {
         })
     }
 
+    /// `code` with its lines ended as this language's runtime counts them, each by a `\n`
+    /// (parsing and selection count `\n` only, and a trace's line numbers are the runtime's):
+    /// JavaScript and TypeScript (V8) end lines at a lone `\r`, U+2028 and U+2029 too;
+    /// Python and Java at a lone `\r`; Rust, Go, C and C++ at `\n` only. Borrowed when
+    /// nothing changes.
+    pub fn with_its_line_ends(self, code: &str) -> std::borrow::Cow<'_, str> {
+        let (lone_cr, separators) = match self {
+            Lang::JavaScript | Lang::TypeScript | Lang::Tsx => (true, true),
+            Lang::Python | Lang::Java => (true, false),
+            Lang::Rust | Lang::Go | Lang::C | Lang::Cpp => (false, false),
+        };
+        let bytes = code.as_bytes();
+        let lone = |i: usize| bytes[i] == b'\r' && bytes.get(i + 1) != Some(&b'\n');
+        let needed = (lone_cr && (0..bytes.len()).any(lone))
+            || (separators && code.contains(['\u{2028}', '\u{2029}']));
+        if !needed {
+            return std::borrow::Cow::Borrowed(code);
+        }
+        let mut out = String::with_capacity(code.len());
+        let mut chars = code.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '\r' if lone_cr && chars.peek() != Some(&'\n') => out.push('\n'),
+                '\u{2028}' | '\u{2029}' if separators => out.push('\n'),
+                c => out.push(c),
+            }
+        }
+        std::borrow::Cow::Owned(out)
+    }
+
     /// The name used in reports and code fences.
     pub fn as_str(self) -> &'static str {
         match self {

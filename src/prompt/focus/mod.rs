@@ -182,6 +182,17 @@ pub fn focus(
             None => return fallback(Outcome::FallbackParse),
         }
     }
+    // Lines numbered as each language's runtime numbers them (the trace's numbers are its):
+    // parsing and selection count `\n` only.
+    let ended: Vec<SourceFile> = files
+        .iter()
+        .zip(&langs)
+        .map(|(f, lang)| SourceFile {
+            path: f.path.clone(),
+            code: lang.with_its_line_ends(&f.code).into_owned(),
+        })
+        .collect();
+    let files = &ended[..];
     let outlines: Vec<Option<outline::Outline>> = files
         .iter()
         .zip(&langs)
