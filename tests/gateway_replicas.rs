@@ -48,6 +48,26 @@ async fn gateway(sims: &[&SimServer], tweak: impl FnOnce(&mut Config)) -> Gatewa
     common::gateway(config).await.0
 }
 
+/// A simulator started with `flags` on `port` again, where one was stopped. The port may not
+/// be free again at once on a loaded machine: the bind is retried for 30 s.
+async fn restart(flags: &[&str], port: u16) -> SimServer {
+    let mut args = SimArgs::for_test(flags);
+    args.port = port;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match vllm_sim::start(&args).await {
+            Ok(back) => return back,
+            Err(e) => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the simulator could not listen on port {port} again: {e:#}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
 /// Without background checks (`health_interval_ms = 0`), `/readyz` asks every replica: ready
 /// while one answers (it probed only the first: 503 with the other up, which took the gateway
 /// out of service), 503 when none does.
@@ -164,23 +184,8 @@ async fn a_replica_killed_mid_stream_cuts_that_stream_clearly_others_serve_and_i
     let readyz = send(client().get(format!("{}/readyz", gw.url()))).await;
     assert_eq!(readyz.status(), 200, "two replicas are still healthy");
 
-    // Back on the same port: the checks bring it back, and round robin sends to it again. The
-    // port may not be free again at once on a loaded machine: the bind is retried for 30 s.
-    let mut args = SimArgs::for_test(&flags);
-    args.port = port;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let back = loop {
-        match vllm_sim::start(&args).await {
-            Ok(back) => break back,
-            Err(e) => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the simulator could not listen on port {port} again: {e:#}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    // Back on the same port: the checks bring it back, and round robin sends to it again.
+    let back = restart(&flags, port).await;
     eventually("the replica is back in routing", || async {
         text(format!("{}/metrics", gw.url()))
             .await
@@ -248,21 +253,7 @@ async fn a_replica_serving_another_model_is_kept_out_until_it_serves_the_gateway
 
     // Redeployed with the gateway's model on the same port: back in routing, and it serves.
     wrong.shutdown().await;
-    let mut args = SimArgs::for_test(&[]);
-    args.port = port;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let back = loop {
-        match vllm_sim::start(&args).await {
-            Ok(back) => break back,
-            Err(e) => {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "the simulator could not listen on port {port} again: {e:#}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    let back = restart(&[], port).await;
     eventually("the redeployed replica is back in routing", || async {
         status(&gw).healthy
     })

@@ -269,7 +269,7 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                         () = leave => Step::Preempted,
                     }
                 };
-                let handle = match ended {
+                match ended {
                     Step::End(outcome) => break outcome,
                     Step::EngineCut(e) => {
                         progress.engine_cut(&ctx, &e);
@@ -284,39 +284,20 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                             }
                             Err(outcome) => break outcome,
                         }
-                        if run.hands_back() {
-                            // Back to the shared queue with its progress: any replica takes
-                            // it and continues it.
-                            break Some(Ended::HandedBack(Some(progress.to_json().to_string())));
-                        }
-                        let Some(ready) = resume.ready(&progress) else {
-                            // Nothing left to generate: what it has is the answer.
-                            break Some(Ended::Done(Box::new(progress.cut_answer(&class))));
-                        };
-                        // A job that is not pre-emptible (or no longer may be) resumes on its
-                        // own lane's seat, not pre-emptible.
-                        let eligible = ctx.config.preempt
-                            && progress.preempted < ctx.config.max_preemptions;
-                        let seat = reseat(&ctx, &ready, eligible, &mut lost, &mut cancelled).await;
-                        let (guard, handle) = match seat {
-                            Ok(seat) => seat,
-                            Err(outcome) => break outcome,
-                        };
-                        let record = resume.record(&ctx.state, &ready, &progress);
-                        next = (ready, guard, record, Some(handle));
-                        continue;
                     }
-                    Step::Preempted => handle,
-                };
-                // Pre-empted: the stream is gone (the engine's work aborted, the seat back).
-                let Some(handle) = handle else {
-                    break Some(Ended::Failed(
-                        "internal",
-                        "a job without a seat handle".into(),
-                    ));
-                };
-                progress.preempted(&ctx, &handle);
-                run.preempted(progress.preempted);
+                    Step::Preempted => {
+                        // The stream is gone (the engine's work aborted, the seat back).
+                        let Some(handle) = handle else {
+                            break Some(Ended::Failed(
+                                "internal",
+                                "a job without a seat handle".into(),
+                            ));
+                        };
+                        progress.preempted(&ctx, &handle);
+                        run.preempted(progress.preempted);
+                    }
+                }
+                // Cut (pre-empted, or by the engine): it goes on from its text.
                 if run.hands_back() {
                     // Back to the shared queue with its text: whichever replica takes it next
                     // continues it.
@@ -326,7 +307,9 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                     // Nothing left to generate (or nothing to continue): what it has is the answer.
                     break Some(Ended::Done(Box::new(progress.cut_answer(&class))));
                 };
-                let eligible = progress.preempted < ctx.config.max_preemptions;
+                // A job that is not pre-emptible (or no longer may be) resumes on its own
+                // lane's seat, not pre-emptible.
+                let eligible = ctx.config.preempt && progress.preempted < ctx.config.max_preemptions;
                 let seat = reseat(&ctx, &ready, eligible, &mut lost, &mut cancelled).await;
                 let (guard, handle) = match seat {
                     Ok(seat) => seat,
