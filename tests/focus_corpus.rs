@@ -509,7 +509,7 @@ fn frames_are_found_by_the_runtimes_own_line_numbers() {
                  at b (/home/s/list.js:9:19)\n    at main (/home/s/list.js:12:15)\n";
     let files = [focus::SourceFile {
         path: Some("list.js".into()),
-        code: js.into(),
+        code: js,
     }];
     let f = focus::focus(&files, None, Some(trace), None, &settings, &heuristic);
     assert!(
@@ -529,7 +529,7 @@ fn frames_are_found_by_the_runtimes_own_line_numbers() {
                  return d[\"k\"]\nKeyError: 'k'\n";
     let files = [focus::SourceFile {
         path: Some("m.py".into()),
-        code: py.into(),
+        code: py,
     }];
     let f = focus::focus(&files, None, Some(trace), None, &settings, &heuristic);
     assert!(
