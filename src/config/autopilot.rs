@@ -151,6 +151,35 @@ pub(super) fn validate(c: &mut Checker, raw: RawAutopilot) -> AutopilotConfig {
     };
     let interval = c.ms("autopilot.interval_ms", raw.interval_ms, INTERVAL_MS);
     let window = c.ms("autopilot.window_ms", raw.window_ms, WINDOW_MS);
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if (1..100).contains(&ms(interval)) {
+        c.fail("autopilot.interval_ms", "must be at least 100");
+    }
+    c.at_most(
+        "autopilot.interval_ms",
+        ms(interval),
+        60_000,
+        "60000 (a minute)",
+    );
+    c.at_most(
+        "autopilot.window_ms",
+        ms(window),
+        3_600_000,
+        "3600000 (an hour)",
+    );
+    c.at_most(
+        "autopilot.max_large_wait_ms",
+        raw.max_large_wait_ms.unwrap_or(MAX_LARGE_WAIT_MS),
+        3_600_000,
+        "3600000 (an hour)",
+    );
+    let hold_ms = raw.hold_ms.unwrap_or(HOLD_MS);
+    c.at_most(
+        "autopilot.hold_ms",
+        hold_ms,
+        600_000,
+        "600000 (ten minutes: a tightened limit is held that long)",
+    );
     if window < interval {
         c.fail(
             "autopilot.window_ms",
@@ -244,7 +273,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawAutopilot) -> AutopilotConfig {
             raw.headroom_percent,
             HEADROOM_PERCENT,
         ),
-        hold: Duration::from_millis(raw.hold_ms.unwrap_or(HOLD_MS)),
+        hold: Duration::from_millis(hold_ms.min(600_000)),
         min_prefill_budget_tokens: raw.min_prefill_budget_tokens,
         min_large_seats: min_large_seats.max(1),
         max_large_wait: c.ms(

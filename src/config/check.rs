@@ -39,6 +39,15 @@ impl Checker {
             .filter(|v| !v.is_empty())
     }
 
+    /// `value` of the key at `path` is at most `max` (`what`: the bound as the message says it);
+    /// reported otherwise. A huge value turned a timeout into "never", a period into "once",
+    /// a cap into "none", silently.
+    pub(super) fn at_most(&mut self, path: &str, value: u64, max: u64, what: &str) {
+        if value > max {
+            self.fail(path, format!("must be at most {what}"));
+        }
+    }
+
     /// Records that the key at `path` is wrong; `message` follows the path and names no value.
     pub(super) fn fail(&mut self, path: impl Into<String>, message: impl Into<String>) {
         self.issues.push(ConfigIssue::new(path, message));

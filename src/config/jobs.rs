@@ -280,6 +280,26 @@ impl WebhookPattern {
 pub(super) fn validate(c: &mut Checker, raw: RawJobs) -> JobsConfig {
     let max_jobs = c.u64("jobs.max_jobs", raw.max_jobs, MAX_JOBS).get();
     let max_bytes = c.u64("jobs.max_bytes", raw.max_bytes, MAX_BYTES).get();
+    c.at_most("jobs.max_jobs", max_jobs, 10_000_000, "10000000");
+    c.at_most(
+        "jobs.max_bytes",
+        max_bytes,
+        1 << 40,
+        "1099511627776 (1 TiB; in process the jobs are held in memory)",
+    );
+    let ms = |v: Option<u64>, default: u64| v.unwrap_or(default);
+    c.at_most(
+        "jobs.result_ttl_ms",
+        ms(raw.result_ttl_ms, RESULT_TTL_MS),
+        604_800_000,
+        "604800000 (a week)",
+    );
+    c.at_most(
+        "jobs.webhook_timeout_ms",
+        ms(raw.webhook_timeout_ms, WEBHOOK_TIMEOUT_MS),
+        60_000,
+        "60000 (a minute)",
+    );
     let mut webhook_allow = Vec::new();
     for (i, p) in raw.webhook_allow.unwrap_or_default().iter().enumerate() {
         match WebhookPattern::parse(p) {

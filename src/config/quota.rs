@@ -186,6 +186,19 @@ pub(super) fn validate(c: &mut Checker, raw: RawQuota) -> QuotaConfig {
     }
     let lease_ttl = c.ms("quota.lease_ttl_ms", raw.lease_ttl_ms, LEASE_TTL_MS);
     let heartbeat = c.ms("quota.heartbeat_ms", raw.heartbeat_ms, HEARTBEAT_MS);
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    c.at_most(
+        "quota.lease_ttl_ms",
+        ms(lease_ttl),
+        3_600_000,
+        "3600000 (an hour: a crashed replica's seats come back only then)",
+    );
+    if (1..100).contains(&ms(heartbeat)) {
+        c.fail(
+            "quota.heartbeat_ms",
+            "must be at least 100 (each beat is a Redis call per replica)",
+        );
+    }
     if backend == QuotaBackend::Redis
         && !lease_ttl.is_zero()
         && lease_ttl < Duration::from_millis(MIN_LEASE_TTL_MS)

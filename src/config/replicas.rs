@@ -183,6 +183,7 @@ pub(super) fn replicas(c: &mut Checker, raw: Vec<RawReplica>) -> Vec<ReplicaConf
             c.fail(path("url"), "is the URL of another replica");
         }
         let weight = c.u32(&path("weight"), r.weight, 1).get();
+        c.at_most(&path("weight"), u64::from(weight), 1000, "1000");
         let max_num_seqs = r.max_num_seqs.map(|n| {
             if n == 0 {
                 c.fail(path("max_num_seqs"), "must be > 0");
@@ -232,24 +233,44 @@ pub(super) fn routing(c: &mut Checker, raw: RawRouting) -> RoutingConfig {
             ),
         );
     }
+    c.at_most(
+        "upstream.routing.health_interval_ms",
+        health_interval_ms,
+        60_000,
+        "60000 (a minute): only a check brings an ejected replica back",
+    );
+    let unhealthy_after = c
+        .u32(
+            "upstream.routing.unhealthy_after",
+            raw.unhealthy_after,
+            UNHEALTHY_AFTER,
+        )
+        .get();
+    let healthy_after = c
+        .u32(
+            "upstream.routing.healthy_after",
+            raw.healthy_after,
+            HEALTHY_AFTER,
+        )
+        .get();
+    c.at_most(
+        "upstream.routing.unhealthy_after",
+        u64::from(unhealthy_after),
+        100,
+        "100",
+    );
+    c.at_most(
+        "upstream.routing.healthy_after",
+        u64::from(healthy_after),
+        100,
+        "100",
+    );
     RoutingConfig {
         policy,
         balance_factor: balance_factor.clamp(0.01, 10.0),
         health_interval: Duration::from_millis(health_interval_ms),
-        unhealthy_after: c
-            .u32(
-                "upstream.routing.unhealthy_after",
-                raw.unhealthy_after,
-                UNHEALTHY_AFTER,
-            )
-            .get(),
-        healthy_after: c
-            .u32(
-                "upstream.routing.healthy_after",
-                raw.healthy_after,
-                HEALTHY_AFTER,
-            )
-            .get(),
+        unhealthy_after,
+        healthy_after,
     }
 }
 

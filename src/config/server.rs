@@ -206,6 +206,14 @@ pub fn per_tenant_in_flight(set: u64, max: usize) -> usize {
 }
 
 pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
+    let shutdown_grace_ms = raw.shutdown_grace_ms.unwrap_or(SHUTDOWN_GRACE_MS);
+    c.at_most(
+        "server.shutdown_grace_ms",
+        shutdown_grace_ms,
+        3_600_000,
+        "3600000 (an hour; past the orchestrator's own grace the process is killed without \
+         giving its leases back)",
+    );
     let max_body_bytes = raw.max_body_bytes.unwrap_or(MAX_BODY_BYTES);
     if !(1024..=256 * 1024 * 1024).contains(&max_body_bytes) {
         c.fail(
@@ -402,7 +410,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawServer) -> ServerConfig {
         demo: raw.demo.unwrap_or(false),
         max_logprobs: max_logprobs.min(20),
         max_body_bytes: max_body_bytes.clamp(1024, 256 * 1024 * 1024) as usize,
-        shutdown_grace: Duration::from_millis(raw.shutdown_grace_ms.unwrap_or(SHUTDOWN_GRACE_MS)),
+        shutdown_grace: Duration::from_millis(shutdown_grace_ms),
         drain_announce: Duration::from_millis({
             let ms = raw.drain_announce_ms.unwrap_or(DRAIN_ANNOUNCE_MS);
             if ms > 600_000 {

@@ -1196,3 +1196,84 @@ fn settings_that_would_silently_do_nothing_are_refused_with_their_keys() {
     ));
     assert!(ok.is_ok(), "{:?}", ok.err());
 }
+
+/// Every period, timeout and cap has a ceiling: a huge value turned a timeout into "never" (a
+/// hung engine stream held its seat for good), a check period into "once" (an ejected replica
+/// never came back), a cap into "none"; a tiny beat into a Redis call a millisecond. Each is
+/// refused naming its key; the values just inside pass.
+#[test]
+fn periods_timeouts_and_caps_have_ceilings() {
+    let too_far = [
+        (
+            "[upstream]\nconnect_timeout_ms = 60001\n",
+            "upstream.connect_timeout_ms",
+        ),
+        (
+            "[upstream]\ntotal_timeout_ms = 86400001\n",
+            "upstream.total_timeout_ms",
+        ),
+        (
+            "[upstream]\nhealth_cache_ms = 60001\n",
+            "upstream.health_cache_ms",
+        ),
+        (
+            "[upstream.routing]\nhealth_interval_ms = 60001\n",
+            "upstream.routing.health_interval_ms",
+        ),
+        (
+            "[upstream.routing]\nunhealthy_after = 101\n",
+            "upstream.routing.unhealthy_after",
+        ),
+        (
+            "[upstream.routing]\nhealthy_after = 101\n",
+            "upstream.routing.healthy_after",
+        ),
+        ("[quota]\nlease_ttl_ms = 3600001\n", "quota.lease_ttl_ms"),
+        ("[quota]\nheartbeat_ms = 99\n", "quota.heartbeat_ms"),
+        ("[autopilot]\ninterval_ms = 99\n", "autopilot.interval_ms"),
+        (
+            "[autopilot]\ninterval_ms = 60001\nwindow_ms = 120000\n",
+            "autopilot.interval_ms",
+        ),
+        ("[autopilot]\nwindow_ms = 3600001\n", "autopilot.window_ms"),
+        ("[autopilot]\nhold_ms = 600001\n", "autopilot.hold_ms"),
+        (
+            "[autopilot]\nmax_large_wait_ms = 3600001\n",
+            "autopilot.max_large_wait_ms",
+        ),
+        (
+            "[server]\nshutdown_grace_ms = 3600001\n",
+            "server.shutdown_grace_ms",
+        ),
+        ("[jobs]\nmax_jobs = 10000001\n", "jobs.max_jobs"),
+        ("[jobs]\nmax_bytes = 1099511627777\n", "jobs.max_bytes"),
+        ("[jobs]\nresult_ttl_ms = 604800001\n", "jobs.result_ttl_ms"),
+        (
+            "[jobs]\nwebhook_timeout_ms = 60001\n",
+            "jobs.webhook_timeout_ms",
+        ),
+        (
+            "[[upstream.replicas]]\nurl = \"http://a:8000\"\nweight = 1001\n",
+            "upstream.replicas[0].weight",
+        ),
+    ];
+    for (section, key) in too_far {
+        let issues = issues_of(&format!("{MINIMAL}{section}"));
+        assert!(
+            issues
+                .iter()
+                .any(|i| i.starts_with(&format!("{key} must be"))),
+            "{key}: {issues:#?}"
+        );
+    }
+    let inside = "[upstream]\nconnect_timeout_ms = 60000\ntotal_timeout_ms = 86400000\n\
+                  health_cache_ms = 60000\n[upstream.routing]\nhealth_interval_ms = 60000\n\
+                  unhealthy_after = 100\nhealthy_after = 100\n[quota]\nlease_ttl_ms = 3600000\n\
+                  heartbeat_ms = 100\n[autopilot]\ninterval_ms = 60000\nwindow_ms = 3600000\n\
+                  hold_ms = 600000\nmax_large_wait_ms = 3600000\n[server]\n\
+                  shutdown_grace_ms = 3600000\n[jobs]\nmax_jobs = 10000000\n\
+                  max_bytes = 1099511627776\nresult_ttl_ms = 604800000\n\
+                  webhook_timeout_ms = 60000\n";
+    let config = Config::from_toml_str(&format!("{MINIMAL}{inside}"));
+    assert!(config.is_ok(), "{:?}", config.err());
+}

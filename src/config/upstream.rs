@@ -291,6 +291,26 @@ pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
         raw.total_timeout_ms,
         TOTAL_TIMEOUT_MS,
     );
+    let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    c.at_most(
+        "upstream.connect_timeout_ms",
+        ms(connect),
+        60_000,
+        "60000 (a minute)",
+    );
+    c.at_most(
+        "upstream.total_timeout_ms",
+        ms(total),
+        86_400_000,
+        "86400000 (a day)",
+    );
+    let health_cache_ms = raw.health_cache_ms.unwrap_or(HEALTH_CACHE_MS);
+    c.at_most(
+        "upstream.health_cache_ms",
+        health_cache_ms,
+        60_000,
+        "60000 (a minute)",
+    );
     for (path, value) in [
         ("upstream.first_token_timeout_ms", first),
         ("upstream.idle_timeout_ms", idle),
@@ -330,7 +350,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawUpstream) -> UpstreamConfig {
         first_token_timeout: first,
         idle_timeout: idle,
         total_timeout: total,
-        health_cache: Duration::from_millis(raw.health_cache_ms.unwrap_or(HEALTH_CACHE_MS)),
+        health_cache: Duration::from_millis(health_cache_ms.min(60_000)),
         api_key: api_key(c, raw.api_key_env, raw.api_key_file),
         ca_pem,
         abort,
