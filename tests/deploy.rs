@@ -161,6 +161,14 @@ const GATEWAY_SERIES: &[&str] = &[
     "tutor_gateway_denied_total",
     "tutor_gateway_quota_degraded",
     "tutor_gateway_config_reloads_total",
+    "tutor_gateway_quota_limits_differ",
+    "tutor_gateway_log_dropped_total",
+    "tutor_gateway_request_log_dropped_total",
+    "tutor_gateway_jobs_engine_down",
+    "tutor_gateway_job_engine_cuts_total",
+    "tutor_gateway_promotions_waiting",
+    "tutor_gateway_replica_healthy",
+    "tutor_gateway_replica_ejections_total",
 ];
 
 /// vLLM's `/metrics` (`docs/vllm-interface.md`, "Prometheus metrics"; V1 engine).

@@ -14,8 +14,9 @@
 //! - `tutor_gateway_quota_limits_version`: the version of the shared limits record this
 //!   replica last saw (replicas that agree show the same number).
 //! - `tutor_gateway_quota_limits_differ`: 1 when, at its start (or after Redis lost the
-//!   record), this replica found a record in force whose limits are not its file's: a restart
-//!   never replaces the record; 0 once it matched or this replica wrote its own.
+//!   record, or at the beat after the record in force changed), this replica found a record in
+//!   force whose limits are not its file's: a restart never replaces the record; 0 once it
+//!   matched or this replica wrote its own.
 //! - `tutor_gateway_tenant_service_tokens{tenant}`: each tenant's service counted fleet-wide
 //!   (prompt + output tokens over its share), as this replica last read it
 //!   (`auth.fleet_fairness`; tenants this replica has served or has waiting).

@@ -177,6 +177,40 @@ async fn a_replica_that_starts_under_other_limits_says_so() {
     a.shutdown().await;
 }
 
+/// Once the record in force is replaced by this replica's own limits (`limits push` of its
+/// file, as its warning says to do), it stops saying they differ at its next beat: the gauge
+/// stayed 1, and its alert firing, until the replica restarted.
+#[tokio::test]
+async fn a_replica_whose_limits_are_pushed_stops_saying_they_differ() {
+    let redis = RedisServer::start();
+    let (_conn, _file, _metrics, a, _first) = started(&redis).await;
+    let metrics = crate::telemetry::Metrics::new();
+    let b = RedisAdmission::from_config(&config(&redis, 20), metrics.quota().clone()).unwrap();
+    for _ in 0..3_000 {
+        if metrics.quota().limits_version() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        metrics.quota().limits_differ(),
+        "small = 20 against the record's 32"
+    );
+    push_limits(&config(&redis, 20)).await.unwrap();
+    for _ in 0..3_000 {
+        if !metrics.quota().limits_differ() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !metrics.quota().limits_differ(),
+        "the pushed record is its own"
+    );
+    b.shutdown().await;
+    a.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_knobs_an_autopilot_publishes_are_what_every_replica_reads_back() {
     let redis = RedisServer::start();

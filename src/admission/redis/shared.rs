@@ -105,6 +105,10 @@ pub(crate) struct Shared {
     limits: std::sync::RwLock<LimitsRecord>,
     /// The shared record's version as last seen (0: not yet).
     pub limits_version: AtomicU64,
+    /// The record in force changed while this replica's file differed from it (a `limits
+    /// push`, another replica's forced reload): the next beat compares them again, so
+    /// `tutor_gateway_quota_limits_differ` does not stay 1 after the fix.
+    pub limits_recheck: AtomicBool,
     /// A reload changed the limits (or forces them): written now, or by the next heartbeat.
     pending_limits: Mutex<Option<LimitsWrite>>,
     /// Who wrote the shared record as last seen (`limits push ...`, `reload <replica>`...).
@@ -186,6 +190,7 @@ impl Shared {
             keys,
             limits: std::sync::RwLock::new(limits),
             limits_version: AtomicU64::new(0),
+            limits_recheck: AtomicBool::new(false),
             pending_limits: Mutex::new(None),
             limits_origin: Mutex::new(String::new()),
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
@@ -516,8 +521,12 @@ impl Shared {
                 origin.clone_into(&mut seen);
             }
         }
-        if self.limits_version.swap(version, Ordering::AcqRel) != version {
+        let before = self.limits_version.swap(version, Ordering::AcqRel);
+        if before != version {
             self.metrics.set_limits_version(version);
+            if before != 0 && self.metrics.limits_differ() {
+                self.limits_recheck.store(true, Ordering::Release);
+            }
         }
     }
 

@@ -85,6 +85,13 @@ pub(super) async fn heartbeat(
         let started = Instant::now();
         if beat(&shared, &mut pending, &mut lost).await {
             shared.succeeded();
+            if shared
+                .limits_recheck
+                .swap(false, std::sync::atomic::Ordering::AcqRel)
+            {
+                // A new record while this replica's file differed: the same again?
+                shared.write_limits(LimitsWrite::Ensure).await;
+            }
             // Redis lost its data (restarted without persistence, flushed, failed over to an
             // empty replica): the leases found gone went with it, nobody took their seats.
             let wiped = shared.data_lost().await;
