@@ -89,21 +89,20 @@ impl ByteGrowth {
 }
 
 impl ByteGrowth {
-    /// Most tokens `text` can become, one a byte of what the normalizer may make of it: for a
-    /// count the tokenizer failed to make. With a normalizer that gives no bound, eleven
-    /// tokens a byte (NFKC's worst: U+FDFA, 3 bytes, becomes 33).
+    /// Tokens for `text` when the tokenizer failed to count it: one a byte of what the
+    /// normalizer may make of it. A normalizer without a bound is taken as NFC (three bytes a
+    /// non-ASCII byte), not at its worst case (NFKC's eleven), which would refuse as too long
+    /// every prompt of a few KB; the estimate still learns from the engine's count.
     pub fn most_tokens(self, text: &str) -> usize {
         let bytes = text.len() as u64;
         let non_ascii = || text.bytes().filter(|b| !b.is_ascii()).count() as u64;
-        let most = self
-            .split_bytes(bytes, non_ascii)
-            .unwrap_or_else(|| bytes.saturating_mul(MOST_GROWTH));
-        usize::try_from(most).unwrap_or(usize::MAX)
+        let most = match self {
+            ByteGrowth::Unbounded => ByteGrowth::Nfc.split_bytes(bytes, non_ascii),
+            other => other.split_bytes(bytes, non_ascii),
+        };
+        usize::try_from(most.unwrap_or(bytes)).unwrap_or(usize::MAX)
     }
 }
-
-/// Bytes a byte may become under a normalizer that gives no bound of its own (NFKC's worst).
-const MOST_GROWTH: u64 = 11;
 
 /// Densest average bytes per token assumed for the lower bound.
 pub const MAX_BYTES_PER_TOKEN: u64 = 6;
@@ -136,13 +135,14 @@ mod tests {
     use super::ByteGrowth;
 
     /// A count the tokenizer failed to make is never below what the normalizer may make of
-    /// the text: NFC's three bytes a non-ASCII byte, eleven for a normalizer without a bound.
+    /// the text: NFC's three bytes a non-ASCII byte, and as much for a normalizer without a
+    /// bound.
     #[test]
     fn a_failed_count_is_bounded_by_the_normalized_bytes() {
         let text = "a\u{1D160}"; // 1 + 4 bytes
         assert_eq!(ByteGrowth::None.most_tokens(text), 5);
         assert_eq!(ByteGrowth::Nfc.most_tokens(text), 1 + 12);
-        assert_eq!(ByteGrowth::Unbounded.most_tokens(text), 55);
+        assert_eq!(ByteGrowth::Unbounded.most_tokens(text), 1 + 12);
     }
 
     #[test]

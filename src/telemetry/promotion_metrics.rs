@@ -22,8 +22,9 @@ pub struct PromotionMetrics {
     waiting: IntGaugeVec,
 }
 
-/// A stream paused for room in a bigger lane: counted in `tutor_gateway_promotions_waiting`
-/// until dropped (however the wait ends: room found, cut, the grace's end, the client gone).
+/// A stream paused at its lane's limit for room (in the next lane, or its own for a larger
+/// reservation): counted in `tutor_gateway_promotions_waiting` until dropped (however the wait
+/// ends: room found, cut, the grace's end, the client gone).
 #[derive(Debug)]
 pub struct Waiting(IntGauge);
 

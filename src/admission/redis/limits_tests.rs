@@ -211,6 +211,33 @@ async fn a_replica_whose_limits_are_pushed_stops_saying_they_differ() {
     a.shutdown().await;
 }
 
+/// A replica that starts under an autopilot leader's paced record does not say its file
+/// differs: paced values differ from every file by design, and the alert would have had the
+/// operator push the file, which stops the autopilot's publishing.
+#[tokio::test]
+async fn a_replica_starting_under_an_autopilots_record_does_not_say_it_differs() {
+    let redis = RedisServer::start();
+    let (_conn, file, _metrics, a, _) = started(&redis).await;
+    let mut paced = file.clone();
+    paced.admission.prefill_budget_tokens = 4_096;
+    assert!(a.publish_paced(&paced).await.is_some());
+    let metrics = crate::telemetry::Metrics::new();
+    let b = RedisAdmission::from_config(&config(&redis, 32), metrics.quota().clone()).unwrap();
+    for _ in 0..3_000 {
+        if metrics.quota().limits_version() > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(metrics.quota().limits_version() > 0, "never saw the record");
+    assert!(
+        !metrics.quota().limits_differ(),
+        "a paced record is not a difference"
+    );
+    b.shutdown().await;
+    a.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_knobs_an_autopilot_publishes_are_what_every_replica_reads_back() {
     let redis = RedisServer::start();

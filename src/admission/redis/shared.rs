@@ -105,9 +105,9 @@ pub(crate) struct Shared {
     limits: std::sync::RwLock<LimitsRecord>,
     /// The shared record's version as last seen (0: not yet).
     pub limits_version: AtomicU64,
-    /// The record in force changed while this replica's file differed from it (a `limits
-    /// push`, another replica's forced reload): the next beat compares them again, so
-    /// `tutor_gateway_quota_limits_differ` does not stay 1 after the fix.
+    /// The record in force changed (a `limits push`, another replica's write), or this
+    /// replica's file did under a pushed record: the next beat compares them again, so
+    /// `tutor_gateway_quota_limits_differ` follows (it stayed 1 after the fix).
     pub limits_recheck: AtomicBool,
     /// A reload changed the limits (or forces them): written now, or by the next heartbeat.
     pending_limits: Mutex<Option<LimitsWrite>>,
@@ -390,6 +390,8 @@ impl Shared {
         }
         let origin = self.limits_origin();
         if !force && origin.starts_with(PUSH_ORIGIN) {
+            // Not written over the push, but compared with it again.
+            self.limits_recheck.store(true, Ordering::Release);
             return LimitsChange::KeptPushed {
                 version: self.limits_version.load(Ordering::Acquire),
                 origin,
@@ -404,6 +406,14 @@ impl Shared {
             LimitsWrite::Reload
         });
         LimitsChange::Pushing
+    }
+
+    /// Whether a reload's limits wait to be written.
+    pub fn limits_pending(&self) -> bool {
+        self.pending_limits
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
     }
 
     /// Writes the limits a reload left pending, if any (else nothing). False when the call
@@ -470,13 +480,18 @@ impl Shared {
                 // Whether this replica's file's limits are not the ones in force (checked at
                 // start and after Redis lost the record; a write puts them in force). Set
                 // before the version is, which says the record was seen.
+                // An autopilot's paced record differs from every file by design: not told.
+                let differs = reply.differs && !reply.origin.starts_with(AUTOPILOT_ORIGIN);
+                let differed = self.metrics.limits_differ();
                 if mode == LimitsWrite::Ensure || reply.written {
-                    self.metrics.set_limits_differ(reply.differs);
+                    self.metrics.set_limits_differ(differs);
                 }
                 self.saw_limits(reply.version, &reply.origin);
                 if reply.written {
                     tracing::info!(version = reply.version, origin = %reply.origin, "shared quota limits written");
-                } else if reply.differs {
+                } else if differs && mode == LimitsWrite::Ensure && differed {
+                    // Said when it began.
+                } else if differs {
                     tracing::warn!(
                         version = reply.version,
                         origin = %reply.origin,
@@ -524,7 +539,7 @@ impl Shared {
         let before = self.limits_version.swap(version, Ordering::AcqRel);
         if before != version {
             self.metrics.set_limits_version(version);
-            if before != 0 && self.metrics.limits_differ() {
+            if before != 0 {
                 self.limits_recheck.store(true, Ordering::Release);
             }
         }

@@ -85,13 +85,6 @@ pub(super) async fn heartbeat(
         let started = Instant::now();
         if beat(&shared, &mut pending, &mut lost).await {
             shared.succeeded();
-            if shared
-                .limits_recheck
-                .swap(false, std::sync::atomic::Ordering::AcqRel)
-            {
-                // A new record while this replica's file differed: the same again?
-                shared.write_limits(LimitsWrite::Ensure).await;
-            }
             // Redis lost its data (restarted without persistence, flushed, failed over to an
             // empty replica): the leases found gone went with it, nobody took their seats.
             let wiped = shared.data_lost().await;
@@ -109,7 +102,9 @@ pub(super) async fn heartbeat(
             if early && !lost.is_empty() && !was_degraded && !wiped {
                 tracing::warn!(
                     leases = lost.len(),
-                    "the shared quota's Redis reaped leases renewed less than half their TTL                      ago (its clock ran ahead): this replica's running requests are counted                      there again"
+                    "the shared quota's Redis reaped leases renewed less than half their TTL \
+                     ago (its clock ran ahead): this replica's running requests are counted \
+                     there again"
                 );
             }
             // Leases that expired during an outage are registered again (their requests ran
@@ -126,6 +121,16 @@ pub(super) async fn heartbeat(
             shared.adopt_fallback(&lost).await;
             shared.set_degraded(false);
             sync_limits(&shared).await;
+            // The record in force changed (a push, another replica's write), or this replica's
+            // file did under a pushed record: are they the same now? After this replica's own
+            // pending write (compared with that, its new limits would differ for a beat).
+            if !shared.limits_pending()
+                && shared
+                    .limits_recheck
+                    .swap(false, std::sync::atomic::Ordering::AcqRel)
+            {
+                shared.write_limits(LimitsWrite::Ensure).await;
+            }
         } else if shared.degraded() {
             // The next beat builds a new connection: a connection manager whose own reconnects
             // failed on authentication kept failing after the password was right again.
