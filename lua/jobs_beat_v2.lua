@@ -77,20 +77,8 @@ for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[9], '-inf', now - ttl, 'LIM
     recount('expired', nil)
     forgotten = forgotten + 1
   else
-    local bytes = tonumber(redis.call('HGET', key, 'bytes') or '0')
-    redis.call('HINCRBY', KEYS[10], 'bytes', -bytes)
-    local tenant = redis.call('HGET', key, 'tenant') or ''
-    if tenant ~= '' then
-      redis.call('HINCRBY', KEYS[10], 'tj:' .. tenant, -1)
-      redis.call('HINCRBY', KEYS[10], 'tb:' .. tenant, -bytes)
-    end
-    redis.call('HDEL', key, 'answer', 'error', 'request')
-    redis.call('HSET', key, 'status', 'expired', 'bytes', 0)
-    redis.call('DEL', text_key(base, id))
-    redis.call('ZADD', KEYS[9], now, id)
-    recount(status, 'expired')
+    expire(base, key, id, status, now)
     expired = expired + 1
-    announce(base, id)
   end
 end
 local reply = { requeued, lost, expired, forgotten, meta_number('bytes') }

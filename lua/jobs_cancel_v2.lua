@@ -3,11 +3,14 @@
 -- queue does); a running one is flagged and its runner told (it drops its stream, which aborts
 -- the engine's work, and ends the job cancelled). With an error (ARGV[3]), a queued job ends
 -- failed with it instead (a replica found it could never take a seat under the limits in
--- force), and nothing else is touched.
+-- force), and nothing else is touched. Without an error, a job that had already ended (done,
+-- failed, cancelled) has its result dropped at once, as at its expiry (`DELETE` of a finished
+-- job frees its tenant's room).
 -- ARGV: base, id[, error JSON {"code","message"}]
--- Reply: "ended" when this call ended it (it was queued: its webhook is the caller's), else
---   the job's status ("running", or how it had already ended: a second cancel of a cancelled
---   job is "cancelled", and sends nothing), or "" when there is no such job.
+-- Reply: "ended" when this call ended it (it was queued: its webhook is the caller's),
+--   "dropped" when it dropped the result of a job that had ended, else the job's status
+--   ("running", or how it had ended: "expired"; with an error, any), or "" when there is no
+--   such job.
 local base, id, error = ARGV[1], ARGV[2], ARGV[3] or ''
 local final = 'cancelled'
 if error ~= '' then
@@ -44,6 +47,10 @@ if status == 'queued' then
   recount('queued', final)
   announce(base, id)
   return 'ended'
+end
+if error == '' and (status == 'done' or status == 'failed' or status == 'cancelled') then
+  expire(base, KEYS[11], id, status, now_ms())
+  return 'dropped'
 end
 if status == 'running' and error == '' then
   redis.call('HSET', KEYS[11], 'cancel', 1)

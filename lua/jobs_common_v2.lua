@@ -49,6 +49,25 @@ local function ended(key, id, status, now)
   redis.call('ZADD', KEYS[9], now, id)
 end
 
+-- Drops the result of job `id` (its key `key`), which ended as `status`: its answer, error,
+-- request and text go, its bytes and its place in its tenant's bounds come back; status
+-- `expired` from `now`, forgotten result_ttl_ms later (jobs_beat).
+local function expire(base, key, id, status, now)
+  local bytes = tonumber(redis.call('HGET', key, 'bytes') or '0')
+  redis.call('HINCRBY', KEYS[10], 'bytes', -bytes)
+  local tenant = redis.call('HGET', key, 'tenant') or ''
+  if tenant ~= '' then
+    redis.call('HINCRBY', KEYS[10], 'tj:' .. tenant, -1)
+    redis.call('HINCRBY', KEYS[10], 'tb:' .. tenant, -bytes)
+  end
+  redis.call('HDEL', key, 'answer', 'error', 'request')
+  redis.call('HSET', key, 'status', 'expired', 'bytes', 0)
+  redis.call('DEL', text_key(base, id))
+  redis.call('ZADD', KEYS[9], now, id)
+  recount(status, 'expired')
+  announce(base, id)
+end
+
 -- Counts `delta` bytes of a job's kept text against jobs.max_bytes: in the job's own count
 -- ("bytes", given back when its result expires), in "text_bytes" (its text kept so far, given
 -- back when its text starts over), in the store's and in its tenant's.

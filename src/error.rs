@@ -29,7 +29,6 @@
 //! | no job with that id (or forgotten after expiry) | 404 | `job_not_found` |
 //! | no route with that path | 404 | `not_found` |
 //! | a route's path with a method it does not take | 405 | `method_not_allowed` |
-//! | cancelling a job that already ended | 409 | `job_finished` |
 //! | `jobs.max_jobs` or `jobs.max_bytes` reached | 429 + `Retry-After` | `jobs_full` |
 //! | a job's request alone counts more than `jobs.max_bytes` (or its tenant's `jobs.max_bytes_per_tenant`) | 413 | `job_too_large` |
 //! | `jobs.max_event_streams_per_tenant` event streams open | 429 + `Retry-After` | `too_many_streams` |
@@ -152,9 +151,6 @@ pub enum GatewayError {
     /// The path exists, not with this method.
     #[error("this endpoint does not take this method")]
     MethodNotAllowed,
-    /// The job already ended, so it cannot be cancelled.
-    #[error("the job already ended ({0}); nothing to cancel")]
-    JobFinished(&'static str),
     /// `jobs.max_jobs` or `jobs.max_bytes` is reached.
     #[error("the gateway holds as many jobs as it may; retry later")]
     JobsFull,
@@ -176,8 +172,9 @@ pub enum GatewayError {
     /// `jobs.max_bytes_per_tenant` bytes) already: its own limit, whatever other tenants hold.
     #[error(
         "tenant {tenant} keeps {held} {what} of job store, its limit jobs.max_{what}_per_tenant \
-         is {limit}; retry when its results expire (jobs.result_ttl_ms after they ended; a \
-         cancelled job counts until then too)"
+         is {limit}; DELETE /jobs/{{id}} of a job that ended frees its room at once (its \
+         result is dropped), or retry when its results expire (jobs.result_ttl_ms after they \
+         ended; a cancelled job counts until then too)"
     )]
     TenantJobsFull {
         /// The tenant.
@@ -308,7 +305,6 @@ impl GatewayError {
             Self::UnsupportedMediaType | Self::CompressedBody(_) => {
                 StatusCode::UNSUPPORTED_MEDIA_TYPE
             }
-            Self::JobFinished(_) => StatusCode::CONFLICT,
             Self::JobsUnavailable(_) => StatusCode::NOT_IMPLEMENTED,
             Self::JobStoreDown | Self::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
             Self::ClientTooSlow => StatusCode::REQUEST_TIMEOUT,
@@ -363,7 +359,6 @@ impl GatewayError {
             Self::HostNotAllowed => "host_not_allowed",
             Self::Unauthorized(_) => "invalid_api_key",
             Self::UnsupportedMediaType | Self::CompressedBody(_) => "unsupported_media_type",
-            Self::JobFinished(_) => "job_finished",
             Self::JobsFull => "jobs_full",
             Self::JobTooLarge { .. } => "job_too_large",
             Self::TenantJobsFull { .. } => "tenant_jobs_full",
@@ -398,7 +393,6 @@ impl GatewayError {
             | Self::Unauthorized(_)
             | Self::UnsupportedMediaType
             | Self::CompressedBody(_)
-            | Self::JobFinished(_)
             | Self::JobsUnavailable(_) => Outcome::BadRequest,
             Self::Overloaded | Self::QueuedBytes | Self::ReceivingBytes => Outcome::QueueFull,
             Self::JobsFull => Outcome::QueueFull,

@@ -149,7 +149,8 @@ async fn a_job_running_on_one_replica_is_cancelled_from_the_other() {
     })
     .await;
     quota_drains(&f.redis).await;
-    // Cancelling a job that ended otherwise is a 409; a cancelled one stays cancelled.
+    // The other replica sees it cancelled; DELETE of a job that ended, from either replica,
+    // drops its result.
     assert_eq!(job(&a.url(), &id).await["status"], "cancelled");
     let again = client()
         .delete(format!("{}/jobs/{id}", a.url()))
@@ -157,6 +158,7 @@ async fn a_job_running_on_one_replica_is_cancelled_from_the_other() {
         .await
         .unwrap();
     assert_eq!(again.status(), 200);
+    assert_eq!(json(&again.text().await.unwrap())["status"], "expired");
     let finished = submit_ok(&a.url(), &question(3)).await;
     done(&a.url(), &finished).await;
     let late = client()
@@ -164,7 +166,11 @@ async fn a_job_running_on_one_replica_is_cancelled_from_the_other() {
         .send()
         .await
         .unwrap();
-    assert_eq!(late.status(), 409);
+    assert_eq!(late.status(), 200);
+    assert_eq!(json(&late.text().await.unwrap())["status"], "expired");
+    let v = job(&a.url(), &finished).await;
+    assert_eq!(v["status"], "expired", "{v}");
+    assert!(v.get("answer").is_none(), "the result is gone: {v}");
     f.shutdown().await;
 }
 

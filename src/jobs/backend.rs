@@ -60,8 +60,9 @@ pub trait JobBackend: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, Result<Value, GatewayError>>;
 
     /// `DELETE /jobs/{id}`: a queued job ends at once; a running one when its stream has been
-    /// dropped (waited for, briefly). Cancelling twice is fine; a job that already ended
-    /// otherwise is a 409. Sends the webhook of a job this call ended.
+    /// dropped (waited for, briefly). A job that had already ended (done, failed, cancelled)
+    /// has its result dropped at once, as at its expiry: status `expired`, its room in its
+    /// tenant's and the store's bounds back. Sends the webhook of a job this call ended.
     fn cancel<'a>(
         &'a self,
         id: &'a str,

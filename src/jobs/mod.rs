@@ -9,7 +9,8 @@
 //! - `GET /jobs/{id}/events`: SSE (`status`, `token` with ids, then `done` or `error`); a late
 //!   client gets the text so far first; `Last-Event-ID` resumes after that piece (`events.rs`).
 //! - `DELETE /jobs/{id}`: cancels; a running job's stream is dropped, which aborts the engine's
-//!   work and gives its seat and tokens back.
+//!   work and gives its seat and tokens back. Of a job that ended: drops its result at once, as
+//!   its expiry would, freeing its room in the store's and its tenant's bounds.
 //!
 //! Scheduling (`runner.rs`, one loop for both backends): oldest first, in the large lane only,
 //! and only when that lane has one of its own seats free, nobody waits in its queue, and the

@@ -229,8 +229,8 @@ impl Jobs {
     }
 
     /// `DELETE /jobs/{id}`: a queued job ends at once; a running one when its stream has been
-    /// dropped and the engine abort sent (waited for, briefly). Cancelling twice is fine; a job
-    /// that already ended otherwise is a 409.
+    /// dropped and the engine abort sent (waited for, briefly). A job that had already ended
+    /// has its result dropped (status `expired`, its room in the bounds back).
     pub async fn cancel(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
         self.0.backend.cancel(job_id(id)?, tenant).await
     }

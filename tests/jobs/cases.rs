@@ -220,20 +220,39 @@ pub async fn cancel_while_queued_and_while_running_aborts_and_gives_everything_b
     .await;
     eventually("the engine runs nothing", || h.sim_running() == 0).await;
     h.drained().await;
-    // Cancelling again is fine; the queued one never ran.
-    assert_eq!(cancel(&base, &first).await.status(), 200);
+    // The queued one never ran.
     assert!(job(&base, &second).await["started_at"].is_null());
     h.metric_reaches("tutor_gateway_jobs{status=\"cancelled\"}", 2.0)
         .await;
     h.metric_reaches("tutor_gateway_jobs{status=\"running\"}", 0.0)
         .await;
-    // A job that finished cannot be cancelled.
+    // DELETE of a job that ended drops its result, as its expiry would: a cancelled one...
+    let resp = cancel(&base, &first).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(json(&resp.text().await.unwrap())["status"], "expired");
+    h.metric_reaches("tutor_gateway_jobs{status=\"cancelled\"}", 1.0)
+        .await;
+    // ...and a finished one, whose answer goes.
     let third = submit_ok(&base, &question(3)).await;
-    done(&base, &third).await;
-    assert_eq!(
-        error_code(cancel(&base, &third).await).await,
-        (409, "job_finished".into())
-    );
+    assert!(done(&base, &third).await.get("answer").is_some());
+    for _ in 0..2 {
+        // Twice: the second finds it expired and answers the same.
+        let resp = cancel(&base, &third).await;
+        assert_eq!(resp.status(), 200);
+        let v = json(&resp.text().await.unwrap());
+        assert_eq!(v["status"], "expired", "{v}");
+        assert!(v.get("answer").is_none(), "the result is gone: {v}");
+    }
+    let v = job(&base, &third).await;
+    assert_eq!(v["status"], "expired");
+    assert!(v.get("answer").is_none(), "the result is gone: {v}");
+    let events = events(&base, &third, None).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(json(&events[0].data)["status"], "expired");
+    h.metric_reaches("tutor_gateway_jobs{status=\"expired\"}", 2.0)
+        .await;
+    h.metric_reaches("tutor_gateway_jobs{status=\"done\"}", 0.0)
+        .await;
     h.shutdown().await;
 }
 
@@ -517,6 +536,75 @@ pub async fn one_tenant_cannot_fill_the_job_store(backend: Backend) {
     assert_eq!(kept, 5);
     // School B is not crowded out.
     let resp = post(b).await.unwrap();
+    assert_eq!(resp.status(), 202, "{}", resp.text().await.unwrap());
+    h.shutdown().await;
+}
+
+/// A tenant at its bounds frees its own room by deleting the results it has read, rather than
+/// waiting for them to expire (`jobs.result_ttl_ms`, an hour by default).
+pub async fn a_tenant_frees_its_room_by_deleting_a_finished_job(backend: Backend) {
+    let (key, other) = ("key-of-school-a", "key-of-school-b");
+    let h = start(backend, FAST, |c| {
+        c.jobs.max_jobs_per_tenant = 1;
+        crate::common::with_keys(c, &[(key, "school-a"), (other, "school-b")]);
+    })
+    .await;
+    let post = || {
+        client()
+            .post(h.url("/jobs"))
+            .bearer_auth(key)
+            .json(&question(3))
+            .send()
+    };
+    let resp = post().await.unwrap();
+    assert_eq!(resp.status(), 202);
+    let id = json(&resp.text().await.unwrap())["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let url = h.url(&format!("/jobs/{id}"));
+    let read = || client().get(&url).bearer_auth(key).send();
+    let mut tries = 0;
+    loop {
+        let v = json(&read().await.unwrap().text().await.unwrap());
+        if v["status"] == "done" {
+            assert!(v.get("answer").is_some(), "{v}");
+            break;
+        }
+        tries += 1;
+        assert!(tries < 600, "the job never finished: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Its finished job holds the tenant's one place; the refusal says how to free it.
+    let resp = post().await.unwrap();
+    assert_eq!(resp.status(), 429);
+    let err = json(&resp.text().await.unwrap());
+    assert_eq!(err["error"]["code"], "tenant_jobs_full", "{err}");
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("DELETE"),
+        "{err}"
+    );
+    // Another tenant's DELETE does not reach it.
+    let resp = client()
+        .delete(&url)
+        .bearer_auth(other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(error_code(resp).await, (404, "job_not_found".into()));
+    assert_eq!(
+        json(&read().await.unwrap().text().await.unwrap())["status"],
+        "done"
+    );
+    let resp = client().delete(&url).bearer_auth(key).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let v = json(&resp.text().await.unwrap());
+    assert_eq!(v["status"], "expired", "{v}");
+    let v = json(&read().await.unwrap().text().await.unwrap());
+    assert_eq!(v["status"], "expired", "{v}");
+    assert!(v.get("answer").is_none(), "the result is gone: {v}");
+    // The place is free at once.
+    let resp = post().await.unwrap();
     assert_eq!(resp.status(), 202, "{}", resp.text().await.unwrap());
     h.shutdown().await;
 }

@@ -415,6 +415,7 @@ macro_rules! backend_cases {
             results_expire_after_their_ttl_and_are_then_forgotten,
             the_job_store_is_bounded,
             one_tenant_cannot_fill_the_job_store,
+            a_tenant_frees_its_room_by_deleting_a_finished_job,
             a_job_no_store_of_its_size_could_keep_is_too_large_not_full,
             a_large_answer_that_waits_too_long_becomes_a_job,
             a_review_predicted_to_wait_too_long_becomes_a_job_on_arrival,

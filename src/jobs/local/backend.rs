@@ -139,6 +139,11 @@ impl LocalJobs {
     /// `DELETE /jobs/{id}` (see [`JobBackend::cancel`]).
     async fn cancel_job(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
         let entry = self.entry(id, tenant)?;
+        if entry.lock().status.is_final() {
+            // It ended before this call: its result goes now, as at its expiry.
+            self.expire(&entry);
+            return Ok(entry.view(None));
+        }
         let queued = {
             let mut store = self.store();
             let queued = store.unqueue(id);
@@ -163,11 +168,37 @@ impl LocalJobs {
             }
         };
         let _ = tokio::time::timeout(Duration::from_secs(5), wait).await;
-        match entry.lock().status {
-            Status::Cancelled | Status::Running | Status::Queued => {}
-            other => return Err(GatewayError::JobFinished(other.as_str())),
-        }
+        // Cancelled; still running when the wait ran out (its runner ends it soon); or it
+        // ended on its own meanwhile (its result is kept: a second DELETE drops it).
         Ok(entry.view(None))
+    }
+
+    /// Drops the result of `entry`, a job that ended (its text and answer, its bytes and its
+    /// place in its tenant's and the store's bounds come back): status `expired`, forgotten
+    /// by the sweeper as any expired job is. Nothing to do for a job already expired.
+    fn expire(&self, entry: &Arc<Entry>) {
+        let mut store = self.store();
+        let Some(from) = entry.update(|s| {
+            let from = s.status;
+            if from == Status::Expired || !from.is_final() {
+                return None;
+            }
+            s.status = Status::Expired;
+            s.text = String::new();
+            s.ends = Vec::new();
+            s.answer = None;
+            s.error = None;
+            Some((from, std::mem::take(&mut s.bytes)))
+        }) else {
+            return;
+        };
+        let (from, freed) = from;
+        store.bytes = store.bytes.saturating_sub(freed);
+        store.expired += 1;
+        drop(store);
+        self.ctx
+            .metrics()
+            .moved(Some(from.as_str()), Some("expired"));
     }
 
     /// The head of the queue with its seat, taken out of the queue and marked running, when
@@ -468,21 +499,7 @@ async fn sweep(jobs: LocalJobs) {
                 store.expired -= 1;
                 jobs.ctx.metrics().moved(Some("expired"), None);
             } else if status != Status::Expired && now >= finished + ttl {
-                let mut store = jobs.store();
-                let freed = entry.update(|s| {
-                    s.status = Status::Expired;
-                    s.text = String::new();
-                    s.ends = Vec::new();
-                    s.answer = None;
-                    s.error = None;
-                    std::mem::take(&mut s.bytes)
-                });
-                store.bytes = store.bytes.saturating_sub(freed);
-                store.expired += 1;
-                drop(store);
-                jobs.ctx
-                    .metrics()
-                    .moved(Some(status.as_str()), Some("expired"));
+                jobs.expire(&entry);
             }
         }
     }
