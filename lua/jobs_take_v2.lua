@@ -73,7 +73,11 @@ else
   attempt = redis.call('HINCRBY', KEYS[11], 'attempt', 1)
   redis.call('DEL', KEYS[12])
 end
-redis.call('HSET', KEYS[11], 'status', 'running', 'started_ms', now, 'runner', ARGV[1])
+redis.call('HSET', KEYS[11], 'status', 'running', 'runner', ARGV[1])
+if resumed == 0 then
+  -- A continued job keeps its first run's start: started_at spans the job.
+  redis.call('HSET', KEYS[11], 'started_ms', now)
+end
 recount('queued', 'running')
 announce(base, id)
 local submitted = tonumber(redis.call('HGET', KEYS[11], 'submitted_ms') or now)

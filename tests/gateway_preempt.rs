@@ -394,9 +394,15 @@ async fn cooldown(backend: Backend) {
     }
     h.drained().await;
     let v = jobs::job(&base, &left).await;
-    assert_ne!(
-        v["status"], "done",
-        "it stayed out within the cool-down: {v}"
+    // Waiting to resume, it is still running (with Redis it waits in the shared queue: it
+    // showed `queued`, without its start, as if it had not begun).
+    assert_eq!(
+        v["status"], "running",
+        "it stayed out within the cool-down, still running: {v}"
+    );
+    assert!(
+        v["started_at"].is_f64() && v.get("position").is_none(),
+        "{v}"
     );
     assert_eq!(
         Lane::ALL.map(|l| h.in_flight(l)),
@@ -419,6 +425,10 @@ async fn a_job_preempted_on_one_replica_is_continued_on_another() {
     let a_url = a.url();
     // Three identical reviews take, on A, large's seat, then medium's, then small's.
     let ids = streaming_reviews(&a_url).await;
+    let mut started = Vec::new();
+    for id in &ids {
+        started.push(jobs::job(&a_url, id).await["started_at"].clone());
+    }
     let mut conn = redis_conn(&redis).await;
     // What each job keeps against jobs.max_bytes while it runs: its request.
     let mut requests = Vec::new();
@@ -480,8 +490,10 @@ async fn a_job_preempted_on_one_replica_is_continued_on_another() {
     let answers: Vec<Value> =
         futures::future::join_all(ids.iter().map(|id| done(&b_url, id))).await;
     let text = |v: &Value| v["answer"]["text"].as_str().unwrap().to_owned();
-    for v in &answers {
+    for (v, started) in answers.iter().zip(&started) {
         assert_eq!(v["runs"], 1, "continued, not started over: {v}");
+        // started_at spans the job: its first run's start, not its continuation's.
+        assert_eq!(&v["started_at"], started, "{v}");
         let usage = &v["answer"]["usage"];
         assert_eq!(
             usage["output_tokens"], REVIEW_TOKENS,
@@ -525,12 +537,19 @@ async fn a_job_preempted_on_one_replica_is_continued_on_another() {
         .await
         .unwrap();
     assert_eq!(store, total);
+    let on_b = tutor_testkit::metrics_text(&b.url()).await;
     assert!(
         metric(
-            &tutor_testkit::metrics_text(&b.url()).await,
+            &on_b,
             "tutor_gateway_requests_total{lane=\"large\",outcome=\"ok\",route=\"job\"}"
         ) >= 1.0,
         "B ran the continuations"
+    );
+    // Each job's wait was counted once, when it first started (on A); a continuation is no
+    // new wait from its submission.
+    assert_eq!(
+        tutor_testkit::metric_or_zero(&on_b, "tutor_gateway_job_wait_seconds_count"),
+        0.0
     );
     quota_drains(&redis).await;
     no_borrower_or_ask_left(&mut conn).await;

@@ -35,6 +35,10 @@ const DRIFT_FACTOR_PERCENT: u32 = 300;
 const DRIFT_MIN_SAMPLES: u32 = 5;
 /// Default `prefix_cache.drift_log_window_ms`.
 const DRIFT_LOG_WINDOW_MS: u64 = 300_000;
+/// Ceilings of the drift keys.
+const MAX_DRIFT_FACTOR_PERCENT: u32 = 10_000;
+const MAX_DRIFT_MIN_SAMPLES: u32 = 10_000;
+const MAX_DRIFT_LOG_WINDOW_MS: u64 = 86_400_000;
 
 /// `[prefix_cache]` as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -117,9 +121,31 @@ pub(super) fn prefix_cache(c: &mut Checker, raw: RawPrefixCache) -> PrefixCacheC
             "must be > 100 (a factor above 1)",
         );
     }
+    // Past these a profile never drifts (a factor of a hundred; a fingerprint's ten thousandth
+    // request) and the log never speaks again: drift detection silently off.
+    c.at_most(
+        "prefix_cache.drift_factor_percent",
+        drift_factor_percent.into(),
+        MAX_DRIFT_FACTOR_PERCENT.into(),
+        "10000 (a factor of 100)",
+    );
     let drift_min_samples = raw.drift_min_samples.unwrap_or(DRIFT_MIN_SAMPLES);
     if drift_min_samples == 0 {
         c.fail("prefix_cache.drift_min_samples", "must be > 0");
+    }
+    c.at_most(
+        "prefix_cache.drift_min_samples",
+        drift_min_samples.into(),
+        MAX_DRIFT_MIN_SAMPLES.into(),
+        "10000",
+    );
+    if let Some(ms) = raw.drift_log_window_ms {
+        c.at_most(
+            "prefix_cache.drift_log_window_ms",
+            ms,
+            MAX_DRIFT_LOG_WINDOW_MS,
+            "86400000 (a day)",
+        );
     }
     let label_after_requests = raw.label_after_requests.unwrap_or(LABEL_AFTER_REQUESTS);
     if label_after_requests == 0 {

@@ -971,6 +971,22 @@ fn reservations_fit_the_seats() {
         ),
         "{share:#?}"
     );
+    // Drift detection silently off: a factor never reached, samples never had, a log window
+    // that never ends.
+    let drift = issues_of(
+        "[classify]\ntokenizer = \"heuristic\"\n[prefix_cache]\ndrift_factor_percent = 4294967295\n\
+         drift_min_samples = 4294967295\ndrift_log_window_ms = 31536000000\n",
+    );
+    for expected in [
+        "prefix_cache.drift_factor_percent must be at most 10000",
+        "prefix_cache.drift_min_samples must be at most 10000",
+        "prefix_cache.drift_log_window_ms must be at most 86400000",
+    ] {
+        assert!(
+            drift.iter().any(|i| i.starts_with(expected)),
+            "missing {expected:?} in {drift:#?}"
+        );
+    }
     // A key removed from the file must not stay in force for hours, nor a token live for weeks.
     let auth = issues_of(
         "[classify]\ntokenizer = \"heuristic\"\n[auth]\nreload_ms = 3600000\n\

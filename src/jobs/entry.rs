@@ -151,6 +151,9 @@ pub struct State {
     pub started: Option<(SystemTime, Instant)>,
     /// When it ended.
     pub finished: Option<(SystemTime, Instant)>,
+    /// When its result was dropped (expired, or a `DELETE` after it ended): it is forgotten
+    /// `jobs.result_ttl` after that.
+    pub expired: Option<Instant>,
     /// Where to POST the result.
     pub notify: Option<reqwest::Url>,
     /// The webhook's attempts.
@@ -203,6 +206,7 @@ impl Entry {
                 error: None,
                 started: None,
                 finished: None,
+                expired: None,
                 notify,
                 webhook: Webhook::default(),
                 bytes,

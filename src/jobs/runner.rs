@@ -147,7 +147,10 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
         resumed,
         mut run,
     } = claim;
-    ctx.metrics().waited(waited);
+    if resumed.is_none() {
+        // A continued job's wait was counted when it first started.
+        ctx.metrics().waited(waited);
+    }
     // When it was submitted (it waited this long since), for the key that submitted it.
     let submitted_ms = u64::try_from(
         std::time::SystemTime::now()
@@ -672,7 +675,13 @@ async fn reseat(
         }
         let handle = Preemptible::new(eligible);
         let (lane, work, prefill) = (ready.class.lane, ready.class.work, ready.prefill);
-        if let Some(guard) = admission.try_acquire_preemptible(lane, work, prefill, &handle) {
+        // As the job first started: without jobs.preempt on an idle seat of its lane (no wait
+        // for every queue to empty, nor for a pre-emption's cool-down).
+        let guard = match ctx.config.preempt {
+            true => admission.try_acquire_preemptible(lane, work, prefill, &handle),
+            false => admission.try_acquire_idle(lane, work, prefill),
+        };
+        if let Some(guard) = guard {
             return Ok((guard, handle));
         }
         let changed = async {

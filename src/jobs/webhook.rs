@@ -174,12 +174,13 @@ pub fn body(mut status: serde_json::Value, url: &reqwest::Url, tenant: Option<&s
 }
 
 /// POSTs `body` (a [`body`]), job `id`'s result, to `url`, signed and retried as configured;
-/// after each attempt `record` gets the webhook's state so far (kept with the job) and the
-/// attempt is counted.
+/// after each attempt `record` gets the webhook's state so far (kept with the job) and answers
+/// whether the job still keeps its result (no retry once it does not: expired, or dropped by a
+/// `DELETE`), and the attempt is counted.
 pub async fn send<F, Fut>(ctx: &Context, id: &str, url: reqwest::Url, body: String, mut record: F)
 where
     F: FnMut(Webhook) -> Fut,
-    Fut: std::future::Future<Output = ()>,
+    Fut: std::future::Future<Output = bool>,
 {
     let config = &ctx.config;
     let Some(secret) = config.webhook_secret.as_ref().map(|s| s.expose()) else {
@@ -231,7 +232,8 @@ where
         if delivered || last {
             webhook.delivered = Some(delivered);
         }
-        record(webhook.clone()).await;
+        // Nor after a DELETE dropped it (the result is gone; so is the state kept with it).
+        let last = !record(webhook.clone()).await || last;
         let outcome = match (delivered, last) {
             (true, _) => "delivered",
             (false, false) => "retried",

@@ -817,6 +817,43 @@ pub async fn a_webhook_is_not_retried_past_its_jobs_result(backend: Backend) {
     h.shutdown().await;
 }
 
+/// A `DELETE` that drops a finished job's result also ends its webhook's retries: they went on
+/// (for up to `jobs.result_ttl_ms`, an hour by default) POSTing a result the store no longer
+/// keeps.
+pub async fn a_webhook_is_not_retried_after_a_delete_drops_its_result(backend: Backend) {
+    let r = receiver(vec![500; 50]).await;
+    let h = start(backend, FAST, |c| {
+        allow(c, &r);
+        c.jobs.webhook_backoff = Duration::from_millis(100);
+        c.jobs.webhook_attempts = 50;
+        c.jobs.result_ttl = Duration::from_secs(3600);
+    })
+    .await;
+    let base = h.base();
+    let mut body = question(3);
+    body["notify"] = json!(r.url);
+    let id = submit_ok(&base, &body).await;
+    done(&base, &id).await;
+    eventually("the receiver was tried", || {
+        !r.got.lock().unwrap().is_empty()
+    })
+    .await;
+    let before = r.got.lock().unwrap().len();
+    let resp = cancel(&base, &id).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(json(&resp.text().await.unwrap())["status"], "expired");
+    // Given up at its next attempt, not after fifty.
+    h.metric_reaches(
+        "tutor_gateway_webhook_deliveries_total{outcome=\"failed\"}",
+        1.0,
+    )
+    .await;
+    // At most the attempt under way at the DELETE and the one after it.
+    let after = r.got.lock().unwrap().len();
+    assert!(after <= before + 2, "{before} attempts, then {after}");
+    h.shutdown().await;
+}
+
 /// The engine goes away under a running job, then comes back. The run it cut goes on from its
 /// text once the engine is ready (`jobs.engine_retries`): its answer is the uninterrupted one,
 /// each token counted once (it used to fail, losing the text). The jobs queued meanwhile wait

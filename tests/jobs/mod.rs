@@ -421,6 +421,7 @@ macro_rules! backend_cases {
             a_review_predicted_to_wait_too_long_becomes_a_job_on_arrival,
             an_unreachable_webhook_is_given_up_after_its_attempts,
             a_webhook_is_not_retried_past_its_jobs_result,
+            a_webhook_is_not_retried_after_a_delete_drops_its_result,
             queued_jobs_wait_out_an_engine_outage_and_the_cut_run_goes_on_from_its_text,
             a_job_the_engine_cuts_past_its_retries_fails_with_the_reason,
             jobs_are_refused_clearly_where_they_are_switched_off,

@@ -175,7 +175,8 @@ impl LocalJobs {
 
     /// Drops the result of `entry`, a job that ended (its text and answer, its bytes and its
     /// place in its tenant's and the store's bounds come back): status `expired`, forgotten
-    /// by the sweeper as any expired job is. Nothing to do for a job already expired.
+    /// `jobs.result_ttl` later (as the Redis store does). Nothing to do for a job already
+    /// expired.
     fn expire(&self, entry: &Arc<Entry>) {
         let mut store = self.store();
         let Some(from) = entry.update(|s| {
@@ -184,6 +185,7 @@ impl LocalJobs {
                 return None;
             }
             s.status = Status::Expired;
+            s.expired = Some(Instant::now());
             s.text = String::new();
             s.ends = Vec::new();
             s.answer = None;
@@ -441,8 +443,15 @@ async fn deliver(ctx: Arc<Context>, entry: Arc<Entry>) {
     };
     let body = webhook::body(entry.view(None), &url, entry.tenant.as_deref());
     webhook::send(&ctx, &entry.id, url, body, |webhook| {
-        entry.update(|s| s.webhook = webhook);
-        async {}
+        // Kept while the job keeps its result (a DELETE may drop it before it expires).
+        let kept = entry.update(|s| {
+            let kept = s.status != Status::Expired;
+            if kept {
+                s.webhook = webhook;
+            }
+            kept
+        });
+        async move { kept }
     })
     .await;
 }
@@ -477,7 +486,8 @@ async fn wake_on_freed(ctx: Arc<Context>) {
 }
 
 /// Expires results `jobs.result_ttl` after their job ended (text and answer dropped, bytes
-/// given back, status `expired`) and forgets expired ids as long again after that.
+/// given back, status `expired`) and forgets expired ids as long again after they expired (a
+/// `DELETE` may have dropped one early).
 async fn sweep(jobs: LocalJobs) {
     let ttl = jobs.ctx.config.result_ttl;
     let every = (ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
@@ -489,11 +499,14 @@ async fn sweep(jobs: LocalJobs) {
         let now = Instant::now();
         let ended = jobs.store().ended();
         for entry in ended {
-            let Some((_, finished)) = entry.lock().finished else {
+            let (finished, expired, status) = {
+                let s = entry.lock();
+                (s.finished, s.expired, s.status)
+            };
+            let Some((_, finished)) = finished else {
                 continue;
             };
-            let status = entry.lock().status;
-            if status == Status::Expired && now >= finished + ttl * 2 {
+            if status == Status::Expired && expired.is_some_and(|at| now >= at + ttl) {
                 let mut store = jobs.store();
                 store.forget(&entry.id);
                 store.expired -= 1;

@@ -18,7 +18,7 @@ use futures::Stream;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use super::store::{changed, RedisStore};
+use super::store::{changed, shown, RedisStore};
 use crate::jobs::entry::Status;
 use crate::jobs::events::{Render, KEEPALIVE, KEEPALIVE_COMMENT};
 
@@ -127,7 +127,7 @@ impl Cursor {
             .atomic()
             .cmd("HMGET")
             .arg(self.store.job_key(&self.id))
-            .arg(&["status", "attempt", "answer", "error"])
+            .arg(&["status", "attempt", "answer", "error", "progress"])
             // `sent` is at most MAX_PIECE_ID plus the pieces that exist; never a negative
             // (from the end) index, which would send the whole list again.
             .lrange(
@@ -141,7 +141,9 @@ impl Cursor {
         let get = |i: usize| fields.get(i).cloned().flatten();
         let json = |i: usize| get(i).and_then(|v| serde_json::from_str(&v).ok());
         Ok(Read {
-            status: get(0).and_then(|s| Status::parse(&s)),
+            status: get(0)
+                .and_then(|s| Status::parse(&s))
+                .map(|s| shown(s, get(4).is_some())),
             attempt: get(1).and_then(|a| a.parse().ok()).unwrap_or(0),
             answer: json(2),
             error: json(3),

@@ -41,8 +41,8 @@ pub struct Scripts {
     pub end: Script,
     cancel: Script,
     pub beat: Script,
-    /// `HSET` of one field of a hash that exists.
-    set_if_exists: Script,
+    /// The webhook's state, kept while the job keeps its result.
+    set_webhook: Script,
 }
 
 impl Default for Scripts {
@@ -54,9 +54,10 @@ impl Default for Scripts {
             end: jobs_script!("jobs_end_v2.lua"),
             cancel: jobs_script!("jobs_cancel_v2.lua"),
             beat: jobs_script!("jobs_beat_v2.lua"),
-            set_if_exists: Script::new(
-                "if redis.call('EXISTS', KEYS[1]) == 1 then \
-                 return redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end return -1",
+            set_webhook: Script::new(
+                "local status = redis.call('HGET', KEYS[1], 'status') \
+                 if status and status ~= 'expired' then \
+                 redis.call('HSET', KEYS[1], 'webhook', ARGV[1]) return 1 end return 0",
             ),
         }
     }
@@ -119,6 +120,7 @@ const VIEW_FIELDS: &[&str] = &[
     "output_budget",
     "attempt",
     "preempted",
+    "progress",
     "answer",
     "error",
     "notify",
@@ -415,19 +417,21 @@ impl RedisStore {
         live < config.max_jobs && kept + bytes <= config.max_bytes
     }
 
-    /// Keeps job `id`'s webhook state (unless the job is gone: nothing is created).
-    pub async fn set_webhook(&self, id: &str, webhook: &Webhook) {
+    /// Keeps job `id`'s webhook state while the job keeps its result; whether it still does
+    /// (false once it expired, was dropped by a `DELETE` or is gone: nothing is written or
+    /// created). Redis unreachable: true (the delivery goes on as configured).
+    pub async fn set_webhook(&self, id: &str, webhook: &Webhook) -> bool {
         let Ok(mut conn) = self.conn().await else {
-            return;
+            return true;
         };
-        let _: Result<i64, _> = self
+        let kept: Result<i64, _> = self
             .scripts
-            .set_if_exists
+            .set_webhook
             .key(self.job_key(id))
-            .arg("webhook")
             .arg(webhook.to_json().to_string())
             .invoke_async(&mut conn)
             .await;
+        kept.map_or(true, |k| k == 1)
     }
 
     /// What the earlier runs of job `id`, handed back with its text, produced (`Ok(None)`:
@@ -522,6 +526,18 @@ pub async fn changed(changes: &mut broadcast::Receiver<Arc<str>>, id: &str) {
     }
 }
 
+/// The status a client is shown for a job whose record says `status`: a job handed back with
+/// its text and progress (pre-empted, or cut by the engine), waiting in the shared queue for a
+/// replica to continue it, is still `running`, as in process (its answer goes on from where it
+/// was; it is not starting over).
+pub fn shown(status: Status, resuming: bool) -> Status {
+    if status == Status::Queued && resuming {
+        Status::Running
+    } else {
+        status
+    }
+}
+
 /// Logs a failed call to the job store; 503.
 pub fn store_down(op: &str, err: &redis::RedisError) -> GatewayError {
     // Once per client read during an outage: a line a second, with the count held back.
@@ -551,10 +567,12 @@ fn parsed(fields: &Fields, name: &str) -> Option<Value> {
 /// The JSON of `GET /jobs/{id}` (and of the webhook) from a job's record: the same shape as
 /// in process, plus `runs` (how many times it started).
 fn view(id: &str, f: &Fields, rank: Option<usize>, count: usize, pieces: &[String]) -> Value {
-    let status = f
-        .get("status")
-        .and_then(|s| Status::parse(s))
-        .unwrap_or(Status::Queued);
+    let status = shown(
+        f.get("status")
+            .and_then(|s| Status::parse(s))
+            .unwrap_or(Status::Queued),
+        f.contains_key("progress"),
+    );
     let mut v = json!({
         "id": id,
         "status": status.as_str(),
