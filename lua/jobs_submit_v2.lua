@@ -3,7 +3,8 @@
 --   max_bytes_per_tenant, field, value, ...
 --   bytes: what the job keeps (its request), counted against max_bytes; field/value: the
 --   job's record (request, classification, notify URL, traceparent...). A tenant's live jobs
---   and bytes are the meta fields tj:<tenant> and tb:<tenant> (kept by submit, end, beat).
+--   and bytes are the meta fields tj:<tenant> and tb:<tenant> (kept by submit, end, beat and
+--   cancel, whose drop of an ended job's result gives them back as the beat's expiry does).
 -- Reply: { 1 } queued, { 0 } the store is full (max_jobs live jobs, or max_bytes), { -1 } the
 --   id exists, { -2, held } the tenant keeps max_jobs_per_tenant jobs, { -3, held } its jobs
 --   keep max_bytes_per_tenant bytes.

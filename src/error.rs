@@ -172,9 +172,9 @@ pub enum GatewayError {
     /// `jobs.max_bytes_per_tenant` bytes) already: its own limit, whatever other tenants hold.
     #[error(
         "tenant {tenant} keeps {held} {what} of job store, its limit jobs.max_{what}_per_tenant \
-         is {limit}; DELETE /jobs/{{id}} of a job that ended frees its room at once (its \
-         result is dropped), or retry when its results expire (jobs.result_ttl_ms after they \
-         ended; a cancelled job counts until then too)"
+         is {limit}; DELETE /jobs/{{id}} of a job that ended (done, failed or cancelled) frees \
+         its room at once (its result is dropped), or retry when its results expire \
+         (jobs.result_ttl_ms after they ended)"
     )]
     TenantJobsFull {
         /// The tenant.

@@ -30,7 +30,8 @@ pub enum Status {
     Failed,
     /// Cancelled by `DELETE /jobs/{id}` (or the gateway shut down).
     Cancelled,
-    /// Ended longer than `jobs.result_ttl` ago: the result is gone.
+    /// Ended longer than `jobs.result_ttl` ago, or dropped by a `DELETE` after it ended: the
+    /// result is gone.
     Expired,
 }
 

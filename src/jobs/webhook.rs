@@ -232,8 +232,13 @@ where
         if delivered || last {
             webhook.delivered = Some(delivered);
         }
-        // Nor after a DELETE dropped it (the result is gone; so is the state kept with it).
-        let last = !record(webhook.clone()).await || last;
+        // Nor after a DELETE dropped it: given up as at its expiry.
+        let kept = record(webhook.clone()).await;
+        if !kept && webhook.delivered.is_none() {
+            webhook.delivered = Some(false);
+            record(webhook.clone()).await;
+        }
+        let last = last || !kept;
         let outcome = match (delivered, last) {
             (true, _) => "delivered",
             (false, false) => "retried",

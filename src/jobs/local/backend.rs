@@ -321,10 +321,13 @@ impl LocalJobs {
             metrics.ran(ran);
         }
         tracing::info!(job = %entry.id, status = to.as_str(), "job ended");
-        if entry.lock().notify.is_some() {
+        let notify = entry.lock().notify.clone();
+        if let Some(url) = notify {
+            // The body as the job ended, before a DELETE can drop its result.
+            let body = webhook::body(entry.view(None), &url, entry.tenant.as_deref());
             self.ctx
                 .tasks
-                .spawn(deliver(self.ctx.clone(), entry.clone()));
+                .spawn(deliver(self.ctx.clone(), entry.clone(), url, body));
         }
     }
 }
@@ -435,21 +438,14 @@ impl JobRun for LocalRun {
     }
 }
 
-/// Delivers `entry`'s result to its `notify` URL, retrying as configured; each attempt is
-/// recorded in the job.
-async fn deliver(ctx: Arc<Context>, entry: Arc<Entry>) {
-    let Some(url) = entry.lock().notify.clone() else {
-        return;
-    };
-    let body = webhook::body(entry.view(None), &url, entry.tenant.as_deref());
+/// Delivers `entry`'s result (`body`) to its `notify` URL (`url`), retrying as configured;
+/// each attempt is recorded in the job.
+async fn deliver(ctx: Arc<Context>, entry: Arc<Entry>, url: reqwest::Url, body: String) {
     webhook::send(&ctx, &entry.id, url, body, |webhook| {
-        // Kept while the job keeps its result (a DELETE may drop it before it expires).
+        // Retried while the job keeps its result (a DELETE may drop it before it expires).
         let kept = entry.update(|s| {
-            let kept = s.status != Status::Expired;
-            if kept {
-                s.webhook = webhook;
-            }
-            kept
+            s.webhook = webhook;
+            s.status != Status::Expired
         });
         async move { kept }
     })

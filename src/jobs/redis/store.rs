@@ -41,7 +41,7 @@ pub struct Scripts {
     pub end: Script,
     cancel: Script,
     pub beat: Script,
-    /// The webhook's state, kept while the job keeps its result.
+    /// The webhook's state, written while the job exists; whether it keeps its result.
     set_webhook: Script,
 }
 
@@ -56,8 +56,9 @@ impl Default for Scripts {
             beat: jobs_script!("jobs_beat_v2.lua"),
             set_webhook: Script::new(
                 "local status = redis.call('HGET', KEYS[1], 'status') \
-                 if status and status ~= 'expired' then \
-                 redis.call('HSET', KEYS[1], 'webhook', ARGV[1]) return 1 end return 0",
+                 if not status then return 0 end \
+                 redis.call('HSET', KEYS[1], 'webhook', ARGV[1]) \
+                 if status == 'expired' then return 0 end return 1",
             ),
         }
     }
@@ -417,9 +418,9 @@ impl RedisStore {
         live < config.max_jobs && kept + bytes <= config.max_bytes
     }
 
-    /// Keeps job `id`'s webhook state while the job keeps its result; whether it still does
-    /// (false once it expired, was dropped by a `DELETE` or is gone: nothing is written or
-    /// created). Redis unreachable: true (the delivery goes on as configured).
+    /// Keeps job `id`'s webhook state (unless the job is gone: nothing is created); whether the
+    /// job still keeps its result (false once it expired, was dropped by a `DELETE`, or is
+    /// gone). Redis unreachable: true (the delivery goes on as configured).
     pub async fn set_webhook(&self, id: &str, webhook: &Webhook) -> bool {
         let Ok(mut conn) = self.conn().await else {
             return true;
@@ -496,6 +497,12 @@ impl RedisStore {
         let Ok(status) = self.status(id, tenant.as_ref()).await else {
             return;
         };
+        if status["status"] == Status::Expired.as_str() {
+            // A DELETE dropped the result between the end and this read (a few round trips):
+            // there is nothing left to deliver.
+            tracing::info!(job = %id, "webhook not sent: the job's result was dropped first");
+            return;
+        }
         let body = webhook::body(status, &url, tenant.as_ref().map(|t| t.0.as_str()));
         let (store, id) = (self.clone(), id.to_owned());
         self.ctx.tasks.spawn(async move {
