@@ -181,7 +181,7 @@ pub fn serve_state(
                 drain: None,
             };
             let task = tokio::spawn(async move {
-                accept::serve(listener, router, &server, metrics, None, shutdown).await;
+                accept::serve(listener, "admin", router, &server, metrics, None, shutdown).await;
             });
             (Some(admin_addr), Some(task))
         }
@@ -196,7 +196,7 @@ pub fn serve_state(
         None => None,
     };
     let serve = tokio::spawn(async move {
-        accept::serve(listener, router, &server, metrics, tls, public).await;
+        accept::serve(listener, "public", router, &server, metrics, tls, public).await;
     });
     Ok(Gateway {
         addr,

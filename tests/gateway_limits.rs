@@ -591,7 +591,10 @@ async fn every_wrong_call_gets_an_error_that_names_what_is_wrong() {
 /// `ulimit -n 256`), a connection beyond what the process can hold was accepted until the
 /// accept failed for want of a file, and then waited in the listen backlog unanswered. The
 /// gateway now accepts only what the limit holds ((256 - 64) / 2 = 96, said at start), and
-/// the next connection gets its 503.
+/// the next connection gets its 503. The public listener's open connections are read from
+/// the admin listener (its own seats): the test's 96 are all held before the next comes (the
+/// start-up probe's connection, closed by the client, may still hold a seat for a moment on a
+/// loaded machine), and every seat is back once they close.
 #[tokio::test]
 async fn under_a_low_open_file_limit_a_connection_beyond_it_gets_503() {
     use tokio::io::AsyncReadExt;
@@ -601,7 +604,7 @@ async fn under_a_low_open_file_limit_a_connection_beyond_it_gets_503() {
     let gw = common::process::GatewayProcess::start_limited(
         "fds",
         &format!(
-            "[server]\nheader_read_timeout_ms = 120000\n\
+            "[server]\nheader_read_timeout_ms = 120000\nadmin_listen = \"127.0.0.1:0\"\n\
              [telemetry]\nrequest_log = \"off\"\n\
              [classify]\ntokenizer = \"heuristic\"\n\
              [upstream]\nbase_url = \"{}\"\n",
@@ -612,19 +615,38 @@ async fn under_a_low_open_file_limit_a_connection_beyond_it_gets_503() {
     )
     .await;
     assert!(gw.log().contains("accepting=96"), "{}", gw.log());
+    let metrics = format!("{}/metrics", gw.admin_url().await);
+    let open = r#"tutor_gateway_connections_open{listener="public"}"#;
+    let refused = r#"tutor_gateway_refused_total{limit="connections"}"#;
+    let scrape = || async { get_text(&metrics).await };
+    let open_is = |n: f64| {
+        let scrape = &scrape;
+        move || async move { metric(&scrape().await, open) == n }
+    };
+    tutor_testkit::eventually("the start-up probe's connection is closed", open_is(0.0)).await;
     let addr = gw.url.trim_start_matches("http://").to_owned();
     // The 96 it holds, idle (their head never comes).
     let mut held = Vec::new();
     for _ in 0..96 {
         held.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
     }
+    tutor_testkit::eventually("the 96 are held", open_is(96.0)).await;
+    assert_eq!(metric_or_zero(&scrape().await, refused), 0.0);
     let mut beyond = tokio::net::TcpStream::connect(&addr).await.unwrap();
     let mut answer = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(60), beyond.read_to_end(&mut answer)).await;
     let answer = String::from_utf8_lossy(&answer);
-    assert!(read.is_ok(), "no answer: the connection was left hanging");
+    assert!(
+        read.is_ok(),
+        "no answer: the connection was left hanging\n{}",
+        gw.log()
+    );
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    let text = scrape().await;
+    assert_eq!(metric(&text, refused), 1.0, "{text}");
+    assert_eq!(metric(&text, open), 96.0, "{text}");
     drop(held);
+    tutor_testkit::eventually("every seat back", open_is(0.0)).await;
     drop(gw);
     sim.shutdown().await;
 }

@@ -373,6 +373,10 @@ impl Auth {
 }
 
 impl crate::pipeline::tenant::KeysInForce for Auth {
+    fn in_force(&self, key_id: &str, tenant: &str) -> bool {
+        Auth::in_force(self, key_id, tenant)
+    }
+
     fn in_force_since(&self, key_id: &str, tenant: &str, since_ms: u64) -> bool {
         Auth::in_force(self, key_id, tenant) && !self.left_since(key_id, since_ms)
     }
@@ -501,11 +505,28 @@ pub async fn require(State(auth): State<Auth>, mut req: Request, next: Next) -> 
             // Until the key is revoked: a request still waiting for its answer gets 401.
             let revoked = auth.clone().revoked(id.clone(), tenant.clone());
             // The key this request came with, for the work that outlives it (a job).
-            let handled = crate::pipeline::tenant::with_caller_key(id.clone(), next.run(req));
+            let caller = crate::pipeline::tenant::CallerKey::new(
+                id.clone(),
+                tenant.clone(),
+                std::sync::Arc::new(auth.clone()),
+            );
+            let handled = crate::pipeline::tenant::with_caller_key(caller, next.run(req));
             let resp = tokio::select! {
-                resp = handled => resp,
+                biased;
                 () = revoked => return GatewayError::Unauthorized(REVOKED).into_response(),
+                resp = handled => resp,
             };
+            // A stream whose key left while it was starting (the key maps are written before
+            // the revocation wakes anyone) is dropped (its work stops) and the request gets
+            // 401, not a 200 that ends at once. A whole answer is given: its work is done (a
+            // job accepted goes on to fail for its key).
+            let streaming = axum::body::HttpBody::size_hint(resp.body())
+                .exact()
+                .is_none();
+            if streaming && !auth.in_force(&id, &tenant) {
+                drop(resp);
+                return GatewayError::Unauthorized(REVOKED).into_response();
+            }
             until_revoked(resp, auth, (id, tenant), events)
         }
         Err(why) => denied::mark(GatewayError::Unauthorized(why), Denial::Auth),
@@ -513,7 +534,7 @@ pub async fn require(State(auth): State<Auth>, mut req: Request, next: Next) -> 
 }
 
 /// Why a request of a key revoked while it was in flight ends.
-const REVOKED: &str = "the API key was revoked while this request was in flight";
+const REVOKED: &str = crate::pipeline::tenant::KEY_REVOKED;
 
 /// How a stream says it ended for a revoked key.
 #[derive(Debug, Clone, Copy)]

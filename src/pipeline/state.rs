@@ -391,6 +391,11 @@ impl AppState {
         if let Some(drain) = crate::relay::Drain::current() {
             record.ended_by_shutdown_after(drain.end_token());
         }
+        // Served for an API key (`[auth]`): dropped once the key was revoked, the request was
+        // ended by the revocation, not by its client.
+        if let Some(key) = super::tenant::caller() {
+            record.ended_by_revocation(move || !key.in_force());
+        }
         record
     }
 

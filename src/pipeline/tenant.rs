@@ -10,23 +10,62 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 tokio::task_local! {
-    /// The id of the API key the request being handled came with (`[auth]`).
-    static CALLER_KEY: String;
+    /// The API key the request being handled came with (`[auth]`).
+    static CALLER_KEY: CallerKey;
 }
 
-/// Runs `f` (a request's handling) as the request of the key with id `key_id`.
-pub async fn with_caller_key<F: std::future::Future>(key_id: String, f: F) -> F::Output {
-    CALLER_KEY.scope(key_id, f).await
+/// The API key a request came with: its id, its tenant, and the keys in force to ask whether
+/// it still is.
+#[derive(Clone)]
+pub struct CallerKey {
+    id: String,
+    tenant: String,
+    keys: Arc<dyn KeysInForce>,
+}
+
+impl CallerKey {
+    /// The key with id `id`, of `tenant`, among `keys`.
+    pub fn new(id: String, tenant: String, keys: Arc<dyn KeysInForce>) -> Self {
+        Self { id, tenant, keys }
+    }
+
+    /// Whether it is still in force for its tenant.
+    pub fn in_force(&self) -> bool {
+        self.keys.in_force(&self.id, &self.tenant)
+    }
+}
+
+/// Runs `f` (a request's handling) as the request of `key`.
+pub async fn with_caller_key<F: std::future::Future>(key: CallerKey, f: F) -> F::Output {
+    CALLER_KEY.scope(key, f).await
 }
 
 /// The id of the API key the request being handled came with, inside [`with_caller_key`]
 /// (`None` without `[auth]`).
 pub fn caller_key() -> Option<String> {
+    CALLER_KEY.try_with(|k| k.id.clone()).ok()
+}
+
+/// Why a request whose API key was revoked while it was in flight ends.
+pub const KEY_REVOKED: &str = "the API key was revoked while this request was in flight";
+
+/// Whether the API key the request being handled came with is still in force for its tenant
+/// (true without `[auth]`): a request whose key was revoked while it waited for its seat is not
+/// sent to the engine.
+pub fn caller_key_in_force() -> bool {
+    CALLER_KEY.try_with(CallerKey::in_force).unwrap_or(true)
+}
+
+/// The API key the request being handled came with, inside [`with_caller_key`] (`None`
+/// without `[auth]`).
+pub fn caller() -> Option<CallerKey> {
     CALLER_KEY.try_with(Clone::clone).ok()
 }
 
 /// The keys in force (`[auth]`), as work that outlives its request sees them.
 pub trait KeysInForce: Send + Sync + std::fmt::Debug {
+    /// Whether the key with id `key_id` is in force now, for `tenant`.
+    fn in_force(&self, key_id: &str, tenant: &str) -> bool;
     /// Whether the key with id `key_id` is in force, for `tenant`, and has been since
     /// `since_ms` (ms since the epoch: a job's submission): a key removed and put back since
     /// is not (what it submitted before died with it).

@@ -778,12 +778,14 @@ impl Drop for Relay {
             // (A resumable stream dropped is its client gone, asked back or not.)
             let preempted =
                 self.resume.is_none() && self.guard.as_ref().is_some_and(LaneGuard::is_preempted);
-            let outcome = if preempted {
-                Outcome::Preempted
+            if preempted {
+                self.finish(Outcome::Preempted, None);
+            } else if self.record.key_revoked() {
+                // Its key revoked: the auth layer ended the stream, its client did not go.
+                self.finish(Outcome::Cancelled, Some(crate::telemetry::REVOKED_CODE));
             } else {
-                Outcome::Cancelled
-            };
-            self.finish(outcome, None);
+                self.finish(Outcome::Cancelled, None);
+            }
         }
     }
 }

@@ -96,9 +96,11 @@ struct Idle {
     keep_alive: Duration,
 }
 
-/// Serves `router` on `listener` until `shutdown.stop`, then drains (see the module doc).
+/// Serves `router` on `listener` until `shutdown.stop`, then drains (see the module doc). Its
+/// open connections are `tutor_gateway_connections_open{listener=name}`.
 pub async fn serve(
     listener: TcpListener,
+    name: &'static str,
     router: Router,
     server: &ServerConfig,
     metrics: Metrics,
@@ -172,7 +174,7 @@ pub async fn serve(
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "TCP_NODELAY not set on an accepted connection");
         }
-        let Ok(seat) = Arc::clone(&open).try_acquire_owned() else {
+        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
             metrics.refused("connections");
             // A TLS client would read a plain-text answer as a broken handshake: closed.
             if tls.is_none() {
@@ -180,6 +182,8 @@ pub async fn serve(
             }
             continue;
         };
+        // Given back, and counted down, when the connection's task ends.
+        let seat = (permit, metrics.connection_open(name));
         let (builder, router, metrics) = (builder.clone(), router.clone(), metrics.clone());
         let (finish, close_now) = (finish.clone(), close_now.clone());
         let acceptor = tls.as_ref().map(TlsFront::acceptor);

@@ -214,6 +214,16 @@ impl DroppedLines {
     }
 }
 
+/// A connection counted in `tutor_gateway_connections_open` until dropped.
+#[derive(Debug)]
+pub struct ConnectionOpen(IntGauge);
+
+impl Drop for ConnectionOpen {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// The gateway's metric families, registered once.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -223,6 +233,7 @@ pub struct Metrics {
     lane_queue_depth: IntGaugeVec,
     prefill_tokens_in_flight: IntGauge,
     requests_in_flight: IntGauge,
+    connections_open: IntGaugeVec,
     prefill_wait: HistogramVec,
     requests: IntCounterVec,
     cancelled_after_tokens: HistogramVec,
@@ -297,6 +308,16 @@ impl Metrics {
         registry
             .register(Box::new(requests_in_flight.clone()))
             .expect("registered once");
+        let connections_open = gauge_vec(
+            &registry,
+            "tutor_gateway_connections_open",
+            "Client connections a listener holds open (listener is public or admin): what \
+             server.max_connections bounds, each listener apart.",
+            &["listener"],
+        );
+        for listener in ["public", "admin"] {
+            connections_open.with_label_values(&[listener]);
+        }
         let requests = IntCounterVec::new(
             Opts::new(
                 "tutor_gateway_requests_total",
@@ -459,6 +480,7 @@ impl Metrics {
             lane_queue_depth,
             prefill_tokens_in_flight,
             requests_in_flight,
+            connections_open,
             prefill_wait,
             requests,
             cancelled_after_tokens,
@@ -522,6 +544,13 @@ impl Metrics {
     /// The gauge of requests being handled (`server.max_requests_in_flight`'s permits taken).
     pub fn requests_in_flight(&self) -> &IntGauge {
         &self.requests_in_flight
+    }
+
+    /// Counts a connection open on `listener` (`public`, `admin`) until the guard is dropped.
+    pub fn connection_open(&self, listener: &'static str) -> ConnectionOpen {
+        let gauge = self.connections_open.with_label_values(&[listener]);
+        gauge.inc();
+        ConnectionOpen(gauge)
     }
 
     /// Counts a connection or request refused at `limit` (`connections`, `requests_in_flight`).

@@ -18,6 +18,20 @@ use super::request_log::{RequestLog, RequestLogLine};
 use super::span;
 use crate::classify::{Calibration, Classification};
 
+/// The error code of a request ended because its API key was revoked (as
+/// `GatewayError::Unauthorized`'s).
+pub const REVOKED_CODE: &str = "invalid_api_key";
+
+/// Whether a request's API key has left the keys in force.
+#[derive(Clone)]
+struct KeyLeft(std::sync::Arc<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for KeyLeft {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("KeyLeft").field(&(self.0)()).finish()
+    }
+}
+
 /// The measurements of one request in progress.
 #[derive(Debug)]
 pub struct RequestRecord {
@@ -36,6 +50,9 @@ pub struct RequestRecord {
     /// Cancelled when the shutdown's grace is over (see
     /// [`RequestRecord::ended_by_shutdown_after`]).
     shutdown: Option<tokio_util::sync::CancellationToken>,
+    /// Whether the API key the request came with has left the keys in force (see
+    /// [`RequestRecord::ended_by_revocation`]).
+    key_left: Option<KeyLeft>,
     /// The prefill discount's key (`crate::prompt::discount_key`); the fingerprint when unset.
     discount_key: Option<String>,
     /// The tokens of that prefix itself: what the discount and the drift profile learn from
@@ -89,6 +106,7 @@ impl RequestRecord {
             first_token: false,
             fingerprint: None,
             shutdown: None,
+            key_left: None,
             discount_key: None,
             prefix_tokens: None,
             replica: None,
@@ -182,6 +200,19 @@ impl RequestRecord {
     /// was ended by the shutdown: recorded with error code `shutdown`, not as its client gone.
     pub fn ended_by_shutdown_after(&mut self, end: tokio_util::sync::CancellationToken) {
         self.shutdown = Some(end);
+    }
+
+    /// A request dropped unfinished once `key_left` says its API key left the keys in force
+    /// (`[auth]`: revoked) was ended by the revocation (the auth layer ends such a request's
+    /// stream, or answers it 401 while it waits): recorded with error code `invalid_api_key`,
+    /// not as its client gone.
+    pub fn ended_by_revocation(&mut self, key_left: impl Fn() -> bool + Send + Sync + 'static) {
+        self.key_left = Some(KeyLeft(std::sync::Arc::new(key_left)));
+    }
+
+    /// Whether the API key the request came with has left the keys in force.
+    pub fn key_revoked(&self) -> bool {
+        self.key_left.as_ref().is_some_and(|k| (k.0)())
     }
 
     /// Records the replica that served the request (a name from `[[upstream.replicas]]`): the
@@ -565,6 +596,11 @@ impl Drop for RequestRecord {
                 // Dropped by the shutdown at the end of its grace (its client got 503
                 // `shutdown`).
                 self.finish(Outcome::Cancelled, Some("shutdown"), None);
+                return;
+            }
+            if self.key_revoked() {
+                // Its key revoked while it waited (its client got 401).
+                self.finish(Outcome::Cancelled, Some(REVOKED_CODE), None);
                 return;
             }
             // Dropped unfinished: the client went away (the HTTP server dropped the handler or

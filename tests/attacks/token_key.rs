@@ -202,7 +202,8 @@ async fn a_token_is_refused_on_v1_with_a_clear_message() {
 /// (up to `upstream.total_timeout_ms`), holding its seat and the engine, and its queued
 /// request was still admitted. At the key file's next reload the stream ends with an error
 /// event (`invalid_api_key`, the engine's work aborted, the seat back) and the queued request
-/// gets 401; another key's requests go on.
+/// gets 401 without reaching the engine, even when the seat the revoked stream gave back is
+/// what admitted it; another key's requests go on.
 #[tokio::test]
 async fn revoking_a_key_ends_its_streams_and_its_waiting_requests() {
     let file = KeyFile::new(
@@ -258,7 +259,30 @@ async fn revoking_a_key_ends_its_streams_and_its_waiting_requests() {
     let refused = waiting.await.unwrap().unwrap();
     assert_eq!(refused.status(), 401);
     eventually("the engine's work was aborted", || h.sim_aborted() == 1).await;
+    // The seat the revoked stream gave back went to the waiting request before the auth layer
+    // heard of the revocation (about one run in six): it must be refused before the engine.
+    assert_eq!(
+        h.sim_requests().await.len(),
+        1,
+        "the waiting request of a revoked key reached the engine"
+    );
     eventually("every seat back", || h.idle()).await;
+    // Both were ended by the revocation, not given up by their clients: recorded with its
+    // code, and not among the cancellations.
+    eventually("both requests recorded", || {
+        h.log.lock().unwrap().len() == 2
+    })
+    .await;
+    let log = h.log.lock().unwrap().clone();
+    for line in &log {
+        assert_eq!(line["error_code"], "invalid_api_key", "{line}");
+    }
+    let m = h.metrics_text().await;
+    assert_eq!(
+        family_total(&m, "tutor_gateway_cancellations_total"),
+        0.0,
+        "{m}"
+    );
     // The other key is served.
     let other = send(
         client()
