@@ -218,6 +218,10 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
             loop {
                 let (ready, guard, record, handle) = next;
                 let leave = handle.as_ref().map(|h| h.preempted());
+                // The run's last token came (a chunk with its finish reason): the stream ends
+                // at its `[DONE]`, and a seat asked back meanwhile is already given (the relay
+                // gave it back with that chunk). The answer is complete: not pre-empted.
+                let finished = std::sync::atomic::AtomicBool::new(false);
                 let ended = {
                     let streamed = async {
                         let rctx = RequestCtx::snapshot(&ctx.state);
@@ -230,6 +234,9 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                                 .await?;
                         relay
                             .collect_with(|chunk| {
+                                if chunk.finish_reason.is_some() {
+                                    finished.store(true, Ordering::Relaxed);
+                                }
                                 progress.chunk(chunk, &mut *run, handle.as_deref())
                             })
                             .await
@@ -238,6 +245,11 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
                         match leave {
                             Some(leave) => leave.await,
                             None => std::future::pending().await,
+                        }
+                        // Polled after the stream (biased below): a finish read in the same
+                        // wake-up is seen here.
+                        if finished.load(Ordering::Relaxed) {
+                            std::future::pending::<()>().await;
                         }
                     };
                     tokio::select! {

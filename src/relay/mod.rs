@@ -317,12 +317,22 @@ impl Relay {
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
+        let next = tokio::select! {
             biased;
             () = ending => Next::Shutdown,
             () = leave => Next::Preempted,
             ev = self.next_event() => Next::Event(ev),
+        };
+        if matches!(next, Next::Preempted) {
+            // Events the engine already sent come first (the ask stays until the seat is
+            // given, so this drains what has arrived, which an engine a token a step cannot
+            // keep up): a finish among them is a complete answer, its seat given back with
+            // it, not a run to continue.
+            if let Some(ev) = futures::FutureExt::now_or_never(self.next_event()) {
+                return Next::Event(ev);
+            }
         }
+        next
     }
 
     /// Lets the engine's request go (its seat was asked back) and goes on with a continuation
