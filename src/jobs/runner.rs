@@ -408,10 +408,13 @@ async fn engine_back(
             None => ENGINE_RECHECK,
         };
         tokio::select! {
-            () = tokio::time::sleep(wait) => {}
+            // One outcome when several come in one wake-up (a key revoked at shutdown ends
+            // the job as its revocation, not handed back): lost, cancelled, stopped, then on.
+            biased;
             () = &mut *lost => return Err(None),
             () = &mut *cancelled => return Err(Some(Ended::Cancelled)),
             () = ctx.stop.cancelled() => return Err(Some(Ended::HandedBack(None))),
+            () = tokio::time::sleep(wait) => {}
         }
     }
 }
@@ -703,10 +706,13 @@ async fn reseat(
             }
         };
         tokio::select! {
-            () = changed => {}
+            // One outcome when several come in one wake-up (a key revoked at shutdown ends
+            // the job as its revocation, not handed back): lost, cancelled, stopped, then on.
+            biased;
             () = &mut *lost => return Err(None),
             () = &mut *cancelled => return Err(Some(Ended::Cancelled)),
             () = ctx.stop.cancelled() => return Err(Some(Ended::HandedBack(None))),
+            () = changed => {}
         }
     }
 }
