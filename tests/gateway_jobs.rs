@@ -29,15 +29,16 @@ async fn a_large_answer_keeps_its_place_when_no_job_can_be_taken() {
         c.jobs.max_jobs = 1;
     })
     .await;
-    let big = |salt: &str| json!({"prompt": words(5500, salt), "max_output_tokens": 300});
-    let first = spawn_post(h.url("/answer"), big("first"));
+    let big = |salt: &str, out: u32| json!({"prompt": words(5500, salt), "max_output_tokens": out});
+    // The first holds the seat some 10 s: the second still waits for it on a loaded machine.
+    let first = spawn_post(h.url("/answer"), big("first", 2000));
     eventually("the first holds the seat", || h.in_flight(Lane::Large) == 1).await;
     // The job store is full (one queued job), so the next large answer cannot become a job:
     // it keeps waiting in the queue and is answered there.
     let queued = submit_ok(&h.base(), &question(5)).await;
     let resp = client()
         .post(h.url("/answer"))
-        .json(&big("second"))
+        .json(&big("second", 300))
         .send()
         .await
         .unwrap();

@@ -315,14 +315,15 @@ async fn a_job_that_keeps_losing_its_gateway_fails_after_max_attempts() {
 async fn a_job_never_passes_an_interactive_large_request_waiting_on_another_replica() {
     let f = fleet(SLOW, one_seat).await;
     let (a, b, sim) = (&f.a, &f.b, &f.sim);
-    // A long interactive review: large by its output budget.
-    let review_body = json!({"prompt": words(8000, "repo"), "max_output_tokens": 300});
-    let first = spawn_post(format!("{}/answer", a.url()), review_body.clone());
+    // A long interactive review: large by its output budget. A's runs some 10 s and B's 5 s, so
+    // each still holds the seat while the test looks, on a loaded machine too.
+    let review_body = |out: u32| json!({"prompt": words(8000, "repo"), "max_output_tokens": out});
+    let first = spawn_post(format!("{}/answer", a.url()), review_body(2000));
     eventually("A's review holds the seat", || running(sim) == 1).await;
     let (admitted_tx, admitted) = tokio::sync::oneshot::channel::<()>();
     let second = tokio::spawn({
         let url = format!("{}/answer", b.url());
-        let body = review_body.clone();
+        let body = review_body(1000);
         async move {
             use futures::StreamExt;
             let resp = client().post(url).json(&body).send().await.unwrap();
@@ -369,13 +370,14 @@ async fn a_large_answer_that_waits_too_long_becomes_a_shared_job() {
     })
     .await;
     let (a, b, sim) = (&f.a, &f.b, &f.sim);
-    let body = json!({"prompt": words(8000, "repo"), "max_output_tokens": 200});
-    let first = spawn_post(format!("{}/answer", a.url()), body.clone());
+    let body = |out: u32| json!({"prompt": words(8000, "repo"), "max_output_tokens": out});
+    // The first holds the seat some 10 s: the second waits past the deadline on any machine.
+    let first = spawn_post(format!("{}/answer", a.url()), body(2000));
     eventually("the first review holds the seat", || running(sim) == 1).await;
     // The second waits past the divert deadline and becomes a job, on the other replica.
     let second = client()
         .post(format!("{}/answer", b.url()))
-        .json(&body)
+        .json(&body(200))
         .send()
         .await
         .unwrap();
@@ -406,7 +408,8 @@ async fn a_replica_that_shuts_down_hands_its_running_job_to_the_other() {
             c
         };
         let a = gateway(config()).await;
-        let id = submit_ok(&a.url(), &question(600)).await;
+        // Some 10 s of answer: still running on A when B is up and A shuts down.
+        let id = submit_ok(&a.url(), &question(2000)).await;
         job_until(&a.url(), &id, "streaming on A", |v| {
             v["status"] == "running" && v["output_pieces"].as_u64().unwrap_or(0) >= 3
         })
@@ -422,7 +425,7 @@ async fn a_replica_that_shuts_down_hands_its_running_job_to_the_other() {
         );
         assert_eq!(b_runs, 1.0, "preempt {preempt}: {v}");
         // Each output token counted once, either way.
-        assert_eq!(v["answer"]["usage"]["output_tokens"], 600, "{v}");
+        assert_eq!(v["answer"]["usage"]["output_tokens"], 2000, "{v}");
         // Continued: still its first run. Started over: a second one.
         assert_eq!(v["runs"], if preempt { 1 } else { 2 }, "{v}");
         texts.push(v["answer"]["text"].as_str().unwrap().to_owned());
@@ -607,8 +610,9 @@ async fn equal_turns_are_served_oldest_first_in_the_shared_job_queue() {
 #[tokio::test]
 async fn an_expired_and_forgotten_job_leaves_nothing_in_redis() {
     let h = start(Backend::Redis, FAST, |c| {
-        // Long enough that a loaded machine still sees "done" before it expires.
-        c.jobs.result_ttl = Duration::from_secs(3);
+        // Long enough that a loaded machine still sees "done" before it expires (a stall of
+        // a few seconds), short enough that it is forgotten within `forgotten`'s 30 s.
+        c.jobs.result_ttl = Duration::from_secs(8);
     })
     .await;
     let id = submit_ok(&h.base(), &question(4)).await;

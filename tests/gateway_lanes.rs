@@ -190,10 +190,17 @@ async fn a_client_leaving_mid_stream_aborts_and_records_tokens_relayed() {
         .parse()
         .unwrap();
     assert!(sum >= 5.0, "cancelled after {sum} tokens");
-    // The engine stopped: no more tokens are generated after the abort.
+    // The engine stopped: no more tokens are generated after the abort, beyond the steps it
+    // had already planned (vLLM's async scheduling plans one ahead: at most two in flight,
+    // which a late engine thread may still end after the abort is seen).
     let generated = h.sim.engine.snapshot().steps;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(h.sim.engine.snapshot().steps, generated);
+    let later = h.sim.engine.snapshot().steps;
+    assert!(
+        later <= generated + 2,
+        "{} steps after the abort",
+        later - generated
+    );
     h.shutdown().await;
 }
 

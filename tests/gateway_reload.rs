@@ -21,19 +21,20 @@ fn small(c: &mut Config, n: u32) {
 
 #[tokio::test]
 async fn a_reload_raises_and_lowers_a_lanes_limit_and_a_shrink_cuts_nothing() {
-    // Half speed: 10 ms a token.
+    // A quarter of real speed: 20 ms a token.
     let h = harness(
-        &flags("--speed 0.5 --profile tiny-test --mean-output-tokens 1000000"),
+        &flags("--speed 0.25 --profile tiny-test --mean-output-tokens 1000000"),
         |c| {
             small(c, 2);
-            // Lowered to one seat, the last of the eight waits about 15 s.
+            // Lowered to one seat, the last of the eight waits about 20 s.
             c.lanes.small.queue.timeout = Duration::from_secs(120);
         },
     )
     .await;
     let base = (*h.gw.state.config()).clone();
-    // Eight small questions, each streaming for about 2.5 s (250 tokens: under the small
-    // lane's 256, never promoted), so all eight are in before the first two end.
+    // Eight small questions, each streaming for about 5 s (250 tokens: under the small
+    // lane's 256, never promoted), so all eight are in before the first two end, on a loaded
+    // machine too.
     let mut streams = Vec::new();
     for i in 0..8 {
         let url = h.url("/answer");

@@ -19,6 +19,12 @@ async fn answer(h: &Harness, prompt: &str, max: u32) -> Vec<(String, String)> {
     sse(&body)
 }
 
+/// The sim's speed for [`scripted_mix`]: real time (the tiny profile's 5 ms a token), so the
+/// stream cancelled after 3 tokens is still far from the small lane's 256-token limit (about
+/// 1.3 s on) when its client leaves, on a loaded machine too (at 20x real time it was 64 ms, and
+/// a stalled test thread let it move to the medium lane or finish first).
+const MIX_SPEED: &str = "1";
+
 async fn scripted_mix(h: &Harness) {
     // 5 small and 2 medium complete answers, 1 large, 1 small cancelled mid-stream.
     for i in 0..5 {
@@ -56,7 +62,7 @@ async fn histograms_count_each_lane_and_the_log_has_one_line_per_request() {
     let h = harness(
         &[
             "--speed",
-            "20",
+            MIX_SPEED,
             "--profile",
             "tiny-test",
             "--enable-prompt-tokens-details",
@@ -284,7 +290,9 @@ async fn a_client_leaving_the_queue_is_counted_at_stage_queued() {
 #[tokio::test]
 async fn the_exposition_passes_promtool_check_metrics() {
     let h = harness(
-        &flags("--speed 20 --profile tiny-test --enable-prompt-tokens-details"),
+        &flags(&format!(
+            "--speed {MIX_SPEED} --profile tiny-test --enable-prompt-tokens-details"
+        )),
         |_| {},
     )
     .await;
