@@ -271,7 +271,10 @@ impl Auth {
         let key_ids: HashMap<String, String> = all()
             .map(|k| (key_id(&k.sha256), k.tenant.clone()))
             .collect();
-        *self.0.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
+        // The keys' ids and tenants first, the keys that authenticate last: a request that
+        // authenticates with a key just put in force (or moved) finds it in force for the
+        // tenant it authenticated as, never "revoked" for a moment (401) while the maps
+        // disagree. A key just removed may still authenticate meanwhile; it is then revoked.
         let old = std::mem::replace(
             &mut *self.0.key_ids.write().unwrap_or_else(|e| e.into_inner()),
             key_ids.clone(),
@@ -284,6 +287,7 @@ impl Auth {
             }
         }
         drop(revoked_at);
+        *self.0.keys.write().unwrap_or_else(|e| e.into_inner()) = keys;
         self.0.installed.send_modify(|n| *n = n.wrapping_add(1));
     }
 

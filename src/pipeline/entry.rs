@@ -275,10 +275,18 @@ async fn start(
     };
     // A key revoked while its request waited: the seat its revoked stream gave back can come
     // to this request before the auth layer hears of the revocation. Refused here, its seat
-    // back, before the engine sees it; recorded as ended by the revocation (its record sees
-    // the key gone), as when the auth layer answers first.
+    // back, before the engine sees it; recorded as ended by the revocation, as when the auth
+    // layer answers first.
     if !super::tenant::caller_key_in_force() {
-        drop(admitted);
+        let Admitted {
+            guard, mut record, ..
+        } = admitted;
+        drop(guard);
+        record.finish(
+            crate::telemetry::Outcome::Cancelled,
+            Some(crate::telemetry::REVOKED_CODE),
+            None,
+        );
         return Err(GatewayError::Unauthorized(super::tenant::KEY_REVOKED));
     }
     send(ctx, admitted, format).await.map(Started::Relay)

@@ -123,7 +123,15 @@ pub struct Relay {
     drain: Option<Drain>,
     /// A pre-emptible `/answer` stream's way on and its state across runs (`resume.rs`).
     resume: Option<resume::Resumable>,
+    /// Events already arrived taken since its seat was asked back (at most
+    /// [`EVENTS_AFTER_ASK`]).
+    events_after_ask: u8,
 }
+
+/// Events a pre-emptible stream whose seat was asked back may still take when they have
+/// already arrived (a finish among them ends the answer): a bound, so an engine or a burst
+/// that keeps one waiting cannot put the seat's return off.
+const EVENTS_AFTER_ASK: u8 = 16;
 
 /// A stream's content chunks in time: first, last, how many, the longest gap between two.
 #[derive(Debug, Default)]
@@ -196,6 +204,7 @@ impl Relay {
             done: false,
             drain: Drain::current(),
             resume: None,
+            events_after_ask: 0,
         }
     }
 
@@ -323,12 +332,12 @@ impl Relay {
             () = leave => Next::Preempted,
             ev = self.next_event() => Next::Event(ev),
         };
-        if matches!(next, Next::Preempted) {
-            // Events the engine already sent come first (the ask stays until the seat is
-            // given, so this drains what has arrived, which an engine a token a step cannot
-            // keep up): a finish among them is a complete answer, its seat given back with
-            // it, not a run to continue.
+        if matches!(next, Next::Preempted) && self.events_after_ask < EVENTS_AFTER_ASK {
+            // Events the engine already sent come first, a few at most (the ask stays until
+            // the seat is given): a finish among them is a complete answer, its seat given
+            // back with it, not a run to continue.
             if let Some(ev) = futures::FutureExt::now_or_never(self.next_event()) {
+                self.events_after_ask = self.events_after_ask.saturating_add(1);
                 return Next::Event(ev);
             }
         }
@@ -349,6 +358,7 @@ impl Relay {
         // for it gets it.
         self.upstream.abort_now();
         drop(self.guard.take());
+        self.events_after_ask = 0;
         // The autopilot's step sample is the kept run's alone: the pause until a continuation
         // gets a seat is no engine step.
         self.steps = Steps::default();
