@@ -164,3 +164,72 @@ async fn a_registered_fallback_request_moves_only_when_redis_has_room() {
     other.shutdown().await;
     admission.shutdown().await;
 }
+
+/// A lease Redis grants while the replica goes degraded (three calls elsewhere timed out on a
+/// loaded machine while this one was out): the fallback had counted the replica's leases as
+/// they were when it went degraded, so the late one ran uncounted and the fallback admitted its
+/// whole share beside it (the engine saw the large lane's limit plus a share plus that lease).
+/// The fallback counts it: with a share of 2, one more request gets in, not two.
+#[tokio::test]
+async fn a_lease_granted_as_the_replica_goes_degraded_is_counted_by_its_fallback() {
+    use super::tests::redis_common::{pause_writes, paused_script};
+    use crate::lane::Lane::Large;
+    let redis = RedisServer::start();
+    // No beat during the test (it would find Redis well and leave the fallback); the large
+    // lane's 4 seats, 2 a replica on the fallback; a short queue timeout: a request the
+    // fallback has no room for is refused, not kept waiting.
+    let config = Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n\
+         [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\non_redis_down = \"fail_open\"\n\
+         expected_replicas = 2\nheartbeat_ms = 180000\nlease_ttl_ms = 600000\n\
+         [lanes.large]\nmax_concurrency = 4\nceiling = 4\nborrow = false\nqueue_timeout_ms = 300\n",
+        redis.url()
+    ))
+    .unwrap();
+    let admission = RedisAdmission::from_config(&config, Metrics::new().quota().clone()).unwrap();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    // Once connected (an acquire waits for the first connection).
+    drop(admission.acquire(Ask::new(Large, 100)).await.unwrap());
+
+    // Redis holds writes; the acquire's script waits there; the replica goes degraded; Redis
+    // goes on and grants the lease. Only the heartbeat takes the replica out of degraded: its
+    // start-up beat, when the pause held it too, may do so meanwhile; then the round proves
+    // nothing and is run again (the next beat is minutes away).
+    for _ in 0..20 {
+        pause_writes(&mut conn).await;
+        let granted = {
+            let admission = admission.clone();
+            tokio::spawn(async move { admission.acquire(Ask::new(Large, 100)).await })
+        };
+        paused_script(&mut conn).await;
+        admission.shared.set_degraded(true);
+        let _: () = redis::cmd("CLIENT")
+            .arg("UNPAUSE")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // Granted by Redis, or (a reply later than the call's timeout on a loaded machine) by
+        // the fallback: counted by the fallback either way.
+        let first = granted.await.unwrap().expect("the request is admitted");
+        if !admission.shared.degraded() {
+            drop(first);
+            continue;
+        }
+        let second = admission.acquire(Ask::new(Large, 100)).await;
+        let third = admission.acquire(Ask::new(Large, 100)).await;
+        if !admission.shared.degraded() {
+            drop((first, second, third));
+            continue;
+        }
+        let second = second.expect("the fallback's share has room for one more");
+        assert!(
+            matches!(third, Err(AdmissionError::Timeout { lane: Large, .. })),
+            "the fallback admitted a third request beside a share of 2: {third:?}"
+        );
+        drop((first, second));
+        admission.shutdown().await;
+        return;
+    }
+    panic!("the replica never stayed degraded for a round");
+}

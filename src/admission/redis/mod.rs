@@ -84,8 +84,9 @@
 //! to Redis on its own after the first successful call; no restart. Releases that failed are
 //! retried by the heartbeat until the lease's TTL has passed (then Redis has reaped it anyway),
 //! so nothing leaks. No overcommit across the switches: when the replica falls back, its
-//! fallback first counts the leases it still holds in Redis (their requests run on), so the
-//! replica stays within its share; when Redis is back, the requests the fallback admitted are
+//! fallback first counts the leases it still holds in Redis (their requests run on), and a lease
+//! Redis grants to a call that was out as the replica fell back is counted by the fallback as
+//! it is booked, so the replica stays within its share; when Redis is back, the requests the fallback admitted are
 //! registered there as leases (`quota_adopt_v2.lua`, whatever the limits: they already run),
 //! renewed and released like any other, so Redis counts what really runs and new admissions
 //! wait until the lanes are under their limits. Leases that expired during the outage are
@@ -811,10 +812,11 @@ impl RedisAdmission {
                     .and_then(|&i| usize::try_from(i).ok())
                     .and_then(|i| Lane::ALL.get(i).copied())
                     .unwrap_or(lane);
-                self.shared.hold_as(&id, seat, tokens, prompt, Some(lane));
+                self.shared
+                    .hold_granted(&id, seat, tokens, prompt, Some(lane));
                 self.shared.hold_preemptible(&id, handle.clone());
             }
-            None => self.shared.hold(&id, lane, tokens, prompt),
+            None => self.shared.hold_granted(&id, lane, tokens, prompt, None),
         }
         let ask = Asked {
             lane,

@@ -702,6 +702,30 @@ impl Shared {
         self.held().insert(id.to_owned(), held);
     }
 
+    /// [`Shared::hold_as`] of a lease Redis just granted. When the replica went degraded
+    /// while the call was out, the fallback had already counted `held` as it was then: this
+    /// lease is counted there at once (a shadow, as `set_degraded` makes), else the fallback
+    /// would admit its whole share beside a request it does not know runs. Under the shadows'
+    /// lock, as `set_degraded` (shadows, then held): one or the other counts it.
+    pub fn hold_granted(
+        &self,
+        id: &str,
+        lane: Lane,
+        tokens: u32,
+        prompt: u32,
+        budget: Option<Lane>,
+    ) {
+        let mut shadows = self.shadows();
+        self.hold_as(id, lane, tokens, prompt, budget);
+        if self.degraded() {
+            if let Some(fallback) = &self.fallback {
+                shadows
+                    .entry(id.to_owned())
+                    .or_insert_with(|| fallback.force_take(lane, tokens));
+            }
+        }
+    }
+
     /// Keeps a pre-emptible lease's handle until the lease is given back.
     pub fn hold_preemptible(&self, id: &str, handle: Arc<Preemptible>) {
         self.preemptibles().insert(id.to_owned(), handle);
@@ -825,9 +849,9 @@ impl Shared {
                 self.succeeded();
                 self.metrics.reaped(reaped);
                 if verdict == Verdict::Granted {
-                    self.hold(&id, lane, tokens, prompt);
+                    self.hold_granted(&id, lane, tokens, prompt, None);
                     for b in &behind[..granted] {
-                        self.hold(&b.id, lane, b.tokens, b.prompt);
+                        self.hold_granted(&b.id, lane, b.tokens, b.prompt, None);
                     }
                     self.metrics.leases("acquire", 1 + granted);
                     Take::Granted(id, granted)
