@@ -233,3 +233,178 @@ async fn a_lease_granted_as_the_replica_goes_degraded_is_counted_by_its_fallback
     }
     panic!("the replica never stayed degraded for a round");
 }
+
+/// A replica on its fallback (share 2 of the large lane's 4 seats, both taken) and its beat
+/// stopped: the tests below leave the fallback as the beat does ([`super::Shared::back_on_redis`]).
+async fn degraded_and_full(
+    redis: &RedisServer,
+) -> (
+    RedisAdmission,
+    redis::aio::MultiplexedConnection,
+    [crate::admission::LaneGuard; 2],
+) {
+    use crate::lane::Lane::Large;
+    let config = Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n\
+         [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\non_redis_down = \"fail_open\"\n\
+         expected_replicas = 2\nheartbeat_ms = 180000\nlease_ttl_ms = 600000\n\
+         [lanes.large]\nmax_concurrency = 4\nceiling = 4\nborrow = false\nqueue_timeout_ms = 20000\n",
+        redis.url()
+    ))
+    .unwrap();
+    let admission = RedisAdmission::from_config(&config, Metrics::new().quota().clone()).unwrap();
+    let conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // Once connected (an acquire waits for the first connection) and past the start-up beat
+    // (it could take the replica off the fallback, or fail on paused writes and drop the
+    // connection; the next is minutes away), then on the fallback.
+    drop(admission.acquire(Ask::new(Large, 100)).await.unwrap());
+    for _ in 0..3_000 {
+        if admission
+            .shared
+            .beats
+            .load(std::sync::atomic::Ordering::Acquire)
+            > 0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        admission
+            .shared
+            .beats
+            .load(std::sync::atomic::Ordering::Acquire)
+            > 0
+    );
+    admission.shared.set_degraded(true);
+    let first = admission.acquire(Ask::new(Large, 100)).await.unwrap();
+    let second = admission.acquire(Ask::new(Large, 100)).await.unwrap();
+    (admission, conn, [first, second])
+}
+
+/// A request waiting in the fallback's queue when the replica leaves the fallback is admitted
+/// through Redis, counted there like every other: the fallback admitted it after the replica
+/// left (its seat freed by a request that ended), and it ran uncounted in the fleet until the
+/// next beat while Redis admitted others against counts that missed it.
+#[tokio::test]
+async fn a_request_waiting_in_the_fallback_when_redis_comes_back_is_counted_in_redis() {
+    use super::tests::redis_common::leases;
+    use crate::lane::Lane::Large;
+    let redis = RedisServer::start();
+    let (admission, mut conn, [first, second]) = degraded_and_full(&redis).await;
+    let waiter = {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.acquire(Ask::new(Large, 100)).await })
+    };
+    let mut waiting = false;
+    for _ in 0..2_000 {
+        waiting = admission.snapshot().lane(Large).queue_depth == 1;
+        if waiting || waiter.is_finished() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        waiting,
+        "the fallback is full: the third request waits in its queue"
+    );
+
+    assert!(admission.shared.back_on_redis(&[]).await, "Redis is well");
+    assert!(!admission.degraded());
+    assert_eq!(
+        leases(&mut conn).await,
+        2,
+        "the fallback's two are registered"
+    );
+    // One ends: its fallback seat is free, and the waiter is admitted.
+    drop(first);
+    let third = waiter.await.unwrap().expect("admitted");
+    // Redis counts the two that run: the second (registered, its id `<replica>:f<n>`) and the
+    // waiter, by a lease of its own (not the fallback's). Polled: the first's release goes
+    // out in the background.
+    let mut ids = Vec::new();
+    for _ in 0..2_000 {
+        ids = redis::cmd("HKEYS")
+            .arg("tg:v2:{quota}:leases")
+            .query_async::<Vec<String>>(&mut conn)
+            .await
+            .unwrap();
+        let from_redis = |id: &String| !id.rsplit(':').next().unwrap_or("").starts_with('f');
+        if ids.len() == 2 && ids.iter().filter(|id| from_redis(id)).count() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        ids.len() == 2
+            && ids
+                .iter()
+                .any(|id| !id.rsplit(':').next().unwrap_or("").starts_with('f')),
+        "two requests run and Redis counts both, the waiter by a Redis lease: {ids:?}"
+    );
+    drop((second, third));
+    admission.shutdown().await;
+}
+
+/// A replica leaves its fallback only once the requests the fallback admitted are registered
+/// in Redis: not when the registration fails (it left anyway, and Redis admitted against counts
+/// that missed them), and not while one the fallback admitted during the registration's call is
+/// not yet in it (it went on, unregistered, until the next beat).
+#[tokio::test]
+async fn a_replica_leaves_its_fallback_only_once_what_it_admitted_is_registered() {
+    use super::tests::redis_common::{leases, pause_writes, paused_script};
+    use crate::lane::Lane::Large;
+    let redis = RedisServer::start();
+    let (admission, mut conn, [first, second]) = degraded_and_full(&redis).await;
+    drop(second);
+
+    // Writes held past the call's timeout: the registration fails, the replica stays degraded.
+    pause_writes(&mut conn).await;
+    let r = admission.shared.back_on_redis(&[]).await;
+    eprintln!("phase1 {r} {}", admission.degraded());
+    assert!(!r);
+    assert!(admission.degraded(), "left the fallback unregistered");
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    // The fallback admits while a registration is out (the first's was sent above, so it goes
+    // again; the new one is not in that call). When the call times out on a loaded machine the
+    // rounds below register everything: the outcome is the same.
+    pause_writes(&mut conn).await;
+    let leaving = tokio::spawn({
+        let shared = admission.shared.clone();
+        async move { shared.back_on_redis(&[]).await }
+    });
+    paused_script(&mut conn).await;
+    let late = admission.acquire(Ask::new(Large, 100)).await.unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("UNPAUSE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut left = leaving.await.unwrap();
+    for _ in 0..20 {
+        if left {
+            break;
+        }
+        left = admission.shared.back_on_redis(&[]).await;
+    }
+    assert!(
+        left && !admission.degraded(),
+        "Redis is well: the replica leaves"
+    );
+    assert_eq!(
+        leases(&mut conn).await,
+        2,
+        "both requests the fallback admitted are counted in Redis once the replica left"
+    );
+    drop((first, late));
+    admission.shutdown().await;
+}

@@ -89,7 +89,8 @@
 //! it is booked, so the replica stays within its share; when Redis is back, the requests the fallback admitted are
 //! registered there as leases (`quota_adopt_v2.lua`, whatever the limits: they already run),
 //! renewed and released like any other, so Redis counts what really runs and new admissions
-//! wait until the lanes are under their limits. Leases that expired during the outage are
+//! wait until the lanes are under their limits. The replica leaves the fallback only once they
+//! are (`Shared::back_on_redis`), and a request still in the fallback's queue then asks Redis. Leases that expired during the outage are
 //! registered again the same way, and so are leases Redis lost with its data (a new epoch) or
 //! reaped less than half a TTL after this replica renewed them (Redis's clock ran ahead); one
 //! found gone in normal running (the replica was too slow to renew it) is only counted as
@@ -475,6 +476,17 @@ impl RedisAdmission {
     /// down under `fail_closed`. Cancel-safe: dropping the future leaves the line; a lease
     /// granted in that instant is released.
     pub async fn acquire(&self, ask: Ask<'_>) -> Result<LaneGuard, AdmissionError> {
+        // Its queue timeout counts from here: the first connection's wait and the first try
+        // (Redis calls of up to 500 ms, retried once) are time it waited.
+        self.acquire_since(ask, Instant::now()).await
+    }
+
+    /// [`RedisAdmission::acquire`] for a request that arrived at `started`.
+    async fn acquire_since(
+        &self,
+        ask: Ask<'_>,
+        started: Instant,
+    ) -> Result<LaneGuard, AdmissionError> {
         let Ask {
             lane,
             work: tokens,
@@ -483,9 +495,6 @@ impl RedisAdmission {
             due,
             continuing,
         } = ask;
-        // Its queue timeout counts from here: the first connection's wait and the first try
-        // (Redis calls of up to 500 ms, retried once) are time it waited.
-        let started = Instant::now();
         let rules = self.rules();
         rules.limits.admissible(lane, tokens)?;
         if self.shared.connection().is_none() && !self.shared.degraded() {
@@ -884,7 +893,7 @@ impl RedisAdmission {
         let queue = rules.limits.queue(rules.limits.queue_of(ask.lane));
         let left = queue.timeout.saturating_sub(started.elapsed());
         let lane = ask.lane;
-        tokio::time::timeout(left, self.fall_back(ask))
+        tokio::time::timeout(left, self.fall_back(ask, started))
             .await
             .unwrap_or_else(|_| {
                 Err(AdmissionError::Timeout {
@@ -894,11 +903,16 @@ impl RedisAdmission {
             })
     }
 
-    async fn fall_back(&self, ask: Ask<'_>) -> Result<LaneGuard, AdmissionError> {
+    async fn fall_back(&self, ask: Ask<'_>, started: Instant) -> Result<LaneGuard, AdmissionError> {
         match &self.shared.fallback {
             Some(local) => {
                 let guard = local.acquire(ask).await?;
-                Ok(self.shared.fallback_guard(guard))
+                match self.shared.fallback_guard(guard) {
+                    Some(guard) => Ok(guard),
+                    // Redis came back while it waited in the fallback's queue: its seat there is
+                    // given back and it asks Redis, within what is left of its queue timeout.
+                    None => Box::pin(self.acquire_since(ask, started)).await,
+                }
             }
             None => Err(AdmissionError::QuotaUnavailable { lane: ask.lane }),
         }

@@ -29,6 +29,10 @@ use crate::telemetry::QuotaMetrics;
 /// falls back: one slow call is not an outage.
 pub(crate) const DEGRADE_AFTER: u32 = 3;
 
+/// How many registrations one beat makes before it leaves the fallback: the fallback may admit
+/// while one is out (its own queue's waiters), and each such admission needs another.
+const ADOPT_ROUNDS: usize = 3;
+
 /// How long a refused large-lane acquire marks this replica as having a large request waiting,
 /// ms: longer than a line head's longest backoff (250 ms) between two tries, so the mark holds
 /// while anyone waits, and short enough that a crashed replica's mark holds jobs back briefly.
@@ -141,6 +145,8 @@ pub(crate) struct Shared {
     epoch: Mutex<Option<String>>,
     /// Set by [`super::RedisAdmission::abandon`]: behave like a killed process.
     pub abandoned: AtomicBool,
+    /// Heartbeats run to their end, gone through or not (tests wait for the start-up beat).
+    pub beats: AtomicU64,
     pub releases: mpsc::UnboundedSender<Lease>,
     pub metrics: QuotaMetrics,
     /// The `fail_open` fallback (`None` under `fail_closed`).
@@ -211,6 +217,7 @@ impl Shared {
             failures: std::sync::atomic::AtomicU32::new(0),
             epoch: Mutex::new(None),
             abandoned: AtomicBool::new(false),
+            beats: AtomicU64::new(0),
             background: tokio_util::task::TaskTracker::new(),
             stopping: tokio_util::sync::CancellationToken::new(),
             releases,
@@ -238,8 +245,19 @@ impl Shared {
     }
 
     /// Wraps a guard the fallback handed out: the request is known by an id, so that when Redis
-    /// is back it is registered there as a lease ([`Shared::adopt_fallback`]).
-    pub fn fallback_guard(self: &Arc<Self>, inner: LaneGuard) -> LaneGuard {
+    /// is back it is registered there as a lease ([`Shared::adopt_fallback`]). `None` when the
+    /// replica is no longer degraded (the request waited in the fallback's queue while Redis
+    /// came back): its fallback seat is given back and the caller asks Redis, else it would run
+    /// beside what Redis admits, counted nowhere in the fleet until the next beat. Under the
+    /// shadows' lock, as [`Shared::leave_fallback`]: an admission booked before the replica
+    /// leaves is registered before it leaves.
+    pub fn fallback_guard(self: &Arc<Self>, inner: LaneGuard) -> Option<LaneGuard> {
+        let shadows = self.shadows();
+        if !self.degraded() {
+            drop(shadows);
+            drop(inner);
+            return None;
+        }
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let id = format!("{}:f{n}", self.replica);
         let held = Held {
@@ -248,7 +266,9 @@ impl Shared {
             prefill: inner.prefill(),
             budget: None,
         };
+        // Lock order: the shadows', the fallback's, then `held`.
         self.fallback_leases().insert(id.clone(), (held, false));
+        drop(shadows);
         let (lane, tokens, waited) = (inner.lane(), inner.tokens(), inner.queue_wait());
         let (prefill, prefill_wait) = (inner.prefill(), inner.prefill_wait());
         let lease = FallbackLease {
@@ -256,7 +276,10 @@ impl Shared {
             id,
             guard: Mutex::new(Some(inner)),
         };
-        LaneGuard::new(Box::new(lease), lane, tokens, waited).with_prefill(prefill, prefill_wait)
+        Some(
+            LaneGuard::new(Box::new(lease), lane, tokens, waited)
+                .with_prefill(prefill, prefill_wait),
+        )
     }
 
     /// Registers the fallback's admissions (and `lost`: leases this replica holds that Redis
@@ -272,7 +295,10 @@ impl Shared {
     /// release after the reply, in case theirs reached Redis before the registration (a script
     /// reloaded after `NOSCRIPT` is sent again behind it); so do the `lost` leases whose
     /// requests ended meanwhile.
-    pub async fn adopt_fallback(&self, lost: &[String]) {
+    ///
+    /// True when everything pending is registered (or nothing was); false when the call could
+    /// not be made or failed (the next beat sends it again).
+    pub async fn adopt_fallback(&self, lost: &[String]) -> bool {
         let pending: Vec<(String, Lane, u32, u32, String)> = {
             // Lock order: the fallback's, then `held`.
             let mut fallback = self.fallback_leases();
@@ -292,10 +318,10 @@ impl Shared {
             pending
         };
         if pending.is_empty() {
-            return;
+            return true;
         }
         let Some(mut conn) = self.connection() else {
-            return;
+            return false;
         };
         let leases: Vec<(String, String, u32, u32)> = pending
             .iter()
@@ -309,7 +335,7 @@ impl Shared {
             Ok(n) => n,
             Err(err) => {
                 self.failed("adopt", &err);
-                return;
+                return false;
             }
         };
         if n > 0 {
@@ -368,6 +394,7 @@ impl Shared {
             self.promote(&id, from, from_tokens, (to, tokens), false)
                 .await;
         }
+        true
     }
 
     /// This replica's limits.
@@ -562,7 +589,51 @@ impl Shared {
     /// no request is admitted by a fallback that does not yet count them.
     pub fn set_degraded(&self, degraded: bool) {
         // The shadows' lock orders the transitions.
-        let mut shadows = self.shadows();
+        self.set_degraded_under(self.shadows(), degraded);
+    }
+
+    /// Leaves the fallback when every request it admitted is registered in Redis; false (still
+    /// degraded) when one was admitted after the last [`Shared::adopt_fallback`] took its list.
+    /// Leaving with it unregistered would let Redis admit against counts that miss it.
+    pub fn leave_fallback(&self) -> bool {
+        let shadows = self.shadows();
+        if self.degraded() {
+            // Lock order: the shadows', the fallback's, then `held`.
+            let fallback = self.fallback_leases();
+            let held = self.held();
+            if fallback.keys().any(|id| !held.contains_key(id)) {
+                return false;
+            }
+        }
+        self.set_degraded_under(shadows, false);
+        true
+    }
+
+    /// Back on Redis once a beat found it well: what the fallback admitted (and `lost`, leases
+    /// this replica holds that Redis no longer has) is registered there, then the replica leaves
+    /// the fallback, not before (it would admit through Redis against counts that miss those
+    /// requests). An admission the fallback made while a registration was out is registered by
+    /// another, a few rounds at most; false when the replica is still degraded (a registration
+    /// failed, or the fallback went on admitting): the next beat tries again.
+    pub async fn back_on_redis(&self, lost: &[String]) -> bool {
+        let mut lost = lost;
+        for _ in 0..ADOPT_ROUNDS {
+            if !self.adopt_fallback(lost).await {
+                return false;
+            }
+            lost = &[];
+            if self.leave_fallback() {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn set_degraded_under(
+        &self,
+        mut shadows: MutexGuard<'_, HashMap<String, LaneGuard>>,
+        degraded: bool,
+    ) {
         if self.degraded.load(Ordering::Acquire) == degraded {
             return;
         }

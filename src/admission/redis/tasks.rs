@@ -117,9 +117,9 @@ pub(super) async fn heartbeat(
             renewed_at = Some(started);
             // What ran while Redis was away (and leases it lost) is counted there again, before
             // Redis admits anything for this replica: leaving the fallback first would let it
-            // admit against counters that miss those requests.
-            shared.adopt_fallback(&lost).await;
-            shared.set_degraded(false);
+            // admit against counters that miss those requests. A registration that fails
+            // leaves the replica on its fallback until a beat's succeeds.
+            shared.back_on_redis(&lost).await;
             sync_limits(&shared).await;
             // The record in force changed (a push, another replica's write), or this replica's
             // file did under a pushed record: are they the same now? After this replica's own
@@ -136,6 +136,9 @@ pub(super) async fn heartbeat(
             // failed on authentication kept failing after the password was right again.
             shared.conn.send_replace(None);
         }
+        shared
+            .beats
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
     }
 }
 
