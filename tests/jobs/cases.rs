@@ -899,6 +899,8 @@ pub async fn queued_jobs_wait_out_an_engine_outage_and_the_cut_run_goes_on_from_
     for id in &queued {
         assert_eq!(job(&base, id).await["status"], "queued");
     }
+    // An outage of a second at least: the cut job's run time spans it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let waiting = job(&base, &cut).await;
     // Waiting in its run (in process), or back in the shared queue with its text (Redis):
     // running either way, not starting over.
@@ -917,6 +919,19 @@ pub async fn queued_jobs_wait_out_an_engine_outage_and_the_cut_run_goes_on_from_
         "every token once: {resumed}"
     );
     assert_eq!(resumed["answer"]["finish_reason"], "length", "{resumed}");
+    // Its run time counts from its first run's start, not the run that went on (the Redis
+    // store timed the last run only): the four runs' sum holds the cut job's whole span.
+    h.metric_reaches("tutor_gateway_job_run_seconds_count", 4.0)
+        .await;
+    let span = resumed["finished_at"].as_f64().unwrap() - resumed["started_at"].as_f64().unwrap();
+    let ran = tutor_testkit::metric_or_zero(
+        &h.h.metrics_text().await,
+        "tutor_gateway_job_run_seconds_sum",
+    );
+    assert!(
+        ran >= span - 0.01,
+        "the cut job ran {span:.3} s from its start to its end; the runs' sum is {ran:.3} s"
+    );
     let whole = done(&base, &submit_ok(&base, &question(1500)).await).await;
     assert_eq!(
         resumed["answer"]["text"], whole["answer"]["text"],

@@ -380,7 +380,8 @@ impl JobRun for RedisRun {
             if status == "queued" {
                 return;
             }
-            store.ctx.metrics().ran(started.elapsed());
+            let ran = job_span(&store, &id).await.unwrap_or_else(|| started.elapsed());
+            store.ctx.metrics().ran(ran);
             store.notify_ended(&id).await;
         }
         .boxed()
@@ -452,6 +453,20 @@ pub(super) async fn push(
 
 /// Runs the end script (retried briefly while Redis is unreachable): the status the job now
 /// has, or `None` when this run no longer owns it (or the store stayed away).
+/// How long job `id` ran, from its first run's start (a job pre-empted or cut and continued
+/// keeps it, on any replica) to its end, on Redis's clock as `GET /jobs/{id}` shows them; `None`
+/// when the record cannot be read (this run's own time stands in).
+async fn job_span(store: &RedisStore, id: &str) -> Option<Duration> {
+    let mut conn = store.conn().await.ok()?;
+    let (started, finished): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+        .arg(store.job_key(id))
+        .arg(&["started_ms", "finished_ms"])
+        .query_async(&mut conn)
+        .await
+        .ok()?;
+    Some(Duration::from_millis(finished?.checked_sub(started?)?))
+}
+
 async fn end(
     store: &RedisStore,
     id: &str,
