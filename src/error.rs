@@ -357,7 +357,7 @@ impl GatewayError {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::OriginNotAllowed => "origin_not_allowed",
             Self::HostNotAllowed => "host_not_allowed",
-            Self::Unauthorized(_) => "invalid_api_key",
+            Self::Unauthorized(_) => crate::telemetry::INVALID_API_KEY,
             Self::UnsupportedMediaType | Self::CompressedBody(_) => "unsupported_media_type",
             Self::JobsFull => "jobs_full",
             Self::JobTooLarge { .. } => "job_too_large",

@@ -421,7 +421,7 @@ async fn engine_back(
 
 /// How a job whose key was revoked ends: `(code, message)`.
 const KEY_REVOKED: (&str, &str) = (
-    "invalid_api_key",
+    crate::telemetry::INVALID_API_KEY,
     "the API key that submitted this job was revoked",
 );
 

@@ -284,7 +284,7 @@ async fn start(
         drop(guard);
         record.finish(
             crate::telemetry::Outcome::Cancelled,
-            Some(crate::telemetry::REVOKED_CODE),
+            Some(crate::telemetry::INVALID_API_KEY),
             None,
         );
         return Err(GatewayError::Unauthorized(super::tenant::KEY_REVOKED));

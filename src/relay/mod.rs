@@ -802,7 +802,7 @@ impl Drop for Relay {
                 self.finish(Outcome::Preempted, None);
             } else if self.record.key_revoked() {
                 // Its key revoked: the auth layer ended the stream, its client did not go.
-                self.finish(Outcome::Cancelled, Some(crate::telemetry::REVOKED_CODE));
+                self.finish(Outcome::Cancelled, Some(crate::telemetry::INVALID_API_KEY));
             } else {
                 self.finish(Outcome::Cancelled, None);
             }

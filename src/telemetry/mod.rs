@@ -55,7 +55,7 @@ pub use metrics::{Metrics, Outcome, Route, Stage};
 pub use prefix_metrics::PrefixMetrics;
 pub use promotion_metrics::PromotionMetrics;
 pub use quota_metrics::QuotaMetrics;
-pub use record::{RequestRecord, REVOKED_CODE};
+pub use record::{RequestRecord, INVALID_API_KEY};
 pub use relay_metrics::RelayMetrics;
 pub use replica_metrics::ReplicaMetrics;
 pub use request_log::RequestLog;

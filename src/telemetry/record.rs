@@ -18,9 +18,9 @@ use super::request_log::{RequestLog, RequestLogLine};
 use super::span;
 use crate::classify::{Calibration, Classification};
 
-/// The error code of a request ended because its API key was revoked (as
-/// `GatewayError::Unauthorized`'s).
-pub const REVOKED_CODE: &str = "invalid_api_key";
+/// The error code of a request refused or ended for its API key (missing, unknown or
+/// revoked): `GatewayError::Unauthorized`'s, and a request's record when a revocation ends it.
+pub const INVALID_API_KEY: &str = "invalid_api_key";
 
 /// Whether a request's API key has left the keys in force.
 #[derive(Clone)]
@@ -600,7 +600,7 @@ impl Drop for RequestRecord {
             }
             if self.key_revoked() {
                 // Its key revoked while it waited (its client got 401).
-                self.finish(Outcome::Cancelled, Some(REVOKED_CODE), None);
+                self.finish(Outcome::Cancelled, Some(INVALID_API_KEY), None);
                 return;
             }
             // Dropped unfinished: the client went away (the HTTP server dropped the handler or
