@@ -234,33 +234,33 @@ async fn a_lease_granted_as_the_replica_goes_degraded_is_counted_by_its_fallback
     panic!("the replica never stayed degraded for a round");
 }
 
-/// A replica on its fallback (share 2 of the large lane's 4 seats, both taken) and its beat
+/// A replica on its fallback (the large lane's 4 seats, 2 for its share there), with its beat
 /// stopped: the tests below leave the fallback as the beat does ([`super::Shared::back_on_redis`]).
-async fn degraded_and_full(
+async fn degraded(
     redis: &RedisServer,
-) -> (
-    RedisAdmission,
-    redis::aio::MultiplexedConnection,
-    [crate::admission::LaneGuard; 2],
-) {
+    queue_timeout_ms: u64,
+) -> (RedisAdmission, redis::aio::MultiplexedConnection) {
+    use super::tests::redis_common::leases;
     use crate::lane::Lane::Large;
     let config = Config::from_toml_str(&format!(
         "[classify]\ntokenizer = \"heuristic\"\n\
          [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\non_redis_down = \"fail_open\"\n\
          expected_replicas = 2\nheartbeat_ms = 180000\nlease_ttl_ms = 600000\n\
-         [lanes.large]\nmax_concurrency = 4\nceiling = 4\nborrow = false\nqueue_timeout_ms = 20000\n",
+         [lanes.large]\nmax_concurrency = 4\nceiling = 4\nborrow = false\n\
+         queue_timeout_ms = {queue_timeout_ms}\n",
         redis.url()
     ))
     .unwrap();
     let admission = RedisAdmission::from_config(&config, Metrics::new().quota().clone()).unwrap();
-    let conn = redis::Client::open(redis.url())
+    let mut conn = redis::Client::open(redis.url())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    // Once connected (an acquire waits for the first connection) and past the start-up beat
-    // (it could take the replica off the fallback, or fail on paused writes and drop the
-    // connection; the next is minutes away), then on the fallback.
+    // Once connected (an acquire waits for the first connection), its lease given back (the
+    // release goes out in the background), and past the start-up beat (it could take the
+    // replica off the fallback, or fail on paused writes and drop the connection; the next is
+    // minutes away), then on the fallback.
     drop(admission.acquire(Ask::new(Large, 100)).await.unwrap());
     for _ in 0..3_000 {
         if admission
@@ -268,6 +268,7 @@ async fn degraded_and_full(
             .beats
             .load(std::sync::atomic::Ordering::Acquire)
             > 0
+            && leases(&mut conn).await == 0
         {
             break;
         }
@@ -280,22 +281,50 @@ async fn degraded_and_full(
             .load(std::sync::atomic::Ordering::Acquire)
             > 0
     );
+    assert_eq!(leases(&mut conn).await, 0);
     admission.shared.set_degraded(true);
-    let first = admission.acquire(Ask::new(Large, 100)).await.unwrap();
-    let second = admission.acquire(Ask::new(Large, 100)).await.unwrap();
-    (admission, conn, [first, second])
+    (admission, conn)
 }
 
-/// A request waiting in the fallback's queue when the replica leaves the fallback is admitted
-/// through Redis, counted there like every other: the fallback admitted it after the replica
-/// left (its seat freed by a request that ended), and it ran uncounted in the fleet until the
-/// next beat while Redis admitted others against counts that missed it.
+/// Leaves the fallback as a beat that found Redis well does, again until it has (a call can
+/// time out on a loaded machine).
+async fn leave(admission: &RedisAdmission) {
+    for _ in 0..20 {
+        if admission.shared.back_on_redis(&[]).await {
+            assert!(!admission.degraded());
+            return;
+        }
+    }
+    panic!("Redis is well, and the replica never left its fallback");
+}
+
+/// The ids of the leases Redis holds, and how many of them Redis granted itself (the others
+/// are fallback admissions registered, `<replica>:f<n>`).
+async fn lease_ids(conn: &mut redis::aio::MultiplexedConnection) -> (Vec<String>, usize) {
+    let ids: Vec<String> = redis::cmd("HKEYS")
+        .arg("tg:v2:{quota}:leases")
+        .query_async(conn)
+        .await
+        .unwrap();
+    let granted = ids
+        .iter()
+        .filter(|id| !id.rsplit(':').next().unwrap_or("").starts_with('f'))
+        .count();
+    (ids, granted)
+}
+
+/// A request waiting in the fallback's queue when the replica leaves the fallback asks Redis
+/// and is admitted there, counted like every other. It waited for a fallback seat while Redis
+/// had room (until its queue timeout, with long requests in those seats), and when a seat came
+/// the fallback admitted it beside Redis's admissions, counted nowhere in the fleet.
 #[tokio::test]
-async fn a_request_waiting_in_the_fallback_when_redis_comes_back_is_counted_in_redis() {
+async fn a_request_waiting_in_the_fallback_when_redis_comes_back_is_admitted_by_redis() {
     use super::tests::redis_common::leases;
     use crate::lane::Lane::Large;
     let redis = RedisServer::start();
-    let (admission, mut conn, [first, second]) = degraded_and_full(&redis).await;
+    let (admission, mut conn) = degraded(&redis, 20_000).await;
+    let first = admission.acquire(Ask::new(Large, 100)).await.unwrap();
+    let second = admission.acquire(Ask::new(Large, 100)).await.unwrap();
     let waiter = {
         let admission = admission.clone();
         tokio::spawn(async move { admission.acquire(Ask::new(Large, 100)).await })
@@ -313,60 +342,39 @@ async fn a_request_waiting_in_the_fallback_when_redis_comes_back_is_counted_in_r
         "the fallback is full: the third request waits in its queue"
     );
 
-    assert!(admission.shared.back_on_redis(&[]).await, "Redis is well");
-    assert!(!admission.degraded());
+    leave(&admission).await;
     assert_eq!(
         leases(&mut conn).await,
         2,
         "the fallback's two are registered"
     );
-    // One ends: its fallback seat is free, and the waiter is admitted.
-    drop(first);
-    let third = waiter.await.unwrap().expect("admitted");
-    // Redis counts the two that run: the second (registered, its id `<replica>:f<n>`) and the
-    // waiter, by a lease of its own (not the fallback's). Polled: the first's release goes
-    // out in the background.
-    let mut ids = Vec::new();
-    for _ in 0..2_000 {
-        ids = redis::cmd("HKEYS")
-            .arg("tg:v2:{quota}:leases")
-            .query_async::<Vec<String>>(&mut conn)
-            .await
-            .unwrap();
-        let from_redis = |id: &String| !id.rsplit(':').next().unwrap_or("").starts_with('f');
-        if ids.len() == 2 && ids.iter().filter(|id| from_redis(id)).count() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // Redis has room for it (4 seats): admitted while the fallback's two still run.
+    let third = waiter.await.unwrap().expect("admitted by Redis");
+    let (ids, granted) = lease_ids(&mut conn).await;
     assert!(
-        ids.len() == 2
-            && ids
-                .iter()
-                .any(|id| !id.rsplit(':').next().unwrap_or("").starts_with('f')),
-        "two requests run and Redis counts both, the waiter by a Redis lease: {ids:?}"
+        ids.len() == 3 && granted == 1,
+        "three requests run and Redis counts each, the waiter by a lease of its own: {ids:?}"
     );
-    drop((second, third));
+    drop((first, second, third));
     admission.shutdown().await;
 }
 
 /// A replica leaves its fallback only once the requests the fallback admitted are registered
 /// in Redis: not when the registration fails (it left anyway, and Redis admitted against counts
-/// that missed them), and not while one the fallback admitted during the registration's call is
-/// not yet in it (it went on, unregistered, until the next beat).
+/// that missed them), and not with one the fallback admitted while the registration's call was
+/// out left out of it (it ran unregistered until the next beat): that one waits for the call
+/// and then goes to Redis.
 #[tokio::test]
 async fn a_replica_leaves_its_fallback_only_once_what_it_admitted_is_registered() {
     use super::tests::redis_common::{leases, pause_writes, paused_script};
     use crate::lane::Lane::Large;
     let redis = RedisServer::start();
-    let (admission, mut conn, [first, second]) = degraded_and_full(&redis).await;
-    drop(second);
+    let (admission, mut conn) = degraded(&redis, 20_000).await;
+    let first = admission.acquire(Ask::new(Large, 100)).await.unwrap();
 
     // Writes held past the call's timeout: the registration fails, the replica stays degraded.
     pause_writes(&mut conn).await;
-    let r = admission.shared.back_on_redis(&[]).await;
-    eprintln!("phase1 {r} {}", admission.degraded());
-    assert!(!r);
+    assert!(!admission.shared.back_on_redis(&[]).await);
     assert!(admission.degraded(), "left the fallback unregistered");
     let _: () = redis::cmd("CLIENT")
         .arg("UNPAUSE")
@@ -374,37 +382,73 @@ async fn a_replica_leaves_its_fallback_only_once_what_it_admitted_is_registered(
         .await
         .unwrap();
 
-    // The fallback admits while a registration is out (the first's was sent above, so it goes
-    // again; the new one is not in that call). When the call times out on a loaded machine the
-    // rounds below register everything: the outcome is the same.
+    // A request arrives while a registration is out: it is not in that call, and it waits for
+    // the call's outcome. (When the call times out on a loaded machine, it is booked on the
+    // fallback and registered by the next: counted in Redis either way.)
+    let timeouts = admission.shared.metrics.errors("timeout");
     pause_writes(&mut conn).await;
     let leaving = tokio::spawn({
         let shared = admission.shared.clone();
         async move { shared.back_on_redis(&[]).await }
     });
     paused_script(&mut conn).await;
-    let late = admission.acquire(Ask::new(Large, 100)).await.unwrap();
+    let late = {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.acquire(Ask::new(Large, 100)).await })
+    };
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
     let _: () = redis::cmd("CLIENT")
         .arg("UNPAUSE")
         .query_async(&mut conn)
         .await
         .unwrap();
-    let mut left = leaving.await.unwrap();
-    for _ in 0..20 {
-        if left {
-            break;
-        }
-        left = admission.shared.back_on_redis(&[]).await;
+    let left_at_once = leaving.await.unwrap();
+    if admission.shared.metrics.errors("timeout") == timeouts {
+        assert!(
+            left_at_once,
+            "the registration went through, yet the replica stayed on its fallback: the \
+             request booked while it was out was left out of it"
+        );
+    } else {
+        leave(&admission).await;
     }
-    assert!(
-        left && !admission.degraded(),
-        "Redis is well: the replica leaves"
-    );
+    let late = late.await.unwrap().expect("admitted");
+    if admission.degraded() {
+        leave(&admission).await;
+    }
     assert_eq!(
         leases(&mut conn).await,
         2,
-        "both requests the fallback admitted are counted in Redis once the replica left"
+        "both requests are counted in Redis once the replica left"
     );
     drop((first, late));
+    admission.shutdown().await;
+}
+
+/// A request the fallback admitted in one outage, registered in Redis since, still holds its
+/// fallback seat: in the next outage the fallback counts it once, not once more as a Redis
+/// lease the replica holds (its share then let one request fewer in).
+#[tokio::test]
+async fn a_fallback_admission_is_counted_once_in_the_next_outage() {
+    use crate::lane::Lane::Large;
+    let redis = RedisServer::start();
+    let (admission, _conn) = degraded(&redis, 300).await;
+    let first = admission.acquire(Ask::new(Large, 100)).await.unwrap();
+    leave(&admission).await;
+    admission.shared.set_degraded(true);
+    // The share is 2: the first and one more.
+    let second = admission.acquire(Ask::new(Large, 100)).await;
+    let third = admission.acquire(Ask::new(Large, 100)).await;
+    assert!(
+        second.is_ok(),
+        "the fallback counted the first request twice: {second:?}"
+    );
+    assert!(
+        matches!(third, Err(AdmissionError::Timeout { lane: Large, .. })),
+        "{third:?}"
+    );
+    drop((first, second));
     admission.shutdown().await;
 }

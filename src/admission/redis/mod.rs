@@ -90,7 +90,8 @@
 //! registered there as leases (`quota_adopt_v2.lua`, whatever the limits: they already run),
 //! renewed and released like any other, so Redis counts what really runs and new admissions
 //! wait until the lanes are under their limits. The replica leaves the fallback only once they
-//! are (`Shared::back_on_redis`), and a request still in the fallback's queue then asks Redis. Leases that expired during the outage are
+//! are (`Shared::back_on_redis`; the fallback books nothing new while that call is out), and a
+//! request still in the fallback's queue then asks Redis. Leases that expired during the outage are
 //! registered again the same way, and so are leases Redis lost with its data (a new epoch) or
 //! reaped less than half a TTL after this replica renewed them (Redis's clock ran ahead); one
 //! found gone in normal running (the replica was too slow to renew it) is only counted as
@@ -904,17 +905,38 @@ impl RedisAdmission {
     }
 
     async fn fall_back(&self, ask: Ask<'_>, started: Instant) -> Result<LaneGuard, AdmissionError> {
-        match &self.shared.fallback {
-            Some(local) => {
-                let guard = local.acquire(ask).await?;
-                match self.shared.fallback_guard(guard) {
-                    Some(guard) => Ok(guard),
-                    // Redis came back while it waited in the fallback's queue: its seat there is
-                    // given back and it asks Redis, within what is left of its queue timeout.
-                    None => Box::pin(self.acquire_since(ask, started)).await,
+        let Some(local) = &self.shared.fallback else {
+            return Err(AdmissionError::QuotaUnavailable { lane: ask.lane });
+        };
+        let mut state = self.shared.fallback_state.subscribe();
+        // A request waiting in the fallback's queue as the replica leaves the fallback asks
+        // Redis, within what is left of its queue timeout: it would wait for a fallback seat
+        // while Redis has room, behind the requests that arrive after.
+        let admitted = tokio::select! {
+            biased;
+            _ = state.wait_for(|s| *s == shared::FallbackState::Off) => None,
+            admitted = local.acquire(ask) => Some(admitted?),
+        };
+        let Some(mut guard) = admitted else {
+            return Box::pin(self.acquire_since(ask, started)).await;
+        };
+        loop {
+            match self.shared.fallback_guard(guard) {
+                shared::Booking::Booked(guard) => return Ok(guard),
+                // Redis came back meanwhile: its fallback seat is given back.
+                shared::Booking::Left => return Box::pin(self.acquire_since(ask, started)).await,
+                // The registration before leaving is out: booked once it is back, or to Redis.
+                shared::Booking::Closing(held) => {
+                    guard = held;
+                    if state
+                        .wait_for(|s| *s != shared::FallbackState::Closing)
+                        .await
+                        .is_err()
+                    {
+                        return Err(AdmissionError::QuotaUnavailable { lane: ask.lane });
+                    }
                 }
             }
-            None => Err(AdmissionError::QuotaUnavailable { lane: ask.lane }),
         }
     }
 

@@ -29,9 +29,26 @@ use crate::telemetry::QuotaMetrics;
 /// falls back: one slow call is not an outage.
 pub(crate) const DEGRADE_AFTER: u32 = 3;
 
-/// How many registrations one beat makes before it leaves the fallback: the fallback may admit
-/// while one is out (its own queue's waiters), and each such admission needs another.
-const ADOPT_ROUNDS: usize = 3;
+/// Where the `fail_open` fallback stands for the requests it admits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallbackState {
+    /// The replica is on Redis: a request the fallback admits now asks Redis instead.
+    Off,
+    /// The replica is degraded: the fallback admits and books.
+    Open,
+    /// Degraded, and the registration before leaving is out: what the fallback admits waits.
+    Closing,
+}
+
+/// What became of a guard the fallback handed out ([`Shared::fallback_guard`]).
+pub enum Booking {
+    /// Booked as a fallback admission.
+    Booked(LaneGuard),
+    /// The replica left the fallback: its seat there is given back; ask Redis.
+    Left,
+    /// The registration before leaving is out: wait for its outcome, then book again.
+    Closing(LaneGuard),
+}
 
 /// How long a refused large-lane acquire marks this replica as having a large request waiting,
 /// ms: longer than a line head's longest backoff (250 ms) between two tries, so the mark holds
@@ -159,6 +176,8 @@ pub(crate) struct Shared {
     /// Redis applies after the registration; once registered they are also in `held`, renewed
     /// and released like any lease).
     fallback_leases: Mutex<HashMap<String, (Held, bool)>>,
+    /// Where the fallback stands for the requests it admits; written under the shadows' lock.
+    pub fallback_state: watch::Sender<FallbackState>,
     /// Calls sent in the background for requests that ended (a tenant's budget settled, a
     /// session's output, a tenant's fleet service): a shutdown waits for them, bounded, as for
     /// the releases.
@@ -225,6 +244,7 @@ impl Shared {
             fallback,
             shadows: Mutex::new(HashMap::new()),
             fallback_leases: Mutex::new(HashMap::new()),
+            fallback_state: watch::Sender::new(FallbackState::Off),
         }
     }
 
@@ -244,19 +264,24 @@ impl Shared {
         self.shadows().contains_key(id) || self.fallback_leases().contains_key(id)
     }
 
-    /// Wraps a guard the fallback handed out: the request is known by an id, so that when Redis
-    /// is back it is registered there as a lease ([`Shared::adopt_fallback`]). `None` when the
-    /// replica is no longer degraded (the request waited in the fallback's queue while Redis
-    /// came back): its fallback seat is given back and the caller asks Redis, else it would run
-    /// beside what Redis admits, counted nowhere in the fleet until the next beat. Under the
-    /// shadows' lock, as [`Shared::leave_fallback`]: an admission booked before the replica
-    /// leaves is registered before it leaves.
-    pub fn fallback_guard(self: &Arc<Self>, inner: LaneGuard) -> Option<LaneGuard> {
+    /// Books a guard the fallback handed out: the request is known by an id, so that when Redis
+    /// is back it is registered there as a lease ([`Shared::adopt_fallback`]). Under the
+    /// shadows' lock, as the state changes: an admission booked while the replica is on its
+    /// fallback is in the list the registration before leaving takes.
+    /// - [`Booking::Left`] when the replica is no longer degraded (the request waited in the
+    ///   fallback's queue while Redis came back): its fallback seat is given back and the caller
+    ///   asks Redis, else it would run beside what Redis admits, counted nowhere in the fleet.
+    /// - [`Booking::Closing`] (the guard back) while the registration before leaving is out:
+    ///   the caller waits for its outcome, then books again.
+    pub fn fallback_guard(self: &Arc<Self>, inner: LaneGuard) -> Booking {
         let shadows = self.shadows();
         if !self.degraded() {
             drop(shadows);
             drop(inner);
-            return None;
+            return Booking::Left;
+        }
+        if *self.fallback_state.borrow() == FallbackState::Closing {
+            return Booking::Closing(inner);
         }
         let n = self.next_id.fetch_add(1, Ordering::Relaxed);
         let id = format!("{}:f{n}", self.replica);
@@ -276,7 +301,7 @@ impl Shared {
             id,
             guard: Mutex::new(Some(inner)),
         };
-        Some(
+        Booking::Booked(
             LaneGuard::new(Box::new(lease), lane, tokens, waited)
                 .with_prefill(prefill, prefill_wait),
         )
@@ -612,19 +637,24 @@ impl Shared {
     /// Back on Redis once a beat found it well: what the fallback admitted (and `lost`, leases
     /// this replica holds that Redis no longer has) is registered there, then the replica leaves
     /// the fallback, not before (it would admit through Redis against counts that miss those
-    /// requests). An admission the fallback made while a registration was out is registered by
-    /// another, a few rounds at most; false when the replica is still degraded (a registration
-    /// failed, or the fallback went on admitting): the next beat tries again.
+    /// requests). While the registration is out the fallback books nothing new
+    /// ([`FallbackState::Closing`]: what it admits meanwhile waits, one Redis call at most, and
+    /// then goes to Redis or is booked), so the list the call sends is the whole of it, however
+    /// busy the replica. False when the replica is still degraded (the registration failed):
+    /// the next beat tries again.
     pub async fn back_on_redis(&self, lost: &[String]) -> bool {
-        let mut lost = lost;
-        for _ in 0..ADOPT_ROUNDS {
-            if !self.adopt_fallback(lost).await {
-                return false;
+        {
+            let _shadows = self.shadows();
+            if self.degraded() {
+                self.fallback_state.send_replace(FallbackState::Closing);
             }
-            lost = &[];
-            if self.leave_fallback() {
-                return true;
-            }
+        }
+        if self.adopt_fallback(lost).await && self.leave_fallback() {
+            return true;
+        }
+        let _shadows = self.shadows();
+        if self.degraded() {
+            self.fallback_state.send_replace(FallbackState::Open);
         }
         false
     }
@@ -641,20 +671,28 @@ impl Shared {
             self.metrics.fell_back();
             // The requests this replica admitted through Redis run on: its fallback counts
             // them, so the replica stays within its share.
+            // A request the fallback admitted in an earlier outage, registered since, still
+            // holds its fallback seat: it is counted there already.
             if let Some(fallback) = &self.fallback {
                 let held: Vec<(String, Held)> =
                     self.held().iter().map(|(id, h)| (id.clone(), *h)).collect();
+                let booked = self.fallback_leases();
                 for (id, h) in held {
+                    if booked.contains_key(&id) {
+                        continue;
+                    }
                     shadows
                         .entry(id)
                         .or_insert_with(|| fallback.force_take(h.lane, h.tokens));
                 }
             }
             self.degraded.store(true, Ordering::Release);
+            self.fallback_state.send_replace(FallbackState::Open);
             drop(shadows);
             tracing::error!("shared quota unreachable: running on the fallback");
         } else {
             self.degraded.store(false, Ordering::Release);
+            self.fallback_state.send_replace(FallbackState::Off);
             // Back on Redis: its counters cover those requests again.
             let gone = std::mem::take(&mut *shadows);
             drop(shadows);

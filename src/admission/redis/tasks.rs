@@ -2,7 +2,7 @@
 //!
 //! - `heartbeat`: connects (and keeps retrying while Redis is down), renews this replica's
 //!   leases every `heartbeat`, retries releases that failed, and leaves the fallback once a
-//!   beat succeeds again. Its renew call also reaps other replicas' expired leases, and always
+//!   beat succeeds again and what the fallback admitted is registered in Redis. Its renew call also reaps other replicas' expired leases, and always
 //!   writes (`:beat`), so a beat proves Redis takes writes, not only that it answers.
 //! - `releaser`: runs the release script for every dropped guard (Drop cannot await), and the
 //!   prefill-done script for every first token, in the order they were sent.
@@ -73,6 +73,9 @@ pub(super) async fn heartbeat(
                 }
                 Err(err) => {
                     shared.failed("connect", &err);
+                    shared
+                        .beats
+                        .fetch_add(1, std::sync::atomic::Ordering::Release);
                     continue;
                 }
             }
@@ -118,7 +121,7 @@ pub(super) async fn heartbeat(
             // What ran while Redis was away (and leases it lost) is counted there again, before
             // Redis admits anything for this replica: leaving the fallback first would let it
             // admit against counters that miss those requests. A registration that fails
-            // leaves the replica on its fallback until a beat's succeeds.
+            // leaves the replica on its fallback until a later beat's succeeds.
             shared.back_on_redis(&lost).await;
             sync_limits(&shared).await;
             // The record in force changed (a push, another replica's write), or this replica's
