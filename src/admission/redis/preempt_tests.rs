@@ -456,3 +456,89 @@ async fn a_cool_down_marked_before_the_clock_was_set_back_lasts_one_cool_down() 
     assert_eq!(f.borrow("job", Lane::Large).await.0, 1);
     f.release("job").await;
 }
+
+/// A borrower whose request ends before its first token (pre-empted or cut in its prefill)
+/// teaches no prefill rate: its guard gave the room back through the first-token path, timed
+/// to its end, so a cut after a second of an 8,000-token prefill read as 8,000 tokens a
+/// second, and the grace spared borrowers that were far from their first token.
+#[tokio::test]
+async fn a_borrower_cut_in_its_prefill_teaches_no_prefill_rate() {
+    use super::shared::LeaseRelease;
+    use super::RedisAdmission;
+    use crate::admission::{Ask, LaneGuard};
+    use crate::config::Config;
+    use crate::telemetry::Metrics;
+    let redis = RedisServer::start();
+    let config = Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n\
+         [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\n",
+        redis.url()
+    ))
+    .unwrap();
+    let admission = RedisAdmission::from_config(&config, Metrics::new().quota().clone()).unwrap();
+    drop(admission.acquire(Ask::new(Lane::Small, 100)).await.unwrap());
+    let shared = admission.shared.clone();
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let now: (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
+    let now_ms = now.0 * 1_000 + now.1 / 1_000;
+    // Borrowed a second ago, 8,000 prompt tokens still prefilling.
+    let leases = [("b1".to_owned(), "small@large".to_owned(), 9_000, 8_000)];
+    shared
+        .scripts
+        .adopt(&mut conn, &shared.keys, 60_000, &leases)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("ZADD")
+        .arg(format!("{}:borrowers", shared.keys.base))
+        .arg(now_ms - 1_000)
+        .arg("b1")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    shared.hold_as("b1", Lane::Small, 9_000, 8_000, Some(Lane::Large));
+    let guard = LaneGuard::new(
+        Box::new(LeaseRelease {
+            shared: shared.clone(),
+            id: "b1".to_owned(),
+            service: None,
+        }),
+        Lane::Small,
+        9_000,
+        Duration::ZERO,
+    )
+    .with_prefill(8_000, None);
+    drop(guard);
+    // Its release (sent after anything its drop sent first, in order) has landed.
+    let leases_key = shared.keys.leases.clone();
+    for _ in 0..3_000 {
+        let held: bool = redis::cmd("HEXISTS")
+            .arg(&leases_key)
+            .arg("b1")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if !held {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rate: Option<u64> = redis::cmd("HGET")
+        .arg(format!("{}:preempt", shared.keys.base))
+        .arg("rate")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(rate, None, "a rate learnt from a prefill that was cut");
+    let prefill: Option<i64> = redis::cmd("HGET")
+        .arg(&shared.keys.usage)
+        .arg("prefill:tokens")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(prefill.unwrap_or(0), 0, "its prefill room is back");
+    admission.shutdown().await;
+}

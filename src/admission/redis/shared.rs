@@ -1271,4 +1271,10 @@ impl Reservation for LeaseRelease {
     fn prefill_done(&self, _tokens: u32) {
         self.shared.prefill_done(&self.id);
     }
+
+    fn prefill_abandoned(&self, _tokens: u32) {
+        // Ended before its first token: the release that follows gives the prefill room back.
+        // Not through the first-token path: timed to this moment, a borrower's cut prefill
+        // would read as a fast one (the rate `jobs.preempt_prefill_grace_tokens` is judged by).
+    }
 }
