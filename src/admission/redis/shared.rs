@@ -40,6 +40,18 @@ pub enum FallbackState {
     Closing,
 }
 
+/// Opens the fallback again when dropped while it is closing and the replica still degraded.
+struct Reopen<'a>(&'a Shared);
+
+impl Drop for Reopen<'_> {
+    fn drop(&mut self) {
+        let _shadows = self.0.shadows();
+        if self.0.degraded() && *self.0.fallback_state.borrow() == FallbackState::Closing {
+            self.0.fallback_state.send_replace(FallbackState::Open);
+        }
+    }
+}
+
 /// What became of a guard the fallback handed out ([`Shared::fallback_guard`]).
 pub enum Booking {
     /// Booked as a fallback admission.
@@ -649,14 +661,10 @@ impl Shared {
                 self.fallback_state.send_replace(FallbackState::Closing);
             }
         }
-        if self.adopt_fallback(lost).await && self.leave_fallback() {
-            return true;
-        }
-        let _shadows = self.shadows();
-        if self.degraded() {
-            self.fallback_state.send_replace(FallbackState::Open);
-        }
-        false
+        // Open again unless it left, however this ends (a call that failed, or this future
+        // dropped midway): a fallback left closing would hold its admissions to their timeouts.
+        let _reopen = Reopen(self);
+        self.adopt_fallback(lost).await && self.leave_fallback()
     }
 
     fn set_degraded_under(
