@@ -91,8 +91,8 @@
 //! renewed and released like any other, so Redis counts what really runs and new admissions
 //! wait until the lanes are under their limits. The replica leaves the fallback only once they
 //! are (`Shared::back_on_redis`; the fallback books nothing new while that call is out), and a
-//! request still in the fallback's queue then asks Redis. Leases that expired during the outage are
-//! registered again the same way, and so are leases Redis lost with its data (a new epoch) or
+//! request still in the fallback's queue then asks Redis. Leases that expired during the outage
+//! are registered again the same way, and so are leases Redis lost with its data (a new epoch) or
 //! reaped less than half a TTL after this replica renewed them (Redis's clock ran ahead); one
 //! found gone in normal running (the replica was too slow to renew it) is only counted as
 //! `lease_lost`.

@@ -2,8 +2,9 @@
 //!
 //! - `heartbeat`: connects (and keeps retrying while Redis is down), renews this replica's
 //!   leases every `heartbeat`, retries releases that failed, and leaves the fallback once a
-//!   beat succeeds again and what the fallback admitted is registered in Redis. Its renew call also reaps other replicas' expired leases, and always
-//!   writes (`:beat`), so a beat proves Redis takes writes, not only that it answers.
+//!   beat succeeds again and what the fallback admitted is registered in Redis. Its renew call
+//!   also reaps other replicas' expired leases, and always writes (`:beat`), so a beat proves
+//!   Redis takes writes, not only that it answers.
 //! - `releaser`: runs the release script for every dropped guard (Drop cannot await), and the
 //!   prefill-done script for every first token, in the order they were sent.
 //! - `listener`: subscribes to the `released` channel and wakes the lane's local heads (and
