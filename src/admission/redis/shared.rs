@@ -650,8 +650,8 @@ impl Shared {
     /// this replica holds that Redis no longer has) is registered there, then the replica leaves
     /// the fallback, not before (it would admit through Redis against counts that miss those
     /// requests). While the registration is out the fallback books nothing new
-    /// ([`FallbackState::Closing`]: what it admits meanwhile waits, one Redis call at most, and
-    /// then goes to Redis or is booked), so the list the call sends is the whole of it, however
+    /// ([`FallbackState::Closing`]: what it admits meanwhile waits for the registration's
+    /// calls, then goes to Redis or is booked), so the list the call sends is the whole of it, however
     /// busy the replica. False when the replica is still degraded (the registration failed):
     /// the next beat tries again.
     pub async fn back_on_redis(&self, lost: &[String]) -> bool {
@@ -686,7 +686,12 @@ impl Shared {
                     self.held().iter().map(|(id, h)| (id.clone(), *h)).collect();
                 let booked = self.fallback_leases();
                 for (id, h) in held {
-                    if booked.contains_key(&id) {
+                    // (Unless Redis moved it where its fallback seat could not follow: then
+                    // the fallback counts it where it runs as well.)
+                    if booked
+                        .get(&id)
+                        .is_some_and(|(b, _)| (b.lane, b.tokens) == (h.lane, h.tokens))
+                    {
                         continue;
                     }
                     shadows
@@ -1052,6 +1057,12 @@ impl Shared {
     /// Gives lease `id`'s prefill reservation back (its first token came), in the background
     /// and in order with its release.
     pub fn prefill_done(&self, id: &str) {
+        self.prefill_give_back(id, Some(Instant::now()));
+    }
+
+    /// Gives lease `id`'s prefill room back; `first_token`: when its first token came (`None`:
+    /// its prefill ended without one, and no prefill rate is learnt from it).
+    pub fn prefill_give_back(&self, id: &str, first_token: Option<Instant>) {
         let lane = match self.held().get_mut(id) {
             Some(held) if held.prefill > 0 => {
                 held.prefill = 0;
@@ -1063,7 +1074,7 @@ impl Shared {
             id: id.to_owned(),
             lane,
             give: Give::Prefill,
-            first_token: Some(Instant::now()),
+            first_token,
         });
     }
 
@@ -1281,8 +1292,9 @@ impl Reservation for LeaseRelease {
     }
 
     fn prefill_abandoned(&self, _tokens: u32) {
-        // Ended before its first token: the release that follows gives the prefill room back.
-        // Not through the first-token path: timed to this moment, a borrower's cut prefill
-        // would read as a fast one (the rate `jobs.preempt_prefill_grace_tokens` is judged by).
+        // Ended before its first token: its room goes back with no first token. Timed to this
+        // moment, a borrower's cut prefill would read as a fast one (the rate
+        // `jobs.preempt_prefill_grace_tokens` is judged by).
+        self.shared.prefill_give_back(&self.id, None);
     }
 }

@@ -451,8 +451,6 @@ pub(super) async fn push(
         .map_err(|e| drop(store_down("push", &e)))
 }
 
-/// Runs the end script (retried briefly while Redis is unreachable): the status the job now
-/// has, or `None` when this run no longer owns it (or the store stayed away).
 /// How long job `id` ran, from its first run's start (a job pre-empted or cut and continued
 /// keeps it, on any replica) to its end, on Redis's clock as `GET /jobs/{id}` shows them; `None`
 /// when the record cannot be read (this run's own time stands in).
@@ -467,6 +465,8 @@ async fn job_span(store: &RedisStore, id: &str) -> Option<Duration> {
     Some(Duration::from_millis(finished?.checked_sub(started?)?))
 }
 
+/// Runs the end script (retried briefly while Redis is unreachable): the status the job now
+/// has, or `None` when this run no longer owns it (or the store stayed away).
 async fn end(
     store: &RedisStore,
     id: &str,
