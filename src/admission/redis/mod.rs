@@ -86,16 +86,16 @@
 //! so nothing leaks. No overcommit across the switches: when the replica falls back, its
 //! fallback first counts the leases it still holds in Redis (their requests run on), and a lease
 //! Redis grants to a call that was out as the replica fell back is counted by the fallback as
-//! it is booked, so the replica stays within its share; when Redis is back, the requests the fallback admitted are
-//! registered there as leases (`quota_adopt_v2.lua`, whatever the limits: they already run),
-//! renewed and released like any other, so Redis counts what really runs and new admissions
-//! wait until the lanes are under their limits. The replica leaves the fallback only once they
-//! are (`Shared::back_on_redis`; the fallback books nothing new while that call is out), and a
-//! request still in the fallback's queue then asks Redis. Leases that expired during the outage
-//! are registered again the same way, and so are leases Redis lost with its data (a new epoch) or
-//! reaped less than half a TTL after this replica renewed them (Redis's clock ran ahead); one
-//! found gone in normal running (the replica was too slow to renew it) is only counted as
-//! `lease_lost`.
+//! it is booked, so the replica stays within its share; when Redis is back, the requests the
+//! fallback admitted are registered there as leases (`quota_adopt_v2.lua`, whatever the
+//! limits: they already run), renewed and released like any other, so Redis counts what really
+//! runs and new admissions wait until the lanes are under their limits. The replica leaves the
+//! fallback only once they are (`Shared::back_on_redis`; the fallback books nothing new while
+//! that call is out), and a request still in the fallback's queue then asks Redis. Leases that
+//! expired during the outage are registered again the same way, and so are leases Redis lost
+//! with its data (a new epoch) or reaped less than half a TTL after this replica renewed them
+//! (Redis's clock ran ahead); one found gone in normal running (the replica was too slow to
+//! renew it) is only counted as `lease_lost`.
 //!
 //! [`snapshot`](RedisAdmission::snapshot) shows this replica's part only (its leases, its
 //! lines, its fallback); sum over replicas for the fleet, or read the `usage` hash.

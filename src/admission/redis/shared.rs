@@ -651,9 +651,9 @@ impl Shared {
     /// the fallback, not before (it would admit through Redis against counts that miss those
     /// requests). While the registration is out the fallback books nothing new
     /// ([`FallbackState::Closing`]: what it admits meanwhile waits for the registration's
-    /// calls, then goes to Redis or is booked), so the list the call sends is the whole of it, however
-    /// busy the replica. False when the replica is still degraded (the registration failed):
-    /// the next beat tries again.
+    /// calls, then goes to Redis or is booked), so the list the call sends is the whole of it,
+    /// however busy the replica. False when the replica is still degraded (the registration
+    /// failed): the next beat tries again.
     pub async fn back_on_redis(&self, lost: &[String]) -> bool {
         {
             let _shadows = self.shadows();
@@ -694,9 +694,7 @@ impl Shared {
                     {
                         continue;
                     }
-                    shadows
-                        .entry(id)
-                        .or_insert_with(|| fallback.force_take(h.lane, h.tokens));
+                    Self::shadow(&mut shadows, fallback, &id, h.lane, h.tokens);
                 }
             }
             self.degraded.store(true, Ordering::Release);
@@ -841,11 +839,23 @@ impl Shared {
         self.hold_as(id, lane, tokens, prompt, budget);
         if self.degraded() {
             if let Some(fallback) = &self.fallback {
-                shadows
-                    .entry(id.to_owned())
-                    .or_insert_with(|| fallback.force_take(lane, tokens));
+                Self::shadow(&mut shadows, fallback, id, lane, tokens);
             }
         }
+    }
+
+    /// Counts lease `id` (`tokens` in `lane`) in the fallback's own usage, once, until the
+    /// replica is back on Redis: its request runs on while the fallback admits beside it.
+    fn shadow(
+        shadows: &mut HashMap<String, LaneGuard>,
+        fallback: &LocalAdmission,
+        id: &str,
+        lane: Lane,
+        tokens: u32,
+    ) {
+        shadows
+            .entry(id.to_owned())
+            .or_insert_with(|| fallback.force_take(lane, tokens));
     }
 
     /// Keeps a pre-emptible lease's handle until the lease is given back.
