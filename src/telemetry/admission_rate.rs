@@ -23,7 +23,10 @@
 //! rest of the gap the arrival lands in, the others whole gaps. The gaps are the line's
 //! **backlogged** gaps over the last [`WINDOW`]: between consecutive admissions where the later
 //! request was already waiting when the earlier one was admitted (so the line was never empty
-//! in between). `mean` is their mean; `residual` is the mean rest of a gap seen by an arrival
+//! in between). A window with fewer than [`MIN_GAPS`] of them is read with the line's most
+//! recent gaps before it, up to [`HISTORY`] back: a line of long prompts admits a few a window,
+//! and a mean of four gaps is mostly noise, which is what an early refusal selects (it follows
+//! a high prediction). `mean` is their mean; `residual` is the mean rest of a gap seen by an arrival
 //! at a random moment, `sum(g^2) / (2 sum(g))` (renewal theory: an arrival lands in long gaps
 //! more often than in short ones): half a gap when admissions are regular, a whole one when
 //! they come as a Poisson stream, more when they come in bursts. Admissions of long prompts
@@ -32,7 +35,7 @@
 //! autopilot/lines/`). A rate over the whole window would count the line's idle seconds as slow
 //! service and predict bursty lines' waits about twice too long (measured at 1.2x load: the
 //! medium lane's actual / predicted median was 0.36-0.64). Without one backlogged gap in the
-//! window: `(ahead + 1/2)` times the whole window over its admissions (an upper bound on the
+//! history: `(ahead + 1/2)` times the whole window over its admissions (an upper bound on the
 //! wait). No admissions in the window while requests wait: no prediction (the gateway does not
 //! refuse on a guess). Nobody ahead: 0.
 
@@ -48,6 +51,13 @@ use crate::lane::Lane;
 
 /// The window the admission rate is measured over.
 pub const WINDOW: Duration = Duration::from_secs(10);
+/// How long admissions are kept: a line with fewer than [`MIN_GAPS`] backlogged gaps in the
+/// [`WINDOW`] takes its most recent ones from up to this far back.
+pub const HISTORY: Duration = Duration::from_secs(60);
+/// The fewest backlogged gaps a line's service is estimated from when its [`HISTORY`] has
+/// them: a mean of four gaps is mostly noise, and the noise is what an early refusal selects
+/// (a refusal follows a high prediction).
+pub const MIN_GAPS: u32 = 16;
 /// Admissions kept per lane.
 const MAX_SAMPLES: usize = 8_192;
 /// How long a refusal's ghost waits for its line's admissions before it is dropped unmeasured.
@@ -237,16 +247,25 @@ impl AdmissionRate {
         let now = Instant::now();
         while ring
             .front()
-            .is_some_and(|a| now.saturating_duration_since(a.at) > WINDOW)
+            .is_some_and(|a| now.saturating_duration_since(a.at) > HISTORY)
         {
             ring.pop_front();
         }
-        if ring.is_empty() {
+        let recent = ring
+            .iter()
+            .rev()
+            .take_while(|a| now.saturating_duration_since(a.at) <= WINDOW)
+            .count();
+        if recent == 0 {
             return None;
         }
-        // The backlogged gaps: the later request was waiting when the earlier was admitted.
+        // The backlogged gaps (the later request was waiting when the earlier was admitted),
+        // newest first: every one in the window, and older ones until there are MIN_GAPS.
         let (mut gaps, mut sum, mut squares) = (0u32, 0.0f64, 0.0f64);
-        for (earlier, later) in ring.iter().zip(ring.iter().skip(1)) {
+        for (later, earlier) in ring.iter().rev().zip(ring.iter().rev().skip(1)) {
+            if gaps >= MIN_GAPS && now.saturating_duration_since(later.at) > WINDOW {
+                break;
+            }
             if later.queued_at < earlier.at {
                 let g = later.at.saturating_duration_since(earlier.at).as_secs_f64();
                 gaps += 1;
@@ -258,7 +277,7 @@ impl AdmissionRate {
         let secs = if gaps > 0 && sum > 0.0 {
             squares / (2.0 * sum) + ahead * sum / f64::from(gaps)
         } else {
-            let per_admission = WINDOW.as_secs_f64() / ring.len() as f64;
+            let per_admission = WINDOW.as_secs_f64() / recent as f64;
             (ahead + 0.5) * per_admission
         };
         // Bounded: at most MAX_SAMPLES gaps of at most the window each, times ahead (u32); and
@@ -400,6 +419,45 @@ mod tests {
         tokio::time::advance(GHOST_TTL + Duration::from_secs(1)).await;
         r.admitted(line, Duration::ZERO);
         assert_eq!(refusal_ratio(&r, line).0, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_few_gaps_in_the_window_are_read_with_the_lines_recent_history() {
+        let r = AdmissionRate::register(&Registry::new());
+        let line = Line::new(Lane::Medium, true);
+        // Backlogged all along (each waited 5 s): one admission a second for 40 s, then three
+        // 100 ms apart, then nothing for 7.75 s.
+        let waited = Duration::from_secs(5);
+        for _ in 0..40 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            r.admitted(line, waited);
+        }
+        for _ in 0..3 {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            r.admitted(line, waited);
+        }
+        tokio::time::advance(Duration::from_millis(7_750)).await;
+        // The window holds five gaps (two of 1 s, three of 100 ms): alone they would say 0.90 s
+        // for one ahead. With the eleven 1 s gaps before them (sixteen in all: sum 13.3 s,
+        // squares 13.03): the rest of a gap 13.03 / 26.6 = 0.49 s, plus a mean gap 0.83 s.
+        let predicted = r.predict(line, 1).unwrap();
+        assert!(
+            predicted.abs_diff(Duration::from_millis(1_321)) < Duration::from_millis(1),
+            "{predicted:?}"
+        );
+        // A window with sixteen gaps of its own is read alone: twenty 100 ms apart now.
+        for _ in 0..20 {
+            tokio::time::advance(Duration::from_millis(100)).await;
+            r.admitted(line, waited);
+        }
+        let predicted = r.predict(line, 1).unwrap();
+        assert!(
+            predicted.abs_diff(Duration::from_millis(150)) < Duration::from_millis(1),
+            "{predicted:?}"
+        );
+        // Nothing admitted for a window: no guess, however long the history.
+        tokio::time::advance(WINDOW + Duration::from_millis(1)).await;
+        assert_eq!(r.predict(line, 1), None);
     }
 
     #[tokio::test(start_paused = true)]
