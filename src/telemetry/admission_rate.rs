@@ -19,25 +19,24 @@
 //! [`GHOST_TTL`] is dropped unmeasured; at most [`MAX_GHOSTS`] per line.
 //!
 //! The prediction, with `ahead` requests waiting in the line: `residual + ahead x mean`. The
-//! arrival is admitted at the `ahead + 1`-th admission from now; the first of those is the
-//! rest of the gap the arrival lands in, the others whole gaps. The gaps are the line's
-//! **backlogged** gaps over the last [`WINDOW`]: between consecutive admissions where the later
-//! request was already waiting when the earlier one was admitted (so the line was never empty
-//! in between). A window with fewer than [`MIN_GAPS`] of them is read with the line's most
-//! recent gaps before it, up to [`HISTORY`] back: a line of long prompts admits a few a window,
-//! and a mean of four gaps is mostly noise, which is what an early refusal selects (it follows
-//! a high prediction). `mean` is their mean; `residual` is the mean rest of a gap seen by an arrival
-//! at a random moment, `sum(g^2) / (2 sum(g))` (renewal theory: an arrival lands in long gaps
-//! more often than in short ones): half a gap when admissions are regular, a whole one when
-//! they come as a Poisson stream, more when they come in bursts. Admissions of long prompts
-//! do come in bursts (several fit the room one first token frees, then none until the next),
-//! and half a gap predicted their waits 2.4x too short at 0.9 load (measured: `docs/results/
-//! autopilot/lines/`). A rate over the whole window would count the line's idle seconds as slow
-//! service and predict bursty lines' waits about twice too long (measured at 1.2x load: the
-//! medium lane's actual / predicted median was 0.36-0.64). Without one backlogged gap in the
-//! history: `(ahead + 1/2)` times the whole window over its admissions (an upper bound on the
-//! wait). No admissions in the window while requests wait: no prediction (the gateway does not
-//! refuse on a guess). Nobody ahead: 0.
+//! arrival is admitted at the `ahead + 1`-th admission from now; the first of those is the rest of
+//! the gap the arrival lands in, the others whole gaps. The gaps are the line's **backlogged** gaps
+//! over the last [`WINDOW`]: between consecutive admissions where the later request was already
+//! waiting when the earlier one was admitted (so the line was never empty in between). A window
+//! with fewer than [`MIN_GAPS`] of them is read with the line's most recent gaps before it, up to
+//! [`HISTORY`] back: a line of long prompts admits a few a window, and a mean of four gaps is
+//! mostly noise, which is what an early refusal selects (it follows a high prediction). `mean` is
+//! their mean; `residual` is the mean rest of a gap seen by an arrival at a random moment,
+//! `sum(g^2) / (2 sum(g))` (renewal theory: an arrival lands in long gaps more often than in short
+//! ones): half a gap when admissions are regular, a whole one when they come as a Poisson stream,
+//! more when they come in bursts. Admissions of long prompts do come in bursts (several fit the
+//! room one first token frees, then none until the next), and half a gap predicted their waits 2.4x
+//! too short at 0.9 load (measured: `docs/results/autopilot/lines/`). A rate over the whole window
+//! would count the line's idle seconds as slow service and predict bursty lines' waits about twice
+//! too long (measured at 1.2x load: the medium lane's actual / predicted median was 0.36-0.64).
+//! Without one backlogged gap in the history: `(ahead + 1/2)` times the whole window over its
+//! admissions (an upper bound on the wait). No admissions in the window while requests wait: no
+//! prediction (the gateway does not refuse on a guess). Nobody ahead: 0.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
