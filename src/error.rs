@@ -252,6 +252,14 @@ pub enum GatewayError {
     /// engine's work aborted. Only ever mid-stream; recorded with the outcome `cancelled`.
     #[error("the client did not take the stream's bytes in time; the stream was ended")]
     ClientTooSlow,
+    /// The gateway panicked while serving the request (a bug): its seat, tokens and engine
+    /// work were given back, and the panic was reported on stderr and counted in
+    /// `tutor_gateway_panics_total`. Recorded with the outcome `internal`.
+    #[error(
+        "the gateway failed while serving this request (an internal error, reported to its \
+         operators with this request's id); retry"
+    )]
+    Internal,
     /// Classification failed (too long for the model, or a tokenizer failure).
     #[error(transparent)]
     Classify(#[from] ClassifyError),
@@ -308,6 +316,7 @@ impl GatewayError {
             Self::JobsUnavailable(_) => StatusCode::NOT_IMPLEMENTED,
             Self::JobStoreDown | Self::Shutdown => StatusCode::SERVICE_UNAVAILABLE,
             Self::ClientTooSlow => StatusCode::REQUEST_TIMEOUT,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Classify(e) => match e {
                 ClassifyError::ExceedsModelLen { .. } => StatusCode::BAD_REQUEST,
                 ClassifyError::TokenizerLoad { .. } | ClassifyError::Internal(_) => {
@@ -403,6 +412,7 @@ impl GatewayError {
             | Self::TenantBudget { .. } => Outcome::TenantLimited,
             Self::JobStoreDown => Outcome::QuotaUnavailable,
             Self::Shutdown | Self::ClientTooSlow => Outcome::Cancelled,
+            Self::Internal => Outcome::Internal,
             Self::Classify(ClassifyError::ExceedsModelLen { .. }) => Outcome::TooLong,
             Self::Classify(_) => Outcome::Internal,
             Self::Admission(AdmissionError::QueueFull { .. }) => Outcome::QueueFull,

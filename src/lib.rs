@@ -50,6 +50,8 @@ pub mod capacity;
 pub mod classify;
 pub mod config;
 pub mod error;
+#[cfg(test)]
+mod faults;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod jobs;

@@ -1,12 +1,13 @@
 //! Responses that stop early: every request's handler at the end of the shutdown's grace
-//! ([`in_drain`]), a job's followers at shutdown (`jobs.rs`), a revoked key's streams
-//! (`auth.rs`).
+//! ([`in_drain`]), a handler that panicked ([`caught`]), a job's followers at shutdown
+//! (`jobs.rs`), a revoked key's streams (`auth.rs`).
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::error::GatewayError;
+use crate::pipeline::AppState;
 use crate::relay::Drain;
 
 /// Runs a request's handler under the gateway's [`Drain`]: the relay it starts ends when the
@@ -20,6 +21,37 @@ pub(crate) async fn in_drain(State(drain): State<Drain>, mut req: Request, next:
         biased;
         resp = handler => resp,
         () = drain.ending() => GatewayError::Shutdown.into_response(),
+    }
+}
+
+/// Runs a request's handler so that a panic in it (a bug) answers 500 `internal` in the route's
+/// error shape (an OpenAI error body; the request id and CORS headers added by the layers
+/// around it) instead of dropping the connection. Unwinding has given the seat, the tokens and
+/// the engine's work back (their guards drop) and recorded the request `internal`; this counts
+/// the panic (`tutor_gateway_panics_total{at="handler"}`) and logs it with its request id. The
+/// panic's place went to stderr with the panic report (`crate::telemetry::panic`). A stream
+/// that panics after its response began is the relay's to end (`crate::relay`).
+pub(crate) async fn caught(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    use futures::FutureExt;
+    // The route's pattern (`/jobs/{id}`), never the client's path.
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(String::new, |p| p.as_str().to_owned());
+    match std::panic::AssertUnwindSafe(next.run(req))
+        .catch_unwind()
+        .await
+    {
+        Ok(resp) => resp,
+        Err(panic) => {
+            state.metrics().panicked("handler");
+            tracing::error!(
+                route = route.as_str(),
+                panic = crate::telemetry::panic::message(&*panic),
+                "a request's handler panicked: answered 500 internal"
+            );
+            GatewayError::Internal.into_response()
+        }
     }
 }
 

@@ -31,6 +31,8 @@ pub mod jobs;
 pub mod limits;
 pub mod openai;
 pub mod ops;
+#[cfg(test)]
+mod panic_tests;
 pub mod request_id;
 
 use std::net::SocketAddr;
@@ -97,6 +99,11 @@ pub fn app(
         // Anything else gets an error in the OpenAI shape, not an empty body.
         .fallback(|| async { crate::error::GatewayError::NotFound })
         .method_not_allowed_fallback(|| async { crate::error::GatewayError::MethodNotAllowed })
+        // Innermost: a handler's panic answers 500 `internal`, marked by every layer below.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            ending::caught,
+        ))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(
             limits::RequestLimits::new(
@@ -145,6 +152,10 @@ pub fn admin(state: AppState, listen: SocketAddr, drain: &Drain) -> Router {
         .route("/admin/reload", post(admin::reload))
         .fallback(|| async { crate::error::GatewayError::NotFound })
         .method_not_allowed_fallback(|| async { crate::error::GatewayError::MethodNotAllowed })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            ending::caught,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             admin::guard,

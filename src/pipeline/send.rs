@@ -72,6 +72,8 @@ pub async fn send(
         .iter()
         .find_map(|f| body.get(*f).and_then(serde_json::Value::as_u64))
         .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+    #[cfg(test)]
+    crate::faults::before_send(engine_cap);
     let mut request = UpstreamRequest {
         endpoint,
         request_id: record.request_id().to_owned(),

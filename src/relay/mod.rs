@@ -35,6 +35,11 @@
 //! request with the error code `shutdown`, and tells the client as any mid-stream error:
 //! `/answer` gets an `error` event `{"code":"shutdown","message":…}`, a `/v1` stream a
 //! `data: {"error": …}` event then `data: [DONE]`, a non-streaming `/v1` request a 503.
+//!
+//! A panic (a bug) while a stream is read ends it the same way with the code `internal`
+//! (`pump`): the engine's work aborted, the seat and tokens given back, the request recorded
+//! `internal` and counted in `tutor_gateway_panics_total{at="relay"}`. A relay unwound by a
+//! panic in its handler (a non-streaming answer read there) records `internal` as it drops.
 
 mod answer;
 mod client;
@@ -278,6 +283,8 @@ impl Relay {
 
     /// The next upstream event, noting the first token and its chunk identity.
     async fn next_event(&mut self) -> Option<Result<Chunk, UpstreamError>> {
+        #[cfg(test)]
+        crate::faults::mid_stream(self.ctx.engine_cap, self.steps.chunks);
         let ev = self.upstream.next_event().await;
         if let Some(Ok(chunk)) = &ev {
             if self.first_chunk.is_none() {
@@ -798,7 +805,11 @@ impl Drop for Relay {
             // (A resumable stream dropped is its client gone, asked back or not.)
             let preempted =
                 self.resume.is_none() && self.guard.as_ref().is_some_and(LaneGuard::is_preempted);
-            if preempted {
+            if std::thread::panicking() {
+                // Unwound by a panic (a bug) in its handler: not its client's doing.
+                let err = GatewayError::Internal;
+                self.finish(err.outcome(), Some(err.code()));
+            } else if preempted {
                 self.finish(Outcome::Preempted, None);
             } else if self.record.key_revoked() {
                 // Its key revoked: the auth layer ended the stream, its client did not go.

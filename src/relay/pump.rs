@@ -18,6 +18,10 @@
 //!   has not taken down within the write timeout after that closes the client's connection
 //!   ([`super::ConnectionCloser`]).
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
 use tokio_util::task::TaskTracker;
 
 use super::client::{self, ClientBody, ClientLimits, ClientTx, ConnectionCloser};
@@ -51,8 +55,37 @@ impl Relay {
     }
 }
 
-/// Reads `relay` to its end into `client` (see the module doc).
+/// How a stream's reading ended (what the pump does next).
+enum Ending {
+    /// The client went away: dropping the relay aborts the engine's work and records the
+    /// cancellation.
+    Gone,
+    /// The stream's last bytes are in the buffer.
+    Read,
+    /// The client did not take its bytes in time.
+    TooSlow(TooSlow),
+}
+
+/// Reads `relay` to its end into `client` (see the module doc). A panic in the reading (a
+/// bug) ends the stream as an error the client's format shows (`/answer`: an `error` event
+/// `internal`; `/v1`: an error chunk then `[DONE]`), after the engine's work is aborted and
+/// the seat and tokens are given back: [`panicked`].
 async fn pump(mut relay: Relay, mut client: ClientTx) {
+    let read = AssertUnwindSafe(read(&mut relay, &mut client))
+        .catch_unwind()
+        .await;
+    match read {
+        Ok(Ending::Gone) => drop(relay),
+        Ok(Ending::Read) => {
+            let metrics = relay.ctx.metrics.relay().clone();
+            client.finish(move || metrics.too_slow(TooSlow::WriteTimeout));
+        }
+        Ok(Ending::TooSlow(reason)) => too_slow(relay, client, reason),
+        Err(panic) => panicked(relay, client, &*panic),
+    }
+}
+
+async fn read(relay: &mut Relay, client: &mut ClientTx) -> Ending {
     if relay.format == Format::Answer {
         let meta = answer::meta_event(
             relay.request_id(),
@@ -67,20 +100,43 @@ async fn pump(mut relay: Relay, mut client: ClientTx) {
     loop {
         let next = tokio::select! {
             biased;
-            // Dropping the relay aborts the engine's work and records the cancellation.
-            () = client.closed() => return,
-            () = client.stalled(&mut watch) => return too_slow(relay, client, TooSlow::WriteTimeout),
+            () = client.closed() => return Ending::Gone,
+            () = client.stalled(&mut watch) => return Ending::TooSlow(TooSlow::WriteTimeout),
             next = relay.next_bytes() => next,
         };
         let Some(frame) = next else {
-            let metrics = relay.ctx.metrics.relay().clone();
-            client.finish(move || metrics.too_slow(TooSlow::WriteTimeout));
-            return;
+            return Ending::Read;
         };
         if client.send(frame).is_err() {
-            return too_slow(relay, client, TooSlow::BufferFull);
+            return Ending::TooSlow(TooSlow::BufferFull);
         }
     }
+}
+
+/// Ends a stream whose reading panicked: counts and logs it (the panic's place went to stderr
+/// with the panic report, `crate::telemetry::panic`), aborts the engine's work, gives the seat
+/// and tokens back, records the request `internal` (unless the engine had finished it: that
+/// record stands) and tells the client.
+fn panicked(mut relay: Relay, mut client: ClientTx, panic: &(dyn Any + Send)) {
+    relay.ctx.metrics.panicked("relay");
+    tracing::error!(
+        request_id = %relay.request_id(),
+        lane = %relay.class.lane,
+        panic = crate::telemetry::panic::message(panic),
+        "the relay panicked: the stream ends with an internal error"
+    );
+    let err = GatewayError::Internal;
+    relay.upstream.abort_now();
+    let mut out = Vec::new();
+    relay.render_error(&err, &mut out);
+    relay.finish(err.outcome(), Some(err.code()));
+    let metrics = relay.ctx.metrics.relay().clone();
+    drop(relay);
+    if client.send(out.into()).is_err() {
+        metrics.too_slow(TooSlow::BufferFull);
+        return client.cut();
+    }
+    client.finish(move || metrics.too_slow(TooSlow::WriteTimeout));
 }
 
 /// Cuts a client that did not take its bytes in time. When the engine had finished already,

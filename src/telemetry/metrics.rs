@@ -249,6 +249,7 @@ pub struct Metrics {
     prefix_hits: IntCounterVec,
     refused: IntCounterVec,
     denied: IntCounterVec,
+    panics: IntCounterVec,
     request_log_dropped: DroppedLines,
     log_dropped: DroppedLines,
     tenant_refused: IntCounterVec,
@@ -431,6 +432,14 @@ impl Metrics {
         for reason in ["auth", "host", "origin", "body"] {
             denied.with_label_values(&[reason]);
         }
+        let panics = counter(
+            "tutor_gateway_panics_total",
+            "Panics inside the gateway while serving a request (a bug: each is reported on stderr with its place), by where: handler (before the response began: the client got a 500 internal), relay (mid-stream: the stream ended with an internal error event). Its seat, tokens and engine work were given back either way.",
+            &["at"],
+        );
+        for at in ["handler", "relay"] {
+            panics.with_label_values(&[at]);
+        }
         let tenant_refused = counter(
             "tutor_gateway_tenant_refused_total",
             "Requests refused by their tenant's budget ([auth.tenants.<name>]), by tenant (only \
@@ -508,6 +517,7 @@ impl Metrics {
             prefix,
             refused,
             denied,
+            panics,
             request_log_dropped,
             log_dropped,
             tenant_refused,
@@ -561,6 +571,16 @@ impl Metrics {
     /// Counts a request denied before any route for `reason` (`auth`, `host`, `origin`).
     pub fn denied(&self, reason: &str) {
         self.denied.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts a panic while serving a request, `at` the `handler` or the `relay`.
+    pub fn panicked(&self, at: &str) {
+        self.panics.with_label_values(&[at]).inc();
+    }
+
+    /// Panics counted so far `at` the `handler` or the `relay`.
+    pub fn panics(&self, at: &str) -> u64 {
+        self.panics.with_label_values(&[at]).get()
     }
 
     /// Requests denied so far for `reason`.

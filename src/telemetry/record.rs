@@ -592,6 +592,11 @@ impl RequestRecord {
 impl Drop for RequestRecord {
     fn drop(&mut self) {
         if !self.done {
+            if std::thread::panicking() {
+                // Unwound by a panic (a bug) while it was served: not its client's doing.
+                self.finish(Outcome::Internal, Some("internal"), None);
+                return;
+            }
             if self.shutdown.as_ref().is_some_and(|end| end.is_cancelled()) {
                 // Dropped by the shutdown at the end of its grace (its client got 503
                 // `shutdown`).

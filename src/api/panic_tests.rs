@@ -1,0 +1,206 @@
+//! A panic while a request is served (a bug, injected by `crate::faults`) costs that request
+//! only: its client gets a clear internal error in its route's shape, its seat, tokens and
+//! engine work come back, the panic is counted, and the next request is served.
+
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+use tokio_util::task::TaskTracker;
+use tutor_testkit::{client, eventually, metric, metrics_text, send, sse};
+
+use crate::config::Config;
+use crate::faults::{PANICS_BEFORE_SEND, PANICS_MID_STREAM};
+use crate::server::Gateway;
+use crate::telemetry::RequestLog;
+
+struct Harness {
+    sim: vllm_sim::SimServer,
+    gw: Gateway,
+    log: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Harness {
+    async fn start() -> Self {
+        let args = vllm_sim::SimArgs::for_test(&["--speed", "50", "--profile", "tiny-test"]);
+        let sim = vllm_sim::start(&args).await.expect("sim starts");
+        let mut config = Config::default();
+        config.upstream.base_url = sim.url();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tasks = TaskTracker::new();
+        let (request_log, log) = RequestLog::memory();
+        let state = crate::server::build_state_with_log(config, tasks.clone(), request_log)
+            .expect("gateway state");
+        let gw = crate::server::serve_state(state, tasks, listener).expect("gateway starts");
+        Self { sim, gw, log }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.gw.url())
+    }
+
+    /// Waits until every seat, token and queue place is back, then reads the panics counted
+    /// `at`.
+    async fn settled_panics(&self, at: &str) -> f64 {
+        let admission = self.gw.state.admission();
+        eventually("every seat and token back", || {
+            std::future::ready(admission.snapshot().is_idle())
+        })
+        .await;
+        let text = metrics_text(&self.gw.url()).await;
+        metric(&text, &format!("tutor_gateway_panics_total{{at=\"{at}\"}}"))
+    }
+
+    /// Waits for the request log's line with `outcome` and returns it.
+    async fn logged(&self, outcome: &str) -> Value {
+        let find = || {
+            self.log
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| l["outcome"] == outcome)
+                .cloned()
+        };
+        eventually("the request's log line", || {
+            std::future::ready(find().is_some())
+        })
+        .await;
+        find().unwrap()
+    }
+
+    /// A request that has nothing to do with the faults is served in full.
+    async fn still_serves(&self) {
+        let resp = send(
+            client()
+                .post(self.url("/v1/chat/completions"))
+                .json(&json!({
+                    "messages": [{"role": "user", "content": "what is a loop?"}],
+                    "max_tokens": 8,
+                })),
+        )
+        .await;
+        assert_eq!(resp.status(), 200, "served after the panic");
+    }
+
+    async fn shutdown(self) {
+        self.gw.shutdown().await;
+        self.sim.shutdown().await;
+    }
+}
+
+fn chat(max_tokens: u32, stream: bool) -> Value {
+    json!({
+        "messages": [{"role": "user", "content": "explain recursion with an example"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+}
+
+#[tokio::test]
+async fn an_answer_stream_that_panics_ends_with_an_internal_error_event_and_gives_all_back() {
+    let h = Harness::start().await;
+    let resp = send(client().post(h.url("/answer")).json(&json!({
+        "prompt": "explain recursion with an example",
+        "max_output_tokens": PANICS_MID_STREAM,
+    })))
+    .await;
+    assert_eq!(resp.status(), 200, "the stream had begun");
+    let body = resp.text().await.unwrap();
+    let events = sse(&body);
+    assert_eq!(events.first().map(|e| e.0.as_str()), Some("meta"), "{body}");
+    let (kind, data) = events.last().unwrap();
+    assert_eq!(kind, "error", "the stream ends with an error event: {body}");
+    let data: Value = serde_json::from_str(data).unwrap();
+    assert_eq!(data["code"], "internal", "{data}");
+    assert!(
+        !events.iter().any(|e| e.0 == "done"),
+        "an answer cut by a panic is not told as done: {body}"
+    );
+    assert_eq!(h.settled_panics("relay").await, 1.0);
+    let line = h.logged("internal").await;
+    assert_eq!(line["route"], "answer", "{line}");
+    eventually("the engine's work aborted", || {
+        std::future::ready(h.sim.engine.snapshot().aborted >= 1)
+    })
+    .await;
+    h.still_serves().await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_v1_stream_that_panics_ends_with_an_error_chunk_then_done() {
+    let h = Harness::start().await;
+    let resp = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&chat(PANICS_MID_STREAM, true)),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let body = resp.text().await.unwrap();
+    let data: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{body}");
+    let err: Value = serde_json::from_str(data[data.len() - 2]).unwrap();
+    assert_eq!(err["error"]["code"], "internal", "{body}");
+    assert_eq!(err["error"]["type"], "server_error", "{body}");
+    assert_eq!(h.settled_panics("relay").await, 1.0);
+    h.logged("internal").await;
+    h.still_serves().await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_handler_that_panics_answers_500_internal_and_gives_its_seat_back() {
+    let h = Harness::start().await;
+    for (max_tokens, stream) in [(PANICS_BEFORE_SEND, false), (PANICS_BEFORE_SEND, true)] {
+        let resp = send(
+            client()
+                .post(h.url("/v1/chat/completions"))
+                .json(&chat(max_tokens, stream)),
+        )
+        .await;
+        assert_eq!(resp.status(), 500, "stream: {stream}");
+        assert!(
+            resp.headers().contains_key("x-request-id"),
+            "the answer still carries a request id"
+        );
+        let err: Value = resp.json().await.unwrap();
+        assert_eq!(err["error"]["code"], "internal", "{err}");
+        assert_eq!(err["error"]["type"], "server_error", "{err}");
+    }
+    // A non-streaming answer read whole in its handler panics there too.
+    let resp = send(
+        client()
+            .post(h.url("/v1/chat/completions"))
+            .json(&chat(PANICS_MID_STREAM, false)),
+    )
+    .await;
+    assert_eq!(resp.status(), 500);
+    assert_eq!(h.settled_panics("handler").await, 3.0);
+    let internal = || {
+        h.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l["outcome"] == "internal")
+            .count()
+    };
+    eventually(
+        "each panic recorded internal, none as a client's cancel",
+        || std::future::ready(internal() == 3),
+    )
+    .await;
+    assert!(
+        !h.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l["outcome"] == "cancelled"),
+        "{:?}",
+        h.log.lock().unwrap()
+    );
+    h.still_serves().await;
+    h.shutdown().await;
+}

@@ -1,0 +1,25 @@
+//! Faults the unit tests inject (compiled into test builds only): a request whose engine cap
+//! (`max_tokens`, `/answer`'s `max_output_tokens`) is one of these values panics at that point,
+//! so the tests can show what a bug there costs a client and the gateway (`crate::api`'s
+//! `panic_tests`).
+
+/// Panics in the send step, after admission (a seat and tokens held), before the engine is
+/// asked.
+pub const PANICS_BEFORE_SEND: u32 = 311;
+
+/// Panics in the relay once the engine's second content chunk arrived (the response began).
+pub const PANICS_MID_STREAM: u32 = 307;
+
+/// The send step's fault.
+pub fn before_send(engine_cap: Option<u32>) {
+    if engine_cap == Some(PANICS_BEFORE_SEND) {
+        panic!("a fault injected by a test: before the send");
+    }
+}
+
+/// The relay's fault, at each event read after `chunks` content chunks.
+pub fn mid_stream(engine_cap: Option<u32>, chunks: u32) {
+    if engine_cap == Some(PANICS_MID_STREAM) && chunks >= 2 {
+        panic!("a fault injected by a test: mid-stream");
+    }
+}
