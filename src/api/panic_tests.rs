@@ -21,7 +21,17 @@ struct Harness {
 
 impl Harness {
     async fn start() -> Self {
-        let args = vllm_sim::SimArgs::for_test(&["--speed", "50", "--profile", "tiny-test"]);
+        // A token a chunk, 50 ms apart: the engine is still writing (for 15 s) when the
+        // injected panic at its second chunk ends the request, however slowly a loaded machine
+        // reads (an engine that had finished would have nothing to abort).
+        let args = vllm_sim::SimArgs::for_test(&[
+            "--profile",
+            "fixed",
+            "--fixed-ttft-ms",
+            "1",
+            "--fixed-itl-ms",
+            "50",
+        ]);
         let sim = vllm_sim::start(&args).await.expect("sim starts");
         let mut config = Config::default();
         config.upstream.base_url = sim.url();
