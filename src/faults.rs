@@ -1,6 +1,7 @@
 //! Faults the unit tests inject (compiled into test builds only): a request whose engine cap
 //! (`max_tokens`, `/answer`'s `max_output_tokens`) is one of these values panics at that point,
-//! so the tests can show what a bug there costs a client and the gateway (`crate::api`'s
+//! and so does the autopilot's loop of a gateway configured with [`AUTOPILOT_PANICS_EVERY`], so
+//! the tests can show what a bug there costs a client and the gateway (`crate::api`'s
 //! `panic_tests`).
 
 /// Panics in the send step, after admission (a seat and tokens held), before the engine is
@@ -21,5 +22,15 @@ pub fn before_send(engine_cap: Option<u32>) {
 pub fn mid_stream(engine_cap: Option<u32>, chunks: u32) {
     if engine_cap == Some(PANICS_MID_STREAM) && chunks >= 2 {
         panic!("a fault injected by a test: mid-stream");
+    }
+}
+
+/// An `autopilot.interval` at which the autopilot's loop panics at its first look.
+pub const AUTOPILOT_PANICS_EVERY: std::time::Duration = std::time::Duration::from_millis(313);
+
+/// The autopilot loop's fault.
+pub fn autopilot(interval: std::time::Duration) {
+    if interval == AUTOPILOT_PANICS_EVERY {
+        panic!("a fault injected by a test: in the autopilot");
     }
 }

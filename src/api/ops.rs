@@ -14,9 +14,23 @@ use crate::pipeline::{self, AppState, RequestCtx, Tenant};
 use crate::relay::Drain;
 use crate::upstream::{RawResponse, UpstreamError};
 
-/// `GET /healthz`: the process is up.
-pub async fn healthz() -> impl IntoResponse {
-    axum::Json(json!({"status": "ok"}))
+/// `GET /healthz`: the process is up, and every background task it needs runs: after one
+/// panicked (a bug; `crate::telemetry::panic::Background`) it answers 503 `failed`, naming the
+/// task, so that an orchestrator restarts the replica.
+pub async fn healthz(State(state): State<AppState>) -> Response {
+    match state.metrics().background().failed() {
+        None => axum::Json(json!({"status": "ok"})).into_response(),
+        Some(task) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "failed", "reason": failed(task)})),
+        )
+            .into_response(),
+    }
+}
+
+/// Why a replica whose background `task` panicked must be restarted.
+fn failed(task: &str) -> String {
+    format!("the background task '{task}' stopped (a panic): restart this replica")
 }
 
 /// What `/readyz` weighs, each as its source reports it.
@@ -28,11 +42,14 @@ pub struct Readiness {
     pub admission: AdmissionHealth,
     /// vLLM's health probe (cached per `upstream.health_cache_ms`): `Err` with the reason.
     pub upstream: Result<(), String>,
+    /// The background task that panicked, if one did (`/healthz` fails too).
+    pub failed_task: Option<&'static str>,
 }
 
 impl Readiness {
     /// The one verdict over every input: 503 `draining` while shutting down (so the load
-    /// balancer stops sending first); 503 `not_ready` when the Redis quota is down under
+    /// balancer stops sending first); 503 `failed` once a background task panicked (as
+    /// `/healthz`); 503 `not_ready` when the Redis quota is down under
     /// `fail_closed` or vLLM does not answer; 200 `degraded` when the Redis quota is down
     /// under `fail_open` (the replica still serves, on its local share of the limits); else
     /// 200 `ready`.
@@ -41,6 +58,12 @@ impl Readiness {
         if self.draining {
             let reason = "shutting down: finishing open streams";
             return (unavailable, json!({"status": "draining", "reason": reason}));
+        }
+        if let Some(task) = self.failed_task {
+            return (
+                unavailable,
+                json!({"status": "failed", "reason": failed(task)}),
+            );
         }
         if self.admission == AdmissionHealth::Unavailable {
             let reason = "shared quota unreachable";
@@ -73,6 +96,7 @@ pub async fn readyz(State(state): State<AppState>, drain: Option<Extension<Drain
     let readiness = Readiness {
         draining,
         admission: state.admission().health(),
+        failed_task: state.metrics().background().failed(),
         // Not asked while draining: the answer is 503 whatever vLLM says.
         upstream: if draining {
             Ok(())

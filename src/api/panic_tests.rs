@@ -1,6 +1,7 @@
 //! A panic while a request is served (a bug, injected by `crate::faults`) costs that request
 //! only: its client gets a clear internal error in its route's shape, its seat, tokens and
-//! engine work come back, the panic is counted, and the next request is served.
+//! engine work come back, the panic is counted, and the next request is served. A background
+//! task that panics takes the replica's probes down, so that it is restarted.
 
 use std::sync::{Arc, Mutex};
 
@@ -9,7 +10,7 @@ use tokio_util::task::TaskTracker;
 use tutor_testkit::{client, eventually, metric, metrics_text, send, sse};
 
 use crate::config::Config;
-use crate::faults::{PANICS_BEFORE_SEND, PANICS_MID_STREAM};
+use crate::faults::{AUTOPILOT_PANICS_EVERY, PANICS_BEFORE_SEND, PANICS_MID_STREAM};
 use crate::server::Gateway;
 use crate::telemetry::RequestLog;
 
@@ -21,6 +22,10 @@ struct Harness {
 
 impl Harness {
     async fn start() -> Self {
+        Self::start_with(|_| {}).await
+    }
+
+    async fn start_with(tweak: impl FnOnce(&mut Config)) -> Self {
         // A token a chunk, 50 ms apart: the engine is still writing (for 15 s) when the
         // injected panic at its second chunk ends the request, however slowly a loaded machine
         // reads (an engine that had finished would have nothing to abort).
@@ -35,6 +40,7 @@ impl Harness {
         let sim = vllm_sim::start(&args).await.expect("sim starts");
         let mut config = Config::default();
         config.upstream.base_url = sim.url();
+        tweak(&mut config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let tasks = TaskTracker::new();
         let (request_log, log) = RequestLog::memory();
@@ -212,5 +218,45 @@ async fn a_handler_that_panics_answers_500_internal_and_gives_its_seat_back() {
         h.log.lock().unwrap()
     );
     h.still_serves().await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_background_task_that_panics_takes_the_probes_down_so_the_replica_is_restarted() {
+    let h = Harness::start_with(|c| c.autopilot.interval = AUTOPILOT_PANICS_EVERY).await;
+    let get = |path: &'static str| {
+        let url = h.url(path);
+        async move {
+            let resp = send(client().get(url)).await;
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap())
+        }
+    };
+    eventually("the panic is counted", || async {
+        let text = metrics_text(&h.gw.url()).await;
+        metric(&text, "tutor_gateway_panics_total{at=\"background\"}") == 1.0
+    })
+    .await;
+    for path in ["/healthz", "/readyz"] {
+        let (status, body) = get(path).await;
+        assert_eq!(status, 503, "{path}: {body}");
+        assert_eq!(body["status"], "failed", "{path}: {body}");
+        let reason = body["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("'autopilot'"),
+            "{path} names the task: {reason}"
+        );
+    }
+    // Until it is restarted, it still serves what it can.
+    h.still_serves().await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_replica_whose_background_tasks_run_is_live() {
+    let h = Harness::start().await;
+    let resp = send(client().get(h.url("/healthz"))).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.json::<Value>().await.unwrap()["status"], "ok");
     h.shutdown().await;
 }

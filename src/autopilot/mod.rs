@@ -60,7 +60,8 @@ pub fn start(state: AppState, stop: CancellationToken, tasks: &TaskTracker) {
         off(&config).is_none(),
         knobs(bounds(&config).max, reserve_bounds(&config).min),
     );
-    tasks.spawn(async move {
+    let watch = state.metrics().background().clone();
+    tasks.spawn(watch.watch("autopilot", async move {
         let mut pilot = Pilot::default();
         loop {
             let interval = state.config().autopilot.interval;
@@ -68,10 +69,12 @@ pub fn start(state: AppState, stop: CancellationToken, tasks: &TaskTracker) {
                 () = stop.cancelled() => break,
                 () = tokio::time::sleep(interval) => {}
             }
+            #[cfg(test)]
+            crate::faults::autopilot(interval);
             pilot.look(&state).await;
         }
         let _ = tokio::time::timeout(HAND_BACK_WAIT, pilot.hand_back(&state)).await;
-    });
+    }));
 }
 
 /// The loop's state between looks.

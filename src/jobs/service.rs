@@ -78,7 +78,11 @@ impl Jobs {
             None => (Arc::new(LocalJobs::start(&ctx)), false),
         };
         if ctx.config.enabled {
-            tokio::spawn(runner::schedule(ctx.clone(), backend.clone()));
+            let watch = ctx.state.metrics().background();
+            tokio::spawn(watch.watch(
+                "jobs scheduler",
+                runner::schedule(ctx.clone(), backend.clone()),
+            ));
         }
         Jobs(Arc::new(Inner {
             ctx,

@@ -139,7 +139,8 @@ pub fn watch(state: AppState, stop: tokio_util::sync::CancellationToken) {
     let Some(every) = state.config().server.config_watch else {
         return;
     };
-    tokio::spawn(async move {
+    let watch = state.metrics().background().clone();
+    tokio::spawn(watch.watch("config watcher", async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last: Option<[u8; 32]> = None;
@@ -213,7 +214,7 @@ pub fn watch(state: AppState, stop: tokio_util::sync::CancellationToken) {
                 (false, _) => Some(0),
             };
         }
-    });
+    }));
 }
 
 /// Whether the file of `source` (with its overrides) states another configuration than the one

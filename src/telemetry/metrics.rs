@@ -250,6 +250,7 @@ pub struct Metrics {
     refused: IntCounterVec,
     denied: IntCounterVec,
     panics: IntCounterVec,
+    background: crate::telemetry::panic::Background,
     request_log_dropped: DroppedLines,
     log_dropped: DroppedLines,
     tenant_refused: IntCounterVec,
@@ -434,10 +435,10 @@ impl Metrics {
         }
         let panics = counter(
             "tutor_gateway_panics_total",
-            "Panics inside the gateway while serving a request (a bug: each is reported on stderr with its place), by where: handler (before the response began: the client got a 500 internal), relay (mid-stream: the stream ended with an internal error event). Its seat, tokens and engine work were given back either way.",
+            "Panics inside the gateway while serving a request (a bug: each is reported on stderr with its place), by where: handler (before the response began: the client got a 500 internal), relay (mid-stream: the stream ended with an internal error event; either way its seat, tokens and engine work were given back), background (a long-lived task: the Redis quota's heartbeat, releaser or listeners, the job scheduler, the autopilot...; /healthz and /readyz answer 503 from then on so that the replica is restarted).",
             &["at"],
         );
-        for at in ["handler", "relay"] {
+        for at in ["handler", "relay", "background"] {
             panics.with_label_values(&[at]);
         }
         let tenant_refused = counter(
@@ -447,7 +448,8 @@ impl Metrics {
              tokens_per_day.",
             &["tenant", "limit"],
         );
-        let quota = QuotaMetrics::register(&registry);
+        let background = crate::telemetry::panic::Background::new(panics.clone());
+        let quota = QuotaMetrics::register(&registry, background.clone());
         let promotion = PromotionMetrics::register(&registry);
         let relay = RelayMetrics::register(&registry);
         let focus = FocusMetrics::register(&registry);
@@ -518,6 +520,7 @@ impl Metrics {
             refused,
             denied,
             panics,
+            background,
             request_log_dropped,
             log_dropped,
             tenant_refused,
@@ -578,7 +581,12 @@ impl Metrics {
         self.panics.with_label_values(&[at]).inc();
     }
 
-    /// Panics counted so far `at` the `handler` or the `relay`.
+    /// The watch over this gateway's background tasks.
+    pub fn background(&self) -> &crate::telemetry::panic::Background {
+        &self.background
+    }
+
+    /// Panics counted so far `at` the `handler`, the `relay` or in the `background`.
     pub fn panics(&self, at: &str) -> u64 {
         self.panics.with_label_values(&[at]).get()
     }

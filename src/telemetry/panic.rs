@@ -6,9 +6,21 @@
 //! carries prompt text. Written to stderr at once, as one line (and the backtrace when
 //! `RUST_BACKTRACE` asks for one), not through the diagnostic log's queue: a panic may be the
 //! process's last act, and one inside the logging must not enter it again.
+//!
+//! [`Background`]: the gateway's long-lived background tasks (the Redis quota's heartbeat,
+//! releaser and listeners, the job scheduler and sweeper, the autopilot, the config watcher),
+//! each watched: one that panics (a bug) is counted and logged, and takes the replica's
+//! `/healthz` and `/readyz` to 503, so that it is restarted rather than left serving without
+//! it (a dead releaser would keep the fleet's seats; a dead scheduler would start no job).
 
 use std::any::Any;
+use std::future::Future;
 use std::io::Write;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, OnceLock};
+
+use futures::FutureExt;
+use prometheus::IntCounterVec;
 
 /// Installs the report as the panic hook, in place of the standard one, which prints every
 /// message whole.
@@ -40,6 +52,51 @@ pub fn message(payload: &(dyn Any + Send)) -> &'static str {
     }
 }
 
+/// The background tasks' watch of one gateway (a cheap handle): the first task that panicked.
+#[derive(Debug, Clone)]
+pub struct Background {
+    failed: Arc<OnceLock<&'static str>>,
+    /// `tutor_gateway_panics_total`, counted `at="background"`.
+    panics: IntCounterVec,
+}
+
+impl Background {
+    /// A watch that counts in `panics` (`tutor_gateway_panics_total`).
+    pub fn new(panics: IntCounterVec) -> Self {
+        Self {
+            failed: Arc::default(),
+            panics,
+        }
+    }
+
+    /// `task` (named `name` in the log and the probes), watched: it runs as it would, and a
+    /// panic in it is counted, logged and kept as this gateway's failure ([`Background::failed`]).
+    pub fn watch(
+        &self,
+        name: &'static str,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let me = self.clone();
+        async move {
+            if let Err(panic) = AssertUnwindSafe(task).catch_unwind().await {
+                me.panics.with_label_values(&["background"]).inc();
+                tracing::error!(
+                    task = name,
+                    panic = message(&*panic),
+                    "a background task panicked: /healthz and /readyz now answer 503, so that \
+                     this replica is restarted"
+                );
+                let _ = me.failed.set(name);
+            }
+        }
+    }
+
+    /// The first background task that panicked, if any.
+    pub fn failed(&self) -> Option<&'static str> {
+        self.failed.get().copied()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,5 +109,29 @@ mod tests {
         let formatted =
             std::panic::catch_unwind(move || prompt[..prompt.len() + 1].len()).unwrap_err();
         assert!(!message(&*formatted).contains("secret"));
+    }
+
+    #[tokio::test]
+    async fn a_background_task_that_panics_is_counted_and_kept_as_the_failure() {
+        let panics = IntCounterVec::new(prometheus::Opts::new("p", "p"), &["at"]).unwrap();
+        let background = Background::new(panics.clone());
+        background.watch("steady", async {}).await;
+        assert_eq!(
+            background.failed(),
+            None,
+            "a task that ends well is no failure"
+        );
+        background
+            .watch("releaser", async { panic!("a bug") })
+            .await;
+        background
+            .watch("listener", async { panic!("another") })
+            .await;
+        assert_eq!(
+            background.failed(),
+            Some("releaser"),
+            "the first one is told"
+        );
+        assert_eq!(panics.with_label_values(&["background"]).get(), 2);
     }
 }

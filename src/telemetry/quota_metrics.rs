@@ -51,11 +51,12 @@ pub struct QuotaMetrics {
     yields: IntCounterVec,
     jain: prometheus::Gauge,
     leases: HistogramVec,
+    background: crate::telemetry::panic::Background,
 }
 
 impl QuotaMetrics {
     /// Registers the families in `registry`.
-    pub fn register(registry: &Registry) -> Self {
+    pub fn register(registry: &Registry, background: crate::telemetry::panic::Background) -> Self {
         let latency = HistogramVec::new(
             HistogramOpts::new(
                 "tutor_gateway_quota_backend_seconds",
@@ -179,7 +180,13 @@ impl QuotaMetrics {
             service_gap,
             yields,
             jain,
+            background,
         }
+    }
+
+    /// The watch over the gateway's background tasks (the quota's own among them).
+    pub fn background(&self) -> &crate::telemetry::panic::Background {
+        &self.background
     }
 
     /// A head of `lane`'s line yielded its turn to another replica's tenant.

@@ -205,15 +205,23 @@ impl RedisAdmission {
         ));
         let stop = shared.stopping.clone();
         let tasks = TaskTracker::new();
-        tasks.spawn(tasks::heartbeat(shared.clone(), retry_rx, stop.clone()));
-        tasks.spawn(tasks::releaser(
-            shared.clone(),
-            release_rx,
-            retry,
-            stop.clone(),
+        let watch = shared.metrics.background().clone();
+        tasks.spawn(watch.watch(
+            "quota heartbeat",
+            tasks::heartbeat(shared.clone(), retry_rx, stop.clone()),
         ));
-        tasks.spawn(tasks::listener(shared.clone(), stop.clone()));
-        tasks.spawn(tasks::service_reader(shared.clone(), stop.clone()));
+        tasks.spawn(watch.watch(
+            "quota releaser",
+            tasks::releaser(shared.clone(), release_rx, retry, stop.clone()),
+        ));
+        tasks.spawn(watch.watch(
+            "quota listener",
+            tasks::listener(shared.clone(), stop.clone()),
+        ));
+        tasks.spawn(watch.watch(
+            "quota service reader",
+            tasks::service_reader(shared.clone(), stop.clone()),
+        ));
         tasks.close();
         Ok(Self {
             shared,

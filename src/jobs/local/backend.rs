@@ -39,9 +39,10 @@ impl LocalJobs {
             store: Arc::default(),
         };
         if ctx.config.enabled {
-            tokio::spawn(sweep(jobs.clone()));
-            tokio::spawn(wake_on_freed(ctx.clone()));
-            tokio::spawn(cancel_queued_at_stop(jobs.clone()));
+            let watch = ctx.state.metrics().background();
+            tokio::spawn(watch.watch("jobs sweeper", sweep(jobs.clone())));
+            tokio::spawn(watch.watch("jobs wake-up", wake_on_freed(ctx.clone())));
+            tokio::spawn(watch.watch("jobs stop", cancel_queued_at_stop(jobs.clone())));
         }
         jobs
     }

@@ -25,8 +25,9 @@ impl RedisJobs {
         let admission = ctx.state.admission().shared()?.clone();
         let store = Arc::new(RedisStore::new(ctx.clone(), admission));
         if ctx.config.enabled {
-            tokio::spawn(tasks::beat(store.clone()));
-            tokio::spawn(tasks::listen(store.clone()));
+            let watch = ctx.state.metrics().background();
+            tokio::spawn(watch.watch("jobs heartbeat", tasks::beat(store.clone())));
+            tokio::spawn(watch.watch("jobs listener", tasks::listen(store.clone())));
         }
         Some(Self(store))
     }
