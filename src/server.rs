@@ -180,9 +180,13 @@ pub fn serve_state(
                 grace: END_WAIT,
                 drain: None,
             };
-            let task = tokio::spawn(async move {
-                accept::serve(listener, "admin", router, &server, metrics, None, shutdown).await;
-            });
+            let task = tokio::spawn(metrics.background().clone().watch(
+                "admin listener",
+                async move {
+                    accept::serve(listener, "admin", router, &server, metrics, None, shutdown)
+                        .await;
+                },
+            ));
             (Some(admin_addr), Some(task))
         }
         None => (None, None),
@@ -195,9 +199,14 @@ pub fn serve_state(
         )?),
         None => None,
     };
-    let serve = tokio::spawn(async move {
-        accept::serve(listener, "public", router, &server, metrics, tls, public).await;
-    });
+    let serve = tokio::spawn(
+        metrics
+            .background()
+            .clone()
+            .watch("public listener", async move {
+                accept::serve(listener, "public", router, &server, metrics, tls, public).await;
+            }),
+    );
     Ok(Gateway {
         addr,
         admin_addr,
@@ -226,12 +235,13 @@ fn watch_capacity(state: &AppState, stop: CancellationToken) {
             replicas.set_capacity(&replica.url, cap.kv_tokens());
         },
     );
-    tokio::spawn(async move {
+    let background = state.metrics().background().clone();
+    tokio::spawn(background.watch("capacity watcher", async move {
         tokio::select! {
             () = stop.cancelled() => {}
             () = watch => {}
         }
-    });
+    }));
 }
 
 /// How often the engines' capacity is read again (a replica restarted with other flags).

@@ -169,6 +169,7 @@ const GATEWAY_SERIES: &[&str] = &[
     "tutor_gateway_promotions_waiting",
     "tutor_gateway_replica_healthy",
     "tutor_gateway_replica_ejections_total",
+    "tutor_gateway_panics_total",
 ];
 
 /// vLLM's `/metrics` (`docs/vllm-interface.md`, "Prometheus metrics"; V1 engine).

@@ -460,7 +460,7 @@ impl Metrics {
         let jobs = JobMetrics::register(&registry);
         let prefix = PrefixMetrics::register(&registry);
         let config = ConfigMetrics::register(&registry);
-        let replicas = ReplicaMetrics::register(&registry);
+        let replicas = ReplicaMetrics::register_watched(&registry, background.clone());
         // These lane series exist from the start, so dashboards and rate() see zeros, not gaps
         // (requests_total's appear with the first request of each label set).
         for lane in Lane::ALL {

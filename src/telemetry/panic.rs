@@ -8,7 +8,8 @@
 //! process's last act, and one inside the logging must not enter it again.
 //!
 //! [`Background`]: the gateway's long-lived background tasks (the Redis quota's heartbeat,
-//! releaser and listeners, the job scheduler and sweeper, the autopilot, the config watcher),
+//! releaser and listeners, the job scheduler and sweeper, the replicas' health checks, the
+//! engines' capacity watcher, the autopilot, the config watcher),
 //! each watched: one that panics (a bug) is counted and logged, and takes the replica's
 //! `/healthz` and `/readyz` to 503, so that it is restarted rather than left serving without
 //! it (a dead releaser would keep the fleet's seats; a dead scheduler would start no job).
@@ -67,6 +68,18 @@ impl Background {
             failed: Arc::default(),
             panics,
         }
+    }
+
+    /// A watch of its own, counted in no gateway's registry (components built alone, as in
+    /// tests).
+    pub fn detached() -> Self {
+        Self::new(
+            IntCounterVec::new(
+                prometheus::Opts::new("tutor_gateway_panics_total", "detached"),
+                &["at"],
+            )
+            .expect("valid counter"),
+        )
     }
 
     /// `task` (named `name` in the log and the probes), watched: it runs as it would, and a

@@ -52,6 +52,8 @@ pub struct ReplicaMetrics {
     /// still end) reports nothing, and its gauges are gone: a removed replica must not stay
     /// `healthy 0` (an alert firing forever) nor a renamed one keep its last in-flight count.
     labels: Arc<RwLock<Vec<Reporter>>>,
+    /// The watch over the gateway's background tasks (the health checks among them).
+    background: crate::telemetry::panic::Background,
 }
 
 impl Default for ReplicaMetrics {
@@ -63,8 +65,21 @@ impl Default for ReplicaMetrics {
 }
 
 impl ReplicaMetrics {
-    /// Registers the families in `registry`.
+    /// Registers the families in `registry`, with a watch of their own.
     pub fn register(registry: &Registry) -> Self {
+        Self::register_watched(registry, crate::telemetry::panic::Background::detached())
+    }
+
+    /// The watch over the gateway's background tasks (the health checks among them).
+    pub fn background(&self) -> &crate::telemetry::panic::Background {
+        &self.background
+    }
+
+    /// Registers the families in `registry`; the health checks are watched by `background`.
+    pub fn register_watched(
+        registry: &Registry,
+        background: crate::telemetry::panic::Background,
+    ) -> Self {
         let counter =
             |name: &str, help: &str, labels: &[&str]| counter_vec(registry, name, help, labels);
         let gauge = |name: &str, help: &str| gauge_vec(registry, name, help, &["replica"]);
@@ -98,6 +113,7 @@ impl ReplicaMetrics {
                 &["replica"],
             ),
             labels: Arc::default(),
+            background,
         }
     }
 

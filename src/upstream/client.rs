@@ -139,6 +139,7 @@ impl UpstreamClient {
             UpstreamError::Unavailable(format!("cannot build the HTTP client: {e}"))
         })?;
         let config = Arc::new(config);
+        let watch = metrics.background().clone();
         let replicas = Arc::new(Replicas::new(
             config.replica_set(),
             config.routing.clone(),
@@ -156,7 +157,7 @@ impl UpstreamClient {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let http = http.clone();
                 let model = config.model.clone();
-                runtime.spawn(replica::health_loop(Arc::downgrade(&replicas), move |r| {
+                let checks = replica::health_loop(Arc::downgrade(&replicas), move |r| {
                     let http = http.clone();
                     let model = model.clone();
                     async move {
@@ -170,7 +171,8 @@ impl UpstreamClient {
                         }
                         Ok(())
                     }
-                }));
+                });
+                runtime.spawn(watch.watch("replica health checks", checks));
             }
         }
         Ok(Self {
