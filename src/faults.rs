@@ -1,7 +1,7 @@
 //! Faults the unit tests inject (compiled into test builds only): a request whose engine cap
 //! (`max_tokens`, `/answer`'s `max_output_tokens`) is one of these values panics at that point,
 //! and so does the autopilot's loop of a gateway configured with [`AUTOPILOT_PANICS_EVERY`], so
-//! the tests can show what a bug there costs a client and the gateway (`crate::api`'s
+//! the tests can show what a bug there costs a client and the gateway (`crate::server`'s
 //! `panic_tests`).
 
 /// Panics in the send step, after admission (a seat and tokens held), before the engine is

@@ -45,6 +45,8 @@ use crate::upstream::{UpstreamClient, ABORT_TIMEOUT};
 mod accept;
 mod fds;
 mod idle;
+#[cfg(all(test, feature = "sim"))]
+mod panic_tests;
 mod resets;
 pub mod tls;
 mod write_timeout;
@@ -52,6 +54,9 @@ mod write_timeout;
 pub use accept::{
     END_WAIT, H2_MAX_STREAMS, H2_PING_INTERVAL, H2_PING_TIMEOUT, H2_SEND_BUFFER_BYTES,
 };
+/// The bundled simulator, as [`start_sim`] returns it.
+#[cfg(feature = "sim")]
+pub use vllm_sim::SimServer;
 
 /// Longest the shutdown waits for released leases to reach Redis.
 pub const RELEASE_WAIT: Duration = Duration::from_secs(2);
@@ -394,10 +399,7 @@ impl Signals {
 /// (`deploy/docker-compose.yml`), it runs with `--long-prefill-token-threshold 512` unless
 /// `extra` sets that flag.
 #[cfg(feature = "sim")]
-pub async fn start_sim(
-    config: &mut Config,
-    extra: &[String],
-) -> anyhow::Result<vllm_sim::SimServer> {
+pub async fn start_sim(config: &mut Config, extra: &[String]) -> anyhow::Result<SimServer> {
     let max_len = config.upstream.max_model_len.to_string();
     let mut argv: Vec<String> = [
         "vllm-sim",

@@ -31,8 +31,6 @@ pub mod jobs;
 pub mod limits;
 pub mod openai;
 pub mod ops;
-#[cfg(test)]
-mod panic_tests;
 pub mod request_id;
 
 use std::net::SocketAddr;

@@ -9,13 +9,13 @@ use serde_json::{json, Value};
 use tokio_util::task::TaskTracker;
 use tutor_testkit::{client, eventually, metric, metrics_text, send, sse};
 
+use super::Gateway;
 use crate::config::Config;
 use crate::faults::{AUTOPILOT_PANICS_EVERY, PANICS_BEFORE_SEND, PANICS_MID_STREAM};
-use crate::server::Gateway;
 use crate::telemetry::RequestLog;
 
 struct Harness {
-    sim: vllm_sim::SimServer,
+    sim: super::SimServer,
     gw: Gateway,
     log: Arc<Mutex<Vec<Value>>>,
 }
@@ -26,27 +26,29 @@ impl Harness {
     }
 
     async fn start_with(tweak: impl FnOnce(&mut Config)) -> Self {
+        let mut config = Config::default();
         // A token a chunk, 50 ms apart: the engine is still writing (for 15 s) when the
         // injected panic at its second chunk ends the request, however slowly a loaded machine
         // reads (an engine that had finished would have nothing to abort).
-        let args = vllm_sim::SimArgs::for_test(&[
+        let flags = [
             "--profile",
             "fixed",
             "--fixed-ttft-ms",
             "1",
             "--fixed-itl-ms",
             "50",
-        ]);
-        let sim = vllm_sim::start(&args).await.expect("sim starts");
-        let mut config = Config::default();
-        config.upstream.base_url = sim.url();
+        ];
+        let flags: Vec<String> = flags.iter().map(|f| (*f).to_owned()).collect();
+        let sim = super::start_sim(&mut config, &flags)
+            .await
+            .expect("sim starts");
         tweak(&mut config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let tasks = TaskTracker::new();
         let (request_log, log) = RequestLog::memory();
-        let state = crate::server::build_state_with_log(config, tasks.clone(), request_log)
-            .expect("gateway state");
-        let gw = crate::server::serve_state(state, tasks, listener).expect("gateway starts");
+        let state =
+            super::build_state_with_log(config, tasks.clone(), request_log).expect("gateway state");
+        let gw = super::serve_state(state, tasks, listener).expect("gateway starts");
         Self { sim, gw, log }
     }
 
