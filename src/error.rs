@@ -256,8 +256,8 @@ pub enum GatewayError {
     /// work were given back, and the panic was reported on stderr and counted in
     /// `tutor_gateway_panics_total`. Recorded with the outcome `internal`.
     #[error(
-        "the gateway failed while serving this request (an internal error, reported to its \
-         operators with this request's id); retry"
+        "the gateway failed while serving this request (an internal error, logged under this \
+         answer's x-request-id); retry"
     )]
     Internal,
     /// Classification failed (too long for the model, or a tokenizer failure).

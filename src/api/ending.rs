@@ -27,8 +27,9 @@ pub(crate) async fn in_drain(State(drain): State<Drain>, mut req: Request, next:
 /// Runs a request's handler so that a panic in it (a bug) answers 500 `internal` in the route's
 /// error shape (an OpenAI error body; the request id and CORS headers added by the layers
 /// around it) instead of dropping the connection. Unwinding has given the seat, the tokens and
-/// the engine's work back (their guards drop) and recorded the request `internal`; this counts
-/// the panic (`tutor_gateway_panics_total{at="handler"}`) and logs it with its request id. The
+/// the engine's work back (their guards drop) and recorded the request `internal` (its request
+/// log line); this counts the panic (`tutor_gateway_panics_total{at="handler"}`), logs it with
+/// its route's pattern, and answers with the request id of that log line. The
 /// panic's place went to stderr with the panic report (`crate::telemetry::panic`). A stream
 /// that panics after its response began is the relay's to end (`crate::relay`).
 pub(crate) async fn caught(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -38,19 +39,27 @@ pub(crate) async fn caught(State(state): State<AppState>, req: Request, next: Ne
         .extensions()
         .get::<axum::extract::MatchedPath>()
         .map_or_else(String::new, |p| p.as_str().to_owned());
-    match std::panic::AssertUnwindSafe(next.run(req))
-        .catch_unwind()
-        .await
-    {
+    let issued = std::sync::Arc::new(std::sync::OnceLock::new());
+    let handler = crate::pipeline::issuing_request_ids(issued.clone(), next.run(req));
+    match std::panic::AssertUnwindSafe(handler).catch_unwind().await {
         Ok(resp) => resp,
         Err(panic) => {
             state.metrics().panicked("handler");
+            let request_id = issued.get().map_or("", String::as_str);
             tracing::error!(
+                request_id,
                 route = route.as_str(),
                 panic = crate::telemetry::panic::message(&*panic),
                 "a request's handler panicked: answered 500 internal"
             );
-            GatewayError::Internal.into_response()
+            let mut resp = GatewayError::Internal.into_response();
+            // The id of its request log line (`internal`), when it had got that far.
+            if let Ok(id) = axum::http::HeaderValue::from_str(request_id) {
+                if !request_id.is_empty() {
+                    resp.headers_mut().insert(super::request_id::HEADER, id);
+                }
+            }
+            resp
         }
     }
 }

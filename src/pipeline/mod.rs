@@ -43,5 +43,5 @@ pub use entry::{answer, openai, AnswerInput};
 pub use prompt::Prepared;
 pub use respond::refused;
 pub use send::send;
-pub use state::{new_request_id, AppState, Overrides};
+pub use state::{issuing_request_ids, new_request_id, AppState, Overrides};
 pub use tenant::Tenant;

@@ -379,11 +379,13 @@ impl AppState {
 
     /// A fresh record for a request that arrived now on `route`.
     pub fn record(&self, route: Route) -> RequestRecord {
+        let id = new_request_id();
+        let _ = ISSUED.try_with(|slot| slot.set(id.clone()));
         let mut record = RequestRecord::new(
             self.0.metrics.clone(),
             self.0.request_log.clone(),
             route,
-            new_request_id(),
+            id,
             tokio::time::Instant::now(),
         );
         // Served under the gateway's drain: dropped once its grace is over, the request was
@@ -531,6 +533,20 @@ impl AppState {
             RequestLog::Off,
         )
     }
+}
+
+tokio::task_local! {
+    /// Where a request's handler keeps the id its record got ([`issuing_request_ids`]).
+    static ISSUED: Arc<std::sync::OnceLock<String>>;
+}
+
+/// Runs a request's handler `fut` keeping the request id its first record gets in `slot`: a
+/// layer that answers for the handler (a panic's 500) quotes the id of the request log's line.
+pub fn issuing_request_ids<F: std::future::Future>(
+    slot: Arc<std::sync::OnceLock<String>>,
+    fut: F,
+) -> impl std::future::Future<Output = F::Output> {
+    ISSUED.scope(slot, fut)
 }
 
 /// A new gateway request id: 32 hex characters, safe as a header value and in URLs: the time
