@@ -586,11 +586,6 @@ impl Metrics {
         &self.background
     }
 
-    /// Panics counted so far `at` the `handler`, the `relay` or in the `background`.
-    pub fn panics(&self, at: &str) -> u64 {
-        self.panics.with_label_values(&[at]).get()
-    }
-
     /// Requests denied so far for `reason`.
     pub fn denied_count(&self, reason: &str) -> u64 {
         self.denied.with_label_values(&[reason]).get()
