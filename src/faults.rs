@@ -1,6 +1,7 @@
 //! Faults the unit tests inject (compiled into test builds only): a request whose engine cap
 //! (`max_tokens`, `/answer`'s `max_output_tokens`) is one of these values panics at that point,
-//! and so does the autopilot's loop of a gateway configured with [`AUTOPILOT_PANICS_EVERY`], so
+//! and so does the autopilot's loop of a gateway configured with [`AUTOPILOT_PANICS_EVERY`], and
+//! a job's finish (storing its outcome) with [`JOB_FINISH_PANICS_TTL`], so
 //! the tests can show what a bug there costs a client and the gateway (`crate::server`'s
 //! `panic_tests`).
 
@@ -32,5 +33,16 @@ pub const AUTOPILOT_PANICS_EVERY: std::time::Duration = std::time::Duration::fro
 pub fn autopilot(interval: std::time::Duration) {
     if interval == AUTOPILOT_PANICS_EVERY {
         panic!("a fault injected by a test: in the autopilot");
+    }
+}
+
+/// A `jobs.result_ttl` at which a job's finish (storing its outcome, after its run's own
+/// catch) panics.
+pub const JOB_FINISH_PANICS_TTL: std::time::Duration = std::time::Duration::from_millis(317);
+
+/// The job finish's fault.
+pub fn job_finish(result_ttl: std::time::Duration) {
+    if result_ttl == JOB_FINISH_PANICS_TTL {
+        panic!("a fault injected by a test: in a job's finish");
     }
 }

@@ -56,7 +56,12 @@ pub async fn schedule(ctx: Arc<Context>, backend: Arc<dyn JobBackend>) {
             match backend.take().await {
                 Take::Started(claim) => {
                     retakes = 0;
-                    ctx.tasks.spawn(run(ctx.clone(), *claim));
+                    // A panic past the run's own catch (storing its outcome) leaves the job's
+                    // state unknown: the replica's probes go down, so that it is restarted
+                    // (a job in Redis is then taken over once its lease lapses).
+                    let background = ctx.state.metrics().background();
+                    ctx.tasks
+                        .spawn(background.watch("job run", run(ctx.clone(), *claim)));
                 }
                 Take::Moved => retakes += 1,
                 Take::Idle => break,
@@ -350,6 +355,8 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
         }
         other => other,
     };
+    #[cfg(test)]
+    crate::faults::job_finish(ctx.config.result_ttl);
     run.finish(outcome).await;
 }
 

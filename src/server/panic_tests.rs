@@ -11,7 +11,9 @@ use tutor_testkit::{client, eventually, metric, metrics_text, send, sse};
 
 use super::Gateway;
 use crate::config::Config;
-use crate::faults::{AUTOPILOT_PANICS_EVERY, PANICS_BEFORE_SEND, PANICS_MID_STREAM};
+use crate::faults::{
+    AUTOPILOT_PANICS_EVERY, JOB_FINISH_PANICS_TTL, PANICS_BEFORE_SEND, PANICS_MID_STREAM,
+};
 use crate::telemetry::RequestLog;
 
 struct Harness {
@@ -248,6 +250,34 @@ async fn a_background_task_that_panics_takes_the_probes_down_so_the_replica_is_r
         );
     }
     // Until it is restarted, it still serves what it can.
+    h.still_serves().await;
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_job_whose_finish_panics_gives_its_seat_back_and_takes_the_probes_down() {
+    // The run's own panics end the job failed (its catch); one past it, storing the outcome,
+    // leaves the job's state unknown: the replica must be restarted, not left serving with a
+    // job that reads `running` forever.
+    let h = Harness::start_with(|c| c.jobs.result_ttl = JOB_FINISH_PANICS_TTL).await;
+    let resp = send(client().post(h.url("/jobs")).json(&json!({
+        "prompt": "review this repository's error handling",
+        "max_output_tokens": 2,
+    })))
+    .await;
+    assert_eq!(resp.status(), 202, "the job is taken");
+    eventually("the finish's panic is counted", || async {
+        let text = metrics_text(&h.gw.url()).await;
+        metric(&text, "tutor_gateway_panics_total{at=\"background\"}") == 1.0
+    })
+    .await;
+    let resp = send(client().get(h.url("/healthz"))).await;
+    assert_eq!(resp.status(), 503);
+    let body = resp.json::<Value>().await.unwrap();
+    let reason = body["reason"].as_str().unwrap();
+    assert!(reason.contains("'job run'"), "names the task: {reason}");
+    // Its seat and tokens came back with the run.
+    assert!(h.gw.state.admission().snapshot().is_idle());
     h.still_serves().await;
     h.shutdown().await;
 }

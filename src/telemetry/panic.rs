@@ -8,11 +8,12 @@
 //! process's last act, and one inside the logging must not enter it again.
 //!
 //! [`Background`]: the gateway's long-lived background tasks (the Redis quota's heartbeat,
-//! releaser and listeners, the job scheduler and sweeper, the replicas' health checks, the
-//! engines' capacity watcher, the autopilot, the config watcher),
+//! releaser and listeners, the job scheduler and sweeper, a job's run past its own catch, the
+//! replicas' health checks, the engines' capacity watcher, the autopilot, the config watcher),
 //! each watched: one that panics (a bug) is counted and logged, and takes the replica's
 //! `/healthz` and `/readyz` to 503, so that it is restarted rather than left serving without
-//! it (a dead releaser would keep the fleet's seats; a dead scheduler would start no job).
+//! it (a dead releaser would leave each finished request's seat held in Redis until its lease
+//! ran out; a dead scheduler would start no job).
 
 use std::any::Any;
 use std::future::Future;
