@@ -791,6 +791,61 @@ async fn a_preemptible_answer_on_one_replica_gives_its_seat_to_a_question_on_ano
     sim.shutdown().await;
 }
 
+/// `jobs.max_preemptions = 0` with `jobs.preempt_answers` across replicas: a marked review may
+/// never be asked to leave, so it borrows no seat (the Redis backend's borrow took the idle
+/// medium seat anyway, held it to its end and left every later ask counting it as leaving): it
+/// queues for a large seat as any review, and the seats of the other lanes stay free.
+#[tokio::test]
+async fn a_marked_answer_that_may_not_be_preempted_borrows_nothing_across_replicas() {
+    use jobs::{quota_drains, redis_conn};
+    let (redis, sim, c) = fleet(|c| {
+        c.jobs.preempt_answers = tutor_gateway::config::PreemptAnswers::Marked;
+        c.jobs.max_preemptions = 0;
+    })
+    .await;
+    let a = gateway(c).await;
+    let mut conn = redis_conn(&redis).await;
+    let body = json!({"prompt": words(2500, "review"), "max_output_tokens": REVIEW_TOKENS});
+    let plain = {
+        let (url, body) = (format!("{}/answer", a.url()), body.clone());
+        tokio::spawn(async move { post_text(url, &body).await })
+    };
+    eventually("the plain review holds the large seat", || {
+        a.state.admission().snapshot().lane(Lane::Large).in_flight == 1
+    })
+    .await;
+    let marked = spawn_marked(format!("{}/answer", a.url()), body);
+    // It queues only after its borrow was refused.
+    eventually("the marked review waits for a large seat", || {
+        a.state.admission().snapshot().lane(Lane::Large).queue_depth == 1
+    })
+    .await;
+    let seated: Vec<Option<i64>> = redis::cmd("HMGET")
+        .arg(jobs::USAGE)
+        .arg(&["small:n", "medium:n", "large:n"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let seated: Vec<i64> = seated.into_iter().map(|v| v.unwrap_or(0)).collect();
+    assert_eq!(seated, [0, 0, 1], "no seat borrowed from another lane");
+    let borrowers: u32 = redis::cmd("ZCARD")
+        .arg("tg:v2:{quota}:borrowers")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(borrowers, 0, "no pre-emptible lease");
+    let (plain, marked) = (plain.await.unwrap(), marked.await.unwrap());
+    for body in [&plain, &marked] {
+        let events = sse(body);
+        assert_eq!(json(&events[0].1)["lane"], "large", "{body}");
+        assert_eq!(events.last().unwrap().0, "done", "{body}");
+    }
+    quota_drains(&redis).await;
+    no_borrower_or_ask_left(&mut conn).await;
+    a.shutdown().await;
+    sim.shutdown().await;
+}
+
 /// A pre-empted `/answer` whose continuation still waits for a seat when the grace period
 /// ends (the seat is held on another replica, so nothing this replica ends frees it): the wait
 /// ends with the grace, and the client reads an `error` event `shutdown`, instead of a stream

@@ -58,7 +58,8 @@ pub async fn schedule(ctx: Arc<Context>, backend: Arc<dyn JobBackend>) {
                     retakes = 0;
                     // A panic past the run's own catch (storing its outcome) leaves the job's
                     // state unknown: the replica's probes go down, so that it is restarted
-                    // (a job in Redis is then taken over once its lease lapses).
+                    // (a job in Redis is then taken over once its lease, renewed until the
+                    // restart, lapses; one in process is lost with the process).
                     let background = ctx.state.metrics().background();
                     ctx.tasks
                         .spawn(background.watch("job run", run(ctx.clone(), *claim)));

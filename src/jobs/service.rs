@@ -164,11 +164,13 @@ impl Jobs {
                 None => None,
             };
             let req = AnswerRequest::from_value(value)?;
+            let prepared = prompt::answer_request(ctx, req, tenant.as_ref()).await?;
             let prepared = Prepared {
-                // What the queued job keeps: its text and its parsed, classified form.
-                size: held,
+                // What the queued job keeps: its text and its parsed, classified form, and
+                // what its course added to it (its system message and tools).
+                size: held.saturating_add(prepared.size),
                 background: true,
-                ..prompt::answer_request(ctx, req, tenant.as_ref()).await?
+                ..prepared
             };
             let prepared = Prepared { tenant, ..prepared };
             Ok::<_, GatewayError>((prepared, notify, parsing))

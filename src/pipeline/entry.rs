@@ -102,7 +102,8 @@ async fn answer_journey(
     };
     let prepared = match prompt::answer_request(&ctx, req, tenant.as_ref()).await {
         Ok(p) => Prepared {
-            size,
+            // The client's bytes and what its course added (`answer_request`).
+            size: size.saturating_add(p.size),
             queued,
             tenant,
             deadline,

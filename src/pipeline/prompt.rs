@@ -44,7 +44,9 @@ pub struct Prepared {
     /// The session this request continues (`/answer` `session_id`, `/v1` `x-session-id`).
     pub session: Option<SessionId>,
     /// What the request keeps in memory: its bytes as received (body or query) and, for a JSON
-    /// body, its parsed form's ([`crate::pipeline::parse::held_bytes`]): what a job of it keeps.
+    /// body, its parsed form's ([`crate::pipeline::parse::held_bytes`]), and what its course
+    /// added (its system message and tools; [`answer_request`] sets that part alone): what a
+    /// job of it keeps.
     pub size: usize,
     /// Its body's bytes and its parsed form's ([`crate::pipeline::parse::held_bytes`]), held in
     /// `server.max_queued_bytes` from the moment the body was read (while it waits to be parsed
@@ -122,8 +124,8 @@ pub async fn answer_request(
     // vLLM fetches media URLs itself: only data: or listed hosts, as on /v1.
     parse::media::check(Some(&messages_json), &config.fields.media_hosts)?;
     let mut focused = None;
-    let (messages_json, tools) = match course_id.as_deref() {
-        None => (messages_json, None),
+    let (messages_json, tools, added) = match course_id.as_deref() {
+        None => (messages_json, None, 0),
         Some(id) => {
             let settings = ctx.course(id, tenant).map(|c| c.focus.clone());
             let with_code = material.filter(|m| !m.sources().is_empty());
@@ -158,7 +160,9 @@ pub async fn answer_request(
         max_tokens: max_output_tokens,
         body,
         session: session_id,
-        size: 0,
+        // What the course added to the client's body (its system message and tools): a
+        // queued job keeps it, as much as the client's own bytes.
+        size: added,
         queued: None,
         background: false,
         preemptible: false,
@@ -206,12 +210,14 @@ async fn focus_code(ctx: &RequestCtx, settings: FocusSettings, m: &StudentMateri
 }
 
 /// Course `id`'s messages (stable prefix first, then `student`) and its tools.
+/// The messages and tools of course `id` around the student's messages, and the bytes the
+/// course added (its system message and tools, as [`parse::held_bytes`] counts a body).
 fn with_course(
     ctx: &RequestCtx,
     id: &str,
     tenant: Option<&str>,
     student: Value,
-) -> Result<(Value, Option<Value>), GatewayError> {
+) -> Result<(Value, Option<Value>, usize), GatewayError> {
     // Another tenant's course answers as an unknown one: its id tells nothing either.
     let Some(course) = ctx.course(id, tenant) else {
         return Err(GatewayError::bad_request(
@@ -223,9 +229,19 @@ fn with_course(
         Value::Array(items) => items,
         _ => Vec::new(),
     };
+    let held = |bytes: usize, values: usize| {
+        bytes.saturating_add(values.saturating_mul(parse::PARSED_VALUE_BYTES))
+    };
+    // The system message: an object of two entries.
+    let mut added = held(course.system_prompt.len(), 5);
+    if let Some(tools) = &course.tools {
+        let text = serde_json::to_vec(tools).unwrap_or_default();
+        added = added.saturating_add(held(text.len(), parse::json_values(&text)));
+    }
     Ok((
         Value::Array(course.messages(&student)),
         course.tools.clone(),
+        added,
     ))
 }
 

@@ -647,6 +647,42 @@ pub async fn a_job_no_store_of_its_size_could_keep_is_too_large_not_full(backend
     h.shutdown().await;
 }
 
+/// A course job keeps the course's system message and tools with the student's few bytes:
+/// the store counts them (as the Redis store, which counts what it stores, always did). A
+/// client sending tiny course jobs could otherwise keep a copy of a long prefix per job that
+/// `jobs.max_bytes` never saw.
+pub async fn a_course_job_counts_its_courses_prefix_against_the_store(backend: Backend) {
+    let h = start(backend, SLOW, |c| {
+        c.jobs.max_bytes = 20_000;
+        let course = tutor_gateway::config::CourseConfig::new(
+            "py101",
+            "2026.1",
+            &words(7_000, "rule"),
+            "",
+            "",
+            None,
+        );
+        c.courses.insert("py101".into(), course);
+    })
+    .await;
+    let post = |body: Value| client().post(h.url("/jobs")).json(&body).send();
+    let body = json!({"course_id": "py101", "prompt": "hi", "max_output_tokens": 5});
+    let resp = post(body).await.unwrap();
+    assert_eq!(
+        resp.status(),
+        413,
+        "the course's prefix alone is past the store's bytes"
+    );
+    let err = json(&resp.text().await.unwrap());
+    assert_eq!(err["error"]["code"], "job_too_large", "{err}");
+    // The same student bytes without the course fit.
+    let resp = post(json!({"prompt": "hi", "max_output_tokens": 5}))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202, "{}", resp.text().await.unwrap());
+    h.shutdown().await;
+}
+
 /// A gateway in real time whose large lane has one seat, diverting reviews to jobs after
 /// `after`.
 async fn diverting(backend: Backend, after: Duration) -> super::JobsHarness {

@@ -417,6 +417,7 @@ macro_rules! backend_cases {
             one_tenant_cannot_fill_the_job_store,
             a_tenant_frees_its_room_by_deleting_a_finished_job,
             a_job_no_store_of_its_size_could_keep_is_too_large_not_full,
+            a_course_job_counts_its_courses_prefix_against_the_store,
             a_large_answer_that_waits_too_long_becomes_a_job,
             a_review_predicted_to_wait_too_long_becomes_a_job_on_arrival,
             an_unreachable_webhook_is_given_up_after_its_attempts,

@@ -744,7 +744,10 @@ impl RedisAdmission {
     /// when asked (`jobs.preempt_answers`), by the rules jobs borrow by
     /// (`quota_borrow_v2.lua`): an idle seat of `lane` or of a lane below, only while no
     /// replica has a request waiting and not within the cool-down. Never waits. `None`: no such
-    /// seat now, or Redis unreachable (the request then queues as any other).
+    /// seat now, Redis unreachable, or a `handle` that may no longer be asked to leave
+    /// (`jobs.max_preemptions` spent: it would hold a borrowed seat, maybe a lower lane's, to its
+    /// end, and every ask would count it as leaving); the request then queues as any other and
+    /// keeps the seat of its own lane it gets there.
     pub async fn borrow(
         &self,
         lane: Lane,
@@ -752,7 +755,7 @@ impl RedisAdmission {
         prompt: u32,
         handle: &Arc<Preemptible>,
     ) -> Option<LaneGuard> {
-        if self.rules().limits.admissible(lane, tokens).is_err() {
+        if !handle.is_eligible() || self.rules().limits.admissible(lane, tokens).is_err() {
             return None;
         }
         let script = &self.shared.scripts.borrow;
