@@ -60,6 +60,68 @@ async fn an_engine_that_talks_past_its_finish_ends_at_the_finish() {
     h.shutdown().await;
 }
 
+/// An engine that sends an error after its finish reason (vLLM's stream generator does, when
+/// its code after the generation loop raises): the answer was whole, and every route keeps it
+/// as a clean end: `/answer`'s `done`, a whole `/v1` answer's 200, a `/v1` stream without an
+/// error chunk, a job done (not continued, not failed). Nothing is held after.
+#[tokio::test]
+async fn an_error_after_the_finish_keeps_the_whole_answer() {
+    let h = harness(
+        &flags("--speed 50 --profile tiny-test --error-after-finish"),
+        |_| {},
+    )
+    .await;
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+                      "ignore_eos": true, "stream": true});
+    let text = within("a stream", post_text(h.url("/v1/chat/completions"), &body)).await;
+    let events = sse(&text);
+    assert_eq!(events.last().unwrap().1, "[DONE]", "{text}");
+    assert!(!text.contains("\"error\""), "{text}");
+    let mut whole = body.clone();
+    whole["stream"] = json!(false);
+    let resp = within(
+        "a whole answer",
+        send(client().post(h.url("/v1/chat/completions")).json(&whole)),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let chat: serde_json::Value = resp.json().await.unwrap();
+    assert_eq!(message_words(&chat), 5, "{chat}");
+    assert_eq!(chat["usage"]["completion_tokens"], 5, "{chat}");
+    let answer = within(
+        "/answer",
+        post_text(
+            h.url("/answer"),
+            &json!({"prompt": "hi", "max_output_tokens": 4}),
+        ),
+    )
+    .await;
+    assert_eq!(sse(&answer).last().unwrap().0, "done", "{answer}");
+    let resp = send(
+        client()
+            .post(h.url("/jobs"))
+            .json(&json!({"prompt": "hi", "max_output_tokens": 4})),
+    )
+    .await;
+    assert_eq!(resp.status(), 202);
+    let id = resp.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let url = h.url(&format!("/jobs/{id}"));
+    let mut job = serde_json::Value::Null;
+    for _ in 0..600 {
+        job = tutor_testkit::get_json(url.clone()).await;
+        if job["status"] != "queued" && job["status"] != "running" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(job["status"], "done", "{job}");
+    eventually("every seat is back", || h.idle()).await;
+    h.shutdown().await;
+}
+
 /// An engine whose chunks are far larger than any token (a few tokens make megabytes): a whole
 /// answer is held in memory, so it is refused with a 502 once it passes what the model's
 /// length could take (4 KiB a token), the engine's work aborted, instead of growing until

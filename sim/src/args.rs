@@ -170,6 +170,11 @@ pub struct SimArgs {
     /// closes.
     #[arg(long)]
     pub chatter_after_finish: bool,
+    /// A broken engine: after the finish reason every stream sends an error event in place of
+    /// its usage chunk, then `[DONE]`, as vLLM's stream generator does when its code after the
+    /// generation loop (the final usage, a tool parser's end) raises.
+    #[arg(long)]
+    pub error_after_finish: bool,
     /// A broken engine: every answer chunk carries this many bytes more (an `x_padding` field),
     /// so a few tokens make megabytes.
     #[arg(long, default_value_t = 0)]

@@ -182,6 +182,7 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
             omit_done_hang: args.omit_done_hang,
             garbage: args.garbage_rate,
             chatter_after_finish: args.chatter_after_finish,
+            error_after_finish: args.error_after_finish,
             padding: args.chunk_padding_bytes,
         },
         prompt_tokens_details: args.enable_prompt_tokens_details,

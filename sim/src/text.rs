@@ -48,6 +48,8 @@ pub struct FaultPlan {
     pub garbage: bool,
     /// After the finish, a text chunk every 10 ms without end.
     pub chatter_after_finish: bool,
+    /// After the finish, an error event in place of the usage chunk, then `[DONE]`.
+    pub error_after_finish: bool,
     /// Bytes of padding on every answer chunk.
     pub padding: usize,
 }
@@ -73,6 +75,8 @@ pub struct FaultRates {
     pub garbage: f64,
     /// `--chatter-after-finish`.
     pub chatter_after_finish: bool,
+    /// `--error-after-finish`.
+    pub error_after_finish: bool,
     /// `--chunk-padding-bytes`.
     pub padding: usize,
 }
@@ -96,6 +100,7 @@ impl FaultRates {
             garbage: hit(self.garbage),
             hang_after_finish: false,
             chatter_after_finish: self.chatter_after_finish,
+            error_after_finish: self.error_after_finish,
             padding: self.padding,
         }
         .hanging(self.omit_done_hang)

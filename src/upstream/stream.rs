@@ -232,6 +232,9 @@ impl UpstreamStream {
                 return self.on_payload(data);
             }
             if let Some(err) = self.pending_error.take() {
+                if self.finish_reason.is_some() {
+                    return self.after_finish("an unreadable event");
+                }
                 return Some(Err(self.fail(err)));
             }
             let (deadline, timeout_error) = self.deadline();
@@ -356,6 +359,13 @@ impl UpstreamStream {
         let now = Instant::now();
         self.last_event_at = now;
         match parse_payload(data) {
+            // vLLM's stream generator sends an exception raised after its loop (building the
+            // final usage, a parser's end) as an error event, then `[DONE]`: after the finish
+            // reason the answer is whole, and an error (or a broken event) does not unmake it.
+            Err(_) if self.finish_reason.is_some() => self.after_finish("an unreadable event"),
+            Ok(Payload::Error(_)) if self.finish_reason.is_some() => {
+                self.after_finish("an error event")
+            }
             Err(e) => Some(Err(self.fail(e))),
             Ok(Payload::Error(e)) => {
                 // vLLM refuses some requests only as its engine takes them (a grammar its
@@ -468,6 +478,18 @@ impl UpstreamStream {
     fn fail(&mut self, err: UpstreamError) -> UpstreamError {
         self.abort_now();
         err
+    }
+
+    /// `what` came after the finish reason: the answer is complete, the stream ends cleanly
+    /// there (the usage counted so far stands: vLLM sends it on every chunk, as the gateway asks).
+    fn after_finish(&mut self, what: &str) -> Option<Result<Chunk, UpstreamError>> {
+        tracing::warn!(
+            request_id = %self.request_id,
+            what,
+            "the engine sent an error after its finish reason: the answer is complete and kept"
+        );
+        self.finish_clean();
+        None
     }
 
     /// Whether `chunk` comes where vLLM sends none: after the finish reason, anything but the

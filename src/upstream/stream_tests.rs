@@ -130,6 +130,30 @@ async fn eof_after_finish_without_done_is_clean_but_flagged() {
     assert_eq!(s.abort_state(), AbortState::Disarmed);
 }
 
+/// vLLM sends an exception raised after its generation loop (building the final usage) as an
+/// error event, then `[DONE]`: the answer before it is whole and ends cleanly. The same error
+/// before the finish reason fails the stream.
+#[tokio::test(start_paused = true)]
+async fn an_error_after_the_finish_keeps_the_answer_and_one_before_fails_it() {
+    let error = r#"data: {"error":{"message":"boom","type":"InternalServerError","code":500}}"#;
+    let body = ev(&[ROLE, &token(" a"), &last(" b", "stop"), error, DONE]);
+    let mut s = scripted(vec![body], true, limits());
+    let (texts, err) = drain(&mut s).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(texts.concat(), " a b");
+    assert_eq!(s.finish_reason(), Some("stop"));
+    assert_eq!(s.abort_state(), AbortState::Disarmed);
+    // A broken event there too.
+    let body = ev(&[ROLE, &last(" a", "stop"), "data: {not json", DONE]);
+    let mut s = scripted(vec![body], true, limits());
+    assert!(drain(&mut s).await.1.is_none());
+    // Before the finish reason it is the engine's error.
+    let body = ev(&[ROLE, &token(" a"), error, DONE]);
+    let mut s = scripted(vec![body], true, limits());
+    let (_, err) = drain(&mut s).await;
+    assert!(matches!(err, Some(UpstreamError::Engine(_))), "{err:?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn silence_after_finish_ends_cleanly_at_the_idle_timeout() {
     let body = ev(&[ROLE, &last(" a", "stop")]);

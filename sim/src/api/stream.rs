@@ -307,6 +307,17 @@ pub fn sse_body(
         }
         if let Some(fin) = finished {
             st.guard.disarm();
+            if f.error_after_finish {
+                // vLLM's stream generator: an exception after its loop is sent as an error
+                // event where the usage chunk would have been, and `[DONE]` follows.
+                frame(
+                    &mut out,
+                    &ApiError::internal("injected error after the finish").to_json(),
+                );
+                out.push_str("data: [DONE]\n\n");
+                st.done = true;
+                return Some((Ok(Bytes::from(out)), st));
+            }
             if spec.include_usage {
                 let metrics = spec
                     .per_request_metrics
