@@ -331,6 +331,17 @@ impl LocalAdmission {
         LaneGuard::new(Box::new(self.shared.clone()), lane, tokens, Duration::ZERO)
     }
 
+    /// As [`LocalAdmission::force_take`] for a borrowed (pre-emptible) lease: a seat of `seat`,
+    /// `tokens` counted in `lane`, as this backend counts its own borrowed seats.
+    pub fn force_take_apart(&self, seat: Lane, lane: Lane, tokens: u32) -> LaneGuard {
+        self.shared.lock().take_apart(seat, lane, tokens);
+        let apart = TakenApart {
+            shared: self.shared.clone(),
+            seat,
+        };
+        LaneGuard::new(Box::new(apart), lane, tokens, Duration::ZERO)
+    }
+
     /// `Err(TooLarge)` when a reservation of `tokens` in `lane` could never be admitted under the
     /// limits in force (a reload lowered them below it), as on arrival.
     pub fn admissible(&self, lane: Lane, tokens: u32) -> Result<(), AdmissionError> {
@@ -856,6 +867,25 @@ impl Reservation for BorrowedSeat {
     fn prefill_abandoned(&self, tokens: u32) {
         // A cut prefill says nothing of the prefill rate.
         self.shared.borrowed_prefill_done(self.id, tokens, false);
+    }
+}
+
+/// A seat of `seat` with its tokens counted in another lane, taken whatever the limits say
+/// ([`LocalAdmission::force_take_apart`]).
+struct TakenApart {
+    shared: Arc<Shared>,
+    seat: Lane,
+}
+
+impl Reservation for TakenApart {
+    fn promote(&self, _: Lane, _: u32, _: Lane, _: u32) -> BoxFuture<'_, Move> {
+        Box::pin(futures::future::ready(Move::Full))
+    }
+
+    fn release(self: Box<Self>, lane: Lane, tokens: u32, _served: Option<u64>) {
+        let mut state = self.shared.lock();
+        state.give_back_apart(self.seat, lane, tokens);
+        self.shared.dispatch(&mut state);
     }
 }
 

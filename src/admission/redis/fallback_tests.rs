@@ -453,3 +453,52 @@ async fn a_fallback_admission_is_counted_once_in_the_next_outage() {
     drop((first, second));
     admission.shutdown().await;
 }
+
+/// A job's borrowed (pre-emptible) lease, a small-lane seat with its large-lane tokens, is
+/// counted by the fallback as the fallback counts its own borrowed seats when Redis goes away:
+/// the seat in the small lane, the tokens in the large lane. Counted as a small-lane request
+/// of that many tokens, it filled the small lane's token share and refused every question
+/// until the job ended.
+#[tokio::test]
+async fn a_borrowed_lease_is_counted_by_the_fallback_where_its_seat_and_tokens_are() {
+    use crate::admission::preempt::Preemptible;
+    use crate::lane::Lane::{Large, Medium};
+    let redis = RedisServer::start();
+    let config = Config::from_toml_str(&format!(
+        "[classify]\ntokenizer = \"heuristic\"\n\
+         [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\non_redis_down = \"fail_open\"\n\
+         heartbeat_ms = 180000\nlease_ttl_ms = 600000\n\
+         [lanes.large]\nmax_concurrency = 1\nceiling = 1\nborrow = false\n\
+         [lanes.medium]\nmax_concurrency = 1\nceiling = 1\nborrow = false\n",
+        redis.url()
+    ))
+    .unwrap();
+    let admission = RedisAdmission::from_config(&config, Metrics::new().quota().clone()).unwrap();
+    // The large and medium seats taken: a borrower of the large lane gets a small seat.
+    let large = admission.acquire(Ask::new(Large, 100)).await.unwrap();
+    let medium = admission.acquire(Ask::new(Medium, 100)).await.unwrap();
+    let handle = Preemptible::new(true);
+    let mut borrowed = None;
+    // (A loaded machine's first call can time out: asked again.)
+    for _ in 0..20 {
+        borrowed = admission.borrow(Large, 9_000, 0, &handle).await;
+        if borrowed.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let borrowed = borrowed.expect("an idle small seat is borrowed");
+    admission.shared.set_degraded(true);
+    let fallback = admission.shared.fallback.as_ref().unwrap().snapshot();
+    assert_eq!(fallback.lane(Small).in_flight, 1, "its seat is a small one");
+    assert_eq!(
+        fallback.lane(Small).reserved_tokens,
+        0,
+        "its tokens are not the small lane's"
+    );
+    assert_eq!(fallback.lane(Large).reserved_tokens, 9_100);
+    drop((large, medium, borrowed));
+    let fallback = admission.shared.fallback.as_ref().unwrap().snapshot();
+    assert!(fallback.is_idle(), "all given back: {fallback:?}");
+    admission.shutdown().await;
+}

@@ -694,7 +694,7 @@ impl Shared {
                     {
                         continue;
                     }
-                    Self::shadow(&mut shadows, fallback, &id, h.lane, h.tokens);
+                    Self::shadow(&mut shadows, fallback, &id, h.lane, h.budget, h.tokens);
                 }
             }
             self.degraded.store(true, Ordering::Release);
@@ -839,23 +839,30 @@ impl Shared {
         self.hold_as(id, lane, tokens, prompt, budget);
         if self.degraded() {
             if let Some(fallback) = &self.fallback {
-                Self::shadow(&mut shadows, fallback, id, lane, tokens);
+                Self::shadow(&mut shadows, fallback, id, lane, budget, tokens);
             }
         }
     }
 
-    /// Counts lease `id` (`tokens` in `lane`) in the fallback's own usage, once, until the
-    /// replica is back on Redis: its request runs on while the fallback admits beside it.
+    /// Counts lease `id` (a seat of `lane`, `tokens` in `budget` for a borrowed one, else in
+    /// `lane`) in the fallback's own usage, once, until the replica is back on Redis: its
+    /// request runs on while the fallback admits beside it. A borrowed lease counts as the
+    /// fallback counts its own borrowed seats: a job's large-lane tokens on a small seat,
+    /// counted in the small lane, would fill its share and refuse every question meanwhile.
     fn shadow(
         shadows: &mut HashMap<String, LaneGuard>,
         fallback: &LocalAdmission,
         id: &str,
         lane: Lane,
+        budget: Option<Lane>,
         tokens: u32,
     ) {
         shadows
             .entry(id.to_owned())
-            .or_insert_with(|| fallback.force_take(lane, tokens));
+            .or_insert_with(|| match budget {
+                Some(budget) if budget != lane => fallback.force_take_apart(lane, budget, tokens),
+                _ => fallback.force_take(lane, tokens),
+            });
     }
 
     /// Keeps a pre-emptible lease's handle until the lease is given back.
