@@ -6,12 +6,16 @@
 --   and bytes are the meta fields tj:<tenant> and tb:<tenant> (kept by submit, end, beat and
 --   cancel, whose drop of an ended job's result gives them back as the beat's expiry does).
 -- Reply: { 1 } queued, { 0 } the store is full (max_jobs live jobs, or max_bytes), { -1 } the
---   id exists, { -2, held } the tenant keeps max_jobs_per_tenant jobs, { -3, held } its jobs
+--   id exists (checked first: a submit asked again after its reply was lost learns it queued), { -2, held } the tenant keeps max_jobs_per_tenant jobs, { -3, held } its jobs
 --   keep max_bytes_per_tenant bytes.
 local base, id, tenant = ARGV[1], ARGV[2], ARGV[3]
 local share, max_jobs = tonumber(ARGV[4]), tonumber(ARGV[5])
 local max_bytes, bytes = tonumber(ARGV[6]), tonumber(ARGV[7])
 local tenant_jobs, tenant_bytes = tonumber(ARGV[8]), tonumber(ARGV[9])
+-- First: a submit asked again after its reply was lost finds its job, whatever room is left.
+if redis.call('EXISTS', KEYS[11]) == 1 then
+  return { -1 }
+end
 if tenant ~= '' then
   local held = math.max(0, meta_number('tj:' .. tenant))
   if held + 1 > tenant_jobs then
@@ -28,9 +32,6 @@ for _, s in ipairs({ 'queued', 'running', 'done', 'failed', 'cancelled' }) do
 end
 if live + 1 > max_jobs or meta_number('bytes') + bytes > max_bytes then
   return { 0 }
-end
-if redis.call('EXISTS', KEYS[11]) == 1 then
-  return { -1 }
 end
 -- Start-time fair queuing: the job's start tag is its tenant's last finish tag or the virtual
 -- time, whichever is later; its finish tag is that plus 1 / share.

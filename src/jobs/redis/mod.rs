@@ -68,6 +68,8 @@ mod lost_run_tests;
 mod retry_tests;
 mod run;
 mod store;
+#[cfg(test)]
+mod submit_tests;
 mod tasks;
 #[cfg(test)]
 mod text_bytes_tests;

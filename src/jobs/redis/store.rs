@@ -110,6 +110,11 @@ pub type Fields = HashMap<String, String>;
 
 /// The fields of a job's record its status and webhook read: never its stored request (up to
 /// `server.max_body_bytes`), which only the run that takes the job needs.
+/// How long a submit whose reply was lost (a timeout, a dropped connection: its script may have
+/// queued the job) is asked again under the same id, 100 ms apart: an answer "it exists" then
+/// says the lost call queued it. Given up, the submission fails (`job_store_unavailable`).
+const SUBMIT_RETRY_FOR: Duration = Duration::from_secs(3);
+
 const VIEW_FIELDS: &[&str] = &[
     "status",
     "tenant",
@@ -250,10 +255,27 @@ impl RedisStore {
         if let Some(tp) = traceparent {
             call.arg("traceparent").arg(tp);
         }
-        let reply: Vec<i64> = call
-            .invoke_async(&mut conn)
-            .await
-            .map_err(|e| store_down("submit", &e))?;
+        // A submit is not undone when its reply is lost: answered "down", a diverted `/answer`
+        // ran at once while its job, queued all the same, ran again later (and was charged to
+        // its tenant twice); a client of `POST /jobs` got a 503, and its retry made a second
+        // job. Asked again under the same id, the script says whether it had queued it.
+        let started = tokio::time::Instant::now();
+        let mut retried = false;
+        let reply: Vec<i64> = loop {
+            match call.invoke_async(&mut conn).await {
+                Ok(reply) => break reply,
+                Err(e)
+                    if (e.is_timeout() || e.is_io_error() || e.is_connection_dropped())
+                        && started.elapsed() < SUBMIT_RETRY_FOR =>
+                {
+                    store_down("submit", &e);
+                    retried = true;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    conn = self.conn().await?;
+                }
+                Err(e) => return Err(store_down("submit", &e)),
+            }
+        };
         let held = reply.get(1).map_or(0, |h| u64::try_from(*h).unwrap_or(0));
         let tenant_full = |what: &'static str, limit: u64| GatewayError::TenantJobsFull {
             tenant: ready.tenant().map(|t| t.0.clone()).unwrap_or_default(),
@@ -269,6 +291,12 @@ impl RedisStore {
             0 => Err(GatewayError::JobsFull),
             -2 => Err(tenant_full("jobs", config.max_jobs_per_tenant as u64)),
             -3 => Err(tenant_full("bytes", config.max_bytes_per_tenant)),
+            // Asked again after a lost reply: the lost call had queued it.
+            -1 if retried => {
+                tracing::info!(job = %id, "a submit whose reply was lost had queued the job");
+                self.ctx.wake.notify_one();
+                Ok(())
+            }
             _ => {
                 tracing::error!(job = %id, "a job with this id already exists");
                 Err(GatewayError::JobStoreDown)
