@@ -190,14 +190,15 @@ pub async fn limit(State(limits): State<RequestLimits>, req: Request, next: Next
     // lets it go at once, as before: no client without a key may hold permits (nor make
     // `/readyz` answer 503 to a load balancer) by not reading.
     let config = limits.state.config();
+    let write_timeout = config.server.client_write_timeout;
     if config.auth.enabled && resp.body().size_hint().exact().is_some() {
         let max = config.server.max_requests_in_flight_per_tenant;
         let Some(slot) = tenant.and_then(|t| limits.unsent.take(Some(&t), max)) else {
             return resp;
         };
-        return crate::relay::held::until_sent(resp, (permit, slot));
+        return crate::relay::held::until_taken_within(resp, (permit, slot), write_timeout);
     }
-    crate::relay::held::until_sent(resp, permit)
+    crate::relay::held::until_taken_within(resp, permit, write_timeout)
 }
 
 /// Why `req`'s body is refused before it is read: a `Content-Length` above `max_body_bytes`
