@@ -217,13 +217,16 @@ pub fn watch(state: AppState, stop: tokio_util::sync::CancellationToken) {
     }));
 }
 
-/// Whether the file of `source` (with its overrides) states another configuration than the one
-/// in force, or cannot be read as one.
+/// Whether the file of `source` (read as a reload reads it: with `serve --tokenizer` and the
+/// overrides) states another configuration than the one in force, or cannot be read as one.
+/// Compared whole, secrets included: the fingerprint leaves them out (it is shown), and a file
+/// rewritten before this look with only a rotated key was taken as the same, its key never put
+/// in force.
 fn differs_from_force(state: &AppState, source: &super::state::ConfigSource) -> bool {
-    match Config::load(&source.path) {
+    match Config::load_with_tokenizer(&source.path, source.tokenizer.as_deref()) {
         Ok(mut config) => {
             (source.overrides)(&mut config);
-            config.fingerprint() != state.config().fingerprint()
+            config != *state.config()
         }
         Err(_) => true,
     }
