@@ -50,7 +50,7 @@ fn held<G: Send + Unpin + 'static>(
     write_timeout: Option<Duration>,
 ) -> Response {
     resp.map(|body| {
-        let taken_by = write_timeout.map(|w| Drain::Within(w));
+        let taken_by = write_timeout.map(Drain::Within);
         Body::new(Held {
             body,
             rest: Bytes::new(),
