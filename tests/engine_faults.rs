@@ -16,21 +16,15 @@ async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("{what}: still open after 60 s"))
 }
 
-/// An engine that goes on sending after its finish reason: the answer ends at the finish
-/// (what came after it is not the answer), streamed or not, and nothing is held after.
-#[tokio::test]
-async fn an_engine_that_talks_past_its_finish_ends_at_the_finish() {
-    let h = harness(
-        &flags("--speed 50 --profile tiny-test --chatter-after-finish"),
-        |_| {},
-    )
-    .await;
+/// A 5-token answer streamed on `/v1` (ending with `[DONE]`, its 5 words), the same answer
+/// whole (200, its 5 words) and an `/answer` (ending with `done`): the stream's text and the
+/// whole answer.
+async fn whole_on_every_route(h: &Harness) -> (String, serde_json::Value) {
     let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
                       "ignore_eos": true, "stream": true});
     let text = within("a stream", post_text(h.url("/v1/chat/completions"), &body)).await;
     let events = sse(&text);
     assert_eq!(events.last().unwrap().1, "[DONE]", "{text}");
-    assert!(!text.contains("more"), "{text}");
     let words: usize = events
         .iter()
         .filter(|(_, d)| d.starts_with('{'))
@@ -56,6 +50,20 @@ async fn an_engine_that_talks_past_its_finish_ends_at_the_finish() {
     )
     .await;
     assert_eq!(sse(&answer).last().unwrap().0, "done", "{answer}");
+    (text, chat)
+}
+
+/// An engine that goes on sending after its finish reason: the answer ends at the finish
+/// (what came after it is not the answer), streamed or not, and nothing is held after.
+#[tokio::test]
+async fn an_engine_that_talks_past_its_finish_ends_at_the_finish() {
+    let h = harness(
+        &flags("--speed 50 --profile tiny-test --chatter-after-finish"),
+        |_| {},
+    )
+    .await;
+    let (text, _) = whole_on_every_route(&h).await;
+    assert!(!text.contains("more"), "{text}");
     eventually("every seat is back", || h.idle()).await;
     h.shutdown().await;
 }
@@ -71,32 +79,9 @@ async fn an_error_after_the_finish_keeps_the_whole_answer() {
         |_| {},
     )
     .await;
-    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
-                      "ignore_eos": true, "stream": true});
-    let text = within("a stream", post_text(h.url("/v1/chat/completions"), &body)).await;
-    let events = sse(&text);
-    assert_eq!(events.last().unwrap().1, "[DONE]", "{text}");
+    let (text, chat) = whole_on_every_route(&h).await;
     assert!(!text.contains("\"error\""), "{text}");
-    let mut whole = body.clone();
-    whole["stream"] = json!(false);
-    let resp = within(
-        "a whole answer",
-        send(client().post(h.url("/v1/chat/completions")).json(&whole)),
-    )
-    .await;
-    assert_eq!(resp.status(), 200);
-    let chat: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(message_words(&chat), 5, "{chat}");
     assert_eq!(chat["usage"]["completion_tokens"], 5, "{chat}");
-    let answer = within(
-        "/answer",
-        post_text(
-            h.url("/answer"),
-            &json!({"prompt": "hi", "max_output_tokens": 4}),
-        ),
-    )
-    .await;
-    assert_eq!(sse(&answer).last().unwrap().0, "done", "{answer}");
     let resp = send(
         client()
             .post(h.url("/jobs"))

@@ -205,13 +205,17 @@ mod tests {
         let text = "x".repeat(FRAME_BYTES * 8);
         // Its bound: the write timeout plus 128 KiB at 4 KiB a second, 62 s.
         let bound = write_timeout + Duration::from_secs(32);
-        let held = Arc::new(AtomicUsize::new(1));
-        let resp = until_taken_within(
-            Response::new(Body::from(text.clone())),
-            Guard(Arc::clone(&held)),
-            write_timeout,
-        );
-        let mut body = resp.into_body();
+        // `text` held to be taken within `write_timeout`, and its guard's count.
+        let answer = || {
+            let held = Arc::new(AtomicUsize::new(1));
+            let resp = until_taken_within(
+                Response::new(Body::from(text.clone())),
+                Guard(Arc::clone(&held)),
+                write_timeout,
+            );
+            (resp.into_body(), held)
+        };
+        let (mut body, held) = answer();
         let mut ended = None;
         for _ in 0..8 {
             match next(&mut body).await {
@@ -230,13 +234,7 @@ mod tests {
         );
 
         // A frame every 3 s: 8 frames in 24 s, within the bound.
-        let held = Arc::new(AtomicUsize::new(1));
-        let resp = until_taken_within(
-            Response::new(Body::from(text.clone())),
-            Guard(Arc::clone(&held)),
-            write_timeout,
-        );
-        let mut body = resp.into_body();
+        let (mut body, held) = answer();
         let mut taken = 0;
         while let Some(frame) = next(&mut body).await {
             taken += frame.unwrap().into_data().unwrap().len();

@@ -5,51 +5,15 @@
 //! client of `POST /jobs` got a 503 and made a second job by retrying. The submit is now asked
 //! again under the same id, and succeeds once, whichever of the two calls queued it.
 
-use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
-use super::store::RedisStore;
+use super::untake_tests::store;
 use crate::admission::redis::tests::redis_common::{pause_writes, paused_script, RedisServer};
-use crate::admission::Ask;
-use crate::config::Config;
-use crate::jobs::context::Context;
-use crate::lane::Lane::Large;
-use crate::pipeline::{AppState, Ready};
+use crate::pipeline::Ready;
 
 const QUEUE: &str = "tg:v2:{quota}:jobs:queue";
-
-async fn store(redis: &RedisServer) -> Arc<RedisStore> {
-    let config = Config::from_toml_str(&format!(
-        "[classify]\ntokenizer = \"heuristic\"\n\
-         [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\nlease_ttl_ms = 120000\n\
-         heartbeat_ms = 30000\n",
-        redis.url()
-    ))
-    .unwrap();
-    let tasks = TaskTracker::new();
-    let state = AppState::for_tests(config, tasks.clone());
-    let admission = state.admission().shared().unwrap().clone();
-    // Once connected (a submit is never sent before the first connection).
-    drop(admission.acquire(Ask::new(Large, 100)).await.unwrap());
-    let ctx = Arc::new(Context {
-        http: None,
-        config: state.config().jobs.clone(),
-        state,
-        stop: CancellationToken::new(),
-        tasks,
-        wake: Notify::new(),
-        resuming: AtomicUsize::new(0),
-        keys: None,
-        engine_pause: std::sync::Mutex::default(),
-    });
-    Arc::new(RedisStore::new(ctx, admission))
-}
 
 fn review() -> Ready {
     Ready::from_stored(&json!({

@@ -34,7 +34,7 @@ const RUNNING: &str = "tg:v2:{quota}:jobs:running";
 /// A job store on `redis` whose runner leases (and seats) last far longer than the test: only
 /// the untake can bring the job back in time. Nothing runs in the background (no beat, no
 /// scheduler): the test takes by hand.
-async fn store(redis: &RedisServer) -> Arc<RedisStore> {
+pub(super) async fn store(redis: &RedisServer) -> Arc<RedisStore> {
     let config = Config::from_toml_str(&format!(
         "[classify]\ntokenizer = \"heuristic\"\n\
          [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\nlease_ttl_ms = 120000\n\
