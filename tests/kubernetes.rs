@@ -720,6 +720,29 @@ fn vllm_has_its_memory_and_patient_probes() {
     }
 }
 
+/// vLLM fetches media URLs itself, and follows their redirects unless told not to: the gateway
+/// checks only the URL it is sent against `fields.media_hosts`, so a listed host that redirects
+/// would lead vLLM anywhere (the cloud's metadata address, the cluster's services). Both shipped
+/// ways to run vLLM turn redirects off.
+#[test]
+fn vllm_follows_no_media_redirect() {
+    let objects = Objects::load();
+    let pod = &objects.get("Deployment", "vllm")["spec"]["template"]["spec"];
+    let set = container(pod, "vllm")["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"] == "VLLM_MEDIA_URL_ALLOW_REDIRECTS" && e["value"] == "0");
+    assert!(set, "deploy/kubernetes/vllm.yaml");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("deploy/docker-compose.yml");
+    let compose = yaml_files(std::slice::from_ref(&path));
+    let compose = &compose.values().next().unwrap()[0];
+    assert_eq!(
+        compose["services"]["vllm"]["environment"]["VLLM_MEDIA_URL_ALLOW_REDIRECTS"], "0",
+        "deploy/docker-compose.yml"
+    );
+}
+
 /// The pods run as the image's non-root user, with a read-only root filesystem, no privilege
 /// escalation, no capabilities and no service-account token.
 #[test]

@@ -80,18 +80,17 @@ pub fn client_for(upstream: &UpstreamConfig) -> Result<reqwest::Client> {
     builder.build().context("cannot build the HTTP client")
 }
 
-/// Reads `GET {base_url}/metrics` and `GET {base_url}/v1/models`.
+/// Reads `GET {base_url}/metrics` and `GET {base_url}/v1/models`. Its errors name the path,
+/// never the URL (a replica's URL may hold a password; the caller names the replica).
 pub async fn read_engine_capacity(
     http: &reqwest::Client,
     base_url: &str,
 ) -> Result<EngineCapacity> {
     let base = base_url.trim_end_matches('/');
-    let metrics = get_text(http, &format!("{base}/metrics")).await?;
-    let (num_gpu_blocks, block_size, engines) =
-        parse_cache_config(&metrics).with_context(|| format!("{base}/metrics"))?;
-    let models = get_text(http, &format!("{base}/v1/models")).await?;
-    let max_model_len =
-        parse_max_model_len(&models).with_context(|| format!("{base}/v1/models"))?;
+    let metrics = get_text(http, base, "/metrics").await?;
+    let (num_gpu_blocks, block_size, engines) = parse_cache_config(&metrics).context("/metrics")?;
+    let models = get_text(http, base, "/v1/models").await?;
+    let max_model_len = parse_max_model_len(&models).context("/v1/models")?;
     Ok(EngineCapacity {
         num_gpu_blocks,
         block_size,
@@ -100,27 +99,31 @@ pub async fn read_engine_capacity(
     })
 }
 
-async fn get_text(http: &reqwest::Client, url: &str) -> Result<String> {
+/// `GET {base}{path}`'s page; its errors name `path` and reqwest's errors without their URL.
+async fn get_text(http: &reqwest::Client, base: &str, path: &str) -> Result<String> {
     let resp = http
-        .get(url)
+        .get(format!("{base}{path}"))
         .send()
         .await
-        .with_context(|| format!("GET {url}"))?;
+        .map_err(reqwest::Error::without_url)
+        .with_context(|| format!("GET {path}"))?;
     let status = resp.status();
     if !status.is_success() {
-        bail!("GET {url}: HTTP {status}");
+        bail!("GET {path}: HTTP {status}");
     }
     // Read with a bound: a page past it is not vLLM's (its /metrics is tens of KiB).
     let mut body = Vec::new();
     let mut stream = resp.bytes_stream();
     while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
-        let chunk = chunk.with_context(|| format!("GET {url}"))?;
+        let chunk = chunk
+            .map_err(reqwest::Error::without_url)
+            .with_context(|| format!("GET {path}"))?;
         if body.len() + chunk.len() > MAX_PAGE_BYTES {
-            bail!("GET {url}: more than {MAX_PAGE_BYTES} bytes, not vLLM's page");
+            bail!("GET {path}: more than {MAX_PAGE_BYTES} bytes, not vLLM's page");
         }
         body.extend_from_slice(&chunk);
     }
-    String::from_utf8(body).with_context(|| format!("GET {url}: not UTF-8"))
+    String::from_utf8(body).with_context(|| format!("GET {path}: not UTF-8"))
 }
 
 /// The most bytes read of the engine's `/metrics` or `/v1/models`.
@@ -199,6 +202,32 @@ mod tests {
         num_cpu_blocks=\"None\",num_gpu_blocks=\"27690\",num_gpu_blocks_override=\"None\",\
         prefix_caching_hash_algo=\"sha256\",sliding_window=\"None\",swap_space=\"4\",\
         swap_space_bytes=\"4294967296\"} 1.0";
+
+    /// A replica's URL may hold a password: the errors (logged by the capacity watcher) name
+    /// the path, never the URL, whatever failed.
+    #[tokio::test]
+    async fn errors_name_the_path_never_the_url() {
+        // Nothing listens there: the connection is refused.
+        let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = refused.local_addr().unwrap().port();
+        drop(refused);
+        // One that answers 404 to everything.
+        let app = axum::Router::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let answers = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let http = reqwest::Client::new();
+        for port in [port, answers] {
+            let url = format!("http://tutor:s3cret-pw@127.0.0.1:{port}");
+            let err = read_engine_capacity(&http, &url).await.unwrap_err();
+            let told = format!("{err:#}");
+            assert!(told.contains("GET /metrics"), "{told}");
+            assert!(
+                !told.contains("s3cret") && !told.contains("tutor:"),
+                "{told}"
+            );
+        }
+    }
 
     #[test]
     fn reads_vllms_cache_config_info() {
