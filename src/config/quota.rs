@@ -94,14 +94,34 @@ impl RedisUrl {
         &self.0
     }
 
-    /// The URL with any `user:password@` part replaced by `***@`, safe for logs.
+    /// The URL with any `user:password@` part replaced by `***@`, and the value of a query
+    /// parameter naming a password (`?pass=`, which the Redis client reads for a `unix://`
+    /// socket) by `***`, safe for logs.
     pub fn redacted(&self) -> String {
-        match (self.0.find("://"), self.0.rfind('@')) {
+        let (url, query) = match self.0.split_once('?') {
+            Some((url, query)) => (url, Some(query)),
+            None => (self.0.as_str(), None),
+        };
+        let mut out = match (url.find("://"), url.rfind('@')) {
             (Some(scheme), Some(at)) if at > scheme => {
-                format!("{}***{}", &self.0[..scheme + 3], &self.0[at..])
+                format!("{}***{}", &url[..scheme + 3], &url[at..])
             }
-            _ => self.0.clone(),
+            _ => url.to_owned(),
+        };
+        if let Some(query) = query {
+            let pairs: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((key, _)) if key.to_ascii_lowercase().contains("pass") => {
+                        format!("{key}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            out.push('?');
+            out.push_str(&pairs.join("&"));
         }
+        out
     }
 }
 
@@ -298,6 +318,15 @@ mod tests {
     fn the_url_never_prints_its_password() {
         let url = RedisUrl::new("redis://user:hunter2@cache:6379/0");
         assert_eq!(url.to_string(), "redis://***@cache:6379/0");
+        assert!(!format!("{url:?}").contains("hunter2"));
+        // A socket's password rides in the query, where the Redis client reads it.
+        let url = RedisUrl::new("unix:///run/redis.sock?db=1&pass=hunter2");
+        let info = redis::Client::open(url.expose()).unwrap();
+        assert_eq!(
+            info.get_connection_info().redis.password.as_deref(),
+            Some("hunter2")
+        );
+        assert_eq!(url.to_string(), "unix:///run/redis.sock?db=1&pass=***");
         assert!(!format!("{url:?}").contains("hunter2"));
     }
 
