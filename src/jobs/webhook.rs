@@ -119,23 +119,34 @@ impl reqwest::dns::Resolve for PublicOnly {
 }
 
 /// Whether `ip` is a public unicast address: not loopback, unspecified, link-local, private
-/// (RFC 1918, shared 100.64/10, unique-local fc00::/7), broadcast, documentation or multicast.
+/// (RFC 1918, shared 100.64/10, unique-local fc00::/7, site-local fec0::/10), broadcast,
+/// documentation, multicast or reserved, nor an IPv6 address carrying an IPv4 one (mapped,
+/// compatible, translated, NAT64, 6to4, Teredo).
 fn public(ip: IpAddr) -> bool {
     let v4 = match ip {
         IpAddr::V4(v4) => v4,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => v4,
             None => {
-                let [first, second, ..] = v6.segments();
-                // NAT64 (64:ff9b::/96, 64:ff9b:1::/48) and 6to4 (2002::/16) carry an IPv4
-                // address (a DNS64 network maps the metadata service into them): not public.
+                let s = v6.segments();
+                let [first, second, ..] = s;
+                // NAT64 (64:ff9b::/96, 64:ff9b:1::/48), 6to4 (2002::/16), Teredo (2001::/32),
+                // IPv4-compatible (::a.b.c.d, deprecated) and IPv4-translated (::ffff:0:a.b.c.d)
+                // addresses carry an IPv4 address (a translating network maps the metadata
+                // service into them); site-local (fec0::/10, deprecated) is private: not public.
+                let compatible = s[..6] == [0; 6];
+                let translated = s[..4] == [0; 4] && s[4] == 0xffff && s[5] == 0;
                 return !(v6.is_loopback()
                     || v6.is_unspecified()
                     || v6.is_multicast()
                     || (first & 0xfe00) == 0xfc00
                     || (first & 0xffc0) == 0xfe80
+                    || (first & 0xffc0) == 0xfec0
                     || (first == 0x64 && (second == 0xff9b))
-                    || first == 0x2002);
+                    || first == 0x2002
+                    || (first == 0x2001 && second == 0)
+                    || compatible
+                    || translated);
             }
         },
     };
@@ -149,7 +160,8 @@ fn public(ip: IpAddr) -> bool {
         || v4.is_multicast()
         || a == 0
         || (a == 100 && (64..128).contains(&b))
-        // Benchmarking (198.18/15) and reserved (240/4).
+        // IETF protocol assignments (192.0.0/24), benchmarking (198.18/15), reserved (240/4).
+        || (a == 192 && b == 0 && v4.octets()[2] == 0)
         || (a == 198 && (b & 0xfe) == 18)
         || a >= 240)
 }
@@ -289,6 +301,13 @@ mod tests {
             "198.18.0.1",
             "198.19.255.1",
             "240.0.0.1",
+            // The metadata service as IPv4-compatible, IPv4-translated and Teredo addresses;
+            // site-local; the IETF's 192.0.0/24.
+            "::a9fe:a9fe",
+            "::ffff:0:a9fe:a9fe",
+            "2001:0:4136:e378:8000:63bf:56fe:5601",
+            "fec0::1",
+            "192.0.0.8",
         ] {
             assert!(!public(private.parse().unwrap()), "{private}");
         }
