@@ -717,3 +717,45 @@ async fn a_queued_job_whose_record_is_gone_does_not_hold_the_queue() {
     assert_eq!(v["status"], "done", "{v}");
     h.shutdown().await;
 }
+
+/// A webhook's URL read back from Redis is checked again against the delivering replica's
+/// `jobs.webhook_allow`, as at submission: that replica may allow less than the one that took
+/// the job (a rollout), and the URL is only as trusted as Redis's writers. One rewritten in
+/// Redis to a path the allow-list does not hold is not posted to; the job itself is done.
+#[tokio::test]
+async fn a_webhook_url_changed_in_redis_is_checked_again_before_it_is_posted() {
+    let redis = RedisServer::start();
+    let sim = sim(SLOW).await;
+    let r = receiver(vec![]).await;
+    let mut c = config(&sim, &redis);
+    jobs::allow(&mut c, &r);
+    let gw = gateway(c).await;
+    let mut body = question(200);
+    body["notify"] = json!(r.url);
+    let id = submit_ok(&gw.url(), &body).await;
+    job_until(&gw.url(), &id, "running", |v| v["status"] == "running").await;
+    let elsewhere = format!("{}/elsewhere/hooks/tutor", r.origin());
+    let mut conn = redis_conn(&redis).await;
+    let _: () = redis::cmd("HSET")
+        .arg(format!("tg:v2:{{quota}}:job:{id}"))
+        .arg("notify")
+        .arg(&elsewhere)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let v = done(&gw.url(), &id).await;
+    assert_eq!(v["status"], "done", "{v}");
+    // Delivered within a few round trips had it been sent: a second is plenty, and a machine
+    // slow enough to deliver later only makes this test weaker, never red.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let v = job(&gw.url(), &id).await;
+    assert!(
+        v["webhook"]["attempts"]
+            .as_array()
+            .is_none_or(|a| a.is_empty()),
+        "nothing was posted to a URL off the allow-list: {v}"
+    );
+    assert!(r.bodies().is_empty());
+    gw.shutdown().await;
+    sim.shutdown().await;
+}

@@ -511,11 +511,24 @@ impl RedisStore {
             return;
         };
         let fields = fields_of(&names, values);
-        let Some(url) = fields
-            .get("notify")
-            .and_then(|u| reqwest::Url::parse(u).ok())
-        else {
+        let Some(notify) = fields.get("notify") else {
             return;
+        };
+        // Checked again against this replica's `jobs.webhook_allow`, as at submission: the
+        // replica that delivers may allow less than the one that took the job (a rollout), and
+        // a URL read from Redis is only as trusted as Redis's writers.
+        let url = match webhook::check_notify(
+            &Value::String(notify.clone()),
+            &self.ctx.config.webhook_allow,
+        ) {
+            Ok(url) => url,
+            Err(_) => {
+                tracing::warn!(
+                    job = %id,
+                    "webhook not sent: its URL is not on this replica's jobs.webhook_allow"
+                );
+                return;
+            }
         };
         // The job's status as its own tenant reads it.
         let tenant = fields
