@@ -135,7 +135,11 @@ pub fn serve_state(
     let admin_stop = CancellationToken::new();
     let drain = Drain::new();
     // The keys first: the job scheduler must know them from its first job on.
-    let auth = crate::api::auth::Auth::start(&state.config().auth, stop.clone());
+    let auth = crate::api::auth::Auth::start_counted(
+        &state.config().auth,
+        stop.clone(),
+        state.metrics().key_file_refused(),
+    );
     let keys = state.config().auth.enabled.then(|| {
         std::sync::Arc::new(auth.clone())
             as std::sync::Arc<dyn crate::pipeline::tenant::KeysInForce>

@@ -170,6 +170,7 @@ const GATEWAY_SERIES: &[&str] = &[
     "tutor_gateway_replica_healthy",
     "tutor_gateway_replica_ejections_total",
     "tutor_gateway_panics_total",
+    "tutor_gateway_key_file_refused",
 ];
 
 /// vLLM's `/metrics` (`docs/vllm-interface.md`, "Prometheus metrics"; V1 engine).

@@ -103,6 +103,8 @@ struct Inner {
     ttl: Duration,
     /// Bumped each time the keys in force are replaced: requests in flight look again.
     installed: tokio::sync::watch::Sender<u64>,
+    /// `tutor_gateway_key_file_refused`: 1 while the key file's last look was refused.
+    refused: prometheus::IntGauge,
 }
 
 /// The token signing secret: never in debug output (the jobs' context, which holds the keys
@@ -140,6 +142,18 @@ fn stamp_of(path: &std::path::Path) -> Option<FileStamp> {
 impl Auth {
     /// Keys from `config` (and its key file, re-read every `config.reload` until `stop`).
     pub fn start(config: &AuthConfig, stop: CancellationToken) -> Self {
+        let refused = prometheus::IntGauge::new("tutor_gateway_key_file_refused", "detached")
+            .expect("valid gauge");
+        Self::start_counted(config, stop, refused)
+    }
+
+    /// [`Auth::start`], a refused key file shown in `refused`
+    /// (`tutor_gateway_key_file_refused`).
+    pub fn start_counted(
+        config: &AuthConfig,
+        stop: CancellationToken,
+        refused: prometheus::IntGauge,
+    ) -> Self {
         let secret = match &config.token_secret {
             Some(s) => s.expose().as_bytes().to_vec(),
             None => {
@@ -158,6 +172,7 @@ impl Auth {
             secret: TokenSecret(secret),
             ttl: config.token_ttl,
             installed: tokio::sync::watch::Sender::new(0),
+            refused,
         }));
         let mut look = KeyFileLook::default();
         auth.reload(&mut look);
@@ -211,6 +226,7 @@ impl Auth {
                 one_tenant_per_key(self.0.config_keys.iter().chain(&keys)).map(|()| keys)
             }) {
                 Ok(keys) if !first && keys.is_empty() && self.0.config_keys.is_empty() => {
+                    self.0.refused.set(1);
                     tracing::warn!(
                         "the key file has no key, which would refuse every client; keeping the \
                          keys in force (turn [auth] off, or leave one key, to mean it)"
@@ -223,6 +239,7 @@ impl Auth {
                         && self.0.config_keys.is_empty() =>
                 {
                     self.install(keys);
+                    self.0.refused.set(0);
                     tracing::warn!(
                         "the key file has no key: every client is refused (401) until one is \
                          added to it (it is watched)"
@@ -231,9 +248,11 @@ impl Auth {
                 Ok(keys) => {
                     let n = keys.len();
                     self.install(keys);
+                    self.0.refused.set(0);
                     tracing::info!(keys = n, "API keys loaded");
                 }
                 Err(e) if first && self.0.enabled && self.0.config_keys.is_empty() => {
+                    self.0.refused.set(1);
                     tracing::warn!(
                         error = %e,
                         "the key file is invalid: no key is in force, every client is refused (401) \
@@ -241,6 +260,7 @@ impl Auth {
                     )
                 }
                 Err(e) => {
+                    self.0.refused.set(1);
                     tracing::warn!(error = %e, "the key file is invalid; keeping the keys in force");
                     if first {
                         // At start the keys in force are the config's.
@@ -248,12 +268,16 @@ impl Auth {
                     }
                 }
             },
-            Err(e) if first && self.0.enabled && self.0.config_keys.is_empty() => tracing::warn!(
-                error = %e,
-                "the key file cannot be read: no key is in force, every client is refused (401) \
-                 until it can be (it is watched)"
-            ),
+            Err(e) if first && self.0.enabled && self.0.config_keys.is_empty() => {
+                self.0.refused.set(1);
+                tracing::warn!(
+                    error = %e,
+                    "the key file cannot be read: no key is in force, every client is refused \
+                     (401) until it can be (it is watched)"
+                )
+            }
             Err(e) => {
+                self.0.refused.set(1);
                 tracing::warn!(error = %e, "the key file cannot be read; keeping the keys in force");
                 if first {
                     // At start the keys in force are the config's.

@@ -262,3 +262,41 @@ async fn the_token_secret_never_shows_in_debug_output() {
     let bytes = format!("{:?}", "a-secret-that-signs-tokens".as_bytes());
     assert!(!shown.contains(&bytes[1..bytes.len() - 1]), "{shown}");
 }
+
+/// A key file refused (invalid, unreadable, or with no key left) keeps the keys in force: a
+/// key removed in the same edit still works. `tutor_gateway_key_file_refused` says so (1) until
+/// a file is put in force (0), so that the revocation that did not happen is seen.
+#[tokio::test]
+async fn a_refused_key_file_is_shown_until_one_is_put_in_force() {
+    let path = key_file("refused", &(line("key-a", "a") + &line("key-b", "b")));
+    let mut config = Config::default().auth;
+    config.enabled = true;
+    config.keys_file = Some(path.clone());
+    config.reload = Duration::from_secs(3_600);
+    let refused = prometheus::IntGauge::new("refused", "refused").unwrap();
+    let auth = Auth::start_counted(&config, CancellationToken::new(), refused.clone());
+    let mut look = KeyFileLook::default();
+    auth.reload(&mut look);
+    assert_eq!(refused.get(), 0);
+    // key-b's line removed, and a typo on key-a's: refused, key-b still works.
+    let edit = |text: &str, look: &mut KeyFileLook| {
+        rewrite(&path, text);
+        auth.reload(look);
+        auth.reload(look);
+    };
+    edit("not a key line\n", &mut look);
+    assert!(auth.key("key-b").is_some(), "the keys in force stay");
+    assert_eq!(refused.get(), 1, "the refusal is shown");
+    edit("", &mut look);
+    assert_eq!(refused.get(), 1, "a file with no key left is refused too");
+    edit(&line("key-a", "a"), &mut look);
+    assert!(
+        auth.key("key-b").is_none(),
+        "revoked once the file is mended"
+    );
+    assert_eq!(refused.get(), 0);
+    std::fs::remove_file(&path).unwrap();
+    auth.reload(&mut look);
+    auth.reload(&mut look);
+    assert_eq!(refused.get(), 1, "an unreadable file is refused");
+}

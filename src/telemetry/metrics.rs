@@ -250,6 +250,7 @@ pub struct Metrics {
     refused: IntCounterVec,
     denied: IntCounterVec,
     panics: IntCounterVec,
+    key_file_refused: IntGauge,
     background: crate::telemetry::panic::Background,
     request_log_dropped: DroppedLines,
     log_dropped: DroppedLines,
@@ -441,6 +442,16 @@ impl Metrics {
         for at in ["handler", "relay", "background"] {
             panics.with_label_values(&[at]);
         }
+        let key_file_refused = IntGauge::new(
+            "tutor_gateway_key_file_refused",
+            "1 while the last look at auth.keys_file found it invalid or unreadable, or with no \
+             key left, so the keys in force stay the earlier ones: a key removed from it (a \
+             revocation) still works until the file is mended; 0 once a file is put in force.",
+        )
+        .expect("valid gauge");
+        registry
+            .register(Box::new(key_file_refused.clone()))
+            .expect("registered once");
         let tenant_refused = counter(
             "tutor_gateway_tenant_refused_total",
             "Requests refused by their tenant's budget ([auth.tenants.<name>]), by tenant (only \
@@ -520,6 +531,7 @@ impl Metrics {
             refused,
             denied,
             panics,
+            key_file_refused,
             background,
             request_log_dropped,
             log_dropped,
@@ -584,6 +596,11 @@ impl Metrics {
     /// The watch over this gateway's background tasks.
     pub fn background(&self) -> &crate::telemetry::panic::Background {
         &self.background
+    }
+
+    /// `tutor_gateway_key_file_refused`, which the key file's watcher sets.
+    pub fn key_file_refused(&self) -> IntGauge {
+        self.key_file_refused.clone()
     }
 
     /// Requests denied so far for `reason`.
