@@ -74,10 +74,10 @@ pub enum ContentKind {
     Code,
     /// Everything else the client wrote, and message roles.
     Prose,
-    /// The request's `tools` (with the template's tools preamble), assistants' `tool_calls`
-    /// and tool results (`tool` messages' text, as a JSON string): JSON the template re-renders
-    /// its own way. (`chat_template_kwargs` are
-    /// counted as the text they are, and a request with them teaches nothing.)
+    /// The request's `tools` (with the template's tools preamble) and assistants'
+    /// `tool_calls`: JSON the template re-renders its own way. (Tool results, the `tool`
+    /// messages' text counted as a JSON string, and `chat_template_kwargs` are counted as the
+    /// text they are, code or prose; a request with `chat_template_kwargs` teaches nothing.)
     Tools,
     /// Non-text content parts (their JSON and their kind's charge).
     Media,

@@ -154,23 +154,23 @@ impl PromptInput {
     }
 
     /// Calls `f` on every text piece that will be tokenized, with the kind it is corrected as
-    /// (`calibration.rs`): `tools`, tool calls and tool results are tools (JSON each template
-    /// writes its own way), media parts media, roles prose,
-    /// other text (`chat_template_kwargs` included) code or prose by [`ContentKind::of_text`].
-    /// The values of `chat_template_kwargs` are text a template renders where it uses them, or
-    /// not at all: never counted at the tools' ratio, which templates that render tools compact
-    /// teach far below what a rendered value costs.
+    /// (`calibration.rs`): `tools` and tool calls are tools (JSON each template writes its own
+    /// way), media parts media, roles prose, other text (tool results and
+    /// `chat_template_kwargs` included) code or prose by [`ContentKind::of_text`]. A tool
+    /// result is the text a tool returned (a test run's output, a file), rendered whole, and
+    /// the values of `chat_template_kwargs` are text a template renders where it uses them:
+    /// never counted at the tools' ratio, which templates that render tools compact (and
+    /// fields they leave out, such as a tool call's `id`) teach far below what rendered text
+    /// costs. A review sent back as a tool result was estimated at a quarter of its tokens.
     pub fn for_each_kind_text(&self, mut f: impl FnMut(ContentKind, &str)) {
         self.for_each_source(|source, text| {
             let kind = match source {
                 Source::Piece(PieceKind::Role) => ContentKind::Prose,
                 Source::Piece(PieceKind::Media(_)) => ContentKind::Media,
-                Source::Piece(PieceKind::ToolCalls | PieceKind::ToolResult) | Source::Tools => {
-                    ContentKind::Tools
-                }
-                Source::Piece(PieceKind::Text) | Source::Prompt | Source::TemplateKwargs => {
-                    ContentKind::of_text(text)
-                }
+                Source::Piece(PieceKind::ToolCalls) | Source::Tools => ContentKind::Tools,
+                Source::Piece(PieceKind::Text | PieceKind::ToolResult)
+                | Source::Prompt
+                | Source::TemplateKwargs => ContentKind::of_text(text),
             };
             f(kind, text)
         });

@@ -387,6 +387,34 @@ fn every_rendered_string_is_counted_and_media_by_its_kind() {
     );
 }
 
+/// A tool result is the text a tool returned, rendered whole: corrected as code or prose, never
+/// at the tools' ratio (which compact schemas, and tool-call fields a template leaves out,
+/// teach down to a quarter): a review sent back as a tool result counted at that ratio went to
+/// the small lane. The tools and the calls stay tools.
+#[test]
+fn a_tool_result_is_corrected_as_the_text_it_is() {
+    use crate::classify::calibration::ContentKind;
+    let code =
+        "fn main() {\n    let x = vec![1, 2, 3];\n    println!(\"{:?}\", x);\n}\n".repeat(20);
+    let messages: Vec<ChatMessage> = serde_json::from_value(serde_json::json!([
+        {"role": "user", "content": "run my tests"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+        ]},
+        {"role": "tool", "tool_call_id": "call_1", "content": code},
+    ]))
+    .unwrap();
+    let input = PromptInput::chat(messages, None, 16_384);
+    let mut kinds = Vec::new();
+    input.for_each_kind_text(|kind, text| kinds.push((kind, text.len())));
+    let result = kinds.iter().max_by_key(|(_, len)| *len).unwrap();
+    assert_eq!(result.0, ContentKind::Code, "{kinds:?}");
+    assert!(
+        kinds.iter().any(|(kind, _)| *kind == ContentKind::Tools),
+        "the call stays tools: {kinds:?}"
+    );
+}
+
 /// A reload's classifier ([`Classifier::inherit`]): counting the same way, it keeps the
 /// correction in force, so what the requests still running teach reaches it; with as many
 /// tokenizations allowed at once, the prompts the old one is still tokenizing count against
