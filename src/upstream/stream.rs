@@ -486,7 +486,8 @@ impl UpstreamStream {
         tracing::warn!(
             request_id = %self.request_id,
             what,
-            "the engine sent an error after its finish reason: the answer is complete and kept"
+            "the engine sent more than its usage after its finish reason: the answer is \
+             complete and kept"
         );
         self.finish_clean();
         None

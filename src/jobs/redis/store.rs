@@ -108,13 +108,13 @@ pub struct RedisStore {
 /// One job's record as read from Redis.
 pub type Fields = HashMap<String, String>;
 
-/// The fields of a job's record its status and webhook read: never its stored request (up to
-/// `server.max_body_bytes`), which only the run that takes the job needs.
 /// How long a submit whose reply was lost (a timeout, a dropped connection: its script may have
 /// queued the job) is asked again under the same id, 100 ms apart: an answer "it exists" then
 /// says the lost call queued it. Given up, the submission fails (`job_store_unavailable`).
 const SUBMIT_RETRY_FOR: Duration = Duration::from_secs(3);
 
+/// The fields of a job's record its status and webhook read: never its stored request (up to
+/// `server.max_body_bytes`), which only the run that takes the job needs.
 const VIEW_FIELDS: &[&str] = &[
     "status",
     "tenant",
