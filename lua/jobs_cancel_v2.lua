@@ -5,12 +5,11 @@
 -- failed with it instead (a replica found it could never take a seat under the limits in
 -- force), and nothing else is touched. Without an error, a job that had already ended (done,
 -- failed, cancelled) has its result dropped at once, as at its expiry (`DELETE` of a finished
--- job frees its tenant's room).
+-- job frees its tenant's room), and is forgotten (as is an expired one).
 -- ARGV: base, id[, error JSON {"code","message"}]
 -- Reply: "ended" when this call ended it (it was queued: its webhook is the caller's),
---   "dropped" when it dropped the result of a job that had ended, else the job's status
---   ("running", or how it had ended: "expired"; with an error, any), or "" when there is no
---   such job.
+--   "dropped" when it forgot a job that had ended (or expired), else the job's status
+--   ("running"; with an error, any), or "" when there is no such job.
 local base, id, error = ARGV[1], ARGV[2], ARGV[3] or ''
 local final = 'cancelled'
 if error ~= '' then
@@ -48,8 +47,18 @@ if status == 'queued' then
   announce(base, id)
   return 'ended'
 end
-if error == '' and (status == 'done' or status == 'failed' or status == 'cancelled') then
-  expire(base, KEYS[11], id, status, now_ms())
+if error == '' and (status == 'done' or status == 'failed' or status == 'cancelled'
+    or status == 'expired') then
+  if status ~= 'expired' then
+    expire(base, KEYS[11], id, status, now_ms())
+  end
+  -- And the job is forgotten (its client is done with it): kept as an expired record,
+  -- uncounted by max_jobs, a loop of submit, DELETE, DELETE left one more record a round for
+  -- result_ttl, without bound.
+  redis.call('DEL', KEYS[11], text_key(base, id))
+  redis.call('ZREM', KEYS[9], id)
+  recount('expired', nil)
+  announce(base, id)
   return 'dropped'
 end
 if status == 'running' and error == '' then

@@ -179,7 +179,7 @@ pub fn request_fields(data: &[u8]) {
             let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
             let path = url.path().to_ascii_lowercase();
             assert!(
-                !["%2f", "%5c", "%2e", "%25"]
+                !["%2f", "%5c", "%2e", "%25", ";"]
                     .iter()
                     .any(|e| path.contains(e)),
                 "{url}"

@@ -150,7 +150,7 @@ async fn a_job_running_on_one_replica_is_cancelled_from_the_other() {
     .await;
     quota_drains(&f.redis).await;
     // The other replica sees it cancelled; DELETE of a job that ended, from either replica,
-    // drops its result.
+    // drops its result and forgets it.
     assert_eq!(job(&a.url(), &id).await["status"], "cancelled");
     let again = client()
         .delete(format!("{}/jobs/{id}", a.url()))
@@ -167,10 +167,17 @@ async fn a_job_running_on_one_replica_is_cancelled_from_the_other() {
         .await
         .unwrap();
     assert_eq!(late.status(), 200);
-    assert_eq!(json(&late.text().await.unwrap())["status"], "expired");
-    let v = job(&a.url(), &finished).await;
+    let v = json(&late.text().await.unwrap());
     assert_eq!(v["status"], "expired", "{v}");
     assert!(v.get("answer").is_none(), "the result is gone: {v}");
+    for id in [&id, &finished] {
+        let resp = client()
+            .get(format!("{}/jobs/{id}", a.url()))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 404, "the job is forgotten");
+    }
     f.shutdown().await;
 }
 

@@ -17,7 +17,9 @@
 //!
 //! **Learning it.** A response teaches the kind that makes up at least half of its counted
 //! tokens (and [`MIN_SAMPLE_TOKENS`] at least): with the other kinds at their current lines,
-//! the engine counted `prompt_tokens - overhead - others` for this kind's `count`. Each kind
+//! the engine counted `prompt_tokens - overhead - others` for this kind's `count`. A request
+//! more than an eighth of whose counted tokens are text some templates leave out (a `name`,
+//! earlier reasoning, tool call ids: [`KindCounts::optional`]) teaches nothing. Each kind
 //! fits a line through its observations by least squares, every observation weighing
 //! [`DECAY`] times less than the next (about the last 20 count): a slope (the tokenizer's
 //! ratio) and a fixed part (such as a model's tools preamble, which the gateway charges at 150
@@ -66,6 +68,11 @@ pub const MAX_TENANT_LINES: usize = 4096;
 pub const RECENT: usize = 20;
 /// Most of the last [`RECENT`] lessons of a kind one tenant may have taught the shared lines.
 pub const MAX_SHARE: usize = 4;
+/// The most of a request's counted tokens (overhead aside) that may be text some templates
+/// leave out ([`KindCounts::optional`]) for it to teach, as a fraction `1 / n`: a template
+/// that drops it makes the engine count less than the gateway did, so each lesson may count
+/// at most this much short, however many a client sends. Eight: an eighth.
+pub const MAX_OPTIONAL_SHARE: u64 = 8;
 
 /// What a piece of a prompt is, as far as its token density goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -142,6 +149,16 @@ impl ContentKind {
     }
 }
 
+/// Whether the engine's template renders a piece of text for sure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rendered {
+    /// Every template renders it (content, roles, tools, tool calls).
+    Always,
+    /// Some templates leave it out (`PieceKind::Optional`): counted, but a prompt made much of
+    /// it teaches nothing ([`KindCounts::optional`]).
+    Maybe,
+}
+
 /// One request's counted tokens, by kind, before any correction.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KindCounts {
@@ -149,6 +166,10 @@ pub struct KindCounts {
     pub tokens: [u32; 4],
     /// Template tokens taken as they are (beginning of sequence, per-message markers).
     pub overhead: u32,
+    /// Of `tokens`, those of text some templates leave out (a message's `name`, reasoning in
+    /// the history, tool call ids: [`Rendered::Maybe`]). A request with more than
+    /// [`MAX_OPTIONAL_SHARE`] of them teaches nothing.
+    pub optional: u32,
 }
 
 impl KindCounts {
@@ -156,6 +177,14 @@ impl KindCounts {
     pub fn add(&mut self, kind: ContentKind, n: u32) {
         let slot = &mut self.tokens[kind.index()];
         *slot = slot.saturating_add(n);
+    }
+
+    /// Adds `n` tokens of `kind` that the template renders as `rendered` says.
+    pub fn add_piece(&mut self, kind: ContentKind, rendered: Rendered, n: u32) {
+        self.add(kind, n);
+        if rendered == Rendered::Maybe {
+            self.optional = self.optional.saturating_add(n);
+        }
     }
 
     /// Counted tokens of `kind`.
@@ -459,7 +488,10 @@ impl Calibration {
         let kind = counts.dominant();
         let own = counts.of(kind);
         let counted = counts.total().saturating_sub(counts.overhead);
-        if own < MIN_SAMPLE_TOKENS || u64::from(own) * 2 < u64::from(counted) {
+        if own < MIN_SAMPLE_TOKENS
+            || u64::from(own) * 2 < u64::from(counted)
+            || u64::from(counts.optional) * MAX_OPTIONAL_SHARE > u64::from(counted)
+        {
             return None;
         }
         let mut table = self.table();
@@ -525,6 +557,7 @@ mod tests {
         KindCounts {
             tokens: [code, prose, tools, 0],
             overhead,
+            optional: 0,
         }
     }
 
@@ -613,6 +646,7 @@ mod tests {
             let media = KindCounts {
                 tokens: [0, 0, 0, 800],
                 overhead: 5,
+                optional: 0,
             };
             cal.observe("m", &media, 85).unwrap();
             assert_eq!(

@@ -383,6 +383,7 @@ impl Classifier {
         for kind in ContentKind::ALL {
             counts.add(kind, text.of(kind));
         }
+        counts.optional = text.optional;
         counts
     }
 

@@ -154,9 +154,9 @@ impl TokenCounter {
             TokenCounter::HuggingFace { .. } => return None,
         };
         let mut counts = Some(KindCounts::default());
-        input.for_each_kind_text(|kind, t| {
+        input.for_each_kind_text(|kind, rendered, t| {
             counts = counts.take().filter(|_| fast.applies(t)).and_then(|mut c| {
-                c.add(kind, u32::try_from(fast.count(t)?).ok()?);
+                c.add_piece(kind, rendered, u32::try_from(fast.count(t)?).ok()?);
                 Some(c)
             });
         });
@@ -193,7 +193,9 @@ impl TokenCounter {
     /// CPU work.
     pub fn count_kinds(&self, input: &PromptInput) -> KindCounts {
         let mut counts = KindCounts::default();
-        input.for_each_kind_text(|kind, t| counts.add(kind, self.count_text(t)));
+        input.for_each_kind_text(|kind, rendered, t| {
+            counts.add_piece(kind, rendered, self.count_text(t))
+        });
         counts
     }
 }

@@ -8,7 +8,7 @@
 //! template's markers (`classify.per_message_overhead`); per media part its kind's charge.
 
 use super::bounds::MAX_BYTES_PER_TOKEN;
-use super::calibration::{ContentKind, KindCounts};
+use super::calibration::{ContentKind, KindCounts, Rendered};
 use serde_json::Value;
 pub use tutor_wire::chat::{
     text_field, ChatMessage, ContentPart, MediaKind, MessageContent, PieceKind, TEXT_PART_TYPES,
@@ -154,25 +154,30 @@ impl PromptInput {
     }
 
     /// Calls `f` on every text piece that will be tokenized, with the kind it is corrected as
-    /// (`calibration.rs`): `tools` and tool calls are tools (JSON each template writes its own
-    /// way), media parts media, roles prose, other text (tool results and
+    /// (`calibration.rs`) and whether templates may leave it out ([`PieceKind::Optional`]):
+    /// `tools` and tool calls are tools (JSON each template writes its own way), media parts
+    /// media, roles prose, other text (tool results, optional pieces and
     /// `chat_template_kwargs` included) code or prose by [`ContentKind::of_text`]. A tool
     /// result is the text a tool returned (a test run's output, a file), rendered whole, and
     /// the values of `chat_template_kwargs` are text a template renders where it uses them:
-    /// never counted at the tools' ratio, which templates that render tools compact (and
-    /// fields they leave out, such as a tool call's `id`) teach far below what rendered text
-    /// costs. A review sent back as a tool result was estimated at a quarter of its tokens.
-    pub fn for_each_kind_text(&self, mut f: impl FnMut(ContentKind, &str)) {
+    /// never counted at the tools' ratio, which templates that render tools compact teach far
+    /// below what rendered text costs. A review sent back as a tool result was estimated at a
+    /// quarter of its tokens.
+    pub fn for_each_kind_text(&self, mut f: impl FnMut(ContentKind, Rendered, &str)) {
         self.for_each_source(|source, text| {
             let kind = match source {
                 Source::Piece(PieceKind::Role) => ContentKind::Prose,
                 Source::Piece(PieceKind::Media(_)) => ContentKind::Media,
                 Source::Piece(PieceKind::ToolCalls) | Source::Tools => ContentKind::Tools,
-                Source::Piece(PieceKind::Text | PieceKind::ToolResult)
+                Source::Piece(PieceKind::Text | PieceKind::ToolResult | PieceKind::Optional)
                 | Source::Prompt
                 | Source::TemplateKwargs => ContentKind::of_text(text),
             };
-            f(kind, text)
+            let rendered = match source {
+                Source::Piece(PieceKind::Optional) => Rendered::Maybe,
+                _ => Rendered::Always,
+            };
+            f(kind, rendered, text)
         });
     }
 
@@ -241,7 +246,10 @@ impl PromptInput {
                             pieces = pieces.saturating_add(1);
                             split.add(ContentKind::Media, costs.media_part(media));
                         }
-                        PieceKind::Text | PieceKind::ToolCalls | PieceKind::ToolResult => {
+                        PieceKind::Text
+                        | PieceKind::Optional
+                        | PieceKind::ToolCalls
+                        | PieceKind::ToolResult => {
                             pieces = pieces.saturating_add(1);
                         }
                     });

@@ -406,7 +406,7 @@ fn a_tool_result_is_corrected_as_the_text_it_is() {
     .unwrap();
     let input = PromptInput::chat(messages, None, 16_384);
     let mut kinds = Vec::new();
-    input.for_each_kind_text(|kind, text| kinds.push((kind, text.len())));
+    input.for_each_kind_text(|kind, _, text| kinds.push((kind, text.len())));
     let result = kinds.iter().max_by_key(|(_, len)| *len).unwrap();
     assert_eq!(result.0, ContentKind::Code, "{kinds:?}");
     assert!(
@@ -464,4 +464,60 @@ fn deeply_nested_tools_are_refused_without_rendering_them_whole() {
         }
         other => panic!("expected too long, got {other:?}"),
     }
+}
+
+/// Text some templates leave out (a message's `name`, which Llama 3.1's and Qwen 2.5's
+/// templates drop; earlier turns' reasoning; tool call ids) is counted but teaches nothing when
+/// it is much of a request: a tenant whose questions carried 600-word names, answered by an
+/// engine that rendered the questions alone, taught its own prose line its floor (0.4), and
+/// its 12,000-token review was then estimated at 4,800.
+#[test]
+fn text_a_template_may_leave_out_teaches_nothing() {
+    use crate::classify::calibration::ContentKind;
+    let c = classifier(TokenCounter::Heuristic);
+    let counter = TokenCounter::Heuristic;
+    let message = |name: &str, content: &str| -> PromptInput {
+        let messages = serde_json::json!([{"role": "user", "name": name, "content": content}]);
+        PromptInput::chat(serde_json::from_value(messages).unwrap(), None, 16_384)
+    };
+    let question = "why does my loop never end when the list is empty?";
+    let long_name = "student of the evening course ".repeat(100);
+    for _ in 0..40 {
+        let input = message(&long_name, question);
+        let counts = c
+            .classify_blocking(&input, Some(100))
+            .unwrap()
+            .counts
+            .unwrap();
+        assert!(counts.optional >= counter.count_text(&long_name));
+        // The engine's template renders the question and its markers, not the name.
+        let engine = counts.overhead + counter.count_text(question);
+        c.calibration()
+            .observe_for("m", Some("mallory"), &counts, engine);
+    }
+    let review = "please review how this repository handles its errors and tests ".repeat(700);
+    let counted = counter.count_text(&review);
+    let expected =
+        c.calibration()
+            .expect_for(Some("m"), Some("mallory"), ContentKind::Prose, counted);
+    assert!(
+        expected >= f64::from(counted) * 0.99,
+        "the review is estimated at {expected} of {counted} counted"
+    );
+
+    // A name that is a small part of its request is no reason to learn nothing: such a
+    // request teaches (here, the engine counting 0.7 of the text).
+    let input = message("ann", &review);
+    let counts = c
+        .classify_blocking(&input, Some(100))
+        .unwrap()
+        .counts
+        .unwrap();
+    assert!(counts.optional > 0);
+    let engine = counts.overhead + counted * 7 / 10;
+    let lesson = c
+        .calibration()
+        .observe_for("m", Some("ann"), &counts, engine)
+        .expect("a request mostly rendered for sure teaches");
+    assert_eq!(lesson.kind, ContentKind::Prose);
 }

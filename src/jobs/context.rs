@@ -29,6 +29,9 @@ pub struct Context {
     /// Webhook deliveries ([`super::webhook::client`]: no redirects, no proxy, public
     /// addresses only); `None` when it could not be built (every delivery fails).
     pub http: Option<reqwest::Client>,
+    /// Webhook attempts out at once, at most [`super::webhook::MAX_ATTEMPTS_OUT`]: one a
+    /// receiver holds open (to `jobs.webhook_timeout`) holds a socket.
+    pub webhook_permits: std::sync::Arc<tokio::sync::Semaphore>,
     /// Wakes the scheduler: a job was queued, or capacity may have come back.
     pub wake: Notify,
     /// Pre-empted jobs waiting for a seat to resume: while any does, the scheduler starts no

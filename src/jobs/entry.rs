@@ -105,7 +105,8 @@ pub struct Attempt {
     /// The receiver's HTTP status, when it answered.
     pub status: Option<u16>,
     /// `timeout` or `connect` when it did not (`no_client`: the webhook client could not be
-    /// built at start-up, logged then).
+    /// built at start-up, logged then; `busy`: not made, as
+    /// [`super::webhook::MAX_ATTEMPTS_OUT`] attempts were out).
     pub error: Option<&'static str>,
 }
 

@@ -64,6 +64,7 @@ impl Jobs {
         let config = state.config().jobs.clone();
         let ctx = Arc::new(Context {
             http: webhook::client(&config),
+            webhook_permits: webhook::permits(),
             state,
             config,
             stop,

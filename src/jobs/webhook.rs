@@ -25,11 +25,18 @@ use crate::sign::hmac_hex;
 /// The signature header.
 pub const SIGNATURE_HEADER: &str = "x-tutor-signature";
 
+/// The longest `notify` URL accepted, in bytes: a job keeps it (and shows its delivery) until
+/// the job is forgotten, and an allowed path pattern says nothing of the query.
+pub const MAX_NOTIFY_BYTES: usize = 2048;
+
 /// `notify` as a URL that matches one of `allow`; 400 naming `notify` otherwise (the URL itself
 /// is not echoed).
 pub fn check_notify(raw: &Value, allow: &[WebhookPattern]) -> Result<reqwest::Url, GatewayError> {
     let bad = |why: &str| GatewayError::bad_request(format!("`notify` {why}"), Some("notify"));
     let text = raw.as_str().ok_or_else(|| bad("must be a URL string"))?;
+    if text.len() > MAX_NOTIFY_BYTES {
+        return Err(bad(&format!("is longer than {MAX_NOTIFY_BYTES} bytes")));
+    }
     if allow.is_empty() {
         return Err(bad(
             "is not accepted here: no webhook destinations are allowed (jobs.webhook_allow)",
@@ -43,7 +50,9 @@ pub fn check_notify(raw: &Value, allow: &[WebhookPattern]) -> Result<reqwest::Ur
         return Err(bad("must have a host"));
     };
     // An encoded `/`, `\` or `.` could take a decoding receiver out of the allowed path; so
-    // could an encoded `%` (`%252e%252e`: `..` to a receiver that decodes twice).
+    // could an encoded `%` (`%252e%252e`: `..` to a receiver that decodes twice), and a path
+    // parameter (`/tutor/..;/admin`: Tomcat and Spring drop `;...` from a segment, then resolve
+    // the `..` the URL parser left alone).
     let path = url.path().to_ascii_lowercase();
     if ["%2f", "%5c", "%2e", "%25"]
         .iter()
@@ -52,6 +61,9 @@ pub fn check_notify(raw: &Value, allow: &[WebhookPattern]) -> Result<reqwest::Ur
         return Err(bad(
             "must not carry encoded `/`, `\\`, `.` or `%` in its path",
         ));
+    }
+    if path.contains(';') {
+        return Err(bad("must not carry `;` (path parameters) in its path"));
     }
     let host = host.to_ascii_lowercase();
     if allow
@@ -203,30 +215,40 @@ where
     let mut backoff = config.webhook_backoff.min(BACKOFF_MAX);
     let started = tokio::time::Instant::now();
     for attempt in 1..=config.webhook_attempts {
+        // Not once the job is no longer kept (a `DELETE` while this waited to retry).
+        if attempt > 1 && !record(webhook.clone()).await {
+            webhook.delivered = Some(false);
+            record(webhook.clone()).await;
+            metrics.webhook("failed");
+            tracing::info!(job = %id, attempt, outcome = "failed", "webhook given up: the job's result was dropped");
+            return;
+        }
         let at = SystemTime::now();
         let t = at
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs();
-        let sent = match &ctx.http {
-            Some(http) => Some(
-                http.post(url.clone())
-                    .header("content-type", "application/json")
-                    .header("x-tutor-job-id", id)
-                    .header(
-                        SIGNATURE_HEADER,
-                        signature(secret.as_bytes(), t, body.as_bytes()),
-                    )
-                    .body(body.clone())
-                    .send()
-                    .await,
-            ),
-            None => None,
+        let permit = ctx.webhook_permits.clone().try_acquire_owned().ok();
+        let sent = match (&ctx.http, permit) {
+            (_, None) => Some(Err(Busy)),
+            (Some(http), Some(_permit)) => Some(Ok(http
+                .post(url.clone())
+                .header("content-type", "application/json")
+                .header("x-tutor-job-id", id)
+                .header(
+                    SIGNATURE_HEADER,
+                    signature(secret.as_bytes(), t, body.as_bytes()),
+                )
+                .body(body.clone())
+                .send()
+                .await)),
+            (None, Some(_)) => None,
         };
         let (status, error) = match &sent {
-            Some(Ok(resp)) => (Some(resp.status().as_u16()), None),
-            Some(Err(e)) if e.is_timeout() => (None, Some("timeout")),
-            Some(Err(_)) => (None, Some("connect")),
+            Some(Ok(Ok(resp))) => (Some(resp.status().as_u16()), None),
+            Some(Ok(Err(e))) if e.is_timeout() => (None, Some("timeout")),
+            Some(Ok(Err(_))) => (None, Some("connect")),
+            Some(Err(Busy)) => (None, Some("busy")),
             None => (None, Some("no_client")),
         };
         let delivered = status.is_some_and(|s| (200..300).contains(&s));
@@ -268,6 +290,20 @@ where
     }
 }
 
+/// Webhook attempts out at once, for every job together: a receiver that takes the connection
+/// and never answers holds each attempt's socket to `jobs.webhook_timeout`, and a loop of
+/// submits and `DELETE`s ends a job (a webhook) per round. An attempt that finds them all out
+/// fails as `busy` and is retried as any failed attempt.
+pub const MAX_ATTEMPTS_OUT: usize = 64;
+
+/// An attempt not made: [`MAX_ATTEMPTS_OUT`] were out.
+struct Busy;
+
+/// The semaphore of [`MAX_ATTEMPTS_OUT`] permits.
+pub fn permits() -> Arc<tokio::sync::Semaphore> {
+    Arc::new(tokio::sync::Semaphore::new(MAX_ATTEMPTS_OUT))
+}
+
 /// The longest wait between two attempts of a webhook (the doubling stops there).
 pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
 
@@ -280,6 +316,60 @@ fn jittered(d: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::{public, signature};
+
+    /// With every permit out (a receiver holding sockets open for other jobs), an attempt is
+    /// not made: listed as `busy`, and given up here as the last of one.
+    #[tokio::test]
+    async fn an_attempt_past_the_sockets_out_is_not_made() {
+        use std::sync::{Arc, Mutex};
+        let mut config = crate::config::Config::default();
+        config.jobs.webhook_secret = Some("a-test-secret-of-32-bytes-length".into());
+        config.jobs.webhook_attempts = 1;
+        let tasks = tokio_util::task::TaskTracker::new();
+        let state = crate::pipeline::AppState::for_tests(config, tasks.clone());
+        let ctx = super::Context {
+            http: super::client(&state.config().jobs),
+            webhook_permits: super::permits(),
+            config: state.config().jobs.clone(),
+            state,
+            stop: tokio_util::sync::CancellationToken::new(),
+            tasks,
+            wake: tokio::sync::Notify::new(),
+            resuming: std::sync::atomic::AtomicUsize::new(0),
+            keys: None,
+            engine_pause: std::sync::Mutex::default(),
+        };
+        let held = ctx
+            .webhook_permits
+            .clone()
+            .acquire_many_owned(super::MAX_ATTEMPTS_OUT as u32)
+            .await
+            .unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let send = |seen: Arc<Mutex<Vec<_>>>| {
+            // Nothing listens there: an attempt made fails to connect.
+            let url = reqwest::Url::parse("http://127.0.0.1:9/hooks/x").unwrap();
+            super::send(&ctx, "j", url, "{}".into(), move |w| {
+                seen.lock().unwrap().push(w);
+                async { true }
+            })
+        };
+        send(seen.clone()).await;
+        let errors = |seen: &Mutex<Vec<crate::jobs::entry::Webhook>>| -> Vec<Option<&'static str>> {
+            let w = seen.lock().unwrap();
+            w.last().unwrap().attempts.iter().map(|a| a.error).collect()
+        };
+        assert_eq!(errors(&seen), [Some("busy")]);
+        assert_eq!(seen.lock().unwrap().last().unwrap().delivered, Some(false));
+        drop(held);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        send(seen.clone()).await;
+        assert_eq!(
+            errors(&seen),
+            [Some("connect")],
+            "made once a permit is free"
+        );
+    }
 
     #[test]
     fn only_public_addresses_are_public() {

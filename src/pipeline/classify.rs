@@ -122,6 +122,7 @@ impl Ready {
                 let [code, prose, tools, media] = k.tokens;
                 [code, prose, tools, media, k.overhead]
             }),
+            "optional_tokens": c.counts.map(|k| k.optional),
             "prefill": self.prefill,
             "size": self.size,
             "tenant": self.tenant.as_ref().map(|t| &t.0),
@@ -147,7 +148,7 @@ impl Ready {
                 input_tokens_estimate: n("input_tokens_estimate")?,
                 output_budget: n("output_budget")?,
                 work: n("work")?,
-                counts: stored_counts(&v["counts"]),
+                counts: stored_counts(&v["counts"], &v["optional_tokens"]),
             },
             prefill: n("prefill")?,
             size: v["size"].as_u64()? as usize,
@@ -201,8 +202,9 @@ impl Ready {
     }
 }
 
-/// The `counts` of [`Ready::stored`]; `None` for a job stored without them.
-fn stored_counts(v: &Value) -> Option<KindCounts> {
+/// The `counts` and `optional_tokens` of [`Ready::stored`]; `None` for a job stored without
+/// counts (one stored before `optional_tokens` was kept reads it as 0).
+fn stored_counts(v: &Value, optional: &Value) -> Option<KindCounts> {
     let n: Vec<u32> = v
         .as_array()?
         .iter()
@@ -214,6 +216,10 @@ fn stored_counts(v: &Value) -> Option<KindCounts> {
     Some(KindCounts {
         tokens: [code, prose, tools, media],
         overhead,
+        optional: optional
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0),
     })
 }
 

@@ -8,7 +8,7 @@
 //!
 //! Also (the gateway calling out): a webhook name on the allow-list that resolves to a loopback
 //! or link-local address gets nothing unless `jobs.webhook_allow_private`; a double-encoded
-//! path (`%252e%252e`) in a `notify` URL is refused.
+//! path (`%252e%252e`) or a path parameter (`..;`) in a `notify` URL is refused.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -428,6 +428,9 @@ async fn a_double_encoded_webhook_path_is_refused() {
         "https://hooks.example.edu/hooks/%252e%252e/admin",
         "https://hooks.example.edu/hooks/%252E%252E%252Fadmin",
         "https://hooks.example.edu/hooks/%25252e%25252e/admin",
+        // Tomcat and Spring drop a segment's `;...` and then resolve the `..`.
+        "https://hooks.example.edu/hooks/..;/admin",
+        "https://hooks.example.edu/hooks/a;b/..;x/admin",
     ] {
         let resp = send(client().post(h.url("/jobs")).json(
             &json!({"prompt": "review my repository", "max_output_tokens": 3,

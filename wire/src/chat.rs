@@ -151,8 +151,14 @@ impl MediaKind {
 pub enum PieceKind {
     /// The message's role, rendered in its header.
     Role,
-    /// Text the client wrote (content, reasoning, name, tool call id).
+    /// Text the client wrote (content).
     Text,
+    /// Text some templates render and others leave out: a message's `name`, `reasoning` and
+    /// `reasoning_content` (most reasoning models' templates drop earlier turns' reasoning),
+    /// `tool_call_id`, and a tool call's `id`. Counted for the estimate as any text; a prompt
+    /// made much of it teaches the estimate's correction nothing (left out by the template, it
+    /// would teach the correction to count short).
+    Optional,
     /// A non-text content part, rendered as its JSON.
     Media(MediaKind),
     /// Tool calls, rendered as their JSON.
@@ -186,7 +192,7 @@ impl ChatMessage {
             .into_iter()
             .flatten()
         {
-            f(PieceKind::Text, reasoning);
+            f(PieceKind::Optional, reasoning);
         }
         // Llama 3.1's template writes a tool result as `message.content | tojson` (a string is
         // iterable to Jinja): quoted, with every control character six bytes (`\u0001`) and
@@ -216,24 +222,43 @@ impl ChatMessage {
             }
         }
         if let Some(name) = &self.name {
-            f(PieceKind::Text, name);
+            f(PieceKind::Optional, name);
         }
         if let Some(calls) = self.tool_calls.as_ref().filter(|c| !c.is_null()) {
             f(PieceKind::ToolCalls, &rendered_calls(calls));
+            for id in call_ids(calls) {
+                f(PieceKind::Optional, id);
+            }
         }
         if let Some(id) = &self.tool_call_id {
-            f(PieceKind::Text, id);
+            f(PieceKind::Optional, id);
         }
     }
 }
 
+/// The `id` of each of an assistant's tool calls (a piece of its own: most templates leave it
+/// out, [`PieceKind::Optional`]).
+fn call_ids(calls: &serde_json::Value) -> impl Iterator<Item = &str> {
+    calls
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|call| call.get("id")?.as_str())
+}
+
 /// An assistant's `tool_calls` as the template gets them: JSON, each call's `function.arguments`
 /// as Python's `json.dumps` writes it back after vLLM parsed it ([`crate::pyjson`]), which can
-/// be far longer than what the client sent (`1e15` is `1000000000000000.0`).
+/// be far longer than what the client sent (`1e15` is `1000000000000000.0`). A call's string
+/// `id` is left out here: it is a piece of its own ([`call_ids`]).
 fn rendered_calls(calls: &serde_json::Value) -> String {
     let mut calls = calls.clone();
     if let Some(list) = calls.as_array_mut() {
         for call in list {
+            if let Some(fields) = call.as_object_mut() {
+                if fields.get("id").is_some_and(serde_json::Value::is_string) {
+                    fields.remove("id");
+                }
+            }
             let args = call.pointer_mut("/function/arguments");
             if let Some(serde_json::Value::String(raw)) = args {
                 if let Some(dumped) = crate::pyjson::python_dumps(raw) {

@@ -20,10 +20,15 @@ use crate::telemetry::Metrics;
 
 /// A lease lifetime far longer than the test: only a release can bring the seat back.
 fn config(redis: &RedisServer) -> Config {
+    config_beating(redis, 2_000)
+}
+
+/// [`config`] with a heartbeat every `heartbeat_ms`.
+fn config_beating(redis: &RedisServer, heartbeat_ms: u64) -> Config {
     Config::from_toml_str(&format!(
         "[classify]\ntokenizer = \"heuristic\"\n\
          [quota]\nbackend = \"redis\"\nredis_url = \"{}\"\nlease_ttl_ms = 120000\n\
-         heartbeat_ms = 2000\n",
+         heartbeat_ms = {heartbeat_ms}\n",
         redis.url()
     ))
     .unwrap()
@@ -150,4 +155,55 @@ async fn a_lost_lease_registered_again_as_its_request_ends_is_not_left_behind() 
     )
     .await;
     admission.shutdown().await;
+}
+
+/// A replica whose heartbeat stalled past the lease TTL (its process paused, its machine
+/// starved) finds its running request's lease reaped. The request runs on, so the lease is
+/// registered again at that beat. Before, it was left out (its seat free for another request)
+/// until the beat after, which then warned, wrongly, that Redis's clock had run ahead.
+#[tokio::test]
+async fn a_lease_reaped_after_a_late_renewal_is_counted_again_at_that_beat() {
+    let redis = RedisServer::start();
+    let metrics = Metrics::new();
+    // The background heartbeat beats once at the start, then not within the test: the test
+    // beats by hand.
+    let config = config_beating(&redis, 40_000);
+    let admission = RedisAdmission::from_config(&config, metrics.quota().clone()).unwrap();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let guard = admission.acquire(Ask::new(Large, 100)).await.unwrap();
+    assert_eq!(leases(&mut conn).await, 1);
+    let held: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&admission.shared.keys.expiry)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // The last renewal was longer ago than the TTL by this replica's clock, and Redis's
+    // expiry for the lease has passed: the renewal's own reap takes it.
+    let ttl = Duration::from_millis(admission.shared.ttl_ms);
+    let late = std::time::Instant::now()
+        .checked_sub(ttl + Duration::from_secs(1))
+        .expect("the machine has run longer than the TTL");
+    let _: () = redis::cmd("ZADD")
+        .arg(&admission.shared.keys.expiry)
+        .arg("XX")
+        .arg(1)
+        .arg(&held[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut lost = Vec::new();
+    let started = std::time::Instant::now();
+    assert!(super::tasks::beat(&admission.shared, &mut Vec::new(), &mut lost).await);
+    assert_eq!(lost.len(), 1, "the renewal found the lease gone");
+    super::tasks::after_renewal(&admission.shared, &lost, false, started, &mut Some(late)).await;
+    assert_eq!(
+        leases(&mut conn).await,
+        1,
+        "the running request is counted again"
+    );
+    drop(guard);
+    until_no_lease(&mut conn, "the request ended").await;
 }

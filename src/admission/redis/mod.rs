@@ -93,9 +93,10 @@
 //! fallback only once they are (`Shared::back_on_redis`; the fallback books nothing new while
 //! that call is out), and a request still in the fallback's queue then asks Redis. Leases that
 //! expired during the outage are registered again the same way, and so are leases Redis lost
-//! with its data (a new epoch) or reaped less than half a TTL after this replica renewed them
-//! (Redis's clock ran ahead); one found gone in normal running (the replica was too slow to
-//! renew it) is only counted as `lease_lost`.
+//! with its data (a new epoch), reaped less than half a TTL after this replica renewed them
+//! (Redis's clock ran ahead), or reaped because this replica renewed them late (its heartbeat
+//! stalled past the TTL): their requests run on. Each is counted as `lease_lost`, and a
+//! warning says which it was.
 //!
 //! [`snapshot`](RedisAdmission::snapshot) shows this replica's part only (its leases, its
 //! lines, its fallback); sum over replicas for the fleet, or read the `usage` hash.

@@ -45,7 +45,6 @@ pub(super) async fn heartbeat(
     let mut pending: Vec<(Lease, Instant)> = Vec::new();
     // When the last beat that went through started: every lease held then was renewed by it.
     let mut renewed_at: Option<Instant> = None;
-    let ttl = Duration::from_millis(shared.ttl_ms);
     let mut tick = tokio::time::interval(shared.heartbeat);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -88,53 +87,7 @@ pub(super) async fn heartbeat(
         let was_degraded = shared.degraded();
         let started = Instant::now();
         if beat(&shared, &mut pending, &mut lost).await {
-            shared.succeeded();
-            // Redis lost its data (restarted without persistence, flushed, failed over to an
-            // empty replica): the leases found gone went with it, nobody took their seats.
-            let wiped = shared.data_lost().await;
-            if wiped {
-                tracing::warn!(
-                    leases = lost.len(),
-                    "the shared quota's Redis lost its data: this replica's running requests \
-                     are counted there again"
-                );
-            }
-            // Renewed less than half a TTL ago by this replica's clock, a lease cannot have
-            // expired: Redis's clock ran ahead (stepped forward, or a failover to a server
-            // whose clock is ahead) and reaped it early. Its request runs on.
-            let early = renewed_at.is_some_and(|at| at.elapsed() < ttl / 2);
-            if early && !lost.is_empty() && !was_degraded && !wiped {
-                tracing::warn!(
-                    leases = lost.len(),
-                    "the shared quota's Redis reaped leases renewed less than half their TTL \
-                     ago (its clock ran ahead): this replica's running requests are counted \
-                     there again"
-                );
-            }
-            // Leases that expired during an outage are registered again (their requests ran
-            // on, counted by the fallback), and so are those reaped early; one found gone in
-            // normal running (this replica was too slow to renew it) is only counted: its
-            // seat may have gone to another request.
-            if !was_degraded && !wiped && !early {
-                lost.clear();
-            }
-            renewed_at = Some(started);
-            // What ran while Redis was away (and leases it lost) is counted there again, before
-            // Redis admits anything for this replica: leaving the fallback first would let it
-            // admit against counters that miss those requests. A registration that fails
-            // leaves the replica on its fallback until a later beat's succeeds.
-            shared.back_on_redis(&lost).await;
-            sync_limits(&shared).await;
-            // The record in force changed (a push, another replica's write), or this replica's
-            // file did under a pushed record: are they the same now? After this replica's own
-            // pending write (compared with that, its new limits would differ for a beat).
-            if !shared.limits_pending()
-                && shared
-                    .limits_recheck
-                    .swap(false, std::sync::atomic::Ordering::AcqRel)
-            {
-                shared.write_limits(LimitsWrite::Ensure).await;
-            }
+            after_renewal(&shared, &lost, was_degraded, started, &mut renewed_at).await;
         } else if shared.degraded() {
             // The next beat builds a new connection: a connection manager whose own reconnects
             // failed on authentication kept failing after the password was right again.
@@ -143,6 +96,75 @@ pub(super) async fn heartbeat(
         shared
             .beats
             .fetch_add(1, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// What a beat that went through (started at `started`, on a replica `was_degraded` or not,
+/// whose previous such beat started at `renewed_at`) does next: registers again the leases it
+/// found gone (`lost`) and what its fallback admitted, saying why they went, and syncs the
+/// shared limits.
+pub(super) async fn after_renewal(
+    shared: &Shared,
+    lost: &[String],
+    was_degraded: bool,
+    started: Instant,
+    renewed_at: &mut Option<Instant>,
+) {
+    let ttl = Duration::from_millis(shared.ttl_ms);
+    shared.succeeded();
+    // Redis lost its data (restarted without persistence, flushed, failed over to an
+    // empty replica): the leases found gone went with it, nobody took their seats.
+    let wiped = shared.data_lost().await;
+    if wiped {
+        tracing::warn!(
+            leases = lost.len(),
+            "the shared quota's Redis lost its data: this replica's running requests \
+                 are counted there again"
+        );
+    }
+    // Every lease found gone is registered again: its request runs on, and left out
+    // its seat would go to another request while it does (Redis then counts one
+    // request more than a lane's limit until one ends, as after an outage). Why it
+    // went is said once a beat. Renewed less than half a TTL ago by this replica's
+    // clock, a lease cannot have expired: Redis's clock ran ahead (stepped forward, or
+    // a failover to a server whose clock is ahead) and reaped it early. Otherwise this
+    // replica renewed it too late (its heartbeat stalled past the TTL: a process
+    // paused, a starved machine).
+    let since = renewed_at.map(|at| at.elapsed());
+    if !lost.is_empty() && !was_degraded && !wiped {
+        match since {
+            Some(since) if since < ttl / 2 => tracing::warn!(
+                leases = lost.len(),
+                "the shared quota's Redis reaped leases renewed less than half their \
+                     TTL ago (its clock ran ahead): this replica's running requests are \
+                     counted there again"
+            ),
+            _ => tracing::warn!(
+                leases = lost.len(),
+                since_renewal_ms = since.map_or(0, |s| s.as_millis()),
+                ttl_ms = shared.ttl_ms,
+                "this replica renewed its leases in the shared quota too late (its \
+                     heartbeat stalled past their TTL) and Redis reaped them: its running \
+                     requests are counted there again"
+            ),
+        }
+    }
+    *renewed_at = Some(started);
+    // What ran while Redis was away (and leases it lost) is counted there again, before
+    // Redis admits anything for this replica: leaving the fallback first would let it
+    // admit against counters that miss those requests. A registration that fails
+    // leaves the replica on its fallback until a later beat's succeeds.
+    shared.back_on_redis(lost).await;
+    sync_limits(shared).await;
+    // The record in force changed (a push, another replica's write), or this replica's
+    // file did under a pushed record: are they the same now? After this replica's own
+    // pending write (compared with that, its new limits would differ for a beat).
+    if !shared.limits_pending()
+        && shared
+            .limits_recheck
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+    {
+        shared.write_limits(LimitsWrite::Ensure).await;
     }
 }
 
@@ -213,7 +235,7 @@ pub(super) async fn read_limits_version(shared: &Shared) {
 
 /// One heartbeat: renew every held lease (the ones Redis no longer has go to `lost`, to be
 /// registered again), then retry pending releases. True when all calls succeeded.
-async fn beat(
+pub(super) async fn beat(
     shared: &Shared,
     pending: &mut Vec<(Lease, Instant)>,
     lost: &mut Vec<String>,

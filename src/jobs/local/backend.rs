@@ -141,8 +141,12 @@ impl LocalJobs {
     async fn cancel_job(&self, id: &str, tenant: Option<&Tenant>) -> Result<Value, GatewayError> {
         let entry = self.entry(id, tenant)?;
         if entry.lock().status.is_final() {
-            // It ended before this call: its result goes now, as at its expiry.
+            // It ended before this call (or expired): its result goes now, as at its expiry,
+            // and so does the job (its client is done with it). Kept as an `expired` record,
+            // uncounted by `jobs.max_jobs`, a loop of submit, DELETE, DELETE left one more
+            // record a round for `jobs.result_ttl`, without bound.
             self.expire(&entry);
+            self.forget_expired(&entry);
             return Ok(entry.view(None));
         }
         let queued = {
@@ -202,6 +206,16 @@ impl LocalJobs {
         self.ctx
             .metrics()
             .moved(Some(from.as_str()), Some("expired"));
+    }
+
+    /// Forgets `entry`, an expired job, unless the sweeper did first.
+    fn forget_expired(&self, entry: &Arc<Entry>) {
+        let mut store = self.store();
+        if entry.lock().status == Status::Expired && store.forget(&entry.id).is_some() {
+            store.expired -= 1;
+            drop(store);
+            self.ctx.metrics().moved(Some("expired"), None);
+        }
     }
 
     /// The head of the queue with its seat, taken out of the queue and marked running, when
@@ -504,10 +518,8 @@ async fn sweep(jobs: LocalJobs) {
                 continue;
             };
             if status == Status::Expired && expired.is_some_and(|at| now >= at + ttl) {
-                let mut store = jobs.store();
-                store.forget(&entry.id);
-                store.expired -= 1;
-                jobs.ctx.metrics().moved(Some("expired"), None);
+                // (A `DELETE` may have forgotten it since the list was taken.)
+                jobs.forget_expired(&entry);
             } else if status != Status::Expired && now >= finished + ttl {
                 jobs.expire(&entry);
             }

@@ -380,15 +380,15 @@ impl RedisStore {
     }
 
     /// `DELETE /jobs/{id}`: a queued job ends at once; a running one (on any replica) when its
-    /// runner has dropped its stream (waited for, briefly); a job that had ended has its result
-    /// dropped (status `expired`, its room back). Also says whether this call ended the job (a
+    /// runner has dropped its stream (waited for, briefly); a job that had ended (or expired) is
+    /// forgotten, its room back, and answered as `expired`. Also says whether this call ended the job (a
     /// queued one: its webhook is the caller's; a running one's runner sends it).
     pub async fn cancel(
         &self,
         id: &str,
         tenant: Option<&Tenant>,
     ) -> Result<(Value, bool), GatewayError> {
-        self.read(id, tenant, false).await?;
+        let (mut before, ..) = self.read(id, tenant, false).await?;
         let mut changes = self.changes.subscribe();
         let mut conn = self.conn().await?;
         let mut call = self.call(&self.scripts.cancel, Some(id));
@@ -397,9 +397,17 @@ impl RedisStore {
             .invoke_async(&mut conn)
             .await
             .map_err(|e| store_down("cancel", &e))?;
+        if after == "dropped" {
+            // Forgotten: what its status showed as it expired.
+            for field in ["answer", "error"] {
+                before.remove(field);
+            }
+            before.insert("status".to_owned(), Status::Expired.as_str().to_owned());
+            return Ok((view(id, &before, None, 0, &[]), false));
+        }
         let ended_here = after == "ended";
         let running = match after.as_str() {
-            "ended" | "dropped" => false,
+            "ended" => false,
             other => Status::parse(other).ok_or(GatewayError::JobNotFound)? == Status::Running,
         };
         if running {
@@ -419,8 +427,8 @@ impl RedisStore {
             };
             let _ = tokio::time::timeout(Duration::from_secs(5), wait).await;
         }
-        // Cancelled; still running when the wait ran out (its runner ends it soon); ended on
-        // its own meanwhile (its result kept: a second DELETE drops it); or dropped.
+        // Cancelled; still running when the wait ran out (its runner ends it soon); or ended on
+        // its own meanwhile (its result kept: a second DELETE drops it).
         Ok((self.status(id, tenant).await?, ended_here))
     }
 

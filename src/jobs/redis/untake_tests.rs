@@ -50,6 +50,7 @@ pub(super) async fn store(redis: &RedisServer) -> Arc<RedisStore> {
     drop(admission.acquire(Ask::new(Large, 100)).await.unwrap());
     let ctx = Arc::new(Context {
         http: None,
+        webhook_permits: crate::jobs::webhook::permits(),
         config: state.config().jobs.clone(),
         state,
         stop: CancellationToken::new(),

@@ -139,13 +139,7 @@ fn check_message(
         match key.as_str() {
             "role" => {}
             "content" => check_content(at, value)?,
-            "tool_calls" if matches!(value, Value::Array(_) | Value::Null) => {}
-            "tool_calls" => {
-                return Err(GatewayError::bad_field(
-                    format!("{at}.tool_calls must be an array or null, not {}", type_name(value)),
-                    field("tool_calls"),
-                ))
-            }
+            "tool_calls" => check_tool_calls(at, value)?,
             k if TEXT_KEYS.contains(&k) => {
                 if !matches!(value, Value::String(_) | Value::Null) {
                     return Err(GatewayError::bad_field(
@@ -170,6 +164,79 @@ fn check_message(
                     ),
                     at.to_owned(),
                 ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The keys of a tool call the estimate counts, and of its `function`: what OpenAI's API and
+/// vLLM's message types define (`index` as clients that gather streamed calls keep it).
+const CALL_KEYS: &[&str] = &["id", "type", "function", "index"];
+const CALL_FUNCTION_KEYS: &[&str] = &["name", "arguments"];
+
+/// `tool_calls`: null, or an array of calls with the keys of [`CALL_KEYS`] (a call's `id` a
+/// string, its `function` an object of [`CALL_FUNCTION_KEYS`]). Any other key is refused: the
+/// API defines none, a template renders a call's function (or the call whole) while vLLM's
+/// request types may drop a key they do not define, and counted as tools such a key that the
+/// engine never saw would teach the estimate's correction to count everyone's tools short.
+fn check_tool_calls(at: &str, value: &Value) -> Result<(), GatewayError> {
+    let calls = match value {
+        Value::Null => return Ok(()),
+        Value::Array(calls) => calls,
+        other => {
+            return Err(GatewayError::bad_field(
+                format!(
+                    "{at}.tool_calls must be an array or null, not {}",
+                    type_name(other)
+                ),
+                format!("{at}.tool_calls"),
+            ))
+        }
+    };
+    for (j, call) in calls.iter().enumerate() {
+        let at = format!("{at}.tool_calls[{j}]");
+        let Value::Object(call) = call else {
+            return Err(GatewayError::bad_field(
+                format!("{at} must be an object, not {}", type_name(call)),
+                at,
+            ));
+        };
+        for (key, value) in call {
+            match key.as_str() {
+                "id" | "type" if !value.is_string() => {
+                    return Err(GatewayError::bad_field(
+                        format!("{at}.{key} must be a string, not {}", type_name(value)),
+                        format!("{at}.{key}"),
+                    ))
+                }
+                "function" => {
+                    let Value::Object(function) = value else {
+                        return Err(GatewayError::bad_field(
+                            format!("{at}.function must be an object, not {}", type_name(value)),
+                            format!("{at}.function"),
+                        ));
+                    };
+                    if let Some(k) = function.keys().find(|k| !CALL_FUNCTION_KEYS.contains(&k.as_str())) {
+                        return Err(GatewayError::bad_field(
+                            format!(
+                                "{at}.function has the field `{}`, which the gateway does not count: a call's function takes name and arguments",
+                                shown(k)
+                            ),
+                            format!("{at}.function"),
+                        ));
+                    }
+                }
+                k if CALL_KEYS.contains(&k) => {}
+                k => {
+                    return Err(GatewayError::bad_field(
+                        format!(
+                            "{at} has the field `{}`, which the gateway does not count: a tool call takes id, type, function and index",
+                            shown(k)
+                        ),
+                        at.clone(),
+                    ))
+                }
             }
         }
     }

@@ -49,7 +49,9 @@ fn keys_the_estimate_does_not_count_are_refused_by_their_message() {
         ]},
         {"role": "assistant", "content": null, "reasoning": "think", "reasoning_content": null,
          "tool_calls": [{"id": "c1", "type": "function",
-                         "function": {"name": "f", "arguments": "{}"}}],
+                         "function": {"name": "f", "arguments": "{}"}},
+                        {"index": 1, "id": "c2", "type": "function",
+                         "function": {"name": "g", "arguments": {"x": 1}}}],
          "refusal": null, "annotations": null, "audio": null, "function_call": null},
         {"role": "tool", "tool_call_id": "c1", "content": "42"},
     ]);
@@ -72,6 +74,32 @@ fn keys_the_estimate_does_not_count_are_refused_by_their_message() {
         (
             json!({"role": "assistant", "tool_calls": "call"}),
             "messages[0].tool_calls",
+        ),
+        (
+            json!({"role": "assistant", "tool_calls": ["call"]}),
+            "messages[0].tool_calls[0]",
+        ),
+        // A key the API does not define may never reach the template: counted as tools, it
+        // would teach the tools' correction to count short.
+        (
+            json!({"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+                "function": {"name": "f", "arguments": "{}"}, "notes": "x"}]}),
+            "messages[0].tool_calls[0]",
+        ),
+        (
+            json!({"role": "assistant", "tool_calls": [{"type": "function",
+                "function": {"name": "f", "arguments": "{}", "description": "x"}}]}),
+            "messages[0].tool_calls[0].function",
+        ),
+        (
+            json!({"role": "assistant", "tool_calls": [{"type": "function",
+                "function": "f"}]}),
+            "messages[0].tool_calls[0].function",
+        ),
+        (
+            json!({"role": "assistant", "tool_calls": [{"id": 7, "type": "function",
+                "function": {"name": "f", "arguments": "{}"}}]}),
+            "messages[0].tool_calls[0].id",
         ),
         (
             json!({"role": "tool", "tool_call_id": 3}),
