@@ -481,14 +481,35 @@ async fn near_a_limit_the_engines_own_count_decides() {
         c.upstream.max_model_len = u32::try_from(counted - 400).unwrap().try_into().unwrap();
     })
     .await;
+    // With every exact count out (16 clients near a limit at once), the engine is not asked
+    // (nothing else bounds those calls before admission): the estimate stands, and refuses
+    // the prompt for length.
+    let out =
+        h.gw.state
+            .exact_counts()
+            .clone()
+            .try_acquire_many_owned(16)
+            .expect("no exact count is out");
+    let body = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 100});
+    let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+    assert_eq!(resp.status(), 400, "{}", resp.text().await.unwrap());
+    let m = h.metrics_text().await;
+    assert_eq!(
+        metric(&m, "tutor_gateway_exact_counts_total{outcome=\"busy\"}"),
+        1.0
+    );
+    assert_eq!(
+        metric(&m, "tutor_gateway_exact_counts_total{outcome=\"counted\"}"),
+        0.0
+    );
+    drop(out);
     // Refused for length by the estimate, inside the context by the engine's count: counted
     // by the engine, admitted, completed.
-    let body = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 100});
     let resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
     assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
     let _ = resp.text().await;
     let log = h.log.lock().unwrap().clone();
-    let entry = &log[0];
+    let entry = log.last().unwrap();
     assert_eq!(
         entry["input_tokens_counted"].as_u64(),
         Some(counted),

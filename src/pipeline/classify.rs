@@ -18,6 +18,7 @@ use crate::classify::{Classification, KindCounts, PromptInput};
 use crate::error::GatewayError;
 use crate::lane::Lane;
 use crate::prompt::{discount_key, fingerprint_of_chat};
+use crate::telemetry::estimate_metrics::ExactOutcome;
 use crate::telemetry::{Mark, RequestRecord};
 use crate::upstream::Endpoint;
 
@@ -309,12 +310,23 @@ pub async fn classify(
     let classifier = ctx.classifier();
     // The engine's exact count, asked for only when the estimate comes near a limit
     // (`classify.exact_count`).
+    // At most `MAX_EXACT_COUNTS_OUT` at once: each is asked before admission, so nothing
+    // else bounds how many renderings (and media fetches) clients near a limit make vLLM's
+    // API server do. Past them the estimate stands (`busy`).
     let engine = || {
         let upstream = ctx.upstream().clone();
         let metrics = ctx.metrics().estimate().clone();
         let timeout = config.classify.exact_count_timeout;
         let request = tokenize_body(endpoint, &body);
-        async move { engine_count(upstream, request?, timeout, metrics).await }.boxed()
+        let permit = ctx.exact_counts().clone().try_acquire_owned();
+        async move {
+            let Ok(_permit) = permit else {
+                metrics.exact_count(ExactOutcome::Busy);
+                return None;
+            };
+            engine_count(upstream, request?, timeout, metrics).await
+        }
+        .boxed()
     };
     let mut class = classifier
         .classify_for(

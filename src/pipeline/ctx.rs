@@ -139,6 +139,11 @@ impl RequestCtx {
         self.shared.metrics()
     }
 
+    /// The engine's exact counts out at once (`classify.exact_count`).
+    pub fn exact_counts(&self) -> &std::sync::Arc<tokio::sync::Semaphore> {
+        self.shared.exact_counts()
+    }
+
     /// Request bytes held by requests waiting for admission.
     pub fn queued_bytes(&self) -> &std::sync::Arc<QueuedBytes> {
         self.shared.queued_bytes()

@@ -48,6 +48,9 @@ struct Shared {
     /// The autopilot's pace, while it paces: a reload puts it in force over the new file's
     /// limits at once ([`AppState::swap`]).
     paced_limits: PacedSlot,
+    /// The engine's exact counts out at once (`classify.exact_count`), at most
+    /// [`crate::pipeline::tokenize::MAX_EXACT_COUNTS_OUT`].
+    exact_counts: Arc<tokio::sync::Semaphore>,
 }
 
 /// The limits the autopilot paces, as a function of a configuration: that configuration's
@@ -265,6 +268,9 @@ impl AppState {
             paced_piece_tokens: AtomicU32::new(0),
             tenant_requests: Arc::default(),
             tenant_budgets: Arc::new(tenant_budgets),
+            exact_counts: Arc::new(tokio::sync::Semaphore::new(
+                crate::pipeline::tokenize::MAX_EXACT_COUNTS_OUT,
+            )),
         }))
     }
 
@@ -433,6 +439,10 @@ impl AppState {
     /// The vLLM client in force (outside a request, as [`AppState::config`]).
     pub fn upstream(&self) -> UpstreamClient {
         self.live().upstream.clone()
+    }
+    /// The engine's exact counts out at once (`classify.exact_count`).
+    pub fn exact_counts(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.0.exact_counts
     }
     /// Request bytes held by requests waiting for admission.
     pub fn queued_bytes(&self) -> &Arc<QueuedBytes> {

@@ -26,14 +26,17 @@ pub enum ExactOutcome {
     Failed,
     /// No answer within `classify.exact_count_timeout_ms`: the estimate stood.
     Timeout,
+    /// Not asked: `MAX_EXACT_COUNTS_OUT` (16) were out; the estimate stood.
+    Busy,
 }
 
 impl ExactOutcome {
     /// Every outcome.
-    pub const ALL: [ExactOutcome; 3] = [
+    pub const ALL: [ExactOutcome; 4] = [
         ExactOutcome::Counted,
         ExactOutcome::Failed,
         ExactOutcome::Timeout,
+        ExactOutcome::Busy,
     ];
 
     /// The metric label.
@@ -42,6 +45,7 @@ impl ExactOutcome {
             ExactOutcome::Counted => "counted",
             ExactOutcome::Failed => "failed",
             ExactOutcome::Timeout => "timeout",
+            ExactOutcome::Busy => "busy",
         }
     }
 }
@@ -82,7 +86,7 @@ impl EstimateMetrics {
             "tutor_gateway_exact_counts_total",
             "Requests whose estimate came near a lane boundary or max_model_len and were \
              counted by vLLM's /tokenize (classify.exact_count = \"near_limits\"), by outcome: \
-             counted, failed, timeout (the estimate stood).",
+             counted, failed, timeout, busy (16 already out; the estimate stood).",
             &["outcome"],
         );
         for o in ExactOutcome::ALL {
