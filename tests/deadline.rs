@@ -8,8 +8,11 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::*;
 use serde_json::json;
+use tutor_gateway::config::TtftObjective;
 use tutor_gateway::lane::Lane;
 
 /// A large request: 5,000 prompt tokens (over medium_max_work with its output), 100 out.
@@ -30,6 +33,11 @@ async fn a_request_whose_predicted_wait_misses_its_deadline_is_refused_at_once()
     // Real-time engine steps: each review holds the one large seat for about a second.
     let h = harness(&["--speed", "1", "--profile", "tiny-test"], |c| {
         set_lane(c, Lane::Large, 1);
+        // An objective of an hour, which no wait here misses.
+        c.lanes.large.ttft_slo = Some(TtftObjective {
+            target: Duration::from_secs(3600),
+            quantile_permille: 990,
+        });
     })
     .await;
     // Bad deadlines are refused, whatever the queue.
@@ -111,6 +119,15 @@ async fn a_request_whose_predicted_wait_misses_its_deadline_is_refused_at_once()
         r.await.unwrap();
     }
     eventually("every seat and token back", || h.idle()).await;
+    // The refusals for a deadline of 1 ms, shorter than the lane's objective, are the
+    // clients' own doing: not filed as the lane missing it (every first token came).
+    let w =
+        h.gw.state
+            .metrics()
+            .ttft_window()
+            .quantile(Lane::Large, 0.99, Duration::from_secs(3600))
+            .unwrap();
+    assert!(w.seconds.is_finite(), "{w:?}");
     let m = h.metrics_text().await;
     assert_eq!(
         metric(
@@ -202,8 +219,20 @@ async fn a_tenant_over_its_share_of_the_waiting_requests_is_told_429_others_503(
         set_lane(c, Lane::Large, 1);
         c.upstream.idle_timeout = std::time::Duration::from_secs(120);
         with_keys(c, &[(a, "school-a"), (b, "school-b")]);
+        // An objective every wait here misses: what the autopilot's window files as the
+        // lane's misses shows.
+        c.lanes.large.ttft_slo = Some(TtftObjective {
+            target: Duration::from_millis(1),
+            quantile_permille: 990,
+        });
     })
     .await;
+    let window = || {
+        h.gw.state
+            .metrics()
+            .ttft_window()
+            .quantile(Lane::Large, 0.99, Duration::from_secs(3600))
+    };
     let keyed = |key: &'static str, salt: &str, deadline: Option<&'static str>| {
         let body = json!({"messages": [{"role": "user", "content": words(5000, salt)}],
                           "max_tokens": 100, "stream": true});
@@ -225,9 +254,13 @@ async fn a_tenant_over_its_share_of_the_waiting_requests_is_told_429_others_503(
     eventually("A's two waiting", || h.queued(Lane::Large) == 2).await;
     waiting.push(tokio::spawn(keyed(b, "b0", None).send()));
     eventually("B's waiting too", || h.queued(Lane::Large) == 3).await;
-    // A holds 2 of the 3 waiting with an equal share: its own backlog, 429.
+    // (A first token is filed as its stream ends: the window holds nothing yet.)
+    assert_eq!(window().map(|w| w.samples), None);
+    // A holds 2 of the 3 waiting with an equal share: its own backlog, 429, and no miss of
+    // the lane's (it was one, and steered the autopilot for everyone).
     let resp = send(keyed(a, "a-hurry", Some("1"))).await;
     assert_eq!(resp.status(), 429);
+    assert_eq!(window().map(|w| w.samples), None, "{:?}", window());
     assert!(resp.headers().contains_key("retry-after"));
     let body = read_json(resp).await;
     assert_eq!(body["error"]["code"], "deadline_unmet", "{body}");
@@ -241,6 +274,10 @@ async fn a_tenant_over_its_share_of_the_waiting_requests_is_told_429_others_503(
     assert_eq!(resp.status(), 503);
     let body = read_json(resp).await;
     assert_eq!(body["error"]["tenant_over_share"], false, "{body}");
+    // Its predicted wait misses the lane's objective: the lane's miss, infinitely late.
+    let w = window().unwrap();
+    assert_eq!(w.samples, 1, "{w:?}");
+    assert!(w.seconds.is_infinite(), "{w:?}");
     drop(seat);
     for w in waiting {
         w.abort();

@@ -80,7 +80,7 @@ pub enum Admit {
 pub async fn admit(
     ctx: &RequestCtx,
     mut ready: Ready,
-    record: RequestRecord,
+    mut record: RequestRecord,
     divert: Option<&dyn Divert>,
 ) -> Result<Admit, GatewayError> {
     // Its body's bytes, held since they were read (else held below, while it waits): taken
@@ -102,6 +102,12 @@ pub async fn admit(
                 .tenant
                 .as_ref()
                 .is_some_and(|t| ctx.admission().over_share(lane, &t.0));
+            // The lane's miss only when the wait itself misses the lane's objective: a
+            // client's own shorter deadline, or its tenant over its share, is its own doing.
+            let objective = ctx.config().lanes.get(lane).ttft_slo.map(|o| o.target);
+            if over_share || objective.is_none_or(|target| wait <= target) {
+                record.not_the_lanes_miss();
+            }
             ctx.metrics().admission_rate().refused(line, ahead, wait);
             let e = AdmissionError::WouldMissDeadline {
                 lane,
@@ -197,6 +203,16 @@ pub async fn admit(
         None => (ready, record, acquire.await),
     };
     drop(held);
+    let (guard, mut record) = (guard, record);
+    if guard.is_err()
+        && tenant
+            .as_ref()
+            .is_some_and(|t| ctx.admission().over_share(lane, &t.0))
+    {
+        // Timed out (or turned away) behind its own tenant's backlog: fair queuing put it
+        // last, as it should, and that is no miss of the lane's.
+        record.not_the_lanes_miss();
+    }
     match guard {
         Ok(guard) => {
             if let Some(after_ask) = guard.admitted_after_ask() {

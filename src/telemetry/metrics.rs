@@ -756,11 +756,6 @@ impl Metrics {
 
     /// Counts one finished request.
     pub fn request_done(&self, lane: Option<Lane>, route: Route, outcome: Outcome) {
-        if let (Some(l), Outcome::QueueTimeout | Outcome::QueueFull | Outcome::DeadlineUnmet) =
-            (lane, outcome)
-        {
-            self.ttft_window.missed(l);
-        }
         let lane = lane.map_or("none", Lane::as_str);
         self.requests
             .with_label_values(&[lane, route.as_str(), outcome.as_str()])

@@ -71,6 +71,10 @@ pub struct RequestRecord {
     marks: [Option<Instant>; 6],
     /// The lane it was admitted to, once a mid-stream promotion moved it.
     promoted_from: Option<crate::lane::Lane>,
+    /// A refusal for the wait (a queue timeout, a full queue, a deadline the predicted wait
+    /// misses) that the client brought on itself: not filed as its lane missing its objective
+    /// ([`RequestRecord::not_the_lanes_miss`]).
+    own_miss: bool,
     done: bool,
 }
 
@@ -116,6 +120,7 @@ impl RequestRecord {
             pieced: None,
             marks: [None; 6],
             promoted_from: None,
+            own_miss: false,
             done: false,
         }
     }
@@ -329,6 +334,15 @@ impl RequestRecord {
         self.done = true;
     }
 
+    /// Marks a refusal for the wait as the client's own doing (its tenant over its share, or
+    /// a deadline shorter than the lane's objective): the autopilot's window does not count
+    /// it as the lane missing its objective. One client's refusals were infinitely late first
+    /// tokens for everyone's objective: with `x-tutor-deadline-ms: 1` they halved the large
+    /// seats and the prefill budget every few seconds, at no cost to it.
+    pub fn not_the_lanes_miss(&mut self) {
+        self.own_miss = true;
+    }
+
     /// Ends the record: metrics, span attributes, request log line. Later calls do nothing.
     /// `error_code` names the error of a failed request; `up` is what the upstream stream knew.
     pub fn finish(
@@ -345,6 +359,15 @@ impl RequestRecord {
         let split = LatencySplit::compute(self.arrival, self.admitted, up, Instant::now());
         let stage = (outcome == Outcome::Cancelled).then(|| self.stage());
         self.metrics.request_done(lane, self.route, outcome);
+        if let (
+            Some(l),
+            Outcome::QueueTimeout | Outcome::QueueFull | Outcome::DeadlineUnmet,
+            false,
+        ) = (lane, outcome, self.own_miss)
+        {
+            // Refused for its wait: a first token that never came.
+            self.metrics.ttft_window().missed(l);
+        }
         if let (Some(lane), Outcome::UpstreamTimeout, false) = (lane, outcome, self.first_token) {
             // The engine never gave its first token in time: infinitely late for the autopilot,
             // as a refusal for the wait is (an objective is not met by the engine stalling
