@@ -54,7 +54,17 @@ pub struct Cause {
 
 impl Cause {
     /// Every reason a borrower may be asked to leave for.
-    pub const REASONS: [&'static str; 4] = ["seat", "tokens", "prefill", "pressure"];
+    pub const REASONS: [&'static str; 5] = ["seat", "tokens", "prefill", "pressure", "counted"];
+
+    /// The run itself found that the engine counted its prompt well past the estimate it
+    /// borrowed its seat with: a borrowed seat cannot grow where it is, so it leaves, and its
+    /// continuation reserves the engine's count.
+    pub fn counted(lane: Lane) -> Self {
+        Self {
+            lane,
+            reason: "counted",
+        }
+    }
 }
 
 /// A pre-emptible seat's handle, shared by its holder (the job's run) and admission.
@@ -105,6 +115,11 @@ impl Preemptible {
     /// Why it was asked to leave.
     pub fn cause(&self) -> Option<Cause> {
         *self.cause.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Leaves of its own accord ([`Cause::counted`]), as when asked; nothing once asked.
+    pub fn leave(&self, cause: Cause) {
+        self.ask(cause);
     }
 
     /// Asks it to leave (once; a second ask keeps the first cause).

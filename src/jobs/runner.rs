@@ -458,7 +458,12 @@ struct Resume {
 impl Resume {
     /// The continuation of the answer so far (`None`: nothing is left to generate).
     fn ready(&self, progress: &Progress) -> Option<Ready> {
-        Ready::continued(&self.stored, &progress.text, progress.generated)
+        Ready::continued(
+            &self.stored,
+            &progress.text,
+            progress.generated,
+            progress.first.map(|(prompt, _)| prompt),
+        )
     }
 
     /// The record of that continuation's run, `<id>-p<n>`.

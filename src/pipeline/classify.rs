@@ -172,11 +172,29 @@ impl Ready {
     /// assistant message that the engine continues (`continue_final_message`, no generation
     /// prompt: the rendered prompt is the original one and the text, so the original is found
     /// in the prefix cache), with `max_tokens` (and `max_completion_tokens`) lowered by what was
-    /// generated. The reservation stays (the prompt grew by what the output budget shrank).
+    /// generated. The reservation stays (the prompt grew by what the output budget shrank),
+    /// unless `prompt_counted`, the engine's count of the request's own prompt in a run it
+    /// started, passed the estimate: then it is reserved from that count.
     /// With no text yet, the request as first sent. `None` for a completions request or a body without messages, or when nothing is left to
     /// generate.
-    pub fn continued(stored: &Value, text: &str, generated: u32) -> Option<Ready> {
+    pub fn continued(
+        stored: &Value,
+        text: &str,
+        generated: u32,
+        prompt_counted: Option<u32>,
+    ) -> Option<Ready> {
         let mut ready = Ready::from_stored(stored)?;
+        // The engine's own count of the request's prompt (from a run it started), where it
+        // passed the estimate: what the continuation holds is reserved, not the estimate
+        // (a borrowed seat cannot grow where it is, so such a run left it: `relay::mod`).
+        if let Some(counted) = prompt_counted {
+            let class = &mut ready.class;
+            if counted > class.input_tokens_estimate {
+                class.input_tokens_estimate = counted;
+                class.work = counted.saturating_add(class.output_budget);
+                ready.prefill = ready.prefill.max(counted);
+            }
+        }
         if text.is_empty() {
             // Cut before its first token: nothing to continue (an empty final message cannot
             // be continued), the request again as it was.
@@ -199,6 +217,9 @@ impl Ready {
         let class = &mut ready.class;
         class.input_tokens_estimate = class.input_tokens_estimate.saturating_add(generated);
         class.output_budget = class.output_budget.saturating_sub(generated);
+        class.work = class
+            .input_tokens_estimate
+            .saturating_add(class.output_budget);
         Some(ready)
     }
 }
@@ -507,7 +528,7 @@ mod tests {
 
     #[test]
     fn a_continuation_goes_on_from_its_text_with_what_is_left() {
-        let on = Ready::continued(&stored(), " the loop", 2).unwrap();
+        let on = Ready::continued(&stored(), " the loop", 2, None).unwrap();
         assert_eq!(on.body["max_tokens"], 98);
         assert_eq!(
             on.body["messages"][1],
@@ -521,13 +542,23 @@ mod tests {
             (12, 98, 110)
         );
         // Nothing left to generate: nothing to send.
-        assert!(Ready::continued(&stored(), " the", 100).is_none());
+        assert!(Ready::continued(&stored(), " the", 100, None).is_none());
+        // The engine counted the prompt at 500 (the estimate said 10): the continuation
+        // reserves from that count, its prefill room too; a count under the estimate changes
+        // nothing.
+        let c = Ready::continued(&stored(), " the loop", 2, Some(500)).unwrap();
+        assert_eq!(
+            (c.class.input_tokens_estimate, c.class.work, c.prefill),
+            (502, 600, 500)
+        );
+        let c = Ready::continued(&stored(), " the loop", 2, Some(8)).unwrap();
+        assert_eq!((c.class.work, c.prefill), (110, 10));
     }
 
     #[test]
     fn a_run_cut_before_its_first_token_is_sent_again_as_it_was() {
         // An empty final message cannot be continued (vLLM refuses it).
-        let again = Ready::continued(&stored(), "", 0).unwrap();
+        let again = Ready::continued(&stored(), "", 0, None).unwrap();
         assert_eq!(again.body, Ready::from_stored(&stored()).unwrap().body);
         assert!(again.body.get("continue_final_message").is_none());
     }

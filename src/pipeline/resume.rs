@@ -65,9 +65,11 @@ impl Continuation for Resume {
         text: &'a str,
         generated: u32,
         times: u32,
+        prompt_counted: Option<u32>,
     ) -> BoxFuture<'a, Result<Option<(UpstreamStream, LaneGuard)>, GatewayError>> {
         async move {
-            let Some(ready) = Ready::continued(&self.stored, text, generated) else {
+            let Some(ready) = Ready::continued(&self.stored, text, generated, prompt_counted)
+            else {
                 return Ok(None);
             };
             let (lane, work, prefill) = (ready.class.lane, ready.class.work, ready.prefill);

@@ -62,6 +62,7 @@ pub use collect::Collected;
 pub use drain::Drain;
 pub use resume::Continuation;
 
+use crate::admission::preempt::Cause;
 use crate::admission::session::SessionHold;
 use crate::admission::tenant_budget::BudgetHold;
 use crate::admission::{LaneGuard, Move};
@@ -377,6 +378,12 @@ impl Relay {
             return;
         };
         let times = r.cut(current, &self.ctx.metrics);
+        // The engine's count of the request's own prompt, from the first run's usage.
+        let prompt_counted = r
+            .first
+            .as_ref()
+            .and_then(|v| v.usage)
+            .map(|u| u.prompt_tokens);
         tracing::info!(request_id = %self.upstream.request_id(), tokens = generated, times, "answer pre-empted; it goes on as a continuation");
         // Until a continuation takes over, the cut run stays the current one, so the answer's
         // view (and a record ended meanwhile, the client gone) is the runs so far.
@@ -398,7 +405,7 @@ impl Relay {
         let next = tokio::select! {
             biased;
             () = ending(drain.as_ref()) => Err(GatewayError::Shutdown),
-            next = r.how.resume(&text, kept, times) => next,
+            next = r.how.resume(&text, kept, times, prompt_counted) => next,
         };
         r.text = text;
         match next {
@@ -476,6 +483,18 @@ impl Relay {
             // own requests need it. (One no longer asked back, past `jobs.max_preemptions`,
             // is still borrowed: it was cut at its first token.)
             let borrowed = guard.is_borrowed();
+            if borrowed
+                && rules
+                    .prompt_growth(from, estimate, input, output_budget, reserved)
+                    .is_some()
+            {
+                // It holds far more than it borrowed its seat with, and cannot grow there:
+                // while it may still leave, it does, and its continuation reserves the
+                // engine's count (`Ready::continued`). (It went on holding it to its end.)
+                if let Some(handle) = guard.preemptible() {
+                    handle.leave(Cause::counted(from));
+                }
+            }
             let Some((to, tokens)) = rules
                 .bound_move(from, input, produced, reserved)
                 // Moved to the next lane, it holds at most its prompt and what the engine may

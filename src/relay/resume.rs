@@ -17,13 +17,15 @@ use crate::upstream::UpstreamStream;
 /// How a pre-empted stream goes on (built by the pipeline, which can wait for a seat and send).
 pub trait Continuation: Send + Sync + std::fmt::Debug {
     /// Waits for a seat and sends the answer so far as a continuation: `text` (what the client
-    /// has), `generated` output tokens, pre-empted `times` times so far (this one included).
-    /// `Ok(None)`: nothing is left to generate.
+    /// has), `generated` output tokens, pre-empted `times` times so far (this one included),
+    /// the engine's count of the request's own prompt from its first run (`prompt_counted`,
+    /// when it reported one). `Ok(None)`: nothing is left to generate.
     fn resume<'a>(
         &'a mut self,
         text: &'a str,
         generated: u32,
         times: u32,
+        prompt_counted: Option<u32>,
     ) -> BoxFuture<'a, Result<Option<(UpstreamStream, LaneGuard)>, GatewayError>>;
 }
 

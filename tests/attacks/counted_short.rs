@@ -131,7 +131,9 @@ async fn template_kwargs_teach_the_estimate_nothing() {
 
 /// A pre-emptible answer on a borrowed seat (`jobs.preempt_answers`) whose prompt the engine
 /// counts far past its estimate cannot grow where it is (a borrowed seat leaves when asked):
-/// it goes on, not cut at its first token.
+/// it leaves of its own accord (`counted`) and goes on as a continuation that reserves the
+/// engine's count, not cut at its first token. (It went on to its end on the estimate's
+/// reservation, holding three times that in the engine.)
 #[tokio::test]
 async fn a_borrowed_seat_counted_short_goes_on() {
     borrowed_seat_counted_short(3).await;
@@ -183,9 +185,64 @@ async fn borrowed_seat_counted_short(max_preemptions: u32) {
     assert_eq!(events.last().unwrap().0, "done", "{text}");
     let done: serde_json::Value = serde_json::from_str(&events.last().unwrap().1).unwrap();
     assert_eq!(done["usage"]["output_tokens"], 400, "{done}");
+    // Once, where it may still leave (its continuation reserves the count); never on a seat
+    // that can no longer be asked back.
+    let m = h.metrics_text().await;
+    let series = "tutor_gateway_job_preemptions_total{lane=\"large\",reason=\"counted\"}";
+    if max_preemptions > 0 {
+        assert_eq!(metric(&m, series), 1.0, "{m}");
+    } else {
+        assert!(!m.contains(series), "{m}");
+    }
     if let Some(blocker) = blocker {
         blocker.abort();
     }
+    eventually("every seat is back", || h.idle()).await;
+    h.shutdown().await;
+}
+
+/// A job (pre-emptible, `jobs.preempt`) whose prompt the engine counts far past its estimate,
+/// on a seat it borrowed: it leaves of its own accord (`counted`) and its continuation reserves
+/// the engine's count, so it leaves once, and its answer is whole. (It ran to its end on the
+/// estimate's reservation, holding three times that in the engine.)
+#[tokio::test]
+async fn a_job_counted_short_on_a_borrowed_seat_goes_on_reserving_the_count() {
+    let h = harness(&["--speed", "1", "--profile", "tiny-test"], |c| {
+        for lane in Lane::ALL {
+            set_lane(c, lane, 1);
+        }
+    })
+    .await;
+    taught_short(&h);
+    let resp = send(
+        client()
+            .post(h.url("/jobs"))
+            .json(&json!({"prompt": words(12_000, "job"), "max_output_tokens": 400})),
+    )
+    .await;
+    assert_eq!(resp.status(), 202);
+    let id = read_json(resp).await["id"].as_str().unwrap().to_owned();
+    let url = h.url(&format!("/jobs/{id}"));
+    let mut done = serde_json::Value::Null;
+    for _ in 0..3_000 {
+        done = read_json(send(client().get(&url)).await).await;
+        if done["status"] != "queued" && done["status"] != "running" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(done["status"], "done", "{done}");
+    assert_eq!(done["preempted"], 1, "{done}");
+    assert_eq!(done["answer"]["finish_reason"], "stop", "{done}");
+    let m = h.metrics_text().await;
+    assert_eq!(
+        metric(
+            &m,
+            "tutor_gateway_job_preemptions_total{lane=\"large\",reason=\"counted\"}"
+        ),
+        1.0,
+        "{m}"
+    );
     eventually("every seat is back", || h.idle()).await;
     h.shutdown().await;
 }
