@@ -80,10 +80,10 @@ pub struct ClassifyConfig {
     pub default_output_tokens: NonZeroU32,
     /// Tokens the chat template adds per message (role header and separators).
     pub per_message_overhead: u32,
-    /// Tokens counted per image part (`image_url`, `input_image`, `image_embeds`), on top of
+    /// Tokens counted per image part (`image_url`, `input_image`), on top of
     /// its JSON.
     pub image_part_tokens: u32,
-    /// Tokens counted per audio part (`audio_url`, `input_audio`, `audio_embeds`), on top of
+    /// Tokens counted per audio part (`audio_url`, `input_audio`), on top of
     /// its JSON.
     pub audio_part_tokens: u32,
     /// Tokens counted per video part (`video_url`), on top of its JSON.

@@ -115,9 +115,9 @@ impl ContentPart {
 /// The kind of a non-text content part, for its token charge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MediaKind {
-    /// `image_url`, `input_image`, `image_embeds`.
+    /// `image_url`, `input_image`.
     Image,
-    /// `audio_url`, `input_audio`, `audio_embeds`.
+    /// `audio_url`, `input_audio`.
     Audio,
     /// `video_url`.
     Video,
@@ -130,10 +130,8 @@ impl MediaKind {
     pub const TYPES: &'static [(&'static str, MediaKind)] = &[
         ("image_url", MediaKind::Image),
         ("input_image", MediaKind::Image),
-        ("image_embeds", MediaKind::Image),
         ("audio_url", MediaKind::Audio),
         ("input_audio", MediaKind::Audio),
-        ("audio_embeds", MediaKind::Audio),
         ("video_url", MediaKind::Video),
     ];
 

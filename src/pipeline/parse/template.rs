@@ -281,6 +281,18 @@ fn check_content(at: &str, content: &Value) -> Result<(), GatewayError> {
                 ))
             }
         };
+        if kind.ends_with("_embeds") {
+            // vLLM (with `--enable-mm-embeds`) takes such a part's tokens from its tensor's
+            // shape, which a few bytes can make as large as any prompt (a stride-0 view):
+            // refused, as `prompt_embeds` is.
+            return Err(GatewayError::bad_field(
+                format!(
+                    "{at}.type `{}` is not accepted: an embeddings part's tokens are its tensor's shape, which the gateway cannot count; send the media itself",
+                    shown(kind)
+                ),
+                format!("{at}.type"),
+            ));
+        }
         if let Some(field) = text_field(kind) {
             check_text_part(&at, part, kind, field)?;
         } else if MediaKind::of(kind) == MediaKind::Other {

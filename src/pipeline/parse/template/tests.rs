@@ -121,6 +121,16 @@ fn keys_the_estimate_does_not_count_are_refused_by_their_message() {
             json!({"role": "user", "content": [{"type": "file", "file": {}}]}),
             "messages[0].content[0].type",
         ),
+        // Their tokens are the tensor's shape, which a few bytes can make as long as any
+        // prompt.
+        (
+            json!({"role": "user", "content": [{"type": "image_embeds", "image_embeds": "AAAA"}]}),
+            "messages[0].content[0].type",
+        ),
+        (
+            json!({"role": "user", "content": [{"type": "audio_embeds", "audio_embeds": "AAAA"}]}),
+            "messages[0].content[0].type",
+        ),
         (
             json!({"role": "user", "content": [{"type": "text"}]}),
             "messages[0].content[0].text",
