@@ -154,6 +154,11 @@ pub trait Backend: Send + Sync {
     /// (see [`super::fair::over_share`]; with Redis, this replica's lines).
     fn over_share(&self, lane: Lane, tenant: &str) -> bool;
 
+    /// How many of the requests waiting in `lane`'s line of long prompts (`long`) or its other
+    /// line fair queuing admits before an arrival of `tenant` (see [`super::fair::fair_ahead`];
+    /// with Redis, this replica's lines).
+    fn fair_ahead(&self, lane: Lane, long: bool, tenant: Option<&str>) -> u32;
+
     /// The policy in force.
     fn policy(&self) -> Policy;
 

@@ -198,6 +198,36 @@ impl<'a> Tally<'a> {
     }
 }
 
+/// How many of a line's waiters (`waiting`: each waiter's tenant) fair queuing admits before
+/// an arrival of `tenant` (`None`: a request without one, all such taken as one tenant): every
+/// waiter of its own tenant, and of each other tenant at most the turns its share gives it
+/// while the arrival's tenant takes its own and the arrival's (rounded up). The waiters ahead
+/// in time order counted one tenant's backlog against everyone: a tenant that parked 200
+/// requests made every other tenant's deadline look 200 admissions away, though its turn came
+/// within a few.
+pub fn fair_ahead<'a>(
+    waiting: impl Iterator<Item = Option<&'a Arc<str>>>,
+    tenant: Option<&str>,
+    share_of: impl Fn(&str) -> f64,
+) -> u32 {
+    let tally = Tally::of(waiting);
+    let share = |t: Option<&str>| t.map_or(1.0, &share_of);
+    let own = tally.of_tenant(tenant);
+    let rounds = f64::from(own) + 1.0;
+    let mine = share(tenant).max(f64::MIN_POSITIVE);
+    let others = tally
+        .held
+        .iter()
+        .filter(|(t, _)| **t != tenant)
+        .map(|(t, n)| {
+            let turns = (rounds * share(*t) / mine).ceil();
+            // A float of at most the waiters' count: the cast cannot wrap.
+            f64::from(*n).min(turns) as u32
+        })
+        .fold(0u32, u32::saturating_add);
+    own.saturating_add(others).min(tally.total)
+}
+
 /// A tenant's places in a full queue of `len`: its share of `len` among the tenants waiting
 /// (the arrival's included), rounded down, at least 1.
 fn places(len: usize, share: f64, shares_present: f64) -> u32 {

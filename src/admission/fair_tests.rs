@@ -373,6 +373,39 @@ mod share {
         // An arrival of a tenant with nobody waiting.
         assert!(!over(&["a", "a"], "c"));
     }
+
+    fn ahead(tenants: &[Option<&str>], tenant: Option<&str>) -> u32 {
+        let q: Vec<Option<Arc<str>>> = tenants.iter().map(|t| t.map(Arc::from)).collect();
+        crate::admission::fair::fair_ahead(q.iter().map(Option::as_ref), tenant, |t| {
+            if t == "b" {
+                3.0
+            } else {
+                1.0
+            }
+        })
+    }
+
+    /// The waiters fair queuing admits before an arrival: its own tenant's, and of each other
+    /// tenant its share of the turns until the arrival's. A tenant that parked 200 requests
+    /// no longer puts another's arrival 200 admissions away.
+    #[test]
+    fn an_arrival_waits_for_its_own_and_its_share_of_each_others_waiters() {
+        let a = Some("a");
+        let parked = vec![a; 200];
+        assert_eq!(ahead(&parked, Some("c")), 1, "one turn of a's, then c's");
+        assert_eq!(ahead(&parked, a), 200, "a waits behind its own");
+        // c has 2 waiting: its arrival is its third turn, a gets three meanwhile.
+        let mut mixed = parked.clone();
+        mixed.extend([Some("c"), Some("c")]);
+        assert_eq!(ahead(&mixed, Some("c")), 2 + 3);
+        // b weighs 3: a's one-weight tenant gets a third of a turn per b's turn (rounded up).
+        assert_eq!(ahead(&parked, Some("b")), 1);
+        let heavy = vec![Some("b"); 9];
+        assert_eq!(ahead(&heavy, a), 3, "b takes three turns per a's");
+        // Without tenants (or all of one), every waiter is ahead, as in time order.
+        assert_eq!(ahead(&[None; 5], None), 5);
+        assert_eq!(ahead(&[], Some("c")), 0);
+    }
 }
 
 /// Spawns an acquire of `ask` (continuing when `continuing`) that notes `label` in `order`

@@ -313,6 +313,21 @@ impl Backend for LocalAdmission {
         )
     }
 
+    fn fair_ahead(&self, lane: Lane, long: bool, tenant: Option<&str>) -> u32 {
+        let rules = self.shared.rules();
+        let state = self.shared.lock();
+        super::fair::fair_ahead(
+            state
+                .queues
+                .iter()
+                .flatten()
+                .filter(|w| w.lane == lane && rules.prefill.waits(w.prefill) == long)
+                .map(|w| w.tenant.as_ref()),
+            tenant,
+            |t| rules.shares.get(t).copied().unwrap_or(1.0),
+        )
+    }
+
     fn policy(&self) -> Policy {
         LocalAdmission::policy(self)
     }

@@ -229,4 +229,10 @@ impl Admission {
     pub fn over_share(&self, lane: Lane, tenant: &str) -> bool {
         self.backend().over_share(lane, tenant)
     }
+
+    /// The requests of a line fair queuing admits before an arrival of `tenant`; see
+    /// [`Backend::fair_ahead`].
+    pub fn fair_ahead(&self, lane: Lane, long: bool, tenant: Option<&str>) -> u32 {
+        self.backend().fair_ahead(lane, long, tenant)
+    }
 }

@@ -92,7 +92,10 @@ pub async fn admit(
     // other (for a seat): each line has its own requests ahead and its own service rate.
     let lane = ready.class.lane;
     let line = Line::new(lane, ctx.admission().waits_for_prefill(ready.prefill));
-    let ahead = ctx.admission().snapshot().lane(lane).line_depth(line.long);
+    // The waiters fair queuing admits before it (every one, without tenants).
+    let ahead =
+        ctx.admission()
+            .fair_ahead(lane, line.long, ready.tenant.as_ref().map(|t| t.0.as_str()));
     let predicted = ctx.metrics().admission_rate().predict(line, ahead);
     if let (Some(deadline), Some(wait)) = (ready.deadline, predicted) {
         let left = deadline.saturating_sub(record.arrival().elapsed());

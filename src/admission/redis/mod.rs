@@ -1013,6 +1013,20 @@ impl Backend for RedisAdmission {
         })
     }
 
+    fn fair_ahead(&self, lane: Lane, long: bool, tenant: Option<&str>) -> u32 {
+        let rules = self.rules();
+        let i = lane.index();
+        let line = if long {
+            &self.shared.long_lines[i]
+        } else {
+            &self.shared.queues[i]
+        };
+        let tenants = line.tenants();
+        super::fair::fair_ahead(tenants.iter().map(Option::as_ref), tenant, |t| {
+            rules.shares.get(t).copied().unwrap_or(1.0)
+        })
+    }
+
     fn policy(&self) -> Policy {
         RedisAdmission::policy(self)
     }
