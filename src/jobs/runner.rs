@@ -206,6 +206,7 @@ async fn run(ctx: Arc<Context>, claim: Claim) {
             let resume = Resume {
                 stored: ready.stored(),
                 id: record.request_id().to_owned(),
+                max_model_len: ctx.state.config().upstream.max_model_len.get(),
             };
             let class = ready.class;
             let mut progress = Progress::default();
@@ -453,6 +454,8 @@ fn submitted_by(
 struct Resume {
     stored: serde_json::Value,
     id: String,
+    /// `upstream.max_model_len` when the job started.
+    max_model_len: u32,
 }
 
 impl Resume {
@@ -462,7 +465,9 @@ impl Resume {
             &self.stored,
             &progress.text,
             progress.generated,
-            progress.first.map(|(prompt, _)| prompt),
+            progress
+                .first
+                .map(|(prompt, _)| (prompt, self.max_model_len)),
         )
     }
 

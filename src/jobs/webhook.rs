@@ -217,10 +217,12 @@ where
     for attempt in 1..=config.webhook_attempts {
         // Not once the job is no longer kept (a `DELETE` while this waited to retry).
         if attempt > 1 && !record(webhook.clone()).await {
+            // Given up with no further attempt: the delivery ends `failed`, as every delivery
+            // ends with one `delivered` or `failed`.
             webhook.delivered = Some(false);
             record(webhook.clone()).await;
             metrics.webhook("failed");
-            tracing::info!(job = %id, attempt, outcome = "failed", "webhook given up: the job's result was dropped");
+            tracing::info!(job = %id, attempt, outcome = "failed", "webhook given up before its next attempt: the job's result was dropped");
             return;
         }
         let at = SystemTime::now();

@@ -174,23 +174,28 @@ impl Ready {
     /// in the prefix cache), with `max_tokens` (and `max_completion_tokens`) lowered by what was
     /// generated. The reservation stays (the prompt grew by what the output budget shrank),
     /// unless `prompt_counted`, the engine's count of the request's own prompt in a run it
-    /// started, passed the estimate: then it is reserved from that count.
+    /// started (with the model's context length), passed the estimate: then it is reserved
+    /// from that count, its output within the context.
     /// With no text yet, the request as first sent. `None` for a completions request or a body without messages, or when nothing is left to
     /// generate.
     pub fn continued(
         stored: &Value,
         text: &str,
         generated: u32,
-        prompt_counted: Option<u32>,
+        prompt_counted: Option<(u32, u32)>,
     ) -> Option<Ready> {
         let mut ready = Ready::from_stored(stored)?;
         // The engine's own count of the request's prompt (from a run it started), where it
         // passed the estimate: what the continuation holds is reserved, not the estimate
-        // (a borrowed seat cannot grow where it is, so such a run left it: `relay::mod`).
-        if let Some(counted) = prompt_counted {
+        // (a borrowed seat cannot grow where it is, so such a run left it: `relay::mod`),
+        // its output to the room the prompt leaves in the context, as vLLM lowers it.
+        if let Some((counted, max_model_len)) = prompt_counted {
             let class = &mut ready.class;
             if counted > class.input_tokens_estimate {
                 class.input_tokens_estimate = counted;
+                class.output_budget = class
+                    .output_budget
+                    .min(max_model_len.saturating_sub(counted));
                 class.work = counted.saturating_add(class.output_budget);
                 ready.prefill = ready.prefill.max(counted);
             }
@@ -546,13 +551,17 @@ mod tests {
         // The engine counted the prompt at 500 (the estimate said 10): the continuation
         // reserves from that count, its prefill room too; a count under the estimate changes
         // nothing.
-        let c = Ready::continued(&stored(), " the loop", 2, Some(500)).unwrap();
+        let c = Ready::continued(&stored(), " the loop", 2, Some((500, 16_384))).unwrap();
         assert_eq!(
             (c.class.input_tokens_estimate, c.class.work, c.prefill),
             (502, 600, 500)
         );
-        let c = Ready::continued(&stored(), " the loop", 2, Some(8)).unwrap();
+        let c = Ready::continued(&stored(), " the loop", 2, Some((8, 16_384))).unwrap();
         assert_eq!((c.class.work, c.prefill), (110, 10));
+        // Its output within what the prompt leaves of the context (vLLM lowers it there): the
+        // reservation never passes the context.
+        let c = Ready::continued(&stored(), " the loop", 2, Some((550, 600))).unwrap();
+        assert_eq!((c.class.output_budget, c.class.work), (48, 600));
     }
 
     #[test]

@@ -68,8 +68,9 @@ impl Continuation for Resume {
         prompt_counted: Option<u32>,
     ) -> BoxFuture<'a, Result<Option<(UpstreamStream, LaneGuard)>, GatewayError>> {
         async move {
-            let Some(ready) = Ready::continued(&self.stored, text, generated, prompt_counted)
-            else {
+            let max_model_len = self.ctx.config().upstream.max_model_len.get();
+            let counted = prompt_counted.map(|n| (n, max_model_len));
+            let Some(ready) = Ready::continued(&self.stored, text, generated, counted) else {
                 return Ok(None);
             };
             let (lane, work, prefill) = (ready.class.lane, ready.class.work, ready.prefill);

@@ -1022,9 +1022,16 @@ impl Backend for RedisAdmission {
             &self.shared.queues[i]
         };
         let tenants = line.tenants();
-        super::fair::fair_ahead(tenants.iter().map(Option::as_ref), tenant, |t| {
+        let on_redis = super::fair::fair_ahead(tenants.iter().map(Option::as_ref), tenant, |t| {
             rules.shares.get(t).copied().unwrap_or(1.0)
-        })
+        });
+        // And those waiting in the fallback's queue (Redis down), as the snapshot counts them.
+        let on_fallback = self
+            .shared
+            .fallback
+            .as_ref()
+            .map_or(0, |f| Backend::fair_ahead(f, lane, long, tenant));
+        on_redis.saturating_add(on_fallback)
     }
 
     fn policy(&self) -> Policy {
