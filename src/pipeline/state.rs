@@ -18,6 +18,10 @@ use crate::prompt::Course;
 use crate::telemetry::{Metrics, RequestLog, RequestRecord, Route};
 use crate::upstream::UpstreamClient;
 
+/// The engine's exact counts (`classify.exact_count`) out at once per gateway: each is asked
+/// before admission, so no seat or queue bounds them.
+pub const MAX_EXACT_COUNTS_OUT: usize = 16;
+
 /// Everything the pipeline shares between requests. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AppState(Arc<Shared>);
@@ -49,7 +53,7 @@ struct Shared {
     /// limits at once ([`AppState::swap`]).
     paced_limits: PacedSlot,
     /// The engine's exact counts out at once (`classify.exact_count`), at most
-    /// [`crate::pipeline::tokenize::MAX_EXACT_COUNTS_OUT`].
+    /// [`MAX_EXACT_COUNTS_OUT`].
     exact_counts: Arc<tokio::sync::Semaphore>,
 }
 
@@ -268,9 +272,7 @@ impl AppState {
             paced_piece_tokens: AtomicU32::new(0),
             tenant_requests: Arc::default(),
             tenant_budgets: Arc::new(tenant_budgets),
-            exact_counts: Arc::new(tokio::sync::Semaphore::new(
-                crate::pipeline::tokenize::MAX_EXACT_COUNTS_OUT,
-            )),
+            exact_counts: Arc::new(tokio::sync::Semaphore::new(MAX_EXACT_COUNTS_OUT)),
         }))
     }
 

@@ -104,10 +104,6 @@ pub fn tokenize_body(endpoint: Endpoint, body: &Map<String, Value>) -> Option<By
     serde_json::to_vec(&out).ok().map(Bytes::from)
 }
 
-/// The engine's exact counts (`classify.exact_count`) out at once per gateway: each is asked
-/// before admission, so no seat or queue bounds them.
-pub const MAX_EXACT_COUNTS_OUT: usize = 16;
-
 /// The engine's prompt count for `body` (a [`tokenize_body`]), within `timeout`; `None` (and
 /// the estimate stands) on an error, a timeout or an answer without `count`. Counted in
 /// `tutor_gateway_exact_counts_total{outcome}`.
