@@ -117,13 +117,9 @@ impl Preemptible {
         *self.cause.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Leaves of its own accord ([`Cause::counted`]), as when asked; nothing once asked.
-    pub fn leave(&self, cause: Cause) {
-        self.ask(cause);
-    }
-
-    /// Asks it to leave (once; a second ask keeps the first cause).
-    pub(super) fn ask(&self, cause: Cause) {
+    /// Asks it to leave (once; a second ask keeps the first cause): admission for a waiter,
+    /// or its own run ([`Cause::counted`]).
+    pub fn ask(&self, cause: Cause) {
         if !self.signal.is_cancelled() {
             self.preempt(cause);
         }

@@ -179,7 +179,7 @@ pub async fn admit(
             .due_at(due),
     );
     tokio::pin!(acquire);
-    let (ready, record, guard) = match divert_after {
+    let (ready, mut record, guard) = match divert_after {
         // Leaving the queue on the deadline is cancel-safe: the waiter is taken out.
         Some((after, d)) => match tokio::time::timeout(after, &mut acquire).await {
             Ok(guard) => (ready, record, guard),
@@ -206,7 +206,6 @@ pub async fn admit(
         None => (ready, record, acquire.await),
     };
     drop(held);
-    let (guard, mut record) = (guard, record);
     if guard.is_err()
         && tenant
             .as_ref()

@@ -492,7 +492,7 @@ impl Relay {
                 // while it may still leave, it does, and its continuation reserves the
                 // engine's count (`Ready::continued`). (It went on holding it to its end.)
                 if let Some(handle) = guard.preemptible() {
-                    handle.leave(Cause::counted(from));
+                    handle.ask(Cause::counted(from));
                 }
             }
             let Some((to, tokens)) = rules
