@@ -62,6 +62,19 @@ pub struct SimArgs {
     /// flag of the same name: its chat serving passes no tools to the template then).
     #[arg(long)]
     pub exclude_tools_when_tool_choice_none: bool,
+    /// A vision model: an image part costs one token per square of this many pixels a side, as
+    /// Qwen2-VL and Qwen2.5-VL count them (28; Hugging Face's `smart_resize`: each side rounded
+    /// to a multiple, the picture scaled down to `--image-max-tokens` squares or up to 4), and
+    /// renders as `<|vision_start|>`, that many `<|image_pad|>` and `<|vision_end|>`. A picture
+    /// whose size cannot be read from its `data:` URL (a fetched URL: the simulator fetches
+    /// nothing) costs `--image-max-tokens`. 0 (the default): a text model, which renders every
+    /// media part as its JSON.
+    #[arg(long, default_value_t = 0)]
+    pub image_token_pixels: u32,
+    /// The most tokens one picture costs with `--image-token-pixels` (Qwen2.5-VL's default
+    /// `max_pixels` of 12,845,056 is 16,384 squares of 28 pixels).
+    #[arg(long, default_value_t = 16384)]
+    pub image_max_tokens: u32,
     /// A model that calls a tool whenever it is offered one: a chat request with `tools` and
     /// `tool_choice` `"auto"` (or none) is answered with a call of its first tool, streamed as
     /// vLLM's auto tool choice streams one its tool parser found (`--enable-auto-tool-choice`):

@@ -8,6 +8,7 @@
 //! - [`args`]: command-line flags, named like `vllm serve`'s.
 //! - [`tokenizer`]: prompt tokens (a `tokenizer.json`, or a documented heuristic) and the chat template.
 //! - [`api`]: HTTP routes: request validation, SSE framing, chunk JSON, errors.
+//! - [`vision`]: a vision model's tokens for a picture (`--image-token-pixels`).
 //! - [`text`]: seeded output lengths, filler text and fault injection.
 //! - [`engine`]: the scheduler loop, KV cache and per-request state; `engine::metrics`, vLLM's
 //!   Prometheus series.
@@ -21,6 +22,7 @@ pub mod engine;
 pub mod profile;
 pub mod text;
 pub mod tokenizer;
+pub mod vision;
 pub mod words;
 
 use std::net::SocketAddr;
@@ -187,6 +189,7 @@ pub fn build(args: &SimArgs) -> anyhow::Result<api::AppState> {
         },
         prompt_tokens_details: args.enable_prompt_tokens_details,
         exclude_tools_when_none: args.exclude_tools_when_tool_choice_none,
+        vision: crate::vision::Vision::from_args(args.image_token_pixels, args.image_max_tokens),
         call_tools: args.call_tools,
         per_request_metrics: args.enable_per_request_metrics,
         request_id_headers: args.enable_request_id_headers,

@@ -19,7 +19,9 @@
 //! tokens (and [`MIN_SAMPLE_TOKENS`] at least): with the other kinds at their current lines,
 //! the engine counted `prompt_tokens - overhead - others` for this kind's `count`. A request
 //! more than an eighth of whose counted tokens are text some templates leave out (a `name`,
-//! earlier reasoning, tool call ids: [`KindCounts::optional`]) teaches nothing. Each kind
+//! earlier reasoning, tool call ids: [`KindCounts::optional`]) teaches nothing, and so does
+//! one that is not mostly media but more than an eighth media (a media charge is a bound, the
+//! most a part can cost, so a text lesson taken with it would count the text short). Each kind
 //! fits a line through its observations by least squares, every observation weighing
 //! [`DECAY`] times less than the next (about the last 20 count): a slope (the tokenizer's
 //! ratio) and a fixed part (such as a model's tools preamble, which the gateway charges at 150
@@ -71,7 +73,9 @@ pub const MAX_SHARE: usize = 4;
 /// The most of a request's counted tokens (overhead aside) that may be text some templates
 /// leave out ([`KindCounts::optional`]) for it to teach, as a fraction `1 / n`: a template
 /// that drops it makes the engine count less than the gateway did, so each lesson may count
-/// at most this much short, however many a client sends. Eight: an eighth.
+/// at most this much short, however many a client sends. Eight: an eighth. The same bound
+/// holds for media in a request that teaches another kind (a media charge is the most a part
+/// can cost, and what it costs less goes to the other kind's lesson).
 pub const MAX_OPTIONAL_SHARE: u64 = 8;
 
 /// What a piece of a prompt is, as far as its token density goes.
@@ -353,9 +357,13 @@ impl Table {
 /// - the model's own tokenizer counts text as the engine does (the template's markers are the
 ///   overhead, taken as they are), so 0.8 for code and prose (a template that drops earlier
 ///   turns' reasoning goes below, and is then counted long: the safe side);
-/// - tools and media stay at [`MIN_RATIO`]: tools are counted pretty-printed and most
-///   templates render them compact (a third fewer tokens, on top of the tokenizer's ratio),
-///   and a media part's real cost depends on the picture's size, which the charge cannot know.
+/// - tools stay at [`MIN_RATIO`]: they are counted pretty-printed and most templates render
+///   them compact (a third fewer tokens, on top of the tokenizer's ratio);
+/// - media at 1.0, the count as the gateway makes it: a part's charge is the most it can cost
+///   (its kind's configured charge, or its picture's size), so a part costs less than it is
+///   charged and teaches a ratio below 1 wherever the charge is a bound (small photos charged
+///   the largest picture, a text model's part JSON); learned, such a ratio counted a picture
+///   that does cost the most (3,584 x 3,584 pixels in 1.6 KB of PNG) at a quarter of it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Floors(pub [f64; 4]);
 
@@ -363,9 +371,9 @@ impl Floors {
     /// [`MIN_RATIO`] for every kind (no counter known).
     pub const NONE: Floors = Floors([MIN_RATIO; 4]);
     /// For the `heuristic` counter.
-    pub const HEURISTIC: Floors = Floors([0.4, 0.4, MIN_RATIO, MIN_RATIO]);
+    pub const HEURISTIC: Floors = Floors([0.4, 0.4, MIN_RATIO, 1.0]);
     /// For the served model's own `tokenizer.json`.
-    pub const MODEL_TOKENIZER: Floors = Floors([0.8, 0.8, MIN_RATIO, MIN_RATIO]);
+    pub const MODEL_TOKENIZER: Floors = Floors([0.8, 0.8, MIN_RATIO, 1.0]);
 }
 
 impl Default for Floors {
@@ -488,9 +496,12 @@ impl Calibration {
         let kind = counts.dominant();
         let own = counts.of(kind);
         let counted = counts.total().saturating_sub(counts.overhead);
+        let media = counts.of(ContentKind::Media);
         if own < MIN_SAMPLE_TOKENS
             || u64::from(own) * 2 < u64::from(counted)
             || u64::from(counts.optional) * MAX_OPTIONAL_SHARE > u64::from(counted)
+            || (kind != ContentKind::Media
+                && u64::from(media) * MAX_OPTIONAL_SHARE > u64::from(counted))
         {
             return None;
         }
@@ -635,7 +646,7 @@ mod tests {
     fn no_client_teaches_a_kind_below_its_floor() {
         // An engine that counts a tenth of what was counted (text the template leaves out,
         // sent again and again): the heuristic's prose never goes below 0.4 of its count,
-        // a model tokenizer's below 0.8; media keeps the wide bound.
+        // a model tokenizer's below 0.8; media never below its count (its charges are bounds).
         for (floors, want) in [(Floors::HEURISTIC, 0.4), (Floors::MODEL_TOKENIZER, 0.8)] {
             let cal = Calibration::with_floors(floors);
             for n in [500, 900, 1500, 2400, 3000, 4000] {
@@ -649,10 +660,7 @@ mod tests {
                 optional: 0,
             };
             cal.observe("m", &media, 85).unwrap();
-            assert_eq!(
-                cal.expect(Some("m"), ContentKind::Media, 800),
-                MIN_RATIO * 800.0
-            );
+            assert_eq!(cal.expect(Some("m"), ContentKind::Media, 800), 800.0);
         }
     }
 

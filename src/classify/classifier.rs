@@ -110,6 +110,7 @@ impl Classifier {
             costs: TemplateCosts {
                 per_message: c.per_message_overhead,
                 image_part: c.image_part_tokens,
+                image_token_pixels: c.image_token_pixels,
                 audio_part: c.audio_part_tokens,
                 video_part: c.video_part_tokens,
             },

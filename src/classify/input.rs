@@ -45,8 +45,11 @@ pub struct TemplateCosts {
     /// Tokens per message (role header markers, separators, end of turn); the role's own text
     /// is counted as text.
     pub per_message: u32,
-    /// Tokens per image part, on top of its JSON.
+    /// Tokens per image part, on top of its JSON: the most a picture costs.
     pub image_part: u32,
+    /// Side in pixels of the square one image token covers: a picture whose size its `data:`
+    /// URL gives costs a token per square, at most `image_part`; 0: every picture `image_part`.
+    pub image_token_pixels: u32,
     /// Tokens per audio part, on top of its JSON.
     pub audio_part: u32,
     /// Tokens per video part, on top of its JSON.
@@ -54,13 +57,32 @@ pub struct TemplateCosts {
 }
 
 impl TemplateCosts {
-    /// The charge of one non-text part of `kind` (none for a part that is not media).
+    /// The charge of one non-text part of `kind` (none for a part that is not media): the
+    /// most a part of that kind costs.
     pub fn media_part(&self, kind: MediaKind) -> u32 {
         match kind {
             MediaKind::Image => self.image_part,
             MediaKind::Audio => self.audio_part,
             MediaKind::Video => self.video_part,
             MediaKind::Other => 0,
+        }
+    }
+
+    /// The charge of `part`: a picture whose size its `data:` URL's header gives (PNG, JPEG,
+    /// GIF, WebP: [`ContentPart::image_size`]) costs `ceil(w / side) * ceil(h / side)` tokens
+    /// with `image_token_pixels` set, at most `image_part`; any other part its kind's charge.
+    pub fn part_charge(&self, part: &ContentPart) -> u32 {
+        let kind = part.media_kind();
+        let most = self.media_part(kind);
+        let side = u64::from(self.image_token_pixels);
+        match part.image_size().filter(|_| side > 0) {
+            Some((w, h)) => {
+                let squares = u64::from(w)
+                    .div_ceil(side)
+                    .saturating_mul(u64::from(h).div_ceil(side));
+                u32::try_from(squares.min(u64::from(most))).unwrap_or(most)
+            }
+            None => most,
         }
     }
 }
@@ -240,11 +262,13 @@ impl PromptInput {
                 let mut separators = 0u32;
                 for m in messages {
                     let mut pieces = 0u32;
-                    m.for_each_piece(|kind, _| match kind {
+                    m.for_each_piece_of_part(|kind, _, part| match kind {
                         PieceKind::Role => {}
                         PieceKind::Media(media) => {
                             pieces = pieces.saturating_add(1);
-                            split.add(ContentKind::Media, costs.media_part(media));
+                            let charge =
+                                part.map_or(costs.media_part(media), |p| costs.part_charge(p));
+                            split.add(ContentKind::Media, charge);
                         }
                         PieceKind::Text
                         | PieceKind::Optional

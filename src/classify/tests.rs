@@ -376,6 +376,7 @@ fn every_rendered_string_is_counted_and_media_by_its_kind() {
     let costs = TemplateCosts {
         per_message: 5,
         image_part: 1000,
+        image_token_pixels: 0,
         audio_part: 200,
         video_part: 30_000,
     };

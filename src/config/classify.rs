@@ -22,6 +22,8 @@ const DEFAULT_OUTPUT_TOKENS: u32 = 512;
 const PER_MESSAGE_OVERHEAD: u32 = 5;
 /// Default `classify.image_part_tokens`.
 const IMAGE_PART_TOKENS: u32 = 1_024;
+/// Largest `classify.image_token_pixels`.
+const MAX_IMAGE_TOKEN_PIXELS: u32 = 4_096;
 /// Default `classify.audio_part_tokens`.
 const AUDIO_PART_TOKENS: u32 = 1_024;
 /// Default `classify.video_part_tokens`.
@@ -51,6 +53,9 @@ pub struct RawClassify {
     pub per_message_overhead: Option<u32>,
     /// Tokens counted per image part, on top of its JSON.
     pub image_part_tokens: Option<u32>,
+    /// Side in pixels of the square one image token covers; 0: every image costs
+    /// `image_part_tokens`.
+    pub image_token_pixels: Option<u32>,
     /// Tokens counted per audio part, on top of its JSON.
     pub audio_part_tokens: Option<u32>,
     /// Tokens counted per video part, on top of its JSON.
@@ -81,8 +86,12 @@ pub struct ClassifyConfig {
     /// Tokens the chat template adds per message (role header and separators).
     pub per_message_overhead: u32,
     /// Tokens counted per image part (`image_url`, `input_image`), on top of
-    /// its JSON.
+    /// its JSON: the most one picture costs.
     pub image_part_tokens: u32,
+    /// Side in pixels of the square one image token covers (28 for Qwen2-VL and Qwen2.5-VL): a
+    /// picture whose size its `data:` URL's header gives costs `ceil(w / side) * ceil(h /
+    /// side)` tokens, at most `image_part_tokens`; 0: every picture `image_part_tokens`.
+    pub image_token_pixels: u32,
     /// Tokens counted per audio part (`audio_url`, `input_audio`), on top of
     /// its JSON.
     pub audio_part_tokens: u32,
@@ -163,6 +172,16 @@ pub(super) fn validate(c: &mut Checker, raw: RawClassify) -> ClassifyConfig {
         ),
         per_message_overhead: raw.per_message_overhead.unwrap_or(PER_MESSAGE_OVERHEAD),
         image_part_tokens: raw.image_part_tokens.unwrap_or(IMAGE_PART_TOKENS),
+        image_token_pixels: match raw.image_token_pixels {
+            Some(n) if n > MAX_IMAGE_TOKEN_PIXELS => {
+                c.fail(
+                    "classify.image_token_pixels",
+                    "must be at most 4096 (pixels a side of one token's square; 0: every image costs image_part_tokens)",
+                );
+                0
+            }
+            n => n.unwrap_or(0),
+        },
         audio_part_tokens: raw.audio_part_tokens.unwrap_or(AUDIO_PART_TOKENS),
         video_part_tokens: raw.video_part_tokens.unwrap_or(VIDEO_PART_TOKENS),
         extra_roles: extra_roles(c, raw.extra_roles.unwrap_or_default()),

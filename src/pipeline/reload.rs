@@ -310,10 +310,12 @@ fn apply_locked(state: &AppState, mut new: Config, force: bool) -> Result<Reload
         && a.per_message_overhead == b.per_message_overhead
         && (
             a.image_part_tokens,
+            a.image_token_pixels,
             a.audio_part_tokens,
             a.video_part_tokens,
         ) == (
             b.image_part_tokens,
+            b.image_token_pixels,
             b.audio_part_tokens,
             b.video_part_tokens,
         );

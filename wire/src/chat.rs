@@ -102,13 +102,70 @@ impl ContentPart {
     }
 
     /// The JSON a template renders for a non-text part: its fields but the type, `text`
-    /// included when the part has one.
+    /// included when the part has one, with each inline payload (a base64 `data:` URL's data,
+    /// an `input_audio` part's `data`) replaced by `#` and its 64-bit FNV-1a digest in hex. The
+    /// engine never renders a payload as text (it decodes it into the picture's or the clip's
+    /// own tokens, which the media charge counts), and the digest keeps two parts with
+    /// different payloads apart.
     pub fn rendered_json(&self) -> String {
         let mut fields = self.other.clone();
+        for (key, value) in fields.iter_mut() {
+            match value {
+                Value::String(s) if key == "data" && self.kind == "input_audio" => {
+                    *s = digest(s);
+                }
+                Value::Object(inner) if key == "input_audio" => {
+                    if let Some(Value::String(s)) = inner.get_mut("data") {
+                        *s = digest(s);
+                    }
+                    shorten_urls(inner);
+                }
+                Value::Object(inner) => shorten_urls(inner),
+                Value::String(s) => shorten_url(s),
+                _ => {}
+            }
+        }
         if let Some(text) = &self.text {
             fields.insert("text".to_owned(), Value::String(text.clone()));
         }
         Value::Object(fields).to_string()
+    }
+
+    /// The width and height of an image part's picture when it is inline and its header reads
+    /// cleanly ([`crate::image::data_url_size`]): `image_url` as a string or an object's `url`.
+    pub fn image_size(&self) -> Option<(u32, u32)> {
+        if self.media_kind() != MediaKind::Image {
+            return None;
+        }
+        let url = match self.other.get("image_url")? {
+            Value::String(url) => url,
+            Value::Object(o) => o.get("url")?.as_str()?,
+            _ => return None,
+        };
+        crate::image::data_url_size(url)
+    }
+}
+
+/// `#` and the FNV-1a digest of `payload`, in hex.
+fn digest(payload: &str) -> String {
+    format!("#{:016x}", crate::tokens::fnv1a(payload.as_bytes()))
+}
+
+/// A base64 `data:` URL with its payload replaced by its [`digest`]; any other string as it is.
+fn shorten_url(s: &mut String) {
+    if let Some(payload) = crate::image::data_url_payload(s) {
+        let kept = s.len() - payload.len();
+        let short = format!("{}{}", &s[..kept], digest(payload));
+        *s = short;
+    }
+}
+
+/// [`shorten_url`] on each string field of a part's object (`image_url.url`...).
+fn shorten_urls(fields: &mut Map<String, Value>) {
+    for value in fields.values_mut() {
+        if let Value::String(s) = value {
+            shorten_url(s);
+        }
     }
 }
 
@@ -185,25 +242,31 @@ impl ChatMessage {
     /// they are, other parts as the JSON of their fields), then `name`, `tool_calls` (JSON) and
     /// `tool_call_id`. The template puts a newline between the pieces after the role.
     pub fn for_each_piece(&self, mut f: impl FnMut(PieceKind, &str)) {
-        f(PieceKind::Role, &self.role);
+        self.for_each_piece_of_part(|kind, piece, _| f(kind, piece));
+    }
+
+    /// [`ChatMessage::for_each_piece`], with the content part a non-text piece renders.
+    pub fn for_each_piece_of_part(&self, mut f: impl FnMut(PieceKind, &str, Option<&ContentPart>)) {
+        f(PieceKind::Role, &self.role, None);
         for reasoning in [&self.reasoning, &self.reasoning_content]
             .into_iter()
             .flatten()
         {
-            f(PieceKind::Optional, reasoning);
+            f(PieceKind::Optional, reasoning, None);
         }
         // Llama 3.1's template writes a tool result as `message.content | tojson` (a string is
         // iterable to Jinja): quoted, with every control character six bytes (`\u0001`) and
         // every newline, quote and backslash two. Counted as written.
         let as_json = matches!(self.role.as_str(), "tool" | "ipython");
-        let text = |f: &mut dyn FnMut(PieceKind, &str), s: &str| {
+        let text = |f: &mut dyn FnMut(PieceKind, &str, Option<&ContentPart>), s: &str| {
             if as_json {
                 f(
                     PieceKind::ToolResult,
                     &serde_json::Value::from(s).to_string(),
+                    None,
                 );
             } else {
-                f(PieceKind::Text, s);
+                f(PieceKind::Text, s, None);
             }
         };
         match &self.content {
@@ -214,22 +277,26 @@ impl ChatMessage {
                     if p.is_text() {
                         text(&mut f, p.text_value().unwrap_or(""));
                     } else {
-                        f(PieceKind::Media(p.media_kind()), &p.rendered_json());
+                        f(
+                            PieceKind::Media(p.media_kind()),
+                            &p.rendered_json(),
+                            Some(p),
+                        );
                     }
                 }
             }
         }
         if let Some(name) = &self.name {
-            f(PieceKind::Optional, name);
+            f(PieceKind::Optional, name, None);
         }
         if let Some(calls) = self.tool_calls.as_ref().filter(|c| !c.is_null()) {
-            f(PieceKind::ToolCalls, &rendered_calls(calls));
+            f(PieceKind::ToolCalls, &rendered_calls(calls), None);
             for id in call_ids(calls) {
-                f(PieceKind::Optional, id);
+                f(PieceKind::Optional, id, None);
             }
         }
         if let Some(id) = &self.tool_call_id {
-            f(PieceKind::Optional, id);
+            f(PieceKind::Optional, id, None);
         }
     }
 }
@@ -294,6 +361,20 @@ pub fn render_chat(messages: &[ChatMessage]) -> String {
 
 /// [`render_chat`] ending as `end` says.
 pub fn render_chat_ending(messages: &[ChatMessage], end: PromptEnd) -> String {
+    render_chat_with(messages, end, None)
+}
+
+/// How the simulator's template renders a media part: `None`, as its JSON (a text model's
+/// rendering, which the gateway counts as it is); else by this function where it gives a
+/// text (a vision model's tokens for the picture), as its JSON where it gives `None`.
+pub type Pictures<'a> = Option<&'a dyn Fn(&ContentPart) -> Option<String>>;
+
+/// [`render_chat_ending`] with media parts rendered as `pictures` says.
+pub fn render_chat_with(
+    messages: &[ChatMessage],
+    end: PromptEnd,
+    pictures: Pictures<'_>,
+) -> String {
     let mut out = String::new();
     for (i, m) in messages.iter().enumerate() {
         out.push_str("<|im_start|>");
@@ -302,7 +383,7 @@ pub fn render_chat_ending(messages: &[ChatMessage], end: PromptEnd) -> String {
         out.push_str(&m.role);
         out.push('\n');
         let mut first = true;
-        m.for_each_piece(|kind, piece| {
+        m.for_each_piece_of_part(|kind, piece, part| {
             if kind == PieceKind::Role {
                 return;
             }
@@ -310,7 +391,10 @@ pub fn render_chat_ending(messages: &[ChatMessage], end: PromptEnd) -> String {
                 out.push('\n');
             }
             first = false;
-            out.push_str(piece);
+            match part.zip(pictures).and_then(|(part, render)| render(part)) {
+                Some(picture) => out.push_str(&picture),
+                None => out.push_str(piece),
+            }
         });
         if end == PromptEnd::ContinueFinal && i + 1 == messages.len() {
             return out;
@@ -363,9 +447,20 @@ pub fn render_request_ending(
     messages: &[ChatMessage],
     end: PromptEnd,
 ) -> String {
+    render_request_with(tools, kwargs, messages, end, None)
+}
+
+/// [`render_request_ending`] with media parts rendered as `pictures` says.
+pub fn render_request_with(
+    tools: Option<&Value>,
+    kwargs: Option<&Value>,
+    messages: &[ChatMessage],
+    end: PromptEnd,
+    pictures: Pictures<'_>,
+) -> String {
     let mut text = render_tools(tools);
     text.push_str(&render_template_kwargs(kwargs));
-    text.push_str(&render_chat_ending(messages, end));
+    text.push_str(&render_chat_with(messages, end, pictures));
     text
 }
 

@@ -10,6 +10,7 @@
 //! - [`stats`]: the one quantile (nearest rank) every report and bench prints.
 
 pub mod chat;
+pub mod image;
 pub mod prom;
 pub mod pyjson;
 pub mod sse;

@@ -22,7 +22,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 
-use crate::tokenizer::{render_request_ending, ChatMessage, PromptEnd};
+use crate::tokenizer::{ChatMessage, PromptEnd};
 use error::ApiError;
 use request::{encode, parse_json, prompt_end};
 pub use state::AppState;
@@ -179,7 +179,7 @@ async fn tokenize(State(s): State<AppState>, body: Bytes) -> Response {
                     }
                     _ => None,
                 };
-                (render_request_ending(tools, kwargs, &m, end), continued)
+                (s.render(tools, kwargs, &m, end), continued)
             }
             _ => {
                 return Err(ApiError::bad_request(

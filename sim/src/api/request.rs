@@ -6,7 +6,7 @@ use serde::Deserialize;
 
 use super::error::ApiError;
 use super::state::AppState;
-use crate::tokenizer::{render_request_ending, ChatMessage, PromptEnd};
+use crate::tokenizer::{ChatMessage, PromptEnd};
 
 /// `stream_options` (vLLM's `StreamOptions`, `vllm/entrypoints/generate/base/protocol.py`: both
 /// default to false; older vLLM defaulted `include_usage` to true).
@@ -380,7 +380,7 @@ pub async fn continuation(
     messages: &[ChatMessage],
 ) -> Option<Continuation> {
     let (last, before) = messages.split_last()?;
-    let origin = render_request_ending(tools, kwargs, before, PromptEnd::Generation);
+    let origin = state.render(tools, kwargs, before, PromptEnd::Generation);
     let text = last.text();
     // A reasoning model's answer starts after its reasoning: the output position the continued
     // answer goes on from. Its prompt holds only the answer's words (the template drops the
@@ -469,7 +469,7 @@ impl Generation {
             !(state.exclude_tools_when_none
                 && body.tool_choice.as_ref().and_then(|c| c.as_str()) == Some("none"))
         });
-        let text = render_request_ending(
+        let text = state.render(
             tools,
             body.chat_template_kwargs.as_ref(),
             &body.messages,

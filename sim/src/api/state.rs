@@ -34,6 +34,8 @@ pub struct AppState {
     pub prompt_tokens_details: bool,
     /// `--exclude-tools-when-tool-choice-none`.
     pub exclude_tools_when_none: bool,
+    /// `--image-token-pixels` and `--image-max-tokens`: `None` for a text model.
+    pub vision: Option<crate::vision::Vision>,
     /// `--call-tools`: `tool_choice` `"auto"` with tools is answered with a call of the first.
     pub call_tools: bool,
     /// `--enable-per-request-metrics`.
@@ -62,6 +64,24 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The prompt the simulator's template renders for a chat request: media parts as the
+    /// model takes them (`--image-token-pixels`: a vision model's tokens per picture).
+    pub fn render(
+        &self,
+        tools: Option<&serde_json::Value>,
+        kwargs: Option<&serde_json::Value>,
+        messages: &[crate::tokenizer::ChatMessage],
+        end: crate::tokenizer::PromptEnd,
+    ) -> String {
+        let pictures = self
+            .vision
+            .map(|v| move |part: &crate::tokenizer::ContentPart| v.render(part));
+        let pictures: tutor_wire::chat::Pictures<'_> = pictures
+            .as_ref()
+            .map(|f| f as &dyn Fn(&crate::tokenizer::ContentPart) -> Option<String>);
+        tutor_wire::chat::render_request_with(tools, kwargs, messages, end, pictures)
+    }
+
     /// Remembers a call to an abort path (the last 1,000).
     pub(super) fn saw_abort(&self, path: &str, status: StatusCode, ids: &[String], aborted: usize) {
         let mut q = self.aborts.lock().unwrap_or_else(|e| e.into_inner());
