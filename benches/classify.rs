@@ -563,6 +563,7 @@ fn main() {
     let overhead = TemplateCosts {
         per_message: config.classify.per_message_overhead,
         image_part: config.classify.image_part_tokens,
+        image_token_pixels: config.classify.image_token_pixels,
         audio_part: config.classify.audio_part_tokens,
         video_part: config.classify.video_part_tokens,
     };

@@ -59,7 +59,7 @@ impl<'a> Base64<'a> {
     /// `text` when it is strict base64: a multiple of four characters of the standard alphabet,
     /// with `=` padding (at most two) only at its end.
     fn new(text: &'a [u8]) -> Option<Self> {
-        if text.is_empty() || text.len() % 4 != 0 {
+        if text.is_empty() || !text.len().is_multiple_of(4) {
             return None;
         }
         let pad = text.iter().rev().take_while(|&&c| c == b'=').count();
