@@ -12,6 +12,7 @@ use common::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
+use tutor_testkit::picture::png_data_url;
 
 /// The documented margin per message: the estimate is never below the simulator's count.
 const MARGIN_PER_MESSAGE: u64 = 0;
@@ -393,46 +394,6 @@ async fn tool_call_arguments_are_counted_as_the_template_writes_them() {
     h.shutdown().await;
 }
 
-/// A PNG of `width` x `height` pixels as far as its header goes (signature, `IHDR`, then an
-/// `IDAT` of `data` bytes and `IEND`), base64 in a `data:` URL. The simulator, like the gateway,
-/// reads only the header; vLLM would decode the picture.
-fn png_url(width: u32, height: u32, data: usize) -> String {
-    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
-    let mut chunk = |kind: &[u8], body: &[u8]| {
-        png.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        png.extend_from_slice(kind);
-        png.extend_from_slice(body);
-        png.extend_from_slice(&[0; 4]);
-    };
-    let mut ihdr = width.to_be_bytes().to_vec();
-    ihdr.extend_from_slice(&height.to_be_bytes());
-    ihdr.extend_from_slice(&[8, 2, 0, 0, 0]);
-    chunk(b"IHDR", &ihdr);
-    let mut rng = StdRng::seed_from_u64(u64::from(width));
-    let noise: Vec<u8> = (0..data).map(|_| rng.random()).collect();
-    chunk(b"IDAT", &noise);
-    chunk(b"IEND", &[]);
-    format!("data:image/png;base64,{}", base64(&png))
-}
-
-fn base64(bytes: &[u8]) -> String {
-    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in bytes.chunks(3) {
-        let mut b = [0u8; 3];
-        b[..c.len()].copy_from_slice(c);
-        let v = u32::from_be_bytes([0, b[0], b[1], b[2]]);
-        for i in 0..4 {
-            out.push(if i <= c.len() {
-                char::from(A[(v >> (18 - 6 * i) & 63) as usize])
-            } else {
-                '='
-            });
-        }
-    }
-    out
-}
-
 /// A vision model's tokens follow a picture's resolution, not its bytes (Qwen2.5-VL: a token
 /// per 28 x 28 pixels, up to 16,384). With `classify.image_token_pixels` the gateway reads the
 /// size from a `data:` URL's header: a few hundred bytes of PNG at 3,584 x 3,584 pixels (the
@@ -464,14 +425,18 @@ async fn a_picture_is_counted_by_its_resolution_not_its_bytes() {
     let cases = [
         (
             "a 3,584 x 3,584 PNG of 600 bytes",
-            png_url(3584, 3584, 520),
+            png_data_url(3584, 3584, 520),
             "large",
         ),
-        ("an 8,000 x 8,000 PNG", png_url(8000, 8000, 16), "large"),
-        ("a 640 x 480 PNG", png_url(640, 480, 2_000), "small"),
+        (
+            "an 8,000 x 8,000 PNG",
+            png_data_url(8000, 8000, 16),
+            "large",
+        ),
+        ("a 640 x 480 PNG", png_data_url(640, 480, 2_000), "small"),
         (
             "an 800 x 600 PNG of 300 KB",
-            png_url(800, 600, 300_000),
+            png_data_url(800, 600, 300_000),
             "small",
         ),
     ];

@@ -522,3 +522,101 @@ fn text_a_template_may_leave_out_teaches_nothing() {
         .expect("a request mostly rendered for sure teaches");
     assert_eq!(lesson.kind, ContentKind::Prose);
 }
+
+use crate::classify::calibration::ContentKind as Kind;
+
+/// The classifier of a vision model counted as Qwen2.5-VL's are: a token per 28 x 28 pixels, at
+/// most 16,384 a picture, in a context of 32,768.
+fn vision_classifier() -> Classifier {
+    let mut config = Config::default();
+    config.upstream.max_model_len = std::num::NonZeroU32::new(32_768).unwrap();
+    config.classify.image_part_tokens = 16_384;
+    config.classify.image_token_pixels = 28;
+    Classifier::with_counter(&config, TokenCounter::Heuristic)
+}
+
+/// A question with one picture of `width` x `height` pixels.
+fn picture_question(width: u32, height: u32) -> PromptInput {
+    let url = tutor_testkit::picture::png_data_url(width, height, 64);
+    let messages = serde_json::json!([{"role": "user", "content": [
+        {"type": "text", "text": "what does this picture show?"},
+        {"type": "image_url", "image_url": {"url": url}}]}]);
+    PromptInput::chat(serde_json::from_value(messages).unwrap(), None, 32_768)
+}
+
+/// A picture's charge is the most it can cost, so pictures that cost less (a model that counts
+/// an 800 x 600 photo at 300 tokens, charged 638 by its size) teach the media line nothing
+/// below its count: the largest picture, 3,584 x 3,584 pixels in a few hundred bytes of PNG, is
+/// still counted whole. The line learned down to a quarter before, and such a picture was a
+/// small question.
+#[test]
+fn pictures_that_cost_less_than_their_charge_never_count_the_largest_short() {
+    let c = vision_classifier();
+    let photo = picture_question(800, 600);
+    for _ in 0..40 {
+        let counts = c
+            .classify_blocking(&photo, Some(100))
+            .unwrap()
+            .counts
+            .unwrap();
+        assert_eq!(counts.of(Kind::Media) - counts_of_json(&photo), 29 * 22);
+        let engine = counts.total() - 638 + 300;
+        c.calibration().observe("m", &counts, engine);
+    }
+    let largest = c
+        .classify_blocking(&picture_question(3584, 3584), Some(100))
+        .unwrap();
+    assert!(largest.input_tokens_estimate >= 16_384, "{largest:?}");
+    assert_eq!(largest.lane, Lane::Large);
+}
+
+/// The heuristic's count of `input`'s media parts' JSON (their payloads' digests in place of
+/// the payloads).
+fn counts_of_json(input: &PromptInput) -> u32 {
+    let mut n = 0;
+    input.for_each_kind_text(|kind, _, text| {
+        if kind == Kind::Media {
+            n += TokenCounter::Heuristic.count_text(text);
+        }
+    });
+    n
+}
+
+/// A media charge is a bound, so a request that is not mostly media but more than an eighth of
+/// it teaches nothing: what the picture cost less than its charge would go to the text's
+/// lesson (here, 3,000 tokens of prose and a picture the engine counted at 100 of its 1,024
+/// would teach prose 0.7 of its count).
+#[test]
+fn a_request_partly_made_of_pictures_teaches_its_text_nothing() {
+    let c = vision_classifier();
+    let prose = text_with_tokens(&TokenCounter::Heuristic, 3_000);
+    let url = tutor_testkit::picture::png_data_url(896, 896, 64);
+    let messages = serde_json::json!([{"role": "user", "content": [
+        {"type": "text", "text": prose},
+        {"type": "image_url", "image_url": {"url": url}}]}]);
+    let input = PromptInput::chat(serde_json::from_value(messages).unwrap(), None, 32_768);
+    let counts = c
+        .classify_blocking(&input, Some(100))
+        .unwrap()
+        .counts
+        .unwrap();
+    let media = counts.of(Kind::Media);
+    assert!(media >= 1_024 && media * 2 < counts.total(), "{counts:?}");
+    let engine = counts.total() - 1_024 + 100;
+    assert_eq!(c.calibration().observe("m", &counts, engine), None);
+    // The same text with a picture under an eighth of it teaches.
+    let small = tutor_testkit::picture::png_data_url(56, 56, 64);
+    let messages = serde_json::json!([{"role": "user", "content": [
+        {"type": "text", "text": prose},
+        {"type": "image_url", "image_url": {"url": small}}]}]);
+    let input = PromptInput::chat(serde_json::from_value(messages).unwrap(), None, 32_768);
+    let counts = c
+        .classify_blocking(&input, Some(100))
+        .unwrap()
+        .counts
+        .unwrap();
+    assert!(c
+        .calibration()
+        .observe("m", &counts, counts.total())
+        .is_some());
+}

@@ -7,11 +7,12 @@
 //!
 //! It depends on neither the gateway nor the simulator, so any crate of the workspace can use it
 //! as a dev-dependency without a cycle. Helpers panic on failure: they are for tests.
-//! [`bench`] holds what the benchmarks share.
+//! [`bench`] holds what the benchmarks share; [`picture`], pictures in `data:` URLs.
 
 pub mod bench;
 pub mod logs;
 mod outage;
+pub mod picture;
 
 pub use logs::{capture_logs, Captured};
 pub use outage::Outage;

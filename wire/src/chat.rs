@@ -472,3 +472,42 @@ pub fn render_tools(tools: Option<&Value>) -> String {
         None => String::new(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn part(v: Value) -> ContentPart {
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// An inline payload is never rendered as text: its digest stands for it, so the part's
+    /// JSON stays short however large the picture or clip, and two payloads stay apart.
+    #[test]
+    fn an_inline_payload_renders_as_its_digest() {
+        let big = format!("data:image/png;base64,{}", "QUJD".repeat(50_000));
+        let other = format!("data:image/png;base64,{}", "QUJE".repeat(50_000));
+        let a = part(serde_json::json!({"type": "image_url", "image_url": {"url": big}}));
+        let b = part(serde_json::json!({"type": "input_image", "image_url": other}));
+        let audio = part(serde_json::json!({"type": "input_audio",
+            "input_audio": {"data": "QUJD".repeat(50_000), "format": "wav"}}));
+        for p in [&a, &b, &audio] {
+            let json = p.rendered_json();
+            assert!(json.len() < 100, "{json}");
+            assert!(json.contains('#'), "{json}");
+        }
+        assert_ne!(
+            a.rendered_json().split('#').nth(1),
+            b.rendered_json().split('#').nth(1)
+        );
+        // A URL to fetch, or a data URL that is not base64, is rendered as it is.
+        let fetched = part(
+            serde_json::json!({"type": "image_url", "image_url": {"url": "https://a.example/x.png"}}),
+        );
+        assert!(fetched.rendered_json().contains("https://a.example/x.png"));
+        let plain = part(
+            serde_json::json!({"type": "image_url", "image_url": {"url": "data:text/plain,hello"}}),
+        );
+        assert!(plain.rendered_json().contains("data:text/plain,hello"));
+    }
+}

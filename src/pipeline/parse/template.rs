@@ -309,6 +309,16 @@ fn check_content(at: &str, content: &Value) -> Result<(), GatewayError> {
                 ),
                 format!("{at}.type"),
             ));
+        } else if part.contains_key("uuid") {
+            // vLLM takes a part with a `uuid` as a reference to a media item it has cached
+            // under that id, with or without the media itself: the gateway cannot count an
+            // item it is not sent, and another client's picture would answer for it.
+            return Err(GatewayError::bad_field(
+                format!(
+                    "{at}.uuid is not accepted: a media part is counted by the media it carries, which must be sent whole"
+                ),
+                format!("{at}.uuid"),
+            ));
         } else if let Some(text) = part.get("text").filter(|t| !t.is_string()) {
             // Counted as part of the part's JSON, but the typed message takes it as text.
             return Err(GatewayError::bad_field(

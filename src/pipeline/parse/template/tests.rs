@@ -131,6 +131,16 @@ fn keys_the_estimate_does_not_count_are_refused_by_their_message() {
             json!({"role": "user", "content": [{"type": "audio_embeds", "audio_embeds": "AAAA"}]}),
             "messages[0].content[0].type",
         ),
+        // A `uuid` names a media item vLLM cached earlier (perhaps another client's), which
+        // the part need not carry.
+        (
+            json!({"role": "user", "content": [{"type": "image_url", "uuid": "pic-1", "image_url": null}]}),
+            "messages[0].content[0].uuid",
+        ),
+        (
+            json!({"role": "user", "content": [{"type": "input_audio", "uuid": "a", "input_audio": {"data": "AAAA", "format": "wav"}}]}),
+            "messages[0].content[0].uuid",
+        ),
         (
             json!({"role": "user", "content": [{"type": "text"}]}),
             "messages[0].content[0].text",
