@@ -160,8 +160,8 @@ pub(super) fn validate(c: &mut Checker, raw: RawFields) -> FieldsConfig {
             Some(h) => media_hosts.push(h),
             None => c.fail(
                 format!("fields.media_hosts[{i}]"),
-                "must be a host name or IP address like media.example.edu (no scheme, port or \
-                 path)",
+                "must be a host name or IP address like media.example.edu, with a port when it is \
+                 not the scheme's own (media.example.edu:8080; no scheme or path)",
             ),
         }
     }
@@ -206,17 +206,30 @@ pub(super) fn validate(c: &mut Checker, raw: RawFields) -> FieldsConfig {
 /// An allowed media host as a URL's host reads after parsing (lower case, punycode, IPv6 in
 /// brackets), or `None` when `host` is not one.
 fn media_host(host: &str) -> Option<String> {
-    if host.is_empty() || host.contains([':', '/', '@', '?', '#', ' ', '\\', '*']) && !ipv6(host) {
+    if host.is_empty() || host.contains(['/', '@', '?', '#', ' ', '\\', '*']) {
         return None;
     }
-    url::Url::parse(&format!("http://{host}/"))
-        .ok()
-        .and_then(|u| u.host_str().map(str::to_owned))
-}
-
-/// `[::1]`-style IPv6 literals are written with brackets, as URLs write them.
-fn ipv6(host: &str) -> bool {
-    host.starts_with('[') && host.ends_with(']') && !host.contains(['/', '@', '?', '#', ' '])
+    // A port, when given, is digits after the host (after the brackets of an IPv6 literal).
+    let bare = match host.rsplit_once(':') {
+        Some((name, port)) if !name.ends_with(':') && (!name.contains(':') || name.ends_with(']')) => {
+            if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            name
+        }
+        _ => host,
+    };
+    if bare.contains(':') && !(bare.starts_with('[') && bare.ends_with(']')) {
+        return None;
+    }
+    // Normalized as a URL reads it; 80 is dropped (the http scheme's own port), so an entry
+    // naming it is its host alone.
+    let u = url::Url::parse(&format!("http://{host}/")).ok()?;
+    let name = u.host_str()?;
+    Some(match u.port() {
+        Some(port) => format!("{name}:{port}"),
+        None => name.to_owned(),
+    })
 }
 
 #[cfg(test)]
@@ -231,10 +244,19 @@ mod tests {
         );
         assert_eq!(media_host("[::1]").as_deref(), Some("[::1]"));
         assert_eq!(media_host("10.0.0.1").as_deref(), Some("10.0.0.1"));
+        assert_eq!(
+            media_host("Media.Example.EDU:8080").as_deref(),
+            Some("media.example.edu:8080")
+        );
+        assert_eq!(media_host("[::1]:9000").as_deref(), Some("[::1]:9000"));
+        assert_eq!(media_host("x.example:80").as_deref(), Some("x.example"));
         for bad in [
             "",
             "https://x.example",
-            "x.example:8080",
+            "x.example:",
+            "x.example:http",
+            "x.example:99999",
+            "::1",
             "x.example/a",
             "*.x",
         ] {

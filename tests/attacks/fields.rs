@@ -297,6 +297,9 @@ async fn media_urls_reach_the_engine_only_as_data_or_from_listed_hosts() {
         ("image_url", "file:///etc/passwd"),
         ("video_url", "http://10.0.0.1/v.mp4"),
         ("audio_url", "http://localhost/a.wav"),
+        // A listed host's other ports: its admin port, a Redis beside it.
+        ("image_url", "http://media.example.edu:6379/"),
+        ("image_url", "https://media.example.edu:8080/x.png"),
     ] {
         refused(
             &h,

@@ -3,7 +3,8 @@
 //! metadata service or the cluster's own services would make the engine a proxy into the
 //! network it runs in. A media URL must be a `data:` URL, or an `http`/`https` URL whose host is
 //! on `fields.media_hosts` (compared as the URL parser normalizes it: lower case, IPv4 in
-//! dotted decimal, so `0x7f.1` is `127.0.0.1`); else 400 naming `messages`. No DNS is asked:
+//! dotted decimal, so `0x7f.1` is `127.0.0.1`) on its scheme's own port, or on a port listed
+//! with it (`media.example.edu:8443`); else 400 naming `messages`. No DNS is asked:
 //! the list names hosts, and the operator who lists a host vouches for where it resolves.
 //!
 //! What is refused outright, so that no other URL parser can read it differently: user
@@ -95,10 +96,18 @@ pub fn allowed(url: &str, hosts: &[String]) -> Result<(), String> {
     if !parsed.username().is_empty() || parsed.password().is_some() {
         return Err(format!("URLs with user information are refused; {LIST}"));
     }
-    match parsed.host_str() {
-        Some(host) if hosts.iter().any(|h| h == host) => Ok(()),
+    // A listed host alone allows its scheme's own port (the URL parser drops it: `port()` is
+    // `None`); any other port must be listed with it (`media.example.edu:8080`), so a listed
+    // host's other services (an admin port, a Redis) are not the engine's to reach.
+    let allowed = parsed.host_str().is_some_and(|host| match parsed.port() {
+        None => hosts.iter().any(|h| h == host),
+        Some(port) => hosts.iter().any(|h| *h == format!("{host}:{port}")),
+    });
+    if allowed {
+        Ok(())
+    } else {
         // The host is not echoed: it may be long, or name an internal service.
-        _ => Err(format!("the URL's host is not allowed; {LIST}")),
+        Err(format!("the URL's host and port are not allowed; {LIST}"))
     }
 }
 
@@ -108,7 +117,11 @@ mod tests {
     use serde_json::json;
 
     fn hosts() -> Vec<String> {
-        vec!["media.example.edu".into(), "10.1.2.3".into()]
+        vec![
+            "media.example.edu".into(),
+            "10.1.2.3".into(),
+            "media.example.edu:8443".into(),
+        ]
     }
 
     #[test]
@@ -117,7 +130,10 @@ mod tests {
             "data:image/png;base64,iVBORw0KGgo=",
             "DATA:image/png;base64,AAAA",
             "https://media.example.edu/cat.png",
-            "http://MEDIA.example.edu:8080/cat.png",
+            "http://MEDIA.example.edu/cat.png",
+            "http://media.example.edu:80/cat.png",
+            "https://media.example.edu:443/cat.png",
+            "https://media.example.edu:8443/cat.png",
             "http://10.1.2.3/x.wav",
         ] {
             assert_eq!(allowed(ok, &hosts()), Ok(()), "{ok}");
@@ -136,6 +152,10 @@ mod tests {
             "https://127.0.0.1\\@media.example.edu/x",
             " https://127.0.0.1/x",
             "https://media.example.edu.evil.test/x",
+            // A listed host's other ports: only those listed with it.
+            "http://media.example.edu:8080/cat.png",
+            "https://media.example.edu:80/x",
+            "http://10.1.2.3:6379/",
             "not a url",
             "",
         ] {
