@@ -211,7 +211,9 @@ fn media_host(host: &str) -> Option<String> {
     }
     // A port, when given, is digits after the host (after the brackets of an IPv6 literal).
     let bare = match host.rsplit_once(':') {
-        Some((name, port)) if !name.ends_with(':') && (!name.contains(':') || name.ends_with(']')) => {
+        Some((name, port))
+            if !name.ends_with(':') && (!name.contains(':') || name.ends_with(']')) =>
+        {
             if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
                 return None;
             }

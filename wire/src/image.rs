@@ -215,7 +215,12 @@ fn gif(data: &Base64<'_>) -> Option<(u32, u32)> {
     if flags & 0x80 != 0 {
         at += 3 << ((flags & 0x07) + 1);
     }
-    for _ in 0..MAX_STEPS {
+    let mut steps = 0;
+    loop {
+        steps += 1;
+        if steps > MAX_STEPS {
+            return None;
+        }
         match data.u8(at)? {
             0x2c => {
                 let (x, y) = (data.le16(at + 1)?, data.le16(at + 3)?);
@@ -226,6 +231,12 @@ fn gif(data: &Base64<'_>) -> Option<(u32, u32)> {
                 // Extension: a label, then sub-blocks until an empty one.
                 at += 2;
                 loop {
+                    // Every sub-block is a step: a payload of one-byte sub-blocks is walked
+                    // no further than any other header.
+                    steps += 1;
+                    if steps > MAX_STEPS {
+                        return None;
+                    }
                     let n = usize::from(data.u8(at)?);
                     at += 1 + n;
                     if n == 0 {
@@ -236,7 +247,6 @@ fn gif(data: &Base64<'_>) -> Option<(u32, u32)> {
             _ => return None,
         }
     }
-    None
 }
 
 /// WebP: the canvas of an extended file (`VP8X`), else the frame of a simple lossy (`VP8 `) or
@@ -353,6 +363,25 @@ mod tests {
         let mut jpeg = decode(JPEG);
         jpeg.splice(2..2, [0x00, 0x00]);
         assert_eq!(data_url_size(&url(&encode(&jpeg))), None);
+    }
+
+    #[test]
+    fn a_header_is_walked_a_bounded_number_of_steps() {
+        // A GIF whose first frame follows a comment of 5,000 one-byte sub-blocks: past the
+        // steps any header is walked, so it costs the most rather than a walk of the payload.
+        let mut gif = b"GIF89a\x0a\x00\x0a\x00\x00\x00\x00".to_vec();
+        gif.extend_from_slice(&[0x21, 0xfe]);
+        for _ in 0..5_000 {
+            gif.extend_from_slice(&[1, b'x']);
+        }
+        gif.push(0);
+        gif.extend_from_slice(&[0x2c, 0, 0, 0, 0, 0x10, 0, 0x10, 0, 0]);
+        assert_eq!(data_url_size(&url(&encode(&gif))), None);
+        // The same with a short comment reads.
+        let mut short = b"GIF89a\x0a\x00\x0a\x00\x00\x00\x00".to_vec();
+        short.extend_from_slice(&[0x21, 0xfe, 1, b'x', 0]);
+        short.extend_from_slice(&[0x2c, 0, 0, 0, 0, 0x10, 0, 0x10, 0, 0]);
+        assert_eq!(data_url_size(&url(&encode(&short))), Some((16, 16)));
     }
 
     #[test]
