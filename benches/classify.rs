@@ -564,6 +564,7 @@ fn main() {
         per_message: config.classify.per_message_overhead,
         image_part: config.classify.image_part_tokens,
         image_token_pixels: config.classify.image_token_pixels,
+        image_min_tokens: config.classify.image_min_tokens,
         audio_part: config.classify.audio_part_tokens,
         video_part: config.classify.video_part_tokens,
     };

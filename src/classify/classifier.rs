@@ -111,6 +111,7 @@ impl Classifier {
                 per_message: c.per_message_overhead,
                 image_part: c.image_part_tokens,
                 image_token_pixels: c.image_token_pixels,
+                image_min_tokens: c.image_min_tokens,
                 audio_part: c.audio_part_tokens,
                 video_part: c.video_part_tokens,
             },

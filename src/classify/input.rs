@@ -50,6 +50,9 @@ pub struct TemplateCosts {
     /// Side in pixels of the square one image token covers: a picture whose size its `data:`
     /// URL gives costs a token per square, at most `image_part`; 0: every picture `image_part`.
     pub image_token_pixels: u32,
+    /// With `image_token_pixels`: the squares a smaller picture is scaled up to (the model's
+    /// `min_pixels`).
+    pub image_min_tokens: u32,
     /// Tokens per audio part, on top of its JSON.
     pub audio_part: u32,
     /// Tokens per video part, on top of its JSON.
@@ -68,22 +71,37 @@ impl TemplateCosts {
         }
     }
 
-    /// The charge of `part`: a picture whose size its `data:` URL's header gives (PNG, JPEG,
-    /// GIF, WebP: [`ContentPart::image_size`]) costs `ceil(w / side) * ceil(h / side)` tokens
-    /// with `image_token_pixels` set, at most `image_part`; any other part its kind's charge.
+    /// The charge of `part`: with `image_token_pixels` set, a picture whose size its `data:`
+    /// URL's header gives (PNG, JPEG, GIF, WebP: [`ContentPart::image_size`]) costs
+    /// `ceil(w / side) * ceil(h / side)` tokens, or when it has fewer than `image_min_tokens`
+    /// squares' pixels what its sides scaled up to them cover, rounded up (Qwen2-VL's
+    /// `smart_resize` rounds each side to the nearest multiple, scales down past `max_pixels`
+    /// and up below `min_pixels`: never more than this); at most `image_part`. Any other part
+    /// costs its kind's charge.
     pub fn part_charge(&self, part: &ContentPart) -> u32 {
         let kind = part.media_kind();
         let most = self.media_part(kind);
-        let side = u64::from(self.image_token_pixels);
-        match part.image_size().filter(|_| side > 0) {
-            Some((w, h)) => {
-                let squares = u64::from(w)
-                    .div_ceil(side)
-                    .saturating_mul(u64::from(h).div_ceil(side));
-                u32::try_from(squares.min(u64::from(most))).unwrap_or(most)
-            }
-            None => most,
+        if self.image_token_pixels == 0 || kind != MediaKind::Image {
+            return most;
         }
+        let Some((w, h)) = part.image_size() else {
+            return most;
+        };
+        let side = f64::from(self.image_token_pixels);
+        let (w, h) = (f64::from(w), f64::from(h));
+        let squares = (w / side).ceil() * (h / side).ceil();
+        let least = f64::from(self.image_min_tokens) * side * side;
+        let scaled_up = if w * h < least {
+            // The same float operations in the same order as `smart_resize`'s (`beta =
+            // sqrt(min_pixels / (h * w))`, `ceil(h * beta / factor)`), so the same result.
+            let beta = (least / (h * w)).sqrt();
+            (h * beta / side).ceil() * (w * beta / side).ceil()
+        } else {
+            0.0
+        };
+        let charge = squares.max(scaled_up).min(f64::from(most));
+        // Within 0..=most, so the conversion is exact.
+        charge as u32
     }
 }
 

@@ -377,6 +377,7 @@ fn every_rendered_string_is_counted_and_media_by_its_kind() {
         per_message: 5,
         image_part: 1000,
         image_token_pixels: 0,
+        image_min_tokens: 4,
         audio_part: 200,
         video_part: 30_000,
     };
@@ -619,4 +620,33 @@ fn a_request_partly_made_of_pictures_teaches_its_text_nothing() {
         .calibration()
         .observe("m", &counts, counts.total())
         .is_some());
+}
+
+/// A picture with fewer pixels than the model's `min_pixels` is scaled up to them
+/// (`smart_resize`), each side rounded up: an 82 x 1 strip costs Qwen2.5-VL 19 tokens, not
+/// the 3 its squares would say; with `min_pixels` of 256 squares (a common vLLM setting,
+/// `image_min_tokens = 256`), a 1 x 1 picture costs 256.
+#[test]
+fn a_picture_below_the_models_least_is_charged_as_scaled_up() {
+    let charge = |min: u32, w: u32, h: u32| {
+        let costs = TemplateCosts {
+            per_message: 0,
+            image_part: 16_384,
+            image_token_pixels: 28,
+            image_min_tokens: min,
+            audio_part: 0,
+            video_part: 0,
+        };
+        let url = tutor_testkit::picture::png_data_url(w, h, 8);
+        let part: crate::classify::ContentPart = serde_json::from_value(serde_json::json!(
+            {"type": "image_url", "image_url": {"url": url}}))
+        .unwrap();
+        costs.part_charge(&part)
+    };
+    assert_eq!(charge(4, 82, 1), 19);
+    assert_eq!(charge(256, 1, 1), 256);
+    assert_eq!(charge(4, 10, 10), 4);
+    // Above the least, the squares it covers; past the most, the most.
+    assert_eq!(charge(4, 640, 480), 23 * 18);
+    assert_eq!(charge(4, 8000, 8000), 16_384);
 }

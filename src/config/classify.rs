@@ -24,6 +24,9 @@ const PER_MESSAGE_OVERHEAD: u32 = 5;
 const IMAGE_PART_TOKENS: u32 = 1_024;
 /// Largest `classify.image_token_pixels`.
 const MAX_IMAGE_TOKEN_PIXELS: u32 = 4_096;
+/// Default `classify.image_min_tokens`: Qwen2-VL's and Qwen2.5-VL's `min_pixels` (3,136) in
+/// squares of 28 pixels.
+const IMAGE_MIN_TOKENS: u32 = 4;
 /// Default `classify.audio_part_tokens`.
 const AUDIO_PART_TOKENS: u32 = 1_024;
 /// Default `classify.video_part_tokens`.
@@ -56,6 +59,8 @@ pub struct RawClassify {
     /// Side in pixels of the square one image token covers; 0: every image costs
     /// `image_part_tokens`.
     pub image_token_pixels: Option<u32>,
+    /// Tokens the smallest picture costs (the model's `min_pixels` in squares).
+    pub image_min_tokens: Option<u32>,
     /// Tokens counted per audio part, on top of its JSON.
     pub audio_part_tokens: Option<u32>,
     /// Tokens counted per video part, on top of its JSON.
@@ -92,6 +97,9 @@ pub struct ClassifyConfig {
     /// picture whose size its `data:` URL's header gives costs `ceil(w / side) * ceil(h /
     /// side)` tokens, at most `image_part_tokens`; 0: every picture `image_part_tokens`.
     pub image_token_pixels: u32,
+    /// With `image_token_pixels`: the squares a picture is scaled up to when it has fewer (the
+    /// model's `min_pixels`): such a picture costs what its scaled sides, rounded up, cover.
+    pub image_min_tokens: u32,
     /// Tokens counted per audio part (`audio_url`, `input_audio`), on top of
     /// its JSON.
     pub audio_part_tokens: u32,
@@ -181,6 +189,16 @@ pub(super) fn validate(c: &mut Checker, raw: RawClassify) -> ClassifyConfig {
                 0
             }
             n => n.unwrap_or(0),
+        },
+        image_min_tokens: match raw.image_min_tokens {
+            Some(n) if n > 1 << 20 => {
+                c.fail(
+                    "classify.image_min_tokens",
+                    "must be at most 1048576 (the model's min_pixels in squares of image_token_pixels)",
+                );
+                IMAGE_MIN_TOKENS
+            }
+            n => n.unwrap_or(IMAGE_MIN_TOKENS),
         },
         audio_part_tokens: raw.audio_part_tokens.unwrap_or(AUDIO_PART_TOKENS),
         video_part_tokens: raw.video_part_tokens.unwrap_or(VIDEO_PART_TOKENS),

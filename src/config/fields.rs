@@ -20,6 +20,10 @@ const MAX_LOGIT_BIAS: u32 = 300;
 const MAX_TOKEN_IDS: u32 = 1024;
 /// Default `fields.max_guide_bytes`.
 const MAX_GUIDE_BYTES: u32 = 16 * 1024;
+/// Default `fields.max_guide_repeat`: xgrammar 0.2.9 builds a count above 128 otherwise, and
+/// each mask fill then costs 8x (`maxItems` 200) to 8,400x (`pattern` `[a-z]{1,129}`) the
+/// plain guide's (docs/operations.md, "Structured output").
+const MAX_GUIDE_REPEAT: u32 = 128;
 
 /// Default `fields.template_kwargs`: the switches the common chat templates read (Qwen3's and
 /// DeepSeek's thinking, gpt-oss' reasoning effort, Llama 3.1's date and tool placement).
@@ -76,6 +80,8 @@ pub struct RawFields {
     pub max_token_ids: Option<u32>,
     /// Bytes of each structured-output guide (its JSON); 0 refuses structured output.
     pub max_guide_bytes: Option<u32>,
+    /// Largest repetition count a guide may hold (`maxItems`, `{m,n}`...).
+    pub max_guide_repeat: Option<u32>,
     /// Hosts media URLs in messages may name; `data:` URLs are always allowed.
     pub media_hosts: Option<Vec<String>>,
     /// The `chat_template_kwargs` keys a request may set.
@@ -97,6 +103,10 @@ pub struct FieldsConfig {
     /// `guided_choice`, `guided_grammar`, `guided_whitespace_pattern`, `structural_tag`,
     /// `structured_outputs`, `response_format`); 0 refuses them all.
     pub max_guide_bytes: u32,
+    /// Largest repetition count a guide may hold: an array's or object's `minItems`,
+    /// `maxItems`, `minContains`, `maxContains`, `minProperties`, `maxProperties`, and a
+    /// regex's, pattern's or grammar's `{m}`, `{m,}`, `{m,n}` (Lark's `~ m..n`).
+    pub max_guide_repeat: u32,
     /// Hosts (lower case, as the `url` crate normalizes them) that `image_url`, `video_url`,
     /// `audio_url` and `file` parts may fetch from; `data:` URLs need no entry.
     pub media_hosts: Vec<String>,
@@ -114,6 +124,7 @@ impl Default for FieldsConfig {
             max_logit_bias: MAX_LOGIT_BIAS,
             max_token_ids: MAX_TOKEN_IDS,
             max_guide_bytes: MAX_GUIDE_BYTES,
+            max_guide_repeat: MAX_GUIDE_REPEAT,
             media_hosts: Vec::new(),
             template_kwargs: TEMPLATE_KWARGS.iter().map(|k| (*k).to_owned()).collect(),
         }
@@ -153,6 +164,12 @@ pub(super) fn validate(c: &mut Checker, raw: RawFields) -> FieldsConfig {
         raw.max_guide_bytes,
         MAX_GUIDE_BYTES,
         16 << 20,
+    );
+    let max_guide_repeat = bounded(
+        "max_guide_repeat",
+        raw.max_guide_repeat,
+        MAX_GUIDE_REPEAT,
+        1 << 20,
     );
     let mut media_hosts = Vec::new();
     for (i, host) in raw.media_hosts.unwrap_or_default().iter().enumerate() {
@@ -198,6 +215,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawFields) -> FieldsConfig {
         max_logit_bias,
         max_token_ids,
         max_guide_bytes,
+        max_guide_repeat,
         media_hosts,
         template_kwargs,
     }
@@ -209,26 +227,21 @@ fn media_host(host: &str) -> Option<String> {
     if host.is_empty() || host.contains(['/', '@', '?', '#', ' ', '\\', '*']) {
         return None;
     }
-    // A port, when given, is digits after the host (after the brackets of an IPv6 literal).
-    let bare = match host.rsplit_once(':') {
-        Some((name, port))
-            if !name.ends_with(':') && (!name.contains(':') || name.ends_with(']')) =>
-        {
-            if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
-                return None;
-            }
-            name
+    // A port, when given, is digits after the host (after the brackets of an IPv6 literal),
+    // kept as written: `media.example.edu:80` allows port 80 only, whatever the scheme.
+    let (bare, port) = match host.rsplit_once(':') {
+        Some((name, port)) if !name.contains(':') || name.ends_with(']') => {
+            (name, Some(port.parse::<u16>().ok()?))
         }
-        _ => host,
+        _ => (host, None),
     };
     if bare.contains(':') && !(bare.starts_with('[') && bare.ends_with(']')) {
         return None;
     }
-    // Normalized as a URL reads it; 80 is dropped (the http scheme's own port), so an entry
-    // naming it is its host alone.
-    let u = url::Url::parse(&format!("http://{host}/")).ok()?;
+    // The host normalized as a URL reads it (lower case, IPv4 in dotted decimal).
+    let u = url::Url::parse(&format!("http://{bare}/")).ok()?;
     let name = u.host_str()?;
-    Some(match u.port() {
+    Some(match port {
         Some(port) => format!("{name}:{port}"),
         None => name.to_owned(),
     })
@@ -251,7 +264,11 @@ mod tests {
             Some("media.example.edu:8080")
         );
         assert_eq!(media_host("[::1]:9000").as_deref(), Some("[::1]:9000"));
-        assert_eq!(media_host("x.example:80").as_deref(), Some("x.example"));
+        assert_eq!(media_host("x.example:80").as_deref(), Some("x.example:80"));
+        assert_eq!(
+            media_host("x.example:443").as_deref(),
+            Some("x.example:443")
+        );
         for bad in [
             "",
             "https://x.example",

@@ -19,6 +19,7 @@ pub mod fields;
 mod json;
 pub mod lax;
 pub mod media;
+mod repeats;
 pub mod template;
 
 pub use answer::{session_id_from, AnswerBody, AnswerQuery, AnswerRequest, CodeFile};

@@ -311,11 +311,13 @@ fn apply_locked(state: &AppState, mut new: Config, force: bool) -> Result<Reload
         && (
             a.image_part_tokens,
             a.image_token_pixels,
+            a.image_min_tokens,
             a.audio_part_tokens,
             a.video_part_tokens,
         ) == (
             b.image_part_tokens,
             b.image_token_pixels,
+            b.image_min_tokens,
             b.audio_part_tokens,
             b.video_part_tokens,
         );

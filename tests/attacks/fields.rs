@@ -273,6 +273,60 @@ async fn oversized_stop_logit_bias_and_guides_are_refused() {
     h.shutdown().await;
 }
 
+/// A guide a few bytes long can slow every step of the batch: xgrammar builds a counted
+/// repetition above 128 otherwise, and a mask fill (made for each guided request at every step)
+/// then took 8x (`maxItems` 200) to 8,400x (`pattern` `[a-z]{1,129}`, 28 ms) the plain
+/// guide's (measured on xgrammar 0.2.9, docs/operations.md). Such guides are refused, wherever
+/// the count sits; the same guides with a count of 128 pass.
+#[tokio::test]
+async fn a_guide_whose_repetition_slows_every_step_is_refused() {
+    let h = harness(FAST, |_| {}).await;
+    let tool = |count: u32| {
+        json!({"type": "function", "function": {"name": "pick", "parameters":
+            {"type": "object", "properties": {"ids": {"type": "array", "maxItems": count}}}}})
+    };
+    let cases = |n: u32| {
+        let pattern = format!("^[a-z]{{1,{n}}}$");
+        vec![
+            (
+                chat(json!({"guided_regex": format!("[a-z]{{1,{n}}}")})),
+                "guided_regex",
+            ),
+            (
+                chat(json!({"guided_json": {"type": "array", "minItems": n}})),
+                "guided_json",
+            ),
+            (
+                chat(
+                    json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a",
+                    "schema": {"type": "object", "properties": {"s": {"type": "string", "pattern": pattern}}}}}}),
+                ),
+                "response_format",
+            ),
+            (
+                chat(
+                    json!({"structured_outputs": {"grammar": format!("root ::= [a-z]{{1,{n}}}")}}),
+                ),
+                "structured_outputs",
+            ),
+            (
+                chat(json!({"tools": [tool(n)], "tool_choice": "required"})),
+                "tool_choice",
+            ),
+        ]
+    };
+    for (body, param) in cases(129) {
+        refused(&h, "/v1/chat/completions", &body, param).await;
+    }
+    assert!(h.sim_requests().await.is_empty());
+    for (body, param) in cases(128) {
+        let (status, answer) = post(&h, "/v1/chat/completions", &body).await;
+        assert_eq!(status, 200, "{param}: {answer}");
+    }
+    eventually("every lane back to zero", || h.idle()).await;
+    h.shutdown().await;
+}
+
 /// A chat whose one user message holds a text part and a media part `key` pointing at `url`.
 fn with_media(key: &str, url: &str) -> Value {
     json!({"messages": [{"role": "user", "content": [

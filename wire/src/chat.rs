@@ -102,27 +102,21 @@ impl ContentPart {
     }
 
     /// The JSON a template renders for a non-text part: its fields but the type, `text`
-    /// included when the part has one, with each inline payload (a base64 `data:` URL's data,
-    /// an `input_audio` part's `data`) replaced by `#` and its 64-bit FNV-1a digest in hex. The
-    /// engine never renders a payload as text (it decodes it into the picture's or the clip's
-    /// own tokens, which the media charge counts), and the digest keeps two parts with
-    /// different payloads apart.
+    /// included when the part has one. An image part's inline picture (a base64 `data:` URL's
+    /// data) is replaced by `#` and a 128-bit digest of it in hex ([`digest`]): the engine never renders
+    /// it as text (it decodes it into the picture's own tokens, which the image charge counts,
+    /// by the picture's size where it can be read), and the digest keeps two pictures apart.
+    /// An audio or video payload stays as it is: a clip's length is not read, so its text is
+    /// what bounds its count.
     pub fn rendered_json(&self) -> String {
         let mut fields = self.other.clone();
-        for (key, value) in fields.iter_mut() {
-            match value {
-                Value::String(s) if key == "data" && self.kind == "input_audio" => {
-                    *s = digest(s);
+        if self.media_kind() == MediaKind::Image {
+            for value in fields.values_mut() {
+                match value {
+                    Value::Object(inner) => shorten_urls(inner),
+                    Value::String(s) => shorten_url(s),
+                    _ => {}
                 }
-                Value::Object(inner) if key == "input_audio" => {
-                    if let Some(Value::String(s)) = inner.get_mut("data") {
-                        *s = digest(s);
-                    }
-                    shorten_urls(inner);
-                }
-                Value::Object(inner) => shorten_urls(inner),
-                Value::String(s) => shorten_url(s),
-                _ => {}
             }
         }
         if let Some(text) = &self.text {
@@ -146,9 +140,19 @@ impl ContentPart {
     }
 }
 
-/// `#` and the FNV-1a digest of `payload`, in hex.
+/// `#` and the first 128 bits of `payload`'s SHA-256, in hex: what stands for a picture in the
+/// prompt's fingerprint (the key of the cached-prefix discount), so two pictures with one
+/// digest cannot be made (a 64-bit FNV digest could be: a warmed key's discount for a picture
+/// the engine had never seen).
 fn digest(payload: &str) -> String {
-    format!("#{:016x}", crate::tokens::fnv1a(payload.as_bytes()))
+    use sha2::Digest;
+    let hash = sha2::Sha256::digest(payload.as_bytes());
+    let mut out = String::with_capacity(33);
+    out.push('#');
+    for b in &hash[..16] {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
 }
 
 /// A base64 `data:` URL with its payload replaced by its [`digest`]; any other string as it is.
@@ -481,8 +485,8 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
-    /// An inline payload is never rendered as text: its digest stands for it, so the part's
-    /// JSON stays short however large the picture or clip, and two payloads stay apart.
+    /// An inline picture is never rendered as text: its digest stands for it, so the part's
+    /// JSON stays short however large the picture, and two pictures stay apart.
     #[test]
     fn an_inline_payload_renders_as_its_digest() {
         let big = format!("data:image/png;base64,{}", "QUJD".repeat(50_000));
@@ -491,7 +495,8 @@ mod tests {
         let b = part(serde_json::json!({"type": "input_image", "image_url": other}));
         let audio = part(serde_json::json!({"type": "input_audio",
             "input_audio": {"data": "QUJD".repeat(50_000), "format": "wav"}}));
-        for p in [&a, &b, &audio] {
+        let video = part(serde_json::json!({"type": "video_url", "video_url": {"url": big}}));
+        for p in [&a, &b] {
             let json = p.rendered_json();
             assert!(json.len() < 100, "{json}");
             assert!(json.contains('#'), "{json}");
@@ -500,6 +505,10 @@ mod tests {
             a.rendered_json().split('#').nth(1),
             b.rendered_json().split('#').nth(1)
         );
+        // A clip's payload is counted as its text: its length is not read.
+        for p in [&audio, &video] {
+            assert!(p.rendered_json().len() > 200_000);
+        }
         // A URL to fetch, or a data URL that is not base64, is rendered as it is.
         let fetched = part(
             serde_json::json!({"type": "image_url", "image_url": {"url": "https://a.example/x.png"}}),

@@ -17,6 +17,9 @@
 pub fn data_url_size(url: &str) -> Option<(u32, u32)> {
     let payload = data_url_payload(url)?;
     let data = Base64::new(payload.as_bytes())?;
+    if another_plugin_may_open(&data) {
+        return None;
+    }
     let size = png(&data)
         .or_else(|| jpeg(&data))
         .or_else(|| gif(&data))
@@ -126,9 +129,69 @@ impl<'a> Base64<'a> {
     }
 }
 
-/// Header structures walked at most (chunks, segments, blocks): past them the size is not
-/// known and the caller charges the most.
+/// Header structures walked at most (chunks, segments, fill bytes, blocks): past them the size
+/// is not known and the caller charges the most.
 const MAX_STEPS: usize = 4096;
+
+/// Whether Pillow could open these bytes with a plugin that has no signature to check, which
+/// it tries when the format's own plugin fails on something this reader does not check (a
+/// chunk's CRC, a table's length), and for WebP before WebP's own plugin: IM (a text header:
+/// a letter first, a `key: value` line ended within 100 bytes), PCD (`PCD_` at byte 2,048)
+/// and SPIDER (27 floats whose header fields agree, either byte order). Such a file's size is
+/// what that plugin reads: a WebP of 1 x 1 could open as an IM picture of 3,584 x 3,584.
+fn another_plugin_may_open(data: &Base64<'_>) -> bool {
+    // IM: Pillow skips carriage returns, then wants a letter and a line with a colon.
+    let head = data.bytes(0, data.len.min(100)).unwrap_or_default();
+    let text = head
+        .iter()
+        .skip_while(|&&b| b == b'\r')
+        .copied()
+        .collect::<Vec<_>>();
+    let im = text.first().is_some_and(u8::is_ascii_alphabetic)
+        && text
+            .iter()
+            .position(|&b| b == b'\n')
+            .is_some_and(|end| text[..end].contains(&b':'));
+    let pcd = data.starts_with(2048, b"PCD_");
+    im || pcd || spider(data)
+}
+
+/// Pillow's `isSpiderHeader` on the first 108 bytes, big-endian then little-endian: the
+/// header's fields 1, 2, 5, 12, 13, 22 and 23 whole numbers, field 5 a known form, and field 22
+/// (the header's bytes) the product of 13 and 23, not 0. Where the product is too large to
+/// compare exactly, it may be one.
+fn spider(data: &Base64<'_>) -> bool {
+    let Some(head) = data.bytes(0, 108) else {
+        return false;
+    };
+    let fields = |big: bool| -> Vec<f64> {
+        head.chunks(4)
+            .map(|c| {
+                let b = [c[0], c[1], c[2], c[3]];
+                f64::from(if big {
+                    f32::from_be_bytes(b)
+                } else {
+                    f32::from_le_bytes(b)
+                })
+            })
+            .collect()
+    };
+    let header = |t: Vec<f64>| -> bool {
+        // Spider numbers its fields from 1.
+        let h = |i: usize| t[i - 1];
+        let whole = |f: f64| f.is_finite() && f.fract() == 0.0;
+        if ![1, 2, 5, 12, 13, 22, 23].iter().all(|&i| whole(h(i))) {
+            return false;
+        }
+        if ![1.0, 3.0, -11.0, -12.0, -21.0, -22.0].contains(&h(5)) {
+            return false;
+        }
+        let (labrec, labbyt, lenbyt) = (h(13), h(22), h(23));
+        let product = labrec * lenbyt;
+        labbyt != 0.0 && (product.abs() >= 9e15 || product == labbyt)
+    };
+    header(fields(true)) || header(fields(false))
+}
 
 /// PNG: the largest size of the `IHDR` chunks before the first `IDAT` (Pillow takes the last
 /// one it meets).
@@ -164,28 +227,35 @@ fn jpeg(data: &Base64<'_>) -> Option<(u32, u32)> {
     }
     let mut at = 2usize;
     let mut size: Option<(u32, u32)> = None;
-    for _ in 0..MAX_STEPS {
+    // Segments and fill bytes alike count against one budget.
+    let mut steps = 0;
+    loop {
         if data.u8(at)? != 0xff {
             return None;
         }
         // Fill bytes: any number of 0xff before the marker.
         at += 1;
         let mut marker = data.u8(at)?;
-        let mut fill = 0;
         while marker == 0xff {
-            fill += 1;
-            if fill > MAX_STEPS {
+            steps += 1;
+            if steps > MAX_STEPS {
                 return None;
             }
             at += 1;
             marker = data.u8(at)?;
         }
+        steps += 1;
+        if steps > MAX_STEPS {
+            return None;
+        }
         at += 1;
         match marker {
-            // Restart markers and TEM carry no length.
-            0xd0..=0xd7 | 0x01 => continue,
-            // A second start or an end before any scan: not an image Pillow reads whole.
-            0x00 | 0xd8 | 0xd9 => return None,
+            // Restart markers carry no length.
+            0xd0..=0xd7 => continue,
+            // A second start or an end before any scan: not an image Pillow reads whole. TEM,
+            // JPG, DHP and JPGn: markers Pillow reads otherwise than by a length (DHP as a
+            // frame header), so where they lead is not certain.
+            0x00 | 0x01 | 0xc8 | 0xd8 | 0xd9 | 0xde | 0xf0..=0xfd => return None,
             0xda => return size,
             _ => {}
         }
@@ -200,7 +270,6 @@ fn jpeg(data: &Base64<'_>) -> Option<(u32, u32)> {
         }
         at = at.checked_add(len)?;
     }
-    None
 }
 
 /// GIF: the logical screen, grown to cover the first frame (Pillow does, when the frame
@@ -365,6 +434,53 @@ mod tests {
         assert_eq!(data_url_size(&url(&encode(&jpeg))), None);
     }
 
+    /// Bytes that read as one format here but that Pillow 13 opens with a plugin of no
+    /// signature (checked: `Image.open(...).format, .size`): a WebP of 1 x 1 that is an IM
+    /// picture of 3,584 x 3,584, a PNG (its IHDR's CRC wrong) that is a PCD of 768 x 512, a WebP
+    /// that is a SPIDER picture of 3,584 x 3,584. Their size is not this reader's to say.
+    #[test]
+    fn what_another_plugin_of_pillow_may_open_has_no_size() {
+        let mut im = b"RIFFAAAAWEBPVP8X\x0b\x00\x00\x00".to_vec();
+        im.extend_from_slice(&[0; 10]);
+        im.extend_from_slice(b": x\nImage type: 0 1 image\nImage size (x*y): 3584*3584\n\x1a");
+        im.extend_from_slice(&[0; 64]);
+        assert_eq!(
+            webp(&Base64::new(encode(&im).as_bytes()).unwrap()),
+            Some((1, 1))
+        );
+        assert_eq!(data_url_size(&url(&encode(&im))), None);
+
+        let mut pcd = b"\x89PNG\r\n\x1a\n".to_vec();
+        pcd.extend_from_slice(&13u32.to_be_bytes());
+        pcd.extend_from_slice(b"IHDR");
+        pcd.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 1, 8, 2, 0, 0, 0, 0, 0, 0, 0]);
+        pcd.extend_from_slice(&2100u32.to_be_bytes());
+        pcd.extend_from_slice(b"IDAT");
+        pcd.resize(pcd.len() + 2104, 0);
+        pcd[2048..2052].copy_from_slice(b"PCD_");
+        pcd.resize(pcd.len() + 2048, 0);
+        assert_eq!(
+            png(&Base64::new(encode(&pcd).as_bytes()).unwrap()),
+            Some((1, 1))
+        );
+        assert_eq!(data_url_size(&url(&encode(&pcd))), None);
+
+        let mut spider = vec![0u8; 2200];
+        spider[0..4].copy_from_slice(b"RIFF");
+        spider[4..8].copy_from_slice(&3584f32.to_be_bytes());
+        spider[8..16].copy_from_slice(b"WEBPVP8X");
+        spider[16..20].copy_from_slice(&1f32.to_be_bytes());
+        spider[44..48].copy_from_slice(&3584f32.to_be_bytes());
+        spider[48..52].copy_from_slice(&1f32.to_be_bytes());
+        spider[84..88].copy_from_slice(&1024f32.to_be_bytes());
+        spider[88..92].copy_from_slice(&1024f32.to_be_bytes());
+        assert_eq!(
+            webp(&Base64::new(encode(&spider).as_bytes()).unwrap()),
+            Some((1, 1))
+        );
+        assert_eq!(data_url_size(&url(&encode(&spider))), None);
+    }
+
     #[test]
     fn a_header_is_walked_a_bounded_number_of_steps() {
         // A GIF whose first frame follows a comment of 5,000 one-byte sub-blocks: past the
@@ -377,6 +493,15 @@ mod tests {
         gif.push(0);
         gif.extend_from_slice(&[0x2c, 0, 0, 0, 0, 0x10, 0, 0x10, 0, 0]);
         assert_eq!(data_url_size(&url(&encode(&gif))), None);
+        // A JPEG whose segments are each led by 4,096 fill bytes: the fill counts too.
+        let mut jpeg = b"\xff\xd8".to_vec();
+        for _ in 0..3 {
+            jpeg.extend(std::iter::repeat_n(0xff, 4096));
+            jpeg.extend_from_slice(&[0xfe, 0x00, 0x02]);
+        }
+        jpeg.extend_from_slice(&[0xff, 0xc0, 0, 11, 8, 0, 1, 0, 1, 1, 1, 0x11, 0]);
+        jpeg.extend_from_slice(&[0xff, 0xda]);
+        assert_eq!(data_url_size(&url(&encode(&jpeg))), None);
         // The same with a short comment reads.
         let mut short = b"GIF89a\x0a\x00\x0a\x00\x00\x00\x00".to_vec();
         short.extend_from_slice(&[0x21, 0xfe, 1, b'x', 0]);

@@ -69,15 +69,11 @@ pub fn check(body: &Map<String, Value>, bounds: &FieldsConfig) -> Result<(), Gat
         match body.get(*field) {
             None | Some(Value::Null) => {}
             Some(v) if *field == "response_format" && plain_text(v) => {}
-            Some(v) => guide(field, v, bounds.max_guide_bytes)?,
+            Some(v) => guide(field, v, bounds)?,
         }
     }
     if let Some(schemas) = forced_tool_schemas(body) {
-        guide(
-            "tool_choice",
-            &Value::Array(schemas),
-            bounds.max_guide_bytes,
-        )?;
+        guide("tool_choice", &Value::Array(schemas), bounds)?;
     }
     Ok(())
 }
@@ -165,8 +161,26 @@ fn plain_text(v: &Value) -> bool {
         && v.as_object().is_some_and(|o| o.len() == 1)
 }
 
+/// A guide of at most `fields.max_guide_bytes` bytes as JSON, and no repetition count past
+/// `fields.max_guide_repeat` (`repeats.rs`).
+fn guide(field: &'static str, v: &Value, bounds: &FieldsConfig) -> Result<(), GatewayError> {
+    size(field, v, bounds.max_guide_bytes)?;
+    match super::repeats::over(field, v, bounds.max_guide_repeat) {
+        None => Ok(()),
+        Some(n) => Err(GatewayError::bad_request(
+            format!(
+                "{field} holds a repetition count of {}, more than {}, the most this gateway takes \
+                 (fields.max_guide_repeat): past it the engine's grammar slows every step of the batch",
+                if n == u64::MAX { "no whole number".to_owned() } else { n.to_string() },
+                bounds.max_guide_repeat
+            ),
+            Some(field),
+        )),
+    }
+}
+
 /// A guide of at most `max` bytes as JSON.
-fn guide(field: &'static str, v: &Value, max: u32) -> Result<(), GatewayError> {
+fn size(field: &'static str, v: &Value, max: u32) -> Result<(), GatewayError> {
     if max == 0 {
         return Err(GatewayError::bad_request(
             format!(

@@ -96,12 +96,15 @@ pub fn allowed(url: &str, hosts: &[String]) -> Result<(), String> {
     if !parsed.username().is_empty() || parsed.password().is_some() {
         return Err(format!("URLs with user information are refused; {LIST}"));
     }
-    // A listed host alone allows its scheme's own port (the URL parser drops it: `port()` is
-    // `None`); any other port must be listed with it (`media.example.edu:8080`), so a listed
-    // host's other services (an admin port, a Redis) are not the engine's to reach.
-    let allowed = parsed.host_str().is_some_and(|host| match parsed.port() {
-        None => hosts.iter().any(|h| h == host),
-        Some(port) => hosts.iter().any(|h| *h == format!("{host}:{port}")),
+    // A listed host alone allows its scheme's own port (80 for http, 443 for https: the URL
+    // parser leaves `port()` empty there); an entry with a port allows that port, whatever the
+    // scheme. So a listed host's other services (an admin port, a Redis) are not the engine's
+    // to reach.
+    let allowed = parsed.host_str().is_some_and(|host| {
+        let on_port = parsed
+            .port_or_known_default()
+            .is_some_and(|port| hosts.iter().any(|h| *h == format!("{host}:{port}")));
+        on_port || (parsed.port().is_none() && hosts.iter().any(|h| h == host))
     });
     if allowed {
         Ok(())
@@ -121,6 +124,7 @@ mod tests {
             "media.example.edu".into(),
             "10.1.2.3".into(),
             "media.example.edu:8443".into(),
+            "plain.example.edu:443".into(),
         ]
     }
 
@@ -134,6 +138,9 @@ mod tests {
             "http://media.example.edu:80/cat.png",
             "https://media.example.edu:443/cat.png",
             "https://media.example.edu:8443/cat.png",
+            // Listed with 443: https on its own port, and http on 443.
+            "https://plain.example.edu/x.png",
+            "http://plain.example.edu:443/x.png",
             "http://10.1.2.3/x.wav",
         ] {
             assert_eq!(allowed(ok, &hosts()), Ok(()), "{ok}");
@@ -156,6 +163,7 @@ mod tests {
             "http://media.example.edu:8080/cat.png",
             "https://media.example.edu:80/x",
             "http://10.1.2.3:6379/",
+            "http://plain.example.edu/x.png",
             "not a url",
             "",
         ] {
