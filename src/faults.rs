@@ -46,3 +46,33 @@ pub fn job_finish(result_ttl: std::time::Duration) {
         panic!("a fault injected by a test: in a job's finish");
     }
 }
+
+/// Hooks `Shared::adopt_fallback` runs between taking the list of leases it registers and
+/// sending it, by replica id (tests running at once each set their own): what happens while
+/// the registration is out.
+type Hook = Box<dyn FnOnce() + Send>;
+static ADOPTING: std::sync::Mutex<Vec<(String, Hook)>> = std::sync::Mutex::new(Vec::new());
+
+/// Runs `f` at replica `replica`'s next registration, while it is out.
+pub fn on_adopting(replica: &str, f: impl FnOnce() + Send + 'static) {
+    ADOPTING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((replica.to_owned(), Box::new(f)));
+}
+
+/// The registration's hook point.
+pub fn adopting(replica: &str) {
+    let hook = {
+        let mut hooks = ADOPTING
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        hooks
+            .iter()
+            .position(|(r, _)| r == replica)
+            .map(|i| hooks.remove(i).1)
+    };
+    if let Some(f) = hook {
+        f();
+    }
+}

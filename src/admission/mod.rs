@@ -180,7 +180,7 @@ impl Admission {
     /// A pre-emptible seat for interactive work that gives it back when asked
     /// (`jobs.preempt_answers`), on either backend: [`LocalAdmission::try_acquire_preemptible`]
     /// in process, [`RedisAdmission::borrow`] fleet-wide. Never waits; `None`: the request
-    /// queues as any other.
+    /// queues as any other (always for a `handle` that may no longer be pre-empted).
     pub async fn borrow(
         &self,
         lane: Lane,
@@ -189,6 +189,10 @@ impl Admission {
         handle: &std::sync::Arc<preempt::Preemptible>,
     ) -> Option<LaneGuard> {
         match self {
+            // As the Redis backend: an answer that may no longer be pre-empted queues for a
+            // seat of its own lane, which can grow or move mid-stream (a borrowed one cannot:
+            // its growth would be cut).
+            Admission::Local(_) if !handle.is_eligible() => None,
             Admission::Local(local) => local.try_acquire_preemptible(lane, tokens, prompt, handle),
             Admission::Redis(redis) => redis.borrow(lane, tokens, prompt, handle).await,
         }

@@ -500,3 +500,20 @@ async fn a_move_asks_a_job_only_where_its_leaving_lets_it_in_and_once() {
     drop((question, rest, large));
     assert!(a.snapshot().is_idle(), "nothing leaks");
 }
+
+/// An answer that may no longer be pre-empted (`jobs.max_preemptions = 0`, or a continuation
+/// past it) borrows nothing, as with the Redis backend: it queues for a seat of its own lane,
+/// which can grow mid-stream, where a borrowed seat's growth is cut.
+#[tokio::test]
+async fn an_answer_that_may_not_be_preempted_borrows_nothing() {
+    let a = admission("");
+    assert!(a
+        .borrow(Large, 1_000, 0, &Preemptible::new(false))
+        .await
+        .is_none());
+    assert_eq!(seats(&a), [0, 0, 0]);
+    let guard = a.borrow(Large, 1_000, 0, &Preemptible::new(true)).await;
+    assert!(guard.is_some());
+    drop(guard);
+    assert_eq!(seats(&a), [0, 0, 0]);
+}

@@ -386,12 +386,21 @@ impl Pilot {
         self.stop_pieces(state);
         let config = state.config();
         state.set_paced_limits(None);
-        if self.applied.take().is_some() {
+        if self.applied.is_some() {
             match state.admission().shared() {
                 None => {
-                    state.admission().set_limits(&config, false);
+                    // Under the reload lock, with the configuration in force then (as `look`
+                    // paces): a reload between reading it and this call had its file's limits
+                    // replaced by the old file's until the next reload. A reload under way
+                    // puts its own file's limits in force, or (if it swapped while the pace
+                    // was still set) the next look hands back again.
+                    if let Some(_one_at_a_time) = state.try_reload_lock() {
+                        state.admission().set_limits(&state.config(), false);
+                        self.applied = None;
+                    }
                 }
                 Some(redis) => {
+                    self.applied = None;
                     redis.publish_paced(&config).await;
                 }
             }

@@ -502,3 +502,52 @@ async fn a_borrowed_lease_is_counted_by_the_fallback_where_its_seat_and_tokens_a
     assert!(fallback.is_idle(), "all given back: {fallback:?}");
     admission.shutdown().await;
 }
+
+/// A request the fallback admitted, registered in Redis when the replica left the fallback and
+/// then moved there (Redis had room; the fallback's own record kept its first lane), whose
+/// lease Redis later lost (reaped, here): it is registered again where it runs. It was then
+/// "moved back" to the lane its fallback record named, so Redis counted its seat in the lane it
+/// had left until it ended.
+#[tokio::test]
+async fn a_fallback_lease_moved_on_redis_and_lost_is_registered_where_it_runs() {
+    use crate::admission::Move;
+    use crate::lane::Lane::Large;
+    let redis = RedisServer::start();
+    let (admission, mut conn) = degraded(&redis, 300).await;
+    let guard = admission.acquire(Ask::new(Small, 100)).await.unwrap();
+    leave(&admission).await;
+    let (ids, granted) = lease_ids(&mut conn).await;
+    assert_eq!(
+        (ids.len(), granted),
+        (1, 0),
+        "the fallback's lease, registered"
+    );
+    let id = ids[0].clone();
+    let shared = &admission.shared;
+    assert_eq!(
+        shared.promote(&id, Small, 100, (Large, 100), false).await,
+        Move::Done
+    );
+    // Redis's clock says the lease expired: the renewal's reap takes it.
+    let _: () = redis::cmd("ZADD")
+        .arg(&shared.keys.expiry)
+        .arg("XX")
+        .arg(1)
+        .arg(&id)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut lost = Vec::new();
+    assert!(super::tasks::beat(shared, &mut Vec::new(), &mut lost).await);
+    assert_eq!(lost, vec![id.clone()]);
+    assert!(shared.adopt_fallback(&lost).await);
+    let value: String = redis::cmd("HGET")
+        .arg(&shared.keys.leases)
+        .arg(&id)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(value.starts_with("large"), "registered as {value}");
+    drop(guard);
+    admission.shutdown().await;
+}

@@ -207,3 +207,76 @@ async fn a_lease_reaped_after_a_late_renewal_is_counted_again_at_that_beat() {
     drop(guard);
     until_no_lease(&mut conn, "the request ended").await;
 }
+
+/// A lost lease registered again while its request's first token arrives: the first token's
+/// give-back of the prefill room reached Redis before the registration (a no-op there: the
+/// lease was gone), and the registration counted the room again. It is given back after the
+/// reply; it was held in Redis's `prefill:tokens` until the request ended, and every long
+/// prompt of the fleet waited for room that nobody used.
+#[tokio::test]
+async fn a_lost_lease_registered_as_its_first_token_came_gives_its_prefill_back() {
+    let redis = RedisServer::start();
+    let config = config_beating(&redis, 40_000);
+    let admission = RedisAdmission::from_config(&config, Metrics::new().quota().clone()).unwrap();
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let guard = admission
+        .acquire(Ask {
+            prefill: 8_000,
+            ..Ask::new(Large, 9_000)
+        })
+        .await
+        .unwrap();
+    let shared = admission.shared.clone();
+    let prefill = |conn: &mut redis::aio::MultiplexedConnection| {
+        let (mut conn, key) = (conn.clone(), shared.keys.usage.clone());
+        async move {
+            redis::cmd("HGET")
+                .arg(key)
+                .arg("prefill:tokens")
+                .query_async::<Option<i64>>(&mut conn)
+                .await
+                .unwrap()
+                .unwrap_or(0)
+        }
+    };
+    assert_eq!(prefill(&mut conn).await, 8_000);
+    let ids: Vec<String> = redis::cmd("ZRANGE")
+        .arg(&shared.keys.expiry)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Redis's clock says the lease expired: the renewal's reap takes it, room and all.
+    let _: () = redis::cmd("ZADD")
+        .arg(&shared.keys.expiry)
+        .arg("XX")
+        .arg(1)
+        .arg(&ids[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut lost = Vec::new();
+    assert!(super::tasks::beat(&shared, &mut Vec::new(), &mut lost).await);
+    assert_eq!(lost, ids);
+    assert_eq!(prefill(&mut conn).await, 0);
+    // While the registration is out, the first token: its give-back already ran in Redis.
+    let (held, id) = (shared.clone(), ids[0].clone());
+    crate::faults::on_adopting(&shared.replica, move || {
+        if let Some(h) = held.held().get_mut(&id) {
+            h.prefill = 0;
+        }
+    });
+    assert!(shared.adopt_fallback(&lost).await);
+    for _ in 0..3_000 {
+        if prefill(&mut conn).await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(prefill(&mut conn).await, 0, "the room is given back");
+    assert_eq!(leases(&mut conn).await, 1, "the request is counted");
+    drop(guard);
+    until_no_lease(&mut conn, "the request ended").await;
+}

@@ -336,7 +336,9 @@ impl Shared {
     /// True when everything pending is registered (or nothing was); false when the call could
     /// not be made or failed (the next beat sends it again).
     pub async fn adopt_fallback(&self, lost: &[String]) -> bool {
-        let pending: Vec<(String, Lane, u32, u32, String)> = {
+        // Each with whether it is a first registration (a fallback's lease not yet in `held`)
+        // or a lost lease registered again (as `held` books it).
+        let pending: Vec<(String, Lane, u32, u32, String, bool)> = {
             // Lock order: the fallback's, then `held`.
             let mut fallback = self.fallback_leases();
             let held = self.held();
@@ -344,12 +346,12 @@ impl Shared {
             for (id, (h, sent)) in fallback.iter_mut() {
                 if !held.contains_key(id) {
                     *sent = true;
-                    pending.push((id.clone(), h.lane, h.tokens, h.prefill, h.field()));
+                    pending.push((id.clone(), h.lane, h.tokens, h.prefill, h.field(), true));
                 }
             }
             for id in lost {
                 if let Some(h) = held.get(id) {
-                    pending.push((id.clone(), h.lane, h.tokens, h.prefill, h.field()));
+                    pending.push((id.clone(), h.lane, h.tokens, h.prefill, h.field(), false));
                 }
             }
             pending
@@ -360,9 +362,13 @@ impl Shared {
         let Some(mut conn) = self.connection() else {
             return false;
         };
+        #[cfg(test)]
+        crate::faults::adopting(&self.replica);
         let leases: Vec<(String, String, u32, u32)> = pending
             .iter()
-            .map(|(id, _, tokens, prefill, field)| (id.clone(), field.clone(), *tokens, *prefill))
+            .map(|(id, _, tokens, prefill, field, _)| {
+                (id.clone(), field.clone(), *tokens, *prefill)
+            })
             .collect();
         let reply = self
             .scripts
@@ -385,14 +391,22 @@ impl Shared {
         let mut moves = Vec::new();
         {
             let fallback = self.fallback_leases();
-            for (id, lane, registered_tokens, registered_prefill, _) in &pending {
-                if !is_fallback(id) {
-                    // A lease Redis had lost, whose request ended while the call was out: its
-                    // release may have reached Redis before the registration (a script sent
-                    // again after `NOSCRIPT`, a reconnect), which would leave the registered
-                    // lease to no one until it expired. It is released again.
-                    if !self.held().contains_key(id) {
-                        gives.push((id.clone(), *lane, Give::Lease));
+            for (id, lane, registered_tokens, registered_prefill, _, first) in &pending {
+                if !first || !is_fallback(id) {
+                    // A lease Redis had lost (a fallback's one included, once registered: its
+                    // lane and tokens are `held`'s, which a move on Redis may have changed from
+                    // the fallback's own record), registered again. Its request ended while
+                    // the call was out: its release may have reached Redis before the
+                    // registration (a script sent again after `NOSCRIPT`, a reconnect), which
+                    // would leave the registered lease to no one until it expired: released
+                    // again. Its first token came meanwhile: the same for its prefill.
+                    let held = self.held().get(id).map(|h| (h.lane, h.prefill));
+                    match held {
+                        None => gives.push((id.clone(), *lane, Give::Lease)),
+                        Some((now, 0)) if *registered_prefill > 0 => {
+                            gives.push((id.clone(), now, Give::Prefill));
+                        }
+                        Some(_) => {}
                     }
                     continue;
                 }
