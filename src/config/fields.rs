@@ -82,6 +82,8 @@ pub struct RawFields {
     pub max_guide_bytes: Option<u32>,
     /// Largest repetition count a guide may hold (`maxItems`, `{m,n}`...).
     pub max_guide_repeat: Option<u32>,
+    /// Whether regex and grammar guides are taken.
+    pub regex_guides: Option<bool>,
     /// Hosts media URLs in messages may name; `data:` URLs are always allowed.
     pub media_hosts: Option<Vec<String>>,
     /// The `chat_template_kwargs` keys a request may set.
@@ -107,6 +109,11 @@ pub struct FieldsConfig {
     /// `maxItems`, `minContains`, `maxContains`, `minProperties`, `maxProperties`, and a
     /// regex's, pattern's or grammar's `{m}`, `{m,}`, `{m,n}` (Lark's `~ m..n`).
     pub max_guide_repeat: u32,
+    /// Whether regex and grammar guides are taken (`guided_regex`, `guided_grammar`,
+    /// `guided_whitespace_pattern`, `structured_outputs`' `regex`, `grammar` and
+    /// `whitespace_pattern`, a structural tag's `regex`, `grammar` and `repeat` formats); a JSON
+    /// schema's `pattern` always is, weighed (`src/pipeline/parse/repeats.rs`).
+    pub regex_guides: bool,
     /// Hosts (lower case, as the `url` crate normalizes them) that `image_url`, `video_url`,
     /// `audio_url` and `file` parts may fetch from; `data:` URLs need no entry.
     pub media_hosts: Vec<String>,
@@ -125,6 +132,7 @@ impl Default for FieldsConfig {
             max_token_ids: MAX_TOKEN_IDS,
             max_guide_bytes: MAX_GUIDE_BYTES,
             max_guide_repeat: MAX_GUIDE_REPEAT,
+            regex_guides: false,
             media_hosts: Vec::new(),
             template_kwargs: TEMPLATE_KWARGS.iter().map(|k| (*k).to_owned()).collect(),
         }
@@ -216,6 +224,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawFields) -> FieldsConfig {
         max_token_ids,
         max_guide_bytes,
         max_guide_repeat,
+        regex_guides: raw.regex_guides.unwrap_or(false),
         media_hosts,
         template_kwargs,
     }

@@ -161,22 +161,38 @@ fn plain_text(v: &Value) -> bool {
         && v.as_object().is_some_and(|o| o.len() == 1)
 }
 
-/// A guide of at most `fields.max_guide_bytes` bytes as JSON, and no repetition count past
-/// `fields.max_guide_repeat` (`repeats.rs`).
+/// A guide of at most `fields.max_guide_bytes` bytes as JSON, with nothing whose cost its
+/// structure makes unbounded (`repeats.rs`): no regex or grammar guide unless
+/// `fields.regex_guides`, no count and no regex weight past `fields.max_guide_repeat`.
 fn guide(field: &'static str, v: &Value, bounds: &FieldsConfig) -> Result<(), GatewayError> {
+    use super::repeats::Refusal;
     size(field, v, bounds.max_guide_bytes)?;
-    match super::repeats::over(field, v, bounds.max_guide_repeat) {
-        None => Ok(()),
-        Some(n) => Err(GatewayError::bad_request(
-            format!(
-                "{field} holds a repetition count of {}, more than {}, the most this gateway takes \
-                 (fields.max_guide_repeat): past it the engine's grammar slows every step of the batch",
-                if n == u64::MAX { "no whole number".to_owned() } else { n.to_string() },
-                bounds.max_guide_repeat
+    let limit = bounds.max_guide_repeat;
+    let why =
+        match super::repeats::refusal(field, v, limit, bounds.regex_guides) {
+            None => return Ok(()),
+            Some(Refusal::RegexGuide(at)) => format!(
+                "{at} is not accepted: regex and grammar guides are off on this gateway \
+             (fields.regex_guides): a few bytes of one can make every step of the engine's \
+             batch milliseconds to seconds longer; use a JSON schema"
             ),
-            Some(field),
-        )),
-    }
+            Some(Refusal::Count(n)) => {
+                format!(
+            "{field} holds a repetition count of {}, more than {limit}, the most this gateway \
+             takes (fields.max_guide_repeat): past it the engine's grammar slows every step of \
+             the batch",
+            if n == u64::MAX { "no whole number".to_owned() } else { n.to_string() }
+        )
+            }
+            Some(Refusal::Weight(w)) => format!(
+                "{field} holds a regex that unrolls to {w} atoms (counts multiplied through their \
+             groups, an optional atom {}), more than {limit}, the most this gateway takes \
+             (fields.max_guide_repeat): past it the engine's grammar slows every step of the \
+             batch",
+                super::repeats::OPTIONAL_WEIGHT
+            ),
+        };
+    Err(GatewayError::bad_request(why, Some(field)))
 }
 
 /// A guide of at most `max` bytes as JSON.
@@ -296,7 +312,16 @@ mod tests {
                 "{field}"
             );
         }
-        assert_eq!(param(json!({"guided_regex": "[a-z]+"}), &b), None);
+        // Regex guides are off by default; allowed, one within the bounds is taken.
+        assert_eq!(
+            param(json!({"guided_regex": "[a-z]+"}), &b),
+            Some("guided_regex")
+        );
+        let regexes = FieldsConfig {
+            regex_guides: true,
+            ..FieldsConfig::default()
+        };
+        assert_eq!(param(json!({"guided_regex": "[a-z]+"}), &regexes), None);
         let schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}});
         assert_eq!(param(json!({ "response_format": schema }), &b), None);
         let off = FieldsConfig {

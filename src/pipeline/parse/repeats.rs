@@ -1,21 +1,26 @@
-//! Repetition counts in a structured-output guide. vLLM's grammar engine (xgrammar) builds a
-//! counted repetition above 128 otherwise than one below, and each mask fill, which the engine
-//! makes for every guided request at every step of the batch, then costs far more: measured on
-//! xgrammar 0.2.9 (a 128,000-token vocabulary, on a CPU core), `maxItems` 200 made a fill 8x
-//! the plain guide's and `minItems` 1,000 up to 43x; a string `pattern` of `[a-z]{1,129}`
-//! 8,400x (28 ms a fill, a whole step of an 8B model on an H100); a regex `[a-z]{1,256}` 200x,
-//! compiled in seconds. Counts up to 128 kept fills within 1.5x; `maxLength`, `minLength`,
-//! unbounded `+` and `*`, `anyOf` of 32 and an enum of 1,000 strings stayed cheap. So a guide
-//! whose counts pass `fields.max_guide_repeat` is refused (400 naming it) before it reaches the
-//! engine.
+//! What a structured-output guide's structure costs the engine. vLLM's grammar engine
+//! (xgrammar) fills a mask for every guided request at every step of the batch, on the engine's
+//! own thread, and compiles each guide on a pool without a timeout for JSON schemas; measured
+//! on xgrammar 0.2.9 (`docs/results/guides/`):
+//! - a counted repetition above 128 is built otherwise than one below: `maxItems` 200 made a
+//!   fill 8x the plain guide's, `minItems` 1,000 up to 43x, a `pattern` `[a-z]{1,129}`
+//!   8,400x (28 ms, a whole decode step);
+//! - a regex or a grammar (`guided_regex`, `guided_grammar`, and a structural tag's `regex`,
+//!   `grammar` and `repeat` formats) is matched by a general parser whose fills cost 2 ms to
+//!   seconds for guides of a few dozen bytes with no count above 16, or none at all
+//!   (`([a-z]{1,16} ){0,20}` 43 ms, `[a-z]?` twenty times 64 ms, fifty times 1.8 s);
+//! - a JSON schema's `pattern` takes a cheaper path, which nested or adjacent counts and chains
+//!   of optional atoms still make costly (`^([a-z]{1,16}){1,16}$` 94x and a 73 s compile;
+//!   `[a-z]?` fifty times 20x and 4.4 s).
 //!
-//! What is read: in a JSON schema, `minItems`, `maxItems`, `minContains`, `maxContains`,
-//! `minProperties`, `maxProperties`, and the regexes of `pattern` and `patternProperties`;
-//! in a regex or a grammar (`guided_regex`, `guided_grammar`, `structured_outputs`' `regex`
-//! and `grammar`, a whitespace pattern), every `{m}`, `{m,}` and `{m,n}` not escaped (in a
-//! character class too: read as a count whatever it is, which can only refuse more) and Lark's
-//! `~ m` and `~ m..n`. A guide given as JSON text (`guided_json` as a string, a structural tag)
-//! is read as the JSON it holds.
+//! So, unless `fields.regex_guides` allows them, regex and grammar guides are refused; and in
+//! what is taken, a count (`minItems`, `maxItems`, `minContains`, `maxContains`,
+//! `minProperties`, `maxProperties`, a `repeat` format's `min` and `max`, a grammar's `{m,n}`
+//! or Lark's `~ m..n`) above `fields.max_guide_repeat` is refused, and so is a regex (a
+//! `pattern`, a `patternProperties` key, an allowed regex guide) whose weight is above it: the
+//! atoms it unrolls to, a counted group's weight times its count, an optional atom counting
+//! [`OPTIONAL_WEIGHT`] (its cost grows with the chain). `const`, `enum`, `default` and
+//! `examples` are values, not structure, and are not read.
 
 use serde_json::Value;
 
@@ -29,120 +34,344 @@ const COUNT_KEYS: &[&str] = &[
     "maxProperties",
 ];
 
-/// Keys whose string is a regex or a grammar.
-const PATTERN_KEYS: &[&str] = &[
-    "pattern",
-    "regex",
-    "grammar",
-    "whitespace_pattern",
+/// Schema keys whose value is data, not structure.
+const VALUE_KEYS: &[&str] = &["const", "enum", "default", "examples"];
+
+/// Structural-tag formats compiled as a regex or a grammar (a `repeat` of any format too).
+const REGEX_FORMATS: &[&str] = &["regex", "grammar", "repeat"];
+
+/// Guide fields (and `structured_outputs` keys) that are a regex or a grammar.
+const REGEX_FIELDS: &[&str] = &[
     "guided_regex",
     "guided_grammar",
     "guided_whitespace_pattern",
+    "regex",
+    "grammar",
+    "whitespace_pattern",
 ];
 
-/// The largest repetition count in `guide` (field `field` of a request) above `limit`, if
-/// any.
-pub fn over(field: &str, guide: &Value, limit: u32) -> Option<u64> {
-    let limit = u64::from(limit);
-    let mut worst = None;
-    let mut note = |n: u64| {
-        if n > limit && worst.is_none_or(|w| n > w) {
-            worst = Some(n);
-        }
+/// The weight of an optional atom (`x?`, `{0,1}`): a chain of them cost far more per atom than
+/// a counted repetition (fifty `[a-z]?` in a `pattern`: 20x a fill and a 4.4 s compile).
+pub const OPTIONAL_WEIGHT: u64 = 4;
+
+/// Why a guide is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// A regex or grammar guide, with `fields.regex_guides` off: where it is.
+    RegexGuide(String),
+    /// A count above the bound (`u64::MAX`: not a whole number).
+    Count(u64),
+    /// A regex whose weight is above the bound.
+    Weight(u64),
+}
+
+/// The first reason to refuse `guide` (request field `field`) under the bound `limit`
+/// (`fields.max_guide_repeat`), regex and grammar guides allowed or not.
+pub fn refusal(field: &str, guide: &Value, limit: u32, regex_guides: bool) -> Option<Refusal> {
+    let mut walk = Walk {
+        limit: u64::from(limit),
+        regex_guides,
+        found: None,
     };
-    match guide {
-        // A whole guide as a string: a regex or a grammar, or a schema or tag as JSON text.
-        Value::String(s) => match serde_json::from_str::<Value>(s) {
-            Ok(v @ Value::Object(_)) if !is_pattern_field(field) => walk(&v, &mut note),
-            _ => counts_in_pattern(s, &mut note),
-        },
-        other => walk(other, &mut note),
-    }
-    worst
+    walk.field(field, guide);
+    walk.found
 }
 
-/// Whether `field` is a guide that is a regex or a grammar itself.
-fn is_pattern_field(field: &str) -> bool {
-    PATTERN_KEYS.contains(&field)
+struct Walk {
+    limit: u64,
+    regex_guides: bool,
+    found: Option<Refusal>,
 }
 
-/// Every count in a JSON guide (a schema, `structured_outputs`, a `response_format`).
-fn walk(v: &Value, note: &mut impl FnMut(u64)) {
-    match v {
-        Value::Object(map) => {
-            for (key, value) in map {
-                if COUNT_KEYS.contains(&key.as_str()) {
-                    if let Some(n) = count(value) {
-                        note(n);
-                    }
-                }
-                match value {
-                    Value::String(s) if PATTERN_KEYS.contains(&key.as_str()) => {
-                        counts_in_pattern(s, note);
-                    }
-                    // A structural tag or schema given as JSON text inside the guide.
-                    Value::String(s) if key == "structural_tag" || key == "json" => {
-                        if let Ok(inner) = serde_json::from_str::<Value>(s) {
-                            walk(&inner, note);
-                        }
-                    }
-                    _ => {}
-                }
-                if key == "patternProperties" {
-                    if let Value::Object(patterns) = value {
-                        for regex in patterns.keys() {
-                            counts_in_pattern(regex, note);
-                        }
-                    }
-                }
-                walk(value, note);
-            }
+impl Walk {
+    fn refuse(&mut self, why: Refusal) {
+        if self.found.is_none() {
+            self.found = Some(why);
         }
-        Value::Array(items) => items.iter().for_each(|item| walk(item, note)),
-        _ => {}
+    }
+
+    fn count(&mut self, n: u64) {
+        if n > self.limit {
+            self.refuse(Refusal::Count(n));
+        }
+    }
+
+    /// A regex: its weight within the bound.
+    fn regex(&mut self, pattern: &str) {
+        let w = weight(pattern);
+        if w > self.limit {
+            self.refuse(Refusal::Weight(w));
+        }
+    }
+
+    /// A grammar (EBNF, GBNF, Lark): its counts within the bound (what can be read of them).
+    fn grammar(&mut self, text: &str) {
+        let mut worst = 0;
+        counts_in_grammar(text, &mut |n| worst = worst.max(n));
+        self.count(worst);
+    }
+
+    /// A regex or grammar guide named `at`: refused unless allowed, then bounded.
+    fn regex_guide(&mut self, at: &str, key: &str, text: &str) {
+        if !self.regex_guides {
+            self.refuse(Refusal::RegexGuide(at.to_owned()));
+        } else if key.contains("grammar") {
+            self.grammar(text);
+        } else {
+            self.regex(text);
+        }
+    }
+
+    /// A request's guide field.
+    fn field(&mut self, field: &str, guide: &Value) {
+        match guide {
+            Value::String(s) if REGEX_FIELDS.contains(&field) => self.regex_guide(field, field, s),
+            // A schema or a structural tag as JSON text.
+            // (Not JSON: vLLM refuses it.)
+            Value::String(s) => {
+                if let Ok(v) = serde_json::from_str::<Value>(s) {
+                    self.value(field, &v);
+                }
+            }
+            other => self.value(field, other),
+        }
+    }
+
+    /// Anything inside a guide, `at` naming where (for the refusal).
+    fn value(&mut self, at: &str, v: &Value) {
+        match v {
+            Value::Object(map) => {
+                if let Some(kind) = map.get("type").and_then(Value::as_str) {
+                    if REGEX_FORMATS.contains(&kind) && !self.regex_guides {
+                        self.refuse(Refusal::RegexGuide(format!("{at} ({kind} format)")));
+                    }
+                    if kind == "repeat" {
+                        for key in ["min", "max"] {
+                            if let Some(n) = map.get(key).and_then(count) {
+                                self.count(n);
+                            }
+                        }
+                    }
+                }
+                for (key, value) in map {
+                    if VALUE_KEYS.contains(&key.as_str()) {
+                        continue;
+                    }
+                    if COUNT_KEYS.contains(&key.as_str()) {
+                        if let Some(n) = count(value) {
+                            self.count(n);
+                        }
+                    }
+                    match value {
+                        Value::String(s) if key == "pattern" => self.regex(s),
+                        Value::String(s) if REGEX_FIELDS.contains(&key.as_str()) => {
+                            self.regex_guide(&format!("{at}.{key}"), key, s);
+                        }
+                        // A structural tag or schema as JSON text inside the guide.
+                        Value::String(s) if key == "structural_tag" || key == "json" => {
+                            if let Ok(inner) = serde_json::from_str::<Value>(s) {
+                                self.value(&format!("{at}.{key}"), &inner);
+                            }
+                        }
+                        Value::Object(patterns) if key == "patternProperties" => {
+                            for regex in patterns.keys() {
+                                self.regex(regex);
+                            }
+                        }
+                        _ => {}
+                    }
+                    self.value(at, value);
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|item| self.value(at, item)),
+            _ => {}
+        }
     }
 }
 
-/// A count as a schema writes it: a non-negative whole number (a float with no fraction too);
-/// any other number counts as past every bound.
+/// A count as a schema writes it: a non-negative whole number; any other number counts as past
+/// every bound (xgrammar refuses it anyway).
 fn count(v: &Value) -> Option<u64> {
     let n = v.as_number()?;
-    Some(
-        n.as_u64()
-            .or_else(|| {
-                n.as_f64()
-                    .filter(|f| *f >= 0.0 && f.fract() == 0.0 && *f < 1e18)
-                    .map(|f| f as u64)
-            })
-            .unwrap_or(u64::MAX),
-    )
+    Some(n.as_u64().unwrap_or(u64::MAX))
 }
 
-/// Every `{m}`, `{m,}`, `{m,n}` not escaped and every Lark `~ m` or `~ m..n` in `pattern`.
-fn counts_in_pattern(pattern: &str, note: &mut impl FnMut(u64)) {
-    let b = pattern.as_bytes();
+/// The weight of `pattern` as a regex: the atoms it unrolls to. An atom (a character, a class,
+/// an escape) weighs 1; a group its contents; a sequence the sum of its items; an alternation
+/// the sum of its branches (both are built); `x*` and `x+` what `x` weighs (a loop); `x?` and
+/// `x{0,1}` [`OPTIONAL_WEIGHT`] times; `x{m}`, `x{m,}`, `x{m,n}` `x` times the largest of its
+/// numbers. Saturating.
+pub fn weight(pattern: &str) -> u64 {
+    let mut p = Parser {
+        b: pattern.as_bytes(),
+        i: 0,
+        depth: 0,
+    };
+    p.alternation()
+}
+
+struct Parser<'a> {
+    b: &'a [u8],
+    i: usize,
+    depth: u32,
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn alternation(&mut self) -> u64 {
+        let mut total = self.sequence();
+        while self.peek() == Some(b'|') {
+            self.i += 1;
+            total = total.saturating_add(self.sequence());
+        }
+        total
+    }
+
+    fn sequence(&mut self) -> u64 {
+        let mut total = 0u64;
+        while let Some(c) = self.peek() {
+            if c == b'|' || c == b')' {
+                break;
+            }
+            let atom = self.atom();
+            let item = self.quantified(atom);
+            total = total.saturating_add(item);
+        }
+        total
+    }
+
+    fn atom(&mut self) -> u64 {
+        let Some(c) = self.peek() else { return 0 };
+        self.i += 1;
+        match c {
+            b'\\' => {
+                // An escape: one character, or a braced one (`\p{L}`, `\u{1F600}`, `\x{41}`).
+                if let Some(n) = self.peek() {
+                    self.i += 1;
+                    if matches!(n, b'p' | b'P' | b'u' | b'x' | b'k' | b'N')
+                        && self.peek() == Some(b'{')
+                    {
+                        self.skip_past(b'}');
+                    }
+                }
+                1
+            }
+            b'[' => {
+                // A class: `]` first (after an optional `^`) is a member; escapes inside.
+                if self.peek() == Some(b'^') {
+                    self.i += 1;
+                }
+                if self.peek() == Some(b']') {
+                    self.i += 1;
+                }
+                while let Some(c) = self.peek() {
+                    self.i += 1;
+                    match c {
+                        b'\\' => self.i += 1,
+                        b']' => break,
+                        _ => {}
+                    }
+                }
+                1
+            }
+            b'(' => {
+                // A group's prefix (`?:`, `?=`, `?!`, `?<name>`, `?P<name>`...) weighs nothing.
+                if self.peek() == Some(b'?') {
+                    while let Some(c) = self.peek() {
+                        self.i += 1;
+                        if matches!(c, b':' | b'=' | b'!' | b'>') {
+                            break;
+                        }
+                    }
+                }
+                self.depth += 1;
+                let inner = if self.depth > 200 {
+                    // Deeper than any pattern needs: past every bound.
+                    self.skip_past(b')');
+                    u64::MAX
+                } else {
+                    self.alternation()
+                };
+                self.depth -= 1;
+                if self.peek() == Some(b')') {
+                    self.i += 1;
+                }
+                inner.max(1)
+            }
+            // Anchors weigh nothing.
+            b'^' | b'$' => 0,
+            _ => 1,
+        }
+    }
+
+    /// `atom` with the quantifiers that follow it.
+    fn quantified(&mut self, atom: u64) -> u64 {
+        let mut w = atom;
+        loop {
+            match self.peek() {
+                Some(b'*' | b'+') => {
+                    self.i += 1;
+                }
+                Some(b'?') => {
+                    self.i += 1;
+                    w = w.saturating_mul(OPTIONAL_WEIGHT);
+                }
+                Some(b'{') => {
+                    let (numbers, end) = numbers_until(self.b, self.i + 1, b'}', false);
+                    let Some(end) = end else { return w };
+                    self.i = end + 1;
+                    let times = match numbers.as_slice() {
+                        [0, 1] => OPTIONAL_WEIGHT,
+                        _ => numbers.iter().copied().max().unwrap_or(0),
+                    };
+                    w = w.saturating_mul(times);
+                }
+                _ => return w,
+            }
+            // A lazy or possessive mark after a quantifier changes nothing here.
+            if matches!(self.peek(), Some(b'?' | b'+'))
+                && matches!(self.b.get(self.i.wrapping_sub(1)), Some(b'*' | b'+' | b'}'))
+            {
+                self.i += 1;
+            }
+        }
+    }
+
+    fn skip_past(&mut self, close: u8) {
+        while let Some(c) = self.peek() {
+            self.i += 1;
+            if c == close {
+                break;
+            }
+        }
+    }
+}
+
+/// Every count of a grammar (EBNF, GBNF, Lark) that can be read: `{m}`, `{m,}`, `{m,n}` with any
+/// whitespace or a `#` comment inside the braces, and Lark's `~ m` and `~ m..n` (spaces
+/// allowed), wherever they are (in a quoted literal too: that can only refuse more).
+fn counts_in_grammar(text: &str, note: &mut impl FnMut(u64)) {
+    let b = text.as_bytes();
     let mut i = 0;
     while i < b.len() {
         match b[i] {
-            b'\\' => i += 2,
             b'{' => {
-                let (numbers, end) = numbers_until(b, i + 1, b'}');
-                if let Some(end) = end {
-                    numbers.into_iter().for_each(&mut *note);
-                    i = end;
-                }
-                i += 1;
+                let (numbers, end) = numbers_until(b, i + 1, b'}', true);
+                numbers.into_iter().for_each(&mut *note);
+                i = end.unwrap_or(i) + 1;
             }
             b'~' => {
-                let mut j = i + 1;
-                while j < b.len() && b[j].is_ascii_whitespace() {
-                    j += 1;
-                }
+                let mut j = skip_space(b, i + 1, false);
                 let (first, after) = digits(b, j);
                 if let Some(n) = first {
                     note(n);
-                    if b.get(after..after + 2) == Some(b"..") {
-                        if let (Some(m), _) = digits(b, after + 2) {
+                    j = skip_space(b, after, false);
+                    if b.get(j..j + 2) == Some(b"..") {
+                        let k = skip_space(b, j + 2, false);
+                        if let (Some(m), _) = digits(b, k) {
                             note(m);
                         }
                     }
@@ -154,47 +383,53 @@ fn counts_in_pattern(pattern: &str, note: &mut impl FnMut(u64)) {
     }
 }
 
-/// The numbers of a `m}`, `m,}` or `m,n}` quantifier body starting at `start` (spaces
-/// allowed), and where its closing `close` is; no end when it is not one.
-fn numbers_until(b: &[u8], start: usize, close: u8) -> (Vec<u64>, Option<usize>) {
-    let mut numbers = Vec::new();
-    let mut j = start;
-    let skip = |j: &mut usize| {
-        while *j < b.len() && b[*j] == b' ' {
-            *j += 1;
-        }
-    };
-    skip(&mut j);
-    let (first, after) = digits(b, j);
-    let Some(first) = first else {
-        // `{,n}` (a count with no least) counts its most.
-        if b.get(j) == Some(&b',') {
-            let mut k = j + 1;
-            skip(&mut k);
-            if let (Some(n), after) = digits(b, k) {
-                let mut k = after;
-                skip(&mut k);
-                if b.get(k) == Some(&close) {
-                    return (vec![n], Some(k));
-                }
+/// Past whitespace from `at` (and `#` comments to the end of their line, in a grammar).
+fn skip_space(b: &[u8], mut at: usize, comments: bool) -> usize {
+    while at < b.len() {
+        if b[at].is_ascii_whitespace() {
+            at += 1;
+        } else if comments && b[at] == b'#' {
+            while at < b.len() && b[at] != b'\n' {
+                at += 1;
             }
+        } else {
+            break;
         }
-        return (numbers, None);
+    }
+    at
+}
+
+/// The numbers of a `m}`, `m,}`, `,n}` or `m,n}` quantifier body starting at `start`, and where
+/// its closing `close` is; no end when it is not one. A grammar's may hold whitespace and
+/// comments; a regex's may hold spaces.
+fn numbers_until(b: &[u8], start: usize, close: u8, grammar: bool) -> (Vec<u64>, Option<usize>) {
+    let skip = |at: usize| {
+        if grammar {
+            skip_space(b, at, true)
+        } else {
+            let mut at = at;
+            while b.get(at) == Some(&b' ') {
+                at += 1;
+            }
+            at
+        }
     };
-    numbers.push(first);
-    j = after;
-    skip(&mut j);
+    let mut numbers = Vec::new();
+    let mut j = skip(start);
+    let (first, after) = digits(b, j);
+    if let Some(n) = first {
+        numbers.push(n);
+        j = skip(after);
+    }
     if b.get(j) == Some(&b',') {
-        j += 1;
-        skip(&mut j);
+        j = skip(j + 1);
         let (second, after) = digits(b, j);
         if let Some(n) = second {
             numbers.push(n);
-            j = after;
-            skip(&mut j);
+            j = skip(after);
         }
     }
-    if b.get(j) == Some(&close) {
+    if !numbers.is_empty() && b.get(j) == Some(&close) {
         (numbers, Some(j))
     } else {
         (Vec::new(), None)
@@ -217,70 +452,129 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn refused(field: &str, v: Value) -> Option<Refusal> {
+        refusal(field, &v, 128, false)
+    }
+
+    fn allowed(field: &str, v: Value) -> Option<Refusal> {
+        refusal(field, &v, 128, true)
+    }
+
+    #[test]
+    fn regex_and_grammar_guides_are_refused_unless_allowed() {
+        for (field, guide) in [
+            ("guided_regex", json!("[a-z]+")),
+            ("guided_grammar", json!("root ::= \"a\"")),
+            ("guided_whitespace_pattern", json!(" *")),
+            ("structured_outputs", json!({"regex": "[a-z]?"})),
+            ("structured_outputs", json!({"grammar": "start: \"a\""})),
+            (
+                "response_format",
+                json!({"type": "structural_tag", "format": {"type": "repeat", "min": 0, "max": 3,
+                    "content": {"type": "const_string", "value": "a"}}}),
+            ),
+            (
+                "structural_tag",
+                json!("{\"type\": \"regex\", \"pattern\": \"a\"}"),
+            ),
+            (
+                "structured_outputs",
+                json!({"structural_tag": "{\"format\": {\"type\": \"grammar\", \"grammar\": \"x\"}}"}),
+            ),
+        ] {
+            assert!(
+                matches!(refused(field, guide.clone()), Some(Refusal::RegexGuide(_))),
+                "{field}: {guide}"
+            );
+            assert_eq!(allowed(field, guide.clone()), None, "{field}: {guide}");
+        }
+    }
+
     #[test]
     fn counts_past_the_bound_are_found_wherever_a_guide_holds_them() {
-        let over_128 = |field: &str, v: Value| over(field, &v, 128);
-        // Schemas: arrays, objects, patterns, patternProperties, nested anywhere.
         assert_eq!(
-            over_128("guided_json", json!({"type": "array", "maxItems": 200})),
-            Some(200)
+            refused("guided_json", json!({"type": "array", "maxItems": 200})),
+            Some(Refusal::Count(200))
         );
         assert_eq!(
-            over_128("guided_json", json!({"type": "array", "minItems": 1000.0})),
-            Some(1000)
+            refused("guided_json", json!({"type": "array", "minItems": 1000.0})),
+            Some(Refusal::Count(u64::MAX))
         );
         assert_eq!(
-            over_128(
-                "response_format",
-                json!({"type": "json_schema", "json_schema": {"schema":
-                {"properties": {"a": {"anyOf": [{"type": "string", "pattern": "^[a-z]{1,129}$"}]}}}}})
-            ),
-            Some(129)
+            refused("guided_json", json!("{\"maxItems\": 999}")),
+            Some(Refusal::Count(999))
         );
         assert_eq!(
-            over_128(
-                "guided_json",
-                json!({"patternProperties": {"^x{300}$": {}}})
-            ),
-            Some(300)
-        );
-        assert_eq!(
-            over_128("guided_json", json!({"maxProperties": -1})),
-            Some(u64::MAX)
-        );
-        // Regexes and grammars, as strings or inside structured_outputs.
-        assert_eq!(over_128("guided_regex", json!("[a-z]{1,4096}")), Some(4096));
-        assert_eq!(over_128("guided_regex", json!("a{ 200 , }")), Some(200));
-        assert_eq!(over_128("guided_regex", json!("a{,500}")), Some(500));
-        assert_eq!(
-            over_128("structured_outputs", json!({"regex": "(ab|cd){0,100000}"})),
-            Some(100_000)
-        );
-        assert_eq!(
-            over_128("guided_grammar", json!("root ::= [a-z]{1,300}")),
-            Some(300)
-        );
-        assert_eq!(
-            over_128("guided_grammar", json!("start: \"a\"~ 5..1000")),
-            Some(1000)
-        );
-        // JSON text guides are read as the JSON they hold.
-        assert_eq!(
-            over_128("guided_json", json!("{\"maxItems\": 999}")),
-            Some(999)
-        );
-        assert_eq!(
-            over_128(
+            allowed(
                 "structured_outputs",
-                json!({"structural_tag": "{\"schema\": {\"minItems\": 129}}"})
+                json!({"structural_tag": {"format": {"type": "repeat",
+                "min": 0, "max": 1000, "content": {"type": "regex", "pattern": "[a-z]"}}}})
             ),
-            Some(129)
+            Some(Refusal::Count(1000))
+        );
+        // Grammars: whitespace and comments inside braces, Lark's ranges with spaces.
+        for grammar in [
+            "root ::= [a-z]{1,300}",
+            "root ::= [a-z]{1,\t300}",
+            "root ::= [a-z]{1, # up to\n300}",
+            "start: /[a-z]/ ~ 1 .. 300",
+            "start: \"a\"~5..\t300",
+        ] {
+            assert_eq!(
+                allowed("guided_grammar", json!(grammar)),
+                Some(Refusal::Count(300)),
+                "{grammar}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_regex_weighs_what_it_unrolls_to() {
+        for (pattern, w) in [
+            ("^[a-z]{1,128}$", 128),
+            ("^[a-z]{1,129}$", 129),
+            ("^[a-z]{1,128}[a-z]{0,128}$", 256),
+            ("^([a-z]{1,16}){1,16}$", 256),
+            ("([a-z]{1,16} ){0,20}", 340),
+            ("([a-z]{1,16} )*", 17),
+            ("(ab|cd){0,100000}", 400_000),
+            ("^\\d{4}-\\d{2}-\\d{2}$", 10),
+            (
+                "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+                36,
+            ),
+            ("^[a-zA-Z_][a-zA-Z0-9_]{0,63}$", 64),
+            ("^\\+?[0-9]{7,15}$", 19),
+            ("[]a]{2}\\{500}", 7),
+            ("(?:x){200}", 200),
+            ("a{1,200}?", 200),
+        ] {
+            assert_eq!(weight(pattern), w, "{pattern}");
+        }
+        let optionals = "[a-z]?".repeat(50);
+        assert_eq!(weight(&optionals), 200);
+        assert_eq!(
+            refused(
+                "guided_json",
+                json!({"type": "string", "pattern": optionals})
+            ),
+            Some(Refusal::Weight(200))
+        );
+        assert_eq!(
+            refused(
+                "guided_json",
+                json!({"patternProperties": {"^([a-z]{1,16}){1,16}$": {}}})
+            ),
+            Some(Refusal::Weight(256))
+        );
+        assert_eq!(
+            allowed("guided_regex", json!("([a-z]{1,16} ){0,20}")),
+            Some(Refusal::Weight(340))
         );
     }
 
     #[test]
-    fn counts_within_the_bound_and_what_is_not_a_count_pass() {
-        let over_128 = |field: &str, v: Value| over(field, &v, 128);
+    fn what_is_within_the_bound_or_is_data_passes() {
         for (field, guide) in [
             (
                 "guided_json",
@@ -290,13 +584,19 @@ mod tests {
                 "guided_json",
                 json!({"type": "string", "minLength": 1000, "description": "about {1000} words"}),
             ),
-            ("guided_regex", json!("[a-z]{1,128}\\{1000}")),
-            ("guided_regex", json!("[a-z]+ (ab|cd)*")),
-            ("guided_regex", json!("a{b,1000}")),
+            (
+                "guided_json",
+                json!({"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}$"}),
+            ),
+            (
+                "guided_json",
+                json!({"default": {"maxItems": 500}, "examples": [{"minItems": 900}],
+                "enum": [{"type": "regex"}], "const": {"pattern": "a{1,9999}"}}),
+            ),
             ("guided_choice", json!(["{1000}", "b"])),
             ("structured_outputs", json!({"json": {"enum": ["x{999}"]}})),
         ] {
-            assert_eq!(over_128(field, guide.clone()), None, "{field}: {guide}");
+            assert_eq!(refused(field, guide.clone()), None, "{field}: {guide}");
         }
     }
 }
