@@ -22,7 +22,7 @@ const MAX_TOKEN_IDS: u32 = 1024;
 const MAX_GUIDE_BYTES: u32 = 16 * 1024;
 /// Default `fields.max_guide_repeat`: xgrammar 0.2.9 builds a count above 128 otherwise, and
 /// each mask fill then costs 8x (`maxItems` 200) to 8,400x (`pattern` `[a-z]{1,129}`) the
-/// plain guide's (docs/operations.md, "Structured output").
+/// plain guide's (`docs/results/guides/`).
 const MAX_GUIDE_REPEAT: u32 = 128;
 
 /// Default `fields.template_kwargs`: the switches the common chat templates read (Qwen3's and

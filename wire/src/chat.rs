@@ -79,6 +79,13 @@ pub struct ContentPart {
     /// The other fields of the part (a non-text part's payload: URL, data...).
     #[serde(flatten)]
     pub other: Map<String, Value>,
+    /// [`ContentPart::rendered_json`], made once: a request's pieces are walked several times
+    /// (sized, counted, charged), and a picture's digest reads its whole payload.
+    #[serde(skip)]
+    rendered: std::sync::OnceLock<String>,
+    /// [`ContentPart::image_size`], read once.
+    #[serde(skip)]
+    size: std::sync::OnceLock<Option<(u32, u32)>>,
 }
 
 impl ContentPart {
@@ -108,7 +115,11 @@ impl ContentPart {
     /// by the picture's size where it can be read), and the digest keeps two pictures apart.
     /// An audio or video payload stays as it is: a clip's length is not read, so its text is
     /// what bounds its count.
-    pub fn rendered_json(&self) -> String {
+    pub fn rendered_json(&self) -> &str {
+        self.rendered.get_or_init(|| self.render_json())
+    }
+
+    fn render_json(&self) -> String {
         let mut fields = self.other.clone();
         if self.media_kind() == MediaKind::Image {
             for value in fields.values_mut() {
@@ -128,6 +139,10 @@ impl ContentPart {
     /// The width and height of an image part's picture when it is inline and its header reads
     /// cleanly ([`crate::image::data_url_size`]): `image_url` as a string or an object's `url`.
     pub fn image_size(&self) -> Option<(u32, u32)> {
+        *self.size.get_or_init(|| self.read_image_size())
+    }
+
+    fn read_image_size(&self) -> Option<(u32, u32)> {
         if self.media_kind() != MediaKind::Image {
             return None;
         }
@@ -146,11 +161,13 @@ impl ContentPart {
 /// the engine had never seen).
 fn digest(payload: &str) -> String {
     use sha2::Digest;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let hash = sha2::Sha256::digest(payload.as_bytes());
     let mut out = String::with_capacity(33);
     out.push('#');
     for b in &hash[..16] {
-        out.push_str(&format!("{b:02x}"));
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 15)]));
     }
     out
 }
@@ -281,11 +298,7 @@ impl ChatMessage {
                     if p.is_text() {
                         text(&mut f, p.text_value().unwrap_or(""));
                     } else {
-                        f(
-                            PieceKind::Media(p.media_kind()),
-                            &p.rendered_json(),
-                            Some(p),
-                        );
+                        f(PieceKind::Media(p.media_kind()), p.rendered_json(), Some(p));
                     }
                 }
             }

@@ -184,13 +184,16 @@ fn guide(field: &'static str, v: &Value, bounds: &FieldsConfig) -> Result<(), Ga
             if n == u64::MAX { "no whole number".to_owned() } else { n.to_string() }
         )
             }
-            Some(Refusal::Weight(w)) => format!(
-                "{field} holds a regex that unrolls to {w} atoms (counts multiplied through their \
+            Some(Refusal::Weight(w)) => {
+                format!(
+                "{field} holds a regex that unrolls to {} atoms (counts multiplied through their \
              groups, an optional atom {}), more than {limit}, the most this gateway takes \
              (fields.max_guide_repeat): past it the engine's grammar slows every step of the \
              batch",
+                if w == u64::MAX { "uncountably many".to_owned() } else { w.to_string() },
                 super::repeats::OPTIONAL_WEIGHT
-            ),
+            )
+            }
         };
     Err(GatewayError::bad_request(why, Some(field)))
 }

@@ -104,10 +104,13 @@ impl Walk {
         }
     }
 
-    /// A grammar (EBNF, GBNF, Lark): its counts within the bound (what can be read of them).
+    /// A grammar (EBNF, GBNF, Lark): its counts within the bound (what can be read of them),
+    /// read as written and with its `#` comments taken out (a comment may sit inside a count's
+    /// braces; a `#` in a literal is not one): each a linear pass.
     fn grammar(&mut self, text: &str) {
         let mut worst = 0;
         counts_in_grammar(text, &mut |n| worst = worst.max(n));
+        counts_in_grammar(&without_comments(text), &mut |n| worst = worst.max(n));
         self.count(worst);
     }
 
@@ -147,7 +150,9 @@ impl Walk {
                     }
                     if kind == "repeat" {
                         for key in ["min", "max"] {
-                            if let Some(n) = map.get(key).and_then(count) {
+                            // A `max` of -1 is xgrammar's "no most": an unbounded loop.
+                            let unbounded = map.get(key).and_then(Value::as_i64) == Some(-1);
+                            if let Some(n) = map.get(key).and_then(count).filter(|_| !unbounded) {
                                 self.count(n);
                             }
                         }
@@ -207,7 +212,13 @@ pub fn weight(pattern: &str) -> u64 {
         i: 0,
         depth: 0,
     };
-    p.alternation()
+    let w = p.alternation();
+    // Stopped before the end: a `)` that closes nothing, which no engine takes as written
+    // (and what follows it was not weighed).
+    if p.i < p.b.len() {
+        return u64::MAX;
+    }
+    w
 }
 
 struct Parser<'a> {
@@ -278,10 +289,15 @@ impl Parser<'_> {
                 1
             }
             b'(' => {
-                // A group's prefix (`?:`, `?=`, `?!`, `?<name>`, `?P<name>`...) weighs nothing.
+                // A group's prefix (`?:`, `?=`, `?!`, `?<name>`, `?P<name>`...) weighs nothing;
+                // a group that is all prefix (flags `(?i)`, a comment `(?#...)`) weighs nothing
+                // and ends there, what follows it weighed as the rest of the pattern.
                 if self.peek() == Some(b'?') {
                     while let Some(c) = self.peek() {
                         self.i += 1;
+                        if c == b')' {
+                            return 0;
+                        }
                         if matches!(c, b':' | b'=' | b'!' | b'>') {
                             break;
                         }
@@ -350,9 +366,17 @@ impl Parser<'_> {
     }
 }
 
+/// `text` with each `#` comment (to the end of its line) taken out.
+fn without_comments(text: &str) -> String {
+    text.lines()
+        .map(|line| line.split('#').next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Every count of a grammar (EBNF, GBNF, Lark) that can be read: `{m}`, `{m,}`, `{m,n}` with any
-/// whitespace or a `#` comment inside the braces, and Lark's `~ m` and `~ m..n` (spaces
-/// allowed), wherever they are (in a quoted literal too: that can only refuse more).
+/// whitespace inside the braces, and Lark's `~ m` and `~ m..n` (spaces allowed), wherever they
+/// are (in a quoted literal too: that can only refuse more).
 fn counts_in_grammar(text: &str, note: &mut impl FnMut(u64)) {
     let b = text.as_bytes();
     let mut i = 0;
@@ -362,15 +386,17 @@ fn counts_in_grammar(text: &str, note: &mut impl FnMut(u64)) {
                 let (numbers, end) = numbers_until(b, i + 1, b'}', true);
                 numbers.into_iter().for_each(&mut *note);
                 i = end.unwrap_or(i) + 1;
+                // (A failed body is rescanned from its next byte: its scan stopped at the first
+                // byte that is not whitespace, a digit or a comma, so the rescan is linear.)
             }
             b'~' => {
-                let mut j = skip_space(b, i + 1, false);
+                let mut j = skip_space(b, i + 1);
                 let (first, after) = digits(b, j);
                 if let Some(n) = first {
                     note(n);
-                    j = skip_space(b, after, false);
+                    j = skip_space(b, after);
                     if b.get(j..j + 2) == Some(b"..") {
-                        let k = skip_space(b, j + 2, false);
+                        let k = skip_space(b, j + 2);
                         if let (Some(m), _) = digits(b, k) {
                             note(m);
                         }
@@ -383,29 +409,21 @@ fn counts_in_grammar(text: &str, note: &mut impl FnMut(u64)) {
     }
 }
 
-/// Past whitespace from `at` (and `#` comments to the end of their line, in a grammar).
-fn skip_space(b: &[u8], mut at: usize, comments: bool) -> usize {
-    while at < b.len() {
-        if b[at].is_ascii_whitespace() {
-            at += 1;
-        } else if comments && b[at] == b'#' {
-            while at < b.len() && b[at] != b'\n' {
-                at += 1;
-            }
-        } else {
-            break;
-        }
+/// Past ASCII whitespace from `at`.
+fn skip_space(b: &[u8], mut at: usize) -> usize {
+    while at < b.len() && b[at].is_ascii_whitespace() {
+        at += 1;
     }
     at
 }
 
 /// The numbers of a `m}`, `m,}`, `,n}` or `m,n}` quantifier body starting at `start`, and where
-/// its closing `close` is; no end when it is not one. A grammar's may hold whitespace and
-/// comments; a regex's may hold spaces.
+/// its closing `close` is; no end when it is not one. A grammar's may hold whitespace; a
+/// regex's spaces.
 fn numbers_until(b: &[u8], start: usize, close: u8, grammar: bool) -> (Vec<u64>, Option<usize>) {
     let skip = |at: usize| {
         if grammar {
-            skip_space(b, at, true)
+            skip_space(b, at)
         } else {
             let mut at = at;
             while b.get(at) == Some(&b' ') {
@@ -517,6 +535,7 @@ mod tests {
             "root ::= [a-z]{1,300}",
             "root ::= [a-z]{1,\t300}",
             "root ::= [a-z]{1, # up to\n300}",
+            "root ::= \"#\" [a-z]{1,300}",
             "start: /[a-z]/ ~ 1 .. 300",
             "start: \"a\"~5..\t300",
         ] {
@@ -526,6 +545,29 @@ mod tests {
                 "{grammar}"
             );
         }
+    }
+
+    #[test]
+    fn reading_a_grammar_is_linear() {
+        // A comment opened at every brace was read to the end of its line at each: 16 KB took
+        // 41 ms, 4 MiB hours.
+        // Here 400 KB: read linearly, milliseconds (no time is asserted: a quadratic read
+        // would take minutes, and the run with it).
+        let text = "{#".repeat(200_000);
+        assert_eq!(allowed("guided_grammar", json!(text)), None);
+    }
+
+    #[test]
+    fn a_repeat_of_no_most_is_a_loop() {
+        let tag = |max: i64| {
+            json!({"type": "structural_tag", "format": {"type": "repeat", "min": 0, "max": max,
+                "content": {"type": "const_string", "value": "a"}}})
+        };
+        assert_eq!(allowed("response_format", tag(-1)), None);
+        assert_eq!(
+            allowed("response_format", tag(-2)),
+            Some(Refusal::Count(u64::MAX))
+        );
     }
 
     #[test]
@@ -548,6 +590,11 @@ mod tests {
             ("[]a]{2}\\{500}", 7),
             ("(?:x){200}", 200),
             ("a{1,200}?", 200),
+            // Flags and comments weigh nothing and hide nothing; a `)` that closes nothing is
+            // past every bound.
+            ("(?i)[a-z]{1,300}", 300),
+            ("(?#c)[a-z]{1,300}", 300),
+            ("a)[a-z]{1,300}", u64::MAX),
         ] {
             assert_eq!(weight(pattern), w, "{pattern}");
         }

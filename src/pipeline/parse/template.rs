@@ -309,7 +309,7 @@ fn check_content(at: &str, content: &Value) -> Result<(), GatewayError> {
                 ),
                 format!("{at}.type"),
             ));
-        } else if part.contains_key("uuid") {
+        } else if part.get("uuid").is_some_and(|v| !v.is_null()) {
             // vLLM takes a part with a `uuid` as a reference to a media item it has cached
             // under that id, with or without the media itself: the gateway cannot count an
             // item it is not sent, and another client's picture would answer for it.
