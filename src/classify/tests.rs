@@ -538,9 +538,14 @@ fn vision_classifier() -> Classifier {
 
 /// A question with one picture of `width` x `height` pixels.
 fn picture_question(width: u32, height: u32) -> PromptInput {
+    text_and_picture("what does this picture show?", width, height)
+}
+
+/// `text` and a picture of `width` x `height` pixels, in one user message.
+fn text_and_picture(text: &str, width: u32, height: u32) -> PromptInput {
     let url = tutor_testkit::picture::png_data_url(width, height, 64);
     let messages = serde_json::json!([{"role": "user", "content": [
-        {"type": "text", "text": "what does this picture show?"},
+        {"type": "text", "text": text},
         {"type": "image_url", "image_url": {"url": url}}]}]);
     PromptInput::chat(serde_json::from_value(messages).unwrap(), None, 32_768)
 }
@@ -591,11 +596,7 @@ fn counts_of_json(input: &PromptInput) -> u32 {
 fn a_request_partly_made_of_pictures_teaches_its_text_nothing() {
     let c = vision_classifier();
     let prose = text_with_tokens(&TokenCounter::Heuristic, 3_000);
-    let url = tutor_testkit::picture::png_data_url(896, 896, 64);
-    let messages = serde_json::json!([{"role": "user", "content": [
-        {"type": "text", "text": prose},
-        {"type": "image_url", "image_url": {"url": url}}]}]);
-    let input = PromptInput::chat(serde_json::from_value(messages).unwrap(), None, 32_768);
+    let input = text_and_picture(&prose, 896, 896);
     let counts = c
         .classify_blocking(&input, Some(100))
         .unwrap()
@@ -606,11 +607,7 @@ fn a_request_partly_made_of_pictures_teaches_its_text_nothing() {
     let engine = counts.total() - 1_024 + 100;
     assert_eq!(c.calibration().observe("m", &counts, engine), None);
     // The same text with a picture under an eighth of it teaches.
-    let small = tutor_testkit::picture::png_data_url(56, 56, 64);
-    let messages = serde_json::json!([{"role": "user", "content": [
-        {"type": "text", "text": prose},
-        {"type": "image_url", "image_url": {"url": small}}]}]);
-    let input = PromptInput::chat(serde_json::from_value(messages).unwrap(), None, 32_768);
+    let input = text_and_picture(&prose, 56, 56);
     let counts = c
         .classify_blocking(&input, Some(100))
         .unwrap()

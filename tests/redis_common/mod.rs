@@ -184,6 +184,20 @@ pub async fn leases(conn: &mut redis::aio::MultiplexedConnection) -> i64 {
         .unwrap()
 }
 
+/// Marks lease `id` expired by Redis's clock (its score in the `expiry` ZSET set to 1 ms, the
+/// lease itself left): the next renewal's reap takes it, as when Redis's clock ran ahead or the
+/// replica renewed too late.
+pub async fn expire_lease(conn: &mut redis::aio::MultiplexedConnection, expiry: &str, id: &str) {
+    let _: () = redis::cmd("ZADD")
+        .arg(expiry)
+        .arg("XX")
+        .arg(1)
+        .arg(id)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 /// Holds every write (scripts included; reads go on) until `CLIENT UNPAUSE`, or 10 s.
 pub async fn pause_writes(conn: &mut redis::aio::MultiplexedConnection) {
     let _: () = redis::cmd("CLIENT")

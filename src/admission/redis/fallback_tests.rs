@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::tests::redis_common::RedisServer;
+use super::tests::redis_common::{expire_lease, RedisServer};
 use super::RedisAdmission;
 use crate::admission::{AdmissionError, Ask};
 use crate::config::Config;
@@ -529,14 +529,7 @@ async fn a_fallback_lease_moved_on_redis_and_lost_is_registered_where_it_runs() 
         Move::Done
     );
     // Redis's clock says the lease expired: the renewal's reap takes it.
-    let _: () = redis::cmd("ZADD")
-        .arg(&shared.keys.expiry)
-        .arg("XX")
-        .arg(1)
-        .arg(&id)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    expire_lease(&mut conn, &shared.keys.expiry, &id).await;
     let mut lost = Vec::new();
     assert!(super::tasks::beat(shared, &mut Vec::new(), &mut lost).await);
     assert_eq!(lost, vec![id.clone()]);

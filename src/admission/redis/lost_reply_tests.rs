@@ -10,7 +10,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::tests::redis_common::{client_line, leases, pause_writes, paused_script, RedisServer};
+use super::tests::redis_common::{
+    client_line, expire_lease, leases, pause_writes, paused_script, RedisServer,
+};
 use super::RedisAdmission;
 use crate::admission::preempt::Preemptible;
 use crate::admission::Ask;
@@ -186,14 +188,7 @@ async fn a_lease_reaped_after_a_late_renewal_is_counted_again_at_that_beat() {
     let late = std::time::Instant::now()
         .checked_sub(ttl + Duration::from_secs(1))
         .expect("the machine has run longer than the TTL");
-    let _: () = redis::cmd("ZADD")
-        .arg(&admission.shared.keys.expiry)
-        .arg("XX")
-        .arg(1)
-        .arg(&held[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    expire_lease(&mut conn, &admission.shared.keys.expiry, &held[0]).await;
     let mut lost = Vec::new();
     let started = std::time::Instant::now();
     assert!(super::tasks::beat(&admission.shared, &mut Vec::new(), &mut lost).await);
@@ -249,14 +244,7 @@ async fn a_lost_lease_registered_as_its_first_token_came_gives_its_prefill_back(
         .await
         .unwrap();
     // Redis's clock says the lease expired: the renewal's reap takes it, room and all.
-    let _: () = redis::cmd("ZADD")
-        .arg(&shared.keys.expiry)
-        .arg("XX")
-        .arg(1)
-        .arg(&ids[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    expire_lease(&mut conn, &shared.keys.expiry, &ids[0]).await;
     let mut lost = Vec::new();
     assert!(super::tasks::beat(&shared, &mut Vec::new(), &mut lost).await);
     assert_eq!(lost, ids);
