@@ -47,30 +47,38 @@ pub fn job_finish(result_ttl: std::time::Duration) {
     }
 }
 
-/// Hooks `Shared::adopt_fallback` runs between taking the list of leases it registers and
-/// sending it, by replica id (tests running at once each set their own): what happens while
-/// the registration is out.
-type Hook = Box<dyn FnOnce() + Send>;
-static ADOPTING: std::sync::Mutex<Vec<(String, Hook)>> = std::sync::Mutex::new(Vec::new());
-
-/// Runs `f` at replica `replica`'s next registration, while it is out.
-pub fn on_adopting(replica: &str, f: impl FnOnce() + Send + 'static) {
-    ADOPTING
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push((replica.to_owned(), Box::new(f)));
+/// A point where a test may run a hook while an async step is out, by replica id (tests
+/// running at once each set their own).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Point {
+    /// `Shared::adopt_fallback`, between taking the list of leases it registers and sending it.
+    Adopting,
+    /// The autopilot's hand-back on the Redis quota, between reading the configuration it
+    /// hands back and publishing it.
+    HandingBack,
 }
 
-/// The registration's hook point.
-pub fn adopting(replica: &str) {
+type Hook = Box<dyn FnOnce() + Send>;
+static HOOKS: std::sync::Mutex<Vec<(Point, String, Hook)>> = std::sync::Mutex::new(Vec::new());
+
+/// Runs `f` when replica `replica` next reaches `point`.
+pub fn on(point: Point, replica: &str, f: impl FnOnce() + Send + 'static) {
+    HOOKS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push((point, replica.to_owned(), Box::new(f)));
+}
+
+/// The hook point `point`, reached by replica `replica`.
+pub fn at(point: Point, replica: &str) {
     let hook = {
-        let mut hooks = ADOPTING
+        let mut hooks = HOOKS
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         hooks
             .iter()
-            .position(|(r, _)| r == replica)
-            .map(|i| hooks.remove(i).1)
+            .position(|(p, r, _)| *p == point && r == replica)
+            .map(|i| hooks.remove(i).2)
     };
     if let Some(f) = hook {
         f();

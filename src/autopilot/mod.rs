@@ -401,7 +401,23 @@ impl Pilot {
                 }
                 Some(redis) => {
                     self.applied = None;
-                    redis.publish_paced(&config).await;
+                    #[cfg(test)]
+                    crate::faults::at(crate::faults::Point::HandingBack, redis.replica());
+                    // A reload landing meanwhile put its file's limits in this replica's
+                    // record and left them to be written; the publish replaced them with the
+                    // file read above, for the fleet until the next reload. So the file in
+                    // force after the publish is published again (a reload rarely comes twice
+                    // in a round trip; three tries bound it), and a reload after that writes
+                    // its own.
+                    let mut config = config;
+                    for _ in 0..3 {
+                        redis.publish_paced(&config).await;
+                        let now = state.config();
+                        if Arc::ptr_eq(&now, &config) {
+                            break;
+                        }
+                        config = now;
+                    }
                 }
             }
         }
@@ -648,5 +664,73 @@ mod tests {
             .expect("the look waited for the reload");
         assert!(!applied, "nothing put in force during the reload");
         drop(reloading);
+    }
+
+    /// A reload that lands while a leader hands the configured values back (turned off, or
+    /// stopping) on the Redis quota: the reloaded file's limits end in force for the fleet,
+    /// not the file the hand-back read before it (which used to stay until the next reload).
+    /// One thread: the reload's own write waits for the hand-back's first await, as it would
+    /// when the reload lands mid-publish.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_reload_during_the_hand_back_leaves_its_own_limits_in_the_fleets_record() {
+        use crate::admission::redis::tests::redis_common::RedisServer;
+        let redis = RedisServer::start();
+        let url = redis.url();
+        let file = move |budget: u32| {
+            Config::from_toml_str(&format!(
+                "[classify]\ntokenizer = \"heuristic\"\n\
+                 [admission]\nprefill_budget_tokens = {budget}\n\
+                 [autopilot]\nenabled = true\n\
+                 [quota]\nbackend = \"redis\"\nredis_url = \"{url}\"\n"
+            ))
+            .unwrap()
+        };
+        let state = AppState::for_tests(file(12_288), TaskTracker::new());
+        let shared = state.admission().shared().expect("the Redis quota").clone();
+        // A leader whose paced record is in force.
+        let pace = Pace {
+            prefill_budget: 2_048,
+            large_seats: 1,
+        };
+        let limits = paced(&state.config(), pace, 32);
+        let mut published = false;
+        for _ in 0..3_000 {
+            if shared.publish_paced(&limits).await == Some(true) {
+                published = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(published, "Redis never took the paced record");
+        let mut pilot = Pilot::default();
+        pilot.in_force(&state, state.config(), pace, 32);
+        let reloading = state.clone();
+        crate::faults::on(
+            crate::faults::Point::HandingBack,
+            shared.replica(),
+            move || {
+                crate::pipeline::reload::apply(&reloading, file(8_192)).expect("the reload");
+            },
+        );
+        pilot.hand_back(&state).await;
+        assert_eq!(state.config().admission.prefill_budget_tokens, 8_192);
+        let client = redis::Client::open(redis.url()).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let mut budget = String::new();
+        for _ in 0..3_000 {
+            budget =
+                redis::AsyncCommands::hget(&mut conn, "tg:v2:{quota}:limits", "prefill_budget")
+                    .await
+                    .unwrap();
+            if budget == "8192" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            budget, "8192",
+            "the fleet's record holds the reloaded file's budget"
+        );
+        shared.shutdown().await;
     }
 }

@@ -251,7 +251,7 @@ async fn a_lost_lease_registered_as_its_first_token_came_gives_its_prefill_back(
     assert_eq!(prefill(&mut conn).await, 0);
     // While the registration is out, the first token: its give-back already ran in Redis.
     let (held, id) = (shared.clone(), ids[0].clone());
-    crate::faults::on_adopting(&shared.replica, move || {
+    crate::faults::on(crate::faults::Point::Adopting, &shared.replica, move || {
         if let Some(h) = held.held().get_mut(&id) {
             h.prefill = 0;
         }

@@ -363,7 +363,7 @@ impl Shared {
             return false;
         };
         #[cfg(test)]
-        crate::faults::adopting(&self.replica);
+        crate::faults::at(crate::faults::Point::Adopting, &self.replica);
         let leases: Vec<(String, String, u32, u32)> = pending
             .iter()
             .map(|(id, _, tokens, prefill, field, _)| {
