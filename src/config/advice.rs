@@ -5,6 +5,11 @@
 use super::auth::parse_keys;
 use super::{Config, Policy};
 
+/// The tokens Qwen2-VL and Qwen2.5-VL spend on their largest picture (their default
+/// `max_pixels` of 12,845,056 over 28 x 28 squares): below it, a cap on a picture charged by its
+/// resolution is seldom what was meant.
+const RESOLUTION_MODELS_LARGEST_PICTURE: u32 = 16_384;
+
 impl Config {
     /// What this configuration does that its writer may not expect; empty when nothing.
     pub fn warnings(&self) -> Vec<String> {
@@ -28,6 +33,20 @@ impl Config {
                 "admission.long_prompt_tokens ({long_prompt}) is below classify.small_max_work \
                  ({small}): small questions with prompts above it wait for room in the prefill \
                  budget as reviews do"
+            ));
+        }
+        let classify = &self.classify;
+        let (side, cap) = (classify.image_token_pixels, classify.image_part_tokens);
+        if side > 0 && cap < RESOLUTION_MODELS_LARGEST_PICTURE {
+            // The side of the largest square picture charged less than the cap.
+            let bound = (f64::from(cap).sqrt().floor() as u64) * u64::from(side);
+            said.push(format!(
+                "classify.image_part_tokens ({cap}) caps every picture while \
+                 classify.image_token_pixels ({side}) charges them by resolution: a picture \
+                 larger than about {bound} x {bound} pixels is charged {cap} tokens whatever the \
+                 engine spends on it (Qwen2-VL and Qwen2.5-VL spend up to \
+                 {RESOLUTION_MODELS_LARGEST_PICTURE} at their default max_pixels); set it to \
+                 your model's largest, or lower the engine's max_pixels to match"
             ));
         }
         if self.auth.enabled {
@@ -93,8 +112,9 @@ mod tests {
         }];
         c.auth.tenant_shares.insert("cs101".into(), 2);
         c.auth.tenant_shares.insert("cs1O1".into(), 2);
+        c.classify.image_token_pixels = 28;
         let said = c.warnings();
-        assert_eq!(said.len(), 3, "{said:#?}");
+        assert_eq!(said.len(), 4, "{said:#?}");
         assert!(
             said[0].starts_with("classify.default_output_tokens"),
             "{said:#?}"
@@ -104,8 +124,16 @@ mod tests {
             "{said:#?}"
         );
         assert!(
-            said[2].starts_with("auth.tenant_shares.cs1O1: no key"),
+            said[2].starts_with("classify.image_part_tokens (1024) caps every picture"),
             "{said:#?}"
         );
+        assert!(said[2].contains("896 x 896 pixels"), "{said:#?}");
+        assert!(
+            said[3].starts_with("auth.tenant_shares.cs1O1: no key"),
+            "{said:#?}"
+        );
+        // With the cap at the model's largest, nothing is said of pictures.
+        c.classify.image_part_tokens = 16_384;
+        assert_eq!(c.warnings().len(), 3);
     }
 }
