@@ -75,6 +75,9 @@ pub struct RawClassify {
     pub exact_count_margin_percent: Option<u32>,
     /// Longest wait for `/tokenize` before the estimate stands, milliseconds.
     pub exact_count_timeout_ms: Option<u64>,
+    /// Whether a request that ended before the engine reported its prompt is counted by
+    /// `/tokenize` afterwards.
+    pub count_unreported_prompts: Option<bool>,
 }
 
 /// `[classify]`: token estimate and lane thresholds (M12).
@@ -117,6 +120,11 @@ pub struct ClassifyConfig {
     pub exact_count_margin_percent: u32,
     /// Longest wait for `/tokenize`; past it the estimate stands.
     pub exact_count_timeout: Duration,
+    /// A request that reached the engine and ended before vLLM reported its prompt's tokens
+    /// (its client gone before the first token, a timeout, an engine error) is counted by
+    /// vLLM's `/tokenize` once it ended: the count teaches the correction and settles the
+    /// tenant's budget (`crate::relay::late_count`).
+    pub count_unreported_prompts: bool,
 }
 
 /// When the gateway asks the engine for a request's exact count.
@@ -248,6 +256,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawClassify) -> ClassifyConfig {
                 EXACT_COUNT_TIMEOUT_MS,
             ),
         },
+        count_unreported_prompts: raw.count_unreported_prompts.unwrap_or(true),
     }
 }
 

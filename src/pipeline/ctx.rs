@@ -144,6 +144,11 @@ impl RequestCtx {
         self.shared.exact_counts()
     }
 
+    /// Bytes of prompts kept for late counts (`crate::relay::late_count`).
+    pub fn kept_for_counts(&self) -> &std::sync::Arc<tokio::sync::Semaphore> {
+        self.shared.kept_for_counts()
+    }
+
     /// Request bytes held by requests waiting for admission.
     pub fn queued_bytes(&self) -> &std::sync::Arc<QueuedBytes> {
         self.shared.queued_bytes()

@@ -55,12 +55,14 @@ pub struct Pieced {
 /// Prefills `request`'s prompt in pieces of `piece` tokens (`admission.prefill_piece_tokens`,
 /// the autopilot's size, or for a job `jobs.prefill_piece_tokens`) when it is long enough for
 /// two (estimated, `prompt` tokens, above twice the piece). `None`: not pieced (`piece` 0,
-/// short, media, or the count failed); the request goes as usual.
+/// short, media, or the count failed); the request goes as usual. `sent` is set before the
+/// first piece goes (the engine may prefill from then on).
 pub async fn prefill(
     ctx: &RequestCtx,
     request: &UpstreamRequest,
     piece: u32,
     prompt: u32,
+    sent: &std::sync::atomic::AtomicBool,
 ) -> Option<Pieced> {
     if piece == 0 || prompt <= piece.saturating_mul(2) {
         return None;
@@ -117,6 +119,7 @@ pub async fn prefill(
             continues_answer: false,
         };
         metrics.piece();
+        sent.store(true, std::sync::atomic::Ordering::Release);
         let Ok(mut stream) = ctx.upstream().stream(piece_request).await else {
             metrics.request(PieceOutcome::PieceFailed);
             return (k > 0).then_some(pieced);
@@ -150,7 +153,7 @@ pub async fn prefill(
 /// changes them (`truncate_prompt_tokens` cuts the prompt from its start; `reasoning_effort`
 /// is rendered by harmony templates; `tool_choice: "none"` leaves the tools out of the template
 /// under vLLM's `--exclude-tools-when-tool-choice-none`).
-fn ids_match(body: &serde_json::Map<String, serde_json::Value>) -> bool {
+pub(super) fn ids_match(body: &serde_json::Map<String, serde_json::Value>) -> bool {
     let set = |key: &str| body.get(key).is_some_and(|v| !v.is_null());
     !set("truncate_prompt_tokens")
         && !set("reasoning_effort")
@@ -172,7 +175,7 @@ async fn token_ids(ctx: &RequestCtx, body: bytes::Bytes) -> Option<Vec<u32>> {
 }
 
 /// Whether a chat body carries content parts other than text (images, audio, video, files).
-fn has_media(body: &Map<String, Value>) -> bool {
+pub(super) fn has_media(body: &Map<String, Value>) -> bool {
     body.get("messages")
         .and_then(Value::as_array)
         .is_some_and(|messages| {

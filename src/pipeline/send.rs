@@ -1,15 +1,22 @@
 //! The send step: an [`Admitted`] request goes to vLLM ([`crate::upstream`]) and its stream
 //! to a [`Relay`], which owns the guard from here to the end.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::admit::Admitted;
 use super::classify::Ready;
 use super::ctx::RequestCtx;
 use super::pieces;
 use super::respond::refused;
 use super::resume::Resume;
+use super::tokenize::tokenize_body;
+use crate::admission::tenant_budget::BudgetHold;
+use crate::admission::LaneGuard;
+use crate::classify::Classification;
 use crate::error::GatewayError;
+use crate::relay::late_count::{Asking, LateCount};
 use crate::relay::{Format, Relay, RelayContext};
-use crate::telemetry::{Mark, Route};
+use crate::telemetry::{Mark, RequestRecord, Route};
 use crate::upstream::UpstreamRequest;
 
 /// Sends `admitted` with the request's upstream client (its seat and token reservation given
@@ -83,12 +90,23 @@ pub async fn send(
         pin: None,
         continues_answer,
     };
+    // Kept to be counted if the engine never reports it; until the engine has it, a drop
+    // (its client gone) charges the budget nothing unless pieces of it were prefilled.
+    let unreported = Unreported {
+        late: late_count(ctx, &request, &class, &record, budget.is_some()),
+        guard: Some(guard),
+        budget,
+        estimate: class.input_tokens_estimate,
+        pieces_sent: AtomicBool::new(false),
+    };
     // A job's prompt in its own pieces when `jobs.prefill_piece_tokens` says so.
     let piece = match ctx.config().jobs.prefill_piece_tokens {
         n if n > 0 && record.route() == Route::Job => n,
         _ => ctx.piece_tokens(),
     };
-    if let Some(p) = pieces::prefill(ctx, &request, piece, class.input_tokens_estimate).await {
+    let estimate = class.input_tokens_estimate;
+    if let Some(p) = pieces::prefill(ctx, &request, piece, estimate, &unreported.pieces_sent).await
+    {
         request.pin.clone_from(&p.replica);
         record.pieced(p.prefix, p.reports_cached);
     }
@@ -96,6 +114,7 @@ pub async fn send(
         Ok(upstream) => upstream,
         Err(e) => return Err(refused(record, e.into())),
     };
+    let (guard, late_count, budget) = unreported.sent();
     record.mark(Mark::Sent);
     tracing::debug!(request_id = %record.request_id(), lane = %class.lane, work = class.work, exact = class.exact(), "admitted");
     let relay = RelayContext {
@@ -105,10 +124,82 @@ pub async fn send(
         budget,
         focus,
         engine_cap,
+        late_count,
     };
     let relay = Relay::new(upstream, guard, class, format, record, relay);
     Ok(match resume {
         Some(resume) => relay.resumable(Box::new(resume), ctx.config().jobs.preempt_notice),
         None => relay,
     })
+}
+
+/// A request's late count (`crate::relay::late_count`) when it can have one: on, counted (not
+/// decided by bytes), with something to teach or a tenant's budget to settle, no media, and a
+/// `/tokenize` body whose ids are its prompt's.
+fn late_count(
+    ctx: &RequestCtx,
+    request: &UpstreamRequest,
+    class: &Classification,
+    record: &RequestRecord,
+    budget: bool,
+) -> Option<LateCount> {
+    let config = ctx.config();
+    let counts = class.counts?;
+    let lesson = record.lesson();
+    if !config.classify.count_unreported_prompts
+        || (lesson.is_none() && !budget)
+        || pieces::has_media(&request.body)
+        || !pieces::ids_match(&request.body)
+    {
+        return None;
+    }
+    let body = tokenize_body(request.endpoint, &request.body)?;
+    let asking = Asking {
+        upstream: ctx.upstream().clone(),
+        counts_out: ctx.exact_counts().clone(),
+        timeout: config.classify.exact_count_timeout,
+        metrics: ctx.metrics().estimate().clone(),
+    };
+    LateCount::keep(body, ctx.kept_for_counts(), counts, lesson, asking)
+}
+
+/// A sent request's seat, late count and budget until the engine has the request: dropped there
+/// (its client gone), the budget is charged nothing and the tenant's fleet service nothing, or,
+/// once pieces of its prompt were prefilled, the engine's count of it (the service: the
+/// estimate).
+struct Unreported {
+    late: Option<LateCount>,
+    guard: Option<LaneGuard>,
+    budget: Option<BudgetHold>,
+    estimate: u32,
+    /// Set by [`pieces::prefill`] before its first piece goes.
+    pieces_sent: AtomicBool,
+}
+
+impl Unreported {
+    /// The engine has the request: the relay settles from here.
+    fn sent(mut self) -> (LaneGuard, Option<LateCount>, Option<BudgetHold>) {
+        let guard = self.guard.take().expect("the seat is held until sent");
+        (guard, self.late.take(), self.budget.take())
+    }
+}
+
+impl Drop for Unreported {
+    fn drop(&mut self) {
+        if !self.pieces_sent.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(guard) = self.guard.as_mut() {
+            guard.served(u64::from(self.estimate));
+        }
+        let budget = self.budget.take();
+        match self.late.take() {
+            Some(late) => late.count(budget, self.estimate, 0),
+            None => {
+                if let Some(budget) = budget {
+                    budget.settle(u64::from(self.estimate));
+                }
+            }
+        }
+    }
 }

@@ -55,6 +55,9 @@ struct Shared {
     /// The engine's exact counts out at once (`classify.exact_count`), at most
     /// [`MAX_EXACT_COUNTS_OUT`].
     exact_counts: Arc<tokio::sync::Semaphore>,
+    /// Bytes of prompts kept to be counted if the engine never reports them
+    /// (`crate::relay::late_count`), at most its `KEPT_BYTES`.
+    kept_for_counts: Arc<tokio::sync::Semaphore>,
 }
 
 /// The limits the autopilot paces, as a function of a configuration: that configuration's
@@ -273,6 +276,9 @@ impl AppState {
             tenant_requests: Arc::default(),
             tenant_budgets: Arc::new(tenant_budgets),
             exact_counts: Arc::new(tokio::sync::Semaphore::new(MAX_EXACT_COUNTS_OUT)),
+            kept_for_counts: Arc::new(tokio::sync::Semaphore::new(
+                crate::relay::late_count::KEPT_BYTES,
+            )),
         }))
     }
 
@@ -445,6 +451,10 @@ impl AppState {
     /// The engine's exact counts out at once (`classify.exact_count`).
     pub fn exact_counts(&self) -> &Arc<tokio::sync::Semaphore> {
         &self.0.exact_counts
+    }
+    /// Bytes of prompts kept for late counts (`crate::relay::late_count`).
+    pub fn kept_for_counts(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.0.kept_for_counts
     }
     /// Request bytes held by requests waiting for admission.
     pub fn queued_bytes(&self) -> &Arc<QueuedBytes> {

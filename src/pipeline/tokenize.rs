@@ -28,7 +28,7 @@ use super::tenant::Tenant;
 use crate::admission::Ask;
 use crate::error::GatewayError;
 use crate::lane::Lane;
-use crate::telemetry::estimate_metrics::{EstimateMetrics, ExactOutcome};
+use crate::telemetry::estimate_metrics::EstimateMetrics;
 use crate::upstream::{Endpoint, RawResponse, UpstreamClient};
 
 /// Tokens a `/tokenize` call reserves in the small lane: a seat's worth of bookkeeping, since
@@ -113,20 +113,7 @@ pub async fn engine_count(
     timeout: Duration,
     metrics: EstimateMetrics,
 ) -> Option<u32> {
-    let (outcome, count) = match tokio::time::timeout(timeout, upstream.tokenize(body)).await {
-        Err(_) => (ExactOutcome::Timeout, None),
-        Ok(Err(_)) => (ExactOutcome::Failed, None),
-        Ok(Ok(answer)) => {
-            let count = serde_json::from_slice::<Value>(&answer.body)
-                .ok()
-                .and_then(|v| v["count"].as_u64())
-                .and_then(|n| u32::try_from(n).ok());
-            match count {
-                Some(n) => (ExactOutcome::Counted, Some(n)),
-                None => (ExactOutcome::Failed, None),
-            }
-        }
-    };
+    let (outcome, count) = upstream.prompt_count(body, timeout).await;
     metrics.exact_count(outcome);
     count
 }

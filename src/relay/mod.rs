@@ -47,6 +47,7 @@ mod collect;
 mod cut;
 mod drain;
 pub mod held;
+pub mod late_count;
 mod pump;
 mod resume;
 
@@ -105,6 +106,9 @@ pub struct RelayContext {
     /// or the gateway's cap): what a promotion needs to reserve beyond the prompt (`None`: up
     /// to the next lane's work bound).
     pub engine_cap: Option<u32>,
+    /// Its prompt, counted by the engine if the request ends before vLLM reports it
+    /// ([`late_count`]).
+    pub late_count: Option<late_count::LateCount>,
 }
 
 /// One admitted request on its way back to the client.
@@ -265,8 +269,24 @@ impl Relay {
         if let Some(hold) = self.ctx.session.take() {
             hold.settle(self.produced());
         }
-        if let Some(budget) = self.ctx.budget.take() {
-            budget.settle(served);
+        // Ended before the engine reported its prompt (a pre-empted request's continuation
+        // reports it): counted now, its budget settled to the count.
+        let late = self
+            .ctx
+            .late_count
+            .take()
+            .filter(|_| outcome != Outcome::Preempted && self.view().usage.is_none());
+        match late {
+            Some(late) => late.count(
+                self.ctx.budget.take(),
+                self.class.input_tokens_estimate,
+                self.produced(),
+            ),
+            None => {
+                if let Some(budget) = self.ctx.budget.take() {
+                    budget.settle(served);
+                }
+            }
         }
         if let Some(replica) = self.upstream.replica() {
             self.record.served_by(replica);

@@ -1,7 +1,9 @@
 //! `tutor_gateway_estimate_error_ratio{kind}`: how far the gateway's input estimate was from
 //! the engine's `usage.prompt_tokens`, per kind of content (`classify::calibration`), and
 //! `tutor_gateway_exact_counts_total{outcome}`: the engine's exact counts asked for
-//! (`classify.exact_count`). Registered once by [`super::Metrics::new`]; every series exists
+//! (`classify.exact_count`), and `tutor_gateway_unreported_prompt_counts_total{outcome}`: the
+//! counts of prompts the engine never reported (`classify.count_unreported_prompts`).
+//! Registered once by [`super::Metrics::new`]; every series exists
 //! from start-up.
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Registry};
@@ -55,6 +57,7 @@ impl ExactOutcome {
 pub struct EstimateMetrics {
     error: HistogramVec,
     exact: IntCounterVec,
+    unreported: IntCounterVec,
 }
 
 impl EstimateMetrics {
@@ -89,10 +92,29 @@ impl EstimateMetrics {
              counted, failed, timeout, busy (16 already out; the estimate stood).",
             &["outcome"],
         );
+        let unreported = counter_vec(
+            registry,
+            "tutor_gateway_unreported_prompt_counts_total",
+            "Requests that reached the engine and ended before it reported their prompt's \
+             tokens (client gone before the first token, a timeout, an engine error), counted \
+             by vLLM's /tokenize afterwards (classify.count_unreported_prompts), by outcome: \
+             counted, failed, timeout, busy (16 counts already out; the estimate stood).",
+            &["outcome"],
+        );
         for o in ExactOutcome::ALL {
             exact.with_label_values(&[o.as_str()]);
+            unreported.with_label_values(&[o.as_str()]);
         }
-        Self { error, exact }
+        Self {
+            error,
+            exact,
+            unreported,
+        }
+    }
+
+    /// One count of a prompt the engine never reported.
+    pub fn unreported_count(&self, outcome: ExactOutcome) {
+        self.unreported.with_label_values(&[outcome.as_str()]).inc();
     }
 
     /// One exact count asked for.

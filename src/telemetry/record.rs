@@ -259,6 +259,12 @@ impl RequestRecord {
         ));
     }
 
+    /// What [`Self::calibrates`] set: the correction, the model and the tenant a count of
+    /// this request's prompt teaches (`None`: it teaches nothing).
+    pub fn lesson(&self) -> Option<(Arc<Calibration>, String, Option<String>)> {
+        self.calibration.clone()
+    }
+
     /// Records that the request's reservation grew to `tokens` mid-stream (in its lane, or
     /// moved): the request log's `tokens_reserved` says what it held at the end.
     pub fn reserved(&mut self, tokens: u32) {

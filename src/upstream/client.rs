@@ -21,6 +21,7 @@ use super::request::{prepare_body, UpstreamRequest};
 use super::route;
 use super::stream::{StreamLimits, UpstreamStream};
 use crate::config::UpstreamConfig;
+use crate::telemetry::estimate_metrics::ExactOutcome;
 use crate::telemetry::ReplicaMetrics;
 
 /// Longest a non-streaming call (`/v1/models`, `/health`) may take, connect included.
@@ -379,6 +380,38 @@ impl UpstreamClient {
             .body(body);
         let resp = Self::send_by(request, deadline).await?;
         Self::raw_within(resp, deadline, MAX_TOKENIZE_BYTES).await
+    }
+
+    /// vLLM's count of the prompt `body` renders (a `/tokenize` body), within `timeout`: the
+    /// outcome, and the count when there is one (an error, a timeout or an answer without
+    /// `count` have none).
+    pub async fn prompt_count(
+        &self,
+        body: bytes::Bytes,
+        timeout: std::time::Duration,
+    ) -> (ExactOutcome, Option<u32>) {
+        match tokio::time::timeout(timeout, self.tokenize(body)).await {
+            Err(_) => (ExactOutcome::Timeout, None),
+            Ok(Err(_)) => (ExactOutcome::Failed, None),
+            Ok(Ok(answer)) => {
+                let count = serde_json::from_slice::<serde_json::Value>(&answer.body)
+                    .ok()
+                    .and_then(|v| v["count"].as_u64())
+                    .and_then(|n| u32::try_from(n).ok());
+                match count {
+                    Some(n) => (ExactOutcome::Counted, Some(n)),
+                    None => (ExactOutcome::Failed, None),
+                }
+            }
+        }
+    }
+
+    /// Spawns `task` on the tracker a shutdown waits on (the abort calls').
+    pub fn spawn_tracked<F>(&self, task: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        self.tasks.spawn(task);
     }
 
     /// Reads a small answer whole; non-2xx -> [`UpstreamError::Status`] with vLLM's error.

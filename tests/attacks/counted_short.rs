@@ -246,3 +246,188 @@ async fn a_job_counted_short_on_a_borrowed_seat_goes_on_reserving_the_count() {
     eventually("every seat is back", || h.idle()).await;
     h.shutdown().await;
 }
+
+/// Every stream stalls before its first token, the connection open.
+const NO_FIRST_TOKEN: &[&str] = &[
+    "--speed",
+    "50",
+    "--profile",
+    "tiny-test",
+    "--stall-after-tokens",
+    "0",
+];
+
+/// vLLM reports a prompt's tokens with the first token at the earliest. A client that left
+/// just before it used to teach the correction nothing and to be charged its estimate: text
+/// the estimate counts short stayed counted short for good, its prefills on everyone's time
+/// and not on its tenant's budget. Now the engine counts such a prompt once the request
+/// ended: its tenant is charged the count, and the count teaches its line.
+#[tokio::test]
+async fn a_client_that_leaves_before_its_first_token_is_charged_and_taught_the_engines_count() {
+    const KEY: &str = "sk-attack-leaves-early-0123456789";
+    let h = harness(NO_FIRST_TOKEN, |c| {
+        with_keys(c, &[(KEY, "school-a")]);
+        c.auth.tenants.insert(
+            "school-a".into(),
+            tutor_gateway::config::TenantBudget {
+                tokens_per_minute: Some(1_000_000),
+                ..Default::default()
+            },
+        );
+        c.upstream.idle_timeout = std::time::Duration::from_secs(120);
+    })
+    .await;
+    taught_short(&h);
+    let messages = json!([{"role": "user", "content": words(2_000, "early")}]);
+    let body = json!({"messages": messages, "max_tokens": 50, "stream": true});
+    // Sends the question and leaves once its answer's headers came (the engine has it; no
+    // token will come).
+    let leaves = || {
+        let request = client()
+            .post(h.url("/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .json(&body);
+        async move {
+            let resp = send(request).await;
+            assert_eq!(resp.status(), 200);
+            drop(resp);
+        }
+    };
+    leaves().await;
+    eventually("every seat is back", || h.idle()).await;
+    let estimate = entry(&h, 0).await["input_tokens_estimated"]
+        .as_u64()
+        .unwrap();
+
+    // What the engine counts for this prompt.
+    let counted: serde_json::Value = send(
+        client()
+            .post(format!("{}/tokenize", h.sim.url()))
+            .json(&json!({"messages": messages})),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let count = counted["count"].as_u64().unwrap();
+    assert!(estimate * 2 < count, "counted short: {estimate} of {count}");
+
+    tutor_testkit::eventually("the prompt is counted", || async {
+        let m = h.metrics_text().await;
+        metric(
+            &m,
+            "tutor_gateway_unreported_prompt_counts_total{outcome=\"counted\"}",
+        ) == 1.0
+    })
+    .await;
+    // Charged what the engine counts (no output was streamed), not the estimate.
+    let usage: serde_json::Value = send(client().get(h.url("/v1/usage")).bearer_auth(KEY))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        usage["budgets"]["tokens_per_minute"]["used"].as_u64(),
+        Some(count),
+        "{usage}"
+    );
+    // The count taught the tenant's line: the same prompt is estimated at about its count.
+    leaves().await;
+    eventually("every seat is back", || h.idle()).await;
+    let again = entry(&h, 1).await["input_tokens_estimated"]
+        .as_u64()
+        .unwrap();
+    assert!(again * 10 >= count * 9, "{again} of {count}");
+    h.shutdown().await;
+}
+
+/// A long prompt prefilled in pieces (`admission.prefill_piece_tokens`) reaches the engine
+/// with its first piece. A client that left meanwhile used to be charged nothing (its budget
+/// given back whole and its tenant's fleet service too, as for a request that never reached
+/// the engine): now its budget the engine's count of its prompt, its service the estimate.
+#[tokio::test]
+async fn a_client_that_leaves_while_its_prompt_is_prefilled_in_pieces_is_charged_its_count() {
+    leaves_during_pieces(None).await;
+}
+
+/// [`a_client_that_leaves_while_its_prompt_is_prefilled_in_pieces_is_charged_its_count`] with
+/// the quota and the budgets in Redis, where the tenant's fleet service is counted.
+#[tokio::test]
+async fn with_redis_a_client_that_leaves_during_its_pieces_is_charged_and_served() {
+    let redis = crate::redis_common::RedisServer::start();
+    leaves_during_pieces(Some(&redis)).await;
+}
+
+async fn leaves_during_pieces(redis: Option<&crate::redis_common::RedisServer>) {
+    const KEY: &str = "sk-attack-leaves-in-pieces-0123456789";
+    let h = harness(NO_FIRST_TOKEN, |c| {
+        with_keys(c, &[(KEY, "school-a")]);
+        c.auth.tenants.insert(
+            "school-a".into(),
+            tutor_gateway::config::TenantBudget {
+                tokens_per_minute: Some(1_000_000),
+                ..Default::default()
+            },
+        );
+        c.admission.prefill_piece_tokens = 256;
+        c.upstream.idle_timeout = std::time::Duration::from_secs(120);
+        if let Some(redis) = redis {
+            c.quota.backend = tutor_gateway::config::QuotaBackend::Redis;
+            c.quota.redis_url = tutor_gateway::config::RedisUrl::new(redis.url());
+        }
+    })
+    .await;
+    let messages = json!([{"role": "user", "content": words(2_000, "pieces")}]);
+    let body = json!({"messages": messages, "max_tokens": 50, "stream": true});
+    let request = client()
+        .post(h.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .json(&body);
+    let asking = tokio::spawn(async move { send(request).await.text().await });
+    // Its first piece stalls at the engine: the client leaves while it is prefilled.
+    tutor_testkit::eventually("the first piece is at the engine", || async {
+        !h.sim_requests().await.is_empty()
+    })
+    .await;
+    asking.abort();
+    eventually("every seat is back", || h.idle()).await;
+    let counted: serde_json::Value = send(
+        client()
+            .post(format!("{}/tokenize", h.sim.url()))
+            .json(&json!({"messages": messages})),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let count = counted["count"].as_u64().unwrap();
+    tutor_testkit::eventually("the prompt is counted", || async {
+        let m = h.metrics_text().await;
+        metric(
+            &m,
+            "tutor_gateway_unreported_prompt_counts_total{outcome=\"counted\"}",
+        ) == 1.0
+    })
+    .await;
+    tutor_testkit::eventually("charged the engine's count", || async {
+        let usage: serde_json::Value = send(client().get(h.url("/v1/usage")).bearer_auth(KEY))
+            .await
+            .json()
+            .await
+            .unwrap();
+        usage["budgets"]["tokens_per_minute"]["used"].as_u64() == Some(count)
+    })
+    .await;
+    if redis.is_some() {
+        let estimate = entry(&h, 0).await["input_tokens_estimated"]
+            .as_f64()
+            .unwrap();
+        tutor_testkit::eventually("its service is the estimate", || async {
+            let series = "tutor_gateway_tenant_service_tokens{tenant=\"school-a\"}";
+            let m = h.metrics_text().await;
+            m.contains(series) && metric(&m, series) == estimate
+        })
+        .await;
+    }
+    h.shutdown().await;
+}
