@@ -84,6 +84,8 @@ pub struct RawFields {
     pub max_guide_repeat: Option<u32>,
     /// Whether regex and grammar guides are taken.
     pub regex_guides: Option<bool>,
+    /// Whether the tools of a request that lets the model choose are bounded as guides.
+    pub auto_tool_guides: Option<bool>,
     /// Hosts media URLs in messages may name; `data:` URLs are always allowed.
     pub media_hosts: Option<Vec<String>>,
     /// The `chat_template_kwargs` keys a request may set.
@@ -114,6 +116,12 @@ pub struct FieldsConfig {
     /// `whitespace_pattern`, a structural tag's `regex`, `grammar` and `repeat` formats); a JSON
     /// schema's `pattern` always is, weighed (`src/pipeline/parse/repeats.rs`).
     pub regex_guides: bool,
+    /// Whether the tools' `parameters` of a request with `tool_choice` `"auto"` (or none, which
+    /// vLLM reads as `"auto"`) are bounded by their structure as a guide's (their size is the
+    /// prompt's), as those of a forced call always are (with their size):
+    /// vLLM 0.24+ with strict tool calling (`VLLM_ENFORCE_STRICT_TOOL_CALLING`, on by default)
+    /// compiles them into a structural tag for a tool parser that has one.
+    pub auto_tool_guides: bool,
     /// Hosts (lower case, as the `url` crate normalizes them) that `image_url`, `video_url`,
     /// `audio_url` and `file` parts may fetch from; `data:` URLs need no entry.
     pub media_hosts: Vec<String>,
@@ -133,6 +141,7 @@ impl Default for FieldsConfig {
             max_guide_bytes: MAX_GUIDE_BYTES,
             max_guide_repeat: MAX_GUIDE_REPEAT,
             regex_guides: false,
+            auto_tool_guides: true,
             media_hosts: Vec::new(),
             template_kwargs: TEMPLATE_KWARGS.iter().map(|k| (*k).to_owned()).collect(),
         }
@@ -225,6 +234,7 @@ pub(super) fn validate(c: &mut Checker, raw: RawFields) -> FieldsConfig {
         max_guide_bytes,
         max_guide_repeat,
         regex_guides: raw.regex_guides.unwrap_or(false),
+        auto_tool_guides: raw.auto_tool_guides.unwrap_or(true),
         media_hosts,
         template_kwargs,
     }

@@ -8,7 +8,10 @@
 //! - Structured-output guides ([`GUIDES`]): compiled into a grammar before the first token; at
 //!   most `fields.max_guide_bytes` of JSON each (0 refuses them). A `tool_choice` that forces
 //!   a call (`"required"`, or a named function) is one too: vLLM builds the grammar from the
-//!   tools' `parameters` (all of them, or the named one's), bounded the same way.
+//!   tools' `parameters` (all of them, or the named one's), bounded the same way; and with
+//!   `fields.auto_tool_guides`, so is `"auto"` (or none, which vLLM reads as `"auto"`): vLLM
+//!   0.24+ with strict tool calling compiles every tool's `parameters` into a structural tag
+//!   for tool parsers that have one.
 //!
 //! Beyond a bound: 400 naming the field. Sizes are counted without copying and stop at the
 //! bound, so a huge field costs no more to refuse than a small one to accept.
@@ -72,24 +75,35 @@ pub fn check(body: &Map<String, Value>, bounds: &FieldsConfig) -> Result<(), Gat
             Some(v) => guide(field, v, bounds)?,
         }
     }
-    if let Some(schemas) = forced_tool_schemas(body) {
-        guide("tool_choice", &Value::Array(schemas), bounds)?;
+    match compiled_tool_schemas(body, bounds.auto_tool_guides) {
+        Some((Call::Forced, schemas)) => guide("tool_choice", &Value::Array(schemas), bounds)?,
+        // The tools are the prompt's too (counted and charged as such); what they cost every
+        // step is their structure.
+        Some((Call::Auto, schemas)) => structure("tools", &Value::Array(schemas), bounds)?,
+        None => {}
     }
     Ok(())
 }
 
-/// The tools' `parameters` vLLM builds a grammar of when `tool_choice` forces a call:
+/// The tools' `parameters` vLLM builds a grammar of: when `tool_choice` forces a call,
 /// `"required"`, every tool's; a named function, that one's (every tool's when none has the
-/// name: vLLM refuses it itself). `None` when no call is forced.
-fn forced_tool_schemas(body: &Map<String, Value>) -> Option<Vec<Value>> {
+/// name: vLLM refuses it itself); with `auto` (`fields.auto_tool_guides`), every tool's when
+/// the model may choose (`"auto"`, or none). With whether the call is forced; `None` when no
+/// grammar is built.
+fn compiled_tool_schemas(body: &Map<String, Value>, auto: bool) -> Option<(Call, Vec<Value>)> {
     let tools = body.get("tools")?.as_array()?;
-    let named = match body.get("tool_choice")? {
-        Value::String(s) if s == "required" => None,
-        Value::Object(choice) => choice
-            .get("function")
-            .and_then(|f| f.get("name"))
-            .and_then(Value::as_str)
-            .map(str::to_owned),
+    let (call, named) = match body.get("tool_choice").unwrap_or(&Value::Null) {
+        Value::String(s) if s == "required" => (Call::Forced, None),
+        Value::Null if auto => (Call::Auto, None),
+        Value::String(s) if s == "auto" && auto => (Call::Auto, None),
+        Value::Object(choice) => (
+            Call::Forced,
+            choice
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+        ),
         _ => return None,
     };
     let parameters = |t: &Value| t.get("function").and_then(|f| f.get("parameters")).cloned();
@@ -107,7 +121,13 @@ fn forced_tool_schemas(body: &Map<String, Value>) -> Option<Vec<Value>> {
             .collect(),
         _ => tools.iter().filter_map(parameters).collect(),
     };
-    Some(chosen)
+    Some((call, chosen))
+}
+
+/// Whether `tool_choice` forces a call, or leaves it to the model.
+enum Call {
+    Forced,
+    Auto,
 }
 
 /// `stop` / `bad_words`: a string counts as one.
@@ -165,8 +185,14 @@ fn plain_text(v: &Value) -> bool {
 /// structure makes unbounded (`repeats.rs`): no regex or grammar guide unless
 /// `fields.regex_guides`, no count and no regex weight past `fields.max_guide_repeat`.
 fn guide(field: &'static str, v: &Value, bounds: &FieldsConfig) -> Result<(), GatewayError> {
-    use super::repeats::Refusal;
     size(field, v, bounds.max_guide_bytes)?;
+    structure(field, v, bounds)
+}
+
+/// A guide with nothing whose cost its structure makes unbounded (see [`guide`]), whatever
+/// its size.
+fn structure(field: &'static str, v: &Value, bounds: &FieldsConfig) -> Result<(), GatewayError> {
+    use super::repeats::Refusal;
     let limit = bounds.max_guide_repeat;
     let why =
         match super::repeats::refusal(field, v, limit, bounds.regex_guides) {
@@ -261,10 +287,14 @@ mod tests {
     }
 
     /// A `tool_choice` that forces a call makes vLLM build a grammar of the tools' schemas:
-    /// bounded as a guide, named `tool_choice`; `"auto"` and `"none"` build none.
+    /// bounded as a guide, named `tool_choice`; `"auto"` (or none) too with strict tool
+    /// calling (`fields.auto_tool_guides`), named `tools`; `"none"` builds none.
     #[test]
-    fn a_forced_tool_choice_is_bounded_as_a_guide() {
-        let b = FieldsConfig::default();
+    fn a_tool_choice_that_builds_a_grammar_is_bounded_as_a_guide() {
+        let b = FieldsConfig {
+            auto_tool_guides: false,
+            ..FieldsConfig::default()
+        };
         let tool = |name: &str, size: usize| {
             json!({"type": "function", "function": {"name": name,
                    "parameters": {"type": "object", "description": "d".repeat(size)}}})
@@ -285,6 +315,22 @@ mod tests {
         };
         let small = json!({"tools": [tool("small", 10)], "tool_choice": "required"});
         assert_eq!(param(small, &off), Some("tool_choice"));
+        // With strict tool calling (the default), a choice left to the model builds one too:
+        // its structure is bounded, not its size (the tools are counted as the prompt's).
+        let strict = FieldsConfig::default();
+        assert_eq!(param(with(json!("auto")), &strict), None);
+        assert_eq!(param(json!({"tools": tools}), &strict), None);
+        let counted = json!([{"type": "function", "function": {"name": "f", "parameters":
+            {"type": "array", "maxItems": 100_000}}}]);
+        assert_eq!(param(json!({"tools": counted}), &strict), Some("tools"));
+        let patterned = json!([{"type": "function", "function": {"name": "f", "parameters":
+            {"type": "string", "pattern": "^([a-z]{1,16}){1,16}$"}}}]);
+        assert_eq!(param(json!({"tools": patterned}), &strict), Some("tools"));
+        let counted_off = json!({"tools": counted, "tool_choice": "auto"});
+        assert_eq!(param(counted_off.clone(), &b), None);
+        assert_eq!(param(counted_off, &strict), Some("tools"));
+        let none = json!({"tools": counted, "tool_choice": "none"});
+        assert_eq!(param(none, &strict), None);
     }
 
     #[test]
