@@ -386,6 +386,7 @@ impl Classifier {
             counts.add(kind, text.of(kind));
         }
         counts.optional = text.optional;
+        counts.tools_compact = text.tools_compact;
         counts
     }
 

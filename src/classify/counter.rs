@@ -160,7 +160,14 @@ impl TokenCounter {
                 Some(c)
             });
         });
-        counts
+        let mut counts = counts?;
+        if let Some(compact) = input.compact_tools() {
+            if !fast.applies(&compact) {
+                return None;
+            }
+            counts.tools_compact = u32::try_from(fast.count(&compact)?).ok()?;
+        }
+        Some(counts)
     }
 
     /// The full `encode` (no special tokens); if the tokenizer fails, one token per byte of
@@ -196,6 +203,9 @@ impl TokenCounter {
         input.for_each_kind_text(|kind, rendered, t| {
             counts.add_piece(kind, rendered, self.count_text(t))
         });
+        if let Some(compact) = input.compact_tools() {
+            counts.tools_compact = self.count_text(&compact);
+        }
         counts
     }
 }

@@ -243,6 +243,20 @@ impl PromptInput {
         }
     }
 
+    /// The request's `tools` written compact (`KindCounts::tools_compact`); `None` without tools
+    /// or when their rendering was cut at the context.
+    pub fn compact_tools(&self) -> Option<String> {
+        let PromptInput::Chat {
+            tools: Some(block), ..
+        } = self
+        else {
+            return None;
+        };
+        serde_json::from_str::<Value>(block)
+            .ok()
+            .map(|v| v.to_string())
+    }
+
     /// Total UTF-8 bytes of the text pieces, and how many pieces there are.
     pub fn text_bytes_and_pieces(&self) -> (u64, u32) {
         let (mut bytes, mut pieces) = (0u64, 0u32);

@@ -468,6 +468,73 @@ fn deeply_nested_tools_are_refused_without_rendering_them_whole() {
     }
 }
 
+/// Tools whose pretty rendering dwarfs their compact one (arrays nested deep), sent to an
+/// engine whose template writes them compact, taught the tools' line its floor, a quarter.
+/// Tools of long descriptions, as long compact as pretty, were then counted at a quarter of
+/// what any template renders: 12,000 tokens of them rode the medium lane on 3,000. Such tools
+/// now teach nothing; honest ones still do.
+#[test]
+fn tools_counted_far_past_their_compact_rendering_teach_nothing() {
+    let counter = TokenCounter::Heuristic;
+    let classifier = Classifier::with_counter(&Config::default(), counter.clone());
+    let user = || -> Vec<ChatMessage> {
+        serde_json::from_value(serde_json::json!([{"role": "user", "content": "hi"}])).unwrap()
+    };
+    let counts_of = |tools: &serde_json::Value| {
+        let input = PromptInput::chat(user(), Some(tools), 16_384);
+        let mut counts = counter.count_kinds(&input);
+        counts.overhead = 0;
+        counts
+    };
+    // Arrays nested 100 deep, which an engine writing them compact counts at a few hundred.
+    let mut nested = serde_json::json!([0]);
+    for _ in 0..100 {
+        nested = serde_json::json!([nested]);
+    }
+    let poison = serde_json::json!([{"type": "function", "function": {"name": "p",
+        "parameters": {"type": "object", "default": nested}}}]);
+    let counts = counts_of(&poison);
+    let compact = counter.count_text(&poison.to_string());
+    assert!(
+        counts.of(ContentKind::Tools) > 4 * compact,
+        "{counts:?}, {compact} compact"
+    );
+    for _ in 0..40 {
+        assert!(
+            classifier
+                .calibration()
+                .observe("m", &counts, compact)
+                .is_none(),
+            "taught"
+        );
+    }
+    assert_eq!(
+        classifier
+            .calibration()
+            .expect(None, ContentKind::Tools, 1_000),
+        1_000.0
+    );
+    // Tools of long descriptions: as many tokens compact as pretty, counted in full.
+    let description =
+        "Looks up the student's submission and explains each failing test. ".repeat(150);
+    let honest = serde_json::json!([{"type": "function", "function": {"name": "explain",
+        "description": description, "parameters": {"type": "object",
+        "properties": {"test": {"type": "string"}}}}}]);
+    let input = PromptInput::chat(user(), Some(&honest), 16_384);
+    let class = classifier.classify_blocking(&input, Some(10)).unwrap();
+    let compact = counter.count_text(&honest.to_string());
+    assert!(
+        class.input_tokens_estimate >= compact,
+        "{class:?}, {compact} compact"
+    );
+    // And they teach.
+    let counts = counts_of(&honest);
+    assert!(classifier
+        .calibration()
+        .observe("m", &counts, counts.of(ContentKind::Tools) / 2)
+        .is_some());
+}
+
 /// Text some templates leave out (a message's `name`, which Llama 3.1's and Qwen 2.5's
 /// templates drop; earlier turns' reasoning; tool call ids) is counted but teaches nothing when
 /// it is much of a request: a tenant whose questions carried 600-word names, answered by an

@@ -124,6 +124,7 @@ impl Ready {
                 [code, prose, tools, media, k.overhead]
             }),
             "optional_tokens": c.counts.map(|k| k.optional),
+            "tools_compact": c.counts.map(|k| k.tools_compact),
             "prefill": self.prefill,
             "size": self.size,
             "tenant": self.tenant.as_ref().map(|t| &t.0),
@@ -149,7 +150,7 @@ impl Ready {
                 input_tokens_estimate: n("input_tokens_estimate")?,
                 output_budget: n("output_budget")?,
                 work: n("work")?,
-                counts: stored_counts(&v["counts"], &v["optional_tokens"]),
+                counts: stored_counts(&v["counts"], &v["optional_tokens"], &v["tools_compact"]),
             },
             prefill: n("prefill")?,
             size: v["size"].as_u64()? as usize,
@@ -229,9 +230,10 @@ impl Ready {
     }
 }
 
-/// The `counts` and `optional_tokens` of [`Ready::stored`]; `None` for a job stored without
-/// counts (one stored before `optional_tokens` was kept reads it as 0).
-fn stored_counts(v: &Value, optional: &Value) -> Option<KindCounts> {
+/// The `counts`, `optional_tokens` and `tools_compact` of [`Ready::stored`]; `None` for a job
+/// stored without counts (one stored before `optional_tokens` or `tools_compact` was kept
+/// reads it as 0).
+fn stored_counts(v: &Value, optional: &Value, tools_compact: &Value) -> Option<KindCounts> {
     let n: Vec<u32> = v
         .as_array()?
         .iter()
@@ -244,6 +246,10 @@ fn stored_counts(v: &Value, optional: &Value) -> Option<KindCounts> {
         tokens: [code, prose, tools, media],
         overhead,
         optional: optional
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .unwrap_or(0),
+        tools_compact: tools_compact
             .as_u64()
             .and_then(|n| u32::try_from(n).ok())
             .unwrap_or(0),
