@@ -166,7 +166,7 @@ impl Classifier {
         input: Arc<PromptInput>,
         max_output_tokens: Option<u32>,
     ) -> Result<Classification, ClassifyError> {
-        self.classify_for((None, None), input, max_output_tokens, None)
+        self.classify_for((None, None), input, max_output_tokens, None, true)
             .await
     }
 
@@ -181,14 +181,16 @@ impl Classifier {
     /// of `tenant`'s requests (`calibration.rs`, "Tenants"). With `classify.exact_count = "near_limits"` and an `engine` to ask,
     /// a counted request whose work comes within the margin of a lane boundary or of
     /// `max_model_len` (or is refused for length within it) takes the engine's count instead,
-    /// which also teaches the correction. Errors with [`ClassifyError::ExceedsModelLen`] when the
-    /// request cannot fit the model.
+    /// which also teaches the correction when the request `teaches` (one whose engine count is
+    /// not its prompt's, or whose text a template may drop, does not). Errors with
+    /// [`ClassifyError::ExceedsModelLen`] when the request cannot fit the model.
     pub async fn classify_for(
         &self,
         (model, tenant): (Option<&str>, Option<&str>),
         input: Arc<PromptInput>,
         max_output_tokens: Option<u32>,
         engine: Option<EngineCount<'_>>,
+        teaches: bool,
     ) -> Result<Classification, ClassifyError> {
         let size = self.size_of(&input);
         self.reject_by_bytes(size, max_output_tokens)?;
@@ -231,8 +233,10 @@ impl Classifier {
         };
         match engine().await {
             Some(exact) => {
-                self.calibration
-                    .observe_for(model.unwrap_or_default(), tenant, &counts, exact);
+                if teaches {
+                    self.calibration
+                        .observe_for(model.unwrap_or_default(), tenant, &counts, exact);
+                }
                 self.settle(exact, max_output_tokens, Some(counts))
             }
             None => settled,

@@ -93,11 +93,27 @@ async fn a_prompt_the_engine_counts_far_past_its_estimate_is_judged_by_the_count
 /// engine nothing: such a request must not teach the correction anything.
 #[tokio::test]
 async fn template_kwargs_teach_the_estimate_nothing() {
+    kwargs_teach_nothing(false).await;
+}
+
+/// [`template_kwargs_teach_the_estimate_nothing`] with every request counted by the engine
+/// before admission (`classify.exact_count = "near_limits"`, a margin of 100%): that count
+/// taught the correction whatever the request (the kwargs included).
+#[tokio::test]
+async fn template_kwargs_counted_exactly_teach_the_estimate_nothing() {
+    kwargs_teach_nothing(true).await;
+}
+
+async fn kwargs_teach_nothing(exact: bool) {
     // Ten switches the template never reads, each with as long a value as is accepted.
     let keys: Vec<String> = (0..10).map(|k| format!("unused_{k}")).collect();
     let listed = keys.clone();
     let h = harness(&["--speed", "100", "--profile", "tiny-test"], move |c| {
         c.fields.template_kwargs = listed;
+        if exact {
+            c.classify.exact_count = tutor_gateway::config::ExactCount::NearLimits;
+            c.classify.exact_count_margin_percent = 100;
+        }
     })
     .await;
     let lines = || ContentKind::ALL.map(|k| h.gw.state.calibration().expect(None, k, 1_000));
@@ -126,6 +142,13 @@ async fn template_kwargs_teach_the_estimate_nothing() {
         lines(),
         "the lines learned from text a template may never render"
     );
+    if exact {
+        let m = h.metrics_text().await;
+        assert_eq!(
+            metric(&m, "tutor_gateway_exact_counts_total{outcome=\"counted\"}"),
+            10.0
+        );
+    }
     h.shutdown().await;
 }
 
