@@ -221,6 +221,14 @@ fn structure(field: &'static str, v: &Value, bounds: &FieldsConfig) -> Result<()
             )
             }
         };
+    let why = if field == "tools" {
+        format!(
+            "{why} (the model may call a tool here, and vLLM's strict tool calling compiles the \
+             tools' parameters into its grammar; fields.auto_tool_guides)"
+        )
+    } else {
+        why
+    };
     Err(GatewayError::bad_request(why, Some(field)))
 }
 
@@ -326,6 +334,10 @@ mod tests {
         let patterned = json!([{"type": "function", "function": {"name": "f", "parameters":
             {"type": "string", "pattern": "^([a-z]{1,16}){1,16}$"}}}]);
         assert_eq!(param(json!({"tools": patterned}), &strict), Some("tools"));
+        let refusal = check(json!({"tools": counted}).as_object().unwrap(), &strict)
+            .unwrap_err()
+            .to_string();
+        assert!(refusal.contains("fields.auto_tool_guides"), "{refusal}");
         let counted_off = json!({"tools": counted, "tool_choice": "auto"});
         assert_eq!(param(counted_off.clone(), &b), None);
         assert_eq!(param(counted_off, &strict), Some("tools"));
