@@ -767,7 +767,11 @@ pub(super) fn run_record(state: &AppState, ready: &Ready, id: String) -> Request
         .unwrap_or(&state.config().upstream.model)
         .to_owned();
     let tenant = ready.tenant().map(|t| t.0.as_str());
-    record.calibrates(state.calibration(), &model, tenant);
+    // As the request's own record would (a job with `chat_template_kwargs` taught the shared
+    // correction from text a template may drop).
+    if ready.teaches() {
+        record.calibrates(state.calibration(), &model, tenant);
+    }
     record
 }
 

@@ -57,7 +57,30 @@ pub struct Ready {
     pub(super) preemptible: bool,
 }
 
+/// Whether what the engine counts of `body` (its usage, or its exact count) may teach the
+/// correction. Not for every request. A prompt vLLM truncates (`truncate_prompt_tokens`) is
+/// counted as sent (the reservation covers it), but its engine count is not the prompt's: it
+/// would teach the correction, shared by every client, to count short. So is one with
+/// `chat_template_kwargs`: a template renders a value where it uses it, or drops it (an unknown
+/// key), and 2,000 words the engine never saw taught the line a later rendered value is
+/// counted by four times too short. Nor one with tools and `tool_choice: "none"`: vLLM run
+/// with `--exclude-tools-when-tool-choice-none` leaves the counted tools out of the template,
+/// and twenty such requests taught the tools' correction its floor (a quarter).
+fn teaches(body: &Map<String, Value>) -> bool {
+    let tools_left_out = body.get("tool_choice").and_then(Value::as_str) == Some("none")
+        && body.get("tools").is_some_and(|t| !t.is_null());
+    !tools_left_out
+        && ["truncate_prompt_tokens", "chat_template_kwargs"]
+            .iter()
+            .all(|field| body.get(*field).is_none_or(Value::is_null))
+}
+
 impl Ready {
+    /// Whether the engine's count of it may teach the correction ([`teaches`]).
+    pub fn teaches(&self) -> bool {
+        teaches(&self.body)
+    }
+
     /// The model the body names (`None`: the engine's default).
     pub fn model(&self) -> Option<&str> {
         self.body.get("model").and_then(Value::as_str)
@@ -360,21 +383,7 @@ pub async fn classify(
         }
         .boxed()
     };
-    // What the engine counts (its usage, or its exact count above) teaches the correction, but
-    // not for every request. A prompt vLLM truncates (`truncate_prompt_tokens`) is counted as sent (the reservation
-    // covers it), but its engine count is not the prompt's: it would teach the correction, shared
-    // by every client, to count short. So is one with `chat_template_kwargs`: a template renders
-    // a value where it uses it, or drops it (an unknown key), and 2,000 words the engine never
-    // saw taught the line a later rendered value is counted by four times too short.
-    // Nor one with tools and `tool_choice: "none"`: vLLM run with
-    // `--exclude-tools-when-tool-choice-none` leaves the counted tools out of the template, and
-    // twenty such requests taught the tools' correction its floor (a quarter).
-    let tools_left_out = body.get("tool_choice").and_then(Value::as_str) == Some("none")
-        && body.get("tools").is_some_and(|t| !t.is_null());
-    let teaches = !tools_left_out
-        && ["truncate_prompt_tokens", "chat_template_kwargs"]
-            .iter()
-            .all(|field| body.get(*field).is_none_or(Value::is_null));
+    let teaches = teaches(&body);
     let mut class = classifier
         .classify_for(
             (Some(&model), tenant.as_ref().map(|t| t.0.as_str())),
