@@ -78,13 +78,14 @@ pub const MAX_SHARE: usize = 4;
 /// can cost, and what it costs less goes to the other kind's lesson).
 pub const MAX_OPTIONAL_SHARE: u64 = 8;
 
-/// How many times its compact count a request's tools may be counted (pretty-printed) and
-/// still teach the tools' line: tools whose pretty rendering dwarfs their compact one (arrays
-/// nested a hundred deep), sent to an engine whose template writes them compact, taught the
-/// shared line its floor, a quarter, and tools of long descriptions, as long compact as
-/// pretty, were then counted at a quarter of what any template renders. Honest schemas (a
-/// few levels of properties, descriptions) are counted well under twice their compact count.
-pub const MAX_PRETTY_GROWTH: u64 = 2;
+/// How many times its compact count a request's tools block may be counted (pretty-printed)
+/// and still teach the tools' line: tools whose pretty rendering dwarfs their compact one
+/// (arrays nested a hundred deep), sent to an engine whose template writes them compact, taught
+/// the shared line its floor, a quarter, and tools of long descriptions, as long compact as
+/// pretty, were then counted at a quarter of what any template renders. Honest schemas (a few
+/// levels of properties, descriptions) are counted at 1.3 to 2.4 times their compact count by
+/// the heuristic (less by a model's tokenizer).
+pub const MAX_PRETTY_GROWTH: u64 = 3;
 
 /// What a piece of a prompt is, as far as its token density goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -182,10 +183,10 @@ pub struct KindCounts {
     /// the history, tool call ids: [`Rendered::Maybe`]). A request with more than
     /// [`MAX_OPTIONAL_SHARE`] of them teaches nothing.
     pub optional: u32,
-    /// The request's `tools` counted written compact (no whitespace between JSON tokens). A
-    /// request of tools counted at more than [`MAX_PRETTY_GROWTH`] times it teaches nothing
-    /// (see [`Calibration::observe_for`]). 0: no tools (or a rendering cut at the context).
-    pub tools_compact: u32,
+    /// Whether the request's `tools` block is counted (pretty-printed) at more than
+    /// [`MAX_PRETTY_GROWTH`] times its count written compact (no whitespace between JSON
+    /// tokens): such a request teaches nothing (see [`Calibration::observe_for`]).
+    pub tools_inflated: bool,
 }
 
 impl KindCounts {
@@ -514,9 +515,7 @@ impl Calibration {
             || u64::from(counts.optional) * MAX_OPTIONAL_SHARE > u64::from(counted)
             || (kind != ContentKind::Media
                 && u64::from(media) * MAX_OPTIONAL_SHARE > u64::from(counted))
-            || (kind == ContentKind::Tools
-                && counts.tools_compact > 0
-                && u64::from(counts.tools_compact) * MAX_PRETTY_GROWTH < u64::from(own))
+            || (kind == ContentKind::Tools && counts.tools_inflated)
         {
             return None;
         }
@@ -584,7 +583,7 @@ mod tests {
             tokens: [code, prose, tools, 0],
             overhead,
             optional: 0,
-            tools_compact: 0,
+            tools_inflated: false,
         }
     }
 
@@ -674,7 +673,7 @@ mod tests {
                 tokens: [0, 0, 0, 800],
                 overhead: 5,
                 optional: 0,
-                tools_compact: 0,
+                tools_inflated: false,
             };
             cal.observe("m", &media, 85).unwrap();
             assert_eq!(cal.expect(Some("m"), ContentKind::Media, 800), 800.0);

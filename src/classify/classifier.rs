@@ -390,7 +390,7 @@ impl Classifier {
             counts.add(kind, text.of(kind));
         }
         counts.optional = text.optional;
-        counts.tools_compact = text.tools_compact;
+        counts.tools_inflated = text.tools_inflated;
         counts
     }
 

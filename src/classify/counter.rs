@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::bounds::ByteGrowth;
-use super::calibration::KindCounts;
+use super::calibration::{KindCounts, MAX_PRETTY_GROWTH};
 use super::error::ClassifyError;
 use super::input::PromptInput;
 use super::pair_bound::PairBound;
@@ -161,11 +161,11 @@ impl TokenCounter {
             });
         });
         let mut counts = counts?;
-        if let Some(compact) = input.compact_tools() {
+        if let (Some(block), Some(compact)) = (input.tools_block(), input.compact_tools()) {
             if !fast.applies(&compact) {
                 return None;
             }
-            counts.tools_compact = u32::try_from(fast.count(&compact)?).ok()?;
+            counts.tools_inflated = inflated(fast.count(block)?, fast.count(&compact)?);
         }
         Some(counts)
     }
@@ -203,9 +203,18 @@ impl TokenCounter {
         input.for_each_kind_text(|kind, rendered, t| {
             counts.add_piece(kind, rendered, self.count_text(t))
         });
-        if let Some(compact) = input.compact_tools() {
-            counts.tools_compact = self.count_text(&compact);
+        if let (Some(block), Some(compact)) = (input.tools_block(), input.compact_tools()) {
+            counts.tools_inflated = inflated(
+                self.count_text(block) as usize,
+                self.count_text(&compact) as usize,
+            );
         }
         counts
     }
+}
+
+/// Whether a tools block counted `pretty` is more than [`MAX_PRETTY_GROWTH`] times its
+/// `compact` count (`KindCounts::tools_inflated`).
+fn inflated(pretty: usize, compact: usize) -> bool {
+    (compact as u64).saturating_mul(MAX_PRETTY_GROWTH) < pretty as u64
 }

@@ -243,8 +243,18 @@ impl PromptInput {
         }
     }
 
-    /// The request's `tools` written compact (`KindCounts::tools_compact`); `None` without tools
-    /// or when their rendering was cut at the context.
+    /// The request's `tools` as counted (pretty-printed); `None` without tools.
+    pub fn tools_block(&self) -> Option<&str> {
+        match self {
+            PromptInput::Chat {
+                tools: Some(block), ..
+            } => Some(block),
+            _ => None,
+        }
+    }
+
+    /// The request's `tools` written compact (`KindCounts::tools_inflated`); `None` without
+    /// tools or when their rendering was cut at the context.
     pub fn compact_tools(&self) -> Option<String> {
         let PromptInput::Chat {
             tools: Some(block), ..

@@ -472,19 +472,25 @@ fn deeply_nested_tools_are_refused_without_rendering_them_whole() {
 /// engine whose template writes them compact, taught the tools' line its floor, a quarter.
 /// Tools of long descriptions, as long compact as pretty, were then counted at a quarter of
 /// what any template renders: 12,000 tokens of them rode the medium lane on 3,000. Such tools
-/// now teach nothing; honest ones still do.
+/// now teach nothing; honest ones (nested properties, arrays of objects) still do.
 #[test]
 fn tools_counted_far_past_their_compact_rendering_teach_nothing() {
     let counter = TokenCounter::Heuristic;
     let classifier = Classifier::with_counter(&Config::default(), counter.clone());
-    let user = || -> Vec<ChatMessage> {
-        serde_json::from_value(serde_json::json!([{"role": "user", "content": "hi"}])).unwrap()
-    };
+    // The counts a request of `tools` is classified with (template costs included).
     let counts_of = |tools: &serde_json::Value| {
-        let input = PromptInput::chat(user(), Some(tools), 16_384);
-        let mut counts = counter.count_kinds(&input);
-        counts.overhead = 0;
-        counts
+        let messages: Vec<ChatMessage> =
+            serde_json::from_value(serde_json::json!([{"role": "user", "content": "hi"}])).unwrap();
+        let input = PromptInput::chat(messages, Some(tools), 16_384);
+        classifier
+            .classify_blocking(&input, Some(10))
+            .unwrap()
+            .counts
+            .unwrap()
+    };
+    let lesson = |counts: &KindCounts| {
+        let engine = counts.total() / 2;
+        classifier.calibration().observe("m", counts, engine)
     };
     // Arrays nested 100 deep, which an engine writing them compact counts at a few hundred.
     let mut nested = serde_json::json!([0]);
@@ -494,19 +500,9 @@ fn tools_counted_far_past_their_compact_rendering_teach_nothing() {
     let poison = serde_json::json!([{"type": "function", "function": {"name": "p",
         "parameters": {"type": "object", "default": nested}}}]);
     let counts = counts_of(&poison);
-    let compact = counter.count_text(&poison.to_string());
-    assert!(
-        counts.of(ContentKind::Tools) > 4 * compact,
-        "{counts:?}, {compact} compact"
-    );
+    assert!(counts.tools_inflated, "{counts:?}");
     for _ in 0..40 {
-        assert!(
-            classifier
-                .calibration()
-                .observe("m", &counts, compact)
-                .is_none(),
-            "taught"
-        );
+        assert!(lesson(&counts).is_none(), "taught");
     }
     assert_eq!(
         classifier
@@ -514,25 +510,26 @@ fn tools_counted_far_past_their_compact_rendering_teach_nothing() {
             .expect(None, ContentKind::Tools, 1_000),
         1_000.0
     );
-    // Tools of long descriptions: as many tokens compact as pretty, counted in full.
-    let description =
-        "Looks up the student's submission and explains each failing test. ".repeat(150);
-    let honest = serde_json::json!([{"type": "function", "function": {"name": "explain",
-        "description": description, "parameters": {"type": "object",
-        "properties": {"test": {"type": "string"}}}}}]);
-    let input = PromptInput::chat(user(), Some(&honest), 16_384);
-    let class = classifier.classify_blocking(&input, Some(10)).unwrap();
-    let compact = counter.count_text(&honest.to_string());
-    assert!(
-        class.input_tokens_estimate >= compact,
-        "{class:?}, {compact} compact"
-    );
-    // And they teach.
-    let counts = counts_of(&honest);
-    assert!(classifier
-        .calibration()
-        .observe("m", &counts, counts.of(ContentKind::Tools) / 2)
-        .is_some());
+    // Honest schemas teach.
+    let weather = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "Get the current weather in a given location",
+        "parameters": {"type": "object", "properties": {
+            "location": {"type": "string", "description": "City and state, e.g. 'San Francisco, CA'"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["location", "unit"]}}}]);
+    let edit = serde_json::json!([{"type": "function", "function": {"name": "edit",
+        "description": "Apply edits to a file",
+        "parameters": {"type": "object", "properties": {
+            "path": {"type": "string"},
+            "edits": {"type": "array", "items": {"type": "object", "properties": {
+                "line": {"type": "integer"}, "text": {"type": "string"}},
+                "required": ["line", "text"]}}},
+            "required": ["path", "edits"]}}}]);
+    for honest in [&weather, &edit] {
+        let counts = counts_of(honest);
+        assert!(!counts.tools_inflated, "{honest}: {counts:?}");
+        assert!(lesson(&counts).is_some(), "{honest}");
+    }
 }
 
 /// Text some templates leave out (a message's `name`, which Llama 3.1's and Qwen 2.5's

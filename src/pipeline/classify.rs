@@ -76,9 +76,11 @@ fn teaches(body: &Map<String, Value>) -> bool {
 }
 
 impl Ready {
-    /// Whether the engine's count of it may teach the correction ([`teaches`]).
+    /// Whether the engine's count of it may teach the correction ([`teaches`]); never the
+    /// gateway's own continuation of a pre-empted answer, whose counts are the original
+    /// prompt's while the engine counts the answer so far with it.
     pub fn teaches(&self) -> bool {
-        teaches(&self.body)
+        teaches(&self.body) && !crate::upstream::request::continues_answer(&self.body)
     }
 
     /// The model the body names (`None`: the engine's default).
@@ -147,7 +149,7 @@ impl Ready {
                 [code, prose, tools, media, k.overhead]
             }),
             "optional_tokens": c.counts.map(|k| k.optional),
-            "tools_compact": c.counts.map(|k| k.tools_compact),
+            "tools_inflated": c.counts.map(|k| k.tools_inflated),
             "prefill": self.prefill,
             "size": self.size,
             "tenant": self.tenant.as_ref().map(|t| &t.0),
@@ -173,7 +175,7 @@ impl Ready {
                 input_tokens_estimate: n("input_tokens_estimate")?,
                 output_budget: n("output_budget")?,
                 work: n("work")?,
-                counts: stored_counts(&v["counts"], &v["optional_tokens"], &v["tools_compact"]),
+                counts: stored_counts(&v["counts"], &v["optional_tokens"], &v["tools_inflated"]),
             },
             prefill: n("prefill")?,
             size: v["size"].as_u64()? as usize,
@@ -253,10 +255,10 @@ impl Ready {
     }
 }
 
-/// The `counts`, `optional_tokens` and `tools_compact` of [`Ready::stored`]; `None` for a job
-/// stored without counts (one stored before `optional_tokens` or `tools_compact` was kept
-/// reads it as 0).
-fn stored_counts(v: &Value, optional: &Value, tools_compact: &Value) -> Option<KindCounts> {
+/// The `counts`, `optional_tokens` and `tools_inflated` of [`Ready::stored`]; `None` for a job
+/// stored without counts (one stored before `optional_tokens` or `tools_inflated` was kept
+/// reads it as 0 or false).
+fn stored_counts(v: &Value, optional: &Value, tools_inflated: &Value) -> Option<KindCounts> {
     let n: Vec<u32> = v
         .as_array()?
         .iter()
@@ -272,10 +274,7 @@ fn stored_counts(v: &Value, optional: &Value, tools_compact: &Value) -> Option<K
             .as_u64()
             .and_then(|n| u32::try_from(n).ok())
             .unwrap_or(0),
-        tools_compact: tools_compact
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .unwrap_or(0),
+        tools_inflated: tools_inflated.as_bool().unwrap_or(false),
     })
 }
 
@@ -546,6 +545,18 @@ mod tests {
             "prefill": 10,
             "size": 5,
         })
+    }
+
+    /// A job's continuation after a pre-emption is counted as the original prompt, while the
+    /// engine counts the answer so far with it: its count teaches nothing. The first run does.
+    #[test]
+    fn a_continuation_teaches_the_correction_nothing() {
+        assert!(Ready::from_stored(&stored()).unwrap().teaches());
+        assert!(!Ready::continued(&stored(), " the loop", 2, None)
+            .unwrap()
+            .teaches());
+        // Cut before its first token: the request again as it was, and it teaches.
+        assert!(Ready::continued(&stored(), "", 0, None).unwrap().teaches());
     }
 
     #[test]

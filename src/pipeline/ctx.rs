@@ -149,6 +149,11 @@ impl RequestCtx {
         self.shared.kept_for_counts()
     }
 
+    /// Late counts out at once (`crate::relay::late_count`).
+    pub fn late_counts(&self) -> &std::sync::Arc<tokio::sync::Semaphore> {
+        self.shared.late_counts()
+    }
+
     /// Request bytes held by requests waiting for admission.
     pub fn queued_bytes(&self) -> &std::sync::Arc<QueuedBytes> {
         self.shared.queued_bytes()

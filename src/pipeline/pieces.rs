@@ -55,8 +55,8 @@ pub struct Pieced {
 /// Prefills `request`'s prompt in pieces of `piece` tokens (`admission.prefill_piece_tokens`,
 /// the autopilot's size, or for a job `jobs.prefill_piece_tokens`) when it is long enough for
 /// two (estimated, `prompt` tokens, above twice the piece). `None`: not pieced (`piece` 0,
-/// short, media, or the count failed); the request goes as usual. `sent` is set before the
-/// first piece goes (the engine may prefill from then on).
+/// short, media, or the count failed); the request goes as usual. `sent` is set once the
+/// engine took the first piece (it may prefill from then on).
 pub async fn prefill(
     ctx: &RequestCtx,
     request: &UpstreamRequest,
@@ -119,11 +119,11 @@ pub async fn prefill(
             continues_answer: false,
         };
         metrics.piece();
-        sent.store(true, std::sync::atomic::Ordering::Release);
         let Ok(mut stream) = ctx.upstream().stream(piece_request).await else {
             metrics.request(PieceOutcome::PieceFailed);
             return (k > 0).then_some(pieced);
         };
+        sent.store(true, std::sync::atomic::Ordering::Release);
         let mut failed = false;
         while let Some(event) = stream.next_event().await {
             failed |= event.is_err();

@@ -156,7 +156,7 @@ fn late_count(
     let body = tokenize_body(request.endpoint, &request.body)?;
     let asking = Asking {
         upstream: ctx.upstream().clone(),
-        counts_out: ctx.exact_counts().clone(),
+        counts_out: ctx.late_counts().clone(),
         timeout: config.classify.exact_count_timeout,
         metrics: ctx.metrics().estimate().clone(),
     };
@@ -193,7 +193,10 @@ impl Drop for Unreported {
             guard.served(u64::from(self.estimate));
         }
         let budget = self.budget.take();
-        match self.late.take() {
+        // Pre-empted meanwhile (a job asked to leave): its continuation is charged and
+        // counted, as the relay leaves a pre-empted run's.
+        let preempted = self.guard.as_ref().is_some_and(LaneGuard::is_preempted);
+        match self.late.take().filter(|_| !preempted) {
             Some(late) => late.count(budget, self.estimate, 0),
             None => {
                 if let Some(budget) = budget {

@@ -58,6 +58,8 @@ struct Shared {
     /// Bytes of prompts kept to be counted if the engine never reports them
     /// (`crate::relay::late_count`), at most its `KEPT_BYTES`.
     kept_for_counts: Arc<tokio::sync::Semaphore>,
+    /// Late counts out at once (`crate::relay::late_count::MAX_OUT`).
+    late_counts: Arc<tokio::sync::Semaphore>,
 }
 
 /// The limits the autopilot paces, as a function of a configuration: that configuration's
@@ -279,6 +281,9 @@ impl AppState {
             kept_for_counts: Arc::new(tokio::sync::Semaphore::new(
                 crate::relay::late_count::KEPT_BYTES,
             )),
+            late_counts: Arc::new(tokio::sync::Semaphore::new(
+                crate::relay::late_count::MAX_OUT,
+            )),
         }))
     }
 
@@ -455,6 +460,10 @@ impl AppState {
     /// Bytes of prompts kept for late counts (`crate::relay::late_count`).
     pub fn kept_for_counts(&self) -> &Arc<tokio::sync::Semaphore> {
         &self.0.kept_for_counts
+    }
+    /// Late counts out at once (`crate::relay::late_count`).
+    pub fn late_counts(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.0.late_counts
     }
     /// Request bytes held by requests waiting for admission.
     pub fn queued_bytes(&self) -> &Arc<QueuedBytes> {

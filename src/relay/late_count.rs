@@ -11,10 +11,11 @@
 //! budget settles to it plus the output streamed.
 //!
 //! Bounds: the `/tokenize` body (the prompt's JSON; a request with media parts is not kept) is
-//! kept from the send to the end, at most [`KEPT_BYTES`] for all requests at once (past them a
-//! request is not kept and settles to its estimate); counts share the engine's exact counts
-//! out at once (16, `classify.exact_count`); each waits at most `classify.exact_count_timeout_ms`,
-//! its tenant's reservation held meanwhile; on any failure the budget settles to the estimate.
+//! kept from the send until the engine reports the prompt (or the end), at most [`KEPT_BYTES`]
+//! for all requests at once (past them a request is not kept and settles to its estimate); at
+//! most [`MAX_OUT`] counts are out at once; each waits at most `classify.exact_count_timeout_ms`
+//! (and [`MOST_WAIT`]), its tenant's reservation held meanwhile; on any failure the budget
+//! settles to the estimate.
 //! A request whose `/tokenize` ids are not its prompt's (`truncate_prompt_tokens`,
 //! `reasoning_effort`, `tool_choice: "none"` with tools) is not kept.
 
@@ -31,6 +32,14 @@ use crate::upstream::UpstreamClient;
 
 /// Bytes of `/tokenize` bodies kept at once for late counts, all requests together.
 pub const KEPT_BYTES: usize = 64 << 20;
+
+/// Late counts out at once per gateway (their own: clients leaving early never make the
+/// exact counts of `classify.exact_count` busy).
+pub const MAX_OUT: usize = 16;
+
+/// The longest a late count waits for `/tokenize` (at most `classify.exact_count_timeout_ms`):
+/// within what a shutdown waits for the upstream's tracked tasks, so the settlement is made.
+pub const MOST_WAIT: Duration = Duration::from_secs(2);
 
 /// Whom a count teaches: the correction, for a model and a tenant.
 pub type Lesson = (Arc<Calibration>, String, Option<String>);
@@ -52,9 +61,10 @@ pub struct LateCount {
 pub struct Asking {
     /// The engine's API server.
     pub upstream: UpstreamClient,
-    /// The engine's counts out at once, shared with `classify.exact_count`'s.
+    /// Late counts out at once ([`MAX_OUT`]).
     pub counts_out: Arc<Semaphore>,
-    /// The longest wait for the count (`classify.exact_count_timeout_ms`).
+    /// The longest wait for the count (`classify.exact_count_timeout_ms`, at most
+    /// [`MOST_WAIT`]).
     pub timeout: Duration,
     /// Where counts and the estimate's error are told.
     pub metrics: EstimateMetrics,
@@ -77,7 +87,7 @@ impl LateCount {
             _kept: permit,
             upstream: asking.upstream,
             counts_out: asking.counts_out,
-            timeout: asking.timeout,
+            timeout: asking.timeout.min(MOST_WAIT),
             counts,
             lesson,
             metrics: asking.metrics,

@@ -307,6 +307,10 @@ impl Relay {
         #[cfg(test)]
         crate::faults::mid_stream(self.ctx.engine_cap, self.steps.chunks);
         let ev = self.upstream.next_event().await;
+        if self.ctx.late_count.is_some() && self.view().usage.is_some() {
+            // The engine reported the prompt: its kept body and bytes go now, not at the end.
+            self.ctx.late_count = None;
+        }
         if let Some(Ok(chunk)) = &ev {
             if self.first_chunk.is_none() {
                 self.first_chunk = cut::ChunkIdentity::of(chunk);

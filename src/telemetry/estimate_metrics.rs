@@ -98,7 +98,7 @@ impl EstimateMetrics {
             "Requests that reached the engine and ended before it reported their prompt's \
              tokens (client gone before the first token, a timeout, an engine error), counted \
              by vLLM's /tokenize afterwards (classify.count_unreported_prompts), by outcome: \
-             counted, failed, timeout, busy (16 counts already out; the estimate stood).",
+             counted, failed, timeout, busy (16 late counts already out; the estimate stood).",
             &["outcome"],
         );
         for o in ExactOutcome::ALL {

@@ -454,3 +454,42 @@ async fn leaves_during_pieces(redis: Option<&crate::redis_common::RedisServer>) 
     }
     h.shutdown().await;
 }
+
+/// A prompt kept for its late count goes once the engine reported it (with the first token):
+/// a long answer does not hold its copy, nor a share of the bytes every request's copy comes
+/// out of, to its end.
+#[tokio::test]
+async fn a_prompt_kept_for_its_count_goes_once_the_engine_reports_it() {
+    let h = harness(STALLS, |c| {
+        c.upstream.idle_timeout = std::time::Duration::from_secs(120);
+    })
+    .await;
+    let kept = || h.gw.state.kept_for_counts().available_permits();
+    let all = kept();
+    let body = json!({"messages": [{"role": "user", "content": words(500, "kept")}],
+                      "max_tokens": 50, "stream": true});
+    let mut resp = send(client().post(h.url("/v1/chat/completions")).json(&body)).await;
+    assert_eq!(resp.status(), 200);
+    let mut seen = String::new();
+    while !seen.contains("\"content\"") {
+        let chunk = resp
+            .chunk()
+            .await
+            .unwrap()
+            .expect("the answer's first tokens");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    // The answer stalls with its seat held; its prompt's copy is gone.
+    assert_eq!(
+        h.gw.state
+            .admission()
+            .snapshot()
+            .lane(Lane::Small)
+            .in_flight,
+        1
+    );
+    assert_eq!(kept(), all);
+    drop(resp);
+    eventually("every seat is back", || h.idle()).await;
+    h.shutdown().await;
+}
