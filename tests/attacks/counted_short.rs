@@ -280,6 +280,44 @@ const NO_FIRST_TOKEN: &[&str] = &[
     "0",
 ];
 
+/// `key` is school A's, with a token budget (so its charges are counted).
+fn budgeted(c: &mut tutor_gateway::config::Config, key: &str) {
+    with_keys(c, &[(key, "school-a")]);
+    c.auth.tenants.insert(
+        "school-a".into(),
+        tutor_gateway::config::TenantBudget {
+            tokens_per_minute: Some(1_000_000),
+            ..Default::default()
+        },
+    );
+}
+
+/// What the engine counts for `messages` (its `/tokenize`).
+async fn engine_count(h: &Harness, messages: &serde_json::Value) -> u64 {
+    let counted: serde_json::Value = send(
+        client()
+            .post(format!("{}/tokenize", h.sim.url()))
+            .json(&json!({ "messages": messages })),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    counted["count"].as_u64().unwrap()
+}
+
+/// Waits until `n` prompts the engine never reported were counted.
+async fn counted_late(h: &Harness, n: u32) {
+    tutor_testkit::eventually("the prompt is counted", || async {
+        let m = h.metrics_text().await;
+        metric(
+            &m,
+            "tutor_gateway_unreported_prompt_counts_total{outcome=\"counted\"}",
+        ) == f64::from(n)
+    })
+    .await;
+}
+
 /// vLLM reports a prompt's tokens with the first token at the earliest. A client that left
 /// just before it used to teach the correction nothing and to be charged its estimate: text
 /// the estimate counts short stayed counted short for good, its prefills on everyone's time
@@ -289,14 +327,7 @@ const NO_FIRST_TOKEN: &[&str] = &[
 async fn a_client_that_leaves_before_its_first_token_is_charged_and_taught_the_engines_count() {
     const KEY: &str = "sk-attack-leaves-early-0123456789";
     let h = harness(NO_FIRST_TOKEN, |c| {
-        with_keys(c, &[(KEY, "school-a")]);
-        c.auth.tenants.insert(
-            "school-a".into(),
-            tutor_gateway::config::TenantBudget {
-                tokens_per_minute: Some(1_000_000),
-                ..Default::default()
-            },
-        );
+        budgeted(c, KEY);
         c.upstream.idle_timeout = std::time::Duration::from_secs(120);
     })
     .await;
@@ -323,26 +354,10 @@ async fn a_client_that_leaves_before_its_first_token_is_charged_and_taught_the_e
         .unwrap();
 
     // What the engine counts for this prompt.
-    let counted: serde_json::Value = send(
-        client()
-            .post(format!("{}/tokenize", h.sim.url()))
-            .json(&json!({"messages": messages})),
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
-    let count = counted["count"].as_u64().unwrap();
+    let count = engine_count(&h, &messages).await;
     assert!(estimate * 2 < count, "counted short: {estimate} of {count}");
 
-    tutor_testkit::eventually("the prompt is counted", || async {
-        let m = h.metrics_text().await;
-        metric(
-            &m,
-            "tutor_gateway_unreported_prompt_counts_total{outcome=\"counted\"}",
-        ) == 1.0
-    })
-    .await;
+    counted_late(&h, 1).await;
     // Charged what the engine counts (no output was streamed), not the estimate.
     let usage: serde_json::Value = send(client().get(h.url("/v1/usage")).bearer_auth(KEY))
         .await
@@ -384,14 +399,7 @@ async fn with_redis_a_client_that_leaves_during_its_pieces_is_charged_and_served
 async fn leaves_during_pieces(redis: Option<&crate::redis_common::RedisServer>) {
     const KEY: &str = "sk-attack-leaves-in-pieces-0123456789";
     let h = harness(NO_FIRST_TOKEN, |c| {
-        with_keys(c, &[(KEY, "school-a")]);
-        c.auth.tenants.insert(
-            "school-a".into(),
-            tutor_gateway::config::TenantBudget {
-                tokens_per_minute: Some(1_000_000),
-                ..Default::default()
-            },
-        );
+        budgeted(c, KEY);
         c.admission.prefill_piece_tokens = 256;
         c.upstream.idle_timeout = std::time::Duration::from_secs(120);
         if let Some(redis) = redis {
@@ -414,24 +422,8 @@ async fn leaves_during_pieces(redis: Option<&crate::redis_common::RedisServer>) 
     .await;
     asking.abort();
     eventually("every seat is back", || h.idle()).await;
-    let counted: serde_json::Value = send(
-        client()
-            .post(format!("{}/tokenize", h.sim.url()))
-            .json(&json!({"messages": messages})),
-    )
-    .await
-    .json()
-    .await
-    .unwrap();
-    let count = counted["count"].as_u64().unwrap();
-    tutor_testkit::eventually("the prompt is counted", || async {
-        let m = h.metrics_text().await;
-        metric(
-            &m,
-            "tutor_gateway_unreported_prompt_counts_total{outcome=\"counted\"}",
-        ) == 1.0
-    })
-    .await;
+    let count = engine_count(&h, &messages).await;
+    counted_late(&h, 1).await;
     tutor_testkit::eventually("charged the engine's count", || async {
         let usage: serde_json::Value = send(client().get(h.url("/v1/usage")).bearer_auth(KEY))
             .await
