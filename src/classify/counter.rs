@@ -154,18 +154,24 @@ impl TokenCounter {
             TokenCounter::HuggingFace { .. } => return None,
         };
         let mut counts = Some(KindCounts::default());
+        let block = input.tools_block();
+        let mut pretty = 0;
         input.for_each_kind_text(|kind, rendered, t| {
             counts = counts.take().filter(|_| fast.applies(t)).and_then(|mut c| {
-                c.add_piece(kind, rendered, u32::try_from(fast.count(t)?).ok()?);
+                let n = u32::try_from(fast.count(t)?).ok()?;
+                if is_block(block, t) {
+                    pretty = n;
+                }
+                c.add_piece(kind, rendered, n);
                 Some(c)
             });
         });
         let mut counts = counts?;
-        if let (Some(block), Some(compact)) = (input.tools_block(), input.compact_tools()) {
+        if let Some(compact) = input.compact_tools() {
             if !fast.applies(&compact) {
                 return None;
             }
-            counts.tools_inflated = inflated(fast.count(block)?, fast.count(&compact)?);
+            counts.tools_inflated = inflated(pretty, u32::try_from(fast.count(&compact)?).ok()?);
         }
         Some(counts)
     }
@@ -200,21 +206,30 @@ impl TokenCounter {
     /// CPU work.
     pub fn count_kinds(&self, input: &PromptInput) -> KindCounts {
         let mut counts = KindCounts::default();
+        let block = input.tools_block();
+        let mut pretty = 0;
         input.for_each_kind_text(|kind, rendered, t| {
-            counts.add_piece(kind, rendered, self.count_text(t))
+            let n = self.count_text(t);
+            if is_block(block, t) {
+                pretty = n;
+            }
+            counts.add_piece(kind, rendered, n)
         });
-        if let (Some(block), Some(compact)) = (input.tools_block(), input.compact_tools()) {
-            counts.tools_inflated = inflated(
-                self.count_text(block) as usize,
-                self.count_text(&compact) as usize,
-            );
+        if let Some(compact) = input.compact_tools() {
+            counts.tools_inflated = inflated(pretty, self.count_text(&compact));
         }
         counts
     }
 }
 
+/// Whether the text piece `t` is the tools `block` itself (the walk hands it over as it is),
+/// counted once for both the kinds and [`inflated`].
+fn is_block(block: Option<&str>, t: &str) -> bool {
+    block.is_some_and(|b| std::ptr::eq(b, t))
+}
+
 /// Whether a tools block counted `pretty` is more than [`MAX_PRETTY_GROWTH`] times its
 /// `compact` count (`KindCounts::tools_inflated`).
-fn inflated(pretty: usize, compact: usize) -> bool {
-    (compact as u64).saturating_mul(MAX_PRETTY_GROWTH) < pretty as u64
+fn inflated(pretty: u32, compact: u32) -> bool {
+    u64::from(compact).saturating_mul(MAX_PRETTY_GROWTH) < u64::from(pretty)
 }
